@@ -1,0 +1,463 @@
+"""Qwen3-style models: the teacher (a plain Qwen3 causal LM) and the block-stack student.
+
+    import model
+    teacher = model.load_qwen3("path/to/Qwen3-8B-Base")              # HF checkpoint directory
+    logits = teacher(input_ids)                                       # (B, T, V)
+    student = model.Student.from_teacher(teacher, blocks=3, layers_per_block=3, norm="post", seed=42)
+    logits = student(input_ids, active_blocks=2)                      # run only blocks 0 and 1
+    student.save("runs/x/final"); student = model.Student.load("runs/x/final")
+    model.export_hf(pre_norm_student, "out/")                         # loads in transformers unchanged
+
+Both models take `output_fn(hidden, head_weight)` in forward, so the training loss can apply the LM
+head in chunks (kd.py) without the full logits ever existing; FSDP2's hooks still gather the head
+weight because it is used inside forward. Batches are right-padded, so causal attention alone keeps
+real tokens from seeing padding; no attention mask is ever built.
+
+Parameter names follow transformers' Qwen3 except the two per-layer norms, which are named for the
+sub-layer they belong to (`attn_norm`, `mlp_norm`) because their position depends on the placement;
+checkpoint I/O maps them to `input_layernorm` / `post_attention_layernorm`.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+from typing import Callable
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from safetensors import safe_open
+from safetensors.torch import save_file
+
+
+class CheckpointError(ValueError):
+    """A checkpoint directory that cannot be read as asked; the message names the file and the fix."""
+
+
+# ----------------------------------------------------------------------------------------------
+# Config
+
+@dataclass
+class ModelConfig:
+    """The fields of a HF Qwen3 `config.json` that the math depends on (defaults: Qwen3-8B-Base)."""
+    vocab_size: int = 151936
+    hidden_size: int = 4096
+    intermediate_size: int = 12288
+    num_hidden_layers: int = 36
+    num_attention_heads: int = 32
+    num_key_value_heads: int = 8
+    head_dim: int = 128
+    rope_theta: float = 1_000_000.0
+    rms_norm_eps: float = 1e-6
+    tie_word_embeddings: bool = False
+    max_position_embeddings: int = 40960
+    initializer_range: float = 0.02
+
+    @classmethod
+    def from_hf(cls, hf: dict, source: str = "config.json") -> "ModelConfig":
+        arch = hf.get("model_type")
+        if arch != "qwen3":
+            raise CheckpointError(f"{source}: model_type is {arch!r}, not 'qwen3'; point at a Qwen3 checkpoint")
+        values = {f.name: hf[f.name] for f in fields(cls) if f.name in hf}
+        if "rope_theta" not in values:  # transformers 5 nests it
+            values["rope_theta"] = (hf.get("rope_parameters") or {}).get("rope_theta", cls.rope_theta)
+        if "head_dim" not in values:
+            values["head_dim"] = hf["hidden_size"] // hf["num_attention_heads"]
+        config = cls(**values)
+        if config.num_attention_heads % config.num_key_value_heads:
+            raise CheckpointError(f"{source}: num_attention_heads must be a multiple of num_key_value_heads")
+        return config
+
+    def to_hf(self) -> dict:
+        hf = asdict(self)
+        hf.update(model_type="qwen3", architectures=["Qwen3ForCausalLM"], hidden_act="silu",
+                  attention_bias=False, attention_dropout=0.0, torch_dtype="float32",
+                  rope_parameters={"rope_type": "default", "rope_theta": self.rope_theta})
+        return hf
+
+
+# ----------------------------------------------------------------------------------------------
+# Layers
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x):
+        # Statistics in fp32; cast back before the weight, as transformers does (bf16 parity).
+        x32 = x.float()
+        normed = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * normed.to(x.dtype)
+
+
+def rope_cos_sin(config: ModelConfig, seq_len: int, device) -> tuple[torch.Tensor, torch.Tensor]:
+    """(T, head_dim) cos and sin in fp32, rotate-half layout. Recomputed per call: it is tiny, and a
+    buffer would need re-initialising after meta-device construction."""
+    hd = config.head_dim
+    inv_freq = 1.0 / (config.rope_theta ** (torch.arange(0, hd, 2, device=device, dtype=torch.float32) / hd))
+    freqs = torch.outer(torch.arange(seq_len, device=device, dtype=torch.float32), inv_freq)
+    angles = torch.cat((freqs, freqs), dim=-1)
+    return angles.cos(), angles.sin()
+
+
+def apply_rope(x, cos, sin):
+    """x: (B, n_heads, T, hd). cos/sin are cast to x's dtype, as transformers does."""
+    half = x.shape[-1] // 2
+    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+    return x * cos.to(x.dtype) + rotated * sin.to(x.dtype)
+
+
+class Attention(nn.Module):
+    """Grouped-query attention with per-head RMSNorm on q and k before RoPE (Qwen3)."""
+
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        self.n_heads, self.n_kv, self.head_dim = config.num_attention_heads, config.num_key_value_heads, config.head_dim
+        self.q_proj = nn.Linear(config.hidden_size, self.n_heads * self.head_dim, bias=False)
+        self.k_proj = nn.Linear(config.hidden_size, self.n_kv * self.head_dim, bias=False)
+        self.v_proj = nn.Linear(config.hidden_size, self.n_kv * self.head_dim, bias=False)
+        self.o_proj = nn.Linear(self.n_heads * self.head_dim, config.hidden_size, bias=False)
+        self.q_norm = RMSNorm(self.head_dim, config.rms_norm_eps)
+        self.k_norm = RMSNorm(self.head_dim, config.rms_norm_eps)
+
+    def forward(self, x, cos, sin):
+        B, T, _ = x.shape
+        q = self.q_norm(self.q_proj(x).view(B, T, self.n_heads, self.head_dim)).transpose(1, 2)  # (B, nh, T, hd)
+        k = self.k_norm(self.k_proj(x).view(B, T, self.n_kv, self.head_dim)).transpose(1, 2)     # (B, nkv, T, hd)
+        v = self.v_proj(x).view(B, T, self.n_kv, self.head_dim).transpose(1, 2)                  # (B, nkv, T, hd)
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        # NOTE: is_causal keeps SDPA on its fused path; right padding needs no mask (padding comes last).
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=self.n_kv != self.n_heads)
+        return self.o_proj(y.transpose(1, 2).reshape(B, T, self.n_heads * self.head_dim))
+
+
+class MLP(nn.Module):
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        self.gate_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
+        self.up_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=False)
+
+    def forward(self, x):
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+# ----------------------------------------------------------------------------------------------
+# Norm placements. A placement is a layer forward plus where the model's single boundary norm sits.
+# Add a placement by adding an entry to PLACEMENTS; every layer owns exactly two RMSNorms.
+
+def pre_norm_layer(layer, h, cos, sin):
+    h = layer.self_attn(layer.attn_norm(h), cos, sin) + h
+    return layer.mlp(layer.mlp_norm(h)) + h
+
+
+def post_norm_layer(layer, h, cos, sin):
+    h = layer.attn_norm(layer.self_attn(h, cos, sin) + h)
+    return layer.mlp_norm(layer.mlp(h) + h)
+
+
+@dataclass(frozen=True)
+class Placement:
+    layer_forward: Callable
+    boundary_norm: str  # "final": before the LM head; "entry": after the embedding, before block 0
+
+
+PLACEMENTS = {
+    "pre": Placement(pre_norm_layer, boundary_norm="final"),
+    "post": Placement(post_norm_layer, boundary_norm="entry"),
+}
+
+
+def placement(norm: str) -> Placement:
+    if norm not in PLACEMENTS:
+        raise ValueError(f"norm placement {norm!r} is unknown; choose one of {sorted(PLACEMENTS)}")
+    return PLACEMENTS[norm]
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, config: ModelConfig, norm: str = "pre"):
+        super().__init__()
+        self.placement = placement(norm)
+        self.self_attn = Attention(config)
+        self.mlp = MLP(config)
+        self.attn_norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.mlp_norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+
+    def forward(self, h, cos, sin):
+        return self.placement.layer_forward(self, h, cos, sin)
+
+
+def logits_output(hidden, head_weight):
+    return hidden @ head_weight.T
+
+
+@torch.no_grad()
+def init_qwen3_weights(module: nn.Module, std: float, generator: torch.Generator):
+    """Qwen3's module-wise init, in registration order from one generator: Linear and Embedding
+    weights ~ N(0, std); RMSNorm weights = 1. Works on FSDP2-sharded (DTensor) parameters too: each
+    rank draws the full tensor, so the result does not depend on the world size."""
+    for sub in module.modules():
+        if isinstance(sub, (nn.Linear, nn.Embedding)):
+            full = torch.empty(sub.weight.shape, dtype=torch.float32)
+            fill_parameter(sub.weight, full.normal_(0.0, std, generator=generator))
+        elif isinstance(sub, RMSNorm):
+            fill_parameter(sub.weight, torch.ones(sub.weight.shape))
+
+
+def fill_parameter(param: torch.Tensor, full: torch.Tensor):
+    """Copy a full-size tensor into a parameter, taking only this rank's slice if it is a DTensor."""
+    if hasattr(param, "device_mesh"):
+        from torch.distributed.tensor import distribute_tensor
+        full = distribute_tensor(full.to(param.device), param.device_mesh, param.placements, src_data_rank=None)
+    param.copy_(full)
+
+
+# ----------------------------------------------------------------------------------------------
+# Teacher: the plain Qwen3 causal LM
+
+class Qwen3(nn.Module):
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        self.config = config
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.layers = nn.ModuleList(DecoderLayer(config, "pre") for _ in range(config.num_hidden_layers))
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.lm_head = None if config.tie_word_embeddings else nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+
+    @property
+    def head_weight(self):
+        return self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
+
+    def init_weights(self, seed: int):
+        """Embedding, every Linear and the LM head ~ N(0, initializer_range); every RMSNorm weight = 1."""
+        init_qwen3_weights(self, self.config.initializer_range, torch.Generator().manual_seed(seed))
+
+    def forward(self, input_ids, output_fn: Callable = logits_output):
+        h = self.embed_tokens(input_ids)                                         # (B, T, H)
+        cos, sin = rope_cos_sin(self.config, input_ids.shape[1], input_ids.device)
+        for layer in self.layers:
+            h = layer(h, cos, sin)
+        return output_fn(self.norm(h), self.head_weight)
+
+
+# ----------------------------------------------------------------------------------------------
+# Student: K blocks of L layers, one boundary norm, frozen embedding, trainable head
+
+class Student(nn.Module):
+    def __init__(self, config: ModelConfig, blocks: int, layers_per_block: int, norm: str):
+        super().__init__()
+        if blocks < 1 or layers_per_block < 1:
+            raise ValueError(f"blocks ({blocks}) and layers_per_block ({layers_per_block}) must be at least 1")
+        self.config = ModelConfig(**{**asdict(config), "num_hidden_layers": blocks * layers_per_block,
+                                     "tie_word_embeddings": False})
+        self.blocks, self.layers_per_block, self.norm_placement = blocks, layers_per_block, norm
+        self.placement = placement(norm)
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.embed_tokens.weight.requires_grad_(False)  # the paper freezes the copied embedding
+        # Flat list of layers (one FSDP unit each); block b is layers[b*L:(b+1)*L].
+        self.layers = nn.ModuleList(DecoderLayer(config, norm) for _ in range(blocks * layers_per_block))
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)  # final (pre) or entry (post)
+        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+
+    @property
+    def head_weight(self):
+        return self.lm_head.weight
+
+    def block_layers(self, b: int) -> nn.ModuleList:
+        return self.layers[b * self.layers_per_block:(b + 1) * self.layers_per_block]
+
+    def init_weights(self, seed: int):
+        """Decoder layers only (embedding, boundary norm and head come from the teacher): every
+        Linear ~ N(0, initializer_range), every RMSNorm = 1, all K blocks at once from `seed`, so
+        pre and post, joint and grow students of one seed start from identical decoder weights."""
+        init_qwen3_weights(self.layers, self.config.initializer_range, torch.Generator().manual_seed(seed))
+
+    @classmethod
+    def from_teacher(cls, teacher: Qwen3, blocks: int, layers_per_block: int, norm: str, seed: int) -> "Student":
+        device = teacher.embed_tokens.weight.device
+        with torch.device("meta"):
+            student = cls(teacher.config, blocks, layers_per_block, norm)
+        student.to_empty(device=device)
+        student.init_weights(seed)
+        with torch.no_grad():
+            student.embed_tokens.weight.copy_(teacher.embed_tokens.weight)
+            student.norm.weight.copy_(teacher.norm.weight)  # both placements: from the teacher's final norm
+            student.lm_head.weight.copy_(teacher.head_weight)  # a separate tensor even if the teacher ties
+        return student.to(teacher.embed_tokens.weight.dtype)
+
+    def forward(self, input_ids, active_blocks: int | None = None, skip_block: int | None = None,
+                output_fn: Callable = logits_output, return_boundaries: bool = False):
+        """Run blocks 0..active_blocks-1 (default: all), bypassing `skip_block` entirely (its norms
+        too). With return_boundaries, also returns the residual stream at every block boundary:
+        [input of block 0, output of block 0, ..., output of the last active block]; a skipped
+        block's output equals its input."""
+        active_blocks = self.blocks if active_blocks is None else active_blocks
+        if not 1 <= active_blocks <= self.blocks:
+            raise ValueError(f"active_blocks={active_blocks} must be in 1..{self.blocks}")
+        h = self.embed_tokens(input_ids)                                         # (B, T, H)
+        cos, sin = rope_cos_sin(self.config, input_ids.shape[1], input_ids.device)
+        if self.placement.boundary_norm == "entry":
+            h = self.norm(h)
+        boundaries = [h]
+        for b in range(active_blocks):
+            if b != skip_block:
+                for layer in self.block_layers(b):
+                    h = layer(h, cos, sin)
+            boundaries.append(h)
+        if self.placement.boundary_norm == "final":
+            h = self.norm(h)
+        out = output_fn(h, self.head_weight)
+        return (out, boundaries) if return_boundaries else out
+
+    def save(self, path):
+        """A student checkpoint: config.json (HF fields + the student's shape) and model.safetensors."""
+        config = {**self.config.to_hf(), "architectures": ["NormgrowStudent"],
+                  "normgrow_student": {"blocks": self.blocks, "layers_per_block": self.layers_per_block,
+                                       "norm": self.norm_placement}}
+        write_checkpoint(path, config, self.state_dict())
+
+    @classmethod
+    def load(cls, path, dtype=torch.float32, device="cpu") -> "Student":
+        path = Path(path)
+        hf = read_config(path)
+        shape = hf.get("normgrow_student")
+        if not shape:
+            raise CheckpointError(f"{path / 'config.json'}: not a normgrow student (no 'normgrow_student' entry); "
+                                  "use model.load_qwen3 for a plain Qwen3 checkpoint")
+        with torch.device("meta"):
+            student = cls(ModelConfig.from_hf(hf, str(path / "config.json")), shape["blocks"],
+                          shape["layers_per_block"], shape["norm"])
+        load_tensors(student, path, dtype, device, name_in_file=lambda name: name)
+        student.embed_tokens.weight.requires_grad_(False)
+        return student
+
+
+# ----------------------------------------------------------------------------------------------
+# HF checkpoint I/O
+
+HF_NORM_NAMES = {".attn_norm.": ".input_layernorm.", ".mlp_norm.": ".post_attention_layernorm."}
+
+
+def hf_name(name: str) -> str:
+    """Kit parameter name -> transformers' Qwen3ForCausalLM name."""
+    if name.startswith("lm_head."):
+        return name
+    for ours, theirs in HF_NORM_NAMES.items():
+        name = name.replace(ours, theirs)
+    return "model." + name
+
+
+def read_config(path: Path) -> dict:
+    if not path.is_dir():
+        raise CheckpointError(f"{path}: no such checkpoint directory; pass a folder holding config.json and *.safetensors")
+    config_file = path / "config.json"
+    if not config_file.is_file():
+        raise CheckpointError(f"{config_file}: missing; a HF checkpoint directory needs its config.json")
+    try:
+        return json.loads(config_file.read_text())
+    except json.JSONDecodeError as e:
+        raise CheckpointError(f"{config_file}: not valid JSON ({e}); re-download or re-export the checkpoint") from None
+
+
+def tensor_files(path: Path) -> dict[str, Path]:
+    """Map tensor name -> safetensors file, from model.safetensors.index.json or a single file."""
+    index = path / "model.safetensors.index.json"
+    if index.is_file():
+        weight_map = json.loads(index.read_text())["weight_map"]
+        return {name: path / file for name, file in weight_map.items()}
+    single = path / "model.safetensors"
+    if not single.is_file():
+        raise CheckpointError(f"{path}: no model.safetensors or model.safetensors.index.json; "
+                              "the kit reads safetensors checkpoints only (no pickle)")
+    with safe_open(single, framework="pt") as f:
+        return {name: single for name in f.keys()}
+
+
+@torch.no_grad()
+def load_tensors(module: nn.Module, path: Path, dtype, device, name_in_file: Callable[[str], str]):
+    """Fill a meta-device (or FSDP2-sharded) module from safetensors, one tensor at a time, so a
+    large model is never held twice; a sharded parameter reads only its own rows from disk."""
+    files = tensor_files(path)
+    module.to(dtype)  # on the meta device this allocates nothing
+    if any(p.is_meta for p in module.parameters()):
+        module.to_empty(device=device)
+    for name, param in module.named_parameters():
+        key = name_in_file(name)
+        if key not in files:
+            raise CheckpointError(f"{path}: tensor {key!r} is missing; the checkpoint does not match its config.json")
+        file = files[key]
+        if not file.is_file():
+            raise CheckpointError(f"{file}: missing, but model.safetensors.index.json lists it for {key!r}")
+        with safe_open(file, framework="pt") as f:
+            if key not in f.keys():
+                raise CheckpointError(f"{file}: tensor {key!r} is missing; the index and the file disagree")
+            stored = f.get_slice(key)
+            stored_shape = tuple(stored.get_shape())
+            if stored_shape != tuple(param.shape):
+                raise CheckpointError(f"{file}: tensor {key!r} has shape {stored_shape}, config.json implies "
+                                      f"{tuple(param.shape)}; the checkpoint and its config.json disagree")
+            local = read_local_rows(stored, param)
+        target = param.to_local() if hasattr(param, "to_local") else param
+        target.copy_(local.to(dtype))
+
+
+def read_local_rows(stored, param):
+    """The rows of a stored tensor that this rank holds (all rows unless param is a Shard(0) DTensor)."""
+    if not hasattr(param, "device_mesh"):
+        return stored[:]
+    from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
+    shape, offset = compute_local_shape_and_global_offset(param.shape, param.device_mesh, param.placements)
+    return stored[offset[0]:offset[0] + shape[0]] if shape[0] else torch.empty(shape)
+
+
+def load_qwen3(path, dtype=torch.float32, device="cpu") -> Qwen3:
+    """Load a HF Qwen3 checkpoint directory: one model.safetensors or an index with shards, any
+    float dtype on disk, tied (no lm_head.weight) or untied embeddings. Built on the meta device."""
+    path = Path(path)
+    config = ModelConfig.from_hf(read_config(path), str(path / "config.json"))
+    with torch.device("meta"):
+        teacher = Qwen3(config)
+    load_tensors(teacher, path, dtype, device, name_in_file=hf_name)
+    return teacher.eval().requires_grad_(False)
+
+
+def write_checkpoint(path, config: dict, state: dict):
+    """Atomic: write into a temporary sibling folder, then rename it into place."""
+    path = Path(path)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.mkdir(parents=True, exist_ok=True)
+    save_file({k: v.detach().contiguous().cpu() for k, v in state.items()}, tmp / "model.safetensors",
+              metadata={"format": "pt"})
+    (tmp / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+    if path.exists():
+        old = path.with_name(path.name + ".old")
+        os.replace(path, old)
+        os.replace(tmp, path)
+        for f in old.iterdir():
+            f.unlink()
+        old.rmdir()
+    else:
+        os.replace(tmp, path)
+
+
+def save_qwen3(teacher: Qwen3, path):
+    """Write a teacher as a standard HF Qwen3 checkpoint directory (tied head not duplicated)."""
+    state = {hf_name(k): v for k, v in teacher.state_dict().items()}
+    write_checkpoint(path, teacher.config.to_hf(), state)
+
+
+def export_hf(student: Student, path):
+    """A pre-norm student is exactly a Qwen3 with K*L layers: write it as one transformers loads."""
+    if student.norm_placement != "pre":
+        raise ValueError(f"only pre-norm students are Qwen3 models; this one is {student.norm_placement!r}-norm")
+    state = {hf_name(k): v for k, v in student.state_dict().items()}
+    write_checkpoint(path, student.config.to_hf(), state)
+
+
+def count_parameters(module: nn.Module, trainable_only: bool = False) -> int:
+    return sum(p.numel() for p in module.parameters() if p.requires_grad or not trainable_only)
