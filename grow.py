@@ -1,0 +1,594 @@
+"""One training run: a protocol's phases, each with a fresh AdamW and a restarted warmup + cosine.
+
+Runs are normally started by repro.py, which fills a RunConfig from a preset:
+
+    python repro.py train --scale toy --norm post --protocol grow           # one CPU or GPU
+    torchrun --nproc_per_node=8 repro.py train --scale full --norm post --protocol grow
+    torchrun --nnodes=4 --nproc_per_node=8 --rdzv-backend=c10d --rdzv-endpoint=$HEAD:29500 \\
+        repro.py train --scale full --norm post --protocol grow             # several nodes
+
+Protocols (paper Sec. 4 and Appendix B): `joint` (all K blocks, one phase), `grow` (phase p runs
+blocks 0..p, all of them trained), `freeze` (grow, but phase p>0 trains only block p), `joint-long`
+(all blocks, several phases with LR restarts, fresh data) and `teacher` (plain CE pretraining of a
+Qwen3 model, the toy preset's own teacher).
+
+A run directory holds config.json, provenance.json, metrics.jsonl (one line per step and per
+evaluation), phase-<p>/ (kept phase-end checkpoints, safetensors, read by the diagnostics),
+latest/ (the rolling resume checkpoint: weights, optimizer and trainer state) and done.json.
+A run killed at any moment resumes from its newest checkpoint to the same result.
+"""
+from __future__ import annotations
+
+import base64
+import json
+import math
+import os
+import shutil
+import subprocess
+import time
+import warnings
+from contextlib import nullcontext
+from dataclasses import asdict, dataclass, field
+from functools import partial
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+import data
+import kd
+import model
+
+# DCP warns on every single-process save that it assumes one process; that is the intent.
+warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+
+
+class TrainingError(RuntimeError):
+    """A run that cannot go on (a non-finite loss, a run directory that belongs to another config)."""
+
+
+# ----------------------------------------------------------------------------------------------
+# Config and phase plan
+
+PROTOCOLS = ("joint", "grow", "freeze", "joint-long", "teacher")
+
+
+@dataclass
+class RunConfig:
+    """Every setting of one run. No defaults for hyperparameters: presets (repro.py) own the numbers."""
+    name: str
+    protocol: str                  # one of PROTOCOLS
+    norm: str                      # "pre" | "post" (student placement; ignored by `teacher`)
+    seed: int
+    blocks: int                    # K
+    layers_per_block: int          # L
+    phase_steps: int               # optimizer steps per phase
+    global_batch: int              # documents per optimizer step, all ranks together
+    micro_batch: int               # documents per forward pass on one rank
+    lr: float
+    min_lr: float
+    warmup_frac: float             # of each phase
+    betas: tuple[float, float]
+    eps: float
+    weight_decay: float
+    grad_clip: float               # global L2 norm
+    alpha: float
+    gamma: float
+    tau: float
+    loss_chunk: int                # tokens per chunk of the chunked loss
+    train_data: str                # data.Shard directories
+    val_data: str
+    replay_docs: int               # documents in the one-phase shard that grow replays
+    eval_interval: int
+    eval_batch: int                # validation documents per forward pass on one rank
+    checkpoint_interval: int       # steps between rolling resume checkpoints
+    teacher: str = ""              # HF checkpoint directory (distillation runs)
+    teacher_config: dict | None = None   # model.ModelConfig fields (the `teacher` protocol)
+    joint_phases: int = 1          # `joint-long`: phases of phase_steps, LR restart at each
+    freeze_trains_head: bool = False     # `freeze`: also keep training the LM head and boundary norm
+    reset_data_each_phase: bool = False  # paper Appendix B.3 (main runs: False)
+    precision: str = "auto"        # "fp32" | "bf16" | "auto" (bf16 on CUDA, fp32 on CPU)
+    activation_checkpointing: bool = False
+    compile: bool = False
+    start_from: str = ""           # a phase-<p> directory of another run whose prefix equals ours
+
+    def __post_init__(self):
+        if self.protocol not in PROTOCOLS:
+            raise ValueError(f"protocol {self.protocol!r} is unknown; choose one of {', '.join(PROTOCOLS)}")
+        self.betas = tuple(self.betas)
+
+    @property
+    def data_mode(self) -> str:
+        # Grow-like runs replay one fixed shard; the long joint controls continue onto fresh data.
+        return "fresh" if self.protocol == "joint-long" else "replay"
+
+
+@dataclass(frozen=True)
+class Phase:
+    index: int
+    active_blocks: int
+    trainable_blocks: tuple[int, ...]
+    trains_head: bool              # LM head and boundary norm
+    first_step: int                # global step index of the phase's first step
+    steps: int
+
+
+def plan_phases(config: RunConfig) -> list[Phase]:
+    K, S = config.blocks, config.phase_steps
+    if config.protocol == "teacher":
+        return [Phase(0, 0, (), True, 0, S)]
+    if config.protocol == "joint":
+        return [Phase(0, K, tuple(range(K)), True, 0, S)]
+    if config.protocol == "joint-long":
+        return [Phase(p, K, tuple(range(K)), True, p * S, S) for p in range(config.joint_phases)]
+    if config.protocol == "grow":
+        return [Phase(p, p + 1, tuple(range(p + 1)), True, p * S, S) for p in range(K)]
+    # freeze: phase 0 is grow's phase 0; afterwards only the newly appended block learns.
+    return [Phase(p, p + 1, (p,) if p else (0,), p == 0 or config.freeze_trains_head, p * S, S) for p in range(K)]
+
+
+def learning_rate(config: RunConfig, step_in_phase: int) -> float:
+    """Linear warmup over warmup_frac of the phase, then cosine from lr to min_lr at the phase end."""
+    warmup = max(1, round(config.warmup_frac * config.phase_steps))
+    if step_in_phase < warmup:
+        return config.lr * (step_in_phase + 1) / warmup
+    progress = (step_in_phase - warmup) / max(1, config.phase_steps - warmup)
+    return config.min_lr + 0.5 * (config.lr - config.min_lr) * (1 + math.cos(math.pi * progress))
+
+
+def trainable_parameters(net: torch.nn.Module, phase: Phase) -> list[torch.nn.Parameter]:
+    """Set requires_grad for the phase and return exactly the parameters the optimizer gets."""
+    if isinstance(net, model.Qwen3):  # teacher pretraining: everything learns
+        return list(net.requires_grad_(True).parameters())
+    net.requires_grad_(False)  # the embedding stays frozen in every phase
+    for b in phase.trainable_blocks:
+        net.block_layers(b).requires_grad_(True)
+    net.norm.requires_grad_(phase.trains_head)
+    net.lm_head.requires_grad_(phase.trains_head)
+    return [p for p in net.parameters() if p.requires_grad]
+
+
+def build_optimizer(config: RunConfig, params: list) -> torch.optim.AdamW:
+    # foreach=False: the single-tensor path is bit-identical across resumes and ranks' shards.
+    return torch.optim.AdamW(params, lr=config.lr, betas=config.betas, eps=config.eps,
+                             weight_decay=config.weight_decay, foreach=False)
+
+
+# ----------------------------------------------------------------------------------------------
+# Distributed helpers. Every rank takes part in evaluation and in every logged reduction.
+
+@dataclass
+class Dist:
+    rank: int = 0
+    world: int = 1
+    device: torch.device = field(default_factory=lambda: torch.device("cpu"))
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    def sum(self, values: list[float]) -> list[float]:
+        """All-reduce a few Python numbers in float64 (logged losses and counts are global)."""
+        t = torch.tensor(values, dtype=torch.float64, device=self.device)
+        if self.world > 1:
+            dist.all_reduce(t)
+        return t.tolist()
+
+    def barrier(self):
+        if self.world > 1:
+            dist.barrier()
+
+
+def setup_distributed() -> Dist:
+    """torchrun sets RANK/WORLD_SIZE/LOCAL_RANK; without them this is one process."""
+    cuda = torch.cuda.is_available()
+    if "RANK" not in os.environ:
+        return Dist(device=torch.device("cuda" if cuda else "cpu"))
+    if not dist.is_initialized():
+        dist.init_process_group("nccl" if cuda else "gloo")
+    device = torch.device("cpu")
+    if cuda:
+        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
+        torch.cuda.set_device(device)
+    return Dist(dist.get_rank(), dist.get_world_size(), device)
+
+
+def print0(ctx: Dist, *args):
+    if ctx.is_main:
+        print(*args, flush=True)
+
+
+def precision_of(config: RunConfig, ctx: Dist) -> torch.dtype:
+    if config.precision == "auto":
+        return torch.bfloat16 if ctx.device.type == "cuda" else torch.float32
+    return {"fp32": torch.float32, "bf16": torch.bfloat16}[config.precision]
+
+
+def shard_fn(ctx: Dist, compute_dtype: torch.dtype, shard_root: bool):
+    """FSDP2: one unit per decoder layer, then the root (torchtitan's recipe). None in one process."""
+    if ctx.world == 1:
+        return None
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+    mp = MixedPrecisionPolicy(param_dtype=compute_dtype, reduce_dtype=torch.float32)
+
+    def apply(net):
+        for layer in net.layers:
+            fully_shard(layer, mp_policy=mp)
+        if shard_root:
+            fully_shard(net, mp_policy=mp)
+    return apply
+
+
+# ----------------------------------------------------------------------------------------------
+# Models
+
+def build_models(config: RunConfig, ctx: Dist):
+    """(trained model, teacher or None). The teacher keeps its embedding, final norm and head
+    replicated (its layers are sharded), so its head weight can be handed to the chunked loss."""
+    dtype = precision_of(config, ctx)
+    if config.protocol == "teacher":
+        with torch.device("meta"):
+            net = model.Qwen3(model.ModelConfig(**config.teacher_config))
+        shard = shard_fn(ctx, dtype, shard_root=True)
+        if shard:
+            shard(net)
+        net.to_empty(device=ctx.device)
+        net.init_weights(config.seed)
+        teacher = None
+    else:
+        teacher_dtype = dtype if ctx.device.type == "cuda" else torch.float32
+        teacher = model.load_qwen3(config.teacher, dtype=teacher_dtype, device=ctx.device,
+                                   shard_fn=shard_fn(ctx, dtype, shard_root=False))
+        net = model.Student.from_teacher(teacher, config.blocks, config.layers_per_block, config.norm,
+                                         config.seed, shard_fn=shard_fn(ctx, dtype, shard_root=True))
+    net.checkpoint_layers = config.activation_checkpointing
+    if config.compile:
+        for layer in net.layers:
+            layer.compile()
+    return net, teacher
+
+
+def autocast(config: RunConfig, ctx: Dist):
+    """bf16 autocast in one process; under FSDP2 the MixedPrecisionPolicy casts instead."""
+    if precision_of(config, ctx) == torch.bfloat16 and ctx.world == 1:
+        return torch.autocast(ctx.device.type, dtype=torch.bfloat16)
+    return nullcontext()
+
+
+def hidden_only(hidden, head_weight):
+    return hidden
+
+
+def loss_fn(config, batch, teacher, phase, denominator, net):
+    """Run one micro-batch through the model with the chunked loss as its output function."""
+    if teacher is None:
+        loss, ce_term = net(batch.input_ids, output_fn=partial(
+            kd.ce_loss, targets=batch.targets, mask=batch.mask, chunk_size=config.loss_chunk,
+            denominator=denominator))
+        return loss, torch.zeros(()), ce_term
+    with torch.no_grad():
+        teacher_hidden = teacher(batch.input_ids, output_fn=hidden_only)
+    head = teacher.head_weight
+    return net(batch.input_ids, active_blocks=phase.active_blocks, output_fn=partial(
+        kd.kd_loss, teacher_hidden=teacher_hidden, teacher_head_weight=head, targets=batch.targets,
+        mask=batch.mask, alpha=config.alpha, gamma=config.gamma, tau=config.tau,
+        chunk_size=config.loss_chunk, denominator=denominator))
+
+
+# ----------------------------------------------------------------------------------------------
+# Evaluation: the whole fixed validation set, token-weighted, on every rank
+
+@torch.no_grad()
+def evaluate(config: RunConfig, net, teacher, val: data.Shard, active_blocks: int, ctx: Dist) -> dict:
+    net.eval()
+    sums = [0.0, 0.0, 0.0, 0.0]  # kl, soft_ce, ce, targets
+    for batch in data.eval_batches(val, config.eval_batch, ctx.rank, ctx.world):
+        batch = batch.to(ctx.device)
+        with autocast(config, ctx):
+            if teacher is None:
+                s = net(batch.input_ids, output_fn=partial(kd.kd_sums, teacher_hidden=None, teacher_head_weight=None,
+                                                           targets=batch.targets, mask=batch.mask,
+                                                           chunk_size=config.loss_chunk))
+            else:
+                teacher_hidden = teacher(batch.input_ids, output_fn=hidden_only)
+                s = net(batch.input_ids, active_blocks=active_blocks, output_fn=partial(
+                    kd.kd_sums, teacher_hidden=teacher_hidden, teacher_head_weight=teacher.head_weight,
+                    targets=batch.targets, mask=batch.mask, tau=config.tau, chunk_size=config.loss_chunk))
+        for i, key in enumerate(("kl", "soft_ce", "ce", "n")):
+            sums[i] += float(s.get(key, 0.0))
+    kl, soft_ce, ce, n = ctx.sum(sums)
+    net.train()
+    n = max(n, 1.0)
+    return {"ce": ce / n, "ppl": math.exp(ce / n), "kd": soft_ce / n, "kl": kl / n, "val_tokens": int(n)}
+
+
+# ----------------------------------------------------------------------------------------------
+# Checkpoints. phase-<p>/: kept, safetensors weights + trainer state. latest/: rolling, DCP
+# (weights + optimizer, sharded under FSDP2) + trainer state. Both written atomically.
+
+def trainer_state(step, phase, batcher, totals, elapsed) -> dict:
+    rng = base64.b64encode(torch.get_rng_state().numpy().tobytes()).decode()
+    return {"step": step, "phase": phase, "data": batcher.state_dict(), "totals": totals,
+            "elapsed": elapsed, "torch_rng": rng}
+
+
+def replace_dir(tmp: Path, final: Path):
+    """Move a finished temporary folder into place; the old one is removed only after."""
+    old = final.with_name(final.name + ".old")
+    if final.exists():
+        os.replace(final, old)
+    os.replace(tmp, final)
+    shutil.rmtree(old, ignore_errors=True)
+
+
+def gathered_state(net) -> dict:
+    """Full (unsharded) CPU state dict on every rank; plain state_dict in one process."""
+    if not any(hasattr(p, "device_mesh") for p in net.parameters()):
+        return net.state_dict()
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+    return get_model_state_dict(net, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+
+
+def save_phase_checkpoint(run_dir: Path, net, state: dict, ctx: Dist):
+    full = gathered_state(net)
+    final = run_dir / f"phase-{state['phase']}"
+    if ctx.is_main:
+        tmp = run_dir / f"phase-{state['phase']}.tmp"
+        if isinstance(net, model.Qwen3):  # the teacher run's checkpoints are plain HF Qwen3 folders
+            model.write_checkpoint(tmp, net.config.to_hf(), {model.hf_name(k): v for k, v in full.items()})
+        else:
+            model.write_checkpoint(tmp, student_config(net), full)
+        (tmp / "trainer_state.json").write_text(json.dumps(state))
+        replace_dir(tmp, final)
+    ctx.barrier()
+
+
+def student_config(net: model.Student) -> dict:
+    return {**net.config.to_hf(), "architectures": ["NormgrowStudent"],
+            "normgrow_student": {"blocks": net.blocks, "layers_per_block": net.layers_per_block,
+                                 "norm": net.norm_placement}}
+
+
+def save_latest_checkpoint(run_dir: Path, net, optimizer, state: dict, ctx: Dist):
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+    model_state, optim_state = get_state_dict(net, optimizer)
+    tmp = run_dir / "latest.tmp"
+    if ctx.is_main:
+        shutil.rmtree(tmp, ignore_errors=True)
+    ctx.barrier()
+    dcp.save({"model": model_state, "optim": optim_state}, checkpoint_id=str(tmp), no_dist=ctx.world == 1)
+    if ctx.is_main:
+        (tmp / "trainer_state.json").write_text(json.dumps(state))
+        replace_dir(tmp, run_dir / "latest")
+    ctx.barrier()
+
+
+def newest_checkpoint(run_dir: Path) -> tuple[Path, dict] | None:
+    """The checkpoint with the highest step: latest/ or the last phase-<p>/."""
+    found = []
+    phases = [d for d in run_dir.glob("phase-*") if d.name.removeprefix("phase-").isdigit()]  # not .tmp/.old
+    for ckpt in [run_dir / "latest", *phases]:
+        state_file = ckpt / "trainer_state.json"
+        if ckpt.is_dir() and state_file.is_file():
+            found.append((json.loads(state_file.read_text())["step"], ckpt.name == "latest", ckpt))
+    if not found:
+        return None
+    _, _, ckpt = max(found)  # on a tie prefer latest/: it also holds the optimizer state
+    return ckpt, json.loads((ckpt / "trainer_state.json").read_text())
+
+
+def load_weights(net, ckpt: Path):
+    name_in_file = model.hf_name if isinstance(net, model.Qwen3) else (lambda name: name)
+    dtype = next(net.parameters()).dtype
+    model.load_tensors(net, ckpt, dtype, next(net.parameters()).device, name_in_file)
+
+
+def load_latest_checkpoint(ckpt: Path, net, optimizer, ctx: Dist):
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+    model_state, optim_state = get_state_dict(net, optimizer)
+    state = {"model": model_state, "optim": optim_state}
+    dcp.load(state, checkpoint_id=str(ckpt), no_dist=ctx.world == 1)
+    set_state_dict(net, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
+
+
+# ----------------------------------------------------------------------------------------------
+# Run directory: config, metrics log, provenance
+
+def prepare_run_dir(config: RunConfig, run_dir: Path, force: bool, ctx: Dist) -> bool:
+    """Create or check the run directory. Returns True if the run is already done."""
+    config_file = run_dir / "config.json"
+    wanted = json.loads(json.dumps(asdict(config)))
+    if config_file.is_file():
+        stored = json.loads(config_file.read_text())
+        if stored != wanted and not force:
+            changed = sorted(k for k in set(stored) | set(wanted) if stored.get(k) != wanted.get(k))
+            raise TrainingError(f"{run_dir}: holds a run with another config (differs in {', '.join(changed)}); "
+                                "pass --force to discard it and start over, or choose another output folder")
+        if stored == wanted and (run_dir / "done.json").is_file() and not force:
+            return True
+        if force and ctx.is_main:
+            shutil.rmtree(run_dir)
+    ctx.barrier()
+    if ctx.is_main:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        config_file.write_text(json.dumps(wanted, indent=2) + "\n")
+        (run_dir / "provenance.json").write_text(json.dumps(provenance(ctx), indent=2) + "\n")
+    ctx.barrier()
+    return False
+
+
+def provenance(ctx: Dist) -> dict:
+    try:
+        commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
+                                cwd=Path(__file__).parent).stdout.strip()
+    except OSError:
+        commit = ""
+    device = torch.cuda.get_device_name(ctx.device) if ctx.device.type == "cuda" else "cpu"
+    return {"git_commit": commit, "torch": torch.__version__, "device": device, "world_size": ctx.world,
+            "threads": torch.get_num_threads()}
+
+
+def read_metrics(run_dir: Path) -> list[dict]:
+    """Parsed metrics.jsonl; a line cut short by a kill is dropped."""
+    path = Path(run_dir) / "metrics.jsonl"
+    rows = []
+    if path.is_file():
+        for line in path.read_text().splitlines():
+            try:
+                rows.append(json.loads(line))
+            except json.JSONDecodeError:
+                pass
+    return rows
+
+
+def truncate_metrics(run_dir: Path, upto_step: int, source: Path | None = None):
+    """Keep the log up to a checkpoint's step (from `source`, a shared-prefix run, if given)."""
+    rows = [r for r in read_metrics(source or run_dir) if r["step"] <= upto_step]
+    tmp = run_dir / "metrics.jsonl.tmp"
+    tmp.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    os.replace(tmp, run_dir / "metrics.jsonl")
+
+
+def adopt_shared_prefix(config: RunConfig, run_dir: Path):
+    """Start from another run's phase-end checkpoint whose phases equal our first ones: copy it
+    and the log lines up to it, so this run's folder is complete on its own."""
+    src = Path(config.start_from)
+    state_file = src / "trainer_state.json"
+    if not state_file.is_file():
+        raise TrainingError(f"{src}: not a finished phase checkpoint (no trainer_state.json); run its run first")
+    shutil.copytree(src, run_dir / src.name, dirs_exist_ok=True)
+    truncate_metrics(run_dir, json.loads(state_file.read_text())["step"], source=src.parent)
+
+
+# ----------------------------------------------------------------------------------------------
+# The run
+
+def train(config: RunConfig, run_dir, force: bool = False, ctx: Dist | None = None,
+          stop_after_step: int | None = None) -> dict:
+    """Run (or resume, or skip if done) one run; returns the final evaluation. `stop_after_step`
+    ends early as if killed there (tests of resume)."""
+    ctx = ctx or setup_distributed()
+    run_dir = Path(run_dir)
+    if prepare_run_dir(config, run_dir, force, ctx):
+        print0(ctx, f"{config.name}: done, reusing {run_dir}")
+        return json.loads((run_dir / "done.json").read_text())
+    torch.manual_seed(config.seed)
+    phases = plan_phases(config)
+    net, teacher = build_models(config, ctx)
+    train_shard, val_shard = data.Shard(config.train_data), data.Shard(config.val_data)
+    batcher = data.Batcher(train_shard, config.global_batch, config.seed, mode=config.data_mode,
+                           replay_docs=config.replay_docs, rank=ctx.rank, world_size=ctx.world,
+                           micro_batch=config.micro_batch)
+
+    if ctx.is_main and config.start_from and newest_checkpoint(run_dir) is None:
+        adopt_shared_prefix(config, run_dir)
+    ctx.barrier()
+    resume = newest_checkpoint(run_dir)
+    step, totals, elapsed = 0, {"total_tokens": 0, "active_layer_tokens": 0}, 0.0
+    if resume:
+        ckpt, state = resume
+        step, totals, elapsed = state["step"], state["totals"], state["elapsed"]
+        batcher.load_state_dict(state["data"])
+        torch.set_rng_state(torch.frombuffer(bytearray(base64.b64decode(state["torch_rng"])), dtype=torch.uint8))
+        if ckpt.name != "latest":
+            load_weights(net, ckpt)
+        if ctx.is_main:
+            truncate_metrics(run_dir, step)
+        print0(ctx, f"{config.name}: resuming at step {step} from {ckpt}")
+    log = open(run_dir / "metrics.jsonl", "a") if ctx.is_main else None
+    layers_per_block = config.layers_per_block if teacher is not None else 0
+
+    final = None
+    for phase in phases:
+        last_step = phase.first_step + phase.steps
+        if step >= last_step:
+            continue
+        params = trainable_parameters(net, phase)
+        optimizer = build_optimizer(config, params)
+        if resume and resume[0].name == "latest" and step > phase.first_step:
+            load_latest_checkpoint(resume[0], net, optimizer, ctx)
+        if step == phase.first_step and config.reset_data_each_phase:
+            batcher.reset()
+        active_layers = phase.active_blocks * layers_per_block or len(net.layers)
+        print0(ctx, f"{config.name}: phase {phase.index}: active blocks {phase.active_blocks}, trainable blocks "
+                    f"{list(phase.trainable_blocks)}, {sum(p.numel() for p in params):,} trainable parameters, "
+                    f"steps {phase.first_step}..{last_step - 1}")
+        started = time.time() - elapsed
+        while step < last_step:
+            # ---- one optimizer step over the global batch, micro-batch by micro-batch ----
+            lr = learning_rate(config, step - phase.first_step)
+            for group in optimizer.param_groups:
+                group["lr"] = lr
+            batch = next(batcher)
+            sums = [0.0, 0.0, 0.0]
+            for micro in batch.micro_batches:
+                micro = micro.to(ctx.device)
+                with autocast(config, ctx):
+                    loss, kd_term, ce_term = loss_fn(config, micro, teacher, phase, batch.global_targets, net)
+                # Each rank's loss is already divided by the global target count; FSDP2 averages
+                # gradients over ranks, so scale by the world size to get the global sum.
+                (loss * ctx.world).backward()
+                sums = [s + float(v) for s, v in zip(sums, (loss.detach(), kd_term, ce_term))]
+            grad_norm = model.full_tensor(torch.nn.utils.clip_grad_norm_(params, config.grad_clip, foreach=False))
+            loss_sum, kd_sum, ce_sum = ctx.sum(sums)
+            if not (math.isfinite(loss_sum) and math.isfinite(float(grad_norm))):
+                raise TrainingError(f"{config.name}: non-finite loss ({loss_sum}) or gradient norm ({float(grad_norm)}) "
+                                    f"at step {step + 1}; the last good checkpoint in {run_dir} is kept")
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            step += 1
+            # ---- log ----
+            totals["total_tokens"] += batch.global_tokens
+            totals["active_layer_tokens"] += batch.global_tokens * active_layers
+            elapsed = time.time() - started
+            row = {"step": step, "phase": phase.index, "loss": loss_sum, "kd": kd_sum, "ce": ce_sum, "lr": lr,
+                   "grad_norm": float(grad_norm), "tokens": batch.global_tokens, **totals, "time": elapsed}
+            if log:
+                log.write(json.dumps(row) + "\n")
+                log.flush()
+            # ---- evaluate and checkpoint ----
+            phase_end = step == last_step
+            if phase_end or step % config.eval_interval == 0:
+                final = evaluate(config, net, teacher, val_shard, phase.active_blocks, ctx)
+                if log:
+                    log.write(json.dumps({"step": step, "phase": phase.index, "eval": True, **final}) + "\n")
+                    log.flush()
+                print0(ctx, f"{config.name}: step {step}: loss {loss_sum:.4f}, val CE {final['ce']:.4f}, "
+                            f"val KD {final['kd']:.4f}, {totals['total_tokens'] / max(elapsed, 1e-9):,.0f} tok/s")
+            state = trainer_state(step, phase.index, batcher, totals, elapsed)
+            if phase_end:
+                save_phase_checkpoint(run_dir, net, state, ctx)
+            elif step % config.checkpoint_interval == 0:
+                save_latest_checkpoint(run_dir, net, optimizer, state, ctx)
+            if stop_after_step is not None and step >= stop_after_step:
+                return {}
+        resume = None
+    if ctx.is_main:
+        if final is None:  # every phase was already checkpointed: evaluate the last one
+            final = json.loads((run_dir / "done.json").read_text()) if (run_dir / "done.json").is_file() else {}
+        (run_dir / "done.json").write_text(json.dumps({**final, "step": step}, indent=2) + "\n")
+        shutil.rmtree(run_dir / "latest", ignore_errors=True)
+    if log:
+        log.close()
+    ctx.barrier()
+    return json.loads((run_dir / "done.json").read_text())
+
+
+def main(argv=None):
+    """`python grow.py RUN_DIR/config.json` (re)starts or resumes the run stored in that folder."""
+    import argparse
+    parser = argparse.ArgumentParser(description=main.__doc__)
+    parser.add_argument("config", type=Path, help="a run's config.json")
+    parser.add_argument("--run-dir", type=Path, help="default: the folder holding the config")
+    parser.add_argument("--stop-after-step", type=int, help="stop there, as if killed (resume tests)")
+    args = parser.parse_args(argv)
+    config = RunConfig(**json.loads(args.config.read_text()))
+    train(config, args.run_dir or args.config.parent, stop_after_step=args.stop_after_step)
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

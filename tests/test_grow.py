@@ -1,0 +1,253 @@
+"""grow.py: phase plans, schedules, accumulation, resume, shared prefixes, FSDP2 under torchrun."""
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+import torch
+
+import grow
+import model
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def config(**overrides) -> grow.RunConfig:
+    base = dict(name="t", protocol="grow", norm="post", seed=42, blocks=3, layers_per_block=2, phase_steps=200,
+                global_batch=8, micro_batch=2, lr=1e-3, min_lr=1e-5, warmup_frac=0.05, betas=(0.9, 0.95),
+                eps=1e-8, weight_decay=0.0, grad_clip=0.5, alpha=0.7, gamma=0.3, tau=1.0, loss_chunk=64,
+                train_data="", val_data="", replay_docs=64, eval_interval=100, eval_batch=4,
+                checkpoint_interval=50)
+    return grow.RunConfig(**{**base, **overrides})
+
+
+# ---- phase plans and schedules ----------------------------------------------------------------
+
+def test_grow_phase_plan():
+    phases = grow.plan_phases(config(protocol="grow"))
+    assert [(p.active_blocks, p.trainable_blocks, p.trains_head, p.first_step) for p in phases] == [
+        (1, (0,), True, 0), (2, (0, 1), True, 200), (3, (0, 1, 2), True, 400)]
+
+
+def test_joint_freeze_and_long_plans():
+    assert [(p.active_blocks, p.trainable_blocks) for p in grow.plan_phases(config(protocol="joint"))] == [
+        (3, (0, 1, 2))]
+    freeze = grow.plan_phases(config(protocol="freeze"))
+    assert [(p.active_blocks, p.trainable_blocks, p.trains_head) for p in freeze] == [
+        (1, (0,), True), (2, (1,), False), (3, (2,), False)]
+    keep_head = grow.plan_phases(config(protocol="freeze", freeze_trains_head=True))
+    assert [p.trains_head for p in keep_head] == [True, True, True]
+    long = grow.plan_phases(config(protocol="joint-long", joint_phases=3))
+    assert [(p.active_blocks, p.first_step, p.steps) for p in long] == [(3, 0, 200), (3, 200, 200), (3, 400, 200)]
+
+
+def test_learning_rate_warmup_cosine_and_restart():
+    c = config(phase_steps=200, warmup_frac=0.05, lr=1e-3, min_lr=1e-5)  # warmup = 10 steps
+    assert grow.learning_rate(c, 0) == pytest.approx(1e-4)
+    assert grow.learning_rate(c, 9) == pytest.approx(1e-3)          # warmup end: peak
+    assert grow.learning_rate(c, 10) == pytest.approx(1e-3)         # cosine starts at peak
+    assert grow.learning_rate(c, 105) == pytest.approx((1e-3 + 1e-5) / 2)  # halfway through the cosine
+    assert grow.learning_rate(c, 199) == pytest.approx(1e-5, abs=2e-7)     # phase end: near the minimum
+    # The paper's schedule: 750 warmup steps in a 50k-step phase.
+    paper = config(phase_steps=50_000, warmup_frac=0.015, lr=1e-4, min_lr=1e-6)
+    assert grow.learning_rate(paper, 749) == pytest.approx(1e-4) and grow.learning_rate(paper, 374) == pytest.approx(5e-5)
+
+
+@pytest.fixture
+def tiny_student():
+    teacher = model.Qwen3(model.ModelConfig(vocab_size=50, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
+                                            num_attention_heads=4, num_key_value_heads=2, head_dim=8))
+    teacher.init_weights(0)
+    return model.Student.from_teacher(teacher, blocks=3, layers_per_block=2, norm="post", seed=1)
+
+
+@pytest.mark.parametrize("protocol", ["grow", "freeze"])
+def test_trainable_parameters_per_phase(tiny_student, protocol):
+    phases = grow.plan_phases(config(protocol=protocol))
+    per_layer = model.count_parameters(tiny_student.layers[0])
+    head_and_norm = tiny_student.lm_head.weight.numel() + tiny_student.norm.weight.numel()
+    counts = []
+    for phase in phases:
+        params = grow.trainable_parameters(tiny_student, phase)
+        optimizer = grow.build_optimizer(config(), params)
+        counts.append(sum(p.numel() for g in optimizer.param_groups for p in g["params"]))
+        assert not tiny_student.embed_tokens.weight.requires_grad
+        assert all(p.requires_grad for p in params)
+        assert sum(p.numel() for p in tiny_student.parameters() if p.requires_grad) == counts[-1]
+    if protocol == "grow":
+        assert counts == [2 * per_layer + head_and_norm, 4 * per_layer + head_and_norm, 6 * per_layer + head_and_norm]
+    else:
+        assert counts == [2 * per_layer + head_and_norm, 2 * per_layer, 2 * per_layer]
+
+
+# ---- runs on tiny shards and a tiny teacher ---------------------------------------------------
+
+def run_config(shards, teacher_dir, **overrides) -> grow.RunConfig:
+    train, val = shards
+    base = dict(train_data=str(train.path), val_data=str(val.path), teacher=str(teacher_dir), layers_per_block=1,
+                phase_steps=6, global_batch=8, micro_batch=4, replay_docs=40, eval_interval=3, eval_batch=8,
+                checkpoint_interval=2, loss_chunk=50, lr=3e-3, min_lr=3e-5, warmup_frac=0.2)
+    return config(**{**base, **overrides})
+
+
+def test_accumulation_equals_whole_batch(tiny_shards, tiny_teacher_dir):
+    """One step over 4 micro-batches equals one step over the whole batch (float64)."""
+    import data
+    c = run_config(tiny_shards, tiny_teacher_dir)
+    teacher = model.load_qwen3(tiny_teacher_dir, dtype=torch.float64)
+    phase = grow.plan_phases(c)[1]
+    results = []
+    for micro in (2, 8):
+        student = model.Student.from_teacher(teacher, 3, 1, "post", seed=3, dtype=torch.float64)
+        params = grow.trainable_parameters(student, phase)
+        step = next(data.Batcher(tiny_shards[0], 8, seed=0, replay_docs=40, micro_batch=micro))
+        assert len(step.micro_batches) == 8 // micro
+        total = 0.0
+        for mb in step.micro_batches:
+            loss, _, _ = grow.loss_fn(c, mb, teacher, phase, step.global_targets, student)
+            loss.backward()
+            total += loss.item()
+        results.append((total, [p.grad.clone() for p in params]))
+    (loss_a, grads_a), (loss_b, grads_b) = results
+    assert loss_a == pytest.approx(loss_b, rel=1e-12)
+    for a, b in zip(grads_a, grads_b):
+        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-14)
+
+
+def phase_weights(run_dir, phase):
+    from safetensors.torch import load_file
+    return load_file(Path(run_dir) / f"phase-{phase}" / "model.safetensors")
+
+
+def block_tensors(state, block):
+    return {k: v for k, v in state.items() if k.startswith(f"layers.{block}.")}
+
+
+def test_freeze_keeps_earlier_blocks_and_grow_retrains_them(tiny_shards, tiny_teacher_dir, tmp_path):
+    grow.train(run_config(tiny_shards, tiny_teacher_dir, protocol="freeze"), tmp_path / "freeze")
+    grow.train(run_config(tiny_shards, tiny_teacher_dir, protocol="grow"), tmp_path / "grow")
+    freeze = [phase_weights(tmp_path / "freeze", p) for p in range(3)]
+    grown = [phase_weights(tmp_path / "grow", p) for p in range(3)]
+    for block in (0, 1):  # a frozen block is bit-identical in every later phase
+        for later in range(block + 1, 3):
+            assert all(torch.equal(v, freeze[later][k]) for k, v in block_tensors(freeze[block], block).items())
+    assert torch.equal(freeze[0]["lm_head.weight"], freeze[2]["lm_head.weight"])  # the paper: only the new block
+    assert not torch.equal(grown[0]["lm_head.weight"], grown[2]["lm_head.weight"])
+    assert not torch.equal(grown[0]["layers.0.mlp.up_proj.weight"], grown[2]["layers.0.mlp.up_proj.weight"])
+    # Phase 0 is the same in both protocols (the cache shares it), and an appended block enters with
+    # the weights it was built with: block 2 is untouched until phase 2.
+    assert all(torch.equal(v, grown[0][k]) for k, v in freeze[0].items())
+    assert all(torch.equal(v, grown[1][k]) for k, v in block_tensors(grown[0], 2).items())
+    rows = grow.read_metrics(tmp_path / "grow")
+    steps = [r for r in rows if "eval" not in r]
+    assert [r["step"] for r in steps] == list(range(1, 19))
+    assert steps[-1]["active_layer_tokens"] == sum(r["tokens"] * (r["phase"] + 1) for r in steps)
+    evals = [r for r in rows if r.get("eval")]
+    assert [r["step"] for r in evals] == [3, 6, 9, 12, 15, 18]
+    assert all(math.isfinite(r["ce"]) and r["ppl"] == pytest.approx(math.exp(r["ce"])) for r in evals)
+
+
+def test_finished_run_is_reused_and_other_config_refused(tiny_shards, tiny_teacher_dir, tmp_path):
+    c = run_config(tiny_shards, tiny_teacher_dir, protocol="joint", phase_steps=3)
+    first = grow.train(c, tmp_path / "r")
+    mtime = (tmp_path / "r" / "phase-0" / "model.safetensors").stat().st_mtime_ns
+    assert grow.train(c, tmp_path / "r") == first
+    assert (tmp_path / "r" / "phase-0" / "model.safetensors").stat().st_mtime_ns == mtime
+    with pytest.raises(grow.TrainingError, match="differs in lr.*--force"):
+        grow.train(replace(c, lr=1e-2), tmp_path / "r")
+    again = grow.train(replace(c, lr=1e-2), tmp_path / "r", force=True)
+    assert again["ce"] != first["ce"]
+
+
+def test_non_finite_loss_stops_with_the_step(tiny_shards, tiny_teacher_dir, tmp_path, monkeypatch):
+    c = run_config(tiny_shards, tiny_teacher_dir, protocol="joint")
+    real = grow.kd.kd_loss
+    calls = {"n": 0}
+
+    def poisoned(*args, **kwargs):
+        calls["n"] += 1
+        loss, kd_term, ce_term = real(*args, **kwargs)
+        return (loss * float("nan"), kd_term, ce_term) if calls["n"] > 2 * 4 else (loss, kd_term, ce_term)
+
+    monkeypatch.setattr(grow.kd, "kd_loss", poisoned)
+    with pytest.raises(grow.TrainingError, match="non-finite loss .* at step 5"):
+        grow.train(c, tmp_path / "r")
+    assert (tmp_path / "r" / "latest" / "trainer_state.json").is_file()
+    assert json.loads((tmp_path / "r" / "latest" / "trainer_state.json").read_text())["step"] == 4
+
+
+def start_run(config_file, run_dir):
+    return subprocess.Popen([sys.executable, str(ROOT / "grow.py"), str(config_file), "--run-dir", str(run_dir)],
+                            cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+
+
+def kill_when(proc, condition, timeout=120):
+    deadline = time.time() + timeout
+    while not condition():
+        assert proc.poll() is None, f"run ended before it could be killed: {proc.stderr.read().decode()[-2000:]}"
+        assert time.time() < deadline
+        time.sleep(0.01)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+
+
+def logged_steps(run_dir):
+    return max([r["step"] for r in grow.read_metrics(run_dir)], default=0)
+
+
+def test_sigkill_mid_phase_and_at_transition_resumes_bit_identical(tiny_shards, tiny_teacher_dir, tmp_path):
+    c = run_config(tiny_shards, tiny_teacher_dir, protocol="grow", phase_steps=5, checkpoint_interval=2)
+    config_file = tmp_path / "config.json"
+    config_file.write_text(json.dumps(grow.asdict(c)))
+    reference = grow.train(c, tmp_path / "reference")
+
+    run_dir = tmp_path / "killed"
+    kill_when(start_run(config_file, run_dir), lambda: logged_steps(run_dir) >= 3)  # mid-phase 0
+    assert not (run_dir / "done.json").exists()
+    kill_when(start_run(config_file, run_dir), lambda: (run_dir / "phase-1").is_dir())  # right at a transition
+    assert not (run_dir / "done.json").exists()
+    proc = start_run(config_file, run_dir)
+    assert proc.wait() == 0, proc.stderr.read().decode()[-3000:]
+
+    assert json.loads((run_dir / "done.json").read_text()) == reference
+    for p in range(3):
+        a, b = phase_weights(tmp_path / "reference", p), phase_weights(run_dir, p)
+        assert all(torch.equal(a[k], b[k]) for k in a), f"phase {p} differs"
+    strip = lambda rows: [{k: v for k, v in r.items() if k != "time"} for r in rows]
+    assert strip(grow.read_metrics(run_dir)) == strip(grow.read_metrics(tmp_path / "reference"))
+
+
+def torchrun(config_file, run_dir, *extra):
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+           str(ROOT / "grow.py"), str(config_file), "--run-dir", str(run_dir), *extra]
+    out = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600,
+                         env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-5000:]
+
+
+def test_fsdp2_two_ranks_match_one_process_and_resume(tiny_shards, tiny_teacher_dir, tmp_path):
+    c = run_config(tiny_shards, tiny_teacher_dir, protocol="grow", phase_steps=4, checkpoint_interval=3)
+    config_file = tmp_path / "config.json"
+    config_file.write_text(json.dumps(grow.asdict(c)))
+    single = grow.train(c, tmp_path / "single")
+    torchrun(config_file, tmp_path / "fsdp", "--stop-after-step", "7")  # stops mid-phase 1, after a sharded save
+    assert (tmp_path / "fsdp" / "latest").is_dir() and not (tmp_path / "fsdp" / "done.json").exists()
+    assert json.loads((tmp_path / "fsdp" / "provenance.json").read_text())["world_size"] == 2
+    torchrun(config_file, tmp_path / "fsdp")
+    losses = lambda d: [(r["step"], r.get("eval", False), r["loss"] if "loss" in r else r["ce"])
+                        for r in grow.read_metrics(d)]
+    one, two = losses(tmp_path / "single"), losses(tmp_path / "fsdp")
+    assert [r[:2] for r in one] == [r[:2] for r in two]
+    for (_, _, a), (_, _, b) in zip(one, two):
+        assert b == pytest.approx(a, rel=1e-5)
+    assert json.loads((tmp_path / "fsdp" / "done.json").read_text())["ce"] == pytest.approx(single["ce"], rel=1e-5)
+    # The phase-end checkpoints, gathered from the shards, hold the same weights.
+    a, b = phase_weights(tmp_path / "single", 2), phase_weights(tmp_path / "fsdp", 2)
+    for k in a:
+        torch.testing.assert_close(a[k], b[k], rtol=1e-4, atol=1e-6)
