@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 
-.PHONY: install install-dev test toy bench clean
+.PHONY: install install-dev test toy bench gpu-check clean
 
 install: $(VENV)/.installed
 install-dev: $(VENV)/.installed-dev
@@ -31,6 +31,10 @@ toy: install
 
 bench: install-dev
 	$(BIN)/python repro.py bench
+
+# One CUDA GPU, under 8 minutes: bf16 parity, a paper-size layer step with MFU, FSDP2 on one rank.
+gpu-check: install-dev
+	$(BIN)/python bench.py --gpu-check
 
 clean:
 	rm -rf $(VENV) .pytest_cache

@@ -725,9 +725,10 @@ class StepBatch:
         return self.global_targets
 
 
-def make_batch(shard: Shard, doc_ids: list[int]) -> Batch:
-    """A Batch of the shard's documents; with no documents a 1x1 batch whose mask is all False."""
-    documents = [shard.document(i) for i in doc_ids]
+def make_batch(shard: Shard, doc_ids: list[int], max_inputs: int | None = None) -> Batch:
+    """A Batch of the shard's documents (each cut to max_inputs inputs if given); with no documents a
+    1x1 batch whose mask is all False."""
+    documents = [shard.document(i)[:None if max_inputs is None else max_inputs + 1] for i in doc_ids]
     lengths = np.array([len(d) - 1 for d in documents] or [0], dtype=np.int64)
     width = max(int(lengths.max()), 1)
     input_ids = np.full((len(lengths), width), shard.eot, dtype=np.int64)
@@ -807,7 +808,11 @@ class Batcher:
                 "replay_docs": self.replay_docs}
 
     def load_state_dict(self, state: dict) -> None:
-        differing = [k for k in ("mode", "seed", "global_batch", "replay_docs") if state.get(k) != getattr(self, k)]
+        # Both modes serve the same first epoch, so a fresh-data control may continue a replay run
+        # that stopped within it (the long joint controls start from the joint run's first phase).
+        in_shared_epoch = state.get("step", 0) * self.global_batch <= self.replay_docs
+        keys = ("seed", "global_batch", "replay_docs") + (() if in_shared_epoch else ("mode",))
+        differing = [k for k in keys if state.get(k) != getattr(self, k)]
         if differing:
             k = differing[0]
             raise DataError(f"batcher state: saved with {k}={state.get(k)!r} but this run has {getattr(self, k)!r}; "
@@ -830,6 +835,16 @@ def _check_batching(mode: str, global_batch: int, replay_docs: int, n_docs: int,
     if not global_batch <= replay_docs <= n_docs:
         raise DataError(f"replay_docs={replay_docs}: must be between global_batch={global_batch} and the shard's "
                         f"{n_docs} documents; prepare more training documents or lower the batch")
+
+
+def diagnostic_batch(shard: Shard, docs: int, max_inputs: int, seed: int) -> Batch:
+    """The fixed batch the diagnostics run on (paper: 2 x 2048 tokens, seed 42): the first `docs`
+    documents of a seeded order that are long enough to fill max_inputs positions (shorter ones only
+    if too few are), each cut to max_inputs. Every row starts with its document-boundary token."""
+    order = np.random.default_rng(seed).permutation(len(shard))
+    long_enough = shard.lengths[order] - 1 >= max_inputs
+    chosen = np.concatenate([order[long_enough], order[~long_enough]])[:docs]
+    return make_batch(shard, chosen.tolist(), max_inputs)
 
 
 def eval_batches(shard: Shard, batch_size: int, rank: int = 0, world_size: int = 1) -> Iterator[Batch]:

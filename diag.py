@@ -50,6 +50,14 @@ PAPER_PHASE_STEPS = 50_000  # the paper's steps per phase; windows stated in pap
 
 PAPER = {
     "table1": {"pre": {"joint": 2.7603, "grow": 2.7658}, "post": {"joint": 2.7607, "grow": 2.7330}},
+    # Table 2: phase 0 (one block). Its "KD" has the scale of the soft-target CE H(q_T, q_S).
+    "table2": {"pre": {"ce": 2.9802, "kd": 3.0155, "ppl": 19.69}, "post": {"ce": 2.9846, "kd": 3.0183, "ppl": 19.78}},
+    "table3": {"post-joint": 2.7607, "post-joint-long": 2.7518, "post-joint-longer": 2.7428, "post-grow": 2.7330},
+    # Table A2, in billions of tokens: (total, unique).
+    "table_a2": {"post-joint": (3.11, 3.11), "post-grow": (9.34, 3.11), "post-joint-long": (6.22, 6.22),
+                 "post-joint-longer": (9.34, 9.34)},
+    "table_a3": {"pre": {"grow": 2.7658, "freeze": 2.9104}, "post": {"grow": 2.7330, "freeze": 2.8772},
+                 "ppl_gap": {"grow": -0.51, "freeze": -0.60}},
     # Figure 3b gives no numbers; phase 0 is Table 2 (single block), phase 2 is Table 1's grow endpoint.
     "per_phase_ce": {"pre": {0: 2.9802, 2: 2.7658}, "post": {0: 2.9846, 2: 2.7330}},
     # Figure 4, after block 0: pre-norm rises first -> last grow checkpoint; post-norm stays in a range.
@@ -182,20 +190,20 @@ def diagnose_checkpoint(student, batch, decode: Callable, active_blocks: int | N
 
 
 def checkpoint_series(run_dir) -> list[dict]:
-    """The kept phase-end checkpoints of a run in step order: [{"step", "phase", "active_blocks",
-    "path"}], active_blocks from the run's own phase plan (grow phase p runs p+1 blocks)."""
+    """The kept checkpoints of a run (phase ends phase-<p>/ and snapshots step-<n>/) in step order:
+    [{"step", "phase", "active_blocks", "path"}], active_blocks from the run's own phase plan."""
     run_dir = Path(run_dir)
     config = grow.RunConfig(**json.loads((run_dir / "config.json").read_text()))
     phases = grow.plan_phases(config)
-    series = []
-    for ckpt in run_dir.glob("phase-[0-9]*"):
+    series = {}
+    for ckpt in run_dir.iterdir():
         state_file = ckpt / "trainer_state.json"
-        # NOTE: phase-<p>.tmp / .old are a checkpoint being written or replaced; they are not kept ones.
-        if re.fullmatch(r"phase-\d+", ckpt.name) and state_file.is_file():
+        # NOTE: <name>.tmp / .old are a checkpoint being written or replaced; they are not kept ones.
+        if re.fullmatch(r"(phase|step)-\d+", ckpt.name) and state_file.is_file():
             state = json.loads(state_file.read_text())
-            series.append({"step": state["step"], "phase": state["phase"],
-                           "active_blocks": phases[state["phase"]].active_blocks, "path": str(ckpt)})
-    return sorted(series, key=lambda c: c["step"])
+            series[state["step"]] = {"step": state["step"], "phase": state["phase"],
+                                     "active_blocks": phases[state["phase"]].active_blocks, "path": str(ckpt)}
+    return [series[step] for step in sorted(series)]
 
 
 # ----------------------------------------------------------------------------------------------

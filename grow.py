@@ -82,6 +82,7 @@ class RunConfig:
     eval_interval: int
     eval_batch: int                # validation documents per forward pass on one rank
     checkpoint_interval: int       # steps between rolling resume checkpoints
+    snapshot_interval: int = 0     # steps between kept weight snapshots step-<n>/ (diagnostics); 0: none
     teacher: str = ""              # HF checkpoint directory (distillation runs)
     teacher_config: dict | None = None   # model.ModelConfig fields (the `teacher` protocol)
     joint_phases: int = 1          # `joint-long`: phases of phase_steps, LR restart at each
@@ -329,11 +330,13 @@ def gathered_state(net) -> dict:
     return get_model_state_dict(net, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
 
 
-def save_phase_checkpoint(run_dir: Path, net, state: dict, ctx: Dist):
+def save_kept_checkpoint(run_dir: Path, name: str, net, state: dict, ctx: Dist):
+    """A kept checkpoint (phase-<p>/ or step-<n>/): safetensors weights any tool can load, plus the
+    trainer state. It holds no optimizer state: phases restart theirs, so a phase end needs none."""
     full = gathered_state(net)
-    final = run_dir / f"phase-{state['phase']}"
+    final = run_dir / name
     if ctx.is_main:
-        tmp = run_dir / f"phase-{state['phase']}.tmp"
+        tmp = run_dir / f"{name}.tmp"
         if isinstance(net, model.Qwen3):  # the teacher run's checkpoints are plain HF Qwen3 folders
             model.write_checkpoint(tmp, net.config.to_hf(), {model.hf_name(k): v for k, v in full.items()})
         else:
@@ -465,6 +468,39 @@ def adopt_shared_prefix(config: RunConfig, run_dir: Path):
 # ----------------------------------------------------------------------------------------------
 # The run
 
+def optimizer_step(config, net, teacher, phase, batch, params, optimizer, lr, ctx: Dist) -> dict:
+    """One optimizer step over the global batch, micro-batch by micro-batch. Returns the global
+    (all-rank) loss, its KD and CE terms, and the gradient norm before clipping."""
+    for group in optimizer.param_groups:
+        group["lr"] = lr
+    sums = [0.0, 0.0, 0.0]
+    for micro in batch.micro_batches:
+        micro = micro.to(ctx.device)
+        with autocast(config, ctx):
+            loss, kd_term, ce_term = loss_fn(config, micro, teacher, phase, batch.global_targets, net)
+        # Each rank's loss is already divided by the global target count; FSDP2 averages gradients
+        # over ranks, so scale by the world size to get the gradient of the global mean.
+        (loss * ctx.world).backward()
+        sums = [s + float(v) for s, v in zip(sums, (loss.detach(), kd_term, ce_term))]
+    grad_norm = float(model.full_tensor(torch.nn.utils.clip_grad_norm_(params, config.grad_clip, foreach=False)))
+    loss_sum, kd_sum, ce_sum = ctx.sum(sums)
+    if not (math.isfinite(loss_sum) and math.isfinite(grad_norm)):
+        return {"loss": loss_sum, "grad_norm": grad_norm, "finite": False}
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    return {"loss": loss_sum, "kd": kd_sum, "ce": ce_sum, "grad_norm": grad_norm, "finite": True}
+
+
+def progress_bar(ctx: Dist):
+    """A rich progress bar on an interactive rank-0 terminal; logs and other ranks get printed lines."""
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+    if not (ctx.is_main and Console().is_terminal):
+        return None
+    return Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                    TextColumn("loss {task.fields[loss]:.4f}  {task.fields[tok_s]:,.0f} tok/s"), TimeRemainingColumn())
+
+
 def train(config: RunConfig, run_dir, force: bool = False, ctx: Dist | None = None,
           stop_after_step: int | None = None) -> dict:
     """Run (or resume, or skip if done) one run; returns the final evaluation. `stop_after_step`
@@ -474,6 +510,8 @@ def train(config: RunConfig, run_dir, force: bool = False, ctx: Dist | None = No
     if prepare_run_dir(config, run_dir, force, ctx):
         print0(ctx, f"{config.name}: done, reusing {run_dir}")
         return json.loads((run_dir / "done.json").read_text())
+
+    # ---- models, data, and where to start ----
     torch.manual_seed(config.seed)
     phases = plan_phases(config)
     net, teacher = build_models(config, ctx)
@@ -481,7 +519,6 @@ def train(config: RunConfig, run_dir, force: bool = False, ctx: Dist | None = No
     batcher = data.Batcher(train_shard, config.global_batch, config.seed, mode=config.data_mode,
                            replay_docs=config.replay_docs, rank=ctx.rank, world_size=ctx.world,
                            micro_batch=config.micro_batch)
-
     if ctx.is_main and config.start_from and newest_checkpoint(run_dir) is None:
         adopt_shared_prefix(config, run_dir)
     ctx.barrier()
@@ -498,6 +535,7 @@ def train(config: RunConfig, run_dir, force: bool = False, ctx: Dist | None = No
             truncate_metrics(run_dir, step)
         print0(ctx, f"{config.name}: resuming at step {step} from {ckpt}")
     log = open(run_dir / "metrics.jsonl", "a") if ctx.is_main else None
+    progress = progress_bar(ctx)
     layers_per_block = config.layers_per_block if teacher is not None else 0
 
     final = None
@@ -505,6 +543,7 @@ def train(config: RunConfig, run_dir, force: bool = False, ctx: Dist | None = No
         last_step = phase.first_step + phase.steps
         if step >= last_step:
             continue
+        # ---- a new phase: a new optimizer over exactly the trainable parameters ----
         params = trainable_parameters(net, phase)
         optimizer = build_optimizer(config, params)
         if resume and resume[0].name == "latest" and step > phase.first_step:
@@ -514,40 +553,35 @@ def train(config: RunConfig, run_dir, force: bool = False, ctx: Dist | None = No
         active_layers = phase.active_blocks * layers_per_block or len(net.layers)
         print0(ctx, f"{config.name}: phase {phase.index}: active blocks {phase.active_blocks}, trainable blocks "
                     f"{list(phase.trainable_blocks)}, {sum(p.numel() for p in params):,} trainable parameters, "
-                    f"steps {phase.first_step}..{last_step - 1}")
+                    f"steps {phase.first_step + 1}..{last_step}, "
+                    f"{config.global_batch} documents/step in {config.global_batch // ctx.world // config.micro_batch} "
+                    f"micro-batches x {ctx.world} ranks")
+        if progress:
+            progress.start()
+            task = progress.add_task(f"{config.name} phase {phase.index}", total=phase.steps,
+                                     completed=step - phase.first_step, loss=float("nan"), tok_s=0.0)
         started = time.time() - elapsed
         while step < last_step:
-            # ---- one optimizer step over the global batch, micro-batch by micro-batch ----
+            # ---- train ----
             lr = learning_rate(config, step - phase.first_step)
-            for group in optimizer.param_groups:
-                group["lr"] = lr
             batch = next(batcher)
-            sums = [0.0, 0.0, 0.0]
-            for micro in batch.micro_batches:
-                micro = micro.to(ctx.device)
-                with autocast(config, ctx):
-                    loss, kd_term, ce_term = loss_fn(config, micro, teacher, phase, batch.global_targets, net)
-                # Each rank's loss is already divided by the global target count; FSDP2 averages
-                # gradients over ranks, so scale by the world size to get the global sum.
-                (loss * ctx.world).backward()
-                sums = [s + float(v) for s, v in zip(sums, (loss.detach(), kd_term, ce_term))]
-            grad_norm = model.full_tensor(torch.nn.utils.clip_grad_norm_(params, config.grad_clip, foreach=False))
-            loss_sum, kd_sum, ce_sum = ctx.sum(sums)
-            if not (math.isfinite(loss_sum) and math.isfinite(float(grad_norm))):
-                raise TrainingError(f"{config.name}: non-finite loss ({loss_sum}) or gradient norm ({float(grad_norm)}) "
-                                    f"at step {step + 1}; the last good checkpoint in {run_dir} is kept")
-            optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
+            result = optimizer_step(config, net, teacher, phase, batch, params, optimizer, lr, ctx)
+            if not result["finite"]:
+                raise TrainingError(f"{config.name}: non-finite loss ({result['loss']}) or gradient norm "
+                                    f"({result['grad_norm']}) at step {step + 1}; the last good checkpoint in "
+                                    f"{run_dir} is kept")
             step += 1
             # ---- log ----
             totals["total_tokens"] += batch.global_tokens
             totals["active_layer_tokens"] += batch.global_tokens * active_layers
             elapsed = time.time() - started
-            row = {"step": step, "phase": phase.index, "loss": loss_sum, "kd": kd_sum, "ce": ce_sum, "lr": lr,
-                   "grad_norm": float(grad_norm), "tokens": batch.global_tokens, **totals, "time": elapsed}
+            row = {"step": step, "phase": phase.index, "loss": result["loss"], "kd": result["kd"], "ce": result["ce"],
+                   "lr": lr, "grad_norm": result["grad_norm"], "tokens": batch.global_tokens, **totals, "time": elapsed}
             if log:
                 log.write(json.dumps(row) + "\n")
                 log.flush()
+            if progress:
+                progress.update(task, advance=1, loss=result["loss"], tok_s=totals["total_tokens"] / max(elapsed, 1e-9))
             # ---- evaluate and checkpoint ----
             phase_end = step == last_step
             if phase_end or step % config.eval_interval == 0:
@@ -555,19 +589,25 @@ def train(config: RunConfig, run_dir, force: bool = False, ctx: Dist | None = No
                 if log:
                     log.write(json.dumps({"step": step, "phase": phase.index, "eval": True, **final}) + "\n")
                     log.flush()
-                print0(ctx, f"{config.name}: step {step}: loss {loss_sum:.4f}, val CE {final['ce']:.4f}, "
+                print0(ctx, f"{config.name}: step {step}: loss {result['loss']:.4f}, val CE {final['ce']:.4f}, "
                             f"val KD {final['kd']:.4f}, {totals['total_tokens'] / max(elapsed, 1e-9):,.0f} tok/s")
             state = trainer_state(step, phase.index, batcher, totals, elapsed)
             if phase_end:
-                save_phase_checkpoint(run_dir, net, state, ctx)
-            elif step % config.checkpoint_interval == 0:
+                save_kept_checkpoint(run_dir, f"phase-{phase.index}", net, state, ctx)
+            elif config.snapshot_interval and step % config.snapshot_interval == 0:
+                save_kept_checkpoint(run_dir, f"step-{step}", net, state, ctx)
+            if not phase_end and step % config.checkpoint_interval == 0:
                 save_latest_checkpoint(run_dir, net, optimizer, state, ctx)
             if stop_after_step is not None and step >= stop_after_step:
                 return {}
+        if progress:
+            progress.stop()
         resume = None
+
+    # ---- done: the scheduled endpoint's evaluation (killed after the last save: evaluate it) ----
+    if final is None:
+        final = evaluate(config, net, teacher, val_shard, phases[-1].active_blocks, ctx)
     if ctx.is_main:
-        if final is None:  # every phase was already checkpointed: evaluate the last one
-            final = json.loads((run_dir / "done.json").read_text()) if (run_dir / "done.json").is_file() else {}
         (run_dir / "done.json").write_text(json.dumps({**final, "step": step}, indent=2) + "\n")
         shutil.rmtree(run_dir / "latest", ignore_errors=True)
     if log:

@@ -1,34 +1,900 @@
-"""normgrow: reproduce "Post-Norm under Curriculum Depth Growing", from a laptop to a GPU cluster.
+"""normgrow: reproduce "Rethinking Normalization Placement for LLMs: Post-Norm under Curriculum Depth
+Growing" at the scale you choose, with the paper's numbers printed beside the kit's.
 
-    python repro.py --help
-    python repro.py export runs/toy/pre-grow/final out/pre-grow-hf       # pre-norm student -> HF Qwen3
+    python repro.py --scale toy                             # the whole paper on a laptop CPU, offline
+    python repro.py table1 fig3 --scale smoke               # some experiments, CI scale
+    python repro.py table1 --scale toy --seeds 42,43,44     # error bars on the interaction
+    python repro.py all --scale full --dry-run --gpu h100   # the plan: runs, tokens, FLOPs, GPU hours
+    torchrun --nproc_per_node=8 repro.py table1 --scale full                 # one 8-GPU node
+    torchrun --nnodes=2 --nproc_per_node=8 --rdzv-backend=c10d --rdzv-endpoint=$HEAD:29500 \\
+        repro.py all --scale full                                            # several nodes
+    python repro.py train --scale toy --norm post --protocol grow            # one run
+    python repro.py eval runs/toy/s42/post-grow/phase-2 --scale toy --json
+    python repro.py export runs/toy/s42/pre-grow/phase-2 out/pre-grow-hf
+    python repro.py data --scale toy
+    python repro.py bench
+
+Everything a scale makes lives in runs/<scale>/ (data, the kit's own teacher, s<seed>/<run>/) and
+results/<scale>/ (<experiment>.md, .json and figures). Finished runs are reused, interrupted ones
+resumed; runs whose first phases are identical share them.
 """
 from __future__ import annotations
 
+import json
+import math
+import os
+import statistics
+import sys
+import time
+from dataclasses import dataclass, field, replace
+from functools import cache
 from pathlib import Path
+from typing import Callable
 
 import click
+from rich.console import Console
+from rich.table import Table
 
+import data
+import diag
+import grow
 import model
 
-# Mistakes a user can make (a wrong path, a bad checkpoint, a bad value) print as one line, no trace.
-USER_ERRORS = (model.CheckpointError, FileExistsError, ValueError)
+console = Console(width=None if sys.stdout.isatty() else 140)
+
+# ----------------------------------------------------------------------------------------------
+# Presets: every number of a scale lives here, and nowhere else.
+
+PAPER_RUN = dict(  # Table A1 and the setup of paper/reference.md
+    seed=42, blocks=3, layers_per_block=3, phase_steps=50_000, global_batch=64, lr=1e-4, min_lr=1e-6,
+    warmup_frac=0.015, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.0, grad_clip=0.5,
+    alpha=0.7, gamma=0.3, tau=1.0, eval_interval=2000)
+
+
+@dataclass(frozen=True)
+class Preset:
+    name: str
+    about: str
+    data: dict            # data.prepare: source, vocab_size (None: Qwen3's own), max_len, val_docs, options
+    run: dict             # grow.RunConfig fields shared by every student run
+    teacher: str = ""     # HF checkpoint folder or hub id; "" means the kit pretrains its own:
+    teacher_model: dict = field(default_factory=dict)  # its model.ModelConfig fields
+    teacher_run: dict = field(default_factory=dict)    # its RunConfig fields that differ from `run`
+    long_phases: tuple[int, int] = (2, 3)              # post-joint-long / -longer (Table 3: 100k, 150k)
+    diag: dict = field(default_factory=dict)           # the fixed diagnostic batch: docs, max_inputs, seed
+    needs_cuda: bool = False
+    doc_tokens: float = 0.0  # expected non-padding tokens per document (dry runs before data exists)
+
+
+PRESETS = {
+    "smoke": Preset(
+        "smoke", "every experiment end to end in a few minutes on 2 CPU cores; numbers meaningless",
+        data=dict(source="toy", vocab_size=512, max_len=32, val_docs=16),
+        run={**PAPER_RUN, "layers_per_block": 1, "phase_steps": 8, "global_batch": 4, "micro_batch": 2,
+             "lr": 3e-3, "min_lr": 3e-5, "warmup_frac": 0.125, "eval_interval": 4, "eval_batch": 8,
+             "loss_chunk": 256, "checkpoint_interval": 4, "snapshot_interval": 4, "precision": "fp32"},
+        teacher_model=dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                           num_key_value_heads=2, head_dim=8, tie_word_embeddings=True, rope_theta=10_000.0),
+        teacher_run=dict(phase_steps=20, lr=3e-3, min_lr=3e-4, eval_interval=10),
+        diag=dict(docs=4, max_inputs=16, seed=42), doc_tokens=30.0),
+    "toy": Preset(
+        "toy", "offline on a laptop CPU: the kit pretrains a small teacher on State of the Union paragraphs",
+        data=dict(source="toy", vocab_size=4096, max_len=128, val_docs=200, all_documents=True),
+        run={**PAPER_RUN, "phase_steps": 160, "global_batch": 16, "micro_batch": 16, "lr": 2e-3, "min_lr": 2e-5,
+             "warmup_frac": 0.05, "eval_interval": 80, "eval_batch": 50, "loss_chunk": 2048,
+             "checkpoint_interval": 40, "snapshot_interval": 40, "precision": "bf16"},
+        teacher_model=dict(hidden_size=128, intermediate_size=384, num_hidden_layers=8, num_attention_heads=4,
+                           num_key_value_heads=2, head_dim=32, tie_word_embeddings=True, rope_theta=10_000.0),
+        teacher_run=dict(phase_steps=400, lr=3e-3, min_lr=1e-4, eval_interval=200, global_batch=32,
+                         micro_batch=32),
+        diag=dict(docs=8, max_inputs=128, seed=42), doc_tokens=95.0),
+    "small": Preset(
+        "small", "one GPU: Qwen3-0.6B-Base teacher (tied embeddings) and FineWeb-Edu",
+        data=dict(source="fineweb-edu", vocab_size=None, max_len=2048, val_docs=1000),
+        run={**PAPER_RUN, "phase_steps": 4000, "global_batch": 32, "micro_batch": 8, "eval_interval": 500,
+             "eval_batch": 8, "loss_chunk": 8192, "checkpoint_interval": 250, "snapshot_interval": 1000,
+             "precision": "bf16"},
+        teacher="Qwen/Qwen3-0.6B-Base", diag=dict(docs=2, max_inputs=2048, seed=42), needs_cuda=True,
+        doc_tokens=880.0),
+    "full": Preset(
+        "full", "the paper exactly: Qwen3-8B-Base teacher, FineWeb-Edu sample-10BT, 3 x 50k steps",
+        data=dict(source="fineweb-edu", vocab_size=None, max_len=8192, val_docs=4833),
+        run={**PAPER_RUN, "micro_batch": 1, "eval_batch": 1, "loss_chunk": 4096, "checkpoint_interval": 500,
+             "snapshot_interval": 10_000, "precision": "bf16", "activation_checkpointing": True},
+        teacher="Qwen/Qwen3-8B-Base", diag=dict(docs=2, max_inputs=2048, seed=42), needs_cuda=True,
+        # 3.112B non-padding tokens per 50k x 64-document phase: Table A2's 3.11B, 6.22B and 9.34B
+        # all round from it.
+        doc_tokens=972.5),
+}
+
+RUNS = ("pre-joint", "post-joint", "pre-grow", "post-grow", "pre-freeze", "post-freeze",
+        "post-joint-long", "post-joint-longer")
+MAIN_RUNS = ("pre-joint", "post-joint", "pre-grow", "post-grow")
+
+
+# ----------------------------------------------------------------------------------------------
+# Workspace: where a scale's data, runs and results live
+
+@dataclass
+class Workspace:
+    preset: Preset
+    runs: Path
+    results: Path
+    ctx: grow.Dist
+
+    @property
+    def data_dir(self) -> Path:
+        return self.runs / "data"
+
+    def run_dir(self, name: str, seed: int) -> Path:
+        return self.runs / "teacher" if name == "teacher" else self.runs / f"s{seed}" / name
+
+    @property
+    def replay_docs(self) -> int:
+        return self.preset.run["phase_steps"] * self.preset.run["global_batch"]
+
+    @property
+    def train_docs(self) -> int | None:
+        """The one-phase shard, then enough fresh documents for the longest joint control (None: the
+        whole corpus, for a small embedded one that the kit's own teacher also learns from)."""
+        if self.preset.data.get("all_documents"):
+            return None
+        return self.replay_docs * max(self.preset.long_phases)
+
+
+def workspace(scale: str, runs_dir: Path, results_dir: Path, dry_run: bool = False) -> Workspace:
+    preset = PRESETS[scale]
+    if preset.needs_cuda and not dry_run:
+        import torch
+        if not torch.cuda.is_available():
+            raise click.UsageError(f"--scale {scale} needs CUDA GPUs and this machine has none; on a GPU node "
+                                   f"launch: torchrun --nproc_per_node=8 repro.py table1 --scale {scale} "
+                                   f"(or --dry-run here to see the plan)")
+    return Workspace(preset, runs_dir / scale, results_dir / scale, grow.setup_distributed())
+
+
+def prepare_data(ws: Workspace) -> tuple[data.Shard, data.Shard]:
+    """Tokenize once, on rank 0; every rank then memory-maps the shards."""
+    d = ws.preset.data
+    enc = data.qwen3_tokenizer(d["vocab_size"])
+    options = {k: v for k, v in d.items() if k not in ("source", "vocab_size", "max_len", "val_docs", "all_documents")}
+    if ws.ctx.is_main:
+        data.prepare(d["source"], ws.data_dir, enc, max_len=d["max_len"], n_train_docs=ws.train_docs,
+                     n_val_docs=d["val_docs"], seed=ws.preset.run["seed"], progress=console.is_terminal, **options)
+    ws.ctx.barrier()
+    return data.Shard(ws.data_dir / "train"), data.Shard(ws.data_dir / "val")
+
+
+def hub_teacher(ws: Workspace) -> Path:
+    """A teacher from a local folder or the HF hub (HF_TOKEN from the environment; HF_HUB_OFFLINE=1 honoured)."""
+    name = ws.preset.teacher
+    if Path(name).is_dir():
+        return Path(name)
+    import huggingface_hub
+    if ws.ctx.is_main:
+        huggingface_hub.snapshot_download(name, allow_patterns=["*.json", "*.safetensors", "tokenizer*"])
+    ws.ctx.barrier()
+    return Path(huggingface_hub.snapshot_download(name, allow_patterns=["*.json", "*.safetensors", "tokenizer*"],
+                                                  local_files_only=True))
+
+
+# ----------------------------------------------------------------------------------------------
+# Named runs. A run is computed once and shared by every experiment that needs it.
+
+def split_run(name: str) -> tuple[str, str]:
+    norm, protocol = name.split("-", 1)
+    return norm, protocol
+
+
+def prefix_run(name: str, ws: Workspace) -> tuple[str, int] | None:
+    """(run, phase) whose phases 0..phase are identical to this run's first ones."""
+    norm, protocol = split_run(name)
+    if protocol == "freeze":
+        return f"{norm}-grow", 0        # freeze's phase 0 is grow's phase 0 (Table 2 reads it)
+    if protocol == "joint-long":
+        return f"{norm}-joint", 0       # the long controls' first phase is joint itself
+    if protocol == "joint-longer":
+        return f"{norm}-joint-long", ws.preset.long_phases[0] - 1
+    return None
+
+
+def run_config(ws: Workspace, name: str, seed: int, teacher: Path | None = None) -> grow.RunConfig:
+    shards = dict(train_data=str(ws.data_dir / "train"), val_data=str(ws.data_dir / "val"))
+    if name == "teacher":
+        vocab = data.qwen3_tokenizer(ws.preset.data["vocab_size"]).n_vocab
+        return grow.RunConfig(**{**ws.preset.run, **ws.preset.teacher_run, **shards, "name": "teacher",
+                                 "protocol": "teacher", "norm": "pre",
+                                 "replay_docs": len(data.Shard(ws.data_dir / "train", verify=False)),
+                                 "teacher_config": {**ws.preset.teacher_model, "vocab_size": vocab}})
+    norm, protocol = split_run(name)
+    phases = {"joint-long": ws.preset.long_phases[0], "joint-longer": ws.preset.long_phases[1]}.get(protocol, 1)
+    prefix = prefix_run(name, ws)
+    start_from = str(ws.run_dir(prefix[0], seed) / f"phase-{prefix[1]}") if prefix else ""
+    return grow.RunConfig(**{**ws.preset.run, **shards, "name": name, "seed": seed, "norm": norm,
+                             "protocol": "joint-long" if phases > 1 else protocol, "joint_phases": phases,
+                             "replay_docs": ws.replay_docs, "teacher": str(teacher or ""), "start_from": start_from})
+
+
+def with_prefixes(names) -> list[str]:
+    """The runs in an order where every shared prefix is computed before the run that reuses it."""
+    ordered = []
+    for name in names:
+        chain = [name]
+        while True:
+            norm, protocol = split_run(chain[-1])
+            parent = {"freeze": f"{norm}-grow", "joint-long": f"{norm}-joint",
+                      "joint-longer": f"{norm}-joint-long"}.get(protocol)
+            if not parent:
+                break
+            chain.append(parent)
+        ordered += [n for n in reversed(chain) if n not in ordered]
+    return ordered
+
+
+def run_status(run_dir: Path) -> str:
+    if (run_dir / "done.json").is_file():
+        return "done"
+    steps = [r["step"] for r in grow.read_metrics(run_dir)]
+    return f"partial (step {max(steps)})" if steps else "pending"
+
+
+def show_overview(ws: Workspace, jobs: list[tuple[str, int]], running: tuple[str, int] | None = None):
+    if not ws.ctx.is_main:
+        return
+    table = Table(title=f"runs at scale {ws.preset.name}")
+    for column in ("run", "seed", "status", "folder"):
+        table.add_column(column)
+    for name, seed in jobs:
+        status = "running" if (name, seed) == running else run_status(ws.run_dir(name, seed))
+        table.add_row(name, str(seed), status, str(ws.run_dir(name, seed)))
+    console.print(table)
+
+
+def ensure_teacher(ws: Workspace) -> Path:
+    if ws.preset.teacher:
+        return hub_teacher(ws)
+    grow.train(run_config(ws, "teacher", ws.preset.run["seed"]), ws.run_dir("teacher", 0), ctx=ws.ctx)
+    return ws.run_dir("teacher", 0) / "phase-0"
+
+
+def ensure_runs(ws: Workspace, names, seeds: list[int]):
+    """Data, teacher, then every run each seed needs; done runs are reused, partial ones resumed."""
+    prepare_data(ws)
+    teacher = ensure_teacher(ws)
+    data.check_teacher_tokenizer(teacher, data.qwen3_tokenizer(ws.preset.data["vocab_size"]))
+    jobs = [(name, seed) for seed in seeds for name in with_prefixes(names)]
+    for job in jobs:
+        if run_status(ws.run_dir(*job)) != "done":
+            show_overview(ws, jobs, running=job)
+            grow.train(run_config(ws, *job, teacher=teacher), ws.run_dir(*job), ctx=ws.ctx)
+    show_overview(ws, jobs)
+
+
+# ----------------------------------------------------------------------------------------------
+# Reading finished runs
+
+@cache
+def metrics(run_dir: Path) -> list[dict]:
+    return grow.read_metrics(run_dir)
+
+
+def final_eval(ws: Workspace, name: str, seed: int) -> dict:
+    """The scheduled endpoint's evaluation (never a best checkpoint)."""
+    return json.loads((ws.run_dir(name, seed) / "done.json").read_text())
+
+
+def phase_end_eval(ws: Workspace, name: str, seed: int, phase: int) -> dict:
+    step = (phase + 1) * ws.preset.run["phase_steps"]
+    return next(r for r in metrics(ws.run_dir(name, seed)) if r.get("eval") and r["step"] == step)
+
+
+@cache
+def diagnostic_batch(ws_key: tuple) -> data.Batch:
+    val_dir, docs, max_inputs, seed = ws_key
+    return data.diagnostic_batch(data.Shard(val_dir), docs, max_inputs, seed)
+
+
+def diag_batch(ws: Workspace) -> data.Batch:
+    d = ws.preset.diag
+    return diagnostic_batch((ws.data_dir / "val", d["docs"], d["max_inputs"], d["seed"]))
+
+
+@cache
+def checkpoint_diagnostics(ws_key: tuple, run_dir: Path) -> list[dict]:
+    """diag.diagnose_checkpoint at every kept checkpoint of a run, in step order."""
+    val_dir, docs, max_inputs, seed, vocab = ws_key
+    batch = diagnostic_batch((val_dir, docs, max_inputs, seed))
+    decode = data.qwen3_tokenizer(vocab).decode
+    return [{"step": c["step"], **diag.diagnose_checkpoint(model.Student.load(c["path"]), batch, decode,
+                                                           c["active_blocks"])}
+            for c in diag.checkpoint_series(run_dir)]
+
+
+def series(ws: Workspace, name: str, seed: int) -> list[dict]:
+    d = ws.preset.diag
+    return checkpoint_diagnostics((ws.data_dir / "val", d["docs"], d["max_inputs"], d["seed"],
+                                   ws.preset.data["vocab_size"]), ws.run_dir(name, seed))
+
+
+def final_checkpoint(ws: Workspace, name: str, seed: int) -> Path:
+    return Path(diag.checkpoint_series(ws.run_dir(name, seed))[-1]["path"])
+
+
+@cache
+def removal(run_dir_final: Path, ws_key: tuple) -> list[dict]:
+    return diag.block_removal(model.Student.load(run_dir_final), diagnostic_batch(ws_key))
+
+
+def block_removal(ws: Workspace, name: str, seed: int) -> list[dict]:
+    d = ws.preset.diag
+    return removal(final_checkpoint(ws, name, seed), (ws.data_dir / "val", d["docs"], d["max_inputs"], d["seed"]))
+
+
+def unique_and_total_tokens(ws: Workspace, name: str, seed: int) -> tuple[int, int]:
+    """Exactly, from the batcher: every document the run saw, counted once and with repeats."""
+    config = grow.RunConfig(**json.loads((ws.run_dir(name, seed) / "config.json").read_text()))
+    shard = data.Shard(config.train_data, verify=False)
+    batcher = data.Batcher(shard, config.global_batch, config.seed, config.data_mode, config.replay_docs)
+    steps = len(grow.plan_phases(config)) * config.phase_steps
+    seen = [batcher.global_doc_ids(s) for s in range(steps)]
+    targets = shard.lengths.astype("int64") - 1
+    import numpy as np
+    everything = np.concatenate(seen)
+    return int(targets[np.unique(everything)].sum()), int(targets[everything].sum())
+
+
+# ----------------------------------------------------------------------------------------------
+# Statistics over seeds
+
+T_975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262,
+         10: 2.228, 15: 2.131, 20: 2.086, 30: 2.042}  # Student t quantiles; beyond 30, 1.96
+
+
+def t975(df: int) -> float:
+    known = [k for k in T_975 if k <= df]
+    return T_975[max(known)] if df <= 30 else 1.96
+
+
+def across_seeds(values: list[float]) -> dict:
+    """mean, sample std and a 95% t-interval of one number over seeds (std 0 and no interval for one)."""
+    n = len(values)
+    mean = statistics.fmean(values)
+    std = statistics.stdev(values) if n > 1 else 0.0
+    half = t975(n - 1) * std / math.sqrt(n) if n > 1 else None
+    return {"mean": mean, "std": std, "ci95": [mean - half, mean + half] if half is not None else None,
+            "n": n, "values": values}
+
+
+# ----------------------------------------------------------------------------------------------
+# Experiments. Each declares the runs it needs and turns them into numbers per seed (with the
+# paper's value beside each) and/or figures.
+
+TOKENS = -1  # Row.digits of a token count: printed as 3.11B, 312.40k, ...
+
+
+@dataclass
+class Row:
+    label: str
+    key: str
+    paper: float | None
+    digits: int = 4
+
+
+@dataclass
+class Experiment:
+    about: str
+    runs: tuple[str, ...]
+    rows: list[Row] = field(default_factory=list)
+    numbers: Callable | None = None   # (ws, seed) -> {key: value}
+    figures: Callable | None = None   # (ws, seed) -> {name: png path, ...extra JSON}
+    note: str = ""
+
+
+def table1_numbers(ws, seed):
+    ce = {f"{n}_{p}": final_eval(ws, f"{n}-{p}", seed)["ce"] for n in ("pre", "post") for p in ("joint", "grow")}
+    delta_joint, delta_grow = ce["post_joint"] - ce["pre_joint"], ce["post_grow"] - ce["pre_grow"]
+    return {**ce, "delta_joint": delta_joint, "delta_grow": delta_grow, "interaction": delta_grow - delta_joint}
+
+
+def table2_numbers(ws, seed):
+    out = {}
+    for norm in ("pre", "post"):
+        e = phase_end_eval(ws, f"{norm}-grow", seed, 0)
+        out.update({f"{norm}_ce": e["ce"], f"{norm}_kd": e["kd"], f"{norm}_kl": e["kl"], f"{norm}_ppl": e["ppl"]})
+    return out
+
+
+def table3_numbers(ws, seed):
+    return {name: final_eval(ws, name, seed)["ce"] for name in ("post-joint", "post-joint-long", "post-joint-longer",
+                                                               "post-grow")}
+
+
+def table_a2_numbers(ws, seed):
+    out = {}
+    for name in ("post-joint", "post-grow", "post-joint-long", "post-joint-longer"):
+        unique, total = unique_and_total_tokens(ws, name, seed)
+        last = [r for r in metrics(ws.run_dir(name, seed)) if not r.get("eval")][-1]
+        if last["total_tokens"] != total:
+            raise grow.TrainingError(f"{ws.run_dir(name, seed)}: its log counts {last['total_tokens']} tokens but its "
+                                     f"batches hold {total}; rerun it with --force")
+        out.update({f"{name}_total": total, f"{name}_unique": unique, f"{name}_active_layer": last["active_layer_tokens"]})
+    out["grow_over_joint_total"] = out["post-grow_total"] / out["post-joint_total"]
+    out["long_over_grow_active_layer"] = out["post-joint-long_active_layer"] / out["post-grow_active_layer"]
+    out["longer_over_grow_total"] = out["post-joint-longer_total"] / out["post-grow_total"]
+    return out
+
+
+def table_a3_numbers(ws, seed):
+    ce = {f"{n}_{p}": final_eval(ws, f"{n}-{p}", seed)["ce"] for n in ("pre", "post") for p in ("grow", "freeze")}
+    ppl = {k: math.exp(v) for k, v in ce.items()}
+    return {**ce, "delta_grow": ce["post_grow"] - ce["pre_grow"], "delta_freeze": ce["post_freeze"] - ce["pre_freeze"],
+            "delta_freeze_minus_grow": (ce["post_freeze"] - ce["pre_freeze"]) - (ce["post_grow"] - ce["pre_grow"]),
+            "ppl_gap_grow": ppl["post_grow"] - ppl["pre_grow"], "ppl_gap_freeze": ppl["post_freeze"] - ppl["pre_freeze"]}
+
+
+def table4_numbers(ws, seed):
+    out = {}
+    for name in MAIN_RUNS:
+        for r in block_removal(ws, name, seed):
+            out[f"{name}_dce_{r['block']}"] = r["delta_ce"]
+            out[f"{name}_angular_{r['block']}"] = r["angular_distance"]
+    return out
+
+
+def table_a4_numbers(ws, seed):
+    out = {}
+    S, K = ws.preset.run["phase_steps"], ws.preset.run["blocks"]
+    for norm in ("pre", "post"):
+        for t, r in enumerate(diag.transition_responses(metrics(ws.run_dir(f"{norm}-grow", seed)), S, K), start=1):
+            out.update({f"{norm}_{t}_jump": r["jump"], f"{norm}_{t}_auc_1k": r["abs_auc_1k"],
+                        f"{norm}_{t}_auc_5k": r["abs_auc_5k"], f"{norm}_{t}_signed_auc_1k": r["auc_1k"],
+                        f"{norm}_{t}_signed_auc_5k": r["auc_5k"],
+                        f"{norm}_{t}_recovery": math.nan if r["recovery_steps"] is None else r["recovery_steps"]})
+    return out
+
+
+def fig3_figures(ws, seed):
+    kit = {n: {p: final_eval(ws, f"{n}-{p}", seed)["ce"] for p in ("joint", "grow")} for n in ("pre", "post")}
+    per_phase = {n: [phase_end_eval(ws, f"{n}-grow", seed, p)["ce"] for p in range(ws.preset.run["blocks"])]
+                 for n in ("pre", "post")}
+    return {"fig3a": diag.fig3a_interaction(kit, ws.results / "fig3a.png"),
+            "fig3b": diag.fig3b_per_phase(per_phase, ws.results / "fig3b.png"), "per_phase_ce": per_phase}
+
+
+def boundary_series(ws, seed):
+    return {n: series(ws, f"{n}-grow", seed) for n in ("pre", "post")}
+
+
+def fig4_figures(ws, seed):
+    s = boundary_series(ws, seed)
+    std = {n: [{"step": c["step"], "std": [b["std"] for b in c["boundary_stats"]],
+                "kurtosis": [b["kurtosis"] for b in c["boundary_stats"]]} for c in s[n]] for n in s}
+    return {"fig4": diag.fig4_boundary_std(s, ws.results / "fig4.png"), "boundary_std": std}
+
+
+def fig5_figures(ws, seed):
+    s = boundary_series(ws, seed)
+    S, K = ws.preset.run["phase_steps"], ws.preset.run["blocks"]
+    rows = {n: metrics(ws.run_dir(f"{n}-grow", seed)) for n in ("pre", "post")}
+    types = {n: [{"step": c["step"], **c["token_type_rms"][1]} for c in s[n]] for n in s}
+    return {"fig5a": diag.fig5a_token_types(s, ws.results / "fig5a.png"),
+            "fig5b": diag.fig5b_validation(rows, ws.results / "fig5b.png", [p * S for p in range(1, K)],
+                                           smooth=diag.paper_scaled(200, S)),
+            "token_type_rms_after_block0": types, "definition": diag.TOKEN_TYPE_DEFINITION}
+
+
+def fig_a1_figures(ws, seed):
+    s = boundary_series(ws, seed)
+    final = {n: s[n][-1]["token_rms"][1] for n in s}
+    kurtosis = {n: s[n][-1]["boundary_stats"][1]["kurtosis"] for n in s}
+    return {"figA1": diag.figA1_rms_histograms(final, ws.results / "figA1.png"), "pearson_kurtosis": kurtosis}
+
+
+def fig_a2_figures(ws, seed):
+    results = {name: block_removal(ws, name, seed) for name in MAIN_RUNS}
+    return {"figA2": diag.figA2_block_removal(results, ws.results / "figA2.png"), "block_removal": results}
+
+
+P = diag.PAPER
+EXPERIMENTS = {
+    "table1": Experiment(
+        "Table 1: validation CE under unique-token-matched budgets; delta = post - pre", MAIN_RUNS,
+        [Row("pre-norm, joint", "pre_joint", P["table1"]["pre"]["joint"]),
+         Row("pre-norm, grow", "pre_grow", P["table1"]["pre"]["grow"]),
+         Row("post-norm, joint", "post_joint", P["table1"]["post"]["joint"]),
+         Row("post-norm, grow", "post_grow", P["table1"]["post"]["grow"]),
+         Row("delta joint", "delta_joint", 0.0004), Row("delta grow", "delta_grow", -0.0328),
+         Row("interaction = delta grow - delta joint", "interaction", -0.0332)], numbers=table1_numbers),
+    "table2": Experiment(
+        "Table 2: single block (phase 0 of grow). KD = soft-target cross-entropy H(q_T, q_S) = KL + H(q_T), "
+        "the scale of the paper's KD column; KL shown too", ("pre-grow", "post-grow"),
+        [Row(f"{n}-norm {m}", f"{n}_{m}", P["table2"][n].get(m), 2 if m == "ppl" else 4)
+         for n in ("pre", "post") for m in ("ce", "kd", "kl", "ppl")], numbers=table2_numbers),
+    "table3": Experiment(
+        "Table 3: post-joint budget controls (validation CE)",
+        ("post-joint", "post-joint-long", "post-joint-longer", "post-grow"),
+        [Row("Post-Joint (unique tokens)", "post-joint", P["table3"]["post-joint"]),
+         Row("Post-Joint-long (active-layer tokens)", "post-joint-long", P["table3"]["post-joint-long"]),
+         Row("Post-Joint-longer (total tokens)", "post-joint-longer", P["table3"]["post-joint-longer"]),
+         Row("Post-Grow (comparison)", "post-grow", P["table3"]["post-grow"])], numbers=table3_numbers),
+    "tableA2": Experiment(
+        "Table A2: training budgets in non-padding tokens, counted from the runs' batches; active-layer tokens "
+        "= tokens x active decoder layers", ("post-joint", "post-grow", "post-joint-long", "post-joint-longer"),
+        [Row(f"{name} {kind.replace('_', '-')} tokens", f"{name}_{kind}",
+             P["table_a2"][name][i] * 1e9 if i < 2 else None, TOKENS)
+         for name in ("post-joint", "post-grow", "post-joint-long", "post-joint-longer")
+         for i, kind in enumerate(("total", "unique", "active_layer"))]
+        + [Row("grow / joint, total tokens", "grow_over_joint_total", 9.34 / 3.11, 3),
+           Row("joint-long / grow, active-layer tokens (proxy match)", "long_over_grow_active_layer", 1.0, 3),
+           Row("joint-longer / grow, total tokens", "longer_over_grow_total", 1.0, 3)],
+        numbers=table_a2_numbers,
+        note="The paper's token counts are at full scale; at smaller scales compare the ratios."),
+    "tableA3": Experiment(
+        "Table A3: freeze ablation (validation CE at the end of the last phase)",
+        ("pre-grow", "post-grow", "pre-freeze", "post-freeze"),
+        [Row("pre-norm grow", "pre_grow", P["table_a3"]["pre"]["grow"]),
+         Row("pre-norm freeze", "pre_freeze", P["table_a3"]["pre"]["freeze"]),
+         Row("post-norm grow", "post_grow", P["table_a3"]["post"]["grow"]),
+         Row("post-norm freeze", "post_freeze", P["table_a3"]["post"]["freeze"]),
+         Row("delta grow (post - pre)", "delta_grow", -0.0328), Row("delta freeze", "delta_freeze", -0.0332),
+         Row("delta freeze - delta grow", "delta_freeze_minus_grow", -0.0004),
+         Row("PPL gap grow", "ppl_gap_grow", P["table_a3"]["ppl_gap"]["grow"], 2),
+         Row("PPL gap freeze", "ppl_gap_freeze", P["table_a3"]["ppl_gap"]["freeze"], 2)], numbers=table_a3_numbers),
+    "table4": Experiment(
+        "Table 4: whole-block removal on the fixed diagnostic batch: dCE = CE(skip) - CE(full); "
+        "angular distance = arccos(cos(h_in, h_out)) / pi", MAIN_RUNS,
+        [Row(f"{name} {metric} block {b}", f"{name}_{short}_{b}", P["table4"][name][metric][b], 3)
+         for name in MAIN_RUNS for metric, short in (("delta_ce", "dce"), ("angular_distance", "angular"))
+         for b in range(3)], numbers=table4_numbers),
+    "tableA4": Experiment(
+        "Table A4: transition-aligned training-loss response (windows scaled to the phase length; "
+        "AUC = mean |loss - baseline|, the reading that fits the paper's numbers; signed means in the JSON; "
+        "recovery NaN = not recovered)", ("pre-grow", "post-grow"),
+        [Row(f"{n}-norm, transition {t}, {label}", f"{n}_{t}_{key}", P["table_a4"][n][t - 1][pkey], d)
+         for n in ("pre", "post") for t in (1, 2)
+         for label, key, pkey, d in (("jump", "jump", "jump", 4), ("AUC 1k", "auc_1k", "auc_1k", 4),
+                                     ("AUC 5k", "auc_5k", "auc_5k", 4),
+                                     ("recovery steps", "recovery", "recovery_steps", 0))],
+        numbers=table_a4_numbers,
+        note="Recovery steps are in this scale's steps; the paper's are in 50k-step phases."),
+    "fig3": Experiment("Figure 3: (a) interaction, (b) per-phase validation CE of grow", MAIN_RUNS,
+                       figures=fig3_figures),
+    "fig4": Experiment("Figure 4: std of per-token RMS at each block boundary across grow checkpoints",
+                       ("pre-grow", "post-grow"), figures=fig4_figures),
+    "fig5": Experiment("Figure 5: (a) token-type RMS after block 0 across checkpoints, (b) validation CE "
+                       "through grow", ("pre-grow", "post-grow"), figures=fig5_figures),
+    "figA1": Experiment("Figure A1: per-token RMS after block 0 at the final checkpoint",
+                        ("pre-grow", "post-grow"), figures=fig_a1_figures),
+    "figA2": Experiment("Figure A2: block removal per block", MAIN_RUNS, figures=fig_a2_figures),
+}
+
+
+# ----------------------------------------------------------------------------------------------
+# Reports: results/<scale>/<experiment>.md and .json, and the same table on the terminal
+
+def fmt(value, digits):
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "n/a"
+    if digits == TOKENS:
+        unit, size = next(((u, s) for u, s in (("B", 1e9), ("M", 1e6), ("k", 1e3)) if abs(value) >= s), ("", 1))
+        return f"{value / size:.2f}{unit}"
+    return f"{value:.{digits}f}"
+
+
+def report(ws: Workspace, name: str, seeds: list[int]) -> dict:
+    exp = EXPERIMENTS[name]
+    out = {"experiment": name, "about": exp.about, "scale": ws.preset.name, "seeds": seeds, "note": exp.note}
+    md = [f"# {name} ({ws.preset.name} scale)", "", exp.about, ""]
+    if exp.numbers:
+        per_seed = [exp.numbers(ws, s) for s in seeds]
+        stats = {row.key: across_seeds([p[row.key] for p in per_seed]) for row in exp.rows}
+        out["rows"] = [{"label": r.label, "key": r.key, "paper": r.paper, **stats[r.key]} for r in exp.rows]
+        md += table_markdown(exp.rows, stats, len(seeds))
+        print_table(name, exp, stats, len(seeds))
+    if exp.figures:
+        figs = exp.figures(ws, seeds[0])
+        out["figures"] = {k: str(v) for k, v in figs.items() if isinstance(v, Path)}
+        out["data"] = {k: v for k, v in figs.items() if not isinstance(v, Path)}
+        md += [f"![{k}]({Path(v).name})" for k, v in out["figures"].items()]
+        if len(seeds) > 1:
+            md += ["", f"Figures show seed {seeds[0]}."]
+        if ws.ctx.is_main:
+            console.print(f"[bold]{name}[/]: " + ", ".join(out["figures"].values()))
+    if exp.note:
+        md += ["", exp.note]
+    (ws.results / f"{name}.json").write_text(json.dumps(out, indent=2, default=str) + "\n")
+    (ws.results / f"{name}.md").write_text("\n".join(md) + "\n")
+    return out
+
+
+def kit_cell(s: dict, digits: int) -> str:
+    if s["n"] == 1:
+        return fmt(s["mean"], digits)
+    lo, hi = s["ci95"]
+    return f"{fmt(s['mean'], digits)} ± {fmt(s['std'], digits)} [{fmt(lo, digits)}, {fmt(hi, digits)}]"
+
+
+def table_markdown(rows: list[Row], stats: dict, n_seeds: int) -> list[str]:
+    kit = "kit" if n_seeds == 1 else f"kit (mean ± std [95% CI], {n_seeds} seeds)"
+    lines = [f"| quantity | {kit} | paper | kit − paper |", "| --- | --- | --- | --- |"]
+    for r in rows:
+        s = stats[r.key]
+        diff = s["mean"] - r.paper if r.paper is not None else None
+        lines.append(f"| {r.label} | {kit_cell(s, r.digits)} | {fmt(r.paper, r.digits)} | {fmt(diff, r.digits)} |")
+    return lines
+
+
+def print_table(name: str, exp: Experiment, stats: dict, n_seeds: int):
+    table = Table(title=f"{name}: {exp.about}", title_justify="left")
+    for column in ("quantity", "kit" if n_seeds == 1 else f"kit ({n_seeds} seeds)", "paper", "kit − paper"):
+        table.add_column(column, justify="left" if column == "quantity" else "right")
+    for r in exp.rows:
+        s = stats[r.key]
+        diff = s["mean"] - r.paper if r.paper is not None else None
+        table.add_row(r.label, kit_cell(s, r.digits), fmt(r.paper, r.digits), fmt(diff, r.digits))
+    console.print(table)
+
+
+# ----------------------------------------------------------------------------------------------
+# Dry run: the plan, computed, without running anything
+
+GPU_BF16_PEAK = {"a100": 312e12, "h100": 989e12, "h200": 989e12, "b200": 2250e12}  # dense bf16 FLOP/s
+ASSUMED_MFU = 0.40  # torchtitan reports roughly 40-50% on dense 8B models
+
+
+def model_shapes(ws: Workspace) -> tuple[model.ModelConfig, int]:
+    """(teacher config, student layers). Full and small read the hub model's known shape."""
+    p = ws.preset
+    if p.teacher == "Qwen/Qwen3-8B-Base":
+        return model.ModelConfig(), p.run["blocks"] * p.run["layers_per_block"]
+    if p.teacher == "Qwen/Qwen3-0.6B-Base":
+        return model.ModelConfig(hidden_size=1024, intermediate_size=3072, num_hidden_layers=28, num_attention_heads=16,
+                                 num_key_value_heads=8, head_dim=128, tie_word_embeddings=True), 9
+    vocab = data.qwen3_tokenizer(p.data["vocab_size"]).n_vocab
+    return model.ModelConfig(**{**p.teacher_model, "vocab_size": vocab}), p.run["blocks"] * p.run["layers_per_block"]
+
+
+def forward_flops_per_token(c: model.ModelConfig, layers: int, context: float) -> tuple[float, float]:
+    """(decoder layers, LM head) forward FLOPs per token: 2 per weight, plus causal attention."""
+    q, kv = c.num_attention_heads * c.head_dim, c.num_key_value_heads * c.head_dim
+    weights = c.hidden_size * (2 * q + 2 * kv) + 3 * c.hidden_size * c.intermediate_size
+    attention = 2 * q * context  # QK^T and AV over an average causal context of `context` tokens
+    return layers * (2 * weights + attention), 2 * c.hidden_size * c.vocab_size
+
+
+def print_plan(ws: Workspace, names: list[str], seeds: list[int], gpu: str, gpus: int):
+    teacher, student_layers = model_shapes(ws)
+    doc_tokens = ws.preset.doc_tokens
+    shard_dir = ws.data_dir / "train"
+    if (shard_dir / "manifest.json").is_file():  # measured, once the data exists
+        shard = data.Shard(shard_dir, verify=False)
+        doc_tokens = float((shard.lengths[:ws.replay_docs] - 1).mean())
+    context = min(doc_tokens, ws.preset.data["max_len"]) / 2
+    L = ws.preset.run["layers_per_block"]
+    t_layers, t_head = forward_flops_per_token(teacher, teacher.num_hidden_layers, context)
+    table = Table(title=f"plan at scale {ws.preset.name}: {len(seeds)} seed(s), {doc_tokens:.1f} tokens/document"
+                        f"{' (paper)' if doc_tokens == ws.preset.doc_tokens else ' (measured)'}")
+    for column in ("run", "phases", "steps", "active layers", "tokens", "unique", "layer-tokens", "PFLOPs",
+                   f"{gpu} GPU-h"):
+        table.add_column(column, justify="right")
+    total_flops, rows = 0.0, []
+    for name in with_prefixes(names):
+        config = run_config(ws, name, seeds[0])
+        phases = grow.plan_phases(config)
+        tokens_per_phase = config.phase_steps * config.global_batch * doc_tokens
+        fresh = config.data_mode == "fresh"
+        flops = 0.0
+        for ph in phases:
+            s_layers, s_head = forward_flops_per_token(teacher, ph.active_blocks * L, context)
+            trained = len(ph.trainable_blocks) * L / max(ph.active_blocks * L, 1)
+            # forward everywhere; backward (2x forward) from the first trainable block up and the head
+            train = s_layers * (1 + 2 * trained) + s_head * 3 + t_layers + t_head
+            flops += train * tokens_per_phase
+        # A shared prefix is not recomputed: only the phases after it cost anything.
+        prefix = prefix_run(name, ws)
+        own = len(phases) - (prefix[1] + 1 if prefix else 0)
+        flops *= own / len(phases)
+        total_flops += flops * len(seeds)
+        unique = tokens_per_phase * (len(phases) if fresh else 1)
+        row = [name, str(len(phases)), f"{len(phases) * config.phase_steps:,}",
+               " / ".join(str(p.active_blocks * L) for p in phases), f"{tokens_per_phase * len(phases) / 1e9:.2f}B",
+               f"{unique / 1e9:.2f}B", f"{sum(p.active_blocks * L for p in phases) * tokens_per_phase / 1e9:.2f}B",
+               f"{flops / 1e15:,.1f}", f"{flops / (GPU_BF16_PEAK[gpu] * ASSUMED_MFU) / 3600:,.1f}"]
+        rows.append(row)
+        table.add_row(*row)
+    console.print(table)
+    hours = total_flops / (GPU_BF16_PEAK[gpu] * ASSUMED_MFU) / 3600
+    console.print(f"total: {total_flops / 1e18:,.2f} EFLOPs = {hours:,.0f} {gpu} GPU-hours at {ASSUMED_MFU:.0%} MFU "
+                  f"= {hours / gpus:,.1f} hours on {gpus} GPUs (per-GPU memory: {memory_estimate(ws, teacher, gpus)})")
+    return rows
+
+
+def memory_estimate(ws: Workspace, teacher: model.ModelConfig, gpus: int) -> str:
+    """A rough per-GPU peak under FSDP2: sharded fp32 student + Adam, sharded bf16 teacher layers with
+    replicated embedding and head, checkpointed activations of one micro-batch, one loss chunk."""
+    c, L = teacher, ws.preset.run["blocks"] * ws.preset.run["layers_per_block"]
+    layer = c.hidden_size * (2 * c.num_attention_heads + 2 * c.num_key_value_heads) * c.head_dim \
+        + 3 * c.hidden_size * c.intermediate_size
+    embed = c.vocab_size * c.hidden_size
+    student = (16 * (L * layer + embed) + 4 * embed) / gpus
+    teacher_bytes = 2 * c.num_hidden_layers * layer / gpus + 2 * 2 * embed
+    tokens = ws.preset.run["micro_batch"] * ws.preset.data["max_len"]
+    activations = tokens * c.hidden_size * 2 * (L + c.num_hidden_layers) + tokens * (16 * c.hidden_size
+                                                                                    + 6 * c.intermediate_size) * 2
+    loss = 3 * ws.preset.run["loss_chunk"] * c.vocab_size * 4 + 4 * embed
+    return f"~{(student + teacher_bytes + activations + loss) / 2**30:.0f} GiB (estimate)"
+
+
+# ----------------------------------------------------------------------------------------------
+# The CLI
+
+USER_ERRORS = (model.CheckpointError, data.DataError, grow.TrainingError, FileExistsError, ValueError)
 
 
 class Repro(click.Group):
+    """Experiments are the default command: `repro.py table1 --scale toy` means `repro.py run table1 ...`."""
+
+    def parse_args(self, ctx, args):
+        if args and args[0] not in self.commands and args[0] not in ("-h", "--help"):
+            args = ["run", *args]
+        elif not args:
+            args = ["run"]
+        return super().parse_args(ctx, args)
+
     def invoke(self, ctx):
         try:
             return super().invoke(ctx)
+        except click.UsageError as e:  # one line, not click's usage block
+            raise OneLineError(e.format_message(), exit_code=2) from None
         except USER_ERRORS as e:
-            raise click.ClickException(str(e)) from None
+            raise OneLineError(str(e)) from None
+
+
+class OneLineError(click.ClickException):
+    def __init__(self, message: str, exit_code: int = 1):
+        super().__init__(message)
+        self.exit_code = exit_code
+
+
+scale_option = click.option("--scale", type=click.Choice(list(PRESETS)), default="toy", show_default=True,
+                            help="smoke: CI minutes; toy: laptop CPU, offline; small: one GPU; full: the paper.")
+runs_option = click.option("--runs-dir", type=click.Path(path_type=Path), default=Path("runs"), show_default=True,
+                           help="Where data, teachers and runs are stored (runs/<scale>/...).")
+results_option = click.option("--results-dir", type=click.Path(path_type=Path), default=Path("results"),
+                              show_default=True, help="Where tables and figures go (results/<scale>/...).")
+
+
+def parse_seeds(ctx, param, value: str) -> list[int]:
+    try:
+        seeds = [int(s) for s in value.split(",") if s.strip()]
+    except ValueError:
+        raise click.BadParameter(f"{value!r} is not a comma-separated list of integers, e.g. 42,43,44") from None
+    if not seeds or len(set(seeds)) != len(seeds):
+        raise click.BadParameter(f"{value!r}: give one or more distinct seeds, e.g. 42,43,44")
+    return seeds
+
+
+def writable_dir(path: Path, option: str) -> Path:
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        probe = path / ".write-test"
+        probe.write_text("")
+        probe.unlink()
+    except OSError as e:
+        raise click.BadParameter(f"{path} is not a writable folder ({e.strerror}); choose another",
+                                 param_hint=option) from None
+    return path
 
 
 @click.group(cls=Repro, context_settings={"help_option_names": ["-h", "--help"]})
 def cli():
-    """Reproduce every table and figure of the paper at the scale you choose.
+    """Reproduce the paper's tables and figures: `repro.py [EXPERIMENT ...] --scale SCALE`.
 
-    Scales: smoke (CI, minutes), toy (laptop CPU, offline), small (one GPU), full (the paper, torchrun).
+    \b
+    Experiments: table1 table2 table3 table4 tableA2 tableA3 tableA4 fig3 fig4 fig5 figA1 figA2, or all
+    (the default). See `repro.py run --help` for the options.
     """
+
+
+@cli.command("run")
+@click.argument("experiments", nargs=-1)
+@scale_option
+@click.option("--seeds", default=None, callback=lambda c, p, v: None if v is None else parse_seeds(c, p, v),
+              help="Comma-separated seeds, e.g. 42,43,44: every needed run per seed, mean ± std and a 95% "
+                   "interval per number. Default: the paper's seed (42).")
+@click.option("--dry-run", is_flag=True, help="Print the plan (runs, phases, tokens, FLOPs, GPU hours) and stop.")
+@click.option("--gpu", type=click.Choice(list(GPU_BF16_PEAK)), default="h100", show_default=True,
+              help="GPU type for --dry-run's hour estimate.")
+@click.option("--gpus", type=click.IntRange(1), default=8, show_default=True, help="GPUs for --dry-run's estimate.")
+@runs_option
+@results_option
+def run_experiments(experiments, scale, seeds, dry_run, gpu, gpus, runs_dir, results_dir):
+    """Run EXPERIMENTS (default: all) at a scale and write results/<scale>/<experiment>.md/.json/.png."""
+    unknown = [e for e in experiments if e != "all" and e not in EXPERIMENTS]
+    if unknown:
+        raise click.BadParameter(f"unknown experiment {unknown[0]!r}; choose from {', '.join(EXPERIMENTS)} or all",
+                                 param_hint="EXPERIMENT")
+    names = list(EXPERIMENTS) if not experiments or "all" in experiments else list(dict.fromkeys(experiments))
+    seeds = seeds or [PRESETS[scale].run["seed"]]
+    runs = [r for r in RUNS if any(r in EXPERIMENTS[e].runs for e in names)]
+    if dry_run:
+        print_plan(workspace(scale, runs_dir, results_dir, dry_run=True), runs, seeds, gpu, gpus)
+        return
+    ws = workspace(scale, writable_dir(runs_dir, "--runs-dir"), writable_dir(results_dir, "--results-dir"))
+    ws.results.mkdir(parents=True, exist_ok=True)
+    started = time.time()
+    ensure_runs(ws, runs, seeds)
+    if ws.ctx.is_main:
+        for name in names:
+            report(ws, name, seeds)
+        console.print(f"done in {time.time() - started:,.0f} s; results in {ws.results}")
+    ws.ctx.barrier()
+
+
+@cli.command()
+@scale_option
+@runs_option
+def teacher(scale, runs_dir):
+    """Pretrain the kit's own teacher for a scale (smoke, toy) and print its validation CE."""
+    ws = workspace(scale, writable_dir(runs_dir, "--runs-dir"), Path("results"))
+    if ws.preset.teacher:
+        raise click.UsageError(f"--scale {scale} distils from {ws.preset.teacher}; there is no teacher to pretrain")
+    prepare_data(ws)
+    path = ensure_teacher(ws)
+    result = json.loads((ws.run_dir("teacher", 0) / "done.json").read_text())
+    console.print(f"teacher: validation CE {result['ce']:.4f} (PPL {result['ppl']:.1f}); HF checkpoint in {path}")
+
+
+@cli.command()
+@scale_option
+@click.option("--norm", type=click.Choice(list(model.PLACEMENTS)), required=True, help="Norm placement.")
+@click.option("--protocol", type=click.Choice(["joint", "grow", "freeze", "joint-long", "joint-longer"]),
+              required=True, help="joint, grow, freeze, or the long joint controls (Table 3).")
+@click.option("--seed", type=int, default=None, help="Default: the preset's (42).")
+@click.option("--force", is_flag=True, help="Discard an existing run folder whose config differs and start over.")
+@runs_option
+def train(scale, norm, protocol, seed, force, runs_dir):
+    """Train one named run (and any run whose phases it shares), e.g. --norm post --protocol grow."""
+    ws = workspace(scale, writable_dir(runs_dir, "--runs-dir"), Path("results"))
+    seed = PRESETS[scale].run["seed"] if seed is None else seed
+    name = f"{norm}-{protocol}"
+    prepare_data(ws)
+    path = ensure_teacher(ws)
+    for job in with_prefixes([name]):
+        result = grow.train(run_config(ws, job, seed, teacher=path), ws.run_dir(job, seed), force=force and job == name,
+                            ctx=ws.ctx)
+    console.print(f"{name}: validation CE {result['ce']:.4f}, KD {result['kd']:.4f}, PPL {result['ppl']:.2f}; "
+                  f"run folder {ws.run_dir(name, seed)}")
+
+
+@cli.command("eval")
+@click.argument("checkpoint", type=click.Path(path_type=Path))
+@scale_option
+@click.option("--data", "data_dir", type=click.Path(path_type=Path), default=None,
+              help="A validation shard folder (default: the scale's, runs/<scale>/data/val).")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
+@runs_option
+def evaluate(checkpoint, scale, data_dir, as_json, runs_dir):
+    """CE and PPL of any teacher (HF Qwen3) or student checkpoint on a validation shard."""
+    from functools import partial
+    import kd
+    import torch
+    config = model.read_config(checkpoint)
+    net = model.Student.load(checkpoint) if "normgrow_student" in config else model.load_qwen3(checkpoint)
+    ws = Workspace(PRESETS[scale], runs_dir / scale, Path("results"), grow.Dist())
+    val = data.Shard(data_dir or ws.data_dir / "val")
+    sums = {"ce": 0.0, "n": 0.0}
+    with torch.no_grad():
+        for batch in data.eval_batches(val, ws.preset.run["eval_batch"]):
+            s = net(batch.input_ids, output_fn=partial(kd.kd_sums, teacher_hidden=None, teacher_head_weight=None,
+                                                       targets=batch.targets, mask=batch.mask))
+            sums = {k: sums[k] + float(s[k]) for k in sums}
+    ce = sums["ce"] / max(sums["n"], 1)
+    result = {"checkpoint": str(checkpoint), "data": str(val.path), "ce": ce, "ppl": math.exp(ce), "tokens": int(sums["n"])}
+    if as_json:
+        click.echo(json.dumps(result))
+    else:
+        console.print(f"{checkpoint}: CE {ce:.4f} nats/token, PPL {math.exp(ce):.2f} over {int(sums['n']):,} tokens of {val.path}")
 
 
 @cli.command()
@@ -41,7 +907,32 @@ def export(student_dir: Path, out_dir: Path, force: bool):
         raise FileExistsError(f"{out_dir}: already exists; choose another folder or pass --force to overwrite it")
     student = model.Student.load(student_dir)
     model.export_hf(student, out_dir)
-    click.echo(f"exported {student.config.num_hidden_layers}-layer pre-norm student to {out_dir}")
+    console.print(f"exported {student.config.num_hidden_layers}-layer pre-norm student to {out_dir}")
+
+
+@cli.command("data")
+@scale_option
+@runs_option
+def prepare(scale, runs_dir):
+    """Tokenize a scale's corpus into shards (reused when unchanged) and summarise them."""
+    ws = Workspace(PRESETS[scale], writable_dir(runs_dir, "--runs-dir") / scale, Path("results"), grow.Dist())
+    train_shard, val_shard = prepare_data(ws)
+    enc = data.qwen3_tokenizer(ws.preset.data["vocab_size"])
+    table = Table(title=f"data at scale {scale} ({enc.name}); boundary tokens = leading <|endoftext|> per document")
+    summaries = {"train": data.summarize(train_shard, enc), "validation": data.summarize(val_shard, enc)}
+    table.add_column("")
+    for split in summaries:
+        table.add_column(split, justify="right")
+    for key in summaries["train"]:
+        table.add_row(key, *[f"{s[key]:,}" for s in summaries.values()])
+    console.print(table)
+
+
+@cli.command()
+def bench():
+    """Speed and memory against references, measured in one run on this machine (results/bench.json)."""
+    import bench as bench_module
+    bench_module.main()
 
 
 if __name__ == "__main__":

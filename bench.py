@@ -1,0 +1,312 @@
+"""Benchmarks: the kit against references, measured in one run on one machine, reported as ratios.
+
+    python bench.py                  # or `make bench` / `python repro.py bench`; writes results/bench.json
+    python bench.py --gpu-check      # `make gpu-check`: CUDA parity in bf16, a paper-size layer step, FSDP2
+
+CPU bench, each line a ratio measured in this run:
+1. train step (teacher forward + student forward/backward + AdamW) at the toy configuration, kit vs
+   transformers' Qwen3ForCausalLM of the same dimensions doing the same work with a naive KD loss;
+   eager fp32 for both, then the kit's best CPU setting (bf16 autocast, the toy preset's);
+2. model FLOPs utilisation of that step against this machine's matmul peak, measured here;
+3. the chunked KD loss against a naive full-logit one: peak memory and time (kd.bench_loss);
+4. tokenization MB/s against HF tokenizers (data.bench_tokenizer);
+5. the data loader's batches/s against the train step's steps/s.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import platform
+import statistics
+import time
+from functools import partial
+from pathlib import Path
+
+import torch
+
+import data
+import kd
+import model
+import repro
+
+RESULTS = Path("results") / "bench.json"
+
+
+def timed(fn, repeats: int, warmup: int = 2) -> float:
+    """Median seconds of fn() over `repeats` runs after `warmup`."""
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def matmul_peak(dtype: torch.dtype, n: int = 2048, repeats: int = 10) -> float:
+    """FLOP/s of a large square matmul: the practical peak the MFU is measured against."""
+    a, b = torch.randn(n, n, dtype=dtype), torch.randn(n, n, dtype=dtype)
+    return 2 * n ** 3 / timed(lambda: a @ b, repeats)
+
+
+# ----------------------------------------------------------------------------------------------
+# 1-2. The train step, kit vs transformers
+
+def toy_shapes() -> tuple[model.ModelConfig, int, int, int]:
+    """(teacher config, student blocks, layers per block, batch tokens) of the toy preset."""
+    preset = repro.PRESETS["toy"]
+    vocab = data.qwen3_tokenizer(preset.data["vocab_size"]).n_vocab
+    config = model.ModelConfig(**{**preset.teacher_model, "vocab_size": vocab})
+    return config, preset.run["blocks"], preset.run["layers_per_block"], preset.run["global_batch"]
+
+
+def kit_step(teacher, student, optimizer, ids, mask, chunk):
+    with torch.no_grad():
+        teacher_hidden = teacher(ids, output_fn=lambda h, w: h)
+    loss, _, _ = student(ids, output_fn=partial(kd.kd_loss, teacher_hidden=teacher_hidden,
+                                                teacher_head_weight=teacher.head_weight, targets=ids, mask=mask,
+                                                chunk_size=chunk))
+    loss.backward()
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+
+
+def naive_kd(student_logits, teacher_logits, targets, alpha=0.7, gamma=0.3):
+    log_q_s = torch.log_softmax(student_logits.float(), -1)
+    log_q_t = torch.log_softmax(teacher_logits.float(), -1)
+    kl = (log_q_t.exp() * (log_q_t - log_q_s)).sum(-1).mean()
+    return alpha * kl + gamma * torch.nn.functional.cross_entropy(student_logits.float().flatten(0, 1), targets.flatten())
+
+
+def hf_step(teacher, student, optimizer, ids):
+    with torch.no_grad():
+        teacher_logits = teacher(ids).logits
+    naive_kd(student(ids).logits, teacher_logits, ids).backward()
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+
+
+def hf_pair(config: model.ModelConfig, student_layers: int):
+    import transformers
+    hf = {k: v for k, v in config.to_hf().items() if k not in ("architectures", "model_type")}
+    teacher = transformers.Qwen3ForCausalLM(transformers.Qwen3Config(**hf)).eval().requires_grad_(False)
+    student = transformers.Qwen3ForCausalLM(transformers.Qwen3Config(**{**hf, "num_hidden_layers": student_layers,
+                                                                        "tie_word_embeddings": False}))
+    student.model.embed_tokens.requires_grad_(False)
+    return teacher, student
+
+
+def train_step_flops(config: model.ModelConfig, student_layers: int, tokens: int, seq: int) -> float:
+    """Model FLOPs of one step: teacher forward, student forward + backward (3x), both heads."""
+    teacher_layers, head = repro.forward_flops_per_token(config, config.num_hidden_layers, seq / 2)
+    student, _ = repro.forward_flops_per_token(config, student_layers, seq / 2)
+    return tokens * (teacher_layers + head + 3 * (student + head))
+
+
+def bench_train_step(repeats: int) -> dict:
+    config, blocks, per_block, batch = toy_shapes()
+    seq = repro.PRESETS["toy"].data["max_len"]
+    torch.manual_seed(0)
+    ids = torch.randint(0, config.vocab_size, (batch, seq))
+    mask = torch.ones_like(ids, dtype=torch.bool)
+    teacher = model.Qwen3(config)
+    teacher.init_weights(0)
+    teacher.eval().requires_grad_(False)
+    results = {"config": {"hidden": config.hidden_size, "teacher_layers": config.num_hidden_layers,
+                          "student_layers": blocks * per_block, "vocab": config.vocab_size, "batch": batch, "seq": seq}}
+    hf_teacher, hf_student = hf_pair(config, blocks * per_block)
+    hf_opt = torch.optim.AdamW([p for p in hf_student.parameters() if p.requires_grad], lr=1e-4)
+    results["hf_fp32_s"] = timed(lambda: hf_step(hf_teacher, hf_student, hf_opt, ids), repeats)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        results["hf_bf16_s"] = timed(lambda: hf_step(hf_teacher, hf_student, hf_opt, ids), repeats)
+    for norm in ("pre", "post"):
+        student = model.Student.from_teacher(teacher, blocks, per_block, norm, seed=0)
+        opt = torch.optim.AdamW([p for p in student.parameters() if p.requires_grad], lr=1e-4)
+        step = partial(kit_step, teacher, student, opt, ids, mask, repro.PRESETS["toy"].run["loss_chunk"])
+        results[f"kit_{norm}_fp32_s"] = timed(step, repeats)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            results[f"kit_{norm}_bf16_s"] = timed(step, repeats)
+    flops = train_step_flops(config, blocks * per_block, batch * seq, seq)
+    peaks = {"fp32": matmul_peak(torch.float32), "bf16": matmul_peak(torch.bfloat16)}
+    results["step_gflop"] = flops / 1e9
+    results["peak_gflops"] = {k: v / 1e9 for k, v in peaks.items()}
+    for key in [k for k in results if k.endswith("_s")]:
+        dtype = "bf16" if "bf16" in key else "fp32"
+        results[key.replace("_s", "_tokens_per_s")] = batch * seq / results[key]
+        results[key.replace("_s", "_mfu")] = flops / results[key] / peaks[dtype]
+    for norm in ("pre", "post"):
+        results[f"speedup_{norm}_fp32_vs_hf_fp32"] = results["hf_fp32_s"] / results[f"kit_{norm}_fp32_s"]
+        results[f"speedup_{norm}_bf16_vs_hf_fp32"] = results["hf_fp32_s"] / results[f"kit_{norm}_bf16_s"]
+        results[f"speedup_{norm}_bf16_vs_hf_bf16"] = results["hf_bf16_s"] / results[f"kit_{norm}_bf16_s"]
+    return results
+
+
+# ----------------------------------------------------------------------------------------------
+# 5. The data loader
+
+def bench_loader(step_seconds: float, steps: int = 200) -> dict:
+    """Batches/s of the toy preset's batcher over the prepared toy shard (prepared here if needed)."""
+    preset = repro.PRESETS["toy"]
+    enc = data.qwen3_tokenizer(preset.data["vocab_size"])
+    train, _ = data.prepare("toy", Path("runs/toy/data"), enc, max_len=preset.data["max_len"], n_train_docs=None,
+                            n_val_docs=preset.data["val_docs"], seed=preset.run["seed"], progress=False)
+    batcher = data.Batcher(train, preset.run["global_batch"], 0, replay_docs=len(train),
+                           micro_batch=preset.run["micro_batch"])
+    seconds = timed(lambda: [next(batcher) for _ in range(steps)], repeats=3, warmup=1) / steps
+    return {"loader_batches_per_s": 1 / seconds, "train_steps_per_s": 1 / step_seconds,
+            "loader_over_train_step": step_seconds / seconds}
+
+
+# ----------------------------------------------------------------------------------------------
+# GPU check: one prepared script for a machine with one CUDA GPU
+
+PAPER_LAYER = model.ModelConfig(num_hidden_layers=3)  # hidden 4096, 32/8 heads, intermediate 12288, vocab 151,936
+
+
+def check_parity_bf16(device) -> dict:
+    """The teacher against transformers' Qwen3 and the chunked loss against a naive one, in bf16."""
+    import transformers
+    torch.manual_seed(0)
+    hf_config = transformers.Qwen3Config(vocab_size=1000, hidden_size=256, intermediate_size=512, num_hidden_layers=2,
+                                         num_attention_heads=8, num_key_value_heads=2, head_dim=64)
+    hf = transformers.Qwen3ForCausalLM(hf_config).to(device, torch.bfloat16).eval()
+    import tempfile
+    with tempfile.TemporaryDirectory() as tmp:
+        hf.save_pretrained(tmp)
+        ours = model.load_qwen3(tmp, dtype=torch.bfloat16, device=device)
+    ids = torch.randint(0, 1000, (2, 64), device=device)
+    with torch.no_grad():
+        a, b = ours(ids).float(), hf(ids).logits.float()
+    logits_rel = ((a - b).abs().max() / b.abs().max()).item()
+    h_s = torch.randn(512, 256, device=device, dtype=torch.bfloat16, requires_grad=True)
+    w_s = torch.randn(1000, 256, device=device, dtype=torch.bfloat16, requires_grad=True)
+    h_t, w_t = torch.randn(512, 256, device=device, dtype=torch.bfloat16), torch.randn(1000, 256, device=device,
+                                                                                       dtype=torch.bfloat16)
+    y = torch.randint(0, 1000, (512,), device=device)
+    mask = torch.ones(512, dtype=torch.bool, device=device)
+    loss, _, _ = kd.kd_loss(h_s, w_s, h_t, w_t, y, mask, chunk_size=100)
+    reference = naive_kd((h_s.float() @ w_s.float().T)[None], (h_t.float() @ w_t.float().T)[None], y[None])
+    return {"teacher_logits_max_rel_diff": logits_rel, "kd_loss": loss.item(), "kd_loss_naive_fp32": reference.item(),
+            "ok": logits_rel < 2e-2 and abs(loss.item() - reference.item()) < 2e-2 * abs(reference.item())}
+
+
+def paper_layer_step(device, config: model.ModelConfig, batch: int, seq: int, repeats: int, shard: bool) -> dict:
+    """A distillation step of one student block of 3 layers at the paper's dimensions: bf16 autocast,
+    activation checkpointing, the chunked KD loss over the 151,936-token head. MFU against the
+    measured bf16 matmul peak. With shard, FSDP2 on one rank (the full-scale code path)."""
+    torch.manual_seed(0)
+    teacher = model.Qwen3(config).to(device)
+    teacher.init_weights(0)
+    teacher = teacher.to(torch.bfloat16).eval().requires_grad_(False)
+    shard_fn = None
+    if shard:
+        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+        mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+
+        def shard_fn(net):
+            for layer in net.layers:
+                fully_shard(layer, mp_policy=mp)
+            fully_shard(net, mp_policy=mp)
+    student = model.Student.from_teacher(teacher, 1, config.num_hidden_layers, "post", seed=0, shard_fn=shard_fn)
+    student.checkpoint_layers = True
+    optimizer = torch.optim.AdamW([p for p in student.parameters() if p.requires_grad], lr=1e-4)
+    ids = torch.randint(0, config.vocab_size, (batch, seq), device=device)
+    mask = torch.ones_like(ids, dtype=torch.bool)
+    context = torch.autocast(device.type, dtype=torch.bfloat16) if not shard else torch.autocast(device.type, enabled=False)
+    losses = []
+
+    def step():
+        with context:
+            kit_step(teacher, student, optimizer, ids, mask, chunk=4096)
+        losses.append(float(student.lm_head.weight.float().norm()))
+        torch.cuda.synchronize(device) if device.type == "cuda" else None
+
+    torch.cuda.reset_peak_memory_stats(device) if device.type == "cuda" else None
+    seconds = timed(step, repeats)
+    flops = train_step_flops(config, config.num_hidden_layers, batch * seq, seq)
+    peak = matmul_peak_on(device, torch.bfloat16)
+    return {"tokens": batch * seq, "step_s": seconds, "tokens_per_s": batch * seq / seconds, "mfu": flops / seconds / peak,
+            "peak_tflops": peak / 1e12, "max_memory_gib": (torch.cuda.max_memory_allocated(device) / 2**30
+                                                           if device.type == "cuda" else None),
+            "finite": all(map(math.isfinite, losses))}
+
+
+def matmul_peak_on(device, dtype, n: int = 8192) -> float:
+    if device.type == "cpu":
+        return matmul_peak(dtype, 1024)
+    a, b = torch.randn(n, n, device=device, dtype=dtype), torch.randn(n, n, device=device, dtype=dtype)
+    return 2 * n ** 3 / timed(lambda: (a @ b, torch.cuda.synchronize(device)), 20)
+
+
+def gpu_check(device: str = "cuda", config: model.ModelConfig = PAPER_LAYER, batch: int = 2, seq: int = 4096,
+              repeats: int = 5) -> dict:
+    """`make gpu-check`: (a) parity in bf16 on CUDA, (b) a paper-size 3-layer step with MFU,
+    (c) the same step under FSDP2 on one rank. Prints and writes results/gpu_check.json."""
+    import os
+    import torch.distributed as dist
+    device = torch.device(device)
+    results = {"environment": {**environment(), "device": torch.cuda.get_device_name(device) if device.type == "cuda"
+                                                          else "cpu"}}
+    results["parity_bf16"] = check_parity_bf16(device)
+    print(f"(a) parity in bf16: {results['parity_bf16']}", flush=True)
+    results["paper_layer_step"] = paper_layer_step(device, config, batch, seq, repeats, shard=False)
+    print(f"(b) paper-size step: {results['paper_layer_step']} (goal: MFU >= 45%)", flush=True)
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    os.environ.setdefault("MASTER_PORT", "29517")
+    dist.init_process_group("nccl" if device.type == "cuda" else "gloo", rank=0, world_size=1)
+    try:
+        results["fsdp2_one_rank"] = paper_layer_step(device, config, batch, seq, repeats, shard=True)
+    finally:
+        dist.destroy_process_group()
+    print(f"(c) FSDP2 on one rank: {results['fsdp2_one_rank']}", flush=True)
+    out = RESULTS.with_name("gpu_check.json")
+    out.parent.mkdir(exist_ok=True)
+    out.write_text(json.dumps(results, indent=2) + "\n")
+    print(f"wrote {out}")
+    return results
+
+
+# ----------------------------------------------------------------------------------------------
+
+def environment() -> dict:
+    return {"machine": platform.processor() or platform.machine(), "cpu_count": torch.get_num_threads(),
+            "torch": torch.__version__, "python": platform.python_version(), "date": time.strftime("%Y-%m-%d")}
+
+
+def main(repeats: int = 5, kd_size: dict | None = None):
+    results = {"environment": environment()}
+    print("train step: kit vs transformers Qwen3ForCausalLM ...", flush=True)
+    results["train_step"] = step = bench_train_step(repeats)
+    for norm in ("pre", "post"):
+        print(f"  {norm}: eager fp32 {step[f'speedup_{norm}_fp32_vs_hf_fp32']:.2f}x transformers fp32 "
+              f"(goal >= 1.0); bf16 autocast {step[f'speedup_{norm}_bf16_vs_hf_fp32']:.2f}x transformers fp32 "
+              f"(goal >= 1.3), {step[f'speedup_{norm}_bf16_vs_hf_bf16']:.2f}x transformers bf16")
+        print(f"  {norm}: MFU fp32 {step[f'kit_{norm}_fp32_mfu']:.0%} of {step['peak_gflops']['fp32']:.0f} GFLOP/s, "
+              f"bf16 {step[f'kit_{norm}_bf16_mfu']:.0%} of {step['peak_gflops']['bf16']:.0f} GFLOP/s (goal >= 60%)")
+    print("chunked KD loss vs naive (4096 tokens x vocab 151,936 x hidden 256) ...", flush=True)
+    results["kd_loss"] = loss = kd.bench_loss(**(kd_size or {}))
+    print(f"  peak memory {loss['memory_ratio']:.1%} of naive (goal <= 20%), time {loss['time_ratio']:.2f}x (goal <= 1.15x)")
+    print("tokenizer vs HF tokenizers on the toy corpus ...", flush=True)
+    results["tokenizer"] = tok = data.bench_tokenizer(data.qwen3_tokenizer())
+    print(f"  {tok['tiktoken_mb_s']:.1f} MB/s vs {tok['hf_tokenizers_mb_s']:.1f} MB/s: {tok['ratio']:.2f}x, "
+          f"identical ids: {tok['identical']}")
+    results["loader"] = loader = bench_loader(step["kit_post_bf16_s"])
+    print(f"  data loader: {loader['loader_batches_per_s']:,.0f} batches/s, "
+          f"{loader['loader_over_train_step']:,.0f}x the train step's rate")
+    RESULTS.parent.mkdir(exist_ok=True)
+    RESULTS.write_text(json.dumps(results, indent=2) + "\n")
+    print(f"wrote {RESULTS}")
+    return results
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--gpu-check", action="store_true", help="run the CUDA checks (one GPU, under 8 minutes)")
+    parser.add_argument("--repeats", type=int, default=5)
+    args = parser.parse_args()
+    if args.gpu_check:
+        gpu_check()
+    else:
+        main(args.repeats)

@@ -1,0 +1,195 @@
+"""repro.py: presets, the smoke suite end to end (killed and resumed), shared prefixes, the CLI."""
+import json
+import math
+import signal
+import struct
+import subprocess
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+import grow
+import repro
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def cli(*args, check=True, **kwargs):
+    out = subprocess.run([sys.executable, str(ROOT / "repro.py"), *map(str, args)], cwd=ROOT, capture_output=True,
+                         text=True, timeout=600, **kwargs)
+    if check:
+        assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    return out
+
+
+# ---- presets -----------------------------------------------------------------------------------
+
+def test_full_preset_is_the_paper():
+    full = repro.PRESETS["full"]
+    table_a1 = dict(seed=42, blocks=3, layers_per_block=3, phase_steps=50_000, global_batch=64, lr=1e-4, min_lr=1e-6,
+                    warmup_frac=0.015, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.0, grad_clip=0.5, alpha=0.7,
+                    gamma=0.3, tau=1.0, eval_interval=2000, precision="bf16", activation_checkpointing=True)
+    assert {k: full.run[k] for k in table_a1} == table_a1
+    assert round(full.run["warmup_frac"] * full.run["phase_steps"]) == 750
+    assert full.data == dict(source="fineweb-edu", vocab_size=None, max_len=8192, val_docs=4833)
+    assert full.teacher == "Qwen/Qwen3-8B-Base" and full.long_phases == (2, 3)
+    assert full.diag == dict(docs=2, max_inputs=2048, seed=42)
+    ws = repro.Workspace(full, Path("/nonexistent/full"), Path("/nonexistent"), grow.Dist())
+    assert ws.replay_docs == 3_200_000 and ws.train_docs == 9_600_000
+    for name in repro.RUNS:  # every run of the full suite is a valid RunConfig with the paper's settings
+        config = repro.run_config(ws, name, 42)
+        assert not config.freeze_trains_head and not config.reset_data_each_phase
+    assert len(grow.plan_phases(repro.run_config(ws, "post-joint-longer", 42))) == 3
+
+
+def test_dry_run_reproduces_table_a2():
+    ws = repro.Workspace(repro.PRESETS["full"], Path("/nonexistent/full"), Path("/nonexistent"), grow.Dist())
+    rows = {r[0]: r for r in repro.print_plan(ws, list(repro.RUNS), [42], "h100", 8)}
+    # columns: run, phases, steps, active layers, tokens, unique, active-layer tokens, PFLOPs, GPU-hours
+    assert rows["post-joint"][1:7] == ["1", "50,000", "9", "3.11B", "3.11B", "28.01B"]
+    assert rows["post-grow"][1:7] == ["3", "150,000", "3 / 6 / 9", "9.34B", "3.11B", "56.02B"]
+    assert rows["post-joint-long"][4:7] == ["6.22B", "6.22B", "56.02B"]  # active-layer tokens match grow's
+    assert rows["post-joint-longer"][4:6] == ["9.34B", "9.34B"]
+    assert float(rows["post-grow"][8].replace(",", "")) > float(rows["post-joint"][8].replace(",", ""))
+
+
+def test_full_without_cuda_says_how_to_launch(tmp_path):
+    out = cli("table1", "--scale", "full", "--runs-dir", tmp_path, check=False)
+    assert out.returncode != 0 and "torchrun --nproc_per_node=8 repro.py table1 --scale full" in out.stderr
+    assert len(out.stderr.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("args, message", [
+    (["tablex"], "unknown experiment 'tablex'"),
+    (["--scale", "huge"], "'huge' is not one of"),
+    (["--seeds", "42,x"], "not a comma-separated list of integers"),
+    (["--seeds", "42,42"], "distinct seeds"),
+    (["--results-dir", "/proc/no/such"], "is not a writable folder"),
+])
+def test_bad_cli_values_give_one_line(args, message):
+    out = cli(*args, check=False)
+    assert out.returncode != 0
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1 and message in lines[0] and "Traceback" not in out.stderr, out.stderr
+
+
+# ---- the smoke suite, killed once and resumed ----------------------------------------------------
+
+@pytest.fixture(scope="module")
+def smoke(tmp_path_factory):
+    """Runs `repro.py --scale smoke` (every experiment), kills it with SIGKILL after the first runs are
+    done, and reruns it to the end. Returns (runs dir, results dir, done-file mtimes before the rerun)."""
+    base = tmp_path_factory.mktemp("smoke")
+    runs, results = base / "runs", base / "results"
+    args = [sys.executable, str(ROOT / "repro.py"), "--scale", "smoke", "--seeds", "42,43", "--runs-dir", str(runs),
+            "--results-dir", str(results)]
+    proc = subprocess.Popen(args, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    first_done = runs / "smoke" / "s42" / "post-joint" / "done.json"
+    deadline = time.time() + 300
+    while not first_done.exists():
+        assert proc.poll() is None, proc.stderr.read().decode()[-3000:]
+        assert time.time() < deadline
+        time.sleep(0.02)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    done_before = {p: p.stat().st_mtime_ns for p in runs.glob("smoke/s*/*/done.json")}
+    assert not (results / "smoke" / "table1.json").exists()
+    rerun = subprocess.run(args, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert rerun.returncode == 0, rerun.stdout[-3000:] + rerun.stderr[-3000:]
+    return runs / "smoke", results / "smoke", done_before, rerun.stdout
+
+
+def test_killed_suite_resumes_without_redoing_finished_runs(smoke):
+    runs, _, done_before, stdout = smoke
+    assert done_before  # the kill came after at least one finished run
+    for path, mtime in done_before.items():
+        assert path.stat().st_mtime_ns == mtime, f"{path.parent.name} was trained again"
+    assert "done, reusing" in stdout or all(p.exists() for p in done_before)
+    assert len(list(runs.glob("s*/*/done.json"))) == 2 * len(repro.RUNS)
+
+
+def finite(value):
+    return isinstance(value, (int, float)) and math.isfinite(value)
+
+
+def test_every_experiment_writes_finite_numbers_and_figures(smoke):
+    _, results, _, _ = smoke
+    for name, exp in repro.EXPERIMENTS.items():
+        report = json.loads((results / f"{name}.json").read_text())
+        md = (results / f"{name}.md").read_text()
+        assert report["seeds"] == [42, 43] and name in md
+        for row in report.get("rows", []):
+            if "recovery" not in row["key"]:  # "not recovered" is NaN by definition
+                assert finite(row["mean"]) and all(finite(v) for v in row["values"]), (name, row)
+            assert row["n"] == 2 and len(row["values"]) == 2
+            assert row["label"] in md
+        for figure in report.get("figures", {}).values():
+            png = Path(figure).read_bytes()
+            assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 15_000, figure
+            width, height = struct.unpack(">II", png[16:24])
+            assert width > 300 and height > 200
+        assert exp.rows or report.get("figures")
+
+
+def test_multi_seed_table1_has_intervals(smoke):
+    _, results, _, _ = smoke
+    rows = {r["key"]: r for r in json.loads((results / "table1.json").read_text())["rows"]}
+    inter = rows["interaction"]
+    lo, hi = inter["ci95"]
+    assert lo < inter["mean"] < hi and inter["std"] > 0
+    # The interval is the t interval of the two per-seed values.
+    assert hi - inter["mean"] == pytest.approx(12.706 * inter["std"] / math.sqrt(2))
+    # Each seed's interaction follows from its own four CEs.
+    for i in range(2):
+        ce = {k: rows[k]["values"][i] for k in ("pre_joint", "pre_grow", "post_joint", "post_grow")}
+        assert inter["values"][i] == pytest.approx((ce["post_grow"] - ce["pre_grow"]) - (ce["post_joint"] - ce["pre_joint"]))
+    assert "± " in (results / "table1.md").read_text()
+
+
+def test_table_a2_counts_tokens_from_batches(smoke):
+    _, results, _, _ = smoke
+    rows = {r["key"]: r["mean"] for r in json.loads((results / "tableA2.json").read_text())["rows"]}
+    assert rows["grow_over_joint_total"] == pytest.approx(3.0)  # grow replays the one-phase shard 3 times
+    assert rows["post-grow_unique"] == rows["post-joint_unique"] == rows["post-joint_total"]
+    assert rows["post-joint-longer_unique"] == rows["post-joint-longer_total"]  # fresh data never repeats
+
+
+def test_shared_prefix_is_bit_identical_to_running_it_again(smoke, tmp_path):
+    runs, _, _, _ = smoke
+    for name in ("post-freeze", "post-joint-long"):
+        shared = runs / "s42" / name
+        config = grow.RunConfig(**json.loads((shared / "config.json").read_text()))
+        assert config.start_from
+        alone = grow.train(replace(config, start_from=""), tmp_path / name)  # computes its first phase itself
+        assert alone == json.loads((shared / "done.json").read_text())
+        last = f"phase-{len(grow.plan_phases(config)) - 1}"
+        a, b = load_file(shared / last / "model.safetensors"), load_file(tmp_path / name / last / "model.safetensors")
+        assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_train_command_writes_a_run_directory(smoke):
+    runs, _, _, _ = smoke
+    out = cli("train", "--scale", "smoke", "--norm", "post", "--protocol", "grow", "--runs-dir", runs.parent)
+    run = runs / "s42" / "post-grow"
+    assert "validation CE" in out.stdout
+    for item in ("config.json", "metrics.jsonl", "provenance.json", "done.json", "phase-0", "phase-1", "phase-2"):
+        assert (run / item).exists(), item
+    assert json.loads((run / "done.json").read_text())["step"] == 3 * repro.PRESETS["smoke"].run["phase_steps"]
+
+
+def test_eval_and_data_commands(smoke):
+    runs, _, _, _ = smoke
+    out = cli("eval", runs / "s42" / "post-grow" / "phase-2", "--scale", "smoke", "--runs-dir", runs.parent, "--json")
+    result = json.loads(out.stdout)
+    done = json.loads((runs / "s42" / "post-grow" / "done.json").read_text())
+    assert result["ce"] == pytest.approx(done["ce"], rel=1e-6) and result["ppl"] == pytest.approx(math.exp(result["ce"]))
+    teacher = json.loads(cli("eval", runs / "teacher" / "phase-0", "--scale", "smoke", "--runs-dir", runs.parent,
+                             "--json").stdout)
+    assert teacher["ce"] == pytest.approx(json.loads((runs / "teacher" / "done.json").read_text())["ce"], rel=1e-6)
+    summary = cli("data", "--scale", "smoke", "--runs-dir", runs.parent).stdout
+    assert "boundary_tokens" in summary and "validation" in summary
