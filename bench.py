@@ -20,6 +20,7 @@ import math
 import platform
 import statistics
 import time
+from contextlib import nullcontext
 from functools import partial
 from pathlib import Path
 
@@ -71,6 +72,7 @@ def kit_step(teacher, student, optimizer, ids, mask, chunk):
     loss.backward()
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
+    return loss.detach()
 
 
 def naive_kd(student_logits, teacher_logits, targets, alpha=0.7, gamma=0.3):
@@ -105,6 +107,20 @@ def train_step_flops(config: model.ModelConfig, student_layers: int, tokens: int
     return tokens * (teacher_layers + head + 3 * (student + head))
 
 
+def interleaved(variants: dict, repeats: int) -> dict:
+    """Median seconds of each variant, timed in turns (A B C A B C ...) so that drift in a shared
+    machine's speed lands on all of them alike. A variant is (function, context manager factory)."""
+    times = {name: [] for name in variants}
+    for round_ in range(repeats + 2):
+        for name, (fn, context) in variants.items():
+            with context():
+                start = time.perf_counter()
+                fn()
+                if round_ >= 2:  # two warm-up rounds
+                    times[name].append(time.perf_counter() - start)
+    return {name: statistics.median(t) for name, t in times.items()}
+
+
 def bench_train_step(repeats: int) -> dict:
     config, blocks, per_block, batch = toy_shapes()
     seq = repro.PRESETS["toy"].data["max_len"]
@@ -114,32 +130,29 @@ def bench_train_step(repeats: int) -> dict:
     teacher = model.Qwen3(config)
     teacher.init_weights(0)
     teacher.eval().requires_grad_(False)
-    results = {"config": {"hidden": config.hidden_size, "teacher_layers": config.num_hidden_layers,
-                          "student_layers": blocks * per_block, "vocab": config.vocab_size, "batch": batch, "seq": seq}}
     hf_teacher, hf_student = hf_pair(config, blocks * per_block)
     hf_opt = torch.optim.AdamW([p for p in hf_student.parameters() if p.requires_grad], lr=1e-4)
-    results["hf_fp32_s"] = timed(lambda: hf_step(hf_teacher, hf_student, hf_opt, ids), repeats)
-    with torch.autocast("cpu", dtype=torch.bfloat16):
-        results["hf_bf16_s"] = timed(lambda: hf_step(hf_teacher, hf_student, hf_opt, ids), repeats)
+    fp32, bf16 = nullcontext, partial(torch.autocast, "cpu", dtype=torch.bfloat16)
+    hf = partial(hf_step, hf_teacher, hf_student, hf_opt, ids)
+    variants = {"hf_fp32": (hf, fp32), "hf_bf16": (hf, bf16)}
     for norm in ("pre", "post"):
         student = model.Student.from_teacher(teacher, blocks, per_block, norm, seed=0)
         opt = torch.optim.AdamW([p for p in student.parameters() if p.requires_grad], lr=1e-4)
-        step = partial(kit_step, teacher, student, opt, ids, mask, repro.PRESETS["toy"].run["loss_chunk"])
-        results[f"kit_{norm}_fp32_s"] = timed(step, repeats)
-        with torch.autocast("cpu", dtype=torch.bfloat16):
-            results[f"kit_{norm}_bf16_s"] = timed(step, repeats)
+        kit = partial(kit_step, teacher, student, opt, ids, mask, repro.PRESETS["toy"].run["loss_chunk"])
+        variants.update({f"kit_{norm}_fp32": (kit, fp32), f"kit_{norm}_bf16": (kit, bf16)})
+    seconds = interleaved(variants, repeats)
     flops = train_step_flops(config, blocks * per_block, batch * seq, seq)
     peaks = {"fp32": matmul_peak(torch.float32), "bf16": matmul_peak(torch.bfloat16)}
-    results["step_gflop"] = flops / 1e9
-    results["peak_gflops"] = {k: v / 1e9 for k, v in peaks.items()}
-    for key in [k for k in results if k.endswith("_s")]:
-        dtype = "bf16" if "bf16" in key else "fp32"
-        results[key.replace("_s", "_tokens_per_s")] = batch * seq / results[key]
-        results[key.replace("_s", "_mfu")] = flops / results[key] / peaks[dtype]
+    results = {"config": {"hidden": config.hidden_size, "teacher_layers": config.num_hidden_layers,
+                          "student_layers": blocks * per_block, "vocab": config.vocab_size, "batch": batch, "seq": seq},
+               "step_gflop": flops / 1e9, "peak_gflops": {k: v / 1e9 for k, v in peaks.items()}}
+    for name, s in seconds.items():
+        dtype = "bf16" if name.endswith("bf16") else "fp32"
+        results.update({f"{name}_s": s, f"{name}_tokens_per_s": batch * seq / s, f"{name}_mfu": flops / s / peaks[dtype]})
     for norm in ("pre", "post"):
-        results[f"speedup_{norm}_fp32_vs_hf_fp32"] = results["hf_fp32_s"] / results[f"kit_{norm}_fp32_s"]
-        results[f"speedup_{norm}_bf16_vs_hf_fp32"] = results["hf_fp32_s"] / results[f"kit_{norm}_bf16_s"]
-        results[f"speedup_{norm}_bf16_vs_hf_bf16"] = results["hf_bf16_s"] / results[f"kit_{norm}_bf16_s"]
+        results[f"speedup_{norm}_fp32_vs_hf_fp32"] = seconds["hf_fp32"] / seconds[f"kit_{norm}_fp32"]
+        results[f"speedup_{norm}_bf16_vs_hf_fp32"] = seconds["hf_fp32"] / seconds[f"kit_{norm}_bf16"]
+        results[f"speedup_{norm}_bf16_vs_hf_bf16"] = seconds["hf_bf16"] / seconds[f"kit_{norm}_bf16"]
     return results
 
 
@@ -157,6 +170,27 @@ def bench_loader(step_seconds: float, steps: int = 200) -> dict:
     seconds = timed(lambda: [next(batcher) for _ in range(steps)], repeats=3, warmup=1) / steps
     return {"loader_batches_per_s": 1 / seconds, "train_steps_per_s": 1 / step_seconds,
             "loader_over_train_step": step_seconds / seconds}
+
+
+def profile_step(norm: str = "post", steps: int = 5, rows: int = 20):
+    """torch.profiler's table of the kit's toy train step, heaviest operators first."""
+    from torch.profiler import ProfilerActivity, profile
+    config, blocks, per_block, batch = toy_shapes()
+    seq = repro.PRESETS["toy"].data["max_len"]
+    ids = torch.randint(0, config.vocab_size, (batch, seq))
+    teacher = model.Qwen3(config)
+    teacher.init_weights(0)
+    teacher.eval().requires_grad_(False)
+    student = model.Student.from_teacher(teacher, blocks, per_block, norm, seed=0)
+    opt = torch.optim.AdamW([p for p in student.parameters() if p.requires_grad], lr=1e-4)
+    step = partial(kit_step, teacher, student, opt, ids, torch.ones_like(ids, dtype=torch.bool),
+                   repro.PRESETS["toy"].run["loss_chunk"])
+    for _ in range(2):
+        step()
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        for _ in range(steps):
+            step()
+    print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=rows))
 
 
 # ----------------------------------------------------------------------------------------------
@@ -219,8 +253,7 @@ def paper_layer_step(device, config: model.ModelConfig, batch: int, seq: int, re
 
     def step():
         with context:
-            kit_step(teacher, student, optimizer, ids, mask, chunk=4096)
-        losses.append(float(student.lm_head.weight.float().norm()))
+            losses.append(float(kit_step(teacher, student, optimizer, ids, mask, chunk=4096)))
         torch.cuda.synchronize(device) if device.type == "cuda" else None
 
     torch.cuda.reset_peak_memory_stats(device) if device.type == "cuda" else None
@@ -304,9 +337,12 @@ def main(repeats: int = 5, kd_size: dict | None = None):
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--gpu-check", action="store_true", help="run the CUDA checks (one GPU, under 8 minutes)")
+    parser.add_argument("--profile", action="store_true", help="print torch.profiler's table of the train step")
     parser.add_argument("--repeats", type=int, default=5)
     args = parser.parse_args()
     if args.gpu_check:
         gpu_check()
+    elif args.profile:
+        profile_step()
     else:
         main(args.repeats)

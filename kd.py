@@ -67,21 +67,26 @@ def _token_terms(z_S, z_T, y, *, alpha, gamma, tau, want_grad, want_soft_ce):
     (z_T None), soft_ce and grad are None unless asked for."""
     log_p_S = torch.log_softmax(z_S, dim=-1)
     ce = -log_p_S.gather(1, y[:, None]).squeeze(1)
-    grad = None
-    if want_grad:
-        grad = log_p_S.exp().mul_(gamma)                          # gamma * (p_S - onehot(y))
-        grad[torch.arange(len(y), device=y.device), y] -= gamma
+    rows = torch.arange(len(y), device=y.device)
     if z_T is None:
+        grad = log_p_S.exp_().mul_(gamma) if want_grad else None          # gamma * (p_S - onehot(y))
+        if grad is not None:
+            grad[rows, y] -= gamma
         return ce, None, None, grad
     log_q_S = log_p_S if tau == 1 else torch.log_softmax(z_S / tau, dim=-1)
-    log_q_T = torch.log_softmax(z_T / tau, dim=-1)
+    log_q_T = torch.log_softmax(z_T if tau == 1 else z_T / tau, dim=-1)
     q_T = log_q_T.exp()
     # KL summed directly rather than as soft_ce - entropy: the difference of two large numbers loses
     # the digits of a small KL in fp32.
     kl = tau**2 * (q_T * (log_q_T - log_q_S)).sum(-1)
     soft_ce = -tau**2 * (q_T * log_q_S).sum(-1) if want_soft_ce else None
-    if want_grad and alpha != 0:
-        grad += alpha * tau * (log_q_S.exp() - q_T)
+    grad = None
+    if want_grad:
+        if tau == 1:  # q_S = p_S: grad = (alpha + gamma) p_S - alpha q_T - gamma onehot(y), one exp fewer
+            grad = log_p_S.exp().mul_(alpha + gamma).sub_(q_T, alpha=alpha)
+        else:
+            grad = log_p_S.exp().mul_(gamma).add_(log_q_S.exp().sub_(q_T), alpha=alpha * tau)
+        grad[rows, y] -= gamma
     return ce, kl, soft_ce, grad
 
 

@@ -97,20 +97,20 @@ class RMSNorm(nn.Module):
 
 
 def rope_cos_sin(config: ModelConfig, seq_len: int, device) -> tuple[torch.Tensor, torch.Tensor]:
-    """(T, head_dim) cos and sin in fp32, rotate-half layout. Recomputed per call: it is tiny, and a
-    buffer would need re-initialising after meta-device construction."""
+    """(T, head_dim) cos and signed sin in fp32 for rotate-half RoPE. The sin's first half is negated
+    so that apply_rope needs one roll instead of a negation and a concatenation. Recomputed per
+    forward: it is tiny, and a buffer would need re-initialising after meta-device construction."""
     hd = config.head_dim
     inv_freq = 1.0 / (config.rope_theta ** (torch.arange(0, hd, 2, device=device, dtype=torch.float32) / hd))
     freqs = torch.outer(torch.arange(seq_len, device=device, dtype=torch.float32), inv_freq)
-    angles = torch.cat((freqs, freqs), dim=-1)
-    return angles.cos(), angles.sin()
+    return torch.cat((freqs, freqs), dim=-1).cos(), torch.cat((-freqs.sin(), freqs.sin()), dim=-1)
 
 
-def apply_rope(x, cos, sin):
-    """x: (B, n_heads, T, hd). cos/sin are cast to x's dtype, as transformers does."""
-    half = x.shape[-1] // 2
-    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-    return x * cos.to(x.dtype) + rotated * sin.to(x.dtype)
+def apply_rope(x, cos, signed_sin):
+    """x: (B, n_heads, T, hd). x * cos + rotate_half(x) * sin, where rotate_half(x) = (-x2, x1) equals
+    roll(x, hd/2) = (x2, x1) times the sign folded into signed_sin. cos/sin are cast to x's dtype,
+    as transformers does."""
+    return x * cos.to(x.dtype) + x.roll(x.shape[-1] // 2, dims=-1) * signed_sin.to(x.dtype)
 
 
 class Attention(nn.Module):
