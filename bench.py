@@ -324,8 +324,15 @@ def gpu_check(device: str = "cuda", config: model.ModelConfig = PAPER_LAYER, bat
 
 # ----------------------------------------------------------------------------------------------
 
+def cpu_name() -> str:
+    cpuinfo = Path("/proc/cpuinfo")
+    lines = cpuinfo.read_text().splitlines() if cpuinfo.is_file() else []
+    names = [line.split(":", 1)[1].strip() for line in lines if line.startswith("model name")]
+    return names[0] if names else platform.processor() or platform.machine()
+
+
 def environment() -> dict:
-    return {"machine": platform.processor() or platform.machine(), "cpu_count": torch.get_num_threads(),
+    return {"cpu": cpu_name(), "threads": torch.get_num_threads(), "capability": torch.backends.cpu.get_cpu_capability(),
             "torch": torch.__version__, "python": platform.python_version(), "date": time.strftime("%Y-%m-%d")}
 
 

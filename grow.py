@@ -313,15 +313,6 @@ def trainer_state(step, phase, batcher, totals, elapsed) -> dict:
             "elapsed": elapsed, "torch_rng": rng}
 
 
-def replace_dir(tmp: Path, final: Path):
-    """Move a finished temporary folder into place; the old one is removed only after."""
-    old = final.with_name(final.name + ".old")
-    if final.exists():
-        os.replace(final, old)
-    os.replace(tmp, final)
-    shutil.rmtree(old, ignore_errors=True)
-
-
 def gathered_state(net) -> dict:
     """Full (unsharded) CPU state dict on every rank; plain state_dict in one process."""
     if not any(hasattr(p, "device_mesh") for p in net.parameters()):
@@ -334,22 +325,15 @@ def save_kept_checkpoint(run_dir: Path, name: str, net, state: dict, ctx: Dist):
     """A kept checkpoint (phase-<p>/ or step-<n>/): safetensors weights any tool can load, plus the
     trainer state. It holds no optimizer state: phases restart theirs, so a phase end needs none."""
     full = gathered_state(net)
-    final = run_dir / name
     if ctx.is_main:
         tmp = run_dir / f"{name}.tmp"
         if isinstance(net, model.Qwen3):  # the teacher run's checkpoints are plain HF Qwen3 folders
-            model.write_checkpoint(tmp, net.config.to_hf(), {model.hf_name(k): v for k, v in full.items()})
+            model.save_qwen3(net, tmp, full)
         else:
-            model.write_checkpoint(tmp, student_config(net), full)
+            net.save(tmp, full)
         (tmp / "trainer_state.json").write_text(json.dumps(state))
-        replace_dir(tmp, final)
+        model.replace_folder(tmp, run_dir / name)
     ctx.barrier()
-
-
-def student_config(net: model.Student) -> dict:
-    return {**net.config.to_hf(), "architectures": ["NormgrowStudent"],
-            "normgrow_student": {"blocks": net.blocks, "layers_per_block": net.layers_per_block,
-                                 "norm": net.norm_placement}}
 
 
 def save_latest_checkpoint(run_dir: Path, net, optimizer, state: dict, ctx: Dist):
@@ -363,7 +347,7 @@ def save_latest_checkpoint(run_dir: Path, net, optimizer, state: dict, ctx: Dist
     dcp.save({"model": model_state, "optim": optim_state}, checkpoint_id=str(tmp), no_dist=ctx.world == 1)
     if ctx.is_main:
         (tmp / "trainer_state.json").write_text(json.dumps(state))
-        replace_dir(tmp, run_dir / "latest")
+        model.replace_folder(tmp, run_dir / "latest")
     ctx.barrier()
 
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import shutil
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Callable
@@ -334,12 +335,15 @@ class Student(nn.Module):
         out = output_fn(h, self.head_weight)
         return (out, boundaries) if return_boundaries else out
 
-    def save(self, path):
-        """A student checkpoint: config.json (HF fields + the student's shape) and model.safetensors."""
-        config = {**self.config.to_hf(), "architectures": ["NormgrowStudent"],
-                  "normgrow_student": {"blocks": self.blocks, "layers_per_block": self.layers_per_block,
-                                       "norm": self.norm_placement}}
-        write_checkpoint(path, config, self.state_dict())
+    def checkpoint_config(self) -> dict:
+        """config.json of a student checkpoint: the HF fields plus the student's shape."""
+        return {**self.config.to_hf(), "architectures": ["NormgrowStudent"],
+                "normgrow_student": {"blocks": self.blocks, "layers_per_block": self.layers_per_block,
+                                     "norm": self.norm_placement}}
+
+    def save(self, path, state: dict | None = None):
+        """config.json and model.safetensors; `state` replaces state_dict() (e.g. gathered shards)."""
+        write_checkpoint(path, self.checkpoint_config(), self.state_dict() if state is None else state)
 
     @classmethod
     def load(cls, path, dtype=torch.float32, device="cpu") -> "Student":
@@ -450,28 +454,29 @@ def load_qwen3(path, dtype=torch.float32, device="cpu", shard_fn: Callable | Non
 
 
 def write_checkpoint(path, config: dict, state: dict):
-    """Atomic: write into a temporary sibling folder, then rename it into place."""
+    """Atomic: write into a temporary sibling folder, then move it into place."""
     path = Path(path)
     tmp = path.with_name(path.name + ".tmp")
     tmp.mkdir(parents=True, exist_ok=True)
     save_file({k: v.detach().contiguous().cpu() for k, v in state.items()}, tmp / "model.safetensors",
               metadata={"format": "pt"})
     (tmp / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+    replace_folder(tmp, path)
+
+
+def replace_folder(new: Path, path: Path):
+    """Move a finished folder to `path`; an existing one there is removed only after the move."""
+    old = path.with_name(path.name + ".old")
     if path.exists():
-        old = path.with_name(path.name + ".old")
         os.replace(path, old)
-        os.replace(tmp, path)
-        for f in old.iterdir():
-            f.unlink()
-        old.rmdir()
-    else:
-        os.replace(tmp, path)
+    os.replace(new, path)
+    shutil.rmtree(old, ignore_errors=True)
 
 
-def save_qwen3(teacher: Qwen3, path):
+def save_qwen3(teacher: Qwen3, path, state: dict | None = None):
     """Write a teacher as a standard HF Qwen3 checkpoint directory (tied head not duplicated)."""
-    state = {hf_name(k): v for k, v in teacher.state_dict().items()}
-    write_checkpoint(path, teacher.config.to_hf(), state)
+    state = teacher.state_dict() if state is None else state
+    write_checkpoint(path, teacher.config.to_hf(), {hf_name(k): v for k, v in state.items()})
 
 
 def export_hf(student: Student, path):

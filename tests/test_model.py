@@ -127,17 +127,23 @@ def layer_params(layer):
             "down": m.down_proj.weight, "n1": layer.attn_norm.weight, "n2": layer.mlp_norm.weight}
 
 
-def test_post_norm_layer_equals_paper_equations():
+def run_random_layer(norm: str, rows: int, length: int):
+    """A float64 layer of the given placement with random weights (norms far from 1), run on random
+    input. Returns (our output, input, the layer's weights by short name, config)."""
     config = model.ModelConfig(**{**TINY, "num_hidden_layers": 1})
-    layer = model.DecoderLayer(config, norm="post").double()
+    layer = model.DecoderLayer(config, norm=norm).double()
     with torch.no_grad():
         for p in layer.parameters():
             p.copy_(1.0 + 0.3 * torch.randn_like(p) if p.ndim == 1 else 0.1 * torch.randn_like(p))
-    h = torch.randn(2, 11, config.hidden_size, dtype=torch.float64)
-    cos, sin = model.rope_cos_sin(config, 11, "cpu")
+    h = torch.randn(rows, length, config.hidden_size, dtype=torch.float64)
+    cos, sin = model.rope_cos_sin(config, length, "cpu")
     with torch.no_grad():
         ours = layer(h, cos.double(), sin.double())
-    p = {k: v.detach() for k, v in layer_params(layer).items()}
+    return ours, h, {k: v.detach() for k, v in layer_params(layer).items()}, config
+
+
+def test_post_norm_layer_equals_paper_equations():
+    ours, h, p, config = run_random_layer("post", rows=2, length=11)
     for row in range(2):
         x = h[row]
         u = ref_attention(x, p, 6, 2, 24, config.rope_theta) + x   # u = Attn(h) + h
@@ -148,19 +154,11 @@ def test_post_norm_layer_equals_paper_equations():
 
 
 def test_pre_norm_layer_equals_paper_equations():
-    config = model.ModelConfig(**{**TINY, "num_hidden_layers": 1})
-    layer = model.DecoderLayer(config, norm="pre").double()
-    with torch.no_grad():
-        for p in layer.parameters():
-            p.copy_(1.0 + 0.3 * torch.randn_like(p) if p.ndim == 1 else 0.1 * torch.randn_like(p))
-    h = torch.randn(1, 7, config.hidden_size, dtype=torch.float64)
-    cos, sin = model.rope_cos_sin(config, 7, "cpu")
-    with torch.no_grad():
-        ours = layer(h, cos.double(), sin.double())[0]
-    p = {k: v.detach() for k, v in layer_params(layer).items()}
+    ours, h, p, config = run_random_layer("pre", rows=1, length=7)
     x = h[0]
-    h1 = ref_attention(ref_rmsnorm(x, p["n1"]), p, 6, 2, 24, config.rope_theta) + x
-    torch.testing.assert_close(ours, ref_mlp(ref_rmsnorm(h1, p["n2"]), p) + h1, rtol=1e-5, atol=2e-6)
+    h1 = ref_attention(ref_rmsnorm(x, p["n1"]), p, 6, 2, 24, config.rope_theta) + x   # h' = Attn(RMSNorm(h)) + h
+    expected = ref_mlp(ref_rmsnorm(h1, p["n2"]), p) + h1                                # MLP(RMSNorm(h')) + h'
+    torch.testing.assert_close(ours[0], expected, rtol=1e-5, atol=2e-6)
 
 
 # ---- the student -------------------------------------------------------------------------------
