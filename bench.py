@@ -140,9 +140,17 @@ def bench_train_step(repeats: int) -> dict:
         opt = torch.optim.AdamW([p for p in student.parameters() if p.requires_grad], lr=1e-4)
         kit = partial(kit_step, teacher, student, opt, ids, mask, repro.PRESETS["toy"].run["loss_chunk"])
         variants.update({f"kit_{norm}_fp32": (kit, fp32), f"kit_{norm}_bf16": (kit, bf16)})
+    # The matmul peak is timed in the same turns, so the MFU's numerator and denominator see the
+    # same machine (on a shared VM both drift by tens of percent between runs).
+    n = 2048
+    square = {dtype: (torch.randn(n, n, dtype=dtype), torch.randn(n, n, dtype=dtype)) for dtype in (torch.float32,
+                                                                                                  torch.bfloat16)}
+    for name, dtype in (("matmul_fp32", torch.float32), ("matmul_bf16", torch.bfloat16)):
+        a, b = square[dtype]
+        variants[name] = (partial(torch.mm, a, b), nullcontext)
     seconds = interleaved(variants, repeats)
     flops = train_step_flops(config, blocks * per_block, batch * seq, seq)
-    peaks = {"fp32": matmul_peak(torch.float32), "bf16": matmul_peak(torch.bfloat16)}
+    peaks = {dtype: 2 * n ** 3 / seconds.pop(f"matmul_{dtype}") for dtype in ("fp32", "bf16")}
     results = {"config": {"hidden": config.hidden_size, "teacher_layers": config.num_hidden_layers,
                           "student_layers": blocks * per_block, "vocab": config.vocab_size, "batch": batch, "seq": seq},
                "step_gflop": flops / 1e9, "peak_gflops": {k: v / 1e9 for k, v in peaks.items()}}
