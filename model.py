@@ -20,7 +20,6 @@ checkpoint I/O maps them to `input_layernorm` / `post_attention_layernorm`.
 from __future__ import annotations
 
 import json
-import math
 import os
 import shutil
 from dataclasses import asdict, dataclass, fields

@@ -22,16 +22,16 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import statistics
 import sys
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
 from typing import Callable
 
 import click
+import numpy as np
 from rich.console import Console
 from rich.table import Table
 
@@ -115,7 +115,7 @@ MAIN_RUNS = ("pre-joint", "post-joint", "pre-grow", "post-grow")
 # ----------------------------------------------------------------------------------------------
 # Workspace: where a scale's data, runs and results live
 
-@dataclass
+@dataclass(eq=False)  # hashed by identity: results computed from a workspace are cached per run
 class Workspace:
     preset: Preset
     runs: Path
@@ -289,45 +289,25 @@ def phase_end_eval(ws: Workspace, name: str, seed: int, phase: int) -> dict:
 
 
 @cache
-def diagnostic_batch(ws_key: tuple) -> data.Batch:
-    val_dir, docs, max_inputs, seed = ws_key
-    return data.diagnostic_batch(data.Shard(val_dir), docs, max_inputs, seed)
-
-
-def diag_batch(ws: Workspace) -> data.Batch:
+def diagnostic_batch(ws: Workspace) -> data.Batch:
     d = ws.preset.diag
-    return diagnostic_batch((ws.data_dir / "val", d["docs"], d["max_inputs"], d["seed"]))
+    return data.diagnostic_batch(data.Shard(ws.data_dir / "val"), d["docs"], d["max_inputs"], d["seed"])
 
 
 @cache
-def checkpoint_diagnostics(ws_key: tuple, run_dir: Path) -> list[dict]:
-    """diag.diagnose_checkpoint at every kept checkpoint of a run, in step order."""
-    val_dir, docs, max_inputs, seed, vocab = ws_key
-    batch = diagnostic_batch((val_dir, docs, max_inputs, seed))
-    decode = data.qwen3_tokenizer(vocab).decode
-    return [{"step": c["step"], **diag.diagnose_checkpoint(model.Student.load(c["path"]), batch, decode,
-                                                           c["active_blocks"])}
-            for c in diag.checkpoint_series(run_dir)]
-
-
 def series(ws: Workspace, name: str, seed: int) -> list[dict]:
-    d = ws.preset.diag
-    return checkpoint_diagnostics((ws.data_dir / "val", d["docs"], d["max_inputs"], d["seed"],
-                                   ws.preset.data["vocab_size"]), ws.run_dir(name, seed))
-
-
-def final_checkpoint(ws: Workspace, name: str, seed: int) -> Path:
-    return Path(diag.checkpoint_series(ws.run_dir(name, seed))[-1]["path"])
+    """diag.diagnose_checkpoint at every kept checkpoint of a run, in step order."""
+    decode = data.qwen3_tokenizer(ws.preset.data["vocab_size"]).decode
+    return [{"step": c["step"], **diag.diagnose_checkpoint(model.Student.load(c["path"]), diagnostic_batch(ws),
+                                                           decode, c["active_blocks"])}
+            for c in diag.checkpoint_series(ws.run_dir(name, seed))]
 
 
 @cache
-def removal(run_dir_final: Path, ws_key: tuple) -> list[dict]:
-    return diag.block_removal(model.Student.load(run_dir_final), diagnostic_batch(ws_key))
-
-
 def block_removal(ws: Workspace, name: str, seed: int) -> list[dict]:
-    d = ws.preset.diag
-    return removal(final_checkpoint(ws, name, seed), (ws.data_dir / "val", d["docs"], d["max_inputs"], d["seed"]))
+    """Whole-block removal at the run's scheduled endpoint (its last kept checkpoint)."""
+    final = diag.checkpoint_series(ws.run_dir(name, seed))[-1]["path"]
+    return diag.block_removal(model.Student.load(final), diagnostic_batch(ws))
 
 
 def unique_and_total_tokens(ws: Workspace, name: str, seed: int) -> tuple[int, int]:
@@ -337,8 +317,7 @@ def unique_and_total_tokens(ws: Workspace, name: str, seed: int) -> tuple[int, i
     batcher = data.Batcher(shard, config.global_batch, config.seed, config.data_mode, config.replay_docs)
     steps = len(grow.plan_phases(config)) * config.phase_steps
     seen = [batcher.global_doc_ids(s) for s in range(steps)]
-    targets = shard.lengths.astype("int64") - 1
-    import numpy as np
+    targets = shard.lengths.astype(np.int64) - 1
     everything = np.concatenate(seen)
     return int(targets[np.unique(everything)].sum()), int(targets[everything].sum())
 
