@@ -500,8 +500,9 @@ def prepare(source: str, out_dir: str | Path, enc: Tokenizer, *, max_len: int, n
     following n_train_docs; None = all of them), or reuse shards built from the same inputs.
 
     n_train_docs must cover every run that reads the shard: the replay shard plus what the fresh-data
-    controls continue onto. A shard built from other inputs (source, tokenizer, max_len, counts) is an
-    error; force=True rebuilds both shards whatever is there. verify: sha256-check reused shards.
+    controls continue onto. A shard built from other inputs (source, tokenizer, max_len, counts), or a
+    broken one, is an error; force=True rebuilds those and reuses intact matching ones. verify:
+    sha256-check reused shards.
     workers: tokenizing processes (default min(cpus, 8)). Run it on one process only.
     """
     if max_len < 1:
@@ -518,8 +519,12 @@ def prepare(source: str, out_dir: str | Path, enc: Tokenizer, *, max_len: int, n
                   "max_len": max_len, "n_docs_requested": n_docs}
         path = Path(out_dir) / split
         if _reusable(path, inputs, force):
-            shards[split] = Shard(path, verify=verify)
-            continue
+            try:
+                shards[split] = Shard(path, verify=verify)
+                continue
+            except DataError:
+                if not force:
+                    raise
         texts = _exactly(read(), n_docs, f"source {source} ({split})")
         chunks = _tokenized_chunks(texts, enc, max_len, workers)
         _write_shard(path, inputs, _with_progress(chunks, f"{source} {split}", n_docs, progress), enc)
@@ -528,21 +533,29 @@ def prepare(source: str, out_dir: str | Path, enc: Tokenizer, *, max_len: int, n
 
 
 def _reusable(path: Path, inputs: dict, force: bool) -> bool:
-    """True if `path` is a shard built from `inputs`; False if absent or force (rebuild it). Anything
-    else there is a DataError: prepare replaces nothing it did not make, unless forced."""
+    """True if `path` is a shard built from `inputs`; False if absent, or if force and it is not
+    (rebuild it). Anything else there is a DataError: prepare replaces nothing it did not make,
+    unless forced; force never rebuilds a shard that matches (prepare also checks it is intact)."""
     if not path.exists():
         return False
     if not path.is_dir():
         raise DataError(f"{path}: exists and is not a shard directory; move it away or choose another output dir")
-    if force:
-        return False
     if not (path / MANIFEST_FILE).exists():
+        if force:
+            return False
         raise DataError(f"{path}: exists but is not a finished shard (no {MANIFEST_FILE}); move it away "
                         f"or pass force=True (--force) to replace it")
-    manifest = _read_manifest(path)
+    try:
+        manifest = _read_manifest(path)
+    except DataError:
+        if force:
+            return False
+        raise
     differing = [k for k in INPUT_KEYS if manifest.get(k) != json.loads(json.dumps(inputs[k]))]
     if not differing:
         return True
+    if force:
+        return False
     first = differing[0]
     raise DataError(f"{path}: existing shard was built with another {', '.join(differing)} "
                     f"({first}: {json.dumps(manifest.get(first))} != {json.dumps(inputs[first])}); "

@@ -384,18 +384,21 @@ def load_latest_checkpoint(ckpt: Path, net, optimizer, ctx: Dist):
 # Run directory: config, metrics log, provenance
 
 def prepare_run_dir(config: RunConfig, run_dir: Path, force: bool, ctx: Dist) -> bool:
-    """Create or check the run directory. Returns True if the run is already done."""
+    """Create or check the run directory. Returns True if the run is already done. A folder holding
+    a run of another config is an error, or with `force` discarded; one of the same config is
+    resumed (or reused when done), with or without force."""
     config_file = run_dir / "config.json"
     wanted = json.loads(json.dumps(asdict(config)))
     if config_file.is_file():
         stored = json.loads(config_file.read_text())
-        if stored != wanted and not force:
+        if stored == wanted:
+            if (run_dir / "done.json").is_file():
+                return True
+        elif not force:
             changed = sorted(k for k in set(stored) | set(wanted) if stored.get(k) != wanted.get(k))
             raise TrainingError(f"{run_dir}: holds a run with another config (differs in {', '.join(changed)}); "
                                 "pass --force to discard it and start over, or choose another output folder")
-        if stored == wanted and (run_dir / "done.json").is_file() and not force:
-            return True
-        if force and ctx.is_main:
+        elif ctx.is_main:
             shutil.rmtree(run_dir)
     ctx.barrier()
     if ctx.is_main:

@@ -153,14 +153,16 @@ def workspace(scale: str, runs_dir: Path, results_dir: Path, dry_run: bool = Fal
     return Workspace(preset, runs_dir / scale, results_dir / scale, grow.setup_distributed())
 
 
-def prepare_data(ws: Workspace) -> tuple[data.Shard, data.Shard]:
-    """Tokenize once, on rank 0; every rank then memory-maps the shards."""
+def prepare_data(ws: Workspace, force: bool = False) -> tuple[data.Shard, data.Shard]:
+    """Tokenize once, on rank 0; every rank then memory-maps the shards. Shards made from other
+    inputs (an edited preset) are an error unless `force` rebuilds them."""
     d = ws.preset.data
     enc = data.qwen3_tokenizer(d["vocab_size"])
     options = {k: v for k, v in d.items() if k not in ("source", "vocab_size", "max_len", "val_docs", "all_documents")}
     if ws.ctx.is_main:
         data.prepare(d["source"], ws.data_dir, enc, max_len=d["max_len"], n_train_docs=ws.train_docs,
-                     n_val_docs=d["val_docs"], seed=ws.preset.run["seed"], progress=console.is_terminal, **options)
+                     n_val_docs=d["val_docs"], seed=ws.preset.run["seed"], progress=console.is_terminal,
+                     force=force, **options)
     ws.ctx.barrier()
     return data.Shard(ws.data_dir / "train"), data.Shard(ws.data_dir / "val")
 
@@ -250,23 +252,25 @@ def show_overview(ws: Workspace, jobs: list[tuple[str, int]], running: tuple[str
     console.print(table)
 
 
-def ensure_teacher(ws: Workspace) -> Path:
+def ensure_teacher(ws: Workspace, force: bool = False) -> Path:
     if ws.preset.teacher:
         return hub_teacher(ws)
-    grow.train(run_config(ws, "teacher", ws.preset.run["seed"]), ws.run_dir("teacher", 0), ctx=ws.ctx)
+    grow.train(run_config(ws, "teacher", ws.preset.run["seed"]), ws.run_dir("teacher", 0), force=force, ctx=ws.ctx)
     return ws.run_dir("teacher", 0) / "phase-0"
 
 
-def ensure_runs(ws: Workspace, names, seeds: list[int]):
-    """Data, teacher, then every run each seed needs; done runs are reused, partial ones resumed."""
-    prepare_data(ws)
-    teacher = ensure_teacher(ws)
+def ensure_runs(ws: Workspace, names, seeds: list[int], force: bool = False):
+    """Data, teacher, then every run each seed needs; done runs are reused, partial ones resumed,
+    and with `force` a run folder holding another config (an edited preset) is discarded."""
+    prepare_data(ws, force)
+    teacher = ensure_teacher(ws, force)
     data.check_teacher_tokenizer(teacher, data.qwen3_tokenizer(ws.preset.data["vocab_size"]))
     jobs = [(name, seed) for seed in seeds for name in with_prefixes(names)]
     for job in jobs:
         if run_status(ws.run_dir(*job)) != "done":
             show_overview(ws, jobs, running=job)
-            grow.train(run_config(ws, *job, teacher=teacher), ws.run_dir(*job), ctx=ws.ctx)
+        # Done runs too: train() reuses one whose config matches and refuses a stale one.
+        grow.train(run_config(ws, *job, teacher=teacher), ws.run_dir(*job), force=force, ctx=ws.ctx)
     show_overview(ws, jobs)
 
 
@@ -742,6 +746,9 @@ runs_option = click.option("--runs-dir", type=click.Path(path_type=Path), defaul
 results_option = click.option("--results-dir", type=click.Path(path_type=Path), default=Path("results"),
                               show_default=True, help="Where tables and figures go (results/<scale>/...).")
 
+force_option = click.option("--force", is_flag=True, help="Discard data, a teacher or runs made with other settings "
+                            "(an edited preset) and redo them; what matches is reused.")
+
 
 def parse_seeds(ctx, param, value: str) -> list[int]:
     try:
@@ -785,9 +792,10 @@ def cli():
 @click.option("--gpu", type=click.Choice(list(GPU_BF16_PEAK)), default="h100", show_default=True,
               help="GPU type for --dry-run's hour estimate.")
 @click.option("--gpus", type=click.IntRange(1), default=8, show_default=True, help="GPUs for --dry-run's estimate.")
+@force_option
 @runs_option
 @results_option
-def run_experiments(experiments, scale, seeds, dry_run, gpu, gpus, runs_dir, results_dir):
+def run_experiments(experiments, scale, seeds, dry_run, gpu, gpus, force, runs_dir, results_dir):
     """Run EXPERIMENTS (default: all) at a scale and write results/<scale>/<experiment>.md/.json/.png."""
     unknown = [e for e in experiments if e != "all" and e not in EXPERIMENTS]
     if unknown:
@@ -802,7 +810,7 @@ def run_experiments(experiments, scale, seeds, dry_run, gpu, gpus, runs_dir, res
     ws = workspace(scale, writable_dir(runs_dir, "--runs-dir"), writable_dir(results_dir, "--results-dir"))
     ws.results.mkdir(parents=True, exist_ok=True)
     started = time.time()
-    ensure_runs(ws, runs, seeds)
+    ensure_runs(ws, runs, seeds, force)
     if ws.ctx.is_main:
         for name in names:
             report(ws, name, seeds)
@@ -812,14 +820,15 @@ def run_experiments(experiments, scale, seeds, dry_run, gpu, gpus, runs_dir, res
 
 @cli.command()
 @scale_option
+@force_option
 @runs_option
-def teacher(scale, runs_dir):
+def teacher(scale, force, runs_dir):
     """Pretrain the kit's own teacher for a scale (smoke, toy) and print its validation CE."""
     ws = workspace(scale, writable_dir(runs_dir, "--runs-dir"), Path("results"))
     if ws.preset.teacher:
         raise click.UsageError(f"--scale {scale} distils from {ws.preset.teacher}; there is no teacher to pretrain")
-    prepare_data(ws)
-    path = ensure_teacher(ws)
+    prepare_data(ws, force)
+    path = ensure_teacher(ws, force)
     result = json.loads((ws.run_dir("teacher", 0) / "done.json").read_text())
     console.print(f"teacher: validation CE {result['ce']:.4f} (PPL {result['ppl']:.1f}); HF checkpoint in {path}")
 
@@ -830,18 +839,17 @@ def teacher(scale, runs_dir):
 @click.option("--protocol", type=click.Choice(["joint", "grow", "freeze", "joint-long", "joint-longer"]),
               required=True, help="joint, grow, freeze, or the long joint controls (Table 3).")
 @click.option("--seed", type=int, default=None, help="Default: the preset's (42).")
-@click.option("--force", is_flag=True, help="Discard an existing run folder whose config differs and start over.")
+@force_option
 @runs_option
 def train(scale, norm, protocol, seed, force, runs_dir):
     """Train one named run (and any run whose phases it shares), e.g. --norm post --protocol grow."""
     ws = workspace(scale, writable_dir(runs_dir, "--runs-dir"), Path("results"))
     seed = PRESETS[scale].run["seed"] if seed is None else seed
     name = f"{norm}-{protocol}"
-    prepare_data(ws)
-    path = ensure_teacher(ws)
+    prepare_data(ws, force)
+    path = ensure_teacher(ws, force)
     for job in with_prefixes([name]):
-        result = grow.train(run_config(ws, job, seed, teacher=path), ws.run_dir(job, seed), force=force and job == name,
-                            ctx=ws.ctx)
+        result = grow.train(run_config(ws, job, seed, teacher=path), ws.run_dir(job, seed), force=force, ctx=ws.ctx)
     console.print(f"{name}: validation CE {result['ce']:.4f}, KD {result['kd']:.4f}, PPL {result['ppl']:.2f}; "
                   f"run folder {ws.run_dir(name, seed)}")
 
@@ -891,11 +899,12 @@ def export(student_dir: Path, out_dir: Path, force: bool):
 
 @cli.command("data")
 @scale_option
+@force_option
 @runs_option
-def prepare(scale, runs_dir):
+def prepare(scale, force, runs_dir):
     """Tokenize a scale's corpus into shards (reused when unchanged) and summarise them."""
     ws = Workspace(PRESETS[scale], writable_dir(runs_dir, "--runs-dir") / scale, Path("results"), grow.Dist())
-    train_shard, val_shard = prepare_data(ws)
+    train_shard, val_shard = prepare_data(ws, force)
     enc = data.qwen3_tokenizer(ws.preset.data["vocab_size"])
     table = Table(title=f"data at scale {scale} ({enc.name}); boundary tokens = leading <|endoftext|> per document")
     summaries = {"train": data.summarize(train_shard, enc), "validation": data.summarize(val_shard, enc)}

@@ -194,3 +194,20 @@ def test_eval_and_data_commands(smoke):
     assert teacher["ce"] == pytest.approx(json.loads((runs / "teacher" / "done.json").read_text())["ce"], rel=1e-6)
     summary = cli("data", "--scale", "smoke", "--runs-dir", runs.parent).stdout
     assert "boundary_tokens" in summary and "validation" in summary
+
+
+def test_edited_preset_is_refused_then_forced_without_redoing_what_matches(tmp_path):
+    preset = repro.PRESETS["smoke"]
+    repro.ensure_runs(repro.Workspace(preset, tmp_path / "smoke", tmp_path / "results", grow.Dist()), ["post-joint"], [42])
+    edited = replace(preset, run={**preset.run, "lr": preset.run["lr"] / 2})
+    ws = repro.Workspace(edited, tmp_path / "smoke", tmp_path / "results", grow.Dist())
+    tokens = ws.data_dir / "train" / "tokens.u32"
+    teacher_done = ws.run_dir("teacher", 0) / "done.json"
+    stamps = (tokens.stat().st_mtime_ns, teacher_done.stat().st_mtime_ns)
+    with pytest.raises(grow.TrainingError, match="another config .*differs in lr.*--force"):
+        repro.ensure_runs(ws, ["post-joint"], [42])
+    repro.ensure_runs(ws, ["post-joint"], [42], force=True)
+    config = json.loads((ws.run_dir("post-joint", 42) / "config.json").read_text())
+    assert config["lr"] == preset.run["lr"] / 2 and (ws.run_dir("post-joint", 42) / "done.json").is_file()
+    # The shards and the teacher matched the edited preset: reused, not redone.
+    assert (tokens.stat().st_mtime_ns, teacher_done.stat().st_mtime_ns) == stamps
