@@ -501,6 +501,9 @@ def train(config: RunConfig, run_dir, force: bool = False, ctx: Dist | None = No
     # ---- models, data, and where to start ----
     torch.manual_seed(config.seed)
     phases = plan_phases(config)
+    print0(ctx, f"{config.name}: {config.protocol}, {config.norm}-norm, seed {config.seed}, {len(phases)} phase(s) x "
+                f"{config.phase_steps} steps, {ctx.world} rank(s) on {ctx.device.type}, "
+                f"{precision_of(config, ctx)}; resolved config in {run_dir / 'config.json'}")
     net, teacher = build_models(config, ctx)
     train_shard, val_shard = data.Shard(config.train_data), data.Shard(config.val_data)
     batcher = data.Batcher(train_shard, config.global_batch, config.seed, mode=config.data_mode,
