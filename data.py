@@ -317,8 +317,9 @@ def _paragraphs(text: str) -> list[str]:
 FINEWEB_REPO = "HuggingFaceFW/fineweb-edu"
 FINEWEB_FILES = tuple(f"sample/10BT/{i:03d}_00000.parquet" for i in range(14))
 # A pinned dataset commit, so that later pushes to the hub repo cannot change the documents.
-# NOTE: written without network access and not yet checked against the hub; before a paper-scale run
-# confirm it with `huggingface_hub.HfApi().dataset_info(FINEWEB_REPO).sha` (or pass revision=).
+# NOTE: not checked against the hub from here (no network); other public projects pin the same commit
+# for sample/10BT. Confirm with `huggingface_hub.HfApi().dataset_info(FINEWEB_REPO, revision=...)`, or
+# pass revision= (the preset's data options) to use another.
 FINEWEB_REVISION = "87f09149ef4734204d70ed1d046ddc9ca3f2b8f9"
 
 
