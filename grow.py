@@ -280,7 +280,9 @@ def loss_fn(config, batch, teacher, phase, denominator, net):
 # Evaluation: the whole fixed validation set, token-weighted, on every rank
 
 @torch.no_grad()
-def evaluate(config: RunConfig, net, teacher, val: data.Shard, active_blocks: int, ctx: Dist) -> dict:
+def evaluate(config: RunConfig, net, teacher, val: data.Shard, active_blocks: int | None, ctx: Dist) -> dict:
+    """CE, PPL, KD (soft-target CE) and KL over every validation document, token-weighted and summed
+    over ranks. Without a teacher, CE and PPL of `net` alone (a teacher run, or `repro.py eval`)."""
     net.eval()
     sums = [0.0, 0.0, 0.0, 0.0]  # kl, soft_ce, ce, targets
     for batch in data.eval_batches(val, config.eval_batch, ctx.rank, ctx.world):

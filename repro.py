@@ -863,25 +863,19 @@ def train(scale, norm, protocol, seed, force, runs_dir):
 @runs_option
 def evaluate(checkpoint, scale, data_dir, as_json, runs_dir):
     """CE and PPL of any teacher (HF Qwen3) or student checkpoint on a validation shard."""
-    from functools import partial
-    import kd
-    import torch
     config = model.read_config(checkpoint)
     net = model.Student.load(checkpoint) if "normgrow_student" in config else model.load_qwen3(checkpoint)
     ws = Workspace(PRESETS[scale], runs_dir / scale, Path("results"), grow.Dist())
     val = data.Shard(data_dir or ws.data_dir / "val")
-    sums = {"ce": 0.0, "n": 0.0}
-    with torch.no_grad():
-        for batch in data.eval_batches(val, ws.preset.run["eval_batch"]):
-            s = net(batch.input_ids, output_fn=partial(kd.kd_sums, teacher_hidden=None, teacher_head_weight=None,
-                                                       targets=batch.targets, mask=batch.mask))
-            sums = {k: sums[k] + float(s[k]) for k in sums}
-    ce = sums["ce"] / max(sums["n"], 1)
-    result = {"checkpoint": str(checkpoint), "data": str(val.path), "ce": ce, "ppl": math.exp(ce), "tokens": int(sums["n"])}
+    # The scale's evaluation settings (batch, chunk, precision), as its runs use them; no teacher: CE only.
+    settings = run_config(ws, "post-joint", ws.preset.run["seed"])
+    scores = grow.evaluate(settings, net, None, val, active_blocks=None, ctx=ws.ctx)
+    ce, tokens = scores["ce"], scores["val_tokens"]
+    result = {"checkpoint": str(checkpoint), "data": str(val.path), "ce": ce, "ppl": scores["ppl"], "tokens": tokens}
     if as_json:
         click.echo(json.dumps(result))
     else:
-        console.print(f"{checkpoint}: CE {ce:.4f} nats/token, PPL {math.exp(ce):.2f} over {int(sums['n']):,} tokens of {val.path}")
+        console.print(f"{checkpoint}: CE {ce:.4f} nats/token, PPL {scores['ppl']:.2f} over {tokens:,} tokens of {val.path}")
 
 
 @cli.command()
