@@ -27,6 +27,7 @@ from pathlib import Path
 import torch
 
 import data
+import grow
 import kd
 import model
 import repro
@@ -65,7 +66,7 @@ def toy_shapes() -> tuple[model.ModelConfig, int, int, int]:
 
 def kit_step(teacher, student, optimizer, ids, mask, chunk):
     with torch.no_grad():
-        teacher_hidden = teacher(ids, output_fn=lambda h, w: h)
+        teacher_hidden = teacher(ids, output_fn=grow.hidden_only)
     loss, _, _ = student(ids, output_fn=partial(kd.kd_loss, teacher_hidden=teacher_hidden,
                                                 teacher_head_weight=teacher.head_weight, targets=ids, mask=mask,
                                                 chunk_size=chunk))

@@ -507,7 +507,9 @@ def train(config: RunConfig, run_dir, force: bool = False, ctx: Dist | None = No
                 f"{config.phase_steps} steps, {ctx.world} rank(s) on {ctx.device.type}, "
                 f"{precision_of(config, ctx)}; resolved config in {run_dir / 'config.json'}")
     net, teacher = build_models(config, ctx)
-    train_shard, val_shard = data.Shard(config.train_data), data.Shard(config.val_data)
+    # Sizes are checked on open; the sha256 of the whole shard (tens of GB at full scale) is checked
+    # once by data.prepare, not again by every run on every rank.
+    train_shard, val_shard = data.Shard(config.train_data, verify=False), data.Shard(config.val_data, verify=False)
     batcher = data.Batcher(train_shard, config.global_batch, config.seed, mode=config.data_mode,
                            replay_docs=config.replay_docs, rank=ctx.rank, world_size=ctx.world,
                            micro_batch=config.micro_batch)

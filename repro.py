@@ -159,12 +159,14 @@ def prepare_data(ws: Workspace, force: bool = False) -> tuple[data.Shard, data.S
     d = ws.preset.data
     enc = data.qwen3_tokenizer(d["vocab_size"])
     options = {k: v for k, v in d.items() if k not in ("source", "vocab_size", "max_len", "val_docs", "all_documents")}
-    if ws.ctx.is_main:
-        data.prepare(d["source"], ws.data_dir, enc, max_len=d["max_len"], n_train_docs=ws.train_docs,
-                     n_val_docs=d["val_docs"], seed=ws.preset.run["seed"], progress=console.is_terminal,
-                     force=force, **options)
+    if ws.ctx.is_main:  # prepare checksums what it reuses; the other ranks need not read it all again
+        shards = data.prepare(d["source"], ws.data_dir, enc, max_len=d["max_len"], n_train_docs=ws.train_docs,
+                              n_val_docs=d["val_docs"], seed=ws.preset.run["seed"], progress=console.is_terminal,
+                              force=force, **options)
     ws.ctx.barrier()
-    return data.Shard(ws.data_dir / "train"), data.Shard(ws.data_dir / "val")
+    if not ws.ctx.is_main:
+        shards = data.Shard(ws.data_dir / "train", verify=False), data.Shard(ws.data_dir / "val", verify=False)
+    return shards
 
 
 def hub_teacher(ws: Workspace) -> Path:
