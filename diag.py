@@ -389,13 +389,18 @@ def interaction(ces: dict) -> float:
     return (ces["post"]["grow"] - ces["pre"]["grow"]) - (ces["post"]["joint"] - ces["pre"]["joint"])
 
 
-def fig3b_per_phase(kit: dict, path, paper: dict = PAPER["per_phase_ce"]) -> Path:
-    """Figure 3b. kit: {"pre": [CE at the end of phase 0, 1, ...], "post": [...]} of the grow runs."""
+def fig3b_per_phase(kit: dict, path, paper: dict = PAPER["per_phase_ce"], starts: dict | None = None) -> Path:
+    """Figure 3b. kit: {"pre": [CE at the end of phase 0, 1, ...], "post": [...]} of the grow runs;
+    starts: the same at each phase's start (before its first update), drawn as hollow squares at
+    phase - 0.5 joined to the phase's end."""
     with matplotlib.rc_context(STYLE):
         fig, (ax,) = new_figure()
         for norm, ces in kit.items():
             color = NORM_COLORS[norm]
             ax.plot(range(len(ces)), ces, "o-", color=color, label=f"{norm}-norm (kit)")
+            for p, start in enumerate((starts or {}).get(norm, [])):
+                ax.plot([p - 0.5, p], [start, ces[p]], ":", color=color, marker="s", markevery=[0],
+                        markerfacecolor="none", label=f"{norm}-norm at phase start (kit)" if p == 0 else None)
             marks = paper.get(norm, {})
             paper_marker(ax, list(marks), list(marks.values()), color, f"{norm}-norm (paper, Tables 2 and 1)")
         ax.set_xticks(range(max(len(c) for c in kit.values())))
@@ -538,4 +543,44 @@ def figA2_block_removal(results: dict, path, paper: dict = PAPER["table4"]) -> P
             ax.set_ylabel(ylabel)
         fig.suptitle("whole-block removal")
         legend_below(fig, axes[1], ncols=5)
+        return save_png(fig, path)
+
+
+DELTA_STYLES = {"delta_joint": ("Δjoint (post − pre)", "tab:green", "o"),
+                "delta_grow": ("Δgrow (post − pre)", "tab:red", "s"),
+                "interaction": ("interaction Δgrow − Δjoint", "tab:purple", "^")}
+
+
+def fig_regime(points: list[dict], paper: dict, path, scale: str, seeds: list[int]) -> Path:
+    """The regime map (regime.py). points: rows with budget, phase_steps, lr_multiplier, lr, gain and,
+    per key of DELTA_STYLES, {"mean", "ci95"} over seeds. Three panels, one per grid axis, each with
+    the other two axes at the preset's value; error bars are 95% t-intervals over seeds; the paper's
+    values are dashed reference lines."""
+    panels = [("steps per phase (log scale)", "phase_steps", lambda p: p["lr_multiplier"] == 1 and p["gain"] == "ones"),
+              ("peak LR (log scale)", "lr", lambda p: p["budget"] == 1 and p["gain"] == "ones"),
+              ("post-norm output-gain init", "gain", lambda p: p["budget"] == 1 and p["lr_multiplier"] == 1)]
+    with matplotlib.rc_context(STYLE):
+        fig, axes = new_figure(ncols=3, width=3.6, height=3.4)
+        for ax, (xlabel, xkey, selected) in zip(axes, panels):
+            chosen = sorted((p for p in points if selected(p)), key=lambda p: (p[xkey] != "ones", p[xkey]))
+            xs = [p[xkey] for p in chosen]
+            for key, (label, color, marker) in DELTA_STYLES.items():
+                means = [p[key]["mean"] for p in chosen]
+                errors = [[m - (p[key]["ci95"] or [m, m])[0] for m, p in zip(means, chosen)],
+                          [(p[key]["ci95"] or [m, m])[1] - m for m, p in zip(means, chosen)]]
+                ax.errorbar(range(len(xs)) if xkey == "gain" else xs, means, yerr=errors, color=color,
+                            marker=marker, markersize=4, capsize=3, label=f"{label}, kit")
+                ax.axhline(paper[key], color=color, linestyle="--", linewidth=0.9, label=f"{label}, paper")
+            if xkey == "gain":
+                ax.set_xticks(range(len(xs)), xs)
+                ax.set_xlim(-0.5, len(xs) - 0.5)
+            elif len(xs) > 1:
+                ax.set_xscale("log", base=2)
+                ax.set_xticks(xs, [f"{x:g}" for x in xs])
+            ax.axhline(0, color="black", linewidth=0.5)
+            ax.set_xlabel(xlabel)
+            ax.set_ylabel("validation CE difference (nats/token)")
+        seed_text = f"seeds {', '.join(map(str, seeds))}" if len(seeds) > 1 else f"seed {seeds[0]}"
+        fig.suptitle(f"regime map, {scale} scale, {seed_text}: post − pre by protocol")
+        legend_below(fig, axes[0], ncols=3)
         return save_png(fig, path)

@@ -23,13 +23,14 @@ import base64
 import json
 import math
 import os
+import platform
 import shutil
 import subprocess
 import time
 import warnings
 from contextlib import nullcontext
-from dataclasses import asdict, dataclass, field
-from functools import partial
+from dataclasses import MISSING, asdict, dataclass, field, fields
+from functools import cache, partial
 from pathlib import Path
 
 import torch
@@ -88,14 +89,20 @@ class RunConfig:
     joint_phases: int = 1          # `joint-long`: phases of phase_steps, LR restart at each
     freeze_trains_head: bool = False     # `freeze`: also keep training the LM head and boundary norm
     reset_data_each_phase: bool = False  # paper Appendix B.3 (main runs: False)
-    precision: str = "auto"        # "fp32" | "bf16" | "auto" (bf16 on CUDA, fp32 on CPU)
+    precision: str = "auto"        # "fp32" | "bf16" | "auto" (bf16 where measured faster: precision_choice)
     activation_checkpointing: bool = False
     compile: bool = False
     start_from: str = ""           # a phase-<p> directory of another run whose prefix equals ours
+    post_output_gain: str = "ones"  # post-norm: each block's last RMSNorm starts at "ones" (paper) or "teacher" (g_T)
 
     def __post_init__(self):
         if self.protocol not in PROTOCOLS:
             raise ValueError(f"protocol {self.protocol!r} is unknown; choose one of {', '.join(PROTOCOLS)}")
+        if self.precision not in ("auto", *PRECISIONS):
+            raise ValueError(f"precision {self.precision!r} is unknown; choose auto, {', '.join(PRECISIONS)}")
+        if self.post_output_gain not in model.OUTPUT_GAINS:
+            raise ValueError(f"post_output_gain {self.post_output_gain!r} is unknown; choose one of "
+                             f"{', '.join(model.OUTPUT_GAINS)}")
         self.betas = tuple(self.betas)
 
     @property
@@ -199,10 +206,84 @@ def print0(ctx: Dist, *args):
         print(*args, flush=True)
 
 
+PRECISIONS = {"fp32": torch.float32, "bf16": torch.bfloat16}
+BF16_MIN_SPEEDUP = 1.5  # bf16 autocast only where its matmuls are clearly faster than fp32's
+
+
+def precision_cache() -> Path:
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "normgrow" / "cpu-precision.json"
+
+
+def matmul_speedup_bf16(n: int = 512, repeats: int = 5) -> float:
+    """fp32 time / bf16 time of an n x n matmul on this CPU, best of `repeats` each (a fraction of a
+    second). Below 1 where bf16 is emulated (no AVX-512-BF16/AMX): there it runs tens of times slower."""
+    def best(dtype):
+        a, b = torch.randn(n, n).to(dtype), torch.randn(n, n).to(dtype)
+        a @ b
+        times = []
+        for _ in range(repeats):
+            start = time.perf_counter()
+            a @ b
+            times.append(time.perf_counter() - start)
+        return min(times)
+    return best(torch.float32) / best(torch.bfloat16)
+
+
+@cache
+def cpu_bf16_speedup() -> float:
+    """The probe's answer, cached per machine (CPU model, torch build and thread count) so that every
+    run and every resume on one machine makes the same choice."""
+    key = f"{platform.machine()} {cpu_model()} torch {torch.__version__} {torch.backends.cpu.get_cpu_capability()} " \
+          f"threads {torch.get_num_threads()}"
+    path = precision_cache()
+    try:
+        cached = json.loads(path.read_text())
+    except (OSError, ValueError):
+        cached = {}
+    if not isinstance(cached, dict) or not isinstance(cached.get(key), (int, float)):
+        cached = cached if isinstance(cached, dict) else {}
+        cached[key] = matmul_speedup_bf16()
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(json.dumps(cached, indent=2) + "\n")
+        except OSError:
+            pass  # a read-only home: probe again next time
+    return float(cached[key])
+
+
+def cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown cpu"
+
+
+def precision_choice(precision: str, device: torch.device, world: int = 1) -> tuple[torch.dtype, str]:
+    """(compute dtype, why). "auto" decides by what the machine does: bf16 on a CUDA GPU that supports
+    it; on a CPU, bf16 autocast only where a matmul probe measures it >= BF16_MIN_SPEEDUP x fp32, and
+    in one process (FSDP2's bf16 mixed precision is for GPUs; on CPU ranks its gradients fail)."""
+    if precision != "auto":
+        return PRECISIONS[precision], f"{precision} (set by the preset)"
+    if device.type == "cpu" and world > 1:
+        return torch.float32, "auto: fp32 (several CPU ranks: FSDP2 mixed precision is for GPUs)"
+    if device.type == "cuda":
+        if torch.cuda.is_bf16_supported():
+            return torch.bfloat16, "auto: bf16 (CUDA GPU with bf16)"
+        return torch.float32, "auto: fp32 (this CUDA GPU has no bf16)"
+    if device.type != "cpu":
+        return torch.float32, f"auto: fp32 (bf16 autocast is not used on {device.type})"
+    speedup = cpu_bf16_speedup()
+    if speedup >= BF16_MIN_SPEEDUP:
+        return torch.bfloat16, f"auto: bf16 (a bf16 matmul ran {speedup:.1f}x as fast as fp32 on this CPU)"
+    return torch.float32, (f"auto: fp32 (a bf16 matmul ran {speedup:.2f}x as fast as fp32 on this CPU, below "
+                           f"{BF16_MIN_SPEEDUP}x; bf16 is emulated or slow here)")
+
+
 def precision_of(config: RunConfig, ctx: Dist) -> torch.dtype:
-    if config.precision == "auto":
-        return torch.bfloat16 if ctx.device.type == "cuda" else torch.float32
-    return {"fp32": torch.float32, "bf16": torch.bfloat16}[config.precision]
+    return precision_choice(config.precision, ctx.device, ctx.world)[0]
 
 
 def shard_fn(ctx: Dist, compute_dtype: torch.dtype, shard_root: bool):
@@ -241,7 +322,8 @@ def build_models(config: RunConfig, ctx: Dist):
         teacher = model.load_qwen3(config.teacher, dtype=teacher_dtype, device=ctx.device,
                                    shard_fn=shard_fn(ctx, dtype, shard_root=False))
         net = model.Student.from_teacher(teacher, config.blocks, config.layers_per_block, config.norm,
-                                         config.seed, shard_fn=shard_fn(ctx, dtype, shard_root=True))
+                                         config.seed, shard_fn=shard_fn(ctx, dtype, shard_root=True),
+                                         output_gain=config.post_output_gain)
     net.checkpoint_layers = config.activation_checkpointing
     if config.compile:
         for layer in net.layers:
@@ -392,7 +474,9 @@ def prepare_run_dir(config: RunConfig, run_dir: Path, force: bool, ctx: Dist) ->
     config_file = run_dir / "config.json"
     wanted = json.loads(json.dumps(asdict(config)))
     if config_file.is_file():
-        stored = json.loads(config_file.read_text())
+        # A field added to RunConfig after the run was made reads as its default: the same run.
+        defaults = json.loads(json.dumps({f.name: f.default for f in fields(RunConfig) if f.default is not MISSING}))
+        stored = {**{k: v for k, v in defaults.items() if k in wanted}, **json.loads(config_file.read_text())}
         if stored == wanted:
             if (run_dir / "done.json").is_file():
                 return True
@@ -406,20 +490,21 @@ def prepare_run_dir(config: RunConfig, run_dir: Path, force: bool, ctx: Dist) ->
     if ctx.is_main:
         run_dir.mkdir(parents=True, exist_ok=True)
         config_file.write_text(json.dumps(wanted, indent=2) + "\n")
-        (run_dir / "provenance.json").write_text(json.dumps(provenance(ctx), indent=2) + "\n")
+        (run_dir / "provenance.json").write_text(json.dumps(provenance(config, ctx), indent=2) + "\n")
     ctx.barrier()
     return False
 
 
-def provenance(ctx: Dist) -> dict:
+def provenance(config: RunConfig, ctx: Dist) -> dict:
     try:
         commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
                                 cwd=Path(__file__).parent).stdout.strip()
     except OSError:
         commit = ""
     device = torch.cuda.get_device_name(ctx.device) if ctx.device.type == "cuda" else "cpu"
+    dtype, why = precision_choice(config.precision, ctx.device, ctx.world)
     return {"git_commit": commit, "torch": torch.__version__, "device": device, "world_size": ctx.world,
-            "threads": torch.get_num_threads()}
+            "threads": torch.get_num_threads(), "precision": str(dtype).removeprefix("torch."), "precision_reason": why}
 
 
 def read_metrics(run_dir: Path) -> list[dict]:
@@ -436,8 +521,10 @@ def read_metrics(run_dir: Path) -> list[dict]:
 
 
 def truncate_metrics(run_dir: Path, upto_step: int, source: Path | None = None):
-    """Keep the log up to a checkpoint's step (from `source`, a shared-prefix run, if given)."""
-    rows = [r for r in read_metrics(source or run_dir) if r["step"] <= upto_step]
+    """Keep the log up to a checkpoint's step (from `source`, a shared-prefix run, if given). The next
+    phase's start evaluation at that step is dropped too: the resumed run logs it again."""
+    rows = [r for r in read_metrics(source or run_dir)
+            if r["step"] < upto_step or (r["step"] == upto_step and not r.get("phase_start"))]
     tmp = run_dir / "metrics.jsonl.tmp"
     tmp.write_text("".join(json.dumps(r) + "\n" for r in rows))
     os.replace(tmp, run_dir / "metrics.jsonl")
@@ -504,8 +591,8 @@ def train(config: RunConfig, run_dir, force: bool = False, ctx: Dist | None = No
     torch.manual_seed(config.seed)
     phases = plan_phases(config)
     print0(ctx, f"{config.name}: {config.protocol}, {config.norm}-norm, seed {config.seed}, {len(phases)} phase(s) x "
-                f"{config.phase_steps} steps, {ctx.world} rank(s) on {ctx.device.type}, "
-                f"{precision_of(config, ctx)}; resolved config in {run_dir / 'config.json'}")
+                f"{config.phase_steps} steps, {ctx.world} rank(s) on {ctx.device.type}, precision "
+                f"{precision_choice(config.precision, ctx.device, ctx.world)[1]}; resolved config in {run_dir / 'config.json'}")
     net, teacher = build_models(config, ctx)
     # Sizes are checked on open; the sha256 of the whole shard (tens of GB at full scale) is checked
     # once by data.prepare, not again by every run on every rank.
@@ -555,6 +642,13 @@ def train(config: RunConfig, run_dir, force: bool = False, ctx: Dist | None = No
             task = progress.add_task(f"{config.name} phase {phase.index}", total=phase.steps,
                                      completed=step - phase.first_step, loss=float("nan"), tok_s=0.0)
         started = time.time() - elapsed
+        if step == phase.first_step:  # before the phase's first update: the starting weights' scores
+            start = evaluate(config, net, teacher, val_shard, phase.active_blocks, ctx)
+            if log:
+                log.write(json.dumps({"step": step, "phase": phase.index, "eval": True, "phase_start": True,
+                                      **start}) + "\n")
+                log.flush()
+            print0(ctx, f"{config.name}: phase {phase.index} starts at val CE {start['ce']:.4f}, val KD {start['kd']:.4f}")
         while step < last_step:
             # ---- train ----
             lr = learning_rate(config, step - phase.first_step)

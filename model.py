@@ -263,6 +263,9 @@ class Qwen3(nn.Module):
 # ----------------------------------------------------------------------------------------------
 # Student: K blocks of L layers, one boundary norm, frozen embedding, trainable head
 
+OUTPUT_GAINS = ("ones", "teacher")  # Student.from_teacher's output_gain
+
+
 class Student(nn.Module):
     def __init__(self, config: ModelConfig, blocks: int, layers_per_block: int, norm: str):
         super().__init__()
@@ -295,9 +298,17 @@ class Student(nn.Module):
 
     @classmethod
     def from_teacher(cls, teacher: Qwen3, blocks: int, layers_per_block: int, norm: str, seed: int,
-                     dtype=torch.float32, shard_fn: Callable | None = None) -> "Student":
+                     dtype=torch.float32, shard_fn: Callable | None = None, output_gain: str = "ones") -> "Student":
         """Built on the meta device; `shard_fn` (e.g. FSDP2's fully_shard per layer) runs before any
-        memory is allocated, so each rank only ever holds its own slice."""
+        memory is allocated, so each rank only ever holds its own slice.
+
+        output_gain (post-norm only): "ones" is the paper's init. "teacher" starts the last RMSNorm of
+        every block from the teacher's final-norm gain g_T: whichever block is the last active one, the
+        head then reads g_T-scaled states, as a pre-norm student's head does from step 0. In a grow run
+        each appended block brings its own g_T-initialised last norm, so the gain is re-applied at every
+        phase; blocks that were trained before keep their trained gains."""
+        if output_gain not in OUTPUT_GAINS:
+            raise ValueError(f"output_gain {output_gain!r} is unknown; choose one of {', '.join(OUTPUT_GAINS)}")
         with torch.device("meta"):
             student = cls(teacher.config, blocks, layers_per_block, norm).to(dtype)
         if shard_fn is not None:
@@ -308,6 +319,9 @@ class Student(nn.Module):
             fill_parameter(student.embed_tokens.weight, full_tensor(teacher.embed_tokens.weight))
             fill_parameter(student.norm.weight, full_tensor(teacher.norm.weight))  # both placements
             fill_parameter(student.lm_head.weight, full_tensor(teacher.head_weight))  # own copy, even if tied
+            if output_gain == "teacher" and student.placement.boundary_norm == "entry":
+                for b in range(blocks):
+                    fill_parameter(student.block_layers(b)[-1].mlp_norm.weight, full_tensor(teacher.norm.weight))
         return student
 
     def forward(self, input_ids, active_blocks: int | None = None, skip_block: int | None = None,

@@ -77,16 +77,21 @@ PRESETS = {
                            num_key_value_heads=2, head_dim=8, tie_word_embeddings=True, rope_theta=10_000.0),
         teacher_run=dict(phase_steps=20, lr=3e-3, min_lr=3e-4, eval_interval=10),
         diag=dict(docs=4, max_inputs=16, seed=42), doc_tokens=30.0),
+    # The toy is a miniature of the paper chosen from its dimensionless ratios (README, "The toy preset"),
+    # fixed before its results were seen: student/teacher depth 3/12 = the paper's 9/36; the same
+    # alpha, gamma, tau, clip, betas and min_lr/lr; lr = the paper's 1e-4 x 4096/128 (width transfer);
+    # warmup 25 steps, past AdamW's 1/(1 - beta2) = 20; and as many steps per phase as 30 minutes on
+    # 2 CPU cores allow for the whole suite, teacher included.
     "toy": Preset(
-        "toy", "offline on a laptop CPU: the kit pretrains a small teacher on State of the Union paragraphs",
+        "toy", "offline on a laptop CPU: the kit pretrains a 12-layer teacher on State of the Union paragraphs",
         data=dict(source="toy", vocab_size=4096, max_len=128, val_docs=200, all_documents=True),
-        run={**PAPER_RUN, "phase_steps": 160, "global_batch": 16, "micro_batch": 16, "lr": 2e-3, "min_lr": 2e-5,
-             "warmup_frac": 0.05, "eval_interval": 80, "eval_batch": 50, "loss_chunk": 2048,
-             "checkpoint_interval": 40, "snapshot_interval": 40, "precision": "bf16"},
-        teacher_model=dict(hidden_size=128, intermediate_size=384, num_hidden_layers=8, num_attention_heads=4,
+        run={**PAPER_RUN, "layers_per_block": 1, "phase_steps": 250, "global_batch": 16, "micro_batch": 16,
+             "lr": 3e-3, "min_lr": 3e-5, "warmup_frac": 0.1, "eval_interval": 125, "eval_batch": 50,
+             "loss_chunk": 2048, "checkpoint_interval": 50, "snapshot_interval": 125, "precision": "auto"},
+        teacher_model=dict(hidden_size=128, intermediate_size=384, num_hidden_layers=12, num_attention_heads=4,
                            num_key_value_heads=2, head_dim=32, tie_word_embeddings=True, rope_theta=10_000.0),
-        teacher_run=dict(phase_steps=400, lr=3e-3, min_lr=1e-4, eval_interval=200, global_batch=32,
-                         micro_batch=32),
+        teacher_run=dict(phase_steps=600, lr=3e-3, min_lr=1e-4, warmup_frac=0.1, eval_interval=200,
+                         global_batch=32, micro_batch=32),
         diag=dict(docs=8, max_inputs=128, seed=42), doc_tokens=95.0),
     "small": Preset(
         "small", "one GPU: Qwen3-0.6B-Base teacher (tied embeddings) and FineWeb-Edu",
@@ -113,6 +118,39 @@ MAIN_RUNS = ("pre-joint", "post-joint", "pre-grow", "post-grow")
 
 
 # ----------------------------------------------------------------------------------------------
+# The dimensionless ratios that make a smaller scale a miniature of the paper (README, "The toy
+# preset"): `python repro.py ratios --scale toy` prints them beside the paper's.
+
+TEACHER_LAYERS = {"Qwen/Qwen3-8B-Base": 36, "Qwen/Qwen3-0.6B-Base": 28}
+
+
+def regime_ratios(preset: Preset) -> list[tuple[str, float, float]]:
+    """(quantity, paper, preset) rows."""
+    def values(p: Preset) -> dict:
+        r = p.run
+        student = r["blocks"] * r["layers_per_block"]
+        teacher = TEACHER_LAYERS.get(p.teacher) or p.teacher_model["num_hidden_layers"]
+        warmup = max(1, round(r["warmup_frac"] * r["phase_steps"]))
+        return {"student depth S = K x L": student, "teacher depth T": teacher, "S / T": student / teacher,
+                "steps per phase": r["phase_steps"], "peak LR": r["lr"], "LR x steps per phase": r["lr"] * r["phase_steps"],
+                "min LR / peak LR": r["min_lr"] / r["lr"], "warmup steps": warmup,
+                "warmup / AdamW horizon 1/(1 - beta2)": warmup * (1 - r["betas"][1]),
+                "documents per step": r["global_batch"], "tokens per step (assumed tokens/document)":
+                    r["global_batch"] * min(p.doc_tokens, p.data["max_len"]),
+                "alpha (KD weight)": r["alpha"], "gamma (CE weight)": r["gamma"], "tau": r["tau"],
+                "gradient clip": r["grad_clip"], "AdamW beta2": r["betas"][1]}
+    paper, ours = values(PRESETS["full"]), values(preset)
+    return [(k, paper[k], ours[k]) for k in paper]
+
+
+def ratios_markdown(preset: Preset) -> list[str]:
+    def show(v):
+        return f"{v:,}" if isinstance(v, int) else f"{v:.4g}"
+    return [f"| quantity | paper | {preset.name} |", "| --- | --- | --- |"] + \
+        [f"| {k} | {show(a)} | {show(b)} |" for k, a, b in regime_ratios(preset)]
+
+
+# ----------------------------------------------------------------------------------------------
 # Workspace: where a scale's data, runs and results live
 
 @dataclass(eq=False)  # hashed by identity: results computed from a workspace are cached per run
@@ -121,13 +159,14 @@ class Workspace:
     runs: Path
     results: Path
     ctx: grow.Dist
+    student_runs: str = ""  # a subfolder of runs/<scale>/ for students of a variant preset (regime.py)
 
     @property
     def data_dir(self) -> Path:
         return self.runs / "data"
 
     def run_dir(self, name: str, seed: int) -> Path:
-        return self.runs / "teacher" if name == "teacher" else self.runs / f"s{seed}" / name
+        return self.runs / "teacher" if name == "teacher" else self.runs / self.student_runs / f"s{seed}" / name
 
     @property
     def replay_docs(self) -> int:
@@ -214,9 +253,12 @@ def run_config(ws: Workspace, name: str, seed: int, teacher: Path | None = None)
     phases = {"joint-long": ws.preset.long_phases[0], "joint-longer": ws.preset.long_phases[1]}.get(protocol, 1)
     prefix = prefix_run(name, ws)
     start_from = str(ws.run_dir(prefix[0], seed) / f"phase-{prefix[1]}") if prefix else ""
-    return grow.RunConfig(**{**ws.preset.run, **shards, "name": name, "seed": seed, "norm": norm,
-                             "protocol": "joint-long" if phases > 1 else protocol, "joint_phases": phases,
-                             "replay_docs": ws.replay_docs, "teacher": str(teacher or ""), "start_from": start_from})
+    settings = {**ws.preset.run, **shards, "name": name, "seed": seed, "norm": norm,
+                "protocol": "joint-long" if phases > 1 else protocol, "joint_phases": phases,
+                "replay_docs": ws.replay_docs, "teacher": str(teacher or ""), "start_from": start_from}
+    if norm != "post":  # a post-norm option: other placements keep one identity whatever it is set to
+        settings.pop("post_output_gain", None)
+    return grow.RunConfig(**settings)
 
 
 def with_prefixes(names) -> list[str]:
@@ -261,12 +303,18 @@ def ensure_teacher(ws: Workspace, force: bool = False) -> Path:
     return ws.run_dir("teacher", 0) / "phase-0"
 
 
-def ensure_runs(ws: Workspace, names, seeds: list[int], force: bool = False):
-    """Data, teacher, then every run each seed needs; done runs are reused, partial ones resumed,
-    and with `force` a run folder holding another config (an edited preset) is discarded."""
+def ensure_inputs(ws: Workspace, force: bool = False) -> Path:
+    """Data and teacher of a scale; returns the teacher's checkpoint folder."""
     prepare_data(ws, force)
     teacher = ensure_teacher(ws, force)
     data.check_teacher_tokenizer(teacher, data.qwen3_tokenizer(ws.preset.data["vocab_size"]))
+    return teacher
+
+
+def ensure_runs(ws: Workspace, names, seeds: list[int], force: bool = False, teacher: Path | None = None):
+    """Data, teacher (unless given), then every run each seed needs; done runs are reused, partial
+    ones resumed, and with `force` a run folder holding another config (an edited preset) is discarded."""
+    teacher = teacher or ensure_inputs(ws, force)
     jobs = [(name, seed) for seed in seeds for name in with_prefixes(names)]
     for job in jobs:
         if run_status(ws.run_dir(*job)) != "done":
@@ -291,7 +339,13 @@ def final_eval(ws: Workspace, name: str, seed: int) -> dict:
 
 def phase_end_eval(ws: Workspace, name: str, seed: int, phase: int) -> dict:
     step = (phase + 1) * ws.preset.run["phase_steps"]
-    return next(r for r in metrics(ws.run_dir(name, seed)) if r.get("eval") and r["step"] == step)
+    return next(r for r in metrics(ws.run_dir(name, seed))
+                if r.get("eval") and r["step"] == step and not r.get("phase_start"))
+
+
+def phase_start_eval(ws: Workspace, name: str, seed: int, phase: int) -> dict:
+    """The evaluation of a phase's starting weights, before its first update."""
+    return next(r for r in metrics(ws.run_dir(name, seed)) if r.get("phase_start") and r["phase"] == phase)
 
 
 @cache
@@ -386,6 +440,10 @@ def table2_numbers(ws, seed):
     for norm in ("pre", "post"):
         e = phase_end_eval(ws, f"{norm}-grow", seed, 0)
         out.update({f"{norm}_ce": e["ce"], f"{norm}_kd": e["kd"], f"{norm}_kl": e["kl"], f"{norm}_ppl": e["ppl"]})
+        start = phase_start_eval(ws, f"{norm}-grow", seed, 0)
+        out.update({f"{norm}_ce_step0": start["ce"], f"{norm}_kd_step0": start["kd"]})
+    out["delta_ce_step0"] = out["post_ce_step0"] - out["pre_ce_step0"]
+    out["delta_ce"] = out["post_ce"] - out["pre_ce"]
     return out
 
 
@@ -442,8 +500,11 @@ def fig3_figures(ws, seed):
     kit = {n: {p: final_eval(ws, f"{n}-{p}", seed)["ce"] for p in ("joint", "grow")} for n in ("pre", "post")}
     per_phase = {n: [phase_end_eval(ws, f"{n}-grow", seed, p)["ce"] for p in range(ws.preset.run["blocks"])]
                  for n in ("pre", "post")}
+    starts = {n: [phase_start_eval(ws, f"{n}-grow", seed, p)["ce"] for p in range(ws.preset.run["blocks"])]
+              for n in ("pre", "post")}
     return {"fig3a": diag.fig3a_interaction(kit, ws.results / "fig3a.png"),
-            "fig3b": diag.fig3b_per_phase(per_phase, ws.results / "fig3b.png"), "per_phase_ce": per_phase}
+            "fig3b": diag.fig3b_per_phase(per_phase, ws.results / "fig3b.png", starts=starts),
+            "per_phase_ce": per_phase, "phase_start_ce": starts}
 
 
 def boundary_series(ws, seed):
@@ -494,7 +555,12 @@ EXPERIMENTS = {
         "Table 2: single block (phase 0 of grow). KD = soft-target cross-entropy H(q_T, q_S) = KL + H(q_T), "
         "the scale of the paper's KD column; KL shown too", ("pre-grow", "post-grow"),
         [Row(f"{n}-norm {m}", f"{n}_{m}", P["table2"][n].get(m), 2 if m == "ppl" else 4)
-         for n in ("pre", "post") for m in ("ce", "kd", "kl", "ppl")], numbers=table2_numbers),
+         for n in ("pre", "post") for m in ("ce", "kd", "kl", "ppl")]
+        + [Row("delta CE (post - pre)", "delta_ce", P["table2"]["post"]["ce"] - P["table2"]["pre"]["ce"])]
+        + [Row(f"{n}-norm {m} at step 0 (before any update)", f"{n}_{m}_step0", None)
+           for n in ("pre", "post") for m in ("ce", "kd")]
+        + [Row("delta CE at step 0 (post - pre): the output-interface gap", "delta_ce_step0", None)],
+        numbers=table2_numbers),
     "table3": Experiment(
         "Table 3: post-joint budget controls (validation CE)",
         ("post-joint", "post-joint-long", "post-joint-longer", "post-grow"),
@@ -818,6 +884,30 @@ def run_experiments(experiments, scale, seeds, dry_run, gpu, gpus, force, runs_d
             report(ws, name, seeds)
         console.print(f"done in {time.time() - started:,.0f} s; results in {ws.results}")
     ws.ctx.barrier()
+
+
+@cli.command()
+@scale_option
+@click.option("--seeds", default=None, callback=lambda c, p, v: None if v is None else parse_seeds(c, p, v),
+              help="Comma-separated seeds. Default: 42,43 at toy scale, 42 elsewhere.")
+@click.option("--grid", "grid_text", default=None, metavar="SPEC",
+              help='Points to run, e.g. "budget=0.25,0.5,1,2;lr=0.5,1,2;gain=ones,teacher" (multipliers of the '
+                   "preset's steps per phase and LR; post-norm output-gain init). Default: the scale's grid.")
+@force_option
+@runs_option
+@results_option
+def regime(scale, seeds, grid_text, force, runs_dir, results_dir):
+    """The regime map: delta joint, delta grow and the interaction over a grid of step budgets, peak
+    LRs and post-norm output-gain inits (results/<scale>/regime.md/.json/.png). Not part of `all`."""
+    import regime as regime_map
+    regime_map.command(scale, seeds, grid_text, force, runs_dir, results_dir)
+
+
+@cli.command()
+@scale_option
+def ratios(scale):
+    """The scale's dimensionless ratios beside the paper's, as a Markdown table (README, "The toy preset")."""
+    click.echo("\n".join(ratios_markdown(PRESETS[scale])))
 
 
 @cli.command()

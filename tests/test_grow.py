@@ -23,7 +23,7 @@ def config(**overrides) -> grow.RunConfig:
                 global_batch=8, micro_batch=2, lr=1e-3, min_lr=1e-5, warmup_frac=0.05, betas=(0.9, 0.95),
                 eps=1e-8, weight_decay=0.0, grad_clip=0.5, alpha=0.7, gamma=0.3, tau=1.0, loss_chunk=64,
                 train_data="", val_data="", replay_docs=64, eval_interval=100, eval_batch=4,
-                checkpoint_interval=50)
+                checkpoint_interval=50, precision="fp32")  # the same numbers on every CPU
     return grow.RunConfig(**{**base, **overrides})
 
 
@@ -148,8 +148,10 @@ def test_freeze_keeps_earlier_blocks_and_grow_retrains_them(tiny_shards, tiny_te
     steps = [r for r in rows if "eval" not in r]
     assert [r["step"] for r in steps] == list(range(1, 19))
     assert steps[-1]["active_layer_tokens"] == sum(r["tokens"] * (r["phase"] + 1) for r in steps)
-    evals = [r for r in rows if r.get("eval")]
+    evals = [r for r in rows if r.get("eval") and not r.get("phase_start")]
     assert [r["step"] for r in evals] == [3, 6, 9, 12, 15, 18]
+    starts = [(r["step"], r["phase"]) for r in rows if r.get("phase_start")]
+    assert starts == [(0, 0), (6, 1), (12, 2)]  # every phase is evaluated before its first update
     assert all(math.isfinite(r["ce"]) and r["ppl"] == pytest.approx(math.exp(r["ce"])) for r in evals)
 
 
@@ -252,3 +254,44 @@ def test_fsdp2_two_ranks_match_one_process_and_resume(tiny_shards, tiny_teacher_
     a, b = phase_weights(tmp_path / "single", 2), phase_weights(tmp_path / "fsdp", 2)
     for k in a:
         torch.testing.assert_close(a[k], b[k], rtol=1e-4, atol=1e-6)
+
+
+# ---- precision: decided by what the machine does --------------------------------------------------
+
+def test_auto_precision_follows_the_measured_speed(monkeypatch, tmp_path):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    cpu = torch.device("cpu")
+    probes = []
+    for measured, expected in ((0.04, torch.float32), (1.2, torch.float32), (2.4, torch.bfloat16)):
+        grow.cpu_bf16_speedup.cache_clear()
+        (tmp_path / "normgrow" / "cpu-precision.json").unlink(missing_ok=True)
+        monkeypatch.setattr(grow, "matmul_speedup_bf16", lambda m=measured: probes.append(m) or m)
+        dtype, why = grow.precision_choice("auto", cpu)
+        assert dtype == expected and f"{measured:.1f}" in why
+        assert why.startswith("auto: bf16" if expected == torch.bfloat16 else "auto: fp32")
+    assert probes == [0.04, 1.2, 2.4]
+    # Cached per machine: a new process (cache cleared) reads the file instead of probing again.
+    grow.cpu_bf16_speedup.cache_clear()
+    monkeypatch.setattr(grow, "matmul_speedup_bf16", lambda: pytest.fail("probed again"))
+    assert grow.precision_choice("auto", cpu)[0] == torch.bfloat16
+    # Set by the preset: no probe; CUDA: the GPU's bf16 support decides.
+    assert grow.precision_choice("fp32", cpu) == (torch.float32, "fp32 (set by the preset)")
+    assert grow.precision_choice("bf16", cpu)[0] == torch.bfloat16
+    assert grow.precision_choice("auto", cpu, world=2)[0] == torch.float32  # FSDP2 on CPU ranks
+    for supported, expected in ((True, torch.bfloat16), (False, torch.float32)):
+        monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda s=supported: s)
+        assert grow.precision_choice("auto", torch.device("cuda"))[0] == expected
+    grow.cpu_bf16_speedup.cache_clear()
+    with pytest.raises(ValueError, match="precision 'fp16' is unknown"):
+        config(precision="fp16")
+
+
+def test_the_precision_choice_is_recorded(tiny_shards, tiny_teacher_dir, tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    grow.cpu_bf16_speedup.cache_clear()
+    monkeypatch.setattr(grow, "matmul_speedup_bf16", lambda: 0.03)  # bf16 emulated: fp32
+    c = run_config(tiny_shards, tiny_teacher_dir, protocol="joint", phase_steps=2, precision="auto")
+    grow.train(c, tmp_path / "r")
+    grow.cpu_bf16_speedup.cache_clear()
+    prov = json.loads((tmp_path / "r" / "provenance.json").read_text())
+    assert prov["precision"] == "float32" and "0.03x as fast as fp32" in prov["precision_reason"]

@@ -235,6 +235,55 @@ def test_active_blocks_skip_and_boundaries_by_value(teacher, norm):
         student(ids, active_blocks=4)
 
 
+def ref_post_student(student, ids, active_blocks, output_gains):
+    """The post-norm student by the paper's equations in float64: entry RMSNorm, then per layer
+    u = Attn(h) + h, h' = RMSNorm(u), v = MLP(h') + h', out = RMSNorm(v); the head reads the last
+    block's output. output_gains[b] replaces the weight of block b's last RMSNorm."""
+    h = student.embed_tokens.weight.detach()[ids[0]]
+    h = ref_rmsnorm(h, student.norm.weight.detach())
+    for b in range(active_blocks):
+        layers = list(student.block_layers(b))
+        for i, layer in enumerate(layers):
+            p = {k: v.detach() for k, v in layer_params(layer).items()}
+            u = ref_attention(h, p, 6, 2, 24, TINY["rope_theta"]) + h
+            h1 = ref_rmsnorm(u, p["n1"])
+            v = ref_mlp(h1, p) + h1
+            h = ref_rmsnorm(v, output_gains[b] if i == len(layers) - 1 else p["n2"])
+    return h @ student.lm_head.weight.detach().T
+
+
+def test_post_norm_output_gain_from_teacher_by_value(teacher):
+    teacher = teacher.double()
+    g_T = teacher.norm.weight.detach().clone()
+    assert not torch.allclose(g_T, torch.ones_like(g_T))
+    student = model.Student.from_teacher(teacher, blocks=3, layers_per_block=2, norm="post", seed=0,
+                                         dtype=torch.float64, output_gain="teacher").eval()
+    ids = torch.randint(0, TINY["vocab_size"], (1, 9))
+    ones = torch.ones_like(g_T)
+    with torch.no_grad():
+        # A fresh student: the head reads block 0's output scaled by g_T, not by ones.
+        torch.testing.assert_close(student(ids, active_blocks=1)[0], ref_post_student(student, ids, 1, [g_T] * 3))
+        # Block 0 trained (its weights and its last gain moved), block 1 appended: block 1's last norm
+        # starts at g_T while block 0 keeps its trained gain.
+        trained_gain = g_T * 0.5 + 0.7
+        for p in student.block_layers(0).parameters():
+            p.add_(0.01 * torch.randn_like(p))
+        student.block_layers(0)[-1].mlp_norm.weight.copy_(trained_gain)
+        torch.testing.assert_close(student(ids, active_blocks=2)[0],
+                                   ref_post_student(student, ids, 2, [trained_gain, g_T, g_T]))
+        # The paper's init: ones.
+        paper = model.Student.from_teacher(teacher, blocks=3, layers_per_block=2, norm="post", seed=0,
+                                           dtype=torch.float64).eval()
+        torch.testing.assert_close(paper(ids, active_blocks=1)[0], ref_post_student(paper, ids, 1, [ones] * 3))
+    # Internal norms are untouched, and pre-norm students ignore the option.
+    assert torch.equal(student.layers[2].mlp_norm.weight, ones) and torch.equal(student.layers[3].attn_norm.weight, ones)
+    assert torch.equal(student.layers[5].mlp_norm.weight, g_T)
+    pre = model.Student.from_teacher(teacher, blocks=3, layers_per_block=2, norm="pre", seed=0, output_gain="teacher")
+    assert all(torch.equal(layer.mlp_norm.weight, torch.ones_like(g_T).float()) for layer in pre.layers)
+    with pytest.raises(ValueError, match="output_gain"):
+        model.Student.from_teacher(teacher, blocks=1, layers_per_block=1, norm="post", seed=0, output_gain="g")
+
+
 def test_output_fn_receives_final_hidden_and_head(teacher):
     student = model.Student.from_teacher(teacher, blocks=2, layers_per_block=1, norm="pre", seed=0)
     ids = torch.randint(0, TINY["vocab_size"], (1, 5))

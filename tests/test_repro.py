@@ -211,3 +211,88 @@ def test_edited_preset_is_refused_then_forced_without_redoing_what_matches(tmp_p
     assert config["lr"] == preset.run["lr"] / 2 and (ws.run_dir("post-joint", 42) / "done.json").is_file()
     # The shards and the teacher matched the edited preset: reused, not redone.
     assert (tokens.stat().st_mtime_ns, teacher_done.stat().st_mtime_ns) == stamps
+
+
+# ---- the toy as a faithful miniature (the regime map, step-0 evaluations, the ratios) -----------
+
+def test_toy_preset_keeps_the_papers_ratios():
+    rows = {k: (paper, toy) for k, paper, toy in repro.regime_ratios(repro.PRESETS["toy"])}
+    assert rows["S / T"][1] <= 1 / 3 and rows["S / T"][0] == 0.25
+    assert rows["warmup / AdamW horizon 1/(1 - beta2)"][1] >= 1          # warmup >= 1/(1 - beta2) steps
+    for same in ("alpha (KD weight)", "gamma (CE weight)", "tau", "gradient clip", "AdamW beta2", "min LR / peak LR"):
+        assert rows[same][0] == pytest.approx(rows[same][1]), same
+    toy = repro.PRESETS["toy"].run
+    assert rows["LR x steps per phase"][1] == pytest.approx(toy["lr"] * toy["phase_steps"])
+    assert rows["warmup steps"][1] == round(toy["warmup_frac"] * toy["phase_steps"])
+    # The README's table is the command's output, so every value it shows is the preset's.
+    readme = (ROOT / "README.md").read_text()
+    assert "\n".join(repro.ratios_markdown(repro.PRESETS["toy"])) in readme
+
+
+def test_step0_evaluations_equal_an_independent_evaluation(smoke):
+    """Every phase of a smoke grow run logs the CE of its starting weights before its first update;
+    recomputed here from full logits over the validation documents, one at a time."""
+    import data
+    import model
+    runs, _, _, _ = smoke
+    run = runs / "s42" / "post-grow"
+    config = grow.RunConfig(**json.loads((run / "config.json").read_text()))
+    starts = {r["phase"]: r for r in grow.read_metrics(run) if r.get("phase_start")}
+    assert sorted(starts) == [0, 1, 2] and [starts[p]["step"] for p in range(3)] == [0, 8, 16]
+    val = data.Shard(config.val_data)
+    teacher = model.load_qwen3(config.teacher)
+
+    def ce_of(student, active_blocks):
+        total, count = 0.0, 0
+        for i in range(len(val)):
+            doc = torch.from_numpy(val.document(i).astype("int64"))
+            with torch.no_grad():
+                logits = student(doc[None, :-1], active_blocks=active_blocks)[0].double()
+            total += torch.nn.functional.cross_entropy(logits, doc[1:], reduction="sum").item()
+            count += len(doc) - 1
+        return total / count
+
+    fresh = model.Student.from_teacher(teacher, config.blocks, config.layers_per_block, "post", config.seed)
+    assert starts[0]["ce"] == pytest.approx(ce_of(fresh, 1), rel=1e-5)
+    for p in (1, 2):  # phase p starts from phase p-1's end, with block p as built
+        previous = model.Student.load(run / f"phase-{p - 1}")
+        assert starts[p]["ce"] == pytest.approx(ce_of(previous, p + 1), rel=1e-5)
+        assert starts[p]["ce"] != pytest.approx(starts[p - 1]["ce"])
+    table2 = {r["key"]: r for r in json.loads((smoke[1] / "table2.json").read_text())["rows"]}
+    assert table2["post_ce_step0"]["values"][0] == starts[0]["ce"]
+
+
+def test_regime_map_reports_the_runs_own_results(smoke):
+    runs, _, _, _ = smoke
+    results = runs.parent.parent / "regime-results"
+    cli("regime", "--scale", "smoke", "--seeds", "42", "--grid", "budget=0.5,1;gain=ones,teacher",
+        "--runs-dir", runs.parent, "--results-dir", results)
+    report = json.loads((results / "smoke" / "regime.json").read_text())
+    points = {p["point"]: p for p in report["points"]}
+    assert set(points) == {"budget0.5-lr1-gain-ones", "budget1-lr1-gain-ones", "budget1-lr1-gain-teacher"}
+    assert (results / "smoke" / "regime.png").is_file() and "| budget0.5-lr1-gain-ones | 4 |" in \
+        (results / "smoke" / "regime.md").read_text()
+    for name, point in points.items():
+        folder = runs / "s42" if name == "budget1-lr1-gain-ones" else runs / "regime" / name / "s42"
+        ce = {run: json.loads((folder / run / "done.json").read_text())["ce"] for run in repro.MAIN_RUNS}
+        assert point["delta_joint"]["values"] == [ce["post-joint"] - ce["pre-joint"]]
+        assert point["delta_grow"]["values"] == [ce["post-grow"] - ce["pre-grow"]]
+        assert point["interaction"]["mean"] == pytest.approx(
+            (ce["post-grow"] - ce["pre-grow"]) - (ce["post-joint"] - ce["pre-joint"]))
+        config = json.loads((folder / "post-grow" / "config.json").read_text())
+        assert config["phase_steps"] == (4 if "budget0.5" in name else 8)
+        assert config["post_output_gain"] == ("teacher" if "teacher" in name else "ones")
+    # The gain option touches only the post-norm runs: the pre-norm ones are the same runs.
+    teacher_point = runs / "regime" / "budget1-lr1-gain-teacher" / "s42"
+    assert json.loads((teacher_point / "pre-grow" / "done.json").read_text()) == \
+        json.loads((runs / "s42" / "pre-grow" / "done.json").read_text())
+
+
+@pytest.mark.parametrize("grid, message", [("depth=1,2", "AXIS one of budget, lr, gain"),
+                                           ("budget=x", "must be numbers"), ("gain=twos", "gain 'twos' is unknown"),
+                                           ("lr=0", "in (0, 100]")])
+def test_bad_regime_grid_gives_one_line(grid, message, tmp_path):
+    out = cli("regime", "--scale", "smoke", "--grid", grid, "--runs-dir", tmp_path, check=False)
+    lines = out.stderr.strip().splitlines()
+    assert out.returncode != 0 and len(lines) == 1 and message in lines[0], out.stderr
+    assert not (tmp_path / "smoke").exists()
