@@ -303,6 +303,14 @@ def matmul_peak_on(device, dtype, n: int = 8192) -> float:
     return 2 * n ** 3 / timed(lambda: (a @ b, torch.cuda.synchronize(device)), 20)
 
 
+def free_port() -> int:
+    """A TCP port the OS says is free now, for a one-rank process group."""
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
 def gpu_check(device: str = "cuda", config: model.ModelConfig = PAPER_LAYER, batch: int = 2, seq: int = 4096,
               repeats: int = 5) -> dict:
     """`make gpu-check`: (a) parity in bf16 on CUDA, (b) a paper-size 3-layer step with MFU,
@@ -317,7 +325,7 @@ def gpu_check(device: str = "cuda", config: model.ModelConfig = PAPER_LAYER, bat
     results["paper_layer_step"] = paper_layer_step(device, config, batch, seq, repeats, shard=False)
     print(f"(b) paper-size step: {results['paper_layer_step']} (goal: MFU >= 45%)", flush=True)
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-    os.environ.setdefault("MASTER_PORT", "29517")
+    os.environ.setdefault("MASTER_PORT", str(free_port()))  # never a fixed port: parallel runs collide
     dist.init_process_group("nccl" if device.type == "cuda" else "gloo", rank=0, world_size=1)
     try:
         results["fsdp2_one_rank"] = paper_layer_step(device, config, batch, seq, repeats, shard=True)

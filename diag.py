@@ -405,7 +405,7 @@ def fig3b_per_phase(kit: dict, path, paper: dict = PAPER["per_phase_ce"], starts
             paper_marker(ax, list(marks), list(marks.values()), color, f"{norm}-norm (paper, Tables 2 and 1)")
         ax.set_xticks(range(max(len(c) for c in kit.values())))
         ax.set_xlabel("grow phase (active blocks = phase + 1)")
-        ax.set_ylabel("validation CE at phase end (nats/token)")
+        ax.set_ylabel("validation CE (nats/token)")
         ax.set_title("per-phase validation CE, grow")
         ax.legend()
         return save_png(fig, path)

@@ -57,6 +57,11 @@ class Point:
     def is_preset(self) -> bool:
         return self == Point()
 
+    @property
+    def pre_runs_are_the_presets(self) -> bool:
+        """The gain option changes post-norm runs only: pre-norm ones are the preset's own."""
+        return self.budget == 1 and self.lr == 1
+
 
 def parse_grid(text: str) -> dict:
     """"budget=0.5,1,2;lr=1,2;gain=ones,teacher" -> {"budget": (0.5, 1.0, 2.0), ...}; an axis left out
@@ -117,8 +122,21 @@ def run_map(ws: repro.Workspace, grid: dict, seeds: list[int], force: bool = Fal
         if pws.replay_docs > available:
             raise click.UsageError(f"--grid budget={point.budget:g} needs a replay shard of {pws.replay_docs:,} "
                                    f"documents and {ws.data_dir / 'train'} holds {available:,}; use a smaller budget")
-        repro.ensure_runs(pws, repro.MAIN_RUNS, seeds, force, teacher=teacher)
+        shared = [n for n in repro.MAIN_RUNS if point.pre_runs_are_the_presets and n.startswith("pre")]
+        if shared and not point.is_preset:
+            repro.ensure_runs(ws, shared, seeds, force, teacher=teacher)
+        repro.ensure_runs(pws, [n for n in repro.MAIN_RUNS if n not in shared or point.is_preset], seeds, force,
+                          teacher=teacher)
     return report(ws, points, seeds) if ws.ctx.is_main else {}
+
+
+def point_numbers(ws: repro.Workspace, point: Point, seed: int) -> dict:
+    """Table 1's numbers of one point and seed, from the runs' done.json."""
+    pws = point_workspace(ws, point)
+    ce = {f"{n}_{p}": repro.final_eval(ws if n == "pre" and point.pre_runs_are_the_presets else pws,
+                                       f"{n}-{p}", seed)["ce"] for n in ("pre", "post") for p in ("joint", "grow")}
+    delta_joint, delta_grow = ce["post_joint"] - ce["pre_joint"], ce["post_grow"] - ce["pre_grow"]
+    return {**ce, "delta_joint": delta_joint, "delta_grow": delta_grow, "interaction": delta_grow - delta_joint}
 
 
 def report(ws: repro.Workspace, points: list[Point], seeds: list[int]) -> dict:
@@ -126,7 +144,7 @@ def report(ws: repro.Workspace, points: list[Point], seeds: list[int]) -> dict:
     rows = []
     for point in points:
         pws = point_workspace(ws, point)
-        per_seed = [repro.table1_numbers(pws, s) for s in seeds]  # from the runs' done.json
+        per_seed = [point_numbers(ws, point, s) for s in seeds]
         run = pws.preset.run
         row = {"point": point.name, "budget": point.budget, "lr_multiplier": point.lr, "gain": point.gain,
                "phase_steps": run["phase_steps"], "lr": run["lr"], "lr_x_steps": run["lr"] * run["phase_steps"],

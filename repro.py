@@ -8,6 +8,7 @@ Growing" at the scale you choose, with the paper's numbers printed beside the ki
     torchrun --nproc_per_node=8 repro.py table1 --scale full                 # one 8-GPU node
     torchrun --nnodes=2 --nproc_per_node=8 --rdzv-backend=c10d --rdzv-endpoint=$HEAD:29500 \\
         repro.py all --scale full                                            # several nodes
+    python repro.py regime --scale toy                      # where the post-norm advantage appears
     python repro.py train --scale toy --norm post --protocol grow            # one run
     python repro.py eval runs/toy/s42/post-grow/phase-2 --scale toy --json
     python repro.py export runs/toy/s42/pre-grow/phase-2 out/pre-grow-hf
@@ -80,8 +81,10 @@ PRESETS = {
     # The toy is a miniature of the paper chosen from its dimensionless ratios (README, "The toy preset"),
     # fixed before its results were seen: student/teacher depth 3/12 = the paper's 9/36; the same
     # alpha, gamma, tau, clip, betas and min_lr/lr; lr = the paper's 1e-4 x 4096/128 (width transfer);
-    # warmup 25 steps, past AdamW's 1/(1 - beta2) = 20; and as many steps per phase as 30 minutes on
-    # 2 CPU cores allow for the whole suite, teacher included.
+    # warmup 25 steps, past AdamW's 1/(1 - beta2) = 20; as many steps per phase as 30 minutes on 2 CPU
+    # cores allow for the students; a teacher that sees 4x the documents of the longest-trained
+    # student (1500 x 32 against 3 x 250 x 16), cached after the first run. A first teacher of 600
+    # steps (1.6x) ended level with the best student, failing the "teacher clearly better" principle.
     "toy": Preset(
         "toy", "offline on a laptop CPU: the kit pretrains a 12-layer teacher on State of the Union paragraphs",
         data=dict(source="toy", vocab_size=4096, max_len=128, val_docs=200, all_documents=True),
@@ -90,7 +93,7 @@ PRESETS = {
              "loss_chunk": 2048, "checkpoint_interval": 50, "snapshot_interval": 125, "precision": "auto"},
         teacher_model=dict(hidden_size=128, intermediate_size=384, num_hidden_layers=12, num_attention_heads=4,
                            num_key_value_heads=2, head_dim=32, tie_word_embeddings=True, rope_theta=10_000.0),
-        teacher_run=dict(phase_steps=600, lr=3e-3, min_lr=1e-4, warmup_frac=0.1, eval_interval=200,
+        teacher_run=dict(phase_steps=1500, lr=3e-3, min_lr=1e-4, warmup_frac=0.1, eval_interval=250,
                          global_batch=32, micro_batch=32),
         diag=dict(docs=8, max_inputs=128, seed=42), doc_tokens=95.0),
     "small": Preset(
@@ -136,7 +139,10 @@ def regime_ratios(preset: Preset) -> list[tuple[str, float, float]]:
                 "min LR / peak LR": r["min_lr"] / r["lr"], "warmup steps": warmup,
                 "warmup / AdamW horizon 1/(1 - beta2)": warmup * (1 - r["betas"][1]),
                 "documents per step": r["global_batch"], "tokens per step (assumed tokens/document)":
-                    r["global_batch"] * min(p.doc_tokens, p.data["max_len"]),
+                    round(r["global_batch"] * min(p.doc_tokens, p.data["max_len"])),
+                "teacher documents / documents of the longest-trained student":
+                    p.teacher_run["phase_steps"] * p.teacher_run["global_batch"] / (3 * r["phase_steps"] * r["global_batch"])
+                    if p.teacher_run else None,
                 "alpha (KD weight)": r["alpha"], "gamma (CE weight)": r["gamma"], "tau": r["tau"],
                 "gradient clip": r["grad_clip"], "AdamW beta2": r["betas"][1]}
     paper, ours = values(PRESETS["full"]), values(preset)
@@ -145,6 +151,8 @@ def regime_ratios(preset: Preset) -> list[tuple[str, float, float]]:
 
 def ratios_markdown(preset: Preset) -> list[str]:
     def show(v):
+        if v is None:
+            return "≫ 1 (a pretrained LLM)"
         return f"{v:,}" if isinstance(v, int) else f"{v:.4g}"
     return [f"| quantity | paper | {preset.name} |", "| --- | --- | --- |"] + \
         [f"| {k} | {show(a)} | {show(b)} |" for k, a, b in regime_ratios(preset)]
@@ -322,6 +330,17 @@ def ensure_runs(ws: Workspace, names, seeds: list[int], force: bool = False, tea
         # Done runs too: train() reuses one whose config matches and refuses a stale one.
         grow.train(run_config(ws, *job, teacher=teacher), ws.run_dir(*job), force=force, ctx=ws.ctx)
     show_overview(ws, jobs)
+
+
+def teacher_summary(ws: Workspace, names, seeds: list[int]) -> str:
+    """The kit's own teacher: its cost (cached after the first run) and its lead over the students."""
+    teacher = ws.run_dir("teacher", 0)
+    result = json.loads((teacher / "done.json").read_text())
+    seconds = max((r.get("time", 0.0) for r in grow.read_metrics(teacher) if not r.get("eval")), default=0.0)
+    best_ce, best = min((final_eval(ws, n, s)["ce"], f"{n} s{s}") for n in names for s in seeds)
+    return (f"teacher: validation CE {result['ce']:.4f} after {result['step']} steps, trained in {seconds / 60:.1f} min "
+            f"(cached in {teacher}); best student {best} at {best_ce:.4f}: the teacher leads by "
+            f"{best_ce - result['ce']:+.4f} nats")
 
 
 # ----------------------------------------------------------------------------------------------
@@ -882,6 +901,8 @@ def run_experiments(experiments, scale, seeds, dry_run, gpu, gpus, force, runs_d
     if ws.ctx.is_main:
         for name in names:
             report(ws, name, seeds)
+        if not ws.preset.teacher:
+            console.print(teacher_summary(ws, runs, seeds))
         console.print(f"done in {time.time() - started:,.0f} s; results in {ws.results}")
     ws.ctx.barrier()
 
