@@ -612,9 +612,9 @@ def train(config: RunConfig, run_dir, force: bool = False, ctx: Dist | None = No
         torch.set_rng_state(torch.frombuffer(bytearray(base64.b64decode(state["torch_rng"])), dtype=torch.uint8))
         if ckpt.name != "latest":
             load_weights(net, ckpt)
-        if ctx.is_main:
-            truncate_metrics(run_dir, step)
         print0(ctx, f"{config.name}: resuming at step {step} from {ckpt}")
+    if ctx.is_main:  # from step 0 too: a run killed before its first checkpoint left lines behind
+        truncate_metrics(run_dir, step)
     log = open(run_dir / "metrics.jsonl", "a") if ctx.is_main else None
     progress = progress_bar(ctx)
     layers_per_block = config.layers_per_block if teacher is not None else 0

@@ -210,6 +210,8 @@ def test_sigkill_mid_phase_and_at_transition_resumes_bit_identical(tiny_shards, 
     reference = grow.train(c, tmp_path / "reference")
 
     run_dir = tmp_path / "killed"
+    grow.train(c, run_dir, stop_after_step=1)  # stopped before its first checkpoint: a rerun starts at step 0
+    assert grow.newest_checkpoint(run_dir) is None and logged_steps(run_dir) == 1
     kill_when(start_run(config_file, run_dir), lambda: logged_steps(run_dir) >= 3)  # mid-phase 0
     assert not (run_dir / "done.json").exists()
     kill_when(start_run(config_file, run_dir), lambda: (run_dir / "phase-1").is_dir())  # right at a transition
