@@ -2,6 +2,7 @@
 import json
 import math
 import signal
+import statistics
 import struct
 import subprocess
 import sys
@@ -296,3 +297,13 @@ def test_bad_regime_grid_gives_one_line(grid, message, tmp_path):
     lines = out.stderr.strip().splitlines()
     assert out.returncode != 0 and len(lines) == 1 and message in lines[0], out.stderr
     assert not (tmp_path / "smoke").exists()
+
+
+def test_t_quantile_is_exact_for_any_number_of_seeds():
+    # Published two-sided 95% critical values of Student's t.
+    known = {1: 12.7062, 2: 4.3027, 3: 3.1824, 4: 2.7764, 9: 2.2622, 31: 2.0395, 45: 2.0141, 120: 1.9799}
+    for df, value in known.items():
+        assert repro.t975(df) == pytest.approx(value, abs=1e-4), df
+    s = repro.across_seeds([1.0, 2.0, 4.0])
+    half = 4.30265 * statistics.stdev([1.0, 2.0, 4.0]) / math.sqrt(3)
+    assert s["ci95"] == pytest.approx([7 / 3 - half, 7 / 3 + half], abs=1e-4)
