@@ -392,17 +392,26 @@ def interaction(ces: dict) -> float:
 def fig3b_per_phase(kit: dict, path, paper: dict = PAPER["per_phase_ce"], starts: dict | None = None) -> Path:
     """Figure 3b. kit: {"pre": [CE at the end of phase 0, 1, ...], "post": [...]} of the grow runs;
     starts: the same at each phase's start (before its first update), drawn as hollow squares at
-    phase - 0.5 joined to the phase's end."""
+    phase - 0.5 joined to the phase's end. A start far above every other point (a fresh student
+    before its first update) is drawn at the top edge with its value written beside it."""
+    starts = starts or {}
+    shown = [v for ces in kit.values() for v in ces] + [v for m in paper.values() for v in m.values()]
+    shown += [v for s in starts.values() for v in s[1:]]
+    top = max(shown) + 0.15 * (max(shown) - min(shown) or 1.0)
     with matplotlib.rc_context(STYLE):
         fig, (ax,) = new_figure()
         for norm, ces in kit.items():
             color = NORM_COLORS[norm]
             ax.plot(range(len(ces)), ces, "o-", color=color, label=f"{norm}-norm (kit)")
-            for p, start in enumerate((starts or {}).get(norm, [])):
-                ax.plot([p - 0.5, p], [start, ces[p]], ":", color=color, marker="s", markevery=[0],
+            for p, start in enumerate(starts.get(norm, [])):
+                ax.plot([p - 0.5, p], [min(start, top), ces[p]], ":", color=color, marker="s", markevery=[0],
                         markerfacecolor="none", label=f"{norm}-norm at phase start (kit)" if p == 0 else None)
+                if start > top:
+                    ax.annotate(f"start {start:.2f} ↑", (p - 0.5, top), textcoords="offset points",
+                                xytext=(12, -4 - 10 * (norm == "post")), color=color, fontsize=7)
             marks = paper.get(norm, {})
             paper_marker(ax, list(marks), list(marks.values()), color, f"{norm}-norm (paper, Tables 2 and 1)")
+        ax.set_ylim(top=top)
         ax.set_xticks(range(max(len(c) for c in kit.values())))
         ax.set_xlabel("grow phase (active blocks = phase + 1)")
         ax.set_ylabel("validation CE (nats/token)")
