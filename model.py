@@ -466,14 +466,17 @@ def load_qwen3(path, dtype=torch.float32, device="cpu", shard_fn: Callable | Non
     return teacher.eval().requires_grad_(False)
 
 
-def write_checkpoint(path, config: dict, state: dict):
-    """Atomic: write into a temporary sibling folder, then move it into place."""
+def write_checkpoint(path, config: dict, state: dict, extra_files: dict[str, str] | None = None):
+    """Atomic: write into a temporary sibling folder (with any `extra_files`: name -> text), then move
+    it into place."""
     path = Path(path)
     tmp = path.with_name(path.name + ".tmp")
     tmp.mkdir(parents=True, exist_ok=True)
     save_file({k: v.detach().contiguous().cpu() for k, v in state.items()}, tmp / "model.safetensors",
               metadata={"format": "pt"})
     (tmp / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+    for name, text in (extra_files or {}).items():
+        (tmp / name).write_text(text)
     replace_folder(tmp, path)
 
 
@@ -492,12 +495,16 @@ def save_qwen3(teacher: Qwen3, path, state: dict | None = None):
     write_checkpoint(path, teacher.config.to_hf(), {hf_name(k): v for k, v in state.items()})
 
 
-def export_hf(student: Student, path):
+EXPORT_MARKER = "normgrow-export.json"  # in every folder export_hf writes: only such folders are replaced
+
+
+def export_hf(student: Student, path, source: str = ""):
     """A pre-norm student is exactly a Qwen3 with K*L layers: write it as one transformers loads."""
     if student.norm_placement != "pre":
         raise ValueError(f"only pre-norm students are Qwen3 models; this one is {student.norm_placement!r}-norm")
     state = {hf_name(k): v for k, v in student.state_dict().items()}
-    write_checkpoint(path, student.config.to_hf(), state)
+    write_checkpoint(path, student.config.to_hf(), state,
+                     extra_files={EXPORT_MARKER: json.dumps({"exported_from": source}) + "\n"})
 
 
 def count_parameters(module: nn.Module, trainable_only: bool = False) -> int:

@@ -1003,14 +1003,29 @@ def evaluate(checkpoint, scale, data_dir, as_json, runs_dir):
 @cli.command()
 @click.argument("student_dir", type=click.Path(path_type=Path))
 @click.argument("out_dir", type=click.Path(path_type=Path))
-@click.option("--force", is_flag=True, help="Overwrite OUT_DIR if it already exists.")
+@click.option("--force", is_flag=True, help="Replace OUT_DIR if it holds an earlier export (never anything else).")
 def export(student_dir: Path, out_dir: Path, force: bool):
     """Write a pre-norm student checkpoint as a standard HF Qwen3 directory (transformers loads it)."""
-    if out_dir.exists() and not force:
-        raise FileExistsError(f"{out_dir}: already exists; choose another folder or pass --force to overwrite it")
+    check_export_target(student_dir, out_dir, force)
     student = model.Student.load(student_dir)
-    model.export_hf(student, out_dir)
+    model.export_hf(student, out_dir, source=str(student_dir))
     console.print(f"exported {student.config.num_hidden_layers}-layer pre-norm student to {out_dir}")
+
+
+def check_export_target(student_dir: Path, out_dir: Path, force: bool):
+    """--force replaces only a folder the kit exported before, and never the checkpoint itself or a
+    folder that holds it (a runs tree)."""
+    if not out_dir.exists():
+        return
+    source, target = student_dir.resolve(), out_dir.resolve()
+    if source == target or target in source.parents:
+        raise FileExistsError(f"{out_dir}: is or holds the checkpoint being exported; choose another output folder")
+    if not force:
+        raise FileExistsError(f"{out_dir}: already exists; choose another folder, or pass --force to replace "
+                              "an earlier export")
+    if not (out_dir / model.EXPORT_MARKER).is_file():
+        raise FileExistsError(f"{out_dir}: not a folder the kit exported (no {model.EXPORT_MARKER}); --force only "
+                              "replaces earlier exports, so choose a new or empty folder")
 
 
 @cli.command("data")

@@ -363,3 +363,31 @@ def test_cli_shows_checkpoint_errors_as_one_line(tmp_path):
     assert out.returncode != 0
     lines = out.stderr.strip().splitlines()
     assert len(lines) == 1 and "config.json: missing" in lines[0] and "Traceback" not in out.stderr
+
+
+def test_export_force_replaces_only_an_earlier_export(tmp_path, teacher):
+    import hashlib
+    student = model.Student.from_teacher(teacher, blocks=1, layers_per_block=1, norm="pre", seed=5)
+    student.save(tmp_path / "runs" / "s42" / "pre-grow" / "phase-0")
+    checkpoint = tmp_path / "runs" / "s42" / "pre-grow" / "phase-0"
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "notes.txt").write_text("the user's own file")
+
+    def tree_hash(folder):
+        return hashlib.sha256(b"".join(p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file())).hexdigest()
+
+    def export(out, *extra):
+        return subprocess.run([sys.executable, str(ROOT / "repro.py"), "export", str(checkpoint), str(out), *extra],
+                              capture_output=True, text=True, cwd=ROOT)
+
+    before = {d: tree_hash(d) for d in (tmp_path / "runs", tmp_path / "mine")}
+    for out, message in ((tmp_path / "runs", "is or holds the checkpoint"), (checkpoint, "is or holds the checkpoint"),
+                         (tmp_path / "mine", "not a folder the kit exported")):
+        result = export(out, "--force")
+        lines = result.stderr.strip().splitlines()
+        assert result.returncode != 0 and len(lines) == 1 and message in lines[0], result.stderr
+    assert {d: tree_hash(d) for d in before} == before  # nothing the user had was changed
+    assert export(tmp_path / "hf").returncode == 0
+    assert "already exists" in export(tmp_path / "hf").stderr
+    assert export(tmp_path / "hf", "--force").returncode == 0 and (tmp_path / "hf" / model.EXPORT_MARKER).is_file()
+    assert transformers.Qwen3ForCausalLM.from_pretrained(tmp_path / "hf").config.num_hidden_layers == 1
