@@ -30,6 +30,7 @@ import click
 
 import data
 import diag
+import experiments
 import model
 import repro
 
@@ -122,10 +123,10 @@ def run_map(ws: repro.Workspace, grid: dict, seeds: list[int], force: bool = Fal
         if pws.replay_docs > available:
             raise click.UsageError(f"--grid budget={point.budget:g} needs a replay shard of {pws.replay_docs:,} "
                                    f"documents and {ws.data_dir / 'train'} holds {available:,}; use a smaller budget")
-        shared = [n for n in repro.MAIN_RUNS if point.pre_runs_are_the_presets and n.startswith("pre")]
+        shared = [n for n in experiments.MAIN_RUNS if point.pre_runs_are_the_presets and n.startswith("pre")]
         if shared and not point.is_preset:
             repro.ensure_runs(ws, shared, seeds, force, teacher=teacher)
-        repro.ensure_runs(pws, [n for n in repro.MAIN_RUNS if n not in shared or point.is_preset], seeds, force,
+        repro.ensure_runs(pws, [n for n in experiments.MAIN_RUNS if n not in shared or point.is_preset], seeds, force,
                           teacher=teacher)
     return report(ws, points, seeds) if ws.ctx.is_main else {}
 
@@ -133,7 +134,7 @@ def run_map(ws: repro.Workspace, grid: dict, seeds: list[int], force: bool = Fal
 def point_numbers(ws: repro.Workspace, point: Point, seed: int) -> dict:
     """Table 1's numbers of one point and seed, from the runs' done.json."""
     pws = point_workspace(ws, point)
-    ce = {f"{n}_{p}": repro.final_eval(ws if n == "pre" and point.pre_runs_are_the_presets else pws,
+    ce = {f"{n}_{p}": experiments.final_eval(ws if n == "pre" and point.pre_runs_are_the_presets else pws,
                                        f"{n}-{p}", seed)["ce"] for n in ("pre", "post") for p in ("joint", "grow")}
     delta_joint, delta_grow = ce["post_joint"] - ce["pre_joint"], ce["post_grow"] - ce["pre_grow"]
     return {**ce, "delta_joint": delta_joint, "delta_grow": delta_grow, "interaction": delta_grow - delta_joint}
@@ -150,7 +151,7 @@ def report(ws: repro.Workspace, points: list[Point], seeds: list[int]) -> dict:
                "phase_steps": run["phase_steps"], "lr": run["lr"], "lr_x_steps": run["lr"] * run["phase_steps"],
                "folder": str(pws.run_dir("pre-joint", seeds[0]).parent.parent)}
         for key in ("pre_joint", "post_joint", "pre_grow", "post_grow", "delta_joint", "delta_grow", "interaction"):
-            row[key] = repro.across_seeds([p[key] for p in per_seed])
+            row[key] = experiments.across_seeds([p[key] for p in per_seed])
         rows.append(row)
     paper = {"delta_joint": 0.0004, "delta_grow": -0.0328, "interaction": -0.0332}
     out = {"experiment": "regime", "scale": ws.preset.name, "seeds": seeds, "paper": paper, "points": rows,

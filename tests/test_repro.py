@@ -14,6 +14,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+import experiments
 import grow
 import repro
 
@@ -42,7 +43,7 @@ def test_full_preset_is_the_paper():
     assert full.diag == dict(docs=2, max_inputs=2048, seed=42)
     ws = repro.Workspace(full, Path("/nonexistent/full"), Path("/nonexistent"), grow.Dist())
     assert ws.replay_docs == 3_200_000 and ws.train_docs == 9_600_000
-    for name in repro.RUNS:  # every run of the full suite is a valid RunConfig with the paper's settings
+    for name in experiments.RUNS:  # every run of the full suite is a valid RunConfig with the paper's settings
         config = repro.run_config(ws, name, 42)
         assert not config.freeze_trains_head and not config.reset_data_each_phase
     assert len(grow.plan_phases(repro.run_config(ws, "post-joint-longer", 42))) == 3
@@ -50,7 +51,7 @@ def test_full_preset_is_the_paper():
 
 def test_dry_run_reproduces_table_a2():
     ws = repro.Workspace(repro.PRESETS["full"], Path("/nonexistent/full"), Path("/nonexistent"), grow.Dist())
-    rows = {r[0]: r for r in repro.print_plan(ws, list(repro.RUNS), [42], "h100", 8)}
+    rows = {r[0]: r for r in repro.print_plan(ws, list(experiments.RUNS), [42], "h100", 8)}
     # columns: run, phases, steps, active layers, tokens, unique, active-layer tokens, PFLOPs, GPU-hours
     assert rows["post-joint"][1:7] == ["1", "50,000", "9", "3.11B", "3.11B", "28.01B"]
     assert rows["post-grow"][1:7] == ["3", "150,000", "3 / 6 / 9", "9.34B", "3.11B", "56.02B"]
@@ -112,7 +113,7 @@ def test_killed_suite_resumes_without_redoing_finished_runs(smoke):
     for path, mtime in done_before.items():
         assert path.stat().st_mtime_ns == mtime, f"{path.parent.name} was trained again"
     assert "done, reusing" in stdout or all(p.exists() for p in done_before)
-    assert len(list(runs.glob("s*/*/done.json"))) == 2 * len(repro.RUNS)
+    assert len(list(runs.glob("s*/*/done.json"))) == 2 * len(experiments.RUNS)
 
 
 def finite(value):
@@ -121,7 +122,7 @@ def finite(value):
 
 def test_every_experiment_writes_finite_numbers_and_figures(smoke):
     _, results, _, _ = smoke
-    for name, exp in repro.EXPERIMENTS.items():
+    for name, exp in experiments.EXPERIMENTS.items():
         report = json.loads((results / f"{name}.json").read_text())
         md = (results / f"{name}.md").read_text()
         assert report["seeds"] == [42, 43] and name in md
@@ -145,7 +146,7 @@ def test_multi_seed_table1_has_intervals(smoke):
     lo, hi = inter["ci95"]
     assert lo < inter["mean"] < hi and inter["std"] > 0
     # The interval is the t interval of the two per-seed values.
-    assert hi - inter["mean"] == pytest.approx(12.706 * inter["std"] / math.sqrt(2))
+    assert hi - inter["mean"] == pytest.approx(12.7062 * inter["std"] / math.sqrt(2), rel=1e-5)
     # Each seed's interaction follows from its own four CEs.
     for i in range(2):
         ce = {k: rows[k]["values"][i] for k in ("pre_joint", "pre_grow", "post_joint", "post_grow")}
@@ -278,7 +279,7 @@ def test_regime_map_reports_the_runs_own_results(smoke):
         # The gain option touches only the post-norm runs: the pre-norm ones are the preset's own.
         pre_folder = folder if "budget0.5" in name else runs / "s42"
         ce = {run: json.loads(((pre_folder if run.startswith("pre") else folder) / run / "done.json").read_text())["ce"]
-              for run in repro.MAIN_RUNS}
+              for run in experiments.MAIN_RUNS}
         assert point["delta_joint"]["values"] == [ce["post-joint"] - ce["pre-joint"]]
         assert point["delta_grow"]["values"] == [ce["post-grow"] - ce["pre-grow"]]
         assert point["interaction"]["mean"] == pytest.approx(
@@ -303,7 +304,7 @@ def test_t_quantile_is_exact_for_any_number_of_seeds():
     # Published two-sided 95% critical values of Student's t.
     known = {1: 12.7062, 2: 4.3027, 3: 3.1824, 4: 2.7764, 9: 2.2622, 31: 2.0395, 45: 2.0141, 120: 1.9799}
     for df, value in known.items():
-        assert repro.t975(df) == pytest.approx(value, abs=1e-4), df
-    s = repro.across_seeds([1.0, 2.0, 4.0])
+        assert experiments.t975(df) == pytest.approx(value, abs=1e-4), df
+    s = experiments.across_seeds([1.0, 2.0, 4.0])
     half = 4.30265 * statistics.stdev([1.0, 2.0, 4.0]) / math.sqrt(3)
     assert s["ci95"] == pytest.approx([7 / 3 - half, 7 / 3 + half], abs=1e-4)

@@ -1,0 +1,410 @@
+"""The paper's experiments: which named runs each needs, how it turns them into numbers (with the
+paper's value beside each, mean and 95% t-interval over seeds) and figures, and the reports in
+results/<scale>/<experiment>.md and .json. repro.py drives them:
+
+    python repro.py table1 fig3 --scale smoke
+    python repro.py table1 --scale toy --seeds 42,43,44
+
+Nothing here trains: every number is read from finished runs (done.json, metrics.jsonl, kept
+checkpoints) through diag.py.
+"""
+from __future__ import annotations
+
+import json
+import math
+import statistics
+import sys
+from dataclasses import dataclass, field
+from functools import cache
+from pathlib import Path
+from typing import TYPE_CHECKING, Callable
+
+import numpy as np
+from rich.console import Console
+from rich.table import Table
+
+import data
+import diag
+import grow
+import model
+
+if TYPE_CHECKING:
+    from repro import Workspace
+
+console = Console(width=None if sys.stdout.isatty() else 140)
+
+RUNS = ("pre-joint", "post-joint", "pre-grow", "post-grow", "pre-freeze", "post-freeze",
+        "post-joint-long", "post-joint-longer")
+MAIN_RUNS = ("pre-joint", "post-joint", "pre-grow", "post-grow")
+
+# ----------------------------------------------------------------------------------------------
+# Reading finished runs
+
+@cache
+def metrics(run_dir: Path) -> list[dict]:
+    return grow.read_metrics(run_dir)
+
+
+def final_eval(ws: Workspace, name: str, seed: int) -> dict:
+    """The scheduled endpoint's evaluation (never a best checkpoint)."""
+    return json.loads((ws.run_dir(name, seed) / "done.json").read_text())
+
+
+def phase_end_eval(ws: Workspace, name: str, seed: int, phase: int) -> dict:
+    step = (phase + 1) * ws.preset.run["phase_steps"]
+    return next(r for r in metrics(ws.run_dir(name, seed))
+                if r.get("eval") and r["step"] == step and not r.get("phase_start"))
+
+
+def phase_start_eval(ws: Workspace, name: str, seed: int, phase: int) -> dict:
+    """The evaluation of a phase's starting weights, before its first update."""
+    return next(r for r in metrics(ws.run_dir(name, seed)) if r.get("phase_start") and r["phase"] == phase)
+
+
+@cache
+def diagnostic_batch(ws: Workspace) -> data.Batch:
+    d = ws.preset.diag
+    return data.diagnostic_batch(data.Shard(ws.data_dir / "val"), d["docs"], d["max_inputs"], d["seed"])
+
+
+@cache
+def series(ws: Workspace, name: str, seed: int) -> list[dict]:
+    """diag.diagnose_checkpoint at every kept checkpoint of a run, in step order."""
+    decode = data.qwen3_tokenizer(ws.preset.data["vocab_size"]).decode
+    return [{"step": c["step"], **diag.diagnose_checkpoint(model.Student.load(c["path"]), diagnostic_batch(ws),
+                                                           decode, c["active_blocks"])}
+            for c in diag.checkpoint_series(ws.run_dir(name, seed))]
+
+
+@cache
+def block_removal(ws: Workspace, name: str, seed: int) -> list[dict]:
+    """Whole-block removal at the run's scheduled endpoint (its last kept checkpoint)."""
+    final = diag.checkpoint_series(ws.run_dir(name, seed))[-1]["path"]
+    return diag.block_removal(model.Student.load(final), diagnostic_batch(ws))
+
+
+def unique_and_total_tokens(ws: Workspace, name: str, seed: int) -> tuple[int, int]:
+    """Exactly, from the batcher: every document the run saw, counted once and with repeats."""
+    config = grow.RunConfig(**json.loads((ws.run_dir(name, seed) / "config.json").read_text()))
+    shard = data.Shard(config.train_data, verify=False)
+    batcher = data.Batcher(shard, config.global_batch, config.seed, config.data_mode, config.replay_docs)
+    steps = len(grow.plan_phases(config)) * config.phase_steps
+    seen = [batcher.global_doc_ids(s) for s in range(steps)]
+    targets = shard.lengths.astype(np.int64) - 1
+    everything = np.concatenate(seen)
+    return int(targets[np.unique(everything)].sum()), int(targets[everything].sum())
+
+
+# ----------------------------------------------------------------------------------------------
+# Statistics over seeds
+
+def t975(df: int) -> float:
+    """The 97.5% quantile of Student's t with `df` degrees of freedom, exactly (to ~1e-9): bisection
+    on the CDF, integrated by Simpson's rule from the density (no table, no scipy)."""
+    log_norm = math.lgamma((df + 1) / 2) - math.lgamma(df / 2) - 0.5 * math.log(df * math.pi)
+
+    def cdf_above_half(t: float) -> float:  # P(0 < T < t)
+        x = np.linspace(0.0, t, 4001)
+        density = np.exp(log_norm - (df + 1) / 2 * np.log1p(x * x / df))
+        return float((density[0] + density[-1] + 4 * density[1:-1:2].sum() + 2 * density[2:-1:2].sum())
+                     * (t / 4000) / 3)
+
+    low, high = 0.0, 64.0  # t975(1) = 12.71 is the largest
+    for _ in range(60):
+        mid = (low + high) / 2
+        low, high = (mid, high) if cdf_above_half(mid) < 0.475 else (low, mid)
+    return (low + high) / 2
+
+
+def across_seeds(values: list[float]) -> dict:
+    """mean, sample std and a 95% t-interval of one number over seeds (std 0 and no interval for one)."""
+    n = len(values)
+    mean = statistics.fmean(values)
+    std = statistics.stdev(values) if n > 1 else 0.0
+    half = t975(n - 1) * std / math.sqrt(n) if n > 1 else None
+    return {"mean": mean, "std": std, "ci95": [mean - half, mean + half] if half is not None else None,
+            "n": n, "values": values}
+
+
+# ----------------------------------------------------------------------------------------------
+# Experiments. Each declares the runs it needs and turns them into numbers per seed (with the
+# paper's value beside each) and/or figures.
+
+TOKENS = -1  # Row.digits of a token count: printed as 3.11B, 312.40k, ...
+
+
+@dataclass
+class Row:
+    label: str
+    key: str
+    paper: float | None
+    digits: int = 4
+
+
+@dataclass
+class Experiment:
+    about: str
+    runs: tuple[str, ...]
+    rows: list[Row] = field(default_factory=list)
+    numbers: Callable | None = None   # (ws, seed) -> {key: value}
+    figures: Callable | None = None   # (ws, seed) -> {name: png path, ...extra JSON}
+    note: str = ""
+
+
+def table1_numbers(ws, seed):
+    ce = {f"{n}_{p}": final_eval(ws, f"{n}-{p}", seed)["ce"] for n in ("pre", "post") for p in ("joint", "grow")}
+    delta_joint, delta_grow = ce["post_joint"] - ce["pre_joint"], ce["post_grow"] - ce["pre_grow"]
+    return {**ce, "delta_joint": delta_joint, "delta_grow": delta_grow, "interaction": delta_grow - delta_joint}
+
+
+def table2_numbers(ws, seed):
+    out = {}
+    for norm in ("pre", "post"):
+        e = phase_end_eval(ws, f"{norm}-grow", seed, 0)
+        out.update({f"{norm}_ce": e["ce"], f"{norm}_kd": e["kd"], f"{norm}_kl": e["kl"], f"{norm}_ppl": e["ppl"]})
+        start = phase_start_eval(ws, f"{norm}-grow", seed, 0)
+        out.update({f"{norm}_ce_step0": start["ce"], f"{norm}_kd_step0": start["kd"]})
+    out["delta_ce_step0"] = out["post_ce_step0"] - out["pre_ce_step0"]
+    out["delta_ce"] = out["post_ce"] - out["pre_ce"]
+    return out
+
+
+def table3_numbers(ws, seed):
+    return {name: final_eval(ws, name, seed)["ce"] for name in ("post-joint", "post-joint-long", "post-joint-longer",
+                                                               "post-grow")}
+
+
+def table_a2_numbers(ws, seed):
+    out = {}
+    for name in ("post-joint", "post-grow", "post-joint-long", "post-joint-longer"):
+        unique, total = unique_and_total_tokens(ws, name, seed)
+        last = [r for r in metrics(ws.run_dir(name, seed)) if not r.get("eval")][-1]
+        if last["total_tokens"] != total:
+            raise grow.TrainingError(f"{ws.run_dir(name, seed)}: its log counts {last['total_tokens']} tokens but its "
+                                     f"batches hold {total}; rerun it with --force")
+        out.update({f"{name}_total": total, f"{name}_unique": unique, f"{name}_active_layer": last["active_layer_tokens"]})
+    out["grow_over_joint_total"] = out["post-grow_total"] / out["post-joint_total"]
+    out["long_over_grow_active_layer"] = out["post-joint-long_active_layer"] / out["post-grow_active_layer"]
+    out["longer_over_grow_total"] = out["post-joint-longer_total"] / out["post-grow_total"]
+    return out
+
+
+def table_a3_numbers(ws, seed):
+    ce = {f"{n}_{p}": final_eval(ws, f"{n}-{p}", seed)["ce"] for n in ("pre", "post") for p in ("grow", "freeze")}
+    ppl = {k: math.exp(v) for k, v in ce.items()}
+    return {**ce, "delta_grow": ce["post_grow"] - ce["pre_grow"], "delta_freeze": ce["post_freeze"] - ce["pre_freeze"],
+            "delta_freeze_minus_grow": (ce["post_freeze"] - ce["pre_freeze"]) - (ce["post_grow"] - ce["pre_grow"]),
+            "ppl_gap_grow": ppl["post_grow"] - ppl["pre_grow"], "ppl_gap_freeze": ppl["post_freeze"] - ppl["pre_freeze"]}
+
+
+def table4_numbers(ws, seed):
+    out = {}
+    for name in MAIN_RUNS:
+        for r in block_removal(ws, name, seed):
+            out[f"{name}_dce_{r['block']}"] = r["delta_ce"]
+            out[f"{name}_angular_{r['block']}"] = r["angular_distance"]
+    return out
+
+
+def table_a4_numbers(ws, seed):
+    out = {}
+    S, K = ws.preset.run["phase_steps"], ws.preset.run["blocks"]
+    for norm in ("pre", "post"):
+        for t, r in enumerate(diag.transition_responses(metrics(ws.run_dir(f"{norm}-grow", seed)), S, K), start=1):
+            out.update({f"{norm}_{t}_jump": r["jump"], f"{norm}_{t}_auc_1k": r["abs_auc_1k"],
+                        f"{norm}_{t}_auc_5k": r["abs_auc_5k"], f"{norm}_{t}_signed_auc_1k": r["auc_1k"],
+                        f"{norm}_{t}_signed_auc_5k": r["auc_5k"],
+                        f"{norm}_{t}_recovery": math.nan if r["recovery_steps"] is None else r["recovery_steps"]})
+    return out
+
+
+def fig3_figures(ws, seed):
+    kit = {n: {p: final_eval(ws, f"{n}-{p}", seed)["ce"] for p in ("joint", "grow")} for n in ("pre", "post")}
+    per_phase = {n: [phase_end_eval(ws, f"{n}-grow", seed, p)["ce"] for p in range(ws.preset.run["blocks"])]
+                 for n in ("pre", "post")}
+    starts = {n: [phase_start_eval(ws, f"{n}-grow", seed, p)["ce"] for p in range(ws.preset.run["blocks"])]
+              for n in ("pre", "post")}
+    return {"fig3a": diag.fig3a_interaction(kit, ws.results / "fig3a.png"),
+            "fig3b": diag.fig3b_per_phase(per_phase, ws.results / "fig3b.png", starts=starts),
+            "per_phase_ce": per_phase, "phase_start_ce": starts}
+
+
+def boundary_series(ws, seed):
+    return {n: series(ws, f"{n}-grow", seed) for n in ("pre", "post")}
+
+
+def fig4_figures(ws, seed):
+    s = boundary_series(ws, seed)
+    std = {n: [{"step": c["step"], "std": [b["std"] for b in c["boundary_stats"]],
+                "kurtosis": [b["kurtosis"] for b in c["boundary_stats"]]} for c in s[n]] for n in s}
+    return {"fig4": diag.fig4_boundary_std(s, ws.results / "fig4.png"), "boundary_std": std}
+
+
+def fig5_figures(ws, seed):
+    s = boundary_series(ws, seed)
+    S, K = ws.preset.run["phase_steps"], ws.preset.run["blocks"]
+    rows = {n: metrics(ws.run_dir(f"{n}-grow", seed)) for n in ("pre", "post")}
+    types = {n: [{"step": c["step"], **c["token_type_rms"][1]} for c in s[n]] for n in s}
+    return {"fig5a": diag.fig5a_token_types(s, ws.results / "fig5a.png"),
+            "fig5b": diag.fig5b_validation(rows, ws.results / "fig5b.png", [p * S for p in range(1, K)],
+                                           smooth=diag.paper_scaled(200, S)),
+            "token_type_rms_after_block0": types, "definition": diag.TOKEN_TYPE_DEFINITION}
+
+
+def fig_a1_figures(ws, seed):
+    s = boundary_series(ws, seed)
+    final = {n: s[n][-1]["token_rms"][1] for n in s}
+    kurtosis = {n: s[n][-1]["boundary_stats"][1]["kurtosis"] for n in s}
+    return {"figA1": diag.figA1_rms_histograms(final, ws.results / "figA1.png"), "pearson_kurtosis": kurtosis}
+
+
+def fig_a2_figures(ws, seed):
+    results = {name: block_removal(ws, name, seed) for name in MAIN_RUNS}
+    return {"figA2": diag.figA2_block_removal(results, ws.results / "figA2.png"), "block_removal": results}
+
+
+P = diag.PAPER
+EXPERIMENTS = {
+    "table1": Experiment(
+        "Table 1: validation CE under unique-token-matched budgets; delta = post - pre", MAIN_RUNS,
+        [Row("pre-norm, joint", "pre_joint", P["table1"]["pre"]["joint"]),
+         Row("pre-norm, grow", "pre_grow", P["table1"]["pre"]["grow"]),
+         Row("post-norm, joint", "post_joint", P["table1"]["post"]["joint"]),
+         Row("post-norm, grow", "post_grow", P["table1"]["post"]["grow"]),
+         Row("delta joint", "delta_joint", 0.0004), Row("delta grow", "delta_grow", -0.0328),
+         Row("interaction = delta grow - delta joint", "interaction", -0.0332)], numbers=table1_numbers),
+    "table2": Experiment(
+        "Table 2: single block (phase 0 of grow). KD = soft-target cross-entropy H(q_T, q_S) = KL + H(q_T), "
+        "the scale of the paper's KD column; KL shown too", ("pre-grow", "post-grow"),
+        [Row(f"{n}-norm {m}", f"{n}_{m}", P["table2"][n].get(m), 2 if m == "ppl" else 4)
+         for n in ("pre", "post") for m in ("ce", "kd", "kl", "ppl")]
+        + [Row("delta CE (post - pre)", "delta_ce", P["table2"]["post"]["ce"] - P["table2"]["pre"]["ce"])]
+        + [Row(f"{n}-norm {m} at step 0 (before any update)", f"{n}_{m}_step0", None)
+           for n in ("pre", "post") for m in ("ce", "kd")]
+        + [Row("delta CE at step 0 (post - pre): the output-interface gap", "delta_ce_step0", None)],
+        numbers=table2_numbers),
+    "table3": Experiment(
+        "Table 3: post-joint budget controls (validation CE)",
+        ("post-joint", "post-joint-long", "post-joint-longer", "post-grow"),
+        [Row("Post-Joint (unique tokens)", "post-joint", P["table3"]["post-joint"]),
+         Row("Post-Joint-long (active-layer tokens)", "post-joint-long", P["table3"]["post-joint-long"]),
+         Row("Post-Joint-longer (total tokens)", "post-joint-longer", P["table3"]["post-joint-longer"]),
+         Row("Post-Grow (comparison)", "post-grow", P["table3"]["post-grow"])], numbers=table3_numbers),
+    "tableA2": Experiment(
+        "Table A2: training budgets in non-padding tokens, counted from the runs' batches; active-layer tokens "
+        "= tokens x active decoder layers", ("post-joint", "post-grow", "post-joint-long", "post-joint-longer"),
+        [Row(f"{name} {kind.replace('_', '-')} tokens", f"{name}_{kind}",
+             P["table_a2"][name][i] * 1e9 if i < 2 else None, TOKENS)
+         for name in ("post-joint", "post-grow", "post-joint-long", "post-joint-longer")
+         for i, kind in enumerate(("total", "unique", "active_layer"))]
+        + [Row("grow / joint, total tokens", "grow_over_joint_total", 9.34 / 3.11, 3),
+           Row("joint-long / grow, active-layer tokens (proxy match)", "long_over_grow_active_layer", 1.0, 3),
+           Row("joint-longer / grow, total tokens", "longer_over_grow_total", 1.0, 3)],
+        numbers=table_a2_numbers,
+        note="The paper's token counts are at full scale; at smaller scales compare the ratios."),
+    "tableA3": Experiment(
+        "Table A3: freeze ablation (validation CE at the end of the last phase)",
+        ("pre-grow", "post-grow", "pre-freeze", "post-freeze"),
+        [Row("pre-norm grow", "pre_grow", P["table_a3"]["pre"]["grow"]),
+         Row("pre-norm freeze", "pre_freeze", P["table_a3"]["pre"]["freeze"]),
+         Row("post-norm grow", "post_grow", P["table_a3"]["post"]["grow"]),
+         Row("post-norm freeze", "post_freeze", P["table_a3"]["post"]["freeze"]),
+         Row("delta grow (post - pre)", "delta_grow", -0.0328), Row("delta freeze", "delta_freeze", -0.0332),
+         Row("delta freeze - delta grow", "delta_freeze_minus_grow", -0.0004),
+         Row("PPL gap grow", "ppl_gap_grow", P["table_a3"]["ppl_gap"]["grow"], 2),
+         Row("PPL gap freeze", "ppl_gap_freeze", P["table_a3"]["ppl_gap"]["freeze"], 2)], numbers=table_a3_numbers),
+    "table4": Experiment(
+        "Table 4: whole-block removal on the fixed diagnostic batch: dCE = CE(skip) - CE(full); "
+        "angular distance = arccos(cos(h_in, h_out)) / pi", MAIN_RUNS,
+        [Row(f"{name} {metric} block {b}", f"{name}_{short}_{b}", P["table4"][name][metric][b], 3)
+         for name in MAIN_RUNS for metric, short in (("delta_ce", "dce"), ("angular_distance", "angular"))
+         for b in range(3)], numbers=table4_numbers),
+    "tableA4": Experiment(
+        "Table A4: transition-aligned training-loss response (windows scaled to the phase length; "
+        "AUC = mean |loss - baseline|, the reading that fits the paper's numbers; signed means in the JSON; "
+        "recovery NaN = not recovered)", ("pre-grow", "post-grow"),
+        [Row(f"{n}-norm, transition {t}, {label}", f"{n}_{t}_{key}", P["table_a4"][n][t - 1][pkey], d)
+         for n in ("pre", "post") for t in (1, 2)
+         for label, key, pkey, d in (("jump", "jump", "jump", 4), ("AUC 1k", "auc_1k", "auc_1k", 4),
+                                     ("AUC 5k", "auc_5k", "auc_5k", 4),
+                                     ("recovery steps", "recovery", "recovery_steps", 0))],
+        numbers=table_a4_numbers,
+        note="Recovery steps are in this scale's steps; the paper's are in 50k-step phases."),
+    "fig3": Experiment("Figure 3: (a) interaction, (b) per-phase validation CE of grow", MAIN_RUNS,
+                       figures=fig3_figures),
+    "fig4": Experiment("Figure 4: std of per-token RMS at each block boundary across grow checkpoints",
+                       ("pre-grow", "post-grow"), figures=fig4_figures),
+    "fig5": Experiment("Figure 5: (a) token-type RMS after block 0 across checkpoints, (b) validation CE "
+                       "through grow", ("pre-grow", "post-grow"), figures=fig5_figures),
+    "figA1": Experiment("Figure A1: per-token RMS after block 0 at the final checkpoint",
+                        ("pre-grow", "post-grow"), figures=fig_a1_figures),
+    "figA2": Experiment("Figure A2: block removal per block", MAIN_RUNS, figures=fig_a2_figures),
+}
+
+
+# ----------------------------------------------------------------------------------------------
+# Reports: results/<scale>/<experiment>.md and .json, and the same table on the terminal
+
+def fmt(value, digits):
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "n/a"
+    if digits == TOKENS:
+        unit, size = next(((u, s) for u, s in (("B", 1e9), ("M", 1e6), ("k", 1e3)) if abs(value) >= s), ("", 1))
+        return f"{value / size:.2f}{unit}"
+    return f"{value:.{digits}f}"
+
+
+def report(ws: Workspace, name: str, seeds: list[int]) -> dict:
+    exp = EXPERIMENTS[name]
+    out = {"experiment": name, "about": exp.about, "scale": ws.preset.name, "seeds": seeds, "note": exp.note}
+    md = [f"# {name} ({ws.preset.name} scale)", "", exp.about, ""]
+    if exp.numbers:
+        per_seed = [exp.numbers(ws, s) for s in seeds]
+        stats = {row.key: across_seeds([p[row.key] for p in per_seed]) for row in exp.rows}
+        out["rows"] = [{"label": r.label, "key": r.key, "paper": r.paper, **stats[r.key]} for r in exp.rows]
+        md += table_markdown(exp.rows, stats, len(seeds))
+        print_table(name, exp, stats, len(seeds))
+    if exp.figures:
+        figs = exp.figures(ws, seeds[0])
+        out["figures"] = {k: str(v) for k, v in figs.items() if isinstance(v, Path)}
+        out["data"] = {k: v for k, v in figs.items() if not isinstance(v, Path)}
+        md += [f"![{k}]({Path(v).name})" for k, v in out["figures"].items()]
+        if len(seeds) > 1:
+            md += ["", f"Figures show seed {seeds[0]}."]
+        if ws.ctx.is_main:
+            console.print(f"[bold]{name}[/]: " + ", ".join(out["figures"].values()))
+    if exp.note:
+        md += ["", exp.note]
+    (ws.results / f"{name}.json").write_text(json.dumps(out, indent=2, default=str) + "\n")
+    (ws.results / f"{name}.md").write_text("\n".join(md) + "\n")
+    return out
+
+
+def kit_cell(s: dict, digits: int) -> str:
+    if s["n"] == 1:
+        return fmt(s["mean"], digits)
+    lo, hi = s["ci95"]
+    return f"{fmt(s['mean'], digits)} ± {fmt(s['std'], digits)} [{fmt(lo, digits)}, {fmt(hi, digits)}]"
+
+
+def table_markdown(rows: list[Row], stats: dict, n_seeds: int) -> list[str]:
+    kit = "kit" if n_seeds == 1 else f"kit (mean ± std [95% CI], {n_seeds} seeds)"
+    lines = [f"| quantity | {kit} | paper | kit − paper |", "| --- | --- | --- | --- |"]
+    for r in rows:
+        s = stats[r.key]
+        diff = s["mean"] - r.paper if r.paper is not None else None
+        lines.append(f"| {r.label} | {kit_cell(s, r.digits)} | {fmt(r.paper, r.digits)} | {fmt(diff, r.digits)} |")
+    return lines
+
+
+def print_table(name: str, exp: Experiment, stats: dict, n_seeds: int):
+    table = Table(title=f"{name}: {exp.about}", title_justify="left")
+    for column in ("quantity", "kit" if n_seeds == 1 else f"kit ({n_seeds} seeds)", "paper", "kit − paper"):
+        table.add_column(column, justify="left" if column == "quantity" else "right")
+    for r in exp.rows:
+        s = stats[r.key]
+        diff = s["mean"] - r.paper if r.paper is not None else None
+        table.add_row(r.label, kit_cell(s, r.digits), fmt(r.paper, r.digits), fmt(diff, r.digits))
+    console.print(table)
+
+
