@@ -474,6 +474,8 @@ def parse_seeds(ctx, param, value: str) -> list[int]:
         raise click.BadParameter(f"{value!r} is not a comma-separated list of integers, e.g. 42,43,44") from None
     if not seeds or len(set(seeds)) != len(seeds):
         raise click.BadParameter(f"{value!r}: give one or more distinct seeds, e.g. 42,43,44")
+    if any(not 0 <= s < 2**63 for s in seeds):
+        raise click.BadParameter(f"{value!r}: seeds must be in 0 .. 2^63 - 1 (torch's generator range)")
     return seeds
 
 
@@ -581,7 +583,7 @@ def teacher(scale, force, runs_dir):
 @click.option("--norm", type=click.Choice(list(model.PLACEMENTS)), required=True, help="Norm placement.")
 @click.option("--protocol", type=click.Choice(["joint", "grow", "freeze", "joint-long", "joint-longer"]),
               required=True, help="joint, grow, freeze, or the long joint controls (Table 3).")
-@click.option("--seed", type=int, default=None, help="Default: the preset's (42).")
+@click.option("--seed", type=click.IntRange(0, 2**63 - 1), default=None, help="Default: the preset's (42).")
 @force_option
 @runs_option
 def train(scale, norm, protocol, seed, force, runs_dir):

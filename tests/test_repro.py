@@ -72,6 +72,8 @@ def test_full_without_cuda_says_how_to_launch(tmp_path):
     (["--scale", "huge"], "'huge' is not one of"),
     (["--seeds", "42,x"], "not a comma-separated list of integers"),
     (["--seeds", "42,42"], "distinct seeds"),
+    (["--seeds", "42,-1"], "seeds must be in 0 .. 2^63 - 1"),
+    (["train", "--norm", "post", "--protocol", "grow", "--seed", "-1"], "--seed"),
     (["--results-dir", "/proc/no/such"], "is not a writable folder"),
 ])
 def test_bad_cli_values_give_one_line(args, message):
