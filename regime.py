@@ -111,7 +111,7 @@ def point_workspace(ws: repro.Workspace, point: Point) -> repro.Workspace:
                  for k in ("eval_interval", "checkpoint_interval")}
     run.update(phase_steps=steps, warmup_frac=min(1.0, warmup / steps), **per_phase, snapshot_interval=0,
                lr=run["lr"] * point.lr, min_lr=run["min_lr"] * point.lr, post_output_gain=point.gain)
-    return replace(ws, preset=replace(ws.preset, run=run), student_runs=f"regime/{point.name}")
+    return replace(ws, preset=replace(ws.preset, run=run), student_runs=str(Path(ws.student_runs) / "regime" / point.name))
 
 
 def run_map(ws: repro.Workspace, grid: dict, seeds: list[int], force: bool = False) -> dict:
@@ -185,13 +185,3 @@ def markdown(rows: list[dict], paper: dict, scale: str, seeds: list[int]) -> lis
                      f"{cell(r['delta_joint'])} | {cell(r['delta_grow'])} | {cell(r['interaction'])} | {reversal} |")
     lines += ["", "![regime](regime.png)"]
     return lines
-
-
-def command(scale: str, seeds: list[int] | None, grid_text: str | None, force: bool, runs_dir: Path,
-            results_dir: Path):
-    grid = parse_grid(grid_text) if grid_text else GRIDS[scale]
-    ws = repro.workspace(scale, repro.writable_dir(runs_dir, "--runs-dir"),
-                         repro.writable_dir(results_dir, "--results-dir"))
-    ws.results.mkdir(parents=True, exist_ok=True)
-    run_map(ws, grid, seeds or DEFAULT_SEEDS[scale], force)
-    ws.ctx.barrier()

@@ -22,9 +22,10 @@ resumed; runs whose first phases are identical share them.
 from __future__ import annotations
 
 import json
+import math
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import MISSING, dataclass, field, fields, replace
 from pathlib import Path
 
 import click
@@ -181,15 +182,95 @@ class Workspace:
         return self.replay_docs * max(self.preset.long_phases)
 
 
-def workspace(scale: str, runs_dir: Path, results_dir: Path, dry_run: bool = False) -> Workspace:
-    preset = PRESETS[scale]
+# ----------------------------------------------------------------------------------------------
+# Overrides: --set SECTION.KEY=VALUE changes any preset field for one command. Runs made with
+# overrides live in their own folders, so a finished run with other settings is never reused.
+
+OVERRIDABLE = {"run": grow.RunConfig, "teacher_run": grow.RunConfig, "teacher_model": model.ModelConfig,
+               "data": None, "diag": None}  # section -> the dataclass whose defaults also count as keys
+
+
+def parse_value(key: str, raw: str, current):
+    """`raw` as the type of the preset's current value; a bad value is a one-line error naming the key."""
+    def bad(why):
+        return click.BadParameter(f"{key}={raw}: {why}", param_hint="--set")
+    if isinstance(current, bool):
+        if raw.lower() not in ("true", "false", "1", "0"):
+            raise bad("expected true or false")
+        return raw.lower() in ("true", "1")
+    if isinstance(current, (int, float)) or current is None:
+        try:
+            value = int(raw) if isinstance(current, int) or current is None else float(raw)
+        except ValueError:
+            raise bad(f"expected {'an integer' if isinstance(current, int) or current is None else 'a number'}") from None
+        if not math.isfinite(value) or value < 0:
+            raise bad("expected a finite number >= 0")
+        return value
+    if isinstance(current, (tuple, list)):
+        try:
+            value = tuple(float(v) for v in raw.strip("()[] ").split(","))
+        except ValueError:
+            raise bad("expected numbers separated by commas, e.g. 0.9,0.95") from None
+        if len(value) != len(current):
+            raise bad(f"expected {len(current)} numbers")
+        return value
+    if isinstance(current, str):
+        return raw
+    raise bad("this key cannot be set from the command line")
+
+
+def apply_overrides(preset: Preset, items, compile_flag: bool | None = None) -> tuple[Preset, dict]:
+    """(the preset with `--set` items and `--compile/--no-compile` applied, {section: {key: value}})."""
+    changes: dict[str, dict] = {}
+    for item in items:
+        key, sep, raw = item.partition("=")
+        section, _, name = key.strip().partition(".")
+        if not sep or section not in OVERRIDABLE or not name:
+            raise click.BadParameter(f"{item!r}: write SECTION.KEY=VALUE with SECTION one of {', '.join(OVERRIDABLE)}, "
+                                     "e.g. run.lr=3e-4", param_hint="--set")
+        known = {f.name: f.default for f in fields(OVERRIDABLE[section]) if f.default is not MISSING} \
+            if OVERRIDABLE[section] else {}
+        known.update(getattr(preset, section))
+        if name not in known:
+            raise click.BadParameter(f"{key.strip()}: unknown key; {section} has {', '.join(sorted(known))}",
+                                     param_hint="--set")
+        changes.setdefault(section, {})[name] = parse_value(key.strip(), raw.strip(), known[name])
+    if compile_flag is not None:
+        changes.setdefault("run", {})["compile"] = compile_flag
+    return replace(preset, **{s: {**getattr(preset, s), **c} for s, c in changes.items()}), changes
+
+
+def override_name(changes: dict) -> str:
+    """A folder name for a set of overrides, e.g. run.lr=0.0003,run.phase_steps=100."""
+    return ",".join(f"{s}.{k}={v}".replace("/", "_").replace(" ", "") for s in sorted(changes)
+                    for k, v in sorted(changes[s].items()))
+
+
+def workspace(scale: str, runs_dir: Path, results_dir: Path | None = None, dry_run: bool = False, overrides=(),
+              compile_flag: bool | None = None) -> Workspace:
+    """A scale's folders. With overrides of the students' settings (run, diag) only, the students live in
+    runs/<scale>/set/<overrides>/ beside the scale's data and teacher; overrides of the data or the
+    teacher make a whole workspace of their own, runs/<scale>+<overrides>/. Results go to
+    results/<scale>+<overrides>/. Everything is checked before a folder is made: the overrides, CUDA,
+    then that the folders are writable (not for a dry run; no results folder where none is given)."""
+    preset, changes = apply_overrides(PRESETS[scale], overrides, compile_flag)
     if preset.needs_cuda and not dry_run:
         import torch
         if not torch.cuda.is_available():
             raise click.UsageError(f"--scale {scale} needs CUDA GPUs and this machine has none; on a GPU node "
                                    f"launch: torchrun --nproc_per_node=8 repro.py table1 --scale {scale} "
                                    f"(or --dry-run here to see the plan)")
-    return Workspace(preset, runs_dir / scale, results_dir / scale, grow.setup_distributed())
+    if not dry_run:
+        writable_dir(runs_dir, "--runs-dir")
+        if results_dir is not None:
+            writable_dir(results_dir, "--results-dir")
+    results_dir = results_dir or Path("results")
+    if not changes:
+        return Workspace(preset, runs_dir / scale, results_dir / scale, grow.setup_distributed())
+    name = override_name(changes)
+    own_inputs = set(changes) - {"run", "diag"}
+    return Workspace(preset, runs_dir / (f"{scale}+{name}" if own_inputs else scale), results_dir / f"{scale}+{name}",
+                     grow.setup_distributed(), student_runs="" if own_inputs else f"set/{name}")
 
 
 def prepare_data(ws: Workspace, force: bool = False) -> tuple[data.Shard, data.Shard]:
@@ -244,8 +325,9 @@ def prefix_run(name: str, ws: Workspace) -> tuple[str, int] | None:
 def run_config(ws: Workspace, name: str, seed: int, teacher: Path | None = None) -> grow.RunConfig:
     shards = dict(train_data=str(ws.data_dir / "train"), val_data=str(ws.data_dir / "val"))
     if name == "teacher":
+        # The scale's own run settings under teacher_run's: --set run.* changes the students only.
         vocab = data.qwen3_tokenizer(ws.preset.data["vocab_size"]).n_vocab
-        return grow.RunConfig(**{**ws.preset.run, **ws.preset.teacher_run, **shards, "name": "teacher",
+        return grow.RunConfig(**{**PRESETS[ws.preset.name].run, **ws.preset.teacher_run, **shards, "name": "teacher",
                                  "protocol": "teacher", "norm": "pre",
                                  "replay_docs": len(data.Shard(ws.data_dir / "train", verify=False)),
                                  "teacher_config": {**ws.preset.teacher_model, "vocab_size": vocab}})
@@ -463,6 +545,16 @@ runs_option = click.option("--runs-dir", type=click.Path(path_type=Path), defaul
 results_option = click.option("--results-dir", type=click.Path(path_type=Path), default=Path("results"),
                               show_default=True, help="Where tables and figures go (results/<scale>/...).")
 
+def overrides_option(f):
+    """--set (repeatable) and --compile/--no-compile, for every command that trains."""
+    f = click.option("--compile/--no-compile", "compile_flag", default=None,
+                     help="Compile each decoder layer with torch.compile (default: the preset's setting).")(f)
+    return click.option("--set", "overrides", multiple=True, metavar="SECTION.KEY=VALUE",
+                        help="Change one preset field for this command, e.g. --set run.lr=3e-4 --set "
+                             "data.max_len=256 (sections: run, teacher_run, teacher_model, data, diag). Runs "
+                             "with overrides get their own folders.")(f)
+
+
 force_option = click.option("--force", is_flag=True, help="Discard data, a teacher or runs made with other settings "
                             "(an edited preset) and redo them; what matches is reused.")
 
@@ -511,22 +603,24 @@ def cli():
 @click.option("--gpu", type=click.Choice(list(GPU_BF16_PEAK)), default="h100", show_default=True,
               help="GPU type for --dry-run's hour estimate.")
 @click.option("--gpus", type=click.IntRange(1), default=8, show_default=True, help="GPUs for --dry-run's estimate.")
+@overrides_option
 @force_option
 @runs_option
 @results_option
-def run_experiments(experiments, scale, seeds, dry_run, gpu, gpus, force, runs_dir, results_dir):
+def run_experiments(experiments, scale, seeds, dry_run, gpu, gpus, overrides, compile_flag, force, runs_dir,
+                    results_dir):
     """Run EXPERIMENTS (default: all) at a scale and write results/<scale>/<experiment>.md/.json/.png."""
     unknown = [e for e in experiments if e != "all" and e not in EXPERIMENTS]
     if unknown:
         raise click.BadParameter(f"unknown experiment {unknown[0]!r}; choose from {', '.join(EXPERIMENTS)} or all",
                                  param_hint="EXPERIMENT")
     names = list(EXPERIMENTS) if not experiments or "all" in experiments else list(dict.fromkeys(experiments))
-    seeds = seeds or [PRESETS[scale].run["seed"]]
     runs = [r for r in RUNS if any(r in EXPERIMENTS[e].runs for e in names)]
+    ws = workspace(scale, runs_dir, results_dir, dry_run, overrides, compile_flag)
+    seeds = seeds or [ws.preset.run["seed"]]
     if dry_run:
-        print_plan(workspace(scale, runs_dir, results_dir, dry_run=True), runs, seeds, gpu, gpus)
+        print_plan(ws, runs, seeds, gpu, gpus)
         return
-    ws = workspace(scale, writable_dir(runs_dir, "--runs-dir"), writable_dir(results_dir, "--results-dir"))
     ws.results.mkdir(parents=True, exist_ok=True)
     started = time.time()
     ensure_runs(ws, runs, seeds, force)
@@ -546,14 +640,19 @@ def run_experiments(experiments, scale, seeds, dry_run, gpu, gpus, force, runs_d
 @click.option("--grid", "grid_text", default=None, metavar="SPEC",
               help='Points to run, e.g. "budget=0.25,0.5,1,2;lr=0.5,1,2;gain=ones,teacher" (multipliers of the '
                    "preset's steps per phase and LR; post-norm output-gain init). Default: the scale's grid.")
+@overrides_option
 @force_option
 @runs_option
 @results_option
-def regime(scale, seeds, grid_text, force, runs_dir, results_dir):
+def regime(scale, seeds, grid_text, overrides, compile_flag, force, runs_dir, results_dir):
     """The regime map: delta joint, delta grow and the interaction over a grid of step budgets, peak
     LRs and post-norm output-gain inits (results/<scale>/regime.md/.json/.png). Not part of `all`."""
     import regime as regime_map
-    regime_map.command(scale, seeds, grid_text, force, runs_dir, results_dir)
+    grid = regime_map.parse_grid(grid_text) if grid_text else regime_map.GRIDS[scale]
+    ws = workspace(scale, runs_dir, results_dir, overrides=overrides, compile_flag=compile_flag)
+    ws.results.mkdir(parents=True, exist_ok=True)
+    regime_map.run_map(ws, grid, seeds or regime_map.DEFAULT_SEEDS[scale], force)
+    ws.ctx.barrier()
 
 
 @cli.command()
@@ -565,11 +664,12 @@ def ratios(scale):
 
 @cli.command()
 @scale_option
+@overrides_option
 @force_option
 @runs_option
-def teacher(scale, force, runs_dir):
+def teacher(scale, overrides, compile_flag, force, runs_dir):
     """Pretrain the kit's own teacher for a scale (smoke, toy) and print its validation CE."""
-    ws = workspace(scale, writable_dir(runs_dir, "--runs-dir"), Path("results"))
+    ws = workspace(scale, runs_dir, overrides=overrides, compile_flag=compile_flag)
     if ws.preset.teacher:
         raise click.UsageError(f"--scale {scale} distils from {ws.preset.teacher}; there is no teacher to pretrain")
     prepare_data(ws, force)
@@ -584,12 +684,13 @@ def teacher(scale, force, runs_dir):
 @click.option("--protocol", type=click.Choice(["joint", "grow", "freeze", "joint-long", "joint-longer"]),
               required=True, help="joint, grow, freeze, or the long joint controls (Table 3).")
 @click.option("--seed", type=click.IntRange(0, 2**63 - 1), default=None, help="Default: the preset's (42).")
+@overrides_option
 @force_option
 @runs_option
-def train(scale, norm, protocol, seed, force, runs_dir):
+def train(scale, norm, protocol, seed, overrides, compile_flag, force, runs_dir):
     """Train one named run (and any run whose phases it shares), e.g. --norm post --protocol grow."""
-    ws = workspace(scale, writable_dir(runs_dir, "--runs-dir"), Path("results"))
-    seed = PRESETS[scale].run["seed"] if seed is None else seed
+    ws = workspace(scale, runs_dir, overrides=overrides, compile_flag=compile_flag)
+    seed = ws.preset.run["seed"] if seed is None else seed
     name = f"{norm}-{protocol}"
     prepare_data(ws, force)
     path = ensure_teacher(ws, force)

@@ -310,3 +310,45 @@ def test_t_quantile_is_exact_for_any_number_of_seeds():
     s = experiments.across_seeds([1.0, 2.0, 4.0])
     half = 4.30265 * statistics.stdev([1.0, 2.0, 4.0]) / math.sqrt(3)
     assert s["ci95"] == pytest.approx([7 / 3 - half, 7 / 3 + half], abs=1e-4)
+
+
+# ---- overrides ---------------------------------------------------------------------------------
+
+def test_overrides_are_recorded_and_never_reuse_a_run_with_other_settings(smoke):
+    runs, _, _, _ = smoke
+    own = runs / "s42" / "post-joint"
+    stamp = (own / "done.json").stat().st_mtime_ns
+    out = cli("train", "--scale", "smoke", "--norm", "post", "--protocol", "joint", "--set", "run.lr=0.006",
+              "--set", "run.post_output_gain=teacher", "--runs-dir", runs.parent)
+    changed = runs / "set" / "run.lr=0.006,run.post_output_gain=teacher" / "s42" / "post-joint"
+    assert str(changed) in out.stdout.replace("\n", "")
+    config = json.loads((changed / "config.json").read_text())
+    assert config["lr"] == 0.006 and config["post_output_gain"] == "teacher"
+    assert json.loads((changed / "done.json").read_text())["ce"] != json.loads((own / "done.json").read_text())["ce"]
+    assert (own / "done.json").stat().st_mtime_ns == stamp  # the preset's run is neither reused nor touched
+    # The data and the teacher are the scale's own: only the students moved.
+    assert not (runs / "set" / "run.lr=0.006,run.post_output_gain=teacher" / "teacher").exists()
+
+
+def test_override_values_are_typed():
+    preset = repro.PRESETS["smoke"]
+    new, changes = repro.apply_overrides(preset, ["run.lr=3e-4", "data.max_len=16", "run.betas=0.9,0.99",
+                                                  "teacher_model.tie_word_embeddings=false"], compile_flag=True)
+    assert new.run["lr"] == 3e-4 and new.data["max_len"] == 16 and new.run["betas"] == (0.9, 0.99)
+    assert new.teacher_model["tie_word_embeddings"] is False and new.run["compile"] is True
+    assert preset.run["lr"] == 3e-3  # the preset itself is unchanged
+    assert repro.override_name(changes) == ("data.max_len=16,run.betas=(0.9,0.99),run.compile=True,run.lr=0.0003,"
+                                            "teacher_model.tie_word_embeddings=False")
+
+
+@pytest.mark.parametrize("item, message", [
+    ("run.lr=abc", "--set: run.lr=abc: expected a number"), ("run.phase_steps=2.5", "expected an integer"),
+    ("run.nope=1", "run.nope: unknown key"), ("lr=1", "write SECTION.KEY=VALUE"), ("run.lr", "write SECTION.KEY"),
+    ("run.lr=-1", "expected a finite number >= 0"), ("run.compile=maybe", "expected true or false"),
+])
+def test_bad_overrides_give_one_line_before_any_folder(item, message, tmp_path):
+    out = cli("train", "--scale", "smoke", "--norm", "post", "--protocol", "joint", "--set", item,
+              "--runs-dir", tmp_path / "runs", check=False)
+    lines = out.stderr.strip().splitlines()
+    assert out.returncode != 0 and len(lines) == 1 and message in lines[0], out.stderr
+    assert not (tmp_path / "runs").exists()
