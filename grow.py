@@ -187,11 +187,27 @@ class Dist:
             dist.barrier()
 
 
-def setup_distributed() -> Dist:
-    """torchrun sets RANK/WORLD_SIZE/LOCAL_RANK; without them this is one process."""
-    cuda = torch.cuda.is_available()
+DEVICES = ("auto", "cpu", "cuda", "mps")
+
+
+def choose_device(name: str = "auto") -> torch.device:
+    """auto: a CUDA GPU, else Apple silicon's MPS, else the CPU. A device this machine lacks is an error."""
+    cuda, mps = torch.cuda.is_available(), torch.backends.mps.is_available()
+    if name == "auto":
+        return torch.device("cuda" if cuda else "mps" if mps else "cpu")
+    if name not in DEVICES or (name == "cuda" and not cuda) or (name == "mps" and not mps):
+        raise TrainingError(f"--device {name}: this machine has no such device; use --device auto or cpu")
+    return torch.device(name)
+
+
+def setup_distributed(device: str = "auto") -> Dist:
+    """torchrun sets RANK/WORLD_SIZE/LOCAL_RANK; without them this is one process on `device`."""
+    chosen = choose_device(device)
     if "RANK" not in os.environ:
-        return Dist(device=torch.device("cuda" if cuda else "cpu"))
+        return Dist(device=chosen)
+    if chosen.type == "mps":
+        raise TrainingError("--device mps: runs under torchrun need CUDA GPUs or CPU ranks; use --device cpu")
+    cuda = chosen.type == "cuda"
     if not dist.is_initialized():
         dist.init_process_group("nccl" if cuda else "gloo")
     device = torch.device("cpu")
@@ -501,7 +517,7 @@ def provenance(config: RunConfig, ctx: Dist) -> dict:
                                 cwd=Path(__file__).parent).stdout.strip()
     except OSError:
         commit = ""
-    device = torch.cuda.get_device_name(ctx.device) if ctx.device.type == "cuda" else "cpu"
+    device = torch.cuda.get_device_name(ctx.device) if ctx.device.type == "cuda" else ctx.device.type
     dtype, why = precision_choice(config.precision, ctx.device, ctx.world)
     return {"git_commit": commit, "torch": torch.__version__, "device": device, "world_size": ctx.world,
             "threads": torch.get_num_threads(), "precision": str(dtype).removeprefix("torch."), "precision_reason": why}

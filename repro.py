@@ -247,7 +247,7 @@ def override_name(changes: dict) -> str:
 
 
 def workspace(scale: str, runs_dir: Path, results_dir: Path | None = None, dry_run: bool = False, overrides=(),
-              compile_flag: bool | None = None) -> Workspace:
+              compile_flag: bool | None = None, device: str = "auto") -> Workspace:
     """A scale's folders. With overrides of the students' settings (run, diag) only, the students live in
     runs/<scale>/set/<overrides>/ beside the scale's data and teacher; overrides of the data or the
     teacher make a whole workspace of their own, runs/<scale>+<overrides>/. Results go to
@@ -256,21 +256,22 @@ def workspace(scale: str, runs_dir: Path, results_dir: Path | None = None, dry_r
     preset, changes = apply_overrides(PRESETS[scale], overrides, compile_flag)
     if preset.needs_cuda and not dry_run:
         import torch
-        if not torch.cuda.is_available():
+        if not torch.cuda.is_available() or device not in ("auto", "cuda"):
             raise click.UsageError(f"--scale {scale} needs CUDA GPUs and this machine has none; on a GPU node "
                                    f"launch: torchrun --nproc_per_node=8 repro.py table1 --scale {scale} "
                                    f"(or --dry-run here to see the plan)")
+    ctx = grow.setup_distributed(device)
     if not dry_run:
         writable_dir(runs_dir, "--runs-dir")
         if results_dir is not None:
             writable_dir(results_dir, "--results-dir")
     results_dir = results_dir or Path("results")
     if not changes:
-        return Workspace(preset, runs_dir / scale, results_dir / scale, grow.setup_distributed())
+        return Workspace(preset, runs_dir / scale, results_dir / scale, ctx)
     name = override_name(changes)
     own_inputs = set(changes) - {"run", "diag"}
     return Workspace(preset, runs_dir / (f"{scale}+{name}" if own_inputs else scale), results_dir / f"{scale}+{name}",
-                     grow.setup_distributed(), student_runs="" if own_inputs else f"set/{name}")
+                     ctx, student_runs="" if own_inputs else f"set/{name}")
 
 
 def prepare_data(ws: Workspace, force: bool = False) -> tuple[data.Shard, data.Shard]:
@@ -546,7 +547,9 @@ results_option = click.option("--results-dir", type=click.Path(path_type=Path), 
                               show_default=True, help="Where tables and figures go (results/<scale>/...).")
 
 def overrides_option(f):
-    """--set (repeatable) and --compile/--no-compile, for every command that trains."""
+    """--set (repeatable), --compile/--no-compile and --device, for every command that trains."""
+    f = click.option("--device", type=click.Choice(grow.DEVICES), default="auto", show_default=True,
+                     help="auto: a CUDA GPU, else Apple silicon (MPS, untested here), else the CPU.")(f)
     f = click.option("--compile/--no-compile", "compile_flag", default=None,
                      help="Compile each decoder layer with torch.compile (default: the preset's setting).")(f)
     return click.option("--set", "overrides", multiple=True, metavar="SECTION.KEY=VALUE",
@@ -607,7 +610,7 @@ def cli():
 @force_option
 @runs_option
 @results_option
-def run_experiments(experiments, scale, seeds, dry_run, gpu, gpus, overrides, compile_flag, force, runs_dir,
+def run_experiments(experiments, scale, seeds, dry_run, gpu, gpus, overrides, compile_flag, device, force, runs_dir,
                     results_dir):
     """Run EXPERIMENTS (default: all) at a scale and write results/<scale>/<experiment>.md/.json/.png."""
     unknown = [e for e in experiments if e != "all" and e not in EXPERIMENTS]
@@ -616,7 +619,7 @@ def run_experiments(experiments, scale, seeds, dry_run, gpu, gpus, overrides, co
                                  param_hint="EXPERIMENT")
     names = list(EXPERIMENTS) if not experiments or "all" in experiments else list(dict.fromkeys(experiments))
     runs = [r for r in RUNS if any(r in EXPERIMENTS[e].runs for e in names)]
-    ws = workspace(scale, runs_dir, results_dir, dry_run, overrides, compile_flag)
+    ws = workspace(scale, runs_dir, results_dir, dry_run, overrides, compile_flag, device)
     seeds = seeds or [ws.preset.run["seed"]]
     if dry_run:
         print_plan(ws, runs, seeds, gpu, gpus)
@@ -644,12 +647,12 @@ def run_experiments(experiments, scale, seeds, dry_run, gpu, gpus, overrides, co
 @force_option
 @runs_option
 @results_option
-def regime(scale, seeds, grid_text, overrides, compile_flag, force, runs_dir, results_dir):
+def regime(scale, seeds, grid_text, overrides, compile_flag, device, force, runs_dir, results_dir):
     """The regime map: delta joint, delta grow and the interaction over a grid of step budgets, peak
     LRs and post-norm output-gain inits (results/<scale>/regime.md/.json/.png). Not part of `all`."""
     import regime as regime_map
     grid = regime_map.parse_grid(grid_text) if grid_text else regime_map.GRIDS[scale]
-    ws = workspace(scale, runs_dir, results_dir, overrides=overrides, compile_flag=compile_flag)
+    ws = workspace(scale, runs_dir, results_dir, overrides=overrides, compile_flag=compile_flag, device=device)
     ws.results.mkdir(parents=True, exist_ok=True)
     regime_map.run_map(ws, grid, seeds or regime_map.DEFAULT_SEEDS[scale], force)
     ws.ctx.barrier()
@@ -667,9 +670,9 @@ def ratios(scale):
 @overrides_option
 @force_option
 @runs_option
-def teacher(scale, overrides, compile_flag, force, runs_dir):
+def teacher(scale, overrides, compile_flag, device, force, runs_dir):
     """Pretrain the kit's own teacher for a scale (smoke, toy) and print its validation CE."""
-    ws = workspace(scale, runs_dir, overrides=overrides, compile_flag=compile_flag)
+    ws = workspace(scale, runs_dir, overrides=overrides, compile_flag=compile_flag, device=device)
     if ws.preset.teacher:
         raise click.UsageError(f"--scale {scale} distils from {ws.preset.teacher}; there is no teacher to pretrain")
     prepare_data(ws, force)
@@ -687,9 +690,9 @@ def teacher(scale, overrides, compile_flag, force, runs_dir):
 @overrides_option
 @force_option
 @runs_option
-def train(scale, norm, protocol, seed, overrides, compile_flag, force, runs_dir):
+def train(scale, norm, protocol, seed, overrides, compile_flag, device, force, runs_dir):
     """Train one named run (and any run whose phases it shares), e.g. --norm post --protocol grow."""
-    ws = workspace(scale, runs_dir, overrides=overrides, compile_flag=compile_flag)
+    ws = workspace(scale, runs_dir, overrides=overrides, compile_flag=compile_flag, device=device)
     seed = ws.preset.run["seed"] if seed is None else seed
     name = f"{norm}-{protocol}"
     prepare_data(ws, force)

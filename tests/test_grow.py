@@ -297,3 +297,17 @@ def test_the_precision_choice_is_recorded(tiny_shards, tiny_teacher_dir, tmp_pat
     grow.cpu_bf16_speedup.cache_clear()
     prov = json.loads((tmp_path / "r" / "provenance.json").read_text())
     assert prov["precision"] == "float32" and "0.03x as fast as fp32" in prov["precision_reason"]
+
+
+def test_device_auto_picks_cuda_then_mps_then_cpu(monkeypatch):
+    for cuda, mps, expected in ((True, True, "cuda"), (False, True, "mps"), (False, False, "cpu")):
+        monkeypatch.setattr(torch.cuda, "is_available", lambda c=cuda: c)
+        monkeypatch.setattr(torch.backends.mps, "is_available", lambda m=mps: m)
+        assert grow.choose_device("auto").type == expected
+        assert grow.choose_device("cpu").type == "cpu"
+    with pytest.raises(grow.TrainingError, match="--device cuda: this machine has no such device"):
+        grow.choose_device("cuda")
+    with pytest.raises(grow.TrainingError, match="--device mps"):
+        grow.choose_device("mps")
+    # bf16 autocast only where the device supports it: never on MPS.
+    assert grow.precision_choice("auto", torch.device("mps"))[0] == torch.float32

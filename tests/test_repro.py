@@ -352,3 +352,12 @@ def test_bad_overrides_give_one_line_before_any_folder(item, message, tmp_path):
     lines = out.stderr.strip().splitlines()
     assert out.returncode != 0 and len(lines) == 1 and message in lines[0], out.stderr
     assert not (tmp_path / "runs").exists()
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the message is for machines without CUDA")
+def test_missing_device_is_one_line_before_any_folder(tmp_path):
+    out = cli("train", "--scale", "smoke", "--norm", "post", "--protocol", "joint", "--device", "cuda",
+              "--runs-dir", tmp_path / "runs", check=False)
+    lines = out.stderr.strip().splitlines()
+    assert out.returncode != 0 and len(lines) == 1 and "--device cuda" in lines[0], out.stderr
+    assert not (tmp_path / "runs").exists()
