@@ -23,7 +23,7 @@ Definitions (each function's docstring has the details):
 - block removal: dCE_l = CE(skip block l) - CE(full), angular distance arccos(cos(h_in, h_out)) / pi.
 - transition response: transition_response's docstring, with how it maps to the paper's Table A4.
 
-The paper's numbers that the figures mark come from PAPER (a copy of paper/reference.md's values).
+The paper's numbers that the figures mark come from PAPER (the paper's Tables 1-4, A2-A4 and Figures 4, 5).
 """
 from __future__ import annotations
 
@@ -44,7 +44,7 @@ import grow
 import kd
 
 # ----------------------------------------------------------------------------------------------
-# The paper's numbers the figures and tables sit beside (paper/reference.md)
+# The paper's numbers the figures and tables sit beside (its tables, Appendix C and Figures 4-5)
 
 PAPER_PHASE_STEPS = 50_000  # the paper's steps per phase; windows stated in paper steps scale from it
 

@@ -10,6 +10,7 @@ checkpoints) through diag.py.
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import statistics
@@ -354,9 +355,19 @@ def fmt(value, digits):
     return f"{value:.{digits}f}"
 
 
+def configs_hash(ws: Workspace, names, seeds: list[int]) -> str:
+    """sha256 over the resolved config.json of every run a report reads (which settings made it)."""
+    digest = hashlib.sha256()
+    for seed in seeds:
+        for name in names:
+            digest.update((ws.run_dir(name, seed) / "config.json").read_bytes())
+    return digest.hexdigest()
+
+
 def report(ws: Workspace, name: str, seeds: list[int]) -> dict:
     exp = EXPERIMENTS[name]
-    out = {"experiment": name, "about": exp.about, "scale": ws.preset.name, "seeds": seeds, "note": exp.note}
+    out = {"experiment": name, "about": exp.about, "scale": ws.preset.name, "seeds": seeds, "note": exp.note,
+           "git_commit": grow.git_commit(), "runs_config_sha256": configs_hash(ws, exp.runs, seeds)}
     md = [f"# {name} ({ws.preset.name} scale)", "", exp.about, ""]
     if exp.numbers:
         per_seed = [exp.numbers(ws, s) for s in seeds]

@@ -511,12 +511,19 @@ def prepare_run_dir(config: RunConfig, run_dir: Path, force: bool, ctx: Dist) ->
     return False
 
 
-def provenance(config: RunConfig, ctx: Dist) -> dict:
+def git_commit() -> str:
+    """The kit's commit, with "+changes" when the working tree differs from it ("" outside git)."""
+    def git(*args):
+        return subprocess.run(["git", *args], capture_output=True, text=True, cwd=Path(__file__).parent).stdout.strip()
     try:
-        commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
-                                cwd=Path(__file__).parent).stdout.strip()
+        commit = git("rev-parse", "HEAD")
+        return commit + ("+changes" if commit and git("status", "--porcelain", "--untracked-files=no") else "")
     except OSError:
-        commit = ""
+        return ""
+
+
+def provenance(config: RunConfig, ctx: Dist) -> dict:
+    commit = git_commit()
     device = torch.cuda.get_device_name(ctx.device) if ctx.device.type == "cuda" else ctx.device.type
     dtype, why = precision_choice(config.precision, ctx.device, ctx.world)
     return {"git_commit": commit, "torch": torch.__version__, "device": device, "world_size": ctx.world,
@@ -616,7 +623,8 @@ def train(config: RunConfig, run_dir, force: bool = False, ctx: Dist | None = No
     batcher = data.Batcher(train_shard, config.global_batch, config.seed, mode=config.data_mode,
                            replay_docs=config.replay_docs, rank=ctx.rank, world_size=ctx.world,
                            micro_batch=config.micro_batch)
-    if ctx.is_main and config.start_from and newest_checkpoint(run_dir) is None:
+    adopting = bool(config.start_from) and newest_checkpoint(run_dir) is None
+    if ctx.is_main and adopting:
         adopt_shared_prefix(config, run_dir)
     ctx.barrier()
     resume = newest_checkpoint(run_dir)
@@ -628,7 +636,11 @@ def train(config: RunConfig, run_dir, force: bool = False, ctx: Dist | None = No
         torch.set_rng_state(torch.frombuffer(bytearray(base64.b64decode(state["torch_rng"])), dtype=torch.uint8))
         if ckpt.name != "latest":
             load_weights(net, ckpt)
-        print0(ctx, f"{config.name}: resuming at step {step} from {ckpt}")
+        if adopting:
+            print0(ctx, f"{config.name}: adopting {config.start_from} (its first phases are this run's), "
+                        f"continuing at step {step}")
+        else:
+            print0(ctx, f"{config.name}: resuming at step {step} from {ckpt}")
     if ctx.is_main:  # from step 0 too: a run killed before its first checkpoint left lines behind
         truncate_metrics(run_dir, step)
     log = open(run_dir / "metrics.jsonl", "a") if ctx.is_main else None

@@ -35,14 +35,14 @@ from rich.table import Table
 import data
 import grow
 import model
-from experiments import EXPERIMENTS, RUNS, final_eval, report
+from experiments import EXPERIMENTS, RUNS, TOKENS, final_eval, fmt, report
 
 console = Console(width=None if sys.stdout.isatty() else 140)
 
 # ----------------------------------------------------------------------------------------------
 # Presets: every number of a scale lives here, and nowhere else.
 
-PAPER_RUN = dict(  # Table A1 and the setup of paper/reference.md
+PAPER_RUN = dict(  # the paper's Table A1 and its setup (Sections 3-4, Appendix C)
     seed=42, blocks=3, layers_per_block=3, phase_steps=50_000, global_batch=64, lr=1e-4, min_lr=1e-6,
     warmup_frac=0.015, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.0, grad_clip=0.5,
     alpha=0.7, gamma=0.3, tau=1.0, eval_interval=2000)
@@ -456,8 +456,8 @@ def print_plan(ws: Workspace, names: list[str], seeds: list[int], gpu: str, gpus
     L = ws.preset.run["layers_per_block"]
     t_layers, t_head = forward_flops_per_token(teacher, teacher.num_hidden_layers, context)
     table = Table(title=f"plan at scale {ws.preset.name}: {len(seeds)} seed(s), {doc_tokens:.1f} tokens/document"
-                        f"{' (paper)' if doc_tokens == ws.preset.doc_tokens else ' (measured)'}")
-    for column in ("run", "phases", "steps", "active layers", "tokens", "unique", "layer-tokens", "PFLOPs",
+                        f"{' (assumed)' if doc_tokens == ws.preset.doc_tokens else ' (measured)'}")
+    for column in ("run", "phases", "steps", "active layers", "tokens", "unique", "layer-tokens", "FLOPs",
                    f"{gpu} GPU-h"):
         table.add_column(column, justify="right")
     total_flops, rows = 0.0, []
@@ -480,16 +480,27 @@ def print_plan(ws: Workspace, names: list[str], seeds: list[int], gpu: str, gpus
         total_flops += flops * len(seeds)
         unique = tokens_per_phase * (len(phases) if fresh else 1)
         row = [name, str(len(phases)), f"{len(phases) * config.phase_steps:,}",
-               " / ".join(str(p.active_blocks * L) for p in phases), f"{tokens_per_phase * len(phases) / 1e9:.2f}B",
-               f"{unique / 1e9:.2f}B", f"{sum(p.active_blocks * L for p in phases) * tokens_per_phase / 1e9:.2f}B",
-               f"{flops / 1e15:,.1f}", f"{flops / (GPU_BF16_PEAK[gpu] * ASSUMED_MFU) / 3600:,.1f}"]
+               " / ".join(str(p.active_blocks * L) for p in phases), fmt(tokens_per_phase * len(phases), TOKENS),
+               fmt(unique, TOKENS), fmt(sum(p.active_blocks * L for p in phases) * tokens_per_phase, TOKENS),
+               flops_text(flops), hours_text(flops / (GPU_BF16_PEAK[gpu] * ASSUMED_MFU) / 3600)]
         rows.append(row)
         table.add_row(*row)
     console.print(table)
     hours = total_flops / (GPU_BF16_PEAK[gpu] * ASSUMED_MFU) / 3600
-    console.print(f"total: {total_flops / 1e18:,.2f} EFLOPs = {hours:,.0f} {gpu} GPU-hours at {ASSUMED_MFU:.0%} MFU "
-                  f"= {hours / gpus:,.1f} hours on {gpus} GPUs (per-GPU memory: {memory_estimate(ws, teacher, gpus)})")
+    console.print(f"total: {flops_text(total_flops)} = {hours_text(hours)} {gpu} GPU-hours at an assumed "
+                  f"{ASSUMED_MFU:.0%} MFU = {hours_text(hours / gpus)} hours on {gpus} GPU(s) (per-GPU memory: "
+                  f"{memory_estimate(ws, teacher, gpus)})")
     return rows
+
+
+def flops_text(flops: float) -> str:
+    units = (("E", 1e18), ("P", 1e15), ("T", 1e12), ("G", 1e9), ("M", 1e6), ("k", 1e3))
+    unit, size = next(((u, x) for u, x in units if flops >= x), ("", 1))
+    return f"{flops / size:,.2f} {unit}FLOPs"
+
+
+def hours_text(hours: float) -> str:
+    return f"{hours:,.1f}" if hours >= 0.1 else f"{hours:.2g}"
 
 
 def memory_estimate(ws: Workspace, teacher: model.ModelConfig, gpus: int) -> str:
@@ -605,7 +616,8 @@ def cli():
 @click.option("--dry-run", is_flag=True, help="Print the plan (runs, phases, tokens, FLOPs, GPU hours) and stop.")
 @click.option("--gpu", type=click.Choice(list(GPU_BF16_PEAK)), default="h100", show_default=True,
               help="GPU type for --dry-run's hour estimate.")
-@click.option("--gpus", type=click.IntRange(1), default=8, show_default=True, help="GPUs for --dry-run's estimate.")
+@click.option("--gpus", type=click.IntRange(1), default=None, help="GPUs for --dry-run's estimate (default: 8 at "
+              "full scale, 1 at the others).")
 @overrides_option
 @force_option
 @runs_option
@@ -622,7 +634,7 @@ def run_experiments(experiments, scale, seeds, dry_run, gpu, gpus, overrides, co
     ws = workspace(scale, runs_dir, results_dir, dry_run, overrides, compile_flag, device)
     seeds = seeds or [ws.preset.run["seed"]]
     if dry_run:
-        print_plan(ws, runs, seeds, gpu, gpus)
+        print_plan(ws, runs, seeds, gpu, gpus or (8 if scale == "full" else 1))
         return
     ws.results.mkdir(parents=True, exist_ok=True)
     started = time.time()

@@ -154,6 +154,13 @@ def test_multi_seed_table1_has_intervals(smoke):
         ce = {k: rows[k]["values"][i] for k in ("pre_joint", "pre_grow", "post_joint", "post_grow")}
         assert inter["values"][i] == pytest.approx((ce["post_grow"] - ce["pre_grow"]) - (ce["post_joint"] - ce["pre_joint"]))
     assert "± " in (results / "table1.md").read_text()
+    # Which code and which settings made the numbers.
+    report = json.loads((results / "table1.json").read_text())
+    runs = results.parent.parent / "runs" / "smoke"
+    import hashlib
+    expected = hashlib.sha256(b"".join((runs / f"s{seed}" / name / "config.json").read_bytes()
+                                       for seed in (42, 43) for name in experiments.MAIN_RUNS)).hexdigest()
+    assert report["runs_config_sha256"] == expected and len(report["git_commit"].split("+")[0]) == 40
 
 
 def test_table_a2_counts_tokens_from_batches(smoke):
