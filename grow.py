@@ -565,6 +565,71 @@ def adopt_shared_prefix(config: RunConfig, run_dir: Path):
 
 
 # ----------------------------------------------------------------------------------------------
+# The metrics log: metrics.jsonl, and TensorBoard or W&B when asked for (imported only then)
+
+TRACKERS = ("", "tensorboard", "wandb")
+
+
+class MetricsLog:
+    """Appends rows (already reduced over ranks) to metrics.jsonl on rank 0 and feeds the same rows to a
+    tracker: train/<key> per step, eval/<key> per evaluation, phase_start/<key> for a phase's start."""
+
+    def __init__(self, run_dir: Path, config: RunConfig, ctx: Dist, tracker: str = ""):
+        if tracker not in TRACKERS:
+            raise TrainingError(f"--log {tracker}: unknown; choose tensorboard or wandb")
+        self.file = open(run_dir / "metrics.jsonl", "a") if ctx.is_main else None
+        self.send, self.finish = (open_tracker(tracker, run_dir, config) if ctx.is_main and tracker
+                                  else (None, None))
+
+    def write(self, row: dict):
+        if self.file:
+            self.file.write(json.dumps(row) + "\n")
+            self.file.flush()
+        if self.send:
+            kind = "phase_start" if row.get("phase_start") else "eval" if row.get("eval") else "train"
+            self.send({f"{kind}/{k}": v for k, v in row.items() if k not in ("step", "eval", "phase_start")
+                       and isinstance(v, (int, float)) and not isinstance(v, bool)}, row["step"])
+
+    def close(self):
+        if self.file:
+            self.file.close()
+        if self.finish:
+            self.finish()
+
+
+def check_tracker(kind: str):
+    """Fail before any work if the tracker's package is missing (one line with the install command)."""
+    if kind:
+        package = "tensorboard" if kind == "tensorboard" else "wandb"
+        try:
+            __import__(package)
+        except ImportError:
+            raise TrainingError(f"--log {kind}: the {package} package is not installed; pip install {package}") from None
+
+
+def open_tracker(kind: str, run_dir: Path, config: RunConfig):
+    """(send(values, step), finish()) for TensorBoard (run_dir/tensorboard/) or W&B (project normgrow,
+    the run's name and config); an install hint if the package is missing."""
+    package = "tensorboard" if kind == "tensorboard" else "wandb"
+    try:
+        if kind == "tensorboard":
+            from torch.utils.tensorboard import SummaryWriter
+            writer = SummaryWriter(log_dir=str(run_dir / "tensorboard"))
+
+            def send(values, step):
+                for key, value in values.items():
+                    writer.add_scalar(key, value, step)
+                writer.flush()
+            return send, writer.close
+        import wandb
+    except ImportError:
+        raise TrainingError(f"--log {kind}: the {package} package is not installed; pip install {package}") from None
+    run = wandb.init(project="normgrow", name=f"{run_dir.parent.name}/{run_dir.name}", config=asdict(config),
+                     dir=str(run_dir), reinit=True)
+    return (lambda values, step: run.log(values, step=step)), run.finish
+
+
+# ----------------------------------------------------------------------------------------------
 # The run
 
 def optimizer_step(config, net, teacher, phase, batch, params, optimizer, lr, ctx: Dist) -> dict:
@@ -601,9 +666,9 @@ def progress_bar(ctx: Dist):
 
 
 def train(config: RunConfig, run_dir, force: bool = False, ctx: Dist | None = None,
-          stop_after_step: int | None = None) -> dict:
+          stop_after_step: int | None = None, tracker: str = "") -> dict:
     """Run (or resume, or skip if done) one run; returns the final evaluation. `stop_after_step`
-    ends early as if killed there (tests of resume)."""
+    ends early as if killed there (tests of resume); `tracker` also feeds TensorBoard or W&B."""
     ctx = ctx or setup_distributed()
     run_dir = Path(run_dir)
     if prepare_run_dir(config, run_dir, force, ctx):
@@ -643,7 +708,7 @@ def train(config: RunConfig, run_dir, force: bool = False, ctx: Dist | None = No
             print0(ctx, f"{config.name}: resuming at step {step} from {ckpt}")
     if ctx.is_main:  # from step 0 too: a run killed before its first checkpoint left lines behind
         truncate_metrics(run_dir, step)
-    log = open(run_dir / "metrics.jsonl", "a") if ctx.is_main else None
+    log = MetricsLog(run_dir, config, ctx, tracker)
     progress = progress_bar(ctx)
     layers_per_block = config.layers_per_block if teacher is not None else 0
 
@@ -672,10 +737,7 @@ def train(config: RunConfig, run_dir, force: bool = False, ctx: Dist | None = No
         started = time.time() - elapsed
         if step == phase.first_step:  # before the phase's first update: the starting weights' scores
             start = evaluate(config, net, teacher, val_shard, phase.active_blocks, ctx)
-            if log:
-                log.write(json.dumps({"step": step, "phase": phase.index, "eval": True, "phase_start": True,
-                                      **start}) + "\n")
-                log.flush()
+            log.write({"step": step, "phase": phase.index, "eval": True, "phase_start": True, **start})
             print0(ctx, f"{config.name}: phase {phase.index} starts at val CE {start['ce']:.4f}, val KD {start['kd']:.4f}")
         while step < last_step:
             # ---- train ----
@@ -693,18 +755,14 @@ def train(config: RunConfig, run_dir, force: bool = False, ctx: Dist | None = No
             elapsed = time.time() - started
             row = {"step": step, "phase": phase.index, "loss": result["loss"], "kd": result["kd"], "ce": result["ce"],
                    "lr": lr, "grad_norm": result["grad_norm"], "tokens": batch.global_tokens, **totals, "time": elapsed}
-            if log:
-                log.write(json.dumps(row) + "\n")
-                log.flush()
+            log.write(row)
             if progress:
                 progress.update(task, advance=1, loss=result["loss"], tok_s=totals["total_tokens"] / max(elapsed, 1e-9))
             # ---- evaluate and checkpoint ----
             phase_end = step == last_step
             if phase_end or step % config.eval_interval == 0:
                 final = evaluate(config, net, teacher, val_shard, phase.active_blocks, ctx)
-                if log:
-                    log.write(json.dumps({"step": step, "phase": phase.index, "eval": True, **final}) + "\n")
-                    log.flush()
+                log.write({"step": step, "phase": phase.index, "eval": True, **final})
                 print0(ctx, f"{config.name}: step {step}: loss {result['loss']:.4f}, val CE {final['ce']:.4f}, "
                             f"val KD {final['kd']:.4f}, {totals['total_tokens'] / max(elapsed, 1e-9):,.0f} tok/s")
             state = trainer_state(step, phase.index, batcher, totals, elapsed)
@@ -715,6 +773,7 @@ def train(config: RunConfig, run_dir, force: bool = False, ctx: Dist | None = No
             if not phase_end and step % config.checkpoint_interval == 0:
                 save_latest_checkpoint(run_dir, net, optimizer, state, ctx)
             if stop_after_step is not None and step >= stop_after_step:
+                log.close()
                 return {}
         if progress:
             progress.stop()
@@ -726,8 +785,7 @@ def train(config: RunConfig, run_dir, force: bool = False, ctx: Dist | None = No
     if ctx.is_main:
         (run_dir / "done.json").write_text(json.dumps({**final, "step": step}, indent=2) + "\n")
         shutil.rmtree(run_dir / "latest", ignore_errors=True)
-    if log:
-        log.close()
+    log.close()
     ctx.barrier()
     return json.loads((run_dir / "done.json").read_text())
 

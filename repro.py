@@ -161,6 +161,7 @@ class Workspace:
     results: Path
     ctx: grow.Dist
     student_runs: str = ""  # a subfolder of runs/<scale>/ for students of a variant preset (regime.py)
+    tracker: str = ""       # grow.TRACKERS: also log to TensorBoard or W&B
 
     @property
     def data_dir(self) -> Path:
@@ -247,7 +248,7 @@ def override_name(changes: dict) -> str:
 
 
 def workspace(scale: str, runs_dir: Path, results_dir: Path | None = None, dry_run: bool = False, overrides=(),
-              compile_flag: bool | None = None, device: str = "auto") -> Workspace:
+              compile_flag: bool | None = None, device: str = "auto", tracker: str = "") -> Workspace:
     """A scale's folders. With overrides of the students' settings (run, diag) only, the students live in
     runs/<scale>/set/<overrides>/ beside the scale's data and teacher; overrides of the data or the
     teacher make a whole workspace of their own, runs/<scale>+<overrides>/. Results go to
@@ -260,6 +261,7 @@ def workspace(scale: str, runs_dir: Path, results_dir: Path | None = None, dry_r
             raise click.UsageError(f"--scale {scale} needs CUDA GPUs and this machine has none; on a GPU node "
                                    f"launch: torchrun --nproc_per_node=8 repro.py table1 --scale {scale} "
                                    f"(or --dry-run here to see the plan)")
+    grow.check_tracker(tracker)
     ctx = grow.setup_distributed(device)
     if not dry_run:
         writable_dir(runs_dir, "--runs-dir")
@@ -267,11 +269,11 @@ def workspace(scale: str, runs_dir: Path, results_dir: Path | None = None, dry_r
             writable_dir(results_dir, "--results-dir")
     results_dir = results_dir or Path("results")
     if not changes:
-        return Workspace(preset, runs_dir / scale, results_dir / scale, ctx)
+        return Workspace(preset, runs_dir / scale, results_dir / scale, ctx, tracker=tracker)
     name = override_name(changes)
     own_inputs = set(changes) - {"run", "diag"}
     return Workspace(preset, runs_dir / (f"{scale}+{name}" if own_inputs else scale), results_dir / f"{scale}+{name}",
-                     ctx, student_runs="" if own_inputs else f"set/{name}")
+                     ctx, student_runs="" if own_inputs else f"set/{name}", tracker=tracker)
 
 
 def prepare_data(ws: Workspace, force: bool = False) -> tuple[data.Shard, data.Shard]:
@@ -382,7 +384,8 @@ def show_overview(ws: Workspace, jobs: list[tuple[str, int]], running: tuple[str
 def ensure_teacher(ws: Workspace, force: bool = False) -> Path:
     if ws.preset.teacher:
         return hub_teacher(ws)
-    grow.train(run_config(ws, "teacher", ws.preset.run["seed"]), ws.run_dir("teacher", 0), force=force, ctx=ws.ctx)
+    grow.train(run_config(ws, "teacher", ws.preset.run["seed"]), ws.run_dir("teacher", 0), force=force, ctx=ws.ctx,
+               tracker=ws.tracker)
     return ws.run_dir("teacher", 0) / "phase-0"
 
 
@@ -403,7 +406,8 @@ def ensure_runs(ws: Workspace, names, seeds: list[int], force: bool = False, tea
         if run_status(ws.run_dir(*job)) != "done":
             show_overview(ws, jobs, running=job)
         # Done runs too: train() reuses one whose config matches and refuses a stale one.
-        grow.train(run_config(ws, *job, teacher=teacher), ws.run_dir(*job), force=force, ctx=ws.ctx)
+        grow.train(run_config(ws, *job, teacher=teacher), ws.run_dir(*job), force=force, ctx=ws.ctx,
+                   tracker=ws.tracker)
     show_overview(ws, jobs)
 
 
@@ -559,6 +563,8 @@ results_option = click.option("--results-dir", type=click.Path(path_type=Path), 
 
 def overrides_option(f):
     """--set (repeatable), --compile/--no-compile and --device, for every command that trains."""
+    f = click.option("--log", "tracker", type=click.Choice(grow.TRACKERS[1:]), default="",
+                     help="Also log every step and evaluation to TensorBoard (runs/.../tensorboard/) or W&B.")(f)
     f = click.option("--device", type=click.Choice(grow.DEVICES), default="auto", show_default=True,
                      help="auto: a CUDA GPU, else Apple silicon (MPS, untested here), else the CPU.")(f)
     f = click.option("--compile/--no-compile", "compile_flag", default=None,
@@ -622,8 +628,8 @@ def cli():
 @force_option
 @runs_option
 @results_option
-def run_experiments(experiments, scale, seeds, dry_run, gpu, gpus, overrides, compile_flag, device, force, runs_dir,
-                    results_dir):
+def run_experiments(experiments, scale, seeds, dry_run, gpu, gpus, overrides, compile_flag, device, tracker, force,
+                    runs_dir, results_dir):
     """Run EXPERIMENTS (default: all) at a scale and write results/<scale>/<experiment>.md/.json/.png."""
     unknown = [e for e in experiments if e != "all" and e not in EXPERIMENTS]
     if unknown:
@@ -631,7 +637,7 @@ def run_experiments(experiments, scale, seeds, dry_run, gpu, gpus, overrides, co
                                  param_hint="EXPERIMENT")
     names = list(EXPERIMENTS) if not experiments or "all" in experiments else list(dict.fromkeys(experiments))
     runs = [r for r in RUNS if any(r in EXPERIMENTS[e].runs for e in names)]
-    ws = workspace(scale, runs_dir, results_dir, dry_run, overrides, compile_flag, device)
+    ws = workspace(scale, runs_dir, results_dir, dry_run, overrides, compile_flag, device, tracker)
     seeds = seeds or [ws.preset.run["seed"]]
     if dry_run:
         print_plan(ws, runs, seeds, gpu, gpus or (8 if scale == "full" else 1))
@@ -659,12 +665,13 @@ def run_experiments(experiments, scale, seeds, dry_run, gpu, gpus, overrides, co
 @force_option
 @runs_option
 @results_option
-def regime(scale, seeds, grid_text, overrides, compile_flag, device, force, runs_dir, results_dir):
+def regime(scale, seeds, grid_text, overrides, compile_flag, device, tracker, force, runs_dir, results_dir):
     """The regime map: delta joint, delta grow and the interaction over a grid of step budgets, peak
     LRs and post-norm output-gain inits (results/<scale>/regime.md/.json/.png). Not part of `all`."""
     import regime as regime_map
     grid = regime_map.parse_grid(grid_text) if grid_text else regime_map.GRIDS[scale]
-    ws = workspace(scale, runs_dir, results_dir, overrides=overrides, compile_flag=compile_flag, device=device)
+    ws = workspace(scale, runs_dir, results_dir, overrides=overrides, compile_flag=compile_flag, device=device,
+                   tracker=tracker)
     ws.results.mkdir(parents=True, exist_ok=True)
     regime_map.run_map(ws, grid, seeds or regime_map.DEFAULT_SEEDS[scale], force)
     ws.ctx.barrier()
@@ -682,9 +689,9 @@ def ratios(scale):
 @overrides_option
 @force_option
 @runs_option
-def teacher(scale, overrides, compile_flag, device, force, runs_dir):
+def teacher(scale, overrides, compile_flag, device, tracker, force, runs_dir):
     """Pretrain the kit's own teacher for a scale (smoke, toy) and print its validation CE."""
-    ws = workspace(scale, runs_dir, overrides=overrides, compile_flag=compile_flag, device=device)
+    ws = workspace(scale, runs_dir, overrides=overrides, compile_flag=compile_flag, device=device, tracker=tracker)
     if ws.preset.teacher:
         raise click.UsageError(f"--scale {scale} distils from {ws.preset.teacher}; there is no teacher to pretrain")
     prepare_data(ws, force)
@@ -702,15 +709,16 @@ def teacher(scale, overrides, compile_flag, device, force, runs_dir):
 @overrides_option
 @force_option
 @runs_option
-def train(scale, norm, protocol, seed, overrides, compile_flag, device, force, runs_dir):
+def train(scale, norm, protocol, seed, overrides, compile_flag, device, tracker, force, runs_dir):
     """Train one named run (and any run whose phases it shares), e.g. --norm post --protocol grow."""
-    ws = workspace(scale, runs_dir, overrides=overrides, compile_flag=compile_flag, device=device)
+    ws = workspace(scale, runs_dir, overrides=overrides, compile_flag=compile_flag, device=device, tracker=tracker)
     seed = ws.preset.run["seed"] if seed is None else seed
     name = f"{norm}-{protocol}"
     prepare_data(ws, force)
     path = ensure_teacher(ws, force)
     for job in with_prefixes([name]):
-        result = grow.train(run_config(ws, job, seed, teacher=path), ws.run_dir(job, seed), force=force, ctx=ws.ctx)
+        result = grow.train(run_config(ws, job, seed, teacher=path), ws.run_dir(job, seed), force=force, ctx=ws.ctx,
+                            tracker=ws.tracker)
     console.print(f"{name}: validation CE {result['ce']:.4f}, KD {result['kd']:.4f}, PPL {result['ppl']:.2f}; "
                   f"run folder {ws.run_dir(name, seed)}")
 

@@ -311,3 +311,40 @@ def test_device_auto_picks_cuda_then_mps_then_cpu(monkeypatch):
         grow.choose_device("mps")
     # bf16 autocast only where the device supports it: never on MPS.
     assert grow.precision_choice("auto", torch.device("mps"))[0] == torch.float32
+
+
+def test_tracker_gets_the_same_rows_as_metrics_jsonl(tiny_shards, tiny_teacher_dir, tmp_path, monkeypatch):
+    """W&B (a recording stand-in for the package) receives every step's loss, LR and gradient norm and
+    every evaluation, at the log's steps and with the log's values."""
+    import types
+    calls = {"log": [], "init": None, "finished": 0}
+
+    class Run:
+        def log(self, values, step):
+            calls["log"].append((step, values))
+
+        def finish(self):
+            calls["finished"] += 1
+
+    fake = types.ModuleType("wandb")
+    fake.init = lambda **kwargs: calls.__setitem__("init", kwargs) or Run()
+    monkeypatch.setitem(sys.modules, "wandb", fake)
+    grow.check_tracker("wandb")
+    c = run_config(tiny_shards, tiny_teacher_dir, protocol="grow", phase_steps=3)
+    grow.train(c, tmp_path / "r", tracker="wandb")
+    assert calls["init"]["project"] == "normgrow" and calls["init"]["config"]["lr"] == c.lr and calls["finished"] == 1
+    expected = []
+    for row in grow.read_metrics(tmp_path / "r"):
+        kind = "phase_start" if row.get("phase_start") else "eval" if row.get("eval") else "train"
+        expected.append((row["step"], {f"{kind}/{k}": v for k, v in row.items()
+                                       if k not in ("step", "eval", "phase_start") and not isinstance(v, bool)}))
+    assert calls["log"] == expected
+    assert {"train/loss", "train/lr", "train/grad_norm"} <= set(calls["log"][1][1])
+    assert any("eval/ce" in values for _, values in calls["log"])
+
+
+def test_missing_tracker_package_is_one_line(monkeypatch):
+    monkeypatch.setitem(sys.modules, "tensorboard", None)  # as if not installed
+    with pytest.raises(grow.TrainingError, match="--log tensorboard: the tensorboard package is not installed; "
+                                                 "pip install tensorboard"):
+        grow.check_tracker("tensorboard")
