@@ -369,14 +369,14 @@ def run_status(run_dir: Path) -> str:
     return f"partial (step {max(steps)})" if steps else "pending"
 
 
-def show_overview(ws: Workspace, jobs: list[tuple[str, int]], running: tuple[str, int] | None = None):
+def show_overview(ws: Workspace, jobs: list[tuple[str, int]]):
     if not ws.ctx.is_main:
         return
     table = Table(title=f"runs at scale {ws.preset.name}")
     for column in ("run", "seed", "status", "folder"):
         table.add_column(column)
     for name, seed in jobs:
-        status = "running" if (name, seed) == running else run_status(ws.run_dir(name, seed))
+        status = run_status(ws.run_dir(name, seed))
         table.add_row(name, str(seed), status, str(ws.run_dir(name, seed)))
     console.print(table)
 
@@ -402,13 +402,12 @@ def ensure_runs(ws: Workspace, names, seeds: list[int], force: bool = False, tea
     ones resumed, and with `force` a run folder holding another config (an edited preset) is discarded."""
     teacher = teacher or ensure_inputs(ws, force)
     jobs = [(name, seed) for seed in seeds for name in with_prefixes(names)]
+    if any(run_status(ws.run_dir(*job)) != "done" for job in jobs):
+        show_overview(ws, jobs)  # once, before the work; each run then announces itself
     for job in jobs:
-        if run_status(ws.run_dir(*job)) != "done":
-            show_overview(ws, jobs, running=job)
         # Done runs too: train() reuses one whose config matches and refuses a stale one.
         grow.train(run_config(ws, *job, teacher=teacher), ws.run_dir(*job), force=force, ctx=ws.ctx,
                    tracker=ws.tracker)
-    show_overview(ws, jobs)
 
 
 def teacher_summary(ws: Workspace, names, seeds: list[int]) -> str:
