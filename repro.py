@@ -562,7 +562,8 @@ results_option = click.option("--results-dir", type=click.Path(path_type=Path), 
 
 def overrides_option(f):
     """--set (repeatable), --compile/--no-compile and --device, for every command that trains."""
-    f = click.option("--log", "tracker", type=click.Choice(grow.TRACKERS[1:]), default="",
+    f = click.option("--log", "tracker", type=click.Choice(grow.TRACKERS[1:]), default=None,
+                     callback=lambda ctx, param, value: value or "",
                      help="Also log every step and evaluation to TensorBoard (runs/.../tensorboard/) or W&B.")(f)
     f = click.option("--device", type=click.Choice(grow.DEVICES), default="auto", show_default=True,
                      help="auto: a CUDA GPU, else Apple silicon (MPS, untested here), else the CPU.")(f)
