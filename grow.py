@@ -13,7 +13,8 @@ blocks 0..p, all of them trained), `freeze` (grow, but phase p>0 trains only blo
 Qwen3 model, the toy preset's own teacher).
 
 A run directory holds config.json, provenance.json, metrics.jsonl (one line per step and per
-evaluation, including each phase's start, before its first update), phase-<p>/ (kept phase-end checkpoints, safetensors, read by the diagnostics),
+evaluation, including each phase's start, before its first update), phase-<p>/ (kept phase-end
+checkpoints, safetensors, read by the diagnostics),
 latest/ (the rolling resume checkpoint: weights, optimizer and trainer state) and done.json.
 A run killed at any moment resumes from its newest checkpoint to the same result.
 """

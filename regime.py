@@ -111,7 +111,8 @@ def point_workspace(ws: repro.Workspace, point: Point) -> repro.Workspace:
                  for k in ("eval_interval", "checkpoint_interval")}
     run.update(phase_steps=steps, warmup_frac=min(1.0, warmup / steps), **per_phase, snapshot_interval=0,
                lr=run["lr"] * point.lr, min_lr=run["min_lr"] * point.lr, post_output_gain=point.gain)
-    return replace(ws, preset=replace(ws.preset, run=run), student_runs=str(Path(ws.student_runs) / "regime" / point.name))
+    return replace(ws, preset=replace(ws.preset, run=run),
+                   student_runs=str(Path(ws.student_runs) / "regime" / point.name))
 
 
 def run_map(ws: repro.Workspace, grid: dict, seeds: list[int], force: bool = False) -> dict:
