@@ -48,7 +48,7 @@ def metrics(run_dir: Path) -> list[dict]:
 
 def final_eval(ws: Workspace, name: str, seed: int) -> dict:
     """The scheduled endpoint's evaluation (never a best checkpoint)."""
-    return json.loads((ws.run_dir(name, seed) / "done.json").read_text())
+    return grow.read_json(ws.run_dir(name, seed) / "done.json", "ce", "ppl", "kd")
 
 
 def phase_end_eval(ws: Workspace, name: str, seed: int, phase: int) -> dict:
@@ -192,7 +192,7 @@ def table_a2_numbers(ws, seed):
 
 def table_a3_numbers(ws, seed):
     ce = {f"{n}_{p}": final_eval(ws, f"{n}-{p}", seed)["ce"] for n in ("pre", "post") for p in ("grow", "freeze")}
-    ppl = {k: math.exp(v) for k, v in ce.items()}
+    ppl = {k: grow.perplexity(v) for k, v in ce.items()}
     return {**ce, "delta_grow": ce["post_grow"] - ce["pre_grow"], "delta_freeze": ce["post_freeze"] - ce["pre_freeze"],
             "delta_freeze_minus_grow": (ce["post_freeze"] - ce["pre_freeze"]) - (ce["post_grow"] - ce["pre_grow"]),
             "ppl_gap_grow": ppl["post_grow"] - ppl["pre_grow"], "ppl_gap_freeze": ppl["post_freeze"] - ppl["pre_freeze"]}

@@ -401,7 +401,7 @@ def evaluate(config: RunConfig, net, teacher, val: data.Shard, active_blocks: in
     kl, soft_ce, ce, n = ctx.sum(sums)
     net.train()
     n = max(n, 1.0)
-    return {"ce": ce / n, "ppl": math.exp(ce / n), "kd": soft_ce / n, "kl": kl / n, "val_tokens": int(n)}
+    return {"ce": ce / n, "ppl": perplexity(ce / n), "kd": soft_ce / n, "kl": kl / n, "val_tokens": int(n)}
 
 
 # ----------------------------------------------------------------------------------------------
@@ -459,11 +459,11 @@ def newest_checkpoint(run_dir: Path) -> tuple[Path, dict] | None:
     for ckpt in [run_dir / "latest", *phases]:
         state_file = ckpt / "trainer_state.json"
         if ckpt.is_dir() and state_file.is_file():
-            found.append((json.loads(state_file.read_text())["step"], ckpt.name == "latest", ckpt))
+            found.append((read_json(state_file, "step")["step"], ckpt.name == "latest", ckpt))
     if not found:
         return None
     _, _, ckpt = max(found)  # on a tie prefer latest/: it also holds the optimizer state
-    return ckpt, json.loads((ckpt / "trainer_state.json").read_text())
+    return ckpt, read_json(ckpt / "trainer_state.json", "step", "phase", "data", "totals", "elapsed", "torch_rng")
 
 
 def load_weights(net, ckpt: Path):
@@ -493,7 +493,12 @@ def prepare_run_dir(config: RunConfig, run_dir: Path, force: bool, ctx: Dist) ->
     if config_file.is_file():
         # A field added to RunConfig after the run was made reads as its default: the same run.
         defaults = json.loads(json.dumps({f.name: f.default for f in fields(RunConfig) if f.default is not MISSING}))
-        stored = {**{k: v for k, v in defaults.items() if k in wanted}, **json.loads(config_file.read_text())}
+        try:
+            stored = {**{k: v for k, v in defaults.items() if k in wanted}, **read_json(config_file)}
+        except TrainingError:
+            if not force:
+                raise
+            stored = {}  # a damaged config the kit wrote: --force redoes the run
         if stored == wanted:
             if (run_dir / "done.json").is_file():
                 return True
@@ -521,6 +526,28 @@ def git_commit() -> str:
         return commit + ("+changes" if commit and git("status", "--porcelain", "--untracked-files=no") else "")
     except OSError:
         return ""
+
+
+def read_json(path: Path, *keys: str) -> dict:
+    """A JSON object the kit wrote (config, trainer state, done.json), with `keys` present; anything
+    else is one line naming the file."""
+    try:
+        value = json.loads(Path(path).read_text())
+    except OSError as e:
+        raise TrainingError(f"{path}: cannot be read ({e.strerror})") from None
+    except ValueError as e:
+        raise TrainingError(f"{path}: not valid JSON ({e}); the file is damaged: move it away (or rerun with "
+                            "--force for a run's config) and rerun") from None
+    missing = [k for k in keys if not isinstance(value, dict) or k not in value]
+    if missing:
+        raise TrainingError(f"{path}: lacks {', '.join(missing)}; the file is damaged or not the kit's: move it "
+                            "away and rerun")
+    return value
+
+
+def perplexity(ce: float) -> float:
+    """exp(CE), inf (not an overflow) for a CE past exp's range."""
+    return math.exp(ce) if ce < 700 else math.inf
 
 
 def provenance(config: RunConfig, ctx: Dist) -> dict:
@@ -562,7 +589,7 @@ def adopt_shared_prefix(config: RunConfig, run_dir: Path):
     if not state_file.is_file():
         raise TrainingError(f"{src}: not a finished phase checkpoint (no trainer_state.json); run its run first")
     shutil.copytree(src, run_dir / src.name, dirs_exist_ok=True)
-    truncate_metrics(run_dir, json.loads(state_file.read_text())["step"], source=src.parent)
+    truncate_metrics(run_dir, read_json(state_file, "step")["step"], source=src.parent)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -674,7 +701,7 @@ def train(config: RunConfig, run_dir, force: bool = False, ctx: Dist | None = No
     run_dir = Path(run_dir)
     if prepare_run_dir(config, run_dir, force, ctx):
         print0(ctx, f"{config.name}: done, reusing {run_dir}")
-        return json.loads((run_dir / "done.json").read_text())
+        return read_json(run_dir / "done.json", "ce", "ppl", "kd")
 
     # ---- models, data, and where to start ----
     torch.manual_seed(config.seed)
@@ -788,7 +815,7 @@ def train(config: RunConfig, run_dir, force: bool = False, ctx: Dist | None = No
         shutil.rmtree(run_dir / "latest", ignore_errors=True)
     log.close()
     ctx.barrier()
-    return json.loads((run_dir / "done.json").read_text())
+    return read_json(run_dir / "done.json", "ce", "ppl", "kd")
 
 
 def main(argv=None):

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import json
 import math
+import shlex
 import sys
 import time
 from dataclasses import MISSING, dataclass, field, fields, replace
@@ -258,9 +259,10 @@ def workspace(scale: str, runs_dir: Path, results_dir: Path | None = None, dry_r
     if preset.needs_cuda and not dry_run:
         import torch
         if not torch.cuda.is_available() or device not in ("auto", "cuda"):
+            command = " ".join(shlex.quote(a) for a in sys.argv[1:])
             raise click.UsageError(f"--scale {scale} needs CUDA GPUs and this machine has none; on a GPU node "
-                                   f"launch: torchrun --nproc_per_node=8 repro.py table1 --scale {scale} "
-                                   f"(or --dry-run here to see the plan)")
+                                   f"launch: torchrun --nproc_per_node={8 if scale == 'full' else 1} repro.py "
+                                   f"{command} (or add --dry-run here to see the plan)")
     grow.check_tracker(tracker)
     ctx = grow.setup_distributed(device)
     if not dry_run:
@@ -413,7 +415,7 @@ def ensure_runs(ws: Workspace, names, seeds: list[int], force: bool = False, tea
 def teacher_summary(ws: Workspace, names, seeds: list[int]) -> str:
     """The kit's own teacher: its cost (cached after the first run) and its lead over the students."""
     teacher = ws.run_dir("teacher", 0)
-    result = json.loads((teacher / "done.json").read_text())
+    result = grow.read_json(teacher / "done.json", "ce", "step")
     seconds = max((r.get("time", 0.0) for r in grow.read_metrics(teacher) if not r.get("eval")), default=0.0)
     best_ce, best = min((final_eval(ws, n, s)["ce"], f"{n} s{s}") for n in names for s in seeds)
     return (f"teacher: validation CE {result['ce']:.4f} after {result['step']} steps, trained in {seconds / 60:.1f} min "
@@ -696,7 +698,7 @@ def teacher(scale, overrides, compile_flag, device, tracker, force, runs_dir):
         raise click.UsageError(f"--scale {scale} distils from {ws.preset.teacher}; there is no teacher to pretrain")
     prepare_data(ws, force)
     path = ensure_teacher(ws, force)
-    result = json.loads((ws.run_dir("teacher", 0) / "done.json").read_text())
+    result = grow.read_json(ws.run_dir("teacher", 0) / "done.json", "ce", "ppl")
     console.print(f"teacher: validation CE {result['ce']:.4f} (PPL {result['ppl']:.1f}); HF checkpoint in {path}")
 
 

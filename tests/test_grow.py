@@ -348,3 +348,16 @@ def test_missing_tracker_package_is_one_line(monkeypatch):
     with pytest.raises(grow.TrainingError, match="--log tensorboard: the tensorboard package is not installed; "
                                                  "pip install tensorboard"):
         grow.check_tracker("tensorboard")
+
+
+def test_damaged_run_files_are_one_line_errors_naming_the_file(tiny_shards, tiny_teacher_dir, tmp_path):
+    c = run_config(tiny_shards, tiny_teacher_dir, protocol="joint", phase_steps=2)
+    done = grow.train(c, tmp_path / "r")
+    (tmp_path / "r" / "done.json").write_text('{"step": 2}')
+    with pytest.raises(grow.TrainingError, match=r"done\.json: lacks ce, ppl, kd"):
+        grow.train(c, tmp_path / "r")
+    (tmp_path / "r" / "config.json").write_text("{not json")
+    with pytest.raises(grow.TrainingError, match=r"r/config\.json: not valid JSON .*--force"):
+        grow.train(c, tmp_path / "r")
+    assert grow.train(c, tmp_path / "r", force=True) == done  # the kit's own damaged run is redone
+    assert grow.perplexity(800.0) == math.inf and grow.perplexity(1.0) == pytest.approx(math.e)

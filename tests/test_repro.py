@@ -65,6 +65,8 @@ def test_full_without_cuda_says_how_to_launch(tmp_path):
     out = cli("table1", "--scale", "full", "--runs-dir", tmp_path, check=False)
     assert out.returncode != 0 and "torchrun --nproc_per_node=8 repro.py table1 --scale full" in out.stderr
     assert len(out.stderr.strip().splitlines()) == 1
+    small = cli("train", "--scale", "small", "--norm", "post", "--protocol", "grow", "--runs-dir", tmp_path, check=False)
+    assert "torchrun --nproc_per_node=1 repro.py train --scale small --norm post --protocol grow" in small.stderr
 
 
 @pytest.mark.parametrize("args, message", [
