@@ -481,8 +481,11 @@ def write_checkpoint(path, config: dict, state: dict, extra_files: dict[str, str
 
 
 def replace_folder(new: Path, path: Path):
-    """Move a finished folder to `path`; an existing one there is removed only after the move."""
+    """Move a finished folder to `path`; an existing one there is removed only after the move. A `.old`
+    left by a swap that was killed is superseded by `new` and removed first (os.replace cannot move a
+    folder onto a non-empty one)."""
     old = path.with_name(path.name + ".old")
+    shutil.rmtree(old, ignore_errors=True)
     if path.exists():
         os.replace(path, old)
     os.replace(new, path)

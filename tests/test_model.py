@@ -391,3 +391,12 @@ def test_export_force_replaces_only_an_earlier_export(tmp_path, teacher):
     assert "already exists" in export(tmp_path / "hf").stderr
     assert export(tmp_path / "hf", "--force").returncode == 0 and (tmp_path / "hf" / model.EXPORT_MARKER).is_file()
     assert transformers.Qwen3ForCausalLM.from_pretrained(tmp_path / "hf").config.num_hidden_layers == 1
+
+
+def test_a_swap_killed_midway_does_not_block_later_saves(tmp_path, teacher):
+    student = model.Student.from_teacher(teacher, blocks=1, layers_per_block=1, norm="pre", seed=5)
+    student.save(tmp_path / "latest")
+    (tmp_path / "latest.old").mkdir()  # what a kill between the two renames leaves behind
+    (tmp_path / "latest.old" / "model.safetensors").write_bytes(b"stale")
+    student.save(tmp_path / "latest")
+    assert not (tmp_path / "latest.old").exists() and model.Student.load(tmp_path / "latest").blocks == 1
