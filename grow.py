@@ -21,6 +21,7 @@ A run killed at any moment resumes from its newest checkpoint to the same result
 from __future__ import annotations
 
 import base64
+import errno
 import json
 import math
 import os
@@ -29,7 +30,7 @@ import shutil
 import subprocess
 import time
 import warnings
-from contextlib import nullcontext
+from contextlib import contextmanager, nullcontext
 from dataclasses import MISSING, asdict, dataclass, field, fields
 from functools import cache, partial
 from pathlib import Path
@@ -422,9 +423,28 @@ def gathered_state(net) -> dict:
     return get_model_state_dict(net, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
 
 
+@contextmanager
+def disk_full_is_one_line(folder: Path, run_dir: Path):
+    """A write that runs out of disk says so, names the folder, and says what is still intact."""
+    try:
+        yield
+    except Exception as e:  # OSError, or safetensors' own error wrapping one
+        if getattr(e, "errno", None) != errno.ENOSPC and "No space left on device" not in str(e):
+            raise
+        intact = newest_checkpoint(run_dir)
+        raise TrainingError(f"no space left on device while writing {folder}; "
+                            + (f"the previous checkpoint {intact[0]} is intact" if intact else "no checkpoint was lost")
+                            + ": free some space and rerun to resume") from None
+
+
 def save_kept_checkpoint(run_dir: Path, name: str, net, state: dict, ctx: Dist):
     """A kept checkpoint (phase-<p>/ or step-<n>/): safetensors weights any tool can load, plus the
     trainer state. It holds no optimizer state: phases restart theirs, so a phase end needs none."""
+    with disk_full_is_one_line(run_dir / name, run_dir):
+        write_kept_checkpoint(run_dir, name, net, state, ctx)
+
+
+def write_kept_checkpoint(run_dir: Path, name: str, net, state: dict, ctx: Dist):
     full = gathered_state(net)
     if ctx.is_main:
         tmp = run_dir / f"{name}.tmp"
@@ -438,6 +458,11 @@ def save_kept_checkpoint(run_dir: Path, name: str, net, state: dict, ctx: Dist):
 
 
 def save_latest_checkpoint(run_dir: Path, net, optimizer, state: dict, ctx: Dist):
+    with disk_full_is_one_line(run_dir / "latest", run_dir):
+        write_latest_checkpoint(run_dir, net, optimizer, state, ctx)
+
+
+def write_latest_checkpoint(run_dir: Path, net, optimizer, state: dict, ctx: Dist):
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_state_dict
     model_state, optim_state = get_state_dict(net, optimizer)

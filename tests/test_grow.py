@@ -361,3 +361,22 @@ def test_damaged_run_files_are_one_line_errors_naming_the_file(tiny_shards, tiny
         grow.train(c, tmp_path / "r")
     assert grow.train(c, tmp_path / "r", force=True) == done  # the kit's own damaged run is redone
     assert grow.perplexity(800.0) == math.inf and grow.perplexity(1.0) == pytest.approx(math.e)
+
+
+def test_disk_full_while_checkpointing_says_so_and_resumes(tiny_shards, tiny_teacher_dir, tmp_path, monkeypatch):
+    import errno
+    c = run_config(tiny_shards, tiny_teacher_dir, protocol="grow", phase_steps=3, checkpoint_interval=2)
+    reference = grow.train(c, tmp_path / "reference")
+    real = grow.model.write_checkpoint
+
+    def full_disk(path, *args, **kwargs):
+        if Path(path).name == "phase-1.tmp":
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real(path, *args, **kwargs)
+
+    monkeypatch.setattr(grow.model, "write_checkpoint", full_disk)
+    with pytest.raises(grow.TrainingError, match=r"no space left on device while writing .*phase-1; the previous "
+                                                 r"checkpoint .*latest is intact: free some space and rerun"):
+        grow.train(c, tmp_path / "r")
+    monkeypatch.setattr(grow.model, "write_checkpoint", real)  # space freed
+    assert grow.train(c, tmp_path / "r") == reference
