@@ -30,7 +30,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 import torch.utils.checkpoint
-from safetensors import safe_open
+from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 
 
@@ -405,14 +405,30 @@ def tensor_files(path: Path) -> dict[str, Path]:
     """Map tensor name -> safetensors file, from model.safetensors.index.json or a single file."""
     index = path / "model.safetensors.index.json"
     if index.is_file():
-        weight_map = json.loads(index.read_text())["weight_map"]
-        return {name: path / file for name, file in weight_map.items()}
+        try:
+            weight_map = json.loads(index.read_text())["weight_map"]
+            return {str(name): path / str(file) for name, file in weight_map.items()}
+        except (ValueError, KeyError, TypeError, AttributeError):
+            raise CheckpointError(f"{index}: not a safetensors index (no weight_map of tensor -> file); "
+                                  "re-download or re-export the checkpoint") from None
     single = path / "model.safetensors"
     if not single.is_file():
         raise CheckpointError(f"{path}: no model.safetensors or model.safetensors.index.json; "
                               "the kit reads safetensors checkpoints only (no pickle)")
-    with safe_open(single, framework="pt") as f:
+    with open_safetensors(single) as f:
         return {name: single for name in f.keys()}
+
+
+FLOAT_DTYPES = {"F64", "F32", "F16", "BF16", "F8_E4M3", "F8_E5M2"}
+
+
+def open_safetensors(file: Path):
+    """safe_open, with a file that is not safetensors (a renamed pickle, a truncated download) as one line."""
+    try:
+        return safe_open(file, framework="pt")
+    except (SafetensorError, OSError) as e:
+        raise CheckpointError(f"{file}: not a readable safetensors file ({e}); re-download or re-export it "
+                              "(the kit never reads pickle)") from None
 
 
 @torch.no_grad()
@@ -420,6 +436,13 @@ def load_tensors(module: nn.Module, path: Path, dtype, device, name_in_file: Cal
     """Fill a meta-device (or FSDP2-sharded) module from safetensors, one tensor at a time, so a
     large model is never held twice; a sharded parameter reads only its own rows from disk."""
     files = tensor_files(path)
+    wanted = {name_in_file(name) for name, _ in module.named_parameters()}
+    # A tied teacher's file may still carry lm_head.weight; any other tensor means config.json describes
+    # a smaller model than the file holds (e.g. fewer layers or blocks), which would load truncated.
+    extra = sorted(set(files) - wanted - {"lm_head.weight"})
+    if extra:
+        raise CheckpointError(f"{path}: holds {len(extra)} tensor(s) that its config.json does not describe "
+                              f"(first: {extra[0]!r}); the checkpoint and its config.json disagree")
     module.to(dtype)  # on the meta device this allocates nothing
     if any(p.is_meta for p in module.parameters()):
         module.to_empty(device=device)
@@ -430,7 +453,7 @@ def load_tensors(module: nn.Module, path: Path, dtype, device, name_in_file: Cal
         file = files[key]
         if not file.is_file():
             raise CheckpointError(f"{file}: missing, but model.safetensors.index.json lists it for {key!r}")
-        with safe_open(file, framework="pt") as f:
+        with open_safetensors(file) as f:
             if key not in f.keys():
                 raise CheckpointError(f"{file}: tensor {key!r} is missing; the index and the file disagree")
             stored = f.get_slice(key)
@@ -438,7 +461,13 @@ def load_tensors(module: nn.Module, path: Path, dtype, device, name_in_file: Cal
             if stored_shape != tuple(param.shape):
                 raise CheckpointError(f"{file}: tensor {key!r} has shape {stored_shape}, config.json implies "
                                       f"{tuple(param.shape)}; the checkpoint and its config.json disagree")
+            if stored.get_dtype() not in FLOAT_DTYPES:
+                raise CheckpointError(f"{file}: tensor {key!r} is {stored.get_dtype()}, not a floating-point type; "
+                                      "the checkpoint is not a model's weights")
             local = read_local_rows(stored, param)
+        if not torch.isfinite(local).all():
+            raise CheckpointError(f"{file}: tensor {key!r} holds NaN or infinite values; the checkpoint is damaged "
+                                  "(a diverged run or a corrupt file)")
         target = param.to_local() if hasattr(param, "to_local") else param
         target.copy_(local.to(dtype))
 

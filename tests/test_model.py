@@ -356,6 +356,36 @@ def test_missing_and_misshapen_tensors(saved_teacher):
         model.load_qwen3(saved_teacher)
 
 
+def test_damaged_or_mismatched_checkpoints_are_refused_not_loaded(saved_teacher):
+    from safetensors.torch import load_file, save_file
+    file = saved_teacher / "model.safetensors"
+    tensors = load_file(file)
+    key = "model.layers.1.self_attn.q_proj.weight"
+    cases = [
+        ({**tensors, key: tensors[key].to(torch.int32)}, rf"tensor '{key}' is I32, not a floating-point type"),
+        ({**tensors, key: tensors[key].clone().fill_(float("nan"))}, rf"tensor '{key}' holds NaN or infinite values"),
+    ]
+    for stored, message in cases:
+        save_file(stored, file)
+        with pytest.raises(model.CheckpointError, match=message):
+            model.load_qwen3(saved_teacher)
+    # config.json describing fewer layers than the file holds would evaluate a truncated teacher.
+    save_file(tensors, file)
+    config = json.loads((saved_teacher / "config.json").read_text())
+    (saved_teacher / "config.json").write_text(json.dumps({**config, "num_hidden_layers": 3}))
+    with pytest.raises(model.CheckpointError, match=r"holds \d+ tensor\(s\) that its config\.json does not describe "
+                                                    r"\(first: 'model\.layers\.3\."):
+        model.load_qwen3(saved_teacher)
+    (saved_teacher / "config.json").write_text(json.dumps(config))
+    # A pickle renamed to model.safetensors, and an index without a weight map.
+    file.write_bytes(b"\x80\x04\x95" + b"\x00" * 64)
+    with pytest.raises(model.CheckpointError, match=r"model\.safetensors: not a readable safetensors file"):
+        model.load_qwen3(saved_teacher)
+    (saved_teacher / "model.safetensors.index.json").write_text("{}")
+    with pytest.raises(model.CheckpointError, match=r"index\.json: not a safetensors index"):
+        model.load_qwen3(saved_teacher)
+
+
 def test_cli_shows_checkpoint_errors_as_one_line(tmp_path):
     (tmp_path / "s").mkdir()
     out = subprocess.run([sys.executable, str(ROOT / "repro.py"), "export", str(tmp_path / "s"), str(tmp_path / "o")],
