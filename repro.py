@@ -725,9 +725,31 @@ def train(scale, norm, protocol, seed, overrides, compile_flag, device, tracker,
                   f"run folder {ws.run_dir(name, seed)}")
 
 
+def scale_of(config: dict, runs_dir: Path) -> str:
+    """The scale whose vocabulary a checkpoint has (smoke and toy truncate Qwen3's; small and full share
+    it, and then the one whose data exists under runs_dir is taken)."""
+    vocab = config.get("vocab_size")
+    matches = [s for s, p in PRESETS.items() if data.qwen3_tokenizer(p.data["vocab_size"]).n_vocab == vocab]
+    if not matches:
+        raise click.UsageError(f"the checkpoint's vocabulary ({vocab}) is no scale's; pass --scale and --data")
+    return next((s for s in matches if (runs_dir / s / "data" / "val").is_dir()), matches[0])
+
+
+def check_vocabulary(val: data.Shard, vocab: int, checkpoint: Path):
+    """A checkpoint and a shard from different tokenizers: a truncated vocabulary (smoke, toy) must end
+    at the shard's <|endoftext|>; Qwen3's own must hold it."""
+    if (vocab < QWEN3_EOT and vocab != val.eot + 1) or vocab <= val.eot:
+        raise data.DataError(f"{checkpoint}: its vocabulary ({vocab} ids) is not the one {val.path} was tokenized "
+                             f"with (<|endoftext|> = {val.eot}); pass the matching --scale or --data")
+
+
+QWEN3_EOT = 151643  # <|endoftext|> in Qwen3's full vocabulary
+
+
 @cli.command("eval")
 @click.argument("checkpoint", type=click.Path(path_type=Path))
-@scale_option
+@click.option("--scale", type=click.Choice(list(PRESETS)), default=None,
+              help="Whose validation shard and evaluation settings (default: read from the checkpoint's vocabulary).")
 @click.option("--data", "data_dir", type=click.Path(path_type=Path), default=None,
               help="A validation shard folder (default: the scale's, runs/<scale>/data/val).")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
@@ -735,9 +757,11 @@ def train(scale, norm, protocol, seed, overrides, compile_flag, device, tracker,
 def evaluate(checkpoint, scale, data_dir, as_json, runs_dir):
     """CE and PPL of any teacher (HF Qwen3) or student checkpoint on a validation shard."""
     config = model.read_config(checkpoint)
-    net = model.Student.load(checkpoint) if "normgrow_student" in config else model.load_qwen3(checkpoint)
+    scale = scale or scale_of(config, runs_dir)
     ws = Workspace(PRESETS[scale], runs_dir / scale, Path("results"), grow.Dist())
     val = data.Shard(data_dir or ws.data_dir / "val")
+    check_vocabulary(val, config.get("vocab_size", 0), checkpoint)
+    net = model.Student.load(checkpoint) if "normgrow_student" in config else model.load_qwen3(checkpoint)
     # The scale's evaluation settings (batch, chunk, precision), as its runs use them; no teacher: CE only.
     settings = run_config(ws, "post-joint", ws.preset.run["seed"])
     scores = grow.evaluate(settings, net, None, val, active_blocks=None, ctx=ws.ctx)

@@ -205,6 +205,9 @@ def test_eval_and_data_commands(smoke):
     teacher = json.loads(cli("eval", runs / "teacher" / "phase-0", "--scale", "smoke", "--runs-dir", runs.parent,
                              "--json").stdout)
     assert teacher["ce"] == pytest.approx(json.loads((runs / "teacher" / "done.json").read_text())["ce"], rel=1e-6)
+    # Without --scale, the scale comes from the checkpoint's vocabulary.
+    inferred = json.loads(cli("eval", runs / "s42" / "post-grow" / "phase-2", "--runs-dir", runs.parent, "--json").stdout)
+    assert inferred["ce"] == result["ce"] and inferred["data"].endswith("smoke/data/val")
     summary = cli("data", "--scale", "smoke", "--runs-dir", runs.parent).stdout
     assert "boundary_tokens" in summary and "validation" in summary
 
@@ -370,3 +373,14 @@ def test_missing_device_is_one_line_before_any_folder(tmp_path):
     lines = out.stderr.strip().splitlines()
     assert out.returncode != 0 and len(lines) == 1 and "--device cuda" in lines[0], out.stderr
     assert not (tmp_path / "runs").exists()
+
+
+def test_checkpoint_and_shard_vocabularies_must_match():
+    from types import SimpleNamespace
+    import data
+    shard = lambda eot: SimpleNamespace(eot=eot, path=Path("val"))
+    repro.check_vocabulary(shard(512), 513, Path("ck"))          # smoke on smoke
+    repro.check_vocabulary(shard(151643), 151936, Path("ck"))    # Qwen3's own vocabulary
+    for eot, vocab in ((4096, 513), (512, 4097), (151643, 4097)):  # smoke on toy, toy on smoke, toy on FineWeb
+        with pytest.raises(data.DataError, match="ck: its vocabulary .* is not the one val was tokenized with"):
+            repro.check_vocabulary(shard(eot), vocab, Path("ck"))
