@@ -377,6 +377,7 @@ def test_missing_device_is_one_line_before_any_folder(tmp_path):
 
 def test_checkpoint_and_shard_vocabularies_must_match():
     from types import SimpleNamespace
+
     import data
     shard = lambda eot: SimpleNamespace(eot=eot, path=Path("val"))
     repro.check_vocabulary(shard(512), 513, Path("ck"))          # smoke on smoke
