@@ -153,7 +153,12 @@ class Experiment:
 
 
 def table1_numbers(ws, seed):
-    ce = {f"{n}_{p}": final_eval(ws, f"{n}-{p}", seed)["ce"] for n in ("pre", "post") for p in ("joint", "grow")}
+    return with_deltas({f"{n}_{p}": final_eval(ws, f"{n}-{p}", seed)["ce"] for n in ("pre", "post")
+                        for p in ("joint", "grow")})
+
+
+def with_deltas(ce: dict) -> dict:
+    """The four main runs' CEs ({pre,post}_{joint,grow}) with Table 1's differences and interaction."""
     delta_joint, delta_grow = ce["post_joint"] - ce["pre_joint"], ce["post_grow"] - ce["pre_grow"]
     return {**ce, "delta_joint": delta_joint, "delta_grow": delta_grow, "interaction": delta_grow - delta_joint}
 

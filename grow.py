@@ -662,21 +662,18 @@ def check_tracker(kind: str):
 
 def open_tracker(kind: str, run_dir: Path, config: RunConfig):
     """(send(values, step), finish()) for TensorBoard (run_dir/tensorboard/) or W&B (project normgrow,
-    the run's name and config); an install hint if the package is missing."""
-    package = "tensorboard" if kind == "tensorboard" else "wandb"
-    try:
-        if kind == "tensorboard":
-            from torch.utils.tensorboard import SummaryWriter
-            writer = SummaryWriter(log_dir=str(run_dir / "tensorboard"))
+    the run's name and config)."""
+    check_tracker(kind)
+    if kind == "tensorboard":
+        from torch.utils.tensorboard import SummaryWriter
+        writer = SummaryWriter(log_dir=str(run_dir / "tensorboard"))
 
-            def send(values, step):
-                for key, value in values.items():
-                    writer.add_scalar(key, value, step)
-                writer.flush()
-            return send, writer.close
-        import wandb
-    except ImportError:
-        raise TrainingError(f"--log {kind}: the {package} package is not installed; pip install {package}") from None
+        def send(values, step):
+            for key, value in values.items():
+                writer.add_scalar(key, value, step)
+            writer.flush()
+        return send, writer.close
+    import wandb
     run = wandb.init(project="normgrow", name=f"{run_dir.parent.name}/{run_dir.name}", config=asdict(config),
                      dir=str(run_dir), reinit=True)
     return (lambda values, step: run.log(values, step=step)), run.finish

@@ -137,8 +137,7 @@ def point_numbers(ws: repro.Workspace, point: Point, seed: int) -> dict:
     pws = point_workspace(ws, point)
     ce = {f"{n}_{p}": experiments.final_eval(ws if n == "pre" and point.pre_runs_are_the_presets else pws,
                                        f"{n}-{p}", seed)["ce"] for n in ("pre", "post") for p in ("joint", "grow")}
-    delta_joint, delta_grow = ce["post_joint"] - ce["pre_joint"], ce["post_grow"] - ce["pre_grow"]
-    return {**ce, "delta_joint": delta_joint, "delta_grow": delta_grow, "interaction": delta_grow - delta_joint}
+    return experiments.with_deltas(ce)
 
 
 def report(ws: repro.Workspace, points: list[Point], seeds: list[int]) -> dict:
