@@ -12,7 +12,7 @@ Normally driven by repro.py; by hand:
         series.append({"step": ckpt["step"], **diag.diagnose_checkpoint(
             student, batch, tokenizer.decode, active_blocks=ckpt["active_blocks"])})
     removal = diag.block_removal(model.Student.load("runs/toy/pre-grow/phase-2"), batch)   # Table 4
-    rows = grow.read_metrics("runs/toy/pre-grow")
+    rows = rundir.read_metrics("runs/toy/pre-grow")
     responses = diag.transition_responses(rows, phase_steps=S, blocks=3)                  # Table A4
     diag.fig4_boundary_std({"pre": series, "post": post_series}, "results/toy/fig4.png")
 
@@ -477,7 +477,7 @@ def fig5a_token_types(series: dict, path, boundary: int = 1, paper: dict = PAPER
 
 def fig5b_validation(runs: dict, path, transition_steps: list[int], smooth: int | None = None,
                      paper: dict = PAPER["table1"]) -> Path:
-    """Figure 5b. runs: {"pre": metrics rows, "post": metrics rows} of the grow runs (grow.read_metrics).
+    """Figure 5b. runs: {"pre": metrics rows, "post": metrics rows} of the grow runs (rundir.read_metrics).
     Validation CE at every evaluation; with `smooth`, also the training CE term as a trailing
     `smooth`-step mean (thin). Vertical lines at the block-append steps; the paper's final CE hollow."""
     with matplotlib.rc_context(STYLE):

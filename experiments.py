@@ -27,6 +27,7 @@ from rich.table import Table
 import data
 import diag
 import grow
+import rundir
 import model
 
 if TYPE_CHECKING:
@@ -43,12 +44,12 @@ MAIN_RUNS = ("pre-joint", "post-joint", "pre-grow", "post-grow")
 
 @cache
 def metrics(run_dir: Path) -> list[dict]:
-    return grow.read_metrics(run_dir)
+    return rundir.read_metrics(run_dir)
 
 
 def final_eval(ws: Workspace, name: str, seed: int) -> dict:
     """The scheduled endpoint's evaluation (never a best checkpoint)."""
-    return grow.read_json(ws.run_dir(name, seed) / "done.json", "ce", "ppl", "kd")
+    return rundir.read_json(ws.run_dir(name, seed) / "done.json", "ce", "ppl", "kd")
 
 
 def phase_end_eval(ws: Workspace, name: str, seed: int, phase: int) -> dict:
@@ -372,7 +373,7 @@ def configs_hash(ws: Workspace, names, seeds: list[int]) -> str:
 def report(ws: Workspace, name: str, seeds: list[int]) -> dict:
     exp = EXPERIMENTS[name]
     out = {"experiment": name, "about": exp.about, "scale": ws.preset.name, "seeds": seeds, "note": exp.note,
-           "git_commit": grow.git_commit(), "runs_config_sha256": configs_hash(ws, exp.runs, seeds)}
+           "git_commit": rundir.git_commit(), "runs_config_sha256": configs_hash(ws, exp.runs, seeds)}
     md = [f"# {name} ({ws.preset.name} scale)", "", exp.about, ""]
     if exp.numbers:
         per_seed = [exp.numbers(ws, s) for s in seeds]

@@ -1,4 +1,5 @@
-"""One training run: a protocol's phases, each with a fresh AdamW and a restarted warmup + cosine.
+"""Training: a run's protocol, its phases (each with a fresh AdamW and a restarted warmup + cosine),
+and several runs trained together in lockstep on one teacher pass per batch.
 
 Runs are normally started by repro.py, which fills a RunConfig from a preset:
 
@@ -12,26 +13,22 @@ blocks 0..p, all of them trained), `freeze` (grow, but phase p>0 trains only blo
 (all blocks, several phases with LR restarts, fresh data) and `teacher` (plain CE pretraining of a
 Qwen3 model, the toy preset's own teacher).
 
-A run directory holds config.json, provenance.json, metrics.jsonl (one line per step and per
-evaluation, including each phase's start, before its first update), phase-<p>/ (kept phase-end
-checkpoints, safetensors, read by the diagnostics),
-latest/ (the rolling resume checkpoint: weights, optimizer and trainer state) and done.json.
-A run killed at any moment resumes from its newest checkpoint to the same result.
+`train` runs one run; `train_together` several, each exactly as if alone (bit-identical in one
+process): the suite's runs of one seed read the same batch at the same step, so the frozen teacher
+runs once per batch for all of them. What a run directory holds is rundir.py's. A run killed at
+any moment resumes from its newest checkpoint to the same result.
 """
 from __future__ import annotations
 
 import base64
-import errno
 import json
 import math
 import os
 import platform
 import shutil
-import subprocess
 import time
-import warnings
 from contextlib import contextmanager, nullcontext
-from dataclasses import MISSING, asdict, dataclass, field, fields
+from dataclasses import dataclass, field
 from functools import cache, partial
 from pathlib import Path
 
@@ -41,13 +38,9 @@ import torch.distributed as dist
 import data
 import kd
 import model
-
-# DCP warns on every single-process save that it assumes one process; that is the intent.
-warnings.filterwarnings("ignore", message="torch.distributed is disabled")
-
-
-class TrainingError(RuntimeError):
-    """A run that cannot go on (a non-finite loss, a run directory that belongs to another config)."""
+from rundir import (MetricsLog, TrainingError, adopt_shared_prefix, git_commit, load_latest_checkpoint, load_weights,
+                    newest_checkpoint, prepare_run_dir, read_json, save_kept_checkpoint, save_latest_checkpoint,
+                    trainer_state, truncate_metrics)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -320,11 +313,48 @@ def shard_fn(ctx: Dist, compute_dtype: torch.dtype, shard_root: bool):
 
 
 # ----------------------------------------------------------------------------------------------
-# Models
+# Models: the frozen teacher (shared by every run that distils from it) and the model a run trains
 
-def build_models(config: RunConfig, ctx: Dist):
-    """(trained model, teacher or None). The teacher keeps its embedding, final norm and head
-    replicated (its layers are sharded), so its head weight can be handed to the chunked loss."""
+TEACHER_CACHE_BYTES = 2**30  # validation hidden states kept per teacher (one process only)
+
+
+class Teacher:
+    """The frozen teacher's final hidden states (the chunked loss applies its head). `forwards` counts
+    the passes it actually ran. Validation batches are kept after their first pass, up to
+    `cache_bytes`: every evaluation of every run reads the same ones. Under FSDP2 nothing is kept, so
+    every rank runs the same sequence of sharded forwards."""
+
+    def __init__(self, net: model.Qwen3, cache_bytes: int = 0):
+        self.net, self.cache_bytes, self.forwards = net, cache_bytes, 0
+        self.kept: dict = {}
+
+    @property
+    def head_weight(self) -> torch.Tensor:
+        return self.net.head_weight
+
+    @torch.no_grad()
+    def hidden(self, input_ids: torch.Tensor, key=None) -> torch.Tensor:
+        if key is not None and key in self.kept:
+            return self.kept[key]
+        self.forwards += 1
+        hidden = self.net(input_ids, output_fn=hidden_only)
+        if key is not None and sum(h.nbytes for h in self.kept.values()) + hidden.nbytes <= self.cache_bytes:
+            self.kept[key] = hidden
+        return hidden
+
+
+def load_teacher(config: RunConfig, ctx: Dist) -> Teacher:
+    """The teacher checkpoint, its layers sharded under FSDP2 (embedding, final norm and head
+    replicated, so its head weight can be handed to the chunked loss). fp32 on CPU."""
+    dtype = precision_of(config, ctx)
+    net = model.load_qwen3(config.teacher, dtype=dtype if ctx.device.type == "cuda" else torch.float32,
+                           device=ctx.device, shard_fn=shard_fn(ctx, dtype, shard_root=False))
+    return Teacher(net, TEACHER_CACHE_BYTES if ctx.world == 1 else 0)
+
+
+def build_model(config: RunConfig, teacher: Teacher | None, ctx: Dist) -> torch.nn.Module:
+    """The model a run trains: a student built from the teacher, or (the `teacher` protocol) a Qwen3
+    initialised from the seed."""
     dtype = precision_of(config, ctx)
     if config.protocol == "teacher":
         with torch.device("meta"):
@@ -334,19 +364,15 @@ def build_models(config: RunConfig, ctx: Dist):
             shard(net)
         net.to_empty(device=ctx.device)
         net.init_weights(config.seed)
-        teacher = None
     else:
-        teacher_dtype = dtype if ctx.device.type == "cuda" else torch.float32
-        teacher = model.load_qwen3(config.teacher, dtype=teacher_dtype, device=ctx.device,
-                                   shard_fn=shard_fn(ctx, dtype, shard_root=False))
-        net = model.Student.from_teacher(teacher, config.blocks, config.layers_per_block, config.norm,
+        net = model.Student.from_teacher(teacher.net, config.blocks, config.layers_per_block, config.norm,
                                          config.seed, shard_fn=shard_fn(ctx, dtype, shard_root=True),
                                          output_gain=config.post_output_gain)
     net.checkpoint_layers = config.activation_checkpointing
     if config.compile:
         for layer in net.layers:
             layer.compile()
-    return net, teacher
+    return net
 
 
 def autocast(config: RunConfig, ctx: Dist):
@@ -360,18 +386,16 @@ def hidden_only(hidden, head_weight):
     return hidden
 
 
-def loss_fn(config, batch, teacher, phase, denominator, net):
-    """Run one micro-batch through the model with the chunked loss as its output function."""
-    if teacher is None:
+def loss_fn(config, batch, teacher_hidden, teacher_head_weight, phase, denominator, net):
+    """One micro-batch through the model with the chunked loss as its output function: KD against the
+    teacher's hidden states, or plain CE where there are none (teacher pretraining)."""
+    if teacher_hidden is None:
         loss, ce_term = net(batch.input_ids, output_fn=partial(
             kd.ce_loss, targets=batch.targets, mask=batch.mask, chunk_size=config.loss_chunk,
             denominator=denominator))
         return loss, torch.zeros(()), ce_term
-    with torch.no_grad():
-        teacher_hidden = teacher(batch.input_ids, output_fn=hidden_only)
-    head = teacher.head_weight
     return net(batch.input_ids, active_blocks=phase.active_blocks, output_fn=partial(
-        kd.kd_loss, teacher_hidden=teacher_hidden, teacher_head_weight=head, targets=batch.targets,
+        kd.kd_loss, teacher_hidden=teacher_hidden, teacher_head_weight=teacher_head_weight, targets=batch.targets,
         mask=batch.mask, alpha=config.alpha, gamma=config.gamma, tau=config.tau,
         chunk_size=config.loss_chunk, denominator=denominator))
 
@@ -380,12 +404,13 @@ def loss_fn(config, batch, teacher, phase, denominator, net):
 # Evaluation: the whole fixed validation set, token-weighted, on every rank
 
 @torch.no_grad()
-def evaluate(config: RunConfig, net, teacher, val: data.Shard, active_blocks: int | None, ctx: Dist) -> dict:
+def evaluate(config: RunConfig, net, teacher: Teacher | None, val: data.Shard, active_blocks: int | None,
+             ctx: Dist) -> dict:
     """CE, PPL, KD (soft-target CE) and KL over every validation document, token-weighted and summed
     over ranks. Without a teacher, CE and PPL of `net` alone (a teacher run, or `repro.py eval`)."""
     net.eval()
     sums = [0.0, 0.0, 0.0, 0.0]  # kl, soft_ce, ce, targets
-    for batch in data.eval_batches(val, config.eval_batch, ctx.rank, ctx.world):
+    for i, batch in enumerate(data.eval_batches(val, config.eval_batch, ctx.rank, ctx.world)):
         batch = batch.to(ctx.device)
         with autocast(config, ctx):
             if teacher is None:
@@ -393,181 +418,16 @@ def evaluate(config: RunConfig, net, teacher, val: data.Shard, active_blocks: in
                                                            targets=batch.targets, mask=batch.mask,
                                                            chunk_size=config.loss_chunk))
             else:
-                teacher_hidden = teacher(batch.input_ids, output_fn=hidden_only)
+                teacher_hidden = teacher.hidden(batch.input_ids, key=(str(val.path), config.eval_batch, i))
                 s = net(batch.input_ids, active_blocks=active_blocks, output_fn=partial(
                     kd.kd_sums, teacher_hidden=teacher_hidden, teacher_head_weight=teacher.head_weight,
                     targets=batch.targets, mask=batch.mask, tau=config.tau, chunk_size=config.loss_chunk))
-        for i, key in enumerate(("kl", "soft_ce", "ce", "n")):
-            sums[i] += float(s.get(key, 0.0))
+        for k, key in enumerate(("kl", "soft_ce", "ce", "n")):
+            sums[k] += float(s.get(key, 0.0))
     kl, soft_ce, ce, n = ctx.sum(sums)
     net.train()
     n = max(n, 1.0)
     return {"ce": ce / n, "ppl": perplexity(ce / n), "kd": soft_ce / n, "kl": kl / n, "val_tokens": int(n)}
-
-
-# ----------------------------------------------------------------------------------------------
-# Checkpoints. phase-<p>/: kept, safetensors weights + trainer state. latest/: rolling, DCP
-# (weights + optimizer, sharded under FSDP2) + trainer state. Both written atomically.
-
-def trainer_state(step, phase, batcher, totals, elapsed) -> dict:
-    rng = base64.b64encode(torch.get_rng_state().numpy().tobytes()).decode()
-    return {"step": step, "phase": phase, "data": batcher.state_dict(), "totals": totals,
-            "elapsed": elapsed, "torch_rng": rng}
-
-
-def gathered_state(net) -> dict:
-    """Full (unsharded) CPU state dict on every rank; plain state_dict in one process."""
-    if not any(hasattr(p, "device_mesh") for p in net.parameters()):
-        return net.state_dict()
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
-    return get_model_state_dict(net, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
-
-
-@contextmanager
-def disk_full_is_one_line(folder: Path, run_dir: Path):
-    """A write that runs out of disk says so, names the folder, and says what is still intact."""
-    try:
-        yield
-    except Exception as e:  # OSError, or safetensors' own error wrapping one
-        if getattr(e, "errno", None) != errno.ENOSPC and "No space left on device" not in str(e):
-            raise
-        intact = newest_checkpoint(run_dir)
-        raise TrainingError(f"no space left on device while writing {folder}; "
-                            + (f"the previous checkpoint {intact[0]} is intact" if intact else "no checkpoint was lost")
-                            + ": free some space and rerun to resume") from None
-
-
-def save_kept_checkpoint(run_dir: Path, name: str, net, state: dict, ctx: Dist):
-    """A kept checkpoint (phase-<p>/ or step-<n>/): safetensors weights any tool can load, plus the
-    trainer state. It holds no optimizer state: phases restart theirs, so a phase end needs none."""
-    with disk_full_is_one_line(run_dir / name, run_dir):
-        write_kept_checkpoint(run_dir, name, net, state, ctx)
-
-
-def write_kept_checkpoint(run_dir: Path, name: str, net, state: dict, ctx: Dist):
-    full = gathered_state(net)
-    if ctx.is_main:
-        tmp = run_dir / f"{name}.tmp"
-        if isinstance(net, model.Qwen3):  # the teacher run's checkpoints are plain HF Qwen3 folders
-            model.save_qwen3(net, tmp, full)
-        else:
-            net.save(tmp, full)
-        (tmp / "trainer_state.json").write_text(json.dumps(state))
-        model.replace_folder(tmp, run_dir / name)
-    ctx.barrier()
-
-
-def save_latest_checkpoint(run_dir: Path, net, optimizer, state: dict, ctx: Dist):
-    with disk_full_is_one_line(run_dir / "latest", run_dir):
-        write_latest_checkpoint(run_dir, net, optimizer, state, ctx)
-
-
-def write_latest_checkpoint(run_dir: Path, net, optimizer, state: dict, ctx: Dist):
-    import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint.state_dict import get_state_dict
-    model_state, optim_state = get_state_dict(net, optimizer)
-    tmp = run_dir / "latest.tmp"
-    if ctx.is_main:
-        shutil.rmtree(tmp, ignore_errors=True)
-    ctx.barrier()
-    dcp.save({"model": model_state, "optim": optim_state}, checkpoint_id=str(tmp), no_dist=ctx.world == 1)
-    if ctx.is_main:
-        (tmp / "trainer_state.json").write_text(json.dumps(state))
-        model.replace_folder(tmp, run_dir / "latest")
-    ctx.barrier()
-
-
-def newest_checkpoint(run_dir: Path) -> tuple[Path, dict] | None:
-    """The checkpoint with the highest step: latest/ or the last phase-<p>/."""
-    found = []
-    phases = [d for d in run_dir.glob("phase-*") if d.name.removeprefix("phase-").isdigit()]  # not .tmp/.old
-    for ckpt in [run_dir / "latest", *phases]:
-        state_file = ckpt / "trainer_state.json"
-        if ckpt.is_dir() and state_file.is_file():
-            found.append((read_json(state_file, "step")["step"], ckpt.name == "latest", ckpt))
-    if not found:
-        return None
-    _, _, ckpt = max(found)  # on a tie prefer latest/: it also holds the optimizer state
-    return ckpt, read_json(ckpt / "trainer_state.json", "step", "phase", "data", "totals", "elapsed", "torch_rng")
-
-
-def load_weights(net, ckpt: Path):
-    name_in_file = model.hf_name if isinstance(net, model.Qwen3) else (lambda name: name)
-    dtype = next(net.parameters()).dtype
-    model.load_tensors(net, ckpt, dtype, next(net.parameters()).device, name_in_file)
-
-
-def load_latest_checkpoint(ckpt: Path, net, optimizer, ctx: Dist):
-    import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
-    model_state, optim_state = get_state_dict(net, optimizer)
-    state = {"model": model_state, "optim": optim_state}
-    dcp.load(state, checkpoint_id=str(ckpt), no_dist=ctx.world == 1)
-    set_state_dict(net, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
-
-
-# ----------------------------------------------------------------------------------------------
-# Run directory: config, metrics log, provenance
-
-def prepare_run_dir(config: RunConfig, run_dir: Path, force: bool, ctx: Dist) -> bool:
-    """Create or check the run directory. Returns True if the run is already done. A folder holding
-    a run of another config is an error, or with `force` discarded; one of the same config is
-    resumed (or reused when done), with or without force."""
-    config_file = run_dir / "config.json"
-    wanted = json.loads(json.dumps(asdict(config)))
-    if config_file.is_file():
-        # A field added to RunConfig after the run was made reads as its default: the same run.
-        defaults = json.loads(json.dumps({f.name: f.default for f in fields(RunConfig) if f.default is not MISSING}))
-        try:
-            stored = {**{k: v for k, v in defaults.items() if k in wanted}, **read_json(config_file)}
-        except TrainingError:
-            if not force:
-                raise
-            stored = {}  # a damaged config the kit wrote: --force redoes the run
-        if stored == wanted:
-            if (run_dir / "done.json").is_file():
-                return True
-        elif not force:
-            changed = sorted(k for k in set(stored) | set(wanted) if stored.get(k) != wanted.get(k))
-            raise TrainingError(f"{run_dir}: holds a run with another config (differs in {', '.join(changed)}); "
-                                "pass --force to discard it and start over, or choose another output folder")
-        elif ctx.is_main:
-            shutil.rmtree(run_dir)
-    ctx.barrier()
-    if ctx.is_main:
-        run_dir.mkdir(parents=True, exist_ok=True)
-        config_file.write_text(json.dumps(wanted, indent=2) + "\n")
-        (run_dir / "provenance.json").write_text(json.dumps(provenance(config, ctx), indent=2) + "\n")
-    ctx.barrier()
-    return False
-
-
-def git_commit() -> str:
-    """The kit's commit, with "+changes" when the working tree differs from it ("" outside git)."""
-    def git(*args):
-        return subprocess.run(["git", *args], capture_output=True, text=True, cwd=Path(__file__).parent).stdout.strip()
-    try:
-        commit = git("rev-parse", "HEAD")
-        return commit + ("+changes" if commit and git("status", "--porcelain", "--untracked-files=no") else "")
-    except OSError:
-        return ""
-
-
-def read_json(path: Path, *keys: str) -> dict:
-    """A JSON object the kit wrote (config, trainer state, done.json), with `keys` present; anything
-    else is one line naming the file."""
-    try:
-        value = json.loads(Path(path).read_text())
-    except OSError as e:
-        raise TrainingError(f"{path}: cannot be read ({e.strerror})") from None
-    except ValueError as e:
-        raise TrainingError(f"{path}: not valid JSON ({e}); the file is damaged: move it away (or rerun with "
-                            "--force for a run's config) and rerun") from None
-    missing = [k for k in keys if not isinstance(value, dict) or k not in value]
-    if missing:
-        raise TrainingError(f"{path}: lacks {', '.join(missing)}; the file is damaged or not the kit's: move it "
-                            "away and rerun")
-    return value
 
 
 def perplexity(ce: float) -> float:
@@ -583,126 +443,280 @@ def provenance(config: RunConfig, ctx: Dist) -> dict:
             "threads": torch.get_num_threads(), "precision": str(dtype).removeprefix("torch."), "precision_reason": why}
 
 
-def read_metrics(run_dir: Path) -> list[dict]:
-    """Parsed metrics.jsonl; a line cut short by a kill is dropped."""
-    path = Path(run_dir) / "metrics.jsonl"
-    rows = []
-    if path.is_file():
-        for line in path.read_text().splitlines():
-            try:
-                rows.append(json.loads(line))
-            except json.JSONDecodeError:
-                pass
-    return rows
-
-
-def truncate_metrics(run_dir: Path, upto_step: int, source: Path | None = None):
-    """Keep the log up to a checkpoint's step (from `source`, a shared-prefix run, if given). The next
-    phase's start evaluation at that step is dropped too: the resumed run logs it again."""
-    rows = [r for r in read_metrics(source or run_dir)
-            if r["step"] < upto_step or (r["step"] == upto_step and not r.get("phase_start"))]
-    tmp = run_dir / "metrics.jsonl.tmp"
-    tmp.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    os.replace(tmp, run_dir / "metrics.jsonl")
-
-
-def adopt_shared_prefix(config: RunConfig, run_dir: Path):
-    """Start from another run's phase-end checkpoint whose phases equal our first ones: copy it
-    and the log lines up to it, so this run's folder is complete on its own."""
-    src = Path(config.start_from)
-    state_file = src / "trainer_state.json"
-    if not state_file.is_file():
-        raise TrainingError(f"{src}: not a finished phase checkpoint (no trainer_state.json); run its run first")
-    shutil.copytree(src, run_dir / src.name, dirs_exist_ok=True)
-    truncate_metrics(run_dir, read_json(state_file, "step")["step"], source=src.parent)
-
-
 # ----------------------------------------------------------------------------------------------
-# The metrics log: metrics.jsonl, and TensorBoard or W&B when asked for (imported only then)
+# A run while it trains: its model, data, optimizer, log and checkpoints. The driver below calls,
+# for each of its steps, begin_step, accumulate (once per micro-batch) and end_step.
 
-TRACKERS = ("", "tensorboard", "wandb")
+class Run:
+    def __init__(self, config: RunConfig, run_dir, ctx: Dist, stop_after_step: int | None = None,
+                 tracker: str = ""):
+        self.config, self.run_dir, self.ctx = config, Path(run_dir), ctx
+        self.stop_after_step, self.tracker = stop_after_step, tracker
+        self.phases = plan_phases(config)
+        self.state = "new"   # new -> training -> done | stopped
+        self.result: dict = {}
 
+    @property
+    def last_step(self) -> int:
+        return self.phases[-1].first_step + self.phases[-1].steps
 
-class MetricsLog:
-    """Appends rows (already reduced over ranks) to metrics.jsonl on rank 0 and feeds the same rows to a
-    tracker: train/<key> per step, eval/<key> per evaluation, phase_start/<key> for a phase's start."""
+    def prepare(self, force: bool):
+        """Create or check the folder; a run already done is not trained again."""
+        if prepare_run_dir(self.config, self.run_dir, force, self.ctx, provenance(self.config, self.ctx)):
+            print0(self.ctx, f"{self.config.name}: done, reusing {self.run_dir}")
+            self.state, self.result = "done", read_json(self.run_dir / "done.json", "ce", "ppl", "kd")
 
-    def __init__(self, run_dir: Path, config: RunConfig, ctx: Dist, tracker: str = ""):
-        if tracker not in TRACKERS:
-            raise TrainingError(f"--log {tracker}: unknown; choose tensorboard or wandb")
-        self.file = open(run_dir / "metrics.jsonl", "a") if ctx.is_main else None
-        self.send, self.finish = (open_tracker(tracker, run_dir, config) if ctx.is_main and tracker
-                                  else (None, None))
+    def can_open(self) -> bool:
+        """False while the shared prefix it starts from is not written yet (grow's phase 0 for freeze)."""
+        return (not self.config.start_from or newest_checkpoint(self.run_dir) is not None
+                or (Path(self.config.start_from) / "trainer_state.json").is_file())
 
-    def write(self, row: dict):
-        if self.file:
-            self.file.write(json.dumps(row) + "\n")
-            self.file.flush()
-        if self.send:
-            kind = "phase_start" if row.get("phase_start") else "eval" if row.get("eval") else "train"
-            self.send({f"{kind}/{k}": v for k, v in row.items() if k not in ("step", "eval", "phase_start")
-                       and isinstance(v, (int, float)) and not isinstance(v, bool)}, row["step"])
-
-    def close(self):
-        if self.file:
-            self.file.close()
-        if self.finish:
+    def open(self, teacher: Teacher | None, progress):
+        """Build the model and data, then continue from the newest checkpoint (or the shared prefix)."""
+        config, ctx, run_dir = self.config, self.ctx, self.run_dir
+        torch.manual_seed(config.seed)
+        print0(ctx, f"{config.name}: {config.protocol}, {config.norm}-norm, seed {config.seed}, {len(self.phases)} "
+                    f"phase(s) x {config.phase_steps} steps, {ctx.world} rank(s) on {ctx.device.type}, precision "
+                    f"{precision_choice(config.precision, ctx.device, ctx.world)[1]}; resolved config in "
+                    f"{run_dir / 'config.json'}")
+        self.teacher = teacher if config.protocol != "teacher" else None
+        self.net = build_model(config, self.teacher, ctx)
+        # Sizes are checked on open; the sha256 of the whole shard (tens of GB at full scale) is checked
+        # once by data.prepare, not again by every run on every rank.
+        train_shard = data.Shard(config.train_data, verify=False)
+        self.val = data.Shard(config.val_data, verify=False)
+        self.batcher = data.Batcher(train_shard, config.global_batch, config.seed, mode=config.data_mode,
+                                    replay_docs=config.replay_docs, rank=ctx.rank, world_size=ctx.world,
+                                    micro_batch=config.micro_batch)
+        adopting = bool(config.start_from) and newest_checkpoint(run_dir) is None
+        if ctx.is_main and adopting:
+            adopt_shared_prefix(config, run_dir)
+        ctx.barrier()
+        self.resume = newest_checkpoint(run_dir)
+        self.step, self.totals, elapsed = 0, {"total_tokens": 0, "active_layer_tokens": 0}, 0.0
+        if self.resume:
+            ckpt, state = self.resume
+            self.step, self.totals, elapsed = state["step"], state["totals"], state["elapsed"]
+            self.batcher.load_state_dict(state["data"])
+            torch.set_rng_state(torch.frombuffer(bytearray(base64.b64decode(state["torch_rng"])), dtype=torch.uint8))
+            if ckpt.name != "latest":
+                load_weights(self.net, ckpt)
+            print0(ctx, f"{config.name}: adopting {config.start_from} (its first phases are this run's), continuing at "
+                        f"step {self.step}" if adopting else f"{config.name}: resuming at step {self.step} from {ckpt}")
+        if ctx.is_main:  # from step 0 too: a run killed before its first checkpoint left lines behind
+            truncate_metrics(run_dir, self.step)
+        self.rng = torch.get_rng_state()
+        self.log = MetricsLog(run_dir, config, ctx, self.tracker)
+        self.started = time.time() - elapsed
+        self.phase, self.final = None, None
+        self.progress, self.task = progress, None
+        if progress:
+            self.task = progress.add_task(config.name, total=self.last_step, completed=self.step, loss=float("nan"),
+                                          tok_s=0.0)
+        self.state = "training"
+        if self.step >= self.last_step:  # killed after its last checkpoint, before done.json
             self.finish()
 
-
-def check_tracker(kind: str):
-    """Fail before any work if the tracker's package is missing (one line with the install command)."""
-    if kind:
-        package = "tensorboard" if kind == "tensorboard" else "wandb"
+    @contextmanager
+    def own_rng(self):
+        """The global torch RNG holds this run's state while it works, as if it ran alone."""
+        torch.set_rng_state(self.rng)
         try:
-            __import__(package)
-        except ImportError:
-            raise TrainingError(f"--log {kind}: the {package} package is not installed; pip install {package}") from None
+            yield
+        finally:
+            self.rng = torch.get_rng_state()
 
+    def begin_phase(self, phase: Phase):
+        """A new optimizer over exactly the trainable parameters, and the phase's start evaluation."""
+        config, ctx = self.config, self.ctx
+        self.phase, self.params = phase, trainable_parameters(self.net, phase)
+        self.optimizer = build_optimizer(config, self.params)
+        if self.resume and self.resume[0].name == "latest" and self.step > phase.first_step:
+            load_latest_checkpoint(self.resume[0], self.net, self.optimizer, ctx)
+        self.resume = None
+        if self.step == phase.first_step and config.reset_data_each_phase:
+            self.batcher.reset()
+        layers = phase.active_blocks * config.layers_per_block if self.teacher else len(self.net.layers)
+        self.active_layers = layers
+        print0(ctx, f"{config.name}: phase {phase.index}: active blocks {phase.active_blocks}, trainable blocks "
+                    f"{list(phase.trainable_blocks)}, {sum(p.numel() for p in self.params):,} trainable parameters, "
+                    f"steps {phase.first_step + 1}..{phase.first_step + phase.steps}, {config.global_batch} "
+                    f"documents/step in {config.global_batch // ctx.world // config.micro_batch} micro-batches x "
+                    f"{ctx.world} ranks")
+        if self.progress:
+            self.progress.update(self.task, description=f"{config.name} phase {phase.index}")
+        if self.step == phase.first_step:  # before the phase's first update: the starting weights' scores
+            start = evaluate(config, self.net, self.teacher, self.val, phase.active_blocks, ctx)
+            self.log.write({"step": self.step, "phase": phase.index, "eval": True, "phase_start": True, **start})
+            print0(ctx, f"{config.name}: phase {phase.index} starts at val CE {start['ce']:.4f}, val KD {start['kd']:.4f}")
 
-def open_tracker(kind: str, run_dir: Path, config: RunConfig):
-    """(send(values, step), finish()) for TensorBoard (run_dir/tensorboard/) or W&B (project normgrow,
-    the run's name and config)."""
-    check_tracker(kind)
-    if kind == "tensorboard":
-        from torch.utils.tensorboard import SummaryWriter
-        writer = SummaryWriter(log_dir=str(run_dir / "tensorboard"))
+    def begin_step(self) -> data.StepBatch:
+        """Enter the step's phase if it is new; the step's batch (the same on every run that shares it)."""
+        with self.own_rng():
+            phase = next(p for p in self.phases if self.step < p.first_step + p.steps)
+            if phase is not self.phase:
+                self.begin_phase(phase)
+            self.lr = learning_rate(self.config, self.step - phase.first_step)
+            for group in self.optimizer.param_groups:
+                group["lr"] = self.lr
+            self.batch, self.sums = next(self.batcher), [0.0, 0.0, 0.0]
+        return self.batch
 
-        def send(values, step):
-            for key, value in values.items():
-                writer.add_scalar(key, value, step)
-            writer.flush()
-        return send, writer.close
-    import wandb
-    run = wandb.init(project="normgrow", name=f"{run_dir.parent.name}/{run_dir.name}", config=asdict(config),
-                     dir=str(run_dir), reinit=True)
-    return (lambda values, step: run.log(values, step=step)), run.finish
+    def batch_key(self) -> tuple:
+        """Runs whose keys are equal read the same micro-batches: one teacher pass serves them all."""
+        c = self.config
+        ids = self.batcher.global_doc_ids(self.batch.step)
+        return c.train_data, c.micro_batch, c.global_batch, ids.tobytes()
+
+    def accumulate(self, micro: data.Batch, teacher_hidden: torch.Tensor | None):
+        """Forward and backward of one micro-batch; gradients add up until end_step."""
+        config, ctx = self.config, self.ctx
+        with self.own_rng():
+            with autocast(config, ctx):
+                loss, kd_term, ce_term = loss_fn(config, micro, teacher_hidden,
+                                                 self.teacher.head_weight if self.teacher else None, self.phase,
+                                                 self.batch.global_targets, self.net)
+            # Each rank's loss is already divided by the global target count; FSDP2 averages gradients
+            # over ranks, so scale by the world size to get the gradient of the global mean.
+            (loss * ctx.world).backward()
+        self.sums = [s + float(v) for s, v in zip(self.sums, (loss.detach(), kd_term, ce_term))]
+
+    def end_step(self):
+        """Clip, update, log; evaluate and checkpoint when due; finish after the last step."""
+        with self.own_rng():
+            self.update()
+        if self.step == self.last_step:
+            self.finish()
+        elif self.stop_after_step is not None and self.step >= self.stop_after_step:
+            self.stop()
+
+    def update(self):
+        config, ctx, phase = self.config, self.ctx, self.phase
+        grad_norm = float(model.full_tensor(torch.nn.utils.clip_grad_norm_(self.params, config.grad_clip,
+                                                                           foreach=False)))
+        loss, kd_sum, ce_sum = ctx.sum(self.sums)
+        if not (math.isfinite(loss) and math.isfinite(grad_norm)):
+            raise TrainingError(f"{config.name}: non-finite loss ({loss}) or gradient norm ({grad_norm}) at step "
+                                f"{self.step + 1}; the last good checkpoint in {self.run_dir} is kept")
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.step += 1
+        step, totals, tokens = self.step, self.totals, self.batch.global_tokens
+        totals["total_tokens"] += tokens
+        totals["active_layer_tokens"] += tokens * self.active_layers
+        elapsed = time.time() - self.started
+        self.log.write({"step": step, "phase": phase.index, "loss": loss, "kd": kd_sum, "ce": ce_sum, "lr": self.lr,
+                        "grad_norm": grad_norm, "tokens": tokens, **totals, "time": elapsed})
+        tok_s = totals["total_tokens"] / max(elapsed, 1e-9)
+        if self.progress:
+            self.progress.update(self.task, advance=1, loss=loss, tok_s=tok_s)
+        phase_end = step == phase.first_step + phase.steps
+        if phase_end or step % config.eval_interval == 0:
+            self.final = evaluate(config, self.net, self.teacher, self.val, phase.active_blocks, ctx)
+            self.log.write({"step": step, "phase": phase.index, "eval": True, **self.final})
+            print0(ctx, f"{config.name}: step {step}: loss {loss:.4f}, val CE {self.final['ce']:.4f}, "
+                        f"val KD {self.final['kd']:.4f}, {tok_s:,.0f} tok/s")
+        state = trainer_state(step, phase.index, self.batcher, totals, elapsed)
+        if phase_end:
+            save_kept_checkpoint(self.run_dir, f"phase-{phase.index}", self.net, state, ctx)
+        elif config.snapshot_interval and step % config.snapshot_interval == 0:
+            save_kept_checkpoint(self.run_dir, f"step-{step}", self.net, state, ctx)
+        if not phase_end and step % config.checkpoint_interval == 0:
+            save_latest_checkpoint(self.run_dir, self.net, self.optimizer, state, ctx)
+
+    def finish(self):
+        """done.json holds the scheduled endpoint's evaluation (killed after the last save: evaluate it)."""
+        if self.final is None:
+            self.final = evaluate(self.config, self.net, self.teacher, self.val, self.phases[-1].active_blocks, self.ctx)
+        if self.ctx.is_main:
+            (self.run_dir / "done.json").write_text(json.dumps({**self.final, "step": self.step}, indent=2) + "\n")
+            shutil.rmtree(self.run_dir / "latest", ignore_errors=True)
+        self.ctx.barrier()
+        self.result = read_json(self.run_dir / "done.json", "ce", "ppl", "kd")
+        self.stop("done")
+
+    def stop(self, state: str = "stopped"):
+        """Stop here (done, or as if killed: the resume tests); its memory is freed for the others."""
+        self.log.close()
+        if self.progress:
+            self.progress.update(self.task, visible=False)
+        self.state, self.net, self.optimizer, self.params = state, None, None, None
 
 
 # ----------------------------------------------------------------------------------------------
-# The run
+# Training: one run, or several in lockstep
 
-def optimizer_step(config, net, teacher, phase, batch, params, optimizer, lr, ctx: Dist) -> dict:
-    """One optimizer step over the global batch, micro-batch by micro-batch. Returns the global
-    (all-rank) loss, its KD and CE terms, and the gradient norm before clipping."""
-    for group in optimizer.param_groups:
-        group["lr"] = lr
-    sums = [0.0, 0.0, 0.0]
-    for micro in batch.micro_batches:
-        micro = micro.to(ctx.device)
-        with autocast(config, ctx):
-            loss, kd_term, ce_term = loss_fn(config, micro, teacher, phase, batch.global_targets, net)
-        # Each rank's loss is already divided by the global target count; FSDP2 averages gradients
-        # over ranks, so scale by the world size to get the gradient of the global mean.
-        (loss * ctx.world).backward()
-        sums = [s + float(v) for s, v in zip(sums, (loss.detach(), kd_term, ce_term))]
-    grad_norm = float(model.full_tensor(torch.nn.utils.clip_grad_norm_(params, config.grad_clip, foreach=False)))
-    loss_sum, kd_sum, ce_sum = ctx.sum(sums)
-    if not (math.isfinite(loss_sum) and math.isfinite(grad_norm)):
-        return {"loss": loss_sum, "grad_norm": grad_norm, "finite": False}
-    optimizer.step()
-    optimizer.zero_grad(set_to_none=True)
-    return {"loss": loss_sum, "kd": kd_sum, "ce": ce_sum, "grad_norm": grad_norm, "finite": True}
+def train(config: RunConfig, run_dir, force: bool = False, ctx: Dist | None = None,
+          stop_after_step: int | None = None, tracker: str = "") -> dict:
+    """Run (or resume, or skip if done) one run; returns the final evaluation. `stop_after_step`
+    ends early as if killed there (tests of resume); `tracker` also feeds TensorBoard or W&B."""
+    return train_together([(config, run_dir)], force, ctx, stop_after_step, tracker)[0]
+
+
+def train_together(jobs: list[tuple[RunConfig, Path]], force: bool = False, ctx: Dist | None = None,
+                   stop_after_step: int | None = None, tracker: str = "") -> list[dict]:
+    """Train several runs in lockstep, each exactly as it would train alone. At each global step the
+    teacher runs once per micro-batch for every run that reads that batch (runs of one seed read the
+    same batch at the same step), then each of those runs does its own forward and backward. A run
+    that starts from another's phase (freeze from grow's phase 0) joins when that phase is written; a
+    finished run drops out; runs resumed at different steps train alone until they meet. Weights and
+    optimizer states of all runs are resident together; activations are one run's at a time. Returns
+    each run's final evaluation ({} for one stopped early)."""
+    ctx = ctx or setup_distributed()
+    runs = [Run(config, run_dir, ctx, stop_after_step, tracker) for config, run_dir in jobs]
+    for run in runs:
+        run.prepare(force)
+    todo = [run for run in runs if run.state == "new"]
+    distilled = [run.config for run in todo if run.config.protocol != "teacher"]
+    if len({(c.teacher, c.precision) for c in distilled}) > 1:
+        raise TrainingError("runs trained together must distil from one teacher at one precision; train them apart")
+    teacher = load_teacher(distilled[0], ctx) if distilled else None
+    progress = progress_bar(ctx)
+    if progress:
+        progress.start()
+    try:
+        while open_runs(todo, teacher, progress):
+            training = [run for run in todo if run.state == "training"]
+            step = min(run.step for run in training)
+            lockstep_step([run for run in training if run.step == step], teacher)
+    finally:
+        if progress:
+            progress.stop()
+    return [run.result for run in runs]
+
+
+def open_runs(todo: list[Run], teacher: Teacher | None, progress) -> bool:
+    """Open every run that can start; True while any is training. A run whose shared prefix never
+    appears is opened anyway once nothing else trains, to say which run to do first."""
+    for run in todo:
+        if run.state == "new" and run.can_open():
+            run.open(teacher, progress)
+    if not any(run.state == "training" for run in todo):
+        for run in todo:
+            if run.state == "new":
+                run.open(teacher, progress)
+    return any(run.state == "training" for run in todo)
+
+
+def lockstep_step(runs: list[Run], teacher: Teacher | None):
+    """One optimizer step of every run in `runs` (all at the same step): one teacher pass per
+    micro-batch for each group of runs that reads the same batch."""
+    groups: dict[tuple, list[Run]] = {}
+    for run in runs:
+        run.begin_step()
+        groups.setdefault(run.batch_key(), []).append(run)
+    for group in groups.values():
+        first = group[0]
+        for micro in first.batch.micro_batches:
+            micro = micro.to(first.ctx.device)
+            hidden = None
+            if first.teacher is not None:
+                with autocast(first.config, first.ctx):
+                    hidden = teacher.hidden(micro.input_ids)
+            for run in group:
+                run.accumulate(micro, hidden)
+    for run in runs:
+        run.end_step()
 
 
 def progress_bar(ctx: Dist):
@@ -713,131 +727,6 @@ def progress_bar(ctx: Dist):
         return None
     return Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                     TextColumn("loss {task.fields[loss]:.4f}  {task.fields[tok_s]:,.0f} tok/s"), TimeRemainingColumn())
-
-
-def train(config: RunConfig, run_dir, force: bool = False, ctx: Dist | None = None,
-          stop_after_step: int | None = None, tracker: str = "") -> dict:
-    """Run (or resume, or skip if done) one run; returns the final evaluation. `stop_after_step`
-    ends early as if killed there (tests of resume); `tracker` also feeds TensorBoard or W&B."""
-    ctx = ctx or setup_distributed()
-    run_dir = Path(run_dir)
-    if prepare_run_dir(config, run_dir, force, ctx):
-        print0(ctx, f"{config.name}: done, reusing {run_dir}")
-        return read_json(run_dir / "done.json", "ce", "ppl", "kd")
-
-    # ---- models, data, and where to start ----
-    torch.manual_seed(config.seed)
-    phases = plan_phases(config)
-    print0(ctx, f"{config.name}: {config.protocol}, {config.norm}-norm, seed {config.seed}, {len(phases)} phase(s) x "
-                f"{config.phase_steps} steps, {ctx.world} rank(s) on {ctx.device.type}, precision "
-                f"{precision_choice(config.precision, ctx.device, ctx.world)[1]}; resolved config in {run_dir / 'config.json'}")
-    net, teacher = build_models(config, ctx)
-    # Sizes are checked on open; the sha256 of the whole shard (tens of GB at full scale) is checked
-    # once by data.prepare, not again by every run on every rank.
-    train_shard, val_shard = data.Shard(config.train_data, verify=False), data.Shard(config.val_data, verify=False)
-    batcher = data.Batcher(train_shard, config.global_batch, config.seed, mode=config.data_mode,
-                           replay_docs=config.replay_docs, rank=ctx.rank, world_size=ctx.world,
-                           micro_batch=config.micro_batch)
-    adopting = bool(config.start_from) and newest_checkpoint(run_dir) is None
-    if ctx.is_main and adopting:
-        adopt_shared_prefix(config, run_dir)
-    ctx.barrier()
-    resume = newest_checkpoint(run_dir)
-    step, totals, elapsed = 0, {"total_tokens": 0, "active_layer_tokens": 0}, 0.0
-    if resume:
-        ckpt, state = resume
-        step, totals, elapsed = state["step"], state["totals"], state["elapsed"]
-        batcher.load_state_dict(state["data"])
-        torch.set_rng_state(torch.frombuffer(bytearray(base64.b64decode(state["torch_rng"])), dtype=torch.uint8))
-        if ckpt.name != "latest":
-            load_weights(net, ckpt)
-        if adopting:
-            print0(ctx, f"{config.name}: adopting {config.start_from} (its first phases are this run's), "
-                        f"continuing at step {step}")
-        else:
-            print0(ctx, f"{config.name}: resuming at step {step} from {ckpt}")
-    if ctx.is_main:  # from step 0 too: a run killed before its first checkpoint left lines behind
-        truncate_metrics(run_dir, step)
-    log = MetricsLog(run_dir, config, ctx, tracker)
-    progress = progress_bar(ctx)
-    layers_per_block = config.layers_per_block if teacher is not None else 0
-
-    final = None
-    for phase in phases:
-        last_step = phase.first_step + phase.steps
-        if step >= last_step:
-            continue
-        # ---- a new phase: a new optimizer over exactly the trainable parameters ----
-        params = trainable_parameters(net, phase)
-        optimizer = build_optimizer(config, params)
-        if resume and resume[0].name == "latest" and step > phase.first_step:
-            load_latest_checkpoint(resume[0], net, optimizer, ctx)
-        if step == phase.first_step and config.reset_data_each_phase:
-            batcher.reset()
-        active_layers = phase.active_blocks * layers_per_block or len(net.layers)
-        print0(ctx, f"{config.name}: phase {phase.index}: active blocks {phase.active_blocks}, trainable blocks "
-                    f"{list(phase.trainable_blocks)}, {sum(p.numel() for p in params):,} trainable parameters, "
-                    f"steps {phase.first_step + 1}..{last_step}, "
-                    f"{config.global_batch} documents/step in {config.global_batch // ctx.world // config.micro_batch} "
-                    f"micro-batches x {ctx.world} ranks")
-        if progress:
-            progress.start()
-            task = progress.add_task(f"{config.name} phase {phase.index}", total=phase.steps,
-                                     completed=step - phase.first_step, loss=float("nan"), tok_s=0.0)
-        started = time.time() - elapsed
-        if step == phase.first_step:  # before the phase's first update: the starting weights' scores
-            start = evaluate(config, net, teacher, val_shard, phase.active_blocks, ctx)
-            log.write({"step": step, "phase": phase.index, "eval": True, "phase_start": True, **start})
-            print0(ctx, f"{config.name}: phase {phase.index} starts at val CE {start['ce']:.4f}, val KD {start['kd']:.4f}")
-        while step < last_step:
-            # ---- train ----
-            lr = learning_rate(config, step - phase.first_step)
-            batch = next(batcher)
-            result = optimizer_step(config, net, teacher, phase, batch, params, optimizer, lr, ctx)
-            if not result["finite"]:
-                raise TrainingError(f"{config.name}: non-finite loss ({result['loss']}) or gradient norm "
-                                    f"({result['grad_norm']}) at step {step + 1}; the last good checkpoint in "
-                                    f"{run_dir} is kept")
-            step += 1
-            # ---- log ----
-            totals["total_tokens"] += batch.global_tokens
-            totals["active_layer_tokens"] += batch.global_tokens * active_layers
-            elapsed = time.time() - started
-            row = {"step": step, "phase": phase.index, "loss": result["loss"], "kd": result["kd"], "ce": result["ce"],
-                   "lr": lr, "grad_norm": result["grad_norm"], "tokens": batch.global_tokens, **totals, "time": elapsed}
-            log.write(row)
-            if progress:
-                progress.update(task, advance=1, loss=result["loss"], tok_s=totals["total_tokens"] / max(elapsed, 1e-9))
-            # ---- evaluate and checkpoint ----
-            phase_end = step == last_step
-            if phase_end or step % config.eval_interval == 0:
-                final = evaluate(config, net, teacher, val_shard, phase.active_blocks, ctx)
-                log.write({"step": step, "phase": phase.index, "eval": True, **final})
-                print0(ctx, f"{config.name}: step {step}: loss {result['loss']:.4f}, val CE {final['ce']:.4f}, "
-                            f"val KD {final['kd']:.4f}, {totals['total_tokens'] / max(elapsed, 1e-9):,.0f} tok/s")
-            state = trainer_state(step, phase.index, batcher, totals, elapsed)
-            if phase_end:
-                save_kept_checkpoint(run_dir, f"phase-{phase.index}", net, state, ctx)
-            elif config.snapshot_interval and step % config.snapshot_interval == 0:
-                save_kept_checkpoint(run_dir, f"step-{step}", net, state, ctx)
-            if not phase_end and step % config.checkpoint_interval == 0:
-                save_latest_checkpoint(run_dir, net, optimizer, state, ctx)
-            if stop_after_step is not None and step >= stop_after_step:
-                log.close()
-                return {}
-        if progress:
-            progress.stop()
-        resume = None
-
-    # ---- done: the scheduled endpoint's evaluation (killed after the last save: evaluate it) ----
-    if final is None:
-        final = evaluate(config, net, teacher, val_shard, phases[-1].active_blocks, ctx)
-    if ctx.is_main:
-        (run_dir / "done.json").write_text(json.dumps({**final, "step": step}, indent=2) + "\n")
-        shutil.rmtree(run_dir / "latest", ignore_errors=True)
-    log.close()
-    ctx.barrier()
-    return read_json(run_dir / "done.json", "ce", "ppl", "kd")
 
 
 def main(argv=None):

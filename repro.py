@@ -35,6 +35,7 @@ from rich.table import Table
 
 import data
 import grow
+import rundir
 import model
 from experiments import EXPERIMENTS, RUNS, TOKENS, final_eval, fmt, report
 
@@ -162,7 +163,7 @@ class Workspace:
     results: Path
     ctx: grow.Dist
     student_runs: str = ""  # a subfolder of runs/<scale>/ for students of a variant preset (regime.py)
-    tracker: str = ""       # grow.TRACKERS: also log to TensorBoard or W&B
+    tracker: str = ""       # rundir.TRACKERS: also log to TensorBoard or W&B
 
     @property
     def data_dir(self) -> Path:
@@ -263,7 +264,7 @@ def workspace(scale: str, runs_dir: Path, results_dir: Path | None = None, dry_r
             raise click.UsageError(f"--scale {scale} needs CUDA GPUs and this machine has none; on a GPU node "
                                    f"launch: torchrun --nproc_per_node={8 if scale == 'full' else 1} repro.py "
                                    f"{command} (or add --dry-run here to see the plan)")
-    grow.check_tracker(tracker)
+    rundir.check_tracker(tracker)
     ctx = grow.setup_distributed(device)
     if not dry_run:
         writable_dir(runs_dir, "--runs-dir")
@@ -367,7 +368,7 @@ def with_prefixes(names) -> list[str]:
 def run_status(run_dir: Path) -> str:
     if (run_dir / "done.json").is_file():
         return "done"
-    steps = [r["step"] for r in grow.read_metrics(run_dir)]
+    steps = [r["step"] for r in rundir.read_metrics(run_dir)]
     return f"partial (step {max(steps)})" if steps else "pending"
 
 
@@ -415,8 +416,8 @@ def ensure_runs(ws: Workspace, names, seeds: list[int], force: bool = False, tea
 def teacher_summary(ws: Workspace, names, seeds: list[int]) -> str:
     """The kit's own teacher: its cost (cached after the first run) and its lead over the students."""
     teacher = ws.run_dir("teacher", 0)
-    result = grow.read_json(teacher / "done.json", "ce", "step")
-    seconds = max((r.get("time", 0.0) for r in grow.read_metrics(teacher) if not r.get("eval")), default=0.0)
+    result = rundir.read_json(teacher / "done.json", "ce", "step")
+    seconds = max((r.get("time", 0.0) for r in rundir.read_metrics(teacher) if not r.get("eval")), default=0.0)
     best_ce, best = min((final_eval(ws, n, s)["ce"], f"{n} s{s}") for n in names for s in seeds)
     return (f"teacher: validation CE {result['ce']:.4f} after {result['step']} steps, trained in {seconds / 60:.1f} min "
             f"(cached in {teacher}); best student {best} at {best_ce:.4f}: the teacher leads by "
@@ -564,7 +565,7 @@ results_option = click.option("--results-dir", type=click.Path(path_type=Path), 
 
 def overrides_option(f):
     """--set (repeatable), --compile/--no-compile and --device, for every command that trains."""
-    f = click.option("--log", "tracker", type=click.Choice(grow.TRACKERS[1:]), default=None,
+    f = click.option("--log", "tracker", type=click.Choice(rundir.TRACKERS[1:]), default=None,
                      callback=lambda ctx, param, value: value or "",
                      help="Also log every step and evaluation to TensorBoard (runs/.../tensorboard/) or W&B.")(f)
     f = click.option("--device", type=click.Choice(grow.DEVICES), default="auto", show_default=True,
@@ -698,7 +699,7 @@ def teacher(scale, overrides, compile_flag, device, tracker, force, runs_dir):
         raise click.UsageError(f"--scale {scale} distils from {ws.preset.teacher}; there is no teacher to pretrain")
     prepare_data(ws, force)
     path = ensure_teacher(ws, force)
-    result = grow.read_json(ws.run_dir("teacher", 0) / "done.json", "ce", "ppl")
+    result = rundir.read_json(ws.run_dir("teacher", 0) / "done.json", "ce", "ppl")
     console.print(f"teacher: validation CE {result['ce']:.4f} (PPL {result['ppl']:.1f}); HF checkpoint in {path}")
 
 

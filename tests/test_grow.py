@@ -6,13 +6,14 @@ import signal
 import subprocess
 import sys
 import time
-from dataclasses import replace
+from dataclasses import asdict, replace
 from pathlib import Path
 
 import pytest
 import torch
 
 import grow
+import rundir
 import model
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -110,7 +111,8 @@ def test_accumulation_equals_whole_batch(tiny_shards, tiny_teacher_dir):
         assert len(step.micro_batches) == 8 // micro
         total = 0.0
         for mb in step.micro_batches:
-            loss, _, _ = grow.loss_fn(c, mb, teacher, phase, step.global_targets, student)
+            hidden = teacher(mb.input_ids, output_fn=grow.hidden_only)
+            loss, _, _ = grow.loss_fn(c, mb, hidden, teacher.head_weight, phase, step.global_targets, student)
             loss.backward()
             total += loss.item()
         results.append((total, [p.grad.clone() for p in params]))
@@ -144,7 +146,7 @@ def test_freeze_keeps_earlier_blocks_and_grow_retrains_them(tiny_shards, tiny_te
     # the weights it was built with: block 2 is untouched until phase 2.
     assert all(torch.equal(v, grown[0][k]) for k, v in freeze[0].items())
     assert all(torch.equal(v, grown[1][k]) for k, v in block_tensors(grown[0], 2).items())
-    rows = grow.read_metrics(tmp_path / "grow")
+    rows = rundir.read_metrics(tmp_path / "grow")
     steps = [r for r in rows if "eval" not in r]
     assert [r["step"] for r in steps] == list(range(1, 19))
     assert steps[-1]["active_layer_tokens"] == sum(r["tokens"] * (r["phase"] + 1) for r in steps)
@@ -200,18 +202,18 @@ def kill_when(proc, condition, timeout=120):
 
 
 def logged_steps(run_dir):
-    return max([r["step"] for r in grow.read_metrics(run_dir)], default=0)
+    return max([r["step"] for r in rundir.read_metrics(run_dir)], default=0)
 
 
 def test_sigkill_mid_phase_and_at_transition_resumes_bit_identical(tiny_shards, tiny_teacher_dir, tmp_path):
     c = run_config(tiny_shards, tiny_teacher_dir, protocol="grow", phase_steps=5, checkpoint_interval=2)
     config_file = tmp_path / "config.json"
-    config_file.write_text(json.dumps(grow.asdict(c)))
+    config_file.write_text(json.dumps(asdict(c)))
     reference = grow.train(c, tmp_path / "reference")
 
     run_dir = tmp_path / "killed"
     grow.train(c, run_dir, stop_after_step=1)  # stopped before its first checkpoint: a rerun starts at step 0
-    assert grow.newest_checkpoint(run_dir) is None and logged_steps(run_dir) == 1
+    assert rundir.newest_checkpoint(run_dir) is None and logged_steps(run_dir) == 1
     kill_when(start_run(config_file, run_dir), lambda: logged_steps(run_dir) >= 3)  # mid-phase 0
     assert not (run_dir / "done.json").exists()
     kill_when(start_run(config_file, run_dir), lambda: (run_dir / "phase-1").is_dir())  # right at a transition
@@ -224,7 +226,7 @@ def test_sigkill_mid_phase_and_at_transition_resumes_bit_identical(tiny_shards, 
         a, b = phase_weights(tmp_path / "reference", p), phase_weights(run_dir, p)
         assert all(torch.equal(a[k], b[k]) for k in a), f"phase {p} differs"
     strip = lambda rows: [{k: v for k, v in r.items() if k != "time"} for r in rows]
-    assert strip(grow.read_metrics(run_dir)) == strip(grow.read_metrics(tmp_path / "reference"))
+    assert strip(rundir.read_metrics(run_dir)) == strip(rundir.read_metrics(tmp_path / "reference"))
 
 
 def torchrun(config_file, run_dir, *extra):
@@ -240,13 +242,13 @@ def test_fsdp2_two_ranks_match_one_process_and_resume(tiny_shards, tiny_teacher_
     single = grow.train(c, tmp_path / "single")
     # The sharded run also recomputes activations (the paper's setting): neither may change a number.
     config_file = tmp_path / "config.json"
-    config_file.write_text(json.dumps(grow.asdict(replace(c, activation_checkpointing=True))))
+    config_file.write_text(json.dumps(asdict(replace(c, activation_checkpointing=True))))
     torchrun(config_file, tmp_path / "fsdp", "--stop-after-step", "7")  # stops mid-phase 1, after a sharded save
     assert (tmp_path / "fsdp" / "latest").is_dir() and not (tmp_path / "fsdp" / "done.json").exists()
     assert json.loads((tmp_path / "fsdp" / "provenance.json").read_text())["world_size"] == 2
     torchrun(config_file, tmp_path / "fsdp")
     losses = lambda d: [(r["step"], r.get("eval", False), r["loss"] if "loss" in r else r["ce"])
-                        for r in grow.read_metrics(d)]
+                        for r in rundir.read_metrics(d)]
     one, two = losses(tmp_path / "single"), losses(tmp_path / "fsdp")
     assert [r[:2] for r in one] == [r[:2] for r in two]
     for (_, _, a), (_, _, b) in zip(one, two):
@@ -329,12 +331,12 @@ def test_tracker_gets_the_same_rows_as_metrics_jsonl(tiny_shards, tiny_teacher_d
     fake = types.ModuleType("wandb")
     fake.init = lambda **kwargs: calls.__setitem__("init", kwargs) or Run()
     monkeypatch.setitem(sys.modules, "wandb", fake)
-    grow.check_tracker("wandb")
+    rundir.check_tracker("wandb")
     c = run_config(tiny_shards, tiny_teacher_dir, protocol="grow", phase_steps=3)
     grow.train(c, tmp_path / "r", tracker="wandb")
     assert calls["init"]["project"] == "normgrow" and calls["init"]["config"]["lr"] == c.lr and calls["finished"] == 1
     expected = []
-    for row in grow.read_metrics(tmp_path / "r"):
+    for row in rundir.read_metrics(tmp_path / "r"):
         kind = "phase_start" if row.get("phase_start") else "eval" if row.get("eval") else "train"
         expected.append((row["step"], {f"{kind}/{k}": v for k, v in row.items()
                                        if k not in ("step", "eval", "phase_start") and not isinstance(v, bool)}))
@@ -347,7 +349,7 @@ def test_missing_tracker_package_is_one_line(monkeypatch):
     monkeypatch.setitem(sys.modules, "tensorboard", None)  # as if not installed
     with pytest.raises(grow.TrainingError, match="--log tensorboard: the tensorboard package is not installed; "
                                                  "pip install tensorboard"):
-        grow.check_tracker("tensorboard")
+        rundir.check_tracker("tensorboard")
 
 
 def test_damaged_run_files_are_one_line_errors_naming_the_file(tiny_shards, tiny_teacher_dir, tmp_path):

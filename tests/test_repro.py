@@ -16,6 +16,7 @@ from safetensors.torch import load_file
 
 import experiments
 import grow
+import rundir
 import repro
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -253,7 +254,7 @@ def test_step0_evaluations_equal_an_independent_evaluation(smoke):
     runs, _, _, _ = smoke
     run = runs / "s42" / "post-grow"
     config = grow.RunConfig(**json.loads((run / "config.json").read_text()))
-    starts = {r["phase"]: r for r in grow.read_metrics(run) if r.get("phase_start")}
+    starts = {r["phase"]: r for r in rundir.read_metrics(run) if r.get("phase_start")}
     assert sorted(starts) == [0, 1, 2] and [starts[p]["step"] for p in range(3)] == [0, 8, 16]
     val = data.Shard(config.val_data)
     teacher = model.load_qwen3(config.teacher)

@@ -1,0 +1,290 @@
+"""A run's folder: config.json, provenance.json, metrics.jsonl (and a tracker), checkpoints, done.json.
+
+phase-<p>/ and step-<n>/ are kept checkpoints (safetensors weights any tool can load, plus the
+trainer state); latest/ is the rolling resume checkpoint (weights, optimizer and trainer state). Every
+checkpoint is written to a temporary folder and renamed into place, so a kill never leaves half of one.
+"""
+from __future__ import annotations
+
+import base64
+import errno
+import json
+import os
+import shutil
+import subprocess
+import warnings
+from contextlib import contextmanager
+from dataclasses import MISSING, asdict, fields
+from pathlib import Path
+
+import torch
+
+import model
+
+# DCP warns on every single-process save that it assumes one process; that is the intent.
+warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+
+
+class TrainingError(RuntimeError):
+    """A run that cannot go on (a non-finite loss, a run directory that belongs to another config)."""
+
+
+# ----------------------------------------------------------------------------------------------
+# Checkpoints. phase-<p>/: kept, safetensors weights + trainer state. latest/: rolling, DCP
+# (weights + optimizer, sharded under FSDP2) + trainer state. Both written atomically.
+
+def trainer_state(step, phase, batcher, totals, elapsed) -> dict:
+    rng = base64.b64encode(torch.get_rng_state().numpy().tobytes()).decode()
+    return {"step": step, "phase": phase, "data": batcher.state_dict(), "totals": totals,
+            "elapsed": elapsed, "torch_rng": rng}
+
+
+def gathered_state(net) -> dict:
+    """Full (unsharded) CPU state dict on every rank; plain state_dict in one process."""
+    if not any(hasattr(p, "device_mesh") for p in net.parameters()):
+        return net.state_dict()
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+    return get_model_state_dict(net, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+
+
+@contextmanager
+def disk_full_is_one_line(folder: Path, run_dir: Path):
+    """A write that runs out of disk says so, names the folder, and says what is still intact."""
+    try:
+        yield
+    except Exception as e:  # OSError, or safetensors' own error wrapping one
+        if getattr(e, "errno", None) != errno.ENOSPC and "No space left on device" not in str(e):
+            raise
+        intact = newest_checkpoint(run_dir)
+        raise TrainingError(f"no space left on device while writing {folder}; "
+                            + (f"the previous checkpoint {intact[0]} is intact" if intact else "no checkpoint was lost")
+                            + ": free some space and rerun to resume") from None
+
+
+def save_kept_checkpoint(run_dir: Path, name: str, net, state: dict, ctx):
+    """A kept checkpoint (phase-<p>/ or step-<n>/): safetensors weights any tool can load, plus the
+    trainer state. It holds no optimizer state: phases restart theirs, so a phase end needs none."""
+    with disk_full_is_one_line(run_dir / name, run_dir):
+        write_kept_checkpoint(run_dir, name, net, state, ctx)
+
+
+def write_kept_checkpoint(run_dir: Path, name: str, net, state: dict, ctx):
+    full = gathered_state(net)
+    if ctx.is_main:
+        tmp = run_dir / f"{name}.tmp"
+        if isinstance(net, model.Qwen3):  # the teacher run's checkpoints are plain HF Qwen3 folders
+            model.save_qwen3(net, tmp, full)
+        else:
+            net.save(tmp, full)
+        (tmp / "trainer_state.json").write_text(json.dumps(state))
+        model.replace_folder(tmp, run_dir / name)
+    ctx.barrier()
+
+
+def save_latest_checkpoint(run_dir: Path, net, optimizer, state: dict, ctx):
+    with disk_full_is_one_line(run_dir / "latest", run_dir):
+        write_latest_checkpoint(run_dir, net, optimizer, state, ctx)
+
+
+def write_latest_checkpoint(run_dir: Path, net, optimizer, state: dict, ctx):
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+    model_state, optim_state = get_state_dict(net, optimizer)
+    tmp = run_dir / "latest.tmp"
+    if ctx.is_main:
+        shutil.rmtree(tmp, ignore_errors=True)
+    ctx.barrier()
+    dcp.save({"model": model_state, "optim": optim_state}, checkpoint_id=str(tmp), no_dist=ctx.world == 1)
+    if ctx.is_main:
+        (tmp / "trainer_state.json").write_text(json.dumps(state))
+        model.replace_folder(tmp, run_dir / "latest")
+    ctx.barrier()
+
+
+def newest_checkpoint(run_dir: Path) -> tuple[Path, dict] | None:
+    """The checkpoint with the highest step: latest/ or the last phase-<p>/."""
+    found = []
+    phases = [d for d in run_dir.glob("phase-*") if d.name.removeprefix("phase-").isdigit()]  # not .tmp/.old
+    for ckpt in [run_dir / "latest", *phases]:
+        state_file = ckpt / "trainer_state.json"
+        if ckpt.is_dir() and state_file.is_file():
+            found.append((read_json(state_file, "step")["step"], ckpt.name == "latest", ckpt))
+    if not found:
+        return None
+    _, _, ckpt = max(found)  # on a tie prefer latest/: it also holds the optimizer state
+    return ckpt, read_json(ckpt / "trainer_state.json", "step", "phase", "data", "totals", "elapsed", "torch_rng")
+
+
+def load_weights(net, ckpt: Path):
+    name_in_file = model.hf_name if isinstance(net, model.Qwen3) else (lambda name: name)
+    dtype = next(net.parameters()).dtype
+    model.load_tensors(net, ckpt, dtype, next(net.parameters()).device, name_in_file)
+
+
+def load_latest_checkpoint(ckpt: Path, net, optimizer, ctx):
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+    model_state, optim_state = get_state_dict(net, optimizer)
+    state = {"model": model_state, "optim": optim_state}
+    dcp.load(state, checkpoint_id=str(ckpt), no_dist=ctx.world == 1)
+    set_state_dict(net, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
+
+
+# ----------------------------------------------------------------------------------------------
+# Run directory: config, metrics log, provenance
+
+def prepare_run_dir(config, run_dir: Path, force: bool, ctx, provenance: dict) -> bool:
+    """Create or check the run directory. Returns True if the run is already done. A folder holding
+    a run of another config is an error, or with `force` discarded; one of the same config is
+    resumed (or reused when done), with or without force."""
+    config_file = run_dir / "config.json"
+    wanted = json.loads(json.dumps(asdict(config)))
+    if config_file.is_file():
+        # A field added to RunConfig after the run was made reads as its default: the same run.
+        defaults = json.loads(json.dumps({f.name: f.default for f in fields(config) if f.default is not MISSING}))
+        try:
+            stored = {**{k: v for k, v in defaults.items() if k in wanted}, **read_json(config_file)}
+        except TrainingError:
+            if not force:
+                raise
+            stored = {}  # a damaged config the kit wrote: --force redoes the run
+        if stored == wanted:
+            if (run_dir / "done.json").is_file():
+                return True
+        elif not force:
+            changed = sorted(k for k in set(stored) | set(wanted) if stored.get(k) != wanted.get(k))
+            raise TrainingError(f"{run_dir}: holds a run with another config (differs in {', '.join(changed)}); "
+                                "pass --force to discard it and start over, or choose another output folder")
+        elif ctx.is_main:
+            shutil.rmtree(run_dir)
+    ctx.barrier()
+    if ctx.is_main:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        config_file.write_text(json.dumps(wanted, indent=2) + "\n")
+        (run_dir / "provenance.json").write_text(json.dumps(provenance, indent=2) + "\n")
+    ctx.barrier()
+    return False
+
+
+def git_commit() -> str:
+    """The kit's commit, with "+changes" when the working tree differs from it ("" outside git)."""
+    def git(*args):
+        return subprocess.run(["git", *args], capture_output=True, text=True, cwd=Path(__file__).parent).stdout.strip()
+    try:
+        commit = git("rev-parse", "HEAD")
+        return commit + ("+changes" if commit and git("status", "--porcelain", "--untracked-files=no") else "")
+    except OSError:
+        return ""
+
+
+def read_json(path: Path, *keys: str) -> dict:
+    """A JSON object the kit wrote (config, trainer state, done.json), with `keys` present; anything
+    else is one line naming the file."""
+    try:
+        value = json.loads(Path(path).read_text())
+    except OSError as e:
+        raise TrainingError(f"{path}: cannot be read ({e.strerror})") from None
+    except ValueError as e:
+        raise TrainingError(f"{path}: not valid JSON ({e}); the file is damaged: move it away (or rerun with "
+                            "--force for a run's config) and rerun") from None
+    missing = [k for k in keys if not isinstance(value, dict) or k not in value]
+    if missing:
+        raise TrainingError(f"{path}: lacks {', '.join(missing)}; the file is damaged or not the kit's: move it "
+                            "away and rerun")
+    return value
+
+
+def read_metrics(run_dir: Path) -> list[dict]:
+    """Parsed metrics.jsonl; a line cut short by a kill is dropped."""
+    path = Path(run_dir) / "metrics.jsonl"
+    rows = []
+    if path.is_file():
+        for line in path.read_text().splitlines():
+            try:
+                rows.append(json.loads(line))
+            except json.JSONDecodeError:
+                pass
+    return rows
+
+
+def truncate_metrics(run_dir: Path, upto_step: int, source: Path | None = None):
+    """Keep the log up to a checkpoint's step (from `source`, a shared-prefix run, if given). The next
+    phase's start evaluation at that step is dropped too: the resumed run logs it again."""
+    rows = [r for r in read_metrics(source or run_dir)
+            if r["step"] < upto_step or (r["step"] == upto_step and not r.get("phase_start"))]
+    tmp = run_dir / "metrics.jsonl.tmp"
+    tmp.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    os.replace(tmp, run_dir / "metrics.jsonl")
+
+
+def adopt_shared_prefix(config, run_dir: Path):
+    """Start from another run's phase-end checkpoint whose phases equal our first ones: copy it
+    and the log lines up to it, so this run's folder is complete on its own."""
+    src = Path(config.start_from)
+    state_file = src / "trainer_state.json"
+    if not state_file.is_file():
+        raise TrainingError(f"{src}: not a finished phase checkpoint (no trainer_state.json); run its run first")
+    shutil.copytree(src, run_dir / src.name, dirs_exist_ok=True)
+    truncate_metrics(run_dir, read_json(state_file, "step")["step"], source=src.parent)
+
+
+# ----------------------------------------------------------------------------------------------
+# The metrics log: metrics.jsonl, and TensorBoard or W&B when asked for (imported only then)
+
+TRACKERS = ("", "tensorboard", "wandb")
+
+
+class MetricsLog:
+    """Appends rows (already reduced over ranks) to metrics.jsonl on rank 0 and feeds the same rows to a
+    tracker: train/<key> per step, eval/<key> per evaluation, phase_start/<key> for a phase's start."""
+
+    def __init__(self, run_dir: Path, config, ctx, tracker: str = ""):
+        if tracker not in TRACKERS:
+            raise TrainingError(f"--log {tracker}: unknown; choose tensorboard or wandb")
+        self.file = open(run_dir / "metrics.jsonl", "a") if ctx.is_main else None
+        self.send, self.finish = (open_tracker(tracker, run_dir, config) if ctx.is_main and tracker
+                                  else (None, None))
+
+    def write(self, row: dict):
+        if self.file:
+            self.file.write(json.dumps(row) + "\n")
+            self.file.flush()
+        if self.send:
+            kind = "phase_start" if row.get("phase_start") else "eval" if row.get("eval") else "train"
+            self.send({f"{kind}/{k}": v for k, v in row.items() if k not in ("step", "eval", "phase_start")
+                       and isinstance(v, (int, float)) and not isinstance(v, bool)}, row["step"])
+
+    def close(self):
+        if self.file:
+            self.file.close()
+        if self.finish:
+            self.finish()
+
+
+def check_tracker(kind: str):
+    """Fail before any work if the tracker's package is missing (one line with the install command)."""
+    if kind:
+        package = "tensorboard" if kind == "tensorboard" else "wandb"
+        try:
+            __import__(package)
+        except ImportError:
+            raise TrainingError(f"--log {kind}: the {package} package is not installed; pip install {package}") from None
+
+
+def open_tracker(kind: str, run_dir: Path, config):
+    """(send(values, step), finish()) for TensorBoard (run_dir/tensorboard/) or W&B (project normgrow,
+    the run's name and config)."""
+    check_tracker(kind)
+    if kind == "tensorboard":
+        from torch.utils.tensorboard import SummaryWriter
+        writer = SummaryWriter(log_dir=str(run_dir / "tensorboard"))
+
+        def send(values, step):
+            for key, value in values.items():
+                writer.add_scalar(key, value, step)
+            writer.flush()
+        return send, writer.close
+    import wandb
+    run = wandb.init(project="normgrow", name=f"{run_dir.parent.name}/{run_dir.name}", config=asdict(config),
+                     dir=str(run_dir), reinit=True)
+    return (lambda values, step: run.log(values, step=step)), run.finish
