@@ -26,6 +26,7 @@ import math
 import os
 import platform
 import shutil
+import signal
 import time
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
@@ -447,6 +448,15 @@ def provenance(config: RunConfig, ctx: Dist) -> dict:
 # A run while it trains: its model, data, optimizer, log and checkpoints. The driver below calls,
 # for each of its steps, begin_step, accumulate (once per micro-batch) and end_step.
 
+def kill_point(event: str, run: Run, step: int):
+    """Fault injection for the resume tests: NORMGROW_KILL_AT=<event>:<run name>:<step> SIGKILLs this
+    process right there. Events: opened (model built, checkpoint or prefix loaded), stepped (after the
+    update and its log line, before evaluation and checkpoints), saved (after the step's checkpoints),
+    done (after done.json)."""
+    if os.environ.get("NORMGROW_KILL_AT") == f"{event}:{run.config.name}:{step}":
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
 class Run:
     def __init__(self, config: RunConfig, run_dir, ctx: Dist, stop_after_step: int | None = None,
                  tracker: str = ""):
@@ -514,6 +524,7 @@ class Run:
             self.task = progress.add_task(config.name, total=self.last_step, completed=self.step, loss=float("nan"),
                                           tok_s=0.0)
         self.state = "training"
+        kill_point("opened", self, self.step)
         if self.step >= self.last_step:  # killed after its last checkpoint, before done.json
             self.finish()
 
@@ -607,6 +618,7 @@ class Run:
         elapsed = time.time() - self.started
         self.log.write({"step": step, "phase": phase.index, "loss": loss, "kd": kd_sum, "ce": ce_sum, "lr": self.lr,
                         "grad_norm": grad_norm, "tokens": tokens, **totals, "time": elapsed})
+        kill_point("stepped", self, step)
         tok_s = totals["total_tokens"] / max(elapsed, 1e-9)
         if self.progress:
             self.progress.update(self.task, advance=1, loss=loss, tok_s=tok_s)
@@ -623,6 +635,7 @@ class Run:
             save_kept_checkpoint(self.run_dir, f"step-{step}", self.net, state, ctx)
         if not phase_end and step % config.checkpoint_interval == 0:
             save_latest_checkpoint(self.run_dir, self.net, self.optimizer, state, ctx)
+        kill_point("saved", self, step)
 
     def finish(self):
         """done.json holds the scheduled endpoint's evaluation (killed after the last save: evaluate it)."""
@@ -632,6 +645,7 @@ class Run:
             (self.run_dir / "done.json").write_text(json.dumps({**self.final, "step": self.step}, indent=2) + "\n")
             shutil.rmtree(self.run_dir / "latest", ignore_errors=True)
         self.ctx.barrier()
+        kill_point("done", self, self.step)
         self.result = read_json(self.run_dir / "done.json", "ce", "ppl", "kd")
         self.stop("done")
 
@@ -730,15 +744,18 @@ def progress_bar(ctx: Dist):
 
 
 def main(argv=None):
-    """`python grow.py RUN_DIR/config.json` (re)starts or resumes the run stored in that folder."""
+    """`python grow.py RUN_DIR/config.json [...]` (re)starts or resumes the runs stored in those
+    folders, several of them in lockstep."""
     import argparse
     parser = argparse.ArgumentParser(description=main.__doc__)
-    parser.add_argument("config", type=Path, help="a run's config.json")
-    parser.add_argument("--run-dir", type=Path, help="default: the folder holding the config")
+    parser.add_argument("configs", type=Path, nargs="+", help="runs' config.json files")
+    parser.add_argument("--run-dir", type=Path, help="one run only; default: the folder holding its config")
     parser.add_argument("--stop-after-step", type=int, help="stop there, as if killed (resume tests)")
     args = parser.parse_args(argv)
-    config = RunConfig(**json.loads(args.config.read_text()))
-    train(config, args.run_dir or args.config.parent, stop_after_step=args.stop_after_step)
+    if args.run_dir and len(args.configs) > 1:
+        parser.error("--run-dir is for one run; each of several runs lives in its config's folder")
+    jobs = [(RunConfig(**json.loads(path.read_text())), args.run_dir or path.parent) for path in args.configs]
+    train_together(jobs, stop_after_step=args.stop_after_step)
     if dist.is_initialized():
         dist.destroy_process_group()
 

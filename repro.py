@@ -35,9 +35,10 @@ from rich.table import Table
 
 import data
 import grow
-import rundir
 import model
-from experiments import EXPERIMENTS, RUNS, TOKENS, final_eval, fmt, report
+import plan
+import rundir
+from experiments import EXPERIMENTS, RUNS, final_eval, report
 
 console = Console(width=None if sys.stdout.isatty() else 140)
 
@@ -164,6 +165,7 @@ class Workspace:
     ctx: grow.Dist
     student_runs: str = ""  # a subfolder of runs/<scale>/ for students of a variant preset (regime.py)
     tracker: str = ""       # rundir.TRACKERS: also log to TensorBoard or W&B
+    lockstep: bool | None = None  # train a seed's runs together (None: where they fit, lockstep_default)
 
     @property
     def data_dir(self) -> Path:
@@ -250,7 +252,8 @@ def override_name(changes: dict) -> str:
 
 
 def workspace(scale: str, runs_dir: Path, results_dir: Path | None = None, dry_run: bool = False, overrides=(),
-              compile_flag: bool | None = None, device: str = "auto", tracker: str = "") -> Workspace:
+              compile_flag: bool | None = None, device: str = "auto", tracker: str = "",
+              lockstep: bool | None = None) -> Workspace:
     """A scale's folders. With overrides of the students' settings (run, diag) only, the students live in
     runs/<scale>/set/<overrides>/ beside the scale's data and teacher; overrides of the data or the
     teacher make a whole workspace of their own, runs/<scale>+<overrides>/. Results go to
@@ -272,11 +275,11 @@ def workspace(scale: str, runs_dir: Path, results_dir: Path | None = None, dry_r
             writable_dir(results_dir, "--results-dir")
     results_dir = results_dir or Path("results")
     if not changes:
-        return Workspace(preset, runs_dir / scale, results_dir / scale, ctx, tracker=tracker)
+        return Workspace(preset, runs_dir / scale, results_dir / scale, ctx, tracker=tracker, lockstep=lockstep)
     name = override_name(changes)
     own_inputs = set(changes) - {"run", "diag"}
     return Workspace(preset, runs_dir / (f"{scale}+{name}" if own_inputs else scale), results_dir / f"{scale}+{name}",
-                     ctx, student_runs="" if own_inputs else f"set/{name}", tracker=tracker)
+                     ctx, student_runs="" if own_inputs else f"set/{name}", tracker=tracker, lockstep=lockstep)
 
 
 def prepare_data(ws: Workspace, force: bool = False) -> tuple[data.Shard, data.Shard]:
@@ -402,15 +405,41 @@ def ensure_inputs(ws: Workspace, force: bool = False) -> Path:
 
 def ensure_runs(ws: Workspace, names, seeds: list[int], force: bool = False, teacher: Path | None = None):
     """Data, teacher (unless given), then every run each seed needs; done runs are reused, partial
-    ones resumed, and with `force` a run folder holding another config (an edited preset) is discarded."""
+    ones resumed, and with `force` a run folder holding another config (an edited preset) is discarded.
+    In lockstep (ws.lockstep; by default where it fits, lockstep_default) the runs of a seed that read the same
+    batches train together on one teacher pass per batch; the long joint controls train alone after."""
     teacher = teacher or ensure_inputs(ws, force)
     jobs = [(name, seed) for seed in seeds for name in with_prefixes(names)]
     if any(run_status(ws.run_dir(*job)) != "done" for job in jobs):
         show_overview(ws, jobs)  # once, before the work; each run then announces itself
-    for job in jobs:
-        # Done runs too: train() reuses one whose config matches and refuses a stale one.
-        grow.train(run_config(ws, *job, teacher=teacher), ws.run_dir(*job), force=force, ctx=ws.ctx,
-                   tracker=ws.tracker)
+    lockstep = lockstep_default(ws, names) if ws.lockstep is None else ws.lockstep
+    for seed in seeds:
+        # Done runs too: training reuses one whose config matches and refuses a stale one.
+        runs = [(run_config(ws, name, seed, teacher=teacher), ws.run_dir(name, seed)) for name in with_prefixes(names)]
+        together = [job for job in runs if lockstep and job[0].data_mode == "replay"]
+        if together:
+            grow.train_together(together, force=force, ctx=ws.ctx, tracker=ws.tracker)
+        for config, run_dir in runs:
+            if (config, run_dir) not in together:
+                grow.train(config, run_dir, force=force, ctx=ws.ctx, tracker=ws.tracker)
+
+
+def planned_runs(ws: Workspace, names, seed: int) -> list[plan.PlannedRun]:
+    """The runs `names` need, each with the number of leading phases another run computes for it."""
+    def shared(name):
+        prefix = prefix_run(name, ws)
+        return prefix[1] + 1 if prefix else 0
+    return [plan.PlannedRun(name, run_config(ws, name, seed), shared(name)) for name in with_prefixes(names)]
+
+
+def lockstep_default(ws: Workspace, names) -> bool:
+    """Lockstep on CPUs and Apple silicon (host memory; the toy's students are a few MB each), and on a
+    CUDA GPU where the resident runs fit (plan.fits)."""
+    if ws.ctx.device.type != "cuda":
+        return True
+    import torch
+    memory = torch.cuda.get_device_properties(ws.ctx.device).total_memory
+    return plan.fits(ws.preset, ws.ctx.world, memory, planned_runs(ws, names, ws.preset.run["seed"]))
 
 
 def teacher_summary(ws: Workspace, names, seeds: list[int]) -> str:
@@ -422,107 +451,6 @@ def teacher_summary(ws: Workspace, names, seeds: list[int]) -> str:
     return (f"teacher: validation CE {result['ce']:.4f} after {result['step']} steps, trained in {seconds / 60:.1f} min "
             f"(cached in {teacher}); best student {best} at {best_ce:.4f}: the teacher leads by "
             f"{best_ce - result['ce']:+.4f} nats")
-
-
-# ----------------------------------------------------------------------------------------------
-# Dry run: the plan, computed, without running anything
-
-GPU_BF16_PEAK = {"a100": 312e12, "h100": 989e12, "h200": 989e12, "b200": 2250e12}  # dense bf16 FLOP/s
-ASSUMED_MFU = 0.40  # torchtitan reports roughly 40-50% on dense 8B models
-
-
-def model_shapes(ws: Workspace) -> tuple[model.ModelConfig, int]:
-    """(teacher config, student layers). Full and small read the hub model's known shape."""
-    p = ws.preset
-    if p.teacher == "Qwen/Qwen3-8B-Base":
-        return model.ModelConfig(), p.run["blocks"] * p.run["layers_per_block"]
-    if p.teacher == "Qwen/Qwen3-0.6B-Base":
-        return model.ModelConfig(hidden_size=1024, intermediate_size=3072, num_hidden_layers=28, num_attention_heads=16,
-                                 num_key_value_heads=8, head_dim=128, tie_word_embeddings=True), 9
-    vocab = data.qwen3_tokenizer(p.data["vocab_size"]).n_vocab
-    return model.ModelConfig(**{**p.teacher_model, "vocab_size": vocab}), p.run["blocks"] * p.run["layers_per_block"]
-
-
-def forward_flops_per_token(c: model.ModelConfig, layers: int, context: float) -> tuple[float, float]:
-    """(decoder layers, LM head) forward FLOPs per token: 2 per weight, plus causal attention."""
-    q, kv = c.num_attention_heads * c.head_dim, c.num_key_value_heads * c.head_dim
-    weights = c.hidden_size * (2 * q + 2 * kv) + 3 * c.hidden_size * c.intermediate_size
-    attention = 2 * q * context  # QK^T and AV over an average causal context of `context` tokens
-    return layers * (2 * weights + attention), 2 * c.hidden_size * c.vocab_size
-
-
-def print_plan(ws: Workspace, names: list[str], seeds: list[int], gpu: str, gpus: int):
-    teacher, student_layers = model_shapes(ws)
-    doc_tokens = ws.preset.doc_tokens
-    shard_dir = ws.data_dir / "train"
-    if (shard_dir / "manifest.json").is_file():  # measured, once the data exists
-        shard = data.Shard(shard_dir, verify=False)
-        doc_tokens = float((shard.lengths[:ws.replay_docs] - 1).mean())
-    context = min(doc_tokens, ws.preset.data["max_len"]) / 2
-    L = ws.preset.run["layers_per_block"]
-    t_layers, t_head = forward_flops_per_token(teacher, teacher.num_hidden_layers, context)
-    table = Table(title=f"plan at scale {ws.preset.name}: {len(seeds)} seed(s), {doc_tokens:.1f} tokens/document"
-                        f"{' (assumed)' if doc_tokens == ws.preset.doc_tokens else ' (measured)'}")
-    for column in ("run", "phases", "steps", "active layers", "tokens", "unique", "layer-tokens", "FLOPs",
-                   f"{gpu} GPU-h"):
-        table.add_column(column, justify="right")
-    total_flops, rows = 0.0, []
-    for name in with_prefixes(names):
-        config = run_config(ws, name, seeds[0])
-        phases = grow.plan_phases(config)
-        tokens_per_phase = config.phase_steps * config.global_batch * doc_tokens
-        fresh = config.data_mode == "fresh"
-        flops = 0.0
-        for ph in phases:
-            s_layers, s_head = forward_flops_per_token(teacher, ph.active_blocks * L, context)
-            trained = len(ph.trainable_blocks) * L / max(ph.active_blocks * L, 1)
-            # forward everywhere; backward (2x forward) from the first trainable block up and the head
-            train = s_layers * (1 + 2 * trained) + s_head * 3 + t_layers + t_head
-            flops += train * tokens_per_phase
-        # A shared prefix is not recomputed: only the phases after it cost anything.
-        prefix = prefix_run(name, ws)
-        own = len(phases) - (prefix[1] + 1 if prefix else 0)
-        flops *= own / len(phases)
-        total_flops += flops * len(seeds)
-        unique = tokens_per_phase * (len(phases) if fresh else 1)
-        row = [name, str(len(phases)), f"{len(phases) * config.phase_steps:,}",
-               " / ".join(str(p.active_blocks * L) for p in phases), fmt(tokens_per_phase * len(phases), TOKENS),
-               fmt(unique, TOKENS), fmt(sum(p.active_blocks * L for p in phases) * tokens_per_phase, TOKENS),
-               flops_text(flops), hours_text(flops / (GPU_BF16_PEAK[gpu] * ASSUMED_MFU) / 3600)]
-        rows.append(row)
-        table.add_row(*row)
-    console.print(table)
-    hours = total_flops / (GPU_BF16_PEAK[gpu] * ASSUMED_MFU) / 3600
-    console.print(f"total: {flops_text(total_flops)} = {hours_text(hours)} {gpu} GPU-hours at an assumed "
-                  f"{ASSUMED_MFU:.0%} MFU = {hours_text(hours / gpus)} hours on {gpus} GPU(s) (per-GPU memory: "
-                  f"{memory_estimate(ws, teacher, gpus)})")
-    return rows
-
-
-def flops_text(flops: float) -> str:
-    units = (("E", 1e18), ("P", 1e15), ("T", 1e12), ("G", 1e9), ("M", 1e6), ("k", 1e3))
-    unit, size = next(((u, x) for u, x in units if flops >= x), ("", 1))
-    return f"{flops / size:,.2f} {unit}FLOPs"
-
-
-def hours_text(hours: float) -> str:
-    return f"{hours:,.1f}" if hours >= 0.1 else f"{hours:.2g}"
-
-
-def memory_estimate(ws: Workspace, teacher: model.ModelConfig, gpus: int) -> str:
-    """A rough per-GPU peak under FSDP2: sharded fp32 student + Adam, sharded bf16 teacher layers with
-    replicated embedding and head, checkpointed activations of one micro-batch, one loss chunk."""
-    c, L = teacher, ws.preset.run["blocks"] * ws.preset.run["layers_per_block"]
-    layer = c.hidden_size * (2 * c.num_attention_heads + 2 * c.num_key_value_heads) * c.head_dim \
-        + 3 * c.hidden_size * c.intermediate_size
-    embed = c.vocab_size * c.hidden_size
-    student = (16 * (L * layer + embed) + 4 * embed) / gpus
-    teacher_bytes = 2 * c.num_hidden_layers * layer / gpus + 2 * 2 * embed
-    tokens = ws.preset.run["micro_batch"] * ws.preset.data["max_len"]
-    activations = tokens * c.hidden_size * 2 * (L + c.num_hidden_layers) + tokens * (16 * c.hidden_size
-                                                                                    + 6 * c.intermediate_size) * 2
-    loss = 3 * ws.preset.run["loss_chunk"] * c.vocab_size * 4 + 4 * embed
-    return f"~{(student + teacher_bytes + activations + loss) / 2**30:.0f} GiB (estimate)"
 
 
 # ----------------------------------------------------------------------------------------------
@@ -578,6 +506,10 @@ def overrides_option(f):
                              "with overrides get their own folders.")(f)
 
 
+lockstep_option = click.option(
+    "--lockstep/--no-lockstep", default=None,
+    help="Train the runs of a seed that read the same batches together, on one teacher pass per batch "
+         "(same results as apart). Default: on, except on a GPU where they would not fit (see --dry-run).")
 force_option = click.option("--force", is_flag=True, help="Discard data, a teacher or runs made with other settings "
                             "(an edited preset) and redo them; what matches is reused.")
 
@@ -623,16 +555,17 @@ def cli():
               help="Comma-separated seeds, e.g. 42,43,44: every needed run per seed, mean ± std and a 95% "
                    "interval per number. Default: the paper's seed (42).")
 @click.option("--dry-run", is_flag=True, help="Print the plan (runs, phases, tokens, FLOPs, GPU hours) and stop.")
-@click.option("--gpu", type=click.Choice(list(GPU_BF16_PEAK)), default="h100", show_default=True,
+@click.option("--gpu", type=click.Choice(list(plan.GPU_BF16_PEAK)), default="h100", show_default=True,
               help="GPU type for --dry-run's hour estimate.")
 @click.option("--gpus", type=click.IntRange(1), default=None, help="GPUs for --dry-run's estimate (default: 8 at "
               "full scale, 1 at the others).")
 @overrides_option
+@lockstep_option
 @force_option
 @runs_option
 @results_option
-def run_experiments(experiments, scale, seeds, dry_run, gpu, gpus, overrides, compile_flag, device, tracker, force,
-                    runs_dir, results_dir):
+def run_experiments(experiments, scale, seeds, dry_run, gpu, gpus, overrides, compile_flag, device, tracker, lockstep,
+                    force, runs_dir, results_dir):
     """Run EXPERIMENTS (default: all) at a scale and write results/<scale>/<experiment>.md/.json/.png."""
     unknown = [e for e in experiments if e != "all" and e not in EXPERIMENTS]
     if unknown:
@@ -640,10 +573,11 @@ def run_experiments(experiments, scale, seeds, dry_run, gpu, gpus, overrides, co
                                  param_hint="EXPERIMENT")
     names = list(EXPERIMENTS) if not experiments or "all" in experiments else list(dict.fromkeys(experiments))
     runs = [r for r in RUNS if any(r in EXPERIMENTS[e].runs for e in names)]
-    ws = workspace(scale, runs_dir, results_dir, dry_run, overrides, compile_flag, device, tracker)
+    ws = workspace(scale, runs_dir, results_dir, dry_run, overrides, compile_flag, device, tracker, lockstep)
     seeds = seeds or [ws.preset.run["seed"]]
     if dry_run:
-        print_plan(ws, runs, seeds, gpu, gpus or (8 if scale == "full" else 1))
+        plan.print_plan(ws, planned_runs(ws, runs, seeds[0]), seeds, gpu, gpus or (8 if scale == "full" else 1),
+                        console)
         return
     ws.results.mkdir(parents=True, exist_ok=True)
     started = time.time()
@@ -665,16 +599,17 @@ def run_experiments(experiments, scale, seeds, dry_run, gpu, gpus, overrides, co
               help='Points to run, e.g. "budget=0.25,0.5,1,2;lr=0.5,1,2;gain=ones,teacher" (multipliers of the '
                    "preset's steps per phase and LR; post-norm output-gain init). Default: the scale's grid.")
 @overrides_option
+@lockstep_option
 @force_option
 @runs_option
 @results_option
-def regime(scale, seeds, grid_text, overrides, compile_flag, device, tracker, force, runs_dir, results_dir):
+def regime(scale, seeds, grid_text, overrides, compile_flag, device, tracker, lockstep, force, runs_dir, results_dir):
     """The regime map: delta joint, delta grow and the interaction over a grid of step budgets, peak
     LRs and post-norm output-gain inits (results/<scale>/regime.md/.json/.png). Not part of `all`."""
     import regime as regime_map
     grid = regime_map.parse_grid(grid_text) if grid_text else regime_map.GRIDS[scale]
     ws = workspace(scale, runs_dir, results_dir, overrides=overrides, compile_flag=compile_flag, device=device,
-                   tracker=tracker)
+                   tracker=tracker, lockstep=lockstep)
     ws.results.mkdir(parents=True, exist_ok=True)
     regime_map.run_map(ws, grid, seeds or regime_map.DEFAULT_SEEDS[scale], force)
     ws.ctx.barrier()

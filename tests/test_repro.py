@@ -16,6 +16,7 @@ from safetensors.torch import load_file
 
 import experiments
 import grow
+import plan
 import rundir
 import repro
 
@@ -52,13 +53,33 @@ def test_full_preset_is_the_paper():
 
 def test_dry_run_reproduces_table_a2():
     ws = repro.Workspace(repro.PRESETS["full"], Path("/nonexistent/full"), Path("/nonexistent"), grow.Dist())
-    rows = {r[0]: r for r in repro.print_plan(ws, list(experiments.RUNS), [42], "h100", 8)}
+    runs = repro.planned_runs(ws, list(experiments.RUNS), 42)
+    result = plan.print_plan(ws, runs, [42], "h100", 8, repro.console)
+    rows = {r[0]: r for r in result["rows"]}
     # columns: run, phases, steps, active layers, tokens, unique, active-layer tokens, PFLOPs, GPU-hours
     assert rows["post-joint"][1:7] == ["1", "50,000", "9", "3.11B", "3.11B", "28.01B"]
     assert rows["post-grow"][1:7] == ["3", "150,000", "3 / 6 / 9", "9.34B", "3.11B", "56.02B"]
     assert rows["post-joint-long"][4:7] == ["6.22B", "6.22B", "56.02B"]  # active-layer tokens match grow's
     assert rows["post-joint-longer"][4:6] == ["9.34B", "9.34B"]
     assert float(rows["post-grow"][8].replace(",", "")) > float(rows["post-joint"][8].replace(",", ""))
+
+
+def test_dry_run_counts_teacher_passes_both_ways():
+    """Separately every run pays its own steps: joint 50k, grow 150k, freeze 100k (after the shared
+    phase 0) per norm, and post-norm's long controls 50k each after their prefixes: 700k. In lockstep
+    the six replay runs share 150k teacher steps and the long controls still pay 100k: 250k."""
+    ws = repro.Workspace(repro.PRESETS["full"], Path("/nonexistent/full"), Path("/nonexistent"), grow.Dist())
+    runs = repro.planned_runs(ws, list(experiments.RUNS), 42)
+    assert plan.teacher_passes(runs, lockstep=False) == 2 * (50_000 + 150_000 + 100_000) + 50_000 + 50_000
+    assert plan.teacher_passes(runs, lockstep=True) == 150_000 + 50_000 + 50_000
+    assert plan.most_resident(runs) == 4  # joint ends where freeze joins
+    result = plan.print_plan(ws, runs, [42], "h100", 8, repro.console)
+    saved = result["separate"]["flops"] - result["lockstep"]["flops"]
+    teacher = plan.model_shapes(ws.preset)[0]
+    layers, _ = plan.forward_flops_per_token(teacher, 36, 972.5 / 2)
+    assert saved == pytest.approx((700_000 - 250_000) * 64 * 972.5 * layers)
+    assert result["lockstep"]["memory_gib"] > result["separate"]["memory_gib"]
+    assert result["lockstep_default"] == (result["lockstep"]["memory_gib"] <= 0.9 * 80)
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the message is for machines without CUDA")

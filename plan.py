@@ -1,0 +1,169 @@
+"""The dry run: what a suite costs, computed without running anything (`repro.py ... --dry-run`).
+
+Per run: phases, steps, tokens, FLOPs and GPU-hours; for the suite: the totals with every run paying
+for its own teacher passes (separate) and with the runs of a seed that read the same batches sharing
+one teacher pass per batch (lockstep, grow.train_together), and the per-GPU memory of each. Lockstep
+keeps the weights and optimizer states of every run it trains at once resident, so it is chosen only
+where that fits the GPU.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from rich.console import Console
+from rich.table import Table
+
+import data
+import grow
+import model
+from experiments import TOKENS, fmt
+
+GPU_BF16_PEAK = {"a100": 312e12, "h100": 989e12, "h200": 989e12, "b200": 2250e12}  # dense bf16 FLOP/s
+GPU_MEMORY_GIB = {"a100": 80, "h100": 80, "h200": 141, "b200": 180}
+ASSUMED_MFU = 0.40  # torchtitan reports roughly 40-50% on dense 8B models
+MEMORY_HEADROOM = 0.9  # of the GPU's memory: allocator fragmentation and NCCL buffers take the rest
+
+
+def model_shapes(preset) -> tuple[model.ModelConfig, int]:
+    """(teacher config, student layers). Full and small read the hub model's known shape."""
+    if preset.teacher == "Qwen/Qwen3-8B-Base":
+        return model.ModelConfig(), preset.run["blocks"] * preset.run["layers_per_block"]
+    if preset.teacher == "Qwen/Qwen3-0.6B-Base":
+        return model.ModelConfig(hidden_size=1024, intermediate_size=3072, num_hidden_layers=28, num_attention_heads=16,
+                                 num_key_value_heads=8, head_dim=128, tie_word_embeddings=True), 9
+    vocab = data.qwen3_tokenizer(preset.data["vocab_size"]).n_vocab
+    return model.ModelConfig(**{**preset.teacher_model, "vocab_size": vocab}), \
+        preset.run["blocks"] * preset.run["layers_per_block"]
+
+
+def forward_flops_per_token(c: model.ModelConfig, layers: int, context: float) -> tuple[float, float]:
+    """(decoder layers, LM head) forward FLOPs per token: 2 per weight, plus causal attention."""
+    q, kv = c.num_attention_heads * c.head_dim, c.num_key_value_heads * c.head_dim
+    weights = c.hidden_size * (2 * q + 2 * kv) + 3 * c.hidden_size * c.intermediate_size
+    attention = 2 * q * context  # QK^T and AV over an average causal context of `context` tokens
+    return layers * (2 * weights + attention), 2 * c.hidden_size * c.vocab_size
+
+
+@dataclass
+class PlannedRun:
+    name: str
+    config: grow.RunConfig
+    shared_phases: int  # leading phases computed by another run (a shared prefix): not paid again
+
+
+def memory_bytes(preset, teacher: model.ModelConfig, gpus: int, runs: int = 1) -> float:
+    """A rough per-GPU peak under FSDP2 with `runs` students resident: each one's sharded fp32 weights,
+    gradients and Adam states; the sharded bf16 teacher layers with replicated embedding and head; the
+    checkpointed activations of one micro-batch of one run; one loss chunk."""
+    c, L = teacher, preset.run["blocks"] * preset.run["layers_per_block"]
+    layer = c.hidden_size * (2 * c.num_attention_heads + 2 * c.num_key_value_heads) * c.head_dim \
+        + 3 * c.hidden_size * c.intermediate_size
+    embed = c.vocab_size * c.hidden_size
+    student = (16 * (L * layer + embed) + 4 * embed) / gpus
+    teacher_bytes = 2 * c.num_hidden_layers * layer / gpus + 2 * 2 * embed
+    tokens = preset.run["micro_batch"] * preset.data["max_len"]
+    activations = tokens * c.hidden_size * 2 * (L + c.num_hidden_layers) + tokens * (16 * c.hidden_size
+                                                                                    + 6 * c.intermediate_size) * 2
+    loss = 3 * preset.run["loss_chunk"] * c.vocab_size * 4 + 4 * embed
+    return runs * student + teacher_bytes + activations + loss
+
+
+def own_steps(run: PlannedRun) -> range:
+    """The global steps this run computes itself (after its shared prefix)."""
+    phases = grow.plan_phases(run.config)
+    return range(phases[run.shared_phases].first_step if run.shared_phases < len(phases) else 0,
+                 phases[-1].first_step + phases[-1].steps)
+
+
+def lockstep_runs(runs: list[PlannedRun]) -> list[PlannedRun]:
+    """The runs of a seed that read the same batches at the same steps: every replay run (the long
+    joint controls continue onto fresh data and train alone)."""
+    return [r for r in runs if r.config.data_mode == "replay"]
+
+
+def most_resident(runs: list[PlannedRun]) -> int:
+    """The most lockstep runs training at once (a finished run frees its memory, a sharing one joins late)."""
+    spans = [own_steps(r) for r in lockstep_runs(runs)]
+    return max((sum(s.start <= step < s.stop for s in spans) for step in {s.start for s in spans}), default=1)
+
+
+def teacher_passes(runs: list[PlannedRun], lockstep: bool) -> int:
+    """Teacher forward passes (optimizer steps' worth) for one seed."""
+    if not lockstep:
+        return sum(len(own_steps(r)) for r in runs)
+    shared = set().union(*(own_steps(r) for r in lockstep_runs(runs)))
+    return len(shared) + sum(len(own_steps(r)) for r in runs if r not in lockstep_runs(runs))
+
+
+def fits(preset, gpus: int, gpu_bytes: float, runs: list[PlannedRun]) -> bool:
+    """Whether lockstep's resident runs fit in a GPU of `gpu_bytes` (used for the default choice)."""
+    teacher, _ = model_shapes(preset)
+    return memory_bytes(preset, teacher, gpus, most_resident(runs)) <= MEMORY_HEADROOM * gpu_bytes
+
+
+def print_plan(ws, runs: list[PlannedRun], seeds: list[int], gpu: str, gpus: int, console: Console) -> dict:
+    """The plan table and totals; returns {"rows", "separate", "lockstep"} (totals: FLOPs, GPU-hours,
+    per-GPU memory, teacher passes) and "lockstep_default"."""
+    preset = ws.preset
+    teacher, student_layers = model_shapes(preset)
+    doc_tokens = preset.doc_tokens
+    shard_dir = ws.data_dir / "train"
+    if (shard_dir / "manifest.json").is_file():  # measured, once the data exists
+        shard = data.Shard(shard_dir, verify=False)
+        doc_tokens = float((shard.lengths[:ws.replay_docs] - 1).mean())
+    context = min(doc_tokens, preset.data["max_len"]) / 2
+    L = preset.run["layers_per_block"]
+    t_layers, t_head = forward_flops_per_token(teacher, teacher.num_hidden_layers, context)
+    gpu_hours = lambda flops: flops / (GPU_BF16_PEAK[gpu] * ASSUMED_MFU) / 3600
+    table = Table(title=f"plan at scale {preset.name}: {len(seeds)} seed(s), {doc_tokens:.1f} tokens/document"
+                        f"{' (assumed)' if doc_tokens == preset.doc_tokens else ' (measured)'}; each run alone")
+    for column in ("run", "phases", "steps", "active layers", "tokens", "unique", "layer-tokens", "FLOPs",
+                   f"{gpu} GPU-h"):
+        table.add_column(column, justify="right")
+    separate_flops, rows = 0.0, []
+    for run in runs:
+        config, phases = run.config, grow.plan_phases(run.config)
+        tokens_per_phase = config.phase_steps * config.global_batch * doc_tokens
+        flops = 0.0
+        for ph in phases[run.shared_phases:]:  # a shared prefix is not recomputed
+            s_layers, s_head = forward_flops_per_token(teacher, ph.active_blocks * L, context)
+            trained = len(ph.trainable_blocks) * L / max(ph.active_blocks * L, 1)
+            # forward everywhere; backward (2x forward) from the first trainable block up and the head;
+            # the teacher's layers once, its head inside each run's loss
+            flops += (s_layers * (1 + 2 * trained) + s_head * 3 + t_layers + t_head) * tokens_per_phase
+        separate_flops += flops * len(seeds)
+        unique = tokens_per_phase * (len(phases) if config.data_mode == "fresh" else 1)
+        row = [run.name, str(len(phases)), f"{len(phases) * config.phase_steps:,}",
+               " / ".join(str(p.active_blocks * L) for p in phases), fmt(tokens_per_phase * len(phases), TOKENS),
+               fmt(unique, TOKENS), fmt(sum(p.active_blocks * L for p in phases) * tokens_per_phase, TOKENS),
+               flops_text(flops), hours_text(gpu_hours(flops))]
+        rows.append(row)
+        table.add_row(*row)
+    console.print(table)
+    tokens_per_step = preset.run["global_batch"] * doc_tokens
+    saved = (teacher_passes(runs, False) - teacher_passes(runs, True)) * tokens_per_step * t_layers * len(seeds)
+    totals = {}
+    for way, flops, resident in (("separate", separate_flops, 1), ("lockstep", separate_flops - saved,
+                                                                   most_resident(runs))):
+        memory = memory_bytes(preset, teacher, gpus, resident)
+        totals[way] = {"flops": flops, "gpu_hours": gpu_hours(flops), "memory_gib": memory / 2**30,
+                       "teacher_passes": teacher_passes(runs, way == "lockstep") * len(seeds), "resident_runs": resident}
+        console.print(f"{way}: {flops_text(flops)} = {hours_text(gpu_hours(flops))} {gpu} GPU-hours at an assumed "
+                      f"{ASSUMED_MFU:.0%} MFU = {hours_text(gpu_hours(flops) / gpus)} hours on {gpus} GPU(s); "
+                      f"{totals[way]['teacher_passes']:,} teacher steps; per-GPU memory ~{memory / 2**30:.0f} GiB "
+                      f"(estimate, {resident} run(s) resident)")
+    default = fits(preset, gpus, GPU_MEMORY_GIB[gpu] * 2**30, runs)
+    console.print(f"default on {gpus} {gpu}: {'lockstep' if default else 'separate'} (lockstep needs "
+                  f"~{totals['lockstep']['memory_gib']:.0f} of {GPU_MEMORY_GIB[gpu]} GiB; --lockstep/--no-lockstep "
+                  "overrides)")
+    return {"rows": rows, **totals, "lockstep_default": default}
+
+
+def flops_text(flops: float) -> str:
+    units = (("E", 1e18), ("P", 1e15), ("T", 1e12), ("G", 1e9), ("M", 1e6), ("k", 1e3))
+    unit, size = next(((u, x) for u, x in units if flops >= x), ("", 1))
+    return f"{flops / size:,.2f} {unit}FLOPs"
+
+
+def hours_text(hours: float) -> str:
+    return f"{hours:,.1f}" if hours >= 0.1 else f"{hours:.2g}"

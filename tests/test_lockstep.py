@@ -1,0 +1,168 @@
+"""Lockstep training (grow.train_together): the suite's runs on one teacher pass per batch give what
+each run gives alone, bit for bit, through kills at any moment and across ranks."""
+import json
+import os
+import signal
+import subprocess
+import sys
+from dataclasses import asdict, replace
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+import grow
+import rundir
+from test_grow import config
+
+ROOT = Path(__file__).resolve().parents[1]
+NAMES = ["pre-joint", "post-joint", "pre-grow", "post-grow", "pre-freeze", "post-freeze"]
+STEPS = 4  # per phase
+
+
+def suite(shards, teacher_dir, root: Path, **overrides) -> list[tuple[grow.RunConfig, Path]]:
+    """The replay runs of one seed (Tables 1 and A3), freeze starting from grow's phase 0 as in repro.py."""
+    train, val = shards
+    jobs = []
+    for name in NAMES:
+        norm, protocol = name.split("-")
+        start_from = str(root / f"{norm}-grow" / "phase-0") if protocol == "freeze" else ""
+        c = config(name=name, norm=norm, protocol=protocol, train_data=str(train.path), val_data=str(val.path),
+                   teacher=str(teacher_dir), layers_per_block=1, phase_steps=STEPS, global_batch=8, micro_batch=4,
+                   replay_docs=40, eval_interval=2, eval_batch=8, checkpoint_interval=3, loss_chunk=50, lr=3e-3,
+                   min_lr=3e-5, warmup_frac=0.25, start_from=start_from, **overrides)
+        jobs.append((c, root / name))
+    return jobs
+
+
+def without_time(rows):
+    return [{k: v for k, v in r.items() if k != "time"} for r in rows]
+
+
+def assert_same_runs(a: Path, b: Path, exact: bool = True):
+    """Every kept checkpoint, metrics.jsonl (but wall time) and done.json equal, bit for bit (or, across
+    ranks, within 1e-5)."""
+    for name in NAMES:
+        kept = sorted(p.name for p in (a / name).iterdir() if p.name.startswith(("phase-", "step-")))
+        assert kept == sorted(p.name for p in (b / name).iterdir() if p.name.startswith(("phase-", "step-"))), name
+        for ckpt in kept:
+            x, y = load_file(a / name / ckpt / "model.safetensors"), load_file(b / name / ckpt / "model.safetensors")
+            assert x.keys() == y.keys()
+            for k in x:
+                if exact:
+                    assert torch.equal(x[k], y[k]), f"{name}/{ckpt}/{k} differs"
+                else:
+                    torch.testing.assert_close(x[k], y[k], rtol=1e-4, atol=1e-6)
+        rows_a, rows_b = without_time(rundir.read_metrics(a / name)), without_time(rundir.read_metrics(b / name))
+        done_a, done_b = (json.loads((d / name / "done.json").read_text()) for d in (a, b))
+        if exact:
+            assert rows_a == rows_b, name
+            assert done_a == done_b, name
+        else:
+            assert [(r["step"], "eval" in r) for r in rows_a] == [(r["step"], "eval" in r) for r in rows_b], name
+            for ra, rb in zip(rows_a, rows_b):
+                for key in ("loss", "ce", "kd"):
+                    if key in ra:
+                        assert rb[key] == pytest.approx(ra[key], rel=1e-5), (name, ra["step"], key)
+            assert done_b["ce"] == pytest.approx(done_a["ce"], rel=1e-5)
+
+
+@pytest.fixture(scope="module")
+def separate(tiny_shards, tiny_teacher_dir, tmp_path_factory):
+    """Each run alone, in an order where grow's phase 0 exists before freeze starts from it."""
+    root = tmp_path_factory.mktemp("separate")
+    for c, run_dir in suite(tiny_shards, tiny_teacher_dir, root):
+        grow.train(c, run_dir)
+    return root
+
+
+def counting_teacher(monkeypatch) -> list:
+    """Counts the teacher module's forward passes with a hook on the module itself."""
+    calls = []
+    real = grow.load_teacher
+
+    def load(*args, **kwargs):
+        teacher = real(*args, **kwargs)
+        teacher.net.register_forward_hook(lambda module, inputs, output: calls.append(inputs[0].shape))
+        return teacher
+    monkeypatch.setattr(grow, "load_teacher", load)
+    return calls
+
+
+def test_lockstep_is_bit_identical_to_separate_runs_on_one_teacher_pass_per_micro_batch(
+        separate, tiny_shards, tiny_teacher_dir, tmp_path, monkeypatch):
+    calls = counting_teacher(monkeypatch)
+    jobs = suite(tiny_shards, tiny_teacher_dir, tmp_path)
+    results = grow.train_together(jobs)
+    assert_same_runs(separate, tmp_path)
+    assert results == [json.loads((separate / n / "done.json").read_text()) for n in NAMES]
+    # The six runs cover global steps 0..3*STEPS-1; each step has 8 / 4 = 2 micro-batches, each read
+    # once by the teacher for every run at that step. The 16 validation documents (2 batches of 8)
+    # are read once and kept for every evaluation of every run.
+    micro_batches = 8 // 4
+    val_batches = 16 // 8
+    assert len(calls) == 3 * STEPS * micro_batches + val_batches
+    assert sum(shape[0] for shape in calls) == 3 * STEPS * 8 + 16
+
+
+def test_separate_runs_pay_for_every_teacher_pass(tiny_shards, tiny_teacher_dir, tmp_path, monkeypatch):
+    """The count the lockstep saves: alone, pre-grow reads the teacher once per micro-batch of each of
+    its steps (and the validation set once)."""
+    calls = counting_teacher(monkeypatch)
+    c, run_dir = suite(tiny_shards, tiny_teacher_dir, tmp_path)[2]
+    grow.train(c, run_dir)
+    assert len(calls) == 3 * STEPS * 2 + 2
+
+
+def start(configs, kill_at: str = ""):
+    env = {**os.environ, "NORMGROW_KILL_AT": kill_at}
+    return subprocess.run([sys.executable, str(ROOT / "grow.py"), *map(str, configs)], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=300)
+
+
+def test_sigkill_anywhere_in_lockstep_resumes_bit_identical(separate, tiny_shards, tiny_teacher_dir, tmp_path):
+    jobs = suite(tiny_shards, tiny_teacher_dir, tmp_path)
+    configs = []
+    for c, run_dir in jobs:
+        run_dir.mkdir()
+        (run_dir / "config.json").write_text(json.dumps(asdict(c)))
+        configs.append(run_dir / "config.json")
+    # In the order they happen: mid phase 0 before any checkpoint; the moment the first run finishes
+    # (its partner at the same step not yet stepped); grow's phase transition, before freeze adopts
+    # it; freeze just after adopting; mid freeze's phase 1; the last step's checkpoint, before done.json.
+    for kill_at in ("stepped:post-grow:2", "done:pre-joint:4", "saved:post-grow:4", "opened:post-freeze:4",
+                    "stepped:pre-freeze:7", "saved:post-grow:12"):
+        out = start(configs, kill_at)
+        assert out.returncode == -signal.SIGKILL, f"{kill_at} was not reached: {out.stderr[-2000:]}"
+        if kill_at == "done:pre-joint:4":  # continued alone, then in lockstep again
+            c, run_dir = jobs[1]
+            grow.train(c, run_dir)
+    c, run_dir = jobs[4]
+    grow.train(c, run_dir)  # and the reverse: a run killed in lockstep finished alone
+    out = start(configs)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert_same_runs(separate, tmp_path)
+
+
+def test_two_ranks_in_lockstep_match_one_process(tiny_shards, tiny_teacher_dir, tmp_path):
+    jobs = suite(tiny_shards, tiny_teacher_dir, tmp_path / "one")
+    grow.train_together(jobs)
+    configs = []
+    for c, run_dir in suite(tiny_shards, tiny_teacher_dir, tmp_path / "two"):
+        run_dir.mkdir(parents=True)
+        (run_dir / "config.json").write_text(json.dumps(asdict(c)))
+        configs.append(run_dir / "config.json")
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(ROOT / "grow.py"),
+           *map(str, configs)]
+    out = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600,
+                         env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-5000:]
+    assert_same_runs(tmp_path / "one", tmp_path / "two", exact=False)
+
+
+def test_runs_of_different_teachers_are_not_trained_together(tiny_shards, tiny_teacher_dir, tmp_path):
+    jobs = suite(tiny_shards, tiny_teacher_dir, tmp_path)[:2]
+    jobs[1] = (replace(jobs[1][0], teacher=str(tmp_path / "other")), jobs[1][1])
+    with pytest.raises(grow.TrainingError, match="one teacher"):
+        grow.train_together(jobs)
