@@ -10,7 +10,11 @@ CPU bench, each line a ratio measured in this run:
 2. model FLOPs utilisation of that step against this machine's matmul peak, measured here;
 3. the chunked KD loss against a naive full-logit one: peak memory and time (kd.bench_loss);
 4. tokenization MB/s against HF tokenizers loading Qwen3's tokenizer.json;
-5. the data loader's batches/s against the train step's steps/s.
+5. the data loader's batches/s against the train step's steps/s;
+6. the six replay runs of a seed trained one after the other against in lockstep (grow.train_together):
+   wall time, teacher forward passes counted, results compared;
+7. the toy step with its layers compiled for dynamic lengths against eager: compile time, step time,
+   how many steps pay the compile back.
 """
 from __future__ import annotations
 
@@ -21,6 +25,7 @@ import platform
 import statistics
 import time
 from contextlib import nullcontext
+from dataclasses import replace
 from functools import partial
 from pathlib import Path
 
@@ -167,6 +172,100 @@ def bench_train_step(repeats: int) -> dict:
 
 
 # ----------------------------------------------------------------------------------------------
+# 6-7. Lockstep against separate runs; the compiled toy step against eager
+
+LOCKSTEP_RUNS = ("pre-joint", "post-joint", "pre-grow", "post-grow", "pre-freeze", "post-freeze")
+
+
+def toy_teacher(folder: Path) -> Path:
+    """A toy-shaped Qwen3 with random weights: speed does not depend on what the teacher knows."""
+    config, _, _, _ = toy_shapes()
+    teacher = model.Qwen3(config)
+    teacher.init_weights(0)
+    model.save_qwen3(teacher, folder)
+    return folder
+
+
+def lockstep_jobs(root: Path, teacher: Path, steps: int) -> list[tuple[grow.RunConfig, Path]]:
+    """The replay runs of one seed at the toy preset's settings, `steps` per phase, as the suite runs them."""
+    run = {**repro.PRESETS["toy"].run, "phase_steps": steps, "eval_interval": steps, "checkpoint_interval": steps,
+           "snapshot_interval": 0}
+    ws = repro.Workspace(replace(repro.PRESETS["toy"], run=run), Path("runs/toy"), root / "results", grow.Dist())
+    jobs = []
+    for name in LOCKSTEP_RUNS:
+        config = repro.run_config(ws, name, 42, teacher=teacher)
+        if config.start_from:  # the shared prefix, in this bench's own folder
+            config = replace(config, start_from=str(root / Path(config.start_from).parent.name / "phase-0"))
+        jobs.append((config, root / name))
+    return jobs
+
+
+def bench_lockstep(steps: int = 12) -> dict:
+    """The six replay runs of one seed (toy shapes and data, `steps` per phase) trained one after the
+    other and in lockstep: wall time, teacher forward passes (counted) and whether results are equal."""
+    import tempfile
+    bench_loader_data()
+    with tempfile.TemporaryDirectory() as tmp:
+        tmp = Path(tmp)
+        teacher_dir = toy_teacher(tmp / "teacher")
+        ctx = grow.Dist()
+        jobs = {way: lockstep_jobs(tmp / way, teacher_dir, steps) for way in ("separate", "lockstep")}
+        net = grow.load_teacher(jobs["separate"][0][0], ctx).net
+        start = time.perf_counter()
+        alone = [grow.Teacher(net, grow.TEACHER_CACHE_BYTES) for _ in jobs["separate"]]
+        separate = [grow.train(config, run_dir, ctx=ctx, teacher=teacher)
+                    for (config, run_dir), teacher in zip(jobs["separate"], alone)]
+        separate_s = time.perf_counter() - start
+        shared = grow.Teacher(net, grow.TEACHER_CACHE_BYTES)
+        start = time.perf_counter()
+        together = grow.train_together(jobs["lockstep"], ctx=ctx, teacher=shared)
+        lockstep_s = time.perf_counter() - start
+    return {"runs": list(LOCKSTEP_RUNS), "steps_per_phase": steps, "separate_s": separate_s, "lockstep_s": lockstep_s,
+            "speedup": separate_s / lockstep_s, "separate_teacher_forwards": sum(t.forwards for t in alone),
+            "lockstep_teacher_forwards": shared.forwards, "identical_results": separate == together}
+
+
+def bench_compile(repeats: int) -> dict:
+    """The toy train step (bf16 where native) with the layers compiled for dynamic lengths against eager,
+    over micro-batches of varying padded length: compile time, step time, and the loss difference."""
+    dtype, _ = grow.precision_choice("auto", torch.device("cpu"))
+    context = partial(torch.autocast, "cpu", dtype=torch.bfloat16) if dtype == torch.bfloat16 else nullcontext
+    config, blocks, per_block, batch = toy_shapes()
+    teacher = model.Qwen3(config)
+    teacher.init_weights(0)
+    teacher.eval().requires_grad_(False)
+    chunk = repro.PRESETS["toy"].run["loss_chunk"]
+    students = {way: model.Student.from_teacher(teacher, blocks, per_block, "post", seed=0) for way in ("eager", "compiled")}
+    grow.compile_layers(students["compiled"])
+    optimizers = {way: torch.optim.AdamW([p for p in s.parameters() if p.requires_grad], lr=1e-4)
+                  for way, s in students.items()}
+    lengths = [128, 117, 96, 128, 101, 88]  # padded lengths as the toy's micro-batches have them
+    batches = [torch.randint(0, config.vocab_size, (batch, n), generator=torch.Generator().manual_seed(n)) for n in lengths]
+    losses = {way: [] for way in students}
+
+    def step(way, ids):
+        with context():
+            losses[way].append(float(kit_step(teacher, students[way], optimizers[way], ids,
+                                              torch.ones_like(ids, dtype=torch.bool), chunk)))
+    first = {}
+    for way in students:  # the first pass over every length: the compile, for the compiled one
+        start = time.perf_counter()
+        for ids in batches:
+            step(way, ids)
+        first[way] = time.perf_counter() - start
+    loss_diff = max(abs(a - b) / abs(a) for a, b in zip(losses["eager"], losses["compiled"]))
+    seconds = interleaved({way: (lambda way=way: [step(way, ids) for ids in batches], nullcontext) for way in students},
+                          repeats)
+    per_step = {way: s / len(batches) for way, s in seconds.items()}
+    saving = per_step["eager"] - per_step["compiled"]
+    compile_s = first["compiled"] - first["eager"]
+    return {"precision": str(dtype).removeprefix("torch."), "eager_step_s": per_step["eager"],
+            "compiled_step_s": per_step["compiled"], "speedup": per_step["eager"] / per_step["compiled"],
+            "compile_s": compile_s, "break_even_steps": compile_s / saving if saving > 0 else None,
+            "max_relative_loss_difference": loss_diff}
+
+
+# ----------------------------------------------------------------------------------------------
 # 4. The tokenizer
 
 def bench_tokenizer(repeats: int = 3) -> dict:
@@ -190,12 +289,19 @@ def bench_tokenizer(repeats: int = 3) -> dict:
 # ----------------------------------------------------------------------------------------------
 # 5. The data loader
 
-def bench_loader(step_seconds: float, steps: int = 200) -> dict:
-    """Batches/s of the toy preset's batcher over the prepared toy shard (prepared here if needed)."""
+def bench_loader_data() -> data.Shard:
+    """The toy preset's training shard (prepared in runs/toy/data if needed)."""
     preset = repro.PRESETS["toy"]
     enc = data.qwen3_tokenizer(preset.data["vocab_size"])
     train, _ = data.prepare("toy", Path("runs/toy/data"), enc, max_len=preset.data["max_len"], n_train_docs=None,
                             n_val_docs=preset.data["val_docs"], seed=preset.run["seed"], progress=False)
+    return train
+
+
+def bench_loader(step_seconds: float, steps: int = 200) -> dict:
+    """Batches/s of the toy preset's batcher over the prepared toy shard."""
+    preset = repro.PRESETS["toy"]
+    train = bench_loader_data()
     batcher = data.Batcher(train, preset.run["global_batch"], 0, replay_docs=len(train),
                            micro_batch=preset.run["micro_batch"])
     seconds = timed(lambda: [next(batcher) for _ in range(steps)], repeats=3, warmup=1) / steps
@@ -377,6 +483,16 @@ def main(repeats: int = 5, kd_size: dict | None = None):
     results["loader"] = loader = bench_loader(step.get("kit_post_bf16_s", step["kit_post_fp32_s"]))
     print(f"  data loader: {loader['loader_batches_per_s']:,.0f} batches/s, "
           f"{loader['loader_over_train_step']:,.0f}x the train step's rate")
+    print("the six replay runs of a seed, one after the other and in lockstep ...", flush=True)
+    results["lockstep"] = lock = bench_lockstep()
+    print(f"  lockstep {lock['speedup']:.2f}x as fast ({lock['separate_s']:.0f} s -> {lock['lockstep_s']:.0f} s); "
+          f"teacher forwards {lock['separate_teacher_forwards']} -> {lock['lockstep_teacher_forwards']}; "
+          f"identical results: {lock['identical_results']}")
+    print("compiled toy step (dynamic lengths) vs eager ...", flush=True)
+    results["compile"] = comp = bench_compile(repeats)
+    even = f"{comp['break_even_steps']:,.0f} steps" if comp["break_even_steps"] else "never (not faster here)"
+    print(f"  compiled {comp['speedup']:.2f}x eager per step, compile {comp['compile_s']:.0f} s, pays back after {even}; "
+          f"loss within {comp['max_relative_loss_difference']:.1e} (relative)")
     RESULTS.parent.mkdir(exist_ok=True)
     RESULTS.write_text(json.dumps(results, indent=2) + "\n")
     print(f"wrote {RESULTS}")

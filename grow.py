@@ -350,6 +350,8 @@ def load_teacher(config: RunConfig, ctx: Dist) -> Teacher:
     dtype = precision_of(config, ctx)
     net = model.load_qwen3(config.teacher, dtype=dtype if ctx.device.type == "cuda" else torch.float32,
                            device=ctx.device, shard_fn=shard_fn(ctx, dtype, shard_root=False))
+    if config.compile:
+        compile_layers(net)
     return Teacher(net, TEACHER_CACHE_BYTES if ctx.world == 1 else 0)
 
 
@@ -371,9 +373,15 @@ def build_model(config: RunConfig, teacher: Teacher | None, ctx: Dist) -> torch.
                                          output_gain=config.post_output_gain)
     net.checkpoint_layers = config.activation_checkpointing
     if config.compile:
-        for layer in net.layers:
-            layer.compile()
+        compile_layers(net)
     return net
+
+
+def compile_layers(net: torch.nn.Module):
+    """torch.compile each decoder layer with a symbolic batch and sequence length: one compile serves
+    every padded length of a run (the layers of a model share it)."""
+    for layer in net.layers:
+        layer.compile(dynamic=True)
 
 
 def autocast(config: RunConfig, ctx: Dist):
@@ -661,14 +669,16 @@ class Run:
 # Training: one run, or several in lockstep
 
 def train(config: RunConfig, run_dir, force: bool = False, ctx: Dist | None = None,
-          stop_after_step: int | None = None, tracker: str = "") -> dict:
+          stop_after_step: int | None = None, tracker: str = "", teacher: Teacher | None = None) -> dict:
     """Run (or resume, or skip if done) one run; returns the final evaluation. `stop_after_step`
-    ends early as if killed there (tests of resume); `tracker` also feeds TensorBoard or W&B."""
-    return train_together([(config, run_dir)], force, ctx, stop_after_step, tracker)[0]
+    ends early as if killed there (tests of resume); `tracker` also feeds TensorBoard or W&B;
+    `teacher`, a loaded one (default: config.teacher is loaded)."""
+    return train_together([(config, run_dir)], force, ctx, stop_after_step, tracker, teacher)[0]
 
 
 def train_together(jobs: list[tuple[RunConfig, Path]], force: bool = False, ctx: Dist | None = None,
-                   stop_after_step: int | None = None, tracker: str = "") -> list[dict]:
+                   stop_after_step: int | None = None, tracker: str = "",
+                   teacher: Teacher | None = None) -> list[dict]:
     """Train several runs in lockstep, each exactly as it would train alone. At each global step the
     teacher runs once per micro-batch for every run that reads that batch (runs of one seed read the
     same batch at the same step), then each of those runs does its own forward and backward. A run
@@ -684,7 +694,8 @@ def train_together(jobs: list[tuple[RunConfig, Path]], force: bool = False, ctx:
     distilled = [run.config for run in todo if run.config.protocol != "teacher"]
     if len({(c.teacher, c.precision) for c in distilled}) > 1:
         raise TrainingError("runs trained together must distil from one teacher at one precision; train them apart")
-    teacher = load_teacher(distilled[0], ctx) if distilled else None
+    if distilled and teacher is None:
+        teacher = load_teacher(distilled[0], ctx)
     progress = progress_bar(ctx)
     if progress:
         progress.start()
