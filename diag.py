@@ -247,9 +247,13 @@ def block_removal(student, batch) -> list[dict]:
 # ----------------------------------------------------------------------------------------------
 # Transition-aligned training-loss response (Table A4)
 
+MIN_WINDOW = 5  # steps: a scaled window never shrinks below this, so short phases do not report noise
+
+
 def paper_scaled(paper_steps: int, phase_steps: int) -> int:
-    """A window the paper states in steps of its 50k-step phases, scaled to this run's phase length."""
-    return max(1, round(paper_steps * phase_steps / PAPER_PHASE_STEPS))
+    """A window the paper states in steps of its 50k-step phases, scaled to this run's phase length,
+    never below MIN_WINDOW steps (nor above the phase)."""
+    return min(max(MIN_WINDOW, round(paper_steps * phase_steps / PAPER_PHASE_STEPS)), max(phase_steps, 1))
 
 
 def training_losses(rows: list[dict], key: str = "loss") -> dict[int, float]:
@@ -271,9 +275,9 @@ def transition_response(rows: list[dict], transition_step: int, phase_steps: int
                         short_window: int | None = None, long_window: int | None = None) -> dict:
     """The training-loss response to appending a block after step `transition_step` (T). Steps are the
     metrics log's 1-based step numbers; step T+k is the k-th step with the new block. Windows default
-    to the paper's scaled to this run's phase length (paper_scaled): baseline 1000, smooth 200,
-    short 1000, long 5000 paper steps. `key` is the metrics column: "loss", the objective the run
-    optimises (the paper's training loss), or "ce" for its CE term.
+    to the paper's scaled to this run's phase length (paper_scaled, at least MIN_WINDOW steps):
+    baseline 1000, smooth 200, short 1000, long 5000 paper steps. `key` is the metrics column: "loss",
+    the objective the run optimises (the paper's training loss), or "ce" for its CE term.
 
     - baseline: mean raw loss over steps T-baseline_window+1 .. T.
     - smoothed loss at step s: mean raw loss over steps s-smooth+1 .. s, a trailing average over the
@@ -281,25 +285,29 @@ def transition_response(rows: list[dict], transition_step: int, phase_steps: int
       spike is diluted by up to a factor `smooth`, as any 200-step smoothed curve is).
     - jump: max of the smoothed loss over k = 1..short_window, minus the baseline; peak_step is the
       first k where that maximum is reached.
+    - immediate_jump: max of the raw loss over k = 1..smooth, minus the baseline: a spike at its
+      height, undiluted (and noisier: one step's loss).
     - auc_1k, auc_5k: MEAN of (raw loss - baseline) over k = 1..short_window and 1..long_window (nats;
       the sum in nat-steps is the mean times the window). abs_auc_*: the mean of |raw loss - baseline|.
-    - recovery_steps: the first k >= peak_step (the smoothed loss must have risen before it can
-      return) at which the smoothed loss is <= the baseline, searched up to k = phase_steps (the new
-      block's phase) or the end of the log; None if it never returns ("not recovered").
+    - rose: whether the smoothed loss rose above the baseline at all (jump > 0).
+    - recovery_steps: the first k >= peak_step at which the smoothed loss is <= the baseline, searched
+      up to k = phase_steps (the new block's phase) or the end of the log; None if it never returns
+      ("not recovered") or never rose ("not applicable": then there is nothing to recover from).
 
-    Why a mean and why abs_auc too (Table A4): a sum cannot fit post-norm at 50k, whose AUC_5k
-    (0.1464) is below its AUC_1k (0.1820) although its smoothed loss stays above baseline for 19,914
-    steps; a mean can. A signed mean cannot fit pre-norm either: its AUC_1k (0.0694) exceeds its jump
-    (0.0226), but a mean excess over 1k steps above x forces some 200-step window, hence the smoothed
-    peak, above x. Only a mean absolute deviation (which per-step noise alone lifts above zero) fits
-    every column, so both are reported; auc_* is the plain definition, abs_auc_* the paper-consistent one.
+    Which reading fits which column of the paper's Table A4 (its text does not define them): a sum
+    cannot fit post-norm at 50k, whose AUC_5k (0.1464) is below its AUC_1k (0.1820) although its
+    smoothed loss stays above baseline for 19,914 steps; a mean can. With a smoothed jump, a signed mean
+    cannot fit pre-norm (AUC_1k 0.0694 above a jump of 0.0226 forces some window above the jump); a
+    mean absolute deviation can, and so can a signed mean with the immediate jump. Both AUCs and both
+    jumps are reported; neither pair is claimed to be the paper's.
 
-    Returns {"transition_step", "baseline", "jump", "peak_step", "auc_1k", "auc_5k", "abs_auc_1k",
-    "abs_auc_5k", "recovery_steps", "searched_steps", "baseline_window", "smooth", "short_window",
-    "long_window"}; loss values in the log's units (nats), steps counted from the transition.
+    Returns {"transition_step", "baseline", "jump", "immediate_jump", "peak_step", "auc_1k", "auc_5k",
+    "abs_auc_1k", "abs_auc_5k", "rose", "recovery_steps", "searched_steps", "baseline_window",
+    "smooth", "short_window", "long_window"}; loss values in the log's units (nats), steps counted from
+    the transition.
     """
     T = transition_step
-    baseline_window = baseline_window or paper_scaled(1000, phase_steps)
+    baseline_window = baseline_window or min(paper_scaled(1000, phase_steps), T)
     smooth = smooth or paper_scaled(200, phase_steps)
     short_window = short_window or paper_scaled(1000, phase_steps)
     long_window = long_window or paper_scaled(5000, phase_steps)
@@ -313,13 +321,14 @@ def transition_response(rows: list[dict], transition_step: int, phase_steps: int
     excess = raw[smooth - 1:] - baseline
 
     peak = int(np.argmax(smoothed[:short_window]))                           # first maximum
+    jump = float(smoothed[peak] - baseline)
     returned = np.flatnonzero(smoothed[peak:searched] <= baseline)
-    return {"transition_step": T, "baseline": baseline, "jump": float(smoothed[peak] - baseline),
-            "peak_step": peak + 1,
+    return {"transition_step": T, "baseline": baseline, "jump": jump,
+            "immediate_jump": float(excess[:smooth].max()), "peak_step": peak + 1,
             "auc_1k": float(excess[:short_window].mean()), "auc_5k": float(excess[:long_window].mean()),
             "abs_auc_1k": float(np.abs(excess[:short_window]).mean()),
-            "abs_auc_5k": float(np.abs(excess[:long_window]).mean()),
-            "recovery_steps": int(peak + returned[0] + 1) if returned.size else None,
+            "abs_auc_5k": float(np.abs(excess[:long_window]).mean()), "rose": jump > 0,
+            "recovery_steps": int(peak + returned[0] + 1) if returned.size and jump > 0 else None,
             "searched_steps": searched, "baseline_window": baseline_window, "smooth": smooth,
             "short_window": short_window, "long_window": long_window}
 

@@ -141,6 +141,7 @@ class Row:
     key: str
     paper: float | None
     digits: int = 4
+    compare: bool = True  # "kit - paper" is shown only where both are in the same units at every scale
 
 
 @dataclass
@@ -150,6 +151,7 @@ class Experiment:
     rows: list[Row] = field(default_factory=list)
     numbers: Callable | None = None   # (ws, seed) -> {key: value}
     figures: Callable | None = None   # (ws, seed) -> {name: png path, ...extra JSON}
+    layout: Callable | None = None    # (stats, seeds) -> Markdown lines in the paper's layout, above the rows
     note: str = ""
 
 
@@ -204,6 +206,22 @@ def table_a3_numbers(ws, seed):
             "ppl_gap_grow": ppl["post_grow"] - ppl["pre_grow"], "ppl_gap_freeze": ppl["post_freeze"] - ppl["pre_freeze"]}
 
 
+TABLE4_TITLES = {"pre-grow": "Pre-Grow", "post-grow": "Post-Grow", "pre-joint": "Pre-Joint", "post-joint": "Post-Joint"}
+
+
+def table4_grid(stats: dict, n_seeds: int) -> list[str]:
+    """Table 4 as the paper prints it: a row per run, ΔCE and angular distance per block; each cell
+    "kit (paper)", the kit's mean over seeds."""
+    head = " | ".join(f"block {b} {m}" for m in ("ΔCE", "angle / π") for b in range(3))
+    lines = [f"| run | {head} |", "|" + " --- |" * 7]
+    for name, title in TABLE4_TITLES.items():
+        cells = [f"{stats[f'{name}_{short}_{b}']['mean']:.3f} ({diag.PAPER['table4'][name][metric][b]:.3f})"
+                 for metric, short in (("delta_ce", "dce"), ("angular_distance", "angular")) for b in range(3)]
+        lines.append(f"| {title} | " + " | ".join(cells) + " |")
+    return lines + ["", f"Each cell: kit{' (mean over ' + str(n_seeds) + ' seeds)' if n_seeds > 1 else ''} "
+                        "(paper). Every number with its spread:", ""]
+
+
 def table4_numbers(ws, seed):
     out = {}
     for name in MAIN_RUNS:
@@ -218,10 +236,12 @@ def table_a4_numbers(ws, seed):
     S, K = ws.preset.run["phase_steps"], ws.preset.run["blocks"]
     for norm in ("pre", "post"):
         for t, r in enumerate(diag.transition_responses(metrics(ws.run_dir(f"{norm}-grow", seed)), S, K), start=1):
-            out.update({f"{norm}_{t}_jump": r["jump"], f"{norm}_{t}_auc_1k": r["abs_auc_1k"],
-                        f"{norm}_{t}_auc_5k": r["abs_auc_5k"], f"{norm}_{t}_signed_auc_1k": r["auc_1k"],
-                        f"{norm}_{t}_signed_auc_5k": r["auc_5k"],
-                        f"{norm}_{t}_recovery": math.nan if r["recovery_steps"] is None else r["recovery_steps"]})
+            # recovery: NaN (n/a) where the loss never rose, inf where it never came back within the phase
+            recovery = r["recovery_steps"] if r["recovery_steps"] is not None else math.inf if r["rose"] else math.nan
+            out.update({f"{norm}_{t}_jump": r["jump"], f"{norm}_{t}_immediate_jump": r["immediate_jump"],
+                        f"{norm}_{t}_auc_1k": r["abs_auc_1k"], f"{norm}_{t}_auc_5k": r["abs_auc_5k"],
+                        f"{norm}_{t}_signed_auc_1k": r["auc_1k"], f"{norm}_{t}_signed_auc_5k": r["auc_5k"],
+                        f"{norm}_{t}_recovery": recovery})
     return out
 
 
@@ -301,7 +321,7 @@ EXPERIMENTS = {
         "Table A2: training budgets in non-padding tokens, counted from the runs' batches; active-layer tokens "
         "= tokens x active decoder layers", ("post-joint", "post-grow", "post-joint-long", "post-joint-longer"),
         [Row(f"{name} {kind.replace('_', '-')} tokens", f"{name}_{kind}",
-             P["table_a2"][name][i] * 1e9 if i < 2 else None, TOKENS)
+             P["table_a2"][name][i] * 1e9 if i < 2 else None, TOKENS, compare=False)  # scale-bound counts
          for name in ("post-joint", "post-grow", "post-joint-long", "post-joint-longer")
          for i, kind in enumerate(("total", "unique", "active_layer"))]
         + [Row("grow / joint, total tokens", "grow_over_joint_total", 9.34 / 3.11, 3),
@@ -323,20 +343,28 @@ EXPERIMENTS = {
     "table4": Experiment(
         "Table 4: whole-block removal on the fixed diagnostic batch: dCE = CE(skip) - CE(full); "
         "angular distance = arccos(cos(h_in, h_out)) / pi", MAIN_RUNS,
-        [Row(f"{name} {metric} block {b}", f"{name}_{short}_{b}", P["table4"][name][metric][b], 3)
-         for name in MAIN_RUNS for metric, short in (("delta_ce", "dce"), ("angular_distance", "angular"))
-         for b in range(3)], numbers=table4_numbers),
+        [Row(f"{TABLE4_TITLES[name]}, block {b}: {label}", f"{name}_{short}_{b}", P["table4"][name][metric][b], 3)
+         for name in TABLE4_TITLES for metric, short, label in (("delta_ce", "dce", "ΔCE when removed"),
+                                                                ("angular_distance", "angular", "angular distance / π"))
+         for b in range(3)], numbers=table4_numbers, layout=lambda stats, n: table4_grid(stats, n)),
     "tableA4": Experiment(
-        "Table A4: transition-aligned training-loss response (windows scaled to the phase length; "
-        "AUC = mean |loss - baseline|, the reading that fits the paper's numbers; signed means in the JSON; "
-        "recovery NaN = not recovered)", ("pre-grow", "post-grow"),
-        [Row(f"{n}-norm, transition {t}, {label}", f"{n}_{t}_{key}", P["table_a4"][n][t - 1][pkey], d)
+        "Table A4: transition-aligned training-loss response (windows scaled to the phase length, at least "
+        f"{diag.MIN_WINDOW} steps). Jump: the smoothed peak minus the baseline; immediate: the highest raw "
+        "loss in the smoothing window after the transition. AUC: mean (loss - baseline), signed and absolute. "
+        "The paper does not define its columns; its value stands beside each reading", ("pre-grow", "post-grow"),
+        [Row(f"{n}-norm, transition {t}, {label}", f"{n}_{t}_{key}", P["table_a4"][n][t - 1][pkey], d,
+             compare=key != "recovery")  # recovery: this scale's steps against the paper's
          for n in ("pre", "post") for t in (1, 2)
-         for label, key, pkey, d in (("jump", "jump", "jump", 4), ("AUC 1k", "auc_1k", "auc_1k", 4),
-                                     ("AUC 5k", "auc_5k", "auc_5k", 4),
+         for label, key, pkey, d in (("jump (smoothed)", "jump", "jump", 4),
+                                     ("jump (immediate)", "immediate_jump", "jump", 4),
+                                     ("AUC 1k, mean |excess|", "auc_1k", "auc_1k", 4),
+                                     ("AUC 1k, mean excess", "signed_auc_1k", "auc_1k", 4),
+                                     ("AUC 5k, mean |excess|", "auc_5k", "auc_5k", 4),
+                                     ("AUC 5k, mean excess", "signed_auc_5k", "auc_5k", 4),
                                      ("recovery steps", "recovery", "recovery_steps", 0))],
         numbers=table_a4_numbers,
-        note="Recovery steps are in this scale's steps; the paper's are in 50k-step phases."),
+        note="Recovery steps are in this scale's steps (the paper's in 50k-step phases): n/a = the smoothed loss "
+             "never rose above the baseline; inf = it had not come back by the end of the phase."),
     "fig3": Experiment("Figure 3: (a) interaction, (b) per-phase validation CE of grow", MAIN_RUNS,
                        figures=fig3_figures),
     "fig4": Experiment("Figure 4: std of per-token RMS at each block boundary across grow checkpoints",
@@ -379,7 +407,7 @@ def report(ws: Workspace, name: str, seeds: list[int]) -> dict:
         per_seed = [exp.numbers(ws, s) for s in seeds]
         stats = {row.key: across_seeds([p[row.key] for p in per_seed]) for row in exp.rows}
         out["rows"] = [{"label": r.label, "key": r.key, "paper": r.paper, **stats[r.key]} for r in exp.rows]
-        md += table_markdown(exp.rows, stats, len(seeds))
+        md += (exp.layout(stats, len(seeds)) if exp.layout else []) + table_markdown(exp.rows, stats, len(seeds))
         print_table(name, exp, stats, len(seeds))
     if exp.figures:
         figs = exp.figures(ws, seeds[0])
@@ -404,13 +432,19 @@ def kit_cell(s: dict, digits: int) -> str:
     return f"{fmt(s['mean'], digits)} ± {fmt(s['std'], digits)} [{fmt(lo, digits)}, {fmt(hi, digits)}]"
 
 
+def difference(r: Row, s: dict) -> str:
+    """kit - paper, where both exist and are in the same units ("" otherwise)."""
+    if not r.compare or r.paper is None:
+        return ""
+    return fmt(s["mean"] - r.paper, r.digits)
+
+
 def table_markdown(rows: list[Row], stats: dict, n_seeds: int) -> list[str]:
     kit = "kit" if n_seeds == 1 else f"kit (mean ± std [95% CI], {n_seeds} seeds)"
     lines = [f"| quantity | {kit} | paper | kit − paper |", "| --- | --- | --- | --- |"]
     for r in rows:
         s = stats[r.key]
-        diff = s["mean"] - r.paper if r.paper is not None else None
-        lines.append(f"| {r.label} | {kit_cell(s, r.digits)} | {fmt(r.paper, r.digits)} | {fmt(diff, r.digits)} |")
+        lines.append(f"| {r.label} | {kit_cell(s, r.digits)} | {fmt(r.paper, r.digits)} | {difference(r, s)} |")
     return lines
 
 
@@ -420,8 +454,7 @@ def print_table(name: str, exp: Experiment, stats: dict, n_seeds: int):
         table.add_column(column, justify="left" if column == "quantity" else "right")
     for r in exp.rows:
         s = stats[r.key]
-        diff = s["mean"] - r.paper if r.paper is not None else None
-        table.add_row(r.label, kit_cell(s, r.digits), fmt(r.paper, r.digits), fmt(diff, r.digits))
+        table.add_row(r.label, kit_cell(s, r.digits), fmt(r.paper, r.digits), difference(r, s))
     console.print(table)
 
 

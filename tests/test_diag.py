@@ -188,9 +188,11 @@ def decode_tiny(ids):
 
 
 # ----------------------------------------------------------------------------------------------
-# Transition response on a synthetic curve (phase_steps 500: windows 10 / 2 / 10 / 50 steps)
+# Transition response on a synthetic curve (phase_steps 500; the known-answer tests fix the windows
+# at 10 / 2 / 10 / 50 steps, below the default floor, so every value can be worked out by hand)
 
 S = 500
+WINDOWS = dict(baseline_window=10, smooth=2, short_window=10, long_window=50)
 
 
 def synthetic_rows(after_transition, total=2 * S):
@@ -211,19 +213,35 @@ def synthetic_rows(after_transition, total=2 * S):
 
 
 def test_transition_scaled_windows():
-    assert [diag.paper_scaled(n, S) for n in (1000, 200, 1000, 5000)] == [10, 2, 10, 50]
-    assert diag.paper_scaled(200, 4) == 1   # at least one step
+    assert [diag.paper_scaled(n, S) for n in (1000, 200, 1000, 5000)] == [10, diag.MIN_WINDOW, 10, 50]
+    assert diag.paper_scaled(200, 4) == 4   # at least MIN_WINDOW steps, but never longer than the phase
     assert diag.paper_scaled(1000, 50_000) == 1000
+    r = diag.transition_response(synthetic_rows(lambda k: 2.0), S, S)
+    assert (r["baseline_window"], r["smooth"], r["short_window"], r["long_window"]) == (10, 5, 10, 50)
+
+
+def test_planted_spike_is_read_at_its_height():
+    """+0.5 for one step on a flat loss: the immediate jump reads 0.5; the smoothed one dilutes it."""
+    r = diag.transition_response(synthetic_rows(lambda k: 2.5 if k == 1 else 2.0), S, S)
+    assert r["baseline"] == 2.0 and r["immediate_jump"] == 0.5
+    assert 0 < r["jump"] < 0.5 / 2
+    assert r["rose"] and r["recovery_steps"] is not None
+
+
+def test_a_loss_that_never_rose_has_no_recovery():
+    r = diag.transition_response(synthetic_rows(lambda k: 1.9), S, S)
+    assert not r["rose"] and r["jump"] <= 0 and r["recovery_steps"] is None
+    assert r["immediate_jump"] == pytest.approx(-0.1)
 
 
 def test_transition_response_known_jump_auc_recovery():
     # Loss 2.5 at k=1, falling by 0.125 per step to a floor of 1.75 (reached at k=7).
-    r = diag.transition_response(synthetic_rows(lambda k: max(2.625 - 0.125 * k, 1.75)), S, S)
-    assert (r["baseline_window"], r["smooth"], r["short_window"], r["long_window"]) == (10, 2, 10, 50)
+    r = diag.transition_response(synthetic_rows(lambda k: max(2.625 - 0.125 * k, 1.75)), S, S, **WINDOWS)
     assert r["baseline"] == 2.0
     # Smoothed (2-step trailing mean): k=1: (1.875 + 2.5)/2 = 2.1875; k=2: (2.5 + 2.375)/2 = 2.4375 (peak);
     # k>=2 until the floor: 2.6875 - 0.125k, so k=5: 2.0625 > 2 and k=6: 1.9375 <= 2.
     assert r["jump"] == 0.4375 and r["peak_step"] == 2
+    assert r["immediate_jump"] == 0.5  # the raw loss at k=1 and 2: 2.5, 2.375
     assert r["recovery_steps"] == 6
     # Excess over k=1..10: .5 .375 .25 .125 0 -.125 -.25 -.25 -.25 -.25 (sum 0.125, abs sum 2.375);
     # over k=1..50: sum 1.25 - 0.125 - 44 * 0.25 = -9.875, abs sum 12.375.
@@ -235,8 +253,8 @@ def test_transition_response_known_jump_auc_recovery():
 
 
 def test_transition_response_never_recovers():
-    r = diag.transition_response(synthetic_rows(lambda k: max(2.625 - 0.125 * k, 2.25)), S, S)
-    assert r["jump"] == 0.4375
+    r = diag.transition_response(synthetic_rows(lambda k: max(2.625 - 0.125 * k, 2.25)), S, S, **WINDOWS)
+    assert r["jump"] == 0.4375 and r["rose"]
     assert r["recovery_steps"] is None
 
 
@@ -244,7 +262,7 @@ def test_recovery_counts_only_after_the_peak():
     # k=1 at 2.0: smoothed (1.875 + 2.0)/2 <= baseline before any rise; then 2.5 (peak 2.25 at k=2,
     # tied at k=3), 2.0, then 1.875: smoothed 1.9375 <= 2 first at k=4.
     curve = {1: 2.0, 2: 2.5, 3: 2.0}
-    r = diag.transition_response(synthetic_rows(lambda k: curve.get(k, 1.875)), S, S)
+    r = diag.transition_response(synthetic_rows(lambda k: curve.get(k, 1.875)), S, S, **WINDOWS)
     assert r["peak_step"] == 2 and r["jump"] == 0.25
     assert r["recovery_steps"] == 4
 
