@@ -111,10 +111,29 @@ def boundary_label(b: int) -> str:
 
 def boundary_stats(boundaries: list[torch.Tensor], mask: torch.Tensor) -> list[dict]:
     """Per boundary b (0 = the input of block 0, "entry"; b >= 1 = the output of block b-1):
-    {"boundary": b, "label", "tokens", "mean", "std", "max", "kurtosis"} of the per-token RMS over real
-    tokens (padding excluded by `mask`). std is the population std; kurtosis is Pearson's (normal = 3)."""
-    return [{"boundary": b, "label": boundary_label(b), **summarize(token_rms(h, mask))}
-            for b, h in enumerate(boundaries)]
+    {"boundary": b, "label", "tokens", "mean", "std", "max", "kurtosis", "distinct_tokens",
+    "kurtosis_distinct"} of the per-token RMS over real tokens (padding excluded by `mask`). std is the
+    population std; kurtosis is Pearson's (normal = 3). kurtosis_distinct counts each distinct hidden
+    state once: every row starts with the same <|endoftext|>, whose state (causal attention) is the
+    same in every row, so the plain kurtosis weighs that one outlier by the number of rows and is
+    capped near the row length (kurtosis_cap); over distinct states, one row and many copies of it
+    give the same value."""
+    out = []
+    for b, h in enumerate(boundaries):
+        distinct = torch.unique(h[mask.to(h.device)].double(), dim=0)
+        spread = summarize(distinct.pow(2).mean(-1).sqrt())
+        out.append({"boundary": b, "label": boundary_label(b), **summarize(token_rms(h, mask)),
+                    "distinct_tokens": spread["tokens"], "kurtosis_distinct": spread["kurtosis"]})
+    return out
+
+
+def kurtosis_cap(outliers: int, tokens: int) -> float:
+    """The largest Pearson kurtosis `tokens` values can have when `outliers` of them are one equal
+    outlier and the rest equal: a two-point distribution with p = outliers / tokens has kurtosis
+    (1 - 3p + 3p^2) / (p (1 - p)), about 1/p. The diagnostic batch's boundary token is such an outlier
+    in every row, so B rows of n tokens cap the kurtosis of per-token RMS near n (2046 at 2 x 2048)."""
+    p = outliers / tokens
+    return (1 - 3 * p + 3 * p * p) / (p * (1 - p))
 
 
 # ----------------------------------------------------------------------------------------------
@@ -154,9 +173,10 @@ def token_types(input_ids: torch.Tensor, mask: torch.Tensor, decode: Callable[[l
 
 
 def token_type_rms(boundaries: list[torch.Tensor], mask: torch.Tensor, types: torch.Tensor) -> list[dict]:
-    """Per boundary b (numbered as in boundary_stats): mean per-token RMS of each token type,
-    {"boundary": b, "label", "boundary_rms", "delimiter_rms", "regular_rms", "boundary_over_regular",
-    "boundary_tokens", "delimiter_tokens", "regular_tokens"}; a type with no tokens gives None."""
+    """Per boundary b (numbered as in boundary_stats): mean and population std of the per-token RMS
+    of each token type, {"boundary": b, "label", "boundary_rms", "boundary_rms_std", "delimiter_rms",
+    ..., "boundary_over_regular" (ratio of the means), "boundary_tokens", ...}; a type with no tokens
+    gives None. These do not depend on the batch's shape: one row and many copies of it agree."""
     real_types = types[mask.cpu()]                                            # (N,), same order as token_rms
     results = []
     for b, h in enumerate(boundaries):
@@ -165,6 +185,7 @@ def token_type_rms(boundaries: list[torch.Tensor], mask: torch.Tensor, types: to
         for code, name in TOKEN_TYPE_NAMES.items():
             of_type = rms[real_types == code]
             row[f"{name}_rms"] = of_type.mean().item() if of_type.numel() else None
+            row[f"{name}_rms_std"] = summarize(of_type)["std"]
             row[f"{name}_tokens"] = of_type.numel()
         defined = row["boundary_rms"] is not None and row["regular_rms"]   # None or 0 regular: no ratio
         row["boundary_over_regular"] = row["boundary_rms"] / row["regular_rms"] if defined else None
@@ -374,20 +395,24 @@ def paper_marker(ax, x, y, color, label=None, marker="o"):
             markeredgecolor=color, markeredgewidth=1.3, label=label)
 
 
+def delta(ces: dict, protocol: str) -> float:
+    return ces["post"][protocol] - ces["pre"][protocol]
+
+
 def fig3a_interaction(kit: dict, path, paper: dict = PAPER["table1"]) -> Path:
-    """Figure 3a. kit: {"pre": {"joint": ce, "grow": ce}, "post": {...}}, validation CE in nats/token."""
+    """Figure 3a as the effect itself. kit: {"pre": {"joint": ce, "grow": ce}, "post": {...}},
+    validation CE in nats/token. Plotted: Δ = post − pre per protocol, kit solid, paper dashed and
+    hollow; the slope between them is the interaction. Absolute CEs are in the report's table."""
     protocols = ["joint", "grow"]
     with matplotlib.rc_context(STYLE):
         fig, (ax,) = new_figure()
-        for norm, ces in kit.items():
-            color = NORM_COLORS[norm]
-            ax.plot(range(2), [ces[p] for p in protocols], "o-", color=color, label=f"{norm}-norm (kit)")
-            if norm in paper:
-                ax.plot(range(2), [paper[norm][p] for p in protocols], "--", color=color, marker="o",
-                        markerfacecolor="none", label=f"{norm}-norm (paper)")
+        ax.plot(range(2), [delta(kit, p) for p in protocols], "o-", color="black", label="Δ post − pre (kit)")
+        ax.plot(range(2), [delta(paper, p) for p in protocols], "--", color="gray", marker="o",
+                markerfacecolor="none", label="Δ post − pre (paper)")
+        ax.axhline(0, color="black", linewidth=0.5)
         ax.set_xticks(range(2), protocols)
         ax.set_xlabel("protocol")
-        ax.set_ylabel("validation CE (nats/token)")
+        ax.set_ylabel("validation CE, post − pre (nats/token)")
         ax.set_title(f"interaction Δgrow − Δjoint: kit {interaction(kit):+.4f}, paper {interaction(paper):+.4f}")
         ax.legend()
         return save_png(fig, path)
@@ -395,77 +420,107 @@ def fig3a_interaction(kit: dict, path, paper: dict = PAPER["table1"]) -> Path:
 
 def interaction(ces: dict) -> float:
     """(post - pre) under grow minus (post - pre) under joint (Table 1)."""
-    return (ces["post"]["grow"] - ces["pre"]["grow"]) - (ces["post"]["joint"] - ces["pre"]["joint"])
+    return delta(ces, "grow") - delta(ces, "joint")
 
 
 def fig3b_per_phase(kit: dict, path, paper: dict = PAPER["per_phase_ce"], starts: dict | None = None) -> Path:
     """Figure 3b. kit: {"pre": [CE at the end of phase 0, 1, ...], "post": [...]} of the grow runs;
-    starts: the same at each phase's start (before its first update), drawn as hollow squares at
-    phase - 0.5 joined to the phase's end. A start far above every other point (a fresh student
-    before its first update) is drawn at the top edge with its value written beside it."""
+    starts: the same at each phase's start (before its first update). Left: the kit's CE per phase,
+    starts as hollow squares at phase - 0.5 (a start far above the rest sits at the top edge, its
+    value written beside it). Right: Δ = post − pre per phase, kit (ends solid, starts hollow) against
+    the paper's (phase 0 from Table 2, phase 2 from Table 1), each on its own axis."""
     starts = starts or {}
-    shown = [v for ces in kit.values() for v in ces] + [v for m in paper.values() for v in m.values()]
-    shown += [v for s in starts.values() for v in s[1:]]
+    shown = [v for ces in kit.values() for v in ces] + [v for s in starts.values() for v in s[1:]]
     top = max(shown) + 0.15 * (max(shown) - min(shown) or 1.0)
+    phases = range(max(len(c) for c in kit.values()))
     with matplotlib.rc_context(STYLE):
-        fig, (ax,) = new_figure()
+        fig, (ax, dax) = new_figure(ncols=2, width=4.0)
         for norm, ces in kit.items():
             color = NORM_COLORS[norm]
-            ax.plot(range(len(ces)), ces, "o-", color=color, label=f"{norm}-norm (kit)")
+            ax.plot(range(len(ces)), ces, "o-", color=color, label=f"{norm}-norm, phase end")
             for p, start in enumerate(starts.get(norm, [])):
                 ax.plot([p - 0.5, p], [min(start, top), ces[p]], ":", color=color, marker="s", markevery=[0],
-                        markerfacecolor="none", label=f"{norm}-norm at phase start (kit)" if p == 0 else None)
+                        markerfacecolor="none", label=f"{norm}-norm, phase start" if p == 0 else None)
                 if start > top:
                     ax.annotate(f"start {start:.2f} ↑", (p - 0.5, top), textcoords="offset points",
                                 xytext=(12, -4 - 10 * (norm == "post")), color=color, fontsize=7)
-            marks = paper.get(norm, {})
-            paper_marker(ax, list(marks), list(marks.values()), color, f"{norm}-norm (paper, Tables 2 and 1)")
         ax.set_ylim(top=top)
-        ax.set_xticks(range(max(len(c) for c in kit.values())))
-        ax.set_xlabel("grow phase (active blocks = phase + 1)")
-        ax.set_ylabel("validation CE (nats/token)")
-        ax.set_title("per-phase validation CE, grow")
-        ax.legend()
+        ax.set_title("kit: validation CE through grow")
+        dax.plot(phases, [kit["post"][p] - kit["pre"][p] for p in phases], "o-", color="black",
+                 label="kit, phase end")
+        if starts.get("pre") and starts.get("post"):
+            dax.plot([p - 0.5 for p in phases], [starts["post"][p] - starts["pre"][p] for p in phases], "s",
+                     color="black", markerfacecolor="none", label="kit, phase start")
+        marked = sorted(set(paper.get("pre", {})) & set(paper.get("post", {})))
+        paper_marker(dax, marked, [paper["post"][p] - paper["pre"][p] for p in marked], "gray",
+                     "paper (phase 0: Table 2; phase 2: Table 1)")
+        dax.axhline(0, color="black", linewidth=0.5)
+        dax.set_yscale("symlog", linthresh=0.05)  # a several-nat start gap and a 0.03-nat end gap, both legible
+        dax.set_title("Δ post − pre per phase (symlog beyond ±0.05)")
+        for a, label in ((ax, "validation CE (nats/token)"), (dax, "post − pre (nats/token)")):
+            a.set_xticks(list(phases))
+            a.set_xlabel("grow phase (active blocks = phase + 1)")
+            a.set_ylabel(label)
+            a.legend(fontsize=6)
         return save_png(fig, path)
 
 
-def fig4_boundary_std(series: dict, path, paper: dict = PAPER["boundary_std_after_block0"]) -> Path:
+def mark_transitions(ax, transition_steps: list[int]):
+    for i, step in enumerate(transition_steps):
+        ax.axvline(step, color="gray", linestyle=":", linewidth=0.8, label="block appended" if i == 0 else None)
+
+
+def paper_panel(ax, title: str, ylabel: str):
+    """The paper's own panel: its values at its stated checkpoints, on a log axis like the kit's."""
+    ax.set_yscale("log")
+    ax.set_xticks([0, 1], PAPER_CHECKPOINTS)
+    ax.set_xlim(-0.5, 1.5)
+    ax.set_title(title)
+    ax.set_ylabel(ylabel)
+
+
+PAPER_CHECKPOINTS = ("first grow\ncheckpoint", "150k\n(end of grow)")  # the paper gives no first step
+
+
+def fig4_boundary_std(series: dict, path, paper: dict = PAPER["boundary_std_after_block0"],
+                      transition_steps: list[int] = ()) -> Path:
     """Figure 4. series: {"pre": [{"step", "boundary_stats"}, ...], "post": [...]}, one entry per kept
-    grow checkpoint (diagnose_checkpoint's output plus its step). One line per norm and block output.
-    The paper's pre-norm values (after block 0) are marked at the first and last checkpoint."""
+    grow checkpoint (diagnose_checkpoint's output plus its step). Left: the kit, one line per norm and
+    block output, block appends marked. Right: the paper's values after block 0 in their own panel
+    (pre-norm at its first grow checkpoint and at 150k; post-norm's stated range)."""
     with matplotlib.rc_context(STYLE):
-        fig, (ax,) = new_figure(width=5.5, height=4.4)
+        fig, (ax, pax) = new_figure(ncols=2, width=4.0, height=4.4)
         for norm, checkpoints in series.items():
-            steps = [c["step"] for c in checkpoints]
             for b in range(1, max(len(c["boundary_stats"]) for c in checkpoints)):
                 points = [(c["step"], c["boundary_stats"][b]["std"]) for c in checkpoints
                           if b < len(c["boundary_stats"])]
                 ax.plot(*zip(*points), marker="o", markersize=3, color=NORM_COLORS[norm],
                         linestyle=BOUNDARY_STYLES[(b - 1) % len(BOUNDARY_STYLES)], label=f"{norm}, {boundary_label(b)}")
-            if norm == "pre":
-                first, last = paper["pre"]
-                paper_marker(ax, [steps[0], steps[-1]], [first, last], NORM_COLORS[norm],
-                             f"paper: pre, after block 0 ({first:g} → {last:g})")
-            if norm == "post":
-                low, high = paper["post_range"]
-                ax.axhspan(low, high, color=NORM_COLORS[norm], alpha=0.15,
-                           label=f"paper: post, after block 0 ({low:g}–{high:g})")
+        mark_transitions(ax, transition_steps)
         ax.set_yscale("log")
         ax.set_xlabel("training step of the checkpoint")
         ax.set_ylabel("std of per-token RMS over tokens\n(activation units, log scale)")
-        ax.set_title("boundary-scale spread across grow checkpoints")
+        ax.set_title("kit: boundary-scale spread across grow")
+        first, last = paper["pre"]
+        paper_marker(pax, [0, 1], [first, last], NORM_COLORS["pre"], f"pre, after block 0 ({first:g} → {last:g})")
+        pax.plot([0, 1], [first, last], "--", color=NORM_COLORS["pre"], linewidth=0.8)
+        low, high = paper["post_range"]
+        pax.axhspan(low, high, color=NORM_COLORS["post"], alpha=0.2, label=f"post, after block 0 ({low:g}–{high:g})")
+        paper_panel(pax, "paper (Figure 4)", "std of per-token RMS (log scale)")
         legend_below(fig, ax)
+        pax.legend(fontsize=6)
         return save_png(fig, path)
 
 
-def fig5a_token_types(series: dict, path, boundary: int = 1, paper: dict = PAPER["token_type_rms"]) -> Path:
+def fig5a_token_types(series: dict, path, boundary: int = 1, paper: dict = PAPER["token_type_rms"],
+                      transition_steps: list[int] = ()) -> Path:
     """Figure 5a. series as for fig4 (entries need "step" and "token_type_rms"); mean per-token RMS by
-    token type at one boundary (default 1: after block 0; the paper does not say which). Paper values
-    sit at the first and last checkpoint."""
+    token type at one boundary (default 1: after block 0; the paper does not say which). Left: the
+    kit; right: the paper's values in their own panel (first grow checkpoint and 150k)."""
     with matplotlib.rc_context(STYLE):
-        fig, (ax,) = new_figure(width=5.5, height=4.4)
+        fig, (ax, pax) = new_figure(ncols=2, width=4.0, height=4.4)
         for norm, checkpoints in series.items():
-            color, steps = NORM_COLORS[norm], [c["step"] for c in checkpoints]
+            color = NORM_COLORS[norm]
             for name, style in TYPE_STYLES.items():
                 points = [(c["step"], c["token_type_rms"][boundary][f"{name}_rms"]) for c in checkpoints
                           if boundary < len(c["token_type_rms"]) and c["token_type_rms"][boundary][f"{name}_rms"]]
@@ -473,14 +528,17 @@ def fig5a_token_types(series: dict, path, boundary: int = 1, paper: dict = PAPER
                     ax.plot(*zip(*points), marker="o", markersize=3, color=color, linestyle=style,
                             label=f"{norm}, {name} tokens")
             for name, (first, last) in paper.get(norm, {}).items():
-                xs, ys = zip(*[(x, y) for x, y in ((steps[0], first), (steps[-1], last)) if y is not None])
-                paper_marker(ax, xs, ys, color, f"paper: {norm}, {name} ({' → '.join(f'{y:g}' for y in ys)})",
+                xs, ys = zip(*[(x, y) for x, y in ((0, first), (1, last)) if y is not None])
+                paper_marker(pax, xs, ys, color, f"{norm}, {name} ({' → '.join(f'{y:g}' for y in ys)})",
                              marker="s" if name == "boundary" else "o")
+        mark_transitions(ax, transition_steps)
         ax.set_yscale("log")
         ax.set_xlabel("training step of the checkpoint")
         ax.set_ylabel(f"mean per-token RMS, {boundary_label(boundary)}\n(activation units, log scale)")
-        ax.set_title("token-type attribution of boundary scale")
+        ax.set_title("kit: token-type attribution of boundary scale")
+        paper_panel(pax, "paper (Figure 5a)", "mean per-token RMS (log scale)")
         legend_below(fig, ax)
+        pax.legend(fontsize=6)
         return save_png(fig, path)
 
 
@@ -502,9 +560,9 @@ def fig5b_validation(runs: dict, path, transition_steps: list[int], smooth: int 
                 ax.plot(steps[smooth - 1:], mean, color=color, alpha=0.4, linewidth=0.8,
                         label=f"{norm}-norm, training CE ({smooth}-step mean)")
             if norm in paper:
-                paper_marker(ax, [evals[-1][0]], [paper[norm]["grow"]], color, f"paper: {norm}-grow final CE")
-        for i, step in enumerate(transition_steps):
-            ax.axvline(step, color="gray", linestyle=":", label="block appended" if i == 0 else None)
+                paper_marker(ax, [evals[-1][0]], [paper[norm]["grow"]], color,
+                             f"paper: {norm}-grow at 150k, drawn at the kit's last step")
+        mark_transitions(ax, transition_steps)
         ax.set_xlabel("training step")
         ax.set_ylabel("CE (nats/token)")
         ax.set_title("validation CE through grow, transitions marked")
@@ -513,10 +571,11 @@ def fig5b_validation(runs: dict, path, transition_steps: list[int], smooth: int 
 
 
 def figA1_rms_histograms(token_rms_by_norm: dict, path, label: str = "after block 0",
-                         paper_kurtosis: float = PAPER["final_kurtosis_pre_above"]) -> Path:
+                         paper_kurtosis: float = PAPER["final_kurtosis_pre_above"], cap: float | None = None) -> Path:
     """Figure A1. token_rms_by_norm: {"pre": [per-token RMS], "post": [...]} at the final checkpoint
     (diagnose_checkpoint's "token_rms" at one boundary, named by `label`). Log-spaced bins, log counts;
-    the legend gives each distribution's Pearson kurtosis (normal = 3)."""
+    the legend gives each distribution's Pearson kurtosis (normal = 3) and, with `cap`, the largest
+    kurtosis this batch's shape allows (kurtosis_cap)."""
     values = {norm: np.asarray(v, dtype=np.float64) for norm, v in token_rms_by_norm.items()}
     pooled = np.concatenate(list(values.values()))
     positive = pooled[pooled > 0]
@@ -529,6 +588,8 @@ def figA1_rms_histograms(token_rms_by_norm: dict, path, label: str = "after bloc
             ax.hist(v, bins=bins, histtype="stepfilled", alpha=0.5, color=NORM_COLORS[norm],
                     label=f"{norm}-norm: {len(v)} tokens, Pearson kurtosis {kurtosis}")
         ax.plot([], [], " ", label=f"paper: pre-norm kurtosis > {paper_kurtosis:g}")
+        if cap is not None:
+            ax.plot([], [], " ", label=f"largest kurtosis this batch's shape allows: {cap:.0f}")
         ax.set_xscale("log")
         ax.set_yscale("log")
         ax.set_xlabel(f"per-token RMS, {label} (activation units, log scale)")
@@ -540,27 +601,30 @@ def figA1_rms_histograms(token_rms_by_norm: dict, path, label: str = "after bloc
 
 def figA2_block_removal(results: dict, path, paper: dict = PAPER["table4"]) -> Path:
     """Figure A2. results: {"pre-grow": block_removal(...), "post-grow": ..., "pre-joint": ...,
-    "post-joint": ...} (any subset). Bars per block and run; Table 4's values as hollow diamonds."""
+    "post-joint": ...} (any subset). Top row: the kit's bars per block and run; bottom row: Table 4's
+    values as bars of the same layout on their own axes (the paper's ~8-nat block 0 would flatten
+    the kit's smaller bars on a shared axis)."""
     metrics = [("delta_ce", "ΔCE when the block is skipped (nats/token)"),
                ("angular_distance", "angular distance in → out (fraction of π)")]
     width = 0.8 / len(results)
-    first_in_paper = next((run for run in results if run in paper), None)
+    n_blocks = max(len(b) for b in results.values())
     with matplotlib.rc_context(STYLE):
-        fig, axes = new_figure(ncols=2, width=4.2, height=3.6)
-        for ax, (metric, ylabel) in zip(axes, metrics):
-            for i, (run, blocks) in enumerate(results.items()):
-                xs = [r["block"] - 0.4 + width * (i + 0.5) for r in blocks]
-                ax.bar(xs, [r[metric] for r in blocks], width, color=RUN_COLORS.get(run), edgecolor="black",
-                       linewidth=0.4, label=run)
-                if run in paper:
-                    paper_marker(ax, xs, paper[run][metric][:len(xs)], "black",
-                                 "paper (Table 4)" if run == first_in_paper else None, marker="D")
-            n_blocks = max(len(b) for b in results.values())
-            ax.set_xticks(range(n_blocks), [f"block {b}" for b in range(n_blocks)])
-            ax.set_xlabel("skipped block")
-            ax.set_ylabel(ylabel)
+        fig = Figure(figsize=(8.4, 6.4), layout="constrained")
+        axes = [[fig.add_subplot(2, 2, 2 * row + col + 1) for col in range(2)] for row in range(2)]
+        for col, (metric, ylabel) in enumerate(metrics):
+            for row, source in enumerate(("kit", "paper (Table 4)")):
+                ax = axes[row][col]
+                for i, (run, blocks) in enumerate(results.items()):
+                    values = [r[metric] for r in blocks] if row == 0 else list(paper.get(run, {}).get(metric, ()))
+                    xs = [b - 0.4 + width * (i + 0.5) for b in range(len(values))]
+                    ax.bar(xs, values, width, color=RUN_COLORS.get(run), edgecolor="black", linewidth=0.4,
+                           hatch="//" if row else None, label=run)
+                ax.set_xticks(range(n_blocks), [f"block {b}" for b in range(n_blocks)])
+                ax.set_title(source)
+                ax.set_xlabel("skipped block")
+                ax.set_ylabel(ylabel)
         fig.suptitle("whole-block removal")
-        legend_below(fig, axes[1], ncols=5)
+        legend_below(fig, axes[0][1], ncols=5)
         return save_png(fig, path)
 
 

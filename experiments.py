@@ -21,14 +21,15 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
 import numpy as np
+import torch
 from rich.console import Console
 from rich.table import Table
 
 import data
 import diag
 import grow
-import rundir
 import model
+import rundir
 
 if TYPE_CHECKING:
     from repro import Workspace
@@ -73,16 +74,23 @@ def diagnostic_batch(ws: Workspace) -> data.Batch:
 def series(ws: Workspace, name: str, seed: int) -> list[dict]:
     """diag.diagnose_checkpoint at every kept checkpoint of a run, in step order."""
     decode = data.qwen3_tokenizer(ws.preset.data["vocab_size"]).decode
-    return [{"step": c["step"], **diag.diagnose_checkpoint(model.Student.load(c["path"]), diagnostic_batch(ws),
+    return [{"step": c["step"], **diag.diagnose_checkpoint(load_student(ws, c["path"]), diagnostic_batch(ws),
                                                            decode, c["active_blocks"])}
             for c in diag.checkpoint_series(ws.run_dir(name, seed))]
+
+
+def load_student(ws: Workspace, path) -> model.Student:
+    """One checkpoint at a time on the run's device: bf16 on a GPU (a paper-size student is 3B
+    parameters), fp32 on a CPU."""
+    device = ws.ctx.device
+    return model.Student.load(path, torch.bfloat16 if device.type == "cuda" else torch.float32, device)
 
 
 @cache
 def block_removal(ws: Workspace, name: str, seed: int) -> list[dict]:
     """Whole-block removal at the run's scheduled endpoint (its last kept checkpoint)."""
     final = diag.checkpoint_series(ws.run_dir(name, seed))[-1]["path"]
-    return diag.block_removal(model.Student.load(final), diagnostic_batch(ws))
+    return diag.block_removal(load_student(ws, final), diagnostic_batch(ws))
 
 
 def unique_and_total_tokens(ws: Workspace, name: str, seed: int) -> tuple[int, int]:
@@ -247,47 +255,106 @@ def table_a4_numbers(ws, seed):
 
 def fig3_figures(ws, seed):
     kit = {n: {p: final_eval(ws, f"{n}-{p}", seed)["ce"] for p in ("joint", "grow")} for n in ("pre", "post")}
-    per_phase = {n: [phase_end_eval(ws, f"{n}-grow", seed, p)["ce"] for p in range(ws.preset.run["blocks"])]
-                 for n in ("pre", "post")}
-    starts = {n: [phase_start_eval(ws, f"{n}-grow", seed, p)["ce"] for p in range(ws.preset.run["blocks"])]
-              for n in ("pre", "post")}
+    K = ws.preset.run["blocks"]
+    per_phase = {n: [phase_end_eval(ws, f"{n}-grow", seed, p)["ce"] for p in range(K)] for n in ("pre", "post")}
+    starts = {n: [phase_start_eval(ws, f"{n}-grow", seed, p)["ce"] for p in range(K)] for n in ("pre", "post")}
+    paper, per_phase_paper = P["table1"], P["per_phase_ce"]
+    table = [(f"{n}-norm, {p}", kit[n][p], paper[n][p]) for n in ("pre", "post") for p in ("joint", "grow")]
+    table += [(f"Δ{p} (post − pre)", diag.delta(kit, p), diag.delta(paper, p)) for p in ("joint", "grow")]
+    table += [("interaction Δgrow − Δjoint", diag.interaction(kit), diag.interaction(paper))]
+    for p in range(K):
+        table += [(f"{n}-grow, phase {p}: start / end", f"{starts[n][p]:.4f} / {per_phase[n][p]:.4f}",
+                   per_phase_paper[n].get(p)) for n in ("pre", "post")]
+        paper_delta = (per_phase_paper["post"][p] - per_phase_paper["pre"][p]) if p in per_phase_paper["pre"] else None
+        table += [(f"Δ phase {p} end (post − pre)", per_phase["post"][p] - per_phase["pre"][p], paper_delta)]
     return {"fig3a": diag.fig3a_interaction(kit, ws.results / "fig3a.png"),
             "fig3b": diag.fig3b_per_phase(per_phase, ws.results / "fig3b.png", starts=starts),
-            "per_phase_ce": per_phase, "phase_start_ce": starts}
+            "per_phase_ce": per_phase, "phase_start_ce": starts, "table": table}
 
 
 def boundary_series(ws, seed):
     return {n: series(ws, f"{n}-grow", seed) for n in ("pre", "post")}
 
 
+def transition_steps(ws) -> list[int]:
+    S, K = ws.preset.run["phase_steps"], ws.preset.run["blocks"]
+    return [p * S for p in range(1, K)]
+
+
 def fig4_figures(ws, seed):
     s = boundary_series(ws, seed)
     std = {n: [{"step": c["step"], "std": [b["std"] for b in c["boundary_stats"]],
                 "kurtosis": [b["kurtosis"] for b in c["boundary_stats"]]} for c in s[n]] for n in s}
-    return {"fig4": diag.fig4_boundary_std(s, ws.results / "fig4.png"), "boundary_std": std}
+    paper = P["boundary_std_after_block0"]
+    table = []
+    for n in s:
+        first, last = s[n][0], s[n][-1]
+        for b in range(1, len(last["boundary_stats"])):
+            was = first["boundary_stats"][b]["std"] if b < len(first["boundary_stats"]) else None
+            kit = f"{was:.4g} → {last['boundary_stats'][b]['std']:.4g}" if was is not None else \
+                f"{last['boundary_stats'][b]['std']:.4g} (at the end)"
+            cited = {"pre": f"{paper['pre'][0]:g} → {paper['pre'][1]:g}",
+                     "post": f"{paper['post_range'][0]:g}–{paper['post_range'][1]:g}"}[n] if b == 1 else None
+            table.append((f"{n}-grow, std of per-token RMS {diag.boundary_label(b)}, steps {first['step']} → "
+                          f"{last['step']}", kit, cited))
+    return {"fig4": diag.fig4_boundary_std(s, ws.results / "fig4.png", transition_steps=transition_steps(ws)),
+            "boundary_std": std, "table": table}
 
 
 def fig5_figures(ws, seed):
     s = boundary_series(ws, seed)
-    S, K = ws.preset.run["phase_steps"], ws.preset.run["blocks"]
+    S = ws.preset.run["phase_steps"]
     rows = {n: metrics(ws.run_dir(f"{n}-grow", seed)) for n in ("pre", "post")}
     types = {n: [{"step": c["step"], **c["token_type_rms"][1]} for c in s[n]] for n in s}
-    return {"fig5a": diag.fig5a_token_types(s, ws.results / "fig5a.png"),
-            "fig5b": diag.fig5b_validation(rows, ws.results / "fig5b.png", [p * S for p in range(1, K)],
+    paper = P["token_type_rms"]
+    table = []
+    for n in s:
+        first, last = types[n][0], types[n][-1]
+        for name in ("boundary", "delimiter", "regular"):
+            cited = paper[n].get(name)
+            table.append((f"{n}-grow, {name}-token RMS after block 0, steps {first['step']} → {last['step']}",
+                          f"{first[f'{name}_rms']:.4g} → {last[f'{name}_rms']:.4g}",
+                          " → ".join(f"{v:g}" for v in cited if v is not None) if cited else None))
+        ratio = paper[n]["boundary"][1] / paper[n]["regular"][1]
+        table.append((f"{n}-grow, boundary / regular RMS at the end", last["boundary_over_regular"],
+                      f"{ratio:.1f} (at 150k)"))
+    for n in rows:
+        ends = [r["ce"] for r in rows[n] if r.get("eval") and not r.get("phase_start") and r["step"] % S == 0]
+        table.append((f"{n}-grow, validation CE at each phase end", " / ".join(f"{v:.4f}" for v in ends),
+                      P["table1"][n]["grow"]))
+    return {"fig5a": diag.fig5a_token_types(s, ws.results / "fig5a.png", transition_steps=transition_steps(ws)),
+            "fig5b": diag.fig5b_validation(rows, ws.results / "fig5b.png", transition_steps(ws),
                                            smooth=diag.paper_scaled(200, S)),
-            "token_type_rms_after_block0": types, "definition": diag.TOKEN_TYPE_DEFINITION}
+            "token_type_rms_after_block0": types, "definition": diag.TOKEN_TYPE_DEFINITION, "table": table}
 
 
 def fig_a1_figures(ws, seed):
     s = boundary_series(ws, seed)
     final = {n: s[n][-1]["token_rms"][1] for n in s}
-    kurtosis = {n: s[n][-1]["boundary_stats"][1]["kurtosis"] for n in s}
-    return {"figA1": diag.figA1_rms_histograms(final, ws.results / "figA1.png"), "pearson_kurtosis": kurtosis}
+    stats = {n: s[n][-1]["boundary_stats"][1] for n in s}
+    batch = diagnostic_batch(ws)
+    rows, tokens = batch.mask.shape[0], int(batch.mask.sum())
+    cap = diag.kurtosis_cap(rows, tokens)
+    table = [(f"{n}-grow, Pearson kurtosis of per-token RMS after block 0 ({stats[n]['tokens']} tokens)",
+              stats[n]["kurtosis"], f"> {P['final_kurtosis_pre_above']:g}" if n == "pre" else "far lighter")
+             for n in s]
+    table += [(f"{n}-grow, the same over distinct states ({stats[n]['distinct_tokens']})", stats[n]["kurtosis_distinct"],
+               None) for n in s]
+    table += [(f"largest kurtosis a batch of {rows} rows and {tokens} tokens allows (one boundary outlier per row)",
+               cap, f"{diag.kurtosis_cap(2, 2 * 2048):.0f} for the paper's 2 x 2048")]
+    return {"figA1": diag.figA1_rms_histograms(final, ws.results / "figA1.png", cap=cap),
+            "pearson_kurtosis": {n: stats[n]["kurtosis"] for n in s},
+            "kurtosis_distinct": {n: stats[n]["kurtosis_distinct"] for n in s}, "kurtosis_cap": cap, "table": table}
 
 
 def fig_a2_figures(ws, seed):
-    results = {name: block_removal(ws, name, seed) for name in MAIN_RUNS}
-    return {"figA2": diag.figA2_block_removal(results, ws.results / "figA2.png"), "block_removal": results}
+    results = {name: block_removal(ws, name, seed) for name in TABLE4_TITLES}
+    table = [(f"{TABLE4_TITLES[name]}, block {r['block']}: {label}", r[metric], P["table4"][name][metric][r["block"]])
+             for name in TABLE4_TITLES for metric, label in (("delta_ce", "ΔCE when removed"),
+                                                             ("angular_distance", "angular distance / π"))
+             for r in results[name]]
+    return {"figA2": diag.figA2_block_removal(results, ws.results / "figA2.png"), "block_removal": results,
+            "table": table}
 
 
 P = diag.PAPER
@@ -414,6 +481,7 @@ def report(ws: Workspace, name: str, seeds: list[int]) -> dict:
         out["figures"] = {k: str(v) for k, v in figs.items() if isinstance(v, Path)}
         out["data"] = {k: v for k, v in figs.items() if not isinstance(v, Path)}
         md += [f"![{k}]({Path(v).name})" for k, v in out["figures"].items()]
+        md += ["", "The numbers plotted, beside the paper's:", ""] + figure_table(figs.get("table", []))
         if len(seeds) > 1:
             md += ["", f"Figures show seed {seeds[0]}."]
         if ws.ctx.is_main:
@@ -423,6 +491,12 @@ def report(ws: Workspace, name: str, seeds: list[int]) -> dict:
     (ws.results / f"{name}.json").write_text(json.dumps(out, indent=2, default=str) + "\n")
     (ws.results / f"{name}.md").write_text("\n".join(md) + "\n")
     return out
+
+
+def figure_table(rows: list[tuple]) -> list[str]:
+    """A figure's numbers as Markdown: (quantity, kit, paper) with numbers to 5 significant digits."""
+    cell = lambda v: "" if v is None else f"{v:.5g}" if isinstance(v, float) else str(v)
+    return ["| quantity | kit | paper |", "| --- | --- | --- |"] + [f"| {q} | {cell(k)} | {cell(p)} |" for q, k, p in rows]
 
 
 def kit_cell(s: dict, digits: int) -> str:

@@ -21,6 +21,7 @@ from experiments import TOKENS, fmt
 GPU_BF16_PEAK = {"a100": 312e12, "h100": 989e12, "h200": 989e12, "b200": 2250e12}  # dense bf16 FLOP/s
 GPU_MEMORY_GIB = {"a100": 80, "h100": 80, "h200": 141, "b200": 180}
 ASSUMED_MFU = 0.40  # torchtitan reports roughly 40-50% on dense 8B models
+DISK_BYTES_PER_S = 1e9  # an assumed sequential read speed for the dry run's diagnostics estimate
 MEMORY_HEADROOM = 0.9  # of the GPU's memory: allocator fragmentation and NCCL buffers take the rest
 
 
@@ -95,6 +96,36 @@ def teacher_passes(runs: list[PlannedRun], lockstep: bool) -> int:
     return len(shared) + sum(len(own_steps(r)) for r in runs if r not in lockstep_runs(runs))
 
 
+def diagnostics_cost(preset, runs: list[PlannedRun], teacher: model.ModelConfig, context: float) -> tuple[float, int]:
+    """(forward FLOPs, checkpoints loaded) of the diagnostics for one seed: the boundary statistics at
+    every kept checkpoint of the grow runs (phase ends and snapshots) and whole-block removal (a full
+    pass and one per skipped block) at the end of every main run, all on the fixed diagnostic batch."""
+    tokens = preset.diag["docs"] * preset.diag["max_inputs"]
+    L, K = preset.run["layers_per_block"], preset.run["blocks"]
+    _, head = forward_flops_per_token(teacher, 0, context)
+    flops, loads = 0.0, 0
+    for run in runs:
+        if run.config.protocol == "grow":
+            snapshot = run.config.snapshot_interval or run.config.phase_steps
+            for ph in grow.plan_phases(run.config):
+                layers, _ = forward_flops_per_token(teacher, ph.active_blocks * L, context)
+                flops += tokens * layers * -(-ph.steps // snapshot)
+                loads += -(-ph.steps // snapshot)
+        if run.config.protocol in ("grow", "joint"):
+            layers, _ = forward_flops_per_token(teacher, K * L, context)
+            flops += tokens * (layers + head) * (K + 1)
+            loads += 1
+    return flops, loads
+
+
+def student_bytes(preset, teacher: model.ModelConfig) -> float:
+    """A kept student checkpoint on disk: fp32 decoder layers, embedding and head."""
+    c = teacher
+    layer = c.hidden_size * (2 * c.num_attention_heads + 2 * c.num_key_value_heads) * c.head_dim \
+        + 3 * c.hidden_size * c.intermediate_size
+    return 4 * (preset.run["blocks"] * preset.run["layers_per_block"] * layer + 2 * c.vocab_size * c.hidden_size)
+
+
 def fits(preset, gpus: int, gpu_bytes: float, runs: list[PlannedRun]) -> bool:
     """Whether lockstep's resident runs fit in a GPU of `gpu_bytes` (used for the default choice)."""
     teacher, _ = model_shapes(preset)
@@ -152,6 +183,13 @@ def print_plan(ws, runs: list[PlannedRun], seeds: list[int], gpu: str, gpus: int
                       f"{ASSUMED_MFU:.0%} MFU = {hours_text(gpu_hours(flops) / gpus)} hours on {gpus} GPU(s); "
                       f"{totals[way]['teacher_passes']:,} teacher steps; per-GPU memory ~{memory / 2**30:.0f} GiB "
                       f"(estimate, {resident} run(s) resident)")
+    diag_flops, loads = (x * len(seeds) for x in diagnostics_cost(preset, runs, teacher, context))
+    read = loads * student_bytes(preset, teacher)
+    console.print(f"diagnostics (rank 0 alone, after training, one checkpoint at a time in bf16): "
+                  f"{flops_text(diag_flops)}, about {gpu_hours(diag_flops) * 3600:,.0f} s on one {gpu}, plus reading "
+                  f"{loads} checkpoints ({read / 1e9:,.0f} GB, about {read / DISK_BYTES_PER_S / 60:,.0f} min at "
+                  f"{DISK_BYTES_PER_S / 1e9:g} GB/s)")
+    totals.update(diagnostics_flops=diag_flops, diagnostics_checkpoints=loads)
     default = fits(preset, gpus, GPU_MEMORY_GIB[gpu] * 2**30, runs)
     console.print(f"default on {gpus} {gpu}: {'lockstep' if default else 'separate'} (lockstep needs "
                   f"~{totals['lockstep']['memory_gib']:.0f} of {GPU_MEMORY_GIB[gpu]} GiB; --lockstep/--no-lockstep "

@@ -582,13 +582,13 @@ def run_experiments(experiments, scale, seeds, dry_run, gpu, gpus, overrides, co
     ws.results.mkdir(parents=True, exist_ok=True)
     started = time.time()
     ensure_runs(ws, runs, seeds, force)
-    if ws.ctx.is_main:
-        for name in names:
-            report(ws, name, seeds)
-        if not ws.preset.teacher:
-            console.print(teacher_summary(ws, runs, seeds))
-        console.print(f"done in {time.time() - started:,.0f} s; results in {ws.results}")
-    ws.ctx.barrier()
+    if not ws.ctx.is_main:
+        return  # the reports are rank 0's alone: no other rank waits in a collective while they are made
+    for name in names:
+        report(ws, name, seeds)
+    if not ws.preset.teacher:
+        console.print(teacher_summary(ws, runs, seeds))
+    console.print(f"done in {time.time() - started:,.0f} s; results in {ws.results}")
 
 
 @cli.command()

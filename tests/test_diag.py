@@ -66,6 +66,33 @@ def test_boundary_stats_with_a_planted_massive_activation():
     assert second["kurtosis"] == pytest.approx(73 / 9, rel=1e-12)
 
 
+def test_shape_independent_statistics_agree_on_one_row_and_its_copies():
+    """Distinct-state kurtosis, per-type means and spreads, and boundary / regular are properties of
+    the documents, not of how many rows the batch has: one row and five copies of it agree."""
+    input_ids, mask, hidden = planted_batch(boundary_rms=100.0, delimiter_rms=4.0)
+    one = (input_ids[:1], mask[:1], hidden[:1])
+    copies = (input_ids[:1].repeat(5, 1), mask[:1].repeat(5, 1), hidden[:1].repeat(5, 1, 1))
+    results = []
+    for ids, m, h in (one, copies):
+        (stats,) = diag.boundary_stats([h], m)
+        (types,) = diag.token_type_rms([h], m, diag.token_types(ids, m, decode))
+        results.append((stats, types))
+    (s1, t1), (s5, t5) = results
+    assert s5["tokens"] == 5 * s1["tokens"] and s5["distinct_tokens"] == s1["distinct_tokens"] == 12
+    assert s5["kurtosis_distinct"] == pytest.approx(s1["kurtosis_distinct"], rel=1e-12)
+    for key in ("boundary_rms", "delimiter_rms", "regular_rms", "regular_rms_std", "delimiter_rms_std",
+                "boundary_over_regular"):
+        assert t5[key] == pytest.approx(t1[key], rel=1e-12), key
+    assert t1["boundary_over_regular"] == pytest.approx(100.0, rel=1e-12) and t1["regular_rms_std"] == 0.0
+
+
+def test_kurtosis_cap_of_a_repeated_boundary_outlier():
+    """The planted batch is the cap's two-point case (2 outliers among 20 tokens: 73/9); the paper's
+    2 x 2048 diagnostic batch caps the plain kurtosis near 2046, below its reported > 2400."""
+    assert diag.kurtosis_cap(2, 20) == pytest.approx(73 / 9, rel=1e-12)
+    assert 2045 < diag.kurtosis_cap(2, 2 * 2048) < 2047 < diag.PAPER["final_kurtosis_pre_above"]
+
+
 def test_kurtosis_of_constant_values_is_undefined():
     assert diag.summarize(torch.ones(5))["kurtosis"] is None
     assert diag.summarize(torch.ones(5))["std"] == 0.0
@@ -315,7 +342,7 @@ def assert_drawn(fig, expected_values):
     drawn = plotted_values(fig)
     for value in expected_values:
         assert any(abs(value - d) < 1e-9 for d in drawn), f"{value} not drawn"
-    assert "paper" in legend_texts(fig)
+    assert "paper" in legend_texts(fig) + " ".join(ax.get_title() for ax in fig.axes)
 
 
 @pytest.fixture(scope="module")
@@ -330,23 +357,32 @@ def test_fig3a_interaction(tmp_path, saved_figures):
     kit = {"pre": {"joint": 3.1, "grow": 3.2}, "post": {"joint": 3.1, "grow": 3.0}}
     assert_png(diag.fig3a_interaction(kit, tmp_path / "fig3a.png"))
     (fig,) = saved_figures
-    assert_drawn(fig, [3.1, 3.2, 3.0, 2.7603, 2.7330])
+    # The effect on its own axis: Δ = post − pre per protocol, kit 0.0 / -0.2, paper 0.0004 / -0.0328.
+    assert_drawn(fig, [0.0, 3.0 - 3.2, 2.7607 - 2.7603, 2.7330 - 2.7658])
     assert "kit -0.2000" in fig.axes[0].get_title()     # (3.0 - 3.2) - (3.1 - 3.1)
     assert "paper -0.0332" in fig.axes[0].get_title()
 
 
 def test_fig3b_per_phase(tmp_path, saved_figures):
     kit = {"pre": [3.5, 3.3, 3.2], "post": [3.6, 3.2, 3.0]}
-    assert_png(diag.fig3b_per_phase(kit, tmp_path / "fig3b.png"))
-    assert_drawn(saved_figures[0], kit["pre"] + kit["post"] + [2.9802, 2.7330])
+    starts = {"pre": [21.0, 3.6, 3.4], "post": [13.0, 3.5, 3.3]}
+    assert_png(diag.fig3b_per_phase(kit, tmp_path / "fig3b.png", starts=starts))
+    (fig,) = saved_figures
+    kit_deltas = [b - a for a, b in zip(kit["pre"], kit["post"])]
+    start_deltas = [b - a for a, b in zip(starts["pre"], starts["post"])]
+    assert_drawn(fig, kit["pre"] + kit["post"] + kit_deltas + start_deltas + [2.9846 - 2.9802, 2.7330 - 2.7658])
 
 
 def test_fig4_boundary_std(tmp_path, saved_figures, checkpoint_series_by_norm):
-    assert_png(diag.fig4_boundary_std(checkpoint_series_by_norm, tmp_path / "fig4.png"))
+    assert_png(diag.fig4_boundary_std(checkpoint_series_by_norm, tmp_path / "fig4.png", transition_steps=[5, 10]))
     expected = [c["boundary_stats"][b]["std"] for s in checkpoint_series_by_norm.values() for c in s
                 for b in range(1, len(c["boundary_stats"]))]
     assert_drawn(saved_figures[0], expected + [5.81, 19.98])
-    assert saved_figures[0].axes[0].get_yscale() == "log"
+    kit, paper = saved_figures[0].axes
+    assert kit.get_yscale() == paper.get_yscale() == "log"
+    assert 19.98 not in [float(y) for line in kit.get_lines() for y in line.get_ydata()]  # the paper has its own panel
+    assert [list(l.get_xdata()) for l in kit.get_lines() if list(l.get_xdata()) in ([5, 5], [10, 10])] == \
+        [[5, 5], [10, 10]]  # the block appends are marked
 
 
 def test_fig5a_token_types(tmp_path, saved_figures, checkpoint_series_by_norm):
@@ -385,6 +421,9 @@ def test_figA2_block_removal(tmp_path, saved_figures):
                for i, run in enumerate(["pre-grow", "post-grow", "pre-joint", "post-joint"])}
     assert_png(diag.figA2_block_removal(results, tmp_path / "figA2.png"))
     (fig,) = saved_figures
-    assert sum(len(c) for ax in fig.axes for c in ax.containers) == 2 * 4 * 3   # 2 metrics x 4 runs x 3 blocks
+    kit_axes, paper_axes = fig.axes[:2], fig.axes[2:]
+    assert sum(len(c) for ax in kit_axes for c in ax.containers) == 2 * 4 * 3   # 2 metrics x 4 runs x 3 blocks
+    paper_bars = [p.get_height() for ax in paper_axes for c in ax.containers for p in c]
+    assert 8.13 in paper_bars and not any(8.13 == p.get_height() for ax in kit_axes for c in ax.containers for p in c)
     assert_drawn(fig, [r[m] for rs in results.values() for r in rs for m in ("delta_ce", "angular_distance")]
                  + [8.13, 0.031, 4.00])

@@ -165,6 +165,29 @@ def test_every_experiment_writes_finite_numbers_and_figures(smoke):
         assert exp.rows or report.get("figures")
 
 
+def test_every_figure_report_lists_the_plotted_numbers_and_the_papers(smoke):
+    _, results, _, _ = smoke
+    md = {name: (results / f"{name}.md").read_text() for name in ("fig3", "fig4", "fig5", "figA1", "figA2")}
+    data = {name: json.loads((results / f"{name}.json").read_text())["data"] for name in md}
+    # What each figure draws, read from its JSON, appears in its Markdown
+    for norm in ("pre", "post"):
+        for p, ce in enumerate(data["fig3"]["per_phase_ce"][norm]):
+            assert f"{ce:.4f}" in md["fig3"], (norm, p)
+        std = data["fig4"]["boundary_std"][norm]
+        assert f"{std[0]['std'][1]:.4g} → {std[-1]['std'][1]:.4g}" in md["fig4"]
+        types = data["fig5"]["token_type_rms_after_block0"][norm]
+        assert f"{types[0]['boundary_rms']:.4g} → {types[-1]['boundary_rms']:.4g}" in md["fig5"]
+        assert f"{data['figA1']['pearson_kurtosis'][norm]:.5g}" in md["figA1"]
+    for run, blocks in data["figA2"]["block_removal"].items():
+        assert all(f"{b['delta_ce']:.5g}" in md["figA2"] for b in blocks), run
+    # ... beside the paper's
+    for name, cited in {"fig3": ["-0.0332", "2.733", "2.9846"], "fig4": ["5.81 → 19.98", "0.07–0.19"],
+                        "fig5": ["119 → 425", "7.1 → 11.5", "37.0 (at 150k)"], "figA1": ["> 2400", "2046"],
+                        "figA2": ["8.13", "0.499", "4"]}.items():
+        for text in cited:
+            assert text in md[name], (name, text)
+
+
 def test_multi_seed_table1_has_intervals(smoke):
     _, results, _, _ = smoke
     rows = {r["key"]: r for r in json.loads((results / "table1.json").read_text())["rows"]}
