@@ -90,6 +90,9 @@ class RunConfig:
     compile: bool = False
     start_from: str = ""           # a phase-<p> directory of another run whose prefix equals ours
     post_output_gain: str = "ones"  # post-norm: each block's last RMSNorm starts at "ones" (paper) or "teacher" (g_T)
+    # `joint-long`: a fresh AdamW at each LR restart (True; the paper, B.3, says only that the schedule
+    # restarts) or the moments carried over (False)
+    restart_optimizer: bool = True
 
     def __post_init__(self):
         if self.protocol not in PROTOCOLS:
@@ -545,12 +548,20 @@ class Run:
         finally:
             self.rng = torch.get_rng_state()
 
+    def keeps_optimizer(self) -> bool:
+        """A joint-long run with restart_optimizer off carries AdamW's moments across LR restarts."""
+        return self.config.protocol == "joint-long" and not self.config.restart_optimizer
+
     def begin_phase(self, phase: Phase):
-        """A new optimizer over exactly the trainable parameters, and the phase's start evaluation."""
+        """A new optimizer over exactly the trainable parameters (unless the run keeps its own across
+        phases), and the phase's start evaluation."""
         config, ctx = self.config, self.ctx
+        continuing = self.phase is not None and self.keeps_optimizer()
         self.phase, self.params = phase, trainable_parameters(self.net, phase)
-        self.optimizer = build_optimizer(config, self.params)
-        if self.resume and self.resume[0].name == "latest" and self.step > phase.first_step:
+        if not continuing:
+            self.optimizer = build_optimizer(config, self.params)
+        at_start = self.step == phase.first_step and not self.keeps_optimizer()
+        if self.resume and self.resume[0].name == "latest" and not at_start:
             load_latest_checkpoint(self.resume[0], self.net, self.optimizer, ctx)
         self.resume = None
         if self.step == phase.first_step and config.reset_data_each_phase:
@@ -637,6 +648,10 @@ class Run:
             print0(ctx, f"{config.name}: step {step}: loss {loss:.4f}, val CE {self.final['ce']:.4f}, "
                         f"val KD {self.final['kd']:.4f}, {tok_s:,.0f} tok/s")
         state = trainer_state(step, phase.index, self.batcher, totals, elapsed)
+        if phase_end and self.keeps_optimizer() and step < self.last_step:
+            # The next phase needs these moments: saved before phase-<p>/, so a kill between the two
+            # resumes from them (on a tie newest_checkpoint prefers latest/).
+            save_latest_checkpoint(self.run_dir, self.net, self.optimizer, state, ctx)
         if phase_end:
             save_kept_checkpoint(self.run_dir, f"phase-{phase.index}", self.net, state, ctx)
         elif config.snapshot_interval and step % config.snapshot_interval == 0:

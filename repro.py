@@ -322,6 +322,8 @@ def split_run(name: str) -> tuple[str, str]:
 def prefix_run(name: str, ws: Workspace) -> tuple[str, int] | None:
     """(run, phase) whose phases 0..phase are identical to this run's first ones."""
     norm, protocol = split_run(name)
+    if protocol.startswith("joint-long") and not ws.preset.run.get("restart_optimizer", True):
+        return None  # it carries AdamW's moments across restarts, and kept checkpoints hold none
     if protocol == "freeze":
         return f"{norm}-grow", 0        # freeze's phase 0 is grow's phase 0 (Table 2 reads it)
     if protocol == "joint-long":
@@ -349,6 +351,8 @@ def run_config(ws: Workspace, name: str, seed: int, teacher: Path | None = None)
                 "replay_docs": ws.replay_docs, "teacher": str(teacher or ""), "start_from": start_from}
     if norm != "post":  # a post-norm option: other placements keep one identity whatever it is set to
         settings.pop("post_output_gain", None)
+    if settings["protocol"] != "joint-long":  # likewise an option of the long joint controls only
+        settings.pop("restart_optimizer", None)
     return grow.RunConfig(**settings)
 
 

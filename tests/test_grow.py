@@ -408,3 +408,22 @@ def test_compiled_layers_match_eager_and_compile_once_for_every_length(tiny_shar
             torch.testing.assert_close(gb, ga, rtol=1e-4, atol=1e-6)
     # One graph for the layers' forward (all layers share it), compiled once for all three lengths.
     assert counters["stats"]["unique_graphs"] == 1, dict(counters["stats"])
+
+
+def test_long_controls_can_carry_adams_moments_across_lr_restarts(tiny_shards, tiny_teacher_dir, tmp_path):
+    """restart_optimizer=False: the second phase continues the first one's AdamW (same first phase,
+    another second one), and a run stopped right at the restart resumes to the same result."""
+    c = run_config(tiny_shards, tiny_teacher_dir, protocol="joint-long", joint_phases=2, phase_steps=4,
+                   checkpoint_interval=3, restart_optimizer=False)
+    keep = grow.train(c, tmp_path / "keep")
+    restart = grow.train(replace(c, restart_optimizer=True), tmp_path / "restart")
+    assert all(torch.equal(v, phase_weights(tmp_path / "restart", 0)[k]) for k, v in
+               phase_weights(tmp_path / "keep", 0).items())
+    assert keep["ce"] != restart["ce"]
+    grow.train(c, tmp_path / "stopped", stop_after_step=4)  # the first phase's end
+    assert json.loads((tmp_path / "stopped" / "latest" / "trainer_state.json").read_text())["step"] == 4
+    assert grow.train(c, tmp_path / "stopped") == keep
+    a, b = phase_weights(tmp_path / "keep", 1), phase_weights(tmp_path / "stopped", 1)
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    strip = lambda rows: [{k: v for k, v in r.items() if k != "time"} for r in rows]
+    assert strip(rundir.read_metrics(tmp_path / "stopped")) == strip(rundir.read_metrics(tmp_path / "keep"))
