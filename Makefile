@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 
-.PHONY: install install-dev test toy bench gpu-check clean
+.PHONY: install install-dev test test-fast lint toy bench gpu-check clean
 
 install: $(VENV)/.installed
 install-dev: $(VENV)/.installed-dev
@@ -25,6 +25,13 @@ $(VENV)/.installed-dev: requirements.txt requirements-dev.txt | $(BIN)/python
 
 test: install-dev
 	$(BIN)/python -m pytest -q tests
+
+# For development: everything but the tests marked slow (subprocess suites, torchrun, compile).
+test-fast: install-dev
+	$(BIN)/python -m pytest -q -m "not slow" tests
+
+lint: install-dev
+	$(BIN)/ruff check .
 
 toy: install
 	$(BIN)/python repro.py --scale toy

@@ -39,10 +39,21 @@ import torch.distributed as dist
 import data
 import kd
 import model
-from rundir import (MetricsLog, TrainingError, adopt_shared_prefix, git_commit, load_latest_checkpoint, load_weights,
-                    newest_checkpoint, prepare_run_dir, read_json, save_kept_checkpoint, save_latest_checkpoint,
-                    trainer_state, truncate_metrics)
-
+from rundir import (
+    MetricsLog,
+    TrainingError,
+    adopt_shared_prefix,
+    git_commit,
+    load_latest_checkpoint,
+    load_weights,
+    newest_checkpoint,
+    prepare_run_dir,
+    read_json,
+    save_kept_checkpoint,
+    save_latest_checkpoint,
+    trainer_state,
+    truncate_metrics,
+)
 
 # ----------------------------------------------------------------------------------------------
 # Config and phase plan

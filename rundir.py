@@ -12,7 +12,6 @@ import json
 import os
 import shutil
 import subprocess
-import warnings
 from contextlib import contextmanager
 from dataclasses import MISSING, asdict, fields
 from pathlib import Path
@@ -21,17 +20,14 @@ import torch
 
 import model
 
-# DCP warns on every single-process save that it assumes one process; that is the intent.
-warnings.filterwarnings("ignore", message="torch.distributed is disabled")
-
 
 class TrainingError(RuntimeError):
     """A run that cannot go on (a non-finite loss, a run directory that belongs to another config)."""
 
 
 # ----------------------------------------------------------------------------------------------
-# Checkpoints. phase-<p>/: kept, safetensors weights + trainer state. latest/: rolling, DCP
-# (weights + optimizer, sharded under FSDP2) + trainer state. Both written atomically.
+# Checkpoints. phase-<p>/: kept, safetensors weights + trainer state. latest/: rolling, safetensors
+# weights and optimizer state + JSON. All written to a temporary folder and renamed into place.
 
 def trainer_state(step, phase, batcher, totals, elapsed) -> dict:
     rng = base64.b64encode(torch.get_rng_state().numpy().tobytes()).decode()
@@ -86,16 +82,27 @@ def save_latest_checkpoint(run_dir: Path, net, optimizer, state: dict, ctx):
         write_latest_checkpoint(run_dir, net, optimizer, state, ctx)
 
 
+LATEST_FILES = ("model.safetensors", "optimizer.safetensors", "optimizer.json", "trainer_state.json")
+
+
 def write_latest_checkpoint(run_dir: Path, net, optimizer, state: dict, ctx):
-    import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint.state_dict import get_state_dict
-    model_state, optim_state = get_state_dict(net, optimizer)
-    tmp = run_dir / "latest.tmp"
+    """latest/: the full (gathered) weights and AdamW state as safetensors, the optimizer's param groups
+    and the trainer state as JSON, written by rank 0. Nothing in it is pickled, and it resumes on
+    any number of ranks."""
+    from safetensors.torch import save_file
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
+    model_state, optim_state = get_state_dict(net, optimizer,
+                                              options=StateDictOptions(full_state_dict=True, cpu_offload=True))
     if ctx.is_main:
+        tmp = run_dir / "latest.tmp"
         shutil.rmtree(tmp, ignore_errors=True)
-    ctx.barrier()
-    dcp.save({"model": model_state, "optim": optim_state}, checkpoint_id=str(tmp), no_dist=ctx.world == 1)
-    if ctx.is_main:
+        tmp.mkdir()
+        # clone: tied weights (the teacher run's head) share storage, which safetensors refuses
+        save_file({k: v.detach().clone().contiguous() for k, v in model_state.items()}, tmp / "model.safetensors")
+        tensors = {f"{fqn}/{key}": torch.as_tensor(value).clone().contiguous()
+                   for fqn, values in optim_state["state"].items() for key, value in values.items()}
+        save_file(tensors, tmp / "optimizer.safetensors")
+        (tmp / "optimizer.json").write_text(json.dumps({"param_groups": optim_state["param_groups"]}))
         (tmp / "trainer_state.json").write_text(json.dumps(state))
         model.replace_folder(tmp, run_dir / "latest")
     ctx.barrier()
@@ -122,12 +129,20 @@ def load_weights(net, ckpt: Path):
 
 
 def load_latest_checkpoint(ckpt: Path, net, optimizer, ctx):
-    import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
-    model_state, optim_state = get_state_dict(net, optimizer)
-    state = {"model": model_state, "optim": optim_state}
-    dcp.load(state, checkpoint_id=str(ckpt), no_dist=ctx.world == 1)
-    set_state_dict(net, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
+    """Weights and AdamW state from latest/ (write_latest_checkpoint), resharded onto this run's ranks."""
+    from safetensors.torch import load_file
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_state_dict
+    missing = [name for name in LATEST_FILES if not (ckpt / name).is_file()]
+    if missing:
+        raise TrainingError(f"{ckpt}: lacks {', '.join(missing)} (written by an older version of the kit, or "
+                            "damaged); move the folder away and rerun to resume from the last phase checkpoint")
+    model_state = load_file(ckpt / "model.safetensors")
+    optim_state = {"state": {}, "param_groups": read_json(ckpt / "optimizer.json", "param_groups")["param_groups"]}
+    for key, value in load_file(ckpt / "optimizer.safetensors").items():
+        fqn, name = key.rsplit("/", 1)
+        optim_state["state"].setdefault(fqn, {})[name] = value
+    set_state_dict(net, optimizer, model_state_dict=model_state, optim_state_dict=optim_state,
+                   options=StateDictOptions(full_state_dict=True))
 
 
 # ----------------------------------------------------------------------------------------------

@@ -40,3 +40,10 @@ def tiny_teacher_dir(tmp_path_factory):
     path = tmp_path_factory.mktemp("teacher") / "qwen3"
     model.save_qwen3(teacher, path)
     return path
+
+
+def pytest_collection_modifyitems(items):
+    """Tests built on the whole smoke suite (tests/test_repro.py's `smoke` fixture) are slow too."""
+    for item in items:
+        if "smoke" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.slow)

@@ -2,7 +2,6 @@
 activation-checkpointed distillation step, FSDP2 on one rank) are exercised without a GPU."""
 import math
 
-
 import bench
 import model
 

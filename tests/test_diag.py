@@ -168,10 +168,10 @@ def test_block_removal_matches_full_logit_reference(norm):
             return F.cross_entropy(student(batch.input_ids, skip_block=skip)[m].double(), batch.targets[m]).item()
         _, boundaries = student(batch.input_ids, return_boundaries=True)
     for r in removal:
-        l = r["block"]
-        cos = F.cosine_similarity(boundaries[l][m].double(), boundaries[l + 1][m].double(), dim=-1)
+        block = r["block"]
+        cos = F.cosine_similarity(boundaries[block][m].double(), boundaries[block + 1][m].double(), dim=-1)
         assert r["ce_full"] == pytest.approx(ce(), rel=1e-5)
-        assert r["delta_ce"] == pytest.approx(ce(l) - ce(), rel=1e-4, abs=1e-5)
+        assert r["delta_ce"] == pytest.approx(ce(block) - ce(), rel=1e-4, abs=1e-5)
         assert r["angular_distance"] == pytest.approx((cos.clamp(-1, 1).arccos() / math.pi).mean().item(), abs=1e-6)
 
 
@@ -381,7 +381,7 @@ def test_fig4_boundary_std(tmp_path, saved_figures, checkpoint_series_by_norm):
     kit, paper = saved_figures[0].axes
     assert kit.get_yscale() == paper.get_yscale() == "log"
     assert 19.98 not in [float(y) for line in kit.get_lines() for y in line.get_ydata()]  # the paper has its own panel
-    assert [list(l.get_xdata()) for l in kit.get_lines() if list(l.get_xdata()) in ([5, 5], [10, 10])] == \
+    assert [list(line.get_xdata()) for line in kit.get_lines() if list(line.get_xdata()) in ([5, 5], [10, 10])] == \
         [[5, 5], [10, 10]]  # the block appends are marked
 
 
@@ -400,7 +400,7 @@ def test_fig5b_validation(tmp_path, saved_figures):
     assert_png(diag.fig5b_validation(runs, tmp_path / "fig5b.png", transition_steps=[10, 20], smooth=3))
     (fig,) = saved_figures
     assert_drawn(fig, [3.9 - s / 40 + o for o in (0.0, -0.1) for s in (10, 20, 30)] + [2.7658, 2.7330])
-    transition_lines = [l for l in fig.axes[0].get_lines() if list(l.get_xdata()) in ([10, 10], [20, 20])]
+    transition_lines = [line for line in fig.axes[0].get_lines() if list(line.get_xdata()) in ([10, 10], [20, 20])]
     assert len(transition_lines) == 2
 
 

@@ -13,8 +13,8 @@ import pytest
 import torch
 
 import grow
-import rundir
 import model
+import rundir
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -205,6 +205,7 @@ def logged_steps(run_dir):
     return max([r["step"] for r in rundir.read_metrics(run_dir)], default=0)
 
 
+@pytest.mark.slow
 def test_sigkill_mid_phase_and_at_transition_resumes_bit_identical(tiny_shards, tiny_teacher_dir, tmp_path):
     c = run_config(tiny_shards, tiny_teacher_dir, protocol="grow", phase_steps=5, checkpoint_interval=2)
     config_file = tmp_path / "config.json"
@@ -237,6 +238,7 @@ def torchrun(config_file, run_dir, *extra):
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-5000:]
 
 
+@pytest.mark.slow
 def test_fsdp2_two_ranks_match_one_process_and_resume(tiny_shards, tiny_teacher_dir, tmp_path):
     c = run_config(tiny_shards, tiny_teacher_dir, protocol="grow", phase_steps=4, checkpoint_interval=3)
     single = grow.train(c, tmp_path / "single")
@@ -384,6 +386,7 @@ def test_disk_full_while_checkpointing_says_so_and_resumes(tiny_shards, tiny_tea
     assert grow.train(c, tmp_path / "r") == reference
 
 
+@pytest.mark.slow
 def test_compiled_layers_match_eager_and_compile_once_for_every_length(tiny_shards, tiny_teacher_dir):
     """--compile: one dynamic-shape compile of the layers serves every padded length of a run, and
     its outputs and gradients equal eager ones within fp32 rounding."""
@@ -427,3 +430,30 @@ def test_long_controls_can_carry_adams_moments_across_lr_restarts(tiny_shards, t
     assert all(torch.equal(a[k], b[k]) for k in a)
     strip = lambda rows: [{k: v for k, v in r.items() if k != "time"} for r in rows]
     assert strip(rundir.read_metrics(tmp_path / "stopped")) == strip(rundir.read_metrics(tmp_path / "keep"))
+
+
+def test_resume_reads_no_pickle(tiny_shards, tiny_teacher_dir, tmp_path, monkeypatch):
+    """latest/ is safetensors and JSON: a resume with every unpickling entry point disabled reaches the
+    same result as an uninterrupted run."""
+    import pickle
+    c = run_config(tiny_shards, tiny_teacher_dir, protocol="grow", phase_steps=4, checkpoint_interval=3)
+    reference = grow.train(c, tmp_path / "reference")
+    grow.train(c, tmp_path / "r", stop_after_step=7)  # a rolling checkpoint at step 6, mid phase 1
+    assert sorted(p.name for p in (tmp_path / "r" / "latest").iterdir()) == sorted(rundir.LATEST_FILES)
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("something was unpickled")
+    for name in ("load", "loads", "Unpickler"):
+        monkeypatch.setattr(pickle, name, refuse)
+    monkeypatch.setattr(torch, "load", refuse)
+    assert grow.train(c, tmp_path / "r") == reference
+    a, b = phase_weights(tmp_path / "reference", 2), phase_weights(tmp_path / "r", 2)
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_an_old_or_damaged_rolling_checkpoint_is_one_line(tiny_shards, tiny_teacher_dir, tmp_path):
+    c = run_config(tiny_shards, tiny_teacher_dir, protocol="joint", checkpoint_interval=2)
+    grow.train(c, tmp_path / "r", stop_after_step=3)
+    (tmp_path / "r" / "latest" / "optimizer.safetensors").unlink()
+    with pytest.raises(grow.TrainingError, match=r"latest: lacks optimizer.safetensors .* move the folder away"):
+        grow.train(c, tmp_path / "r")

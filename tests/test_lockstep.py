@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors.torch import load_file
+from test_grow import config
 
 import grow
 import rundir
-from test_grow import config
 
 ROOT = Path(__file__).resolve().parents[1]
 NAMES = ["pre-joint", "post-joint", "pre-grow", "post-grow", "pre-freeze", "post-freeze"]
@@ -121,6 +121,7 @@ def start(configs, kill_at: str = ""):
                           capture_output=True, text=True, timeout=300)
 
 
+@pytest.mark.slow
 def test_sigkill_anywhere_in_lockstep_resumes_bit_identical(separate, tiny_shards, tiny_teacher_dir, tmp_path):
     jobs = suite(tiny_shards, tiny_teacher_dir, tmp_path)
     configs = []
@@ -145,6 +146,7 @@ def test_sigkill_anywhere_in_lockstep_resumes_bit_identical(separate, tiny_shard
     assert_same_runs(separate, tmp_path)
 
 
+@pytest.mark.slow
 def test_two_ranks_in_lockstep_match_one_process(tiny_shards, tiny_teacher_dir, tmp_path):
     jobs = suite(tiny_shards, tiny_teacher_dir, tmp_path / "one")
     grow.train_together(jobs)

@@ -17,8 +17,8 @@ from safetensors.torch import load_file
 import experiments
 import grow
 import plan
-import rundir
 import repro
+import rundir
 
 ROOT = Path(__file__).resolve().parents[1]
 
