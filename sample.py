@@ -1,0 +1,101 @@
+"""Text from any checkpoint the kit reads: a teacher (HF Qwen3 folder), a student of any placement
+(phase-<p>/, step-<n>/), or an export, greedy or with temperature and top-k, with a KV cache.
+
+    python repro.py sample runs/toy/s42/post-grow/phase-2 --prompt "The state of the Union" --max-new-tokens 40
+
+The prompt is encoded as the kit encodes a document (<|endoftext|> first), and generation stops at the
+next <|endoftext|> or after max_new_tokens. The cache reuses each layer's own norms, MLP and placement
+(model.PLACEMENTS), so a new placement samples without changes here.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+import model
+from model import apply_rope, rope_cos_sin
+
+
+def load_checkpoint(path, device="cpu") -> model.Qwen3 | model.Student:
+    """A student (config.json with a normgrow_student entry) or a plain Qwen3, fp32, in eval mode."""
+    is_student = "normgrow_student" in model.read_config(Path(path))
+    net = model.Student.load(path, device=device) if is_student else model.load_qwen3(path, device=device)
+    return net.eval()
+
+
+class CachedLayer:
+    """A DecoderLayer seen through its placement's layer forward, with attention that appends this
+    step's keys and values to the layer's cache and attends over all of them."""
+
+    def __init__(self, layer: model.DecoderLayer, cache: dict):
+        self.layer, self.cache = layer, cache
+        self.attn_norm, self.mlp_norm, self.mlp = layer.attn_norm, layer.mlp_norm, layer.mlp
+
+    def self_attn(self, x, cos, sin):
+        attn = self.layer.self_attn
+        B, T, _ = x.shape
+        q = attn.q_norm(attn.q_proj(x).view(B, T, attn.n_heads, attn.head_dim)).transpose(1, 2)
+        k = attn.k_norm(attn.k_proj(x).view(B, T, attn.n_kv, attn.head_dim)).transpose(1, 2)
+        v = attn.v_proj(x).view(B, T, attn.n_kv, attn.head_dim).transpose(1, 2)
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        first = "k" not in self.cache
+        if not first:
+            k, v = torch.cat([self.cache["k"], k], dim=2), torch.cat([self.cache["v"], v], dim=2)
+        self.cache["k"], self.cache["v"] = k, v
+        # The prompt attends causally; a later token is the newest position and sees every cached one.
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=first, enable_gqa=attn.n_kv != attn.n_heads)
+        return attn.o_proj(y.transpose(1, 2).reshape(B, T, attn.n_heads * attn.head_dim))
+
+
+def stack(net) -> tuple[torch.nn.Module | None, list, torch.nn.Module | None]:
+    """(norm after the embedding or None, the decoder layers in order, norm before the head or None)."""
+    if isinstance(net, model.Student):
+        entry = net.placement.boundary_norm == "entry"
+        return (net.norm if entry else None), list(net.layers), (None if entry else net.norm)
+    return None, list(net.layers), net.norm
+
+
+@torch.no_grad()
+def next_logits(net, input_ids: torch.Tensor, caches: list[dict], position: int) -> torch.Tensor:
+    """Logits of the last position after feeding input_ids (B, T) at positions position..position+T-1."""
+    entry, layers, final = stack(net)
+    h = net.embed_tokens(input_ids)
+    cos, sin = rope_cos_sin(net.config, position + input_ids.shape[1], input_ids.device)
+    cos, sin = cos[position:], sin[position:]
+    if entry is not None:
+        h = entry(h)
+    for layer, cache in zip(layers, caches):
+        h = layer.placement.layer_forward(CachedLayer(layer, cache), h, cos, sin)
+    if final is not None:
+        h = final(h)
+    return h[:, -1] @ net.head_weight.T
+
+
+@torch.no_grad()
+def generate(net, prompt_ids: list[int], max_new_tokens: int, eos_id: int, temperature: float = 0.0,
+             top_k: int = 0, seed: int = 0) -> list[int]:
+    """New token ids after prompt_ids (eos included if reached). temperature 0: greedy (argmax, lowest id
+    on a tie, as torch.argmax); otherwise softmax(logits / temperature) over the top_k most likely
+    tokens (0: all), drawn from a generator seeded with `seed`."""
+    device = net.embed_tokens.weight.device
+    generator = torch.Generator(device=device).manual_seed(seed)
+    caches = [{} for _ in stack(net)[1]]
+    ids, out, position = torch.tensor([prompt_ids], device=device), [], 0
+    for _ in range(max_new_tokens):
+        logits = next_logits(net, ids, caches, position).float()[0]
+        position += ids.shape[1]
+        if temperature <= 0:
+            token = int(torch.argmax(logits))
+        else:
+            logits = logits / temperature
+            if top_k:
+                kth = torch.topk(logits, min(top_k, logits.numel())).values[-1]
+                logits = logits.masked_fill(logits < kth, float("-inf"))
+            token = int(torch.multinomial(torch.softmax(logits, -1), 1, generator=generator))
+        out.append(token)
+        if token == eos_id:
+            break
+        ids = torch.tensor([[token]], device=device)
+    return out
