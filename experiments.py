@@ -150,6 +150,7 @@ class Row:
     paper: float | None
     digits: int = 4
     compare: bool = True  # "kit - paper" is shown only where both are in the same units at every scale
+    sign: bool = False    # a difference whose sign is the paper's claim: below full scale, is the sign the same?
 
 
 @dataclass
@@ -160,6 +161,7 @@ class Experiment:
     numbers: Callable | None = None   # (ws, seed) -> {key: value}
     figures: Callable | None = None   # (ws, seed) -> {name: png path, ...extra JSON}
     layout: Callable | None = None    # (stats, seeds) -> Markdown lines in the paper's layout, above the rows
+    claims: list = field(default_factory=list)  # (the paper's claim, {key: mean} -> does the kit agree?)
     note: str = ""
 
 
@@ -365,14 +367,16 @@ EXPERIMENTS = {
          Row("pre-norm, grow", "pre_grow", P["table1"]["pre"]["grow"]),
          Row("post-norm, joint", "post_joint", P["table1"]["post"]["joint"]),
          Row("post-norm, grow", "post_grow", P["table1"]["post"]["grow"]),
-         Row("delta joint", "delta_joint", 0.0004), Row("delta grow", "delta_grow", -0.0328),
-         Row("interaction = delta grow - delta joint", "interaction", -0.0332)], numbers=table1_numbers),
+         Row("delta joint", "delta_joint", 0.0004), Row("delta grow", "delta_grow", -0.0328, sign=True),
+         Row("interaction = delta grow - delta joint", "interaction", -0.0332, sign=True)], numbers=table1_numbers,
+        claims=[("post-norm and pre-norm nearly tie under joint training (|delta joint| < |delta grow|)",
+                 lambda m: abs(m["delta_joint"]) < abs(m["delta_grow"]))]),
     "table2": Experiment(
         "Table 2: single block (phase 0 of grow). KD = soft-target cross-entropy H(q_T, q_S) = KL + H(q_T), "
         "the scale of the paper's KD column; KL shown too", ("pre-grow", "post-grow"),
         [Row(f"{n}-norm {m}", f"{n}_{m}", P["table2"][n].get(m), 2 if m == "ppl" else 4)
          for n in ("pre", "post") for m in ("ce", "kd", "kl", "ppl")]
-        + [Row("delta CE (post - pre)", "delta_ce", P["table2"]["post"]["ce"] - P["table2"]["pre"]["ce"])]
+        + [Row("delta CE (post - pre)", "delta_ce", P["table2"]["post"]["ce"] - P["table2"]["pre"]["ce"], sign=True)]
         + [Row(f"{n}-norm {m} at step 0 (before any update)", f"{n}_{m}_step0", None)
            for n in ("pre", "post") for m in ("ce", "kd")]
         + [Row("delta CE at step 0 (post - pre): the output-interface gap", "delta_ce_step0", None)],
@@ -383,7 +387,9 @@ EXPERIMENTS = {
         [Row("Post-Joint (unique tokens)", "post-joint", P["table3"]["post-joint"]),
          Row("Post-Joint-long (active-layer tokens)", "post-joint-long", P["table3"]["post-joint-long"]),
          Row("Post-Joint-longer (total tokens)", "post-joint-longer", P["table3"]["post-joint-longer"]),
-         Row("Post-Grow (comparison)", "post-grow", P["table3"]["post-grow"])], numbers=table3_numbers),
+         Row("Post-Grow (comparison)", "post-grow", P["table3"]["post-grow"])], numbers=table3_numbers,
+        claims=[("Post-Grow is below every post-norm joint control, the longest included",
+                 lambda m: m["post-grow"] < min(m["post-joint"], m["post-joint-long"], m["post-joint-longer"]))]),
     "tableA2": Experiment(
         "Table A2: training budgets in non-padding tokens, counted from the runs' batches; active-layer tokens "
         "= tokens x active decoder layers", ("post-joint", "post-grow", "post-joint-long", "post-joint-longer"),
@@ -403,17 +409,29 @@ EXPERIMENTS = {
          Row("pre-norm freeze", "pre_freeze", P["table_a3"]["pre"]["freeze"]),
          Row("post-norm grow", "post_grow", P["table_a3"]["post"]["grow"]),
          Row("post-norm freeze", "post_freeze", P["table_a3"]["post"]["freeze"]),
-         Row("delta grow (post - pre)", "delta_grow", -0.0328), Row("delta freeze", "delta_freeze", -0.0332),
+         Row("delta grow (post - pre)", "delta_grow", -0.0328, sign=True),
+         Row("delta freeze", "delta_freeze", -0.0332, sign=True),
          Row("delta freeze - delta grow", "delta_freeze_minus_grow", -0.0004),
-         Row("PPL gap grow", "ppl_gap_grow", P["table_a3"]["ppl_gap"]["grow"], 2),
-         Row("PPL gap freeze", "ppl_gap_freeze", P["table_a3"]["ppl_gap"]["freeze"], 2)], numbers=table_a3_numbers),
+         Row("PPL gap grow", "ppl_gap_grow", P["table_a3"]["ppl_gap"]["grow"], 2, sign=True),
+         Row("PPL gap freeze", "ppl_gap_freeze", P["table_a3"]["ppl_gap"]["freeze"], 2, sign=True)],
+        numbers=table_a3_numbers,
+        claims=[("freezing earlier blocks leaves the post - pre difference nearly unchanged "
+                 "(|delta freeze - delta grow| < |delta grow| / 2)",
+                 lambda m: abs(m["delta_freeze_minus_grow"]) < abs(m["delta_grow"]) / 2)]),
     "table4": Experiment(
         "Table 4: whole-block removal on the fixed diagnostic batch: dCE = CE(skip) - CE(full); "
         "angular distance = arccos(cos(h_in, h_out)) / pi", MAIN_RUNS,
         [Row(f"{TABLE4_TITLES[name]}, block {b}: {label}", f"{name}_{short}_{b}", P["table4"][name][metric][b], 3)
          for name in TABLE4_TITLES for metric, short, label in (("delta_ce", "dce", "ΔCE when removed"),
                                                                 ("angular_distance", "angular", "angular distance / π"))
-         for b in range(3)], numbers=table4_numbers, layout=lambda stats, n: table4_grid(stats, n)),
+         for b in range(3)], numbers=table4_numbers, layout=lambda stats, n: table4_grid(stats, n),
+        claims=[("pre-grow's last block is the closest to an identity (the smallest last-block dCE of the four runs)",
+                 lambda m: m["pre-grow_dce_2"] == min(m[f"{r}_dce_2"] for r in TABLE4_TITLES)),
+                ("post-grow's last block carries more than pre-grow's",
+                 lambda m: m["post-grow_dce_2"] > m["pre-grow_dce_2"]),
+                ("block 0 carries the most in pre-grow, post-grow and pre-joint",
+                 lambda m: all(m[f"{r}_dce_0"] > max(m[f"{r}_dce_1"], m[f"{r}_dce_2"])
+                               for r in ("pre-grow", "post-grow", "pre-joint")))]),
     "tableA4": Experiment(
         "Table A4: transition-aligned training-loss response (windows scaled to the phase length, at least "
         f"{diag.MIN_WINDOW} steps). Jump: the smoothed peak minus the baseline; immediate: the highest raw "
@@ -430,6 +448,8 @@ EXPERIMENTS = {
                                      ("AUC 5k, mean excess", "signed_auc_5k", "auc_5k", 4),
                                      ("recovery steps", "recovery", "recovery_steps", 0))],
         numbers=table_a4_numbers,
+        claims=[(f"post-norm's smoothed jump exceeds pre-norm's at transition {t}",
+                 lambda m, t=t: m[f"post_{t}_jump"] > m[f"pre_{t}_jump"]) for t in (1, 2)],
         note="Recovery steps are in this scale's steps (the paper's in 50k-step phases): n/a = the smoothed loss "
              "never rose above the baseline; inf = it had not come back by the end of the phase."),
     "fig3": Experiment("Figure 3: (a) interaction, (b) per-phase validation CE of grow", MAIN_RUNS,
@@ -474,8 +494,13 @@ def report(ws: Workspace, name: str, seeds: list[int]) -> dict:
         per_seed = [exp.numbers(ws, s) for s in seeds]
         stats = {row.key: across_seeds([p[row.key] for p in per_seed]) for row in exp.rows}
         out["rows"] = [{"label": r.label, "key": r.key, "paper": r.paper, **stats[r.key]} for r in exp.rows]
-        md += (exp.layout(stats, len(seeds)) if exp.layout else []) + table_markdown(exp.rows, stats, len(seeds))
-        print_table(name, exp, stats, len(seeds))
+        full = ws.preset.name == "full"
+        md += (exp.layout(stats, len(seeds)) if exp.layout else []) + table_markdown(exp.rows, stats, len(seeds), full)
+        means = {k: s["mean"] for k, s in stats.items()}
+        out["claims"] = [{"claim": claim, "agrees": bool(agrees(means))} for claim, agrees in exp.claims]
+        md += ["", "The paper's claims, on the kit's means:", ""] * bool(exp.claims) + \
+            [f"- {'agrees' if c['agrees'] else 'DISAGREES'}: {c['claim']}" for c in out["claims"]]
+        print_table(name, exp, stats, len(seeds), full)
     if exp.figures:
         figs = exp.figures(ws, seeds[0])
         out["figures"] = {k: str(v) for k, v in figs.items() if isinstance(v, Path)}
@@ -506,29 +531,41 @@ def kit_cell(s: dict, digits: int) -> str:
     return f"{fmt(s['mean'], digits)} ± {fmt(s['std'], digits)} [{fmt(lo, digits)}, {fmt(hi, digits)}]"
 
 
-def difference(r: Row, s: dict) -> str:
-    """kit - paper, where both exist and are in the same units ("" otherwise)."""
-    if not r.compare or r.paper is None:
+def comparison(r: Row, s: dict, full: bool) -> str:
+    """At full scale, kit - paper where both are in the same units. Below it, absolute values are not
+    the paper's, so only a direction is compared: for a difference whose sign is the paper's claim,
+    whether the kit's sign is the same (and whether the seeds' interval excludes zero)."""
+    if r.paper is None:
         return ""
-    return fmt(s["mean"] - r.paper, r.digits)
+    if full:
+        return fmt(s["mean"] - r.paper, r.digits) if r.compare else ""
+    if not r.sign or s["mean"] is None or math.isnan(s["mean"]):
+        return ""
+    same = "same sign" if (s["mean"] > 0) == (r.paper > 0) else "OPPOSITE sign"
+    lo, hi = s["ci95"] or (s["mean"], s["mean"])
+    return same + (", interval excludes 0" if lo > 0 or hi < 0 else ", interval includes 0") * (s["n"] > 1)
 
 
-def table_markdown(rows: list[Row], stats: dict, n_seeds: int) -> list[str]:
+def comparison_column(full: bool) -> str:
+    return "kit − paper" if full else "direction vs the paper"
+
+
+def table_markdown(rows: list[Row], stats: dict, n_seeds: int, full: bool = False) -> list[str]:
     kit = "kit" if n_seeds == 1 else f"kit (mean ± std [95% CI], {n_seeds} seeds)"
-    lines = [f"| quantity | {kit} | paper | kit − paper |", "| --- | --- | --- | --- |"]
+    lines = [f"| quantity | {kit} | paper | {comparison_column(full)} |", "| --- | --- | --- | --- |"]
     for r in rows:
         s = stats[r.key]
-        lines.append(f"| {r.label} | {kit_cell(s, r.digits)} | {fmt(r.paper, r.digits)} | {difference(r, s)} |")
+        lines.append(f"| {r.label} | {kit_cell(s, r.digits)} | {fmt(r.paper, r.digits)} | {comparison(r, s, full)} |")
     return lines
 
 
-def print_table(name: str, exp: Experiment, stats: dict, n_seeds: int):
+def print_table(name: str, exp: Experiment, stats: dict, n_seeds: int, full: bool = False):
     table = Table(title=f"{name}: {exp.about}", title_justify="left")
-    for column in ("quantity", "kit" if n_seeds == 1 else f"kit ({n_seeds} seeds)", "paper", "kit − paper"):
+    for column in ("quantity", "kit" if n_seeds == 1 else f"kit ({n_seeds} seeds)", "paper", comparison_column(full)):
         table.add_column(column, justify="left" if column == "quantity" else "right")
     for r in exp.rows:
         s = stats[r.key]
-        table.add_row(r.label, kit_cell(s, r.digits), fmt(r.paper, r.digits), difference(r, s))
+        table.add_row(r.label, kit_cell(s, r.digits), fmt(r.paper, r.digits), comparison(r, s, full))
     console.print(table)
 
 

@@ -188,6 +188,29 @@ def test_every_figure_report_lists_the_plotted_numbers_and_the_papers(smoke):
             assert text in md[name], (name, text)
 
 
+def test_below_full_scale_tables_compare_directions_not_values(smoke):
+    _, results, _, _ = smoke
+    md = (results / "table1.md").read_text()
+    assert "direction vs the paper" in md and "kit − paper" not in md
+    row = next(line for line in md.splitlines() if line.startswith("| interaction"))
+    assert row.rstrip(" |").endswith(("excludes 0", "includes 0")) and "sign" in row
+    report = json.loads((results / "table1.json").read_text())
+    assert report["claims"] and all(isinstance(c["agrees"], bool) for c in report["claims"])
+    assert ("- agrees: " in md) or ("- DISAGREES: " in md)
+
+
+def test_comparison_with_the_paper_by_scale():
+    stats = lambda mean, lo, hi: {"mean": mean, "std": 0.1, "ci95": [lo, hi], "n": 3}
+    delta = experiments.Row("delta grow", "delta_grow", -0.0328, sign=True)
+    assert experiments.comparison(delta, stats(-0.05, -0.08, -0.02), full=True) == "-0.0172"
+    assert experiments.comparison(delta, stats(-0.05, -0.08, -0.02), full=False) == "same sign, interval excludes 0"
+    assert experiments.comparison(delta, stats(0.01, -0.02, 0.04), full=False) == "OPPOSITE sign, interval includes 0"
+    tokens = experiments.Row("tokens", "t", 3.11e9, experiments.TOKENS, compare=False)
+    assert experiments.comparison(tokens, stats(1e6, 1e6, 1e6), full=True) == ""  # other units: no difference
+    level = experiments.Row("pre-norm, grow", "pre_grow", 2.7658)
+    assert experiments.comparison(level, stats(3.2, 3.1, 3.3), full=False) == ""  # an absolute value below full
+
+
 def test_multi_seed_table1_has_intervals(smoke):
     _, results, _, _ = smoke
     rows = {r["key"]: r for r in json.loads((results / "table1.json").read_text())["rows"]}
