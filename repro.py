@@ -714,6 +714,49 @@ def evaluate(checkpoint, scale, data_dir, as_json, runs_dir):
         console.print(f"{checkpoint}: CE {ce:.4f} nats/token, PPL {scores['ppl']:.2f} over {tokens:,} tokens of {val.path}")
 
 
+@cli.command("reference")
+@scale_option
+@click.option("--seeds", required=True, callback=parse_seeds, help="The seeds whose runs and tables to ship.")
+@runs_option
+@results_option
+def make_reference(scale, seeds, runs_dir, results_dir):
+    """Write references/<scale>.json from finished runs and reports (what `compare` checks against)."""
+    import reference
+    content = reference.collect(runs_dir / scale, results_dir / scale, seeds)
+    if not content["curves"]:
+        raise click.UsageError(f"no finished runs of seeds {seeds} under {runs_dir / scale}; run them first")
+    reference.REFERENCES.mkdir(exist_ok=True)
+    path = reference.REFERENCES / f"{scale}.json"
+    path.write_text(json.dumps(content, indent=1) + "\n")
+    console.print(f"wrote {path}: {len(content['curves'])} runs, {len(content['tables'])} tables, seeds {seeds}")
+
+
+@cli.command("compare")
+@click.argument("target", type=click.Path(exists=True, file_okay=False, path_type=Path))
+@scale_option
+def compare_with_reference(target, scale):
+    """Is a run (or a scale's runs, or its results) within the band of the kit's shipped seeds? Exits 1 if not."""
+    import reference
+    path = reference.REFERENCES / f"{scale}.json"
+    if not path.is_file():
+        raise click.UsageError(f"no shipped reference for --scale {scale} ({path}); make one with `repro.py reference`")
+    rows = reference.compare(target, rundir.read_json(path, "curves", "final_ce", "tables", "seeds"))
+    if not rows:
+        raise click.UsageError(f"{target}: holds no run or table that {path} has numbers for")
+    table = Table(title=f"{target} against {path.name} (seeds {rundir.read_json(path)['seeds']})")
+    for column in ("number", "value", "band", "within"):
+        table.add_column(column)
+    outside = [r for r in rows if not r["within"]]
+    for r in outside or rows[:20]:
+        table.add_row(r["name"], f"{r['value']:.4f}", f"[{r['band'][0]:.4f}, {r['band'][1]:.4f}]",
+                      "yes" if r["within"] else "NO")
+    console.print(table)
+    console.print(f"{len(rows) - len(outside)} of {len(rows)} numbers within the band")
+    if outside:
+        raise OneLineError(f"{len(outside)} of {len(rows)} numbers of {target} are outside the shipped seeds' band "
+                           f"(first: {outside[0]['name']} = {outside[0]['value']:.4f})")
+
+
 @cli.command("sample")
 @click.argument("checkpoint", type=click.Path(path_type=Path))
 @click.option("--prompt", default="", help="Text to continue (encoded as a document: <|endoftext|> first).")

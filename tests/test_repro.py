@@ -199,6 +199,23 @@ def test_below_full_scale_tables_compare_directions_not_values(smoke):
     assert ("- agrees: " in md) or ("- DISAGREES: " in md)
 
 
+def test_compare_passes_an_honest_rerun_and_flags_a_perturbed_one(smoke, tmp_path):
+    """references/smoke.json ships the smoke suite's seeds 42 and 43 (repro.py reference): this rerun
+    of them is within the band, and a run whose validation loss was raised is not."""
+    runs, results, _, _ = smoke
+    for target in (runs, results, runs / "s43" / "pre-grow"):
+        out = cli("compare", target, "--scale", "smoke")
+        assert "numbers within the band" in out.stdout and "NO" not in out.stdout, out.stdout[-2000:]
+    perturbed = tmp_path / "post-grow"
+    perturbed.mkdir()
+    rows = rundir.read_metrics(runs / "s42" / "post-grow")
+    (perturbed / "metrics.jsonl").write_text("".join(
+        json.dumps({**r, "ce": r["ce"] + 3.0} if r.get("eval") and r["step"] == 16 else r) + "\n" for r in rows))
+    out = cli("compare", perturbed, "--scale", "smoke", check=False)
+    assert out.returncode == 1 and "post-grow/ce at 16" in out.stdout
+    assert len(out.stderr.strip().splitlines()) == 1 and "outside the shipped seeds' band" in out.stderr
+
+
 def test_comparison_with_the_paper_by_scale():
     stats = lambda mean, lo, hi: {"mean": mean, "std": 0.1, "ci95": [lo, hi], "n": 3}
     delta = experiments.Row("delta grow", "delta_grow", -0.0328, sign=True)

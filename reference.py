@@ -1,0 +1,106 @@
+"""Reference results that ship with the kit, and the check of a run against them.
+
+    python repro.py reference --scale toy --seeds 42,43,44     # writes references/toy.json from runs/ and results/
+    python repro.py compare runs/toy                           # every run of every seed, against references/toy.json
+    python repro.py compare runs/toy/s42/post-grow             # one run
+    python repro.py compare results/toy                        # the tables
+
+A reference holds, per run, the validation CE at every evaluation (the curve) and at the end, and per
+experiment every table number, each as the values of the shipped seeds. A number is within the band
+when it lies within mean ± max(a 95% prediction interval for one more seed, a tolerance): seeds set
+the band's width where there are several, the tolerance (1% of the value + 0.001) where they agree.
+"""
+from __future__ import annotations
+
+import json
+import math
+import statistics
+from pathlib import Path
+
+import rundir
+from experiments import t975
+
+REFERENCES = Path(__file__).parent / "references"
+
+
+def curve(run_dir: Path) -> dict[str, float]:
+    """{evaluation point: validation CE} of a run: "<step>" after it, "<step> start" at a phase start."""
+    return {f"{r['step']}{' start' if r.get('phase_start') else ''}": r["ce"]
+            for r in rundir.read_metrics(run_dir) if r.get("eval")}
+
+
+def collect(runs: Path, results: Path, seeds: list[int]) -> dict:
+    """The reference of a scale from its runs (runs/<scale>/s<seed>/<run>/) and reports (results/<scale>/)."""
+    curves, finals, tables = {}, {}, {}
+    for seed in seeds:
+        for run_dir in sorted((runs / f"s{seed}").iterdir()):
+            if (run_dir / "done.json").is_file():
+                for point, ce in curve(run_dir).items():
+                    curves.setdefault(run_dir.name, {}).setdefault(point, []).append(ce)
+                finals.setdefault(run_dir.name, []).append(rundir.read_json(run_dir / "done.json", "ce")["ce"])
+    for report in sorted(results.glob("*.json")):
+        content = json.loads(report.read_text())
+        if content.get("seeds") == seeds:
+            tables[report.stem] = {row["key"]: row["values"] for row in content.get("rows", [])}
+    return {"seeds": seeds, "git_commit": rundir.git_commit(), "curves": curves, "final_ce": finals, "tables": tables}
+
+
+def band(values: list[float]) -> tuple[float, float]:
+    finite = [v for v in values if v is not None and math.isfinite(v)]
+    if not finite:
+        return math.nan, math.nan
+    mean, n = statistics.fmean(finite), len(finite)
+    spread = t975(n - 1) * statistics.stdev(finite) * math.sqrt(1 + 1 / n) if n > 1 else 0.0
+    half = max(spread, 0.01 * abs(mean) + 0.001)
+    return mean - half, mean + half
+
+
+def measured(target: Path) -> dict[str, float]:
+    """{name: value} of what `target` holds: one run, a scale's runs folder, or a results folder."""
+    target = Path(target)
+    if (target / "metrics.jsonl").is_file():
+        return run_numbers(target)
+    if any(target.glob("s*/*/metrics.jsonl")):
+        return {f"{d.parent.name}/{k}": v for d in sorted(target.glob("s*/*")) if (d / "metrics.jsonl").is_file()
+                for k, v in run_numbers(d).items()}
+    values = {}
+    for report in sorted(target.glob("*.json")):
+        for row in json.loads(report.read_text()).get("rows", []):
+            for i, value in enumerate(row["values"]):
+                values[f"{report.stem}/{row['key']}/{i}"] = value
+    return values
+
+
+def run_numbers(run_dir: Path) -> dict[str, float]:
+    numbers = {f"{run_dir.name}/ce at {point}": ce for point, ce in curve(run_dir).items()}
+    if (run_dir / "done.json").is_file():
+        numbers[f"{run_dir.name}/final ce"] = rundir.read_json(run_dir / "done.json", "ce")["ce"]
+    return numbers
+
+
+def reference_values(reference: dict, name: str) -> list[float] | None:
+    """The shipped seeds' values for a measured number's name (the seed folder and table seed dropped)."""
+    parts = name.split("/")
+    if len(parts) == 3 and parts[0].startswith("s") and parts[0][1:].isdigit():
+        parts = parts[1:]  # s<seed>/<run>/<number>: any seed's run compares with the run's band
+    if len(parts) == 3:  # <experiment>/<row key>/<seed index>
+        return reference["tables"].get(parts[0], {}).get(parts[1])
+    run, number = parts
+    if number == "final ce":
+        return reference["final_ce"].get(run)
+    return reference["curves"].get(run, {}).get(number.removeprefix("ce at "))
+
+
+def compare(target: Path, reference: dict) -> list[dict]:
+    """Per number of `target` that the reference has: {"name", "value", "band", "within"}."""
+    rows = []
+    for name, value in measured(target).items():
+        values = reference_values(reference, name)
+        if not values:
+            continue
+        lo, hi = band(values)
+        if math.isnan(lo):
+            continue  # the reference has no finite value here (e.g. "not applicable")
+        within = value is not None and math.isfinite(value) and lo <= value <= hi
+        rows.append({"name": name, "value": value, "band": [lo, hi], "within": within})
+    return rows
