@@ -22,11 +22,10 @@ resumed; runs whose first phases are identical share them.
 from __future__ import annotations
 
 import json
-import math
 import shlex
 import sys
 import time
-from dataclasses import MISSING, dataclass, field, fields, replace
+from dataclasses import dataclass
 from pathlib import Path
 
 import click
@@ -40,120 +39,17 @@ import plan
 import rundir
 import tokenizer
 from experiments import EXPERIMENTS, RUNS, final_eval, report
+from presets import (  # noqa: F401 (repro.PRESETS and friends stay importable from here)
+    PRESETS,
+    Preset,
+    apply_overrides,
+    override_name,
+    parse_value,
+    ratios_markdown,
+    regime_ratios,
+)
 
 console = Console(width=None if sys.stdout.isatty() else 140)
-
-# ----------------------------------------------------------------------------------------------
-# Presets: every number of a scale lives here, and nowhere else.
-
-PAPER_RUN = dict(  # the paper's Table A1 and its setup (Sections 3-4, Appendix C)
-    seed=42, blocks=3, layers_per_block=3, phase_steps=50_000, global_batch=64, lr=1e-4, min_lr=1e-6,
-    warmup_frac=0.015, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.0, grad_clip=0.5,
-    alpha=0.7, gamma=0.3, tau=1.0, eval_interval=2000)
-
-
-@dataclass(frozen=True)
-class Preset:
-    name: str
-    about: str
-    data: dict            # data.prepare: source, vocab_size (None: Qwen3's own), max_len, val_docs, options
-    run: dict             # grow.RunConfig fields shared by every student run
-    teacher: str = ""     # HF checkpoint folder or hub id; "" means the kit pretrains its own:
-    teacher_model: dict = field(default_factory=dict)  # its model.ModelConfig fields
-    teacher_run: dict = field(default_factory=dict)    # its RunConfig fields that differ from `run`
-    long_phases: tuple[int, int] = (2, 3)              # post-joint-long / -longer (Table 3: 100k, 150k)
-    diag: dict = field(default_factory=dict)           # the fixed diagnostic batch: docs, max_inputs, seed
-    needs_cuda: bool = False
-    doc_tokens: float = 0.0  # expected non-padding tokens per document (dry runs before data exists)
-
-
-PRESETS = {
-    "smoke": Preset(
-        "smoke", "every experiment end to end in a few minutes on 2 CPU cores; numbers meaningless",
-        data=dict(source="toy", vocab_size=512, max_len=32, val_docs=16),
-        run={**PAPER_RUN, "layers_per_block": 1, "phase_steps": 8, "global_batch": 4, "micro_batch": 2,
-             "lr": 3e-3, "min_lr": 3e-5, "warmup_frac": 0.125, "eval_interval": 4, "eval_batch": 8,
-             "loss_chunk": 256, "checkpoint_interval": 4, "snapshot_interval": 4, "precision": "fp32"},
-        teacher_model=dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-                           num_key_value_heads=2, head_dim=8, tie_word_embeddings=True, rope_theta=10_000.0),
-        teacher_run=dict(phase_steps=20, lr=3e-3, min_lr=3e-4, eval_interval=10),
-        diag=dict(docs=4, max_inputs=16, seed=42), doc_tokens=30.0),
-    # The toy is a miniature of the paper chosen from its dimensionless ratios (README, "The toy preset"),
-    # fixed before its results were seen: student/teacher depth 3/12 = the paper's 9/36; the same
-    # alpha, gamma, tau, clip, betas and min_lr/lr; lr = the paper's 1e-4 x 4096/128 (width transfer);
-    # warmup 25 steps, past AdamW's 1/(1 - beta2) = 20; as many steps per phase as 30 minutes on 2 CPU
-    # cores allow for the students; a teacher that sees 4x the documents of the longest-trained
-    # student (1500 x 32 against 3 x 250 x 16), cached after the first run. A first teacher of 600
-    # steps (1.6x) ended level with the best student, failing the "teacher clearly better" principle.
-    "toy": Preset(
-        "toy", "offline on a laptop CPU: the kit pretrains a 12-layer teacher on State of the Union paragraphs",
-        data=dict(source="toy", vocab_size=4096, max_len=128, val_docs=200, all_documents=True),
-        run={**PAPER_RUN, "layers_per_block": 1, "phase_steps": 250, "global_batch": 16, "micro_batch": 16,
-             "lr": 3e-3, "min_lr": 3e-5, "warmup_frac": 0.1, "eval_interval": 125, "eval_batch": 50,
-             "loss_chunk": 2048, "checkpoint_interval": 50, "snapshot_interval": 125, "precision": "auto"},
-        teacher_model=dict(hidden_size=128, intermediate_size=384, num_hidden_layers=12, num_attention_heads=4,
-                           num_key_value_heads=2, head_dim=32, tie_word_embeddings=True, rope_theta=10_000.0),
-        teacher_run=dict(phase_steps=1500, lr=3e-3, min_lr=1e-4, warmup_frac=0.1, eval_interval=250,
-                         global_batch=32, micro_batch=32),
-        diag=dict(docs=8, max_inputs=128, seed=42), doc_tokens=95.0),
-    "small": Preset(
-        "small", "one GPU: Qwen3-0.6B-Base teacher (tied embeddings) and FineWeb-Edu",
-        data=dict(source="fineweb-edu", vocab_size=None, max_len=2048, val_docs=1000),
-        run={**PAPER_RUN, "phase_steps": 4000, "global_batch": 32, "micro_batch": 8, "eval_interval": 500,
-             "eval_batch": 8, "loss_chunk": 8192, "checkpoint_interval": 250, "snapshot_interval": 1000,
-             "precision": "bf16"},
-        teacher="Qwen/Qwen3-0.6B-Base", diag=dict(docs=2, max_inputs=2048, seed=42), needs_cuda=True,
-        doc_tokens=880.0),
-    "full": Preset(
-        "full", "the paper exactly: Qwen3-8B-Base teacher, FineWeb-Edu sample-10BT, 3 x 50k steps",
-        data=dict(source="fineweb-edu", vocab_size=None, max_len=8192, val_docs=4833),
-        run={**PAPER_RUN, "micro_batch": 1, "eval_batch": 1, "loss_chunk": 4096, "checkpoint_interval": 500,
-             "snapshot_interval": 10_000, "precision": "bf16", "activation_checkpointing": True},
-        teacher="Qwen/Qwen3-8B-Base", diag=dict(docs=2, max_inputs=2048, seed=42), needs_cuda=True,
-        # 3.112B non-padding tokens per 50k x 64-document phase: Table A2's 3.11B, 6.22B and 9.34B
-        # all round from it.
-        doc_tokens=972.5),
-}
-
-
-
-# ----------------------------------------------------------------------------------------------
-# The dimensionless ratios that make a smaller scale a miniature of the paper (README, "The toy
-# preset"): `python repro.py ratios --scale toy` prints them beside the paper's.
-
-TEACHER_LAYERS = {"Qwen/Qwen3-8B-Base": 36, "Qwen/Qwen3-0.6B-Base": 28}
-
-
-def regime_ratios(preset: Preset) -> list[tuple[str, float, float]]:
-    """(quantity, paper, preset) rows."""
-    def values(p: Preset) -> dict:
-        r = p.run
-        student = r["blocks"] * r["layers_per_block"]
-        teacher = TEACHER_LAYERS.get(p.teacher) or p.teacher_model["num_hidden_layers"]
-        warmup = max(1, round(r["warmup_frac"] * r["phase_steps"]))
-        return {"student depth S = K x L": student, "teacher depth T": teacher, "S / T": student / teacher,
-                "steps per phase": r["phase_steps"], "peak LR": r["lr"], "LR x steps per phase": r["lr"] * r["phase_steps"],
-                "min LR / peak LR": r["min_lr"] / r["lr"], "warmup steps": warmup,
-                "warmup / AdamW horizon 1/(1 - beta2)": warmup * (1 - r["betas"][1]),
-                "documents per step": r["global_batch"], "tokens per step (assumed tokens/document)":
-                    round(r["global_batch"] * min(p.doc_tokens, p.data["max_len"])),
-                "teacher documents / documents of the longest-trained student":
-                    p.teacher_run["phase_steps"] * p.teacher_run["global_batch"] / (3 * r["phase_steps"] * r["global_batch"])
-                    if p.teacher_run else None,
-                "alpha (KD weight)": r["alpha"], "gamma (CE weight)": r["gamma"], "tau": r["tau"],
-                "gradient clip": r["grad_clip"], "AdamW beta2": r["betas"][1]}
-    paper, ours = values(PRESETS["full"]), values(preset)
-    return [(k, paper[k], ours[k]) for k in paper]
-
-
-def ratios_markdown(preset: Preset) -> list[str]:
-    def show(v):
-        if v is None:
-            return "≫ 1 (a pretrained LLM)"
-        return f"{v:,}" if isinstance(v, int) else f"{v:.4g}"
-    return [f"| quantity | paper | {preset.name} |", "| --- | --- | --- |"] + \
-        [f"| {k} | {show(a)} | {show(b)} |" for k, a, b in regime_ratios(preset)]
-
 
 # ----------------------------------------------------------------------------------------------
 # Workspace: where a scale's data, runs and results live
@@ -186,70 +82,6 @@ class Workspace:
         if self.preset.data.get("all_documents"):
             return None
         return self.replay_docs * max(self.preset.long_phases)
-
-
-# ----------------------------------------------------------------------------------------------
-# Overrides: --set SECTION.KEY=VALUE changes any preset field for one command. Runs made with
-# overrides live in their own folders, so a finished run with other settings is never reused.
-
-OVERRIDABLE = {"run": grow.RunConfig, "teacher_run": grow.RunConfig, "teacher_model": model.ModelConfig,
-               "data": None, "diag": None}  # section -> the dataclass whose defaults also count as keys
-
-
-def parse_value(key: str, raw: str, current):
-    """`raw` as the type of the preset's current value; a bad value is a one-line error naming the key."""
-    def bad(why):
-        return click.BadParameter(f"{key}={raw}: {why}", param_hint="--set")
-    if isinstance(current, bool):
-        if raw.lower() not in ("true", "false", "1", "0"):
-            raise bad("expected true or false")
-        return raw.lower() in ("true", "1")
-    if isinstance(current, (int, float)) or current is None:
-        try:
-            value = int(raw) if isinstance(current, int) or current is None else float(raw)
-        except ValueError:
-            raise bad(f"expected {'an integer' if isinstance(current, int) or current is None else 'a number'}") from None
-        if not math.isfinite(value) or value < 0:
-            raise bad("expected a finite number >= 0")
-        return value
-    if isinstance(current, (tuple, list)):
-        try:
-            value = tuple(float(v) for v in raw.strip("()[] ").split(","))
-        except ValueError:
-            raise bad("expected numbers separated by commas, e.g. 0.9,0.95") from None
-        if len(value) != len(current):
-            raise bad(f"expected {len(current)} numbers")
-        return value
-    if isinstance(current, str):
-        return raw
-    raise bad("this key cannot be set from the command line")
-
-
-def apply_overrides(preset: Preset, items, compile_flag: bool | None = None) -> tuple[Preset, dict]:
-    """(the preset with `--set` items and `--compile/--no-compile` applied, {section: {key: value}})."""
-    changes: dict[str, dict] = {}
-    for item in items:
-        key, sep, raw = item.partition("=")
-        section, _, name = key.strip().partition(".")
-        if not sep or section not in OVERRIDABLE or not name:
-            raise click.BadParameter(f"{item!r}: write SECTION.KEY=VALUE with SECTION one of {', '.join(OVERRIDABLE)}, "
-                                     "e.g. run.lr=3e-4", param_hint="--set")
-        known = {f.name: f.default for f in fields(OVERRIDABLE[section]) if f.default is not MISSING} \
-            if OVERRIDABLE[section] else {}
-        known.update(getattr(preset, section))
-        if name not in known:
-            raise click.BadParameter(f"{key.strip()}: unknown key; {section} has {', '.join(sorted(known))}",
-                                     param_hint="--set")
-        changes.setdefault(section, {})[name] = parse_value(key.strip(), raw.strip(), known[name])
-    if compile_flag is not None:
-        changes.setdefault("run", {})["compile"] = compile_flag
-    return replace(preset, **{s: {**getattr(preset, s), **c} for s, c in changes.items()}), changes
-
-
-def override_name(changes: dict) -> str:
-    """A folder name for a set of overrides, e.g. run.lr=0.0003,run.phase_steps=100."""
-    return ",".join(f"{s}.{k}={v}".replace("/", "_").replace(" ", "") for s in sorted(changes)
-                    for k, v in sorted(changes[s].items()))
 
 
 def workspace(scale: str, runs_dir: Path, results_dir: Path | None = None, dry_run: bool = False, overrides=(),
