@@ -27,6 +27,7 @@ The paper's numbers that the figures mark come from PAPER (the paper's Tables 1-
 """
 from __future__ import annotations
 
+import contextvars
 import json
 import math
 import re
@@ -378,10 +379,17 @@ def new_figure(ncols: int = 1, width: float = 4.5, height: float = 3.2) -> tuple
     return fig, [fig.add_subplot(1, ncols, i + 1) for i in range(ncols)]
 
 
+CAPTION = contextvars.ContextVar("caption", default="")  # e.g. "toy scale, seed 42": set by the reports
+
+
 def save_png(fig: Figure, path) -> Path:
+    """The figure as PNG at `path` and as PDF beside it, with the current CAPTION in its corner."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
+    if CAPTION.get():
+        fig.text(0.995, 0.005, CAPTION.get(), ha="right", va="bottom", fontsize=6, color="gray")
     fig.savefig(path, format="png")
+    fig.savefig(path.with_suffix(".pdf"), format="pdf")
     return path
 
 

@@ -502,7 +502,11 @@ def report(ws: Workspace, name: str, seeds: list[int]) -> dict:
             [f"- {'agrees' if c['agrees'] else 'DISAGREES'}: {c['claim']}" for c in out["claims"]]
         print_table(name, exp, stats, len(seeds), full)
     if exp.figures:
-        figs = exp.figures(ws, seeds[0])
+        caption = diag.CAPTION.set(f"normgrow, {ws.preset.name} scale, seed {seeds[0]} ({name})")
+        try:
+            figs = exp.figures(ws, seeds[0])
+        finally:
+            diag.CAPTION.reset(caption)
         out["figures"] = {k: str(v) for k, v in figs.items() if isinstance(v, Path)}
         out["data"] = {k: v for k, v in figs.items() if not isinstance(v, Path)}
         md += [f"![{k}]({Path(v).name})" for k, v in out["figures"].items()]

@@ -63,7 +63,7 @@ PROTOCOLS = ("joint", "grow", "freeze", "joint-long", "teacher")
 
 @dataclass
 class RunConfig:
-    """Every setting of one run. No defaults for hyperparameters: presets (repro.py) own the numbers."""
+    """Every setting of one run. No defaults for hyperparameters: presets (presets.py) own the numbers."""
     name: str
     protocol: str                  # one of PROTOCOLS
     norm: str                      # "pre" | "post" (student placement; ignored by `teacher`)

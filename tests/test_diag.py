@@ -427,3 +427,14 @@ def test_figA2_block_removal(tmp_path, saved_figures):
     assert 8.13 in paper_bars and not any(8.13 == p.get_height() for ax in kit_axes for c in ax.containers for p in c)
     assert_drawn(fig, [r[m] for rs in results.values() for r in rs for m in ("delta_ce", "angular_distance")]
                  + [8.13, 0.031, 4.00])
+
+
+def test_figures_carry_their_caption_and_a_pdf(tmp_path, saved_figures):
+    token = diag.CAPTION.set("normgrow, toy scale, seed 42 (fig3)")
+    try:
+        path = diag.fig3a_interaction({"pre": {"joint": 3.1, "grow": 3.2}, "post": {"joint": 3.1, "grow": 3.0}},
+                                      tmp_path / "fig3a.png")
+    finally:
+        diag.CAPTION.reset(token)
+    assert [t.get_text() for t in saved_figures[0].texts] == ["normgrow, toy scale, seed 42 (fig3)"]
+    assert path.with_suffix(".pdf").read_bytes()[:5] == b"%PDF-"

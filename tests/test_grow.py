@@ -457,3 +457,20 @@ def test_an_old_or_damaged_rolling_checkpoint_is_one_line(tiny_shards, tiny_teac
     (tmp_path / "r" / "latest" / "optimizer.safetensors").unlink()
     with pytest.raises(grow.TrainingError, match=r"latest: lacks optimizer.safetensors .* move the folder away"):
         grow.train(c, tmp_path / "r")
+
+
+@pytest.mark.slow
+def test_two_torchruns_at_once_do_not_collide_on_ports(tmp_path):
+    """torchrun --standalone lets the OS pick its rendezvous port: two jobs started together both finish."""
+    script = tmp_path / "ranks.py"
+    script.write_text("import torch, torch.distributed as dist\n"
+                      "dist.init_process_group('gloo')\n"
+                      "t = torch.ones(1) * (dist.get_rank() + 1)\n"
+                      "dist.all_reduce(t)\n"
+                      "assert t.item() == 3.0\n"
+                      "dist.destroy_process_group()\n")
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(script)]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    jobs = [subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT) for _ in range(2)]
+    outputs = [job.communicate(timeout=300)[0].decode() for job in jobs]
+    assert [job.returncode for job in jobs] == [0, 0], outputs

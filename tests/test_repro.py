@@ -162,6 +162,7 @@ def test_every_experiment_writes_finite_numbers_and_figures(smoke):
             assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 15_000, figure
             width, height = struct.unpack(">II", png[16:24])
             assert width > 300 and height > 200
+            assert Path(figure).with_suffix(".pdf").read_bytes()[:5] == b"%PDF-"
         assert exp.rows or report.get("figures")
 
 
