@@ -524,7 +524,7 @@ class Run:
         if ctx.is_main and adopting:
             adopt_shared_prefix(config, run_dir)
         ctx.barrier()
-        self.resume = newest_checkpoint(run_dir)
+        self.resume = newest_checkpoint(run_dir, verify=True, warn=lambda line: print0(ctx, line))
         self.step, self.totals, elapsed = 0, {"total_tokens": 0, "active_layer_tokens": 0}, 0.0
         if self.resume:
             ckpt, state = self.resume

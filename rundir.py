@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import base64
 import errno
+import hashlib
 import json
 import os
 import shutil
@@ -73,6 +74,7 @@ def write_kept_checkpoint(run_dir: Path, name: str, net, state: dict, ctx):
         else:
             net.save(tmp, full)
         (tmp / "trainer_state.json").write_text(json.dumps(state))
+        write_checksums(tmp)
         model.replace_folder(tmp, run_dir / name)
     ctx.barrier()
 
@@ -104,22 +106,68 @@ def write_latest_checkpoint(run_dir: Path, net, optimizer, state: dict, ctx):
         save_file(tensors, tmp / "optimizer.safetensors")
         (tmp / "optimizer.json").write_text(json.dumps({"param_groups": optim_state["param_groups"]}))
         (tmp / "trainer_state.json").write_text(json.dumps(state))
+        write_checksums(tmp)
         model.replace_folder(tmp, run_dir / "latest")
     ctx.barrier()
 
 
-def newest_checkpoint(run_dir: Path) -> tuple[Path, dict] | None:
-    """The checkpoint with the highest step: latest/ or the last phase-<p>/."""
+CHECKSUMS = "checksums.json"  # in every checkpoint: sha256 of each of its files, written at save time
+
+
+def sha256(file: Path) -> str:
+    digest = hashlib.sha256()
+    with open(file, "rb") as f:
+        for block in iter(lambda: f.read(1 << 24), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def write_checksums(folder: Path):
+    files = sorted(p for p in folder.iterdir() if p.is_file() and p.name != CHECKSUMS)
+    (folder / CHECKSUMS).write_text(json.dumps({p.name: sha256(p) for p in files}, indent=1) + "\n")
+
+
+def damage(ckpt: Path) -> str:
+    """Why a checkpoint cannot be trusted ("" if it can): a file that is missing or differs from the
+    checksum written with it. A checkpoint from before checksums were written is taken as it is."""
+    try:
+        sums = json.loads((ckpt / CHECKSUMS).read_text())
+    except FileNotFoundError:
+        return ""
+    except (OSError, ValueError):
+        return f"{CHECKSUMS} is unreadable"
+    for name, digest in sums.items():
+        if not (ckpt / name).is_file():
+            return f"{name} is missing"
+        if sha256(ckpt / name) != digest:
+            return f"{name} does not match its checksum"
+    return ""
+
+
+def checkpoints(run_dir: Path) -> list[tuple[int, Path]]:
+    """(step, folder) of latest/ and every phase-<p>/, newest first (on a tie latest/, which also holds
+    the optimizer state). A trainer state that cannot be read leaves the folder out."""
     found = []
     phases = [d for d in run_dir.glob("phase-*") if d.name.removeprefix("phase-").isdigit()]  # not .tmp/.old
     for ckpt in [run_dir / "latest", *phases]:
-        state_file = ckpt / "trainer_state.json"
-        if ckpt.is_dir() and state_file.is_file():
-            found.append((read_json(state_file, "step")["step"], ckpt.name == "latest", ckpt))
-    if not found:
-        return None
-    _, _, ckpt = max(found)  # on a tie prefer latest/: it also holds the optimizer state
-    return ckpt, read_json(ckpt / "trainer_state.json", "step", "phase", "data", "totals", "elapsed", "torch_rng")
+        try:
+            step = json.loads((ckpt / "trainer_state.json").read_text())["step"]
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+        found.append((step, ckpt.name == "latest", ckpt))
+    return [(step, ckpt) for step, _, ckpt in sorted(found, reverse=True, key=lambda f: (f[0], f[1]))]
+
+
+def newest_checkpoint(run_dir: Path, verify: bool = False, warn=print) -> tuple[Path, dict] | None:
+    """The checkpoint to resume from: the one with the highest step, or with `verify` the newest whose
+    files match their checksums (each damaged one named in a one-line warning, and passed over)."""
+    for _, ckpt in checkpoints(run_dir):
+        why = damage(ckpt) if verify else ""
+        if why:
+            warn(f"{ckpt}: damaged ({why}); resuming from an older checkpoint")
+            continue
+        return ckpt, read_json(ckpt / "trainer_state.json", "step", "phase", "data", "totals", "elapsed", "torch_rng")
+    return None
 
 
 def load_weights(net, ckpt: Path):

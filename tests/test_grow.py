@@ -439,7 +439,7 @@ def test_resume_reads_no_pickle(tiny_shards, tiny_teacher_dir, tmp_path, monkeyp
     c = run_config(tiny_shards, tiny_teacher_dir, protocol="grow", phase_steps=4, checkpoint_interval=3)
     reference = grow.train(c, tmp_path / "reference")
     grow.train(c, tmp_path / "r", stop_after_step=7)  # a rolling checkpoint at step 6, mid phase 1
-    assert sorted(p.name for p in (tmp_path / "r" / "latest").iterdir()) == sorted(rundir.LATEST_FILES)
+    assert sorted(p.name for p in (tmp_path / "r" / "latest").iterdir()) == sorted((*rundir.LATEST_FILES, rundir.CHECKSUMS))
 
     def refuse(*args, **kwargs):
         raise AssertionError("something was unpickled")
@@ -451,11 +451,15 @@ def test_resume_reads_no_pickle(tiny_shards, tiny_teacher_dir, tmp_path, monkeyp
     assert all(torch.equal(a[k], b[k]) for k in a)
 
 
-def test_an_old_or_damaged_rolling_checkpoint_is_one_line(tiny_shards, tiny_teacher_dir, tmp_path):
+def test_a_rolling_checkpoint_of_an_older_kit_is_one_line(tiny_shards, tiny_teacher_dir, tmp_path):
+    """latest/ as older versions wrote it (DCP files, no checksums): one line, never unpickled."""
     c = run_config(tiny_shards, tiny_teacher_dir, protocol="joint", checkpoint_interval=2)
     grow.train(c, tmp_path / "r", stop_after_step=3)
-    (tmp_path / "r" / "latest" / "optimizer.safetensors").unlink()
-    with pytest.raises(grow.TrainingError, match=r"latest: lacks optimizer.safetensors .* move the folder away"):
+    latest = tmp_path / "r" / "latest"
+    for name in (rundir.CHECKSUMS, "optimizer.safetensors", "optimizer.json"):
+        (latest / name).unlink()
+    (latest / ".metadata").write_bytes(b"\x80\x04not read")
+    with pytest.raises(grow.TrainingError, match=r"latest: lacks optimizer.safetensors, optimizer.json .* move the folder"):
         grow.train(c, tmp_path / "r")
 
 
@@ -474,3 +478,20 @@ def test_two_torchruns_at_once_do_not_collide_on_ports(tmp_path):
     jobs = [subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT) for _ in range(2)]
     outputs = [job.communicate(timeout=300)[0].decode() for job in jobs]
     assert [job.returncode for job in jobs] == [0, 0], outputs
+
+
+def test_a_damaged_newest_checkpoint_is_passed_over_for_an_older_one(tiny_shards, tiny_teacher_dir, tmp_path, capsys):
+    """Every checkpoint carries checksums of its files: a latest/ whose weights changed on disk is named
+    in a one-line warning and the run resumes from phase-0/ instead, to the uninterrupted result."""
+    c = run_config(tiny_shards, tiny_teacher_dir, protocol="grow", phase_steps=4, checkpoint_interval=3)
+    reference = grow.train(c, tmp_path / "reference")
+    grow.train(c, tmp_path / "r", stop_after_step=7)  # latest/ at step 6, phase-0/ at step 4
+    weights = tmp_path / "r" / "latest" / "model.safetensors"
+    data = bytearray(weights.read_bytes())
+    data[-5] ^= 0xFF  # one flipped byte in a tensor
+    weights.write_bytes(bytes(data))
+    assert grow.train(c, tmp_path / "r") == reference
+    assert "latest: damaged (model.safetensors does not match its checksum); resuming from an older checkpoint" \
+        in capsys.readouterr().out
+    strip = lambda rows: [{k: v for k, v in r.items() if k != "time"} for r in rows]
+    assert strip(rundir.read_metrics(tmp_path / "r")) == strip(rundir.read_metrics(tmp_path / "reference"))
