@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 
-.PHONY: install install-dev test test-fast lint toy bench gpu-check clean
+.PHONY: install install-dev test test-fast test-faults lint toy bench gpu-check clean
 
 install: $(VENV)/.installed
 install-dev: $(VENV)/.installed-dev
@@ -24,11 +24,15 @@ $(VENV)/.installed-dev: requirements.txt requirements-dev.txt | $(BIN)/python
 	touch $(VENV)/.installed $@
 
 test: install-dev
-	$(BIN)/python -m pytest -q tests
+	$(BIN)/python -m pytest -q -m "not faults" tests
+
+# The fault-injection suite: a smoke suite SIGKILLed at 21 points must end as an uninterrupted one.
+test-faults: install-dev
+	$(BIN)/python -m pytest -q -m faults tests
 
 # For development: everything but the tests marked slow (subprocess suites, torchrun, compile).
 test-fast: install-dev
-	$(BIN)/python -m pytest -q -m "not slow" tests
+	$(BIN)/python -m pytest -q -m "not slow and not faults" tests
 
 lint: install-dev
 	$(BIN)/ruff check .

@@ -26,7 +26,6 @@ import math
 import os
 import platform
 import shutil
-import signal
 import time
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
@@ -44,6 +43,7 @@ from rundir import (
     TrainingError,
     adopt_shared_prefix,
     git_commit,
+    kill_point,
     load_latest_checkpoint,
     load_weights,
     newest_checkpoint,
@@ -470,15 +470,6 @@ def provenance(config: RunConfig, ctx: Dist) -> dict:
 # A run while it trains: its model, data, optimizer, log and checkpoints. The driver below calls,
 # for each of its steps, begin_step, accumulate (once per micro-batch) and end_step.
 
-def kill_point(event: str, run: Run, step: int):
-    """Fault injection for the resume tests: NORMGROW_KILL_AT=<event>:<run name>:<step> SIGKILLs this
-    process right there. Events: opened (model built, checkpoint or prefix loaded), stepped (after the
-    update and its log line, before evaluation and checkpoints), saved (after the step's checkpoints),
-    done (after done.json)."""
-    if os.environ.get("NORMGROW_KILL_AT") == f"{event}:{run.config.name}:{step}":
-        os.kill(os.getpid(), signal.SIGKILL)
-
-
 class Run:
     def __init__(self, config: RunConfig, run_dir, ctx: Dist, stop_after_step: int | None = None,
                  tracker: str = ""):
@@ -546,7 +537,7 @@ class Run:
             self.task = progress.add_task(config.name, total=self.last_step, completed=self.step, loss=float("nan"),
                                           tok_s=0.0)
         self.state = "training"
-        kill_point("opened", self, self.step)
+        kill_point("opened", config.name, self.step)
         if self.step >= self.last_step:  # killed after its last checkpoint, before done.json
             self.finish()
 
@@ -648,7 +639,7 @@ class Run:
         elapsed = time.time() - self.started
         self.log.write({"step": step, "phase": phase.index, "loss": loss, "kd": kd_sum, "ce": ce_sum, "lr": self.lr,
                         "grad_norm": grad_norm, "tokens": tokens, **totals, "time": elapsed})
-        kill_point("stepped", self, step)
+        kill_point("stepped", config.name, step)
         tok_s = totals["total_tokens"] / max(elapsed, 1e-9)
         if self.progress:
             self.progress.update(self.task, advance=1, loss=loss, tok_s=tok_s)
@@ -669,7 +660,7 @@ class Run:
             save_kept_checkpoint(self.run_dir, f"step-{step}", self.net, state, ctx)
         if not phase_end and step % config.checkpoint_interval == 0:
             save_latest_checkpoint(self.run_dir, self.net, self.optimizer, state, ctx)
-        kill_point("saved", self, step)
+        kill_point("saved", config.name, step)
 
     def finish(self):
         """done.json holds the scheduled endpoint's evaluation (killed after the last save: evaluate it)."""
@@ -679,7 +670,7 @@ class Run:
             (self.run_dir / "done.json").write_text(json.dumps({**self.final, "step": self.step}, indent=2) + "\n")
             shutil.rmtree(self.run_dir / "latest", ignore_errors=True)
         self.ctx.barrier()
-        kill_point("done", self, self.step)
+        kill_point("done", self.config.name, self.step)
         self.result = read_json(self.run_dir / "done.json", "ce", "ppl", "kd")
         self.stop("done")
 

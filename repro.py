@@ -128,6 +128,7 @@ def prepare_data(ws: Workspace, force: bool = False) -> tuple[data.Shard, data.S
     ws.ctx.barrier()
     if not ws.ctx.is_main:
         shards = data.Shard(ws.data_dir / "train", verify=False), data.Shard(ws.data_dir / "val", verify=False)
+    rundir.kill_point("prepared", "data")
     return shards
 
 
@@ -423,6 +424,7 @@ def run_experiments(experiments, scale, seeds, dry_run, gpu, gpus, overrides, co
         return  # the reports are rank 0's alone: no other rank waits in a collective while they are made
     for name in names:
         report(ws, name, seeds)
+        rundir.kill_point("reported", name)
     if not ws.preset.teacher:
         console.print(teacher_summary(ws, runs, seeds))
     console.print(f"done in {time.time() - started:,.0f} s; results in {ws.results}")

@@ -12,6 +12,7 @@ import hashlib
 import json
 import os
 import shutil
+import signal
 import subprocess
 from contextlib import contextmanager
 from dataclasses import MISSING, asdict, fields
@@ -24,6 +25,16 @@ import model
 
 class TrainingError(RuntimeError):
     """A run that cannot go on (a non-finite loss, a run directory that belongs to another config)."""
+
+
+def kill_point(event: str, name: str, step: int = 0):
+    """Fault injection for the resume tests: NORMGROW_KILL_AT=<event>:<name>:<step> SIGKILLs this
+    process right there. Events of a run <name>: opened (model built, checkpoint or prefix loaded),
+    stepped (after the update and its log line, before evaluation and checkpoints), saved (after the
+    step's checkpoints), done (after done.json). Of a suite: prepared:data (shards written),
+    reported:<experiment> (its report written)."""
+    if os.environ.get("NORMGROW_KILL_AT") == f"{event}:{name}:{step}":
+        os.kill(os.getpid(), signal.SIGKILL)
 
 
 # ----------------------------------------------------------------------------------------------
