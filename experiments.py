@@ -129,6 +129,8 @@ def t975(df: int) -> float:
 def across_seeds(values: list[float]) -> dict:
     """mean, sample std and a 95% t-interval of one number over seeds (std 0 and no interval for one)."""
     n = len(values)
+    if not all(math.isfinite(v) for v in values):  # "n/a" (NaN) or "never" (inf) on some seed: no spread
+        return {"mean": sum(values) / n, "std": math.nan, "ci95": None, "n": n, "values": values}
     mean = statistics.fmean(values)
     std = statistics.stdev(values) if n > 1 else 0.0
     half = t975(n - 1) * std / math.sqrt(n) if n > 1 else None
@@ -529,8 +531,9 @@ def figure_table(rows: list[tuple]) -> list[str]:
 
 
 def kit_cell(s: dict, digits: int) -> str:
-    if s["n"] == 1:
-        return fmt(s["mean"], digits)
+    if s["n"] == 1 or s["ci95"] is None:
+        return fmt(s["mean"], digits) if s["n"] == 1 else f"{fmt(s['mean'], digits)} (per seed: " \
+            + ", ".join(fmt(v, digits) for v in s["values"]) + ")"
     lo, hi = s["ci95"]
     return f"{fmt(s['mean'], digits)} ± {fmt(s['std'], digits)} [{fmt(lo, digits)}, {fmt(hi, digits)}]"
 

@@ -217,6 +217,14 @@ def test_compare_passes_an_honest_rerun_and_flags_a_perturbed_one(smoke, tmp_pat
     assert len(out.stderr.strip().splitlines()) == 1 and "outside the shipped seeds' band" in out.stderr
 
 
+def test_numbers_that_are_not_applicable_or_never_reached_on_some_seed():
+    """A recovery that never came (inf) or never applied (NaN) on one seed: no spread, every seed shown."""
+    s = experiments.across_seeds([11.0, math.inf, 5.0])
+    assert s["mean"] == math.inf and s["ci95"] is None
+    assert experiments.kit_cell(s, 0) == "inf (per seed: 11, inf, 5)"
+    assert experiments.kit_cell(experiments.across_seeds([math.nan, 3.0]), 0) == "n/a (per seed: n/a, 3)"
+
+
 def test_comparison_with_the_paper_by_scale():
     stats = lambda mean, lo, hi: {"mean": mean, "std": 0.1, "ci95": [lo, hi], "n": 3}
     delta = experiments.Row("delta grow", "delta_grow", -0.0328, sign=True)
