@@ -99,8 +99,11 @@ def compare(target: Path, reference: dict) -> list[dict]:
         if not values:
             continue
         lo, hi = band(values)
-        if math.isnan(lo):
-            continue  # the reference has no finite value here (e.g. "not applicable")
-        within = value is not None and math.isfinite(value) and lo <= value <= hi
+        if value is None or not math.isfinite(value):  # "n/a" (NaN) or "never" (inf): fine if a seed had it too
+            within = any(v is not None and (v == value or (math.isnan(v) and math.isnan(value))) for v in values)
+        elif math.isnan(lo):
+            continue  # the reference has no finite value to compare a finite one with
+        else:
+            within = lo <= value <= hi
         rows.append({"name": name, "value": value, "band": [lo, hi], "within": within})
     return rows
