@@ -2,7 +2,8 @@
 suite is SIGKILLed at 21 points, from data preparation through the teacher, every kind of student
 checkpoint, a run finishing, a shared prefix being adopted, to the reports, and rerun after each kill.
 It must end with the same weights, metrics.jsonl (but wall time), done.json and tables as a suite
-that was never interrupted."""
+that was never interrupted. And every file of a run folder, in turn, replaced by a pickle payload:
+nothing may ever unpickle it."""
 import json
 import os
 import signal
@@ -64,3 +65,45 @@ def test_a_suite_killed_at_21_points_ends_as_an_uninterrupted_one(tmp_path):
         rows = [json.loads((d / "results" / "smoke" / f"{name}.json").read_text())["rows"]
                 for d in (tmp_path / "clean", killed)]
         assert [r["values"] for r in rows[0]] == [r["values"] for r in rows[1]], name
+
+
+class Payload:
+    """Unpickling this creates `marker`: proof that something was unpickled."""
+
+    def __init__(self, marker: Path):
+        self.marker = marker
+
+    def __reduce__(self):
+        return Path.touch, (self.marker,)
+
+
+@pytest.mark.parametrize("stopped", [False, True], ids=["finished", "mid-run"])
+def test_a_pickle_planted_in_any_file_of_a_run_folder_never_runs(tiny_shards, tiny_teacher_dir, tmp_path, stopped):
+    """Each file of a run folder in turn replaced by a pickle payload; resuming or reusing the run and
+    loading its checkpoints must never unpickle it, and may only fail with one of the kit's errors."""
+    import pickle
+    import shutil
+    from dataclasses import replace
+
+    from test_grow import run_config
+
+    import grow
+    import model
+    config = run_config(tiny_shards, tiny_teacher_dir, protocol="grow", phase_steps=4, checkpoint_interval=3)
+    original = tmp_path / "original"
+    grow.train(config, original, stop_after_step=7 if stopped else None)
+    marker = tmp_path / "executed"
+    kit_errors = (grow.TrainingError, model.CheckpointError, ValueError)
+    files = sorted(p.relative_to(original) for p in original.rglob("*") if p.is_file())
+    assert len(files) >= 10
+    for i, name in enumerate(files):
+        run_dir = tmp_path / f"planted-{i}"
+        shutil.copytree(original, run_dir)
+        (run_dir / name).write_bytes(pickle.dumps(Payload(marker)))
+        for action in (lambda d=run_dir: grow.train(replace(config), d),
+                       lambda d=run_dir: [model.Student.load(p) for p in sorted(d.glob("phase-*"))]):
+            try:
+                action()
+            except kit_errors as error:
+                assert len(str(error).splitlines()) == 1, (name, str(error))
+        assert not marker.exists(), f"unpickled via {name}"
