@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import platform
 import statistics
 import time
@@ -227,7 +228,23 @@ def bench_lockstep(steps: int = 12) -> dict:
 
 def bench_compile(repeats: int) -> dict:
     """The toy train step (bf16 where native) with the layers compiled for dynamic lengths against eager,
-    over micro-batches of varying padded length: compile time, step time, and the loss difference."""
+    over micro-batches of varying padded length: compile time, step time, and the loss difference.
+    Inductor compiles into an empty cache folder, so the compile time is what a first run pays."""
+    import tempfile
+    previous = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+    with tempfile.TemporaryDirectory() as cold:
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = cold
+        torch._dynamo.reset()
+        try:
+            return compiled_against_eager(repeats)
+        finally:
+            if previous is None:
+                os.environ.pop("TORCHINDUCTOR_CACHE_DIR")
+            else:
+                os.environ["TORCHINDUCTOR_CACHE_DIR"] = previous
+
+
+def compiled_against_eager(repeats: int) -> dict:
     dtype, _ = grow.precision_choice("auto", torch.device("cpu"))
     context = partial(torch.autocast, "cpu", dtype=torch.bfloat16) if dtype == torch.bfloat16 else nullcontext
     config, blocks, per_block, batch = toy_shapes()
@@ -422,7 +439,6 @@ def gpu_check(device: str = "cuda", config: model.ModelConfig = PAPER_LAYER, bat
               repeats: int = 5) -> dict:
     """`make gpu-check`: (a) parity in bf16 on CUDA, (b) a paper-size 3-layer step with MFU,
     (c) the same step under FSDP2 on one rank. Prints and writes results/gpu_check.json."""
-    import os
 
     import torch.distributed as dist
     device = torch.device(device)
