@@ -439,7 +439,6 @@ def gpu_check(device: str = "cuda", config: model.ModelConfig = PAPER_LAYER, bat
               repeats: int = 5) -> dict:
     """`make gpu-check`: (a) parity in bf16 on CUDA, (b) a paper-size 3-layer step with MFU,
     (c) the same step under FSDP2 on one rank. Prints and writes results/gpu_check.json."""
-
     import torch.distributed as dist
     device = torch.device(device)
     results = {"environment": {**environment(), "device": torch.cuda.get_device_name(device) if device.type == "cuda"

@@ -292,14 +292,14 @@ def fig4_figures(ws, seed):
     paper = P["boundary_std_after_block0"]
     table = []
     for n in s:
-        first, last = s[n][0], s[n][-1]
+        last = s[n][-1]
         for b in range(1, len(last["boundary_stats"])):
-            was = first["boundary_stats"][b]["std"] if b < len(first["boundary_stats"]) else None
-            kit = f"{was:.4g} → {last['boundary_stats'][b]['std']:.4g}" if was is not None else \
-                f"{last['boundary_stats'][b]['std']:.4g} (at the end)"
+            # a block appended later has no value at the first snapshot: its first is a later one
+            since = next(c for c in s[n] if b < len(c["boundary_stats"]))
+            kit = f"{since['boundary_stats'][b]['std']:.4g} → {last['boundary_stats'][b]['std']:.4g}"
             cited = {"pre": f"{paper['pre'][0]:g} → {paper['pre'][1]:g}",
                      "post": f"{paper['post_range'][0]:g}–{paper['post_range'][1]:g}"}[n] if b == 1 else None
-            table.append((f"{n}-grow, std of per-token RMS {diag.boundary_label(b)}, steps {first['step']} → "
+            table.append((f"{n}-grow, std of per-token RMS {diag.boundary_label(b)}, steps {since['step']} → "
                           f"{last['step']}", kit, cited))
     return {"fig4": diag.fig4_boundary_std(s, ws.results / "fig4.png", transition_steps=transition_steps(ws)),
             "boundary_std": std, "table": table}

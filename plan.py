@@ -92,8 +92,9 @@ def teacher_passes(runs: list[PlannedRun], lockstep: bool) -> int:
     """Teacher forward passes (optimizer steps' worth) for one seed."""
     if not lockstep:
         return sum(len(own_steps(r)) for r in runs)
-    shared = set().union(*(own_steps(r) for r in lockstep_runs(runs)))
-    return len(shared) + sum(len(own_steps(r)) for r in runs if r not in lockstep_runs(runs))
+    together = lockstep_runs(runs)
+    shared = set().union(*(own_steps(r) for r in together))
+    return len(shared) + sum(len(own_steps(r)) for r in runs if r not in together)
 
 
 def diagnostics_cost(preset, runs: list[PlannedRun], teacher: model.ModelConfig, context: float) -> tuple[float, int]:

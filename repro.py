@@ -255,11 +255,11 @@ def ensure_runs(ws: Workspace, names, seeds: list[int], force: bool = False, tea
         # Done runs too: training reuses one whose config matches and refuses a stale one.
         runs = [(run_config(ws, name, seed, teacher=teacher), ws.run_dir(name, seed)) for name in with_prefixes(names)]
         together = [job for job in runs if lockstep and job[0].data_mode == "replay"]
+        alone = [job for job in runs if job not in together]
         if together:
             grow.train_together(together, force=force, ctx=ws.ctx, tracker=ws.tracker)
-        for config, run_dir in runs:
-            if (config, run_dir) not in together:
-                grow.train(config, run_dir, force=force, ctx=ws.ctx, tracker=ws.tracker)
+        for config, run_dir in alone:
+            grow.train(config, run_dir, force=force, ctx=ws.ctx, tracker=ws.tracker)
 
 
 def planned_runs(ws: Workspace, names, seed: int) -> list[plan.PlannedRun]:
@@ -574,10 +574,11 @@ def compare_with_reference(target, scale):
     path = reference.REFERENCES / f"{scale}.json"
     if not path.is_file():
         raise click.UsageError(f"no shipped reference for --scale {scale} ({path}); make one with `repro.py reference`")
-    rows = reference.compare(target, rundir.read_json(path, "curves", "final_ce", "tables", "seeds"))
+    shipped = rundir.read_json(path, "curves", "final_ce", "tables", "seeds")
+    rows = reference.compare(target, shipped)
     if not rows:
         raise click.UsageError(f"{target}: holds no run or table that {path} has numbers for")
-    table = Table(title=f"{target} against {path.name} (seeds {rundir.read_json(path)['seeds']})")
+    table = Table(title=f"{target} against {path.name} (seeds {shipped['seeds']})")
     for column in ("number", "value", "band", "within"):
         table.add_column(column)
     outside = [r for r in rows if not r["within"]]

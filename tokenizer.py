@@ -205,8 +205,13 @@ def bpe_merges(enc: Tokenizer) -> list[list[str]]:
 
 
 def _spell(token: bytes) -> str:
-    char_of_byte = {b: c for c, b in _byte_level_decoder().items()}
-    return "".join(char_of_byte[b] for b in token)
+    """A token's bytes in HF's byte-level spelling (one printable character per byte)."""
+    return "".join(_char_of_byte()[b] for b in token)
+
+
+@functools.cache
+def _char_of_byte() -> dict[int, str]:
+    return {b: c for c, b in _byte_level_decoder().items()}
 
 
 def hf_tokenizer_files(enc: Tokenizer) -> dict[str, str]:
