@@ -279,8 +279,8 @@ def paper_scaled(paper_steps: int, phase_steps: int) -> int:
 
 
 def training_losses(rows: list[dict], key: str = "loss") -> dict[int, float]:
-    """{step: value} of the training-step rows of a metrics log (evaluation rows skipped)."""
-    return {r["step"]: r[key] for r in rows if not r.get("eval")}
+    """{step: value} of the training-step rows of a metrics log (evaluation and monitor rows skipped)."""
+    return {r["step"]: r[key] for r in rows if not r.get("eval") and not r.get("monitor")}
 
 
 def loss_window(losses: dict[int, float], first: int, last: int) -> np.ndarray:
@@ -676,4 +676,29 @@ def fig_regime(points: list[dict], paper: dict, path, scale: str, seeds: list[in
         seed_text = f"seeds {', '.join(map(str, seeds))}" if len(seeds) > 1 else f"seed {seeds[0]}"
         fig.suptitle(f"regime map, {scale} scale, {seed_text}: post − pre by protocol")
         legend_below(fig, axes[0], ncols=3)
+        return save_png(fig, path)
+
+
+def fig_monitor(series: dict, path, title: str) -> Path:
+    """The boundary monitor against steps. series: {run label: [monitor rows of metrics.jsonl]}; two
+    panels, the mean and the kurtosis of per-token RMS at each internal block boundary (one colour per
+    run, one line style per boundary); runs logged without the monitor are left out."""
+    with matplotlib.rc_context(STYLE):
+        fig, (rms_ax, kurt_ax) = new_figure(ncols=2, width=4.2, height=3.4)
+        for i, (label, rows) in enumerate((k, v) for k, v in series.items() if v):
+            color = f"C{i}"
+            for b in range(1, max(len(r["boundaries"]) for r in rows)):
+                points = [(r["step"], r["boundaries"][b]) for r in rows if len(r["boundaries"]) > b]
+                style = BOUNDARY_STYLES[(b - 1) % len(BOUNDARY_STYLES)]
+                for ax, key in ((rms_ax, "mean"), (kurt_ax, "kurtosis")):
+                    xy = [(step, row[key]) for step, row in points if row[key] is not None]
+                    if xy:
+                        ax.plot(*zip(*xy), linestyle=style, color=color, linewidth=1,
+                                label=f"{label}, {points[0][1]['label']}")
+        for ax, ylabel in ((rms_ax, "mean per-token RMS"), (kurt_ax, "kurtosis of per-token RMS")):
+            ax.set_yscale("log")
+            ax.set_xlabel("step")
+            ax.set_ylabel(ylabel)
+        fig.suptitle(title)
+        legend_below(fig, rms_ax, ncols=3)
         return save_png(fig, path)

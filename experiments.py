@@ -199,7 +199,7 @@ def table_a2_numbers(ws, seed):
     out = {}
     for name in ("post-joint", "post-grow", "post-joint-long", "post-joint-longer"):
         unique, total = unique_and_total_tokens(ws, name, seed)
-        last = [r for r in metrics(ws.run_dir(name, seed)) if not r.get("eval")][-1]
+        last = [r for r in metrics(ws.run_dir(name, seed)) if not r.get("eval") and not r.get("monitor")][-1]
         if last["total_tokens"] != total:
             raise grow.TrainingError(f"{ws.run_dir(name, seed)}: its log counts {last['total_tokens']} tokens but its "
                                      f"batches hold {total}; rerun it with --force")
@@ -224,11 +224,16 @@ TABLE4_TITLES = {"pre-grow": "Pre-Grow", "post-grow": "Post-Grow", "pre-joint": 
 def table4_grid(stats: dict, n_seeds: int) -> list[str]:
     """Table 4 as the paper prints it: a row per run, ΔCE and angular distance per block; each cell
     "kit (paper)", the kit's mean over seeds."""
-    head = " | ".join(f"block {b} {m}" for m in ("ΔCE", "angle / π") for b in range(3))
-    lines = [f"| run | {head} |", "|" + " --- |" * 7]
+    blocks = sum(1 for key in stats if key.startswith("pre-grow_dce_"))  # K (the paper's 3, or a deeper student's)
+
+    def paper(name, metric, b):
+        values = diag.PAPER["table4"][name][metric]
+        return f" ({values[b]:.3f})" if b < len(values) else " (—)"
+    head = " | ".join(f"block {b} {m}" for m in ("ΔCE", "angle / π") for b in range(blocks))
+    lines = [f"| run | {head} |", "|" + " --- |" * (1 + 2 * blocks)]
     for name, title in TABLE4_TITLES.items():
-        cells = [f"{stats[f'{name}_{short}_{b}']['mean']:.3f} ({diag.PAPER['table4'][name][metric][b]:.3f})"
-                 for metric, short in (("delta_ce", "dce"), ("angular_distance", "angular")) for b in range(3)]
+        cells = [f"{stats[f'{name}_{short}_{b}']['mean']:.3f}{paper(name, metric, b)}"
+                 for metric, short in (("delta_ce", "dce"), ("angular_distance", "angular")) for b in range(blocks)]
         lines.append(f"| {title} | " + " | ".join(cells) + " |")
     return lines + ["", f"Each cell: kit{' (mean over ' + str(n_seeds) + ' seeds)' if n_seeds > 1 else ''} "
                         "(paper). Every number with its spread:", ""]
@@ -494,7 +499,8 @@ def report(ws: Workspace, name: str, seeds: list[int]) -> dict:
     md = [f"# {name} ({ws.preset.name} scale)", "", exp.about, ""]
     if exp.numbers:
         per_seed = [exp.numbers(ws, s) for s in seeds]
-        stats = {row.key: across_seeds([p[row.key] for p in per_seed]) for row in exp.rows}
+        keys = dict.fromkeys([*per_seed[0], *(row.key for row in exp.rows)])  # a deeper student has more than the rows
+        stats = {key: across_seeds([p[key] for p in per_seed]) for key in keys}
         out["rows"] = [{"label": r.label, "key": r.key, "paper": r.paper, **stats[r.key]} for r in exp.rows]
         full = ws.preset.name == "full"
         md += (exp.layout(stats, len(seeds)) if exp.layout else []) + table_markdown(exp.rows, stats, len(seeds), full)

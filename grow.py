@@ -104,6 +104,16 @@ class RunConfig:
     # `joint-long`: a fresh AdamW at each LR restart (True; the paper, B.3, says only that the schedule
     # restarts) or the moments carried over (False)
     restart_optimizer: bool = True
+    # Beyond the paper (README, "Beyond the paper"):
+    boundary: str = "none"         # model.BOUNDARIES: an intervention at the input of every block after the first
+    boundary_scale: float = 1.0    # rescale-fwd: the RMS each token is rescaled to
+    boundary_source: str = ""      # mirror-fwd: the pre-norm run folder whose phase-<p>/ gives the RMS profile
+    scratch_model: dict | None = None  # growth from scratch: the student's model.ModelConfig fields; no teacher
+    monitor_interval: int = 0      # steps between boundary-monitor rows (0: off); from the training forward
+    monitor_rms_warn: float = 20.0       # warn when a boundary's mean per-token RMS passes this
+    monitor_kurtosis_warn: float = 1000.0  # ... or its kurtosis of per-token RMS
+    phase_lrs: tuple = ()          # peak LR per phase (transition-aware schedules; empty: lr in every phase)
+    phase_warmups: tuple = ()      # warmup steps per phase (empty: warmup_frac of the phase)
 
     def __post_init__(self):
         if self.protocol not in PROTOCOLS:
@@ -113,7 +123,23 @@ class RunConfig:
         if self.post_output_gain not in model.OUTPUT_GAINS:
             raise ValueError(f"post_output_gain {self.post_output_gain!r} is unknown; choose one of "
                              f"{', '.join(model.OUTPUT_GAINS)}")
-        self.betas = tuple(self.betas)
+        if self.boundary not in model.BOUNDARIES:
+            raise ValueError(f"boundary {self.boundary!r} is unknown; choose one of {', '.join(model.BOUNDARIES)}")
+        if self.boundary == "mirror-fwd" and not self.boundary_source:
+            raise ValueError("boundary mirror-fwd needs boundary_source: the pre-norm run folder whose profile it copies")
+        if self.protocol != "teacher":
+            model.block_norms(self.norm, self.blocks)  # a known placement, or one per block
+        self.betas, self.phase_lrs, self.phase_warmups = tuple(self.betas), tuple(self.phase_lrs), tuple(self.phase_warmups)
+        phases = len(plan_phases(self))
+        for key in ("phase_lrs", "phase_warmups"):
+            values = getattr(self, key)
+            if values and (len(values) != phases or min(values) <= 0):
+                raise ValueError(f"{key} {values}: give one positive value per phase ({phases}), or none")
+
+    @property
+    def distils(self) -> bool:
+        """A student that learns from a teacher (not the teacher itself, not growth from scratch)."""
+        return self.protocol != "teacher" and self.scratch_model is None
 
     @property
     def data_mode(self) -> str:
@@ -145,24 +171,30 @@ def plan_phases(config: RunConfig) -> list[Phase]:
     return [Phase(p, p + 1, (p,) if p else (0,), p == 0 or config.freeze_trains_head, p * S, S) for p in range(K)]
 
 
-def learning_rate(config: RunConfig, step_in_phase: int) -> float:
-    """Linear warmup over warmup_frac of the phase, then cosine from lr to min_lr at the phase end."""
-    warmup = max(1, round(config.warmup_frac * config.phase_steps))
+def learning_rate(config: RunConfig, step_in_phase: int, phase: int = 0) -> float:
+    """Linear warmup over warmup_frac of the phase, then cosine from lr to min_lr at the phase end.
+    phase_lrs and phase_warmups, where given, set the peak and the warmup steps of each phase."""
+    peak = config.phase_lrs[phase] if config.phase_lrs else config.lr
+    warmup = int(config.phase_warmups[phase]) if config.phase_warmups else round(config.warmup_frac * config.phase_steps)
+    warmup = max(1, warmup)
     if step_in_phase < warmup:
-        return config.lr * (step_in_phase + 1) / warmup
+        return peak * (step_in_phase + 1) / warmup
     progress = (step_in_phase - warmup) / max(1, config.phase_steps - warmup)
-    return config.min_lr + 0.5 * (config.lr - config.min_lr) * (1 + math.cos(math.pi * progress))
+    return config.min_lr + 0.5 * (peak - config.min_lr) * (1 + math.cos(math.pi * progress))
 
 
-def trainable_parameters(net: torch.nn.Module, phase: Phase) -> list[torch.nn.Parameter]:
-    """Set requires_grad for the phase and return exactly the parameters the optimizer gets."""
+def trainable_parameters(net: torch.nn.Module, phase: Phase, train_embedding: bool = False) -> list[torch.nn.Parameter]:
+    """Set requires_grad for the phase and return exactly the parameters the optimizer gets. The
+    embedding is frozen (the paper), except in growth from scratch, where it learns with the head."""
     if isinstance(net, model.Qwen3):  # teacher pretraining: everything learns
         return list(net.requires_grad_(True).parameters())
-    net.requires_grad_(False)  # the embedding stays frozen in every phase
+    net.requires_grad_(False)
     for b in phase.trainable_blocks:
-        net.block_layers(b).requires_grad_(True)
-    net.norm.requires_grad_(phase.trains_head)
-    net.lm_head.requires_grad_(phase.trains_head)
+        for module in net.block_modules(b):
+            module.requires_grad_(True)
+    for module in (*net.boundary_modules(), net.lm_head):
+        module.requires_grad_(phase.trains_head)
+    net.embed_tokens.requires_grad_(train_embedding and phase.trains_head)
     return [p for p in net.parameters() if p.requires_grad]
 
 
@@ -370,8 +402,8 @@ def load_teacher(config: RunConfig, ctx: Dist) -> Teacher:
 
 
 def build_model(config: RunConfig, teacher: Teacher | None, ctx: Dist) -> torch.nn.Module:
-    """The model a run trains: a student built from the teacher, or (the `teacher` protocol) a Qwen3
-    initialised from the seed."""
+    """The model a run trains: a student built from the teacher (or from the seed alone, growth from
+    scratch), or (the `teacher` protocol) a Qwen3 initialised from the seed."""
     dtype = precision_of(config, ctx)
     if config.protocol == "teacher":
         with torch.device("meta"):
@@ -381,10 +413,16 @@ def build_model(config: RunConfig, teacher: Teacher | None, ctx: Dist) -> torch.
             shard(net)
         net.to_empty(device=ctx.device)
         net.init_weights(config.seed)
+    elif config.scratch_model is not None:
+        net = model.Student.from_scratch(model.ModelConfig(**config.scratch_model), config.blocks,
+                                         config.layers_per_block, config.norm, config.seed,
+                                         shard_fn=shard_fn(ctx, dtype, shard_root=True), device=ctx.device,
+                                         boundary=config.boundary, boundary_scale=config.boundary_scale)
     else:
         net = model.Student.from_teacher(teacher.net, config.blocks, config.layers_per_block, config.norm,
                                          config.seed, shard_fn=shard_fn(ctx, dtype, shard_root=True),
-                                         output_gain=config.post_output_gain)
+                                         output_gain=config.post_output_gain, boundary=config.boundary,
+                                         boundary_scale=config.boundary_scale)
     net.checkpoint_layers = config.activation_checkpointing
     if config.compile:
         compile_layers(net)
@@ -411,9 +449,10 @@ def hidden_only(hidden, head_weight):
 
 def loss_fn(config, batch, teacher_hidden, teacher_head_weight, phase, denominator, net):
     """One micro-batch through the model with the chunked loss as its output function: KD against the
-    teacher's hidden states, or plain CE where there are none (teacher pretraining)."""
+    teacher's hidden states, or plain CE where there are none (teacher pretraining, growth from scratch)."""
     if teacher_hidden is None:
-        loss, ce_term = net(batch.input_ids, output_fn=partial(
+        blocks = {"active_blocks": phase.active_blocks} if isinstance(net, model.Student) else {}
+        loss, ce_term = net(batch.input_ids, **blocks, output_fn=partial(
             kd.ce_loss, targets=batch.targets, mask=batch.mask, chunk_size=config.loss_chunk,
             denominator=denominator))
         return loss, torch.zeros(()), ce_term
@@ -437,9 +476,10 @@ def evaluate(config: RunConfig, net, teacher: Teacher | None, val: data.Shard, a
         batch = batch.to(ctx.device)
         with autocast(config, ctx):
             if teacher is None:
-                s = net(batch.input_ids, output_fn=partial(kd.kd_sums, teacher_hidden=None, teacher_head_weight=None,
-                                                           targets=batch.targets, mask=batch.mask,
-                                                           chunk_size=config.loss_chunk))
+                blocks = {"active_blocks": active_blocks} if isinstance(net, model.Student) else {}
+                s = net(batch.input_ids, **blocks, output_fn=partial(
+                    kd.kd_sums, teacher_hidden=None, teacher_head_weight=None, targets=batch.targets,
+                    mask=batch.mask, chunk_size=config.loss_chunk))
             else:
                 teacher_hidden = teacher.hidden(batch.input_ids, key=(str(val.path), config.eval_batch, i))
                 s = net(batch.input_ids, active_blocks=active_blocks, output_fn=partial(
@@ -502,8 +542,9 @@ class Run:
                     f"phase(s) x {config.phase_steps} steps, {ctx.world} rank(s) on {ctx.device.type}, precision "
                     f"{precision_choice(config.precision, ctx.device, ctx.world)[1]}; resolved config in "
                     f"{run_dir / 'config.json'}")
-        self.teacher = teacher if config.protocol != "teacher" else None
+        self.teacher = teacher if config.distils else None
         self.net = build_model(config, self.teacher, ctx)
+        self.monitor_row, self.warned = None, set()
         # Sizes are checked on open; the sha256 of the whole shard (tens of GB at full scale) is checked
         # once by data.prepare, not again by every run on every rank.
         train_shard = data.Shard(config.train_data, verify=False)
@@ -550,6 +591,32 @@ class Run:
         finally:
             self.rng = torch.get_rng_state()
 
+    def attach_profile(self, phase: Phase):
+        """mirror-fwd: the reference pre-norm run's phase-<p>/ (the same phase) gives, per batch, each
+        token's RMS at the boundaries this phase's appended blocks read."""
+        if phase.active_blocks < 2:
+            return
+        path = Path(self.config.boundary_source) / f"phase-{phase.index}"
+        if not (path / "model.safetensors").is_file():
+            raise TrainingError(f"{path}: missing; a mirror-fwd run copies the boundary profile of "
+                                f"{self.config.boundary_source}, so finish that run first")
+        self.net.profile_source = BoundaryProfile(model.Student.load(path, device=self.ctx.device).eval())
+
+    def monitor_due(self) -> bool:
+        """The step about to be taken writes a boundary-monitor row."""
+        interval = self.config.monitor_interval
+        return bool(interval) and (self.step + 1) % interval == 0 and isinstance(self.net, model.Student)
+
+    def warn_boundaries(self, step: int, rows: list[dict]):
+        """One line the first time a boundary passes a threshold (per boundary and statistic)."""
+        for row in rows[1:]:
+            for key, limit in (("mean", self.config.monitor_rms_warn), ("kurtosis", self.config.monitor_kurtosis_warn)):
+                if row[key] is not None and row[key] > limit and (row["boundary"], key) not in self.warned:
+                    self.warned.add((row["boundary"], key))
+                    name = "mean per-token RMS" if key == "mean" else "kurtosis of per-token RMS"
+                    print0(self.ctx, f"{self.config.name}: warning: step {step}: {row['label']}: {name} {row[key]:.4g} "
+                                     f"passed the monitor's threshold {limit:g}")
+
     def keeps_optimizer(self) -> bool:
         """A joint-long run with restart_optimizer off carries AdamW's moments across LR restarts."""
         return self.config.protocol == "joint-long" and not self.config.restart_optimizer
@@ -559,7 +626,8 @@ class Run:
         phases), and the phase's start evaluation."""
         config, ctx = self.config, self.ctx
         continuing = self.phase is not None and self.keeps_optimizer()
-        self.phase, self.params = phase, trainable_parameters(self.net, phase)
+        self.phase = phase
+        self.params = trainable_parameters(self.net, phase, train_embedding=config.scratch_model is not None)
         if not continuing:
             self.optimizer = build_optimizer(config, self.params)
         at_start = self.step == phase.first_step and not self.keeps_optimizer()
@@ -568,8 +636,10 @@ class Run:
         self.resume = None
         if self.step == phase.first_step and config.reset_data_each_phase:
             self.batcher.reset()
-        layers = phase.active_blocks * config.layers_per_block if self.teacher else len(self.net.layers)
-        self.active_layers = layers
+        if config.boundary == "mirror-fwd":
+            self.attach_profile(phase)
+        student = isinstance(self.net, model.Student)
+        self.active_layers = phase.active_blocks * config.layers_per_block if student else len(self.net.layers)
         print0(ctx, f"{config.name}: phase {phase.index}: active blocks {phase.active_blocks}, trainable blocks "
                     f"{list(phase.trainable_blocks)}, {sum(p.numel() for p in self.params):,} trainable parameters, "
                     f"steps {phase.first_step + 1}..{phase.first_step + phase.steps}, {config.global_batch} "
@@ -588,7 +658,7 @@ class Run:
             phase = next(p for p in self.phases if self.step < p.first_step + p.steps)
             if phase is not self.phase:
                 self.begin_phase(phase)
-            self.lr = learning_rate(self.config, self.step - phase.first_step)
+            self.lr = learning_rate(self.config, self.step - phase.first_step, phase.index)
             for group in self.optimizer.param_groups:
                 group["lr"] = self.lr
             self.batch, self.sums = next(self.batcher), [0.0, 0.0, 0.0]
@@ -598,16 +668,21 @@ class Run:
         """Runs whose keys are equal read the same micro-batches: one teacher pass serves them all."""
         c = self.config
         ids = self.batcher.global_doc_ids(self.batch.step)
-        return c.train_data, c.micro_batch, c.global_batch, ids.tobytes()
+        return c.train_data, c.micro_batch, c.global_batch, ids.tobytes(), self.teacher is not None
 
     def accumulate(self, micro: data.Batch, teacher_hidden: torch.Tensor | None):
         """Forward and backward of one micro-batch; gradients add up until end_step."""
         config, ctx = self.config, self.ctx
+        monitoring = self.monitor_due() and not any(self.sums)  # the step's first micro-batch
         with self.own_rng():
+            self.net.capture_boundaries = monitoring
             with autocast(config, ctx):
                 loss, kd_term, ce_term = loss_fn(config, micro, teacher_hidden,
                                                  self.teacher.head_weight if self.teacher else None, self.phase,
                                                  self.batch.global_targets, self.net)
+            if monitoring:
+                self.monitor_row = monitor_row(self.net.captured, micro.mask)
+                self.net.capture_boundaries, self.net.captured = False, None
             # Each rank's loss is already divided by the global target count; FSDP2 averages gradients
             # over ranks, so scale by the world size to get the gradient of the global mean.
             (loss * ctx.world).backward()
@@ -639,6 +714,10 @@ class Run:
         elapsed = time.time() - self.started
         self.log.write({"step": step, "phase": phase.index, "loss": loss, "kd": kd_sum, "ce": ce_sum, "lr": self.lr,
                         "grad_norm": grad_norm, "tokens": tokens, **totals, "time": elapsed})
+        if self.monitor_row is not None:
+            self.log.write({"step": step, "phase": phase.index, "monitor": True, "boundaries": self.monitor_row})
+            self.warn_boundaries(step, self.monitor_row)
+            self.monitor_row = None
         kill_point("stepped", config.name, step)
         tok_s = totals["total_tokens"] / max(elapsed, 1e-9)
         if self.progress:
@@ -682,6 +761,38 @@ class Run:
         self.state, self.net, self.optimizer, self.params = state, None, None, None
 
 
+class BoundaryProfile:
+    """mirror-fwd's target: a frozen reference student's per-token RMS at each block boundary, on the
+    batch being run (a plain object, so the reference is never part of the trained model)."""
+
+    def __init__(self, reference: model.Student):
+        self.reference = reference
+
+    @torch.no_grad()
+    def __call__(self, input_ids: torch.Tensor, active_blocks: int) -> dict:
+        _, bounds = self.reference(input_ids, active_blocks=active_blocks - 1, output_fn=hidden_only,
+                                   return_boundaries=True)
+        return {b: bounds[b].float().pow(2).mean(-1, keepdim=True).sqrt() for b in range(1, active_blocks)}
+
+
+def monitor_row(boundaries: list[torch.Tensor], mask: torch.Tensor) -> list[dict]:
+    """The boundary monitor's numbers from one training forward: per boundary, the mean, std and Pearson
+    kurtosis of per-token RMS over real tokens, and the document-boundary token's (position 0) mean RMS
+    over that of all other real tokens (delimiters included: the monitor decodes nothing), with
+    diag.boundary_stats's conventions."""
+    import diag  # diag imports this module
+    rows = []
+    for b, h in enumerate(boundaries):
+        rms = diag.token_rms(h, mask)
+        first = diag.token_rms(h[:, :1], mask[:, :1])
+        others = diag.token_rms(h[:, 1:], mask[:, 1:])
+        ratio = first.mean().item() / others.mean().item() if first.numel() and others.numel() else None
+        stats = diag.summarize(rms)
+        rows.append({"boundary": b, "label": diag.boundary_label(b), "mean": stats["mean"], "std": stats["std"],
+                     "kurtosis": stats["kurtosis"], "boundary_over_others": ratio})
+    return rows
+
+
 # ----------------------------------------------------------------------------------------------
 # Training: one run, or several in lockstep
 
@@ -708,7 +819,7 @@ def train_together(jobs: list[tuple[RunConfig, Path]], force: bool = False, ctx:
     for run in runs:
         run.prepare(force)
     todo = [run for run in runs if run.state == "new"]
-    distilled = [run.config for run in todo if run.config.protocol != "teacher"]
+    distilled = [run.config for run in todo if run.config.distils]
     if len({(c.teacher, c.precision) for c in distilled}) > 1:
         raise TrainingError("runs trained together must distil from one teacher at one precision; train them apart")
     if distilled and teacher is None:

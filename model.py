@@ -116,7 +116,7 @@ def apply_rope(x, cos, signed_sin):
 class Attention(nn.Module):
     """Grouped-query attention with per-head RMSNorm on q and k before RoPE (Qwen3)."""
 
-    def __init__(self, config: ModelConfig):
+    def __init__(self, config: ModelConfig, v_norm: bool = False):
         super().__init__()
         self.n_heads, self.n_kv, self.head_dim = config.num_attention_heads, config.num_key_value_heads, config.head_dim
         self.q_proj = nn.Linear(config.hidden_size, self.n_heads * self.head_dim, bias=False)
@@ -125,12 +125,20 @@ class Attention(nn.Module):
         self.o_proj = nn.Linear(self.n_heads * self.head_dim, config.hidden_size, bias=False)
         self.q_norm = RMSNorm(self.head_dim, config.rms_norm_eps)
         self.k_norm = RMSNorm(self.head_dim, config.rms_norm_eps)
+        self.v_norm = RMSNorm(self.head_dim, config.rms_norm_eps) if v_norm else None  # HybridNorm's
 
-    def forward(self, x, cos, sin):
+    def project(self, x):
+        """q and k (normalised per head) and v, each (B, heads, T, hd), before RoPE."""
         B, T, _ = x.shape
         q = self.q_norm(self.q_proj(x).view(B, T, self.n_heads, self.head_dim)).transpose(1, 2)  # (B, nh, T, hd)
         k = self.k_norm(self.k_proj(x).view(B, T, self.n_kv, self.head_dim)).transpose(1, 2)     # (B, nkv, T, hd)
-        v = self.v_proj(x).view(B, T, self.n_kv, self.head_dim).transpose(1, 2)                  # (B, nkv, T, hd)
+        v = self.v_proj(x).view(B, T, self.n_kv, self.head_dim)
+        v = (v if self.v_norm is None else self.v_norm(v)).transpose(1, 2)                      # (B, nkv, T, hd)
+        return q, k, v
+
+    def forward(self, x, cos, sin):
+        B, T, _ = x.shape
+        q, k, v = self.project(x)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         # NOTE: is_causal keeps SDPA on its fused path; right padding needs no mask (padding comes last).
         y = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=self.n_kv != self.n_heads)
@@ -149,8 +157,9 @@ class MLP(nn.Module):
 
 
 # ----------------------------------------------------------------------------------------------
-# Norm placements. A placement is a layer forward plus where the model's single boundary norm sits.
-# Add a placement by adding an entry to PLACEMENTS; every layer owns exactly two RMSNorms.
+# Norm placements. A placement is a layer forward, the RMSNorms a layer owns, and whether the student
+# normalises the embeddings before block 0 (entry) and the stream before the LM head (final). Add a
+# placement by adding an entry to PLACEMENTS; the README writes each one's equations out.
 
 def pre_norm_layer(layer, h, cos, sin):
     h = layer.self_attn(layer.attn_norm(h), cos, sin) + h
@@ -162,15 +171,60 @@ def post_norm_layer(layer, h, cos, sin):
     return layer.mlp_norm(layer.mlp(h) + h)
 
 
+def sandwich_layer(layer, h, cos, sin):
+    """Sandwich-LN (Ding et al. 2021) and Peri-LN (Kim et al. 2025): each sub-layer's input and output
+    normalised, the residual stream itself never."""
+    h = layer.attn_out_norm(layer.self_attn(layer.attn_norm(h), cos, sin)) + h
+    return layer.mlp_out_norm(layer.mlp(layer.mlp_norm(h))) + h
+
+
+def hybrid_layer(layer, h, cos, sin):
+    """HybridNorm (Zhuo et al. 2025): attention on the raw stream with q, k and v normalised (inside
+    self_attn), then a post-norm FFN."""
+    h = layer.self_attn(h, cos, sin) + h
+    return layer.mlp_norm(layer.mlp(h) + h)
+
+
+def deepnorm_layer(layer, h, cos, sin):
+    """DeepNorm (Wang et al. 2024): post-norm with the residual up-weighted by alpha."""
+    h = layer.attn_norm(layer.residual_scale * h + layer.self_attn(h, cos, sin))
+    return layer.mlp_norm(layer.residual_scale * h + layer.mlp(h))
+
+
+def deepnet_alpha(layers: int) -> float:
+    """DeepNet's decoder-only residual scale for N layers: (2N)^(1/4)."""
+    return (2 * layers) ** 0.25
+
+
+def deepnet_beta(layers: int) -> float:
+    """DeepNet's decoder-only init gain for N layers: (8N)^(-1/4), on v, o and the FFN's weights."""
+    return (8 * layers) ** -0.25
+
+
 @dataclass(frozen=True)
 class Placement:
     layer_forward: Callable
-    boundary_norm: str  # "final": before the LM head; "entry": after the embedding, before block 0
+    entry_norm: bool               # an RMSNorm on the embeddings before block 0
+    final_norm: bool               # an RMSNorm before the LM head (after the last active block)
+    layer_norms: tuple[str, ...] = ("attn_norm", "mlp_norm")  # hidden-size RMSNorms each layer owns
+    v_norm: bool = False           # a per-head RMSNorm on attention values (Qwen3 already has q's and k's)
+    deepnet: bool = False          # DeepNet's alpha on the residual and beta on the init
+
+    @property
+    def boundary_norm(self) -> str:
+        """The paper's two placements have one boundary norm: "final" (pre) or "entry" (post)."""
+        return "final" if self.final_norm else "entry"
 
 
+SUBLAYER_NORMS = ("attn_norm", "attn_out_norm", "mlp_norm", "mlp_out_norm")
 PLACEMENTS = {
-    "pre": Placement(pre_norm_layer, boundary_norm="final"),
-    "post": Placement(post_norm_layer, boundary_norm="entry"),
+    "pre": Placement(pre_norm_layer, entry_norm=False, final_norm=True),
+    "post": Placement(post_norm_layer, entry_norm=True, final_norm=False),
+    "sandwich": Placement(sandwich_layer, entry_norm=False, final_norm=True, layer_norms=SUBLAYER_NORMS),
+    "peri": Placement(sandwich_layer, entry_norm=True, final_norm=True, layer_norms=SUBLAYER_NORMS),
+    "hybrid": Placement(hybrid_layer, entry_norm=True, final_norm=False, layer_norms=("mlp_norm",), v_norm=True),
+    "deepnorm": Placement(deepnorm_layer, entry_norm=True, final_norm=False,
+                          deepnet=True),
 }
 
 
@@ -180,14 +234,29 @@ def placement(norm: str) -> Placement:
     return PLACEMENTS[norm]
 
 
+def block_norms(norm: str, blocks: int) -> tuple[str, ...]:
+    """The placement of each block: one name for all ("post"), or one per block ("pre,post,post": a
+    block's placement is chosen at the phase that appends it)."""
+    names = tuple(n.strip() for n in norm.split(","))
+    if len(names) == 1:
+        names *= blocks
+    if len(names) != blocks:
+        raise ValueError(f"norm schedule {norm!r} names {len(names)} placements for {blocks} blocks; give one "
+                         "placement, or one per block separated by commas")
+    for name in names:
+        placement(name)
+    return names
+
+
 class DecoderLayer(nn.Module):
     def __init__(self, config: ModelConfig, norm: str = "pre"):
         super().__init__()
         self.placement = placement(norm)
-        self.self_attn = Attention(config)
+        self.self_attn = Attention(config, v_norm=self.placement.v_norm)
         self.mlp = MLP(config)
-        self.attn_norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.mlp_norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        for name in self.placement.layer_norms:
+            setattr(self, name, RMSNorm(config.hidden_size, config.rms_norm_eps))
+        self.residual_scale = 1.0  # DeepNorm's alpha, set by the student for its depth
 
     def forward(self, h, cos, sin):
         return self.placement.layer_forward(self, h, cos, sin)
@@ -261,25 +330,65 @@ class Qwen3(nn.Module):
 
 
 # ----------------------------------------------------------------------------------------------
-# Student: K blocks of L layers, one boundary norm, frozen embedding, trainable head
+# Student: K blocks of L layers, its boundary norms, frozen embedding, trainable head
 
 OUTPUT_GAINS = ("ones", "teacher")  # Student.from_teacher's output_gain
+# Interventions at the input of every block after the first (the block boundaries a grow run appends at):
+# "norm": a trainable RMSNorm on the stream (forward and backward change); "rescale-fwd": each token's
+# stream rescaled to RMS `boundary_scale` in the forward pass only, the backward pass treating it as the
+# identity; "mirror-fwd": the same, to each token's RMS in a reference run (profile_source).
+BOUNDARIES = ("none", "norm", "rescale-fwd", "mirror-fwd")
+
+
+class StraightThroughRescale(torch.autograd.Function):
+    """Forward: h scaled per token to RMS `target` (a number, or (B, T, 1)). Backward: the identity,
+    so gradients reach h as if nothing were there (their values still differ from an untouched run's,
+    because everything downstream saw the rescaled stream)."""
+
+    @staticmethod
+    def forward(ctx, h, target):
+        rms = h.float().pow(2).mean(-1, keepdim=True).sqrt().clamp_min(1e-12)
+        return (h.float() * (target / rms)).to(h.dtype)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad, None
+
+
+def rescale_forward_only(h: torch.Tensor, target) -> torch.Tensor:
+    return StraightThroughRescale.apply(h, target)
 
 
 class Student(nn.Module):
-    def __init__(self, config: ModelConfig, blocks: int, layers_per_block: int, norm: str):
+    def __init__(self, config: ModelConfig, blocks: int, layers_per_block: int, norm: str, boundary: str = "none",
+                 boundary_scale: float = 1.0):
         super().__init__()
         if blocks < 1 or layers_per_block < 1:
             raise ValueError(f"blocks ({blocks}) and layers_per_block ({layers_per_block}) must be at least 1")
+        if boundary not in BOUNDARIES:
+            raise ValueError(f"boundary intervention {boundary!r} is unknown; choose one of {', '.join(BOUNDARIES)}")
         self.config = ModelConfig(**{**asdict(config), "num_hidden_layers": blocks * layers_per_block,
                                      "tie_word_embeddings": False})
         self.blocks, self.layers_per_block, self.norm_placement = blocks, layers_per_block, norm
-        self.placement = placement(norm)
+        names = block_norms(norm, blocks)
+        self.placements = [placement(n) for n in names]
+        self.boundary, self.boundary_scale = boundary, boundary_scale
+        self.profile_source: Callable | None = None  # mirror-fwd: input_ids -> {block: (B, T, 1) target RMS}
+        self.capture_boundaries, self.captured = False, None  # the boundary monitor's view of a forward
         self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
         self.embed_tokens.weight.requires_grad_(False)  # the paper freezes the copied embedding
         # Flat list of layers (one FSDP unit each); block b is layers[b*L:(b+1)*L].
-        self.layers = nn.ModuleList(DecoderLayer(config, norm) for _ in range(blocks * layers_per_block))
-        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)  # final (pre) or entry (post)
+        self.layers = nn.ModuleList(DecoderLayer(config, names[i // layers_per_block])
+                                    for i in range(blocks * layers_per_block))
+        for layer in self.layers:
+            layer.residual_scale = deepnet_alpha(len(self.layers)) if layer.placement.deepnet else 1.0
+        # `norm` is the final norm where any block needs one, else the entry norm (the paper's two
+        # placements have exactly one); `entry_norm` exists only where both are needed.
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        both = self.placements[0].entry_norm and any(p.final_norm for p in self.placements)
+        self.entry_norm = RMSNorm(config.hidden_size, config.rms_norm_eps) if both else None
+        self.boundary_norms = nn.ModuleList(RMSNorm(config.hidden_size, config.rms_norm_eps)
+                                            for _ in range(blocks - 1)) if boundary == "norm" else None
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         self.checkpoint_layers = False
 
@@ -287,18 +396,50 @@ class Student(nn.Module):
     def head_weight(self):
         return self.lm_head.weight
 
+    @property
+    def placement(self) -> Placement:
+        """The placement of block 0 (the only one unless the norm is a per-block schedule)."""
+        return self.placements[0]
+
     def block_layers(self, b: int) -> nn.ModuleList:
         return self.layers[b * self.layers_per_block:(b + 1) * self.layers_per_block]
+
+    def block_modules(self, b: int) -> list[nn.Module]:
+        """What belongs to block b and trains with it: its layers and the boundary norm at its input."""
+        return [self.block_layers(b)] + ([self.boundary_norms[b - 1]] if self.boundary_norms and b else [])
+
+    def boundary_modules(self) -> list[nn.Module]:
+        """The entry and final norms (they train with the head)."""
+        return [self.norm] + ([self.entry_norm] if self.entry_norm is not None else [])
+
+    def entry_module(self) -> nn.Module | None:
+        if not self.placements[0].entry_norm:
+            return None
+        return self.entry_norm if self.entry_norm is not None else self.norm
+
+    def final_module(self, active_blocks: int) -> nn.Module | None:
+        return self.norm if self.placements[active_blocks - 1].final_norm else None
 
     def init_weights(self, seed: int):
         """Decoder layers only (embedding, boundary norm and head come from the teacher): every
         Linear ~ N(0, initializer_range), every RMSNorm = 1, all K blocks at once from `seed`, so
-        pre and post, joint and grow students of one seed start from identical decoder weights."""
+        pre and post, joint and grow students of one seed start from identical decoder weights.
+        DeepNorm layers then scale v, o and the FFN's weights by DeepNet's beta."""
         init_qwen3_weights(self.layers, self.config.initializer_range, torch.Generator().manual_seed(seed))
+        beta = deepnet_beta(len(self.layers))
+        with torch.no_grad():
+            for layer in self.layers:
+                if layer.placement.deepnet:
+                    for linear in (layer.self_attn.v_proj, layer.self_attn.o_proj, layer.mlp.gate_proj,
+                                   layer.mlp.up_proj, layer.mlp.down_proj):
+                        linear.weight.mul_(beta)
+            for norm in self.boundary_norms or []:
+                norm.weight.fill_(1.0)
 
     @classmethod
     def from_teacher(cls, teacher: Qwen3, blocks: int, layers_per_block: int, norm: str, seed: int,
-                     dtype=torch.float32, shard_fn: Callable | None = None, output_gain: str = "ones") -> "Student":
+                     dtype=torch.float32, shard_fn: Callable | None = None, output_gain: str = "ones",
+                     boundary: str = "none", boundary_scale: float = 1.0) -> "Student":
         """Built on the meta device; `shard_fn` (e.g. FSDP2's fully_shard per layer) runs before any
         memory is allocated, so each rank only ever holds its own slice.
 
@@ -309,20 +450,52 @@ class Student(nn.Module):
         phase; blocks that were trained before keep their trained gains."""
         if output_gain not in OUTPUT_GAINS:
             raise ValueError(f"output_gain {output_gain!r} is unknown; choose one of {', '.join(OUTPUT_GAINS)}")
-        with torch.device("meta"):
-            student = cls(teacher.config, blocks, layers_per_block, norm).to(dtype)
-        if shard_fn is not None:
-            shard_fn(student)
+        student = cls.on_meta(teacher.config, blocks, layers_per_block, norm, dtype, shard_fn, boundary, boundary_scale)
         student.to_empty(device=teacher.embed_tokens.weight.device)
         student.init_weights(seed)
         with torch.no_grad():
             fill_parameter(student.embed_tokens.weight, full_tensor(teacher.embed_tokens.weight))
-            fill_parameter(student.norm.weight, full_tensor(teacher.norm.weight))  # both placements
+            for boundary_norm in student.boundary_modules():  # entry and final norms alike
+                fill_parameter(boundary_norm.weight, full_tensor(teacher.norm.weight))
             fill_parameter(student.lm_head.weight, full_tensor(teacher.head_weight))  # own copy, even if tied
-            if output_gain == "teacher" and student.placement.boundary_norm == "entry":
+            if output_gain == "teacher":
                 for b in range(blocks):
-                    fill_parameter(student.block_layers(b)[-1].mlp_norm.weight, full_tensor(teacher.norm.weight))
+                    last = student.block_layers(b)[-1]
+                    if not student.placements[b].final_norm and hasattr(last, "mlp_norm"):
+                        fill_parameter(last.mlp_norm.weight, full_tensor(teacher.norm.weight))
         return student
+
+    @classmethod
+    def from_scratch(cls, config: ModelConfig, blocks: int, layers_per_block: int, norm: str, seed: int,
+                     dtype=torch.float32, shard_fn: Callable | None = None, device="cpu",
+                     boundary: str = "none", boundary_scale: float = 1.0) -> "Student":
+        """No teacher: every weight from `seed` (Qwen3's init: Linear and embedding ~ N(0, std), norms 1),
+        the decoder layers exactly as from_teacher draws them; the embedding trains."""
+        student = cls.on_meta(config, blocks, layers_per_block, norm, dtype, shard_fn, boundary, boundary_scale)
+        student.to_empty(device=device)
+        student.init_weights(seed)
+        generator = torch.Generator().manual_seed(seed + 1)  # the layers' own draws stay from_teacher's
+        with torch.no_grad():
+            for module in (student.embed_tokens, student.lm_head, *student.boundary_modules()):
+                init_qwen3_weights(module, config.initializer_range, generator)
+        student.embed_tokens.weight.requires_grad_(True)
+        return student
+
+    @classmethod
+    def on_meta(cls, config, blocks, layers_per_block, norm, dtype, shard_fn, boundary, boundary_scale) -> "Student":
+        with torch.device("meta"):
+            student = cls(config, blocks, layers_per_block, norm, boundary, boundary_scale).to(dtype)
+        if shard_fn is not None:
+            shard_fn(student)
+        return student
+
+    def enter_block(self, b: int, h: torch.Tensor, profile: dict | None) -> torch.Tensor:
+        """The boundary intervention at the input of block b >= 1 (none: h itself)."""
+        if b == 0 or self.boundary == "none":
+            return h
+        if self.boundary == "norm":
+            return self.boundary_norms[b - 1](h)
+        return rescale_forward_only(h, self.boundary_scale if self.boundary == "rescale-fwd" else profile[b])
 
     def forward(self, input_ids, active_blocks: int | None = None, skip_block: int | None = None,
                 output_fn: Callable = logits_output, return_boundaries: bool = False):
@@ -333,26 +506,38 @@ class Student(nn.Module):
         active_blocks = self.blocks if active_blocks is None else active_blocks
         if not 1 <= active_blocks <= self.blocks:
             raise ValueError(f"active_blocks={active_blocks} must be in 1..{self.blocks}")
+        profile = None
+        if self.boundary == "mirror-fwd" and active_blocks > 1:
+            if self.profile_source is None:
+                raise ValueError("a mirror-fwd student needs its reference run's boundary profile "
+                                 "(profile_source) to run more than one block")
+            profile = self.profile_source(input_ids, active_blocks)
         h = self.embed_tokens(input_ids)                                         # (B, T, H)
         cos, sin = rope_cos_sin(self.config, input_ids.shape[1], input_ids.device)
-        if self.placement.boundary_norm == "entry":
-            h = self.norm(h)
+        entry = self.entry_module()
+        if entry is not None:
+            h = entry(h)
         boundaries = [h]
         for b in range(active_blocks):
             if b != skip_block:
+                h = self.enter_block(b, h, profile)
                 for layer in self.block_layers(b):
                     h = run_layer(layer, h, cos, sin, self.checkpoint_layers)
             boundaries.append(h)
-        if self.placement.boundary_norm == "final":
-            h = self.norm(h)
+        if self.capture_boundaries:
+            self.captured = [x.detach() for x in boundaries]
+        final = self.final_module(active_blocks)
+        if final is not None:
+            h = final(h)
         out = output_fn(h, self.head_weight)
         return (out, boundaries) if return_boundaries else out
 
     def checkpoint_config(self) -> dict:
         """config.json of a student checkpoint: the HF fields plus the student's shape."""
-        return {**self.config.to_hf(), "architectures": ["NormgrowStudent"],
-                "normgrow_student": {"blocks": self.blocks, "layers_per_block": self.layers_per_block,
-                                     "norm": self.norm_placement}}
+        shape = {"blocks": self.blocks, "layers_per_block": self.layers_per_block, "norm": self.norm_placement}
+        if self.boundary != "none":
+            shape.update(boundary=self.boundary, boundary_scale=self.boundary_scale)
+        return {**self.config.to_hf(), "architectures": ["NormgrowStudent"], "normgrow_student": shape}
 
     def save(self, path, state: dict | None = None):
         """config.json and model.safetensors; `state` replaces state_dict() (e.g. gathered shards)."""
@@ -368,7 +553,8 @@ class Student(nn.Module):
                                   "use model.load_qwen3 for a plain Qwen3 checkpoint")
         with torch.device("meta"):
             student = cls(ModelConfig.from_hf(hf, str(path / "config.json")), shape["blocks"],
-                          shape["layers_per_block"], shape["norm"])
+                          shape["layers_per_block"], shape["norm"], shape.get("boundary", "none"),
+                          shape.get("boundary_scale", 1.0))
         load_tensors(student, path, dtype, device, name_in_file=lambda name: name)
         student.embed_tokens.weight.requires_grad_(False)
         return student
@@ -533,8 +719,10 @@ EXPORT_MARKER = "normgrow-export.json"  # in every folder export_hf writes: only
 def export_hf(student: Student, path, source: str = "", extra_files: dict[str, str] | None = None):
     """A pre-norm student is exactly a Qwen3 with K*L layers: write it as one transformers loads, with
     `extra_files` (name -> text: the tokenizer's files, generation_config.json) beside it."""
-    if student.norm_placement != "pre":
-        raise ValueError(f"only pre-norm students are Qwen3 models; this one is {student.norm_placement!r}-norm")
+    if student.norm_placement != "pre" or student.boundary != "none":
+        extra = f" with {student.boundary!r} boundaries" if student.boundary != "none" else ""
+        raise ValueError(f"only pre-norm students without boundary interventions are Qwen3 models; this one is "
+                         f"{student.norm_placement!r}-norm{extra}")
     state = {hf_name(k): v for k, v in student.state_dict().items()}
     write_checkpoint(path, student.config.to_hf(), state,
                      extra_files={**(extra_files or {}), EXPORT_MARKER: json.dumps({"exported_from": source}) + "\n"})

@@ -20,7 +20,10 @@ import model
 PAPER_RUN = dict(  # the paper's Table A1 and its setup (Sections 3-4, Appendix C)
     seed=42, blocks=3, layers_per_block=3, phase_steps=50_000, global_batch=64, lr=1e-4, min_lr=1e-6,
     warmup_frac=0.015, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.0, grad_clip=0.5,
-    alpha=0.7, gamma=0.3, tau=1.0, eval_interval=2000)
+    alpha=0.7, gamma=0.3, tau=1.0, eval_interval=2000,
+    # The boundary monitor (not the paper's): a row every eval_interval / 5 steps; warnings at the
+    # thresholds the paper's follow-up ideas name (per-token RMS > 20, kurtosis > 1000).
+    monitor_interval=400, monitor_rms_warn=20.0, monitor_kurtosis_warn=1000.0)
 
 
 @dataclass(frozen=True)
@@ -43,7 +46,7 @@ PRESETS = {
         "smoke", "every experiment end to end in a few minutes on 2 CPU cores; numbers meaningless",
         data=dict(source="toy", vocab_size=512, max_len=32, val_docs=16),
         run={**PAPER_RUN, "layers_per_block": 1, "phase_steps": 8, "global_batch": 4, "micro_batch": 2,
-             "lr": 3e-3, "min_lr": 3e-5, "warmup_frac": 0.125, "eval_interval": 4, "eval_batch": 8,
+             "lr": 3e-3, "min_lr": 3e-5, "warmup_frac": 0.125, "eval_interval": 4, "monitor_interval": 2, "eval_batch": 8,
              "loss_chunk": 256, "checkpoint_interval": 4, "snapshot_interval": 4, "precision": "fp32"},
         teacher_model=dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
                            num_key_value_heads=2, head_dim=8, tie_word_embeddings=True, rope_theta=10_000.0),
@@ -60,7 +63,7 @@ PRESETS = {
         "toy", "offline on a laptop CPU: the kit pretrains a 12-layer teacher on State of the Union paragraphs",
         data=dict(source="toy", vocab_size=4096, max_len=128, val_docs=200, all_documents=True),
         run={**PAPER_RUN, "layers_per_block": 1, "phase_steps": 250, "global_batch": 16, "micro_batch": 16,
-             "lr": 3e-3, "min_lr": 3e-5, "warmup_frac": 0.1, "eval_interval": 125, "eval_batch": 50,
+             "lr": 3e-3, "min_lr": 3e-5, "warmup_frac": 0.1, "eval_interval": 125, "monitor_interval": 25, "eval_batch": 50,
              "loss_chunk": 2048, "checkpoint_interval": 50, "snapshot_interval": 125, "precision": "auto"},
         teacher_model=dict(hidden_size=128, intermediate_size=384, num_hidden_layers=12, num_attention_heads=4,
                            num_key_value_heads=2, head_dim=32, tie_word_embeddings=True, rope_theta=10_000.0),
@@ -71,8 +74,8 @@ PRESETS = {
         "small", "one GPU: Qwen3-0.6B-Base teacher (tied embeddings) and FineWeb-Edu",
         data=dict(source="fineweb-edu", vocab_size=None, max_len=2048, val_docs=1000),
         run={**PAPER_RUN, "phase_steps": 4000, "global_batch": 32, "micro_batch": 8, "eval_interval": 500,
-             "eval_batch": 8, "loss_chunk": 8192, "checkpoint_interval": 250, "snapshot_interval": 1000,
-             "precision": "bf16"},
+             "monitor_interval": 100, "eval_batch": 8, "loss_chunk": 8192, "checkpoint_interval": 250,
+             "snapshot_interval": 1000, "precision": "bf16"},
         teacher="Qwen/Qwen3-0.6B-Base", diag=dict(docs=2, max_inputs=2048, seed=42), needs_cuda=True,
         doc_tokens=880.0),
     "full": Preset(
@@ -132,6 +135,9 @@ def ratios_markdown(preset: Preset) -> list[str]:
 
 OVERRIDABLE = {"run": grow.RunConfig, "teacher_run": grow.RunConfig, "teacher_model": model.ModelConfig,
                "data": None, "diag": None}  # section -> the dataclass whose defaults also count as keys
+# data.corpus's options, settable beside the preset's own data keys: another corpus is
+# --set data.source=local --set data.path=my.jsonl (a folder of .txt, a .jsonl or parquet files).
+DATA_OPTIONS = {"path": "", "revision": "", "cache_dir": ""}
 
 
 def parse_value(key: str, raw: str, current):
@@ -174,7 +180,7 @@ def apply_overrides(preset: Preset, items, compile_flag: bool | None = None) -> 
                                      "e.g. run.lr=3e-4", param_hint="--set")
         known = {f.name: f.default for f in fields(OVERRIDABLE[section]) if f.default is not MISSING} \
             if OVERRIDABLE[section] else {}
-        known.update(getattr(preset, section))
+        known.update({**(DATA_OPTIONS if section == "data" else {}), **getattr(preset, section)})
         if name not in known:
             raise click.BadParameter(f"{key.strip()}: unknown key; {section} has {', '.join(sorted(known))}",
                                      param_hint="--set")

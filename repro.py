@@ -182,12 +182,18 @@ def run_config(ws: Workspace, name: str, seed: int, teacher: Path | None = None)
     start_from = str(ws.run_dir(prefix[0], seed) / f"phase-{prefix[1]}") if prefix else ""
     settings = {**ws.preset.run, **shards, "name": name, "seed": seed, "norm": norm,
                 "protocol": "joint-long" if phases > 1 else protocol, "joint_phases": phases,
-                "replay_docs": ws.replay_docs, "teacher": str(teacher or ""), "start_from": start_from}
+                "replay_docs": ws.replay_docs, "teacher": "" if scratch(ws) else str(teacher or ""),
+                "start_from": start_from}
     if norm != "post":  # a post-norm option: other placements keep one identity whatever it is set to
         settings.pop("post_output_gain", None)
     if settings["protocol"] != "joint-long":  # likewise an option of the long joint controls only
         settings.pop("restart_optimizer", None)
     return grow.RunConfig(**settings)
+
+
+def scratch(ws: Workspace) -> bool:
+    """Growth from scratch (the scratch experiment's students): plain CE, no teacher loaded."""
+    return ws.preset.run.get("scratch_model") is not None
 
 
 def with_prefixes(names) -> list[str]:
@@ -246,7 +252,10 @@ def ensure_runs(ws: Workspace, names, seeds: list[int], force: bool = False, tea
     ones resumed, and with `force` a run folder holding another config (an edited preset) is discarded.
     In lockstep (ws.lockstep; by default where it fits, lockstep_default) the runs of a seed that read the same
     batches train together on one teacher pass per batch; the long joint controls train alone after."""
-    teacher = teacher or ensure_inputs(ws, force)
+    if scratch(ws):
+        prepare_data(ws, force)  # growth from scratch: no teacher at all
+    else:
+        teacher = teacher or ensure_inputs(ws, force)
     jobs = [(name, seed) for seed in seeds for name in with_prefixes(names)]
     if any(run_status(ws.run_dir(*job)) != "done" for job in jobs):
         show_overview(ws, jobs)  # once, before the work; each run then announces itself
@@ -454,6 +463,34 @@ def regime(scale, seeds, grid_text, overrides, compile_flag, device, tracker, lo
     ws.ctx.barrier()
 
 
+def beyond_command(name: str, doc: str):
+    """A `repro.py <name>` command for an experiment of beyond.py (not part of `all`)."""
+    @cli.command(name, help=doc)
+    @scale_option
+    @click.option("--seeds", default=None, callback=lambda c, p, v: None if v is None else parse_seeds(c, p, v),
+                  help="Comma-separated seeds. Default: 42,43,44 at toy scale, 42 elsewhere.")
+    @overrides_option
+    @lockstep_option
+    @force_option
+    @runs_option
+    @results_option
+    def command(scale, seeds, overrides, compile_flag, device, tracker, lockstep, force, runs_dir, results_dir):
+        import beyond
+        ws = workspace(scale, runs_dir, results_dir, overrides=overrides, compile_flag=compile_flag, device=device,
+                       tracker=tracker, lockstep=lockstep)
+        getattr(beyond, f"run_{name}")(ws, seeds or beyond.DEFAULT_SEEDS[scale], force)
+        ws.ctx.barrier()
+    return command
+
+
+beyond_command("intervention", "Forward-only boundary interventions on grow runs (the paper's Appendix B.1 asks "
+               "for one): validation CE against pre-grow and post-grow (results/<scale>/intervention.md/.json/.png).")
+beyond_command("placements", "Joint and grow for every placement (pre, post, sandwich, peri, hybrid, deepnorm) "
+               "and the schedule pre,post,post, with Δ against pre-norm (results/<scale>/placements.md/.json/.png).")
+beyond_command("scratch", "Table 1's 2 x 2 without a teacher: plain CE, embedding and head trained from the "
+               "seed (results/<scale>/scratch.md/.json).")
+
+
 @cli.command()
 @scale_option
 def ratios(scale):
@@ -479,7 +516,8 @@ def teacher(scale, overrides, compile_flag, device, tracker, force, runs_dir):
 
 @cli.command()
 @scale_option
-@click.option("--norm", type=click.Choice(list(model.PLACEMENTS)), required=True, help="Norm placement.")
+@click.option("--norm", required=True, callback=lambda c, p, v: check_norm(v),
+              help=f"Norm placement ({', '.join(model.PLACEMENTS)}), or one per block: pre,post,post.")
 @click.option("--protocol", type=click.Choice(["joint", "grow", "freeze", "joint-long", "joint-longer"]),
               required=True, help="joint, grow, freeze, or the long joint controls (Table 3).")
 @click.option("--seed", type=click.IntRange(0, 2**63 - 1), default=None, help="Default: the preset's (42).")
@@ -498,6 +536,15 @@ def train(scale, norm, protocol, seed, overrides, compile_flag, device, tracker,
                             tracker=ws.tracker)
     console.print(f"{name}: validation CE {result['ce']:.4f}, KD {result['kd']:.4f}, PPL {result['ppl']:.2f}; "
                   f"run folder {ws.run_dir(name, seed)}")
+
+
+def check_norm(norm: str) -> str:
+    names = [n.strip() for n in norm.split(",")]
+    unknown = [n for n in names if n not in model.PLACEMENTS]
+    if unknown:
+        raise click.BadParameter(f"{unknown[0]!r} is not a placement; choose from {', '.join(model.PLACEMENTS)}, or "
+                                 "one per block separated by commas (pre,post,post)", param_hint="--norm")
+    return ",".join(names)
 
 
 def scale_of(config: dict, runs_dir: Path) -> str:

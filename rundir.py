@@ -207,6 +207,15 @@ def load_latest_checkpoint(ckpt: Path, net, optimizer, ctx):
 # ----------------------------------------------------------------------------------------------
 # Run directory: config, metrics log, provenance
 
+# Settings that only observe training (the boundary monitor reads the training forward's activations,
+# draws nothing and changes nothing): runs that differ only in these are the same run.
+OBSERVING = {"monitor_interval", "monitor_rms_warn", "monitor_kurtosis_warn"}
+
+
+def same_training(stored: dict, wanted: dict) -> bool:
+    return {k: v for k, v in stored.items() if k not in OBSERVING} == {k: v for k, v in wanted.items() if k not in OBSERVING}
+
+
 def prepare_run_dir(config, run_dir: Path, force: bool, ctx, provenance: dict) -> bool:
     """Create or check the run directory. Returns True if the run is already done. A folder holding
     a run of another config is an error, or with `force` discarded; one of the same config is
@@ -222,11 +231,11 @@ def prepare_run_dir(config, run_dir: Path, force: bool, ctx, provenance: dict) -
             if not force:
                 raise
             stored = {}  # a damaged config the kit wrote: --force redoes the run
-        if stored == wanted:
+        if same_training(stored, wanted):
             if (run_dir / "done.json").is_file():
                 return True
         elif not force:
-            changed = sorted(k for k in set(stored) | set(wanted) if stored.get(k) != wanted.get(k))
+            changed = sorted(k for k in set(stored) | set(wanted) - OBSERVING if stored.get(k) != wanted.get(k))
             raise TrainingError(f"{run_dir}: holds a run with another config (differs in {', '.join(changed)}); "
                                 "pass --force to discard it and start over, or choose another output folder")
         elif ctx.is_main:
@@ -324,6 +333,10 @@ class MetricsLog:
             self.file.write(json.dumps(row) + "\n")
             self.file.flush()
         if self.send:
+            if row.get("monitor"):
+                self.send({f"monitor/{r['label']}/{k}": r[k] for r in row["boundaries"]
+                           for k in ("mean", "std", "kurtosis", "boundary_over_others") if r[k] is not None}, row["step"])
+                return
             kind = "phase_start" if row.get("phase_start") else "eval" if row.get("eval") else "train"
             self.send({f"{kind}/{k}": v for k, v in row.items() if k not in ("step", "eval", "phase_start")
                        and isinstance(v, (int, float)) and not isinstance(v, bool)}, row["step"])

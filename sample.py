@@ -31,14 +31,14 @@ class CachedLayer:
 
     def __init__(self, layer: model.DecoderLayer, cache: dict):
         self.layer, self.cache = layer, cache
-        self.attn_norm, self.mlp_norm, self.mlp = layer.attn_norm, layer.mlp_norm, layer.mlp
+
+    def __getattr__(self, name):  # the layer's norms, MLP and residual scale, whatever its placement has
+        return getattr(self.layer, name)
 
     def self_attn(self, x, cos, sin):
         attn = self.layer.self_attn
         B, T, _ = x.shape
-        q = attn.q_norm(attn.q_proj(x).view(B, T, attn.n_heads, attn.head_dim)).transpose(1, 2)
-        k = attn.k_norm(attn.k_proj(x).view(B, T, attn.n_kv, attn.head_dim)).transpose(1, 2)
-        v = attn.v_proj(x).view(B, T, attn.n_kv, attn.head_dim).transpose(1, 2)
+        q, k, v = attn.project(x)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         first = "k" not in self.cache
         if not first:
@@ -52,8 +52,10 @@ class CachedLayer:
 def stack(net) -> tuple[torch.nn.Module | None, list, torch.nn.Module | None]:
     """(norm after the embedding or None, the decoder layers in order, norm before the head or None)."""
     if isinstance(net, model.Student):
-        entry = net.placement.boundary_norm == "entry"
-        return (net.norm if entry else None), list(net.layers), (None if entry else net.norm)
+        if net.boundary == "mirror-fwd":
+            raise ValueError("a mirror-fwd student's forward needs its reference run's boundary profile; "
+                             "it cannot be sampled on its own")
+        return net.entry_module(), list(net.layers), net.final_module(net.blocks)
     return None, list(net.layers), net.norm
 
 
@@ -66,7 +68,9 @@ def next_logits(net, input_ids: torch.Tensor, caches: list[dict], position: int)
     cos, sin = cos[position:], sin[position:]
     if entry is not None:
         h = entry(h)
-    for layer, cache in zip(layers, caches):
+    for i, (layer, cache) in enumerate(zip(layers, caches)):
+        if isinstance(net, model.Student) and i % net.layers_per_block == 0:
+            h = net.enter_block(i // net.layers_per_block, h, None)
         h = layer.placement.layer_forward(CachedLayer(layer, cache), h, cos, sin)
     if final is not None:
         h = final(h)

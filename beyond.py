@@ -1,0 +1,222 @@
+"""Beyond the paper: the experiments it names but did not run.
+
+    python repro.py intervention --scale toy   # forward-only boundary interventions (Appendix B.1's open question)
+    python repro.py placements --scale toy     # joint and grow for more norm placements, Δ against pre-norm
+    python repro.py scratch --scale toy        # pre/post x joint/grow with no teacher at all
+
+- intervention: the paper's Appendix B.1 ends by asking for "an intervention that changes the forward
+  boundary distribution without changing backward updates". Three grow runs answer it beside the
+  suite's pre-grow and post-grow: a pre-norm student with a trainable RMSNorm at every internal block
+  boundary (forward and backward change), a pre-norm student whose appended blocks see a stream
+  rescaled per token to unit RMS in the forward pass only (straight-through: the backward pass is the
+  identity), and its mirror, a post-norm student whose appended blocks see the pre-norm run's per-token
+  RMS profile (its phase-<p>/ checkpoint, on the same batch) in the forward pass only.
+- placements: joint and grow for every placement in model.PLACEMENTS and the per-block schedule
+  pre,post,post (a block's placement chosen at the phase that appends it).
+- scratch: Table 1's 2 x 2 in plain pretraining: alpha = 0, gamma = 1, every weight (embedding and head
+  too) drawn from the seed, no teacher loaded.
+
+Each writes results/<scale>/<experiment>.md and .json (validation CE per run, mean and 95% t-interval
+over seeds, differences paired by seed). The suite's own runs (pre-grow, post-grow, ...) are reused
+from runs/<scale>/s<seed>/; the interventions and scratch runs live in runs/<scale>/beyond/<variant>/.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+
+import data
+import diag
+import experiments
+import grow
+import model
+import repro
+import rundir
+
+DEFAULT_SEEDS = {"smoke": [42], "toy": [42, 43, 44], "small": [42], "full": [42]}
+PLACEMENT_RUNS = ("pre", "post", "sandwich", "peri", "hybrid", "deepnorm", "pre,post,post")
+# The teachers' shapes, for students grown from scratch at scales whose teacher is a hub checkpoint
+# (no teacher file is read): Qwen3-8B-Base is model.ModelConfig's defaults.
+HUB_SHAPES = {"Qwen/Qwen3-8B-Base": {},
+              "Qwen/Qwen3-0.6B-Base": dict(hidden_size=1024, intermediate_size=3072, num_attention_heads=16,
+                                           num_key_value_heads=8, head_dim=128, tie_word_embeddings=True)}
+
+
+@dataclass(frozen=True)
+class Variant:
+    label: str                 # how the report names it
+    run: str                   # the run it changes (pre-grow, ...)
+    folder: str = ""           # runs/<scale>/beyond/<folder>/; "" for the suite's own run
+    settings: dict = field(default_factory=dict)  # RunConfig fields it changes
+
+
+INTERVENTIONS = (
+    Variant("pre-grow (suite)", "pre-grow"),
+    Variant("post-grow (suite)", "post-grow"),
+    Variant("pre-grow + boundary-norm", "pre-grow", "boundary-norm", {"boundary": "norm"}),
+    # Unit RMS: what a post-norm boundary norm emits at its initial gain of 1.
+    Variant("pre-grow + boundary-rescale-fwd", "pre-grow", "boundary-rescale-fwd",
+            {"boundary": "rescale-fwd", "boundary_scale": 1.0}),
+    Variant("post-grow + boundary-mirror-fwd", "post-grow", "boundary-mirror-fwd", {"boundary": "mirror-fwd"}),
+)
+
+
+def variant_workspace(ws: repro.Workspace, variant: Variant, seed: int) -> repro.Workspace:
+    """The workspace a variant's run lives in (the suite's own for a run without changes)."""
+    if not variant.folder:
+        return ws
+    settings = dict(variant.settings)
+    if settings.get("boundary") == "mirror-fwd":  # the matching pre-norm run of the same seed
+        settings["boundary_source"] = str(ws.run_dir(variant.run.replace("post-", "pre-", 1), seed))
+    return replace(ws, preset=replace(ws.preset, run={**ws.preset.run, **settings}),
+                   student_runs=str(Path(ws.student_runs) / "beyond" / variant.folder))
+
+
+def train_variants(ws: repro.Workspace, variants, seeds: list[int], force: bool = False):
+    """The suite's runs first (the mirror reads pre-grow), then each seed's variant runs in lockstep."""
+    teacher = repro.ensure_inputs(ws, force)
+    repro.ensure_runs(ws, sorted({v.run for v in variants if not v.folder}), seeds, force, teacher=teacher)
+    for seed in seeds:
+        jobs = []
+        for v in variants:
+            if v.folder:
+                vws = variant_workspace(ws, v, seed)
+                jobs.append((repro.run_config(vws, v.run, seed, teacher=teacher), vws.run_dir(v.run, seed)))
+        grow.train_together(jobs, force=force, ctx=ws.ctx, tracker=ws.tracker)
+
+
+def final_ce(ws: repro.Workspace, run: str, seed: int) -> float:
+    return experiments.final_eval(ws, run, seed)["ce"]
+
+
+def stats_cell(s: dict, signed: bool = False) -> str:
+    mean = f"{s['mean']:+.4f}" if signed else f"{s['mean']:.4f}"
+    if not s.get("ci95"):
+        return mean
+    lo, hi = s["ci95"]
+    return f"{mean} [{lo:+.4f}, {hi:+.4f}]" if signed else f"{mean} [{lo:.4f}, {hi:.4f}]"
+
+
+def seeds_text(seeds: list[int]) -> str:
+    return f"mean [95% t-interval] over seeds {', '.join(map(str, seeds))}" if len(seeds) > 1 else f"seed {seeds[0]}"
+
+
+def write_report(ws: repro.Workspace, name: str, out: dict, lines: list[str]):
+    ws.results.mkdir(parents=True, exist_ok=True)
+    (ws.results / f"{name}.json").write_text(json.dumps(out, indent=2) + "\n")
+    (ws.results / f"{name}.md").write_text("\n".join(lines) + "\n")
+    repro.console.print("\n".join(lines), markup=False)
+
+
+def monitor_series(run_dir: Path) -> list[dict]:
+    """The boundary monitor's rows of a run ({"step", "boundaries"}), in step order."""
+    return [r for r in rundir.read_metrics(run_dir) if r.get("monitor")]
+
+
+# ----------------------------------------------------------------------------------------------
+# intervention
+
+def run_intervention(ws: repro.Workspace, seeds: list[int], force: bool = False) -> dict:
+    train_variants(ws, INTERVENTIONS, seeds, force)
+    if not ws.ctx.is_main:
+        return {}
+    ce = {v.label: [final_ce(variant_workspace(ws, v, s), v.run, s) for s in seeds] for v in INTERVENTIONS}
+    pre, post = ce[INTERVENTIONS[0].label], ce[INTERVENTIONS[1].label]
+    rows = [{"variant": v.label, "run": v.run, "folder": str(variant_workspace(ws, v, seeds[0]).run_dir(v.run, seeds[0])),
+             "settings": v.settings, "ce": experiments.across_seeds(ce[v.label]),
+             "minus_pre_grow": experiments.across_seeds([a - b for a, b in zip(ce[v.label], pre)]),
+             "minus_post_grow": experiments.across_seeds([a - b for a, b in zip(ce[v.label], post)])}
+            for v in INTERVENTIONS]
+    diag.CAPTION.set(f"{ws.preset.name} scale, seed {seeds[0]}, intervention")
+    figure = diag.fig_monitor({v.label: monitor_series(variant_workspace(ws, v, seeds[0]).run_dir(v.run, seeds[0]))
+                               for v in INTERVENTIONS}, ws.results / "intervention.png",
+                              f"boundary monitor, grow runs, {ws.preset.name} scale, seed {seeds[0]}")
+    out = {"experiment": "intervention", "scale": ws.preset.name, "seeds": seeds, "rows": rows,
+           "figure": str(figure), "about": __doc__.split("\n\n")[1]}
+    lines = [f"# Boundary interventions ({ws.preset.name} scale)", "",
+             f"Validation CE at the end of grow, {seeds_text(seeds)}; differences paired by seed.", "",
+             "| variant | validation CE | − pre-grow | − post-grow |", "| --- | --- | --- | --- |"]
+    lines += [f"| {r['variant']} | {stats_cell(r['ce'])} | {stats_cell(r['minus_pre_grow'], True)} | "
+              f"{stats_cell(r['minus_post_grow'], True)} |" for r in rows]
+    lines += ["", "![boundary monitor](intervention.png)"]
+    write_report(ws, "intervention", out, lines)
+    return out
+
+
+# ----------------------------------------------------------------------------------------------
+# placements
+
+def placement_names(placements=PLACEMENT_RUNS) -> list[str]:
+    return [f"{p}-{protocol}" for p in placements for protocol in ("joint", "grow")]
+
+
+def run_placements(ws: repro.Workspace, seeds: list[int], force: bool = False, placements=PLACEMENT_RUNS) -> dict:
+    repro.ensure_runs(ws, placement_names(placements), seeds, force)
+    if not ws.ctx.is_main:
+        return {}
+    ce = {name: [final_ce(ws, name, s) for s in seeds] for name in placement_names(placements)}
+    rows = []
+    for p in placements:
+        joint, grown = ce[f"{p}-joint"], ce[f"{p}-grow"]
+        rows.append({"placement": p, "joint": experiments.across_seeds(joint), "grow": experiments.across_seeds(grown),
+                     "delta_joint": experiments.across_seeds([a - b for a, b in zip(joint, ce["pre-joint"])]),
+                     "delta_grow": experiments.across_seeds([a - b for a, b in zip(grown, ce["pre-grow"])]),
+                     "grow_minus_joint": experiments.across_seeds([g - j for g, j in zip(grown, joint)])})
+    diag.CAPTION.set(f"{ws.preset.name} scale, seed {seeds[0]}, placements")
+    figure = diag.fig_monitor({f"{p}-grow": monitor_series(ws.run_dir(f"{p}-grow", seeds[0])) for p in placements},
+                              ws.results / "placements.png",
+                              f"boundary monitor, grow runs, {ws.preset.name} scale, seed {seeds[0]}")
+    out = {"experiment": "placements", "scale": ws.preset.name, "seeds": seeds, "rows": rows, "figure": str(figure),
+           "about": __doc__.split("\n\n")[1]}
+    lines = [f"# Norm placements under joint training and growth ({ws.preset.name} scale)", "",
+             f"Validation CE, {seeds_text(seeds)}. Δ is the placement's CE minus pre-norm's under the same "
+             "protocol, paired by seed (negative: better than pre-norm).", "",
+             "| placement | joint | grow | Δ joint vs pre | Δ grow vs pre | grow − joint |",
+             "| --- | --- | --- | --- | --- | --- |"]
+    lines += [f"| {r['placement']} | {stats_cell(r['joint'])} | {stats_cell(r['grow'])} | "
+              f"{stats_cell(r['delta_joint'], True)} | {stats_cell(r['delta_grow'], True)} | "
+              f"{stats_cell(r['grow_minus_joint'], True)} |" for r in rows]
+    lines += ["", "![boundary monitor](placements.png)"]
+    write_report(ws, "placements", out, lines)
+    return out
+
+
+# ----------------------------------------------------------------------------------------------
+# scratch
+
+def scratch_shape(ws: repro.Workspace) -> dict:
+    """The student's model.ModelConfig fields without a teacher: the teacher's shape, the data's vocabulary."""
+    shape = ws.preset.teacher_model if not ws.preset.teacher else HUB_SHAPES[ws.preset.teacher]
+    vocab = data.qwen3_tokenizer(ws.preset.data["vocab_size"]).n_vocab
+    return {**asdict(model.ModelConfig()), **shape, "vocab_size": vocab}
+
+
+def scratch_workspace(ws: repro.Workspace) -> repro.Workspace:
+    run = {**ws.preset.run, "alpha": 0.0, "gamma": 1.0, "scratch_model": scratch_shape(ws)}
+    return replace(ws, preset=replace(ws.preset, run=run), student_runs=str(Path(ws.student_runs) / "beyond" / "scratch"))
+
+
+def run_scratch(ws: repro.Workspace, seeds: list[int], force: bool = False) -> dict:
+    sws = scratch_workspace(ws)
+    repro.ensure_runs(sws, experiments.MAIN_RUNS, seeds, force)
+    if not ws.ctx.is_main:
+        return {}
+    per_seed = [experiments.with_deltas({n.replace("-", "_"): final_ce(sws, n, s) for n in experiments.MAIN_RUNS})
+                for s in seeds]
+    numbers = {k: experiments.across_seeds([p[k] for p in per_seed]) for k in per_seed[0]}
+    paper = {"delta_joint": 0.0004, "delta_grow": -0.0328, "interaction": -0.0332}
+    out = {"experiment": "scratch", "scale": ws.preset.name, "seeds": seeds, "numbers": numbers,
+           "folder": str(sws.run_dir("pre-joint", seeds[0]).parent.parent), "paper_with_teacher": paper,
+           "about": __doc__.split("\n\n")[1]}
+    lines = [f"# Growth from scratch ({ws.preset.name} scale): no teacher, plain CE", "",
+             f"Validation CE, {seeds_text(seeds)}. The paper's numbers (with its teacher): Δjoint "
+             f"{paper['delta_joint']:+.4f}, Δgrow {paper['delta_grow']:+.4f}, interaction {paper['interaction']:+.4f}.", "",
+             "| number | kit, from scratch |", "| --- | --- |"]
+    for key in ("pre_joint", "post_joint", "pre_grow", "post_grow"):
+        lines.append(f"| {key.replace('_', '-')} | {stats_cell(numbers[key])} |")
+    for key, label in (("delta_joint", "Δjoint = post − pre (joint)"), ("delta_grow", "Δgrow = post − pre (grow)"),
+                       ("interaction", "interaction = Δgrow − Δjoint")):
+        lines.append(f"| {label} | {stats_cell(numbers[key], True)} |")
+    write_report(ws, "scratch", out, lines)
+    return out

@@ -1,0 +1,220 @@
+"""Beyond the paper: growth from scratch, the boundary monitor, the mirror intervention, transition-aware
+schedules, and the intervention / placements / scratch experiments at smoke scale."""
+import json
+import math
+import subprocess
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+from test_grow import config
+
+import data
+import diag
+import grow
+import model
+
+ROOT = Path(__file__).resolve().parents[1]
+SMALL = model.ModelConfig(vocab_size=513, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                          num_attention_heads=4, num_key_value_heads=2, head_dim=8, tie_word_embeddings=True)
+
+
+def scratch_config(tiny_shards, **overrides) -> grow.RunConfig:
+    train, val = tiny_shards
+    return config(train_data=str(train.path), val_data=str(val.path), phase_steps=6, global_batch=4,
+                  micro_batch=2, blocks=3, layers_per_block=1, eval_interval=3, checkpoint_interval=3,
+                  alpha=0.0, gamma=1.0, scratch_model={**vars(SMALL)}, **overrides)
+
+
+# ---- growth from scratch --------------------------------------------------------------------------
+
+def test_scratch_run_reads_no_teacher_and_trains_on_plain_ce(tiny_shards, tmp_path, monkeypatch):
+    """No teacher is loaded (any attempt fails the test), the embedding learns, and every logged loss
+    is the plain CE term (no KD part)."""
+    def no_teacher(*args, **kwargs):
+        raise AssertionError("a run from scratch read a teacher checkpoint")
+    monkeypatch.setattr(model, "load_qwen3", no_teacher)
+    monkeypatch.setattr(grow, "load_teacher", no_teacher)
+    run_dir = tmp_path / "scratch"
+    result = grow.train(scratch_config(tiny_shards), run_dir)
+    assert math.isfinite(result["ce"]) and result["kd"] == 0.0
+    rows = [r for r in map(json.loads, (run_dir / "metrics.jsonl").read_text().splitlines())
+            if "loss" in r]
+    assert len(rows) == 18 and all(r["kd"] == 0.0 and r["loss"] == pytest.approx(r["ce"], rel=1e-6) for r in rows)
+    first = model.Student.from_scratch(SMALL, 3, 1, "post", seed=42)
+    trained = model.Student.load(run_dir / "phase-2")
+    assert not torch.equal(first.embed_tokens.weight, trained.embed_tokens.weight)  # the embedding trained
+
+
+def test_scratch_loss_is_cross_entropy_of_the_active_blocks(tiny_shards):
+    """loss_fn without a teacher equals F.cross_entropy of the student's own logits over its active
+    blocks, averaged over real targets."""
+    c = scratch_config(tiny_shards)
+    net = model.Student.from_scratch(SMALL, 3, 1, "pre", seed=1)
+    batch = next(data.eval_batches(tiny_shards[1], 4))
+    phase = grow.plan_phases(c)[1]  # two active blocks
+    with torch.no_grad():
+        loss, kd_term, _ = grow.loss_fn(c, batch, None, None, phase, int(batch.mask.sum()), net)
+        logits = net(batch.input_ids, active_blocks=2)
+        all_blocks = net(batch.input_ids)
+    expected = F.cross_entropy(logits[batch.mask], batch.targets[batch.mask])
+    assert float(kd_term) == 0.0
+    assert float(loss) == pytest.approx(float(expected), rel=1e-5)
+    assert float(loss) != pytest.approx(float(F.cross_entropy(all_blocks[batch.mask], batch.targets[batch.mask])),
+                                        rel=1e-5)
+
+
+# ---- the boundary monitor -------------------------------------------------------------------------
+
+def test_monitor_row_by_hand():
+    """Mean, population std and Pearson kurtosis of per-token RMS over real tokens, and position 0's
+    mean RMS over the others', computed by hand on a planted stream."""
+    h = torch.ones(2, 4, 3)
+    h[:, 0] *= 10.0                              # the boundary token: RMS 10
+    h[1, 3] = 0.0                                # padding (masked out below)
+    h[0, 2] *= 2.0                               # one regular token with RMS 2
+    mask = torch.tensor([[True, True, True, True], [True, True, True, False]])
+    rows = grow.monitor_row([h], mask)
+    values = torch.tensor([10.0, 1, 2, 1, 10, 1, 1], dtype=torch.float64)
+    centred = values - values.mean()
+    m2, m4 = centred.pow(2).mean(), centred.pow(4).mean()
+    assert rows[0]["mean"] == pytest.approx(values.mean().item())
+    assert rows[0]["std"] == pytest.approx(m2.sqrt().item())
+    assert rows[0]["kurtosis"] == pytest.approx((m4 / m2**2).item())
+    assert rows[0]["boundary_over_others"] == pytest.approx(10.0 / (6 / 5))  # others: 1, 2, 1 and 1, 1
+
+
+def test_monitor_observes_without_changing_the_run(tiny_shards, tmp_path, capsys):
+    """A run with the monitor on ends bit-identical to one with it off; it writes one row per
+    monitor_interval steps with one entry per boundary of the active blocks, equal to the statistics
+    of that step's forward; a threshold crossed prints one warning line."""
+    base = scratch_config(tiny_shards)
+    grow.train(base, tmp_path / "off")
+    grow.train(replace(base, monitor_interval=2, monitor_rms_warn=1e-9), tmp_path / "on")
+    off, on = (model.Student.load(tmp_path / r / "phase-2").state_dict() for r in ("off", "on"))
+    assert all(torch.equal(off[k], on[k]) for k in off)
+    rows = [json.loads(line) for line in (tmp_path / "on" / "metrics.jsonl").read_text().splitlines()]
+    monitor = [r for r in rows if r.get("monitor")]
+    assert [r["step"] for r in monitor] == [2, 4, 6, 8, 10, 12, 14, 16, 18]
+    assert [len(r["boundaries"]) for r in monitor] == [2, 2, 2, 3, 3, 3, 4, 4, 4]
+    assert all(b["mean"] > 0 and b["kurtosis"] is None or b["kurtosis"] > 0 for r in monitor for b in r["boundaries"])
+    out = capsys.readouterr().out
+    assert out.count("passed the monitor's threshold 1e-09") == 3  # once per boundary after a block
+
+
+def test_monitor_numbers_equal_a_recomputation(tiny_shards, tmp_path):
+    """The row written at step 4 equals diag's statistics of the forward of step 4's batch by the
+    weights after step 3 (the step-3 checkpoint), computed apart."""
+    c = replace(scratch_config(tiny_shards), monitor_interval=4, snapshot_interval=3, protocol="joint")
+    grow.train(c, tmp_path / "run")
+    row = next(r for r in map(json.loads, (tmp_path / "run" / "metrics.jsonl").read_text().splitlines())
+               if r.get("monitor") and r["step"] == 4)
+    student = model.Student.load(tmp_path / "run" / "step-3")
+    batcher = data.Batcher(tiny_shards[0], c.global_batch, c.seed, mode="replay", replay_docs=c.replay_docs,
+                           micro_batch=c.micro_batch)
+    batcher.load_state_dict(json.loads((tmp_path / "run" / "step-3" / "trainer_state.json").read_text())["data"])
+    micro = next(batcher).micro_batches[0]
+    _, bounds = student(micro.input_ids, return_boundaries=True, output_fn=grow.hidden_only)
+    expected = diag.boundary_stats(bounds, micro.mask)
+    for got, want in zip(row["boundaries"], expected):
+        assert got["mean"] == pytest.approx(want["mean"], rel=1e-9)
+        assert got["kurtosis"] == pytest.approx(want["kurtosis"], rel=1e-9)
+
+
+# ---- the mirror intervention and transition-aware schedules -----------------------------------------
+
+def test_mirror_gives_each_appended_block_the_reference_rms_profile():
+    """A post-norm mirror-fwd student's blocks 1 and 2 see, per token, exactly the RMS the reference
+    pre-norm student has at those boundaries on the same input; block 0 sees its own stream."""
+    teacher = model.Qwen3(SMALL)
+    teacher.init_weights(0)
+    reference = model.Student.from_teacher(teacher, 3, 1, "pre", seed=5)
+    with torch.no_grad():
+        for p in reference.parameters():
+            p.mul_(3.0)  # a pre-norm stream whose RMS differs clearly from post-norm's ~1
+    mirror = model.Student.from_teacher(teacher, 3, 1, "post", seed=5, boundary="mirror-fwd")
+    mirror.profile_source = grow.BoundaryProfile(reference)
+    seen = {}
+    for b in range(3):
+        mirror.block_layers(b)[0].register_forward_pre_hook(lambda m, args, b=b: seen.__setitem__(b, args[0]))
+    ids = torch.randint(0, SMALL.vocab_size, (2, 7))
+    mirror(ids)
+    _, ref_bounds = reference(ids, return_boundaries=True, output_fn=grow.hidden_only)
+    for b in (1, 2):
+        want = ref_bounds[b].pow(2).mean(-1).sqrt()
+        assert torch.allclose(seen[b].pow(2).mean(-1).sqrt(), want, rtol=1e-5)
+    with pytest.raises(ValueError, match="profile"):
+        model.Student.from_teacher(teacher, 3, 1, "post", seed=5, boundary="mirror-fwd")(ids)
+
+
+def test_transition_aware_schedule_sets_each_phase_peak_and_warmup():
+    c = config(phase_steps=100, warmup_frac=0.1, lr=1e-3, min_lr=1e-5, phase_lrs=(1e-3, 5e-4, 2e-4),
+               phase_warmups=(10, 40, 5))
+    assert grow.learning_rate(c, 9, 0) == pytest.approx(1e-3)
+    assert grow.learning_rate(c, 19, 1) == pytest.approx(5e-4 * 20 / 40)   # still warming up at step 20 of 40
+    assert grow.learning_rate(c, 39, 1) == pytest.approx(5e-4)
+    assert grow.learning_rate(c, 4, 2) == pytest.approx(2e-4)
+    assert grow.learning_rate(c, 99, 2) == pytest.approx(1e-5, abs=1e-6)
+    with pytest.raises(ValueError, match="phase_lrs"):
+        config(phase_lrs=(1e-3, 1e-3))  # three phases, two values
+
+
+# ---- the experiments at smoke scale ------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def beyond_smoke(tmp_path_factory):
+    """`repro.py intervention`, `placements` and `scratch` at smoke scale in one runs folder."""
+    base = tmp_path_factory.mktemp("beyond")
+    for experiment in ("intervention", "placements", "scratch"):
+        done = subprocess.run([sys.executable, str(ROOT / "repro.py"), experiment, "--scale", "smoke", "--runs-dir",
+                               str(base / "runs"), "--results-dir", str(base / "results")], cwd=ROOT,
+                              capture_output=True, text=True, timeout=600)
+        assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    return base
+
+
+def finite_numbers(value) -> list[float]:
+    if isinstance(value, dict):
+        return [x for v in value.values() for x in finite_numbers(v)]
+    if isinstance(value, list):
+        return [x for v in value for x in finite_numbers(v)]
+    return [value] if isinstance(value, float) else []
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("experiment", ["intervention", "placements", "scratch"])
+def test_experiment_writes_markdown_and_json_with_finite_numbers(beyond_smoke, experiment):
+    results = beyond_smoke / "results" / "smoke"
+    out = json.loads((results / f"{experiment}.json").read_text())
+    numbers = finite_numbers(out["rows"] if "rows" in out else out["numbers"])
+    assert numbers and all(math.isfinite(x) for x in numbers)
+    assert "|" in (results / f"{experiment}.md").read_text()
+
+
+@pytest.mark.slow
+def test_intervention_rows_are_the_runs_they_name(beyond_smoke):
+    """Each row's CE is its run's done.json; the mirror run read the suite's pre-grow; the
+    differences are paired by seed."""
+    out = json.loads((beyond_smoke / "results" / "smoke" / "intervention.json").read_text())
+    for row in out["rows"]:
+        done = json.loads((Path(row["folder"]) / "done.json").read_text())
+        assert row["ce"]["mean"] == done["ce"]
+    pre = out["rows"][0]["ce"]["mean"]
+    assert out["rows"][3]["minus_pre_grow"]["mean"] == pytest.approx(out["rows"][3]["ce"]["mean"] - pre)
+    mirror = json.loads((Path(out["rows"][4]["folder"]) / "config.json").read_text())
+    assert mirror["boundary"] == "mirror-fwd" and mirror["boundary_source"].endswith("smoke/s42/pre-grow")
+
+
+@pytest.mark.slow
+def test_scratch_runs_have_no_teacher_and_placements_cover_every_placement(beyond_smoke):
+    runs = beyond_smoke / "runs" / "smoke"
+    for run in ("pre-joint", "post-grow"):
+        cfg = json.loads((runs / "beyond" / "scratch" / "s42" / run / "config.json").read_text())
+        assert cfg["teacher"] == "" and cfg["alpha"] == 0.0 and cfg["gamma"] == 1.0 and cfg["scratch_model"]
+    placements = json.loads((beyond_smoke / "results" / "smoke" / "placements.json").read_text())
+    assert [r["placement"] for r in placements["rows"]] == ["pre", "post", "sandwich", "peri", "hybrid", "deepnorm",
+                                                            "pre,post,post"]
+    assert placements["rows"][0]["delta_grow"]["mean"] == 0.0  # pre against itself
