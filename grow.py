@@ -580,6 +580,8 @@ class Run:
         self.state = "training"
         kill_point("opened", config.name, self.step)
         if self.step >= self.last_step:  # killed after its last checkpoint, before done.json
+            if config.boundary == "mirror-fwd":
+                self.attach_profile(self.phases[-1])  # its evaluation runs the mirrored forward
             self.finish()
 
     @contextmanager

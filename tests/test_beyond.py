@@ -218,3 +218,20 @@ def test_scratch_runs_have_no_teacher_and_placements_cover_every_placement(beyon
     assert [r["placement"] for r in placements["rows"]] == ["pre", "post", "sandwich", "peri", "hybrid", "deepnorm",
                                                             "pre,post,post"]
     assert placements["rows"][0]["delta_grow"]["mean"] == 0.0  # pre against itself
+
+
+def test_mirror_run_reads_its_reference_per_phase_and_finishes_after_a_late_kill(tiny_shards, tmp_path):
+    """A post-norm mirror-fwd grow run needs the pre-norm run's phase checkpoints (one line naming the
+    missing one otherwise); killed after its last checkpoint (done.json lost), its rerun evaluates the
+    mirrored forward again and writes the same result."""
+    pre = scratch_config(tiny_shards, norm="pre")
+    mirror = scratch_config(tiny_shards, norm="post", boundary="mirror-fwd", boundary_source=str(tmp_path / "pre"))
+    with pytest.raises(grow.TrainingError, match="phase-1: missing"):
+        grow.train(mirror, tmp_path / "too-early")
+    grow.train(pre, tmp_path / "pre")
+    first = grow.train(mirror, tmp_path / "mirror")
+    (tmp_path / "mirror" / "done.json").unlink()
+    again = grow.train(mirror, tmp_path / "mirror")
+    assert again["ce"] == first["ce"]
+    plain = grow.train(scratch_config(tiny_shards, norm="post"), tmp_path / "post")
+    assert plain["ce"] != first["ce"]  # the mirror changed the forward
