@@ -95,7 +95,8 @@ def block_removal(ws: Workspace, name: str, seed: int) -> list[dict]:
 
 def unique_and_total_tokens(ws: Workspace, name: str, seed: int) -> tuple[int, int]:
     """Exactly, from the batcher: every document the run saw, counted once and with repeats."""
-    config = grow.RunConfig(**json.loads((ws.run_dir(name, seed) / "config.json").read_text()))
+    run_dir = ws.run_dir(name, seed)
+    config = grow.RunConfig(**json.loads((run_dir / "config.json").read_text())).resolved(run_dir)
     shard = data.Shard(config.train_data, verify=False)
     batcher = data.Batcher(shard, config.global_batch, config.seed, config.data_mode, config.replay_docs)
     steps = len(grow.plan_phases(config)) * config.phase_steps

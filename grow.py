@@ -28,7 +28,7 @@ import platform
 import shutil
 import time
 from contextlib import contextmanager, nullcontext
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import cache, partial
 from pathlib import Path
 
@@ -39,6 +39,7 @@ import data
 import kd
 import model
 from rundir import (
+    PATH_FIELDS,
     MetricsLog,
     TrainingError,
     adopt_shared_prefix,
@@ -114,6 +115,9 @@ class RunConfig:
     monitor_kurtosis_warn: float = 1000.0  # ... or its kurtosis of per-token RMS
     phase_lrs: tuple = ()          # peak LR per phase (transition-aware schedules; empty: lr in every phase)
     phase_warmups: tuple = ()      # warmup steps per phase (empty: warmup_frac of the phase)
+    # True: the PATH_FIELDS are relative to the run's own folder (repro.py writes them so, and a runs
+    # tree can be moved or copied); False: as given (absolute, or relative to the working directory).
+    relative_to_run: bool = False
 
     def __post_init__(self):
         if self.protocol not in PROTOCOLS:
@@ -135,6 +139,12 @@ class RunConfig:
             values = getattr(self, key)
             if values and (len(values) != phases or min(values) <= 0):
                 raise ValueError(f"{key} {values}: give one positive value per phase ({phases}), or none")
+
+    def resolved(self, run_dir) -> "RunConfig":
+        """This config with every path absolute (PATH_FIELDS relative to `run_dir` if relative_to_run)."""
+        base = Path(run_dir) if self.relative_to_run else Path.cwd()
+        paths = {k: str((base / v).resolve()) for k in PATH_FIELDS if (v := getattr(self, k))}
+        return replace(self, **paths, relative_to_run=False)
 
     @property
     def distils(self) -> bool:
@@ -513,7 +523,9 @@ def provenance(config: RunConfig, ctx: Dist) -> dict:
 class Run:
     def __init__(self, config: RunConfig, run_dir, ctx: Dist, stop_after_step: int | None = None,
                  tracker: str = ""):
-        self.config, self.run_dir, self.ctx = config, Path(run_dir), ctx
+        # `written` goes to config.json as given (portable paths); the run itself uses absolute ones.
+        self.written, self.config = config, config.resolved(run_dir)
+        self.run_dir, self.ctx = Path(run_dir), ctx
         self.stop_after_step, self.tracker = stop_after_step, tracker
         self.phases = plan_phases(config)
         self.state = "new"   # new -> training -> done | stopped
@@ -525,7 +537,7 @@ class Run:
 
     def prepare(self, force: bool):
         """Create or check the folder; a run already done is not trained again."""
-        if prepare_run_dir(self.config, self.run_dir, force, self.ctx, provenance(self.config, self.ctx)):
+        if prepare_run_dir(self.written, self.run_dir, force, self.ctx, provenance(self.config, self.ctx)):
             print0(self.ctx, f"{self.config.name}: done, reusing {self.run_dir}")
             self.state, self.result = "done", read_json(self.run_dir / "done.json", "ce", "ppl", "kd")
 

@@ -161,7 +161,7 @@ def parse_value(key: str, raw: str, current):
             value = tuple(float(v) for v in raw.strip("()[] ").split(","))
         except ValueError:
             raise bad("expected numbers separated by commas, e.g. 0.9,0.95") from None
-        if len(value) != len(current):
+        if current and len(value) != len(current):  # an empty default (phase_lrs) takes any length
             raise bad(f"expected {len(current)} numbers")
         return value
     if isinstance(current, str):

@@ -22,6 +22,7 @@ resumed; runs whose first phases are identical share them.
 from __future__ import annotations
 
 import json
+import os
 import shlex
 import sys
 import time
@@ -168,14 +169,26 @@ def prefix_run(name: str, ws: Workspace) -> tuple[str, int] | None:
 
 
 def run_config(ws: Workspace, name: str, seed: int, teacher: Path | None = None) -> grow.RunConfig:
+    """A named run's settings, its paths relative to its own folder where they lie in the runs tree (so
+    the tree can be moved or copied; a hub teacher's cache path stays absolute)."""
+    settings = run_settings(ws, name, seed, teacher)
+    run_dir = ws.run_dir(name, seed)
+    root = ws.runs.resolve()
+    for key in rundir.PATH_FIELDS:
+        if settings.get(key):
+            path = Path(settings[key]).resolve()
+            settings[key] = os.path.relpath(path, run_dir.resolve()) if path.is_relative_to(root) else str(path)
+    return grow.RunConfig(**settings, relative_to_run=True)
+
+
+def run_settings(ws: Workspace, name: str, seed: int, teacher: Path | None = None) -> dict:
     shards = dict(train_data=str(ws.data_dir / "train"), val_data=str(ws.data_dir / "val"))
     if name == "teacher":
         # The scale's own run settings under teacher_run's: --set run.* changes the students only.
         vocab = data.qwen3_tokenizer(ws.preset.data["vocab_size"]).n_vocab
-        return grow.RunConfig(**{**PRESETS[ws.preset.name].run, **ws.preset.teacher_run, **shards, "name": "teacher",
-                                 "protocol": "teacher", "norm": "pre",
-                                 "replay_docs": len(data.Shard(ws.data_dir / "train", verify=False)),
-                                 "teacher_config": {**ws.preset.teacher_model, "vocab_size": vocab}})
+        return {**PRESETS[ws.preset.name].run, **ws.preset.teacher_run, **shards, "name": "teacher",
+                "protocol": "teacher", "norm": "pre", "replay_docs": len(data.Shard(ws.data_dir / "train", verify=False)),
+                "teacher_config": {**ws.preset.teacher_model, "vocab_size": vocab}}
     norm, protocol = split_run(name)
     phases = {"joint-long": ws.preset.long_phases[0], "joint-longer": ws.preset.long_phases[1]}.get(protocol, 1)
     prefix = prefix_run(name, ws)
@@ -188,7 +201,7 @@ def run_config(ws: Workspace, name: str, seed: int, teacher: Path | None = None)
         settings.pop("post_output_gain", None)
     if settings["protocol"] != "joint-long":  # likewise an option of the long joint controls only
         settings.pop("restart_optimizer", None)
-    return grow.RunConfig(**settings)
+    return settings
 
 
 def scratch(ws: Workspace) -> bool:

@@ -210,10 +210,20 @@ def load_latest_checkpoint(ckpt: Path, net, optimizer, ctx):
 # Settings that only observe training (the boundary monitor reads the training forward's activations,
 # draws nothing and changes nothing): runs that differ only in these are the same run.
 OBSERVING = {"monitor_interval", "monitor_rms_warn", "monitor_kurtosis_warn"}
+PATH_FIELDS = ("train_data", "val_data", "teacher", "start_from", "boundary_source")  # grow.RunConfig's paths
 
 
-def same_training(stored: dict, wanted: dict) -> bool:
-    return {k: v for k, v in stored.items() if k not in OBSERVING} == {k: v for k, v in wanted.items() if k not in OBSERVING}
+def comparable(config: dict, run_dir: Path) -> dict:
+    """A stored or wanted config as it trains: paths absolute (resolved the way the run resolves them,
+    so a moved runs tree, or a config written before paths were stored relative to the run folder, is
+    the same run), settings that only observe left out."""
+    base = Path(run_dir) if config.get("relative_to_run") else Path.cwd()
+    paths = {k: str((base / v).resolve()) for k in PATH_FIELDS if isinstance(v := config.get(k), str) and v}
+    return {k: v for k, v in {**config, **paths}.items() if k not in OBSERVING | {"relative_to_run"}}
+
+
+def same_training(stored: dict, wanted: dict, run_dir: Path) -> bool:
+    return comparable(stored, run_dir) == comparable(wanted, run_dir)
 
 
 def prepare_run_dir(config, run_dir: Path, force: bool, ctx, provenance: dict) -> bool:
@@ -231,11 +241,12 @@ def prepare_run_dir(config, run_dir: Path, force: bool, ctx, provenance: dict) -
             if not force:
                 raise
             stored = {}  # a damaged config the kit wrote: --force redoes the run
-        if same_training(stored, wanted):
+        if same_training(stored, wanted, run_dir):
             if (run_dir / "done.json").is_file():
                 return True
         elif not force:
-            changed = sorted(k for k in set(stored) | set(wanted) - OBSERVING if stored.get(k) != wanted.get(k))
+            a, b = comparable(stored, run_dir), comparable(wanted, run_dir)
+            changed = sorted(k for k in set(a) | set(b) if a.get(k) != b.get(k))
             raise TrainingError(f"{run_dir}: holds a run with another config (differs in {', '.join(changed)}); "
                                 "pass --force to discard it and start over, or choose another output folder")
         elif ctx.is_main:

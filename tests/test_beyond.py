@@ -204,8 +204,11 @@ def test_intervention_rows_are_the_runs_they_name(beyond_smoke):
         assert row["ce"]["mean"] == done["ce"]
     pre = out["rows"][0]["ce"]["mean"]
     assert out["rows"][3]["minus_pre_grow"]["mean"] == pytest.approx(out["rows"][3]["ce"]["mean"] - pre)
-    mirror = json.loads((Path(out["rows"][4]["folder"]) / "config.json").read_text())
-    assert mirror["boundary"] == "mirror-fwd" and mirror["boundary_source"].endswith("smoke/s42/pre-grow")
+    mirror_dir = Path(out["rows"][4]["folder"])
+    mirror = json.loads((mirror_dir / "config.json").read_text())
+    assert mirror["boundary"] == "mirror-fwd" and mirror["relative_to_run"]
+    suite_pre_grow = beyond_smoke / "runs" / "smoke" / "s42" / "pre-grow"
+    assert (mirror_dir / mirror["boundary_source"]).resolve() == suite_pre_grow.resolve()
 
 
 @pytest.mark.slow
