@@ -577,6 +577,9 @@ class Run:
             torch.set_rng_state(torch.frombuffer(bytearray(base64.b64decode(state["torch_rng"])), dtype=torch.uint8))
             if ckpt.name != "latest":
                 load_weights(self.net, ckpt)
+            if ckpt.name.startswith("step-"):
+                print0(ctx, f"{config.name}: warning: {ckpt} holds weights but no AdamW state; its moments restart at "
+                            f"step {self.step}, so this run will not be bit-identical to an uninterrupted one")
             print0(ctx, f"{config.name}: adopting {config.start_from} (its first phases are this run's), continuing at "
                         f"step {self.step}" if adopting else f"{config.name}: resuming at step {self.step} from {ckpt}")
         if ctx.is_main:  # from step 0 too: a run killed before its first checkpoint left lines behind

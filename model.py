@@ -19,7 +19,9 @@ checkpoint I/O maps them to `input_layernorm` / `post_attention_layernorm`.
 """
 from __future__ import annotations
 
+import hashlib
 import json
+import math
 import os
 import shutil
 from dataclasses import asdict, dataclass, fields
@@ -64,13 +66,15 @@ class ModelConfig:
             raise CheckpointError(f"{source}: model_type is {arch!r}, not 'qwen3'; point at a Qwen3 checkpoint")
         values = {f.name: hf[f.name] for f in fields(cls) if f.name in hf}
         if "rope_theta" not in values:  # transformers 5 nests it
-            values["rope_theta"] = (hf.get("rope_parameters") or {}).get("rope_theta", cls.rope_theta)
+            rope = hf.get("rope_parameters")
+            values["rope_theta"] = (rope if isinstance(rope, dict) else {}).get("rope_theta", cls.rope_theta)
+        problem = config_problem(values)
+        if problem:
+            raise CheckpointError(f"{source}: {problem}; the config is damaged or not a Qwen3 model's: restore the "
+                                  "checkpoint from a copy, or re-download or re-export it")
         if "head_dim" not in values:
-            values["head_dim"] = hf["hidden_size"] // hf["num_attention_heads"]
-        config = cls(**values)
-        if config.num_attention_heads % config.num_key_value_heads:
-            raise CheckpointError(f"{source}: num_attention_heads must be a multiple of num_key_value_heads")
-        return config
+            values["head_dim"] = values["hidden_size"] // values["num_attention_heads"]
+        return cls(**values)
 
     def to_hf(self) -> dict:
         hf = asdict(self)
@@ -78,6 +82,35 @@ class ModelConfig:
                   attention_bias=False, attention_dropout=0.0, torch_dtype="float32",
                   rope_parameters={"rope_type": "default", "rope_theta": self.rope_theta})
         return hf
+
+
+# The fields a Qwen3 config.json always has: the defaults above are Qwen3-8B's, and a checkpoint that
+# lacks one of these is not described by them.
+REQUIRED_FIELDS = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads")
+
+
+def config_problem(values: dict) -> str:
+    """Why ModelConfig fields (from a config.json, or --set teacher_model) cannot describe a model ("" if
+    they can): a required one missing, a size that is not a positive integer, a float that is not a
+    positive finite number, a flag that is not true or false, heads that do not divide. Checked before
+    any module is built, so a bad value is one line, not an error deep inside torch (or a NaN result)."""
+    missing = [name for name in REQUIRED_FIELDS if name not in values]
+    if missing:
+        return f"lacks {', '.join(missing)}"
+    defaults = {f.name: f.default for f in fields(ModelConfig)}
+    for name, value in values.items():
+        kind = type(defaults[name])
+        if kind is bool and not isinstance(value, bool):
+            return f"{name} is {value!r}, not true or false"
+        if kind is int and not (isinstance(value, int) and not isinstance(value, bool) and value >= 1):
+            return f"{name} is {value!r}, not a positive integer"
+        if kind is float and not (isinstance(value, (int, float)) and not isinstance(value, bool)
+                                  and math.isfinite(value) and (value > 0 or name == "initializer_range" and value == 0)):
+            return f"{name} is {value!r}, not a positive finite number"
+    if values["num_attention_heads"] % values.get("num_key_value_heads", ModelConfig.num_key_value_heads):
+        return (f"num_attention_heads ({values['num_attention_heads']}) is not a multiple of num_key_value_heads "
+                f"({values.get('num_key_value_heads', ModelConfig.num_key_value_heads)})")
+    return ""
 
 
 # ----------------------------------------------------------------------------------------------
@@ -551,6 +584,10 @@ class Student(nn.Module):
         if not shape:
             raise CheckpointError(f"{path / 'config.json'}: not a normgrow student (no 'normgrow_student' entry); "
                                   "use model.load_qwen3 for a plain Qwen3 checkpoint")
+        problem = shape_problem(shape)
+        if problem:
+            raise CheckpointError(f"{path / 'config.json'}: {problem}; the config is damaged: restore the checkpoint "
+                                  "from a copy")
         with torch.device("meta"):
             student = cls(ModelConfig.from_hf(hf, str(path / "config.json")), shape["blocks"],
                           shape["layers_per_block"], shape["norm"], shape.get("boundary", "none"),
@@ -558,6 +595,76 @@ class Student(nn.Module):
         load_tensors(student, path, dtype, device, name_in_file=lambda name: name)
         student.embed_tokens.weight.requires_grad_(False)
         return student
+
+
+def shape_problem(shape) -> str:
+    """Why a config.json's normgrow_student entry cannot describe a student ("" if it can), checked
+    before the student is built so that a bad value names the field, not a line inside the model."""
+    if not isinstance(shape, dict):
+        return f"normgrow_student is {shape!r}, not an object of blocks, layers_per_block and norm"
+    for key in ("blocks", "layers_per_block"):
+        value = shape.get(key)
+        if not (isinstance(value, int) and not isinstance(value, bool) and value >= 1):
+            return f"normgrow_student.{key} is {'missing' if key not in shape else repr(value)}, not a positive integer"
+    norm = shape.get("norm")
+    if not isinstance(norm, str):
+        return f"normgrow_student.norm is {'missing' if 'norm' not in shape else repr(norm)}, not a placement name"
+    try:
+        block_norms(norm, shape["blocks"])
+    except ValueError as e:
+        return f"normgrow_student.norm: {e}"
+    boundary, scale = shape.get("boundary", "none"), shape.get("boundary_scale", 1.0)
+    if boundary not in BOUNDARIES:
+        return f"normgrow_student.boundary is {boundary!r}, not one of {', '.join(BOUNDARIES)}"
+    if not (isinstance(scale, (int, float)) and not isinstance(scale, bool) and math.isfinite(scale) and scale > 0):
+        return f"normgrow_student.boundary_scale is {scale!r}, not a positive finite number"
+    return ""
+
+
+# ----------------------------------------------------------------------------------------------
+# Checksums: every checkpoint the kit writes carries the sha256 of each of its files; every load checks them
+
+CHECKSUMS = "checksums.json"  # in every checkpoint: sha256 of each of its files, written at save time
+
+
+def sha256(file: Path) -> str:
+    digest = hashlib.sha256()
+    with open(file, "rb") as f:
+        for block in iter(lambda: f.read(1 << 24), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def write_checksums(folder: Path):
+    files = sorted(p for p in folder.iterdir() if p.is_file() and p.name != CHECKSUMS)
+    (folder / CHECKSUMS).write_text(json.dumps({p.name: sha256(p) for p in files}, indent=1) + "\n")
+
+
+def damage(ckpt: Path) -> str:
+    """Why a checkpoint cannot be trusted ("" if it can): a file that is missing or differs from the
+    checksum written with it. A checkpoint from before checksums were written is taken as it is."""
+    try:
+        sums = json.loads((ckpt / CHECKSUMS).read_text())
+    except FileNotFoundError:
+        return ""
+    except (OSError, ValueError):
+        return f"{CHECKSUMS} is unreadable"
+    if not isinstance(sums, dict) or not all(isinstance(v, str) for v in sums.values()):
+        return f"{CHECKSUMS} is not a map of file -> sha256"
+    for name, digest in sums.items():
+        if not (ckpt / name).is_file():
+            return f"{name} is missing"
+        if sha256(ckpt / name) != digest:
+            return f"{name} does not match its checksum"
+    return ""
+
+
+def check_checksums(path: Path):
+    """A checkpoint folder whose files differ from the checksums written with them is refused."""
+    why = damage(path)
+    if why:
+        raise CheckpointError(f"{path}: damaged ({why}); the file changed after the kit wrote it: restore it or "
+                              "retrain that checkpoint")
 
 
 # ----------------------------------------------------------------------------------------------
@@ -582,9 +689,13 @@ def read_config(path: Path) -> dict:
     if not config_file.is_file():
         raise CheckpointError(f"{config_file}: missing; a HF checkpoint directory needs its config.json")
     try:
-        return json.loads(config_file.read_text())
-    except json.JSONDecodeError as e:
+        config = json.loads(config_file.read_text())
+    except ValueError as e:  # not JSON, or not even UTF-8 text
         raise CheckpointError(f"{config_file}: not valid JSON ({e}); re-download or re-export the checkpoint") from None
+    if not isinstance(config, dict):  # every reader does config.get(...)
+        raise CheckpointError(f"{config_file}: a JSON {type(config).__name__}, not an object of config fields; "
+                              "re-download or re-export the checkpoint")
+    return config
 
 
 def tensor_files(path: Path) -> dict[str, Path]:
@@ -621,6 +732,7 @@ def open_safetensors(file: Path):
 def load_tensors(module: nn.Module, path: Path, dtype, device, name_in_file: Callable[[str], str]):
     """Fill a meta-device (or FSDP2-sharded) module from safetensors, one tensor at a time, so a
     large model is never held twice; a sharded parameter reads only its own rows from disk."""
+    check_checksums(path)
     files = tensor_files(path)
     wanted = {name_in_file(name) for name, _ in module.named_parameters()}
     # A tied teacher's file may still carry lm_head.weight; any other tensor means config.json describes
@@ -721,8 +833,9 @@ def export_hf(student: Student, path, source: str = "", extra_files: dict[str, s
     `extra_files` (name -> text: the tokenizer's files, generation_config.json) beside it."""
     if student.norm_placement != "pre" or student.boundary != "none":
         extra = f" with {student.boundary!r} boundaries" if student.boundary != "none" else ""
-        raise ValueError(f"only pre-norm students without boundary interventions are Qwen3 models; this one is "
-                         f"{student.norm_placement!r}-norm{extra}")
+        raise ValueError(f"{source or 'this student'}: only pre-norm students without boundary interventions are "
+                         f"Qwen3 models; this one is {student.norm_placement!r}-norm{extra}: export a pre-norm run's "
+                         "checkpoint (a post-norm student is read by the kit itself: eval, sample)")
     state = {hf_name(k): v for k, v in student.state_dict().items()}
     write_checkpoint(path, student.config.to_hf(), state,
                      extra_files={**(extra_files or {}), EXPORT_MARKER: json.dumps({"exported_from": source}) + "\n"})

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import base64
 import errno
-import hashlib
 import json
 import os
 import shutil
@@ -85,7 +84,7 @@ def write_kept_checkpoint(run_dir: Path, name: str, net, state: dict, ctx):
         else:
             net.save(tmp, full)
         (tmp / "trainer_state.json").write_text(json.dumps(state))
-        write_checksums(tmp)
+        model.write_checksums(tmp)
         model.replace_folder(tmp, run_dir / name)
     ctx.barrier()
 
@@ -117,67 +116,50 @@ def write_latest_checkpoint(run_dir: Path, net, optimizer, state: dict, ctx):
         save_file(tensors, tmp / "optimizer.safetensors")
         (tmp / "optimizer.json").write_text(json.dumps({"param_groups": optim_state["param_groups"]}))
         (tmp / "trainer_state.json").write_text(json.dumps(state))
-        write_checksums(tmp)
+        model.write_checksums(tmp)
         model.replace_folder(tmp, run_dir / "latest")
     ctx.barrier()
 
 
-CHECKSUMS = "checksums.json"  # in every checkpoint: sha256 of each of its files, written at save time
 
 
-def sha256(file: Path) -> str:
-    digest = hashlib.sha256()
-    with open(file, "rb") as f:
-        for block in iter(lambda: f.read(1 << 24), b""):
-            digest.update(block)
-    return digest.hexdigest()
+# Resume points, best first on a tie: latest/ (weights and AdamW state), phase-<p>/ (weights; a phase
+# starts a fresh AdamW, so nothing is lost), step-<n>/ (weights only, mid-phase: AdamW's moments restart).
+RESUME_KINDS = ("latest", "phase-", "step-")
+TRAINER_STATE_KEYS = ("step", "phase", "data", "totals", "elapsed", "torch_rng")
 
 
-def write_checksums(folder: Path):
-    files = sorted(p for p in folder.iterdir() if p.is_file() and p.name != CHECKSUMS)
-    (folder / CHECKSUMS).write_text(json.dumps({p.name: sha256(p) for p in files}, indent=1) + "\n")
-
-
-def damage(ckpt: Path) -> str:
-    """Why a checkpoint cannot be trusted ("" if it can): a file that is missing or differs from the
-    checksum written with it. A checkpoint from before checksums were written is taken as it is."""
-    try:
-        sums = json.loads((ckpt / CHECKSUMS).read_text())
-    except FileNotFoundError:
-        return ""
-    except (OSError, ValueError):
-        return f"{CHECKSUMS} is unreadable"
-    for name, digest in sums.items():
-        if not (ckpt / name).is_file():
-            return f"{name} is missing"
-        if sha256(ckpt / name) != digest:
-            return f"{name} does not match its checksum"
-    return ""
-
-
-def checkpoints(run_dir: Path) -> list[tuple[int, Path]]:
-    """(step, folder) of latest/ and every phase-<p>/, newest first (on a tie latest/, which also holds
-    the optimizer state). A trainer state that cannot be read leaves the folder out."""
+def checkpoints(run_dir: Path) -> list[tuple[int | None, Path]]:
+    """(step, folder) of every resume point: those with an unreadable trainer state (step None) first,
+    so that each is named before a good one is taken, then newest first."""
     found = []
-    phases = [d for d in run_dir.glob("phase-*") if d.name.removeprefix("phase-").isdigit()]  # not .tmp/.old
-    for ckpt in [run_dir / "latest", *phases]:
+    for ckpt in run_dir.iterdir() if run_dir.is_dir() else []:
+        kind = next((k for k in RESUME_KINDS if ckpt.name == k or (k.endswith("-") and ckpt.name.startswith(k)
+                                                                     and ckpt.name.removeprefix(k).isdigit())), None)
+        if kind is None or not ckpt.is_dir():  # not .tmp/.old leftovers
+            continue
         try:
             step = json.loads((ckpt / "trainer_state.json").read_text())["step"]
+            step = step if isinstance(step, int) else None
         except (OSError, ValueError, KeyError, TypeError):
-            continue
-        found.append((step, ckpt.name == "latest", ckpt))
-    return [(step, ckpt) for step, _, ckpt in sorted(found, reverse=True, key=lambda f: (f[0], f[1]))]
+            step = None
+        found.append((step, -RESUME_KINDS.index(kind), ckpt))
+    found.sort(key=lambda f: (f[0] is None, f[0] or 0, f[1]), reverse=True)
+    return [(step, ckpt) for step, _, ckpt in found]
 
 
-def newest_checkpoint(run_dir: Path, verify: bool = False, warn=print) -> tuple[Path, dict] | None:
-    """The checkpoint to resume from: the one with the highest step, or with `verify` the newest whose
-    files match their checksums (each damaged one named in a one-line warning, and passed over)."""
-    for _, ckpt in checkpoints(run_dir):
-        why = damage(ckpt) if verify else ""
+def newest_checkpoint(run_dir: Path, verify: bool = False, warn=lambda line: None) -> tuple[Path, dict] | None:
+    """The checkpoint to resume from: the newest whose trainer state reads and, with `verify`, whose
+    files match their checksums; each one passed over is named in a one-line warning."""
+    for step, ckpt in checkpoints(run_dir):
+        why = "trainer_state.json is unreadable" if step is None else model.damage(ckpt) if verify else ""
         if why:
             warn(f"{ckpt}: damaged ({why}); resuming from an older checkpoint")
             continue
-        return ckpt, read_json(ckpt / "trainer_state.json", "step", "phase", "data", "totals", "elapsed", "torch_rng")
+        try:
+            return ckpt, read_json(ckpt / "trainer_state.json", *TRAINER_STATE_KEYS)
+        except TrainingError as e:
+            warn(f"{e}; resuming from an older checkpoint")
     return None
 
 
@@ -226,6 +208,20 @@ def same_training(stored: dict, wanted: dict, run_dir: Path) -> bool:
     return comparable(stored, run_dir) == comparable(wanted, run_dir)
 
 
+def check_config(config, run_dir: Path):
+    """A TrainingError unless run_dir's config.json reads and trains the same run as `config` (repro.py
+    also calls this before any work, so that a stale run is one line before anything is printed)."""
+    wanted = json.loads(json.dumps(asdict(config)))
+    # A field added to RunConfig after the run was made reads as its default: the same run.
+    defaults = json.loads(json.dumps({f.name: f.default for f in fields(config) if f.default is not MISSING}))
+    stored = {**{k: v for k, v in defaults.items() if k in wanted}, **read_json(run_dir / "config.json")}
+    if not same_training(stored, wanted, run_dir):
+        a, b = comparable(stored, run_dir), comparable(wanted, run_dir)
+        changed = sorted(k for k in set(a) | set(b) if a.get(k) != b.get(k))
+        raise TrainingError(f"{run_dir}: holds a run with another config (differs in {', '.join(changed)}); "
+                            "pass --force to discard it and start over, or choose another output folder")
+
+
 def prepare_run_dir(config, run_dir: Path, force: bool, ctx, provenance: dict) -> bool:
     """Create or check the run directory. Returns True if the run is already done. A folder holding
     a run of another config is an error, or with `force` discarded; one of the same config is
@@ -233,22 +229,16 @@ def prepare_run_dir(config, run_dir: Path, force: bool, ctx, provenance: dict) -
     config_file = run_dir / "config.json"
     wanted = json.loads(json.dumps(asdict(config)))
     if config_file.is_file():
-        # A field added to RunConfig after the run was made reads as its default: the same run.
-        defaults = json.loads(json.dumps({f.name: f.default for f in fields(config) if f.default is not MISSING}))
         try:
-            stored = {**{k: v for k, v in defaults.items() if k in wanted}, **read_json(config_file)}
-        except TrainingError:
+            check_config(config, run_dir)
+            same = True
+        except TrainingError:  # another config, or a damaged one the kit wrote: --force redoes the run
             if not force:
                 raise
-            stored = {}  # a damaged config the kit wrote: --force redoes the run
-        if same_training(stored, wanted, run_dir):
+            same = False
+        if same:
             if (run_dir / "done.json").is_file():
                 return True
-        elif not force:
-            a, b = comparable(stored, run_dir), comparable(wanted, run_dir)
-            changed = sorted(k for k in set(a) | set(b) if a.get(k) != b.get(k))
-            raise TrainingError(f"{run_dir}: holds a run with another config (differs in {', '.join(changed)}); "
-                                "pass --force to discard it and start over, or choose another output folder")
         elif ctx.is_main:
             shutil.rmtree(run_dir)
     ctx.barrier()
@@ -281,7 +271,10 @@ def read_json(path: Path, *keys: str) -> dict:
     except ValueError as e:
         raise TrainingError(f"{path}: not valid JSON ({e}); the file is damaged: move it away (or rerun with "
                             "--force for a run's config) and rerun") from None
-    missing = [k for k in keys if not isinstance(value, dict) or k not in value]
+    if not isinstance(value, dict):  # every file the kit writes as JSON holds an object
+        raise TrainingError(f"{path}: a JSON {type(value).__name__}, not the object the kit writes; the file is "
+                            "damaged or not the kit's: move it away and rerun")
+    missing = [k for k in keys if k not in value]
     if missing:
         raise TrainingError(f"{path}: lacks {', '.join(missing)}; the file is damaged or not the kit's: move it "
                             "away and rerun")

@@ -2,6 +2,7 @@
 import json
 import math
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -439,7 +440,7 @@ def test_resume_reads_no_pickle(tiny_shards, tiny_teacher_dir, tmp_path, monkeyp
     c = run_config(tiny_shards, tiny_teacher_dir, protocol="grow", phase_steps=4, checkpoint_interval=3)
     reference = grow.train(c, tmp_path / "reference")
     grow.train(c, tmp_path / "r", stop_after_step=7)  # a rolling checkpoint at step 6, mid phase 1
-    assert sorted(p.name for p in (tmp_path / "r" / "latest").iterdir()) == sorted((*rundir.LATEST_FILES, rundir.CHECKSUMS))
+    assert sorted(p.name for p in (tmp_path / "r" / "latest").iterdir()) == sorted((*rundir.LATEST_FILES, model.CHECKSUMS))
 
     def refuse(*args, **kwargs):
         raise AssertionError("something was unpickled")
@@ -456,7 +457,7 @@ def test_a_rolling_checkpoint_of_an_older_kit_is_one_line(tiny_shards, tiny_teac
     c = run_config(tiny_shards, tiny_teacher_dir, protocol="joint", checkpoint_interval=2)
     grow.train(c, tmp_path / "r", stop_after_step=3)
     latest = tmp_path / "r" / "latest"
-    for name in (rundir.CHECKSUMS, "optimizer.safetensors", "optimizer.json"):
+    for name in (model.CHECKSUMS, "optimizer.safetensors", "optimizer.json"):
         (latest / name).unlink()
     (latest / ".metadata").write_bytes(b"\x80\x04not read")
     with pytest.raises(grow.TrainingError, match=r"latest: lacks optimizer.safetensors, optimizer.json .* move the folder"):
@@ -495,3 +496,76 @@ def test_a_damaged_newest_checkpoint_is_passed_over_for_an_older_one(tiny_shards
         in capsys.readouterr().out
     strip = lambda rows: [{k: v for k, v in r.items() if k != "time"} for r in rows]
     assert strip(rundir.read_metrics(tmp_path / "r")) == strip(rundir.read_metrics(tmp_path / "reference"))
+
+
+# ---- corruption of each file kind, with fallback -------------------------------------------------------
+
+def flip_a_byte(file: Path):
+    data = bytearray(file.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    file.write_bytes(bytes(data))
+
+
+DAMAGES = {"flipped": flip_a_byte, "truncated": lambda f: f.write_bytes(f.read_bytes()[: f.stat().st_size // 2]),
+           "deleted": lambda f: f.unlink()}
+
+
+@pytest.fixture(scope="module")
+def stopped_run(tiny_shards, tiny_teacher_dir, tmp_path_factory):
+    """(config, an uninterrupted run's folder and result, a run stopped at step 7: latest/ at step 6,
+    phase-0/ at step 4)."""
+    base = tmp_path_factory.mktemp("corruption")
+    c = run_config(tiny_shards, tiny_teacher_dir, protocol="grow", phase_steps=4, checkpoint_interval=3)
+    reference = grow.train(c, base / "reference")
+    grow.train(c, base / "stopped", stop_after_step=7)
+    return c, base / "reference", reference, base / "stopped"
+
+
+@pytest.mark.parametrize("damage", DAMAGES)
+@pytest.mark.parametrize("name", [*rundir.LATEST_FILES, model.CHECKSUMS])
+def test_each_damaged_file_of_the_rolling_checkpoint_falls_back_to_the_same_result(stopped_run, tmp_path, capsys,
+                                                                                  name, damage):
+    """Any file of latest/ flipped, truncated or deleted: the run names latest/ in a one-line warning,
+    resumes from phase-0/ and ends with the uninterrupted run's result and metrics. (A deleted
+    checksums.json reads as a checkpoint from before checksums: its intact files are used, same result.)"""
+    c, reference_dir, reference, stopped = stopped_run
+    run_dir = tmp_path / "r"
+    shutil.copytree(stopped, run_dir)
+    DAMAGES[damage](run_dir / "latest" / name)
+    assert grow.train(c, run_dir) == reference
+    warnings = [line for line in capsys.readouterr().out.splitlines() if ": damaged (" in line]
+    if (name, damage) == (model.CHECKSUMS, "deleted"):
+        assert not warnings
+    else:
+        assert len(warnings) == 1 and warnings[0].startswith(f"{run_dir / 'latest'}: damaged (")
+    strip = lambda rows: [{k: v for k, v in r.items() if k != "time"} for r in rows]
+    assert strip(rundir.read_metrics(run_dir)) == strip(rundir.read_metrics(reference_dir))
+
+
+@pytest.mark.parametrize("damage", DAMAGES)
+@pytest.mark.parametrize("name", ["model.safetensors", "config.json", "trainer_state.json"])
+def test_each_damaged_file_of_a_kept_checkpoint_is_refused_on_load(stopped_run, tmp_path, name, damage):
+    """A kept checkpoint (what eval, export, sample and the diagnostics read) with any file changed is
+    a one-line CheckpointError naming the folder, never a silently different model."""
+    _, reference_dir, _, _ = stopped_run
+    ckpt = tmp_path / "phase-1"
+    shutil.copytree(reference_dir / "phase-1", ckpt)
+    DAMAGES[damage](ckpt / name)
+    with pytest.raises(model.CheckpointError) as error:
+        model.Student.load(ckpt)
+    assert len(str(error.value).splitlines()) == 1 and str(ckpt) in str(error.value)
+
+
+def test_with_latest_and_the_phase_checkpoint_damaged_a_snapshot_is_the_resume_point(tiny_shards, tiny_teacher_dir,
+                                                                                    tmp_path, capsys):
+    """step-<n>/ is a resume point of last resort: weights only, so the run says that AdamW's moments
+    restart there, and finishes."""
+    c = run_config(tiny_shards, tiny_teacher_dir, protocol="grow", phase_steps=4, checkpoint_interval=3,
+                   snapshot_interval=2)
+    grow.train(c, tmp_path / "r", stop_after_step=7)   # latest/ 6, step-6/ 6, phase-0/ 4, step-2/ 2
+    flip_a_byte(tmp_path / "r" / "latest" / "model.safetensors")
+    result = grow.train(c, tmp_path / "r")
+    out = capsys.readouterr().out
+    assert "latest: damaged (model.safetensors does not match its checksum)" in out
+    assert "step-6 holds weights but no AdamW state; its moments restart at step 6" in out
+    assert math.isfinite(result["ce"]) and (tmp_path / "r" / "done.json").is_file()
