@@ -742,6 +742,7 @@ class Run:
         phase_end = step == phase.first_step + phase.steps
         if phase_end or step % config.eval_interval == 0:
             self.final = evaluate(config, self.net, self.teacher, self.val, phase.active_blocks, ctx)
+            kill_point("evaluated", config.name, step)
             self.log.write({"step": step, "phase": phase.index, "eval": True, **self.final})
             print0(ctx, f"{config.name}: step {step}: loss {loss:.4f}, val CE {self.final['ce']:.4f}, "
                         f"val KD {self.final['kd']:.4f}, {tok_s:,.0f} tok/s")

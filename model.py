@@ -807,14 +807,15 @@ def write_checkpoint(path, config: dict, state: dict, extra_files: dict[str, str
     replace_folder(tmp, path)
 
 
-def replace_folder(new: Path, path: Path):
+def replace_folder(new: Path, path: Path, midway: Callable[[], None] = lambda: None):
     """Move a finished folder to `path`; an existing one there is removed only after the move. A `.old`
     left by a swap that was killed is superseded by `new` and removed first (os.replace cannot move a
-    folder onto a non-empty one)."""
+    folder onto a non-empty one). `midway` runs between the two moves (the kill tests)."""
     old = path.with_name(path.name + ".old")
     shutil.rmtree(old, ignore_errors=True)
     if path.exists():
         os.replace(path, old)
+    midway()
     os.replace(new, path)
     shutil.rmtree(old, ignore_errors=True)
 

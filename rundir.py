@@ -29,9 +29,11 @@ class TrainingError(RuntimeError):
 def kill_point(event: str, name: str, step: int = 0):
     """Fault injection for the resume tests: NORMGROW_KILL_AT=<event>:<name>:<step> SIGKILLs this
     process right there. Events of a run <name>: opened (model built, checkpoint or prefix loaded),
-    stepped (after the update and its log line, before evaluation and checkpoints), saved (after the
-    step's checkpoints), done (after done.json). Of a suite: prepared:data (shards written),
-    reported:<experiment> (its report written)."""
+    stepped (after the update and its log line, before evaluation and checkpoints), evaluated (after
+    an evaluation, before its log line), writing-kept / writing-latest (a checkpoint's weights written
+    to its temporary folder, the rest not yet), swapping-kept / swapping-latest (the old folder moved
+    away, the new one not yet in place), saved (after the step's checkpoints), done (after done.json).
+    Of a suite: prepared:data (shards written), reported:<experiment> (its report written)."""
     if os.environ.get("NORMGROW_KILL_AT") == f"{event}:{name}:{step}":
         os.kill(os.getpid(), signal.SIGKILL)
 
@@ -83,9 +85,10 @@ def write_kept_checkpoint(run_dir: Path, name: str, net, state: dict, ctx):
             model.save_qwen3(net, tmp, full)
         else:
             net.save(tmp, full)
+        kill_point("writing-kept", run_dir.name, state["step"])
         (tmp / "trainer_state.json").write_text(json.dumps(state))
         model.write_checksums(tmp)
-        model.replace_folder(tmp, run_dir / name)
+        model.replace_folder(tmp, run_dir / name, midway=lambda: kill_point("swapping-kept", run_dir.name, state["step"]))
     ctx.barrier()
 
 
@@ -111,20 +114,23 @@ def write_latest_checkpoint(run_dir: Path, net, optimizer, state: dict, ctx):
         tmp.mkdir()
         # clone: tied weights (the teacher run's head) share storage, which safetensors refuses
         save_file({k: v.detach().clone().contiguous() for k, v in model_state.items()}, tmp / "model.safetensors")
+        kill_point("writing-latest", run_dir.name, state["step"])
         tensors = {f"{fqn}/{key}": torch.as_tensor(value).clone().contiguous()
                    for fqn, values in optim_state["state"].items() for key, value in values.items()}
         save_file(tensors, tmp / "optimizer.safetensors")
         (tmp / "optimizer.json").write_text(json.dumps({"param_groups": optim_state["param_groups"]}))
         (tmp / "trainer_state.json").write_text(json.dumps(state))
         model.write_checksums(tmp)
-        model.replace_folder(tmp, run_dir / "latest")
+        model.replace_folder(tmp, run_dir / "latest",
+                             midway=lambda: kill_point("swapping-latest", run_dir.name, state["step"]))
     ctx.barrier()
 
 
 
 
 # Resume points, best first on a tie: latest/ (weights and AdamW state), phase-<p>/ (weights; a phase
-# starts a fresh AdamW, so nothing is lost), step-<n>/ (weights only, mid-phase: AdamW's moments restart).
+# starts a fresh AdamW, so nothing is lost), step-<n>/ (weights only, mid-phase: AdamW's moments
+# restart, so only after damage).
 RESUME_KINDS = ("latest", "phase-", "step-")
 TRAINER_STATE_KEYS = ("step", "phase", "data", "totals", "elapsed", "torch_rng")
 
@@ -150,11 +156,17 @@ def checkpoints(run_dir: Path) -> list[tuple[int | None, Path]]:
 
 def newest_checkpoint(run_dir: Path, verify: bool = False, warn=lambda line: None) -> tuple[Path, dict] | None:
     """The checkpoint to resume from: the newest whose trainer state reads and, with `verify`, whose
-    files match their checksums; each one passed over is named in a one-line warning."""
+    files match their checksums; each one passed over is named in a one-line warning. A snapshot
+    step-<n>/ is taken only once a damaged checkpoint was passed over: an interrupted run resumes
+    exactly from latest/ or phase-<p>/ (or step 0), a damaged one salvages what it can."""
+    salvaging = False
     for step, ckpt in checkpoints(run_dir):
+        if ckpt.name.startswith("step-") and not salvaging:
+            continue
         why = "trainer_state.json is unreadable" if step is None else model.damage(ckpt) if verify else ""
         if why:
             warn(f"{ckpt}: damaged ({why}); resuming from an older checkpoint")
+            salvaging = True
             continue
         try:
             return ckpt, read_json(ckpt / "trainer_state.json", *TRAINER_STATE_KEYS)

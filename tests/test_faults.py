@@ -1,6 +1,7 @@
 """Fault injection over a smoke suite (`make test-faults`; `.ci/run` runs it after `make test`): the
-suite is SIGKILLed at 21 points, from data preparation through the teacher, every kind of student
-checkpoint, a run finishing, a shared prefix being adopted, to the reports, and rerun after each kill.
+suite is SIGKILLed at 31 points, from data preparation through the teacher, every kind of checkpoint
+(each also midway through its write and midway through the folder swap), an evaluation, a run
+finishing, a shared prefix being adopted, to the reports, and rerun after each kill.
 It must end with the same weights, metrics.jsonl (but wall time), done.json and tables as a suite
 that was never interrupted. And every file of a run folder, in turn, replaced by a pickle payload:
 nothing may ever unpickle it."""
@@ -21,10 +22,13 @@ pytestmark = pytest.mark.faults
 ROOT = Path(__file__).resolve().parents[1]
 EXPERIMENTS = ("table1", "tableA3")  # the six replay runs of a seed, trained in lockstep
 # In the order the suite reaches them (smoke: 8 steps per phase, checkpoints every 4; teacher 20 steps).
-KILLS = ("prepared:data:0", "opened:teacher:0", "stepped:teacher:3", "saved:teacher:10", "done:teacher:20",
-         "opened:pre-joint:0", "stepped:post-grow:2", "saved:post-grow:4", "done:pre-joint:8", "saved:pre-grow:8",
-         "opened:pre-freeze:8", "opened:post-freeze:8", "stepped:pre-freeze:10", "saved:pre-freeze:12",
-         "saved:post-grow:16", "stepped:post-freeze:20", "saved:post-grow:24", "done:post-grow:24",
+KILLS = ("prepared:data:0", "opened:teacher:0", "stepped:teacher:3", "writing-latest:teacher:8", "saved:teacher:10",
+         "writing-kept:teacher:20", "swapping-kept:teacher:20", "done:teacher:20",
+         "opened:pre-joint:0", "stepped:post-grow:2", "writing-latest:pre-grow:4", "swapping-latest:pre-grow:4",
+         "saved:post-grow:4", "swapping-kept:pre-joint:8", "done:pre-joint:8", "evaluated:post-joint:8",
+         "writing-kept:pre-grow:8", "saved:pre-grow:8", "opened:pre-freeze:8", "opened:post-freeze:8",
+         "stepped:pre-freeze:10", "swapping-latest:post-grow:12", "saved:pre-freeze:12", "saved:post-grow:16",
+         "stepped:post-freeze:20", "evaluated:post-grow:24", "saved:post-grow:24", "done:post-grow:24",
          "done:post-freeze:24", "reported:table1:0", "reported:tableA3:0")
 
 
@@ -39,7 +43,7 @@ def run_folders(base: Path) -> list[Path]:
     return sorted(p for p in (base / "runs" / "smoke").glob("s42/*")) + [base / "runs" / "smoke" / "teacher"]
 
 
-def test_a_suite_killed_at_21_points_ends_as_an_uninterrupted_one(tmp_path):
+def test_a_suite_killed_at_31_points_ends_as_an_uninterrupted_one(tmp_path):
     clean = suite(tmp_path / "clean")
     assert clean.returncode == 0, clean.stderr[-3000:]
     killed = tmp_path / "killed"
