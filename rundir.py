@@ -58,16 +58,20 @@ def gathered_state(net) -> dict:
 
 @contextmanager
 def disk_full_is_one_line(folder: Path, run_dir: Path):
-    """A write that runs out of disk says so, names the folder, and says what is still intact."""
+    """A write that runs out of disk (or past a file-size limit) says so, names the folder, and says
+    what is still intact."""
     try:
         yield
     except Exception as e:  # OSError, or safetensors' own error wrapping one
-        if getattr(e, "errno", None) != errno.ENOSPC and "No space left on device" not in str(e):
+        full = getattr(e, "errno", None) == errno.ENOSPC or "No space left on device" in str(e)
+        too_large = getattr(e, "errno", None) == errno.EFBIG or "File too large" in str(e)
+        if not (full or too_large):
             raise
         intact = newest_checkpoint(run_dir)
-        raise TrainingError(f"no space left on device while writing {folder}; "
+        why = "no space left on device" if full else "a file-size limit (ulimit -f) was reached"
+        raise TrainingError(f"{why} while writing {folder}; "
                             + (f"the previous checkpoint {intact[0]} is intact" if intact else "no checkpoint was lost")
-                            + ": free some space and rerun to resume") from None
+                            + ": free some space (or raise the limit) and rerun to resume") from None
 
 
 def save_kept_checkpoint(run_dir: Path, name: str, net, state: dict, ctx):

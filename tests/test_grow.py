@@ -381,9 +381,25 @@ def test_disk_full_while_checkpointing_says_so_and_resumes(tiny_shards, tiny_tea
 
     monkeypatch.setattr(grow.model, "write_checkpoint", full_disk)
     with pytest.raises(grow.TrainingError, match=r"no space left on device while writing .*phase-1; the previous "
-                                                 r"checkpoint .*latest is intact: free some space and rerun"):
+                                                 r"checkpoint .*latest is intact: free some space"):
         grow.train(c, tmp_path / "r")
     monkeypatch.setattr(grow.model, "write_checkpoint", real)  # space freed
+    assert grow.train(c, tmp_path / "r") == reference
+
+
+def test_a_file_size_limit_while_checkpointing_says_so_and_resumes(tiny_shards, tiny_teacher_dir, tmp_path):
+    """A real limit, not a mock: the run's process under `ulimit -f` (RLIMIT_FSIZE) too small for a
+    checkpoint fails with one line naming the folder and the limit; rerun without it, it ends as an
+    uninterrupted run."""
+    c = run_config(tiny_shards, tiny_teacher_dir, protocol="grow", phase_steps=3, checkpoint_interval=2)
+    reference = grow.train(c, tmp_path / "reference")
+    script = ("import json, resource, signal, sys; signal.signal(signal.SIGXFSZ, signal.SIG_IGN); "
+              "resource.setrlimit(resource.RLIMIT_FSIZE, (60_000, resource.RLIM_INFINITY)); "
+              "import grow; grow.train(grow.RunConfig(**json.loads(sys.argv[1])), sys.argv[2])")
+    limited = subprocess.run([sys.executable, "-c", script, json.dumps(asdict(c)), str(tmp_path / "r")], cwd=ROOT,
+                             capture_output=True, text=True, timeout=300)
+    assert limited.returncode != 0
+    assert "a file-size limit (ulimit -f) was reached while writing" in limited.stderr.splitlines()[-1]
     assert grow.train(c, tmp_path / "r") == reference
 
 
