@@ -111,6 +111,9 @@ def corpus(source: str, n_val: int, seed: int = 0, **options) -> Corpus:
     if unknown := set(options) - allowed:
         raise DataError(f"source {source}: unknown option(s) {', '.join(sorted(unknown))}; "
                         f"it takes {', '.join(sorted(allowed)) or 'none'}")
+    if source == "local" and not options.get("path"):
+        raise DataError("source local: needs a path, a folder of .txt or .parquet files, a .jsonl or a .parquet file "
+                        "(--set data.path=...)")
     if n_val < 0:
         raise DataError(f"n_val={n_val}: the validation size cannot be negative")
     return make(n_val, seed, **options)
@@ -317,9 +320,21 @@ def _read_manifest(path: Path) -> dict:
                         ) from None
     except ValueError as error:
         raise DataError(f"{file}: not valid JSON ({error}); rebuild the shard with force=True (--force)") from None
+    if not isinstance(manifest, dict):
+        raise DataError(f"{file}: a JSON {type(manifest).__name__}, not a shard manifest; rebuild the shard with "
+                        "force=True (--force)")
     if manifest.get("format") != SHARD_FORMAT:
         raise DataError(f"{file}: shard format {manifest.get('format')}, this kit reads {SHARD_FORMAT}; "
                         f"rebuild the shard with force=True (--force)")
+    # The fields the shard is opened with: counts that size its arrays, the <|endoftext|> id, checksums.
+    counts = [k for k in ("n_docs", "n_tokens", "eot") if not (isinstance(manifest.get(k), int)
+                                                            and not isinstance(manifest.get(k), bool) and manifest[k] >= 0)]
+    sums = manifest.get("sha256")
+    if counts or not (isinstance(sums, dict) and all(isinstance(sums.get(f), str) for f in (TOKENS_FILE, OFFSETS_FILE))):
+        field = counts[0] if counts else "sha256"
+        value = repr(manifest[field]) if field in manifest else "missing"
+        raise DataError(f"{file}: {field} is {value}, not what the kit writes; the manifest is damaged: rebuild the "
+                        "shard with force=True (--force)")
     return manifest
 
 

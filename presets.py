@@ -13,6 +13,7 @@ import click
 
 import grow
 import model
+import tokenizer
 
 # ----------------------------------------------------------------------------------------------
 # Presets: every number of a scale lives here, and nowhere else.
@@ -140,6 +141,54 @@ OVERRIDABLE = {"run": grow.RunConfig, "teacher_run": grow.RunConfig, "teacher_mo
 DATA_OPTIONS = {"path": "", "revision": "", "cache_dir": ""}
 
 
+# What a parsed value must also be (parse_value already refuses negative and non-finite numbers): a
+# count of at least one, a fraction, Adam's betas below one, a seed torch accepts, one of a setting's
+# choices. Checked here so that a bad value is one line before any folder is made, not an error (or a
+# meaningless run) minutes later.
+AT_LEAST_ONE = {"blocks", "layers_per_block", "phase_steps", "global_batch", "micro_batch", "loss_chunk",
+                "eval_interval", "eval_batch", "checkpoint_interval", "max_len", "val_docs", "docs", "max_inputs"}
+CHOICES = {"precision": ("auto", *grow.PRECISIONS), "post_output_gain": model.OUTPUT_GAINS,
+           "boundary": model.BOUNDARIES}
+# Keys the kit sets itself for every run (from its data, teacher, protocol and shared prefix), or that
+# hold a structure with no command-line form: a --set of one would be replaced without a word.
+SET_BY_KIT = {"run": {"teacher", "train_data", "val_data", "replay_docs", "start_from", "joint_phases",
+                      "teacher_config", "scratch_model", "relative_to_run"},
+              "teacher_model": {"vocab_size"}}
+SET_BY_KIT["teacher_run"] = SET_BY_KIT["run"]
+
+
+def value_problem(section: str, name: str, value) -> str:
+    """Why one parsed --set value cannot be used ("" if it can)."""
+    if name in AT_LEAST_ONE and value < 1:
+        return "expected at least 1"
+    if name == "warmup_frac" and value > 1:
+        return "expected a fraction of the phase, 0 to 1"
+    if name == "betas" and not all(b < 1 for b in value):
+        return "expected Adam betas below 1, e.g. 0.9,0.95"
+    if name == "seed" and value >= 2**63:
+        return "expected a seed below 2^63"
+    if name == "vocab_size" and section == "data" and not 256 <= value <= tokenizer.QWEN3_N_RANKS:
+        return f"expected 256 (all single bytes) to {tokenizer.QWEN3_N_RANKS} (all Qwen3 ranks)"
+    if name in CHOICES and value not in CHOICES[name]:
+        return f"expected one of {', '.join(CHOICES[name])}"
+    return ""
+
+
+def sections_problem(base: Preset, preset: Preset, changes: dict) -> str:
+    """Why the overridden sections do not fit together ("" if they do): a micro-batch that does not
+    divide the batch, a teacher model whose sizes or heads do not make a Qwen3 (model.config_problem)."""
+    runs = {"run": preset.run, "teacher_run": {**base.run, **preset.teacher_run}}  # the teacher's, as run_config builds it
+    for section, run in runs.items():
+        if section in changes and run["global_batch"] % run["micro_batch"]:
+            return (f"{section}.micro_batch={run['micro_batch']} does not divide {section}.global_batch="
+                    f"{run['global_batch']}")
+    if "teacher_model" in changes:
+        problem = model.config_problem({**preset.teacher_model, "vocab_size": 1})  # the kit sets the vocabulary
+        if problem:
+            return f"teacher_model: {problem}"
+    return ""
+
+
 def parse_value(key: str, raw: str, current):
     """`raw` as the type of the preset's current value; a bad value is a one-line error naming the key."""
     def bad(why):
@@ -161,6 +210,8 @@ def parse_value(key: str, raw: str, current):
             value = tuple(float(v) for v in raw.strip("()[] ").split(","))
         except ValueError:
             raise bad("expected numbers separated by commas, e.g. 0.9,0.95") from None
+        if not all(math.isfinite(v) and v >= 0 for v in value):
+            raise bad("expected finite numbers >= 0")
         if current and len(value) != len(current):  # an empty default (phase_lrs) takes any length
             raise bad(f"expected {len(current)} numbers")
         return value
@@ -184,10 +235,21 @@ def apply_overrides(preset: Preset, items, compile_flag: bool | None = None) -> 
         if name not in known:
             raise click.BadParameter(f"{key.strip()}: unknown key; {section} has {', '.join(sorted(known))}",
                                      param_hint="--set")
-        changes.setdefault(section, {})[name] = parse_value(key.strip(), raw.strip(), known[name])
+        if name in SET_BY_KIT.get(section, ()):
+            raise click.BadParameter(f"{key.strip()}: set by the kit for each run (from its data, teacher and "
+                                     "protocol), not from the command line", param_hint="--set")
+        value = parse_value(key.strip(), raw.strip(), known[name])
+        problem = value_problem(section, name, value)
+        if problem:
+            raise click.BadParameter(f"{key.strip()}={raw.strip()}: {problem}", param_hint="--set")
+        changes.setdefault(section, {})[name] = value
     if compile_flag is not None:
         changes.setdefault("run", {})["compile"] = compile_flag
-    return replace(preset, **{s: {**getattr(preset, s), **c} for s, c in changes.items()}), changes
+    new = replace(preset, **{s: {**getattr(preset, s), **c} for s, c in changes.items()})
+    problem = sections_problem(preset, new, changes)
+    if problem:
+        raise click.BadParameter(problem, param_hint="--set")
+    return new, changes
 
 
 def override_name(changes: dict) -> str:

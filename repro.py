@@ -22,6 +22,7 @@ resumed; runs whose first phases are identical share them.
 from __future__ import annotations
 
 import json
+import math
 import os
 import shlex
 import sys
@@ -94,6 +95,8 @@ def workspace(scale: str, runs_dir: Path, results_dir: Path | None = None, dry_r
     results/<scale>+<overrides>/. Everything is checked before a folder is made: the overrides, CUDA,
     then that the folders are writable (not for a dry run; no results folder where none is given)."""
     preset, changes = apply_overrides(PRESETS[scale], overrides, compile_flag)
+    if "data" in changes:
+        check_corpus(preset)
     if preset.needs_cuda and not dry_run:
         import torch
         if not torch.cuda.is_available() or device not in ("auto", "cuda"):
@@ -116,12 +119,28 @@ def workspace(scale: str, runs_dir: Path, results_dir: Path | None = None, dry_r
                      ctx, student_runs="" if own_inputs else f"set/{name}", tracker=tracker, lockstep=lockstep)
 
 
+def corpus_options(preset: Preset) -> dict:
+    """data.corpus's options (path, revision, cache_dir) among a preset's data settings."""
+    settings = ("source", "vocab_size", "max_len", "val_docs", "all_documents")
+    return {k: v for k, v in preset.data.items() if k not in settings}
+
+
+def check_corpus(preset: Preset):
+    """--set data.*: the tokenizer and corpus as set exist (building them reads no document), before any folder."""
+    d = preset.data
+    try:
+        data.qwen3_tokenizer(d["vocab_size"])
+        data.corpus(d["source"], d["val_docs"], preset.run["seed"], **corpus_options(preset))
+    except data.DataError as e:
+        raise click.BadParameter(str(e), param_hint="--set") from None
+
+
 def prepare_data(ws: Workspace, force: bool = False) -> tuple[data.Shard, data.Shard]:
     """Tokenize once, on rank 0; every rank then memory-maps the shards. Shards made from other
     inputs (an edited preset) are an error unless `force` rebuilds them."""
     d = ws.preset.data
     enc = data.qwen3_tokenizer(d["vocab_size"])
-    options = {k: v for k, v in d.items() if k not in ("source", "vocab_size", "max_len", "val_docs", "all_documents")}
+    options = corpus_options(ws.preset)
     if ws.ctx.is_main:  # prepare checksums what it reuses; the other ranks need not read it all again
         shards = data.prepare(d["source"], ws.data_dir, enc, max_len=d["max_len"], n_train_docs=ws.train_docs,
                               n_val_docs=d["val_docs"], seed=ws.preset.run["seed"], progress=console.is_terminal,
@@ -138,12 +157,23 @@ def hub_teacher(ws: Workspace) -> Path:
     name = ws.preset.teacher
     if Path(name).is_dir():
         return Path(name)
+    # A path (anything but owner/name) is a folder that is missing, not the hub's "Repo id must be in the form".
+    if name.startswith(("/", ".", "~")) or name.count("/") != 1:
+        raise model.CheckpointError(f"teacher {name}: no such folder; point the preset's teacher at a Qwen3 "
+                                    "checkpoint folder or a hub id (owner/name)")
     import huggingface_hub
-    if ws.ctx.is_main:
-        huggingface_hub.snapshot_download(name, allow_patterns=["*.json", "*.safetensors", "tokenizer*"])
-    ws.ctx.barrier()
-    return Path(huggingface_hub.snapshot_download(name, allow_patterns=["*.json", "*.safetensors", "tokenizer*"],
-                                                  local_files_only=True))
+    patterns = ["*.json", "*.safetensors", "tokenizer*"]
+    try:
+        if ws.ctx.is_main:
+            huggingface_hub.snapshot_download(name, allow_patterns=patterns)
+        ws.ctx.barrier()
+        return Path(huggingface_hub.snapshot_download(name, allow_patterns=patterns, local_files_only=True))
+    except (OSError, ValueError) as e:  # every hub error: not found, gated, offline and not cached, no network
+        why = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        fix = ("it is not in the local cache and HF_HUB_OFFLINE=1: fetch it once online, or point the preset at a "
+               "local folder" if huggingface_hub.constants.HF_HUB_OFFLINE else
+               "check the id, the network, and HF_TOKEN for a gated model")
+        raise model.CheckpointError(f"teacher {name}: cannot get it from the Hugging Face hub ({why}); {fix}") from None
 
 
 # ----------------------------------------------------------------------------------------------
@@ -253,11 +283,77 @@ def ensure_teacher(ws: Workspace, force: bool = False) -> Path:
 
 
 def ensure_inputs(ws: Workspace, force: bool = False) -> Path:
-    """Data and teacher of a scale; returns the teacher's checkpoint folder."""
-    prepare_data(ws, force)
-    teacher = ensure_teacher(ws, force)
+    """Data and teacher of a scale; returns the teacher's checkpoint folder. A hub (or local) teacher is
+    fetched and its config checked first, so that one that cannot be had fails before any data is made."""
+    if ws.preset.teacher:
+        teacher = hub_teacher(ws)
+        model.ModelConfig.from_hf(model.read_config(teacher), str(teacher / "config.json"))
+        prepare_data(ws, force)
+    else:
+        prepare_data(ws, force)
+        teacher = ensure_teacher(ws, force)
     data.check_teacher_tokenizer(teacher, data.qwen3_tokenizer(ws.preset.data["vocab_size"]))
     return teacher
+
+
+def check_before_work(ws: Workspace, jobs: list[tuple[str, int]], force: bool, teacher: Path | None = None):
+    """What a command will read back, read before any data, teacher or run folder is made and before
+    anything is printed, so that a bad setting or a damaged file is one line that changes nothing:
+    every run's settings, then (unless --force, which discards what does not match) the config.json
+    and done.json of every run it would reuse or resume, and the kit's own teacher once trained."""
+    for name, seed in jobs:
+        try:
+            run_config(ws, name, seed)
+        except ValueError as e:  # RunConfig's own checks: a placement schedule, per-phase LRs and warmups
+            raise click.BadParameter(f"run {name}: {e}", param_hint="--set") from None
+    if force:
+        return
+    teacher = teacher or expected_teacher(ws)
+    for name, seed in jobs:
+        folder = ws.run_dir(name, seed)
+        if (folder / "config.json").exists():
+            if teacher is not None or scratch(ws):
+                rundir.check_config(run_config(ws, name, seed, teacher=teacher), folder)
+            else:
+                rundir.read_json(folder / "config.json")  # a hub teacher's cache path is known only once fetched
+        if (folder / "done.json").exists():
+            check_result(folder / "done.json")
+    if not ws.preset.teacher and not scratch(ws):
+        check_trained_teacher(ws)
+
+
+def expected_teacher(ws: Workspace) -> Path | None:
+    """The teacher path the runs' configs record, where it is known before the teacher is trained or fetched."""
+    if not ws.preset.teacher:
+        return ws.run_dir("teacher", 0) / "phase-0"
+    return Path(ws.preset.teacher) if Path(ws.preset.teacher).is_dir() else None
+
+
+RESULT_KEYS = ("ce", "ppl", "kd")  # in every done.json; the reports read them
+
+
+def check_result(path: Path):
+    """A done.json whose numbers the reports can print (else one line now, not a traceback mid-report)."""
+    result = rundir.read_json(path, *RESULT_KEYS)
+    for key in RESULT_KEYS:
+        if isinstance(result[key], bool) or not isinstance(result[key], (int, float)):
+            raise rundir.TrainingError(f"{path}: {key} is {result[key]!r}, not a number; the file is damaged: move it "
+                                       "away and rerun to evaluate the run again")
+
+
+def check_trained_teacher(ws: Workspace):
+    """The kit's own teacher, if trained: its run files, and its checkpoint loaded whole (checksums,
+    config, every tensor; a few MB at the scales that train one)."""
+    folder = ws.run_dir("teacher", 0)
+    if (folder / "config.json").exists():
+        rundir.read_json(folder / "config.json")
+    if not (folder / "done.json").exists():
+        return
+    check_result(folder / "done.json")
+    if not (folder / "phase-0").is_dir():
+        raise rundir.TrainingError(f"{folder / 'phase-0'}: missing, although {folder / 'done.json'} says the teacher "
+                                   f"is trained; move {folder} away and rerun to train it again")
+    model.load_qwen3(folder / "phase-0")
 
 
 def ensure_runs(ws: Workspace, names, seeds: list[int], force: bool = False, teacher: Path | None = None):
@@ -265,11 +361,12 @@ def ensure_runs(ws: Workspace, names, seeds: list[int], force: bool = False, tea
     ones resumed, and with `force` a run folder holding another config (an edited preset) is discarded.
     In lockstep (ws.lockstep; by default where it fits, lockstep_default) the runs of a seed that read the same
     batches train together on one teacher pass per batch; the long joint controls train alone after."""
+    jobs = [(name, seed) for seed in seeds for name in with_prefixes(names)]
+    check_before_work(ws, jobs, force, teacher)
     if scratch(ws):
         prepare_data(ws, force)  # growth from scratch: no teacher at all
     else:
         teacher = teacher or ensure_inputs(ws, force)
-    jobs = [(name, seed) for seed in seeds for name in with_prefixes(names)]
     if any(run_status(ws.run_dir(*job)) != "done" for job in jobs):
         show_overview(ws, jobs)  # once, before the work; each run then announces itself
     lockstep = lockstep_default(ws, names) if ws.lockstep is None else ws.lockstep
@@ -332,8 +429,8 @@ class Repro(click.Group):
     def invoke(self, ctx):
         try:
             return super().invoke(ctx)
-        except click.UsageError as e:  # one line, not click's usage block
-            raise OneLineError(e.format_message(), exit_code=2) from None
+        except click.UsageError as e:  # one line, not click's usage block (nor its multi-line lists of choices)
+            raise OneLineError(" ".join(e.format_message().split()), exit_code=2) from None
         except USER_ERRORS as e:
             raise OneLineError(str(e)) from None
 
@@ -384,6 +481,13 @@ def parse_seeds(ctx, param, value: str) -> list[int]:
     if any(not 0 <= s < 2**63 for s in seeds):
         raise click.BadParameter(f"{value!r}: seeds must be in 0 .. 2^63 - 1 (torch's generator range)")
     return seeds
+
+
+def finite(value: float, option: str) -> float:
+    """FloatRange lets nan (it compares false with every bound) and inf through."""
+    if not math.isfinite(value):
+        raise click.BadParameter(f"{value} is not a finite number", param_hint=option)
+    return value
 
 
 def writable_dir(path: Path, option: str) -> Path:
@@ -541,9 +645,13 @@ def train(scale, norm, protocol, seed, overrides, compile_flag, device, tracker,
     """Train one named run (and any run whose phases it shares), e.g. --norm post --protocol grow."""
     ws = workspace(scale, runs_dir, overrides=overrides, compile_flag=compile_flag, device=device, tracker=tracker)
     seed = ws.preset.run["seed"] if seed is None else seed
+    try:  # a schedule names one placement per block, and --set run.blocks may change the count
+        model.block_norms(norm, ws.preset.run["blocks"])
+    except ValueError as e:
+        raise click.BadParameter(str(e), param_hint="--norm") from None
     name = f"{norm}-{protocol}"
-    prepare_data(ws, force)
-    path = ensure_teacher(ws, force)
+    check_before_work(ws, [(job, seed) for job in with_prefixes([name])], force)
+    path = ensure_inputs(ws, force)
     for job in with_prefixes([name]):
         result = grow.train(run_config(ws, job, seed, teacher=path), ws.run_dir(job, seed), force=force, ctx=ws.ctx,
                             tracker=ws.tracker)
@@ -560,20 +668,38 @@ def check_norm(norm: str) -> str:
     return ",".join(names)
 
 
-def scale_of(config: dict, runs_dir: Path) -> str:
-    """The scale whose vocabulary a checkpoint has (smoke and toy truncate Qwen3's; small and full share
-    it, and then the one whose data exists under runs_dir is taken)."""
-    vocab = config.get("vocab_size")
-    matches = [s for s, p in PRESETS.items() if data.qwen3_tokenizer(p.data["vocab_size"]).n_vocab == vocab]
+def checkpoint_config(checkpoint: Path) -> dict:
+    """A checkpoint's config.json with its model fields checked (model.config_problem), before its
+    vocabulary is used to pick a scale."""
+    config = model.read_config(checkpoint)
+    model.ModelConfig.from_hf(config, str(checkpoint / "config.json"))
+    return config
+
+
+def scales_for(vocab: int) -> list[str]:
+    """The scales whose tokenizer a checkpoint's vocabulary fits (smoke and toy truncate Qwen3's; small
+    and full share it, padded as Qwen3's checkpoints pad it)."""
+    return [s for s, p in PRESETS.items() if vocabulary_fits(vocab, data.qwen3_tokenizer(p.data["vocab_size"]).eot)]
+
+
+def scale_of(config: dict, runs_dir: Path, checkpoint: Path) -> str:
+    """The scale whose vocabulary a checkpoint has (small and full share it: then the one whose data
+    exists under runs_dir is taken)."""
+    matches = scales_for(config["vocab_size"])
     if not matches:
-        raise click.UsageError(f"the checkpoint's vocabulary ({vocab}) is no scale's; pass --scale and --data")
+        raise click.UsageError(f"{checkpoint / 'config.json'}: vocab_size {config['vocab_size']} fits no scale's "
+                               "tokenizer; the checkpoint is not the kit's, or its config.json was edited")
     return next((s for s in matches if (runs_dir / s / "data" / "val").is_dir()), matches[0])
 
 
+def vocabulary_fits(vocab: int, eot: int) -> bool:
+    """A truncated vocabulary (smoke, toy) must end at the tokenizer's <|endoftext|>; Qwen3's own must hold it."""
+    return not ((vocab < QWEN3_EOT and vocab != eot + 1) or vocab <= eot)
+
+
 def check_vocabulary(val: data.Shard, vocab: int, checkpoint: Path):
-    """A checkpoint and a shard from different tokenizers: a truncated vocabulary (smoke, toy) must end
-    at the shard's <|endoftext|>; Qwen3's own must hold it."""
-    if (vocab < QWEN3_EOT and vocab != val.eot + 1) or vocab <= val.eot:
+    """A checkpoint and a shard from different tokenizers."""
+    if not vocabulary_fits(vocab, val.eot):
         raise data.DataError(f"{checkpoint}: its vocabulary ({vocab} ids) is not the one {val.path} was tokenized "
                              f"with (<|endoftext|> = {val.eot}); pass the matching --scale or --data")
 
@@ -591,8 +717,12 @@ QWEN3_EOT = 151643  # <|endoftext|> in Qwen3's full vocabulary
 @runs_option
 def evaluate(checkpoint, scale, data_dir, as_json, runs_dir):
     """CE and PPL of any teacher (HF Qwen3) or student checkpoint on a validation shard."""
-    config = model.read_config(checkpoint)
-    scale = scale or scale_of(config, runs_dir)
+    config = checkpoint_config(checkpoint)
+    fitting = scales_for(config["vocab_size"])
+    if scale and not data_dir and scale not in fitting:  # said before its shard is looked for (it may not exist)
+        raise data.DataError(f"{checkpoint}: its vocabulary ({config['vocab_size']} ids) is not --scale {scale}'s; "
+                             + (f"pass --scale {fitting[0]}" if fitting else "pass --data with the shard it was made for"))
+    scale = scale or scale_of(config, runs_dir, checkpoint)
     ws = Workspace(PRESETS[scale], runs_dir / scale, Path("results"), grow.Dist())
     val = data.Shard(data_dir or ws.data_dir / "val")
     check_vocabulary(val, config.get("vocab_size", 0), checkpoint)
@@ -616,6 +746,10 @@ def evaluate(checkpoint, scale, data_dir, as_json, runs_dir):
 def make_reference(scale, seeds, runs_dir, results_dir):
     """Write references/<scale>.json from finished runs and reports (what `compare` checks against)."""
     import reference
+    missing = [seed for seed in seeds if not (runs_dir / scale / f"s{seed}").is_dir()]
+    if missing:
+        raise click.UsageError(f"{runs_dir / scale / f's{missing[0]}'}: no runs of seed {missing[0]}; run them first")
+    check_reports(results_dir / scale)
     content = reference.collect(runs_dir / scale, results_dir / scale, seeds)
     if not content["curves"]:
         raise click.UsageError(f"no finished runs of seeds {seeds} under {runs_dir / scale}; run them first")
@@ -623,6 +757,13 @@ def make_reference(scale, seeds, runs_dir, results_dir):
     path = reference.REFERENCES / f"{scale}.json"
     path.write_text(json.dumps(content, indent=1) + "\n")
     console.print(f"wrote {path}: {len(content['curves'])} runs, {len(content['tables'])} tables, seeds {seeds}")
+
+
+def check_reports(folder: Path):
+    """Every JSON file in a folder (reports, or a run's own files) reads as an object, each one that
+    does not named in one line: reference.py reads them with json alone."""
+    for file in sorted(folder.glob("*.json")):
+        rundir.read_json(file)
 
 
 @cli.command("compare")
@@ -635,6 +776,7 @@ def compare_with_reference(target, scale):
     if not path.is_file():
         raise click.UsageError(f"no shipped reference for --scale {scale} ({path}); make one with `repro.py reference`")
     shipped = rundir.read_json(path, "curves", "final_ce", "tables", "seeds")
+    check_reports(target)
     rows = reference.compare(target, shipped)
     if not rows:
         raise click.UsageError(f"{target}: holds no run or table that {path} has numbers for")
@@ -656,15 +798,16 @@ def compare_with_reference(target, scale):
 @click.argument("checkpoint", type=click.Path(path_type=Path))
 @click.option("--prompt", default="", help="Text to continue (encoded as a document: <|endoftext|> first).")
 @click.option("--max-new-tokens", type=click.IntRange(1), default=64, show_default=True)
-@click.option("--temperature", type=click.FloatRange(0), default=0.0, show_default=True, help="0: greedy.")
+@click.option("--temperature", type=click.FloatRange(0), default=0.0, show_default=True, help="0: greedy.",
+              callback=lambda c, p, v: finite(v, "--temperature"))
 @click.option("--top-k", type=click.IntRange(0), default=0, show_default=True, help="0: every token.")
 @click.option("--seed", type=click.IntRange(0, 2**63 - 1), default=0, show_default=True)
 @runs_option
 def sample_text(checkpoint, prompt, max_new_tokens, temperature, top_k, seed, runs_dir):
     """Continue a prompt with any teacher, student (pre or post) or exported checkpoint, with a KV cache."""
     import sample
-    config = model.read_config(checkpoint)
-    enc = data.qwen3_tokenizer(PRESETS[scale_of(config, runs_dir)].data["vocab_size"])
+    config = checkpoint_config(checkpoint)
+    enc = data.qwen3_tokenizer(PRESETS[scale_of(config, runs_dir, checkpoint)].data["vocab_size"])
     new = sample.generate(sample.load_checkpoint(checkpoint), [enc.eot] + enc.encode(prompt), max_new_tokens,
                           enc.eot, temperature, top_k, seed)
     click.echo(prompt + enc.decode([t for t in new if t != enc.eot]))
@@ -680,10 +823,14 @@ def export(student_dir: Path, out_dir: Path, force: bool, runs_dir: Path):
     (AutoModelForCausalLM, AutoTokenizer with the kit's exact ids, generate with <|endoftext|> as eos)."""
     check_export_target(student_dir, out_dir, force)
     student = model.Student.load(student_dir)
-    enc = data.qwen3_tokenizer(PRESETS[scale_of(model.read_config(student_dir), runs_dir)].data["vocab_size"])
+    enc = data.qwen3_tokenizer(PRESETS[scale_of(checkpoint_config(student_dir), runs_dir, student_dir)].data["vocab_size"])
     generation = {"bos_token_id": enc.eot, "eos_token_id": enc.eot, "pad_token_id": enc.eot, "do_sample": False}
-    model.export_hf(student, out_dir, source=str(student_dir),
-                    extra_files={**tokenizer.hf_tokenizer_files(enc), "generation_config.json": json.dumps(generation)})
+    try:
+        model.export_hf(student, out_dir, source=str(student_dir),
+                        extra_files={**tokenizer.hf_tokenizer_files(enc), "generation_config.json": json.dumps(generation)})
+    except OSError as e:  # a read-only place, a path through a file: its first mkdir fails
+        raise model.CheckpointError(f"{out_dir}: cannot write the export there ({e.strerror or e}); choose a folder "
+                                    "you can write to") from None
     console.print(f"exported {student.config.num_hidden_layers}-layer pre-norm student with its tokenizer to {out_dir}")
 
 

@@ -272,7 +272,7 @@ def test_shared_prefix_is_bit_identical_to_running_it_again(smoke, tmp_path):
     runs, _, _, _ = smoke
     for name in ("post-freeze", "post-joint-long"):
         shared = runs / "s42" / name
-        config = grow.RunConfig(**json.loads((shared / "config.json").read_text()))
+        config = grow.RunConfig(**json.loads((shared / "config.json").read_text())).resolved(shared)
         assert config.start_from
         alone = grow.train(replace(config, start_from=""), tmp_path / name)  # computes its first phase itself
         assert alone == json.loads((shared / "done.json").read_text())
@@ -347,7 +347,7 @@ def test_step0_evaluations_equal_an_independent_evaluation(smoke):
     import model
     runs, _, _, _ = smoke
     run = runs / "s42" / "post-grow"
-    config = grow.RunConfig(**json.loads((run / "config.json").read_text()))
+    config = grow.RunConfig(**json.loads((run / "config.json").read_text())).resolved(run)
     starts = {r["phase"]: r for r in rundir.read_metrics(run) if r.get("phase_start")}
     assert sorted(starts) == [0, 1, 2] and [starts[p]["step"] for p in range(3)] == [0, 8, 16]
     val = data.Shard(config.val_data)
