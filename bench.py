@@ -33,6 +33,7 @@ from pathlib import Path
 import torch
 
 import data
+import devices
 import grow
 import kd
 import model
@@ -126,7 +127,7 @@ PRECISION_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
 
 def bench_train_step(repeats: int) -> dict:
-    dtype, why = grow.precision_choice("auto", torch.device("cpu"))
+    dtype, why = devices.precision_choice("auto", torch.device("cpu"))
     bf16_native = dtype == torch.bfloat16
     config, blocks, per_block, batch = toy_shapes()
     seq = repro.PRESETS["toy"].data["max_len"]
@@ -138,7 +139,7 @@ def bench_train_step(repeats: int) -> dict:
     teacher.eval().requires_grad_(False)
     hf_teacher, hf_student = hf_pair(config, blocks * per_block)
     hf_opt = torch.optim.AdamW([p for p in hf_student.parameters() if p.requires_grad], lr=1e-4)
-    # bf16 variants only where bf16 is native: emulated, one bf16 step takes minutes (grow.precision_choice).
+    # bf16 variants only where bf16 is native: emulated, one bf16 step takes minutes (devices.precision_choice).
     dtypes = ["fp32"] + (["bf16"] if bf16_native else [])
     contexts = {"fp32": nullcontext, "bf16": partial(torch.autocast, "cpu", dtype=torch.bfloat16)}
     hf = partial(hf_step, hf_teacher, hf_student, hf_opt, ids)
@@ -191,7 +192,7 @@ def lockstep_jobs(root: Path, teacher: Path, steps: int) -> list[tuple[grow.RunC
     """The replay runs of one seed at the toy preset's settings, `steps` per phase, as the suite runs them."""
     run = {**repro.PRESETS["toy"].run, "phase_steps": steps, "eval_interval": steps, "checkpoint_interval": steps,
            "snapshot_interval": 0}
-    ws = repro.Workspace(replace(repro.PRESETS["toy"], run=run), Path("runs/toy"), root / "results", grow.Dist())
+    ws = repro.Workspace(replace(repro.PRESETS["toy"], run=run), Path("runs/toy"), root / "results", devices.Dist())
     jobs = []
     for name in LOCKSTEP_RUNS:
         config = repro.run_config(ws, name, 42, teacher=teacher)
@@ -209,7 +210,7 @@ def bench_lockstep(steps: int = 12) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
         teacher_dir = toy_teacher(tmp / "teacher")
-        ctx = grow.Dist()
+        ctx = devices.Dist()
         jobs = {way: lockstep_jobs(tmp / way, teacher_dir, steps) for way in ("separate", "lockstep")}
         net = grow.load_teacher(jobs["separate"][0][0], ctx).net
         start = time.perf_counter()
@@ -245,7 +246,7 @@ def bench_compile(repeats: int) -> dict:
 
 
 def compiled_against_eager(repeats: int) -> dict:
-    dtype, _ = grow.precision_choice("auto", torch.device("cpu"))
+    dtype, _ = devices.precision_choice("auto", torch.device("cpu"))
     context = partial(torch.autocast, "cpu", dtype=torch.bfloat16) if dtype == torch.bfloat16 else nullcontext
     config, blocks, per_block, batch = toy_shapes()
     teacher = model.Qwen3(config)

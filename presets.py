@@ -11,6 +11,7 @@ from dataclasses import MISSING, dataclass, field, fields, replace
 
 import click
 
+import devices
 import grow
 import model
 import tokenizer
@@ -147,7 +148,7 @@ DATA_OPTIONS = {"path": "", "revision": "", "cache_dir": ""}
 # meaningless run) minutes later.
 AT_LEAST_ONE = {"blocks", "layers_per_block", "phase_steps", "global_batch", "micro_batch", "loss_chunk",
                 "eval_interval", "eval_batch", "checkpoint_interval", "max_len", "val_docs", "docs", "max_inputs"}
-CHOICES = {"precision": ("auto", *grow.PRECISIONS), "post_output_gain": model.OUTPUT_GAINS,
+CHOICES = {"precision": ("auto", *devices.PRECISIONS), "post_output_gain": model.OUTPUT_GAINS,
            "boundary": model.BOUNDARIES}
 # Keys the kit sets itself for every run (from its data, teacher, protocol and shared prefix), or that
 # hold a structure with no command-line form: a --set of one would be replaced without a word.

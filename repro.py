@@ -35,6 +35,7 @@ from rich.console import Console
 from rich.table import Table
 
 import data
+import devices
 import grow
 import model
 import plan
@@ -61,7 +62,7 @@ class Workspace:
     preset: Preset
     runs: Path
     results: Path
-    ctx: grow.Dist
+    ctx: devices.Dist
     student_runs: str = ""  # a subfolder of runs/<scale>/ for students of a variant preset (regime.py)
     tracker: str = ""       # rundir.TRACKERS: also log to TensorBoard or W&B
     lockstep: bool | None = None  # train a seed's runs together (None: where they fit, lockstep_default)
@@ -105,7 +106,7 @@ def workspace(scale: str, runs_dir: Path, results_dir: Path | None = None, dry_r
                                    f"launch: torchrun --nproc_per_node={8 if scale == 'full' else 1} repro.py "
                                    f"{command} (or add --dry-run here to see the plan)")
     rundir.check_tracker(tracker)
-    ctx = grow.setup_distributed(device)
+    ctx = devices.setup_distributed(device)
     if not dry_run:
         writable_dir(runs_dir, "--runs-dir")
         if results_dir is not None:
@@ -453,7 +454,7 @@ def overrides_option(f):
     f = click.option("--log", "tracker", type=click.Choice(rundir.TRACKERS[1:]), default=None,
                      callback=lambda ctx, param, value: value or "",
                      help="Also log every step and evaluation to TensorBoard (runs/.../tensorboard/) or W&B.")(f)
-    f = click.option("--device", type=click.Choice(grow.DEVICES), default="auto", show_default=True,
+    f = click.option("--device", type=click.Choice(devices.DEVICES), default="auto", show_default=True,
                      help="auto: a CUDA GPU, else Apple silicon (MPS, untested here), else the CPU.")(f)
     f = click.option("--compile/--no-compile", "compile_flag", default=None,
                      help="Compile each decoder layer with torch.compile (default: the preset's setting).")(f)
@@ -723,7 +724,7 @@ def evaluate(checkpoint, scale, data_dir, as_json, runs_dir):
         raise data.DataError(f"{checkpoint}: its vocabulary ({config['vocab_size']} ids) is not --scale {scale}'s; "
                              + (f"pass --scale {fitting[0]}" if fitting else "pass --data with the shard it was made for"))
     scale = scale or scale_of(config, runs_dir, checkpoint)
-    ws = Workspace(PRESETS[scale], runs_dir / scale, Path("results"), grow.Dist())
+    ws = Workspace(PRESETS[scale], runs_dir / scale, Path("results"), devices.Dist())
     val = data.Shard(data_dir or ws.data_dir / "val")
     check_vocabulary(val, config.get("vocab_size", 0), checkpoint)
     net = model.Student.load(checkpoint) if "normgrow_student" in config else model.load_qwen3(checkpoint)
@@ -856,7 +857,7 @@ def check_export_target(student_dir: Path, out_dir: Path, force: bool):
 @runs_option
 def prepare(scale, force, runs_dir):
     """Tokenize a scale's corpus into shards (reused when unchanged) and summarise them."""
-    ws = Workspace(PRESETS[scale], writable_dir(runs_dir, "--runs-dir") / scale, Path("results"), grow.Dist())
+    ws = Workspace(PRESETS[scale], writable_dir(runs_dir, "--runs-dir") / scale, Path("results"), devices.Dist())
     train_shard, val_shard = prepare_data(ws, force)
     enc = data.qwen3_tokenizer(ws.preset.data["vocab_size"])
     table = Table(title=f"data at scale {scale} ({enc.name}); boundary tokens = leading <|endoftext|> per document")

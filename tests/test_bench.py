@@ -31,7 +31,7 @@ def test_train_step_bench_skips_bf16_where_it_is_emulated(monkeypatch):
                              num_attention_heads=4, num_key_value_heads=2, head_dim=8, tie_word_embeddings=True)
     monkeypatch.setattr(bench, "toy_shapes", lambda: (tiny, 2, 1, 2))
     why = "auto: fp32 (a bf16 matmul ran 0.03x as fast as fp32 on this CPU, below 1.5x; bf16 is emulated or slow here)"
-    monkeypatch.setattr(bench.grow, "precision_choice", lambda *a, **k: (bench.torch.float32, why))
+    monkeypatch.setattr(bench.devices, "precision_choice", lambda *a, **k: (bench.torch.float32, why))
     results = bench.bench_train_step(repeats=1)
     assert results["bf16"] == f"skipped: {why}" and list(results["peak_gflops"]) == ["fp32"]
     assert not [k for k in results if "bf16" in k and k != "bf16"]  # no bf16 timing, speed-up or MFU

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
+import devices
 import grow
 import model
 import rundir
@@ -270,36 +271,36 @@ def test_auto_precision_follows_the_measured_speed(monkeypatch, tmp_path):
     cpu = torch.device("cpu")
     probes = []
     for measured, expected in ((0.04, torch.float32), (1.2, torch.float32), (2.4, torch.bfloat16)):
-        grow.cpu_bf16_speedup.cache_clear()
+        devices.cpu_bf16_speedup.cache_clear()
         (tmp_path / "normgrow" / "cpu-precision.json").unlink(missing_ok=True)
-        monkeypatch.setattr(grow, "matmul_speedup_bf16", lambda m=measured: probes.append(m) or m)
-        dtype, why = grow.precision_choice("auto", cpu)
+        monkeypatch.setattr(devices, "matmul_speedup_bf16", lambda m=measured: probes.append(m) or m)
+        dtype, why = devices.precision_choice("auto", cpu)
         assert dtype == expected and f"{measured:.1f}" in why
         assert why.startswith("auto: bf16" if expected == torch.bfloat16 else "auto: fp32")
     assert probes == [0.04, 1.2, 2.4]
     # Cached per machine: a new process (cache cleared) reads the file instead of probing again.
-    grow.cpu_bf16_speedup.cache_clear()
-    monkeypatch.setattr(grow, "matmul_speedup_bf16", lambda: pytest.fail("probed again"))
-    assert grow.precision_choice("auto", cpu)[0] == torch.bfloat16
+    devices.cpu_bf16_speedup.cache_clear()
+    monkeypatch.setattr(devices, "matmul_speedup_bf16", lambda: pytest.fail("probed again"))
+    assert devices.precision_choice("auto", cpu)[0] == torch.bfloat16
     # Set by the preset: no probe; CUDA: the GPU's bf16 support decides.
-    assert grow.precision_choice("fp32", cpu) == (torch.float32, "fp32 (set by the preset)")
-    assert grow.precision_choice("bf16", cpu)[0] == torch.bfloat16
-    assert grow.precision_choice("auto", cpu, world=2)[0] == torch.float32  # FSDP2 on CPU ranks
+    assert devices.precision_choice("fp32", cpu) == (torch.float32, "fp32 (set by the preset)")
+    assert devices.precision_choice("bf16", cpu)[0] == torch.bfloat16
+    assert devices.precision_choice("auto", cpu, world=2)[0] == torch.float32  # FSDP2 on CPU ranks
     for supported, expected in ((True, torch.bfloat16), (False, torch.float32)):
         monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda s=supported: s)
-        assert grow.precision_choice("auto", torch.device("cuda"))[0] == expected
-    grow.cpu_bf16_speedup.cache_clear()
+        assert devices.precision_choice("auto", torch.device("cuda"))[0] == expected
+    devices.cpu_bf16_speedup.cache_clear()
     with pytest.raises(ValueError, match="precision 'fp16' is unknown"):
         config(precision="fp16")
 
 
 def test_the_precision_choice_is_recorded(tiny_shards, tiny_teacher_dir, tmp_path, monkeypatch):
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
-    grow.cpu_bf16_speedup.cache_clear()
-    monkeypatch.setattr(grow, "matmul_speedup_bf16", lambda: 0.03)  # bf16 emulated: fp32
+    devices.cpu_bf16_speedup.cache_clear()
+    monkeypatch.setattr(devices, "matmul_speedup_bf16", lambda: 0.03)  # bf16 emulated: fp32
     c = run_config(tiny_shards, tiny_teacher_dir, protocol="joint", phase_steps=2, precision="auto")
     grow.train(c, tmp_path / "r")
-    grow.cpu_bf16_speedup.cache_clear()
+    devices.cpu_bf16_speedup.cache_clear()
     prov = json.loads((tmp_path / "r" / "provenance.json").read_text())
     assert prov["precision"] == "float32" and "0.03x as fast as fp32" in prov["precision_reason"]
 
@@ -308,14 +309,14 @@ def test_device_auto_picks_cuda_then_mps_then_cpu(monkeypatch):
     for cuda, mps, expected in ((True, True, "cuda"), (False, True, "mps"), (False, False, "cpu")):
         monkeypatch.setattr(torch.cuda, "is_available", lambda c=cuda: c)
         monkeypatch.setattr(torch.backends.mps, "is_available", lambda m=mps: m)
-        assert grow.choose_device("auto").type == expected
-        assert grow.choose_device("cpu").type == "cpu"
+        assert devices.choose_device("auto").type == expected
+        assert devices.choose_device("cpu").type == "cpu"
     with pytest.raises(grow.TrainingError, match="--device cuda: this machine has no such device"):
-        grow.choose_device("cuda")
+        devices.choose_device("cuda")
     with pytest.raises(grow.TrainingError, match="--device mps"):
-        grow.choose_device("mps")
+        devices.choose_device("mps")
     # bf16 autocast only where the device supports it: never on MPS.
-    assert grow.precision_choice("auto", torch.device("mps"))[0] == torch.float32
+    assert devices.precision_choice("auto", torch.device("mps"))[0] == torch.float32
 
 
 def test_tracker_gets_the_same_rows_as_metrics_jsonl(tiny_shards, tiny_teacher_dir, tmp_path, monkeypatch):
@@ -409,7 +410,7 @@ def test_compiled_layers_match_eager_and_compile_once_for_every_length(tiny_shar
     its outputs and gradients equal eager ones within fp32 rounding."""
     from torch._dynamo.utils import counters
     c = run_config(tiny_shards, tiny_teacher_dir, protocol="joint")
-    ctx = grow.Dist()
+    ctx = devices.Dist()
     teacher = grow.load_teacher(c, ctx)
     eager, compiled = grow.build_model(c, teacher, ctx), grow.build_model(replace(c, compile=True), teacher, ctx)
     torch._dynamo.reset()

@@ -15,6 +15,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+import devices
 import experiments
 import grow
 import plan
@@ -44,7 +45,7 @@ def test_full_preset_is_the_paper():
     assert full.data == dict(source="fineweb-edu", vocab_size=None, max_len=8192, val_docs=4833)
     assert full.teacher == "Qwen/Qwen3-8B-Base" and full.long_phases == (2, 3)
     assert full.diag == dict(docs=2, max_inputs=2048, seed=42)
-    ws = repro.Workspace(full, Path("/nonexistent/full"), Path("/nonexistent"), grow.Dist())
+    ws = repro.Workspace(full, Path("/nonexistent/full"), Path("/nonexistent"), devices.Dist())
     assert ws.replay_docs == 3_200_000 and ws.train_docs == 9_600_000
     for name in experiments.RUNS:  # every run of the full suite is a valid RunConfig with the paper's settings
         config = repro.run_config(ws, name, 42)
@@ -53,7 +54,7 @@ def test_full_preset_is_the_paper():
 
 
 def test_dry_run_reproduces_table_a2():
-    ws = repro.Workspace(repro.PRESETS["full"], Path("/nonexistent/full"), Path("/nonexistent"), grow.Dist())
+    ws = repro.Workspace(repro.PRESETS["full"], Path("/nonexistent/full"), Path("/nonexistent"), devices.Dist())
     runs = repro.planned_runs(ws, list(experiments.RUNS), 42)
     result = plan.print_plan(ws, runs, [42], "h100", 8, repro.console)
     rows = {r[0]: r for r in result["rows"]}
@@ -69,7 +70,7 @@ def test_dry_run_counts_teacher_passes_both_ways():
     """Separately every run pays its own steps: joint 50k, grow 150k, freeze 100k (after the shared
     phase 0) per norm, and post-norm's long controls 50k each after their prefixes: 700k. In lockstep
     the six replay runs share 150k teacher steps and the long controls still pay 100k: 250k."""
-    ws = repro.Workspace(repro.PRESETS["full"], Path("/nonexistent/full"), Path("/nonexistent"), grow.Dist())
+    ws = repro.Workspace(repro.PRESETS["full"], Path("/nonexistent/full"), Path("/nonexistent"), devices.Dist())
     runs = repro.planned_runs(ws, list(experiments.RUNS), 42)
     assert plan.teacher_passes(runs, lockstep=False) == 2 * (50_000 + 150_000 + 100_000) + 50_000 + 50_000
     assert plan.teacher_passes(runs, lockstep=True) == 150_000 + 50_000 + 50_000
@@ -309,9 +310,10 @@ def test_eval_and_data_commands(smoke):
 
 def test_edited_preset_is_refused_then_forced_without_redoing_what_matches(tmp_path):
     preset = repro.PRESETS["smoke"]
-    repro.ensure_runs(repro.Workspace(preset, tmp_path / "smoke", tmp_path / "results", grow.Dist()), ["post-joint"], [42])
+    original = repro.Workspace(preset, tmp_path / "smoke", tmp_path / "results", devices.Dist())
+    repro.ensure_runs(original, ["post-joint"], [42])
     edited = replace(preset, run={**preset.run, "lr": preset.run["lr"] / 2})
-    ws = repro.Workspace(edited, tmp_path / "smoke", tmp_path / "results", grow.Dist())
+    ws = repro.Workspace(edited, tmp_path / "smoke", tmp_path / "results", devices.Dist())
     tokens = ws.data_dir / "train" / "tokens.u32"
     teacher_done = ws.run_dir("teacher", 0) / "done.json"
     stamps = (tokens.stat().st_mtime_ns, teacher_done.stat().st_mtime_ns)
