@@ -39,6 +39,7 @@ import kd
 import model
 import plan
 import repro
+import suite
 
 RESULTS = Path("results") / "bench.json"
 
@@ -192,10 +193,10 @@ def lockstep_jobs(root: Path, teacher: Path, steps: int) -> list[tuple[grow.RunC
     """The replay runs of one seed at the toy preset's settings, `steps` per phase, as the suite runs them."""
     run = {**repro.PRESETS["toy"].run, "phase_steps": steps, "eval_interval": steps, "checkpoint_interval": steps,
            "snapshot_interval": 0}
-    ws = repro.Workspace(replace(repro.PRESETS["toy"], run=run), Path("runs/toy"), root / "results", devices.Dist())
+    ws = suite.Workspace(replace(repro.PRESETS["toy"], run=run), Path("runs/toy"), root / "results", devices.Dist())
     jobs = []
     for name in LOCKSTEP_RUNS:
-        config = repro.run_config(ws, name, 42, teacher=teacher)
+        config = suite.run_config(ws, name, 42, teacher=teacher)
         if config.start_from:  # the shared prefix, in this bench's own folder
             config = replace(config, start_from=str(root / Path(config.start_from).parent.name / "phase-0"))
         jobs.append((config, root / name))

@@ -31,8 +31,8 @@ import diag
 import experiments
 import grow
 import model
-import repro
 import rundir
+import suite
 
 DEFAULT_SEEDS = {"smoke": [42], "toy": [42, 43, 44], "small": [42], "full": [42]}
 PLACEMENT_RUNS = ("pre", "post", "sandwich", "peri", "hybrid", "deepnorm", "pre,post,post")
@@ -62,7 +62,7 @@ INTERVENTIONS = (
 )
 
 
-def variant_workspace(ws: repro.Workspace, variant: Variant, seed: int) -> repro.Workspace:
+def variant_workspace(ws: suite.Workspace, variant: Variant, seed: int) -> suite.Workspace:
     """The workspace a variant's run lives in (the suite's own for a run without changes)."""
     if not variant.folder:
         return ws
@@ -73,20 +73,20 @@ def variant_workspace(ws: repro.Workspace, variant: Variant, seed: int) -> repro
                    student_runs=str(Path(ws.student_runs) / "beyond" / variant.folder))
 
 
-def train_variants(ws: repro.Workspace, variants, seeds: list[int], force: bool = False):
+def train_variants(ws: suite.Workspace, variants, seeds: list[int], force: bool = False):
     """The suite's runs first (the mirror reads pre-grow), then each seed's variant runs in lockstep."""
-    teacher = repro.ensure_inputs(ws, force)
-    repro.ensure_runs(ws, sorted({v.run for v in variants if not v.folder}), seeds, force, teacher=teacher)
+    teacher = suite.ensure_inputs(ws, force)
+    suite.ensure_runs(ws, sorted({v.run for v in variants if not v.folder}), seeds, force, teacher=teacher)
     for seed in seeds:
         jobs = []
         for v in variants:
             if v.folder:
                 vws = variant_workspace(ws, v, seed)
-                jobs.append((repro.run_config(vws, v.run, seed, teacher=teacher), vws.run_dir(v.run, seed)))
+                jobs.append((suite.run_config(vws, v.run, seed, teacher=teacher), vws.run_dir(v.run, seed)))
         grow.train_together(jobs, force=force, ctx=ws.ctx, tracker=ws.tracker)
 
 
-def final_ce(ws: repro.Workspace, run: str, seed: int) -> float:
+def final_ce(ws: suite.Workspace, run: str, seed: int) -> float:
     return experiments.final_eval(ws, run, seed)["ce"]
 
 
@@ -102,11 +102,11 @@ def seeds_text(seeds: list[int]) -> str:
     return f"mean [95% t-interval] over seeds {', '.join(map(str, seeds))}" if len(seeds) > 1 else f"seed {seeds[0]}"
 
 
-def write_report(ws: repro.Workspace, name: str, out: dict, lines: list[str]):
+def write_report(ws: suite.Workspace, name: str, out: dict, lines: list[str]):
     ws.results.mkdir(parents=True, exist_ok=True)
     (ws.results / f"{name}.json").write_text(json.dumps(out, indent=2) + "\n")
     (ws.results / f"{name}.md").write_text("\n".join(lines) + "\n")
-    repro.console.print("\n".join(lines), markup=False)
+    suite.console.print("\n".join(lines), markup=False)
 
 
 def monitor_series(run_dir: Path) -> list[dict]:
@@ -117,7 +117,7 @@ def monitor_series(run_dir: Path) -> list[dict]:
 # ----------------------------------------------------------------------------------------------
 # intervention
 
-def run_intervention(ws: repro.Workspace, seeds: list[int], force: bool = False) -> dict:
+def run_intervention(ws: suite.Workspace, seeds: list[int], force: bool = False) -> dict:
     train_variants(ws, INTERVENTIONS, seeds, force)
     if not ws.ctx.is_main:
         return {}
@@ -151,8 +151,8 @@ def placement_names(placements=PLACEMENT_RUNS) -> list[str]:
     return [f"{p}-{protocol}" for p in placements for protocol in ("joint", "grow")]
 
 
-def run_placements(ws: repro.Workspace, seeds: list[int], force: bool = False, placements=PLACEMENT_RUNS) -> dict:
-    repro.ensure_runs(ws, placement_names(placements), seeds, force)
+def run_placements(ws: suite.Workspace, seeds: list[int], force: bool = False, placements=PLACEMENT_RUNS) -> dict:
+    suite.ensure_runs(ws, placement_names(placements), seeds, force)
     if not ws.ctx.is_main:
         return {}
     ce = {name: [final_ce(ws, name, s) for s in seeds] for name in placement_names(placements)}
@@ -185,21 +185,21 @@ def run_placements(ws: repro.Workspace, seeds: list[int], force: bool = False, p
 # ----------------------------------------------------------------------------------------------
 # scratch
 
-def scratch_shape(ws: repro.Workspace) -> dict:
+def scratch_shape(ws: suite.Workspace) -> dict:
     """The student's model.ModelConfig fields without a teacher: the teacher's shape, the data's vocabulary."""
     shape = ws.preset.teacher_model if not ws.preset.teacher else HUB_SHAPES[ws.preset.teacher]
     vocab = data.qwen3_tokenizer(ws.preset.data["vocab_size"]).n_vocab
     return {**asdict(model.ModelConfig()), **shape, "vocab_size": vocab}
 
 
-def scratch_workspace(ws: repro.Workspace) -> repro.Workspace:
+def scratch_workspace(ws: suite.Workspace) -> suite.Workspace:
     run = {**ws.preset.run, "alpha": 0.0, "gamma": 1.0, "scratch_model": scratch_shape(ws)}
     return replace(ws, preset=replace(ws.preset, run=run), student_runs=str(Path(ws.student_runs) / "beyond" / "scratch"))
 
 
-def run_scratch(ws: repro.Workspace, seeds: list[int], force: bool = False) -> dict:
+def run_scratch(ws: suite.Workspace, seeds: list[int], force: bool = False) -> dict:
     sws = scratch_workspace(ws)
-    repro.ensure_runs(sws, experiments.MAIN_RUNS, seeds, force)
+    suite.ensure_runs(sws, experiments.MAIN_RUNS, seeds, force)
     if not ws.ctx.is_main:
         return {}
     per_seed = [experiments.with_deltas({n.replace("-", "_"): final_ce(sws, n, s) for n in experiments.MAIN_RUNS})

@@ -32,7 +32,7 @@ import data
 import diag
 import experiments
 import model
-import repro
+import suite
 
 GRIDS = {  # each axis's values; the preset's own value (1 or "ones") is the point they share
     "smoke": {"budget": (0.5, 1.0), "lr": (1.0, 2.0), "gain": ("ones", "teacher")},
@@ -100,7 +100,7 @@ def grid_points(grid: dict) -> list[Point]:
     return sorted(dict.fromkeys(points), key=lambda p: (p.gain, p.lr, p.budget))
 
 
-def point_workspace(ws: repro.Workspace, point: Point) -> repro.Workspace:
+def point_workspace(ws: suite.Workspace, point: Point) -> suite.Workspace:
     """The preset with one point's settings, its students in their own folder."""
     if point.is_preset:
         return ws
@@ -115,8 +115,8 @@ def point_workspace(ws: repro.Workspace, point: Point) -> repro.Workspace:
                    student_runs=str(Path(ws.student_runs) / "regime" / point.name))
 
 
-def run_map(ws: repro.Workspace, grid: dict, seeds: list[int], force: bool = False) -> dict:
-    teacher = repro.ensure_inputs(ws, force)
+def run_map(ws: suite.Workspace, grid: dict, seeds: list[int], force: bool = False) -> dict:
+    teacher = suite.ensure_inputs(ws, force)
     available = len(data.Shard(ws.data_dir / "train", verify=False))
     points = grid_points(grid)
     for point in points:
@@ -126,13 +126,13 @@ def run_map(ws: repro.Workspace, grid: dict, seeds: list[int], force: bool = Fal
                                    f"documents and {ws.data_dir / 'train'} holds {available:,}; use a smaller budget")
         shared = [n for n in experiments.MAIN_RUNS if point.pre_runs_are_the_presets and n.startswith("pre")]
         if shared and not point.is_preset:
-            repro.ensure_runs(ws, shared, seeds, force, teacher=teacher)
-        repro.ensure_runs(pws, [n for n in experiments.MAIN_RUNS if n not in shared or point.is_preset], seeds, force,
+            suite.ensure_runs(ws, shared, seeds, force, teacher=teacher)
+        suite.ensure_runs(pws, [n for n in experiments.MAIN_RUNS if n not in shared or point.is_preset], seeds, force,
                           teacher=teacher)
     return report(ws, points, seeds) if ws.ctx.is_main else {}
 
 
-def point_numbers(ws: repro.Workspace, point: Point, seed: int) -> dict:
+def point_numbers(ws: suite.Workspace, point: Point, seed: int) -> dict:
     """Table 1's numbers of one point and seed, from the runs' done.json."""
     pws = point_workspace(ws, point)
     ce = {f"{n}_{p}": experiments.final_eval(ws if n == "pre" and point.pre_runs_are_the_presets else pws,
@@ -140,7 +140,7 @@ def point_numbers(ws: repro.Workspace, point: Point, seed: int) -> dict:
     return experiments.with_deltas(ce)
 
 
-def report(ws: repro.Workspace, points: list[Point], seeds: list[int]) -> dict:
+def report(ws: suite.Workspace, points: list[Point], seeds: list[int]) -> dict:
     """results/<scale>/regime.json, .md and .png."""
     rows = []
     for point in points:
@@ -159,7 +159,7 @@ def report(ws: repro.Workspace, points: list[Point], seeds: list[int]) -> dict:
     out["figure"] = str(diag.fig_regime(rows, paper, ws.results / "regime.png", ws.preset.name, seeds))
     (ws.results / "regime.json").write_text(json.dumps(out, indent=2) + "\n")
     (ws.results / "regime.md").write_text("\n".join(markdown(rows, paper, ws.preset.name, seeds)) + "\n")
-    repro.console.print("\n".join(markdown(rows, paper, ws.preset.name, seeds)), markup=False)
+    suite.console.print("\n".join(markdown(rows, paper, ws.preset.name, seeds)), markup=False)
     return out
 
 

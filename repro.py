@@ -23,15 +23,10 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import shlex
-import sys
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 import click
-from rich.console import Console
 from rich.table import Table
 
 import data
@@ -41,7 +36,7 @@ import model
 import plan
 import rundir
 import tokenizer
-from experiments import EXPERIMENTS, RUNS, final_eval, report
+from experiments import EXPERIMENTS, RUNS, report
 from presets import (  # noqa: F401 (repro.PRESETS and friends stay importable from here)
     PRESETS,
     Preset,
@@ -51,365 +46,21 @@ from presets import (  # noqa: F401 (repro.PRESETS and friends stay importable f
     ratios_markdown,
     regime_ratios,
 )
-
-console = Console(width=None if sys.stdout.isatty() else 140)
-
-# ----------------------------------------------------------------------------------------------
-# Workspace: where a scale's data, runs and results live
-
-@dataclass(eq=False)  # hashed by identity: results computed from a workspace are cached per run
-class Workspace:
-    preset: Preset
-    runs: Path
-    results: Path
-    ctx: devices.Dist
-    student_runs: str = ""  # a subfolder of runs/<scale>/ for students of a variant preset (regime.py)
-    tracker: str = ""       # rundir.TRACKERS: also log to TensorBoard or W&B
-    lockstep: bool | None = None  # train a seed's runs together (None: where they fit, lockstep_default)
-
-    @property
-    def data_dir(self) -> Path:
-        return self.runs / "data"
-
-    def run_dir(self, name: str, seed: int) -> Path:
-        return self.runs / "teacher" if name == "teacher" else self.runs / self.student_runs / f"s{seed}" / name
-
-    @property
-    def replay_docs(self) -> int:
-        return self.preset.run["phase_steps"] * self.preset.run["global_batch"]
-
-    @property
-    def train_docs(self) -> int | None:
-        """The one-phase shard, then enough fresh documents for the longest joint control (None: the
-        whole corpus, for a small embedded one that the kit's own teacher also learns from)."""
-        if self.preset.data.get("all_documents"):
-            return None
-        return self.replay_docs * max(self.preset.long_phases)
-
-
-def workspace(scale: str, runs_dir: Path, results_dir: Path | None = None, dry_run: bool = False, overrides=(),
-              compile_flag: bool | None = None, device: str = "auto", tracker: str = "",
-              lockstep: bool | None = None) -> Workspace:
-    """A scale's folders. With overrides of the students' settings (run, diag) only, the students live in
-    runs/<scale>/set/<overrides>/ beside the scale's data and teacher; overrides of the data or the
-    teacher make a whole workspace of their own, runs/<scale>+<overrides>/. Results go to
-    results/<scale>+<overrides>/. Everything is checked before a folder is made: the overrides, CUDA,
-    then that the folders are writable (not for a dry run; no results folder where none is given)."""
-    preset, changes = apply_overrides(PRESETS[scale], overrides, compile_flag)
-    if "data" in changes:
-        check_corpus(preset)
-    if preset.needs_cuda and not dry_run:
-        import torch
-        if not torch.cuda.is_available() or device not in ("auto", "cuda"):
-            command = " ".join(shlex.quote(a) for a in sys.argv[1:])
-            raise click.UsageError(f"--scale {scale} needs CUDA GPUs and this machine has none; on a GPU node "
-                                   f"launch: torchrun --nproc_per_node={8 if scale == 'full' else 1} repro.py "
-                                   f"{command} (or add --dry-run here to see the plan)")
-    rundir.check_tracker(tracker)
-    ctx = devices.setup_distributed(device)
-    if not dry_run:
-        writable_dir(runs_dir, "--runs-dir")
-        if results_dir is not None:
-            writable_dir(results_dir, "--results-dir")
-    results_dir = results_dir or Path("results")
-    if not changes:
-        return Workspace(preset, runs_dir / scale, results_dir / scale, ctx, tracker=tracker, lockstep=lockstep)
-    name = override_name(changes)
-    own_inputs = set(changes) - {"run", "diag"}
-    return Workspace(preset, runs_dir / (f"{scale}+{name}" if own_inputs else scale), results_dir / f"{scale}+{name}",
-                     ctx, student_runs="" if own_inputs else f"set/{name}", tracker=tracker, lockstep=lockstep)
-
-
-def corpus_options(preset: Preset) -> dict:
-    """data.corpus's options (path, revision, cache_dir) among a preset's data settings."""
-    settings = ("source", "vocab_size", "max_len", "val_docs", "all_documents")
-    return {k: v for k, v in preset.data.items() if k not in settings}
-
-
-def check_corpus(preset: Preset):
-    """--set data.*: the tokenizer and corpus as set exist (building them reads no document), before any folder."""
-    d = preset.data
-    try:
-        data.qwen3_tokenizer(d["vocab_size"])
-        data.corpus(d["source"], d["val_docs"], preset.run["seed"], **corpus_options(preset))
-    except data.DataError as e:
-        raise click.BadParameter(str(e), param_hint="--set") from None
-
-
-def prepare_data(ws: Workspace, force: bool = False) -> tuple[data.Shard, data.Shard]:
-    """Tokenize once, on rank 0; every rank then memory-maps the shards. Shards made from other
-    inputs (an edited preset) are an error unless `force` rebuilds them."""
-    d = ws.preset.data
-    enc = data.qwen3_tokenizer(d["vocab_size"])
-    options = corpus_options(ws.preset)
-    if ws.ctx.is_main:  # prepare checksums what it reuses; the other ranks need not read it all again
-        shards = data.prepare(d["source"], ws.data_dir, enc, max_len=d["max_len"], n_train_docs=ws.train_docs,
-                              n_val_docs=d["val_docs"], seed=ws.preset.run["seed"], progress=console.is_terminal,
-                              force=force, **options)
-    ws.ctx.barrier()
-    if not ws.ctx.is_main:
-        shards = data.Shard(ws.data_dir / "train", verify=False), data.Shard(ws.data_dir / "val", verify=False)
-    rundir.kill_point("prepared", "data")
-    return shards
-
-
-def hub_teacher(ws: Workspace) -> Path:
-    """A teacher from a local folder or the HF hub (HF_TOKEN from the environment; HF_HUB_OFFLINE=1 honoured)."""
-    name = ws.preset.teacher
-    if Path(name).is_dir():
-        return Path(name)
-    # A path (anything but owner/name) is a folder that is missing, not the hub's "Repo id must be in the form".
-    if name.startswith(("/", ".", "~")) or name.count("/") != 1:
-        raise model.CheckpointError(f"teacher {name}: no such folder; point the preset's teacher at a Qwen3 "
-                                    "checkpoint folder or a hub id (owner/name)")
-    import huggingface_hub
-    patterns = ["*.json", "*.safetensors", "tokenizer*"]
-    try:
-        if ws.ctx.is_main:
-            huggingface_hub.snapshot_download(name, allow_patterns=patterns)
-        ws.ctx.barrier()
-        return Path(huggingface_hub.snapshot_download(name, allow_patterns=patterns, local_files_only=True))
-    except (OSError, ValueError) as e:  # every hub error: not found, gated, offline and not cached, no network
-        why = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        fix = ("it is not in the local cache and HF_HUB_OFFLINE=1: fetch it once online, or point the preset at a "
-               "local folder" if huggingface_hub.constants.HF_HUB_OFFLINE else
-               "check the id, the network, and HF_TOKEN for a gated model")
-        raise model.CheckpointError(f"teacher {name}: cannot get it from the Hugging Face hub ({why}); {fix}") from None
-
-
-# ----------------------------------------------------------------------------------------------
-# Named runs. A run is computed once and shared by every experiment that needs it.
-
-def split_run(name: str) -> tuple[str, str]:
-    norm, protocol = name.split("-", 1)
-    return norm, protocol
-
-
-def prefix_run(name: str, ws: Workspace) -> tuple[str, int] | None:
-    """(run, phase) whose phases 0..phase are identical to this run's first ones."""
-    norm, protocol = split_run(name)
-    if protocol.startswith("joint-long") and not ws.preset.run.get("restart_optimizer", True):
-        return None  # it carries AdamW's moments across restarts, and kept checkpoints hold none
-    if protocol == "freeze":
-        return f"{norm}-grow", 0        # freeze's phase 0 is grow's phase 0 (Table 2 reads it)
-    if protocol == "joint-long":
-        return f"{norm}-joint", 0       # the long controls' first phase is joint itself
-    if protocol == "joint-longer":
-        return f"{norm}-joint-long", ws.preset.long_phases[0] - 1
-    return None
-
-
-def run_config(ws: Workspace, name: str, seed: int, teacher: Path | None = None) -> grow.RunConfig:
-    """A named run's settings, its paths relative to its own folder where they lie in the runs tree (so
-    the tree can be moved or copied; a hub teacher's cache path stays absolute)."""
-    settings = run_settings(ws, name, seed, teacher)
-    run_dir = ws.run_dir(name, seed)
-    root = ws.runs.resolve()
-    for key in rundir.PATH_FIELDS:
-        if settings.get(key):
-            path = Path(settings[key]).resolve()
-            settings[key] = os.path.relpath(path, run_dir.resolve()) if path.is_relative_to(root) else str(path)
-    return grow.RunConfig(**settings, relative_to_run=True)
-
-
-def run_settings(ws: Workspace, name: str, seed: int, teacher: Path | None = None) -> dict:
-    shards = dict(train_data=str(ws.data_dir / "train"), val_data=str(ws.data_dir / "val"))
-    if name == "teacher":
-        # The scale's own run settings under teacher_run's: --set run.* changes the students only.
-        vocab = data.qwen3_tokenizer(ws.preset.data["vocab_size"]).n_vocab
-        return {**PRESETS[ws.preset.name].run, **ws.preset.teacher_run, **shards, "name": "teacher",
-                "protocol": "teacher", "norm": "pre", "replay_docs": len(data.Shard(ws.data_dir / "train", verify=False)),
-                "teacher_config": {**ws.preset.teacher_model, "vocab_size": vocab}}
-    norm, protocol = split_run(name)
-    phases = {"joint-long": ws.preset.long_phases[0], "joint-longer": ws.preset.long_phases[1]}.get(protocol, 1)
-    prefix = prefix_run(name, ws)
-    start_from = str(ws.run_dir(prefix[0], seed) / f"phase-{prefix[1]}") if prefix else ""
-    settings = {**ws.preset.run, **shards, "name": name, "seed": seed, "norm": norm,
-                "protocol": "joint-long" if phases > 1 else protocol, "joint_phases": phases,
-                "replay_docs": ws.replay_docs, "teacher": "" if scratch(ws) else str(teacher or ""),
-                "start_from": start_from}
-    if norm != "post":  # a post-norm option: other placements keep one identity whatever it is set to
-        settings.pop("post_output_gain", None)
-    if settings["protocol"] != "joint-long":  # likewise an option of the long joint controls only
-        settings.pop("restart_optimizer", None)
-    return settings
-
-
-def scratch(ws: Workspace) -> bool:
-    """Growth from scratch (the scratch experiment's students): plain CE, no teacher loaded."""
-    return ws.preset.run.get("scratch_model") is not None
-
-
-def with_prefixes(names) -> list[str]:
-    """The runs in an order where every shared prefix is computed before the run that reuses it."""
-    ordered = []
-    for name in names:
-        chain = [name]
-        while True:
-            norm, protocol = split_run(chain[-1])
-            parent = {"freeze": f"{norm}-grow", "joint-long": f"{norm}-joint",
-                      "joint-longer": f"{norm}-joint-long"}.get(protocol)
-            if not parent:
-                break
-            chain.append(parent)
-        ordered += [n for n in reversed(chain) if n not in ordered]
-    return ordered
-
-
-def run_status(run_dir: Path) -> str:
-    if (run_dir / "done.json").is_file():
-        return "done"
-    steps = [r["step"] for r in rundir.read_metrics(run_dir)]
-    return f"partial (step {max(steps)})" if steps else "pending"
-
-
-def show_overview(ws: Workspace, jobs: list[tuple[str, int]]):
-    if not ws.ctx.is_main:
-        return
-    table = Table(title=f"runs at scale {ws.preset.name}")
-    for column in ("run", "seed", "status", "folder"):
-        table.add_column(column)
-    for name, seed in jobs:
-        status = run_status(ws.run_dir(name, seed))
-        table.add_row(name, str(seed), status, str(ws.run_dir(name, seed)))
-    console.print(table)
-
-
-def ensure_teacher(ws: Workspace, force: bool = False) -> Path:
-    if ws.preset.teacher:
-        return hub_teacher(ws)
-    grow.train(run_config(ws, "teacher", ws.preset.run["seed"]), ws.run_dir("teacher", 0), force=force, ctx=ws.ctx,
-               tracker=ws.tracker)
-    return ws.run_dir("teacher", 0) / "phase-0"
-
-
-def ensure_inputs(ws: Workspace, force: bool = False) -> Path:
-    """Data and teacher of a scale; returns the teacher's checkpoint folder. A hub (or local) teacher is
-    fetched and its config checked first, so that one that cannot be had fails before any data is made."""
-    if ws.preset.teacher:
-        teacher = hub_teacher(ws)
-        model.ModelConfig.from_hf(model.read_config(teacher), str(teacher / "config.json"))
-        prepare_data(ws, force)
-    else:
-        prepare_data(ws, force)
-        teacher = ensure_teacher(ws, force)
-    data.check_teacher_tokenizer(teacher, data.qwen3_tokenizer(ws.preset.data["vocab_size"]))
-    return teacher
-
-
-def check_before_work(ws: Workspace, jobs: list[tuple[str, int]], force: bool, teacher: Path | None = None):
-    """What a command will read back, read before any data, teacher or run folder is made and before
-    anything is printed, so that a bad setting or a damaged file is one line that changes nothing:
-    every run's settings, then (unless --force, which discards what does not match) the config.json
-    and done.json of every run it would reuse or resume, and the kit's own teacher once trained."""
-    for name, seed in jobs:
-        try:
-            run_config(ws, name, seed)
-        except ValueError as e:  # RunConfig's own checks: a placement schedule, per-phase LRs and warmups
-            raise click.BadParameter(f"run {name}: {e}", param_hint="--set") from None
-    if force:
-        return
-    teacher = teacher or expected_teacher(ws)
-    for name, seed in jobs:
-        folder = ws.run_dir(name, seed)
-        if (folder / "config.json").exists():
-            if teacher is not None or scratch(ws):
-                rundir.check_config(run_config(ws, name, seed, teacher=teacher), folder)
-            else:
-                rundir.read_json(folder / "config.json")  # a hub teacher's cache path is known only once fetched
-        if (folder / "done.json").exists():
-            check_result(folder / "done.json")
-    if not ws.preset.teacher and not scratch(ws):
-        check_trained_teacher(ws)
-
-
-def expected_teacher(ws: Workspace) -> Path | None:
-    """The teacher path the runs' configs record, where it is known before the teacher is trained or fetched."""
-    if not ws.preset.teacher:
-        return ws.run_dir("teacher", 0) / "phase-0"
-    return Path(ws.preset.teacher) if Path(ws.preset.teacher).is_dir() else None
-
-
-RESULT_KEYS = ("ce", "ppl", "kd")  # in every done.json; the reports read them
-
-
-def check_result(path: Path):
-    """A done.json whose numbers the reports can print (else one line now, not a traceback mid-report)."""
-    result = rundir.read_json(path, *RESULT_KEYS)
-    for key in RESULT_KEYS:
-        if isinstance(result[key], bool) or not isinstance(result[key], (int, float)):
-            raise rundir.TrainingError(f"{path}: {key} is {result[key]!r}, not a number; the file is damaged: move it "
-                                       "away and rerun to evaluate the run again")
-
-
-def check_trained_teacher(ws: Workspace):
-    """The kit's own teacher, if trained: its run files, and its checkpoint loaded whole (checksums,
-    config, every tensor; a few MB at the scales that train one)."""
-    folder = ws.run_dir("teacher", 0)
-    if (folder / "config.json").exists():
-        rundir.read_json(folder / "config.json")
-    if not (folder / "done.json").exists():
-        return
-    check_result(folder / "done.json")
-    if not (folder / "phase-0").is_dir():
-        raise rundir.TrainingError(f"{folder / 'phase-0'}: missing, although {folder / 'done.json'} says the teacher "
-                                   f"is trained; move {folder} away and rerun to train it again")
-    model.load_qwen3(folder / "phase-0")
-
-
-def ensure_runs(ws: Workspace, names, seeds: list[int], force: bool = False, teacher: Path | None = None):
-    """Data, teacher (unless given), then every run each seed needs; done runs are reused, partial
-    ones resumed, and with `force` a run folder holding another config (an edited preset) is discarded.
-    In lockstep (ws.lockstep; by default where it fits, lockstep_default) the runs of a seed that read the same
-    batches train together on one teacher pass per batch; the long joint controls train alone after."""
-    jobs = [(name, seed) for seed in seeds for name in with_prefixes(names)]
-    check_before_work(ws, jobs, force, teacher)
-    if scratch(ws):
-        prepare_data(ws, force)  # growth from scratch: no teacher at all
-    else:
-        teacher = teacher or ensure_inputs(ws, force)
-    if any(run_status(ws.run_dir(*job)) != "done" for job in jobs):
-        show_overview(ws, jobs)  # once, before the work; each run then announces itself
-    lockstep = lockstep_default(ws, names) if ws.lockstep is None else ws.lockstep
-    for seed in seeds:
-        # Done runs too: training reuses one whose config matches and refuses a stale one.
-        runs = [(run_config(ws, name, seed, teacher=teacher), ws.run_dir(name, seed)) for name in with_prefixes(names)]
-        together = [job for job in runs if lockstep and job[0].data_mode == "replay"]
-        alone = [job for job in runs if job not in together]
-        if together:
-            grow.train_together(together, force=force, ctx=ws.ctx, tracker=ws.tracker)
-        for config, run_dir in alone:
-            grow.train(config, run_dir, force=force, ctx=ws.ctx, tracker=ws.tracker)
-
-
-def planned_runs(ws: Workspace, names, seed: int) -> list[plan.PlannedRun]:
-    """The runs `names` need, each with the number of leading phases another run computes for it."""
-    def shared(name):
-        prefix = prefix_run(name, ws)
-        return prefix[1] + 1 if prefix else 0
-    return [plan.PlannedRun(name, run_config(ws, name, seed), shared(name)) for name in with_prefixes(names)]
-
-
-def lockstep_default(ws: Workspace, names) -> bool:
-    """Lockstep on CPUs and Apple silicon (host memory; the toy's students are a few MB each), and on a
-    CUDA GPU where the resident runs fit (plan.fits)."""
-    if ws.ctx.device.type != "cuda":
-        return True
-    import torch
-    memory = torch.cuda.get_device_properties(ws.ctx.device).total_memory
-    return plan.fits(ws.preset, ws.ctx.world, memory, planned_runs(ws, names, ws.preset.run["seed"]))
-
-
-def teacher_summary(ws: Workspace, names, seeds: list[int]) -> str:
-    """The kit's own teacher: its cost (cached after the first run) and its lead over the students."""
-    teacher = ws.run_dir("teacher", 0)
-    result = rundir.read_json(teacher / "done.json", "ce", "step")
-    seconds = max((r.get("time", 0.0) for r in rundir.read_metrics(teacher) if not r.get("eval")), default=0.0)
-    best_ce, best = min((final_eval(ws, n, s)["ce"], f"{n} s{s}") for n in names for s in seeds)
-    return (f"teacher: validation CE {result['ce']:.4f} after {result['step']} steps, trained in {seconds / 60:.1f} min "
-            f"(cached in {teacher}); best student {best} at {best_ce:.4f}: the teacher leads by "
-            f"{best_ce - result['ce']:+.4f} nats")
-
+from suite import (  # noqa: F401 (repro.Workspace and friends stay importable from here)
+    Workspace,
+    check_before_work,
+    console,
+    ensure_inputs,
+    ensure_runs,
+    ensure_teacher,
+    planned_runs,
+    prepare_data,
+    run_config,
+    teacher_summary,
+    with_prefixes,
+    workspace,
+    writable_dir,
+)
 
 # ----------------------------------------------------------------------------------------------
 # The CLI
@@ -489,18 +140,6 @@ def finite(value: float, option: str) -> float:
     if not math.isfinite(value):
         raise click.BadParameter(f"{value} is not a finite number", param_hint=option)
     return value
-
-
-def writable_dir(path: Path, option: str) -> Path:
-    try:
-        path.mkdir(parents=True, exist_ok=True)
-        probe = path / ".write-test"
-        probe.write_text("")
-        probe.unlink()
-    except OSError as e:
-        raise click.BadParameter(f"{path} is not a writable folder ({e.strerror}); choose another",
-                                 param_hint=option) from None
-    return path
 
 
 @click.group(cls=Repro, context_settings={"help_option_names": ["-h", "--help"]})
