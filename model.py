@@ -19,11 +19,8 @@ checkpoint I/O maps them to `input_layernorm` / `post_attention_layernorm`.
 """
 from __future__ import annotations
 
-import hashlib
 import json
 import math
-import os
-import shutil
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Callable
@@ -32,13 +29,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 import torch.utils.checkpoint
-from safetensors import SafetensorError, safe_open
-from safetensors.torch import save_file
 
-
-class CheckpointError(ValueError):
-    """A checkpoint directory that cannot be read as asked; the message names the file and the fix."""
-
+from checkpoint import CheckpointError, load_tensors, read_config, write_checkpoint
 
 # ----------------------------------------------------------------------------------------------
 # Config
@@ -622,52 +614,6 @@ def shape_problem(shape) -> str:
 
 
 # ----------------------------------------------------------------------------------------------
-# Checksums: every checkpoint the kit writes carries the sha256 of each of its files; every load checks them
-
-CHECKSUMS = "checksums.json"  # in every checkpoint: sha256 of each of its files, written at save time
-
-
-def sha256(file: Path) -> str:
-    digest = hashlib.sha256()
-    with open(file, "rb") as f:
-        for block in iter(lambda: f.read(1 << 24), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
-def write_checksums(folder: Path):
-    files = sorted(p for p in folder.iterdir() if p.is_file() and p.name != CHECKSUMS)
-    (folder / CHECKSUMS).write_text(json.dumps({p.name: sha256(p) for p in files}, indent=1) + "\n")
-
-
-def damage(ckpt: Path) -> str:
-    """Why a checkpoint cannot be trusted ("" if it can): a file that is missing or differs from the
-    checksum written with it. A checkpoint from before checksums were written is taken as it is."""
-    try:
-        sums = json.loads((ckpt / CHECKSUMS).read_text())
-    except FileNotFoundError:
-        return ""
-    except (OSError, ValueError):
-        return f"{CHECKSUMS} is unreadable"
-    if not isinstance(sums, dict) or not all(isinstance(v, str) for v in sums.values()):
-        return f"{CHECKSUMS} is not a map of file -> sha256"
-    for name, digest in sums.items():
-        if not (ckpt / name).is_file():
-            return f"{name} is missing"
-        if sha256(ckpt / name) != digest:
-            return f"{name} does not match its checksum"
-    return ""
-
-
-def check_checksums(path: Path):
-    """A checkpoint folder whose files differ from the checksums written with them is refused."""
-    why = damage(path)
-    if why:
-        raise CheckpointError(f"{path}: damaged ({why}); the file changed after the kit wrote it: restore it or "
-                              "retrain that checkpoint")
-
-
-# ----------------------------------------------------------------------------------------------
 # HF checkpoint I/O
 
 HF_NORM_NAMES = {".attn_norm.": ".input_layernorm.", ".mlp_norm.": ".post_attention_layernorm."}
@@ -682,103 +628,6 @@ def hf_name(name: str) -> str:
     return "model." + name
 
 
-def read_config(path: Path) -> dict:
-    if not path.is_dir():
-        raise CheckpointError(f"{path}: no such checkpoint directory; pass a folder holding config.json and *.safetensors")
-    config_file = path / "config.json"
-    if not config_file.is_file():
-        raise CheckpointError(f"{config_file}: missing; a HF checkpoint directory needs its config.json")
-    try:
-        config = json.loads(config_file.read_text())
-    except ValueError as e:  # not JSON, or not even UTF-8 text
-        raise CheckpointError(f"{config_file}: not valid JSON ({e}); re-download or re-export the checkpoint") from None
-    if not isinstance(config, dict):  # every reader does config.get(...)
-        raise CheckpointError(f"{config_file}: a JSON {type(config).__name__}, not an object of config fields; "
-                              "re-download or re-export the checkpoint")
-    return config
-
-
-def tensor_files(path: Path) -> dict[str, Path]:
-    """Map tensor name -> safetensors file, from model.safetensors.index.json or a single file."""
-    index = path / "model.safetensors.index.json"
-    if index.is_file():
-        try:
-            weight_map = json.loads(index.read_text())["weight_map"]
-            return {str(name): path / str(file) for name, file in weight_map.items()}
-        except (ValueError, KeyError, TypeError, AttributeError):
-            raise CheckpointError(f"{index}: not a safetensors index (no weight_map of tensor -> file); "
-                                  "re-download or re-export the checkpoint") from None
-    single = path / "model.safetensors"
-    if not single.is_file():
-        raise CheckpointError(f"{path}: no model.safetensors or model.safetensors.index.json; "
-                              "the kit reads safetensors checkpoints only (no pickle)")
-    with open_safetensors(single) as f:
-        return {name: single for name in f.keys()}
-
-
-FLOAT_DTYPES = {"F64", "F32", "F16", "BF16", "F8_E4M3", "F8_E5M2"}
-
-
-def open_safetensors(file: Path):
-    """safe_open, with a file that is not safetensors (a renamed pickle, a truncated download) as one line."""
-    try:
-        return safe_open(file, framework="pt")
-    except (SafetensorError, OSError) as e:
-        raise CheckpointError(f"{file}: not a readable safetensors file ({e}); re-download or re-export it "
-                              "(the kit never reads pickle)") from None
-
-
-@torch.no_grad()
-def load_tensors(module: nn.Module, path: Path, dtype, device, name_in_file: Callable[[str], str]):
-    """Fill a meta-device (or FSDP2-sharded) module from safetensors, one tensor at a time, so a
-    large model is never held twice; a sharded parameter reads only its own rows from disk."""
-    check_checksums(path)
-    files = tensor_files(path)
-    wanted = {name_in_file(name) for name, _ in module.named_parameters()}
-    # A tied teacher's file may still carry lm_head.weight; any other tensor means config.json describes
-    # a smaller model than the file holds (e.g. fewer layers or blocks), which would load truncated.
-    extra = sorted(set(files) - wanted - {"lm_head.weight"})
-    if extra:
-        raise CheckpointError(f"{path}: holds {len(extra)} tensor(s) that its config.json does not describe "
-                              f"(first: {extra[0]!r}); the checkpoint and its config.json disagree")
-    module.to(dtype)  # on the meta device this allocates nothing
-    if any(p.is_meta for p in module.parameters()):
-        module.to_empty(device=device)
-    for name, param in module.named_parameters():
-        key = name_in_file(name)
-        if key not in files:
-            raise CheckpointError(f"{path}: tensor {key!r} is missing; the checkpoint does not match its config.json")
-        file = files[key]
-        if not file.is_file():
-            raise CheckpointError(f"{file}: missing, but model.safetensors.index.json lists it for {key!r}")
-        with open_safetensors(file) as f:
-            if key not in f.keys():
-                raise CheckpointError(f"{file}: tensor {key!r} is missing; the index and the file disagree")
-            stored = f.get_slice(key)
-            stored_shape = tuple(stored.get_shape())
-            if stored_shape != tuple(param.shape):
-                raise CheckpointError(f"{file}: tensor {key!r} has shape {stored_shape}, config.json implies "
-                                      f"{tuple(param.shape)}; the checkpoint and its config.json disagree")
-            if stored.get_dtype() not in FLOAT_DTYPES:
-                raise CheckpointError(f"{file}: tensor {key!r} is {stored.get_dtype()}, not a floating-point type; "
-                                      "the checkpoint is not a model's weights")
-            local = read_local_rows(stored, param)
-        if not torch.isfinite(local).all():
-            raise CheckpointError(f"{file}: tensor {key!r} holds NaN or infinite values; the checkpoint is damaged "
-                                  "(a diverged run or a corrupt file)")
-        target = param.to_local() if hasattr(param, "to_local") else param
-        target.copy_(local.to(dtype))
-
-
-def read_local_rows(stored, param):
-    """The rows of a stored tensor that this rank holds (all rows unless param is a Shard(0) DTensor)."""
-    if not hasattr(param, "device_mesh"):
-        return stored[:]
-    from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
-    shape, offset = compute_local_shape_and_global_offset(param.shape, param.device_mesh, param.placements)
-    return stored[offset[0]:offset[0] + shape[0]] if shape[0] else torch.empty(shape)
-
-
 def load_qwen3(path, dtype=torch.float32, device="cpu", shard_fn: Callable | None = None) -> Qwen3:
     """Load a HF Qwen3 checkpoint directory: one model.safetensors or an index with shards, any
     float dtype on disk, tied (no lm_head.weight) or untied embeddings. Built on the meta device;
@@ -791,33 +640,6 @@ def load_qwen3(path, dtype=torch.float32, device="cpu", shard_fn: Callable | Non
         shard_fn(teacher)
     load_tensors(teacher, path, dtype, device, name_in_file=hf_name)
     return teacher.eval().requires_grad_(False)
-
-
-def write_checkpoint(path, config: dict, state: dict, extra_files: dict[str, str] | None = None):
-    """Atomic: write into a temporary sibling folder (with any `extra_files`: name -> text), then move
-    it into place."""
-    path = Path(path)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.mkdir(parents=True, exist_ok=True)
-    save_file({k: v.detach().contiguous().cpu() for k, v in state.items()}, tmp / "model.safetensors",
-              metadata={"format": "pt"})
-    (tmp / "config.json").write_text(json.dumps(config, indent=2) + "\n")
-    for name, text in (extra_files or {}).items():
-        (tmp / name).write_text(text)
-    replace_folder(tmp, path)
-
-
-def replace_folder(new: Path, path: Path, midway: Callable[[], None] = lambda: None):
-    """Move a finished folder to `path`; an existing one there is removed only after the move. A `.old`
-    left by a swap that was killed is superseded by `new` and removed first (os.replace cannot move a
-    folder onto a non-empty one). `midway` runs between the two moves (the kill tests)."""
-    old = path.with_name(path.name + ".old")
-    shutil.rmtree(old, ignore_errors=True)
-    if path.exists():
-        os.replace(path, old)
-    midway()
-    os.replace(new, path)
-    shutil.rmtree(old, ignore_errors=True)
 
 
 def save_qwen3(teacher: Qwen3, path, state: dict | None = None):

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import torch
 
+import checkpoint
 import model
 
 
@@ -91,8 +92,9 @@ def write_kept_checkpoint(run_dir: Path, name: str, net, state: dict, ctx):
             net.save(tmp, full)
         kill_point("writing-kept", run_dir.name, state["step"])
         (tmp / "trainer_state.json").write_text(json.dumps(state))
-        model.write_checksums(tmp)
-        model.replace_folder(tmp, run_dir / name, midway=lambda: kill_point("swapping-kept", run_dir.name, state["step"]))
+        checkpoint.write_checksums(tmp)
+        checkpoint.replace_folder(tmp, run_dir / name,
+                                  midway=lambda: kill_point("swapping-kept", run_dir.name, state["step"]))
     ctx.barrier()
 
 
@@ -124,8 +126,8 @@ def write_latest_checkpoint(run_dir: Path, net, optimizer, state: dict, ctx):
         save_file(tensors, tmp / "optimizer.safetensors")
         (tmp / "optimizer.json").write_text(json.dumps({"param_groups": optim_state["param_groups"]}))
         (tmp / "trainer_state.json").write_text(json.dumps(state))
-        model.write_checksums(tmp)
-        model.replace_folder(tmp, run_dir / "latest",
+        checkpoint.write_checksums(tmp)
+        checkpoint.replace_folder(tmp, run_dir / "latest",
                              midway=lambda: kill_point("swapping-latest", run_dir.name, state["step"]))
     ctx.barrier()
 
@@ -167,7 +169,7 @@ def newest_checkpoint(run_dir: Path, verify: bool = False, warn=lambda line: Non
     for step, ckpt in checkpoints(run_dir):
         if ckpt.name.startswith("step-") and not salvaging:
             continue
-        why = "trainer_state.json is unreadable" if step is None else model.damage(ckpt) if verify else ""
+        why = "trainer_state.json is unreadable" if step is None else checkpoint.damage(ckpt) if verify else ""
         if why:
             warn(f"{ckpt}: damaged ({why}); resuming from an older checkpoint")
             salvaging = True

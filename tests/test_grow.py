@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
+import checkpoint
 import devices
 import grow
 import model
@@ -457,7 +458,8 @@ def test_resume_reads_no_pickle(tiny_shards, tiny_teacher_dir, tmp_path, monkeyp
     c = run_config(tiny_shards, tiny_teacher_dir, protocol="grow", phase_steps=4, checkpoint_interval=3)
     reference = grow.train(c, tmp_path / "reference")
     grow.train(c, tmp_path / "r", stop_after_step=7)  # a rolling checkpoint at step 6, mid phase 1
-    assert sorted(p.name for p in (tmp_path / "r" / "latest").iterdir()) == sorted((*rundir.LATEST_FILES, model.CHECKSUMS))
+    latest = sorted(p.name for p in (tmp_path / "r" / "latest").iterdir())
+    assert latest == sorted((*rundir.LATEST_FILES, checkpoint.CHECKSUMS))
 
     def refuse(*args, **kwargs):
         raise AssertionError("something was unpickled")
@@ -474,7 +476,7 @@ def test_a_rolling_checkpoint_of_an_older_kit_is_one_line(tiny_shards, tiny_teac
     c = run_config(tiny_shards, tiny_teacher_dir, protocol="joint", checkpoint_interval=2)
     grow.train(c, tmp_path / "r", stop_after_step=3)
     latest = tmp_path / "r" / "latest"
-    for name in (model.CHECKSUMS, "optimizer.safetensors", "optimizer.json"):
+    for name in (checkpoint.CHECKSUMS, "optimizer.safetensors", "optimizer.json"):
         (latest / name).unlink()
     (latest / ".metadata").write_bytes(b"\x80\x04not read")
     with pytest.raises(grow.TrainingError, match=r"latest: lacks optimizer.safetensors, optimizer.json .* move the folder"):
@@ -539,7 +541,7 @@ def stopped_run(tiny_shards, tiny_teacher_dir, tmp_path_factory):
 
 
 @pytest.mark.parametrize("damage", DAMAGES)
-@pytest.mark.parametrize("name", [*rundir.LATEST_FILES, model.CHECKSUMS])
+@pytest.mark.parametrize("name", [*rundir.LATEST_FILES, checkpoint.CHECKSUMS])
 def test_each_damaged_file_of_the_rolling_checkpoint_falls_back_to_the_same_result(stopped_run, tmp_path, capsys,
                                                                                   name, damage):
     """Any file of latest/ flipped, truncated or deleted: the run names latest/ in a one-line warning,
@@ -551,7 +553,7 @@ def test_each_damaged_file_of_the_rolling_checkpoint_falls_back_to_the_same_resu
     DAMAGES[damage](run_dir / "latest" / name)
     assert grow.train(c, run_dir) == reference
     warnings = [line for line in capsys.readouterr().out.splitlines() if ": damaged (" in line]
-    if (name, damage) == (model.CHECKSUMS, "deleted"):
+    if (name, damage) == (checkpoint.CHECKSUMS, "deleted"):
         assert not warnings
     else:
         assert len(warnings) == 1 and warnings[0].startswith(f"{run_dir / 'latest'}: damaged (")
