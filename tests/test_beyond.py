@@ -238,3 +238,32 @@ def test_mirror_run_reads_its_reference_per_phase_and_finishes_after_a_late_kill
     assert again["ce"] == first["ce"]
     plain = grow.train(scratch_config(tiny_shards, norm="post"), tmp_path / "post")
     assert plain["ce"] != first["ce"]  # the mirror changed the forward
+
+
+# ---- the paper's named next steps as options -------------------------------------------------------
+
+def test_table4_grid_prints_every_block_of_a_deeper_student():
+    """K = 6: six ΔCE and six angle columns; the paper's value beside its first three blocks, a dash after."""
+    import experiments
+    stats = {f"{name}_{short}_{b}": {"mean": 0.1 * b} for name in experiments.TABLE4_TITLES
+             for short in ("dce", "angular") for b in range(6)}
+    lines = experiments.table4_grid(stats, 1)
+    assert lines[0].count("ΔCE") == 6 and lines[0].count("angle") == 6
+    row = lines[2].split(" | ")
+    assert "(8.130)" in row[1] and row[4].endswith("(—)") and row[6].endswith("(—)")
+
+
+def test_another_corpus_is_a_data_override(tmp_path):
+    """--set data.source=local --set data.path=FILE: a workspace of its own whose shards hold that file's
+    documents (and not the toy corpus's)."""
+    import suite
+    docs = [f"Document {i}: " + "the quick brown fox jumps over the lazy dog. " * (1 + i % 4) for i in range(200)]
+    corpus = tmp_path / "my.jsonl"
+    corpus.write_text("\n".join(json.dumps({"text": d}) for d in docs) + "\n")
+    ws = suite.workspace("smoke", tmp_path / "runs", overrides=("data.source=local", f"data.path={corpus}"))
+    assert ws.runs.name.startswith("smoke+data.path=") and ws.preset.data["source"] == "local"
+    _, val = suite.prepare_data(ws)
+    enc = data.qwen3_tokenizer(ws.preset.data["vocab_size"])
+    texts = [enc.decode(val.document(i).tolist()).removeprefix("<|endoftext|>") for i in range(len(val))]
+    assert len(texts) == ws.preset.data["val_docs"]
+    assert all(any(d.startswith(t) for d in docs) for t in texts)  # each a document of the file (cut at max_len)
