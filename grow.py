@@ -465,7 +465,9 @@ class Run:
         if not (path / "model.safetensors").is_file():
             raise TrainingError(f"{path}: missing; a mirror-fwd run copies the boundary profile of "
                                 f"{self.config.boundary_source}, so finish that run first")
-        self.net.profile_source = BoundaryProfile(model.Student.load(path, device=self.ctx.device).eval())
+        # The reference only runs forward: on a GPU it is held in the compute precision, as the teacher is.
+        dtype = precision_of(self.config, self.ctx) if self.ctx.device.type == "cuda" else torch.float32
+        self.net.profile_source = BoundaryProfile(model.Student.load(path, dtype, self.ctx.device).eval())
 
     def monitor_due(self) -> bool:
         """The step about to be taken writes a boundary-monitor row."""

@@ -267,3 +267,23 @@ def test_another_corpus_is_a_data_override(tmp_path):
     texts = [enc.decode(val.document(i).tolist()).removeprefix("<|endoftext|>") for i in range(len(val))]
     assert len(texts) == ws.preset.data["val_docs"]
     assert all(any(d.startswith(t) for d in docs) for t in texts)  # each a document of the file (cut at max_len)
+
+
+@pytest.mark.slow
+def test_new_options_under_fsdp2_two_ranks_match_one_process(tiny_shards, tmp_path):
+    """Growth from scratch with Peri-LN (entry and final norms), trainable boundary norms (root-level
+    parameters) and the monitor on: two torchrun ranks (FSDP2, gloo) end within 1e-5 of one process."""
+    from dataclasses import asdict
+
+    from test_grow import torchrun
+    c = scratch_config(tiny_shards, norm="peri", boundary="norm", monitor_interval=2)
+    single = grow.train(c, tmp_path / "single")
+    config_file = tmp_path / "config.json"
+    config_file.write_text(json.dumps(asdict(c)))
+    torchrun(config_file, tmp_path / "fsdp")
+    assert json.loads((tmp_path / "fsdp" / "provenance.json").read_text())["world_size"] == 2
+    assert json.loads((tmp_path / "fsdp" / "done.json").read_text())["ce"] == pytest.approx(single["ce"], rel=1e-5)
+    a = model.Student.load(tmp_path / "single" / "phase-2").state_dict()
+    b = model.Student.load(tmp_path / "fsdp" / "phase-2").state_dict()
+    assert a.keys() == b.keys() and any(k.startswith("boundary_norms.") for k in a)
+    assert all(torch.allclose(a[k], b[k], rtol=1e-4, atol=1e-6) for k in a)
