@@ -98,16 +98,18 @@ class Corpus:
         return islice(self.ordered_documents(), self.n_val, None)
 
 
+CORPUS_OPTIONS = {"toy": set(), "fineweb-edu": {"revision", "cache_dir"}, "local": {"path"}}  # per source
+
+
 def corpus(source: str, n_val: int, seed: int = 0, **options) -> Corpus:
     """The corpus `source`: "toy" (no options), "fineweb-edu" (revision, cache_dir) or "local" (path).
 
     Building it reads nothing; documents are read (or downloaded) when iterated.
     """
-    makers = {"toy": (_toy_corpus, set()), "fineweb-edu": (_fineweb_corpus, {"revision", "cache_dir"}),
-              "local": (_local_corpus, {"path"})}
+    makers = {"toy": _toy_corpus, "fineweb-edu": _fineweb_corpus, "local": _local_corpus}
     if source not in makers:
         raise DataError(f"source {source!r}: unknown corpus; use one of {', '.join(makers)}")
-    make, allowed = makers[source]
+    make, allowed = makers[source], CORPUS_OPTIONS[source]
     if unknown := set(options) - allowed:
         raise DataError(f"source {source}: unknown option(s) {', '.join(sorted(unknown))}; "
                         f"it takes {', '.join(sorted(allowed)) or 'none'}")

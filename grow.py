@@ -38,9 +38,9 @@ import kd
 import model
 from devices import PRECISIONS, Dist, precision_choice, print0, setup_distributed, shard_fn
 from rundir import (
-    PATH_FIELDS,
     MetricsLog,
     TrainingError,
+    absolute_paths,
     adopt_shared_prefix,
     git_commit,
     kill_point,
@@ -140,10 +140,8 @@ class RunConfig:
                 raise ValueError(f"{key} {values}: give one positive value per phase ({phases}), or none")
 
     def resolved(self, run_dir) -> "RunConfig":
-        """This config with every path absolute (PATH_FIELDS relative to `run_dir` if relative_to_run)."""
-        base = Path(run_dir) if self.relative_to_run else Path.cwd()
-        paths = {k: str((base / v).resolve()) for k in PATH_FIELDS if (v := getattr(self, k))}
-        return replace(self, **paths, relative_to_run=False)
+        """This config with every path absolute (rundir.absolute_paths), as the run uses it."""
+        return replace(self, **absolute_paths(vars(self), run_dir), relative_to_run=False)
 
     @property
     def distils(self) -> bool:
@@ -529,6 +527,7 @@ class Run:
             for group in self.optimizer.param_groups:
                 group["lr"] = self.lr
             self.batch, self.sums = next(self.batcher), [0.0, 0.0, 0.0]
+            self.monitor_pending = self.monitor_due()
         return self.batch
 
     def batch_key(self) -> tuple:
@@ -540,7 +539,7 @@ class Run:
     def accumulate(self, micro: data.Batch, teacher_hidden: torch.Tensor | None):
         """Forward and backward of one micro-batch; gradients add up until end_step."""
         config, ctx = self.config, self.ctx
-        monitoring = self.monitor_due() and not any(self.sums)  # the step's first micro-batch
+        monitoring, self.monitor_pending = self.monitor_pending, False  # the step's first micro-batch
         with self.own_rng():
             self.net.capture_boundaries = monitoring
             with autocast(config, ctx):

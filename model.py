@@ -235,11 +235,6 @@ class Placement:
     v_norm: bool = False           # a per-head RMSNorm on attention values (Qwen3 already has q's and k's)
     deepnet: bool = False          # DeepNet's alpha on the residual and beta on the init
 
-    @property
-    def boundary_norm(self) -> str:
-        """The paper's two placements have one boundary norm: "final" (pre) or "entry" (post)."""
-        return "final" if self.final_norm else "entry"
-
 
 SUBLAYER_NORMS = ("attn_norm", "attn_out_norm", "mlp_norm", "mlp_out_norm")
 PLACEMENTS = {
@@ -420,11 +415,6 @@ class Student(nn.Module):
     @property
     def head_weight(self):
         return self.lm_head.weight
-
-    @property
-    def placement(self) -> Placement:
-        """The placement of block 0 (the only one unless the norm is a per-block schedule)."""
-        return self.placements[0]
 
     def block_layers(self, b: int) -> nn.ModuleList:
         return self.layers[b * self.layers_per_block:(b + 1) * self.layers_per_block]

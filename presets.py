@@ -11,6 +11,7 @@ from dataclasses import MISSING, dataclass, field, fields, replace
 
 import click
 
+import data
 import devices
 import grow
 import model
@@ -139,7 +140,7 @@ OVERRIDABLE = {"run": grow.RunConfig, "teacher_run": grow.RunConfig, "teacher_mo
                "data": None, "diag": None}  # section -> the dataclass whose defaults also count as keys
 # data.corpus's options, settable beside the preset's own data keys: another corpus is
 # --set data.source=local --set data.path=my.jsonl (a folder of .txt, a .jsonl or parquet files).
-DATA_OPTIONS = {"path": "", "revision": "", "cache_dir": ""}
+DATA_OPTIONS = {name: "" for options in data.CORPUS_OPTIONS.values() for name in options}
 
 
 # What a parsed value must also be (parse_value already refuses negative and non-finite numbers): a

@@ -10,6 +10,7 @@ import base64
 import errno
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -137,7 +138,8 @@ def write_latest_checkpoint(run_dir: Path, net, optimizer, state: dict, ctx):
 # Resume points, best first on a tie: latest/ (weights and AdamW state), phase-<p>/ (weights; a phase
 # starts a fresh AdamW, so nothing is lost), step-<n>/ (weights only, mid-phase: AdamW's moments
 # restart, so only after damage).
-RESUME_KINDS = ("latest", "phase-", "step-")
+RESUME_POINT = re.compile(r"latest|(?:phase|step)-\d+")  # latest/, phase-<p>/, step-<n>/ (not .tmp/.old)
+RESUME_RANK = {"latest": 2, "phase": 1, "step": 0}
 TRAINER_STATE_KEYS = ("step", "phase", "data", "totals", "elapsed", "torch_rng")
 
 
@@ -146,16 +148,14 @@ def checkpoints(run_dir: Path) -> list[tuple[int | None, Path]]:
     so that each is named before a good one is taken, then newest first."""
     found = []
     for ckpt in run_dir.iterdir() if run_dir.is_dir() else []:
-        kind = next((k for k in RESUME_KINDS if ckpt.name == k or (k.endswith("-") and ckpt.name.startswith(k)
-                                                                     and ckpt.name.removeprefix(k).isdigit())), None)
-        if kind is None or not ckpt.is_dir():  # not .tmp/.old leftovers
+        if not RESUME_POINT.fullmatch(ckpt.name) or not ckpt.is_dir():
             continue
         try:
             step = json.loads((ckpt / "trainer_state.json").read_text())["step"]
             step = step if isinstance(step, int) else None
         except (OSError, ValueError, KeyError, TypeError):
             step = None
-        found.append((step, -RESUME_KINDS.index(kind), ckpt))
+        found.append((step, RESUME_RANK[ckpt.name.split("-")[0]], ckpt))
     found.sort(key=lambda f: (f[0] is None, f[0] or 0, f[1]), reverse=True)
     return [(step, ckpt) for step, _, ckpt in found]
 
@@ -213,13 +213,19 @@ OBSERVING = {"monitor_interval", "monitor_rms_warn", "monitor_kurtosis_warn"}
 PATH_FIELDS = ("train_data", "val_data", "teacher", "start_from", "boundary_source")  # grow.RunConfig's paths
 
 
-def comparable(config: dict, run_dir: Path) -> dict:
-    """A stored or wanted config as it trains: paths absolute (resolved the way the run resolves them,
-    so a moved runs tree, or a config written before paths were stored relative to the run folder, is
-    the same run), settings that only observe left out."""
+def absolute_paths(config: dict, run_dir: Path) -> dict:
+    """A config's PATH_FIELDS made absolute: relative to the run folder where `relative_to_run` (what
+    the kit writes), else to the working directory (configs written before that, or by hand)."""
     base = Path(run_dir) if config.get("relative_to_run") else Path.cwd()
-    paths = {k: str((base / v).resolve()) for k in PATH_FIELDS if isinstance(v := config.get(k), str) and v}
-    return {k: v for k, v in {**config, **paths}.items() if k not in OBSERVING | {"relative_to_run"}}
+    return {k: str((base / v).resolve()) for k in PATH_FIELDS if isinstance(v := config.get(k), str) and v}
+
+
+def comparable(config: dict, run_dir: Path) -> dict:
+    """A stored or wanted config as it trains: paths absolute (so a moved runs tree, or a config written
+    before paths were stored relative to the run folder, is the same run), settings that only observe
+    left out."""
+    return {k: v for k, v in {**config, **absolute_paths(config, run_dir)}.items()
+            if k not in OBSERVING | {"relative_to_run"}}
 
 
 def same_training(stored: dict, wanted: dict, run_dir: Path) -> bool:

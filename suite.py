@@ -278,24 +278,23 @@ def check_before_work(ws: Workspace, jobs: list[tuple[str, int]], force: bool, t
     anything is printed, so that a bad setting or a damaged file is one line that changes nothing:
     every run's settings, then (unless --force, which discards what does not match) the config.json
     and done.json of every run it would reuse or resume, and the kit's own teacher once trained."""
-    for name, seed in jobs:
-        try:
-            run_config(ws, name, seed)
-        except ValueError as e:  # RunConfig's own checks: a placement schedule, per-phase LRs and warmups
-            raise click.BadParameter(f"run {name}: {e}", param_hint="--set") from None
-    if force:
-        return
     teacher = teacher or expected_teacher(ws)
     for name, seed in jobs:
+        try:
+            config = run_config(ws, name, seed, teacher=teacher)
+        except ValueError as e:  # RunConfig's own checks: a placement schedule, per-phase LRs and warmups
+            raise click.BadParameter(f"run {name}: {e}", param_hint="--set") from None
         folder = ws.run_dir(name, seed)
+        if force:  # --force discards what does not match: nothing else to read first
+            continue
         if (folder / "config.json").exists():
             if teacher is not None or scratch(ws):
-                rundir.check_config(run_config(ws, name, seed, teacher=teacher), folder)
+                rundir.check_config(config, folder)
             else:
                 rundir.read_json(folder / "config.json")  # a hub teacher's cache path is known only once fetched
         if (folder / "done.json").exists():
             check_result(folder / "done.json")
-    if not ws.preset.teacher and not scratch(ws):
+    if not force and not ws.preset.teacher and not scratch(ws):
         check_trained_teacher(ws)
 
 

@@ -100,7 +100,7 @@ def test_monitor_observes_without_changing_the_run(tiny_shards, tmp_path, capsys
     monitor = [r for r in rows if r.get("monitor")]
     assert [r["step"] for r in monitor] == [2, 4, 6, 8, 10, 12, 14, 16, 18]
     assert [len(r["boundaries"]) for r in monitor] == [2, 2, 2, 3, 3, 3, 4, 4, 4]
-    assert all(b["mean"] > 0 and b["kurtosis"] is None or b["kurtosis"] > 0 for r in monitor for b in r["boundaries"])
+    assert all(b["mean"] > 0 and (b["kurtosis"] is None or b["kurtosis"] > 0) for r in monitor for b in r["boundaries"])
     out = capsys.readouterr().out
     assert out.count("passed the monitor's threshold 1e-09") == 3  # once per boundary after a block
 
