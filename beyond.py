@@ -114,6 +114,19 @@ def monitor_series(run_dir: Path) -> list[dict]:
     return [r for r in rundir.read_metrics(run_dir) if r.get("monitor")]
 
 
+def internal_boundary_range(run_dirs: list[Path], phase_steps: int) -> dict:
+    """{"mean": [lo, hi], "kurtosis": [lo, hi]} of the boundary after block 0 over the runs' monitor
+    rows once block 1 reads it (after the first phase); {} where the runs have no such rows."""
+    rows = [r["boundaries"][1] for d in run_dirs for r in monitor_series(d) if r["step"] > phase_steps]
+    return {key: [min(r[key] for r in rows), max(r[key] for r in rows)] for key in ("mean", "kurtosis")} if rows else {}
+
+
+def range_cell(ranges: dict) -> str:
+    if not ranges:
+        return "n/a"
+    return f"{ranges['mean'][0]:.2f}–{ranges['mean'][1]:.2f}, {ranges['kurtosis'][0]:.1f}–{ranges['kurtosis'][1]:.1f}"
+
+
 # ----------------------------------------------------------------------------------------------
 # intervention
 
@@ -126,7 +139,9 @@ def run_intervention(ws: suite.Workspace, seeds: list[int], force: bool = False)
     rows = [{"variant": v.label, "run": v.run, "folder": str(variant_workspace(ws, v, seeds[0]).run_dir(v.run, seeds[0])),
              "settings": v.settings, "ce": experiments.across_seeds(ce[v.label]),
              "minus_pre_grow": experiments.across_seeds([a - b for a, b in zip(ce[v.label], pre)]),
-             "minus_post_grow": experiments.across_seeds([a - b for a, b in zip(ce[v.label], post)])}
+             "minus_post_grow": experiments.across_seeds([a - b for a, b in zip(ce[v.label], post)]),
+             "after_block_0": internal_boundary_range([variant_workspace(ws, v, s).run_dir(v.run, s) for s in seeds],
+                                                      ws.preset.run["phase_steps"])}
             for v in INTERVENTIONS]
     diag.CAPTION.set(f"{ws.preset.name} scale, seed {seeds[0]}, intervention")
     figure = diag.fig_monitor({v.label: monitor_series(variant_workspace(ws, v, seeds[0]).run_dir(v.run, seeds[0]))
@@ -136,9 +151,12 @@ def run_intervention(ws: suite.Workspace, seeds: list[int], force: bool = False)
            "figure": str(figure), "about": __doc__.split("\n\n")[1]}
     lines = [f"# Boundary interventions ({ws.preset.name} scale)", "",
              f"Validation CE at the end of grow, {seeds_text(seeds)}; differences paired by seed.", "",
-             "| variant | validation CE | − pre-grow | − post-grow |", "| --- | --- | --- | --- |"]
+             "| variant | validation CE | − pre-grow | − post-grow | after block 0: mean RMS, kurtosis (monitor) |",
+             "| --- | --- | --- | --- | --- |"]
     lines += [f"| {r['variant']} | {stats_cell(r['ce'])} | {stats_cell(r['minus_pre_grow'], True)} | "
-              f"{stats_cell(r['minus_post_grow'], True)} |" for r in rows]
+              f"{stats_cell(r['minus_post_grow'], True)} | {range_cell(r['after_block_0'])} |" for r in rows]
+    lines += ["", "The last column: the smallest and largest value over the boundary monitor's rows once block 1 "
+                  "exists (phases 1 and 2), all seeds; \"n/a\" for runs trained without the monitor."]
     lines += ["", "![boundary monitor](intervention.png)"]
     write_report(ws, "intervention", out, lines)
     return out
