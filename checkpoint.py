@@ -121,10 +121,13 @@ def open_safetensors(file: Path):
 
 
 @torch.no_grad()
-def load_tensors(module: nn.Module, path: Path, dtype, device, name_in_file: Callable[[str], str]):
+def load_tensors(module: nn.Module, path: Path, dtype, device, name_in_file: Callable[[str], str],
+                 checksums_checked: bool = False):
     """Fill a meta-device (or FSDP2-sharded) module from safetensors, one tensor at a time, so a
-    large model is never held twice; a sharded parameter reads only its own rows from disk."""
-    check_checksums(path)
+    large model is never held twice; a sharded parameter reads only its own rows from disk. The
+    folder's checksums are checked first unless the caller just did (a resume's newest_checkpoint)."""
+    if not checksums_checked:
+        check_checksums(path)
     files = tensor_files(path)
     wanted = {name_in_file(name) for name, _ in module.named_parameters()}
     # A tied teacher's file may still carry lm_head.weight; any other tensor means config.json describes
