@@ -404,7 +404,8 @@ def paper_layer_step(device, config: model.ModelConfig, batch: int, seq: int, re
     optimizer = torch.optim.AdamW([p for p in student.parameters() if p.requires_grad], lr=1e-4)
     ids = torch.randint(0, config.vocab_size, (batch, seq), device=device)
     mask = torch.ones_like(ids, dtype=torch.bool)
-    context = torch.autocast(device.type, dtype=torch.bfloat16) if not shard else torch.autocast(device.type, enabled=False)
+    # bf16 autocast on the GPU; on a CPU (the plumbing check) fp32, since bf16 is emulated on most CPUs.
+    context = torch.autocast(device.type, dtype=torch.bfloat16, enabled=not shard and device.type == "cuda")
     losses = []
 
     def step():
@@ -415,7 +416,7 @@ def paper_layer_step(device, config: model.ModelConfig, batch: int, seq: int, re
     torch.cuda.reset_peak_memory_stats(device) if device.type == "cuda" else None
     seconds = timed(step, repeats)
     flops = train_step_flops(config, config.num_hidden_layers, batch * seq, seq)
-    peak = matmul_peak_on(device, torch.bfloat16)
+    peak = matmul_peak_on(device, torch.bfloat16 if device.type == "cuda" else torch.float32)
     return {"tokens": batch * seq, "step_s": seconds, "tokens_per_s": batch * seq / seconds, "mfu": flops / seconds / peak,
             "peak_tflops": peak / 1e12, "max_memory_gib": (torch.cuda.max_memory_allocated(device) / 2**30
                                                            if device.type == "cuda" else None),

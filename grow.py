@@ -205,6 +205,34 @@ def trainable_parameters(net: torch.nn.Module, phase: Phase, train_embedding: bo
     return [p for p in net.parameters() if p.requires_grad]
 
 
+def clip_gradients(params: list[torch.nn.Parameter], max_norm: float) -> float:
+    """Scale the gradients to a global L2 norm of at most `max_norm` (torch's clip_grad_norm_ rule,
+    coefficient max_norm / (norm + 1e-6)); returns the norm before clipping.
+
+    The norm is summed in float64 from each rank's own shard, so one process and FSDP2 ranks, whose
+    sums run in different orders, get norms that differ by float64 rounding only, and the float32
+    coefficient they multiply by is the same (unless the two norms straddle a float32 rounding
+    boundary: about one step in 10^8). A float32 norm would differ by float32 rounding, and AdamW
+    turns that into weight differences far above it, where it divides by sqrt(v) ~ eps."""
+    squares = torch.zeros((), dtype=torch.float64)
+    mesh = None
+    for p in params:
+        if p.grad is not None:
+            grad = p.grad.to_local() if hasattr(p.grad, "to_local") else p.grad
+            mesh = getattr(p.grad, "device_mesh", mesh)
+            squares = squares + grad.double().pow(2).sum().cpu()
+    if mesh is not None:  # FSDP2: every rank holds one shard of each gradient
+        squares = squares.to(mesh.device_type)
+        dist.all_reduce(squares, group=mesh.get_group())
+    norm = math.sqrt(float(squares))
+    coefficient = float(torch.tensor(max_norm / (norm + 1e-6), dtype=torch.float32))
+    if coefficient < 1.0:
+        for p in params:
+            if p.grad is not None:
+                p.grad.mul_(coefficient)  # an exact float32 value: the same product on every rank
+    return norm
+
+
 def build_optimizer(config: RunConfig, params: list) -> torch.optim.AdamW:
     # foreach=False: the single-tensor path is bit-identical across resumes and ranks' shards.
     return torch.optim.AdamW(params, lr=config.lr, betas=config.betas, eps=config.eps,
@@ -565,8 +593,7 @@ class Run:
 
     def update(self):
         config, ctx, phase = self.config, self.ctx, self.phase
-        grad_norm = float(model.full_tensor(torch.nn.utils.clip_grad_norm_(self.params, config.grad_clip,
-                                                                           foreach=False)))
+        grad_norm = clip_gradients(self.params, config.grad_clip)
         loss, kd_sum, ce_sum = ctx.sum(self.sums)
         if not (math.isfinite(loss) and math.isfinite(grad_norm)):
             raise TrainingError(f"{config.name}: non-finite loss ({loss}) or gradient norm ({grad_norm}) at step "

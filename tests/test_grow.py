@@ -243,6 +243,9 @@ def torchrun(config_file, run_dir, *extra):
 
 @pytest.mark.slow
 def test_fsdp2_two_ranks_match_one_process_and_resume(tiny_shards, tiny_teacher_dir, tmp_path):
+    """Two ranks, stopped and resumed, end bit-identical to one process: each rank's micro-batch is one
+    of the process's two (8 documents, 4 per micro-batch), so each gradient is the same sum of the same
+    terms, and the clipping coefficient is the same float32 (grow.clip_gradients)."""
     c = run_config(tiny_shards, tiny_teacher_dir, protocol="grow", phase_steps=4, checkpoint_interval=3)
     single = grow.train(c, tmp_path / "single")
     # The sharded run also recomputes activations (the paper's setting): neither may change a number.
@@ -256,13 +259,11 @@ def test_fsdp2_two_ranks_match_one_process_and_resume(tiny_shards, tiny_teacher_
                         for r in rundir.read_metrics(d)]
     one, two = losses(tmp_path / "single"), losses(tmp_path / "fsdp")
     assert [r[:2] for r in one] == [r[:2] for r in two]
-    for (_, _, a), (_, _, b) in zip(one, two):
-        assert b == pytest.approx(a, rel=1e-5)
-    assert json.loads((tmp_path / "fsdp" / "done.json").read_text())["ce"] == pytest.approx(single["ce"], rel=1e-5)
+    assert one == two
+    assert json.loads((tmp_path / "fsdp" / "done.json").read_text())["ce"] == single["ce"]
     # The phase-end checkpoints, gathered from the shards, hold the same weights.
     a, b = phase_weights(tmp_path / "single", 2), phase_weights(tmp_path / "fsdp", 2)
-    for k in a:
-        torch.testing.assert_close(a[k], b[k], rtol=1e-4, atol=1e-6)
+    assert all(torch.equal(a[k], b[k]) for k in a)
 
 
 # ---- precision: decided by what the machine does --------------------------------------------------

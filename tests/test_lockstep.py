@@ -40,9 +40,12 @@ def without_time(rows):
     return [{k: v for k, v in r.items() if k != "time"} for r in rows]
 
 
-def assert_same_runs(a: Path, b: Path, exact: bool = True):
-    """Every kept checkpoint, metrics.jsonl (but wall time) and done.json equal, bit for bit (or, across
-    ranks, within 1e-5)."""
+def assert_same_runs(a: Path, b: Path, across_ranks: bool = False):
+    """Every kept checkpoint, metrics.jsonl (but wall time) and done.json equal, bit for bit. Across
+    ranks only the logged gradient norm may differ: each rank sums its shard's squares in float64 and
+    the ranks' sums are added in another order than one process's, a float64 rounding difference
+    (relative n * 2^-53 for n squares; 1e-12 bounds it with room). The clipping coefficient, rounded
+    to float32, is the same (grow.clip_gradients), so the weights are."""
     for name in NAMES:
         kept = sorted(p.name for p in (a / name).iterdir() if p.name.startswith(("phase-", "step-")))
         assert kept == sorted(p.name for p in (b / name).iterdir() if p.name.startswith(("phase-", "step-"))), name
@@ -50,22 +53,14 @@ def assert_same_runs(a: Path, b: Path, exact: bool = True):
             x, y = load_file(a / name / ckpt / "model.safetensors"), load_file(b / name / ckpt / "model.safetensors")
             assert x.keys() == y.keys()
             for k in x:
-                if exact:
-                    assert torch.equal(x[k], y[k]), f"{name}/{ckpt}/{k} differs"
-                else:
-                    torch.testing.assert_close(x[k], y[k], rtol=1e-4, atol=1e-6)
+                assert torch.equal(x[k], y[k]), f"{name}/{ckpt}/{k} differs"
         rows_a, rows_b = without_time(rundir.read_metrics(a / name)), without_time(rundir.read_metrics(b / name))
-        done_a, done_b = (json.loads((d / name / "done.json").read_text()) for d in (a, b))
-        if exact:
-            assert rows_a == rows_b, name
-            assert done_a == done_b, name
-        else:
-            assert [(r["step"], "eval" in r) for r in rows_a] == [(r["step"], "eval" in r) for r in rows_b], name
+        if across_ranks:
             for ra, rb in zip(rows_a, rows_b):
-                for key in ("loss", "ce", "kd"):
-                    if key in ra:
-                        assert rb[key] == pytest.approx(ra[key], rel=1e-5), (name, ra["step"], key)
-            assert done_b["ce"] == pytest.approx(done_a["ce"], rel=1e-5)
+                if "grad_norm" in ra:
+                    assert rb.pop("grad_norm") == pytest.approx(ra.pop("grad_norm"), rel=1e-12), (name, ra["step"])
+        assert rows_a == rows_b, name
+        assert json.loads((a / name / "done.json").read_text()) == json.loads((b / name / "done.json").read_text()), name
 
 
 @pytest.fixture(scope="module")
@@ -160,7 +155,7 @@ def test_two_ranks_in_lockstep_match_one_process(tiny_shards, tiny_teacher_dir, 
     out = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600,
                          env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-5000:]
-    assert_same_runs(tmp_path / "one", tmp_path / "two", exact=False)
+    assert_same_runs(tmp_path / "one", tmp_path / "two", across_ranks=True)
 
 
 def test_runs_of_different_teachers_are_not_trained_together(tiny_shards, tiny_teacher_dir, tmp_path):
