@@ -37,7 +37,6 @@ import devices
 import grow
 import kd
 import model
-import plan
 import repro
 import suite
 

@@ -39,13 +39,10 @@ import tokenizer
 from experiments import EXPERIMENTS, RUNS, report
 from presets import (  # noqa: F401 (repro.PRESETS and friends stay importable from here)
     LADDERS as PRESETS_WITH_LADDERS,
+)
+from presets import (
     PRESETS,
-    Preset,
-    apply_overrides,
-    override_name,
-    parse_value,
     ratios_markdown,
-    regime_ratios,
 )
 from suite import (  # noqa: F401 (repro.Workspace and friends stay importable from here)
     Workspace,
