@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 
-.PHONY: install install-dev test test-fast test-faults lint toy bench gpu-check clean
+.PHONY: install install-dev test test-fast test-faults lint toy bench gpu-check same-results clean
 
 install: $(VENV)/.installed
 install-dev: $(VENV)/.installed-dev
@@ -46,6 +46,10 @@ bench: install-dev
 # One CUDA GPU, under 8 minutes: bf16 parity, a paper-size layer step with MFU, FSDP2 on one rank.
 gpu-check: install-dev
 	$(BIN)/python bench.py --gpu-check
+
+# Does the working tree compute what BASE computed? Two smoke suites, every results JSON compared.
+same-results: install-dev
+	$(BIN)/python tests/same_results.py $(BASE)
 
 clean:
 	rm -rf $(VENV) .pytest_cache
