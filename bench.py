@@ -32,13 +32,15 @@ from pathlib import Path
 
 import torch
 
+import config
 import data
 import devices
 import grow
 import kd
 import model
-import repro
+import presets
 import suite
+import tokenizer
 
 RESULTS = Path("results") / "bench.json"
 
@@ -66,8 +68,8 @@ def matmul_peak(dtype: torch.dtype, n: int = 2048, repeats: int = 10) -> float:
 
 def toy_shapes() -> tuple[model.ModelConfig, int, int, int]:
     """(teacher config, student blocks, layers per block, batch tokens) of the toy preset."""
-    preset = repro.PRESETS["toy"]
-    vocab = data.qwen3_tokenizer(preset.data["vocab_size"]).n_vocab
+    preset = presets.PRESETS["toy"]
+    vocab = tokenizer.qwen3_tokenizer(preset.data["vocab_size"]).n_vocab
     config = model.ModelConfig(**{**preset.teacher_model, "vocab_size": vocab})
     return config, preset.run["blocks"], preset.run["layers_per_block"], preset.run["global_batch"]
 
@@ -130,7 +132,7 @@ def bench_train_step(repeats: int) -> dict:
     dtype, why = devices.precision_choice("auto", torch.device("cpu"))
     bf16_native = dtype == torch.bfloat16
     config, blocks, per_block, batch = toy_shapes()
-    seq = repro.PRESETS["toy"].data["max_len"]
+    seq = presets.PRESETS["toy"].data["max_len"]
     torch.manual_seed(0)
     ids = torch.randint(0, config.vocab_size, (batch, seq))
     mask = torch.ones_like(ids, dtype=torch.bool)
@@ -147,7 +149,7 @@ def bench_train_step(repeats: int) -> dict:
     for norm in ("pre", "post"):
         student = model.Student.from_teacher(teacher, blocks, per_block, norm, seed=0)
         opt = torch.optim.AdamW([p for p in student.parameters() if p.requires_grad], lr=1e-4)
-        kit = partial(kit_step, teacher, student, opt, ids, mask, repro.PRESETS["toy"].run["loss_chunk"])
+        kit = partial(kit_step, teacher, student, opt, ids, mask, presets.PRESETS["toy"].run["loss_chunk"])
         variants.update({f"kit_{norm}_{d}": (kit, contexts[d]) for d in dtypes})
     # The matmul peak is timed in the same turns, so the MFU's numerator and denominator see the
     # same machine (on a shared VM both drift by tens of percent between runs).
@@ -188,11 +190,11 @@ def toy_teacher(folder: Path) -> Path:
     return folder
 
 
-def lockstep_jobs(root: Path, teacher: Path, steps: int) -> list[tuple[grow.RunConfig, Path]]:
+def lockstep_jobs(root: Path, teacher: Path, steps: int) -> list[tuple[config.RunConfig, Path]]:
     """The replay runs of one seed at the toy preset's settings, `steps` per phase, as the suite runs them."""
-    run = {**repro.PRESETS["toy"].run, "phase_steps": steps, "eval_interval": steps, "checkpoint_interval": steps,
+    run = {**presets.PRESETS["toy"].run, "phase_steps": steps, "eval_interval": steps, "checkpoint_interval": steps,
            "snapshot_interval": 0}
-    ws = suite.Workspace(replace(repro.PRESETS["toy"], run=run), Path("runs/toy"), root / "results", devices.Dist())
+    ws = suite.Workspace(replace(presets.PRESETS["toy"], run=run), Path("runs/toy"), root / "results", devices.Dist())
     jobs = []
     for name in LOCKSTEP_RUNS:
         config = suite.run_config(ws, name, 42, teacher=teacher)
@@ -252,7 +254,7 @@ def compiled_against_eager(repeats: int) -> dict:
     teacher = model.Qwen3(config)
     teacher.init_weights(0)
     teacher.eval().requires_grad_(False)
-    chunk = repro.PRESETS["toy"].run["loss_chunk"]
+    chunk = presets.PRESETS["toy"].run["loss_chunk"]
     students = {way: model.Student.from_teacher(teacher, blocks, per_block, "post", seed=0) for way in ("eager", "compiled")}
     grow.compile_layers(students["compiled"])
     optimizers = {way: torch.optim.AdamW([p for p in s.parameters() if p.requires_grad], lr=1e-4)
@@ -290,8 +292,8 @@ def bench_tokenizer(repeats: int = 3) -> dict:
     """MB/s of the kit's tokenizer (tiktoken, NFC included) and of HF tokenizers loading Qwen3's real
     tokenizer.json, both batched over threads, on the whole toy corpus, timed in turns."""
     from tokenizers import Tokenizer as HFTokenizer  # test-only dependency
-    enc = data.qwen3_tokenizer()
-    hf = HFTokenizer.from_file(str(data.qwen3_tokenizer_json()))
+    enc = tokenizer.qwen3_tokenizer()
+    hf = HFTokenizer.from_file(str(tokenizer.qwen3_tokenizer_json()))
     documents = data.toy_paragraphs()
     megabytes = sum(len(d.encode("utf-8")) for d in documents) / 1e6
     ids = {}
@@ -309,8 +311,8 @@ def bench_tokenizer(repeats: int = 3) -> dict:
 
 def bench_loader_data() -> data.Shard:
     """The toy preset's training shard (prepared in runs/toy/data if needed)."""
-    preset = repro.PRESETS["toy"]
-    enc = data.qwen3_tokenizer(preset.data["vocab_size"])
+    preset = presets.PRESETS["toy"]
+    enc = tokenizer.qwen3_tokenizer(preset.data["vocab_size"])
     train, _ = data.prepare("toy", Path("runs/toy/data"), enc, max_len=preset.data["max_len"], n_train_docs=None,
                             n_val_docs=preset.data["val_docs"], seed=preset.run["seed"], progress=False)
     return train
@@ -318,7 +320,7 @@ def bench_loader_data() -> data.Shard:
 
 def bench_loader(step_seconds: float, steps: int = 200) -> dict:
     """Batches/s of the toy preset's batcher over the prepared toy shard."""
-    preset = repro.PRESETS["toy"]
+    preset = presets.PRESETS["toy"]
     train = bench_loader_data()
     batcher = data.Batcher(train, preset.run["global_batch"], 0, replay_docs=len(train),
                            micro_batch=preset.run["micro_batch"])
@@ -331,7 +333,7 @@ def profile_step(norm: str = "post", steps: int = 5, rows: int = 20):
     """torch.profiler's table of the kit's toy train step, heaviest operators first."""
     from torch.profiler import ProfilerActivity, profile
     config, blocks, per_block, batch = toy_shapes()
-    seq = repro.PRESETS["toy"].data["max_len"]
+    seq = presets.PRESETS["toy"].data["max_len"]
     ids = torch.randint(0, config.vocab_size, (batch, seq))
     teacher = model.Qwen3(config)
     teacher.init_weights(0)
@@ -339,7 +341,7 @@ def profile_step(norm: str = "post", steps: int = 5, rows: int = 20):
     student = model.Student.from_teacher(teacher, blocks, per_block, norm, seed=0)
     opt = torch.optim.AdamW([p for p in student.parameters() if p.requires_grad], lr=1e-4)
     step = partial(kit_step, teacher, student, opt, ids, torch.ones_like(ids, dtype=torch.bool),
-                   repro.PRESETS["toy"].run["loss_chunk"])
+                   presets.PRESETS["toy"].run["loss_chunk"])
     for _ in range(2):
         step()
     with profile(activities=[ProfilerActivity.CPU]) as prof:

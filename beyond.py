@@ -26,13 +26,13 @@ import json
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
-import data
 import diag
 import experiments
 import grow
 import model
 import rundir
 import suite
+import tokenizer
 
 DEFAULT_SEEDS = {"smoke": [42], "toy": [42, 43, 44], "small": [42], "full": [42]}
 PLACEMENT_RUNS = ("pre", "post", "sandwich", "peri", "hybrid", "deepnorm", "pre,post,post")
@@ -206,7 +206,7 @@ def run_placements(ws: suite.Workspace, seeds: list[int], force: bool = False, p
 def scratch_shape(ws: suite.Workspace) -> dict:
     """The student's model.ModelConfig fields without a teacher: the teacher's shape, the data's vocabulary."""
     shape = ws.preset.teacher_model if not ws.preset.teacher else HUB_SHAPES[ws.preset.teacher]
-    vocab = data.qwen3_tokenizer(ws.preset.data["vocab_size"]).n_vocab
+    vocab = tokenizer.qwen3_tokenizer(ws.preset.data["vocab_size"]).n_vocab
     return {**asdict(model.ModelConfig()), **shape, "vocab_size": vocab}
 
 

@@ -20,10 +20,7 @@ import torch.nn as nn
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 
-
-class CheckpointError(ValueError):
-    """A checkpoint directory that cannot be read as asked; the message names the file and the fix."""
-
+from errors import CheckpointError
 
 # ----------------------------------------------------------------------------------------------
 # Checksums: every checkpoint the kit writes carries the sha256 of each of its files; every load checks them

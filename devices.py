@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from rundir import TrainingError
+from errors import TrainingError
 
 # ----------------------------------------------------------------------------------------------
 # Distributed helpers. Every rank takes part in evaluation and in every logged reduction.
@@ -79,7 +79,7 @@ def print0(ctx: Dist, *args):
         print(*args, flush=True)
 
 
-PRECISIONS = {"fp32": torch.float32, "bf16": torch.bfloat16}
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}  # config.PRECISIONS
 BF16_MIN_SPEEDUP = 1.5  # bf16 autocast only where its matmuls are clearly faster than fp32's
 
 
@@ -139,7 +139,7 @@ def precision_choice(precision: str, device: torch.device, world: int = 1) -> tu
     it; on a CPU, bf16 autocast only where a matmul probe measures it >= BF16_MIN_SPEEDUP x fp32, and
     in one process (FSDP2's bf16 mixed precision is for GPUs; on CPU ranks its gradients fail)."""
     if precision != "auto":
-        return PRECISIONS[precision], f"{precision} (set by the preset)"
+        return DTYPES[precision], f"{precision} (set by the preset)"
     if device.type == "cpu" and world > 1:
         return torch.float32, "auto: fp32 (several CPU ranks: FSDP2 mixed precision is for GPUs)"
     if device.type == "cuda":

@@ -41,7 +41,8 @@ import numpy as np
 import torch
 from matplotlib.figure import Figure
 
-import grow
+import config
+import errors
 import kd
 
 # ----------------------------------------------------------------------------------------------
@@ -205,7 +206,7 @@ def is_delimiter_text(text: str) -> bool:
 
 def token_types(input_ids: torch.Tensor, mask: torch.Tensor, decode: Callable[[list[int]], str]) -> torch.Tensor:
     """(B, T) long: BOUNDARY, DELIMITER, REGULAR or PADDING per input position (TOKEN_TYPE_DEFINITION).
-    `decode` turns a list of token ids into text (e.g. data.Tokenizer.decode); it is called once per
+    `decode` turns a list of token ids into text (e.g. tokenizer.Tokenizer.decode); it is called once per
     distinct token id."""
     input_ids, mask = input_ids.cpu(), mask.cpu()
     delimiter_ids = [i for i in input_ids[mask].unique().tolist() if is_delimiter_text(decode([i]))]
@@ -283,8 +284,7 @@ def checkpoint_series(run_dir) -> list[dict]:
     """The kept checkpoints of a run (phase ends phase-<p>/ and snapshots step-<n>/) in step order:
     [{"step", "phase", "active_blocks", "path"}], active_blocks from the run's own phase plan."""
     run_dir = Path(run_dir)
-    config = grow.RunConfig(**json.loads((run_dir / "config.json").read_text()))
-    phases = grow.plan_phases(config)
+    phases = config.plan_phases(config.read(run_dir))
     series = {}
     for ckpt in run_dir.iterdir():
         state_file = ckpt / "trainer_state.json"
@@ -354,7 +354,7 @@ def training_losses(rows: list[dict], key: str = "loss") -> dict[int, float]:
 def loss_window(losses: dict[int, float], first: int, last: int) -> np.ndarray:
     missing = [s for s in range(first, last + 1) if s not in losses]
     if first < 1 or missing:
-        raise ValueError(f"the metrics log lacks training steps in {first}..{last} (first missing: "
+        raise errors.TrainingError(f"the metrics log lacks training steps in {first}..{last} (first missing: "
                          f"{missing[0] if missing else first}); the run has not got that far, or the windows "
                          "are longer than its phases")
     return np.array([losses[s] for s in range(first, last + 1)], dtype=np.float64)

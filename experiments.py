@@ -25,11 +25,14 @@ import torch
 from rich.console import Console
 from rich.table import Table
 
+import config
 import data
 import diag
+import errors
 import grow
 import model
 import rundir
+import tokenizer
 
 if TYPE_CHECKING:
     from repro import Workspace
@@ -73,7 +76,7 @@ def diagnostic_batch(ws: Workspace) -> data.Batch:
 @cache
 def series(ws: Workspace, name: str, seed: int) -> list[dict]:
     """diag.diagnose_checkpoint at every kept checkpoint of a run, in step order."""
-    decode = data.qwen3_tokenizer(ws.preset.data["vocab_size"]).decode
+    decode = tokenizer.qwen3_tokenizer(ws.preset.data["vocab_size"]).decode
     return [{"step": c["step"], **diag.diagnose_checkpoint(load_student(ws, c["path"]), diagnostic_batch(ws),
                                                            decode, c["active_blocks"])}
             for c in diag.checkpoint_series(ws.run_dir(name, seed))]
@@ -96,10 +99,10 @@ def block_removal(ws: Workspace, name: str, seed: int) -> list[dict]:
 def unique_and_total_tokens(ws: Workspace, name: str, seed: int) -> tuple[int, int]:
     """Exactly, from the batcher: every document the run saw, counted once and with repeats."""
     run_dir = ws.run_dir(name, seed)
-    config = grow.RunConfig(**json.loads((run_dir / "config.json").read_text())).resolved(run_dir)
-    shard = data.Shard(config.train_data, verify=False)
-    batcher = data.Batcher(shard, config.global_batch, config.seed, config.data_mode, config.replay_docs)
-    steps = len(grow.plan_phases(config)) * config.phase_steps
+    settings = config.read(run_dir)
+    shard = data.Shard(settings.train_data, verify=False)
+    batcher = data.Batcher(shard, settings.global_batch, settings.seed, settings.data_mode, settings.replay_docs)
+    steps = len(config.plan_phases(settings)) * settings.phase_steps
     seen = [batcher.global_doc_ids(s) for s in range(steps)]
     targets = shard.lengths.astype(np.int64) - 1
     everything = np.concatenate(seen)
@@ -202,7 +205,7 @@ def table_a2_numbers(ws, seed):
         unique, total = unique_and_total_tokens(ws, name, seed)
         last = [r for r in metrics(ws.run_dir(name, seed)) if not r.get("eval") and not r.get("monitor")][-1]
         if last["total_tokens"] != total:
-            raise grow.TrainingError(f"{ws.run_dir(name, seed)}: its log counts {last['total_tokens']} tokens but its "
+            raise errors.TrainingError(f"{ws.run_dir(name, seed)}: its log counts {last['total_tokens']} tokens but its "
                                      f"batches hold {total}; rerun it with --force")
         out.update({f"{name}_total": total, f"{name}_unique": unique, f"{name}_active_layer": last["active_layer_tokens"]})
     out["grow_over_joint_total"] = out["post-grow_total"] / out["post-joint_total"]

@@ -26,7 +26,6 @@ import math
 import shutil
 import time
 from contextlib import contextmanager, nullcontext
-from dataclasses import dataclass, replace
 from functools import partial
 from pathlib import Path
 
@@ -36,11 +35,11 @@ import torch.distributed as dist
 import data
 import kd
 import model
-from devices import PRECISIONS, Dist, precision_choice, print0, setup_distributed, shard_fn
+from config import Phase, RunConfig, learning_rate, plan_phases
+from devices import Dist, precision_choice, print0, setup_distributed, shard_fn
+from errors import TrainingError
 from rundir import (
     MetricsLog,
-    TrainingError,
-    absolute_paths,
     adopt_shared_prefix,
     git_commit,
     kill_point,
@@ -56,139 +55,7 @@ from rundir import (
 )
 
 # ----------------------------------------------------------------------------------------------
-# Config and phase plan
-
-PROTOCOLS = ("joint", "grow", "freeze", "joint-long", "teacher")
-
-
-@dataclass
-class RunConfig:
-    """Every setting of one run. No defaults for hyperparameters: presets (presets.py) own the numbers."""
-    name: str
-    protocol: str                  # one of PROTOCOLS
-    norm: str                      # "pre" | "post" (student placement; ignored by `teacher`)
-    seed: int
-    blocks: int                    # K
-    layers_per_block: int          # L
-    phase_steps: int               # optimizer steps per phase
-    global_batch: int              # documents per optimizer step, all ranks together
-    micro_batch: int               # documents per forward pass on one rank
-    lr: float
-    min_lr: float
-    warmup_frac: float             # of each phase
-    betas: tuple[float, float]
-    eps: float
-    weight_decay: float
-    grad_clip: float               # global L2 norm
-    alpha: float
-    gamma: float
-    tau: float
-    loss_chunk: int                # tokens per chunk of the chunked loss
-    train_data: str                # data.Shard directories
-    val_data: str
-    replay_docs: int               # documents in the one-phase shard that grow replays
-    eval_interval: int
-    eval_batch: int                # validation documents per forward pass on one rank
-    checkpoint_interval: int       # steps between rolling resume checkpoints
-    snapshot_interval: int = 0     # steps between kept weight snapshots step-<n>/ (diagnostics); 0: none
-    teacher: str = ""              # HF checkpoint directory (distillation runs)
-    teacher_config: dict | None = None   # model.ModelConfig fields (the `teacher` protocol)
-    joint_phases: int = 1          # `joint-long`: phases of phase_steps, LR restart at each
-    freeze_trains_head: bool = False     # `freeze`: also keep training the LM head and boundary norm
-    reset_data_each_phase: bool = False  # paper Appendix B.3 (main runs: False)
-    precision: str = "auto"        # "fp32" | "bf16" | "auto" (bf16 where measured faster: precision_choice)
-    activation_checkpointing: bool = False
-    compile: bool = False
-    start_from: str = ""           # a phase-<p> directory of another run whose prefix equals ours
-    post_output_gain: str = "ones"  # post-norm: each block's last RMSNorm starts at "ones" (paper) or "teacher" (g_T)
-    # `joint-long`: a fresh AdamW at each LR restart (True; the paper, B.3, says only that the schedule
-    # restarts) or the moments carried over (False)
-    restart_optimizer: bool = True
-    # Beyond the paper (README, "Beyond the paper"):
-    boundary: str = "none"         # model.BOUNDARIES: an intervention at the input of every block after the first
-    boundary_scale: float = 1.0    # rescale-fwd: the RMS each token is rescaled to
-    boundary_source: str = ""      # mirror-fwd: the pre-norm run folder whose phase-<p>/ gives the RMS profile
-    scratch_model: dict | None = None  # growth from scratch: the student's model.ModelConfig fields; no teacher
-    monitor_interval: int = 0      # steps between boundary-monitor rows (0: off); from the training forward
-    monitor_rms_warn: float = 20.0       # warn when a boundary's mean per-token RMS passes this
-    monitor_kurtosis_warn: float = 1000.0  # ... or its kurtosis of per-token RMS
-    phase_lrs: tuple = ()          # peak LR per phase (transition-aware schedules; empty: lr in every phase)
-    phase_warmups: tuple = ()      # warmup steps per phase (empty: warmup_frac of the phase)
-    # True: the PATH_FIELDS are relative to the run's own folder (repro.py writes them so, and a runs
-    # tree can be moved or copied); False: as given (absolute, or relative to the working directory).
-    relative_to_run: bool = False
-
-    def __post_init__(self):
-        if self.protocol not in PROTOCOLS:
-            raise ValueError(f"protocol {self.protocol!r} is unknown; choose one of {', '.join(PROTOCOLS)}")
-        if self.precision not in ("auto", *PRECISIONS):
-            raise ValueError(f"precision {self.precision!r} is unknown; choose auto, {', '.join(PRECISIONS)}")
-        if self.post_output_gain not in model.OUTPUT_GAINS:
-            raise ValueError(f"post_output_gain {self.post_output_gain!r} is unknown; choose one of "
-                             f"{', '.join(model.OUTPUT_GAINS)}")
-        if self.boundary not in model.BOUNDARIES:
-            raise ValueError(f"boundary {self.boundary!r} is unknown; choose one of {', '.join(model.BOUNDARIES)}")
-        if self.boundary == "mirror-fwd" and not self.boundary_source:
-            raise ValueError("boundary mirror-fwd needs boundary_source: the pre-norm run folder whose profile it copies")
-        if self.protocol != "teacher":
-            model.block_norms(self.norm, self.blocks)  # a known placement, or one per block
-        self.betas, self.phase_lrs, self.phase_warmups = tuple(self.betas), tuple(self.phase_lrs), tuple(self.phase_warmups)
-        phases = len(plan_phases(self))
-        for key in ("phase_lrs", "phase_warmups"):
-            values = getattr(self, key)
-            if values and (len(values) != phases or min(values) <= 0):
-                raise ValueError(f"{key} {values}: give one positive value per phase ({phases}), or none")
-
-    def resolved(self, run_dir) -> "RunConfig":
-        """This config with every path absolute (rundir.absolute_paths), as the run uses it."""
-        return replace(self, **absolute_paths(vars(self), run_dir), relative_to_run=False)
-
-    @property
-    def distils(self) -> bool:
-        """A student that learns from a teacher (not the teacher itself, not growth from scratch)."""
-        return self.protocol != "teacher" and self.scratch_model is None
-
-    @property
-    def data_mode(self) -> str:
-        # Grow-like runs replay one fixed shard; the long joint controls continue onto fresh data.
-        return "fresh" if self.protocol == "joint-long" else "replay"
-
-
-@dataclass(frozen=True)
-class Phase:
-    index: int
-    active_blocks: int
-    trainable_blocks: tuple[int, ...]
-    trains_head: bool              # LM head and boundary norm
-    first_step: int                # global step index of the phase's first step
-    steps: int
-
-
-def plan_phases(config: RunConfig) -> list[Phase]:
-    K, S = config.blocks, config.phase_steps
-    if config.protocol == "teacher":
-        return [Phase(0, 0, (), True, 0, S)]
-    if config.protocol == "joint":
-        return [Phase(0, K, tuple(range(K)), True, 0, S)]
-    if config.protocol == "joint-long":
-        return [Phase(p, K, tuple(range(K)), True, p * S, S) for p in range(config.joint_phases)]
-    if config.protocol == "grow":
-        return [Phase(p, p + 1, tuple(range(p + 1)), True, p * S, S) for p in range(K)]
-    # freeze: phase 0 is grow's phase 0; afterwards only the newly appended block learns.
-    return [Phase(p, p + 1, (p,) if p else (0,), p == 0 or config.freeze_trains_head, p * S, S) for p in range(K)]
-
-
-def learning_rate(config: RunConfig, step_in_phase: int, phase: int = 0) -> float:
-    """Linear warmup over warmup_frac of the phase, then cosine from lr to min_lr at the phase end.
-    phase_lrs and phase_warmups, where given, set the peak and the warmup steps of each phase."""
-    peak = config.phase_lrs[phase] if config.phase_lrs else config.lr
-    warmup = int(config.phase_warmups[phase]) if config.phase_warmups else round(config.warmup_frac * config.phase_steps)
-    warmup = max(1, warmup)
-    if step_in_phase < warmup:
-        return peak * (step_in_phase + 1) / warmup
-    progress = (step_in_phase - warmup) / max(1, config.phase_steps - warmup)
-    return config.min_lr + 0.5 * (peak - config.min_lr) * (1 + math.cos(math.pi * progress))
-
+# Phases: what trains, with which optimizer
 
 def trainable_parameters(net: torch.nn.Module, phase: Phase, train_embedding: bool = False) -> list[torch.nn.Parameter]:
     """Set requires_grad for the phase and return exactly the parameters the optimizer gets. The

@@ -30,7 +30,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 import torch.utils.checkpoint
 
-from checkpoint import CheckpointError, load_tensors, read_config, write_checkpoint
+from checkpoint import load_tensors, read_config, write_checkpoint
+from errors import CheckpointError
 
 # ----------------------------------------------------------------------------------------------
 # Config
@@ -568,7 +569,7 @@ class Student(nn.Module):
         profile = None
         if self.boundary == "mirror-fwd" and active_blocks > 1:
             if self.profile_source is None:
-                raise ValueError("a mirror-fwd student needs its reference run's boundary profile "
+                raise CheckpointError("a mirror-fwd student needs its reference run's boundary profile "
                                  "(profile_source) to run more than one block")
             profile = self.profile_source(input_ids, active_blocks)
         h = self.embed_tokens(input_ids)                                         # (B, T, H)
@@ -691,7 +692,7 @@ def export_hf(student: Student, path, source: str = "", extra_files: dict[str, s
     `extra_files` (name -> text: the tokenizer's files, generation_config.json) beside it."""
     if student.norm_placement != "pre" or student.boundary != "none":
         extra = f" with {student.boundary!r} boundaries" if student.boundary != "none" else ""
-        raise ValueError(f"{source or 'this student'}: only pre-norm students without boundary interventions are "
+        raise CheckpointError(f"{source or 'this student'}: only pre-norm students without boundary interventions are "
                          f"Qwen3 models; this one is {student.norm_placement!r}-norm{extra}: export a pre-norm run's "
                          "checkpoint (a post-norm student is read by the kit itself: eval, sample)")
     state = {hf_name(k): v for k, v in student.state_dict().items()}

@@ -13,9 +13,10 @@ from dataclasses import dataclass
 from rich.console import Console
 from rich.table import Table
 
+import config
 import data
-import grow
 import model
+import tokenizer
 from experiments import TOKENS, fmt
 
 GPU_BF16_PEAK = {"a100": 312e12, "h100": 989e12, "h200": 989e12, "b200": 2250e12}  # dense bf16 FLOP/s
@@ -32,7 +33,7 @@ def model_shapes(preset) -> tuple[model.ModelConfig, int]:
     if preset.teacher == "Qwen/Qwen3-0.6B-Base":
         return model.ModelConfig(hidden_size=1024, intermediate_size=3072, num_hidden_layers=28, num_attention_heads=16,
                                  num_key_value_heads=8, head_dim=128, tie_word_embeddings=True), 9
-    vocab = data.qwen3_tokenizer(preset.data["vocab_size"]).n_vocab
+    vocab = tokenizer.qwen3_tokenizer(preset.data["vocab_size"]).n_vocab
     return model.ModelConfig(**{**preset.teacher_model, "vocab_size": vocab}), \
         preset.run["blocks"] * preset.run["layers_per_block"]
 
@@ -40,7 +41,7 @@ def model_shapes(preset) -> tuple[model.ModelConfig, int]:
 @dataclass
 class PlannedRun:
     name: str
-    config: grow.RunConfig
+    config: config.RunConfig
     shared_phases: int  # leading phases computed by another run (a shared prefix): not paid again
 
 
@@ -63,7 +64,7 @@ def memory_bytes(preset, teacher: model.ModelConfig, gpus: int, runs: int = 1) -
 
 def own_steps(run: PlannedRun) -> range:
     """The global steps this run computes itself (after its shared prefix)."""
-    phases = grow.plan_phases(run.config)
+    phases = config.plan_phases(run.config)
     return range(phases[run.shared_phases].first_step if run.shared_phases < len(phases) else 0,
                  phases[-1].first_step + phases[-1].steps)
 
@@ -100,7 +101,7 @@ def diagnostics_cost(preset, runs: list[PlannedRun], teacher: model.ModelConfig,
     for run in runs:
         if run.config.protocol == "grow":
             snapshot = run.config.snapshot_interval or run.config.phase_steps
-            for ph in grow.plan_phases(run.config):
+            for ph in config.plan_phases(run.config):
                 layers, _ = model.forward_flops_per_token(teacher, ph.active_blocks * L, context)
                 flops += tokens * layers * -(-ph.steps // snapshot)
                 loads += -(-ph.steps // snapshot)
@@ -146,8 +147,8 @@ def print_plan(ws, runs: list[PlannedRun], seeds: list[int], gpu: str, gpus: int
         table.add_column(column, justify="right")
     separate_flops, rows = 0.0, []
     for run in runs:
-        config, phases = run.config, grow.plan_phases(run.config)
-        tokens_per_phase = config.phase_steps * config.global_batch * doc_tokens
+        c, phases = run.config, config.plan_phases(run.config)
+        tokens_per_phase = c.phase_steps * c.global_batch * doc_tokens
         flops = 0.0
         for ph in phases[run.shared_phases:]:  # a shared prefix is not recomputed
             s_layers, s_head = model.forward_flops_per_token(teacher, ph.active_blocks * L, context)
@@ -156,8 +157,8 @@ def print_plan(ws, runs: list[PlannedRun], seeds: list[int], gpu: str, gpus: int
             # the teacher's layers once, its head inside each run's loss
             flops += (s_layers * (1 + 2 * trained) + s_head * 3 + t_layers + t_head) * tokens_per_phase
         separate_flops += flops * len(seeds)
-        unique = tokens_per_phase * (len(phases) if config.data_mode == "fresh" else 1)
-        row = [run.name, str(len(phases)), f"{len(phases) * config.phase_steps:,}",
+        unique = tokens_per_phase * (len(phases) if c.data_mode == "fresh" else 1)
+        row = [run.name, str(len(phases)), f"{len(phases) * c.phase_steps:,}",
                " / ".join(str(p.active_blocks * L) for p in phases), fmt(tokens_per_phase * len(phases), TOKENS),
                fmt(unique, TOKENS), fmt(sum(p.active_blocks * L for p in phases) * tokens_per_phase, TOKENS),
                flops_text(flops), hours_text(gpu_hours(flops))]

@@ -9,11 +9,9 @@ from __future__ import annotations
 import math
 from dataclasses import MISSING, dataclass, field, fields, replace
 
-import click
-
+import config
 import data
-import devices
-import grow
+import errors
 import model
 import tokenizer
 
@@ -34,7 +32,7 @@ class Preset:
     name: str
     about: str
     data: dict            # data.prepare: source, vocab_size (None: Qwen3's own), max_len, val_docs, options
-    run: dict             # grow.RunConfig fields shared by every student run
+    run: dict             # config.RunConfig fields shared by every student run
     teacher: str = ""     # HF checkpoint folder or hub id; "" means the kit pretrains its own:
     teacher_model: dict = field(default_factory=dict)  # its model.ModelConfig fields
     teacher_run: dict = field(default_factory=dict)    # its RunConfig fields that differ from `run`
@@ -149,7 +147,7 @@ def ratios_markdown(preset: Preset) -> list[str]:
 # Overrides: --set SECTION.KEY=VALUE changes any preset field for one command. Runs made with
 # overrides live in their own folders, so a finished run with other settings is never reused.
 
-OVERRIDABLE = {"run": grow.RunConfig, "teacher_run": grow.RunConfig, "teacher_model": model.ModelConfig,
+OVERRIDABLE = {"run": config.RunConfig, "teacher_run": config.RunConfig, "teacher_model": model.ModelConfig,
                "data": None, "diag": None}  # section -> the dataclass whose defaults also count as keys
 # data.corpus's options, settable beside the preset's own data keys: another corpus is
 # --set data.source=local --set data.path=my.jsonl (a folder of .txt, a .jsonl or parquet files).
@@ -162,8 +160,6 @@ DATA_OPTIONS = {name: value for options in data.CORPUS_OPTIONS.values() for name
 # meaningless run) minutes later.
 AT_LEAST_ONE = {"blocks", "layers_per_block", "phase_steps", "global_batch", "micro_batch", "loss_chunk",
                 "eval_interval", "eval_batch", "checkpoint_interval", "max_len", "val_docs", "docs", "max_inputs"}
-CHOICES = {"precision": ("auto", *devices.PRECISIONS), "post_output_gain": model.OUTPUT_GAINS,
-           "boundary": model.BOUNDARIES}
 # Keys the kit sets itself for every run (from its data, teacher, protocol and shared prefix), or that
 # hold a structure with no command-line form: a --set of one would be replaced without a word.
 SET_BY_KIT = {"run": {"teacher", "train_data", "val_data", "replay_docs", "start_from", "joint_phases",
@@ -184,8 +180,8 @@ def value_problem(section: str, name: str, value) -> str:
         return "expected a seed below 2^63"
     if name == "vocab_size" and section == "data" and not 256 <= value <= tokenizer.QWEN3_N_RANKS:
         return f"expected 256 (all single bytes) to {tokenizer.QWEN3_N_RANKS} (all Qwen3 ranks)"
-    if name in CHOICES and value not in CHOICES[name]:
-        return f"expected one of {', '.join(CHOICES[name])}"
+    if name in config.CHOICES and value not in config.CHOICES[name]:
+        return f"expected one of {', '.join(config.CHOICES[name])}"
     return ""
 
 
@@ -207,7 +203,7 @@ def sections_problem(base: Preset, preset: Preset, changes: dict) -> str:
 def parse_value(key: str, raw: str, current):
     """`raw` as the type of the preset's current value; a bad value is a one-line error naming the key."""
     def bad(why):
-        return click.BadParameter(f"{key}={raw}: {why}", param_hint="--set")
+        return errors.OptionError("--set", f"{key}={raw}: {why}")
     if isinstance(current, bool):
         if raw.lower() not in ("true", "false", "1", "0"):
             raise bad("expected true or false")
@@ -242,28 +238,27 @@ def apply_overrides(preset: Preset, items, compile_flag: bool | None = None) -> 
         key, sep, raw = item.partition("=")
         section, _, name = key.strip().partition(".")
         if not sep or section not in OVERRIDABLE or not name:
-            raise click.BadParameter(f"{item!r}: write SECTION.KEY=VALUE with SECTION one of {', '.join(OVERRIDABLE)}, "
-                                     "e.g. run.lr=3e-4", param_hint="--set")
+            raise errors.OptionError("--set", f"{item!r}: write SECTION.KEY=VALUE with SECTION one of "
+                                              f"{', '.join(OVERRIDABLE)}, e.g. run.lr=3e-4")
         known = {f.name: f.default for f in fields(OVERRIDABLE[section]) if f.default is not MISSING} \
             if OVERRIDABLE[section] else {}
         known.update({**(DATA_OPTIONS if section == "data" else {}), **getattr(preset, section)})
         if name not in known:
-            raise click.BadParameter(f"{key.strip()}: unknown key; {section} has {', '.join(sorted(known))}",
-                                     param_hint="--set")
+            raise errors.OptionError("--set", f"{key.strip()}: unknown key; {section} has {', '.join(sorted(known))}")
         if name in SET_BY_KIT.get(section, ()):
-            raise click.BadParameter(f"{key.strip()}: set by the kit for each run (from its data, teacher and "
-                                     "protocol), not from the command line", param_hint="--set")
+            raise errors.OptionError("--set", f"{key.strip()}: set by the kit for each run (from its data, teacher and "
+                                     "protocol), not from the command line")
         value = parse_value(key.strip(), raw.strip(), known[name])
         problem = value_problem(section, name, value)
         if problem:
-            raise click.BadParameter(f"{key.strip()}={raw.strip()}: {problem}", param_hint="--set")
+            raise errors.OptionError("--set", f"{key.strip()}={raw.strip()}: {problem}")
         changes.setdefault(section, {})[name] = value
     if compile_flag is not None:
         changes.setdefault("run", {})["compile"] = compile_flag
     new = replace(preset, **{s: {**getattr(preset, s), **c} for s, c in changes.items()})
     problem = sections_problem(preset, new, changes)
     if problem:
-        raise click.BadParameter(problem, param_hint="--set")
+        raise errors.OptionError("--set", problem)
     return new, changes
 
 

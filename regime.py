@@ -26,15 +26,15 @@ import json
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-import click
-
 import data
 import diag
+import errors
 import experiments
 import model
 import presets
 import rundir
 import suite
+import tokenizer
 
 GRIDS = {  # each axis's values; the preset's own value (1 or "ones") is the point they share
     "smoke": {"budget": (0.5, 1.0), "lr": (1.0, 2.0), "gain": ("ones", "teacher")},
@@ -74,23 +74,22 @@ def parse_grid(text: str) -> dict:
         axis, _, values = part.partition("=")
         axis = axis.strip()
         if axis not in AXES or not values.strip():
-            raise click.BadParameter(f"{part!r}: write AXIS=V1,V2,... with AXIS one of {', '.join(AXES)}, "
-                                     "e.g. \"budget=0.5,1,2;lr=1,2\"", param_hint="--grid")
+            raise errors.OptionError("--grid", f"{part!r}: write AXIS=V1,V2,... with AXIS one of {', '.join(AXES)}, "
+                                     "e.g. \"budget=0.5,1,2;lr=1,2\"")
         items = [v.strip() for v in values.split(",") if v.strip()]
         if axis == "gain":
             bad = [v for v in items if v not in model.OUTPUT_GAINS]
             if bad:
-                raise click.BadParameter(f"gain {bad[0]!r} is unknown; choose from "
-                                         f"{', '.join(model.OUTPUT_GAINS)}", param_hint="--grid")
+                raise errors.OptionError("--grid", f"gain {bad[0]!r} is unknown; choose from "
+                                         f"{', '.join(model.OUTPUT_GAINS)}")
             grid[axis] = tuple(dict.fromkeys(items))
             continue
         try:
             numbers = [float(v) for v in items]
         except ValueError:
-            raise click.BadParameter(f"{part!r}: {axis} values must be numbers, e.g. {axis}=0.5,1,2",
-                                     param_hint="--grid") from None
+            raise errors.OptionError("--grid", f"{part!r}: {axis} values must be numbers, e.g. {axis}=0.5,1,2") from None
         if any(not 0 < n <= 100 for n in numbers):
-            raise click.BadParameter(f"{part!r}: {axis} multipliers must be in (0, 100]", param_hint="--grid")
+            raise errors.OptionError("--grid", f"{part!r}: {axis} multipliers must be in (0, 100]")
         grid[axis] = tuple(dict.fromkeys(numbers))
     return grid
 
@@ -124,7 +123,7 @@ def run_map(ws: suite.Workspace, grid: dict, seeds: list[int], force: bool = Fal
     for point in points:
         pws = point_workspace(ws, point)
         if pws.replay_docs > available:
-            raise click.UsageError(f"--grid budget={point.budget:g} needs a replay shard of {pws.replay_docs:,} "
+            raise errors.UsageError(f"--grid budget={point.budget:g} needs a replay shard of {pws.replay_docs:,} "
                                    f"documents and {ws.data_dir / 'train'} holds {available:,}; use a smaller budget")
         shared = [n for n in experiments.MAIN_RUNS if point.pre_runs_are_the_presets and n.startswith("pre")]
         if shared and not point.is_preset:
@@ -219,7 +218,7 @@ def rung_flops(rws: suite.Workspace, new_teacher: bool) -> float:
     if it trains one (forward and backward, 3x a forward), then pre-norm grow (the teacher's forward
     every step; the student's forward, and backward from its first trainable block; both heads)."""
     preset = rws.preset
-    vocab = data.qwen3_tokenizer(preset.data["vocab_size"]).n_vocab
+    vocab = tokenizer.qwen3_tokenizer(preset.data["vocab_size"]).n_vocab
     config = model.ModelConfig(**{**preset.teacher_model, "vocab_size": vocab})
     shard = data.Shard(rws.data_dir / "train", verify=False)
     doc_tokens = float((shard.lengths - 1).mean())
@@ -262,7 +261,7 @@ def sink_summary(first_attention: list, layers) -> dict:
 
 def diagnose_rung(rws: suite.Workspace, seed: int, teacher: Path) -> dict:
     """The criterion at the end of pre-norm grow, the last monitor row, and the teacher measured alike."""
-    decode = data.qwen3_tokenizer(rws.preset.data["vocab_size"]).decode
+    decode = tokenizer.qwen3_tokenizer(rws.preset.data["vocab_size"]).decode
     run_dir = rws.run_dir(SEARCH_RUN, seed)
     final = diag.checkpoint_series(run_dir)[-1]
     batch = experiments.diagnostic_batch(rws)

@@ -31,39 +31,19 @@ from rich.table import Table
 
 import data
 import devices
+import errors
+import experiments
 import grow
 import model
 import plan
+import presets
 import rundir
+import suite
 import tokenizer
-from experiments import EXPERIMENTS, RUNS, report
-from presets import (  # noqa: F401 (repro.PRESETS and friends stay importable from here)
-    LADDERS as PRESETS_WITH_LADDERS,
-)
-from presets import (
-    PRESETS,
-    ratios_markdown,
-)
-from suite import (  # noqa: F401 (repro.Workspace and friends stay importable from here)
-    Workspace,
-    check_before_work,
-    console,
-    ensure_inputs,
-    ensure_runs,
-    ensure_teacher,
-    planned_runs,
-    prepare_data,
-    run_config,
-    teacher_summary,
-    with_prefixes,
-    workspace,
-    writable_dir,
-)
 
 # ----------------------------------------------------------------------------------------------
 # The CLI
 
-USER_ERRORS = (model.CheckpointError, data.DataError, grow.TrainingError, FileExistsError, ValueError)
 
 
 class Repro(click.Group):
@@ -81,8 +61,8 @@ class Repro(click.Group):
             return super().invoke(ctx)
         except click.UsageError as e:  # one line, not click's usage block (nor its multi-line lists of choices)
             raise OneLineError(" ".join(e.format_message().split()), exit_code=2) from None
-        except USER_ERRORS as e:
-            raise OneLineError(str(e)) from None
+        except errors.KitError as e:  # anything else is a bug in the kit: a traceback
+            raise OneLineError(str(e), e.exit_code) from None
 
 
 class OneLineError(click.ClickException):
@@ -91,7 +71,7 @@ class OneLineError(click.ClickException):
         self.exit_code = exit_code
 
 
-scale_option = click.option("--scale", type=click.Choice(list(PRESETS)), default="toy", show_default=True,
+scale_option = click.option("--scale", type=click.Choice(list(presets.PRESETS)), default="toy", show_default=True,
                             help="smoke: CI minutes; toy: laptop CPU, offline; small: one GPU; full: the paper.")
 runs_option = click.option("--runs-dir", type=click.Path(path_type=Path), default=Path("runs"), show_default=True,
                            help="Where data, teachers and runs are stored (runs/<scale>/...).")
@@ -151,7 +131,7 @@ def cli():
 
 
 @cli.command("run")
-@click.argument("experiments", nargs=-1)
+@click.argument("wanted", metavar="EXPERIMENTS", nargs=-1)
 @scale_option
 @click.option("--seeds", default=None, callback=lambda c, p, v: None if v is None else parse_seeds(c, p, v),
               help="Comma-separated seeds, e.g. 42,43,44: every needed run per seed, mean ± std and a 95% "
@@ -166,32 +146,33 @@ def cli():
 @force_option
 @runs_option
 @results_option
-def run_experiments(experiments, scale, seeds, dry_run, gpu, gpus, overrides, compile_flag, device, tracker, lockstep,
+def run_experiments(wanted, scale, seeds, dry_run, gpu, gpus, overrides, compile_flag, device, tracker, lockstep,
                     force, runs_dir, results_dir):
     """Run EXPERIMENTS (default: all) at a scale and write results/<scale>/<experiment>.md/.json/.png."""
-    unknown = [e for e in experiments if e != "all" and e not in EXPERIMENTS]
+    known = experiments.EXPERIMENTS
+    unknown = [e for e in wanted if e != "all" and e not in known]
     if unknown:
-        raise click.BadParameter(f"unknown experiment {unknown[0]!r}; choose from {', '.join(EXPERIMENTS)} or all",
+        raise click.BadParameter(f"unknown experiment {unknown[0]!r}; choose from {', '.join(known)} or all",
                                  param_hint="EXPERIMENT")
-    names = list(EXPERIMENTS) if not experiments or "all" in experiments else list(dict.fromkeys(experiments))
-    runs = [r for r in RUNS if any(r in EXPERIMENTS[e].runs for e in names)]
-    ws = workspace(scale, runs_dir, results_dir, dry_run, overrides, compile_flag, device, tracker, lockstep)
+    names = list(known) if not wanted or "all" in wanted else list(dict.fromkeys(wanted))
+    runs = [r for r in experiments.RUNS if any(r in experiments.EXPERIMENTS[e].runs for e in names)]
+    ws = suite.workspace(scale, runs_dir, results_dir, dry_run, overrides, compile_flag, device, tracker, lockstep)
     seeds = seeds or [ws.preset.run["seed"]]
     if dry_run:
-        plan.print_plan(ws, planned_runs(ws, runs, seeds[0]), seeds, gpu, gpus or (8 if scale == "full" else 1),
-                        console)
+        plan.print_plan(ws, suite.planned_runs(ws, runs, seeds[0]), seeds, gpu, gpus or (8 if scale == "full" else 1),
+                        suite.console)
         return
     ws.results.mkdir(parents=True, exist_ok=True)
     started = time.time()
-    ensure_runs(ws, runs, seeds, force)
+    suite.ensure_runs(ws, runs, seeds, force)
     if not ws.ctx.is_main:
         return  # the reports are rank 0's alone: no other rank waits in a collective while they are made
     for name in names:
-        report(ws, name, seeds)
+        experiments.report(ws, name, seeds)
         rundir.kill_point("reported", name)
     if not ws.preset.teacher:
-        console.print(teacher_summary(ws, runs, seeds))
-    console.print(f"done in {time.time() - started:,.0f} s; results in {ws.results}")
+        suite.console.print(suite.teacher_summary(ws, runs, seeds))
+    suite.console.print(f"done in {time.time() - started:,.0f} s; results in {ws.results}")
 
 
 @cli.command()
@@ -211,7 +192,7 @@ def regime(scale, seeds, grid_text, overrides, compile_flag, device, tracker, lo
     LRs and post-norm output-gain inits (results/<scale>/regime.md/.json/.png). Not part of `all`."""
     import regime as regime_map
     grid = regime_map.parse_grid(grid_text) if grid_text else regime_map.GRIDS[scale]
-    ws = workspace(scale, runs_dir, results_dir, overrides=overrides, compile_flag=compile_flag, device=device,
+    ws = suite.workspace(scale, runs_dir, results_dir, overrides=overrides, compile_flag=compile_flag, device=device,
                    tracker=tracker, lockstep=lockstep)
     ws.results.mkdir(parents=True, exist_ok=True)
     regime_map.run_map(ws, grid, seeds or regime_map.DEFAULT_SEEDS[scale], force)
@@ -229,9 +210,9 @@ def search(scale, seed, overrides, compile_flag, device, tracker, force, runs_di
     """The miniature search: the scale's ladder of presets (presets.LADDERS), pre-norm grow only, until the
     mechanism's criterion holds or a rung would cost over 2 hours on 2 cores (results/<scale>/search.md/.json)."""
     import regime as regime_map
-    if scale not in PRESETS_WITH_LADDERS:
-        raise click.UsageError(f"--scale {scale} has no ladder; the search runs at {', '.join(PRESETS_WITH_LADDERS)}")
-    ws = workspace(scale, runs_dir, results_dir, compile_flag=compile_flag, device=device, tracker=tracker)
+    if scale not in presets.LADDERS:
+        raise click.UsageError(f"--scale {scale} has no ladder; the search runs at {', '.join(presets.LADDERS)}")
+    ws = suite.workspace(scale, runs_dir, results_dir, compile_flag=compile_flag, device=device, tracker=tracker)
     regime_map.run_search(ws, ws.preset.run["seed"] if seed is None else seed, force, overrides)
     ws.ctx.barrier()
 
@@ -249,7 +230,7 @@ def beyond_command(name: str, doc: str):
     @results_option
     def command(scale, seeds, overrides, compile_flag, device, tracker, lockstep, force, runs_dir, results_dir):
         import beyond
-        ws = workspace(scale, runs_dir, results_dir, overrides=overrides, compile_flag=compile_flag, device=device,
+        ws = suite.workspace(scale, runs_dir, results_dir, overrides=overrides, compile_flag=compile_flag, device=device,
                        tracker=tracker, lockstep=lockstep)
         getattr(beyond, f"run_{name}")(ws, seeds or beyond.DEFAULT_SEEDS[scale], force)
         ws.ctx.barrier()
@@ -268,7 +249,7 @@ beyond_command("scratch", "Table 1's 2 x 2 without a teacher: plain CE, embeddin
 @scale_option
 def ratios(scale):
     """The scale's dimensionless ratios beside the paper's, as a Markdown table (README, "The toy preset")."""
-    click.echo("\n".join(ratios_markdown(PRESETS[scale])))
+    click.echo("\n".join(presets.ratios_markdown(presets.PRESETS[scale])))
 
 
 @cli.command()
@@ -278,13 +259,13 @@ def ratios(scale):
 @runs_option
 def teacher(scale, overrides, compile_flag, device, tracker, force, runs_dir):
     """Pretrain the kit's own teacher for a scale (smoke, toy) and print its validation CE."""
-    ws = workspace(scale, runs_dir, overrides=overrides, compile_flag=compile_flag, device=device, tracker=tracker)
+    ws = suite.workspace(scale, runs_dir, overrides=overrides, compile_flag=compile_flag, device=device, tracker=tracker)
     if ws.preset.teacher:
         raise click.UsageError(f"--scale {scale} distils from {ws.preset.teacher}; there is no teacher to pretrain")
-    prepare_data(ws, force)
-    path = ensure_teacher(ws, force)
+    suite.prepare_data(ws, force)
+    path = suite.ensure_teacher(ws, force)
     result = rundir.read_json(ws.run_dir("teacher", 0) / "done.json", "ce", "ppl")
-    console.print(f"teacher: validation CE {result['ce']:.4f} (PPL {result['ppl']:.1f}); HF checkpoint in {path}")
+    suite.console.print(f"teacher: validation CE {result['ce']:.4f} (PPL {result['ppl']:.1f}); HF checkpoint in {path}")
 
 
 @cli.command()
@@ -299,19 +280,19 @@ def teacher(scale, overrides, compile_flag, device, tracker, force, runs_dir):
 @runs_option
 def train(scale, norm, protocol, seed, overrides, compile_flag, device, tracker, force, runs_dir):
     """Train one named run (and any run whose phases it shares), e.g. --norm post --protocol grow."""
-    ws = workspace(scale, runs_dir, overrides=overrides, compile_flag=compile_flag, device=device, tracker=tracker)
+    ws = suite.workspace(scale, runs_dir, overrides=overrides, compile_flag=compile_flag, device=device, tracker=tracker)
     seed = ws.preset.run["seed"] if seed is None else seed
     try:  # a schedule names one placement per block, and --set run.blocks may change the count
         model.block_norms(norm, ws.preset.run["blocks"])
     except ValueError as e:
         raise click.BadParameter(str(e), param_hint="--norm") from None
     name = f"{norm}-{protocol}"
-    check_before_work(ws, [(job, seed) for job in with_prefixes([name])], force)
-    path = ensure_inputs(ws, force)
-    for job in with_prefixes([name]):
-        result = grow.train(run_config(ws, job, seed, teacher=path), ws.run_dir(job, seed), force=force, ctx=ws.ctx,
+    suite.check_before_work(ws, [(job, seed) for job in suite.with_prefixes([name])], force)
+    path = suite.ensure_inputs(ws, force)
+    for job in suite.with_prefixes([name]):
+        result = grow.train(suite.run_config(ws, job, seed, teacher=path), ws.run_dir(job, seed), force=force, ctx=ws.ctx,
                             tracker=ws.tracker)
-    console.print(f"{name}: validation CE {result['ce']:.4f}, KD {result['kd']:.4f}, PPL {result['ppl']:.2f}; "
+    suite.console.print(f"{name}: validation CE {result['ce']:.4f}, KD {result['kd']:.4f}, PPL {result['ppl']:.2f}; "
                   f"run folder {ws.run_dir(name, seed)}")
 
 
@@ -335,7 +316,8 @@ def checkpoint_config(checkpoint: Path) -> dict:
 def scales_for(vocab: int) -> list[str]:
     """The scales whose tokenizer a checkpoint's vocabulary fits (smoke and toy truncate Qwen3's; small
     and full share it, padded as Qwen3's checkpoints pad it)."""
-    return [s for s, p in PRESETS.items() if vocabulary_fits(vocab, data.qwen3_tokenizer(p.data["vocab_size"]).eot)]
+    return [s for s, p in presets.PRESETS.items()
+            if vocabulary_fits(vocab, tokenizer.qwen3_tokenizer(p.data["vocab_size"]).eot)]
 
 
 def scale_of(config: dict, runs_dir: Path, checkpoint: Path) -> str:
@@ -356,7 +338,7 @@ def vocabulary_fits(vocab: int, eot: int) -> bool:
 def check_vocabulary(val: data.Shard, vocab: int, checkpoint: Path):
     """A checkpoint and a shard from different tokenizers."""
     if not vocabulary_fits(vocab, val.eot):
-        raise data.DataError(f"{checkpoint}: its vocabulary ({vocab} ids) is not the one {val.path} was tokenized "
+        raise errors.DataError(f"{checkpoint}: its vocabulary ({vocab} ids) is not the one {val.path} was tokenized "
                              f"with (<|endoftext|> = {val.eot}); pass the matching --scale or --data")
 
 
@@ -365,7 +347,7 @@ QWEN3_EOT = 151643  # <|endoftext|> in Qwen3's full vocabulary
 
 @cli.command("eval")
 @click.argument("checkpoint", type=click.Path(path_type=Path))
-@click.option("--scale", type=click.Choice(list(PRESETS)), default=None,
+@click.option("--scale", type=click.Choice(list(presets.PRESETS)), default=None,
               help="Whose validation shard and evaluation settings (default: read from the checkpoint's vocabulary).")
 @click.option("--data", "data_dir", type=click.Path(path_type=Path), default=None,
               help="A validation shard folder (default: the scale's, runs/<scale>/data/val).")
@@ -376,22 +358,23 @@ def evaluate(checkpoint, scale, data_dir, as_json, runs_dir):
     config = checkpoint_config(checkpoint)
     fitting = scales_for(config["vocab_size"])
     if scale and not data_dir and scale not in fitting:  # said before its shard is looked for (it may not exist)
-        raise data.DataError(f"{checkpoint}: its vocabulary ({config['vocab_size']} ids) is not --scale {scale}'s; "
+        raise errors.DataError(f"{checkpoint}: its vocabulary ({config['vocab_size']} ids) is not --scale {scale}'s; "
                              + (f"pass --scale {fitting[0]}" if fitting else "pass --data with the shard it was made for"))
     scale = scale or scale_of(config, runs_dir, checkpoint)
-    ws = Workspace(PRESETS[scale], runs_dir / scale, Path("results"), devices.Dist())
+    ws = suite.Workspace(presets.PRESETS[scale], runs_dir / scale, Path("results"), devices.Dist())
     val = data.Shard(data_dir or ws.data_dir / "val")
     check_vocabulary(val, config.get("vocab_size", 0), checkpoint)
     net = model.Student.load(checkpoint) if "normgrow_student" in config else model.load_qwen3(checkpoint)
     # The scale's evaluation settings (batch, chunk, precision), as its runs use them; no teacher: CE only.
-    settings = run_config(ws, "post-joint", ws.preset.run["seed"])
+    settings = suite.run_config(ws, "post-joint", ws.preset.run["seed"])
     scores = grow.evaluate(settings, net, None, val, active_blocks=None, ctx=ws.ctx)
     ce, tokens = scores["ce"], scores["val_tokens"]
     result = {"checkpoint": str(checkpoint), "data": str(val.path), "ce": ce, "ppl": scores["ppl"], "tokens": tokens}
     if as_json:
         click.echo(json.dumps(result))
     else:
-        console.print(f"{checkpoint}: CE {ce:.4f} nats/token, PPL {scores['ppl']:.2f} over {tokens:,} tokens of {val.path}")
+        suite.console.print(f"{checkpoint}: CE {ce:.4f} nats/token, PPL {scores['ppl']:.2f} over {tokens:,} tokens of "
+                            f"{val.path}")
 
 
 @cli.command("reference")
@@ -412,7 +395,7 @@ def make_reference(scale, seeds, runs_dir, results_dir):
     reference.REFERENCES.mkdir(exist_ok=True)
     path = reference.REFERENCES / f"{scale}.json"
     path.write_text(json.dumps(content, indent=1) + "\n")
-    console.print(f"wrote {path}: {len(content['curves'])} runs, {len(content['tables'])} tables, seeds {seeds}")
+    suite.console.print(f"wrote {path}: {len(content['curves'])} runs, {len(content['tables'])} tables, seeds {seeds}")
 
 
 def check_reports(folder: Path):
@@ -443,8 +426,8 @@ def compare_with_reference(target, scale):
     for r in outside or rows[:20]:
         table.add_row(r["name"], f"{r['value']:.4f}", f"[{r['band'][0]:.4f}, {r['band'][1]:.4f}]",
                       "yes" if r["within"] else "NO")
-    console.print(table)
-    console.print(f"{len(rows) - len(outside)} of {len(rows)} numbers within the band")
+    suite.console.print(table)
+    suite.console.print(f"{len(rows) - len(outside)} of {len(rows)} numbers within the band")
     if outside:
         raise OneLineError(f"{len(outside)} of {len(rows)} numbers of {target} are outside the shipped seeds' band "
                            f"(first: {outside[0]['name']} = {outside[0]['value']:.4f})")
@@ -463,7 +446,7 @@ def sample_text(checkpoint, prompt, max_new_tokens, temperature, top_k, seed, ru
     """Continue a prompt with any teacher, student (pre or post) or exported checkpoint, with a KV cache."""
     import sample
     config = checkpoint_config(checkpoint)
-    enc = data.qwen3_tokenizer(PRESETS[scale_of(config, runs_dir, checkpoint)].data["vocab_size"])
+    enc = tokenizer.qwen3_tokenizer(presets.PRESETS[scale_of(config, runs_dir, checkpoint)].data["vocab_size"])
     new = sample.generate(sample.load_checkpoint(checkpoint), [enc.eot] + enc.encode(prompt), max_new_tokens,
                           enc.eot, temperature, top_k, seed)
     click.echo(prompt + enc.decode([t for t in new if t != enc.eot]))
@@ -479,15 +462,17 @@ def export(student_dir: Path, out_dir: Path, force: bool, runs_dir: Path):
     (AutoModelForCausalLM, AutoTokenizer with the kit's exact ids, generate with <|endoftext|> as eos)."""
     check_export_target(student_dir, out_dir, force)
     student = model.Student.load(student_dir)
-    enc = data.qwen3_tokenizer(PRESETS[scale_of(checkpoint_config(student_dir), runs_dir, student_dir)].data["vocab_size"])
+    scale = scale_of(checkpoint_config(student_dir), runs_dir, student_dir)
+    enc = tokenizer.qwen3_tokenizer(presets.PRESETS[scale].data["vocab_size"])
     generation = {"bos_token_id": enc.eot, "eos_token_id": enc.eot, "pad_token_id": enc.eot, "do_sample": False}
     try:
         model.export_hf(student, out_dir, source=str(student_dir),
                         extra_files={**tokenizer.hf_tokenizer_files(enc), "generation_config.json": json.dumps(generation)})
     except OSError as e:  # a read-only place, a path through a file: its first mkdir fails
-        raise model.CheckpointError(f"{out_dir}: cannot write the export there ({e.strerror or e}); choose a folder "
+        raise errors.CheckpointError(f"{out_dir}: cannot write the export there ({e.strerror or e}); choose a folder "
                                     "you can write to") from None
-    console.print(f"exported {student.config.num_hidden_layers}-layer pre-norm student with its tokenizer to {out_dir}")
+    suite.console.print(f"exported {student.config.num_hidden_layers}-layer pre-norm student with its tokenizer to "
+                        f"{out_dir}")
 
 
 def check_export_target(student_dir: Path, out_dir: Path, force: bool):
@@ -497,12 +482,12 @@ def check_export_target(student_dir: Path, out_dir: Path, force: bool):
         return
     source, target = student_dir.resolve(), out_dir.resolve()
     if source == target or target in source.parents:
-        raise FileExistsError(f"{out_dir}: is or holds the checkpoint being exported; choose another output folder")
+        raise errors.CheckpointError(f"{out_dir}: is or holds the checkpoint being exported; choose another output folder")
     if not force:
-        raise FileExistsError(f"{out_dir}: already exists; choose another folder, or pass --force to replace "
+        raise errors.CheckpointError(f"{out_dir}: already exists; choose another folder, or pass --force to replace "
                               "an earlier export")
     if not (out_dir / model.EXPORT_MARKER).is_file():
-        raise FileExistsError(f"{out_dir}: not a folder the kit exported (no {model.EXPORT_MARKER}); --force only "
+        raise errors.CheckpointError(f"{out_dir}: not a folder the kit exported (no {model.EXPORT_MARKER}); --force only "
                               "replaces earlier exports, so choose a new or empty folder")
 
 
@@ -512,9 +497,10 @@ def check_export_target(student_dir: Path, out_dir: Path, force: bool):
 @runs_option
 def prepare(scale, force, runs_dir):
     """Tokenize a scale's corpus into shards (reused when unchanged) and summarise them."""
-    ws = Workspace(PRESETS[scale], writable_dir(runs_dir, "--runs-dir") / scale, Path("results"), devices.Dist())
-    train_shard, val_shard = prepare_data(ws, force)
-    enc = data.qwen3_tokenizer(ws.preset.data["vocab_size"])
+    runs = suite.writable_dir(runs_dir, "--runs-dir")
+    ws = suite.Workspace(presets.PRESETS[scale], runs / scale, Path("results"), devices.Dist())
+    train_shard, val_shard = suite.prepare_data(ws, force)
+    enc = tokenizer.qwen3_tokenizer(ws.preset.data["vocab_size"])
     table = Table(title=f"data at scale {scale} ({enc.name}); boundary tokens = leading <|endoftext|> per document")
     summaries = {"train": data.summarize(train_shard, enc), "validation": data.summarize(val_shard, enc)}
     table.add_column("")
@@ -522,7 +508,7 @@ def prepare(scale, force, runs_dir):
         table.add_column(split, justify="right")
     for key in summaries["train"]:
         table.add_row(key, *[f"{s[key]:,}" for s in summaries.values()])
-    console.print(table)
+    suite.console.print(table)
 
 
 @cli.command()

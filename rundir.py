@@ -21,11 +21,9 @@ from pathlib import Path
 import torch
 
 import checkpoint
+import config
 import model
-
-
-class TrainingError(RuntimeError):
-    """A run that cannot go on (a non-finite loss, a run directory that belongs to another config)."""
+from errors import TrainingError
 
 
 def kill_point(event: str, name: str, step: int = 0):
@@ -211,21 +209,11 @@ def load_latest_checkpoint(ckpt: Path, net, optimizer, ctx):
 # Settings that only observe training (the boundary monitor reads the training forward's activations,
 # draws nothing and changes nothing): runs that differ only in these are the same run.
 OBSERVING = {"monitor_interval", "monitor_rms_warn", "monitor_kurtosis_warn"}
-PATH_FIELDS = ("train_data", "val_data", "teacher", "start_from", "boundary_source")  # grow.RunConfig's paths
-
-
-def absolute_paths(config: dict, run_dir: Path) -> dict:
-    """A config's PATH_FIELDS made absolute: relative to the run folder where `relative_to_run` (what
-    the kit writes), else to the working directory (configs written before that, or by hand)."""
-    base = Path(run_dir) if config.get("relative_to_run") else Path.cwd()
-    return {k: str((base / v).resolve()) for k in PATH_FIELDS if isinstance(v := config.get(k), str) and v}
-
-
-def comparable(config: dict, run_dir: Path) -> dict:
+def comparable(settings: dict, run_dir: Path) -> dict:
     """A stored or wanted config as it trains: paths absolute (so a moved runs tree, or a config written
     before paths were stored relative to the run folder, is the same run), settings that only observe
     left out."""
-    return {k: v for k, v in {**config, **absolute_paths(config, run_dir)}.items()
+    return {k: v for k, v in {**settings, **config.absolute_paths(settings, run_dir)}.items()
             if k not in OBSERVING | {"relative_to_run"}}
 
 

@@ -14,6 +14,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+import errors
 import model
 from model import apply_rope, rope_cos_sin
 
@@ -53,7 +54,7 @@ def stack(net) -> tuple[torch.nn.Module | None, list, torch.nn.Module | None]:
     """(norm after the embedding or None, the decoder layers in order, norm before the head or None)."""
     if isinstance(net, model.Student):
         if net.boundary == "mirror-fwd":
-            raise ValueError("a mirror-fwd student's forward needs its reference run's boundary profile; "
+            raise errors.CheckpointError("a mirror-fwd student's forward needs its reference run's boundary profile; "
                              "it cannot be sampled on its own")
         return net.entry_module(), list(net.layers), net.final_module(net.blocks)
     return None, list(net.layers), net.norm

@@ -5,26 +5,27 @@ every seed, in lockstep where they share batches). The CLI (repro.py) and the ex
 
     ws = suite.workspace("toy", Path("runs"), Path("results"))
     suite.ensure_runs(ws, ["pre-grow", "post-grow"], seeds=[42, 43])
-    config = suite.run_config(ws, "post-grow", 42)       # a grow.RunConfig, paths relative to its folder
+    config = suite.run_config(ws, "post-grow", 42)       # a config.RunConfig, paths relative to its folder
 """
 from __future__ import annotations
 
-import os
 import shlex
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-import click
 from rich.console import Console
 from rich.table import Table
 
+import config
 import data
 import devices
+import errors
 import grow
 import model
 import plan
 import rundir
+import tokenizer
 from experiments import final_eval
 from presets import PRESETS, Preset, apply_overrides, override_name
 
@@ -80,7 +81,7 @@ def workspace(scale: str, runs_dir: Path, results_dir: Path | None = None, dry_r
         import torch
         if not torch.cuda.is_available() or device not in ("auto", "cuda"):
             command = " ".join(shlex.quote(a) for a in sys.argv[1:])
-            raise click.UsageError(f"--scale {scale} needs CUDA GPUs and this machine has none; on a GPU node "
+            raise errors.UsageError(f"--scale {scale} needs CUDA GPUs and this machine has none; on a GPU node "
                                    f"launch: torchrun --nproc_per_node={8 if scale == 'full' else 1} repro.py "
                                    f"{command} (or add --dry-run here to see the plan)")
     rundir.check_tracker(tracker)
@@ -112,17 +113,17 @@ def check_corpus(preset: Preset):
     """--set data.*: the tokenizer and corpus as set exist (building them reads no document), before any folder."""
     d = preset.data
     try:
-        data.qwen3_tokenizer(d["vocab_size"])
+        tokenizer.qwen3_tokenizer(d["vocab_size"])
         data.corpus(d["source"], d["val_docs"], preset.run["seed"], **corpus_options(preset))
-    except data.DataError as e:
-        raise click.BadParameter(str(e), param_hint="--set") from None
+    except errors.DataError as e:
+        raise errors.OptionError("--set", str(e)) from None
 
 
 def prepare_data(ws: Workspace, force: bool = False) -> tuple[data.Shard, data.Shard]:
     """Tokenize once, on rank 0; every rank then memory-maps the shards. Shards made from other
     inputs (an edited preset) are an error unless `force` rebuilds them."""
     d = ws.preset.data
-    enc = data.qwen3_tokenizer(d["vocab_size"])
+    enc = tokenizer.qwen3_tokenizer(d["vocab_size"])
     options = corpus_options(ws.preset)
     if ws.ctx.is_main:  # prepare checksums what it reuses; the other ranks need not read it all again
         shards = data.prepare(d["source"], ws.data_dir, enc, max_len=d["max_len"], n_train_docs=ws.train_docs,
@@ -142,7 +143,7 @@ def hub_teacher(ws: Workspace) -> Path:
         return Path(name)
     # A path (anything but owner/name) is a folder that is missing, not the hub's "Repo id must be in the form".
     if name.startswith(("/", ".", "~")) or name.count("/") != 1:
-        raise model.CheckpointError(f"teacher {name}: no such folder; point the preset's teacher at a Qwen3 "
+        raise errors.CheckpointError(f"teacher {name}: no such folder; point the preset's teacher at a Qwen3 "
                                     "checkpoint folder or a hub id (owner/name)")
     import huggingface_hub
     patterns = ["*.json", "*.safetensors", "tokenizer*"]
@@ -156,7 +157,7 @@ def hub_teacher(ws: Workspace) -> Path:
         fix = ("it is not in the local cache and HF_HUB_OFFLINE=1: fetch it once online, or point the preset at a "
                "local folder" if huggingface_hub.constants.HF_HUB_OFFLINE else
                "check the id, the network, and HF_TOKEN for a gated model")
-        raise model.CheckpointError(f"teacher {name}: cannot get it from the Hugging Face hub ({why}); {fix}") from None
+        raise errors.CheckpointError(f"teacher {name}: cannot get it from the Hugging Face hub ({why}); {fix}") from None
 
 
 # ----------------------------------------------------------------------------------------------
@@ -181,24 +182,17 @@ def prefix_run(name: str, ws: Workspace) -> tuple[str, int] | None:
     return None
 
 
-def run_config(ws: Workspace, name: str, seed: int, teacher: Path | None = None) -> grow.RunConfig:
+def run_config(ws: Workspace, name: str, seed: int, teacher: Path | None = None) -> config.RunConfig:
     """A named run's settings, its paths relative to its own folder where they lie in the runs tree (so
     the tree can be moved or copied; a hub teacher's cache path stays absolute)."""
-    settings = run_settings(ws, name, seed, teacher)
-    run_dir = ws.run_dir(name, seed)
-    root = ws.runs.resolve()
-    for key in rundir.PATH_FIELDS:
-        if settings.get(key):
-            path = Path(settings[key]).resolve()
-            settings[key] = os.path.relpath(path, run_dir.resolve()) if path.is_relative_to(root) else str(path)
-    return grow.RunConfig(**settings, relative_to_run=True)
+    return config.RunConfig(**run_settings(ws, name, seed, teacher)).relative_to(ws.run_dir(name, seed), ws.runs)
 
 
 def run_settings(ws: Workspace, name: str, seed: int, teacher: Path | None = None) -> dict:
     shards = dict(train_data=str(ws.data_dir / "train"), val_data=str(ws.data_dir / "val"))
     if name == "teacher":
         # The scale's own run settings under teacher_run's: --set run.* changes the students only.
-        vocab = data.qwen3_tokenizer(ws.preset.data["vocab_size"]).n_vocab
+        vocab = tokenizer.qwen3_tokenizer(ws.preset.data["vocab_size"]).n_vocab
         return {**PRESETS[ws.preset.name].run, **ws.preset.teacher_run, **shards, "name": "teacher",
                 "protocol": "teacher", "norm": "pre", "replay_docs": len(data.Shard(ws.data_dir / "train", verify=False)),
                 "teacher_config": {**ws.preset.teacher_model, "vocab_size": vocab}}
@@ -275,7 +269,7 @@ def ensure_inputs(ws: Workspace, force: bool = False) -> Path:
     else:
         prepare_data(ws, force)
         teacher = ensure_teacher(ws, force)
-    data.check_teacher_tokenizer(teacher, data.qwen3_tokenizer(ws.preset.data["vocab_size"]))
+    tokenizer.check_teacher_tokenizer(teacher, tokenizer.qwen3_tokenizer(ws.preset.data["vocab_size"]))
     return teacher
 
 
@@ -288,8 +282,8 @@ def check_before_work(ws: Workspace, jobs: list[tuple[str, int]], force: bool, t
     for name, seed in jobs:
         try:
             config = run_config(ws, name, seed, teacher=teacher)
-        except ValueError as e:  # RunConfig's own checks: a placement schedule, per-phase LRs and warmups
-            raise click.BadParameter(f"run {name}: {e}", param_hint="--set") from None
+        except errors.ConfigError as e:  # RunConfig's own checks: a placement schedule, per-phase LRs and warmups
+            raise errors.OptionError("--set", f"run {name}: {e}") from None
         folder = ws.run_dir(name, seed)
         if force:  # --force discards what does not match: nothing else to read first
             continue
@@ -319,7 +313,7 @@ def check_result(path: Path):
     result = rundir.read_json(path, *RESULT_KEYS)
     for key in RESULT_KEYS:
         if isinstance(result[key], bool) or not isinstance(result[key], (int, float)):
-            raise rundir.TrainingError(f"{path}: {key} is {result[key]!r}, not a number; the file is damaged: move it "
+            raise errors.TrainingError(f"{path}: {key} is {result[key]!r}, not a number; the file is damaged: move it "
                                        "away and rerun to evaluate the run again")
 
 
@@ -333,7 +327,7 @@ def check_trained_teacher(ws: Workspace):
         return
     check_result(folder / "done.json")
     if not (folder / "phase-0").is_dir():
-        raise rundir.TrainingError(f"{folder / 'phase-0'}: missing, although {folder / 'done.json'} says the teacher "
+        raise errors.TrainingError(f"{folder / 'phase-0'}: missing, although {folder / 'done.json'} says the teacher "
                                    f"is trained; move {folder} away and rerun to train it again")
     model.load_qwen3(folder / "phase-0")
 
@@ -359,8 +353,8 @@ def ensure_runs(ws: Workspace, names, seeds: list[int], force: bool = False, tea
         alone = [job for job in runs if job not in together]
         if together:
             grow.train_together(together, force=force, ctx=ws.ctx, tracker=ws.tracker)
-        for config, run_dir in alone:
-            grow.train(config, run_dir, force=force, ctx=ws.ctx, tracker=ws.tracker)
+        for settings, run_dir in alone:
+            grow.train(settings, run_dir, force=force, ctx=ws.ctx, tracker=ws.tracker)
 
 
 def planned_runs(ws: Workspace, names, seed: int) -> list[plan.PlannedRun]:
@@ -399,6 +393,5 @@ def writable_dir(path: Path, option: str) -> Path:
         probe.write_text("")
         probe.unlink()
     except OSError as e:
-        raise click.BadParameter(f"{path} is not a writable folder ({e.strerror}); choose another",
-                                 param_hint=option) from None
+        raise errors.OptionError(option, f"{path} is not a writable folder ({e.strerror}); choose another") from None
     return path

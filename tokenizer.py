@@ -19,10 +19,7 @@ from typing import Collection, Iterable, Literal
 
 import tiktoken
 
-
-class DataError(ValueError):
-    """Bad data input; the message is one line naming the file or option, the fault and the fix."""
-
+from errors import DataError
 
 # Qwen2/Qwen3's pre-tokenization regex, verbatim from the Split pre-tokenizer of Qwen3's
 # tokenizer.json. Note \p{N} without a quantifier: every digit is its own pre-token.

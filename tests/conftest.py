@@ -1,10 +1,14 @@
-"""Shared fixtures: tiny token shards from the embedded corpus and a tiny random Qwen3 teacher."""
+"""Shared fixtures and helpers: tiny token shards from the embedded corpus, a tiny random Qwen3 teacher,
+tiny run settings, and a two-rank torchrun of grow.py."""
 import os
+import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import torch
+
+import tokenizer
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -13,16 +17,48 @@ sys.path.insert(0, str(ROOT))
 torch.set_num_threads(1)
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
+import config  # noqa: E402
 import data  # noqa: E402
 import model  # noqa: E402
 
 TINY_VOCAB = 512
+# The tests' model: a 2-layer Qwen3 over the tiny vocabulary (512 ranks + <|endoftext|>), tied head.
+TINY_MODEL = model.ModelConfig(vocab_size=TINY_VOCAB + 1, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                               num_attention_heads=4, num_key_value_heads=2, head_dim=8, tie_word_embeddings=True)
+
+
+def make_config(**overrides) -> config.RunConfig:
+    """Tiny run settings in fp32 (the same numbers on every CPU); keywords replace any of them."""
+    base = dict(name="t", protocol="grow", norm="post", seed=42, blocks=3, layers_per_block=2, phase_steps=200,
+                global_batch=8, micro_batch=2, lr=1e-3, min_lr=1e-5, warmup_frac=0.05, betas=(0.9, 0.95),
+                eps=1e-8, weight_decay=0.0, grad_clip=0.5, alpha=0.7, gamma=0.3, tau=1.0, loss_chunk=64,
+                train_data="", val_data="", replay_docs=64, eval_interval=100, eval_batch=4,
+                checkpoint_interval=50, precision="fp32")
+    return config.RunConfig(**{**base, **overrides})
+
+
+def distil_config(shards, teacher_dir, **overrides) -> config.RunConfig:
+    """A short distillation run on the tiny shards and teacher (6 steps a phase, 8 documents a step)."""
+    train, val = shards
+    base = dict(train_data=str(train.path), val_data=str(val.path), teacher=str(teacher_dir), layers_per_block=1,
+                phase_steps=6, global_batch=8, micro_batch=4, replay_docs=40, eval_interval=3, eval_batch=8,
+                checkpoint_interval=2, loss_chunk=50, lr=3e-3, min_lr=3e-5, warmup_frac=0.2)
+    return make_config(**{**base, **overrides})
+
+
+def torchrun(config_file, run_dir, *extra):
+    """grow.py on two gloo ranks (the OS picks the port), one thread each; fails the test on an error."""
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+           str(ROOT / "grow.py"), str(config_file), "--run-dir", str(run_dir), *extra]
+    out = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600,
+                         env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-5000:]
 
 
 @pytest.fixture(scope="session")
 def tiny_shards(tmp_path_factory):
     """(train, val) shards: 400 training paragraphs of the toy corpus, 16 validation ones."""
-    enc = data.qwen3_tokenizer(vocab_size=TINY_VOCAB)
+    enc = tokenizer.qwen3_tokenizer(vocab_size=TINY_VOCAB)
     return data.prepare("toy", tmp_path_factory.mktemp("data"), enc, max_len=32, n_train_docs=400,
                         n_val_docs=16, seed=0, workers=1, progress=False)
 
@@ -30,9 +66,7 @@ def tiny_shards(tmp_path_factory):
 @pytest.fixture(scope="session")
 def tiny_teacher_dir(tmp_path_factory):
     """A random 2-layer Qwen3 over the tiny vocabulary, saved as a HF checkpoint (tied head)."""
-    config = model.ModelConfig(vocab_size=TINY_VOCAB + 1, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                               num_attention_heads=4, num_key_value_heads=2, head_dim=8, tie_word_embeddings=True)
-    teacher = model.Qwen3(config)
+    teacher = model.Qwen3(TINY_MODEL)
     teacher.init_weights(seed=7)
     with torch.no_grad():
         for p in teacher.parameters():  # a larger scale than init, so the teacher's logits are not flat

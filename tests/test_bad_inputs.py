@@ -22,6 +22,7 @@ import torch
 from click.testing import CliRunner
 from safetensors.torch import load_file, save_file
 
+import presets
 import reference
 import repro
 
@@ -167,7 +168,7 @@ GOOD_REFERENCE = json.dumps({"seeds": [42], "git_commit": "", "curves": {"pre-gr
 def hub_teacher(name: str):
     """The smoke preset with a teacher from the hub (or a local folder), offline, with an empty cache."""
     def setup(case, monkeypatch):
-        monkeypatch.setitem(repro.PRESETS, "smoke", replace(repro.PRESETS["smoke"], teacher=name))
+        monkeypatch.setitem(presets.PRESETS, "smoke", replace(presets.PRESETS["smoke"], teacher=name))
         import huggingface_hub.constants as hub
         monkeypatch.setenv("HF_HUB_OFFLINE", "1")
         monkeypatch.setattr(hub, "HF_HUB_OFFLINE", True)

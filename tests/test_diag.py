@@ -9,8 +9,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+import config
 import diag
-import grow
+import errors
 import model
 
 # ----------------------------------------------------------------------------------------------
@@ -179,12 +180,12 @@ def test_block_removal_matches_full_logit_reference(norm):
 # Checkpoint series and one-checkpoint diagnosis
 
 def write_run(run_dir, protocol, student):
-    required = [f for f in fields(grow.RunConfig) if f.default is MISSING and f.default_factory is MISSING]
-    config = {f.name: 1 for f in required}
-    config.update(name="t", protocol=protocol, norm=student.norm_placement, blocks=3, layers_per_block=2,
-                  phase_steps=5, betas=[0.9, 0.95])
+    required = [f for f in fields(config.RunConfig) if f.default is MISSING and f.default_factory is MISSING]
+    settings = {f.name: 1 for f in required}
+    settings.update(name="t", protocol=protocol, norm=student.norm_placement, blocks=3, layers_per_block=2,
+                    phase_steps=5, betas=[0.9, 0.95])
     run_dir.mkdir()
-    (run_dir / "config.json").write_text(json.dumps(config))
+    (run_dir / "config.json").write_text(json.dumps(settings))
     phases = 3 if protocol == "grow" else 1
     for p in reversed(range(phases)):
         student.save(run_dir / f"phase-{p}")
@@ -297,7 +298,7 @@ def test_recovery_counts_only_after_the_peak():
 def test_transition_responses_and_short_logs():
     rows = synthetic_rows(lambda k: 2.0, total=3 * S)
     assert [r["transition_step"] for r in diag.transition_responses(rows, S, blocks=3)] == [S, 2 * S]
-    with pytest.raises(ValueError, match="lacks training steps"):
+    with pytest.raises(errors.TrainingError, match="lacks training steps"):
         diag.transition_response(rows[:S + 20], S, S)   # the 50-step window runs past the log
 
 

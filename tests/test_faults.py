@@ -14,8 +14,10 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import distil_config
 from safetensors.torch import load_file
 
+import errors
 import rundir
 
 pytestmark = pytest.mark.faults
@@ -89,15 +91,13 @@ def test_a_pickle_planted_in_any_file_of_a_run_folder_never_runs(tiny_shards, ti
     import shutil
     from dataclasses import replace
 
-    from test_grow import run_config
-
     import grow
     import model
-    config = run_config(tiny_shards, tiny_teacher_dir, protocol="grow", phase_steps=4, checkpoint_interval=3)
+    config = distil_config(tiny_shards, tiny_teacher_dir, protocol="grow", phase_steps=4, checkpoint_interval=3)
     original = tmp_path / "original"
     grow.train(config, original, stop_after_step=7 if stopped else None)
     marker = tmp_path / "executed"
-    kit_errors = (grow.TrainingError, model.CheckpointError, ValueError)
+    kit_errors = (errors.TrainingError, errors.CheckpointError, ValueError)
     files = sorted(p.relative_to(original) for p in original.rglob("*") if p.is_file())
     assert len(files) >= 10
     for i, name in enumerate(files):

@@ -12,9 +12,12 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import distil_config, make_config, torchrun
 
 import checkpoint
+import config
 import devices
+import errors
 import grow
 import model
 import rundir
@@ -22,45 +25,37 @@ import rundir
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def config(**overrides) -> grow.RunConfig:
-    base = dict(name="t", protocol="grow", norm="post", seed=42, blocks=3, layers_per_block=2, phase_steps=200,
-                global_batch=8, micro_batch=2, lr=1e-3, min_lr=1e-5, warmup_frac=0.05, betas=(0.9, 0.95),
-                eps=1e-8, weight_decay=0.0, grad_clip=0.5, alpha=0.7, gamma=0.3, tau=1.0, loss_chunk=64,
-                train_data="", val_data="", replay_docs=64, eval_interval=100, eval_batch=4,
-                checkpoint_interval=50, precision="fp32")  # the same numbers on every CPU
-    return grow.RunConfig(**{**base, **overrides})
-
-
 # ---- phase plans and schedules ----------------------------------------------------------------
 
 def test_grow_phase_plan():
-    phases = grow.plan_phases(config(protocol="grow"))
+    phases = config.plan_phases(make_config(protocol="grow"))
     assert [(p.active_blocks, p.trainable_blocks, p.trains_head, p.first_step) for p in phases] == [
         (1, (0,), True, 0), (2, (0, 1), True, 200), (3, (0, 1, 2), True, 400)]
 
 
 def test_joint_freeze_and_long_plans():
-    assert [(p.active_blocks, p.trainable_blocks) for p in grow.plan_phases(config(protocol="joint"))] == [
+    assert [(p.active_blocks, p.trainable_blocks) for p in config.plan_phases(make_config(protocol="joint"))] == [
         (3, (0, 1, 2))]
-    freeze = grow.plan_phases(config(protocol="freeze"))
+    freeze = config.plan_phases(make_config(protocol="freeze"))
     assert [(p.active_blocks, p.trainable_blocks, p.trains_head) for p in freeze] == [
         (1, (0,), True), (2, (1,), False), (3, (2,), False)]
-    keep_head = grow.plan_phases(config(protocol="freeze", freeze_trains_head=True))
+    keep_head = config.plan_phases(make_config(protocol="freeze", freeze_trains_head=True))
     assert [p.trains_head for p in keep_head] == [True, True, True]
-    long = grow.plan_phases(config(protocol="joint-long", joint_phases=3))
+    long = config.plan_phases(make_config(protocol="joint-long", joint_phases=3))
     assert [(p.active_blocks, p.first_step, p.steps) for p in long] == [(3, 0, 200), (3, 200, 200), (3, 400, 200)]
 
 
 def test_learning_rate_warmup_cosine_and_restart():
-    c = config(phase_steps=200, warmup_frac=0.05, lr=1e-3, min_lr=1e-5)  # warmup = 10 steps
-    assert grow.learning_rate(c, 0) == pytest.approx(1e-4)
-    assert grow.learning_rate(c, 9) == pytest.approx(1e-3)          # warmup end: peak
-    assert grow.learning_rate(c, 10) == pytest.approx(1e-3)         # cosine starts at peak
-    assert grow.learning_rate(c, 105) == pytest.approx((1e-3 + 1e-5) / 2)  # halfway through the cosine
-    assert grow.learning_rate(c, 199) == pytest.approx(1e-5, abs=2e-7)     # phase end: near the minimum
+    c = make_config(phase_steps=200, warmup_frac=0.05, lr=1e-3, min_lr=1e-5)  # warmup = 10 steps
+    assert config.learning_rate(c, 0) == pytest.approx(1e-4)
+    assert config.learning_rate(c, 9) == pytest.approx(1e-3)          # warmup end: peak
+    assert config.learning_rate(c, 10) == pytest.approx(1e-3)         # cosine starts at peak
+    assert config.learning_rate(c, 105) == pytest.approx((1e-3 + 1e-5) / 2)  # halfway through the cosine
+    assert config.learning_rate(c, 199) == pytest.approx(1e-5, abs=2e-7)     # phase end: near the minimum
     # The paper's schedule: 750 warmup steps in a 50k-step phase.
-    paper = config(phase_steps=50_000, warmup_frac=0.015, lr=1e-4, min_lr=1e-6)
-    assert grow.learning_rate(paper, 749) == pytest.approx(1e-4) and grow.learning_rate(paper, 374) == pytest.approx(5e-5)
+    paper = make_config(phase_steps=50_000, warmup_frac=0.015, lr=1e-4, min_lr=1e-6)
+    assert config.learning_rate(paper, 749) == pytest.approx(1e-4)
+    assert config.learning_rate(paper, 374) == pytest.approx(5e-5)
 
 
 @pytest.fixture
@@ -73,13 +68,13 @@ def tiny_student():
 
 @pytest.mark.parametrize("protocol", ["grow", "freeze"])
 def test_trainable_parameters_per_phase(tiny_student, protocol):
-    phases = grow.plan_phases(config(protocol=protocol))
+    phases = config.plan_phases(make_config(protocol=protocol))
     per_layer = model.count_parameters(tiny_student.layers[0])
     head_and_norm = tiny_student.lm_head.weight.numel() + tiny_student.norm.weight.numel()
     counts = []
     for phase in phases:
         params = grow.trainable_parameters(tiny_student, phase)
-        optimizer = grow.build_optimizer(config(), params)
+        optimizer = grow.build_optimizer(make_config(), params)
         counts.append(sum(p.numel() for g in optimizer.param_groups for p in g["params"]))
         assert not tiny_student.embed_tokens.weight.requires_grad
         assert all(p.requires_grad for p in params)
@@ -92,20 +87,12 @@ def test_trainable_parameters_per_phase(tiny_student, protocol):
 
 # ---- runs on tiny shards and a tiny teacher ---------------------------------------------------
 
-def run_config(shards, teacher_dir, **overrides) -> grow.RunConfig:
-    train, val = shards
-    base = dict(train_data=str(train.path), val_data=str(val.path), teacher=str(teacher_dir), layers_per_block=1,
-                phase_steps=6, global_batch=8, micro_batch=4, replay_docs=40, eval_interval=3, eval_batch=8,
-                checkpoint_interval=2, loss_chunk=50, lr=3e-3, min_lr=3e-5, warmup_frac=0.2)
-    return config(**{**base, **overrides})
-
-
 def test_accumulation_equals_whole_batch(tiny_shards, tiny_teacher_dir):
     """One step over 4 micro-batches equals one step over the whole batch (float64)."""
     import data
-    c = run_config(tiny_shards, tiny_teacher_dir)
+    c = distil_config(tiny_shards, tiny_teacher_dir)
     teacher = model.load_qwen3(tiny_teacher_dir, dtype=torch.float64)
-    phase = grow.plan_phases(c)[1]
+    phase = config.plan_phases(c)[1]
     results = []
     for micro in (2, 8):
         student = model.Student.from_teacher(teacher, 3, 1, "post", seed=3, dtype=torch.float64)
@@ -135,8 +122,8 @@ def block_tensors(state, block):
 
 
 def test_freeze_keeps_earlier_blocks_and_grow_retrains_them(tiny_shards, tiny_teacher_dir, tmp_path):
-    grow.train(run_config(tiny_shards, tiny_teacher_dir, protocol="freeze"), tmp_path / "freeze")
-    grow.train(run_config(tiny_shards, tiny_teacher_dir, protocol="grow"), tmp_path / "grow")
+    grow.train(distil_config(tiny_shards, tiny_teacher_dir, protocol="freeze"), tmp_path / "freeze")
+    grow.train(distil_config(tiny_shards, tiny_teacher_dir, protocol="grow"), tmp_path / "grow")
     freeze = [phase_weights(tmp_path / "freeze", p) for p in range(3)]
     grown = [phase_weights(tmp_path / "grow", p) for p in range(3)]
     for block in (0, 1):  # a frozen block is bit-identical in every later phase
@@ -161,19 +148,19 @@ def test_freeze_keeps_earlier_blocks_and_grow_retrains_them(tiny_shards, tiny_te
 
 
 def test_finished_run_is_reused_and_other_config_refused(tiny_shards, tiny_teacher_dir, tmp_path):
-    c = run_config(tiny_shards, tiny_teacher_dir, protocol="joint", phase_steps=3)
+    c = distil_config(tiny_shards, tiny_teacher_dir, protocol="joint", phase_steps=3)
     first = grow.train(c, tmp_path / "r")
     mtime = (tmp_path / "r" / "phase-0" / "model.safetensors").stat().st_mtime_ns
     assert grow.train(c, tmp_path / "r") == first
     assert (tmp_path / "r" / "phase-0" / "model.safetensors").stat().st_mtime_ns == mtime
-    with pytest.raises(grow.TrainingError, match="differs in lr.*--force"):
+    with pytest.raises(errors.TrainingError, match="differs in lr.*--force"):
         grow.train(replace(c, lr=1e-2), tmp_path / "r")
     again = grow.train(replace(c, lr=1e-2), tmp_path / "r", force=True)
     assert again["ce"] != first["ce"]
 
 
 def test_non_finite_loss_stops_with_the_step(tiny_shards, tiny_teacher_dir, tmp_path, monkeypatch):
-    c = run_config(tiny_shards, tiny_teacher_dir, protocol="joint")
+    c = distil_config(tiny_shards, tiny_teacher_dir, protocol="joint")
     real = grow.kd.kd_loss
     calls = {"n": 0}
 
@@ -183,7 +170,7 @@ def test_non_finite_loss_stops_with_the_step(tiny_shards, tiny_teacher_dir, tmp_
         return (loss * float("nan"), kd_term, ce_term) if calls["n"] > 2 * 4 else (loss, kd_term, ce_term)
 
     monkeypatch.setattr(grow.kd, "kd_loss", poisoned)
-    with pytest.raises(grow.TrainingError, match="non-finite loss .* at step 5"):
+    with pytest.raises(errors.TrainingError, match="non-finite loss .* at step 5"):
         grow.train(c, tmp_path / "r")
     assert (tmp_path / "r" / "latest" / "trainer_state.json").is_file()
     assert json.loads((tmp_path / "r" / "latest" / "trainer_state.json").read_text())["step"] == 4
@@ -210,7 +197,7 @@ def logged_steps(run_dir):
 
 @pytest.mark.slow
 def test_sigkill_mid_phase_and_at_transition_resumes_bit_identical(tiny_shards, tiny_teacher_dir, tmp_path):
-    c = run_config(tiny_shards, tiny_teacher_dir, protocol="grow", phase_steps=5, checkpoint_interval=2)
+    c = distil_config(tiny_shards, tiny_teacher_dir, protocol="grow", phase_steps=5, checkpoint_interval=2)
     config_file = tmp_path / "config.json"
     config_file.write_text(json.dumps(asdict(c)))
     reference = grow.train(c, tmp_path / "reference")
@@ -233,20 +220,12 @@ def test_sigkill_mid_phase_and_at_transition_resumes_bit_identical(tiny_shards, 
     assert strip(rundir.read_metrics(run_dir)) == strip(rundir.read_metrics(tmp_path / "reference"))
 
 
-def torchrun(config_file, run_dir, *extra):
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-           str(ROOT / "grow.py"), str(config_file), "--run-dir", str(run_dir), *extra]
-    out = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600,
-                         env={**os.environ, "OMP_NUM_THREADS": "1"})
-    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-5000:]
-
-
 @pytest.mark.slow
 def test_fsdp2_two_ranks_match_one_process_and_resume(tiny_shards, tiny_teacher_dir, tmp_path):
     """Two ranks, stopped and resumed, end bit-identical to one process: each rank's micro-batch is one
     of the process's two (8 documents, 4 per micro-batch), so each gradient is the same sum of the same
     terms, and the clipping coefficient is the same float32 (grow.clip_gradients)."""
-    c = run_config(tiny_shards, tiny_teacher_dir, protocol="grow", phase_steps=4, checkpoint_interval=3)
+    c = distil_config(tiny_shards, tiny_teacher_dir, protocol="grow", phase_steps=4, checkpoint_interval=3)
     single = grow.train(c, tmp_path / "single")
     # The sharded run also recomputes activations (the paper's setting): neither may change a number.
     config_file = tmp_path / "config.json"
@@ -292,15 +271,15 @@ def test_auto_precision_follows_the_measured_speed(monkeypatch, tmp_path):
         monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda s=supported: s)
         assert devices.precision_choice("auto", torch.device("cuda"))[0] == expected
     devices.cpu_bf16_speedup.cache_clear()
-    with pytest.raises(ValueError, match="precision 'fp16' is unknown"):
-        config(precision="fp16")
+    with pytest.raises(errors.ConfigError, match="precision 'fp16' is unknown"):
+        make_config(precision="fp16")
 
 
 def test_the_precision_choice_is_recorded(tiny_shards, tiny_teacher_dir, tmp_path, monkeypatch):
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     devices.cpu_bf16_speedup.cache_clear()
     monkeypatch.setattr(devices, "matmul_speedup_bf16", lambda: 0.03)  # bf16 emulated: fp32
-    c = run_config(tiny_shards, tiny_teacher_dir, protocol="joint", phase_steps=2, precision="auto")
+    c = distil_config(tiny_shards, tiny_teacher_dir, protocol="joint", phase_steps=2, precision="auto")
     grow.train(c, tmp_path / "r")
     devices.cpu_bf16_speedup.cache_clear()
     prov = json.loads((tmp_path / "r" / "provenance.json").read_text())
@@ -313,9 +292,9 @@ def test_device_auto_picks_cuda_then_mps_then_cpu(monkeypatch):
         monkeypatch.setattr(torch.backends.mps, "is_available", lambda m=mps: m)
         assert devices.choose_device("auto").type == expected
         assert devices.choose_device("cpu").type == "cpu"
-    with pytest.raises(grow.TrainingError, match="--device cuda: this machine has no such device"):
+    with pytest.raises(errors.TrainingError, match="--device cuda: this machine has no such device"):
         devices.choose_device("cuda")
-    with pytest.raises(grow.TrainingError, match="--device mps"):
+    with pytest.raises(errors.TrainingError, match="--device mps"):
         devices.choose_device("mps")
     # bf16 autocast only where the device supports it: never on MPS.
     assert devices.precision_choice("auto", torch.device("mps"))[0] == torch.float32
@@ -338,7 +317,7 @@ def test_tracker_gets_the_same_rows_as_metrics_jsonl(tiny_shards, tiny_teacher_d
     fake.init = lambda **kwargs: calls.__setitem__("init", kwargs) or Run()
     monkeypatch.setitem(sys.modules, "wandb", fake)
     rundir.check_tracker("wandb")
-    c = run_config(tiny_shards, tiny_teacher_dir, protocol="grow", phase_steps=3)
+    c = distil_config(tiny_shards, tiny_teacher_dir, protocol="grow", phase_steps=3)
     grow.train(c, tmp_path / "r", tracker="wandb")
     assert calls["init"]["project"] == "normgrow" and calls["init"]["config"]["lr"] == c.lr and calls["finished"] == 1
     expected = []
@@ -353,19 +332,19 @@ def test_tracker_gets_the_same_rows_as_metrics_jsonl(tiny_shards, tiny_teacher_d
 
 def test_missing_tracker_package_is_one_line(monkeypatch):
     monkeypatch.setitem(sys.modules, "tensorboard", None)  # as if not installed
-    with pytest.raises(grow.TrainingError, match="--log tensorboard: the tensorboard package is not installed; "
+    with pytest.raises(errors.TrainingError, match="--log tensorboard: the tensorboard package is not installed; "
                                                  "pip install tensorboard"):
         rundir.check_tracker("tensorboard")
 
 
 def test_damaged_run_files_are_one_line_errors_naming_the_file(tiny_shards, tiny_teacher_dir, tmp_path):
-    c = run_config(tiny_shards, tiny_teacher_dir, protocol="joint", phase_steps=2)
+    c = distil_config(tiny_shards, tiny_teacher_dir, protocol="joint", phase_steps=2)
     done = grow.train(c, tmp_path / "r")
     (tmp_path / "r" / "done.json").write_text('{"step": 2}')
-    with pytest.raises(grow.TrainingError, match=r"done\.json: lacks ce, ppl, kd"):
+    with pytest.raises(errors.TrainingError, match=r"done\.json: lacks ce, ppl, kd"):
         grow.train(c, tmp_path / "r")
     (tmp_path / "r" / "config.json").write_text("{not json")
-    with pytest.raises(grow.TrainingError, match=r"r/config\.json: not valid JSON .*--force"):
+    with pytest.raises(errors.TrainingError, match=r"r/config\.json: not valid JSON .*--force"):
         grow.train(c, tmp_path / "r")
     assert grow.train(c, tmp_path / "r", force=True) == done  # the kit's own damaged run is redone
     assert grow.perplexity(800.0) == math.inf and grow.perplexity(1.0) == pytest.approx(math.e)
@@ -373,7 +352,7 @@ def test_damaged_run_files_are_one_line_errors_naming_the_file(tiny_shards, tiny
 
 def test_disk_full_while_checkpointing_says_so_and_resumes(tiny_shards, tiny_teacher_dir, tmp_path, monkeypatch):
     import errno
-    c = run_config(tiny_shards, tiny_teacher_dir, protocol="grow", phase_steps=3, checkpoint_interval=2)
+    c = distil_config(tiny_shards, tiny_teacher_dir, protocol="grow", phase_steps=3, checkpoint_interval=2)
     reference = grow.train(c, tmp_path / "reference")
     real = grow.model.write_checkpoint
 
@@ -383,7 +362,7 @@ def test_disk_full_while_checkpointing_says_so_and_resumes(tiny_shards, tiny_tea
         return real(path, *args, **kwargs)
 
     monkeypatch.setattr(grow.model, "write_checkpoint", full_disk)
-    with pytest.raises(grow.TrainingError, match=r"no space left on device while writing .*phase-1; the previous "
+    with pytest.raises(errors.TrainingError, match=r"no space left on device while writing .*phase-1; the previous "
                                                  r"checkpoint .*latest is intact: free some space"):
         grow.train(c, tmp_path / "r")
     monkeypatch.setattr(grow.model, "write_checkpoint", real)  # space freed
@@ -394,11 +373,11 @@ def test_a_file_size_limit_while_checkpointing_says_so_and_resumes(tiny_shards, 
     """A real limit, not a mock: the run's process under `ulimit -f` (RLIMIT_FSIZE) too small for a
     checkpoint fails with one line naming the folder and the limit; rerun without it, it ends as an
     uninterrupted run."""
-    c = run_config(tiny_shards, tiny_teacher_dir, protocol="grow", phase_steps=3, checkpoint_interval=2)
+    c = distil_config(tiny_shards, tiny_teacher_dir, protocol="grow", phase_steps=3, checkpoint_interval=2)
     reference = grow.train(c, tmp_path / "reference")
     script = ("import json, resource, signal, sys; signal.signal(signal.SIGXFSZ, signal.SIG_IGN); "
               "resource.setrlimit(resource.RLIMIT_FSIZE, (60_000, resource.RLIM_INFINITY)); "
-              "import grow; grow.train(grow.RunConfig(**json.loads(sys.argv[1])), sys.argv[2])")
+              "import config, grow; grow.train(config.RunConfig(**json.loads(sys.argv[1])), sys.argv[2])")
     limited = subprocess.run([sys.executable, "-c", script, json.dumps(asdict(c)), str(tmp_path / "r")], cwd=ROOT,
                              capture_output=True, text=True, timeout=300)
     assert limited.returncode != 0
@@ -411,7 +390,7 @@ def test_compiled_layers_match_eager_and_compile_once_for_every_length(tiny_shar
     """--compile: one dynamic-shape compile of the layers serves every padded length of a run, and
     its outputs and gradients equal eager ones within fp32 rounding."""
     from torch._dynamo.utils import counters
-    c = run_config(tiny_shards, tiny_teacher_dir, protocol="joint")
+    c = distil_config(tiny_shards, tiny_teacher_dir, protocol="joint")
     ctx = devices.Dist()
     teacher = grow.load_teacher(c, ctx)
     eager, compiled = grow.build_model(c, teacher, ctx), grow.build_model(replace(c, compile=True), teacher, ctx)
@@ -436,7 +415,7 @@ def test_compiled_layers_match_eager_and_compile_once_for_every_length(tiny_shar
 def test_long_controls_can_carry_adams_moments_across_lr_restarts(tiny_shards, tiny_teacher_dir, tmp_path):
     """restart_optimizer=False: the second phase continues the first one's AdamW (same first phase,
     another second one), and a run stopped right at the restart resumes to the same result."""
-    c = run_config(tiny_shards, tiny_teacher_dir, protocol="joint-long", joint_phases=2, phase_steps=4,
+    c = distil_config(tiny_shards, tiny_teacher_dir, protocol="joint-long", joint_phases=2, phase_steps=4,
                    checkpoint_interval=3, restart_optimizer=False)
     keep = grow.train(c, tmp_path / "keep")
     restart = grow.train(replace(c, restart_optimizer=True), tmp_path / "restart")
@@ -456,7 +435,7 @@ def test_resume_reads_no_pickle(tiny_shards, tiny_teacher_dir, tmp_path, monkeyp
     """latest/ is safetensors and JSON: a resume with every unpickling entry point disabled reaches the
     same result as an uninterrupted run."""
     import pickle
-    c = run_config(tiny_shards, tiny_teacher_dir, protocol="grow", phase_steps=4, checkpoint_interval=3)
+    c = distil_config(tiny_shards, tiny_teacher_dir, protocol="grow", phase_steps=4, checkpoint_interval=3)
     reference = grow.train(c, tmp_path / "reference")
     grow.train(c, tmp_path / "r", stop_after_step=7)  # a rolling checkpoint at step 6, mid phase 1
     latest = sorted(p.name for p in (tmp_path / "r" / "latest").iterdir())
@@ -474,13 +453,14 @@ def test_resume_reads_no_pickle(tiny_shards, tiny_teacher_dir, tmp_path, monkeyp
 
 def test_a_rolling_checkpoint_of_an_older_kit_is_one_line(tiny_shards, tiny_teacher_dir, tmp_path):
     """latest/ as older versions wrote it (DCP files, no checksums): one line, never unpickled."""
-    c = run_config(tiny_shards, tiny_teacher_dir, protocol="joint", checkpoint_interval=2)
+    c = distil_config(tiny_shards, tiny_teacher_dir, protocol="joint", checkpoint_interval=2)
     grow.train(c, tmp_path / "r", stop_after_step=3)
     latest = tmp_path / "r" / "latest"
     for name in (checkpoint.CHECKSUMS, "optimizer.safetensors", "optimizer.json"):
         (latest / name).unlink()
     (latest / ".metadata").write_bytes(b"\x80\x04not read")
-    with pytest.raises(grow.TrainingError, match=r"latest: lacks optimizer.safetensors, optimizer.json .* move the folder"):
+    with pytest.raises(errors.TrainingError,
+                       match=r"latest: lacks optimizer.safetensors, optimizer.json .* move the folder"):
         grow.train(c, tmp_path / "r")
 
 
@@ -504,7 +484,7 @@ def test_two_torchruns_at_once_do_not_collide_on_ports(tmp_path):
 def test_a_damaged_newest_checkpoint_is_passed_over_for_an_older_one(tiny_shards, tiny_teacher_dir, tmp_path, capsys):
     """Every checkpoint carries checksums of its files: a latest/ whose weights changed on disk is named
     in a one-line warning and the run resumes from phase-0/ instead, to the uninterrupted result."""
-    c = run_config(tiny_shards, tiny_teacher_dir, protocol="grow", phase_steps=4, checkpoint_interval=3)
+    c = distil_config(tiny_shards, tiny_teacher_dir, protocol="grow", phase_steps=4, checkpoint_interval=3)
     reference = grow.train(c, tmp_path / "reference")
     grow.train(c, tmp_path / "r", stop_after_step=7)  # latest/ at step 6, phase-0/ at step 4
     weights = tmp_path / "r" / "latest" / "model.safetensors"
@@ -535,7 +515,7 @@ def stopped_run(tiny_shards, tiny_teacher_dir, tmp_path_factory):
     """(config, an uninterrupted run's folder and result, a run stopped at step 7: latest/ at step 6,
     phase-0/ at step 4)."""
     base = tmp_path_factory.mktemp("corruption")
-    c = run_config(tiny_shards, tiny_teacher_dir, protocol="grow", phase_steps=4, checkpoint_interval=3)
+    c = distil_config(tiny_shards, tiny_teacher_dir, protocol="grow", phase_steps=4, checkpoint_interval=3)
     reference = grow.train(c, base / "reference")
     grow.train(c, base / "stopped", stop_after_step=7)
     return c, base / "reference", reference, base / "stopped"
@@ -571,7 +551,7 @@ def test_each_damaged_file_of_a_kept_checkpoint_is_refused_on_load(stopped_run, 
     ckpt = tmp_path / "phase-1"
     shutil.copytree(reference_dir / "phase-1", ckpt)
     DAMAGES[damage](ckpt / name)
-    with pytest.raises(model.CheckpointError) as error:
+    with pytest.raises(errors.CheckpointError) as error:
         model.Student.load(ckpt)
     assert len(str(error.value).splitlines()) == 1 and str(ckpt) in str(error.value)
 
@@ -580,7 +560,7 @@ def test_with_latest_and_the_phase_checkpoint_damaged_a_snapshot_is_the_resume_p
                                                                                     tmp_path, capsys):
     """step-<n>/ is a resume point of last resort: weights only, so the run says that AdamW's moments
     restart there, and finishes."""
-    c = run_config(tiny_shards, tiny_teacher_dir, protocol="grow", phase_steps=4, checkpoint_interval=3,
+    c = distil_config(tiny_shards, tiny_teacher_dir, protocol="grow", phase_steps=4, checkpoint_interval=3,
                    snapshot_interval=2)
     grow.train(c, tmp_path / "r", stop_after_step=7)   # latest/ 6, step-6/ 6, phase-0/ 4, step-2/ 2
     flip_a_byte(tmp_path / "r" / "latest" / "model.safetensors")

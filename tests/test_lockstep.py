@@ -10,9 +10,11 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import make_config
 from safetensors.torch import load_file
-from test_grow import config
 
+import config
+import errors
 import grow
 import rundir
 
@@ -21,14 +23,14 @@ NAMES = ["pre-joint", "post-joint", "pre-grow", "post-grow", "pre-freeze", "post
 STEPS = 4  # per phase
 
 
-def suite(shards, teacher_dir, root: Path, **overrides) -> list[tuple[grow.RunConfig, Path]]:
+def suite(shards, teacher_dir, root: Path, **overrides) -> list[tuple[config.RunConfig, Path]]:
     """The replay runs of one seed (Tables 1 and A3), freeze starting from grow's phase 0 as in repro.py."""
     train, val = shards
     jobs = []
     for name in NAMES:
         norm, protocol = name.split("-")
         start_from = str(root / f"{norm}-grow" / "phase-0") if protocol == "freeze" else ""
-        c = config(name=name, norm=norm, protocol=protocol, train_data=str(train.path), val_data=str(val.path),
+        c = make_config(name=name, norm=norm, protocol=protocol, train_data=str(train.path), val_data=str(val.path),
                    teacher=str(teacher_dir), layers_per_block=1, phase_steps=STEPS, global_batch=8, micro_batch=4,
                    replay_docs=40, eval_interval=2, eval_batch=8, checkpoint_interval=3, loss_chunk=50, lr=3e-3,
                    min_lr=3e-5, warmup_frac=0.25, start_from=start_from, **overrides)
@@ -161,5 +163,5 @@ def test_two_ranks_in_lockstep_match_one_process(tiny_shards, tiny_teacher_dir, 
 def test_runs_of_different_teachers_are_not_trained_together(tiny_shards, tiny_teacher_dir, tmp_path):
     jobs = suite(tiny_shards, tiny_teacher_dir, tmp_path)[:2]
     jobs[1] = (replace(jobs[1][0], teacher=str(tmp_path / "other")), jobs[1][1])
-    with pytest.raises(grow.TrainingError, match="one teacher"):
+    with pytest.raises(errors.TrainingError, match="one teacher"):
         grow.train_together(jobs)

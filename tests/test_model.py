@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
+import errors
 import model
 
 transformers = pytest.importorskip("transformers")
@@ -319,7 +320,7 @@ def test_exported_pre_norm_student_loads_in_transformers(tmp_path, teacher):
     with torch.no_grad():
         assert_close_rel(student(ids), hf(ids).logits)
     post = model.Student.from_teacher(teacher, blocks=2, layers_per_block=2, norm="post", seed=5)
-    with pytest.raises(ValueError, match="pre-norm"):
+    with pytest.raises(errors.CheckpointError, match="pre-norm"):
         model.export_hf(post, tmp_path / "nope")
 
 
@@ -332,17 +333,17 @@ def saved_teacher(tmp_path):
 
 
 def test_missing_directory_and_config(tmp_path):
-    with pytest.raises(model.CheckpointError, match="no such checkpoint directory"):
+    with pytest.raises(errors.CheckpointError, match="no such checkpoint directory"):
         model.load_qwen3(tmp_path / "absent")
     (tmp_path / "empty").mkdir()
-    with pytest.raises(model.CheckpointError, match=r"config\.json: missing"):
+    with pytest.raises(errors.CheckpointError, match=r"config\.json: missing"):
         model.load_qwen3(tmp_path / "empty")
 
 
 def test_other_architecture(saved_teacher):
     cfg = json.loads((saved_teacher / "config.json").read_text())
     (saved_teacher / "config.json").write_text(json.dumps({**cfg, "model_type": "llama"}))
-    with pytest.raises(model.CheckpointError, match="model_type is 'llama'"):
+    with pytest.raises(errors.CheckpointError, match="model_type is 'llama'"):
         model.load_qwen3(saved_teacher)
 
 
@@ -352,10 +353,10 @@ def test_missing_and_misshapen_tensors(saved_teacher):
     tensors = load_file(file)
     key = "model.layers.2.mlp.up_proj.weight"
     save_file({k: v for k, v in tensors.items() if k != key}, file)
-    with pytest.raises(model.CheckpointError, match=rf"'{key}' is missing"):
+    with pytest.raises(errors.CheckpointError, match=rf"'{key}' is missing"):
         model.load_qwen3(saved_teacher)
     save_file({**tensors, key: tensors[key][:, :-1].contiguous()}, file)
-    with pytest.raises(model.CheckpointError, match=rf"model\.safetensors: tensor '{key}' has shape \(160, 95\)"):
+    with pytest.raises(errors.CheckpointError, match=rf"model\.safetensors: tensor '{key}' has shape \(160, 95\)"):
         model.load_qwen3(saved_teacher)
 
 
@@ -370,22 +371,22 @@ def test_damaged_or_mismatched_checkpoints_are_refused_not_loaded(saved_teacher)
     ]
     for stored, message in cases:
         save_file(stored, file)
-        with pytest.raises(model.CheckpointError, match=message):
+        with pytest.raises(errors.CheckpointError, match=message):
             model.load_qwen3(saved_teacher)
     # config.json describing fewer layers than the file holds would evaluate a truncated teacher.
     save_file(tensors, file)
     config = json.loads((saved_teacher / "config.json").read_text())
     (saved_teacher / "config.json").write_text(json.dumps({**config, "num_hidden_layers": 3}))
-    with pytest.raises(model.CheckpointError, match=r"holds \d+ tensor\(s\) that its config\.json does not describe "
+    with pytest.raises(errors.CheckpointError, match=r"holds \d+ tensor\(s\) that its config\.json does not describe "
                                                     r"\(first: 'model\.layers\.3\."):
         model.load_qwen3(saved_teacher)
     (saved_teacher / "config.json").write_text(json.dumps(config))
     # A pickle renamed to model.safetensors, and an index without a weight map.
     file.write_bytes(b"\x80\x04\x95" + b"\x00" * 64)
-    with pytest.raises(model.CheckpointError, match=r"model\.safetensors: not a readable safetensors file"):
+    with pytest.raises(errors.CheckpointError, match=r"model\.safetensors: not a readable safetensors file"):
         model.load_qwen3(saved_teacher)
     (saved_teacher / "model.safetensors.index.json").write_text("{}")
-    with pytest.raises(model.CheckpointError, match=r"index\.json: not a safetensors index"):
+    with pytest.raises(errors.CheckpointError, match=r"index\.json: not a safetensors index"):
         model.load_qwen3(saved_teacher)
 
 

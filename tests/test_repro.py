@@ -15,9 +15,11 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+import config
 import data
 import devices
 import diag
+import errors
 import experiments
 import grow
 import model
@@ -25,6 +27,8 @@ import plan
 import presets
 import repro
 import rundir
+import suite
+import tokenizer
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -40,7 +44,7 @@ def cli(*args, check=True, **kwargs):
 # ---- presets -----------------------------------------------------------------------------------
 
 def test_full_preset_is_the_paper():
-    full = repro.PRESETS["full"]
+    full = presets.PRESETS["full"]
     table_a1 = dict(seed=42, blocks=3, layers_per_block=3, phase_steps=50_000, global_batch=64, lr=1e-4, min_lr=1e-6,
                     warmup_frac=0.015, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.0, grad_clip=0.5, alpha=0.7,
                     gamma=0.3, tau=1.0, eval_interval=2000, precision="bf16", activation_checkpointing=True)
@@ -49,18 +53,18 @@ def test_full_preset_is_the_paper():
     assert full.data == dict(source="fineweb-edu", vocab_size=None, max_len=8192, val_docs=4833)
     assert full.teacher == "Qwen/Qwen3-8B-Base" and full.long_phases == (2, 3)
     assert full.diag == dict(docs=2, max_inputs=2048, seed=42)
-    ws = repro.Workspace(full, Path("/nonexistent/full"), Path("/nonexistent"), devices.Dist())
+    ws = suite.Workspace(full, Path("/nonexistent/full"), Path("/nonexistent"), devices.Dist())
     assert ws.replay_docs == 3_200_000 and ws.train_docs == 9_600_000
     for name in experiments.RUNS:  # every run of the full suite is a valid RunConfig with the paper's settings
-        config = repro.run_config(ws, name, 42)
-        assert not config.freeze_trains_head and not config.reset_data_each_phase
-    assert len(grow.plan_phases(repro.run_config(ws, "post-joint-longer", 42))) == 3
+        settings = suite.run_config(ws, name, 42)
+        assert not settings.freeze_trains_head and not settings.reset_data_each_phase
+    assert len(config.plan_phases(suite.run_config(ws, "post-joint-longer", 42))) == 3
 
 
 def test_dry_run_reproduces_table_a2():
-    ws = repro.Workspace(repro.PRESETS["full"], Path("/nonexistent/full"), Path("/nonexistent"), devices.Dist())
-    runs = repro.planned_runs(ws, list(experiments.RUNS), 42)
-    result = plan.print_plan(ws, runs, [42], "h100", 8, repro.console)
+    ws = suite.Workspace(presets.PRESETS["full"], Path("/nonexistent/full"), Path("/nonexistent"), devices.Dist())
+    runs = suite.planned_runs(ws, list(experiments.RUNS), 42)
+    result = plan.print_plan(ws, runs, [42], "h100", 8, suite.console)
     rows = {r[0]: r for r in result["rows"]}
     # columns: run, phases, steps, active layers, tokens, unique, active-layer tokens, PFLOPs, GPU-hours
     assert rows["post-joint"][1:7] == ["1", "50,000", "9", "3.11B", "3.11B", "28.01B"]
@@ -74,12 +78,12 @@ def test_dry_run_counts_teacher_passes_both_ways():
     """Separately every run pays its own steps: joint 50k, grow 150k, freeze 100k (after the shared
     phase 0) per norm, and post-norm's long controls 50k each after their prefixes: 700k. In lockstep
     the six replay runs share 150k teacher steps and the long controls still pay 100k: 250k."""
-    ws = repro.Workspace(repro.PRESETS["full"], Path("/nonexistent/full"), Path("/nonexistent"), devices.Dist())
-    runs = repro.planned_runs(ws, list(experiments.RUNS), 42)
+    ws = suite.Workspace(presets.PRESETS["full"], Path("/nonexistent/full"), Path("/nonexistent"), devices.Dist())
+    runs = suite.planned_runs(ws, list(experiments.RUNS), 42)
     assert plan.teacher_passes(runs, lockstep=False) == 2 * (50_000 + 150_000 + 100_000) + 50_000 + 50_000
     assert plan.teacher_passes(runs, lockstep=True) == 150_000 + 50_000 + 50_000
     assert plan.most_resident(runs) == 4  # joint ends where freeze joins
-    result = plan.print_plan(ws, runs, [42], "h100", 8, repro.console)
+    result = plan.print_plan(ws, runs, [42], "h100", 8, suite.console)
     saved = result["separate"]["flops"] - result["lockstep"]["flops"]
     teacher = plan.model_shapes(ws.preset)[0]
     layers, _ = model.forward_flops_per_token(teacher, 36, 972.5 / 2)
@@ -277,11 +281,11 @@ def test_shared_prefix_is_bit_identical_to_running_it_again(smoke, tmp_path):
     runs, _, _, _ = smoke
     for name in ("post-freeze", "post-joint-long"):
         shared = runs / "s42" / name
-        config = grow.RunConfig(**json.loads((shared / "config.json").read_text())).resolved(shared)
-        assert config.start_from
-        alone = grow.train(replace(config, start_from=""), tmp_path / name)  # computes its first phase itself
+        settings = config.read(shared)
+        assert settings.start_from
+        alone = grow.train(replace(settings, start_from=""), tmp_path / name)  # computes its first phase itself
         assert alone == json.loads((shared / "done.json").read_text())
-        last = f"phase-{len(grow.plan_phases(config)) - 1}"
+        last = f"phase-{len(config.plan_phases(config)) - 1}"
         a, b = load_file(shared / last / "model.safetensors"), load_file(tmp_path / name / last / "model.safetensors")
         assert all(torch.equal(a[k], b[k]) for k in a)
 
@@ -293,7 +297,7 @@ def test_train_command_writes_a_run_directory(smoke):
     assert "validation CE" in out.stdout
     for item in ("config.json", "metrics.jsonl", "provenance.json", "done.json", "phase-0", "phase-1", "phase-2"):
         assert (run / item).exists(), item
-    assert json.loads((run / "done.json").read_text())["step"] == 3 * repro.PRESETS["smoke"].run["phase_steps"]
+    assert json.loads((run / "done.json").read_text())["step"] == 3 * presets.PRESETS["smoke"].run["phase_steps"]
 
 
 def test_eval_and_data_commands(smoke):
@@ -313,17 +317,17 @@ def test_eval_and_data_commands(smoke):
 
 
 def test_edited_preset_is_refused_then_forced_without_redoing_what_matches(tmp_path):
-    preset = repro.PRESETS["smoke"]
-    original = repro.Workspace(preset, tmp_path / "smoke", tmp_path / "results", devices.Dist())
-    repro.ensure_runs(original, ["post-joint"], [42])
+    preset = presets.PRESETS["smoke"]
+    original = suite.Workspace(preset, tmp_path / "smoke", tmp_path / "results", devices.Dist())
+    suite.ensure_runs(original, ["post-joint"], [42])
     edited = replace(preset, run={**preset.run, "lr": preset.run["lr"] / 2})
-    ws = repro.Workspace(edited, tmp_path / "smoke", tmp_path / "results", devices.Dist())
+    ws = suite.Workspace(edited, tmp_path / "smoke", tmp_path / "results", devices.Dist())
     tokens = ws.data_dir / "train" / "tokens.u32"
     teacher_done = ws.run_dir("teacher", 0) / "done.json"
     stamps = (tokens.stat().st_mtime_ns, teacher_done.stat().st_mtime_ns)
-    with pytest.raises(grow.TrainingError, match="another config .*differs in lr.*--force"):
-        repro.ensure_runs(ws, ["post-joint"], [42])
-    repro.ensure_runs(ws, ["post-joint"], [42], force=True)
+    with pytest.raises(errors.TrainingError, match="another config .*differs in lr.*--force"):
+        suite.ensure_runs(ws, ["post-joint"], [42])
+    suite.ensure_runs(ws, ["post-joint"], [42], force=True)
     config = json.loads((ws.run_dir("post-joint", 42) / "config.json").read_text())
     assert config["lr"] == preset.run["lr"] / 2 and (ws.run_dir("post-joint", 42) / "done.json").is_file()
     # The shards and the teacher matched the edited preset: reused, not redone.
@@ -333,17 +337,17 @@ def test_edited_preset_is_refused_then_forced_without_redoing_what_matches(tmp_p
 # ---- the toy as a faithful miniature (the regime map, step-0 evaluations, the ratios) -----------
 
 def test_toy_preset_keeps_the_papers_ratios():
-    rows = {k: (paper, toy) for k, paper, toy in repro.regime_ratios(repro.PRESETS["toy"])}
+    rows = {k: (paper, toy) for k, paper, toy in presets.regime_ratios(presets.PRESETS["toy"])}
     assert rows["S / T"][1] <= 1 / 3 and rows["S / T"][0] == 0.25
     assert rows["warmup / AdamW horizon 1/(1 - beta2)"][1] >= 1          # warmup >= 1/(1 - beta2) steps
     for same in ("alpha (KD weight)", "gamma (CE weight)", "tau", "gradient clip", "AdamW beta2", "min LR / peak LR"):
         assert rows[same][0] == pytest.approx(rows[same][1]), same
-    toy = repro.PRESETS["toy"].run
+    toy = presets.PRESETS["toy"].run
     assert rows["LR x steps per phase"][1] == pytest.approx(toy["lr"] * toy["phase_steps"])
     assert rows["warmup steps"][1] == round(toy["warmup_frac"] * toy["phase_steps"])
     # The README's table is the command's output, so every value it shows is the preset's.
     readme = (ROOT / "README.md").read_text()
-    assert "\n".join(repro.ratios_markdown(repro.PRESETS["toy"])) in readme
+    assert "\n".join(presets.ratios_markdown(presets.PRESETS["toy"])) in readme
 
 
 def test_step0_evaluations_equal_an_independent_evaluation(smoke):
@@ -353,11 +357,11 @@ def test_step0_evaluations_equal_an_independent_evaluation(smoke):
     import model
     runs, _, _, _ = smoke
     run = runs / "s42" / "post-grow"
-    config = grow.RunConfig(**json.loads((run / "config.json").read_text())).resolved(run)
+    settings = config.read(run)
     starts = {r["phase"]: r for r in rundir.read_metrics(run) if r.get("phase_start")}
     assert sorted(starts) == [0, 1, 2] and [starts[p]["step"] for p in range(3)] == [0, 8, 16]
-    val = data.Shard(config.val_data)
-    teacher = model.load_qwen3(config.teacher)
+    val = data.Shard(settings.val_data)
+    teacher = model.load_qwen3(settings.teacher)
 
     def ce_of(student, active_blocks):
         total, count = 0.0, 0
@@ -369,7 +373,7 @@ def test_step0_evaluations_equal_an_independent_evaluation(smoke):
             count += len(doc) - 1
         return total / count
 
-    fresh = model.Student.from_teacher(teacher, config.blocks, config.layers_per_block, "post", config.seed)
+    fresh = model.Student.from_teacher(teacher, settings.blocks, settings.layers_per_block, "post", settings.seed)
     assert starts[0]["ce"] == pytest.approx(ce_of(fresh, 1), rel=1e-5)
     for p in (1, 2):  # phase p starts from phase p-1's end, with block p as built
         previous = model.Student.load(run / f"phase-{p - 1}")
@@ -397,7 +401,7 @@ def test_search_climbs_the_ladder_on_pre_norm_grow_and_reports_the_criterion(smo
     assert not [p for p in rung1.glob("s42/*") if p.name != "pre-grow"]
     batch = data.diagnostic_batch(data.Shard(rung1 / "data" / "val"), 4, 16, 42)
     found = diag.diagnose_checkpoint(model.Student.load(rung1 / "s42" / "pre-grow" / "phase-2"), batch,
-                                     data.qwen3_tokenizer(512).decode)
+                                     tokenizer.qwen3_tokenizer(512).decode)
     criterion = regime.mechanism(found)
     got = report["rungs"][1]["criterion"]
     assert got["passes"] == criterion["passes"] and not got["present"] and not criterion["present"]
@@ -472,13 +476,13 @@ def test_overrides_are_recorded_and_never_reuse_a_run_with_other_settings(smoke)
 
 
 def test_override_values_are_typed():
-    preset = repro.PRESETS["smoke"]
-    new, changes = repro.apply_overrides(preset, ["run.lr=3e-4", "data.max_len=16", "run.betas=0.9,0.99",
+    preset = presets.PRESETS["smoke"]
+    new, changes = presets.apply_overrides(preset, ["run.lr=3e-4", "data.max_len=16", "run.betas=0.9,0.99",
                                                   "teacher_model.tie_word_embeddings=false"], compile_flag=True)
     assert new.run["lr"] == 3e-4 and new.data["max_len"] == 16 and new.run["betas"] == (0.9, 0.99)
     assert new.teacher_model["tie_word_embeddings"] is False and new.run["compile"] is True
     assert preset.run["lr"] == 3e-3  # the preset itself is unchanged
-    assert repro.override_name(changes) == ("data.max_len=16,run.betas=(0.9,0.99),run.compile=True,run.lr=0.0003,"
+    assert presets.override_name(changes) == ("data.max_len=16,run.betas=(0.9,0.99),run.compile=True,run.lr=0.0003,"
                                             "teacher_model.tie_word_embeddings=False")
 
 
@@ -507,12 +511,11 @@ def test_missing_device_is_one_line_before_any_folder(tmp_path):
 def test_checkpoint_and_shard_vocabularies_must_match():
     from types import SimpleNamespace
 
-    import data
     shard = lambda eot: SimpleNamespace(eot=eot, path=Path("val"))
     repro.check_vocabulary(shard(512), 513, Path("ck"))          # smoke on smoke
     repro.check_vocabulary(shard(151643), 151936, Path("ck"))    # Qwen3's own vocabulary
     for eot, vocab in ((4096, 513), (512, 4097), (151643, 4097)):  # smoke on toy, toy on smoke, toy on FineWeb
-        with pytest.raises(data.DataError, match="ck: its vocabulary .* is not the one val was tokenized with"):
+        with pytest.raises(errors.DataError, match="ck: its vocabulary .* is not the one val was tokenized with"):
             repro.check_vocabulary(shard(eot), vocab, Path("ck"))
 
 

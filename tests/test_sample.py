@@ -11,6 +11,7 @@ import transformers
 import data
 import model
 import sample
+import tokenizer
 
 ROOT = Path(__file__).resolve().parents[1]
 TOY_VOCAB = 4096  # the toy preset's: ranks 0..4095, <|endoftext|> = 4096
@@ -59,7 +60,7 @@ def test_cached_generation_equals_recomputing_the_whole_sequence(kind):
 def exported(tmp_path_factory):
     """A pre-norm student over the toy vocabulary, exported with `repro.py export`."""
     tmp = tmp_path_factory.mktemp("export")
-    enc = data.qwen3_tokenizer(TOY_VOCAB)
+    enc = tokenizer.qwen3_tokenizer(TOY_VOCAB)
     student = model.Student.from_teacher(tiny_teacher(enc.n_vocab), 2, 1, "pre", seed=1)
     student.save(tmp / "student")
     out = subprocess.run([sys.executable, str(ROOT / "repro.py"), "export", str(tmp / "student"), str(tmp / "hf"),

@@ -1,0 +1,41 @@
+"""The kit's own errors: each is a problem the user can fix, with a one-line message that names the file
+or option and says what to do. repro.py (and only repro.py) prints them as one line and exits non-zero;
+any other exception is a bug in the kit and stays a traceback.
+
+    raise errors.DataError(f"{path}: not a readable parquet file; replace or remove it")
+    raise errors.OptionError("--set", "run.lr=-1: expected a finite number >= 0")
+"""
+
+
+class KitError(Exception):
+    """A problem the user can fix; `exit_code` is what repro.py exits with."""
+    exit_code = 1
+
+
+class DataError(KitError):
+    """Bad data input: a corpus, a shard, a tokenizer that does not match."""
+
+
+class CheckpointError(KitError):
+    """A checkpoint folder that cannot be read (or written, or used) as asked."""
+
+
+class TrainingError(KitError):
+    """A run that cannot go on: a non-finite loss, a folder that belongs to another config, a full disk."""
+
+
+class ConfigError(KitError):
+    """Run settings that do not make a run (RunConfig's checks)."""
+
+
+class UsageError(KitError):
+    """A command used in a way it cannot work (click's usage errors exit 2 as well)."""
+    exit_code = 2
+
+
+class OptionError(UsageError):
+    """A command-line option, or a --set value, that cannot be used."""
+
+    def __init__(self, option: str, message: str):
+        super().__init__(f"Invalid value for {option}: {message}")
+        self.option = option
