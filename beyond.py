@@ -22,19 +22,19 @@ from runs/<scale>/s<seed>/; the interventions and scratch runs live in runs/<sca
 """
 from __future__ import annotations
 
-import json
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
-import diag
 import experiments
+import figures
 import grow
 import model
+import paper
+import report
 import rundir
 import suite
 import tokenizer
 
-DEFAULT_SEEDS = {"smoke": [42], "toy": [42, 43, 44], "small": [42], "full": [42]}
 PLACEMENT_RUNS = ("pre", "post", "sandwich", "peri", "hybrid", "deepnorm", "pre,post,post")
 # The teachers' shapes, for students grown from scratch at scales whose teacher is a hub checkpoint
 # (no teacher file is read): Qwen3-8B-Base is model.ModelConfig's defaults.
@@ -87,26 +87,7 @@ def train_variants(ws: suite.Workspace, variants, seeds: list[int], force: bool 
 
 
 def final_ce(ws: suite.Workspace, run: str, seed: int) -> float:
-    return experiments.final_eval(ws, run, seed)["ce"]
-
-
-def stats_cell(s: dict, signed: bool = False) -> str:
-    mean = f"{s['mean']:+.4f}" if signed else f"{s['mean']:.4f}"
-    if not s.get("ci95"):
-        return mean
-    lo, hi = s["ci95"]
-    return f"{mean} [{lo:+.4f}, {hi:+.4f}]" if signed else f"{mean} [{lo:.4f}, {hi:.4f}]"
-
-
-def seeds_text(seeds: list[int]) -> str:
-    return f"mean [95% t-interval] over seeds {', '.join(map(str, seeds))}" if len(seeds) > 1 else f"seed {seeds[0]}"
-
-
-def write_report(ws: suite.Workspace, name: str, out: dict, lines: list[str]):
-    ws.results.mkdir(parents=True, exist_ok=True)
-    (ws.results / f"{name}.json").write_text(json.dumps(out, indent=2) + "\n")
-    (ws.results / f"{name}.md").write_text("\n".join(lines) + "\n")
-    suite.console.print("\n".join(lines), markup=False)
+    return experiments.final_ce(ws, run, seed)
 
 
 def monitor_series(run_dir: Path) -> list[dict]:
@@ -137,28 +118,29 @@ def run_intervention(ws: suite.Workspace, seeds: list[int], force: bool = False)
     ce = {v.label: [final_ce(variant_workspace(ws, v, s), v.run, s) for s in seeds] for v in INTERVENTIONS}
     pre, post = ce[INTERVENTIONS[0].label], ce[INTERVENTIONS[1].label]
     rows = [{"variant": v.label, "run": v.run, "folder": str(variant_workspace(ws, v, seeds[0]).run_dir(v.run, seeds[0])),
-             "settings": v.settings, "ce": experiments.across_seeds(ce[v.label]),
-             "minus_pre_grow": experiments.across_seeds([a - b for a, b in zip(ce[v.label], pre)]),
-             "minus_post_grow": experiments.across_seeds([a - b for a, b in zip(ce[v.label], post)]),
+             "settings": v.settings, "ce": report.across_seeds(ce[v.label]),
+             "minus_pre_grow": report.across_seeds([a - b for a, b in zip(ce[v.label], pre)]),
+             "minus_post_grow": report.across_seeds([a - b for a, b in zip(ce[v.label], post)]),
              "after_block_0": internal_boundary_range([variant_workspace(ws, v, s).run_dir(v.run, s) for s in seeds],
                                                       ws.preset.run["phase_steps"])}
             for v in INTERVENTIONS]
-    diag.CAPTION.set(f"{ws.preset.name} scale, seed {seeds[0]}, intervention")
-    figure = diag.fig_monitor({v.label: monitor_series(variant_workspace(ws, v, seeds[0]).run_dir(v.run, seeds[0]))
-                               for v in INTERVENTIONS}, ws.results / "intervention.png",
-                              f"boundary monitor, grow runs, {ws.preset.name} scale, seed {seeds[0]}")
+    figure = figures.fig_monitor({v.label: monitor_series(variant_workspace(ws, v, seeds[0]).run_dir(v.run, seeds[0]))
+                                  for v in INTERVENTIONS}, ws.results / "intervention.png",
+                                 f"boundary monitor, grow runs, {ws.preset.name} scale, seed {seeds[0]}",
+                                 caption=f"{ws.preset.name} scale, seed {seeds[0]}, intervention")
     out = {"experiment": "intervention", "scale": ws.preset.name, "seeds": seeds, "rows": rows,
            "figure": str(figure), "about": __doc__.split("\n\n")[1]}
     lines = [f"# Boundary interventions ({ws.preset.name} scale)", "",
-             f"Validation CE at the end of grow, {seeds_text(seeds)}; differences paired by seed.", "",
+             f"Validation CE at the end of grow, {report.seeds_text(seeds)}; differences paired by seed.", "",
              "| variant | validation CE | − pre-grow | − post-grow | after block 0: mean RMS, kurtosis (monitor) |",
              "| --- | --- | --- | --- | --- |"]
-    lines += [f"| {r['variant']} | {stats_cell(r['ce'])} | {stats_cell(r['minus_pre_grow'], True)} | "
-              f"{stats_cell(r['minus_post_grow'], True)} | {range_cell(r['after_block_0'])} |" for r in rows]
+    lines += [f"| {r['variant']} | {report.stats_cell(r['ce'])} | {report.stats_cell(r['minus_pre_grow'], True)} | "
+              f"{report.stats_cell(r['minus_post_grow'], True)} | {range_cell(r['after_block_0'])} |" for r in rows]
     lines += ["", "The last column: the smallest and largest value over the boundary monitor's rows once block 1 "
                   "exists (phases 1 and 2), all seeds; \"n/a\" for runs trained without the monitor."]
     lines += ["", "![boundary monitor](intervention.png)"]
-    write_report(ws, "intervention", out, lines)
+    report.write(ws.results, "intervention", out, lines)
+    suite.console.print("\n".join(lines), markup=False)
     return out
 
 
@@ -177,26 +159,27 @@ def run_placements(ws: suite.Workspace, seeds: list[int], force: bool = False, p
     rows = []
     for p in placements:
         joint, grown = ce[f"{p}-joint"], ce[f"{p}-grow"]
-        rows.append({"placement": p, "joint": experiments.across_seeds(joint), "grow": experiments.across_seeds(grown),
-                     "delta_joint": experiments.across_seeds([a - b for a, b in zip(joint, ce["pre-joint"])]),
-                     "delta_grow": experiments.across_seeds([a - b for a, b in zip(grown, ce["pre-grow"])]),
-                     "grow_minus_joint": experiments.across_seeds([g - j for g, j in zip(grown, joint)])})
-    diag.CAPTION.set(f"{ws.preset.name} scale, seed {seeds[0]}, placements")
-    figure = diag.fig_monitor({f"{p}-grow": monitor_series(ws.run_dir(f"{p}-grow", seeds[0])) for p in placements},
-                              ws.results / "placements.png",
-                              f"boundary monitor, grow runs, {ws.preset.name} scale, seed {seeds[0]}")
+        rows.append({"placement": p, "joint": report.across_seeds(joint), "grow": report.across_seeds(grown),
+                     "delta_joint": report.across_seeds([a - b for a, b in zip(joint, ce["pre-joint"])]),
+                     "delta_grow": report.across_seeds([a - b for a, b in zip(grown, ce["pre-grow"])]),
+                     "grow_minus_joint": report.across_seeds([g - j for g, j in zip(grown, joint)])})
+    figure = figures.fig_monitor({f"{p}-grow": monitor_series(ws.run_dir(f"{p}-grow", seeds[0])) for p in placements},
+                                 ws.results / "placements.png",
+                                 f"boundary monitor, grow runs, {ws.preset.name} scale, seed {seeds[0]}",
+                                 caption=f"{ws.preset.name} scale, seed {seeds[0]}, placements")
     out = {"experiment": "placements", "scale": ws.preset.name, "seeds": seeds, "rows": rows, "figure": str(figure),
            "about": __doc__.split("\n\n")[1]}
     lines = [f"# Norm placements under joint training and growth ({ws.preset.name} scale)", "",
-             f"Validation CE, {seeds_text(seeds)}. Δ is the placement's CE minus pre-norm's under the same "
+             f"Validation CE, {report.seeds_text(seeds)}. Δ is the placement's CE minus pre-norm's under the same "
              "protocol, paired by seed (negative: better than pre-norm).", "",
              "| placement | joint | grow | Δ joint vs pre | Δ grow vs pre | grow − joint |",
              "| --- | --- | --- | --- | --- | --- |"]
-    lines += [f"| {r['placement']} | {stats_cell(r['joint'])} | {stats_cell(r['grow'])} | "
-              f"{stats_cell(r['delta_joint'], True)} | {stats_cell(r['delta_grow'], True)} | "
-              f"{stats_cell(r['grow_minus_joint'], True)} |" for r in rows]
+    lines += [f"| {r['placement']} | {report.stats_cell(r['joint'])} | {report.stats_cell(r['grow'])} | "
+              f"{report.stats_cell(r['delta_joint'], True)} | {report.stats_cell(r['delta_grow'], True)} | "
+              f"{report.stats_cell(r['grow_minus_joint'], True)} |" for r in rows]
     lines += ["", "![boundary monitor](placements.png)"]
-    write_report(ws, "placements", out, lines)
+    report.write(ws.results, "placements", out, lines)
+    suite.console.print("\n".join(lines), markup=False)
     return out
 
 
@@ -222,19 +205,20 @@ def run_scratch(ws: suite.Workspace, seeds: list[int], force: bool = False) -> d
         return {}
     per_seed = [experiments.with_deltas({n.replace("-", "_"): final_ce(sws, n, s) for n in experiments.MAIN_RUNS})
                 for s in seeds]
-    numbers = {k: experiments.across_seeds([p[k] for p in per_seed]) for k in per_seed[0]}
-    paper = {"delta_joint": 0.0004, "delta_grow": -0.0328, "interaction": -0.0332}
+    numbers = {k: report.across_seeds([p[k] for p in per_seed]) for k in per_seed[0]}
+    cited = {k: paper.DELTAS[k] for k in ("delta_joint", "delta_grow", "interaction")}
     out = {"experiment": "scratch", "scale": ws.preset.name, "seeds": seeds, "numbers": numbers,
-           "folder": str(sws.run_dir("pre-joint", seeds[0]).parent.parent), "paper_with_teacher": paper,
+           "folder": str(sws.run_dir("pre-joint", seeds[0]).parent.parent), "paper_with_teacher": cited,
            "about": __doc__.split("\n\n")[1]}
     lines = [f"# Growth from scratch ({ws.preset.name} scale): no teacher, plain CE", "",
-             f"Validation CE, {seeds_text(seeds)}. The paper's numbers (with its teacher): Δjoint "
-             f"{paper['delta_joint']:+.4f}, Δgrow {paper['delta_grow']:+.4f}, interaction {paper['interaction']:+.4f}.", "",
+             f"Validation CE, {report.seeds_text(seeds)}. The paper's numbers (with its teacher): Δjoint "
+             f"{cited['delta_joint']:+.4f}, Δgrow {cited['delta_grow']:+.4f}, interaction {cited['interaction']:+.4f}.", "",
              "| number | kit, from scratch |", "| --- | --- |"]
     for key in ("pre_joint", "post_joint", "pre_grow", "post_grow"):
-        lines.append(f"| {key.replace('_', '-')} | {stats_cell(numbers[key])} |")
+        lines.append(f"| {key.replace('_', '-')} | {report.stats_cell(numbers[key])} |")
     for key, label in (("delta_joint", "Δjoint = post − pre (joint)"), ("delta_grow", "Δgrow = post − pre (grow)"),
                        ("interaction", "interaction = Δgrow − Δjoint")):
-        lines.append(f"| {label} | {stats_cell(numbers[key], True)} |")
-    write_report(ws, "scratch", out, lines)
+        lines.append(f"| {label} | {report.stats_cell(numbers[key], True)} |")
+    report.write(ws.results, "scratch", out, lines)
+    suite.console.print("\n".join(lines), markup=False)
     return out

@@ -10,10 +10,8 @@ checkpoints) through diag.py.
 """
 from __future__ import annotations
 
-import hashlib
 import json
 import math
-import statistics
 import sys
 from dataclasses import dataclass, field
 from functools import cache
@@ -29,13 +27,16 @@ import config
 import data
 import diag
 import errors
+import figures
 import grow
 import model
+import report
 import rundir
 import tokenizer
+from paper import DELTAS, PAPER
 
 if TYPE_CHECKING:
-    from repro import Workspace
+    from suite import Workspace
 
 console = Console(width=None if sys.stdout.isatty() else 140)
 
@@ -51,9 +52,9 @@ def metrics(run_dir: Path) -> list[dict]:
     return rundir.read_metrics(run_dir)
 
 
-def final_eval(ws: Workspace, name: str, seed: int) -> dict:
-    """The scheduled endpoint's evaluation (never a best checkpoint)."""
-    return rundir.read_json(ws.run_dir(name, seed) / "done.json", "ce", "ppl", "kd")
+def final_ce(ws: Workspace, name: str, seed: int) -> float:
+    """The scheduled endpoint's validation CE (never a best checkpoint)."""
+    return rundir.final_eval(ws.run_dir(name, seed))["ce"]
 
 
 def phase_end_eval(ws: Workspace, name: str, seed: int, phase: int) -> dict:
@@ -112,67 +113,24 @@ def unique_and_total_tokens(ws: Workspace, name: str, seed: int) -> tuple[int, i
 # ----------------------------------------------------------------------------------------------
 # Statistics over seeds
 
-def t975(df: int) -> float:
-    """The 97.5% quantile of Student's t with `df` degrees of freedom, exactly (to ~1e-9): bisection
-    on the CDF, integrated by Simpson's rule from the density (no table, no scipy)."""
-    log_norm = math.lgamma((df + 1) / 2) - math.lgamma(df / 2) - 0.5 * math.log(df * math.pi)
-
-    def cdf_above_half(t: float) -> float:  # P(0 < T < t)
-        x = np.linspace(0.0, t, 4001)
-        density = np.exp(log_norm - (df + 1) / 2 * np.log1p(x * x / df))
-        return float((density[0] + density[-1] + 4 * density[1:-1:2].sum() + 2 * density[2:-1:2].sum())
-                     * (t / 4000) / 3)
-
-    low, high = 0.0, 64.0  # t975(1) = 12.71 is the largest
-    for _ in range(60):
-        mid = (low + high) / 2
-        low, high = (mid, high) if cdf_above_half(mid) < 0.475 else (low, mid)
-    return (low + high) / 2
-
-
-def across_seeds(values: list[float]) -> dict:
-    """mean, sample std and a 95% t-interval of one number over seeds (std 0 and no interval for one)."""
-    n = len(values)
-    if not all(math.isfinite(v) for v in values):  # "n/a" (NaN) or "never" (inf) on some seed: no spread
-        return {"mean": sum(values) / n, "std": math.nan, "ci95": None, "n": n, "values": values}
-    mean = statistics.fmean(values)
-    std = statistics.stdev(values) if n > 1 else 0.0
-    half = t975(n - 1) * std / math.sqrt(n) if n > 1 else None
-    return {"mean": mean, "std": std, "ci95": [mean - half, mean + half] if half is not None else None,
-            "n": n, "values": values}
-
-
 # ----------------------------------------------------------------------------------------------
 # Experiments. Each declares the runs it needs and turns them into numbers per seed (with the
 # paper's value beside each) and/or figures.
-
-TOKENS = -1  # Row.digits of a token count: printed as 3.11B, 312.40k, ...
-
-
-@dataclass
-class Row:
-    label: str
-    key: str
-    paper: float | None
-    digits: int = 4
-    compare: bool = True  # "kit - paper" is shown only where both are in the same units at every scale
-    sign: bool = False    # a difference whose sign is the paper's claim: below full scale, is the sign the same?
-
 
 @dataclass
 class Experiment:
     about: str
     runs: tuple[str, ...]
-    rows: list[Row] = field(default_factory=list)
+    rows: list[report.Row] = field(default_factory=list)
     numbers: Callable | None = None   # (ws, seed) -> {key: value}
-    figures: Callable | None = None   # (ws, seed) -> {name: png path, ...extra JSON}
+    figures: Callable | None = None   # (ws, seed, caption) -> {name: png path, ...extra JSON}
     layout: Callable | None = None    # (stats, seeds) -> Markdown lines in the paper's layout, above the rows
     claims: list = field(default_factory=list)  # (the paper's claim, {key: mean} -> does the kit agree?)
     note: str = ""
 
 
 def table1_numbers(ws, seed):
-    return with_deltas({f"{n}_{p}": final_eval(ws, f"{n}-{p}", seed)["ce"] for n in ("pre", "post")
+    return with_deltas({f"{n}_{p}": final_ce(ws, f"{n}-{p}", seed) for n in ("pre", "post")
                         for p in ("joint", "grow")})
 
 
@@ -195,7 +153,7 @@ def table2_numbers(ws, seed):
 
 
 def table3_numbers(ws, seed):
-    return {name: final_eval(ws, name, seed)["ce"] for name in ("post-joint", "post-joint-long", "post-joint-longer",
+    return {name: final_ce(ws, name, seed) for name in ("post-joint", "post-joint-long", "post-joint-longer",
                                                                "post-grow")}
 
 
@@ -215,7 +173,7 @@ def table_a2_numbers(ws, seed):
 
 
 def table_a3_numbers(ws, seed):
-    ce = {f"{n}_{p}": final_eval(ws, f"{n}-{p}", seed)["ce"] for n in ("pre", "post") for p in ("grow", "freeze")}
+    ce = {f"{n}_{p}": final_ce(ws, f"{n}-{p}", seed) for n in ("pre", "post") for p in ("grow", "freeze")}
     ppl = {k: grow.perplexity(v) for k, v in ce.items()}
     return {**ce, "delta_grow": ce["post_grow"] - ce["pre_grow"], "delta_freeze": ce["post_freeze"] - ce["pre_freeze"],
             "delta_freeze_minus_grow": (ce["post_freeze"] - ce["pre_freeze"]) - (ce["post_grow"] - ce["pre_grow"]),
@@ -231,7 +189,7 @@ def table4_grid(stats: dict, n_seeds: int) -> list[str]:
     blocks = sum(1 for key in stats if key.startswith("pre-grow_dce_"))  # K (the paper's 3, or a deeper student's)
 
     def paper(name, metric, b):
-        values = diag.PAPER["table4"][name][metric]
+        values = PAPER["table4"][name][metric]
         return f" ({values[b]:.3f})" if b < len(values) else " (—)"
     head = " | ".join(f"block {b} {m}" for m in ("ΔCE", "angle / π") for b in range(blocks))
     lines = [f"| run | {head} |", "|" + " --- |" * (1 + 2 * blocks)]
@@ -266,22 +224,22 @@ def table_a4_numbers(ws, seed):
     return out
 
 
-def fig3_figures(ws, seed):
-    kit = {n: {p: final_eval(ws, f"{n}-{p}", seed)["ce"] for p in ("joint", "grow")} for n in ("pre", "post")}
+def fig3_figures(ws, seed, caption=""):
+    kit = {n: {p: final_ce(ws, f"{n}-{p}", seed) for p in ("joint", "grow")} for n in ("pre", "post")}
     K = ws.preset.run["blocks"]
     per_phase = {n: [phase_end_eval(ws, f"{n}-grow", seed, p)["ce"] for p in range(K)] for n in ("pre", "post")}
     starts = {n: [phase_start_eval(ws, f"{n}-grow", seed, p)["ce"] for p in range(K)] for n in ("pre", "post")}
     paper, per_phase_paper = P["table1"], P["per_phase_ce"]
     table = [(f"{n}-norm, {p}", kit[n][p], paper[n][p]) for n in ("pre", "post") for p in ("joint", "grow")]
-    table += [(f"Δ{p} (post − pre)", diag.delta(kit, p), diag.delta(paper, p)) for p in ("joint", "grow")]
-    table += [("interaction Δgrow − Δjoint", diag.interaction(kit), diag.interaction(paper))]
+    table += [(f"Δ{p} (post − pre)", figures.delta(kit, p), figures.delta(paper, p)) for p in ("joint", "grow")]
+    table += [("interaction Δgrow − Δjoint", figures.interaction(kit), figures.interaction(paper))]
     for p in range(K):
         table += [(f"{n}-grow, phase {p}: start / end", f"{starts[n][p]:.4f} / {per_phase[n][p]:.4f}",
                    per_phase_paper[n].get(p)) for n in ("pre", "post")]
         paper_delta = (per_phase_paper["post"][p] - per_phase_paper["pre"][p]) if p in per_phase_paper["pre"] else None
         table += [(f"Δ phase {p} end (post − pre)", per_phase["post"][p] - per_phase["pre"][p], paper_delta)]
-    return {"fig3a": diag.fig3a_interaction(kit, ws.results / "fig3a.png"),
-            "fig3b": diag.fig3b_per_phase(per_phase, ws.results / "fig3b.png", starts=starts),
+    return {"fig3a": figures.fig3a_interaction(kit, ws.results / "fig3a.png", caption=caption),
+            "fig3b": figures.fig3b_per_phase(per_phase, ws.results / "fig3b.png", starts=starts, caption=caption),
             "per_phase_ce": per_phase, "phase_start_ce": starts, "table": table}
 
 
@@ -294,7 +252,7 @@ def transition_steps(ws) -> list[int]:
     return [p * S for p in range(1, K)]
 
 
-def fig4_figures(ws, seed):
+def fig4_figures(ws, seed, caption=""):
     s = boundary_series(ws, seed)
     std = {n: [{"step": c["step"], "std": [b["std"] for b in c["boundary_stats"]],
                 "kurtosis": [b["kurtosis"] for b in c["boundary_stats"]]} for c in s[n]] for n in s}
@@ -310,11 +268,12 @@ def fig4_figures(ws, seed):
                      "post": f"{paper['post_range'][0]:g}–{paper['post_range'][1]:g}"}[n] if b == 1 else None
             table.append((f"{n}-grow, std of per-token RMS {diag.boundary_label(b)}, steps {since['step']} → "
                           f"{last['step']}", kit, cited))
-    return {"fig4": diag.fig4_boundary_std(s, ws.results / "fig4.png", transition_steps=transition_steps(ws)),
+    return {"fig4": figures.fig4_boundary_std(s, ws.results / "fig4.png", transition_steps=transition_steps(ws),
+                                              caption=caption),
             "boundary_std": std, "table": table}
 
 
-def fig5_figures(ws, seed):
+def fig5_figures(ws, seed, caption=""):
     s = boundary_series(ws, seed)
     S = ws.preset.run["phase_steps"]
     rows = {n: metrics(ws.run_dir(f"{n}-grow", seed)) for n in ("pre", "post")}
@@ -335,13 +294,14 @@ def fig5_figures(ws, seed):
         ends = [r["ce"] for r in rows[n] if r.get("eval") and not r.get("phase_start") and r["step"] % S == 0]
         table.append((f"{n}-grow, validation CE at each phase end", " / ".join(f"{v:.4f}" for v in ends),
                       P["table1"][n]["grow"]))
-    return {"fig5a": diag.fig5a_token_types(s, ws.results / "fig5a.png", transition_steps=transition_steps(ws)),
-            "fig5b": diag.fig5b_validation(rows, ws.results / "fig5b.png", transition_steps(ws),
-                                           smooth=diag.paper_scaled(200, S)),
+    return {"fig5a": figures.fig5a_token_types(s, ws.results / "fig5a.png", transition_steps=transition_steps(ws),
+                                                caption=caption),
+            "fig5b": figures.fig5b_validation(rows, ws.results / "fig5b.png", transition_steps(ws),
+                                              smooth=diag.paper_scaled(200, S), caption=caption),
             "token_type_rms_after_block0": types, "definition": diag.TOKEN_TYPE_DEFINITION, "table": table}
 
 
-def fig_a1_figures(ws, seed):
+def fig_a1_figures(ws, seed, caption=""):
     s = boundary_series(ws, seed)
     final = {n: s[n][-1]["token_rms"][1] for n in s}
     stats = {n: s[n][-1]["boundary_stats"][1] for n in s}
@@ -355,76 +315,78 @@ def fig_a1_figures(ws, seed):
                None) for n in s]
     table += [(f"largest kurtosis a batch of {rows} rows and {tokens} tokens allows (one boundary outlier per row)",
                cap, f"{diag.kurtosis_cap(2, 2 * 2048):.0f} for the paper's 2 x 2048")]
-    return {"figA1": diag.figA1_rms_histograms(final, ws.results / "figA1.png", cap=cap),
+    return {"figA1": figures.figA1_rms_histograms(final, ws.results / "figA1.png", cap=cap, caption=caption),
             "pearson_kurtosis": {n: stats[n]["kurtosis"] for n in s},
             "kurtosis_distinct": {n: stats[n]["kurtosis_distinct"] for n in s}, "kurtosis_cap": cap, "table": table}
 
 
-def fig_a2_figures(ws, seed):
+def fig_a2_figures(ws, seed, caption=""):
     results = {name: block_removal(ws, name, seed) for name in TABLE4_TITLES}
     table = [(f"{TABLE4_TITLES[name]}, block {r['block']}: {label}", r[metric], P["table4"][name][metric][r["block"]])
              for name in TABLE4_TITLES for metric, label in (("delta_ce", "ΔCE when removed"),
                                                              ("angular_distance", "angular distance / π"))
              for r in results[name]]
-    return {"figA2": diag.figA2_block_removal(results, ws.results / "figA2.png"), "block_removal": results,
-            "table": table}
+    return {"figA2": figures.figA2_block_removal(results, ws.results / "figA2.png", caption=caption),
+            "block_removal": results, "table": table}
 
 
-P = diag.PAPER
+P = PAPER
 EXPERIMENTS = {
     "table1": Experiment(
         "Table 1: validation CE under unique-token-matched budgets; delta = post - pre", MAIN_RUNS,
-        [Row("pre-norm, joint", "pre_joint", P["table1"]["pre"]["joint"]),
-         Row("pre-norm, grow", "pre_grow", P["table1"]["pre"]["grow"]),
-         Row("post-norm, joint", "post_joint", P["table1"]["post"]["joint"]),
-         Row("post-norm, grow", "post_grow", P["table1"]["post"]["grow"]),
-         Row("delta joint", "delta_joint", 0.0004), Row("delta grow", "delta_grow", -0.0328, sign=True),
-         Row("interaction = delta grow - delta joint", "interaction", -0.0332, sign=True)], numbers=table1_numbers,
+        [report.Row("pre-norm, joint", "pre_joint", P["table1"]["pre"]["joint"]),
+         report.Row("pre-norm, grow", "pre_grow", P["table1"]["pre"]["grow"]),
+         report.Row("post-norm, joint", "post_joint", P["table1"]["post"]["joint"]),
+         report.Row("post-norm, grow", "post_grow", P["table1"]["post"]["grow"]),
+         report.Row("delta joint", "delta_joint", DELTAS["delta_joint"]),
+         report.Row("delta grow", "delta_grow", DELTAS["delta_grow"], sign=True),
+         report.Row("interaction = delta grow - delta joint", "interaction", DELTAS["interaction"], sign=True)],
+        numbers=table1_numbers,
         claims=[("post-norm and pre-norm nearly tie under joint training (|delta joint| < |delta grow|)",
                  lambda m: abs(m["delta_joint"]) < abs(m["delta_grow"]))]),
     "table2": Experiment(
         "Table 2: single block (phase 0 of grow). KD = soft-target cross-entropy H(q_T, q_S) = KL + H(q_T), "
         "the scale of the paper's KD column; KL shown too", ("pre-grow", "post-grow"),
-        [Row(f"{n}-norm {m}", f"{n}_{m}", P["table2"][n].get(m), 2 if m == "ppl" else 4)
+        [report.Row(f"{n}-norm {m}", f"{n}_{m}", P["table2"][n].get(m), 2 if m == "ppl" else 4)
          for n in ("pre", "post") for m in ("ce", "kd", "kl", "ppl")]
-        + [Row("delta CE (post - pre)", "delta_ce", P["table2"]["post"]["ce"] - P["table2"]["pre"]["ce"], sign=True)]
-        + [Row(f"{n}-norm {m} at step 0 (before any update)", f"{n}_{m}_step0", None)
+        + [report.Row("delta CE (post - pre)", "delta_ce", P["table2"]["post"]["ce"] - P["table2"]["pre"]["ce"], sign=True)]
+        + [report.Row(f"{n}-norm {m} at step 0 (before any update)", f"{n}_{m}_step0", None)
            for n in ("pre", "post") for m in ("ce", "kd")]
-        + [Row("delta CE at step 0 (post - pre): the output-interface gap", "delta_ce_step0", None)],
+        + [report.Row("delta CE at step 0 (post - pre): the output-interface gap", "delta_ce_step0", None)],
         numbers=table2_numbers),
     "table3": Experiment(
         "Table 3: post-joint budget controls (validation CE)",
         ("post-joint", "post-joint-long", "post-joint-longer", "post-grow"),
-        [Row("Post-Joint (unique tokens)", "post-joint", P["table3"]["post-joint"]),
-         Row("Post-Joint-long (active-layer tokens)", "post-joint-long", P["table3"]["post-joint-long"]),
-         Row("Post-Joint-longer (total tokens)", "post-joint-longer", P["table3"]["post-joint-longer"]),
-         Row("Post-Grow (comparison)", "post-grow", P["table3"]["post-grow"])], numbers=table3_numbers,
+        [report.Row("Post-Joint (unique tokens)", "post-joint", P["table3"]["post-joint"]),
+         report.Row("Post-Joint-long (active-layer tokens)", "post-joint-long", P["table3"]["post-joint-long"]),
+         report.Row("Post-Joint-longer (total tokens)", "post-joint-longer", P["table3"]["post-joint-longer"]),
+         report.Row("Post-Grow (comparison)", "post-grow", P["table3"]["post-grow"])], numbers=table3_numbers,
         claims=[("Post-Grow is below every post-norm joint control, the longest included",
                  lambda m: m["post-grow"] < min(m["post-joint"], m["post-joint-long"], m["post-joint-longer"]))]),
     "tableA2": Experiment(
         "Table A2: training budgets in non-padding tokens, counted from the runs' batches; active-layer tokens "
         "= tokens x active decoder layers", ("post-joint", "post-grow", "post-joint-long", "post-joint-longer"),
-        [Row(f"{name} {kind.replace('_', '-')} tokens", f"{name}_{kind}",
-             P["table_a2"][name][i] * 1e9 if i < 2 else None, TOKENS, compare=False)  # scale-bound counts
+        [report.Row(f"{name} {kind.replace('_', '-')} tokens", f"{name}_{kind}",
+             P["table_a2"][name][i] * 1e9 if i < 2 else None, report.TOKENS, compare=False)  # scale-bound counts
          for name in ("post-joint", "post-grow", "post-joint-long", "post-joint-longer")
          for i, kind in enumerate(("total", "unique", "active_layer"))]
-        + [Row("grow / joint, total tokens", "grow_over_joint_total", 9.34 / 3.11, 3),
-           Row("joint-long / grow, active-layer tokens (proxy match)", "long_over_grow_active_layer", 1.0, 3),
-           Row("joint-longer / grow, total tokens", "longer_over_grow_total", 1.0, 3)],
+        + [report.Row("grow / joint, total tokens", "grow_over_joint_total", 9.34 / 3.11, 3),
+           report.Row("joint-long / grow, active-layer tokens (proxy match)", "long_over_grow_active_layer", 1.0, 3),
+           report.Row("joint-longer / grow, total tokens", "longer_over_grow_total", 1.0, 3)],
         numbers=table_a2_numbers,
         note="The paper's token counts are at full scale; at smaller scales compare the ratios."),
     "tableA3": Experiment(
         "Table A3: freeze ablation (validation CE at the end of the last phase)",
         ("pre-grow", "post-grow", "pre-freeze", "post-freeze"),
-        [Row("pre-norm grow", "pre_grow", P["table_a3"]["pre"]["grow"]),
-         Row("pre-norm freeze", "pre_freeze", P["table_a3"]["pre"]["freeze"]),
-         Row("post-norm grow", "post_grow", P["table_a3"]["post"]["grow"]),
-         Row("post-norm freeze", "post_freeze", P["table_a3"]["post"]["freeze"]),
-         Row("delta grow (post - pre)", "delta_grow", -0.0328, sign=True),
-         Row("delta freeze", "delta_freeze", -0.0332, sign=True),
-         Row("delta freeze - delta grow", "delta_freeze_minus_grow", -0.0004),
-         Row("PPL gap grow", "ppl_gap_grow", P["table_a3"]["ppl_gap"]["grow"], 2, sign=True),
-         Row("PPL gap freeze", "ppl_gap_freeze", P["table_a3"]["ppl_gap"]["freeze"], 2, sign=True)],
+        [report.Row("pre-norm grow", "pre_grow", P["table_a3"]["pre"]["grow"]),
+         report.Row("pre-norm freeze", "pre_freeze", P["table_a3"]["pre"]["freeze"]),
+         report.Row("post-norm grow", "post_grow", P["table_a3"]["post"]["grow"]),
+         report.Row("post-norm freeze", "post_freeze", P["table_a3"]["post"]["freeze"]),
+         report.Row("delta grow (post - pre)", "delta_grow", DELTAS["delta_grow"], sign=True),
+         report.Row("delta freeze", "delta_freeze", DELTAS["delta_freeze"], sign=True),
+         report.Row("delta freeze - delta grow", "delta_freeze_minus_grow", DELTAS["delta_freeze_minus_grow"]),
+         report.Row("PPL gap grow", "ppl_gap_grow", P["table_a3"]["ppl_gap"]["grow"], 2, sign=True),
+         report.Row("PPL gap freeze", "ppl_gap_freeze", P["table_a3"]["ppl_gap"]["freeze"], 2, sign=True)],
         numbers=table_a3_numbers,
         claims=[("freezing earlier blocks leaves the post - pre difference nearly unchanged "
                  "(|delta freeze - delta grow| < |delta grow| / 2)",
@@ -432,7 +394,7 @@ EXPERIMENTS = {
     "table4": Experiment(
         "Table 4: whole-block removal on the fixed diagnostic batch: dCE = CE(skip) - CE(full); "
         "angular distance = arccos(cos(h_in, h_out)) / pi", MAIN_RUNS,
-        [Row(f"{TABLE4_TITLES[name]}, block {b}: {label}", f"{name}_{short}_{b}", P["table4"][name][metric][b], 3)
+        [report.Row(f"{TABLE4_TITLES[name]}, block {b}: {label}", f"{name}_{short}_{b}", P["table4"][name][metric][b], 3)
          for name in TABLE4_TITLES for metric, short, label in (("delta_ce", "dce", "ΔCE when removed"),
                                                                 ("angular_distance", "angular", "angular distance / π"))
          for b in range(3)], numbers=table4_numbers, layout=lambda stats, n: table4_grid(stats, n),
@@ -448,7 +410,7 @@ EXPERIMENTS = {
         f"{diag.MIN_WINDOW} steps). Jump: the smoothed peak minus the baseline; immediate: the highest raw "
         "loss in the smoothing window after the transition. AUC: mean (loss - baseline), signed and absolute. "
         "The paper does not define its columns; its value stands beside each reading", ("pre-grow", "post-grow"),
-        [Row(f"{n}-norm, transition {t}, {label}", f"{n}_{t}_{key}", P["table_a4"][n][t - 1][pkey], d,
+        [report.Row(f"{n}-norm, transition {t}, {label}", f"{n}_{t}_{key}", P["table_a4"][n][t - 1][pkey], d,
              compare=key != "recovery")  # recovery: this scale's steps against the paper's
          for n in ("pre", "post") for t in (1, 2)
          for label, key, pkey, d in (("jump (smoothed)", "jump", "jump", 4),
@@ -478,51 +440,31 @@ EXPERIMENTS = {
 # ----------------------------------------------------------------------------------------------
 # Reports: results/<scale>/<experiment>.md and .json, and the same table on the terminal
 
-def fmt(value, digits):
-    if value is None or (isinstance(value, float) and math.isnan(value)):
-        return "n/a"
-    if digits == TOKENS:
-        unit, size = next(((u, s) for u, s in (("B", 1e9), ("M", 1e6), ("k", 1e3)) if abs(value) >= s), ("", 1))
-        return f"{value / size:.2f}{unit}"
-    return f"{value:.{digits}f}"
-
-
-def configs_hash(ws: Workspace, names, seeds: list[int]) -> str:
-    """sha256 over the resolved config.json of every run a report reads (which settings made it)."""
-    digest = hashlib.sha256()
-    for seed in seeds:
-        for name in names:
-            digest.update((ws.run_dir(name, seed) / "config.json").read_bytes())
-    return digest.hexdigest()
-
-
-def report(ws: Workspace, name: str, seeds: list[int]) -> dict:
+def report_experiment(ws: Workspace, name: str, seeds: list[int]) -> dict:
     exp = EXPERIMENTS[name]
     out = {"experiment": name, "about": exp.about, "scale": ws.preset.name, "seeds": seeds, "note": exp.note,
-           "git_commit": rundir.git_commit(), "runs_config_sha256": configs_hash(ws, exp.runs, seeds)}
+           "git_commit": rundir.git_commit(),
+           "runs_config_sha256": report.configs_hash([ws.run_dir(n, s) for s in seeds for n in exp.runs])}
     md = [f"# {name} ({ws.preset.name} scale)", "", exp.about, ""]
     if exp.numbers:
         per_seed = [exp.numbers(ws, s) for s in seeds]
         keys = dict.fromkeys([*per_seed[0], *(row.key for row in exp.rows)])  # a deeper student has more than the rows
-        stats = {key: across_seeds([p[key] for p in per_seed]) for key in keys}
+        stats = {key: report.across_seeds([p[key] for p in per_seed]) for key in keys}
         out["rows"] = [{"label": r.label, "key": r.key, "paper": r.paper, **stats[r.key]} for r in exp.rows]
         full = ws.preset.name == "full"
-        md += (exp.layout(stats, len(seeds)) if exp.layout else []) + table_markdown(exp.rows, stats, len(seeds), full)
+        md += (exp.layout(stats, len(seeds)) if exp.layout else []) + \
+            report.table_markdown(exp.rows, stats, len(seeds), full)
         means = {k: s["mean"] for k, s in stats.items()}
         out["claims"] = [{"claim": claim, "agrees": bool(agrees(means))} for claim, agrees in exp.claims]
         md += ["", "The paper's claims, on the kit's means:", ""] * bool(exp.claims) + \
             [f"- {'agrees' if c['agrees'] else 'DISAGREES'}: {c['claim']}" for c in out["claims"]]
         print_table(name, exp, stats, len(seeds), full)
     if exp.figures:
-        caption = diag.CAPTION.set(f"normgrow, {ws.preset.name} scale, seed {seeds[0]} ({name})")
-        try:
-            figs = exp.figures(ws, seeds[0])
-        finally:
-            diag.CAPTION.reset(caption)
+        figs = exp.figures(ws, seeds[0], caption=f"normgrow, {ws.preset.name} scale, seed {seeds[0]} ({name})")
         out["figures"] = {k: str(v) for k, v in figs.items() if isinstance(v, Path)}
         out["data"] = {k: v for k, v in figs.items() if not isinstance(v, Path)}
         md += [f"![{k}]({Path(v).name})" for k, v in out["figures"].items()]
-        md += ["", "The numbers plotted, beside the paper's:", ""] + figure_table(figs.get("table", []))
+        md += ["", "The numbers plotted, beside the paper's:", ""] + report.figure_table(figs.get("table", []))
         if len(seeds) > 1:
             md += ["", f"Figures show seed {seeds[0]}."]
         if ws.ctx.is_main:
@@ -534,55 +476,13 @@ def report(ws: Workspace, name: str, seeds: list[int]) -> dict:
     return out
 
 
-def figure_table(rows: list[tuple]) -> list[str]:
-    """A figure's numbers as Markdown: (quantity, kit, paper) with numbers to 5 significant digits."""
-    cell = lambda v: "" if v is None else f"{v:.5g}" if isinstance(v, float) else str(v)
-    return ["| quantity | kit | paper |", "| --- | --- | --- |"] + [f"| {q} | {cell(k)} | {cell(p)} |" for q, k, p in rows]
-
-
-def kit_cell(s: dict, digits: int) -> str:
-    if s["n"] == 1 or s["ci95"] is None:
-        return fmt(s["mean"], digits) if s["n"] == 1 else f"{fmt(s['mean'], digits)} (per seed: " \
-            + ", ".join(fmt(v, digits) for v in s["values"]) + ")"
-    lo, hi = s["ci95"]
-    return f"{fmt(s['mean'], digits)} ± {fmt(s['std'], digits)} [{fmt(lo, digits)}, {fmt(hi, digits)}]"
-
-
-def comparison(r: Row, s: dict, full: bool) -> str:
-    """At full scale, kit - paper where both are in the same units. Below it, absolute values are not
-    the paper's, so only a direction is compared: for a difference whose sign is the paper's claim,
-    whether the kit's sign is the same (and whether the seeds' interval excludes zero)."""
-    if r.paper is None:
-        return ""
-    if full:
-        return fmt(s["mean"] - r.paper, r.digits) if r.compare else ""
-    if not r.sign or s["mean"] is None or math.isnan(s["mean"]):
-        return ""
-    same = "same sign" if (s["mean"] > 0) == (r.paper > 0) else "OPPOSITE sign"
-    lo, hi = s["ci95"] or (s["mean"], s["mean"])
-    return same + (", interval excludes 0" if lo > 0 or hi < 0 else ", interval includes 0") * (s["n"] > 1)
-
-
-def comparison_column(full: bool) -> str:
-    return "kit − paper" if full else "direction vs the paper"
-
-
-def table_markdown(rows: list[Row], stats: dict, n_seeds: int, full: bool = False) -> list[str]:
-    kit = "kit" if n_seeds == 1 else f"kit (mean ± std [95% CI], {n_seeds} seeds)"
-    lines = [f"| quantity | {kit} | paper | {comparison_column(full)} |", "| --- | --- | --- | --- |"]
-    for r in rows:
-        s = stats[r.key]
-        lines.append(f"| {r.label} | {kit_cell(s, r.digits)} | {fmt(r.paper, r.digits)} | {comparison(r, s, full)} |")
-    return lines
-
-
 def print_table(name: str, exp: Experiment, stats: dict, n_seeds: int, full: bool = False):
     table = Table(title=f"{name}: {exp.about}", title_justify="left")
-    for column in ("quantity", "kit" if n_seeds == 1 else f"kit ({n_seeds} seeds)", "paper", comparison_column(full)):
+    for column in ("quantity", "kit" if n_seeds == 1 else f"kit ({n_seeds} seeds)", "paper", report.comparison_column(full)):
         table.add_column(column, justify="left" if column == "quantity" else "right")
     for r in exp.rows:
         s = stats[r.key]
-        table.add_row(r.label, kit_cell(s, r.digits), fmt(r.paper, r.digits), comparison(r, s, full))
+        table.add_row(r.label, report.kit_cell(s, r.digits), report.fmt(r.paper, r.digits), report.comparison(r, s, full))
     console.print(table)
 
 

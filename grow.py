@@ -41,13 +41,13 @@ from errors import TrainingError
 from rundir import (
     MetricsLog,
     adopt_shared_prefix,
+    final_eval,
     git_commit,
     kill_point,
     load_latest_checkpoint,
     load_weights,
     newest_checkpoint,
     prepare_run_dir,
-    read_json,
     save_kept_checkpoint,
     save_latest_checkpoint,
     trainer_state,
@@ -280,7 +280,7 @@ class Run:
         """Create or check the folder; a run already done is not trained again."""
         if prepare_run_dir(self.written, self.run_dir, force, self.ctx, provenance(self.config, self.ctx)):
             print0(self.ctx, f"{self.config.name}: done, reusing {self.run_dir}")
-            self.state, self.result = "done", read_json(self.run_dir / "done.json", "ce", "ppl", "kd")
+            self.state, self.result = "done", final_eval(self.run_dir)
 
     def can_open(self) -> bool:
         """False while the shared prefix it starts from is not written yet (grow's phase 0 for freeze)."""
@@ -511,7 +511,7 @@ class Run:
             shutil.rmtree(self.run_dir / "latest", ignore_errors=True)
         self.ctx.barrier()
         kill_point("done", self.config.name, self.step)
-        self.result = read_json(self.run_dir / "done.json", "ce", "ppl", "kd")
+        self.result = final_eval(self.run_dir)
         self.stop("done")
 
     def stop(self, state: str = "stopped"):

@@ -16,8 +16,9 @@ from rich.table import Table
 import config
 import data
 import model
+import report
+import suite
 import tokenizer
-from experiments import TOKENS, fmt
 
 GPU_BF16_PEAK = {"a100": 312e12, "h100": 989e12, "h200": 989e12, "b200": 2250e12}  # dense bf16 FLOP/s
 GPU_MEMORY_GIB = {"a100": 80, "h100": 80, "h200": 141, "b200": 180}
@@ -126,6 +127,24 @@ def fits(preset, gpus: int, gpu_bytes: float, runs: list[PlannedRun]) -> bool:
     return memory_bytes(preset, teacher, gpus, most_resident(runs)) <= MEMORY_HEADROOM * gpu_bytes
 
 
+def planned_runs(ws: suite.Workspace, names, seed: int) -> list[PlannedRun]:
+    """The runs `names` need, each with the number of leading phases another run computes for it."""
+    def shared(name):
+        prefix = suite.prefix_run(name, ws)
+        return prefix[1] + 1 if prefix else 0
+    return [PlannedRun(name, suite.run_config(ws, name, seed), shared(name)) for name in suite.with_prefixes(names)]
+
+
+def lockstep_default(ws: suite.Workspace, names) -> bool:
+    """Lockstep on CPUs and Apple silicon (host memory; the toy's students are a few MB each), and on a
+    CUDA GPU where the resident runs fit (fits)."""
+    if ws.ctx.device.type != "cuda":
+        return True
+    import torch
+    memory = torch.cuda.get_device_properties(ws.ctx.device).total_memory
+    return fits(ws.preset, ws.ctx.world, memory, planned_runs(ws, names, ws.preset.run["seed"]))
+
+
 def print_plan(ws, runs: list[PlannedRun], seeds: list[int], gpu: str, gpus: int, console: Console) -> dict:
     """The plan table and totals; returns {"rows", "separate", "lockstep"} (totals: FLOPs, GPU-hours,
     per-GPU memory, teacher passes) and "lockstep_default"."""
@@ -159,8 +178,9 @@ def print_plan(ws, runs: list[PlannedRun], seeds: list[int], gpu: str, gpus: int
         separate_flops += flops * len(seeds)
         unique = tokens_per_phase * (len(phases) if c.data_mode == "fresh" else 1)
         row = [run.name, str(len(phases)), f"{len(phases) * c.phase_steps:,}",
-               " / ".join(str(p.active_blocks * L) for p in phases), fmt(tokens_per_phase * len(phases), TOKENS),
-               fmt(unique, TOKENS), fmt(sum(p.active_blocks * L for p in phases) * tokens_per_phase, TOKENS),
+               " / ".join(str(p.active_blocks * L) for p in phases),
+               *(report.fmt(n, report.TOKENS) for n in (tokens_per_phase * len(phases), unique,
+                                                          sum(p.active_blocks * L for p in phases) * tokens_per_phase)),
                flops_text(flops), hours_text(gpu_hours(flops))]
         rows.append(row)
         table.add_row(*row)

@@ -13,19 +13,16 @@ import config
 import data
 import errors
 import model
+import paper
 import tokenizer
 
 # ----------------------------------------------------------------------------------------------
 # Presets: every number of a scale lives here, and nowhere else.
 
-PAPER_RUN = dict(  # the paper's Table A1 and its setup (Sections 3-4, Appendix C)
-    seed=42, blocks=3, layers_per_block=3, phase_steps=50_000, global_batch=64, lr=1e-4, min_lr=1e-6,
-    warmup_frac=0.015, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.0, grad_clip=0.5,
-    alpha=0.7, gamma=0.3, tau=1.0, eval_interval=2000,
-    # The boundary monitor (not the paper's): a row every eval_interval / 5 steps; warnings at the
-    # thresholds the paper's follow-up ideas name (per-token RMS > 20, kurtosis > 1000).
-    monitor_interval=400, monitor_rms_warn=20.0, monitor_kurtosis_warn=1000.0)
-
+# The paper's settings, and the boundary monitor (not the paper's): a row every eval_interval / 5 steps,
+# warnings at the thresholds the paper's follow-up ideas name.
+PAPER_RUN = {**paper.RUN, "monitor_interval": 400, "monitor_rms_warn": paper.MONITOR_WARN["rms"],
+             "monitor_kurtosis_warn": paper.MONITOR_WARN["kurtosis"]}
 
 @dataclass(frozen=True)
 class Preset:
@@ -94,6 +91,12 @@ PRESETS = {
         doc_tokens=972.5),
 }
 
+
+
+# The seeds of the commands that run several by default (`--seeds` overrides): the regime map's grid is
+# large, so two; the experiments beyond the paper three.
+DEFAULT_SEEDS = {"regime": {"smoke": [42], "toy": [42, 43], "small": [42], "full": [42]},
+                 "beyond": {"smoke": [42], "toy": [42, 43, 44], "small": [42], "full": [42]}}
 
 
 # ----------------------------------------------------------------------------------------------

@@ -17,8 +17,8 @@ import math
 import statistics
 from pathlib import Path
 
+import report
 import rundir
-from experiments import t975
 
 REFERENCES = Path(__file__).parent / "references"
 
@@ -38,10 +38,10 @@ def collect(runs: Path, results: Path, seeds: list[int]) -> dict:
                 for point, ce in curve(run_dir).items():
                     curves.setdefault(run_dir.name, {}).setdefault(point, []).append(ce)
                 finals.setdefault(run_dir.name, []).append(rundir.read_json(run_dir / "done.json", "ce")["ce"])
-    for report in sorted(results.glob("*.json")):
-        content = json.loads(report.read_text())
+    for file in sorted(results.glob("*.json")):
+        content = json.loads(file.read_text())
         if content.get("seeds") == seeds:
-            tables[report.stem] = {row["key"]: row["values"] for row in content.get("rows", [])}
+            tables[file.stem] = {row["key"]: row["values"] for row in content.get("rows", [])}
     return {"seeds": seeds, "git_commit": rundir.git_commit(), "curves": curves, "final_ce": finals, "tables": tables}
 
 
@@ -50,7 +50,7 @@ def band(values: list[float]) -> tuple[float, float]:
     if not finite:
         return math.nan, math.nan
     mean, n = statistics.fmean(finite), len(finite)
-    spread = t975(n - 1) * statistics.stdev(finite) * math.sqrt(1 + 1 / n) if n > 1 else 0.0
+    spread = report.t975(n - 1) * statistics.stdev(finite) * math.sqrt(1 + 1 / n) if n > 1 else 0.0
     half = max(spread, 0.01 * abs(mean) + 0.001)
     return mean - half, mean + half
 
@@ -64,10 +64,10 @@ def measured(target: Path) -> dict[str, float]:
         return {f"{d.parent.name}/{k}": v for d in sorted(target.glob("s*/*")) if (d / "metrics.jsonl").is_file()
                 for k, v in run_numbers(d).items()}
     values = {}
-    for report in sorted(target.glob("*.json")):
-        for row in json.loads(report.read_text()).get("rows", []):
+    for file in sorted(target.glob("*.json")):
+        for row in json.loads(file.read_text()).get("rows", []):
             for i, value in enumerate(row["values"]):
-                values[f"{report.stem}/{row['key']}/{i}"] = value
+                values[f"{file.stem}/{row['key']}/{i}"] = value
     return values
 
 

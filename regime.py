@@ -30,8 +30,11 @@ import data
 import diag
 import errors
 import experiments
+import figures
 import model
+import paper
 import presets
+import report
 import rundir
 import suite
 import tokenizer
@@ -42,7 +45,6 @@ GRIDS = {  # each axis's values; the preset's own value (1 or "ones") is the poi
     "small": {"budget": (0.25, 0.5, 1.0), "lr": (0.5, 1.0, 2.0), "gain": ("ones", "teacher")},
     "full": {"budget": (1.0,), "lr": (1.0,), "gain": ("ones", "teacher")},
 }
-DEFAULT_SEEDS = {"smoke": [42], "toy": [42, 43], "small": [42], "full": [42]}
 AXES = ("budget", "lr", "gain")
 
 
@@ -130,18 +132,18 @@ def run_map(ws: suite.Workspace, grid: dict, seeds: list[int], force: bool = Fal
             suite.ensure_runs(ws, shared, seeds, force, teacher=teacher)
         suite.ensure_runs(pws, [n for n in experiments.MAIN_RUNS if n not in shared or point.is_preset], seeds, force,
                           teacher=teacher)
-    return report(ws, points, seeds) if ws.ctx.is_main else {}
+    return write_map(ws, points, seeds) if ws.ctx.is_main else {}
 
 
 def point_numbers(ws: suite.Workspace, point: Point, seed: int) -> dict:
     """Table 1's numbers of one point and seed, from the runs' done.json."""
     pws = point_workspace(ws, point)
-    ce = {f"{n}_{p}": experiments.final_eval(ws if n == "pre" and point.pre_runs_are_the_presets else pws,
-                                       f"{n}-{p}", seed)["ce"] for n in ("pre", "post") for p in ("joint", "grow")}
+    ce = {f"{n}_{p}": experiments.final_ce(ws if n == "pre" and point.pre_runs_are_the_presets else pws,
+                                           f"{n}-{p}", seed) for n in ("pre", "post") for p in ("joint", "grow")}
     return experiments.with_deltas(ce)
 
 
-def report(ws: suite.Workspace, points: list[Point], seeds: list[int]) -> dict:
+def write_map(ws: suite.Workspace, points: list[Point], seeds: list[int]) -> dict:
     """results/<scale>/regime.json, .md and .png."""
     rows = []
     for point in points:
@@ -152,38 +154,29 @@ def report(ws: suite.Workspace, points: list[Point], seeds: list[int]) -> dict:
                "phase_steps": run["phase_steps"], "lr": run["lr"], "lr_x_steps": run["lr"] * run["phase_steps"],
                "folder": str(pws.run_dir("pre-joint", seeds[0]).parent.parent)}
         for key in ("pre_joint", "post_joint", "pre_grow", "post_grow", "delta_joint", "delta_grow", "interaction"):
-            row[key] = experiments.across_seeds([p[key] for p in per_seed])
+            row[key] = report.across_seeds([p[key] for p in per_seed])
         rows.append(row)
-    paper = {"delta_joint": 0.0004, "delta_grow": -0.0328, "interaction": -0.0332}
-    out = {"experiment": "regime", "scale": ws.preset.name, "seeds": seeds, "paper": paper, "points": rows,
+    cited = {k: paper.DELTAS[k] for k in ("delta_joint", "delta_grow", "interaction")}
+    out = {"experiment": "regime", "scale": ws.preset.name, "seeds": seeds, "paper": cited, "points": rows,
            "about": __doc__.split("\n\n")[1]}
-    out["figure"] = str(diag.fig_regime(rows, paper, ws.results / "regime.png", ws.preset.name, seeds))
-    (ws.results / "regime.json").write_text(json.dumps(out, indent=2) + "\n")
-    (ws.results / "regime.md").write_text("\n".join(markdown(rows, paper, ws.preset.name, seeds)) + "\n")
-    suite.console.print("\n".join(markdown(rows, paper, ws.preset.name, seeds)), markup=False)
-    return out
+    out["figure"] = str(figures.fig_regime(rows, cited, ws.results / "regime.png", ws.preset.name, seeds))
+    lines = markdown(rows, cited, ws.preset.name, seeds)
+    suite.console.print("\n".join(lines), markup=False)
+    return report.write(ws.results, "regime", out, lines)
 
 
-def cell(s: dict) -> str:
-    if s["n"] == 1:
-        return f"{s['mean']:+.4f}"
-    lo, hi = s["ci95"]
-    return f"{s['mean']:+.4f} [{lo:+.4f}, {hi:+.4f}]"
-
-
-def markdown(rows: list[dict], paper: dict, scale: str, seeds: list[int]) -> list[str]:
-    interval = f"mean [95% t-interval] over seeds {', '.join(map(str, seeds))}" if len(seeds) > 1 else \
-        f"seed {seeds[0]}"
+def markdown(rows: list[dict], cited: dict, scale: str, seeds: list[int]) -> list[str]:
     lines = [f"# Regime map ({scale} scale)", "",
-             f"Validation CE differences, post − pre, {interval}. Paper (3 × 50k steps, LR 1e-4): Δjoint "
-             f"{paper['delta_joint']:+.4f}, Δgrow {paper['delta_grow']:+.4f}, interaction {paper['interaction']:+.4f}.",
+             f"Validation CE differences, post − pre, {report.seeds_text(seeds)}. Paper (3 × 50k steps, LR 1e-4): Δjoint "
+             f"{cited['delta_joint']:+.4f}, Δgrow {cited['delta_grow']:+.4f}, interaction {cited['interaction']:+.4f}.",
              "", "| point | steps/phase | peak LR | LR × steps | output gain | Δjoint | Δgrow | interaction | "
                  "reversal (Δgrow < 0 ≤ Δjoint) |",
              "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for r in rows:
         reversal = "yes" if r["delta_grow"]["mean"] < 0 <= r["delta_joint"]["mean"] else "no"
         lines.append(f"| {r['point']} | {r['phase_steps']} | {r['lr']:.2g} | {r['lr_x_steps']:.2f} | {r['gain']} | "
-                     f"{cell(r['delta_joint'])} | {cell(r['delta_grow'])} | {cell(r['interaction'])} | {reversal} |")
+                     f"{report.stats_cell(r['delta_joint'], True)} | {report.stats_cell(r['delta_grow'], True)} | "
+                     f"{report.stats_cell(r['interaction'], True)} | {reversal} |")
     lines += ["", "![regime](regime.png)"]
     return lines
 

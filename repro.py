@@ -24,6 +24,7 @@ from __future__ import annotations
 import json
 import math
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import click
@@ -101,6 +102,16 @@ force_option = click.option("--force", is_flag=True, help="Discard data, a teach
                             "(an edited preset) and redo them; what matches is reused.")
 
 
+def workspace(scale, runs_dir, results_dir=None, dry_run=False, overrides=(), compile_flag=None, device="auto",
+              tracker="", lockstep: bool | None = None) -> suite.Workspace:
+    """suite.workspace, with --lockstep/--no-lockstep resolved: unless given, lockstep where a seed's
+    resident runs fit the GPU (plan.lockstep_default; always on a CPU)."""
+    ws = suite.workspace(scale, runs_dir, results_dir, dry_run, overrides, compile_flag, device, tracker)
+    if lockstep is None:
+        lockstep = dry_run or plan.lockstep_default(ws, experiments.RUNS)
+    return replace(ws, lockstep=lockstep)
+
+
 def parse_seeds(ctx, param, value: str) -> list[int]:
     try:
         seeds = [int(s) for s in value.split(",") if s.strip()]
@@ -156,10 +167,10 @@ def run_experiments(wanted, scale, seeds, dry_run, gpu, gpus, overrides, compile
                                  param_hint="EXPERIMENT")
     names = list(known) if not wanted or "all" in wanted else list(dict.fromkeys(wanted))
     runs = [r for r in experiments.RUNS if any(r in experiments.EXPERIMENTS[e].runs for e in names)]
-    ws = suite.workspace(scale, runs_dir, results_dir, dry_run, overrides, compile_flag, device, tracker, lockstep)
+    ws = workspace(scale, runs_dir, results_dir, dry_run, overrides, compile_flag, device, tracker, lockstep)
     seeds = seeds or [ws.preset.run["seed"]]
     if dry_run:
-        plan.print_plan(ws, suite.planned_runs(ws, runs, seeds[0]), seeds, gpu, gpus or (8 if scale == "full" else 1),
+        plan.print_plan(ws, plan.planned_runs(ws, runs, seeds[0]), seeds, gpu, gpus or (8 if scale == "full" else 1),
                         suite.console)
         return
     ws.results.mkdir(parents=True, exist_ok=True)
@@ -168,7 +179,7 @@ def run_experiments(wanted, scale, seeds, dry_run, gpu, gpus, overrides, compile
     if not ws.ctx.is_main:
         return  # the reports are rank 0's alone: no other rank waits in a collective while they are made
     for name in names:
-        experiments.report(ws, name, seeds)
+        experiments.report_experiment(ws, name, seeds)
         rundir.kill_point("reported", name)
     if not ws.preset.teacher:
         suite.console.print(suite.teacher_summary(ws, runs, seeds))
@@ -192,10 +203,10 @@ def regime(scale, seeds, grid_text, overrides, compile_flag, device, tracker, lo
     LRs and post-norm output-gain inits (results/<scale>/regime.md/.json/.png). Not part of `all`."""
     import regime as regime_map
     grid = regime_map.parse_grid(grid_text) if grid_text else regime_map.GRIDS[scale]
-    ws = suite.workspace(scale, runs_dir, results_dir, overrides=overrides, compile_flag=compile_flag, device=device,
-                   tracker=tracker, lockstep=lockstep)
+    ws = workspace(scale, runs_dir, results_dir, overrides=overrides, compile_flag=compile_flag, device=device,
+             tracker=tracker, lockstep=lockstep)
     ws.results.mkdir(parents=True, exist_ok=True)
-    regime_map.run_map(ws, grid, seeds or regime_map.DEFAULT_SEEDS[scale], force)
+    regime_map.run_map(ws, grid, seeds or presets.DEFAULT_SEEDS["regime"][scale], force)
     ws.ctx.barrier()
 
 
@@ -230,9 +241,9 @@ def beyond_command(name: str, doc: str):
     @results_option
     def command(scale, seeds, overrides, compile_flag, device, tracker, lockstep, force, runs_dir, results_dir):
         import beyond
-        ws = suite.workspace(scale, runs_dir, results_dir, overrides=overrides, compile_flag=compile_flag, device=device,
-                       tracker=tracker, lockstep=lockstep)
-        getattr(beyond, f"run_{name}")(ws, seeds or beyond.DEFAULT_SEEDS[scale], force)
+        ws = workspace(scale, runs_dir, results_dir, overrides=overrides, compile_flag=compile_flag, device=device,
+                 tracker=tracker, lockstep=lockstep)
+        getattr(beyond, f"run_{name}")(ws, seeds or presets.DEFAULT_SEEDS["beyond"][scale], force)
         ws.ctx.barrier()
     return command
 

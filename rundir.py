@@ -294,6 +294,14 @@ def read_json(path: Path, *keys: str) -> dict:
     return value
 
 
+RESULT_KEYS = ("ce", "ppl", "kd")  # in every done.json; the reports read them
+
+
+def final_eval(run_dir: Path) -> dict:
+    """A finished run's done.json: the scheduled endpoint's evaluation (never a best checkpoint)."""
+    return read_json(Path(run_dir) / "done.json", *RESULT_KEYS)
+
+
 def read_metrics(run_dir: Path) -> list[dict]:
     """Parsed metrics.jsonl; a line cut short by a kill is dropped."""
     path = Path(run_dir) / "metrics.jsonl"

@@ -23,10 +23,8 @@ import devices
 import errors
 import grow
 import model
-import plan
 import rundir
 import tokenizer
-from experiments import final_eval
 from presets import PRESETS, Preset, apply_overrides, override_name
 
 console = Console(width=None if sys.stdout.isatty() else 140)
@@ -42,7 +40,7 @@ class Workspace:
     ctx: devices.Dist
     student_runs: str = ""  # a subfolder of runs/<scale>/ for students of a variant preset (regime.py)
     tracker: str = ""       # rundir.TRACKERS: also log to TensorBoard or W&B
-    lockstep: bool | None = None  # train a seed's runs together (None: where they fit, lockstep_default)
+    lockstep: bool = True   # train a seed's runs together (repro.py: off on a GPU where plan.fits says no)
     inputs: Preset | None = None  # the preset whose data and teacher these runs share (None: `preset`)
 
     @property
@@ -68,7 +66,7 @@ class Workspace:
 
 def workspace(scale: str, runs_dir: Path, results_dir: Path | None = None, dry_run: bool = False, overrides=(),
               compile_flag: bool | None = None, device: str = "auto", tracker: str = "",
-              lockstep: bool | None = None) -> Workspace:
+              lockstep: bool = True) -> Workspace:
     """A scale's folders. With overrides of the students' settings (run, diag) only, the students live in
     runs/<scale>/set/<overrides>/ beside the scale's data and teacher; overrides of the data or the
     teacher make a whole workspace of their own, runs/<scale>+<overrides>/. Results go to
@@ -305,13 +303,10 @@ def expected_teacher(ws: Workspace) -> Path | None:
     return Path(ws.preset.teacher) if Path(ws.preset.teacher).is_dir() else None
 
 
-RESULT_KEYS = ("ce", "ppl", "kd")  # in every done.json; the reports read them
-
-
 def check_result(path: Path):
     """A done.json whose numbers the reports can print (else one line now, not a traceback mid-report)."""
-    result = rundir.read_json(path, *RESULT_KEYS)
-    for key in RESULT_KEYS:
+    result = rundir.read_json(path, *rundir.RESULT_KEYS)
+    for key in rundir.RESULT_KEYS:
         if isinstance(result[key], bool) or not isinstance(result[key], (int, float)):
             raise errors.TrainingError(f"{path}: {key} is {result[key]!r}, not a number; the file is damaged: move it "
                                        "away and rerun to evaluate the run again")
@@ -335,7 +330,7 @@ def check_trained_teacher(ws: Workspace):
 def ensure_runs(ws: Workspace, names, seeds: list[int], force: bool = False, teacher: Path | None = None):
     """Data, teacher (unless given), then every run each seed needs; done runs are reused, partial
     ones resumed, and with `force` a run folder holding another config (an edited preset) is discarded.
-    In lockstep (ws.lockstep; by default where it fits, lockstep_default) the runs of a seed that read the same
+    In lockstep (ws.lockstep) the runs of a seed that read the same
     batches train together on one teacher pass per batch; the long joint controls train alone after."""
     jobs = [(name, seed) for seed in seeds for name in with_prefixes(names)]
     check_before_work(ws, jobs, force, teacher)
@@ -345,11 +340,10 @@ def ensure_runs(ws: Workspace, names, seeds: list[int], force: bool = False, tea
         teacher = teacher or ensure_inputs(ws, force)
     if any(run_status(ws.run_dir(*job)) != "done" for job in jobs):
         show_overview(ws, jobs)  # once, before the work; each run then announces itself
-    lockstep = lockstep_default(ws, names) if ws.lockstep is None else ws.lockstep
     for seed in seeds:
         # Done runs too: training reuses one whose config matches and refuses a stale one.
         runs = [(run_config(ws, name, seed, teacher=teacher), ws.run_dir(name, seed)) for name in with_prefixes(names)]
-        together = [job for job in runs if lockstep and job[0].data_mode == "replay"]
+        together = [job for job in runs if ws.lockstep and job[0].data_mode == "replay"]
         alone = [job for job in runs if job not in together]
         if together:
             grow.train_together(together, force=force, ctx=ws.ctx, tracker=ws.tracker)
@@ -357,30 +351,12 @@ def ensure_runs(ws: Workspace, names, seeds: list[int], force: bool = False, tea
             grow.train(settings, run_dir, force=force, ctx=ws.ctx, tracker=ws.tracker)
 
 
-def planned_runs(ws: Workspace, names, seed: int) -> list[plan.PlannedRun]:
-    """The runs `names` need, each with the number of leading phases another run computes for it."""
-    def shared(name):
-        prefix = prefix_run(name, ws)
-        return prefix[1] + 1 if prefix else 0
-    return [plan.PlannedRun(name, run_config(ws, name, seed), shared(name)) for name in with_prefixes(names)]
-
-
-def lockstep_default(ws: Workspace, names) -> bool:
-    """Lockstep on CPUs and Apple silicon (host memory; the toy's students are a few MB each), and on a
-    CUDA GPU where the resident runs fit (plan.fits)."""
-    if ws.ctx.device.type != "cuda":
-        return True
-    import torch
-    memory = torch.cuda.get_device_properties(ws.ctx.device).total_memory
-    return plan.fits(ws.preset, ws.ctx.world, memory, planned_runs(ws, names, ws.preset.run["seed"]))
-
-
 def teacher_summary(ws: Workspace, names, seeds: list[int]) -> str:
     """The kit's own teacher: its cost (cached after the first run) and its lead over the students."""
     teacher = ws.run_dir("teacher", 0)
     result = rundir.read_json(teacher / "done.json", "ce", "step")
     seconds = max((r.get("time", 0.0) for r in rundir.read_metrics(teacher) if not r.get("eval")), default=0.0)
-    best_ce, best = min((final_eval(ws, n, s)["ce"], f"{n} s{s}") for n in names for s in seeds)
+    best_ce, best = min((rundir.final_eval(ws.run_dir(n, s))["ce"], f"{n} s{s}") for n in names for s in seeds)
     return (f"teacher: validation CE {result['ce']:.4f} after {result['step']} steps, trained in {seconds / 60:.1f} min "
             f"(cached in {teacher}); best student {best} at {best_ce:.4f}: the teacher leads by "
             f"{best_ce - result['ce']:+.4f} nats")

@@ -12,7 +12,9 @@ import torch.nn.functional as F
 import config
 import diag
 import errors
+import figures
 import model
+import paper
 
 # ----------------------------------------------------------------------------------------------
 # A hand-built batch: two rows, the second right-padded
@@ -91,7 +93,7 @@ def test_kurtosis_cap_of_a_repeated_boundary_outlier():
     """The planted batch is the cap's two-point case (2 outliers among 20 tokens: 73/9); the paper's
     2 x 2048 diagnostic batch caps the plain kurtosis near 2046, below its reported > 2400."""
     assert diag.kurtosis_cap(2, 20) == pytest.approx(73 / 9, rel=1e-12)
-    assert 2045 < diag.kurtosis_cap(2, 2 * 2048) < 2047 < diag.PAPER["final_kurtosis_pre_above"]
+    assert 2045 < diag.kurtosis_cap(2, 2 * 2048) < 2047 < paper.PAPER["final_kurtosis_pre_above"]
 
 
 def test_kurtosis_of_constant_values_is_undefined():
@@ -307,14 +309,14 @@ def test_transition_responses_and_short_logs():
 
 @pytest.fixture
 def saved_figures(monkeypatch):
-    figures = []
-    original = diag.save_png
+    saved = []
+    original = figures.save_png
 
-    def capture(fig, path):
-        figures.append(fig)
-        return original(fig, path)
-    monkeypatch.setattr(diag, "save_png", capture)
-    return figures
+    def capture(fig, path, caption=""):
+        saved.append(fig)
+        return original(fig, path, caption)
+    monkeypatch.setattr(figures, "save_png", capture)
+    return saved
 
 
 def plotted_values(fig):
@@ -356,7 +358,7 @@ def checkpoint_series_by_norm():
 
 def test_fig3a_interaction(tmp_path, saved_figures):
     kit = {"pre": {"joint": 3.1, "grow": 3.2}, "post": {"joint": 3.1, "grow": 3.0}}
-    assert_png(diag.fig3a_interaction(kit, tmp_path / "fig3a.png"))
+    assert_png(figures.fig3a_interaction(kit, tmp_path / "fig3a.png"))
     (fig,) = saved_figures
     # The effect on its own axis: Δ = post − pre per protocol, kit 0.0 / -0.2, paper 0.0004 / -0.0328.
     assert_drawn(fig, [0.0, 3.0 - 3.2, 2.7607 - 2.7603, 2.7330 - 2.7658])
@@ -367,7 +369,7 @@ def test_fig3a_interaction(tmp_path, saved_figures):
 def test_fig3b_per_phase(tmp_path, saved_figures):
     kit = {"pre": [3.5, 3.3, 3.2], "post": [3.6, 3.2, 3.0]}
     starts = {"pre": [21.0, 3.6, 3.4], "post": [13.0, 3.5, 3.3]}
-    assert_png(diag.fig3b_per_phase(kit, tmp_path / "fig3b.png", starts=starts))
+    assert_png(figures.fig3b_per_phase(kit, tmp_path / "fig3b.png", starts=starts))
     (fig,) = saved_figures
     kit_deltas = [b - a for a, b in zip(kit["pre"], kit["post"])]
     start_deltas = [b - a for a, b in zip(starts["pre"], starts["post"])]
@@ -375,7 +377,7 @@ def test_fig3b_per_phase(tmp_path, saved_figures):
 
 
 def test_fig4_boundary_std(tmp_path, saved_figures, checkpoint_series_by_norm):
-    assert_png(diag.fig4_boundary_std(checkpoint_series_by_norm, tmp_path / "fig4.png", transition_steps=[5, 10]))
+    assert_png(figures.fig4_boundary_std(checkpoint_series_by_norm, tmp_path / "fig4.png", transition_steps=[5, 10]))
     expected = [c["boundary_stats"][b]["std"] for s in checkpoint_series_by_norm.values() for c in s
                 for b in range(1, len(c["boundary_stats"]))]
     assert_drawn(saved_figures[0], expected + [5.81, 19.98])
@@ -387,7 +389,7 @@ def test_fig4_boundary_std(tmp_path, saved_figures, checkpoint_series_by_norm):
 
 
 def test_fig5a_token_types(tmp_path, saved_figures, checkpoint_series_by_norm):
-    assert_png(diag.fig5a_token_types(checkpoint_series_by_norm, tmp_path / "fig5a.png"))
+    assert_png(figures.fig5a_token_types(checkpoint_series_by_norm, tmp_path / "fig5a.png"))
     expected = [c["token_type_rms"][1][f"{t}_rms"] for s in checkpoint_series_by_norm.values() for c in s
                 for t in ("boundary", "delimiter", "regular")]
     assert_drawn(saved_figures[0], expected + [119.0, 425.0, 7.1, 11.5, 2.45, 2.40])
@@ -398,7 +400,7 @@ def test_fig5b_validation(tmp_path, saved_figures):
         out = [{"step": s, "phase": (s - 1) // 10, "loss": 4 - s / 30, "ce": 4 - s / 30 + offset} for s in range(1, 31)]
         return out + [{"step": s, "phase": s // 10 - 1, "eval": True, "ce": 3.9 - s / 40 + offset} for s in (10, 20, 30)]
     runs = {"pre": rows(0.0), "post": rows(-0.1)}
-    assert_png(diag.fig5b_validation(runs, tmp_path / "fig5b.png", transition_steps=[10, 20], smooth=3))
+    assert_png(figures.fig5b_validation(runs, tmp_path / "fig5b.png", transition_steps=[10, 20], smooth=3))
     (fig,) = saved_figures
     assert_drawn(fig, [3.9 - s / 40 + o for o in (0.0, -0.1) for s in (10, 20, 30)] + [2.7658, 2.7330])
     transition_lines = [line for line in fig.axes[0].get_lines() if list(line.get_xdata()) in ([10, 10], [20, 20])]
@@ -408,7 +410,7 @@ def test_fig5b_validation(tmp_path, saved_figures):
 def test_figA1_rms_histograms(tmp_path, saved_figures):
     pre = [1.0] * 18 + [100.0] * 2          # Pearson kurtosis 73/9 = 8.1 (see the boundary-stats test)
     post = [2.0, 2.5, 2.25, 2.4, 2.1] * 4
-    assert_png(diag.figA1_rms_histograms({"pre": pre, "post": post}, tmp_path / "figA1.png"))
+    assert_png(figures.figA1_rms_histograms({"pre": pre, "post": post}, tmp_path / "figA1.png"))
     (fig,) = saved_figures
     ax = fig.axes[0]
     assert ax.get_yscale() == "log" and len(ax.patches) == 2
@@ -420,7 +422,7 @@ def test_figA2_block_removal(tmp_path, saved_figures):
     batch = tiny_batch()
     results = {run: diag.block_removal(tiny_student(run.split("-")[0], seed=i), batch)
                for i, run in enumerate(["pre-grow", "post-grow", "pre-joint", "post-joint"])}
-    assert_png(diag.figA2_block_removal(results, tmp_path / "figA2.png"))
+    assert_png(figures.figA2_block_removal(results, tmp_path / "figA2.png"))
     (fig,) = saved_figures
     kit_axes, paper_axes = fig.axes[:2], fig.axes[2:]
     assert sum(len(c) for ax in kit_axes for c in ax.containers) == 2 * 4 * 3   # 2 metrics x 4 runs x 3 blocks
@@ -431,11 +433,7 @@ def test_figA2_block_removal(tmp_path, saved_figures):
 
 
 def test_figures_carry_their_caption_and_a_pdf(tmp_path, saved_figures):
-    token = diag.CAPTION.set("normgrow, toy scale, seed 42 (fig3)")
-    try:
-        path = diag.fig3a_interaction({"pre": {"joint": 3.1, "grow": 3.2}, "post": {"joint": 3.1, "grow": 3.0}},
-                                      tmp_path / "fig3a.png")
-    finally:
-        diag.CAPTION.reset(token)
+    path = figures.fig3a_interaction({"pre": {"joint": 3.1, "grow": 3.2}, "post": {"joint": 3.1, "grow": 3.0}},
+                                            tmp_path / "fig3a.png", caption="normgrow, toy scale, seed 42 (fig3)")
     assert [t.get_text() for t in saved_figures[0].texts] == ["normgrow, toy scale, seed 42 (fig3)"]
     assert path.with_suffix(".pdf").read_bytes()[:5] == b"%PDF-"

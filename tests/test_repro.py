@@ -25,6 +25,7 @@ import grow
 import model
 import plan
 import presets
+import report
 import repro
 import rundir
 import suite
@@ -63,7 +64,7 @@ def test_full_preset_is_the_paper():
 
 def test_dry_run_reproduces_table_a2():
     ws = suite.Workspace(presets.PRESETS["full"], Path("/nonexistent/full"), Path("/nonexistent"), devices.Dist())
-    runs = suite.planned_runs(ws, list(experiments.RUNS), 42)
+    runs = plan.planned_runs(ws, list(experiments.RUNS), 42)
     result = plan.print_plan(ws, runs, [42], "h100", 8, suite.console)
     rows = {r[0]: r for r in result["rows"]}
     # columns: run, phases, steps, active layers, tokens, unique, active-layer tokens, PFLOPs, GPU-hours
@@ -79,7 +80,7 @@ def test_dry_run_counts_teacher_passes_both_ways():
     phase 0) per norm, and post-norm's long controls 50k each after their prefixes: 700k. In lockstep
     the six replay runs share 150k teacher steps and the long controls still pay 100k: 250k."""
     ws = suite.Workspace(presets.PRESETS["full"], Path("/nonexistent/full"), Path("/nonexistent"), devices.Dist())
-    runs = suite.planned_runs(ws, list(experiments.RUNS), 42)
+    runs = plan.planned_runs(ws, list(experiments.RUNS), 42)
     assert plan.teacher_passes(runs, lockstep=False) == 2 * (50_000 + 150_000 + 100_000) + 50_000 + 50_000
     assert plan.teacher_passes(runs, lockstep=True) == 150_000 + 50_000 + 50_000
     assert plan.most_resident(runs) == 4  # joint ends where freeze joins
@@ -229,22 +230,22 @@ def test_compare_passes_an_honest_rerun_and_flags_a_perturbed_one(smoke, tmp_pat
 
 def test_numbers_that_are_not_applicable_or_never_reached_on_some_seed():
     """A recovery that never came (inf) or never applied (NaN) on one seed: no spread, every seed shown."""
-    s = experiments.across_seeds([11.0, math.inf, 5.0])
+    s = report.across_seeds([11.0, math.inf, 5.0])
     assert s["mean"] == math.inf and s["ci95"] is None
-    assert experiments.kit_cell(s, 0) == "inf (per seed: 11, inf, 5)"
-    assert experiments.kit_cell(experiments.across_seeds([math.nan, 3.0]), 0) == "n/a (per seed: n/a, 3)"
+    assert report.kit_cell(s, 0) == "inf (per seed: 11, inf, 5)"
+    assert report.kit_cell(report.across_seeds([math.nan, 3.0]), 0) == "n/a (per seed: n/a, 3)"
 
 
 def test_comparison_with_the_paper_by_scale():
     stats = lambda mean, lo, hi: {"mean": mean, "std": 0.1, "ci95": [lo, hi], "n": 3}
-    delta = experiments.Row("delta grow", "delta_grow", -0.0328, sign=True)
-    assert experiments.comparison(delta, stats(-0.05, -0.08, -0.02), full=True) == "-0.0172"
-    assert experiments.comparison(delta, stats(-0.05, -0.08, -0.02), full=False) == "same sign, interval excludes 0"
-    assert experiments.comparison(delta, stats(0.01, -0.02, 0.04), full=False) == "OPPOSITE sign, interval includes 0"
-    tokens = experiments.Row("tokens", "t", 3.11e9, experiments.TOKENS, compare=False)
-    assert experiments.comparison(tokens, stats(1e6, 1e6, 1e6), full=True) == ""  # other units: no difference
-    level = experiments.Row("pre-norm, grow", "pre_grow", 2.7658)
-    assert experiments.comparison(level, stats(3.2, 3.1, 3.3), full=False) == ""  # an absolute value below full
+    delta = report.Row("delta grow", "delta_grow", -0.0328, sign=True)
+    assert report.comparison(delta, stats(-0.05, -0.08, -0.02), full=True) == "-0.0172"
+    assert report.comparison(delta, stats(-0.05, -0.08, -0.02), full=False) == "same sign, interval excludes 0"
+    assert report.comparison(delta, stats(0.01, -0.02, 0.04), full=False) == "OPPOSITE sign, interval includes 0"
+    tokens = report.Row("tokens", "t", 3.11e9, report.TOKENS, compare=False)
+    assert report.comparison(tokens, stats(1e6, 1e6, 1e6), full=True) == ""  # other units: no difference
+    level = report.Row("pre-norm, grow", "pre_grow", 2.7658)
+    assert report.comparison(level, stats(3.2, 3.1, 3.3), full=False) == ""  # an absolute value below full
 
 
 def test_multi_seed_table1_has_intervals(smoke):
@@ -451,8 +452,8 @@ def test_t_quantile_is_exact_for_any_number_of_seeds():
     # Published two-sided 95% critical values of Student's t.
     known = {1: 12.7062, 2: 4.3027, 3: 3.1824, 4: 2.7764, 9: 2.2622, 31: 2.0395, 45: 2.0141, 120: 1.9799}
     for df, value in known.items():
-        assert experiments.t975(df) == pytest.approx(value, abs=1e-4), df
-    s = experiments.across_seeds([1.0, 2.0, 4.0])
+        assert report.t975(df) == pytest.approx(value, abs=1e-4), df
+    s = report.across_seeds([1.0, 2.0, 4.0])
     half = 4.30265 * statistics.stdev([1.0, 2.0, 4.0]) / math.sqrt(3)
     assert s["ci95"] == pytest.approx([7 / 3 - half, 7 / 3 + half], abs=1e-4)
 

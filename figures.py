@@ -1,0 +1,356 @@
+"""The figures: each takes plain dicts and lists (diag.py's results, or a report's numbers) and a path,
+writes a PNG and a PDF beside it, and returns the PNG's path. Kit values: solid lines, filled markers.
+Paper values: hollow markers or dashed lines labelled "paper". No pyplot: Figure objects render through
+Agg and hold no global state; a caption (scale, seed, experiment) is an argument, never module state.
+
+    figures.fig3a_interaction({"pre": {"joint": 3.46, "grow": 3.26}, "post": {...}}, "results/toy/fig3a.png",
+                              caption="toy scale, seed 42")
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import matplotlib
+import numpy as np
+import torch
+from matplotlib.figure import Figure
+
+import diag
+from paper import PAPER
+
+STYLE = {"font.size": 8, "axes.titlesize": 9, "axes.grid": True, "grid.alpha": 0.3, "axes.spines.top": False,
+         "axes.spines.right": False, "legend.fontsize": 7, "legend.frameon": False, "savefig.dpi": 150}
+NORM_COLORS = {"pre": "tab:blue", "post": "tab:orange"}
+RUN_COLORS = {"pre-grow": "tab:blue", "post-grow": "tab:orange", "pre-joint": "lightsteelblue",
+              "post-joint": "navajowhite"}
+TYPE_STYLES = {"boundary": "-", "delimiter": "-.", "regular": "--"}
+BOUNDARY_STYLES = ["-", "--", ":", "-."]
+
+
+def new_figure(ncols: int = 1, width: float = 4.5, height: float = 3.2) -> tuple[Figure, list]:
+    fig = Figure(figsize=(width * ncols, height), layout="constrained")
+    return fig, [fig.add_subplot(1, ncols, i + 1) for i in range(ncols)]
+
+
+def save_png(fig: Figure, path, caption: str = "") -> Path:
+    """The figure as PNG at `path` and as PDF beside it, with `caption` (e.g. "toy scale, seed 42") in its corner."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if caption:
+        fig.text(0.995, 0.005, caption, ha="right", va="bottom", fontsize=6, color="gray")
+    fig.savefig(path, format="png")
+    fig.savefig(path.with_suffix(".pdf"), format="pdf")
+    return path
+
+
+def legend_below(fig: Figure, ax, ncols: int = 2):
+    """Long legends go under the axes, where they cannot hide data."""
+    fig.legend(*ax.get_legend_handles_labels(), loc="outside lower center", ncols=ncols)
+
+
+def paper_marker(ax, x, y, color, label=None, marker="o"):
+    ax.plot(x, y, marker=marker, markersize=7, linestyle="none", markerfacecolor="none",
+            markeredgecolor=color, markeredgewidth=1.3, label=label)
+
+
+def delta(ces: dict, protocol: str) -> float:
+    return ces["post"][protocol] - ces["pre"][protocol]
+
+
+def fig3a_interaction(kit: dict, path, paper: dict = PAPER["table1"], caption: str = "") -> Path:
+    """Figure 3a as the effect itself. kit: {"pre": {"joint": ce, "grow": ce}, "post": {...}},
+    validation CE in nats/token. Plotted: Δ = post − pre per protocol, kit solid, paper dashed and
+    hollow; the slope between them is the interaction. Absolute CEs are in the report's table."""
+    protocols = ["joint", "grow"]
+    with matplotlib.rc_context(STYLE):
+        fig, (ax,) = new_figure()
+        ax.plot(range(2), [delta(kit, p) for p in protocols], "o-", color="black", label="Δ post − pre (kit)")
+        ax.plot(range(2), [delta(paper, p) for p in protocols], "--", color="gray", marker="o",
+                markerfacecolor="none", label="Δ post − pre (paper)")
+        ax.axhline(0, color="black", linewidth=0.5)
+        ax.set_xticks(range(2), protocols)
+        ax.set_xlabel("protocol")
+        ax.set_ylabel("validation CE, post − pre (nats/token)")
+        ax.set_title(f"interaction Δgrow − Δjoint: kit {interaction(kit):+.4f}, paper {interaction(paper):+.4f}")
+        ax.legend()
+        return save_png(fig, path, caption)
+
+
+def interaction(ces: dict) -> float:
+    """(post - pre) under grow minus (post - pre) under joint (Table 1)."""
+    return delta(ces, "grow") - delta(ces, "joint")
+
+
+def fig3b_per_phase(kit: dict, path, paper: dict = PAPER["per_phase_ce"], starts: dict | None = None,
+                    caption: str = "") -> Path:
+    """Figure 3b. kit: {"pre": [CE at the end of phase 0, 1, ...], "post": [...]} of the grow runs;
+    starts: the same at each phase's start (before its first update). Left: the kit's CE per phase,
+    starts as hollow squares at phase - 0.5 (a start far above the rest sits at the top edge, its
+    value written beside it). Right: Δ = post − pre per phase, kit (ends solid, starts hollow) against
+    the paper's (phase 0 from Table 2, phase 2 from Table 1), each on its own axis."""
+    starts = starts or {}
+    shown = [v for ces in kit.values() for v in ces] + [v for s in starts.values() for v in s[1:]]
+    top = max(shown) + 0.15 * (max(shown) - min(shown) or 1.0)
+    phases = range(max(len(c) for c in kit.values()))
+    with matplotlib.rc_context(STYLE):
+        fig, (ax, dax) = new_figure(ncols=2, width=4.0)
+        for norm, ces in kit.items():
+            color = NORM_COLORS[norm]
+            ax.plot(range(len(ces)), ces, "o-", color=color, label=f"{norm}-norm, phase end")
+            for p, start in enumerate(starts.get(norm, [])):
+                ax.plot([p - 0.5, p], [min(start, top), ces[p]], ":", color=color, marker="s", markevery=[0],
+                        markerfacecolor="none", label=f"{norm}-norm, phase start" if p == 0 else None)
+                if start > top:
+                    ax.annotate(f"start {start:.2f} ↑", (p - 0.5, top), textcoords="offset points",
+                                xytext=(12, -4 - 10 * (norm == "post")), color=color, fontsize=7)
+        ax.set_ylim(top=top)
+        ax.set_title("kit: validation CE through grow")
+        dax.plot(phases, [kit["post"][p] - kit["pre"][p] for p in phases], "o-", color="black",
+                 label="kit, phase end")
+        if starts.get("pre") and starts.get("post"):
+            dax.plot([p - 0.5 for p in phases], [starts["post"][p] - starts["pre"][p] for p in phases], "s",
+                     color="black", markerfacecolor="none", label="kit, phase start")
+        marked = sorted(set(paper.get("pre", {})) & set(paper.get("post", {})))
+        paper_marker(dax, marked, [paper["post"][p] - paper["pre"][p] for p in marked], "gray",
+                     "paper (phase 0: Table 2; phase 2: Table 1)")
+        dax.axhline(0, color="black", linewidth=0.5)
+        dax.set_yscale("symlog", linthresh=0.05)  # a several-nat start gap and a 0.03-nat end gap, both legible
+        dax.set_title("Δ post − pre per phase (symlog beyond ±0.05)")
+        for a, label in ((ax, "validation CE (nats/token)"), (dax, "post − pre (nats/token)")):
+            a.set_xticks(list(phases))
+            a.set_xlabel("grow phase (active blocks = phase + 1)")
+            a.set_ylabel(label)
+            a.legend(fontsize=6)
+        return save_png(fig, path, caption)
+
+
+def mark_transitions(ax, transition_steps: list[int]):
+    for i, step in enumerate(transition_steps):
+        ax.axvline(step, color="gray", linestyle=":", linewidth=0.8, label="block appended" if i == 0 else None)
+
+
+def paper_panel(ax, title: str, ylabel: str):
+    """The paper's own panel: its values at its stated checkpoints, on a log axis like the kit's."""
+    ax.set_yscale("log")
+    ax.set_xticks([0, 1], PAPER_CHECKPOINTS)
+    ax.set_xlim(-0.5, 1.5)
+    ax.set_title(title)
+    ax.set_ylabel(ylabel)
+
+
+PAPER_CHECKPOINTS = ("first grow\ncheckpoint", "150k\n(end of grow)")  # the paper gives no first step
+
+
+def fig4_boundary_std(series: dict, path, paper: dict = PAPER["boundary_std_after_block0"],
+                      transition_steps: list[int] = (), caption: str = "") -> Path:
+    """Figure 4. series: {"pre": [{"step", "boundary_stats"}, ...], "post": [...]}, one entry per kept
+    grow checkpoint (diagnose_checkpoint's output plus its step). Left: the kit, one line per norm and
+    block output, block appends marked. Right: the paper's values after block 0 in their own panel
+    (pre-norm at its first grow checkpoint and at 150k; post-norm's stated range)."""
+    with matplotlib.rc_context(STYLE):
+        fig, (ax, pax) = new_figure(ncols=2, width=4.0, height=4.4)
+        for norm, checkpoints in series.items():
+            for b in range(1, max(len(c["boundary_stats"]) for c in checkpoints)):
+                points = [(c["step"], c["boundary_stats"][b]["std"]) for c in checkpoints
+                          if b < len(c["boundary_stats"])]
+                ax.plot(*zip(*points), marker="o", markersize=3, color=NORM_COLORS[norm],
+                        linestyle=BOUNDARY_STYLES[(b - 1) % len(BOUNDARY_STYLES)], label=f"{norm}, {diag.boundary_label(b)}")
+        mark_transitions(ax, transition_steps)
+        ax.set_yscale("log")
+        ax.set_xlabel("training step of the checkpoint")
+        ax.set_ylabel("std of per-token RMS over tokens\n(activation units, log scale)")
+        ax.set_title("kit: boundary-scale spread across grow")
+        first, last = paper["pre"]
+        paper_marker(pax, [0, 1], [first, last], NORM_COLORS["pre"], f"pre, after block 0 ({first:g} → {last:g})")
+        pax.plot([0, 1], [first, last], "--", color=NORM_COLORS["pre"], linewidth=0.8)
+        low, high = paper["post_range"]
+        pax.axhspan(low, high, color=NORM_COLORS["post"], alpha=0.2, label=f"post, after block 0 ({low:g}–{high:g})")
+        paper_panel(pax, "paper (Figure 4)", "std of per-token RMS (log scale)")
+        legend_below(fig, ax)
+        pax.legend(fontsize=6)
+        return save_png(fig, path, caption)
+
+
+def fig5a_token_types(series: dict, path, boundary: int = 1, paper: dict = PAPER["token_type_rms"],
+                      transition_steps: list[int] = (), caption: str = "") -> Path:
+    """Figure 5a. series as for fig4 (entries need "step" and "token_type_rms"); mean per-token RMS by
+    token type at one boundary (default 1: after block 0; the paper does not say which). Left: the
+    kit; right: the paper's values in their own panel (first grow checkpoint and 150k)."""
+    with matplotlib.rc_context(STYLE):
+        fig, (ax, pax) = new_figure(ncols=2, width=4.0, height=4.4)
+        for norm, checkpoints in series.items():
+            color = NORM_COLORS[norm]
+            for name, style in TYPE_STYLES.items():
+                points = [(c["step"], c["token_type_rms"][boundary][f"{name}_rms"]) for c in checkpoints
+                          if boundary < len(c["token_type_rms"]) and c["token_type_rms"][boundary][f"{name}_rms"]]
+                if points:
+                    ax.plot(*zip(*points), marker="o", markersize=3, color=color, linestyle=style,
+                            label=f"{norm}, {name} tokens")
+            for name, (first, last) in paper.get(norm, {}).items():
+                xs, ys = zip(*[(x, y) for x, y in ((0, first), (1, last)) if y is not None])
+                paper_marker(pax, xs, ys, color, f"{norm}, {name} ({' → '.join(f'{y:g}' for y in ys)})",
+                             marker="s" if name == "boundary" else "o")
+        mark_transitions(ax, transition_steps)
+        ax.set_yscale("log")
+        ax.set_xlabel("training step of the checkpoint")
+        ax.set_ylabel(f"mean per-token RMS, {diag.boundary_label(boundary)}\n(activation units, log scale)")
+        ax.set_title("kit: token-type attribution of boundary scale")
+        paper_panel(pax, "paper (Figure 5a)", "mean per-token RMS (log scale)")
+        legend_below(fig, ax)
+        pax.legend(fontsize=6)
+        return save_png(fig, path, caption)
+
+
+def fig5b_validation(runs: dict, path, transition_steps: list[int], smooth: int | None = None,
+                     paper: dict = PAPER["table1"], caption: str = "") -> Path:
+    """Figure 5b. runs: {"pre": metrics rows, "post": metrics rows} of the grow runs (rundir.read_metrics).
+    Validation CE at every evaluation; with `smooth`, also the training CE term as a trailing
+    `smooth`-step mean (thin). Vertical lines at the block-append steps; the paper's final CE hollow."""
+    with matplotlib.rc_context(STYLE):
+        fig, (ax,) = new_figure(width=5.5, height=4.4)
+        for norm, rows in runs.items():
+            color = NORM_COLORS[norm]
+            evals = [(r["step"], r["ce"]) for r in rows if r.get("eval")]
+            ax.plot(*zip(*evals), "o-", markersize=3, color=color, label=f"{norm}-norm, validation CE")
+            if smooth:
+                train = sorted(diag.training_losses(rows, "ce").items())
+                steps, ces = zip(*train)
+                mean = np.convolve(ces, np.ones(smooth) / smooth, mode="valid")
+                ax.plot(steps[smooth - 1:], mean, color=color, alpha=0.4, linewidth=0.8,
+                        label=f"{norm}-norm, training CE ({smooth}-step mean)")
+            if norm in paper:
+                paper_marker(ax, [evals[-1][0]], [paper[norm]["grow"]], color,
+                             f"paper: {norm}-grow at 150k, drawn at the kit's last step")
+        mark_transitions(ax, transition_steps)
+        ax.set_xlabel("training step")
+        ax.set_ylabel("CE (nats/token)")
+        ax.set_title("validation CE through grow, transitions marked")
+        legend_below(fig, ax)
+        return save_png(fig, path, caption)
+
+
+def figA1_rms_histograms(token_rms_by_norm: dict, path, label: str = "after block 0",
+                         paper_kurtosis: float = PAPER["final_kurtosis_pre_above"], cap: float | None = None,
+                         caption: str = "") -> Path:
+    """Figure A1. token_rms_by_norm: {"pre": [per-token RMS], "post": [...]} at the final checkpoint
+    (diagnose_checkpoint's "token_rms" at one boundary, named by `label`). Log-spaced bins, log counts;
+    the legend gives each distribution's Pearson kurtosis (normal = 3) and, with `cap`, the largest
+    kurtosis this batch's shape allows (kurtosis_cap)."""
+    values = {norm: np.asarray(v, dtype=np.float64) for norm, v in token_rms_by_norm.items()}
+    pooled = np.concatenate(list(values.values()))
+    positive = pooled[pooled > 0]
+    bins = np.geomspace(positive.min(), positive.max() * 1.001, 60) if positive.max() > positive.min() else 10
+    with matplotlib.rc_context(STYLE):
+        fig, (ax,) = new_figure(width=5.5)
+        for norm, v in values.items():
+            stats = diag.summarize(torch.from_numpy(v))
+            kurtosis = "undefined" if stats["kurtosis"] is None else f"{stats['kurtosis']:.1f}"
+            ax.hist(v, bins=bins, histtype="stepfilled", alpha=0.5, color=NORM_COLORS[norm],
+                    label=f"{norm}-norm: {len(v)} tokens, Pearson kurtosis {kurtosis}")
+        ax.plot([], [], " ", label=f"paper: pre-norm kurtosis > {paper_kurtosis:g}")
+        if cap is not None:
+            ax.plot([], [], " ", label=f"largest kurtosis this batch's shape allows: {cap:.0f}")
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        ax.set_xlabel(f"per-token RMS, {label} (activation units, log scale)")
+        ax.set_ylabel("tokens (log scale)")
+        ax.set_title("per-token RMS distribution at the final checkpoint")
+        ax.legend()
+        return save_png(fig, path, caption)
+
+
+def figA2_block_removal(results: dict, path, paper: dict = PAPER["table4"], caption: str = "") -> Path:
+    """Figure A2. results: {"pre-grow": block_removal(...), "post-grow": ..., "pre-joint": ...,
+    "post-joint": ...} (any subset). Top row: the kit's bars per block and run; bottom row: Table 4's
+    values as bars of the same layout on their own axes (the paper's ~8-nat block 0 would flatten
+    the kit's smaller bars on a shared axis)."""
+    metrics = [("delta_ce", "ΔCE when the block is skipped (nats/token)"),
+               ("angular_distance", "angular distance in → out (fraction of π)")]
+    width = 0.8 / len(results)
+    n_blocks = max(len(b) for b in results.values())
+    with matplotlib.rc_context(STYLE):
+        fig = Figure(figsize=(8.4, 6.4), layout="constrained")
+        axes = [[fig.add_subplot(2, 2, 2 * row + col + 1) for col in range(2)] for row in range(2)]
+        for col, (metric, ylabel) in enumerate(metrics):
+            for row, source in enumerate(("kit", "paper (Table 4)")):
+                ax = axes[row][col]
+                for i, (run, blocks) in enumerate(results.items()):
+                    values = [r[metric] for r in blocks] if row == 0 else list(paper.get(run, {}).get(metric, ()))
+                    xs = [b - 0.4 + width * (i + 0.5) for b in range(len(values))]
+                    ax.bar(xs, values, width, color=RUN_COLORS.get(run), edgecolor="black", linewidth=0.4,
+                           hatch="//" if row else None, label=run)
+                ax.set_xticks(range(n_blocks), [f"block {b}" for b in range(n_blocks)])
+                ax.set_title(source)
+                ax.set_xlabel("skipped block")
+                ax.set_ylabel(ylabel)
+        fig.suptitle("whole-block removal")
+        legend_below(fig, axes[0][1], ncols=5)
+        return save_png(fig, path, caption)
+
+
+DELTA_STYLES = {"delta_joint": ("Δjoint (post − pre)", "tab:green", "o"),
+                "delta_grow": ("Δgrow (post − pre)", "tab:red", "s"),
+                "interaction": ("interaction Δgrow − Δjoint", "tab:purple", "^")}
+
+
+def fig_regime(points: list[dict], paper: dict, path, scale: str, seeds: list[int], caption: str = "") -> Path:
+    """The regime map (regime.py). points: rows with budget, phase_steps, lr_multiplier, lr, gain and,
+    per key of DELTA_STYLES, {"mean", "ci95"} over seeds. Three panels, one per grid axis, each with
+    the other two axes at the preset's value; error bars are 95% t-intervals over seeds; the paper's
+    values are dashed reference lines. The y axis is linear within ±0.05 nats, logarithmic beyond."""
+    panels = [("steps per phase (log scale)", "phase_steps", lambda p: p["lr_multiplier"] == 1 and p["gain"] == "ones"),
+              ("peak LR (log scale)", "lr", lambda p: p["budget"] == 1 and p["gain"] == "ones"),
+              ("post-norm output-gain init", "gain", lambda p: p["budget"] == 1 and p["lr_multiplier"] == 1)]
+    with matplotlib.rc_context(STYLE):
+        fig, axes = new_figure(ncols=3, width=3.6, height=3.4)
+        for ax, (xlabel, xkey, selected) in zip(axes, panels):
+            chosen = sorted((p for p in points if selected(p)), key=lambda p: (p[xkey] != "ones", p[xkey]))
+            xs = [p[xkey] for p in chosen]
+            for key, (label, color, marker) in DELTA_STYLES.items():
+                means = [p[key]["mean"] for p in chosen]
+                errors = [[m - (p[key]["ci95"] or [m, m])[0] for m, p in zip(means, chosen)],
+                          [(p[key]["ci95"] or [m, m])[1] - m for m, p in zip(means, chosen)]]
+                ax.errorbar(range(len(xs)) if xkey == "gain" else xs, means, yerr=errors, color=color,
+                            marker=marker, markersize=4, capsize=3, label=f"{label}, kit")
+                ax.axhline(paper[key], color=color, linestyle="--", linewidth=0.9, label=f"{label}, paper")
+            if xkey == "gain":
+                ax.set_xticks(range(len(xs)), xs)
+                ax.set_xlim(-0.5, len(xs) - 0.5)
+            elif len(xs) > 1:
+                ax.set_xscale("log", base=2)
+                ax.set_xticks(xs, [f"{x:g}" for x in xs])
+            ax.axhline(0, color="black", linewidth=0.5)
+            # Symmetric log above 0.05 nats: a post-joint run that fails (+2 nats) and a 0.03-nat
+            # interaction are both readable on one axis.
+            ax.set_yscale("symlog", linthresh=0.05)
+            ax.set_xlabel(xlabel)
+            ax.set_ylabel("validation CE difference (nats/token, symlog)")
+        seed_text = f"seeds {', '.join(map(str, seeds))}" if len(seeds) > 1 else f"seed {seeds[0]}"
+        fig.suptitle(f"regime map, {scale} scale, {seed_text}: post − pre by protocol")
+        legend_below(fig, axes[0], ncols=3)
+        return save_png(fig, path, caption)
+
+
+def fig_monitor(series: dict, path, title: str, caption: str = "") -> Path:
+    """The boundary monitor against steps. series: {run label: [monitor rows of metrics.jsonl]}; two
+    panels, the mean and the kurtosis of per-token RMS at each internal block boundary (one colour per
+    run, one line style per boundary); runs logged without the monitor are left out."""
+    with matplotlib.rc_context(STYLE):
+        fig, (rms_ax, kurt_ax) = new_figure(ncols=2, width=4.2, height=3.4)
+        for i, (label, rows) in enumerate((k, v) for k, v in series.items() if v):
+            color = f"C{i}"
+            for b in range(1, max(len(r["boundaries"]) for r in rows)):
+                points = [(r["step"], r["boundaries"][b]) for r in rows if len(r["boundaries"]) > b]
+                style = BOUNDARY_STYLES[(b - 1) % len(BOUNDARY_STYLES)]
+                for ax, key in ((rms_ax, "mean"), (kurt_ax, "kurtosis")):
+                    xy = [(step, row[key]) for step, row in points if row[key] is not None]
+                    if xy:
+                        ax.plot(*zip(*xy), linestyle=style, color=color, linewidth=1,
+                                label=f"{label}, {points[0][1]['label']}")
+        for ax, ylabel in ((rms_ax, "mean per-token RMS"), (kurt_ax, "kurtosis of per-token RMS")):
+            ax.set_yscale("log")
+            ax.set_xlabel("step")
+            ax.set_ylabel(ylabel)
+        fig.suptitle(title)
+        legend_below(fig, rms_ax, ncols=3)
+        return save_png(fig, path, caption)

@@ -1,0 +1,146 @@
+"""Reports: statistics over seeds (mean, sample std, a 95% t-interval), the cells and tables they are
+printed in, and the writing of results/<scale>/<report>.json and .md. Every experiment module formats
+its numbers here, so one number looks the same in every report.
+
+    stats = report.across_seeds([3.26, 3.25, 3.26])    # {"mean", "std", "ci95", "n", "values"}
+    report.stats_cell(stats)                            # "3.2567 [3.2438, 3.2695]"
+    report.write(Path("results/toy"), "table1", numbers, markdown_lines)
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import statistics
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+# ----------------------------------------------------------------------------------------------
+# Statistics over seeds
+
+def t975(df: int) -> float:
+    """The 97.5% quantile of Student's t with `df` degrees of freedom, exactly (to ~1e-9): bisection
+    on the CDF, integrated by Simpson's rule from the density (no table, no scipy)."""
+    log_norm = math.lgamma((df + 1) / 2) - math.lgamma(df / 2) - 0.5 * math.log(df * math.pi)
+
+    def cdf_above_half(t: float) -> float:  # P(0 < T < t)
+        x = np.linspace(0.0, t, 4001)
+        density = np.exp(log_norm - (df + 1) / 2 * np.log1p(x * x / df))
+        return float((density[0] + density[-1] + 4 * density[1:-1:2].sum() + 2 * density[2:-1:2].sum())
+                     * (t / 4000) / 3)
+
+    low, high = 0.0, 64.0  # t975(1) = 12.71 is the largest
+    for _ in range(60):
+        mid = (low + high) / 2
+        low, high = (mid, high) if cdf_above_half(mid) < 0.475 else (low, mid)
+    return (low + high) / 2
+
+
+def across_seeds(values: list[float]) -> dict:
+    """mean, sample std and a 95% t-interval of one number over seeds (std 0 and no interval for one)."""
+    n = len(values)
+    if not all(math.isfinite(v) for v in values):  # "n/a" (NaN) or "never" (inf) on some seed: no spread
+        return {"mean": sum(values) / n, "std": math.nan, "ci95": None, "n": n, "values": values}
+    mean = statistics.fmean(values)
+    std = statistics.stdev(values) if n > 1 else 0.0
+    half = t975(n - 1) * std / math.sqrt(n) if n > 1 else None
+    return {"mean": mean, "std": std, "ci95": [mean - half, mean + half] if half is not None else None,
+            "n": n, "values": values}
+
+
+# ----------------------------------------------------------------------------------------------
+# Cells and tables
+
+TOKENS = -1  # Row.digits of a token count: printed as 3.11B, 312.40k, ...
+
+
+@dataclass
+class Row:
+    label: str
+    key: str
+    paper: float | None
+    digits: int = 4
+    compare: bool = True  # "kit - paper" is shown only where both are in the same units at every scale
+    sign: bool = False    # a difference whose sign is the paper's claim: below full scale, is the sign the same?
+
+
+def fmt(value, digits):
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "n/a"
+    if digits == TOKENS:
+        unit, size = next(((u, s) for u, s in (("B", 1e9), ("M", 1e6), ("k", 1e3)) if abs(value) >= s), ("", 1))
+        return f"{value / size:.2f}{unit}"
+    return f"{value:.{digits}f}"
+
+
+def configs_hash(run_dirs: list[Path]) -> str:
+    """sha256 over the config.json of every run a report reads (which settings made it), in order."""
+    digest = hashlib.sha256()
+    for run_dir in run_dirs:
+        digest.update((Path(run_dir) / "config.json").read_bytes())
+    return digest.hexdigest()
+
+
+def figure_table(rows: list[tuple]) -> list[str]:
+    """A figure's numbers as Markdown: (quantity, kit, paper) with numbers to 5 significant digits."""
+    cell = lambda v: "" if v is None else f"{v:.5g}" if isinstance(v, float) else str(v)
+    return ["| quantity | kit | paper |", "| --- | --- | --- |"] + [f"| {q} | {cell(k)} | {cell(p)} |" for q, k, p in rows]
+
+
+def kit_cell(s: dict, digits: int) -> str:
+    if s["n"] == 1 or s["ci95"] is None:
+        return fmt(s["mean"], digits) if s["n"] == 1 else f"{fmt(s['mean'], digits)} (per seed: " \
+            + ", ".join(fmt(v, digits) for v in s["values"]) + ")"
+    lo, hi = s["ci95"]
+    return f"{fmt(s['mean'], digits)} ± {fmt(s['std'], digits)} [{fmt(lo, digits)}, {fmt(hi, digits)}]"
+
+
+def comparison(r: Row, s: dict, full: bool) -> str:
+    """At full scale, kit - paper where both are in the same units. Below it, absolute values are not
+    the paper's, so only a direction is compared: for a difference whose sign is the paper's claim,
+    whether the kit's sign is the same (and whether the seeds' interval excludes zero)."""
+    if r.paper is None:
+        return ""
+    if full:
+        return fmt(s["mean"] - r.paper, r.digits) if r.compare else ""
+    if not r.sign or s["mean"] is None or math.isnan(s["mean"]):
+        return ""
+    same = "same sign" if (s["mean"] > 0) == (r.paper > 0) else "OPPOSITE sign"
+    lo, hi = s["ci95"] or (s["mean"], s["mean"])
+    return same + (", interval excludes 0" if lo > 0 or hi < 0 else ", interval includes 0") * (s["n"] > 1)
+
+
+def comparison_column(full: bool) -> str:
+    return "kit − paper" if full else "direction vs the paper"
+
+
+def table_markdown(rows: list[Row], stats: dict, n_seeds: int, full: bool = False) -> list[str]:
+    kit = "kit" if n_seeds == 1 else f"kit (mean ± std [95% CI], {n_seeds} seeds)"
+    lines = [f"| quantity | {kit} | paper | {comparison_column(full)} |", "| --- | --- | --- | --- |"]
+    for r in rows:
+        s = stats[r.key]
+        lines.append(f"| {r.label} | {kit_cell(s, r.digits)} | {fmt(r.paper, r.digits)} | {comparison(r, s, full)} |")
+    return lines
+
+
+def stats_cell(s: dict, signed: bool = False) -> str:
+    mean = f"{s['mean']:+.4f}" if signed else f"{s['mean']:.4f}"
+    if not s.get("ci95"):
+        return mean
+    lo, hi = s["ci95"]
+    return f"{mean} [{lo:+.4f}, {hi:+.4f}]" if signed else f"{mean} [{lo:.4f}, {hi:.4f}]"
+
+
+def seeds_text(seeds: list[int]) -> str:
+    return f"mean [95% t-interval] over seeds {', '.join(map(str, seeds))}" if len(seeds) > 1 else f"seed {seeds[0]}"
+
+
+def write(folder: Path, name: str, out: dict, lines: list[str]) -> dict:
+    """A report as folder/<name>.json (the numbers) and folder/<name>.md (the table); returns `out`."""
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / f"{name}.json").write_text(json.dumps(out, indent=2, default=str) + "\n")
+    (folder / f"{name}.md").write_text("\n".join(lines) + "\n")
+    return out
+
