@@ -8,7 +8,7 @@ CPU bench, each line a ratio measured in this run:
    transformers' Qwen3ForCausalLM of the same dimensions doing the same work with a naive KD loss;
    eager fp32 for both, then the kit's best CPU setting (bf16 autocast, the toy preset's);
 2. model FLOPs utilisation of that step against this machine's matmul peak, measured here;
-3. the chunked KD loss against a naive full-logit one: peak memory and time (kd.bench_loss);
+3. the chunked KD loss against a naive full-logit one: peak memory and time (bench_loss);
 4. tokenization MB/s against HF tokenizers loading Qwen3's tokenizer.json;
 5. the data loader's batches/s against the train step's steps/s;
 6. the six replay runs of a seed trained one after the other against in lockstep (grow.train_together):
@@ -19,11 +19,15 @@ CPU bench, each line a ratio measured in this run:
 from __future__ import annotations
 
 import argparse
+import ctypes
 import json
 import math
 import os
 import platform
+import resource
 import statistics
+import subprocess
+import sys
 import time
 from contextlib import nullcontext
 from dataclasses import replace
@@ -31,7 +35,9 @@ from functools import partial
 from pathlib import Path
 
 import torch
+import torch.nn.functional as F
 
+import checkpoint
 import config
 import data
 import devices
@@ -89,7 +95,7 @@ def kit_step(teacher, student, optimizer, ids, mask, chunk):
 def hf_step(teacher, student, optimizer, ids):
     with torch.no_grad():
         teacher_logits = teacher(ids).logits
-    kd.naive_loss(student(ids).logits, teacher_logits, ids).backward()
+    naive_loss(student(ids).logits, teacher_logits, ids).backward()
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
 
@@ -190,31 +196,27 @@ def toy_teacher(folder: Path) -> Path:
     return folder
 
 
-def lockstep_jobs(root: Path, teacher: Path, steps: int) -> list[tuple[config.RunConfig, Path]]:
-    """The replay runs of one seed at the toy preset's settings, `steps` per phase, as the suite runs them."""
+def lockstep_jobs(root: Path, teacher: Path, steps: int, data_dir: Path) -> list[tuple[config.RunConfig, Path]]:
+    """The replay runs of one seed at the toy preset's settings, `steps` per phase, as the suite runs them,
+    in a workspace at `root` whose data folder is `data_dir` (linked, not copied)."""
     run = {**presets.PRESETS["toy"].run, "phase_steps": steps, "eval_interval": steps, "checkpoint_interval": steps,
            "snapshot_interval": 0}
-    ws = suite.Workspace(replace(presets.PRESETS["toy"], run=run), Path("runs/toy"), root / "results", devices.Dist())
-    jobs = []
-    for name in LOCKSTEP_RUNS:
-        config = suite.run_config(ws, name, 42, teacher=teacher)
-        if config.start_from:  # the shared prefix, in this bench's own folder
-            config = replace(config, start_from=str(root / Path(config.start_from).parent.name / "phase-0"))
-        jobs.append((config, root / name))
-    return jobs
+    ws = suite.Workspace(replace(presets.PRESETS["toy"], run=run), root, root / "results", devices.Dist())
+    root.mkdir(parents=True, exist_ok=True)
+    ws.data_dir.symlink_to(data_dir.resolve(), target_is_directory=True)
+    return [(suite.run_config(ws, name, 42, teacher=teacher), ws.run_dir(name, 42)) for name in LOCKSTEP_RUNS]
 
 
-def bench_lockstep(steps: int = 12) -> dict:
+def bench_lockstep(data_dir: Path, steps: int = 12) -> dict:
     """The six replay runs of one seed (toy shapes and data, `steps` per phase) trained one after the
     other and in lockstep: wall time, teacher forward passes (counted) and whether results are equal."""
     import tempfile
-    bench_loader_data()
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
         teacher_dir = toy_teacher(tmp / "teacher")
         ctx = devices.Dist()
-        jobs = {way: lockstep_jobs(tmp / way, teacher_dir, steps) for way in ("separate", "lockstep")}
-        net = grow.load_teacher(jobs["separate"][0][0], ctx).net
+        jobs = {way: lockstep_jobs(tmp / way, teacher_dir, steps, data_dir) for way in ("separate", "lockstep")}
+        net = grow.load_teacher(jobs["separate"][0][0], ctx, torch.float32).net
         start = time.perf_counter()
         alone = [grow.Teacher(net, grow.TEACHER_CACHE_BYTES) for _ in jobs["separate"]]
         separate = [grow.train(config, run_dir, ctx=ctx, teacher=teacher)
@@ -286,15 +288,105 @@ def compiled_against_eager(repeats: int) -> dict:
 
 
 # ----------------------------------------------------------------------------------------------
+# 3. The chunked KD loss against a naive full-logit one, loss + backward, each in a fresh process
+
+
+def naive_loss(student_logits, teacher_logits, targets, alpha=0.7, gamma=0.3, tau=1.0):
+    """The reference the benchmarks compare against: what one writes without chunking, full
+    [tokens x V] logits (any leading dims) in fp32, autograd does the rest; mean over all tokens."""
+    z_S, z_T = student_logits.flatten(0, -2).float(), teacher_logits.flatten(0, -2).float()
+    log_q_S, log_q_T = F.log_softmax(z_S / tau, -1), F.log_softmax(z_T / tau, -1)
+    kl = F.kl_div(log_q_S, log_q_T, log_target=True, reduction="sum") * tau**2
+    ce = F.cross_entropy(z_S, targets.flatten(), reduction="sum")
+    return (alpha * kl + gamma * ce) / targets.numel()
+
+
+def _peak_rss_bytes():
+    """The resident-set high-water mark: VmHWM on Linux (ru_maxrss there also keeps the marks of exited
+    threads, which clear_refs does not lower), else ru_maxrss (bytes on macOS)."""
+    try:
+        with open("/proc/self/status") as f:
+            return next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmHWM:"))
+    except OSError:
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+
+
+def _reset_peak_rss():
+    """Makes the RSS high-water mark the memory live now and returns it, so the peak measured next is
+    growth above the live footprint. Linux/glibc: free heap pages go back to the OS (else the loss could
+    reuse them unseen) and the mark is lowered to the current RSS (clear_refs 5). Elsewhere the mark so
+    far is the baseline, which can hide part of a small peak."""
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+    except OSError:
+        pass
+    return _peak_rss_bytes()
+
+
+def _bench_worker(variant, tokens, vocab, hidden, repeats, chunk_size, threads, dtype):
+    """Runs in its own process: times `repeats` loss + backward passes of one variant and reports the
+    growth of the RSS high-water mark above the inputs' footprint. torch's CPU allocations go straight to
+    malloc (invisible to tracemalloc) and every buffer here is written, so resident memory is what the
+    loss really holds; both variants also hold the gradients of h_S and W_S they return."""
+    torch.set_num_threads(threads)
+    torch.manual_seed(0)
+    dtype = getattr(torch, dtype)
+    h_S = torch.randn(tokens, hidden, dtype=dtype, requires_grad=True)
+    W_S = torch.randn(vocab, hidden, dtype=dtype).mul_(hidden**-0.5).requires_grad_()
+    h_T = torch.randn(tokens, hidden, dtype=dtype)
+    W_T = torch.randn(vocab, hidden, dtype=dtype).mul_(hidden**-0.5)
+    y = torch.randint(vocab, (tokens,))
+    mask = torch.ones(tokens, dtype=torch.bool)
+    before = _reset_peak_rss()
+    seconds = []
+    for _ in range(repeats):
+        h_S.grad = W_S.grad = None
+        t0 = time.perf_counter()
+        if variant == "naive":
+            loss = naive_loss(h_S @ W_S.T, h_T @ W_T.T, y)
+        else:
+            loss = kd.kd_loss(h_S, W_S, h_T, W_T, y, mask, chunk_size=chunk_size)[0]
+        loss.backward()
+        seconds.append(time.perf_counter() - t0)
+    print(json.dumps({"peak_bytes": _peak_rss_bytes() - before, "seconds": sorted(seconds)[len(seconds) // 2],
+                      "loss": loss.item()}))
+
+
+def bench_loss(tokens=4096, vocab=151936, hidden=256, repeats=3, chunk_size=kd.DEFAULT_CHUNK_SIZE, threads=None,
+               dtype="float32"):
+    """Peak memory and median wall time of loss + backward, chunked (kd_loss) vs naive full logits,
+    same inputs, dtype and threads, each variant in a fresh process so neither sees the other's peak.
+    Returns both measurements and the ratios chunked / naive (goal: memory <= 0.2, time <= 1.15)."""
+    threads = threads or torch.get_num_threads()
+    here = os.path.dirname(os.path.abspath(__file__))
+    result = {"tokens": tokens, "vocab": vocab, "hidden": hidden, "chunk_size": chunk_size,
+              "threads": threads, "dtype": dtype, "repeats": repeats}
+    for variant in ("naive", "chunked"):
+        code = (f"import sys; sys.path.insert(0, {here!r}); import bench; bench._bench_worker({variant!r}, "
+                f"{tokens}, {vocab}, {hidden}, {repeats}, {chunk_size}, {threads}, {dtype!r})")
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+        result[variant] = json.loads(out.stdout.strip().splitlines()[-1])
+    result["memory_ratio"] = result["chunked"]["peak_bytes"] / result["naive"]["peak_bytes"]
+    result["time_ratio"] = result["chunked"]["seconds"] / result["naive"]["seconds"]
+    return result
+
+
+# ----------------------------------------------------------------------------------------------
 # 4. The tokenizer
 
-def bench_tokenizer(repeats: int = 3) -> dict:
+def bench_tokenizer(repeats: int = 3, documents: int | None = None) -> dict:
     """MB/s of the kit's tokenizer (tiktoken, NFC included) and of HF tokenizers loading Qwen3's real
-    tokenizer.json, both batched over threads, on the whole toy corpus, timed in turns."""
+    tokenizer.json, both batched over threads, on the toy corpus (its first `documents`; None: all of
+    it), timed in turns."""
     from tokenizers import Tokenizer as HFTokenizer  # test-only dependency
     enc = tokenizer.qwen3_tokenizer()
     hf = HFTokenizer.from_file(str(tokenizer.qwen3_tokenizer_json()))
-    documents = data.toy_paragraphs()
+    documents = data.toy_paragraphs()[:documents]
     megabytes = sum(len(d.encode("utf-8")) for d in documents) / 1e6
     ids = {}
     seconds = interleaved({
@@ -309,19 +401,21 @@ def bench_tokenizer(repeats: int = 3) -> dict:
 # ----------------------------------------------------------------------------------------------
 # 5. The data loader
 
-def bench_loader_data() -> data.Shard:
-    """The toy preset's training shard (prepared in runs/toy/data if needed)."""
+def bench_loader_data(data_dir: Path) -> data.Shard:
+    """The training shard in data_dir (runs/toy/data by default), prepared there with the toy preset's
+    settings if there is none."""
+    if (data_dir / "train" / data.MANIFEST_FILE).is_file():
+        return data.Shard(data_dir / "train")
     preset = presets.PRESETS["toy"]
     enc = tokenizer.qwen3_tokenizer(preset.data["vocab_size"])
-    train, _ = data.prepare("toy", Path("runs/toy/data"), enc, max_len=preset.data["max_len"], n_train_docs=None,
+    train, _ = data.prepare("toy", data_dir, enc, max_len=preset.data["max_len"], n_train_docs=None,
                             n_val_docs=preset.data["val_docs"], seed=preset.run["seed"], progress=False)
     return train
 
 
-def bench_loader(step_seconds: float, steps: int = 200) -> dict:
+def bench_loader(train: data.Shard, step_seconds: float, steps: int = 200) -> dict:
     """Batches/s of the toy preset's batcher over the prepared toy shard."""
     preset = presets.PRESETS["toy"]
-    train = bench_loader_data()
     batcher = data.Batcher(train, preset.run["global_batch"], 0, replay_docs=len(train),
                            micro_batch=preset.run["micro_batch"])
     seconds = timed(lambda: [next(batcher) for _ in range(steps)], repeats=3, warmup=1) / steps
@@ -378,7 +472,7 @@ def check_parity_bf16(device) -> dict:
     y = torch.randint(0, 1000, (512,), device=device)
     mask = torch.ones(512, dtype=torch.bool, device=device)
     loss, _, _ = kd.kd_loss(h_s, w_s, h_t, w_t, y, mask, chunk_size=100)
-    reference = kd.naive_loss(h_s.float() @ w_s.float().T, h_t.float() @ w_t.float().T, y)
+    reference = naive_loss(h_s.float() @ w_s.float().T, h_t.float() @ w_t.float().T, y)
     return {"teacher_logits_max_rel_diff": logits_rel, "kd_loss": loss.item(), "kd_loss_naive_fp32": reference.item(),
             "ok": logits_rel < 2e-2 and abs(loss.item() - reference.item()) < 2e-2 * abs(reference.item())}
 
@@ -461,7 +555,7 @@ def gpu_check(device: str = "cuda", config: model.ModelConfig = PAPER_LAYER, bat
     print(f"(c) FSDP2 on one rank: {results['fsdp2_one_rank']}", flush=True)
     out = RESULTS.with_name("gpu_check.json")
     out.parent.mkdir(exist_ok=True)
-    out.write_text(json.dumps(results, indent=2) + "\n")
+    checkpoint.write_atomic(out, json.dumps(results, indent=2) + "\n")
     print(f"wrote {out}")
     return results
 
@@ -480,7 +574,14 @@ def environment() -> dict:
             "torch": torch.__version__, "python": platform.python_version(), "date": time.strftime("%Y-%m-%d")}
 
 
-def main(repeats: int = 5, kd_size: dict | None = None):
+# The measured sizes: the KD loss at a paper-sized vocabulary (kd.bench_loss's defaults), the whole toy
+# corpus, 12 steps per phase for the six lockstep runs. tests/test_bench.py runs the same code at tiny sizes.
+SIZES = {"kd": {}, "tokenizer_documents": None, "lockstep_steps": 12, "loader_steps": 200}
+
+
+def main(repeats: int = 5, data_dir: Path = Path("runs/toy/data"), sizes: dict = SIZES, out: Path = RESULTS):
+    """Every benchmark, in one run; the toy shard is prepared in data_dir if it is not there."""
+    train = bench_loader_data(data_dir)
     results = {"environment": environment()}
     print("train step: kit vs transformers Qwen3ForCausalLM ...", flush=True)
     results["train_step"] = step = bench_train_step(repeats)
@@ -493,18 +594,21 @@ def main(repeats: int = 5, kd_size: dict | None = None):
             print(f"  {norm}: bf16 autocast {step[f'speedup_{norm}_bf16_vs_hf_fp32']:.2f}x transformers fp32 "
                   f"(goal >= 1.3), {step[f'speedup_{norm}_bf16_vs_hf_bf16']:.2f}x transformers bf16; MFU "
                   f"{step[f'kit_{norm}_bf16_mfu']:.0%} of the measured {step['peak_gflops']['bf16']:.0f} GFLOP/s")
-    print("chunked KD loss vs naive (4096 tokens x vocab 151,936 x hidden 256) ...", flush=True)
-    results["kd_loss"] = loss = kd.bench_loss(**(kd_size or {}))
+    kd_shape = {**dict(tokens=4096, vocab=151936, hidden=256), **sizes["kd"]}
+    print(f"chunked KD loss vs naive ({kd_shape['tokens']} tokens x vocab {kd_shape['vocab']:,} x hidden "
+          f"{kd_shape['hidden']}) ...", flush=True)
+    results["kd_loss"] = loss = bench_loss(**sizes["kd"])
     print(f"  peak memory {loss['memory_ratio']:.1%} of naive (goal <= 20%), time {loss['time_ratio']:.2f}x (goal <= 1.15x)")
     print("tokenizer vs HF tokenizers on the toy corpus ...", flush=True)
-    results["tokenizer"] = tok = bench_tokenizer()
+    results["tokenizer"] = tok = bench_tokenizer(documents=sizes["tokenizer_documents"])
     print(f"  {tok['tiktoken_mb_s']:.1f} MB/s vs {tok['hf_tokenizers_mb_s']:.1f} MB/s: {tok['ratio']:.2f}x, "
           f"identical ids: {tok['identical']}")
-    results["loader"] = loader = bench_loader(step.get("kit_post_bf16_s", step["kit_post_fp32_s"]))
+    results["loader"] = loader = bench_loader(train, step.get("kit_post_bf16_s", step["kit_post_fp32_s"]),
+                                              sizes["loader_steps"])
     print(f"  data loader: {loader['loader_batches_per_s']:,.0f} batches/s, "
           f"{loader['loader_over_train_step']:,.0f}x the train step's rate")
     print("the six replay runs of a seed, one after the other and in lockstep ...", flush=True)
-    results["lockstep"] = lock = bench_lockstep()
+    results["lockstep"] = lock = bench_lockstep(data_dir, sizes["lockstep_steps"])
     print(f"  lockstep {lock['speedup']:.2f}x as fast ({lock['separate_s']:.0f} s -> {lock['lockstep_s']:.0f} s); "
           f"teacher forwards {lock['separate_teacher_forwards']} -> {lock['lockstep_teacher_forwards']}; "
           f"identical results: {lock['identical_results']}")
@@ -513,9 +617,9 @@ def main(repeats: int = 5, kd_size: dict | None = None):
     even = f"{comp['break_even_steps']:,.0f} steps" if comp["break_even_steps"] else "never (not faster here)"
     print(f"  compiled {comp['speedup']:.2f}x eager per step, compile {comp['compile_s']:.0f} s, pays back after {even}; "
           f"loss within {comp['max_relative_loss_difference']:.1e} (relative)")
-    RESULTS.parent.mkdir(exist_ok=True)
-    RESULTS.write_text(json.dumps(results, indent=2) + "\n")
-    print(f"wrote {RESULTS}")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    checkpoint.write_atomic(out, json.dumps(results, indent=2) + "\n")
+    print(f"wrote {out}")
     return results
 
 

@@ -28,19 +28,14 @@ from pathlib import Path
 import experiments
 import figures
 import grow
-import model
 import paper
+import presets
 import report
 import rundir
 import suite
 import tokenizer
 
 PLACEMENT_RUNS = ("pre", "post", "sandwich", "peri", "hybrid", "deepnorm", "pre,post,post")
-# The teachers' shapes, for students grown from scratch at scales whose teacher is a hub checkpoint
-# (no teacher file is read): Qwen3-8B-Base is model.ModelConfig's defaults.
-HUB_SHAPES = {"Qwen/Qwen3-8B-Base": {},
-              "Qwen/Qwen3-0.6B-Base": dict(hidden_size=1024, intermediate_size=3072, num_attention_heads=16,
-                                           num_key_value_heads=8, head_dim=128, tie_word_embeddings=True)}
 
 
 @dataclass(frozen=True)
@@ -188,9 +183,8 @@ def run_placements(ws: suite.Workspace, seeds: list[int], force: bool = False, p
 
 def scratch_shape(ws: suite.Workspace) -> dict:
     """The student's model.ModelConfig fields without a teacher: the teacher's shape, the data's vocabulary."""
-    shape = ws.preset.teacher_model if not ws.preset.teacher else HUB_SHAPES[ws.preset.teacher]
     vocab = tokenizer.qwen3_tokenizer(ws.preset.data["vocab_size"]).n_vocab
-    return {**asdict(model.ModelConfig()), **shape, "vocab_size": vocab}
+    return {**asdict(presets.teacher_shape(ws.preset)), "vocab_size": vocab}
 
 
 def scratch_workspace(ws: suite.Workspace) -> suite.Workspace:

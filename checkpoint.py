@@ -1,7 +1,9 @@
-"""Checkpoint folders on disk, whatever model they hold: config.json, safetensors tensors (one file or
-an index with shards), checksums written with every checkpoint and checked on every load, and the
-atomic write that puts a finished folder in place. Nothing here unpickles anything.
+"""Files and checkpoint folders on disk: the kit's one atomic write (every file it writes goes through
+write_atomic or a folder renamed into place), sha256 checksums written with every checkpoint and
+checked on every load, config.json and safetensors tensors (one file or an index with shards).
+Nothing here unpickles anything.
 
+    checkpoint.write_atomic(path, text)                # a temporary file, fsynced, renamed over path
     config = checkpoint.read_config(path)              # config.json, one line naming it if damaged
     checkpoint.load_tensors(module, path, dtype, device, name_in_file)
     checkpoint.write_checkpoint(path, config, state)   # temporary folder, then renamed into place
@@ -23,6 +25,43 @@ from safetensors.torch import save_file
 from errors import CheckpointError
 
 # ----------------------------------------------------------------------------------------------
+# Writing a file: whole or not at all, even through a kill, a full disk or another process writing it
+
+def write_atomic(path, content: str | bytes) -> Path:
+    """Write `content` to `path` so that no reader ever sees part of it: into a temporary sibling (named
+    for this process, so two writers never share one), fsynced, renamed over `path`, the folder fsynced.
+    If anything fails (a full disk), the previous file is left as it was and the temporary one removed."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        with open(tmp, "wb") as f:
+            f.write(content.encode() if isinstance(content, str) else content)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    fsync_folder(path.parent)
+    return path
+
+
+def fsync_file(path: Path):
+    """Make a file another writer (safetensors) wrote durable before its folder is renamed into place."""
+    with open(path, "rb") as f:
+        os.fsync(f.fileno())
+
+
+def fsync_folder(folder: Path):
+    """Make a folder's entries (new files, renames) durable, not just the files' contents."""
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+# ----------------------------------------------------------------------------------------------
 # Checksums: every checkpoint the kit writes carries the sha256 of each of its files; every load checks them
 
 CHECKSUMS = "checksums.json"  # in every checkpoint: sha256 of each of its files, written at save time
@@ -37,8 +76,9 @@ def sha256(file: Path) -> str:
 
 
 def write_checksums(folder: Path):
-    files = sorted(p for p in folder.iterdir() if p.is_file() and p.name != CHECKSUMS)
-    (folder / CHECKSUMS).write_text(json.dumps({p.name: sha256(p) for p in files}, indent=1) + "\n")
+    files = sorted(p for p in folder.iterdir() if p.is_file() and p.name != CHECKSUMS
+                   and not p.name.endswith(".tmp"))  # write_atomic's, left by a kill
+    write_atomic(folder / CHECKSUMS, json.dumps({p.name: sha256(p) for p in files}, indent=1) + "\n")
 
 
 def damage(ckpt: Path) -> str:
@@ -179,9 +219,10 @@ def write_checkpoint(path, config: dict, state: dict, extra_files: dict[str, str
     tmp.mkdir(parents=True, exist_ok=True)
     save_file({k: v.detach().contiguous().cpu() for k, v in state.items()}, tmp / "model.safetensors",
               metadata={"format": "pt"})
-    (tmp / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+    fsync_file(tmp / "model.safetensors")
+    write_atomic(tmp / "config.json", json.dumps(config, indent=2) + "\n")
     for name, text in (extra_files or {}).items():
-        (tmp / name).write_text(text)
+        write_atomic(tmp / name, text)
     replace_folder(tmp, path)
 
 
@@ -195,4 +236,5 @@ def replace_folder(new: Path, path: Path, midway: Callable[[], None] = lambda: N
         os.replace(path, old)
     midway()
     os.replace(new, path)
+    fsync_folder(path.parent)
     shutil.rmtree(old, ignore_errors=True)

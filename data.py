@@ -3,8 +3,8 @@
 Prepare once on one process (`python repro.py data --scale toy` does this), then every rank
 memory-maps the shards:
 
-    import data
-    enc = data.qwen3_tokenizer(vocab_size=8192)   # ranks 0..8191 + <|endoftext|> = 8192; enc.n_vocab == 8193
+    import data, tokenizer
+    enc = tokenizer.qwen3_tokenizer(vocab_size=8192)   # ranks 0..8191 + <|endoftext|> = 8192; enc.n_vocab == 8193
     train, val = data.prepare("toy", "data_cache/toy", enc, max_len=256,
                               n_train_docs=None, n_val_docs=500, seed=0)   # None: every training document
     print(data.summarize(train, enc))
@@ -19,7 +19,7 @@ memory-maps the shards:
 Paper scale, FineWeb-Edu sample-10BT from the hub (HF_TOKEN from the environment if needed;
 HF_HUB_OFFLINE=1 uses the local hub cache only):
 
-    enc = data.qwen3_tokenizer()
+    enc = tokenizer.qwen3_tokenizer()
     train, val = data.prepare("fineweb-edu", "data_cache/full", enc, max_len=8192,
                               n_train_docs=9_600_000, n_val_docs=4833, seed=0, cache_dir=None)
 
@@ -56,18 +56,9 @@ import pyarrow.parquet as pq
 import torch
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from tokenizer import (  # noqa: F401 (the tokenizer's names stay data's public API)
-    EOT,
-    QWEN3_N_RANKS,
-    QWEN3_PATTERN,
-    QWEN3_SPECIAL_TOKENS,
-    DataError,
-    Tokenizer,
-    check_teacher_tokenizer,
-    package_file,
-    qwen3_tokenizer,
-    qwen3_tokenizer_json,
-)
+import checkpoint
+from errors import DataError
+from tokenizer import Tokenizer, package_file
 
 
 def toy_paragraphs() -> list[str]:
@@ -303,7 +294,7 @@ class Shard:
         self.tokens = _open_array(self.path / TOKENS_FILE, np.uint32, n_tokens)
         if verify:
             for name in (OFFSETS_FILE, TOKENS_FILE):
-                if _sha256(self.path / name) != self.manifest["sha256"][name]:
+                if checkpoint.sha256(self.path / name) != self.manifest["sha256"][name]:
                     raise DataError(f"{self.path / name}: checksum differs from {MANIFEST_FILE}; the file is "
                                     f"corrupt: rebuild the shard with force=True (--force)")
         self.lengths = np.diff(self.offsets)  # tokens per document, both <|endoftext|> included
@@ -359,14 +350,6 @@ def _open_array(file: Path, dtype, count: int) -> np.ndarray:
     if count == 0:
         return np.zeros(0, dtype)  # np.memmap cannot map an empty file
     return np.memmap(file, dtype=dtype, mode="r", shape=(count,))
-
-
-def _sha256(file: Path) -> str:
-    digest = hashlib.sha256()
-    with open(file, "rb") as f:
-        while block := f.read(1 << 24):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def prepare(source: str, out_dir: str | Path, enc: Tokenizer, *, max_len: int, n_train_docs: int | None,
@@ -499,12 +482,12 @@ def _write_shard(path: Path, inputs: dict, chunks: Iterator[tuple[np.ndarray, np
     try:
         tokens_sha, lengths = _write_tokens(partial / TOKENS_FILE, chunks)
         offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
-        _write_file(partial / OFFSETS_FILE, offsets.tobytes())
+        checkpoint.write_atomic(partial / OFFSETS_FILE, offsets.tobytes())
         manifest = {**inputs, "n_docs": len(lengths), "n_tokens": int(offsets[-1]), "eot": enc.eot,
                     "n_vocab": enc.n_vocab,
                     "sha256": {TOKENS_FILE: tokens_sha, OFFSETS_FILE: hashlib.sha256(offsets.tobytes()).hexdigest()}}
-        _write_file(partial / MANIFEST_FILE, json.dumps(manifest, indent=1).encode())
-        _fsync(partial)
+        checkpoint.write_atomic(partial / MANIFEST_FILE, json.dumps(manifest, indent=1).encode())
+        checkpoint.fsync_folder(partial)
         _move_into_place(partial, path)
     except BaseException:
         shutil.rmtree(partial, ignore_errors=True)
@@ -525,22 +508,6 @@ def _write_tokens(file: Path, chunks: Iterator[tuple[np.ndarray, np.ndarray]]) -
     return digest.hexdigest(), np.concatenate(lengths)
 
 
-def _write_file(file: Path, contents: bytes) -> None:
-    with open(file, "wb") as f:
-        f.write(contents)
-        f.flush()
-        os.fsync(f.fileno())
-
-
-def _fsync(directory: Path) -> None:
-    # Makes the directory's entries (new files, renames) durable, not just the files' contents.
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def _move_into_place(partial: Path, path: Path) -> None:
     if path.exists():  # force: the old shard goes only once the new one is complete
         retired = path.with_name(f".{path.name}.old")
@@ -550,7 +517,7 @@ def _move_into_place(partial: Path, path: Path) -> None:
         shutil.rmtree(retired)
     else:
         partial.rename(path)
-    _fsync(path.parent)
+    checkpoint.fsync_folder(path.parent)
 
 
 def summarize(shard: Shard, enc: Tokenizer) -> dict:

@@ -17,6 +17,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from checkpoint import write_atomic
 from errors import TrainingError
 
 # ----------------------------------------------------------------------------------------------
@@ -118,7 +119,7 @@ def cpu_bf16_speedup() -> float:
         cached[key] = matmul_speedup_bf16()
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text(json.dumps(cached, indent=2) + "\n")
+            write_atomic(path, json.dumps(cached, indent=2) + "\n")
         except OSError:
             pass  # a read-only home: probe again next time
     return float(cached[key])

@@ -10,7 +10,6 @@ checkpoints) through diag.py.
 """
 from __future__ import annotations
 
-import json
 import math
 import sys
 from dataclasses import dataclass, field
@@ -25,6 +24,7 @@ from rich.table import Table
 
 import config
 import data
+import devices
 import diag
 import errors
 import figures
@@ -84,10 +84,11 @@ def series(ws: Workspace, name: str, seed: int) -> list[dict]:
 
 
 def load_student(ws: Workspace, path) -> model.Student:
-    """One checkpoint at a time on the run's device: bf16 on a GPU (a paper-size student is 3B
-    parameters), fp32 on a CPU."""
+    """One checkpoint at a time on the run's device: in the preset's compute precision on a GPU (bf16 at
+    the paper's scale: a 3B-parameter student), fp32 on a CPU (as its runs hold their weights)."""
     device = ws.ctx.device
-    return model.Student.load(path, torch.bfloat16 if device.type == "cuda" else torch.float32, device)
+    dtype = devices.precision_choice(ws.preset.run["precision"], device)[0] if device.type == "cuda" else torch.float32
+    return model.Student.load(path, dtype, device)
 
 
 @cache
@@ -471,9 +472,7 @@ def report_experiment(ws: Workspace, name: str, seeds: list[int]) -> dict:
             console.print(f"[bold]{name}[/]: " + ", ".join(out["figures"].values()))
     if exp.note:
         md += ["", exp.note]
-    (ws.results / f"{name}.json").write_text(json.dumps(out, indent=2, default=str) + "\n")
-    (ws.results / f"{name}.md").write_text("\n".join(md) + "\n")
-    return out
+    return report.write(ws.results, name, out, md)
 
 
 def print_table(name: str, exp: Experiment, stats: dict, n_seeds: int, full: bool = False):

@@ -8,6 +8,7 @@ Agg and hold no global state; a caption (scale, seed, experiment) is an argument
 """
 from __future__ import annotations
 
+import io
 from pathlib import Path
 
 import matplotlib
@@ -15,6 +16,7 @@ import numpy as np
 import torch
 from matplotlib.figure import Figure
 
+import checkpoint
 import diag
 from paper import PAPER
 
@@ -38,8 +40,10 @@ def save_png(fig: Figure, path, caption: str = "") -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     if caption:
         fig.text(0.995, 0.005, caption, ha="right", va="bottom", fontsize=6, color="gray")
-    fig.savefig(path, format="png")
-    fig.savefig(path.with_suffix(".pdf"), format="pdf")
+    for file, kind in ((path, "png"), (path.with_suffix(".pdf"), "pdf")):
+        buffer = io.BytesIO()
+        fig.savefig(buffer, format=kind)
+        checkpoint.write_atomic(file, buffer.getvalue())
     return path
 
 

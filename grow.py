@@ -35,6 +35,7 @@ import torch.distributed as dist
 import data
 import kd
 import model
+from checkpoint import write_atomic
 from config import Phase, RunConfig, learning_rate, plan_phases
 from devices import Dist, precision_choice, print0, setup_distributed, shard_fn
 from errors import TrainingError
@@ -109,10 +110,6 @@ def build_optimizer(config: RunConfig, params: list) -> torch.optim.AdamW:
 # ----------------------------------------------------------------------------------------------
 # Models: the frozen teacher (shared by every run that distils from it) and the model a run trains
 
-def precision_of(config: RunConfig, ctx: Dist) -> torch.dtype:
-    return precision_choice(config.precision, ctx.device, ctx.world)[0]
-
-
 TEACHER_CACHE_BYTES = 2**30  # validation hidden states kept per teacher (one process only)
 
 
@@ -141,10 +138,10 @@ class Teacher:
         return hidden
 
 
-def load_teacher(config: RunConfig, ctx: Dist) -> Teacher:
+def load_teacher(config: RunConfig, ctx: Dist, dtype: torch.dtype) -> Teacher:
     """The teacher checkpoint, its layers sharded under FSDP2 (embedding, final norm and head
-    replicated, so its head weight can be handed to the chunked loss). fp32 on CPU."""
-    dtype = precision_of(config, ctx)
+    replicated, so its head weight can be handed to the chunked loss); held in the compute `dtype` on a
+    GPU, fp32 on a CPU."""
     net = model.load_qwen3(config.teacher, dtype=dtype if ctx.device.type == "cuda" else torch.float32,
                            device=ctx.device, shard_fn=shard_fn(ctx, dtype, shard_root=False))
     if config.compile:
@@ -152,10 +149,9 @@ def load_teacher(config: RunConfig, ctx: Dist) -> Teacher:
     return Teacher(net, TEACHER_CACHE_BYTES if ctx.world == 1 else 0)
 
 
-def build_model(config: RunConfig, teacher: Teacher | None, ctx: Dist) -> torch.nn.Module:
-    """The model a run trains: a student built from the teacher (or from the seed alone, growth from
-    scratch), or (the `teacher` protocol) a Qwen3 initialised from the seed."""
-    dtype = precision_of(config, ctx)
+def build_model(config: RunConfig, teacher: Teacher | None, ctx: Dist, dtype: torch.dtype) -> torch.nn.Module:
+    """The model a run trains, fp32 master weights computing in `dtype`: a student built from the teacher
+    (or from the seed alone, growth from scratch), or (the `teacher` protocol) a Qwen3 from the seed."""
     if config.protocol == "teacher":
         with torch.device("meta"):
             net = model.Qwen3(model.ModelConfig(**config.teacher_config))
@@ -187,9 +183,9 @@ def compile_layers(net: torch.nn.Module):
         layer.compile(dynamic=True)
 
 
-def autocast(config: RunConfig, ctx: Dist):
+def autocast(dtype: torch.dtype, ctx: Dist):
     """bf16 autocast in one process; under FSDP2 the MixedPrecisionPolicy casts instead."""
-    if precision_of(config, ctx) == torch.bfloat16 and ctx.world == 1:
+    if dtype == torch.bfloat16 and ctx.world == 1:
         return torch.autocast(ctx.device.type, dtype=torch.bfloat16)
     return nullcontext()
 
@@ -218,14 +214,14 @@ def loss_fn(config, batch, teacher_hidden, teacher_head_weight, phase, denominat
 
 @torch.no_grad()
 def evaluate(config: RunConfig, net, teacher: Teacher | None, val: data.Shard, active_blocks: int | None,
-             ctx: Dist) -> dict:
+             ctx: Dist, dtype: torch.dtype) -> dict:
     """CE, PPL, KD (soft-target CE) and KL over every validation document, token-weighted and summed
     over ranks. Without a teacher, CE and PPL of `net` alone (a teacher run, or `repro.py eval`)."""
     net.eval()
     sums = [0.0, 0.0, 0.0, 0.0]  # kl, soft_ce, ce, targets
     for i, batch in enumerate(data.eval_batches(val, config.eval_batch, ctx.rank, ctx.world)):
         batch = batch.to(ctx.device)
-        with autocast(config, ctx):
+        with autocast(dtype, ctx):
             if teacher is None:
                 blocks = {"active_blocks": active_blocks} if isinstance(net, model.Student) else {}
                 s = net(batch.input_ids, **blocks, output_fn=partial(
@@ -249,10 +245,9 @@ def perplexity(ce: float) -> float:
     return math.exp(ce) if ce < 700 else math.inf
 
 
-def provenance(config: RunConfig, ctx: Dist) -> dict:
+def provenance(ctx: Dist, dtype: torch.dtype, why: str) -> dict:
     commit = git_commit()
     device = torch.cuda.get_device_name(ctx.device) if ctx.device.type == "cuda" else ctx.device.type
-    dtype, why = precision_choice(config.precision, ctx.device, ctx.world)
     return {"git_commit": commit, "torch": torch.__version__, "device": device, "world_size": ctx.world,
             "threads": torch.get_num_threads(), "precision": str(dtype).removeprefix("torch."), "precision_reason": why}
 
@@ -269,6 +264,8 @@ class Run:
         self.run_dir, self.ctx = Path(run_dir), ctx
         self.stop_after_step, self.tracker = stop_after_step, tracker
         self.phases = plan_phases(config)
+        # The compute precision, decided once (for "auto", by measuring the machine: devices.py).
+        self.dtype, self.precision = precision_choice(config.precision, ctx.device, ctx.world)
         self.state = "new"   # new -> training -> done | stopped
         self.result: dict = {}
 
@@ -278,7 +275,7 @@ class Run:
 
     def prepare(self, force: bool):
         """Create or check the folder; a run already done is not trained again."""
-        if prepare_run_dir(self.written, self.run_dir, force, self.ctx, provenance(self.config, self.ctx)):
+        if prepare_run_dir(self.written, self.run_dir, force, self.ctx, provenance(self.ctx, self.dtype, self.precision)):
             print0(self.ctx, f"{self.config.name}: done, reusing {self.run_dir}")
             self.state, self.result = "done", final_eval(self.run_dir)
 
@@ -293,10 +290,10 @@ class Run:
         torch.manual_seed(config.seed)
         print0(ctx, f"{config.name}: {config.protocol}, {config.norm}-norm, seed {config.seed}, {len(self.phases)} "
                     f"phase(s) x {config.phase_steps} steps, {ctx.world} rank(s) on {ctx.device.type}, precision "
-                    f"{precision_choice(config.precision, ctx.device, ctx.world)[1]}; resolved config in "
+                    f"{self.precision}; resolved config in "
                     f"{run_dir / 'config.json'}")
         self.teacher = teacher if config.distils else None
-        self.net = build_model(config, self.teacher, ctx)
+        self.net = build_model(config, self.teacher, ctx, self.dtype)
         self.monitor_row, self.warned = None, set()
         # Sizes are checked on open; the sha256 of the whole shard (tens of GB at full scale) is checked
         # once by data.prepare, not again by every run on every rank.
@@ -359,7 +356,7 @@ class Run:
             raise TrainingError(f"{path}: missing; a mirror-fwd run copies the boundary profile of "
                                 f"{self.config.boundary_source}, so finish that run first")
         # The reference only runs forward: on a GPU it is held in the compute precision, as the teacher is.
-        dtype = precision_of(self.config, self.ctx) if self.ctx.device.type == "cuda" else torch.float32
+        dtype = self.dtype if self.ctx.device.type == "cuda" else torch.float32
         self.net.profile_source = BoundaryProfile(model.Student.load(path, dtype, self.ctx.device).eval())
 
     def monitor_due(self) -> bool:
@@ -408,7 +405,7 @@ class Run:
         if self.progress:
             self.progress.update(self.task, description=f"{config.name} phase {phase.index}")
         if self.step == phase.first_step:  # before the phase's first update: the starting weights' scores
-            start = evaluate(config, self.net, self.teacher, self.val, phase.active_blocks, ctx)
+            start = evaluate(config, self.net, self.teacher, self.val, phase.active_blocks, ctx, self.dtype)
             self.log.write({"step": self.step, "phase": phase.index, "eval": True, "phase_start": True, **start})
             print0(ctx, f"{config.name}: phase {phase.index} starts at val CE {start['ce']:.4f}, val KD {start['kd']:.4f}")
 
@@ -437,7 +434,7 @@ class Run:
         monitoring, self.monitor_pending = self.monitor_pending, False  # the step's first micro-batch
         with self.own_rng():
             self.net.capture_boundaries = monitoring
-            with autocast(config, ctx):
+            with autocast(self.dtype, ctx):
                 loss, kd_term, ce_term = loss_fn(config, micro, teacher_hidden,
                                                  self.teacher.head_weight if self.teacher else None, self.phase,
                                                  self.batch.global_targets, self.net)
@@ -484,7 +481,7 @@ class Run:
             self.progress.update(self.task, advance=1, loss=loss, tok_s=tok_s)
         phase_end = step == phase.first_step + phase.steps
         if phase_end or step % config.eval_interval == 0:
-            self.final = evaluate(config, self.net, self.teacher, self.val, phase.active_blocks, ctx)
+            self.final = evaluate(config, self.net, self.teacher, self.val, phase.active_blocks, ctx, self.dtype)
             kill_point("evaluated", config.name, step)
             self.log.write({"step": step, "phase": phase.index, "eval": True, **self.final})
             print0(ctx, f"{config.name}: step {step}: loss {loss:.4f}, val CE {self.final['ce']:.4f}, "
@@ -505,9 +502,10 @@ class Run:
     def finish(self):
         """done.json holds the scheduled endpoint's evaluation (killed after the last save: evaluate it)."""
         if self.final is None:
-            self.final = evaluate(self.config, self.net, self.teacher, self.val, self.phases[-1].active_blocks, self.ctx)
+            self.final = evaluate(self.config, self.net, self.teacher, self.val, self.phases[-1].active_blocks, self.ctx,
+                                  self.dtype)
         if self.ctx.is_main:
-            (self.run_dir / "done.json").write_text(json.dumps({**self.final, "step": self.step}, indent=2) + "\n")
+            write_atomic(self.run_dir / "done.json", json.dumps({**self.final, "step": self.step}, indent=2) + "\n")
             shutil.rmtree(self.run_dir / "latest", ignore_errors=True)
         self.ctx.barrier()
         kill_point("done", self.config.name, self.step)
@@ -586,7 +584,7 @@ def train_together(jobs: list[tuple[RunConfig, Path]], force: bool = False, ctx:
     if len({(c.teacher, c.precision) for c in distilled}) > 1:
         raise TrainingError("runs trained together must distil from one teacher at one precision; train them apart")
     if distilled and teacher is None:
-        teacher = load_teacher(distilled[0], ctx)
+        teacher = load_teacher(distilled[0], ctx, precision_choice(distilled[0].precision, ctx.device, ctx.world)[0])
     progress = progress_bar(ctx)
     if progress:
         progress.start()
@@ -627,7 +625,7 @@ def lockstep_step(runs: list[Run], teacher: Teacher | None):
             micro = micro.to(first.ctx.device)
             hidden = None
             if first.teacher is not None:
-                with autocast(first.config, first.ctx):
+                with autocast(first.dtype, first.ctx):
                     hidden = teacher.hidden(micro.input_ids)
             for run in group:
                 run.accumulate(micro, hidden)

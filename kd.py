@@ -17,9 +17,6 @@ with z = hidden @ head_weight.T for the student (S) and the teacher (T), average
     loss, ce_term = kd.ce_loss(hidden, lm_head.weight, targets, mask)   # plain CE (teacher pretraining)
     sums = kd.kd_sums(...)   # no grad: float64 sums of kl, soft_ce, ce and the count n, for evaluation
 
-    python kd.py             # bench: peak memory and time of loss + backward, chunked vs naive, on CPU
-                             # (4096 tokens x 151,936 x 256: minutes on 2 cores; naive needs ~18 GB RAM)
-
 How: the masked tokens are gathered (padding costs nothing), then processed `chunk_size` tokens at a time.
 Each chunk's logits go into two [chunk x V] buffers allocated once per call; the softmax math runs over a
 few rows at a time in fp32 (fp64 for fp64 inputs), and because the loss is a plain sum over tokens, the
@@ -35,16 +32,7 @@ logits are never recomputed. dL/dz_S per token (q = softmax(z/tau), p = softmax(
 whole global batch (summed over micro-batches and ranks), so gradient accumulation and data parallelism
 never change the result. A zero denominator (an all-padding batch) gives a loss of 0 and zero gradients.
 """
-import ctypes
-import json
-import os
-import resource
-import subprocess
-import sys
-import time
-
 import torch
-import torch.nn.functional as F
 from torch.autograd.function import once_differentiable
 
 # The softmax math runs over blocks of about this many logits rather than the whole chunk, so its
@@ -257,96 +245,3 @@ def _same_dtype(h, W):
     else:
         dtype = torch.promote_types(h.dtype, W.dtype)
     return h.to(dtype), W.to(dtype)
-
-
-# ----------------------------------------------------------------------------------------------
-# Bench: chunked vs naive, loss + backward, each in a fresh process
-
-
-def naive_loss(student_logits, teacher_logits, targets, alpha=0.7, gamma=0.3, tau=1.0):
-    """The reference the benchmarks compare against: what one writes without chunking, full
-    [tokens x V] logits (any leading dims) in fp32, autograd does the rest; mean over all tokens."""
-    z_S, z_T = student_logits.flatten(0, -2).float(), teacher_logits.flatten(0, -2).float()
-    log_q_S, log_q_T = F.log_softmax(z_S / tau, -1), F.log_softmax(z_T / tau, -1)
-    kl = F.kl_div(log_q_S, log_q_T, log_target=True, reduction="sum") * tau**2
-    ce = F.cross_entropy(z_S, targets.flatten(), reduction="sum")
-    return (alpha * kl + gamma * ce) / targets.numel()
-
-
-def _peak_rss_bytes():
-    """The resident-set high-water mark: VmHWM on Linux (ru_maxrss there also keeps the marks of exited
-    threads, which clear_refs does not lower), else ru_maxrss (bytes on macOS)."""
-    try:
-        with open("/proc/self/status") as f:
-            return next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmHWM:"))
-    except OSError:
-        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-
-
-def _reset_peak_rss():
-    """Makes the RSS high-water mark the memory live now and returns it, so the peak measured next is
-    growth above the live footprint. Linux/glibc: free heap pages go back to the OS (else the loss could
-    reuse them unseen) and the mark is lowered to the current RSS (clear_refs 5). Elsewhere the mark so
-    far is the baseline, which can hide part of a small peak."""
-    try:
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
-    except (OSError, AttributeError):
-        pass
-    try:
-        with open("/proc/self/clear_refs", "w") as f:
-            f.write("5")
-    except OSError:
-        pass
-    return _peak_rss_bytes()
-
-
-def _bench_worker(variant, tokens, vocab, hidden, repeats, chunk_size, threads, dtype):
-    """Runs in its own process: times `repeats` loss + backward passes of one variant and reports the
-    growth of the RSS high-water mark above the inputs' footprint. torch's CPU allocations go straight to
-    malloc (invisible to tracemalloc) and every buffer here is written, so resident memory is what the
-    loss really holds; both variants also hold the gradients of h_S and W_S they return."""
-    torch.set_num_threads(threads)
-    torch.manual_seed(0)
-    dtype = getattr(torch, dtype)
-    h_S = torch.randn(tokens, hidden, dtype=dtype, requires_grad=True)
-    W_S = torch.randn(vocab, hidden, dtype=dtype).mul_(hidden**-0.5).requires_grad_()
-    h_T = torch.randn(tokens, hidden, dtype=dtype)
-    W_T = torch.randn(vocab, hidden, dtype=dtype).mul_(hidden**-0.5)
-    y = torch.randint(vocab, (tokens,))
-    mask = torch.ones(tokens, dtype=torch.bool)
-    before = _reset_peak_rss()
-    seconds = []
-    for _ in range(repeats):
-        h_S.grad = W_S.grad = None
-        t0 = time.perf_counter()
-        if variant == "naive":
-            loss = naive_loss(h_S @ W_S.T, h_T @ W_T.T, y)
-        else:
-            loss = kd_loss(h_S, W_S, h_T, W_T, y, mask, chunk_size=chunk_size)[0]
-        loss.backward()
-        seconds.append(time.perf_counter() - t0)
-    print(json.dumps({"peak_bytes": _peak_rss_bytes() - before, "seconds": sorted(seconds)[len(seconds) // 2],
-                      "loss": loss.item()}))
-
-
-def bench_loss(tokens=4096, vocab=151936, hidden=256, repeats=3, chunk_size=DEFAULT_CHUNK_SIZE, threads=None,
-               dtype="float32"):
-    """Peak memory and median wall time of loss + backward, chunked (kd_loss) vs naive full logits,
-    same inputs, dtype and threads, each variant in a fresh process so neither sees the other's peak.
-    Returns both measurements and the ratios chunked / naive (goal: memory <= 0.2, time <= 1.15)."""
-    threads = threads or torch.get_num_threads()
-    here = os.path.dirname(os.path.abspath(__file__))
-    result = {"tokens": tokens, "vocab": vocab, "hidden": hidden, "chunk_size": chunk_size,
-              "threads": threads, "dtype": dtype, "repeats": repeats}
-    for variant in ("naive", "chunked"):
-        code = (f"import sys; sys.path.insert(0, {here!r}); import kd; kd._bench_worker({variant!r}, "
-                f"{tokens}, {vocab}, {hidden}, {repeats}, {chunk_size}, {threads}, {dtype!r})")
-        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-        result[variant] = json.loads(out.stdout.strip().splitlines()[-1])
-    result["memory_ratio"] = result["chunked"]["peak_bytes"] / result["naive"]["peak_bytes"]
-    result["time_ratio"] = result["chunked"]["seconds"] / result["naive"]["seconds"]
-    return result
-
-
-if __name__ == "__main__":
-    print(json.dumps(bench_loss(), indent=2))

@@ -16,9 +16,9 @@ from rich.table import Table
 import config
 import data
 import model
+import presets
 import report
 import suite
-import tokenizer
 
 GPU_BF16_PEAK = {"a100": 312e12, "h100": 989e12, "h200": 989e12, "b200": 2250e12}  # dense bf16 FLOP/s
 GPU_MEMORY_GIB = {"a100": 80, "h100": 80, "h200": 141, "b200": 180}
@@ -28,15 +28,8 @@ MEMORY_HEADROOM = 0.9  # of the GPU's memory: allocator fragmentation and NCCL b
 
 
 def model_shapes(preset) -> tuple[model.ModelConfig, int]:
-    """(teacher config, student layers). Full and small read the hub model's known shape."""
-    if preset.teacher == "Qwen/Qwen3-8B-Base":
-        return model.ModelConfig(), preset.run["blocks"] * preset.run["layers_per_block"]
-    if preset.teacher == "Qwen/Qwen3-0.6B-Base":
-        return model.ModelConfig(hidden_size=1024, intermediate_size=3072, num_hidden_layers=28, num_attention_heads=16,
-                                 num_key_value_heads=8, head_dim=128, tie_word_embeddings=True), 9
-    vocab = tokenizer.qwen3_tokenizer(preset.data["vocab_size"]).n_vocab
-    return model.ModelConfig(**{**preset.teacher_model, "vocab_size": vocab}), \
-        preset.run["blocks"] * preset.run["layers_per_block"]
+    """(teacher config, student layers)."""
+    return presets.teacher_shape(preset), preset.run["blocks"] * preset.run["layers_per_block"]
 
 
 @dataclass

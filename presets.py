@@ -103,10 +103,20 @@ DEFAULT_SEEDS = {"regime": {"smoke": [42], "toy": [42, 43], "small": [42], "full
 # The dimensionless ratios that make a smaller scale a miniature of the paper (README, "The toy
 # preset"): `python repro.py ratios --scale toy` prints them beside the paper's.
 
-TEACHER_LAYERS = {"Qwen/Qwen3-8B-Base": 36, "Qwen/Qwen3-0.6B-Base": 28}
-HUB_TEACHER_WIDTH = {"Qwen/Qwen3-8B-Base": 4096, "Qwen/Qwen3-0.6B-Base": 1024}
-HUB_TEACHER_TIED = {"Qwen/Qwen3-8B-Base": False, "Qwen/Qwen3-0.6B-Base": True}
-PAPER_INIT_STD = 0.02  # Qwen3's initializer_range, which the paper's student layers are drawn with
+# The hub teachers' shapes (their config.json's model.ModelConfig fields; Qwen3-8B-Base is the defaults),
+# known before any download: dry runs, ratios and growth from scratch read them.
+HUB_TEACHERS = {"Qwen/Qwen3-8B-Base": {},
+                "Qwen/Qwen3-0.6B-Base": dict(hidden_size=1024, intermediate_size=3072, num_hidden_layers=28,
+                                             num_attention_heads=16, num_key_value_heads=8, head_dim=128,
+                                             tie_word_embeddings=True)}
+
+
+def teacher_shape(preset: Preset) -> model.ModelConfig:
+    """The scale's teacher: a hub model's known shape, or the kit's own over the scale's vocabulary."""
+    if preset.teacher:
+        return model.ModelConfig(**HUB_TEACHERS[preset.teacher])
+    vocab = tokenizer.qwen3_tokenizer(preset.data["vocab_size"]).n_vocab
+    return model.ModelConfig(**{**preset.teacher_model, "vocab_size": vocab})
 
 
 def regime_ratios(preset: Preset) -> list[tuple[str, float, float]]:
@@ -114,7 +124,8 @@ def regime_ratios(preset: Preset) -> list[tuple[str, float, float]]:
     def values(p: Preset) -> dict:
         r = p.run
         student = r["blocks"] * r["layers_per_block"]
-        teacher = TEACHER_LAYERS.get(p.teacher) or p.teacher_model["num_hidden_layers"]
+        shape = teacher_shape(p)
+        teacher = shape.num_hidden_layers
         warmup = max(1, round(r["warmup_frac"] * r["phase_steps"]))
         return {"student depth S = K x L": student, "teacher depth T": teacher, "S / T": student / teacher,
                 "steps per phase": r["phase_steps"], "peak LR": r["lr"], "LR x steps per phase": r["lr"] * r["phase_steps"],
@@ -125,10 +136,8 @@ def regime_ratios(preset: Preset) -> list[tuple[str, float, float]]:
                 "teacher documents / documents of the longest-trained student":
                     p.teacher_run["phase_steps"] * p.teacher_run["global_batch"] / (3 * r["phase_steps"] * r["global_batch"])
                     if p.teacher_run else None,
-                "teacher's head tied to its embedding": HUB_TEACHER_TIED[p.teacher] if p.teacher
-                    else p.teacher_model["tie_word_embeddings"],
-                "init std x sqrt(width)": (PAPER_INIT_STD if p.teacher else p.teacher_model["initializer_range"])
-                    * (HUB_TEACHER_WIDTH[p.teacher] if p.teacher else p.teacher_model["hidden_size"]) ** 0.5,
+                "teacher's head tied to its embedding": shape.tie_word_embeddings,
+                "init std x sqrt(width)": shape.initializer_range * shape.hidden_size ** 0.5,
                 "alpha (KD weight)": r["alpha"], "gamma (CE weight)": r["gamma"], "tau": r["tau"],
                 "gradient clip": r["grad_clip"], "AdamW beta2": r["betas"][1]}
     paper, ours = values(PRESETS["full"]), values(preset)

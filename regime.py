@@ -22,7 +22,6 @@ finished runs are reused and interrupted ones resumed, so the map can be stopped
 """
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -211,8 +210,7 @@ def rung_flops(rws: suite.Workspace, new_teacher: bool) -> float:
     if it trains one (forward and backward, 3x a forward), then pre-norm grow (the teacher's forward
     every step; the student's forward, and backward from its first trainable block; both heads)."""
     preset = rws.preset
-    vocab = tokenizer.qwen3_tokenizer(preset.data["vocab_size"]).n_vocab
-    config = model.ModelConfig(**{**preset.teacher_model, "vocab_size": vocab})
+    config = presets.teacher_shape(preset)
     shard = data.Shard(rws.data_dir / "train", verify=False)
     doc_tokens = float((shard.lengths - 1).mean())
     context = doc_tokens / 2
@@ -325,12 +323,9 @@ def write_search(ws: suite.Workspace, rows: list[dict], seed: int, decision: str
     out = {"experiment": "search", "scale": ws.preset.name, "seed": seed, "criterion": presets.MECHANISM,
            "sink": presets.SINK, "rung_hours": presets.RUNG_HOURS, "decision": decision, "rungs": rows,
            "git_commit": rundir.git_commit()}
-    ws.results.mkdir(parents=True, exist_ok=True)
-    (ws.results / "search.json").write_text(json.dumps(out, indent=2) + "\n")
     lines = search_markdown(out)
-    (ws.results / "search.md").write_text("\n".join(lines) + "\n")
     suite.console.print("\n".join(lines), markup=False)
-    return out
+    return report.write(ws.results, "search", out, lines)
 
 
 def search_markdown(out: dict) -> list[str]:

@@ -17,6 +17,8 @@ from pathlib import Path
 
 import numpy as np
 
+import checkpoint
+
 # ----------------------------------------------------------------------------------------------
 # Statistics over seeds
 
@@ -140,7 +142,7 @@ def seeds_text(seeds: list[int]) -> str:
 def write(folder: Path, name: str, out: dict, lines: list[str]) -> dict:
     """A report as folder/<name>.json (the numbers) and folder/<name>.md (the table); returns `out`."""
     folder.mkdir(parents=True, exist_ok=True)
-    (folder / f"{name}.json").write_text(json.dumps(out, indent=2, default=str) + "\n")
-    (folder / f"{name}.md").write_text("\n".join(lines) + "\n")
+    checkpoint.write_atomic(folder / f"{name}.json", json.dumps(out, indent=2, default=str) + "\n")
+    checkpoint.write_atomic(folder / f"{name}.md", "\n".join(lines) + "\n")
     return out
 

@@ -30,6 +30,7 @@ from pathlib import Path
 import click
 from rich.table import Table
 
+import checkpoint
 import data
 import devices
 import errors
@@ -378,7 +379,8 @@ def evaluate(checkpoint, scale, data_dir, as_json, runs_dir):
     net = model.Student.load(checkpoint) if "normgrow_student" in config else model.load_qwen3(checkpoint)
     # The scale's evaluation settings (batch, chunk, precision), as its runs use them; no teacher: CE only.
     settings = suite.run_config(ws, "post-joint", ws.preset.run["seed"])
-    scores = grow.evaluate(settings, net, None, val, active_blocks=None, ctx=ws.ctx)
+    dtype, _ = devices.precision_choice(settings.precision, ws.ctx.device, ws.ctx.world)
+    scores = grow.evaluate(settings, net, None, val, active_blocks=None, ctx=ws.ctx, dtype=dtype)
     ce, tokens = scores["ce"], scores["val_tokens"]
     result = {"checkpoint": str(checkpoint), "data": str(val.path), "ce": ce, "ppl": scores["ppl"], "tokens": tokens}
     if as_json:
@@ -405,7 +407,7 @@ def make_reference(scale, seeds, runs_dir, results_dir):
         raise click.UsageError(f"no finished runs of seeds {seeds} under {runs_dir / scale}; run them first")
     reference.REFERENCES.mkdir(exist_ok=True)
     path = reference.REFERENCES / f"{scale}.json"
-    path.write_text(json.dumps(content, indent=1) + "\n")
+    checkpoint.write_atomic(path, json.dumps(content, indent=1) + "\n")
     suite.console.print(f"wrote {path}: {len(content['curves'])} runs, {len(content['tables'])} tables, seeds {seeds}")
 
 

@@ -90,7 +90,7 @@ def write_kept_checkpoint(run_dir: Path, name: str, net, state: dict, ctx):
         else:
             net.save(tmp, full)
         kill_point("writing-kept", run_dir.name, state["step"])
-        (tmp / "trainer_state.json").write_text(json.dumps(state))
+        checkpoint.write_atomic(tmp / "trainer_state.json", json.dumps(state))
         checkpoint.write_checksums(tmp)
         checkpoint.replace_folder(tmp, run_dir / name,
                                   midway=lambda: kill_point("swapping-kept", run_dir.name, state["step"]))
@@ -119,12 +119,14 @@ def write_latest_checkpoint(run_dir: Path, net, optimizer, state: dict, ctx):
         tmp.mkdir()
         # clone: tied weights (the teacher run's head) share storage, which safetensors refuses
         save_file({k: v.detach().clone().contiguous() for k, v in model_state.items()}, tmp / "model.safetensors")
+        checkpoint.fsync_file(tmp / "model.safetensors")
         kill_point("writing-latest", run_dir.name, state["step"])
         tensors = {f"{fqn}/{key}": torch.as_tensor(value).clone().contiguous()
                    for fqn, values in optim_state["state"].items() for key, value in values.items()}
         save_file(tensors, tmp / "optimizer.safetensors")
-        (tmp / "optimizer.json").write_text(json.dumps({"param_groups": optim_state["param_groups"]}))
-        (tmp / "trainer_state.json").write_text(json.dumps(state))
+        checkpoint.fsync_file(tmp / "optimizer.safetensors")
+        checkpoint.write_atomic(tmp / "optimizer.json", json.dumps({"param_groups": optim_state["param_groups"]}))
+        checkpoint.write_atomic(tmp / "trainer_state.json", json.dumps(state))
         checkpoint.write_checksums(tmp)
         checkpoint.replace_folder(tmp, run_dir / "latest",
                              midway=lambda: kill_point("swapping-latest", run_dir.name, state["step"]))
@@ -257,8 +259,8 @@ def prepare_run_dir(config, run_dir: Path, force: bool, ctx, provenance: dict) -
     ctx.barrier()
     if ctx.is_main:
         run_dir.mkdir(parents=True, exist_ok=True)
-        config_file.write_text(json.dumps(wanted, indent=2) + "\n")
-        (run_dir / "provenance.json").write_text(json.dumps(provenance, indent=2) + "\n")
+        checkpoint.write_atomic(config_file, json.dumps(wanted, indent=2) + "\n")
+        checkpoint.write_atomic(run_dir / "provenance.json", json.dumps(provenance, indent=2) + "\n")
     ctx.barrier()
     return False
 
@@ -320,9 +322,7 @@ def truncate_metrics(run_dir: Path, upto_step: int, source: Path | None = None):
     phase's start evaluation at that step is dropped too: the resumed run logs it again."""
     rows = [r for r in read_metrics(source or run_dir)
             if r["step"] < upto_step or (r["step"] == upto_step and not r.get("phase_start"))]
-    tmp = run_dir / "metrics.jsonl.tmp"
-    tmp.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    os.replace(tmp, run_dir / "metrics.jsonl")
+    checkpoint.write_atomic(run_dir / "metrics.jsonl", "".join(json.dumps(r) + "\n" for r in rows))
 
 
 def adopt_shared_prefix(config, run_dir: Path):

@@ -1,6 +1,11 @@
 """bench.py's GPU check, run on the CPU at tiny dimensions so its code paths (bf16 parity, the
 activation-checkpointed distillation step, FSDP2 on one rank) are exercised without a GPU."""
+import json
 import math
+from dataclasses import replace
+
+import pytest
+from conftest import TINY_MODEL
 
 import bench
 import model
@@ -36,3 +41,32 @@ def test_train_step_bench_skips_bf16_where_it_is_emulated(monkeypatch):
     assert results["bf16"] == f"skipped: {why}" and list(results["peak_gflops"]) == ["fp32"]
     assert not [k for k in results if "bf16" in k and k != "bf16"]  # no bf16 timing, speed-up or MFU
     assert results["kit_post_fp32_mfu"] > 0 and results["speedup_pre_fp32_vs_hf_fp32"] > 0
+
+
+def test_kd_loss_bench_smoke():
+    r = bench.bench_loss(tokens=512, vocab=32768, hidden=32, repeats=1, chunk_size=64)
+    assert all(math.isfinite(r[k]) and r[k] > 0 for k in ("memory_ratio", "time_ratio")), str(r)
+    assert math.isclose(r["chunked"]["loss"], r["naive"]["loss"], rel_tol=1e-4)
+    # naive holds several 64 MiB [512 x 32768] fp32 tensors; chunked two 8 MiB buffers and small blocks
+    assert r["chunked"]["peak_bytes"] < 0.5 * r["naive"]["peak_bytes"]
+
+
+@pytest.mark.slow
+def test_the_whole_bench_runs_at_tiny_sizes(tmp_path, monkeypatch):
+    """`make bench`'s code path end to end (every row: train step, KD loss, tokenizer, loader, lockstep,
+    compile) on a tiny model and a small toy shard, from a folder that is not the repository's."""
+    import data
+    import tokenizer
+    tiny = replace(TINY_MODEL, vocab_size=4097)  # the toy tokenizer's vocabulary
+    monkeypatch.setattr(bench, "toy_shapes", lambda: (tiny, 3, 1, 4))
+    monkeypatch.chdir(tmp_path)
+    data.prepare("toy", tmp_path / "shard", tokenizer.qwen3_tokenizer(4096), max_len=32, n_train_docs=400,
+                 n_val_docs=16, seed=42, workers=1, progress=False)
+    sizes = {"kd": dict(tokens=256, vocab=4096, hidden=32, repeats=1, chunk_size=64), "tokenizer_documents": 50,
+             "lockstep_steps": 2, "loader_steps": 5}
+    results = bench.main(repeats=1, data_dir=tmp_path / "shard", sizes=sizes, out=tmp_path / "bench.json")
+    assert json.loads((tmp_path / "bench.json").read_text()) == json.loads(json.dumps(results))
+    assert results["lockstep"]["identical_results"] and results["tokenizer"]["identical"]
+    assert results["lockstep"]["lockstep_teacher_forwards"] < results["lockstep"]["separate_teacher_forwards"]
+    assert results["compile"]["max_relative_loss_difference"] < 1e-3  # fp32 compiled vs eager: reordered sums
+    assert results["kd_loss"]["chunked"]["loss"] == pytest.approx(results["kd_loss"]["naive"]["loss"], rel=1e-4)

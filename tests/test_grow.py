@@ -392,8 +392,9 @@ def test_compiled_layers_match_eager_and_compile_once_for_every_length(tiny_shar
     from torch._dynamo.utils import counters
     c = distil_config(tiny_shards, tiny_teacher_dir, protocol="joint")
     ctx = devices.Dist()
-    teacher = grow.load_teacher(c, ctx)
-    eager, compiled = grow.build_model(c, teacher, ctx), grow.build_model(replace(c, compile=True), teacher, ctx)
+    teacher = grow.load_teacher(c, ctx, torch.float32)
+    eager = grow.build_model(c, teacher, ctx, torch.float32)
+    compiled = grow.build_model(replace(c, compile=True), teacher, ctx, torch.float32)
     torch._dynamo.reset()
     counters.clear()
     for length in (9, 17, 31):
