@@ -286,7 +286,7 @@ def test_shared_prefix_is_bit_identical_to_running_it_again(smoke, tmp_path):
         assert settings.start_from
         alone = grow.train(replace(settings, start_from=""), tmp_path / name)  # computes its first phase itself
         assert alone == json.loads((shared / "done.json").read_text())
-        last = f"phase-{len(config.plan_phases(config)) - 1}"
+        last = f"phase-{len(config.plan_phases(settings)) - 1}"
         a, b = load_file(shared / last / "model.safetensors"), load_file(tmp_path / name / last / "model.safetensors")
         assert all(torch.equal(a[k], b[k]) for k in a)
 
