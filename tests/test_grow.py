@@ -369,6 +369,7 @@ def test_disk_full_while_checkpointing_says_so_and_resumes(tiny_shards, tiny_tea
     assert grow.train(c, tmp_path / "r") == reference
 
 
+@pytest.mark.slow
 def test_a_file_size_limit_while_checkpointing_says_so_and_resumes(tiny_shards, tiny_teacher_dir, tmp_path):
     """A real limit, not a mock: the run's process under `ulimit -f` (RLIMIT_FSIZE) too small for a
     checkpoint fails with one line naming the folder and the limit; rerun without it, it ends as an

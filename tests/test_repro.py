@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import repro_cli
 from safetensors.torch import load_file
 
 import config
@@ -34,9 +35,10 @@ import tokenizer
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def cli(*args, check=True, **kwargs):
+def cli(*args, check=True):
+    """The CLI as a user starts it, in its own process (where sys.argv and the environment matter)."""
     out = subprocess.run([sys.executable, str(ROOT / "repro.py"), *map(str, args)], cwd=ROOT, capture_output=True,
-                         text=True, timeout=600, **kwargs)
+                         text=True, timeout=600)
     if check:
         assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     return out
@@ -93,9 +95,10 @@ def test_dry_run_counts_teacher_passes_both_ways():
     assert result["lockstep_default"] == (result["lockstep"]["memory_gib"] <= 0.9 * 80)
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the message is for machines without CUDA")
 def test_full_without_cuda_says_how_to_launch(tmp_path):
-    out = cli("table1", "--scale", "full", "--runs-dir", tmp_path, check=False)
+    out = cli("table1", "--scale", "full", "--runs-dir", tmp_path, check=False)  # its message quotes sys.argv
     assert out.returncode != 0 and "torchrun --nproc_per_node=8 repro.py table1 --scale full" in out.stderr
     assert len(out.stderr.strip().splitlines()) == 1
     small = cli("train", "--scale", "small", "--norm", "post", "--protocol", "grow", "--runs-dir", tmp_path, check=False)
@@ -112,7 +115,7 @@ def test_full_without_cuda_says_how_to_launch(tmp_path):
     (["--results-dir", "/proc/no/such"], "is not a writable folder"),
 ])
 def test_bad_cli_values_give_one_line(args, message):
-    out = cli(*args, check=False)
+    out = repro_cli(*args, check=False)
     assert out.returncode != 0
     lines = out.stderr.strip().splitlines()
     assert len(lines) == 1 and message in lines[0] and "Traceback" not in out.stderr, out.stderr
@@ -216,14 +219,14 @@ def test_compare_passes_an_honest_rerun_and_flags_a_perturbed_one(smoke, tmp_pat
     of them is within the band, and a run whose validation loss was raised is not."""
     runs, results, _, _ = smoke
     for target in (runs, results, runs / "s43" / "pre-grow"):
-        out = cli("compare", target, "--scale", "smoke")
+        out = repro_cli("compare", target, "--scale", "smoke")
         assert "numbers within the band" in out.stdout and "NO" not in out.stdout, out.stdout[-2000:]
     perturbed = tmp_path / "post-grow"
     perturbed.mkdir()
     rows = rundir.read_metrics(runs / "s42" / "post-grow")
     (perturbed / "metrics.jsonl").write_text("".join(
         json.dumps({**r, "ce": r["ce"] + 3.0} if r.get("eval") and r["step"] == 16 else r) + "\n" for r in rows))
-    out = cli("compare", perturbed, "--scale", "smoke", check=False)
+    out = repro_cli("compare", perturbed, "--scale", "smoke", check=False)
     assert out.returncode == 1 and "post-grow/ce at 16" in out.stdout
     assert len(out.stderr.strip().splitlines()) == 1 and "outside the shipped seeds' band" in out.stderr
 
@@ -293,7 +296,7 @@ def test_shared_prefix_is_bit_identical_to_running_it_again(smoke, tmp_path):
 
 def test_train_command_writes_a_run_directory(smoke):
     runs, _, _, _ = smoke
-    out = cli("train", "--scale", "smoke", "--norm", "post", "--protocol", "grow", "--runs-dir", runs.parent)
+    out = repro_cli("train", "--scale", "smoke", "--norm", "post", "--protocol", "grow", "--runs-dir", runs.parent)
     run = runs / "s42" / "post-grow"
     assert "validation CE" in out.stdout
     for item in ("config.json", "metrics.jsonl", "provenance.json", "done.json", "phase-0", "phase-1", "phase-2"):
@@ -303,17 +306,18 @@ def test_train_command_writes_a_run_directory(smoke):
 
 def test_eval_and_data_commands(smoke):
     runs, _, _, _ = smoke
-    out = cli("eval", runs / "s42" / "post-grow" / "phase-2", "--scale", "smoke", "--runs-dir", runs.parent, "--json")
+    out = repro_cli("eval", runs / "s42" / "post-grow" / "phase-2", "--scale", "smoke", "--runs-dir", runs.parent, "--json")
     result = json.loads(out.stdout)
     done = json.loads((runs / "s42" / "post-grow" / "done.json").read_text())
     assert result["ce"] == pytest.approx(done["ce"], rel=1e-6) and result["ppl"] == pytest.approx(math.exp(result["ce"]))
-    teacher = json.loads(cli("eval", runs / "teacher" / "phase-0", "--scale", "smoke", "--runs-dir", runs.parent,
+    teacher = json.loads(repro_cli("eval", runs / "teacher" / "phase-0", "--scale", "smoke", "--runs-dir", runs.parent,
                              "--json").stdout)
     assert teacher["ce"] == pytest.approx(json.loads((runs / "teacher" / "done.json").read_text())["ce"], rel=1e-6)
     # Without --scale, the scale comes from the checkpoint's vocabulary.
-    inferred = json.loads(cli("eval", runs / "s42" / "post-grow" / "phase-2", "--runs-dir", runs.parent, "--json").stdout)
+    inferred = json.loads(repro_cli("eval", runs / "s42" / "post-grow" / "phase-2", "--runs-dir", runs.parent,
+                                    "--json").stdout)
     assert inferred["ce"] == result["ce"] and inferred["data"].endswith("smoke/data/val")
-    summary = cli("data", "--scale", "smoke", "--runs-dir", runs.parent).stdout
+    summary = repro_cli("data", "--scale", "smoke", "--runs-dir", runs.parent).stdout
     assert "boundary_tokens" in summary and "validation" in summary
 
 
@@ -391,7 +395,7 @@ def test_search_climbs_the_ladder_on_pre_norm_grow_and_reports_the_criterion(smo
     import regime
     runs, _, _, _ = smoke
     results = runs.parent.parent / "search-results"
-    cli("search", "--scale", "smoke", "--runs-dir", runs.parent, "--results-dir", results)
+    repro_cli("search", "--scale", "smoke", "--runs-dir", runs.parent, "--results-dir", results)
     report = json.loads((results / "smoke" / "search.json").read_text())
     assert [r["name"] for r in report["rungs"]] == ["smoke", "tokens-x2"]
     assert report["rungs"][1]["overrides"] == ["run.phase_steps=16"] and report["rungs"][1]["new_teacher"]
@@ -415,7 +419,7 @@ def test_search_climbs_the_ladder_on_pre_norm_grow_and_reports_the_criterion(smo
 def test_regime_map_reports_the_runs_own_results(smoke):
     runs, _, _, _ = smoke
     results = runs.parent.parent / "regime-results"
-    cli("regime", "--scale", "smoke", "--seeds", "42", "--grid", "budget=0.5,1;gain=ones,teacher",
+    repro_cli("regime", "--scale", "smoke", "--seeds", "42", "--grid", "budget=0.5,1;gain=ones,teacher",
         "--runs-dir", runs.parent, "--results-dir", results)
     report = json.loads((results / "smoke" / "regime.json").read_text())
     points = {p["point"]: p for p in report["points"]}
@@ -442,7 +446,7 @@ def test_regime_map_reports_the_runs_own_results(smoke):
                                            ("budget=x", "must be numbers"), ("gain=twos", "gain 'twos' is unknown"),
                                            ("lr=0", "in (0, 100]")])
 def test_bad_regime_grid_gives_one_line(grid, message, tmp_path):
-    out = cli("regime", "--scale", "smoke", "--grid", grid, "--runs-dir", tmp_path, check=False)
+    out = repro_cli("regime", "--scale", "smoke", "--grid", grid, "--runs-dir", tmp_path, check=False)
     lines = out.stderr.strip().splitlines()
     assert out.returncode != 0 and len(lines) == 1 and message in lines[0], out.stderr
     assert not (tmp_path / "smoke").exists()
@@ -464,7 +468,7 @@ def test_overrides_are_recorded_and_never_reuse_a_run_with_other_settings(smoke)
     runs, _, _, _ = smoke
     own = runs / "s42" / "post-joint"
     stamp = (own / "done.json").stat().st_mtime_ns
-    out = cli("train", "--scale", "smoke", "--norm", "post", "--protocol", "joint", "--set", "run.lr=0.006",
+    out = repro_cli("train", "--scale", "smoke", "--norm", "post", "--protocol", "joint", "--set", "run.lr=0.006",
               "--set", "run.post_output_gain=teacher", "--runs-dir", runs.parent)
     changed = runs / "set" / "run.lr=0.006,run.post_output_gain=teacher" / "s42" / "post-joint"
     assert str(changed) in out.stdout.replace("\n", "")
@@ -493,7 +497,7 @@ def test_override_values_are_typed():
     ("run.lr=-1", "expected a finite number >= 0"), ("run.compile=maybe", "expected true or false"),
 ])
 def test_bad_overrides_give_one_line_before_any_folder(item, message, tmp_path):
-    out = cli("train", "--scale", "smoke", "--norm", "post", "--protocol", "joint", "--set", item,
+    out = repro_cli("train", "--scale", "smoke", "--norm", "post", "--protocol", "joint", "--set", item,
               "--runs-dir", tmp_path / "runs", check=False)
     lines = out.stderr.strip().splitlines()
     assert out.returncode != 0 and len(lines) == 1 and message in lines[0], out.stderr
@@ -502,7 +506,7 @@ def test_bad_overrides_give_one_line_before_any_folder(item, message, tmp_path):
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the message is for machines without CUDA")
 def test_missing_device_is_one_line_before_any_folder(tmp_path):
-    out = cli("train", "--scale", "smoke", "--norm", "post", "--protocol", "joint", "--device", "cuda",
+    out = repro_cli("train", "--scale", "smoke", "--norm", "post", "--protocol", "joint", "--device", "cuda",
               "--runs-dir", tmp_path / "runs", check=False)
     lines = out.stderr.strip().splitlines()
     assert out.returncode != 0 and len(lines) == 1 and "--device cuda" in lines[0], out.stderr
@@ -520,6 +524,7 @@ def test_checkpoint_and_shard_vocabularies_must_match():
             repro.check_vocabulary(shard(eot), vocab, Path("ck"))
 
 
+@pytest.mark.slow
 def test_a_moved_runs_tree_is_reused_not_retrained(tmp_path):
     """Configs store paths relative to their run folder: a finished tree moved elsewhere and used from
     another working directory reuses every run (nothing retrained, every done.json untouched) and its
