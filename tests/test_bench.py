@@ -64,7 +64,7 @@ def test_the_whole_bench_runs_at_tiny_sizes(tmp_path, monkeypatch):
     data.prepare("toy", tmp_path / "shard", tokenizer.qwen3_tokenizer(4096), max_len=32, n_train_docs=400,
                  n_val_docs=16, seed=42, workers=1, progress=False)
     sizes = {"kd": dict(tokens=256, vocab=4096, hidden=32, repeats=1, chunk_size=64), "tokenizer_documents": 50,
-             "lockstep_steps": 2, "loader_steps": 5}
+             "lockstep_steps": 2, "loader_steps": 5, "cold_compile": False}
     results = bench.main(repeats=1, data_dir=tmp_path / "shard", sizes=sizes, out=tmp_path / "bench.json")
     assert json.loads((tmp_path / "bench.json").read_text()) == json.loads(json.dumps(results))
     assert results["lockstep"]["identical_results"] and results["tokenizer"]["identical"]
