@@ -81,9 +81,10 @@ def write_checksums(folder: Path):
     write_atomic(folder / CHECKSUMS, json.dumps({p.name: sha256(p) for p in files}, indent=1) + "\n")
 
 
-def damage(ckpt: Path) -> str:
+def damage(ckpt: Path, part: tuple[int, int] = (0, 1)) -> str:
     """Why a checkpoint cannot be trusted ("" if it can): a file that is missing or differs from the
-    checksum written with it. A checkpoint from before checksums were written is taken as it is."""
+    checksum written with it. A checkpoint from before checksums were written is taken as it is.
+    part = (i, n): hash only every n-th file from the i-th (ranks share the reading of a large one)."""
     try:
         sums = json.loads((ckpt / CHECKSUMS).read_text())
     except FileNotFoundError:
@@ -92,10 +93,10 @@ def damage(ckpt: Path) -> str:
         return f"{CHECKSUMS} is unreadable"
     if not isinstance(sums, dict) or not all(isinstance(v, str) for v in sums.values()):
         return f"{CHECKSUMS} is not a map of file -> sha256"
-    for name, digest in sums.items():
+    for i, (name, digest) in enumerate(sorted(sums.items())):
         if not (ckpt / name).is_file():
             return f"{name} is missing"
-        if sha256(ckpt / name) != digest:
+        if i % part[1] == part[0] and sha256(ckpt / name) != digest:
             return f"{name} does not match its checksum"
     return ""
 
@@ -238,3 +239,77 @@ def replace_folder(new: Path, path: Path, midway: Callable[[], None] = lambda: N
     os.replace(new, path)
     fsync_folder(path.parent)
     shutil.rmtree(old, ignore_errors=True)
+
+
+# ----------------------------------------------------------------------------------------------
+# Sharded state: each writer (a rank) saves its own rows of every tensor; any number of readers later
+# read the rows they need. The index (JSON) lists each tensor's global shape and which rows each
+# writer's file holds, with the files' checksums, so nothing is gathered on one rank and nothing pickled.
+
+SHARDED_INDEX = "index.json"
+
+
+def local_rows(t: torch.Tensor) -> tuple[list[int], int, torch.Tensor]:
+    """(global shape, first global row, this rank's rows) of a tensor: a DTensor sharded on dim 0
+    (FSDP2's placement) holds a slice; a plain tensor holds everything (rows from 0)."""
+    if not hasattr(t, "device_mesh"):
+        return list(t.shape), 0, t
+    from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
+    _, offset = compute_local_shape_and_global_offset(t.shape, t.device_mesh, t.placements)
+    return list(t.shape), offset[0] if t.dim() else 0, t.to_local()
+
+
+def shard_file(kind: str, writer: int, writers: int) -> str:
+    return f"{kind}.rank{writer}-of-{writers}.safetensors"
+
+
+def write_shard(folder: Path, kind: str, tensors: dict[str, torch.Tensor], writer: int, writers: int) -> dict:
+    """folder/<kind>.rank<w>-of-<n>.safetensors with this writer's rows of each tensor, made durable;
+    returns its entry in the index: {"file", "sha256", "tensors": {name: {"shape", "offset", "rows"}}}."""
+    name = shard_file(kind, writer, writers)
+    rows, entries = {}, {}
+    for key, t in tensors.items():
+        shape, offset, local = local_rows(t.detach())
+        # clone: tied weights (a tied teacher's head) share storage, which safetensors refuses
+        rows[key] = local.cpu().clone().contiguous()
+        entries[key] = {"shape": shape, "offset": offset, "rows": local.shape[0] if local.dim() else None}
+    save_file(rows, folder / name)
+    fsync_file(folder / name)
+    return {"file": name, "sha256": sha256(folder / name), "tensors": entries}
+
+
+def merge_index(parts: list[dict]) -> dict:
+    """The index of a sharded folder from its writers' entries (write_shard), in writer order."""
+    tensors: dict = {}
+    for part in parts:
+        for key, entry in part["tensors"].items():
+            tensors.setdefault(key, {"shape": entry["shape"], "shards": []})["shards"].append(
+                {"file": part["file"], "offset": entry["offset"], "rows": entry["rows"]})
+    return {"format": 1, "files": {p["file"]: p["sha256"] for p in parts}, "tensors": tensors}
+
+
+def read_rows(folder: Path, index: dict, key: str, target: torch.Tensor) -> torch.Tensor:
+    """The rows of tensor `key` that `target` (a parameter or state this rank holds; a DTensor's own
+    slice, or everything) covers, read from whichever writers' files hold them."""
+    entry = index["tensors"].get(key)
+    if entry is None:
+        raise CheckpointError(f"{folder / SHARDED_INDEX}: has no tensor {key!r}; the checkpoint was written for "
+                              "another model: move it away and rerun to resume from the last phase checkpoint")
+    shape, offset, local = local_rows(target)
+    if entry["shape"] != shape:
+        raise CheckpointError(f"{folder / SHARDED_INDEX}: tensor {key!r} has shape {entry['shape']}, this run's is "
+                              f"{shape}; move the checkpoint away and rerun to resume from the last phase checkpoint")
+    if local.dim() == 0:  # a scalar (AdamW's step): the same in every writer's file
+        with open_safetensors(folder / entry["shards"][0]["file"]) as f:
+            return f.get_tensor(key)
+    pieces, want = [], range(offset, offset + local.shape[0])
+    for shard in entry["shards"]:
+        have = range(shard["offset"], shard["offset"] + shard["rows"])
+        start, stop = max(want.start, have.start), min(want.stop, have.stop)
+        if start < stop:
+            with open_safetensors(folder / shard["file"]) as f:
+                pieces.append(f.get_slice(key)[start - have.start:stop - have.start])
+    if sum(len(p) for p in pieces) != len(want):
+        raise CheckpointError(f"{folder / SHARDED_INDEX}: tensor {key!r} lacks rows {want.start}..{want.stop - 1}; "
+                              "the checkpoint is damaged: move it away and rerun")
+    return torch.cat(pieces) if pieces else torch.empty(local.shape, dtype=local.dtype)

@@ -11,8 +11,10 @@ import os
 import platform
 import time
 from dataclasses import dataclass, field
+from datetime import timedelta
 from functools import cache
 from pathlib import Path
+from typing import Callable
 
 import torch
 import torch.distributed as dist
@@ -23,15 +25,36 @@ from errors import TrainingError
 # ----------------------------------------------------------------------------------------------
 # Distributed helpers. Every rank takes part in evaluation and in every logged reduction.
 
+# A training step's collectives (NCCL's default would be 10 minutes); and the long wait of ranks whose
+# rank 0 prepares data or fetches a teacher, on a gloo group of its own so no NCCL watchdog fires.
+COLLECTIVE_TIMEOUT = timedelta(minutes=30)
+PREPARATION_TIMEOUT = timedelta(hours=48)
+WAIT_REPORT_SECONDS = 60  # a waiting node prints a line this often
+
+
 @dataclass
 class Dist:
     rank: int = 0
     world: int = 1
     device: torch.device = field(default_factory=lambda: torch.device("cpu"))
+    local_world: int = 1       # ranks on this node (torchrun's LOCAL_WORLD_SIZE)
+    mesh: object = None        # the FSDP2 DeviceMesh: ("shard",), or ("replicate", "shard") over several nodes
+    waiting_group: object = None  # a gloo group with PREPARATION_TIMEOUT, for waits on rank 0
 
     @property
     def is_main(self) -> bool:
         return self.rank == 0
+
+    @property
+    def nodes(self) -> int:
+        return self.world // self.local_world
+
+    @property
+    def shard_group(self) -> tuple[int, int] | None:
+        """(this rank's place, the number of ranks) among those that hold distinct shards of a sharded
+        model: all ranks, or under HSDP the first node's (the others hold copies); None for a copy."""
+        writers = self.local_world if self.nodes > 1 else self.world
+        return (self.rank, writers) if self.rank < writers else None
 
     def sum(self, values: list[float]) -> list[float]:
         """All-reduce a few Python numbers in float64 (logged losses and counts are global)."""
@@ -43,6 +66,61 @@ class Dist:
     def barrier(self):
         if self.world > 1:
             dist.barrier()
+
+    def agree_on(self, value: float) -> bool:
+        """True on every rank if every rank holds the same `value` (one all-reduce of max(v) and max(-v))."""
+        if self.world == 1:
+            return True
+        t = torch.tensor([value, -value], dtype=torch.float64, device=self.device)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        return float(t[0]) == -float(t[1])
+
+    def agree(self, flag: bool) -> bool:
+        """True on every rank only if `flag` is true on every rank (one all-reduce)."""
+        if self.world == 1:
+            return flag
+        t = torch.tensor([0.0 if flag else 1.0], device=self.device)
+        dist.all_reduce(t)
+        return float(t) == 0.0
+
+    def on_main(self, work: Callable, what: str):
+        """work() on rank 0 while the other ranks wait for it (wait_for_main); rank 0's result, on rank 0.
+        If it fails, every rank fails: rank 0 with its error, the others with a line pointing at it."""
+        result, error = None, None
+        if self.is_main:
+            try:
+                result = work()
+            except Exception as e:  # re-raised below, once the other ranks know to stop too
+                error = e
+        self.wait_for_main(what)
+        if not self.agree(error is None):
+            raise error or TrainingError(f"rank 0 failed while {what}; its message is in its output")
+        return result
+
+    def check_shared(self, path: Path, what: str):
+        """Every rank sees `path` (rank 0 made it), or every rank stops with one line saying so."""
+        seen = Path(path).exists()
+        if not self.agree(seen):
+            raise TrainingError(f"{path}: {what} is not there on rank {self.rank}" if not seen else
+                                f"{path}: {what} is not there on every rank" +
+                                "; the runs folder (and the teacher's cache) must be on a filesystem every node "
+                                "shares, or be copied to each node before the launch")
+
+    def wait_for_main(self, what: str):
+        """Every rank meets rank 0 after it has done `what` (prepared the data, fetched the teacher), on the
+        gloo group whose timeout is hours, not a collective's minutes; each other node says once a minute
+        that it is still waiting, so a long preparation is visible and never killed by a watchdog."""
+        if self.world == 1:
+            return
+        work = dist.barrier(group=self.waiting_group, async_op=True)
+        started, said = time.time(), time.time()
+        while not work.is_completed():
+            time.sleep(0.5)
+            if self.rank % self.local_world == 0 and not self.is_main and time.time() - said >= WAIT_REPORT_SECONDS:
+                print(f"rank {self.rank}: waiting for rank 0 to finish {what} ({(time.time() - started) / 60:.0f} min; "
+                      "`repro.py prepare` before torchrun does it ahead)", flush=True)
+                said = time.time()
+        work.wait()
 
 
 DEVICES = ("auto", "cpu", "cuda", "mps")
@@ -59,20 +137,42 @@ def choose_device(name: str = "auto") -> torch.device:
 
 
 def setup_distributed(device: str = "auto") -> Dist:
-    """torchrun sets RANK/WORLD_SIZE/LOCAL_RANK; without them this is one process on `device`."""
+    """torchrun sets RANK/WORLD_SIZE/LOCAL_RANK/LOCAL_WORLD_SIZE; without them this is one process on
+    `device`. Under torchrun: the local rank's GPU (modulo the GPUs this process can see, so one GPU per
+    task under SLURM works), set before the process group, which is bound to it (device_id) with an
+    explicit timeout; a gloo group for long waits on rank 0; and the FSDP2 mesh (mesh_for)."""
     chosen = choose_device(device)
     if "RANK" not in os.environ:
         return Dist(device=chosen)
     if chosen.type == "mps":
         raise TrainingError("--device mps: runs under torchrun need CUDA GPUs or CPU ranks; use --device cpu")
-    cuda = chosen.type == "cuda"
-    if not dist.is_initialized():
-        dist.init_process_group("nccl" if cuda else "gloo")
+    local_world = int(os.environ.get("LOCAL_WORLD_SIZE", os.environ.get("WORLD_SIZE", 1)))
     device = torch.device("cpu")
-    if cuda:
-        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
+    if chosen.type == "cuda":
+        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)) % torch.cuda.device_count())
         torch.cuda.set_device(device)
-    return Dist(dist.get_rank(), dist.get_world_size(), device)
+    if not dist.is_initialized():
+        dist.init_process_group("nccl" if device.type == "cuda" else "gloo", timeout=COLLECTIVE_TIMEOUT,
+                                device_id=device if device.type == "cuda" else None)
+    world = dist.get_world_size()
+    return Dist(dist.get_rank(), world, device, local_world, mesh_for(device.type, world, local_world),
+                dist.new_group(backend="gloo", timeout=PREPARATION_TIMEOUT))
+
+
+def mesh_for(device_type: str, world: int, local_world: int):
+    """FSDP2's mesh: shard over all ranks on one node; over several nodes HSDP, sharded within a node
+    (NVLink) and replicated across nodes, so only the gradient all-reduce crosses the slower network."""
+    from torch.distributed.device_mesh import init_device_mesh
+    nodes = world // local_world
+    if nodes > 1 and world == nodes * local_world:
+        return init_device_mesh(device_type, (nodes, local_world), mesh_dim_names=("replicate", "shard"))
+    return init_device_mesh(device_type, (world,), mesh_dim_names=("shard",))
+
+
+def teardown(ctx: Dist):
+    """Leave the process group (torchrun's ranks exit together, NCCL frees its communicators)."""
+    if ctx.world > 1 and dist.is_initialized():
+        dist.destroy_process_group()
 
 
 def print0(ctx: Dist, *args):
@@ -156,16 +256,23 @@ def precision_choice(precision: str, device: torch.device, world: int = 1) -> tu
                            f"{BF16_MIN_SPEEDUP}x; bf16 is emulated or slow here)")
 
 
-def shard_fn(ctx: Dist, compute_dtype: torch.dtype, shard_root: bool):
-    """FSDP2: one unit per decoder layer, then the root (torchtitan's recipe). None in one process."""
+def shard_fn(ctx: Dist, compute_dtype: torch.dtype, replicated: tuple[str, ...] = ()):
+    """FSDP2 (torchtitan's recipe): one unit per decoder layer, then the root, so every layer is resharded
+    after its forward; None in one process. The layers' weights are gathered in the compute dtype; the
+    root's (embedding, norms, head) stay fp32 and the residual stream with them, as under one GPU's
+    autocast (grow.autocast runs under FSDP2 too). The root's submodules named in `replicated` (the
+    teacher's embedding, final norm and head, which the chunked loss reads outside its forward) are
+    left out of FSDP: whole on every rank."""
     if ctx.world == 1:
         return None
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
-    mp = MixedPrecisionPolicy(param_dtype=compute_dtype, reduce_dtype=torch.float32)
+    layers = MixedPrecisionPolicy(param_dtype=compute_dtype, reduce_dtype=torch.float32, cast_forward_inputs=False)
+    root = MixedPrecisionPolicy(reduce_dtype=torch.float32, cast_forward_inputs=False)
 
     def apply(net):
         for layer in net.layers:
-            fully_shard(layer, mp_policy=mp)
-        if shard_root:
-            fully_shard(net, mp_policy=mp)
+            fully_shard(layer, mesh=ctx.mesh, mp_policy=layers)
+        ignored = {p for name in replicated if getattr(net, name, None) is not None
+                   for p in getattr(net, name).parameters()}
+        fully_shard(net, mesh=ctx.mesh, mp_policy=root, ignored_params=ignored or None)
     return apply

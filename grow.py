@@ -111,6 +111,9 @@ def build_optimizer(config: RunConfig, params: list) -> torch.optim.AdamW:
 # Models: the frozen teacher (shared by every run that distils from it) and the model a run trains
 
 TEACHER_CACHE_BYTES = 2**30  # validation hidden states kept per teacher (one process only)
+# The teacher's modules kept whole on every rank under FSDP2: the chunked loss applies its head to the
+# shared hidden states inside each student's forward, outside the teacher's.
+TEACHER_REPLICATED = ("embed_tokens", "norm", "lm_head")
 
 
 class Teacher:
@@ -143,7 +146,7 @@ def load_teacher(config: RunConfig, ctx: Dist, dtype: torch.dtype) -> Teacher:
     replicated, so its head weight can be handed to the chunked loss); held in the compute `dtype` on a
     GPU, fp32 on a CPU."""
     net = model.load_qwen3(config.teacher, dtype=dtype if ctx.device.type == "cuda" else torch.float32,
-                           device=ctx.device, shard_fn=shard_fn(ctx, dtype, shard_root=False))
+                           device=ctx.device, shard_fn=shard_fn(ctx, dtype, replicated=TEACHER_REPLICATED))
     if config.compile:
         compile_layers(net)
     return Teacher(net, TEACHER_CACHE_BYTES if ctx.world == 1 else 0)
@@ -155,7 +158,7 @@ def build_model(config: RunConfig, teacher: Teacher | None, ctx: Dist, dtype: to
     if config.protocol == "teacher":
         with torch.device("meta"):
             net = model.Qwen3(model.ModelConfig(**config.teacher_config))
-        shard = shard_fn(ctx, dtype, shard_root=True)
+        shard = shard_fn(ctx, dtype)
         if shard:
             shard(net)
         net.to_empty(device=ctx.device)
@@ -163,11 +166,11 @@ def build_model(config: RunConfig, teacher: Teacher | None, ctx: Dist, dtype: to
     elif config.scratch_model is not None:
         net = model.Student.from_scratch(model.ModelConfig(**config.scratch_model), config.blocks,
                                          config.layers_per_block, config.norm, config.seed,
-                                         shard_fn=shard_fn(ctx, dtype, shard_root=True), device=ctx.device,
+                                         shard_fn=shard_fn(ctx, dtype), device=ctx.device,
                                          boundary=config.boundary, boundary_scale=config.boundary_scale)
     else:
         net = model.Student.from_teacher(teacher.net, config.blocks, config.layers_per_block, config.norm,
-                                         config.seed, shard_fn=shard_fn(ctx, dtype, shard_root=True),
+                                         config.seed, shard_fn=shard_fn(ctx, dtype),
                                          output_gain=config.post_output_gain, boundary=config.boundary,
                                          boundary_scale=config.boundary_scale)
     net.checkpoint_layers = config.activation_checkpointing
@@ -184,8 +187,9 @@ def compile_layers(net: torch.nn.Module):
 
 
 def autocast(dtype: torch.dtype, ctx: Dist):
-    """bf16 autocast in one process; under FSDP2 the MixedPrecisionPolicy casts instead."""
-    if dtype == torch.bfloat16 and ctx.world == 1:
+    """bf16 autocast, in one process and under FSDP2 alike: the residual stream stays fp32 in both (under
+    FSDP2 the layers' weights are gathered in bf16 and the root's stay fp32: devices.shard_fn)."""
+    if dtype == torch.bfloat16:
         return torch.autocast(ctx.device.type, dtype=torch.bfloat16)
     return nullcontext()
 
@@ -235,6 +239,8 @@ def evaluate(config: RunConfig, net, teacher: Teacher | None, val: data.Shard, a
         for k, key in enumerate(("kl", "soft_ce", "ce", "n")):
             sums[k] += float(s.get(key, 0.0))
     kl, soft_ce, ce, n = ctx.sum(sums)
+    if hasattr(net, "reshard"):  # FSDP2 keeps a root gathered after its forward: free it until the next step
+        net.reshard()
     net.train()
     n = max(n, 1.0)
     return {"ce": ce / n, "ppl": perplexity(ce / n), "kd": soft_ce / n, "kl": kl / n, "val_tokens": int(n)}
@@ -306,7 +312,11 @@ class Run:
         if ctx.is_main and adopting:
             adopt_shared_prefix(config, run_dir)
         ctx.barrier()
-        self.resume = newest_checkpoint(run_dir, verify=True, warn=lambda line: print0(ctx, line))
+        self.resume = newest_checkpoint(run_dir, verify=True, warn=lambda line: print0(ctx, line), ctx=ctx)
+        step = self.resume[1]["step"] if self.resume else 0
+        if not ctx.agree_on(step):  # every rank must resume from the same step, or the run would fork
+            raise TrainingError(f"{run_dir}: the ranks found different resume points (rank {ctx.rank}: step {step}); "
+                                "the runs folder must be one filesystem that every node shares (or copy it to each)")
         self.step, self.totals, elapsed = 0, {"total_tokens": 0, "active_layer_tokens": 0}, 0.0
         if self.resume:
             ckpt, state = self.resume
@@ -428,9 +438,12 @@ class Run:
         ids = self.batcher.global_doc_ids(self.batch.step)
         return c.train_data, c.micro_batch, c.global_batch, ids.tobytes(), self.teacher is not None
 
-    def accumulate(self, micro: data.Batch, teacher_hidden: torch.Tensor | None):
-        """Forward and backward of one micro-batch; gradients add up until end_step."""
+    def accumulate(self, micro: data.Batch, teacher_hidden: torch.Tensor | None, last: bool = True):
+        """Forward and backward of one micro-batch; gradients add up until end_step. Under FSDP2 they
+        add up unsharded on each rank and are reduce-scattered once, after the step's last micro-batch."""
         config, ctx = self.config, self.ctx
+        if hasattr(self.net, "set_requires_gradient_sync"):
+            self.net.set_requires_gradient_sync(last)
         monitoring, self.monitor_pending = self.monitor_pending, False  # the step's first micro-batch
         with self.own_rng():
             self.net.capture_boundaries = monitoring
@@ -621,14 +634,15 @@ def lockstep_step(runs: list[Run], teacher: Teacher | None):
         groups.setdefault(run.batch_key(), []).append(run)
     for group in groups.values():
         first = group[0]
-        for micro in first.batch.micro_batches:
+        micro_batches = first.batch.micro_batches
+        for i, micro in enumerate(micro_batches):
             micro = micro.to(first.ctx.device)
             hidden = None
             if first.teacher is not None:
                 with autocast(first.dtype, first.ctx):
                     hidden = teacher.hidden(micro.input_ids)
             for run in group:
-                run.accumulate(micro, hidden)
+                run.accumulate(micro, hidden, last=i == len(micro_batches) - 1)
     for run in runs:
         run.end_step()
 

@@ -23,11 +23,13 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import time
 from dataclasses import replace
 from pathlib import Path
 
 import click
+import torch.distributed as dist
 from rich.table import Table
 
 import checkpoint
@@ -64,7 +66,12 @@ class Repro(click.Group):
         except click.UsageError as e:  # one line, not click's usage block (nor its multi-line lists of choices)
             raise OneLineError(" ".join(e.format_message().split()), exit_code=2) from None
         except errors.KitError as e:  # anything else is a bug in the kit: a traceback
+            if int(os.environ.get("RANK", 0)):  # under torchrun every rank stops; rank 0 says why
+                raise SystemExit(e.exit_code) from None
             raise OneLineError(str(e), e.exit_code) from None
+        finally:
+            if dist.is_initialized():
+                dist.destroy_process_group()
 
 
 class OneLineError(click.ClickException):
@@ -177,14 +184,15 @@ def run_experiments(wanted, scale, seeds, dry_run, gpu, gpus, overrides, compile
     ws.results.mkdir(parents=True, exist_ok=True)
     started = time.time()
     suite.ensure_runs(ws, runs, seeds, force)
-    if not ws.ctx.is_main:
-        return  # the reports are rank 0's alone: no other rank waits in a collective while they are made
-    for name in names:
-        experiments.report_experiment(ws, name, seeds)
-        rundir.kill_point("reported", name)
-    if not ws.preset.teacher:
-        suite.console.print(suite.teacher_summary(ws, runs, seeds))
-    suite.console.print(f"done in {time.time() - started:,.0f} s; results in {ws.results}")
+
+    def write_reports():  # rank 0's alone; the other ranks wait for it, then all leave together
+        for name in names:
+            experiments.report_experiment(ws, name, seeds)
+            rundir.kill_point("reported", name)
+        if not ws.preset.teacher:
+            suite.console.print(suite.teacher_summary(ws, runs, seeds))
+        suite.console.print(f"done in {time.time() - started:,.0f} s; results in {ws.results}")
+    ws.ctx.on_main(write_reports, "the reports and their diagnostics")
 
 
 @cli.command()
@@ -502,6 +510,23 @@ def check_export_target(student_dir: Path, out_dir: Path, force: bool):
     if not (out_dir / model.EXPORT_MARKER).is_file():
         raise errors.CheckpointError(f"{out_dir}: not a folder the kit exported (no {model.EXPORT_MARKER}); --force only "
                               "replaces earlier exports, so choose a new or empty folder")
+
+
+@cli.command("prepare")
+@scale_option
+@overrides_option
+@force_option
+@runs_option
+def prepare_inputs(scale, overrides, compile_flag, device, tracker, force, runs_dir):
+    """A scale's data and teacher, before any GPU: tokenize the corpus into shards and download the hub
+    teacher (or train the kit's own). Run it on a login node before torchrun, so that no rank waits."""
+    ws = suite.workspace(scale, runs_dir, dry_run=True, overrides=overrides, compile_flag=compile_flag, device="cpu",
+                         tracker=tracker)
+    suite.writable_dir(ws.runs.parent, "--runs-dir")
+    teacher = suite.ensure_inputs(ws, force)
+    shards = ", ".join(f"{split} {len(data.Shard(ws.data_dir / split, verify=False)):,} documents"
+                       for split in ("train", "val"))
+    suite.console.print(f"{scale}: data in {ws.data_dir} ({shards}); teacher in {teacher}; launch torchrun now")
 
 
 @cli.command("data")

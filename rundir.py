@@ -102,34 +102,43 @@ def save_latest_checkpoint(run_dir: Path, net, optimizer, state: dict, ctx):
         write_latest_checkpoint(run_dir, net, optimizer, state, ctx)
 
 
-LATEST_FILES = ("model.safetensors", "optimizer.safetensors", "optimizer.json", "trainer_state.json")
+def latest_files(writers: int) -> tuple[str, ...]:
+    """The files of latest/ written by `writers` ranks (besides checksums.json)."""
+    shards = [checkpoint.shard_file(kind, w, writers) for kind in ("model", "optimizer") for w in range(writers)]
+    return (*shards, checkpoint.SHARDED_INDEX, "trainer_state.json")
 
 
 def write_latest_checkpoint(run_dir: Path, net, optimizer, state: dict, ctx):
-    """latest/: the full (gathered) weights and AdamW state as safetensors, the optimizer's param groups
-    and the trainer state as JSON, written by rank 0. Nothing in it is pickled, and it resumes on
-    any number of ranks."""
-    from safetensors.torch import save_file
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
-    model_state, optim_state = get_state_dict(net, optimizer,
-                                              options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    """latest/: each rank's own shards of the weights and of AdamW's state (safetensors), an index of
+    which rows each file holds and the trainer state (JSON), written by every rank that holds distinct
+    shards, each hashing its own files. Nothing is gathered or cloned whole, nothing is pickled, and it
+    resumes on any number of ranks (load_latest_checkpoint reads only the rows a rank needs)."""
+    tmp = run_dir / "latest.tmp"
     if ctx.is_main:
-        tmp = run_dir / "latest.tmp"
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir()
-        # clone: tied weights (the teacher run's head) share storage, which safetensors refuses
-        save_file({k: v.detach().clone().contiguous() for k, v in model_state.items()}, tmp / "model.safetensors")
-        checkpoint.fsync_file(tmp / "model.safetensors")
+    ctx.barrier()
+    group = ctx.shard_group
+    if group is not None:
+        params = dict(net.named_parameters())
+        parts = [checkpoint.write_shard(tmp, "model", params, *group)]
         kill_point("writing-latest", run_dir.name, state["step"])
-        tensors = {f"{fqn}/{key}": torch.as_tensor(value).clone().contiguous()
-                   for fqn, values in optim_state["state"].items() for key, value in values.items()}
-        save_file(tensors, tmp / "optimizer.safetensors")
-        checkpoint.fsync_file(tmp / "optimizer.safetensors")
-        checkpoint.write_atomic(tmp / "optimizer.json", json.dumps({"param_groups": optim_state["param_groups"]}))
+        moments = {f"{fqn}/{key}": value for fqn, p in params.items() for key, value in optimizer.state.get(p, {}).items()}
+        parts.append(checkpoint.write_shard(tmp, "optimizer", moments, *group))
+        checkpoint.write_atomic(tmp / f"part.rank{group[0]}.json", json.dumps(parts))
+    ctx.barrier()
+    if ctx.is_main:
+        parts = [p for w in range(group[1]) for p in json.loads((tmp / f"part.rank{w}.json").read_text())]
+        for w in range(group[1]):
+            (tmp / f"part.rank{w}.json").unlink()
+        index = checkpoint.merge_index(parts)
+        checkpoint.write_atomic(tmp / checkpoint.SHARDED_INDEX, json.dumps(index))
         checkpoint.write_atomic(tmp / "trainer_state.json", json.dumps(state))
-        checkpoint.write_checksums(tmp)
+        sums = {**index["files"], **{name: checkpoint.sha256(tmp / name)
+                                     for name in (checkpoint.SHARDED_INDEX, "trainer_state.json")}}
+        checkpoint.write_atomic(tmp / checkpoint.CHECKSUMS, json.dumps(sums, indent=1) + "\n")
         checkpoint.replace_folder(tmp, run_dir / "latest",
-                             midway=lambda: kill_point("swapping-latest", run_dir.name, state["step"]))
+                                  midway=lambda: kill_point("swapping-latest", run_dir.name, state["step"]))
     ctx.barrier()
 
 
@@ -160,16 +169,21 @@ def checkpoints(run_dir: Path) -> list[tuple[int | None, Path]]:
     return [(step, ckpt) for step, _, ckpt in found]
 
 
-def newest_checkpoint(run_dir: Path, verify: bool = False, warn=lambda line: None) -> tuple[Path, dict] | None:
+def newest_checkpoint(run_dir: Path, verify: bool = False, warn=lambda line: None,
+                      ctx=None) -> tuple[Path, dict] | None:
     """The checkpoint to resume from: the newest whose trainer state reads and, with `verify`, whose
-    files match their checksums; each one passed over is named in a one-line warning. A snapshot
-    step-<n>/ is taken only once a damaged checkpoint was passed over: an interrupted run resumes
-    exactly from latest/ or phase-<p>/ (or step 0), a damaged one salvages what it can."""
+    files match their checksums (with `ctx`, the ranks share the hashing and agree on the verdict);
+    each one passed over is named in a one-line warning. A snapshot step-<n>/ is taken only once a
+    damaged checkpoint was passed over: an interrupted run resumes exactly from latest/ or phase-<p>/
+    (or step 0), a damaged one salvages what it can."""
     salvaging = False
     for step, ckpt in checkpoints(run_dir):
         if ckpt.name.startswith("step-") and not salvaging:
             continue
-        why = "trainer_state.json is unreadable" if step is None else checkpoint.damage(ckpt) if verify else ""
+        why = "trainer_state.json is unreadable" if step is None else \
+            checkpoint.damage(ckpt, (ctx.rank, ctx.world) if ctx else (0, 1)) if verify else ""
+        if ctx is not None and verify and not ctx.agree(not why):
+            why = why or "a file another rank checked does not match its checksum"
         if why:
             warn(f"{ckpt}: damaged ({why}); resuming from an older checkpoint")
             salvaging = True
@@ -189,20 +203,28 @@ def load_weights(net, ckpt: Path):
 
 
 def load_latest_checkpoint(ckpt: Path, net, optimizer, ctx):
-    """Weights and AdamW state from latest/ (write_latest_checkpoint), resharded onto this run's ranks."""
-    from safetensors.torch import load_file
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_state_dict
-    missing = [name for name in LATEST_FILES if not (ckpt / name).is_file()]
-    if missing:
-        raise TrainingError(f"{ckpt}: lacks {', '.join(missing)} (written by an older version of the kit, or "
+    """Weights and AdamW state from latest/ (write_latest_checkpoint) on any number of ranks: each rank
+    reads only the rows of each tensor that it holds."""
+    if not (ckpt / checkpoint.SHARDED_INDEX).is_file():
+        raise TrainingError(f"{ckpt}: lacks {checkpoint.SHARDED_INDEX} (written by an older version of the kit, or "
                             "damaged); move the folder away and rerun to resume from the last phase checkpoint")
-    model_state = load_file(ckpt / "model.safetensors")
-    optim_state = {"state": {}, "param_groups": read_json(ckpt / "optimizer.json", "param_groups")["param_groups"]}
-    for key, value in load_file(ckpt / "optimizer.safetensors").items():
-        fqn, name = key.rsplit("/", 1)
-        optim_state["state"].setdefault(fqn, {})[name] = value
-    set_state_dict(net, optimizer, model_state_dict=model_state, optim_state_dict=optim_state,
-                   options=StateDictOptions(full_state_dict=True))
+    from torch.distributed.tensor import DTensor
+    index = read_json(ckpt / checkpoint.SHARDED_INDEX, "tensors")
+    with torch.no_grad():
+        for fqn, p in net.named_parameters():
+            local = p.to_local() if isinstance(p, DTensor) else p
+            local.copy_(checkpoint.read_rows(ckpt, index, fqn, p))
+            moments = {}
+            for key in [k for k in index["tensors"] if k.startswith(f"{fqn}/")]:
+                name = key.rsplit("/", 1)[1]
+                if name == "step":  # a plain scalar, the same on every rank
+                    moments[name] = checkpoint.read_rows(ckpt, index, key, torch.zeros(()))
+                    continue
+                rows = checkpoint.read_rows(ckpt, index, key, p).to(local.device)
+                moments[name] = DTensor.from_local(rows, p.device_mesh, p.placements, shape=p.shape,
+                                                   stride=p.stride()) if isinstance(p, DTensor) else rows
+            if moments:
+                optimizer.state[p] = moments
 
 
 # ----------------------------------------------------------------------------------------------

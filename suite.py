@@ -123,11 +123,12 @@ def prepare_data(ws: Workspace, force: bool = False) -> tuple[data.Shard, data.S
     d = ws.preset.data
     enc = tokenizer.qwen3_tokenizer(d["vocab_size"])
     options = corpus_options(ws.preset)
-    if ws.ctx.is_main:  # prepare checksums what it reuses; the other ranks need not read it all again
-        shards = data.prepare(d["source"], ws.data_dir, enc, max_len=d["max_len"], n_train_docs=ws.train_docs,
-                              n_val_docs=d["val_docs"], seed=ws.preset.run["seed"], progress=console.is_terminal,
-                              force=force, **options)
-    ws.ctx.barrier()
+    # Rank 0 prepares (and checksums what it reuses), the others wait for it without a collective's timeout.
+    shards = ws.ctx.on_main(lambda: data.prepare(
+        d["source"], ws.data_dir, enc, max_len=d["max_len"], n_train_docs=ws.train_docs, n_val_docs=d["val_docs"],
+        seed=ws.preset.run["seed"], progress=console.is_terminal, force=force, **options), "preparing the data")
+    for split in ("train", "val"):
+        ws.ctx.check_shared(ws.data_dir / split / data.MANIFEST_FILE, f"the {split} shard")
     if not ws.ctx.is_main:
         shards = data.Shard(ws.data_dir / "train", verify=False), data.Shard(ws.data_dir / "val", verify=False)
     rundir.kill_point("prepared", "data")
@@ -146,10 +147,15 @@ def hub_teacher(ws: Workspace) -> Path:
     import huggingface_hub
     patterns = ["*.json", "*.safetensors", "tokenizer*"]
     try:
-        if ws.ctx.is_main:
-            huggingface_hub.snapshot_download(name, allow_patterns=patterns)
-        ws.ctx.barrier()
-        return Path(huggingface_hub.snapshot_download(name, allow_patterns=patterns, local_files_only=True))
+        path = ws.ctx.on_main(lambda: Path(huggingface_hub.snapshot_download(name, allow_patterns=patterns)),
+                              f"downloading the teacher {name}")
+        if not ws.ctx.is_main:  # rank 0's download, read from the cache every rank must share
+            try:
+                path = Path(huggingface_hub.snapshot_download(name, allow_patterns=patterns, local_files_only=True))
+            except (OSError, ValueError):
+                path = Path(huggingface_hub.constants.HF_HUB_CACHE) / name.replace("/", "--")
+        ws.ctx.check_shared(path / "config.json", f"the teacher {name}")
+        return path
     except (OSError, ValueError) as e:  # every hub error: not found, gated, offline and not cached, no network
         why = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         fix = ("it is not in the local cache and HF_HUB_OFFLINE=1: fetch it once online, or point the preset at a "

@@ -441,7 +441,7 @@ def test_resume_reads_no_pickle(tiny_shards, tiny_teacher_dir, tmp_path, monkeyp
     reference = grow.train(c, tmp_path / "reference")
     grow.train(c, tmp_path / "r", stop_after_step=7)  # a rolling checkpoint at step 6, mid phase 1
     latest = sorted(p.name for p in (tmp_path / "r" / "latest").iterdir())
-    assert latest == sorted((*rundir.LATEST_FILES, checkpoint.CHECKSUMS))
+    assert latest == sorted((*rundir.latest_files(1), checkpoint.CHECKSUMS))
 
     def refuse(*args, **kwargs):
         raise AssertionError("something was unpickled")
@@ -454,15 +454,16 @@ def test_resume_reads_no_pickle(tiny_shards, tiny_teacher_dir, tmp_path, monkeyp
 
 
 def test_a_rolling_checkpoint_of_an_older_kit_is_one_line(tiny_shards, tiny_teacher_dir, tmp_path):
-    """latest/ as older versions wrote it (DCP files, no checksums): one line, never unpickled."""
+    """latest/ as older versions wrote it (DCP files, or gathered safetensors; no index, no checksums):
+    one line, never unpickled."""
     c = distil_config(tiny_shards, tiny_teacher_dir, protocol="joint", checkpoint_interval=2)
     grow.train(c, tmp_path / "r", stop_after_step=3)
     latest = tmp_path / "r" / "latest"
-    for name in (checkpoint.CHECKSUMS, "optimizer.safetensors", "optimizer.json"):
+    for name in (checkpoint.CHECKSUMS, checkpoint.SHARDED_INDEX, *(p.name for p in latest.glob("*.safetensors"))):
         (latest / name).unlink()
     (latest / ".metadata").write_bytes(b"\x80\x04not read")
-    with pytest.raises(errors.TrainingError,
-                       match=r"latest: lacks optimizer.safetensors, optimizer.json .* move the folder"):
+    (latest / "model.safetensors").write_bytes(b"\x80\x04not read either")
+    with pytest.raises(errors.TrainingError, match=r"latest: lacks index.json .* move the folder"):
         grow.train(c, tmp_path / "r")
 
 
@@ -489,12 +490,13 @@ def test_a_damaged_newest_checkpoint_is_passed_over_for_an_older_one(tiny_shards
     c = distil_config(tiny_shards, tiny_teacher_dir, protocol="grow", phase_steps=4, checkpoint_interval=3)
     reference = grow.train(c, tmp_path / "reference")
     grow.train(c, tmp_path / "r", stop_after_step=7)  # latest/ at step 6, phase-0/ at step 4
-    weights = tmp_path / "r" / "latest" / "model.safetensors"
+    weights = tmp_path / "r" / "latest" / "model.rank0-of-1.safetensors"
     data = bytearray(weights.read_bytes())
     data[-5] ^= 0xFF  # one flipped byte in a tensor
     weights.write_bytes(bytes(data))
     assert grow.train(c, tmp_path / "r") == reference
-    assert "latest: damaged (model.safetensors does not match its checksum); resuming from an older checkpoint" \
+    assert "latest: damaged (model.rank0-of-1.safetensors does not match its checksum); resuming from an older " \
+        "checkpoint" \
         in capsys.readouterr().out
     strip = lambda rows: [{k: v for k, v in r.items() if k != "time"} for r in rows]
     assert strip(rundir.read_metrics(tmp_path / "r")) == strip(rundir.read_metrics(tmp_path / "reference"))
@@ -524,7 +526,7 @@ def stopped_run(tiny_shards, tiny_teacher_dir, tmp_path_factory):
 
 
 @pytest.mark.parametrize("damage", DAMAGES)
-@pytest.mark.parametrize("name", [*rundir.LATEST_FILES, checkpoint.CHECKSUMS])
+@pytest.mark.parametrize("name", [*rundir.latest_files(1), checkpoint.CHECKSUMS])
 def test_each_damaged_file_of_the_rolling_checkpoint_falls_back_to_the_same_result(stopped_run, tmp_path, capsys,
                                                                                   name, damage):
     """Any file of latest/ flipped, truncated or deleted: the run names latest/ in a one-line warning,
@@ -565,9 +567,84 @@ def test_with_latest_and_the_phase_checkpoint_damaged_a_snapshot_is_the_resume_p
     c = distil_config(tiny_shards, tiny_teacher_dir, protocol="grow", phase_steps=4, checkpoint_interval=3,
                    snapshot_interval=2)
     grow.train(c, tmp_path / "r", stop_after_step=7)   # latest/ 6, step-6/ 6, phase-0/ 4, step-2/ 2
-    flip_a_byte(tmp_path / "r" / "latest" / "model.safetensors")
+    flip_a_byte(tmp_path / "r" / "latest" / "model.rank0-of-1.safetensors")
     result = grow.train(c, tmp_path / "r")
     out = capsys.readouterr().out
-    assert "latest: damaged (model.safetensors does not match its checksum)" in out
+    assert "latest: damaged (model.rank0-of-1.safetensors does not match its checksum)" in out
     assert "step-6 holds weights but no AdamW state; its moments restart at step 6" in out
     assert math.isfinite(result["ce"]) and (tmp_path / "r" / "done.json").is_file()
+
+
+# ---- sharded rolling checkpoints: each rank writes its own rows; any number of ranks reads them back ---
+
+RESHARD = """
+import json, sys
+from pathlib import Path
+import torch
+import config, devices, grow, rundir
+source, target = Path(sys.argv[1]), Path(sys.argv[2])
+ctx = devices.setup_distributed("cpu")
+import pickle  # from here on, nothing may be unpickled: loading and writing the checkpoint need none
+def refuse(*args, **kwargs):
+    raise AssertionError("something was unpickled")
+class Refused(pickle.Unpickler):
+    __init__ = refuse
+pickle.load, pickle.loads, pickle.Unpickler, torch.load = refuse, refuse, Refused, refuse
+c = config.RunConfig(**json.loads((source / "config.json").read_text())).resolved(source)
+state = json.loads((source / "latest" / "trainer_state.json").read_text())
+teacher = grow.load_teacher(c, ctx, torch.float32)
+net = grow.build_model(c, teacher, ctx, torch.float32)
+params = grow.trainable_parameters(net, config.plan_phases(c)[state["phase"]])
+optimizer = grow.build_optimizer(c, params)
+rundir.load_latest_checkpoint(source / "latest", net, optimizer, ctx)
+target.mkdir(exist_ok=True)
+rundir.write_latest_checkpoint(target, net, optimizer, state, ctx)
+"""
+
+
+def whole_tensors(latest: Path) -> dict:
+    """Every tensor of a sharded latest/, its writers' rows put back together (by the index alone)."""
+    from safetensors import safe_open
+    index = json.loads((latest / "index.json").read_text())
+    out = {}
+    for key, entry in index["tensors"].items():
+        pieces = []
+        for shard in sorted(entry["shards"], key=lambda s: s["offset"]):
+            with safe_open(latest / shard["file"], framework="pt") as f:
+                pieces.append(f.get_tensor(key))
+            if shard["rows"] is None:  # a scalar: every writer holds it
+                break
+        out[key] = pieces[0] if entry["shards"][0]["rows"] is None else torch.cat(pieces)
+    return out
+
+
+@pytest.mark.slow
+def test_two_ranks_save_and_one_two_or_three_read_back_every_byte(tiny_shards, tiny_teacher_dir, tmp_path):
+    """latest/ written by 2 FSDP2 ranks (each its own rows of the weights and AdamW's moments) and read
+    back on 1, 2 and 3 ranks holds the same bytes when written again: resharding moves rows, never
+    changes them. No rank unpickles anything, and the 2-rank resume ends bit-identical to an
+    uninterrupted 2-rank run (test_fsdp2_two_ranks_match_one_process_and_resume)."""
+    c = distil_config(tiny_shards, tiny_teacher_dir, protocol="grow", phase_steps=4, checkpoint_interval=3,
+                      global_batch=6, micro_batch=1)
+    config_file = tmp_path / "config.json"
+    config_file.write_text(json.dumps(asdict(c)))
+    torchrun(config_file, tmp_path / "two", "--stop-after-step", "6")   # latest/ at step 6, mid phase 1
+    saved = tmp_path / "two" / "latest"
+    assert sorted(p.name for p in saved.glob("*.safetensors")) == [
+        "model.rank0-of-2.safetensors", "model.rank1-of-2.safetensors", "optimizer.rank0-of-2.safetensors",
+        "optimizer.rank1-of-2.safetensors"]
+    (tmp_path / "two" / "config.json").write_text(json.dumps(asdict(c)))
+    script = tmp_path / "reshard.py"
+    script.write_text(f"import sys; sys.path.insert(0, {str(ROOT)!r})\n" + RESHARD)
+    want = whole_tensors(saved)
+    assert any("exp_avg_sq" in k for k in want) and any(k.endswith("/step") for k in want)
+    for ranks in (1, 2, 3):
+        target = tmp_path / f"again-{ranks}"
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={ranks}", str(script),
+               str(tmp_path / "two"), str(target)]
+        out = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600,
+                             env={**os.environ, "OMP_NUM_THREADS": "1"})
+        assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-4000:]
+        assert len(list((target / "latest").glob("model.rank*"))) == ranks
+        got = whole_tensors(target / "latest")
+        assert got.keys() == want.keys() and all(torch.equal(got[k], want[k]) for k in want), ranks
