@@ -108,15 +108,16 @@ class Dist:
 
     def wait_for_main(self, what: str):
         """Every rank meets rank 0 after it has done `what` (prepared the data, fetched the teacher), on the
-        gloo group whose timeout is hours, not a collective's minutes; each other node says once a minute
-        that it is still waiting, so a long preparation is visible and never killed by a watchdog."""
+        gloo group whose timeout is hours, not a collective's minutes; one waiting rank a node says once a
+        minute that it is still waiting, so a long preparation is visible and never killed by a watchdog."""
         if self.world == 1:
             return
         work = dist.barrier(group=self.waiting_group, async_op=True)
         started, said = time.time(), time.time()
+        speaks = self.rank % self.local_world == (1 if self.rank < self.local_world else 0)  # one rank a node
         while not work.is_completed():
             time.sleep(0.5)
-            if self.rank % self.local_world == 0 and not self.is_main and time.time() - said >= WAIT_REPORT_SECONDS:
+            if speaks and time.time() - said >= WAIT_REPORT_SECONDS:
                 print(f"rank {self.rank}: waiting for rank 0 to finish {what} ({(time.time() - started) / 60:.0f} min; "
                       "`repro.py prepare` before torchrun does it ahead)", flush=True)
                 said = time.time()

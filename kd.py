@@ -9,7 +9,7 @@ with z = hidden @ head_weight.T for the student (S) and the teacher (T), average
     import kd
     loss, kd_term, ce_term = kd.kd_loss(student_hidden, student.lm_head.weight,   # (B, T, H), (V, H)
                                         teacher_hidden, teacher.lm_head.weight,   # (B, T, H_T), (V, H_T)
-                                        targets, mask,                             # (B, T) long, (B, T) bool
+                                        targets, mask,               # (B, T) long, (B, T) bool (None: all real)
                                         alpha=0.7, gamma=0.3, tau=1.0,
                                         denominator=real_targets_in_global_batch)
     loss.backward()          # gradients reach student_hidden and the student head only
@@ -230,11 +230,12 @@ def _real_tokens(h_S, W_S, h_T, W_T, targets, mask):
     """Flattens leading dims and keeps only real targets, so padding costs nothing downstream; gives
     each hidden/head pair one matmul dtype (the casts sit outside the chunk loop, so autograd carries
     the student's gradients back to the dtypes it came in)."""
-    keep = mask.reshape(-1)
-    h_S, W_S = _same_dtype(h_S.reshape(-1, h_S.shape[-1])[keep], W_S)           # (N, H), (V, H)
+    # mask None: every target is real (plan.py's rehearsal, whose fake tensors have no data to select by).
+    real = slice(None) if mask is None else mask.reshape(-1)
+    h_S, W_S = _same_dtype(h_S.reshape(-1, h_S.shape[-1])[real], W_S)           # (N, H), (V, H)
     if h_T is not None:
-        h_T, W_T = _same_dtype(h_T.reshape(-1, h_T.shape[-1])[keep].detach(), W_T.detach())  # (N, H_T)
-    return h_S, W_S, h_T, W_T, targets.reshape(-1)[keep].long()
+        h_T, W_T = _same_dtype(h_T.reshape(-1, h_T.shape[-1])[real].detach(), W_T.detach())  # (N, H_T)
+    return h_S, W_S, h_T, W_T, targets.reshape(-1)[real].long()
 
 
 def _same_dtype(h, W):

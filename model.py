@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import math
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Callable
@@ -543,10 +544,10 @@ class Student(nn.Module):
 
     @classmethod
     def on_meta(cls, config, blocks, layers_per_block, norm, dtype, shard_fn, boundary, boundary_scale) -> "Student":
-        with torch.device("meta"):
+        with on_meta_device():
             student = cls(config, blocks, layers_per_block, norm, boundary, boundary_scale).to(dtype)
-        if shard_fn is not None:
-            shard_fn(student)
+            if shard_fn is not None:
+                shard_fn(student)
         return student
 
     def enter_block(self, b: int, h: torch.Tensor, profile: dict | None) -> torch.Tensor:
@@ -669,13 +670,28 @@ def load_qwen3(path, dtype=torch.float32, device="cpu", shard_fn: Callable | Non
     float dtype on disk, tied (no lm_head.weight) or untied embeddings. Built on the meta device;
     with `shard_fn` (FSDP2), each rank reads only its own rows of each sharded tensor from disk."""
     path = Path(path)
-    config = ModelConfig.from_hf(read_config(path), str(path / "config.json"))
-    with torch.device("meta"):
-        teacher = Qwen3(config)
-    if shard_fn is not None:
-        shard_fn(teacher)
+    teacher = qwen3_on_meta(ModelConfig.from_hf(read_config(path), str(path / "config.json")), shard_fn)
     load_tensors(teacher, path, dtype, device, name_in_file=hf_name)
     return teacher.eval().requires_grad_(False)
+
+
+def qwen3_on_meta(config: ModelConfig, shard_fn: Callable | None = None) -> Qwen3:
+    """A Qwen3 on the meta device (no memory), sharded by `shard_fn` (FSDP2) if given: what load_qwen3
+    fills from a checkpoint, and what plan.py's full-size rehearsal fills with fake tensors."""
+    with on_meta_device():
+        teacher = Qwen3(config)
+        if shard_fn is not None:
+            shard_fn(teacher)
+    return teacher
+
+
+@contextmanager
+def on_meta_device():
+    """Build on the meta device, a real one even inside a FakeTensorMode (plan.py's full-size rehearsal):
+    to_empty then swaps in fake tensors, which it cannot do for parameters that are fake themselves."""
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
+    with unset_fake_temporarily(), torch.device("meta"):
+        yield
 
 
 def save_qwen3(teacher: Qwen3, path, state: dict | None = None):

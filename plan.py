@@ -39,6 +39,17 @@ class PlannedRun:
     shared_phases: int  # leading phases computed by another run (a shared prefix): not paid again
 
 
+def step_flops(preset, teacher: model.ModelConfig, tokens: float) -> float:
+    """FLOPs of one optimizer step over `tokens` with every block active and trained (grow's last phase,
+    a joint run): the teacher's forward and head, the student's forward, its backward (2x), the
+    recomputed forward under activation checkpointing, and the student's head forward and backward."""
+    context = min(preset.doc_tokens, preset.data["max_len"]) / 2
+    t_layers, head = model.forward_flops_per_token(teacher, teacher.num_hidden_layers, context)
+    s_layers, _ = model.forward_flops_per_token(teacher, preset.run["blocks"] * preset.run["layers_per_block"], context)
+    recompute = s_layers if preset.run.get("activation_checkpointing") else 0.0
+    return tokens * (t_layers + head + 3 * s_layers + recompute + 3 * head)
+
+
 def memory_bytes(preset, teacher: model.ModelConfig, gpus: int, runs: int = 1) -> float:
     """A rough per-GPU peak under FSDP2 with `runs` students resident: each one's sharded fp32 weights,
     gradients and Adam states; the sharded bf16 teacher layers with replicated embedding and head; the

@@ -550,6 +550,31 @@ def prepare(scale, force, runs_dir):
 
 
 @cli.command()
+@scale_option
+@click.option("--gpus", type=click.IntRange(1, 1024), default=None,
+              help="GPUs per node (default: 8 at full scale, 1 at the others).")
+@click.option("--nodes", type=click.IntRange(1, 1024), default=1, show_default=True,
+              help="Nodes; above 1, HSDP: shard within a node, replicate across nodes.")
+@click.option("--replicate-teacher", is_flag=True, help="Rehearse the teacher whole on every GPU instead of sharded.")
+@overrides_option
+@runs_option
+@results_option
+def rehearse(scale, gpus, nodes, replicate_teacher, overrides, compile_flag, device, tracker, runs_dir, results_dir):
+    """A full-size rehearsal of one training step on this CPU, no GPU needed: fake process group, fake
+    tensors, the kit's own model, sharding, loss and optimizer; per-rank memory by category, collectives
+    and their bytes, communication against compute (results/rehearse-<scale>.json)."""
+    import rehearse as rehearsal
+    ws = suite.workspace(scale, runs_dir, results_dir, dry_run=True, overrides=overrides, compile_flag=compile_flag,
+                         device="cpu")
+    launch = rehearsal.Launch(gpus or (8 if scale == "full" else 1), nodes)
+    runs = {"apart": rehearsal.rehearse(ws, launch, resident=1, replicate_teacher=replicate_teacher),
+            "lockstep": rehearsal.rehearse(ws, launch, replicate_teacher=replicate_teacher)}
+    suite.console.print("\n".join(rehearsal.markdown(runs["lockstep"])), markup=False)
+    path = rehearsal.write(runs, ws.results.parent)
+    suite.console.print(f"runs apart: per-rank peak {runs['apart']['peak_gib']['per-rank peak']:.1f} GiB; wrote {path}")
+
+
+@cli.command()
 def bench():
     """Speed and memory against references, measured in one run on this machine (results/bench.json)."""
     import bench as bench_module

@@ -1,0 +1,83 @@
+"""The cluster path without a cluster: gloo ranks under torchrun for the launch's failure modes (a long
+preparation on rank 0, a runs folder some rank cannot see), and the full-size rehearsal (rehearse.py)
+at reduced dimensions, its collectives and memory checked against counts made apart."""
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+pytestmark = pytest.mark.slow
+
+
+def torchrun_script(script: Path, *args, ranks: int = 2, cwd=ROOT) -> subprocess.CompletedProcess:
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={ranks}", str(script),
+           *map(str, args)]
+    return subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=600,
+                          env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)})
+
+
+SLOW_PREPARATION = """
+import sys, time
+from datetime import timedelta
+from pathlib import Path
+import data, devices, presets, suite
+devices.COLLECTIVE_TIMEOUT = timedelta(seconds=3)   # what NCCL's 10 minutes are to a real preparation
+devices.WAIT_REPORT_SECONDS = 2
+prepare = data.prepare
+def slow(*args, **kwargs):
+    time.sleep(10)
+    return prepare(*args, **kwargs)
+data.prepare = slow
+ctx = devices.setup_distributed("cpu")
+if sys.argv[1] == "kit":
+    ws = suite.Workspace(presets.PRESETS["smoke"], Path(sys.argv[2]) / "smoke", Path(sys.argv[2]) / "results", ctx)
+    suite.prepare_data(ws)
+else:  # what the kit did before: rank 0 prepares while the others sit in a collective of the default group
+    if ctx.is_main:
+        time.sleep(10)
+    ctx.barrier()
+ctx.barrier()
+print(f"rank {ctx.rank}: done", flush=True)
+devices.teardown(ctx)
+"""
+
+
+def test_a_preparation_longer_than_the_collective_timeout_is_waited_for(tmp_path):
+    """Rank 0 prepares the data for longer than the process group's timeout (3 s here) while rank 1
+    waits on the kit's gloo group of its own, saying so: both finish. The same wait in a collective of
+    the default group times out (the test's control: without the kit's wait, a rank is killed)."""
+    script = tmp_path / "prepare.py"
+    script.write_text(SLOW_PREPARATION)
+    kit = torchrun_script(script, "kit", tmp_path)
+    assert kit.returncode == 0, kit.stdout[-2000:] + kit.stderr[-3000:]
+    assert "rank 0: done" in kit.stdout and "rank 1: done" in kit.stdout
+    assert "rank 1: waiting for rank 0 to finish preparing the data" in kit.stdout
+    assert (tmp_path / "smoke" / "data" / "train" / "manifest.json").is_file()
+    plain = torchrun_script(script, "plain", tmp_path)
+    assert plain.returncode != 0 and "Timed out" in plain.stdout + plain.stderr
+
+
+UNSHARED = """
+import os, sys
+os.chdir(sys.argv[1 + int(os.environ["RANK"])])   # each rank its own folder: a runs folder that is not shared
+sys.argv = ["repro.py", "train", "--scale", "smoke", "--norm", "post", "--protocol", "joint", "--device", "cpu"]
+import repro
+repro.cli()
+"""
+
+
+def test_a_rank_that_cannot_see_the_runs_folder_stops_every_rank_with_one_line(tmp_path):
+    """`--runs-dir runs` resolves to another folder on each rank (as on nodes without a shared filesystem):
+    rank 0 prepares the data in its own, rank 1 cannot see it, and every rank stops; one line says why."""
+    script = tmp_path / "unshared.py"
+    script.write_text(UNSHARED)
+    for rank in (0, 1):
+        (tmp_path / f"node{rank}").mkdir()
+    out = torchrun_script(script, tmp_path / "node0", tmp_path / "node1")
+    errors = [line for line in (out.stdout + out.stderr).splitlines() if line.startswith("Error:")]
+    assert out.returncode != 0 and len(errors) == 1, out.stdout[-2000:] + out.stderr[-3000:]
+    assert "not there on every rank" in errors[0] and "filesystem every node shares" in errors[0]
+    assert not (tmp_path / "node1" / "runs" / "smoke" / "s42").exists()  # no run started anywhere
