@@ -25,6 +25,10 @@ GPU_MEMORY_GIB = {"a100": 80, "h100": 80, "h200": 141, "b200": 180}
 ASSUMED_MFU = 0.40  # torchtitan reports roughly 40-50% on dense 8B models
 DISK_BYTES_PER_S = 1e9  # an assumed sequential read speed for the dry run's diagnostics estimate
 MEMORY_HEADROOM = 0.9  # of the GPU's memory: allocator fragmentation and NCCL buffers take the rest
+# Stated, not measured: NCCL's bus bandwidth per GPU for all-gather and reduce-scatter within an 8 x H100
+# NVLink node, and for all-reduce across nodes over one 400 Gb/s InfiniBand NIC per GPU.
+NVLINK_BYTES_PER_S = 360e9
+INFINIBAND_BYTES_PER_S = 45e9
 
 
 def model_shapes(preset) -> tuple[model.ModelConfig, int]:
@@ -37,6 +41,48 @@ class PlannedRun:
     name: str
     config: config.RunConfig
     shared_phases: int  # leading phases computed by another run (a shared prefix): not paid again
+
+
+# ----------------------------------------------------------------------------------------------
+# Communication: FSDP2's collectives of one step, counted from the sharding (rehearse.py measures them)
+
+def layer_parameters(c: model.ModelConfig) -> int:
+    return c.hidden_size * (c.num_attention_heads + c.num_key_value_heads) * 2 * c.head_dim \
+        + 3 * c.hidden_size * c.intermediate_size + 2 * c.head_dim + 2 * c.hidden_size
+
+
+def collectives(preset, teacher: model.ModelConfig, phase: config.Phase, gpus: int, nodes: int = 1,
+                with_teacher: bool = True) -> list[tuple[str, int, float]]:
+    """(kind, ranks, bytes of this rank's buffer) of every collective of one optimizer step in `phase`
+    under devices.shard_fn on `nodes` x `gpus`: each micro-batch all-gathers every teacher layer
+    (bf16) once, the student's active layers (bf16) in forward and, those that train, again in backward,
+    and the student's root (fp32: embedding, norms, head) once; after the last micro-batch each trained
+    unit's fp32 gradients are reduce-scattered once (the frozen embedding has none), and over several
+    nodes all-reduced across them (HSDP). One GPU: none."""
+    world = gpus * nodes
+    if world == 1:
+        return []
+    micro = preset.run["global_batch"] // world // preset.run["micro_batch"]
+    L, layer = preset.run["layers_per_block"], layer_parameters(teacher)
+    active, trained = phase.active_blocks * L, len(phase.trainable_blocks) * L
+    head = teacher.vocab_size * teacher.hidden_size
+    root = 2 * head + 2 * teacher.hidden_size
+    per_micro = [("all-gather", gpus, 2 * layer)] * (teacher.num_hidden_layers if with_teacher else 0) \
+        + [("all-gather", gpus, 2 * layer)] * (active + trained) + [("all-gather", gpus, 4 * root)]
+    grads = [("reduce-scatter", gpus, 4 * layer)] * trained + [("reduce-scatter", gpus, 4 * head)] * phase.trains_head
+    across = [("all-reduce", nodes, b / gpus) for _, _, b in grads] if nodes > 1 else []
+    return per_micro * micro + grads + across
+
+
+def comm_seconds(calls: list[tuple[str, int, float]], nodes: int = 1) -> float:
+    """Ring collectives' time at the stated bandwidths: bytes x (n - 1) / n over NVLink within a node,
+    over InfiniBand for the all-reduce across nodes (HSDP's replicas)."""
+    seconds = 0.0
+    for kind, ranks, nbytes in calls:
+        if ranks > 1:
+            across = kind == "all-reduce" and nodes > 1
+            seconds += nbytes * (ranks - 1) / ranks / (INFINIBAND_BYTES_PER_S if across else NVLINK_BYTES_PER_S)
+    return seconds
 
 
 def step_flops(preset, teacher: model.ModelConfig, tokens: float) -> float:
@@ -149,7 +195,61 @@ def lockstep_default(ws: suite.Workspace, names) -> bool:
     return fits(ws.preset, ws.ctx.world, memory, planned_runs(ws, names, ws.preset.run["seed"]))
 
 
-def print_plan(ws, runs: list[PlannedRun], seeds: list[int], gpu: str, gpus: int, console: Console) -> dict:
+@dataclass
+class Segment:
+    """Steps [start, stop) of one run's phase, with the per-step costs on each GPU (seconds): the
+    student's compute and communication, and the teacher's (which lockstep runs share)."""
+    start: int
+    stop: int
+    compute: float
+    comm: float
+    teacher_compute: float
+    teacher_comm: float
+
+
+def segments(run: PlannedRun, preset, teacher: model.ModelConfig, doc_tokens: float, gpu: str, gpus: int,
+             nodes: int) -> list[Segment]:
+    """The phases a run computes itself (after a shared prefix), each costed per step: FLOPs at the
+    assumed MFU, collectives (collectives()) at the stated bandwidths."""
+    context = min(doc_tokens, preset.data["max_len"]) / 2
+    tokens = run.config.global_batch * doc_tokens / (gpus * nodes)  # per GPU
+    rate = GPU_BF16_PEAK[gpu] * ASSUMED_MFU
+    t_layers, head = model.forward_flops_per_token(teacher, teacher.num_hidden_layers, context)
+    L, out = preset.run["layers_per_block"], []
+    for ph in config.plan_phases(run.config)[run.shared_phases:]:
+        s_layers, _ = model.forward_flops_per_token(teacher, ph.active_blocks * L, context)
+        trained = len(ph.trainable_blocks) / ph.active_blocks
+        # forward everywhere; backward (2x) of the trained blocks, recomputed once more under activation
+        # checkpointing; the student's head forward and backward; the teacher's layers and head forward
+        recompute = trained if run.config.activation_checkpointing else 0.0
+        flops = tokens * (s_layers * (1 + 2 * trained + recompute) + 3 * head)
+        student = comm_seconds(collectives(preset, teacher, ph, gpus, nodes, with_teacher=False), nodes)
+        both = comm_seconds(collectives(preset, teacher, ph, gpus, nodes), nodes)
+        out.append(Segment(ph.first_step, ph.first_step + ph.steps, flops / rate, student,
+                           tokens * (t_layers + head) / rate, both - student))
+    return out
+
+
+def suite_seconds(runs: list[PlannedRun], costs: dict[str, list[Segment]], lockstep: bool) -> float:
+    """Wall seconds of one seed's runs: a step takes the longer of its compute and its communication
+    (FSDP2 prefetches the next unit's all-gather during the current one's compute). Apart, every step
+    pays its own teacher; in lockstep, the runs at one global step share one teacher pass (plan of
+    grow.train_together), the long joint controls still train alone."""
+    alone = [r for r in runs if not lockstep or r not in lockstep_runs(runs)]
+    seconds = sum((s.stop - s.start) * max(s.compute + s.teacher_compute, s.comm + s.teacher_comm)
+                  for r in alone for s in costs[r.name])
+    together = [s for r in runs if r not in alone for s in costs[r.name]]
+    edges = sorted({e for s in together for e in (s.start, s.stop)})
+    for a, b in zip(edges, edges[1:]):
+        live = [s for s in together if s.start <= a < s.stop]
+        if live:
+            seconds += (b - a) * max(live[0].teacher_compute + sum(s.compute for s in live),
+                                     live[0].teacher_comm + sum(s.comm for s in live))
+    return seconds
+
+
+def print_plan(ws, runs: list[PlannedRun], seeds: list[int], gpu: str, gpus: int, console: Console,
+               nodes: int = 1) -> dict:
     """The plan table and totals; returns {"rows", "separate", "lockstep"} (totals: FLOPs, GPU-hours,
     per-GPU memory, teacher passes) and "lockstep_default"."""
     preset = ws.preset
@@ -162,13 +262,14 @@ def print_plan(ws, runs: list[PlannedRun], seeds: list[int], gpu: str, gpus: int
     context = min(doc_tokens, preset.data["max_len"]) / 2
     L = preset.run["layers_per_block"]
     t_layers, t_head = model.forward_flops_per_token(teacher, teacher.num_hidden_layers, context)
-    gpu_hours = lambda flops: flops / (GPU_BF16_PEAK[gpu] * ASSUMED_MFU) / 3600
     table = Table(title=f"plan at scale {preset.name}: {len(seeds)} seed(s), {doc_tokens:.1f} tokens/document"
                         f"{' (assumed)' if doc_tokens == preset.doc_tokens else ' (measured)'}; each run alone")
     for column in ("run", "phases", "steps", "active layers", "tokens", "unique", "layer-tokens", "FLOPs",
                    f"{gpu} GPU-h"):
         table.add_column(column, justify="right")
     separate_flops, rows = 0.0, []
+    costs = {run.name: segments(run, preset, teacher, doc_tokens, gpu, gpus, nodes) for run in runs}
+    hours = lambda seconds: seconds * gpus * nodes / 3600
     for run in runs:
         c, phases = run.config, config.plan_phases(run.config)
         tokens_per_phase = c.phase_steps * c.global_batch * doc_tokens
@@ -185,7 +286,7 @@ def print_plan(ws, runs: list[PlannedRun], seeds: list[int], gpu: str, gpus: int
                " / ".join(str(p.active_blocks * L) for p in phases),
                *(report.fmt(n, report.TOKENS) for n in (tokens_per_phase * len(phases), unique,
                                                           sum(p.active_blocks * L for p in phases) * tokens_per_phase)),
-               flops_text(flops), hours_text(gpu_hours(flops))]
+               flops_text(flops), hours_text(hours(suite_seconds([run], costs, lockstep=False)))]
         rows.append(row)
         table.add_row(*row)
     console.print(table)
@@ -194,13 +295,20 @@ def print_plan(ws, runs: list[PlannedRun], seeds: list[int], gpu: str, gpus: int
     totals = {}
     for way, flops, resident in (("separate", separate_flops, 1), ("lockstep", separate_flops - saved,
                                                                    most_resident(runs))):
-        memory = memory_bytes(preset, teacher, gpus, resident)
-        totals[way] = {"flops": flops, "gpu_hours": gpu_hours(flops), "memory_gib": memory / 2**30,
-                       "teacher_passes": teacher_passes(runs, way == "lockstep") * len(seeds), "resident_runs": resident}
-        console.print(f"{way}: {flops_text(flops)} = {hours_text(gpu_hours(flops))} {gpu} GPU-hours at an assumed "
-                      f"{ASSUMED_MFU:.0%} MFU = {hours_text(gpu_hours(flops) / gpus)} hours on {gpus} GPU(s); "
-                      f"{totals[way]['teacher_passes']:,} teacher steps; per-GPU memory ~{memory / 2**30:.0f} GiB "
-                      f"(estimate, {resident} run(s) resident)")
+        memory = memory_bytes(preset, teacher, gpus * nodes, resident)
+        seconds = suite_seconds(runs, costs, lockstep=way == "lockstep") * len(seeds)
+        compute_only = flops / (GPU_BF16_PEAK[gpu] * ASSUMED_MFU) / (gpus * nodes) / 3600
+        totals[way] = {"flops": flops, "gpu_hours": hours(seconds), "wall_hours": seconds / 3600,
+                       "memory_gib": memory / 2**30, "resident_runs": resident,
+                       "teacher_passes": teacher_passes(runs, way == "lockstep") * len(seeds)}
+        console.print(f"{way}: {flops_text(flops)}; {hours_text(hours(seconds))} {gpu} GPU-hours = "
+                      f"{hours_text(seconds / 3600)} hours on {nodes} x {gpus} GPU(s) (compute at an assumed "
+                      f"{ASSUMED_MFU:.0%} MFU, communication at {NVLINK_BYTES_PER_S / 1e9:.0f} GB/s within a node"
+                      + (f" and {INFINIBAND_BYTES_PER_S / 1e9:.0f} GB/s across" if nodes > 1 else "") +
+                      f", each step the longer of the two; compute alone would take {hours_text(compute_only)} "
+                      f"hours); {totals[way]['teacher_passes']:,} teacher "
+                      f"steps; per-GPU memory ~{memory / 2**30:.0f} GiB (estimate, {resident} run(s) resident)")
+    gpu_hours = lambda f: f / (GPU_BF16_PEAK[gpu] * ASSUMED_MFU) / 3600  # the diagnostics: rank 0, no collectives
     diag_flops, loads = (x * len(seeds) for x in diagnostics_cost(preset, runs, teacher, context))
     read = loads * student_bytes(preset, teacher)
     console.print(f"diagnostics (rank 0 alone, after training, one checkpoint at a time in bf16): "

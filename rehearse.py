@@ -41,10 +41,6 @@ import plan
 import presets
 
 GiB = 2**30
-# Stated, not measured: NCCL's bus bandwidth per GPU for all-gather and reduce-scatter within an 8 x H100
-# NVLink node, and for all-reduce across nodes over one 400 Gb/s InfiniBand NIC per GPU.
-NVLINK_BYTES_PER_S = 360e9
-INFINIBAND_BYTES_PER_S = 45e9
 
 
 @dataclass
@@ -93,18 +89,6 @@ def summarize_calls(calls: list[tuple[str, int, int]]) -> dict:
         entry["count"] += 1
         entry["gib"] += nbytes / GiB
     return out
-
-
-def comm_seconds(calls: list[tuple[str, int, int]], launch: Launch) -> float:
-    """Ring collectives' time at the stated bandwidths: bytes x (n - 1) / n over NVLink for the groups
-    within a node, over InfiniBand for the all-reduce across nodes (HSDP's replicas)."""
-    seconds = 0.0
-    for kind, ranks, nbytes in calls:
-        if ranks < 2:
-            continue
-        across = kind == "all-reduce" and launch.nodes > 1
-        seconds += nbytes * (ranks - 1) / ranks / (INFINIBAND_BYTES_PER_S if across else NVLINK_BYTES_PER_S)
-    return seconds
 
 
 # ----------------------------------------------------------------------------------------------
@@ -278,10 +262,10 @@ def rehearse(ws, launch: Launch, resident: int | None = None, replicate_teacher:
         peak_gib={**peak, **resident_gib, "per-rank peak": peak.get("Total", 0.0) + sum(resident_gib.values())},
         left_gathered=left_gathered, collectives_per_step=summarize_calls(step_calls),
         collectives_per_evaluation_batch=summarize_calls(evaluation_calls),
-        comm_s_per_step=comm_seconds(step_calls, launch), compute_s_per_step=compute_s,
-        step_s=max(compute_s, comm_seconds(step_calls, launch)),
-        assumptions={"mfu": plan.ASSUMED_MFU, "gpu": "h100", "nvlink_bytes_per_s": NVLINK_BYTES_PER_S,
-                     "infiniband_bytes_per_s": INFINIBAND_BYTES_PER_S, "tokens_per_step": tokens,
+        comm_s_per_step=plan.comm_seconds(step_calls, launch.nodes), compute_s_per_step=compute_s,
+        step_s=max(compute_s, plan.comm_seconds(step_calls, launch.nodes)),
+        assumptions={"mfu": plan.ASSUMED_MFU, "gpu": "h100", "nvlink_bytes_per_s": plan.NVLINK_BYTES_PER_S,
+                     "infiniband_bytes_per_s": plan.INFINIBAND_BYTES_PER_S, "tokens_per_step": tokens,
                      "overlap": "communication overlaps compute (FSDP2's prefetch): a step takes the longer"},
         wall_s=time.time() - started)
     if dist.is_initialized():

@@ -158,14 +158,15 @@ def cli():
 @click.option("--dry-run", is_flag=True, help="Print the plan (runs, phases, tokens, FLOPs, GPU hours) and stop.")
 @click.option("--gpu", type=click.Choice(list(plan.GPU_BF16_PEAK)), default="h100", show_default=True,
               help="GPU type for --dry-run's hour estimate.")
-@click.option("--gpus", type=click.IntRange(1), default=None, help="GPUs for --dry-run's estimate (default: 8 at "
-              "full scale, 1 at the others).")
+@click.option("--gpus", type=click.IntRange(1), default=None, help="GPUs per node for --dry-run's estimate "
+              "(default: 8 at full scale, 1 at the others).")
+@click.option("--nodes", type=click.IntRange(1), default=1, show_default=True, help="Nodes for --dry-run's estimate.")
 @overrides_option
 @lockstep_option
 @force_option
 @runs_option
 @results_option
-def run_experiments(wanted, scale, seeds, dry_run, gpu, gpus, overrides, compile_flag, device, tracker, lockstep,
+def run_experiments(wanted, scale, seeds, dry_run, gpu, gpus, nodes, overrides, compile_flag, device, tracker, lockstep,
                     force, runs_dir, results_dir):
     """Run EXPERIMENTS (default: all) at a scale and write results/<scale>/<experiment>.md/.json/.png."""
     known = experiments.EXPERIMENTS
@@ -179,7 +180,7 @@ def run_experiments(wanted, scale, seeds, dry_run, gpu, gpus, overrides, compile
     seeds = seeds or [ws.preset.run["seed"]]
     if dry_run:
         plan.print_plan(ws, plan.planned_runs(ws, runs, seeds[0]), seeds, gpu, gpus or (8 if scale == "full" else 1),
-                        suite.console)
+                        suite.console, nodes)
         return
     ws.results.mkdir(parents=True, exist_ok=True)
     started = time.time()
