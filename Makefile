@@ -59,9 +59,10 @@ toy: install
 bench: install-dev
 	$(BIN)/python repro.py bench
 
-# One CUDA GPU, under 8 minutes: bf16 parity, a paper-size layer step with MFU, FSDP2 on one rank.
+# One CUDA GPU, a few minutes: bf16 parity, fused attention at 8,192 tokens, the full-size rehearsal on the GPU,
+# the driver under torchrun through a kill and a resume, a paper-size block's MFU, checkpoint write speed.
 gpu-check: install-dev
-	$(BIN)/python bench.py --gpu-check
+	$(BIN)/python gpucheck.py
 
 # Does the working tree compute what BASE computed? Two smoke suites, every results JSON compared.
 same-results: install-dev

@@ -1,7 +1,7 @@
 """Benchmarks: the kit against references, measured in one run on one machine, reported as ratios.
 
     python bench.py                  # or `make bench` / `python repro.py bench`; writes results/bench.json
-    python bench.py --gpu-check      # `make gpu-check`: CUDA parity in bf16, a paper-size layer step, FSDP2
+    python gpucheck.py               # `make gpu-check`: what a first cluster run would hit, on one GPU
 
 CPU bench, each line a ratio measured in this run:
 1. train step (teacher forward + student forward/backward + AdamW) at the toy configuration, kit vs
@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import ctypes
 import json
-import math
 import os
 import platform
 import resource
@@ -448,122 +447,6 @@ def profile_step(norm: str = "post", steps: int = 5, rows: int = 20):
 
 
 # ----------------------------------------------------------------------------------------------
-# GPU check: one prepared script for a machine with one CUDA GPU
-
-PAPER_LAYER = model.ModelConfig(num_hidden_layers=3)  # hidden 4096, 32/8 heads, intermediate 12288, vocab 151,936
-
-
-def check_parity_bf16(device) -> dict:
-    """The teacher against transformers' Qwen3 and the chunked loss against a naive one, in bf16."""
-    import transformers
-    torch.manual_seed(0)
-    hf_config = transformers.Qwen3Config(vocab_size=1000, hidden_size=256, intermediate_size=512, num_hidden_layers=2,
-                                         num_attention_heads=8, num_key_value_heads=2, head_dim=64)
-    hf = transformers.Qwen3ForCausalLM(hf_config).to(device, torch.bfloat16).eval()
-    import tempfile
-    with tempfile.TemporaryDirectory() as tmp:
-        hf.save_pretrained(tmp)
-        ours = model.load_qwen3(tmp, dtype=torch.bfloat16, device=device)
-    ids = torch.randint(0, 1000, (2, 64), device=device)
-    with torch.no_grad():
-        a, b = ours(ids).float(), hf(ids).logits.float()
-    logits_rel = ((a - b).abs().max() / b.abs().max()).item()
-    h_s = torch.randn(512, 256, device=device, dtype=torch.bfloat16, requires_grad=True)
-    w_s = torch.randn(1000, 256, device=device, dtype=torch.bfloat16, requires_grad=True)
-    h_t, w_t = torch.randn(512, 256, device=device, dtype=torch.bfloat16), torch.randn(1000, 256, device=device,
-                                                                                       dtype=torch.bfloat16)
-    y = torch.randint(0, 1000, (512,), device=device)
-    mask = torch.ones(512, dtype=torch.bool, device=device)
-    loss, _, _ = kd.kd_loss(h_s, w_s, h_t, w_t, y, mask, chunk_size=100)
-    reference = naive_loss(h_s.float() @ w_s.float().T, h_t.float() @ w_t.float().T, y)
-    return {"teacher_logits_max_rel_diff": logits_rel, "kd_loss": loss.item(), "kd_loss_naive_fp32": reference.item(),
-            "ok": logits_rel < 2e-2 and abs(loss.item() - reference.item()) < 2e-2 * abs(reference.item())}
-
-
-def paper_layer_step(device, config: model.ModelConfig, batch: int, seq: int, repeats: int, shard: bool) -> dict:
-    """A distillation step of one student block of 3 layers at the paper's dimensions: bf16 autocast,
-    activation checkpointing, the chunked KD loss over the 151,936-token head. MFU against the
-    measured bf16 matmul peak. With shard, FSDP2 on one rank (the full-scale code path)."""
-    torch.manual_seed(0)
-    teacher = model.Qwen3(config).to(device)
-    teacher.init_weights(0)
-    teacher = teacher.to(torch.bfloat16).eval().requires_grad_(False)
-    shard_fn = None
-    if shard:
-        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
-        mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
-
-        def shard_fn(net):
-            for layer in net.layers:
-                fully_shard(layer, mp_policy=mp)
-            fully_shard(net, mp_policy=mp)
-    student = model.Student.from_teacher(teacher, 1, config.num_hidden_layers, "post", seed=0, shard_fn=shard_fn)
-    student.checkpoint_layers = True
-    optimizer = torch.optim.AdamW([p for p in student.parameters() if p.requires_grad], lr=1e-4)
-    ids = torch.randint(0, config.vocab_size, (batch, seq), device=device)
-    mask = torch.ones_like(ids, dtype=torch.bool)
-    # bf16 autocast on the GPU; on a CPU (the plumbing check) fp32, since bf16 is emulated on most CPUs.
-    context = torch.autocast(device.type, dtype=torch.bfloat16, enabled=not shard and device.type == "cuda")
-    losses = []
-
-    def step():
-        with context:
-            losses.append(float(kit_step(teacher, student, optimizer, ids, mask, chunk=4096)))
-        torch.cuda.synchronize(device) if device.type == "cuda" else None
-
-    torch.cuda.reset_peak_memory_stats(device) if device.type == "cuda" else None
-    seconds = timed(step, repeats)
-    flops = train_step_flops(config, config.num_hidden_layers, batch * seq, seq)
-    peak = matmul_peak_on(device, torch.bfloat16 if device.type == "cuda" else torch.float32)
-    return {"tokens": batch * seq, "step_s": seconds, "tokens_per_s": batch * seq / seconds, "mfu": flops / seconds / peak,
-            "peak_tflops": peak / 1e12, "max_memory_gib": (torch.cuda.max_memory_allocated(device) / 2**30
-                                                           if device.type == "cuda" else None),
-            "finite": all(map(math.isfinite, losses))}
-
-
-def matmul_peak_on(device, dtype, n: int = 8192) -> float:
-    if device.type == "cpu":
-        return matmul_peak(dtype, 1024)
-    a, b = torch.randn(n, n, device=device, dtype=dtype), torch.randn(n, n, device=device, dtype=dtype)
-    return 2 * n ** 3 / timed(lambda: (a @ b, torch.cuda.synchronize(device)), 20)
-
-
-def free_port() -> int:
-    """A TCP port the OS says is free now, for a one-rank process group."""
-    import socket
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def gpu_check(device: str = "cuda", config: model.ModelConfig = PAPER_LAYER, batch: int = 2, seq: int = 4096,
-              repeats: int = 5) -> dict:
-    """`make gpu-check`: (a) parity in bf16 on CUDA, (b) a paper-size 3-layer step with MFU,
-    (c) the same step under FSDP2 on one rank. Prints and writes results/gpu_check.json."""
-    import torch.distributed as dist
-    device = torch.device(device)
-    results = {"environment": {**environment(), "device": torch.cuda.get_device_name(device) if device.type == "cuda"
-                                                          else "cpu"}}
-    results["parity_bf16"] = check_parity_bf16(device)
-    print(f"(a) parity in bf16: {results['parity_bf16']}", flush=True)
-    results["paper_layer_step"] = paper_layer_step(device, config, batch, seq, repeats, shard=False)
-    print(f"(b) paper-size step: {results['paper_layer_step']} (goal: MFU >= 45%)", flush=True)
-    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-    os.environ.setdefault("MASTER_PORT", str(free_port()))  # never a fixed port: parallel runs collide
-    dist.init_process_group("nccl" if device.type == "cuda" else "gloo", rank=0, world_size=1)
-    try:
-        results["fsdp2_one_rank"] = paper_layer_step(device, config, batch, seq, repeats, shard=True)
-    finally:
-        dist.destroy_process_group()
-    print(f"(c) FSDP2 on one rank: {results['fsdp2_one_rank']}", flush=True)
-    out = RESULTS.with_name("gpu_check.json")
-    out.parent.mkdir(exist_ok=True)
-    checkpoint.write_atomic(out, json.dumps(results, indent=2) + "\n")
-    print(f"wrote {out}")
-    return results
-
-
-# ----------------------------------------------------------------------------------------------
 
 def cpu_name() -> str:
     cpuinfo = Path("/proc/cpuinfo")
@@ -628,13 +511,10 @@ def main(repeats: int = 5, data_dir: Path = Path("runs/toy/data"), sizes: dict =
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--gpu-check", action="store_true", help="run the CUDA checks (one GPU, under 8 minutes)")
     parser.add_argument("--profile", action="store_true", help="print torch.profiler's table of the train step")
     parser.add_argument("--repeats", type=int, default=5)
     args = parser.parse_args()
-    if args.gpu_check:
-        gpu_check()
-    elif args.profile:
+    if args.profile:
         profile_step()
     else:
         main(args.repeats)

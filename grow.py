@@ -598,6 +598,8 @@ def train_together(jobs: list[tuple[RunConfig, Path]], force: bool = False, ctx:
         raise TrainingError("runs trained together must distil from one teacher at one precision; train them apart")
     if distilled and teacher is None:
         teacher = load_teacher(distilled[0], ctx, precision_choice(distilled[0].precision, ctx.device, ctx.world)[0])
+    if todo and ctx.device.type == "cuda":
+        warn_math_attention(todo[0].config, ctx)
     progress = progress_bar(ctx)
     if progress:
         progress.start()
@@ -610,6 +612,22 @@ def train_together(jobs: list[tuple[RunConfig, Path]], force: bool = False, ctx:
         if progress:
             progress.stop()
     return [run.result for run in runs]
+
+
+def warn_math_attention(config: RunConfig, ctx: Dist):
+    """One line if this GPU has no fused attention kernel for the runs' longest document (SDPA would fall
+    back to the math kernel without a word: its T x T scores per head, and several times slower)."""
+    shard = data.Shard(config.train_data, verify=False)
+    length = int(shard.lengths.max()) - 1
+    shape = model.ModelConfig(**config.teacher_config) if config.teacher_config else \
+        model.ModelConfig.from_hf(model.read_config(Path(config.teacher))) if config.teacher else \
+        model.ModelConfig(**config.scratch_model)
+    problem = model.fused_attention_problem(shape, length, ctx.device)
+    if problem:
+        scores = shape.num_attention_heads * length**2 * 4 / 2**30
+        print0(ctx, f"warning: no fused attention kernel on {torch.cuda.get_device_name(ctx.device)} for {length} tokens "
+                    f"({problem}); SDPA's math kernel will hold ~{scores:.1f} GiB of scores a layer and run several "
+                    "times slower: use a GPU with flash attention (sm80+) or shorter documents (data.max_len)")
 
 
 def open_runs(todo: list[Run], teacher: Teacher | None, progress) -> bool:

@@ -196,6 +196,25 @@ def attention_to_first(q: torch.Tensor, k: torch.Tensor, max_elements: int = 2**
     return torch.cat(out, dim=-1).reshape(B, n_heads, T)
 
 
+def fused_attention_problem(config: ModelConfig, length: int, device) -> str:
+    """"" if causal grouped-query attention over `length` tokens runs forward and backward on a fused SDPA
+    kernel (flash, memory-efficient or cuDNN) on `device`; else why not. The math kernel that SDPA falls
+    back to without a word holds every head's T x T scores: at 8,192 tokens 8 GiB a layer for 32 heads."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    dtype = torch.bfloat16 if torch.device(device).type == "cuda" else torch.float32
+    shape = lambda heads: (1, heads, length, config.head_dim)
+    q = torch.randn(shape(config.num_attention_heads), device=device, dtype=dtype, requires_grad=True)
+    k, v = (torch.randn(shape(config.num_key_value_heads), device=device, dtype=dtype, requires_grad=True)
+            for _ in range(2))
+    try:
+        gqa = config.num_key_value_heads != config.num_attention_heads
+        with sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.CUDNN_ATTENTION]):
+            F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=gqa).sum().backward()
+    except RuntimeError as e:
+        return " ".join(str(e).split())[:300]
+    return ""
+
+
 class MLP(nn.Module):
     def __init__(self, config: ModelConfig):
         super().__init__()

@@ -157,21 +157,47 @@ def typical_length(ws) -> int:
     return int(min(ws.preset.data["max_len"], max(1, float(sorted(lengths)[len(lengths) // 2]))))
 
 
-def rehearse(ws, launch: Launch, resident: int | None = None, replicate_teacher: bool = False) -> dict:
-    """One step of `ws`'s scale on `launch`'s GPUs, as rank 0 runs it, with fake tensors on this CPU.
+class CudaPeak:
+    """The GPU's own allocator statistics, where the rehearsal runs on a real GPU (make gpu-check)."""
+
+    def __init__(self, device):
+        self.device = device
+
+    def __enter__(self):
+        torch.cuda.reset_peak_memory_stats(self.device)
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+    def reset_mod_stats(self):
+        pass
+
+    def get_tracker_snapshot(self, kind: str) -> dict:
+        return {self.device: {"Total": torch.cuda.max_memory_allocated(self.device),
+                              "Reserved": torch.cuda.max_memory_reserved(self.device)}}
+
+
+def rehearse(ws, launch: Launch, resident: int | None = None, replicate_teacher: bool = False,
+             device: str = "cpu") -> dict:
+    """One step of `ws`'s scale on `launch`'s GPUs, as rank 0 runs it: with fake tensors on this CPU, or
+    (device "cuda", make gpu-check) with real ones on one GPU, the other ranks still a fake group.
     resident: students held at once (default: the lockstep's most, plan.most_resident; 1: runs apart);
-    replicate_teacher: the teacher whole on every GPU instead of sharded (grow.load_teacher's choice)."""
+    replicate_teacher: the teacher whole on every GPU instead of sharded."""
+    from contextlib import nullcontext
+
     from torch._subclasses.fake_tensor import FakeTensorMode, unset_fake_temporarily
     from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
     from torch.distributed._tools.mem_tracker import MemTracker
     from torch.distributed.tensor.debug import CommDebugMode
     started = time.time()
     preset = ws.preset
-    ctx = devices.Dist()
+    on_gpu = device == "cuda"
+    ctx = devices.Dist(device=torch.device(device))
     if launch.world > 1:
         fake_process_group(launch.world)
-        ctx = devices.Dist(0, launch.world, torch.device("cpu"), launch.gpus,
-                           devices.mesh_for("cpu", launch.world, launch.gpus))
+        ctx = devices.Dist(0, launch.world, torch.device(device), launch.gpus,
+                           devices.mesh_for(device, launch.world, launch.gpus))
     dtype = devices.DTYPES.get(preset.run["precision"], torch.bfloat16)  # a GPU's precision (auto: bf16)
     runs = plan.planned_runs(ws, experiments.RUNS, preset.run["seed"])
     resident = resident or plan.most_resident(runs)
@@ -181,21 +207,22 @@ def rehearse(ws, launch: Launch, resident: int | None = None, replicate_teacher:
     micro_per_step = preset.run["global_batch"] // launch.world // preset.run["micro_batch"]
     lengths = [preset.data["max_len"], typical_length(ws)][:max(1, micro_per_step)]
     with unset_fake_temporarily():  # real token ids; no padding (mask None): one document a micro-batch
-        batches = [data.Batch(torch.zeros(preset.run["micro_batch"], n, dtype=torch.long),
-                              torch.zeros(preset.run["micro_batch"], n, dtype=torch.long), None,
+        batches = [data.Batch(torch.zeros(preset.run["micro_batch"], n, dtype=torch.long, device=device),
+                              torch.zeros(preset.run["micro_batch"], n, dtype=torch.long, device=device), None,
                               torch.full((preset.run["micro_batch"],), n), [0], n * preset.run["micro_batch"])
                    for n in lengths]
     out = {"scale": preset.name, "gpus": launch.gpus, "nodes": launch.nodes, "world": launch.world,
            "precision": str(dtype).removeprefix("torch."), "micro_batches_per_step": micro_per_step,
            "micro_batch_lengths": lengths, "resident_students": resident, "teacher_replicated": replicate_teacher,
            "activation_checkpointing": preset.run.get("activation_checkpointing", False)}
-    with as_on_a_gpu(), FakeTensorMode(allow_non_fake_inputs=True):
+    with (nullcontext() if on_gpu else as_on_a_gpu()), \
+            (nullcontext() if on_gpu else FakeTensorMode(allow_non_fake_inputs=True)):
         shape = presets.teacher_shape(preset)
         sharding = None if replicate_teacher else devices.shard_fn(ctx, dtype, grow.TEACHER_REPLICATED)
         net = model.qwen3_on_meta(shape, sharding)
         with unset_fake_temporarily():
             net.to(dtype)
-        net.to_empty(device="cpu")
+        net.to_empty(device=device)
         teacher = grow.Teacher(net.eval().requires_grad_(False))
         students, optimizers = [], []
         for _ in range(resident):
@@ -218,8 +245,9 @@ def rehearse(ws, launch: Launch, resident: int | None = None, replicate_teacher:
             "other students' weights": sum(local_bytes(s.parameters()) for s in students[1:]) / GiB,
             "other students' AdamW moments": sum(local_bytes(v for st in o.state.values() for v in st.values())
                                                  for o in optimizers[1:]) / GiB}
-        tracker = FSDPMemTracker(student, optimizer) if launch.world > 1 else MemTracker()
-        if launch.world == 1:
+        tracker = CudaPeak(ctx.device) if on_gpu else FSDPMemTracker(student, optimizer) if launch.world > 1 \
+            else MemTracker()
+        if launch.world == 1 and not on_gpu:
             tracker.track_external(student, optimizer)
         calls, left_gathered = [], {}
         with tracker:
@@ -259,7 +287,9 @@ def rehearse(ws, launch: Launch, resident: int | None = None, replicate_teacher:
     flops = plan.step_flops(preset, shape, tokens) / launch.world
     compute_s = flops / (plan.GPU_BF16_PEAK["h100"] * plan.ASSUMED_MFU)
     out.update(
-        peak_gib={**peak, **resident_gib, "per-rank peak": peak.get("Total", 0.0) + sum(resident_gib.values())},
+        # on a GPU the allocator's peak already holds what was resident before the step
+        peak_gib={**peak, **resident_gib,
+                  "per-rank peak": peak.get("Total", 0.0) + (0.0 if on_gpu else sum(resident_gib.values()))},
         left_gathered=left_gathered, collectives_per_step=summarize_calls(step_calls),
         collectives_per_evaluation_batch=summarize_calls(evaluation_calls),
         comm_s_per_step=plan.comm_seconds(step_calls, launch.nodes), compute_s_per_step=compute_s,

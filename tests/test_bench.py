@@ -11,16 +11,17 @@ import bench
 import model
 
 
-def test_gpu_check_code_paths_on_cpu(tmp_path, monkeypatch):
-    monkeypatch.setattr(bench, "RESULTS", tmp_path / "bench.json")
-    tiny = model.ModelConfig(vocab_size=300, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                             num_attention_heads=4, num_key_value_heads=2, head_dim=16)
-    results = bench.gpu_check(device="cpu", config=tiny, batch=2, seq=32, repeats=1)
-    assert results["parity_bf16"]["ok"], results["parity_bf16"]
-    for key in ("paper_layer_step", "fsdp2_one_rank"):
-        step = results[key]
-        assert step["finite"] and step["tokens"] == 64 and step["mfu"] > 0  # a rate: no bound on timing
-    assert (tmp_path / "gpu_check.json").is_file()
+@pytest.mark.slow
+def test_gpu_check_code_paths_on_cpu(tmp_path):
+    """gpucheck.py's every check on the CPU at tiny sizes (its plumbing; the numbers mean nothing here):
+    each passes, and the driver really was killed after a save and resumed from it."""
+    import gpucheck
+    results = gpucheck.gpu_check("cpu", out=tmp_path / "gpu_check.json")
+    failed = [k for k, v in results.items() if isinstance(v, dict) and v.get("ok") is False]
+    assert not failed, {k: results[k] for k in failed}
+    assert results["driver"]["killed_rc"] != 0 and results["driver"]["resumed_ce"] == results["driver"]["uninterrupted_ce"]
+    assert results["throughput"]["finite"] and results["throughput"]["tokens"] == 52
+    assert results["memory_rehearsal"]["measured_gib"] > 0 and (tmp_path / "gpu_check.json").is_file()
 
 
 def test_interleaved_timing_takes_medians():

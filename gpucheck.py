@@ -1,0 +1,199 @@
+"""`make gpu-check`: what a first cluster run would hit, checked on one GPU in a few minutes, before any
+cluster hours are spent:
+
+    python gpucheck.py                  # one CUDA GPU; writes results/gpu_check.json
+    python gpucheck.py --device cpu     # the same code on the CPU at tiny sizes: its plumbing only
+
+(a) the teacher against transformers' Qwen3, and the chunked loss against a naive one, in bf16;
+(b) attention at the full scale's longest document with its grouped-query heads, forward and backward,
+    on a fused SDPA kernel (flash, memory-efficient or cuDNN): the check fails if only the math kernel
+    runs, which would hold the whole T x T attention matrix of every head;
+(c) the full-size rehearsal (rehearse.py) with real tensors on this GPU, the other 7 ranks a fake group:
+    the allocator's peak, set against the dry run's estimate and the CPU rehearsal's;
+(d) the real driver under torchrun --nproc_per_node=1 (NCCL bound to the GPU, a sharded rolling
+    checkpoint) stopped by a kill after a save and resumed to the end;
+(e) tokens/s and MFU of a paper-size student block over micro-batches of the full scale's lengths;
+(f) how fast a rank writes a checkpoint shard (fsynced) where the runs folder is.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+import bench
+import checkpoint
+import devices
+import kd
+import model
+import plan
+import presets
+import rehearse
+import suite
+
+ROOT = Path(__file__).resolve().parent
+RESULTS = Path("results") / "gpu_check.json"
+PAPER_LAYER = model.ModelConfig(num_hidden_layers=3)  # hidden 4096, 32/8 heads, intermediate 12288, vocab 151,936
+
+
+PAPER_LAYER = model.ModelConfig(num_hidden_layers=3)  # hidden 4096, 32/8 heads, intermediate 12288, vocab 151,936
+
+
+def check_parity_bf16(device) -> dict:
+    """The teacher against transformers' Qwen3 and the chunked loss against a naive one, in bf16."""
+    import transformers
+    torch.manual_seed(0)
+    hf_config = transformers.Qwen3Config(vocab_size=1000, hidden_size=256, intermediate_size=512, num_hidden_layers=2,
+                                         num_attention_heads=8, num_key_value_heads=2, head_dim=64)
+    hf = transformers.Qwen3ForCausalLM(hf_config).to(device, torch.bfloat16).eval()
+    import tempfile
+    with tempfile.TemporaryDirectory() as tmp:
+        hf.save_pretrained(tmp)
+        ours = model.load_qwen3(tmp, dtype=torch.bfloat16, device=device)
+    ids = torch.randint(0, 1000, (2, 64), device=device)
+    with torch.no_grad():
+        a, b = ours(ids).float(), hf(ids).logits.float()
+    logits_rel = ((a - b).abs().max() / b.abs().max()).item()
+    h_s = torch.randn(512, 256, device=device, dtype=torch.bfloat16, requires_grad=True)
+    w_s = torch.randn(1000, 256, device=device, dtype=torch.bfloat16, requires_grad=True)
+    h_t, w_t = torch.randn(512, 256, device=device, dtype=torch.bfloat16), torch.randn(1000, 256, device=device,
+                                                                                       dtype=torch.bfloat16)
+    y = torch.randint(0, 1000, (512,), device=device)
+    mask = torch.ones(512, dtype=torch.bool, device=device)
+    loss, _, _ = kd.kd_loss(h_s, w_s, h_t, w_t, y, mask, chunk_size=100)
+    reference = bench.naive_loss(h_s.float() @ w_s.float().T, h_t.float() @ w_t.float().T, y)
+    return {"teacher_logits_max_rel_diff": logits_rel, "kd_loss": loss.item(), "kd_loss_naive_fp32": reference.item(),
+            "ok": logits_rel < 2e-2 and abs(loss.item() - reference.item()) < 2e-2 * abs(reference.item())}
+
+
+def paper_layer_step(device, config: model.ModelConfig, batch: int, lengths: list[int], repeats: int) -> dict:
+    """A distillation step of one student block of 3 layers at the paper's dimensions over micro-batches of
+    `lengths` tokens (the full scale's longest document and its mean): bf16 autocast on a GPU (fp32 on a
+    CPU, where bf16 is emulated), activation checkpointing, the chunked KD loss over the 151,936-token
+    head. Tokens/s, and MFU against this device's measured bf16 matmul peak."""
+    torch.manual_seed(0)
+    teacher = model.Qwen3(config).to(device)
+    teacher.init_weights(0)
+    teacher = teacher.to(torch.bfloat16).eval().requires_grad_(False)
+    student = model.Student.from_teacher(teacher, 1, config.num_hidden_layers, "post", seed=0)
+    student.checkpoint_layers = True
+    optimizer = torch.optim.AdamW([p for p in student.parameters() if p.requires_grad], lr=1e-4)
+    micro = [torch.randint(0, config.vocab_size, (batch, n), device=device) for n in lengths]
+    context = torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda")
+    losses = []
+
+    def step():
+        for ids in micro:
+            with context:
+                losses.append(float(bench.kit_step(teacher, student, optimizer, ids, None, chunk=4096)))
+        torch.cuda.synchronize(device) if device.type == "cuda" else None
+
+    torch.cuda.reset_peak_memory_stats(device) if device.type == "cuda" else None
+    seconds = bench.timed(step, repeats)
+    tokens = batch * sum(lengths)
+    flops = sum(bench.train_step_flops(config, config.num_hidden_layers, batch * n, n) for n in lengths)
+    peak = matmul_peak_on(device, torch.bfloat16 if device.type == "cuda" else torch.float32)
+    return {"tokens": tokens, "lengths": lengths, "step_s": seconds, "tokens_per_s": tokens / seconds,
+            "mfu": flops / seconds / peak, "peak_tflops": peak / 1e12,
+            "max_memory_gib": torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else None,
+            "finite": all(map(math.isfinite, losses))}
+
+
+def matmul_peak_on(device, dtype, n: int = 8192) -> float:
+    if device.type == "cpu":
+        return bench.matmul_peak(dtype, 1024)
+    a, b = torch.randn(n, n, device=device, dtype=dtype), torch.randn(n, n, device=device, dtype=dtype)
+    return 2 * n ** 3 / bench.timed(lambda: (a @ b, torch.cuda.synchronize(device)), 20)
+
+
+def attention_kernel(config: model.ModelConfig, length: int, device) -> dict:
+    """Forward and backward of causal GQA attention at `length` tokens on a fused kernel."""
+    problem = model.fused_attention_problem(config, length, device)
+    return {"length": length, "heads": config.num_attention_heads, "kv_heads": config.num_key_value_heads,
+            "problem": problem, "ok": not problem}
+
+
+def memory_rehearsal(scale: str, gpus: int, device: str) -> dict:
+    """rehearse.py on this device (real tensors on a GPU; fake ones on the CPU), beside the dry run's estimate."""
+    preset = presets.PRESETS[scale]
+    ws = suite.Workspace(preset, Path("runs") / scale, Path("results") / scale, devices.Dist())
+    out = rehearse.rehearse(ws, rehearse.Launch(gpus), resident=1, device=device)
+    estimate = plan.memory_bytes(preset, presets.teacher_shape(preset), gpus, 1) / 2**30
+    measured = out["peak_gib"]["per-rank peak"]
+    return {"scale": scale, "gpus": gpus, "measured_gib": measured, "estimate_gib": estimate,
+            "reserved_gib": out["peak_gib"].get("Reserved"), "left_gathered": out["left_gathered"],
+            "ok": measured <= plan.MEMORY_HEADROOM * plan.GPU_MEMORY_GIB["h100"] and not any(out["left_gathered"].values())}
+
+
+def driver(device: str, runs: Path) -> dict:
+    """The kit's own command under torchrun on one rank: killed right after a rolling checkpoint, then
+    rerun, it resumes and finishes; the uninterrupted run's CE beside it."""
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=1",
+               str(ROOT / "repro.py"), "train", "--scale", "smoke", "--norm", "post", "--protocol", "grow",
+               "--device", device]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    killed = subprocess.run([*command, "--runs-dir", str(runs / "stopped")], capture_output=True, text=True,
+                            timeout=900, env={**env, "NORMGROW_KILL_AT": "saved:post-grow:12"}, cwd=ROOT)
+    resumed = subprocess.run([*command, "--runs-dir", str(runs / "stopped")], capture_output=True, text=True,
+                             timeout=900, env=env, cwd=ROOT)
+    whole = subprocess.run([*command, "--runs-dir", str(runs / "whole")], capture_output=True, text=True,
+                           timeout=900, env=env, cwd=ROOT)
+    done = lambda folder: json.loads((folder / "smoke" / "s42" / "post-grow" / "done.json").read_text())["ce"]
+    ok = killed.returncode != 0 and resumed.returncode == 0 and whole.returncode == 0 and \
+        "resuming at step 12" in resumed.stdout
+    return {"killed_rc": killed.returncode, "resumed_rc": resumed.returncode, "ok": ok,
+            "resumed_ce": done(runs / "stopped") if ok else None, "uninterrupted_ce": done(runs / "whole") if ok else None,
+            "tail": "" if ok else (resumed.stdout + resumed.stderr)[-2000:]}
+
+
+def write_throughput(folder: Path, gib: float, device) -> dict:
+    """GB/s of checkpoint.write_shard (safetensors, fsynced) for a tensor of `gib` GiB held on `device`."""
+    tensor = torch.zeros(int(gib * 2**30 / 4), dtype=torch.float32, device=device)
+    start = time.perf_counter()
+    checkpoint.write_shard(folder, "probe", {"weights": tensor}, 0, 1)
+    seconds = time.perf_counter() - start
+    return {"gib": gib, "seconds": seconds, "gb_per_s": gib * 2**30 / 1e9 / seconds}
+
+
+def gpu_check(device: str = "cuda", out: Path = RESULTS) -> dict:
+    """Every check, on one CUDA GPU at the paper's sizes (or, device "cpu", at tiny ones); results/gpu_check.json."""
+    on_gpu = device == "cuda"
+    dev = torch.device(device)
+    tiny = model.ModelConfig(vocab_size=300, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                             num_attention_heads=4, num_key_value_heads=2, head_dim=16)
+    full = presets.PRESETS["full"]
+    results = {"environment": {**bench.environment(), "device": torch.cuda.get_device_name(dev) if on_gpu else "cpu"}}
+    checks = [("parity_bf16", lambda: check_parity_bf16(dev)),
+              ("attention", lambda: attention_kernel(PAPER_LAYER if on_gpu else tiny,
+                                                     full.data["max_len"] if on_gpu else 256, dev)),
+              ("memory_rehearsal", lambda: memory_rehearsal("full" if on_gpu else "smoke", 8 if on_gpu else 2, device)),
+              ("driver", lambda: driver(device, Path(tempfile.mkdtemp(dir="runs" if Path("runs").is_dir() else None)))),
+              ("throughput", lambda: paper_layer_step(dev, PAPER_LAYER if on_gpu else tiny, 1,
+                                                      [full.data["max_len"], round(full.doc_tokens)] if on_gpu else [32, 20],
+                                                      3 if on_gpu else 1)),
+              ("checkpoint_write", lambda: write_throughput(Path(tempfile.mkdtemp()), 1.0 if on_gpu else 0.01, dev))]
+    for name, check in checks:
+        started = time.perf_counter()
+        results[name] = {**check(), "check_s": time.perf_counter() - started}
+        print(f"{name}: {results[name]}", flush=True)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    checkpoint.write_atomic(out, json.dumps(results, indent=2, default=str) + "\n")
+    failed = [name for name in results if isinstance(results[name], dict) and results[name].get("ok") is False]
+    print(f"wrote {out}; " + (f"FAILED: {', '.join(failed)}" if failed else "every check passed"))
+    return results
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
+    args = parser.parse_args()
+    result = gpu_check(args.device)
+    sys.exit(1 if any(isinstance(v, dict) and v.get("ok") is False for v in result.values()) else 0)
