@@ -78,7 +78,7 @@ def train_variants(ws: suite.Workspace, variants, seeds: list[int], force: bool 
             if v.folder:
                 vws = variant_workspace(ws, v, seed)
                 jobs.append((suite.run_config(vws, v.run, seed, teacher=teacher), vws.run_dir(v.run, seed)))
-        grow.train_together(jobs, force=force, ctx=ws.ctx, tracker=ws.tracker)
+        grow.train_together(jobs, force=force, ctx=ws.ctx, tracker=ws.tracker, wait=ws.wait)
 
 
 def final_ce(ws: suite.Workspace, run: str, seed: int) -> float:

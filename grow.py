@@ -25,7 +25,7 @@ import json
 import math
 import shutil
 import time
-from contextlib import contextmanager, nullcontext
+from contextlib import ExitStack, contextmanager, nullcontext
 from functools import partial
 from pathlib import Path
 
@@ -44,6 +44,7 @@ from rundir import (
     adopt_shared_prefix,
     final_eval,
     git_commit,
+    held,
     kill_point,
     load_latest_checkpoint,
     load_weights,
@@ -571,24 +572,35 @@ def monitor_row(captured: dict, mask: torch.Tensor) -> dict:
 # Training: one run, or several in lockstep
 
 def train(config: RunConfig, run_dir, force: bool = False, ctx: Dist | None = None,
-          stop_after_step: int | None = None, tracker: str = "", teacher: Teacher | None = None) -> dict:
+          stop_after_step: int | None = None, tracker: str = "", teacher: Teacher | None = None,
+          wait: bool = True) -> dict:
     """Run (or resume, or skip if done) one run; returns the final evaluation. `stop_after_step`
     ends early as if killed there (tests of resume); `tracker` also feeds TensorBoard or W&B;
     `teacher`, a loaded one (default: config.teacher is loaded)."""
-    return train_together([(config, run_dir)], force, ctx, stop_after_step, tracker, teacher)[0]
+    return train_together([(config, run_dir)], force, ctx, stop_after_step, tracker, teacher, wait)[0]
 
 
 def train_together(jobs: list[tuple[RunConfig, Path]], force: bool = False, ctx: Dist | None = None,
-                   stop_after_step: int | None = None, tracker: str = "",
-                   teacher: Teacher | None = None) -> list[dict]:
+                   stop_after_step: int | None = None, tracker: str = "", teacher: Teacher | None = None,
+                   wait: bool = True) -> list[dict]:
     """Train several runs in lockstep, each exactly as it would train alone. At each global step the
     teacher runs once per micro-batch for every run that reads that batch (runs of one seed read the
     same batch at the same step), then each of those runs does its own forward and backward. A run
     that starts from another's phase (freeze from grow's phase 0) joins when that phase is written; a
     finished run drops out; runs resumed at different steps train alone until they meet. Weights and
-    optimizer states of all runs are resident together; activations are one run's at a time. Returns
-    each run's final evaluation ({} for one stopped early)."""
+    optimizer states of all runs are resident together; activations are one run's at a time. Each run
+    folder is held by this process alone while it trains (rundir.held: another process on one of them
+    is waited for, or with wait=False an error). Returns each run's final evaluation ({} for one stopped
+    early)."""
     ctx = ctx or setup_distributed()
+    with ExitStack() as stack:
+        ctx.on_main(lambda: stack.enter_context(held([run_dir for _, run_dir in jobs], wait,
+                                                     say=lambda line: print0(ctx, line))),
+                    "another process's use of the run folders")
+        return train_held(jobs, force, ctx, stop_after_step, tracker, teacher)
+
+
+def train_held(jobs, force, ctx, stop_after_step, tracker, teacher) -> list[dict]:
     runs = [Run(config, run_dir, ctx, stop_after_step, tracker) for config, run_dir in jobs]
     for run in runs:
         run.prepare(force)

@@ -202,7 +202,7 @@ def rung_workspace(ws: suite.Workspace, ladder, index: int, user_overrides=()) -
     """The workspace of one rung: the scale with the rung's overrides (and the user's, last)."""
     return suite.workspace(ws.preset.name, ws.runs.parent, ws.results.parent,
                            overrides=(*rung_overrides(ladder, index), *user_overrides), device=ws.ctx.device.type,
-                           tracker=ws.tracker, lockstep=ws.lockstep)
+                           tracker=ws.tracker, lockstep=ws.lockstep, wait=ws.wait)
 
 
 def rung_flops(rws: suite.Workspace, new_teacher: bool) -> float:

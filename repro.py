@@ -88,7 +88,10 @@ results_option = click.option("--results-dir", type=click.Path(path_type=Path), 
                               show_default=True, help="Where tables and figures go (results/<scale>/...).")
 
 def overrides_option(f):
-    """--set (repeatable), --compile/--no-compile and --device, for every command that trains."""
+    """--set (repeatable), --compile/--no-compile, --device, --log and --no-wait, for every command that trains."""
+    f = click.option("--no-wait", "no_wait", is_flag=True,
+                     help="Stop (one line) instead of waiting when another process holds a run folder, the data or "
+                          "the teacher this command needs.")(f)
     f = click.option("--log", "tracker", type=click.Choice(rundir.TRACKERS[1:]), default=None,
                      callback=lambda ctx, param, value: value or "",
                      help="Also log every step and evaluation to TensorBoard (runs/.../tensorboard/) or W&B.")(f)
@@ -111,10 +114,10 @@ force_option = click.option("--force", is_flag=True, help="Discard data, a teach
 
 
 def workspace(scale, runs_dir, results_dir=None, dry_run=False, overrides=(), compile_flag=None, device="auto",
-              tracker="", lockstep: bool | None = None) -> suite.Workspace:
+              tracker="", lockstep: bool | None = None, wait: bool = True) -> suite.Workspace:
     """suite.workspace, with --lockstep/--no-lockstep resolved: unless given, lockstep where a seed's
     resident runs fit the GPU (plan.lockstep_default; always on a CPU)."""
-    ws = suite.workspace(scale, runs_dir, results_dir, dry_run, overrides, compile_flag, device, tracker)
+    ws = suite.workspace(scale, runs_dir, results_dir, dry_run, overrides, compile_flag, device, tracker, wait=wait)
     if lockstep is None:
         lockstep = dry_run or plan.lockstep_default(ws, experiments.RUNS)
     return replace(ws, lockstep=lockstep)
@@ -166,8 +169,8 @@ def cli():
 @force_option
 @runs_option
 @results_option
-def run_experiments(wanted, scale, seeds, dry_run, gpu, gpus, nodes, overrides, compile_flag, device, tracker, lockstep,
-                    force, runs_dir, results_dir):
+def run_experiments(wanted, scale, seeds, dry_run, gpu, gpus, nodes, overrides, compile_flag, device, tracker, no_wait,
+                    lockstep, force, runs_dir, results_dir):
     """Run EXPERIMENTS (default: all) at a scale and write results/<scale>/<experiment>.md/.json/.png."""
     known = experiments.EXPERIMENTS
     unknown = [e for e in wanted if e != "all" and e not in known]
@@ -176,7 +179,8 @@ def run_experiments(wanted, scale, seeds, dry_run, gpu, gpus, nodes, overrides, 
                                  param_hint="EXPERIMENT")
     names = list(known) if not wanted or "all" in wanted else list(dict.fromkeys(wanted))
     runs = [r for r in experiments.RUNS if any(r in experiments.EXPERIMENTS[e].runs for e in names)]
-    ws = workspace(scale, runs_dir, results_dir, dry_run, overrides, compile_flag, device, tracker, lockstep)
+    ws = workspace(scale, runs_dir, results_dir, dry_run, overrides, compile_flag, device, tracker, lockstep,
+                   not no_wait)
     seeds = seeds or [ws.preset.run["seed"]]
     if dry_run:
         plan.print_plan(ws, plan.planned_runs(ws, runs, seeds[0]), seeds, gpu, gpus or (8 if scale == "full" else 1),
@@ -208,13 +212,14 @@ def run_experiments(wanted, scale, seeds, dry_run, gpu, gpus, nodes, overrides, 
 @force_option
 @runs_option
 @results_option
-def regime(scale, seeds, grid_text, overrides, compile_flag, device, tracker, lockstep, force, runs_dir, results_dir):
+def regime(scale, seeds, grid_text, overrides, compile_flag, device, tracker, no_wait, lockstep, force, runs_dir,
+           results_dir):
     """The regime map: delta joint, delta grow and the interaction over a grid of step budgets, peak
     LRs and post-norm output-gain inits (results/<scale>/regime.md/.json/.png). Not part of `all`."""
     import regime as regime_map
     grid = regime_map.parse_grid(grid_text) if grid_text else regime_map.GRIDS[scale]
     ws = workspace(scale, runs_dir, results_dir, overrides=overrides, compile_flag=compile_flag, device=device,
-             tracker=tracker, lockstep=lockstep)
+             tracker=tracker, lockstep=lockstep, wait=not no_wait)
     ws.results.mkdir(parents=True, exist_ok=True)
     regime_map.run_map(ws, grid, seeds or presets.DEFAULT_SEEDS["regime"][scale], force)
     ws.ctx.barrier()
@@ -227,13 +232,14 @@ def regime(scale, seeds, grid_text, overrides, compile_flag, device, tracker, lo
 @force_option
 @runs_option
 @results_option
-def search(scale, seed, overrides, compile_flag, device, tracker, force, runs_dir, results_dir):
+def search(scale, seed, overrides, compile_flag, device, tracker, no_wait, force, runs_dir, results_dir):
     """The miniature search: the scale's ladder of presets (presets.LADDERS), pre-norm grow only, until the
     mechanism's criterion holds or a rung would cost over 2 hours on 2 cores (results/<scale>/search.md/.json)."""
     import regime as regime_map
     if scale not in presets.LADDERS:
         raise click.UsageError(f"--scale {scale} has no ladder; the search runs at {', '.join(presets.LADDERS)}")
-    ws = suite.workspace(scale, runs_dir, results_dir, compile_flag=compile_flag, device=device, tracker=tracker)
+    ws = suite.workspace(scale, runs_dir, results_dir, compile_flag=compile_flag, device=device, tracker=tracker,
+                         wait=not no_wait)
     regime_map.run_search(ws, ws.preset.run["seed"] if seed is None else seed, force, overrides)
     ws.ctx.barrier()
 
@@ -249,10 +255,10 @@ def beyond_command(name: str, doc: str):
     @force_option
     @runs_option
     @results_option
-    def command(scale, seeds, overrides, compile_flag, device, tracker, lockstep, force, runs_dir, results_dir):
+    def command(scale, seeds, overrides, compile_flag, device, tracker, no_wait, lockstep, force, runs_dir, results_dir):
         import beyond
         ws = workspace(scale, runs_dir, results_dir, overrides=overrides, compile_flag=compile_flag, device=device,
-                 tracker=tracker, lockstep=lockstep)
+                 tracker=tracker, lockstep=lockstep, wait=not no_wait)
         getattr(beyond, f"run_{name}")(ws, seeds or presets.DEFAULT_SEEDS["beyond"][scale], force)
         ws.ctx.barrier()
     return command
@@ -278,9 +284,10 @@ def ratios(scale):
 @overrides_option
 @force_option
 @runs_option
-def teacher(scale, overrides, compile_flag, device, tracker, force, runs_dir):
+def teacher(scale, overrides, compile_flag, device, tracker, no_wait, force, runs_dir):
     """Pretrain the kit's own teacher for a scale (smoke, toy) and print its validation CE."""
-    ws = suite.workspace(scale, runs_dir, overrides=overrides, compile_flag=compile_flag, device=device, tracker=tracker)
+    ws = suite.workspace(scale, runs_dir, overrides=overrides, compile_flag=compile_flag, device=device, tracker=tracker,
+                         wait=not no_wait)
     if ws.preset.teacher:
         raise click.UsageError(f"--scale {scale} distils from {ws.preset.teacher}; there is no teacher to pretrain")
     suite.prepare_data(ws, force)
@@ -299,9 +306,10 @@ def teacher(scale, overrides, compile_flag, device, tracker, force, runs_dir):
 @overrides_option
 @force_option
 @runs_option
-def train(scale, norm, protocol, seed, overrides, compile_flag, device, tracker, force, runs_dir):
+def train(scale, norm, protocol, seed, overrides, compile_flag, device, tracker, no_wait, force, runs_dir):
     """Train one named run (and any run whose phases it shares), e.g. --norm post --protocol grow."""
-    ws = suite.workspace(scale, runs_dir, overrides=overrides, compile_flag=compile_flag, device=device, tracker=tracker)
+    ws = suite.workspace(scale, runs_dir, overrides=overrides, compile_flag=compile_flag, device=device, tracker=tracker,
+                         wait=not no_wait)
     seed = ws.preset.run["seed"] if seed is None else seed
     try:  # a schedule names one placement per block, and --set run.blocks may change the count
         model.block_norms(norm, ws.preset.run["blocks"])
@@ -312,7 +320,7 @@ def train(scale, norm, protocol, seed, overrides, compile_flag, device, tracker,
     path = suite.ensure_inputs(ws, force)
     for job in suite.with_prefixes([name]):
         result = grow.train(suite.run_config(ws, job, seed, teacher=path), ws.run_dir(job, seed), force=force, ctx=ws.ctx,
-                            tracker=ws.tracker)
+                            tracker=ws.tracker, wait=ws.wait)
     suite.console.print(f"{name}: validation CE {result['ce']:.4f}, KD {result['kd']:.4f}, PPL {result['ppl']:.2f}; "
                   f"run folder {ws.run_dir(name, seed)}")
 
@@ -518,11 +526,11 @@ def check_export_target(student_dir: Path, out_dir: Path, force: bool):
 @overrides_option
 @force_option
 @runs_option
-def prepare_inputs(scale, overrides, compile_flag, device, tracker, force, runs_dir):
+def prepare_inputs(scale, overrides, compile_flag, device, tracker, no_wait, force, runs_dir):
     """A scale's data and teacher, before any GPU: tokenize the corpus into shards and download the hub
     teacher (or train the kit's own). Run it on a login node before torchrun, so that no rank waits."""
     ws = suite.workspace(scale, runs_dir, dry_run=True, overrides=overrides, compile_flag=compile_flag, device="cpu",
-                         tracker=tracker)
+                         tracker=tracker, wait=not no_wait)
     suite.writable_dir(ws.runs.parent, "--runs-dir")
     teacher = suite.ensure_inputs(ws, force)
     shards = ", ".join(f"{split} {len(data.Shard(ws.data_dir / split, verify=False)):,} documents"
@@ -560,7 +568,8 @@ def prepare(scale, force, runs_dir):
 @overrides_option
 @runs_option
 @results_option
-def rehearse(scale, gpus, nodes, replicate_teacher, overrides, compile_flag, device, tracker, runs_dir, results_dir):
+def rehearse(scale, gpus, nodes, replicate_teacher, overrides, compile_flag, device, tracker, no_wait, runs_dir,
+             results_dir):
     """A full-size rehearsal of one training step on this CPU, no GPU needed: fake process group, fake
     tensors, the kit's own model, sharding, loss and optimizer; per-rank memory by category, collectives
     and their bytes, communication against compute (results/rehearse-<scale>.json)."""

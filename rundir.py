@@ -8,13 +8,15 @@ from __future__ import annotations
 
 import base64
 import errno
+import fcntl
 import json
 import os
 import re
 import shutil
 import signal
 import subprocess
-from contextlib import contextmanager
+import sys
+from contextlib import ExitStack, contextmanager
 from dataclasses import MISSING, asdict, fields
 from pathlib import Path
 
@@ -36,6 +38,40 @@ def kill_point(event: str, name: str, step: int = 0):
     Of a suite: prepared:data (shards written), reported:<experiment> (its report written)."""
     if os.environ.get("NORMGROW_KILL_AT") == f"{event}:{name}:{step}":
         os.kill(os.getpid(), signal.SIGKILL)
+
+
+# ----------------------------------------------------------------------------------------------
+# One writer per folder: a run folder, or a scale's shared data or teacher, is held by one process at a
+# time through an flock on a lock file beside it (never inside: --force may delete the folder), which the
+# operating system releases when the holder exits or is killed; nothing is left to clean up by hand.
+
+def lock_file(folder: Path) -> Path:
+    return Path(folder).parent / f".{Path(folder).name}.lock"
+
+
+@contextmanager
+def held(folders, wait: bool = True, say=print):
+    """Hold every folder of `folders` (in path order, so two processes never wait on each other). One held
+    by another process: wait for it, saying which process holds it (its pid and command), or with
+    wait=False stop in one line."""
+    with ExitStack() as stack:
+        for folder in sorted({Path(f).resolve() for f in folders}):
+            lock = lock_file(folder)
+            lock.parent.mkdir(parents=True, exist_ok=True)
+            fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
+            stack.callback(os.close, fd)  # closing releases the lock
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                holder = os.pread(fd, 4096, 0).decode(errors="replace").strip() or "another process"
+                if not wait:
+                    raise TrainingError(f"{folder}: in use by {holder}; wait until it finishes (or stop it), or "
+                                        "rerun without --no-wait to wait for it") from None
+                say(f"{folder}: in use by {holder}; waiting for it to finish")
+                fcntl.flock(fd, fcntl.LOCK_EX)
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, f"process {os.getpid()} ({' '.join(sys.argv)[:300]})".encode(), 0)
+        yield
 
 
 # ----------------------------------------------------------------------------------------------

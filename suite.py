@@ -42,6 +42,7 @@ class Workspace:
     tracker: str = ""       # rundir.TRACKERS: also log to TensorBoard or W&B
     lockstep: bool = True   # train a seed's runs together (repro.py: off on a GPU where plan.fits says no)
     inputs: Preset | None = None  # the preset whose data and teacher these runs share (None: `preset`)
+    wait: bool = True          # for another process holding a folder this command needs (False: stop, one line)
 
     @property
     def data_dir(self) -> Path:
@@ -66,7 +67,7 @@ class Workspace:
 
 def workspace(scale: str, runs_dir: Path, results_dir: Path | None = None, dry_run: bool = False, overrides=(),
               compile_flag: bool | None = None, device: str = "auto", tracker: str = "",
-              lockstep: bool = True) -> Workspace:
+              lockstep: bool = True, wait: bool = True) -> Workspace:
     """A scale's folders. With overrides of the students' settings (run, diag) only, the students live in
     runs/<scale>/set/<overrides>/ beside the scale's data and teacher; overrides of the data or the
     teacher make a whole workspace of their own, runs/<scale>+<overrides>/. Results go to
@@ -90,7 +91,7 @@ def workspace(scale: str, runs_dir: Path, results_dir: Path | None = None, dry_r
             writable_dir(results_dir, "--results-dir")
     results_dir = results_dir or Path("results")
     if not changes:
-        return Workspace(preset, runs_dir / scale, results_dir / scale, ctx, tracker=tracker, lockstep=lockstep)
+        return Workspace(preset, runs_dir / scale, results_dir / scale, ctx, tracker=tracker, lockstep=lockstep, wait=wait)
     name = override_name(changes)
     # Student settings share the scale's data and teacher, unless they need more documents than its shard holds.
     shard_docs = Workspace(PRESETS[scale], runs_dir, results_dir, ctx).train_docs  # None: the whole corpus
@@ -98,7 +99,7 @@ def workspace(scale: str, runs_dir: Path, results_dir: Path | None = None, dry_r
     own_inputs = bool(set(changes) - {"run", "diag"}) or (shard_docs is not None and needed > shard_docs)
     return Workspace(preset, runs_dir / (f"{scale}+{name}" if own_inputs else scale), results_dir / f"{scale}+{name}",
                      ctx, student_runs="" if own_inputs else f"set/{name}", tracker=tracker, lockstep=lockstep,
-                     inputs=None if own_inputs else PRESETS[scale])
+                     inputs=None if own_inputs else PRESETS[scale], wait=wait)
 
 
 def corpus_options(preset: Preset) -> dict:
@@ -123,10 +124,13 @@ def prepare_data(ws: Workspace, force: bool = False) -> tuple[data.Shard, data.S
     d = ws.preset.data
     enc = tokenizer.qwen3_tokenizer(d["vocab_size"])
     options = corpus_options(ws.preset)
+    def prepare():  # by one process at a time (rundir.held): another one preparing them is waited for
+        with rundir.held([ws.data_dir], ws.wait):
+            return data.prepare(d["source"], ws.data_dir, enc, max_len=d["max_len"], n_train_docs=ws.train_docs,
+                                n_val_docs=d["val_docs"], seed=ws.preset.run["seed"], progress=console.is_terminal,
+                                force=force, **options)
     # Rank 0 prepares (and checksums what it reuses), the others wait for it without a collective's timeout.
-    shards = ws.ctx.on_main(lambda: data.prepare(
-        d["source"], ws.data_dir, enc, max_len=d["max_len"], n_train_docs=ws.train_docs, n_val_docs=d["val_docs"],
-        seed=ws.preset.run["seed"], progress=console.is_terminal, force=force, **options), "preparing the data")
+    shards = ws.ctx.on_main(prepare, "preparing the data")
     for split in ("train", "val"):
         ws.ctx.check_shared(ws.data_dir / split / data.MANIFEST_FILE, f"the {split} shard")
     if not ws.ctx.is_main:
@@ -259,7 +263,7 @@ def ensure_teacher(ws: Workspace, force: bool = False) -> Path:
     if ws.preset.teacher:
         return hub_teacher(ws)
     grow.train(run_config(ws, "teacher", ws.preset.run["seed"]), ws.run_dir("teacher", 0), force=force, ctx=ws.ctx,
-               tracker=ws.tracker)
+               tracker=ws.tracker, wait=ws.wait)
     return ws.run_dir("teacher", 0) / "phase-0"
 
 
@@ -352,9 +356,9 @@ def ensure_runs(ws: Workspace, names, seeds: list[int], force: bool = False, tea
         together = [job for job in runs if ws.lockstep and job[0].data_mode == "replay"]
         alone = [job for job in runs if job not in together]
         if together:
-            grow.train_together(together, force=force, ctx=ws.ctx, tracker=ws.tracker)
+            grow.train_together(together, force=force, ctx=ws.ctx, tracker=ws.tracker, wait=ws.wait)
         for settings, run_dir in alone:
-            grow.train(settings, run_dir, force=force, ctx=ws.ctx, tracker=ws.tracker)
+            grow.train(settings, run_dir, force=force, ctx=ws.ctx, tracker=ws.tracker, wait=ws.wait)
 
 
 def teacher_summary(ws: Workspace, names, seeds: list[int]) -> str:
