@@ -663,18 +663,23 @@ class Batcher:
         self.step = int(state["step"])
 
 
-def _check_batching(mode: str, global_batch: int, replay_docs: int, n_docs: int, rank: int, world_size: int,
-                    micro_batch: int) -> None:
-    if mode not in ("replay", "fresh"):
-        raise DataError(f"mode={mode!r}: unknown data mode; use 'replay' or 'fresh'")
-    if world_size < 1 or not 0 <= rank < world_size:
-        raise DataError(f"rank={rank}, world_size={world_size}: need 0 <= rank < world_size")
+def check_split(global_batch: int, world_size: int, micro_batch: int) -> None:
+    """A global batch splits evenly over the ranks, and a rank's share into micro-batches."""
     if global_batch < 1 or global_batch % world_size:
         raise DataError(f"global_batch={global_batch}: must be a positive multiple of world_size={world_size}; "
                         f"change the global batch or the number of processes")
     if micro_batch < 1 or (global_batch // world_size) % micro_batch:
         raise DataError(f"micro_batch={micro_batch}: must divide the {global_batch // world_size} documents per rank "
                         f"(global_batch={global_batch} / world_size={world_size}); pick a divisor")
+
+
+def _check_batching(mode: str, global_batch: int, replay_docs: int, n_docs: int, rank: int, world_size: int,
+                    micro_batch: int) -> None:
+    if mode not in ("replay", "fresh"):
+        raise DataError(f"mode={mode!r}: unknown data mode; use 'replay' or 'fresh'")
+    if world_size < 1 or not 0 <= rank < world_size:
+        raise DataError(f"rank={rank}, world_size={world_size}: need 0 <= rank < world_size")
+    check_split(global_batch, world_size, micro_batch)
     if not global_batch <= replay_docs <= n_docs:
         raise DataError(f"replay_docs={replay_docs}: must be between global_batch={global_batch} and the shard's "
                         f"{n_docs} documents; prepare more training documents or lower the batch")

@@ -126,7 +126,7 @@ def memory_rehearsal(scale: str, gpus: int, device: str) -> dict:
     preset = presets.PRESETS[scale]
     ws = suite.Workspace(preset, Path("runs") / scale, Path("results") / scale, devices.Dist())
     out = rehearse.rehearse(ws, rehearse.Launch(gpus), resident=1, device=device)
-    estimate = plan.memory_bytes(preset, presets.teacher_shape(preset), gpus, 1) / 2**30
+    estimate = plan.memory_bytes(preset, presets.teacher_shape(preset), gpus) / 2**30
     measured = out["peak_gib"]["per-rank peak"]
     return {"scale": scale, "gpus": gpus, "measured_gib": measured, "estimate_gib": estimate,
             "reserved_gib": out["peak_gib"].get("Reserved"), "left_gathered": out["left_gathered"],

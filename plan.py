@@ -8,6 +8,7 @@ where that fits the GPU.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from rich.console import Console
@@ -15,6 +16,7 @@ from rich.table import Table
 
 import config
 import data
+import memory
 import model
 import presets
 import report
@@ -47,8 +49,7 @@ class PlannedRun:
 # Communication: FSDP2's collectives of one step, counted from the sharding (rehearse.py measures them)
 
 def layer_parameters(c: model.ModelConfig) -> int:
-    return c.hidden_size * (c.num_attention_heads + c.num_key_value_heads) * 2 * c.head_dim \
-        + 3 * c.hidden_size * c.intermediate_size + 2 * c.head_dim + 2 * c.hidden_size
+    return sum(math.prod(shape) for shape in memory.layer_shapes(c))
 
 
 def collectives(preset, teacher: model.ModelConfig, phase: config.Phase, gpus: int, nodes: int = 1,
@@ -96,21 +97,9 @@ def step_flops(preset, teacher: model.ModelConfig, tokens: float) -> float:
     return tokens * (t_layers + head + 3 * s_layers + recompute + 3 * head)
 
 
-def memory_bytes(preset, teacher: model.ModelConfig, gpus: int, runs: int = 1) -> float:
-    """A rough per-GPU peak under FSDP2 with `runs` students resident: each one's sharded fp32 weights,
-    gradients and Adam states; the sharded bf16 teacher layers with replicated embedding and head; the
-    checkpointed activations of one micro-batch of one run; one loss chunk."""
-    c, L = teacher, preset.run["blocks"] * preset.run["layers_per_block"]
-    layer = c.hidden_size * (2 * c.num_attention_heads + 2 * c.num_key_value_heads) * c.head_dim \
-        + 3 * c.hidden_size * c.intermediate_size
-    embed = c.vocab_size * c.hidden_size
-    student = (16 * (L * layer + embed) + 4 * embed) / gpus
-    teacher_bytes = 2 * c.num_hidden_layers * layer / gpus + 2 * 2 * embed
-    tokens = preset.run["micro_batch"] * preset.data["max_len"]
-    activations = tokens * c.hidden_size * 2 * (L + c.num_hidden_layers) + tokens * (16 * c.hidden_size
-                                                                                    + 6 * c.intermediate_size) * 2
-    loss = 3 * preset.run["loss_chunk"] * c.vocab_size * 4 + 4 * embed
-    return runs * student + teacher_bytes + activations + loss
+def memory_bytes(preset, teacher: model.ModelConfig, gpus: int, nodes: int = 1, runs: int = 1) -> float:
+    """Per-GPU peak of the heaviest step with `runs` students resident (memory.step_peak)."""
+    return memory.step_peak(preset, teacher, gpus, nodes, resident=runs)["total"]
 
 
 def own_steps(run: PlannedRun) -> range:
@@ -164,17 +153,16 @@ def diagnostics_cost(preset, runs: list[PlannedRun], teacher: model.ModelConfig,
 
 
 def student_bytes(preset, teacher: model.ModelConfig) -> float:
-    """A kept student checkpoint on disk: fp32 decoder layers, embedding and head."""
+    """A kept student checkpoint on disk: fp32 decoder layers, embedding, norms and head."""
     c = teacher
-    layer = c.hidden_size * (2 * c.num_attention_heads + 2 * c.num_key_value_heads) * c.head_dim \
-        + 3 * c.hidden_size * c.intermediate_size
-    return 4 * (preset.run["blocks"] * preset.run["layers_per_block"] * layer + 2 * c.vocab_size * c.hidden_size)
+    return 4 * (preset.run["blocks"] * preset.run["layers_per_block"] * layer_parameters(c)
+                + 2 * c.vocab_size * c.hidden_size + 2 * c.hidden_size)
 
 
-def fits(preset, gpus: int, gpu_bytes: float, runs: list[PlannedRun]) -> bool:
+def fits(preset, gpus: int, gpu_bytes: float, runs: list[PlannedRun], nodes: int = 1) -> bool:
     """Whether lockstep's resident runs fit in a GPU of `gpu_bytes` (used for the default choice)."""
     teacher, _ = model_shapes(preset)
-    return memory_bytes(preset, teacher, gpus, most_resident(runs)) <= MEMORY_HEADROOM * gpu_bytes
+    return memory_bytes(preset, teacher, gpus, nodes, most_resident(runs)) <= MEMORY_HEADROOM * gpu_bytes
 
 
 def planned_runs(ws: suite.Workspace, names, seed: int) -> list[PlannedRun]:
@@ -192,7 +180,7 @@ def lockstep_default(ws: suite.Workspace, names) -> bool:
         return True
     import torch
     memory = torch.cuda.get_device_properties(ws.ctx.device).total_memory
-    return fits(ws.preset, ws.ctx.world, memory, planned_runs(ws, names, ws.preset.run["seed"]))
+    return fits(ws.preset, ws.ctx.local_world, memory, planned_runs(ws, names, ws.preset.run["seed"]), ws.ctx.nodes)
 
 
 @dataclass
@@ -295,7 +283,7 @@ def print_plan(ws, runs: list[PlannedRun], seeds: list[int], gpu: str, gpus: int
     totals = {}
     for way, flops, resident in (("separate", separate_flops, 1), ("lockstep", separate_flops - saved,
                                                                    most_resident(runs))):
-        memory = memory_bytes(preset, teacher, gpus * nodes, resident)
+        memory = memory_bytes(preset, teacher, gpus, nodes, resident)
         seconds = suite_seconds(runs, costs, lockstep=way == "lockstep") * len(seeds)
         compute_only = flops / (GPU_BF16_PEAK[gpu] * ASSUMED_MFU) / (gpus * nodes) / 3600
         totals[way] = {"flops": flops, "gpu_hours": hours(seconds), "wall_hours": seconds / 3600,
@@ -307,7 +295,8 @@ def print_plan(ws, runs: list[PlannedRun], seeds: list[int], gpu: str, gpus: int
                       + (f" and {INFINIBAND_BYTES_PER_S / 1e9:.0f} GB/s across" if nodes > 1 else "") +
                       f", each step the longer of the two; compute alone would take {hours_text(compute_only)} "
                       f"hours); {totals[way]['teacher_passes']:,} teacher "
-                      f"steps; per-GPU memory ~{memory / 2**30:.0f} GiB (estimate, {resident} run(s) resident)")
+                      f"steps; per-GPU memory at most {memory / 2**30:.1f} GiB ({resident} run(s) resident; counted tensor by tensor, "
+                      "`repro.py rehearse` measures it)")
     gpu_hours = lambda f: f / (GPU_BF16_PEAK[gpu] * ASSUMED_MFU) / 3600  # the diagnostics: rank 0, no collectives
     diag_flops, loads = (x * len(seeds) for x in diagnostics_cost(preset, runs, teacher, context))
     read = loads * student_bytes(preset, teacher)
@@ -316,7 +305,7 @@ def print_plan(ws, runs: list[PlannedRun], seeds: list[int], gpu: str, gpus: int
                   f"{loads} checkpoints ({read / 1e9:,.0f} GB, about {read / DISK_BYTES_PER_S / 60:,.0f} min at "
                   f"{DISK_BYTES_PER_S / 1e9:g} GB/s)")
     totals.update(diagnostics_flops=diag_flops, diagnostics_checkpoints=loads)
-    default = fits(preset, gpus, GPU_MEMORY_GIB[gpu] * 2**30, runs)
+    default = fits(preset, gpus, GPU_MEMORY_GIB[gpu] * 2**30, runs, nodes)
     console.print(f"default on {gpus} {gpu}: {'lockstep' if default else 'separate'} (lockstep needs "
                   f"~{totals['lockstep']['memory_gib']:.0f} of {GPU_MEMORY_GIB[gpu]} GiB; --lockstep/--no-lockstep "
                   "overrides)")

@@ -150,13 +150,6 @@ def fake_process_group(world: int):
 # ----------------------------------------------------------------------------------------------
 # The rehearsal
 
-def typical_length(ws) -> int:
-    """A typical document's inputs: the median of the training shard's, or the preset's expected count."""
-    shard = ws.data_dir / "train" / data.MANIFEST_FILE
-    lengths = data.Shard(shard.parent, verify=False).lengths - 1 if shard.is_file() else [ws.preset.doc_tokens]
-    return int(min(ws.preset.data["max_len"], max(1, float(sorted(lengths)[len(lengths) // 2]))))
-
-
 class CudaPeak:
     """The GPU's own allocator statistics, where the rehearsal runs on a real GPU (make gpu-check)."""
 
@@ -204,8 +197,12 @@ def rehearse(ws, launch: Launch, resident: int | None = None, replicate_teacher:
     settings = config.RunConfig(**{**preset.run, "name": "rehearsal", "protocol": "grow", "norm": "post",
                                    "train_data": "", "val_data": "", "replay_docs": 1})
     phase = config.plan_phases(settings)[-1]  # every block active and trained: the step's peak
+    data.check_split(preset.run["global_batch"], launch.world, preset.run["micro_batch"])
     micro_per_step = preset.run["global_batch"] // launch.world // preset.run["micro_batch"]
-    lengths = [preset.data["max_len"], typical_length(ws)][:max(1, micro_per_step)]
+    # The worst step a rank can be given: documents of the full length in every micro-batch (the first
+    # holds the loss with no gradients yet, the last on top of the accumulated ones; between them the
+    # same again). Two of them measure both; the collectives of the others equal the first's.
+    lengths = [preset.data["max_len"]] * min(2, micro_per_step)
     with unset_fake_temporarily():  # real token ids; no padding (mask None): one document a micro-batch
         batches = [data.Batch(torch.zeros(preset.run["micro_batch"], n, dtype=torch.long, device=device),
                               torch.zeros(preset.run["micro_batch"], n, dtype=torch.long, device=device), None,
@@ -240,8 +237,11 @@ def rehearse(ws, launch: Launch, resident: int | None = None, replicate_teacher:
         out["student_parameters"] = sum(p.numel() for p in student.parameters())
         out["student_trainable_parameters"] = sum(p.numel() for p in grow.trainable_parameters(student, phase))
         out["teacher_parameters"] = sum(p.numel() for p in net.parameters())
+        # Held besides what the tracker sees: the other students. (The teacher's weights are in the
+        # tracker's Total already: its dispatch mode registers them when an op first returns a view of
+        # them, as FSDP2's all-gathers and the loss's .detach() of the head do.)
+        teacher_gib = local_bytes(net.parameters()) / GiB
         resident_gib = {
-            "teacher weights": local_bytes(net.parameters()) / GiB,
             "other students' weights": sum(local_bytes(s.parameters()) for s in students[1:]) / GiB,
             "other students' AdamW moments": sum(local_bytes(v for st in o.state.values() for v in st.values())
                                                  for o in optimizers[1:]) / GiB}
@@ -288,7 +288,7 @@ def rehearse(ws, launch: Launch, resident: int | None = None, replicate_teacher:
     compute_s = flops / (plan.GPU_BF16_PEAK["h100"] * plan.ASSUMED_MFU)
     out.update(
         # on a GPU the allocator's peak already holds what was resident before the step
-        peak_gib={**peak, **resident_gib,
+        peak_gib={**peak, "of which teacher weights": teacher_gib, **resident_gib,
                   "per-rank peak": peak.get("Total", 0.0) + (0.0 if on_gpu else sum(resident_gib.values()))},
         left_gathered=left_gathered, collectives_per_step=summarize_calls(step_calls),
         collectives_per_evaluation_batch=summarize_calls(evaluation_calls),

@@ -42,11 +42,44 @@ def kill_point(event: str, name: str, step: int = 0):
 
 # ----------------------------------------------------------------------------------------------
 # One writer per folder: a run folder, or a scale's shared data or teacher, is held by one process at a
-# time through an flock on a lock file beside it (never inside: --force may delete the folder), which the
-# operating system releases when the holder exits or is killed; nothing is left to clean up by hand.
+# time through an flock on a lock file beside it (never inside: --force may delete the folder). The
+# holder removes the lock file before releasing it, so nothing is left beside the folder; the operating
+# system releases the lock of a holder that is killed, and its stale file is simply locked again.
 
 def lock_file(folder: Path) -> Path:
     return Path(folder).parent / f".{Path(folder).name}.lock"
+
+
+def _lock(lock: Path, folder: Path, wait: bool, say) -> int:
+    """An fd holding the flock of `lock`. A file that its holder removed while we waited for it is not the
+    lock any more (a third process may have made a new one): check the path still names what we locked."""
+    while True:
+        try:
+            fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
+        except FileNotFoundError:  # another process removed the empty parent it had made
+            lock.parent.mkdir(parents=True, exist_ok=True)
+            continue
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 4096, 0).decode(errors="replace").strip() or "another process"
+            if not wait:
+                os.close(fd)
+                raise TrainingError(f"{folder}: in use by {holder}; wait until it finishes (or stop it), or "
+                                    "rerun without --no-wait to wait for it") from None
+            say(f"{folder}: in use by {holder}; waiting for it to finish")
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        try:
+            if os.stat(lock).st_ino == os.fstat(fd).st_ino:
+                return fd
+        except FileNotFoundError:
+            pass
+        os.close(fd)
+
+
+def _release(lock: Path, fd: int):
+    lock.unlink(missing_ok=True)  # while still held, so no one locks the file we remove
+    os.close(fd)
 
 
 @contextmanager
@@ -57,21 +90,24 @@ def held(folders, wait: bool = True, say=print):
     with ExitStack() as stack:
         for folder in sorted({Path(f).resolve() for f in folders}):
             lock = lock_file(folder)
+            made = [p for p in (lock.parent, *lock.parent.parents) if not p.exists()]
             lock.parent.mkdir(parents=True, exist_ok=True)
-            fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
-            stack.callback(os.close, fd)  # closing releases the lock
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                holder = os.pread(fd, 4096, 0).decode(errors="replace").strip() or "another process"
-                if not wait:
-                    raise TrainingError(f"{folder}: in use by {holder}; wait until it finishes (or stop it), or "
-                                        "rerun without --no-wait to wait for it") from None
-                say(f"{folder}: in use by {holder}; waiting for it to finish")
-                fcntl.flock(fd, fcntl.LOCK_EX)
+            fd = _lock(lock, folder, wait, say)
+            stack.callback(_remove_empty, made)
+            stack.callback(_release, lock, fd)
             os.ftruncate(fd, 0)
             os.pwrite(fd, f"process {os.getpid()} ({' '.join(sys.argv)[:300]})".encode(), 0)
         yield
+
+
+def _remove_empty(made):
+    """The parents held() made for a lock file, removed again if nothing was put in them (a command that
+    stopped on bad input leaves no stub folder)."""
+    for folder in made:  # innermost first
+        try:
+            folder.rmdir()
+        except OSError:
+            return
 
 
 # ----------------------------------------------------------------------------------------------

@@ -81,3 +81,51 @@ def test_a_rank_that_cannot_see_the_runs_folder_stops_every_rank_with_one_line(t
     assert out.returncode != 0 and len(errors) == 1, out.stdout[-2000:] + out.stderr[-3000:]
     assert "not there on every rank" in errors[0] and "filesystem every node shares" in errors[0]
     assert not (tmp_path / "node1" / "runs" / "smoke" / "s42").exists()  # no run started anywhere
+
+
+# ----------------------------------------------------------------------------------------------
+# The rehearsal at reduced dimensions: the kit's own step under FSDP2's tracker against counts made apart
+
+def reduced(preset_name: str, **run):
+    """A scale with a small teacher of the kit's own (same code paths: FSDP2 units, activation
+    checkpointing, bf16, chunked loss) so that a rehearsal takes seconds."""
+    from dataclasses import replace
+
+    import presets
+    p = presets.PRESETS[preset_name]
+    return replace(p, teacher="", teacher_model=dict(hidden_size=256, intermediate_size=768, num_hidden_layers=2,
+                                                     num_attention_heads=4, num_key_value_heads=2, head_dim=64,
+                                                     tie_word_embeddings=False),
+                   data={**p.data, "vocab_size": 4096, "max_len": 256}, run={**p.run, "loss_chunk": 128, **run})
+
+
+@pytest.mark.parametrize("scale,gpus,nodes,resident", [("full", 8, 1, 1), ("full", 4, 2, 2), ("full", 1, 1, 1),
+                                                      ("small", 1, 1, 2)])
+def test_the_rehearsal_measures_what_the_memory_and_collective_counts_say(scale, gpus, nodes, resident):
+    import config
+    import devices
+    import memory
+    import plan
+    import presets
+    import rehearse
+    import suite
+    preset = reduced(scale)
+    ws = suite.Workspace(preset, Path("/nonexistent") / scale, Path("/nonexistent"), devices.Dist())
+    out = rehearse.rehearse(ws, rehearse.Launch(gpus, nodes), resident=resident)
+    counted = memory.step_peak(preset, presets.teacher_shape(preset), gpus, nodes, resident)
+    # The same tensors counted two ways, by the tracker from the storages and by memory.py from the shapes.
+    # The count leaves out what is a few KiB each (the loss's float64 sums, AdamW's step counters, scalar
+    # temporaries): under 0.1 MiB in all, where the counted total is 100-1000 MiB.
+    assert out["peak_gib"]["per-rank peak"] * 2**30 == pytest.approx(counted["total"], abs=0.1 * 2**20)
+    assert not any(out["left_gathered"].values())  # every FSDP2 unit resharded after its forward
+    phase = config.plan_phases(config.RunConfig(**{**preset.run, "name": "x", "protocol": "grow", "norm": "post",
+                                                   "train_data": "", "val_data": "", "replay_docs": 1}))[-1]
+    expected = rehearse.summarize_calls(plan.collectives(preset, presets.teacher_shape(preset), phase, gpus, nodes))
+    assert {k: v["count"] for k, v in out["collectives_per_step"].items()} == \
+        {k: v["count"] for k, v in expected.items()}
+    for kind, entry in expected.items():  # plan counts the parameters' bytes; FSDP2's buffers add a little
+        # padding per unit (each shard aligned), well under 0.1% here and less at full size
+        assert out["collectives_per_step"][kind]["gib"] == pytest.approx(entry["gib"], rel=1e-3), kind
+    if gpus * nodes > 1:  # gradients reduce-scattered once a step: one per trained FSDP2 unit (layers, root)
+        trained_units = preset.run["blocks"] * preset.run["layers_per_block"] + 1
+        assert out["collectives_per_step"][f"reduce-scatter over {gpus} ranks"]["count"] == trained_units

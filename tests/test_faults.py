@@ -42,7 +42,7 @@ def suite(base: Path, kill_at: str = "") -> subprocess.CompletedProcess:
 
 
 def run_folders(base: Path) -> list[Path]:
-    return sorted(p for p in (base / "runs" / "smoke").glob("s42/*")) + [base / "runs" / "smoke" / "teacher"]
+    return sorted(p for p in (base / "runs" / "smoke").glob("s42/*") if p.is_dir()) + [base / "runs" / "smoke" / "teacher"]
 
 
 def test_a_suite_killed_at_31_points_ends_as_an_uninterrupted_one(tmp_path):

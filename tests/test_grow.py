@@ -220,6 +220,62 @@ def test_sigkill_mid_phase_and_at_transition_resumes_bit_identical(tiny_shards, 
     assert strip(rundir.read_metrics(run_dir)) == strip(rundir.read_metrics(tmp_path / "reference"))
 
 
+HOLD = ("import sys, time, rundir\nwith rundir.held([sys.argv[1]]):\n    print('held', flush=True)\n"
+        "    time.sleep(600)\n")
+
+
+def test_a_held_folder_is_waited_for_or_refused_and_a_killed_holder_releases_it(tmp_path):
+    """Another process holds a run folder: --no-wait stops in one line naming its pid; a waiter says who
+    it waits for and takes the folder once the holder is SIGKILLed; nothing is left beside the folder."""
+    import threading
+    folder = tmp_path / "runs" / "smoke" / "s42" / "pre-grow"
+    holder = subprocess.Popen([sys.executable, "-c", HOLD, str(folder)], cwd=ROOT, stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        with pytest.raises(errors.TrainingError, match=f"in use by process {holder.pid} .*without --no-wait"):
+            with rundir.held([folder], wait=False):
+                pass
+        said = []
+        threading.Timer(1.0, holder.send_signal, (signal.SIGKILL,)).start()
+        with rundir.held([folder], say=said.append):
+            assert holder.wait(timeout=5) == -signal.SIGKILL  # we got the folder only after the kill
+            assert rundir.lock_file(folder).read_text().startswith(f"process {os.getpid()} ")
+        assert len(said) == 1 and f"in use by process {holder.pid}" in said[0] and "waiting" in said[0]
+    finally:
+        holder.kill()
+    assert not list((tmp_path / "runs").rglob("*.lock"))  # the lock file went with its last holder
+
+
+@pytest.mark.slow
+def test_two_trains_of_one_run_at_once_end_as_one_run_even_when_the_holder_is_killed(tiny_shards, tiny_teacher_dir,
+                                                                                       tmp_path):
+    """The same run started twice at once: the second waits, then finds it done; a holder SIGKILLed mid-run
+    is taken over by its waiter, which resumes. Both end with the weights and complete metrics log of one
+    uninterrupted run."""
+    c = distil_config(tiny_shards, tiny_teacher_dir, protocol="grow", phase_steps=5, checkpoint_interval=2)
+    config_file = tmp_path / "config.json"
+    config_file.write_text(json.dumps(asdict(c)))
+    reference = grow.train(c, tmp_path / "reference")
+    strip = lambda rows: [{k: v for k, v in r.items() if k != "time"} for r in rows]
+    for name, kill_first in (("together", False), ("killed", True)):
+        run_dir = tmp_path / name
+        first = start_run(config_file, run_dir)
+        while logged_steps(run_dir) < 3:
+            assert first.poll() is None, first.stderr.read().decode()[-2000:]
+            time.sleep(0.01)
+        second = start_run(config_file, run_dir)
+        if kill_first:
+            time.sleep(0.5)  # the second is waiting by now (or about to)
+            first.send_signal(signal.SIGKILL)
+        assert [p.wait() for p in (first, second)] == [-signal.SIGKILL if kill_first else 0, 0]
+        assert json.loads((run_dir / "done.json").read_text()) == reference
+        assert strip(rundir.read_metrics(run_dir)) == strip(rundir.read_metrics(tmp_path / "reference"))
+        for p in range(3):
+            a, b = phase_weights(tmp_path / "reference", p), phase_weights(run_dir, p)
+            assert all(torch.equal(a[k], b[k]) for k in a), f"{name}: phase {p} differs"
+        assert not list(tmp_path.glob(".*.lock"))
+
+
 @pytest.mark.slow
 def test_fsdp2_two_ranks_match_one_process_and_resume(tiny_shards, tiny_teacher_dir, tmp_path):
     """Two ranks, stopped and resumed, end bit-identical to one process: each rank's micro-batch is one
