@@ -208,13 +208,14 @@ def segments(run: PlannedRun, preset, teacher: model.ModelConfig, doc_tokens: fl
         s_layers, _ = model.forward_flops_per_token(teacher, ph.active_blocks * L, context)
         trained = len(ph.trainable_blocks) / ph.active_blocks
         # forward everywhere; backward (2x) of the trained blocks, recomputed once more under activation
-        # checkpointing; the student's head forward and backward; the teacher's layers and head forward
+        # checkpointing; the student's head forward and backward; the teacher's head forward inside this
+        # run's loss (lockstep shares only the teacher's layers); the teacher's layers forward
         recompute = trained if run.config.activation_checkpointing else 0.0
-        flops = tokens * (s_layers * (1 + 2 * trained + recompute) + 3 * head)
+        flops = tokens * (s_layers * (1 + 2 * trained + recompute) + 3 * head + head)
         student = comm_seconds(collectives(preset, teacher, ph, gpus, nodes, with_teacher=False), nodes)
         both = comm_seconds(collectives(preset, teacher, ph, gpus, nodes), nodes)
         out.append(Segment(ph.first_step, ph.first_step + ph.steps, flops / rate, student,
-                           tokens * (t_layers + head) / rate, both - student))
+                           tokens * t_layers / rate, both - student))
     return out
 
 
