@@ -504,7 +504,7 @@ def main(repeats: int = 5, data_dir: Path = Path("runs/toy/data"), sizes: dict =
     print(f"  compiled {comp['speedup']:.2f}x eager per step, compile {comp['compile_s']:.0f} s, pays back after {even}; "
           f"loss within {comp['max_relative_loss_difference']:.1e} (relative)")
     out.parent.mkdir(parents=True, exist_ok=True)
-    checkpoint.write_atomic(out, json.dumps(results, indent=2) + "\n")
+    checkpoint.write_json(out, results)
     print(f"wrote {out}")
     return results
 

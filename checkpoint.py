@@ -10,6 +10,7 @@ Nothing here unpickles anything.
 """
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
@@ -22,7 +23,7 @@ import torch.nn as nn
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 
-from errors import CheckpointError
+from errors import CheckpointError, DiskFull
 
 # ----------------------------------------------------------------------------------------------
 # Writing a file: whole or not at all, even through a kill, a full disk or another process writing it
@@ -39,11 +40,36 @@ def write_atomic(path, content: str | bytes) -> Path:
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as e:
         tmp.unlink(missing_ok=True)
+        if getattr(e, "errno", None) in (errno.ENOSPC, errno.EFBIG):
+            why = "no space left on device" if e.errno == errno.ENOSPC else "a file-size limit (ulimit -f) was reached"
+            raise DiskFull(f"{path}: {why} while writing it; " + ("the previous file is intact" if path.exists() else
+                           "nothing was written") + ": free some space (or raise the limit) and rerun", e.errno) from None
         raise
     fsync_folder(path.parent)
     return path
+
+
+def json_text(value, indent: int | None = 2, default=None) -> str:
+    """Strict JSON (no NaN or Infinity, which other parsers refuse) with a final newline."""
+    return json.dumps(value, indent=indent, allow_nan=False, default=default) + "\n"
+
+
+def write_json(path, value, indent: int | None = 2, default=None) -> Path:
+    return write_atomic(path, json_text(value, indent, default))
+
+
+def _not_json(constant: str):
+    raise ValueError(f"{constant} is not JSON (the kit writes only finite numbers)")
+
+
+def loads(text: str | bytes):
+    """Strict JSON back: NaN, Infinity and nesting too deep to read are a ValueError like any damage."""
+    try:
+        return json.loads(text, parse_constant=_not_json)
+    except RecursionError:
+        raise ValueError("nested too deeply to be a file the kit wrote") from None
 
 
 def fsync_file(path: Path):
@@ -78,7 +104,7 @@ def sha256(file: Path) -> str:
 def write_checksums(folder: Path):
     files = sorted(p for p in folder.iterdir() if p.is_file() and p.name != CHECKSUMS
                    and not p.name.endswith(".tmp"))  # write_atomic's, left by a kill
-    write_atomic(folder / CHECKSUMS, json.dumps({p.name: sha256(p) for p in files}, indent=1) + "\n")
+    write_json(folder / CHECKSUMS, {p.name: sha256(p) for p in files}, indent=1)
 
 
 def damage(ckpt: Path, part: tuple[int, int] = (0, 1)) -> str:
@@ -86,7 +112,7 @@ def damage(ckpt: Path, part: tuple[int, int] = (0, 1)) -> str:
     checksum written with it. A checkpoint from before checksums were written is taken as it is.
     part = (i, n): hash only every n-th file from the i-th (ranks share the reading of a large one)."""
     try:
-        sums = json.loads((ckpt / CHECKSUMS).read_text())
+        sums = loads((ckpt / CHECKSUMS).read_text())
     except FileNotFoundError:
         return ""
     except (OSError, ValueError):
@@ -116,10 +142,13 @@ def read_config(path: Path) -> dict:
     if not path.is_dir():
         raise CheckpointError(f"{path}: no such checkpoint directory; pass a folder holding config.json and *.safetensors")
     config_file = path / "config.json"
+    if not config_file.is_file() and path.name == "latest" and (path / "trainer_state.json").is_file():
+        raise CheckpointError(f"{path}: latest/ is a run's resume point (sharded weights and optimizer state), not a "
+                              "checkpoint to load; evaluate phase-N/ or step-N/ beside it")
     if not config_file.is_file():
         raise CheckpointError(f"{config_file}: missing; a HF checkpoint directory needs its config.json")
     try:
-        config = json.loads(config_file.read_text())
+        config = loads(config_file.read_text())
     except ValueError as e:  # not JSON, or not even UTF-8 text
         raise CheckpointError(f"{config_file}: not valid JSON ({e}); re-download or re-export the checkpoint") from None
     if not isinstance(config, dict):  # every reader does config.get(...)
@@ -133,7 +162,7 @@ def tensor_files(path: Path) -> dict[str, Path]:
     index = path / "model.safetensors.index.json"
     if index.is_file():
         try:
-            weight_map = json.loads(index.read_text())["weight_map"]
+            weight_map = loads(index.read_text())["weight_map"]
             return {str(name): path / str(file) for name, file in weight_map.items()}
         except (ValueError, KeyError, TypeError, AttributeError):
             raise CheckpointError(f"{index}: not a safetensors index (no weight_map of tensor -> file); "
@@ -221,7 +250,7 @@ def write_checkpoint(path, config: dict, state: dict, extra_files: dict[str, str
     save_file({k: v.detach().contiguous().cpu() for k, v in state.items()}, tmp / "model.safetensors",
               metadata={"format": "pt"})
     fsync_file(tmp / "model.safetensors")
-    write_atomic(tmp / "config.json", json.dumps(config, indent=2) + "\n")
+    write_json(tmp / "config.json", config)
     for name, text in (extra_files or {}).items():
         write_atomic(tmp / name, text)
     replace_folder(tmp, path)

@@ -13,12 +13,12 @@ Qwen3 model, the toy preset's own teacher).
 """
 from __future__ import annotations
 
-import json
 import math
 import os
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+import checkpoint
 import model
 from errors import ConfigError
 
@@ -29,7 +29,7 @@ PROTOCOLS = ("joint", "grow", "freeze", "joint-long", "teacher")
 PRECISIONS = ("fp32", "bf16")  # and "auto": bf16 where the machine runs it measurably faster (devices.py)
 # The settings that take one of a few names; checked here, and by presets.py for --set before any folder is made.
 CHOICES = {"protocol": PROTOCOLS, "precision": ("auto", *PRECISIONS), "post_output_gain": model.OUTPUT_GAINS,
-           "boundary": model.BOUNDARIES}
+           "boundary": model.BOUNDARIES, "on_divergence": ("stop", "continue")}
 PATH_FIELDS = ("train_data", "val_data", "teacher", "start_from", "boundary_source")  # RunConfig's paths
 
 
@@ -86,6 +86,14 @@ class RunConfig:
     monitor_kurtosis_warn: float = 1000.0  # ... or its kurtosis of per-token RMS
     phase_lrs: tuple = ()          # peak LR per phase (transition-aware schedules; empty: lr in every phase)
     phase_warmups: tuple = ()      # warmup steps per phase (empty: warmup_frac of the phase)
+    # Divergence is an outcome, never a number (README, "Reliability"): a non-finite loss, gradient norm or
+    # validation CE; a validation CE above log V + diverged_above_uniform (worse than predicting every
+    # token uniformly, by that margin); or a run that ends more than diverged_above_best above its own
+    # best evaluation. It is recorded in done.json; "stop" ends the run there, "continue" trains on and
+    # records it (a non-finite loss always stops: the weights are gone).
+    diverged_above_uniform: float = 1.0
+    diverged_above_best: float = 1.0
+    on_divergence: str = "stop"
     # True: the PATH_FIELDS are relative to the run's own folder (repro.py writes them so, and a runs
     # tree can be moved or copied); False: as given (absolute, or relative to the working directory).
     relative_to_run: bool = False
@@ -180,5 +188,5 @@ def absolute_paths(settings: dict, run_dir: Path) -> dict:
 def read(run_dir) -> RunConfig:
     """A run folder's config.json as a RunConfig with its paths absolute: the one way back from disk."""
     run_dir = Path(run_dir)
-    settings = json.loads((run_dir / "config.json").read_text())
+    settings = checkpoint.loads((run_dir / "config.json").read_text())
     return RunConfig(**settings).resolved(run_dir)

@@ -33,17 +33,18 @@ Definitions the whole kit relies on:
   what to do.
 """
 
+import errno
 import functools
 import hashlib
 import importlib.metadata
 import importlib.util
 import json
-import multiprocessing
 import os
 import re
 import shutil
 import time
 from collections import deque
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from itertools import chain, islice
 from pathlib import Path
@@ -57,7 +58,7 @@ import torch
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 import checkpoint
-from errors import DataError
+from errors import DataError, DiskFull
 from tokenizer import Tokenizer, package_file
 
 
@@ -79,9 +80,12 @@ class Corpus:
 
     def validation_documents(self) -> list[str]:
         documents = list(islice(self.ordered_documents(), self.n_val))
+        where = self.identity.get("path") or f"source {self.identity['source']}"
+        if not documents:
+            raise DataError(f"{where}: empty (no non-empty document); point data.path at a corpus with documents")
         if len(documents) < self.n_val:
-            raise DataError(f"source {self.identity['source']}: only {len(documents)} documents, "
-                            f"{self.n_val} requested for validation; lower the validation size")
+            raise DataError(f"{where}: only {len(documents)} documents, {self.n_val} requested for validation; "
+                            "lower data.val_docs (--set data.val_docs=N) or add documents")
         return documents
 
     def training_documents(self) -> Iterator[str]:
@@ -238,32 +242,61 @@ def _open_parquet(path: Path) -> pq.ParquetFile:
 
 def _local_corpus(n_val: int, seed: int, path) -> Corpus:
     path = Path(path).expanduser().resolve()
-    identity = {"source": "local", "path": str(path), "n_val": n_val, "seed": seed}
     parquet_files = sorted(path.glob("*.parquet")) if path.is_dir() else [path] if path.suffix == ".parquet" else []
-    if parquet_files:
-        return Corpus(identity, lambda: _parquet_documents(lambda i: parquet_files[i], len(parquet_files), seed), n_val)
-    if not (path.is_dir() and any(path.glob("*.txt")) or path.is_file() and path.suffix == ".jsonl"):
+    text_files = sorted(path.glob("*.txt")) if path.is_dir() else [path] if path.suffix == ".jsonl" else []
+    if not (parquet_files or text_files) or not path.exists():
         raise DataError(f"path {path}: not a folder of .txt or .parquet files, a .jsonl or a .parquet file; "
                         f"point it at one of those")
-    return Corpus(identity, lambda: iter(_seeded_order(_read_local_documents(path), seed)), n_val)
+    # Identity by content: an edited corpus is another corpus, whose shards and teacher are built anew.
+    identity = {"source": "local", "path": str(path), "n_val": n_val, "seed": seed,
+                "sha256": _content_sha256(parquet_files or text_files)}
+    if parquet_files:
+        return Corpus(identity, lambda: _parquet_documents(lambda i: parquet_files[i], len(parquet_files), seed), n_val)
+    return Corpus(identity, lambda: iter(_seeded_order(_read_local_documents(path, text_files), seed)), n_val)
 
 
-def _read_local_documents(path: Path) -> list[str]:
+def _content_sha256(files: list[Path]) -> str:
+    """sha256 over the files' names and bytes, streamed (a corpus may be larger than memory)."""
+    digest = hashlib.sha256()
+    for file in files:
+        digest.update(file.name.encode() + b"\0")
+        with open(file, "rb") as f:
+            for block in iter(lambda: f.read(1 << 20), b""):
+                digest.update(block)
+    return digest.hexdigest()
+
+
+def _decode(raw: bytes, file: Path, first_line: int = 1) -> str:
+    """UTF-8 (a leading byte-order mark accepted), or one line naming the file, line and column."""
+    try:
+        return raw.decode("utf-8-sig")
+    except UnicodeDecodeError as e:
+        line = first_line + raw.count(b"\n", 0, e.start)
+        column = e.start - (raw.rfind(b"\n", 0, e.start) + 1) + 1
+        raise DataError(f"{file}:{line}: not UTF-8 (byte 0x{raw[e.start]:02x} at column {column}); re-save the file "
+                        "as UTF-8") from None
+
+
+def _read_local_documents(path: Path, files: list[Path]) -> list[str]:
     """Non-empty documents: one per .txt file (sorted by name) of a folder, or one per .jsonl line."""
-    documents = [f.read_text(encoding="utf-8") for f in sorted(path.glob("*.txt"))] if path.is_dir() else _read_jsonl(path)
+    documents = [_decode(f.read_bytes(), f) for f in files] if path.is_dir() else _read_jsonl(path)
     return [d for d in documents if d]
 
 
 def _read_jsonl(path: Path) -> list[str]:
     documents = []
-    with open(path, encoding="utf-8") as lines:
-        for number, line in enumerate(lines, 1):
+    with open(path, "rb") as lines:
+        for number, raw in enumerate(lines, 1):
+            line = _decode(raw, path, number)
             if not line.strip():
                 continue
             try:
-                documents.append(json.loads(line)["text"])
-            except (ValueError, KeyError, TypeError):
+                text = json.loads(line)["text"]
+            except (ValueError, KeyError, TypeError, RecursionError):
                 raise DataError(f"{path}:{number}: not a JSON object with a 'text' field; fix that line") from None
+            if not isinstance(text, str):
+                raise DataError(f"{path}:{number}: 'text' is a {type(text).__name__}, not a string; fix that line")
+            documents.append(text)
     return documents
 
 
@@ -317,7 +350,7 @@ class Shard:
 def _read_manifest(path: Path) -> dict:
     file = path / MANIFEST_FILE
     try:
-        manifest = json.loads(file.read_text())
+        manifest = checkpoint.loads(file.read_text())
     except FileNotFoundError:
         raise DataError(f"{file}: missing, so {path} is not a finished shard; run prepare (python repro.py data)"
                         ) from None
@@ -362,7 +395,7 @@ def prepare(source: str, out_dir: str | Path, enc: Tokenizer, *, max_len: int, n
     controls continue onto. A shard built from other inputs (source, tokenizer, max_len, counts), or a
     broken one, is an error; force=True rebuilds those and reuses intact matching ones. verify:
     sha256-check reused shards.
-    workers: tokenizing processes (default min(cpus, 8)). Run it on one process only.
+    workers: tokenizing threads (default min(cpus, 8)). Run it on one process only.
     """
     if max_len < 1:
         raise DataError(f"max_len={max_len}: a document needs at least one target; use max_len >= 1")
@@ -441,21 +474,22 @@ def _tokenize_chunk(enc: Tokenizer, max_len: int, texts: list[str]) -> tuple[np.
 
 def _tokenized_chunks(texts: Iterator[str], enc: Tokenizer, max_len: int,
                       workers: int) -> Iterator[tuple[np.ndarray, np.ndarray]]:
-    """`_tokenize_chunk` over chunks of CHUNK_DOCS texts, in order, on `workers` processes."""
+    """`_tokenize_chunk` over chunks of CHUNK_DOCS texts, in order, on `workers` threads."""
     chunks = iter(lambda: list(islice(texts, CHUNK_DOCS)), [])
     if workers == 1:
         for chunk in chunks:
             yield _tokenize_chunk(enc, max_len, chunk)
         return
-    with multiprocessing.Pool(workers) as pool:
-        # Submit a few chunks ahead only: Pool.imap would read the whole corpus into its task queue.
-        pending = deque()
+    # Threads, not processes: tiktoken's Rust encoder runs without the GIL, and nothing is forked from a
+    # process with threads (a forked worker can inherit a lock some thread held and hang) or pickled.
+    with ThreadPoolExecutor(workers) as pool:
+        pending = deque()  # a few chunks ahead only, not the whole corpus in the queue
         for chunk in chunks:
-            pending.append(pool.apply_async(_tokenize_chunk, (enc, max_len, chunk)))
+            pending.append(pool.submit(_tokenize_chunk, enc, max_len, chunk))
             if len(pending) > 2 * workers:
-                yield pending.popleft().get()
+                yield pending.popleft().result()
         while pending:
-            yield pending.popleft().get()
+            yield pending.popleft().result()
 
 
 def _with_progress(chunks: Iterator[tuple[np.ndarray, np.ndarray]], label: str, total: int | None,
@@ -486,11 +520,15 @@ def _write_shard(path: Path, inputs: dict, chunks: Iterator[tuple[np.ndarray, np
         manifest = {**inputs, "n_docs": len(lengths), "n_tokens": int(offsets[-1]), "eot": enc.eot,
                     "n_vocab": enc.n_vocab,
                     "sha256": {TOKENS_FILE: tokens_sha, OFFSETS_FILE: hashlib.sha256(offsets.tobytes()).hexdigest()}}
-        checkpoint.write_atomic(partial / MANIFEST_FILE, json.dumps(manifest, indent=1).encode())
+        checkpoint.write_json(partial / MANIFEST_FILE, manifest, indent=1)
         checkpoint.fsync_folder(partial)
         _move_into_place(partial, path)
-    except BaseException:
+    except BaseException as e:
         shutil.rmtree(partial, ignore_errors=True)
+        if getattr(e, "errno", None) in (errno.ENOSPC, errno.EFBIG) and not isinstance(e, DiskFull):
+            why = "no space left on device" if e.errno == errno.ENOSPC else "a file-size limit (ulimit -f) was reached"
+            raise DiskFull(f"{path}: {why} while writing the shard; nothing was kept: free some space (or raise the "
+                           "limit) and rerun", e.errno) from None
         raise
 
 

@@ -19,7 +19,7 @@ from typing import Callable
 import torch
 import torch.distributed as dist
 
-from checkpoint import write_atomic
+from checkpoint import write_json
 from errors import TrainingError
 
 # ----------------------------------------------------------------------------------------------
@@ -220,7 +220,7 @@ def cpu_bf16_speedup() -> float:
         cached[key] = matmul_speedup_bf16()
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
-            write_atomic(path, json.dumps(cached, indent=2) + "\n")
+            write_json(path, cached)
         except OSError:
             pass  # a read-only home: probe again next time
     return float(cached[key])

@@ -27,7 +27,6 @@ Definitions (each function's docstring has the details):
 """
 from __future__ import annotations
 
-import json
 import math
 import re
 import unicodedata
@@ -38,6 +37,7 @@ from typing import Callable
 import numpy as np
 import torch
 
+import checkpoint
 import config
 import errors
 import kd
@@ -249,7 +249,7 @@ def checkpoint_series(run_dir) -> list[dict]:
         state_file = ckpt / "trainer_state.json"
         # NOTE: <name>.tmp / .old are a checkpoint being written or replaced; they are not kept ones.
         if re.fullmatch(r"(phase|step)-\d+", ckpt.name) and state_file.is_file():
-            state = json.loads(state_file.read_text())
+            state = checkpoint.loads(state_file.read_text())
             series[state["step"]] = {"step": state["step"], "phase": state["phase"],
                                      "active_blocks": phases[state["phase"]].active_blocks, "path": str(ckpt)}
     return [series[step] for step in sorted(series)]

@@ -24,6 +24,15 @@ class TrainingError(KitError):
     """A run that cannot go on: a non-finite loss, a folder that belongs to another config, a full disk."""
 
 
+class DiskFull(TrainingError):
+    """A write that ran out of disk or past a file-size limit (errno ENOSPC or EFBIG); the file it would
+    have replaced is intact."""
+
+    def __init__(self, message: str, errno: int):
+        super().__init__(message)
+        self.errno = errno
+
+
 class ConfigError(KitError):
     """Run settings that do not make a run (RunConfig's checks)."""
 

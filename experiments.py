@@ -53,8 +53,20 @@ def metrics(run_dir: Path) -> list[dict]:
 
 
 def final_ce(ws: Workspace, name: str, seed: int) -> float:
-    """The scheduled endpoint's validation CE (never a best checkpoint)."""
-    return rundir.final_eval(ws.run_dir(name, seed))["ce"]
+    """The scheduled endpoint's validation CE (never a best checkpoint), or report.DIVERGED."""
+    result = rundir.final_eval(ws.run_dir(name, seed))
+    return report.DIVERGED if result.get("diverged") else result["ce"]
+
+
+def diverged_runs(ws: Workspace, names, seeds) -> list[str]:
+    """'<run> s<seed> (step <n>: <why>)' for each run of `names` x `seeds` that diverged."""
+    out = []
+    for seed in seeds:
+        for name in names:
+            record = rundir.final_eval(ws.run_dir(name, seed)).get("diverged")
+            if record:
+                out.append(f"{name} s{seed} (step {record['step']}: {record['why']})")
+    return out
 
 
 def phase_end_eval(ws: Workspace, name: str, seed: int, phase: int) -> dict:
@@ -447,6 +459,11 @@ def report_experiment(ws: Workspace, name: str, seeds: list[int]) -> dict:
            "git_commit": rundir.git_commit(),
            "runs_config_sha256": report.configs_hash([ws.run_dir(n, s) for s in seeds for n in exp.runs])}
     md = [f"# {name} ({ws.preset.name} scale)", "", exp.about, ""]
+    diverged = diverged_runs(ws, exp.runs, seeds)
+    out["diverged_runs"] = diverged
+    if diverged:
+        md += [f"Diverged: {len(diverged)} of {len(exp.runs) * len(seeds)} runs, shown as diverged and left out of "
+               f"every mean and interval: {'; '.join(diverged)}.", ""]
     if exp.numbers:
         per_seed = [exp.numbers(ws, s) for s in seeds]
         keys = dict.fromkeys([*per_seed[0], *(row.key for row in exp.rows)])  # a deeper student has more than the rows
@@ -456,11 +473,16 @@ def report_experiment(ws: Workspace, name: str, seeds: list[int]) -> dict:
         md += (exp.layout(stats, len(seeds)) if exp.layout else []) + \
             report.table_markdown(exp.rows, stats, len(seeds), full)
         means = {k: s["mean"] for k, s in stats.items()}
-        out["claims"] = [{"claim": claim, "agrees": bool(agrees(means))} for claim, agrees in exp.claims]
+        out["claims"] = [{"claim": claim, "agrees": None if diverged else bool(agrees(means))}
+                         for claim, agrees in exp.claims]
+        verdict = lambda c: "no verdict (runs diverged)" if c["agrees"] is None else \
+            "agrees" if c["agrees"] else "DISAGREES"
         md += ["", "The paper's claims, on the kit's means:", ""] * bool(exp.claims) + \
-            [f"- {'agrees' if c['agrees'] else 'DISAGREES'}: {c['claim']}" for c in out["claims"]]
+            [f"- {verdict(c)}: {c['claim']}" for c in out["claims"]]
         print_table(name, exp, stats, len(seeds), full)
-    if exp.figures:
+    if exp.figures and any(line.startswith(f"{run} s{seeds[0]} ") for line in diverged for run in exp.runs):
+        md += [f"No figures: a run they draw diverged on seed {seeds[0]}."]
+    elif exp.figures:
         figs = exp.figures(ws, seeds[0], caption=f"normgrow, {ws.preset.name} scale, seed {seeds[0]} ({name})")
         out["figures"] = {k: str(v) for k, v in figs.items() if isinstance(v, Path)}
         out["data"] = {k: v for k, v in figs.items() if not isinstance(v, Path)}

@@ -185,7 +185,7 @@ def gpu_check(device: str = "cuda", out: Path = RESULTS) -> dict:
         results[name] = {**check(), "check_s": time.perf_counter() - started}
         print(f"{name}: {results[name]}", flush=True)
     out.parent.mkdir(parents=True, exist_ok=True)
-    checkpoint.write_atomic(out, json.dumps(results, indent=2, default=str) + "\n")
+    checkpoint.write_json(out, results, default=str)
     failed = [name for name in results if isinstance(results[name], dict) and results[name].get("ok") is False]
     print(f"wrote {out}; " + (f"FAILED: {', '.join(failed)}" if failed else "every check passed"))
     return results

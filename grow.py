@@ -35,11 +35,12 @@ import torch.distributed as dist
 import data
 import kd
 import model
-from checkpoint import write_atomic
+from checkpoint import write_json
 from config import Phase, RunConfig, learning_rate, plan_phases
 from devices import Dist, precision_choice, print0, setup_distributed, shard_fn
 from errors import TrainingError
 from rundir import (
+    RESULT_KEYS,
     MetricsLog,
     adopt_shared_prefix,
     final_eval,
@@ -319,9 +320,11 @@ class Run:
             raise TrainingError(f"{run_dir}: the ranks found different resume points (rank {ctx.rank}: step {step}); "
                                 "the runs folder must be one filesystem that every node shares (or copy it to each)")
         self.step, self.totals, elapsed = 0, {"total_tokens": 0, "active_layer_tokens": 0}, 0.0
+        self.outcome = {"best_ce": None, "diverged": None}
         if self.resume:
             ckpt, state = self.resume
             self.step, self.totals, elapsed = state["step"], state["totals"], state["elapsed"]
+            self.outcome = {**self.outcome, **state.get("outcome", {})}
             self.batcher.load_state_dict(state["data"])
             torch.set_rng_state(torch.frombuffer(bytearray(base64.b64decode(state["torch_rng"])), dtype=torch.uint8))
             if ckpt.name != "latest":
@@ -464,6 +467,8 @@ class Run:
         """Clip, update, log; evaluate and checkpoint when due; finish after the last step."""
         with self.own_rng():
             self.update()
+        if self.state != "training":  # diverged, and stopped there
+            return
         if self.step == self.last_step:
             self.finish()
         elif self.stop_after_step is not None and self.step >= self.stop_after_step:
@@ -474,8 +479,9 @@ class Run:
         grad_norm = clip_gradients(self.params, config.grad_clip)
         loss, kd_sum, ce_sum = ctx.sum(self.sums)
         if not (math.isfinite(loss) and math.isfinite(grad_norm)):
-            raise TrainingError(f"{config.name}: non-finite loss ({loss}) or gradient norm ({grad_norm}) at step "
-                                f"{self.step + 1}; the last good checkpoint in {self.run_dir} is kept")
+            self.diverge(self.step + 1, "a non-finite loss or gradient norm", {"loss": loss, "grad_norm": grad_norm},
+                         always_stop=True)
+            return
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         self.step += 1
@@ -497,10 +503,20 @@ class Run:
         if phase_end or step % config.eval_interval == 0:
             self.final = evaluate(config, self.net, self.teacher, self.val, phase.active_blocks, ctx, self.dtype)
             kill_point("evaluated", config.name, step)
+            if not all(math.isfinite(v) for v in self.final.values()):  # a CE past ~709 makes PPL infinite
+                self.diverge(step, "a non-finite validation CE or PPL", self.final, always_stop=True)
+                return
             self.log.write({"step": step, "phase": phase.index, "eval": True, **self.final})
             print0(ctx, f"{config.name}: step {step}: loss {loss:.4f}, val CE {self.final['ce']:.4f}, "
                         f"val KD {self.final['kd']:.4f}, {tok_s:,.0f} tok/s")
-        state = trainer_state(step, phase.index, self.batcher, totals, elapsed)
+            best = self.outcome["best_ce"]
+            self.outcome["best_ce"] = self.final["ce"] if best is None else min(best, self.final["ce"])
+            if self.final["ce"] > self.ceiling():
+                self.diverge(step, f"validation CE above log V + {config.diverged_above_uniform:g} = "
+                                   f"{self.ceiling():.4f} (worse than a uniform prediction)", self.final)
+                if self.state != "training":
+                    return
+        state = trainer_state(step, phase.index, self.batcher, totals, elapsed, self.outcome)
         if phase_end and self.keeps_optimizer() and step < self.last_step:
             # The next phase needs these moments: saved before phase-<p>/, so a kill between the two
             # resumes from them (on a tie newest_checkpoint prefers latest/).
@@ -513,14 +529,48 @@ class Run:
             save_latest_checkpoint(self.run_dir, self.net, self.optimizer, state, ctx)
         kill_point("saved", config.name, step)
 
+    def ceiling(self) -> float:
+        """The validation CE above which a run has diverged: a uniform prediction's log V, plus the margin."""
+        return math.log(self.net.embed_tokens.num_embeddings) + self.config.diverged_above_uniform
+
+    def diverge(self, step: int, why: str, values: dict, always_stop: bool = False):
+        """Record a divergence; stop the run there unless it continues past one (on_divergence "continue",
+        for a finite but too-high CE)."""
+        self.record_divergence(step, why, values)
+        if always_stop or self.config.on_divergence == "stop":
+            self.finish()
+
+    def record_divergence(self, step: int, why: str, values: dict):
+        """The first divergence, with its values (a non-finite one as text: strict JSON) and the newest
+        checkpoint, which it did not reach."""
+        if self.outcome["diverged"] is not None:
+            return
+        good = newest_checkpoint(self.run_dir)
+        self.outcome["diverged"] = {
+            "step": step, "why": why, "last_good_checkpoint": good[0].name if good else None,
+            "values": {k: v if isinstance(v, (int, float)) and math.isfinite(v) else str(v) for k, v in values.items()}}
+        print0(self.ctx, f"{self.config.name}: diverged at step {step}: {why}" +
+               (f"; the last good checkpoint is {good[0]}" if good else ""))
+
     def finish(self):
-        """done.json holds the scheduled endpoint's evaluation (killed after the last save: evaluate it)."""
-        if self.final is None:
+        """done.json holds the scheduled endpoint's evaluation (killed after the last save: evaluate it), or,
+        for a run that diverged, null numbers and the divergence: an outcome, never a number."""
+        if self.final is None and self.outcome["diverged"] is None:
             self.final = evaluate(self.config, self.net, self.teacher, self.val, self.phases[-1].active_blocks, self.ctx,
                                   self.dtype)
+        best, margin = self.outcome["best_ce"], self.config.diverged_above_best
+        if self.final is not None and not all(math.isfinite(v) for v in self.final.values()):
+            self.record_divergence(self.step, "a non-finite validation CE or PPL", self.final)
+        elif self.final is not None and best is not None and self.final["ce"] > best + margin:
+            self.record_divergence(self.step, f"ended {self.final['ce'] - best:.4f} above its best validation CE "
+                                              f"{best:.4f} (margin {margin:g})", self.final)
+        diverged = self.outcome["diverged"]
+        done = {**self.final, "step": self.step} if diverged is None else \
+            {**{k: None for k in RESULT_KEYS}, "step": self.step, "diverged": diverged}
         if self.ctx.is_main:
-            write_atomic(self.run_dir / "done.json", json.dumps({**self.final, "step": self.step}, indent=2) + "\n")
-            shutil.rmtree(self.run_dir / "latest", ignore_errors=True)
+            write_json(self.run_dir / "done.json", done)
+            if diverged is None:  # a diverged run keeps its resume point beside the last good checkpoint
+                shutil.rmtree(self.run_dir / "latest", ignore_errors=True)
         self.ctx.barrier()
         kill_point("done", self.config.name, self.step)
         self.result = final_eval(self.run_dir)

@@ -24,11 +24,11 @@ LOSS_ROW_BLOCK_ELEMENTS = 2**26  # kd.ROW_BLOCK_ELEMENTS["cuda"]: rows of the so
 
 def layer_shapes(c: model.ModelConfig) -> list[tuple[int, ...]]:
     """A decoder layer's parameters (every placement has two hidden-size RMSNorms)."""
-    H, q, kv, I = c.hidden_size, c.num_attention_heads * c.head_dim, c.num_key_value_heads * c.head_dim, \
+    H, q, kv, F = c.hidden_size, c.num_attention_heads * c.head_dim, c.num_key_value_heads * c.head_dim, \
         c.intermediate_size
     return [(q, H), (kv, H), (kv, H), (H, q),  # q, k, v, o projections
             (c.head_dim,), (c.head_dim,),      # q_norm, k_norm
-            (I, H), (I, H), (H, I),            # gate, up, down
+            (F, H), (F, H), (H, F),            # gate, up, down
             (H,), (H,)]                        # the layer's two norms
 
 
@@ -40,7 +40,7 @@ def shard_numel(shape, shard: int) -> int:
 def saved_per_token(c: model.ModelConfig) -> int:
     """Bytes per token that autograd saves for one post-norm layer under bf16 autocast with an fp32
     residual stream (model.post_norm_layer, Attention, MLP, RMSNorm)."""
-    H, q, kv, I = c.hidden_size, c.num_attention_heads * c.head_dim, c.num_key_value_heads * c.head_dim, \
+    H, q, kv, F = c.hidden_size, c.num_attention_heads * c.head_dim, c.num_key_value_heads * c.head_dim, \
         c.intermediate_size
     nh, nkv = c.num_attention_heads, c.num_key_value_heads
     return (3 * BF16 * H                 # the fp32 stream cast to bf16 for q_proj, k_proj and v_proj
@@ -52,7 +52,7 @@ def saved_per_token(c: model.ModelConfig) -> int:
             + 2 * F32 * H                # the two residual sums, fp32
             + 2 * F32 * H + 2 * F32      # the two norms' x * rsqrt and rsqrt
             + 2 * BF16 * H               # the MLP norm's output cast to bf16 for gate_proj and up_proj
-            + 4 * BF16 * I)              # gate, up, silu(gate), silu(gate) * up
+            + 4 * BF16 * F)              # gate, up, silu(gate), silu(gate) * up
 
 
 def step_peak(preset, teacher: model.ModelConfig, gpus: int, nodes: int = 1, resident: int = 1,

@@ -296,8 +296,8 @@ def print_plan(ws, runs: list[PlannedRun], seeds: list[int], gpu: str, gpus: int
                       + (f" and {INFINIBAND_BYTES_PER_S / 1e9:.0f} GB/s across" if nodes > 1 else "") +
                       f", each step the longer of the two; compute alone would take {hours_text(compute_only)} "
                       f"hours); {totals[way]['teacher_passes']:,} teacher "
-                      f"steps; per-GPU memory at most {memory / 2**30:.1f} GiB ({resident} run(s) resident; counted tensor by tensor, "
-                      "`repro.py rehearse` measures it)")
+                      f"steps; per-GPU memory at most {memory / 2**30:.1f} GiB ({resident} run(s) resident; counted "
+                      "tensor by tensor, `repro.py rehearse` measures it)")
     gpu_hours = lambda f: f / (GPU_BF16_PEAK[gpu] * ASSUMED_MFU) / 3600  # the diagnostics: rank 0, no collectives
     diag_flops, loads = (x * len(seeds) for x in diagnostics_cost(preset, runs, teacher, context))
     read = loads * student_bytes(preset, teacher)

@@ -12,11 +12,11 @@ the band's width where there are several, the tolerance (1% of the value + 0.001
 """
 from __future__ import annotations
 
-import json
 import math
 import statistics
 from pathlib import Path
 
+import checkpoint
 import report
 import rundir
 
@@ -39,10 +39,11 @@ def collect(runs: Path, results: Path, seeds: list[int]) -> dict:
                     curves.setdefault(run_dir.name, {}).setdefault(point, []).append(ce)
                 finals.setdefault(run_dir.name, []).append(rundir.read_json(run_dir / "done.json", "ce")["ce"])
     for file in sorted(results.glob("*.json")):
-        content = json.loads(file.read_text())
+        content = checkpoint.loads(file.read_text())
         if content.get("seeds") == seeds:
             tables[file.stem] = {row["key"]: row["values"] for row in content.get("rows", [])}
-    return {"seeds": seeds, "git_commit": rundir.git_commit(), "curves": curves, "final_ce": finals, "tables": tables}
+    return report.finite({"seeds": seeds, "git_commit": rundir.git_commit(), "curves": curves, "final_ce": finals,
+                          "tables": tables})  # strict JSON: a value that is not a number (n/a) is null
 
 
 def band(values: list[float]) -> tuple[float, float]:
@@ -65,7 +66,7 @@ def measured(target: Path) -> dict[str, float]:
                 for k, v in run_numbers(d).items()}
     values = {}
     for file in sorted(target.glob("*.json")):
-        for row in json.loads(file.read_text()).get("rows", []):
+        for row in checkpoint.loads(file.read_text()).get("rows", []):
             for i, value in enumerate(row["values"]):
                 values[f"{file.stem}/{row['key']}/{i}"] = value
     return values
@@ -99,8 +100,8 @@ def compare(target: Path, reference: dict) -> list[dict]:
         if not values:
             continue
         lo, hi = band(values)
-        if value is None or not math.isfinite(value):  # "n/a" (NaN) or "never" (inf): fine if a seed had it too
-            within = any(v is not None and (v == value or (math.isnan(v) and math.isnan(value))) for v in values)
+        if value is None or not math.isfinite(value):  # n/a, never or diverged (null in JSON): fine if a seed had it too
+            within = any(v is None or not math.isfinite(v) for v in values)
         elif math.isnan(lo):
             continue  # the reference has no finite value to compare a finite one with
         else:

@@ -20,7 +20,6 @@ save less), and overlap: communication time is bytes over bandwidth, not a trace
 """
 from __future__ import annotations
 
-import json
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -309,7 +308,7 @@ def write(runs: dict, results: Path) -> Path:
     nodes = "" if out["nodes"] == 1 else f"-{out['nodes']}x{out['gpus']}"
     path = results / f"rehearse-{out['scale']}{nodes}{'-replicated-teacher' if out['teacher_replicated'] else ''}.json"
     path.parent.mkdir(parents=True, exist_ok=True)
-    return checkpoint.write_atomic(path, json.dumps(runs, indent=2) + "\n")
+    return checkpoint.write_json(path, runs)
 
 
 def markdown(out: dict) -> list[str]:

@@ -9,7 +9,6 @@ its numbers here, so one number looks the same in every report.
 from __future__ import annotations
 
 import hashlib
-import json
 import math
 import statistics
 from dataclasses import dataclass
@@ -40,8 +39,35 @@ def t975(df: int) -> float:
     return (low + high) / 2
 
 
+class Diverged(float):
+    """A diverged run's number (done.json's "diverged"): NaN that stays Diverged through a table's
+    arithmetic (a difference with a diverged run is diverged), so every report shows "diverged" and
+    counts it, never a number with a verdict."""
+
+    def __new__(cls):
+        return super().__new__(cls, math.nan)
+
+    def _diverged(self, *_):
+        return DIVERGED
+
+    __add__ = __radd__ = __sub__ = __rsub__ = __mul__ = __rmul__ = __truediv__ = __rtruediv__ = _diverged
+    __neg__ = __abs__ = _diverged
+
+    def __repr__(self):
+        return "diverged"
+
+
+DIVERGED = Diverged()
+
+
 def across_seeds(values: list[float]) -> dict:
-    """mean, sample std and a 95% t-interval of one number over seeds (std 0 and no interval for one)."""
+    """mean, sample std and a 95% t-interval of one number over seeds (std 0 and no interval for one),
+    over the seeds whose runs did not diverge; "diverged" counts the others."""
+    diverged = sum(isinstance(v, Diverged) for v in values)
+    if diverged:
+        kept = [v for v in values if not isinstance(v, Diverged)]
+        stats = across_seeds(kept) if kept else {"mean": math.nan, "std": math.nan, "ci95": None, "n": 0}
+        return {**stats, "values": [None if isinstance(v, Diverged) else v for v in values], "diverged": diverged}
     n = len(values)
     if not all(math.isfinite(v) for v in values):  # "n/a" (NaN) or "never" (inf) on some seed: no spread
         return {"mean": sum(values) / n, "std": math.nan, "ci95": None, "n": n, "values": values}
@@ -91,7 +117,14 @@ def figure_table(rows: list[tuple]) -> list[str]:
     return ["| quantity | kit | paper |", "| --- | --- | --- |"] + [f"| {q} | {cell(k)} | {cell(p)} |" for q, k, p in rows]
 
 
+def diverged_text(s: dict) -> str:
+    return f"{s['diverged']} of {s['diverged'] + s['n']} diverged" if s.get("diverged") else ""
+
+
 def kit_cell(s: dict, digits: int) -> str:
+    if s.get("diverged"):
+        return f"diverged ({diverged_text(s)})" if not s["n"] else f"{kit_cell({**s, 'diverged': 0}, digits)}; " \
+            f"{diverged_text(s)}"
     if s["n"] == 1 or s["ci95"] is None:
         return fmt(s["mean"], digits) if s["n"] == 1 else f"{fmt(s['mean'], digits)} (per seed: " \
             + ", ".join(fmt(v, digits) for v in s["values"]) + ")"
@@ -105,6 +138,8 @@ def comparison(r: Row, s: dict, full: bool) -> str:
     whether the kit's sign is the same (and whether the seeds' interval excludes zero)."""
     if r.paper is None:
         return ""
+    if s.get("diverged"):
+        return f"none: {diverged_text(s)}"
     if full:
         return fmt(s["mean"] - r.paper, r.digits) if r.compare else ""
     if not r.sign or s["mean"] is None or math.isnan(s["mean"]):
@@ -128,6 +163,9 @@ def table_markdown(rows: list[Row], stats: dict, n_seeds: int, full: bool = Fals
 
 
 def stats_cell(s: dict, signed: bool = False) -> str:
+    if s.get("diverged"):
+        return f"diverged ({diverged_text(s)})" if not s["n"] else \
+            f"{stats_cell({**s, 'diverged': 0}, signed)} ({diverged_text(s)})"
     mean = f"{s['mean']:+.4f}" if signed else f"{s['mean']:.4f}"
     if not s.get("ci95"):
         return mean
@@ -139,10 +177,21 @@ def seeds_text(seeds: list[int]) -> str:
     return f"mean [95% t-interval] over seeds {', '.join(map(str, seeds))}" if len(seeds) > 1 else f"seed {seeds[0]}"
 
 
+def finite(value):
+    """A report's numbers as strict JSON holds them: a number that is not one (n/a, never) is null."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: finite(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [finite(v) for v in value]
+    return value
+
+
 def write(folder: Path, name: str, out: dict, lines: list[str]) -> dict:
     """A report as folder/<name>.json (the numbers) and folder/<name>.md (the table); returns `out`."""
     folder.mkdir(parents=True, exist_ok=True)
-    checkpoint.write_atomic(folder / f"{name}.json", json.dumps(out, indent=2, default=str) + "\n")
+    checkpoint.write_json(folder / f"{name}.json", finite(out), default=str)
     checkpoint.write_atomic(folder / f"{name}.md", "\n".join(lines) + "\n")
     return out
 

@@ -24,6 +24,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import signal
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -69,6 +70,9 @@ class Repro(click.Group):
             if int(os.environ.get("RANK", 0)):  # under torchrun every rank stops; rank 0 says why
                 raise SystemExit(e.exit_code) from None
             raise OneLineError(str(e), e.exit_code) from None
+        except KeyboardInterrupt:  # Ctrl-C, or SIGTERM (a scheduler's stop): every run resumes where it stopped
+            raise OneLineError("interrupted; rerun the same command to resume: each run continues from its newest "
+                               "checkpoint (latest/ or the last phase-N/), finished runs are reused", 130) from None
         finally:
             if dist.is_initialized():
                 dist.destroy_process_group()
@@ -281,16 +285,24 @@ def ratios(scale):
 
 @cli.command()
 @scale_option
+@click.option("--rebuild", is_flag=True, help="Train the shipped teacher again from its seed, into "
+              "runs/<scale>/teacher-rebuilt/ (the installed one untouched), and say whether it equals it bit for bit.")
 @overrides_option
 @force_option
 @runs_option
-def teacher(scale, overrides, compile_flag, device, tracker, no_wait, force, runs_dir):
-    """Pretrain the kit's own teacher for a scale (smoke, toy) and print its validation CE."""
+def teacher(scale, rebuild, overrides, compile_flag, device, tracker, no_wait, force, runs_dir):
+    """Pretrain the kit's own teacher for a scale (smoke, toy) and print its validation CE (toy: the
+    shipped one is installed; --rebuild trains it again)."""
     ws = suite.workspace(scale, runs_dir, overrides=overrides, compile_flag=compile_flag, device=device, tracker=tracker,
                          wait=not no_wait)
     if ws.preset.teacher:
         raise click.UsageError(f"--scale {scale} distils from {ws.preset.teacher}; there is no teacher to pretrain")
+    if rebuild and not ws.preset.shipped_teacher:
+        raise errors.OptionError("--rebuild", f"--scale {scale} ships no teacher; `repro.py teacher` trains its own")
     suite.prepare_data(ws, force)
+    if rebuild:
+        suite.console.print(suite.rebuild_teacher(ws, force))
+        return
     path = suite.ensure_teacher(ws, force)
     result = rundir.read_json(ws.run_dir("teacher", 0) / "done.json", "ce", "ppl")
     suite.console.print(f"teacher: validation CE {result['ce']:.4f} (PPL {result['ppl']:.1f}); HF checkpoint in {path}")
@@ -410,9 +422,10 @@ def evaluate(checkpoint, scale, data_dir, as_json, runs_dir):
 @cli.command("reference")
 @scale_option
 @click.option("--seeds", required=True, callback=parse_seeds, help="The seeds whose runs and tables to ship.")
+@click.option("--force", is_flag=True, help="Replace the shipped references/<scale>.json.")
 @runs_option
 @results_option
-def make_reference(scale, seeds, runs_dir, results_dir):
+def make_reference(scale, seeds, force, runs_dir, results_dir):
     """Write references/<scale>.json from finished runs and reports (what `compare` checks against)."""
     import reference
     missing = [seed for seed in seeds if not (runs_dir / scale / f"s{seed}").is_dir()]
@@ -424,7 +437,10 @@ def make_reference(scale, seeds, runs_dir, results_dir):
         raise click.UsageError(f"no finished runs of seeds {seeds} under {runs_dir / scale}; run them first")
     reference.REFERENCES.mkdir(exist_ok=True)
     path = reference.REFERENCES / f"{scale}.json"
-    checkpoint.write_atomic(path, json.dumps(content, indent=1) + "\n")
+    if path.exists() and not force:  # shipped with the kit: what every user's `compare` checks against
+        raise errors.OptionError("--force", f"{path} exists (seeds {rundir.read_json(path).get('seeds')}); pass --force "
+                                 "to replace it (git checkout restores the shipped one)")
+    checkpoint.write_json(path, content, indent=1)
     suite.console.print(f"wrote {path}: {len(content['curves'])} runs, {len(content['tables'])} tables, seeds {seeds}")
 
 
@@ -477,9 +493,18 @@ def sample_text(checkpoint, prompt, max_new_tokens, temperature, top_k, seed, ru
     import sample
     config = checkpoint_config(checkpoint)
     enc = tokenizer.qwen3_tokenizer(presets.PRESETS[scale_of(config, runs_dir, checkpoint)].data["vocab_size"])
-    new = sample.generate(sample.load_checkpoint(checkpoint), [enc.eot] + enc.encode(prompt), max_new_tokens,
-                          enc.eot, temperature, top_k, seed)
-    click.echo(prompt + enc.decode([t for t in new if t != enc.eot]))
+    net = sample.load_checkpoint(checkpoint)
+    shown = [""]
+
+    def stream(tokens, last=False):  # each token's text as it comes; a character split across tokens waits
+        text = enc.decode([t for t in tokens if t != enc.eot])
+        if last or not text.endswith("\ufffd"):
+            click.echo(text[len(shown[0]):], nl=last)
+            shown[0] = text
+    click.echo(prompt, nl=False)
+    new = sample.generate(net, [enc.eot] + enc.encode(prompt), max_new_tokens, enc.eot, temperature, top_k, seed,
+                          on_token=stream)
+    stream(new, last=True)
 
 
 @cli.command()
@@ -490,7 +515,7 @@ def sample_text(checkpoint, prompt, max_new_tokens, temperature, top_k, seed, ru
 def export(student_dir: Path, out_dir: Path, force: bool, runs_dir: Path):
     """Write a pre-norm student checkpoint as a standard HF Qwen3 directory that transformers loads
     (AutoModelForCausalLM, AutoTokenizer with the kit's exact ids, generate with <|endoftext|> as eos)."""
-    check_export_target(student_dir, out_dir, force)
+    check_export_target(student_dir, out_dir, force, runs_dir)
     student = model.Student.load(student_dir)
     scale = scale_of(checkpoint_config(student_dir), runs_dir, student_dir)
     enc = tokenizer.qwen3_tokenizer(presets.PRESETS[scale].data["vocab_size"])
@@ -505,12 +530,16 @@ def export(student_dir: Path, out_dir: Path, force: bool, runs_dir: Path):
                         f"{out_dir}")
 
 
-def check_export_target(student_dir: Path, out_dir: Path, force: bool):
-    """--force replaces only a folder the kit exported before, and never the checkpoint itself or a
-    folder that holds it (a runs tree)."""
+def check_export_target(student_dir: Path, out_dir: Path, force: bool, runs_dir: Path = Path("runs")):
+    """Never inside a runs tree (a run's --force may delete its folder), and --force replaces only a folder
+    the kit exported before, never the checkpoint itself or a folder that holds it."""
+    source, target = student_dir.resolve(), out_dir.resolve()
+    runs = [p for p in target.parents if p == runs_dir.resolve() or (p / "metrics.jsonl").is_file()]
+    if runs:  # a run folder, or the runs folder: a rerun with --force may delete what is in it
+        raise errors.CheckpointError(f"{out_dir}: inside a runs tree ({runs[0]}), where a rerun with --force may "
+                                     "delete it; export to a folder outside it")
     if not out_dir.exists():
         return
-    source, target = student_dir.resolve(), out_dir.resolve()
     if source == target or target in source.parents:
         raise errors.CheckpointError(f"{out_dir}: is or holds the checkpoint being exported; choose another output folder")
     if not force:
@@ -591,5 +620,10 @@ def bench():
     bench_module.main()
 
 
+def terminated(signum, frame):
+    raise KeyboardInterrupt
+
+
 if __name__ == "__main__":
+    signal.signal(signal.SIGTERM, terminated)  # SIGTERM ends as Ctrl-C does
     cli()

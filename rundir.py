@@ -95,8 +95,11 @@ def held(folders, wait: bool = True, say=print):
             fd = _lock(lock, folder, wait, say)
             stack.callback(_remove_empty, made)
             stack.callback(_release, lock, fd)
-            os.ftruncate(fd, 0)
-            os.pwrite(fd, f"process {os.getpid()} ({' '.join(sys.argv)[:300]})".encode(), 0)
+            try:  # who holds it, for a waiter's message; a full disk leaves it empty, and the lock holds
+                os.ftruncate(fd, 0)
+                os.pwrite(fd, f"process {os.getpid()} ({' '.join(sys.argv)[:300]})".encode(), 0)
+            except OSError:
+                pass
         yield
 
 
@@ -114,10 +117,12 @@ def _remove_empty(made):
 # Checkpoints. phase-<p>/: kept, safetensors weights + trainer state. latest/: rolling, safetensors
 # weights and optimizer state + JSON. All written to a temporary folder and renamed into place.
 
-def trainer_state(step, phase, batcher, totals, elapsed) -> dict:
+def trainer_state(step, phase, batcher, totals, elapsed, outcome: dict) -> dict:
+    """What a resume needs besides the weights; `outcome`: the best validation CE so far and a divergence
+    recorded by a run that continues past it."""
     rng = base64.b64encode(torch.get_rng_state().numpy().tobytes()).decode()
     return {"step": step, "phase": phase, "data": batcher.state_dict(), "totals": totals,
-            "elapsed": elapsed, "torch_rng": rng}
+            "elapsed": elapsed, "torch_rng": rng, "outcome": outcome}
 
 
 def gathered_state(net) -> dict:
@@ -162,7 +167,7 @@ def write_kept_checkpoint(run_dir: Path, name: str, net, state: dict, ctx):
         else:
             net.save(tmp, full)
         kill_point("writing-kept", run_dir.name, state["step"])
-        checkpoint.write_atomic(tmp / "trainer_state.json", json.dumps(state))
+        checkpoint.write_json(tmp / "trainer_state.json", state, indent=None)
         checkpoint.write_checksums(tmp)
         checkpoint.replace_folder(tmp, run_dir / name,
                                   midway=lambda: kill_point("swapping-kept", run_dir.name, state["step"]))
@@ -197,18 +202,18 @@ def write_latest_checkpoint(run_dir: Path, net, optimizer, state: dict, ctx):
         kill_point("writing-latest", run_dir.name, state["step"])
         moments = {f"{fqn}/{key}": value for fqn, p in params.items() for key, value in optimizer.state.get(p, {}).items()}
         parts.append(checkpoint.write_shard(tmp, "optimizer", moments, *group))
-        checkpoint.write_atomic(tmp / f"part.rank{group[0]}.json", json.dumps(parts))
+        checkpoint.write_json(tmp / f"part.rank{group[0]}.json", parts, indent=None)
     ctx.barrier()
     if ctx.is_main:
-        parts = [p for w in range(group[1]) for p in json.loads((tmp / f"part.rank{w}.json").read_text())]
+        parts = [p for w in range(group[1]) for p in checkpoint.loads((tmp / f"part.rank{w}.json").read_text())]
         for w in range(group[1]):
             (tmp / f"part.rank{w}.json").unlink()
         index = checkpoint.merge_index(parts)
-        checkpoint.write_atomic(tmp / checkpoint.SHARDED_INDEX, json.dumps(index))
-        checkpoint.write_atomic(tmp / "trainer_state.json", json.dumps(state))
+        checkpoint.write_json(tmp / checkpoint.SHARDED_INDEX, index, indent=None)
+        checkpoint.write_json(tmp / "trainer_state.json", state, indent=None)
         sums = {**index["files"], **{name: checkpoint.sha256(tmp / name)
                                      for name in (checkpoint.SHARDED_INDEX, "trainer_state.json")}}
-        checkpoint.write_atomic(tmp / checkpoint.CHECKSUMS, json.dumps(sums, indent=1) + "\n")
+        checkpoint.write_json(tmp / checkpoint.CHECKSUMS, sums, indent=1)
         checkpoint.replace_folder(tmp, run_dir / "latest",
                                   midway=lambda: kill_point("swapping-latest", run_dir.name, state["step"]))
     ctx.barrier()
@@ -232,7 +237,7 @@ def checkpoints(run_dir: Path) -> list[tuple[int | None, Path]]:
         if not RESUME_POINT.fullmatch(ckpt.name) or not ckpt.is_dir():
             continue
         try:
-            step = json.loads((ckpt / "trainer_state.json").read_text())["step"]
+            step = checkpoint.loads((ckpt / "trainer_state.json").read_text())["step"]
             step = step if isinstance(step, int) else None
         except (OSError, ValueError, KeyError, TypeError):
             step = None
@@ -331,6 +336,23 @@ def check_config(config, run_dir: Path):
                             "pass --force to discard it and start over, or choose another output folder")
 
 
+# What a run folder holds that the kit wrote: its files, checkpoints (with a kill's .tmp/.old), trackers.
+KIT_WRITES = re.compile(r"config\.json|provenance\.json|metrics\.jsonl|done\.json|(?:phase-\d+|step-\d+|latest)"
+                        r"(?:\.tmp|\.old)?|tensorboard|wandb|\..+\.tmp")
+
+
+def check_discardable(run_dir: Path):
+    """--force discards a run folder only if the kit made everything in it: never through a symlink (out of
+    the runs tree), never a file a user put there (an export, notes)."""
+    if run_dir.is_symlink():
+        raise TrainingError(f"{run_dir}: a symbolic link; --force never deletes through one: remove the link (or "
+                            "choose another runs folder) and rerun")
+    foreign = sorted(p.name for p in run_dir.iterdir() if not KIT_WRITES.fullmatch(p.name))
+    if foreign:
+        raise TrainingError(f"{run_dir / foreign[0]}: not written by the kit, and --force would delete it with the run; "
+                            "move it out of the run folder and rerun")
+
+
 def prepare_run_dir(config, run_dir: Path, force: bool, ctx, provenance: dict) -> bool:
     """Create or check the run directory. Returns True if the run is already done. A folder holding
     a run of another config is an error, or with `force` discarded; one of the same config is
@@ -349,12 +371,13 @@ def prepare_run_dir(config, run_dir: Path, force: bool, ctx, provenance: dict) -
             if (run_dir / "done.json").is_file():
                 return True
         elif ctx.is_main:
+            check_discardable(run_dir)
             shutil.rmtree(run_dir)
     ctx.barrier()
     if ctx.is_main:
         run_dir.mkdir(parents=True, exist_ok=True)
-        checkpoint.write_atomic(config_file, json.dumps(wanted, indent=2) + "\n")
-        checkpoint.write_atomic(run_dir / "provenance.json", json.dumps(provenance, indent=2) + "\n")
+        checkpoint.write_json(config_file, wanted)
+        checkpoint.write_json(run_dir / "provenance.json", provenance)
     ctx.barrier()
     return False
 
@@ -374,7 +397,7 @@ def read_json(path: Path, *keys: str) -> dict:
     """A JSON object the kit wrote (config, trainer state, done.json), with `keys` present; anything
     else is one line naming the file."""
     try:
-        value = json.loads(Path(path).read_text())
+        value = checkpoint.loads(Path(path).read_text())
     except OSError as e:
         raise TrainingError(f"{path}: cannot be read ({e.strerror})") from None
     except ValueError as e:
@@ -399,15 +422,18 @@ def final_eval(run_dir: Path) -> dict:
 
 
 def read_metrics(run_dir: Path) -> list[dict]:
-    """Parsed metrics.jsonl; a line cut short by a kill is dropped."""
+    """Parsed metrics.jsonl; a line cut short by a kill is dropped; one the kit cannot have written (NaN,
+    Infinity, nesting too deep) is one line naming it."""
     path = Path(run_dir) / "metrics.jsonl"
     rows = []
     if path.is_file():
-        for line in path.read_text().splitlines():
+        for number, line in enumerate(path.read_text().splitlines(), 1):
             try:
-                rows.append(json.loads(line))
+                rows.append(checkpoint.loads(line))
             except json.JSONDecodeError:
                 pass
+            except ValueError as e:
+                raise TrainingError(f"{path}:{number}: {e}; the file is damaged: move the run away and rerun") from None
     return rows
 
 
@@ -416,7 +442,7 @@ def truncate_metrics(run_dir: Path, upto_step: int, source: Path | None = None):
     phase's start evaluation at that step is dropped too: the resumed run logs it again."""
     rows = [r for r in read_metrics(source or run_dir)
             if r["step"] < upto_step or (r["step"] == upto_step and not r.get("phase_start"))]
-    checkpoint.write_atomic(run_dir / "metrics.jsonl", "".join(json.dumps(r) + "\n" for r in rows))
+    checkpoint.write_atomic(run_dir / "metrics.jsonl", "".join(checkpoint.json_text(r, None) for r in rows))
 
 
 def adopt_shared_prefix(config, run_dir: Path):
@@ -449,7 +475,7 @@ class MetricsLog:
 
     def write(self, row: dict):
         if self.file:
-            self.file.write(json.dumps(row) + "\n")
+            self.file.write(checkpoint.json_text(row, None))
             self.file.flush()
         if self.send:
             if row.get("monitor"):

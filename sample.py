@@ -80,10 +80,10 @@ def next_logits(net, input_ids: torch.Tensor, caches: list[dict], position: int)
 
 @torch.no_grad()
 def generate(net, prompt_ids: list[int], max_new_tokens: int, eos_id: int, temperature: float = 0.0,
-             top_k: int = 0, seed: int = 0) -> list[int]:
+             top_k: int = 0, seed: int = 0, on_token=None) -> list[int]:
     """New token ids after prompt_ids (eos included if reached). temperature 0: greedy (argmax, lowest id
     on a tie, as torch.argmax); otherwise softmax(logits / temperature) over the top_k most likely
-    tokens (0: all), drawn from a generator seeded with `seed`."""
+    tokens (0: all), drawn from a generator seeded with `seed`. on_token(ids so far) after each one."""
     device = net.embed_tokens.weight.device
     generator = torch.Generator(device=device).manual_seed(seed)
     caches = [{} for _ in stack(net)[1]]
@@ -100,6 +100,8 @@ def generate(net, prompt_ids: list[int], max_new_tokens: int, eos_id: int, tempe
                 logits = logits.masked_fill(logits < kth, float("-inf"))
             token = int(torch.multinomial(torch.softmax(logits, -1), 1, generator=generator))
         out.append(token)
+        if on_token:
+            on_token(out)
         if token == eos_id:
             break
         ids = torch.tensor([[token]], device=device)

@@ -9,7 +9,10 @@ every seed, in lockstep where they share batches). The CLI (repro.py) and the ex
 """
 from __future__ import annotations
 
+import math
+import os
 import shlex
+import shutil
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,6 +20,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
+import checkpoint
 import config
 import data
 import devices
@@ -74,6 +78,9 @@ def workspace(scale: str, runs_dir: Path, results_dir: Path | None = None, dry_r
     results/<scale>+<overrides>/. Everything is checked before a folder is made: the overrides, CUDA,
     then that the folders are writable (not for a dry run; no results folder where none is given)."""
     preset, changes = apply_overrides(PRESETS[scale], overrides, compile_flag)
+    if "seed" in changes.get("run", {}):  # --set run.seed=N is --seeds N: that seed's folder, the scale's inputs
+        del changes["run"]["seed"]
+        changes = {section: keys for section, keys in changes.items() if keys}
     if "data" in changes:
         check_corpus(preset)
     if preset.needs_cuda and not dry_run:
@@ -113,7 +120,9 @@ def check_corpus(preset: Preset):
     d = preset.data
     try:
         tokenizer.qwen3_tokenizer(d["vocab_size"])
-        data.corpus(d["source"], d["val_docs"], preset.run["seed"], **corpus_options(preset))
+        corpus = data.corpus(d["source"], d["val_docs"], preset.run["seed"], **corpus_options(preset))
+        if d["source"] == "local":  # its files read once now: a bad byte, line or count is one line before any folder
+            corpus.validation_documents()
     except errors.DataError as e:
         raise errors.OptionError("--set", str(e)) from None
 
@@ -127,7 +136,8 @@ def prepare_data(ws: Workspace, force: bool = False) -> tuple[data.Shard, data.S
     def prepare():  # by one process at a time (rundir.held): another one preparing them is waited for
         with rundir.held([ws.data_dir], ws.wait):
             return data.prepare(d["source"], ws.data_dir, enc, max_len=d["max_len"], n_train_docs=ws.train_docs,
-                                n_val_docs=d["val_docs"], seed=ws.preset.run["seed"], progress=console.is_terminal,
+                                n_val_docs=d["val_docs"], seed=PRESETS[ws.preset.name].run["seed"],
+                                progress=console.is_terminal,
                                 force=force, **options)
     # Rank 0 prepares (and checksums what it reuses), the others wait for it without a collective's timeout.
     shards = ws.ctx.on_main(prepare, "preparing the data")
@@ -262,14 +272,74 @@ def show_overview(ws: Workspace, jobs: list[tuple[str, int]]):
 def ensure_teacher(ws: Workspace, force: bool = False) -> Path:
     if ws.preset.teacher:
         return hub_teacher(ws)
+    ws.ctx.on_main(lambda: install_shipped_teacher(ws), "installing the shipped teacher")
     grow.train(run_config(ws, "teacher", ws.preset.run["seed"]), ws.run_dir("teacher", 0), force=force, ctx=ws.ctx,
                tracker=ws.tracker, wait=ws.wait)
+    refuse_diverged_teacher(ws.run_dir("teacher", 0))
     return ws.run_dir("teacher", 0) / "phase-0"
+
+
+SHIPPED_ROOT = Path(__file__).parent
+
+
+def install_shipped_teacher(ws: Workspace) -> bool:
+    """The preset's shipped teacher, copied to runs/<scale>/teacher/ if none is there and its config is the
+    one this workspace would train (else the kit trains its own): checksums verified, a temporary sibling
+    renamed into place. True if installed."""
+    folder = ws.run_dir("teacher", 0)
+    if not ws.preset.shipped_teacher or (folder / "config.json").exists():
+        return False
+    shipped = SHIPPED_ROOT / ws.preset.shipped_teacher
+    for part in (shipped, shipped / "phase-0"):
+        why = checkpoint.damage(part) if (part / checkpoint.CHECKSUMS).is_file() else f"{checkpoint.CHECKSUMS} is missing"
+        if why:
+            raise errors.CheckpointError(f"{part}: the shipped teacher is damaged ({why}); restore it (git checkout "
+                                         f"{ws.preset.shipped_teacher}) or rebuild it: repro.py teacher --rebuild")
+    tmp = folder.with_name(f".{folder.name}.shipped.{os.getpid()}")
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copytree(shipped, tmp)
+    try:
+        rundir.check_config(run_config(ws, "teacher", 0), tmp)
+    except errors.TrainingError:  # other teacher settings than shipped: the kit trains this one itself
+        shutil.rmtree(tmp)
+        return False
+    try:
+        tmp.rename(folder)
+    except OSError:  # another process installed it first
+        shutil.rmtree(tmp)
+        return False
+    console.print(f"teacher: installed the shipped one ({ws.preset.shipped_teacher}, checksums verified) in {folder}")
+    return True
+
+
+def rebuild_teacher(ws: Workspace, force: bool = False) -> str:
+    """The shipped teacher trained again from its settings, into runs/<scale>/teacher-rebuilt/; a line
+    saying whether its weights equal the shipped ones bit for bit."""
+    from safetensors.torch import load_file
+    folder = ws.runs / "teacher-rebuilt"
+    settings = config.RunConfig(**run_settings(ws, "teacher", 0)).relative_to(folder, ws.runs)
+    grow.train(settings, folder, force=force, ctx=ws.ctx, tracker=ws.tracker, wait=ws.wait)
+    shipped = load_file(SHIPPED_ROOT / ws.preset.shipped_teacher / "phase-0" / "model.safetensors")
+    rebuilt = load_file(folder / "phase-0" / "model.safetensors")
+    if shipped.keys() == rebuilt.keys() and all(shipped[k].equal(rebuilt[k]) for k in shipped):
+        return f"teacher: rebuilt in {folder}, bit-identical to the shipped {ws.preset.shipped_teacher}"
+    worst = max(((shipped[k] - rebuilt[k]).abs().max().item() for k in shipped.keys() & rebuilt.keys()), default=math.inf)
+    return (f"teacher: rebuilt in {folder}; it differs from the shipped {ws.preset.shipped_teacher} (largest |difference| "
+            f"{worst:.3g}): another kind of CPU, thread count or precision rounds differently")
+
+
+def refuse_diverged_teacher(folder: Path):
+    """Students never distil from a teacher that diverged."""
+    record = rundir.final_eval(folder).get("diverged") if (folder / "done.json").is_file() else None
+    if record:
+        raise errors.TrainingError(f"{folder}: the teacher diverged at step {record['step']} ({record['why']}); no "
+                                   "student distils from it: lower teacher_run.lr (--set) and rerun")
 
 
 def ensure_inputs(ws: Workspace, force: bool = False) -> Path:
     """Data and teacher of a scale; returns the teacher's checkpoint folder. A hub (or local) teacher is
     fetched and its config checked first, so that one that cannot be had fails before any data is made."""
+    force = force and ws.inputs is None  # students with overrides never rebuild the data and teacher they share
     if ws.preset.teacher:
         teacher = hub_teacher(ws)
         model.ModelConfig.from_hf(model.read_config(teacher), str(teacher / "config.json"))
@@ -293,7 +363,12 @@ def check_before_work(ws: Workspace, jobs: list[tuple[str, int]], force: bool, t
         except errors.ConfigError as e:  # RunConfig's own checks: a placement schedule, per-phase LRs and warmups
             raise errors.OptionError("--set", f"run {name}: {e}") from None
         folder = ws.run_dir(name, seed)
-        if force:  # --force discards what does not match: nothing else to read first
+        if force:  # --force discards what does not match, if the kit made all of it: nothing else to read first
+            if (teacher is not None or scratch(ws)) and (folder / "config.json").exists():
+                try:
+                    rundir.check_config(config, folder)
+                except errors.TrainingError:
+                    rundir.check_discardable(folder)
             continue
         if (folder / "config.json").exists():
             if teacher is not None or scratch(ws):
@@ -314,8 +389,15 @@ def expected_teacher(ws: Workspace) -> Path | None:
 
 
 def check_result(path: Path):
-    """A done.json whose numbers the reports can print (else one line now, not a traceback mid-report)."""
+    """A done.json whose numbers the reports can print, or a divergence they show as one (else one line
+    now, not a traceback mid-report)."""
     result = rundir.read_json(path, *rundir.RESULT_KEYS)
+    if result.get("diverged") is not None:
+        record = result["diverged"]
+        if not (isinstance(record, dict) and isinstance(record.get("step"), int) and isinstance(record.get("why"), str)):
+            raise errors.TrainingError(f"{path}: diverged is {record!r}, not the kit's record (step, why); the file is "
+                                       "damaged: move it away and rerun")
+        return
     for key in rundir.RESULT_KEYS:
         if isinstance(result[key], bool) or not isinstance(result[key], (int, float)):
             raise errors.TrainingError(f"{path}: {key} is {result[key]!r}, not a number; the file is damaged: move it "
@@ -331,6 +413,7 @@ def check_trained_teacher(ws: Workspace):
     if not (folder / "done.json").exists():
         return
     check_result(folder / "done.json")
+    refuse_diverged_teacher(folder)
     if not (folder / "phase-0").is_dir():
         raise errors.TrainingError(f"{folder / 'phase-0'}: missing, although {folder / 'done.json'} says the teacher "
                                    f"is trained; move {folder} away and rerun to train it again")
@@ -366,7 +449,11 @@ def teacher_summary(ws: Workspace, names, seeds: list[int]) -> str:
     teacher = ws.run_dir("teacher", 0)
     result = rundir.read_json(teacher / "done.json", "ce", "step")
     seconds = max((r.get("time", 0.0) for r in rundir.read_metrics(teacher) if not r.get("eval")), default=0.0)
-    best_ce, best = min((rundir.final_eval(ws.run_dir(n, s))["ce"], f"{n} s{s}") for n in names for s in seeds)
+    students = [(rundir.final_eval(ws.run_dir(n, s))["ce"], f"{n} s{s}") for n in names for s in seeds]
+    finished = [(ce, name) for ce, name in students if ce is not None]  # a diverged student has no CE
+    if not finished:
+        return f"teacher: validation CE {result['ce']:.4f} after {result['step']} steps; every student diverged"
+    best_ce, best = min(finished)
     return (f"teacher: validation CE {result['ce']:.4f} after {result['step']} steps, trained in {seconds / 60:.1f} min "
             f"(cached in {teacher}); best student {best} at {best_ce:.4f}: the teacher leads by "
             f"{best_ce - result['ce']:+.4f} nats")

@@ -444,9 +444,11 @@ CHECKPOINTS = [
     case("export onto the runs tree --force", EXPORT(PRE, "{R}", "--force"), "{R}"),
     case("export onto its run folder --force", EXPORT(PRE, f"{RUNS}/s42/pre-grow", "--force"), "pre-grow"),
     case("export onto a non-export folder", EXPORT(PRE, f"{RUNS}/data"), "data"),
-    case("export onto a non-export folder --force", EXPORT(PRE, f"{RUNS}/data", "--force"), ("data", "exported")),
+    case("export onto a non-export folder --force", EXPORT(PRE, f"{RUNS}/data", "--force"), ("data", "runs tree")),
+    case("export onto a folder of the user's --force", EXPORT(PRE, "{C}/mine", "--force"), ("mine", "exported"),
+         write("{C}/mine/notes.txt", "mine")),
     case("export onto another checkpoint --force", EXPORT(PRE, f"{RUNS}/s42/pre-grow/phase-1", "--force"),
-         ("phase-1", "exported")),
+         ("phase-1", "runs tree")),
     case("export onto a file --force", EXPORT(PRE, "{C}/file", "--force"), "file", write("{C}/file", "x")),
     case("export under a file", EXPORT(PRE, "{C}/file/out"), "file", write("{C}/file", "x")),
     case("export into /proc", EXPORT(PRE, "/proc/normgrow-export"), "/proc/normgrow-export"),
@@ -558,7 +560,61 @@ REPORTS = [
          write("{S}/smoke/table1.json", "{")),
 ]
 
-CASES = CLI_OPTIONS + OVERRIDES + FOLDERS + CHECKPOINTS + RERUNS + REPORTS
+LOCAL = lambda path: [*FRESH, "--set", "data.source=local", "--set", f"data.path={path}"]
+DIVERGED_TEACHER = json.dumps({"ce": None, "ppl": None, "kd": None, "step": 10, "diverged": {
+    "step": 10, "why": "a non-finite validation CE or PPL", "last_good_checkpoint": None, "values": {}}})
+NESTED = "[" * 100_000 + "]" * 100_000  # deeper than Python's recursion limit
+
+
+def symlinked(template: str):
+    """The folder moved beside the runs tree and a symbolic link left in its place."""
+    def apply(case):
+        path = at(case, template)
+        outside = case / "elsewhere"
+        shutil.move(path, outside)
+        path.symlink_to(outside, target_is_directory=True)
+    return apply
+
+
+OTHER_CONFIG = edit_json(f"{RUNS}/s42/post-grow/config.json", lambda c: c.update(lr=1.0))  # --force discards it
+RELIABILITY = [
+    case("local corpus with invalid UTF-8", LOCAL("{C}/bad.jsonl"), ("bad.jsonl:2", "UTF-8", "column 11"),
+         make_dir("{C}/fresh"), write("{C}/bad.jsonl", b'{"text": "fine"}\n{"text": "\xff"}\n')),
+    case("local .txt with invalid UTF-8", LOCAL("{C}/texts"), ("b.txt:3", "UTF-8"), make_dir("{C}/fresh"),
+         write("{C}/texts/a.txt", "fine"), write("{C}/texts/b.txt", b"one\ntwo\nthr\xffee")),
+    case("local jsonl text a number", LOCAL("{C}/n.jsonl"), ("n.jsonl:1", "int"), make_dir("{C}/fresh"),
+         write("{C}/n.jsonl", '{"text": 123}\n')),
+    case("local jsonl empty", LOCAL("{C}/empty.jsonl"), ("empty.jsonl", "empty"), make_dir("{C}/fresh"),
+         write("{C}/empty.jsonl", "")),
+    case("local jsonl too few documents", LOCAL("{C}/few.jsonl"), ("few.jsonl", "data.val_docs"), make_dir("{C}/fresh"),
+         write("{C}/few.jsonl", '{"text": "one"}\n{"text": "two"}\n')),
+    case("local jsonl nested too deep", LOCAL("{C}/deep.jsonl"), "deep.jsonl:1", make_dir("{C}/fresh"),
+         write("{C}/deep.jsonl", NESTED + "\n")),
+    case("eval latest/ (a resume point)", EVAL(f"{RUNS}/s42/pre-grow/latest"), ("latest", "resume point", "phase-N"),
+         copy(PRE, f"{RUNS}/s42/pre-grow/latest"), delete(f"{RUNS}/s42/pre-grow/latest/config.json")),
+    case("export inside a run folder", EXPORT(PRE, f"{RUNS}/s42/pre-grow/my-export"), ("my-export", "runs tree")),
+    case("export inside the runs folder", EXPORT(PRE, "{R}/exports/pre"), ("exports", "runs tree")),
+    case("reference over a shipped one", ["reference", *RUN, "--seeds", "42"], ("smoke.json", "--force"),
+         reference_file(GOOD_REFERENCE)),
+    case("done.json nested too deep", TABLE1, "done.json", write(f"{RUNS}/s42/pre-grow/done.json", NESTED)),
+    case("done.json ce NaN", TABLE1, ("done.json", "NaN"),
+         write(f"{RUNS}/s42/pre-grow/done.json", '{"ce": NaN, "ppl": 1.0, "kd": 1.0, "step": 24}')),
+    case("done.json ce Infinity", TABLE1, ("done.json", "Infinity"),
+         write(f"{RUNS}/s42/pre-grow/done.json", '{"ce": Infinity, "ppl": 1.0, "kd": 1.0, "step": 24}')),
+    case("done.json diverged not a record", TABLE1, ("done.json", "diverged"),
+         write(f"{RUNS}/s42/pre-grow/done.json", '{"ce": null, "ppl": null, "kd": null, "step": 24, "diverged": 1}')),
+    case("eval config.json nested too deep", EVAL(PRE), "config.json", *unchecked(PRE, write(f"{PRE}/config.json", NESTED))),
+    case("metrics.jsonl with NaN", COMPARE(f"{RUNS}/s42/pre-grow"), "metrics.jsonl", reference_file(GOOD_REFERENCE),
+         write(f"{RUNS}/s42/pre-grow/metrics.jsonl", '{"step": 1, "loss": NaN}\n')),
+    case("teacher diverged", TABLE1, ("teacher", "diverged", "teacher_run.lr"),
+         write(f"{RUNS}/teacher/done.json", DIVERGED_TEACHER)),
+    case("train --force on a symlinked run folder", [*TRAIN_RUN, "--force"], ("post-grow", "symbolic link"),
+         OTHER_CONFIG, symlinked(f"{RUNS}/s42/post-grow")),
+    case("train --force with a user's file in the run folder", [*TRAIN_RUN, "--force"], ("notes.txt", "not written by"),
+         OTHER_CONFIG, write(f"{RUNS}/s42/post-grow/notes.txt", "my notes")),
+]
+
+CASES = CLI_OPTIONS + OVERRIDES + FOLDERS + CHECKPOINTS + RERUNS + REPORTS + RELIABILITY
 
 
 def test_the_table_has_at_least_100_distinct_cases():
@@ -609,3 +665,67 @@ def test_the_undamaged_tree_passes_every_command_the_table_breaks(tree, tmp_path
                  ["data", "--scale", "smoke", "--runs-dir", "{R}"], TABLE1):
         result = CliRunner().invoke(repro.cli, fill(args))
         assert result.exit_code == 0, (args, result.output, result.exception)
+
+
+def strict_json_files(root: Path) -> int:
+    """Parse every .json and .jsonl file under root as strict JSON (NaN, Infinity refused); their count."""
+    def refuse(constant):
+        raise AssertionError(f"{constant} is not JSON")
+    count = 0
+    for path in sorted(root.rglob("*.json*")):
+        if path.suffix == ".json":
+            json.loads(path.read_text(), parse_constant=refuse)
+        elif path.suffix == ".jsonl":
+            for line in path.read_text().splitlines():
+                json.loads(line, parse_constant=refuse)
+        else:
+            continue
+        count += 1
+    return count
+
+
+def test_every_json_of_a_smoke_tree_is_strict_diverged_runs_included(tree, tmp_path, monkeypatch):
+    """Every JSON file of a finished smoke tree, and of one whose students all diverged (lr 50: their CE
+    and PPL overflow), parses with a strict parser; the diverged table shows "diverged", no verdict."""
+    shutil.copytree(tree, tmp_path / "t")
+    monkeypatch.chdir(tmp_path / "t")
+    result = CliRunner().invoke(repro.cli, [*[a.format(R="R", S="S") for a in TABLE1], "--set", "run.lr=50"])
+    assert result.exit_code == 0, result.output
+    table = (tmp_path / "t" / "S" / "smoke+run.lr=50.0" / "table1.md").read_text()
+    assert "Diverged: 4 of 4 runs" in table and "| diverged (1 of 1 diverged) |" in table
+    assert "same sign" not in table and "agrees" not in table.replace("no verdict", "")
+    run_dir = tmp_path / "t" / "R" / "smoke" / "set" / "run.lr=50.0" / "s42" / "pre-grow"
+    done = json.loads((run_dir / "done.json").read_text())
+    assert done["ce"] is None and done["diverged"]["step"] >= 1
+    assert strict_json_files(tmp_path / "t") >= 40
+
+
+LIMITED = ("import resource, signal, sys; from pathlib import Path; signal.signal(signal.SIGXFSZ, signal.SIG_IGN); "
+           "resource.setrlimit(resource.RLIMIT_FSIZE, (int(sys.argv[1]), resource.RLIM_INFINITY)); "
+           "import reference, repro; reference.REFERENCES = Path(sys.argv[2]); repro.cli(sys.argv[3:])")
+
+
+def test_a_file_size_limit_during_each_kind_of_results_write_keeps_the_previous_files(tree, tmp_path):
+    """A real `ulimit -f` (RLIMIT_FSIZE) below the size of a report, a figure and a reference: each command
+    stops with one line naming the file and the limit, and every previous file is byte-identical."""
+    shutil.copytree(tree, tmp_path / "t")
+    refs = tmp_path / "t" / "references"
+    def run(limit, *args):
+        return subprocess.run([sys.executable, "-c", LIMITED, str(limit), str(refs), *args], cwd=tmp_path / "t",
+                              capture_output=True, text=True, timeout=300, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    run_args = ["--scale", "smoke", "--runs-dir", "R", "--results-dir", "S"]
+    commands = {"report": ["table1", *run_args], "figure": ["fig3", *run_args],
+                "reference": ["reference", *run_args, "--seeds", "42", "--force"]}
+    for command in commands.values():  # the previous files, written without a limit
+        assert run(2**40, *command).returncode == 0
+    files = sorted(p for p in [*(tmp_path / "t" / "S").rglob("*"), *refs.rglob("*")] if p.is_file())
+    before = {p: p.read_bytes() for p in files}
+    assert min(len(b) for p, b in before.items() if p.suffix in (".json", ".png")) > 1000
+    for kind, command in commands.items():
+        limited = run(1000, *command)
+        last = limited.stderr.strip().splitlines()[-1] if limited.stderr.strip() else limited.stdout
+        assert limited.returncode == 1 and last.startswith("Error: ") and "Traceback" not in limited.stderr, \
+            (kind, limited.stderr[-2000:])
+        assert "a file-size limit (ulimit -f) was reached while writing it; the previous file is intact" in last, last
+        assert {p: p.read_bytes() for p in files} == before, kind
+        assert not [p for p in (tmp_path / "t").rglob("*.tmp")], kind

@@ -9,6 +9,7 @@ import os
 import pickle
 import shutil
 import unicodedata
+from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
@@ -252,6 +253,51 @@ def test_local_source_errors_name_the_file(tmp_path):
     pq.write_table(pa.table({"content": ["x"]}), tmp_path / "nocol.parquet")
     with pytest.raises(errors.DataError, match=r"nocol\.parquet: no 'text' column \(columns: content\)"):
         data.corpus("local", n_val=1, path=tmp_path / "nocol.parquet").validation_documents()
+
+
+def test_a_local_corpus_is_identified_by_its_content_and_read_as_utf8_with_or_without_a_bom(tmp_path):
+    """An edited file is another corpus (its shards are refused for reuse, so they and the teacher are
+    rebuilt); a BOM is accepted; a bad byte names the file, line and column."""
+    corpus = tmp_path / "docs.jsonl"
+    corpus.write_text('{"text": "one"}\n{"text": "two"}\n{"text": "three"}\n')
+    first = data.corpus("local", n_val=1, seed=0, path=corpus).identity
+    assert data.corpus("local", n_val=1, seed=0, path=corpus).identity == first
+    corpus.write_text('{"text": "one"}\n{"text": "two!"}\n{"text": "three"}\n')
+    assert data.corpus("local", n_val=1, seed=0, path=corpus).identity["sha256"] != first["sha256"]
+    corpus.write_bytes("\ufeff".encode() + corpus.read_bytes())
+    documents = data.corpus("local", n_val=1, seed=0, path=corpus)
+    assert sorted(documents.validation_documents() + list(documents.training_documents())) == ["one", "three", "two!"]
+    (tmp_path / "texts").mkdir()
+    (tmp_path / "texts" / "a.txt").write_bytes("\ufeffa BOM, then text".encode())
+    (tmp_path / "texts" / "b.txt").write_bytes(b"line one\nli\xffne two")
+    with pytest.raises(errors.DataError, match=r"b\.txt:2: not UTF-8 \(byte 0xff at column 3\)"):
+        data.corpus("local", n_val=1, seed=0, path=tmp_path / "texts").validation_documents()
+    (tmp_path / "texts" / "b.txt").write_text("fine")
+    texts = data.corpus("local", n_val=2, seed=0, path=tmp_path / "texts").validation_documents()
+    assert sorted(texts) == ["a BOM, then text", "fine"]
+
+
+def test_a_file_size_limit_while_preparing_data_is_one_line_and_keeps_nothing(tmp_path):
+    """A real `ulimit -f` (RLIMIT_FSIZE) below the token file's size: one line, no shard and no partial
+    folder left; the same command without the limit then prepares the data."""
+    import subprocess
+    import sys
+    script = ("import resource, signal, sys; signal.signal(signal.SIGXFSZ, signal.SIG_IGN); "
+              "resource.setrlimit(resource.RLIMIT_FSIZE, (4000, resource.RLIM_INFINITY)); "
+              "import repro; repro.cli(sys.argv[1:])")
+    root = Path(__file__).resolve().parents[1]
+    args = ["data", "--scale", "smoke", "--runs-dir", str(tmp_path / "runs")]
+    limited = subprocess.run([sys.executable, "-c", script, *args], cwd=root, capture_output=True, text=True, timeout=300)
+    assert limited.returncode == 1, limited.stderr[-2000:]
+    last = limited.stderr.strip().splitlines()[-1]
+    assert last.startswith("Error: ") and "a file-size limit (ulimit -f) was reached" in last, limited.stderr[-2000:]
+    assert "Traceback" not in limited.stderr
+    assert not [p for p in (tmp_path / "runs").rglob("*") if p.is_file() and p.name != "manifest.json"
+                and "partial" in str(p)]
+    assert not (tmp_path / "runs" / "smoke" / "data" / "train" / "manifest.json").exists()
+    done = subprocess.run([sys.executable, str(root / "repro.py"), *args], cwd=root, capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
 
 
 # --- FineWeb-Edu through the real hf_hub_download, offline, from a hub cache the test writes

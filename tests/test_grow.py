@@ -159,7 +159,16 @@ def test_finished_run_is_reused_and_other_config_refused(tiny_shards, tiny_teach
     assert again["ce"] != first["ce"]
 
 
-def test_non_finite_loss_stops_with_the_step(tiny_shards, tiny_teacher_dir, tmp_path, monkeypatch):
+def strict_json(path):
+    """The file parsed as strict JSON: NaN or Infinity anywhere fails."""
+    def refuse(constant):
+        raise AssertionError(f"{path}: {constant} is not JSON")
+    return json.loads(Path(path).read_text(), parse_constant=refuse)
+
+
+def test_a_non_finite_loss_is_a_divergence_recorded_with_its_step(tiny_shards, tiny_teacher_dir, tmp_path, monkeypatch):
+    """A NaN loss at step 5: done.json records the divergence (step, why, the values as text, the last good
+    checkpoint, which stays), its numbers are null and the file is strict JSON; a rerun reuses the outcome."""
     c = distil_config(tiny_shards, tiny_teacher_dir, protocol="joint")
     real = grow.kd.kd_loss
     calls = {"n": 0}
@@ -170,10 +179,57 @@ def test_non_finite_loss_stops_with_the_step(tiny_shards, tiny_teacher_dir, tmp_
         return (loss * float("nan"), kd_term, ce_term) if calls["n"] > 2 * 4 else (loss, kd_term, ce_term)
 
     monkeypatch.setattr(grow.kd, "kd_loss", poisoned)
-    with pytest.raises(errors.TrainingError, match="non-finite loss .* at step 5"):
-        grow.train(c, tmp_path / "r")
-    assert (tmp_path / "r" / "latest" / "trainer_state.json").is_file()
+    result = grow.train(c, tmp_path / "r")
+    done = strict_json(tmp_path / "r" / "done.json")
+    assert result == done and done["ce"] is None and done["ppl"] is None and done["step"] == 4  # steps taken
+    record = done["diverged"]
+    assert record["step"] == 5 and "non-finite loss" in record["why"] and record["values"]["loss"] == "nan"
+    assert record["last_good_checkpoint"] == "latest"
     assert json.loads((tmp_path / "r" / "latest" / "trainer_state.json").read_text())["step"] == 4
+    assert all(math.isfinite(r["loss"]) for r in rundir.read_metrics(tmp_path / "r") if "loss" in r)
+    monkeypatch.setattr(grow.kd, "kd_loss", real)
+    assert grow.train(c, tmp_path / "r") == done  # an outcome: reused, not retrained
+
+
+@pytest.mark.parametrize("on_divergence", ["stop", "continue"])
+def test_a_validation_ce_above_the_ceiling_is_a_divergence(tiny_shards, tiny_teacher_dir, tmp_path, monkeypatch,
+                                                          on_divergence):
+    """The evaluation at step 3 reads log V + 1.5 (worse than uniform by more than the margin of 1): recorded
+    as diverged at step 3; "stop" ends there, "continue" trains to the end and still records it."""
+    c = distil_config(tiny_shards, tiny_teacher_dir, protocol="joint", on_divergence=on_divergence)
+    real = grow.evaluate
+
+    def inflated(config, net, *args, **kwargs):
+        scores = real(config, net, *args, **kwargs)
+        inflate = inflated.calls == 2  # the start, then step 3
+        return {**scores, "ce": math.log(net.embed_tokens.num_embeddings) + 1.5} if inflate else scores
+    inflated.calls = 0
+
+    def counting(*args, **kwargs):
+        inflated.calls += 1
+        return inflated(*args, **kwargs)
+
+    monkeypatch.setattr(grow, "evaluate", counting)
+    done = grow.train(c, tmp_path / "r")
+    assert done["ce"] is None and done["diverged"]["step"] == 3 and "uniform" in done["diverged"]["why"]
+    assert done["step"] == (3 if on_divergence == "stop" else c.phase_steps)
+    assert strict_json(tmp_path / "r" / "done.json") == done
+
+
+def test_a_run_that_ends_far_above_its_best_is_a_divergence(tiny_shards, tiny_teacher_dir, tmp_path, monkeypatch):
+    """The endpoint 1.2 above the run's best evaluation (margin 1; the ceiling out of the way)."""
+    c = distil_config(tiny_shards, tiny_teacher_dir, protocol="joint", diverged_above_uniform=100.0)
+    real = grow.evaluate
+    evaluations = []
+
+    def worse_at_the_end(config, net, *args, **kwargs):
+        scores = real(config, net, *args, **kwargs)
+        evaluations.append(scores["ce"])
+        return {**scores, "ce": scores["ce"] + 1.2} if len(evaluations) == 3 else scores  # start, step 3, step 6
+
+    monkeypatch.setattr(grow, "evaluate", worse_at_the_end)
+    done = grow.train(c, tmp_path / "r")
+    assert len(evaluations) == 3 and done["diverged"]["step"] == 6 and "above its best" in done["diverged"]["why"]
 
 
 def start_run(config_file, run_dir):

@@ -1,6 +1,7 @@
 """repro.py: presets, the smoke suite end to end (killed and resumed), shared prefixes, the CLI."""
 import json
 import math
+import os
 import shutil
 import signal
 import statistics
@@ -341,18 +342,57 @@ def test_edited_preset_is_refused_then_forced_without_redoing_what_matches(tmp_p
 
 # ---- the toy as a faithful miniature (the regime map, step-0 evaluations, the ratios) -----------
 
-def test_toy_preset_keeps_the_papers_ratios():
-    rows = {k: (paper, toy) for k, paper, toy in presets.regime_ratios(presets.PRESETS["toy"])}
+@pytest.mark.parametrize("scale", ["toy", "mini"])
+def test_miniature_presets_keep_the_papers_ratios(scale):
+    rows = {k: (paper, toy) for k, paper, toy in presets.regime_ratios(presets.PRESETS[scale])}
+    assert rows["teacher's head tied to its embedding"] == (False, False)
+    assert rows["init std x sqrt(width)"][1] == pytest.approx(rows["init std x sqrt(width)"][0])
     assert rows["S / T"][1] <= 1 / 3 and rows["S / T"][0] == 0.25
     assert rows["warmup / AdamW horizon 1/(1 - beta2)"][1] >= 1          # warmup >= 1/(1 - beta2) steps
     for same in ("alpha (KD weight)", "gamma (CE weight)", "tau", "gradient clip", "AdamW beta2", "min LR / peak LR"):
         assert rows[same][0] == pytest.approx(rows[same][1]), same
-    toy = presets.PRESETS["toy"].run
+    toy = presets.PRESETS[scale].run
     assert rows["LR x steps per phase"][1] == pytest.approx(toy["lr"] * toy["phase_steps"])
     assert rows["warmup steps"][1] == round(toy["warmup_frac"] * toy["phase_steps"])
     # The README's table is the command's output, so every value it shows is the preset's.
     readme = (ROOT / "README.md").read_text()
-    assert "\n".join(presets.ratios_markdown(presets.PRESETS["toy"])) in readme
+    assert "\n".join(presets.ratios_markdown(presets.PRESETS[scale])) in readme
+
+
+def test_mini_is_the_last_rung_the_search_ran_and_shares_the_toys_teacher():
+    """As pre-registered: no rung met the criterion, so mini is the toy with the overrides of the rungs run
+    (0-2); its teacher's settings are the toy's, so the shipped teacher serves both."""
+    mini, _ = presets.apply_overrides(presets.PRESETS["toy"], [o for rung in presets.LADDERS["toy"][:3]
+                                                                for o in rung.overrides])
+    assert presets.PRESETS["mini"].run == mini.run and presets.PRESETS["mini"].data == mini.data
+    toy_teacher = {**presets.PRESETS["toy"].run, **presets.PRESETS["toy"].teacher_run}
+    mini_teacher = {**presets.PRESETS["mini"].run, **presets.PRESETS["mini"].teacher_run}
+    assert toy_teacher == mini_teacher and presets.PRESETS["mini"].shipped_teacher == "teachers/toy"
+
+
+def test_the_shipped_teacher_is_installed_checked_and_a_damaged_one_refused(tmp_path, monkeypatch):
+    """A first toy run installs the shipped teacher (its config is the one the toy would train, so it is
+    reused as done, checksums verified); a flipped byte in it is a one-line error naming the file."""
+    ws = suite.Workspace(presets.PRESETS["toy"], tmp_path / "runs" / "toy", tmp_path / "results", devices.Dist())
+    suite.prepare_data(ws)  # the teacher's config records its shard (and its size)
+    shipped = ROOT / "teachers" / "toy"
+    assert suite.install_shipped_teacher(ws)
+    assert rundir.final_eval(ws.run_dir("teacher", 0))["ce"] == pytest.approx(3.0496, abs=1e-4)
+    installed = ws.run_dir("teacher", 0)
+    weights = "phase-0/model.safetensors"
+    assert (installed / weights).read_bytes() == (shipped / weights).read_bytes()
+    assert not suite.install_shipped_teacher(ws)  # there already: left as it is
+    copy = tmp_path / "repo"
+    shutil.copytree(shipped, copy / "teachers" / "toy")
+    weights = copy / "teachers" / "toy" / "phase-0" / "model.safetensors"
+    data = bytearray(weights.read_bytes())
+    data[-16] ^= 0xFF
+    weights.write_bytes(bytes(data))
+    monkeypatch.setattr(suite, "SHIPPED_ROOT", copy)
+    shutil.rmtree(installed)
+    with pytest.raises(errors.CheckpointError, match="shipped teacher is damaged .*model.safetensors does not match"):
+        suite.install_shipped_teacher(ws)
+    assert not installed.exists()
 
 
 def test_step0_evaluations_equal_an_independent_evaluation(smoke):
@@ -547,3 +587,57 @@ def test_a_moved_runs_tree_is_reused_not_retrained(smoke, tmp_path, monkeypatch)
                              capture_output=True, text=True, timeout=600)
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     assert json.loads((run / "done.json").read_text())["ce"] == rows[0][1]["values"][0]  # pre_grow, seed 42
+
+
+@pytest.mark.slow
+def test_two_different_runs_sharing_one_preparation_end_as_sequential_runs(tmp_path):
+    """pre-grow and post-joint started together on an empty runs folder: one prepares the data and trains
+    the teacher while the other waits for each (rundir.held); both end with the results of runs made
+    one after the other, the teacher trained once."""
+    def train(runs, norm, protocol):
+        return subprocess.Popen([sys.executable, str(ROOT / "repro.py"), "train", "--scale", "smoke", "--norm", norm,
+                                 "--protocol", protocol, "--runs-dir", str(runs)], cwd=ROOT, stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    jobs = (("pre", "grow"), ("post", "joint"))
+    for norm, protocol in jobs:  # one after the other
+        assert train(tmp_path / "sequential", norm, protocol).wait() == 0
+    together = [train(tmp_path / "together", norm, protocol) for norm, protocol in jobs]
+    outputs = [p.communicate()[0] for p in together]
+    assert [p.returncode for p in together] == [0, 0], outputs
+    assert sum("waiting for it to finish" in out for out in outputs) >= 1, outputs  # one did wait
+    for name in ("teacher", "s42/pre-grow", "s42/post-joint"):
+        a, b = (tmp_path / way / "smoke" / name for way in ("sequential", "together"))
+        assert json.loads((a / "done.json").read_text()) == json.loads((b / "done.json").read_text()), name
+        final = "phase-0" if name != "s42/pre-grow" else "phase-2"
+        wa, wb = load_file(a / final / "model.safetensors"), load_file(b / final / "model.safetensors")
+        assert all(torch.equal(wa[k], wb[k]) for k in wa), name
+    teacher_rows = [r for r in rundir.read_metrics(tmp_path / "together" / "smoke" / "teacher") if "loss" in r]
+    assert [r["step"] for r in teacher_rows] == list(range(1, len(teacher_rows) + 1))  # trained once, complete
+
+
+def test_long_override_names_are_cut_and_end_in_a_hash_of_the_whole():
+    changes = {"run": {"phase_lrs": tuple([3e-3] * 40)}, "data": {"path": "/a" * 200}}
+    name = presets.override_name(changes)
+    other = presets.override_name({**changes, "data": {"path": "/b" * 200}})
+    assert len(name.encode()) == presets.OVERRIDE_NAME_BYTES and name != other and "~" in name
+    assert presets.override_name({"run": {"lr": 0.0003}}) == "run.lr=0.0003"  # short ones unchanged
+
+
+@pytest.mark.slow
+def test_sigterm_ends_a_run_as_ctrl_c_does_and_the_rerun_resumes(tmp_path):
+    """A scheduler's SIGTERM mid-run: one line saying a rerun resumes, exit 130; the rerun finishes the run."""
+    args = [sys.executable, str(ROOT / "repro.py"), "train", "--scale", "smoke", "--norm", "post", "--protocol", "grow",
+            "--runs-dir", str(tmp_path / "runs")]
+    proc = subprocess.Popen(args, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    run_dir = tmp_path / "runs" / "smoke" / "s42" / "post-grow"
+    deadline = time.time() + 300
+    while not any(r.get("step", 0) >= 2 and "loss" in r for r in rundir.read_metrics(run_dir)):
+        assert proc.poll() is None and time.time() < deadline, proc.communicate()
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err[-2000:]
+    assert err.strip().splitlines()[-1].startswith("Error: interrupted; rerun the same command to resume"), err[-2000:]
+    assert not (run_dir / "done.json").exists()
+    again = subprocess.run(args, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert again.returncode == 0 and (run_dir / "done.json").is_file(), again.stderr[-2000:]

@@ -54,6 +54,9 @@ def test_cached_generation_equals_recomputing_the_whole_sequence(kind):
     drawn = sample.generate(net, prompt, 16, never, temperature=1.0, seed=3)
     assert drawn == sample.generate(net, prompt, 16, never, temperature=1.0, seed=3)  # reproducible by seed
     assert all(0 <= t < 60 for t in drawn)
+    seen = []  # streamed: told each token as it comes, the ids so far
+    assert sample.generate(net, prompt, 16, never, on_token=lambda ids: seen.append(list(ids))) == greedy
+    assert seen == [greedy[:i] for i in range(1, 17)]
 
 
 @pytest.fixture(scope="module")
