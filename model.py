@@ -249,14 +249,18 @@ def sandwich_layer(layer, h, cos, sin):
 
 
 def hybrid_layer(layer, h, cos, sin):
-    """HybridNorm (Zhuo et al. 2025): attention on the raw stream with q, k and v normalised (inside
-    self_attn), then a post-norm FFN."""
+    """HybridNorm (Zhuo et al. 2025; the official code's dense config: attn_norm false, ffn_norm true,
+    ffn_residual_after_norm true, q/k/v norms on): attention on the raw stream with q, k and v each
+    normalised per head (inside self_attn), y = h + Attn(h); then z = N(y) and z + FFN(z), so the FFN's
+    residual carries the normalised stream. The model has a final norm and none on the embeddings."""
     h = layer.self_attn(h, cos, sin) + h
-    return layer.mlp_norm(layer.mlp(h) + h)
+    z = layer.mlp_norm(h)
+    return layer.mlp(z) + z
 
 
 def deepnorm_layer(layer, h, cos, sin):
-    """DeepNorm (Wang et al. 2024): post-norm with the residual up-weighted by alpha."""
+    """DeepNorm (Wang et al. 2022, torchscale's decoder): post-norm with the residual up-weighted by alpha,
+    x <- N(alpha x + f(x))."""
     h = layer.attn_norm(layer.residual_scale * h + layer.self_attn(h, cos, sin))
     return layer.mlp_norm(layer.residual_scale * h + layer.mlp(h))
 
@@ -267,8 +271,15 @@ def deepnet_alpha(layers: int) -> float:
 
 
 def deepnet_beta(layers: int) -> float:
-    """DeepNet's decoder-only init gain for N layers: (8N)^(-1/4), on v, o and the FFN's weights."""
+    """DeepNet's decoder-only init gain for N layers: (8N)^(-1/4). torchscale divides, after the base
+    init, every weight whose name holds fc1, fc2, out_proj or v_proj by (8N)^(1/4); in its gated FFN
+    (component/gate_linear_unit.py, with deepnorm in architecture/retnet.py) fc1 is the activated input
+    projection (our gate_proj), fc2 the output (down_proj), and the linear multiplier `gate` (our
+    up_proj) is not scaled; nor are q and k."""
     return (8 * layers) ** -0.25
+
+
+DEEPNET_SCALED = ("self_attn.v_proj", "self_attn.o_proj", "mlp.gate_proj", "mlp.down_proj")
 
 
 @dataclass(frozen=True)
@@ -279,6 +290,7 @@ class Placement:
     layer_norms: tuple[str, ...] = ("attn_norm", "mlp_norm")  # hidden-size RMSNorms each layer owns
     v_norm: bool = False           # a per-head RMSNorm on attention values (Qwen3 already has q's and k's)
     deepnet: bool = False          # DeepNet's alpha on the residual and beta on the init
+    first_layer: str = ""          # the placement of the model's first layer, if another (HybridNorm*)
 
 
 SUBLAYER_NORMS = ("attn_norm", "attn_out_norm", "mlp_norm", "mlp_out_norm")
@@ -287,7 +299,12 @@ PLACEMENTS = {
     "post": Placement(post_norm_layer, entry_norm=True, final_norm=False),
     "sandwich": Placement(sandwich_layer, entry_norm=False, final_norm=True, layer_norms=SUBLAYER_NORMS),
     "peri": Placement(sandwich_layer, entry_norm=True, final_norm=True, layer_norms=SUBLAYER_NORMS),
-    "hybrid": Placement(hybrid_layer, entry_norm=True, final_norm=False, layer_norms=("mlp_norm",), v_norm=True),
+    "hybrid": Placement(hybrid_layer, entry_norm=False, final_norm=True, layer_norms=("mlp_norm",), v_norm=True),
+    # HybridNorm*: the model's first layer pre-norm (with the q/k/v norms), every other one HybridNorm (the
+    # official code's norm_pos_special_config {0: {attn_norm: True, ffn_residual: False}}).
+    "hybrid-star": Placement(hybrid_layer, entry_norm=False, final_norm=True, layer_norms=("mlp_norm",), v_norm=True,
+                             first_layer="hybrid-first"),
+    "hybrid-first": Placement(pre_norm_layer, entry_norm=False, final_norm=True, v_norm=True),
     "deepnorm": Placement(deepnorm_layer, entry_norm=True, final_norm=False,
                           deepnet=True),
 }
@@ -463,8 +480,9 @@ class Student(nn.Module):
         self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
         self.embed_tokens.weight.requires_grad_(False)  # the paper freezes the copied embedding
         # Flat list of layers (one FSDP unit each); block b is layers[b*L:(b+1)*L].
-        self.layers = nn.ModuleList(DecoderLayer(config, names[i // layers_per_block])
-                                    for i in range(blocks * layers_per_block))
+        layer_names = [names[i // layers_per_block] for i in range(blocks * layers_per_block)]
+        layer_names[0] = placement(layer_names[0]).first_layer or layer_names[0]
+        self.layers = nn.ModuleList(DecoderLayer(config, name) for name in layer_names)
         for layer in self.layers:
             layer.residual_scale = deepnet_alpha(len(self.layers)) if layer.placement.deepnet else 1.0
         # `norm` is the final norm where any block needs one, else the entry norm (the paper's two
@@ -504,15 +522,15 @@ class Student(nn.Module):
         """Decoder layers only (embedding, boundary norm and head come from the teacher): every
         Linear ~ N(0, initializer_range), every RMSNorm = 1, all K blocks at once from `seed`, so
         pre and post, joint and grow students of one seed start from identical decoder weights.
-        DeepNorm layers then scale v, o and the FFN's weights by DeepNet's beta."""
+        DeepNorm layers then scale v, o, the FFN's activated input and its output by DeepNet's beta
+        (DEEPNET_SCALED), at the final depth N = K x L, as alpha is."""
         init_qwen3_weights(self.layers, self.config.initializer_range, torch.Generator().manual_seed(seed))
         beta = deepnet_beta(len(self.layers))
         with torch.no_grad():
             for layer in self.layers:
                 if layer.placement.deepnet:
-                    for linear in (layer.self_attn.v_proj, layer.self_attn.o_proj, layer.mlp.gate_proj,
-                                   layer.mlp.up_proj, layer.mlp.down_proj):
-                        linear.weight.mul_(beta)
+                    for name in DEEPNET_SCALED:
+                        layer.get_submodule(name).weight.mul_(beta)
             for norm in self.boundary_norms or []:
                 norm.weight.fill_(1.0)
 

@@ -25,6 +25,7 @@ from safetensors.torch import load_file, save_file
 import presets
 import reference
 import repro
+import suite
 
 ROOT = Path(__file__).resolve().parents[1]
 RUNS = "{R}/smoke"
@@ -729,3 +730,23 @@ def test_a_file_size_limit_during_each_kind_of_results_write_keeps_the_previous_
         assert "a file-size limit (ulimit -f) was reached while writing it; the previous file is intact" in last, last
         assert {p: p.read_bytes() for p in files} == before, kind
         assert not [p for p in (tmp_path / "t").rglob("*.tmp")], kind
+
+
+def test_force_with_student_overrides_never_rebuilds_the_shared_data_or_teacher(tree, tmp_path, monkeypatch):
+    """`--set run.lr=... --force` in a finished workspace trains the overridden students beside the scale's
+    data and teacher and leaves both byte for byte as they were, also with the data folder a symlink to
+    another disk; `--set run.seed=43` is `--seeds 43`: the scale's own folders, no override folder."""
+    shutil.copytree(tree, tmp_path / "t")
+    smoke = tmp_path / "t" / "R" / "smoke"
+    shutil.move(smoke / "data", tmp_path / "other-disk")
+    (smoke / "data").symlink_to(tmp_path / "other-disk", target_is_directory=True)
+    shared = {name: tree_hash(tmp_path / name) for name in ("other-disk", "t/R/smoke/teacher")}
+    monkeypatch.chdir(tmp_path / "t")
+    run = [a.format(R="R", S="S") for a in TABLE1]
+    result = CliRunner().invoke(repro.cli, [*run, "--set", "run.lr=0.004", "--force"])
+    assert result.exit_code == 0, result.output
+    assert (smoke / "set" / "run.lr=0.004" / "s42" / "pre-grow" / "done.json").is_file()
+    assert {name: tree_hash(tmp_path / name) for name in shared} == shared
+    ws = suite.workspace("smoke", tmp_path / "t" / "R", overrides=["run.seed=43"], dry_run=True)
+    assert ws.runs == smoke and ws.student_runs == "" and ws.preset.run["seed"] == 43
+    assert ws.run_dir("pre-grow", 43) == smoke / "s43" / "pre-grow"

@@ -17,8 +17,12 @@ CONFIG = model.ModelConfig(vocab_size=50, hidden_size=16, intermediate_size=24, 
                            num_attention_heads=4, num_key_value_heads=2, head_dim=4, rope_theta=10000.0,
                            rms_norm_eps=1e-6)
 FP32_TOL = dict(rtol=2e-5, atol=2e-5)  # the fp32 rounding inside model.py's RMSNorm and RoPE tables
-ENTRY = {"pre": False, "post": True, "sandwich": False, "peri": True, "hybrid": True, "deepnorm": True}
-FINAL = {"pre": True, "post": False, "sandwich": True, "peri": True, "hybrid": False, "deepnorm": False}
+ENTRY = {"pre": False, "post": True, "sandwich": False, "peri": True, "hybrid": False, "hybrid-star": False,
+         "hybrid-first": False, "deepnorm": True}
+FINAL = {"pre": True, "post": False, "sandwich": True, "peri": True, "hybrid": True, "hybrid-star": True,
+         "hybrid-first": True, "deepnorm": False}
+V_NORM = ("hybrid", "hybrid-star", "hybrid-first")  # HybridNorm normalises q, k and v per head
+FIRST_LAYER = {"hybrid-star": "hybrid-first"}       # HybridNorm*: the model's first layer is pre-norm
 
 
 # ---- the equations, by hand ----------------------------------------------------------------------
@@ -63,12 +67,12 @@ def mlp(x, w):
 def hand_layer(norm: str, x, w, alpha: float):
     """One decoder layer of placement `norm` by its equations; w: the layer's tensors by short name."""
     def attn(y):
-        return attention(y, w, v_norm=norm == "hybrid")
+        return attention(y, w, v_norm=norm in V_NORM)
 
     def n(name, y):
         return rmsnorm(y, w[name])
 
-    if norm == "pre":
+    if norm in ("pre", "hybrid-first"):  # hybrid-first: pre-norm with q/k/v norms (HybridNorm*'s layer 0)
         h = x + attn(n("attn_norm", x))
         return h + mlp(n("mlp_norm", h), w)
     if norm == "post":
@@ -77,9 +81,13 @@ def hand_layer(norm: str, x, w, alpha: float):
     if norm in ("sandwich", "peri"):
         h = x + n("attn_out_norm", attn(n("attn_norm", x)))
         return h + n("mlp_out_norm", mlp(n("mlp_norm", h), w))
-    if norm == "hybrid":
-        h = x + attn(x)
-        return n("mlp_norm", h + mlp(h, w))
+    if norm in ("hybrid", "hybrid-star"):
+        # Zhuo et al. 2025, the official code (BryceZhuo/HybridNorm, dense_model/olmo/model.py,
+        # OLMoSequentialBlock with attn_norm false, ffn_norm true, ffn_residual_after_norm true):
+        # Y = x + Attn_QKVnorm(x); out = N(Y) + FFN(N(Y)).
+        y = x + attn(x)
+        z = n("mlp_norm", y)
+        return z + mlp(z, w)
     if norm == "deepnorm":
         h = n("attn_norm", alpha * x + attn(x))
         return n("mlp_norm", alpha * h + mlp(h, w))
@@ -140,8 +148,18 @@ def test_hybrid_owns_a_value_norm_and_only_the_mlp_norm():
     shapes = {name: tuple(t.shape) for name, t in tensors(model.DecoderLayer(CONFIG, "hybrid")).items()}
     assert shapes["v_norm"] == (CONFIG.head_dim,) and shapes["mlp_norm"] == (CONFIG.hidden_size,)
     assert not {"attn_norm", "attn_out_norm", "mlp_out_norm"} & set(shapes)
-    for norm in set(model.PLACEMENTS) - {"hybrid"}:
+    for norm in set(model.PLACEMENTS) - set(V_NORM):
         assert "v_norm" not in tensors(model.DecoderLayer(CONFIG, norm))
+
+
+def test_hybridnorm_star_makes_only_the_models_first_layer_pre_norm(teacher):
+    """HybridNorm* (the official code's norm_pos_special_config {0: {attn_norm: True, ffn_residual: False}}):
+    layer 0 of the whole model is pre-norm with the q/k/v norms; every later layer, in block 0 too, is
+    HybridNorm."""
+    student = model.Student.from_teacher(teacher, blocks=3, layers_per_block=2, norm="hybrid-star", seed=0)
+    owned = [set(tensors(layer)) for layer in student.layers]
+    assert {"attn_norm", "mlp_norm", "v_norm"} <= owned[0]
+    assert all("attn_norm" not in names and {"mlp_norm", "v_norm"} <= names for names in owned[1:])
 
 
 # ---- 2. the student's entry and final norms ------------------------------------------------------
@@ -189,7 +207,8 @@ def test_student_entry_and_final_norms_by_hand(teacher, norm):
     for active in (1, 2, 3):
         with torch.no_grad():
             ours = student(IDS, active_blocks=active)
-        expected = hand_student(student, IDS, [norm] * 3, active, entry, final)
+        names = [FIRST_LAYER.get(norm, norm)] + [norm] * 2
+        expected = hand_student(student, IDS, names, active, entry, final)
         torch.testing.assert_close(ours, expected, **FP32_TOL)
 
 
@@ -224,7 +243,7 @@ def test_schedule_post_pre_pre_by_hand(teacher):
 
 @pytest.mark.parametrize("n", [3, 9, 18])
 def test_deepnet_constants_are_the_decoder_only_formulas(n):
-    """DeepNet (Wang et al. 2024), decoder-only: alpha = (2N)^(1/4), beta = (8N)^(-1/4)."""
+    """DeepNet (Wang et al. 2022; torchscale decoder.py), decoder-only: alpha = (2N)^(1/4), beta = (8N)^(-1/4)."""
     assert model.deepnet_alpha(n) == pytest.approx((2 * n) ** (1 / 4), rel=1e-12)
     assert model.deepnet_beta(n) == pytest.approx((8 * n) ** (-1 / 4), rel=1e-12)
 
@@ -236,9 +255,12 @@ def test_deepnet_constants_for_18_layers_in_closed_form():
 
 
 def test_deepnorm_student_alpha_and_beta_init(teacher):
-    """A 3x3 DeepNorm student: every layer's residual scale is alpha for N = 9 layers, and v, o and the
-    FFN's weights are beta times those of a post-norm student of the same seed (the same draws), while
-    q and k are not scaled."""
+    """A 3x3 DeepNorm student: every layer's residual scale is alpha for N = 9 layers (the final depth), and
+    the weights DeepNet's reference code scales are beta times those of a post-norm student of the same
+    seed (the same draws). microsoft/torchscale divides, after the base init, every parameter whose name
+    holds fc1, fc2, out_proj or v_proj by (8N)^(1/4) (architecture/decoder.py, and architecture/retnet.py
+    for its gated FFN component/gate_linear_unit.py: out = fc2(act(fc1(x)) * gate(x))): our v_proj,
+    o_proj, gate_proj (fc1, the activated one) and down_proj (fc2); not q, k, nor up_proj (`gate`)."""
     deep = model.Student.from_teacher(teacher, blocks=3, layers_per_block=3, norm="deepnorm", seed=0)
     post = model.Student.from_teacher(teacher, blocks=3, layers_per_block=3, norm="post", seed=0)
     alpha, beta = (2 * 9) ** 0.25, (8 * 9) ** -0.25
@@ -246,9 +268,9 @@ def test_deepnorm_student_alpha_and_beta_init(teacher):
     for d, p in zip(deep.layers, post.layers):
         assert d.residual_scale == pytest.approx(alpha, rel=1e-12) and p.residual_scale == 1.0
         dw, pw = tensors(d), tensors(p)
-        for name in ("v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"):
+        for name in ("v_proj", "o_proj", "gate_proj", "down_proj"):
             torch.testing.assert_close(dw[name], beta * pw[name], rtol=1e-6, atol=0)
-        for name in ("q_proj", "k_proj"):
+        for name in ("q_proj", "k_proj", "up_proj"):
             assert torch.equal(dw[name], pw[name])
 
 
@@ -326,3 +348,38 @@ def test_norm_boundary_student_normalises_each_block_input_by_hand(teacher):
         torch.testing.assert_close(seen[b].double(), expected, **FP32_TOL)
         other = rmsnorm(boundaries[b].double(), student.boundary_norms[2 - b].weight.detach().double())
         assert not torch.allclose(seen[b].double(), other, **FP32_TOL)  # each boundary has its own gain
+
+
+# ---- 5. the tests above catch a wrong placement ---------------------------------------------------
+
+MUTATIONS = {  # a deliberately broken model.py: each must fail the equations above
+    "HybridNorm as the kit once had it: y = N(h + FFN(h))": ("    z = layer.mlp_norm(h)\n    return layer.mlp(z) + z",
+                                                            "    return layer.mlp_norm(layer.mlp(h) + h)"),
+    "HybridNorm with an entry norm": ('"hybrid": Placement(hybrid_layer, entry_norm=False',
+                                      '"hybrid": Placement(hybrid_layer, entry_norm=True'),
+    "HybridNorm* without its pre-norm first layer": (
+        "layer_names[0] = placement(layer_names[0]).first_layer or layer_names[0]", "pass"),
+    "DeepNorm's beta on up_proj too": ('"mlp.gate_proj", "mlp.down_proj")',
+                                       '"mlp.gate_proj", "mlp.up_proj", "mlp.down_proj")'),
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("broken", list(MUTATIONS))
+def test_a_deliberately_broken_model_fails_these_tests(broken, tmp_path):
+    import shutil
+    import subprocess
+    import sys
+    from pathlib import Path
+    root = Path(__file__).resolve().parents[1]
+    for path in root.glob("*.py"):
+        shutil.copy(path, tmp_path)
+    shutil.copytree(root / "tests", tmp_path / "tests", ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copy(root / "pytest.ini", tmp_path)
+    old, new = MUTATIONS[broken]
+    source = (tmp_path / "model.py").read_text()
+    assert source.count(old) == 1, broken
+    (tmp_path / "model.py").write_text(source.replace(old, new))
+    out = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", "-m", "not slow",
+                          "tests/test_placements.py"], cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 1 and " failed" in out.stdout, out.stdout[-2000:]

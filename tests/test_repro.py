@@ -590,23 +590,21 @@ def test_a_moved_runs_tree_is_reused_not_retrained(smoke, tmp_path, monkeypatch)
 
 
 @pytest.mark.slow
-def test_two_different_runs_sharing_one_preparation_end_as_sequential_runs(tmp_path):
+def test_two_different_runs_sharing_one_preparation_end_as_sequential_runs(smoke, tmp_path):
     """pre-grow and post-joint started together on an empty runs folder: one prepares the data and trains
-    the teacher while the other waits for each (rundir.held); both end with the results of runs made
-    one after the other, the teacher trained once."""
+    the teacher while the other waits for each (rundir.held); both end with the results of the smoke
+    suite's (lockstep, which equals runs made one after the other), the teacher trained once."""
     def train(runs, norm, protocol):
         return subprocess.Popen([sys.executable, str(ROOT / "repro.py"), "train", "--scale", "smoke", "--norm", norm,
                                  "--protocol", protocol, "--runs-dir", str(runs)], cwd=ROOT, stdout=subprocess.PIPE,
                                 stderr=subprocess.STDOUT, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
     jobs = (("pre", "grow"), ("post", "joint"))
-    for norm, protocol in jobs:  # one after the other
-        assert train(tmp_path / "sequential", norm, protocol).wait() == 0
     together = [train(tmp_path / "together", norm, protocol) for norm, protocol in jobs]
     outputs = [p.communicate()[0] for p in together]
     assert [p.returncode for p in together] == [0, 0], outputs
     assert sum("waiting for it to finish" in out for out in outputs) >= 1, outputs  # one did wait
     for name in ("teacher", "s42/pre-grow", "s42/post-joint"):
-        a, b = (tmp_path / way / "smoke" / name for way in ("sequential", "together"))
+        a, b = smoke[0] / name, tmp_path / "together" / "smoke" / name
         assert json.loads((a / "done.json").read_text()) == json.loads((b / "done.json").read_text()), name
         final = "phase-0" if name != "s42/pre-grow" else "phase-2"
         wa, wb = load_file(a / final / "model.safetensors"), load_file(b / final / "model.safetensors")
@@ -624,8 +622,10 @@ def test_long_override_names_are_cut_and_end_in_a_hash_of_the_whole():
 
 
 @pytest.mark.slow
-def test_sigterm_ends_a_run_as_ctrl_c_does_and_the_rerun_resumes(tmp_path):
+def test_sigterm_ends_a_run_as_ctrl_c_does_and_the_rerun_resumes(smoke, tmp_path):
     """A scheduler's SIGTERM mid-run: one line saying a rerun resumes, exit 130; the rerun finishes the run."""
+    for shared in ("data", "teacher"):  # the smoke suite's: only the student trains here
+        shutil.copytree(smoke[0] / shared, tmp_path / "runs" / "smoke" / shared)
     args = [sys.executable, str(ROOT / "repro.py"), "train", "--scale", "smoke", "--norm", "post", "--protocol", "grow",
             "--runs-dir", str(tmp_path / "runs")]
     proc = subprocess.Popen(args, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
