@@ -22,6 +22,7 @@ from runs/<scale>/s<seed>/; the interventions and scratch runs live in runs/<sca
 """
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
@@ -158,6 +159,12 @@ def run_placements(ws: suite.Workspace, seeds: list[int], force: bool = False, p
                      "delta_joint": report.across_seeds([a - b for a, b in zip(joint, ce["pre-joint"])]),
                      "delta_grow": report.across_seeds([a - b for a, b in zip(grown, ce["pre-grow"])]),
                      "grow_minus_joint": report.across_seeds([g - j for g, j in zip(grown, joint)])})
+    # Holm's correction over every placement-vs-pre comparison of the table (both protocols): the p-value
+    # of a one-sample t-test on the paired differences, adjusted for the family.
+    family = [(r["placement"], key) for r in rows if r["placement"] != "pre" for key in ("delta_joint", "delta_grow")]
+    by_row = {r["placement"]: r for r in rows}
+    for (name, key), p_holm in zip(family, report.holm([report.p_two_sided(by_row[n][k]) for n, k in family])):
+        by_row[name][key]["p_holm"] = p_holm
     figure = figures.fig_monitor({f"{p}-grow": monitor_series(ws.run_dir(f"{p}-grow", seeds[0])) for p in placements},
                                  ws.results / "placements.png",
                                  f"boundary monitor, grow runs, {ws.preset.name} scale, seed {seeds[0]}",
@@ -167,10 +174,14 @@ def run_placements(ws: suite.Workspace, seeds: list[int], force: bool = False, p
     lines = [f"# Norm placements under joint training and growth ({ws.preset.name} scale)", "",
              f"Validation CE, {report.seeds_text(seeds)}. Δ is the placement's CE minus pre-norm's under the same "
              "protocol, paired by seed (negative: better than pre-norm).", "",
-             "| placement | joint | grow | Δ joint vs pre | Δ grow vs pre | grow − joint |",
-             "| --- | --- | --- | --- | --- | --- |"]
+             f"p (Holm): a one-sample t-test that the paired Δ is 0, adjusted by Holm's method over the table's "
+             f"{len(family)} comparisons with pre-norm.", "",
+             "| placement | joint | grow | Δ joint vs pre | p (Holm) | Δ grow vs pre | p (Holm) | grow − joint |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+    p_cell = lambda s: "" if "p_holm" not in s or math.isnan(s["p_holm"]) else f"{s['p_holm']:.3g}"
     lines += [f"| {r['placement']} | {report.stats_cell(r['joint'])} | {report.stats_cell(r['grow'])} | "
-              f"{report.stats_cell(r['delta_joint'], True)} | {report.stats_cell(r['delta_grow'], True)} | "
+              f"{report.stats_cell(r['delta_joint'], True)} | {p_cell(r['delta_joint'])} | "
+              f"{report.stats_cell(r['delta_grow'], True)} | {p_cell(r['delta_grow'])} | "
               f"{report.stats_cell(r['grow_minus_joint'], True)} |" for r in rows]
     lines += ["", "![boundary monitor](placements.png)"]
     report.write(ws.results, "placements", out, lines)

@@ -34,6 +34,7 @@ import report
 import rundir
 import tokenizer
 from paper import DELTAS, PAPER
+from presets import TIE_MARGIN
 
 if TYPE_CHECKING:
     from suite import Workspace
@@ -140,6 +141,9 @@ class Experiment:
     layout: Callable | None = None    # (stats, seeds) -> Markdown lines in the paper's layout, above the rows
     claims: list = field(default_factory=list)  # (the paper's claim, {key: mean} -> does the kit agree?)
     note: str = ""
+    # Differences read by the rule fixed before any result (report.reading, presets.TIE_MARGIN): below or
+    # above 0 by a 95% interval, a tie by TOST, or inconclusive; the first is the primary endpoint.
+    readings: tuple[str, ...] = ()
 
 
 def table1_numbers(ws, seed):
@@ -354,7 +358,7 @@ EXPERIMENTS = {
          report.Row("delta joint", "delta_joint", DELTAS["delta_joint"]),
          report.Row("delta grow", "delta_grow", DELTAS["delta_grow"], sign=True),
          report.Row("interaction = delta grow - delta joint", "interaction", DELTAS["interaction"], sign=True)],
-        numbers=table1_numbers,
+        numbers=table1_numbers, readings=("interaction", "delta_joint", "delta_grow"),
         claims=[("post-norm and pre-norm nearly tie under joint training (|delta joint| < |delta grow|)",
                  lambda m: abs(m["delta_joint"]) < abs(m["delta_grow"]))]),
     "table2": Experiment(
@@ -400,7 +404,7 @@ EXPERIMENTS = {
          report.Row("delta freeze - delta grow", "delta_freeze_minus_grow", DELTAS["delta_freeze_minus_grow"]),
          report.Row("PPL gap grow", "ppl_gap_grow", P["table_a3"]["ppl_gap"]["grow"], 2, sign=True),
          report.Row("PPL gap freeze", "ppl_gap_freeze", P["table_a3"]["ppl_gap"]["freeze"], 2, sign=True)],
-        numbers=table_a3_numbers,
+        numbers=table_a3_numbers, readings=("delta_freeze_minus_grow", "delta_freeze"),
         claims=[("freezing earlier blocks leaves the post - pre difference nearly unchanged "
                  "(|delta freeze - delta grow| < |delta grow| / 2)",
                  lambda m: abs(m["delta_freeze_minus_grow"]) < abs(m["delta_grow"]) / 2)]),
@@ -479,6 +483,11 @@ def report_experiment(ws: Workspace, name: str, seeds: list[int]) -> dict:
             "agrees" if c["agrees"] else "DISAGREES"
         md += ["", "The paper's claims, on the kit's means:", ""] * bool(exp.claims) + \
             [f"- {verdict(c)}: {c['claim']}" for c in out["claims"]]
+        labels = {r.key: r.label for r in exp.rows}
+        out["readings"] = {key: report.reading(stats[key], TIE_MARGIN) for key in exp.readings}
+        md += ["", f"Read by the rule fixed before the results (95% interval; a tie if the 90% interval lies within "
+                   f"±{TIE_MARGIN:g} nats, TOST), {report.seeds_text(seeds)}:", ""] * bool(exp.readings) + \
+            [f"- {labels[k]}{' (primary endpoint)' * (i == 0)}: {r}" for i, (k, r) in enumerate(out["readings"].items())]
         print_table(name, exp, stats, len(seeds), full)
     if exp.figures and any(line.startswith(f"{run} s{seeds[0]} ") for line in diverged for run in exp.runs):
         md += [f"No figures: a run they draw diverged on seed {seeds[0]}."]

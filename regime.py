@@ -172,7 +172,9 @@ def markdown(rows: list[dict], cited: dict, scale: str, seeds: list[int]) -> lis
                  "reversal (Δgrow < 0 ≤ Δjoint) |",
              "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for r in rows:
-        reversal = "yes" if r["delta_grow"]["mean"] < 0 <= r["delta_joint"]["mean"] else "no"
+        diverged = r["delta_grow"].get("diverged") or r["delta_joint"].get("diverged")  # no reversal from a failed run
+        reversal = "no: runs diverged" if diverged else "yes" if r["delta_grow"]["mean"] < 0 <= r["delta_joint"]["mean"] \
+            else "no"
         lines.append(f"| {r['point']} | {r['phase_steps']} | {r['lr']:.2g} | {r['lr_x_steps']:.2f} | {r['gain']} | "
                      f"{report.stats_cell(r['delta_joint'], True)} | {report.stats_cell(r['delta_grow'], True)} | "
                      f"{report.stats_cell(r['interaction'], True)} | {reversal} |")

@@ -22,8 +22,13 @@ import checkpoint
 # Statistics over seeds
 
 def t975(df: int) -> float:
-    """The 97.5% quantile of Student's t with `df` degrees of freedom, exactly (to ~1e-9): bisection
-    on the CDF, integrated by Simpson's rule from the density (no table, no scipy)."""
+    """The 97.5% quantile of Student's t with `df` degrees of freedom (a 95% two-sided interval)."""
+    return t_quantile(df, 0.975)
+
+
+def t_quantile(df: int, p: float) -> float:
+    """The p quantile (p in [0.5, 1)) of Student's t with `df` degrees of freedom, exactly (to ~1e-9):
+    bisection on the CDF, integrated by Simpson's rule from the density (no table, no scipy)."""
     log_norm = math.lgamma((df + 1) / 2) - math.lgamma(df / 2) - 0.5 * math.log(df * math.pi)
 
     def cdf_above_half(t: float) -> float:  # P(0 < T < t)
@@ -32,11 +37,55 @@ def t975(df: int) -> float:
         return float((density[0] + density[-1] + 4 * density[1:-1:2].sum() + 2 * density[2:-1:2].sum())
                      * (t / 4000) / 3)
 
-    low, high = 0.0, 64.0  # t975(1) = 12.71 is the largest
+    low, high = 0.0, 64.0  # t975(1) = 12.71 is the largest asked for
     for _ in range(60):
         mid = (low + high) / 2
-        low, high = (mid, high) if cdf_above_half(mid) < 0.475 else (low, mid)
+        low, high = (mid, high) if cdf_above_half(mid) < p - 0.5 else (low, mid)
     return (low + high) / 2
+
+
+def t_cdf(df: int, t: float) -> float:
+    """P(T <= t) for Student's t with `df` degrees of freedom (Simpson's rule on the density)."""
+    log_norm = math.lgamma((df + 1) / 2) - math.lgamma(df / 2) - 0.5 * math.log(df * math.pi)
+    x = np.linspace(0.0, abs(t), 4001)
+    density = np.exp(log_norm - (df + 1) / 2 * np.log1p(x * x / df))
+    half = float((density[0] + density[-1] + 4 * density[1:-1:2].sum() + 2 * density[2:-1:2].sum()) * (abs(t) / 4000) / 3)
+    return 0.5 + half if t >= 0 else 0.5 - half
+
+
+def reading(s: dict, margin: float) -> str:
+    """How a difference over seeds reads, by the rule fixed before the results (presets.TIE_MARGIN):
+    "below 0" / "above 0" if its 95% t-interval excludes 0; "a tie within ±margin" if its 90% interval
+    lies inside ±margin (two one-sided t-tests at 5%, TOST); else "inconclusive". A diverged seed or a
+    single seed gives no reading."""
+    if s.get("diverged"):
+        return f"no reading: {diverged_text(s)}"
+    if s["n"] < 2 or not math.isfinite(s["std"]):
+        return "no reading: one seed"
+    lo, hi = s["ci95"]
+    if hi < 0 or lo > 0:
+        return "below 0" if hi < 0 else "above 0"
+    half90 = t_quantile(s["n"] - 1, 0.95) * s["std"] / math.sqrt(s["n"])
+    if -margin < s["mean"] - half90 and s["mean"] + half90 < margin:
+        return f"a tie within ±{margin:g}"
+    return "inconclusive"
+
+
+def holm(p_values: list[float]) -> list[float]:
+    """Holm's step-down adjustment of m p-values (family-wise error), in the input's order."""
+    order = sorted(range(len(p_values)), key=lambda i: p_values[i])
+    adjusted, running = [0.0] * len(p_values), 0.0
+    for rank, i in enumerate(order):
+        running = max(running, min(1.0, (len(p_values) - rank) * p_values[i]))
+        adjusted[i] = running
+    return adjusted
+
+
+def p_two_sided(s: dict) -> float:
+    """The one-sample t-test's two-sided p-value that the mean over seeds is 0 (nan: no spread)."""
+    if s.get("diverged") or s["n"] < 2 or not s["std"]:
+        return math.nan
+    return 2 * (1 - t_cdf(s["n"] - 1, abs(s["mean"]) / (s["std"] / math.sqrt(s["n"]))))
 
 
 class Diverged(float):

@@ -500,6 +500,28 @@ def test_t_quantile_is_exact_for_any_number_of_seeds():
     s = report.across_seeds([1.0, 2.0, 4.0])
     half = 4.30265 * statistics.stdev([1.0, 2.0, 4.0]) / math.sqrt(3)
     assert s["ci95"] == pytest.approx([7 / 3 - half, 7 / 3 + half], abs=1e-4)
+    # One-sided 95% critical values (a 90% two-sided interval, for TOST), and the CDF back.
+    for df, value in {1: 6.3138, 2: 2.9200, 4: 2.1318, 10: 1.8125}.items():
+        t = report.t_quantile(df, 0.95)
+        assert t == pytest.approx(value, abs=1e-4), df
+        assert report.t_cdf(df, t) == pytest.approx(0.95, abs=1e-6) and report.t_cdf(df, -t) == pytest.approx(0.05, abs=1e-6)
+
+
+def test_readings_by_the_pre_declared_rule_and_holms_correction():
+    """Below 0 by a 95% interval; a tie when the 90% interval lies inside +-0.01 (TOST); else inconclusive;
+    a diverged seed or a single seed is no reading. Holm's adjustment by hand."""
+    read = lambda values: report.reading(report.across_seeds(values), 0.01)
+    assert read([-0.030, -0.031, -0.029]) == "below 0"
+    assert read([0.030, 0.031, 0.029]) == "above 0"
+    # mean 0, sd 0.005, n 3: 95% half-width 0.0124 (includes 0), 90% half-width 2.92 x 0.005 / sqrt(3) = 0.0084
+    assert read([-0.005, 0.0, 0.005]) == "a tie within ±0.01"
+    assert read([-0.02, 0.0, 0.02]) == "inconclusive"  # 90% half-width 0.034
+    assert read([-0.02, report.DIVERGED, 0.01]).startswith("no reading: 1 of 3 diverged")
+    assert read([0.001]) == "no reading: one seed"
+    assert report.holm([0.01, 0.04, 0.03]) == pytest.approx([0.03, 0.06, 0.06])
+    assert report.holm([0.5, 0.001]) == pytest.approx([0.5, 0.002])
+    # The one-sample t-test: mean 1, sd 1, n 4 -> t = 2, df 3 -> two-sided p = 0.1393
+    assert report.p_two_sided(report.across_seeds([0.0, 1.0, 1.0, 2.0]) | {"std": 1.0}) == pytest.approx(0.1393, abs=1e-4)
 
 
 # ---- overrides ---------------------------------------------------------------------------------
@@ -641,3 +663,17 @@ def test_sigterm_ends_a_run_as_ctrl_c_does_and_the_rerun_resumes(smoke, tmp_path
     assert not (run_dir / "done.json").exists()
     again = subprocess.run(args, cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert again.returncode == 0 and (run_dir / "done.json").is_file(), again.stderr[-2000:]
+
+
+def test_the_regime_maps_reversal_needs_no_diverged_run():
+    """A point whose post-joint diverged on one seed (its delta joint a large penalty on the others) is no
+    reversal; the same numbers with no diverged run are."""
+    import regime
+    def row(joint):
+        s = lambda values: report.across_seeds(values)
+        return {"point": "p", "phase_steps": 250, "lr": 3e-3, "lr_x_steps": 0.75, "gain": "ones",
+                "delta_joint": s(joint), "delta_grow": s([-0.03, -0.02]), "interaction": s([-2.0, -0.05])}
+    cited = {"delta_joint": 0.0004, "delta_grow": -0.0328, "interaction": -0.0332}
+    failed = regime.markdown([row([2.2, report.DIVERGED])], cited, "toy", [42, 43])
+    clean = regime.markdown([row([2.2, 0.01])], cited, "toy", [42, 43])
+    assert failed[6].endswith("| no: runs diverged |") and clean[6].endswith("| yes |")
