@@ -29,7 +29,7 @@ PROTOCOLS = ("joint", "grow", "freeze", "joint-long", "teacher")
 PRECISIONS = ("fp32", "bf16")  # and "auto": bf16 where the machine runs it measurably faster (devices.py)
 # The settings that take one of a few names; checked here, and by presets.py for --set before any folder is made.
 CHOICES = {"protocol": PROTOCOLS, "precision": ("auto", *PRECISIONS), "post_output_gain": model.OUTPUT_GAINS,
-           "boundary": model.BOUNDARIES, "on_divergence": ("stop", "continue")}
+           "boundary": model.BOUNDARIES, "on_divergence": ("stop", "continue"), "long_data": ("fresh", "replay")}
 PATH_FIELDS = ("train_data", "val_data", "teacher", "start_from", "boundary_source")  # RunConfig's paths
 
 
@@ -76,6 +76,9 @@ class RunConfig:
     # `joint-long`: a fresh AdamW at each LR restart (True; the paper, B.3, says only that the schedule
     # restarts) or the moments carried over (False)
     restart_optimizer: bool = True
+    # `joint-long`: "fresh" documents past the first phase (the paper's Table 3), or "replay" grow's one
+    # shard in grow's order (the same-shard control: joint-replay, grow's steps on grow's data)
+    long_data: str = "fresh"
     # Beyond the paper (README, "Beyond the paper"):
     boundary: str = "none"         # model.BOUNDARIES: an intervention at the input of every block after the first
     boundary_scale: float = 1.0    # rescale-fwd: the RMS each token is rescaled to
@@ -138,8 +141,9 @@ class RunConfig:
 
     @property
     def data_mode(self) -> str:
-        # Grow-like runs replay one fixed shard; the long joint controls continue onto fresh data.
-        return "fresh" if self.protocol == "joint-long" else "replay"
+        # Grow-like runs replay one fixed shard; the long joint controls continue onto fresh data, except
+        # the one that replays grow's shard (long_data "replay").
+        return "fresh" if self.protocol == "joint-long" and self.long_data == "fresh" else "replay"
 
 
 @dataclass(frozen=True)

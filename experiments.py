@@ -42,7 +42,8 @@ if TYPE_CHECKING:
 console = Console(width=None if sys.stdout.isatty() else 140)
 
 RUNS = ("pre-joint", "post-joint", "pre-grow", "post-grow", "pre-freeze", "post-freeze",
-        "post-joint-long", "post-joint-longer")
+        "pre-joint-long", "pre-joint-longer", "post-joint-long", "post-joint-longer", "pre-joint-replay",
+        "post-joint-replay")
 MAIN_RUNS = ("pre-joint", "post-joint", "pre-grow", "post-grow")
 
 # ----------------------------------------------------------------------------------------------
@@ -169,9 +170,22 @@ def table2_numbers(ws, seed):
     return out
 
 
+TABLE3_RUNS = tuple(f"{norm}-{p}" for norm in ("post", "pre")
+                    for p in ("joint", "joint-long", "joint-longer", "joint-replay", "grow"))
+
+
 def table3_numbers(ws, seed):
-    return {name: final_ce(ws, name, seed) for name in ("post-joint", "post-joint-long", "post-joint-longer",
-                                                               "post-grow")}
+    """Table 3's joint controls for both placements, the same-shard control (grow's steps on grow's
+    shard), and whether growth beats more steps: grow - joint-longer per placement, beside Table 1's
+    interaction."""
+    ce = {name: final_ce(ws, name, seed) for name in TABLE3_RUNS}
+    out = dict(ce)
+    for norm in ("pre", "post"):
+        out[f"{norm}_grow_minus_longer"] = ce[f"{norm}-grow"] - ce[f"{norm}-joint-longer"]
+        out[f"{norm}_grow_minus_replay"] = ce[f"{norm}-grow"] - ce[f"{norm}-joint-replay"]
+    out["interaction"] = with_deltas({f"{n}_{p}": ce[f"{n}-{p}"] for n in ("pre", "post")
+                                      for p in ("joint", "grow")})["interaction"]
+    return out
 
 
 def table_a2_numbers(ws, seed):
@@ -372,12 +386,25 @@ EXPERIMENTS = {
         + [report.Row("delta CE at step 0 (post - pre): the output-interface gap", "delta_ce_step0", None)],
         numbers=table2_numbers),
     "table3": Experiment(
-        "Table 3: post-joint budget controls (validation CE)",
-        ("post-joint", "post-joint-long", "post-joint-longer", "post-grow"),
+        "Table 3: joint budget controls for both placements (validation CE); beyond the paper, the pre-norm "
+        "controls and a joint control that replays grow's shard for grow's steps (joint-replay)",
+        TABLE3_RUNS,
         [report.Row("Post-Joint (unique tokens)", "post-joint", P["table3"]["post-joint"]),
          report.Row("Post-Joint-long (active-layer tokens)", "post-joint-long", P["table3"]["post-joint-long"]),
          report.Row("Post-Joint-longer (total tokens)", "post-joint-longer", P["table3"]["post-joint-longer"]),
-         report.Row("Post-Grow (comparison)", "post-grow", P["table3"]["post-grow"])], numbers=table3_numbers,
+         report.Row("Post-Joint-replay (grow's steps on grow's shard)", "post-joint-replay", None),
+         report.Row("Post-Grow (comparison)", "post-grow", P["table3"]["post-grow"]),
+         report.Row("Pre-Joint", "pre-joint", None), report.Row("Pre-Joint-long", "pre-joint-long", None),
+         report.Row("Pre-Joint-longer", "pre-joint-longer", None),
+         report.Row("Pre-Joint-replay", "pre-joint-replay", None), report.Row("Pre-Grow", "pre-grow", None),
+         report.Row("post: grow - joint-longer (does growth beat more steps?)", "post_grow_minus_longer",
+                    P["table3"]["post-grow"] - P["table3"]["post-joint-longer"], sign=True),
+         report.Row("pre: grow - joint-longer", "pre_grow_minus_longer", None),
+         report.Row("post: grow - joint-replay (the same shard and steps)", "post_grow_minus_replay", None),
+         report.Row("pre: grow - joint-replay", "pre_grow_minus_replay", None),
+         report.Row("Table 1's interaction, beside them", "interaction", DELTAS["interaction"], sign=True)],
+        numbers=table3_numbers, readings=("post_grow_minus_longer", "pre_grow_minus_longer", "post_grow_minus_replay",
+                                          "pre_grow_minus_replay", "interaction"),
         claims=[("Post-Grow is below every post-norm joint control, the longest included",
                  lambda m: m["post-grow"] < min(m["post-joint"], m["post-joint-long"], m["post-joint-longer"]))]),
     "tableA2": Experiment(

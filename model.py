@@ -438,8 +438,11 @@ OUTPUT_GAINS = ("ones", "teacher")  # Student.from_teacher's output_gain
 # Interventions at the input of every block after the first (the block boundaries a grow run appends at):
 # "norm": a trainable RMSNorm on the stream (forward and backward change); "rescale-fwd": each token's
 # stream rescaled to RMS `boundary_scale` in the forward pass only, the backward pass treating it as the
-# identity; "mirror-fwd": the same, to each token's RMS in a reference run (profile_source).
-BOUNDARIES = ("none", "norm", "rescale-fwd", "mirror-fwd")
+# identity; "mirror-fwd": the same, to each token's RMS in a reference run (profile_source). The same
+# forward as rescale-fwd with two other backwards, so that only the backward channel varies:
+# "rescale-detached": the per-token factor t / r a constant (the upstream gradient times it), and
+# "rescale-full": the true Jacobian (t / r)(I - h^ h^T), h^ = h / |h|, which has no radial part.
+BOUNDARIES = ("none", "norm", "rescale-fwd", "mirror-fwd", "rescale-detached", "rescale-full")
 
 
 class StraightThroughRescale(torch.autograd.Function):
@@ -459,6 +462,15 @@ class StraightThroughRescale(torch.autograd.Function):
 
 def rescale_forward_only(h: torch.Tensor, target) -> torch.Tensor:
     return StraightThroughRescale.apply(h, target)
+
+
+def rescale(h: torch.Tensor, target, backward: str) -> torch.Tensor:
+    """Each token scaled to RMS `target`: backward "identity" (straight-through), "detached" (t / r a
+    constant) or "full" (autograd through r as well)."""
+    if backward == "identity":
+        return rescale_forward_only(h, target)
+    rms = h.float().pow(2).mean(-1, keepdim=True).sqrt().clamp_min(1e-12)
+    return (h.float() * (target / (rms.detach() if backward == "detached" else rms))).to(h.dtype)
 
 
 class Student(nn.Module):
@@ -593,7 +605,9 @@ class Student(nn.Module):
             return h
         if self.boundary == "norm":
             return self.boundary_norms[b - 1](h)
-        return rescale_forward_only(h, self.boundary_scale if self.boundary == "rescale-fwd" else profile[b])
+        target = profile[b] if self.boundary == "mirror-fwd" else self.boundary_scale
+        backward = {"rescale-detached": "detached", "rescale-full": "full"}.get(self.boundary, "identity")
+        return rescale(h, target, backward)
 
     def forward(self, input_ids, active_blocks: int | None = None, skip_block: int | None = None,
                 output_fn: Callable = logits_output, return_boundaries: bool = False):

@@ -312,8 +312,9 @@ def teacher(scale, rebuild, overrides, compile_flag, device, tracker, no_wait, f
 @scale_option
 @click.option("--norm", required=True, callback=lambda c, p, v: check_norm(v),
               help=f"Norm placement ({', '.join(model.PLACEMENTS)}), or one per block: pre,post,post.")
-@click.option("--protocol", type=click.Choice(["joint", "grow", "freeze", "joint-long", "joint-longer"]),
-              required=True, help="joint, grow, freeze, or the long joint controls (Table 3).")
+@click.option("--protocol", type=click.Choice(["joint", "grow", "freeze", "joint-long", "joint-longer", "joint-replay"]),
+              required=True, help="joint, grow, freeze, or the joint controls (Table 3; joint-replay: grow's steps on "
+              "grow's shard).")
 @click.option("--seed", type=click.IntRange(0, 2**63 - 1), default=None, help="Default: the preset's (42).")
 @overrides_option
 @force_option

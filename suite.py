@@ -189,11 +189,11 @@ def split_run(name: str) -> tuple[str, str]:
 def prefix_run(name: str, ws: Workspace) -> tuple[str, int] | None:
     """(run, phase) whose phases 0..phase are identical to this run's first ones."""
     norm, protocol = split_run(name)
-    if protocol.startswith("joint-long") and not ws.preset.run.get("restart_optimizer", True):
+    if protocol in ("joint-long", "joint-longer", "joint-replay") and not ws.preset.run.get("restart_optimizer", True):
         return None  # it carries AdamW's moments across restarts, and kept checkpoints hold none
     if protocol == "freeze":
         return f"{norm}-grow", 0        # freeze's phase 0 is grow's phase 0 (Table 2 reads it)
-    if protocol == "joint-long":
+    if protocol in ("joint-long", "joint-replay"):
         return f"{norm}-joint", 0       # the long controls' first phase is joint itself
     if protocol == "joint-longer":
         return f"{norm}-joint-long", ws.preset.long_phases[0] - 1
@@ -215,13 +215,15 @@ def run_settings(ws: Workspace, name: str, seed: int, teacher: Path | None = Non
                 "protocol": "teacher", "norm": "pre", "replay_docs": len(data.Shard(ws.data_dir / "train", verify=False)),
                 "teacher_config": {**ws.preset.teacher_model, "vocab_size": vocab}}
     norm, protocol = split_run(name)
-    phases = {"joint-long": ws.preset.long_phases[0], "joint-longer": ws.preset.long_phases[1]}.get(protocol, 1)
+    # joint-replay: grow's steps (one phase per block, an LR restart at each, as grow's) on grow's shard
+    phases = {"joint-long": ws.preset.long_phases[0], "joint-longer": ws.preset.long_phases[1],
+              "joint-replay": ws.preset.run["blocks"]}.get(protocol, 1)
     prefix = prefix_run(name, ws)
     start_from = str(ws.run_dir(prefix[0], seed) / f"phase-{prefix[1]}") if prefix else ""
     settings = {**ws.preset.run, **shards, "name": name, "seed": seed, "norm": norm,
-                "protocol": "joint-long" if phases > 1 else protocol, "joint_phases": phases,
+                "protocol": "joint-long" if phases > 1 or protocol == "joint-replay" else protocol, "joint_phases": phases,
                 "replay_docs": ws.replay_docs, "teacher": "" if scratch(ws) else str(teacher or ""),
-                "start_from": start_from}
+                "start_from": start_from, **({"long_data": "replay"} if protocol == "joint-replay" else {})}
     if norm != "post":  # a post-norm option: other placements keep one identity whatever it is set to
         settings.pop("post_output_gain", None)
     if settings["protocol"] != "joint-long":  # likewise an option of the long joint controls only
@@ -241,7 +243,7 @@ def with_prefixes(names) -> list[str]:
         chain = [name]
         while True:
             norm, protocol = split_run(chain[-1])
-            parent = {"freeze": f"{norm}-grow", "joint-long": f"{norm}-joint",
+            parent = {"freeze": f"{norm}-grow", "joint-long": f"{norm}-joint", "joint-replay": f"{norm}-joint",
                       "joint-longer": f"{norm}-joint-long"}.get(protocol)
             if not parent:
                 break

@@ -760,3 +760,19 @@ def test_two_ranks_save_and_one_two_or_three_read_back_every_byte(tiny_shards, t
         assert len(list((target / "latest").glob("model.rank*"))) == ranks
         got = whole_tensors(target / "latest")
         assert got.keys() == want.keys() and all(torch.equal(got[k], want[k]) for k in want), ranks
+
+
+@pytest.mark.parametrize("boundary", ["rescale-fwd", "rescale-detached", "norm"])
+def test_a_freeze_mode_intervention_leaves_every_prefix_weight_bit_identical(tiny_shards, tiny_teacher_dir, tmp_path,
+                                                                             boundary):
+    """Under freeze no gradient reaches the prefix: with any boundary intervention, blocks trained in an
+    earlier phase end every later phase bit-identical, so only the forward boundary the appended block
+    reads can differ from a run without it."""
+    c = distil_config(tiny_shards, tiny_teacher_dir, protocol="freeze", phase_steps=3, boundary=boundary)
+    grow.train(c, tmp_path / "r")
+    phases = [phase_weights(tmp_path / "r", p) for p in range(3)]
+    for p in (1, 2):
+        for name, tensor in phases[p - 1].items():
+            if name.startswith("layers.") and int(name.split(".")[1]) < p:
+                assert torch.equal(tensor, phases[p][name]), (p, name)
+    assert not torch.equal(phases[1]["layers.2.mlp.down_proj.weight"], phases[2]["layers.2.mlp.down_proj.weight"])

@@ -383,3 +383,29 @@ def test_a_deliberately_broken_model_fails_these_tests(broken, tmp_path):
     out = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", "-m", "not slow",
                           "tests/test_placements.py"], cwd=tmp_path, capture_output=True, text=True, timeout=300)
     assert out.returncode == 1 and " failed" in out.stdout, out.stdout[-2000:]
+
+
+def test_the_three_rescales_share_a_forward_and_differ_only_in_backward():
+    """rescale-fwd (straight-through), -detached and -full give the same forward (each token at RMS t);
+    the detached one's gradient is the upstream gradient times the per-token factor t / r; the full one's
+    is the true Jacobian (t / r)(I - h^ h^T), h^ = h / |h|, which drops the radial part."""
+    gen = torch.Generator().manual_seed(11)
+    h0 = 3.0 * torch.randn(2, 5, 16, generator=gen, dtype=torch.float64)
+    upstream = torch.randn(2, 5, 16, generator=gen, dtype=torch.float64)
+    t = 1.7
+    outs, grads = {}, {}
+    for backward in ("identity", "detached", "full"):
+        h = h0.clone().requires_grad_(True)
+        outs[backward] = model.rescale(h, t, backward)
+        (outs[backward] * upstream).sum().backward()
+        grads[backward] = h.grad
+    assert torch.equal(outs["detached"], outs["identity"]) and torch.equal(outs["full"], outs["identity"])
+    # The rescale computes in fp32 (as the stream does under autocast): gradients agree to fp32 rounding.
+    r = token_rms(h0)[..., None]
+    assert torch.equal(grads["identity"], upstream)
+    torch.testing.assert_close(grads["detached"], upstream * t / r, **FP32_TOL)
+    unit = h0 / h0.norm(dim=-1, keepdim=True)
+    expected = t / r * (upstream - unit * (unit * upstream).sum(-1, keepdim=True))
+    torch.testing.assert_close(grads["full"], expected, **FP32_TOL)
+    assert (grads["full"] * unit).sum(-1).abs().max() < 1e-5  # no radial part (up to fp32 rounding)
+    assert (grads["detached"] * unit).sum(-1).abs().max() > 0.1  # which the detached one keeps

@@ -677,3 +677,22 @@ def test_the_regime_maps_reversal_needs_no_diverged_run():
     failed = regime.markdown([row([2.2, report.DIVERGED])], cited, "toy", [42, 43])
     clean = regime.markdown([row([2.2, 0.01])], cited, "toy", [42, 43])
     assert failed[6].endswith("| no: runs diverged |") and clean[6].endswith("| yes |")
+
+
+def test_the_same_shard_joint_control_reads_grows_batches_for_grows_steps(smoke):
+    """joint-replay: all K blocks from step 0, one phase per block with grow's LR restarts, and at every
+    step exactly the documents grow reads (the same shard, the same order); joint-long reads fresh ones."""
+    ws = suite.Workspace(presets.PRESETS["smoke"], smoke[0], Path("results"), devices.Dist())
+    shard = data.Shard(ws.data_dir / "train", verify=False)
+    configs = {name: suite.run_config(ws, name, 42) for name in ("pre-grow", "pre-joint-replay", "post-joint-long")}
+    replay, grow_ = configs["pre-joint-replay"], configs["pre-grow"]
+    assert replay.protocol == "joint-long" and replay.joint_phases == 3 and replay.data_mode == "replay"
+    assert [p.active_blocks for p in config.plan_phases(replay)] == [3, 3, 3]
+    assert [(p.first_step, p.steps) for p in config.plan_phases(replay)] == \
+        [(p.first_step, p.steps) for p in config.plan_phases(grow_)]
+    batchers = {n: data.Batcher(shard, c.global_batch, c.seed, c.data_mode, c.replay_docs) for n, c in configs.items()}
+    steps = range(3 * grow_.phase_steps)
+    ids = {n: [b.global_doc_ids(s).tolist() for s in steps] for n, b in batchers.items()}
+    assert ids["pre-joint-replay"] == ids["pre-grow"]
+    assert ids["post-joint-long"][grow_.phase_steps:] != ids["pre-grow"][grow_.phase_steps:]  # fresh data
+    assert suite.prefix_run("pre-joint-replay", ws) == ("pre-joint", 0)
