@@ -41,9 +41,24 @@ def collect(runs: Path, results: Path, seeds: list[int]) -> dict:
     for file in sorted(results.glob("*.json")):
         content = checkpoint.loads(file.read_text())
         if content.get("seeds") == seeds:
-            tables[file.stem] = {row["key"]: row["values"] for row in content.get("rows", [])}
+            tables[file.stem] = report_numbers(content)
     return report.finite({"seeds": seeds, "git_commit": rundir.git_commit(), "curves": curves, "final_ce": finals,
                           "tables": tables})  # strict JSON: a value that is not a number (n/a) is null
+
+
+def report_numbers(content: dict) -> dict[str, list]:
+    """Every number over seeds in a report, by name: a table's rows by key; the experiments beyond the
+    paper (regime points, placements, interventions, scratch) by row name and quantity."""
+    numbers = {}
+    for row in content.get("rows", []) + content.get("points", []):
+        if "key" in row:
+            numbers[row["key"]] = row["values"]
+            continue
+        name = row.get("variant") or row.get("placement") or row.get("point") or row.get("label")
+        for quantity, value in row.items():
+            if isinstance(value, dict) and "values" in value:
+                numbers[f"{name}: {quantity}"] = value["values"]
+    return numbers
 
 
 def band(values: list[float]) -> tuple[float, float]:
@@ -66,9 +81,9 @@ def measured(target: Path) -> dict[str, float]:
                 for k, v in run_numbers(d).items()}
     values = {}
     for file in sorted(target.glob("*.json")):
-        for row in checkpoint.loads(file.read_text()).get("rows", []):
-            for i, value in enumerate(row["values"]):
-                values[f"{file.stem}/{row['key']}/{i}"] = value
+        for key, seeds in report_numbers(checkpoint.loads(file.read_text())).items():
+            for i, value in enumerate(seeds):
+                values[f"{file.stem}/{key}/{i}"] = value
     return values
 
 

@@ -696,3 +696,18 @@ def test_the_same_shard_joint_control_reads_grows_batches_for_grows_steps(smoke)
     assert ids["pre-joint-replay"] == ids["pre-grow"]
     assert ids["post-joint-long"][grow_.phase_steps:] != ids["pre-grow"][grow_.phase_steps:]  # fresh data
     assert suite.prefix_run("pre-joint-replay", ws) == ("pre-joint", 0)
+
+
+def test_references_hold_the_numbers_of_every_experiment_beyond_the_paper_too():
+    """A placements-, intervention- or regime-shaped report gives every quantity over seeds a name, so
+    `reference` ships it and `compare` checks it, as it does a paper table's rows."""
+    import reference
+    stats = lambda *v: report.across_seeds(list(v))
+    content = {"rows": [{"placement": "peri", "joint": stats(3.39, 3.38), "delta_grow": stats(0.007, 0.006),
+                         "settings": {"boundary": "none"}},
+                        {"variant": "pre-grow + boundary-norm", "ce": stats(3.25, 3.26)},
+                        {"label": "pre-norm, joint", "key": "pre_joint", "values": [3.46, 3.47]}],
+               "points": [{"point": "budget=2", "interaction": stats(-0.1, -0.2), "lr": 3e-3}]}
+    assert reference.report_numbers(content) == {
+        "peri: joint": [3.39, 3.38], "peri: delta_grow": [0.007, 0.006], "pre-grow + boundary-norm: ce": [3.25, 3.26],
+        "pre_joint": [3.46, 3.47], "budget=2: interaction": [-0.1, -0.2]}
