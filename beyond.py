@@ -61,6 +61,11 @@ INTERVENTIONS = (
             {"boundary": "rescale-detached", "boundary_scale": 1.0}),
     Variant("pre-grow + boundary-rescale-full", "pre-grow", "boundary-rescale-full",
             {"boundary": "rescale-full", "boundary_scale": 1.0}),
+    # A synthetic dose at the input of appended post-norm blocks: do heavy tails alone cost what pre-norm does?
+    Variant("post-grow + dose-boundary 37x", "post-grow", "dose-boundary-37",
+            {"boundary": "dose-boundary", "boundary_scale": 37.0}),
+    Variant("post-grow + dose-channel 1000x", "post-grow", "dose-channel-1000",
+            {"boundary": "dose-channel", "boundary_scale": 1000.0}),
     # Under freeze no gradient reaches the prefix: only the forward boundary the appended block reads differs.
     Variant("pre-freeze (suite)", "pre-freeze"),
     Variant("pre-freeze + boundary-rescale-fwd", "pre-freeze", "freeze-boundary-rescale-fwd",

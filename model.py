@@ -442,7 +442,12 @@ OUTPUT_GAINS = ("ones", "teacher")  # Student.from_teacher's output_gain
 # forward as rescale-fwd with two other backwards, so that only the backward channel varies:
 # "rescale-detached": the per-token factor t / r a constant (the upstream gradient times it), and
 # "rescale-full": the true Jacobian (t / r)(I - h^ h^T), h^ = h / |h|, which has no radial part.
-BOUNDARIES = ("none", "norm", "rescale-fwd", "mirror-fwd", "rescale-detached", "rescale-full")
+# A synthetic dose, forward only (straight-through): "dose-boundary" scales the boundary token's state
+# (position 0) to boundary_scale x the median RMS of the row's other positions (the paper: 37);
+# "dose-channel" sets channel 0 of the boundary token to boundary_scale x the row's median |activation|
+# (a massive activation, Sun et al. 2024: ~10^3-10^4). Do heavy tails alone reproduce pre-norm's penalty?
+BOUNDARIES = ("none", "norm", "rescale-fwd", "mirror-fwd", "rescale-detached", "rescale-full", "dose-boundary",
+              "dose-channel")
 
 
 class StraightThroughRescale(torch.autograd.Function):
@@ -462,6 +467,22 @@ class StraightThroughRescale(torch.autograd.Function):
 
 def rescale_forward_only(h: torch.Tensor, target) -> torch.Tensor:
     return StraightThroughRescale.apply(h, target)
+
+
+def dose(h: torch.Tensor, ratio: float, kind: str) -> torch.Tensor:
+    """The boundary token (position 0) made heavy-tailed, forward only: its RMS at `ratio` x the median
+    RMS of the other positions ("dose-boundary"), or its channel 0 at `ratio` x the median |activation|
+    of the row ("dose-channel"). The change is added as a constant: gradients pass as the identity."""
+    x = h.detach().float()
+    if kind == "dose-boundary":
+        rms = x.pow(2).mean(-1, keepdim=True).sqrt().clamp_min(1e-12)                # (B, T, 1)
+        regular = rms[:, 1:].median(dim=1, keepdim=True).values if x.shape[1] > 1 else rms[:, :1]
+        first = x[:, :1] * (ratio * regular / rms[:, :1])
+    else:
+        first = x[:, :1].clone()
+        first[..., 0] = ratio * x.abs().flatten(1).median(dim=1).values[:, None]
+    delta = torch.cat([first - x[:, :1], torch.zeros_like(x[:, 1:])], dim=1)
+    return h + delta.to(h.dtype)
 
 
 def rescale(h: torch.Tensor, target, backward: str) -> torch.Tensor:
@@ -605,6 +626,8 @@ class Student(nn.Module):
             return h
         if self.boundary == "norm":
             return self.boundary_norms[b - 1](h)
+        if self.boundary.startswith("dose-"):
+            return dose(h, self.boundary_scale, self.boundary)
         target = profile[b] if self.boundary == "mirror-fwd" else self.boundary_scale
         backward = {"rescale-detached": "detached", "rescale-full": "full"}.get(self.boundary, "identity")
         return rescale(h, target, backward)

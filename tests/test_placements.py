@@ -409,3 +409,42 @@ def test_the_three_rescales_share_a_forward_and_differ_only_in_backward():
     torch.testing.assert_close(grads["full"], expected, **FP32_TOL)
     assert (grads["full"] * unit).sum(-1).abs().max() < 1e-5  # no radial part (up to fp32 rounding)
     assert (grads["detached"] * unit).sum(-1).abs().max() > 0.1  # which the detached one keeps
+
+
+@pytest.mark.parametrize("kind", ["dose-boundary", "dose-channel"])
+def test_the_synthetic_dose_puts_the_declared_ratio_at_each_appended_blocks_input(teacher, kind):
+    """At the input of every block after the first the boundary token carries the dose: its RMS 37 x the
+    median RMS of the other positions, or its channel 0 at 1000 x the row's median |activation|; block 0's
+    input is untouched, and so are the other positions; the gradient passes as the identity."""
+    ratio = 37.0 if kind == "dose-boundary" else 1000.0
+    student = model.Student.from_teacher(teacher, blocks=3, layers_per_block=1, norm="post", seed=0,
+                                         boundary=kind, boundary_scale=ratio).double()
+    seen = {}
+    for i, layer in enumerate(student.layers):
+        layer.register_forward_pre_hook(lambda module, args, i=i: seen.__setitem__(i, args[0].detach().clone()))
+    with torch.no_grad():
+        student(IDS)
+    plain = model.Student.from_teacher(teacher, blocks=3, layers_per_block=1, norm="post", seed=0).double()
+    plain_seen = {}
+    for i, layer in enumerate(plain.layers):
+        layer.register_forward_pre_hook(lambda module, args, i=i: plain_seen.__setitem__(i, args[0].detach().clone()))
+    with torch.no_grad():
+        plain(IDS)
+    assert torch.equal(seen[0], plain_seen[0])
+    for b in (1, 2):
+        h = seen[b]
+        if kind == "dose-boundary":
+            rms = token_rms(h)
+            torch.testing.assert_close(rms[:, 0] / rms[:, 1:].median(dim=1).values,
+                                       torch.full((IDS.shape[0],), ratio, dtype=torch.float64), rtol=1e-5, atol=0)
+        else:
+            median = h.abs().flatten(1).median(dim=1).values  # after the dose: one value moved, by a rank or so
+            assert ((h[:, 0, 0] / median - ratio).abs() < 0.1 * ratio).all()
+    x = torch.randn(2, 4, 16, generator=torch.Generator().manual_seed(7), dtype=torch.float64, requires_grad=True)
+    y = model.dose(x, ratio, kind)
+    y.sum().backward()
+    assert torch.equal(x.grad, torch.ones_like(x))  # forward only: the identity backward
+    assert torch.equal(y[:, 1:], x[:, 1:])          # only the boundary token changes
+    if kind == "dose-channel":  # exactly the declared multiple of the row's median |activation| before the dose
+        torch.testing.assert_close(y[:, 0, 0], ratio * x.detach().abs().flatten(1).median(dim=1).values, **FP32_TOL)
+        assert torch.equal(y[:, 0, 1:], x[:, 0, 1:])
