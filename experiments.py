@@ -143,7 +143,7 @@ class Experiment:
     claims: list = field(default_factory=list)  # (the paper's claim, {key: mean} -> does the kit agree?)
     note: str = ""
     # Differences read by the rule fixed before any result (report.reading, presets.TIE_MARGIN): below or
-    # above 0 by a 95% interval, a tie by TOST, or inconclusive; the first is the primary endpoint.
+    # above 0 by a 95% interval, a tie by TOST, or inconclusive; Table 1's first is the primary endpoint.
     readings: tuple[str, ...] = ()
 
 
@@ -514,7 +514,8 @@ def report_experiment(ws: Workspace, name: str, seeds: list[int]) -> dict:
         out["readings"] = {key: report.reading(stats[key], TIE_MARGIN) for key in exp.readings}
         md += ["", f"Read by the rule fixed before the results (95% interval; a tie if the 90% interval lies within "
                    f"±{TIE_MARGIN:g} nats, TOST), {report.seeds_text(seeds)}:", ""] * bool(exp.readings) + \
-            [f"- {labels[k]}{' (primary endpoint)' * (i == 0)}: {r}" for i, (k, r) in enumerate(out["readings"].items())]
+            [f"- {labels[k]}{' (the primary endpoint)' * (name == 'table1' and i == 0)}: {r}"
+             for i, (k, r) in enumerate(out["readings"].items())]
         print_table(name, exp, stats, len(seeds), full)
     if exp.figures and any(line.startswith(f"{run} s{seeds[0]} ") for line in diverged for run in exp.runs):
         md += [f"No figures: a run they draw diverged on seed {seeds[0]}."]

@@ -99,8 +99,8 @@ def reduced(preset_name: str, **run):
                    data={**p.data, "vocab_size": 4096, "max_len": 256}, run={**p.run, "loss_chunk": 128, **run})
 
 
-@pytest.mark.parametrize("scale,gpus,nodes,resident", [("full", 8, 1, 1), ("full", 4, 2, 2), ("full", 1, 1, 1),
-                                                      ("small", 1, 1, 2)])
+# Sharded over a node, HSDP over two with two students resident, and one GPU (no FSDP collectives).
+@pytest.mark.parametrize("scale,gpus,nodes,resident", [("full", 8, 1, 1), ("full", 4, 2, 2), ("small", 1, 1, 2)])
 def test_the_rehearsal_measures_what_the_memory_and_collective_counts_say(scale, gpus, nodes, resident):
     import config
     import devices

@@ -79,19 +79,20 @@ def test_dry_run_reproduces_table_a2():
 
 
 def test_dry_run_counts_teacher_passes_both_ways():
-    """Separately every run pays its own steps: joint 50k, grow 150k, freeze 100k (after the shared
-    phase 0) per norm, and post-norm's long controls 50k each after their prefixes: 700k. In lockstep
-    the six replay runs share 150k teacher steps and the long controls still pay 100k: 250k."""
+    """Separately every run pays its own steps, per norm: joint 50k, grow 150k, freeze 100k (after the
+    shared phase 0), the long controls 50k each after their prefixes, the same-shard control 100k after
+    joint's phase: 1,000k. In lockstep the six replay runs and the two same-shard controls share 150k
+    teacher steps, and the four fresh-data long controls still pay 200k: 350k."""
     ws = suite.Workspace(presets.PRESETS["full"], Path("/nonexistent/full"), Path("/nonexistent"), devices.Dist())
     runs = plan.planned_runs(ws, list(experiments.RUNS), 42)
-    assert plan.teacher_passes(runs, lockstep=False) == 2 * (50_000 + 150_000 + 100_000) + 50_000 + 50_000
-    assert plan.teacher_passes(runs, lockstep=True) == 150_000 + 50_000 + 50_000
-    assert plan.most_resident(runs) == 4  # joint ends where freeze joins
+    assert plan.teacher_passes(runs, lockstep=False) == 2 * (50_000 + 150_000 + 100_000 + 50_000 + 50_000 + 100_000)
+    assert plan.teacher_passes(runs, lockstep=True) == 150_000 + 4 * 50_000
+    assert plan.most_resident(runs) == 6  # joint ends where freeze joins; the same-shard controls run throughout
     result = plan.print_plan(ws, runs, [42], "h100", 8, suite.console)
     saved = result["separate"]["flops"] - result["lockstep"]["flops"]
     teacher = plan.model_shapes(ws.preset)[0]
     layers, _ = model.forward_flops_per_token(teacher, 36, 972.5 / 2)
-    assert saved == pytest.approx((700_000 - 250_000) * 64 * 972.5 * layers)
+    assert saved == pytest.approx((1_000_000 - 350_000) * 64 * 972.5 * layers)
     assert result["lockstep"]["memory_gib"] > result["separate"]["memory_gib"]
     assert result["lockstep_default"] == (result["lockstep"]["memory_gib"] <= 0.9 * 80)
 
