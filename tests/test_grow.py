@@ -319,9 +319,11 @@ def test_two_trains_of_one_run_at_once_end_as_one_run_even_when_the_holder_is_ki
         while logged_steps(run_dir) < 3:
             assert first.poll() is None, first.stderr.read().decode()[-2000:]
             time.sleep(0.01)
+        if kill_first:
+            first.send_signal(signal.SIGSTOP)  # held mid-run: it cannot finish before the kill
         second = start_run(config_file, run_dir)
         if kill_first:
-            time.sleep(0.5)  # the second is waiting by now (or about to)
+            time.sleep(1.0)  # the second is waiting on the lock by now (or about to)
             first.send_signal(signal.SIGKILL)
         assert [p.wait() for p in (first, second)] == [-signal.SIGKILL if kill_first else 0, 0]
         assert json.loads((run_dir / "done.json").read_text()) == reference
