@@ -10,7 +10,6 @@ Nothing here unpickles anything.
 """
 from __future__ import annotations
 
-import errno
 import hashlib
 import json
 import os
@@ -23,7 +22,7 @@ import torch.nn as nn
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 
-from errors import CheckpointError, DiskFull
+from errors import CheckpointError, DiskFull, disk_full_reason
 
 # ----------------------------------------------------------------------------------------------
 # Writing a file: whole or not at all, even through a kill, a full disk or another process writing it
@@ -42,10 +41,11 @@ def write_atomic(path, content: str | bytes) -> Path:
         os.replace(tmp, path)
     except BaseException as e:
         tmp.unlink(missing_ok=True)
-        if getattr(e, "errno", None) in (errno.ENOSPC, errno.EFBIG):
-            why = "no space left on device" if e.errno == errno.ENOSPC else "a file-size limit (ulimit -f) was reached"
-            raise DiskFull(f"{path}: {why} while writing it; " + ("the previous file is intact" if path.exists() else
-                           "nothing was written") + ": free some space (or raise the limit) and rerun", e.errno) from None
+        why = disk_full_reason(e)
+        if why:
+            kept = "the previous file is intact" if path.exists() else "nothing was written"
+            raise DiskFull(f"{path}: {why} while writing it; {kept}: free some space (or raise the limit) and rerun",
+                           getattr(e, "errno", None)) from None
         raise
     fsync_folder(path.parent)
     return path

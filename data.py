@@ -33,7 +33,6 @@ Definitions the whole kit relies on:
   what to do.
 """
 
-import errno
 import functools
 import hashlib
 import importlib.metadata
@@ -58,7 +57,7 @@ import torch
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 import checkpoint
-from errors import DataError, DiskFull
+from errors import DataError, DiskFull, disk_full_reason
 from tokenizer import Tokenizer, package_file
 
 
@@ -525,10 +524,10 @@ def _write_shard(path: Path, inputs: dict, chunks: Iterator[tuple[np.ndarray, np
         _move_into_place(partial, path)
     except BaseException as e:
         shutil.rmtree(partial, ignore_errors=True)
-        if getattr(e, "errno", None) in (errno.ENOSPC, errno.EFBIG) and not isinstance(e, DiskFull):
-            why = "no space left on device" if e.errno == errno.ENOSPC else "a file-size limit (ulimit -f) was reached"
+        why = disk_full_reason(e)
+        if why and not isinstance(e, DiskFull):
             raise DiskFull(f"{path}: {why} while writing the shard; nothing was kept: free some space (or raise the "
-                           "limit) and rerun", e.errno) from None
+                           "limit) and rerun", getattr(e, "errno", None)) from None
         raise
 
 

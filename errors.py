@@ -5,6 +5,7 @@ any other exception is a bug in the kit and stays a traceback.
     raise errors.DataError(f"{path}: not a readable parquet file; replace or remove it")
     raise errors.OptionError("--set", "run.lr=-1: expected a finite number >= 0")
 """
+import errno
 
 
 class KitError(Exception):
@@ -31,6 +32,17 @@ class DiskFull(TrainingError):
     def __init__(self, message: str, errno: int):
         super().__init__(message)
         self.errno = errno
+
+
+def disk_full_reason(error: BaseException) -> str:
+    """Why a write failed if the disk or a file-size limit stopped it ("" otherwise): the errno, or the
+    text of a library's own error that wraps one (safetensors)."""
+    code = getattr(error, "errno", None)
+    if code == errno.ENOSPC or "No space left on device" in str(error):
+        return "no space left on device"
+    if code == errno.EFBIG or "File too large" in str(error):
+        return "a file-size limit (ulimit -f) was reached"
+    return ""
 
 
 class ConfigError(KitError):

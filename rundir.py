@@ -7,7 +7,6 @@ checkpoint is written to a temporary folder and renamed into place, so a kill ne
 from __future__ import annotations
 
 import base64
-import errno
 import fcntl
 import json
 import os
@@ -25,7 +24,7 @@ import torch
 import checkpoint
 import config
 import model
-from errors import TrainingError
+from errors import TrainingError, disk_full_reason
 
 
 def kill_point(event: str, name: str, step: int = 0):
@@ -140,12 +139,10 @@ def disk_full_is_one_line(folder: Path, run_dir: Path):
     try:
         yield
     except Exception as e:  # OSError, or safetensors' own error wrapping one
-        full = getattr(e, "errno", None) == errno.ENOSPC or "No space left on device" in str(e)
-        too_large = getattr(e, "errno", None) == errno.EFBIG or "File too large" in str(e)
-        if not (full or too_large):
+        why = disk_full_reason(e)
+        if not why:
             raise
         intact = newest_checkpoint(run_dir)
-        why = "no space left on device" if full else "a file-size limit (ulimit -f) was reached"
         raise TrainingError(f"{why} while writing {folder}; "
                             + (f"the previous checkpoint {intact[0]} is intact" if intact else "no checkpoint was lost")
                             + ": free some space (or raise the limit) and rerun to resume") from None
