@@ -73,6 +73,18 @@ INTERVENTIONS = (
 )
 
 
+def interventions(blocks: int) -> tuple[Variant, ...]:
+    """INTERVENTIONS and the transplant factorial under freeze: grow's frozen phase-0 block of one
+    placement under appended blocks of the other (the diagonal is the suite's pre-freeze and
+    post-freeze), trained the same; its run names the placement of each of the student's blocks."""
+    def transplant(prefix: str, appended: str) -> str:
+        return ",".join([prefix] + [appended] * (blocks - 1)) + "-freeze"
+    return INTERVENTIONS + (
+        Variant("post-freeze (suite)", "post-freeze"),
+        Variant("transplant: pre-norm prefix, post-norm appended", transplant("pre", "post"), "transplant-pre-post"),
+        Variant("transplant: post-norm prefix, pre-norm appended", transplant("post", "pre"), "transplant-post-pre"))
+
+
 def variant_workspace(ws: suite.Workspace, variant: Variant, seed: int) -> suite.Workspace:
     """The workspace a variant's run lives in (the suite's own for a run without changes)."""
     if not variant.folder:
@@ -95,8 +107,10 @@ def train_variants(ws: suite.Workspace, variants, seeds: list[int], force: bool 
                 vws = variant_workspace(ws, v, seed)
                 settings = suite.run_config(vws, v.run, seed, teacher=teacher)
                 if settings.start_from and v.run.endswith("-freeze"):
-                    # grow's phase 0 is the suite's: no intervention acts while one block is active
-                    shared = ws.run_dir(v.run.replace("-freeze", "-grow"), seed) / "phase-0"
+                    # grow's phase 0 is the suite's (of block 0's placement): no intervention acts while
+                    # one block is active, and a transplant's prefix is that block
+                    first = suite.split_run(v.run)[0].split(",")[0]
+                    shared = ws.run_dir(f"{first}-grow", seed) / "phase-0"
                     settings = replace(settings, start_from=os.path.relpath(shared, vws.run_dir(v.run, seed)))
                 jobs.append((settings, vws.run_dir(v.run, seed)))
         grow.train_together(jobs, force=force, ctx=ws.ctx, tracker=ws.tracker, wait=ws.wait)
@@ -127,39 +141,79 @@ def range_cell(ranges: dict) -> str:
 # ----------------------------------------------------------------------------------------------
 # intervention
 
+def suite_run(v: Variant) -> str:
+    """The suite's run a variant is read against: its own run, or for a transplant the freeze run of
+    its prefix's placement."""
+    norm, protocol = suite.split_run(v.run)
+    return f"{norm.split(',')[0]}-{protocol}"
+
+
+# (label, minuend, subtrahend) over INTERVENTIONS' and the transplants' labels: what each contrast isolates.
+SEPARATIONS = (
+    ("forward only: a unit-RMS boundary under freeze", "pre-freeze + boundary-rescale-fwd", "pre-freeze (suite)"),
+    ("forward only: post-norm appended blocks on a frozen pre-norm prefix",
+     "transplant: pre-norm prefix, post-norm appended", "pre-freeze (suite)"),
+    ("forward only: post-norm appended blocks on a frozen post-norm prefix",
+     "post-freeze (suite)", "transplant: post-norm prefix, pre-norm appended"),
+    ("forward only: a post-norm prefix under post-norm appended blocks",
+     "post-freeze (suite)", "transplant: pre-norm prefix, post-norm appended"),
+    ("forward only: a post-norm prefix under pre-norm appended blocks",
+     "transplant: post-norm prefix, pre-norm appended", "pre-freeze (suite)"),
+    ("backward channel: straight-through − detached statistics",
+     "pre-grow + boundary-rescale-fwd", "pre-grow + boundary-rescale-detached"),
+    ("backward channel: full Jacobian − detached statistics",
+     "pre-grow + boundary-rescale-full", "pre-grow + boundary-rescale-detached"),
+    ("dose: the boundary token at 37x on post-grow", "post-grow + dose-boundary 37x", "post-grow (suite)"),
+    ("dose: one channel at 1000x on post-grow", "post-grow + dose-channel 1000x", "post-grow (suite)"),
+)
+
+
 def run_intervention(ws: suite.Workspace, seeds: list[int], force: bool = False) -> dict:
-    train_variants(ws, INTERVENTIONS, seeds, force)
+    variants = interventions(ws.preset.run["blocks"])
+    train_variants(ws, variants, seeds, force)
     if not ws.ctx.is_main:
         return {}
-    ce = {v.label: [final_ce(variant_workspace(ws, v, s), v.run, s) for s in seeds] for v in INTERVENTIONS}
-    pre, post = ce[INTERVENTIONS[0].label], ce[INTERVENTIONS[1].label]
-    suite_runs = {v.run: ce[v.label] for v in INTERVENTIONS if not v.folder}
+    ce = {v.label: [final_ce(variant_workspace(ws, v, s), v.run, s) for s in seeds] for v in variants}
+    suite_ce = {v.run: ce[v.label] for v in variants if not v.folder}
+    paired = lambda a, b: report.across_seeds([x - y for x, y in zip(a, b)])
     rows = [{"variant": v.label, "run": v.run, "folder": str(variant_workspace(ws, v, seeds[0]).run_dir(v.run, seeds[0])),
              "settings": v.settings, "ce": report.across_seeds(ce[v.label]),
-             "minus_pre_grow": report.across_seeds([a - b for a, b in zip(ce[v.label], pre)]),
-             "minus_post_grow": report.across_seeds([a - b for a, b in zip(ce[v.label], post)]),
-             "minus_suite_run": report.across_seeds([a - b for a, b in zip(ce[v.label], suite_runs[v.run])]),
+             "minus_pre_grow": paired(ce[v.label], suite_ce["pre-grow"]),
+             "minus_post_grow": paired(ce[v.label], suite_ce["post-grow"]),
+             "minus_suite_run": paired(ce[v.label], suite_ce[suite_run(v)]),
              "after_block_0": internal_boundary_range([variant_workspace(ws, v, s).run_dir(v.run, s) for s in seeds],
                                                       ws.preset.run["phase_steps"])}
-            for v in INTERVENTIONS]
+            for v in variants]
+    separations = []
+    for label, minuend, subtrahend in SEPARATIONS:
+        stats = paired(ce[minuend], ce[subtrahend])
+        separations.append({"contrast": label, "minuend": minuend, "subtrahend": subtrahend, "delta": stats,
+                            "reading": report.reading(stats, presets.TIE_MARGIN)})
     figure = figures.fig_monitor({v.label: monitor_series(variant_workspace(ws, v, seeds[0]).run_dir(v.run, seeds[0]))
-                                  for v in INTERVENTIONS}, ws.results / "intervention.png",
+                                  for v in variants}, ws.results / "intervention.png",
                                  f"boundary monitor, grow runs, {ws.preset.name} scale, seed {seeds[0]}",
                                  caption=f"{ws.preset.name} scale, seed {seeds[0]}, intervention")
     out = {"experiment": "intervention", "scale": ws.preset.name, "seeds": seeds, "rows": rows,
-           "figure": str(figure), "about": __doc__.split("\n\n")[1]}
+           "separations": separations, "tie_margin": presets.TIE_MARGIN, "figure": str(figure),
+           "about": __doc__.split("\n\n")[1]}
     lines = [f"# Boundary interventions ({ws.preset.name} scale)", "",
-             f"Validation CE at the end of grow, {report.seeds_text(seeds)}; differences paired by seed.", "",
+             f"Validation CE at the end of each run, {report.seeds_text(seeds)}; differences paired by seed. A "
+             "transplant is read against the suite's freeze run of its prefix's placement.", "",
              "| variant | validation CE | − the suite's same run | − pre-grow | − post-grow | after block 0: mean RMS, "
              "kurtosis (monitor) |", "| --- | --- | --- | --- | --- | --- |"]
     lines += [f"| {r['variant']} | {report.stats_cell(r['ce'])} | {report.stats_cell(r['minus_suite_run'], True)} | "
               f"{report.stats_cell(r['minus_pre_grow'], True)} | {report.stats_cell(r['minus_post_grow'], True)} | "
               f"{range_cell(r['after_block_0'])} |" for r in rows]
-    lines += ["", "Read as declared before these runs (README, \"Boundary interventions\"): under freeze no gradient "
-                  "reaches the prefix, so a freeze variant's difference from the suite's pre-freeze is the forward "
-                  "effect alone; rescale-fwd, -detached and -full share one forward, so their differences from each "
-                  "other are the backward channel alone."]
-    lines += ["", "The last column: the smallest and largest value over the boundary monitor's rows once block 1 "
+    lines += ["", "## What separates what", "",
+              "Read as declared before these runs (README, \"Boundary interventions\"): under freeze no gradient "
+              "reaches the prefix, so the freeze and transplant contrasts are forward effects alone; rescale-fwd, "
+              "-detached and -full share one forward, so their differences are the backward channel alone. "
+              f"Reading: below or above 0 where the 95% interval excludes 0, a tie within ±{presets.TIE_MARGIN:g} "
+              "nats where the 90% interval lies inside it (TOST), else inconclusive.", "",
+              "| contrast | runs | Δ CE | reading |", "| --- | --- | --- | --- |"]
+    lines += [f"| {r['contrast']} | {r['minuend']} − {r['subtrahend']} | {report.stats_cell(r['delta'], True)} | "
+              f"{r['reading']} |" for r in separations]
+    lines += ["", "The monitor column: the smallest and largest value over the boundary monitor's rows once block 1 "
                   "exists (phases 1 and 2), all seeds; \"n/a\" for runs trained without the monitor."]
     lines += ["", "![boundary monitor](intervention.png)"]
     report.write(ws.results, "intervention", out, lines)

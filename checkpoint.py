@@ -188,7 +188,7 @@ def open_safetensors(file: Path):
 
 
 @torch.no_grad()
-def load_tensors(module: nn.Module, path: Path, dtype, device, name_in_file: Callable[[str], str],
+def load_tensors(module: nn.Module, path: Path, dtype, device, name_in_file: Callable[[str], str | None],
                  checksums_checked: bool = False):
     """Fill a meta-device (or FSDP2-sharded) module from safetensors, one tensor at a time, so a
     large model is never held twice; a sharded parameter reads only its own rows from disk. The
@@ -196,7 +196,7 @@ def load_tensors(module: nn.Module, path: Path, dtype, device, name_in_file: Cal
     if not checksums_checked:
         check_checksums(path)
     files = tensor_files(path)
-    wanted = {name_in_file(name) for name, _ in module.named_parameters()}
+    wanted = {name_in_file(name) for name, _ in module.named_parameters()} - {None}
     # A tied teacher's file may still carry lm_head.weight; any other tensor means config.json describes
     # a smaller model than the file holds (e.g. fewer layers or blocks), which would load truncated.
     extra = sorted(set(files) - wanted - {"lm_head.weight"})
@@ -208,6 +208,8 @@ def load_tensors(module: nn.Module, path: Path, dtype, device, name_in_file: Cal
         module.to_empty(device=device)
     for name, param in module.named_parameters():
         key = name_in_file(name)
+        if key is None:  # not stored: keeps its value
+            continue
         if key not in files:
             raise CheckpointError(f"{path}: tensor {key!r} is missing; the checkpoint does not match its config.json")
         file = files[key]

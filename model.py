@@ -679,6 +679,16 @@ class Student(nn.Module):
         """config.json and model.safetensors; `state` replaces state_dict() (e.g. gathered shards)."""
         write_checkpoint(path, self.checkpoint_config(), self.state_dict() if state is None else state)
 
+    def names_in(self, stored_norm: str) -> Callable[[str], str | None]:
+        """Where each parameter lies in a checkpoint of the schedule `stored_norm` whose block 0 is ours
+        (a transplant adopts another schedule's phase 0): under its own name, except that a schedule
+        whose only norm is its entry norm stores it as `norm` (see __init__), and our final norm, which
+        that schedule lacks, is absent (None: it keeps its initial value)."""
+        stored = [placement(n) for n in block_norms(stored_norm, self.blocks)]
+        if self.entry_norm is None or not stored[0].entry_norm or any(p.final_norm for p in stored):
+            return lambda name: name
+        return lambda name: {"entry_norm.weight": "norm.weight", "norm.weight": None}.get(name, name)
+
     @classmethod
     def load(cls, path, dtype=torch.float32, device="cpu") -> "Student":
         path = Path(path)

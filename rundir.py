@@ -271,7 +271,10 @@ def newest_checkpoint(run_dir: Path, verify: bool = False, warn=lambda line: Non
 
 def load_weights(net, ckpt: Path):
     """A resume point's weights; newest_checkpoint(verify=True) has just checked its checksums."""
-    name_in_file = model.hf_name if isinstance(net, model.Qwen3) else (lambda name: name)
+    if isinstance(net, model.Qwen3):
+        name_in_file = model.hf_name
+    else:  # a prefix adopted from another placement schedule (a transplant) may name a norm otherwise
+        name_in_file = net.names_in(read_json(ckpt / "config.json", "normgrow_student")["normgrow_student"]["norm"])
     dtype = next(net.parameters()).dtype
     model.load_tensors(net, ckpt, dtype, next(net.parameters()).device, name_in_file, checksums_checked=True)
 

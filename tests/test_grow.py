@@ -778,3 +778,24 @@ def test_a_freeze_mode_intervention_leaves_every_prefix_weight_bit_identical(tin
             if name.startswith("layers.") and int(name.split(".")[1]) < p:
                 assert torch.equal(tensor, phases[p][name]), (p, name)
     assert not torch.equal(phases[1]["layers.2.mlp.down_proj.weight"], phases[2]["layers.2.mlp.down_proj.weight"])
+
+
+def test_a_transplant_adopts_the_other_placements_prefix_and_keeps_it_frozen(tiny_shards, tiny_teacher_dir, tmp_path):
+    """The transplant factorial's post-norm prefix under pre-norm appended blocks: the freeze run adopts
+    post-grow's phase 0, whose only norm (`norm`) is its entry norm, as its `entry_norm`, and reads
+    nothing into its final norm, which post-norm lacks; block 0 and the entry norm stay bit-identical
+    through every later phase."""
+    grow.train(distil_config(tiny_shards, tiny_teacher_dir, protocol="grow", norm="post", phase_steps=3),
+               tmp_path / "post-grow")
+    source = phase_weights(tmp_path / "post-grow", 0)
+    c = distil_config(tiny_shards, tiny_teacher_dir, protocol="freeze", norm="post,pre,pre", phase_steps=3,
+                      start_from=str(tmp_path / "post-grow" / "phase-0"))
+    grow.train(c, tmp_path / "transplant")
+    for p in (1, 2):
+        got = phase_weights(tmp_path / "transplant", p)
+        assert torch.equal(got["entry_norm.weight"], source["norm.weight"]), p
+        assert all(torch.equal(got[k], v) for k, v in block_tensors(source, 0).items()), p
+    # the same schedule's own names are read as they are (no transplant: nothing renamed or skipped)
+    net = model.Student.load(tmp_path / "transplant" / "phase-2")
+    assert net.names_in("post,pre,pre")("norm.weight") == "norm.weight"
+    assert net.names_in("post")("norm.weight") is None and net.names_in("post")("entry_norm.weight") == "norm.weight"
