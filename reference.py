@@ -48,13 +48,13 @@ def collect(runs: Path, results: Path, seeds: list[int]) -> dict:
 
 def report_numbers(content: dict) -> dict[str, list]:
     """Every number over seeds in a report, by name: a table's rows by key; the experiments beyond the
-    paper (regime points, placements, interventions, scratch) by row name and quantity."""
+    paper (regime points, placements, interventions and their contrasts, scratch) by row name and quantity."""
     numbers = {}
-    for row in content.get("rows", []) + content.get("points", []):
+    for row in content.get("rows", []) + content.get("points", []) + content.get("separations", []):
         if "key" in row:
             numbers[row["key"]] = row["values"]
             continue
-        name = row.get("variant") or row.get("placement") or row.get("point") or row.get("label")
+        name = row.get("variant") or row.get("placement") or row.get("point") or row.get("label") or row.get("contrast")
         for quantity, value in row.items():
             if isinstance(value, dict) and "values" in value:
                 numbers[f"{name}: {quantity}"] = value["values"]

@@ -260,6 +260,19 @@ def test_intervention_rows_are_the_runs_they_name(beyond_smoke):
     assert mirror["boundary"] == "mirror-fwd" and mirror["relative_to_run"]
     suite_pre_grow = beyond_smoke / "runs" / "smoke" / "s42" / "pre-grow"
     assert (mirror_dir / mirror["boundary_source"]).resolve() == suite_pre_grow.resolve()
+    # each contrast of "What separates what" is its two rows' difference, and the transplants adopted
+    # the prefix of their block 0's placement (grow's phase 0) under the other placement's blocks
+    ce = {row["variant"]: row["ce"]["mean"] for row in out["rows"]}
+    assert len(out["separations"]) == 9
+    for sep in out["separations"]:
+        assert sep["delta"]["mean"] == pytest.approx(ce[sep["minuend"]] - ce[sep["subtrahend"]], abs=1e-12)
+    for row in out["rows"]:
+        if row["variant"].startswith("transplant"):
+            cfg = json.loads((Path(row["folder"]) / "config.json").read_text())
+            first, rest = cfg["norm"].split(",")[0], set(cfg["norm"].split(",")[1:])
+            assert cfg["protocol"] == "freeze" and rest == {"pre", "post"} - {first}
+            source = (Path(row["folder"]) / cfg["start_from"]).resolve()
+            assert source == (beyond_smoke / "runs" / "smoke" / "s42" / f"{first}-grow" / "phase-0").resolve()
 
 
 @pytest.mark.slow
