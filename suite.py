@@ -181,9 +181,15 @@ def hub_teacher(ws: Workspace) -> Path:
 # ----------------------------------------------------------------------------------------------
 # Named runs. A run is computed once and shared by every experiment that needs it.
 
+RUN_PROTOCOLS = ("joint", "grow", "freeze", "joint-long", "joint-longer", "joint-replay")  # a run name's suffixes
+
+
 def split_run(name: str) -> tuple[str, str]:
-    norm, protocol = name.split("-", 1)
-    return norm, protocol
+    """'hybrid-star-grow' -> ('hybrid-star', 'grow'): a placement's name may itself hold a '-'."""
+    for protocol in sorted(RUN_PROTOCOLS, key=len, reverse=True):
+        if name.endswith(f"-{protocol}"):
+            return name.removesuffix(f"-{protocol}"), protocol
+    raise ValueError(f"run name {name!r} does not end in one of {', '.join(RUN_PROTOCOLS)}")
 
 
 def prefix_run(name: str, ws: Workspace) -> tuple[str, int] | None:

@@ -712,3 +712,10 @@ def test_references_hold_the_numbers_of_every_experiment_beyond_the_paper_too():
     assert reference.report_numbers(content) == {
         "peri: joint": [3.39, 3.38], "peri: delta_grow": [0.007, 0.006], "pre-grow + boundary-norm: ce": [3.25, 3.26],
         "pre_joint": [3.46, 3.47], "budget=2: interaction": [-0.1, -0.2]}
+
+
+def test_a_run_name_splits_at_its_protocol_even_when_the_placement_holds_a_dash():
+    assert suite.split_run("hybrid-star-grow") == ("hybrid-star", "grow")
+    assert suite.split_run("pre-joint-longer") == ("pre", "joint-longer")
+    assert suite.split_run("post,pre,pre-freeze") == ("post,pre,pre", "freeze")
+    assert suite.split_run("hybrid-first-joint-replay") == ("hybrid-first", "joint-replay")
