@@ -44,6 +44,7 @@ from rundir import (
     MetricsLog,
     adopt_shared_prefix,
     final_eval,
+    finished,
     git_commit,
     held,
     kill_point,
@@ -640,11 +641,11 @@ def train_together(jobs: list[tuple[RunConfig, Path]], force: bool = False, ctx:
     finished run drops out; runs resumed at different steps train alone until they meet. Weights and
     optimizer states of all runs are resident together; activations are one run's at a time. Each run
     folder is held by this process alone while it trains (rundir.held: another process on one of them
-    is waited for, or with wait=False an error). Returns each run's final evaluation ({} for one stopped
-    early)."""
+    is waited for, or with wait=False an error); a finished run is only read, and not held. Returns
+    each run's final evaluation ({} for one stopped early)."""
     ctx = ctx or setup_distributed()
     with ExitStack() as stack:
-        ctx.on_main(lambda: stack.enter_context(held([run_dir for _, run_dir in jobs], wait,
+        ctx.on_main(lambda: stack.enter_context(held([d for c, d in jobs if not finished(c, d)], wait,
                                                      say=lambda line: print0(ctx, line))),
                     "another process's use of the run folders")
         return train_held(jobs, force, ctx, stop_after_step, tracker, teacher)

@@ -353,6 +353,18 @@ def check_discardable(run_dir: Path):
                             "move it out of the run folder and rerun")
 
 
+def finished(config, run_dir: Path) -> bool:
+    """Done under this very config: prepare_run_dir reuses it as it is and nothing writes to it, so it
+    need not be held (experiments that reuse the suite's runs can train their own at once)."""
+    if not (run_dir / "done.json").is_file():
+        return False
+    try:
+        check_config(config, run_dir)
+    except TrainingError:
+        return False
+    return True
+
+
 def prepare_run_dir(config, run_dir: Path, force: bool, ctx, provenance: dict) -> bool:
     """Create or check the run directory. Returns True if the run is already done. A folder holding
     a run of another config is an error, or with `force` discarded; one of the same config is

@@ -302,6 +302,23 @@ def test_a_held_folder_is_waited_for_or_refused_and_a_killed_holder_releases_it(
     assert not list((tmp_path / "runs").rglob("*.lock"))  # the lock file went with its last holder
 
 
+def test_a_finished_run_is_reused_while_another_process_holds_it(tiny_shards, tiny_teacher_dir, tmp_path):
+    """Two experiments that both reuse the suite's finished runs never wait on each other: a done run
+    with the same config is read without being held; one of another config is still held (and refused
+    under --no-wait while another process holds it)."""
+    c = distil_config(tiny_shards, tiny_teacher_dir, protocol="joint", phase_steps=2)
+    done = grow.train(c, tmp_path / "run")
+    holder = subprocess.Popen([sys.executable, "-c", HOLD, str(tmp_path / "run")], cwd=ROOT, stdout=subprocess.PIPE,
+                              text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        assert grow.train(c, tmp_path / "run", wait=False) == done
+        with pytest.raises(errors.TrainingError, match=f"in use by process {holder.pid}"):
+            grow.train(replace(c, lr=1e-3), tmp_path / "run", force=True, wait=False)
+    finally:
+        holder.kill()
+
+
 @pytest.mark.slow
 def test_two_trains_of_one_run_at_once_end_as_one_run_even_when_the_holder_is_killed(tiny_shards, tiny_teacher_dir,
                                                                                        tmp_path):
