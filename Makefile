@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 
-.PHONY: install install-dev test test-fast test-faults test-avx2 lint toy bench gpu-check same-results clean
+.PHONY: install install-dev test test-slow test-faults test-avx2 lint toy bench gpu-check same-results clean
 
 install: $(VENV)/.installed
 install-dev: $(VENV)/.installed-dev
@@ -26,8 +26,13 @@ $(VENV)/.installed-dev: requirements.txt requirements-dev.txt | $(BIN)/python
 # Test files spread over the cores, each whole on one worker (its module fixtures are built once).
 XDIST := -n auto --dist loadfile
 
+# `make test` stays under 6 minutes from a clean clone; the slow tests (whole smoke suites in
+# subprocesses, torchrun, kills, compiles, whole-corpus passes) are `make test-slow`, which CI runs too.
 test: install-dev
-	$(BIN)/python -m pytest -q $(XDIST) -m "not faults" tests
+	$(BIN)/python -m pytest -q $(XDIST) -m "not slow and not faults" tests
+
+test-slow: install-dev
+	$(BIN)/python -m pytest -q $(XDIST) -m "slow and not faults" tests
 
 # The fault-injection suite: a smoke suite SIGKILLed at 21 points must end as an uninterrupted one.
 test-faults: install-dev
@@ -45,10 +50,6 @@ test-avx2: install-dev
 		"tests/test_grow.py::test_accumulation_equals_whole_batch" \
 		"tests/test_beyond.py::test_new_options_under_fsdp2_two_ranks_match_one_process"; \
 		status=$$?; rm -rf $$cache; exit $$status
-
-# For development: everything but the tests marked slow (subprocess suites, torchrun, compile).
-test-fast: install-dev
-	$(BIN)/python -m pytest -q $(XDIST) -m "not slow and not faults" tests
 
 lint: install-dev
 	$(BIN)/ruff check .

@@ -706,6 +706,7 @@ LIMITED = ("import resource, signal, sys; from pathlib import Path; signal.signa
            "import reference, repro; reference.REFERENCES = Path(sys.argv[2]); repro.cli(sys.argv[3:])")
 
 
+@pytest.mark.slow
 def test_a_file_size_limit_during_each_kind_of_results_write_keeps_the_previous_files(tree, tmp_path, monkeypatch):
     """A real `ulimit -f` (RLIMIT_FSIZE) below the size of a report, a figure and a reference: each command
     stops with one line naming the file and the limit, and every previous file is byte-identical."""
