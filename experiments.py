@@ -185,6 +185,9 @@ def table3_numbers(ws, seed):
         out[f"{norm}_grow_minus_replay"] = ce[f"{norm}-grow"] - ce[f"{norm}-joint-replay"]
     out["interaction"] = with_deltas({f"{n}_{p}": ce[f"{n}-{p}"] for n in ("pre", "post")
                                       for p in ("joint", "grow")})["interaction"]
+    # The same interaction against joint controls of grow's own steps: Δgrow − Δjoint-longer (-replay)
+    for control in ("longer", "replay"):
+        out[f"interaction_{control}"] = out[f"post_grow_minus_{control}"] - out[f"pre_grow_minus_{control}"]
     return out
 
 
@@ -402,9 +405,12 @@ EXPERIMENTS = {
          report.Row("pre: grow - joint-longer", "pre_grow_minus_longer", None),
          report.Row("post: grow - joint-replay (the same shard and steps)", "post_grow_minus_replay", None),
          report.Row("pre: grow - joint-replay", "pre_grow_minus_replay", None),
-         report.Row("Table 1's interaction, beside them", "interaction", DELTAS["interaction"], sign=True)],
+         report.Row("Table 1's interaction, beside them", "interaction", DELTAS["interaction"], sign=True),
+         report.Row("the interaction at grow's steps: Δgrow − Δjoint-longer", "interaction_longer", None, sign=True),
+         report.Row("the interaction on grow's shard: Δgrow − Δjoint-replay", "interaction_replay", None, sign=True)],
         numbers=table3_numbers, readings=("post_grow_minus_longer", "pre_grow_minus_longer", "post_grow_minus_replay",
-                                          "pre_grow_minus_replay", "interaction"),
+                                          "pre_grow_minus_replay", "interaction", "interaction_longer",
+                                          "interaction_replay"),
         claims=[("Post-Grow is below every post-norm joint control, the longest included",
                  lambda m: m["post-grow"] < min(m["post-joint"], m["post-joint-long"], m["post-joint-longer"]))]),
     "tableA2": Experiment(

@@ -719,3 +719,20 @@ def test_a_run_name_splits_at_its_protocol_even_when_the_placement_holds_a_dash(
     assert suite.split_run("pre-joint-longer") == ("pre", "joint-longer")
     assert suite.split_run("post,pre,pre-freeze") == ("post,pre,pre", "freeze")
     assert suite.split_run("hybrid-first-joint-replay") == ("hybrid-first", "joint-replay")
+
+
+def test_table3_numbers_put_both_placements_controls_into_the_interaction(monkeypatch):
+    """grow − joint-longer per placement, and the interaction against each control, written out from the
+    ten runs' CEs (arbitrary, distinct values; a diverged one stays diverged through the arithmetic)."""
+    ce = {name: 3.0 + 0.01 * i * i for i, name in enumerate(experiments.TABLE3_RUNS)}
+    monkeypatch.setattr(experiments, "final_ce", lambda ws, name, seed: ce[name])
+    out = experiments.table3_numbers(None, 42)
+    assert out["pre_grow_minus_longer"] == ce["pre-grow"] - ce["pre-joint-longer"]
+    assert out["interaction"] == pytest.approx((ce["post-grow"] - ce["pre-grow"]) - (ce["post-joint"] - ce["pre-joint"]))
+    for control in ("longer", "replay"):
+        want = (ce["post-grow"] - ce["pre-grow"]) - (ce[f"post-joint-{control}"] - ce[f"pre-joint-{control}"])
+        assert out[f"interaction_{control}"] == pytest.approx(want, abs=1e-12)
+    ce["pre-joint-replay"] = report.DIVERGED
+    out = experiments.table3_numbers(None, 42)
+    assert isinstance(out["interaction_replay"], report.Diverged) and not isinstance(out["interaction_longer"],
+                                                                                     report.Diverged)
