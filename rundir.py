@@ -356,6 +356,7 @@ def check_discardable(run_dir: Path):
 def finished(config, run_dir: Path) -> bool:
     """Done under this very config: prepare_run_dir reuses it as it is and nothing writes to it, so it
     need not be held (experiments that reuse the suite's runs can train their own at once)."""
+    run_dir = Path(run_dir)
     if not (run_dir / "done.json").is_file():
         return False
     try:
