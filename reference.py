@@ -38,6 +38,11 @@ def collect(runs: Path, results: Path, seeds: list[int]) -> dict:
                 for point, ce in curve(run_dir).items():
                     curves.setdefault(run_dir.name, {}).setdefault(point, []).append(ce)
                 finals.setdefault(run_dir.name, []).append(rundir.read_json(run_dir / "done.json", "ce")["ce"])
+    # A run finished for only some seeds (an experiment still training) has no band for the others yet.
+    partial = [name for name, values in finals.items() if len(values) < len(seeds)]
+    for name in partial:
+        del finals[name]
+        curves.pop(name, None)
     for file in sorted(results.glob("*.json")):
         content = checkpoint.loads(file.read_text())
         if content.get("seeds") == seeds:

@@ -736,3 +736,18 @@ def test_table3_numbers_put_both_placements_controls_into_the_interaction(monkey
     out = experiments.table3_numbers(None, 42)
     assert isinstance(out["interaction_replay"], report.Diverged) and not isinstance(out["interaction_longer"],
                                                                                      report.Diverged)
+
+
+def test_a_reference_leaves_out_a_run_not_yet_finished_for_every_seed(tmp_path):
+    """An experiment still training has finished some seeds' runs: the reference keeps only runs done
+    for every seed, so no band is made from fewer seeds than it names."""
+    import reference
+    for seed, names in ((42, ("pre-grow", "peri-joint")), (43, ("pre-grow",))):
+        for name in names:
+            run = tmp_path / "runs" / f"s{seed}" / name
+            run.mkdir(parents=True)
+            (run / "metrics.jsonl").write_text(json.dumps({"step": 9, "eval": True, "ce": 3.0 + seed / 100}) + "\n")
+            (run / "done.json").write_text(json.dumps({"ce": 3.0 + seed / 100}))
+    (tmp_path / "results").mkdir()
+    ref = reference.collect(tmp_path / "runs", tmp_path / "results", [42, 43])
+    assert ref["final_ce"] == {"pre-grow": [3.42, 3.43]} and set(ref["curves"]) == {"pre-grow"}
