@@ -109,8 +109,7 @@ def train_variants(ws: suite.Workspace, variants, seeds: list[int], force: bool 
                 if settings.start_from and v.run.endswith("-freeze"):
                     # grow's phase 0 is the suite's (of block 0's placement): no intervention acts while
                     # one block is active, and a transplant's prefix is that block
-                    first = suite.split_run(v.run)[0].split(",")[0]
-                    shared = ws.run_dir(f"{first}-grow", seed) / "phase-0"
+                    shared = ws.run_dir(f"{block0_placement(v.run)}-grow", seed) / "phase-0"
                     settings = replace(settings, start_from=os.path.relpath(shared, vws.run_dir(v.run, seed)))
                 jobs.append((settings, vws.run_dir(v.run, seed)))
         grow.train_together(jobs, force=force, ctx=ws.ctx, tracker=ws.tracker, wait=ws.wait)
@@ -141,11 +140,15 @@ def range_cell(ranges: dict) -> str:
 # ----------------------------------------------------------------------------------------------
 # intervention
 
+def block0_placement(run: str) -> str:
+    """The placement of a run's block 0 (a transplant's prefix)."""
+    return suite.split_run(run)[0].split(",")[0].strip()
+
+
 def suite_run(v: Variant) -> str:
     """The suite's run a variant is read against: its own run, or for a transplant the freeze run of
     its prefix's placement."""
-    norm, protocol = suite.split_run(v.run)
-    return f"{norm.split(',')[0]}-{protocol}"
+    return f"{block0_placement(v.run)}-{suite.split_run(v.run)[1]}"
 
 
 # (label, minuend, subtrahend) over INTERVENTIONS' and the transplants' labels: what each contrast isolates.
