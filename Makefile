@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 
-.PHONY: install install-dev test test-slow test-faults test-avx2 lint toy bench gpu-check same-results clean
+.PHONY: install install-dev test test-fast test-slow test-faults test-avx2 lint toy bench gpu-check same-results clean
 
 install: $(VENV)/.installed
 install-dev: $(VENV)/.installed-dev
@@ -30,6 +30,9 @@ XDIST := -n auto --dist loadfile
 # subprocesses, torchrun, kills, compiles, whole-corpus passes) are `make test-slow`, which CI runs too.
 test: install-dev
 	$(BIN)/python -m pytest -q $(XDIST) -m "not slow and not faults" tests
+
+# The name earlier versions gave `make test` without the slow tests; kept so documented commands work.
+test-fast: test
 
 test-slow: install-dev
 	$(BIN)/python -m pytest -q $(XDIST) -m "slow and not faults" tests
