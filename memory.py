@@ -9,7 +9,7 @@ documents of the full length. The step's largest moment is the peak: inside the 
 micro-batch (on top of the gradients accumulated over the others), inside the loss of its first, or,
 under activation checkpointing, the first micro-batch's backward entering layer 0.
 Nothing is fitted; rehearse.py measures the same step through the kit's own code with FSDP2's memory
-tracker, and tests/test_plan.py holds the two together. CUDA's context, NCCL's buffers and the
+tracker, and tests/test_cluster.py holds the two together. CUDA's context, NCCL's buffers and the
 allocator's fragmentation are not counted (plan.MEMORY_HEADROOM leaves room for them).
 """
 from __future__ import annotations

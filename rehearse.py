@@ -11,8 +11,12 @@ forward and backward (activation checkpointing as the preset says) on a micro-ba
 document and on one of a typical length, gradients reduce-scattered after the last, the AdamW step and
 an evaluation forward, with the lockstep's other resident students' weights and moments held beside.
 It reports per-rank peak memory by category (torch's FSDPMemTracker), whether any module stays gathered
-after its forward, every collective of a step with its bytes, and the step's communication time at the
-stated bandwidths against its compute at the stated MFU. results/rehearse-<scale>.json holds it all.
+after its forward, every collective of a step with its bytes, the operators a step dispatches, and the
+step's communication time at the stated bandwidths against its compute at the stated MFU and against
+the host's floor: every operator a GPU runs is a kernel the host dispatches and launches one after
+another, which a small model's step cannot go below whatever its FLOPs (the floor is the count times
+the time this host takes to dispatch one operator on a one-element tensor, measured; a GPU adds its
+launch on top, so it is a lower bound). results/rehearse-<scale>.json holds it all.
 
 What it cannot see: the CUDA context and NCCL's buffers (~1-3 GiB a GPU), the allocator's fragmentation,
 kernels a GPU picks that a CPU does not (SDPA's flash path is the CPU's too; a GPU's fused kernels can
@@ -20,6 +24,7 @@ save less), and overlap: communication time is bytes over bandwidth, not a trace
 """
 from __future__ import annotations
 
+import math
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -78,6 +83,39 @@ class CollectiveBytes(torch.utils._python_dispatch.TorchDispatchMode):
         elif name is c10d.allreduce_:
             self.calls.append(("all-reduce", group(args[1]), size(args[0])))
         return out
+
+
+class DispatchedOps(torch.utils._python_dispatch.TorchDispatchMode):
+    """Counts the operators dispatched that compute something (views, other aliasing ops and metadata
+    queries excluded: they launch no kernel, and fake tensors answer `prim.device` queries a real run
+    never dispatches); `count` runs on across the mode's uses, so a caller reads differences."""
+
+    def __init__(self):
+        super().__init__()
+        self.count = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        from torch.distributed.tensor import DTensor
+        if any(t is DTensor for t in types):  # DTensor runs its local ops, which come back here
+            return NotImplemented
+        self.count += func.namespace != "prim" and not func.is_view and func._overloadpacket not in ALIASING
+        return func(*args, **(kwargs or {}))
+
+
+ALIASING = {torch.ops.aten.detach, torch.ops.aten.alias, torch.ops.aten.lift_fresh, torch.ops.aten._unsafe_view}
+
+
+def host_seconds_per_op(repeats: int = 20_000) -> float:
+    """This host's time to dispatch one operator on a one-element tensor: what each kernel of a step costs
+    the CPU that drives a GPU before the launch itself (the best of five rounds)."""
+    x = torch.zeros(1)
+    best = math.inf
+    for _ in range(5):
+        start = time.perf_counter()
+        for _ in range(repeats):
+            x.add_(1.0)
+        best = min(best, (time.perf_counter() - start) / repeats)
+    return best
 
 
 def summarize_calls(calls: list[tuple[str, int, int]]) -> dict:
@@ -183,6 +221,7 @@ def rehearse(ws, launch: Launch, resident: int | None = None, replicate_teacher:
     from torch.distributed._tools.mem_tracker import MemTracker
     from torch.distributed.tensor.debug import CommDebugMode
     started = time.time()
+    host_s_per_op = host_seconds_per_op()  # before any fake mode: real tensors
     preset = ws.preset
     on_gpu = device == "cuda"
     ctx = devices.Dist(device=torch.device(device))
@@ -248,14 +287,16 @@ def rehearse(ws, launch: Launch, resident: int | None = None, replicate_teacher:
             else MemTracker()
         if launch.world == 1 and not on_gpu:
             tracker.track_external(student, optimizer)
-        calls, left_gathered = [], {}
+        calls, left_gathered, ops, teacher_ops, student_ops = [], {}, DispatchedOps(), [], []
         with tracker:
             for i, batch in enumerate(batches):
                 tracker.reset_mod_stats()  # a fresh forward (the trackers take one at a time)
                 count, collectives = CommDebugMode(), CollectiveBytes()
-                with count, collectives:
+                with count, collectives, ops:
+                    start = ops.count
                     with grow.autocast(dtype, ctx):
                         hidden = teacher.hidden(batch.input_ids)
+                        teacher_ops.append(ops.count - start)
                         left_gathered["teacher"] = gathered(teacher.net)
                         if hasattr(student, "set_requires_gradient_sync"):
                             student.set_requires_gradient_sync(i == len(batches) - 1)
@@ -263,11 +304,14 @@ def rehearse(ws, launch: Launch, resident: int | None = None, replicate_teacher:
                                                   batch.n_targets * preset.run["global_batch"], student)
                     (loss * ctx.world).backward()
                 calls.append(collectives.calls)
+                student_ops.append(ops.count - start - teacher_ops[-1])
             count, collectives = CommDebugMode(), CollectiveBytes()
-            with count, collectives:
+            start = ops.count
+            with count, collectives, ops:
                 optimizer.step()
                 optimizer.zero_grad(set_to_none=True)
             calls.append(collectives.calls)
+            optimizer_ops = ops.count - start
             tracker.reset_mod_stats()
             count, collectives = CommDebugMode(), CollectiveBytes()
             with count, collectives, torch.no_grad(), grow.autocast(dtype, ctx):  # an evaluation forward
@@ -282,6 +326,11 @@ def rehearse(ws, launch: Launch, resident: int | None = None, replicate_teacher:
     # last one's (with the reduce-scatters), then the optimizer's.
     first, last, optimizer_calls = calls[0], calls[-2], calls[-1]
     step_calls = first * (micro_per_step - 1) + last + optimizer_calls if len(batches) > 1 else last + optimizer_calls
+    per_step = lambda counts: counts[0] * (micro_per_step - 1) + counts[-1]  # the same for operator counts
+    step_ops = {"teacher forward": per_step(teacher_ops),
+                "a student's forward, backward and AdamW step": per_step(student_ops) + optimizer_ops}
+    step_ops["a step of every resident student, one teacher forward"] = \
+        step_ops["teacher forward"] + resident * step_ops["a student's forward, backward and AdamW step"]
     tokens = preset.run["global_batch"] * min(preset.doc_tokens, preset.data["max_len"])
     flops = plan.step_flops(preset, shape, tokens) / launch.world
     compute_s = flops / (plan.GPU_BF16_PEAK["h100"] * plan.ASSUMED_MFU)
@@ -292,6 +341,8 @@ def rehearse(ws, launch: Launch, resident: int | None = None, replicate_teacher:
         left_gathered=left_gathered, collectives_per_step=summarize_calls(step_calls),
         collectives_per_evaluation_batch=summarize_calls(evaluation_calls),
         comm_s_per_step=plan.comm_seconds(step_calls, launch.nodes), compute_s_per_step=compute_s,
+        ops_per_step=step_ops, host_s_per_op=host_s_per_op,
+        host_floor_s_per_step=step_ops["a step of every resident student, one teacher forward"] * host_s_per_op,
         step_s=max(compute_s, plan.comm_seconds(step_calls, launch.nodes)),
         assumptions={"mfu": plan.ASSUMED_MFU, "gpu": "h100", "nvlink_bytes_per_s": plan.NVLINK_BYTES_PER_S,
                      "infiniband_bytes_per_s": plan.INFINIBAND_BYTES_PER_S, "tokens_per_step": tokens,
@@ -322,5 +373,9 @@ def markdown(out: dict) -> list[str]:
     lines += [f"| {k} | {v['count']} | {v['gib']:.1f} |" for k, v in out["collectives_per_step"].items()]
     lines += ["", f"left gathered after a forward: {out['left_gathered'] or 'nothing'}; communication "
               f"{out['comm_s_per_step']:.2f} s a step against compute {out['compute_s_per_step']:.2f} s at "
-              f"{out['assumptions']['mfu']:.0%} MFU; {out['wall_s']:.0f} s on this machine"]
+              f"{out['assumptions']['mfu']:.0%} MFU; {out['wall_s']:.0f} s on this machine", "",
+              "| operators dispatched per step | count |", "| --- | --- |"]
+    lines += [f"| {k} | {v:,} |" for k, v in out["ops_per_step"].items()]
+    lines += ["", f"host floor: {out['host_floor_s_per_step'] * 1e3:.1f} ms a step ({out['host_s_per_op'] * 1e6:.2f} µs "
+              "to dispatch one operator on this host; a GPU's launch adds to it)"]
     return lines

@@ -126,6 +126,36 @@ def test_the_rehearsal_measures_what_the_memory_and_collective_counts_say(scale,
     for kind, entry in expected.items():  # plan counts the parameters' bytes; FSDP2's buffers add a little
         # padding per unit (each shard aligned), well under 0.1% here and less at full size
         assert out["collectives_per_step"][kind]["gib"] == pytest.approx(entry["gib"], rel=1e-3), kind
+    ops = out["ops_per_step"]
+    assert ops["a step of every resident student, one teacher forward"] == \
+        ops["teacher forward"] + resident * ops["a student's forward, backward and AdamW step"]
+    assert out["host_floor_s_per_step"] > 0
+    if gpus * nodes == 1:  # fake tensors dispatch what real ones do: the teacher's forward, counted on real ones
+        import torch
+
+        import grow
+        import model
+        net = model.Qwen3(presets.teacher_shape(preset)).to(torch.bfloat16).eval().requires_grad_(False)
+        ids, real = torch.zeros(preset.run["micro_batch"], preset.data["max_len"], dtype=torch.long), \
+            rehearse.DispatchedOps()
+        with real, torch.no_grad(), grow.autocast(torch.bfloat16, devices.Dist()):
+            net(ids, output_fn=grow.hidden_only)
+        assert ops["teacher forward"] == real.count * out["micro_batches_per_step"]
     if gpus * nodes > 1:  # gradients reduce-scattered once a step: one per trained FSDP2 unit (layers, root)
         trained_units = preset.run["blocks"] * preset.run["layers_per_block"] + 1
         assert out["collectives_per_step"][f"reduce-scatter over {gpus} ranks"]["count"] == trained_units
+
+
+def test_dispatched_operators_leave_out_views_and_metadata():
+    import torch
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    import rehearse
+    x = torch.ones(4, 3)
+    for mode in (None, FakeTensorMode(allow_non_fake_inputs=True)):
+        ops = rehearse.DispatchedOps()
+        with (mode or torch.no_grad()), ops:
+            y = (x + 1).t().reshape(-1).detach()  # one kernel: add; transpose, a view-reshape and detach alias
+            assert ops.count == 1 and y.device.type == "cpu"
+            (y * 2).sum()
+            assert ops.count == 3
