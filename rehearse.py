@@ -85,6 +85,10 @@ class CollectiveBytes(torch.utils._python_dispatch.TorchDispatchMode):
         return out
 
 
+# Aliasing ops that are not marked as views (`func.is_view`): they launch no kernel either
+ALIASING = {torch.ops.aten.detach, torch.ops.aten.alias, torch.ops.aten.lift_fresh, torch.ops.aten._unsafe_view}
+
+
 class DispatchedOps(torch.utils._python_dispatch.TorchDispatchMode):
     """Counts the operators dispatched that compute something (views, other aliasing ops and metadata
     queries excluded: they launch no kernel, and fake tensors answer `prim.device` queries a real run
@@ -100,9 +104,6 @@ class DispatchedOps(torch.utils._python_dispatch.TorchDispatchMode):
             return NotImplemented
         self.count += func.namespace != "prim" and not func.is_view and func._overloadpacket not in ALIASING
         return func(*args, **(kwargs or {}))
-
-
-ALIASING = {torch.ops.aten.detach, torch.ops.aten.alias, torch.ops.aten.lift_fresh, torch.ops.aten._unsafe_view}
 
 
 def host_seconds_per_op(repeats: int = 20_000) -> float:
