@@ -281,6 +281,39 @@ def boundary_series(ws, seed):
     return {n: series(ws, f"{n}-grow", seed) for n in ("pre", "post")}
 
 
+def boundary_numbers(ws, seed):
+    """After block 0 in grow, each seed's share of the mechanism the figures draw for one seed: the std of
+    per-token RMS at the first and last snapshot, the boundary / regular RMS and the kurtosis at the end."""
+    out = {}
+    for n, snapshots in boundary_series(ws, seed).items():
+        first, last = snapshots[0]["boundary_stats"][1], snapshots[-1]["boundary_stats"][1]
+        out |= {f"{n}_std_first": first["std"], f"{n}_std_end": last["std"],
+                f"{n}_boundary_over_regular": snapshots[-1]["token_type_rms"][1]["boundary_over_regular"],
+                f"{n}_kurtosis": last["kurtosis"], f"{n}_kurtosis_distinct": last["kurtosis_distinct"]}
+    return out
+
+
+def boundary_rows(kind: str) -> list[report.Row]:
+    """The rows of boundary_numbers a figure's report gives over seeds, with the paper's values."""
+    paper, types = P["boundary_std_after_block0"], P["token_type_rms"]
+    post_range = "–".join(f"{v:g}" for v in paper["post_range"])
+    rows = {"std": [report.Row("pre-grow, std of per-token RMS after block 0, first snapshot", "pre_std_first",
+                               paper["pre"][0], 3),
+                    report.Row("pre-grow, the same, last snapshot", "pre_std_end", paper["pre"][1], 3),
+                    report.Row(f"post-grow, the same, first snapshot (paper: {post_range} throughout)",
+                               "post_std_first", None, 4),
+                    report.Row("post-grow, the same, last snapshot", "post_std_end", None, 4)],
+            "ratio": [report.Row(f"{n}-grow, boundary / regular RMS after block 0, last snapshot",
+                                 f"{n}_boundary_over_regular", types[n]["boundary"][1] / types[n]["regular"][1], 3)
+                      for n in ("pre", "post")],
+            "kurtosis": [report.Row(f"pre-grow, Pearson kurtosis of per-token RMS after block 0, last snapshot "
+                                    f"(paper: > {P['final_kurtosis_pre_above']:g})", "pre_kurtosis", None, 2),
+                         report.Row("post-grow, the same (paper: far lighter)", "post_kurtosis", None, 2),
+                         report.Row("pre-grow, the same over distinct states", "pre_kurtosis_distinct", None, 2),
+                         report.Row("post-grow, the same over distinct states", "post_kurtosis_distinct", None, 2)]}
+    return rows[kind]
+
+
 def transition_steps(ws) -> list[int]:
     S, K = ws.preset.run["phase_steps"], ws.preset.run["blocks"]
     return [p * S for p in range(1, K)]
@@ -478,11 +511,12 @@ EXPERIMENTS = {
     "fig3": Experiment("Figure 3: (a) interaction, (b) per-phase validation CE of grow", MAIN_RUNS,
                        figures=fig3_figures),
     "fig4": Experiment("Figure 4: std of per-token RMS at each block boundary across grow checkpoints",
-                       ("pre-grow", "post-grow"), figures=fig4_figures),
+                       ("pre-grow", "post-grow"), boundary_rows("std"), boundary_numbers, fig4_figures),
     "fig5": Experiment("Figure 5: (a) token-type RMS after block 0 across checkpoints, (b) validation CE "
-                       "through grow", ("pre-grow", "post-grow"), figures=fig5_figures),
+                       "through grow", ("pre-grow", "post-grow"), boundary_rows("ratio"), boundary_numbers,
+                       fig5_figures),
     "figA1": Experiment("Figure A1: per-token RMS after block 0 at the final checkpoint",
-                        ("pre-grow", "post-grow"), figures=fig_a1_figures),
+                        ("pre-grow", "post-grow"), boundary_rows("kurtosis"), boundary_numbers, fig_a1_figures),
     "figA2": Experiment("Figure A2: block removal per block", MAIN_RUNS, figures=fig_a2_figures),
 }
 
@@ -529,7 +563,7 @@ def report_experiment(ws: Workspace, name: str, seeds: list[int]) -> dict:
         figs = exp.figures(ws, seeds[0], caption=f"normgrow, {ws.preset.name} scale, seed {seeds[0]} ({name})")
         out["figures"] = {k: str(v) for k, v in figs.items() if isinstance(v, Path)}
         out["data"] = {k: v for k, v in figs.items() if not isinstance(v, Path)}
-        md += [f"![{k}]({Path(v).name})" for k, v in out["figures"].items()]
+        md += [""] + [f"![{k}]({Path(v).name})" for k, v in out["figures"].items()]
         md += ["", "The numbers plotted, beside the paper's:", ""] + report.figure_table(figs.get("table", []))
         if len(seeds) > 1:
             md += ["", f"Figures show seed {seeds[0]}."]

@@ -721,6 +721,25 @@ def test_a_run_name_splits_at_its_protocol_even_when_the_placement_holds_a_dash(
     assert suite.split_run("hybrid-first-joint-replay") == ("hybrid-first", "joint-replay")
 
 
+def test_boundary_numbers_read_block0_at_the_first_and_last_snapshot(monkeypatch):
+    """The figures' mechanism over seeds: block 0's boundary (index 1; index 0 is the embedding) at the
+    first and the last grow snapshot, planted values that differ everywhere else."""
+    def snapshot(std, kurtosis, ratio):
+        stats = lambda v: {"std": v, "kurtosis": v + 100, "kurtosis_distinct": v + 200}
+        return {"boundary_stats": [stats(-1.0), {"std": std, "kurtosis": kurtosis, "kurtosis_distinct": kurtosis / 2},
+                                   stats(-2.0)],
+                "token_type_rms": [{"boundary_over_regular": -3.0}, {"boundary_over_regular": ratio}]}
+    planted = {"pre": [snapshot(2.0, 9.0, 1.5), snapshot(3.0, 7.0, 1.2), snapshot(5.0, 60.0, 37.0)],
+               "post": [snapshot(0.1, 3.0, 1.0), snapshot(0.2, 1.8, 0.98)]}
+    monkeypatch.setattr(experiments, "boundary_series", lambda ws, seed: planted)
+    assert experiments.boundary_numbers(None, 42) == {
+        "pre_std_first": 2.0, "pre_std_end": 5.0, "pre_boundary_over_regular": 37.0, "pre_kurtosis": 60.0,
+        "pre_kurtosis_distinct": 30.0, "post_std_first": 0.1, "post_std_end": 0.2, "post_boundary_over_regular": 0.98,
+        "post_kurtosis": 1.8, "post_kurtosis_distinct": 0.9}
+    keys = {row.key for kind in ("std", "ratio", "kurtosis") for row in experiments.boundary_rows(kind)}
+    assert keys == set(experiments.boundary_numbers(None, 42))
+
+
 def test_table3_numbers_put_both_placements_controls_into_the_interaction(monkeypatch):
     """grow − joint-longer per placement, and the interaction against each control, written out from the
     ten runs' CEs (arbitrary, distinct values; a diverged one stays diverged through the arithmetic)."""
