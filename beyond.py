@@ -187,6 +187,8 @@ def run_intervention(ws: suite.Workspace, seeds: list[int], force: bool = False)
              "after_block_0": internal_boundary_range([variant_workspace(ws, v, s).run_dir(v.run, s) for s in seeds],
                                                       ws.preset.run["phase_steps"])}
             for v in variants]
+    diverged = [d for v in variants for s in seeds
+                for d in experiments.diverged_runs(variant_workspace(ws, v, s), [v.run], [s])]
     separations = []
     for label, minuend, subtrahend in SEPARATIONS:
         stats = paired(ce[minuend], ce[subtrahend])
@@ -197,11 +199,12 @@ def run_intervention(ws: suite.Workspace, seeds: list[int], force: bool = False)
                                  f"boundary monitor, grow runs, {ws.preset.name} scale, seed {seeds[0]}",
                                  caption=f"{ws.preset.name} scale, seed {seeds[0]}, intervention")
     out = {"experiment": "intervention", "scale": ws.preset.name, "seeds": seeds, "rows": rows,
-           "separations": separations, "tie_margin": presets.TIE_MARGIN, "figure": str(figure),
+           "diverged_runs": diverged, "separations": separations, "tie_margin": presets.TIE_MARGIN, "figure": str(figure),
            "about": __doc__.split("\n\n")[1]}
     lines = [f"# Boundary interventions ({ws.preset.name} scale)", "",
              f"Validation CE at the end of each run, {report.seeds_text(seeds)}; differences paired by seed. A "
              "transplant is read against the suite's freeze run of its prefix's placement.", "",
+             experiments.diverged_line(diverged, len(variants) * len(seeds)), "",
              "| variant | validation CE | − the suite's same run | − pre-grow | − post-grow | after block 0: mean RMS, "
              "kurtosis (monitor) |", "| --- | --- | --- | --- | --- | --- |"]
     lines += [f"| {r['variant']} | {report.stats_cell(r['ce'])} | {report.stats_cell(r['minus_suite_run'], True)} | "
@@ -235,6 +238,7 @@ def run_placements(ws: suite.Workspace, seeds: list[int], force: bool = False, p
     suite.ensure_runs(ws, placement_names(placements), seeds, force)
     if not ws.ctx.is_main:
         return {}
+    diverged = experiments.diverged_runs(ws, placement_names(placements), seeds)
     ce = {name: [final_ce(ws, name, s) for s in seeds] for name in placement_names(placements)}
     rows = []
     for p in placements:
@@ -253,11 +257,13 @@ def run_placements(ws: suite.Workspace, seeds: list[int], force: bool = False, p
                                  ws.results / "placements.png",
                                  f"boundary monitor, grow runs, {ws.preset.name} scale, seed {seeds[0]}",
                                  caption=f"{ws.preset.name} scale, seed {seeds[0]}, placements")
-    out = {"experiment": "placements", "scale": ws.preset.name, "seeds": seeds, "rows": rows, "figure": str(figure),
+    out = {"experiment": "placements", "scale": ws.preset.name, "seeds": seeds, "rows": rows,
+           "diverged_runs": diverged, "figure": str(figure),
            "about": __doc__.split("\n\n")[1]}
     lines = [f"# Norm placements under joint training and growth ({ws.preset.name} scale)", "",
              f"Validation CE, {report.seeds_text(seeds)}. Δ is the placement's CE minus pre-norm's under the same "
              "protocol, paired by seed (negative: better than pre-norm).", "",
+             experiments.diverged_line(diverged, len(placement_names(placements)) * len(seeds)), "",
              f"p (Holm): a one-sample t-test that the paired Δ is 0, adjusted by Holm's method over the table's "
              f"{len(family)} comparisons with pre-norm.", "",
              "| placement | joint | grow | Δ joint vs pre | p (Holm) | Δ grow vs pre | p (Holm) | grow − joint |",
@@ -295,13 +301,16 @@ def run_scratch(ws: suite.Workspace, seeds: list[int], force: bool = False) -> d
     per_seed = [experiments.with_deltas({n.replace("-", "_"): final_ce(sws, n, s) for n in experiments.MAIN_RUNS})
                 for s in seeds]
     numbers = {k: report.across_seeds([p[k] for p in per_seed]) for k in per_seed[0]}
+    diverged = experiments.diverged_runs(sws, experiments.MAIN_RUNS, seeds)
     cited = {k: paper.DELTAS[k] for k in ("delta_joint", "delta_grow", "interaction")}
     out = {"experiment": "scratch", "scale": ws.preset.name, "seeds": seeds, "numbers": numbers,
            "folder": str(sws.run_dir("pre-joint", seeds[0]).parent.parent), "paper_with_teacher": cited,
+           "diverged_runs": diverged,
            "about": __doc__.split("\n\n")[1]}
     lines = [f"# Growth from scratch ({ws.preset.name} scale): no teacher, plain CE", "",
              f"Validation CE, {report.seeds_text(seeds)}. The paper's numbers (with its teacher): Δjoint "
              f"{cited['delta_joint']:+.4f}, Δgrow {cited['delta_grow']:+.4f}, interaction {cited['interaction']:+.4f}.", "",
+             experiments.diverged_line(diverged, len(experiments.MAIN_RUNS) * len(seeds)), "",
              "| number | kit, from scratch |", "| --- | --- |"]
     for key in ("pre_joint", "post_joint", "pre_grow", "post_grow"):
         lines.append(f"| {key.replace('_', '-')} | {report.stats_cell(numbers[key])} |")

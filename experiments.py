@@ -71,6 +71,14 @@ def diverged_runs(ws: Workspace, names, seeds) -> list[str]:
     return out
 
 
+def diverged_line(diverged: list[str], total: int) -> str:
+    """A report's count of its diverged runs (diverged_runs' entries among `total` runs), said even when none did."""
+    if not diverged:
+        return f"Diverged: none of {total} runs."
+    return (f"Diverged: {len(diverged)} of {total} runs, shown as diverged and left out of every mean and "
+            f"interval: {'; '.join(diverged)}.")
+
+
 def phase_end_eval(ws: Workspace, name: str, seed: int, phase: int) -> dict:
     step = (phase + 1) * ws.preset.run["phase_steps"]
     return next(r for r in metrics(ws.run_dir(name, seed))
@@ -533,8 +541,7 @@ def report_experiment(ws: Workspace, name: str, seeds: list[int]) -> dict:
     diverged = diverged_runs(ws, exp.runs, seeds)
     out["diverged_runs"] = diverged
     if diverged:
-        md += [f"Diverged: {len(diverged)} of {len(exp.runs) * len(seeds)} runs, shown as diverged and left out of "
-               f"every mean and interval: {'; '.join(diverged)}.", ""]
+        md += [diverged_line(diverged, len(exp.runs) * len(seeds)), ""]
     if exp.numbers:
         per_seed = [exp.numbers(ws, s) for s in seeds]
         keys = dict.fromkeys([*per_seed[0], *(row.key for row in exp.rows)])  # a deeper student has more than the rows

@@ -243,6 +243,9 @@ def test_experiment_writes_markdown_and_json_with_finite_numbers(beyond_smoke, e
     numbers = finite_numbers(out["rows"] if "rows" in out else out["numbers"])
     assert numbers and all(math.isfinite(x) for x in numbers)
     assert "|" in (results / f"{experiment}.md").read_text()
+    # every report says how many of its runs diverged, none here: one seed's 14 variants, 14 placement runs, 4 scratch
+    total = {"intervention": 14, "placements": 14, "scratch": 4}[experiment]
+    assert out["diverged_runs"] == [] and f"Diverged: none of {total} runs." in (results / f"{experiment}.md").read_text()
 
 
 @pytest.mark.slow
