@@ -119,15 +119,10 @@ def final_ce(ws: suite.Workspace, run: str, seed: int) -> float:
     return experiments.final_ce(ws, run, seed)
 
 
-def monitor_series(run_dir: Path) -> list[dict]:
-    """The boundary monitor's rows of a run ({"step", "boundaries"}), in step order."""
-    return [r for r in rundir.read_metrics(run_dir) if r.get("monitor")]
-
-
 def internal_boundary_range(run_dirs: list[Path], phase_steps: int) -> dict:
     """{"mean": [lo, hi], "kurtosis": [lo, hi]} of the boundary after block 0 over the runs' monitor
     rows once block 1 reads it (after the first phase); {} where the runs have no such rows."""
-    rows = [r["boundaries"][1] for d in run_dirs for r in monitor_series(d) if r["step"] > phase_steps]
+    rows = [r["boundaries"][1] for d in run_dirs for r in rundir.monitor_series(d) if r["step"] > phase_steps]
     return {key: [min(r[key] for r in rows), max(r[key] for r in rows)] for key in ("mean", "kurtosis")} if rows else {}
 
 
@@ -194,7 +189,7 @@ def run_intervention(ws: suite.Workspace, seeds: list[int], force: bool = False)
         stats = paired(ce[minuend], ce[subtrahend])
         separations.append({"contrast": label, "minuend": minuend, "subtrahend": subtrahend, "delta": stats,
                             "reading": report.reading(stats, presets.TIE_MARGIN)})
-    figure = figures.fig_monitor({v.label: monitor_series(variant_workspace(ws, v, seeds[0]).run_dir(v.run, seeds[0]))
+    figure = figures.fig_monitor({v.label: rundir.monitor_series(variant_workspace(ws, v, seeds[0]).run_dir(v.run, seeds[0]))
                                   for v in variants}, ws.results / "intervention.png",
                                  f"boundary monitor, grow runs, {ws.preset.name} scale, seed {seeds[0]}",
                                  caption=f"{ws.preset.name} scale, seed {seeds[0]}, intervention")
@@ -253,7 +248,7 @@ def run_placements(ws: suite.Workspace, seeds: list[int], force: bool = False, p
     by_row = {r["placement"]: r for r in rows}
     for (name, key), p_holm in zip(family, report.holm([report.p_two_sided(by_row[n][k]) for n, k in family])):
         by_row[name][key]["p_holm"] = p_holm
-    figure = figures.fig_monitor({f"{p}-grow": monitor_series(ws.run_dir(f"{p}-grow", seeds[0])) for p in placements},
+    figure = figures.fig_monitor({f"{p}-grow": rundir.monitor_series(ws.run_dir(f"{p}-grow", seeds[0])) for p in placements},
                                  ws.results / "placements.png",
                                  f"boundary monitor, grow runs, {ws.preset.name} scale, seed {seeds[0]}",
                                  caption=f"{ws.preset.name} scale, seed {seeds[0]}, placements")

@@ -43,12 +43,14 @@ def collect(runs: Path, results: Path, seeds: list[int]) -> dict:
     for name in partial:
         del finals[name]
         curves.pop(name, None)
+    # A report over some of the seeds (the regime map runs two by default) ships with its own seeds named.
+    table_seeds = {}
     for file in sorted(results.glob("*.json")):
         content = checkpoint.loads(file.read_text())
-        if content.get("seeds") == seeds:
-            tables[file.stem] = report_numbers(content)
+        if content.get("seeds") and set(content["seeds"]) <= set(seeds):
+            tables[file.stem], table_seeds[file.stem] = report_numbers(content), content["seeds"]
     return report.finite({"seeds": seeds, "git_commit": rundir.git_commit(), "curves": curves, "final_ce": finals,
-                          "tables": tables})  # strict JSON: a value that is not a number (n/a) is null
+                          "tables": tables, "table_seeds": table_seeds})  # strict JSON: n/a is null
 
 
 def report_numbers(content: dict) -> dict[str, list]:

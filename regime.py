@@ -22,6 +22,7 @@ finished runs are reused and interrupted ones resumed, so the map can be stopped
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -142,11 +143,31 @@ def point_numbers(ws: suite.Workspace, point: Point, seed: int) -> dict:
     return experiments.with_deltas(ce)
 
 
+# The boundary after block 0 at the end of grow, per point: the dose the paper's account says sets
+# Δgrow (a heavier-tailed pre-norm boundary, a larger post-norm advantage), read from the monitor.
+BOUNDARY_NUMBERS = ("kurtosis", "boundary_over_others", "massive_ratio")
+
+
+def end_boundary(ws: suite.Workspace, run: str, seed: int) -> dict:
+    """BOUNDARY_NUMBERS after block 0 in a run's last monitor row; NaN (n/a) for a run trained without
+    the monitor, report.DIVERGED for one that diverged (a failed run's boundary is no dose)."""
+    if rundir.final_eval(ws.run_dir(run, seed)).get("diverged"):
+        return dict.fromkeys(BOUNDARY_NUMBERS, report.DIVERGED)
+    monitor = rundir.monitor_series(ws.run_dir(run, seed))
+    last = monitor[-1]["boundaries"][1] if monitor and len(monitor[-1]["boundaries"]) > 1 else {}
+    return {k: float("nan") if last.get(k) is None else last[k] for k in BOUNDARY_NUMBERS}
+
+
 def write_map(ws: suite.Workspace, points: list[Point], seeds: list[int]) -> dict:
     """results/<scale>/regime.json, .md and .png."""
-    rows = []
+    rows, diverged, run_dirs = [], [], set()
     for point in points:
         pws = point_workspace(ws, point)
+        for n in experiments.MAIN_RUNS:  # each run once: the preset's pre-norm runs serve several points
+            owner = ws if n.startswith("pre") and point.pre_runs_are_the_presets else pws
+            fresh = [s for s in seeds if owner.run_dir(n, s) not in run_dirs]
+            run_dirs.update(owner.run_dir(n, s) for s in fresh)
+            diverged += [f"{point.name}: {d}" for d in experiments.diverged_runs(owner, [n], fresh)]
         per_seed = [point_numbers(ws, point, s) for s in seeds]
         run = pws.preset.run
         row = {"point": point.name, "budget": point.budget, "lr_multiplier": point.lr, "gain": point.gain,
@@ -154,21 +175,27 @@ def write_map(ws: suite.Workspace, points: list[Point], seeds: list[int]) -> dic
                "folder": str(pws.run_dir("pre-joint", seeds[0]).parent.parent)}
         for key in ("pre_joint", "post_joint", "pre_grow", "post_grow", "delta_joint", "delta_grow", "interaction"):
             row[key] = report.across_seeds([p[key] for p in per_seed])
+        for placement in ("pre", "post"):
+            owner = ws if placement == "pre" and point.pre_runs_are_the_presets else pws
+            ends = [end_boundary(owner, f"{placement}-grow", s) for s in seeds]
+            for key in BOUNDARY_NUMBERS:
+                row[f"{placement}_grow_{key}"] = report.across_seeds([e[key] for e in ends])
         rows.append(row)
     cited = {k: paper.DELTAS[k] for k in ("delta_joint", "delta_grow", "interaction")}
     out = {"experiment": "regime", "scale": ws.preset.name, "seeds": seeds, "paper": cited, "points": rows,
+           "diverged_runs": diverged,
            "about": __doc__.split("\n\n")[1]}
     out["figure"] = str(figures.fig_regime(rows, cited, ws.results / "regime.png", ws.preset.name, seeds))
-    lines = markdown(rows, cited, ws.preset.name, seeds)
+    lines = markdown(rows, cited, ws.preset.name, seeds, experiments.diverged_line(diverged, len(run_dirs)))
     suite.console.print("\n".join(lines), markup=False)
     return report.write(ws.results, "regime", out, lines)
 
 
-def markdown(rows: list[dict], cited: dict, scale: str, seeds: list[int]) -> list[str]:
+def markdown(rows: list[dict], cited: dict, scale: str, seeds: list[int], diverged_line: str) -> list[str]:
     lines = [f"# Regime map ({scale} scale)", "",
              f"Validation CE differences, post − pre, {report.seeds_text(seeds)}. Paper (3 × 50k steps, LR 1e-4): Δjoint "
              f"{cited['delta_joint']:+.4f}, Δgrow {cited['delta_grow']:+.4f}, interaction {cited['interaction']:+.4f}.",
-             "", "| point | steps/phase | peak LR | LR × steps | output gain | Δjoint | Δgrow | interaction | "
+             "", diverged_line, "", "| point | steps/phase | peak LR | LR × steps | output gain | Δjoint | Δgrow | interaction | "
                  "reversal (Δgrow < 0 ≤ Δjoint) |",
              "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for r in rows:
@@ -178,6 +205,15 @@ def markdown(rows: list[dict], cited: dict, scale: str, seeds: list[int]) -> lis
         lines.append(f"| {r['point']} | {r['phase_steps']} | {r['lr']:.2g} | {r['lr_x_steps']:.2f} | {r['gain']} | "
                      f"{report.stats_cell(r['delta_joint'], True)} | {report.stats_cell(r['delta_grow'], True)} | "
                      f"{report.stats_cell(r['interaction'], True)} | {reversal} |")
+    lines += ["", "The boundary after block 0 at the end of grow (the boundary monitor's last row on its training "
+              "batch): Pearson kurtosis of per-token RMS, the document-boundary token's RMS over the others', and "
+              "max / median |activation| (n/a: runs trained before the monitor existed).", "",
+              "| point | pre-grow kurtosis | pre-grow boundary/others | pre-grow max/median | post-grow kurtosis | "
+              "post-grow boundary/others | post-grow max/median |", "| --- | --- | --- | --- | --- | --- | --- |"]
+    for r in rows:
+        cells = ["n/a" if not r[f"{p}_grow_{k}"].get("diverged") and not math.isfinite(r[f"{p}_grow_{k}"]["mean"])
+                 else report.stats_cell(r[f"{p}_grow_{k}"]) for p in ("pre", "post") for k in BOUNDARY_NUMBERS]
+        lines.append(f"| {r['point']} | " + " | ".join(cells) + " |")
     lines += ["", "![regime](regime.png)"]
     return lines
 

@@ -450,6 +450,11 @@ def read_metrics(run_dir: Path) -> list[dict]:
     return rows
 
 
+def monitor_series(run_dir: Path) -> list[dict]:
+    """The boundary monitor's rows of a run ({"step", "boundaries"}), in step order."""
+    return [r for r in read_metrics(run_dir) if r.get("monitor")]
+
+
 def truncate_metrics(run_dir: Path, upto_step: int, source: Path | None = None):
     """Keep the log up to a checkpoint's step (from `source`, a shared-prefix run, if given). The next
     phase's start evaluation at that step is dropped too: the resumed run logs it again."""

@@ -480,7 +480,13 @@ def test_regime_map_reports_the_runs_own_results(smoke):
         config = json.loads((folder / "post-grow" / "config.json").read_text())
         assert config["phase_steps"] == (4 if "budget0.5" in name else 8)
         assert config["post_output_gain"] == ("teacher" if "teacher" in name else "ones")
+        # the boundary after block 0 at the end of each grow run: its last monitor row, read back here
+        for run, run_folder in (("pre-grow", pre_folder), ("post-grow", folder)):
+            last = [r for r in rundir.read_metrics(run_folder / run) if r.get("monitor")][-1]["boundaries"][1]
+            assert point[f"{run.replace('-', '_')}_kurtosis"]["values"] == [last["kurtosis"]]
     assert not (runs / "regime" / "budget1-lr1-gain-teacher" / "s42" / "pre-grow").exists()
+    # ten distinct runs: the preset's four, budget 0.5's four, the teacher-gain point's two post-norm ones
+    assert report["diverged_runs"] == [] and "Diverged: none of 10 runs." in (results / "smoke" / "regime.md").read_text()
 
 
 @pytest.mark.parametrize("grid, message", [("depth=1,2", "AXIS one of budget, lr, gain"),
@@ -672,12 +678,40 @@ def test_the_regime_maps_reversal_needs_no_diverged_run():
     import regime
     def row(joint):
         s = lambda values: report.across_seeds(values)
+        boundary = {f"{p}_grow_{k}": s([math.nan, math.nan]) for p in ("pre", "post") for k in regime.BOUNDARY_NUMBERS}
         return {"point": "p", "phase_steps": 250, "lr": 3e-3, "lr_x_steps": 0.75, "gain": "ones",
-                "delta_joint": s(joint), "delta_grow": s([-0.03, -0.02]), "interaction": s([-2.0, -0.05])}
+                "delta_joint": s(joint), "delta_grow": s([-0.03, -0.02]), "interaction": s([-2.0, -0.05]), **boundary}
     cited = {"delta_joint": 0.0004, "delta_grow": -0.0328, "interaction": -0.0332}
-    failed = regime.markdown([row([2.2, report.DIVERGED])], cited, "toy", [42, 43])
-    clean = regime.markdown([row([2.2, 0.01])], cited, "toy", [42, 43])
-    assert failed[6].endswith("| no: runs diverged |") and clean[6].endswith("| yes |")
+    failed = regime.markdown([row([2.2, report.DIVERGED])], cited, "toy", [42, 43], "Diverged: 1 of 8 runs")
+    clean = regime.markdown([row([2.2, 0.01])], cited, "toy", [42, 43], "Diverged: none of 8 runs.")
+    first_row = lambda lines: next(line for line in lines if line.startswith("| p | 250 |"))
+    assert first_row(failed).endswith("| no: runs diverged |") and first_row(clean).endswith("| yes |")
+    assert "Diverged: 1 of 8 runs" in failed and "| p | n/a | n/a | n/a | n/a | n/a | n/a |" in clean
+
+
+def test_the_regime_maps_boundary_is_the_last_monitor_row_after_block_0(tmp_path):
+    """end_boundary reads block 0's output (boundary 1) in the last monitor row; a run without the
+    monitor gives n/a (NaN) and a diverged one DIVERGED, never its numbers."""
+    import types
+    import regime
+    def plant(name, done, rows):
+        run = tmp_path / name
+        run.mkdir()
+        (run / "done.json").write_text(json.dumps(done))
+        (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    after = lambda k: {"mean": 1.0, "kurtosis": k, "boundary_over_others": k / 10, "massive_ratio": k * 2}
+    rows = [{"step": 25, "monitor": True, "boundaries": [after(0.0)]},
+            {"step": 275, "monitor": True, "boundaries": [after(0.0), after(7.0)]},
+            {"step": 300, "eval": True, "ce": 3.0},
+            {"step": 500, "monitor": True, "boundaries": [after(0.0), after(9.0), after(1.0)]}]
+    done = {"ce": 3.2, "ppl": 24.5, "kd": 3.3, "step": 750}
+    plant("watched", done, rows)
+    plant("unwatched", done, [{"step": 300, "eval": True, "ce": 3.0}])
+    plant("failed", {**{k: None for k in done}, "step": 500, "diverged": {"step": 500, "why": "non-finite"}}, rows)
+    ws = types.SimpleNamespace(run_dir=lambda run, seed: tmp_path / run)
+    assert regime.end_boundary(ws, "watched", 42) == {"kurtosis": 9.0, "boundary_over_others": 0.9, "massive_ratio": 18.0}
+    assert all(math.isnan(v) for v in regime.end_boundary(ws, "unwatched", 42).values())
+    assert all(isinstance(v, report.Diverged) for v in regime.end_boundary(ws, "failed", 42).values())
 
 
 def test_the_same_shard_joint_control_reads_grows_batches_for_grows_steps(smoke):
@@ -768,5 +802,11 @@ def test_a_reference_leaves_out_a_run_not_yet_finished_for_every_seed(tmp_path):
             (run / "metrics.jsonl").write_text(json.dumps({"step": 9, "eval": True, "ce": 3.0 + seed / 100}) + "\n")
             (run / "done.json").write_text(json.dumps({"ce": 3.0 + seed / 100}))
     (tmp_path / "results").mkdir()
+    # reports over the reference's seeds or some of them ship, each with its seeds; one over another seed does not
+    for name, seeds in (("table1", [42, 43]), ("regime", [42]), ("placements", [42, 45])):
+        rows = [{"placement": "peri", "delta_grow": report.across_seeds([0.01 * s for s in seeds])}]
+        (tmp_path / "results" / f"{name}.json").write_text(json.dumps({"seeds": seeds, "rows": rows}))
     ref = reference.collect(tmp_path / "runs", tmp_path / "results", [42, 43])
     assert ref["final_ce"] == {"pre-grow": [3.42, 3.43]} and set(ref["curves"]) == {"pre-grow"}
+    assert ref["table_seeds"] == {"regime": [42], "table1": [42, 43]}
+    assert ref["tables"]["regime"] == {"peri: delta_grow": [0.42]}
