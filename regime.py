@@ -195,8 +195,9 @@ def markdown(rows: list[dict], cited: dict, scale: str, seeds: list[int], diverg
     lines = [f"# Regime map ({scale} scale)", "",
              f"Validation CE differences, post − pre, {report.seeds_text(seeds)}. Paper (3 × 50k steps, LR 1e-4): Δjoint "
              f"{cited['delta_joint']:+.4f}, Δgrow {cited['delta_grow']:+.4f}, interaction {cited['interaction']:+.4f}.",
-             "", diverged_line, "", "| point | steps/phase | peak LR | LR × steps | output gain | Δjoint | Δgrow | interaction | "
-                 "reversal (Δgrow < 0 ≤ Δjoint) |",
+             "", diverged_line, "",
+             "| point | steps/phase | peak LR | LR × steps | output gain | Δjoint | Δgrow | interaction | "
+             "reversal (Δgrow < 0 ≤ Δjoint) |",
              "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for r in rows:
         diverged = r["delta_grow"].get("diverged") or r["delta_joint"].get("diverged")  # no reversal from a failed run

@@ -693,6 +693,7 @@ def test_the_regime_maps_boundary_is_the_last_monitor_row_after_block_0(tmp_path
     """end_boundary reads block 0's output (boundary 1) in the last monitor row; a run without the
     monitor gives n/a (NaN) and a diverged one DIVERGED, never its numbers."""
     import types
+
     import regime
     def plant(name, done, rows):
         run = tmp_path / name
