@@ -43,11 +43,13 @@ def collect(runs: Path, results: Path, seeds: list[int]) -> dict:
     for name in partial:
         del finals[name]
         curves.pop(name, None)
-    # A report over some of the seeds (the regime map runs two by default) ships with its own seeds named.
+    # A report over some of the seeds (the regime map runs two by default) ships with its own seeds named,
+    # if it has a spread to make bands from: one seed of several would give a band of the tolerance alone.
     table_seeds = {}
     for file in sorted(results.glob("*.json")):
         content = checkpoint.loads(file.read_text())
-        if content.get("seeds") and set(content["seeds"]) <= set(seeds):
+        own = content.get("seeds") or []
+        if own and set(own) <= set(seeds) and (len(own) > 1 or len(seeds) == 1):
             tables[file.stem], table_seeds[file.stem] = report_numbers(content), content["seeds"]
     return report.finite({"seeds": seeds, "git_commit": rundir.git_commit(), "curves": curves, "final_ce": finals,
                           "tables": tables, "table_seeds": table_seeds})  # strict JSON: n/a is null

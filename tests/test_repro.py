@@ -803,11 +803,16 @@ def test_a_reference_leaves_out_a_run_not_yet_finished_for_every_seed(tmp_path):
             (run / "metrics.jsonl").write_text(json.dumps({"step": 9, "eval": True, "ce": 3.0 + seed / 100}) + "\n")
             (run / "done.json").write_text(json.dumps({"ce": 3.0 + seed / 100}))
     (tmp_path / "results").mkdir()
-    # reports over the reference's seeds or some of them ship, each with its seeds; one over another seed does not
-    for name, seeds in (("table1", [42, 43]), ("regime", [42]), ("placements", [42, 45])):
+    # reports over the reference's seeds, or two or more of them, ship, each with its seeds; one over a
+    # single seed of several (no spread for a band) or over another seed does not
+    for name, seeds in (("table1", [42, 43, 44]), ("regime", [42, 43]), ("scratch", [42]), ("placements", [42, 45])):
         rows = [{"placement": "peri", "delta_grow": report.across_seeds([0.01 * s for s in seeds])}]
         (tmp_path / "results" / f"{name}.json").write_text(json.dumps({"seeds": seeds, "rows": rows}))
+    (tmp_path / "runs" / "s44").mkdir()
+    ref = reference.collect(tmp_path / "runs", tmp_path / "results", [42, 43, 44])
+    assert ref["final_ce"] == {} and ref["curves"] == {}  # seed 44 has no runs: nothing finished for every seed
+    assert ref["table_seeds"] == {"regime": [42, 43], "table1": [42, 43, 44]}
+    assert ref["tables"]["regime"] == {"peri: delta_grow": [0.42, 0.43]}
     ref = reference.collect(tmp_path / "runs", tmp_path / "results", [42, 43])
     assert ref["final_ce"] == {"pre-grow": [3.42, 3.43]} and set(ref["curves"]) == {"pre-grow"}
-    assert ref["table_seeds"] == {"regime": [42], "table1": [42, 43]}
-    assert ref["tables"]["regime"] == {"peri: delta_grow": [0.42]}
+    assert ref["table_seeds"] == {"regime": [42, 43]}  # table1's seed 44 is not among these
