@@ -248,6 +248,7 @@ def run_placements(ws: suite.Workspace, seeds: list[int], force: bool = False, p
     by_row = {r["placement"]: r for r in rows}
     for (name, key), p_holm in zip(family, report.holm([report.p_two_sided(by_row[n][k]) for n, k in family])):
         by_row[name][key]["p_holm"] = p_holm
+        by_row[name][key]["reading"] = report.adjusted_reading(by_row[name][key], p_holm, presets.TIE_MARGIN)
     figure = figures.fig_monitor({f"{p}-grow": rundir.monitor_series(ws.run_dir(f"{p}-grow", seeds[0])) for p in placements},
                                  ws.results / "placements.png",
                                  f"boundary monitor, grow runs, {ws.preset.name} scale, seed {seeds[0]}",
@@ -260,13 +261,15 @@ def run_placements(ws: suite.Workspace, seeds: list[int], force: bool = False, p
              "protocol, paired by seed (negative: better than pre-norm).", "",
              experiments.diverged_line(diverged, len(placement_names(placements)) * len(seeds)), "",
              f"p (Holm): a one-sample t-test that the paired Δ is 0, adjusted by Holm's method over the table's "
-             f"{len(family)} comparisons with pre-norm.", "",
-             "| placement | joint | grow | Δ joint vs pre | p (Holm) | Δ grow vs pre | p (Holm) | grow − joint |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+             f"{len(family)} comparisons with pre-norm. Reading: below or above 0 where p (Holm) < 0.05, a tie "
+             f"within ±{presets.TIE_MARGIN:g} nats where the 90% interval lies inside it (TOST), else inconclusive.", "",
+             "| placement | joint | grow | Δ joint vs pre | p (Holm) | reading | Δ grow vs pre | p (Holm) | reading | "
+             "grow − joint |", "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     p_cell = lambda s: "" if "p_holm" not in s or math.isnan(s["p_holm"]) else f"{s['p_holm']:.3g}"
     lines += [f"| {r['placement']} | {report.stats_cell(r['joint'])} | {report.stats_cell(r['grow'])} | "
               f"{report.stats_cell(r['delta_joint'], True)} | {p_cell(r['delta_joint'])} | "
-              f"{report.stats_cell(r['delta_grow'], True)} | {p_cell(r['delta_grow'])} | "
+              f"{r['delta_joint'].get('reading', '')} | {report.stats_cell(r['delta_grow'], True)} | "
+              f"{p_cell(r['delta_grow'])} | {r['delta_grow'].get('reading', '')} | "
               f"{report.stats_cell(r['grow_minus_joint'], True)} |" for r in rows]
     lines += ["", "![boundary monitor](placements.png)"]
     report.write(ws.results, "placements", out, lines)

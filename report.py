@@ -65,6 +65,21 @@ def reading(s: dict, margin: float) -> str:
     lo, hi = s["ci95"]
     if hi < 0 or lo > 0:
         return "below 0" if hi < 0 else "above 0"
+    return tie_or_inconclusive(s, margin)
+
+
+def adjusted_reading(s: dict, p_adjusted: float, margin: float) -> str:
+    """reading() for one comparison of a family: its sign decided by a p-value adjusted over the family
+    (holm) below 0.05 instead of by its own 95% interval; the tie by TOST as in reading()."""
+    if s.get("diverged") or s["n"] < 2 or not math.isfinite(s["std"]):
+        return reading(s, margin)
+    if p_adjusted < 0.05:
+        return "below 0" if s["mean"] < 0 else "above 0"
+    return tie_or_inconclusive(s, margin)
+
+
+def tie_or_inconclusive(s: dict, margin: float) -> str:
+    """"a tie within ±margin" if the 90% t-interval lies inside ±margin (two one-sided tests at 5%)."""
     half90 = t_quantile(s["n"] - 1, 0.95) * s["std"] / math.sqrt(s["n"])
     if -margin < s["mean"] - half90 and s["mean"] + half90 < margin:
         return f"a tie within ±{margin:g}"

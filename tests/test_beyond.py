@@ -288,6 +288,7 @@ def test_scratch_runs_have_no_teacher_and_placements_cover_every_placement(beyon
     assert [r["placement"] for r in placements["rows"]] == ["pre", "post", "sandwich", "peri", "hybrid", "deepnorm",
                                                             "pre,post,post"]
     assert placements["rows"][0]["delta_grow"]["mean"] == 0.0  # pre against itself
+    assert placements["rows"][1]["delta_grow"]["reading"] == "no reading: one seed"  # read only over seeds
 
 
 def test_mirror_run_reads_its_reference_per_phase_and_finishes_after_a_late_kill(tiny_shards, tmp_path):

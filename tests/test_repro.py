@@ -529,6 +529,13 @@ def test_readings_by_the_pre_declared_rule_and_holms_correction():
     assert report.holm([0.5, 0.001]) == pytest.approx([0.5, 0.002])
     # The one-sample t-test: mean 1, sd 1, n 4 -> t = 2, df 3 -> two-sided p = 0.1393
     assert report.p_two_sided(report.across_seeds([0.0, 1.0, 1.0, 2.0]) | {"std": 1.0}) == pytest.approx(0.1393, abs=1e-4)
+    # In a family the sign needs the adjusted p: an interval that excludes 0 alone is not enough
+    clear = report.across_seeds([-0.030, -0.031, -0.029])
+    assert report.adjusted_reading(clear, 0.049, 0.01) == "below 0"
+    assert report.adjusted_reading(clear, 0.06, 0.01) == "inconclusive"  # 90% interval [-0.032, -0.028]: no tie
+    small = report.across_seeds([-0.004, -0.005, -0.006])  # excludes 0 by its interval, and inside +-0.01
+    assert report.reading(small, 0.01) == "below 0" and report.adjusted_reading(small, 0.2, 0.01) == "a tie within ±0.01"
+    assert report.adjusted_reading(report.across_seeds([-0.02, report.DIVERGED, 0.01]), 0.01, 0.01).startswith("no reading")
 
 
 # ---- overrides ---------------------------------------------------------------------------------
