@@ -135,11 +135,15 @@ def run_map(ws: suite.Workspace, grid: dict, seeds: list[int], force: bool = Fal
     return write_map(ws, points, seeds) if ws.ctx.is_main else {}
 
 
+def run_workspace(ws: suite.Workspace, point: Point, run: str) -> suite.Workspace:
+    """The workspace holding one of a point's runs: the preset's own for its pre-norm runs where the
+    point shares them (Point.pre_runs_are_the_presets), else the point's."""
+    return ws if run.startswith("pre-") and point.pre_runs_are_the_presets else point_workspace(ws, point)
+
+
 def point_numbers(ws: suite.Workspace, point: Point, seed: int) -> dict:
     """Table 1's numbers of one point and seed, from the runs' done.json."""
-    pws = point_workspace(ws, point)
-    ce = {f"{n}_{p}": experiments.final_ce(ws if n == "pre" and point.pre_runs_are_the_presets else pws,
-                                           f"{n}-{p}", seed) for n in ("pre", "post") for p in ("joint", "grow")}
+    ce = {n.replace("-", "_"): experiments.final_ce(run_workspace(ws, point, n), n, seed) for n in experiments.MAIN_RUNS}
     return experiments.with_deltas(ce)
 
 
@@ -164,7 +168,7 @@ def write_map(ws: suite.Workspace, points: list[Point], seeds: list[int]) -> dic
     for point in points:
         pws = point_workspace(ws, point)
         for n in experiments.MAIN_RUNS:  # each run once: the preset's pre-norm runs serve several points
-            owner = ws if n.startswith("pre") and point.pre_runs_are_the_presets else pws
+            owner = run_workspace(ws, point, n)
             fresh = [s for s in seeds if owner.run_dir(n, s) not in run_dirs]
             run_dirs.update(owner.run_dir(n, s) for s in fresh)
             diverged += [f"{point.name}: {d}" for d in experiments.diverged_runs(owner, [n], fresh)]
@@ -176,8 +180,7 @@ def write_map(ws: suite.Workspace, points: list[Point], seeds: list[int]) -> dic
         for key in ("pre_joint", "post_joint", "pre_grow", "post_grow", "delta_joint", "delta_grow", "interaction"):
             row[key] = report.across_seeds([p[key] for p in per_seed])
         for placement in ("pre", "post"):
-            owner = ws if placement == "pre" and point.pre_runs_are_the_presets else pws
-            ends = [end_boundary(owner, f"{placement}-grow", s) for s in seeds]
+            ends = [end_boundary(run_workspace(ws, point, f"{placement}-grow"), f"{placement}-grow", s) for s in seeds]
             for key in BOUNDARY_NUMBERS:
                 row[f"{placement}_grow_{key}"] = report.across_seeds([e[key] for e in ends])
         rows.append(row)
