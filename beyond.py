@@ -223,6 +223,80 @@ def run_intervention(ws: suite.Workspace, seeds: list[int], force: bool = False)
 
 
 # ----------------------------------------------------------------------------------------------
+# planted: the mechanism put in by hand, in both placements (docs/preregistrations.md, 2026-12-02)
+
+DOSES = (("dose-boundary", 37.0, "dose-boundary-37", "the boundary token at 37x"),
+         ("dose-channel", 1000.0, "dose-channel-1000", "one channel at 1000x"))
+
+
+def planted_variants() -> tuple[Variant, ...]:
+    """Placement (pre, post) x planted outlier (none, each of DOSES), grow; the dosed post-grow runs
+    share their folders with the intervention's (the same run)."""
+    dosed = tuple(Variant(f"{p}-grow + {label}", f"{p}-grow", folder, {"boundary": kind, "boundary_scale": ratio})
+                  for kind, ratio, folder, label in DOSES for p in ("pre", "post"))
+    return (Variant("pre-grow (suite)", "pre-grow"), Variant("post-grow (suite)", "post-grow")) + dosed
+
+
+def planted_interactions(ce: dict) -> list[dict]:
+    """Per dose d, I_d = (pre_d - pre_none) - (post_d - post_none) paired by seed, Holm over the doses."""
+    rows = []
+    for _, _, _, label in DOSES:
+        per_seed = [(pd - pn) - (qd - qn) for pd, pn, qd, qn in zip(
+            ce[f"pre-grow + {label}"], ce["pre-grow (suite)"], ce[f"post-grow + {label}"], ce["post-grow (suite)"])]
+        rows.append({"dose": label, "interaction": report.across_seeds(per_seed)})
+    raw = [report.p_two_sided(r["interaction"]) for r in rows]
+    for row, p, p_holm in zip(rows, raw, report.holm(raw)):
+        row["p_holm"] = math.nan if math.isnan(p) else p_holm  # no test (one seed, diverged): no adjusted p
+        row["reading"] = report.adjusted_reading(row["interaction"], p_holm, presets.TIE_MARGIN)
+        row["smallest_tie_margin"] = report.smallest_tie_margin(row["interaction"])
+    return rows
+
+
+def run_planted(ws: suite.Workspace, seeds: list[int], force: bool = False) -> dict:
+    variants = planted_variants()
+    train_variants(ws, variants, seeds, force)
+    if not ws.ctx.is_main:
+        return {}
+    ce = {v.label: [final_ce(variant_workspace(ws, v, s), v.run, s) for s in seeds] for v in variants}
+    paired = lambda a, b: report.across_seeds([x - y for x, y in zip(a, b)])
+    rows = [{"variant": v.label, "run": v.run, "settings": v.settings, "ce": report.across_seeds(ce[v.label]),
+             "minus_undosed": paired(ce[v.label], ce[f"{v.run} (suite)"]),
+             "after_block_0": internal_boundary_range([variant_workspace(ws, v, s).run_dir(v.run, s) for s in seeds],
+                                                      ws.preset.run["phase_steps"])}
+            for v in variants]
+    delta_grow = {"none": paired(ce["post-grow (suite)"], ce["pre-grow (suite)"])}
+    delta_grow.update({label: paired(ce[f"post-grow + {label}"], ce[f"pre-grow + {label}"]) for *_, label in DOSES})
+    interactions = planted_interactions(ce)
+    diverged = [d for v in variants for s in seeds
+                for d in experiments.diverged_runs(variant_workspace(ws, v, s), [v.run], [s])]
+    out = {"experiment": "planted", "scale": ws.preset.name, "seeds": seeds, "rows": rows, "delta_grow": delta_grow,
+           "interactions": interactions, "diverged_runs": diverged, "tie_margin": presets.TIE_MARGIN,
+           "precision": ws.preset.run.get("precision", "")}
+    lines = [f"# The planted mechanism: placement x boundary outlier under growth ({ws.preset.name} scale)", "",
+             f"Validation CE at the end of each grow run, {report.seeds_text(seeds)}; differences paired by seed. "
+             "The outlier is added at the input of every appended block (phases 1-2) as a constant, so the "
+             "backward form is unchanged (docs/preregistrations.md, 2026-12-02).", "",
+             experiments.diverged_line(diverged, len(variants) * len(seeds)), "",
+             "| run | validation CE | − the same run undosed | after block 0: mean RMS, kurtosis (monitor) |",
+             "| --- | --- | --- | --- |"]
+    lines += [f"| {r['variant']} | {report.stats_cell(r['ce'])} | {report.stats_cell(r['minus_undosed'], True)} | "
+              f"{range_cell(r['after_block_0'])} |" for r in rows]
+    lines += ["", "| outlier | Δgrow = post − pre |", "| --- | --- |"]
+    lines += [f"| {k} | {report.stats_cell(s, True)} |" for k, s in delta_grow.items()]
+    lines += ["", "## Primary endpoint: the dose × placement interaction", "",
+              "I = (pre dosed − pre) − (post dosed − post); the paper's account predicts I > 0. p (Holm): a "
+              "one-sample t-test that I is 0, adjusted over the two doses. Reading: above or below 0 where p (Holm) "
+              f"< 0.05, a tie within ±{presets.TIE_MARGIN:g} where the 90% interval lies inside it (TOST), else "
+              "inconclusive; the last column is the smallest margin these seeds could have called a tie.", "",
+              "| outlier | I | p (Holm) | reading | smallest tie margin |", "| --- | --- | --- | --- | --- |"]
+    lines += [f"| {r['dose']} | {report.stats_cell(r['interaction'], True)} | {report.fmt(r['p_holm'], 3)} | "
+              f"{r['reading']} | {report.fmt(r['smallest_tie_margin'], 4)} |" for r in interactions]
+    report.write(ws.results, "planted", out, lines)
+    suite.console.print("\n".join(lines), markup=False)
+    return out
+
+
+# ----------------------------------------------------------------------------------------------
 # placements
 
 def placement_names(placements=PLACEMENT_RUNS) -> list[str]:

@@ -86,6 +86,15 @@ def tie_or_inconclusive(s: dict, margin: float) -> str:
     return "inconclusive"
 
 
+def smallest_tie_margin(s: dict) -> float:
+    """The smallest margin m that tie_or_inconclusive could have called a tie within: |mean| plus the
+    90% interval's half-width (nan with under two seeds or a diverged one). With 3 seeds it is at least
+    1.69 SD, so a margin below that was out of reach by design, whatever the mean."""
+    if s.get("diverged") or s["n"] < 2 or not math.isfinite(s["std"]):
+        return math.nan
+    return abs(s["mean"]) + t_quantile(s["n"] - 1, 0.95) * s["std"] / math.sqrt(s["n"])
+
+
 def holm(p_values: list[float]) -> list[float]:
     """Holm's step-down adjustment of m p-values (family-wise error), in the input's order."""
     order = sorted(range(len(p_values)), key=lambda i: p_values[i])

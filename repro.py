@@ -270,6 +270,9 @@ def beyond_command(name: str, doc: str):
 
 beyond_command("intervention", "Forward-only boundary interventions on grow runs (the paper's Appendix B.1 asks "
                "for one): validation CE against pre-grow and post-grow (results/<scale>/intervention.md/.json/.png).")
+beyond_command("planted", "Placement (pre, post) x a planted boundary outlier (none, the boundary token at 37x, "
+               "one channel at 1000x) under growth; the dose x placement interaction, read by the rule pre-registered "
+               "in docs/preregistrations.md (results/<scale>/planted.md/.json).")
 beyond_command("placements", "Joint and grow for every placement (pre, post, sandwich, peri, hybrid, deepnorm) "
                "and the schedule pre,post,post, with Δ against pre-norm (results/<scale>/placements.md/.json/.png).")
 beyond_command("scratch", "Table 1's 2 x 2 without a teacher: plain CE, embedding and head trained from the "
