@@ -252,8 +252,8 @@ def run_intervention(ws: suite.Workspace, seeds: list[int], force: bool = False)
               "| contrast | runs | Δ CE | p (Holm) | reading | smallest tie margin |",
               "| --- | --- | --- | --- | --- | --- |"]
     lines += [f"| {r['contrast']} | {contrast_runs(r)} | {report.stats_cell(r['delta'], True)} | "
-              f"{report.fmt(r['p_holm'], 3)} | {r['reading']} | {report.fmt(r['smallest_tie_margin'], 4)} |"
-              for r in separations]
+              f"{'n/a' if math.isnan(r['p_holm']) else format(r['p_holm'], '.3g')} | {r['reading']} | "
+              f"{report.fmt(r['smallest_tie_margin'], 4)} |" for r in separations]
     lines += ["", "The monitor column: the smallest and largest value over the boundary monitor's rows once block 1 "
                   "exists (phases 1 and 2), all seeds; \"n/a\" for runs trained without the monitor."]
     lines += ["", "![boundary monitor](intervention.png)"]
