@@ -248,6 +248,21 @@ def search(scale, seed, overrides, compile_flag, device, tracker, no_wait, force
     ws.ctx.barrier()
 
 
+@cli.command()
+@scale_option
+@click.argument("checkpoints", nargs=-1, type=click.Path(path_type=Path))
+@runs_option
+@results_option
+def scan(scale, checkpoints, runs_dir, results_dir):
+    """The layer-by-layer scan: massive activations (max |activation| / median, with channel and token) and sink
+    heads at every layer's output of the scale's teacher and of each student CHECKPOINT given (a run's
+    phase-<p>/ or step-<n>/ folder), on the fixed diagnostic batch (results/<scale>/scan.md, .json, .png)."""
+    ws = suite.workspace(scale, runs_dir, results_dir)
+    for path in checkpoints:
+        experiments.scan_checkpoint_blocks(path)  # a wrong path is one line before data or teacher is made
+    experiments.run_scan(ws, suite.ensure_inputs(ws), list(checkpoints))
+
+
 def beyond_command(name: str, doc: str):
     """A `repro.py <name>` command for an experiment of beyond.py (not part of `all`)."""
     @cli.command(name, help=doc)
