@@ -416,3 +416,55 @@ def test_intervention_contrasts_are_one_holm_family_with_the_transplant_interact
     for r in rows:
         assert r["smallest_tie_margin"] == pytest.approx(report.smallest_tie_margin(r["delta"]))
         assert r["reading"] == report.adjusted_reading(r["delta"], r["p_holm"], 0.01)
+
+
+# ---- the second search (docs/preregistrations.md, 2026-12-02): long documents and its ladder ----------
+
+def test_long_documents_are_a_speechs_whole_paragraphs_up_to_a_length():
+    """Greedy, in order, whole paragraphs joined by a blank line, none past the limit unless one paragraph
+    alone is longer; every speech's text is kept whole and in order; the option is its own corpus."""
+    chunks = data._speech_chunks(["a" * 10, "b" * 10, "c" * 30, "d" * 5, "e" * 4], 25)
+    assert chunks == ["a" * 10 + "\n\n" + "b" * 10, "c" * 30, "d" * 5 + "\n\n" + "e" * 4]
+    speeches = data._sotu_speeches()[:3]
+    for _, paragraphs in speeches:
+        documents = data._speech_chunks(paragraphs, 3600)
+        assert "\n\n".join(documents) == "\n\n".join(paragraphs)
+        assert all(len(d) <= 3600 or "\n\n" not in d for d in documents)
+    corpus = data.corpus("toy", 20, seed=0, document_chars=3600)
+    assert corpus.identity["document_chars"] == 3600 and "document_chars" not in data.corpus("toy", 20).identity
+    with pytest.raises(errors.DataError, match="set one"):
+        data.corpus("toy", 20, document_chars=3600, paragraphs_per_document=7)
+
+
+def test_the_second_ladder_builds_each_rung_on_the_declared_one_and_every_override_applies():
+    """a and b on rung 0, c on a with b's change, then each on the one before; every rung's --set items
+    are accepted by the toy preset (known keys, valid values)."""
+    import presets
+    import regime
+    ladder = presets.LADDERS["second"]
+    assert [r.name for r in ladder] == ["toy", "long-documents", "layers-3", "long-layers-3", "weight-decay",
+                                        "teacher-x2", "width-256"]
+    assert [regime.rung_chain(ladder, i) for i in range(4)] == [[0], [0, 1], [0, 2], [0, 1, 3]]
+    assert regime.rung_chain(ladder, 6) == [0, 1, 3, 4, 5, 6]
+    b = dict(item.split("=") for item in regime.rung_overrides(ladder, 2))
+    assert b == {"run.layers_per_block": "3", "run.phase_steps": "1000", "run.eval_interval": "500",
+                 "run.snapshot_interval": "500"}
+    c = dict(item.split("=") for item in regime.rung_overrides(ladder, 3))
+    assert c["data.document_chars"] == "3600" and c["run.layers_per_block"] == "3" and c["run.phase_steps"] == "1000"
+    for index in range(len(ladder)):
+        preset, _ = presets.apply_overrides(presets.PRESETS["toy"], regime.rung_overrides(ladder, index))
+        assert preset.run["global_batch"] % preset.run["micro_batch"] == 0
+    assert regime.rung_chain(presets.LADDERS["toy"], 3) == [0, 1, 2, 3]  # the first search's ladder stays cumulative
+
+
+def test_the_teacher_criterion_looks_from_layer_2_on():
+    """A massive activation and a sink layer both at layers >= 2 meet it; the same at layer 1 does not."""
+    import regime
+    def taught(massive_layer, sink_layer, layers=6):
+        stats = [{"massive_ratio": 150.0 if b == massive_layer + 1 else 10.0} for b in range(layers + 1)]
+        attention = [[0.5, 0.1, 0.1, 0.1] if layer == sink_layer else [0.1] * 4 for layer in range(layers)]
+        return {"boundary_stats": stats, "first_token_attention": attention}
+    found = regime.teacher_mechanism(taught(3, 4))
+    assert found == {"massive_ratio_from_layer": 150.0, "sink_heads_from_layer": 0.25, "present": True}
+    assert not regime.teacher_mechanism(taught(1, 4))["present"]
+    assert not regime.teacher_mechanism(taught(3, 1))["present"]
