@@ -648,8 +648,8 @@ def report_experiment(ws: Workspace, name: str, seeds: list[int]) -> dict:
         md += ["", f"Read by the rule fixed before the results (95% interval; a tie if the 90% interval lies within "
                    f"±{TIE_MARGIN:g} nats, TOST), {report.seeds_text(seeds)}; in parentheses the smallest margin "
                    "these seeds could have called a tie within (|mean| + the 90% half-width):", ""] * bool(exp.readings) + \
-            [f"- {labels[k]}{' (the primary endpoint)' * (name == 'table1' and i == 0)}: {r} "
-             f"(±{report.fmt(out['smallest_tie_margins'][k], 4)})"
+            [f"- {labels[k]}{' (the primary endpoint)' * (name == 'table1' and i == 0)}: {r}"
+             + (f" (±{out['smallest_tie_margins'][k]:.4f})" if math.isfinite(out["smallest_tie_margins"][k]) else "")
              for i, (k, r) in enumerate(out["readings"].items())]
         print_table(name, exp, stats, len(seeds), full)
     if exp.figures and any(line.startswith(f"{run} s{seeds[0]} ") for line in diverged for run in exp.runs):
