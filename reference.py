@@ -5,8 +5,9 @@
     python repro.py compare runs/toy/s42/post-grow             # one run
     python repro.py compare results/toy                        # the tables
 
-A reference holds, per run, the validation CE at every evaluation (the curve) and at the end, and per
-experiment every table number, each as the values of the shipped seeds. A number is within the band
+A reference holds, per run, the validation CE at every evaluation (the curve) and at the end, per
+experiment every number over seeds (a table's rows, a report's named numbers), each as the values of the
+shipped seeds, and the commit that trained each run (`run_commits`, from its provenance.json). A number is within the band
 when it lies within mean ± max(a 95% prediction interval for one more seed, a tolerance): seeds set
 the band's width where there are several, the tolerance (1% of the value + 0.001) where they agree.
 """
