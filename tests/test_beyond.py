@@ -468,3 +468,24 @@ def test_the_teacher_criterion_looks_from_layer_2_on():
     assert found == {"massive_ratio_from_layer": 150.0, "sink_heads_from_layer": 0.25, "present": True}
     assert not regime.teacher_mechanism(taught(1, 4))["present"]
     assert not regime.teacher_mechanism(taught(3, 1))["present"]
+
+
+@pytest.mark.slow
+def test_the_second_ladder_climbs_rungs_built_on_rung_0_at_smoke_scale(tmp_path):
+    """smoke-second: rung 1 (long documents) gets its own data and teacher; rung 2 builds on rung 0, not on
+    rung 1, so it shares rung 0's data and teacher; the report names what each rung builds on and the
+    teacher's criterion."""
+    done = subprocess.run([sys.executable, str(ROOT / "repro.py"), "search", "--scale", "smoke", "--ladder", "smoke-second",
+                           "--runs-dir", str(tmp_path / "runs"), "--results-dir", str(tmp_path / "results")],
+                          cwd=ROOT, capture_output=True, text=True, timeout=1200)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    out = json.loads((tmp_path / "results" / "smoke" / "search-smoke-second.json").read_text())
+    rungs = out["rungs"]
+    assert [r["name"] for r in rungs] == ["smoke", "long-documents", "layers-2"]
+    assert [r["builds_on"] for r in rungs] == [[], [0], [0]] and [r["new_teacher"] for r in rungs] == [True, True, False]
+    assert "data.document_chars=300" in rungs[1]["overrides"] and rungs[2]["overrides"] == ["run.layers_per_block=2"]
+    assert rungs[2]["teacher_dir"] == rungs[0]["teacher_dir"] != rungs[1]["teacher_dir"]
+    assert rungs[2]["preset"]["layers_per_block"] == 2 and rungs[1]["preset"]["layers_per_block"] == 1
+    assert all(set(r["teacher"]["criterion"]) == {"massive_ratio_from_layer", "sink_heads_from_layer", "present"}
+               for r in rungs)
+    assert rungs[1]["estimated_hours"] is not None and rungs[0]["estimated_hours"] is None
