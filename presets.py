@@ -277,7 +277,9 @@ def apply_overrides(preset: Preset, items, compile_flag: bool | None = None) -> 
                                               f"{', '.join(OVERRIDABLE)}, e.g. run.lr=3e-4")
         known = {f.name: f.default for f in fields(OVERRIDABLE[section]) if f.default is not MISSING} \
             if OVERRIDABLE[section] else {}
-        known.update({**(DATA_OPTIONS if section == "data" else {}), **getattr(preset, section)})
+        # the teacher's run is the scale's run under teacher_run's (suite.run_config): any run key can be set there
+        known.update({**(DATA_OPTIONS if section == "data" else {}), **(preset.run if section == "teacher_run" else {}),
+                      **getattr(preset, section)})
         if name not in known:
             raise errors.OptionError("--set", f"{key.strip()}: unknown key; {section} has {', '.join(sorted(known))}")
         if name in SET_BY_KIT.get(section, ()):
@@ -331,9 +333,10 @@ TWO_CORE_SPEEDUP = 1.8     # 2 threads against 1 on this kit's step (measured: t
 @dataclass(frozen=True)
 class Rung:
     name: str
-    change: str                 # what this rung changes against the one before
+    change: str                 # what this rung changes against the one it builds on
     why: str
-    overrides: tuple[str, ...]  # --set items added to the previous rungs' (the ladder is cumulative)
+    overrides: tuple[str, ...]  # --set items added to those of the rung it builds on
+    base: int = -1              # the rung it builds on (an index in its ladder); -1: the one before it
 
 
 # Each rung changes one thing, in this order, cheapest first along the axes the literature names (Sun et
@@ -373,3 +376,53 @@ LADDERS = {
         Rung("tokens-x2", "steps per phase 8 -> 16", "a student-only change", ("run.phase_steps=16",)),
     ),
 }
+
+# The second search (docs/preregistrations.md, 2026-12-02, fixed before any of its runs): along context
+# and depth first, each rung pre-norm grow at seed 42 measured after block 0 by MECHANISM, the teacher by
+# TEACHER_MECHANISM. Rungs a and b both build on rung 0; c is a and b together; then weight decay,
+# teacher budget and width, each on the one before.
+LONG_DOCUMENTS = ("data.document_chars=3600", "data.max_len=1024", "data.val_docs=20", "run.global_batch=2",
+                  "run.micro_batch=2", "teacher_run.global_batch=3", "teacher_run.micro_batch=3", "diag.docs=2",
+                  "diag.max_inputs=1024")
+STEPS_1000 = ("run.phase_steps=1000", "run.eval_interval=500", "run.snapshot_interval=500")
+LAYERS_3 = ("run.layers_per_block=3",)
+LADDERS["second"] = (
+    Rung("toy", "the toy itself (250 steps per phase, the shipped teacher)",
+         "this machine's rate on the kit's step, from which every later rung's cost is estimated", ()),
+    Rung("long-documents", "long documents: a speech's whole paragraphs up to 3,600 characters (median ~970 "
+         "tokens, max_len 1,024), the teacher retrained on them (1,500 steps of 3), students 2 a step; 1,000 "
+         "steps per phase", "sinks need context (Gu et al. 2024); the teacher's own emergence probe",
+         LONG_DOCUMENTS + STEPS_1000, base=0),
+    Rung("layers-3", "3 layers per block (the boundary is the third layer's output), the shipped 12-layer "
+         "teacher, 1,000 steps per phase", "massive activations and BOS sinks appear after the first layers "
+         "(Sun et al. 2024; no BOS-attractor head in layers 0-1)", LAYERS_3 + STEPS_1000, base=0),
+    Rung("long-layers-3", "rungs a and b together (rung a's teacher)", "context and depth together", LAYERS_3,
+         base=1),
+    Rung("weight-decay", "AdamW weight decay 0.1 for the teacher (retrained) and the students",
+         "Gu et al. 2024: weight decay encourages sinks (their 0.1)",
+         ("run.weight_decay=0.1", "teacher_run.weight_decay=0.1")),
+    Rung("teacher-x2", "the teacher's steps 1,500 -> 3,000", "a teacher with a sink of its own may pass it on",
+         ("teacher_run.phase_steps=3000",)),
+    Rung("width-256", "width 256 (8 heads of 32, intermediate 768), init std and LR transferred by width, the "
+         "teacher retrained", "toward the paper's width; massive activations live in a few channels of many",
+         ("teacher_model.hidden_size=256", "teacher_model.intermediate_size=768",
+          "teacher_model.num_attention_heads=8", "teacher_model.num_key_value_heads=4",
+          "teacher_model.initializer_range=0.08", "run.lr=0.0016", "run.min_lr=1.6e-05",
+          "teacher_run.lr=0.0015", "teacher_run.min_lr=5e-05")),
+)
+# The tests' second ladder: the same shape at smoke scale (long documents, then depth on rung 0).
+LADDERS["smoke-second"] = (
+    Rung("smoke", "the smoke preset itself", "the tests' starting point", ()),
+    Rung("long-documents", "documents of whole paragraphs up to 300 characters, the teacher retrained",
+         "a data and teacher change", ("data.document_chars=300", "data.max_len=96", "run.global_batch=2",
+                                       "run.micro_batch=2", "teacher_run.global_batch=2", "teacher_run.micro_batch=2",
+                                       "diag.docs=2", "diag.max_inputs=96"), base=0),
+    Rung("layers-2", "2 layers per block", "a student-only change on rung 0", ("run.layers_per_block=2",), base=0),
+)
+LADDER_SCALES = {"second": "toy", "smoke-second": "smoke"}  # a ladder named otherwise runs at its name's scale
+# (hours, threads): a rung whose estimated cost passes `hours` on `threads` threads is not run, the ladder stops.
+LADDER_BUDGETS = {"second": (3.0, 1), "smoke-second": (3.0, 1)}
+# The teacher's criterion (the second search's): a massive activation (max |activation| / median >= 100) at
+# some layer's output and >= 20% sink heads at some layer, both among the layers from index 2 on (no
+# BOS-attractor head sits in layers 0-1; massive activations appear after the first layers).
+TEACHER_MECHANISM = {"from_layer": 2, "massive_ratio": 100.0, "sink_heads": 0.2}

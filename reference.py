@@ -5,8 +5,9 @@
     python repro.py compare runs/toy/s42/post-grow             # one run
     python repro.py compare results/toy                        # the tables
 
-A reference holds, per run, the validation CE at every evaluation (the curve) and at the end, and per
-experiment every table number, each as the values of the shipped seeds. A number is within the band
+A reference holds, per run, the validation CE at every evaluation (the curve) and at the end, per
+experiment every number over seeds (a table's rows, a report's named numbers), each as the values of the
+shipped seeds, and the commit that trained each run (`run_commits`, from its provenance.json). A number is within the band
 when it lies within mean ± max(a 95% prediction interval for one more seed, a tolerance): seeds set
 the band's width where there are several, the tolerance (1% of the value + 0.001) where they agree.
 """
@@ -52,21 +53,40 @@ def collect(runs: Path, results: Path, seeds: list[int]) -> dict:
         if own and set(own) <= set(seeds) and (len(own) > 1 or len(seeds) == 1):
             tables[file.stem], table_seeds[file.stem] = report_numbers(content), content["seeds"]
     return report.finite({"seeds": seeds, "git_commit": rundir.git_commit(), "curves": curves, "final_ce": finals,
-                          "tables": tables, "table_seeds": table_seeds})  # strict JSON: n/a is null
+                          "tables": tables, "table_seeds": table_seeds,
+                          "run_commits": run_commits(runs, seeds)})  # strict JSON: n/a is null
+
+
+def run_commits(runs: Path, seeds: list[int]) -> dict[str, str | None]:
+    """{run folder relative to runs/<scale>/: the kit's commit that trained it (its provenance.json)}, for
+    every run of the seeds (the suite's, beyond/'s) and the teacher, so when a run ran relative to the
+    rule that governs it can be checked against `git log`."""
+    folders = [d for seed in seeds for d in runs.glob(f"s{seed}/*")] + \
+        [d for seed in seeds for d in runs.glob(f"beyond/*/s{seed}/*")] + [runs / "teacher"]
+    return {str(d.relative_to(runs)): rundir.read_json(d / "provenance.json").get("git_commit")
+            for d in sorted(folders) if (d / "provenance.json").is_file()}
 
 
 def report_numbers(content: dict) -> dict[str, list]:
-    """Every number over seeds in a report, by name: a table's rows by key; the experiments beyond the
-    paper (regime points, placements, interventions and their contrasts, scratch) by row name and quantity."""
+    """Every number over seeds in a report, by name, as its per-seed values: a table's rows by key; the
+    experiments beyond the paper (regime points, placements, interventions and their contrasts, the planted
+    interactions) by row name and quantity; a report of named numbers (scratch's `numbers`, planted's
+    `delta_grow`) by name."""
     numbers = {}
-    for row in content.get("rows", []) + content.get("points", []) + content.get("separations", []):
+    for row in content.get("rows", []) + content.get("points", []) + content.get("separations", []) + \
+            content.get("interactions", []):
         if "key" in row:
             numbers[row["key"]] = row["values"]
             continue
-        name = row.get("variant") or row.get("placement") or row.get("point") or row.get("label") or row.get("contrast")
+        name = row.get("variant") or row.get("placement") or row.get("point") or row.get("label") or \
+            row.get("contrast") or row.get("dose")
         for quantity, value in row.items():
             if isinstance(value, dict) and "values" in value:
                 numbers[f"{name}: {quantity}"] = value["values"]
+    for key, value in content.get("numbers", {}).items():
+        numbers[key] = value["values"]
+    for key, value in content.get("delta_grow", {}).items():
+        numbers[f"delta_grow: {key}"] = value["values"]
     return numbers
 
 

@@ -26,6 +26,7 @@ import math
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+import checkpoint
 import data
 import diag
 import errors
@@ -232,12 +233,42 @@ def markdown(rows: list[dict], cited: dict, scale: str, seeds: list[int], diverg
 SEARCH_RUN = "pre-grow"
 
 
+def rung_chain(ladder, index: int) -> list[int]:
+    """The rungs `index` builds on, first to last, itself included: each rung's base (Rung.base), or the
+    rung before it, back to rung 0."""
+    chain = [index]
+    while chain[-1] > 0:
+        base = ladder[chain[-1]].base
+        chain.append(chain[-1] - 1 if base < 0 else base)
+    return chain[::-1]
+
+
 def rung_overrides(ladder, upto: int) -> tuple[str, ...]:
-    """The --set items of rung `upto`: every change of the rungs up to it, later ones winning."""
+    """The --set items of rung `upto`: every change of the rungs it builds on and its own, later ones winning."""
     items: dict[str, str] = {}
-    for rung in ladder[:upto + 1]:
-        items.update(item.split("=", 1) for item in rung.overrides)
+    for index in rung_chain(ladder, upto):
+        items.update(item.split("=", 1) for item in ladder[index].overrides)
     return tuple(f"{key}={value}" for key, value in items.items())
+
+
+def teacher_mechanism(taught: dict) -> dict:
+    """The teacher's criterion (presets.TEACHER_MECHANISM) on diag.diagnose_teacher's result: the largest
+    max/median |activation| and the largest share of sink heads among the layers from `from_layer` on,
+    each layer's output (boundary_stats[l + 1]) and attention (first_token_attention[l])."""
+    c = presets.TEACHER_MECHANISM
+    layers = range(c["from_layer"], len(taught["first_token_attention"]))
+    massive = max((taught["boundary_stats"][layer + 1]["massive_ratio"] or 0.0 for layer in layers), default=0.0)
+    sinks = max((diag.sink_heads(taught["first_token_attention"], [layer], presets.SINK["attention"]) or 0.0
+                 for layer in layers), default=0.0)
+    return {"massive_ratio_from_layer": massive, "sink_heads_from_layer": sinks,
+            "present": massive >= c["massive_ratio"] and sinks >= c["sink_heads"]}
+
+
+def shipped_teacher(rws: suite.Workspace) -> bool:
+    """Whether the rung's teacher is the scale's shipped one, installed (not trained) by the search."""
+    folder, shipped = rws.run_dir("teacher", 0), rws.preset.shipped_teacher
+    return bool(shipped) and (folder / checkpoint.CHECKSUMS).is_file() and \
+        (folder / checkpoint.CHECKSUMS).read_bytes() == (suite.SHIPPED_ROOT / shipped / checkpoint.CHECKSUMS).read_bytes()
 
 
 def rung_workspace(ws: suite.Workspace, ladder, index: int, user_overrides=()) -> suite.Workspace:
@@ -317,76 +348,102 @@ def diagnose_rung(rws: suite.Workspace, seed: int, teacher: Path) -> dict:
                         "massive_ratio_max": max((s["massive_ratio"] or 0.0) for s in teacher_stats),
                         "boundary_over_regular_max": max((t["boundary_over_regular"] or 0.0)
                                                          for t in taught["token_type_rms"][1:]),
-                        **sink_summary(taught["first_token_attention"], range(1, layers))}}
+                        **sink_summary(taught["first_token_attention"], range(1, layers)),
+                        "criterion": teacher_mechanism(taught)}}
 
 
-def run_search(ws: suite.Workspace, seed: int, force: bool = False, user_overrides=()) -> dict:
-    """Climb the scale's ladder rung by rung (finished rungs are reused, an interrupted one resumes),
-    writing results/<scale>/search.md and .json after each; stop at the first rung that meets the
-    criterion, or before a rung whose estimated cost on 2 cores passes presets.RUNG_HOURS."""
-    ladder = presets.LADDERS[ws.preset.name]
+def run_search(ws: suite.Workspace, seed: int, force: bool = False, user_overrides=(), ladder_name: str = "") -> dict:
+    """Climb a ladder of the scale (presets.LADDERS[ladder_name], default the scale's own) rung by rung
+    (finished rungs are reused, an interrupted one resumes), writing results/<scale>/search[-<ladder>].md
+    and .json after each; stop at the first rung that meets the criterion, or before a rung whose
+    estimated cost passes the ladder's budget (presets.LADDER_BUDGETS; else RUNG_HOURS on 2 cores)."""
+    ladder_name = ladder_name or ws.preset.name
+    ladder = presets.LADDERS[ladder_name]
+    hours, budget_threads = presets.LADDER_BUDGETS.get(ladder_name, (presets.RUNG_HOURS, 2))
+    where = f"{budget_threads} thread{'s' * (budget_threads > 1)}"
     rows, decision = [], "the ladder ran out without meeting the criterion"
-    seconds_per_flop = None  # on 2 cores, from the first rung's measured time
+    seconds_per_flop = None  # on the budget's threads, from the first rung's measured time
     for index, rung in enumerate(ladder):
         rws = rung_workspace(ws, ladder, index, user_overrides)
         suite.prepare_data(rws, force)
         teacher_dir = rws.run_dir("teacher", 0)
-        new_teacher = not rws.preset.teacher and not any(r["teacher_dir"] == str(teacher_dir) for r in rows)
+        new_teacher = not rws.preset.teacher and not any(r["teacher_dir"] == str(teacher_dir) for r in rows) \
+            and not shipped_teacher(rws)
         flops = rung_flops(rws, new_teacher)
         estimate = flops * seconds_per_flop / 3600 if seconds_per_flop else None
-        if estimate is not None and estimate > presets.RUNG_HOURS:
-            decision = (f"stopped before rung {index} ({rung.name}): its estimated cost, {estimate:.1f} h on 2 cores, "
-                        f"is above {presets.RUNG_HOURS:g} h")
+        if estimate is not None and estimate > hours:
+            decision = (f"stopped before rung {index} ({rung.name}): its estimated cost, {estimate:.1f} h on {where}, "
+                        f"is above {hours:g} h")
             break
         teacher = suite.ensure_inputs(rws, force)
+        if new_teacher and shipped_teacher(rws):  # installed by ensure_inputs, not trained: no cost
+            new_teacher, flops = False, rung_flops(rws, False)
         suite.ensure_runs(rws, [SEARCH_RUN], [seed], force, teacher=teacher)
         seconds = run_seconds(rws.run_dir(SEARCH_RUN, seed)) + (run_seconds(teacher_dir) if new_teacher else 0.0)
         threads = rundir.read_json(rws.run_dir(SEARCH_RUN, seed) / "provenance.json").get("threads")
         if seconds_per_flop is None:  # calibrated on the first rung: this machine's rate on the kit's own step
-            seconds_per_flop = seconds / flops / (presets.TWO_CORE_SPEEDUP if threads == 1 else 1.0)
+            speedup = presets.TWO_CORE_SPEEDUP ** ((budget_threads == 2) - (threads == 2))  # to the budget's threads
+            seconds_per_flop = seconds / flops / speedup
         row = {"rung": index, "name": rung.name, "change": rung.change, "why": rung.why,
+               "builds_on": rung_chain(ladder, index)[:-1],
                "overrides": list(rung_overrides(ladder, index)), "folder": str(rws.run_dir(SEARCH_RUN, seed)),
                "teacher_dir": str(teacher_dir), "new_teacher": new_teacher, "flops": flops, "seconds": seconds,
-               "threads": threads, "estimated_hours_2_cores": estimate,
+               "threads": threads, "estimated_hours": estimate, "estimate_threads": budget_threads,
                "preset": {k: rws.preset.run[k] for k in ("phase_steps", "layers_per_block", "global_batch", "lr")}
                | {"teacher_layers": rws.preset.teacher_model.get("num_hidden_layers"),
                   "width": rws.preset.teacher_model.get("hidden_size"), "max_len": rws.preset.data["max_len"],
                   "paragraphs_per_document": rws.preset.data.get("paragraphs_per_document", 1)},
                **diagnose_rung(rws, seed, teacher)}
         rows.append(row)
-        write_search(ws, rows, seed, "(searching)")
+        write_search(ws, rows, seed, "(searching)", ladder_name, (hours, budget_threads))
         if row["criterion"]["present"]:
             decision = f"the criterion holds at rung {index} ({rung.name})"
             break
-    return write_search(ws, rows, seed, decision)
+    return write_search(ws, rows, seed, decision, ladder_name, (hours, budget_threads))
 
 
-def write_search(ws: suite.Workspace, rows: list[dict], seed: int, decision: str) -> dict:
-    out = {"experiment": "search", "scale": ws.preset.name, "seed": seed, "criterion": presets.MECHANISM,
-           "sink": presets.SINK, "rung_hours": presets.RUNG_HOURS, "decision": decision, "rungs": rows,
+def write_search(ws: suite.Workspace, rows: list[dict], seed: int, decision: str, ladder_name: str = "",
+                 budget: tuple = (presets.RUNG_HOURS, 2)) -> dict:
+    ladder_name = ladder_name or ws.preset.name
+    out = {"experiment": "search", "scale": ws.preset.name, "ladder": ladder_name, "seed": seed,
+           "criterion": presets.MECHANISM, "teacher_criterion": presets.TEACHER_MECHANISM, "sink": presets.SINK,
+           "rung_hours": budget[0], "budget_threads": budget[1], "decision": decision, "rungs": rows,
            "git_commit": rundir.git_commit()}
     lines = search_markdown(out)
     suite.console.print("\n".join(lines), markup=False)
-    return report.write(ws.results, "search", out, lines)
+    name = "search" if ladder_name == ws.preset.name else f"search-{ladder_name}"
+    return report.write(ws.results, name, out, lines)
 
 
 def search_markdown(out: dict) -> list[str]:
-    c = out["criterion"]
+    c, tc = out["criterion"], out.get("teacher_criterion", presets.TEACHER_MECHANISM)
     num = lambda v, f=".3g": "n/a" if v is None else format(v, f)
-    lines = [f"# The miniature search ({out['scale']} scale, pre-norm grow, seed {out['seed']})", "",
+    ladder = out.get("ladder", out["scale"])
+    title = "The miniature search" if ladder == out["scale"] else f"The search, ladder {ladder}"
+    threads = out.get("budget_threads", 2)
+    lines = [f"# {title} ({out['scale']} scale, pre-norm grow, seed {out['seed']})", "",
              f"Criterion after block 0 at the end of grow (all three): boundary/regular RMS >= "
              f"{c['boundary_over_regular']:g}, kurtosis over distinct states >= {c['kurtosis_distinct']:g}, max/median "
              f"|activation| >= {c['massive_ratio']:g}. Sink (reported): >= {out['sink']['heads']:.0%} of the appended "
-             f"blocks' heads with mean attention >= {out['sink']['attention']:g} on position 0.", "",
+             f"blocks' heads with mean attention >= {out['sink']['attention']:g} on position 0. The teacher's criterion: "
+             f"max/median >= {tc['massive_ratio']:g} and >= {tc['sink_heads']:.0%} sink heads, each at some layer from "
+             f"index {tc['from_layer']} on. A rung estimated above {out['rung_hours']:g} h on {threads} thread"
+             f"{'s' * (threads > 1)} is not run.", "",
              f"Decision: {out['decision']}.", "",
-             "| rung | change | cost (h, threads) | val CE (teacher) | boundary/regular | kurtosis distinct | "
-             "max/median | sink heads (max head) | teacher: max/median, sink heads | criterion |",
+             "| rung | change | cost (h, threads; estimate) | val CE (teacher) | boundary/regular | kurtosis distinct | "
+             "max/median | sink heads (max head) | teacher: max/median, sink heads; from layer 2: max/median, sink "
+             "heads, criterion | criterion |",
              "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for r in out["rungs"]:
         m, s, t = r["criterion"], r["sink"], r["teacher"]
-        lines.append(f"| {r['rung']} {r['name']} | {r['change']} | {r['seconds'] / 3600:.2f} ({r['threads']}) | "
+        tcrit = t.get("criterion")
+        taught = "" if tcrit is None else (f"; {num(tcrit['massive_ratio_from_layer'])}, "
+                                          f"{num(tcrit['sink_heads_from_layer'], '.2f')}, "
+                                          f"{'present' if tcrit['present'] else 'absent'}")
+        lines.append(f"| {r['rung']} {r['name']} | {r['change']} | {r['seconds'] / 3600:.2f} ({r['threads']}; "
+                     f"{num(r.get('estimated_hours'), '.2f')}) | "
                      f"{r['ce']:.4f} ({num(t['ce'], '.4f')}) | {num(m['boundary_over_regular'])} | "
                      f"{num(m['kurtosis_distinct'])} | {num(m['massive_ratio'])} | {num(s['sink_heads'], '.2f')} "
-                     f"({num(s['max_head'], '.2f')}) | {num(t['massive_ratio_max'])}, {num(t['sink_heads'], '.2f')} | "
-                     f"{'present' if m['present'] else 'absent'} |")
+                     f"({num(s['max_head'], '.2f')}) | {num(t['massive_ratio_max'])}, {num(t['sink_heads'], '.2f')}"
+                     f"{taught} | {'present' if m['present'] else 'absent'} |")
     return lines

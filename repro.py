@@ -232,20 +232,40 @@ def regime(scale, seeds, grid_text, overrides, compile_flag, device, tracker, no
 @cli.command()
 @scale_option
 @click.option("--seed", type=click.IntRange(0, 2**63 - 1), default=None, help="The pilot seed (default: the preset's, 42).")
+@click.option("--ladder", type=click.Choice(list(presets.LADDERS)), default=None,
+              help="The ladder to climb (default: the scale's own; `second`: the second search at toy scale).")
 @overrides_option
 @force_option
 @runs_option
 @results_option
-def search(scale, seed, overrides, compile_flag, device, tracker, no_wait, force, runs_dir, results_dir):
-    """The miniature search: the scale's ladder of presets (presets.LADDERS), pre-norm grow only, until the
-    mechanism's criterion holds or a rung would cost over 2 hours on 2 cores (results/<scale>/search.md/.json)."""
+def search(scale, seed, ladder, overrides, compile_flag, device, tracker, no_wait, force, runs_dir, results_dir):
+    """The miniature search: a ladder of presets (presets.LADDERS), pre-norm grow only, until the mechanism's
+    criterion holds or a rung would cost more than the ladder's budget (results/<scale>/search[-<ladder>].md/.json)."""
     import regime as regime_map
-    if scale not in presets.LADDERS:
+    ladder = ladder or scale
+    if ladder not in presets.LADDERS:
         raise click.UsageError(f"--scale {scale} has no ladder; the search runs at {', '.join(presets.LADDERS)}")
+    if presets.LADDER_SCALES.get(ladder, ladder) != scale:
+        raise click.UsageError(f"--ladder {ladder} runs at --scale {presets.LADDER_SCALES.get(ladder, ladder)}, not {scale}")
     ws = suite.workspace(scale, runs_dir, results_dir, compile_flag=compile_flag, device=device, tracker=tracker,
                          wait=not no_wait)
-    regime_map.run_search(ws, ws.preset.run["seed"] if seed is None else seed, force, overrides)
+    regime_map.run_search(ws, ws.preset.run["seed"] if seed is None else seed, force, overrides, ladder)
     ws.ctx.barrier()
+
+
+@cli.command()
+@scale_option
+@click.argument("checkpoints", nargs=-1, type=click.Path(path_type=Path))
+@runs_option
+@results_option
+def scan(scale, checkpoints, runs_dir, results_dir):
+    """The layer-by-layer scan: massive activations (max |activation| / median, with channel and token) and sink
+    heads at every layer's output of the scale's teacher and of each student CHECKPOINT given (a run's
+    phase-<p>/ or step-<n>/ folder), on the fixed diagnostic batch (results/<scale>/scan.md, .json, .png)."""
+    ws = suite.workspace(scale, runs_dir, results_dir)
+    for path in checkpoints:
+        experiments.scan_checkpoint_blocks(path)  # a wrong path is one line before data or teacher is made
+    experiments.run_scan(ws, suite.ensure_inputs(ws), list(checkpoints))
 
 
 def beyond_command(name: str, doc: str):

@@ -437,3 +437,86 @@ def test_figures_carry_their_caption_and_a_pdf(tmp_path, saved_figures):
                                             tmp_path / "fig3a.png", caption="normgrow, toy scale, seed 42 (fig3)")
     assert [t.get_text() for t in saved_figures[0].texts] == ["normgrow, toy scale, seed 42 (fig3)"]
     assert path.with_suffix(".pdf").read_bytes()[:5] == b"%PDF-"
+
+
+# ----------------------------------------------------------------------------------------------
+# The layer-by-layer scan: a planted massive activation and a forced sink head are found
+
+def scan_batch(rows=2, length=32, vocab=50, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    input_ids = torch.randint(1, vocab, (rows, length), generator=g)
+    input_ids[:, 0] = 0
+    mask = torch.arange(length)[None, :] < torch.tensor([length, length - 7])[:, None]
+    input_ids[~mask] = 0
+    return SimpleNamespace(input_ids=input_ids, mask=mask)
+
+
+def scan_decode(ids):
+    return "".join("<|endoftext|>" if i == 0 else f"t{i}" for i in ids)
+
+
+def test_layer_scan_finds_a_planted_massive_activation_with_its_channel_and_token():
+    """Layer 2's output gets 1,000 added at row 1, position 5, channel 7: the scan's top activation at
+    layer 2 is that one, with its token, and its ratio is that value over the median |activation|;
+    layers 0 and 1, before the plant, have nothing near it."""
+    config = model.ModelConfig(**{**TINY.__dict__, "num_hidden_layers": 4})
+    teacher = model.Qwen3(config)
+    teacher.init_weights(0)
+    batch = scan_batch()
+
+    def plant(module, args, output):
+        output = output.clone()
+        output[1, 5, 7] += 1000.0
+        return output
+    handle = teacher.layers[2].register_forward_hook(plant)
+    try:
+        rows = diag.layer_scan(teacher, batch, scan_decode, sink_attention=0.3)
+    finally:
+        handle.remove()
+    assert [r["layer"] for r in rows] == [0, 1, 2, 3]
+    top = rows[2]["top"][0]
+    assert (top["channel"], top["row"], top["position"]) == (7, 1, 5)
+    assert top["token"] == scan_decode([int(batch.input_ids[1, 5])])
+    assert top["ratio"] == pytest.approx(top["abs"] / rows[2]["median_abs"]) and rows[2]["massive_ratio"] > 100
+    assert all(r["massive_ratio"] < 0.1 * rows[2]["massive_ratio"] for r in rows[:2])
+    # the residual stream carries it on: layer 3's output still has it at the same place
+    assert (rows[3]["top"][0]["channel"], rows[3]["top"][0]["position"]) == (7, 5)
+
+
+def test_layer_scan_counts_a_head_forced_to_attend_to_position_0_as_a_sink():
+    """Layer 1's head 0 gets a query and a position-0 key along RoPE's slowest pair (a rotation below
+    0.02 rad over 32 positions), so its score on position 0 is ~c^2 / sqrt(hd) and its attention there
+    ~1: that layer's sink share rises by one head of four, the other layers' shares do not move."""
+    config = model.ModelConfig(**{**TINY.__dict__, "num_hidden_layers": 3})
+    teacher = model.Qwen3(config)
+    teacher.init_weights(0)
+    batch = scan_batch()
+    before = diag.layer_scan(teacher, batch, scan_decode, sink_attention=0.3)
+    attention = teacher.layers[1].self_attn
+    project, dim, c = attention.project, config.head_dim // 2 - 1, 30.0
+
+    def forced(x):
+        q, k, v = project(x)
+        q, k = q.clone(), k.clone()
+        q[:, 0] = 0.0
+        q[:, 0, :, dim] = c           # head 0 (of kv head 0's group): only the slow dimension
+        q[:, 1, :, dim] = 0.0         # head 1 shares kv head 0: keep the planted key out of its scores
+        k[:, 0, 0, dim] = c           # kv head 0's key at position 0
+        return q, k, v
+    attention.project = forced
+    after = diag.layer_scan(teacher, batch, scan_decode, sink_attention=0.3)
+    assert before[1]["sink_heads"] == 0.0 and after[1]["sink_heads"] == 0.25
+    assert after[1]["first_token_attention"][0] > 0.99 and after[1]["max_head"] == after[1]["first_token_attention"][0]
+    assert after[0]["sink_heads"] == before[0]["sink_heads"]
+
+
+def test_layer_scan_of_a_student_reads_every_layer_of_its_active_blocks():
+    """Two layers a block, two of three blocks active: four layer rows, each the output of that layer
+    (the scan's hook), so the last row's output is the second block's boundary."""
+    student = tiny_student("pre")
+    batch = scan_batch()
+    rows = diag.layer_scan(student, batch, scan_decode, sink_attention=0.3, active_blocks=2)
+    assert [r["layer"] for r in rows] == [0, 1, 2, 3]
+    _, boundaries = student(batch.input_ids, active_blocks=2, return_boundaries=True)
+    real = boundaries[2][batch.mask].double().abs()
+    assert rows[3]["median_abs"] == pytest.approx(real.median().item(), rel=1e-12)

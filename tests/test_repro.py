@@ -823,3 +823,71 @@ def test_a_reference_leaves_out_a_run_not_yet_finished_for_every_seed(tmp_path):
     ref = reference.collect(tmp_path / "runs", tmp_path / "results", [42, 43])
     assert ref["final_ce"] == {"pre-grow": [3.42, 3.43]} and set(ref["curves"]) == {"pre-grow"}
     assert ref["table_seeds"] == {"regime": [42, 43]}  # table1's seed 44 is not among these
+
+
+def test_references_ship_and_compare_the_per_seed_values_of_every_report_shape(tmp_path):
+    """scratch's named `numbers`, planted's interactions and Δgrow, and a table's rows all ship as
+    per-seed values, and `compare` checks a results folder's per-seed values against them: the shipped
+    seeds' own values lie in their bands, a perturbed one does not."""
+    import reference
+    stats = lambda *v: report.across_seeds(list(v))
+    scratch = {"seeds": [42, 43, 44], "numbers": {"pre_joint": stats(4.60, 4.61, 4.62),
+                                                  "interaction": stats(0.281, 0.283, 0.285)}}
+    planted = {"seeds": [42, 43, 44], "rows": [{"variant": "pre-grow (suite)", "ce": stats(3.50, 3.51, 3.52)}],
+               "interactions": [{"dose": "the boundary token at 37x", "interaction": stats(0.01, 0.02, 0.03)}],
+               "delta_grow": {"none": stats(-0.02, -0.03, -0.04)}}
+    assert reference.report_numbers(scratch) == {"pre_joint": [4.60, 4.61, 4.62], "interaction": [0.281, 0.283, 0.285]}
+    assert reference.report_numbers(planted) == {"pre-grow (suite): ce": [3.50, 3.51, 3.52],
+                                                 "the boundary token at 37x: interaction": [0.01, 0.02, 0.03],
+                                                 "delta_grow: none": [-0.02, -0.03, -0.04]}
+    results = tmp_path / "results"
+    results.mkdir()
+    for name, content in (("scratch", scratch), ("planted", planted)):
+        (results / f"{name}.json").write_text(json.dumps(content))
+    for seed in (42, 43, 44):
+        (tmp_path / "runs" / f"s{seed}").mkdir(parents=True)
+    ref = reference.collect(tmp_path / "runs", results, [42, 43, 44])
+    assert ref["tables"]["scratch"]["interaction"] == [0.281, 0.283, 0.285]
+    rows = {r["name"]: r for r in reference.compare(results, ref)}
+    assert rows["scratch/interaction/2"]["value"] == 0.285 and all(r["within"] for r in rows.values())
+    assert len(rows) == 2 * 3 + 3 * 3  # every per-seed value of both reports was checked
+    scratch["numbers"]["interaction"] = stats(0.281, 0.283, 0.385)  # seed 44's interaction off by 0.1
+    (results / "scratch.json").write_text(json.dumps(scratch))
+    rows = {r["name"]: r for r in reference.compare(results, ref)}
+    assert not rows["scratch/interaction/2"]["within"] and rows["scratch/interaction/1"]["within"]
+
+
+def test_a_reference_records_the_commit_that_trained_each_run(tmp_path):
+    """Correction 12: each run's provenance commit (the suite's, beyond/'s and the teacher's) ships in the
+    reference, so when a run ran relative to the rule that governs it can be checked."""
+    import reference
+    runs = tmp_path / "runs"
+    for folder, commit in (("s42/pre-grow", "a" * 40), ("beyond/scratch/s42/pre-joint", "b" * 40),
+                           ("teacher", "c" * 40), ("s45/pre-grow", "d" * 40)):
+        (runs / folder).mkdir(parents=True)
+        (runs / folder / "provenance.json").write_text(json.dumps({"git_commit": commit}))
+    (tmp_path / "results").mkdir()
+    ref = reference.collect(runs, tmp_path / "results", [42])
+    assert ref["run_commits"] == {"s42/pre-grow": "a" * 40, "beyond/scratch/s42/pre-joint": "b" * 40,
+                                  "teacher": "c" * 40}
+
+
+# A report that shows numbers over seeds must ship them per seed in references/toy.json. fig3 and figA2 are
+# figures of one seed (their numbers are seed 42's plots), so they have no per-seed table.
+SHIPPED_TOY = json.loads((ROOT / "references" / "toy.json").read_text())
+ONE_SEED_FIGURES = {"fig3", "figA2"}
+
+
+@pytest.mark.parametrize("table", [
+    pytest.param(name, marks=pytest.mark.xfail(strict=True, reason=(
+        "references/toy.json was written before reference.report_numbers read scratch's `numbers`: it ships "
+        "tables.scratch == {}; its runs (runs/toy/beyond/scratch, 12 runs) are not on this machine, so the "
+        "reference cannot be regenerated here: rerun `repro.py scratch --scale toy --seeds 42,43,44` and "
+        "`repro.py reference --scale toy --seeds 42,43,44`")))
+    if name == "scratch" else name
+    for name in sorted(set(SHIPPED_TOY["table_seeds"]) - ONE_SEED_FIGURES)])
+def test_the_shipped_toy_reference_holds_per_seed_values_for_every_table(table):
+    seeds = SHIPPED_TOY["table_seeds"][table]
+    numbers = SHIPPED_TOY["tables"][table]
+    assert numbers, f"{table}: no per-seed values shipped"
+    assert all(isinstance(v, list) and len(v) == len(seeds) for v in numbers.values())
