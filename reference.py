@@ -20,6 +20,7 @@ from pathlib import Path
 import checkpoint
 import report
 import rundir
+from errors import UsageError
 
 REFERENCES = Path(__file__).parent / "references"
 
@@ -55,6 +56,26 @@ def collect(runs: Path, results: Path, seeds: list[int]) -> dict:
     return report.finite({"seeds": seeds, "git_commit": rundir.git_commit(), "curves": curves, "final_ce": finals,
                           "tables": tables, "table_seeds": table_seeds,
                           "run_commits": run_commits(runs, seeds)})  # strict JSON: n/a is null
+
+
+def with_tables(shipped: dict, runs: Path, results: Path, names: list[str]) -> dict:
+    """`shipped` with the tables `names` taken anew from their reports (results/<name>.json) and the commits
+    of the runs under `runs` added: for an experiment rerun apart from the rest of its scale (its own runs
+    folder), whose other tables and curves stay as shipped. A report must cover several of the shipped
+    seeds (one seed's band would be the tolerance alone)."""
+    content = {**shipped, "tables": dict(shipped["tables"]), "table_seeds": dict(shipped["table_seeds"]),
+               "run_commits": dict(shipped.get("run_commits", {}))}
+    for name in names:
+        file = results / f"{name}.json"
+        if not file.is_file():
+            raise UsageError(f"{file}: no such report; run `repro.py {name}` first")
+        report_content = checkpoint.loads(file.read_text())
+        own = report_content.get("seeds") or []
+        if len(own) < 2 or not set(own) <= set(shipped["seeds"]):
+            raise UsageError(f"{file}: its seeds {own} are not several of the shipped seeds {shipped['seeds']}")
+        content["tables"][name], content["table_seeds"][name] = report_numbers(report_content), own
+        content["run_commits"].update(run_commits(runs, own))
+    return report.finite(content)
 
 
 def run_commits(runs: Path, seeds: list[int]) -> dict[str, str | None]:
