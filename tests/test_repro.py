@@ -713,8 +713,9 @@ def test_the_regime_maps_boundary_is_the_last_monitor_row_after_block_0(tmp_path
             {"step": 300, "eval": True, "ce": 3.0},
             {"step": 500, "monitor": True, "boundaries": [after(0.0), after(9.0), after(1.0)]}]
     done = {"ce": 3.2, "ppl": 24.5, "kd": 3.3, "step": 750}
+    rows.append({**done, "eval": True})  # done.json repeats the run's last evaluation (rundir.final_eval checks)
     plant("watched", done, rows)
-    plant("unwatched", done, [{"step": 300, "eval": True, "ce": 3.0}])
+    plant("unwatched", done, [{"step": 300, "eval": True, "ce": 3.0}, {**done, "eval": True}])
     plant("failed", {**{k: None for k in done}, "step": 500, "diverged": {"step": 500, "why": "non-finite"}}, rows)
     ws = types.SimpleNamespace(run_dir=lambda run, seed: tmp_path / run)
     assert regime.end_boundary(ws, "watched", 42) == {"kurtosis": 9.0, "boundary_over_others": 0.9, "massive_ratio": 18.0}
@@ -807,8 +808,9 @@ def test_a_reference_leaves_out_a_run_not_yet_finished_for_every_seed(tmp_path):
         for name in names:
             run = tmp_path / "runs" / f"s{seed}" / name
             run.mkdir(parents=True)
-            (run / "metrics.jsonl").write_text(json.dumps({"step": 9, "eval": True, "ce": 3.0 + seed / 100}) + "\n")
-            (run / "done.json").write_text(json.dumps({"ce": 3.0 + seed / 100}))
+            done = {"ce": 3.0 + seed / 100, "ppl": math.exp(3.0 + seed / 100), "kd": 0.0, "step": 9}
+            (run / "metrics.jsonl").write_text(json.dumps({**done, "eval": True}) + "\n")
+            (run / "done.json").write_text(json.dumps(done))
     (tmp_path / "results").mkdir()
     # reports over the reference's seeds, or two or more of them, ship, each with its seeds; one over a
     # single seed of several (no spread for a band) or over another seed does not
