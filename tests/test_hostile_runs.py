@@ -337,3 +337,32 @@ def test_a_fifo_as_a_corpus_is_one_line_not_a_hang(tmp_path, layout):
         os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
         worker.join(timeout=5)
     assert outcome and f"{fifo}: not a regular file" in outcome[0] and "\n" not in outcome[0]
+
+
+def test_prepare_refuses_to_install_a_shipped_teacher_with_an_extra_index(tmp_path, monkeypatch):
+    """`prepare`'s install of the shipped teacher: before, "installed the shipped one (checksums verified)"."""
+    import devices
+    import presets
+    import suite
+    shipped = tmp_path / "kit"
+    teacher = Path(shutil.copytree(ROOT / "teachers" / "toy", shipped / "teachers" / "toy"))
+    plant_index(teacher / "phase-0", {k: torch.zeros_like(v) for k, v in
+                                      load_file(teacher / "phase-0" / "model.safetensors").items()})
+    monkeypatch.setattr(suite, "SHIPPED_ROOT", shipped)
+    ws = suite.Workspace(presets.PRESETS["toy"], tmp_path / "runs" / "toy", tmp_path / "results", devices.Dist())
+    with pytest.raises(errors.CheckpointError, match="phase-0: the shipped teacher is damaged \\(model.safetensors.index"):
+        suite.install_shipped_teacher(ws)
+    assert not (tmp_path / "runs").exists()
+
+
+@pytest.mark.parametrize("kind", ["symlink", "folder"])
+def test_the_cli_says_one_line_for_a_bad_data_lock(tmp_path, kind):
+    """The data lock (`repro.py data`) as the run locks: one line, exit 1, the link's target untouched."""
+    from conftest import repro_cli
+    lock, users = tmp_path / "R" / "smoke" / ".data.lock", tmp_path / "users-notes.txt"
+    lock.parent.mkdir(parents=True)
+    users.write_text("my notes\n")
+    lock.symlink_to(users) if kind == "symlink" else lock.mkdir()
+    out = repro_cli("data", "--scale", "smoke", "--runs-dir", tmp_path / "R", check=False)
+    assert out.returncode == 1 and out.stderr.count("\n") == 1 and out.stderr.startswith(f"Error: {lock}: the lock file")
+    assert users.read_text() == "my notes\n" and not (tmp_path / "R" / "smoke" / "data").exists()
