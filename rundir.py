@@ -153,12 +153,18 @@ def _lock(lock: Path, folder: Path, wait: bool, say) -> int:
         os.close(fd)
 
 
+_FLOCKLESS: set[str] = set()  # mounts found without flock, in this process
+
+
 def _exclusive_lock(lock: Path, folder: Path, wait: bool, say) -> int:
     """The lock where the filesystem has no flock: the lock file made with O_EXCL (atomic on NFS and
     Lustre) holds it until its holder removes it. A holder on this host that is gone left it stale; one on
     another host cannot be checked from here."""
-    say(f"{lock.parent}: its filesystem ({mount_of(lock.parent)}) does not support flock; locking {folder} by "
-        f"creating {lock.name} instead (one left by a process killed on another host must be removed by hand)")
+    mount = mount_of(lock.parent)
+    if mount not in _FLOCKLESS:  # said once per mount, not once per folder held there
+        _FLOCKLESS.add(mount)
+        say(f"{lock.parent}: its filesystem ({mount}) does not support flock; locking by creating lock files (such as "
+            f"{lock.name}) instead; one left by a process killed on another host must be removed by hand")
     waiting = False
     while True:
         try:

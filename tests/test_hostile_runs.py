@@ -107,9 +107,10 @@ def test_where_flock_is_unsupported_an_exclusive_lock_file_holds_the_folder(tmp_
     def no_flock(fd, operation):
         raise OSError(errno.ENOSYS, "Function not implemented")
     monkeypatch.setattr(rundir.fcntl, "flock", no_flock)
+    monkeypatch.setattr(rundir, "_FLOCKLESS", set())
     folder, said = tmp_path / "run", []
     lock = rundir.lock_file(folder)
-    with rundir.held([folder], say=said.append):
+    with rundir.held([folder, tmp_path / "data"], say=said.append):  # one line for the mount, not per folder
         assert len(said) == 1 and "does not support flock" in said[0] and rundir.mount_of(tmp_path) in said[0]
         assert lock.read_text().startswith(f"process {os.getpid()} on {socket.gethostname()} (")
         with pytest.raises(errors.TrainingError, match=f"in use by process {os.getpid()} on {socket.gethostname()}"):
@@ -128,6 +129,21 @@ def test_where_flock_is_unsupported_an_exclusive_lock_file_holds_the_folder(tmp_
         with rundir.held([folder], wait=False, say=said.append):
             pass
     assert lock.read_text() == "process 7 on another-node-17 (repro.py train)"
+    lock.unlink()
+    got, holding = [], []
+
+    def wait_for_it():
+        holding.append(rundir.held([folder], say=got.append))
+        holding[0].__enter__()
+    with rundir.held([folder], say=said.append):  # a waiter polls until the holder removes its file
+        waiter = threading.Thread(target=wait_for_it)
+        waiter.start()
+        waiter.join(timeout=1.5)
+        assert waiter.is_alive() and len(got) == 1 and "waiting for it" in got[0] and str(lock) in got[0]
+    waiter.join(timeout=5)
+    assert not waiter.is_alive() and lock.read_text().startswith(f"process {os.getpid()} ")  # the waiter holds it
+    holding[0].__exit__(None, None, None)
+    assert not lock.exists()
 
 
 # ---- cause 2: every JSON number is finite; done.json agrees with its run and with what a CE can be ---------
