@@ -592,10 +592,9 @@ def final_eval(run_dir: Path) -> dict:
     if ce < 0 or vocabulary and ce > math.log(vocabulary) + 1:
         bounds = f"0 to log V + 1 = {math.log(vocabulary) + 1:.4f}" if vocabulary else "at least 0"
         raise TrainingError(f"{path}: ce {ce!r} is not what a cross-entropy can be ({bounds}); {fix}")
-    evals = [r for r in read_metrics(run_dir) if r.get("eval") and not r.get("phase_start")]
-    if not evals:
+    last = last_evaluation(Path(run_dir))
+    if last is None:
         raise TrainingError(f"{path}: the run's metrics.jsonl holds no evaluation for its numbers to agree with; {fix}")
-    last = evals[-1]
     differ = [k for k in RESULT_KEYS if not (isinstance(last.get(k), (int, float))
                                              and math.isclose(last[k], result[k], rel_tol=AGREE, abs_tol=AGREE))]
     if differ or result.get("step", last["step"]) != last["step"]:
@@ -618,29 +617,42 @@ def run_vocabulary(run_dir: Path) -> int | None:
 def read_metrics(run_dir: Path) -> list[dict]:
     """Parsed metrics.jsonl, each row an object with its step. A last line cut short by a kill is dropped
     while the run is unfinished (its resume rewrites the log from a checkpoint); in a finished run's log
-    (done.json written after every line), any other line the kit cannot have written (cut short, NaN,
-    Infinity, nesting too deep) is one line naming the file and line."""
+    (done.json is written after every line), and on any other line, one the kit cannot have written (cut
+    short, NaN, Infinity, nesting too deep) is one line naming the file and line."""
     path = Path(run_dir) / "metrics.jsonl"
-    if not path.is_file():
-        return []
-    lines = path.read_text(errors="replace").splitlines()
-    finished = (Path(run_dir) / "done.json").is_file()
-    rows = []
-    for number, line in enumerate(lines, 1):
-        try:
-            row = checkpoint.loads(line)
-        except json.JSONDecodeError as e:
-            if number == len(lines) and not finished:
-                break
-            raise TrainingError(f"{path}:{number}: cut short or not JSON ({e}); the file is damaged: move the run "
-                                "away and rerun") from None
-        except ValueError as e:
-            raise TrainingError(f"{path}:{number}: {e}; the file is damaged: move the run away and rerun") from None
-        if not (isinstance(row, dict) and isinstance(row.get("step"), int) and not isinstance(row["step"], bool)):
-            raise TrainingError(f"{path}:{number}: not a row the kit writes (an object with its step); the file is "
-                                "damaged: move the run away and rerun")
-        rows.append(row)
-    return rows
+    lines = path.read_text(errors="replace").splitlines() if path.is_file() else []
+    torn_ok = not (Path(run_dir) / "done.json").is_file()
+    rows = [_row(path, number, line, torn_ok and number == len(lines)) for number, line in enumerate(lines, 1)]
+    return [row for row in rows if row is not None]
+
+
+def last_evaluation(run_dir: Path) -> dict | None:
+    """A finished run's last evaluation row (not a phase start's), parsing the log from its end only (a
+    paper-scale log holds 150k rows; the reports ask for each run's result more than once)."""
+    path = run_dir / "metrics.jsonl"
+    lines = path.read_text(errors="replace").splitlines() if path.is_file() else []
+    for number in range(len(lines), 0, -1):
+        row = _row(path, number, lines[number - 1], torn_ok=False)
+        if row.get("eval") and not row.get("phase_start"):
+            return row
+    return None
+
+
+def _row(path: Path, number: int, line: str, torn_ok: bool) -> dict | None:
+    """Line `number` of a metrics log; None for a line cut short by a kill where one may be (torn_ok)."""
+    try:
+        row = checkpoint.loads(line)
+    except json.JSONDecodeError as e:
+        if torn_ok:
+            return None
+        raise TrainingError(f"{path}:{number}: cut short or not JSON ({e}); the file is damaged: move the run away "
+                            "and rerun") from None
+    except ValueError as e:
+        raise TrainingError(f"{path}:{number}: {e}; the file is damaged: move the run away and rerun") from None
+    if not (isinstance(row, dict) and isinstance(row.get("step"), int) and not isinstance(row["step"], bool)):
+        raise TrainingError(f"{path}:{number}: not a row the kit writes (an object with its step); the file is "
+                            "damaged: move the run away and rerun")
+    return row
 
 
 def monitor_series(run_dir: Path) -> list[dict]:
