@@ -26,6 +26,7 @@ import math
 import os
 import signal
 import time
+import warnings
 from dataclasses import replace
 from pathlib import Path
 
@@ -556,8 +557,8 @@ def make_reference(scale, seeds, force, runs_dir, results_dir):
     reference.REFERENCES.mkdir(exist_ok=True)
     path = reference.REFERENCES / f"{scale}.json"
     if path.exists() and not force:  # shipped with the kit: what every user's `compare` checks against
-        raise errors.OptionError("--force", f"{path} exists (seeds {rundir.read_json(path).get('seeds')}); pass --force "
-                                 "to replace it (git checkout restores the shipped one)")
+        raise errors.UsageError(f"{path} exists (seeds {rundir.read_json(path).get('seeds')}): the kit ships it and "
+                                "`compare` checks against it; add --force to replace it (git checkout restores it)")
     checkpoint.write_json(path, content, indent=1)
     suite.console.print(f"wrote {path}: {len(content['curves'])} runs, {len(content['tables'])} tables, seeds {seeds}")
 
@@ -671,6 +672,8 @@ def check_export_target(student_dir: Path, out_dir: Path, force: bool, runs_dir:
         return
     if source == target or target in source.parents:
         raise errors.CheckpointError(f"{out_dir}: is or holds the checkpoint being exported; choose another output folder")
+    if out_dir.is_dir() and not any(out_dir.iterdir()):  # an empty folder holds nothing to lose: used as a new one
+        return
     if not force:
         raise errors.CheckpointError(f"{out_dir}: already exists; choose another folder, or pass --force to replace "
                               "an earlier export")
@@ -698,12 +701,13 @@ def prepare_inputs(scale, overrides, compile_flag, device, tracker, no_wait, for
 
 @cli.command("data")
 @scale_option
+@set_option
 @force_option
 @runs_option
-def prepare(scale, force, runs_dir):
-    """Tokenize a scale's corpus into shards (reused when unchanged) and summarise them."""
-    runs = suite.writable_dir(runs_dir, "--runs-dir")
-    ws = suite.Workspace(presets.PRESETS[scale], runs / scale, Path("results"), devices.Dist())
+def prepare(scale, overrides, force, runs_dir):
+    """Tokenize a scale's corpus into shards (reused when unchanged) and summarise them; with --set
+    data.*, the shards those settings make, where the runs with them would read them."""
+    ws = suite.workspace(scale, runs_dir, overrides=overrides, device="cpu")
     train_shard, val_shard = suite.prepare_data(ws, force)
     enc = tokenizer.qwen3_tokenizer(ws.preset.data["vocab_size"])
     table = Table(title=f"data at scale {scale} ({enc.name}); boundary tokens = leading <|endoftext|> per document")
@@ -733,8 +737,10 @@ def rehearse(scale, gpus, nodes, replicate_teacher, overrides, runs_dir, results
     import rehearse as rehearsal
     ws = suite.workspace(scale, runs_dir, results_dir, dry_run=True, overrides=overrides, device="cpu")
     launch = rehearsal.Launch(gpus or (8 if scale == "full" else 1), nodes)
-    runs = {"apart": rehearsal.rehearse(ws, launch, resident=1, replicate_teacher=replicate_teacher),
-            "lockstep": rehearsal.rehearse(ws, launch, replicate_teacher=replicate_teacher)}
+    with warnings.catch_warnings():  # the memory tracker's module hooks, on a student whose inputs need no gradient
+        warnings.filterwarnings("ignore", "Full backward hook is firing", UserWarning)
+        runs = {"apart": rehearsal.rehearse(ws, launch, resident=1, replicate_teacher=replicate_teacher),
+                "lockstep": rehearsal.rehearse(ws, launch, replicate_teacher=replicate_teacher)}
     suite.console.print("\n".join(rehearsal.markdown(runs["lockstep"])), markup=False)
     path = rehearsal.write(runs, ws.results.parent)
     suite.console.print(f"runs apart: per-rank peak {runs['apart']['peak_gib']['per-rank peak']:.1f} GiB; wrote {path}")

@@ -459,8 +459,8 @@ def teacher_summary(ws: Workspace, names, seeds: list[int]) -> str:
         return f"teacher: validation CE {result['ce']:.4f} after {result['step']} steps; every student diverged"
     best_ce, best = min(finished)
     return (f"teacher: validation CE {result['ce']:.4f} after {result['step']} steps, trained in {seconds / 60:.1f} min "
-            f"(cached in {teacher}); best student {best} at {best_ce:.4f}: the teacher leads by "
-            f"{best_ce - result['ce']:+.4f} nats")
+            f"(cached in {teacher}); best student {best} at {best_ce:.4f}, {abs(best_ce - result['ce']):.4f} nats "
+            f"{'above' if best_ce >= result['ce'] else 'below'} the teacher's")
 
 
 def writable_dir(path: Path, option: str) -> Path:
