@@ -140,7 +140,7 @@ def damage(ckpt: Path, part: tuple[int, int] = (0, 1)) -> str:
         return f"{CHECKSUMS} is not a map of file -> sha256"
     extra = unlisted(ckpt, sums)
     if extra:
-        return f"{extra[0]} is not one of its files: {CHECKSUMS} does not list it, so the kit will not read it"
+        return f"{extra[0]} is not one of its files (not in {CHECKSUMS}): move it out of the folder"
     for i, (name, digest) in enumerate(sorted(sums.items())):
         if not (ckpt / name).is_file():
             return f"{name} is missing"
