@@ -54,9 +54,10 @@ def test_a_symlink_at_a_lock_path_is_refused_and_its_target_never_written(tmp_pa
     assert (users.read_text() == "my notes\n") if not dangling else not users.exists()
 
 
-@pytest.mark.parametrize("kind", ["folder", "fifo", "hard link"])
+@pytest.mark.parametrize("kind", ["folder", "fifo", "hard link", "socket"])
 def test_a_lock_path_that_is_not_a_plain_file_of_its_own_is_one_line(tmp_path, kind):
-    """A folder (before: IsADirectoryError), a FIFO (no hang), a hard link to a user's file (never written)."""
+    """A folder (before: IsADirectoryError), a FIFO (before: taken as the lock, then deleted), a hard link
+    to a user's file (before: truncated and written), a socket."""
     folder, users = tmp_path / "data", tmp_path / "users-notes.txt"
     lock = rundir.lock_file(folder)
     users.write_text("my notes\n")
@@ -64,9 +65,13 @@ def test_a_lock_path_that_is_not_a_plain_file_of_its_own_is_one_line(tmp_path, k
         lock.mkdir()
     elif kind == "fifo":
         os.mkfifo(lock)
+    elif kind == "socket":
+        server = socket.socket(socket.AF_UNIX)
+        server.bind(str(lock))
     else:
         os.link(users, lock)
-    refused_lock(folder, {"folder": "a folder", "fifo": "a FIFO", "hard link": "a hard link"}[kind])
+    refused_lock(folder, {"folder": "a folder", "fifo": "a FIFO", "hard link": "a hard link",
+                          "socket": "not a plain file"}[kind])
     assert users.read_text() == "my notes\n" and os.path.lexists(lock)  # nothing of the user's removed either
 
 
@@ -195,6 +200,20 @@ def test_a_done_json_edited_by_hand_is_refused_in_one_line(run, ce, why):
     assert str(run / "done.json") in str(e.value) and why in str(e.value) and "\n" not in str(e.value)
     with pytest.raises(errors.TrainingError):
         reference.run_numbers(run)  # compare's numbers: never a band check of an edited number
+
+
+@pytest.mark.parametrize("key, change", [("ppl", lambda v: v * 0.9), ("kd", lambda v: v + 0.01), ("step", lambda v: v - 1)])
+def test_any_number_of_done_json_that_differs_from_the_log_is_refused(run, key, change):
+    edit(run / "done.json", **{key: change(rundir.final_eval(run)[key])})
+    with pytest.raises(errors.TrainingError, match=f"done.json: {key} .*, but the run's last evaluation"):
+        rundir.final_eval(run)
+
+
+def test_a_done_json_without_an_evaluation_in_its_log_is_refused(run):
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rundir.read_metrics(run)
+                                               if not r.get("eval")))
+    with pytest.raises(errors.TrainingError, match="done.json: the run's metrics.jsonl holds no evaluation"):
+        rundir.final_eval(run)
 
 
 def test_done_json_and_metrics_edited_alike_still_cannot_exceed_what_a_cross_entropy_can_be(run):
@@ -330,14 +349,14 @@ def test_a_parquet_corpus_changed_while_it_was_read_leaves_no_shard(tmp_path, en
     assert not (tmp_path / "shards" / "val").exists()
 
 
-@pytest.mark.parametrize("layout", ["data.path", "in a folder"])
+@pytest.mark.parametrize("layout", ["data.path", "in a folder", "a device in a folder"])
 def test_a_fifo_as_a_corpus_is_one_line_not_a_hang(tmp_path, layout):
-    """Before: reading data.path blocked forever on the FIFO."""
+    """Before: reading data.path blocked forever on the FIFO (and hashed /dev/zero without end)."""
     fifo = tmp_path / "corpus.jsonl" if layout == "data.path" else tmp_path / "texts" / "b.txt"
     fifo.parent.mkdir(exist_ok=True)
     if layout != "data.path":
         (fifo.parent / "a.txt").write_text("a regular document")
-    os.mkfifo(fifo)
+    fifo.symlink_to("/dev/zero") if layout.startswith("a device") else os.mkfifo(fifo)
     outcome = []
 
     def build():
@@ -349,7 +368,7 @@ def test_a_fifo_as_a_corpus_is_one_line_not_a_hang(tmp_path, layout):
     worker = threading.Thread(target=build, daemon=True)
     worker.start()
     worker.join(timeout=20)
-    if worker.is_alive():  # release the hung reader, so the test ends
+    if worker.is_alive() and not layout.startswith("a device"):  # release the hung reader, so the test ends
         os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
         worker.join(timeout=5)
     assert outcome and f"{fifo}: not a regular file" in outcome[0] and "\n" not in outcome[0]
