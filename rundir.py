@@ -578,7 +578,8 @@ AGREE = 1e-6
 def final_eval(run_dir: Path) -> dict:
     """A finished run's done.json: the scheduled endpoint's evaluation (never a best checkpoint). Like any
     file in a run folder it is data, not a fact: its numbers must be what a cross-entropy can be (0 to
-    log V + 1, V the vocabulary; past that the run would have been recorded as diverged) and what the run's
+    log V + 1, V the vocabulary, or the run's own diverged_above_uniform margin for the 1: past that the run
+    would have been recorded as diverged, with null numbers) and what the run's
     own metrics.jsonl logged for that evaluation; anything else is one line naming the file."""
     path = Path(run_dir) / "done.json"
     result = read_json(path, *RESULT_KEYS)
@@ -588,9 +589,9 @@ def final_eval(run_dir: Path) -> dict:
     for key in RESULT_KEYS:
         if isinstance(result[key], bool) or not isinstance(result[key], (int, float)):
             raise TrainingError(f"{path}: {key} is {printable(repr(result[key]), 60)}, not a number; {fix}")
-    ce, vocabulary = result["ce"], run_vocabulary(Path(run_dir))
-    if ce < 0 or vocabulary and ce > math.log(vocabulary) + 1:
-        bounds = f"0 to log V + 1 = {math.log(vocabulary) + 1:.4f}" if vocabulary else "at least 0"
+    ce, vocabulary, margin = result["ce"], run_vocabulary(Path(run_dir)), uniform_margin(Path(run_dir))
+    if ce < 0 or vocabulary and ce > math.log(vocabulary) + margin:
+        bounds = f"0 to log V + {margin:g} = {math.log(vocabulary) + margin:.4f}" if vocabulary else "at least 0"
         raise TrainingError(f"{path}: ce {ce!r} is not what a cross-entropy can be ({bounds}); {fix}")
     last = last_evaluation(Path(run_dir))
     if last is None:
@@ -602,6 +603,15 @@ def final_eval(run_dir: Path) -> dict:
         raise TrainingError(f"{path}: {k} {result.get(k)!r}, but the run's last evaluation in metrics.jsonl (step "
                             f"{last['step']}) logged {last.get(k)!r}; {fix}")
     return result
+
+
+def uniform_margin(run_dir: Path) -> float:
+    """The run's diverged_above_uniform (config.json; the default 1 where it cannot be read)."""
+    try:
+        margin = read_json(run_dir / "config.json").get("diverged_above_uniform", 1.0)
+    except TrainingError:
+        return 1.0
+    return float(margin) if isinstance(margin, (int, float)) and not isinstance(margin, bool) and margin >= 0 else 1.0
 
 
 def run_vocabulary(run_dir: Path) -> int | None:

@@ -217,17 +217,24 @@ def test_a_done_json_without_an_evaluation_in_its_log_is_refused(run):
 
 
 def test_done_json_and_metrics_edited_alike_still_cannot_exceed_what_a_cross_entropy_can_be(run):
-    """An edit of both files to the same number is caught by the bounds: 0 <= CE <= log V + 1."""
-    rows = rundir.read_metrics(run)
-    for value, ok in ((math.log(TINY_VOCAB + 1) + 1.5, False), (math.log(TINY_VOCAB + 1) + 0.5, True)):
+    """An edit of both files to the same number is caught by the bounds: 0 <= CE <= log V + the run's margin
+    above a uniform prediction (diverged_above_uniform, 1 by default; past it the run is recorded as diverged)."""
+    rows, log_v = rundir.read_metrics(run), math.log(TINY_VOCAB + 1)
+
+    def both(value):
         (run / "metrics.jsonl").write_text("".join(json.dumps({**r, "ce": value} if r.get("eval") else r) + "\n"
                                                    for r in rows))
         edit(run / "done.json", ce=value)
-        if ok:
-            assert rundir.final_eval(run)["ce"] == value
-        else:
-            with pytest.raises(errors.TrainingError, match="log V \\+ 1 = 7.2"):
-                rundir.final_eval(run)
+    both(log_v + 0.5)
+    assert rundir.final_eval(run)["ce"] == log_v + 0.5
+    both(log_v + 1.5)
+    with pytest.raises(errors.TrainingError, match="log V \\+ 1 = 7.2"):
+        rundir.final_eval(run)
+    edit(run / "config.json", diverged_above_uniform=2.0)
+    assert rundir.final_eval(run)["ce"] == log_v + 1.5
+    both(log_v + 2.5)
+    with pytest.raises(errors.TrainingError, match="log V \\+ 2 = 8.2"):
+        rundir.final_eval(run)
 
 
 def test_a_diverged_run_s_null_numbers_are_an_outcome(run):
