@@ -323,9 +323,10 @@ def search(scale, seed, dry_run, gpu, gpus, nodes, overrides, compile_flag, devi
                         None if seed is None else [seed], [ws.preset.run["seed"]], "--seed")[0]
     if dry_run:  # every rung: the search stops at the first that meets the criterion, so at most this
         ladder = presets.LADDERS[scale]
-        print_dry_run(scale, [(rung.name, *planned(regime_map.rung_workspace(ws, ladder, i, overrides),
-                                                   [regime_map.SEARCH_RUN], seed)[1:])
-                              for i, rung in enumerate(ladder)], [seed], gpu, gpus, nodes,
+        rungs = [suite.workspace(scale, runs_dir, results_dir, True, (*regime_map.rung_overrides(ladder, i), *overrides))
+                 for i in range(len(ladder))]  # regime.rung_workspace's, made for a dry run: no folder
+        print_dry_run(scale, [(rung.name, *planned(rws, [regime_map.SEARCH_RUN], seed)[1:])
+                              for rung, rws in zip(ladder, rungs)], [seed], gpu, gpus, nodes,
                       "; every rung, although the search stops at the first that meets its criterion")
         return
     regime_map.run_search(ws, seed, force, overrides)
