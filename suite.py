@@ -136,10 +136,20 @@ def prepare_data(ws: Workspace, force: bool = False) -> tuple[data.Shard, data.S
     options = corpus_options(ws.preset)
     def prepare():  # by one process at a time (rundir.held): another one preparing them is waited for
         with rundir.held([ws.data_dir], ws.wait):
-            return data.prepare(d["source"], ws.data_dir, enc, max_len=d["max_len"], n_train_docs=ws.train_docs,
-                                n_val_docs=d["val_docs"], seed=PRESETS[ws.preset.name].run["seed"],
-                                progress=console.is_terminal,
-                                force=force, **options)
+            corpus = shard_corpus(ws)
+            shards = data.prepare(d["source"], ws.data_dir, enc, max_len=d["max_len"], n_train_docs=ws.train_docs,
+                                  n_val_docs=d["val_docs"], seed=PRESETS[ws.preset.name].run["seed"],
+                                  progress=console.is_terminal,
+                                  force=force, **options)
+        trained = sorted(p for p in ws.runs.iterdir() if p.name != "data" and not p.name.startswith("."))
+        if corpus is not None and shard_corpus(ws) != corpus and trained:
+            # --force rebuilt the shards from an edited corpus (its sha256 changed, its settings did not): what
+            # was trained on the old content names the shards' folder, not their content, and would be reused
+            raise errors.DataError(f"{ws.data_dir}: rebuilt from the corpus as it is now, which changed since "
+                                   f"{trained[0]} was trained on it; --force does not retrain that: move "
+                                   f"{', '.join(p.name for p in trained)} out of {ws.runs} (or choose another "
+                                   "--runs-dir) and rerun")
+        return shards
     # Rank 0 prepares (and checksums what it reuses), the others wait for it without a collective's timeout.
     shards = ws.ctx.on_main(prepare, "preparing the data")
     for split in ("train", "val"):
@@ -148,6 +158,15 @@ def prepare_data(ws: Workspace, force: bool = False) -> tuple[data.Shard, data.S
         shards = data.Shard(ws.data_dir / "train", verify=False), data.Shard(ws.data_dir / "val", verify=False)
     rundir.kill_point("prepared", "data")
     return shards
+
+
+def shard_corpus(ws: Workspace) -> dict | None:
+    """The corpus identity (source, options, content sha256) the training shard was built from, if one is there."""
+    manifest = ws.data_dir / "train" / data.MANIFEST_FILE
+    try:
+        return checkpoint.loads(manifest.read_bytes()).get("corpus")
+    except (OSError, ValueError, AttributeError):
+        return None
 
 
 def hub_teacher(ws: Workspace) -> Path:
