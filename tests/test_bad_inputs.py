@@ -1047,3 +1047,21 @@ def test_data_takes_set_and_prepares_where_those_runs_read(tmp_path):
     manifest = json.loads((tmp_path / "smoke+data.val_docs=12" / "data" / "val" / "manifest.json").read_text())
     assert manifest["n_docs"] == 12
     assert not (tmp_path / "smoke").exists()
+
+
+def test_force_after_an_edited_corpus_never_reuses_what_the_old_one_trained(tmp_path):
+    """--force rebuilds the shards of an edited local corpus; a teacher and runs trained on the old content
+    (a stand-in folder here) are then named in one line, never silently reused with the new shards."""
+    corpus = tmp_path / "c.jsonl"
+    corpus.write_text("".join(json.dumps({"text": f"document {i} about the lazy fox"}) + "\n" for i in range(200)))
+    local = ["data.source=local", f"data.path={corpus}"]
+    ws = suite.workspace("smoke", tmp_path / "runs", overrides=local, device="cpu")
+    suite.prepare_data(ws)
+    first = suite.shard_corpus(ws)["sha256"]
+    (ws.runs / "teacher").mkdir()
+    corpus.write_text(corpus.read_text().replace("lazy", "quick"))
+    with pytest.raises(errors.DataError, match="another corpus"):  # unforced: the shards are refused
+        suite.prepare_data(suite.workspace("smoke", tmp_path / "runs", overrides=local, device="cpu"))
+    with pytest.raises(errors.DataError, match=r"data: rebuilt from the corpus .* move teacher out of"):
+        suite.prepare_data(suite.workspace("smoke", tmp_path / "runs", overrides=local, device="cpu"), force=True)
+    assert suite.shard_corpus(ws)["sha256"] != first
