@@ -197,12 +197,12 @@ DATA_OPTIONS = {name: value for options in data.CORPUS_OPTIONS.values() for name
 # 33,000 steps a phase, 256 documents a step), so that a mistyped exponent is refused, not planned.
 RANGES = {  # name: (lowest, highest); a tuple's values (phase_lrs, phase_warmups, betas) each
     "seed": (0, 2**63 - 1), "blocks": (1, 128), "layers_per_block": (1, 128), "phase_steps": (1, 10**9),
-    "global_batch": (1, 2**20), "micro_batch": (1, 2**20), "lr": (0, 10), "min_lr": (0, 10), "warmup_frac": (0, 1),
+    "global_batch": (1, 2**20), "micro_batch": (1, 2**20), "lr": (0, 1e3), "min_lr": (0, 1e3), "warmup_frac": (0, 1),
     "eps": (0, 1), "weight_decay": (0, 10), "grad_clip": (0, 1e6), "alpha": (0, 1e3), "gamma": (0, 1e3),
     "tau": (0.01, 100), "loss_chunk": (1, 2**24), "eval_interval": (1, 10**9), "eval_batch": (1, 2**20),
     "checkpoint_interval": (1, 10**9), "snapshot_interval": (0, 10**9), "monitor_interval": (0, 10**9),
     "boundary_scale": (1e-6, 1e6), "monitor_rms_warn": (0, 1e12), "monitor_kurtosis_warn": (0, 1e12),
-    "diverged_above_uniform": (0, 1e6), "diverged_above_best": (0, 1e6), "phase_lrs": (1e-12, 10),
+    "diverged_above_uniform": (0, 1e6), "diverged_above_best": (0, 1e6), "phase_lrs": (1e-12, 1e3),
     "phase_warmups": (1, 10**9), "betas": (0, 0.999999),
     # teacher_model (model.ModelConfig; config_problem checks how they fit together)
     "hidden_size": (1, 65536), "intermediate_size": (1, 2**20), "num_hidden_layers": (1, 1024),

@@ -84,7 +84,8 @@ class Repro(click.Group):
                                "folder") from None
         except KeyboardInterrupt:  # Ctrl-C, or SIGTERM (a scheduler's stop): every run resumes where it stopped
             if ctx.invoked_subcommand not in TRAINS:
-                raise OneLineError(f"interrupted: {ctx.invoked_subcommand} stopped before it finished", 130) from None
+                raise OneLineError(f"interrupted: {ctx.invoked_subcommand or 'repro.py'} stopped before it finished",
+                                   130) from None
             raise OneLineError("interrupted; rerun the same command to resume: each run continues from its newest "
                                "checkpoint (latest/ or the last phase-N/), finished runs are reused", 130) from None
         finally:
