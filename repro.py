@@ -635,7 +635,11 @@ def sample_text(checkpoint, prompt, max_new_tokens, temperature, top_k, seed, ru
             click.echo(text[len(shown[0]):], nl=last)
             shown[0] = text
     click.echo(prompt, nl=False)
-    new = sample.generate(net, prompt_ids, max_new_tokens, enc.eot, temperature, top_k, seed, on_token=stream)
+    try:
+        new = sample.generate(net, prompt_ids, max_new_tokens, enc.eot, temperature, top_k, seed, on_token=stream)
+    except KeyboardInterrupt:
+        click.echo()  # the text so far ends its line; the one error line follows on its own
+        raise
     stream(new, last=True)
 
 
