@@ -21,6 +21,7 @@ resumed; runs whose first phases are identical share them.
 """
 from __future__ import annotations
 
+import functools
 import json
 import math
 import os
@@ -138,8 +139,18 @@ set_option = click.option("--set", "overrides", multiple=True, metavar="SECTION.
                                "with overrides get their own folders.")
 
 
-def dry_run_options(f):
-    """--dry-run and the GPUs its estimate is for: every command that trains has them."""
+def dry_run_options(command):
+    """--dry-run and the GPUs its estimate is for: every command that trains has them. --gpu, --gpus and
+    --nodes without --dry-run are refused: a run uses the GPUs torchrun gives it, and they would do nothing."""
+    @functools.wraps(command)
+    def f(*args, **kwargs):
+        ctx = click.get_current_context()
+        given = [name for name in ("gpu", "gpus", "nodes")
+                 if ctx.get_parameter_source(name) == click.core.ParameterSource.COMMANDLINE]
+        if given and not kwargs["dry_run"]:
+            raise click.UsageError(f"--{given[0]} sets what --dry-run's estimate is for and does nothing else; add "
+                                   "--dry-run (a run uses the GPUs torchrun launches it on)")
+        return command(*args, **kwargs)
     f = click.option("--nodes", type=click.IntRange(1, 1024), default=1, show_default=True,
                      help="Nodes for --dry-run's estimate.")(f)
     f = click.option("--gpus", type=click.IntRange(1, 1024), default=None,

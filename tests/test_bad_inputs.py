@@ -679,6 +679,8 @@ ISSUE34 = [
                                                  *DRY], ("--set", "phase_steps")),
     case("--nodes 2000", ["all", "--scale", "full", "--nodes", "2000", *DRY], "--nodes"),
     case("--gpus 1e12", ["all", "--scale", "full", "--gpus", "1000000000000", *DRY], "--gpus"),
+    case("--gpus without --dry-run", [*TABLE1, "--gpus", "8"], ("--gpus", "--dry-run")),
+    case("train --nodes without --dry-run", [*TRAIN_RUN, "--nodes", "2"], ("--nodes", "--dry-run")),
     case("train --seed 44 --set run.seed=43", [*TRAIN_RUN, "--seed", "44", "--set", "run.seed=43"],
          ("--seed", "run.seed=43")),
     case("table1 --seeds 44 --set run.seed=43", [*TABLE1, "--seeds", "44", "--set", "run.seed=43"],
