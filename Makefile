@@ -1,9 +1,11 @@
-# normgrow: `make test` and `make toy` work on a fresh machine with Python 3.10+ and nothing else.
+# normgrow: `make test` and `make toy` work on a fresh machine with Python 3.10+ (with its venv module: Debian and
+# Ubuntu's python3-venv), make and git.
 PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 
-.PHONY: install install-dev test test-fast test-slow test-faults test-avx2 lint toy bench gpu-check same-results clean
+.PHONY: install install-dev test test-fast test-slow test-faults test-avx2 fresh-check lint toy bench gpu-check \
+	same-results clean
 
 install: $(VENV)/.installed
 install-dev: $(VENV)/.installed-dev
@@ -53,6 +55,12 @@ test-avx2: install-dev
 		"tests/test_grow.py::test_accumulation_equals_whole_batch" \
 		"tests/test_beyond.py::test_new_options_under_fsdp2_two_ranks_match_one_process"; \
 		status=$$?; rm -rf $$cache; exit $$status
+
+# What a newcomer's first command does: a clean clone of HEAD (committed work only) into a temporary folder, its
+# own .venv, `make test` there; the folder is removed afterwards whatever the outcome.
+fresh-check:
+	dir=$$(mktemp -d) && git clone -q "$(CURDIR)" $$dir/normgrow && $(MAKE) -C $$dir/normgrow test PYTHON=$(PYTHON); \
+		status=$$?; rm -rf $$dir; exit $$status
 
 lint: install-dev
 	$(BIN)/ruff check .

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import shutil
 from pathlib import Path
@@ -64,10 +65,18 @@ def _not_json(constant: str):
     raise ValueError(f"{constant} is not JSON (the kit writes only finite numbers)")
 
 
+def _finite(number: str) -> float:
+    value = float(number)
+    if not math.isfinite(value):  # 1e999: valid JSON syntax, but Python reads it as infinity
+        raise ValueError(f"{number[:40]} is out of a float's range (the kit writes only finite numbers)")
+    return value
+
+
 def loads(text: str | bytes):
-    """Strict JSON back: NaN, Infinity and nesting too deep to read are a ValueError like any damage."""
+    """Strict JSON back, the kit's one JSON reader: NaN, Infinity, a number too large for a float (1e999)
+    and nesting too deep to read are a ValueError like any damage."""
     try:
-        return json.loads(text, parse_constant=_not_json)
+        return json.loads(text, parse_constant=_not_json, parse_float=_finite)
     except RecursionError:
         raise ValueError("nested too deeply to be a file the kit wrote") from None
 
@@ -107,10 +116,20 @@ def write_checksums(folder: Path):
     write_json(folder / CHECKSUMS, {p.name: sha256(p) for p in files}, indent=1)
 
 
+def unlisted(ckpt: Path, sums: dict) -> list[str]:
+    """Files in a checkpoint folder that its checksums do not list (an index or weights file put there
+    later, which a loader would otherwise prefer): a checkpoint is what its checksums list, nothing else.
+    Sub-folders (a teacher run's phase-0/) are checkpoints of their own; write_atomic's temporary files
+    left by a kill (.<name>.<pid>.tmp) are never read."""
+    return sorted(p.name for p in ckpt.iterdir() if p.name not in sums and p.name != CHECKSUMS
+                  and not p.is_dir() and not (p.name.startswith(".") and p.name.endswith(".tmp")))
+
+
 def damage(ckpt: Path, part: tuple[int, int] = (0, 1)) -> str:
     """Why a checkpoint cannot be trusted ("" if it can): a file that is missing or differs from the
-    checksum written with it. A checkpoint from before checksums were written is taken as it is.
-    part = (i, n): hash only every n-th file from the i-th (ranks share the reading of a large one)."""
+    checksum written with it, or one its checksums do not list. A checkpoint from before checksums were
+    written is taken as it is. part = (i, n): hash only every n-th file from the i-th (ranks share the
+    reading of a large one)."""
     try:
         sums = loads((ckpt / CHECKSUMS).read_text())
     except FileNotFoundError:
@@ -119,6 +138,9 @@ def damage(ckpt: Path, part: tuple[int, int] = (0, 1)) -> str:
         return f"{CHECKSUMS} is unreadable"
     if not isinstance(sums, dict) or not all(isinstance(v, str) for v in sums.values()):
         return f"{CHECKSUMS} is not a map of file -> sha256"
+    extra = unlisted(ckpt, sums)
+    if extra:
+        return f"{extra[0]} is not one of its files (not in {CHECKSUMS}): move it out of the folder"
     for i, (name, digest) in enumerate(sorted(sums.items())):
         if not (ckpt / name).is_file():
             return f"{name} is missing"
@@ -131,8 +153,8 @@ def check_checksums(path: Path):
     """A checkpoint folder whose files differ from the checksums written with them is refused."""
     why = damage(path)
     if why:
-        raise CheckpointError(f"{path}: damaged ({why}); the file changed after the kit wrote it: restore it or "
-                              "retrain that checkpoint")
+        raise CheckpointError(f"{path}: damaged ({why}); the folder is not as the kit wrote it: restore it (or move "
+                              "out what was added) or retrain that checkpoint")
 
 
 # ----------------------------------------------------------------------------------------------

@@ -41,6 +41,7 @@ import json
 import os
 import re
 import shutil
+import stat
 import time
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
@@ -76,6 +77,7 @@ class Corpus:
     identity: dict  # source, its content-defining options, n_val and seed: what shard manifests record
     ordered_documents: Callable[[], Iterator[str]]  # a new pass over all documents, in order
     n_val: int
+    unchanged: Callable[[], None] = lambda: None  # a DataError if what was read is no longer what identity names
 
     def validation_documents(self) -> list[str]:
         documents = list(islice(self.ordered_documents(), self.n_val))
@@ -101,7 +103,8 @@ def corpus(source: str, n_val: int, seed: int = 0, **options) -> Corpus:
     """The corpus `source`: "toy" (paragraphs_per_document or document_chars), "fineweb-edu" (revision,
     cache_dir) or "local" (path).
 
-    Building it reads nothing; documents are read (or downloaded) when iterated.
+    Building it reads nothing of "toy" and "fineweb-edu" (documents are read or downloaded when iterated);
+    a local corpus's files are read (hashed) at once, since its identity is its content.
     """
     makers = {"toy": _toy_corpus, "fineweb-edu": _fineweb_corpus, "local": _local_corpus}
     if source not in makers:
@@ -269,22 +272,45 @@ def _local_corpus(n_val: int, seed: int, path) -> Corpus:
     if not (parquet_files or text_files) or not path.exists():
         raise DataError(f"path {path}: not a folder of .txt or .parquet files, a .jsonl or a .parquet file; "
                         f"point it at one of those")
-    # Identity by content: an edited corpus is another corpus, whose shards and teacher are built anew.
-    identity = {"source": "local", "path": str(path), "n_val": n_val, "seed": seed,
-                "sha256": _content_sha256(parquet_files or text_files)}
-    if parquet_files:
-        return Corpus(identity, lambda: _parquet_documents(lambda i: parquet_files[i], len(parquet_files), seed), n_val)
-    return Corpus(identity, lambda: iter(_seeded_order(_read_local_documents(path, text_files), seed)), n_val)
+    # Identity by content: an edited corpus is another corpus, whose shards and teacher are built anew. The
+    # text is hashed from the very bytes that are tokenized (read once here), so an edit while prepare
+    # runs cannot give shards of one text under the name of another.
+    identity = {"source": "local", "path": str(path), "n_val": n_val, "seed": seed}
+    if parquet_files:  # read a row group at a time (it may be larger than memory): hashed again once read
+        identity["sha256"] = _content_sha256(parquet_files, [_read_regular(f, 1 << 20) for f in parquet_files])
+
+        def unchanged():
+            if _content_sha256(parquet_files, [_read_regular(f, 1 << 20) for f in parquet_files]) != identity["sha256"]:
+                raise DataError(f"path {path}: its files changed while they were read; rerun once they stay as they are")
+        return Corpus(identity, lambda: _parquet_documents(lambda i: parquet_files[i], len(parquet_files), seed), n_val,
+                      unchanged)
+    raw = [b"".join(_read_regular(f, 1 << 20)) for f in text_files]
+    identity["sha256"] = _content_sha256(text_files, [[content] for content in raw])
+    documents = _seeded_order(_local_documents(path, text_files, raw), seed)
+    return Corpus(identity, lambda: iter(documents), n_val)
 
 
-def _content_sha256(files: list[Path]) -> str:
-    """sha256 over the files' names and bytes, streamed (a corpus may be larger than memory)."""
+def _read_regular(file: Path, block: int) -> Iterator[bytes]:
+    """A corpus file's bytes, `block` at a time; anything but a regular file (a FIFO would block forever, a
+    device never end) is one line."""
+    try:
+        fd = os.open(file, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as e:
+        raise DataError(f"{file}: cannot be read ({e.strerror}); point data.path at readable corpus files") from None
+    with os.fdopen(fd, "rb") as f:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise DataError(f"{file}: not a regular file (a FIFO, device or socket); a corpus must be files on disk: "
+                            "point data.path at a regular file or a folder of them")
+        yield from iter(lambda: f.read(block), b"")
+
+
+def _content_sha256(files: list[Path], contents: list) -> str:
+    """sha256 over the files' names and the bytes read from each (blocks of them)."""
     digest = hashlib.sha256()
-    for file in files:
+    for file, blocks in zip(files, contents):
         digest.update(file.name.encode() + b"\0")
-        with open(file, "rb") as f:
-            for block in iter(lambda: f.read(1 << 20), b""):
-                digest.update(block)
+        for block in blocks:
+            digest.update(block)
     return digest.hexdigest()
 
 
@@ -299,26 +325,25 @@ def _decode(raw: bytes, file: Path, first_line: int = 1) -> str:
                         "as UTF-8") from None
 
 
-def _read_local_documents(path: Path, files: list[Path]) -> list[str]:
+def _local_documents(path: Path, files: list[Path], raw: list[bytes]) -> list[str]:
     """Non-empty documents: one per .txt file (sorted by name) of a folder, or one per .jsonl line."""
-    documents = [_decode(f.read_bytes(), f) for f in files] if path.is_dir() else _read_jsonl(path)
+    documents = [_decode(content, f) for f, content in zip(files, raw)] if path.is_dir() else _read_jsonl(path, raw[0])
     return [d for d in documents if d]
 
 
-def _read_jsonl(path: Path) -> list[str]:
+def _read_jsonl(path: Path, content: bytes) -> list[str]:
     documents = []
-    with open(path, "rb") as lines:
-        for number, raw in enumerate(lines, 1):
-            line = _decode(raw, path, number)
-            if not line.strip():
-                continue
-            try:
-                text = json.loads(line)["text"]
-            except (ValueError, KeyError, TypeError, RecursionError):
-                raise DataError(f"{path}:{number}: not a JSON object with a 'text' field; fix that line") from None
-            if not isinstance(text, str):
-                raise DataError(f"{path}:{number}: 'text' is a {type(text).__name__}, not a string; fix that line")
-            documents.append(text)
+    for number, raw in enumerate(content.split(b"\n"), 1):
+        line = _decode(raw, path, number)
+        if not line.strip():
+            continue
+        try:
+            text = json.loads(line)["text"]
+        except (ValueError, KeyError, TypeError, RecursionError):
+            raise DataError(f"{path}:{number}: not a JSON object with a 'text' field; fix that line") from None
+        if not isinstance(text, str):
+            raise DataError(f"{path}:{number}: 'text' is a {type(text).__name__}, not a string; fix that line")
+        documents.append(text)
     return documents
 
 
@@ -441,7 +466,8 @@ def prepare(source: str, out_dir: str | Path, enc: Tokenizer, *, max_len: int, n
                     raise
         texts = _exactly(read(), n_docs, f"source {source} ({split})")
         chunks = _tokenized_chunks(texts, enc, max_len, workers)
-        _write_shard(path, inputs, _with_progress(chunks, f"{source} {split}", n_docs, progress), enc)
+        _write_shard(path, inputs, _with_progress(chunks, f"{source} {split}", n_docs, progress), enc,
+                     documents.unchanged)
         shards[split] = Shard(path, verify=False)  # checksummed as it was written
     return shards["train"], shards["val"]
 
@@ -529,8 +555,10 @@ def _with_progress(chunks: Iterator[tuple[np.ndarray, np.ndarray]], label: str, 
             yield tokens, lengths
 
 
-def _write_shard(path: Path, inputs: dict, chunks: Iterator[tuple[np.ndarray, np.ndarray]], enc: Tokenizer) -> None:
-    """Write chunks as a shard at `path`, atomically: all in a temporary sibling, then one rename."""
+def _write_shard(path: Path, inputs: dict, chunks: Iterator[tuple[np.ndarray, np.ndarray]], enc: Tokenizer,
+                 unchanged: Callable[[], None] = lambda: None) -> None:
+    """Write chunks as a shard at `path`, atomically: all in a temporary sibling, then one rename (once
+    `unchanged` says the source is still what the manifest names)."""
     partial = path.with_name(f".{path.name}.partial")
     if partial.exists():
         shutil.rmtree(partial)  # left by a killed prepare; it has no manifest and never was a shard
@@ -544,6 +572,7 @@ def _write_shard(path: Path, inputs: dict, chunks: Iterator[tuple[np.ndarray, np
                     "sha256": {TOKENS_FILE: tokens_sha, OFFSETS_FILE: hashlib.sha256(offsets.tobytes()).hexdigest()}}
         checkpoint.write_json(partial / MANIFEST_FILE, manifest, indent=1)
         checkpoint.fsync_folder(partial)
+        unchanged()
         _move_into_place(partial, path)
     except BaseException as e:
         shutil.rmtree(partial, ignore_errors=True)

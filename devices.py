@@ -6,7 +6,6 @@ chosen by measuring what the machine does.
 """
 from __future__ import annotations
 
-import json
 import os
 import platform
 import time
@@ -19,7 +18,7 @@ from typing import Callable
 import torch
 import torch.distributed as dist
 
-from checkpoint import write_json
+from checkpoint import loads, write_json
 from errors import TrainingError
 
 # ----------------------------------------------------------------------------------------------
@@ -211,11 +210,12 @@ def cpu_bf16_speedup() -> float:
     key = f"{platform.machine()} {cpu_model()} torch {torch.__version__} {torch.backends.cpu.get_cpu_capability()} " \
           f"threads {torch.get_num_threads()}"
     path = precision_cache()
-    try:
-        cached = json.loads(path.read_text())
+    try:  # read as strictly as it is written: a cache with NaN (or any damage) is probed again and rewritten
+        cached = loads(path.read_text())
     except (OSError, ValueError):
         cached = {}
-    if not isinstance(cached, dict) or not isinstance(cached.get(key), (int, float)):
+    if not isinstance(cached, dict) or isinstance(cached.get(key), bool) or not isinstance(cached.get(key), (int, float)) \
+            or not cached[key] > 0:
         cached = cached if isinstance(cached, dict) else {}
         cached[key] = matmul_speedup_bf16()
         try:

@@ -81,13 +81,26 @@ def diverged_line(diverged: list[str], total: int) -> str:
 
 def phase_end_eval(ws: Workspace, name: str, seed: int, phase: int) -> dict:
     step = (phase + 1) * ws.preset.run["phase_steps"]
-    return next(r for r in metrics(ws.run_dir(name, seed))
-                if r.get("eval") and r["step"] == step and not r.get("phase_start"))
+    return logged_row(ws.run_dir(name, seed), f"the evaluation at the end of phase {phase} (step {step})",
+                      lambda r: r.get("eval") and r.get("step") == step and not r.get("phase_start"))
 
 
 def phase_start_eval(ws: Workspace, name: str, seed: int, phase: int) -> dict:
     """The evaluation of a phase's starting weights, before its first update."""
-    return next(r for r in metrics(ws.run_dir(name, seed)) if r.get("phase_start") and r["phase"] == phase)
+    return logged_row(ws.run_dir(name, seed), f"the evaluation at the start of phase {phase}",
+                      lambda r: r.get("phase_start") and r.get("phase") == phase)
+
+
+def logged_row(run_dir: Path, what: str, wanted: Callable[[dict], bool]) -> dict:
+    """The first row of a finished run's metrics.jsonl that `wanted` picks, with a finite CE (the figures
+    plot it), or one line naming the file: a log edited or cut short by hand."""
+    row = next((r for r in metrics(run_dir) if wanted(r)), None)
+    if row is None or isinstance(row.get("ce"), bool) or not isinstance(row.get("ce"), (int, float)) \
+            or not math.isfinite(row["ce"]):
+        why = "missing" if row is None else "not a finite CE"
+        raise errors.TrainingError(f"{run_dir / 'metrics.jsonl'}: {what} is {why}, although the run is finished; the "
+                                   "log is damaged: move the run away and rerun it")
+    return row
 
 
 @cache

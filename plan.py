@@ -8,18 +8,24 @@ where that fits the GPU.
 """
 from __future__ import annotations
 
+import io
 import math
+import time
 from dataclasses import dataclass
+from pathlib import Path
 
+import torch
 from rich.console import Console
 from rich.table import Table
 
 import config
 import data
+import devices
 import memory
 import model
 import presets
 import report
+import rundir
 import suite
 
 GPU_BF16_PEAK = {"a100": 312e12, "h100": 989e12, "h200": 989e12, "b200": 2250e12}  # dense bf16 FLOP/s
@@ -126,8 +132,19 @@ def teacher_passes(runs: list[PlannedRun], lockstep: bool) -> int:
     if not lockstep:
         return sum(len(own_steps(r)) for r in runs)
     together = lockstep_runs(runs)
-    shared = set().union(*(own_steps(r) for r in together))
-    return len(shared) + sum(len(own_steps(r)) for r in runs if r not in together)
+    return union_length([own_steps(r) for r in together]) + sum(len(own_steps(r)) for r in runs if r not in together)
+
+
+def union_length(spans: list[range]) -> int:
+    """How many steps lie in at least one span: merged interval by interval, never a set of every step
+    (a dry run of any accepted step count answers at once)."""
+    total, reach = 0, None
+    for span in sorted((s for s in spans if len(s)), key=lambda s: s.start):
+        if reach is None or span.start > reach:
+            total, reach = total + len(span), span.stop
+        elif span.stop > reach:
+            total, reach = total + span.stop - reach, span.stop
+    return total
 
 
 def diagnostics_cost(preset, runs: list[PlannedRun], teacher: model.ModelConfig, context: float) -> tuple[float, int]:
@@ -302,13 +319,13 @@ def print_plan(ws, runs: list[PlannedRun], seeds: list[int], gpu: str, gpus: int
     diag_flops, loads = (x * len(seeds) for x in diagnostics_cost(preset, runs, teacher, context))
     read = loads * student_bytes(preset, teacher)
     console.print(f"diagnostics (rank 0 alone, after training, one checkpoint at a time in bf16): "
-                  f"{flops_text(diag_flops)}, about {gpu_hours(diag_flops) * 3600:,.0f} s on one {gpu}, plus reading "
-                  f"{loads} checkpoints ({read / 1e9:,.0f} GB, about {read / DISK_BYTES_PER_S / 60:,.0f} min at "
+                  f"{flops_text(diag_flops)} ({duration_text(gpu_hours(diag_flops) * 3600)} on one {gpu}), plus "
+                  f"reading {loads} checkpoints ({read / 1e9:,.3g} GB: {duration_text(read / DISK_BYTES_PER_S)} at "
                   f"{DISK_BYTES_PER_S / 1e9:g} GB/s)")
     totals.update(diagnostics_flops=diag_flops, diagnostics_checkpoints=loads)
     default = fits(preset, gpus, GPU_MEMORY_GIB[gpu] * 2**30, runs, nodes)
     console.print(f"default on {gpus} {gpu}: {'lockstep' if default else 'separate'} (lockstep needs "
-                  f"~{totals['lockstep']['memory_gib']:.0f} of {GPU_MEMORY_GIB[gpu]} GiB; --lockstep/--no-lockstep "
+                  f"~{totals['lockstep']['memory_gib']:.2g} of {GPU_MEMORY_GIB[gpu]} GiB; --lockstep/--no-lockstep "
                   "overrides)")
     return {"rows": rows, **totals, "lockstep_default": default}
 
@@ -321,3 +338,62 @@ def flops_text(flops: float) -> str:
 
 def hours_text(hours: float) -> str:
     return f"{hours:,.1f}" if hours >= 0.1 else f"{hours:.2g}"
+
+
+# ----------------------------------------------------------------------------------------------
+# This machine: the dry run's estimate for the CPU it runs on
+
+def cpu_estimate(flops: float, precision: str, bench_file: Path) -> str:
+    """How long `flops` of the kit's training take on this CPU: at the speed `repro.py bench` measured
+    for the kit's own toy train step (bench_file), else at a matmul's speed timed now in the precision
+    the runs would use (optimistic: the kit's step runs below a matmul's peak)."""
+    if bench_file.is_file():
+        step = rundir.read_json(bench_file, "train_step")["train_step"]
+        dtype = "bf16" if precision != "fp32" and "kit_post_bf16_s" in step else "fp32"
+        rate = step["step_gflop"] * 1e9 / step[f"kit_post_{dtype}_s"]
+        return (f"about {duration_text(flops / rate)} on this CPU ({rate / 1e9:,.1f} GFLOP/s: the kit's {dtype} toy "
+                f"step as {bench_file} measured it on {rundir.read_json(bench_file)['environment'].get('date')})")
+    dtype, _ = devices.precision_choice(precision, torch.device("cpu"))
+    n, times = 1024, []
+    a, b = torch.randn(n, n).to(dtype), torch.randn(n, n).to(dtype)
+    for _ in range(5):
+        start = time.perf_counter()
+        a @ b
+        times.append(time.perf_counter() - start)
+    rate = 2 * n ** 3 / min(times[1:])
+    return (f"about {duration_text(flops / rate)} on this CPU, optimistic (at a {str(dtype)[6:]} matmul's "
+            f"{rate / 1e9:,.0f} GFLOP/s, timed now on {torch.get_num_threads()} thread(s) with whatever else runs here; "
+            f"the kit's step runs below it: `python repro.py bench` measures that, and later dry runs use it)")
+
+
+def duration_text(seconds: float) -> str:
+    if seconds < 1:
+        return "under a second"
+    for unit, size in (("days", 86400), ("h", 3600), ("min", 60)):
+        if seconds >= size:
+            return f"{seconds / size:,.1f} {unit}"
+    return f"{seconds:.0f} s"
+
+
+def print_groups(groups: list[tuple[str, suite.Workspace, list[PlannedRun]]], seeds: list[int], gpu: str, gpus: int,
+                 nodes: int, console: Console, note: str = "") -> float:
+    """A command's runs in several workspaces (the regime map's points, the search's rungs, the
+    interventions' variants): a row per group from print_plan's totals, then the sum on this CPU and
+    on `gpu`. Returns the FLOPs (lockstep, diagnostics included)."""
+    table = Table(title=f"plan: {len(seeds)} seed(s); students only (the scale's teacher and data are made once, "
+                        f"shared){note}")
+    for column in ("runs of", "runs", "steps", "FLOPs", f"{gpu} GPU-h"):
+        table.add_column(column, justify="right")
+    flops = gpu_hours = 0.0
+    quiet = Console(file=io.StringIO())
+    for label, ws, runs in groups:
+        totals = print_plan(ws, runs, seeds, gpu, gpus, quiet, nodes)
+        group_flops = totals["lockstep"]["flops"] + totals["diagnostics_flops"]
+        flops += group_flops
+        gpu_hours += totals["lockstep"]["gpu_hours"]
+        steps = sum(len(own_steps(r)) for r in runs) * len(seeds)
+        table.add_row(label, ", ".join(r.name for r in runs), f"{steps:,}", flops_text(group_flops),
+                      hours_text(totals["lockstep"]["gpu_hours"]))
+    console.print(table)
+    console.print(f"in all: {flops_text(flops)}; {hours_text(gpu_hours)} {gpu} GPU-hours on {nodes} x {gpus} GPU(s)")
+    return flops

@@ -145,7 +145,7 @@ def teacher_shape(preset: Preset) -> model.ModelConfig:
 def regime_ratios(preset: Preset) -> list[tuple[str, float, float]]:
     """(quantity, paper, preset) rows."""
     def values(p: Preset) -> dict:
-        r = p.run
+        r, teacher_run = p.run, {**p.run, **p.teacher_run}
         student = r["blocks"] * r["layers_per_block"]
         shape = teacher_shape(p)
         teacher = shape.num_hidden_layers
@@ -156,8 +156,8 @@ def regime_ratios(preset: Preset) -> list[tuple[str, float, float]]:
                 "warmup / AdamW horizon 1/(1 - beta2)": warmup * (1 - r["betas"][1]),
                 "documents per step": r["global_batch"], "tokens per step (assumed tokens/document)":
                     round(r["global_batch"] * min(p.doc_tokens, p.data["max_len"])),
-                "teacher documents / documents of the longest-trained student":
-                    p.teacher_run["phase_steps"] * p.teacher_run["global_batch"] / (3 * r["phase_steps"] * r["global_batch"])
+                "teacher documents / documents of the longest-trained student":  # teacher_run: what differs from run
+                    teacher_run["phase_steps"] * teacher_run["global_batch"] / (3 * r["phase_steps"] * r["global_batch"])
                     if p.teacher_run else None,
                 "teacher's head tied to its embedding": shape.tie_word_embeddings,
                 "init std x sqrt(width)": shape.initializer_range * shape.hidden_size ** 0.5,
@@ -189,12 +189,29 @@ OVERRIDABLE = {"run": config.RunConfig, "teacher_run": config.RunConfig, "teache
 DATA_OPTIONS = {name: value for options in data.CORPUS_OPTIONS.values() for name, value in options.items()}
 
 
-# What a parsed value must also be (parse_value already refuses negative and non-finite numbers): a
-# count of at least one, a fraction, Adam's betas below one, a seed torch accepts, one of a setting's
-# choices. Checked here so that a bad value is one line before any folder is made, not an error (or a
-# meaningless run) minutes later.
-AT_LEAST_ONE = {"blocks", "layers_per_block", "phase_steps", "global_batch", "micro_batch", "loss_chunk",
-                "eval_interval", "eval_batch", "checkpoint_interval", "max_len", "val_docs", "docs", "max_inputs"}
+# What a parsed value must also be (parse_value already refuses negative and non-finite numbers): inside
+# its range, Adam's betas below one, one of a setting's choices. Checked here so that a bad value is one
+# line before any folder is made, not an error (or a meaningless run, or a dry run that fills the memory)
+# minutes later. Every number any section holds has a range (tests/test_bad_inputs.py checks it): counts
+# of at least one, fractions, and upper ends far past any run the kit could train (the paper: K = 3,
+# 33,000 steps a phase, 256 documents a step), so that a mistyped exponent is refused, not planned.
+RANGES = {  # name: (lowest, highest); a tuple's values (phase_lrs, phase_warmups, betas) each
+    "seed": (0, 2**63 - 1), "blocks": (1, 128), "layers_per_block": (1, 128), "phase_steps": (1, 10**9),
+    "global_batch": (1, 2**20), "micro_batch": (1, 2**20), "lr": (0, 1e3), "min_lr": (0, 1e3), "warmup_frac": (0, 1),
+    "eps": (0, 1), "weight_decay": (0, 10), "grad_clip": (0, 1e6), "alpha": (0, 1e3), "gamma": (0, 1e3),
+    "tau": (0.01, 100), "loss_chunk": (1, 2**24), "eval_interval": (1, 10**9), "eval_batch": (1, 2**20),
+    "checkpoint_interval": (1, 10**9), "snapshot_interval": (0, 10**9), "monitor_interval": (0, 10**9),
+    "boundary_scale": (1e-6, 1e6), "monitor_rms_warn": (0, 1e12), "monitor_kurtosis_warn": (0, 1e12),
+    "diverged_above_uniform": (0, 1e6), "diverged_above_best": (0, 1e6), "phase_lrs": (1e-12, 1e3),
+    "phase_warmups": (1, 10**9), "betas": (0, 0.999999),
+    # teacher_model (model.ModelConfig; config_problem checks how they fit together)
+    "hidden_size": (1, 65536), "intermediate_size": (1, 2**20), "num_hidden_layers": (1, 1024),
+    "num_attention_heads": (1, 1024), "num_key_value_heads": (1, 1024), "head_dim": (1, 1024),
+    "rope_theta": (1, 1e12), "rms_norm_eps": (1e-12, 1), "max_position_embeddings": (1, 2**24),
+    "initializer_range": (0, 10),
+    # data, diag
+    "vocab_size": (256, tokenizer.QWEN3_N_RANKS), "max_len": (1, 2**20), "val_docs": (1, 10**8),
+    "paragraphs_per_document": (1, 10**4), "docs": (1, 10**5), "max_inputs": (1, 2**20)}
 # Keys the kit sets itself for every run (from its data, teacher, protocol and shared prefix), or that
 # hold a structure with no command-line form: a --set of one would be replaced without a word.
 SET_BY_KIT = {"run": {"teacher", "train_data", "val_data", "replay_docs", "start_from", "joint_phases",
@@ -205,16 +222,12 @@ SET_BY_KIT["teacher_run"] = SET_BY_KIT["run"]
 
 def value_problem(section: str, name: str, value) -> str:
     """Why one parsed --set value cannot be used ("" if it can)."""
-    if name in AT_LEAST_ONE and value < 1:
-        return "expected at least 1"
-    if name == "warmup_frac" and value > 1:
-        return "expected a fraction of the phase, 0 to 1"
-    if name == "betas" and not all(b < 1 for b in value):
-        return "expected Adam betas below 1, e.g. 0.9,0.95"
-    if name == "seed" and value >= 2**63:
-        return "expected a seed below 2^63"
-    if name == "vocab_size" and section == "data" and not 256 <= value <= tokenizer.QWEN3_N_RANKS:
-        return f"expected 256 (all single bytes) to {tokenizer.QWEN3_N_RANKS} (all Qwen3 ranks)"
+    if name in RANGES and not isinstance(value, (bool, str)):
+        low, high = RANGES[name]
+        if not all(low <= v <= high for v in (value if isinstance(value, tuple) else (value,))):
+            each = "each value " if isinstance(value, tuple) else ""
+            return f"expected {each}from {low:,} to {high:,}" + (" (Adam betas below 1, e.g. 0.9,0.95)" if name == "betas"
+                                                                 else "")
     if name in config.CHOICES and value not in config.CHOICES[name]:
         return f"expected one of {', '.join(config.CHOICES[name])}"
     return ""

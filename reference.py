@@ -39,7 +39,7 @@ def collect(runs: Path, results: Path, seeds: list[int]) -> dict:
             if (run_dir / "done.json").is_file():
                 for point, ce in curve(run_dir).items():
                     curves.setdefault(run_dir.name, {}).setdefault(point, []).append(ce)
-                finals.setdefault(run_dir.name, []).append(rundir.read_json(run_dir / "done.json", "ce")["ce"])
+                finals.setdefault(run_dir.name, []).append(rundir.final_eval(run_dir)["ce"])
     # A run finished for only some seeds (an experiment still training) has no band for the others yet.
     partial = [name for name, values in finals.items() if len(values) < len(seeds)]
     for name in partial:
@@ -140,7 +140,7 @@ def measured(target: Path) -> dict[str, float]:
 def run_numbers(run_dir: Path) -> dict[str, float]:
     numbers = {f"{run_dir.name}/ce at {point}": ce for point, ce in curve(run_dir).items()}
     if (run_dir / "done.json").is_file():
-        numbers[f"{run_dir.name}/final ce"] = rundir.read_json(run_dir / "done.json", "ce")["ce"]
+        numbers[f"{run_dir.name}/final ce"] = rundir.final_eval(run_dir)["ce"]  # checked against its own log
     return numbers
 
 

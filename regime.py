@@ -342,8 +342,8 @@ def diagnose_rung(rws: suite.Workspace, seed: int, teacher: Path) -> dict:
             "boundary_after_block_0": {k: found["boundary_stats"][1][k] for k in ("mean", "std", "kurtosis",
                                                                                  "massive_channel", "massive_position")},
             "monitor_last": {k: last.get(k) for k in ("mean", "kurtosis", "boundary_over_others", "massive_ratio")},
-            "ce": rundir.read_json(run_dir / "done.json", "ce")["ce"],
-            "teacher": {"ce": rundir.read_json(teacher.parent / "done.json", "ce")["ce"]
+            "ce": rundir.final_eval(run_dir)["ce"],
+            "teacher": {"ce": rundir.final_eval(teacher.parent)["ce"]
                         if (teacher.parent / "done.json").is_file() else None,
                         "massive_ratio_max": max((s["massive_ratio"] or 0.0) for s in teacher_stats),
                         "boundary_over_regular_max": max((t["boundary_over_regular"] or 0.0)

@@ -21,11 +21,13 @@ resumed; runs whose first phases are identical share them.
 """
 from __future__ import annotations
 
+import functools
 import json
 import math
 import os
 import signal
 import time
+import warnings
 from dataclasses import replace
 from pathlib import Path
 
@@ -55,10 +57,11 @@ class Repro(click.Group):
     """Experiments are the default command: `repro.py table1 --scale toy` means `repro.py run table1 ...`."""
 
     def parse_args(self, ctx, args):
-        if args and args[0] not in self.commands and args[0] not in ("-h", "--help"):
+        if not args:  # a bare `repro.py` is a question, not a 15-30 minute run
+            click.echo(BARE_USAGE)
+            ctx.exit(0)
+        if args[0] not in self.commands and args[0] not in ("-h", "--help"):
             args = ["run", *args]
-        elif not args:
-            args = ["run"]
         return super().parse_args(ctx, args)
 
     def invoke(self, ctx):
@@ -70,12 +73,36 @@ class Repro(click.Group):
             if int(os.environ.get("RANK", 0)):  # under torchrun every rank stops; rank 0 says why
                 raise SystemExit(e.exit_code) from None
             raise OneLineError(str(e), e.exit_code) from None
+        except OSError as e:  # a path the user gave or made that is not what it must be: a folder where a file goes
+            if e.filename is None:  # (or a file where a folder goes), a link loop, a broken link, a name too long
+                raise
+            raise OneLineError(suite.path_problem(e)) from None
+        except RuntimeError as e:  # Python 3.11's Path.resolve says ELOOP so (3.13 raises OSError)
+            if not str(e).startswith("Symlink loop from "):
+                raise
+            path = str(e).removeprefix("Symlink loop from ").strip("'")
+            raise OneLineError(f"{path}: a symbolic link that leads back to itself; remove it, or point it at a "
+                               "folder") from None
         except KeyboardInterrupt:  # Ctrl-C, or SIGTERM (a scheduler's stop): every run resumes where it stopped
+            if ctx.invoked_subcommand not in TRAINS:
+                raise OneLineError(f"interrupted: {ctx.invoked_subcommand or 'repro.py'} stopped before it finished",
+                                   130) from None
             raise OneLineError("interrupted; rerun the same command to resume: each run continues from its newest "
                                "checkpoint (latest/ or the last phase-N/), finished runs are reused", 130) from None
         finally:
             if dist.is_initialized():
                 dist.destroy_process_group()
+
+
+BARE_USAGE = """Usage: repro.py [EXPERIMENT ...] --scale SCALE [OPTIONS]   or   repro.py COMMAND [OPTIONS]
+
+    python repro.py --scale toy --dry-run     # what the whole paper at toy scale costs on this machine
+    python repro.py --scale toy               # run it: every table and figure, results in results/toy/
+
+`python repro.py --help` lists the commands; `python repro.py COMMAND --help` a command's options."""
+# The commands whose work an interrupted run resumes (the others write nothing a rerun needs).
+TRAINS = ("run", "train", "regime", "search", "intervention", "planted", "placements", "scratch", "teacher",
+          "prepare", "data")
 
 
 class OneLineError(click.ClickException):
@@ -103,10 +130,54 @@ def overrides_option(f):
                      help="auto: a CUDA GPU, else Apple silicon (MPS, untested here), else the CPU.")(f)
     f = click.option("--compile/--no-compile", "compile_flag", default=None,
                      help="Compile each decoder layer with torch.compile (default: the preset's setting).")(f)
-    return click.option("--set", "overrides", multiple=True, metavar="SECTION.KEY=VALUE",
-                        help="Change one preset field for this command, e.g. --set run.lr=3e-4 --set "
-                             "data.max_len=256 (sections: run, teacher_run, teacher_model, data, diag). Runs "
-                             "with overrides get their own folders.")(f)
+    return set_option(f)
+
+
+set_option = click.option("--set", "overrides", multiple=True, metavar="SECTION.KEY=VALUE",
+                          help="Change one preset field for this command, e.g. --set run.lr=3e-4 --set "
+                               "data.max_len=256 (sections: run, teacher_run, teacher_model, data, diag). Runs "
+                               "with overrides get their own folders.")
+
+
+def dry_run_options(command):
+    """--dry-run and the GPUs its estimate is for: every command that trains has them. --gpu, --gpus and
+    --nodes without --dry-run are refused: a run uses the GPUs torchrun gives it, and they would do nothing."""
+    @functools.wraps(command)
+    def f(*args, **kwargs):
+        ctx = click.get_current_context()
+        given = [name for name in ("gpu", "gpus", "nodes")
+                 if ctx.get_parameter_source(name) == click.core.ParameterSource.COMMANDLINE]
+        if given and not kwargs["dry_run"]:
+            raise click.UsageError(f"--{given[0]} sets what --dry-run's estimate is for and does nothing else; add "
+                                   "--dry-run (a run uses the GPUs torchrun launches it on)")
+        return command(*args, **kwargs)
+    f = click.option("--nodes", type=click.IntRange(1, 1024), default=1, show_default=True,
+                     help="Nodes for --dry-run's estimate.")(f)
+    f = click.option("--gpus", type=click.IntRange(1, 1024), default=None,
+                     help="GPUs per node for --dry-run's estimate (default: 8 at full scale, 1 at the others).")(f)
+    f = click.option("--gpu", type=click.Choice(list(plan.GPU_BF16_PEAK)), default="h100", show_default=True,
+                     help="GPU type for --dry-run's hour estimate.")(f)
+    return click.option("--dry-run", is_flag=True, help="Print what would be trained and its cost (this CPU, "
+                        "and GPU hours), and stop: nothing is made or read but the data's measured lengths.")(f)
+
+
+def print_dry_run(scale: str, groups, seeds: list[int], gpu: str, gpus: int | None, nodes: int, note: str = ""):
+    """The plan of a command's runs (groups: (label, workspace, plan.PlannedRun list)); one workspace in
+    full (plan.print_plan), several as a row each; then the estimate for this machine's CPU."""
+    gpus = gpus or (8 if scale == "full" else 1)
+    if len(groups) == 1:
+        _, ws, runs = groups[0]
+        totals = plan.print_plan(ws, runs, seeds, gpu, gpus, suite.console, nodes)
+        flops = totals["lockstep"]["flops"] + totals["diagnostics_flops"]
+    else:
+        flops = plan.print_groups(groups, seeds, gpu, gpus, nodes, suite.console, note)
+    ws = groups[0][1]
+    estimate = plan.cpu_estimate(flops, ws.preset.run["precision"], ws.results.parent / "bench.json")
+    suite.console.print(f"this machine: {estimate}" + (" (CUDA needed to run it)" if ws.preset.needs_cuda else ""))
+
+
+def planned(ws: suite.Workspace, names, seed: int) -> tuple[str, suite.Workspace, list]:
+    return ", ".join(names), ws, plan.planned_runs(ws, names, seed)
 
 
 lockstep_option = click.option(
@@ -139,6 +210,18 @@ def parse_seeds(ctx, param, value: str) -> list[int]:
     return seeds
 
 
+def chosen_seeds(set_seed: int, overrides, seeds: list[int] | None, default: list[int], option: str) -> list[int]:
+    """--seed(s), else --set run.seed (set_seed: the preset's seed with the overrides applied), else the
+    command's default; --seed(s) and --set run.seed that disagree are refused (which one should train?)."""
+    if not any(item.partition("=")[0].strip() == "run.seed" for item in overrides):
+        return seeds or default
+    value = set_seed
+    if seeds and seeds != [value]:
+        raise errors.OptionError(option, f"{','.join(map(str, seeds))} conflicts with --set run.seed={value}; give "
+                                 "the seed once")
+    return [value]
+
+
 def finite(value: float, option: str) -> float:
     """FloatRange lets nan (it compares false with every bound) and inf through."""
     if not math.isfinite(value):
@@ -162,12 +245,7 @@ def cli():
 @click.option("--seeds", default=None, callback=lambda c, p, v: None if v is None else parse_seeds(c, p, v),
               help="Comma-separated seeds, e.g. 42,43,44: every needed run per seed, mean ± std and a 95% "
                    "interval per number. Default: the paper's seed (42).")
-@click.option("--dry-run", is_flag=True, help="Print the plan (runs, phases, tokens, FLOPs, GPU hours) and stop.")
-@click.option("--gpu", type=click.Choice(list(plan.GPU_BF16_PEAK)), default="h100", show_default=True,
-              help="GPU type for --dry-run's hour estimate.")
-@click.option("--gpus", type=click.IntRange(1), default=None, help="GPUs per node for --dry-run's estimate "
-              "(default: 8 at full scale, 1 at the others).")
-@click.option("--nodes", type=click.IntRange(1), default=1, show_default=True, help="Nodes for --dry-run's estimate.")
+@dry_run_options
 @overrides_option
 @lockstep_option
 @force_option
@@ -185,10 +263,9 @@ def run_experiments(wanted, scale, seeds, dry_run, gpu, gpus, nodes, overrides, 
     runs = [r for r in experiments.RUNS if any(r in experiments.EXPERIMENTS[e].runs for e in names)]
     ws = workspace(scale, runs_dir, results_dir, dry_run, overrides, compile_flag, device, tracker, lockstep,
                    not no_wait)
-    seeds = seeds or [ws.preset.run["seed"]]
+    seeds = chosen_seeds(ws.preset.run["seed"], overrides, seeds, [ws.preset.run["seed"]], "--seeds")
     if dry_run:
-        plan.print_plan(ws, plan.planned_runs(ws, runs, seeds[0]), seeds, gpu, gpus or (8 if scale == "full" else 1),
-                        suite.console, nodes)
+        print_dry_run(scale, [("", ws, plan.planned_runs(ws, runs, seeds[0]))], seeds, gpu, gpus, nodes)
         return
     ws.results.mkdir(parents=True, exist_ok=True)
     started = time.time()
@@ -211,21 +288,29 @@ def run_experiments(wanted, scale, seeds, dry_run, gpu, gpus, nodes, overrides, 
 @click.option("--grid", "grid_text", default=None, metavar="SPEC",
               help='Points to run, e.g. "budget=0.25,0.5,1,2;lr=0.5,1,2;gain=ones,teacher" (multipliers of the '
                    "preset's steps per phase and LR; post-norm output-gain init). Default: the scale's grid.")
+@dry_run_options
 @overrides_option
 @lockstep_option
 @force_option
 @runs_option
 @results_option
-def regime(scale, seeds, grid_text, overrides, compile_flag, device, tracker, no_wait, lockstep, force, runs_dir,
-           results_dir):
+def regime(scale, seeds, grid_text, dry_run, gpu, gpus, nodes, overrides, compile_flag, device, tracker, no_wait,
+           lockstep, force, runs_dir, results_dir):
     """The regime map: delta joint, delta grow and the interaction over a grid of step budgets, peak
     LRs and post-norm output-gain inits (results/<scale>/regime.md/.json/.png). Not part of `all`."""
     import regime as regime_map
     grid = regime_map.parse_grid(grid_text) if grid_text else regime_map.GRIDS[scale]
-    ws = workspace(scale, runs_dir, results_dir, overrides=overrides, compile_flag=compile_flag, device=device,
-             tracker=tracker, lockstep=lockstep, wait=not no_wait)
+    ws = workspace(scale, runs_dir, results_dir, dry_run, overrides=overrides, compile_flag=compile_flag, device=device,
+                   tracker=tracker, lockstep=lockstep, wait=not no_wait)
+    seeds = chosen_seeds(ws.preset.run["seed"], overrides, seeds, presets.DEFAULT_SEEDS["regime"][scale], "--seeds")
+    if dry_run:  # each point's runs (regime.run_map: a point's pre-norm runs may be the preset's own)
+        groups = [(point.name, *planned(regime_map.point_workspace(ws, point), experiments.MAIN_RUNS, seeds[0])[1:])
+                  for point in regime_map.grid_points(grid)]
+        print_dry_run(scale, groups, seeds, gpu, gpus, nodes, "; every point's four runs, an upper bound: a point "
+                      "whose pre-norm runs are the preset's trains them once")
+        return
     ws.results.mkdir(parents=True, exist_ok=True)
-    regime_map.run_map(ws, grid, seeds or presets.DEFAULT_SEEDS["regime"][scale], force)
+    regime_map.run_map(ws, grid, seeds, force)
     ws.ctx.barrier()
 
 
@@ -234,11 +319,13 @@ def regime(scale, seeds, grid_text, overrides, compile_flag, device, tracker, no
 @click.option("--seed", type=click.IntRange(0, 2**63 - 1), default=None, help="The pilot seed (default: the preset's, 42).")
 @click.option("--ladder", type=click.Choice(list(presets.LADDERS)), default=None,
               help="The ladder to climb (default: the scale's own; `second`: the second search at toy scale).")
+@dry_run_options
 @overrides_option
 @force_option
 @runs_option
 @results_option
-def search(scale, seed, ladder, overrides, compile_flag, device, tracker, no_wait, force, runs_dir, results_dir):
+def search(scale, seed, ladder, dry_run, gpu, gpus, nodes, overrides, compile_flag, device, tracker, no_wait, force,
+           runs_dir, results_dir):
     """The miniature search: a ladder of presets (presets.LADDERS), pre-norm grow only, until the mechanism's
     criterion holds or a rung would cost more than the ladder's budget (results/<scale>/search[-<ladder>].md/.json)."""
     import regime as regime_map
@@ -247,9 +334,19 @@ def search(scale, seed, ladder, overrides, compile_flag, device, tracker, no_wai
         raise click.UsageError(f"--scale {scale} has no ladder; the search runs at {', '.join(presets.LADDERS)}")
     if presets.LADDER_SCALES.get(ladder, ladder) != scale:
         raise click.UsageError(f"--ladder {ladder} runs at --scale {presets.LADDER_SCALES.get(ladder, ladder)}, not {scale}")
-    ws = suite.workspace(scale, runs_dir, results_dir, compile_flag=compile_flag, device=device, tracker=tracker,
-                         wait=not no_wait)
-    regime_map.run_search(ws, ws.preset.run["seed"] if seed is None else seed, force, overrides, ladder)
+    ws = suite.workspace(scale, runs_dir, results_dir, dry_run, compile_flag=compile_flag, device=device,
+                         tracker=tracker, wait=not no_wait)
+    seed = chosen_seeds(presets.apply_overrides(ws.preset, overrides)[0].run["seed"], overrides,
+                        None if seed is None else [seed], [ws.preset.run["seed"]], "--seed")[0]
+    if dry_run:  # every rung: the search stops at the first that meets the criterion, so at most this
+        rungs = presets.LADDERS[ladder]
+        spaces = [suite.workspace(scale, runs_dir, results_dir, True, (*regime_map.rung_overrides(rungs, i), *overrides))
+                  for i in range(len(rungs))]  # regime.rung_workspace's, made for a dry run: no folder
+        print_dry_run(scale, [(rung.name, *planned(rws, [regime_map.SEARCH_RUN], seed)[1:])
+                              for rung, rws in zip(rungs, spaces)], [seed], gpu, gpus, nodes,
+                      "; every rung, although the search stops at the first that meets its criterion")
+        return
+    regime_map.run_search(ws, seed, force, overrides, ladder)
     ws.ctx.barrier()
 
 
@@ -274,22 +371,47 @@ def beyond_command(name: str, doc: str):
     @scale_option
     @click.option("--seeds", default=None, callback=lambda c, p, v: None if v is None else parse_seeds(c, p, v),
                   help="Comma-separated seeds. Default: 42,43,44 at toy scale, 42 elsewhere.")
+    @dry_run_options
     @overrides_option
     @lockstep_option
     @force_option
     @runs_option
     @results_option
-    def command(scale, seeds, overrides, compile_flag, device, tracker, no_wait, lockstep, force, runs_dir, results_dir):
+    def command(scale, seeds, dry_run, gpu, gpus, nodes, overrides, compile_flag, device, tracker, no_wait, lockstep,
+                force, runs_dir, results_dir):
         import beyond
-        ws = workspace(scale, runs_dir, results_dir, overrides=overrides, compile_flag=compile_flag, device=device,
-                 tracker=tracker, lockstep=lockstep, wait=not no_wait)
-        getattr(beyond, f"run_{name}")(ws, seeds or presets.DEFAULT_SEEDS["beyond"][scale], force)
+        ws = workspace(scale, runs_dir, results_dir, dry_run, overrides=overrides, compile_flag=compile_flag,
+                       device=device, tracker=tracker, lockstep=lockstep, wait=not no_wait)
+        seeds = chosen_seeds(ws.preset.run["seed"], overrides, seeds, presets.DEFAULT_SEEDS["beyond"][scale], "--seeds")
+        if dry_run:
+            print_dry_run(scale, beyond_groups(beyond, name, ws, seeds[0]), seeds, gpu, gpus, nodes)
+            return
+        getattr(beyond, f"run_{name}")(ws, seeds, force)
         ws.ctx.barrier()
     return command
 
 
-beyond_command("intervention", "Forward-only boundary interventions on grow runs (the paper's Appendix B.1 asks "
-               "for one): validation CE against pre-grow and post-grow (results/<scale>/intervention.md/.json/.png).")
+def beyond_groups(beyond, name: str, ws: suite.Workspace, seed: int) -> list:
+    """The runs a beyond.py experiment trains, as print_dry_run's groups: its suite runs, then each
+    variant's one run in its own folder (a freeze variant starts from the suite's grow phase 0)."""
+    if name == "placements":
+        return [planned(ws, beyond.placement_names(), seed)]
+    if name == "scratch":
+        return [planned(beyond.scratch_workspace(ws), experiments.MAIN_RUNS, seed)]
+    variants = beyond.interventions(ws.preset.run["blocks"]) if name == "intervention" else beyond.planted_variants()
+    groups = [planned(ws, sorted({v.run for v in variants if not v.folder}), seed)]
+    for v in variants:
+        if v.folder:
+            vws = beyond.variant_workspace(ws, v, seed)
+            shared = 1 if v.run.endswith("-freeze") else 0
+            groups.append((v.label, vws, [plan.PlannedRun(v.run, suite.run_config(vws, v.run, seed), shared)]))
+    return groups
+
+
+beyond_command("intervention", "Boundary interventions on grow runs (the paper's Appendix B.1 asks for one that "
+               "changes the forward alone): a boundary norm, rescales with one forward and different backwards, the "
+               "mirror, the rescale under freeze, the transplant factorial and a synthetic dose, each trained; "
+               "validation CE against pre-grow and post-grow (results/<scale>/intervention.md/.json/.png).")
 beyond_command("planted", "Placement (pre, post) x a planted boundary outlier (none, the boundary token at 37x, "
                "one channel at 1000x) under growth; the dose x placement interaction, read by the rule pre-registered "
                "in docs/preregistrations.md (results/<scale>/planted.md/.json).")
@@ -339,19 +461,25 @@ def teacher(scale, rebuild, overrides, compile_flag, device, tracker, no_wait, f
               required=True, help="joint, grow, freeze, or the joint controls (Table 3; joint-replay: grow's steps on "
               "grow's shard).")
 @click.option("--seed", type=click.IntRange(0, 2**63 - 1), default=None, help="Default: the preset's (42).")
+@dry_run_options
 @overrides_option
 @force_option
 @runs_option
-def train(scale, norm, protocol, seed, overrides, compile_flag, device, tracker, no_wait, force, runs_dir):
+def train(scale, norm, protocol, seed, dry_run, gpu, gpus, nodes, overrides, compile_flag, device, tracker, no_wait,
+          force, runs_dir):
     """Train one named run (and any run whose phases it shares), e.g. --norm post --protocol grow."""
-    ws = suite.workspace(scale, runs_dir, overrides=overrides, compile_flag=compile_flag, device=device, tracker=tracker,
-                         wait=not no_wait)
-    seed = ws.preset.run["seed"] if seed is None else seed
+    ws = suite.workspace(scale, runs_dir, dry_run=dry_run, overrides=overrides, compile_flag=compile_flag,
+                         device=device, tracker=tracker, wait=not no_wait)
+    seed = chosen_seeds(ws.preset.run["seed"], overrides, None if seed is None else [seed], [ws.preset.run["seed"]],
+                        "--seed")[0]
     try:  # a schedule names one placement per block, and --set run.blocks may change the count
         model.block_norms(norm, ws.preset.run["blocks"])
     except ValueError as e:
         raise click.BadParameter(str(e), param_hint="--norm") from None
     name = f"{norm}-{protocol}"
+    if dry_run:
+        print_dry_run(scale, [planned(ws, [name], seed)], [seed], gpu, gpus, nodes)
+        return
     suite.check_before_work(ws, [(job, seed) for job in suite.with_prefixes([name])], force)
     path = suite.ensure_inputs(ws, force)
     for job in suite.with_prefixes([name]):
@@ -462,8 +590,8 @@ def make_reference(scale, seeds, force, runs_dir, results_dir):
     reference.REFERENCES.mkdir(exist_ok=True)
     path = reference.REFERENCES / f"{scale}.json"
     if path.exists() and not force:  # shipped with the kit: what every user's `compare` checks against
-        raise errors.OptionError("--force", f"{path} exists (seeds {rundir.read_json(path).get('seeds')}); pass --force "
-                                 "to replace it (git checkout restores the shipped one)")
+        raise errors.UsageError(f"{path} exists (seeds {rundir.read_json(path).get('seeds')}): the kit ships it and "
+                                "`compare` checks against it; add --force to replace it (git checkout restores it)")
     checkpoint.write_json(path, content, indent=1)
     suite.console.print(f"wrote {path}: {len(content['curves'])} runs, {len(content['tables'])} tables, seeds {seeds}")
 
@@ -506,10 +634,13 @@ def compare_with_reference(target, scale):
 @cli.command("sample")
 @click.argument("checkpoint", type=click.Path(path_type=Path))
 @click.option("--prompt", default="", help="Text to continue (encoded as a document: <|endoftext|> first).")
-@click.option("--max-new-tokens", type=click.IntRange(1), default=64, show_default=True)
-@click.option("--temperature", type=click.FloatRange(0), default=0.0, show_default=True, help="0: greedy.",
+@click.option("--max-new-tokens", type=click.IntRange(1), default=64, show_default=True,
+              help="At most the checkpoint's context (max_position_embeddings) less the prompt's tokens.")
+@click.option("--temperature", type=click.FloatRange(0), default=0.0, show_default=True,
+              help="0: greedy; any finite value above (with --top-k 1: greedy too).",
               callback=lambda c, p, v: finite(v, "--temperature"))
-@click.option("--top-k", type=click.IntRange(0), default=0, show_default=True, help="0: every token.")
+@click.option("--top-k", type=click.IntRange(0), default=0, show_default=True,
+              help="0: every token; at most the checkpoint's vocabulary.")
 @click.option("--seed", type=click.IntRange(0, 2**63 - 1), default=0, show_default=True)
 @runs_option
 def sample_text(checkpoint, prompt, max_new_tokens, temperature, top_k, seed, runs_dir):
@@ -517,6 +648,15 @@ def sample_text(checkpoint, prompt, max_new_tokens, temperature, top_k, seed, ru
     import sample
     config = checkpoint_config(checkpoint)
     enc = tokenizer.qwen3_tokenizer(presets.PRESETS[scale_of(config, runs_dir, checkpoint)].data["vocab_size"])
+    prompt_ids = [enc.eot] + enc.encode(prompt)
+    context = model.ModelConfig.from_hf(config).max_position_embeddings
+    if len(prompt_ids) + max_new_tokens > context:  # past the positions the model was made for
+        raise errors.OptionError("--max-new-tokens", f"{max_new_tokens:,}: with the prompt's {len(prompt_ids):,} tokens "
+                                 f"that passes {checkpoint}'s context of {context:,} positions (max_position_embeddings); "
+                                 f"ask for at most {max(context - len(prompt_ids), 0):,}")
+    if top_k > config["vocab_size"]:
+        raise errors.OptionError("--top-k", f"{top_k:,}: above {checkpoint}'s vocabulary of {config['vocab_size']:,} "
+                                 "tokens; 0 means every token")
     net = sample.load_checkpoint(checkpoint)
     shown = [""]
 
@@ -526,8 +666,11 @@ def sample_text(checkpoint, prompt, max_new_tokens, temperature, top_k, seed, ru
             click.echo(text[len(shown[0]):], nl=last)
             shown[0] = text
     click.echo(prompt, nl=False)
-    new = sample.generate(net, [enc.eot] + enc.encode(prompt), max_new_tokens, enc.eot, temperature, top_k, seed,
-                          on_token=stream)
+    try:
+        new = sample.generate(net, prompt_ids, max_new_tokens, enc.eot, temperature, top_k, seed, on_token=stream)
+    except KeyboardInterrupt:
+        click.echo()  # the text so far ends its line; the one error line follows on its own
+        raise
     stream(new, last=True)
 
 
@@ -566,6 +709,8 @@ def check_export_target(student_dir: Path, out_dir: Path, force: bool, runs_dir:
         return
     if source == target or target in source.parents:
         raise errors.CheckpointError(f"{out_dir}: is or holds the checkpoint being exported; choose another output folder")
+    if out_dir.is_dir() and not any(out_dir.iterdir()):  # an empty folder holds nothing to lose: used as a new one
+        return
     if not force:
         raise errors.CheckpointError(f"{out_dir}: already exists; choose another folder, or pass --force to replace "
                               "an earlier export")
@@ -593,12 +738,13 @@ def prepare_inputs(scale, overrides, compile_flag, device, tracker, no_wait, for
 
 @cli.command("data")
 @scale_option
+@set_option
 @force_option
 @runs_option
-def prepare(scale, force, runs_dir):
-    """Tokenize a scale's corpus into shards (reused when unchanged) and summarise them."""
-    runs = suite.writable_dir(runs_dir, "--runs-dir")
-    ws = suite.Workspace(presets.PRESETS[scale], runs / scale, Path("results"), devices.Dist())
+def prepare(scale, overrides, force, runs_dir):
+    """Tokenize a scale's corpus into shards (reused when unchanged) and summarise them; with --set
+    data.*, the shards those settings make, where the runs with them would read them."""
+    ws = suite.workspace(scale, runs_dir, overrides=overrides, device="cpu")
     train_shard, val_shard = suite.prepare_data(ws, force)
     enc = tokenizer.qwen3_tokenizer(ws.preset.data["vocab_size"])
     table = Table(title=f"data at scale {scale} ({enc.name}); boundary tokens = leading <|endoftext|> per document")
@@ -618,20 +764,20 @@ def prepare(scale, force, runs_dir):
 @click.option("--nodes", type=click.IntRange(1, 1024), default=1, show_default=True,
               help="Nodes; above 1, HSDP: shard within a node, replicate across nodes.")
 @click.option("--replicate-teacher", is_flag=True, help="Rehearse the teacher whole on every GPU instead of sharded.")
-@overrides_option
+@set_option
 @runs_option
 @results_option
-def rehearse(scale, gpus, nodes, replicate_teacher, overrides, compile_flag, device, tracker, no_wait, runs_dir,
-             results_dir):
+def rehearse(scale, gpus, nodes, replicate_teacher, overrides, runs_dir, results_dir):
     """A full-size rehearsal of one training step on this CPU, no GPU needed: fake process group, fake
     tensors, the kit's own model, sharding, loss and optimizer; per-rank memory by category, collectives
     and their bytes, communication against compute (results/rehearse-<scale>.json)."""
     import rehearse as rehearsal
-    ws = suite.workspace(scale, runs_dir, results_dir, dry_run=True, overrides=overrides, compile_flag=compile_flag,
-                         device="cpu")
+    ws = suite.workspace(scale, runs_dir, results_dir, dry_run=True, overrides=overrides, device="cpu")
     launch = rehearsal.Launch(gpus or (8 if scale == "full" else 1), nodes)
-    runs = {"apart": rehearsal.rehearse(ws, launch, resident=1, replicate_teacher=replicate_teacher),
-            "lockstep": rehearsal.rehearse(ws, launch, replicate_teacher=replicate_teacher)}
+    with warnings.catch_warnings():  # the memory tracker's module hooks, on a student whose inputs need no gradient
+        warnings.filterwarnings("ignore", "Full backward hook is firing", UserWarning)
+        runs = {"apart": rehearsal.rehearse(ws, launch, resident=1, replicate_teacher=replicate_teacher),
+                "lockstep": rehearsal.rehearse(ws, launch, replicate_teacher=replicate_teacher)}
     suite.console.print("\n".join(rehearsal.markdown(runs["lockstep"])), markup=False)
     path = rehearsal.write(runs, ws.results.parent)
     suite.console.print(f"runs apart: per-rank peak {runs['apart']['peak_gib']['per-rank peak']:.1f} GiB; wrote {path}")

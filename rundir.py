@@ -7,14 +7,19 @@ checkpoint is written to a temporary folder and renamed into place, so a kill ne
 from __future__ import annotations
 
 import base64
+import errno
 import fcntl
 import json
+import math
 import os
 import re
 import shutil
 import signal
+import socket
+import stat
 import subprocess
 import sys
+import time
 from contextlib import ExitStack, contextmanager
 from dataclasses import MISSING, asdict, fields
 from pathlib import Path
@@ -43,37 +48,178 @@ def kill_point(event: str, name: str, step: int = 0):
 # One writer per folder: a run folder, or a scale's shared data or teacher, is held by one process at a
 # time through an flock on a lock file beside it (never inside: --force may delete the folder). The
 # holder removes the lock file before releasing it, so nothing is left beside the folder; the operating
-# system releases the lock of a holder that is killed, and its stale file is simply locked again.
+# system releases the lock of a holder that is killed, and its stale file is locked, removed and made anew.
+# Anyone who can write to the runs folder can put something at a lock's path: the kit writes only into a
+# lock file it created itself (O_EXCL), never follows a symbolic link there, and refuses anything but a
+# plain file; what a holder wrote is read back as data (one line, control characters escaped).
+# Where the filesystem has no flock (Lustre, or NFS without it) the lock file's existence is the lock.
+
+FLOCK_UNSUPPORTED = {errno.ENOSYS, errno.EOPNOTSUPP, errno.ENOLCK}
+LOCK_FLAGS = os.O_RDWR | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC  # O_NONBLOCK: a FIFO there never blocks
+
 
 def lock_file(folder: Path) -> Path:
     return Path(folder).parent / f".{Path(folder).name}.lock"
 
 
+def printable(text: str, limit: int = 300) -> str:
+    """Text someone else wrote, shown as data: one line, control characters escaped, at most `limit`
+    characters (a forged second line never prints as a line of the kit's own)."""
+    text = "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+    return text if len(text) <= limit else text[:limit] + "..."
+
+
+def holder_line() -> str:
+    return printable(f"process {os.getpid()} on {socket.gethostname()} ({' '.join(sys.argv)})")
+
+
+def _holder(fd: int) -> str:
+    return printable(os.pread(fd, 4096, 0).decode(errors="replace").strip()) or "another process"
+
+
+def _not_a_lock(lock: Path, folder: Path) -> TrainingError:
+    try:
+        info = os.lstat(lock)
+        kind = ("a symbolic link" if stat.S_ISLNK(info.st_mode) else "a folder" if stat.S_ISDIR(info.st_mode)
+                else "a FIFO" if stat.S_ISFIFO(info.st_mode) else "a hard link to another file"
+                if stat.S_ISREG(info.st_mode) else "not a plain file")
+    except OSError:
+        kind = "not a plain file"
+    return TrainingError(f"{lock}: the lock file of {folder} is {kind}; the kit locks only a plain file it makes "
+                         "there itself: remove it and rerun")
+
+
+def _open_lock(lock: Path, folder: Path) -> tuple[int, bool]:
+    """(fd, made by us) of the lock file; FileNotFoundError if it vanished (or its folder is missing)."""
+    try:
+        return os.open(lock, LOCK_FLAGS | os.O_CREAT | os.O_EXCL, 0o644), True
+    except FileExistsError:
+        pass
+    try:
+        fd = os.open(lock, LOCK_FLAGS)
+    except FileNotFoundError:
+        raise
+    except OSError:  # ELOOP: a symbolic link; EISDIR: a folder; ENXIO: a socket
+        raise _not_a_lock(lock, folder) from None
+    info = os.fstat(fd)
+    if not stat.S_ISREG(info.st_mode) or info.st_nlink != 1:
+        os.close(fd)
+        raise _not_a_lock(lock, folder)
+    return fd, False
+
+
+def _names(lock: Path, fd: int) -> bool:
+    """Whether the path still names the file of fd (its holder may have removed it while we waited)."""
+    try:
+        a, b = os.lstat(lock), os.fstat(fd)
+    except FileNotFoundError:
+        return False
+    return (a.st_dev, a.st_ino) == (b.st_dev, b.st_ino)
+
+
 def _lock(lock: Path, folder: Path, wait: bool, say) -> int:
-    """An fd holding the flock of `lock`. A file that its holder removed while we waited for it is not the
-    lock any more (a third process may have made a new one): check the path still names what we locked."""
+    """An fd holding the flock of `lock`, a file we created, with our holder line in it."""
     while True:
         try:
-            fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
-        except FileNotFoundError:  # another process removed the empty parent it had made
+            fd, made = _open_lock(lock, folder)
+        except FileNotFoundError:  # another process removed the empty parent it had made, or the file
             lock.parent.mkdir(parents=True, exist_ok=True)
             continue
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            holder = os.pread(fd, 4096, 0).decode(errors="replace").strip() or "another process"
+            holder = _holder(fd)
             if not wait:
                 os.close(fd)
                 raise TrainingError(f"{folder}: in use by {holder}; wait until it finishes (or stop it), or "
                                     "rerun without --no-wait to wait for it") from None
             say(f"{folder}: in use by {holder}; waiting for it to finish")
             fcntl.flock(fd, fcntl.LOCK_EX)
-        try:
-            if os.stat(lock).st_ino == os.fstat(fd).st_ino:
+        except OSError as e:
+            if e.errno not in FLOCK_UNSUPPORTED:
+                raise
+            if made:
+                lock.unlink(missing_ok=True)
+            os.close(fd)
+            return _exclusive_lock(lock, folder, wait, say)
+        if _names(lock, fd):
+            if made:
+                try:  # who holds it, for a waiter's message; a full disk leaves it empty, and the lock holds
+                    os.pwrite(fd, holder_line().encode(), 0)
+                except OSError:
+                    pass
                 return fd
-        except FileNotFoundError:
-            pass
+            lock.unlink()  # a stale file, its holder killed: ours is made anew, so we write only into our own
         os.close(fd)
+
+
+_FLOCKLESS: set[str] = set()  # mounts found without flock, in this process
+
+
+def _exclusive_lock(lock: Path, folder: Path, wait: bool, say) -> int:
+    """The lock where the filesystem has no flock: the lock file made with O_EXCL (atomic on NFS and
+    Lustre) holds it until its holder removes it. A holder on this host that is gone left it stale; one on
+    another host cannot be checked from here."""
+    mount = mount_of(lock.parent)
+    if mount not in _FLOCKLESS:  # said once per mount, not once per folder held there
+        _FLOCKLESS.add(mount)
+        say(f"{lock.parent}: its filesystem ({mount}) does not support flock; locking by creating lock files (such as "
+            f"{lock.name}) instead; one left by a process killed on another host must be removed by hand")
+    waiting = False
+    while True:
+        try:
+            fd = os.open(lock, LOCK_FLAGS | os.O_CREAT | os.O_EXCL, 0o644)
+        except FileNotFoundError:
+            lock.parent.mkdir(parents=True, exist_ok=True)
+            continue
+        except FileExistsError:
+            fd = None
+        if fd is not None:
+            try:
+                os.pwrite(fd, holder_line().encode(), 0)
+            except OSError:
+                pass
+            return fd
+        try:
+            fd, _ = _open_lock(lock, folder)
+        except FileNotFoundError:  # removed by its holder meanwhile
+            continue
+        holder = _holder(fd)
+        os.close(fd)
+        found = re.match(r"process (\d+) on (\S+) ", holder)
+        if found and found[2] == socket.gethostname() and not _alive(int(found[1])):
+            lock.unlink(missing_ok=True)  # its holder was killed on this host
+            continue
+        if not wait:
+            raise TrainingError(f"{folder}: in use by {holder}; wait until it finishes (or stop it; if it is gone, "
+                                f"remove {lock}), or rerun without --no-wait to wait for it")
+        if not waiting:
+            say(f"{folder}: in use by {holder}; waiting for it to finish (if it is gone, remove {lock})")
+            waiting = True
+        time.sleep(1.0)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
+
+
+def mount_of(path: Path) -> str:
+    """The mount point holding `path`, with its filesystem type where /proc/mounts says."""
+    point = Path(path).resolve()
+    while not os.path.ismount(point):
+        point = point.parent
+    try:
+        kinds = {fields[1]: fields[2] for fields in map(str.split, Path("/proc/mounts").read_text().splitlines())
+                 if len(fields) > 2}
+    except OSError:
+        kinds = {}
+    return f"{point}, {kinds[str(point)]}" if str(point) in kinds else str(point)
 
 
 def _release(lock: Path, fd: int):
@@ -84,7 +230,7 @@ def _release(lock: Path, fd: int):
 @contextmanager
 def held(folders, wait: bool = True, say=print):
     """Hold every folder of `folders` (in path order, so two processes never wait on each other). One held
-    by another process: wait for it, saying which process holds it (its pid and command), or with
+    by another process: wait for it, saying which process holds it (its pid, host and command), or with
     wait=False stop in one line."""
     with ExitStack() as stack:
         for folder in sorted({Path(f).resolve() for f in folders}):
@@ -94,11 +240,6 @@ def held(folders, wait: bool = True, say=print):
             fd = _lock(lock, folder, wait, say)
             stack.callback(_remove_empty, made)
             stack.callback(_release, lock, fd)
-            try:  # who holds it, for a waiter's message; a full disk leaves it empty, and the lock holds
-                os.ftruncate(fd, 0)
-                os.pwrite(fd, f"process {os.getpid()} ({' '.join(sys.argv)[:300]})".encode(), 0)
-            except OSError:
-                pass
         yield
 
 
@@ -427,27 +568,101 @@ def read_json(path: Path, *keys: str) -> dict:
 
 
 RESULT_KEYS = ("ce", "ppl", "kd")  # in every done.json; the reports read them
+# done.json repeats its run's last evaluation, which metrics.jsonl logged. The two agree bit for bit, except
+# where a run killed after its last checkpoint evaluated again on resume (the same weights and batches; on
+# another world size only the order of adding per-batch float64 sums differs, ~1e-15 relative, and a GPU's
+# reductions ~1e-7): 1e-6 relative holds all of those and no edit of a printed (4-decimal) number.
+AGREE = 1e-6
 
 
 def final_eval(run_dir: Path) -> dict:
-    """A finished run's done.json: the scheduled endpoint's evaluation (never a best checkpoint)."""
-    return read_json(Path(run_dir) / "done.json", *RESULT_KEYS)
+    """A finished run's done.json: the scheduled endpoint's evaluation (never a best checkpoint). Like any
+    file in a run folder it is data, not a fact: its numbers must be what a cross-entropy can be (0 to
+    log V + 1, V the vocabulary, or the run's own diverged_above_uniform margin for the 1: past that the run
+    would have been recorded as diverged, with null numbers) and what the run's
+    own metrics.jsonl logged for that evaluation; anything else is one line naming the file."""
+    path = Path(run_dir) / "done.json"
+    result = read_json(path, *RESULT_KEYS)
+    if result.get("diverged") is not None:  # an outcome with null numbers (suite.check_result checks the record)
+        return result
+    fix = "the file was edited or damaged: move the run away and rerun it"
+    for key in RESULT_KEYS:
+        if isinstance(result[key], bool) or not isinstance(result[key], (int, float)):
+            raise TrainingError(f"{path}: {key} is {printable(repr(result[key]), 60)}, not a number; {fix}")
+    ce, vocabulary, margin = result["ce"], run_vocabulary(Path(run_dir)), uniform_margin(Path(run_dir))
+    if ce < 0 or vocabulary and ce > math.log(vocabulary) + margin:
+        bounds = f"0 to log V + {margin:g} = {math.log(vocabulary) + margin:.4f}" if vocabulary else "at least 0"
+        raise TrainingError(f"{path}: ce {ce!r} is not what a cross-entropy can be ({bounds}); {fix}")
+    last = last_evaluation(Path(run_dir))
+    if last is None:
+        raise TrainingError(f"{path}: the run's metrics.jsonl holds no evaluation for its numbers to agree with; {fix}")
+    differ = [k for k in RESULT_KEYS if not (isinstance(last.get(k), (int, float))
+                                             and math.isclose(last[k], result[k], rel_tol=AGREE, abs_tol=AGREE))]
+    if differ or result.get("step", last["step"]) != last["step"]:
+        k = differ[0] if differ else "step"
+        raise TrainingError(f"{path}: {k} {result.get(k)!r}, but the run's last evaluation in metrics.jsonl (step "
+                            f"{last['step']}) logged {last.get(k)!r}; {fix}")
+    return result
+
+
+def uniform_margin(run_dir: Path) -> float:
+    """The run's diverged_above_uniform (config.json; the default 1 where it cannot be read)."""
+    try:
+        margin = read_json(run_dir / "config.json").get("diverged_above_uniform", 1.0)
+    except TrainingError:
+        return 1.0
+    return float(margin) if isinstance(margin, (int, float)) and not isinstance(margin, bool) and margin >= 0 else 1.0
+
+
+def run_vocabulary(run_dir: Path) -> int | None:
+    """The vocabulary of a run's model, from its last phase checkpoint's config.json (None without one)."""
+    phases = sorted((int(p.name[6:]), p) for p in run_dir.glob("phase-*") if p.name[6:].isdigit())
+    try:
+        vocabulary = read_json(phases[-1][1] / "config.json", "vocab_size")["vocab_size"] if phases else None
+    except TrainingError:
+        return None
+    return vocabulary if isinstance(vocabulary, int) and not isinstance(vocabulary, bool) and vocabulary > 1 else None
 
 
 def read_metrics(run_dir: Path) -> list[dict]:
-    """Parsed metrics.jsonl; a line cut short by a kill is dropped; one the kit cannot have written (NaN,
-    Infinity, nesting too deep) is one line naming it."""
+    """Parsed metrics.jsonl, each row an object with its step. A last line cut short by a kill is dropped
+    while the run is unfinished (its resume rewrites the log from a checkpoint); in a finished run's log
+    (done.json is written after every line), and on any other line, one the kit cannot have written (cut
+    short, NaN, Infinity, nesting too deep) is one line naming the file and line."""
     path = Path(run_dir) / "metrics.jsonl"
-    rows = []
-    if path.is_file():
-        for number, line in enumerate(path.read_text().splitlines(), 1):
-            try:
-                rows.append(checkpoint.loads(line))
-            except json.JSONDecodeError:
-                pass
-            except ValueError as e:
-                raise TrainingError(f"{path}:{number}: {e}; the file is damaged: move the run away and rerun") from None
-    return rows
+    lines = path.read_text(errors="replace").splitlines() if path.is_file() else []
+    torn_ok = not (Path(run_dir) / "done.json").is_file()
+    rows = [_row(path, number, line, torn_ok and number == len(lines)) for number, line in enumerate(lines, 1)]
+    return [row for row in rows if row is not None]
+
+
+def last_evaluation(run_dir: Path) -> dict | None:
+    """A finished run's last evaluation row (not a phase start's), parsing the log from its end only (a
+    paper-scale log holds 150k rows; the reports ask for each run's result more than once)."""
+    path = run_dir / "metrics.jsonl"
+    lines = path.read_text(errors="replace").splitlines() if path.is_file() else []
+    for number in range(len(lines), 0, -1):
+        row = _row(path, number, lines[number - 1], torn_ok=False)
+        if row.get("eval") and not row.get("phase_start"):
+            return row
+    return None
+
+
+def _row(path: Path, number: int, line: str, torn_ok: bool) -> dict | None:
+    """Line `number` of a metrics log; None for a line cut short by a kill where one may be (torn_ok)."""
+    try:
+        row = checkpoint.loads(line)
+    except json.JSONDecodeError as e:
+        if torn_ok:
+            return None
+        raise TrainingError(f"{path}:{number}: cut short or not JSON ({e}); the file is damaged: move the run away "
+                            "and rerun") from None
+    except ValueError as e:
+        raise TrainingError(f"{path}:{number}: {e}; the file is damaged: move the run away and rerun") from None
+    if not (isinstance(row, dict) and isinstance(row.get("step"), int) and not isinstance(row["step"], bool)):
+        raise TrainingError(f"{path}:{number}: not a row the kit writes (an object with its step); the file is "
+                            "damaged: move the run away and rerun")
+    return row
 
 
 def monitor_series(run_dir: Path) -> list[dict]:

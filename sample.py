@@ -94,11 +94,14 @@ def generate(net, prompt_ids: list[int], max_new_tokens: int, eos_id: int, tempe
         if temperature <= 0:
             token = int(torch.argmax(logits))
         else:
-            logits = logits / temperature
+            # The top_k most likely tokens, lowest id first among equals (as argmax: top_k 1 is greedy at any
+            # temperature), then softmax(logits / temperature) over them in fp64: any finite temperature
+            # stays finite there (in fp32 a temperature above 3.4e38 is inf, and logits / inf is 0 or nan).
+            scaled = logits.double() / temperature
             if top_k:
-                kth = torch.topk(logits, min(top_k, logits.numel())).values[-1]
-                logits = logits.masked_fill(logits < kth, float("-inf"))
-            token = int(torch.multinomial(torch.softmax(logits, -1), 1, generator=generator))
+                kept = torch.sort(logits, descending=True, stable=True).indices[:top_k]
+                scaled = torch.full_like(scaled, float("-inf")).index_copy(0, kept, scaled[kept])
+            token = int(torch.multinomial(torch.softmax(scaled, -1), 1, generator=generator))
         out.append(token)
         if on_token:
             on_token(out)

@@ -9,6 +9,7 @@ every seed, in lockstep where they share batches). The CLI (repro.py) and the ex
 """
 from __future__ import annotations
 
+import errno
 import math
 import os
 import shlex
@@ -135,10 +136,20 @@ def prepare_data(ws: Workspace, force: bool = False) -> tuple[data.Shard, data.S
     options = corpus_options(ws.preset)
     def prepare():  # by one process at a time (rundir.held): another one preparing them is waited for
         with rundir.held([ws.data_dir], ws.wait):
-            return data.prepare(d["source"], ws.data_dir, enc, max_len=d["max_len"], n_train_docs=ws.train_docs,
-                                n_val_docs=d["val_docs"], seed=PRESETS[ws.preset.name].run["seed"],
-                                progress=console.is_terminal,
-                                force=force, **options)
+            corpus = shard_corpus(ws)
+            shards = data.prepare(d["source"], ws.data_dir, enc, max_len=d["max_len"], n_train_docs=ws.train_docs,
+                                  n_val_docs=d["val_docs"], seed=PRESETS[ws.preset.name].run["seed"],
+                                  progress=console.is_terminal,
+                                  force=force, **options)
+        trained = sorted(p for p in ws.runs.iterdir() if p.name != "data" and not p.name.startswith("."))
+        if corpus is not None and shard_corpus(ws) != corpus and trained:
+            # --force rebuilt the shards from an edited corpus (its sha256 changed, its settings did not): what
+            # was trained on the old content names the shards' folder, not their content, and would be reused
+            raise errors.DataError(f"{ws.data_dir}: rebuilt from the corpus as it is now, which changed since "
+                                   f"{trained[0]} was trained on it; --force does not retrain that: move "
+                                   f"{', '.join(p.name for p in trained)} out of {ws.runs} (or choose another "
+                                   "--runs-dir) and rerun")
+        return shards
     # Rank 0 prepares (and checksums what it reuses), the others wait for it without a collective's timeout.
     shards = ws.ctx.on_main(prepare, "preparing the data")
     for split in ("train", "val"):
@@ -147,6 +158,15 @@ def prepare_data(ws: Workspace, force: bool = False) -> tuple[data.Shard, data.S
         shards = data.Shard(ws.data_dir / "train", verify=False), data.Shard(ws.data_dir / "val", verify=False)
     rundir.kill_point("prepared", "data")
     return shards
+
+
+def shard_corpus(ws: Workspace) -> dict | None:
+    """The corpus identity (source, options, content sha256) the training shard was built from, if one is there."""
+    manifest = ws.data_dir / "train" / data.MANIFEST_FILE
+    try:
+        return checkpoint.loads(manifest.read_bytes()).get("corpus")
+    except (OSError, ValueError, AttributeError):
+        return None
 
 
 def hub_teacher(ws: Workspace) -> Path:
@@ -397,19 +417,14 @@ def expected_teacher(ws: Workspace) -> Path | None:
 
 
 def check_result(path: Path):
-    """A done.json whose numbers the reports can print, or a divergence they show as one (else one line
-    now, not a traceback mid-report)."""
-    result = rundir.read_json(path, *rundir.RESULT_KEYS)
+    """A done.json whose numbers the reports can print (rundir.final_eval: numbers a CE can be, as the run's
+    own log has them), or a divergence they show as one (else one line now, not a traceback mid-report)."""
+    result = rundir.final_eval(path.parent)
     if result.get("diverged") is not None:
         record = result["diverged"]
         if not (isinstance(record, dict) and isinstance(record.get("step"), int) and isinstance(record.get("why"), str)):
             raise errors.TrainingError(f"{path}: diverged is {record!r}, not the kit's record (step, why); the file is "
                                        "damaged: move it away and rerun")
-        return
-    for key in rundir.RESULT_KEYS:
-        if isinstance(result[key], bool) or not isinstance(result[key], (int, float)):
-            raise errors.TrainingError(f"{path}: {key} is {result[key]!r}, not a number; the file is damaged: move it "
-                                       "away and rerun to evaluate the run again")
 
 
 def check_trained_teacher(ws: Workspace):
@@ -463,8 +478,8 @@ def teacher_summary(ws: Workspace, names, seeds: list[int]) -> str:
         return f"teacher: validation CE {result['ce']:.4f} after {result['step']} steps; every student diverged"
     best_ce, best = min(finished)
     return (f"teacher: validation CE {result['ce']:.4f} after {result['step']} steps, trained in {seconds / 60:.1f} min "
-            f"(cached in {teacher}); best student {best} at {best_ce:.4f}: the teacher leads by "
-            f"{best_ce - result['ce']:+.4f} nats")
+            f"(cached in {teacher}); best student {best} at {best_ce:.4f}, {abs(best_ce - result['ce']):.4f} nats "
+            f"{'above' if best_ce >= result['ce'] else 'below'} the teacher's")
 
 
 def writable_dir(path: Path, option: str) -> Path:
@@ -474,5 +489,41 @@ def writable_dir(path: Path, option: str) -> Path:
         probe.write_text("")
         probe.unlink()
     except OSError as e:
-        raise errors.OptionError(option, f"{path} is not a writable folder ({e.strerror}); choose another") from None
+        raise errors.OptionError(option, f"{path} is not a writable folder ({path_reason(e)}); choose another") from None
     return path
+
+
+# What to do about a path that is not what the kit needs, by the file system's answer.
+PATH_FIXES = {errno.EISDIR: "a folder stands where the kit writes a file: move it away and rerun",
+              errno.ENOTDIR: "a file stands where the kit needs a folder: move it away, or choose another folder",
+              errno.ELOOP: "a symbolic link that leads back to itself: remove it, or point it at a folder",
+              errno.ENAMETOOLONG: "a name longer than the file system allows (255 bytes a name): choose a shorter path",
+              errno.ENOENT: "check the path", errno.EACCES: "choose a folder you can write to",
+              errno.EROFS: "choose a folder you can write to"}
+
+
+def path_reason(e: OSError) -> str:
+    """The file system's reason, with the cause a bare "File exists" hides: mkdir of a symbolic link
+    that leads nowhere (an unmounted disk) or back to itself (a loop) says EEXIST."""
+    path = e.filename2 or e.filename
+    if e.errno == errno.EEXIST and path is not None and os.path.islink(path):
+        try:
+            os.stat(path)
+        except OSError as target:
+            if target.errno == errno.ELOOP:
+                return "a symbolic link loop"
+            return f"a symbolic link to {os.readlink(path)}, which does not exist (an unmounted disk?)"
+    if e.errno == errno.EEXIST and path is not None and os.path.isfile(path):
+        return "a file, where a folder goes"
+    return e.strerror or type(e).__name__
+
+
+def path_problem(e: OSError) -> str:
+    """One line for an OSError about a path (repro.py prints it instead of a traceback): the path the
+    kit was writing or reading, why it could not, and what to do."""
+    path = e.filename2 or e.filename  # a rename names its target second: the path the user sees
+    reason = path_reason(e)
+    code = errno.ELOOP if "loop" in reason else errno.ENOTDIR if "where a folder goes" in reason else e.errno
+    fix = ("mount it, or remove the link" if "does not exist" in reason
+           else PATH_FIXES.get(code, "check the path and the folder's permissions"))
+    return f"{path}: {reason}; {fix}"

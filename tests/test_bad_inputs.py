@@ -22,6 +22,7 @@ import torch
 from click.testing import CliRunner
 from safetensors.torch import load_file, save_file
 
+import errors
 import presets
 import reference
 import repro
@@ -615,7 +616,100 @@ RELIABILITY = [
          OTHER_CONFIG, write(f"{RUNS}/s42/post-grow/notes.txt", "my notes")),
 ]
 
-CASES = CLI_OPTIONS + OVERRIDES + FOLDERS + CHECKPOINTS + RERUNS + REPORTS + RELIABILITY
+
+
+def link(template: str, target: str):
+    """A symbolic link at `template` (whatever was there moved away first) pointing at `target`: itself
+    (a loop) or a path that does not exist (an unmounted disk)."""
+    def apply(case):
+        path = at(case, template)
+        if path.exists():
+            shutil.rmtree(path) if path.is_dir() else path.unlink()
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.symlink_to(at(case, target))
+    return apply
+
+
+LONG = "x" * 300  # a name past the 255 bytes a file system allows
+DRY = ["--dry-run", "--runs-dir", "{C}/none"]
+DAMAGED_LOG = lambda keep: edit_metrics(f"{RUNS}/s42/pre-grow/metrics.jsonl", keep)
+
+
+def edit_metrics(template: str, keep: Callable[[dict], bool]):
+    """A metrics.jsonl with only the rows `keep` accepts (an edited or cut log)."""
+    def apply(case):
+        path = at(case, template)
+        rows = [json.loads(line) for line in path.read_text().splitlines()]
+        path.write_text("".join(json.dumps(r) + "\n" for r in rows if keep(r)))
+    return apply
+
+
+# Issue 34, causes 5-8: paths the kit did not expect, values without bounds, options that did nothing.
+ISSUE34 = [
+    case("results scale folder is a file", TABLE1, ("smoke", "a file, where a folder goes"), delete("{S}/smoke"),
+         write("{S}/smoke", "x")),
+    case("run folder a symlink loop", TABLE1, ("pre-grow", "leads back to itself"), link(f"{RUNS}/s42/pre-grow",
+                                                                                        f"{RUNS}/s42/pre-grow")),
+    case("teacher folder a symlink loop", TABLE1, ("teacher", "leads back to itself"),
+         link(f"{RUNS}/teacher", f"{RUNS}/teacher")),
+    case("export target a symlink loop", EXPORT(PRE, "{C}/out"), ("out", "leads back to itself"),
+         link("{C}/out", "{C}/out")),
+    case("data/ a dangling symlink (an unmounted disk)", TABLE1, ("data", "does not exist", "mount it"),
+         link(f"{RUNS}/data", "{C}/unmounted/data")),
+    case("data command, data/ a dangling symlink", ["data", "--scale", "smoke", "--runs-dir", "{R}"],
+         ("data", "does not exist"), link(f"{RUNS}/data", "{C}/unmounted/data")),
+    case("--runs-dir a symlink loop", ["table1", "--scale", "smoke", "--runs-dir", "{C}/loop", "--results-dir", "{S}"],
+         ("--runs-dir", "symbolic link loop"), link("{C}/loop", "{C}/loop")),
+    case("--results-dir a symlink loop", ["table1", "--scale", "smoke", "--runs-dir", "{R}", "--results-dir",
+                                          "{C}/loop"], ("--results-dir", "symbolic link loop"),
+         link("{C}/loop", "{C}/loop")),
+    case("--runs-dir a dangling symlink", ["table1", "--scale", "smoke", "--runs-dir", "{C}/gone", "--results-dir",
+                                           "{S}"], ("--runs-dir", "does not exist"), link("{C}/gone", "{C}/unmounted")),
+    case("eval, a 300-character name", EVAL(f"{{R}}/{LONG}"), ("File name too long", "shorter path")),
+    case("sample, a 300-character name", SAMPLE(f"{{R}}/{LONG}"), ("File name too long", "shorter path")),
+    case("export to a 300-character name", EXPORT(PRE, f"{{C}}/{LONG}"), ("File name too long", "shorter path")),
+    case("--results-dir a 300-character name", [*TABLE1[:-1], f"{{C}}/{LONG}"], "--results-dir"),
+    SET("run.phase_steps=1000000000000"), SET("run.blocks=100000"), SET("run.blocks=129"), SET("run.lr=1e300"),
+    SET("run.tau=0"), SET("run.eps=2"), SET("run.global_batch=1099511627776"), SET("run.phase_warmups=0,5,5"),
+    SET("run.boundary_scale=0"), SET("run.monitor_interval=1e20"), SET("teacher_model.hidden_size=1000000000"),
+    SET("teacher_model.rope_theta=0"), SET("teacher_run.phase_steps=1000000000000"),
+    SET("data.max_len=1000000000000"), SET("data.val_docs=1000000000"), SET("data.paragraphs_per_document=0"),
+    SET("diag.docs=1000000"), SET("diag.seed=9223372036854775808"),
+    case("dry run, --set run.phase_steps=1e12", ["table1", "--scale", "smoke", "--set", "run.phase_steps=1000000000000",
+                                                 *DRY], ("--set", "phase_steps")),
+    case("--nodes 2000", ["all", "--scale", "full", "--nodes", "2000", *DRY], "--nodes"),
+    case("--gpus 1e12", ["all", "--scale", "full", "--gpus", "1000000000000", *DRY], "--gpus"),
+    case("--gpus without --dry-run", [*TABLE1, "--gpus", "8"], ("--gpus", "--dry-run")),
+    case("train --nodes without --dry-run", [*TRAIN_RUN, "--nodes", "2"], ("--nodes", "--dry-run")),
+    case("train --seed 44 --set run.seed=43", [*TRAIN_RUN, "--seed", "44", "--set", "run.seed=43"],
+         ("--seed", "run.seed=43")),
+    case("table1 --seeds 44 --set run.seed=43", [*TABLE1, "--seeds", "44", "--set", "run.seed=43"],
+         ("--seeds", "run.seed=43")),
+    case("placements --seeds 1,2 --set run.seed=2", ["placements", *RUN, "--seeds", "1,2", "--set", "run.seed=2"],
+         ("--seeds", "run.seed=2")),
+    case("search --seed 1 --set run.seed=2", ["search", *RUN, "--seed", "1", "--set", "run.seed=2"],
+         ("--seed", "run.seed=2")),
+    case("sample --max-new-tokens past the context", SAMPLE(PRE, "--max-new-tokens", "100000000"),
+         ("--max-new-tokens", "max_position_embeddings")),
+    case("sample --top-k above the vocabulary", SAMPLE(PRE, "--temperature", "1", "--top-k", "1000000000000"),
+         ("--top-k", "vocabulary")),
+    case("rehearse --device", ["rehearse", "--scale", "smoke", "--device", "cuda"], "--device"),
+    case("rehearse --log", ["rehearse", "--scale", "smoke", "--log", "wandb"], "--log"),
+    case("rehearse --compile", ["rehearse", "--scale", "smoke", "--compile"], "--compile"),
+    case("rehearse --no-wait", ["rehearse", "--scale", "smoke", "--no-wait"], "--no-wait"),
+]
+
+# Logs damaged where only a report reads them: the finished runs are reused (a line each), then one error line.
+DAMAGED_LOGS = [
+    case("fig3, a log missing a phase-end evaluation", ["fig3", *RUN], ("metrics.jsonl", "end of phase 1", "missing"),
+         DAMAGED_LOG(lambda r: not (r.get("eval") and r["step"] == 16 and not r.get("phase_start")))),
+    case("fig3, a log missing a phase-start evaluation", ["fig3", *RUN], ("metrics.jsonl", "start of phase 2"),
+         DAMAGED_LOG(lambda r: not (r.get("phase_start") and r.get("phase") == 2))),
+    case("fig3, a log with no phase-start evaluations", ["fig3", *RUN], ("metrics.jsonl", "start of phase 0"),
+         DAMAGED_LOG(lambda r: not r.get("phase_start"))),
+]
+
+CASES = CLI_OPTIONS + OVERRIDES + FOLDERS + CHECKPOINTS + RERUNS + REPORTS + RELIABILITY + ISSUE34
 
 
 def test_the_table_has_at_least_100_distinct_cases():
@@ -754,3 +848,222 @@ def test_force_with_student_overrides_never_rebuilds_the_shared_data_or_teacher(
     ws = suite.workspace("smoke", tmp_path / "t" / "R", overrides=["run.seed=43"], dry_run=True)
     assert ws.runs == smoke and ws.student_runs == "" and ws.preset.run["seed"] == 43
     assert ws.run_dir("pre-grow", 43) == smoke / "s43" / "pre-grow"
+
+
+@pytest.mark.parametrize("bad", DAMAGED_LOGS)
+def test_a_log_damaged_where_only_a_report_reads_it_ends_in_one_line(bad: Case, tree, tmp_path, monkeypatch):
+    """fig3 reads each phase's start and end evaluation from the grow runs' metrics.jsonl: a row cut out
+    of a finished run's log is one error line naming the file and the row (before: StopIteration), after
+    the reuse lines, and nothing is written."""
+    shutil.copytree(tree, tmp_path / "case")
+    monkeypatch.chdir(tmp_path / "case")
+    for damage in bad.damage:
+        damage(tmp_path / "case")
+    before = tree_hash(tmp_path / "case")
+    fill = lambda text: text.format(R=tmp_path / "case" / "R", S=tmp_path / "case" / "S", C=tmp_path / "case")
+    result = CliRunner().invoke(repro.cli, [fill(a) for a in bad.args])
+    assert result.exception is None or isinstance(result.exception, SystemExit), result.exception
+    lines = result.output.strip().splitlines()
+    assert result.exit_code == 1 and lines[-1].startswith("Error: ") and "Traceback" not in result.output
+    assert all(line.endswith(("reusing " + str(tmp_path / "case" / "R" / "smoke" / "teacher"))) or ": done, reusing " in line
+               for line in lines[:-1]), lines
+    for name in bad.names:
+        assert name in lines[-1], lines[-1]
+    assert tree_hash(tmp_path / "case") == before
+
+
+# ---- issue 34: values by value -------------------------------------------------------------------
+
+def test_bare_repro_py_prints_usage_and_starts_nothing(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    result = CliRunner().invoke(repro.cli, [])
+    assert result.exit_code == 0 and result.output.startswith("Usage: repro.py"), result.output
+    assert "python repro.py --scale toy --dry-run" in result.output and "python repro.py --scale toy " in result.output
+    assert list(tmp_path.iterdir()) == []  # no runs/, no results/
+
+
+DRY_RUNS = {"run": ["table1"], "train": ["train", "--norm", "post", "--protocol", "grow"], "regime": ["regime"],
+            "search": ["search"], "placements": ["placements"], "intervention": ["intervention"],
+            "scratch": ["scratch"], "planted": ["planted"]}
+
+
+@pytest.mark.parametrize("command", list(DRY_RUNS))
+def test_every_experiment_command_has_a_dry_run_that_makes_nothing(command, tmp_path, monkeypatch):
+    """Each prints its runs' plan and an estimate for this CPU; no folder is made."""
+    monkeypatch.chdir(tmp_path)
+    result = CliRunner().invoke(repro.cli, [*DRY_RUNS[command], "--scale", "smoke", "--dry-run", "--runs-dir",
+                                            str(tmp_path / "runs")])
+    assert result.exit_code == 0, result.output
+    assert "this machine: about " in result.output and "GPU-h" in result.output
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_the_dry_run_is_closed_form_at_the_largest_accepted_values(tmp_path):
+    """The teacher passes of a lockstep seed are a union of step spans, merged without a set of steps: at
+    a billion steps a phase and 128 blocks the numbers are the formula's. The paper's 3 blocks of S steps:
+    grow covers steps 0..3S, joint 0..S inside it, freeze shares grow's phase 0 and adds 1..3S."""
+    import plan
+    assert plan.union_length([range(0, 10), range(5, 20), range(30, 31), range(0, 0), range(19, 25)]) == 26
+    S, K = 10**9, 128
+    ws = suite.workspace("smoke", tmp_path / "runs", overrides=[f"run.phase_steps={S}", f"run.blocks={K}"],
+                         dry_run=True)
+    runs = plan.planned_runs(ws, ["pre-joint", "pre-grow", "pre-freeze", "post-joint-long"], 42)
+    assert [r.name for r in runs] == ["pre-joint", "pre-grow", "pre-freeze", "post-joint", "post-joint-long"]
+    joint_long = 2 * S - S  # its own phase after post-joint's (with_prefixes adds post-joint, which it shares)
+    assert plan.teacher_passes(runs, lockstep=True) == K * S + joint_long   # grow's span holds every replay run's
+    assert plan.teacher_passes(runs, lockstep=False) == S + K * S + (K - 1) * S + S + joint_long
+    result = CliRunner().invoke(repro.cli, ["all", "--scale", "smoke", "--set", f"run.phase_steps={S}", "--set",
+                                            f"run.blocks={K}", "--set", "run.layers_per_block=128", "--dry-run",
+                                            "--runs-dir", str(tmp_path / "runs")])
+    assert result.exit_code == 0 and "this machine: about " in result.output, result.output
+
+
+def test_every_number_a_set_can_change_has_a_range():
+    """Each numeric field of every --set section is bounded above and below: one past its upper end is a
+    one-line error naming the key, its ends are accepted."""
+    preset = presets.PRESETS["smoke"]
+    numbers = {}
+    for section, cls in presets.OVERRIDABLE.items():
+        known = {f.name: f.default for f in __import__("dataclasses").fields(cls)} if cls else {}
+        known.update({**(presets.DATA_OPTIONS if section == "data" else {}), **getattr(preset, section)})
+        for name, value in known.items():
+            if name in presets.SET_BY_KIT.get(section, ()) or isinstance(value, (bool, str, dict)):
+                continue
+            if isinstance(value, (int, float, tuple)) or value is None:
+                numbers[f"{section}.{name}"] = name
+    assert len(numbers) >= 40
+    missing = sorted(key for key, name in numbers.items() if name not in presets.RANGES)
+    assert not missing, f"no range for {missing}"
+    for key, name in numbers.items():
+        low, high = presets.RANGES[name]
+        current = presets.apply_overrides(preset, [])[0]
+        too_big = high * 10 + 1 if isinstance(high, int) else high * 10
+        value = ",".join([str(too_big)] * 2 if name == "betas" else [str(too_big)])
+        with pytest.raises(errors.OptionError, match=f"{key.split('.')[1]}=.*expected"):
+            presets.apply_overrides(current, [f"{key}={value}"])
+    assert presets.apply_overrides(preset, ["run.blocks=128", "run.phase_steps=1000000000"])[0].run["blocks"] == 128
+
+
+def test_the_dry_runs_estimate_for_this_cpu_uses_the_benchs_measured_speed(tmp_path):
+    """From results/bench.json: the kit's toy step of 2 GFLOP in 0.5 s is 4 GFLOP/s, so 360 GFLOP take
+    90 s = 1.5 min; bf16 where the preset would use it and the bench measured it."""
+    import plan
+    bench = tmp_path / "bench.json"
+    bench.write_text(json.dumps({"environment": {"date": "2026-12-02"}, "train_step": {
+        "step_gflop": 2.0, "kit_post_fp32_s": 0.5, "kit_post_bf16_s": 0.25}}))
+    assert plan.cpu_estimate(360e9, "fp32", bench).startswith("about 1.5 min on this CPU (4.0 GFLOP/s")
+    assert plan.cpu_estimate(360e9, "auto", bench).startswith("about 45 s on this CPU (8.0 GFLOP/s")
+    assert plan.duration_text(0.2) == "under a second" and plan.duration_text(7200) == "2.0 h"
+
+
+def test_the_toy_dry_run_says_no_zero_durations_or_sizes(tmp_path):
+    result = CliRunner().invoke(repro.cli, ["--scale", "toy", "--dry-run", "--runs-dir", str(tmp_path / "runs")])
+    assert result.exit_code == 0, result.output
+    text = " ".join(result.output.split())
+    assert "about 0 s" not in text and "(0 GB" not in text and "about 0 min" not in text and "~0 of" not in text
+    assert "this machine: about " in text
+
+
+def test_sample_top_k_1_is_greedy_at_any_temperature(tree, monkeypatch):
+    """1e300 is finite; in fp32 it is inf, and logits / inf made every token equally likely."""
+    monkeypatch.chdir(tree)
+    pre = PRE.format(R=tree / "R")
+    def text(*more):
+        result = CliRunner().invoke(repro.cli, ["sample", pre, "--prompt", "The", "--max-new-tokens", "12",
+                                                "--runs-dir", str(tree / "R"), *more])
+        assert result.exit_code == 0, result.output
+        return result.output
+    greedy = text()
+    assert text("--temperature", "1e300", "--top-k", "1") == greedy
+    assert text("--temperature", "1e-30", "--top-k", "1") == greedy
+
+
+def test_sigterm_during_sample_does_not_promise_a_resume(tree, monkeypatch):
+    import sample
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+    monkeypatch.setattr(sample, "generate", interrupted)
+    result = CliRunner().invoke(repro.cli, ["sample", PRE.format(R=tree / "R"), "--runs-dir", str(tree / "R")])
+    assert result.exit_code == 130 and "sample stopped before it finished" in result.output
+    assert "resume" not in result.output
+
+
+def test_ratios_of_a_scale_whose_teacher_shares_the_students_batch():
+    """smoke's teacher_run sets no global_batch (the students' 4): 20 teacher steps x 4 documents over
+    the longest student's 3 x 8 x 4."""
+    result = CliRunner().invoke(repro.cli, ["ratios", "--scale", "smoke"])
+    assert result.exit_code == 0, result.output
+    assert "| teacher documents / documents of the longest-trained student | ≫ 1 (a pretrained LLM) | 0.8333 |" \
+        in result.output
+
+
+def test_the_precision_cache_is_read_as_strictly_as_it_is_written(tmp_path, monkeypatch):
+    import devices
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    (tmp_path / "normgrow").mkdir()
+    for damaged in ('{"another machine": NaN}', '{"x": 1e999}', "[1]", "{"):
+        (tmp_path / "normgrow" / "cpu-precision.json").write_text(damaged)
+        devices.cpu_bf16_speedup.cache_clear()
+        speedup = devices.cpu_bf16_speedup()
+        written = json.loads((tmp_path / "normgrow" / "cpu-precision.json").read_text(),
+                             parse_constant=lambda c: pytest.fail(c))
+        assert speedup > 0 and list(written.values()) == [speedup]
+    devices.cpu_bf16_speedup.cache_clear()
+
+
+def test_export_to_an_empty_folder_and_a_reference_over_a_shipped_one(tree, tmp_path, monkeypatch):
+    """An empty folder holds nothing to lose: export uses it, with --force too. `reference` over a
+    shipped file says --force is missing, not that an absent --force is invalid."""
+    shutil.copytree(tree, tmp_path / "t")
+    monkeypatch.chdir(tmp_path / "t")
+    pre = PRE.format(R=tmp_path / "t" / "R")
+    for more in ((), ("--force",)):
+        shutil.rmtree(tmp_path / "empty", ignore_errors=True)
+        (tmp_path / "empty").mkdir()
+        result = CliRunner().invoke(repro.cli, ["export", pre, str(tmp_path / "empty"), "--runs-dir",
+                                                str(tmp_path / "t" / "R"), *more])
+        assert result.exit_code == 0 and (tmp_path / "empty" / "model.safetensors").is_file(), result.output
+    monkeypatch.setattr(reference, "REFERENCES", tmp_path / "refs")
+    (tmp_path / "refs").mkdir()
+    (tmp_path / "refs" / "smoke.json").write_text(GOOD_REFERENCE)
+    result = CliRunner().invoke(repro.cli, ["reference", "--scale", "smoke", "--seeds", "42", "--runs-dir", "R",
+                                            "--results-dir", "S"])
+    assert result.exit_code == 2 and "Invalid value" not in result.output and "add --force" in result.output
+    assert (tmp_path / "refs" / "smoke.json").read_text() == GOOD_REFERENCE
+
+
+def test_the_teacher_summary_says_which_side_of_the_teacher_the_best_student_is(tree):
+    ws = suite.workspace("smoke", tree / "R", dry_run=True)
+    teacher = json.loads((tree / "R" / "smoke" / "teacher" / "done.json").read_text())["ce"]
+    best = min(json.loads((tree / "R" / "smoke" / "s42" / n / "done.json").read_text())["ce"]
+               for n in ("pre-grow", "post-grow", "pre-joint", "post-joint"))
+    line = suite.teacher_summary(ws, ["pre-grow", "post-grow", "pre-joint", "post-joint"], [42])
+    side = "above" if best >= teacher else "below"
+    assert f"{abs(best - teacher):.4f} nats {side} the teacher's" in line and "leads by" not in line
+
+
+def test_data_takes_set_and_prepares_where_those_runs_read(tmp_path):
+    result = CliRunner().invoke(repro.cli, ["data", "--scale", "smoke", "--set", "data.val_docs=12", "--runs-dir",
+                                            str(tmp_path)])
+    assert result.exit_code == 0, result.output
+    manifest = json.loads((tmp_path / "smoke+data.val_docs=12" / "data" / "val" / "manifest.json").read_text())
+    assert manifest["n_docs"] == 12
+    assert not (tmp_path / "smoke").exists()
+
+
+def test_force_after_an_edited_corpus_never_reuses_what_the_old_one_trained(tmp_path):
+    """--force rebuilds the shards of an edited local corpus; a teacher and runs trained on the old content
+    (a stand-in folder here) are then named in one line, never silently reused with the new shards."""
+    corpus = tmp_path / "c.jsonl"
+    corpus.write_text("".join(json.dumps({"text": f"document {i} about the lazy fox"}) + "\n" for i in range(200)))
+    local = ["data.source=local", f"data.path={corpus}"]
+    ws = suite.workspace("smoke", tmp_path / "runs", overrides=local, device="cpu")
+    suite.prepare_data(ws)
+    first = suite.shard_corpus(ws)["sha256"]
+    (ws.runs / "teacher").mkdir()
+    corpus.write_text(corpus.read_text().replace("lazy", "quick"))
+    with pytest.raises(errors.DataError, match="another corpus"):  # unforced: the shards are refused
+        suite.prepare_data(suite.workspace("smoke", tmp_path / "runs", overrides=local, device="cpu"))
+    with pytest.raises(errors.DataError, match=r"data: rebuilt from the corpus .* move teacher out of"):
+        suite.prepare_data(suite.workspace("smoke", tmp_path / "runs", overrides=local, device="cpu"), force=True)
+    assert suite.shard_corpus(ws)["sha256"] != first

@@ -2,6 +2,8 @@
 import json
 import math
 import os
+import re
+import shlex
 import shutil
 import signal
 import statistics
@@ -14,6 +16,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from click.testing import CliRunner
 from conftest import repro_cli
 from safetensors.torch import load_file
 
@@ -713,8 +716,9 @@ def test_the_regime_maps_boundary_is_the_last_monitor_row_after_block_0(tmp_path
             {"step": 300, "eval": True, "ce": 3.0},
             {"step": 500, "monitor": True, "boundaries": [after(0.0), after(9.0), after(1.0)]}]
     done = {"ce": 3.2, "ppl": 24.5, "kd": 3.3, "step": 750}
+    rows.append({**done, "eval": True})  # done.json repeats the run's last evaluation (rundir.final_eval checks)
     plant("watched", done, rows)
-    plant("unwatched", done, [{"step": 300, "eval": True, "ce": 3.0}])
+    plant("unwatched", done, [{"step": 300, "eval": True, "ce": 3.0}, {**done, "eval": True}])
     plant("failed", {**{k: None for k in done}, "step": 500, "diverged": {"step": 500, "why": "non-finite"}}, rows)
     ws = types.SimpleNamespace(run_dir=lambda run, seed: tmp_path / run)
     assert regime.end_boundary(ws, "watched", 42) == {"kurtosis": 9.0, "boundary_over_others": 0.9, "massive_ratio": 18.0}
@@ -807,8 +811,9 @@ def test_a_reference_leaves_out_a_run_not_yet_finished_for_every_seed(tmp_path):
         for name in names:
             run = tmp_path / "runs" / f"s{seed}" / name
             run.mkdir(parents=True)
-            (run / "metrics.jsonl").write_text(json.dumps({"step": 9, "eval": True, "ce": 3.0 + seed / 100}) + "\n")
-            (run / "done.json").write_text(json.dumps({"ce": 3.0 + seed / 100}))
+            done = {"ce": 3.0 + seed / 100, "ppl": math.exp(3.0 + seed / 100), "kd": 0.0, "step": 9}
+            (run / "metrics.jsonl").write_text(json.dumps({**done, "eval": True}) + "\n")
+            (run / "done.json").write_text(json.dumps(done))
     (tmp_path / "results").mkdir()
     # reports over the reference's seeds, or two or more of them, ship, each with its seeds; one over a
     # single seed of several (no spread for a band) or over another seed does not
@@ -891,3 +896,62 @@ def test_the_shipped_toy_reference_holds_per_seed_values_for_every_table(table):
     numbers = SHIPPED_TOY["tables"][table]
     assert numbers, f"{table}: no per-seed values shipped"
     assert all(isinstance(v, list) and len(v) == len(seeds) for v in numbers.values())
+
+
+# ---- the README's command table runs as written ----------------------------------------------------
+
+TRAINS = ("run", "train", "regime", "search", "intervention", "planted", "placements", "scratch")
+# Rows whose options ask for what a machine may lack (Apple silicon, an optional package): their option
+# names are checked (--help), not the run; each needs-line says why.
+NEEDS = {"--device mps": "an Apple GPU", "--log tensorboard": "the tensorboard package"}
+
+
+def readme_command_rows() -> list[tuple[list[str], list[str]]]:
+    """Each row of the README's command table (## Commands): (its commands: the first cell's and any
+    `python repro.py ...` in the others, its option hints: `--...` in the others)."""
+    text = (ROOT / "README.md").read_text()
+    table = text.split("## Commands", 1)[1].split("\n\n| where |", 1)[0]
+    rows = []
+    for line in table.splitlines():
+        if line.startswith("| `"):
+            first, rest = line.split(" | ", 1)
+            quoted = re.findall(r"`([^`]+)`", rest)
+            rows.append((re.findall(r"`([^`]+)`", first) + [q for q in quoted if q.startswith("python repro.py")],
+                         [q for q in quoted if q.startswith("--")]))
+    return rows
+
+
+def test_every_command_of_the_readmes_table_runs_as_written(tmp_path, monkeypatch):
+    """A command that trains runs as a dry run, any other with --help (which checks its option names):
+    none fails as written; an option a row's text names is one its command has (before: the placements
+    row's --norm); the train row lists every protocol; a reference row over a file the kit ships says
+    --force. Make targets exist in the Makefile."""
+    rows = readme_command_rows()
+    assert sum(len(commands) for commands, _ in rows) >= 30
+    targets = set(re.findall(r"^([\w-]+):", (ROOT / "Makefile").read_text(), flags=re.M))
+    monkeypatch.chdir(tmp_path)
+    for commands, hints in rows:
+        for command in commands:
+            if command.startswith("make "):
+                assert command.split()[1] in targets, command
+                continue
+            assert command.startswith("python repro.py"), command
+            args = shlex.split(re.sub(r"\[[^\]]*\]", "", command))[2:]  # "[--nodes 4]": optional
+            name = args[0] if args[0] in repro.cli.commands else "run"
+            trains = name in TRAINS
+            checked_only = [why for option, why in NEEDS.items() if option in command]
+            more = ["--dry-run", "--runs-dir", str(tmp_path / "runs")] if trains and not checked_only else ["--help"]
+            result = CliRunner().invoke(repro.cli, [*args, *more])
+            assert result.exit_code == 0 and "Error" not in result.output, (command, result.output[-2000:])
+            if name == "reference":
+                assert "--force" in args or not (ROOT / "references" / f"{args[args.index('--scale') + 1]}.json").exists()
+        first = shlex.split(commands[0])[2:3] if commands[0].startswith("python") else []
+        row_command = first[0] if first and first[0] in repro.cli.commands else "run"
+        options = {o for p in repro.cli.commands[row_command].params for o in p.opts + p.secondary_opts}
+        for hint in hints if commands[0].startswith("python") else ():
+            assert set(hint.split()[0].split("/")) <= options, (commands[0], hint)  # --compile/--no-compile
+    train_row = next(hints for commands, hints in rows if "--protocol grow" in commands[0] and "train" in commands[0])
+    listed = next(h for h in train_row if h.startswith("--protocol"))
+    choices = next(p for p in repro.cli.commands["train"].params if p.name == "protocol").type.choices
+    assert all(c in listed.replace(",", " ").split() for c in choices), listed
+    assert not (tmp_path / "runs").exists()
