@@ -575,11 +575,17 @@ def evaluate(checkpoint, scale, data_dir, as_json, runs_dir):
 @scale_option
 @click.option("--seeds", required=True, callback=parse_seeds, help="The seeds whose runs and tables to ship.")
 @click.option("--force", is_flag=True, help="Replace the shipped references/<scale>.json.")
+@click.option("--tables", default=None, metavar="NAMES",
+              help="Replace only these tables (comma-separated report names, e.g. planted,scratch) of the shipped "
+                   "reference, from an experiment rerun in a runs folder of its own; the rest stays as shipped.")
 @runs_option
 @results_option
-def make_reference(scale, seeds, force, runs_dir, results_dir):
+def make_reference(scale, seeds, force, tables, runs_dir, results_dir):
     """Write references/<scale>.json from finished runs and reports (what `compare` checks against)."""
     import reference
+    if tables is not None:
+        return update_reference_tables(scale, seeds, force, [t for t in tables.split(",") if t.strip()], runs_dir,
+                                       results_dir)
     missing = [seed for seed in seeds if not (runs_dir / scale / f"s{seed}").is_dir()]
     if missing:
         raise click.UsageError(f"{runs_dir / scale / f's{missing[0]}'}: no runs of seed {missing[0]}; run them first")
@@ -594,6 +600,25 @@ def make_reference(scale, seeds, force, runs_dir, results_dir):
                                 "`compare` checks against it; add --force to replace it (git checkout restores it)")
     checkpoint.write_json(path, content, indent=1)
     suite.console.print(f"wrote {path}: {len(content['curves'])} runs, {len(content['tables'])} tables, seeds {seeds}")
+
+
+def update_reference_tables(scale: str, seeds: list[int], force: bool, names: list[str], runs_dir: Path,
+                            results_dir: Path):
+    """`reference --tables`: the shipped file's named tables taken anew (reference.with_tables)."""
+    import reference
+    path = reference.REFERENCES / f"{scale}.json"
+    if not path.is_file():
+        raise errors.UsageError(f"{path}: no shipped reference to update; write it whole (without --tables)")
+    shipped = rundir.read_json(path)
+    if sorted(seeds) != sorted(shipped["seeds"]):
+        raise errors.OptionError("--seeds", f"{path} ships seeds {shipped['seeds']}; its tables take the same seeds")
+    if not names or not force:
+        raise errors.UsageError(f"{path}: the kit ships it and `compare` checks against it; name the tables and add "
+                                "--force to replace them (git checkout restores it)")
+    check_reports(results_dir / scale)
+    content = reference.with_tables(shipped, runs_dir / scale, results_dir / scale, names)
+    checkpoint.write_json(path, content, indent=1)
+    suite.console.print(f"wrote {path}: tables {', '.join(names)} from {results_dir / scale}, seeds {seeds}")
 
 
 def check_reports(folder: Path):

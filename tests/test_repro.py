@@ -883,14 +883,7 @@ SHIPPED_TOY = json.loads((ROOT / "references" / "toy.json").read_text())
 ONE_SEED_FIGURES = {"fig3", "figA2"}
 
 
-@pytest.mark.parametrize("table", [
-    pytest.param(name, marks=pytest.mark.xfail(strict=True, reason=(
-        "references/toy.json was written before reference.report_numbers read scratch's `numbers`: it ships "
-        "tables.scratch == {}; its runs (runs/toy/beyond/scratch, 12 runs) are not on this machine, so the "
-        "reference cannot be regenerated here: rerun `repro.py scratch --scale toy --seeds 42,43,44` and "
-        "`repro.py reference --scale toy --seeds 42,43,44`")))
-    if name == "scratch" else name
-    for name in sorted(set(SHIPPED_TOY["table_seeds"]) - ONE_SEED_FIGURES)])
+@pytest.mark.parametrize("table", sorted(set(SHIPPED_TOY["table_seeds"]) - ONE_SEED_FIGURES))
 def test_the_shipped_toy_reference_holds_per_seed_values_for_every_table(table):
     seeds = SHIPPED_TOY["table_seeds"][table]
     numbers = SHIPPED_TOY["tables"][table]
