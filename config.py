@@ -89,6 +89,9 @@ class RunConfig:
     monitor_kurtosis_warn: float = 1000.0  # ... or its kurtosis of per-token RMS
     phase_lrs: tuple = ()          # peak LR per phase (transition-aware schedules; empty: lr in every phase)
     phase_warmups: tuple = ()      # warmup steps per phase (empty: warmup_frac of the phase)
+    # Per-transition warmup and peak on top of those: "" (none), a preset of TRANSITION_SCHEDULES, or one
+    # "warmup_factor:peak_factor" per transition (phases 1..), e.g. "2:1,0.5:1" (transition_factors)
+    transition_schedule: str = ""
     # Divergence is an outcome, never a number (README, "Reliability"): a non-finite loss, gradient norm or
     # validation CE; a validation CE above log V + diverged_above_uniform (worse than predicting every
     # token uniformly, by that margin); or a run that ends more than diverged_above_best above its own
@@ -118,6 +121,7 @@ class RunConfig:
             values = getattr(self, key)
             if values and (len(values) != phases or min(values) <= 0):
                 raise ConfigError(f"{key} {values}: give one positive value per phase ({phases}), or none")
+        transition_factors(self)  # a bad transition_schedule: one line here, before any run
 
     def resolved(self, run_dir) -> "RunConfig":
         """This config with every path absolute (absolute_paths), as the run uses it."""
@@ -170,11 +174,41 @@ def plan_phases(config: RunConfig) -> list[Phase]:
     return [Phase(p, p + 1, (p,) if p else (0,), p == 0 or config.freeze_trains_head, p * S, S) for p in range(K)]
 
 
+# Named transition schedules: (warmup factor, peak factor) at the first append, then at every later one.
+# "asymmetric", the paper's summary: slower warmup after the first append (where post-norm recovers slowly),
+# faster after later ones; one factor of 2 each way (docs/preregistrations.md, 2026-12-02, idea 1).
+TRANSITION_SCHEDULES = {"asymmetric": ((2.0, 1.0), (0.5, 1.0))}
+
+
+def transition_factors(config: RunConfig) -> list[tuple[float, float]]:
+    """(warmup factor, peak factor) of every phase from config.transition_schedule; phase 0 is (1, 1)."""
+    spec, phases = config.transition_schedule.strip(), len(plan_phases(config))
+    if not spec:
+        return [(1.0, 1.0)] * phases
+    if spec in TRANSITION_SCHEDULES:
+        first, later = TRANSITION_SCHEDULES[spec]
+        return [(1.0, 1.0)] + [first if p == 1 else later for p in range(1, phases)]
+    try:
+        factors = [tuple(float(x) for x in item.split(":")) for item in spec.split(",")]
+    except ValueError:
+        factors = []
+    if len(factors) != phases - 1 or any(len(f) != 2 or not all(math.isfinite(x) and x > 0 for x in f) for f in factors):
+        raise ConfigError(f"transition_schedule {spec!r}: name one of {', '.join(TRANSITION_SCHEDULES)}, or give one "
+                          f"positive warmup_factor:peak_factor per transition ({phases - 1}), e.g. \"2:1,0.5:1\"")
+    return [(1.0, 1.0)] + factors
+
+
 def learning_rate(config: RunConfig, step_in_phase: int, phase: int = 0) -> float:
     """Linear warmup over warmup_frac of the phase, then cosine from lr to min_lr at the phase end.
-    phase_lrs and phase_warmups, where given, set the peak and the warmup steps of each phase."""
+    phase_lrs and phase_warmups, where given, set the peak and the warmup steps of each phase; a
+    transition_schedule then scales a later phase's warmup and peak, its warmup kept within [AdamW's
+    second-moment horizon 1/(1 - beta2), the phase] (shorter, the step size rests on too few squares)."""
     peak = config.phase_lrs[phase] if config.phase_lrs else config.lr
     warmup = int(config.phase_warmups[phase]) if config.phase_warmups else round(config.warmup_frac * config.phase_steps)
+    if config.transition_schedule and phase:
+        warmup_factor, peak_factor = transition_factors(config)[phase]
+        horizon = math.ceil(round(1 / (1 - config.betas[1]), 6))
+        warmup, peak = min(config.phase_steps, max(horizon, round(warmup_factor * warmup))), peak * peak_factor
     warmup = max(1, warmup)
     if step_in_phase < warmup:
         return peak * (step_in_phase + 1) / warmup
