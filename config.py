@@ -29,7 +29,9 @@ PROTOCOLS = ("joint", "grow", "freeze", "joint-long", "teacher")
 PRECISIONS = ("fp32", "bf16")  # and "auto": bf16 where the machine runs it measurably faster (devices.py)
 # The settings that take one of a few names; checked here, and by presets.py for --set before any folder is made.
 CHOICES = {"protocol": PROTOCOLS, "precision": ("auto", *PRECISIONS), "post_output_gain": model.OUTPUT_GAINS,
-           "boundary": model.BOUNDARIES, "on_divergence": ("stop", "continue"), "long_data": ("fresh", "replay")}
+           "boundary": model.BOUNDARIES, "on_divergence": ("stop", "continue"), "long_data": ("fresh", "replay"),
+           "append_init": ("default", "matched", "preserve-output"), "importance_remedy": ("none", "reinit"),
+           "boundary_correction": ("none", "norm")}
 PATH_FIELDS = ("train_data", "val_data", "teacher", "start_from", "boundary_source")  # RunConfig's paths
 
 
@@ -38,7 +40,7 @@ class RunConfig:
     """Every setting of one run. No defaults for hyperparameters: presets (presets.py) own the numbers."""
     name: str
     protocol: str                  # one of PROTOCOLS
-    norm: str                      # "pre" | "post" (student placement; ignored by `teacher`)
+    norm: str                      # a placement, one per block ("pre,post,post"), or "auto" (transitions.py)
     seed: int
     blocks: int                    # K
     layers_per_block: int          # L
@@ -92,6 +94,13 @@ class RunConfig:
     # Per-transition warmup and peak on top of those: "" (none), a preset of TRANSITION_SCHEDULES, or one
     # "warmup_factor:peak_factor" per transition (phases 1..), e.g. "2:1,0.5:1" (transition_factors)
     transition_schedule: str = ""
+    # What a grow or freeze run does when it appends a block (transitions.py; issue 33's ideas 2, 3, 5, 6):
+    append_init: str = "default"   # "matched": the new block's norm gains at the RMS it reads; "preserve-output"
+    importance_remedy: str = "none"  # "reinit": re-draw a prefix block whose removal costs < identity_threshold
+    identity_threshold: float = 0.105  # nats: the log-midpoint of the paper's 0.02 (near-identity) and 0.55
+    boundary_correction: str = "none"  # "norm": an RMSNorm at an appended block's input where the reading fires
+    monitor_ratio_warn: float = 37 ** 0.5  # boundary token RMS / the others': the log-midpoint of 1 and 37
+    structural_norm: bool = False  # the boundary token rescaled to its row's median RMS x a learned scale
     # Divergence is an outcome, never a number (README, "Reliability"): a non-finite loss, gradient norm or
     # validation CE; a validation CE above log V + diverged_above_uniform (worse than predicting every
     # token uniformly, by that margin); or a run that ends more than diverged_above_best above its own
@@ -110,7 +119,7 @@ class RunConfig:
                 raise ConfigError(f"{key} {getattr(self, key)!r} is unknown; choose one of {', '.join(names)}")
         if self.boundary == "mirror-fwd" and not self.boundary_source:
             raise ConfigError("boundary mirror-fwd needs boundary_source: the pre-norm run folder whose profile it copies")
-        if self.protocol != "teacher":
+        if self.protocol != "teacher" and self.norm != "auto":
             try:
                 model.block_norms(self.norm, self.blocks)  # a known placement, or one per block
             except ValueError as e:
@@ -122,6 +131,12 @@ class RunConfig:
             if values and (len(values) != phases or min(values) <= 0):
                 raise ConfigError(f"{key} {values}: give one positive value per phase ({phases}), or none")
         transition_factors(self)  # a bad transition_schedule: one line here, before any run
+        for key in ("identity_threshold", "monitor_ratio_warn"):
+            if not (isinstance(getattr(self, key), (int, float)) and getattr(self, key) > 0):
+                raise ConfigError(f"{key} {getattr(self, key)!r}: give a positive number")
+        if self.importance_remedy != "none" and self.protocol != "grow":
+            raise ConfigError(f"importance_remedy {self.importance_remedy}: a grow option (a block re-drawn under "
+                              f"{self.protocol} would never train again); use protocol grow")
 
     def resolved(self, run_dir) -> "RunConfig":
         """This config with every path absolute (absolute_paths), as the run uses it."""
@@ -137,6 +152,18 @@ class RunConfig:
                 path = Path(value).resolve()
                 paths[key] = os.path.relpath(path, run_dir) if path.is_relative_to(root) else str(path)
         return replace(self, **paths, relative_to_run=True)
+
+    @property
+    def student_norm(self) -> str:
+        """The placement schedule the student is built with: --norm auto starts all pre-norm, and its
+        transitions choose each appended block's (transitions.py)."""
+        return "pre" if self.norm == "auto" else self.norm
+
+    @property
+    def student_features(self) -> tuple:
+        """model.FEATURES this run's student needs."""
+        return (("correction",) if self.boundary_correction != "none" else ()) + \
+            (("structural",) if self.structural_norm else ())
 
     @property
     def distils(self) -> bool:

@@ -314,7 +314,8 @@ def teacher(scale, rebuild, overrides, compile_flag, device, tracker, no_wait, f
 @cli.command()
 @scale_option
 @click.option("--norm", required=True, callback=lambda c, p, v: check_norm(v),
-              help=f"Norm placement ({', '.join(model.PLACEMENTS)}), or one per block: pre,post,post.")
+              help=f"Norm placement ({', '.join(model.PLACEMENTS)}), or one per block: pre,post,post; or auto (pre-norm, "
+                   "each appended block post-norm where the boundary it reads drifts: transitions.py).")
 @click.option("--protocol", type=click.Choice(["joint", "grow", "freeze", "joint-long", "joint-longer", "joint-replay"]),
               required=True, help="joint, grow, freeze, or the joint controls (Table 3; joint-replay: grow's steps on "
               "grow's shard).")
@@ -328,7 +329,8 @@ def train(scale, norm, protocol, seed, overrides, compile_flag, device, tracker,
                          wait=not no_wait)
     seed = ws.preset.run["seed"] if seed is None else seed
     try:  # a schedule names one placement per block, and --set run.blocks may change the count
-        model.block_norms(norm, ws.preset.run["blocks"])
+        if norm != "auto":
+            model.block_norms(norm, ws.preset.run["blocks"])
     except ValueError as e:
         raise click.BadParameter(str(e), param_hint="--norm") from None
     name = f"{norm}-{protocol}"
@@ -342,6 +344,8 @@ def train(scale, norm, protocol, seed, overrides, compile_flag, device, tracker,
 
 
 def check_norm(norm: str) -> str:
+    if norm.strip() == "auto":
+        return "auto"
     names = [n.strip() for n in norm.split(",")]
     unknown = [n for n in names if n not in model.PLACEMENTS]
     if unknown:

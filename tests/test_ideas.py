@@ -1,12 +1,18 @@
 """The paper's seven proposed improvements as options (issue 33; docs/preregistrations.md, 2026-12-02),
 each tested by value, and the `ideas` experiment at smoke scale."""
+import json
 import math
+from dataclasses import replace
 
 import pytest
-from conftest import make_config
+import torch
+from conftest import distil_config, make_config
 
 import config
 import errors
+import grow
+import model
+import transitions
 
 # ---- 1. transition-aware learning rate -------------------------------------------------------------
 
@@ -32,3 +38,82 @@ def test_explicit_transition_schedule_scales_warmup_and_peak_per_transition():
     for bad in ("fast", "2:1", "2:1,0:1", "2:1,x:1", "2:1:3,1:1"):
         with pytest.raises(errors.ConfigError, match="transition_schedule"):
             make_config(transition_schedule=bad)
+
+
+# ---- the transition machinery (ideas 2, 3, 5, 7) ---------------------------------------------------
+
+def events(run_dir):
+    return [r for r in map(json.loads, (run_dir / "metrics.jsonl").read_text().splitlines()) if r.get("event")]
+
+
+def stored_norm(run_dir, phase=2):
+    return json.loads((run_dir / f"phase-{phase}" / "config.json").read_text())["normgrow_student"]["norm"]
+
+
+def weights(run_dir, phase=2):
+    return model.Student.load(run_dir / f"phase-{phase}").state_dict()
+
+
+def same_weights(a, b):
+    return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+# ---- 7. --norm auto ----------------------------------------------------------------------------------
+
+DOSE = dict(boundary="dose-boundary", boundary_scale=37.0)
+
+
+def test_auto_under_joint_is_a_pre_norm_run(tiny_shards, tiny_teacher_dir, tmp_path):
+    """Case 1: a joint run's auto is pre-norm, nothing read or changed: bit-identical to --norm pre."""
+    auto = distil_config(tiny_shards, tiny_teacher_dir, protocol="joint", norm="auto")
+    assert auto.student_norm == "pre" and not transitions.acts(auto)
+    a = grow.train(auto, tmp_path / "auto")
+    b = grow.train(replace(auto, norm="pre"), tmp_path / "pre")
+    assert a["ce"] == b["ce"] and same_weights(weights(tmp_path / "auto", 0), weights(tmp_path / "pre", 0))
+
+
+def test_auto_under_growth_keeps_pre_norm_where_nothing_fires(tiny_shards, tiny_teacher_dir, tmp_path):
+    """Case 2: no outlier: both transitions read below every threshold, both appended blocks stay pre-norm,
+    and the run is bit-identical to pre-grow (the reading's extra forward changes nothing)."""
+    auto = distil_config(tiny_shards, tiny_teacher_dir, norm="auto")
+    a = grow.train(auto, tmp_path / "auto")
+    found = events(tmp_path / "auto")
+    assert [e["block"] for e in found] == [1, 2] and all(e["fired"] == [] and e["keep"] == {"placement": "pre"}
+                                                         for e in found)
+    assert all(e["reading"]["boundary_over_others"] < auto.monitor_ratio_warn for e in found)
+    b = grow.train(replace(auto, norm="pre"), tmp_path / "pre")
+    assert a["ce"] == b["ce"] and stored_norm(tmp_path / "auto") == "pre"
+    assert same_weights(weights(tmp_path / "auto"), weights(tmp_path / "pre"))
+
+
+def test_auto_under_growth_appends_post_norm_where_the_planted_outlier_fires(tiny_shards, tiny_teacher_dir, tmp_path):
+    """Case 3: the boundary token at 37x at every appended block's input: its ratio reads ~37 > sqrt(37),
+    so each appended block is post-norm (pre,post,post), the same run as that schedule named outright."""
+    auto = distil_config(tiny_shards, tiny_teacher_dir, norm="auto", **DOSE)
+    a = grow.train(auto, tmp_path / "auto")
+    found = events(tmp_path / "auto")
+    assert [e["keep"] for e in found] == [{"placement": "post"}] * 2
+    assert all("boundary_over_others" in e["fired"] and e["reading"]["boundary_over_others"] > 20 for e in found)
+    assert stored_norm(tmp_path / "auto", 1) == "pre,post,pre" and stored_norm(tmp_path / "auto") == "pre,post,post"
+    named = grow.train(replace(auto, norm="pre,post,post"), tmp_path / "named")
+    assert a["ce"] == named["ce"] and same_weights(weights(tmp_path / "auto"), weights(tmp_path / "named"))
+
+
+def test_a_named_placement_is_never_changed(tiny_shards, tiny_teacher_dir, tmp_path):
+    """Case 4: --norm pre with the same outlier: no reading, no event, pre-norm throughout."""
+    named = distil_config(tiny_shards, tiny_teacher_dir, norm="pre", **DOSE)
+    assert not transitions.acts(named)
+    grow.train(named, tmp_path / "pre")
+    assert events(tmp_path / "pre") == [] and stored_norm(tmp_path / "pre") == "pre"
+
+
+@pytest.mark.parametrize("stop", [6, 9])  # at the first transition itself, and inside phase 1
+def test_auto_resumed_after_a_kill_reproduces_the_run(tiny_shards, tiny_teacher_dir, tmp_path, stop):
+    """Killed at the transition's step or after it, the resumed run re-reads or re-applies the decision
+    and ends bit-identical, with the event logged once per transition."""
+    auto = distil_config(tiny_shards, tiny_teacher_dir, norm="auto", **DOSE)
+    whole = grow.train(auto, tmp_path / "whole")
+    grow.train(auto, tmp_path / "killed", stop_after_step=stop)
+    again = grow.train(auto, tmp_path / "killed")
+    assert again["ce"] == whole["ce"] and same_weights(weights(tmp_path / "killed"), weights(tmp_path / "whole"))
+    assert [e["block"] for e in events(tmp_path / "killed")] == [1, 2]
