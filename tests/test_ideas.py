@@ -9,6 +9,7 @@ import torch
 from conftest import distil_config, make_config
 
 import config
+import data
 import errors
 import grow
 import model
@@ -117,3 +118,66 @@ def test_auto_resumed_after_a_kill_reproduces_the_run(tiny_shards, tiny_teacher_
     again = grow.train(auto, tmp_path / "killed")
     assert again["ce"] == whole["ce"] and same_weights(weights(tmp_path / "killed"), weights(tmp_path / "whole"))
     assert [e["block"] for e in events(tmp_path / "killed")] == [1, 2]
+
+
+# ---- 2. freeze-aware initialization of appended blocks ---------------------------------------------
+
+def transition_setup(tiny_shards, tiny_teacher_dir, norm, **overrides):
+    """A student from the tiny teacher, the config, phase 1 and a micro-batch of real documents."""
+    c = distil_config(tiny_shards, tiny_teacher_dir, norm=norm, **overrides)
+    teacher = model.load_qwen3(tiny_teacher_dir)
+    net = model.Student.from_teacher(teacher, c.blocks, c.layers_per_block, c.student_norm, c.seed,
+                                     boundary=c.boundary, boundary_scale=c.boundary_scale, features=c.student_features)
+    return net, c, config.plan_phases(c)[1], next(data.eval_batches(tiny_shards[1], 8))
+
+
+def mean_token_rms(h, mask):
+    return float(h.float().pow(2).mean(-1).sqrt()[mask.bool()].mean())
+
+
+def test_matched_init_starts_the_appended_block_at_the_prefix_boundary_scale(tiny_shards, tiny_teacher_dir):
+    """A post-norm block appended to a pre-norm block 0 under freeze: its gains start at the mean per-token
+    RMS r of the stream it reads, so its output's mean per-token RMS at the transition is r too (with gain 1
+    it would be ~1; r is far from 1 here, so the test has teeth). Each token's output RMS is
+    r * sqrt(ms / (ms + eps)): eps = 1e-6 against a mean square above 1e-2 at the norm's input, plus fp32
+    rounding of a 32-wide mean (~1e-6), bounds the relative difference by 1e-4."""
+    net, c, phase, micro = transition_setup(tiny_shards, tiny_teacher_dir, "pre,post,post", protocol="freeze",
+                                            append_init="matched")
+    with torch.no_grad():
+        _, before = net(micro.input_ids, active_blocks=2, return_boundaries=True)
+    event = transitions.at_transition(net, c, phase, micro, lambda v: v)
+    with torch.no_grad():
+        _, bounds = net(micro.input_ids, active_blocks=2, return_boundaries=True)
+    r = mean_token_rms(bounds[1], micro.mask)
+    # the reading sums in float64, this mean in float32: ~1e-7 apart over a few hundred tokens
+    assert event["matched_gain"] == pytest.approx(r, rel=1e-6) and abs(r - 1) > 0.1
+    assert mean_token_rms(bounds[2], micro.mask) == pytest.approx(r, rel=1e-4)
+    assert mean_token_rms(before[2], micro.mask) == pytest.approx(1.0, rel=1e-4)  # the default init's scale
+    assert torch.equal(bounds[1], before[1])  # the prefix untouched
+
+
+def test_preserve_output_copies_the_previous_output_gain(tiny_shards, tiny_teacher_dir):
+    """Post-norm growth: the appended block's output norm starts from block 0's trained gain, bit for bit;
+    every other weight of the student is left as it was."""
+    net, c, phase, micro = transition_setup(tiny_shards, tiny_teacher_dir, "post", append_init="preserve-output")
+    with torch.no_grad():
+        net.block_layers(0)[-1].mlp_norm.weight.copy_(torch.linspace(0.5, 2.0, 32))  # as if trained
+    before = {k: v.clone() for k, v in net.state_dict().items()}
+    transitions.at_transition(net, c, phase, micro, lambda v: v)
+    after = net.state_dict()
+    changed = [k for k in after if not torch.equal(after[k], before[k])]
+    assert changed == ["layers.1.mlp_norm.weight"]
+    assert torch.equal(after["layers.1.mlp_norm.weight"], torch.linspace(0.5, 2.0, 32))
+    with pytest.raises(ValueError, match="preserve-output"):  # a pre-norm block has no output norm to start
+        transitions.at_transition(*transition_setup(tiny_shards, tiny_teacher_dir, "pre",
+                                                    append_init="preserve-output")[:3], micro, lambda v: v)
+
+
+def test_matched_freeze_run_logs_its_gain_at_each_transition(tiny_shards, tiny_teacher_dir, tmp_path):
+    c = distil_config(tiny_shards, tiny_teacher_dir, norm="post", protocol="freeze", append_init="matched")
+    grow.train(c, tmp_path / "run")
+    found = events(tmp_path / "run")
+    assert [e["block"] for e in found] == [1, 2]
+    assert all(e["matched_gain"] == pytest.approx(e["reading"]["mean"]) for e in found)
+    norms = weights(tmp_path / "run", 1)
+    assert float(norms["layers.1.attn_norm.weight"][0]) != 1.0  # trained from the matched start, not from 1
