@@ -500,11 +500,12 @@ def structural_norm(h: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
 
 
 class Scale(nn.Module):
-    """One learned scalar (structural_norm's), initialised to 1."""
+    """One learned scalar (structural_norm's), initialised to 1; shape (1,), as checkpoints and FSDP2's
+    row sharding hold tensors with rows."""
 
     def __init__(self):
         super().__init__()
-        self.weight = nn.Parameter(torch.ones(()))
+        self.weight = nn.Parameter(torch.ones(1))
 
 
 # Optional parts of a student (issue 33), each at the input of every block after the first: "correction",

@@ -181,3 +181,110 @@ def test_matched_freeze_run_logs_its_gain_at_each_transition(tiny_shards, tiny_t
     assert all(e["matched_gain"] == pytest.approx(e["reading"]["mean"]) for e in found)
     norms = weights(tmp_path / "run", 1)
     assert float(norms["layers.1.attn_norm.weight"][0]) != 1.0  # trained from the matched start, not from 1
+
+
+# ---- 5. boundary monitoring with correction ----------------------------------------------------------
+
+def test_correction_fires_above_its_threshold_and_not_at_it(tiny_shards, tiny_teacher_dir):
+    """On the planted outlier (the boundary token at 37x): with monitor_ratio_warn at exactly the ratio
+    read, nothing fires (the rule is "passes"); one float below it, the correction norm is switched on at
+    block 1's input with its gain at the other tokens' mean RMS, so block 1 now reads a normalized stream."""
+    net, c, phase, micro = transition_setup(tiny_shards, tiny_teacher_dir, "pre", boundary_correction="norm", **DOSE)
+    with torch.no_grad():
+        _, bounds = net(micro.input_ids, active_blocks=1, return_boundaries=True)
+        stats = transitions.reading(net.enter_block(1, bounds[1], None), micro.mask, lambda v: v)
+    ratio = stats["boundary_over_others"]
+    assert ratio > 20 and stats["mean"] < c.monitor_rms_warn and stats["kurtosis"] < c.monitor_kurtosis_warn
+    at = transitions.at_transition(net, replace(c, monitor_ratio_warn=ratio), phase, micro, lambda v: v)
+    assert at["fired"] == [] and at["keep"] == {} and net.corrected == set()
+    below = math.nextafter(ratio, 0.0)
+    event = transitions.at_transition(net, replace(c, monitor_ratio_warn=below), phase, micro, lambda v: v)
+    assert event["fired"] == ["boundary_over_others"] and event["keep"] == {"corrected": True} and net.corrected == {1}
+    assert torch.equal(net.correction_norms[0].weight, torch.full((32,), stats["others_mean"], dtype=torch.float32))
+    with torch.no_grad():
+        read = net.enter_block(1, bounds[1], None)
+    rms = read.float().pow(2).mean(-1).sqrt()
+    # every token at the gain: eps 1e-6 against the dosed stream's mean square, fp32 rounding ~1e-6
+    assert torch.allclose(rms[micro.mask.bool()], torch.tensor(stats["others_mean"], dtype=torch.float32), rtol=1e-4)
+
+
+def test_correction_run_logs_the_event_keeps_it_in_checkpoints_and_resumes(tiny_shards, tiny_teacher_dir, tmp_path):
+    c = distil_config(tiny_shards, tiny_teacher_dir, norm="pre", boundary_correction="norm", **DOSE)
+    whole = grow.train(c, tmp_path / "whole")
+    found = events(tmp_path / "whole")
+    assert [(e["block"], e["keep"]) for e in found] == [(1, {"corrected": True}), (2, {"corrected": True})]
+    stored = json.loads((tmp_path / "whole" / "phase-2" / "config.json").read_text())["normgrow_student"]
+    assert stored["corrected"] == [1, 2] and stored["features"] == ["correction"]
+    loaded = model.Student.load(tmp_path / "whole" / "phase-2")
+    assert loaded.corrected == {1, 2}
+    grow.train(c, tmp_path / "killed", stop_after_step=9)  # after the first event, from a mid-phase checkpoint
+    again = grow.train(c, tmp_path / "killed")
+    assert again["ce"] == whole["ce"] and same_weights(weights(tmp_path / "killed"), weights(tmp_path / "whole"))
+    plain = grow.train(replace(c, boundary_correction="none"), tmp_path / "plain")
+    assert plain["ce"] != whole["ce"]
+
+
+# ---- 6. structural-token-aware normalization -----------------------------------------------------------
+
+def test_structural_norm_changes_only_the_boundary_token():
+    """Position 0 comes out at scale x the median RMS of the row's other positions, its direction kept;
+    every other position is bit-identical; the learned scale receives a gradient."""
+    g = torch.Generator().manual_seed(0)
+    h = torch.randn(3, 7, 16, generator=g)
+    h[:, 0] *= 37.0
+    scale = torch.tensor(1.5, requires_grad=True)
+    out = model.structural_norm(h, scale)
+    assert torch.equal(out[:, 1:], h[:, 1:])
+    rms = lambda x: x.pow(2).mean(-1).sqrt()
+    expected = 1.5 * rms(h[:, 1:]).median(dim=1).values
+    assert torch.allclose(rms(out[:, 0]), expected, rtol=1e-6)  # fp32: a few roundings of a 16-wide mean
+    assert torch.allclose(torch.nn.functional.cosine_similarity(out[:, 0], h[:, 0], dim=-1), torch.ones(3), atol=1e-6)
+    out[:, 0].sum().backward()
+    assert scale.grad is not None and scale.grad != 0
+
+
+def test_structural_student_applies_it_at_appended_blocks_only_and_round_trips(tiny_shards, tiny_teacher_dir, tmp_path):
+    net, c, _, micro = transition_setup(tiny_shards, tiny_teacher_dir, "pre", structural_norm=True)
+    assert c.student_features == ("structural",) and len(net.structural_scales) == 2
+    h = torch.randn(2, 5, 32)
+    with torch.no_grad():
+        assert torch.equal(net.enter_block(0, h, None), h)
+        entered = net.enter_block(2, h, None)
+    assert torch.equal(entered[:, 1:], h[:, 1:]) and not torch.equal(entered[:, 0], h[:, 0])
+    assert any(m is net.structural_scales[1] for m in net.block_modules(2))  # trains with block 2
+    net.save(tmp_path / "s")
+    loaded = model.Student.load(tmp_path / "s")
+    with torch.no_grad():
+        assert torch.equal(loaded(micro.input_ids), net(micro.input_ids))
+
+
+# ---- 3. block-importance remedy ------------------------------------------------------------------------
+
+def test_a_near_identity_block_is_redrawn_and_an_important_one_kept(tiny_shards, tiny_teacher_dir):
+    """At the second transition, block 1 made an exact identity (its branches' output projections zeroed:
+    pre-norm adds nothing) costs exactly 0 nats to remove, so it is re-drawn, bit for bit as the init draws
+    a block from the remedy's own seed; block 0, whose removal costs more than the threshold, is kept."""
+    net, c, _, micro = transition_setup(tiny_shards, tiny_teacher_dir, "pre", importance_remedy="reinit")
+    phase = config.plan_phases(c)[2]
+    with torch.no_grad():
+        for layer in net.block_layers(1):
+            layer.self_attn.o_proj.weight.zero_()
+            layer.mlp.down_proj.weight.zero_()
+    costs = transitions.removal_costs(net, micro, 2, c.loss_chunk, lambda v: v)
+    # an untrained block 0 matters little (~1e-3 nats): the threshold is put between the two costs
+    assert costs[1] == 0.0 and costs[0] > 0
+    c = replace(c, identity_threshold=costs[0] / 2)
+    before = {k: v.clone() for k, v in net.state_dict().items()}
+    event = transitions.at_transition(net, c, phase, micro, lambda v: v)
+    assert event["reinitialized"] == [1] and event["removal_costs"]["1"] == 0.0
+    expected = model.Student.from_teacher(model.load_qwen3(tiny_teacher_dir), 3, 1, "pre", seed=0)
+    expected.reinit_block(1, torch.Generator().manual_seed(transitions.remedy_seed(c.seed, 2, 1)))
+    after = net.state_dict()
+    for k in after:
+        if k.startswith("layers.1."):
+            assert torch.equal(after[k], expected.state_dict()[k]) and not torch.equal(after[k], before[k]) or \
+                k.endswith("norm.weight")  # norms are redrawn at 1, as they were
+        else:
+            assert torch.equal(after[k], before[k])
+    with pytest.raises(errors.ConfigError, match="importance_remedy"):
+        distil_config(tiny_shards, tiny_teacher_dir, protocol="freeze", importance_remedy="reinit")
