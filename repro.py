@@ -248,8 +248,8 @@ def search(scale, seed, overrides, compile_flag, device, tracker, no_wait, force
     ws.ctx.barrier()
 
 
-def beyond_command(name: str, doc: str):
-    """A `repro.py <name>` command for an experiment of beyond.py (not part of `all`)."""
+def beyond_command(name: str, doc: str, module: str = "beyond"):
+    """A `repro.py <name>` command for an experiment of beyond.py or ideas.py (not part of `all`)."""
     @cli.command(name, help=doc)
     @scale_option
     @click.option("--seeds", default=None, callback=lambda c, p, v: None if v is None else parse_seeds(c, p, v),
@@ -261,9 +261,11 @@ def beyond_command(name: str, doc: str):
     @results_option
     def command(scale, seeds, overrides, compile_flag, device, tracker, no_wait, lockstep, force, runs_dir, results_dir):
         import beyond
+        import ideas
         ws = workspace(scale, runs_dir, results_dir, overrides=overrides, compile_flag=compile_flag, device=device,
                  tracker=tracker, lockstep=lockstep, wait=not no_wait)
-        getattr(beyond, f"run_{name}")(ws, seeds or presets.DEFAULT_SEEDS["beyond"][scale], force)
+        experiment = {"beyond": beyond, "ideas": ideas}[module]
+        getattr(experiment, f"run_{name}")(ws, seeds or presets.DEFAULT_SEEDS["beyond"][scale], force)
         ws.ctx.barrier()
     return command
 
@@ -275,6 +277,10 @@ beyond_command("planted", "Placement (pre, post) x a planted boundary outlier (n
                "in docs/preregistrations.md (results/<scale>/planted.md/.json).")
 beyond_command("placements", "Joint and grow for every placement (pre, post, sandwich, peri, hybrid, deepnorm) "
                "and the schedule pre,post,post, with Δ against pre-norm (results/<scale>/placements.md/.json/.png).")
+beyond_command("ideas", "The paper's seven proposed improvements, each an option (transition_schedule, append_init, "
+               "importance_remedy, the placement search, boundary_correction, structural_norm, --norm auto), against "
+               "the run it changes; one primary contrast each, Holm over the seven, as pre-registered in "
+               "docs/preregistrations.md (results/<scale>/ideas.md/.json).", module="ideas")
 beyond_command("scratch", "Table 1's 2 x 2 without a teacher: plain CE, embedding and head trained from the "
                "seed (results/<scale>/scratch.md/.json).")
 
