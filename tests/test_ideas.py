@@ -2,7 +2,10 @@
 each tested by value, and the `ideas` experiment at smoke scale."""
 import json
 import math
+import subprocess
+import sys
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 import torch
@@ -14,6 +17,8 @@ import errors
 import grow
 import model
 import transitions
+
+ROOT = Path(__file__).resolve().parents[1]
 
 # ---- 1. transition-aware learning rate -------------------------------------------------------------
 
@@ -288,3 +293,73 @@ def test_a_near_identity_block_is_redrawn_and_an_important_one_kept(tiny_shards,
             assert torch.equal(after[k], before[k])
     with pytest.raises(errors.ConfigError, match="importance_remedy"):
         distil_config(tiny_shards, tiny_teacher_dir, protocol="freeze", importance_remedy="reinit")
+
+
+# ---- 4. the placement search, and the experiment's reading -----------------------------------------------
+
+def test_the_search_covers_every_schedule_under_the_suite_names():
+    import ideas
+    found = ideas.schedules(3)
+    assert len(found) == 8 == len(set(found)) and found[0] == "pre" and found[-1] == "post"
+    assert "pre,post,post" in found and all(model.block_norms(s, 3) for s in found)
+
+
+def test_the_family_is_seven_primaries_adjusted_by_holm_with_an_untestable_one_at_p_1():
+    """Seven primaries over 3 seeds, one with no spread (untestable): the other six's adjusted p-values
+    are Holm's over all seven p-values with that one at 1; the readings follow the adjusted p."""
+    import ideas
+    import report
+    values = [[-0.05, -0.06, -0.055], [0.01, -0.02, 0.005], [0.2, 0.21, 0.19], [0.0, 0.0, 0.0],
+              [-0.001, 0.002, 0.0], [-0.3, -0.1, -0.2], [0.05, -0.04, 0.01]]
+    rows = [{"idea": i + 1, "primary": True, "variant": f"v{i}", "delta": report.across_seeds(v)}
+            for i, v in enumerate(values)]
+    rows.append({"idea": 1, "primary": False, "variant": "s", "delta": report.across_seeds([0.1, 0.2, 0.3])})
+    ideas.read_family(rows)
+    raw = [report.p_two_sided(r["delta"]) for r in rows[:7]]
+    assert math.isnan(raw[3])
+    expected = report.holm([1.0 if math.isnan(p) else p for p in raw])
+    for row, p in zip(rows[:7], expected):
+        assert math.isnan(row["p_holm"]) if row["idea"] == 4 else row["p_holm"] == p
+    assert rows[0]["reading"] == ("below 0" if expected[0] < 0.05 else "inconclusive")
+    assert rows[2]["reading"] == ("above 0" if expected[2] < 0.05 else "inconclusive")
+    assert rows[4]["reading"] == "a tie within ±0.01"  # |mean| + 1.69 SD below 0.01, and not significant
+    assert rows[7]["reading"] == "secondary: interval only" and "p_holm" not in rows[7]
+
+
+@pytest.fixture(scope="module")
+def ideas_smoke(tmp_path_factory):
+    base = tmp_path_factory.mktemp("ideas")
+    done = subprocess.run([sys.executable, str(ROOT / "repro.py"), "ideas", "--scale", "smoke", "--runs-dir",
+                           str(base / "runs"), "--results-dir", str(base / "results")], cwd=ROOT,
+                          capture_output=True, text=True, timeout=3600)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    return base
+
+
+@pytest.mark.slow
+def test_ideas_experiment_at_smoke_reads_what_its_runs_wrote(ideas_smoke):
+    """One primary per idea; every Δ is its two runs' done.json CEs' difference; the search ran all 8
+    schedules on seed 41 and chose the lowest; the planted outlier fired auto's and the correction's
+    transitions; one seed gives no reading."""
+    import ideas
+    out = json.loads((ideas_smoke / "results" / "smoke" / "ideas.json").read_text())
+    assert sorted(r["idea"] for r in out["rows"] if r["primary"]) == [1, 2, 3, 4, 5, 6, 7]
+    runs = ideas_smoke / "runs" / "smoke"
+    search = out["search"]
+    assert search["seed"] == 41 and len(search["ce"]) == 8
+    assert search["chosen"] == min(search["ce"], key=search["ce"].get)
+    for name, value in search["ce"].items():
+        assert value == json.loads((runs / "s41" / name / "done.json").read_text())["ce"]
+    folders = {c.variant.label: c.variant for c in ideas.fixed_contrasts()}
+    folders.update({c.baseline.label: c.baseline for c in ideas.fixed_contrasts()})
+    for row in out["rows"]:
+        if row["idea"] == 4:
+            continue
+        ce = [json.loads(((runs / "beyond" / folders[k].folder) if folders[k].folder else runs).joinpath(
+            "s42", folders[k].run, "done.json").read_text())["ce"] for k in (row["variant"], row["baseline"])]
+        assert row["delta"]["mean"] == pytest.approx(ce[0] - ce[1], abs=1e-12)
+        assert row["reading"] in ("no reading: one seed", "secondary: interval only")
+    text = {r["variant"]: r["transitions"] for r in out["rows"]}
+    assert text["auto-grow + boundary 37x"].startswith("block 1: fired 1/1, kept {'placement': 'post'}")
+    assert "kept {'corrected': True}" in text["pre-grow + boundary 37x + correction"]
+    assert out["diverged_runs"] == [] and "| 7 |" in (ideas_smoke / "results" / "smoke" / "ideas.md").read_text()
