@@ -431,13 +431,15 @@ class Run:
             print0(ctx, f"{config.name}: phase {phase.index} starts at val CE {start['ce']:.4f}, val KD {start['kd']:.4f}")
 
     def transition(self, phase: Phase):
-        """transitions.at_transition on this step's first micro-batch (read ahead, the batcher put back),
-        logged; then the optimizer is built again over what now trains (nothing has stepped yet)."""
+        """transitions.at_transition on this step's batch (read ahead, the batcher put back), logged; then
+        the optimizer is built again over what now trains (nothing has stepped yet)."""
         state = self.batcher.state_dict()
-        micro = next(self.batcher).micro_batches[0].to(self.ctx.device)
+        batches = [micro.to(self.ctx.device) for micro in next(self.batcher).micro_batches]
         self.batcher.load_state_dict(state)
         with autocast(self.dtype, self.ctx):
-            event = transitions.at_transition(self.net, self.config, phase, micro, self.ctx.sum)
+            event = transitions.at_transition(self.net, self.config, phase, batches, self.ctx.sum)
+        if hasattr(self.net, "reshard"):  # FSDP2 keeps a root gathered after its forward: free it
+            self.net.reshard()
         self.outcome.setdefault("transitions", {})[str(phase.index)] = event["keep"]
         # phase_start: a resume at this step drops the row and logs it again (rundir.truncate_metrics)
         self.log.write({"step": self.step, "phase": phase.index, "phase_start": True, **event})

@@ -7,9 +7,10 @@ are pre-registered in docs/preregistrations.md, 2026-12-02). Each is a RunConfig
     boundary_correction norm     an RMSNorm at the new block's input where the reading fires (idea 5)
     norm auto                    each appended block post-norm where the reading fires, else pre (idea 7)
 
-The reading: at the first step of phase p >= 1, before any update, on the first micro-batch of that step,
-the stream block p reads (the prefix's output after any boundary intervention): per real token its RMS;
-the mean, the Pearson kurtosis, and the boundary token's (position 0) mean RMS over the other tokens'.
+The reading: at the first step of phase p >= 1, before any update, on that step's whole batch (every
+micro-batch of every rank: the same tokens on any number of ranks), the stream block p reads (the
+prefix's output after any boundary intervention): per real token its RMS; the mean, the Pearson
+kurtosis, and the boundary token's (position 0) mean RMS over the other tokens'.
 It fires where any passes its threshold (monitor_rms_warn, monitor_kurtosis_warn, monitor_ratio_warn).
 Every transition is logged as an "event" row of metrics.jsonl; the decisions the weights do not hold
 (a placement, a correction switched on) are kept in the trainer state, so a resumed run re-applies them.
@@ -35,11 +36,15 @@ def acts(config: RunConfig) -> bool:
             or config.importance_remedy != "none" or config.boundary_correction != "none")
 
 
-def reading(h: torch.Tensor, mask: torch.Tensor, total: Callable[[list], list]) -> dict:
-    """The monitor's statistics of per-token RMS over real tokens, summed over ranks by `total` (two
-    passes: the kurtosis from centred moments, which a nearly constant RMS would lose to cancellation)."""
-    rms, mask = h.float().pow(2).mean(-1).sqrt().double(), mask.bool()
-    r, first, others = rms[mask], rms[:, :1][mask[:, :1]], rms[:, 1:][mask[:, 1:]]
+def reading(streams: list[tuple[torch.Tensor, torch.Tensor]], total: Callable[[list], list]) -> dict:
+    """The monitor's statistics of per-token RMS over the real tokens of (stream, mask) pairs, summed
+    over ranks by `total` (two passes: the kurtosis from centred moments, which a nearly constant RMS
+    would lose to cancellation)."""
+    parts = []
+    for h, mask in streams:
+        rms, mask = h.float().pow(2).mean(-1).sqrt().double(), mask.bool()
+        parts.append((rms[mask], rms[:, :1][mask[:, :1]], rms[:, 1:][mask[:, 1:]]))
+    r, first, others = (torch.cat(column) for column in zip(*parts))
     n, s, n_first, s_first, n_others, s_others = total(
         [r.numel(), r.sum().item(), first.numel(), first.sum().item(), others.numel(), others.sum().item()])
     mean = s / n
@@ -64,28 +69,38 @@ def auto_placement(config: RunConfig, fires: bool) -> str:
 
 
 @torch.no_grad()
-def removal_costs(net: model.Student, micro, active: int, chunk: int, total) -> dict[int, float]:
-    """CE with each of blocks 0..active-1 bypassed minus the CE of all of them (diag's block removal), on
-    one micro-batch, token-weighted over ranks."""
+def removal_costs(net: model.Student, batches: list, active: int, chunk: int, total) -> dict[int, float]:
+    """CE with each of blocks 0..active-1 bypassed minus the CE of all of them (diag's block removal), over
+    the micro-batches, token-weighted over ranks."""
     def ce(skip):
-        s = net(micro.input_ids, active_blocks=active, skip_block=skip, output_fn=partial(
-            kd.kd_sums, teacher_hidden=None, teacher_head_weight=None, targets=micro.targets, mask=micro.mask,
-            chunk_size=chunk))
-        loss, n = total([float(s["ce"]), float(s["n"])])
+        sums = [0.0, 0.0]
+        for micro in batches:
+            s = net(micro.input_ids, active_blocks=active, skip_block=skip, output_fn=partial(
+                kd.kd_sums, teacher_hidden=None, teacher_head_weight=None, targets=micro.targets, mask=micro.mask,
+                chunk_size=chunk))
+            sums = [sums[0] + float(s["ce"]), sums[1] + float(s["n"])]
+        loss, n = total(sums)
         return loss / max(n, 1.0)
     base = ce(None)
     return {q: ce(q) - base for q in range(active)}
 
 
 @torch.no_grad()
-def at_transition(net: model.Student, config: RunConfig, phase: Phase, micro, total: Callable[[list], list]) -> dict:
-    """Read the stream block p = phase.index reads and act as the run's options say; returns the event
-    (what was read and done) and, under "keep", what a resume must re-apply."""
-    p = phase.index
-    event: dict = {"event": "transition", "block": p}
+def block_input(net: model.Student, micro, p: int) -> torch.Tensor:
+    """The stream block p reads on one micro-batch: the prefix's output after the boundary intervention."""
     profile = net.profile_source(micro.input_ids, p + 1) if net.boundary == "mirror-fwd" else None
     _, bounds = net(micro.input_ids, active_blocks=p, output_fn=lambda h, w: None, return_boundaries=True)
-    stats = reading(net.enter_block(p, bounds[p], profile), micro.mask, total)
+    return net.enter_block(p, bounds[p], profile)
+
+
+@torch.no_grad()
+def at_transition(net: model.Student, config: RunConfig, phase: Phase, batches: list,
+                  total: Callable[[list], list]) -> dict:
+    """Read the stream block p = phase.index reads on the step's micro-batches and act as the run's
+    options say; returns the event (what was read and done) and, under "keep", what a resume re-applies."""
+    p = phase.index
+    event: dict = {"event": "transition", "block": p}
+    stats = reading([(block_input(net, micro, p), micro.mask) for micro in batches], total)
     fires = fired(stats, config)
     event.update(reading={k: v if math.isfinite(v) else None for k, v in stats.items()}, fired=fires)  # strict JSON
     keep = {}
@@ -108,7 +123,7 @@ def at_transition(net: model.Student, config: RunConfig, phase: Phase, micro, to
                              f"(post-norm-like), not {net.norm_placement}")
         new.mlp_norm.weight.copy_(previous.mlp_norm.weight)
     if config.importance_remedy == "reinit":
-        costs = removal_costs(net, micro, p, config.loss_chunk, total)
+        costs = removal_costs(net, batches, p, config.loss_chunk, total)
         weak = [q for q, cost in costs.items() if cost < config.identity_threshold]
         for q in weak:
             net.reinit_block(q, torch.Generator().manual_seed(remedy_seed(config.seed, p, q)))

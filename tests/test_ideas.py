@@ -150,7 +150,7 @@ def test_matched_init_starts_the_appended_block_at_the_prefix_boundary_scale(tin
                                             append_init="matched")
     with torch.no_grad():
         _, before = net(micro.input_ids, active_blocks=2, return_boundaries=True)
-    event = transitions.at_transition(net, c, phase, micro, lambda v: v)
+    event = transitions.at_transition(net, c, phase, [micro], lambda v: v)
     with torch.no_grad():
         _, bounds = net(micro.input_ids, active_blocks=2, return_boundaries=True)
     r = mean_token_rms(bounds[1], micro.mask)
@@ -168,14 +168,14 @@ def test_preserve_output_copies_the_previous_output_gain(tiny_shards, tiny_teach
     with torch.no_grad():
         net.block_layers(0)[-1].mlp_norm.weight.copy_(torch.linspace(0.5, 2.0, 32))  # as if trained
     before = {k: v.clone() for k, v in net.state_dict().items()}
-    transitions.at_transition(net, c, phase, micro, lambda v: v)
+    transitions.at_transition(net, c, phase, [micro], lambda v: v)
     after = net.state_dict()
     changed = [k for k in after if not torch.equal(after[k], before[k])]
     assert changed == ["layers.1.mlp_norm.weight"]
     assert torch.equal(after["layers.1.mlp_norm.weight"], torch.linspace(0.5, 2.0, 32))
     with pytest.raises(ValueError, match="preserve-output"):  # a pre-norm block has no output norm to start
         transitions.at_transition(*transition_setup(tiny_shards, tiny_teacher_dir, "pre",
-                                                    append_init="preserve-output")[:3], micro, lambda v: v)
+                                                    append_init="preserve-output")[:3], [micro], lambda v: v)
 
 
 def test_matched_freeze_run_logs_its_gain_at_each_transition(tiny_shards, tiny_teacher_dir, tmp_path):
@@ -197,13 +197,13 @@ def test_correction_fires_above_its_threshold_and_not_at_it(tiny_shards, tiny_te
     net, c, phase, micro = transition_setup(tiny_shards, tiny_teacher_dir, "pre", boundary_correction="norm", **DOSE)
     with torch.no_grad():
         _, bounds = net(micro.input_ids, active_blocks=1, return_boundaries=True)
-        stats = transitions.reading(net.enter_block(1, bounds[1], None), micro.mask, lambda v: v)
+        stats = transitions.reading([(net.enter_block(1, bounds[1], None), micro.mask)], lambda v: v)
     ratio = stats["boundary_over_others"]
     assert ratio > 20 and stats["mean"] < c.monitor_rms_warn and stats["kurtosis"] < c.monitor_kurtosis_warn
-    at = transitions.at_transition(net, replace(c, monitor_ratio_warn=ratio), phase, micro, lambda v: v)
+    at = transitions.at_transition(net, replace(c, monitor_ratio_warn=ratio), phase, [micro], lambda v: v)
     assert at["fired"] == [] and at["keep"] == {} and net.corrected == set()
     below = math.nextafter(ratio, 0.0)
-    event = transitions.at_transition(net, replace(c, monitor_ratio_warn=below), phase, micro, lambda v: v)
+    event = transitions.at_transition(net, replace(c, monitor_ratio_warn=below), phase, [micro], lambda v: v)
     assert event["fired"] == ["boundary_over_others"] and event["keep"] == {"corrected": True} and net.corrected == {1}
     assert torch.equal(net.correction_norms[0].weight, torch.full((32,), stats["others_mean"], dtype=torch.float32))
     with torch.no_grad():
@@ -275,12 +275,12 @@ def test_a_near_identity_block_is_redrawn_and_an_important_one_kept(tiny_shards,
         for layer in net.block_layers(1):
             layer.self_attn.o_proj.weight.zero_()
             layer.mlp.down_proj.weight.zero_()
-    costs = transitions.removal_costs(net, micro, 2, c.loss_chunk, lambda v: v)
+    costs = transitions.removal_costs(net, [micro], 2, c.loss_chunk, lambda v: v)
     # an untrained block 0 matters little (~1e-3 nats): the threshold is put between the two costs
     assert costs[1] == 0.0 and costs[0] > 0
     c = replace(c, identity_threshold=costs[0] / 2)
     before = {k: v.clone() for k, v in net.state_dict().items()}
-    event = transitions.at_transition(net, c, phase, micro, lambda v: v)
+    event = transitions.at_transition(net, c, phase, [micro], lambda v: v)
     assert event["reinitialized"] == [1] and event["removal_costs"]["1"] == 0.0
     expected = model.Student.from_teacher(model.load_qwen3(tiny_teacher_dir), 3, 1, "pre", seed=0)
     expected.reinit_block(1, torch.Generator().manual_seed(transitions.remedy_seed(c.seed, 2, 1)))
