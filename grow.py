@@ -305,7 +305,7 @@ class Run:
                     f"{run_dir / 'config.json'}")
         self.teacher = teacher if config.distils else None
         self.net = build_model(config, self.teacher, ctx, self.dtype)
-        self.monitor_row, self.warned = None, set()
+        self.monitor_row, self.warned, self.transition_row = None, set(), None
         # Sizes are checked on open; the sha256 of the whole shard (tens of GB at full scale) is checked
         # once by data.prepare, not again by every run on every rank.
         train_shard = data.Shard(config.train_data, verify=False)
@@ -441,8 +441,8 @@ class Run:
         if hasattr(self.net, "reshard"):  # FSDP2 keeps a root gathered after its forward: free it
             self.net.reshard()
         self.outcome.setdefault("transitions", {})[str(phase.index)] = event["keep"]
-        # phase_start: a resume at this step drops the row and logs it again (rundir.truncate_metrics)
-        self.log.write({"step": self.step, "phase": phase.index, "phase_start": True, **event})
+        # logged with the step's own row, as a monitor row is: a resume before that step reads it again
+        self.transition_row = {"phase": phase.index, **event}
         print0(self.ctx, f"{self.config.name}: transition to block {phase.index}: {event['fired'] or 'nothing'} fired; "
                          f"{event['keep'] or 'no structural change'}")
         self.params = trainable_parameters(self.net, phase, train_embedding=self.config.scratch_model is not None)
@@ -520,6 +520,9 @@ class Run:
             self.log.write({"step": step, "phase": phase.index, "monitor": True, **self.monitor_row})
             self.warn_boundaries(step, self.monitor_row["boundaries"])
             self.monitor_row = None
+        if self.transition_row is not None:
+            self.log.write({"step": step, **self.transition_row})
+            self.transition_row = None
         kill_point("stepped", config.name, step)
         tok_s = totals["total_tokens"] / max(elapsed, 1e-9)
         if self.progress:

@@ -363,3 +363,25 @@ def test_ideas_experiment_at_smoke_reads_what_its_runs_wrote(ideas_smoke):
     assert text["auto-grow + boundary 37x"].startswith("block 1: fired 1/1, kept {'placement': 'post'}")
     assert "kept {'corrected': True}" in text["pre-grow + boundary 37x + correction"]
     assert out["diverged_runs"] == [] and "| 7 |" in (ideas_smoke / "results" / "smoke" / "ideas.md").read_text()
+
+
+@pytest.mark.slow
+def test_transition_options_under_fsdp2_two_ranks_match_one_process(tiny_shards, tiny_teacher_dir, tmp_path):
+    """--norm auto, the boundary correction, the structural-token norm and matched init on the planted
+    outlier: two torchrun ranks (FSDP2, gloo), each reading one of the process's two micro-batches at a
+    transition, end bit-identical to one process (the reading sums the same tokens over ranks; its float64
+    sums may differ in the last bits, far below the float32 gains they set)."""
+    from dataclasses import asdict
+
+    from conftest import torchrun
+    c = distil_config(tiny_shards, tiny_teacher_dir, norm="auto", boundary_correction="norm", structural_norm=True,
+                      append_init="matched", **DOSE)
+    single = grow.train(c, tmp_path / "single")
+    config_file = tmp_path / "config.json"
+    config_file.write_text(json.dumps(asdict(c)))
+    torchrun(config_file, tmp_path / "fsdp")
+    assert json.loads((tmp_path / "fsdp" / "provenance.json").read_text())["world_size"] == 2
+    assert json.loads((tmp_path / "fsdp" / "done.json").read_text())["ce"] == single["ce"]
+    assert [e["keep"] for e in events(tmp_path / "fsdp")] == [e["keep"] for e in events(tmp_path / "single")]
+    assert stored_norm(tmp_path / "fsdp") == stored_norm(tmp_path / "single") == "pre,post,post"
+    assert same_weights(weights(tmp_path / "fsdp"), weights(tmp_path / "single"))
