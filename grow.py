@@ -438,8 +438,6 @@ class Run:
         self.batcher.load_state_dict(state)
         with autocast(self.dtype, self.ctx):
             event = transitions.at_transition(self.net, self.config, phase, batches, self.ctx.sum)
-        if hasattr(self.net, "reshard"):  # FSDP2 keeps a root gathered after its forward: free it
-            self.net.reshard()
         self.outcome.setdefault("transitions", {})[str(phase.index)] = event["keep"]
         # logged with the step's own row, as a monitor row is: a resume before that step reads it again
         self.transition_row = {"phase": phase.index, **event}

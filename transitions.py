@@ -101,6 +101,7 @@ def at_transition(net: model.Student, config: RunConfig, phase: Phase, batches: 
     p = phase.index
     event: dict = {"event": "transition", "block": p}
     stats = reading([(block_input(net, micro, p), micro.mask) for micro in batches], total)
+    release(net)
     fires = fired(stats, config)
     event.update(reading={k: v if math.isfinite(v) else None for k, v in stats.items()}, fired=fires)  # strict JSON
     keep = {}
@@ -124,11 +125,19 @@ def at_transition(net: model.Student, config: RunConfig, phase: Phase, batches: 
         new.mlp_norm.weight.copy_(previous.mlp_norm.weight)
     if config.importance_remedy == "reinit":
         costs = removal_costs(net, batches, p, config.loss_chunk, total)
+        release(net)
         weak = [q for q, cost in costs.items() if cost < config.identity_threshold]
         for q in weak:
             net.reinit_block(q, torch.Generator().manual_seed(remedy_seed(config.seed, p, q)))
         event.update(removal_costs={str(q): c for q, c in costs.items()}, reinitialized=weak)
     return {**event, "keep": keep}
+
+
+def release(net: model.Student):
+    """FSDP2 keeps a root gathered after its forward, its unsharded copies standing in for its parameters:
+    reshard before a weight is written, or the write lands in a copy that is then freed."""
+    if hasattr(net, "reshard"):
+        net.reshard()
 
 
 def remedy_seed(seed: int, phase: int, block: int) -> int:
