@@ -55,7 +55,7 @@ def fixed_contrasts() -> list[Contrast]:
     asym = {"transition_schedule": "asymmetric"}
     matched, preserve = {"append_init": "matched"}, {"append_init": "preserve-output"}
     reinit, correct, structural = {"importance_remedy": "reinit"}, {"boundary_correction": "norm"}, {"structural_norm": True}
-    forward = "one prefix forward on one micro-batch at each transition"
+    forward = "one prefix forward over the step's batch at each transition"
     return [
         Contrast(1, option("post-grow", "idea1-asymmetric", "post-grow + asymmetric LR", asym), POST_GROW, True, "none"),
         Contrast(1, option("pre-grow", "idea1-asymmetric", "pre-grow + asymmetric LR", asym), PRE_GROW, False, "none"),
@@ -65,9 +65,9 @@ def fixed_contrasts() -> list[Contrast]:
         Contrast(2, option("post-grow", "idea2-preserve-output", "post-grow + preserve-output", preserve), POST_GROW, False,
                  forward),
         Contrast(3, option("pre-grow", "idea3-reinit", "pre-grow + reinit", reinit), PRE_GROW, True,
-                 "p + 2 forwards on one micro-batch at transition p (the prefix, and each block bypassed)"),
+                 "p + 2 forwards over the step's batch at transition p (the prefix, and each block bypassed)"),
         Contrast(3, option("post-grow", "idea3-reinit", "post-grow + reinit", reinit), POST_GROW, False,
-                 "p + 2 forwards on one micro-batch at transition p"),
+                 "p + 2 forwards over the step's batch at transition p"),
         Contrast(5, option("pre-grow", "idea5-correction-dose-boundary-37", "pre-grow + boundary 37x + correction",
                            {**DOSE, **correct}), PRE_DOSE, True, forward + "; one RMSNorm per boundary that fires"),
         Contrast(5, option("post-grow", "idea5-correction-dose-boundary-37", "post-grow + boundary 37x + correction",
