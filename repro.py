@@ -356,7 +356,7 @@ def check_norm(norm: str) -> str:
     unknown = [n for n in names if n not in model.PLACEMENTS]
     if unknown:
         raise click.BadParameter(f"{unknown[0]!r} is not a placement; choose from {', '.join(model.PLACEMENTS)}, or "
-                                 "one per block separated by commas (pre,post,post)", param_hint="--norm")
+                                 "one per block separated by commas (pre,post,post), or auto", param_hint="--norm")
     return ",".join(names)
 
 
