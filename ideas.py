@@ -123,6 +123,17 @@ def transition_events(run_dir) -> list[dict]:
             for r in rundir.read_metrics(run_dir) if r.get("event") == "transition"]
 
 
+def transition_jump(ws: suite.Workspace, run: str, seed: int) -> float:
+    """The mean over transitions of the CE at a phase's start (after the transition's changes, before its
+    first update) minus the CE at the previous phase's end; NaN for a run without them (diverged)."""
+    try:
+        start, end = experiments.phase_start_eval, experiments.phase_end_eval
+        jumps = [start(ws, run, seed, p)["ce"] - end(ws, run, seed, p - 1)["ce"] for p in range(1, ws.preset.run["blocks"])]
+        return sum(jumps) / len(jumps)
+    except StopIteration:
+        return math.nan
+
+
 def events_text(per_seed: list[list[dict]]) -> str:
     """What the transitions did over the seeds, e.g. "block 1: fired 3/3, {'corrected': True} 3/3"."""
     parts = []
@@ -166,10 +177,14 @@ def run_ideas(ws: suite.Workspace, seeds: list[int], force: bool = False) -> dic
     for c in contrasts:
         delta = report.across_seeds([a - b for a, b in zip(ce[c.variant.label], ce[c.baseline.label])])
         events = [transition_events(beyond.variant_workspace(ws, c.variant, s).run_dir(c.variant.run, s)) for s in seeds]
+        jumps = [[transition_jump(beyond.variant_workspace(ws, v, s), v.run, s) for s in seeds]
+                 for v in (c.variant, c.baseline)]
         rows.append({"idea": c.idea, "primary": c.primary, "variant": c.variant.label, "baseline": c.baseline.label,
                      "settings": c.variant.settings, "variant_ce": report.across_seeds(ce[c.variant.label]),
                      "baseline_ce": report.across_seeds(ce[c.baseline.label]), "delta": delta, "cost": c.cost,
-                     "transitions": events_text(events)})
+                     "transitions": events_text(events), "jump": report.across_seeds(jumps[0]),
+                     "baseline_jump": report.across_seeds(jumps[1]),
+                     "jump_delta": report.across_seeds([a - b for a, b in zip(*jumps)])})
     read_family(rows)
     diverged = [d for v in variants for s in seeds
                 for d in experiments.diverged_runs(beyond.variant_workspace(ws, v, s), [v.run], [s])]
@@ -202,6 +217,13 @@ def markdown(out: dict, n_variants: int) -> list[str]:
               "| idea | option | against | option CE | Δ CE |", "| --- | --- | --- | --- | --- |"]
     lines += [f"| {r['idea']} | {r['variant']} | {r['baseline']} | {report.stats_cell(r['variant_ce'])} | "
               f"{report.stats_cell(r['delta'], True)} |" for r in out["rows"] if not r["primary"]]
+    lines += ["", "## Transition jumps (descriptive)", "",
+              "The CE at a phase's start (after the transition's changes, before its first update) minus the CE at "
+              "the previous phase's end, averaged over the transitions.", "",
+              "| idea | option | option's jump | against | its jump | Δ |", "| --- | --- | --- | --- | --- | --- |"]
+    lines += [f"| {r['idea']} | {r['variant']} | {report.stats_cell(r['jump'], True)} | {r['baseline']} | "
+              f"{report.stats_cell(r['baseline_jump'], True)} | {report.stats_cell(r['jump_delta'], True)} |"
+              for r in out["rows"]]
     lines += ["", "## What the transitions did", "", "| option | transitions over the seeds |", "| --- | --- |"]
     lines += [f"| {r['variant']} | {r['transitions']} |" for r in out["rows"] if r["transitions"] != "no transition rows"]
     lines += ["", f"## Idea 4: the search on seed {found['seed']}", "",
