@@ -362,6 +362,8 @@ def test_ideas_experiment_at_smoke_reads_what_its_runs_wrote(ideas_smoke):
     text = {r["variant"]: r["transitions"] for r in out["rows"]}
     assert text["auto-grow + boundary 37x"].startswith("block 1: fired 1/1, kept {'placement': 'post'}")
     assert "kept {'corrected': True}" in text["pre-grow + boundary 37x + correction"]
+    removal = [r["last_block_removal"] for r in out["rows"] if r["idea"] == 3]
+    assert len(removal) == 2 and all(math.isfinite(r[k]["mean"]) for r in removal for k in ("option", "baseline"))
     # auto where nothing fires is pre-grow bit for bit: its CE and its transition jumps
     auto = next(r for r in out["rows"] if r["variant"] == "auto-grow")
     assert auto["delta"]["mean"] == 0.0 and auto["jump_delta"]["mean"] == 0.0
