@@ -29,7 +29,9 @@ PROTOCOLS = ("joint", "grow", "freeze", "joint-long", "teacher")
 PRECISIONS = ("fp32", "bf16")  # and "auto": bf16 where the machine runs it measurably faster (devices.py)
 # The settings that take one of a few names; checked here, and by presets.py for --set before any folder is made.
 CHOICES = {"protocol": PROTOCOLS, "precision": ("auto", *PRECISIONS), "post_output_gain": model.OUTPUT_GAINS,
-           "boundary": model.BOUNDARIES, "on_divergence": ("stop", "continue"), "long_data": ("fresh", "replay")}
+           "boundary": model.BOUNDARIES, "on_divergence": ("stop", "continue"), "long_data": ("fresh", "replay"),
+           "append_init": ("default", "matched", "preserve-output"), "importance_remedy": ("none", "reinit"),
+           "boundary_correction": ("none", "norm")}
 PATH_FIELDS = ("train_data", "val_data", "teacher", "start_from", "boundary_source")  # RunConfig's paths
 
 
@@ -38,7 +40,7 @@ class RunConfig:
     """Every setting of one run. No defaults for hyperparameters: presets (presets.py) own the numbers."""
     name: str
     protocol: str                  # one of PROTOCOLS
-    norm: str                      # "pre" | "post" (student placement; ignored by `teacher`)
+    norm: str                      # a placement, one per block ("pre,post,post"), or "auto" (transitions.py)
     seed: int
     blocks: int                    # K
     layers_per_block: int          # L
@@ -89,6 +91,16 @@ class RunConfig:
     monitor_kurtosis_warn: float = 1000.0  # ... or its kurtosis of per-token RMS
     phase_lrs: tuple = ()          # peak LR per phase (transition-aware schedules; empty: lr in every phase)
     phase_warmups: tuple = ()      # warmup steps per phase (empty: warmup_frac of the phase)
+    # Per-transition warmup and peak on top of those: "" (none), a preset of TRANSITION_SCHEDULES, or one
+    # "warmup_factor:peak_factor" per transition (phases 1..), e.g. "2:1,0.5:1" (transition_factors)
+    transition_schedule: str = ""
+    # What a grow or freeze run does when it appends a block (transitions.py; issue 33's ideas 2, 3, 5, 6):
+    append_init: str = "default"   # "matched": the new block's norm gains at the RMS it reads; "preserve-output"
+    importance_remedy: str = "none"  # "reinit": re-draw a prefix block whose removal costs < identity_threshold
+    identity_threshold: float = 0.105  # nats: the log-midpoint of the paper's 0.02 (near-identity) and 0.55
+    boundary_correction: str = "none"  # "norm": an RMSNorm at an appended block's input where the reading fires
+    monitor_ratio_warn: float = 37 ** 0.5  # boundary token RMS / the others': the log-midpoint of 1 and 37
+    structural_norm: bool = False  # the boundary token rescaled to its row's median RMS x a learned scale
     # Divergence is an outcome, never a number (README, "Reliability"): a non-finite loss, gradient norm or
     # validation CE; a validation CE above log V + diverged_above_uniform (worse than predicting every
     # token uniformly, by that margin); or a run that ends more than diverged_above_best above its own
@@ -107,7 +119,7 @@ class RunConfig:
                 raise ConfigError(f"{key} {getattr(self, key)!r} is unknown; choose one of {', '.join(names)}")
         if self.boundary == "mirror-fwd" and not self.boundary_source:
             raise ConfigError("boundary mirror-fwd needs boundary_source: the pre-norm run folder whose profile it copies")
-        if self.protocol != "teacher":
+        if self.protocol != "teacher" and self.norm != "auto":
             try:
                 model.block_norms(self.norm, self.blocks)  # a known placement, or one per block
             except ValueError as e:
@@ -118,6 +130,13 @@ class RunConfig:
             values = getattr(self, key)
             if values and (len(values) != phases or min(values) <= 0):
                 raise ConfigError(f"{key} {values}: give one positive value per phase ({phases}), or none")
+        transition_factors(self)  # a bad transition_schedule: one line here, before any run
+        for key in ("identity_threshold", "monitor_ratio_warn"):
+            if not (isinstance(getattr(self, key), (int, float)) and getattr(self, key) > 0):
+                raise ConfigError(f"{key} {getattr(self, key)!r}: give a positive number")
+        if self.importance_remedy != "none" and self.protocol != "grow":
+            raise ConfigError(f"importance_remedy {self.importance_remedy}: a grow option (a block re-drawn under "
+                              f"{self.protocol} would never train again); use protocol grow")
 
     def resolved(self, run_dir) -> "RunConfig":
         """This config with every path absolute (absolute_paths), as the run uses it."""
@@ -133,6 +152,18 @@ class RunConfig:
                 path = Path(value).resolve()
                 paths[key] = os.path.relpath(path, run_dir) if path.is_relative_to(root) else str(path)
         return replace(self, **paths, relative_to_run=True)
+
+    @property
+    def student_norm(self) -> str:
+        """The placement schedule the student is built with: --norm auto starts all pre-norm, and its
+        transitions choose each appended block's (transitions.py)."""
+        return "pre" if self.norm == "auto" else self.norm
+
+    @property
+    def student_features(self) -> tuple:
+        """model.FEATURES this run's student needs."""
+        return (("correction",) if self.boundary_correction != "none" else ()) + \
+            (("structural",) if self.structural_norm else ())
 
     @property
     def distils(self) -> bool:
@@ -170,11 +201,41 @@ def plan_phases(config: RunConfig) -> list[Phase]:
     return [Phase(p, p + 1, (p,) if p else (0,), p == 0 or config.freeze_trains_head, p * S, S) for p in range(K)]
 
 
+# Named transition schedules: (warmup factor, peak factor) at the first append, then at every later one.
+# "asymmetric", the paper's summary: slower warmup after the first append (where post-norm recovers slowly),
+# faster after later ones; one factor of 2 each way (docs/preregistrations.md, 2026-12-02, idea 1).
+TRANSITION_SCHEDULES = {"asymmetric": ((2.0, 1.0), (0.5, 1.0))}
+
+
+def transition_factors(config: RunConfig) -> list[tuple[float, float]]:
+    """(warmup factor, peak factor) of every phase from config.transition_schedule; phase 0 is (1, 1)."""
+    spec, phases = config.transition_schedule.strip(), len(plan_phases(config))
+    if not spec:
+        return [(1.0, 1.0)] * phases
+    if spec in TRANSITION_SCHEDULES:
+        first, later = TRANSITION_SCHEDULES[spec]
+        return [(1.0, 1.0)] + [first if p == 1 else later for p in range(1, phases)]
+    try:
+        factors = [tuple(float(x) for x in item.split(":")) for item in spec.split(",")]
+    except ValueError:
+        factors = []
+    if len(factors) != phases - 1 or any(len(f) != 2 or not all(math.isfinite(x) and x > 0 for x in f) for f in factors):
+        raise ConfigError(f"transition_schedule {spec!r}: name one of {', '.join(TRANSITION_SCHEDULES)}, or give one "
+                          f"positive warmup_factor:peak_factor per transition ({phases - 1}), e.g. \"2:1,0.5:1\"")
+    return [(1.0, 1.0)] + factors
+
+
 def learning_rate(config: RunConfig, step_in_phase: int, phase: int = 0) -> float:
     """Linear warmup over warmup_frac of the phase, then cosine from lr to min_lr at the phase end.
-    phase_lrs and phase_warmups, where given, set the peak and the warmup steps of each phase."""
+    phase_lrs and phase_warmups, where given, set the peak and the warmup steps of each phase; a
+    transition_schedule then scales a later phase's warmup and peak, its warmup kept within [AdamW's
+    second-moment horizon 1/(1 - beta2), the phase] (shorter, the step size rests on too few squares)."""
     peak = config.phase_lrs[phase] if config.phase_lrs else config.lr
     warmup = int(config.phase_warmups[phase]) if config.phase_warmups else round(config.warmup_frac * config.phase_steps)
+    if config.transition_schedule and phase:
+        warmup_factor, peak_factor = transition_factors(config)[phase]
+        horizon = math.ceil(round(1 / (1 - config.betas[1]), 6))
+        warmup, peak = min(config.phase_steps, max(horizon, round(warmup_factor * warmup))), peak * peak_factor
     warmup = max(1, warmup)
     if step_in_phase < warmup:
         return peak * (step_in_phase + 1) / warmup

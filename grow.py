@@ -35,6 +35,7 @@ import torch.distributed as dist
 import data
 import kd
 import model
+import transitions
 from checkpoint import write_json
 from config import Phase, RunConfig, learning_rate, plan_phases
 from devices import Dist, precision_choice, print0, setup_distributed, shard_fn
@@ -168,14 +169,15 @@ def build_model(config: RunConfig, teacher: Teacher | None, ctx: Dist, dtype: to
         net.init_weights(config.seed)
     elif config.scratch_model is not None:
         net = model.Student.from_scratch(model.ModelConfig(**config.scratch_model), config.blocks,
-                                         config.layers_per_block, config.norm, config.seed,
+                                         config.layers_per_block, config.student_norm, config.seed,
                                          shard_fn=shard_fn(ctx, dtype), device=ctx.device,
-                                         boundary=config.boundary, boundary_scale=config.boundary_scale)
+                                         boundary=config.boundary, boundary_scale=config.boundary_scale,
+                                         features=config.student_features)
     else:
-        net = model.Student.from_teacher(teacher.net, config.blocks, config.layers_per_block, config.norm,
+        net = model.Student.from_teacher(teacher.net, config.blocks, config.layers_per_block, config.student_norm,
                                          config.seed, shard_fn=shard_fn(ctx, dtype),
                                          output_gain=config.post_output_gain, boundary=config.boundary,
-                                         boundary_scale=config.boundary_scale)
+                                         boundary_scale=config.boundary_scale, features=config.student_features)
     net.checkpoint_layers = config.activation_checkpointing
     if config.compile:
         compile_layers(net)
@@ -303,7 +305,7 @@ class Run:
                     f"{run_dir / 'config.json'}")
         self.teacher = teacher if config.distils else None
         self.net = build_model(config, self.teacher, ctx, self.dtype)
-        self.monitor_row, self.warned = None, set()
+        self.monitor_row, self.warned, self.transition_row = None, set(), None
         # Sizes are checked on open; the sha256 of the whole shard (tens of GB at full scale) is checked
         # once by data.prepare, not again by every run on every rank.
         train_shard = data.Shard(config.train_data, verify=False)
@@ -327,6 +329,8 @@ class Run:
             self.step, self.totals, elapsed = state["step"], state["totals"], state["elapsed"]
             self.outcome = {**self.outcome, **state.get("outcome", {})}
             self.batcher.load_state_dict(state["data"])
+            for p, keep in self.outcome.get("transitions", {}).items():  # decisions the weights do not hold
+                transitions.apply_kept(self.net, int(p), keep)
             torch.set_rng_state(torch.frombuffer(bytearray(base64.b64decode(state["torch_rng"])), dtype=torch.uint8))
             if ckpt.name != "latest":
                 load_weights(self.net, ckpt)
@@ -411,6 +415,8 @@ class Run:
         if config.boundary == "mirror-fwd":
             self.attach_profile(phase)
         student = isinstance(self.net, model.Student)
+        if student and phase.index and self.step == phase.first_step and transitions.acts(config):
+            self.transition(phase)
         self.active_layers = phase.active_blocks * config.layers_per_block if student else len(self.net.layers)
         print0(ctx, f"{config.name}: phase {phase.index}: active blocks {phase.active_blocks}, trainable blocks "
                     f"{list(phase.trainable_blocks)}, {sum(p.numel() for p in self.params):,} trainable parameters, "
@@ -423,6 +429,22 @@ class Run:
             start = evaluate(config, self.net, self.teacher, self.val, phase.active_blocks, ctx, self.dtype)
             self.log.write({"step": self.step, "phase": phase.index, "eval": True, "phase_start": True, **start})
             print0(ctx, f"{config.name}: phase {phase.index} starts at val CE {start['ce']:.4f}, val KD {start['kd']:.4f}")
+
+    def transition(self, phase: Phase):
+        """transitions.at_transition on this step's batch (read ahead, the batcher put back), logged; then
+        the optimizer is built again over what now trains (nothing has stepped yet)."""
+        state = self.batcher.state_dict()
+        batches = [micro.to(self.ctx.device) for micro in next(self.batcher).micro_batches]
+        self.batcher.load_state_dict(state)
+        with autocast(self.dtype, self.ctx):
+            event = transitions.at_transition(self.net, self.config, phase, batches, self.ctx.sum)
+        self.outcome.setdefault("transitions", {})[str(phase.index)] = event["keep"]
+        # logged with the step's own row, as a monitor row is: a resume before that step reads it again
+        self.transition_row = {"phase": phase.index, **event}
+        print0(self.ctx, f"{self.config.name}: transition to block {phase.index}: {event['fired'] or 'nothing'} fired; "
+                         f"{event['keep'] or 'no structural change'}")
+        self.params = trainable_parameters(self.net, phase, train_embedding=self.config.scratch_model is not None)
+        self.optimizer = build_optimizer(self.config, self.params)
 
     def begin_step(self) -> data.StepBatch:
         """Enter the step's phase if it is new; the step's batch (the same on every run that shares it)."""
@@ -496,6 +518,9 @@ class Run:
             self.log.write({"step": step, "phase": phase.index, "monitor": True, **self.monitor_row})
             self.warn_boundaries(step, self.monitor_row["boundaries"])
             self.monitor_row = None
+        if self.transition_row is not None:
+            self.log.write({"step": step, **self.transition_row})
+            self.transition_row = None
         kill_point("stepped", config.name, step)
         tok_s = totals["total_tokens"] / max(elapsed, 1e-9)
         if self.progress:

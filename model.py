@@ -485,6 +485,35 @@ def dose(h: torch.Tensor, ratio: float, kind: str) -> torch.Tensor:
     return h + delta.to(h.dtype)
 
 
+def structural_norm(h: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """The boundary token (position 0) rescaled to `scale` x the median RMS of its row's other positions,
+    every other position untouched: separate statistics for the structural token (issue 33, idea 6). The
+    median, as the dose's: the forward has no mask, and padding is a minority of a row's positions. The
+    row's statistic is detached; the token's own RMS and the scale are differentiated through."""
+    if h.shape[1] < 2:
+        return h
+    x = h.float()
+    rms = x.pow(2).mean(-1, keepdim=True).sqrt().clamp_min(1e-12)                    # (B, T, 1)
+    regular = rms[:, 1:].median(dim=1, keepdim=True).values.detach()                 # (B, 1, 1)
+    first = x[:, :1] * (scale.float() * regular / rms[:, :1])
+    return torch.cat([first.to(h.dtype), h[:, 1:]], dim=1)
+
+
+class Scale(nn.Module):
+    """One learned scalar (structural_norm's), initialised to 1; shape (1,), as checkpoints and FSDP2's
+    row sharding hold tensors with rows."""
+
+    def __init__(self):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(1))
+
+
+# Optional parts of a student (issue 33), each at the input of every block after the first: "correction",
+# an RMSNorm the boundary correction switches on where the transition reading fires (transitions.py);
+# "structural", structural_norm's learned scale.
+FEATURES = ("correction", "structural")
+
+
 def rescale(h: torch.Tensor, target, backward: str) -> torch.Tensor:
     """Each token scaled to RMS `target`: backward "identity" (straight-through), "detached" (t / r a
     constant) or "full" (autograd through r as well)."""
@@ -496,7 +525,7 @@ def rescale(h: torch.Tensor, target, backward: str) -> torch.Tensor:
 
 class Student(nn.Module):
     def __init__(self, config: ModelConfig, blocks: int, layers_per_block: int, norm: str, boundary: str = "none",
-                 boundary_scale: float = 1.0):
+                 boundary_scale: float = 1.0, features: tuple = ()):
         super().__init__()
         if blocks < 1 or layers_per_block < 1:
             raise ValueError(f"blocks ({blocks}) and layers_per_block ({layers_per_block}) must be at least 1")
@@ -525,6 +554,14 @@ class Student(nn.Module):
         self.entry_norm = RMSNorm(config.hidden_size, config.rms_norm_eps) if both else None
         self.boundary_norms = nn.ModuleList(RMSNorm(config.hidden_size, config.rms_norm_eps)
                                             for _ in range(blocks - 1)) if boundary == "norm" else None
+        unknown = set(features) - set(FEATURES)
+        if unknown:
+            raise ValueError(f"student feature {sorted(unknown)[0]!r} is unknown; choose from {', '.join(FEATURES)}")
+        self.features = tuple(f for f in FEATURES if f in features)
+        self.correction_norms = nn.ModuleList(RMSNorm(config.hidden_size, config.rms_norm_eps)
+                                              for _ in range(blocks - 1)) if "correction" in features else None
+        self.corrected: set[int] = set()  # the blocks whose correction norm is on (transitions.py)
+        self.structural_scales = nn.ModuleList(Scale() for _ in range(blocks - 1)) if "structural" in features else None
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         self.checkpoint_layers = False
 
@@ -537,7 +574,9 @@ class Student(nn.Module):
 
     def block_modules(self, b: int) -> list[nn.Module]:
         """What belongs to block b and trains with it: its layers and the boundary norm at its input."""
-        return [self.block_layers(b)] + ([self.boundary_norms[b - 1]] if self.boundary_norms and b else [])
+        extra = [self.structural_scales[b - 1]] if self.structural_scales is not None and b else []
+        extra += [self.correction_norms[b - 1]] if b in self.corrected else []
+        return [self.block_layers(b)] + ([self.boundary_norms[b - 1]] if self.boundary_norms and b else []) + extra
 
     def boundary_modules(self) -> list[nn.Module]:
         """The entry and final norms (they train with the head)."""
@@ -564,13 +603,42 @@ class Student(nn.Module):
                 if layer.placement.deepnet:
                     for name in DEEPNET_SCALED:
                         layer.get_submodule(name).weight.mul_(beta)
-            for norm in self.boundary_norms or []:
+            for norm in [*(self.boundary_norms or []), *(self.correction_norms or []), *(self.structural_scales or [])]:
                 norm.weight.fill_(1.0)
+
+    def reinit_block(self, b: int, generator: torch.Generator):
+        """Block b's layers drawn again as init_weights draws them (Qwen3's init, DeepNet's beta), from
+        `generator`: the block-importance remedy (transitions.py)."""
+        init_qwen3_weights(self.block_layers(b), self.config.initializer_range, generator)
+        beta = deepnet_beta(len(self.layers))
+        with torch.no_grad():
+            for layer in self.block_layers(b):
+                if layer.placement.deepnet:
+                    for name in DEEPNET_SCALED:
+                        layer.get_submodule(name).weight.mul_(beta)
+
+    def set_block_placement(self, b: int, norm: str):
+        """Block b >= 1 (not yet trained) takes placement `norm` (--norm auto, transitions.py), where that
+        leaves the student's parameters as they are: e.g. pre <-> post after a pre-norm block 0 (the final
+        norm serves whichever last block needs it). Its checkpoints then store the new schedule."""
+        names = list(block_norms(self.norm_placement, self.blocks))
+        names[b] = norm
+        with on_meta_device():
+            other = Student(self.config, self.blocks, self.layers_per_block, ",".join(names), self.boundary,
+                            self.boundary_scale, self.features)
+        if b == 0 or other.state_dict().keys() != self.state_dict().keys():
+            raise ValueError(f"block {b} cannot become {norm}-norm in the schedule {self.norm_placement}: the "
+                             "student's parameters would change")
+        self.placements[b] = placement(norm)
+        for layer in self.block_layers(b):
+            layer.placement = self.placements[b]
+            layer.residual_scale = deepnet_alpha(len(self.layers)) if layer.placement.deepnet else 1.0
+        self.norm_placement = ",".join(names) if len(set(names)) > 1 else names[0]
 
     @classmethod
     def from_teacher(cls, teacher: Qwen3, blocks: int, layers_per_block: int, norm: str, seed: int,
                      dtype=torch.float32, shard_fn: Callable | None = None, output_gain: str = "ones",
-                     boundary: str = "none", boundary_scale: float = 1.0) -> "Student":
+                     boundary: str = "none", boundary_scale: float = 1.0, features: tuple = ()) -> "Student":
         """Built on the meta device; `shard_fn` (e.g. FSDP2's fully_shard per layer) runs before any
         memory is allocated, so each rank only ever holds its own slice.
 
@@ -581,7 +649,8 @@ class Student(nn.Module):
         phase; blocks that were trained before keep their trained gains."""
         if output_gain not in OUTPUT_GAINS:
             raise ValueError(f"output_gain {output_gain!r} is unknown; choose one of {', '.join(OUTPUT_GAINS)}")
-        student = cls.on_meta(teacher.config, blocks, layers_per_block, norm, dtype, shard_fn, boundary, boundary_scale)
+        student = cls.on_meta(teacher.config, blocks, layers_per_block, norm, dtype, shard_fn, boundary, boundary_scale,
+                              features)
         student.to_empty(device=teacher.embed_tokens.weight.device)
         student.init_weights(seed)
         with torch.no_grad():
@@ -599,10 +668,10 @@ class Student(nn.Module):
     @classmethod
     def from_scratch(cls, config: ModelConfig, blocks: int, layers_per_block: int, norm: str, seed: int,
                      dtype=torch.float32, shard_fn: Callable | None = None, device="cpu",
-                     boundary: str = "none", boundary_scale: float = 1.0) -> "Student":
+                     boundary: str = "none", boundary_scale: float = 1.0, features: tuple = ()) -> "Student":
         """No teacher: every weight from `seed` (Qwen3's init: Linear and embedding ~ N(0, std), norms 1),
         the decoder layers exactly as from_teacher draws them; the embedding trains."""
-        student = cls.on_meta(config, blocks, layers_per_block, norm, dtype, shard_fn, boundary, boundary_scale)
+        student = cls.on_meta(config, blocks, layers_per_block, norm, dtype, shard_fn, boundary, boundary_scale, features)
         student.to_empty(device=device)
         student.init_weights(seed)
         generator = torch.Generator().manual_seed(seed + 1)  # the layers' own draws stay from_teacher's
@@ -613,14 +682,23 @@ class Student(nn.Module):
         return student
 
     @classmethod
-    def on_meta(cls, config, blocks, layers_per_block, norm, dtype, shard_fn, boundary, boundary_scale) -> "Student":
+    def on_meta(cls, config, blocks, layers_per_block, norm, dtype, shard_fn, boundary, boundary_scale,
+                features=()) -> "Student":
         with on_meta_device():
-            student = cls(config, blocks, layers_per_block, norm, boundary, boundary_scale).to(dtype)
+            student = cls(config, blocks, layers_per_block, norm, boundary, boundary_scale, features).to(dtype)
             if shard_fn is not None:
                 shard_fn(student)
         return student
 
     def enter_block(self, b: int, h: torch.Tensor, profile: dict | None) -> torch.Tensor:
+        """What block b reads: the boundary intervention at its input (b >= 1), then the structural-token
+        norm and the correction norm where the student has them."""
+        h = self.intervene(b, h, profile)
+        if b and self.structural_scales is not None:
+            h = structural_norm(h, self.structural_scales[b - 1].weight)
+        return self.correction_norms[b - 1](h) if b in self.corrected else h
+
+    def intervene(self, b: int, h: torch.Tensor, profile: dict | None) -> torch.Tensor:
         """The boundary intervention at the input of block b >= 1 (none: h itself)."""
         if b == 0 or self.boundary == "none":
             return h
@@ -673,6 +751,8 @@ class Student(nn.Module):
         shape = {"blocks": self.blocks, "layers_per_block": self.layers_per_block, "norm": self.norm_placement}
         if self.boundary != "none":
             shape.update(boundary=self.boundary, boundary_scale=self.boundary_scale)
+        if self.features:
+            shape.update(features=list(self.features), corrected=sorted(self.corrected))
         return {**self.config.to_hf(), "architectures": ["NormgrowStudent"], "normgrow_student": shape}
 
     def save(self, path, state: dict | None = None):
@@ -704,7 +784,8 @@ class Student(nn.Module):
         with torch.device("meta"):
             student = cls(ModelConfig.from_hf(hf, str(path / "config.json")), shape["blocks"],
                           shape["layers_per_block"], shape["norm"], shape.get("boundary", "none"),
-                          shape.get("boundary_scale", 1.0))
+                          shape.get("boundary_scale", 1.0), tuple(shape.get("features", ())))
+        student.corrected = set(shape.get("corrected", ()))
         load_tensors(student, path, dtype, device, name_in_file=lambda name: name)
         student.embed_tokens.weight.requires_grad_(False)
         return student
@@ -731,6 +812,13 @@ def shape_problem(shape) -> str:
         return f"normgrow_student.boundary is {boundary!r}, not one of {', '.join(BOUNDARIES)}"
     if not (isinstance(scale, (int, float)) and not isinstance(scale, bool) and math.isfinite(scale) and scale > 0):
         return f"normgrow_student.boundary_scale is {scale!r}, not a positive finite number"
+    features, corrected = shape.get("features", []), shape.get("corrected", [])
+    if not (isinstance(features, list) and all(f in FEATURES for f in features)):
+        return f"normgrow_student.features is {features!r}, not a list of {', '.join(FEATURES)}"
+    if not (isinstance(corrected, list) and all(type(b) is int and 1 <= b < shape["blocks"] for b in corrected)
+            and (not corrected or "correction" in features)):
+        return f"normgrow_student.corrected is {corrected!r}, not a list of blocks 1..{shape['blocks'] - 1} of a student " \
+               "with the correction feature"
     return ""
 
 

@@ -365,8 +365,8 @@ def scan(scale, checkpoints, runs_dir, results_dir):
     experiments.run_scan(ws, suite.ensure_inputs(ws), list(checkpoints))
 
 
-def beyond_command(name: str, doc: str):
-    """A `repro.py <name>` command for an experiment of beyond.py (not part of `all`)."""
+def beyond_command(name: str, doc: str, module: str = "beyond"):
+    """A `repro.py <name>` command for an experiment of beyond.py or ideas.py (not part of `all`)."""
     @cli.command(name, help=doc)
     @scale_option
     @click.option("--seeds", default=None, callback=lambda c, p, v: None if v is None else parse_seeds(c, p, v),
@@ -380,13 +380,15 @@ def beyond_command(name: str, doc: str):
     def command(scale, seeds, dry_run, gpu, gpus, nodes, overrides, compile_flag, device, tracker, no_wait, lockstep,
                 force, runs_dir, results_dir):
         import beyond
+        import ideas
+        experiment = {"beyond": beyond, "ideas": ideas}[module]
         ws = workspace(scale, runs_dir, results_dir, dry_run, overrides=overrides, compile_flag=compile_flag,
                        device=device, tracker=tracker, lockstep=lockstep, wait=not no_wait)
         seeds = chosen_seeds(ws.preset.run["seed"], overrides, seeds, presets.DEFAULT_SEEDS["beyond"][scale], "--seeds")
         if dry_run:
             print_dry_run(scale, beyond_groups(beyond, name, ws, seeds[0]), seeds, gpu, gpus, nodes)
             return
-        getattr(beyond, f"run_{name}")(ws, seeds, force)
+        getattr(experiment, f"run_{name}")(ws, seeds, force)
         ws.ctx.barrier()
     return command
 
@@ -398,7 +400,18 @@ def beyond_groups(beyond, name: str, ws: suite.Workspace, seed: int) -> list:
         return [planned(ws, beyond.placement_names(), seed)]
     if name == "scratch":
         return [planned(beyond.scratch_workspace(ws), experiments.MAIN_RUNS, seed)]
+    if name == "ideas":  # idea 4's search on its own seed, then every option's runs and their baselines
+        import ideas
+        search = planned(ws, [f"{s}-grow" for s in ideas.schedules(ws.preset.run["blocks"])], ideas.SEARCH_SEED)
+        contrasts = ideas.fixed_contrasts()
+        variants = list(dict.fromkeys([c.variant for c in contrasts] + [c.baseline for c in contrasts]))
+        return [search] + variant_groups(beyond, ws, variants, seed)
     variants = beyond.interventions(ws.preset.run["blocks"]) if name == "intervention" else beyond.planted_variants()
+    return variant_groups(beyond, ws, variants, seed)
+
+
+def variant_groups(beyond, ws: suite.Workspace, variants, seed: int) -> list:
+    """print_dry_run's groups of beyond.Variant runs: the suite's own, then each variant's in its folder."""
     groups = [planned(ws, sorted({v.run for v in variants if not v.folder}), seed)]
     for v in variants:
         if v.folder:
@@ -417,6 +430,10 @@ beyond_command("planted", "Placement (pre, post) x a planted boundary outlier (n
                "in docs/preregistrations.md (results/<scale>/planted.md/.json).")
 beyond_command("placements", "Joint and grow for every placement (pre, post, sandwich, peri, hybrid, deepnorm) "
                "and the schedule pre,post,post, with Δ against pre-norm (results/<scale>/placements.md/.json/.png).")
+beyond_command("ideas", "The paper's seven proposed improvements, each an option (transition_schedule, append_init, "
+               "importance_remedy, the placement search, boundary_correction, structural_norm, --norm auto), against "
+               "the run it changes; one primary contrast each, Holm over the seven, as pre-registered in "
+               "docs/preregistrations.md (results/<scale>/ideas.md/.json).", module="ideas")
 beyond_command("scratch", "Table 1's 2 x 2 without a teacher: plain CE, embedding and head trained from the "
                "seed (results/<scale>/scratch.md/.json).")
 
@@ -456,7 +473,8 @@ def teacher(scale, rebuild, overrides, compile_flag, device, tracker, no_wait, f
 @cli.command()
 @scale_option
 @click.option("--norm", required=True, callback=lambda c, p, v: check_norm(v),
-              help=f"Norm placement ({', '.join(model.PLACEMENTS)}), or one per block: pre,post,post.")
+              help=f"Norm placement ({', '.join(model.PLACEMENTS)}), or one per block: pre,post,post; or auto (pre-norm, "
+                   "each appended block post-norm where the boundary it reads drifts: transitions.py).")
 @click.option("--protocol", type=click.Choice(["joint", "grow", "freeze", "joint-long", "joint-longer", "joint-replay"]),
               required=True, help="joint, grow, freeze, or the joint controls (Table 3; joint-replay: grow's steps on "
               "grow's shard).")
@@ -473,7 +491,8 @@ def train(scale, norm, protocol, seed, dry_run, gpu, gpus, nodes, overrides, com
     seed = chosen_seeds(ws.preset.run["seed"], overrides, None if seed is None else [seed], [ws.preset.run["seed"]],
                         "--seed")[0]
     try:  # a schedule names one placement per block, and --set run.blocks may change the count
-        model.block_norms(norm, ws.preset.run["blocks"])
+        if norm != "auto":
+            model.block_norms(norm, ws.preset.run["blocks"])
     except ValueError as e:
         raise click.BadParameter(str(e), param_hint="--norm") from None
     name = f"{norm}-{protocol}"
@@ -490,11 +509,13 @@ def train(scale, norm, protocol, seed, dry_run, gpu, gpus, nodes, overrides, com
 
 
 def check_norm(norm: str) -> str:
+    if norm.strip() == "auto":
+        return "auto"
     names = [n.strip() for n in norm.split(",")]
     unknown = [n for n in names if n not in model.PLACEMENTS]
     if unknown:
         raise click.BadParameter(f"{unknown[0]!r} is not a placement; choose from {', '.join(model.PLACEMENTS)}, or "
-                                 "one per block separated by commas (pre,post,post)", param_hint="--norm")
+                                 "one per block separated by commas (pre,post,post), or auto", param_hint="--norm")
     return ",".join(names)
 
 

@@ -1,0 +1,257 @@
+"""The paper's seven proposed improvements (its summary; issue 33), each an option of the kit, measured
+over seeds against the run it changes, by the rule pre-registered in docs/preregistrations.md (2026-12-02):
+
+    python repro.py ideas --scale toy --seeds 42,43,44    # results/<scale>/ideas.md and .json
+
+1 transition-aware LR (run.transition_schedule), 2 freeze-aware init (append_init), 3 block-importance
+remedy (importance_remedy), 4 per-phase placement search (every {pre, post} schedule on a search seed, the
+best run on the evaluation seeds), 5 boundary correction (boundary_correction), 6 structural-token norm
+(structural_norm), 7 --norm auto. Ideas 1-4 read against the suite's own runs; 5-7 against the planted
+outlier's (the boundary token at 37x at every appended block's input, beyond.py's planted experiment).
+One primary contrast per idea; the seven form one family, Holm-adjusted. Runs of the ideas live in
+runs/<scale>/beyond/idea<n>-.../, the planted ones where the planted experiment keeps them.
+"""
+from __future__ import annotations
+
+import itertools
+import math
+from dataclasses import dataclass
+
+import beyond
+import experiments
+import presets
+import report
+import rundir
+import suite
+from beyond import Variant
+
+SEARCH_SEED = 41  # idea 4's search seed, outside the evaluation seeds (42, 43, 44)
+DOSE = {"boundary": "dose-boundary", "boundary_scale": 37.0}
+CHANNEL = {"boundary": "dose-channel", "boundary_scale": 1000.0}
+
+PRE_GROW, POST_GROW = Variant("pre-grow", "pre-grow"), Variant("post-grow", "post-grow")
+PRE_FREEZE, POST_FREEZE = Variant("pre-freeze", "pre-freeze"), Variant("post-freeze", "post-freeze")
+# The planted runs, in the planted experiment's folders (the same settings: the same runs).
+PRE_DOSE = Variant("pre-grow + boundary 37x", "pre-grow", "dose-boundary-37", DOSE)
+POST_DOSE = Variant("post-grow + boundary 37x", "post-grow", "dose-boundary-37", DOSE)
+PRE_CHANNEL = Variant("pre-grow + channel 1000x", "pre-grow", "dose-channel-1000", CHANNEL)
+
+
+@dataclass(frozen=True)
+class Contrast:
+    idea: int
+    variant: Variant
+    baseline: Variant
+    primary: bool
+    cost: str = ""  # what the option adds to a run, counted from its design
+
+
+def option(run: str, folder: str, label: str, settings: dict) -> Variant:
+    return Variant(label, run, folder, settings)
+
+
+def fixed_contrasts() -> list[Contrast]:
+    """Every contrast but idea 4's (whose variant is the search's choice), in the pre-registered order."""
+    asym = {"transition_schedule": "asymmetric"}
+    matched, preserve = {"append_init": "matched"}, {"append_init": "preserve-output"}
+    reinit, correct, structural = {"importance_remedy": "reinit"}, {"boundary_correction": "norm"}, {"structural_norm": True}
+    forward = "one prefix forward over the step's batch at each transition"
+    return [
+        Contrast(1, option("post-grow", "idea1-asymmetric", "post-grow + asymmetric LR", asym), POST_GROW, True, "none"),
+        Contrast(1, option("pre-grow", "idea1-asymmetric", "pre-grow + asymmetric LR", asym), PRE_GROW, False, "none"),
+        Contrast(2, option("post-freeze", "idea2-matched", "post-freeze + matched init", matched), POST_FREEZE, True,
+                 forward),
+        Contrast(2, option("pre-freeze", "idea2-matched", "pre-freeze + matched init", matched), PRE_FREEZE, False, forward),
+        Contrast(2, option("post-grow", "idea2-preserve-output", "post-grow + preserve-output", preserve), POST_GROW, False,
+                 forward),
+        Contrast(3, option("pre-grow", "idea3-reinit", "pre-grow + reinit", reinit), PRE_GROW, True,
+                 "p + 2 forwards over the step's batch at transition p (the prefix, and each block bypassed)"),
+        Contrast(3, option("post-grow", "idea3-reinit", "post-grow + reinit", reinit), POST_GROW, False,
+                 "p + 2 forwards over the step's batch at transition p"),
+        Contrast(5, option("pre-grow", "idea5-correction-dose-boundary-37", "pre-grow + boundary 37x + correction",
+                           {**DOSE, **correct}), PRE_DOSE, True, forward + "; one RMSNorm per boundary that fires"),
+        Contrast(5, option("post-grow", "idea5-correction-dose-boundary-37", "post-grow + boundary 37x + correction",
+                           {**DOSE, **correct}), POST_DOSE, False, forward),
+        Contrast(5, option("pre-grow", "idea5-correction-dose-channel-1000", "pre-grow + channel 1000x + correction",
+                           {**CHANNEL, **correct}), PRE_CHANNEL, False, forward),
+        Contrast(6, option("pre-grow", "idea6-structural-dose-boundary-37", "pre-grow + boundary 37x + structural",
+                           {**DOSE, **structural}), PRE_DOSE, True,
+                 "one token's rescale at each appended block's input per forward; one scalar per appended block"),
+        Contrast(6, option("pre-grow", "idea6-structural", "pre-grow + structural", structural), PRE_GROW, False,
+                 "as above"),
+        Contrast(6, option("pre-grow", "idea6-structural-dose-channel-1000", "pre-grow + channel 1000x + structural",
+                           {**CHANNEL, **structural}), PRE_CHANNEL, False, "as above"),
+        Contrast(7, Variant("auto-grow + boundary 37x", "auto-grow", "dose-boundary-37", DOSE), PRE_DOSE, True, forward),
+        Contrast(7, Variant("auto-grow", "auto-grow"), PRE_GROW, False, forward),
+    ]
+
+
+# ----------------------------------------------------------------------------------------------
+# Idea 4: the placement search
+
+def schedules(blocks: int) -> list[str]:
+    """Every {pre, post} schedule over the blocks (8 for K = 3), a uniform one under its plain name
+    (pre,pre,pre is the suite's pre-grow)."""
+    return [names[0] if len(set(names)) == 1 else ",".join(names)
+            for names in itertools.product(("pre", "post"), repeat=blocks)]
+
+
+def search(ws: suite.Workspace, force: bool = False) -> dict:
+    """Grow with every schedule on SEARCH_SEED; the lowest final validation CE is chosen (a diverged run
+    never is)."""
+    names = [f"{s}-grow" for s in schedules(ws.preset.run["blocks"])]
+    suite.ensure_runs(ws, names, [SEARCH_SEED], force)
+    ce = {name: experiments.final_ce(ws, name, SEARCH_SEED) for name in names}
+    finite = {name: value for name, value in ce.items() if math.isfinite(value)}
+    chosen = min(finite, key=finite.get) if finite else None
+    return {"seed": SEARCH_SEED, "ce": ce, "chosen": chosen,
+            "diverged": experiments.diverged_runs(ws, names, [SEARCH_SEED])}
+
+
+def search_contrasts(chosen: str) -> list[Contrast]:
+    found = Variant(f"{chosen} (chosen on seed {SEARCH_SEED})", chosen)
+    cost = "8 grow runs on the search seed"
+    return [Contrast(4, found, POST_GROW, True, cost), Contrast(4, found, PRE_GROW, False, cost)]
+
+
+# ----------------------------------------------------------------------------------------------
+# The experiment
+
+def transition_events(run_dir) -> list[dict]:
+    """The transition rows a run logged (transitions.py): block, what fired, what was kept, re-drawn."""
+    return [{k: r.get(k) for k in ("block", "fired", "keep", "reinitialized")}
+            for r in rundir.read_metrics(run_dir) if r.get("event") == "transition"]
+
+
+def transition_jump(ws: suite.Workspace, run: str, seed: int) -> float:
+    """The mean over transitions of the CE at a phase's start (after the transition's changes, before its
+    first update) minus the CE at the previous phase's end; NaN for a run without them (diverged)."""
+    try:
+        start, end = experiments.phase_start_eval, experiments.phase_end_eval
+        jumps = [start(ws, run, seed, p)["ce"] - end(ws, run, seed, p - 1)["ce"] for p in range(1, ws.preset.run["blocks"])]
+        return sum(jumps) / len(jumps)
+    except StopIteration:
+        return math.nan
+
+
+def last_block_removal(ws: suite.Workspace, run: str, seed: int) -> float:
+    """ΔCE of bypassing the last block at the run's endpoint, on the diagnostic batch (Table 4's)."""
+    if not math.isfinite(experiments.final_ce(ws, run, seed)):
+        return report.DIVERGED
+    return experiments.block_removal(ws, run, seed)[-1]["delta_ce"]
+
+
+def events_text(per_seed: list[list[dict]]) -> str:
+    """What the transitions did over the seeds, e.g. "block 1: fired 3/3, {'corrected': True} 3/3"."""
+    parts = []
+    blocks = sorted({e["block"] for events in per_seed for e in events})
+    for b in blocks:
+        rows = [e for events in per_seed for e in events if e["block"] == b]
+        fired = sum(bool(e["fired"]) for e in rows)
+        kept = sorted({str(e["keep"]) for e in rows if e["keep"]})
+        redrawn = sum(bool(e.get("reinitialized")) for e in rows)
+        parts.append(f"block {b}: fired {fired}/{len(rows)}" + (f", kept {' / '.join(kept)}" if kept else "")
+                     + (f", re-drawn blocks on {redrawn}/{len(rows)}" if redrawn else ""))
+    return "; ".join(parts) or "no transition rows"
+
+
+def read_family(rows: list[dict]):
+    """Holm over the primary contrasts (one per idea): an untestable one (one seed, no spread, diverged)
+    enters as p = 1, so the family keeps its size; each primary gets p, p (Holm) and its reading."""
+    primaries = [r for r in rows if r["primary"]]
+    raw = [report.p_two_sided(r["delta"]) for r in primaries]
+    for row, p, p_holm in zip(primaries, raw, report.holm([1.0 if math.isnan(p) else p for p in raw])):
+        row["p"], row["p_holm"] = p, (math.nan if math.isnan(p) else p_holm)
+        row["reading"] = report.adjusted_reading(row["delta"], p_holm, presets.TIE_MARGIN)
+        if row["idea"] == 4 and row["variant"].startswith("post-grow "):
+            row["reading"] = "0 by construction: the search chose post-grow itself"
+        row["smallest_tie_margin"] = report.smallest_tie_margin(row["delta"])
+    for row in rows:
+        if not row["primary"]:
+            row["reading"] = "secondary: interval only"
+
+
+def run_ideas(ws: suite.Workspace, seeds: list[int], force: bool = False) -> dict:
+    found = search(ws, force)
+    contrasts = fixed_contrasts() + (search_contrasts(found["chosen"]) if found["chosen"] else [])
+    contrasts.sort(key=lambda c: c.idea)
+    variants = list({(v.folder, v.run, v.label): v for c in contrasts for v in (c.variant, c.baseline)}.values())
+    beyond.train_variants(ws, variants, seeds, force)
+    if not ws.ctx.is_main:
+        return {}
+    ce = {v.label: [beyond.final_ce(beyond.variant_workspace(ws, v, s), v.run, s) for s in seeds] for v in variants}
+    rows = []
+    for c in contrasts:
+        delta = report.across_seeds([a - b for a, b in zip(ce[c.variant.label], ce[c.baseline.label])])
+        events = [transition_events(beyond.variant_workspace(ws, c.variant, s).run_dir(c.variant.run, s)) for s in seeds]
+        jumps = [[transition_jump(beyond.variant_workspace(ws, v, s), v.run, s) for s in seeds]
+                 for v in (c.variant, c.baseline)]
+        rows.append({"idea": c.idea, "primary": c.primary, "variant": c.variant.label, "baseline": c.baseline.label,
+                     "settings": c.variant.settings, "variant_ce": report.across_seeds(ce[c.variant.label]),
+                     "baseline_ce": report.across_seeds(ce[c.baseline.label]), "delta": delta, "cost": c.cost,
+                     "transitions": events_text(events), "jump": report.across_seeds(jumps[0]),
+                     "baseline_jump": report.across_seeds(jumps[1]),
+                     "jump_delta": report.across_seeds([a - b for a, b in zip(*jumps)])})
+        if c.idea == 3:  # the remedy's target: a near-identity last block
+            removal = [[last_block_removal(beyond.variant_workspace(ws, v, s), v.run, s) for s in seeds]
+                       for v in (c.variant, c.baseline)]
+            rows[-1]["last_block_removal"] = {"option": report.across_seeds(removal[0]),
+                                              "baseline": report.across_seeds(removal[1]),
+                                              "delta": report.across_seeds([a - b for a, b in zip(*removal)])}
+    read_family(rows)
+    diverged = [d for v in variants for s in seeds
+                for d in experiments.diverged_runs(beyond.variant_workspace(ws, v, s), [v.run], [s])]
+    out = {"experiment": "ideas", "scale": ws.preset.name, "seeds": seeds, "search": found, "rows": rows,
+           "diverged_runs": diverged, "tie_margin": presets.TIE_MARGIN, "precision": ws.preset.run.get("precision", ""),
+           "about": __doc__.split("\n\n")[1]}
+    report.write(ws.results, "ideas", out, markdown(out, len(variants)))
+    suite.console.print("\n".join(markdown(out, len(variants))), markup=False)
+    return out
+
+
+def markdown(out: dict, n_variants: int) -> list[str]:
+    seeds, found = out["seeds"], out["search"]
+    lines = [f"# The paper's seven proposed improvements ({out['scale']} scale)", "",
+             f"Final validation CE, {report.seeds_text(seeds)}; Δ = option − the run it changes, paired by seed "
+             "(negative: the option helps). Settings, endpoints and the reading rule: docs/preregistrations.md, "
+             "2026-12-02. Ideas 5-7 act on the planted outlier (the boundary token at 37× at every appended "
+             "block's input).", "",
+             experiments.diverged_line(out["diverged_runs"], n_variants * len(seeds)), "",
+             "## Primary contrasts (one family, Holm)", "",
+             "Reading: above or below 0 where p (Holm) < 0.05, a tie within "
+             f"±{out['tie_margin']:g} where the 90% interval lies inside it (TOST), else inconclusive; the last "
+             "column but one is the smallest margin these seeds could have called a tie.", "",
+             "| idea | option | against | Δ CE | p (Holm) | reading | smallest tie margin | cost |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+    lines += [f"| {r['idea']} | {r['variant']} | {r['baseline']} | {report.stats_cell(r['delta'], True)} | "
+              f"{report.fmt(r['p_holm'], 3)} | {r['reading']} | {report.fmt(r['smallest_tie_margin'], 4)} | {r['cost']} |"
+              for r in out["rows"] if r["primary"]]
+    lines += ["", "## Secondary contrasts (descriptive: intervals only)", "",
+              "| idea | option | against | option CE | Δ CE |", "| --- | --- | --- | --- | --- |"]
+    lines += [f"| {r['idea']} | {r['variant']} | {r['baseline']} | {report.stats_cell(r['variant_ce'])} | "
+              f"{report.stats_cell(r['delta'], True)} |" for r in out["rows"] if not r["primary"]]
+    lines += ["", "## Transition jumps (descriptive)", "",
+              "The CE at a phase's start (after the transition's changes, before its first update) minus the CE at "
+              "the previous phase's end, averaged over the transitions.", "",
+              "| idea | option | option's jump | against | its jump | Δ |", "| --- | --- | --- | --- | --- | --- |"]
+    lines += [f"| {r['idea']} | {r['variant']} | {report.stats_cell(r['jump'], True)} | {r['baseline']} | "
+              f"{report.stats_cell(r['baseline_jump'], True)} | {report.stats_cell(r['jump_delta'], True)} |"
+              for r in out["rows"]]
+    lines += ["", "## Idea 3: the last block's removal ΔCE at the end (descriptive)", "",
+              "CE with the last block bypassed minus the CE of the whole student, at the run's endpoint, on the "
+              "diagnostic batch (Table 4's).", "", "| option | its last block | against | its last block | Δ |",
+              "| --- | --- | --- | --- | --- |"]
+    lines += [f"| {r['variant']} | {report.stats_cell(r['last_block_removal']['option'])} | {r['baseline']} | "
+              f"{report.stats_cell(r['last_block_removal']['baseline'])} | "
+              f"{report.stats_cell(r['last_block_removal']['delta'], True)} |"
+              for r in out["rows"] if "last_block_removal" in r]
+    lines += ["", "## What the transitions did", "", "| option | transitions over the seeds |", "| --- | --- |"]
+    lines += [f"| {r['variant']} | {r['transitions']} |" for r in out["rows"] if r["transitions"] != "no transition rows"]
+    lines += ["", f"## Idea 4: the search on seed {found['seed']}", "",
+              f"Chosen: {found['chosen'] or 'none (every search run diverged)'}. "
+              + experiments.diverged_line(found["diverged"], len(found["ce"])), "",
+              "| schedule | validation CE |", "| --- | --- |"]
+    lines += [f"| {name} | {report.fmt(value, 4)} |" for name, value in found["ce"].items()]
+    lines += ["", "Cost: what each option adds to a run, counted from its design. Training time is not given per "
+                  "option: runs of a seed train in lockstep, so their wall clocks are shared."]
+    return lines

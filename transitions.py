@@ -1,0 +1,158 @@
+"""What the kit does when a grow or freeze run appends a block (issue 33; the settings and their reasons
+are pre-registered in docs/preregistrations.md, 2026-12-02). Each is a RunConfig option, off by default:
+
+    append_init matched          the new block's norm gains start at the RMS of the stream it reads (idea 2)
+    append_init preserve-output  a new post-norm block's output norm starts from the previous block's gain
+    importance_remedy reinit     a prefix block whose removal costs < identity_threshold nats is re-drawn (3)
+    boundary_correction norm     an RMSNorm at the new block's input where the reading fires (idea 5)
+    norm auto                    each appended block post-norm where the reading fires, else pre (idea 7)
+
+The reading: at the first step of phase p >= 1, before any update, on that step's whole batch (every
+micro-batch of every rank: the same tokens on any number of ranks), the stream block p reads (the
+prefix's output after any boundary intervention): per real token its RMS; the mean, the Pearson
+kurtosis, and the boundary token's (position 0) mean RMS over the other tokens'.
+It fires where any passes its threshold (monitor_rms_warn, monitor_kurtosis_warn, monitor_ratio_warn).
+Every transition is logged as an "event" row of metrics.jsonl; the decisions the weights do not hold
+(a placement, a correction switched on) are kept in the trainer state, so a resumed run re-applies them.
+"""
+from __future__ import annotations
+
+import math
+from functools import partial
+from typing import Callable
+
+import torch
+
+import kd
+import model
+from config import Phase, RunConfig
+
+GROWING = ("grow", "freeze")
+
+
+def acts(config: RunConfig) -> bool:
+    """Whether a run does anything at its transitions."""
+    return ((config.norm == "auto" and config.protocol in GROWING) or config.append_init != "default"
+            or config.importance_remedy != "none" or config.boundary_correction != "none")
+
+
+def reading(streams: list[tuple[torch.Tensor, torch.Tensor]], total: Callable[[list], list]) -> dict:
+    """The monitor's statistics of per-token RMS over the real tokens of (stream, mask) pairs, summed
+    over ranks by `total` (two passes: the kurtosis from centred moments, which a nearly constant RMS
+    would lose to cancellation)."""
+    parts = []
+    for h, mask in streams:
+        rms, mask = h.float().pow(2).mean(-1).sqrt().double(), mask.bool()
+        parts.append((rms[mask], rms[:, :1][mask[:, :1]], rms[:, 1:][mask[:, 1:]]))
+    r, first, others = (torch.cat(column) for column in zip(*parts))
+    n, s, n_first, s_first, n_others, s_others = total(
+        [r.numel(), r.sum().item(), first.numel(), first.sum().item(), others.numel(), others.sum().item()])
+    mean = s / n
+    m2, m4 = total([(r - mean).pow(2).sum().item(), (r - mean).pow(4).sum().item()])
+    others_mean = s_others / n_others if n_others else math.nan
+    return {"mean": mean, "kurtosis": (m4 / n) / (m2 / n) ** 2 if m2 > 0 else math.nan,
+            "boundary_over_others": (s_first / n_first) / others_mean if n_first and n_others else math.nan,
+            "others_mean": others_mean}
+
+
+def fired(stats: dict, config: RunConfig) -> list[str]:
+    """The statistics past their thresholds (strictly; a NaN never fires)."""
+    limits = {"mean": config.monitor_rms_warn, "kurtosis": config.monitor_kurtosis_warn,
+              "boundary_over_others": config.monitor_ratio_warn}
+    return [key for key, limit in limits.items() if stats[key] > limit]
+
+
+def auto_placement(config: RunConfig, fires: bool) -> str:
+    """--norm auto's rule for an appended block: post-norm where its reading fires, else pre-norm (block 0
+    and every joint-like run are pre-norm: config.student_norm)."""
+    return "post" if fires else "pre"
+
+
+@torch.no_grad()
+def removal_costs(net: model.Student, batches: list, active: int, chunk: int, total) -> dict[int, float]:
+    """CE with each of blocks 0..active-1 bypassed minus the CE of all of them (diag's block removal), over
+    the micro-batches, token-weighted over ranks."""
+    def ce(skip):
+        sums = [0.0, 0.0]
+        for micro in batches:
+            s = net(micro.input_ids, active_blocks=active, skip_block=skip, output_fn=partial(
+                kd.kd_sums, teacher_hidden=None, teacher_head_weight=None, targets=micro.targets, mask=micro.mask,
+                chunk_size=chunk))
+            sums = [sums[0] + float(s["ce"]), sums[1] + float(s["n"])]
+        loss, n = total(sums)
+        return loss / max(n, 1.0)
+    base = ce(None)
+    return {q: ce(q) - base for q in range(active)}
+
+
+@torch.no_grad()
+def block_input(net: model.Student, micro, p: int) -> torch.Tensor:
+    """The stream block p reads on one micro-batch: the prefix's output after the boundary intervention."""
+    profile = net.profile_source(micro.input_ids, p + 1) if net.boundary == "mirror-fwd" else None
+    _, bounds = net(micro.input_ids, active_blocks=p, output_fn=lambda h, w: None, return_boundaries=True)
+    return net.enter_block(p, bounds[p], profile)
+
+
+@torch.no_grad()
+def at_transition(net: model.Student, config: RunConfig, phase: Phase, batches: list,
+                  total: Callable[[list], list]) -> dict:
+    """Read the stream block p = phase.index reads on the step's micro-batches and act as the run's
+    options say; returns the event (what was read and done) and, under "keep", what a resume re-applies."""
+    p = phase.index
+    event: dict = {"event": "transition", "block": p}
+    stats = reading([(block_input(net, micro, p), micro.mask) for micro in batches], total)
+    release(net)
+    fires = fired(stats, config)
+    event.update(reading={k: v if math.isfinite(v) else None for k, v in stats.items()}, fired=fires)  # strict JSON
+    keep = {}
+    if config.norm == "auto" and config.protocol in GROWING:
+        keep["placement"] = auto_placement(config, bool(fires))
+    if config.boundary_correction == "norm" and fires:
+        keep["corrected"] = True
+        # regular tokens keep their scale; the outlier is brought to it
+        net.correction_norms[p - 1].weight.fill_(stats["others_mean"])
+    apply_kept(net, p, keep)
+    if config.append_init == "matched":
+        for layer in net.block_layers(p):
+            for name in layer.placement.layer_norms:
+                getattr(layer, name).weight.fill_(stats["mean"])
+        event["matched_gain"] = stats["mean"]
+    elif config.append_init == "preserve-output":
+        new, previous = net.block_layers(p)[-1], net.block_layers(p - 1)[-1]
+        if not (preserves_output(net.placements[p]) and preserves_output(net.placements[p - 1])):
+            raise ValueError(f"append_init preserve-output: blocks {p - 1} and {p} must both end in an output norm "
+                             f"(post-norm-like), not {net.norm_placement}")
+        new.mlp_norm.weight.copy_(previous.mlp_norm.weight)
+    if config.importance_remedy == "reinit":
+        costs = removal_costs(net, batches, p, config.loss_chunk, total)
+        release(net)
+        weak = [q for q, cost in costs.items() if cost < config.identity_threshold]
+        for q in weak:
+            net.reinit_block(q, torch.Generator().manual_seed(remedy_seed(config.seed, p, q)))
+        event.update(removal_costs={str(q): c for q, c in costs.items()}, reinitialized=weak)
+    return {**event, "keep": keep}
+
+
+def release(net: model.Student):
+    """FSDP2 keeps a root gathered after its forward, its unsharded copies standing in for its parameters:
+    reshard before a weight is written, or the write lands in a copy that is then freed."""
+    if hasattr(net, "reshard"):
+        net.reshard()
+
+
+def remedy_seed(seed: int, phase: int, block: int) -> int:
+    """The re-drawn block's own generator seed: distinct per (run seed, phase, block), within int64."""
+    return (seed * 1_000_003 + phase * 1_009 + block) % 2**63
+
+
+def preserves_output(placement: model.Placement) -> bool:
+    """A block whose last operation is its output RMSNorm (post-norm-like: no final norm after it)."""
+    return not placement.final_norm and "mlp_norm" in placement.layer_norms
+
+
+def apply_kept(net: model.Student, p: int, keep: dict):
+    """The decisions at block p's transition that live outside the weights (resume re-applies them)."""
+    if keep.get("placement"):
+        net.set_block_placement(p, keep["placement"])
+    if keep.get("corrected"):
+        net.corrected.add(p)
