@@ -404,7 +404,7 @@ def beyond_groups(beyond, name: str, ws: suite.Workspace, seed: int) -> list:
         import ideas
         search = planned(ws, [f"{s}-grow" for s in ideas.schedules(ws.preset.run["blocks"])], ideas.SEARCH_SEED)
         contrasts = ideas.fixed_contrasts()
-        variants = list(dict.fromkeys([c.variant for c in contrasts] + [c.baseline for c in contrasts]))
+        variants = list({v.label: v for c in contrasts for v in (c.variant, c.baseline)}.values())
         return [search] + variant_groups(beyond, ws, variants, seed)
     variants = beyond.interventions(ws.preset.run["blocks"]) if name == "intervention" else beyond.planted_variants()
     return variant_groups(beyond, ws, variants, seed)
