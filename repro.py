@@ -632,10 +632,9 @@ def rehearse(wanted, scale, gpus, nodes, mode, replicate_teacher, overrides, com
     launch = rehearsal.Launch(gpus or (8 if scale == "full" else 1), nodes)
     out = {}
     if mode in ("both", "fake"):
-        out["apart"] = rehearsal.rehearse(ws, launch, runs, resident=1, replicate_teacher=replicate_teacher)
-        out["lockstep"] = rehearsal.rehearse(ws, launch, runs, replicate_teacher=replicate_teacher)
-        suite.console.print("\n".join(rehearsal.markdown(out["lockstep"])), markup=False)
-        suite.console.print(f"runs apart: per-rank peak {out['apart']['peak_gib']['per-rank peak']:.1f} GiB")
+        out["apart"] = rehearsal.rehearse(ws, launch, replicate_teacher=replicate_teacher)
+        out["lockstep"] = rehearsal.rehearse_segments(ws, launch, runs, replicate_teacher=replicate_teacher)
+        suite.console.print("\n".join(rehearsal.segments_markdown(out["apart"], out["lockstep"])), markup=False)
     if mode in ("both", "real"):
         with tempfile.TemporaryDirectory() as tmp:
             out["real"] = rehearsal.rehearse_real(ws.preset, launch, runs, Path(tmp))
