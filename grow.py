@@ -330,7 +330,7 @@ class Run:
         self.val = data.Shard(config.val_data, verify=False)
         self.batcher = data.Batcher(train_shard, config.global_batch, config.seed, mode=config.data_mode,
                                     replay_docs=config.replay_docs, rank=ctx.rank, world_size=ctx.world,
-                                    micro_batch=config.micro_batch)
+                                    micro_batch=config.micro_batch, balance=config.balance_lengths)
         adopting = bool(config.start_from) and newest_checkpoint(run_dir) is None
         if ctx.is_main and adopting:
             adopt_shared_prefix(config, run_dir)
@@ -464,7 +464,7 @@ class Run:
         """Runs whose keys are equal read the same micro-batches: one teacher pass serves them all."""
         c = self.config
         ids = self.batcher.global_doc_ids(self.batch.step)
-        return c.train_data, c.micro_batch, c.global_batch, ids.tobytes(), self.teacher is not None
+        return c.train_data, c.micro_batch, c.global_batch, c.balance_lengths, ids.tobytes(), self.teacher is not None
 
     def accumulate(self, micro: data.Batch, teacher_hidden: torch.Tensor | None, last: bool = True):
         """Forward and backward of one micro-batch; gradients add up until end_step. Under FSDP2 they

@@ -11,11 +11,13 @@ import sys
 from dataclasses import asdict
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 import torch.distributed as dist
 from conftest import distil_config
 
+import data
 import devices
 import grow
 import rundir
@@ -153,7 +155,8 @@ def launch(config_file, run_dir, nodes: int, per_node: int):
 @pytest.mark.slow
 def test_a_two_by_two_hsdp_mesh_trains_and_clips_like_one_process(tiny_shards, tiny_teacher_dir, tmp_path):
     """4 gloo ranks as 2 nodes x 2 (HSDP: sharded within a node, replicated across), 2 micro-batches a
-    rank, a clipping norm every step exceeds, all 3 grow phases with their evaluations and checkpoints.
+    rank placed by length (the full preset's balance_lengths), a clipping norm every step exceeds, all 3
+    grow phases with their evaluations and checkpoints.
     Before the fix the first optimizer step raised "mesh_dim needs to be specified" (grow.clip_gradients
     took the 2-D mesh's group). Against one process: the step's 8 micro-batches are the same, so their
     losses are the same fp32 numbers, and their float64 sum is exact (8 fp32 values a few binades apart
@@ -166,7 +169,7 @@ def test_a_two_by_two_hsdp_mesh_trains_and_clips_like_one_process(tiny_shards, t
     the norms' gains) over three steps; 1e-6 bounds them (1.5e-7 measured)."""
     from safetensors.torch import load_file
     c = distil_config(tiny_shards, tiny_teacher_dir, phase_steps=1, global_batch=16, micro_batch=2, grad_clip=1e-3,
-                      eval_interval=100)
+                      eval_interval=100, balance_lengths=True)
     grow.train(c, tmp_path / "single")
     config_file = tmp_path / "config.json"
     config_file.write_text(json.dumps(asdict(c)))
@@ -184,3 +187,58 @@ def test_a_two_by_two_hsdp_mesh_trains_and_clips_like_one_process(tiny_shards, t
     assert a.keys() == b.keys()
     for k in a:
         torch.testing.assert_close(b[k], a[k], rtol=0, atol=1e-6, msg=k)
+
+
+def step_cost(placed: list[list[list[int]]], lengths) -> int:
+    """Tokens a step's slowest ranks process: the ranks' j-th micro-batches run together, each padded to
+    its longest document."""
+    slots = max(len(p) for p in placed)
+    return sum(max(len(mb) * max(lengths[i] for i in mb) for mb in (p[j] for p in placed)) * len(placed)
+               for j in range(slots))
+
+
+@pytest.mark.parametrize("world, micro", [(1, 2), (2, 1), (2, 2), (4, 1), (4, 2), (8, 1)])
+def test_length_balanced_micro_batches_place_every_document_once_and_cost_least(world, micro):
+    """Steps of 16 documents of lognormal lengths (the web's shape, capped), placed by length: every one
+    exactly once over the ranks, each rank computing the same placement from the step's ids alone; the
+    same micro-batches, as sets of documents, at every world size (one process and FSDP2 ranks sum the
+    same micro-batch gradients); and a step's cost (sum over slots of the longest padded micro-batch)
+    never above the contiguous placement's: sorting puts the longest documents left into each slot, the
+    least any placement reaches."""
+    rng = np.random.default_rng(0)
+    lengths = np.minimum(rng.lognormal(6.5, 1.0, 1000).astype(np.int64) + 2, 8192)
+    plain, balanced = 0, 0
+    for _ in range(20):
+        ids = rng.permutation(len(lengths))[:16]
+        placed = [data.rank_micro_batches(ids, lengths[ids], micro, r, world, balance=True) for r in range(world)]
+        assert sorted(i for p in placed for mb in p for i in mb) == sorted(ids.tolist())
+        assert all(len(mb) == micro for p in placed for mb in p)
+        alone = data.rank_micro_batches(ids, lengths[ids], micro, 0, 1, balance=True)
+        assert sorted(map(sorted, alone)) == sorted(sorted(mb) for p in placed for mb in p)
+        # Slot j's micro-batches all hold documents at least as long as slot j + 1's.
+        for j in range(len(placed[0]) - 1):
+            assert min(lengths[i] for p in placed for i in p[j]) >= max(lengths[i] for p in placed for i in p[j + 1])
+        contiguous = [data.rank_micro_batches(ids, lengths[ids], micro, r, world) for r in range(world)]
+        plain, balanced = plain + step_cost(contiguous, lengths), balanced + step_cost(placed, lengths)
+        assert step_cost(placed, lengths) <= step_cost(contiguous, lengths)
+    assert balanced < plain
+
+
+def test_a_batcher_with_balance_serves_its_ranks_placement(tiny_shards):
+    """data.Batcher(balance=True): rank r's micro-batches are rank_micro_batches' for r, and a resumed
+    batcher serves the same step."""
+    shard = tiny_shards[0]
+    batchers = [data.Batcher(shard, 8, seed=5, replay_docs=60, rank=r, world_size=2, micro_batch=2, balance=True)
+                for r in range(2)]
+    for step in range(3):
+        ids = batchers[0].global_doc_ids(step)
+        for r, batcher in enumerate(batchers):
+            got = next(batcher)
+            want = data.rank_micro_batches(ids, shard.lengths[ids], 2, r, 2, balance=True)
+            assert got.doc_ids == [i for mb in want for i in mb]
+            assert [mb.input_ids.shape[1] for mb in got.micro_batches] == [
+                max(shard.lengths[i] for i in mb) - 1 for mb in want]
+    resumed = data.Batcher(shard, 8, seed=5, replay_docs=60, rank=1, world_size=2, micro_batch=2, balance=True)
+    batchers[1].step = 2
+    resumed.load_state_dict(batchers[1].state_dict())
+    assert next(resumed).doc_ids == next(batchers[1]).doc_ids
