@@ -50,11 +50,15 @@ class Dist:
         return self.world // self.local_world
 
     @property
+    def shard_writers(self) -> int:
+        """The ranks that hold distinct shards of a sharded model: all, or under HSDP one node's."""
+        return self.local_world if self.nodes > 1 else self.world
+
+    @property
     def shard_group(self) -> tuple[int, int] | None:
         """(this rank's place, the number of ranks) among those that hold distinct shards of a sharded
         model: all ranks, or under HSDP the first node's (the others hold copies); None for a copy."""
-        writers = self.local_world if self.nodes > 1 else self.world
-        return (self.rank, writers) if self.rank < writers else None
+        return (self.rank, self.shard_writers) if self.rank < self.shard_writers else None
 
     def sum(self, values: list[float]) -> list[float]:
         """All-reduce a few Python numbers in float64 (logged losses and counts are global)."""

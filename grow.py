@@ -387,7 +387,7 @@ class Run:
         if phase.active_blocks < 2:
             return
         path = Path(self.config.boundary_source) / f"phase-{phase.index}"
-        if not (path / "model.safetensors").is_file():
+        if not (path / "trainer_state.json").is_file():
             raise TrainingError(f"{path}: missing; a mirror-fwd run copies the boundary profile of "
                                 f"{self.config.boundary_source}, so finish that run first")
         # The reference only runs forward: on a GPU it is held in the compute precision, as the teacher is.
@@ -666,7 +666,8 @@ def train_together(jobs: list[tuple[RunConfig, Path]], force: bool = False, ctx:
     same batch at the same step), then each of those runs does its own forward and backward. A run
     that starts from another's phase (freeze from grow's phase 0) joins when that phase is written; a
     finished run drops out; runs resumed at different steps train alone until they meet. Weights and
-    optimizer states of all runs are resident together; activations are one run's at a time. Each run
+    optimizer states of all runs are resident together; activations and, under FSDP2, unsharded
+    gradients are one run's at a time (lockstep_step). Each run
     folder is held by this process alone while it trains (rundir.held: another process on one of them
     is waited for, or with wait=False an error); a finished run is only read, and not held. Returns
     each run's final evaluation ({} for one stopped early)."""

@@ -20,6 +20,7 @@ from conftest import distil_config
 import data
 import devices
 import grow
+import model
 import rundir
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -158,7 +159,8 @@ def test_a_two_by_two_hsdp_mesh_trains_and_clips_like_one_process(tiny_shards, t
     rank placed by length (the full preset's balance_lengths), a clipping norm every step exceeds, all 3
     grow phases with their evaluations and checkpoints.
     Before the fix the first optimizer step raised "mesh_dim needs to be specified" (grow.clip_gradients
-    took the 2-D mesh's group). Against one process: the step's 8 micro-batches are the same, so their
+    took the 2-D mesh's group). Kept checkpoints are written as shards by the first node's ranks. Against
+    one process: the step's 8 micro-batches are the same, so their
     losses are the same fp32 numbers, and their float64 sum is exact (8 fp32 values a few binades apart
     need far fewer than float64's 53 bits): the logged loss of step 1 is equal. Each gradient element is
     the same 8 fp32 terms added in another association (within a node's 2 micro-batches, over the node's
@@ -168,8 +170,8 @@ def test_a_two_by_two_hsdp_mesh_trains_and_clips_like_one_process(tiny_shards, t
     the sum of weight and update can round either way: the weights differ by a few ulps (1.2e-7 at 1,
     the norms' gains) over three steps; 1e-6 bounds them (1.5e-7 measured)."""
     from safetensors.torch import load_file
-    c = distil_config(tiny_shards, tiny_teacher_dir, phase_steps=1, global_batch=16, micro_batch=2, grad_clip=1e-3,
-                      eval_interval=100, balance_lengths=True)
+    c = distil_config(tiny_shards, tiny_teacher_dir, norm="pre", phase_steps=1, global_batch=16, micro_batch=2,
+                      grad_clip=1e-3, eval_interval=100, balance_lengths=True)
     grow.train(c, tmp_path / "single")
     config_file = tmp_path / "config.json"
     config_file.write_text(json.dumps(asdict(c)))
@@ -183,10 +185,22 @@ def test_a_two_by_two_hsdp_mesh_trains_and_clips_like_one_process(tiny_shards, t
     for a, b in zip(one, four):
         assert b["grad_norm"] == pytest.approx(a["grad_norm"], rel=1e-5), a["step"]
         assert b["loss"] == pytest.approx(a["loss"], rel=1e-5), a["step"]
-    a, b = (load_file(tmp_path / d / "phase-2" / "model.safetensors") for d in ("single", "hsdp"))
+    # The kept checkpoint: written by the first node's 2 ranks as 2 files of an HF sharded checkpoint
+    # (no rank held the whole model), which loads, and exports to one HF folder, with the same tensors.
+    kept = tmp_path / "hsdp" / "phase-2"
+    assert sorted(p.name for p in kept.glob("*.safetensors")) == ["model-00001-of-00002.safetensors",
+                                                                 "model-00002-of-00002.safetensors"]
+    b = {k: v for f in sorted(kept.glob("*.safetensors")) for k, v in load_file(f).items()}
+    a = load_file(tmp_path / "single" / "phase-2" / "model.safetensors")
     assert a.keys() == b.keys()
     for k in a:
         torch.testing.assert_close(b[k], a[k], rtol=0, atol=1e-6, msg=k)
+    loaded = model.Student.load(kept).state_dict()
+    assert all(torch.equal(loaded[k], b[k]) for k in b)
+    model.export_hf(model.Student.load(kept), tmp_path / "export")
+    exported = load_file(tmp_path / "export" / "model.safetensors")
+    assert exported.keys() == {model.hf_name(k) for k in b}
+    assert all(torch.equal(exported[model.hf_name(k)], b[k]) for k in b)
 
 
 def step_cost(placed: list[list[list[int]]], lengths) -> int:
