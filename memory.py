@@ -93,7 +93,8 @@ def held(d: Dims, residents: list, replicate_teacher: bool) -> dict:
     """Held through the whole step: every resident student's fp32 weights and AdamW moments (its phase's
     trained parameters: exp_avg, exp_avg_sq and a step counter each), the teacher in the compute dtype,
     the stepping student's root gathered (FSDP2), and, with other runs resident, the teacher's hidden
-    states of every micro-batch of the step (grow.lockstep_step keeps them for the group's other runs)."""
+    states of the step's other micro-batches (grow.lockstep_step keeps them for the group's other runs;
+    the current one is the loss's)."""
     c = d.c
     weights = F32 * (d.layers * d.P_shard + sum(shard_numel(s, d.shard) for s in d.root))
 
@@ -109,7 +110,7 @@ def held(d: Dims, residents: list, replicate_teacher: bool) -> dict:
            "teacher weights": d.act * (teacher_layers + teacher_root),
            "other students' weights and moments": sum(weights + moments(ph) for ph in residents[1:])}
     if len(residents) > 1:
-        out["teacher hidden states kept for the step"] = d.micro_per_step * d.act * d.N * d.H
+        out["teacher hidden states kept for the step"] = (d.micro_per_step - 1) * d.act * d.N * d.H
     if d.fsdp:  # the root (fp32) stays gathered from its forward through its backward
         out["student root gathered (fp32 embedding, norm, head)"] = F32 * sum(math.prod(s) for s in d.root)
     return out

@@ -68,7 +68,8 @@ def collectives(preset, teacher: model.ModelConfig, phase: config.Phase, gpus: i
     (bf16) once, the student's active layers (bf16) in forward and, those that train, again in backward,
     and the student's root (fp32: embedding, norms, head) once; after the last micro-batch each trained
     unit's fp32 gradients are reduce-scattered once (the frozen embedding has none), and over several
-    nodes all-reduced across them (HSDP). One GPU: none."""
+    nodes all-reduced across them (HSDP); then the gradient norm's one all-reduce over a node's shards.
+    One GPU: none."""
     world = gpus * nodes
     if world == 1:
         return []
@@ -81,7 +82,8 @@ def collectives(preset, teacher: model.ModelConfig, phase: config.Phase, gpus: i
         + [("all-gather", gpus, 2 * layer)] * (active + trained) + [("all-gather", gpus, 4 * root)]
     grads = [("reduce-scatter", gpus, 4 * layer)] * trained + [("reduce-scatter", gpus, 4 * head)] * phase.trains_head
     across = [("all-reduce", nodes, b / gpus) for _, _, b in grads] if nodes > 1 else []
-    return per_micro * micro + grads + across
+    clip = [("all-reduce", gpus, 8)]  # grow.clip_gradients: the float64 sum of squares over the shards
+    return per_micro * micro + grads + across + clip
 
 
 def comm_seconds(calls: list[tuple[str, int, float]], nodes: int = 1) -> float:
@@ -353,7 +355,7 @@ def way_totals(ws, runs, seeds, teacher, doc_tokens: float, measured, gpu: str, 
     recompute = steps - suite_seconds(runs, plain, lockstep) * len(seeds) * world / 3600
     extra = overhead_hours(ws, runs, teacher, doc_tokens, gpu, gpus, nodes, steps, measured)
     lines = {"steps (each the longer of its compute and communication)": steps,
-             "  of which activation-checkpointing recompute": recompute,
+             "  of which activation-checkpointing recompute (where compute is the longer)": recompute,
              **{k: v * (len(seeds) if k.startswith(("evaluations", "checkpoint")) else 1)
                 for k, v in extra["lines"].items()}}
     gpu_hours = sum(v for k, v in lines.items() if not k.startswith("  of which"))
@@ -408,22 +410,23 @@ def document_lengths(preset, n: int, seed: int, measured=None) -> np.ndarray:
 def balance_factor(preset, teacher: model.ModelConfig, world: int, balanced: bool, seed: int,
                    measured=None) -> float:
     """Useful over total work of the ranks over BALANCE_STEPS simulated steps. Every FSDP2 unit's
-    all-gather makes the ranks wait for each other, so each micro-batch takes as long as the costliest of
-    the ranks' (a document's cost: its tokens times model.forward_flops_per_token at half its length).
-    Unbalanced: each rank's documents in the order drawn (data.Batcher); balanced: each step's
-    documents sorted by length, the `world` longest in the first micro-batch of every rank, and so on."""
-    micro = preset.run["micro_batch"]
-    per_step = preset.run["global_batch"]
-    lengths = document_lengths(preset, BALANCE_STEPS * per_step, seed, measured).reshape(BALANCE_STEPS, per_step)
+    all-gather makes the ranks wait for each other, so the ranks' j-th micro-batches take as long as the
+    costliest of them, and a micro-batch costs its longest document's cost for each row (padding); a
+    document's cost is its tokens times model.forward_flops_per_token at half its length. The placement
+    is the kit's own (data.rank_micro_batches): each rank's documents in the order drawn, or (balanced)
+    by length across ranks."""
+    per_step, micro = preset.run["global_batch"], preset.run["micro_batch"]
+    lengths = document_lengths(preset, BALANCE_STEPS * per_step, seed, measured).astype(np.int64)
     layers = preset.run["blocks"] * preset.run["layers_per_block"]
-    per_token = np.vectorize(lambda n: sum(model.forward_flops_per_token(teacher, layers, n / 2)))
-    cost = lengths * per_token(lengths)
-    if balanced:
-        cost = -np.sort(-cost, axis=1)  # micro-batch slot i of every rank: the step's i-th group of `world`
-        slots = cost.reshape(BALANCE_STEPS, -1, world, micro).sum(-1)  # (step, micro-batch, rank)
-    else:
-        slots = cost.reshape(BALANCE_STEPS, world, -1, micro).sum(-1).transpose(0, 2, 1)
-    return float(slots.sum() / (world * slots.max(axis=2).sum()))
+    cost = {n: n * sum(model.forward_flops_per_token(teacher, layers, n / 2)) for n in np.unique(lengths)}
+    useful = waited = 0.0
+    for step in range(BALANCE_STEPS):
+        ids = np.arange(step * per_step, (step + 1) * per_step)
+        slots = [[len(docs) * max(cost[lengths[i]] for i in docs) for docs in
+                  data.rank_micro_batches(ids, lengths[ids], micro, rank, world, balanced)] for rank in range(world)]
+        useful += sum(cost[n] for n in lengths[ids])
+        waited += world * sum(max(column) for column in zip(*slots))
+    return useful / waited
 
 
 def evaluation_flops(run: PlannedRun, preset, teacher: model.ModelConfig, doc_tokens: float) -> float:
@@ -459,18 +462,20 @@ def checkpoint_bytes(run: PlannedRun, preset, teacher: model.ModelConfig) -> flo
 
 def overhead_hours(ws, runs: list[PlannedRun], teacher, doc_tokens: float, gpu: str, gpus: int, nodes: int,
                    step_hours: float, measured=None) -> dict:
-    """GPU-hours besides the steps, by line: rank imbalance (each step stretched by 1 / balance, with the
-    kit's length-balanced micro-batches), the evaluations (at the assumed MFU) and the checkpoint writes
+    """GPU-hours besides the steps, by line: rank imbalance (each step stretched by 1 / balance, micro-batches
+    placed as the preset says: run.balance_lengths), the evaluations (at the assumed MFU) and the checkpoint writes
     (at CHECKPOINT_WRITE_BYTES_PER_S a node, every GPU waiting)."""
     preset, world = ws.preset, gpus * nodes
     seed = preset.run["seed"]
     balance = {way: balance_factor(preset, teacher, world, way == "balanced", seed, measured)
                for way in ("balanced", "unbalanced")}
+    used = "balanced" if preset.run.get("balance_lengths") else "unbalanced"
     eval_flops = sum(evaluation_flops(r, preset, teacher, doc_tokens) for r in runs)
     written = sum(checkpoint_bytes(r, preset, teacher) for r in runs)
     return {"balance": balance,
-            "lines": {f"rank imbalance (balance {balance['balanced']:.2f} with length-balanced micro-batches; "
-                      f"{balance['unbalanced']:.2f} without)": step_hours * (1 / balance["balanced"] - 1),
+            "lines": {f"rank imbalance (balance {balance[used]:.2f} as the preset places micro-batches; "
+                      f"{balance['balanced']:.2f} balanced by length, {balance['unbalanced']:.2f} in order)":
+                      step_hours * (1 / balance[used] - 1),
                       "evaluations": eval_flops / (GPU_BF16_PEAK[gpu] * ASSUMED_MFU) / 3600,
                       f"checkpoint writes ({written / 1e12:,.1f} TB at {CHECKPOINT_WRITE_BYTES_PER_S / 1e9:g} GB/s "
                       "a node)": written / (CHECKPOINT_WRITE_BYTES_PER_S * nodes) * world / 3600}}

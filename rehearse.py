@@ -286,9 +286,9 @@ def rehearse(ws, launch: Launch, residents: list | None = None, replicate_teache
     others = {"other students' weights": sum(local_bytes(s.parameters()) for s in students[1:]) / GiB,
               "other students' AdamW moments": sum(local_bytes(v for st in o.state.values() for v in st.values())
                                                    for o in optimizers[1:]) / GiB}
-    out["peak_gib"] = {**peak, "of which teacher weights": local_bytes(teacher.net.parameters()) / GiB,
-                       **{f"of which {k}": v for k, v in others.items()},
-                       "per-rank peak": peak.get("Total", 0.0)}
+    # on a GPU the allocator's peak already holds what was resident before the step
+    out["peak_gib"] = {**peak, "of which teacher weights": local_bytes(teacher.net.parameters()) / GiB, **others,
+                       "per-rank peak": peak.get("Total", 0.0) + (0.0 if on_gpu else sum(others.values()))}
     out["wall_s"] = time.time() - started
     return out
 
@@ -345,15 +345,34 @@ def resident_models(preset, ctx, dtype, settings, residents: list, replicate_tea
 
 def memory_tracker(students, optimizers, ctx, on_gpu: bool):
     """The allocator's own peak on a GPU; else torch's FSDPMemTracker over the stepping student (one
-    process: MemTracker), with every other resident student and its moments registered as held."""
+    process: MemTracker). Neither sees the other resident students' shards and moments (built before
+    it, untouched in the step): rehearse() adds their bytes, read from the tensors themselves."""
     from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
     from torch.distributed._tools.mem_tracker import MemTracker
     if on_gpu:
         return CudaPeak(ctx.device)
-    tracker = FSDPMemTracker(students[0], optimizers[0]) if ctx.world > 1 else MemTracker()
-    tracker.track_external(*(students if ctx.world == 1 else students[1:]),
-                           *(optimizers if ctx.world == 1 else optimizers[1:]))
+    if ctx.world > 1:
+        return grown_fsdp_tracker(FSDPMemTracker)(students[0], optimizers[0])
+    tracker = MemTracker()
+    tracker.track_external(students[0], optimizers[0])
     return tracker
+
+
+def grown_fsdp_tracker(FSDPMemTracker):
+    """torch's FSDPMemTracker, able to follow a student whose later blocks have not grown in yet: its
+    post-backward hook reads every parameter's unsharded gradient, and a unit that never ran forward
+    (FSDP2's final callback still calls its post-backward) has no unsharded parameter, so the tracker
+    raised AttributeError where the training code does not. Such a unit holds nothing to attribute."""
+    class Tracker(FSDPMemTracker):
+        def _fsdp_param_group_post_backward(self, fsdp_mod, orig_post_backward):
+            tracked = super()._fsdp_param_group_post_backward(fsdp_mod, orig_post_backward)
+
+            def post_backward(*args, **kwargs):
+                group = fsdp_mod._get_fsdp_state()._fsdp_param_group
+                ran = group is None or all(hasattr(p, "_unsharded_param") for p in group.fsdp_params)
+                return (tracked if ran else orig_post_backward)(*args, **kwargs)
+            return post_backward
+    return Tracker
 
 
 def lockstep_run_step(settings, phase, teacher, student, optimizer, batches, ctx, dtype, tracker,
@@ -374,13 +393,13 @@ def lockstep_run_step(settings, phase, teacher, student, optimizer, batches, ctx
                 hidden = teacher.hidden(batch.input_ids)
                 teacher_ops.append(ops.count - start)
                 left["teacher"] = gathered(teacher.net)
-                grow.set_gradient_sync(student, i == len(batches) - 1, active)
+                if keep_teacher_states and i == 0:  # a run after the group's first: every state already kept
+                    kept = [torch.empty_like(hidden) for _ in range(micro_per_step - 1)]
+                if hasattr(student, "set_requires_gradient_sync"):  # as grow.Run.accumulate
+                    grow.set_gradient_sync(student, i == len(batches) - 1, active)
                 loss, _, _ = grow.loss_fn(settings, batch, hidden, teacher.head_weight, phase,
                                           batch.n_targets * settings.global_batch, student)
             (loss * ctx.world).backward()
-        if keep_teacher_states:
-            kept += [hidden] + ([torch.empty_like(hidden) for _ in range(micro_per_step - len(batches))] if i == 0
-                                else [])
         calls.append(collectives.calls)
         student_ops.append(ops.count - start - teacher_ops[-1])
     collectives, start = CollectiveBytes(), ops.count
@@ -551,8 +570,9 @@ def rehearse_real(preset, launch: Launch, names, root: Path, seed: int | None = 
         suite.prepare_data(ws)
         jobs = [(suite.run_config(ws, name, seed, teacher=teacher), ws.run_dir(name, seed))
                 for name in suite.with_prefixes(names)]
-        grow.train_together([j for j in jobs if j[0].data_mode == "replay"], ctx=ctx, stop_after_step=1,
-                            teacher=None, wait=False)
+        # the lockstep runs that start from scratch (one that adopts another's phase waits for it to end)
+        grow.train_together([j for j in jobs if j[0].data_mode == "replay" and not j[0].start_from], ctx=ctx,
+                            stop_after_step=1, wait=False)
 
     def launched(ctx):
         ws = suite.Workspace(small, root / "runs", root / "results", ctx, wait=False)
