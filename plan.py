@@ -462,9 +462,9 @@ def checkpoint_bytes(run: PlannedRun, preset, teacher: model.ModelConfig) -> flo
 
 def overhead_hours(ws, runs: list[PlannedRun], teacher, doc_tokens: float, gpu: str, gpus: int, nodes: int,
                    step_hours: float, measured=None) -> dict:
-    """GPU-hours besides the steps, by line: rank imbalance (each step stretched by 1 / balance, micro-batches
-    placed as the preset says: run.balance_lengths), the evaluations (at the assumed MFU) and the checkpoint writes
-    (at CHECKPOINT_WRITE_BYTES_PER_S a node, every GPU waiting)."""
+    """GPU-hours besides the steps, by line: rank imbalance and padding (each step stretched by 1 / balance,
+    micro-batches placed as the preset says: run.balance_lengths), the evaluations (at the assumed MFU)
+    and the checkpoint writes (at CHECKPOINT_WRITE_BYTES_PER_S a node, every GPU waiting)."""
     preset, world = ws.preset, gpus * nodes
     seed = preset.run["seed"]
     balance = {way: balance_factor(preset, teacher, world, way == "balanced", seed, measured)
@@ -473,7 +473,7 @@ def overhead_hours(ws, runs: list[PlannedRun], teacher, doc_tokens: float, gpu: 
     eval_flops = sum(evaluation_flops(r, preset, teacher, doc_tokens) for r in runs)
     written = sum(checkpoint_bytes(r, preset, teacher) for r in runs)
     return {"balance": balance,
-            "lines": {f"rank imbalance (balance {balance[used]:.2f} as the preset places micro-batches; "
+            "lines": {f"rank imbalance and padding (balance {balance[used]:.2f} as the preset places micro-batches; "
                       f"{balance['balanced']:.2f} balanced by length, {balance['unbalanced']:.2f} in order)":
                       step_hours * (1 / balance[used] - 1),
                       "evaluations": eval_flops / (GPU_BF16_PEAK[gpu] * ASSUMED_MFU) / 3600,

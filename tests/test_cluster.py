@@ -243,3 +243,35 @@ def test_the_real_rehearsal_runs_every_driver_function_a_launch_runs(tmp_path, m
          "pre-grow": 3 * rehearse.REDUCED_STEPS, "post-grow": 3 * rehearse.REDUCED_STEPS}
     missed = launch.names - rehearsal.names - LAUNCH_ONLY
     assert not missed, f"called by a launch, never by the rehearsal: {sorted(missed)}"
+
+
+def test_the_plans_hours_are_its_lines_and_the_balance_follows_the_lengths(monkeypatch):
+    """Equal documents waste nothing, so the balance is 1 whatever the placement; lognormal ones waste
+    less placed by length than in order. A grow run evaluates at each phase's start and every 2,000
+    steps (3 x 26 times at full). The total is the sum of its lines."""
+    import devices
+    import model
+    import plan
+    import presets
+    import suite
+    full = presets.PRESETS["full"]
+    teacher = presets.teacher_shape(full)
+    monkeypatch.setattr(plan, "BALANCE_STEPS", 50)
+    monkeypatch.setattr(plan, "DOC_LENGTH_SIGMA", 0.0)
+    assert plan.balance_factor(full, teacher, 8, False, 0) == pytest.approx(1.0, rel=1e-12)
+    monkeypatch.setattr(plan, "DOC_LENGTH_SIGMA", 1.0)
+    balanced, ordered = (plan.balance_factor(full, teacher, 8, way, 0) for way in (True, False))
+    assert 0 < ordered < balanced < 1
+    ws = suite.Workspace(full, Path("/nonexistent") / "full", Path("/nonexistent"), devices.Dist())
+    runs = plan.planned_runs(ws, ["pre-joint", "post-joint", "pre-grow", "post-grow"], 42)
+    grow_run = next(r for r in runs if r.name == "post-grow")
+    s_layers = [model.forward_flops_per_token(teacher, 3 * blocks, 972.5 / 2)[0] for blocks in (1, 2, 3)]
+    t_layers, head = model.forward_flops_per_token(teacher, teacher.num_hidden_layers, 972.5 / 2)
+    tokens = full.data["val_docs"] * 972.5
+    assert plan.evaluation_flops(grow_run, full, teacher, 972.5) == \
+        pytest.approx(sum(26 * tokens * (t_layers + s + 2 * head) for s in s_layers))
+    result = plan.print_plan(ws, runs, [42], "h100", 8, suite.console)
+    for way in ("separate", "lockstep"):
+        lines = result[way]["hours_lines"]
+        assert result[way]["gpu_hours"] == pytest.approx(sum(v for k, v in lines.items() if not k.startswith("  ")))
+    assert result["lockstep"]["memory_gib"] == max(s["gib"] for s in result["lockstep"]["memory_segments"])
