@@ -1,22 +1,27 @@
-"""The full-size rehearsal: one training step of a scale at its real size, on a CPU, with no GPU.
+"""The rehearsal: a launch of the suite, on a CPU, with no GPU, two ways.
 
-    python repro.py rehearse --scale full --gpus 8             # one 8-GPU node
-    python repro.py rehearse --scale full --gpus 8 --nodes 4   # HSDP: shard within a node, replicate across
-    python repro.py rehearse --scale small --gpus 1
+    python repro.py rehearse table1 --scale full --gpus 8             # one 8-GPU node
+    python repro.py rehearse all --scale full --gpus 8 --nodes 4      # HSDP: shard within a node, replicate across
+    python repro.py rehearse --scale small --gpus 1 --mode fake
 
-A fake process group of the launch's world size, fake tensors (no memory, no arithmetic) and the kit's
-own construction and sharding code (model.py, devices.shard_fn, grow's teacher, student, loss and
-optimizer, not a copy) run what rank 0 of the launch would: the teacher's forward and the student's
-forward and backward (activation checkpointing as the preset says) on a micro-batch of the longest
-document and on one of a typical length, gradients reduce-scattered after the last, the AdamW step and
-an evaluation forward, with the lockstep's other resident students' weights and moments held beside.
-It reports per-rank peak memory by category (torch's FSDPMemTracker), whether any module stays gathered
-after its forward, every collective of a step with its bytes, the operators a step dispatches, and the
-step's communication time at the stated bandwidths against its compute at the stated MFU and against
-the host's floor: every operator a GPU runs is a kernel the host dispatches and launches one after
-another, which a small model's step cannot go below whatever its FLOPs (the floor is the count times
-the time this host takes to dispatch one operator on a one-element tensor, measured; a GPU adds its
-launch on top, so it is a lower bound). results/rehearse-<scale>.json holds it all.
+Fake tensors at full size (rehearse_segments, rehearse): for every lockstep segment (plan.lockstep_segments)
+one step as grow.lockstep_step takes it, what rank 0 of the launch runs on a fake process group of its
+world size and mesh, through the kit's own construction and sharding (model.py, devices.shard_fn,
+grow's teacher, student, loss, gradient sync, clipping and optimizer, not a copy): the teacher's
+forward and the costliest resident student's forward and backward (activation checkpointing as the
+preset says) on two micro-batches of the longest document, gradients reduce-scattered after the last,
+grow.clip_gradients, the AdamW step and an evaluation forward, with the other resident students and the
+step's kept teacher states held beside. It reports per-rank peak memory by category (torch's
+FSDPMemTracker) beside memory.py's count, whether any module stays gathered, every collective of a step
+with its bytes, the operators a step dispatches, and communication time at the stated bandwidths
+against compute at the stated MFU and against the host's floor (operators times this host's dispatch
+time for one, measured: a lower bound).
+
+Real tensors at reduced size (rehearse_real): suite.ensure_runs, what `repro.py EXPERIMENTS` runs, on
+every rank of the launch, each a thread of torch's threaded process group (real collectives, the
+launch's mesh), in the preset's precision, every phase of every run with evaluations, checkpoints and a
+resume from a latest/ written by another world size. What a launch would hit (a crash, a dtype, a
+collective on the 2-D mesh), it hits first.
 
 What it cannot see: the CUDA context and NCCL's buffers (~1-3 GiB a GPU), the allocator's fragmentation,
 kernels a GPU picks that a CPU does not (SDPA's flash path is the CPU's too; a GPU's fused kernels can
