@@ -101,10 +101,11 @@ def clip_gradients(params: list[torch.nn.Parameter], max_norm: float) -> torch.T
         for dim, placement in enumerate(grads[0].placements):
             if placement.is_shard():
                 dist.all_reduce(squares, group=grads[0].device_mesh.get_group(dim))
-    norm = squares.sqrt()
+    norm = squares.sqrt()  # (torch's CPU float64 sqrt can differ from math.sqrt in the last bit: the logged norm)
     # The coefficient rounded to float32 (an exact float32 value: the same product on every rank), and
     # at most 1: a product with 1.0 is exact, so gradients within the norm keep their values.
-    coefficient = (max_norm / (norm + 1e-6)).float().clamp(max=1.0)
+    # (A tensor divided by a tensor: Python's number / tensor multiplies by a reciprocal, two roundings.)
+    coefficient = (torch.full_like(norm, max_norm) / (norm + 1e-6)).float().clamp(max=1.0)
     with torch.no_grad():
         torch._foreach_mul_(local, coefficient)
     return norm
