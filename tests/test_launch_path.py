@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 import torch
 import torch.distributed as dist
-from conftest import distil_config
+from conftest import distil_config, torchrun
 
 import data
 import devices
@@ -256,3 +256,22 @@ def test_a_batcher_with_balance_serves_its_ranks_placement(tiny_shards):
     batchers[1].step = 2
     resumed.load_state_dict(batchers[1].state_dict())
     assert next(resumed).doc_ids == next(batchers[1]).doc_ids
+
+
+@pytest.mark.slow
+def test_bf16_fsdp2_on_two_gloo_ranks_trains_every_grow_phase(tiny_shards, tiny_teacher_dir, tmp_path):
+    """`torchrun --nproc_per_node=2 grow.py` in the full preset's precision (bf16 parameters, fp32
+    reduction) with 2 micro-batches a rank, through grow's three phases. Before the fixes it died in
+    phase 0 (AttributeError '_unsharded_param') or, with 1 micro-batch a rank, at phase 1's first
+    reduce-scatter ("attempting to assign a gradient with dtype 'c10::BFloat16' to a tensor with
+    grad_dtype 'Float'"); so CPU ranks were forced to fp32 and no test ran this policy on real ranks."""
+    c = distil_config(tiny_shards, tiny_teacher_dir, precision="bf16", phase_steps=2, global_batch=8, micro_batch=2)
+    config_file = tmp_path / "config.json"
+    config_file.write_text(json.dumps(asdict(c)))
+    torchrun(config_file, tmp_path / "bf16")
+    provenance = json.loads((tmp_path / "bf16" / "provenance.json").read_text())
+    assert provenance["world_size"] == 2 and provenance["precision"] == "bfloat16"
+    rows = rundir.read_metrics(tmp_path / "bf16")
+    assert [r["step"] for r in rows if "loss" in r] == list(range(1, 7))
+    assert all(math.isfinite(r["loss"]) and math.isfinite(r["grad_norm"]) for r in rows if "loss" in r)
+    assert math.isfinite(json.loads((tmp_path / "bf16" / "done.json").read_text())["ce"])
