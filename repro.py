@@ -639,8 +639,8 @@ def rehearse(wanted, scale, gpus, nodes, mode, replicate_teacher, overrides, com
         with tempfile.TemporaryDirectory() as tmp:
             out["real"] = rehearsal.rehearse_real(ws.preset, launch, runs, Path(tmp))
         suite.console.print("\n".join(rehearsal.real_markdown(out["real"])), markup=False)
-    path = rehearsal.write(out, ws.results.parent, scale, launch, "-".join(names) if wanted else "table1",
-                           replicate_teacher)
+    label = "all" if "all" in wanted else "-".join(names)
+    path = rehearsal.write(out, ws.results.parent, scale, launch, label, replicate_teacher)
     suite.console.print(f"wrote {path}")
 
 
