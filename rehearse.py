@@ -32,6 +32,7 @@ from __future__ import annotations
 import contextlib
 import io
 import math
+import sys
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -69,15 +70,26 @@ class Launch:
 # Counting collectives: the c10d ops FSDP2 issues, their bytes (this rank's buffers) and group sizes
 
 class HostSyncs(torch.utils._python_dispatch.TorchDispatchMode):
-    """Counts the host's waits for a device value: each Python number read from a tensor (`float()`,
-    `.item()`, `.tolist()`: aten._local_scalar_dense, once per element) is a device sync on a GPU."""
+    """Counts the host's waits for a device value: each Python number read from a tensor by `float()` or
+    `.item()` (aten._local_scalar_dense) is a device sync on a GPU. A `.tolist()` is one too, but on a
+    CPU tensor it dispatches nothing, so the kit's (devices.Dist.sum: once a step) are not counted. Each
+    is put where the kit's innermost caller says: an evaluation, a checkpoint, a training step
+    (grow.lockstep_step, those two aside), or elsewhere (opening and resuming runs)."""
+    WHERE = {"evaluate": "evaluations", "save_kept_checkpoint": "checkpoints",
+             "save_latest_checkpoint": "checkpoints", "lockstep_step": "training steps"}
 
     def __init__(self):
         super().__init__()
         self.count = 0
+        self.by_place: dict[str, int] = {}
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        self.count += func is torch.ops.aten._local_scalar_dense.default
+        if func is torch.ops.aten._local_scalar_dense.default:
+            self.count += 1
+            frame, place = sys._getframe(), "elsewhere"
+            while frame is not None and (place := self.WHERE.get(frame.f_code.co_name, "elsewhere")) == "elsewhere":
+                frame = frame.f_back
+            self.by_place[place] = self.by_place.get(place, 0) + 1
         return func(*args, **(kwargs or {}))
 
 
@@ -587,7 +599,7 @@ def rehearse_real(preset, launch: Launch, names, root: Path, seed: int | None = 
         with HostSyncs() as syncs:
             suite.ensure_runs(ws, names, [seed], teacher=teacher)
         return {"runs": {name: rundir.final_eval(ws.run_dir(name, seed)) for name in suite.with_prefixes(names)},
-                "host_syncs": syncs.count, "steps": steps() - before}
+                "host_syncs": syncs.count, "host_syncs_by_place": syncs.by_place, "steps": steps() - before}
 
     with contextlib.redirect_stdout(io.StringIO()) as said:  # the runs' own lines; the result says it all
         on_threads(first, interrupted)
@@ -597,6 +609,9 @@ def rehearse_real(preset, launch: Launch, names, root: Path, seed: int | None = 
             "precision": small.run["precision"], "runs": rank_0["runs"],
             "host_syncs_rank0": rank_0["host_syncs"], "run_steps": rank_0["steps"],
             "host_syncs_per_run_step": rank_0["host_syncs"] / max(rank_0["steps"], 1),
+            "host_syncs_by_place": rank_0["host_syncs_by_place"],
+            "host_syncs_per_training_step": rank_0["host_syncs_by_place"].get("training steps", 0)
+            / max(rank_0["steps"], 1),
             "log_lines": len(said.getvalue().splitlines()),
             "wall_s": {"interrupted launch": resumed - started, "resumed launch": time.time() - resumed}}
 
@@ -605,6 +620,6 @@ def real_markdown(out: dict) -> list[str]:
     runs = ", ".join(f"{name} step {r.get('step')}" for name, r in out["runs"].items())
     return [f"The launch's driver on {out['nodes']} x {out['gpus']} ranks at reduced size ({out['precision']}), "
             f"resumed from a launch on {out['first_world']}: {runs}; host syncs on rank 0: "
-            f"{out['host_syncs_per_run_step']:.1f} a run-step ({out['host_syncs_rank0']} over {out['run_steps']} "
-            "run-steps, evaluations and checkpoints included); "
+            f"{out['host_syncs_per_training_step']:.1f} a run's training step, {out['host_syncs_rank0']} in all over "
+            f"{out['run_steps']} run-steps ({out['host_syncs_by_place']}); "
             + ", ".join(f"{k} {v:.0f} s" for k, v in out["wall_s"].items())]
