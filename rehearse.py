@@ -73,10 +73,11 @@ class HostSyncs(torch.utils._python_dispatch.TorchDispatchMode):
     """Counts the host's waits for a device value: each Python number read from a tensor by `float()` or
     `.item()` (aten._local_scalar_dense) is a device sync on a GPU. A `.tolist()` is one too, but on a
     CPU tensor it dispatches nothing, so the kit's (devices.Dist.sum: once a step) are not counted. Each
-    is put where the kit's innermost caller says: an evaluation, a checkpoint, a training step
-    (grow.lockstep_step, those two aside), or elsewhere (opening and resuming runs)."""
-    WHERE = {"evaluate": "evaluations", "save_kept_checkpoint": "checkpoints",
-             "save_latest_checkpoint": "checkpoints", "lockstep_step": "training steps"}
+    is put where the kit's innermost caller says: an evaluation, a checkpoint, the boundary monitor (every
+    monitor_interval steps; every step at reduced size), a training step (grow.lockstep_step, those
+    aside), or elsewhere (opening and resuming runs)."""
+    WHERE = {"evaluate": "evaluations", "save_kept_checkpoint": "checkpoints", "save_latest_checkpoint": "checkpoints",
+             "monitor_row": "boundary monitor", "lockstep_step": "training steps"}
 
     def __init__(self):
         super().__init__()
