@@ -331,6 +331,41 @@ def write_shard(folder: Path, kind: str, tensors: dict[str, torch.Tensor], write
     return {"file": name, "sha256": sha256(folder / name), "tensors": entries}
 
 
+# A kept checkpoint written by several ranks: a standard HF sharded checkpoint (whole tensors, each in
+# one writer's file, and the index naming each tensor's file), which every loader reads as one file.
+HF_INDEX = "model.safetensors.index.json"
+
+
+def hf_shard_file(writer: int, writers: int) -> str:
+    return f"model-{writer + 1:05d}-of-{writers:05d}.safetensors"
+
+
+def tensor_writers(sizes: dict[str, int], writers: int) -> dict[str, int]:
+    """Which writer writes each whole tensor (name -> bytes): largest first, each to the writer with the
+    fewest bytes so far (the lowest on a tie), so every writer holds about 1/writers of the model. A
+    function of the names and sizes alone: every rank computes the same."""
+    load, owner = [0] * writers, {}
+    for name in sorted(sizes, key=lambda n: (-sizes[n], n)):
+        w = load.index(min(load))
+        owner[name], load[w] = w, load[w] + sizes[name]
+    return owner
+
+
+def write_weights(folder: Path, file: str, tensors: dict[str, torch.Tensor]) -> dict:
+    """folder/file: whole `tensors` in safetensors, made durable; returns {"file", "sha256", "bytes",
+    "tensors": [names]}, this file's entry in the index and in the checksums."""
+    save_file({k: v.detach().contiguous().cpu() for k, v in tensors.items()}, folder / file, metadata={"format": "pt"})
+    fsync_file(folder / file)
+    return {"file": file, "sha256": sha256(folder / file), "bytes": sum(v.nbytes for v in tensors.values()),
+            "tensors": list(tensors)}
+
+
+def hf_index(parts: list[dict]) -> dict:
+    """model.safetensors.index.json (transformers' format) from the writers' entries (write_weights)."""
+    return {"metadata": {"total_size": sum(p["bytes"] for p in parts)},
+            "weight_map": {name: p["file"] for p in parts for name in p["tensors"]}}
+
+
 def merge_index(parts: list[dict]) -> dict:
     """The index of a sharded folder from its writers' entries (write_shard), in writer order."""
     tensors: dict = {}

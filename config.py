@@ -73,6 +73,7 @@ class RunConfig:
     precision: str = "auto"        # "fp32" | "bf16" | "auto" (bf16 where measured faster: precision_choice)
     activation_checkpointing: bool = False
     compile: bool = False
+    balance_lengths: bool = False  # micro-batches placed by document length across ranks (data.rank_micro_batches)
     start_from: str = ""           # a phase-<p> directory of another run whose prefix equals ours
     post_output_gain: str = "ones"  # post-norm: each block's last RMSNorm starts at "ones" (paper) or "teacher" (g_T)
     # `joint-long`: a fresh AdamW at each LR restart (True; the paper, B.3, says only that the schedule

@@ -685,18 +685,20 @@ class Batcher:
         Running past the shard's end is a DataError.
     Ranks: a global batch is split into world_size contiguous chunks, rank r takes chunk r and splits
     it into micro-batches of micro_batch documents (default: all of them in one), each padded to its
-    own longest.
+    own longest; with balance, by length instead (rank_micro_batches).
     The iterator state is the global step: resume works across a change of world_size.
     """
 
     def __init__(self, shard: Shard, global_batch: int, seed: int, mode: str = "replay",
-                 replay_docs: int | None = None, rank: int = 0, world_size: int = 1, micro_batch: int | None = None):
+                 replay_docs: int | None = None, rank: int = 0, world_size: int = 1, micro_batch: int | None = None,
+                 balance: bool = False):
         replay_docs = len(shard) if replay_docs is None else replay_docs
         per_rank = global_batch // max(world_size, 1)
         micro_batch = per_rank if micro_batch is None else micro_batch
         _check_batching(mode, global_batch, replay_docs, len(shard), rank, world_size, micro_batch)
         self.shard, self.global_batch, self.seed, self.mode = shard, global_batch, seed, mode
         self.replay_docs, self.rank, self.world_size, self.micro_batch = replay_docs, rank, world_size, micro_batch
+        self.balance = balance
         self.step = 0
         self._permutations: dict[int, np.ndarray] = {}
 
@@ -705,9 +707,10 @@ class Batcher:
 
     def __next__(self) -> StepBatch:
         doc_ids = self.global_doc_ids(self.step)
-        per_rank = self.global_batch // self.world_size
-        mine = doc_ids[self.rank * per_rank:(self.rank + 1) * per_rank].tolist()
-        micro_batches = [make_batch(self.shard, mine[i:i + self.micro_batch]) for i in range(0, per_rank, self.micro_batch)]
+        placed = rank_micro_batches(doc_ids, self.shard.lengths[doc_ids], self.micro_batch, self.rank, self.world_size,
+                                    self.balance)
+        micro_batches = [make_batch(self.shard, ids) for ids in placed]
+        mine = [i for ids in placed for i in ids]
         global_targets = int((self.shard.lengths[doc_ids] - 1).sum())
         step, self.step = self.step, self.step + 1
         return StepBatch(micro_batches, global_targets, mine, step)
@@ -750,6 +753,29 @@ class Batcher:
             raise DataError(f"batcher state: saved with {k}={state.get(k)!r} but this run has {getattr(self, k)!r}; "
                             f"resume with the saved data settings")
         self.step = int(state["step"])
+
+
+def rank_micro_batches(doc_ids: np.ndarray, lengths: np.ndarray, micro_batch: int, rank: int, world_size: int,
+                       balance: bool = False) -> list[list[int]]:
+    """Rank `rank`'s micro-batches (document ids) of one step's global batch `doc_ids` (with their
+    `lengths`), the same computation on every rank.
+
+    Default: the rank's contiguous chunk, cut into micro-batches in order. balance: the ranks' j-th
+    micro-batches run together (every layer's all-gather waits for the slowest rank), and a micro-batch
+    is padded to its longest document, so a step costs about the sum over j of the longest document in
+    any rank's j-th micro-batch. Longest first: the step's documents sorted by length (ties in the
+    seeded order, so it is reproducible from the seed), cut in that order into micro-batches of
+    `micro_batch`, the (j * world_size + r)-th being rank r's j-th. That sum is then the least any
+    placement gives (each slot holds the longest documents left), and the micro-batches, as sets of
+    documents, do not depend on world_size: one process and any number of ranks sum the gradients of the
+    same micro-batches (FSDP2's tests of equality with one process hold with it)."""
+    per_rank = len(doc_ids) // world_size
+    if not balance:
+        mine = doc_ids[rank * per_rank:(rank + 1) * per_rank].tolist()
+        return [mine[i:i + micro_batch] for i in range(0, per_rank, micro_batch)]
+    by_length = doc_ids[np.argsort(-np.asarray(lengths), kind="stable")].tolist()
+    groups = [by_length[i:i + micro_batch] for i in range(0, len(by_length), micro_batch)]
+    return groups[rank::world_size]
 
 
 def check_split(global_batch: int, world_size: int, micro_batch: int) -> None:

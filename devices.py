@@ -2,7 +2,7 @@
 chosen by measuring what the machine does.
 
     ctx = devices.setup_distributed("auto")        # rank, world size and device (torchrun sets RANK etc.)
-    dtype, why = devices.precision_choice("auto", ctx.device, ctx.world)
+    dtype, why = devices.precision_choice("auto", ctx.device)
 """
 from __future__ import annotations
 
@@ -49,11 +49,15 @@ class Dist:
         return self.world // self.local_world
 
     @property
+    def shard_writers(self) -> int:
+        """The ranks that hold distinct shards of a sharded model: all, or under HSDP one node's."""
+        return self.local_world if self.nodes > 1 else self.world
+
+    @property
     def shard_group(self) -> tuple[int, int] | None:
         """(this rank's place, the number of ranks) among those that hold distinct shards of a sharded
         model: all ranks, or under HSDP the first node's (the others hold copies); None for a copy."""
-        writers = self.local_world if self.nodes > 1 else self.world
-        return (self.rank, writers) if self.rank < writers else None
+        return (self.rank, self.shard_writers) if self.rank < self.shard_writers else None
 
     def sum(self, values: list[float]) -> list[float]:
         """All-reduce a few Python numbers in float64 (logged losses and counts are global)."""
@@ -236,14 +240,12 @@ def cpu_model() -> str:
     return platform.processor() or "unknown cpu"
 
 
-def precision_choice(precision: str, device: torch.device, world: int = 1) -> tuple[torch.dtype, str]:
+def precision_choice(precision: str, device: torch.device) -> tuple[torch.dtype, str]:
     """(compute dtype, why). "auto" decides by what the machine does: bf16 on a CUDA GPU that supports
-    it; on a CPU, bf16 autocast only where a matmul probe measures it >= BF16_MIN_SPEEDUP x fp32, and
-    in one process (FSDP2's bf16 mixed precision is for GPUs; on CPU ranks its gradients fail)."""
+    it; on a CPU (one process or FSDP2 ranks alike), bf16 autocast only where a matmul probe measures it
+    >= BF16_MIN_SPEEDUP x fp32."""
     if precision != "auto":
         return DTYPES[precision], f"{precision} (set by the preset)"
-    if device.type == "cpu" and world > 1:
-        return torch.float32, "auto: fp32 (several CPU ranks: FSDP2 mixed precision is for GPUs)"
     if device.type == "cuda":
         if torch.cuda.is_bf16_supported():
             return torch.bfloat16, "auto: bf16 (CUDA GPU with bf16)"
@@ -277,3 +279,17 @@ def shard_fn(ctx: Dist, compute_dtype: torch.dtype, replicated: tuple[str, ...] 
                    for p in getattr(net, name).parameters()}
         fully_shard(net, mesh=ctx.mesh, mp_policy=root, ignored_params=ignored or None)
     return apply
+
+
+def settle_fsdp_dtypes(net: torch.nn.Module):
+    """Fix FSDP2's gradient dtypes now, while every layer of `net` requires grad (no-op without FSDP2).
+    FSDP2 decides each unit's reduce dtype and the dtype its reduced gradients are cast back to at its
+    lazy init (normally the first forward), from the parameters that require grad at that moment
+    (torch/distributed/fsdp/_fully_shard/_fsdp_param_group.py:273-294, _init_mp_dtypes). A unit frozen
+    then (grow's blocks not yet appended, frozen before the phase's first evaluation) gets neither: when
+    it trains later its bf16 gradients are reduced in bf16 and assigned to its fp32 parameters, which
+    torch refuses ("attempting to assign a gradient with dtype 'c10::BFloat16' to a tensor with
+    grad_dtype 'Float'", _fsdp_collectives.py:754). The same on NCCL and gloo: nothing there depends on
+    the backend. fp32 runs never noticed: there the reduce dtype is the parameters' own."""
+    if hasattr(net, "_get_fsdp_state"):
+        net._get_fsdp_state()._lazy_init()

@@ -8,8 +8,9 @@ cluster hours are spent:
 (b) attention at the full scale's longest document with its grouped-query heads, forward and backward,
     on a fused SDPA kernel (flash, memory-efficient or cuDNN): the check fails if only the math kernel
     runs, which would hold the whole T x T attention matrix of every head;
-(c) the full-size rehearsal (rehearse.py) with real tensors on this GPU, the other 7 ranks a fake group:
-    the allocator's peak, set against the dry run's estimate and the CPU rehearsal's;
+(c) the full-size rehearsal (rehearse.py) with real bf16 tensors on this GPU, the other 7 ranks a fake
+    group, first grow's phase 0 (what crashed at step 1), then every lockstep segment of table1: the
+    allocator's peak (max_memory_allocated) and reserved bytes against the plan's count for each;
 (d) the real driver under torchrun --nproc_per_node=1 (NCCL bound to the GPU, a sharded rolling
     checkpoint) stopped by a kill after a save and resumed to the end;
 (e) tokens/s and MFU of a paper-size student block over micro-batches of the full scale's lengths;
@@ -31,8 +32,11 @@ import torch
 
 import bench
 import checkpoint
+import config
 import devices
+import experiments
 import kd
+import memory
 import model
 import plan
 import presets
@@ -122,15 +126,26 @@ def attention_kernel(config: model.ModelConfig, length: int, device) -> dict:
 
 
 def memory_rehearsal(scale: str, gpus: int, device: str) -> dict:
-    """rehearse.py on this device (real tensors on a GPU; fake ones on the CPU), beside the dry run's estimate."""
+    """rehearse.py on this device (real bf16 tensors on a GPU, the other ranks a fake group; fake tensors
+    on the CPU), each step beside the plan's count (memory.py): first grow's phase 0 alone (the step-1
+    scenario: blocks that never run, accumulation with gradient sync off, bf16 parameters with fp32
+    reduction), then every lockstep segment of table1. On a GPU the allocator's peak and reserved bytes."""
     preset = presets.PRESETS[scale]
     ws = suite.Workspace(preset, Path("runs") / scale, Path("results") / scale, devices.Dist())
-    out = rehearse.rehearse(ws, rehearse.Launch(gpus), resident=1, device=device)
-    estimate = plan.memory_bytes(preset, presets.teacher_shape(preset), gpus) / 2**30
-    measured = out["peak_gib"]["per-rank peak"]
-    return {"scale": scale, "gpus": gpus, "measured_gib": measured, "estimate_gib": estimate,
-            "reserved_gib": out["peak_gib"].get("Reserved"), "left_gathered": out["left_gathered"],
-            "ok": measured <= plan.MEMORY_HEADROOM * plan.GPU_MEMORY_GIB["h100"] and not any(out["left_gathered"].values())}
+    launch, shape = rehearse.Launch(gpus), presets.teacher_shape(preset)
+    phase0 = config.plan_phases(suite.run_config(ws, "post-grow", preset.run["seed"]))[0]
+    step1 = rehearse.rehearse(ws, launch, [phase0], device=device)
+    rows = [{"steps": "grow phase 0 alone", "runs": ["post-grow phase 0"], "rehearsal": step1,
+             "plan_gib": memory.step_peak(preset, shape, gpus, 1, [phase0])["total"] / 2**30}]
+    rows += rehearse.rehearse_segments(ws, launch, experiments.EXPERIMENTS["table1"].runs, device=device)
+    out = [{"steps": r["steps"], "runs": r["runs"], "plan_gib": r["plan_gib"],
+            "allocated_gib": r["rehearsal"]["peak_gib"]["per-rank peak"],
+            "reserved_gib": r["rehearsal"]["peak_gib"].get("Reserved"),
+            "left_gathered": r["rehearsal"]["left_gathered"]} for r in rows]
+    worst = max(r["allocated_gib"] for r in out)
+    return {"scale": scale, "gpus": gpus, "segments": out, "worst_gib": worst,
+            "ok": worst <= plan.MEMORY_HEADROOM * plan.GPU_MEMORY_GIB["h100"]
+            and not any(v for r in out for v in r["left_gathered"].values())}
 
 
 def driver(device: str, runs: Path) -> dict:

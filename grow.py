@@ -31,6 +31,7 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
+from torch.distributed.tensor import DTensor
 
 import data
 import kd
@@ -38,7 +39,7 @@ import model
 import transitions
 from checkpoint import write_json
 from config import Phase, RunConfig, learning_rate, plan_phases
-from devices import Dist, precision_choice, print0, setup_distributed, shard_fn
+from devices import Dist, precision_choice, print0, settle_fsdp_dtypes, setup_distributed, shard_fn
 from errors import TrainingError
 from rundir import (
     RESULT_KEYS,
@@ -77,32 +78,51 @@ def trainable_parameters(net: torch.nn.Module, phase: Phase, train_embedding: bo
     return [p for p in net.parameters() if p.requires_grad]
 
 
-def clip_gradients(params: list[torch.nn.Parameter], max_norm: float) -> float:
+def clip_gradients(params: list[torch.nn.Parameter], max_norm: float) -> torch.Tensor:
     """Scale the gradients to a global L2 norm of at most `max_norm` (torch's clip_grad_norm_ rule,
-    coefficient max_norm / (norm + 1e-6)); returns the norm before clipping.
+    coefficient max_norm / (norm + 1e-6)); returns the norm before clipping, a float64 tensor on the
+    gradients' device: nothing here waits for the device (the caller reads the norm with the step's
+    other numbers, one host sync a step).
 
     The norm is summed in float64 from each rank's own shard, so one process and FSDP2 ranks, whose
     sums run in different orders, get norms that differ by float64 rounding only, and the float32
     coefficient they multiply by is the same (unless the two norms straddle a float32 rounding
     boundary: about one step in 10^8). A float32 norm would differ by float32 rounding, and AdamW
-    turns that into weight differences far above it, where it divides by sqrt(v) ~ eps."""
-    squares = torch.zeros((), dtype=torch.float64)
-    mesh = None
-    for p in params:
-        if p.grad is not None:
-            grad = p.grad.to_local() if hasattr(p.grad, "to_local") else p.grad
-            mesh = getattr(p.grad, "device_mesh", mesh)
-            squares = squares + grad.double().pow(2).sum().cpu()
-    if mesh is not None:  # FSDP2: every rank holds one shard of each gradient
-        squares = squares.to(mesh.device_type)
-        dist.all_reduce(squares, group=mesh.get_group())
-    norm = math.sqrt(float(squares))
-    coefficient = float(torch.tensor(max_norm / (norm + 1e-6), dtype=torch.float32))
-    if coefficient < 1.0:
-        for p in params:
-            if p.grad is not None:
-                p.grad.mul_(coefficient)  # an exact float32 value: the same product on every rank
+    turns that into weight differences far above it, where it divides by sqrt(v) ~ eps. Under FSDP2
+    the squares are summed over the mesh dimensions the gradients are sharded on: all ranks at 1 x G;
+    under HSDP the "shard" dimension only (the replicas hold equal shards after the all-reduce)."""
+    grads = [p.grad for p in params if p.grad is not None]
+    if not grads:
+        return torch.zeros((), dtype=torch.float64)
+    local = [g.to_local() if isinstance(g, DTensor) else g for g in grads]
+    squares = torch.zeros((), dtype=torch.float64, device=local[0].device)
+    for grad in local:  # in parameter order, one at a time: the sum's rounding does not depend on the device
+        squares = squares + grad.double().pow(2).sum()
+    if isinstance(grads[0], DTensor):
+        for dim, placement in enumerate(grads[0].placements):
+            if placement.is_shard():
+                dist.all_reduce(squares, group=grads[0].device_mesh.get_group(dim))
+    norm = squares.sqrt()  # (torch's CPU float64 sqrt can differ from math.sqrt in the last bit: the logged norm)
+    # The coefficient rounded to float32 (an exact float32 value: the same product on every rank), and
+    # at most 1: a product with 1.0 is exact, so gradients within the norm keep their values.
+    # (A tensor divided by a tensor: Python's number / tensor multiplies by a reciprocal, two roundings.)
+    coefficient = (torch.full_like(norm, max_norm) / (norm + 1e-6)).float().clamp(max=1.0)
+    with torch.no_grad():
+        torch._foreach_mul_(local, coefficient)
     return norm
+
+
+def set_gradient_sync(net: torch.nn.Module, sync: bool, active_layers: int):
+    """FSDP2: whether this backward reduce-scatters the gradients (the step's last micro-batch) or adds
+    them up unsharded, set on the units that run forward only: the root and the first `active_layers`
+    layers. With sync off FSDP2's post-backward converts every unit's gradient to the reduce dtype, and
+    a unit that never ran (grow's blocks not yet appended) was never gathered: under bf16 parameters
+    with fp32 reduction it raises AttributeError: 'FSDPParam' object has no attribute '_unsharded_param'
+    (torch/distributed/fsdp/_fully_shard/_fsdp_param.py:807, to_accumulated_grad_if_needed; in fp32
+    there is no conversion, so it returns first). With sync left on, FSDP2 passes over a unit that was
+    never gathered (_fsdp_param_group.py:619)."""
+    for unit in (net, *net.layers[:active_layers]):
+        unit.set_requires_gradient_sync(sync, recurse=False)
 
 
 def build_optimizer(config: RunConfig, params: list) -> torch.optim.AdamW:
@@ -179,6 +199,7 @@ def build_model(config: RunConfig, teacher: Teacher | None, ctx: Dist, dtype: to
                                          output_gain=config.post_output_gain, boundary=config.boundary,
                                          boundary_scale=config.boundary_scale, features=config.student_features)
     net.checkpoint_layers = config.activation_checkpointing
+    settle_fsdp_dtypes(net)
     if config.compile:
         compile_layers(net)
     return net
@@ -211,7 +232,7 @@ def loss_fn(config, batch, teacher_hidden, teacher_head_weight, phase, denominat
         loss, ce_term = net(batch.input_ids, **blocks, output_fn=partial(
             kd.ce_loss, targets=batch.targets, mask=batch.mask, chunk_size=config.loss_chunk,
             denominator=denominator))
-        return loss, torch.zeros(()), ce_term
+        return loss, loss.new_zeros(()), ce_term
     return net(batch.input_ids, active_blocks=phase.active_blocks, output_fn=partial(
         kd.kd_loss, teacher_hidden=teacher_hidden, teacher_head_weight=teacher_head_weight, targets=batch.targets,
         mask=batch.mask, alpha=config.alpha, gamma=config.gamma, tau=config.tau,
@@ -276,7 +297,7 @@ class Run:
         self.stop_after_step, self.tracker = stop_after_step, tracker
         self.phases = plan_phases(config)
         # The compute precision, decided once (for "auto", by measuring the machine: devices.py).
-        self.dtype, self.precision = precision_choice(config.precision, ctx.device, ctx.world)
+        self.dtype, self.precision = precision_choice(config.precision, ctx.device)
         self.state = "new"   # new -> training -> done | stopped
         self.result: dict = {}
 
@@ -312,7 +333,7 @@ class Run:
         self.val = data.Shard(config.val_data, verify=False)
         self.batcher = data.Batcher(train_shard, config.global_batch, config.seed, mode=config.data_mode,
                                     replay_docs=config.replay_docs, rank=ctx.rank, world_size=ctx.world,
-                                    micro_batch=config.micro_batch)
+                                    micro_batch=config.micro_batch, balance=config.balance_lengths)
         adopting = bool(config.start_from) and newest_checkpoint(run_dir) is None
         if ctx.is_main and adopting:
             adopt_shared_prefix(config, run_dir)
@@ -371,7 +392,7 @@ class Run:
         if phase.active_blocks < 2:
             return
         path = Path(self.config.boundary_source) / f"phase-{phase.index}"
-        if not (path / "model.safetensors").is_file():
+        if not (path / "trainer_state.json").is_file():
             raise TrainingError(f"{path}: missing; a mirror-fwd run copies the boundary profile of "
                                 f"{self.config.boundary_source}, so finish that run first")
         # The reference only runs forward: on a GPU it is held in the compute precision, as the teacher is.
@@ -455,7 +476,10 @@ class Run:
             self.lr = learning_rate(self.config, self.step - phase.first_step, phase.index)
             for group in self.optimizer.param_groups:
                 group["lr"] = self.lr
-            self.batch, self.sums = next(self.batcher), [0.0, 0.0, 0.0]
+            self.batch = next(self.batcher)
+            # loss, KD and CE summed over the step's micro-batches in float64 on the device (float64: the
+            # sums one process and FSDP2 ranks log are the same; on the device: no host sync until update)
+            self.sums = torch.zeros(3, dtype=torch.float64, device=self.ctx.device)
             self.monitor_pending = self.monitor_due()
         return self.batch
 
@@ -463,14 +487,15 @@ class Run:
         """Runs whose keys are equal read the same micro-batches: one teacher pass serves them all."""
         c = self.config
         ids = self.batcher.global_doc_ids(self.batch.step)
-        return c.train_data, c.micro_batch, c.global_batch, ids.tobytes(), self.teacher is not None
+        return c.train_data, c.micro_batch, c.global_batch, c.balance_lengths, ids.tobytes(), self.teacher is not None
 
     def accumulate(self, micro: data.Batch, teacher_hidden: torch.Tensor | None, last: bool = True):
         """Forward and backward of one micro-batch; gradients add up until end_step. Under FSDP2 they
-        add up unsharded on each rank and are reduce-scattered once, after the step's last micro-batch."""
+        add up unsharded on each rank and are reduce-scattered once, after the step's last micro-batch
+        (set_gradient_sync). Nothing here waits for the device."""
         config, ctx = self.config, self.ctx
         if hasattr(self.net, "set_requires_gradient_sync"):
-            self.net.set_requires_gradient_sync(last)
+            set_gradient_sync(self.net, last, self.active_layers)
         monitoring, self.monitor_pending = self.monitor_pending, False  # the step's first micro-batch
         with self.own_rng():
             self.net.capture_boundaries = monitoring
@@ -484,7 +509,7 @@ class Run:
             # Each rank's loss is already divided by the global target count; FSDP2 averages gradients
             # over ranks, so scale by the world size to get the gradient of the global mean.
             (loss * ctx.world).backward()
-        self.sums = [s + float(v) for s, v in zip(self.sums, (loss.detach(), kd_term, ce_term))]
+        self.sums += torch.stack((loss.detach(), kd_term, ce_term)).double()
 
     def end_step(self):
         """Clip, update, log; evaluate and checkpoint when due; finish after the last step."""
@@ -500,7 +525,10 @@ class Run:
     def update(self):
         config, ctx, phase = self.config, self.ctx, self.phase
         grad_norm = clip_gradients(self.params, config.grad_clip)
-        loss, kd_sum, ce_sum = ctx.sum(self.sums)
+        if ctx.world > 1:
+            dist.all_reduce(self.sums)  # logged losses are global
+        # The step's one host sync: the losses and the norm, read together.
+        loss, kd_sum, ce_sum, grad_norm = torch.cat((self.sums, grad_norm.to(self.sums).reshape(1))).tolist()
         if not (math.isfinite(loss) and math.isfinite(grad_norm)):
             self.diverge(self.step + 1, "a non-finite loss or gradient norm", {"loss": loss, "grad_norm": grad_norm},
                          always_stop=True)
@@ -664,7 +692,8 @@ def train_together(jobs: list[tuple[RunConfig, Path]], force: bool = False, ctx:
     same batch at the same step), then each of those runs does its own forward and backward. A run
     that starts from another's phase (freeze from grow's phase 0) joins when that phase is written; a
     finished run drops out; runs resumed at different steps train alone until they meet. Weights and
-    optimizer states of all runs are resident together; activations are one run's at a time. Each run
+    optimizer states of all runs are resident together; activations and, under FSDP2, unsharded
+    gradients are one run's at a time (lockstep_step). Each run
     folder is held by this process alone while it trains (rundir.held: another process on one of them
     is waited for, or with wait=False an error); a finished run is only read, and not held. Returns
     each run's final evaluation ({} for one stopped early)."""
@@ -685,7 +714,7 @@ def train_held(jobs, force, ctx, stop_after_step, tracker, teacher) -> list[dict
     if len({(c.teacher, c.precision) for c in distilled}) > 1:
         raise TrainingError("runs trained together must distil from one teacher at one precision; train them apart")
     if distilled and teacher is None:
-        teacher = load_teacher(distilled[0], ctx, precision_choice(distilled[0].precision, ctx.device, ctx.world)[0])
+        teacher = load_teacher(distilled[0], ctx, precision_choice(distilled[0].precision, ctx.device)[0])
     if todo and ctx.device.type == "cuda":
         warn_math_attention(todo[0].config, ctx)
     progress = progress_bar(ctx)
@@ -732,25 +761,32 @@ def open_runs(todo: list[Run], teacher: Teacher | None, progress) -> bool:
 
 
 def lockstep_step(runs: list[Run], teacher: Teacher | None):
-    """One optimizer step of every run in `runs` (all at the same step): one teacher pass per
-    micro-batch for each group of runs that reads the same batch."""
+    """One optimizer step of every run in `runs` (all at the same step), one run after another: each
+    run's micro-batches in turn, then its update. Under FSDP2 a run's gradients add up unsharded (fp32,
+    the size of its trained layers) until its last micro-batch reduce-scatters them, so this order holds
+    one run's unsharded gradients at a time beside the others' shards; taking micro-batch i of every
+    run before micro-batch i + 1 would hold every run's at once. The teacher runs once per micro-batch
+    for each group of runs that reads the same batch; its hidden states are kept for the step (one
+    micro-batch's each) where the group has more than one run. Each run computes exactly what it
+    computes alone: the order between runs changes no run's numbers (each keeps its own RNG state)."""
     groups: dict[tuple, list[Run]] = {}
     for run in runs:
         run.begin_step()
         groups.setdefault(run.batch_key(), []).append(run)
     for group in groups.values():
         first = group[0]
-        micro_batches = first.batch.micro_batches
-        for i, micro in enumerate(micro_batches):
-            micro = micro.to(first.ctx.device)
-            hidden = None
-            if first.teacher is not None:
-                with autocast(first.dtype, first.ctx):
-                    hidden = teacher.hidden(micro.input_ids)
-            for run in group:
+        micro_batches = [micro.to(first.ctx.device) for micro in first.batch.micro_batches]
+        kept: list[torch.Tensor | None] = [None] * len(micro_batches)
+        for run in group:
+            for i, micro in enumerate(micro_batches):
+                hidden = kept[i]
+                if run is first and first.teacher is not None:
+                    with autocast(first.dtype, first.ctx):
+                        hidden = teacher.hidden(micro.input_ids)
+                    if len(group) > 1:
+                        kept[i] = hidden
                 run.accumulate(micro, hidden, last=i == len(micro_batches) - 1)
-    for run in runs:
-        run.end_step()
+            run.end_step()
 
 
 def progress_bar(ctx: Dist):

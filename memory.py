@@ -15,7 +15,9 @@ allocator's fragmentation are not counted (plan.MEMORY_HEADROOM leaves room for 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
+import config
 import model
 
 F32, BF16 = 4, 2
@@ -55,109 +57,160 @@ def saved_per_token(c: model.ModelConfig) -> int:
             + 4 * BF16 * F)              # gate, up, silu(gate), silu(gate) * up
 
 
-def step_peak(preset, teacher: model.ModelConfig, gpus: int, nodes: int = 1, resident: int = 1,
+@dataclass
+class Dims:
+    """What a step's tensors are made of, on rank 0 of `gpus` x `nodes` (several: HSDP, sharded within a node)."""
+    preset: object
+    c: model.ModelConfig
+    gpus: int
+    nodes: int
+
+    def __post_init__(self):
+        run, c = self.preset.run, self.c
+        self.fsdp = self.gpus * self.nodes > 1
+        self.shard = self.gpus if self.fsdp else 1
+        self.bf16 = run["precision"] in ("bf16", "auto")
+        self.act = BF16 if self.bf16 else F32
+        self.checkpointing = bool(run.get("activation_checkpointing"))
+        self.V, self.H, self.T = c.vocab_size, c.hidden_size, self.preset.data["max_len"]
+        self.L = run["layers_per_block"]
+        self.layers = run["blocks"] * self.L
+        layer = layer_shapes(c)
+        self.tensors_per_layer = len(layer)
+        self.P = sum(math.prod(s) for s in layer)
+        self.P_shard = sum(shard_numel(s, self.shard) for s in layer)
+        self.matrices = sum(math.prod(s) for s in layer if len(s) == 2)
+        self.root = [(self.V, self.H), (self.H,), (self.V, self.H)]  # embedding (frozen), boundary norm, head
+        self.root_trained = [(self.H,), (self.V, self.H)]
+        self.micro_per_step = run["global_batch"] // (self.gpus * self.nodes) // run["micro_batch"]
+        self.N = run["micro_batch"] * self.T  # tokens of a micro-batch of full-length documents
+
+    def trained_layers(self, ph) -> int:
+        return len(ph.trainable_blocks) * self.L
+
+
+def held(d: Dims, residents: list, replicate_teacher: bool) -> dict:
+    """Held through the whole step: every resident student's fp32 weights and AdamW moments (its phase's
+    trained parameters: exp_avg, exp_avg_sq and a step counter each), the teacher in the compute dtype,
+    the stepping student's root gathered (FSDP2), and, with other runs resident, the teacher's hidden
+    states of the step's other micro-batches (grow.lockstep_step keeps them for the group's other runs;
+    the current one is the loss's)."""
+    c = d.c
+    weights = F32 * (d.layers * d.P_shard + sum(shard_numel(s, d.shard) for s in d.root))
+
+    def moments(ph) -> int:
+        trained = d.trained_layers(ph) * d.P_shard + sum(shard_numel(s, d.shard) for s in d.root_trained) \
+            * ph.trains_head
+        return 2 * F32 * trained + F32 * (d.trained_layers(ph) * d.tensors_per_layer
+                                          + len(d.root_trained) * ph.trains_head)
+    teacher_layers = c.num_hidden_layers * sum(math.prod(s) if replicate_teacher else shard_numel(s, d.shard)
+                                               for s in layer_shapes(c))
+    teacher_root = d.V * d.H + d.H + (0 if c.tie_word_embeddings else d.V * d.H)  # whole on every rank
+    out = {"student weights (fp32)": weights, "AdamW moments (fp32)": moments(residents[0]),
+           "teacher weights": d.act * (teacher_layers + teacher_root),
+           "other students' weights and moments": sum(weights + moments(ph) for ph in residents[1:])}
+    if len(residents) > 1:
+        out["teacher hidden states kept for the step"] = (d.micro_per_step - 1) * d.act * d.N * d.H
+    if d.fsdp:  # the root (fp32) stays gathered from its forward through its backward
+        out["student root gathered (fp32 embedding, norm, head)"] = F32 * sum(math.prod(s) for s in d.root)
+    return out
+
+
+def gradients(d: Dims, ph, layers_done: int) -> dict:
+    """Gradients held during a micro-batch after `layers_done` trained layers' backward. FSDP2 without
+    gradient sync (every micro-batch but the last) keeps each trained layer's gradient unsharded in fp32,
+    and the root's; one GPU keeps param.grad in fp32."""
+    if not layers_done:
+        return {}
+    root = sum(math.prod(s) for s in d.root_trained) * ph.trains_head
+    if d.fsdp:
+        return {"accumulated gradients (fp32, unsharded)": F32 * (min(layers_done, d.trained_layers(ph)) * d.P + root)}
+    return {"accumulated gradients (fp32)": F32 * (d.trained_layers(ph) * d.P + root)}
+
+
+def in_the_loss(d: Dims, ph, after_others: bool) -> dict:
+    """Inside the chunked loss of the stepping run's first micro-batch, or of its last (on top of the
+    gradients accumulated over the others)."""
+    run, active = d.preset.run, ph.active_blocks * d.L
+    chunk = min(run["loss_chunk"], d.N)
+    rows = max(1, LOSS_ROW_BLOCK_ELEMENTS // d.V)
+    blocks = [min(rows, min(start + chunk, d.N) - start - b) for start in range(0, d.N, chunk)
+              for b in range(0, min(chunk, d.N - start), rows)]
+    # fp32 (rows x V) temporaries of kd's softmax in a row block: the upcast logits of both (bf16 only),
+    # both log-softmaxes, q_T, and the KL's difference and product; tau != 1 divides both first. The
+    # previous block's gradient is still bound while the next one's are made.
+    per_row = (7 if d.bf16 else 5) + (3 if run.get("tau", 1.0) != 1 else 0)
+    softmax_rows = max(per_row * b + previous for previous, b in zip([0, *blocks], blocks))
+    m = gradients(d, ph, d.trained_layers(ph) if after_others else 0)
+    m["loss: student and teacher logits of a chunk"] = 2 * d.act * chunk * d.V
+    m["loss: softmax temporaries of a row block (fp32)"] = F32 * d.V * softmax_rows
+    m["loss: head gradient accumulator (fp32)"] = F32 * d.V * d.H
+    if d.bf16 and not d.fsdp:  # one GPU: autocast's cached bf16 copy of the head (FSDP2's gathered head is not
+        m["loss: head weight in bf16"] = BF16 * d.V * d.H  # cached: measured through the driver's code)
+    m["loss: hidden states and their gradient"] = (3 if d.bf16 else 2) * d.act * d.N * d.H
+    if d.checkpointing:  # each layer's input, the boundary norm's saved x * rsqrt, the last output
+        m["checkpointed stream (fp32)"] = F32 * (active + 2) * d.N * d.H
+    else:
+        m["saved layer activations"] = active * d.N * saved_per_token(d.c)
+        m["stream at the block boundaries (fp32)"] = F32 * (ph.active_blocks + 2) * d.N * d.H
+        if d.fsdp:  # model.apply_rope's casts of cos and sin, for q and for k, held by each layer
+            m["RoPE cos and sin cast for each layer"] = active * 4 * d.act * d.T * d.c.head_dim
+    if d.bf16 and not d.fsdp:  # one GPU: autocast caches its bf16 casts of the fp32 weights for the step
+        m["autocast's bf16 copies of the layer weights"] = BF16 * active * d.matrices
+    m["RoPE cos and sin (fp32)"] = 2 * F32 * d.T * d.c.head_dim
+    if d.fsdp:  # the last layer's all-gather output, freed at the next gather
+        m["last layer gathered (bf16)"] = d.act * d.shard * d.P_shard
+    return m
+
+
+def entering_first_trained_backward(d: Dims, ph) -> dict:
+    """Activation checkpointing: the first micro-batch's backward reaches the first trained layer with
+    every later layer's gradient done and that layer recomputed."""
+    if d.micro_per_step > 1:
+        m = gradients(d, ph, d.trained_layers(ph) - 1)
+    else:  # one micro-batch: gradients reduce-scattered as they come
+        m = {"gradients (fp32, sharded)": F32 * (d.trained_layers(ph) - 1) * d.P_shard
+             + F32 * sum(math.prod(s) for s in d.root_trained) * ph.trains_head}
+    m["recomputed layer's activations"] = d.N * saved_per_token(d.c) + (4 * d.act * d.T * d.c.head_dim if d.fsdp else 0)
+    m["boundary norm's output and x * rsqrt (fp32)"] = 2 * F32 * d.N * d.H
+    m["RMSNorm backward temporaries (fp32)"] = 6 * F32 * d.N * d.H
+    m["teacher hidden states"] = d.act * d.N * d.H
+    m["RoPE cos and sin (fp32)"] = 2 * F32 * d.T * d.c.head_dim
+    if d.fsdp:
+        m["layer 0 gathered (bf16)"] = d.act * d.shard * d.P_shard
+    return m
+
+
+def last_phase(preset) -> config.Phase:
+    """Grow's last phase: every block active and trained, the head too (a joint run's phase alike)."""
+    return config.plan_phases(config.RunConfig(**{**preset.run, "name": "x", "protocol": "grow", "norm": "post",
+                                                  "train_data": "", "val_data": "", "replay_docs": 1}))[-1]
+
+
+def costliest_first(residents: list) -> list:
+    """Resident runs' phases, the one whose step holds the most first: the most trained blocks, then the
+    most active, then a trained head (every other step holds less on top of what all hold)."""
+    stepping = max(range(len(residents)), key=lambda i: (len(residents[i].trainable_blocks),
+                                                           residents[i].active_blocks, residents[i].trains_head))
+    return [residents[stepping], *residents[:stepping], *residents[stepping + 1:]]
+
+
+def step_peak(preset, teacher: model.ModelConfig, gpus: int, nodes: int = 1, residents=1,
               replicate_teacher: bool = False) -> dict:
-    """{"total": bytes at the step's peak on rank 0, "moment": where, "categories": {name: bytes} there,
-    "moments": {name: total}} for `resident` students held at once (lockstep) on `nodes` x `gpus`
-    (several nodes: HSDP, sharded within a node)."""
-    run, c = preset.run, teacher
-    world = gpus * nodes
-    fsdp = world > 1
-    shard = gpus if fsdp else 1
-    bf16 = run["precision"] in ("bf16", "auto")
-    act = BF16 if bf16 else F32
-    checkpointing = bool(run.get("activation_checkpointing"))
-    V, H = c.vocab_size, c.hidden_size
-    layers = run["blocks"] * run["layers_per_block"]
-    layer = layer_shapes(c)
-    P = sum(math.prod(s) for s in layer)
-    P_shard = sum(shard_numel(s, shard) for s in layer)
-    matrices = sum(math.prod(s) for s in layer if len(s) == 2)
-    root = [(V, H), (H,), (V, H)]  # embedding (frozen), the boundary norm, the head
-    root_trained = [(H,), (V, H)]
-    T = preset.data["max_len"]
-    several = run["global_batch"] // world // run["micro_batch"] > 1  # micro-batches a rank a step
-
-    weights = F32 * (layers * P_shard + sum(shard_numel(s, shard) for s in root))
-    trained = layers * P_shard + sum(shard_numel(s, shard) for s in root_trained)
-    moments = 2 * F32 * trained + F32 * (layers * len(layer) + len(root_trained))  # exp_avg, exp_avg_sq, step
-    teacher_layers = c.num_hidden_layers * sum(math.prod(s) if replicate_teacher else shard_numel(s, shard)
-                                               for s in layer)
-    teacher_root = V * H + H + (0 if c.tie_word_embeddings else V * H)  # whole on every rank
-    held = {"student weights (fp32)": weights, "AdamW moments (fp32)": moments,
-            "teacher weights": act * (teacher_layers + teacher_root),
-            "other students' weights and moments": (resident - 1) * (weights + moments)}
-    if fsdp:  # the root (fp32) stays gathered from its forward through its backward
-        held["student root gathered (fp32 embedding, norm, head)"] = F32 * sum(math.prod(s) for s in root)
-
-    def gradients(layers_done: int) -> dict:
-        """Gradients held during a micro-batch after `layers_done` layers' backward. FSDP2 without
-        gradient sync (every micro-batch but the last) keeps each layer's gradient unsharded in fp32,
-        and the root's; one GPU keeps param.grad in fp32."""
-        if not layers_done:
-            return {}
-        if fsdp:
-            return {"accumulated gradients (fp32, unsharded)":
-                    F32 * (min(layers_done, layers) * P + sum(math.prod(s) for s in root_trained))}
-        return {"accumulated gradients (fp32)": F32 * (layers * P + sum(math.prod(s) for s in root_trained))}
-
-    def in_the_loss(after_others: bool) -> dict:
-        N = run["micro_batch"] * T
-        chunk = min(run["loss_chunk"], N)
-        rows = max(1, LOSS_ROW_BLOCK_ELEMENTS // V)
-        blocks = [min(rows, min(start + chunk, N) - start - b) for start in range(0, N, chunk)
-                  for b in range(0, min(chunk, N - start), rows)]
-        # fp32 (rows x V) temporaries of kd's softmax in a row block: the upcast logits of both (bf16
-        # only), both log-softmaxes, q_T, and the KL's difference and product; tau != 1 divides both
-        # first. The previous block's gradient is still bound while the next one's are made.
-        per_row = (7 if bf16 else 5) + (3 if run.get("tau", 1.0) != 1 else 0)
-        softmax_rows = max(per_row * b + previous for previous, b in zip([0, *blocks], blocks))
-        m = gradients(layers if after_others else 0)
-        m["loss: student and teacher logits of a chunk"] = 2 * act * chunk * V
-        m["loss: softmax temporaries of a row block (fp32)"] = F32 * V * softmax_rows
-        m["loss: head gradient accumulator (fp32)"] = F32 * V * H
-        if bf16:
-            m["loss: head weight in bf16"] = BF16 * V * H
-        m["loss: hidden states and their gradient"] = (3 if bf16 else 2) * act * N * H
-        if checkpointing:  # each layer's input, the boundary norm's saved x * rsqrt, the last output
-            m["checkpointed stream (fp32)"] = F32 * (layers + 2) * N * H
-        else:
-            m["saved layer activations"] = layers * N * saved_per_token(c)
-            m["stream at the block boundaries (fp32)"] = F32 * (run["blocks"] + 2) * N * H
-            if fsdp:  # model.apply_rope's casts of cos and sin, for q and for k, held by each layer
-                m["RoPE cos and sin cast for each layer"] = layers * 4 * act * T * c.head_dim
-        if bf16 and not fsdp:  # one GPU: autocast caches its bf16 casts of the fp32 weights for the step
-            m["autocast's bf16 copies of the layer weights"] = BF16 * layers * matrices
-        m["RoPE cos and sin (fp32)"] = 2 * F32 * T * c.head_dim
-        if fsdp:  # the last layer's all-gather output, freed at the next gather
-            m["last layer gathered (bf16)"] = act * shard * P_shard
-        return m
-
-    def entering_layer0_backward() -> dict:
-        """Activation checkpointing: the first micro-batch's backward reaches layer 0 with every later
-        layer's gradient done and layer 0 recomputed."""
-        N = run["micro_batch"] * T
-        if several:
-            m = gradients(layers - 1)
-        else:  # one micro-batch: gradients reduce-scattered as they come
-            m = {"gradients (fp32, sharded)": F32 * (layers - 1) * P_shard
-                 + F32 * sum(math.prod(s) for s in root_trained)}
-        m["recomputed layer's activations"] = N * saved_per_token(c) + (4 * act * T * c.head_dim if fsdp else 0)
-        m["boundary norm's output and x * rsqrt (fp32)"] = 2 * F32 * N * H
-        m["RMSNorm backward temporaries (fp32)"] = 6 * F32 * N * H
-        m["teacher hidden states"] = act * N * H
-        m["RoPE cos and sin (fp32)"] = 2 * F32 * T * c.head_dim
-        if fsdp:
-            m["layer 0 gathered (bf16)"] = act * shard * P_shard
-        return m
-
-    candidates = {"loss, first micro-batch": in_the_loss(False)}
-    if several:
-        candidates["loss, last micro-batch"] = in_the_loss(True)
-    if checkpointing:
-        candidates["entering layer 0's backward"] = entering_layer0_backward()
-    base = sum(held.values())
-    moments_total = {name: base + sum(m.values()) for name, m in candidates.items()}
-    peak = max(moments_total, key=moments_total.get)
-    return {"total": moments_total[peak], "moment": peak, "categories": {**held, **candidates[peak]},
-            "moments": moments_total}
+    """{"total": bytes at the peak on rank 0, "moment": where, "categories": {name: bytes} there,
+    "moments": {name: total}} of a lockstep step of the students `residents` (their phases, config.Phase;
+    an int n: n runs in grow's last phase, every block active and trained) held at once on `nodes` x
+    `gpus`. Each resident steps in turn (grow.lockstep_step), so the peak is what all hold plus the
+    costliest one's step: the most trained layers, then the most active."""
+    d = Dims(preset, teacher, gpus, nodes)
+    residents = costliest_first(residents if not isinstance(residents, int) else [last_phase(preset)] * residents)
+    stepping = residents[0]
+    candidates = {"loss, first micro-batch": in_the_loss(d, stepping, False)}
+    if d.micro_per_step > 1:
+        candidates["loss, last micro-batch"] = in_the_loss(d, stepping, True)
+    if d.checkpointing:
+        candidates["entering the first trained layer's backward"] = entering_first_trained_backward(d, stepping)
+    base = held(d, residents, replicate_teacher)
+    totals = {name: sum(base.values()) + sum(m.values()) for name, m in candidates.items()}
+    peak = max(totals, key=totals.get)
+    return {"total": totals[peak], "moment": peak, "categories": {**base, **candidates[peak]}, "moments": totals}

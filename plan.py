@@ -14,6 +14,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import torch
 from rich.console import Console
 from rich.table import Table
@@ -37,6 +38,14 @@ MEMORY_HEADROOM = 0.9  # of the GPU's memory: allocator fragmentation and NCCL b
 # NVLink node, and for all-reduce across nodes over one 400 Gb/s InfiniBand NIC per GPU.
 NVLINK_BYTES_PER_S = 360e9
 INFINIBAND_BYTES_PER_S = 45e9
+# Stated, not measured: what the runs folder takes from one node's ranks writing their checkpoint shards
+# at once (a cluster filesystem's per-client write speed is of this order); every GPU waits for the write.
+CHECKPOINT_WRITE_BYTES_PER_S = 2e9
+# Assumed until the data exists (then the shard's own lengths are used): document lengths lognormal with
+# this spread around the preset's mean (FineWeb-Edu's median is about 0.6 of its mean: exp(-sigma^2/2)),
+# cut at data.max_len.
+DOC_LENGTH_SIGMA = 1.0
+BALANCE_STEPS = 500  # steps simulated for the rank-imbalance factor
 
 
 def model_shapes(preset) -> tuple[model.ModelConfig, int]:
@@ -65,7 +74,8 @@ def collectives(preset, teacher: model.ModelConfig, phase: config.Phase, gpus: i
     (bf16) once, the student's active layers (bf16) in forward and, those that train, again in backward,
     and the student's root (fp32: embedding, norms, head) once; after the last micro-batch each trained
     unit's fp32 gradients are reduce-scattered once (the frozen embedding has none), and over several
-    nodes all-reduced across them (HSDP). One GPU: none."""
+    nodes all-reduced across them (HSDP); then the gradient norm's one all-reduce over a node's shards.
+    One GPU: none."""
     world = gpus * nodes
     if world == 1:
         return []
@@ -78,7 +88,8 @@ def collectives(preset, teacher: model.ModelConfig, phase: config.Phase, gpus: i
         + [("all-gather", gpus, 2 * layer)] * (active + trained) + [("all-gather", gpus, 4 * root)]
     grads = [("reduce-scatter", gpus, 4 * layer)] * trained + [("reduce-scatter", gpus, 4 * head)] * phase.trains_head
     across = [("all-reduce", nodes, b / gpus) for _, _, b in grads] if nodes > 1 else []
-    return per_micro * micro + grads + across
+    clip = [("all-reduce", gpus, 8)]  # grow.clip_gradients: the float64 sum of squares over the shards
+    return per_micro * micro + grads + across + clip
 
 
 def comm_seconds(calls: list[tuple[str, int, float]], nodes: int = 1) -> float:
@@ -103,9 +114,10 @@ def step_flops(preset, teacher: model.ModelConfig, tokens: float) -> float:
     return tokens * (t_layers + head + 3 * s_layers + recompute + 3 * head)
 
 
-def memory_bytes(preset, teacher: model.ModelConfig, gpus: int, nodes: int = 1, runs: int = 1) -> float:
-    """Per-GPU peak of the heaviest step with `runs` students resident (memory.step_peak)."""
-    return memory.step_peak(preset, teacher, gpus, nodes, resident=runs)["total"]
+def memory_bytes(preset, teacher: model.ModelConfig, gpus: int, nodes: int = 1, runs=1) -> float:
+    """Per-GPU peak of a lockstep step of `runs` (their phases; an int n: n runs in grow's last phase),
+    memory.step_peak."""
+    return memory.step_peak(preset, teacher, gpus, nodes, runs)["total"]
 
 
 def own_steps(run: PlannedRun) -> range:
@@ -119,6 +131,26 @@ def lockstep_runs(runs: list[PlannedRun]) -> list[PlannedRun]:
     """The runs of a seed that read the same batches at the same steps: every replay run (the long
     joint controls continue onto fresh data and train alone)."""
     return [r for r in runs if r.config.data_mode == "replay"]
+
+
+def lockstep_segments(runs: list[PlannedRun]) -> list[tuple[int, int, list[tuple[str, config.Phase]]]]:
+    """(start, stop, [(run, its phase)]) of each stretch of global steps over which the same lockstep runs
+    train in the same phases: what is resident on a GPU changes only at these edges."""
+    live = [(r.name, ph) for r in lockstep_runs(runs) for ph in config.plan_phases(r.config)[r.shared_phases:]]
+    edges = sorted({e for _, ph in live for e in (ph.first_step, ph.first_step + ph.steps)})
+    return [(a, b, [(name, ph) for name, ph in live if ph.first_step <= a < ph.first_step + ph.steps])
+            for a, b in zip(edges, edges[1:]) if any(ph.first_step <= a < ph.first_step + ph.steps for _, ph in live)]
+
+
+def segment_memory(preset, runs: list[PlannedRun], gpus: int, nodes: int = 1) -> list[dict]:
+    """Per-GPU peak of every lockstep segment: {"steps", "runs", "bytes", "moment"}."""
+    teacher, _ = model_shapes(preset)
+    out = []
+    for a, b, live in lockstep_segments(runs):
+        peak = memory.step_peak(preset, teacher, gpus, nodes, [ph for _, ph in live])
+        out.append({"steps": (a, b), "runs": [f"{name} phase {ph.index}" for name, ph in live],
+                    "bytes": peak["total"], "moment": peak["moment"]})
+    return out
 
 
 def most_resident(runs: list[PlannedRun]) -> int:
@@ -177,9 +209,9 @@ def student_bytes(preset, teacher: model.ModelConfig) -> float:
 
 
 def fits(preset, gpus: int, gpu_bytes: float, runs: list[PlannedRun], nodes: int = 1) -> bool:
-    """Whether lockstep's resident runs fit in a GPU of `gpu_bytes` (used for the default choice)."""
-    teacher, _ = model_shapes(preset)
-    return memory_bytes(preset, teacher, gpus, nodes, most_resident(runs)) <= MEMORY_HEADROOM * gpu_bytes
+    """Whether lockstep's worst segment fits in a GPU of `gpu_bytes` (used for the default choice)."""
+    worst = max((s["bytes"] for s in segment_memory(preset, runs, gpus, nodes)), default=0.0)
+    return worst <= MEMORY_HEADROOM * gpu_bytes
 
 
 def planned_runs(ws: suite.Workspace, names, seed: int) -> list[PlannedRun]:
@@ -213,7 +245,7 @@ class Segment:
 
 
 def segments(run: PlannedRun, preset, teacher: model.ModelConfig, doc_tokens: float, gpu: str, gpus: int,
-             nodes: int) -> list[Segment]:
+             nodes: int, recompute: bool = True) -> list[Segment]:
     """The phases a run computes itself (after a shared prefix), each costed per step: FLOPs at the
     assumed MFU, collectives (collectives()) at the stated bandwidths."""
     context = min(doc_tokens, preset.data["max_len"]) / 2
@@ -227,8 +259,8 @@ def segments(run: PlannedRun, preset, teacher: model.ModelConfig, doc_tokens: fl
         # forward everywhere; backward (2x) of the trained blocks, recomputed once more under activation
         # checkpointing; the student's head forward and backward; the teacher's head forward inside this
         # run's loss (lockstep shares only the teacher's layers); the teacher's layers forward
-        recompute = trained if run.config.activation_checkpointing else 0.0
-        flops = tokens * (s_layers * (1 + 2 * trained + recompute) + 3 * head + head)
+        again = trained if recompute and run.config.activation_checkpointing else 0.0
+        flops = tokens * (s_layers * (1 + 2 * trained + again) + 3 * head + head)
         student = comm_seconds(collectives(preset, teacher, ph, gpus, nodes, with_teacher=False), nodes)
         both = comm_seconds(collectives(preset, teacher, ph, gpus, nodes), nodes)
         out.append(Segment(ph.first_step, ph.first_step + ph.steps, flops / rate, student,
@@ -256,65 +288,119 @@ def suite_seconds(runs: list[PlannedRun], costs: dict[str, list[Segment]], locks
 
 def print_plan(ws, runs: list[PlannedRun], seeds: list[int], gpu: str, gpus: int, console: Console,
                nodes: int = 1) -> dict:
-    """The plan table and totals; returns {"rows", "separate", "lockstep"} (totals: FLOPs, GPU-hours,
-    per-GPU memory, teacher passes) and "lockstep_default"."""
+    """The plan table and, each way (separate, lockstep), where the GPU-hours go line by line and the
+    per-GPU memory (lockstep: of every segment); returns {"rows", "separate", "lockstep"} (FLOPs,
+    GPU-hours, their lines, memory, teacher passes) and "lockstep_default"."""
     preset = ws.preset
-    teacher, student_layers = model_shapes(preset)
-    doc_tokens = preset.doc_tokens
-    shard_dir = ws.data_dir / "train"
-    if (shard_dir / "manifest.json").is_file():  # measured, once the data exists
-        shard = data.Shard(shard_dir, verify=False)
-        doc_tokens = float((shard.lengths[:ws.replay_docs] - 1).mean())
+    teacher, _ = model_shapes(preset)
+    doc_tokens, measured = document_tokens(ws)
+    rows, separate_flops = run_table(ws, runs, seeds, teacher, doc_tokens, gpu, gpus, nodes, console)
     context = min(doc_tokens, preset.data["max_len"]) / 2
-    L = preset.run["layers_per_block"]
+    t_layers, _ = model.forward_flops_per_token(teacher, teacher.num_hidden_layers, context)
+    saved = (teacher_passes(runs, False) - teacher_passes(runs, True)) * preset.run["global_batch"] * doc_tokens \
+        * t_layers * len(seeds)
+    totals = {}
+    for way, flops in (("separate", separate_flops), ("lockstep", separate_flops - saved)):
+        totals[way] = way_totals(ws, runs, seeds, teacher, doc_tokens, measured, gpu, gpus, nodes, way == "lockstep")
+        totals[way]["flops"] = flops
+        print_way(console, way, totals[way], gpu, gpus, nodes)
+    print_diagnostics(console, preset, runs, seeds, teacher, context, gpu, totals)
+    default = fits(preset, gpus, GPU_MEMORY_GIB[gpu] * 2**30, runs, nodes)
+    console.print(f"default on {gpus} {gpu}: {'lockstep' if default else 'separate'} (lockstep's worst segment needs "
+                  f"~{totals['lockstep']['memory_gib']:.0f} of {GPU_MEMORY_GIB[gpu]} GiB, "
+                  f"{MEMORY_HEADROOM:.0%} usable; --lockstep/--no-lockstep overrides)")
+    return {"rows": rows, **totals, "lockstep_default": default}
+
+
+def document_tokens(ws) -> tuple[float, object]:
+    """(mean tokens a document, the shard's lengths or None): measured once the data exists, else the
+    preset's assumed mean."""
+    shard_dir = ws.data_dir / "train"
+    if (shard_dir / "manifest.json").is_file():
+        shard = data.Shard(shard_dir, verify=False)
+        lengths = shard.lengths[:ws.replay_docs] - 1
+        return float(lengths.mean()), lengths
+    return ws.preset.doc_tokens, None
+
+
+def run_table(ws, runs, seeds, teacher, doc_tokens: float, gpu: str, gpus: int, nodes: int,
+              console) -> tuple[list, float]:
+    """Each run alone: phases, steps, tokens, FLOPs (activation-checkpointing recompute included) and
+    GPU-hours of its steps; (rows, FLOPs of every run apart over the seeds)."""
+    preset, L = ws.preset, ws.preset.run["layers_per_block"]
+    context = min(doc_tokens, preset.data["max_len"]) / 2
     t_layers, t_head = model.forward_flops_per_token(teacher, teacher.num_hidden_layers, context)
     table = Table(title=f"plan at scale {preset.name}: {len(seeds)} seed(s), {doc_tokens:.1f} tokens/document"
                         f"{' (assumed)' if doc_tokens == preset.doc_tokens else ' (measured)'}; each run alone")
     for column in ("run", "phases", "steps", "active layers", "tokens", "unique", "layer-tokens", "FLOPs",
                    f"{gpu} GPU-h"):
         table.add_column(column, justify="right")
-    separate_flops, rows = 0.0, []
-    costs = {run.name: segments(run, preset, teacher, doc_tokens, gpu, gpus, nodes) for run in runs}
-    hours = lambda seconds: seconds * gpus * nodes / 3600
+    total, rows = 0.0, []
     for run in runs:
         c, phases = run.config, config.plan_phases(run.config)
         tokens_per_phase = c.phase_steps * c.global_batch * doc_tokens
         flops = 0.0
         for ph in phases[run.shared_phases:]:  # a shared prefix is not recomputed
             s_layers, s_head = model.forward_flops_per_token(teacher, ph.active_blocks * L, context)
-            trained = len(ph.trainable_blocks) * L / max(ph.active_blocks * L, 1)
-            # forward everywhere; backward (2x forward) from the first trainable block up and the head;
-            # the teacher's layers once, its head inside each run's loss
-            flops += (s_layers * (1 + 2 * trained) + s_head * 3 + t_layers + t_head) * tokens_per_phase
-        separate_flops += flops * len(seeds)
+            trained = len(ph.trainable_blocks) / ph.active_blocks
+            again = trained if c.activation_checkpointing else 0.0
+            # forward everywhere; backward (2x forward) of the trained blocks and the head, their forward
+            # again under activation checkpointing; the teacher's layers once, its head in each run's loss
+            flops += (s_layers * (1 + 2 * trained + again) + s_head * 3 + t_layers + t_head) * tokens_per_phase
+        total += flops * len(seeds)
+        costs = {run.name: segments(run, preset, teacher, doc_tokens, gpu, gpus, nodes)}
         unique = tokens_per_phase * (len(phases) if c.data_mode == "fresh" else 1)
         row = [run.name, str(len(phases)), f"{len(phases) * c.phase_steps:,}",
                " / ".join(str(p.active_blocks * L) for p in phases),
                *(report.fmt(n, report.TOKENS) for n in (tokens_per_phase * len(phases), unique,
                                                           sum(p.active_blocks * L for p in phases) * tokens_per_phase)),
-               flops_text(flops), hours_text(hours(suite_seconds([run], costs, lockstep=False)))]
+               flops_text(flops), hours_text(suite_seconds([run], costs, lockstep=False) * gpus * nodes / 3600)]
         rows.append(row)
         table.add_row(*row)
     console.print(table)
-    tokens_per_step = preset.run["global_batch"] * doc_tokens
-    saved = (teacher_passes(runs, False) - teacher_passes(runs, True)) * tokens_per_step * t_layers * len(seeds)
-    totals = {}
-    for way, flops, resident in (("separate", separate_flops, 1), ("lockstep", separate_flops - saved,
-                                                                   most_resident(runs))):
-        memory = memory_bytes(preset, teacher, gpus, nodes, resident)
-        seconds = suite_seconds(runs, costs, lockstep=way == "lockstep") * len(seeds)
-        compute_only = flops / (GPU_BF16_PEAK[gpu] * ASSUMED_MFU) / (gpus * nodes) / 3600
-        totals[way] = {"flops": flops, "gpu_hours": hours(seconds), "wall_hours": seconds / 3600,
-                       "memory_gib": memory / 2**30, "resident_runs": resident,
-                       "teacher_passes": teacher_passes(runs, way == "lockstep") * len(seeds)}
-        console.print(f"{way}: {flops_text(flops)}; {hours_text(hours(seconds))} {gpu} GPU-hours = "
-                      f"{hours_text(seconds / 3600)} hours on {nodes} x {gpus} GPU(s) (compute at an assumed "
-                      f"{ASSUMED_MFU:.0%} MFU, communication at {NVLINK_BYTES_PER_S / 1e9:.0f} GB/s within a node"
-                      + (f" and {INFINIBAND_BYTES_PER_S / 1e9:.0f} GB/s across" if nodes > 1 else "") +
-                      f", each step the longer of the two; compute alone would take {hours_text(compute_only)} "
-                      f"hours); {totals[way]['teacher_passes']:,} teacher "
-                      f"steps; per-GPU memory at most {memory / 2**30:.1f} GiB ({resident} run(s) resident; counted "
-                      "tensor by tensor, `repro.py rehearse` measures it)")
+    return rows, total
+
+
+def way_totals(ws, runs, seeds, teacher, doc_tokens: float, measured, gpu: str, gpus: int, nodes: int,
+               lockstep: bool) -> dict:
+    """One way's GPU-hours by line (the steps, of which recompute; rank imbalance; evaluations; checkpoint
+    writes), its wall hours on the launch, its per-GPU memory (lockstep: every segment's) and teacher passes."""
+    preset, world = ws.preset, gpus * nodes
+    costs = {r.name: segments(r, preset, teacher, doc_tokens, gpu, gpus, nodes) for r in runs}
+    plain = {r.name: segments(r, preset, teacher, doc_tokens, gpu, gpus, nodes, recompute=False) for r in runs}
+    steps = suite_seconds(runs, costs, lockstep) * len(seeds) * world / 3600
+    recompute = steps - suite_seconds(runs, plain, lockstep) * len(seeds) * world / 3600
+    extra = overhead_hours(ws, runs, teacher, doc_tokens, gpu, gpus, nodes, steps, measured)
+    lines = {"steps (each the longer of its compute and communication)": steps,
+             "  of which activation-checkpointing recompute (where compute is the longer)": recompute,
+             **{k: v * (len(seeds) if k.startswith(("evaluations", "checkpoint")) else 1)
+                for k, v in extra["lines"].items()}}
+    gpu_hours = sum(v for k, v in lines.items() if not k.startswith("  of which"))
+    memory_segments = segment_memory(preset, runs, gpus, nodes) if lockstep else []
+    memory = max((s["bytes"] for s in memory_segments), default=memory_bytes(preset, teacher, gpus, nodes, 1))
+    return {"gpu_hours": gpu_hours, "wall_hours": gpu_hours / world, "hours_lines": lines,
+            "balance": extra["balance"], "memory_gib": memory / 2**30,
+            "memory_segments": [{**s, "gib": s.pop("bytes") / 2**30} for s in memory_segments],
+            "resident_runs": most_resident(runs) if lockstep else 1,
+            "teacher_passes": teacher_passes(runs, lockstep) * len(seeds)}
+
+
+def print_way(console, way: str, totals: dict, gpu: str, gpus: int, nodes: int):
+    console.print(f"{way}: {flops_text(totals['flops'])} (recompute included); {hours_text(totals['gpu_hours'])} {gpu} "
+                  f"GPU-hours = {hours_text(totals['wall_hours'])} hours on {nodes} x {gpus} GPU(s); "
+                  f"{totals['teacher_passes']:,} teacher steps. Where the hours go (compute at an assumed "
+                  f"{ASSUMED_MFU:.0%} MFU, communication at {NVLINK_BYTES_PER_S / 1e9:.0f} GB/s within a node"
+                  + (f" and {INFINIBAND_BYTES_PER_S / 1e9:.0f} GB/s across" if nodes > 1 else "") + "):")
+    for line, hours in totals["hours_lines"].items():
+        console.print(f"  {line}: {hours_text(hours)} GPU-h")
+    if not totals["memory_segments"]:
+        console.print(f"  per-GPU memory at most {totals['memory_gib']:.1f} GiB (one run at a time)")
+    for s in totals["memory_segments"]:
+        console.print(f"  steps {s['steps'][0]:,}-{s['steps'][1]:,}: per-GPU memory {s['gib']:.1f} GiB "
+                      f"({', '.join(s['runs'])} resident)")
+
+
+def print_diagnostics(console, preset, runs, seeds, teacher, context: float, gpu: str, totals: dict):
     gpu_hours = lambda f: f / (GPU_BF16_PEAK[gpu] * ASSUMED_MFU) / 3600  # the diagnostics: rank 0, no collectives
     diag_flops, loads = (x * len(seeds) for x in diagnostics_cost(preset, runs, teacher, context))
     read = loads * student_bytes(preset, teacher)
@@ -323,11 +409,93 @@ def print_plan(ws, runs: list[PlannedRun], seeds: list[int], gpu: str, gpus: int
                   f"reading {loads} checkpoints ({read / 1e9:,.3g} GB: {duration_text(read / DISK_BYTES_PER_S)} at "
                   f"{DISK_BYTES_PER_S / 1e9:g} GB/s)")
     totals.update(diagnostics_flops=diag_flops, diagnostics_checkpoints=loads)
-    default = fits(preset, gpus, GPU_MEMORY_GIB[gpu] * 2**30, runs, nodes)
-    console.print(f"default on {gpus} {gpu}: {'lockstep' if default else 'separate'} (lockstep needs "
-                  f"~{totals['lockstep']['memory_gib']:.2g} of {GPU_MEMORY_GIB[gpu]} GiB; --lockstep/--no-lockstep "
-                  "overrides)")
-    return {"rows": rows, **totals, "lockstep_default": default}
+
+
+# ----------------------------------------------------------------------------------------------
+# Where the hours go besides the steps' compute and communication
+
+def document_lengths(preset, n: int, seed: int, measured=None) -> np.ndarray:
+    """`n` document lengths (tokens): drawn from the shard's own (`measured`), or, before the data exists,
+    lognormal with the preset's mean and DOC_LENGTH_SIGMA, cut at data.max_len."""
+    rng = np.random.default_rng(seed)
+    if measured is not None:
+        return np.minimum(rng.choice(measured, n), preset.data["max_len"])
+    mu = math.log(preset.doc_tokens) - DOC_LENGTH_SIGMA**2 / 2
+    return np.minimum(rng.lognormal(mu, DOC_LENGTH_SIGMA, n).round().clip(1), preset.data["max_len"])
+
+
+def balance_factor(preset, teacher: model.ModelConfig, world: int, balanced: bool, seed: int,
+                   measured=None) -> float:
+    """Useful over total work of the ranks over BALANCE_STEPS simulated steps. Every FSDP2 unit's
+    all-gather makes the ranks wait for each other, so the ranks' j-th micro-batches take as long as the
+    costliest of them, and a micro-batch costs its longest document's cost for each row (padding); a
+    document's cost is its tokens times model.forward_flops_per_token at half its length. The placement
+    is the kit's own (data.rank_micro_batches): each rank's documents in the order drawn, or (balanced)
+    by length across ranks."""
+    per_step, micro = preset.run["global_batch"], preset.run["micro_batch"]
+    lengths = document_lengths(preset, BALANCE_STEPS * per_step, seed, measured).astype(np.int64)
+    layers = preset.run["blocks"] * preset.run["layers_per_block"]
+    cost = {n: n * sum(model.forward_flops_per_token(teacher, layers, n / 2)) for n in np.unique(lengths)}
+    useful = waited = 0.0
+    for step in range(BALANCE_STEPS):
+        ids = np.arange(step * per_step, (step + 1) * per_step)
+        slots = [[len(docs) * max(cost[lengths[i]] for i in docs) for docs in
+                  data.rank_micro_batches(ids, lengths[ids], micro, rank, world, balanced)] for rank in range(world)]
+        useful += sum(cost[n] for n in lengths[ids])
+        waited += world * sum(max(column) for column in zip(*slots))
+    return useful / waited
+
+
+def evaluation_flops(run: PlannedRun, preset, teacher: model.ModelConfig, doc_tokens: float) -> float:
+    """FLOPs of a run's evaluations: one at each phase's start and every eval_interval steps (grow.Run),
+    each the whole validation set through the teacher (not kept under FSDP2) and the active student."""
+    c, L = run.config, preset.run["layers_per_block"]
+    context = min(doc_tokens, preset.data["max_len"]) / 2
+    tokens = preset.data["val_docs"] * min(doc_tokens, preset.data["max_len"])
+    t_layers, head = model.forward_flops_per_token(teacher, teacher.num_hidden_layers, context)
+    flops = 0.0
+    for ph in config.plan_phases(c)[run.shared_phases:]:
+        s_layers, _ = model.forward_flops_per_token(teacher, ph.active_blocks * L, context)
+        evaluations = 1 + ph.steps // c.eval_interval + (ph.steps % c.eval_interval != 0)
+        flops += evaluations * tokens * (t_layers + s_layers + 2 * head)
+    return flops
+
+
+def checkpoint_bytes(run: PlannedRun, preset, teacher: model.ModelConfig) -> float:
+    """Bytes a run writes: latest/ (fp32 weights and AdamW's two moments of the trained parameters) every
+    checkpoint_interval steps, a kept checkpoint (fp32 weights) at each phase end and every
+    snapshot_interval steps (rundir.py)."""
+    c = run.config
+    weights = student_bytes(preset, teacher)
+    written = 0.0
+    for ph in config.plan_phases(c)[run.shared_phases:]:
+        trained = len(ph.trainable_blocks) * preset.run["layers_per_block"] * layer_parameters(teacher) \
+            + (teacher.vocab_size * teacher.hidden_size + teacher.hidden_size) * ph.trains_head
+        latest = ph.steps // c.checkpoint_interval
+        kept = 1 + (ph.steps - 1) // c.snapshot_interval if c.snapshot_interval else 1
+        written += latest * (weights + 2 * 4 * trained) + kept * weights
+    return written
+
+
+def overhead_hours(ws, runs: list[PlannedRun], teacher, doc_tokens: float, gpu: str, gpus: int, nodes: int,
+                   step_hours: float, measured=None) -> dict:
+    """GPU-hours besides the steps, by line: rank imbalance and padding (each step stretched by 1 / balance,
+    micro-batches placed as the preset says: run.balance_lengths), the evaluations (at the assumed MFU)
+    and the checkpoint writes (at CHECKPOINT_WRITE_BYTES_PER_S a node, every GPU waiting)."""
+    preset, world = ws.preset, gpus * nodes
+    seed = preset.run["seed"]
+    balance = {way: balance_factor(preset, teacher, world, way == "balanced", seed, measured)
+               for way in ("balanced", "unbalanced")}
+    used = "balanced" if preset.run.get("balance_lengths") else "unbalanced"
+    eval_flops = sum(evaluation_flops(r, preset, teacher, doc_tokens) for r in runs)
+    written = sum(checkpoint_bytes(r, preset, teacher) for r in runs)
+    return {"balance": balance,
+            "lines": {f"rank imbalance and padding (balance {balance[used]:.2f} as the preset places micro-batches; "
+                      f"{balance['balanced']:.2f} balanced by length, {balance['unbalanced']:.2f} in order)":
+                      step_hours * (1 / balance[used] - 1),
+                      "evaluations": eval_flops / (GPU_BF16_PEAK[gpu] * ASSUMED_MFU) / 3600,
+                      f"checkpoint writes ({written / 1e12:,.1f} TB at {CHECKPOINT_WRITE_BYTES_PER_S / 1e9:g} GB/s "
+                      "a node)": written / (CHECKPOINT_WRITE_BYTES_PER_S * nodes) * world / 3600}}
 
 
 def flops_text(flops: float) -> str:

@@ -82,14 +82,15 @@ PRESETS = {
         data=dict(source="fineweb-edu", vocab_size=None, max_len=2048, val_docs=1000),
         run={**PAPER_RUN, "phase_steps": 4000, "global_batch": 32, "micro_batch": 8, "eval_interval": 500,
              "monitor_interval": 100, "eval_batch": 8, "loss_chunk": 8192, "checkpoint_interval": 250,
-             "snapshot_interval": 1000, "precision": "bf16"},
+             "snapshot_interval": 1000, "precision": "bf16", "balance_lengths": True},
         teacher="Qwen/Qwen3-0.6B-Base", diag=dict(docs=2, max_inputs=2048, seed=42), needs_cuda=True,
         doc_tokens=880.0),
     "full": Preset(
         "full", "the paper exactly: Qwen3-8B-Base teacher, FineWeb-Edu sample-10BT, 3 x 50k steps",
         data=dict(source="fineweb-edu", vocab_size=None, max_len=8192, val_docs=4833),
         run={**PAPER_RUN, "micro_batch": 1, "eval_batch": 1, "loss_chunk": 4096, "checkpoint_interval": 500,
-             "snapshot_interval": 10_000, "precision": "bf16", "activation_checkpointing": True},
+             "snapshot_interval": 10_000, "precision": "bf16", "activation_checkpointing": True,
+             "balance_lengths": True},
         teacher="Qwen/Qwen3-8B-Base", diag=dict(docs=2, max_inputs=2048, seed=42), needs_cuda=True,
         # 3.112B non-padding tokens per 50k x 64-document phase: Table A2's 3.11B, 6.22B and 9.34B
         # all round from it.

@@ -1,22 +1,27 @@
-"""The full-size rehearsal: one training step of a scale at its real size, on a CPU, with no GPU.
+"""The rehearsal: a launch of the suite, on a CPU, with no GPU, two ways.
 
-    python repro.py rehearse --scale full --gpus 8             # one 8-GPU node
-    python repro.py rehearse --scale full --gpus 8 --nodes 4   # HSDP: shard within a node, replicate across
-    python repro.py rehearse --scale small --gpus 1
+    python repro.py rehearse table1 --scale full --gpus 8             # one 8-GPU node
+    python repro.py rehearse all --scale full --gpus 8 --nodes 4      # HSDP: shard within a node, replicate across
+    python repro.py rehearse --scale small --gpus 1 --mode fake
 
-A fake process group of the launch's world size, fake tensors (no memory, no arithmetic) and the kit's
-own construction and sharding code (model.py, devices.shard_fn, grow's teacher, student, loss and
-optimizer, not a copy) run what rank 0 of the launch would: the teacher's forward and the student's
-forward and backward (activation checkpointing as the preset says) on a micro-batch of the longest
-document and on one of a typical length, gradients reduce-scattered after the last, the AdamW step and
-an evaluation forward, with the lockstep's other resident students' weights and moments held beside.
-It reports per-rank peak memory by category (torch's FSDPMemTracker), whether any module stays gathered
-after its forward, every collective of a step with its bytes, the operators a step dispatches, and the
-step's communication time at the stated bandwidths against its compute at the stated MFU and against
-the host's floor: every operator a GPU runs is a kernel the host dispatches and launches one after
-another, which a small model's step cannot go below whatever its FLOPs (the floor is the count times
-the time this host takes to dispatch one operator on a one-element tensor, measured; a GPU adds its
-launch on top, so it is a lower bound). results/rehearse-<scale>.json holds it all.
+Fake tensors at full size (rehearse_segments, rehearse): for every lockstep segment (plan.lockstep_segments)
+one step as grow.lockstep_step takes it, what rank 0 of the launch runs on a fake process group of its
+world size and mesh, through the kit's own construction and sharding (model.py, devices.shard_fn,
+grow's teacher, student, loss, gradient sync, clipping and optimizer, not a copy): the teacher's
+forward and the costliest resident student's forward and backward (activation checkpointing as the
+preset says) on two micro-batches of the longest document, gradients reduce-scattered after the last,
+grow.clip_gradients, the AdamW step and an evaluation forward, with the other resident students and the
+step's kept teacher states held beside. It reports per-rank peak memory by category (torch's
+FSDPMemTracker) beside memory.py's count, whether any module stays gathered, every collective of a step
+with its bytes, the operators a step dispatches, and communication time at the stated bandwidths
+against compute at the stated MFU and against the host's floor (operators times this host's dispatch
+time for one, measured: a lower bound).
+
+Real tensors at reduced size (rehearse_real): suite.ensure_runs, what `repro.py EXPERIMENTS` runs, on
+every rank of the launch, each a thread of torch's threaded process group (real collectives, the
+launch's mesh), in the preset's precision, every phase of every run with evaluations, checkpoints and a
+resume from a latest/ written by another world size. What a launch would hit (a crash, a dtype, a
+collective on the 2-D mesh), it hits first.
 
 What it cannot see: the CUDA context and NCCL's buffers (~1-3 GiB a GPU), the allocator's fragmentation,
 kernels a GPU picks that a CPU does not (SDPA's flash path is the CPU's too; a GPU's fused kernels can
@@ -24,7 +29,10 @@ save less), and overlap: communication time is bytes over bandwidth, not a trace
 """
 from __future__ import annotations
 
+import contextlib
+import io
 import math
+import sys
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -37,12 +45,13 @@ import checkpoint
 import config
 import data
 import devices
-import experiments
 import grow
 import kd
+import memory
 import model
 import plan
 import presets
+import rundir
 
 GiB = 2**30
 
@@ -59,6 +68,31 @@ class Launch:
 
 # ----------------------------------------------------------------------------------------------
 # Counting collectives: the c10d ops FSDP2 issues, their bytes (this rank's buffers) and group sizes
+
+class HostSyncs(torch.utils._python_dispatch.TorchDispatchMode):
+    """Counts the host's waits for a device value: each Python number read from a tensor by `float()` or
+    `.item()` (aten._local_scalar_dense) is a device sync on a GPU. A `.tolist()` is one too, but on a
+    CPU tensor it dispatches nothing, so the kit's (devices.Dist.sum: once a step) are not counted. Each
+    is put where the kit's innermost caller says: an evaluation, a checkpoint, the boundary monitor (every
+    monitor_interval steps; every step at reduced size), a training step (grow.lockstep_step, those
+    aside), or elsewhere (opening and resuming runs)."""
+    WHERE = {"evaluate": "evaluations", "save_kept_checkpoint": "checkpoints", "save_latest_checkpoint": "checkpoints",
+             "monitor_row": "boundary monitor", "lockstep_step": "training steps"}
+
+    def __init__(self):
+        super().__init__()
+        self.count = 0
+        self.by_place: dict[str, int] = {}
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func is torch.ops.aten._local_scalar_dense.default:
+            self.count += 1
+            frame, place = sys._getframe(), "elsewhere"
+            while frame is not None and (place := self.WHERE.get(frame.f_code.co_name, "elsewhere")) == "elsewhere":
+                frame = frame.f_back
+            self.by_place[place] = self.by_place.get(place, 0) + 1
+        return func(*args, **(kwargs or {}))
+
 
 class CollectiveBytes(torch.utils._python_dispatch.TorchDispatchMode):
     """Every all-gather, reduce-scatter and all-reduce dispatched, with the bytes of this rank's buffer
@@ -195,6 +229,7 @@ class CudaPeak:
         self.device = device
 
     def __enter__(self):
+        torch.cuda.empty_cache()  # what an earlier rehearsal left cached is not this one's
         torch.cuda.reset_peak_memory_stats(self.device)
         return self
 
@@ -209,158 +244,245 @@ class CudaPeak:
                               "Reserved": torch.cuda.max_memory_reserved(self.device)}}
 
 
-def rehearse(ws, launch: Launch, resident: int | None = None, replicate_teacher: bool = False,
-             device: str = "cpu") -> dict:
-    """One step of `ws`'s scale on `launch`'s GPUs, as rank 0 runs it: with fake tensors on this CPU, or
-    (device "cuda", make gpu-check) with real ones on one GPU, the other ranks still a fake group.
-    resident: students held at once (default: the lockstep's most, plan.most_resident; 1: runs apart);
-    replicate_teacher: the teacher whole on every GPU instead of sharded."""
-    from contextlib import nullcontext
-
-    from torch._subclasses.fake_tensor import FakeTensorMode, unset_fake_temporarily
-    from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
-    from torch.distributed._tools.mem_tracker import MemTracker
-    from torch.distributed.tensor.debug import CommDebugMode
-    started = time.time()
-    host_s_per_op = host_seconds_per_op()  # before any fake mode: real tensors
-    preset = ws.preset
-    on_gpu = device == "cuda"
-    ctx = devices.Dist(device=torch.device(device))
-    if launch.world > 1:
-        fake_process_group(launch.world)
-        ctx = devices.Dist(0, launch.world, torch.device(device), launch.gpus,
-                           devices.mesh_for(device, launch.world, launch.gpus))
-    dtype = devices.DTYPES.get(preset.run["precision"], torch.bfloat16)  # a GPU's precision (auto: bf16)
-    runs = plan.planned_runs(ws, experiments.RUNS, preset.run["seed"])
-    resident = resident or plan.most_resident(runs)
-    settings = config.RunConfig(**{**preset.run, "name": "rehearsal", "protocol": "grow", "norm": "post",
-                                   "train_data": "", "val_data": "", "replay_docs": 1})
-    phase = config.plan_phases(settings)[-1]  # every block active and trained: the step's peak
-    data.check_split(preset.run["global_batch"], launch.world, preset.run["micro_batch"])
-    micro_per_step = preset.run["global_batch"] // launch.world // preset.run["micro_batch"]
-    # The worst step a rank can be given: documents of the full length in every micro-batch (the first
-    # holds the loss with no gradients yet, the last on top of the accumulated ones; between them the
-    # same again). Two of them measure both; the collectives of the others equal the first's.
-    lengths = [preset.data["max_len"]] * min(2, micro_per_step)
-    with unset_fake_temporarily():  # real token ids; no padding (mask None): one document a micro-batch
-        batches = [data.Batch(torch.zeros(preset.run["micro_batch"], n, dtype=torch.long, device=device),
-                              torch.zeros(preset.run["micro_batch"], n, dtype=torch.long, device=device), None,
-                              torch.full((preset.run["micro_batch"],), n), [0], n * preset.run["micro_batch"])
-                   for n in lengths]
-    out = {"scale": preset.name, "gpus": launch.gpus, "nodes": launch.nodes, "world": launch.world,
-           "precision": str(dtype).removeprefix("torch."), "micro_batches_per_step": micro_per_step,
-           "micro_batch_lengths": lengths, "resident_students": resident, "teacher_replicated": replicate_teacher,
-           "activation_checkpointing": preset.run.get("activation_checkpointing", False)}
-    with (nullcontext() if on_gpu else as_on_a_gpu()), \
-            (nullcontext() if on_gpu else FakeTensorMode(allow_non_fake_inputs=True)):
-        shape = presets.teacher_shape(preset)
-        sharding = None if replicate_teacher else devices.shard_fn(ctx, dtype, grow.TEACHER_REPLICATED)
-        net = model.qwen3_on_meta(shape, sharding)
-        with unset_fake_temporarily():
-            net.to(dtype)
-        net.to_empty(device=device)
-        teacher = grow.Teacher(net.eval().requires_grad_(False))
-        students, optimizers = [], []
-        for _ in range(resident):
-            student = model.Student.from_teacher(net, preset.run["blocks"], preset.run["layers_per_block"], "post",
-                                                 preset.run["seed"], shard_fn=devices.shard_fn(ctx, dtype))
-            student.checkpoint_layers = bool(preset.run.get("activation_checkpointing"))
-            optimizer = grow.build_optimizer(settings, grow.trainable_parameters(student, phase))
-            for group in optimizer.param_groups:  # AdamW's moments as they are after the first step
-                for p in group["params"]:
-                    optimizer.state[p] = {"step": torch.tensor(1.0), "exp_avg": torch.zeros_like(p),
-                                          "exp_avg_sq": torch.zeros_like(p)}
-            students.append(student)
-            optimizers.append(optimizer)
-        student, optimizer = students[0], optimizers[0]
-        out["student_parameters"] = sum(p.numel() for p in student.parameters())
-        out["student_trainable_parameters"] = sum(p.numel() for p in grow.trainable_parameters(student, phase))
-        out["teacher_parameters"] = sum(p.numel() for p in net.parameters())
-        # Held besides what the tracker sees: the other students. (The teacher's weights are in the
-        # tracker's Total already: its dispatch mode registers them when an op first returns a view of
-        # them, as FSDP2's all-gathers and the loss's .detach() of the head do.)
-        teacher_gib = local_bytes(net.parameters()) / GiB
-        resident_gib = {
-            "other students' weights": sum(local_bytes(s.parameters()) for s in students[1:]) / GiB,
-            "other students' AdamW moments": sum(local_bytes(v for st in o.state.values() for v in st.values())
-                                                 for o in optimizers[1:]) / GiB}
-        tracker = CudaPeak(ctx.device) if on_gpu else FSDPMemTracker(student, optimizer) if launch.world > 1 \
-            else MemTracker()
-        if launch.world == 1 and not on_gpu:
-            tracker.track_external(student, optimizer)
-        calls, left_gathered, ops, teacher_ops, student_ops = [], {}, DispatchedOps(), [], []
-        with tracker:
-            for i, batch in enumerate(batches):
-                tracker.reset_mod_stats()  # a fresh forward (the trackers take one at a time)
-                count, collectives = CommDebugMode(), CollectiveBytes()
-                with count, collectives, ops:
-                    start = ops.count
-                    with grow.autocast(dtype, ctx):
-                        hidden = teacher.hidden(batch.input_ids)
-                        teacher_ops.append(ops.count - start)
-                        left_gathered["teacher"] = gathered(teacher.net)
-                        if hasattr(student, "set_requires_gradient_sync"):
-                            student.set_requires_gradient_sync(i == len(batches) - 1)
-                        loss, _, _ = grow.loss_fn(settings, batch, hidden, teacher.head_weight, phase,
-                                                  batch.n_targets * preset.run["global_batch"], student)
-                    (loss * ctx.world).backward()
-                calls.append(collectives.calls)
-                student_ops.append(ops.count - start - teacher_ops[-1])
-            count, collectives = CommDebugMode(), CollectiveBytes()
-            start = ops.count
-            with count, collectives, ops:
-                optimizer.step()
-                optimizer.zero_grad(set_to_none=True)
-            calls.append(collectives.calls)
-            optimizer_ops = ops.count - start
-            tracker.reset_mod_stats()
-            count, collectives = CommDebugMode(), CollectiveBytes()
-            with count, collectives, torch.no_grad(), grow.autocast(dtype, ctx):  # an evaluation forward
-                student(batches[0].input_ids, active_blocks=phase.active_blocks, output_fn=grow.hidden_only)
-                evaluation_calls = collectives.calls
-                if hasattr(student, "reshard"):
-                    student.reshard()
-            left_gathered["student after evaluation"] = gathered(student)
-        peak = {getattr(k, "value", k): v / GiB for k, v in next(iter(tracker.get_tracker_snapshot("peak").values())).items()
-                if v}
-    # A step: the measured non-final micro-batch's collectives for each of the step's first n - 1, the
-    # last one's (with the reduce-scatters), then the optimizer's.
-    first, last, optimizer_calls = calls[0], calls[-2], calls[-1]
-    step_calls = first * (micro_per_step - 1) + last + optimizer_calls if len(batches) > 1 else last + optimizer_calls
-    per_step = lambda counts: counts[0] * (micro_per_step - 1) + counts[-1]  # the same for operator counts
-    step_ops = {"teacher forward": per_step(teacher_ops),
-                "a student's forward, backward and AdamW step": per_step(student_ops) + optimizer_ops}
-    step_ops["a step of every resident student, one teacher forward"] = \
-        step_ops["teacher forward"] + resident * step_ops["a student's forward, backward and AdamW step"]
-    tokens = preset.run["global_batch"] * min(preset.doc_tokens, preset.data["max_len"])
-    flops = plan.step_flops(preset, shape, tokens) / launch.world
-    compute_s = flops / (plan.GPU_BF16_PEAK["h100"] * plan.ASSUMED_MFU)
-    out.update(
-        # on a GPU the allocator's peak already holds what was resident before the step
-        peak_gib={**peak, "of which teacher weights": teacher_gib, **resident_gib,
-                  "per-rank peak": peak.get("Total", 0.0) + (0.0 if on_gpu else sum(resident_gib.values()))},
-        left_gathered=left_gathered, collectives_per_step=summarize_calls(step_calls),
-        collectives_per_evaluation_batch=summarize_calls(evaluation_calls),
-        comm_s_per_step=plan.comm_seconds(step_calls, launch.nodes), compute_s_per_step=compute_s,
-        ops_per_step=step_ops, host_s_per_op=host_s_per_op,
-        host_floor_s_per_step=step_ops["a step of every resident student, one teacher forward"] * host_s_per_op,
-        step_s=max(compute_s, plan.comm_seconds(step_calls, launch.nodes)),
-        assumptions={"mfu": plan.ASSUMED_MFU, "gpu": "h100", "nvlink_bytes_per_s": plan.NVLINK_BYTES_PER_S,
-                     "infiniband_bytes_per_s": plan.INFINIBAND_BYTES_PER_S, "tokens_per_step": tokens,
-                     "overlap": "communication overlaps compute (FSDP2's prefetch): a step takes the longer"},
-        wall_s=time.time() - started)
-    if dist.is_initialized():
-        dist.destroy_process_group()
+def rehearse_segments(ws, launch: Launch, names, replicate_teacher: bool = False, device: str = "cpu") -> list[dict]:
+    """rehearse() of every lockstep segment of the runs `names` (plan.lockstep_segments): {"steps", "runs",
+    "rehearsal", "plan_gib"} each, the plan's per-GPU memory beside the rehearsal's."""
+    runs = plan.planned_runs(ws, names, ws.preset.run["seed"])
+    teacher = presets.teacher_shape(ws.preset)
+    out = []
+    for start, stop, live in plan.lockstep_segments(runs):
+        phases = [ph for _, ph in live]
+        out.append({"steps": [start, stop], "runs": [f"{name} phase {ph.index}" for name, ph in live],
+                    "rehearsal": rehearse(ws, launch, phases, replicate_teacher, device),
+                    "plan_gib": memory.step_peak(ws.preset, teacher, launch.gpus, launch.nodes, phases,
+                                                 replicate_teacher)["total"] / GiB})
     return out
 
 
-def write(runs: dict, results: Path) -> Path:
-    """results/rehearse-<scale>[-<nodes>x<gpus>].json: {"apart": rehearse(..), "lockstep": rehearse(..)}."""
-    out = runs["lockstep"]
-    nodes = "" if out["nodes"] == 1 else f"-{out['nodes']}x{out['gpus']}"
-    path = results / f"rehearse-{out['scale']}{nodes}{'-replicated-teacher' if out['teacher_replicated'] else ''}.json"
+def rehearse(ws, launch: Launch, residents: list | None = None, replicate_teacher: bool = False,
+             device: str = "cpu") -> dict:
+    """One lockstep step of `ws`'s scale on `launch`'s GPUs, as rank 0 runs it: with fake tensors on this
+    CPU, or (device "cuda", make gpu-check) with real ones on one GPU, the other ranks still a fake group.
+    residents: the phases (config.Phase) of the students held at once, the costliest stepping (default:
+    one run in grow's last phase, a run apart); replicate_teacher: the teacher whole on every GPU."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    started = time.time()
+    host_s_per_op = host_seconds_per_op()  # before any fake mode: real tensors
+    preset, on_gpu = ws.preset, device == "cuda"
+    ctx = rank0(launch, device)
+    dtype = devices.DTYPES.get(preset.run["precision"], torch.bfloat16)  # a GPU's precision (auto: bf16)
+    residents = memory.costliest_first(residents or [memory.last_phase(preset)])
+    resident, phase = len(residents), residents[0]
+    settings = config.RunConfig(**{**preset.run, "name": "rehearsal", "protocol": "grow", "norm": "post",
+                                   "train_data": "", "val_data": "", "replay_docs": 1})
+    data.check_split(preset.run["global_batch"], launch.world, preset.run["micro_batch"])
+    micro_per_step = preset.run["global_batch"] // launch.world // preset.run["micro_batch"]
+    batches = worst_batches(preset, micro_per_step, device)
+    fake = contextlib.nullcontext() if on_gpu else FakeTensorMode(allow_non_fake_inputs=True)
+    with (contextlib.nullcontext() if on_gpu else as_on_a_gpu()), fake:
+        teacher, students, optimizers = resident_models(preset, ctx, dtype, settings, residents, replicate_teacher,
+                                                        device)
+        tracker = memory_tracker(students, optimizers, ctx, on_gpu)
+        with tracker:
+            step = lockstep_run_step(settings, phase, teacher, students[0], optimizers[0], batches, ctx, dtype,
+                                     tracker, keep_teacher_states=resident > 1, micro_per_step=micro_per_step)
+        peak = {getattr(k, "value", k): v / GiB
+                for k, v in next(iter(tracker.get_tracker_snapshot("peak").values())).items() if v}
+    if dist.is_initialized():
+        dist.destroy_process_group()
+    out = {"scale": preset.name, "gpus": launch.gpus, "nodes": launch.nodes, "world": launch.world,
+           "precision": str(dtype).removeprefix("torch."), "micro_batches_per_step": micro_per_step,
+           "micro_batch_lengths": [b.input_ids.shape[1] for b in batches], "resident_students": resident,
+           "stepping_phase": {"active_blocks": phase.active_blocks, "trained_blocks": list(phase.trainable_blocks)},
+           "teacher_replicated": replicate_teacher,
+           "activation_checkpointing": preset.run.get("activation_checkpointing", False),
+           "student_parameters": sum(p.numel() for p in students[0].parameters()),
+           "student_trainable_parameters": sum(p.numel() for p in grow.trainable_parameters(students[0], phase)),
+           "teacher_parameters": sum(p.numel() for p in teacher.net.parameters()),
+           "left_gathered": step["left_gathered"]}
+    out.update(step_costs(preset, launch, step, resident, host_s_per_op))
+    others = {"other students' weights": sum(local_bytes(s.parameters()) for s in students[1:]) / GiB,
+              "other students' AdamW moments": sum(local_bytes(v for st in o.state.values() for v in st.values())
+                                                   for o in optimizers[1:]) / GiB}
+    # on a GPU the allocator's peak already holds what was resident before the step
+    out["peak_gib"] = {**peak, "of which teacher weights": local_bytes(teacher.net.parameters()) / GiB, **others,
+                       "per-rank peak": peak.get("Total", 0.0) + (0.0 if on_gpu else sum(others.values()))}
+    out["wall_s"] = time.time() - started
+    return out
+
+
+def rank0(launch: Launch, device: str) -> devices.Dist:
+    """Rank 0 of the launch: a fake process group of its world size and the launch's mesh (1-D over one
+    node; HSDP's 2-D replicate x shard over several)."""
+    if launch.world == 1:
+        return devices.Dist(device=torch.device(device))
+    fake_process_group(launch.world)
+    return devices.Dist(0, launch.world, torch.device(device), launch.gpus,
+                        devices.mesh_for(device, launch.world, launch.gpus))
+
+
+def worst_batches(preset, micro_per_step: int, device: str) -> list[data.Batch]:
+    """The worst step a rank can be given: documents of the full length in every micro-batch. Two are run
+    (the first holds the loss with no gradients yet, the last on top of the accumulated ones; the
+    collectives and operators of those between equal the first's); no padding, one document a row."""
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
+    rows, n = preset.run["micro_batch"], preset.data["max_len"]
+    with unset_fake_temporarily():
+        return [data.Batch(input_ids=torch.zeros(rows, n, dtype=torch.long, device=device),
+                           targets=torch.zeros(rows, n, dtype=torch.long, device=device), mask=None,
+                           lengths=torch.full((rows,), n), doc_ids=list(range(rows)), n_targets=n * rows)
+                for _ in range(min(2, micro_per_step))]
+
+
+def resident_models(preset, ctx, dtype, settings, residents: list, replicate_teacher: bool, device: str):
+    """(teacher, students, optimizers) as a launch builds them (model.py, devices.shard_fn, grow's
+    trainable parameters and optimizer), a student in each phase of `residents`: its AdamW moments as
+    after its phase's first step."""
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
+    sharding = None if replicate_teacher else devices.shard_fn(ctx, dtype, grow.TEACHER_REPLICATED)
+    net = model.qwen3_on_meta(presets.teacher_shape(preset), sharding)
+    with unset_fake_temporarily():
+        net.to(dtype)
+    net.to_empty(device=device)
+    teacher = grow.Teacher(net.eval().requires_grad_(False))
+    students, optimizers = [], []
+    for phase in residents:
+        student = model.Student.from_teacher(net, preset.run["blocks"], preset.run["layers_per_block"], "post",
+                                             preset.run["seed"], shard_fn=devices.shard_fn(ctx, dtype))
+        student.checkpoint_layers = bool(preset.run.get("activation_checkpointing"))
+        devices.settle_fsdp_dtypes(student)  # as grow.build_model does
+        optimizer = grow.build_optimizer(settings, grow.trainable_parameters(student, phase))
+        for group in optimizer.param_groups:
+            for p in group["params"]:
+                optimizer.state[p] = {"step": torch.tensor(1.0), "exp_avg": torch.zeros_like(p),
+                                      "exp_avg_sq": torch.zeros_like(p)}
+        students.append(student)
+        optimizers.append(optimizer)
+    return teacher, students, optimizers
+
+
+def memory_tracker(students, optimizers, ctx, on_gpu: bool):
+    """The allocator's own peak on a GPU; else torch's FSDPMemTracker over the stepping student (one
+    process: MemTracker). Neither sees the other resident students' shards and moments (built before
+    it, untouched in the step): rehearse() adds their bytes, read from the tensors themselves."""
+    from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
+    from torch.distributed._tools.mem_tracker import MemTracker
+    if on_gpu:
+        return CudaPeak(ctx.device)
+    if ctx.world > 1:
+        return grown_fsdp_tracker(FSDPMemTracker)(students[0], optimizers[0])
+    tracker = MemTracker()
+    tracker.track_external(students[0], optimizers[0])
+    return tracker
+
+
+def grown_fsdp_tracker(FSDPMemTracker):
+    """torch's FSDPMemTracker, able to follow a student whose later blocks have not grown in yet: its
+    post-backward hook reads every parameter's unsharded gradient, and a unit that never ran forward
+    (FSDP2's final callback still calls its post-backward) has no unsharded parameter, so the tracker
+    raised AttributeError where the training code does not. Such a unit holds nothing to attribute."""
+    class Tracker(FSDPMemTracker):
+        def _fsdp_param_group_post_backward(self, fsdp_mod, orig_post_backward):
+            tracked = super()._fsdp_param_group_post_backward(fsdp_mod, orig_post_backward)
+
+            def post_backward(*args, **kwargs):
+                group = fsdp_mod._get_fsdp_state()._fsdp_param_group
+                ran = group is None or all(hasattr(p, "_unsharded_param") for p in group.fsdp_params)
+                return (tracked if ran else orig_post_backward)(*args, **kwargs)
+            return post_backward
+    return Tracker
+
+
+def lockstep_run_step(settings, phase, teacher, student, optimizer, batches, ctx, dtype, tracker,
+                      keep_teacher_states: bool, micro_per_step: int) -> dict:
+    """One run's step as grow.lockstep_step takes it: its micro-batches in turn (gradient sync set by
+    grow.set_gradient_sync, on for the last), the teacher's hidden states kept for the step where other
+    runs read them (those of the micro-batches not run allocated at their size), grow.clip_gradients,
+    the AdamW step, then an evaluation forward. Collectives and operators counted on the way."""
+    ops, calls, teacher_ops, student_ops, kept = DispatchedOps(), [], [], [], []
+    active = phase.active_blocks * settings.layers_per_block
+    left = {}
+    for i, batch in enumerate(batches):
+        tracker.reset_mod_stats()  # a fresh forward (the trackers take one at a time)
+        collectives = CollectiveBytes()
+        with collectives, ops:
+            start = ops.count
+            with grow.autocast(dtype, ctx):
+                hidden = teacher.hidden(batch.input_ids)
+                teacher_ops.append(ops.count - start)
+                left["teacher"] = gathered(teacher.net)
+                if keep_teacher_states and i == 0:  # a run after the group's first: every state already kept
+                    kept = [torch.empty_like(hidden) for _ in range(micro_per_step - 1)]
+                if hasattr(student, "set_requires_gradient_sync"):  # as grow.Run.accumulate
+                    grow.set_gradient_sync(student, i == len(batches) - 1, active)
+                loss, _, _ = grow.loss_fn(settings, batch, hidden, teacher.head_weight, phase,
+                                          batch.n_targets * settings.global_batch, student)
+            (loss * ctx.world).backward()
+        calls.append(collectives.calls)
+        student_ops.append(ops.count - start - teacher_ops[-1])
+    collectives, start = CollectiveBytes(), ops.count
+    with collectives, ops:
+        grow.clip_gradients(grow.trainable_parameters(student, phase), settings.grad_clip)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+    calls.append(collectives.calls)
+    optimizer_ops = ops.count - start
+    kept.clear()
+    tracker.reset_mod_stats()
+    collectives = CollectiveBytes()
+    with collectives, torch.no_grad(), grow.autocast(dtype, ctx):  # an evaluation forward
+        student(batches[0].input_ids, active_blocks=phase.active_blocks, output_fn=grow.hidden_only)
+        if hasattr(student, "reshard"):
+            student.reshard()
+    left["student after evaluation"] = gathered(student)
+    return {"calls": calls, "evaluation_calls": collectives.calls, "teacher_ops": teacher_ops,
+            "student_ops": student_ops, "optimizer_ops": optimizer_ops, "left_gathered": left}
+
+
+def step_costs(preset, launch: Launch, step: dict, resident: int, host_s_per_op: float) -> dict:
+    """A whole step from the micro-batches run: the first one's collectives and operators for each of the
+    step's first n - 1, the last one's (with the reduce-scatters), then the optimizer's; communication
+    at the stated bandwidths against compute at the stated MFU and against the host's floor."""
+    micro_per_step = preset.run["global_batch"] // launch.world // preset.run["micro_batch"]
+    calls = step["calls"]
+    step_calls = calls[0] * (micro_per_step - 1) + calls[-2] + calls[-1]
+    per_step = lambda counts: counts[0] * (micro_per_step - 1) + counts[-1]
+    ops = {"teacher forward": per_step(step["teacher_ops"]),
+           "a student's forward, backward and AdamW step": per_step(step["student_ops"]) + step["optimizer_ops"]}
+    ops["a step of every resident student, one teacher forward"] = \
+        ops["teacher forward"] + resident * ops["a student's forward, backward and AdamW step"]
+    tokens = preset.run["global_batch"] * min(preset.doc_tokens, preset.data["max_len"])
+    compute_s = plan.step_flops(preset, presets.teacher_shape(preset), tokens) / launch.world \
+        / (plan.GPU_BF16_PEAK["h100"] * plan.ASSUMED_MFU)
+    comm_s = plan.comm_seconds(step_calls, launch.nodes)
+    return {"collectives_per_step": summarize_calls(step_calls),
+            "collectives_per_evaluation_batch": summarize_calls(step["evaluation_calls"]),
+            "comm_s_per_step": comm_s, "compute_s_per_step": compute_s, "step_s": max(compute_s, comm_s),
+            "ops_per_step": ops, "host_s_per_op": host_s_per_op,
+            "host_floor_s_per_step": ops["a step of every resident student, one teacher forward"] * host_s_per_op,
+            "assumptions": {"mfu": plan.ASSUMED_MFU, "gpu": "h100", "nvlink_bytes_per_s": plan.NVLINK_BYTES_PER_S,
+                            "infiniband_bytes_per_s": plan.INFINIBAND_BYTES_PER_S, "tokens_per_step": tokens,
+                            "overlap": "communication overlaps compute (FSDP2's prefetch): a step takes the longer"}}
+
+
+def write(out: dict, results: Path, scale: str, launch: Launch, experiments_name: str, replicated: bool) -> Path:
+    """results/rehearse-<scale>[-<nodes>x<gpus>]-<experiments>.json: {"apart", "lockstep": rehearse(..),
+    "real": rehearse_real(..)}, those run."""
+    nodes = "" if launch.nodes == 1 else f"-{launch.nodes}x{launch.gpus}"
+    path = results / f"rehearse-{scale}{nodes}-{experiments_name}{'-replicated-teacher' if replicated else ''}.json"
     path.parent.mkdir(parents=True, exist_ok=True)
-    return checkpoint.write_json(path, runs)
+    return checkpoint.write_json(path, out)
+
+
+def segments_markdown(apart: dict, segments: list[dict]) -> list[str]:
+    """Every lockstep segment's per-rank peak beside the plan's, then the worst segment's step in full."""
+    lines = [f"Per-rank peak of every lockstep segment on {apart['nodes']} x {apart['gpus']} GPUs (a run apart: "
+             f"{apart['peak_gib']['per-rank peak']:.2f} GiB)", "",
+             "| steps | resident runs (phase) | rehearsal GiB | plan GiB |", "| --- | --- | --- | --- |"]
+    lines += [f"| {s['steps'][0]:,}-{s['steps'][1]:,} | {', '.join(s['runs'])} | "
+              f"{s['rehearsal']['peak_gib']['per-rank peak']:.2f} | {s['plan_gib']:.2f} |" for s in segments]
+    worst = max(segments, key=lambda s: s["rehearsal"]["peak_gib"]["per-rank peak"], default=None)
+    return lines + ([""] + markdown(worst["rehearsal"]) if worst else [])
 
 
 def markdown(out: dict) -> list[str]:
@@ -380,3 +502,125 @@ def markdown(out: dict) -> list[str]:
     lines += ["", f"host floor: {out['host_floor_s_per_step'] * 1e3:.1f} ms a step ({out['host_s_per_op'] * 1e6:.2f} µs "
               "to dispatch one operator on this host; a GPU's launch adds to it)"]
     return lines
+
+
+# ----------------------------------------------------------------------------------------------
+# Real tensors at reduced dimensions: the launch's own driver on every rank, each rank a thread
+
+# A teacher of the kit's own at a few hundred kB: every FSDP2 unit, the precision policy, accumulation,
+# activation checkpointing and the chunked loss run as at full size, in seconds.
+REDUCED_TEACHER = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                       num_key_value_heads=2, head_dim=16, tie_word_embeddings=False)
+REDUCED_STEPS = 2  # steps a phase: step 1 writes latest/ and a step-1/ snapshot, step 2 ends the phase
+
+
+def reduced(preset):
+    """`preset` at reduced dimensions, everything else of a launch kept: its precision (bf16 parameters,
+    fp32 reduction), micro-batch, global batch (so the accumulation a rank runs), activation
+    checkpointing, protocols and phases; every phase two steps with an evaluation, a kept checkpoint
+    and latest/ in each, the monitor on every step; the toy corpus at 64 tokens a document."""
+    from dataclasses import replace
+    return replace(preset, teacher="", teacher_model=REDUCED_TEACHER, shipped_teacher="",
+                   data={"source": "toy", "vocab_size": 512, "max_len": 64, "val_docs": 64},
+                   run={**preset.run, "phase_steps": REDUCED_STEPS, "eval_interval": REDUCED_STEPS,
+                        "checkpoint_interval": 1, "snapshot_interval": 1, "monitor_interval": 1, "loss_chunk": 64})
+
+
+def on_threads(launch: Launch, work) -> list:
+    """work(ctx) on every rank of `launch`, each a thread of this process in torch's threaded process
+    group (real collectives between the threads, the launch's mesh: HSDP over several nodes); each
+    rank's result. A rank that raises stops them all, and its exception is raised here."""
+    import threading
+
+    import torch.testing._internal.distributed.multi_threaded_pg as threaded
+    world, store, results, failed = launch.world, dist.HashStore(), [None] * launch.world, []
+
+    def rank(r: int):
+        try:
+            dist.init_process_group("threaded", rank=r, world_size=world, store=store)
+            ctx = devices.Dist(r, world, torch.device("cpu"), launch.gpus, devices.mesh_for("cpu", world, launch.gpus))
+            results[r] = work(ctx)
+        except BaseException as e:  # noqa: BLE001 - re-raised below, after every rank has stopped
+            failed.append((r, e))
+            threaded.ProcessLocalGroup.exception_handle(e)
+        finally:
+            dist.destroy_process_group()
+
+    torch._C._distributed_c10d._set_thread_isolation_mode(True)
+    threaded._install_threaded_pg()
+    threads_before = torch.get_num_threads()
+    torch.set_num_threads(1)  # many ranks on a few cores: one intra-op thread each
+    try:
+        threads = [threading.Thread(target=rank, args=(r,)) for r in range(world)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    finally:
+        threaded.ProcessLocalGroup.reset()
+        threaded._uninstall_threaded_pg()
+        torch._C._distributed_c10d._set_thread_isolation_mode(False)
+        torch.set_num_threads(threads_before)
+    if failed:
+        raise min(failed, key=lambda f: f[0])[1]
+    return results
+
+
+def rehearse_real(preset, launch: Launch, names, root: Path, seed: int | None = None) -> dict:
+    """The launch itself at reduced dimensions (reduced()): suite.ensure_runs, the code `repro.py
+    EXPERIMENTS` runs, on every rank of `launch` with real tensors, after a first launch on half the
+    ranks of one node that stops after each lockstep run's first step (so every run resumes from a
+    latest/ written by another world size). Returns what it ran and how long it took."""
+    import grow
+    import model
+    import suite
+    small = reduced(preset)
+    seed = preset.run["seed"] if seed is None else seed
+    teacher = root / "teacher"
+    net = model.Qwen3(presets.teacher_shape(small))
+    net.init_weights(seed)
+    model.save_qwen3(net, teacher)
+    first = Launch(max(1, launch.gpus // 2))
+    started = time.time()
+
+    def interrupted(ctx):
+        ws = suite.Workspace(small, root / "runs", root / "results", ctx, wait=False)
+        suite.prepare_data(ws)
+        jobs = [(suite.run_config(ws, name, seed, teacher=teacher), ws.run_dir(name, seed))
+                for name in suite.with_prefixes(names)]
+        # the lockstep runs that start from scratch (one that adopts another's phase waits for it to end)
+        grow.train_together([j for j in jobs if j[0].data_mode == "replay" and not j[0].start_from], ctx=ctx,
+                            stop_after_step=1, wait=False)
+
+    def launched(ctx):
+        ws = suite.Workspace(small, root / "runs", root / "results", ctx, wait=False)
+        steps = lambda: sum("loss" in row for name in suite.with_prefixes(names)
+                            for row in rundir.read_metrics(ws.run_dir(name, seed)))
+        before = steps()
+        with HostSyncs() as syncs:
+            suite.ensure_runs(ws, names, [seed], teacher=teacher)
+        return {"runs": {name: rundir.final_eval(ws.run_dir(name, seed)) for name in suite.with_prefixes(names)},
+                "host_syncs": syncs.count, "host_syncs_by_place": syncs.by_place, "steps": steps() - before}
+
+    with contextlib.redirect_stdout(io.StringIO()) as said:  # the runs' own lines; the result says it all
+        on_threads(first, interrupted)
+        resumed = time.time()
+        rank_0 = on_threads(launch, launched)[0]
+    return {"world": launch.world, "gpus": launch.gpus, "nodes": launch.nodes, "first_world": first.world,
+            "precision": small.run["precision"], "runs": rank_0["runs"],
+            "host_syncs_rank0": rank_0["host_syncs"], "run_steps": rank_0["steps"],
+            "host_syncs_per_run_step": rank_0["host_syncs"] / max(rank_0["steps"], 1),
+            "host_syncs_by_place": rank_0["host_syncs_by_place"],
+            "host_syncs_per_training_step": rank_0["host_syncs_by_place"].get("training steps", 0)
+            / max(rank_0["steps"], 1),
+            "log_lines": len(said.getvalue().splitlines()),
+            "wall_s": {"interrupted launch": resumed - started, "resumed launch": time.time() - resumed}}
+
+
+def real_markdown(out: dict) -> list[str]:
+    runs = ", ".join(f"{name} step {r.get('step')}" for name, r in out["runs"].items())
+    return [f"The launch's driver on {out['nodes']} x {out['gpus']} ranks at reduced size ({out['precision']}), "
+            f"resumed from a launch on {out['first_world']}: {runs}; host syncs on rank 0: "
+            f"{out['host_syncs_per_training_step']:.1f} a run's training step, {out['host_syncs_rank0']} in all over "
+            f"{out['run_steps']} run-steps ({out['host_syncs_by_place']}); "
+            + ", ".join(f"{k} {v:.0f} s" for k, v in out["wall_s"].items())]

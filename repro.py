@@ -239,6 +239,21 @@ def cli():
     """
 
 
+def experiment_names(wanted) -> list[str]:
+    """The experiments named (none or `all`: every one); an unknown name is one line."""
+    known = experiments.EXPERIMENTS
+    unknown = [e for e in wanted if e != "all" and e not in known]
+    if unknown:
+        raise click.BadParameter(f"unknown experiment {unknown[0]!r}; choose from {', '.join(known)} or all",
+                                 param_hint="EXPERIMENT")
+    return list(known) if not wanted or "all" in wanted else list(dict.fromkeys(wanted))
+
+
+def experiment_runs(names: list[str]) -> list[str]:
+    """The runs those experiments read, in the kit's order."""
+    return [r for r in experiments.RUNS if any(r in experiments.EXPERIMENTS[e].runs for e in names)]
+
+
 @cli.command("run")
 @click.argument("wanted", metavar="EXPERIMENTS", nargs=-1)
 @scale_option
@@ -254,13 +269,8 @@ def cli():
 def run_experiments(wanted, scale, seeds, dry_run, gpu, gpus, nodes, overrides, compile_flag, device, tracker, no_wait,
                     lockstep, force, runs_dir, results_dir):
     """Run EXPERIMENTS (default: all) at a scale and write results/<scale>/<experiment>.md/.json/.png."""
-    known = experiments.EXPERIMENTS
-    unknown = [e for e in wanted if e != "all" and e not in known]
-    if unknown:
-        raise click.BadParameter(f"unknown experiment {unknown[0]!r}; choose from {', '.join(known)} or all",
-                                 param_hint="EXPERIMENT")
-    names = list(known) if not wanted or "all" in wanted else list(dict.fromkeys(wanted))
-    runs = [r for r in experiments.RUNS if any(r in experiments.EXPERIMENTS[e].runs for e in names)]
+    names = experiment_names(wanted)
+    runs = experiment_runs(names)
     ws = workspace(scale, runs_dir, results_dir, dry_run, overrides, compile_flag, device, tracker, lockstep,
                    not no_wait)
     seeds = chosen_seeds(ws.preset.run["seed"], overrides, seeds, [ws.preset.run["seed"]], "--seeds")
@@ -581,7 +591,7 @@ def evaluate(checkpoint, scale, data_dir, as_json, runs_dir):
     net = model.Student.load(checkpoint) if "normgrow_student" in config else model.load_qwen3(checkpoint)
     # The scale's evaluation settings (batch, chunk, precision), as its runs use them; no teacher: CE only.
     settings = suite.run_config(ws, "post-joint", ws.preset.run["seed"])
-    dtype, _ = devices.precision_choice(settings.precision, ws.ctx.device, ws.ctx.world)
+    dtype, _ = devices.precision_choice(settings.precision, ws.ctx.device)
     scores = grow.evaluate(settings, net, None, val, active_blocks=None, ctx=ws.ctx, dtype=dtype)
     ce, tokens = scores["ce"], scores["val_tokens"]
     result = {"checkpoint": str(checkpoint), "data": str(val.path), "ce": ce, "ppl": scores["ppl"], "tokens": tokens}
@@ -804,29 +814,46 @@ def prepare(scale, overrides, force, runs_dir):
 
 
 @cli.command()
+@click.argument("wanted", metavar="EXPERIMENTS", nargs=-1)
 @scale_option
 @click.option("--gpus", type=click.IntRange(1, 1024), default=None,
               help="GPUs per node (default: 8 at full scale, 1 at the others).")
 @click.option("--nodes", type=click.IntRange(1, 1024), default=1, show_default=True,
               help="Nodes; above 1, HSDP: shard within a node, replicate across nodes.")
+@click.option("--mode", type=click.Choice(["both", "fake", "real"]), default="both", show_default=True,
+              help="fake: one step at full size with fake tensors (memory, collectives, operators); real: the "
+                   "launch's own driver at reduced size with real tensors on every rank (crashes, dtypes, resume).")
 @click.option("--replicate-teacher", is_flag=True, help="Rehearse the teacher whole on every GPU instead of sharded.")
 @set_option
 @runs_option
 @results_option
-def rehearse(scale, gpus, nodes, replicate_teacher, overrides, runs_dir, results_dir):
-    """A full-size rehearsal of one training step on this CPU, no GPU needed: fake process group, fake
-    tensors, the kit's own model, sharding, loss and optimizer; per-rank memory by category, collectives
-    and their bytes, communication against compute (results/rehearse-<scale>.json)."""
+def rehearse(wanted, scale, gpus, nodes, mode, replicate_teacher, overrides, runs_dir, results_dir):
+    """Rehearse a launch of EXPERIMENTS (default table1; all) on this CPU, no GPU needed: one step at full
+    size on a fake process group with fake tensors (per-rank memory by category, collectives and their
+    bytes, operators, against the plan), and the launch's own driver at reduced size with real tensors in
+    the preset's precision on every rank of the launch's mesh, every phase of every run, with
+    evaluations, checkpoints and a resume on another world size (results/rehearse-<scale>-*.json)."""
+    import tempfile
+
     import rehearse as rehearsal
+    names = experiment_names(wanted or ("table1",))
+    runs = experiment_runs(names)
     ws = suite.workspace(scale, runs_dir, results_dir, dry_run=True, overrides=overrides, device="cpu")
     launch = rehearsal.Launch(gpus or (8 if scale == "full" else 1), nodes)
-    with warnings.catch_warnings():  # the memory tracker's module hooks, on a student whose inputs need no gradient
-        warnings.filterwarnings("ignore", "Full backward hook is firing", UserWarning)
-        runs = {"apart": rehearsal.rehearse(ws, launch, resident=1, replicate_teacher=replicate_teacher),
-                "lockstep": rehearsal.rehearse(ws, launch, replicate_teacher=replicate_teacher)}
-    suite.console.print("\n".join(rehearsal.markdown(runs["lockstep"])), markup=False)
-    path = rehearsal.write(runs, ws.results.parent)
-    suite.console.print(f"runs apart: per-rank peak {runs['apart']['peak_gib']['per-rank peak']:.1f} GiB; wrote {path}")
+    out = {}
+    if mode in ("both", "fake"):
+        with warnings.catch_warnings():  # the memory tracker's module hooks, on a student whose inputs need no gradient
+            warnings.filterwarnings("ignore", "Full backward hook is firing", UserWarning)
+            out["apart"] = rehearsal.rehearse(ws, launch, replicate_teacher=replicate_teacher)
+            out["lockstep"] = rehearsal.rehearse_segments(ws, launch, runs, replicate_teacher=replicate_teacher)
+        suite.console.print("\n".join(rehearsal.segments_markdown(out["apart"], out["lockstep"])), markup=False)
+    if mode in ("both", "real"):
+        with tempfile.TemporaryDirectory() as tmp:
+            out["real"] = rehearsal.rehearse_real(ws.preset, launch, runs, Path(tmp))
+        suite.console.print("\n".join(rehearsal.real_markdown(out["real"])), markup=False)
+    label = "all" if "all" in wanted else "-".join(names)
+    path = rehearsal.write(out, ws.results.parent, scale, launch, label, replicate_teacher)
+    suite.console.print(f"wrote {path}")
 
 
 @cli.command()

@@ -265,14 +265,6 @@ def trainer_state(step, phase, batcher, totals, elapsed, outcome: dict) -> dict:
             "elapsed": elapsed, "torch_rng": rng, "outcome": outcome}
 
 
-def gathered_state(net) -> dict:
-    """Full (unsharded) CPU state dict on every rank; plain state_dict in one process."""
-    if not any(hasattr(p, "device_mesh") for p in net.parameters()):
-        return net.state_dict()
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
-    return get_model_state_dict(net, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
-
-
 @contextmanager
 def disk_full_is_one_line(folder: Path, run_dir: Path):
     """A write that runs out of disk (or past a file-size limit) says so, names the folder, and says
@@ -297,16 +289,50 @@ def save_kept_checkpoint(run_dir: Path, name: str, net, state: dict, ctx):
 
 
 def write_kept_checkpoint(run_dir: Path, name: str, net, state: dict, ctx):
-    full = gathered_state(net)
+    """In one process, model.safetensors. Under FSDP2 nothing is gathered whole on one rank: each rank
+    that holds distinct shards (ctx.shard_group) writes whole the tensors assigned to it
+    (checkpoint.tensor_writers: about 1/n of the model each), gathering them one at a time (every rank
+    takes part in each tensor's all-gather), as one file of a standard HF sharded checkpoint
+    (model-0000w-of-0000n.safetensors and model.safetensors.index.json), which the kit's loaders,
+    `repro.py export` (one HF folder) and transformers read as they read one file. Each writer hashes
+    its own file; rank 0 writes the index, config.json, the trainer state and the checksums, then
+    renames the folder into place."""
+    tmp = run_dir / f"{name}.tmp"
     if ctx.is_main:
-        tmp = run_dir / f"{name}.tmp"
-        if isinstance(net, model.Qwen3):  # the teacher run's checkpoints are plain HF Qwen3 folders
-            model.save_qwen3(net, tmp, full)
-        else:
-            net.save(tmp, full)
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir()
+    ctx.barrier()
+    qwen3 = isinstance(net, model.Qwen3)  # the teacher run's checkpoints are plain HF Qwen3 folders
+    weights = {model.hf_name(k) if qwen3 else k: v for k, v in net.state_dict().items()}
+    writers = ctx.shard_writers
+    owner = checkpoint.tensor_writers({k: v.numel() * v.element_size() for k, v in weights.items()}, writers)
+    group, mine = ctx.shard_group, {}
+    for key, value in weights.items():  # in the same order on every rank: the all-gathers pair up
+        whole = value.full_tensor() if hasattr(value, "full_tensor") else value
+        if group is not None and owner[key] == group[0]:
+            mine[key] = whole.detach().cpu()
+        del whole
+    if mine:
+        file = "model.safetensors" if writers == 1 else checkpoint.hf_shard_file(group[0], writers)
+        part = checkpoint.write_weights(tmp, file, mine)
+        checkpoint.write_json(tmp / f"part.rank{group[0]}.json", part, indent=None)
+    del mine
+    ctx.barrier()
+    if ctx.is_main:
+        parts = []
+        for w in range(writers):
+            part_file = tmp / f"part.rank{w}.json"
+            if part_file.is_file():
+                parts.append(checkpoint.loads(part_file.read_text()))
+                part_file.unlink()
+        if writers > 1:
+            checkpoint.write_json(tmp / checkpoint.HF_INDEX, checkpoint.hf_index(parts))
+        checkpoint.write_json(tmp / "config.json", net.config.to_hf() if qwen3 else net.checkpoint_config())
         kill_point("writing-kept", run_dir.name, state["step"])
         checkpoint.write_json(tmp / "trainer_state.json", state, indent=None)
-        checkpoint.write_checksums(tmp)
+        sums = {p["file"]: p["sha256"] for p in parts}
+        sums.update({f.name: checkpoint.sha256(f) for f in tmp.iterdir() if f.name not in sums})
+        checkpoint.write_json(tmp / checkpoint.CHECKSUMS, dict(sorted(sums.items())), indent=1)
         checkpoint.replace_folder(tmp, run_dir / name,
                                   midway=lambda: kill_point("swapping-kept", run_dir.name, state["step"]))
     ctx.barrier()

@@ -102,7 +102,6 @@ def reduced(preset_name: str, **run):
 # Sharded over a node, HSDP over two with two students resident, and one GPU (no FSDP collectives).
 @pytest.mark.parametrize("scale,gpus,nodes,resident", [("full", 8, 1, 1), ("full", 4, 2, 2), ("small", 1, 1, 2)])
 def test_the_rehearsal_measures_what_the_memory_and_collective_counts_say(scale, gpus, nodes, resident):
-    import config
     import devices
     import memory
     import plan
@@ -111,15 +110,14 @@ def test_the_rehearsal_measures_what_the_memory_and_collective_counts_say(scale,
     import suite
     preset = reduced(scale)
     ws = suite.Workspace(preset, Path("/nonexistent") / scale, Path("/nonexistent"), devices.Dist())
-    out = rehearse.rehearse(ws, rehearse.Launch(gpus, nodes), resident=resident)
+    out = rehearse.rehearse(ws, rehearse.Launch(gpus, nodes), [memory.last_phase(preset)] * resident)
     counted = memory.step_peak(preset, presets.teacher_shape(preset), gpus, nodes, resident)
     # The same tensors counted two ways, by the tracker from the storages and by memory.py from the shapes.
     # The count leaves out what is a few KiB each (the loss's float64 sums, AdamW's step counters, scalar
     # temporaries): under 0.1 MiB in all, where the counted total is 100-1000 MiB.
     assert out["peak_gib"]["per-rank peak"] * 2**30 == pytest.approx(counted["total"], abs=0.1 * 2**20)
     assert not any(out["left_gathered"].values())  # every FSDP2 unit resharded after its forward
-    phase = config.plan_phases(config.RunConfig(**{**preset.run, "name": "x", "protocol": "grow", "norm": "post",
-                                                   "train_data": "", "val_data": "", "replay_docs": 1}))[-1]
+    phase = memory.last_phase(preset)
     expected = rehearse.summarize_calls(plan.collectives(preset, presets.teacher_shape(preset), phase, gpus, nodes))
     assert {k: v["count"] for k, v in out["collectives_per_step"].items()} == \
         {k: v["count"] for k, v in expected.items()}
@@ -146,6 +144,28 @@ def test_the_rehearsal_measures_what_the_memory_and_collective_counts_say(scale,
         assert out["collectives_per_step"][f"reduce-scatter over {gpus} ranks"]["count"] == trained_units
 
 
+def test_every_lockstep_segment_measures_what_the_plan_counts():
+    """Table 1's lockstep at full scale's settings (reduced dimensions) on 8 GPUs: each segment (four runs
+    in phase 0, joint's nine layers stepping beside grow's one block; then grow's two in phases 1 and
+    2) measured through the kit's own code equals memory.py's count for it, which plan.fits reads."""
+    import devices
+    import plan
+    import rehearse
+    import suite
+    preset = reduced("full")
+    ws = suite.Workspace(preset, Path("/nonexistent") / "full", Path("/nonexistent"), devices.Dist())
+    segments = rehearse.rehearse_segments(ws, rehearse.Launch(8), ["pre-joint", "post-joint", "pre-grow", "post-grow"])
+    assert [s["steps"] for s in segments] == [[0, 50_000], [50_000, 100_000], [100_000, 150_000]]
+    assert [len(s["runs"]) for s in segments] == [4, 2, 2]
+    for s in segments:  # as above: the count leaves out what is under 0.1 MiB in all
+        assert s["rehearsal"]["peak_gib"]["per-rank peak"] * 2**30 == pytest.approx(s["plan_gib"] * 2**30,
+                                                                                    abs=0.1 * 2**20), s["steps"]
+    worst = max(s["plan_gib"] for s in segments) * 2**30
+    runs = plan.planned_runs(ws, ["pre-joint", "post-joint", "pre-grow", "post-grow"], 42)
+    assert plan.fits(preset, 8, worst / plan.MEMORY_HEADROOM, runs)
+    assert not plan.fits(preset, 8, worst / plan.MEMORY_HEADROOM - 1, runs)
+
+
 def test_dispatched_operators_leave_out_views_and_metadata():
     import torch
     from torch._subclasses.fake_tensor import FakeTensorMode
@@ -159,3 +179,102 @@ def test_dispatched_operators_leave_out_views_and_metadata():
             assert ops.count == 1 and y.device.type == "cpu"
             (y * 2).sum()
             assert ops.count == 3
+
+
+# ----------------------------------------------------------------------------------------------
+# The rehearsal's real-tensor mode is the launch: the driver's functions it calls, against a launch's
+
+DRIVER_MODULES = ("grow.py", "devices.py", "rundir.py", "checkpoint.py")
+
+
+class CalledFunctions:
+    """The functions of the driver's modules called while it is active (sys.setprofile on this thread and
+    threading.setprofile on the threads it starts: the rehearsal's ranks are threads)."""
+
+    def __init__(self):
+        self.names: set[str] = set()
+
+    def profile(self, frame, event, arg):
+        if event == "call" and frame.f_code.co_filename.endswith(DRIVER_MODULES) and \
+                Path(frame.f_code.co_filename).parent == ROOT:
+            self.names.add(f"{Path(frame.f_code.co_filename).stem}.{frame.f_code.co_qualname}")
+
+    def __enter__(self):
+        import threading
+        sys.setprofile(self.profile)
+        threading.setprofile(self.profile)
+        return self
+
+    def __exit__(self, *exc):
+        import threading
+        sys.setprofile(None)
+        threading.setprofile(None)
+
+
+# Called by a launch and never by the rehearsal, each for a reason: the rehearsal's ranks are threads of
+# torch's threaded process group, which it makes itself (no torchrun environment, no NCCL or gloo group
+# to set up or tear down); a launch in one process picks its device; the smoke scale pretrains its own
+# teacher (grow.train of the teacher run), where the full scale's is the hub's and the rehearsal's a
+# small random one; and the command line checks its --tracker option.
+LAUNCH_ONLY = {"devices.setup_distributed", "devices.teardown", "devices.choose_device", "grow.train",
+               "rundir.check_tracker"}
+
+
+def test_the_real_rehearsal_runs_every_driver_function_a_launch_runs(tmp_path, monkeypatch):
+    """A smoke launch of table1 (repro.py, in this process) against the rehearsal's real-tensor mode of
+    table1 at full scale's settings on 2 x 2 ranks (HSDP) in the full preset's precision: every
+    function of grow, devices, rundir and checkpoint that the launch calls, the rehearsal calls (but the
+    few above, each with its reason). A driver path the rehearsal skipped would fail here."""
+    from dataclasses import replace
+
+    import presets
+    import rehearse
+    import repro
+    monkeypatch.chdir(tmp_path)
+    with CalledFunctions() as launch:
+        repro.cli(["table1", "--scale", "smoke", "--runs-dir", str(tmp_path / "runs"), "--results-dir",
+                   str(tmp_path / "results")], standalone_mode=False)
+    full = presets.PRESETS["full"]
+    # 8 documents a step: 2 micro-batches a rank on 4 ranks (accumulation with sync off, then on), in seconds
+    small_batch = replace(full, run={**full.run, "global_batch": 8})
+    with CalledFunctions() as rehearsal:
+        out = rehearse.rehearse_real(small_batch, rehearse.Launch(2, 2), ["pre-joint", "post-joint", "pre-grow",
+                                                                          "post-grow"], tmp_path / "rehearsal")
+    assert out["precision"] == "bf16" and out["first_world"] == 1
+    assert {name: r["step"] for name, r in out["runs"].items()} == \
+        {"pre-joint": rehearse.REDUCED_STEPS, "post-joint": rehearse.REDUCED_STEPS,
+         "pre-grow": 3 * rehearse.REDUCED_STEPS, "post-grow": 3 * rehearse.REDUCED_STEPS}
+    missed = launch.names - rehearsal.names - LAUNCH_ONLY
+    assert not missed, f"called by a launch, never by the rehearsal: {sorted(missed)}"
+
+
+def test_the_plans_hours_are_its_lines_and_the_balance_follows_the_lengths(monkeypatch):
+    """Equal documents waste nothing, so the balance is 1 whatever the placement; lognormal ones waste
+    less placed by length than in order. A grow run evaluates at each phase's start and every 2,000
+    steps (3 x 26 times at full). The total is the sum of its lines."""
+    import devices
+    import model
+    import plan
+    import presets
+    import suite
+    full = presets.PRESETS["full"]
+    teacher = presets.teacher_shape(full)
+    monkeypatch.setattr(plan, "BALANCE_STEPS", 50)
+    monkeypatch.setattr(plan, "DOC_LENGTH_SIGMA", 0.0)
+    assert plan.balance_factor(full, teacher, 8, False, 0) == pytest.approx(1.0, rel=1e-12)
+    monkeypatch.setattr(plan, "DOC_LENGTH_SIGMA", 1.0)
+    balanced, ordered = (plan.balance_factor(full, teacher, 8, way, 0) for way in (True, False))
+    assert 0 < ordered < balanced < 1
+    ws = suite.Workspace(full, Path("/nonexistent") / "full", Path("/nonexistent"), devices.Dist())
+    runs = plan.planned_runs(ws, ["pre-joint", "post-joint", "pre-grow", "post-grow"], 42)
+    grow_run = next(r for r in runs if r.name == "post-grow")
+    s_layers = [model.forward_flops_per_token(teacher, 3 * blocks, 972.5 / 2)[0] for blocks in (1, 2, 3)]
+    t_layers, head = model.forward_flops_per_token(teacher, teacher.num_hidden_layers, 972.5 / 2)
+    tokens = full.data["val_docs"] * 972.5
+    assert plan.evaluation_flops(grow_run, full, teacher, 972.5) == \
+        pytest.approx(sum(26 * tokens * (t_layers + s + 2 * head) for s in s_layers))
+    result = plan.print_plan(ws, runs, [42], "h100", 8, suite.console)
+    for way in ("separate", "lockstep"):
+        lines = result[way]["hours_lines"]
+        assert result[way]["gpu_hours"] == pytest.approx(sum(v for k, v in lines.items() if not k.startswith("  ")))
+    assert result["lockstep"]["memory_gib"] == max(s["gib"] for s in result["lockstep"]["memory_segments"])

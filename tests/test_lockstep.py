@@ -13,6 +13,7 @@ import torch
 from conftest import make_config
 from safetensors.torch import load_file
 
+import checkpoint
 import config
 import errors
 import grow
@@ -38,6 +39,11 @@ def suite(shards, teacher_dir, root: Path, **overrides) -> list[tuple[config.Run
     return jobs
 
 
+def kept_weights(folder: Path) -> dict:
+    """A kept checkpoint's tensors: model.safetensors (one process) or the files of its HF index (FSDP2)."""
+    return {k: v for file in sorted(set(checkpoint.tensor_files(folder).values())) for k, v in load_file(file).items()}
+
+
 def without_time(rows):
     return [{k: v for k, v in r.items() if k != "time"} for r in rows]
 
@@ -52,7 +58,7 @@ def assert_same_runs(a: Path, b: Path, across_ranks: bool = False):
         kept = sorted(p.name for p in (a / name).iterdir() if p.name.startswith(("phase-", "step-")))
         assert kept == sorted(p.name for p in (b / name).iterdir() if p.name.startswith(("phase-", "step-"))), name
         for ckpt in kept:
-            x, y = load_file(a / name / ckpt / "model.safetensors"), load_file(b / name / ckpt / "model.safetensors")
+            x, y = kept_weights(a / name / ckpt), kept_weights(b / name / ckpt)
             assert x.keys() == y.keys()
             for k in x:
                 assert torch.equal(x[k], y[k]), f"{name}/{ckpt}/{k} differs"
