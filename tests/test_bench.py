@@ -21,7 +21,11 @@ def test_gpu_check_code_paths_on_cpu(tmp_path):
     assert not failed, {k: results[k] for k in failed}
     assert results["driver"]["killed_rc"] != 0 and results["driver"]["resumed_ce"] == results["driver"]["uninterrupted_ce"]
     assert results["throughput"]["finite"] and results["throughput"]["tokens"] == 52
-    assert results["memory_rehearsal"]["measured_gib"] > 0 and (tmp_path / "gpu_check.json").is_file()
+    # the step-1 scenario first (grow's phase 0 alone), then every lockstep segment; the worst is the largest
+    segments = results["memory_rehearsal"]["segments"]
+    assert segments[0]["steps"] == "grow phase 0 alone" and len(segments) > 1
+    assert results["memory_rehearsal"]["worst_gib"] == max(s["allocated_gib"] for s in segments) > 0
+    assert (tmp_path / "gpu_check.json").is_file()
 
 
 def test_interleaved_timing_takes_medians():
