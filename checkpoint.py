@@ -34,8 +34,11 @@ def write_atomic(path, content: str | bytes) -> Path:
     If anything fails (a full disk), the previous file is left as it was and the temporary one removed."""
     path = Path(path)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    if tmp.is_symlink() or tmp.is_file():  # a stale one, or one planted in the folder: never written through
+        tmp.unlink()
     try:
-        with open(tmp, "wb") as f:
+        # O_EXCL | O_NOFOLLOW: a file this call creates, never one a link at the name points to
+        with os.fdopen(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o666), "wb") as f:
             f.write(content.encode() if isinstance(content, str) else content)
             f.flush()
             os.fsync(f.fileno())

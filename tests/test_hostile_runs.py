@@ -408,3 +408,20 @@ def test_the_cli_says_one_line_for_a_bad_data_lock(tmp_path, kind):
     out = repro_cli("data", "--scale", "smoke", "--runs-dir", tmp_path / "R", check=False)
     assert out.returncode == 1 and out.stderr.count("\n") == 1 and out.stderr.startswith(f"Error: {lock}: the lock file")
     assert users.read_text() == "my notes\n" and not (tmp_path / "R" / "smoke" / "data").exists()
+
+
+def test_an_atomic_write_never_writes_through_a_link_planted_at_its_temporary_name(tmp_path):
+    """A symlink at `.<name>.<pid>.tmp` (anyone who can write to a run folder can plant one) is removed,
+    not followed: the user's file it points to keeps its bytes, and the target gets the content."""
+    import os
+
+    import checkpoint
+    users = tmp_path / "users-notes.txt"
+    users.write_text("mine")
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / f".done.json.{os.getpid()}.tmp").symlink_to(users)
+    checkpoint.write_json(run / "done.json", {"ce": 3.5})
+    assert users.read_text() == "mine"
+    assert checkpoint.loads((run / "done.json").read_text()) == {"ce": 3.5}
+    assert sorted(p.name for p in run.iterdir()) == ["done.json"]
