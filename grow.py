@@ -21,7 +21,6 @@ any moment resumes from its newest checkpoint to the same result.
 from __future__ import annotations
 
 import base64
-import json
 import math
 import shutil
 import time
@@ -37,7 +36,7 @@ import data
 import kd
 import model
 import transitions
-from checkpoint import write_json
+from checkpoint import loads, write_json
 from config import Phase, RunConfig, learning_rate, plan_phases
 from devices import Dist, precision_choice, print0, settle_fsdp_dtypes, setup_distributed, shard_fn
 from errors import TrainingError
@@ -810,7 +809,7 @@ def main(argv=None):
     args = parser.parse_args(argv)
     if args.run_dir and len(args.configs) > 1:
         parser.error("--run-dir is for one run; each of several runs lives in its config's folder")
-    jobs = [(RunConfig(**json.loads(path.read_text())), args.run_dir or path.parent) for path in args.configs]
+    jobs = [(RunConfig(**loads(path.read_text())), args.run_dir or path.parent) for path in args.configs]
     train_together(jobs, stop_after_step=args.stop_after_step)
     if dist.is_initialized():
         dist.destroy_process_group()
