@@ -307,7 +307,7 @@ def print_plan(ws, runs: list[PlannedRun], seeds: list[int], gpu: str, gpus: int
     print_diagnostics(console, preset, runs, seeds, teacher, context, gpu, totals)
     default = fits(preset, gpus, GPU_MEMORY_GIB[gpu] * 2**30, runs, nodes)
     console.print(f"default on {gpus} {gpu}: {'lockstep' if default else 'separate'} (lockstep's worst segment needs "
-                  f"~{totals['lockstep']['memory_gib']:.0f} of {GPU_MEMORY_GIB[gpu]} GiB, "
+                  f"~{totals['lockstep']['memory_gib']:.2g} of {GPU_MEMORY_GIB[gpu]} GiB, "
                   f"{MEMORY_HEADROOM:.0%} usable; --lockstep/--no-lockstep overrides)")
     return {"rows": rows, **totals, "lockstep_default": default}
 

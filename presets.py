@@ -204,7 +204,7 @@ RANGES = {  # name: (lowest, highest); a tuple's values (phase_lrs, phase_warmup
     "checkpoint_interval": (1, 10**9), "snapshot_interval": (0, 10**9), "monitor_interval": (0, 10**9),
     "boundary_scale": (1e-6, 1e6), "monitor_rms_warn": (0, 1e12), "monitor_kurtosis_warn": (0, 1e12),
     "diverged_above_uniform": (0, 1e6), "diverged_above_best": (0, 1e6), "phase_lrs": (1e-12, 1e3),
-    "phase_warmups": (1, 10**9), "betas": (0, 0.999999),
+    "phase_warmups": (1, 10**9), "betas": (0, 0.999999), "identity_threshold": (0, 1e6), "monitor_ratio_warn": (0, 1e12),
     # teacher_model (model.ModelConfig; config_problem checks how they fit together)
     "hidden_size": (1, 65536), "intermediate_size": (1, 2**20), "num_hidden_layers": (1, 1024),
     "num_attention_heads": (1, 1024), "num_key_value_heads": (1, 1024), "head_dim": (1, 1024),
@@ -212,7 +212,7 @@ RANGES = {  # name: (lowest, highest); a tuple's values (phase_lrs, phase_warmup
     "initializer_range": (0, 10),
     # data, diag
     "vocab_size": (256, tokenizer.QWEN3_N_RANKS), "max_len": (1, 2**20), "val_docs": (1, 10**8),
-    "paragraphs_per_document": (1, 10**4), "docs": (1, 10**5), "max_inputs": (1, 2**20)}
+    "paragraphs_per_document": (1, 10**4), "document_chars": (0, 10**8), "docs": (1, 10**5), "max_inputs": (1, 2**20)}
 # Keys the kit sets itself for every run (from its data, teacher, protocol and shared prefix), or that
 # hold a structure with no command-line form: a --set of one would be replaced without a word.
 SET_BY_KIT = {"run": {"teacher", "train_data", "val_data", "replay_docs", "start_from", "joint_phases",
