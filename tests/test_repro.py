@@ -893,7 +893,7 @@ def test_the_shipped_toy_reference_holds_per_seed_values_for_every_table(table):
 
 # ---- the README's command table runs as written ----------------------------------------------------
 
-TRAINS = ("run", "train", "regime", "search", "intervention", "planted", "placements", "scratch")
+TRAINS = ("run", "train", "regime", "search", "intervention", "planted", "placements", "scratch", "ideas")
 # Rows whose options ask for what a machine may lack (Apple silicon, an optional package): their option
 # names are checked (--help), not the run; each needs-line says why.
 NEEDS = {"--device mps": "an Apple GPU", "--log tensorboard": "the tensorboard package"}
