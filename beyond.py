@@ -115,6 +115,14 @@ def train_variants(ws: suite.Workspace, variants, seeds: list[int], force: bool 
         grow.train_together(jobs, force=force, ctx=ws.ctx, tracker=ws.tracker, wait=ws.wait)
 
 
+def variant_outcomes(ws: suite.Workspace, variants, seeds: list[int]) -> tuple[dict, list[str]]:
+    """({variant label: its final CE per seed}, the variants' diverged runs)."""
+    ce = {v.label: [final_ce(variant_workspace(ws, v, s), v.run, s) for s in seeds] for v in variants}
+    diverged = [d for v in variants for s in seeds
+                for d in experiments.diverged_runs(variant_workspace(ws, v, s), [v.run], [s])]
+    return ce, diverged
+
+
 def final_ce(ws: suite.Workspace, run: str, seed: int) -> float:
     return experiments.final_ce(ws, run, seed)
 
@@ -208,19 +216,16 @@ def run_intervention(ws: suite.Workspace, seeds: list[int], force: bool = False)
     train_variants(ws, variants, seeds, force)
     if not ws.ctx.is_main:
         return {}
-    ce = {v.label: [final_ce(variant_workspace(ws, v, s), v.run, s) for s in seeds] for v in variants}
+    ce, diverged = variant_outcomes(ws, variants, seeds)
     suite_ce = {v.run: ce[v.label] for v in variants if not v.folder}
-    paired = lambda a, b: report.across_seeds([x - y for x, y in zip(a, b)])
     rows = [{"variant": v.label, "run": v.run, "folder": str(variant_workspace(ws, v, seeds[0]).run_dir(v.run, seeds[0])),
              "settings": v.settings, "ce": report.across_seeds(ce[v.label]),
-             "minus_pre_grow": paired(ce[v.label], suite_ce["pre-grow"]),
-             "minus_post_grow": paired(ce[v.label], suite_ce["post-grow"]),
-             "minus_suite_run": paired(ce[v.label], suite_ce[suite_run(v)]),
+             "minus_pre_grow": report.paired(ce[v.label], suite_ce["pre-grow"]),
+             "minus_post_grow": report.paired(ce[v.label], suite_ce["post-grow"]),
+             "minus_suite_run": report.paired(ce[v.label], suite_ce[suite_run(v)]),
              "after_block_0": internal_boundary_range([variant_workspace(ws, v, s).run_dir(v.run, s) for s in seeds],
                                                       ws.preset.run["phase_steps"])}
             for v in variants]
-    diverged = [d for v in variants for s in seeds
-                for d in experiments.diverged_runs(variant_workspace(ws, v, s), [v.run], [s])]
     separations = intervention_contrasts(ce)
     figure = figures.fig_monitor({v.label: rundir.monitor_series(variant_workspace(ws, v, seeds[0]).run_dir(v.run, seeds[0]))
                                   for v in variants}, ws.results / "intervention.png",
@@ -297,18 +302,15 @@ def run_planted(ws: suite.Workspace, seeds: list[int], force: bool = False) -> d
     train_variants(ws, variants, seeds, force)
     if not ws.ctx.is_main:
         return {}
-    ce = {v.label: [final_ce(variant_workspace(ws, v, s), v.run, s) for s in seeds] for v in variants}
-    paired = lambda a, b: report.across_seeds([x - y for x, y in zip(a, b)])
+    ce, diverged = variant_outcomes(ws, variants, seeds)
     rows = [{"variant": v.label, "run": v.run, "settings": v.settings, "ce": report.across_seeds(ce[v.label]),
-             "minus_undosed": paired(ce[v.label], ce[f"{v.run} (suite)"]),
+             "minus_undosed": report.paired(ce[v.label], ce[f"{v.run} (suite)"]),
              "after_block_0": internal_boundary_range([variant_workspace(ws, v, s).run_dir(v.run, s) for s in seeds],
                                                       ws.preset.run["phase_steps"])}
             for v in variants]
-    delta_grow = {"none": paired(ce["post-grow (suite)"], ce["pre-grow (suite)"])}
-    delta_grow.update({label: paired(ce[f"post-grow + {label}"], ce[f"pre-grow + {label}"]) for *_, label in DOSES})
+    delta_grow = {"none": report.paired(ce["post-grow (suite)"], ce["pre-grow (suite)"])}
+    delta_grow.update({label: report.paired(ce[f"post-grow + {label}"], ce[f"pre-grow + {label}"]) for *_, label in DOSES})
     interactions = planted_interactions(ce)
-    diverged = [d for v in variants for s in seeds
-                for d in experiments.diverged_runs(variant_workspace(ws, v, s), [v.run], [s])]
     out = {"experiment": "planted", "scale": ws.preset.name, "seeds": seeds, "rows": rows, "delta_grow": delta_grow,
            "interactions": interactions, "diverged_runs": diverged, "tie_margin": presets.TIE_MARGIN,
            "precision": ws.preset.run.get("precision", "")}
@@ -353,8 +355,8 @@ def run_placements(ws: suite.Workspace, seeds: list[int], force: bool = False, p
     for p in placements:
         joint, grown = ce[f"{p}-joint"], ce[f"{p}-grow"]
         rows.append({"placement": p, "joint": report.across_seeds(joint), "grow": report.across_seeds(grown),
-                     "delta_joint": report.across_seeds([a - b for a, b in zip(joint, ce["pre-joint"])]),
-                     "delta_grow": report.across_seeds([a - b for a, b in zip(grown, ce["pre-grow"])]),
+                     "delta_joint": report.paired(joint, ce["pre-joint"]),
+                     "delta_grow": report.paired(grown, ce["pre-grow"]),
                      "grow_minus_joint": report.across_seeds([g - j for g, j in zip(grown, joint)])})
     # Holm's correction over every placement-vs-pre comparison of the table (both protocols): the p-value
     # of a one-sample t-test on the paired differences, adjusted for the family.

@@ -179,10 +179,10 @@ def run_ideas(ws: suite.Workspace, seeds: list[int], force: bool = False) -> dic
     beyond.train_variants(ws, variants, seeds, force)
     if not ws.ctx.is_main:
         return {}
-    ce = {v.label: [beyond.final_ce(beyond.variant_workspace(ws, v, s), v.run, s) for s in seeds] for v in variants}
+    ce, diverged = beyond.variant_outcomes(ws, variants, seeds)
     rows = []
     for c in contrasts:
-        delta = report.across_seeds([a - b for a, b in zip(ce[c.variant.label], ce[c.baseline.label])])
+        delta = report.paired(ce[c.variant.label], ce[c.baseline.label])
         events = [transition_events(beyond.variant_workspace(ws, c.variant, s).run_dir(c.variant.run, s)) for s in seeds]
         jumps = [[transition_jump(beyond.variant_workspace(ws, v, s), v.run, s) for s in seeds]
                  for v in (c.variant, c.baseline)]
@@ -191,16 +191,14 @@ def run_ideas(ws: suite.Workspace, seeds: list[int], force: bool = False) -> dic
                      "baseline_ce": report.across_seeds(ce[c.baseline.label]), "delta": delta, "cost": c.cost,
                      "transitions": events_text(events), "jump": report.across_seeds(jumps[0]),
                      "baseline_jump": report.across_seeds(jumps[1]),
-                     "jump_delta": report.across_seeds([a - b for a, b in zip(*jumps)])})
+                     "jump_delta": report.paired(*jumps)})
         if c.idea == 3:  # the remedy's target: a near-identity last block
             removal = [[last_block_removal(beyond.variant_workspace(ws, v, s), v.run, s) for s in seeds]
                        for v in (c.variant, c.baseline)]
             rows[-1]["last_block_removal"] = {"option": report.across_seeds(removal[0]),
                                               "baseline": report.across_seeds(removal[1]),
-                                              "delta": report.across_seeds([a - b for a, b in zip(*removal)])}
+                                              "delta": report.paired(*removal)}
     read_family(rows)
-    diverged = [d for v in variants for s in seeds
-                for d in experiments.diverged_runs(beyond.variant_workspace(ws, v, s), [v.run], [s])]
     out = {"experiment": "ideas", "scale": ws.preset.name, "seeds": seeds, "search": found, "rows": rows,
            "diverged_runs": diverged, "tie_margin": presets.TIE_MARGIN, "precision": ws.preset.run.get("precision", ""),
            "about": __doc__.split("\n\n")[1]}

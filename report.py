@@ -151,6 +151,11 @@ def across_seeds(values: list[float]) -> dict:
             "n": n, "values": values}
 
 
+def paired(a: list[float], b: list[float]) -> dict:
+    """across_seeds of a - b, seed by seed (a diverged run on either side makes that seed's difference diverged)."""
+    return across_seeds([x - y for x, y in zip(a, b)])
+
+
 # ----------------------------------------------------------------------------------------------
 # Cells and tables
 
