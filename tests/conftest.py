@@ -1,9 +1,10 @@
 """Shared fixtures and helpers: tiny token shards from the embedded corpus, a tiny random Qwen3 teacher,
 tiny run settings, the CLI run in this process, and a two-rank torchrun of grow.py."""
+import json
 import os
 import subprocess
 import sys
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import pytest
@@ -77,6 +78,19 @@ def torchrun(config_file, run_dir, *extra):
     out = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600,
                          env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-5000:]
+
+
+def two_ranks_and_one_process(c: config.RunConfig, tmp_path: Path) -> dict:
+    """The run `c` in one process (tmp_path/single) and on two torchrun ranks (tmp_path/fsdp), whose final CE
+    must be the same to the bit; the one process's result."""
+    import grow
+    single = grow.train(c, tmp_path / "single")
+    config_file = tmp_path / "config.json"
+    config_file.write_text(json.dumps(asdict(c)))
+    torchrun(config_file, tmp_path / "fsdp")
+    assert json.loads((tmp_path / "fsdp" / "provenance.json").read_text())["world_size"] == 2
+    assert json.loads((tmp_path / "fsdp" / "done.json").read_text())["ce"] == single["ce"]
+    return single
 
 
 @pytest.fixture(scope="session")

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import make_config, torchrun
+from conftest import make_config, two_ranks_and_one_process
 
 import config
 import data
@@ -343,15 +343,7 @@ def test_new_options_under_fsdp2_two_ranks_match_one_process(tiny_shards, tmp_pa
     parameters) and the monitor on: two torchrun ranks (FSDP2, gloo) end bit-identical to one process.
     Each rank's one micro-batch is one of the process's two, so every gradient is the same sum of the
     same two terms, and the clipping coefficient is the same float32 (grow.clip_gradients)."""
-    from dataclasses import asdict
-
-    c = scratch_config(tiny_shards, norm="peri", boundary="norm", monitor_interval=2)
-    single = grow.train(c, tmp_path / "single")
-    config_file = tmp_path / "config.json"
-    config_file.write_text(json.dumps(asdict(c)))
-    torchrun(config_file, tmp_path / "fsdp")
-    assert json.loads((tmp_path / "fsdp" / "provenance.json").read_text())["world_size"] == 2
-    assert json.loads((tmp_path / "fsdp" / "done.json").read_text())["ce"] == single["ce"]
+    two_ranks_and_one_process(scratch_config(tiny_shards, norm="peri", boundary="norm", monitor_interval=2), tmp_path)
     a = model.Student.load(tmp_path / "single" / "phase-2").state_dict()
     b = model.Student.load(tmp_path / "fsdp" / "phase-2").state_dict()
     assert a.keys() == b.keys() and any(k.startswith("boundary_norms.") for k in a)

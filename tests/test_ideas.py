@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import distil_config, make_config
+from conftest import distil_config, make_config, two_ranks_and_one_process
 
 import config
 import data
@@ -376,19 +376,11 @@ def test_transition_options_under_fsdp2_two_ranks_match_one_process(tiny_shards,
     outlier: two torchrun ranks (FSDP2, gloo), each reading one of the process's two micro-batches at a
     transition, end bit-identical to one process (the reading sums the same tokens over ranks; its float64
     sums may differ in the last bits, far below the float32 gains they set)."""
-    from dataclasses import asdict
-
-    from conftest import torchrun
     # the structural norm brings the planted token back to its row's scale before the reading, so the ratio
     # threshold is set low enough (0.5) that every transition fires and every option acts
     c = distil_config(tiny_shards, tiny_teacher_dir, norm="auto", boundary_correction="norm", structural_norm=True,
                       append_init="matched", monitor_ratio_warn=0.5, **DOSE)
-    single = grow.train(c, tmp_path / "single")
-    config_file = tmp_path / "config.json"
-    config_file.write_text(json.dumps(asdict(c)))
-    torchrun(config_file, tmp_path / "fsdp")
-    assert json.loads((tmp_path / "fsdp" / "provenance.json").read_text())["world_size"] == 2
-    assert json.loads((tmp_path / "fsdp" / "done.json").read_text())["ce"] == single["ce"]
+    two_ranks_and_one_process(c, tmp_path)
     assert [e["keep"] for e in events(tmp_path / "fsdp")] == [e["keep"] for e in events(tmp_path / "single")] == \
         [{"placement": "post", "corrected": True}] * 2
     assert stored_norm(tmp_path / "fsdp") == stored_norm(tmp_path / "single") == "pre,post,post"
