@@ -74,7 +74,7 @@ bench: install-dev
 # One CUDA GPU, a few minutes: bf16 parity, fused attention at 8,192 tokens, the full-size rehearsal on the GPU,
 # the driver under torchrun through a kill and a resume, a paper-size block's MFU, checkpoint write speed.
 gpu-check: install-dev
-	$(BIN)/python gpucheck.py
+	$(BIN)/python -m tools.gpucheck
 
 # Does the working tree compute what BASE computed? Two smoke suites, every results JSON compared.
 same-results: install-dev

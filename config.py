@@ -18,9 +18,9 @@ import os
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-import checkpoint
 import model
-from errors import ConfigError
+from plumbing import checkpoint
+from plumbing.errors import ConfigError
 
 # ----------------------------------------------------------------------------------------------
 # The settings of one run

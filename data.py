@@ -3,7 +3,8 @@
 Prepare once on one process (`python repro.py data --scale toy` does this), then every rank
 memory-maps the shards:
 
-    import data, tokenizer
+    import data
+    from plumbing import tokenizer
     enc = tokenizer.qwen3_tokenizer(vocab_size=8192)   # ranks 0..8191 + <|endoftext|> = 8192; enc.n_vocab == 8193
     train, val = data.prepare("toy", "data_cache/toy", enc, max_len=256,
                               n_train_docs=None, n_val_docs=500, seed=0)   # None: every training document
@@ -57,9 +58,9 @@ import pyarrow.parquet as pq
 import torch
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-import checkpoint
-from errors import DataError, DiskFull, disk_full_reason
-from tokenizer import Tokenizer, package_file
+from plumbing import checkpoint
+from plumbing.errors import DataError, DiskFull, disk_full_reason
+from plumbing.tokenizer import Tokenizer, package_file
 
 
 def toy_paragraphs() -> list[str]:

@@ -37,11 +37,10 @@ from typing import Callable
 import numpy as np
 import torch
 
-import checkpoint
 import config
-import errors
 import kd
 import paper
+from plumbing import checkpoint, errors
 
 # ----------------------------------------------------------------------------------------------
 # Boundary statistics: per-token RMS of the residual stream at each block boundary

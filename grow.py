@@ -36,10 +36,10 @@ import data
 import kd
 import model
 import transitions
-from checkpoint import loads, write_json
 from config import Phase, RunConfig, learning_rate, plan_phases
-from devices import Dist, precision_choice, print0, settle_fsdp_dtypes, setup_distributed, shard_fn
-from errors import TrainingError
+from plumbing.checkpoint import loads, write_json
+from plumbing.devices import Dist, precision_choice, print0, settle_fsdp_dtypes, setup_distributed, shard_fn
+from plumbing.errors import TrainingError
 from rundir import (
     RESULT_KEYS,
     MetricsLog,

@@ -31,8 +31,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 import torch.utils.checkpoint
 
-from checkpoint import load_tensors, read_config, write_checkpoint
-from errors import CheckpointError
+from plumbing.checkpoint import load_tensors, read_config, write_checkpoint
+from plumbing.errors import CheckpointError
 
 # ----------------------------------------------------------------------------------------------
 # Config

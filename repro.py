@@ -35,18 +35,13 @@ import click
 import torch.distributed as dist
 from rich.table import Table
 
-import checkpoint
 import data
-import devices
-import errors
-import experiments
 import grow
 import model
-import plan
-import presets
 import rundir
-import suite
-import tokenizer
+from experiments import presets, suite, tables
+from plumbing import checkpoint, devices, errors, tokenizer
+from tools import plan
 
 # ----------------------------------------------------------------------------------------------
 # The CLI
@@ -194,7 +189,7 @@ def workspace(scale, runs_dir, results_dir=None, dry_run=False, overrides=(), co
     resident runs fit the GPU (plan.lockstep_default; always on a CPU)."""
     ws = suite.workspace(scale, runs_dir, results_dir, dry_run, overrides, compile_flag, device, tracker, wait=wait)
     if lockstep is None:
-        lockstep = dry_run or plan.lockstep_default(ws, experiments.RUNS)
+        lockstep = dry_run or plan.lockstep_default(ws, tables.RUNS)
     return replace(ws, lockstep=lockstep)
 
 
@@ -241,7 +236,7 @@ def cli():
 
 def experiment_names(wanted) -> list[str]:
     """The experiments named (none or `all`: every one); an unknown name is one line."""
-    known = experiments.EXPERIMENTS
+    known = tables.EXPERIMENTS
     unknown = [e for e in wanted if e != "all" and e not in known]
     if unknown:
         raise click.BadParameter(f"unknown experiment {unknown[0]!r}; choose from {', '.join(known)} or all",
@@ -251,7 +246,7 @@ def experiment_names(wanted) -> list[str]:
 
 def experiment_runs(names: list[str]) -> list[str]:
     """The runs those experiments read, in the kit's order."""
-    return [r for r in experiments.RUNS if any(r in experiments.EXPERIMENTS[e].runs for e in names)]
+    return [r for r in tables.RUNS if any(r in tables.EXPERIMENTS[e].runs for e in names)]
 
 
 @cli.command("run")
@@ -283,7 +278,7 @@ def run_experiments(wanted, scale, seeds, dry_run, gpu, gpus, nodes, overrides, 
 
     def write_reports():  # rank 0's alone; the other ranks wait for it, then all leave together
         for name in names:
-            experiments.report_experiment(ws, name, seeds)
+            tables.report_experiment(ws, name, seeds)
             rundir.kill_point("reported", name)
         if not ws.preset.teacher:
             suite.console.print(suite.teacher_summary(ws, runs, seeds))
@@ -308,13 +303,13 @@ def regime(scale, seeds, grid_text, dry_run, gpu, gpus, nodes, overrides, compil
            lockstep, force, runs_dir, results_dir):
     """The regime map: delta joint, delta grow and the interaction over a grid of step budgets, peak
     LRs and post-norm output-gain inits (results/<scale>/regime.md/.json/.png). Not part of `all`."""
-    import regime as regime_map
+    from experiments import regime as regime_map
     grid = regime_map.parse_grid(grid_text) if grid_text else regime_map.GRIDS[scale]
     ws = workspace(scale, runs_dir, results_dir, dry_run, overrides=overrides, compile_flag=compile_flag, device=device,
                    tracker=tracker, lockstep=lockstep, wait=not no_wait)
     seeds = chosen_seeds(ws.preset.run["seed"], overrides, seeds, presets.DEFAULT_SEEDS["regime"][scale], "--seeds")
     if dry_run:  # each point's runs (regime.run_map: a point's pre-norm runs may be the preset's own)
-        groups = [(point.name, *planned(regime_map.point_workspace(ws, point), experiments.MAIN_RUNS, seeds[0])[1:])
+        groups = [(point.name, *planned(regime_map.point_workspace(ws, point), tables.MAIN_RUNS, seeds[0])[1:])
                   for point in regime_map.grid_points(grid)]
         print_dry_run(scale, groups, seeds, gpu, gpus, nodes, "; every point's four runs, an upper bound: a point "
                       "whose pre-norm runs are the preset's trains them once")
@@ -338,7 +333,7 @@ def search(scale, seed, ladder, dry_run, gpu, gpus, nodes, overrides, compile_fl
            runs_dir, results_dir):
     """The miniature search: a ladder of presets (presets.LADDERS), pre-norm grow only, until the mechanism's
     criterion holds or a rung would cost more than the ladder's budget (results/<scale>/search[-<ladder>].md/.json)."""
-    import regime as regime_map
+    from experiments import regime as regime_map
     ladder = ladder or scale
     if ladder not in presets.LADDERS:
         raise click.UsageError(f"--scale {scale} has no ladder; the search runs at {', '.join(presets.LADDERS)}")
@@ -371,8 +366,8 @@ def scan(scale, checkpoints, runs_dir, results_dir):
     phase-<p>/ or step-<n>/ folder), on the fixed diagnostic batch (results/<scale>/scan.md, .json, .png)."""
     ws = suite.workspace(scale, runs_dir, results_dir)
     for path in checkpoints:
-        experiments.scan_checkpoint_blocks(path)  # a wrong path is one line before data or teacher is made
-    experiments.run_scan(ws, suite.ensure_inputs(ws), list(checkpoints))
+        tables.scan_checkpoint_blocks(path)  # a wrong path is one line before data or teacher is made
+    tables.run_scan(ws, suite.ensure_inputs(ws), list(checkpoints))
 
 
 def beyond_command(name: str, doc: str, module: str = "beyond"):
@@ -389,8 +384,7 @@ def beyond_command(name: str, doc: str, module: str = "beyond"):
     @results_option
     def command(scale, seeds, dry_run, gpu, gpus, nodes, overrides, compile_flag, device, tracker, no_wait, lockstep,
                 force, runs_dir, results_dir):
-        import beyond
-        import ideas
+        from experiments import beyond, ideas
         experiment = {"beyond": beyond, "ideas": ideas}[module]
         ws = workspace(scale, runs_dir, results_dir, dry_run, overrides=overrides, compile_flag=compile_flag,
                        device=device, tracker=tracker, lockstep=lockstep, wait=not no_wait)
@@ -409,9 +403,9 @@ def beyond_groups(beyond, name: str, ws: suite.Workspace, seed: int) -> list:
     if name == "placements":
         return [planned(ws, beyond.placement_names(), seed)]
     if name == "scratch":
-        return [planned(beyond.scratch_workspace(ws), experiments.MAIN_RUNS, seed)]
+        return [planned(beyond.scratch_workspace(ws), tables.MAIN_RUNS, seed)]
     if name == "ideas":  # idea 4's search on its own seed, then every option's runs and their baselines
-        import ideas
+        from experiments import ideas
         search = planned(ws, [f"{s}-grow" for s in ideas.schedules(ws.preset.run["blocks"])], ideas.SEARCH_SEED)
         contrasts = ideas.fixed_contrasts()
         variants = list({v.label: v for c in contrasts for v in (c.variant, c.baseline)}.values())
@@ -613,7 +607,7 @@ def evaluate(checkpoint, scale, data_dir, as_json, runs_dir):
 @results_option
 def make_reference(scale, seeds, force, tables, runs_dir, results_dir):
     """Write references/<scale>.json from finished runs and reports (what `compare` checks against)."""
-    import reference
+    from experiments import reference
     if tables is not None:
         return update_reference_tables(scale, seeds, force, [t for t in tables.split(",") if t.strip()], runs_dir,
                                        results_dir)
@@ -636,7 +630,7 @@ def make_reference(scale, seeds, force, tables, runs_dir, results_dir):
 def update_reference_tables(scale: str, seeds: list[int], force: bool, names: list[str], runs_dir: Path,
                             results_dir: Path):
     """`reference --tables`: the shipped file's named tables taken anew (reference.with_tables)."""
-    import reference
+    from experiments import reference
     path = reference.REFERENCES / f"{scale}.json"
     if not path.is_file():
         raise errors.UsageError(f"{path}: no shipped reference to update; write it whole (without --tables)")
@@ -664,7 +658,7 @@ def check_reports(folder: Path):
 @scale_option
 def compare_with_reference(target, scale):
     """Is a run (or a scale's runs, or its results) within the band of the kit's shipped seeds? Exits 1 if not."""
-    import reference
+    from experiments import reference
     path = reference.REFERENCES / f"{scale}.json"
     if not path.is_file():
         raise click.UsageError(f"no shipped reference for --scale {scale} ({path}); make one with `repro.py reference`")
@@ -701,7 +695,7 @@ def compare_with_reference(target, scale):
 @runs_option
 def sample_text(checkpoint, prompt, max_new_tokens, temperature, top_k, seed, runs_dir):
     """Continue a prompt with any teacher, student (pre or post) or exported checkpoint, with a KV cache."""
-    import sample
+    from tools import sample
     config = checkpoint_config(checkpoint)
     enc = tokenizer.qwen3_tokenizer(presets.PRESETS[scale_of(config, runs_dir, checkpoint)].data["vocab_size"])
     prompt_ids = [enc.eot] + enc.encode(prompt)
@@ -835,7 +829,7 @@ def rehearse(wanted, scale, gpus, nodes, mode, replicate_teacher, overrides, run
     evaluations, checkpoints and a resume on another world size (results/rehearse-<scale>-*.json)."""
     import tempfile
 
-    import rehearse as rehearsal
+    from tools import rehearse as rehearsal
     names = experiment_names(wanted or ("table1",))
     runs = experiment_runs(names)
     ws = suite.workspace(scale, runs_dir, results_dir, dry_run=True, overrides=overrides, device="cpu")
@@ -859,7 +853,7 @@ def rehearse(wanted, scale, gpus, nodes, mode, replicate_teacher, overrides, run
 @cli.command()
 def bench():
     """Speed and memory against references, measured in one run on this machine (results/bench.json)."""
-    import bench as bench_module
+    from tools import bench as bench_module
     bench_module.main()
 
 

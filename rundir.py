@@ -26,10 +26,10 @@ from pathlib import Path
 
 import torch
 
-import checkpoint
 import config
 import model
-from errors import TrainingError, disk_full_reason
+from plumbing import checkpoint
+from plumbing.errors import TrainingError, disk_full_reason
 
 
 def kill_point(event: str, name: str, step: int = 0):

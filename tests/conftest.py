@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-import tokenizer
+from plumbing import tokenizer
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))

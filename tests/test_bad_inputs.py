@@ -22,11 +22,9 @@ import torch
 from click.testing import CliRunner
 from safetensors.torch import load_file, save_file
 
-import errors
-import presets
-import reference
 import repro
-import suite
+from experiments import presets, reference, suite
+from plumbing import errors
 
 ROOT = Path(__file__).resolve().parents[1]
 RUNS = "{R}/smoke"
@@ -902,7 +900,7 @@ def test_the_dry_run_is_closed_form_at_the_largest_accepted_values(tmp_path):
     """The teacher passes of a lockstep seed are a union of step spans, merged without a set of steps: at
     a billion steps a phase and 128 blocks the numbers are the formula's. The paper's 3 blocks of S steps:
     grow covers steps 0..3S, joint 0..S inside it, freeze shares grow's phase 0 and adds 1..3S."""
-    import plan
+    from tools import plan
     assert plan.union_length([range(0, 10), range(5, 20), range(30, 31), range(0, 0), range(19, 25)]) == 26
     S, K = 10**9, 128
     ws = suite.workspace("smoke", tmp_path / "runs", overrides=[f"run.phase_steps={S}", f"run.blocks={K}"],
@@ -947,7 +945,7 @@ def test_every_number_a_set_can_change_has_a_range():
 def test_the_dry_runs_estimate_for_this_cpu_uses_the_benchs_measured_speed(tmp_path):
     """From results/bench.json: the kit's toy step of 2 GFLOP in 0.5 s is 4 GFLOP/s, so 360 GFLOP take
     90 s = 1.5 min; bf16 where the preset would use it and the bench measured it."""
-    import plan
+    from tools import plan
     bench = tmp_path / "bench.json"
     bench.write_text(json.dumps({"environment": {"date": "2026-12-02"}, "train_step": {
         "step_gflop": 2.0, "kit_post_fp32_s": 0.5, "kit_post_bf16_s": 0.25}}))
@@ -979,7 +977,7 @@ def test_sample_top_k_1_is_greedy_at_any_temperature(tree, monkeypatch):
 
 
 def test_sigterm_during_sample_does_not_promise_a_resume(tree, monkeypatch):
-    import sample
+    from tools import sample
     def interrupted(*args, **kwargs):
         raise KeyboardInterrupt
     monkeypatch.setattr(sample, "generate", interrupted)
@@ -998,7 +996,7 @@ def test_ratios_of_a_scale_whose_teacher_shares_the_students_batch():
 
 
 def test_the_precision_cache_is_read_as_strictly_as_it_is_written(tmp_path, monkeypatch):
-    import devices
+    from plumbing import devices
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     (tmp_path / "normgrow").mkdir()
     for damaged in ('{"another machine": NaN}', '{"x": 1e999}', "[1]", "{"):

@@ -7,15 +7,15 @@ from dataclasses import replace
 import pytest
 from conftest import TINY_MODEL
 
-import bench
 import model
+from tools import bench
 
 
 @pytest.mark.slow
 def test_gpu_check_code_paths_on_cpu(tmp_path):
     """gpucheck.py's every check on the CPU at tiny sizes (its plumbing; the numbers mean nothing here):
     each passes, and the driver really was killed after a save and resumed from it."""
-    import gpucheck
+    from tools import gpucheck
     results = gpucheck.gpu_check("cpu", out=tmp_path / "gpu_check.json")
     failed = [k for k, v in results.items() if isinstance(v, dict) and v.get("ok") is False]
     assert not failed, {k: results[k] for k in failed}
@@ -62,7 +62,7 @@ def test_the_whole_bench_runs_at_tiny_sizes(tmp_path, monkeypatch):
     """`make bench`'s code path end to end (every row: train step, KD loss, tokenizer, loader, lockstep,
     compile) on a tiny model and a small toy shard, from a folder that is not the repository's."""
     import data
-    import tokenizer
+    from plumbing import tokenizer
     tiny = replace(TINY_MODEL, vocab_size=4097)  # the toy tokenizer's vocabulary
     monkeypatch.setattr(bench, "toy_shapes", lambda: (tiny, 3, 1, 4))
     monkeypatch.chdir(tmp_path)

@@ -23,7 +23,9 @@ SLOW_PREPARATION = """
 import sys, time
 from datetime import timedelta
 from pathlib import Path
-import data, devices, presets, suite
+import data
+from plumbing import devices
+from experiments import presets, suite
 devices.COLLECTIVE_TIMEOUT = timedelta(seconds=3)   # what NCCL's 10 minutes are to a real preparation
 devices.WAIT_REPORT_SECONDS = 2
 prepare = data.prepare
@@ -91,7 +93,7 @@ def reduced(preset_name: str, **run):
     checkpointing, bf16, chunked loss) so that a rehearsal takes seconds."""
     from dataclasses import replace
 
-    import presets
+    from experiments import presets
     p = presets.PRESETS[preset_name]
     return replace(p, teacher="", teacher_model=dict(hidden_size=256, intermediate_size=768, num_hidden_layers=2,
                                                      num_attention_heads=4, num_key_value_heads=2, head_dim=64,
@@ -102,12 +104,9 @@ def reduced(preset_name: str, **run):
 # Sharded over a node, HSDP over two with two students resident, and one GPU (no FSDP collectives).
 @pytest.mark.parametrize("scale,gpus,nodes,resident", [("full", 8, 1, 1), ("full", 4, 2, 2), ("small", 1, 1, 2)])
 def test_the_rehearsal_measures_what_the_memory_and_collective_counts_say(scale, gpus, nodes, resident):
-    import devices
-    import memory
-    import plan
-    import presets
-    import rehearse
-    import suite
+    from experiments import presets, suite
+    from plumbing import devices
+    from tools import memory, plan, rehearse
     preset = reduced(scale)
     ws = suite.Workspace(preset, Path("/nonexistent") / scale, Path("/nonexistent"), devices.Dist())
     out = rehearse.rehearse(ws, rehearse.Launch(gpus, nodes), [memory.last_phase(preset)] * resident)
@@ -148,10 +147,9 @@ def test_every_lockstep_segment_measures_what_the_plan_counts():
     """Table 1's lockstep at full scale's settings (reduced dimensions) on 8 GPUs: each segment (four runs
     in phase 0, joint's nine layers stepping beside grow's one block; then grow's two in phases 1 and
     2) measured through the kit's own code equals memory.py's count for it, which plan.fits reads."""
-    import devices
-    import plan
-    import rehearse
-    import suite
+    from experiments import suite
+    from plumbing import devices
+    from tools import plan, rehearse
     preset = reduced("full")
     ws = suite.Workspace(preset, Path("/nonexistent") / "full", Path("/nonexistent"), devices.Dist())
     segments = rehearse.rehearse_segments(ws, rehearse.Launch(8), ["pre-joint", "post-joint", "pre-grow", "post-grow"])
@@ -170,7 +168,7 @@ def test_dispatched_operators_leave_out_views_and_metadata():
     import torch
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    import rehearse
+    from tools import rehearse
     x = torch.ones(4, 3)
     for mode in (None, FakeTensorMode(allow_non_fake_inputs=True)):
         ops = rehearse.DispatchedOps()
@@ -184,7 +182,7 @@ def test_dispatched_operators_leave_out_views_and_metadata():
 # ----------------------------------------------------------------------------------------------
 # The rehearsal's real-tensor mode is the launch: the driver's functions it calls, against a launch's
 
-DRIVER_MODULES = ("grow.py", "devices.py", "rundir.py", "checkpoint.py")
+DRIVER_MODULES = (ROOT / "grow.py", ROOT / "rundir.py", *(ROOT / "plumbing" / f for f in ("devices.py", "checkpoint.py")))
 
 
 class CalledFunctions:
@@ -195,8 +193,7 @@ class CalledFunctions:
         self.names: set[str] = set()
 
     def profile(self, frame, event, arg):
-        if event == "call" and frame.f_code.co_filename.endswith(DRIVER_MODULES) and \
-                Path(frame.f_code.co_filename).parent == ROOT:
+        if event == "call" and Path(frame.f_code.co_filename) in DRIVER_MODULES:
             self.names.add(f"{Path(frame.f_code.co_filename).stem}.{frame.f_code.co_qualname}")
 
     def __enter__(self):
@@ -227,9 +224,9 @@ def test_the_real_rehearsal_runs_every_driver_function_a_launch_runs(tmp_path, m
     few above, each with its reason). A driver path the rehearsal skipped would fail here."""
     from dataclasses import replace
 
-    import presets
-    import rehearse
     import repro
+    from experiments import presets
+    from tools import rehearse
     monkeypatch.chdir(tmp_path)
     with CalledFunctions() as launch:
         repro.cli(["table1", "--scale", "smoke", "--runs-dir", str(tmp_path / "runs"), "--results-dir",
@@ -252,11 +249,10 @@ def test_the_plans_hours_are_its_lines_and_the_balance_follows_the_lengths(monke
     """Equal documents waste nothing, so the balance is 1 whatever the placement; lognormal ones waste
     less placed by length than in order. A grow run evaluates at each phase's start and every 2,000
     steps (3 x 26 times at full). The total is the sum of its lines."""
-    import devices
     import model
-    import plan
-    import presets
-    import suite
+    from experiments import presets, suite
+    from plumbing import devices
+    from tools import plan
     full = presets.PRESETS["full"]
     teacher = presets.teacher_shape(full)
     monkeypatch.setattr(plan, "BALANCE_STEPS", 50)

@@ -18,8 +18,7 @@ import pytest
 import torch
 
 import data
-import errors
-import tokenizer
+from plumbing import errors, tokenizer
 
 try:
     import tokenizers

@@ -11,10 +11,10 @@ import torch.nn.functional as F
 
 import config
 import diag
-import errors
-import figures
 import model
 import paper
+from experiments import figures
+from plumbing import errors
 
 # ----------------------------------------------------------------------------------------------
 # A hand-built batch: two rows, the second right-padded

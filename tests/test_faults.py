@@ -17,8 +17,8 @@ import torch
 from conftest import distil_config
 from safetensors.torch import load_file
 
-import errors
 import rundir
+from plumbing import errors
 
 pytestmark = pytest.mark.faults
 ROOT = Path(__file__).resolve().parents[1]

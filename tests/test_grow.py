@@ -14,13 +14,11 @@ import pytest
 import torch
 from conftest import distil_config, make_config, torchrun
 
-import checkpoint
 import config
-import devices
-import errors
 import grow
 import model
 import rundir
+from plumbing import checkpoint, devices, errors
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -716,7 +714,8 @@ RESHARD = """
 import json, sys
 from pathlib import Path
 import torch
-import config, devices, grow, rundir
+import config, grow, rundir
+from plumbing import devices
 source, target = Path(sys.argv[1]), Path(sys.argv[2])
 ctx = devices.setup_distributed("cpu")
 import pickle  # from here on, nothing may be unpickled: loading and writing the checkpoint need none

@@ -19,14 +19,12 @@ import torch
 from conftest import TINY_VOCAB, distil_config
 from safetensors.torch import load_file, save_file
 
-import checkpoint
 import data
-import errors
 import grow
 import model
-import reference
 import rundir
-import tokenizer
+from experiments import reference
+from plumbing import checkpoint, errors, tokenizer
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -383,9 +381,8 @@ def test_a_fifo_as_a_corpus_is_one_line_not_a_hang(tmp_path, layout):
 
 def test_prepare_refuses_to_install_a_shipped_teacher_with_an_extra_index(tmp_path, monkeypatch):
     """`prepare`'s install of the shipped teacher: before, "installed the shipped one (checksums verified)"."""
-    import devices
-    import presets
-    import suite
+    from experiments import presets, suite
+    from plumbing import devices
     shipped = tmp_path / "kit"
     teacher = Path(shutil.copytree(ROOT / "teachers" / "toy", shipped / "teachers" / "toy"))
     plant_index(teacher / "phase-0", {k: torch.zeros_like(v) for k, v in
@@ -415,7 +412,7 @@ def test_an_atomic_write_never_writes_through_a_link_planted_at_its_temporary_na
     not followed: the user's file it points to keeps its bytes, and the target gets the content."""
     import os
 
-    import checkpoint
+    from plumbing import checkpoint
     users = tmp_path / "users-notes.txt"
     users.write_text("mine")
     run = tmp_path / "run"

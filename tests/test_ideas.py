@@ -13,10 +13,10 @@ from conftest import distil_config, make_config, two_ranks_and_one_process
 
 import config
 import data
-import errors
 import grow
 import model
 import transitions
+from plumbing import errors
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -298,7 +298,7 @@ def test_a_near_identity_block_is_redrawn_and_an_important_one_kept(tiny_shards,
 # ---- 4. the placement search, and the experiment's reading -----------------------------------------------
 
 def test_the_search_covers_every_schedule_under_the_suite_names():
-    import ideas
+    from experiments import ideas
     found = ideas.schedules(3)
     assert len(found) == 8 == len(set(found)) and found[0] == "pre" and found[-1] == "post"
     assert "pre,post,post" in found and all(model.block_norms(s, 3) for s in found)
@@ -307,8 +307,7 @@ def test_the_search_covers_every_schedule_under_the_suite_names():
 def test_the_family_is_seven_primaries_adjusted_by_holm_with_an_untestable_one_at_p_1():
     """Seven primaries over 3 seeds, one with no spread (untestable): the other six's adjusted p-values
     are Holm's over all seven p-values with that one at 1; the readings follow the adjusted p."""
-    import ideas
-    import report
+    from experiments import ideas, report
     values = [[-0.05, -0.06, -0.055], [0.01, -0.02, 0.005], [0.2, 0.21, 0.19], [0.0, 0.0, 0.0],
               [-0.001, 0.002, 0.0], [-0.3, -0.1, -0.2], [0.05, -0.04, 0.01]]
     rows = [{"idea": i + 1, "primary": True, "variant": f"v{i}", "delta": report.across_seeds(v)}
@@ -341,7 +340,7 @@ def test_ideas_experiment_at_smoke_reads_what_its_runs_wrote(ideas_smoke):
     """One primary per idea; every Δ is its two runs' done.json CEs' difference; the search ran all 8
     schedules on seed 41 and chose the lowest; the planted outlier fired auto's and the correction's
     transitions; one seed gives no reading."""
-    import ideas
+    from experiments import ideas
     out = json.loads((ideas_smoke / "results" / "smoke" / "ideas.json").read_text())
     assert sorted(r["idea"] for r in out["rows"] if r["primary"]) == [1, 2, 3, 4, 5, 6, 7]
     runs = ideas_smoke / "runs" / "smoke"

@@ -18,10 +18,10 @@ import torch.distributed as dist
 from conftest import distil_config, torchrun
 
 import data
-import devices
 import grow
 import model
 import rundir
+from plumbing import devices
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -1,21 +1,53 @@
-"""The house's floors: imports between the top-level modules go one way (no cycle, imports inside
-functions and under TYPE_CHECKING counted), and no module re-exports another's names."""
+"""The house's floors (docs/design.md): the story's files at the root, the machinery in folders, imports
+going down only. Every module of every folder is parsed (imports inside functions and under TYPE_CHECKING
+counted): no import cycle between modules, no import from a higher floor, no re-export, and no file or
+function too long to read in one sitting."""
 import ast
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-MODULES = {p.stem: p for p in sorted(ROOT.glob("*.py"))}
+FOLDERS = ("plumbing", "interventions", "experiments", "tools")
+# Floors, lowest first: a module imports from its own folder or from lower floors only. The root holds two:
+# the story (model, data, kd, config, rundir, grow, diag, ...) and, at the top, repro.py, the command line.
+FLOOR = {"plumbing": 0, "interventions": 1, "": 2, "experiments": 3, "tools": 4, "repro": 5}
+MAX_FILE_LINES, MAX_FUNCTION_LINES = 600, 60
+
+
+def module_files() -> dict[str, Path]:
+    """{dotted name: file} of every module of the kit: the root's and each folder's (no __init__)."""
+    files = {p.stem: p for p in ROOT.glob("*.py")}
+    for folder in FOLDERS:
+        files |= {f"{folder}.{p.stem}": p for p in (ROOT / folder).glob("*.py") if p.stem != "__init__"}
+    return files
+
+
+MODULES = module_files()
 
 
 def imports(path: Path) -> set[str]:
-    """The top-level modules of the kit that `path` imports anywhere in its body."""
+    """The kit's modules that `path` imports anywhere in its body (`from plumbing import devices` and
+    `from plumbing.devices import Dist` both name plumbing.devices)."""
     found = set()
     for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.Import):
-            found |= {alias.name.split(".")[0] for alias in node.names}
+            found |= {alias.name for alias in node.names}
         elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-            found.add(node.module.split(".")[0])
-    return {name for name in found if name in MODULES and name != path.stem}
+            found |= {node.module} | {f"{node.module}.{alias.name}" for alias in node.names}
+    return {name for name in found if name in MODULES} - {module_name(path)}
+
+
+def module_name(path: Path) -> str:
+    return ".".join(path.relative_to(ROOT).with_suffix("").parts)
+
+
+def floor(module: str) -> int:
+    return FLOOR.get(module, FLOOR[module.rpartition(".")[0]])
+
+
+def upward(graph: dict[str, set[str]]) -> list[tuple[str, str]]:
+    """The imports that go to a higher floor, or sideways into another folder of the same floor."""
+    return sorted((a, b) for a, targets in graph.items() for b in targets
+                  if floor(b) > floor(a) or (floor(b) == floor(a) and a.rpartition(".")[0] != b.rpartition(".")[0]))
 
 
 def cycle(graph: dict[str, set[str]]) -> list[str]:
@@ -39,18 +71,33 @@ def cycle(graph: dict[str, set[str]]) -> list[str]:
     return []
 
 
-def test_the_cycle_finder_finds_a_planted_cycle():
+GRAPH = {name: imports(path) for name, path in MODULES.items()}
+
+
+def test_the_checks_find_a_planted_cycle_and_a_planted_upward_import():
     assert cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == ["a", "b", "c", "a"]
     assert cycle({"a": {"b"}, "b": set(), "c": {"a", "b"}}) == []
+    planted = {**GRAPH, "plumbing.devices": GRAPH["plumbing.devices"] | {"grow"}}
+    assert upward(planted) == [("plumbing.devices", "grow")]
+    assert cycle(planted)  # grow imports plumbing.devices
 
 
-def test_imports_between_the_top_level_modules_have_no_cycle():
-    graph = {name: imports(path) for name, path in MODULES.items()}
-    assert len(graph) > 20 and graph["repro"] >= {"suite", "experiments"}  # the parse sees the real imports
-    assert cycle(graph) == []
+def test_the_parse_sees_every_folder_and_the_real_imports():
+    assert {name.partition(".")[0] for name in MODULES if "." in name} == {f for f in FOLDERS if (ROOT / f).is_dir()}
+    assert GRAPH["repro"] >= {"experiments.suite", "experiments.tables", "grow"}
+    assert "plumbing.devices" in GRAPH["grow"] and "experiments.presets" in GRAPH["tools.plan"]
+
+
+def test_imports_have_no_cycle_and_go_down_the_floors_only():
+    assert cycle(GRAPH) == []
+    assert upward(GRAPH) == []
 
 
 def test_no_module_re_exports_names_it_imports():
-    """A `noqa: F401` on an import is how a re-export hides from the linter: there is none."""
+    """A `noqa: F401` on an import is how a re-export hides from the linter: there is none; a folder's
+    __init__.py is empty."""
     for name, path in MODULES.items():
         assert "noqa: F401" not in path.read_text(), name
+    for folder in FOLDERS:
+        init = ROOT / folder / "__init__.py"
+        assert not init.exists() or init.read_text() == "", init

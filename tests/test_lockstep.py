@@ -13,11 +13,10 @@ import torch
 from conftest import make_config
 from safetensors.torch import load_file
 
-import checkpoint
 import config
-import errors
 import grow
 import rundir
+from plumbing import checkpoint, errors
 
 ROOT = Path(__file__).resolve().parents[1]
 NAMES = ["pre-joint", "post-joint", "pre-grow", "post-grow", "pre-freeze", "post-freeze"]

@@ -9,8 +9,8 @@ import pytest
 import torch
 from conftest import repro_cli
 
-import errors
 import model
+from plumbing import errors
 
 transformers = pytest.importorskip("transformers")
 ROOT = Path(__file__).resolve().parents[1]

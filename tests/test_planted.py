@@ -7,8 +7,7 @@ from pathlib import Path
 
 import pytest
 
-import beyond
-import report
+from experiments import beyond, report
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -3,8 +3,8 @@ import json
 
 import pytest
 
-import errors
-import reference
+from experiments import reference
+from plumbing import errors
 
 
 def stats(*values):

@@ -22,19 +22,14 @@ from safetensors.torch import load_file
 
 import config
 import data
-import devices
 import diag
-import errors
-import experiments
 import grow
 import model
-import plan
-import presets
-import report
 import repro
 import rundir
-import suite
-import tokenizer
+from experiments import presets, report, suite, tables
+from plumbing import devices, errors, tokenizer
+from tools import plan
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -62,7 +57,7 @@ def test_full_preset_is_the_paper():
     assert full.diag == dict(docs=2, max_inputs=2048, seed=42)
     ws = suite.Workspace(full, Path("/nonexistent/full"), Path("/nonexistent"), devices.Dist())
     assert ws.replay_docs == 3_200_000 and ws.train_docs == 9_600_000
-    for name in experiments.RUNS:  # every run of the full suite is a valid RunConfig with the paper's settings
+    for name in tables.RUNS:  # every run of the full suite is a valid RunConfig with the paper's settings
         settings = suite.run_config(ws, name, 42)
         assert not settings.freeze_trains_head and not settings.reset_data_each_phase
     assert len(config.plan_phases(suite.run_config(ws, "post-joint-longer", 42))) == 3
@@ -70,7 +65,7 @@ def test_full_preset_is_the_paper():
 
 def test_dry_run_reproduces_table_a2():
     ws = suite.Workspace(presets.PRESETS["full"], Path("/nonexistent/full"), Path("/nonexistent"), devices.Dist())
-    runs = plan.planned_runs(ws, list(experiments.RUNS), 42)
+    runs = plan.planned_runs(ws, list(tables.RUNS), 42)
     result = plan.print_plan(ws, runs, [42], "h100", 8, suite.console)
     rows = {r[0]: r for r in result["rows"]}
     # columns: run, phases, steps, active layers, tokens, unique, active-layer tokens, PFLOPs, GPU-hours
@@ -87,7 +82,7 @@ def test_dry_run_counts_teacher_passes_both_ways():
     joint's phase: 1,000k. In lockstep the six replay runs and the two same-shard controls share 150k
     teacher steps, and the four fresh-data long controls still pay 200k: 350k."""
     ws = suite.Workspace(presets.PRESETS["full"], Path("/nonexistent/full"), Path("/nonexistent"), devices.Dist())
-    runs = plan.planned_runs(ws, list(experiments.RUNS), 42)
+    runs = plan.planned_runs(ws, list(tables.RUNS), 42)
     assert plan.teacher_passes(runs, lockstep=False) == 2 * (50_000 + 150_000 + 100_000 + 50_000 + 50_000 + 100_000)
     assert plan.teacher_passes(runs, lockstep=True) == 150_000 + 4 * 50_000
     assert plan.most_resident(runs) == 6  # joint ends where freeze joins; the same-shard controls run throughout
@@ -158,7 +153,7 @@ def test_killed_suite_resumes_without_redoing_finished_runs(smoke):
     for path, mtime in done_before.items():
         assert path.stat().st_mtime_ns == mtime, f"{path.parent.name} was trained again"
     assert "done, reusing" in stdout or all(p.exists() for p in done_before)
-    assert len(list(runs.glob("s*/*/done.json"))) == 2 * len(experiments.RUNS)
+    assert len(list(runs.glob("s*/*/done.json"))) == 2 * len(tables.RUNS)
 
 
 def finite(value):
@@ -167,7 +162,7 @@ def finite(value):
 
 def test_every_experiment_writes_finite_numbers_and_figures(smoke):
     _, results, _, _ = smoke
-    for name, exp in experiments.EXPERIMENTS.items():
+    for name, exp in tables.EXPERIMENTS.items():
         report = json.loads((results / f"{name}.json").read_text())
         md = (results / f"{name}.md").read_text()
         assert report["seeds"] == [42, 43] and name in md
@@ -274,7 +269,7 @@ def test_multi_seed_table1_has_intervals(smoke):
     runs = results.parent.parent / "runs" / "smoke"
     import hashlib
     expected = hashlib.sha256(b"".join((runs / f"s{seed}" / name / "config.json").read_bytes()
-                                       for seed in (42, 43) for name in experiments.MAIN_RUNS)).hexdigest()
+                                       for seed in (42, 43) for name in tables.MAIN_RUNS)).hexdigest()
     assert report["runs_config_sha256"] == expected and len(report["git_commit"].split("+")[0]) == 40
 
 
@@ -436,7 +431,7 @@ def test_search_climbs_the_ladder_on_pre_norm_grow_and_reports_the_criterion(smo
     """The smoke ladder: rung 0 reuses the suite's pre-grow, rung 1 (more steps than the scale's shard
     holds) gets its own data and teacher; every rung's numbers are diag's on its last checkpoint, and
     no post-norm run is made."""
-    import regime
+    from experiments import regime
     runs, _, _, _ = smoke
     results = runs.parent.parent / "search-results"
     repro_cli("search", "--scale", "smoke", "--runs-dir", runs.parent, "--results-dir", results)
@@ -475,7 +470,7 @@ def test_regime_map_reports_the_runs_own_results(smoke):
         # The gain option touches only the post-norm runs: the pre-norm ones are the preset's own.
         pre_folder = folder if "budget0.5" in name else runs / "s42"
         ce = {run: json.loads(((pre_folder if run.startswith("pre") else folder) / run / "done.json").read_text())["ce"]
-              for run in experiments.MAIN_RUNS}
+              for run in tables.MAIN_RUNS}
         assert point["delta_joint"]["values"] == [ce["post-joint"] - ce["pre-joint"]]
         assert point["delta_grow"]["values"] == [ce["post-grow"] - ce["pre-grow"]]
         assert point["interaction"]["mean"] == pytest.approx(
@@ -685,7 +680,7 @@ def test_sigterm_ends_a_run_as_ctrl_c_does_and_the_rerun_resumes(smoke, tmp_path
 def test_the_regime_maps_reversal_needs_no_diverged_run():
     """A point whose post-joint diverged on one seed (its delta joint a large penalty on the others) is no
     reversal; the same numbers with no diverged run are."""
-    import regime
+    from experiments import regime
     def row(joint):
         s = lambda values: report.across_seeds(values)
         boundary = {f"{p}_grow_{k}": s([math.nan, math.nan]) for p in ("pre", "post") for k in regime.BOUNDARY_NUMBERS}
@@ -704,7 +699,7 @@ def test_the_regime_maps_boundary_is_the_last_monitor_row_after_block_0(tmp_path
     monitor gives n/a (NaN) and a diverged one DIVERGED, never its numbers."""
     import types
 
-    import regime
+    from experiments import regime
     def plant(name, done, rows):
         run = tmp_path / name
         run.mkdir()
@@ -748,7 +743,7 @@ def test_the_same_shard_joint_control_reads_grows_batches_for_grows_steps(smoke)
 def test_references_hold_the_numbers_of_every_experiment_beyond_the_paper_too():
     """A placements-, intervention- or regime-shaped report gives every quantity over seeds a name, so
     `reference` ships it and `compare` checks it, as it does a paper table's rows."""
-    import reference
+    from experiments import reference
     stats = lambda *v: report.across_seeds(list(v))
     content = {"rows": [{"placement": "peri", "joint": stats(3.39, 3.38), "delta_grow": stats(0.007, 0.006),
                          "settings": {"boundary": "none"}},
@@ -777,28 +772,28 @@ def test_boundary_numbers_read_block0_at_the_first_and_last_snapshot(monkeypatch
                 "token_type_rms": [{"boundary_over_regular": -3.0}, {"boundary_over_regular": ratio}]}
     planted = {"pre": [snapshot(2.0, 9.0, 1.5), snapshot(3.0, 7.0, 1.2), snapshot(5.0, 60.0, 37.0)],
                "post": [snapshot(0.1, 3.0, 1.0), snapshot(0.2, 1.8, 0.98)]}
-    monkeypatch.setattr(experiments, "boundary_series", lambda ws, seed: planted)
-    assert experiments.boundary_numbers(None, 42) == {
+    monkeypatch.setattr(tables, "boundary_series", lambda ws, seed: planted)
+    assert tables.boundary_numbers(None, 42) == {
         "pre_std_first": 2.0, "pre_std_end": 5.0, "pre_boundary_over_regular": 37.0, "pre_kurtosis": 60.0,
         "pre_kurtosis_distinct": 30.0, "post_std_first": 0.1, "post_std_end": 0.2, "post_boundary_over_regular": 0.98,
         "post_kurtosis": 1.8, "post_kurtosis_distinct": 0.9}
-    keys = {row.key for kind in ("std", "ratio", "kurtosis") for row in experiments.boundary_rows(kind)}
-    assert keys == set(experiments.boundary_numbers(None, 42))
+    keys = {row.key for kind in ("std", "ratio", "kurtosis") for row in tables.boundary_rows(kind)}
+    assert keys == set(tables.boundary_numbers(None, 42))
 
 
 def test_table3_numbers_put_both_placements_controls_into_the_interaction(monkeypatch):
     """grow − joint-longer per placement, and the interaction against each control, written out from the
     ten runs' CEs (arbitrary, distinct values; a diverged one stays diverged through the arithmetic)."""
-    ce = {name: 3.0 + 0.01 * i * i for i, name in enumerate(experiments.TABLE3_RUNS)}
-    monkeypatch.setattr(experiments, "final_ce", lambda ws, name, seed: ce[name])
-    out = experiments.table3_numbers(None, 42)
+    ce = {name: 3.0 + 0.01 * i * i for i, name in enumerate(tables.TABLE3_RUNS)}
+    monkeypatch.setattr(tables, "final_ce", lambda ws, name, seed: ce[name])
+    out = tables.table3_numbers(None, 42)
     assert out["pre_grow_minus_longer"] == ce["pre-grow"] - ce["pre-joint-longer"]
     assert out["interaction"] == pytest.approx((ce["post-grow"] - ce["pre-grow"]) - (ce["post-joint"] - ce["pre-joint"]))
     for control in ("longer", "replay"):
         want = (ce["post-grow"] - ce["pre-grow"]) - (ce[f"post-joint-{control}"] - ce[f"pre-joint-{control}"])
         assert out[f"interaction_{control}"] == pytest.approx(want, abs=1e-12)
     ce["pre-joint-replay"] = report.DIVERGED
-    out = experiments.table3_numbers(None, 42)
+    out = tables.table3_numbers(None, 42)
     assert isinstance(out["interaction_replay"], report.Diverged) and not isinstance(out["interaction_longer"],
                                                                                      report.Diverged)
 
@@ -806,7 +801,7 @@ def test_table3_numbers_put_both_placements_controls_into_the_interaction(monkey
 def test_a_reference_leaves_out_a_run_not_yet_finished_for_every_seed(tmp_path):
     """An experiment still training has finished some seeds' runs: the reference keeps only runs done
     for every seed, so no band is made from fewer seeds than it names."""
-    import reference
+    from experiments import reference
     for seed, names in ((42, ("pre-grow", "peri-joint")), (43, ("pre-grow",))):
         for name in names:
             run = tmp_path / "runs" / f"s{seed}" / name
@@ -834,7 +829,7 @@ def test_references_ship_and_compare_the_per_seed_values_of_every_report_shape(t
     """scratch's named `numbers`, planted's interactions and Δgrow, and a table's rows all ship as
     per-seed values, and `compare` checks a results folder's per-seed values against them: the shipped
     seeds' own values lie in their bands, a perturbed one does not."""
-    import reference
+    from experiments import reference
     stats = lambda *v: report.across_seeds(list(v))
     scratch = {"seeds": [42, 43, 44], "numbers": {"pre_joint": stats(4.60, 4.61, 4.62),
                                                   "interaction": stats(0.281, 0.283, 0.285)}}
@@ -865,7 +860,7 @@ def test_references_ship_and_compare_the_per_seed_values_of_every_report_shape(t
 def test_a_reference_records_the_commit_that_trained_each_run(tmp_path):
     """Correction 12: each run's provenance commit (the suite's, beyond/'s and the teacher's) ships in the
     reference, so when a run ran relative to the rule that governs it can be checked."""
-    import reference
+    from experiments import reference
     runs = tmp_path / "runs"
     for folder, commit in (("s42/pre-grow", "a" * 40), ("beyond/scratch/s42/pre-joint", "b" * 40),
                            ("teacher", "c" * 40), ("s45/pre-grow", "d" * 40)):

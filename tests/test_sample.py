@@ -10,8 +10,8 @@ import transformers
 
 import data
 import model
-import sample
-import tokenizer
+from plumbing import tokenizer
+from tools import sample
 
 ROOT = Path(__file__).resolve().parents[1]
 TOY_VOCAB = 4096  # the toy preset's: ranks 0..4095, <|endoftext|> = 4096

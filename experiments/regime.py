@@ -26,19 +26,13 @@ import math
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-import checkpoint
 import data
 import diag
-import errors
-import experiments
-import figures
 import model
 import paper
-import presets
-import report
 import rundir
-import suite
-import tokenizer
+from experiments import figures, presets, report, suite, tables
+from plumbing import checkpoint, errors, tokenizer
 
 GRIDS = {  # each axis's values; the preset's own value (1 or "ones") is the point they share
     "smoke": {"budget": (0.5, 1.0), "lr": (1.0, 2.0), "gain": ("ones", "teacher")},
@@ -128,10 +122,10 @@ def run_map(ws: suite.Workspace, grid: dict, seeds: list[int], force: bool = Fal
         if pws.replay_docs > available:
             raise errors.UsageError(f"--grid budget={point.budget:g} needs a replay shard of {pws.replay_docs:,} "
                                    f"documents and {ws.data_dir / 'train'} holds {available:,}; use a smaller budget")
-        shared = [n for n in experiments.MAIN_RUNS if point.pre_runs_are_the_presets and n.startswith("pre")]
+        shared = [n for n in tables.MAIN_RUNS if point.pre_runs_are_the_presets and n.startswith("pre")]
         if shared and not point.is_preset:
             suite.ensure_runs(ws, shared, seeds, force, teacher=teacher)
-        suite.ensure_runs(pws, [n for n in experiments.MAIN_RUNS if n not in shared or point.is_preset], seeds, force,
+        suite.ensure_runs(pws, [n for n in tables.MAIN_RUNS if n not in shared or point.is_preset], seeds, force,
                           teacher=teacher)
     return write_map(ws, points, seeds) if ws.ctx.is_main else {}
 
@@ -144,8 +138,8 @@ def run_workspace(ws: suite.Workspace, point: Point, run: str) -> suite.Workspac
 
 def point_numbers(ws: suite.Workspace, point: Point, seed: int) -> dict:
     """Table 1's numbers of one point and seed, from the runs' done.json."""
-    ce = {n.replace("-", "_"): experiments.final_ce(run_workspace(ws, point, n), n, seed) for n in experiments.MAIN_RUNS}
-    return experiments.with_deltas(ce)
+    ce = {n.replace("-", "_"): tables.final_ce(run_workspace(ws, point, n), n, seed) for n in tables.MAIN_RUNS}
+    return tables.with_deltas(ce)
 
 
 # The boundary after block 0 at the end of grow, per point: the dose the paper's account says sets
@@ -168,11 +162,11 @@ def write_map(ws: suite.Workspace, points: list[Point], seeds: list[int]) -> dic
     rows, diverged, run_dirs = [], [], set()
     for point in points:
         pws = point_workspace(ws, point)
-        for n in experiments.MAIN_RUNS:  # each run once: the preset's pre-norm runs serve several points
+        for n in tables.MAIN_RUNS:  # each run once: the preset's pre-norm runs serve several points
             owner = run_workspace(ws, point, n)
             fresh = [s for s in seeds if owner.run_dir(n, s) not in run_dirs]
             run_dirs.update(owner.run_dir(n, s) for s in fresh)
-            diverged += [f"{point.name}: {d}" for d in experiments.diverged_runs(owner, [n], fresh)]
+            diverged += [f"{point.name}: {d}" for d in tables.diverged_runs(owner, [n], fresh)]
         per_seed = [point_numbers(ws, point, s) for s in seeds]
         run = pws.preset.run
         row = {"point": point.name, "budget": point.budget, "lr_multiplier": point.lr, "gain": point.gain,
@@ -190,7 +184,7 @@ def write_map(ws: suite.Workspace, points: list[Point], seeds: list[int]) -> dic
            "diverged_runs": diverged,
            "about": __doc__.split("\n\n")[1]}
     out["figure"] = str(figures.fig_regime(rows, cited, ws.results / "regime.png", ws.preset.name, seeds))
-    lines = markdown(rows, cited, ws.preset.name, seeds, experiments.diverged_line(diverged, len(run_dirs)))
+    lines = markdown(rows, cited, ws.preset.name, seeds, tables.diverged_line(diverged, len(run_dirs)))
     suite.console.print("\n".join(lines), markup=False)
     return report.write(ws.results, "regime", out, lines)
 
@@ -328,8 +322,8 @@ def diagnose_rung(rws: suite.Workspace, seed: int, teacher: Path) -> dict:
     decode = tokenizer.qwen3_tokenizer(rws.preset.data["vocab_size"]).decode
     run_dir = rws.run_dir(SEARCH_RUN, seed)
     final = diag.checkpoint_series(run_dir)[-1]
-    batch = experiments.diagnostic_batch(rws)
-    student = experiments.load_student(rws, final["path"])
+    batch = tables.diagnostic_batch(rws)
+    student = tables.load_student(rws, final["path"])
     found = diag.diagnose_checkpoint(student, batch, decode, final["active_blocks"])
     L = rws.preset.run["layers_per_block"]
     monitor = [r for r in rundir.read_metrics(run_dir) if r.get("monitor")]

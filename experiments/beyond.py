@@ -27,15 +27,11 @@ import os
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
-import experiments
-import figures
 import grow
 import paper
-import presets
-import report
 import rundir
-import suite
-import tokenizer
+from experiments import figures, presets, report, suite, tables
+from plumbing import tokenizer
 
 PLACEMENT_RUNS = ("pre", "post", "sandwich", "peri", "hybrid", "deepnorm", "pre,post,post")
 
@@ -119,12 +115,12 @@ def variant_outcomes(ws: suite.Workspace, variants, seeds: list[int]) -> tuple[d
     """({variant label: its final CE per seed}, the variants' diverged runs)."""
     ce = {v.label: [final_ce(variant_workspace(ws, v, s), v.run, s) for s in seeds] for v in variants}
     diverged = [d for v in variants for s in seeds
-                for d in experiments.diverged_runs(variant_workspace(ws, v, s), [v.run], [s])]
+                for d in tables.diverged_runs(variant_workspace(ws, v, s), [v.run], [s])]
     return ce, diverged
 
 
 def final_ce(ws: suite.Workspace, run: str, seed: int) -> float:
-    return experiments.final_ce(ws, run, seed)
+    return tables.final_ce(ws, run, seed)
 
 
 def internal_boundary_range(run_dirs: list[Path], phase_steps: int) -> dict:
@@ -237,7 +233,7 @@ def run_intervention(ws: suite.Workspace, seeds: list[int], force: bool = False)
     lines = [f"# Boundary interventions ({ws.preset.name} scale)", "",
              f"Validation CE at the end of each run, {report.seeds_text(seeds)}; differences paired by seed. A "
              "transplant is read against the suite's freeze run of its prefix's placement.", "",
-             experiments.diverged_line(diverged, len(variants) * len(seeds)), "",
+             tables.diverged_line(diverged, len(variants) * len(seeds)), "",
              "| variant | validation CE | − the suite's same run | − pre-grow | − post-grow | after block 0: mean RMS, "
              "kurtosis (monitor) |", "| --- | --- | --- | --- | --- | --- |"]
     lines += [f"| {r['variant']} | {report.stats_cell(r['ce'])} | {report.stats_cell(r['minus_suite_run'], True)} | "
@@ -318,7 +314,7 @@ def run_planted(ws: suite.Workspace, seeds: list[int], force: bool = False) -> d
              f"Validation CE at the end of each grow run, {report.seeds_text(seeds)}; differences paired by seed. "
              "The outlier is added at the input of every appended block (phases 1-2) as a constant, so the "
              "backward form is unchanged (docs/preregistrations.md, 2026-12-02).", "",
-             experiments.diverged_line(diverged, len(variants) * len(seeds)), "",
+             tables.diverged_line(diverged, len(variants) * len(seeds)), "",
              "| run | validation CE | − the same run undosed | after block 0: mean RMS, kurtosis (monitor) |",
              "| --- | --- | --- | --- |"]
     lines += [f"| {r['variant']} | {report.stats_cell(r['ce'])} | {report.stats_cell(r['minus_undosed'], True)} | "
@@ -349,7 +345,7 @@ def run_placements(ws: suite.Workspace, seeds: list[int], force: bool = False, p
     suite.ensure_runs(ws, placement_names(placements), seeds, force)
     if not ws.ctx.is_main:
         return {}
-    diverged = experiments.diverged_runs(ws, placement_names(placements), seeds)
+    diverged = tables.diverged_runs(ws, placement_names(placements), seeds)
     ce = {name: [final_ce(ws, name, s) for s in seeds] for name in placement_names(placements)}
     rows = []
     for p in placements:
@@ -376,7 +372,7 @@ def run_placements(ws: suite.Workspace, seeds: list[int], force: bool = False, p
     lines = [f"# Norm placements under joint training and growth ({ws.preset.name} scale)", "",
              f"Validation CE, {report.seeds_text(seeds)}. Δ is the placement's CE minus pre-norm's under the same "
              "protocol, paired by seed (negative: better than pre-norm).", "",
-             experiments.diverged_line(diverged, len(placement_names(placements)) * len(seeds)), "",
+             tables.diverged_line(diverged, len(placement_names(placements)) * len(seeds)), "",
              f"p (Holm): a one-sample t-test that the paired Δ is 0, adjusted by Holm's method over the table's "
              f"{len(family)} comparisons with pre-norm. Reading: below or above 0 where p (Holm) < 0.05, a tie "
              f"within ±{presets.TIE_MARGIN:g} nats where the 90% interval lies inside it (TOST), else inconclusive; "
@@ -413,13 +409,13 @@ def scratch_workspace(ws: suite.Workspace) -> suite.Workspace:
 
 def run_scratch(ws: suite.Workspace, seeds: list[int], force: bool = False) -> dict:
     sws = scratch_workspace(ws)
-    suite.ensure_runs(sws, experiments.MAIN_RUNS, seeds, force)
+    suite.ensure_runs(sws, tables.MAIN_RUNS, seeds, force)
     if not ws.ctx.is_main:
         return {}
-    per_seed = [experiments.with_deltas({n.replace("-", "_"): final_ce(sws, n, s) for n in experiments.MAIN_RUNS})
+    per_seed = [tables.with_deltas({n.replace("-", "_"): final_ce(sws, n, s) for n in tables.MAIN_RUNS})
                 for s in seeds]
     numbers = {k: report.across_seeds([p[k] for p in per_seed]) for k in per_seed[0]}
-    diverged = experiments.diverged_runs(sws, experiments.MAIN_RUNS, seeds)
+    diverged = tables.diverged_runs(sws, tables.MAIN_RUNS, seeds)
     cited = {k: paper.DELTAS[k] for k in ("delta_joint", "delta_grow", "interaction")}
     out = {"experiment": "scratch", "scale": ws.preset.name, "seeds": seeds, "numbers": numbers,
            "folder": str(sws.run_dir("pre-joint", seeds[0]).parent.parent), "paper_with_teacher": cited,
@@ -428,7 +424,7 @@ def run_scratch(ws: suite.Workspace, seeds: list[int], force: bool = False) -> d
     lines = [f"# Growth from scratch ({ws.preset.name} scale): no teacher, plain CE", "",
              f"Validation CE, {report.seeds_text(seeds)}. The paper's numbers (with its teacher): Δjoint "
              f"{cited['delta_joint']:+.4f}, Δgrow {cited['delta_grow']:+.4f}, interaction {cited['interaction']:+.4f}.", "",
-             experiments.diverged_line(diverged, len(experiments.MAIN_RUNS) * len(seeds)), "",
+             tables.diverged_line(diverged, len(tables.MAIN_RUNS) * len(seeds)), "",
              "| number | kit, from scratch |", "| --- | --- |"]
     for key in ("pre_joint", "post_joint", "pre_grow", "post_grow"):
         lines.append(f"| {key.replace('_', '-')} | {report.stats_cell(numbers[key])} |")

@@ -41,17 +41,15 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-import checkpoint
 import config
 import data
-import devices
 import grow
 import kd
-import memory
 import model
-import plan
-import presets
 import rundir
+from experiments import presets
+from plumbing import checkpoint, devices
+from tools import memory, plan
 
 GiB = 2**30
 
@@ -573,7 +571,7 @@ def rehearse_real(preset, launch: Launch, names, root: Path, seed: int | None = 
     latest/ written by another world size). Returns what it ran and how long it took."""
     import grow
     import model
-    import suite
+    from experiments import suite
     small = reduced(preset)
     seed = preset.run["seed"] if seed is None else seed
     teacher = root / "teacher"

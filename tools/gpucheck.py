@@ -1,8 +1,8 @@
 """`make gpu-check`: what a first cluster run would hit, checked on one GPU in a few minutes, before any
 cluster hours are spent:
 
-    python gpucheck.py                  # one CUDA GPU; writes results/gpu_check.json
-    python gpucheck.py --device cpu     # the same code on the CPU at tiny sizes: its plumbing only
+    python -m tools.gpucheck                  # one CUDA GPU; writes results/gpu_check.json
+    python -m tools.gpucheck --device cpu     # the same code on the CPU at tiny sizes: its plumbing only
 
 (a) the teacher against transformers' Qwen3, and the chunked loss against a naive one, in bf16;
 (b) attention at the full scale's longest document with its grouped-query heads, forward and backward,
@@ -30,20 +30,14 @@ from pathlib import Path
 
 import torch
 
-import bench
-import checkpoint
 import config
-import devices
-import experiments
 import kd
-import memory
 import model
-import plan
-import presets
-import rehearse
-import suite
+from experiments import presets, suite, tables
+from plumbing import checkpoint, devices
+from tools import bench, memory, plan, rehearse
 
-ROOT = Path(__file__).resolve().parent
+ROOT = Path(__file__).resolve().parents[1]
 RESULTS = Path("results") / "gpu_check.json"
 PAPER_LAYER = model.ModelConfig(num_hidden_layers=3)  # hidden 4096, 32/8 heads, intermediate 12288, vocab 151,936
 
@@ -137,7 +131,7 @@ def memory_rehearsal(scale: str, gpus: int, device: str) -> dict:
     step1 = rehearse.rehearse(ws, launch, [phase0], device=device)
     rows = [{"steps": "grow phase 0 alone", "runs": ["post-grow phase 0"], "rehearsal": step1,
              "plan_gib": memory.step_peak(preset, shape, gpus, 1, [phase0])["total"] / 2**30}]
-    rows += rehearse.rehearse_segments(ws, launch, experiments.EXPERIMENTS["table1"].runs, device=device)
+    rows += rehearse.rehearse_segments(ws, launch, tables.EXPERIMENTS["table1"].runs, device=device)
     out = [{"steps": r["steps"], "runs": r["runs"], "plan_gib": r["plan_gib"],
             "allocated_gib": r["rehearsal"]["peak_gib"]["per-rank peak"],
             "reserved_gib": r["rehearsal"]["peak_gib"].get("Reserved"),

@@ -36,16 +36,13 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-import checkpoint
 import config
 import data
-import devices
 import grow
 import kd
 import model
-import presets
-import suite
-import tokenizer
+from experiments import presets, suite
+from plumbing import checkpoint, devices, tokenizer
 
 RESULTS = Path("results") / "bench.json"
 
@@ -365,11 +362,11 @@ def bench_loss(tokens=4096, vocab=151936, hidden=256, repeats=3, chunk_size=kd.D
     same inputs, dtype and threads, each variant in a fresh process so neither sees the other's peak.
     Returns both measurements and the ratios chunked / naive (goal: memory <= 0.2, time <= 1.15)."""
     threads = threads or torch.get_num_threads()
-    here = os.path.dirname(os.path.abspath(__file__))
+    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the repository root
     result = {"tokens": tokens, "vocab": vocab, "hidden": hidden, "chunk_size": chunk_size,
               "threads": threads, "dtype": dtype, "repeats": repeats}
     for variant in ("naive", "chunked"):
-        code = (f"import sys; sys.path.insert(0, {here!r}); import bench; bench._bench_worker({variant!r}, "
+        code = (f"import sys; sys.path.insert(0, {here!r}); from tools import bench; bench._bench_worker({variant!r}, "
                 f"{tokens}, {vocab}, {hidden}, {repeats}, {chunk_size}, {threads}, {dtype!r})")
         out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
         result[variant] = json.loads(out.stdout.strip().splitlines()[-1])

@@ -23,7 +23,7 @@ import torch.nn as nn
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 
-from errors import CheckpointError, DiskFull, disk_full_reason
+from plumbing.errors import CheckpointError, DiskFull, disk_full_reason
 
 # ----------------------------------------------------------------------------------------------
 # Writing a file: whole or not at all, even through a kill, a full disk or another process writing it

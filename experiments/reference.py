@@ -17,12 +17,12 @@ import math
 import statistics
 from pathlib import Path
 
-import checkpoint
-import report
 import rundir
-from errors import UsageError
+from experiments import report
+from plumbing import checkpoint
+from plumbing.errors import UsageError
 
-REFERENCES = Path(__file__).parent / "references"
+REFERENCES = Path(__file__).resolve().parents[1] / "references"
 
 
 def curve(run_dir: Path) -> dict[str, float]:

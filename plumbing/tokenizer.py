@@ -3,7 +3,7 @@
 at the small scales; ids equal HF `tokenizers` on Qwen3's real tokenizer.json. `hf_tokenizer_files`
 writes the same tokenizer as tokenizer.json for an exported model.
 
-    import tokenizer
+    from plumbing import tokenizer
     enc = tokenizer.qwen3_tokenizer(vocab_size=4096)    # ranks 0..4095 + <|endoftext|> = 4096
     ids = enc.encode("State of the Union")
 """
@@ -19,7 +19,7 @@ from typing import Collection, Iterable, Literal
 
 import tiktoken
 
-from errors import DataError
+from plumbing.errors import DataError
 
 # Qwen2/Qwen3's pre-tokenization regex, verbatim from the Split pre-tokenizer of Qwen3's
 # tokenizer.json. Note \p{N} without a quantifier: every digit is its own pre-token.

@@ -21,16 +21,13 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-import checkpoint
 import config
 import data
-import devices
-import errors
 import grow
 import model
 import rundir
-import tokenizer
-from presets import PRESETS, Preset, apply_overrides, override_name
+from experiments.presets import PRESETS, Preset, apply_overrides, override_name
+from plumbing import checkpoint, devices, errors, tokenizer
 
 console = Console(width=None if sys.stdout.isatty() else 140)
 
@@ -307,7 +304,7 @@ def ensure_teacher(ws: Workspace, force: bool = False) -> Path:
     return ws.run_dir("teacher", 0) / "phase-0"
 
 
-SHIPPED_ROOT = Path(__file__).parent
+SHIPPED_ROOT = Path(__file__).resolve().parents[1]
 
 
 def install_shipped_teacher(ws: Workspace) -> bool:

@@ -24,20 +24,17 @@ from rich.table import Table
 
 import config
 import data
-import devices
 import diag
-import errors
-import figures
 import grow
 import model
-import report
 import rundir
-import tokenizer
+from experiments import figures, report
+from experiments.presets import SINK, TIE_MARGIN
 from paper import DELTAS, PAPER
-from presets import SINK, TIE_MARGIN
+from plumbing import devices, errors, tokenizer
 
 if TYPE_CHECKING:
-    from suite import Workspace
+    from experiments.suite import Workspace
 
 console = Console(width=None if sys.stdout.isatty() else 140)
 

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
-import checkpoint
+from plumbing import checkpoint
 
 # ----------------------------------------------------------------------------------------------
 # Statistics over seeds

@@ -21,13 +21,11 @@ from rich.table import Table
 
 import config
 import data
-import devices
-import memory
 import model
-import presets
-import report
 import rundir
-import suite
+from experiments import presets, report, suite
+from plumbing import devices
+from tools import memory
 
 GPU_BF16_PEAK = {"a100": 312e12, "h100": 989e12, "h200": 989e12, "b200": 2250e12}  # dense bf16 FLOP/s
 GPU_MEMORY_GIB = {"a100": 80, "h100": 80, "h200": 141, "b200": 180}

@@ -18,8 +18,8 @@ from typing import Callable
 import torch
 import torch.distributed as dist
 
-from checkpoint import loads, write_json
-from errors import TrainingError
+from plumbing.checkpoint import loads, write_json
+from plumbing.errors import TrainingError
 
 # ----------------------------------------------------------------------------------------------
 # Distributed helpers. Every rank takes part in evaluation and in every logged reduction.

@@ -12,10 +12,9 @@ from dataclasses import MISSING, dataclass, field, fields, replace
 
 import config
 import data
-import errors
 import model
 import paper
-import tokenizer
+from plumbing import errors, tokenizer
 
 # ----------------------------------------------------------------------------------------------
 # Presets: every number of a scale lives here, and nowhere else.

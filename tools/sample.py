@@ -14,9 +14,9 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-import errors
 import model
 from model import apply_rope, rope_cos_sin
+from plumbing import errors
 
 
 def load_checkpoint(path, device="cpu") -> model.Qwen3 | model.Student:

@@ -16,9 +16,9 @@ import numpy as np
 import torch
 from matplotlib.figure import Figure
 
-import checkpoint
 import diag
 from paper import PAPER
+from plumbing import checkpoint
 
 STYLE = {"font.size": 8, "axes.titlesize": 9, "axes.grid": True, "grid.alpha": 0.3, "axes.spines.top": False,
          "axes.spines.right": False, "legend.fontsize": 7, "legend.frameon": False, "savefig.dpi": 150}

@@ -17,13 +17,9 @@ import itertools
 import math
 from dataclasses import dataclass
 
-import beyond
-import experiments
-import presets
-import report
 import rundir
-import suite
-from beyond import Variant
+from experiments import beyond, presets, report, suite, tables
+from experiments.beyond import Variant
 
 SEARCH_SEED = 41  # idea 4's search seed, outside the evaluation seeds (42, 43, 44)
 DOSE = {"boundary": "dose-boundary", "boundary_scale": 37.0}
@@ -101,11 +97,11 @@ def search(ws: suite.Workspace, force: bool = False) -> dict:
     never is)."""
     names = [f"{s}-grow" for s in schedules(ws.preset.run["blocks"])]
     suite.ensure_runs(ws, names, [SEARCH_SEED], force)
-    ce = {name: experiments.final_ce(ws, name, SEARCH_SEED) for name in names}
+    ce = {name: tables.final_ce(ws, name, SEARCH_SEED) for name in names}
     finite = {name: value for name, value in ce.items() if math.isfinite(value)}
     chosen = min(finite, key=finite.get) if finite else None
     return {"seed": SEARCH_SEED, "ce": ce, "chosen": chosen,
-            "diverged": experiments.diverged_runs(ws, names, [SEARCH_SEED])}
+            "diverged": tables.diverged_runs(ws, names, [SEARCH_SEED])}
 
 
 def search_contrasts(chosen: str) -> list[Contrast]:
@@ -127,7 +123,7 @@ def transition_jump(ws: suite.Workspace, run: str, seed: int) -> float:
     """The mean over transitions of the CE at a phase's start (after the transition's changes, before its
     first update) minus the CE at the previous phase's end; NaN for a run without them (diverged)."""
     try:
-        start, end = experiments.phase_start_eval, experiments.phase_end_eval
+        start, end = tables.phase_start_eval, tables.phase_end_eval
         jumps = [start(ws, run, seed, p)["ce"] - end(ws, run, seed, p - 1)["ce"] for p in range(1, ws.preset.run["blocks"])]
         return sum(jumps) / len(jumps)
     except StopIteration:
@@ -136,9 +132,9 @@ def transition_jump(ws: suite.Workspace, run: str, seed: int) -> float:
 
 def last_block_removal(ws: suite.Workspace, run: str, seed: int) -> float:
     """ΔCE of bypassing the last block at the run's endpoint, on the diagnostic batch (Table 4's)."""
-    if not math.isfinite(experiments.final_ce(ws, run, seed)):
+    if not math.isfinite(tables.final_ce(ws, run, seed)):
         return report.DIVERGED
-    return experiments.block_removal(ws, run, seed)[-1]["delta_ce"]
+    return tables.block_removal(ws, run, seed)[-1]["delta_ce"]
 
 
 def events_text(per_seed: list[list[dict]]) -> str:
@@ -214,7 +210,7 @@ def markdown(out: dict, n_variants: int) -> list[str]:
              "(negative: the option helps). Settings, endpoints and the reading rule: docs/preregistrations.md, "
              "2026-12-02. Ideas 5-7 act on the planted outlier (the boundary token at 37× at every appended "
              "block's input).", "",
-             experiments.diverged_line(out["diverged_runs"], n_variants * len(seeds)), "",
+             tables.diverged_line(out["diverged_runs"], n_variants * len(seeds)), "",
              "## Primary contrasts (one family, Holm)", "",
              "Reading: above or below 0 where p (Holm) < 0.05, a tie within "
              f"±{out['tie_margin']:g} where the 90% interval lies inside it (TOST), else inconclusive; the last "
@@ -247,7 +243,7 @@ def markdown(out: dict, n_variants: int) -> list[str]:
     lines += [f"| {r['variant']} | {r['transitions']} |" for r in out["rows"] if r["transitions"] != "no transition rows"]
     lines += ["", f"## Idea 4: the search on seed {found['seed']}", "",
               f"Chosen: {found['chosen'] or 'none (every search run diverged)'}. "
-              + experiments.diverged_line(found["diverged"], len(found["ce"])), "",
+              + tables.diverged_line(found["diverged"], len(found["ce"])), "",
               "| schedule | validation CE |", "| --- | --- |"]
     lines += [f"| {name} | {report.fmt(value, 4)} |" for name, value in found["ce"].items()]
     lines += ["", "Cost: what each option adds to a run, counted from its design. Training time is not given per "
