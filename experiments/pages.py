@@ -254,11 +254,18 @@ def ce_values(numbers: dict) -> dict[str, list]:
     return {row: [math.nan if v is None else v for v in q["ce"]] for row, q in by_row(numbers).items() if "ce" in q}
 
 
+def placement_family(numbers: dict) -> tuple[dict, dict]:
+    """({(placement, quantity): stats}, {(placement, Δ): Holm-adjusted p}) of the placements report: the
+    declared family is every placement's Δjoint and Δgrow against pre-norm."""
+    st = {(p, q): stats(v) for p, quantities in by_row(numbers).items() for q, v in quantities.items()}
+    family = [(p, q) for p, q in st if p != "pre" and q in ("delta_joint", "delta_grow")]
+    return st, dict(zip(family, holm_family([st[m] for m in family])))
+
+
 def placements_section(reference: dict) -> list[str]:
     seeds, rows = seeds_of(reference, "placements"), by_row(reference["tables"]["placements"])
-    st = {(p, q): stats(v) for p, quantities in rows.items() for q, v in quantities.items()}
-    family = [(p, q) for p in rows if p != "pre" for q in ("delta_joint", "delta_grow")]
-    p_holm = dict(zip(family, holm_family([st[m] for m in family])))
+    st, p_holm = placement_family(reference["tables"]["placements"])
+    family = list(p_holm)
     lines = ["## placements", "", "Joint and grow for every placement, Δ = the placement's CE − pre-norm's under "
              "the same protocol, paired by seed (negative: better than pre-norm). The paper ran pre and post only: "
              f"joint {PAPER['table1']['pre']['joint']:.4f} / {PAPER['table1']['post']['joint']:.4f}, grow "
@@ -391,20 +398,46 @@ def render(scale: str) -> str:
     return render_reference(scale, load(scale))
 
 
+def headline_numbers(reference: dict) -> dict[str, tuple[dict, float | None]]:
+    """{key: (stats, its Holm-adjusted p or None)} of the headline: Table 1; Table 2's Δ after phase 0 and how
+    it moves by the last phase end, so Δgrow is read with its path; Δgrow in the placements family."""
+    numbers = {key: (stats(v), None) for key, v in reference["tables"]["table1"].items()}
+    table2 = with_phase_deltas(reference["tables"].get("table2", {}), reference["curves"])
+    numbers |= {key: (stats(table2[key]), None) for key in HEADLINE_TABLE2 if key in table2}
+    if "placements" in reference["tables"]:
+        st, p_holm = placement_family(reference["tables"]["placements"])
+        numbers["placements: post delta_grow"] = (st["post", "delta_grow"], p_holm["post", "delta_grow"])
+    return numbers
+
+
+HEADLINE_TABLE2 = ("delta_ce_phase_0", "delta_ce_last_minus_phase_0")
+
+
+def headline_rows() -> list[tuple[str, str, float | None, bool]]:
+    """(label, key, the paper's value, read?) of each headline row."""
+    exp, table2 = tables.EXPERIMENTS["table1"], {r.key: r for r in tables.EXPERIMENTS["table2"].rows}
+    rows = [(r.label + " (primary)" * (r.key == exp.readings[0]), r.key, r.paper, r.key in exp.readings)
+            for r in exp.rows]
+    rows += [(f"Table 2: {table2[key].label} (post hoc)", key, table2[key].paper, True) for key in HEADLINE_TABLE2]
+    return rows + [("delta grow in the placements family, Holm over its comparisons", "placements: post delta_grow",
+                    DELTAS["delta_grow"], True)]
+
+
 def headline(references: dict[str, dict] | None = None) -> list[str]:
-    """Table 1 at each of HEADLINE_SCALES beside the paper's, with intervals and the declared readings."""
+    """Table 1 at each of HEADLINE_SCALES beside the paper's, with intervals and the declared readings, and
+    the rows that say how far Δgrow's reading goes (its path through the phases, its reading in a family)."""
     references = references or {scale: load(scale) for scale in HEADLINE_SCALES}
-    exp = tables.EXPERIMENTS["table1"]
+    numbers = {scale: headline_numbers(ref) for scale, ref in references.items()}
     head = ["Table 1, validation CE", "paper"]
     for scale, ref in references.items():
         head += [f"`{scale}`, {len(seeds_of(ref, 'table1'))} seeds: mean [95% CI]", "reading"]
     lines = ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
-    for r in exp.rows:
-        cells = [r.label + " (primary)" * (r.key == exp.readings[0]), report.fmt(r.paper, r.digits)]
-        for ref in references.values():
-            s = stats(ref["tables"]["table1"][r.key])
-            cells += [report.stats_cell(s, signed=r.key in exp.readings),
-                      reading_cell(s) if r.key in exp.readings else ""]
+    for label, key, paper, read_it in headline_rows():
+        cells = [label, report.fmt(paper, 4)]
+        for scale in references:
+            s, p_holm = numbers[scale].get(key, (None, None))
+            cells += ["not run", ""] if s is None else \
+                [report.stats_cell(s, signed=read_it), reading_cell(s, p_holm) if read_it else ""]
         lines.append("| " + " | ".join(cells) + " |")
     commits = ", ".join(f"`{scale}` at `{ref['git_commit'][:7]}`" for scale, ref in references.items())
     return lines + ["", f"From `references/*.json` ({commits}) and `paper.py`. " + RULE]
