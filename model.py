@@ -321,7 +321,7 @@ def qwen3_on_meta(config: ModelConfig, shard_fn: Callable | None = None) -> Qwen
 
 
 # ----------------------------------------------------------------------------------------------
-# Student: K blocks of L layers, its boundary norms, frozen embedding, trainable head
+# Student: K blocks of L layers, frozen embedding, trainable head, interventions at block inputs
 
 OUTPUT_GAINS = ("ones", "teacher")  # Student.from_teacher's output_gain
 

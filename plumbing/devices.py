@@ -1,8 +1,10 @@
 """Where a run executes: one process or torchrun ranks (FSDP2), the device, and the compute precision,
-chosen by measuring what the machine does.
+chosen by measuring what the machine does; whether its attention runs fused; and building modules on
+the meta device and filling sharded (DTensor) parameters, so that no rank ever holds a whole model.
 
     ctx = devices.setup_distributed("auto")        # rank, world size and device (torchrun sets RANK etc.)
     dtype, why = devices.precision_choice("auto", ctx.device)
+    net = devices.built_on_meta(lambda: model.Qwen3(config), devices.shard_fn(ctx, dtype))
 """
 from __future__ import annotations
 
