@@ -19,6 +19,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 import model
+from interventions.boundary import BOUNDARIES
 from plumbing import checkpoint
 from plumbing.errors import ConfigError
 
@@ -29,7 +30,7 @@ PROTOCOLS = ("joint", "grow", "freeze", "joint-long", "teacher")
 PRECISIONS = ("fp32", "bf16")  # and "auto": bf16 where the machine runs it measurably faster (devices.py)
 # The settings that take one of a few names; checked here, and by presets.py for --set before any folder is made.
 CHOICES = {"protocol": PROTOCOLS, "precision": ("auto", *PRECISIONS), "post_output_gain": model.OUTPUT_GAINS,
-           "boundary": model.BOUNDARIES, "on_divergence": ("stop", "continue"), "long_data": ("fresh", "replay"),
+           "boundary": BOUNDARIES, "on_divergence": ("stop", "continue"), "long_data": ("fresh", "replay"),
            "append_init": ("default", "matched", "preserve-output"), "importance_remedy": ("none", "reinit"),
            "boundary_correction": ("none", "norm")}
 PATH_FIELDS = ("train_data", "val_data", "teacher", "start_from", "boundary_source")  # RunConfig's paths
@@ -66,7 +67,7 @@ class RunConfig:
     checkpoint_interval: int       # steps between rolling resume checkpoints
     snapshot_interval: int = 0     # steps between kept weight snapshots step-<n>/ (diagnostics); 0: none
     teacher: str = ""              # HF checkpoint directory (distillation runs)
-    teacher_config: dict | None = None   # model.ModelConfig fields (the `teacher` protocol)
+    teacher_config: dict | None = None   # plumbing.hf_qwen3.ModelConfig fields (the `teacher` protocol)
     joint_phases: int = 1          # `joint-long`: phases of phase_steps, LR restart at each
     freeze_trains_head: bool = False     # `freeze`: also keep training the LM head and boundary norm
     reset_data_each_phase: bool = False  # paper Appendix B.3 (main runs: False)
@@ -83,10 +84,10 @@ class RunConfig:
     # shard in grow's order (the same-shard control: joint-replay, grow's steps on grow's data)
     long_data: str = "fresh"
     # Beyond the paper (README, "Beyond the paper"):
-    boundary: str = "none"         # model.BOUNDARIES: an intervention at the input of every block after the first
+    boundary: str = "none"         # BOUNDARIES (interventions/boundary.py): at the input of every block after the first
     boundary_scale: float = 1.0    # rescale-fwd: the RMS each token is rescaled to
     boundary_source: str = ""      # mirror-fwd: the pre-norm run folder whose phase-<p>/ gives the RMS profile
-    scratch_model: dict | None = None  # growth from scratch: the student's model.ModelConfig fields; no teacher
+    scratch_model: dict | None = None  # growth from scratch: the student's ModelConfig fields; no teacher
     monitor_interval: int = 0      # steps between boundary-monitor rows (0: off); from the training forward
     monitor_rms_warn: float = 20.0       # warn when a boundary's mean per-token RMS passes this
     monitor_kurtosis_warn: float = 1000.0  # ... or its kurtosis of per-token RMS
@@ -162,7 +163,7 @@ class RunConfig:
 
     @property
     def student_features(self) -> tuple:
-        """model.FEATURES this run's student needs."""
+        """The interventions.boundary.FEATURES this run's student needs."""
         return (("correction",) if self.boundary_correction != "none" else ()) + \
             (("structural",) if self.structural_norm else ())
 

@@ -110,8 +110,9 @@ def massive_activation(hidden: torch.Tensor, mask: torch.Tensor) -> dict:
 def first_token_attention(attention: list, mask: torch.Tensor) -> list:
     """Per layer, the mean over real queries after position 0 of each head's attention weight on
     position 0 (the document-boundary token): a list of per-head floats, None for a layer that did not
-    run. attention: model.captured(...)["first_attention"], each (B, n_heads, T). A head whose mean is
-    near 1 is an attention sink (Gu et al. 2024): it attends to the first token whatever the query."""
+    run. attention: a model's captured["first_attention"] (interventions/monitor.py), each (B, n_heads, T).
+    A head whose mean is near 1 is an attention sink (Gu et al. 2024): it attends to the first token
+    whatever the query."""
     out = []
     for weights in attention:
         if weights is None:

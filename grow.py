@@ -37,9 +37,18 @@ import kd
 import model
 import transitions
 from config import Phase, RunConfig, learning_rate, plan_phases
-from plumbing.checkpoint import loads, write_json
-from plumbing.devices import Dist, precision_choice, print0, settle_fsdp_dtypes, setup_distributed, shard_fn
+from plumbing.checkpoint import loads, read_config, write_json
+from plumbing.devices import (
+    Dist,
+    fused_attention_problem,
+    precision_choice,
+    print0,
+    settle_fsdp_dtypes,
+    setup_distributed,
+    shard_fn,
+)
 from plumbing.errors import TrainingError
+from plumbing.hf_qwen3 import ModelConfig
 from rundir import (
     RESULT_KEYS,
     MetricsLog,
@@ -180,14 +189,14 @@ def build_model(config: RunConfig, teacher: Teacher | None, ctx: Dist, dtype: to
     (or from the seed alone, growth from scratch), or (the `teacher` protocol) a Qwen3 from the seed."""
     if config.protocol == "teacher":
         with torch.device("meta"):
-            net = model.Qwen3(model.ModelConfig(**config.teacher_config))
+            net = model.Qwen3(ModelConfig(**config.teacher_config))
         shard = shard_fn(ctx, dtype)
         if shard:
             shard(net)
         net.to_empty(device=ctx.device)
         net.init_weights(config.seed)
     elif config.scratch_model is not None:
-        net = model.Student.from_scratch(model.ModelConfig(**config.scratch_model), config.blocks,
+        net = model.Student.from_scratch(ModelConfig(**config.scratch_model), config.blocks,
                                          config.layers_per_block, config.student_norm, config.seed,
                                          shard_fn=shard_fn(ctx, dtype), device=ctx.device,
                                          boundary=config.boundary, boundary_scale=config.boundary_scale,
@@ -735,10 +744,10 @@ def warn_math_attention(config: RunConfig, ctx: Dist):
     back to the math kernel without a word: its T x T scores per head, and several times slower)."""
     shard = data.Shard(config.train_data, verify=False)
     length = int(shard.lengths.max()) - 1
-    shape = model.ModelConfig(**config.teacher_config) if config.teacher_config else \
-        model.ModelConfig.from_hf(model.read_config(Path(config.teacher))) if config.teacher else \
-        model.ModelConfig(**config.scratch_model)
-    problem = model.fused_attention_problem(shape, length, ctx.device)
+    shape = ModelConfig(**config.teacher_config) if config.teacher_config else \
+        ModelConfig.from_hf(read_config(Path(config.teacher))) if config.teacher else \
+        ModelConfig(**config.scratch_model)
+    problem = fused_attention_problem(shape, length, ctx.device)
     if problem:
         scores = shape.num_attention_heads * length**2 * 4 / 2**30
         print0(ctx, f"warning: no fused attention kernel on {torch.cuda.get_device_name(ctx.device)} for {length} tokens "

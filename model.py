@@ -1,4 +1,5 @@
-"""Qwen3-style models: the teacher (a plain Qwen3 causal LM) and the block-stack student.
+"""Qwen3-style models and their norm placements: the teacher (a plain Qwen3 causal LM) and the
+block-stack student, each of whose blocks takes a placement from PLACEMENTS.
 
     import model
     teacher = model.load_qwen3("path/to/Qwen3-8B-Base")              # HF checkpoint directory
@@ -6,7 +7,6 @@
     student = model.Student.from_teacher(teacher, blocks=3, layers_per_block=3, norm="post", seed=42)
     logits = student(input_ids, active_blocks=2)                      # run only blocks 0 and 1
     student.save("runs/x/final"); student = model.Student.load("runs/x/final")
-    model.export_hf(pre_norm_student, "out/")                         # loads in transformers unchanged
 
 Both models take `output_fn(hidden, head_weight)` in forward, so the training loss can apply the LM
 head in chunks (kd.py) without the full logits ever existing; FSDP2's hooks still gather the head
@@ -15,14 +15,13 @@ real tokens from seeing padding; no attention mask is ever built.
 
 Parameter names follow transformers' Qwen3 except the two per-layer norms, which are named for the
 sub-layer they belong to (`attn_norm`, `mlp_norm`) because their position depends on the placement;
-checkpoint I/O maps them to `input_layernorm` / `post_attention_layernorm`.
+plumbing/hf_qwen3.py maps them to `input_layernorm` / `post_attention_layernorm` and writes HF folders
+(a teacher; a pre-norm student, export_hf). What a student does at its block boundaries beyond the
+paper (the interventions) and what a forward records there (the monitor) live in interventions/.
 """
 from __future__ import annotations
 
-import json
-import math
-from contextlib import contextmanager
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Callable
 
@@ -31,81 +30,21 @@ import torch.nn as nn
 import torch.nn.functional as F
 import torch.utils.checkpoint
 
+from interventions.boundary import (
+    Scale,
+    checked_features,
+    checkpoint_entries,
+    checkpoint_entries_problem,
+    intervene,
+    mirror_profile,
+    read_checkpoint_entries,
+    structural_norm,
+)
+from interventions.monitor import attention_to_first, captured, record_attention
 from plumbing.checkpoint import load_tensors, read_config, write_checkpoint
+from plumbing.devices import built_on_meta, fill_parameter, full_tensor, on_meta_device
 from plumbing.errors import CheckpointError
-
-# ----------------------------------------------------------------------------------------------
-# Config
-
-@dataclass
-class ModelConfig:
-    """The fields of a HF Qwen3 `config.json` that the math depends on (defaults: Qwen3-8B-Base)."""
-    vocab_size: int = 151936
-    hidden_size: int = 4096
-    intermediate_size: int = 12288
-    num_hidden_layers: int = 36
-    num_attention_heads: int = 32
-    num_key_value_heads: int = 8
-    head_dim: int = 128
-    rope_theta: float = 1_000_000.0
-    rms_norm_eps: float = 1e-6
-    tie_word_embeddings: bool = False
-    max_position_embeddings: int = 40960
-    initializer_range: float = 0.02
-
-    @classmethod
-    def from_hf(cls, hf: dict, source: str = "config.json") -> "ModelConfig":
-        arch = hf.get("model_type")
-        if arch != "qwen3":
-            raise CheckpointError(f"{source}: model_type is {arch!r}, not 'qwen3'; point at a Qwen3 checkpoint")
-        values = {f.name: hf[f.name] for f in fields(cls) if f.name in hf}
-        if "rope_theta" not in values:  # transformers 5 nests it
-            rope = hf.get("rope_parameters")
-            values["rope_theta"] = (rope if isinstance(rope, dict) else {}).get("rope_theta", cls.rope_theta)
-        problem = config_problem(values)
-        if problem:
-            raise CheckpointError(f"{source}: {problem}; the config is damaged or not a Qwen3 model's: restore the "
-                                  "checkpoint from a copy, or re-download or re-export it")
-        if "head_dim" not in values:
-            values["head_dim"] = values["hidden_size"] // values["num_attention_heads"]
-        return cls(**values)
-
-    def to_hf(self) -> dict:
-        hf = asdict(self)
-        hf.update(model_type="qwen3", architectures=["Qwen3ForCausalLM"], hidden_act="silu",
-                  attention_bias=False, attention_dropout=0.0, torch_dtype="float32",
-                  rope_parameters={"rope_type": "default", "rope_theta": self.rope_theta})
-        return hf
-
-
-# The fields a Qwen3 config.json always has: the defaults above are Qwen3-8B's, and a checkpoint that
-# lacks one of these is not described by them.
-REQUIRED_FIELDS = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads")
-
-
-def config_problem(values: dict) -> str:
-    """Why ModelConfig fields (from a config.json, or --set teacher_model) cannot describe a model ("" if
-    they can): a required one missing, a size that is not a positive integer, a float that is not a
-    positive finite number, a flag that is not true or false, heads that do not divide. Checked before
-    any module is built, so a bad value is one line, not an error deep inside torch (or a NaN result)."""
-    missing = [name for name in REQUIRED_FIELDS if name not in values]
-    if missing:
-        return f"lacks {', '.join(missing)}"
-    defaults = {f.name: f.default for f in fields(ModelConfig)}
-    for name, value in values.items():
-        kind = type(defaults[name])
-        if kind is bool and not isinstance(value, bool):
-            return f"{name} is {value!r}, not true or false"
-        if kind is int and not (isinstance(value, int) and not isinstance(value, bool) and value >= 1):
-            return f"{name} is {value!r}, not a positive integer"
-        if kind is float and not (isinstance(value, (int, float)) and not isinstance(value, bool)
-                                  and math.isfinite(value) and (value > 0 or name == "initializer_range" and value == 0)):
-            return f"{name} is {value!r}, not a positive finite number"
-    if values["num_attention_heads"] % values.get("num_key_value_heads", ModelConfig.num_key_value_heads):
-        return (f"num_attention_heads ({values['num_attention_heads']}) is not a multiple of num_key_value_heads "
-                f"({values.get('num_key_value_heads', ModelConfig.num_key_value_heads)})")
-    return ""
-
+from plumbing.hf_qwen3 import ModelConfig, hf_name
 
 # ----------------------------------------------------------------------------------------------
 # Layers
@@ -175,44 +114,6 @@ class Attention(nn.Module):
         # NOTE: is_causal keeps SDPA on its fused path; right padding needs no mask (padding comes last).
         y = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=self.n_kv != self.n_heads)
         return self.o_proj(y.transpose(1, 2).reshape(B, T, self.n_heads * self.head_dim))
-
-
-@torch.no_grad()
-def attention_to_first(q: torch.Tensor, k: torch.Tensor, max_elements: int = 2**26) -> torch.Tensor:
-    """(B, n_heads, T) float32: the causal softmax attention weight each query puts on key 0, from q
-    (B, n_heads, T, hd) and k (B, n_kv, T, hd) after RoPE, as SDPA weighs them. exp(s_0 - logsumexp_j<=t
-    s_j), computed over blocks of query rows so that a long sequence never holds all its scores."""
-    B, n_heads, T, hd = q.shape
-    groups = n_heads // k.shape[1]
-    q = q.float().view(B, k.shape[1], groups, T, hd)                          # (B, nkv, g, T, hd)
-    k = k.float()
-    rows = max(1, max_elements // max(1, B * n_heads * T))
-    out = []
-    for start in range(0, T, rows):
-        scores = torch.einsum("bkgtd,bksd->bkgts", q[:, :, :, start:start + rows], k) / math.sqrt(hd)
-        t = torch.arange(start, min(start + rows, T), device=q.device)
-        scores = scores.masked_fill(torch.arange(T, device=q.device)[None, :] > t[:, None], float("-inf"))
-        out.append((scores[..., 0] - scores.logsumexp(-1)).exp())             # (B, nkv, g, rows)
-    return torch.cat(out, dim=-1).reshape(B, n_heads, T)
-
-
-def fused_attention_problem(config: ModelConfig, length: int, device) -> str:
-    """"" if causal grouped-query attention over `length` tokens runs forward and backward on a fused SDPA
-    kernel (flash, memory-efficient or cuDNN) on `device`; else why not. The math kernel that SDPA falls
-    back to without a word holds every head's T x T scores: at 8,192 tokens 8 GiB a layer for 32 heads."""
-    from torch.nn.attention import SDPBackend, sdpa_kernel
-    dtype = torch.bfloat16 if torch.device(device).type == "cuda" else torch.float32
-    shape = lambda heads: (1, heads, length, config.head_dim)
-    q = torch.randn(shape(config.num_attention_heads), device=device, dtype=dtype, requires_grad=True)
-    k, v = (torch.randn(shape(config.num_key_value_heads), device=device, dtype=dtype, requires_grad=True)
-            for _ in range(2))
-    try:
-        gqa = config.num_key_value_heads != config.num_attention_heads
-        with sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.CUDNN_ATTENTION]):
-            F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=gqa).sum().backward()
-    except RuntimeError as e:
-        return " ".join(str(e).split())[:300]
-    return ""
 
 
 class MLP(nn.Module):
@@ -368,20 +269,6 @@ def init_qwen3_weights(module: nn.Module, std: float, generator: torch.Generator
             fill_parameter(sub.weight, torch.ones(sub.weight.shape))
 
 
-def fill_parameter(param: torch.Tensor, full: torch.Tensor):
-    """Copy a full-size tensor into a parameter, taking only this rank's slice if it is a DTensor."""
-    if hasattr(param, "device_mesh"):
-        from torch.distributed.tensor import distribute_tensor
-        full = distribute_tensor(full.to(param.device, param.dtype), param.device_mesh, param.placements,
-                                 src_data_rank=None)
-    param.copy_(full)
-
-
-def full_tensor(t: torch.Tensor) -> torch.Tensor:
-    """The whole tensor, gathered from all ranks if it is a sharded DTensor."""
-    return t.full_tensor() if hasattr(t, "full_tensor") else t
-
-
 # ----------------------------------------------------------------------------------------------
 # Teacher: the plain Qwen3 causal LM
 
@@ -417,110 +304,26 @@ class Qwen3(nn.Module):
         return output_fn(self.norm(h), self.head_weight)
 
 
-def record_attention(net: nn.Module, on: bool):
-    """Have every layer's attention record its first-token attention in the next forward (or stop)."""
-    for layer in net.layers:
-        layer.self_attn.record_first_attention, layer.self_attn.first_attention = on, None
+def load_qwen3(path, dtype=torch.float32, device="cpu", shard_fn: Callable | None = None) -> Qwen3:
+    """Load a HF Qwen3 checkpoint directory: one model.safetensors or an index with shards, any
+    float dtype on disk, tied (no lm_head.weight) or untied embeddings. Built on the meta device;
+    with `shard_fn` (FSDP2), each rank reads only its own rows of each sharded tensor from disk."""
+    path = Path(path)
+    teacher = qwen3_on_meta(ModelConfig.from_hf(read_config(path), str(path / "config.json")), shard_fn)
+    load_tensors(teacher, path, dtype, device, name_in_file=hf_name)
+    return teacher.eval().requires_grad_(False)
 
 
-def captured(boundaries: list[torch.Tensor], net: nn.Module) -> dict:
-    """What capture_boundaries keeps of a forward: the residual stream at each boundary and each layer's
-    first-token attention (None for a layer that did not run), all detached; recording then stops."""
-    attention = [layer.self_attn.first_attention for layer in net.layers]
-    record_attention(net, False)
-    return {"boundaries": [x.detach() for x in boundaries], "first_attention": attention}
+def qwen3_on_meta(config: ModelConfig, shard_fn: Callable | None = None) -> Qwen3:
+    """A Qwen3 on the meta device (no memory), sharded by `shard_fn` (FSDP2) if given: what load_qwen3
+    fills from a checkpoint, and what plan.py's full-size rehearsal fills with fake tensors."""
+    return built_on_meta(lambda: Qwen3(config), shard_fn)
 
 
 # ----------------------------------------------------------------------------------------------
-# Student: K blocks of L layers, its boundary norms, frozen embedding, trainable head
+# Student: K blocks of L layers, frozen embedding, trainable head, interventions at block inputs
 
 OUTPUT_GAINS = ("ones", "teacher")  # Student.from_teacher's output_gain
-# Interventions at the input of every block after the first (the block boundaries a grow run appends at):
-# "norm": a trainable RMSNorm on the stream (forward and backward change); "rescale-fwd": each token's
-# stream rescaled to RMS `boundary_scale` in the forward pass only, the backward pass treating it as the
-# identity; "mirror-fwd": the same, to each token's RMS in a reference run (profile_source). The same
-# forward as rescale-fwd with two other backwards, so that only the backward channel varies:
-# "rescale-detached": the per-token factor t / r a constant (the upstream gradient times it), and
-# "rescale-full": the true Jacobian (t / r)(I - h^ h^T), h^ = h / |h|, which has no radial part.
-# A synthetic dose, forward only (straight-through): "dose-boundary" scales the boundary token's state
-# (position 0) to boundary_scale x the median RMS of the row's other positions (the paper: 37);
-# "dose-channel" sets channel 0 of the boundary token to boundary_scale x the row's median |activation|
-# (a massive activation, Sun et al. 2024: ~10^3-10^4). Do heavy tails alone reproduce pre-norm's penalty?
-BOUNDARIES = ("none", "norm", "rescale-fwd", "mirror-fwd", "rescale-detached", "rescale-full", "dose-boundary",
-              "dose-channel")
-
-
-class StraightThroughRescale(torch.autograd.Function):
-    """Forward: h scaled per token to RMS `target` (a number, or (B, T, 1)). Backward: the identity,
-    so gradients reach h as if nothing were there (their values still differ from an untouched run's,
-    because everything downstream saw the rescaled stream)."""
-
-    @staticmethod
-    def forward(ctx, h, target):
-        rms = h.float().pow(2).mean(-1, keepdim=True).sqrt().clamp_min(1e-12)
-        return (h.float() * (target / rms)).to(h.dtype)
-
-    @staticmethod
-    def backward(ctx, grad):
-        return grad, None
-
-
-def rescale_forward_only(h: torch.Tensor, target) -> torch.Tensor:
-    return StraightThroughRescale.apply(h, target)
-
-
-def dose(h: torch.Tensor, ratio: float, kind: str) -> torch.Tensor:
-    """The boundary token (position 0) made heavy-tailed, forward only: its RMS at `ratio` x the median
-    RMS of the other positions ("dose-boundary"), or its channel 0 at `ratio` x the median |activation|
-    of the row ("dose-channel"). The change is added as a constant: gradients pass as the identity."""
-    x = h.detach().float()
-    if kind == "dose-boundary":
-        rms = x.pow(2).mean(-1, keepdim=True).sqrt().clamp_min(1e-12)                # (B, T, 1)
-        regular = rms[:, 1:].median(dim=1, keepdim=True).values if x.shape[1] > 1 else rms[:, :1]
-        first = x[:, :1] * (ratio * regular / rms[:, :1])
-    else:
-        first = x[:, :1].clone()
-        first[..., 0] = ratio * x.abs().flatten(1).median(dim=1).values[:, None]
-    delta = torch.cat([first - x[:, :1], torch.zeros_like(x[:, 1:])], dim=1)
-    return h + delta.to(h.dtype)
-
-
-def structural_norm(h: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
-    """The boundary token (position 0) rescaled to `scale` x the median RMS of its row's other positions,
-    every other position untouched: separate statistics for the structural token (issue 33, idea 6). The
-    median, as the dose's: the forward has no mask, and padding is a minority of a row's positions. The
-    row's statistic is detached; the token's own RMS and the scale are differentiated through."""
-    if h.shape[1] < 2:
-        return h
-    x = h.float()
-    rms = x.pow(2).mean(-1, keepdim=True).sqrt().clamp_min(1e-12)                    # (B, T, 1)
-    regular = rms[:, 1:].median(dim=1, keepdim=True).values.detach()                 # (B, 1, 1)
-    first = x[:, :1] * (scale.float() * regular / rms[:, :1])
-    return torch.cat([first.to(h.dtype), h[:, 1:]], dim=1)
-
-
-class Scale(nn.Module):
-    """One learned scalar (structural_norm's), initialised to 1; shape (1,), as checkpoints and FSDP2's
-    row sharding hold tensors with rows."""
-
-    def __init__(self):
-        super().__init__()
-        self.weight = nn.Parameter(torch.ones(1))
-
-
-# Optional parts of a student (issue 33), each at the input of every block after the first: "correction",
-# an RMSNorm the boundary correction switches on where the transition reading fires (transitions.py);
-# "structural", structural_norm's learned scale.
-FEATURES = ("correction", "structural")
-
-
-def rescale(h: torch.Tensor, target, backward: str) -> torch.Tensor:
-    """Each token scaled to RMS `target`: backward "identity" (straight-through), "detached" (t / r a
-    constant) or "full" (autograd through r as well)."""
-    if backward == "identity":
-        return rescale_forward_only(h, target)
-    rms = h.float().pow(2).mean(-1, keepdim=True).sqrt().clamp_min(1e-12)
-    return (h.float() * (target / (rms.detach() if backward == "detached" else rms))).to(h.dtype)
 
 
 class Student(nn.Module):
@@ -529,8 +332,7 @@ class Student(nn.Module):
         super().__init__()
         if blocks < 1 or layers_per_block < 1:
             raise ValueError(f"blocks ({blocks}) and layers_per_block ({layers_per_block}) must be at least 1")
-        if boundary not in BOUNDARIES:
-            raise ValueError(f"boundary intervention {boundary!r} is unknown; choose one of {', '.join(BOUNDARIES)}")
+        self.features = checked_features(boundary, features)  # the interventions a student may have
         self.config = ModelConfig(**{**asdict(config), "num_hidden_layers": blocks * layers_per_block,
                                      "tie_word_embeddings": False})
         self.blocks, self.layers_per_block, self.norm_placement = blocks, layers_per_block, norm
@@ -554,10 +356,6 @@ class Student(nn.Module):
         self.entry_norm = RMSNorm(config.hidden_size, config.rms_norm_eps) if both else None
         self.boundary_norms = nn.ModuleList(RMSNorm(config.hidden_size, config.rms_norm_eps)
                                             for _ in range(blocks - 1)) if boundary == "norm" else None
-        unknown = set(features) - set(FEATURES)
-        if unknown:
-            raise ValueError(f"student feature {sorted(unknown)[0]!r} is unknown; choose from {', '.join(FEATURES)}")
-        self.features = tuple(f for f in FEATURES if f in features)
         self.correction_norms = nn.ModuleList(RMSNorm(config.hidden_size, config.rms_norm_eps)
                                               for _ in range(blocks - 1)) if "correction" in features else None
         self.corrected: set[int] = set()  # the blocks whose correction norm is on (transitions.py)
@@ -573,7 +371,8 @@ class Student(nn.Module):
         return self.layers[b * self.layers_per_block:(b + 1) * self.layers_per_block]
 
     def block_modules(self, b: int) -> list[nn.Module]:
-        """What belongs to block b and trains with it: its layers and the boundary norm at its input."""
+        """What belongs to block b and trains with it: its layers and the intervention modules at its input
+        (its boundary norm, structural scale, and correction norm once switched on)."""
         extra = [self.structural_scales[b - 1]] if self.structural_scales is not None and b else []
         extra += [self.correction_norms[b - 1]] if b in self.corrected else []
         return [self.block_layers(b)] + ([self.boundary_norms[b - 1]] if self.boundary_norms and b else []) + extra
@@ -591,24 +390,22 @@ class Student(nn.Module):
         return self.norm if self.placements[active_blocks - 1].final_norm else None
 
     def init_weights(self, seed: int):
-        """Decoder layers only (embedding, boundary norm and head come from the teacher): every
-        Linear ~ N(0, initializer_range), every RMSNorm = 1, all K blocks at once from `seed`, so
-        pre and post, joint and grow students of one seed start from identical decoder weights.
-        DeepNorm layers then scale v, o, the FFN's activated input and its output by DeepNet's beta
-        (DEEPNET_SCALED), at the final depth N = K x L, as alpha is."""
-        init_qwen3_weights(self.layers, self.config.initializer_range, torch.Generator().manual_seed(seed))
-        beta = deepnet_beta(len(self.layers))
+        """Decoder layers (embedding, entry and final norms and head come from the teacher): all K blocks
+        drawn by reinit_block from one generator seeded with `seed`, in registration order as one draw
+        over every layer would be, so pre and post, joint and grow students of one seed start from
+        identical decoder weights. The intervention modules (boundary_norms, ...) start at 1."""
+        generator = torch.Generator().manual_seed(seed)
+        for b in range(self.blocks):
+            self.reinit_block(b, generator)
         with torch.no_grad():
-            for layer in self.layers:
-                if layer.placement.deepnet:
-                    for name in DEEPNET_SCALED:
-                        layer.get_submodule(name).weight.mul_(beta)
             for norm in [*(self.boundary_norms or []), *(self.correction_norms or []), *(self.structural_scales or [])]:
                 norm.weight.fill_(1.0)
 
     def reinit_block(self, b: int, generator: torch.Generator):
-        """Block b's layers drawn again as init_weights draws them (Qwen3's init, DeepNet's beta), from
-        `generator`: the block-importance remedy (transitions.py)."""
+        """Block b's layers drawn from `generator`: every Linear ~ N(0, initializer_range), every RMSNorm = 1,
+        then DeepNorm layers' v, o, FFN activated input and output scaled by DeepNet's beta (DEEPNET_SCALED)
+        at the final depth N = K x L, as alpha is. init_weights draws each block so; the block-importance
+        remedy (transitions.py) draws one again."""
         init_qwen3_weights(self.block_layers(b), self.config.initializer_range, generator)
         beta = deepnet_beta(len(self.layers))
         with torch.no_grad():
@@ -684,31 +481,20 @@ class Student(nn.Module):
     @classmethod
     def on_meta(cls, config, blocks, layers_per_block, norm, dtype, shard_fn, boundary, boundary_scale,
                 features=()) -> "Student":
-        with on_meta_device():
-            student = cls(config, blocks, layers_per_block, norm, boundary, boundary_scale, features).to(dtype)
-            if shard_fn is not None:
-                shard_fn(student)
-        return student
+        build = lambda: cls(config, blocks, layers_per_block, norm, boundary, boundary_scale, features).to(dtype)
+        return built_on_meta(build, shard_fn)
 
     def enter_block(self, b: int, h: torch.Tensor, profile: dict | None) -> torch.Tensor:
-        """What block b reads: the boundary intervention at its input (b >= 1), then the structural-token
-        norm and the correction norm where the student has them."""
-        h = self.intervene(b, h, profile)
-        if b and self.structural_scales is not None:
+        """What block b reads: block 0 the embeddings; a later block the boundary intervention at its input
+        (`profile`: mirror-fwd's targets), then the structural-token norm and the correction norm where
+        the student has them."""
+        if b == 0:
+            return h
+        norm = self.boundary_norms[b - 1] if self.boundary_norms is not None else None
+        h = intervene(h, self.boundary, self.boundary_scale, norm, None if profile is None else profile[b])
+        if self.structural_scales is not None:
             h = structural_norm(h, self.structural_scales[b - 1].weight)
         return self.correction_norms[b - 1](h) if b in self.corrected else h
-
-    def intervene(self, b: int, h: torch.Tensor, profile: dict | None) -> torch.Tensor:
-        """The boundary intervention at the input of block b >= 1 (none: h itself)."""
-        if b == 0 or self.boundary == "none":
-            return h
-        if self.boundary == "norm":
-            return self.boundary_norms[b - 1](h)
-        if self.boundary.startswith("dose-"):
-            return dose(h, self.boundary_scale, self.boundary)
-        target = profile[b] if self.boundary == "mirror-fwd" else self.boundary_scale
-        backward = {"rescale-detached": "detached", "rescale-full": "full"}.get(self.boundary, "identity")
-        return rescale(h, target, backward)
 
     def forward(self, input_ids, active_blocks: int | None = None, skip_block: int | None = None,
                 output_fn: Callable = logits_output, return_boundaries: bool = False):
@@ -719,12 +505,7 @@ class Student(nn.Module):
         active_blocks = self.blocks if active_blocks is None else active_blocks
         if not 1 <= active_blocks <= self.blocks:
             raise ValueError(f"active_blocks={active_blocks} must be in 1..{self.blocks}")
-        profile = None
-        if self.boundary == "mirror-fwd" and active_blocks > 1:
-            if self.profile_source is None:
-                raise CheckpointError("a mirror-fwd student needs its reference run's boundary profile "
-                                 "(profile_source) to run more than one block")
-            profile = self.profile_source(input_ids, active_blocks)
+        profile = mirror_profile(self.boundary, self.profile_source, input_ids, active_blocks)
         h = self.embed_tokens(input_ids)                                         # (B, T, H)
         cos, sin = rope_cos_sin(self.config, input_ids.shape[1], input_ids.device)
         record_attention(self, self.capture_boundaries)
@@ -748,11 +529,8 @@ class Student(nn.Module):
 
     def checkpoint_config(self) -> dict:
         """config.json of a student checkpoint: the HF fields plus the student's shape."""
-        shape = {"blocks": self.blocks, "layers_per_block": self.layers_per_block, "norm": self.norm_placement}
-        if self.boundary != "none":
-            shape.update(boundary=self.boundary, boundary_scale=self.boundary_scale)
-        if self.features:
-            shape.update(features=list(self.features), corrected=sorted(self.corrected))
+        shape = {"blocks": self.blocks, "layers_per_block": self.layers_per_block, "norm": self.norm_placement,
+                 **checkpoint_entries(self.boundary, self.boundary_scale, self.features, self.corrected)}
         return {**self.config.to_hf(), "architectures": ["NormgrowStudent"], "normgrow_student": shape}
 
     def save(self, path, state: dict | None = None):
@@ -781,11 +559,11 @@ class Student(nn.Module):
         if problem:
             raise CheckpointError(f"{path / 'config.json'}: {problem}; the config is damaged: restore the checkpoint "
                                   "from a copy")
+        boundary, boundary_scale, features, corrected = read_checkpoint_entries(shape)
         with torch.device("meta"):
             student = cls(ModelConfig.from_hf(hf, str(path / "config.json")), shape["blocks"],
-                          shape["layers_per_block"], shape["norm"], shape.get("boundary", "none"),
-                          shape.get("boundary_scale", 1.0), tuple(shape.get("features", ())))
-        student.corrected = set(shape.get("corrected", ()))
+                          shape["layers_per_block"], shape["norm"], boundary, boundary_scale, features)
+        student.corrected = corrected
         load_tensors(student, path, dtype, device, name_in_file=lambda name: name)
         student.embed_tokens.weight.requires_grad_(False)
         return student
@@ -807,85 +585,7 @@ def shape_problem(shape) -> str:
         block_norms(norm, shape["blocks"])
     except ValueError as e:
         return f"normgrow_student.norm: {e}"
-    boundary, scale = shape.get("boundary", "none"), shape.get("boundary_scale", 1.0)
-    if boundary not in BOUNDARIES:
-        return f"normgrow_student.boundary is {boundary!r}, not one of {', '.join(BOUNDARIES)}"
-    if not (isinstance(scale, (int, float)) and not isinstance(scale, bool) and math.isfinite(scale) and scale > 0):
-        return f"normgrow_student.boundary_scale is {scale!r}, not a positive finite number"
-    features, corrected = shape.get("features", []), shape.get("corrected", [])
-    if not (isinstance(features, list) and all(f in FEATURES for f in features)):
-        return f"normgrow_student.features is {features!r}, not a list of {', '.join(FEATURES)}"
-    if not (isinstance(corrected, list) and all(type(b) is int and 1 <= b < shape["blocks"] for b in corrected)
-            and (not corrected or "correction" in features)):
-        return f"normgrow_student.corrected is {corrected!r}, not a list of blocks 1..{shape['blocks'] - 1} of a student " \
-               "with the correction feature"
-    return ""
-
-
-# ----------------------------------------------------------------------------------------------
-# HF checkpoint I/O
-
-HF_NORM_NAMES = {".attn_norm.": ".input_layernorm.", ".mlp_norm.": ".post_attention_layernorm."}
-
-
-def hf_name(name: str) -> str:
-    """Kit parameter name -> transformers' Qwen3ForCausalLM name."""
-    if name.startswith("lm_head."):
-        return name
-    for ours, theirs in HF_NORM_NAMES.items():
-        name = name.replace(ours, theirs)
-    return "model." + name
-
-
-def load_qwen3(path, dtype=torch.float32, device="cpu", shard_fn: Callable | None = None) -> Qwen3:
-    """Load a HF Qwen3 checkpoint directory: one model.safetensors or an index with shards, any
-    float dtype on disk, tied (no lm_head.weight) or untied embeddings. Built on the meta device;
-    with `shard_fn` (FSDP2), each rank reads only its own rows of each sharded tensor from disk."""
-    path = Path(path)
-    teacher = qwen3_on_meta(ModelConfig.from_hf(read_config(path), str(path / "config.json")), shard_fn)
-    load_tensors(teacher, path, dtype, device, name_in_file=hf_name)
-    return teacher.eval().requires_grad_(False)
-
-
-def qwen3_on_meta(config: ModelConfig, shard_fn: Callable | None = None) -> Qwen3:
-    """A Qwen3 on the meta device (no memory), sharded by `shard_fn` (FSDP2) if given: what load_qwen3
-    fills from a checkpoint, and what plan.py's full-size rehearsal fills with fake tensors."""
-    with on_meta_device():
-        teacher = Qwen3(config)
-        if shard_fn is not None:
-            shard_fn(teacher)
-    return teacher
-
-
-@contextmanager
-def on_meta_device():
-    """Build on the meta device, a real one even inside a FakeTensorMode (plan.py's full-size rehearsal):
-    to_empty then swaps in fake tensors, which it cannot do for parameters that are fake themselves."""
-    from torch._subclasses.fake_tensor import unset_fake_temporarily
-    with unset_fake_temporarily(), torch.device("meta"):
-        yield
-
-
-def save_qwen3(teacher: Qwen3, path, state: dict | None = None):
-    """Write a teacher as a standard HF Qwen3 checkpoint directory (tied head not duplicated)."""
-    state = teacher.state_dict() if state is None else state
-    write_checkpoint(path, teacher.config.to_hf(), {hf_name(k): v for k, v in state.items()})
-
-
-EXPORT_MARKER = "normgrow-export.json"  # in every folder export_hf writes: only such folders are replaced
-
-
-def export_hf(student: Student, path, source: str = "", extra_files: dict[str, str] | None = None):
-    """A pre-norm student is exactly a Qwen3 with K*L layers: write it as one transformers loads, with
-    `extra_files` (name -> text: the tokenizer's files, generation_config.json) beside it."""
-    if student.norm_placement != "pre" or student.boundary != "none":
-        extra = f" with {student.boundary!r} boundaries" if student.boundary != "none" else ""
-        raise CheckpointError(f"{source or 'this student'}: only pre-norm students without boundary interventions are "
-                         f"Qwen3 models; this one is {student.norm_placement!r}-norm{extra}: export a pre-norm run's "
-                         "checkpoint (a post-norm student is read by the kit itself: eval, sample)")
-    state = {hf_name(k): v for k, v in student.state_dict().items()}
-    write_checkpoint(path, student.config.to_hf(), state,
-                     extra_files={**(extra_files or {}), EXPORT_MARKER: json.dumps({"exported_from": source}) + "\n"})
+    return checkpoint_entries_problem(shape)
 
 
 def forward_flops_per_token(c: ModelConfig, layers: int, context: float) -> tuple[float, float]:
@@ -894,7 +594,3 @@ def forward_flops_per_token(c: ModelConfig, layers: int, context: float) -> tupl
     weights = c.hidden_size * (2 * q + 2 * kv) + 3 * c.hidden_size * c.intermediate_size
     attention = 4 * q * context  # QK^T and AV (2 FLOPs per multiply-add each) over an average causal context
     return layers * (2 * weights + attention), 2 * c.hidden_size * c.vocab_size
-
-
-def count_parameters(module: nn.Module, trainable_only: bool = False) -> int:
-    return sum(p.numel() for p in module.parameters() if p.requires_grad or not trainable_only)

@@ -40,7 +40,8 @@ import grow
 import model
 import rundir
 from experiments import presets, suite, tables
-from plumbing import checkpoint, devices, errors, tokenizer
+from plumbing import checkpoint, devices, errors, hf_qwen3, tokenizer
+from plumbing.checkpoint import read_config
 from tools import plan
 
 # ----------------------------------------------------------------------------------------------
@@ -524,10 +525,10 @@ def check_norm(norm: str) -> str:
 
 
 def checkpoint_config(checkpoint: Path) -> dict:
-    """A checkpoint's config.json with its model fields checked (model.config_problem), before its
+    """A checkpoint's config.json with its model fields checked (hf_qwen3.config_problem), before its
     vocabulary is used to pick a scale."""
-    config = model.read_config(checkpoint)
-    model.ModelConfig.from_hf(config, str(checkpoint / "config.json"))
+    config = read_config(checkpoint)
+    hf_qwen3.ModelConfig.from_hf(config, str(checkpoint / "config.json"))
     return config
 
 
@@ -699,7 +700,7 @@ def sample_text(checkpoint, prompt, max_new_tokens, temperature, top_k, seed, ru
     config = checkpoint_config(checkpoint)
     enc = tokenizer.qwen3_tokenizer(presets.PRESETS[scale_of(config, runs_dir, checkpoint)].data["vocab_size"])
     prompt_ids = [enc.eot] + enc.encode(prompt)
-    context = model.ModelConfig.from_hf(config).max_position_embeddings
+    context = hf_qwen3.ModelConfig.from_hf(config).max_position_embeddings
     if len(prompt_ids) + max_new_tokens > context:  # past the positions the model was made for
         raise errors.OptionError("--max-new-tokens", f"{max_new_tokens:,}: with the prompt's {len(prompt_ids):,} tokens "
                                  f"that passes {checkpoint}'s context of {context:,} positions (max_position_embeddings); "
@@ -738,8 +739,9 @@ def export(student_dir: Path, out_dir: Path, force: bool, runs_dir: Path):
     enc = tokenizer.qwen3_tokenizer(presets.PRESETS[scale].data["vocab_size"])
     generation = {"bos_token_id": enc.eot, "eos_token_id": enc.eot, "pad_token_id": enc.eot, "do_sample": False}
     try:
-        model.export_hf(student, out_dir, source=str(student_dir),
-                        extra_files={**tokenizer.hf_tokenizer_files(enc), "generation_config.json": json.dumps(generation)})
+        hf_qwen3.export_hf(student, out_dir, source=str(student_dir),
+                           extra_files={**tokenizer.hf_tokenizer_files(enc),
+                                        "generation_config.json": json.dumps(generation)})
     except OSError as e:  # a read-only place, a path through a file: its first mkdir fails
         raise errors.CheckpointError(f"{out_dir}: cannot write the export there ({e.strerror or e}); choose a folder "
                                     "you can write to") from None
@@ -764,8 +766,8 @@ def check_export_target(student_dir: Path, out_dir: Path, force: bool, runs_dir:
     if not force:
         raise errors.CheckpointError(f"{out_dir}: already exists; choose another folder, or pass --force to replace "
                               "an earlier export")
-    if not (out_dir / model.EXPORT_MARKER).is_file():
-        raise errors.CheckpointError(f"{out_dir}: not a folder the kit exported (no {model.EXPORT_MARKER}); --force only "
+    if not (out_dir / hf_qwen3.EXPORT_MARKER).is_file():
+        raise errors.CheckpointError(f"{out_dir}: not a folder the kit exported (no {hf_qwen3.EXPORT_MARKER}); --force only "
                               "replaces earlier exports, so choose a new or empty folder")
 
 

@@ -30,6 +30,7 @@ import config
 import model
 from plumbing import checkpoint
 from plumbing.errors import TrainingError, disk_full_reason
+from plumbing.hf_qwen3 import hf_name
 
 
 def kill_point(event: str, name: str, step: int = 0):
@@ -303,7 +304,7 @@ def write_kept_checkpoint(run_dir: Path, name: str, net, state: dict, ctx):
         tmp.mkdir()
     ctx.barrier()
     qwen3 = isinstance(net, model.Qwen3)  # the teacher run's checkpoints are plain HF Qwen3 folders
-    weights = {model.hf_name(k) if qwen3 else k: v for k, v in net.state_dict().items()}
+    weights = {hf_name(k) if qwen3 else k: v for k, v in net.state_dict().items()}
     writers = ctx.shard_writers
     owner = checkpoint.tensor_writers({k: v.numel() * v.element_size() for k, v in weights.items()}, writers)
     group, mine = ctx.shard_group, {}
@@ -439,11 +440,11 @@ def newest_checkpoint(run_dir: Path, verify: bool = False, warn=lambda line: Non
 def load_weights(net, ckpt: Path):
     """A resume point's weights; newest_checkpoint(verify=True) has just checked its checksums."""
     if isinstance(net, model.Qwen3):
-        name_in_file = model.hf_name
+        name_in_file = hf_name
     else:  # a prefix adopted from another placement schedule (a transplant) may name a norm otherwise
         name_in_file = net.names_in(read_json(ckpt / "config.json", "normgrow_student")["normgrow_student"]["norm"])
     dtype = next(net.parameters()).dtype
-    model.load_tensors(net, ckpt, dtype, next(net.parameters()).device, name_in_file, checksums_checked=True)
+    checkpoint.load_tensors(net, ckpt, dtype, next(net.parameters()).device, name_in_file, checksums_checked=True)
 
 
 def load_latest_checkpoint(ckpt: Path, net, optimizer, ctx):

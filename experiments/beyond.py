@@ -397,7 +397,7 @@ def run_placements(ws: suite.Workspace, seeds: list[int], force: bool = False, p
 # scratch
 
 def scratch_shape(ws: suite.Workspace) -> dict:
-    """The student's model.ModelConfig fields without a teacher: the teacher's shape, the data's vocabulary."""
+    """The student's ModelConfig fields without a teacher: the teacher's shape, the data's vocabulary."""
     vocab = tokenizer.qwen3_tokenizer(ws.preset.data["vocab_size"]).n_vocab
     return {**asdict(presets.teacher_shape(ws.preset)), "vocab_size": vocab}
 

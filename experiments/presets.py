@@ -12,9 +12,9 @@ from dataclasses import MISSING, dataclass, field, fields, replace
 
 import config
 import data
-import model
 import paper
 from plumbing import errors, tokenizer
+from plumbing.hf_qwen3 import ModelConfig, config_problem
 
 # ----------------------------------------------------------------------------------------------
 # Presets: every number of a scale lives here, and nowhere else.
@@ -31,7 +31,7 @@ class Preset:
     data: dict            # data.prepare: source, vocab_size (None: Qwen3's own), max_len, val_docs, options
     run: dict             # config.RunConfig fields shared by every student run
     teacher: str = ""     # HF checkpoint folder or hub id; "" means the kit pretrains its own:
-    teacher_model: dict = field(default_factory=dict)  # its model.ModelConfig fields
+    teacher_model: dict = field(default_factory=dict)  # its ModelConfig fields
     teacher_run: dict = field(default_factory=dict)    # its RunConfig fields that differ from `run`
     long_phases: tuple[int, int] = (2, 3)              # post-joint-long / -longer (Table 3: 100k, 150k)
     diag: dict = field(default_factory=dict)           # the fixed diagnostic batch: docs, max_inputs, seed
@@ -126,7 +126,7 @@ DEFAULT_SEEDS = {"regime": {"smoke": [42], "toy": [42, 43], "mini": [42], "small
 # The dimensionless ratios that make a smaller scale a miniature of the paper (README, "The toy
 # preset"): `python repro.py ratios --scale toy` prints them beside the paper's.
 
-# The hub teachers' shapes (their config.json's model.ModelConfig fields; Qwen3-8B-Base is the defaults),
+# The hub teachers' shapes (their config.json's ModelConfig fields; Qwen3-8B-Base is the defaults),
 # known before any download: dry runs, ratios and growth from scratch read them.
 HUB_TEACHERS = {"Qwen/Qwen3-8B-Base": {},
                 "Qwen/Qwen3-0.6B-Base": dict(hidden_size=1024, intermediate_size=3072, num_hidden_layers=28,
@@ -134,12 +134,12 @@ HUB_TEACHERS = {"Qwen/Qwen3-8B-Base": {},
                                              tie_word_embeddings=True)}
 
 
-def teacher_shape(preset: Preset) -> model.ModelConfig:
+def teacher_shape(preset: Preset) -> ModelConfig:
     """The scale's teacher: a hub model's known shape, or the kit's own over the scale's vocabulary."""
     if preset.teacher:
-        return model.ModelConfig(**HUB_TEACHERS[preset.teacher])
+        return ModelConfig(**HUB_TEACHERS[preset.teacher])
     vocab = tokenizer.qwen3_tokenizer(preset.data["vocab_size"]).n_vocab
-    return model.ModelConfig(**{**preset.teacher_model, "vocab_size": vocab})
+    return ModelConfig(**{**preset.teacher_model, "vocab_size": vocab})
 
 
 def regime_ratios(preset: Preset) -> list[tuple[str, float, float]]:
@@ -182,7 +182,7 @@ def ratios_markdown(preset: Preset) -> list[str]:
 # Overrides: --set SECTION.KEY=VALUE changes any preset field for one command. Runs made with
 # overrides live in their own folders, so a finished run with other settings is never reused.
 
-OVERRIDABLE = {"run": config.RunConfig, "teacher_run": config.RunConfig, "teacher_model": model.ModelConfig,
+OVERRIDABLE = {"run": config.RunConfig, "teacher_run": config.RunConfig, "teacher_model": ModelConfig,
                "data": None, "diag": None}  # section -> the dataclass whose defaults also count as keys
 # data.corpus's options, settable beside the preset's own data keys: another corpus is
 # --set data.source=local --set data.path=my.jsonl (a folder of .txt, a .jsonl or parquet files).
@@ -204,7 +204,7 @@ RANGES = {  # name: (lowest, highest); a tuple's values (phase_lrs, phase_warmup
     "boundary_scale": (1e-6, 1e6), "monitor_rms_warn": (0, 1e12), "monitor_kurtosis_warn": (0, 1e12),
     "diverged_above_uniform": (0, 1e6), "diverged_above_best": (0, 1e6), "phase_lrs": (1e-12, 1e3),
     "phase_warmups": (1, 10**9), "betas": (0, 0.999999), "identity_threshold": (0, 1e6), "monitor_ratio_warn": (0, 1e12),
-    # teacher_model (model.ModelConfig; config_problem checks how they fit together)
+    # teacher_model (ModelConfig; config_problem checks how they fit together)
     "hidden_size": (1, 65536), "intermediate_size": (1, 2**20), "num_hidden_layers": (1, 1024),
     "num_attention_heads": (1, 1024), "num_key_value_heads": (1, 1024), "head_dim": (1, 1024),
     "rope_theta": (1, 1e12), "rms_norm_eps": (1e-12, 1), "max_position_embeddings": (1, 2**24),
@@ -235,14 +235,14 @@ def value_problem(section: str, name: str, value) -> str:
 
 def sections_problem(base: Preset, preset: Preset, changes: dict) -> str:
     """Why the overridden sections do not fit together ("" if they do): a micro-batch that does not
-    divide the batch, a teacher model whose sizes or heads do not make a Qwen3 (model.config_problem)."""
+    divide the batch, a teacher model whose sizes or heads do not make a Qwen3 (config_problem)."""
     runs = {"run": preset.run, "teacher_run": {**base.run, **preset.teacher_run}}  # the teacher's, as run_config builds it
     for section, run in runs.items():
         if section in changes and run["global_batch"] % run["micro_batch"]:
             return (f"{section}.micro_batch={run['micro_batch']} does not divide {section}.global_batch="
                     f"{run['global_batch']}")
     if "teacher_model" in changes:
-        problem = model.config_problem({**preset.teacher_model, "vocab_size": 1})  # the kit sets the vocabulary
+        problem = config_problem({**preset.teacher_model, "vocab_size": 1})  # the kit sets the vocabulary
         if problem:
             return f"teacher_model: {problem}"
     return ""

@@ -28,6 +28,7 @@ import model
 import rundir
 from experiments.presets import PRESETS, Preset, apply_overrides, override_name
 from plumbing import checkpoint, devices, errors, tokenizer
+from plumbing.hf_qwen3 import ModelConfig
 
 console = Console(width=None if sys.stdout.isatty() else 140)
 
@@ -367,7 +368,7 @@ def ensure_inputs(ws: Workspace, force: bool = False) -> Path:
     force = force and ws.inputs is None  # students with overrides never rebuild the data and teacher they share
     if ws.preset.teacher:
         teacher = hub_teacher(ws)
-        model.ModelConfig.from_hf(model.read_config(teacher), str(teacher / "config.json"))
+        ModelConfig.from_hf(checkpoint.read_config(teacher), str(teacher / "config.json"))
         prepare_data(ws, force)
     else:
         prepare_data(ws, force)

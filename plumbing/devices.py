@@ -1,14 +1,17 @@
 """Where a run executes: one process or torchrun ranks (FSDP2), the device, and the compute precision,
-chosen by measuring what the machine does.
+chosen by measuring what the machine does; whether its attention runs fused; and building modules on
+the meta device and filling sharded (DTensor) parameters, so that no rank ever holds a whole model.
 
     ctx = devices.setup_distributed("auto")        # rank, world size and device (torchrun sets RANK etc.)
     dtype, why = devices.precision_choice("auto", ctx.device)
+    net = devices.built_on_meta(lambda: model.Qwen3(config), devices.shard_fn(ctx, dtype))
 """
 from __future__ import annotations
 
 import os
 import platform
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import timedelta
 from functools import cache
@@ -17,9 +20,11 @@ from typing import Callable
 
 import torch
 import torch.distributed as dist
+import torch.nn.functional as F
 
 from plumbing.checkpoint import loads, write_json
 from plumbing.errors import TrainingError
+from plumbing.hf_qwen3 import ModelConfig
 
 # ----------------------------------------------------------------------------------------------
 # Distributed helpers. Every rank takes part in evaluation and in every logged reduction.
@@ -259,6 +264,25 @@ def precision_choice(precision: str, device: torch.device) -> tuple[torch.dtype,
                            f"{BF16_MIN_SPEEDUP}x; bf16 is emulated or slow here)")
 
 
+def fused_attention_problem(config: ModelConfig, length: int, device) -> str:
+    """"" if causal grouped-query attention over `length` tokens runs forward and backward on a fused SDPA
+    kernel (flash, memory-efficient or cuDNN) on `device`; else why not. The math kernel that SDPA falls
+    back to without a word holds every head's T x T scores: at 8,192 tokens 8 GiB a layer for 32 heads."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    dtype = torch.bfloat16 if torch.device(device).type == "cuda" else torch.float32
+    shape = lambda heads: (1, heads, length, config.head_dim)
+    q = torch.randn(shape(config.num_attention_heads), device=device, dtype=dtype, requires_grad=True)
+    k, v = (torch.randn(shape(config.num_key_value_heads), device=device, dtype=dtype, requires_grad=True)
+            for _ in range(2))
+    try:
+        gqa = config.num_key_value_heads != config.num_attention_heads
+        with sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.CUDNN_ATTENTION]):
+            F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=gqa).sum().backward()
+    except RuntimeError as e:
+        return " ".join(str(e).split())[:300]
+    return ""
+
+
 def shard_fn(ctx: Dist, compute_dtype: torch.dtype, replicated: tuple[str, ...] = ()):
     """FSDP2 (torchtitan's recipe): one unit per decoder layer, then the root, so every layer is resharded
     after its forward; None in one process. The layers' weights are gathered in the compute dtype; the
@@ -293,3 +317,39 @@ def settle_fsdp_dtypes(net: torch.nn.Module):
     the backend. fp32 runs never noticed: there the reduce dtype is the parameters' own."""
     if hasattr(net, "_get_fsdp_state"):
         net._get_fsdp_state()._lazy_init()
+
+
+# ----------------------------------------------------------------------------------------------
+# Building and filling modules whose parameters are sharded (DTensor) or not yet allocated (meta)
+
+@contextmanager
+def on_meta_device():
+    """Build on the meta device, a real one even inside a FakeTensorMode (plan.py's full-size rehearsal):
+    to_empty then swaps in fake tensors, which it cannot do for parameters that are fake themselves."""
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
+    with unset_fake_temporarily(), torch.device("meta"):
+        yield
+
+
+def built_on_meta(build: Callable[[], torch.nn.Module], shard_fn: Callable | None = None) -> torch.nn.Module:
+    """`build()` on the meta device, then sharded by `shard_fn` (FSDP2's fully_shard per layer) if given,
+    all before any memory is allocated, so that each rank only ever holds its own slice."""
+    with on_meta_device():
+        module = build()
+        if shard_fn is not None:
+            shard_fn(module)
+    return module
+
+
+def fill_parameter(param: torch.Tensor, full: torch.Tensor):
+    """Copy a full-size tensor into a parameter, taking only this rank's slice if it is a DTensor."""
+    if hasattr(param, "device_mesh"):
+        from torch.distributed.tensor import distribute_tensor
+        full = distribute_tensor(full.to(param.device, param.dtype), param.device_mesh, param.placements,
+                                 src_data_rank=None)
+    param.copy_(full)
+
+
+def full_tensor(t: torch.Tensor) -> torch.Tensor:
+    """The whole tensor, gathered from all ranks if it is a sharded DTensor."""
+    return t.full_tensor() if hasattr(t, "full_tensor") else t

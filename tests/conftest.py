@@ -22,11 +22,12 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 import config  # noqa: E402
 import data  # noqa: E402
 import model  # noqa: E402
+from plumbing.hf_qwen3 import ModelConfig, save_qwen3  # noqa: E402
 
 TINY_VOCAB = 512
 # The tests' model: a 2-layer Qwen3 over the tiny vocabulary (512 ranks + <|endoftext|>), tied head.
-TINY_MODEL = model.ModelConfig(vocab_size=TINY_VOCAB + 1, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                               num_attention_heads=4, num_key_value_heads=2, head_dim=8, tie_word_embeddings=True)
+TINY_MODEL = ModelConfig(vocab_size=TINY_VOCAB + 1, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, head_dim=8, tie_word_embeddings=True)
 
 
 def make_config(**overrides) -> config.RunConfig:
@@ -110,7 +111,7 @@ def tiny_teacher_dir(tmp_path_factory):
         for p in teacher.parameters():  # a larger scale than init, so the teacher's logits are not flat
             p.mul_(8.0 if p.ndim > 1 else 1.0)
     path = tmp_path_factory.mktemp("teacher") / "qwen3"
-    model.save_qwen3(teacher, path)
+    save_qwen3(teacher, path)
     return path
 
 

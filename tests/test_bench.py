@@ -7,7 +7,7 @@ from dataclasses import replace
 import pytest
 from conftest import TINY_MODEL
 
-import model
+from plumbing.hf_qwen3 import ModelConfig
 from tools import bench
 
 
@@ -37,8 +37,8 @@ def test_interleaved_timing_takes_medians():
 
 
 def test_train_step_bench_skips_bf16_where_it_is_emulated(monkeypatch):
-    tiny = model.ModelConfig(vocab_size=300, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                             num_attention_heads=4, num_key_value_heads=2, head_dim=8, tie_word_embeddings=True)
+    tiny = ModelConfig(vocab_size=300, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                       num_attention_heads=4, num_key_value_heads=2, head_dim=8, tie_word_embeddings=True)
     monkeypatch.setattr(bench, "toy_shapes", lambda: (tiny, 2, 1, 2))
     why = "auto: fp32 (a bf16 matmul ran 0.03x as fast as fp32 on this CPU, below 1.5x; bf16 is emulated or slow here)"
     monkeypatch.setattr(bench.devices, "precision_choice", lambda *a, **k: (bench.torch.float32, why))

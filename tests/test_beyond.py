@@ -17,11 +17,13 @@ import data
 import diag
 import grow
 import model
+from interventions.monitor import attention_to_first
 from plumbing import errors, tokenizer
+from plumbing.hf_qwen3 import ModelConfig
 
 ROOT = Path(__file__).resolve().parents[1]
-SMALL = model.ModelConfig(vocab_size=513, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                          num_attention_heads=4, num_key_value_heads=2, head_dim=8, tie_word_embeddings=True)
+SMALL = ModelConfig(vocab_size=513, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                    num_attention_heads=4, num_key_value_heads=2, head_dim=8, tie_word_embeddings=True)
 
 
 def scratch_config(tiny_shards, **overrides) -> config.RunConfig:
@@ -146,7 +148,7 @@ def naive_first_attention(layer, h):
     """(B, heads, T) softmax weight on key 0 of a post-norm layer given its input h, from its q and k
     projections with an explicit causal mask and GQA by repetition (every score materialised)."""
     attn = layer.self_attn
-    cos, sin = model.rope_cos_sin(model.ModelConfig(**{**vars(SMALL)}), h.shape[1], h.device)
+    cos, sin = model.rope_cos_sin(ModelConfig(**{**vars(SMALL)}), h.shape[1], h.device)
     q, k, _ = attn.project(h)
     q, k = model.apply_rope(q, cos, sin), model.apply_rope(k, cos, sin)
     k = k.repeat_interleave(attn.n_heads // attn.n_kv, dim=1)
@@ -164,7 +166,7 @@ def test_first_token_attention_and_sinks_on_planted_cases():
     k = torch.zeros(B, 1, T, hd)
     q[:, 0, :, 0] = 1.0
     k[:, 0, 0, 0] = 1000.0                       # head 0: key 0 outscores every other key by 500 nats
-    weights = model.attention_to_first(q, k, max_elements=7)  # several query blocks
+    weights = attention_to_first(q, k, max_elements=7)  # several query blocks
     assert torch.allclose(weights[:, 0], torch.ones(B, T))
     assert torch.allclose(weights[:, 1], (1.0 / torch.arange(1, T + 1)).expand(B, T))  # head 1: uniform
     mask = torch.tensor([[True] * 5, [True, True, True, False, False]])

@@ -15,6 +15,7 @@ import model
 import paper
 from experiments import figures
 from plumbing import errors
+from plumbing.hf_qwen3 import ModelConfig
 
 # ----------------------------------------------------------------------------------------------
 # A hand-built batch: two rows, the second right-padded
@@ -115,9 +116,9 @@ def test_token_type_rms_splits_boundary_delimiter_regular():
 # ----------------------------------------------------------------------------------------------
 # Block removal on a tiny student
 
-TINY = model.ModelConfig(vocab_size=50, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, head_dim=8, rope_theta=10000.0,
-                         initializer_range=0.2)
+TINY = ModelConfig(vocab_size=50, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                   num_attention_heads=4, num_key_value_heads=2, head_dim=8, rope_theta=10000.0,
+                   initializer_range=0.2)
 
 
 def tiny_student(norm, seed=1):
@@ -459,7 +460,7 @@ def test_layer_scan_finds_a_planted_massive_activation_with_its_channel_and_toke
     """Layer 2's output gets 1,000 added at row 1, position 5, channel 7: the scan's top activation at
     layer 2 is that one, with its token, and its ratio is that value over the median |activation|;
     layers 0 and 1, before the plant, have nothing near it."""
-    config = model.ModelConfig(**{**TINY.__dict__, "num_hidden_layers": 4})
+    config = ModelConfig(**{**TINY.__dict__, "num_hidden_layers": 4})
     teacher = model.Qwen3(config)
     teacher.init_weights(0)
     batch = scan_batch()
@@ -487,7 +488,7 @@ def test_layer_scan_counts_a_head_forced_to_attend_to_position_0_as_a_sink():
     """Layer 1's head 0 gets a query and a position-0 key along RoPE's slowest pair (a rotation below
     0.02 rad over 32 positions), so its score on position 0 is ~c^2 / sqrt(hd) and its attention there
     ~1: that layer's sink share rises by one head of four, the other layers' shares do not move."""
-    config = model.ModelConfig(**{**TINY.__dict__, "num_hidden_layers": 3})
+    config = ModelConfig(**{**TINY.__dict__, "num_hidden_layers": 3})
     teacher = model.Qwen3(config)
     teacher.init_weights(0)
     batch = scan_batch()

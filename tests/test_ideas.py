@@ -16,6 +16,7 @@ import data
 import grow
 import model
 import transitions
+from interventions import boundary
 from plumbing import errors
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -238,7 +239,7 @@ def test_structural_norm_changes_only_the_boundary_token():
     h = torch.randn(3, 7, 16, generator=g)
     h[:, 0] *= 37.0
     scale = torch.tensor(1.5, requires_grad=True)
-    out = model.structural_norm(h, scale)
+    out = boundary.structural_norm(h, scale)
     assert torch.equal(out[:, 1:], h[:, 1:])
     rms = lambda x: x.pow(2).mean(-1).sqrt()
     expected = 1.5 * rms(h[:, 1:]).median(dim=1).values

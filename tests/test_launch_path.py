@@ -22,6 +22,7 @@ import grow
 import model
 import rundir
 from plumbing import devices
+from plumbing.hf_qwen3 import export_hf, hf_name
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -197,10 +198,10 @@ def test_a_two_by_two_hsdp_mesh_trains_and_clips_like_one_process(tiny_shards, t
         torch.testing.assert_close(b[k], a[k], rtol=0, atol=1e-6, msg=k)
     loaded = model.Student.load(kept).state_dict()
     assert all(torch.equal(loaded[k], b[k]) for k in b)
-    model.export_hf(model.Student.load(kept), tmp_path / "export")
+    export_hf(model.Student.load(kept), tmp_path / "export")
     exported = load_file(tmp_path / "export" / "model.safetensors")
-    assert exported.keys() == {model.hf_name(k) for k in b}
-    assert all(torch.equal(exported[model.hf_name(k)], b[k]) for k in b)
+    assert exported.keys() == {hf_name(k) for k in b}
+    assert all(torch.equal(exported[hf_name(k)], b[k]) for k in b)
 
 
 def step_cost(placed: list[list[list[int]]], lengths) -> int:

@@ -11,6 +11,7 @@ from conftest import repro_cli
 
 import model
 from plumbing import errors
+from plumbing.hf_qwen3 import EXPORT_MARKER, ModelConfig, export_hf
 
 transformers = pytest.importorskip("transformers")
 ROOT = Path(__file__).resolve().parents[1]
@@ -131,7 +132,7 @@ def layer_params(layer):
 def run_random_layer(norm: str, rows: int, length: int):
     """A float64 layer of the given placement with random weights (norms far from 1), run on random
     input. Returns (our output, input, the layer's weights by short name, config)."""
-    config = model.ModelConfig(**{**TINY, "num_hidden_layers": 1})
+    config = ModelConfig(**{**TINY, "num_hidden_layers": 1})
     layer = model.DecoderLayer(config, norm=norm).double()
     with torch.no_grad():
         for p in layer.parameters():
@@ -166,7 +167,7 @@ def test_pre_norm_layer_equals_paper_equations():
 
 @pytest.fixture
 def teacher():
-    t = model.Qwen3(model.ModelConfig(**TINY, tie_word_embeddings=True))
+    t = model.Qwen3(ModelConfig(**TINY, tie_word_embeddings=True))
     t.init_weights(seed=3)
     with torch.no_grad():
         t.norm.weight.copy_(torch.rand_like(t.norm.weight) + 0.5)
@@ -322,7 +323,7 @@ def test_exported_pre_norm_student_loads_in_transformers(tmp_path, teacher):
         assert_close_rel(student(ids), hf(ids).logits)
     post = model.Student.from_teacher(teacher, blocks=2, layers_per_block=2, norm="post", seed=5)
     with pytest.raises(errors.CheckpointError, match="pre-norm"):
-        model.export_hf(post, tmp_path / "nope")
+        export_hf(post, tmp_path / "nope")
 
 
 # ---- bad input ---------------------------------------------------------------------------------
@@ -425,7 +426,7 @@ def test_export_force_replaces_only_an_earlier_export(tmp_path, teacher):
     assert {d: tree_hash(d) for d in before} == before  # nothing the user had was changed
     assert export(tmp_path / "hf").returncode == 0
     assert "already exists" in export(tmp_path / "hf").stderr
-    assert export(tmp_path / "hf", "--force").returncode == 0 and (tmp_path / "hf" / model.EXPORT_MARKER).is_file()
+    assert export(tmp_path / "hf", "--force").returncode == 0 and (tmp_path / "hf" / EXPORT_MARKER).is_file()
     assert transformers.Qwen3ForCausalLM.from_pretrained(tmp_path / "hf").config.num_hidden_layers == 1
 
 

@@ -12,10 +12,12 @@ import pytest
 import torch
 
 import model
+from interventions import boundary
+from plumbing.hf_qwen3 import ModelConfig
 
-CONFIG = model.ModelConfig(vocab_size=50, hidden_size=16, intermediate_size=24, num_hidden_layers=2,
-                           num_attention_heads=4, num_key_value_heads=2, head_dim=4, rope_theta=10000.0,
-                           rms_norm_eps=1e-6)
+CONFIG = ModelConfig(vocab_size=50, hidden_size=16, intermediate_size=24, num_hidden_layers=2,
+                     num_attention_heads=4, num_key_value_heads=2, head_dim=4, rope_theta=10000.0,
+                     rms_norm_eps=1e-6)
 FP32_TOL = dict(rtol=2e-5, atol=2e-5)  # the fp32 rounding inside model.py's RMSNorm and RoPE tables
 ENTRY = {"pre": False, "post": True, "sandwich": False, "peri": True, "hybrid": False, "hybrid-star": False,
          "hybrid-first": False, "deepnorm": True}
@@ -283,7 +285,7 @@ def test_rescale_forward_sets_per_token_rms_and_keeps_direction():
     h = 3.0 * torch.randn(2, 5, 16, generator=gen)
     per_token = 0.5 + torch.rand(2, 5, 1, generator=gen)
     for target, expected_rms in ((2.5, torch.full((2, 5), 2.5)), (per_token, per_token[..., 0])):
-        out = model.rescale_forward_only(h, target)
+        out = boundary.rescale_forward_only(h, target)
         assert out.shape == h.shape
         torch.testing.assert_close(token_rms(out), expected_rms.double(), rtol=1e-5, atol=0)
         torch.testing.assert_close(out / token_rms(out)[..., None], h / token_rms(h)[..., None], rtol=1e-5, atol=1e-6)
@@ -297,7 +299,7 @@ def test_rescale_backward_is_the_identity():
     h = (3.0 * torch.randn(2, 5, 16, generator=gen)).requires_grad_(True)
     g = torch.randn(2, 5, 16, generator=gen)
     for target in (2.5, 0.5 + torch.rand(2, 5, 1, generator=gen)):
-        (grad,) = torch.autograd.grad(model.rescale_forward_only(h, target), h, g)
+        (grad,) = torch.autograd.grad(boundary.rescale_forward_only(h, target), h, g)
         assert torch.equal(grad, g)
 
 
@@ -374,6 +376,8 @@ def test_a_deliberately_broken_model_fails_these_tests(broken, tmp_path):
     root = Path(__file__).resolve().parents[1]
     for path in root.glob("*.py"):
         shutil.copy(path, tmp_path)
+    for init in root.glob("*/__init__.py"):  # the kit's folders (plumbing, interventions, ...)
+        shutil.copytree(init.parent, tmp_path / init.parent.name, ignore=shutil.ignore_patterns("__pycache__"))
     shutil.copytree(root / "tests", tmp_path / "tests", ignore=shutil.ignore_patterns("__pycache__"))
     shutil.copy(root / "pytest.ini", tmp_path)
     old, new = MUTATIONS[broken]
@@ -396,7 +400,7 @@ def test_the_three_rescales_share_a_forward_and_differ_only_in_backward():
     outs, grads = {}, {}
     for backward in ("identity", "detached", "full"):
         h = h0.clone().requires_grad_(True)
-        outs[backward] = model.rescale(h, t, backward)
+        outs[backward] = boundary.rescale(h, t, backward)
         (outs[backward] * upstream).sum().backward()
         grads[backward] = h.grad
     assert torch.equal(outs["detached"], outs["identity"]) and torch.equal(outs["full"], outs["identity"])
@@ -441,7 +445,7 @@ def test_the_synthetic_dose_puts_the_declared_ratio_at_each_appended_blocks_inpu
             median = h.abs().flatten(1).median(dim=1).values  # after the dose: one value moved, by a rank or so
             assert ((h[:, 0, 0] / median - ratio).abs() < 0.1 * ratio).all()
     x = torch.randn(2, 4, 16, generator=torch.Generator().manual_seed(7), dtype=torch.float64, requires_grad=True)
-    y = model.dose(x, ratio, kind)
+    y = boundary.dose(x, ratio, kind)
     y.sum().backward()
     assert torch.equal(x.grad, torch.ones_like(x))  # forward only: the identity backward
     assert torch.equal(y[:, 1:], x[:, 1:])          # only the boundary token changes

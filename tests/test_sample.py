@@ -11,6 +11,7 @@ import transformers
 import data
 import model
 from plumbing import tokenizer
+from plumbing.hf_qwen3 import ModelConfig
 from tools import sample
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -18,8 +19,8 @@ TOY_VOCAB = 4096  # the toy preset's: ranks 0..4095, <|endoftext|> = 4096
 
 
 def tiny_teacher(vocab_size: int) -> model.Qwen3:
-    config = model.ModelConfig(vocab_size=vocab_size, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                               num_attention_heads=4, num_key_value_heads=2, head_dim=8)
+    config = ModelConfig(vocab_size=vocab_size, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, head_dim=8)
     teacher = model.Qwen3(config)
     teacher.init_weights(0)
     with torch.no_grad():

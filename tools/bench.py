@@ -43,6 +43,7 @@ import kd
 import model
 from experiments import presets, suite
 from plumbing import checkpoint, devices, tokenizer
+from plumbing.hf_qwen3 import ModelConfig, save_qwen3
 
 RESULTS = Path("results") / "bench.json"
 
@@ -68,11 +69,11 @@ def matmul_peak(dtype: torch.dtype, n: int = 2048, repeats: int = 10) -> float:
 # ----------------------------------------------------------------------------------------------
 # 1-2. The train step, kit vs transformers
 
-def toy_shapes() -> tuple[model.ModelConfig, int, int, int]:
+def toy_shapes() -> tuple[ModelConfig, int, int, int]:
     """(teacher config, student blocks, layers per block, batch tokens) of the toy preset."""
     preset = presets.PRESETS["toy"]
     vocab = tokenizer.qwen3_tokenizer(preset.data["vocab_size"]).n_vocab
-    config = model.ModelConfig(**{**preset.teacher_model, "vocab_size": vocab})
+    config = ModelConfig(**{**preset.teacher_model, "vocab_size": vocab})
     return config, preset.run["blocks"], preset.run["layers_per_block"], preset.run["global_batch"]
 
 
@@ -96,7 +97,7 @@ def hf_step(teacher, student, optimizer, ids):
     optimizer.zero_grad(set_to_none=True)
 
 
-def hf_pair(config: model.ModelConfig, student_layers: int):
+def hf_pair(config: ModelConfig, student_layers: int):
     import transformers
     hf = {k: v for k, v in config.to_hf().items() if k not in ("architectures", "model_type")}
     teacher = transformers.Qwen3ForCausalLM(transformers.Qwen3Config(**hf)).eval().requires_grad_(False)
@@ -106,7 +107,7 @@ def hf_pair(config: model.ModelConfig, student_layers: int):
     return teacher, student
 
 
-def train_step_flops(config: model.ModelConfig, student_layers: int, tokens: int, seq: int) -> float:
+def train_step_flops(config: ModelConfig, student_layers: int, tokens: int, seq: int) -> float:
     """Model FLOPs of one step: teacher forward, student forward + backward (3x), both heads."""
     teacher_layers, head = model.forward_flops_per_token(config, config.num_hidden_layers, seq / 2)
     student, _ = model.forward_flops_per_token(config, student_layers, seq / 2)
@@ -188,7 +189,7 @@ def toy_teacher(folder: Path) -> Path:
     config, _, _, _ = toy_shapes()
     teacher = model.Qwen3(config)
     teacher.init_weights(0)
-    model.save_qwen3(teacher, folder)
+    save_qwen3(teacher, folder)
     return folder
 
 

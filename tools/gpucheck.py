@@ -35,14 +35,15 @@ import kd
 import model
 from experiments import presets, suite, tables
 from plumbing import checkpoint, devices
+from plumbing.hf_qwen3 import ModelConfig
 from tools import bench, memory, plan, rehearse
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = Path("results") / "gpu_check.json"
-PAPER_LAYER = model.ModelConfig(num_hidden_layers=3)  # hidden 4096, 32/8 heads, intermediate 12288, vocab 151,936
+PAPER_LAYER = ModelConfig(num_hidden_layers=3)  # hidden 4096, 32/8 heads, intermediate 12288, vocab 151,936
 
 
-PAPER_LAYER = model.ModelConfig(num_hidden_layers=3)  # hidden 4096, 32/8 heads, intermediate 12288, vocab 151,936
+PAPER_LAYER = ModelConfig(num_hidden_layers=3)  # hidden 4096, 32/8 heads, intermediate 12288, vocab 151,936
 
 
 def check_parity_bf16(device) -> dict:
@@ -72,7 +73,7 @@ def check_parity_bf16(device) -> dict:
             "ok": logits_rel < 2e-2 and abs(loss.item() - reference.item()) < 2e-2 * abs(reference.item())}
 
 
-def paper_layer_step(device, config: model.ModelConfig, batch: int, lengths: list[int], repeats: int) -> dict:
+def paper_layer_step(device, config: ModelConfig, batch: int, lengths: list[int], repeats: int) -> dict:
     """A distillation step of one student block of 3 layers at the paper's dimensions over micro-batches of
     `lengths` tokens (the full scale's longest document and its mean): bf16 autocast on a GPU (fp32 on a
     CPU, where bf16 is emulated), activation checkpointing, the chunked KD loss over the 151,936-token
@@ -112,9 +113,9 @@ def matmul_peak_on(device, dtype, n: int = 8192) -> float:
     return 2 * n ** 3 / bench.timed(lambda: (a @ b, torch.cuda.synchronize(device)), 20)
 
 
-def attention_kernel(config: model.ModelConfig, length: int, device) -> dict:
+def attention_kernel(config: ModelConfig, length: int, device) -> dict:
     """Forward and backward of causal GQA attention at `length` tokens on a fused kernel."""
-    problem = model.fused_attention_problem(config, length, device)
+    problem = devices.fused_attention_problem(config, length, device)
     return {"length": length, "heads": config.num_attention_heads, "kv_heads": config.num_key_value_heads,
             "problem": problem, "ok": not problem}
 
@@ -176,8 +177,8 @@ def gpu_check(device: str = "cuda", out: Path = RESULTS) -> dict:
     """Every check, on one CUDA GPU at the paper's sizes (or, device "cpu", at tiny ones); results/gpu_check.json."""
     on_gpu = device == "cuda"
     dev = torch.device(device)
-    tiny = model.ModelConfig(vocab_size=300, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                             num_attention_heads=4, num_key_value_heads=2, head_dim=16)
+    tiny = ModelConfig(vocab_size=300, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                       num_attention_heads=4, num_key_value_heads=2, head_dim=16)
     full = presets.PRESETS["full"]
     results = {"environment": {**bench.environment(), "device": torch.cuda.get_device_name(dev) if on_gpu else "cpu"}}
     checks = [("parity_bf16", lambda: check_parity_bf16(dev)),

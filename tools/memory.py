@@ -18,13 +18,13 @@ import math
 from dataclasses import dataclass
 
 import config
-import model
+from plumbing.hf_qwen3 import ModelConfig
 
 F32, BF16 = 4, 2
 LOSS_ROW_BLOCK_ELEMENTS = 2**26  # kd.ROW_BLOCK_ELEMENTS["cuda"]: rows of the softmax computed at once
 
 
-def layer_shapes(c: model.ModelConfig) -> list[tuple[int, ...]]:
+def layer_shapes(c: ModelConfig) -> list[tuple[int, ...]]:
     """A decoder layer's parameters (every placement has two hidden-size RMSNorms)."""
     H, q, kv, F = c.hidden_size, c.num_attention_heads * c.head_dim, c.num_key_value_heads * c.head_dim, \
         c.intermediate_size
@@ -39,7 +39,7 @@ def shard_numel(shape, shard: int) -> int:
     return math.ceil(shape[0] / shard) * math.prod(shape[1:])
 
 
-def saved_per_token(c: model.ModelConfig) -> int:
+def saved_per_token(c: ModelConfig) -> int:
     """Bytes per token that autograd saves for one post-norm layer under bf16 autocast with an fp32
     residual stream (model.post_norm_layer, Attention, MLP, RMSNorm)."""
     H, q, kv, F = c.hidden_size, c.num_attention_heads * c.head_dim, c.num_key_value_heads * c.head_dim, \
@@ -61,7 +61,7 @@ def saved_per_token(c: model.ModelConfig) -> int:
 class Dims:
     """What a step's tensors are made of, on rank 0 of `gpus` x `nodes` (several: HSDP, sharded within a node)."""
     preset: object
-    c: model.ModelConfig
+    c: ModelConfig
     gpus: int
     nodes: int
 
@@ -195,7 +195,7 @@ def costliest_first(residents: list) -> list:
     return [residents[stepping], *residents[:stepping], *residents[stepping + 1:]]
 
 
-def step_peak(preset, teacher: model.ModelConfig, gpus: int, nodes: int = 1, residents=1,
+def step_peak(preset, teacher: ModelConfig, gpus: int, nodes: int = 1, residents=1,
               replicate_teacher: bool = False) -> dict:
     """{"total": bytes at the peak on rank 0, "moment": where, "categories": {name: bytes} there,
     "moments": {name: total}} of a lockstep step of the students `residents` (their phases, config.Phase;

@@ -25,6 +25,7 @@ import model
 import rundir
 from experiments import presets, report, suite
 from plumbing import devices
+from plumbing.hf_qwen3 import ModelConfig
 from tools import memory
 
 GPU_BF16_PEAK = {"a100": 312e12, "h100": 989e12, "h200": 989e12, "b200": 2250e12}  # dense bf16 FLOP/s
@@ -46,7 +47,7 @@ DOC_LENGTH_SIGMA = 1.0
 BALANCE_STEPS = 500  # steps simulated for the rank-imbalance factor
 
 
-def model_shapes(preset) -> tuple[model.ModelConfig, int]:
+def model_shapes(preset) -> tuple[ModelConfig, int]:
     """(teacher config, student layers)."""
     return presets.teacher_shape(preset), preset.run["blocks"] * preset.run["layers_per_block"]
 
@@ -61,11 +62,11 @@ class PlannedRun:
 # ----------------------------------------------------------------------------------------------
 # Communication: FSDP2's collectives of one step, counted from the sharding (rehearse.py measures them)
 
-def layer_parameters(c: model.ModelConfig) -> int:
+def layer_parameters(c: ModelConfig) -> int:
     return sum(math.prod(shape) for shape in memory.layer_shapes(c))
 
 
-def collectives(preset, teacher: model.ModelConfig, phase: config.Phase, gpus: int, nodes: int = 1,
+def collectives(preset, teacher: ModelConfig, phase: config.Phase, gpus: int, nodes: int = 1,
                 with_teacher: bool = True) -> list[tuple[str, int, float]]:
     """(kind, ranks, bytes of this rank's buffer) of every collective of one optimizer step in `phase`
     under devices.shard_fn on `nodes` x `gpus`: each micro-batch all-gathers every teacher layer
@@ -101,7 +102,7 @@ def comm_seconds(calls: list[tuple[str, int, float]], nodes: int = 1) -> float:
     return seconds
 
 
-def step_flops(preset, teacher: model.ModelConfig, tokens: float) -> float:
+def step_flops(preset, teacher: ModelConfig, tokens: float) -> float:
     """FLOPs of one optimizer step over `tokens` with every block active and trained (grow's last phase,
     a joint run): the teacher's forward and head, the student's forward, its backward (2x), the
     recomputed forward under activation checkpointing, and the student's head forward and backward."""
@@ -112,7 +113,7 @@ def step_flops(preset, teacher: model.ModelConfig, tokens: float) -> float:
     return tokens * (t_layers + head + 3 * s_layers + recompute + 3 * head)
 
 
-def memory_bytes(preset, teacher: model.ModelConfig, gpus: int, nodes: int = 1, runs=1) -> float:
+def memory_bytes(preset, teacher: ModelConfig, gpus: int, nodes: int = 1, runs=1) -> float:
     """Per-GPU peak of a lockstep step of `runs` (their phases; an int n: n runs in grow's last phase),
     memory.step_peak."""
     return memory.step_peak(preset, teacher, gpus, nodes, runs)["total"]
@@ -177,7 +178,7 @@ def union_length(spans: list[range]) -> int:
     return total
 
 
-def diagnostics_cost(preset, runs: list[PlannedRun], teacher: model.ModelConfig, context: float) -> tuple[float, int]:
+def diagnostics_cost(preset, runs: list[PlannedRun], teacher: ModelConfig, context: float) -> tuple[float, int]:
     """(forward FLOPs, checkpoints loaded) of the diagnostics for one seed: the boundary statistics at
     every kept checkpoint of the grow runs (phase ends and snapshots) and whole-block removal (a full
     pass and one per skipped block) at the end of every main run, all on the fixed diagnostic batch."""
@@ -199,7 +200,7 @@ def diagnostics_cost(preset, runs: list[PlannedRun], teacher: model.ModelConfig,
     return flops, loads
 
 
-def student_bytes(preset, teacher: model.ModelConfig) -> float:
+def student_bytes(preset, teacher: ModelConfig) -> float:
     """A kept student checkpoint on disk: fp32 decoder layers, embedding, norms and head."""
     c = teacher
     return 4 * (preset.run["blocks"] * preset.run["layers_per_block"] * layer_parameters(c)
@@ -242,7 +243,7 @@ class Segment:
     teacher_comm: float
 
 
-def segments(run: PlannedRun, preset, teacher: model.ModelConfig, doc_tokens: float, gpu: str, gpus: int,
+def segments(run: PlannedRun, preset, teacher: ModelConfig, doc_tokens: float, gpu: str, gpus: int,
              nodes: int, recompute: bool = True) -> list[Segment]:
     """The phases a run computes itself (after a shared prefix), each costed per step: FLOPs at the
     assumed MFU, collectives (collectives()) at the stated bandwidths."""
@@ -422,7 +423,7 @@ def document_lengths(preset, n: int, seed: int, measured=None) -> np.ndarray:
     return np.minimum(rng.lognormal(mu, DOC_LENGTH_SIGMA, n).round().clip(1), preset.data["max_len"])
 
 
-def balance_factor(preset, teacher: model.ModelConfig, world: int, balanced: bool, seed: int,
+def balance_factor(preset, teacher: ModelConfig, world: int, balanced: bool, seed: int,
                    measured=None) -> float:
     """Useful over total work of the ranks over BALANCE_STEPS simulated steps. Every FSDP2 unit's
     all-gather makes the ranks wait for each other, so the ranks' j-th micro-batches take as long as the
@@ -444,7 +445,7 @@ def balance_factor(preset, teacher: model.ModelConfig, world: int, balanced: boo
     return useful / waited
 
 
-def evaluation_flops(run: PlannedRun, preset, teacher: model.ModelConfig, doc_tokens: float) -> float:
+def evaluation_flops(run: PlannedRun, preset, teacher: ModelConfig, doc_tokens: float) -> float:
     """FLOPs of a run's evaluations: one at each phase's start and every eval_interval steps (grow.Run),
     each the whole validation set through the teacher (not kept under FSDP2) and the active student."""
     c, L = run.config, preset.run["layers_per_block"]
@@ -459,7 +460,7 @@ def evaluation_flops(run: PlannedRun, preset, teacher: model.ModelConfig, doc_to
     return flops
 
 
-def checkpoint_bytes(run: PlannedRun, preset, teacher: model.ModelConfig) -> float:
+def checkpoint_bytes(run: PlannedRun, preset, teacher: ModelConfig) -> float:
     """Bytes a run writes: latest/ (fp32 weights and AdamW's two moments of the trained parameters) every
     checkpoint_interval steps, a kept checkpoint (fp32 weights) at each phase end and every
     snapshot_interval steps (rundir.py)."""

@@ -49,6 +49,7 @@ import model
 import rundir
 from experiments import presets
 from plumbing import checkpoint, devices
+from plumbing.hf_qwen3 import save_qwen3
 from tools import memory, plan
 
 GiB = 2**30
@@ -577,7 +578,7 @@ def rehearse_real(preset, launch: Launch, names, root: Path, seed: int | None = 
     teacher = root / "teacher"
     net = model.Qwen3(presets.teacher_shape(small))
     net.init_weights(seed)
-    model.save_qwen3(net, teacher)
+    save_qwen3(net, teacher)
     first = Launch(max(1, launch.gpus // 2))
     started = time.time()
 

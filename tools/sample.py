@@ -17,11 +17,12 @@ import torch.nn.functional as F
 import model
 from model import apply_rope, rope_cos_sin
 from plumbing import errors
+from plumbing.checkpoint import read_config
 
 
 def load_checkpoint(path, device="cpu") -> model.Qwen3 | model.Student:
     """A student (config.json with a normgrow_student entry) or a plain Qwen3, fp32, in eval mode."""
-    is_student = "normgrow_student" in model.read_config(Path(path))
+    is_student = "normgrow_student" in read_config(Path(path))
     net = model.Student.load(path, device=device) if is_student else model.load_qwen3(path, device=device)
     return net.eval()
 

@@ -1,0 +1,178 @@
+"""The model-side interventions at the block boundaries, the inputs of every block after the first (where
+a grow run appends): what each of BOUNDARIES does to the residual stream there, the synthetic doses, the
+structural-token norm, and how a student's checkpoint stores which of them it has. Functions over tensors
+and plain values: model.Student owns the modules they use (a boundary's RMSNorm, the structural Scale)
+and calls in here at the input of each block.
+
+    h = intervene(h, "rescale-fwd", scale=1.0)                  # each token at RMS 1; backward the identity
+    h = intervene(h, "dose-boundary", scale=37.0)               # the boundary token at 37x the others' RMS
+    h = structural_norm(h, student.structural_scales[b - 1].weight)
+"""
+from __future__ import annotations
+
+import math
+from typing import Callable
+
+import torch
+import torch.nn as nn
+
+from plumbing.errors import CheckpointError
+
+# Interventions at the input of every block after the first (the block boundaries a grow run appends at):
+# "norm": a trainable RMSNorm on the stream (forward and backward change); "rescale-fwd": each token's
+# stream rescaled to RMS `boundary_scale` in the forward pass only, the backward pass treating it as the
+# identity; "mirror-fwd": the same, to each token's RMS in a reference run (profile_source). The same
+# forward as rescale-fwd with two other backwards, so that only the backward channel varies:
+# "rescale-detached": the per-token factor t / r a constant (the upstream gradient times it), and
+# "rescale-full": the true Jacobian (t / r)(I - h^ h^T), h^ = h / |h|, which has no radial part.
+# A synthetic dose, forward only (straight-through): "dose-boundary" scales the boundary token's state
+# (position 0) to boundary_scale x the median RMS of the row's other positions (the paper: 37);
+# "dose-channel" sets channel 0 of the boundary token to boundary_scale x the row's median |activation|
+# (a massive activation, Sun et al. 2024: ~10^3-10^4). Do heavy tails alone reproduce pre-norm's penalty?
+BOUNDARIES = ("none", "norm", "rescale-fwd", "mirror-fwd", "rescale-detached", "rescale-full", "dose-boundary",
+              "dose-channel")
+# Optional parts of a student (issue 33), each at the input of every block after the first: "correction",
+# an RMSNorm the boundary correction switches on where the transition reading fires (transitions.py);
+# "structural", structural_norm's learned scale.
+FEATURES = ("correction", "structural")
+
+
+def checked_features(boundary: str, features) -> tuple[str, ...]:
+    """A student's `features` in FEATURES order, once its boundary and every feature are known ones
+    (else a ValueError naming the unknown one)."""
+    if boundary not in BOUNDARIES:
+        raise ValueError(f"boundary intervention {boundary!r} is unknown; choose one of {', '.join(BOUNDARIES)}")
+    unknown = set(features) - set(FEATURES)
+    if unknown:
+        raise ValueError(f"student feature {sorted(unknown)[0]!r} is unknown; choose from {', '.join(FEATURES)}")
+    return tuple(f for f in FEATURES if f in features)
+
+
+def intervene(h: torch.Tensor, boundary: str, scale: float, norm: Callable | None = None, target=None) -> torch.Tensor:
+    """The boundary intervention `boundary` on h (B, T, H), the input of a block after the first ("none":
+    h itself). `norm` is that boundary's RMSNorm ("norm"); `target` the reference run's (B, T, 1) RMS
+    there ("mirror-fwd"); `scale` the RMS (the rescales) or the ratio (the doses) of every other one."""
+    if boundary == "none":
+        return h
+    if boundary == "norm":
+        return norm(h)
+    if boundary.startswith("dose-"):
+        return dose(h, scale, boundary)
+    backward = {"rescale-detached": "detached", "rescale-full": "full"}.get(boundary, "identity")
+    return rescale(h, target if boundary == "mirror-fwd" else scale, backward)
+
+
+def mirror_profile(boundary: str, profile_source: Callable | None, input_ids, active_blocks: int) -> dict | None:
+    """mirror-fwd's targets for a forward over `active_blocks` blocks: {block: (B, T, 1) RMS} at each
+    boundary in the reference run, from `profile_source(input_ids, active_blocks)`; None for any other
+    intervention, or with one block (no boundary)."""
+    if boundary != "mirror-fwd" or active_blocks < 2:
+        return None
+    if profile_source is None:
+        raise CheckpointError("a mirror-fwd student needs its reference run's boundary profile "
+                              "(profile_source) to run more than one block")
+    return profile_source(input_ids, active_blocks)
+
+
+class StraightThroughRescale(torch.autograd.Function):
+    """Forward: h scaled per token to RMS `target` (a number, or (B, T, 1)). Backward: the identity,
+    so gradients reach h as if nothing were there (their values still differ from an untouched run's,
+    because everything downstream saw the rescaled stream)."""
+
+    @staticmethod
+    def forward(ctx, h, target):
+        rms = h.float().pow(2).mean(-1, keepdim=True).sqrt().clamp_min(1e-12)
+        return (h.float() * (target / rms)).to(h.dtype)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad, None
+
+
+def rescale_forward_only(h: torch.Tensor, target) -> torch.Tensor:
+    return StraightThroughRescale.apply(h, target)
+
+
+def rescale(h: torch.Tensor, target, backward: str) -> torch.Tensor:
+    """Each token scaled to RMS `target`: backward "identity" (straight-through), "detached" (t / r a
+    constant) or "full" (autograd through r as well)."""
+    if backward == "identity":
+        return rescale_forward_only(h, target)
+    rms = h.float().pow(2).mean(-1, keepdim=True).sqrt().clamp_min(1e-12)
+    return (h.float() * (target / (rms.detach() if backward == "detached" else rms))).to(h.dtype)
+
+
+def dose(h: torch.Tensor, ratio: float, kind: str) -> torch.Tensor:
+    """The boundary token (position 0) made heavy-tailed, forward only: its RMS at `ratio` x the median
+    RMS of the other positions ("dose-boundary"), or its channel 0 at `ratio` x the median |activation|
+    of the row ("dose-channel"). The change is added as a constant: gradients pass as the identity."""
+    x = h.detach().float()
+    if kind == "dose-boundary":
+        rms = x.pow(2).mean(-1, keepdim=True).sqrt().clamp_min(1e-12)                # (B, T, 1)
+        regular = rms[:, 1:].median(dim=1, keepdim=True).values if x.shape[1] > 1 else rms[:, :1]
+        first = x[:, :1] * (ratio * regular / rms[:, :1])
+    else:
+        first = x[:, :1].clone()
+        first[..., 0] = ratio * x.abs().flatten(1).median(dim=1).values[:, None]
+    delta = torch.cat([first - x[:, :1], torch.zeros_like(x[:, 1:])], dim=1)
+    return h + delta.to(h.dtype)
+
+
+def structural_norm(h: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """The boundary token (position 0) rescaled to `scale` x the median RMS of its row's other positions,
+    every other position untouched: separate statistics for the structural token (issue 33, idea 6). The
+    median, as the dose's: the forward has no mask, and padding is a minority of a row's positions. The
+    row's statistic is detached; the token's own RMS and the scale are differentiated through."""
+    if h.shape[1] < 2:
+        return h
+    x = h.float()
+    rms = x.pow(2).mean(-1, keepdim=True).sqrt().clamp_min(1e-12)                    # (B, T, 1)
+    regular = rms[:, 1:].median(dim=1, keepdim=True).values.detach()                 # (B, 1, 1)
+    first = x[:, :1] * (scale.float() * regular / rms[:, :1])
+    return torch.cat([first.to(h.dtype), h[:, 1:]], dim=1)
+
+
+class Scale(nn.Module):
+    """One learned scalar (structural_norm's), initialised to 1; shape (1,), as checkpoints and FSDP2's
+    row sharding hold tensors with rows."""
+
+    def __init__(self):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(1))
+
+
+# ----------------------------------------------------------------------------------------------
+# In a student checkpoint's config.json: the normgrow_student entry's boundary, boundary_scale, features
+# and corrected (the blocks whose correction norm is on), each written only where it is not the default.
+
+def checkpoint_entries(boundary: str, scale: float, features: tuple, corrected: set[int]) -> dict:
+    entries = {}
+    if boundary != "none":
+        entries.update(boundary=boundary, boundary_scale=scale)
+    if features:
+        entries.update(features=list(features), corrected=sorted(corrected))
+    return entries
+
+
+def read_checkpoint_entries(shape: dict) -> tuple[str, float, tuple, set[int]]:
+    """(boundary, boundary_scale, features, corrected) as checkpoint_entries wrote them, defaults where absent."""
+    return (shape.get("boundary", "none"), shape.get("boundary_scale", 1.0), tuple(shape.get("features", ())),
+            set(shape.get("corrected", ())))
+
+
+def checkpoint_entries_problem(shape: dict) -> str:
+    """Why the entries cannot describe a student of shape["blocks"] blocks ("" if they can), so that a bad
+    value names its field, not a line inside the model."""
+    boundary, scale = shape.get("boundary", "none"), shape.get("boundary_scale", 1.0)
+    if boundary not in BOUNDARIES:
+        return f"normgrow_student.boundary is {boundary!r}, not one of {', '.join(BOUNDARIES)}"
+    if not (isinstance(scale, (int, float)) and not isinstance(scale, bool) and math.isfinite(scale) and scale > 0):
+        return f"normgrow_student.boundary_scale is {scale!r}, not a positive finite number"
+    features, corrected = shape.get("features", []), shape.get("corrected", [])
+    if not (isinstance(features, list) and all(f in FEATURES for f in features)):
+        return f"normgrow_student.features is {features!r}, not a list of {', '.join(FEATURES)}"
+    if not (isinstance(corrected, list) and all(type(b) is int and 1 <= b < shape["blocks"] for b in corrected)
+            and (not corrected or "correction" in features)):
+        return f"normgrow_student.corrected is {corrected!r}, not a list of blocks 1..{shape['blocks'] - 1} of a student " \
+               "with the correction feature"
+    return ""

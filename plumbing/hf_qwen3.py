@@ -1,0 +1,126 @@
+"""A Qwen3 as transformers' files hold it: the config.json fields the math depends on (ModelConfig),
+checked before any module is built; the names transformers gives its tensors; and writing such a folder,
+from a teacher or from a pre-norm student (which is exactly a Qwen3). Reading one builds a model:
+model.load_qwen3.
+
+    config = ModelConfig.from_hf(checkpoint.read_config(path), str(path / "config.json"))
+    problem = config_problem({"hidden_size": 64, ...})    # "" if the fields describe a model
+    hf_name("layers.0.attn_norm.weight")                  # "model.layers.0.input_layernorm.weight"
+    save_qwen3(teacher, "teacher/"); export_hf(pre_norm_student, "out/")   # load in transformers unchanged
+"""
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict, dataclass, fields
+
+import torch.nn as nn
+
+from plumbing.checkpoint import write_checkpoint
+from plumbing.errors import CheckpointError
+
+
+@dataclass
+class ModelConfig:
+    """The fields of a HF Qwen3 `config.json` that the math depends on (defaults: Qwen3-8B-Base)."""
+    vocab_size: int = 151936
+    hidden_size: int = 4096
+    intermediate_size: int = 12288
+    num_hidden_layers: int = 36
+    num_attention_heads: int = 32
+    num_key_value_heads: int = 8
+    head_dim: int = 128
+    rope_theta: float = 1_000_000.0
+    rms_norm_eps: float = 1e-6
+    tie_word_embeddings: bool = False
+    max_position_embeddings: int = 40960
+    initializer_range: float = 0.02
+
+    @classmethod
+    def from_hf(cls, hf: dict, source: str = "config.json") -> "ModelConfig":
+        arch = hf.get("model_type")
+        if arch != "qwen3":
+            raise CheckpointError(f"{source}: model_type is {arch!r}, not 'qwen3'; point at a Qwen3 checkpoint")
+        values = {f.name: hf[f.name] for f in fields(cls) if f.name in hf}
+        if "rope_theta" not in values:  # transformers 5 nests it
+            rope = hf.get("rope_parameters")
+            values["rope_theta"] = (rope if isinstance(rope, dict) else {}).get("rope_theta", cls.rope_theta)
+        problem = config_problem(values)
+        if problem:
+            raise CheckpointError(f"{source}: {problem}; the config is damaged or not a Qwen3 model's: restore the "
+                                  "checkpoint from a copy, or re-download or re-export it")
+        if "head_dim" not in values:
+            values["head_dim"] = values["hidden_size"] // values["num_attention_heads"]
+        return cls(**values)
+
+    def to_hf(self) -> dict:
+        hf = asdict(self)
+        hf.update(model_type="qwen3", architectures=["Qwen3ForCausalLM"], hidden_act="silu",
+                  attention_bias=False, attention_dropout=0.0, torch_dtype="float32",
+                  rope_parameters={"rope_type": "default", "rope_theta": self.rope_theta})
+        return hf
+
+
+# The fields a Qwen3 config.json always has: the defaults above are Qwen3-8B's, and a checkpoint that
+# lacks one of these is not described by them.
+REQUIRED_FIELDS = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads")
+
+
+def config_problem(values: dict) -> str:
+    """Why ModelConfig fields (from a config.json, or --set teacher_model) cannot describe a model ("" if
+    they can): a required one missing, a size that is not a positive integer, a float that is not a
+    positive finite number, a flag that is not true or false, heads that do not divide. Checked before
+    any module is built, so a bad value is one line, not an error deep inside torch (or a NaN result)."""
+    missing = [name for name in REQUIRED_FIELDS if name not in values]
+    if missing:
+        return f"lacks {', '.join(missing)}"
+    defaults = {f.name: f.default for f in fields(ModelConfig)}
+    for name, value in values.items():
+        kind = type(defaults[name])
+        if kind is bool and not isinstance(value, bool):
+            return f"{name} is {value!r}, not true or false"
+        if kind is int and not (isinstance(value, int) and not isinstance(value, bool) and value >= 1):
+            return f"{name} is {value!r}, not a positive integer"
+        if kind is float and not (isinstance(value, (int, float)) and not isinstance(value, bool)
+                                  and math.isfinite(value) and (value > 0 or name == "initializer_range" and value == 0)):
+            return f"{name} is {value!r}, not a positive finite number"
+    if values["num_attention_heads"] % values.get("num_key_value_heads", ModelConfig.num_key_value_heads):
+        return (f"num_attention_heads ({values['num_attention_heads']}) is not a multiple of num_key_value_heads "
+                f"({values.get('num_key_value_heads', ModelConfig.num_key_value_heads)})")
+    return ""
+
+
+# model.py names each layer's two norms for the sub-layer they belong to, since their position depends on
+# the placement; transformers' Qwen3ForCausalLM names them for where a pre-norm layer has them.
+HF_NORM_NAMES = {".attn_norm.": ".input_layernorm.", ".mlp_norm.": ".post_attention_layernorm."}
+
+
+def hf_name(name: str) -> str:
+    """Kit parameter name -> transformers' Qwen3ForCausalLM name."""
+    if name.startswith("lm_head."):
+        return name
+    for ours, theirs in HF_NORM_NAMES.items():
+        name = name.replace(ours, theirs)
+    return "model." + name
+
+
+def save_qwen3(teacher: nn.Module, path, state: dict | None = None):
+    """Write a teacher (a model.Qwen3) as a standard HF Qwen3 checkpoint directory (tied head not duplicated)."""
+    state = teacher.state_dict() if state is None else state
+    write_checkpoint(path, teacher.config.to_hf(), {hf_name(k): v for k, v in state.items()})
+
+
+EXPORT_MARKER = "normgrow-export.json"  # in every folder export_hf writes: only such folders are replaced
+
+
+def export_hf(student: nn.Module, path, source: str = "", extra_files: dict[str, str] | None = None):
+    """A pre-norm student (a model.Student) is exactly a Qwen3 with K*L layers: write it as one transformers
+    loads, with `extra_files` (name -> text: the tokenizer's files, generation_config.json) beside it."""
+    if student.norm_placement != "pre" or student.boundary != "none":
+        extra = f" with {student.boundary!r} boundaries" if student.boundary != "none" else ""
+        raise CheckpointError(f"{source or 'this student'}: only pre-norm students without boundary interventions are "
+                              f"Qwen3 models; this one is {student.norm_placement!r}-norm{extra}: export a pre-norm run's "
+                              "checkpoint (a post-norm student is read by the kit itself: eval, sample)")
+    state = {hf_name(k): v for k, v in student.state_dict().items()}
+    write_checkpoint(path, student.config.to_hf(), state,
+                     extra_files={**(extra_files or {}), EXPORT_MARKER: json.dumps({"exported_from": source}) + "\n"})
