@@ -17,7 +17,7 @@ import data
 import diag
 import grow
 import model
-from plumbing import errors, tokenizer
+from plumbing import corpora, errors, tokenizer
 
 ROOT = Path(__file__).resolve().parents[1]
 SMALL = model.ModelConfig(vocab_size=513, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
@@ -413,17 +413,17 @@ def test_intervention_contrasts_are_one_holm_family_with_the_transplant_interact
 def test_long_documents_are_a_speechs_whole_paragraphs_up_to_a_length():
     """Greedy, in order, whole paragraphs joined by a blank line, none past the limit unless one paragraph
     alone is longer; every speech's text is kept whole and in order; the option is its own corpus."""
-    chunks = data._speech_chunks(["a" * 10, "b" * 10, "c" * 30, "d" * 5, "e" * 4], 25)
+    chunks = corpora._speech_chunks(["a" * 10, "b" * 10, "c" * 30, "d" * 5, "e" * 4], 25)
     assert chunks == ["a" * 10 + "\n\n" + "b" * 10, "c" * 30, "d" * 5 + "\n\n" + "e" * 4]
-    speeches = data._sotu_speeches()[:3]
+    speeches = corpora._sotu_speeches()[:3]
     for _, paragraphs in speeches:
-        documents = data._speech_chunks(paragraphs, 3600)
+        documents = corpora._speech_chunks(paragraphs, 3600)
         assert "\n\n".join(documents) == "\n\n".join(paragraphs)
         assert all(len(d) <= 3600 or "\n\n" not in d for d in documents)
-    corpus = data.corpus("toy", 20, seed=0, document_chars=3600)
-    assert corpus.identity["document_chars"] == 3600 and "document_chars" not in data.corpus("toy", 20).identity
+    corpus = corpora.corpus("toy", 20, seed=0, document_chars=3600)
+    assert corpus.identity["document_chars"] == 3600 and "document_chars" not in corpora.corpus("toy", 20).identity
     with pytest.raises(errors.DataError, match="set one"):
-        data.corpus("toy", 20, document_chars=3600, paragraphs_per_document=7)
+        corpora.corpus("toy", 20, document_chars=3600, paragraphs_per_document=7)
 
 
 def test_the_second_ladder_builds_each_rung_on_the_declared_one_and_every_override_applies():

@@ -24,7 +24,7 @@ import grow
 import model
 import rundir
 from experiments import reference
-from plumbing import checkpoint, errors, tokenizer
+from plumbing import checkpoint, corpora, errors, tokenizer
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -323,13 +323,13 @@ def test_a_corpus_edited_while_prepare_runs_gives_shards_of_the_text_it_hashed(t
     corpus = tmp_path / "corpus.jsonl"
     original = [f"document number {i} of the original corpus" for i in range(12)]
     corpus.write_text(jsonl(original))
-    made = data.corpus
+    made = corpora.corpus
 
     def edited_after_hashing(*args, **options):
         built = made(*args, **options)
         corpus.write_text(jsonl(t.replace("original", "EDITED") for t in original))
         return built
-    monkeypatch.setattr(data, "corpus", edited_after_hashing)
+    monkeypatch.setattr(corpora, "corpus", edited_after_hashing)
     train, val = data.prepare("local", tmp_path / "shards", enc, max_len=64, n_train_docs=None, n_val_docs=2,
                               workers=1, progress=False, path=str(corpus))
     texts = [enc.decode(s.document(i)[1:-1].tolist()) for s in (val, train) for i in range(len(s))]
@@ -341,13 +341,13 @@ def test_a_corpus_edited_while_prepare_runs_gives_shards_of_the_text_it_hashed(t
 def test_a_parquet_corpus_changed_while_it_was_read_leaves_no_shard(tmp_path, enc, monkeypatch):
     corpus = tmp_path / "corpus.parquet"
     pq.write_table(pa.table({"text": [f"row {i} of the table" for i in range(12)]}), corpus)
-    made = data.corpus
+    made = corpora.corpus
 
     def edited_after_hashing(*args, **options):
         built = made(*args, **options)
         pq.write_table(pa.table({"text": [f"row {i} CHANGED" for i in range(12)]}), corpus)
         return built
-    monkeypatch.setattr(data, "corpus", edited_after_hashing)
+    monkeypatch.setattr(corpora, "corpus", edited_after_hashing)
     with pytest.raises(errors.DataError, match="changed while they were read"):
         data.prepare("local", tmp_path / "shards", enc, max_len=64, n_train_docs=None, n_val_docs=2, workers=1,
                      progress=False, path=str(corpus))
@@ -366,7 +366,7 @@ def test_a_fifo_as_a_corpus_is_one_line_not_a_hang(tmp_path, layout):
 
     def build():
         try:
-            data.corpus("local", 0, path=str(fifo if layout == "data.path" else fifo.parent))
+            corpora.corpus("local", 0, path=str(fifo if layout == "data.path" else fifo.parent))
             outcome.append("built")
         except errors.DataError as e:
             outcome.append(str(e))

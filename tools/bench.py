@@ -42,7 +42,7 @@ import grow
 import kd
 import model
 from experiments import presets, suite
-from plumbing import checkpoint, devices, tokenizer
+from plumbing import checkpoint, corpora, devices, tokenizer
 
 RESULTS = Path("results") / "bench.json"
 
@@ -385,7 +385,7 @@ def bench_tokenizer(repeats: int = 3, documents: int | None = None) -> dict:
     from tokenizers import Tokenizer as HFTokenizer  # test-only dependency
     enc = tokenizer.qwen3_tokenizer()
     hf = HFTokenizer.from_file(str(tokenizer.qwen3_tokenizer_json()))
-    documents = data.toy_paragraphs()[:documents]
+    documents = corpora.toy_paragraphs()[:documents]
     megabytes = sum(len(d.encode("utf-8")) for d in documents) / 1e6
     ids = {}
     seconds = interleaved({
