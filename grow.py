@@ -40,6 +40,7 @@ from config import Phase, RunConfig, learning_rate, plan_phases
 from plumbing.checkpoint import loads, write_json
 from plumbing.devices import Dist, precision_choice, print0, settle_fsdp_dtypes, setup_distributed, shard_fn
 from plumbing.errors import TrainingError
+from plumbing.locks import held
 from rundir import (
     RESULT_KEYS,
     MetricsLog,
@@ -47,7 +48,6 @@ from rundir import (
     final_eval,
     finished,
     git_commit,
-    held,
     kill_point,
     load_latest_checkpoint,
     load_weights,
@@ -693,7 +693,7 @@ def train_together(jobs: list[tuple[RunConfig, Path]], force: bool = False, ctx:
     finished run drops out; runs resumed at different steps train alone until they meet. Weights and
     optimizer states of all runs are resident together; activations and, under FSDP2, unsharded
     gradients are one run's at a time (lockstep_step). Each run
-    folder is held by this process alone while it trains (rundir.held: another process on one of them
+    folder is held by this process alone while it trains (locks.held: another process on one of them
     is waited for, or with wait=False an error); a finished run is only read, and not held. Returns
     each run's final evaluation ({} for one stopped early)."""
     ctx = ctx or setup_distributed()

@@ -27,7 +27,7 @@ import grow
 import model
 import rundir
 from experiments.presets import PRESETS, Preset, apply_overrides, override_name
-from plumbing import checkpoint, corpora, devices, errors, tokenizer
+from plumbing import checkpoint, corpora, devices, errors, locks, tokenizer
 
 console = Console(width=None if sys.stdout.isatty() else 140)
 
@@ -131,8 +131,8 @@ def prepare_data(ws: Workspace, force: bool = False) -> tuple[data.Shard, data.S
     d = ws.preset.data
     enc = tokenizer.qwen3_tokenizer(d["vocab_size"])
     options = corpus_options(ws.preset)
-    def prepare():  # by one process at a time (rundir.held): another one preparing them is waited for
-        with rundir.held([ws.data_dir], ws.wait):
+    def prepare():  # by one process at a time (locks.held): another one preparing them is waited for
+        with locks.held([ws.data_dir], ws.wait):
             corpus = shard_corpus(ws)
             shards = data.prepare(d["source"], ws.data_dir, enc, max_len=d["max_len"], n_train_docs=ws.train_docs,
                                   n_val_docs=d["val_docs"], seed=PRESETS[ws.preset.name].run["seed"],

@@ -18,7 +18,7 @@ import config
 import grow
 import model
 import rundir
-from plumbing import checkpoint, devices, errors
+from plumbing import checkpoint, devices, errors, locks
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -279,7 +279,7 @@ def test_sigkill_mid_phase_and_at_transition_resumes_bit_identical(tiny_shards, 
     assert strip(rundir.read_metrics(run_dir)) == strip(rundir.read_metrics(tmp_path / "reference"))
 
 
-HOLD = ("import sys, time, rundir\nwith rundir.held([sys.argv[1]]):\n    print('held', flush=True)\n"
+HOLD = ("import sys, time\nfrom plumbing import locks\nwith locks.held([sys.argv[1]]):\n    print('held', flush=True)\n"
         "    time.sleep(600)\n")
 
 
@@ -292,13 +292,13 @@ def test_a_held_folder_is_waited_for_or_refused_and_a_killed_holder_releases_it(
     try:
         assert holder.stdout.readline().strip() == "held"
         with pytest.raises(errors.TrainingError, match=f"in use by process {holder.pid} .*without --no-wait"):
-            with rundir.held([folder], wait=False):
+            with locks.held([folder], wait=False):
                 pass
         said = []
         threading.Timer(1.0, holder.send_signal, (signal.SIGKILL,)).start()
-        with rundir.held([folder], say=said.append):
+        with locks.held([folder], say=said.append):
             assert holder.wait(timeout=5) == -signal.SIGKILL  # we got the folder only after the kill
-            assert rundir.lock_file(folder).read_text().startswith(f"process {os.getpid()} ")
+            assert locks.lock_file(folder).read_text().startswith(f"process {os.getpid()} ")
         assert len(said) == 1 and f"in use by process {holder.pid}" in said[0] and "waiting" in said[0]
     finally:
         holder.kill()
