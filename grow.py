@@ -24,49 +24,22 @@ import base64
 import math
 import shutil
 import time
-from contextlib import ExitStack, contextmanager, nullcontext
-from functools import partial
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
-from torch.distributed.tensor import DTensor
 
 import data
-import kd
 import model
+import nets
+import rundir
 import transitions
 from config import Phase, RunConfig, learning_rate, plan_phases
-from plumbing.checkpoint import loads, read_config, write_json
-from plumbing.devices import (
-    Dist,
-    fused_attention_problem,
-    precision_choice,
-    print0,
-    settle_fsdp_dtypes,
-    setup_distributed,
-    shard_fn,
-)
+from plumbing.checkpoint import loads, write_json
+from plumbing.devices import Dist, autocast, clip_gradients, precision_choice, print0, set_gradient_sync, setup_distributed
 from plumbing.errors import TrainingError
-from plumbing.hf_qwen3 import ModelConfig
-from rundir import (
-    RESULT_KEYS,
-    MetricsLog,
-    adopt_shared_prefix,
-    final_eval,
-    finished,
-    git_commit,
-    held,
-    kill_point,
-    load_latest_checkpoint,
-    load_weights,
-    newest_checkpoint,
-    prepare_run_dir,
-    save_kept_checkpoint,
-    save_latest_checkpoint,
-    trainer_state,
-    truncate_metrics,
-)
+from plumbing.locks import held
 
 # ----------------------------------------------------------------------------------------------
 # Phases: what trains, with which optimizer
@@ -86,53 +59,6 @@ def trainable_parameters(net: torch.nn.Module, phase: Phase, train_embedding: bo
     return [p for p in net.parameters() if p.requires_grad]
 
 
-def clip_gradients(params: list[torch.nn.Parameter], max_norm: float) -> torch.Tensor:
-    """Scale the gradients to a global L2 norm of at most `max_norm` (torch's clip_grad_norm_ rule,
-    coefficient max_norm / (norm + 1e-6)); returns the norm before clipping, a float64 tensor on the
-    gradients' device: nothing here waits for the device (the caller reads the norm with the step's
-    other numbers, one host sync a step).
-
-    The norm is summed in float64 from each rank's own shard, so one process and FSDP2 ranks, whose
-    sums run in different orders, get norms that differ by float64 rounding only, and the float32
-    coefficient they multiply by is the same (unless the two norms straddle a float32 rounding
-    boundary: about one step in 10^8). A float32 norm would differ by float32 rounding, and AdamW
-    turns that into weight differences far above it, where it divides by sqrt(v) ~ eps. Under FSDP2
-    the squares are summed over the mesh dimensions the gradients are sharded on: all ranks at 1 x G;
-    under HSDP the "shard" dimension only (the replicas hold equal shards after the all-reduce)."""
-    grads = [p.grad for p in params if p.grad is not None]
-    if not grads:
-        return torch.zeros((), dtype=torch.float64)
-    local = [g.to_local() if isinstance(g, DTensor) else g for g in grads]
-    squares = torch.zeros((), dtype=torch.float64, device=local[0].device)
-    for grad in local:  # in parameter order, one at a time: the sum's rounding does not depend on the device
-        squares = squares + grad.double().pow(2).sum()
-    if isinstance(grads[0], DTensor):
-        for dim, placement in enumerate(grads[0].placements):
-            if placement.is_shard():
-                dist.all_reduce(squares, group=grads[0].device_mesh.get_group(dim))
-    norm = squares.sqrt()  # (torch's CPU float64 sqrt can differ from math.sqrt in the last bit: the logged norm)
-    # The coefficient rounded to float32 (an exact float32 value: the same product on every rank), and
-    # at most 1: a product with 1.0 is exact, so gradients within the norm keep their values.
-    # (A tensor divided by a tensor: Python's number / tensor multiplies by a reciprocal, two roundings.)
-    coefficient = (torch.full_like(norm, max_norm) / (norm + 1e-6)).float().clamp(max=1.0)
-    with torch.no_grad():
-        torch._foreach_mul_(local, coefficient)
-    return norm
-
-
-def set_gradient_sync(net: torch.nn.Module, sync: bool, active_layers: int):
-    """FSDP2: whether this backward reduce-scatters the gradients (the step's last micro-batch) or adds
-    them up unsharded, set on the units that run forward only: the root and the first `active_layers`
-    layers. With sync off FSDP2's post-backward converts every unit's gradient to the reduce dtype, and
-    a unit that never ran (grow's blocks not yet appended) was never gathered: under bf16 parameters
-    with fp32 reduction it raises AttributeError: 'FSDPParam' object has no attribute '_unsharded_param'
-    (torch/distributed/fsdp/_fully_shard/_fsdp_param.py:807, to_accumulated_grad_if_needed; in fp32
-    there is no conversion, so it returns first). With sync left on, FSDP2 passes over a unit that was
-    never gathered (_fsdp_param_group.py:619)."""
-    for unit in (net, *net.layers[:active_layers]):
-        unit.set_requires_gradient_sync(sync, recurse=False)
-
-
 def build_optimizer(config: RunConfig, params: list) -> torch.optim.AdamW:
     # foreach=False: the single-tensor path is bit-identical across resumes and ranks' shards.
     return torch.optim.AdamW(params, lr=config.lr, betas=config.betas, eps=config.eps,
@@ -140,161 +66,16 @@ def build_optimizer(config: RunConfig, params: list) -> torch.optim.AdamW:
 
 
 # ----------------------------------------------------------------------------------------------
-# Models: the frozen teacher (shared by every run that distils from it) and the model a run trains
-
-TEACHER_CACHE_BYTES = 2**30  # validation hidden states kept per teacher (one process only)
-# The teacher's modules kept whole on every rank under FSDP2: the chunked loss applies its head to the
-# shared hidden states inside each student's forward, outside the teacher's.
-TEACHER_REPLICATED = ("embed_tokens", "norm", "lm_head")
-
-
-class Teacher:
-    """The frozen teacher's final hidden states (the chunked loss applies its head). `forwards` counts
-    the passes it actually ran. Validation batches are kept after their first pass, up to
-    `cache_bytes`: every evaluation of every run reads the same ones. Under FSDP2 nothing is kept, so
-    every rank runs the same sequence of sharded forwards."""
-
-    def __init__(self, net: model.Qwen3, cache_bytes: int = 0):
-        self.net, self.cache_bytes, self.forwards = net, cache_bytes, 0
-        self.kept: dict = {}
-
-    @property
-    def head_weight(self) -> torch.Tensor:
-        return self.net.head_weight
-
-    @torch.no_grad()
-    def hidden(self, input_ids: torch.Tensor, key=None) -> torch.Tensor:
-        if key is not None and key in self.kept:
-            return self.kept[key]
-        self.forwards += 1
-        hidden = self.net(input_ids, output_fn=hidden_only)
-        if key is not None and sum(h.nbytes for h in self.kept.values()) + hidden.nbytes <= self.cache_bytes:
-            self.kept[key] = hidden
-        return hidden
-
-
-def load_teacher(config: RunConfig, ctx: Dist, dtype: torch.dtype) -> Teacher:
-    """The teacher checkpoint, its layers sharded under FSDP2 (embedding, final norm and head
-    replicated, so its head weight can be handed to the chunked loss); held in the compute `dtype` on a
-    GPU, fp32 on a CPU."""
-    net = model.load_qwen3(config.teacher, dtype=dtype if ctx.device.type == "cuda" else torch.float32,
-                           device=ctx.device, shard_fn=shard_fn(ctx, dtype, replicated=TEACHER_REPLICATED))
-    if config.compile:
-        compile_layers(net)
-    return Teacher(net, TEACHER_CACHE_BYTES if ctx.world == 1 else 0)
-
-
-def build_model(config: RunConfig, teacher: Teacher | None, ctx: Dist, dtype: torch.dtype) -> torch.nn.Module:
-    """The model a run trains, fp32 master weights computing in `dtype`: a student built from the teacher
-    (or from the seed alone, growth from scratch), or (the `teacher` protocol) a Qwen3 from the seed."""
-    if config.protocol == "teacher":
-        with torch.device("meta"):
-            net = model.Qwen3(ModelConfig(**config.teacher_config))
-        shard = shard_fn(ctx, dtype)
-        if shard:
-            shard(net)
-        net.to_empty(device=ctx.device)
-        net.init_weights(config.seed)
-    elif config.scratch_model is not None:
-        net = model.Student.from_scratch(ModelConfig(**config.scratch_model), config.blocks,
-                                         config.layers_per_block, config.student_norm, config.seed,
-                                         shard_fn=shard_fn(ctx, dtype), device=ctx.device,
-                                         boundary=config.boundary, boundary_scale=config.boundary_scale,
-                                         features=config.student_features)
-    else:
-        net = model.Student.from_teacher(teacher.net, config.blocks, config.layers_per_block, config.student_norm,
-                                         config.seed, shard_fn=shard_fn(ctx, dtype),
-                                         output_gain=config.post_output_gain, boundary=config.boundary,
-                                         boundary_scale=config.boundary_scale, features=config.student_features)
-    net.checkpoint_layers = config.activation_checkpointing
-    settle_fsdp_dtypes(net)
-    if config.compile:
-        compile_layers(net)
-    return net
-
-
-def compile_layers(net: torch.nn.Module):
-    """torch.compile each decoder layer with a symbolic batch and sequence length: one compile serves
-    every padded length of a run (the layers of a model share it)."""
-    for layer in net.layers:
-        layer.compile(dynamic=True)
-
-
-def autocast(dtype: torch.dtype, ctx: Dist):
-    """bf16 autocast, in one process and under FSDP2 alike: the residual stream stays fp32 in both (under
-    FSDP2 the layers' weights are gathered in bf16 and the root's stay fp32: devices.shard_fn)."""
-    if dtype == torch.bfloat16:
-        return torch.autocast(ctx.device.type, dtype=torch.bfloat16)
-    return nullcontext()
-
-
-def hidden_only(hidden, head_weight):
-    return hidden
-
-
-def loss_fn(config, batch, teacher_hidden, teacher_head_weight, phase, denominator, net):
-    """One micro-batch through the model with the chunked loss as its output function: KD against the
-    teacher's hidden states, or plain CE where there are none (teacher pretraining, growth from scratch)."""
-    if teacher_hidden is None:
-        blocks = {"active_blocks": phase.active_blocks} if isinstance(net, model.Student) else {}
-        loss, ce_term = net(batch.input_ids, **blocks, output_fn=partial(
-            kd.ce_loss, targets=batch.targets, mask=batch.mask, chunk_size=config.loss_chunk,
-            denominator=denominator))
-        return loss, loss.new_zeros(()), ce_term
-    return net(batch.input_ids, active_blocks=phase.active_blocks, output_fn=partial(
-        kd.kd_loss, teacher_hidden=teacher_hidden, teacher_head_weight=teacher_head_weight, targets=batch.targets,
-        mask=batch.mask, alpha=config.alpha, gamma=config.gamma, tau=config.tau,
-        chunk_size=config.loss_chunk, denominator=denominator))
-
-
-# ----------------------------------------------------------------------------------------------
-# Evaluation: the whole fixed validation set, token-weighted, on every rank
-
-@torch.no_grad()
-def evaluate(config: RunConfig, net, teacher: Teacher | None, val: data.Shard, active_blocks: int | None,
-             ctx: Dist, dtype: torch.dtype) -> dict:
-    """CE, PPL, KD (soft-target CE) and KL over every validation document, token-weighted and summed
-    over ranks. Without a teacher, CE and PPL of `net` alone (a teacher run, or `repro.py eval`)."""
-    net.eval()
-    sums = [0.0, 0.0, 0.0, 0.0]  # kl, soft_ce, ce, targets
-    for i, batch in enumerate(data.eval_batches(val, config.eval_batch, ctx.rank, ctx.world)):
-        batch = batch.to(ctx.device)
-        with autocast(dtype, ctx):
-            if teacher is None:
-                blocks = {"active_blocks": active_blocks} if isinstance(net, model.Student) else {}
-                s = net(batch.input_ids, **blocks, output_fn=partial(
-                    kd.kd_sums, teacher_hidden=None, teacher_head_weight=None, targets=batch.targets,
-                    mask=batch.mask, chunk_size=config.loss_chunk))
-            else:
-                teacher_hidden = teacher.hidden(batch.input_ids, key=(str(val.path), config.eval_batch, i))
-                s = net(batch.input_ids, active_blocks=active_blocks, output_fn=partial(
-                    kd.kd_sums, teacher_hidden=teacher_hidden, teacher_head_weight=teacher.head_weight,
-                    targets=batch.targets, mask=batch.mask, tau=config.tau, chunk_size=config.loss_chunk))
-        for k, key in enumerate(("kl", "soft_ce", "ce", "n")):
-            sums[k] += float(s.get(key, 0.0))
-    kl, soft_ce, ce, n = ctx.sum(sums)
-    if hasattr(net, "reshard"):  # FSDP2 keeps a root gathered after its forward: free it until the next step
-        net.reshard()
-    net.train()
-    n = max(n, 1.0)
-    return {"ce": ce / n, "ppl": perplexity(ce / n), "kd": soft_ce / n, "kl": kl / n, "val_tokens": int(n)}
-
-
-def perplexity(ce: float) -> float:
-    """exp(CE), inf (not an overflow) for a CE past exp's range."""
-    return math.exp(ce) if ce < 700 else math.inf
-
+# A run while it trains: its model, data, optimizer, log and checkpoints. The driver below calls,
+# for each of its steps, begin_step, accumulate (once per micro-batch) and end_step.
 
 def provenance(ctx: Dist, dtype: torch.dtype, why: str) -> dict:
-    commit = git_commit()
+    """What provenance.json records: the kit's commit, torch, the device, the ranks, threads and precision."""
+    commit = rundir.git_commit()
     device = torch.cuda.get_device_name(ctx.device) if ctx.device.type == "cuda" else ctx.device.type
     return {"git_commit": commit, "torch": torch.__version__, "device": device, "world_size": ctx.world,
             "threads": torch.get_num_threads(), "precision": str(dtype).removeprefix("torch."), "precision_reason": why}
 
-
-# ----------------------------------------------------------------------------------------------
-# A run while it trains: its model, data, optimizer, log and checkpoints. The driver below calls,
-# for each of its steps, begin_step, accumulate (once per micro-batch) and end_step.
 
 class Run:
     def __init__(self, config: RunConfig, run_dir, ctx: Dist, stop_after_step: int | None = None,
@@ -304,7 +85,7 @@ class Run:
         self.run_dir, self.ctx = Path(run_dir), ctx
         self.stop_after_step, self.tracker = stop_after_step, tracker
         self.phases = plan_phases(config)
-        # The compute precision, decided once (for "auto", by measuring the machine: devices.py).
+        # The compute precision, decided once (for "auto", by measuring the machine: plumbing/devices.py).
         self.dtype, self.precision = precision_choice(config.precision, ctx.device)
         self.state = "new"   # new -> training -> done | stopped
         self.result: dict = {}
@@ -315,25 +96,39 @@ class Run:
 
     def prepare(self, force: bool):
         """Create or check the folder; a run already done is not trained again."""
-        if prepare_run_dir(self.written, self.run_dir, force, self.ctx, provenance(self.ctx, self.dtype, self.precision)):
+        if rundir.prepare_run_dir(self.written, self.run_dir, force, self.ctx,
+                                  provenance(self.ctx, self.dtype, self.precision)):
             print0(self.ctx, f"{self.config.name}: done, reusing {self.run_dir}")
-            self.state, self.result = "done", final_eval(self.run_dir)
+            self.state, self.result = "done", rundir.final_eval(self.run_dir)
 
     def can_open(self) -> bool:
         """False while the shared prefix it starts from is not written yet (grow's phase 0 for freeze)."""
-        return (not self.config.start_from or newest_checkpoint(self.run_dir) is not None
+        return (not self.config.start_from or rundir.newest_checkpoint(self.run_dir) is not None
                 or (Path(self.config.start_from) / "trainer_state.json").is_file())
 
-    def open(self, teacher: Teacher | None, progress):
+    def open(self, teacher: nets.Teacher | None, progress):
         """Build the model and data, then continue from the newest checkpoint (or the shared prefix)."""
-        config, ctx, run_dir = self.config, self.ctx, self.run_dir
+        config, ctx = self.config, self.ctx
         torch.manual_seed(config.seed)
         print0(ctx, f"{config.name}: {config.protocol}, {config.norm}-norm, seed {config.seed}, {len(self.phases)} "
                     f"phase(s) x {config.phase_steps} steps, {ctx.world} rank(s) on {ctx.device.type}, precision "
-                    f"{self.precision}; resolved config in "
-                    f"{run_dir / 'config.json'}")
+                    f"{self.precision}; resolved config in {self.run_dir / 'config.json'}")
+        self.build(teacher)
+        adopting = self.find_resume_point()
+        elapsed = self.restore(adopting)
+        self.start_log(elapsed, progress)
+        self.state = "training"
+        rundir.kill_point("opened", config.name, self.step)
+        if self.step >= self.last_step:  # killed after its last checkpoint, before done.json
+            if config.boundary == "mirror-fwd":
+                self.attach_profile(self.phases[-1])  # its evaluation runs the mirrored forward
+            self.finish()
+
+    def build(self, teacher: nets.Teacher | None):
+        """The model the run trains, and its training and validation data."""
+        config, ctx = self.config, self.ctx
         self.teacher = teacher if config.distils else None
-        self.net = build_model(config, self.teacher, ctx, self.dtype)
+        self.net = nets.build_model(config, self.teacher, ctx, self.dtype)
         self.monitor_row, self.warned, self.transition_row = None, set(), None
         # Sizes are checked on open; the sha256 of the whole shard (tens of GB at full scale) is checked
         # once by data.prepare, not again by every run on every rank.
@@ -342,48 +137,58 @@ class Run:
         self.batcher = data.Batcher(train_shard, config.global_batch, config.seed, mode=config.data_mode,
                                     replay_docs=config.replay_docs, rank=ctx.rank, world_size=ctx.world,
                                     micro_batch=config.micro_batch, balance=config.balance_lengths)
-        adopting = bool(config.start_from) and newest_checkpoint(run_dir) is None
+
+    def find_resume_point(self) -> bool:
+        """self.resume: the newest intact checkpoint, the same on every rank (None: start at step 0), after
+        adopting the shared prefix the run starts from if it has no checkpoint of its own (then True)."""
+        config, ctx, run_dir = self.config, self.ctx, self.run_dir
+        adopting = bool(config.start_from) and rundir.newest_checkpoint(run_dir) is None
         if ctx.is_main and adopting:
-            adopt_shared_prefix(config, run_dir)
+            rundir.adopt_shared_prefix(config, run_dir)
         ctx.barrier()
-        self.resume = newest_checkpoint(run_dir, verify=True, warn=lambda line: print0(ctx, line), ctx=ctx)
+        self.resume = rundir.newest_checkpoint(run_dir, verify=True, warn=lambda line: print0(ctx, line), ctx=ctx)
         step = self.resume[1]["step"] if self.resume else 0
         if not ctx.agree_on(step):  # every rank must resume from the same step, or the run would fork
             raise TrainingError(f"{run_dir}: the ranks found different resume points (rank {ctx.rank}: step {step}); "
                                 "the runs folder must be one filesystem that every node shares (or copy it to each)")
+        return adopting
+
+    def restore(self, adopting: bool) -> float:
+        """The step, totals, outcome, data position, RNG state and weights of the resume point (latest/'s
+        AdamW state is loaded by begin_phase, once the optimizer exists); the seconds trained so far."""
+        config, ctx = self.config, self.ctx
         self.step, self.totals, elapsed = 0, {"total_tokens": 0, "active_layer_tokens": 0}, 0.0
         self.outcome = {"best_ce": None, "diverged": None}
-        if self.resume:
-            ckpt, state = self.resume
-            self.step, self.totals, elapsed = state["step"], state["totals"], state["elapsed"]
-            self.outcome = {**self.outcome, **state.get("outcome", {})}
-            self.batcher.load_state_dict(state["data"])
-            for p, keep in self.outcome.get("transitions", {}).items():  # decisions the weights do not hold
-                transitions.apply_kept(self.net, int(p), keep)
-            torch.set_rng_state(torch.frombuffer(bytearray(base64.b64decode(state["torch_rng"])), dtype=torch.uint8))
-            if ckpt.name != "latest":
-                load_weights(self.net, ckpt)
-            if ckpt.name.startswith("step-"):
-                print0(ctx, f"{config.name}: warning: {ckpt} holds weights but no AdamW state; its moments restart at "
-                            f"step {self.step}, so this run will not be bit-identical to an uninterrupted one")
-            print0(ctx, f"{config.name}: adopting {config.start_from} (its first phases are this run's), continuing at "
-                        f"step {self.step}" if adopting else f"{config.name}: resuming at step {self.step} from {ckpt}")
-        if ctx.is_main:  # from step 0 too: a run killed before its first checkpoint left lines behind
-            truncate_metrics(run_dir, self.step)
+        if not self.resume:
+            return elapsed
+        ckpt, state = self.resume
+        self.step, self.totals, elapsed = state["step"], state["totals"], state["elapsed"]
+        self.outcome = {**self.outcome, **state.get("outcome", {})}
+        self.batcher.load_state_dict(state["data"])
+        for p, keep in self.outcome.get("transitions", {}).items():  # decisions the weights do not hold
+            transitions.apply_kept(self.net, int(p), keep)
+        torch.set_rng_state(torch.frombuffer(bytearray(base64.b64decode(state["torch_rng"])), dtype=torch.uint8))
+        if ckpt.name != "latest":
+            rundir.load_weights(self.net, ckpt)
+        if ckpt.name.startswith("step-"):
+            print0(ctx, f"{config.name}: warning: {ckpt} holds weights but no AdamW state; its moments restart at "
+                        f"step {self.step}, so this run will not be bit-identical to an uninterrupted one")
+        print0(ctx, f"{config.name}: adopting {config.start_from} (its first phases are this run's), continuing at "
+                    f"step {self.step}" if adopting else f"{config.name}: resuming at step {self.step} from {ckpt}")
+        return elapsed
+
+    def start_log(self, elapsed: float, progress):
+        """The log cut back to the resume point and opened for appending; the clock and progress bar."""
+        if self.ctx.is_main:  # from step 0 too: a run killed before its first checkpoint left lines behind
+            rundir.truncate_metrics(self.run_dir, self.step)
         self.rng = torch.get_rng_state()
-        self.log = MetricsLog(run_dir, config, ctx, self.tracker)
+        self.log = rundir.MetricsLog(self.run_dir, self.config, self.ctx, self.tracker)
         self.started = time.time() - elapsed
         self.phase, self.final = None, None
         self.progress, self.task = progress, None
         if progress:
-            self.task = progress.add_task(config.name, total=self.last_step, completed=self.step, loss=float("nan"),
-                                          tok_s=0.0)
-        self.state = "training"
-        kill_point("opened", config.name, self.step)
-        if self.step >= self.last_step:  # killed after its last checkpoint, before done.json
-            if config.boundary == "mirror-fwd":
-                self.attach_profile(self.phases[-1])  # its evaluation runs the mirrored forward
-            self.finish()
+            self.task = progress.add_task(self.config.name, total=self.last_step, completed=self.step,
+                                          loss=float("nan"), tok_s=0.0)
 
     @contextmanager
     def own_rng(self):
@@ -395,17 +200,10 @@ class Run:
             self.rng = torch.get_rng_state()
 
     def attach_profile(self, phase: Phase):
-        """mirror-fwd: the reference pre-norm run's phase-<p>/ (the same phase) gives, per batch, each
-        token's RMS at the boundaries this phase's appended blocks read."""
-        if phase.active_blocks < 2:
-            return
-        path = Path(self.config.boundary_source) / f"phase-{phase.index}"
-        if not (path / "trainer_state.json").is_file():
-            raise TrainingError(f"{path}: missing; a mirror-fwd run copies the boundary profile of "
-                                f"{self.config.boundary_source}, so finish that run first")
-        # The reference only runs forward: on a GPU it is held in the compute precision, as the teacher is.
-        dtype = self.dtype if self.ctx.device.type == "cuda" else torch.float32
-        self.net.profile_source = BoundaryProfile(model.Student.load(path, dtype, self.ctx.device).eval())
+        """mirror-fwd: the reference run's boundary profile for this phase (nets.boundary_profile), where
+        the phase appends a block."""
+        if phase.active_blocks >= 2:
+            self.net.profile_source = nets.boundary_profile(self.config, phase, self.ctx, self.dtype)
 
     def monitor_due(self) -> bool:
         """The step about to be taken writes a boundary-monitor row."""
@@ -437,7 +235,7 @@ class Run:
             self.optimizer = build_optimizer(config, self.params)
         at_start = self.step == phase.first_step and not self.keeps_optimizer()
         if self.resume and self.resume[0].name == "latest" and not at_start:
-            load_latest_checkpoint(self.resume[0], self.net, self.optimizer, ctx)
+            rundir.load_latest_checkpoint(self.resume[0], self.net, self.optimizer, ctx)
         self.resume = None
         if self.step == phase.first_step and config.reset_data_each_phase:
             self.batcher.reset()
@@ -455,7 +253,7 @@ class Run:
         if self.progress:
             self.progress.update(self.task, description=f"{config.name} phase {phase.index}")
         if self.step == phase.first_step:  # before the phase's first update: the starting weights' scores
-            start = evaluate(config, self.net, self.teacher, self.val, phase.active_blocks, ctx, self.dtype)
+            start = nets.evaluate(config, self.net, self.teacher, self.val, phase.active_blocks, ctx, self.dtype)
             self.log.write({"step": self.step, "phase": phase.index, "eval": True, "phase_start": True, **start})
             print0(ctx, f"{config.name}: phase {phase.index} starts at val CE {start['ce']:.4f}, val KD {start['kd']:.4f}")
 
@@ -508,11 +306,11 @@ class Run:
         with self.own_rng():
             self.net.capture_boundaries = monitoring
             with autocast(self.dtype, ctx):
-                loss, kd_term, ce_term = loss_fn(config, micro, teacher_hidden,
-                                                 self.teacher.head_weight if self.teacher else None, self.phase,
-                                                 self.batch.global_targets, self.net)
+                loss, kd_term, ce_term = nets.loss_fn(config, micro, teacher_hidden,
+                                                      self.teacher.head_weight if self.teacher else None, self.phase,
+                                                      self.batch.global_targets, self.net)
             if monitoring:
-                self.monitor_row = monitor_row(self.net.captured, micro.mask)
+                self.monitor_row = nets.monitor_row(self.net.captured, micro.mask)
                 self.net.capture_boundaries, self.net.captured = False, None
             # Each rank's loss is already divided by the global target count; FSDP2 averages gradients
             # over ranks, so scale by the world size to get the gradient of the global mean.
@@ -531,12 +329,11 @@ class Run:
             self.stop()
 
     def update(self):
-        config, ctx, phase = self.config, self.ctx, self.phase
-        grad_norm = clip_gradients(self.params, config.grad_clip)
-        if ctx.world > 1:
-            dist.all_reduce(self.sums)  # logged losses are global
-        # The step's one host sync: the losses and the norm, read together.
-        loss, kd_sum, ce_sum, grad_norm = torch.cat((self.sums, grad_norm.to(self.sums).reshape(1))).tolist()
+        """The optimizer step and its log rows, then an evaluation and the checkpoints when due. A
+        non-finite loss or gradient norm (the step is not taken) or validation number stops the run there,
+        as does a validation CE above the ceiling unless the run continues past it (diverge). The kill
+        points stepped, evaluated and saved follow each part (rundir.kill_point)."""
+        loss, kd_sum, ce_sum, grad_norm = self.clipped_losses()
         if not (math.isfinite(loss) and math.isfinite(grad_norm)):
             self.diverge(self.step + 1, "a non-finite loss or gradient norm", {"loss": loss, "grad_norm": grad_norm},
                          always_stop=True)
@@ -548,48 +345,73 @@ class Run:
         totals["total_tokens"] += tokens
         totals["active_layer_tokens"] += tokens * self.active_layers
         elapsed = time.time() - self.started
-        self.log.write({"step": step, "phase": phase.index, "loss": loss, "kd": kd_sum, "ce": ce_sum, "lr": self.lr,
-                        "grad_norm": grad_norm, "tokens": tokens, **totals, "time": elapsed})
+        self.log_step({"loss": loss, "kd": kd_sum, "ce": ce_sum, "lr": self.lr, "grad_norm": grad_norm,
+                       "tokens": tokens, **totals, "time": elapsed})
+        rundir.kill_point("stepped", self.config.name, step)
+        tok_s = totals["total_tokens"] / max(elapsed, 1e-9)
+        if self.progress:
+            self.progress.update(self.task, advance=1, loss=loss, tok_s=tok_s)
+        phase_end = step == self.phase.first_step + self.phase.steps
+        if phase_end or step % self.config.eval_interval == 0:
+            if not self.evaluate_step(loss, tok_s):
+                return
+        self.save_checkpoints(phase_end, elapsed)
+        rundir.kill_point("saved", self.config.name, step)
+
+    def clipped_losses(self) -> list[float]:
+        """Clip the gradients; the step's loss, KD and CE (summed over ranks) and gradient norm before
+        clipping, read together: the step's one host sync."""
+        grad_norm = clip_gradients(self.params, self.config.grad_clip)
+        if self.ctx.world > 1:
+            dist.all_reduce(self.sums)  # logged losses are global
+        return torch.cat((self.sums, grad_norm.to(self.sums).reshape(1))).tolist()
+
+    def log_step(self, numbers: dict):
+        """The step's row, then the boundary monitor's and a transition's rows if the step took them."""
+        step, phase = self.step, self.phase.index
+        self.log.write({"step": step, "phase": phase, **numbers})
         if self.monitor_row is not None:
-            self.log.write({"step": step, "phase": phase.index, "monitor": True, **self.monitor_row})
+            self.log.write({"step": step, "phase": phase, "monitor": True, **self.monitor_row})
             self.warn_boundaries(step, self.monitor_row["boundaries"])
             self.monitor_row = None
         if self.transition_row is not None:
             self.log.write({"step": step, **self.transition_row})
             self.transition_row = None
-        kill_point("stepped", config.name, step)
-        tok_s = totals["total_tokens"] / max(elapsed, 1e-9)
-        if self.progress:
-            self.progress.update(self.task, advance=1, loss=loss, tok_s=tok_s)
-        phase_end = step == phase.first_step + phase.steps
-        if phase_end or step % config.eval_interval == 0:
-            self.final = evaluate(config, self.net, self.teacher, self.val, phase.active_blocks, ctx, self.dtype)
-            kill_point("evaluated", config.name, step)
-            if not all(math.isfinite(v) for v in self.final.values()):  # a CE past ~709 makes PPL infinite
-                self.diverge(step, "a non-finite validation CE or PPL", self.final, always_stop=True)
-                return
-            self.log.write({"step": step, "phase": phase.index, "eval": True, **self.final})
-            print0(ctx, f"{config.name}: step {step}: loss {loss:.4f}, val CE {self.final['ce']:.4f}, "
-                        f"val KD {self.final['kd']:.4f}, {tok_s:,.0f} tok/s")
-            best = self.outcome["best_ce"]
-            self.outcome["best_ce"] = self.final["ce"] if best is None else min(best, self.final["ce"])
-            if self.final["ce"] > self.ceiling():
-                self.diverge(step, f"validation CE above log V + {config.diverged_above_uniform:g} = "
-                                   f"{self.ceiling():.4f} (worse than a uniform prediction)", self.final)
-                if self.state != "training":
-                    return
-        state = trainer_state(step, phase.index, self.batcher, totals, elapsed, self.outcome)
+
+    def evaluate_step(self, loss: float, tok_s: float) -> bool:
+        """Evaluate, log and print; record the best CE and a divergence. False if the run stopped there."""
+        config, step = self.config, self.step
+        self.final = nets.evaluate(config, self.net, self.teacher, self.val, self.phase.active_blocks, self.ctx,
+                                   self.dtype)
+        rundir.kill_point("evaluated", config.name, step)
+        if not all(math.isfinite(v) for v in self.final.values()):  # a CE past ~709 makes PPL infinite
+            self.diverge(step, "a non-finite validation CE or PPL", self.final, always_stop=True)
+            return False
+        self.log.write({"step": step, "phase": self.phase.index, "eval": True, **self.final})
+        print0(self.ctx, f"{config.name}: step {step}: loss {loss:.4f}, val CE {self.final['ce']:.4f}, "
+                         f"val KD {self.final['kd']:.4f}, {tok_s:,.0f} tok/s")
+        best = self.outcome["best_ce"]
+        self.outcome["best_ce"] = self.final["ce"] if best is None else min(best, self.final["ce"])
+        if self.final["ce"] > self.ceiling():
+            self.diverge(step, f"validation CE above log V + {config.diverged_above_uniform:g} = "
+                               f"{self.ceiling():.4f} (worse than a uniform prediction)", self.final)
+        return self.state == "training"
+
+    def save_checkpoints(self, phase_end: bool, elapsed: float):
+        """Those due at this step: phase-<p>/ at a phase's end, step-<n>/ every snapshot_interval, latest/
+        every checkpoint_interval (and before phase-<p>/ where the next phase keeps AdamW's moments)."""
+        config, step, ctx = self.config, self.step, self.ctx
+        state = rundir.trainer_state(step, self.phase.index, self.batcher, self.totals, elapsed, self.outcome)
         if phase_end and self.keeps_optimizer() and step < self.last_step:
             # The next phase needs these moments: saved before phase-<p>/, so a kill between the two
             # resumes from them (on a tie newest_checkpoint prefers latest/).
-            save_latest_checkpoint(self.run_dir, self.net, self.optimizer, state, ctx)
+            rundir.save_latest_checkpoint(self.run_dir, self.net, self.optimizer, state, ctx)
         if phase_end:
-            save_kept_checkpoint(self.run_dir, f"phase-{phase.index}", self.net, state, ctx)
+            rundir.save_kept_checkpoint(self.run_dir, f"phase-{self.phase.index}", self.net, state, ctx)
         elif config.snapshot_interval and step % config.snapshot_interval == 0:
-            save_kept_checkpoint(self.run_dir, f"step-{step}", self.net, state, ctx)
+            rundir.save_kept_checkpoint(self.run_dir, f"step-{step}", self.net, state, ctx)
         if not phase_end and step % config.checkpoint_interval == 0:
-            save_latest_checkpoint(self.run_dir, self.net, self.optimizer, state, ctx)
-        kill_point("saved", config.name, step)
+            rundir.save_latest_checkpoint(self.run_dir, self.net, self.optimizer, state, ctx)
 
     def ceiling(self) -> float:
         """The validation CE above which a run has diverged: a uniform prediction's log V, plus the margin."""
@@ -607,7 +429,7 @@ class Run:
         checkpoint, which it did not reach."""
         if self.outcome["diverged"] is not None:
             return
-        good = newest_checkpoint(self.run_dir)
+        good = rundir.newest_checkpoint(self.run_dir)
         self.outcome["diverged"] = {
             "step": step, "why": why, "last_good_checkpoint": good[0].name if good else None,
             "values": {k: v if isinstance(v, (int, float)) and math.isfinite(v) else str(v) for k, v in values.items()}}
@@ -618,8 +440,8 @@ class Run:
         """done.json holds the scheduled endpoint's evaluation (killed after the last save: evaluate it), or,
         for a run that diverged, null numbers and the divergence: an outcome, never a number."""
         if self.final is None and self.outcome["diverged"] is None:
-            self.final = evaluate(self.config, self.net, self.teacher, self.val, self.phases[-1].active_blocks, self.ctx,
-                                  self.dtype)
+            self.final = nets.evaluate(self.config, self.net, self.teacher, self.val, self.phases[-1].active_blocks,
+                                       self.ctx, self.dtype)
         best, margin = self.outcome["best_ce"], self.config.diverged_above_best
         if self.final is not None and not all(math.isfinite(v) for v in self.final.values()):
             self.record_divergence(self.step, "a non-finite validation CE or PPL", self.final)
@@ -628,14 +450,14 @@ class Run:
                                               f"{best:.4f} (margin {margin:g})", self.final)
         diverged = self.outcome["diverged"]
         done = {**self.final, "step": self.step} if diverged is None else \
-            {**{k: None for k in RESULT_KEYS}, "step": self.step, "diverged": diverged}
+            {**{k: None for k in rundir.RESULT_KEYS}, "step": self.step, "diverged": diverged}
         if self.ctx.is_main:
             write_json(self.run_dir / "done.json", done)
             if diverged is None:  # a diverged run keeps its resume point beside the last good checkpoint
                 shutil.rmtree(self.run_dir / "latest", ignore_errors=True)
         self.ctx.barrier()
-        kill_point("done", self.config.name, self.step)
-        self.result = final_eval(self.run_dir)
+        rundir.kill_point("done", self.config.name, self.step)
+        self.result = rundir.final_eval(self.run_dir)
         self.stop("done")
 
     def stop(self, state: str = "stopped"):
@@ -646,45 +468,11 @@ class Run:
         self.state, self.net, self.optimizer, self.params = state, None, None, None
 
 
-class BoundaryProfile:
-    """mirror-fwd's target: a frozen reference student's per-token RMS at each block boundary, on the
-    batch being run (a plain object, so the reference is never part of the trained model)."""
-
-    def __init__(self, reference: model.Student):
-        self.reference = reference
-
-    @torch.no_grad()
-    def __call__(self, input_ids: torch.Tensor, active_blocks: int) -> dict:
-        _, bounds = self.reference(input_ids, active_blocks=active_blocks - 1, output_fn=hidden_only,
-                                   return_boundaries=True)
-        return {b: bounds[b].float().pow(2).mean(-1, keepdim=True).sqrt() for b in range(1, active_blocks)}
-
-
-def monitor_row(captured: dict, mask: torch.Tensor) -> dict:
-    """The boundary monitor's numbers from one training forward: per boundary, the mean, std and Pearson
-    kurtosis of per-token RMS over real tokens, the document-boundary token's (position 0) mean RMS
-    over that of all other real tokens (delimiters included: the monitor decodes nothing) and the
-    largest activation over the median magnitude (diag.massive_activation); per layer, each head's
-    mean attention on position 0 (diag.first_token_attention). diag.boundary_stats's conventions."""
-    import diag  # diag imports this module
-    rows = []
-    for b, h in enumerate(captured["boundaries"]):
-        rms = diag.token_rms(h, mask)
-        first = diag.token_rms(h[:, :1], mask[:, :1])
-        others = diag.token_rms(h[:, 1:], mask[:, 1:])
-        ratio = first.mean().item() / others.mean().item() if first.numel() and others.numel() else None
-        stats = diag.summarize(rms)
-        rows.append({"boundary": b, "label": diag.boundary_label(b), "mean": stats["mean"], "std": stats["std"],
-                     "kurtosis": stats["kurtosis"], "boundary_over_others": ratio,
-                     "massive_ratio": diag.massive_activation(h, mask)["massive_ratio"]})
-    return {"boundaries": rows, "first_attention": diag.first_token_attention(captured["first_attention"], mask)}
-
-
 # ----------------------------------------------------------------------------------------------
 # Training: one run, or several in lockstep
 
 def train(config: RunConfig, run_dir, force: bool = False, ctx: Dist | None = None,
-          stop_after_step: int | None = None, tracker: str = "", teacher: Teacher | None = None,
+          stop_after_step: int | None = None, tracker: str = "", teacher: nets.Teacher | None = None,
           wait: bool = True) -> dict:
     """Run (or resume, or skip if done) one run; returns the final evaluation. `stop_after_step`
     ends early as if killed there (tests of resume); `tracker` also feeds TensorBoard or W&B;
@@ -693,7 +481,7 @@ def train(config: RunConfig, run_dir, force: bool = False, ctx: Dist | None = No
 
 
 def train_together(jobs: list[tuple[RunConfig, Path]], force: bool = False, ctx: Dist | None = None,
-                   stop_after_step: int | None = None, tracker: str = "", teacher: Teacher | None = None,
+                   stop_after_step: int | None = None, tracker: str = "", teacher: nets.Teacher | None = None,
                    wait: bool = True) -> list[dict]:
     """Train several runs in lockstep, each exactly as it would train alone. At each global step the
     teacher runs once per micro-batch for every run that reads that batch (runs of one seed read the
@@ -702,12 +490,12 @@ def train_together(jobs: list[tuple[RunConfig, Path]], force: bool = False, ctx:
     finished run drops out; runs resumed at different steps train alone until they meet. Weights and
     optimizer states of all runs are resident together; activations and, under FSDP2, unsharded
     gradients are one run's at a time (lockstep_step). Each run
-    folder is held by this process alone while it trains (rundir.held: another process on one of them
+    folder is held by this process alone while it trains (locks.held: another process on one of them
     is waited for, or with wait=False an error); a finished run is only read, and not held. Returns
     each run's final evaluation ({} for one stopped early)."""
     ctx = ctx or setup_distributed()
     with ExitStack() as stack:
-        ctx.on_main(lambda: stack.enter_context(held([d for c, d in jobs if not finished(c, d)], wait,
+        ctx.on_main(lambda: stack.enter_context(held([d for c, d in jobs if not rundir.finished(c, d)], wait,
                                                      say=lambda line: print0(ctx, line))),
                     "another process's use of the run folders")
         return train_held(jobs, force, ctx, stop_after_step, tracker, teacher)
@@ -722,9 +510,9 @@ def train_held(jobs, force, ctx, stop_after_step, tracker, teacher) -> list[dict
     if len({(c.teacher, c.precision) for c in distilled}) > 1:
         raise TrainingError("runs trained together must distil from one teacher at one precision; train them apart")
     if distilled and teacher is None:
-        teacher = load_teacher(distilled[0], ctx, precision_choice(distilled[0].precision, ctx.device)[0])
+        teacher = nets.load_teacher(distilled[0], ctx, precision_choice(distilled[0].precision, ctx.device)[0])
     if todo and ctx.device.type == "cuda":
-        warn_math_attention(todo[0].config, ctx)
+        nets.warn_math_attention(todo[0].config, ctx)
     progress = progress_bar(ctx)
     if progress:
         progress.start()
@@ -739,23 +527,7 @@ def train_held(jobs, force, ctx, stop_after_step, tracker, teacher) -> list[dict
     return [run.result for run in runs]
 
 
-def warn_math_attention(config: RunConfig, ctx: Dist):
-    """One line if this GPU has no fused attention kernel for the runs' longest document (SDPA would fall
-    back to the math kernel without a word: its T x T scores per head, and several times slower)."""
-    shard = data.Shard(config.train_data, verify=False)
-    length = int(shard.lengths.max()) - 1
-    shape = ModelConfig(**config.teacher_config) if config.teacher_config else \
-        ModelConfig.from_hf(read_config(Path(config.teacher))) if config.teacher else \
-        ModelConfig(**config.scratch_model)
-    problem = fused_attention_problem(shape, length, ctx.device)
-    if problem:
-        scores = shape.num_attention_heads * length**2 * 4 / 2**30
-        print0(ctx, f"warning: no fused attention kernel on {torch.cuda.get_device_name(ctx.device)} for {length} tokens "
-                    f"({problem}); SDPA's math kernel will hold ~{scores:.1f} GiB of scores a layer and run several "
-                    "times slower: use a GPU with flash attention (sm80+) or shorter documents (data.max_len)")
-
-
-def open_runs(todo: list[Run], teacher: Teacher | None, progress) -> bool:
+def open_runs(todo: list[Run], teacher: nets.Teacher | None, progress) -> bool:
     """Open every run that can start; True while any is training. A run whose shared prefix never
     appears is opened anyway once nothing else trains, to say which run to do first."""
     for run in todo:
@@ -768,7 +540,7 @@ def open_runs(todo: list[Run], teacher: Teacher | None, progress) -> bool:
     return any(run.state == "training" for run in todo)
 
 
-def lockstep_step(runs: list[Run], teacher: Teacher | None):
+def lockstep_step(runs: list[Run], teacher: nets.Teacher | None):
     """One optimizer step of every run in `runs` (all at the same step), one run after another: each
     run's micro-batches in turn, then its update. Under FSDP2 a run's gradients add up unsharded (fp32,
     the size of its trained layers) until its last micro-batch reduce-scatters them, so this order holds

@@ -38,6 +38,7 @@ from rich.table import Table
 import data
 import grow
 import model
+import nets
 import rundir
 from experiments import presets, suite, tables
 from plumbing import checkpoint, devices, errors, hf_qwen3, tokenizer
@@ -587,7 +588,7 @@ def evaluate(checkpoint, scale, data_dir, as_json, runs_dir):
     # The scale's evaluation settings (batch, chunk, precision), as its runs use them; no teacher: CE only.
     settings = suite.run_config(ws, "post-joint", ws.preset.run["seed"])
     dtype, _ = devices.precision_choice(settings.precision, ws.ctx.device)
-    scores = grow.evaluate(settings, net, None, val, active_blocks=None, ctx=ws.ctx, dtype=dtype)
+    scores = nets.evaluate(settings, net, None, val, active_blocks=None, ctx=ws.ctx, dtype=dtype)
     ce, tokens = scores["ce"], scores["val_tokens"]
     result = {"checkpoint": str(checkpoint), "data": str(val.path), "ce": ce, "ppl": scores["ppl"], "tokens": tokens}
     if as_json:

@@ -7,30 +7,25 @@ checkpoint is written to a temporary folder and renamed into place, so a kill ne
 from __future__ import annotations
 
 import base64
-import errno
-import fcntl
 import json
 import math
 import os
 import re
 import shutil
 import signal
-import socket
-import stat
 import subprocess
-import sys
-import time
-from contextlib import ExitStack, contextmanager
+from contextlib import contextmanager
 from dataclasses import MISSING, asdict, fields
+from functools import partial
 from pathlib import Path
 
 import torch
 
 import config
 import model
-from plumbing import checkpoint
+from plumbing import checkpoint, hf_qwen3
 from plumbing.errors import TrainingError, disk_full_reason
-from plumbing.hf_qwen3 import hf_name
+from plumbing.locks import printable
 
 
 def kill_point(event: str, name: str, step: int = 0):
@@ -43,215 +38,6 @@ def kill_point(event: str, name: str, step: int = 0):
     Of a suite: prepared:data (shards written), reported:<experiment> (its report written)."""
     if os.environ.get("NORMGROW_KILL_AT") == f"{event}:{name}:{step}":
         os.kill(os.getpid(), signal.SIGKILL)
-
-
-# ----------------------------------------------------------------------------------------------
-# One writer per folder: a run folder, or a scale's shared data or teacher, is held by one process at a
-# time through an flock on a lock file beside it (never inside: --force may delete the folder). The
-# holder removes the lock file before releasing it, so nothing is left beside the folder; the operating
-# system releases the lock of a holder that is killed, and its stale file is locked, removed and made anew.
-# Anyone who can write to the runs folder can put something at a lock's path: the kit writes only into a
-# lock file it created itself (O_EXCL), never follows a symbolic link there, and refuses anything but a
-# plain file; what a holder wrote is read back as data (one line, control characters escaped).
-# Where the filesystem has no flock (Lustre, or NFS without it) the lock file's existence is the lock.
-
-FLOCK_UNSUPPORTED = {errno.ENOSYS, errno.EOPNOTSUPP, errno.ENOLCK}
-LOCK_FLAGS = os.O_RDWR | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC  # O_NONBLOCK: a FIFO there never blocks
-
-
-def lock_file(folder: Path) -> Path:
-    return Path(folder).parent / f".{Path(folder).name}.lock"
-
-
-def printable(text: str, limit: int = 300) -> str:
-    """Text someone else wrote, shown as data: one line, control characters escaped, at most `limit`
-    characters (a forged second line never prints as a line of the kit's own)."""
-    text = "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
-    return text if len(text) <= limit else text[:limit] + "..."
-
-
-def holder_line() -> str:
-    return printable(f"process {os.getpid()} on {socket.gethostname()} ({' '.join(sys.argv)})")
-
-
-def _holder(fd: int) -> str:
-    return printable(os.pread(fd, 4096, 0).decode(errors="replace").strip()) or "another process"
-
-
-def _not_a_lock(lock: Path, folder: Path) -> TrainingError:
-    try:
-        info = os.lstat(lock)
-        kind = ("a symbolic link" if stat.S_ISLNK(info.st_mode) else "a folder" if stat.S_ISDIR(info.st_mode)
-                else "a FIFO" if stat.S_ISFIFO(info.st_mode) else "a hard link to another file"
-                if stat.S_ISREG(info.st_mode) else "not a plain file")
-    except OSError:
-        kind = "not a plain file"
-    return TrainingError(f"{lock}: the lock file of {folder} is {kind}; the kit locks only a plain file it makes "
-                         "there itself: remove it and rerun")
-
-
-def _open_lock(lock: Path, folder: Path) -> tuple[int, bool]:
-    """(fd, made by us) of the lock file; FileNotFoundError if it vanished (or its folder is missing)."""
-    try:
-        return os.open(lock, LOCK_FLAGS | os.O_CREAT | os.O_EXCL, 0o644), True
-    except FileExistsError:
-        pass
-    try:
-        fd = os.open(lock, LOCK_FLAGS)
-    except FileNotFoundError:
-        raise
-    except OSError:  # ELOOP: a symbolic link; EISDIR: a folder; ENXIO: a socket
-        raise _not_a_lock(lock, folder) from None
-    info = os.fstat(fd)
-    if not stat.S_ISREG(info.st_mode) or info.st_nlink != 1:
-        os.close(fd)
-        raise _not_a_lock(lock, folder)
-    return fd, False
-
-
-def _names(lock: Path, fd: int) -> bool:
-    """Whether the path still names the file of fd (its holder may have removed it while we waited)."""
-    try:
-        a, b = os.lstat(lock), os.fstat(fd)
-    except FileNotFoundError:
-        return False
-    return (a.st_dev, a.st_ino) == (b.st_dev, b.st_ino)
-
-
-def _lock(lock: Path, folder: Path, wait: bool, say) -> int:
-    """An fd holding the flock of `lock`, a file we created, with our holder line in it."""
-    while True:
-        try:
-            fd, made = _open_lock(lock, folder)
-        except FileNotFoundError:  # another process removed the empty parent it had made, or the file
-            lock.parent.mkdir(parents=True, exist_ok=True)
-            continue
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            holder = _holder(fd)
-            if not wait:
-                os.close(fd)
-                raise TrainingError(f"{folder}: in use by {holder}; wait until it finishes (or stop it), or "
-                                    "rerun without --no-wait to wait for it") from None
-            say(f"{folder}: in use by {holder}; waiting for it to finish")
-            fcntl.flock(fd, fcntl.LOCK_EX)
-        except OSError as e:
-            if e.errno not in FLOCK_UNSUPPORTED:
-                raise
-            if made:
-                lock.unlink(missing_ok=True)
-            os.close(fd)
-            return _exclusive_lock(lock, folder, wait, say)
-        if _names(lock, fd):
-            if made:
-                try:  # who holds it, for a waiter's message; a full disk leaves it empty, and the lock holds
-                    os.pwrite(fd, holder_line().encode(), 0)
-                except OSError:
-                    pass
-                return fd
-            lock.unlink()  # a stale file, its holder killed: ours is made anew, so we write only into our own
-        os.close(fd)
-
-
-_FLOCKLESS: set[str] = set()  # mounts found without flock, in this process
-
-
-def _exclusive_lock(lock: Path, folder: Path, wait: bool, say) -> int:
-    """The lock where the filesystem has no flock: the lock file made with O_EXCL (atomic on NFS and
-    Lustre) holds it until its holder removes it. A holder on this host that is gone left it stale; one on
-    another host cannot be checked from here."""
-    mount = mount_of(lock.parent)
-    if mount not in _FLOCKLESS:  # said once per mount, not once per folder held there
-        _FLOCKLESS.add(mount)
-        say(f"{lock.parent}: its filesystem ({mount}) does not support flock; locking by creating lock files (such as "
-            f"{lock.name}) instead; one left by a process killed on another host must be removed by hand")
-    waiting = False
-    while True:
-        try:
-            fd = os.open(lock, LOCK_FLAGS | os.O_CREAT | os.O_EXCL, 0o644)
-        except FileNotFoundError:
-            lock.parent.mkdir(parents=True, exist_ok=True)
-            continue
-        except FileExistsError:
-            fd = None
-        if fd is not None:
-            try:
-                os.pwrite(fd, holder_line().encode(), 0)
-            except OSError:
-                pass
-            return fd
-        try:
-            fd, _ = _open_lock(lock, folder)
-        except FileNotFoundError:  # removed by its holder meanwhile
-            continue
-        holder = _holder(fd)
-        os.close(fd)
-        found = re.match(r"process (\d+) on (\S+) ", holder)
-        if found and found[2] == socket.gethostname() and not _alive(int(found[1])):
-            lock.unlink(missing_ok=True)  # its holder was killed on this host
-            continue
-        if not wait:
-            raise TrainingError(f"{folder}: in use by {holder}; wait until it finishes (or stop it; if it is gone, "
-                                f"remove {lock}), or rerun without --no-wait to wait for it")
-        if not waiting:
-            say(f"{folder}: in use by {holder}; waiting for it to finish (if it is gone, remove {lock})")
-            waiting = True
-        time.sleep(1.0)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # another user's process
-        return True
-    return True
-
-
-def mount_of(path: Path) -> str:
-    """The mount point holding `path`, with its filesystem type where /proc/mounts says."""
-    point = Path(path).resolve()
-    while not os.path.ismount(point):
-        point = point.parent
-    try:
-        kinds = {fields[1]: fields[2] for fields in map(str.split, Path("/proc/mounts").read_text().splitlines())
-                 if len(fields) > 2}
-    except OSError:
-        kinds = {}
-    return f"{point}, {kinds[str(point)]}" if str(point) in kinds else str(point)
-
-
-def _release(lock: Path, fd: int):
-    lock.unlink(missing_ok=True)  # while still held, so no one locks the file we remove
-    os.close(fd)
-
-
-@contextmanager
-def held(folders, wait: bool = True, say=print):
-    """Hold every folder of `folders` (in path order, so two processes never wait on each other). One held
-    by another process: wait for it, saying which process holds it (its pid, host and command), or with
-    wait=False stop in one line."""
-    with ExitStack() as stack:
-        for folder in sorted({Path(f).resolve() for f in folders}):
-            lock = lock_file(folder)
-            made = [p for p in (lock.parent, *lock.parent.parents) if not p.exists()]
-            lock.parent.mkdir(parents=True, exist_ok=True)
-            fd = _lock(lock, folder, wait, say)
-            stack.callback(_remove_empty, made)
-            stack.callback(_release, lock, fd)
-        yield
-
-
-def _remove_empty(made):
-    """The parents held() made for a lock file, removed again if nothing was put in them (a command that
-    stopped on bad input leaves no stub folder)."""
-    for folder in made:  # innermost first
-        try:
-            folder.rmdir()
-        except OSError:
-            return
 
 
 # ----------------------------------------------------------------------------------------------
@@ -304,7 +90,7 @@ def write_kept_checkpoint(run_dir: Path, name: str, net, state: dict, ctx):
         tmp.mkdir()
     ctx.barrier()
     qwen3 = isinstance(net, model.Qwen3)  # the teacher run's checkpoints are plain HF Qwen3 folders
-    weights = {hf_name(k) if qwen3 else k: v for k, v in net.state_dict().items()}
+    weights = {hf_qwen3.hf_name(k) if qwen3 else k: v for k, v in net.state_dict().items()}
     writers = ctx.shard_writers
     owner = checkpoint.tensor_writers({k: v.numel() * v.element_size() for k, v in weights.items()}, writers)
     group, mine = ctx.shard_group, {}
@@ -331,9 +117,7 @@ def write_kept_checkpoint(run_dir: Path, name: str, net, state: dict, ctx):
         checkpoint.write_json(tmp / "config.json", net.config.to_hf() if qwen3 else net.checkpoint_config())
         kill_point("writing-kept", run_dir.name, state["step"])
         checkpoint.write_json(tmp / "trainer_state.json", state, indent=None)
-        sums = {p["file"]: p["sha256"] for p in parts}
-        sums.update({f.name: checkpoint.sha256(f) for f in tmp.iterdir() if f.name not in sums})
-        checkpoint.write_json(tmp / checkpoint.CHECKSUMS, dict(sorted(sums.items())), indent=1)
+        checkpoint.write_checksums(tmp, known={p["file"]: p["sha256"] for p in parts})
         checkpoint.replace_folder(tmp, run_dir / name,
                                   midway=lambda: kill_point("swapping-kept", run_dir.name, state["step"]))
     ctx.barrier()
@@ -382,8 +166,6 @@ def write_latest_checkpoint(run_dir: Path, net, optimizer, state: dict, ctx):
         checkpoint.replace_folder(tmp, run_dir / "latest",
                                   midway=lambda: kill_point("swapping-latest", run_dir.name, state["step"]))
     ctx.barrier()
-
-
 
 
 # Resume points, best first on a tie: latest/ (weights and AdamW state), phase-<p>/ (weights; a phase
@@ -440,7 +222,7 @@ def newest_checkpoint(run_dir: Path, verify: bool = False, warn=lambda line: Non
 def load_weights(net, ckpt: Path):
     """A resume point's weights; newest_checkpoint(verify=True) has just checked its checksums."""
     if isinstance(net, model.Qwen3):
-        name_in_file = hf_name
+        name_in_file = hf_qwen3.hf_name
     else:  # a prefix adopted from another placement schedule (a transplant) may name a norm otherwise
         name_in_file = net.names_in(read_json(ckpt / "config.json", "normgrow_student")["normgrow_student"]["norm"])
     dtype = next(net.parameters()).dtype
@@ -478,6 +260,8 @@ def load_latest_checkpoint(ckpt: Path, net, optimizer, ctx):
 # Settings that only observe training (the boundary monitor reads the training forward's activations,
 # draws nothing and changes nothing): runs that differ only in these are the same run.
 OBSERVING = {"monitor_interval", "monitor_rms_warn", "monitor_kurtosis_warn"}
+
+
 def comparable(settings: dict, run_dir: Path) -> dict:
     """A stored or wanted config as it trains: paths absolute (so a moved runs tree, or a config written
     before paths were stored relative to the run folder, is the same run), settings that only observe
@@ -664,15 +448,48 @@ def read_metrics(run_dir: Path) -> list[dict]:
 
 
 def last_evaluation(run_dir: Path) -> dict | None:
-    """A finished run's last evaluation row (not a phase start's), parsing the log from its end only (a
-    paper-scale log holds 150k rows; the reports ask for each run's result more than once)."""
+    """A finished run's last evaluation row (not a phase start's), reading and parsing the log from its end
+    only (a paper-scale log holds 150k rows; the reports ask for each run's result more than once)."""
     path = run_dir / "metrics.jsonl"
-    lines = path.read_text(errors="replace").splitlines() if path.is_file() else []
-    for number in range(len(lines), 0, -1):
-        row = _row(path, number, lines[number - 1], torn_ok=False)
-        if row.get("eval") and not row.get("phase_start"):
-            return row
+    if not path.is_file():
+        return None
+    with open(path, "rb") as f:
+        for line, number in _lines_last_first(f):
+            try:
+                row = _row(path, 0, line, torn_ok=False)
+            except TrainingError:  # said again naming its line, whose number costs a read of the lines before it
+                _row(path, number(), line, torn_ok=False)
+                raise
+            if row.get("eval") and not row.get("phase_start"):
+                return row
     return None
+
+
+def _lines_last_first(f, block: int = 1 << 16):
+    """(line, its number) of a file opened in binary, the last line first, as Path.read_text().splitlines()
+    would give them, reading the file a growing block from its end at a time; the number is a function,
+    which reads the file up to that line when asked."""
+    size, given = f.seek(0, os.SEEK_END), 0  # given: lines yielded so far, from the end
+    while True:
+        start = max(size - block, 0)
+        f.seek(start)
+        tail = f.read(size - start)
+        block *= 2
+        if start and b"\n" not in tail:
+            continue
+        first = start + tail.index(b"\n") + 1 if start else 0  # where the first whole line of the tail begins
+        lines = tail[first - start:].decode(errors="replace").splitlines()
+        for i in range(len(lines) - given - 1, -1, -1):
+            yield lines[i], partial(_line_number, f, first, i)
+        given = len(lines)
+        if not start:
+            return
+
+
+def _line_number(f, offset: int, i: int) -> int:
+    """The number of the line i lines after `offset` (a line's start: a newline before it cannot be cut)."""
+    f.seek(0)
+    return len(f.read(offset).decode(errors="replace").splitlines()) + i + 1
 
 
 def _row(path: Path, number: int, line: str, torn_ok: bool) -> dict | None:

@@ -11,9 +11,8 @@ import math
 from dataclasses import MISSING, dataclass, field, fields, replace
 
 import config
-import data
 import paper
-from plumbing import errors, tokenizer
+from plumbing import corpora, errors, tokenizer
 from plumbing.hf_qwen3 import ModelConfig, config_problem
 
 # ----------------------------------------------------------------------------------------------
@@ -184,9 +183,9 @@ def ratios_markdown(preset: Preset) -> list[str]:
 
 OVERRIDABLE = {"run": config.RunConfig, "teacher_run": config.RunConfig, "teacher_model": ModelConfig,
                "data": None, "diag": None}  # section -> the dataclass whose defaults also count as keys
-# data.corpus's options, settable beside the preset's own data keys: another corpus is
+# corpora.corpus's options, settable beside the preset's own data keys: another corpus is
 # --set data.source=local --set data.path=my.jsonl (a folder of .txt, a .jsonl or parquet files).
-DATA_OPTIONS = {name: value for options in data.CORPUS_OPTIONS.values() for name, value in options.items()}
+DATA_OPTIONS = {name: value for options in corpora.CORPUS_OPTIONS.values() for name, value in options.items()}
 
 
 # What a parsed value must also be (parse_value already refuses negative and non-finite numbers): inside

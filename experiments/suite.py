@@ -27,7 +27,7 @@ import grow
 import model
 import rundir
 from experiments.presets import PRESETS, Preset, apply_overrides, override_name
-from plumbing import checkpoint, devices, errors, tokenizer
+from plumbing import checkpoint, corpora, devices, errors, locks, tokenizer
 from plumbing.hf_qwen3 import ModelConfig
 
 console = Console(width=None if sys.stdout.isatty() else 140)
@@ -109,7 +109,7 @@ def workspace(scale: str, runs_dir: Path, results_dir: Path | None = None, dry_r
 
 
 def corpus_options(preset: Preset) -> dict:
-    """data.corpus's options (path, revision, cache_dir) among a preset's data settings."""
+    """corpora.corpus's options (path, revision, cache_dir) among a preset's data settings."""
     settings = ("source", "vocab_size", "max_len", "val_docs", "all_documents")
     return {k: v for k, v in preset.data.items() if k not in settings}
 
@@ -119,7 +119,7 @@ def check_corpus(preset: Preset):
     d = preset.data
     try:
         tokenizer.qwen3_tokenizer(d["vocab_size"])
-        corpus = data.corpus(d["source"], d["val_docs"], preset.run["seed"], **corpus_options(preset))
+        corpus = corpora.corpus(d["source"], d["val_docs"], preset.run["seed"], **corpus_options(preset))
         if d["source"] == "local":  # its files read once now: a bad byte, line or count is one line before any folder
             corpus.validation_documents()
     except errors.DataError as e:
@@ -132,8 +132,8 @@ def prepare_data(ws: Workspace, force: bool = False) -> tuple[data.Shard, data.S
     d = ws.preset.data
     enc = tokenizer.qwen3_tokenizer(d["vocab_size"])
     options = corpus_options(ws.preset)
-    def prepare():  # by one process at a time (rundir.held): another one preparing them is waited for
-        with rundir.held([ws.data_dir], ws.wait):
+    def prepare():  # by one process at a time (locks.held): another one preparing them is waited for
+        with locks.held([ws.data_dir], ws.wait):
             corpus = shard_corpus(ws)
             shards = data.prepare(d["source"], ws.data_dir, enc, max_len=d["max_len"], n_train_docs=ws.train_docs,
                                   n_val_docs=d["val_docs"], seed=PRESETS[ws.preset.name].run["seed"],

@@ -25,8 +25,8 @@ from rich.table import Table
 import config
 import data
 import diag
-import grow
 import model
+import nets
 import rundir
 from experiments import figures, report
 from experiments.presets import SINK, TIE_MARGIN
@@ -232,7 +232,7 @@ def table_a2_numbers(ws, seed):
 
 def table_a3_numbers(ws, seed):
     ce = {f"{n}_{p}": final_ce(ws, f"{n}-{p}", seed) for n in ("pre", "post") for p in ("grow", "freeze")}
-    ppl = {k: grow.perplexity(v) for k, v in ce.items()}
+    ppl = {k: nets.perplexity(v) for k, v in ce.items()}
     return {**ce, "delta_grow": ce["post_grow"] - ce["pre_grow"], "delta_freeze": ce["post_freeze"] - ce["pre_freeze"],
             "delta_freeze_minus_grow": (ce["post_freeze"] - ce["pre_freeze"]) - (ce["post_grow"] - ce["pre_grow"]),
             "ppl_gap_grow": ppl["post_grow"] - ppl["pre_grow"], "ppl_gap_freeze": ppl["post_freeze"] - ppl["pre_freeze"]}

@@ -113,10 +113,13 @@ def sha256(file: Path) -> str:
     return digest.hexdigest()
 
 
-def write_checksums(folder: Path):
+def write_checksums(folder: Path, known: dict[str, str] | None = None):
+    """folder/checksums.json: the sha256 of each file in `folder`, by name; those in `known` (name ->
+    sha256) were hashed by the ranks that wrote them, as they wrote them, and are not read again."""
     files = sorted(p for p in folder.iterdir() if p.is_file() and p.name != CHECKSUMS
                    and not p.name.endswith(".tmp"))  # write_atomic's, left by a kill
-    write_json(folder / CHECKSUMS, {p.name: sha256(p) for p in files}, indent=1)
+    known = known or {}
+    write_json(folder / CHECKSUMS, {p.name: known.get(p.name) or sha256(p) for p in files}, indent=1)
 
 
 def unlisted(ckpt: Path, sums: dict) -> list[str]:

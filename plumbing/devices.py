@@ -1,17 +1,20 @@
 """Where a run executes: one process or torchrun ranks (FSDP2), the device, and the compute precision,
-chosen by measuring what the machine does; whether its attention runs fused; and building modules on
-the meta device and filling sharded (DTensor) parameters, so that no rank ever holds a whole model.
+chosen by measuring what the machine does; whether its attention runs fused; building modules on the meta
+device and filling sharded (DTensor) parameters, so that no rank ever holds a whole model; and what a
+training step does differently there (autocast, compiled layers, gradients clipped and synchronized
+across FSDP2's shards).
 
     ctx = devices.setup_distributed("auto")        # rank, world size and device (torchrun sets RANK etc.)
     dtype, why = devices.precision_choice("auto", ctx.device)
     net = devices.built_on_meta(lambda: model.Qwen3(config), devices.shard_fn(ctx, dtype))
+    with devices.autocast(dtype, ctx): ...
 """
 from __future__ import annotations
 
 import os
 import platform
 import time
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 from datetime import timedelta
 from functools import cache
@@ -21,6 +24,7 @@ from typing import Callable
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
+from torch.distributed.tensor import DTensor
 
 from plumbing.checkpoint import loads, write_json
 from plumbing.errors import TrainingError
@@ -287,7 +291,7 @@ def shard_fn(ctx: Dist, compute_dtype: torch.dtype, replicated: tuple[str, ...] 
     """FSDP2 (torchtitan's recipe): one unit per decoder layer, then the root, so every layer is resharded
     after its forward; None in one process. The layers' weights are gathered in the compute dtype; the
     root's (embedding, norms, head) stay fp32 and the residual stream with them, as under one GPU's
-    autocast (grow.autocast runs under FSDP2 too). The root's submodules named in `replicated` (the
+    autocast (autocast runs under FSDP2 too). The root's submodules named in `replicated` (the
     teacher's embedding, final norm and head, which the chunked loss reads outside its forward) are
     left out of FSDP: whole on every rank."""
     if ctx.world == 1:
@@ -353,3 +357,68 @@ def fill_parameter(param: torch.Tensor, full: torch.Tensor):
 def full_tensor(t: torch.Tensor) -> torch.Tensor:
     """The whole tensor, gathered from all ranks if it is a sharded DTensor."""
     return t.full_tensor() if hasattr(t, "full_tensor") else t
+
+
+# ----------------------------------------------------------------------------------------------
+# A training step on these devices: the compute precision, compiled layers, and FSDP2's gradients
+
+def autocast(dtype: torch.dtype, ctx: Dist):
+    """bf16 autocast, in one process and under FSDP2 alike: the residual stream stays fp32 in both (under
+    FSDP2 the layers' weights are gathered in bf16 and the root's stay fp32: shard_fn)."""
+    if dtype == torch.bfloat16:
+        return torch.autocast(ctx.device.type, dtype=torch.bfloat16)
+    return nullcontext()
+
+
+def compile_layers(net: torch.nn.Module):
+    """torch.compile each decoder layer with a symbolic batch and sequence length: one compile serves
+    every padded length of a run (the layers of a model share it)."""
+    for layer in net.layers:
+        layer.compile(dynamic=True)
+
+
+def clip_gradients(params: list[torch.nn.Parameter], max_norm: float) -> torch.Tensor:
+    """Scale the gradients to a global L2 norm of at most `max_norm` (torch's clip_grad_norm_ rule,
+    coefficient max_norm / (norm + 1e-6)); returns the norm before clipping, a float64 tensor on the
+    gradients' device: nothing here waits for the device (the caller reads the norm with the step's
+    other numbers, one host sync a step).
+
+    The norm is summed in float64 from each rank's own shard, so one process and FSDP2 ranks, whose
+    sums run in different orders, get norms that differ by float64 rounding only, and the float32
+    coefficient they multiply by is the same (unless the two norms straddle a float32 rounding
+    boundary: about one step in 10^8). A float32 norm would differ by float32 rounding, and AdamW
+    turns that into weight differences far above it, where it divides by sqrt(v) ~ eps. Under FSDP2
+    the squares are summed over the mesh dimensions the gradients are sharded on: all ranks at 1 x G;
+    under HSDP the "shard" dimension only (the replicas hold equal shards after the all-reduce)."""
+    grads = [p.grad for p in params if p.grad is not None]
+    if not grads:
+        return torch.zeros((), dtype=torch.float64)
+    local = [g.to_local() if isinstance(g, DTensor) else g for g in grads]
+    squares = torch.zeros((), dtype=torch.float64, device=local[0].device)
+    for grad in local:  # in parameter order, one at a time: the sum's rounding does not depend on the device
+        squares = squares + grad.double().pow(2).sum()
+    if isinstance(grads[0], DTensor):
+        for dim, placement in enumerate(grads[0].placements):
+            if placement.is_shard():
+                dist.all_reduce(squares, group=grads[0].device_mesh.get_group(dim))
+    norm = squares.sqrt()  # (torch's CPU float64 sqrt can differ from math.sqrt in the last bit: the logged norm)
+    # The coefficient rounded to float32 (an exact float32 value: the same product on every rank), and
+    # at most 1: a product with 1.0 is exact, so gradients within the norm keep their values.
+    # (A tensor divided by a tensor: Python's number / tensor multiplies by a reciprocal, two roundings.)
+    coefficient = (torch.full_like(norm, max_norm) / (norm + 1e-6)).float().clamp(max=1.0)
+    with torch.no_grad():
+        torch._foreach_mul_(local, coefficient)
+    return norm
+
+
+def set_gradient_sync(net: torch.nn.Module, sync: bool, active_layers: int):
+    """FSDP2: whether this backward reduce-scatters the gradients (the step's last micro-batch) or adds
+    them up unsharded, set on the units that run forward only: the root and the first `active_layers`
+    layers. With sync off FSDP2's post-backward converts every unit's gradient to the reduce dtype, and
+    a unit that never ran (grow's blocks not yet appended) was never gathered: under bf16 parameters
+    with fp32 reduction it raises AttributeError: 'FSDPParam' object has no attribute '_unsharded_param'
+    (torch/distributed/fsdp/_fully_shard/_fsdp_param.py:807, to_accumulated_grad_if_needed; in fp32
+    there is no conversion, so it returns first). With sync left on, FSDP2 passes over a unit that was
+    never gathered (_fsdp_param_group.py:619)."""
+    for unit in (net, *net.layers[:active_layers]):
+        unit.set_requires_gradient_sync(sync, recurse=False)

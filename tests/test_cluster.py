@@ -130,13 +130,13 @@ def test_the_rehearsal_measures_what_the_memory_and_collective_counts_say(scale,
     if gpus * nodes == 1:  # fake tensors dispatch what real ones do: the teacher's forward, counted on real ones
         import torch
 
-        import grow
         import model
+        import nets
         net = model.Qwen3(presets.teacher_shape(preset)).to(torch.bfloat16).eval().requires_grad_(False)
         ids, real = torch.zeros(preset.run["micro_batch"], preset.data["max_len"], dtype=torch.long), \
             rehearse.DispatchedOps()
-        with real, torch.no_grad(), grow.autocast(torch.bfloat16, devices.Dist()):
-            net(ids, output_fn=grow.hidden_only)
+        with real, torch.no_grad(), devices.autocast(torch.bfloat16, devices.Dist()):
+            net(ids, output_fn=nets.hidden_only)
         assert ops["teacher forward"] == real.count * out["micro_batches_per_step"]
     if gpus * nodes > 1:  # gradients reduce-scattered once a step: one per trained FSDP2 unit (layers, root)
         trained_units = preset.run["blocks"] * preset.run["layers_per_block"] + 1

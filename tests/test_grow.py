@@ -16,9 +16,11 @@ from conftest import distil_config, make_config, torchrun
 
 import config
 import grow
+import kd
 import model
+import nets
 import rundir
-from plumbing import checkpoint, devices, errors
+from plumbing import checkpoint, devices, errors, locks
 from plumbing.hf_qwen3 import ModelConfig
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -100,8 +102,8 @@ def test_accumulation_equals_whole_batch(tiny_shards, tiny_teacher_dir):
         assert len(step.micro_batches) == 8 // micro
         total = 0.0
         for mb in step.micro_batches:
-            hidden = teacher(mb.input_ids, output_fn=grow.hidden_only)
-            loss, _, _ = grow.loss_fn(c, mb, hidden, teacher.head_weight, phase, step.global_targets, student)
+            hidden = teacher(mb.input_ids, output_fn=nets.hidden_only)
+            loss, _, _ = nets.loss_fn(c, mb, hidden, teacher.head_weight, phase, step.global_targets, student)
             loss.backward()
             total += loss.item()
         results.append((total, [p.grad.clone() for p in params]))
@@ -174,7 +176,7 @@ def test_a_non_finite_loss_is_a_divergence_recorded_with_its_step(tiny_shards, t
     """A NaN loss at step 5: done.json records the divergence (step, why, the values as text, the last good
     checkpoint, which stays), its numbers are null and the file is strict JSON; a rerun reuses the outcome."""
     c = distil_config(tiny_shards, tiny_teacher_dir, protocol="joint")
-    real = grow.kd.kd_loss
+    real = kd.kd_loss
     calls = {"n": 0}
 
     def poisoned(*args, **kwargs):
@@ -182,7 +184,7 @@ def test_a_non_finite_loss_is_a_divergence_recorded_with_its_step(tiny_shards, t
         loss, kd_term, ce_term = real(*args, **kwargs)
         return (loss * float("nan"), kd_term, ce_term) if calls["n"] > 2 * 4 else (loss, kd_term, ce_term)
 
-    monkeypatch.setattr(grow.kd, "kd_loss", poisoned)
+    monkeypatch.setattr(kd, "kd_loss", poisoned)
     result = grow.train(c, tmp_path / "r")
     done = strict_json(tmp_path / "r" / "done.json")
     assert result == done and done["ce"] is None and done["ppl"] is None and done["step"] == 4  # steps taken
@@ -191,7 +193,7 @@ def test_a_non_finite_loss_is_a_divergence_recorded_with_its_step(tiny_shards, t
     assert record["last_good_checkpoint"] == "latest"
     assert json.loads((tmp_path / "r" / "latest" / "trainer_state.json").read_text())["step"] == 4
     assert all(math.isfinite(r["loss"]) for r in rundir.read_metrics(tmp_path / "r") if "loss" in r)
-    monkeypatch.setattr(grow.kd, "kd_loss", real)
+    monkeypatch.setattr(kd, "kd_loss", real)
     assert grow.train(c, tmp_path / "r") == done  # an outcome: reused, not retrained
 
 
@@ -201,7 +203,7 @@ def test_a_validation_ce_above_the_ceiling_is_a_divergence(tiny_shards, tiny_tea
     """The evaluation at step 3 reads log V + 1.5 (worse than uniform by more than the margin of 1): recorded
     as diverged at step 3; "stop" ends there, "continue" trains to the end and still records it."""
     c = distil_config(tiny_shards, tiny_teacher_dir, protocol="joint", on_divergence=on_divergence)
-    real = grow.evaluate
+    real = nets.evaluate
 
     def inflated(config, net, *args, **kwargs):
         scores = real(config, net, *args, **kwargs)
@@ -213,7 +215,7 @@ def test_a_validation_ce_above_the_ceiling_is_a_divergence(tiny_shards, tiny_tea
         inflated.calls += 1
         return inflated(*args, **kwargs)
 
-    monkeypatch.setattr(grow, "evaluate", counting)
+    monkeypatch.setattr(nets, "evaluate", counting)
     done = grow.train(c, tmp_path / "r")
     assert done["ce"] is None and done["diverged"]["step"] == 3 and "uniform" in done["diverged"]["why"]
     assert done["step"] == (3 if on_divergence == "stop" else c.phase_steps)
@@ -223,7 +225,7 @@ def test_a_validation_ce_above_the_ceiling_is_a_divergence(tiny_shards, tiny_tea
 def test_a_run_that_ends_far_above_its_best_is_a_divergence(tiny_shards, tiny_teacher_dir, tmp_path, monkeypatch):
     """The endpoint 1.2 above the run's best evaluation (margin 1; the ceiling out of the way)."""
     c = distil_config(tiny_shards, tiny_teacher_dir, protocol="joint", diverged_above_uniform=100.0)
-    real = grow.evaluate
+    real = nets.evaluate
     evaluations = []
 
     def worse_at_the_end(config, net, *args, **kwargs):
@@ -231,7 +233,7 @@ def test_a_run_that_ends_far_above_its_best_is_a_divergence(tiny_shards, tiny_te
         evaluations.append(scores["ce"])
         return {**scores, "ce": scores["ce"] + 1.2} if len(evaluations) == 3 else scores  # start, step 3, step 6
 
-    monkeypatch.setattr(grow, "evaluate", worse_at_the_end)
+    monkeypatch.setattr(nets, "evaluate", worse_at_the_end)
     done = grow.train(c, tmp_path / "r")
     assert len(evaluations) == 3 and done["diverged"]["step"] == 6 and "above its best" in done["diverged"]["why"]
 
@@ -280,7 +282,7 @@ def test_sigkill_mid_phase_and_at_transition_resumes_bit_identical(tiny_shards, 
     assert strip(rundir.read_metrics(run_dir)) == strip(rundir.read_metrics(tmp_path / "reference"))
 
 
-HOLD = ("import sys, time, rundir\nwith rundir.held([sys.argv[1]]):\n    print('held', flush=True)\n"
+HOLD = ("import sys, time\nfrom plumbing import locks\nwith locks.held([sys.argv[1]]):\n    print('held', flush=True)\n"
         "    time.sleep(600)\n")
 
 
@@ -293,13 +295,13 @@ def test_a_held_folder_is_waited_for_or_refused_and_a_killed_holder_releases_it(
     try:
         assert holder.stdout.readline().strip() == "held"
         with pytest.raises(errors.TrainingError, match=f"in use by process {holder.pid} .*without --no-wait"):
-            with rundir.held([folder], wait=False):
+            with locks.held([folder], wait=False):
                 pass
         said = []
         threading.Timer(1.0, holder.send_signal, (signal.SIGKILL,)).start()
-        with rundir.held([folder], say=said.append):
+        with locks.held([folder], say=said.append):
             assert holder.wait(timeout=5) == -signal.SIGKILL  # we got the folder only after the kill
-            assert rundir.lock_file(folder).read_text().startswith(f"process {os.getpid()} ")
+            assert locks.lock_file(folder).read_text().startswith(f"process {os.getpid()} ")
         assert len(said) == 1 and f"in use by process {holder.pid}" in said[0] and "waiting" in said[0]
     finally:
         holder.kill()
@@ -359,7 +361,7 @@ def test_two_trains_of_one_run_at_once_end_as_one_run_even_when_the_holder_is_ki
 def test_fsdp2_two_ranks_match_one_process_and_resume(tiny_shards, tiny_teacher_dir, tmp_path):
     """Two ranks, stopped and resumed, end bit-identical to one process: each rank's micro-batch is one
     of the process's two (8 documents, 4 per micro-batch), so each gradient is the same sum of the same
-    terms, and the clipping coefficient is the same float32 (grow.clip_gradients)."""
+    terms, and the clipping coefficient is the same float32 (devices.clip_gradients)."""
     c = distil_config(tiny_shards, tiny_teacher_dir, protocol="grow", phase_steps=4, checkpoint_interval=3)
     single = grow.train(c, tmp_path / "single")
     # The sharded run also recomputes activations (the paper's setting): neither may change a number.
@@ -481,7 +483,7 @@ def test_damaged_run_files_are_one_line_errors_naming_the_file(tiny_shards, tiny
     with pytest.raises(errors.TrainingError, match=r"r/config\.json: not valid JSON .*--force"):
         grow.train(c, tmp_path / "r")
     assert grow.train(c, tmp_path / "r", force=True) == done  # the kit's own damaged run is redone
-    assert grow.perplexity(800.0) == math.inf and grow.perplexity(1.0) == pytest.approx(math.e)
+    assert nets.perplexity(800.0) == math.inf and nets.perplexity(1.0) == pytest.approx(math.e)
 
 
 def test_disk_full_while_checkpointing_says_so_and_resumes(tiny_shards, tiny_teacher_dir, tmp_path, monkeypatch):
@@ -527,9 +529,9 @@ def test_compiled_layers_match_eager_and_compile_once_for_every_length(tiny_shar
     from torch._dynamo.utils import counters
     c = distil_config(tiny_shards, tiny_teacher_dir, protocol="joint")
     ctx = devices.Dist()
-    teacher = grow.load_teacher(c, ctx, torch.float32)
-    eager = grow.build_model(c, teacher, ctx, torch.float32)
-    compiled = grow.build_model(replace(c, compile=True), teacher, ctx, torch.float32)
+    teacher = nets.load_teacher(c, ctx, torch.float32)
+    eager = nets.build_model(c, teacher, ctx, torch.float32)
+    compiled = nets.build_model(replace(c, compile=True), teacher, ctx, torch.float32)
     torch._dynamo.reset()
     counters.clear()
     for length in (9, 17, 31):
@@ -537,7 +539,7 @@ def test_compiled_layers_match_eager_and_compile_once_for_every_length(tiny_shar
         outputs = []
         for net in (eager, compiled):
             net.zero_grad(set_to_none=True)
-            hidden = net(ids, output_fn=grow.hidden_only)
+            hidden = net(ids, output_fn=nets.hidden_only)
             hidden.pow(2).mean().backward()
             outputs.append((hidden.detach(), [p.grad for p in net.parameters() if p.requires_grad]))
         (a, grads_a), (b, grads_b) = outputs
@@ -715,7 +717,7 @@ RESHARD = """
 import json, sys
 from pathlib import Path
 import torch
-import config, grow, rundir
+import config, grow, nets, rundir
 from plumbing import devices
 source, target = Path(sys.argv[1]), Path(sys.argv[2])
 ctx = devices.setup_distributed("cpu")
@@ -727,8 +729,8 @@ class Refused(pickle.Unpickler):
 pickle.load, pickle.loads, pickle.Unpickler, torch.load = refuse, refuse, Refused, refuse
 c = config.RunConfig(**json.loads((source / "config.json").read_text())).resolved(source)
 state = json.loads((source / "latest" / "trainer_state.json").read_text())
-teacher = grow.load_teacher(c, ctx, torch.float32)
-net = grow.build_model(c, teacher, ctx, torch.float32)
+teacher = nets.load_teacher(c, ctx, torch.float32)
+net = nets.build_model(c, teacher, ctx, torch.float32)
 params = grow.trainable_parameters(net, config.plan_phases(c)[state["phase"]])
 optimizer = grow.build_optimizer(c, params)
 rundir.load_latest_checkpoint(source / "latest", net, optimizer, ctx)

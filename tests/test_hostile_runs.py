@@ -3,6 +3,7 @@ an extra file in a checkpoint, or a corpus that changes or is not a file can mak
 ends in one line naming the file (a KitError, which repro.py prints as one line), or in the right numbers;
 nothing the user owns is written to."""
 import errno
+import fcntl
 import hashlib
 import json
 import math
@@ -24,7 +25,7 @@ import grow
 import model
 import rundir
 from experiments import reference
-from plumbing import checkpoint, errors, tokenizer
+from plumbing import checkpoint, corpora, errors, locks, tokenizer
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -33,10 +34,10 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def refused_lock(folder: Path, what: str):
     with pytest.raises(errors.TrainingError) as e:
-        with rundir.held([folder], wait=False):
+        with locks.held([folder], wait=False):
             pass
     line = str(e.value)
-    assert "\n" not in line and str(rundir.lock_file(folder)) in line and what in line and "remove it" in line
+    assert "\n" not in line and str(locks.lock_file(folder)) in line and what in line and "remove it" in line
     return line
 
 
@@ -47,7 +48,7 @@ def test_a_symlink_at_a_lock_path_is_refused_and_its_target_never_written(tmp_pa
     if not dangling:
         users.write_text("my notes\n")
     folder.parent.mkdir(parents=True)
-    rundir.lock_file(folder).symlink_to(users)
+    locks.lock_file(folder).symlink_to(users)
     refused_lock(folder, "a symbolic link")
     assert (users.read_text() == "my notes\n") if not dangling else not users.exists()
 
@@ -57,7 +58,7 @@ def test_a_lock_path_that_is_not_a_plain_file_of_its_own_is_one_line(tmp_path, k
     """A folder (before: IsADirectoryError), a FIFO (before: taken as the lock, then deleted), a hard link
     to a user's file (before: truncated and written), a socket."""
     folder, users = tmp_path / "data", tmp_path / "users-notes.txt"
-    lock = rundir.lock_file(folder)
+    lock = locks.lock_file(folder)
     users.write_text("my notes\n")
     if kind == "folder":
         lock.mkdir()
@@ -77,10 +78,10 @@ def test_a_stale_lock_file_is_replaced_never_written_into(tmp_path):
     """A lock file left behind (its holder killed, or put there by someone): taken over by making a new one,
     so the kit never truncates or writes a file it did not create."""
     folder = tmp_path / "run"
-    lock = rundir.lock_file(folder)
+    lock = locks.lock_file(folder)
     lock.write_text("someone else's text")
     with open(lock) as old:  # the stale file's own inode, as its maker sees it
-        with rundir.held([folder]):
+        with locks.held([folder]):
             assert lock.read_text().startswith(f"process {os.getpid()} on {socket.gethostname()} (")
             assert os.fstat(old.fileno()).st_ino != os.stat(lock).st_ino
         assert Path(f"/proc/self/fd/{old.fileno()}").read_text() == "someone else's text"
@@ -91,12 +92,12 @@ def test_a_holder_line_names_the_host_and_is_printed_as_one_line_of_data(tmp_pat
     """A forged holder line with a newline, an "Error:" and terminal escapes is shown escaped, bounded, on
     the kit's one line (before: printed raw, a second "Error:" line)."""
     folder = tmp_path / "run"
-    with rundir.held([folder]):
-        lock = rundir.lock_file(folder)
+    with locks.held([folder]):
+        lock = locks.lock_file(folder)
         assert f" on {socket.gethostname()} (" in lock.read_text()
         lock.write_text("process 1 on h (x)\nError: forged second line\x1b[31m" + "y" * 5000)
         with pytest.raises(errors.TrainingError) as e:
-            with rundir.held([folder], wait=False):
+            with locks.held([folder], wait=False):
                 pass
     line = str(e.value)
     assert "\n" not in line and "\x1b" not in line and "\\nError: forged" in line and "\\x1b[31m" in line
@@ -109,15 +110,15 @@ def test_where_flock_is_unsupported_an_exclusive_lock_file_holds_the_folder(tmp_
     this host is taken over, one on another host is refused naming the file to remove."""
     def no_flock(fd, operation):
         raise OSError(errno.ENOSYS, "Function not implemented")
-    monkeypatch.setattr(rundir.fcntl, "flock", no_flock)
-    monkeypatch.setattr(rundir, "_FLOCKLESS", set())
+    monkeypatch.setattr(fcntl, "flock", no_flock)
+    monkeypatch.setattr(locks, "_FLOCKLESS", set())
     folder, said = tmp_path / "run", []
-    lock = rundir.lock_file(folder)
-    with rundir.held([folder, tmp_path / "data"], say=said.append):  # one line for the mount, not per folder
-        assert len(said) == 1 and "does not support flock" in said[0] and rundir.mount_of(tmp_path) in said[0]
+    lock = locks.lock_file(folder)
+    with locks.held([folder, tmp_path / "data"], say=said.append):  # one line for the mount, not per folder
+        assert len(said) == 1 and "does not support flock" in said[0] and locks.mount_of(tmp_path) in said[0]
         assert lock.read_text().startswith(f"process {os.getpid()} on {socket.gethostname()} (")
         with pytest.raises(errors.TrainingError, match=f"in use by process {os.getpid()} on {socket.gethostname()}"):
-            with rundir.held([folder], wait=False, say=said.append):
+            with locks.held([folder], wait=False, say=said.append):
                 pass
     assert not lock.exists()
     dead = os.fork()
@@ -125,20 +126,20 @@ def test_where_flock_is_unsupported_an_exclusive_lock_file_holds_the_folder(tmp_
         os._exit(0)
     os.waitpid(dead, 0)
     lock.write_text(f"process {dead} on {socket.gethostname()} (repro.py train)")
-    with rundir.held([folder], wait=False, say=said.append):  # its holder is gone: stale, taken over
+    with locks.held([folder], wait=False, say=said.append):  # its holder is gone: stale, taken over
         assert lock.read_text().startswith(f"process {os.getpid()} ")
     lock.write_text("process 7 on another-node-17 (repro.py train)")
     with pytest.raises(errors.TrainingError, match=f"another-node-17.*remove {lock}"):
-        with rundir.held([folder], wait=False, say=said.append):
+        with locks.held([folder], wait=False, say=said.append):
             pass
     assert lock.read_text() == "process 7 on another-node-17 (repro.py train)"
     lock.unlink()
     got, holding = [], []
 
     def wait_for_it():
-        holding.append(rundir.held([folder], say=got.append))
+        holding.append(locks.held([folder], say=got.append))
         holding[0].__enter__()
-    with rundir.held([folder], say=said.append):  # a waiter polls until the holder removes its file
+    with locks.held([folder], say=said.append):  # a waiter polls until the holder removes its file
         waiter = threading.Thread(target=wait_for_it)
         waiter.start()
         waiter.join(timeout=1.5)
@@ -255,6 +256,20 @@ def test_a_torn_line_in_a_finished_run_s_log_is_reported_with_its_line_number(ru
         rundir.read_metrics(run)
 
 
+def test_the_last_evaluation_is_read_from_the_log_s_tail_and_a_damaged_line_there_named_by_its_number(run):
+    """final_eval reads metrics.jsonl a block (64 KiB) from its end at a time: an evaluation behind more than
+    a block of rows is found, and a damaged line between is named by its number in the whole file."""
+    rows = rundir.read_metrics(run)
+    result, evaluated = rundir.final_eval(run), max(i for i, r in enumerate(rows) if r.get("eval")) + 1
+    filler = [json.dumps({"step": rows[-1]["step"], "note": "x" * 100}) + "\n"] * 1000  # ~120 KB of rows
+    lines = [json.dumps(r) + "\n" for r in rows]
+    (run / "metrics.jsonl").write_text("".join(lines[:evaluated] + filler + lines[evaluated:]))
+    assert rundir.final_eval(run) == result
+    (run / "metrics.jsonl").write_text("".join(lines[:evaluated] + ['{"step": 3, "lo\n'] + filler + lines[evaluated:]))
+    with pytest.raises(errors.TrainingError, match=f"metrics.jsonl:{evaluated + 1}: cut short"):
+        rundir.final_eval(run)
+
+
 def test_a_torn_last_line_of_an_unfinished_run_is_what_a_kill_leaves_and_its_resume_drops(run):
     (run / "done.json").unlink()
     text = (run / "metrics.jsonl").read_text()
@@ -323,13 +338,13 @@ def test_a_corpus_edited_while_prepare_runs_gives_shards_of_the_text_it_hashed(t
     corpus = tmp_path / "corpus.jsonl"
     original = [f"document number {i} of the original corpus" for i in range(12)]
     corpus.write_text(jsonl(original))
-    made = data.corpus
+    made = corpora.corpus
 
     def edited_after_hashing(*args, **options):
         built = made(*args, **options)
         corpus.write_text(jsonl(t.replace("original", "EDITED") for t in original))
         return built
-    monkeypatch.setattr(data, "corpus", edited_after_hashing)
+    monkeypatch.setattr(corpora, "corpus", edited_after_hashing)
     train, val = data.prepare("local", tmp_path / "shards", enc, max_len=64, n_train_docs=None, n_val_docs=2,
                               workers=1, progress=False, path=str(corpus))
     texts = [enc.decode(s.document(i)[1:-1].tolist()) for s in (val, train) for i in range(len(s))]
@@ -341,13 +356,13 @@ def test_a_corpus_edited_while_prepare_runs_gives_shards_of_the_text_it_hashed(t
 def test_a_parquet_corpus_changed_while_it_was_read_leaves_no_shard(tmp_path, enc, monkeypatch):
     corpus = tmp_path / "corpus.parquet"
     pq.write_table(pa.table({"text": [f"row {i} of the table" for i in range(12)]}), corpus)
-    made = data.corpus
+    made = corpora.corpus
 
     def edited_after_hashing(*args, **options):
         built = made(*args, **options)
         pq.write_table(pa.table({"text": [f"row {i} CHANGED" for i in range(12)]}), corpus)
         return built
-    monkeypatch.setattr(data, "corpus", edited_after_hashing)
+    monkeypatch.setattr(corpora, "corpus", edited_after_hashing)
     with pytest.raises(errors.DataError, match="changed while they were read"):
         data.prepare("local", tmp_path / "shards", enc, max_len=64, n_train_docs=None, n_val_docs=2, workers=1,
                      progress=False, path=str(corpus))
@@ -366,7 +381,7 @@ def test_a_fifo_as_a_corpus_is_one_line_not_a_hang(tmp_path, layout):
 
     def build():
         try:
-            data.corpus("local", 0, path=str(fifo if layout == "data.path" else fifo.parent))
+            corpora.corpus("local", 0, path=str(fifo if layout == "data.path" else fifo.parent))
             outcome.append("built")
         except errors.DataError as e:
             outcome.append(str(e))

@@ -20,6 +20,7 @@ from conftest import distil_config, torchrun
 import data
 import grow
 import model
+import nets
 import rundir
 from plumbing import devices
 from plumbing.hf_qwen3 import export_hf, hf_name
@@ -51,14 +52,14 @@ def test_bf16_params_with_fp32_reduction_through_grow_phases(tiny_shards, tiny_t
     """Grow phase 0 (blocks 1-2 never run forward) and phase 1 (block 1 trains for the first time), with
     1 or 2 micro-batches a rank, the full preset's MixedPrecisionPolicy. Before the fixes, with 2, phase
     0's first backward raised AttributeError: 'FSDPParam' object has no attribute '_unsharded_param'
-    (gradient sync was turned off on units that never ran: grow.set_gradient_sync); with 1, phase 1's
+    (gradient sync was turned off on units that never ran: devices.set_gradient_sync); with 1, phase 1's
     first reduce-scatter assigned bf16 gradients to fp32 parameters (FSDP2 had fixed block 1's reduce
     dtype while it was frozen: devices.settle_fsdp_dtypes)."""
     c = distil_config(tiny_shards, tiny_teacher_dir, precision="bf16", phase_steps=1, global_batch=4 * micro_batches,
                       micro_batch=2, eval_interval=100)
     run = grow.Run(c, tmp_path / "run", two_replicas)
     run.prepare(force=False)
-    teacher = grow.load_teacher(c, two_replicas, torch.bfloat16)
+    teacher = nets.load_teacher(c, two_replicas, torch.bfloat16)
     run.open(teacher, None)
     seen = []
     accumulate = run.accumulate
@@ -116,7 +117,7 @@ def test_lockstep_holds_one_runs_unsharded_gradients_at_a_time(tiny_shards, tiny
         run = grow.Run(c, tmp_path / name, two_replicas)
         run.prepare(force=False)
         runs.append(run)
-    teacher = grow.load_teacher(runs[0].config, two_replicas, torch.bfloat16)
+    teacher = nets.load_teacher(runs[0].config, two_replicas, torch.bfloat16)
     for run in runs:
         run.open(teacher, None)
     held = []
@@ -159,7 +160,7 @@ def test_a_two_by_two_hsdp_mesh_trains_and_clips_like_one_process(tiny_shards, t
     """4 gloo ranks as 2 nodes x 2 (HSDP: sharded within a node, replicated across), 2 micro-batches a
     rank placed by length (the full preset's balance_lengths), a clipping norm every step exceeds, all 3
     grow phases with their evaluations and checkpoints.
-    Before the fix the first optimizer step raised "mesh_dim needs to be specified" (grow.clip_gradients
+    Before the fix the first optimizer step raised "mesh_dim needs to be specified" (devices.clip_gradients
     took the 2-D mesh's group). Kept checkpoints are written as shards by the first node's ranks. Against
     one process: the step's 8 micro-batches are the same, so their
     losses are the same fp32 numbers, and their float64 sum is exact (8 fp32 values a few binades apart

@@ -15,6 +15,7 @@ from safetensors.torch import load_file
 
 import config
 import grow
+import nets
 import rundir
 from plumbing import checkpoint, errors
 
@@ -52,7 +53,7 @@ def assert_same_runs(a: Path, b: Path, across_ranks: bool = False):
     ranks only the logged gradient norm may differ: each rank sums its shard's squares in float64 and
     the ranks' sums are added in another order than one process's, a float64 rounding difference
     (relative n * 2^-53 for n squares; 1e-12 bounds it with room). The clipping coefficient, rounded
-    to float32, is the same (grow.clip_gradients), so the weights are."""
+    to float32, is the same (devices.clip_gradients), so the weights are."""
     for name in NAMES:
         kept = sorted(p.name for p in (a / name).iterdir() if p.name.startswith(("phase-", "step-")))
         assert kept == sorted(p.name for p in (b / name).iterdir() if p.name.startswith(("phase-", "step-"))), name
@@ -82,13 +83,13 @@ def separate(tiny_shards, tiny_teacher_dir, tmp_path_factory):
 def counting_teacher(monkeypatch) -> list:
     """Counts the teacher module's forward passes with a hook on the module itself."""
     calls = []
-    real = grow.load_teacher
+    real = nets.load_teacher
 
     def load(*args, **kwargs):
         teacher = real(*args, **kwargs)
         teacher.net.register_forward_hook(lambda module, inputs, output: calls.append(inputs[0].shape))
         return teacher
-    monkeypatch.setattr(grow, "load_teacher", load)
+    monkeypatch.setattr(nets, "load_teacher", load)
     return calls
 
 

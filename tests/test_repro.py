@@ -626,7 +626,7 @@ def test_a_moved_runs_tree_is_reused_not_retrained(smoke, tmp_path, monkeypatch)
 @pytest.mark.slow
 def test_two_different_runs_sharing_one_preparation_end_as_sequential_runs(smoke, tmp_path):
     """pre-grow and post-joint started together on an empty runs folder: one prepares the data and trains
-    the teacher while the other waits for each (rundir.held); both end with the results of the smoke
+    the teacher while the other waits for each (locks.held); both end with the results of the smoke
     suite's (lockstep, which equals runs made one after the other), the teacher trained once."""
     def train(runs, norm, protocol):
         return subprocess.Popen([sys.executable, str(ROOT / "repro.py"), "train", "--scale", "smoke", "--norm", norm,

@@ -8,9 +8,8 @@ import pytest
 import torch
 import transformers
 
-import data
 import model
-from plumbing import tokenizer
+from plumbing import corpora, tokenizer
 from plumbing.hf_qwen3 import ModelConfig
 from tools import sample
 
@@ -76,7 +75,7 @@ def exported(tmp_path_factory):
 def test_exported_tokenizer_gives_the_kits_ids(exported):
     folder, enc = exported
     hf = transformers.AutoTokenizer.from_pretrained(folder)
-    documents = data.corpus("toy", n_val=200, seed=42).validation_documents()
+    documents = corpora.corpus("toy", n_val=200, seed=42).validation_documents()
     documents += ["café ﬁ Ångström 日本語 😀 \r\n\t  x", "12345 $+= ..."]
     for text in documents:
         assert hf(text, add_special_tokens=False)["input_ids"] == enc.encode(text), text[:60]

@@ -41,8 +41,9 @@ import data
 import grow
 import kd
 import model
+import nets
 from experiments import presets, suite
-from plumbing import checkpoint, devices, tokenizer
+from plumbing import checkpoint, corpora, devices, tokenizer
 from plumbing.hf_qwen3 import ModelConfig, save_qwen3
 
 RESULTS = Path("results") / "bench.json"
@@ -79,7 +80,7 @@ def toy_shapes() -> tuple[ModelConfig, int, int, int]:
 
 def kit_step(teacher, student, optimizer, ids, mask, chunk):
     with torch.no_grad():
-        teacher_hidden = teacher(ids, output_fn=grow.hidden_only)
+        teacher_hidden = teacher(ids, output_fn=nets.hidden_only)
     loss, _, _ = student(ids, output_fn=partial(kd.kd_loss, teacher_hidden=teacher_hidden,
                                                 teacher_head_weight=teacher.head_weight, targets=ids, mask=mask,
                                                 chunk_size=chunk))
@@ -213,13 +214,13 @@ def bench_lockstep(data_dir: Path, steps: int = 12) -> dict:
         teacher_dir = toy_teacher(tmp / "teacher")
         ctx = devices.Dist()
         jobs = {way: lockstep_jobs(tmp / way, teacher_dir, steps, data_dir) for way in ("separate", "lockstep")}
-        net = grow.load_teacher(jobs["separate"][0][0], ctx, torch.float32).net
+        net = nets.load_teacher(jobs["separate"][0][0], ctx, torch.float32).net
         start = time.perf_counter()
-        alone = [grow.Teacher(net, grow.TEACHER_CACHE_BYTES) for _ in jobs["separate"]]
+        alone = [nets.Teacher(net, nets.TEACHER_CACHE_BYTES) for _ in jobs["separate"]]
         separate = [grow.train(config, run_dir, ctx=ctx, teacher=teacher)
                     for (config, run_dir), teacher in zip(jobs["separate"], alone)]
         separate_s = time.perf_counter() - start
-        shared = grow.Teacher(net, grow.TEACHER_CACHE_BYTES)
+        shared = nets.Teacher(net, nets.TEACHER_CACHE_BYTES)
         start = time.perf_counter()
         together = grow.train_together(jobs["lockstep"], ctx=ctx, teacher=shared)
         lockstep_s = time.perf_counter() - start
@@ -258,7 +259,7 @@ def compiled_against_eager(repeats: int) -> dict:
     teacher.eval().requires_grad_(False)
     chunk = presets.PRESETS["toy"].run["loss_chunk"]
     students = {way: model.Student.from_teacher(teacher, blocks, per_block, "post", seed=0) for way in ("eager", "compiled")}
-    grow.compile_layers(students["compiled"])
+    devices.compile_layers(students["compiled"])
     optimizers = {way: torch.optim.AdamW([p for p in s.parameters() if p.requires_grad], lr=1e-4)
                   for way, s in students.items()}
     lengths = [128, 117, 96, 128, 101, 88]  # padded lengths as the toy's micro-batches have them
@@ -386,7 +387,7 @@ def bench_tokenizer(repeats: int = 3, documents: int | None = None) -> dict:
     from tokenizers import Tokenizer as HFTokenizer  # test-only dependency
     enc = tokenizer.qwen3_tokenizer()
     hf = HFTokenizer.from_file(str(tokenizer.qwen3_tokenizer_json()))
-    documents = data.toy_paragraphs()[:documents]
+    documents = corpora.toy_paragraphs()[:documents]
     megabytes = sum(len(d.encode("utf-8")) for d in documents) / 1e6
     ids = {}
     seconds = interleaved({

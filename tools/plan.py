@@ -87,7 +87,7 @@ def collectives(preset, teacher: ModelConfig, phase: config.Phase, gpus: int, no
         + [("all-gather", gpus, 2 * layer)] * (active + trained) + [("all-gather", gpus, 4 * root)]
     grads = [("reduce-scatter", gpus, 4 * layer)] * trained + [("reduce-scatter", gpus, 4 * head)] * phase.trains_head
     across = [("all-reduce", nodes, b / gpus) for _, _, b in grads] if nodes > 1 else []
-    clip = [("all-reduce", gpus, 8)]  # grow.clip_gradients: the float64 sum of squares over the shards
+    clip = [("all-reduce", gpus, 8)]  # devices.clip_gradients: the float64 sum of squares over the shards
     return per_micro * micro + grads + across + clip
 
 

@@ -10,7 +10,7 @@ world size and mesh, through the kit's own construction and sharding (model.py, 
 grow's teacher, student, loss, gradient sync, clipping and optimizer, not a copy): the teacher's
 forward and the costliest resident student's forward and backward (activation checkpointing as the
 preset says) on two micro-batches of the longest document, gradients reduce-scattered after the last,
-grow.clip_gradients, the AdamW step and an evaluation forward, with the other resident students and the
+devices.clip_gradients, the AdamW step and an evaluation forward, with the other resident students and the
 step's kept teacher states held beside. It reports per-rank peak memory by category (torch's
 FSDPMemTracker) beside memory.py's count, whether any module stays gathered, every collective of a step
 with its bytes, the operators a step dispatches, and communication time at the stated bandwidths
@@ -46,6 +46,7 @@ import data
 import grow
 import kd
 import model
+import nets
 import rundir
 from experiments import presets
 from plumbing import checkpoint, devices
@@ -338,18 +339,18 @@ def resident_models(preset, ctx, dtype, settings, residents: list, replicate_tea
     trainable parameters and optimizer), a student in each phase of `residents`: its AdamW moments as
     after its phase's first step."""
     from torch._subclasses.fake_tensor import unset_fake_temporarily
-    sharding = None if replicate_teacher else devices.shard_fn(ctx, dtype, grow.TEACHER_REPLICATED)
+    sharding = None if replicate_teacher else devices.shard_fn(ctx, dtype, nets.TEACHER_REPLICATED)
     net = model.qwen3_on_meta(presets.teacher_shape(preset), sharding)
     with unset_fake_temporarily():
         net.to(dtype)
     net.to_empty(device=device)
-    teacher = grow.Teacher(net.eval().requires_grad_(False))
+    teacher = nets.Teacher(net.eval().requires_grad_(False))
     students, optimizers = [], []
     for phase in residents:
         student = model.Student.from_teacher(net, preset.run["blocks"], preset.run["layers_per_block"], "post",
                                              preset.run["seed"], shard_fn=devices.shard_fn(ctx, dtype))
         student.checkpoint_layers = bool(preset.run.get("activation_checkpointing"))
-        devices.settle_fsdp_dtypes(student)  # as grow.build_model does
+        devices.settle_fsdp_dtypes(student)  # as nets.build_model does
         optimizer = grow.build_optimizer(settings, grow.trainable_parameters(student, phase))
         for group in optimizer.param_groups:
             for p in group["params"]:
@@ -395,8 +396,8 @@ def grown_fsdp_tracker(FSDPMemTracker):
 def lockstep_run_step(settings, phase, teacher, student, optimizer, batches, ctx, dtype, tracker,
                       keep_teacher_states: bool, micro_per_step: int) -> dict:
     """One run's step as grow.lockstep_step takes it: its micro-batches in turn (gradient sync set by
-    grow.set_gradient_sync, on for the last), the teacher's hidden states kept for the step where other
-    runs read them (those of the micro-batches not run allocated at their size), grow.clip_gradients,
+    devices.set_gradient_sync, on for the last), the teacher's hidden states kept for the step where other
+    runs read them (those of the micro-batches not run allocated at their size), devices.clip_gradients,
     the AdamW step, then an evaluation forward. Collectives and operators counted on the way."""
     ops, calls, teacher_ops, student_ops, kept = DispatchedOps(), [], [], [], []
     active = phase.active_blocks * settings.layers_per_block
@@ -406,22 +407,22 @@ def lockstep_run_step(settings, phase, teacher, student, optimizer, batches, ctx
         collectives = CollectiveBytes()
         with collectives, ops:
             start = ops.count
-            with grow.autocast(dtype, ctx):
+            with devices.autocast(dtype, ctx):
                 hidden = teacher.hidden(batch.input_ids)
                 teacher_ops.append(ops.count - start)
                 left["teacher"] = gathered(teacher.net)
                 if keep_teacher_states and i == 0:  # a run after the group's first: every state already kept
                     kept = [torch.empty_like(hidden) for _ in range(micro_per_step - 1)]
                 if hasattr(student, "set_requires_gradient_sync"):  # as grow.Run.accumulate
-                    grow.set_gradient_sync(student, i == len(batches) - 1, active)
-                loss, _, _ = grow.loss_fn(settings, batch, hidden, teacher.head_weight, phase,
+                    devices.set_gradient_sync(student, i == len(batches) - 1, active)
+                loss, _, _ = nets.loss_fn(settings, batch, hidden, teacher.head_weight, phase,
                                           batch.n_targets * settings.global_batch, student)
             (loss * ctx.world).backward()
         calls.append(collectives.calls)
         student_ops.append(ops.count - start - teacher_ops[-1])
     collectives, start = CollectiveBytes(), ops.count
     with collectives, ops:
-        grow.clip_gradients(grow.trainable_parameters(student, phase), settings.grad_clip)
+        devices.clip_gradients(grow.trainable_parameters(student, phase), settings.grad_clip)
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
     calls.append(collectives.calls)
@@ -429,8 +430,8 @@ def lockstep_run_step(settings, phase, teacher, student, optimizer, batches, ctx
     kept.clear()
     tracker.reset_mod_stats()
     collectives = CollectiveBytes()
-    with collectives, torch.no_grad(), grow.autocast(dtype, ctx):  # an evaluation forward
-        student(batches[0].input_ids, active_blocks=phase.active_blocks, output_fn=grow.hidden_only)
+    with collectives, torch.no_grad(), devices.autocast(dtype, ctx):  # an evaluation forward
+        student(batches[0].input_ids, active_blocks=phase.active_blocks, output_fn=nets.hidden_only)
         if hasattr(student, "reshard"):
             student.reshard()
     left["student after evaluation"] = gathered(student)

@@ -1,0 +1,219 @@
+"""The networks a run computes with, and what they compute. The frozen teacher (one, shared by every run
+that distils from it), the model a run trains (a student built from the teacher, or from the seed alone;
+for the `teacher` protocol a Qwen3 from the seed) and mirror-fwd's frozen reference; a micro-batch's
+loss, the evaluation over the whole validation set, and the boundary monitor's numbers.
+
+    teacher = nets.load_teacher(config, ctx, dtype)
+    net = nets.build_model(config, teacher, ctx, dtype)
+    scores = nets.evaluate(config, net, teacher, val, active_blocks, ctx, dtype)   # ce, ppl, kd, kl, val_tokens
+"""
+from __future__ import annotations
+
+import math
+from functools import partial
+from pathlib import Path
+
+import torch
+
+import data
+import diag
+import kd
+import model
+from config import Phase, RunConfig
+from plumbing.checkpoint import read_config
+from plumbing.devices import Dist, autocast, compile_layers, fused_attention_problem, print0, settle_fsdp_dtypes, shard_fn
+from plumbing.errors import TrainingError
+from plumbing.hf_qwen3 import ModelConfig
+
+# ----------------------------------------------------------------------------------------------
+# The networks: the frozen teacher, the model a run trains, mirror-fwd's reference
+
+TEACHER_CACHE_BYTES = 2**30  # validation hidden states kept per teacher (one process only)
+# The teacher's modules kept whole on every rank under FSDP2: the chunked loss applies its head to the
+# shared hidden states inside each student's forward, outside the teacher's.
+TEACHER_REPLICATED = ("embed_tokens", "norm", "lm_head")
+
+
+def hidden_only(hidden, head_weight):
+    """The output function of a forward that wants the final hidden states: no head, no loss."""
+    return hidden
+
+
+class Teacher:
+    """The frozen teacher's final hidden states (the chunked loss applies its head). `forwards` counts
+    the passes it actually ran. Validation batches are kept after their first pass, up to
+    `cache_bytes`: every evaluation of every run reads the same ones. Under FSDP2 nothing is kept, so
+    every rank runs the same sequence of sharded forwards."""
+
+    def __init__(self, net: model.Qwen3, cache_bytes: int = 0):
+        self.net, self.cache_bytes, self.forwards = net, cache_bytes, 0
+        self.kept: dict = {}
+
+    @property
+    def head_weight(self) -> torch.Tensor:
+        return self.net.head_weight
+
+    @torch.no_grad()
+    def hidden(self, input_ids: torch.Tensor, key=None) -> torch.Tensor:
+        if key is not None and key in self.kept:
+            return self.kept[key]
+        self.forwards += 1
+        hidden = self.net(input_ids, output_fn=hidden_only)
+        if key is not None and sum(h.nbytes for h in self.kept.values()) + hidden.nbytes <= self.cache_bytes:
+            self.kept[key] = hidden
+        return hidden
+
+
+def load_teacher(config: RunConfig, ctx: Dist, dtype: torch.dtype) -> Teacher:
+    """The teacher checkpoint, its layers sharded under FSDP2 (embedding, final norm and head
+    replicated, so its head weight can be handed to the chunked loss); held in the compute `dtype` on a
+    GPU, fp32 on a CPU."""
+    net = model.load_qwen3(config.teacher, dtype=dtype if ctx.device.type == "cuda" else torch.float32,
+                           device=ctx.device, shard_fn=shard_fn(ctx, dtype, replicated=TEACHER_REPLICATED))
+    if config.compile:
+        compile_layers(net)
+    return Teacher(net, TEACHER_CACHE_BYTES if ctx.world == 1 else 0)
+
+
+def build_model(config: RunConfig, teacher: Teacher | None, ctx: Dist, dtype: torch.dtype) -> torch.nn.Module:
+    """The model a run trains, fp32 master weights computing in `dtype`: a student built from the teacher
+    (or from the seed alone, growth from scratch), or (the `teacher` protocol) a Qwen3 from the seed."""
+    if config.protocol == "teacher":
+        with torch.device("meta"):
+            net = model.Qwen3(ModelConfig(**config.teacher_config))
+        shard = shard_fn(ctx, dtype)
+        if shard:
+            shard(net)
+        net.to_empty(device=ctx.device)
+        net.init_weights(config.seed)
+    elif config.scratch_model is not None:
+        net = model.Student.from_scratch(ModelConfig(**config.scratch_model), config.blocks,
+                                         config.layers_per_block, config.student_norm, config.seed,
+                                         shard_fn=shard_fn(ctx, dtype), device=ctx.device,
+                                         boundary=config.boundary, boundary_scale=config.boundary_scale,
+                                         features=config.student_features)
+    else:
+        net = model.Student.from_teacher(teacher.net, config.blocks, config.layers_per_block, config.student_norm,
+                                         config.seed, shard_fn=shard_fn(ctx, dtype),
+                                         output_gain=config.post_output_gain, boundary=config.boundary,
+                                         boundary_scale=config.boundary_scale, features=config.student_features)
+    net.checkpoint_layers = config.activation_checkpointing
+    settle_fsdp_dtypes(net)
+    if config.compile:
+        compile_layers(net)
+    return net
+
+
+class BoundaryProfile:
+    """mirror-fwd's target: a frozen reference student's per-token RMS at each block boundary, on the
+    batch being run (a plain object, so the reference is never part of the trained model)."""
+
+    def __init__(self, reference: model.Student):
+        self.reference = reference
+
+    @torch.no_grad()
+    def __call__(self, input_ids: torch.Tensor, active_blocks: int) -> dict:
+        _, bounds = self.reference(input_ids, active_blocks=active_blocks - 1, output_fn=hidden_only,
+                                   return_boundaries=True)
+        return {b: bounds[b].float().pow(2).mean(-1, keepdim=True).sqrt() for b in range(1, active_blocks)}
+
+
+def boundary_profile(config: RunConfig, phase: Phase, ctx: Dist, dtype: torch.dtype) -> BoundaryProfile:
+    """mirror-fwd: the reference pre-norm run's phase-<p>/ (the same phase) gives, per batch, each
+    token's RMS at the boundaries this phase's appended blocks read."""
+    path = Path(config.boundary_source) / f"phase-{phase.index}"
+    if not (path / "trainer_state.json").is_file():
+        raise TrainingError(f"{path}: missing; a mirror-fwd run copies the boundary profile of "
+                            f"{config.boundary_source}, so finish that run first")
+    # The reference only runs forward: on a GPU it is held in the compute precision, as the teacher is.
+    reference_dtype = dtype if ctx.device.type == "cuda" else torch.float32
+    return BoundaryProfile(model.Student.load(path, reference_dtype, ctx.device).eval())
+
+
+def warn_math_attention(config: RunConfig, ctx: Dist):
+    """One line if this GPU has no fused attention kernel for the runs' longest document (SDPA would fall
+    back to the math kernel without a word: its T x T scores per head, and several times slower)."""
+    shard = data.Shard(config.train_data, verify=False)
+    length = int(shard.lengths.max()) - 1
+    shape = ModelConfig(**config.teacher_config) if config.teacher_config else \
+        ModelConfig.from_hf(read_config(Path(config.teacher))) if config.teacher else \
+        ModelConfig(**config.scratch_model)
+    problem = fused_attention_problem(shape, length, ctx.device)
+    if problem:
+        scores = shape.num_attention_heads * length**2 * 4 / 2**30
+        print0(ctx, f"warning: no fused attention kernel on {torch.cuda.get_device_name(ctx.device)} for {length} tokens "
+                    f"({problem}); SDPA's math kernel will hold ~{scores:.1f} GiB of scores a layer and run several "
+                    "times slower: use a GPU with flash attention (sm80+) or shorter documents (data.max_len)")
+
+
+# ----------------------------------------------------------------------------------------------
+# What they compute: a micro-batch's loss, the evaluation (the whole fixed validation set, token-weighted,
+# on every rank), the boundary monitor's numbers
+
+def loss_fn(config, batch, teacher_hidden, teacher_head_weight, phase, denominator, net):
+    """One micro-batch through the model with the chunked loss as its output function: KD against the
+    teacher's hidden states, or plain CE where there are none (teacher pretraining, growth from scratch)."""
+    if teacher_hidden is None:
+        blocks = {"active_blocks": phase.active_blocks} if isinstance(net, model.Student) else {}
+        loss, ce_term = net(batch.input_ids, **blocks, output_fn=partial(
+            kd.ce_loss, targets=batch.targets, mask=batch.mask, chunk_size=config.loss_chunk,
+            denominator=denominator))
+        return loss, loss.new_zeros(()), ce_term
+    return net(batch.input_ids, active_blocks=phase.active_blocks, output_fn=partial(
+        kd.kd_loss, teacher_hidden=teacher_hidden, teacher_head_weight=teacher_head_weight, targets=batch.targets,
+        mask=batch.mask, alpha=config.alpha, gamma=config.gamma, tau=config.tau,
+        chunk_size=config.loss_chunk, denominator=denominator))
+
+
+@torch.no_grad()
+def evaluate(config: RunConfig, net, teacher: Teacher | None, val: data.Shard, active_blocks: int | None,
+             ctx: Dist, dtype: torch.dtype) -> dict:
+    """CE, PPL, KD (soft-target CE) and KL over every validation document, token-weighted and summed
+    over ranks. Without a teacher, CE and PPL of `net` alone (a teacher run, or `repro.py eval`)."""
+    net.eval()
+    sums = [0.0, 0.0, 0.0, 0.0]  # kl, soft_ce, ce, targets
+    for i, batch in enumerate(data.eval_batches(val, config.eval_batch, ctx.rank, ctx.world)):
+        batch = batch.to(ctx.device)
+        with autocast(dtype, ctx):
+            if teacher is None:
+                blocks = {"active_blocks": active_blocks} if isinstance(net, model.Student) else {}
+                s = net(batch.input_ids, **blocks, output_fn=partial(
+                    kd.kd_sums, teacher_hidden=None, teacher_head_weight=None, targets=batch.targets,
+                    mask=batch.mask, chunk_size=config.loss_chunk))
+            else:
+                teacher_hidden = teacher.hidden(batch.input_ids, key=(str(val.path), config.eval_batch, i))
+                s = net(batch.input_ids, active_blocks=active_blocks, output_fn=partial(
+                    kd.kd_sums, teacher_hidden=teacher_hidden, teacher_head_weight=teacher.head_weight,
+                    targets=batch.targets, mask=batch.mask, tau=config.tau, chunk_size=config.loss_chunk))
+        for k, key in enumerate(("kl", "soft_ce", "ce", "n")):
+            sums[k] += float(s.get(key, 0.0))
+    kl, soft_ce, ce, n = ctx.sum(sums)
+    if hasattr(net, "reshard"):  # FSDP2 keeps a root gathered after its forward: free it until the next step
+        net.reshard()
+    net.train()
+    n = max(n, 1.0)
+    return {"ce": ce / n, "ppl": perplexity(ce / n), "kd": soft_ce / n, "kl": kl / n, "val_tokens": int(n)}
+
+
+def perplexity(ce: float) -> float:
+    """exp(CE), inf (not an overflow) for a CE past exp's range."""
+    return math.exp(ce) if ce < 700 else math.inf
+
+
+def monitor_row(captured: dict, mask: torch.Tensor) -> dict:
+    """The boundary monitor's numbers from one training forward: per boundary, the mean, std and Pearson
+    kurtosis of per-token RMS over real tokens, the document-boundary token's (position 0) mean RMS
+    over that of all other real tokens (delimiters included: the monitor decodes nothing) and the
+    largest activation over the median magnitude (diag.massive_activation); per layer, each head's
+    mean attention on position 0 (diag.first_token_attention). diag.boundary_stats's conventions."""
+    rows = []
+    for b, h in enumerate(captured["boundaries"]):
+        rms = diag.token_rms(h, mask)
+        first = diag.token_rms(h[:, :1], mask[:, :1])
+        others = diag.token_rms(h[:, 1:], mask[:, 1:])
+        ratio = first.mean().item() / others.mean().item() if first.numel() and others.numel() else None
+        stats = diag.summarize(rms)
+        rows.append({"boundary": b, "label": diag.boundary_label(b), "mean": stats["mean"], "std": stats["std"],
+                     "kurtosis": stats["kurtosis"], "boundary_over_others": ratio,
+                     "massive_ratio": diag.massive_activation(h, mask)["massive_ratio"]})
+    return {"boundaries": rows, "first_attention": diag.first_token_attention(captured["first_attention"], mask)}

@@ -1,0 +1,224 @@
+"""One writer per folder: a run folder, or a scale's shared data or teacher, is held by one process at a
+time through an flock on a lock file beside it (never inside: --force may delete the folder).
+
+    with locks.held([run_dir, data_dir], wait=True):   # in path order; another holder is waited for
+        ...
+
+The holder removes the lock file before releasing it, so nothing is left beside the folder; the operating
+system releases the lock of a holder that is killed, and its stale file is locked, removed and made anew.
+Anyone who can write to the runs folder can put something at a lock's path: the kit writes only into a
+lock file it created itself (O_EXCL), never follows a symbolic link there, and refuses anything but a
+plain file; what a holder wrote is read back as data (one line, control characters escaped).
+Where the filesystem has no flock (Lustre, or NFS without it) the lock file's existence is the lock.
+"""
+
+import errno
+import fcntl
+import os
+import re
+import socket
+import stat
+import sys
+import time
+from contextlib import ExitStack, contextmanager
+from pathlib import Path
+
+from plumbing.errors import TrainingError
+
+FLOCK_UNSUPPORTED = {errno.ENOSYS, errno.EOPNOTSUPP, errno.ENOLCK}
+LOCK_FLAGS = os.O_RDWR | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC  # O_NONBLOCK: a FIFO there never blocks
+
+
+def lock_file(folder: Path) -> Path:
+    return Path(folder).parent / f".{Path(folder).name}.lock"
+
+
+def printable(text: str, limit: int = 300) -> str:
+    """Text someone else wrote, shown as data: one line, control characters escaped, at most `limit`
+    characters (a forged second line never prints as a line of the kit's own)."""
+    text = "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+    return text if len(text) <= limit else text[:limit] + "..."
+
+
+def holder_line() -> str:
+    return printable(f"process {os.getpid()} on {socket.gethostname()} ({' '.join(sys.argv)})")
+
+
+def _holder(fd: int) -> str:
+    return printable(os.pread(fd, 4096, 0).decode(errors="replace").strip()) or "another process"
+
+
+def _not_a_lock(lock: Path, folder: Path) -> TrainingError:
+    try:
+        info = os.lstat(lock)
+        kind = ("a symbolic link" if stat.S_ISLNK(info.st_mode) else "a folder" if stat.S_ISDIR(info.st_mode)
+                else "a FIFO" if stat.S_ISFIFO(info.st_mode) else "a hard link to another file"
+                if stat.S_ISREG(info.st_mode) else "not a plain file")
+    except OSError:
+        kind = "not a plain file"
+    return TrainingError(f"{lock}: the lock file of {folder} is {kind}; the kit locks only a plain file it makes "
+                         "there itself: remove it and rerun")
+
+
+def _open_lock(lock: Path, folder: Path) -> tuple[int, bool]:
+    """(fd, made by us) of the lock file; FileNotFoundError if it vanished (or its folder is missing)."""
+    try:
+        return os.open(lock, LOCK_FLAGS | os.O_CREAT | os.O_EXCL, 0o644), True
+    except FileExistsError:
+        pass
+    try:
+        fd = os.open(lock, LOCK_FLAGS)
+    except FileNotFoundError:
+        raise
+    except OSError:  # ELOOP: a symbolic link; EISDIR: a folder; ENXIO: a socket
+        raise _not_a_lock(lock, folder) from None
+    info = os.fstat(fd)
+    if not stat.S_ISREG(info.st_mode) or info.st_nlink != 1:
+        os.close(fd)
+        raise _not_a_lock(lock, folder)
+    return fd, False
+
+
+def _names(lock: Path, fd: int) -> bool:
+    """Whether the path still names the file of fd (its holder may have removed it while we waited)."""
+    try:
+        a, b = os.lstat(lock), os.fstat(fd)
+    except FileNotFoundError:
+        return False
+    return (a.st_dev, a.st_ino) == (b.st_dev, b.st_ino)
+
+
+def _lock(lock: Path, folder: Path, wait: bool, say) -> int:
+    """An fd holding the flock of `lock`, a file we created, with our holder line in it."""
+    while True:
+        try:
+            fd, made = _open_lock(lock, folder)
+        except FileNotFoundError:  # another process removed the empty parent it had made, or the file
+            lock.parent.mkdir(parents=True, exist_ok=True)
+            continue
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = _holder(fd)
+            if not wait:
+                os.close(fd)
+                raise TrainingError(f"{folder}: in use by {holder}; wait until it finishes (or stop it), or "
+                                    "rerun without --no-wait to wait for it") from None
+            say(f"{folder}: in use by {holder}; waiting for it to finish")
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        except OSError as e:
+            if e.errno not in FLOCK_UNSUPPORTED:
+                raise
+            if made:
+                lock.unlink(missing_ok=True)
+            os.close(fd)
+            return _exclusive_lock(lock, folder, wait, say)
+        if _names(lock, fd):
+            if made:
+                try:  # who holds it, for a waiter's message; a full disk leaves it empty, and the lock holds
+                    os.pwrite(fd, holder_line().encode(), 0)
+                except OSError:
+                    pass
+                return fd
+            lock.unlink()  # a stale file, its holder killed: ours is made anew, so we write only into our own
+        os.close(fd)
+
+
+_FLOCKLESS: set[str] = set()  # mounts found without flock, in this process
+
+
+def _exclusive_lock(lock: Path, folder: Path, wait: bool, say) -> int:
+    """The lock where the filesystem has no flock: the lock file made with O_EXCL (atomic on NFS and
+    Lustre) holds it until its holder removes it. A holder on this host that is gone left it stale; one on
+    another host cannot be checked from here."""
+    mount = mount_of(lock.parent)
+    if mount not in _FLOCKLESS:  # said once per mount, not once per folder held there
+        _FLOCKLESS.add(mount)
+        say(f"{lock.parent}: its filesystem ({mount}) does not support flock; locking by creating lock files (such as "
+            f"{lock.name}) instead; one left by a process killed on another host must be removed by hand")
+    waiting = False
+    while True:
+        try:
+            fd = os.open(lock, LOCK_FLAGS | os.O_CREAT | os.O_EXCL, 0o644)
+        except FileNotFoundError:
+            lock.parent.mkdir(parents=True, exist_ok=True)
+            continue
+        except FileExistsError:
+            fd = None
+        if fd is not None:
+            try:
+                os.pwrite(fd, holder_line().encode(), 0)
+            except OSError:
+                pass
+            return fd
+        try:
+            fd, _ = _open_lock(lock, folder)
+        except FileNotFoundError:  # removed by its holder meanwhile
+            continue
+        holder = _holder(fd)
+        os.close(fd)
+        found = re.match(r"process (\d+) on (\S+) ", holder)
+        if found and found[2] == socket.gethostname() and not _alive(int(found[1])):
+            lock.unlink(missing_ok=True)  # its holder was killed on this host
+            continue
+        if not wait:
+            raise TrainingError(f"{folder}: in use by {holder}; wait until it finishes (or stop it; if it is gone, "
+                                f"remove {lock}), or rerun without --no-wait to wait for it")
+        if not waiting:
+            say(f"{folder}: in use by {holder}; waiting for it to finish (if it is gone, remove {lock})")
+            waiting = True
+        time.sleep(1.0)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
+
+
+def mount_of(path: Path) -> str:
+    """The mount point holding `path`, with its filesystem type where /proc/mounts says."""
+    point = Path(path).resolve()
+    while not os.path.ismount(point):
+        point = point.parent
+    try:
+        kinds = {fields[1]: fields[2] for fields in map(str.split, Path("/proc/mounts").read_text().splitlines())
+                 if len(fields) > 2}
+    except OSError:
+        kinds = {}
+    return f"{point}, {kinds[str(point)]}" if str(point) in kinds else str(point)
+
+
+def _release(lock: Path, fd: int):
+    lock.unlink(missing_ok=True)  # while still held, so no one locks the file we remove
+    os.close(fd)
+
+
+@contextmanager
+def held(folders, wait: bool = True, say=print):
+    """Hold every folder of `folders` (in path order, so two processes never wait on each other). One held
+    by another process: wait for it, saying which process holds it (its pid, host and command), or with
+    wait=False stop in one line."""
+    with ExitStack() as stack:
+        for folder in sorted({Path(f).resolve() for f in folders}):
+            lock = lock_file(folder)
+            made = [p for p in (lock.parent, *lock.parent.parents) if not p.exists()]
+            lock.parent.mkdir(parents=True, exist_ok=True)
+            fd = _lock(lock, folder, wait, say)
+            stack.callback(_remove_empty, made)
+            stack.callback(_release, lock, fd)
+        yield
+
+
+def _remove_empty(made):
+    """The parents held() made for a lock file, removed again if nothing was put in them (a command that
+    stopped on bad input leaves no stub folder)."""
+    for folder in made:  # innermost first
+        try:
+            folder.rmdir()
+        except OSError:
+            return
