@@ -323,7 +323,7 @@ def search(scale, seed, ladder, dry_run, gpu, gpus, nodes, overrides, compile_fl
     ladder = presets.ladder_for(scale, ladder)
     ws = suite.workspace(scale, runs_dir, results_dir, dry_run, compile_flag=compile_flag, device=device,
                          tracker=tracker, wait=not no_wait)
-    overrides = presets.parse_overrides(presets.PRESETS[scale], overrides)  # each rung's, after the rung's own
+    overrides = presets.parse_overrides(presets.PRESETS[scale], overrides)  # the user's: each rung applies them last
     seed = chosen_seeds(overrides, None if seed is None else [seed], [ws.preset.run["seed"]], "--seed")[0]
     if dry_run:
         preflight.print_dry_run(scale, preflight.search_groups(ws, ladder, overrides, seed), [seed], gpu, gpus, nodes,

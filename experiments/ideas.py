@@ -159,15 +159,16 @@ def events_text(per_seed: list[list[dict]]) -> str:
     return "; ".join(parts) or "no transition rows"
 
 
-def read_family(rows: list[dict]):
+def read_family(rows: list[dict], chosen: RunName | None = None):
     """Holm over the primary contrasts (one per idea): an untestable one (one seed, no spread, diverged)
-    enters as p = 1, so the family keeps its size; each primary gets p, p (Holm) and its reading."""
+    enters as p = 1, so the family keeps its size; each primary gets p, p (Holm) and its reading (idea 4's
+    none where the search chose post-grow, its baseline, itself)."""
     primaries = [r for r in rows if r["primary"]]
     raw = [report.p_two_sided(r["delta"]) for r in primaries]
     for row, p, p_holm in zip(primaries, raw, report.holm([1.0 if math.isnan(p) else p for p in raw])):
         row["p"], row["p_holm"] = p, (math.nan if math.isnan(p) else p_holm)
         row["reading"] = report.adjusted_reading(row["delta"], p_holm, presets.TIE_MARGIN)
-        if row["idea"] == 4 and row["variant"].startswith("post-grow "):
+        if row["idea"] == 4 and chosen == POST:
             row["reading"] = "0 by construction: the search chose post-grow itself"
         row["smallest_tie_margin"] = report.smallest_tie_margin(row["delta"])
     for row in rows:
@@ -206,7 +207,7 @@ def run_ideas(ws: suite.Workspace, seeds: list[int], force: bool = False) -> dic
             rows[-1]["last_block_removal"] = {"option": report.across_seeds(removal[0]),
                                               "baseline": report.across_seeds(removal[1]),
                                               "delta": report.paired(*removal)}
-    read_family(rows)
+    read_family(rows, chosen)
     out = {"experiment": "ideas", "scale": ws.preset.name, "seeds": seeds, "search": found, "rows": rows,
            "diverged_runs": diverged, "tie_margin": presets.TIE_MARGIN, "precision": ws.preset.run.get("precision", ""),
            "about": __doc__.split("\n\n")[1]}
