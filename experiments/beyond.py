@@ -31,6 +31,8 @@ import grow
 import paper
 import rundir
 from experiments import figures, presets, report, suite, tables
+from experiments.suite import RunName
+from experiments.tables import POST_GROW, PRE_GROW
 from plumbing import tokenizer
 
 PLACEMENT_RUNS = ("pre", "post", "sandwich", "peri", "hybrid", "deepnorm", "pre,post,post")
@@ -39,32 +41,33 @@ PLACEMENT_RUNS = ("pre", "post", "sandwich", "peri", "hybrid", "deepnorm", "pre,
 @dataclass(frozen=True)
 class Variant:
     label: str                 # how the report names it
-    run: str                   # the run it changes (pre-grow, ...)
+    run: RunName               # the run it changes (pre-grow, ...)
     folder: str = ""           # runs/<scale>/beyond/<folder>/; "" for the suite's own run
     settings: dict = field(default_factory=dict)  # RunConfig fields it changes
 
 
+PRE_FREEZE, POST_FREEZE = RunName("pre", "freeze"), RunName("post", "freeze")
 INTERVENTIONS = (
-    Variant("pre-grow (suite)", "pre-grow"),
-    Variant("post-grow (suite)", "post-grow"),
-    Variant("pre-grow + boundary-norm", "pre-grow", "boundary-norm", {"boundary": "norm"}),
+    Variant("pre-grow (suite)", PRE_GROW),
+    Variant("post-grow (suite)", POST_GROW),
+    Variant("pre-grow + boundary-norm", PRE_GROW, "boundary-norm", {"boundary": "norm"}),
     # Unit RMS: what a post-norm boundary norm emits at its initial gain of 1.
-    Variant("pre-grow + boundary-rescale-fwd", "pre-grow", "boundary-rescale-fwd",
+    Variant("pre-grow + boundary-rescale-fwd", PRE_GROW, "boundary-rescale-fwd",
             {"boundary": "rescale-fwd", "boundary_scale": 1.0}),
-    Variant("post-grow + boundary-mirror-fwd", "post-grow", "boundary-mirror-fwd", {"boundary": "mirror-fwd"}),
+    Variant("post-grow + boundary-mirror-fwd", POST_GROW, "boundary-mirror-fwd", {"boundary": "mirror-fwd"}),
     # The same forward as rescale-fwd, other backwards: only the backward channel to the prefix varies.
-    Variant("pre-grow + boundary-rescale-detached", "pre-grow", "boundary-rescale-detached",
+    Variant("pre-grow + boundary-rescale-detached", PRE_GROW, "boundary-rescale-detached",
             {"boundary": "rescale-detached", "boundary_scale": 1.0}),
-    Variant("pre-grow + boundary-rescale-full", "pre-grow", "boundary-rescale-full",
+    Variant("pre-grow + boundary-rescale-full", PRE_GROW, "boundary-rescale-full",
             {"boundary": "rescale-full", "boundary_scale": 1.0}),
     # A synthetic dose at the input of appended post-norm blocks: do heavy tails alone cost what pre-norm does?
-    Variant("post-grow + dose-boundary 37x", "post-grow", "dose-boundary-37",
+    Variant("post-grow + dose-boundary 37x", POST_GROW, "dose-boundary-37",
             {"boundary": "dose-boundary", "boundary_scale": 37.0}),
-    Variant("post-grow + dose-channel 1000x", "post-grow", "dose-channel-1000",
+    Variant("post-grow + dose-channel 1000x", POST_GROW, "dose-channel-1000",
             {"boundary": "dose-channel", "boundary_scale": 1000.0}),
     # Under freeze no gradient reaches the prefix: only the forward boundary the appended block reads differs.
-    Variant("pre-freeze (suite)", "pre-freeze"),
-    Variant("pre-freeze + boundary-rescale-fwd", "pre-freeze", "freeze-boundary-rescale-fwd",
+    Variant("pre-freeze (suite)", PRE_FREEZE),
+    Variant("pre-freeze + boundary-rescale-fwd", PRE_FREEZE, "freeze-boundary-rescale-fwd",
             {"boundary": "rescale-fwd", "boundary_scale": 1.0}),
 )
 
@@ -73,10 +76,10 @@ def interventions(blocks: int) -> tuple[Variant, ...]:
     """INTERVENTIONS and the transplant factorial under freeze: grow's frozen phase-0 block of one
     placement under appended blocks of the other (the diagonal is the suite's pre-freeze and
     post-freeze), trained the same; its run names the placement of each of the student's blocks."""
-    def transplant(prefix: str, appended: str) -> str:
-        return ",".join([prefix] + [appended] * (blocks - 1)) + "-freeze"
+    def transplant(prefix: str, appended: str) -> RunName:
+        return RunName(",".join([prefix] + [appended] * (blocks - 1)), "freeze")
     return INTERVENTIONS + (
-        Variant("post-freeze (suite)", "post-freeze"),
+        Variant("post-freeze (suite)", POST_FREEZE),
         Variant("transplant: pre-norm prefix, post-norm appended", transplant("pre", "post"), "transplant-pre-post"),
         Variant("transplant: post-norm prefix, pre-norm appended", transplant("post", "pre"), "transplant-post-pre"))
 
@@ -87,7 +90,7 @@ def variant_workspace(ws: suite.Workspace, variant: Variant, seed: int) -> suite
         return ws
     settings = dict(variant.settings)
     if settings.get("boundary") == "mirror-fwd":  # the matching pre-norm run of the same seed
-        settings["boundary_source"] = str(ws.run_dir(variant.run.replace("post-", "pre-", 1), seed))
+        settings["boundary_source"] = str(ws.run_dir(replace(variant.run, norm="pre"), seed))
     return replace(ws, preset=replace(ws.preset, run={**ws.preset.run, **settings}),
                    student_runs=str(Path(ws.student_runs) / "beyond" / variant.folder))
 
@@ -95,17 +98,17 @@ def variant_workspace(ws: suite.Workspace, variant: Variant, seed: int) -> suite
 def train_variants(ws: suite.Workspace, variants, seeds: list[int], force: bool = False):
     """The suite's runs first (the mirror reads pre-grow), then each seed's variant runs in lockstep."""
     teacher = suite.ensure_inputs(ws, force)
-    suite.ensure_runs(ws, sorted({v.run for v in variants if not v.folder}), seeds, force, teacher=teacher)
+    suite.ensure_runs(ws, suite_runs(variants), seeds, force, teacher=teacher)
     for seed in seeds:
         jobs = []
         for v in variants:
             if v.folder:
                 vws = variant_workspace(ws, v, seed)
                 settings = suite.run_config(vws, v.run, seed, teacher=teacher)
-                if settings.start_from and v.run.endswith("-freeze"):
+                if settings.start_from and v.run.protocol == "freeze":
                     # grow's phase 0 is the suite's (of block 0's placement): no intervention acts while
                     # one block is active, and a transplant's prefix is that block
-                    shared = ws.run_dir(f"{block0_placement(v.run)}-grow", seed) / "phase-0"
+                    shared = ws.run_dir(RunName(block0_placement(v.run), "grow"), seed) / "phase-0"
                     settings = replace(settings, start_from=os.path.relpath(shared, vws.run_dir(v.run, seed)))
                 jobs.append((settings, vws.run_dir(v.run, seed)))
         grow.train_together(jobs, force=force, ctx=ws.ctx, tracker=ws.tracker, wait=ws.wait)
@@ -113,14 +116,15 @@ def train_variants(ws: suite.Workspace, variants, seeds: list[int], force: bool 
 
 def variant_outcomes(ws: suite.Workspace, variants, seeds: list[int]) -> tuple[dict, list[str]]:
     """({variant label: its final CE per seed}, the variants' diverged runs)."""
-    ce = {v.label: [final_ce(variant_workspace(ws, v, s), v.run, s) for s in seeds] for v in variants}
+    ce = {v.label: [report.final_ce(variant_workspace(ws, v, s), v.run, s) for s in seeds] for v in variants}
     diverged = [d for v in variants for s in seeds
-                for d in tables.diverged_runs(variant_workspace(ws, v, s), [v.run], [s])]
+                for d in report.diverged_runs(variant_workspace(ws, v, s), [v.run], [s])]
     return ce, diverged
 
 
-def final_ce(ws: suite.Workspace, run: str, seed: int) -> float:
-    return tables.final_ce(ws, run, seed)
+def suite_runs(variants) -> list[RunName]:
+    """The suite's own runs among the variants (those without a folder of their own), each once, by name."""
+    return sorted({v.run for v in variants if not v.folder}, key=lambda run: run.name)
 
 
 def internal_boundary_range(run_dirs: list[Path], phase_steps: int) -> dict:
@@ -139,15 +143,15 @@ def range_cell(ranges: dict) -> str:
 # ----------------------------------------------------------------------------------------------
 # intervention
 
-def block0_placement(run: str) -> str:
+def block0_placement(run: RunName) -> str:
     """The placement of a run's block 0 (a transplant's prefix)."""
-    return suite.split_run(run)[0].split(",")[0].strip()
+    return run.norm.split(",")[0].strip()
 
 
-def suite_run(v: Variant) -> str:
+def suite_run(v: Variant) -> RunName:
     """The suite's run a variant is read against: its own run, or for a transplant the freeze run of
     its prefix's placement."""
-    return f"{block0_placement(v.run)}-{suite.split_run(v.run)[1]}"
+    return RunName(block0_placement(v.run), v.run.protocol)
 
 
 # (label, minuend, subtrahend) over INTERVENTIONS' and the transplants' labels: what each contrast isolates.
@@ -208,16 +212,21 @@ def contrast_runs(row: dict) -> str:
 
 
 def run_intervention(ws: suite.Workspace, seeds: list[int], force: bool = False) -> dict:
+    """Boundary interventions on grow runs (the paper's Appendix B.1 asks for one that changes the forward
+    alone): a boundary norm, rescales with one forward and different backwards, the mirror, the rescale under
+    freeze, the transplant factorial and a synthetic dose, each trained; validation CE against pre-grow and
+    post-grow (results/<scale>/intervention.md/.json/.png)."""
     variants = interventions(ws.preset.run["blocks"])
     train_variants(ws, variants, seeds, force)
     if not ws.ctx.is_main:
         return {}
     ce, diverged = variant_outcomes(ws, variants, seeds)
     suite_ce = {v.run: ce[v.label] for v in variants if not v.folder}
-    rows = [{"variant": v.label, "run": v.run, "folder": str(variant_workspace(ws, v, seeds[0]).run_dir(v.run, seeds[0])),
+    rows = [{"variant": v.label, "run": v.run.name,
+             "folder": str(variant_workspace(ws, v, seeds[0]).run_dir(v.run, seeds[0])),
              "settings": v.settings, "ce": report.across_seeds(ce[v.label]),
-             "minus_pre_grow": report.paired(ce[v.label], suite_ce["pre-grow"]),
-             "minus_post_grow": report.paired(ce[v.label], suite_ce["post-grow"]),
+             "minus_pre_grow": report.paired(ce[v.label], suite_ce[PRE_GROW]),
+             "minus_post_grow": report.paired(ce[v.label], suite_ce[POST_GROW]),
              "minus_suite_run": report.paired(ce[v.label], suite_ce[suite_run(v)]),
              "after_block_0": internal_boundary_range([variant_workspace(ws, v, s).run_dir(v.run, s) for s in seeds],
                                                       ws.preset.run["phase_steps"])}
@@ -233,7 +242,7 @@ def run_intervention(ws: suite.Workspace, seeds: list[int], force: bool = False)
     lines = [f"# Boundary interventions ({ws.preset.name} scale)", "",
              f"Validation CE at the end of each run, {report.seeds_text(seeds)}; differences paired by seed. A "
              "transplant is read against the suite's freeze run of its prefix's placement.", "",
-             tables.diverged_line(diverged, len(variants) * len(seeds)), "",
+             report.diverged_line(diverged, len(variants) * len(seeds)), "",
              "| variant | validation CE | − the suite's same run | − pre-grow | − post-grow | after block 0: mean RMS, "
              "kurtosis (monitor) |", "| --- | --- | --- | --- | --- | --- |"]
     lines += [f"| {r['variant']} | {report.stats_cell(r['ce'])} | {report.stats_cell(r['minus_suite_run'], True)} | "
@@ -273,9 +282,9 @@ DOSES = (("dose-boundary", 37.0, "dose-boundary-37", "the boundary token at 37x"
 def planted_variants() -> tuple[Variant, ...]:
     """Placement (pre, post) x planted outlier (none, each of DOSES), grow; the dosed post-grow runs
     share their folders with the intervention's (the same run)."""
-    dosed = tuple(Variant(f"{p}-grow + {label}", f"{p}-grow", folder, {"boundary": kind, "boundary_scale": ratio})
-                  for kind, ratio, folder, label in DOSES for p in ("pre", "post"))
-    return (Variant("pre-grow (suite)", "pre-grow"), Variant("post-grow (suite)", "post-grow")) + dosed
+    dosed = tuple(Variant(f"{p}-grow + {label}", RunName(p, "grow"), folder, {"boundary": kind, "boundary_scale": ratio})
+                  for kind, ratio, folder, label in DOSES for p in tables.NORMS)
+    return (Variant("pre-grow (suite)", PRE_GROW), Variant("post-grow (suite)", POST_GROW)) + dosed
 
 
 def planted_interactions(ce: dict) -> list[dict]:
@@ -294,13 +303,16 @@ def planted_interactions(ce: dict) -> list[dict]:
 
 
 def run_planted(ws: suite.Workspace, seeds: list[int], force: bool = False) -> dict:
+    """Placement (pre, post) x a planted boundary outlier (none, the boundary token at 37x, one channel at
+    1000x) under growth; the dose x placement interaction, read by the rule pre-registered in
+    docs/preregistrations.md (results/<scale>/planted.md/.json)."""
     variants = planted_variants()
     train_variants(ws, variants, seeds, force)
     if not ws.ctx.is_main:
         return {}
     ce, diverged = variant_outcomes(ws, variants, seeds)
-    rows = [{"variant": v.label, "run": v.run, "settings": v.settings, "ce": report.across_seeds(ce[v.label]),
-             "minus_undosed": report.paired(ce[v.label], ce[f"{v.run} (suite)"]),
+    rows = [{"variant": v.label, "run": v.run.name, "settings": v.settings, "ce": report.across_seeds(ce[v.label]),
+             "minus_undosed": report.paired(ce[v.label], ce[f"{v.run.name} (suite)"]),
              "after_block_0": internal_boundary_range([variant_workspace(ws, v, s).run_dir(v.run, s) for s in seeds],
                                                       ws.preset.run["phase_steps"])}
             for v in variants]
@@ -314,7 +326,7 @@ def run_planted(ws: suite.Workspace, seeds: list[int], force: bool = False) -> d
              f"Validation CE at the end of each grow run, {report.seeds_text(seeds)}; differences paired by seed. "
              "The outlier is added at the input of every appended block (phases 1-2) as a constant, so the "
              "backward form is unchanged (docs/preregistrations.md, 2026-12-02).", "",
-             tables.diverged_line(diverged, len(variants) * len(seeds)), "",
+             report.diverged_line(diverged, len(variants) * len(seeds)), "",
              "| run | validation CE | − the same run undosed | after block 0: mean RMS, kurtosis (monitor) |",
              "| --- | --- | --- | --- |"]
     lines += [f"| {r['variant']} | {report.stats_cell(r['ce'])} | {report.stats_cell(r['minus_undosed'], True)} | "
@@ -337,22 +349,25 @@ def run_planted(ws: suite.Workspace, seeds: list[int], force: bool = False) -> d
 # ----------------------------------------------------------------------------------------------
 # placements
 
-def placement_names(placements=PLACEMENT_RUNS) -> list[str]:
-    return [f"{p}-{protocol}" for p in placements for protocol in ("joint", "grow")]
+def placement_runs(placements=PLACEMENT_RUNS) -> list[RunName]:
+    return [RunName(p, protocol) for p in placements for protocol in ("joint", "grow")]
 
 
 def run_placements(ws: suite.Workspace, seeds: list[int], force: bool = False, placements=PLACEMENT_RUNS) -> dict:
-    suite.ensure_runs(ws, placement_names(placements), seeds, force)
+    """Joint and grow for every placement (pre, post, sandwich, peri, hybrid, deepnorm) and the schedule
+    pre,post,post, with Δ against pre-norm (results/<scale>/placements.md/.json/.png)."""
+    runs = placement_runs(placements)
+    suite.ensure_runs(ws, runs, seeds, force)
     if not ws.ctx.is_main:
         return {}
-    diverged = tables.diverged_runs(ws, placement_names(placements), seeds)
-    ce = {name: [final_ce(ws, name, s) for s in seeds] for name in placement_names(placements)}
+    diverged = report.diverged_runs(ws, runs, seeds)
+    ce = {run: [report.final_ce(ws, run, s) for s in seeds] for run in runs}
     rows = []
     for p in placements:
-        joint, grown = ce[f"{p}-joint"], ce[f"{p}-grow"]
+        joint, grown = ce[RunName(p, "joint")], ce[RunName(p, "grow")]
         rows.append({"placement": p, "joint": report.across_seeds(joint), "grow": report.across_seeds(grown),
-                     "delta_joint": report.paired(joint, ce["pre-joint"]),
-                     "delta_grow": report.paired(grown, ce["pre-grow"]),
+                     "delta_joint": report.paired(joint, ce[RunName("pre", "joint")]),
+                     "delta_grow": report.paired(grown, ce[PRE_GROW]),
                      "grow_minus_joint": report.across_seeds([g - j for g, j in zip(grown, joint)])})
     # Holm's correction over every placement-vs-pre comparison of the table (both protocols): the p-value
     # of a one-sample t-test on the paired differences, adjusted for the family.
@@ -362,7 +377,8 @@ def run_placements(ws: suite.Workspace, seeds: list[int], force: bool = False, p
         by_row[name][key]["p_holm"] = p_holm
         by_row[name][key]["reading"] = report.adjusted_reading(by_row[name][key], p_holm, presets.TIE_MARGIN)
         by_row[name][key]["smallest_tie_margin"] = report.smallest_tie_margin(by_row[name][key])
-    figure = figures.fig_monitor({f"{p}-grow": rundir.monitor_series(ws.run_dir(f"{p}-grow", seeds[0])) for p in placements},
+    grown = [RunName(p, "grow") for p in placements]
+    figure = figures.fig_monitor({run.name: rundir.monitor_series(ws.run_dir(run, seeds[0])) for run in grown},
                                  ws.results / "placements.png",
                                  f"boundary monitor, grow runs, {ws.preset.name} scale, seed {seeds[0]}",
                                  caption=f"{ws.preset.name} scale, seed {seeds[0]}, placements")
@@ -372,7 +388,7 @@ def run_placements(ws: suite.Workspace, seeds: list[int], force: bool = False, p
     lines = [f"# Norm placements under joint training and growth ({ws.preset.name} scale)", "",
              f"Validation CE, {report.seeds_text(seeds)}. Δ is the placement's CE minus pre-norm's under the same "
              "protocol, paired by seed (negative: better than pre-norm).", "",
-             tables.diverged_line(diverged, len(placement_names(placements)) * len(seeds)), "",
+             report.diverged_line(diverged, len(runs) * len(seeds)), "",
              f"p (Holm): a one-sample t-test that the paired Δ is 0, adjusted by Holm's method over the table's "
              f"{len(family)} comparisons with pre-norm. Reading: below or above 0 where p (Holm) < 0.05, a tie "
              f"within ±{presets.TIE_MARGIN:g} nats where the 90% interval lies inside it (TOST), else inconclusive; "
@@ -408,23 +424,25 @@ def scratch_workspace(ws: suite.Workspace) -> suite.Workspace:
 
 
 def run_scratch(ws: suite.Workspace, seeds: list[int], force: bool = False) -> dict:
+    """Table 1's 2 x 2 without a teacher: plain CE, embedding and head trained from the seed
+    (results/<scale>/scratch.md/.json)."""
     sws = scratch_workspace(ws)
     suite.ensure_runs(sws, tables.MAIN_RUNS, seeds, force)
     if not ws.ctx.is_main:
         return {}
-    per_seed = [tables.with_deltas({n.replace("-", "_"): final_ce(sws, n, s) for n in tables.MAIN_RUNS})
+    per_seed = [tables.with_deltas({f"{r.norm}_{r.protocol}": report.final_ce(sws, r, s) for r in tables.MAIN_RUNS})
                 for s in seeds]
     numbers = {k: report.across_seeds([p[k] for p in per_seed]) for k in per_seed[0]}
-    diverged = tables.diverged_runs(sws, tables.MAIN_RUNS, seeds)
+    diverged = report.diverged_runs(sws, tables.MAIN_RUNS, seeds)
     cited = {k: paper.DELTAS[k] for k in ("delta_joint", "delta_grow", "interaction")}
     out = {"experiment": "scratch", "scale": ws.preset.name, "seeds": seeds, "numbers": numbers,
-           "folder": str(sws.run_dir("pre-joint", seeds[0]).parent.parent), "paper_with_teacher": cited,
+           "folder": str(sws.students_dir), "paper_with_teacher": cited,
            "diverged_runs": diverged,
            "about": __doc__.split("\n\n")[1]}
     lines = [f"# Growth from scratch ({ws.preset.name} scale): no teacher, plain CE", "",
              f"Validation CE, {report.seeds_text(seeds)}. The paper's numbers (with its teacher): Δjoint "
              f"{cited['delta_joint']:+.4f}, Δgrow {cited['delta_grow']:+.4f}, interaction {cited['interaction']:+.4f}.", "",
-             tables.diverged_line(diverged, len(tables.MAIN_RUNS) * len(seeds)), "",
+             report.diverged_line(diverged, len(tables.MAIN_RUNS) * len(seeds)), "",
              "| number | kit, from scratch |", "| --- | --- |"]
     for key in ("pre_joint", "post_joint", "pre_grow", "post_grow"):
         lines.append(f"| {key.replace('_', '-')} | {report.stats_cell(numbers[key])} |")

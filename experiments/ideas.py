@@ -20,17 +20,21 @@ from dataclasses import dataclass
 import rundir
 from experiments import beyond, presets, report, suite, tables
 from experiments.beyond import Variant
+from experiments.suite import RunName
 
 SEARCH_SEED = 41  # idea 4's search seed, outside the evaluation seeds (42, 43, 44)
 DOSE = {"boundary": "dose-boundary", "boundary_scale": 37.0}
 CHANNEL = {"boundary": "dose-channel", "boundary_scale": 1000.0}
 
-PRE_GROW, POST_GROW = Variant("pre-grow", "pre-grow"), Variant("post-grow", "post-grow")
-PRE_FREEZE, POST_FREEZE = Variant("pre-freeze", "pre-freeze"), Variant("post-freeze", "post-freeze")
+PRE, POST = tables.PRE_GROW, tables.POST_GROW                              # the runs the options change
+PRE_F, POST_F = RunName("pre", "freeze"), RunName("post", "freeze")
+PRE_GROW, POST_GROW = Variant("pre-grow", PRE), Variant("post-grow", POST)  # and the suite's own, as variants
+PRE_FREEZE, POST_FREEZE = Variant("pre-freeze", PRE_F), Variant("post-freeze", POST_F)
 # The planted runs, in the planted experiment's folders (the same settings: the same runs).
-PRE_DOSE = Variant("pre-grow + boundary 37x", "pre-grow", "dose-boundary-37", DOSE)
-POST_DOSE = Variant("post-grow + boundary 37x", "post-grow", "dose-boundary-37", DOSE)
-PRE_CHANNEL = Variant("pre-grow + channel 1000x", "pre-grow", "dose-channel-1000", CHANNEL)
+PRE_DOSE = Variant("pre-grow + boundary 37x", PRE, "dose-boundary-37", DOSE)
+POST_DOSE = Variant("post-grow + boundary 37x", POST, "dose-boundary-37", DOSE)
+PRE_CHANNEL = Variant("pre-grow + channel 1000x", PRE, "dose-channel-1000", CHANNEL)
+AUTO = RunName("auto", "grow")
 
 
 @dataclass(frozen=True)
@@ -42,7 +46,7 @@ class Contrast:
     cost: str = ""  # what the option adds to a run, counted from its design
 
 
-def option(run: str, folder: str, label: str, settings: dict) -> Variant:
+def option(run: RunName, folder: str, label: str, settings: dict) -> Variant:
     return Variant(label, run, folder, settings)
 
 
@@ -53,32 +57,32 @@ def fixed_contrasts() -> list[Contrast]:
     reinit, correct, structural = {"importance_remedy": "reinit"}, {"boundary_correction": "norm"}, {"structural_norm": True}
     forward = "one prefix forward over the step's batch at each transition"
     return [
-        Contrast(1, option("post-grow", "idea1-asymmetric", "post-grow + asymmetric LR", asym), POST_GROW, True, "none"),
-        Contrast(1, option("pre-grow", "idea1-asymmetric", "pre-grow + asymmetric LR", asym), PRE_GROW, False, "none"),
-        Contrast(2, option("post-freeze", "idea2-matched", "post-freeze + matched init", matched), POST_FREEZE, True,
+        Contrast(1, option(POST, "idea1-asymmetric", "post-grow + asymmetric LR", asym), POST_GROW, True, "none"),
+        Contrast(1, option(PRE, "idea1-asymmetric", "pre-grow + asymmetric LR", asym), PRE_GROW, False, "none"),
+        Contrast(2, option(POST_F, "idea2-matched", "post-freeze + matched init", matched), POST_FREEZE, True,
                  forward),
-        Contrast(2, option("pre-freeze", "idea2-matched", "pre-freeze + matched init", matched), PRE_FREEZE, False, forward),
-        Contrast(2, option("post-grow", "idea2-preserve-output", "post-grow + preserve-output", preserve), POST_GROW, False,
+        Contrast(2, option(PRE_F, "idea2-matched", "pre-freeze + matched init", matched), PRE_FREEZE, False, forward),
+        Contrast(2, option(POST, "idea2-preserve-output", "post-grow + preserve-output", preserve), POST_GROW, False,
                  forward),
-        Contrast(3, option("pre-grow", "idea3-reinit", "pre-grow + reinit", reinit), PRE_GROW, True,
+        Contrast(3, option(PRE, "idea3-reinit", "pre-grow + reinit", reinit), PRE_GROW, True,
                  "p + 2 forwards over the step's batch at transition p (the prefix, and each block bypassed)"),
-        Contrast(3, option("post-grow", "idea3-reinit", "post-grow + reinit", reinit), POST_GROW, False,
+        Contrast(3, option(POST, "idea3-reinit", "post-grow + reinit", reinit), POST_GROW, False,
                  "p + 2 forwards over the step's batch at transition p"),
-        Contrast(5, option("pre-grow", "idea5-correction-dose-boundary-37", "pre-grow + boundary 37x + correction",
+        Contrast(5, option(PRE, "idea5-correction-dose-boundary-37", "pre-grow + boundary 37x + correction",
                            {**DOSE, **correct}), PRE_DOSE, True, forward + "; one RMSNorm per boundary that fires"),
-        Contrast(5, option("post-grow", "idea5-correction-dose-boundary-37", "post-grow + boundary 37x + correction",
+        Contrast(5, option(POST, "idea5-correction-dose-boundary-37", "post-grow + boundary 37x + correction",
                            {**DOSE, **correct}), POST_DOSE, False, forward),
-        Contrast(5, option("pre-grow", "idea5-correction-dose-channel-1000", "pre-grow + channel 1000x + correction",
+        Contrast(5, option(PRE, "idea5-correction-dose-channel-1000", "pre-grow + channel 1000x + correction",
                            {**CHANNEL, **correct}), PRE_CHANNEL, False, forward),
-        Contrast(6, option("pre-grow", "idea6-structural-dose-boundary-37", "pre-grow + boundary 37x + structural",
+        Contrast(6, option(PRE, "idea6-structural-dose-boundary-37", "pre-grow + boundary 37x + structural",
                            {**DOSE, **structural}), PRE_DOSE, True,
                  "one token's rescale at each appended block's input per forward; one scalar per appended block"),
-        Contrast(6, option("pre-grow", "idea6-structural", "pre-grow + structural", structural), PRE_GROW, False,
+        Contrast(6, option(PRE, "idea6-structural", "pre-grow + structural", structural), PRE_GROW, False,
                  "as above"),
-        Contrast(6, option("pre-grow", "idea6-structural-dose-channel-1000", "pre-grow + channel 1000x + structural",
+        Contrast(6, option(PRE, "idea6-structural-dose-channel-1000", "pre-grow + channel 1000x + structural",
                            {**CHANNEL, **structural}), PRE_CHANNEL, False, "as above"),
-        Contrast(7, Variant("auto-grow + boundary 37x", "auto-grow", "dose-boundary-37", DOSE), PRE_DOSE, True, forward),
-        Contrast(7, Variant("auto-grow", "auto-grow"), PRE_GROW, False, forward),
+        Contrast(7, Variant("auto-grow + boundary 37x", AUTO, "dose-boundary-37", DOSE), PRE_DOSE, True, forward),
+        Contrast(7, Variant("auto-grow", AUTO), PRE_GROW, False, forward),
     ]
 
 
@@ -92,20 +96,24 @@ def schedules(blocks: int) -> list[str]:
             for names in itertools.product(("pre", "post"), repeat=blocks)]
 
 
-def search(ws: suite.Workspace, force: bool = False) -> dict:
+def search_runs(blocks: int) -> list[RunName]:
+    return [RunName(s, "grow") for s in schedules(blocks)]
+
+
+def search(ws: suite.Workspace, force: bool = False) -> tuple[RunName | None, dict]:
     """Grow with every schedule on SEARCH_SEED; the lowest final validation CE is chosen (a diverged run
-    never is)."""
-    names = [f"{s}-grow" for s in schedules(ws.preset.run["blocks"])]
-    suite.ensure_runs(ws, names, [SEARCH_SEED], force)
-    ce = {name: tables.final_ce(ws, name, SEARCH_SEED) for name in names}
-    finite = {name: value for name, value in ce.items() if math.isfinite(value)}
+    never is): (the chosen run, the search's report)."""
+    runs = search_runs(ws.preset.run["blocks"])
+    suite.ensure_runs(ws, runs, [SEARCH_SEED], force)
+    ce = {run: report.final_ce(ws, run, SEARCH_SEED) for run in runs}
+    finite = {run: value for run, value in ce.items() if math.isfinite(value)}
     chosen = min(finite, key=finite.get) if finite else None
-    return {"seed": SEARCH_SEED, "ce": ce, "chosen": chosen,
-            "diverged": tables.diverged_runs(ws, names, [SEARCH_SEED])}
+    return chosen, {"seed": SEARCH_SEED, "ce": {run.name: value for run, value in ce.items()},
+                    "chosen": chosen.name if chosen else None, "diverged": report.diverged_runs(ws, runs, [SEARCH_SEED])}
 
 
-def search_contrasts(chosen: str) -> list[Contrast]:
-    found = Variant(f"{chosen} (chosen on seed {SEARCH_SEED})", chosen)
+def search_contrasts(chosen: RunName) -> list[Contrast]:
+    found = Variant(f"{chosen.name} (chosen on seed {SEARCH_SEED})", chosen)
     cost = "8 grow runs on the search seed"
     return [Contrast(4, found, POST_GROW, True, cost), Contrast(4, found, PRE_GROW, False, cost)]
 
@@ -119,7 +127,7 @@ def transition_events(run_dir) -> list[dict]:
             for r in rundir.read_metrics(run_dir) if r.get("event") == "transition"]
 
 
-def transition_jump(ws: suite.Workspace, run: str, seed: int) -> float:
+def transition_jump(ws: suite.Workspace, run: RunName, seed: int) -> float:
     """The mean over transitions of the CE at a phase's start (after the transition's changes, before its
     first update) minus the CE at the previous phase's end; NaN for a run without them (diverged)."""
     try:
@@ -130,9 +138,9 @@ def transition_jump(ws: suite.Workspace, run: str, seed: int) -> float:
         return math.nan
 
 
-def last_block_removal(ws: suite.Workspace, run: str, seed: int) -> float:
+def last_block_removal(ws: suite.Workspace, run: RunName, seed: int) -> float:
     """ΔCE of bypassing the last block at the run's endpoint, on the diagnostic batch (Table 4's)."""
-    if not math.isfinite(tables.final_ce(ws, run, seed)):
+    if not math.isfinite(report.final_ce(ws, run, seed)):
         return report.DIVERGED
     return tables.block_removal(ws, run, seed)[-1]["delta_ce"]
 
@@ -151,15 +159,16 @@ def events_text(per_seed: list[list[dict]]) -> str:
     return "; ".join(parts) or "no transition rows"
 
 
-def read_family(rows: list[dict]):
+def read_family(rows: list[dict], chosen: RunName | None = None):
     """Holm over the primary contrasts (one per idea): an untestable one (one seed, no spread, diverged)
-    enters as p = 1, so the family keeps its size; each primary gets p, p (Holm) and its reading."""
+    enters as p = 1, so the family keeps its size; each primary gets p, p (Holm) and its reading (idea 4's
+    none where the search chose post-grow, its baseline, itself)."""
     primaries = [r for r in rows if r["primary"]]
     raw = [report.p_two_sided(r["delta"]) for r in primaries]
     for row, p, p_holm in zip(primaries, raw, report.holm([1.0 if math.isnan(p) else p for p in raw])):
         row["p"], row["p_holm"] = p, (math.nan if math.isnan(p) else p_holm)
         row["reading"] = report.adjusted_reading(row["delta"], p_holm, presets.TIE_MARGIN)
-        if row["idea"] == 4 and row["variant"].startswith("post-grow "):
+        if row["idea"] == 4 and chosen == POST:
             row["reading"] = "0 by construction: the search chose post-grow itself"
         row["smallest_tie_margin"] = report.smallest_tie_margin(row["delta"])
     for row in rows:
@@ -168,8 +177,12 @@ def read_family(rows: list[dict]):
 
 
 def run_ideas(ws: suite.Workspace, seeds: list[int], force: bool = False) -> dict:
-    found = search(ws, force)
-    contrasts = fixed_contrasts() + (search_contrasts(found["chosen"]) if found["chosen"] else [])
+    """The paper's seven proposed improvements, each an option (transition_schedule, append_init,
+    importance_remedy, the placement search, boundary_correction, structural_norm, --norm auto), against the
+    run it changes; one primary contrast each, Holm over the seven, as pre-registered in
+    docs/preregistrations.md (results/<scale>/ideas.md/.json)."""
+    chosen, found = search(ws, force)
+    contrasts = fixed_contrasts() + (search_contrasts(chosen) if chosen else [])
     contrasts.sort(key=lambda c: c.idea)
     variants = list({(v.folder, v.run, v.label): v for c in contrasts for v in (c.variant, c.baseline)}.values())
     beyond.train_variants(ws, variants, seeds, force)
@@ -194,7 +207,7 @@ def run_ideas(ws: suite.Workspace, seeds: list[int], force: bool = False) -> dic
             rows[-1]["last_block_removal"] = {"option": report.across_seeds(removal[0]),
                                               "baseline": report.across_seeds(removal[1]),
                                               "delta": report.paired(*removal)}
-    read_family(rows)
+    read_family(rows, chosen)
     out = {"experiment": "ideas", "scale": ws.preset.name, "seeds": seeds, "search": found, "rows": rows,
            "diverged_runs": diverged, "tie_margin": presets.TIE_MARGIN, "precision": ws.preset.run.get("precision", ""),
            "about": __doc__.split("\n\n")[1]}
@@ -210,7 +223,7 @@ def markdown(out: dict, n_variants: int) -> list[str]:
              "(negative: the option helps). Settings, endpoints and the reading rule: docs/preregistrations.md, "
              "2026-12-02. Ideas 5-7 act on the planted outlier (the boundary token at 37× at every appended "
              "block's input).", "",
-             tables.diverged_line(out["diverged_runs"], n_variants * len(seeds)), "",
+             report.diverged_line(out["diverged_runs"], n_variants * len(seeds)), "",
              "## Primary contrasts (one family, Holm)", "",
              "Reading: above or below 0 where p (Holm) < 0.05, a tie within "
              f"±{out['tie_margin']:g} where the 90% interval lies inside it (TOST), else inconclusive; the last "
@@ -243,7 +256,7 @@ def markdown(out: dict, n_variants: int) -> list[str]:
     lines += [f"| {r['variant']} | {r['transitions']} |" for r in out["rows"] if r["transitions"] != "no transition rows"]
     lines += ["", f"## Idea 4: the search on seed {found['seed']}", "",
               f"Chosen: {found['chosen'] or 'none (every search run diverged)'}. "
-              + tables.diverged_line(found["diverged"], len(found["ce"])), "",
+              + report.diverged_line(found["diverged"], len(found["ce"])), "",
               "| schedule | validation CE |", "| --- | --- |"]
     lines += [f"| {name} | {report.fmt(value, 4)} |" for name, value in found["ce"].items()]
     lines += ["", "Cost: what each option adds to a run, counted from its design. Training time is not given per "

@@ -278,9 +278,18 @@ def parse_value(key: str, raw: str, current):
     raise bad("this key cannot be set from the command line")
 
 
-def apply_overrides(preset: Preset, items, compile_flag: bool | None = None) -> tuple[Preset, dict]:
-    """(the preset with `--set` items and `--compile/--no-compile` applied, {section: {key: value}})."""
-    changes: dict[str, dict] = {}
+@dataclass(frozen=True)
+class Override:
+    """One --set SECTION.KEY=VALUE, parsed once (parse_overrides): its value typed as the preset's field,
+    and in its range."""
+    section: str
+    key: str
+    value: object
+
+
+def parse_overrides(preset: Preset, items) -> tuple[Override, ...]:
+    """--set items as Overrides of `preset`'s fields; a bad item is one line naming it and the fix."""
+    overrides = []
     for item in items:
         key, sep, raw = item.partition("=")
         section, _, name = key.strip().partition(".")
@@ -301,7 +310,20 @@ def apply_overrides(preset: Preset, items, compile_flag: bool | None = None) -> 
         problem = value_problem(section, name, value)
         if problem:
             raise errors.OptionError("--set", f"{key.strip()}={raw.strip()}: {problem}")
-        changes.setdefault(section, {})[name] = value
+        overrides.append(Override(section, name, value))
+    return tuple(overrides)
+
+
+def set_value(overrides, section: str, key: str):
+    """The value the overrides give one field (the last, where several do), or None."""
+    return next((o.value for o in reversed(overrides) if (o.section, o.key) == (section, key)), None)
+
+
+def apply_overrides(preset: Preset, overrides, compile_flag: bool | None = None) -> tuple[Preset, dict]:
+    """(the preset with parsed `--set` overrides and `--compile/--no-compile` applied, {section: {key: value}})."""
+    changes: dict[str, dict] = {}
+    for override in overrides:
+        changes.setdefault(override.section, {})[override.key] = override.value
     if compile_flag is not None:
         changes.setdefault("run", {})["compile"] = compile_flag
     new = replace(preset, **{s: {**getattr(preset, s), **c} for s, c in changes.items()})
@@ -432,6 +454,18 @@ LADDERS["smoke-second"] = (
     Rung("layers-2", "2 layers per block", "a student-only change on rung 0", ("run.layers_per_block=2",), base=0),
 )
 LADDER_SCALES = {"second": "toy", "smoke-second": "smoke"}  # a ladder named otherwise runs at its name's scale
+
+
+def ladder_for(scale: str, ladder: str | None) -> str:
+    """The ladder `repro.py search` climbs at a scale: the one named, if it runs there, else the scale's own."""
+    ladder = ladder or scale
+    if ladder not in LADDERS:
+        raise errors.UsageError(f"--scale {scale} has no ladder; the search runs at {', '.join(LADDERS)}")
+    if LADDER_SCALES.get(ladder, ladder) != scale:
+        raise errors.UsageError(f"--ladder {ladder} runs at --scale {LADDER_SCALES.get(ladder, ladder)}, not {scale}")
+    return ladder
+
+
 # (hours, threads): a rung whose estimated cost passes `hours` on `threads` threads is not run, the ladder stops.
 LADDER_BUDGETS = {"second": (3.0, 1), "smoke-second": (3.0, 1)}
 # The teacher's criterion (the second search's): a massive activation (max |activation| / median >= 100) at

@@ -17,10 +17,12 @@ import math
 import statistics
 from pathlib import Path
 
+from rich.table import Table
+
 import rundir
-from experiments import report
+from experiments import report, suite
 from plumbing import checkpoint
-from plumbing.errors import UsageError
+from plumbing.errors import OptionError, UsageError
 
 REFERENCES = Path(__file__).resolve().parents[1] / "references"
 
@@ -172,4 +174,72 @@ def compare(target: Path, reference: dict) -> list[dict]:
         else:
             within = lo <= value <= hi
         rows.append({"name": name, "value": value, "band": [lo, hi], "within": within})
+    return rows
+
+
+# ----------------------------------------------------------------------------------------------
+# The commands: `reference` writes the shipped file, `compare` checks against it
+
+def write(scale: str, seeds: list[int], force: bool, runs: Path, results: Path) -> str:
+    """references/<scale>.json from the finished runs and reports of `seeds` (runs/<scale>, results/<scale>);
+    the line that says what it wrote."""
+    missing = [seed for seed in seeds if not (runs / f"s{seed}").is_dir()]
+    if missing:
+        raise UsageError(f"{runs / f's{missing[0]}'}: no runs of seed {missing[0]}; run them first")
+    check_reports(results)
+    content = collect(runs, results, seeds)
+    if not content["curves"]:
+        raise UsageError(f"no finished runs of seeds {seeds} under {runs}; run them first")
+    REFERENCES.mkdir(exist_ok=True)
+    path = REFERENCES / f"{scale}.json"
+    if path.exists() and not force:  # shipped with the kit: what every user's `compare` checks against
+        raise UsageError(f"{path} exists (seeds {rundir.read_json(path).get('seeds')}): the kit ships it and "
+                         "`compare` checks against it; add --force to replace it (git checkout restores it)")
+    checkpoint.write_json(path, content, indent=1)
+    return f"wrote {path}: {len(content['curves'])} runs, {len(content['tables'])} tables, seeds {seeds}"
+
+
+def write_tables(scale: str, seeds: list[int], force: bool, names: list[str], runs: Path, results: Path) -> str:
+    """`reference --tables`: the shipped file's named tables taken anew (with_tables); the line that says so."""
+    path = REFERENCES / f"{scale}.json"
+    if not path.is_file():
+        raise UsageError(f"{path}: no shipped reference to update; write it whole (without --tables)")
+    shipped = rundir.read_json(path)
+    if sorted(seeds) != sorted(shipped["seeds"]):
+        raise OptionError("--seeds", f"{path} ships seeds {shipped['seeds']}; its tables take the same seeds")
+    if not names or not force:
+        raise UsageError(f"{path}: the kit ships it and `compare` checks against it; name the tables and add "
+                         "--force to replace them (git checkout restores it)")
+    check_reports(results)
+    checkpoint.write_json(path, with_tables(shipped, runs, results, names), indent=1)
+    return f"wrote {path}: tables {', '.join(names)} from {results}, seeds {seeds}"
+
+
+def check_reports(folder: Path):
+    """Every JSON file in a folder (reports, or a run's own files) reads as an object, each one that
+    does not named in one line: this module reads them with json alone."""
+    for file in sorted(folder.glob("*.json")):
+        rundir.read_json(file)
+
+
+def print_comparison(target: Path, scale: str) -> list[dict]:
+    """compare() of `target` against the shipped reference of `scale`, printed as a table (the numbers
+    outside the band, else the first 20); its rows."""
+    path = REFERENCES / f"{scale}.json"
+    if not path.is_file():
+        raise UsageError(f"no shipped reference for --scale {scale} ({path}); make one with `repro.py reference`")
+    shipped = rundir.read_json(path, "curves", "final_ce", "tables", "seeds")
+    check_reports(target)
+    rows = compare(target, shipped)
+    if not rows:
+        raise UsageError(f"{target}: holds no run or table that {path} has numbers for")
+    table = Table(title=f"{target} against {path.name} (seeds {shipped['seeds']})")
+    for column in ("number", "value", "band", "within"):
+        table.add_column(column)
+    outside = [r for r in rows if not r["within"]]
+    for r in outside or rows[:20]:
+        table.add_row(r["name"], f"{r['value']:.4f}", f"[{r['band'][0]:.4f}, {r['band'][1]:.4f}]",
+                      "yes" if r["within"] else "NO")
+    suite.console.print(table)
+    suite.console.print(f"{len(rows) - len(outside)} of {len(rows)} numbers within the band")
     return rows

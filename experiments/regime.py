@@ -122,23 +122,23 @@ def run_map(ws: suite.Workspace, grid: dict, seeds: list[int], force: bool = Fal
         if pws.replay_docs > available:
             raise errors.UsageError(f"--grid budget={point.budget:g} needs a replay shard of {pws.replay_docs:,} "
                                    f"documents and {ws.data_dir / 'train'} holds {available:,}; use a smaller budget")
-        shared = [n for n in tables.MAIN_RUNS if point.pre_runs_are_the_presets and n.startswith("pre")]
+        shared = [r for r in tables.MAIN_RUNS if point.pre_runs_are_the_presets and r.norm == "pre"]
         if shared and not point.is_preset:
             suite.ensure_runs(ws, shared, seeds, force, teacher=teacher)
-        suite.ensure_runs(pws, [n for n in tables.MAIN_RUNS if n not in shared or point.is_preset], seeds, force,
+        suite.ensure_runs(pws, [r for r in tables.MAIN_RUNS if r not in shared or point.is_preset], seeds, force,
                           teacher=teacher)
     return write_map(ws, points, seeds) if ws.ctx.is_main else {}
 
 
-def run_workspace(ws: suite.Workspace, point: Point, run: str) -> suite.Workspace:
+def run_workspace(ws: suite.Workspace, point: Point, run: suite.RunName) -> suite.Workspace:
     """The workspace holding one of a point's runs: the preset's own for its pre-norm runs where the
     point shares them (Point.pre_runs_are_the_presets), else the point's."""
-    return ws if run.startswith("pre-") and point.pre_runs_are_the_presets else point_workspace(ws, point)
+    return ws if run.norm == "pre" and point.pre_runs_are_the_presets else point_workspace(ws, point)
 
 
 def point_numbers(ws: suite.Workspace, point: Point, seed: int) -> dict:
     """Table 1's numbers of one point and seed, from the runs' done.json."""
-    ce = {n.replace("-", "_"): tables.final_ce(run_workspace(ws, point, n), n, seed) for n in tables.MAIN_RUNS}
+    ce = {f"{r.norm}_{r.protocol}": report.final_ce(run_workspace(ws, point, r), r, seed) for r in tables.MAIN_RUNS}
     return tables.with_deltas(ce)
 
 
@@ -147,7 +147,7 @@ def point_numbers(ws: suite.Workspace, point: Point, seed: int) -> dict:
 BOUNDARY_NUMBERS = ("kurtosis", "boundary_over_others", "massive_ratio")
 
 
-def end_boundary(ws: suite.Workspace, run: str, seed: int) -> dict:
+def end_boundary(ws: suite.Workspace, run: suite.RunName, seed: int) -> dict:
     """BOUNDARY_NUMBERS after block 0 in a run's last monitor row; NaN (n/a) for a run trained without
     the monitor, report.DIVERGED for one that diverged (a failed run's boundary is no dose)."""
     if rundir.final_eval(ws.run_dir(run, seed)).get("diverged"):
@@ -162,20 +162,21 @@ def write_map(ws: suite.Workspace, points: list[Point], seeds: list[int]) -> dic
     rows, diverged, run_dirs = [], [], set()
     for point in points:
         pws = point_workspace(ws, point)
-        for n in tables.MAIN_RUNS:  # each run once: the preset's pre-norm runs serve several points
-            owner = run_workspace(ws, point, n)
-            fresh = [s for s in seeds if owner.run_dir(n, s) not in run_dirs]
-            run_dirs.update(owner.run_dir(n, s) for s in fresh)
-            diverged += [f"{point.name}: {d}" for d in tables.diverged_runs(owner, [n], fresh)]
+        for run in tables.MAIN_RUNS:  # each run once: the preset's pre-norm runs serve several points
+            owner = run_workspace(ws, point, run)
+            fresh = [s for s in seeds if owner.run_dir(run, s) not in run_dirs]
+            run_dirs.update(owner.run_dir(run, s) for s in fresh)
+            diverged += [f"{point.name}: {d}" for d in report.diverged_runs(owner, [run], fresh)]
         per_seed = [point_numbers(ws, point, s) for s in seeds]
         run = pws.preset.run
         row = {"point": point.name, "budget": point.budget, "lr_multiplier": point.lr, "gain": point.gain,
                "phase_steps": run["phase_steps"], "lr": run["lr"], "lr_x_steps": run["lr"] * run["phase_steps"],
-               "folder": str(pws.run_dir("pre-joint", seeds[0]).parent.parent)}
+               "folder": str(pws.students_dir)}
         for key in ("pre_joint", "post_joint", "pre_grow", "post_grow", "delta_joint", "delta_grow", "interaction"):
             row[key] = report.across_seeds([p[key] for p in per_seed])
         for placement in ("pre", "post"):
-            ends = [end_boundary(run_workspace(ws, point, f"{placement}-grow"), f"{placement}-grow", s) for s in seeds]
+            grown = suite.RunName(placement, "grow")
+            ends = [end_boundary(run_workspace(ws, point, grown), grown, s) for s in seeds]
             for key in BOUNDARY_NUMBERS:
                 row[f"{placement}_grow_{key}"] = report.across_seeds([e[key] for e in ends])
         rows.append(row)
@@ -184,7 +185,7 @@ def write_map(ws: suite.Workspace, points: list[Point], seeds: list[int]) -> dic
            "diverged_runs": diverged,
            "about": __doc__.split("\n\n")[1]}
     out["figure"] = str(figures.fig_regime(rows, cited, ws.results / "regime.png", ws.preset.name, seeds))
-    lines = markdown(rows, cited, ws.preset.name, seeds, tables.diverged_line(diverged, len(run_dirs)))
+    lines = markdown(rows, cited, ws.preset.name, seeds, report.diverged_line(diverged, len(run_dirs)))
     suite.console.print("\n".join(lines), markup=False)
     return report.write(ws.results, "regime", out, lines)
 
@@ -224,7 +225,7 @@ def markdown(rows: list[dict], cited: dict, scale: str, seeds: list[int], diverg
 # never run here: the criterion is calibrated on pre-norm alone. Each rung is an ordinary set of --set
 # overrides, so `python repro.py train --scale toy --norm pre --protocol grow --set ...` reproduces it.
 
-SEARCH_RUN = "pre-grow"
+SEARCH_RUN = tables.PRE_GROW
 
 
 def rung_chain(ladder, index: int) -> list[int]:
@@ -260,16 +261,21 @@ def teacher_mechanism(taught: dict) -> dict:
 
 def shipped_teacher(rws: suite.Workspace) -> bool:
     """Whether the rung's teacher is the scale's shipped one, installed (not trained) by the search."""
-    folder, shipped = rws.run_dir("teacher", 0), rws.preset.shipped_teacher
+    folder, shipped = rws.teacher_dir, rws.preset.shipped_teacher
     return bool(shipped) and (folder / checkpoint.CHECKSUMS).is_file() and \
         (folder / checkpoint.CHECKSUMS).read_bytes() == (suite.SHIPPED_ROOT / shipped / checkpoint.CHECKSUMS).read_bytes()
 
 
 def rung_workspace(ws: suite.Workspace, ladder, index: int, user_overrides=()) -> suite.Workspace:
-    """The workspace of one rung: the scale with the rung's overrides (and the user's, last)."""
+    """The workspace of one rung: the scale with the rung's overrides (and the user's, parsed, last)."""
     return suite.workspace(ws.preset.name, ws.runs.parent, ws.results.parent,
-                           overrides=(*rung_overrides(ladder, index), *user_overrides), device=ws.ctx.device.type,
-                           tracker=ws.tracker, lockstep=ws.lockstep, wait=ws.wait)
+                           overrides=rung_settings(ws.preset.name, ladder, index) + tuple(user_overrides),
+                           device=ws.ctx.device.type, tracker=ws.tracker, lockstep=ws.lockstep, wait=ws.wait)
+
+
+def rung_settings(scale: str, ladder, index: int) -> tuple[presets.Override, ...]:
+    """rung_overrides parsed as the scale's fields (as `--set` parses them)."""
+    return presets.parse_overrides(presets.PRESETS[scale], rung_overrides(ladder, index))
 
 
 def rung_flops(rws: suite.Workspace, new_teacher: bool) -> float:
@@ -360,7 +366,7 @@ def run_search(ws: suite.Workspace, seed: int, force: bool = False, user_overrid
     for index, rung in enumerate(ladder):
         rws = rung_workspace(ws, ladder, index, user_overrides)
         suite.prepare_data(rws, force)
-        teacher_dir = rws.run_dir("teacher", 0)
+        teacher_dir = rws.teacher_dir
         new_teacher = not rws.preset.teacher and not any(r["teacher_dir"] == str(teacher_dir) for r in rows) \
             and not shipped_teacher(rws)
         flops = rung_flops(rws, new_teacher)

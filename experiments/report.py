@@ -13,10 +13,16 @@ import math
 import statistics
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
+from rich.table import Table
 
+import rundir
 from plumbing import checkpoint
+
+if TYPE_CHECKING:
+    from experiments.suite import RunName, Workspace
 
 # ----------------------------------------------------------------------------------------------
 # Statistics over seeds
@@ -157,6 +163,34 @@ def paired(a: list[float], b: list[float]) -> dict:
 
 
 # ----------------------------------------------------------------------------------------------
+# Finished runs as reports count them: a final CE, or a divergence said in every report
+
+def final_ce(ws: Workspace, run: RunName, seed: int) -> float:
+    """The scheduled endpoint's validation CE (never a best checkpoint), or DIVERGED."""
+    result = rundir.final_eval(ws.run_dir(run, seed))
+    return DIVERGED if result.get("diverged") else result["ce"]
+
+
+def diverged_runs(ws: Workspace, runs, seeds) -> list[str]:
+    """'<run> s<seed> (step <n>: <why>)' for each run of `runs` x `seeds` that diverged."""
+    out = []
+    for seed in seeds:
+        for run in runs:
+            record = rundir.final_eval(ws.run_dir(run, seed)).get("diverged")
+            if record:
+                out.append(f"{run.name} s{seed} (step {record['step']}: {record['why']})")
+    return out
+
+
+def diverged_line(diverged: list[str], total: int) -> str:
+    """A report's count of its diverged runs (diverged_runs' entries among `total` runs), said even when none did."""
+    if not diverged:
+        return f"Diverged: none of {total} runs."
+    return (f"Diverged: {len(diverged)} of {total} runs, shown as diverged and left out of every mean and "
+            f"interval: {'; '.join(diverged)}.")
+
+
+# ----------------------------------------------------------------------------------------------
 # Cells and tables
 
 TOKENS = -1  # Row.digits of a token count: printed as 3.11B, 312.40k, ...
@@ -238,6 +272,17 @@ def table_markdown(rows: list[Row], stats: dict, n_seeds: int, full: bool = Fals
         s = stats[r.key]
         lines.append(f"| {r.label} | {kit_cell(s, r.digits)} | {fmt(r.paper, r.digits)} | {comparison(r, s, full)} |")
     return lines
+
+
+def terminal_table(title: str, rows: list[Row], stats: dict, n_seeds: int, full: bool = False) -> Table:
+    """table_markdown's rows for the terminal: quantity, the kit's cell, the paper's, the comparison."""
+    table = Table(title=title, title_justify="left")
+    for column in ("quantity", "kit" if n_seeds == 1 else f"kit ({n_seeds} seeds)", "paper", comparison_column(full)):
+        table.add_column(column, justify="left" if column == "quantity" else "right")
+    for r in rows:
+        s = stats[r.key]
+        table.add_row(r.label, kit_cell(s, r.digits), fmt(r.paper, r.digits), comparison(r, s, full))
+    return table
 
 
 def stats_cell(s: dict, signed: bool = False) -> str:

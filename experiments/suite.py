@@ -1,11 +1,12 @@
 """A scale's workspace and the runs it needs: where data, teacher, runs and results live, each named
 run's settings, and what trains before an experiment can report (data, the teacher, every run of
 every seed, in lockstep where they share batches). The CLI (repro.py) and the experiment modules
-(experiments.py, regime.py, beyond.py) build on it.
+(tables.py, regime.py, beyond.py, ideas.py) build on it.
 
     ws = suite.workspace("toy", Path("runs"), Path("results"))
-    suite.ensure_runs(ws, ["pre-grow", "post-grow"], seeds=[42, 43])
-    config = suite.run_config(ws, "post-grow", 42)       # a config.RunConfig, paths relative to its folder
+    pre_grow, post_grow = RunName("pre", "grow"), RunName("post", "grow")
+    suite.ensure_runs(ws, [pre_grow, post_grow], seeds=[42, 43])
+    config = suite.run_config(ws, post_grow, 42)        # a config.RunConfig, paths relative to its folder
 """
 from __future__ import annotations
 
@@ -51,8 +52,18 @@ class Workspace:
     def data_dir(self) -> Path:
         return self.runs / "data"
 
-    def run_dir(self, name: str, seed: int) -> Path:
-        return self.runs / "teacher" if name == "teacher" else self.runs / self.student_runs / f"s{seed}" / name
+    @property
+    def students_dir(self) -> Path:
+        """Where the students' s<seed>/<run>/ folders are."""
+        return self.runs / self.student_runs
+
+    def run_dir(self, run: RunName, seed: int) -> Path:
+        return self.students_dir / f"s{seed}" / run.name
+
+    @property
+    def teacher_dir(self) -> Path:
+        """The kit's own teacher, shared by every student of the scale (and of its student overrides)."""
+        return self.runs / "teacher"
 
     @property
     def replay_docs(self) -> int:
@@ -71,7 +82,8 @@ class Workspace:
 def workspace(scale: str, runs_dir: Path, results_dir: Path | None = None, dry_run: bool = False, overrides=(),
               compile_flag: bool | None = None, device: str = "auto", tracker: str = "",
               lockstep: bool = True, wait: bool = True) -> Workspace:
-    """A scale's folders. With overrides of the students' settings (run, diag) only, the students live in
+    """A scale's folders, with `overrides` (presets.Override, parsed from --set) applied. With overrides
+    of the students' settings (run, diag) only, the students live in
     runs/<scale>/set/<overrides>/ beside the scale's data and teacher; overrides of the data or the
     teacher make a whole workspace of their own, runs/<scale>+<overrides>/. Results go to
     results/<scale>+<overrides>/. Everything is checked before a folder is made: the overrides, CUDA,
@@ -124,6 +136,21 @@ def check_corpus(preset: Preset):
             corpus.validation_documents()
     except errors.DataError as e:
         raise errors.OptionError("--set", str(e)) from None
+
+
+def data_summary(ws: Workspace, force: bool = False) -> Table:
+    """`repro.py data`: the scale's shards, prepared (prepare_data), summarised side by side (data.summarize)."""
+    train_shard, val_shard = prepare_data(ws, force)
+    enc = tokenizer.qwen3_tokenizer(ws.preset.data["vocab_size"])
+    table = Table(title=f"data at scale {ws.preset.name} ({enc.name}); boundary tokens = leading <|endoftext|> per "
+                        "document")
+    summaries = {"train": data.summarize(train_shard, enc), "validation": data.summarize(val_shard, enc)}
+    table.add_column("")
+    for split in summaries:
+        table.add_column(split, justify="right")
+    for key in summaries["train"]:
+        table.add_row(key, *[f"{s[key]:,}" for s in summaries.values()])
+    return table
 
 
 def prepare_data(ws: Workspace, force: bool = False) -> tuple[data.Shard, data.Shard]:
@@ -199,60 +226,84 @@ def hub_teacher(ws: Workspace) -> Path:
 # ----------------------------------------------------------------------------------------------
 # Named runs. A run is computed once and shared by every experiment that needs it.
 
-RUN_PROTOCOLS = ("joint", "grow", "freeze", "joint-long", "joint-longer", "joint-replay")  # a run name's suffixes
+RUN_PROTOCOLS = ("joint", "grow", "freeze", "joint-long", "joint-longer", "joint-replay")
+# The run whose first phases a protocol's run shares (prefix_run: how many), computed before it (with_prefixes).
+PARENT_PROTOCOLS = {"freeze": "grow", "joint-long": "joint", "joint-replay": "joint", "joint-longer": "joint-long"}
 
 
-def split_run(name: str) -> tuple[str, str]:
-    """'hybrid-star-grow' -> ('hybrid-star', 'grow'): a placement's name may itself hold a '-'."""
-    for protocol in sorted(RUN_PROTOCOLS, key=len, reverse=True):
-        if name.endswith(f"-{protocol}"):
-            return name.removesuffix(f"-{protocol}"), protocol
-    raise ValueError(f"run name {name!r} does not end in one of {', '.join(RUN_PROTOCOLS)}")
+@dataclass(frozen=True)
+class RunName:
+    """A student run of the suite, named by its fields: `norm` is a placement (model.PLACEMENTS), one per
+    block ("pre,post,post") or "auto"; `protocol` one of RUN_PROTOCOLS. Its folder, and its key in every
+    report, is `name` (hybrid-star-grow); nothing reads a run's fields back from a name."""
+    norm: str
+    protocol: str
+
+    def __post_init__(self):
+        if self.protocol not in RUN_PROTOCOLS:
+            raise ValueError(f"protocol {self.protocol!r} is not one of {', '.join(RUN_PROTOCOLS)}")
+
+    @property
+    def name(self) -> str:
+        return f"{self.norm}-{self.protocol}"
+
+    @property
+    def parent(self) -> RunName | None:
+        """The run whose first phases are this one's (PARENT_PROTOCOLS), if any."""
+        protocol = PARENT_PROTOCOLS.get(self.protocol)
+        return RunName(self.norm, protocol) if protocol else None
 
 
-def prefix_run(name: str, ws: Workspace) -> tuple[str, int] | None:
+def prefix_run(run: RunName, ws: Workspace) -> tuple[RunName, int] | None:
     """(run, phase) whose phases 0..phase are identical to this run's first ones."""
-    norm, protocol = split_run(name)
-    if protocol in ("joint-long", "joint-longer", "joint-replay") and not ws.preset.run.get("restart_optimizer", True):
+    if run.protocol in ("joint-long", "joint-longer", "joint-replay") and not ws.preset.run.get("restart_optimizer", True):
         return None  # it carries AdamW's moments across restarts, and kept checkpoints hold none
-    if protocol == "freeze":
-        return f"{norm}-grow", 0        # freeze's phase 0 is grow's phase 0 (Table 2 reads it)
-    if protocol in ("joint-long", "joint-replay"):
-        return f"{norm}-joint", 0       # the long controls' first phase is joint itself
-    if protocol == "joint-longer":
-        return f"{norm}-joint-long", ws.preset.long_phases[0] - 1
-    return None
+    if run.parent is None:
+        return None
+    # freeze's phase 0 is grow's phase 0 (Table 2 reads it); the long controls' first phase is joint itself
+    return run.parent, (ws.preset.long_phases[0] - 1 if run.protocol == "joint-longer" else 0)
 
 
-def run_config(ws: Workspace, name: str, seed: int, teacher: Path | None = None) -> config.RunConfig:
+def run_config(ws: Workspace, run: RunName, seed: int, teacher: Path | None = None) -> config.RunConfig:
     """A named run's settings, its paths relative to its own folder where they lie in the runs tree (so
     the tree can be moved or copied; a hub teacher's cache path stays absolute)."""
-    return config.RunConfig(**run_settings(ws, name, seed, teacher)).relative_to(ws.run_dir(name, seed), ws.runs)
+    return config.RunConfig(**run_settings(ws, run, seed, teacher)).relative_to(ws.run_dir(run, seed), ws.runs)
 
 
-def run_settings(ws: Workspace, name: str, seed: int, teacher: Path | None = None) -> dict:
-    shards = dict(train_data=str(ws.data_dir / "train"), val_data=str(ws.data_dir / "val"))
-    if name == "teacher":
-        # The scale's own run settings under teacher_run's: --set run.* changes the students only.
-        vocab = tokenizer.qwen3_tokenizer(ws.preset.data["vocab_size"]).n_vocab
-        return {**PRESETS[ws.preset.name].run, **ws.preset.teacher_run, **shards, "name": "teacher",
-                "protocol": "teacher", "norm": "pre", "replay_docs": len(data.Shard(ws.data_dir / "train", verify=False)),
-                "teacher_config": {**ws.preset.teacher_model, "vocab_size": vocab}}
-    norm, protocol = split_run(name)
+def shard_paths(ws: Workspace) -> dict:
+    return dict(train_data=str(ws.data_dir / "train"), val_data=str(ws.data_dir / "val"))
+
+
+def run_settings(ws: Workspace, run: RunName, seed: int, teacher: Path | None = None) -> dict:
     # joint-replay: grow's steps (one phase per block, an LR restart at each, as grow's) on grow's shard
+    protocol = run.protocol
     phases = {"joint-long": ws.preset.long_phases[0], "joint-longer": ws.preset.long_phases[1],
               "joint-replay": ws.preset.run["blocks"]}.get(protocol, 1)
-    prefix = prefix_run(name, ws)
+    prefix = prefix_run(run, ws)
     start_from = str(ws.run_dir(prefix[0], seed) / f"phase-{prefix[1]}") if prefix else ""
-    settings = {**ws.preset.run, **shards, "name": name, "seed": seed, "norm": norm,
+    settings = {**ws.preset.run, **shard_paths(ws), "name": run.name, "seed": seed, "norm": run.norm,
                 "protocol": "joint-long" if phases > 1 or protocol == "joint-replay" else protocol, "joint_phases": phases,
                 "replay_docs": ws.replay_docs, "teacher": "" if scratch(ws) else str(teacher or ""),
                 "start_from": start_from, **({"long_data": "replay"} if protocol == "joint-replay" else {})}
-    if norm != "post":  # a post-norm option: other placements keep one identity whatever it is set to
+    if run.norm != "post":  # a post-norm option: other placements keep one identity whatever it is set to
         settings.pop("post_output_gain", None)
     if settings["protocol"] != "joint-long":  # likewise an option of the long joint controls only
         settings.pop("restart_optimizer", None)
     return settings
+
+
+def teacher_settings(ws: Workspace) -> dict:
+    """The kit's own teacher: the scale's own run settings under teacher_run's (--set run.* changes the
+    students only), plain CE pretraining of teacher_model over the scale's vocabulary."""
+    vocab = tokenizer.qwen3_tokenizer(ws.preset.data["vocab_size"]).n_vocab
+    return {**PRESETS[ws.preset.name].run, **ws.preset.teacher_run, **shard_paths(ws), "name": "teacher",
+            "protocol": "teacher", "norm": "pre", "replay_docs": len(data.Shard(ws.data_dir / "train", verify=False)),
+            "teacher_config": {**ws.preset.teacher_model, "vocab_size": vocab}}
+
+
+def teacher_config(ws: Workspace, folder: Path | None = None) -> config.RunConfig:
+    """The teacher's settings as its folder (ws.teacher_dir unless given) stores them."""
+    return config.RunConfig(**teacher_settings(ws)).relative_to(folder or ws.teacher_dir, ws.runs)
 
 
 def scratch(ws: Workspace) -> bool:
@@ -260,19 +311,14 @@ def scratch(ws: Workspace) -> bool:
     return ws.preset.run.get("scratch_model") is not None
 
 
-def with_prefixes(names) -> list[str]:
+def with_prefixes(runs) -> list[RunName]:
     """The runs in an order where every shared prefix is computed before the run that reuses it."""
     ordered = []
-    for name in names:
-        chain = [name]
-        while True:
-            norm, protocol = split_run(chain[-1])
-            parent = {"freeze": f"{norm}-grow", "joint-long": f"{norm}-joint", "joint-replay": f"{norm}-joint",
-                      "joint-longer": f"{norm}-joint-long"}.get(protocol)
-            if not parent:
-                break
-            chain.append(parent)
-        ordered += [n for n in reversed(chain) if n not in ordered]
+    for run in runs:
+        chain = [run]
+        while chain[-1].parent:
+            chain.append(chain[-1].parent)
+        ordered += [r for r in reversed(chain) if r not in ordered]
     return ordered
 
 
@@ -283,15 +329,14 @@ def run_status(run_dir: Path) -> str:
     return f"partial (step {max(steps)})" if steps else "pending"
 
 
-def show_overview(ws: Workspace, jobs: list[tuple[str, int]]):
+def show_overview(ws: Workspace, jobs: list[tuple[RunName, int]]):
     if not ws.ctx.is_main:
         return
     table = Table(title=f"runs at scale {ws.preset.name}")
     for column in ("run", "seed", "status", "folder"):
         table.add_column(column)
-    for name, seed in jobs:
-        status = run_status(ws.run_dir(name, seed))
-        table.add_row(name, str(seed), status, str(ws.run_dir(name, seed)))
+    for run, seed in jobs:
+        table.add_row(run.name, str(seed), run_status(ws.run_dir(run, seed)), str(ws.run_dir(run, seed)))
     console.print(table)
 
 
@@ -299,10 +344,9 @@ def ensure_teacher(ws: Workspace, force: bool = False) -> Path:
     if ws.preset.teacher:
         return hub_teacher(ws)
     ws.ctx.on_main(lambda: install_shipped_teacher(ws), "installing the shipped teacher")
-    grow.train(run_config(ws, "teacher", ws.preset.run["seed"]), ws.run_dir("teacher", 0), force=force, ctx=ws.ctx,
-               tracker=ws.tracker, wait=ws.wait)
-    refuse_diverged_teacher(ws.run_dir("teacher", 0))
-    return ws.run_dir("teacher", 0) / "phase-0"
+    grow.train(teacher_config(ws), ws.teacher_dir, force=force, ctx=ws.ctx, tracker=ws.tracker, wait=ws.wait)
+    refuse_diverged_teacher(ws.teacher_dir)
+    return ws.teacher_dir / "phase-0"
 
 
 SHIPPED_ROOT = Path(__file__).resolve().parents[1]
@@ -312,7 +356,7 @@ def install_shipped_teacher(ws: Workspace) -> bool:
     """The preset's shipped teacher, copied to runs/<scale>/teacher/ if none is there and its config is the
     one this workspace would train (else the kit trains its own): checksums verified, a temporary sibling
     renamed into place. True if installed."""
-    folder = ws.run_dir("teacher", 0)
+    folder = ws.teacher_dir
     if not ws.preset.shipped_teacher or (folder / "config.json").exists():
         return False
     shipped = SHIPPED_ROOT / ws.preset.shipped_teacher
@@ -325,7 +369,7 @@ def install_shipped_teacher(ws: Workspace) -> bool:
     folder.parent.mkdir(parents=True, exist_ok=True)
     shutil.copytree(shipped, tmp)
     try:
-        rundir.check_config(run_config(ws, "teacher", 0), tmp)
+        rundir.check_config(teacher_config(ws), tmp)
     except errors.TrainingError:  # other teacher settings than shipped: the kit trains this one itself
         shutil.rmtree(tmp)
         return False
@@ -338,12 +382,29 @@ def install_shipped_teacher(ws: Workspace) -> bool:
     return True
 
 
+def pretrain_teacher(ws: Workspace, rebuild: bool = False, force: bool = False) -> str:
+    """`repro.py teacher`: the scale's data, then its own teacher (installed if shipped, else trained), or
+    with `rebuild` the shipped one trained again beside it; the line that says what came out."""
+    if ws.preset.teacher:
+        raise errors.UsageError(f"--scale {ws.preset.name} distils from {ws.preset.teacher}; there is no teacher to "
+                                "pretrain")
+    if rebuild and not ws.preset.shipped_teacher:
+        raise errors.OptionError("--rebuild", f"--scale {ws.preset.name} ships no teacher; `repro.py teacher` trains "
+                                 "its own")
+    prepare_data(ws, force)
+    if rebuild:
+        return rebuild_teacher(ws, force)
+    path = ensure_teacher(ws, force)
+    result = rundir.read_json(ws.teacher_dir / "done.json", "ce", "ppl")
+    return f"teacher: validation CE {result['ce']:.4f} (PPL {result['ppl']:.1f}); HF checkpoint in {path}"
+
+
 def rebuild_teacher(ws: Workspace, force: bool = False) -> str:
     """The shipped teacher trained again from its settings, into runs/<scale>/teacher-rebuilt/; a line
     saying whether its weights equal the shipped ones bit for bit."""
     from safetensors.torch import load_file
     folder = ws.runs / "teacher-rebuilt"
-    settings = config.RunConfig(**run_settings(ws, "teacher", 0)).relative_to(folder, ws.runs)
+    settings = teacher_config(ws, folder)
     grow.train(settings, folder, force=force, ctx=ws.ctx, tracker=ws.tracker, wait=ws.wait)
     shipped = load_file(SHIPPED_ROOT / ws.preset.shipped_teacher / "phase-0" / "model.safetensors")
     rebuilt = load_file(folder / "phase-0" / "model.safetensors")
@@ -377,18 +438,18 @@ def ensure_inputs(ws: Workspace, force: bool = False) -> Path:
     return teacher
 
 
-def check_before_work(ws: Workspace, jobs: list[tuple[str, int]], force: bool, teacher: Path | None = None):
+def check_before_work(ws: Workspace, jobs: list[tuple[RunName, int]], force: bool, teacher: Path | None = None):
     """What a command will read back, read before any data, teacher or run folder is made and before
     anything is printed, so that a bad setting or a damaged file is one line that changes nothing:
     every run's settings, then (unless --force, which discards what does not match) the config.json
     and done.json of every run it would reuse or resume, and the kit's own teacher once trained."""
     teacher = teacher or expected_teacher(ws)
-    for name, seed in jobs:
+    for run, seed in jobs:
         try:
-            config = run_config(ws, name, seed, teacher=teacher)
+            config = run_config(ws, run, seed, teacher=teacher)
         except errors.ConfigError as e:  # RunConfig's own checks: a placement schedule, per-phase LRs and warmups
-            raise errors.OptionError("--set", f"run {name}: {e}") from None
-        folder = ws.run_dir(name, seed)
+            raise errors.OptionError("--set", f"run {run.name}: {e}") from None
+        folder = ws.run_dir(run, seed)
         if force:  # --force discards what does not match, if the kit made all of it: nothing else to read first
             if (teacher is not None or scratch(ws)) and (folder / "config.json").exists():
                 try:
@@ -410,7 +471,7 @@ def check_before_work(ws: Workspace, jobs: list[tuple[str, int]], force: bool, t
 def expected_teacher(ws: Workspace) -> Path | None:
     """The teacher path the runs' configs record, where it is known before the teacher is trained or fetched."""
     if not ws.preset.teacher:
-        return ws.run_dir("teacher", 0) / "phase-0"
+        return ws.teacher_dir / "phase-0"
     return Path(ws.preset.teacher) if Path(ws.preset.teacher).is_dir() else None
 
 
@@ -428,7 +489,7 @@ def check_result(path: Path):
 def check_trained_teacher(ws: Workspace):
     """The kit's own teacher, if trained: its run files, and its checkpoint loaded whole (checksums,
     config, every tensor; a few MB at the scales that train one)."""
-    folder = ws.run_dir("teacher", 0)
+    folder = ws.teacher_dir
     if (folder / "config.json").exists():
         rundir.read_json(folder / "config.json")
     if not (folder / "done.json").exists():
@@ -441,12 +502,12 @@ def check_trained_teacher(ws: Workspace):
     model.load_qwen3(folder / "phase-0")
 
 
-def ensure_runs(ws: Workspace, names, seeds: list[int], force: bool = False, teacher: Path | None = None):
+def ensure_runs(ws: Workspace, runs, seeds: list[int], force: bool = False, teacher: Path | None = None):
     """Data, teacher (unless given), then every run each seed needs; done runs are reused, partial
     ones resumed, and with `force` a run folder holding another config (an edited preset) is discarded.
     In lockstep (ws.lockstep) the runs of a seed that read the same
     batches train together on one teacher pass per batch; the long joint controls train alone after."""
-    jobs = [(name, seed) for seed in seeds for name in with_prefixes(names)]
+    jobs = [(run, seed) for seed in seeds for run in with_prefixes(runs)]
     check_before_work(ws, jobs, force, teacher)
     if scratch(ws):
         prepare_data(ws, force)  # growth from scratch: no teacher at all
@@ -456,21 +517,21 @@ def ensure_runs(ws: Workspace, names, seeds: list[int], force: bool = False, tea
         show_overview(ws, jobs)  # once, before the work; each run then announces itself
     for seed in seeds:
         # Done runs too: training reuses one whose config matches and refuses a stale one.
-        runs = [(run_config(ws, name, seed, teacher=teacher), ws.run_dir(name, seed)) for name in with_prefixes(names)]
-        together = [job for job in runs if ws.lockstep and job[0].data_mode == "replay"]
-        alone = [job for job in runs if job not in together]
+        seed_jobs = [(run_config(ws, run, seed, teacher=teacher), ws.run_dir(run, seed)) for run in with_prefixes(runs)]
+        together = [job for job in seed_jobs if ws.lockstep and job[0].data_mode == "replay"]
+        alone = [job for job in seed_jobs if job not in together]
         if together:
             grow.train_together(together, force=force, ctx=ws.ctx, tracker=ws.tracker, wait=ws.wait)
         for settings, run_dir in alone:
             grow.train(settings, run_dir, force=force, ctx=ws.ctx, tracker=ws.tracker, wait=ws.wait)
 
 
-def teacher_summary(ws: Workspace, names, seeds: list[int]) -> str:
+def teacher_summary(ws: Workspace, runs, seeds: list[int]) -> str:
     """The kit's own teacher: its cost (cached after the first run) and its lead over the students."""
-    teacher = ws.run_dir("teacher", 0)
+    teacher = ws.teacher_dir
     result = rundir.read_json(teacher / "done.json", "ce", "step")
     seconds = max((r.get("time", 0.0) for r in rundir.read_metrics(teacher) if not r.get("eval")), default=0.0)
-    students = [(rundir.final_eval(ws.run_dir(n, s))["ce"], f"{n} s{s}") for n in names for s in seeds]
+    students = [(rundir.final_eval(ws.run_dir(r, s))["ce"], f"{r.name} s{s}") for r in runs for s in seeds]
     finished = [(ce, name) for ce, name in students if ce is not None]  # a diverged student has no CE
     if not finished:
         return f"teacher: validation CE {result['ce']:.4f} after {result['step']} steps; every student diverged"

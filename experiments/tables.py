@@ -20,7 +20,6 @@ from typing import TYPE_CHECKING, Callable
 import numpy as np
 import torch
 from rich.console import Console
-from rich.table import Table
 
 import config
 import data
@@ -29,7 +28,8 @@ import model
 import nets
 import rundir
 from experiments import figures, report
-from experiments.presets import SINK, TIE_MARGIN
+from experiments.presets import TIE_MARGIN
+from experiments.suite import RunName
 from paper import DELTAS, PAPER
 from plumbing import devices, errors, tokenizer
 
@@ -38,10 +38,12 @@ if TYPE_CHECKING:
 
 console = Console(width=None if sys.stdout.isatty() else 140)
 
-RUNS = ("pre-joint", "post-joint", "pre-grow", "post-grow", "pre-freeze", "post-freeze",
-        "pre-joint-long", "pre-joint-longer", "post-joint-long", "post-joint-longer", "pre-joint-replay",
-        "post-joint-replay")
-MAIN_RUNS = ("pre-joint", "post-joint", "pre-grow", "post-grow")
+NORMS = ("pre", "post")  # the paper's two placements
+MAIN_RUNS = tuple(RunName(norm, protocol) for protocol in ("joint", "grow") for norm in NORMS)
+PRE_GROW, POST_GROW = RunName("pre", "grow"), RunName("post", "grow")
+RUNS = (*MAIN_RUNS, *(RunName(norm, "freeze") for norm in NORMS),
+        *(RunName(norm, protocol) for norm in NORMS for protocol in ("joint-long", "joint-longer")),
+        *(RunName(norm, "joint-replay") for norm in NORMS))
 
 # ----------------------------------------------------------------------------------------------
 # Reading finished runs
@@ -51,40 +53,15 @@ def metrics(run_dir: Path) -> list[dict]:
     return rundir.read_metrics(run_dir)
 
 
-def final_ce(ws: Workspace, name: str, seed: int) -> float:
-    """The scheduled endpoint's validation CE (never a best checkpoint), or report.DIVERGED."""
-    result = rundir.final_eval(ws.run_dir(name, seed))
-    return report.DIVERGED if result.get("diverged") else result["ce"]
-
-
-def diverged_runs(ws: Workspace, names, seeds) -> list[str]:
-    """'<run> s<seed> (step <n>: <why>)' for each run of `names` x `seeds` that diverged."""
-    out = []
-    for seed in seeds:
-        for name in names:
-            record = rundir.final_eval(ws.run_dir(name, seed)).get("diverged")
-            if record:
-                out.append(f"{name} s{seed} (step {record['step']}: {record['why']})")
-    return out
-
-
-def diverged_line(diverged: list[str], total: int) -> str:
-    """A report's count of its diverged runs (diverged_runs' entries among `total` runs), said even when none did."""
-    if not diverged:
-        return f"Diverged: none of {total} runs."
-    return (f"Diverged: {len(diverged)} of {total} runs, shown as diverged and left out of every mean and "
-            f"interval: {'; '.join(diverged)}.")
-
-
-def phase_end_eval(ws: Workspace, name: str, seed: int, phase: int) -> dict:
+def phase_end_eval(ws: Workspace, run: RunName, seed: int, phase: int) -> dict:
     step = (phase + 1) * ws.preset.run["phase_steps"]
-    return logged_row(ws.run_dir(name, seed), f"the evaluation at the end of phase {phase} (step {step})",
+    return logged_row(ws.run_dir(run, seed), f"the evaluation at the end of phase {phase} (step {step})",
                       lambda r: r.get("eval") and r.get("step") == step and not r.get("phase_start"))
 
 
-def phase_start_eval(ws: Workspace, name: str, seed: int, phase: int) -> dict:
+def phase_start_eval(ws: Workspace, run: RunName, seed: int, phase: int) -> dict:
     """The evaluation of a phase's starting weights, before its first update."""
-    return logged_row(ws.run_dir(name, seed), f"the evaluation at the start of phase {phase}",
+    return logged_row(ws.run_dir(run, seed), f"the evaluation at the start of phase {phase}",
                       lambda r: r.get("phase_start") and r.get("phase") == phase)
 
 
@@ -107,12 +84,12 @@ def diagnostic_batch(ws: Workspace) -> data.Batch:
 
 
 @cache
-def series(ws: Workspace, name: str, seed: int) -> list[dict]:
+def series(ws: Workspace, run: RunName, seed: int) -> list[dict]:
     """diag.diagnose_checkpoint at every kept checkpoint of a run, in step order."""
     decode = tokenizer.qwen3_tokenizer(ws.preset.data["vocab_size"]).decode
     return [{"step": c["step"], **diag.diagnose_checkpoint(load_student(ws, c["path"]), diagnostic_batch(ws),
                                                            decode, c["active_blocks"])}
-            for c in diag.checkpoint_series(ws.run_dir(name, seed))]
+            for c in diag.checkpoint_series(ws.run_dir(run, seed))]
 
 
 def load_student(ws: Workspace, path) -> model.Student:
@@ -124,15 +101,15 @@ def load_student(ws: Workspace, path) -> model.Student:
 
 
 @cache
-def block_removal(ws: Workspace, name: str, seed: int) -> list[dict]:
+def block_removal(ws: Workspace, run: RunName, seed: int) -> list[dict]:
     """Whole-block removal at the run's scheduled endpoint (its last kept checkpoint)."""
-    final = diag.checkpoint_series(ws.run_dir(name, seed))[-1]["path"]
+    final = diag.checkpoint_series(ws.run_dir(run, seed))[-1]["path"]
     return diag.block_removal(load_student(ws, final), diagnostic_batch(ws))
 
 
-def unique_and_total_tokens(ws: Workspace, name: str, seed: int) -> tuple[int, int]:
+def unique_and_total_tokens(ws: Workspace, run: RunName, seed: int) -> tuple[int, int]:
     """Exactly, from the batcher: every document the run saw, counted once and with repeats."""
-    run_dir = ws.run_dir(name, seed)
+    run_dir = ws.run_dir(run, seed)
     settings = config.read(run_dir)
     shard = data.Shard(settings.train_data, verify=False)
     batcher = data.Batcher(shard, settings.global_batch, settings.seed, settings.data_mode, settings.replay_docs)
@@ -144,16 +121,13 @@ def unique_and_total_tokens(ws: Workspace, name: str, seed: int) -> tuple[int, i
 
 
 # ----------------------------------------------------------------------------------------------
-# Statistics over seeds
-
-# ----------------------------------------------------------------------------------------------
 # Experiments. Each declares the runs it needs and turns them into numbers per seed (with the
 # paper's value beside each) and/or figures.
 
 @dataclass
 class Experiment:
     about: str
-    runs: tuple[str, ...]
+    runs: tuple[RunName, ...]
     rows: list[report.Row] = field(default_factory=list)
     numbers: Callable | None = None   # (ws, seed) -> {key: value}
     figures: Callable | None = None   # (ws, seed, caption) -> {name: png path, ...extra JSON}
@@ -166,8 +140,7 @@ class Experiment:
 
 
 def table1_numbers(ws, seed):
-    return with_deltas({f"{n}_{p}": final_ce(ws, f"{n}-{p}", seed) for n in ("pre", "post")
-                        for p in ("joint", "grow")})
+    return with_deltas({f"{run.norm}_{run.protocol}": report.final_ce(ws, run, seed) for run in MAIN_RUNS})
 
 
 def with_deltas(ce: dict) -> dict:
@@ -179,22 +152,22 @@ def with_deltas(ce: dict) -> dict:
 def table2_numbers(ws, seed):
     out = {}
     for norm in ("pre", "post"):
-        e = phase_end_eval(ws, f"{norm}-grow", seed, 0)
+        e = phase_end_eval(ws, RunName(norm, "grow"), seed, 0)
         out.update({f"{norm}_ce": e["ce"], f"{norm}_kd": e["kd"], f"{norm}_kl": e["kl"], f"{norm}_ppl": e["ppl"]})
-        start = phase_start_eval(ws, f"{norm}-grow", seed, 0)
+        start = phase_start_eval(ws, RunName(norm, "grow"), seed, 0)
         out.update({f"{norm}_ce_step0": start["ce"], f"{norm}_kd_step0": start["kd"]})
     out["delta_ce_step0"] = out["post_ce_step0"] - out["pre_ce_step0"]
     out["delta_ce"] = out["post_ce"] - out["pre_ce"]
     # Beyond phase 0: Δ at every phase end, so the table says how post-norm's lead after one block moves as
     # blocks are appended (the paper's crossover is pre-norm ahead at phase 0, post-norm after it).
     for phase in range(ws.preset.run["blocks"]):
-        ends = {norm: phase_end_eval(ws, f"{norm}-grow", seed, phase)["ce"] for norm in ("pre", "post")}
+        ends = {norm: phase_end_eval(ws, RunName(norm, "grow"), seed, phase)["ce"] for norm in NORMS}
         out[f"delta_ce_phase_{phase}"] = ends["post"] - ends["pre"]
     out["delta_ce_last_minus_phase_0"] = out[f"delta_ce_phase_{ws.preset.run['blocks'] - 1}"] - out["delta_ce_phase_0"]
     return out
 
 
-TABLE3_RUNS = tuple(f"{norm}-{p}" for norm in ("post", "pre")
+TABLE3_RUNS = tuple(RunName(norm, p) for norm in ("post", "pre")
                     for p in ("joint", "joint-long", "joint-longer", "joint-replay", "grow"))
 
 
@@ -202,7 +175,7 @@ def table3_numbers(ws, seed):
     """Table 3's joint controls for both placements, the same-shard control (grow's steps on grow's
     shard), and whether growth beats more steps: grow - joint-longer per placement, beside Table 1's
     interaction."""
-    ce = {name: final_ce(ws, name, seed) for name in TABLE3_RUNS}
+    ce = {run.name: report.final_ce(ws, run, seed) for run in TABLE3_RUNS}
     out = dict(ce)
     for norm in ("pre", "post"):
         out[f"{norm}_grow_minus_longer"] = ce[f"{norm}-grow"] - ce[f"{norm}-joint-longer"]
@@ -215,14 +188,18 @@ def table3_numbers(ws, seed):
     return out
 
 
+TABLE_A2_RUNS = tuple(RunName("post", p) for p in ("joint", "grow", "joint-long", "joint-longer"))
+
+
 def table_a2_numbers(ws, seed):
     out = {}
-    for name in ("post-joint", "post-grow", "post-joint-long", "post-joint-longer"):
-        unique, total = unique_and_total_tokens(ws, name, seed)
-        last = [r for r in metrics(ws.run_dir(name, seed)) if not r.get("eval") and not r.get("monitor")][-1]
+    for run in TABLE_A2_RUNS:
+        unique, total = unique_and_total_tokens(ws, run, seed)
+        last = [r for r in metrics(ws.run_dir(run, seed)) if not r.get("eval") and not r.get("monitor")][-1]
         if last["total_tokens"] != total:
-            raise errors.TrainingError(f"{ws.run_dir(name, seed)}: its log counts {last['total_tokens']} tokens but its "
+            raise errors.TrainingError(f"{ws.run_dir(run, seed)}: its log counts {last['total_tokens']} tokens but its "
                                      f"batches hold {total}; rerun it with --force")
+        name = run.name
         out.update({f"{name}_total": total, f"{name}_unique": unique, f"{name}_active_layer": last["active_layer_tokens"]})
     out["grow_over_joint_total"] = out["post-grow_total"] / out["post-joint_total"]
     out["long_over_grow_active_layer"] = out["post-joint-long_active_layer"] / out["post-grow_active_layer"]
@@ -231,14 +208,15 @@ def table_a2_numbers(ws, seed):
 
 
 def table_a3_numbers(ws, seed):
-    ce = {f"{n}_{p}": final_ce(ws, f"{n}-{p}", seed) for n in ("pre", "post") for p in ("grow", "freeze")}
+    ce = {f"{n}_{p}": report.final_ce(ws, RunName(n, p), seed) for n in NORMS for p in ("grow", "freeze")}
     ppl = {k: nets.perplexity(v) for k, v in ce.items()}
     return {**ce, "delta_grow": ce["post_grow"] - ce["pre_grow"], "delta_freeze": ce["post_freeze"] - ce["pre_freeze"],
             "delta_freeze_minus_grow": (ce["post_freeze"] - ce["pre_freeze"]) - (ce["post_grow"] - ce["pre_grow"]),
             "ppl_gap_grow": ppl["post_grow"] - ppl["pre_grow"], "ppl_gap_freeze": ppl["post_freeze"] - ppl["pre_freeze"]}
 
 
-TABLE4_TITLES = {"pre-grow": "Pre-Grow", "post-grow": "Post-Grow", "pre-joint": "Pre-Joint", "post-joint": "Post-Joint"}
+TABLE4_TITLES = {PRE_GROW: "Pre-Grow", POST_GROW: "Post-Grow", RunName("pre", "joint"): "Pre-Joint",
+                 RunName("post", "joint"): "Post-Joint"}
 
 
 def table4_grid(stats: dict, n_seeds: int) -> list[str]:
@@ -251,8 +229,8 @@ def table4_grid(stats: dict, n_seeds: int) -> list[str]:
         return f" ({values[b]:.3f})" if b < len(values) else " (—)"
     head = " | ".join(f"block {b} {m}" for m in ("ΔCE", "angle / π") for b in range(blocks))
     lines = [f"| run | {head} |", "|" + " --- |" * (1 + 2 * blocks)]
-    for name, title in TABLE4_TITLES.items():
-        cells = [f"{stats[f'{name}_{short}_{b}']['mean']:.3f}{paper(name, metric, b)}"
+    for run, title in TABLE4_TITLES.items():
+        cells = [f"{stats[f'{run.name}_{short}_{b}']['mean']:.3f}{paper(run.name, metric, b)}"
                  for metric, short in (("delta_ce", "dce"), ("angular_distance", "angular")) for b in range(blocks)]
         lines.append(f"| {title} | " + " | ".join(cells) + " |")
     return lines + ["", f"Each cell: kit{' (mean over ' + str(n_seeds) + ' seeds)' if n_seeds > 1 else ''} "
@@ -261,18 +239,18 @@ def table4_grid(stats: dict, n_seeds: int) -> list[str]:
 
 def table4_numbers(ws, seed):
     out = {}
-    for name in MAIN_RUNS:
-        for r in block_removal(ws, name, seed):
-            out[f"{name}_dce_{r['block']}"] = r["delta_ce"]
-            out[f"{name}_angular_{r['block']}"] = r["angular_distance"]
+    for run in MAIN_RUNS:
+        for r in block_removal(ws, run, seed):
+            out[f"{run.name}_dce_{r['block']}"] = r["delta_ce"]
+            out[f"{run.name}_angular_{r['block']}"] = r["angular_distance"]
     return out
 
 
 def table_a4_numbers(ws, seed):
     out = {}
     S, K = ws.preset.run["phase_steps"], ws.preset.run["blocks"]
-    for norm in ("pre", "post"):
-        for t, r in enumerate(diag.transition_responses(metrics(ws.run_dir(f"{norm}-grow", seed)), S, K), start=1):
+    for norm in NORMS:
+        for t, r in enumerate(diag.transition_responses(metrics(ws.run_dir(RunName(norm, "grow"), seed)), S, K), start=1):
             # recovery: NaN (n/a) where the loss never rose, inf where it never came back within the phase
             recovery = r["recovery_steps"] if r["recovery_steps"] is not None else math.inf if r["rose"] else math.nan
             out.update({f"{norm}_{t}_jump": r["jump"], f"{norm}_{t}_immediate_jump": r["immediate_jump"],
@@ -283,10 +261,10 @@ def table_a4_numbers(ws, seed):
 
 
 def fig3_figures(ws, seed, caption=""):
-    kit = {n: {p: final_ce(ws, f"{n}-{p}", seed) for p in ("joint", "grow")} for n in ("pre", "post")}
+    kit = {n: {p: report.final_ce(ws, RunName(n, p), seed) for p in ("joint", "grow")} for n in NORMS}
     K = ws.preset.run["blocks"]
-    per_phase = {n: [phase_end_eval(ws, f"{n}-grow", seed, p)["ce"] for p in range(K)] for n in ("pre", "post")}
-    starts = {n: [phase_start_eval(ws, f"{n}-grow", seed, p)["ce"] for p in range(K)] for n in ("pre", "post")}
+    per_phase = {n: [phase_end_eval(ws, RunName(n, "grow"), seed, p)["ce"] for p in range(K)] for n in NORMS}
+    starts = {n: [phase_start_eval(ws, RunName(n, "grow"), seed, p)["ce"] for p in range(K)] for n in NORMS}
     paper, per_phase_paper = P["table1"], P["per_phase_ce"]
     table = [(f"{n}-norm, {p}", kit[n][p], paper[n][p]) for n in ("pre", "post") for p in ("joint", "grow")]
     table += [(f"Δ{p} (post − pre)", figures.delta(kit, p), figures.delta(paper, p)) for p in ("joint", "grow")]
@@ -302,7 +280,7 @@ def fig3_figures(ws, seed, caption=""):
 
 
 def boundary_series(ws, seed):
-    return {n: series(ws, f"{n}-grow", seed) for n in ("pre", "post")}
+    return {n: series(ws, RunName(n, "grow"), seed) for n in NORMS}
 
 
 def boundary_numbers(ws, seed):
@@ -367,7 +345,7 @@ def fig4_figures(ws, seed, caption=""):
 def fig5_figures(ws, seed, caption=""):
     s = boundary_series(ws, seed)
     S = ws.preset.run["phase_steps"]
-    rows = {n: metrics(ws.run_dir(f"{n}-grow", seed)) for n in ("pre", "post")}
+    rows = {n: metrics(ws.run_dir(RunName(n, "grow"), seed)) for n in NORMS}
     types = {n: [{"step": c["step"], **c["token_type_rms"][1]} for c in s[n]] for n in s}
     paper = P["token_type_rms"]
     table = []
@@ -412,73 +390,13 @@ def fig_a1_figures(ws, seed, caption=""):
 
 
 def fig_a2_figures(ws, seed, caption=""):
-    results = {name: block_removal(ws, name, seed) for name in TABLE4_TITLES}
-    table = [(f"{TABLE4_TITLES[name]}, block {r['block']}: {label}", r[metric], P["table4"][name][metric][r["block"]])
-             for name in TABLE4_TITLES for metric, label in (("delta_ce", "ΔCE when removed"),
-                                                             ("angular_distance", "angular distance / π"))
-             for r in results[name]]
+    results = {run.name: block_removal(ws, run, seed) for run in TABLE4_TITLES}
+    table = [(f"{title}, block {r['block']}: {label}", r[metric], P["table4"][run.name][metric][r["block"]])
+             for run, title in TABLE4_TITLES.items() for metric, label in (("delta_ce", "ΔCE when removed"),
+                                                                          ("angular_distance", "angular distance / π"))
+             for r in results[run.name]]
     return {"figA2": figures.figA2_block_removal(results, ws.results / "figA2.png", caption=caption),
             "block_removal": results, "table": table}
-
-
-# ----------------------------------------------------------------------------------------------
-# The layer-by-layer scan (`repro.py scan`): massive activations and sink heads at every layer's output
-
-SCAN_MASSIVE = 100.0  # max |activation| / median counted massive: Sun et al. 2024's ~10^3-10^4 at its low end
-
-
-def scan_checkpoint_blocks(path: Path) -> int:
-    """The active blocks of a student checkpoint folder (phase-<p>/ or step-<n>/ of a run), from its run's
-    phase plan; anything else is one line naming it."""
-    path = Path(path)
-    if not (path / "trainer_state.json").is_file() or not (path.parent / "config.json").is_file():
-        raise errors.OptionError("CHECKPOINT", f"{path}: not a student checkpoint (a run's phase-<p>/ or step-<n>/ "
-                                               "folder, e.g. runs/toy/s42/pre-grow/phase-2)")
-    return next(c["active_blocks"] for c in diag.checkpoint_series(path.parent)
-                if Path(c["path"]).resolve() == path.resolve())
-
-
-def run_scan(ws: Workspace, teacher: Path, checkpoints: list[Path]) -> dict:
-    """diag.layer_scan of the scale's teacher and each student checkpoint on the fixed diagnostic batch:
-    results/<scale>/scan.md, .json and scan.png."""
-    blocks = {Path(c): scan_checkpoint_blocks(c) for c in checkpoints}  # every path checked before any work
-    decode = tokenizer.qwen3_tokenizer(ws.preset.data["vocab_size"]).decode
-    batch = diagnostic_batch(ws)
-    scans = {"teacher": diag.layer_scan(model.load_qwen3(teacher), batch, decode, SINK["attention"])}
-    for path, active in blocks.items():
-        scans[f"{path.parent.name}/{path.name}"] = diag.layer_scan(load_student(ws, path), batch, decode,
-                                                                   SINK["attention"], active)
-    caption = f"normgrow, {ws.preset.name} scale, scan"
-    figure = figures.fig_scan(scans, ws.results / "scan.png", SCAN_MASSIVE, SINK["heads"], SINK["attention"], caption)
-    rows, length = batch.mask.shape[0], batch.mask.shape[1]
-    out = {"experiment": "scan", "scale": ws.preset.name, "teacher": str(teacher), "checkpoints": [str(c) for c in blocks],
-           "batch": {"rows": rows, "max_inputs": length, "tokens": int(batch.mask.sum())},
-           "massive_threshold": SCAN_MASSIVE, "sink": SINK, "git_commit": rundir.git_commit(), "scans": scans,
-           "figure": str(figure)}
-    lines = [f"# Layer-by-layer scan ({ws.preset.name} scale)", "",
-             f"Every decoder layer's output on the fixed diagnostic batch ({rows} documents, up to {length} inputs, "
-             f"{out['batch']['tokens']} real tokens). max/median: the largest |activation| over real tokens and channels "
-             f"over the median |activation| (massive at >= {SCAN_MASSIVE:g}, Sun et al. 2024); top 3: |value| at "
-             "channel c, row:position (token). Sink heads: the share of the layer's heads whose mean attention on "
-             f"position 0 (the document's <|endoftext|>) is >= {SINK['attention']:g} (Gu et al. 2024).", ""]
-    for name, layers in scans.items():
-        massive = [r["layer"] for r in layers if (r["massive_ratio"] or 0) >= SCAN_MASSIVE]
-        sinks = [r["layer"] for r in layers if (r["sink_heads"] or 0) >= SINK["heads"]]
-        lines += [f"## {name}", "", f"Layers with a massive activation: {massive or 'none'}; layers with >= "
-                  f"{SINK['heads']:.0%} sink heads: {sinks or 'none'}.", "",
-                  "| layer | max/median | top 3 | boundary/regular RMS | sink heads | largest head |",
-                  "| --- | --- | --- | --- | --- | --- |"]
-        for r in layers:
-            top = "; ".join(f"{t['abs']:.3g} at c{t['channel']}, {t['row']}:{t['position']} ({t['token']!r})"
-                            for t in r["top"])
-            lines.append(f"| {r['layer']} | {report.fmt(r['massive_ratio'], 1)} | {top} | "
-                         f"{report.fmt(r['boundary_over_regular'], 2)} | {report.fmt(r['sink_heads'], 2)} | "
-                         f"{report.fmt(r['max_head'], 3)} |")
-        lines.append("")
-    lines.append("![scan](scan.png)")
-    report.write(ws.results, "scan", out, lines)
-    console.print("\n".join(lines), markup=False)
-    return out
 
 
 P = PAPER
@@ -497,7 +415,7 @@ EXPERIMENTS = {
                  lambda m: abs(m["delta_joint"]) < abs(m["delta_grow"]))]),
     "table2": Experiment(
         "Table 2: single block (phase 0 of grow). KD = soft-target cross-entropy H(q_T, q_S) = KL + H(q_T), "
-        "the scale of the paper's KD column; KL shown too", ("pre-grow", "post-grow"),
+        "the scale of the paper's KD column; KL shown too", (PRE_GROW, POST_GROW),
         [report.Row(f"{n}-norm {m}", f"{n}_{m}", P["table2"][n].get(m), 2 if m == "ppl" else 4)
          for n in ("pre", "post") for m in ("ce", "kd", "kl", "ppl")]
         + [report.Row("delta CE (post - pre)", "delta_ce", P["table2"]["post"]["ce"] - P["table2"]["pre"]["ce"], sign=True)]
@@ -537,10 +455,10 @@ EXPERIMENTS = {
                  lambda m: m["post-grow"] < min(m["post-joint"], m["post-joint-long"], m["post-joint-longer"]))]),
     "tableA2": Experiment(
         "Table A2: training budgets in non-padding tokens, counted from the runs' batches; active-layer tokens "
-        "= tokens x active decoder layers", ("post-joint", "post-grow", "post-joint-long", "post-joint-longer"),
+        "= tokens x active decoder layers", TABLE_A2_RUNS,
         [report.Row(f"{name} {kind.replace('_', '-')} tokens", f"{name}_{kind}",
              P["table_a2"][name][i] * 1e9 if i < 2 else None, report.TOKENS, compare=False)  # scale-bound counts
-         for name in ("post-joint", "post-grow", "post-joint-long", "post-joint-longer")
+         for name in (run.name for run in TABLE_A2_RUNS)
          for i, kind in enumerate(("total", "unique", "active_layer"))]
         + [report.Row("grow / joint, total tokens", "grow_over_joint_total", 9.34 / 3.11, 3),
            report.Row("joint-long / grow, active-layer tokens (proxy match)", "long_over_grow_active_layer", 1.0, 3),
@@ -549,7 +467,7 @@ EXPERIMENTS = {
         note="The paper's token counts are at full scale; at smaller scales compare the ratios."),
     "tableA3": Experiment(
         "Table A3: freeze ablation (validation CE at the end of the last phase)",
-        ("pre-grow", "post-grow", "pre-freeze", "post-freeze"),
+        (PRE_GROW, POST_GROW, RunName("pre", "freeze"), RunName("post", "freeze")),
         [report.Row("pre-norm grow", "pre_grow", P["table_a3"]["pre"]["grow"]),
          report.Row("pre-norm freeze", "pre_freeze", P["table_a3"]["pre"]["freeze"]),
          report.Row("post-norm grow", "post_grow", P["table_a3"]["post"]["grow"]),
@@ -566,8 +484,8 @@ EXPERIMENTS = {
     "table4": Experiment(
         "Table 4: whole-block removal on the fixed diagnostic batch: dCE = CE(skip) - CE(full); "
         "angular distance = arccos(cos(h_in, h_out)) / pi", MAIN_RUNS,
-        [report.Row(f"{TABLE4_TITLES[name]}, block {b}: {label}", f"{name}_{short}_{b}", P["table4"][name][metric][b], 3)
-         for name in TABLE4_TITLES for metric, short, label in (("delta_ce", "dce", "ΔCE when removed"),
+        [report.Row(f"{title}, block {b}: {label}", f"{run.name}_{short}_{b}", P["table4"][run.name][metric][b], 3)
+         for run, title in TABLE4_TITLES.items() for metric, short, label in (("delta_ce", "dce", "ΔCE when removed"),
                                                                 ("angular_distance", "angular", "angular distance / π"))
          for b in range(3)], numbers=table4_numbers, layout=lambda stats, n: table4_grid(stats, n),
         # The paper's Section 5 claims as it states them, its own numbers as the thresholds: removing any
@@ -582,7 +500,7 @@ EXPERIMENTS = {
                 ("only pre-grow has a near-identity final block: its final-block ΔCE and angular distance are the "
                  "smallest of the four runs'",
                  lambda m: all(m[f"pre-grow_{k}_2"] < m[f"{r}_{k}_2"] for k in ("dce", "angular")
-                               for r in TABLE4_TITLES if r != "pre-grow")),
+                               for r in ("post-grow", "pre-joint", "post-joint"))),
                 ("post-joint has low removal sensitivity on block 0 and high on block 2 (0.55, 0.99, 4.00): block 0 "
                  "has the smallest ΔCE of its blocks, block 2 the largest, and its block 0 is below every other "
                  "run's block 0",
@@ -595,7 +513,7 @@ EXPERIMENTS = {
         "Table A4: transition-aligned training-loss response (windows scaled to the phase length, at least "
         f"{diag.MIN_WINDOW} steps). Jump: the smoothed peak minus the baseline; immediate: the highest raw "
         "loss in the smoothing window after the transition. AUC: mean (loss - baseline), signed and absolute. "
-        "The paper does not define its columns; its value stands beside each reading", ("pre-grow", "post-grow"),
+        "The paper does not define its columns; its value stands beside each reading", (PRE_GROW, POST_GROW),
         [report.Row(f"{n}-norm, transition {t}, {label}", f"{n}_{t}_{key}", P["table_a4"][n][t - 1][pkey], d,
              compare=key != "recovery")  # recovery: this scale's steps against the paper's
          for n in ("pre", "post") for t in (1, 2)
@@ -614,12 +532,12 @@ EXPERIMENTS = {
     "fig3": Experiment("Figure 3: (a) interaction, (b) per-phase validation CE of grow", MAIN_RUNS,
                        figures=fig3_figures),
     "fig4": Experiment("Figure 4: std of per-token RMS at each block boundary across grow checkpoints",
-                       ("pre-grow", "post-grow"), boundary_rows("std"), boundary_numbers, fig4_figures),
+                       (PRE_GROW, POST_GROW), boundary_rows("std"), boundary_numbers, fig4_figures),
     "fig5": Experiment("Figure 5: (a) token-type RMS after block 0 across checkpoints, (b) validation CE "
-                       "through grow", ("pre-grow", "post-grow"), boundary_rows("ratio"), boundary_numbers,
+                       "through grow", (PRE_GROW, POST_GROW), boundary_rows("ratio"), boundary_numbers,
                        fig5_figures),
     "figA1": Experiment("Figure A1: per-token RMS after block 0 at the final checkpoint",
-                        ("pre-grow", "post-grow"), boundary_rows("kurtosis"), boundary_numbers, fig_a1_figures),
+                        (PRE_GROW, POST_GROW), boundary_rows("kurtosis"), boundary_numbers, fig_a1_figures),
     "figA2": Experiment("Figure A2: block removal per block", MAIN_RUNS, figures=fig_a2_figures),
 }
 
@@ -631,12 +549,12 @@ def report_experiment(ws: Workspace, name: str, seeds: list[int]) -> dict:
     exp = EXPERIMENTS[name]
     out = {"experiment": name, "about": exp.about, "scale": ws.preset.name, "seeds": seeds, "note": exp.note,
            "git_commit": rundir.git_commit(),
-           "runs_config_sha256": report.configs_hash([ws.run_dir(n, s) for s in seeds for n in exp.runs])}
+           "runs_config_sha256": report.configs_hash([ws.run_dir(r, s) for s in seeds for r in exp.runs])}
     md = [f"# {name} ({ws.preset.name} scale)", "", exp.about, ""]
-    diverged = diverged_runs(ws, exp.runs, seeds)
+    diverged = report.diverged_runs(ws, exp.runs, seeds)
     out["diverged_runs"] = diverged
     if diverged:
-        md += [diverged_line(diverged, len(exp.runs) * len(seeds)), ""]
+        md += [report.diverged_line(diverged, len(exp.runs) * len(seeds)), ""]
     if exp.numbers:
         per_seed = [exp.numbers(ws, s) for s in seeds]
         keys = dict.fromkeys([*per_seed[0], *(row.key for row in exp.rows)])  # a deeper student has more than the rows
@@ -661,8 +579,8 @@ def report_experiment(ws: Workspace, name: str, seeds: list[int]) -> dict:
             [f"- {labels[k]}{' (the primary endpoint)' * (name == 'table1' and i == 0)}: {r}"
              + (f" (±{out['smallest_tie_margins'][k]:.4f})" if math.isfinite(out["smallest_tie_margins"][k]) else "")
              for i, (k, r) in enumerate(out["readings"].items())]
-        print_table(name, exp, stats, len(seeds), full)
-    if exp.figures and any(line.startswith(f"{run} s{seeds[0]} ") for line in diverged for run in exp.runs):
+        console.print(report.terminal_table(f"{name}: {exp.about}", exp.rows, stats, len(seeds), full))
+    if exp.figures and any(line.startswith(f"{run.name} s{seeds[0]} ") for line in diverged for run in exp.runs):
         md += [f"No figures: a run they draw diverged on seed {seeds[0]}."]
     elif exp.figures:
         figs = exp.figures(ws, seeds[0], caption=f"normgrow, {ws.preset.name} scale, seed {seeds[0]} ({name})")
@@ -677,15 +595,3 @@ def report_experiment(ws: Workspace, name: str, seeds: list[int]) -> dict:
     if exp.note:
         md += ["", exp.note]
     return report.write(ws.results, name, out, md)
-
-
-def print_table(name: str, exp: Experiment, stats: dict, n_seeds: int, full: bool = False):
-    table = Table(title=f"{name}: {exp.about}", title_justify="left")
-    for column in ("quantity", "kit" if n_seeds == 1 else f"kit ({n_seeds} seeds)", "paper", report.comparison_column(full)):
-        table.add_column(column, justify="left" if column == "quantity" else "right")
-    for r in exp.rows:
-        s = stats[r.key]
-        table.add_row(r.label, report.kit_cell(s, r.digits), report.fmt(r.paper, r.digits), report.comparison(r, s, full))
-    console.print(table)
-
-

@@ -26,6 +26,8 @@ import repro
 from experiments import presets, reference, suite
 from plumbing import errors
 
+smoke_set = lambda *items: presets.parse_overrides(presets.PRESETS["smoke"], items)  # --set items, as the CLI parses them
+
 ROOT = Path(__file__).resolve().parents[1]
 RUNS = "{R}/smoke"
 PRE = f"{RUNS}/s42/pre-grow/phase-2"      # a pre-norm student checkpoint (exportable)
@@ -843,9 +845,9 @@ def test_force_with_student_overrides_never_rebuilds_the_shared_data_or_teacher(
     assert result.exit_code == 0, result.output
     assert (smoke / "set" / "run.lr=0.004" / "s42" / "pre-grow" / "done.json").is_file()
     assert {name: tree_hash(tmp_path / name) for name in shared} == shared
-    ws = suite.workspace("smoke", tmp_path / "t" / "R", overrides=["run.seed=43"], dry_run=True)
+    ws = suite.workspace("smoke", tmp_path / "t" / "R", overrides=smoke_set("run.seed=43"), dry_run=True)
     assert ws.runs == smoke and ws.student_runs == "" and ws.preset.run["seed"] == 43
-    assert ws.run_dir("pre-grow", 43) == smoke / "s43" / "pre-grow"
+    assert ws.run_dir(suite.RunName("pre", "grow"), 43) == smoke / "s43" / "pre-grow"
 
 
 @pytest.mark.parametrize("bad", DAMAGED_LOGS)
@@ -903,9 +905,10 @@ def test_the_dry_run_is_closed_form_at_the_largest_accepted_values(tmp_path):
     from tools import plan
     assert plan.union_length([range(0, 10), range(5, 20), range(30, 31), range(0, 0), range(19, 25)]) == 26
     S, K = 10**9, 128
-    ws = suite.workspace("smoke", tmp_path / "runs", overrides=[f"run.phase_steps={S}", f"run.blocks={K}"],
+    ws = suite.workspace("smoke", tmp_path / "runs", overrides=smoke_set(f"run.phase_steps={S}", f"run.blocks={K}"),
                          dry_run=True)
-    runs = plan.planned_runs(ws, ["pre-joint", "pre-grow", "pre-freeze", "post-joint-long"], 42)
+    runs = plan.planned_runs(ws, [suite.RunName(*run) for run in (("pre", "joint"), ("pre", "grow"), ("pre", "freeze"),
+                                                                  ("post", "joint-long"))], 42)
     assert [r.name for r in runs] == ["pre-joint", "pre-grow", "pre-freeze", "post-joint", "post-joint-long"]
     joint_long = 2 * S - S  # its own phase after post-joint's (with_prefixes adds post-joint, which it shares)
     assert plan.teacher_passes(runs, lockstep=True) == K * S + joint_long   # grow's span holds every replay run's
@@ -934,12 +937,11 @@ def test_every_number_a_set_can_change_has_a_range():
     assert not missing, f"no range for {missing}"
     for key, name in numbers.items():
         low, high = presets.RANGES[name]
-        current = presets.apply_overrides(preset, [])[0]
         too_big = high * 10 + 1 if isinstance(high, int) else high * 10
         value = ",".join([str(too_big)] * 2 if name == "betas" else [str(too_big)])
         with pytest.raises(errors.OptionError, match=f"{key.split('.')[1]}=.*expected"):
-            presets.apply_overrides(current, [f"{key}={value}"])
-    assert presets.apply_overrides(preset, ["run.blocks=128", "run.phase_steps=1000000000"])[0].run["blocks"] == 128
+            presets.parse_overrides(preset, [f"{key}={value}"])
+    assert presets.apply_overrides(preset, smoke_set("run.blocks=128", "run.phase_steps=1000000000"))[0].run["blocks"] == 128
 
 
 def test_the_dry_runs_estimate_for_this_cpu_uses_the_benchs_measured_speed(tmp_path):
@@ -1035,7 +1037,8 @@ def test_the_teacher_summary_says_which_side_of_the_teacher_the_best_student_is(
     teacher = json.loads((tree / "R" / "smoke" / "teacher" / "done.json").read_text())["ce"]
     best = min(json.loads((tree / "R" / "smoke" / "s42" / n / "done.json").read_text())["ce"]
                for n in ("pre-grow", "post-grow", "pre-joint", "post-joint"))
-    line = suite.teacher_summary(ws, ["pre-grow", "post-grow", "pre-joint", "post-joint"], [42])
+    line = suite.teacher_summary(ws, [suite.RunName(n, p) for n, p in (("pre", "grow"), ("post", "grow"), ("pre", "joint"),
+                                                                       ("post", "joint"))], [42])
     side = "above" if best >= teacher else "below"
     assert f"{abs(best - teacher):.4f} nats {side} the teacher's" in line and "leads by" not in line
 
@@ -1054,7 +1057,7 @@ def test_force_after_an_edited_corpus_never_reuses_what_the_old_one_trained(tmp_
     (a stand-in folder here) are then named in one line, never silently reused with the new shards."""
     corpus = tmp_path / "c.jsonl"
     corpus.write_text("".join(json.dumps({"text": f"document {i} about the lazy fox"}) + "\n" for i in range(200)))
-    local = ["data.source=local", f"data.path={corpus}"]
+    local = smoke_set("data.source=local", f"data.path={corpus}")
     ws = suite.workspace("smoke", tmp_path / "runs", overrides=local, device="cpu")
     suite.prepare_data(ws)
     first = suite.shard_corpus(ws)["sha256"]

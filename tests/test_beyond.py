@@ -315,7 +315,7 @@ def test_mirror_run_reads_its_reference_per_phase_and_finishes_after_a_late_kill
 def test_table4_grid_prints_every_block_of_a_deeper_student():
     """K = 6: six ΔCE and six angle columns; the paper's value beside its first three blocks, a dash after."""
     from experiments import tables
-    stats = {f"{name}_{short}_{b}": {"mean": 0.1 * b} for name in tables.TABLE4_TITLES
+    stats = {f"{run.name}_{short}_{b}": {"mean": 0.1 * b} for run in tables.TABLE4_TITLES
              for short in ("dce", "angular") for b in range(6)}
     lines = tables.table4_grid(stats, 1)
     assert lines[0].count("ΔCE") == 6 and lines[0].count("angle") == 6
@@ -326,11 +326,12 @@ def test_table4_grid_prints_every_block_of_a_deeper_student():
 def test_another_corpus_is_a_data_override(tmp_path):
     """--set data.source=local --set data.path=FILE: a workspace of its own whose shards hold that file's
     documents (and not the toy corpus's)."""
-    from experiments import suite
+    from experiments import presets, suite
     docs = [f"Document {i}: " + "the quick brown fox jumps over the lazy dog. " * (1 + i % 4) for i in range(200)]
     corpus = tmp_path / "my.jsonl"
     corpus.write_text("\n".join(json.dumps({"text": d}) for d in docs) + "\n")
-    ws = suite.workspace("smoke", tmp_path / "runs", overrides=("data.source=local", f"data.path={corpus}"))
+    local = presets.parse_overrides(presets.PRESETS["smoke"], ("data.source=local", f"data.path={corpus}"))
+    ws = suite.workspace("smoke", tmp_path / "runs", overrides=local)
     assert ws.runs.name.startswith("smoke+data.path=") and ws.preset.data["source"] == "local"
     _, val = suite.prepare_data(ws)
     enc = tokenizer.qwen3_tokenizer(ws.preset.data["vocab_size"])
@@ -361,7 +362,7 @@ def test_table4_claims_are_the_papers_as_stated():
     from experiments import tables
     from paper import PAPER
     claims = tables.EXPERIMENTS["table4"].claims
-    paper = {f"{run}_{short}_{b}": PAPER["table4"][run][metric][b] for run in tables.TABLE4_TITLES
+    paper = {f"{run.name}_{short}_{b}": PAPER["table4"][run.name][metric][b] for run in tables.TABLE4_TITLES
              for metric, short in (("delta_ce", "dce"), ("angular_distance", "angular")) for b in range(3)}
     assert all(agrees(paper) for _, agrees in claims)
     toy = json.loads((Path(__file__).resolve().parents[1] / "references" / "toy.json").read_text())["tables"]["table4"]
@@ -381,8 +382,8 @@ def test_table2_gives_the_delta_at_every_phase_end(monkeypatch):
     ends = {"pre": [4.0, 3.7, 3.5], "post": [3.8, 3.65, 3.48]}
     row = lambda ce: {"ce": ce, "kd": ce + 0.1, "kl": 0.5, "ppl": math.exp(ce)}
     monkeypatch.setattr(tables, "phase_end_eval",
-                        lambda ws, name, seed, phase: row(ends[name.split("-")[0]][phase]))
-    monkeypatch.setattr(tables, "phase_start_eval", lambda ws, name, seed, phase: row(10.0))
+                        lambda ws, run, seed, phase: row(ends[run.norm][phase]))
+    monkeypatch.setattr(tables, "phase_start_eval", lambda ws, run, seed, phase: row(10.0))
     ws = type("WS", (), {"preset": type("P", (), {"run": {"blocks": 3}})()})()
     out = tables.table2_numbers(ws, 42)
     assert [out[f"delta_ce_phase_{p}"] for p in range(3)] == pytest.approx([-0.2, -0.05, -0.02], abs=1e-12)
@@ -444,7 +445,7 @@ def test_the_second_ladder_builds_each_rung_on_the_declared_one_and_every_overri
     c = dict(item.split("=") for item in regime.rung_overrides(ladder, 3))
     assert c["data.document_chars"] == "3600" and c["run.layers_per_block"] == "3" and c["run.phase_steps"] == "1000"
     for index in range(len(ladder)):
-        preset, _ = presets.apply_overrides(presets.PRESETS["toy"], regime.rung_overrides(ladder, index))
+        preset, _ = presets.apply_overrides(presets.PRESETS["toy"], regime.rung_settings("toy", ladder, index))
         assert preset.run["global_batch"] % preset.run["micro_batch"] == 0
     assert regime.rung_chain(presets.LADDERS["toy"], 3) == [0, 1, 2, 3]  # the first search's ladder stays cumulative
 

@@ -147,19 +147,19 @@ def test_every_lockstep_segment_measures_what_the_plan_counts():
     """Table 1's lockstep at full scale's settings (reduced dimensions) on 8 GPUs: each segment (four runs
     in phase 0, joint's nine layers stepping beside grow's one block; then grow's two in phases 1 and
     2) measured through the kit's own code equals memory.py's count for it, which plan.fits reads."""
-    from experiments import suite
+    from experiments import suite, tables
     from plumbing import devices
     from tools import plan, rehearse
     preset = reduced("full")
     ws = suite.Workspace(preset, Path("/nonexistent") / "full", Path("/nonexistent"), devices.Dist())
-    segments = rehearse.rehearse_segments(ws, rehearse.Launch(8), ["pre-joint", "post-joint", "pre-grow", "post-grow"])
+    segments = rehearse.rehearse_segments(ws, rehearse.Launch(8), tables.MAIN_RUNS)
     assert [s["steps"] for s in segments] == [[0, 50_000], [50_000, 100_000], [100_000, 150_000]]
     assert [len(s["runs"]) for s in segments] == [4, 2, 2]
     for s in segments:  # as above: the count leaves out what is under 0.1 MiB in all
         assert s["rehearsal"]["peak_gib"]["per-rank peak"] * 2**30 == pytest.approx(s["plan_gib"] * 2**30,
                                                                                     abs=0.1 * 2**20), s["steps"]
     worst = max(s["plan_gib"] for s in segments) * 2**30
-    runs = plan.planned_runs(ws, ["pre-joint", "post-joint", "pre-grow", "post-grow"], 42)
+    runs = plan.planned_runs(ws, tables.MAIN_RUNS, 42)
     assert plan.fits(preset, 8, worst / plan.MEMORY_HEADROOM, runs)
     assert not plan.fits(preset, 8, worst / plan.MEMORY_HEADROOM - 1, runs)
 
@@ -250,7 +250,7 @@ def test_the_plans_hours_are_its_lines_and_the_balance_follows_the_lengths(monke
     less placed by length than in order. A grow run evaluates at each phase's start and every 2,000
     steps (3 x 26 times at full). The total is the sum of its lines."""
     import model
-    from experiments import presets, suite
+    from experiments import presets, suite, tables
     from plumbing import devices
     from tools import plan
     full = presets.PRESETS["full"]
@@ -262,7 +262,7 @@ def test_the_plans_hours_are_its_lines_and_the_balance_follows_the_lengths(monke
     balanced, ordered = (plan.balance_factor(full, teacher, 8, way, 0) for way in (True, False))
     assert 0 < ordered < balanced < 1
     ws = suite.Workspace(full, Path("/nonexistent") / "full", Path("/nonexistent"), devices.Dist())
-    runs = plan.planned_runs(ws, ["pre-joint", "post-joint", "pre-grow", "post-grow"], 42)
+    runs = plan.planned_runs(ws, tables.MAIN_RUNS, 42)
     grow_run = next(r for r in runs if r.name == "post-grow")
     s_layers = [model.forward_flops_per_token(teacher, 3 * blocks, 972.5 / 2)[0] for blocks in (1, 2, 3)]
     t_layers, head = model.forward_flops_per_token(teacher, teacher.num_hidden_layers, 972.5 / 2)

@@ -29,7 +29,7 @@ import repro
 import rundir
 from experiments import presets, report, suite, tables
 from plumbing import devices, errors, tokenizer
-from tools import plan
+from tools import checkpoints, plan
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -60,7 +60,7 @@ def test_full_preset_is_the_paper():
     for name in tables.RUNS:  # every run of the full suite is a valid RunConfig with the paper's settings
         settings = suite.run_config(ws, name, 42)
         assert not settings.freeze_trains_head and not settings.reset_data_each_phase
-    assert len(config.plan_phases(suite.run_config(ws, "post-joint-longer", 42))) == 3
+    assert len(config.plan_phases(suite.run_config(ws, suite.RunName("post", "joint-longer"), 42))) == 3
 
 
 def test_dry_run_reproduces_table_a2():
@@ -324,17 +324,18 @@ def test_eval_and_data_commands(smoke):
 def test_edited_preset_is_refused_then_forced_without_redoing_what_matches(tmp_path):
     preset = presets.PRESETS["smoke"]
     original = suite.Workspace(preset, tmp_path / "smoke", tmp_path / "results", devices.Dist())
-    suite.ensure_runs(original, ["post-joint"], [42])
+    post_joint = suite.RunName("post", "joint")
+    suite.ensure_runs(original, [post_joint], [42])
     edited = replace(preset, run={**preset.run, "lr": preset.run["lr"] / 2})
     ws = suite.Workspace(edited, tmp_path / "smoke", tmp_path / "results", devices.Dist())
     tokens = ws.data_dir / "train" / "tokens.u32"
-    teacher_done = ws.run_dir("teacher", 0) / "done.json"
+    teacher_done = ws.teacher_dir / "done.json"
     stamps = (tokens.stat().st_mtime_ns, teacher_done.stat().st_mtime_ns)
     with pytest.raises(errors.TrainingError, match="another config .*differs in lr.*--force"):
-        suite.ensure_runs(ws, ["post-joint"], [42])
-    suite.ensure_runs(ws, ["post-joint"], [42], force=True)
-    config = json.loads((ws.run_dir("post-joint", 42) / "config.json").read_text())
-    assert config["lr"] == preset.run["lr"] / 2 and (ws.run_dir("post-joint", 42) / "done.json").is_file()
+        suite.ensure_runs(ws, [post_joint], [42])
+    suite.ensure_runs(ws, [post_joint], [42], force=True)
+    config = json.loads((ws.run_dir(post_joint, 42) / "config.json").read_text())
+    assert config["lr"] == preset.run["lr"] / 2 and (ws.run_dir(post_joint, 42) / "done.json").is_file()
     # The shards and the teacher matched the edited preset: reused, not redone.
     assert (tokens.stat().st_mtime_ns, teacher_done.stat().st_mtime_ns) == stamps
 
@@ -361,8 +362,9 @@ def test_miniature_presets_keep_the_papers_ratios(scale):
 def test_mini_is_the_last_rung_the_search_ran_and_shares_the_toys_teacher():
     """As pre-registered: no rung met the criterion, so mini is the toy with the overrides of the rungs run
     (0-2); its teacher's settings are the toy's, so the shipped teacher serves both."""
-    mini, _ = presets.apply_overrides(presets.PRESETS["toy"], [o for rung in presets.LADDERS["toy"][:3]
-                                                                for o in rung.overrides])
+    toy = presets.PRESETS["toy"]
+    mini, _ = presets.apply_overrides(toy, presets.parse_overrides(toy, [o for rung in presets.LADDERS["toy"][:3]
+                                                                         for o in rung.overrides]))
     assert presets.PRESETS["mini"].run == mini.run and presets.PRESETS["mini"].data == mini.data
     toy_teacher = {**presets.PRESETS["toy"].run, **presets.PRESETS["toy"].teacher_run}
     mini_teacher = {**presets.PRESETS["mini"].run, **presets.PRESETS["mini"].teacher_run}
@@ -376,8 +378,8 @@ def test_the_shipped_teacher_is_installed_checked_and_a_damaged_one_refused(tmp_
     suite.prepare_data(ws)  # the teacher's config records its shard (and its size)
     shipped = ROOT / "teachers" / "toy"
     assert suite.install_shipped_teacher(ws)
-    assert rundir.final_eval(ws.run_dir("teacher", 0))["ce"] == pytest.approx(3.0496, abs=1e-4)
-    installed = ws.run_dir("teacher", 0)
+    assert rundir.final_eval(ws.teacher_dir)["ce"] == pytest.approx(3.0496, abs=1e-4)
+    installed = ws.teacher_dir
     weights = "phase-0/model.safetensors"
     assert (installed / weights).read_bytes() == (shipped / weights).read_bytes()
     assert not suite.install_shipped_teacher(ws)  # there already: left as it is
@@ -556,8 +558,10 @@ def test_overrides_are_recorded_and_never_reuse_a_run_with_other_settings(smoke)
 
 def test_override_values_are_typed():
     preset = presets.PRESETS["smoke"]
-    new, changes = presets.apply_overrides(preset, ["run.lr=3e-4", "data.max_len=16", "run.betas=0.9,0.99",
-                                                  "teacher_model.tie_word_embeddings=false"], compile_flag=True)
+    overrides = presets.parse_overrides(preset, ["run.lr=3e-4", "data.max_len=16", "run.betas=0.9,0.99",
+                                                 "teacher_model.tie_word_embeddings=false", "run.seed=7", "run.seed=8"])
+    assert overrides[0] == presets.Override("run", "lr", 3e-4) and presets.set_value(overrides, "run", "seed") == 8
+    new, changes = presets.apply_overrides(preset, overrides[:4], compile_flag=True)
     assert new.run["lr"] == 3e-4 and new.data["max_len"] == 16 and new.run["betas"] == (0.9, 0.99)
     assert new.teacher_model["tie_word_embeddings"] is False and new.run["compile"] is True
     assert preset.run["lr"] == 3e-3  # the preset itself is unchanged
@@ -591,11 +595,11 @@ def test_checkpoint_and_shard_vocabularies_must_match():
     from types import SimpleNamespace
 
     shard = lambda eot: SimpleNamespace(eot=eot, path=Path("val"))
-    repro.check_vocabulary(shard(512), 513, Path("ck"))          # smoke on smoke
-    repro.check_vocabulary(shard(151643), 151936, Path("ck"))    # Qwen3's own vocabulary
+    checkpoints.check_vocabulary(shard(512), 513, Path("ck"))          # smoke on smoke
+    checkpoints.check_vocabulary(shard(151643), 151936, Path("ck"))    # Qwen3's own vocabulary
     for eot, vocab in ((4096, 513), (512, 4097), (151643, 4097)):  # smoke on toy, toy on smoke, toy on FineWeb
         with pytest.raises(errors.DataError, match="ck: its vocabulary .* is not the one val was tokenized with"):
-            repro.check_vocabulary(shard(eot), vocab, Path("ck"))
+            checkpoints.check_vocabulary(shard(eot), vocab, Path("ck"))
 
 
 def test_a_moved_runs_tree_is_reused_not_retrained(smoke, tmp_path, monkeypatch):
@@ -712,13 +716,14 @@ def test_the_regime_maps_boundary_is_the_last_monitor_row_after_block_0(tmp_path
             {"step": 500, "monitor": True, "boundaries": [after(0.0), after(9.0), after(1.0)]}]
     done = {"ce": 3.2, "ppl": 24.5, "kd": 3.3, "step": 750}
     rows.append({**done, "eval": True})  # done.json repeats the run's last evaluation (rundir.final_eval checks)
-    plant("watched", done, rows)
-    plant("unwatched", done, [{"step": 300, "eval": True, "ce": 3.0}, {**done, "eval": True}])
-    plant("failed", {**{k: None for k in done}, "step": 500, "diverged": {"step": 500, "why": "non-finite"}}, rows)
-    ws = types.SimpleNamespace(run_dir=lambda run, seed: tmp_path / run)
-    assert regime.end_boundary(ws, "watched", 42) == {"kurtosis": 9.0, "boundary_over_others": 0.9, "massive_ratio": 18.0}
-    assert all(math.isnan(v) for v in regime.end_boundary(ws, "unwatched", 42).values())
-    assert all(isinstance(v, report.Diverged) for v in regime.end_boundary(ws, "failed", 42).values())
+    watched, unwatched, failed = (suite.RunName(norm, "grow") for norm in ("watched", "unwatched", "failed"))
+    plant(watched.name, done, rows)
+    plant(unwatched.name, done, [{"step": 300, "eval": True, "ce": 3.0}, {**done, "eval": True}])
+    plant(failed.name, {**{k: None for k in done}, "step": 500, "diverged": {"step": 500, "why": "non-finite"}}, rows)
+    ws = types.SimpleNamespace(run_dir=lambda run, seed: tmp_path / run.name)
+    assert regime.end_boundary(ws, watched, 42) == {"kurtosis": 9.0, "boundary_over_others": 0.9, "massive_ratio": 18.0}
+    assert all(math.isnan(v) for v in regime.end_boundary(ws, unwatched, 42).values())
+    assert all(isinstance(v, report.Diverged) for v in regime.end_boundary(ws, failed, 42).values())
 
 
 def test_the_same_shard_joint_control_reads_grows_batches_for_grows_steps(smoke):
@@ -726,7 +731,9 @@ def test_the_same_shard_joint_control_reads_grows_batches_for_grows_steps(smoke)
     step exactly the documents grow reads (the same shard, the same order); joint-long reads fresh ones."""
     ws = suite.Workspace(presets.PRESETS["smoke"], smoke[0], Path("results"), devices.Dist())
     shard = data.Shard(ws.data_dir / "train", verify=False)
-    configs = {name: suite.run_config(ws, name, 42) for name in ("pre-grow", "pre-joint-replay", "post-joint-long")}
+    runs = {"pre-grow": tables.PRE_GROW, "pre-joint-replay": suite.RunName("pre", "joint-replay"),
+            "post-joint-long": suite.RunName("post", "joint-long")}
+    configs = {name: suite.run_config(ws, run, 42) for name, run in runs.items()}
     replay, grow_ = configs["pre-joint-replay"], configs["pre-grow"]
     assert replay.protocol == "joint-long" and replay.joint_phases == 3 and replay.data_mode == "replay"
     assert [p.active_blocks for p in config.plan_phases(replay)] == [3, 3, 3]
@@ -737,7 +744,7 @@ def test_the_same_shard_joint_control_reads_grows_batches_for_grows_steps(smoke)
     ids = {n: [b.global_doc_ids(s).tolist() for s in steps] for n, b in batchers.items()}
     assert ids["pre-joint-replay"] == ids["pre-grow"]
     assert ids["post-joint-long"][grow_.phase_steps:] != ids["pre-grow"][grow_.phase_steps:]  # fresh data
-    assert suite.prefix_run("pre-joint-replay", ws) == ("pre-joint", 0)
+    assert suite.prefix_run(runs["pre-joint-replay"], ws) == (suite.RunName("pre", "joint"), 0)
 
 
 def test_references_hold_the_numbers_of_every_experiment_beyond_the_paper_too():
@@ -755,11 +762,25 @@ def test_references_hold_the_numbers_of_every_experiment_beyond_the_paper_too():
         "pre_joint": [3.46, 3.47], "budget=2: interaction": [-0.1, -0.2]}
 
 
-def test_a_run_name_splits_at_its_protocol_even_when_the_placement_holds_a_dash():
-    assert suite.split_run("hybrid-star-grow") == ("hybrid-star", "grow")
-    assert suite.split_run("pre-joint-longer") == ("pre", "joint-longer")
-    assert suite.split_run("post,pre,pre-freeze") == ("post,pre,pre", "freeze")
-    assert suite.split_run("hybrid-first-joint-replay") == ("hybrid-first", "joint-replay")
+def test_a_run_is_named_by_its_fields_and_its_folder_is_the_name_the_kit_always_gave_it():
+    """A placement may hold a '-' (hybrid-star) or be a schedule (post,pre,pre): the run keeps its fields,
+    and its folder (and report key) is <norm>-<protocol>; the runs whose phases it shares come first; the
+    CLI's protocols and experiments are the lists that define them."""
+    for norm, protocol, name in (("hybrid-star", "grow", "hybrid-star-grow"), ("pre", "joint-longer", "pre-joint-longer"),
+                                 ("post,pre,pre", "freeze", "post,pre,pre-freeze"),
+                                 ("hybrid-first", "joint-replay", "hybrid-first-joint-replay")):
+        assert suite.RunName(norm, protocol).name == name
+    star = lambda protocol: suite.RunName("hybrid-star", protocol)
+    assert suite.with_prefixes([star("joint-longer"), star("freeze"), star("joint-replay")]) == \
+        [star("joint"), star("joint-long"), star("joint-longer"), star("grow"), star("freeze"), star("joint-replay")]
+    assert [r.name for r in tables.RUNS] == [
+        "pre-joint", "post-joint", "pre-grow", "post-grow", "pre-freeze", "post-freeze", "pre-joint-long",
+        "pre-joint-longer", "post-joint-long", "post-joint-longer", "pre-joint-replay", "post-joint-replay"]
+    with pytest.raises(ValueError, match="not one of joint, grow"):
+        suite.RunName("pre", "scratch")
+    protocols = next(p for p in repro.cli.commands["train"].params if p.name == "protocol").type.choices
+    assert tuple(protocols) == suite.RUN_PROTOCOLS
+    assert f"Experiments: {' '.join(tables.EXPERIMENTS)}, or all" in repro_cli("--help").stdout
 
 
 def test_boundary_numbers_read_block0_at_the_first_and_last_snapshot(monkeypatch):
@@ -784,8 +805,8 @@ def test_boundary_numbers_read_block0_at_the_first_and_last_snapshot(monkeypatch
 def test_table3_numbers_put_both_placements_controls_into_the_interaction(monkeypatch):
     """grow − joint-longer per placement, and the interaction against each control, written out from the
     ten runs' CEs (arbitrary, distinct values; a diverged one stays diverged through the arithmetic)."""
-    ce = {name: 3.0 + 0.01 * i * i for i, name in enumerate(tables.TABLE3_RUNS)}
-    monkeypatch.setattr(tables, "final_ce", lambda ws, name, seed: ce[name])
+    ce = {run.name: 3.0 + 0.01 * i * i for i, run in enumerate(tables.TABLE3_RUNS)}
+    monkeypatch.setattr(report, "final_ce", lambda ws, run, seed: ce[run.name])
     out = tables.table3_numbers(None, 42)
     assert out["pre_grow_minus_longer"] == ce["pre-grow"] - ce["pre-joint-longer"]
     assert out["interaction"] == pytest.approx((ce["post-grow"] - ce["pre-grow"]) - (ce["post-joint"] - ce["pre-joint"]))

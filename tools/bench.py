@@ -182,7 +182,7 @@ def bench_train_step(repeats: int) -> dict:
 # ----------------------------------------------------------------------------------------------
 # 6-7. Lockstep against separate runs; the compiled toy step against eager
 
-LOCKSTEP_RUNS = ("pre-joint", "post-joint", "pre-grow", "post-grow", "pre-freeze", "post-freeze")
+LOCKSTEP_RUNS = tuple(suite.RunName(norm, protocol) for protocol in ("joint", "grow", "freeze") for norm in ("pre", "post"))
 
 
 def toy_teacher(folder: Path) -> Path:
@@ -202,7 +202,7 @@ def lockstep_jobs(root: Path, teacher: Path, steps: int, data_dir: Path) -> list
     ws = suite.Workspace(replace(presets.PRESETS["toy"], run=run), root, root / "results", devices.Dist())
     root.mkdir(parents=True, exist_ok=True)
     ws.data_dir.symlink_to(data_dir.resolve(), target_is_directory=True)
-    return [(suite.run_config(ws, name, 42, teacher=teacher), ws.run_dir(name, 42)) for name in LOCKSTEP_RUNS]
+    return [(suite.run_config(ws, run, 42, teacher=teacher), ws.run_dir(run, 42)) for run in LOCKSTEP_RUNS]
 
 
 def bench_lockstep(data_dir: Path, steps: int = 12) -> dict:
@@ -224,9 +224,10 @@ def bench_lockstep(data_dir: Path, steps: int = 12) -> dict:
         start = time.perf_counter()
         together = grow.train_together(jobs["lockstep"], ctx=ctx, teacher=shared)
         lockstep_s = time.perf_counter() - start
-    return {"runs": list(LOCKSTEP_RUNS), "steps_per_phase": steps, "separate_s": separate_s, "lockstep_s": lockstep_s,
-            "speedup": separate_s / lockstep_s, "separate_teacher_forwards": sum(t.forwards for t in alone),
-            "lockstep_teacher_forwards": shared.forwards, "identical_results": separate == together}
+    return {"runs": [run.name for run in LOCKSTEP_RUNS], "steps_per_phase": steps, "separate_s": separate_s,
+            "lockstep_s": lockstep_s, "speedup": separate_s / lockstep_s,
+            "separate_teacher_forwards": sum(t.forwards for t in alone), "lockstep_teacher_forwards": shared.forwards,
+            "identical_results": separate == together}
 
 
 def bench_compile(repeats: int, cold: bool = True) -> dict:

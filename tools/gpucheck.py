@@ -128,7 +128,7 @@ def memory_rehearsal(scale: str, gpus: int, device: str) -> dict:
     preset = presets.PRESETS[scale]
     ws = suite.Workspace(preset, Path("runs") / scale, Path("results") / scale, devices.Dist())
     launch, shape = rehearse.Launch(gpus), presets.teacher_shape(preset)
-    phase0 = config.plan_phases(suite.run_config(ws, "post-grow", preset.run["seed"]))[0]
+    phase0 = config.plan_phases(suite.run_config(ws, suite.RunName("post", "grow"), preset.run["seed"]))[0]
     step1 = rehearse.rehearse(ws, launch, [phase0], device=device)
     rows = [{"steps": "grow phase 0 alone", "runs": ["post-grow phase 0"], "rehearsal": step1,
              "plan_gib": memory.step_peak(preset, shape, gpus, 1, [phase0])["total"] / 2**30}]

@@ -213,12 +213,12 @@ def fits(preset, gpus: int, gpu_bytes: float, runs: list[PlannedRun], nodes: int
     return worst <= MEMORY_HEADROOM * gpu_bytes
 
 
-def planned_runs(ws: suite.Workspace, names, seed: int) -> list[PlannedRun]:
-    """The runs `names` need, each with the number of leading phases another run computes for it."""
-    def shared(name):
-        prefix = suite.prefix_run(name, ws)
+def planned_runs(ws: suite.Workspace, runs, seed: int) -> list[PlannedRun]:
+    """The runs `runs` need (suite.RunName), each with the number of leading phases another run computes for it."""
+    def shared(run):
+        prefix = suite.prefix_run(run, ws)
         return prefix[1] + 1 if prefix else 0
-    return [PlannedRun(name, suite.run_config(ws, name, seed), shared(name)) for name in suite.with_prefixes(names)]
+    return [PlannedRun(run.name, suite.run_config(ws, run, seed), shared(run)) for run in suite.with_prefixes(runs)]
 
 
 def lockstep_default(ws: suite.Workspace, names) -> bool:

@@ -599,7 +599,7 @@ def rehearse_real(preset, launch: Launch, names, root: Path, seed: int | None = 
         before = steps()
         with HostSyncs() as syncs:
             suite.ensure_runs(ws, names, [seed], teacher=teacher)
-        return {"runs": {name: rundir.final_eval(ws.run_dir(name, seed)) for name in suite.with_prefixes(names)},
+        return {"runs": {run.name: rundir.final_eval(ws.run_dir(run, seed)) for run in suite.with_prefixes(names)},
                 "host_syncs": syncs.count, "host_syncs_by_place": syncs.by_place, "steps": steps() - before}
 
     with contextlib.redirect_stdout(io.StringIO()) as said:  # the runs' own lines; the result says it all

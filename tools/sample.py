@@ -15,9 +15,12 @@ import torch
 import torch.nn.functional as F
 
 import model
+from experiments import presets
 from model import apply_rope, rope_cos_sin
-from plumbing import errors
+from plumbing import errors, tokenizer
 from plumbing.checkpoint import read_config
+from plumbing.hf_qwen3 import ModelConfig
+from tools import checkpoints
 
 
 def load_checkpoint(path, device="cpu") -> model.Qwen3 | model.Student:
@@ -110,3 +113,35 @@ def generate(net, prompt_ids: list[int], max_new_tokens: int, eos_id: int, tempe
             break
         ids = torch.tensor([[token]], device=device)
     return out
+
+
+def continue_prompt(checkpoint: Path, prompt: str, max_new_tokens: int, temperature: float, top_k: int, seed: int,
+                    runs_dir: Path, echo):
+    """`repro.py sample`: the prompt, then its continuation token by token through echo(text, nl=...) (a
+    character split across tokens waits for the rest), in the tokenizer of the checkpoint's scale."""
+    config = checkpoints.checkpoint_config(checkpoint)
+    enc = tokenizer.qwen3_tokenizer(presets.PRESETS[checkpoints.scale_of(config, runs_dir, checkpoint)].data["vocab_size"])
+    prompt_ids = [enc.eot] + enc.encode(prompt)
+    context = ModelConfig.from_hf(config).max_position_embeddings
+    if len(prompt_ids) + max_new_tokens > context:  # past the positions the model was made for
+        raise errors.OptionError("--max-new-tokens", f"{max_new_tokens:,}: with the prompt's {len(prompt_ids):,} tokens "
+                                 f"that passes {checkpoint}'s context of {context:,} positions (max_position_embeddings); "
+                                 f"ask for at most {max(context - len(prompt_ids), 0):,}")
+    if top_k > config["vocab_size"]:
+        raise errors.OptionError("--top-k", f"{top_k:,}: above {checkpoint}'s vocabulary of {config['vocab_size']:,} "
+                                 "tokens; 0 means every token")
+    net = load_checkpoint(checkpoint)
+    shown = [""]
+
+    def stream(tokens, last=False):
+        text = enc.decode([t for t in tokens if t != enc.eot])
+        if last or not text.endswith("\ufffd"):
+            echo(text[len(shown[0]):], nl=last)
+            shown[0] = text
+    echo(prompt, nl=False)
+    try:
+        new = generate(net, prompt_ids, max_new_tokens, enc.eot, temperature, top_k, seed, on_token=stream)
+    except KeyboardInterrupt:
+        echo()  # the text so far ends its line; the one error line follows on its own
+        raise
+    stream(new, last=True)

@@ -1,0 +1,116 @@
+"""What the kit does with any checkpoint it reads, a teacher (HF Qwen3 folder), a student of any placement
+(phase-<p>/, step-<n>/) or an export: the scale it belongs to (from its vocabulary), its CE on a scale's
+validation shard, and a pre-norm student exported as a standard HF Qwen3 folder.
+
+    python repro.py eval runs/toy/s42/post-grow/phase-2 --scale toy --json
+    python repro.py export runs/toy/s42/pre-grow/phase-2 out/pre-grow-hf
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import data
+import model
+import nets
+from experiments import presets, suite
+from plumbing import devices, errors, hf_qwen3, tokenizer
+from plumbing.checkpoint import read_config
+
+QWEN3_EOT = 151643  # <|endoftext|> in Qwen3's full vocabulary
+
+
+def checkpoint_config(checkpoint: Path) -> dict:
+    """A checkpoint's config.json with its model fields checked (hf_qwen3.config_problem), before its
+    vocabulary is used to pick a scale."""
+    config = read_config(checkpoint)
+    hf_qwen3.ModelConfig.from_hf(config, str(checkpoint / "config.json"))
+    return config
+
+
+def vocabulary_fits(vocab: int, eot: int) -> bool:
+    """A truncated vocabulary (smoke, toy) must end at the tokenizer's <|endoftext|>; Qwen3's own must hold it."""
+    return not ((vocab < QWEN3_EOT and vocab != eot + 1) or vocab <= eot)
+
+
+def scales_for(vocab: int) -> list[str]:
+    """The scales whose tokenizer a checkpoint's vocabulary fits (smoke and toy truncate Qwen3's; small
+    and full share it, padded as Qwen3's checkpoints pad it)."""
+    return [s for s, p in presets.PRESETS.items()
+            if vocabulary_fits(vocab, tokenizer.qwen3_tokenizer(p.data["vocab_size"]).eot)]
+
+
+def scale_of(config: dict, runs_dir: Path, checkpoint: Path) -> str:
+    """The scale whose vocabulary a checkpoint has (small and full share it: then the one whose data
+    exists under runs_dir is taken)."""
+    matches = scales_for(config["vocab_size"])
+    if not matches:
+        raise errors.UsageError(f"{checkpoint / 'config.json'}: vocab_size {config['vocab_size']} fits no scale's "
+                                "tokenizer; the checkpoint is not the kit's, or its config.json was edited")
+    return next((s for s in matches if (runs_dir / s / "data" / "val").is_dir()), matches[0])
+
+
+def check_vocabulary(val: data.Shard, vocab: int, checkpoint: Path):
+    """A checkpoint and a shard from different tokenizers."""
+    if not vocabulary_fits(vocab, val.eot):
+        raise errors.DataError(f"{checkpoint}: its vocabulary ({vocab} ids) is not the one {val.path} was tokenized "
+                               f"with (<|endoftext|> = {val.eot}); pass the matching --scale or --data")
+
+
+def evaluate(checkpoint: Path, scale: str | None, data_dir: Path | None, runs_dir: Path) -> dict:
+    """CE and PPL of a checkpoint on a validation shard (the scale's unless data_dir is given), with the
+    scale's evaluation settings (batch, chunk, precision) as its runs use them; no teacher: CE only."""
+    config = checkpoint_config(checkpoint)
+    fitting = scales_for(config["vocab_size"])
+    if scale and not data_dir and scale not in fitting:  # said before its shard is looked for (it may not exist)
+        raise errors.DataError(f"{checkpoint}: its vocabulary ({config['vocab_size']} ids) is not --scale {scale}'s; "
+                               + (f"pass --scale {fitting[0]}" if fitting else "pass --data with the shard it was made for"))
+    scale = scale or scale_of(config, runs_dir, checkpoint)
+    ws = suite.Workspace(presets.PRESETS[scale], runs_dir / scale, Path("results"), devices.Dist())
+    val = data.Shard(data_dir or ws.data_dir / "val")
+    check_vocabulary(val, config.get("vocab_size", 0), checkpoint)
+    net = model.Student.load(checkpoint) if "normgrow_student" in config else model.load_qwen3(checkpoint)
+    settings = suite.run_config(ws, suite.RunName("post", "joint"), ws.preset.run["seed"])
+    dtype, _ = devices.precision_choice(settings.precision, ws.ctx.device)
+    scores = nets.evaluate(settings, net, None, val, active_blocks=None, ctx=ws.ctx, dtype=dtype)
+    return {"checkpoint": str(checkpoint), "data": str(val.path), "ce": scores["ce"], "ppl": scores["ppl"],
+            "tokens": scores["val_tokens"]}
+
+
+def export(student_dir: Path, out_dir: Path, force: bool, runs_dir: Path) -> model.Student:
+    """A pre-norm student checkpoint as a standard HF Qwen3 folder that transformers loads, with the kit's
+    tokenizer (exact ids) and <|endoftext|> as bos, eos and pad; the exported student."""
+    check_export_target(student_dir, out_dir, force, runs_dir)
+    student = model.Student.load(student_dir)
+    scale = scale_of(checkpoint_config(student_dir), runs_dir, student_dir)
+    enc = tokenizer.qwen3_tokenizer(presets.PRESETS[scale].data["vocab_size"])
+    generation = {"bos_token_id": enc.eot, "eos_token_id": enc.eot, "pad_token_id": enc.eot, "do_sample": False}
+    try:
+        hf_qwen3.export_hf(student, out_dir, source=str(student_dir),
+                        extra_files={**tokenizer.hf_tokenizer_files(enc), "generation_config.json": json.dumps(generation)})
+    except OSError as e:  # a read-only place, a path through a file: its first mkdir fails
+        raise errors.CheckpointError(f"{out_dir}: cannot write the export there ({e.strerror or e}); choose a folder "
+                                     "you can write to") from None
+    return student
+
+
+def check_export_target(student_dir: Path, out_dir: Path, force: bool, runs_dir: Path = Path("runs")):
+    """Never inside a runs tree (a run's --force may delete its folder), and --force replaces only a folder
+    the kit exported before, never the checkpoint itself or a folder that holds it."""
+    source, target = student_dir.resolve(), out_dir.resolve()
+    runs = [p for p in target.parents if p == runs_dir.resolve() or (p / "metrics.jsonl").is_file()]
+    if runs:  # a run folder, or the runs folder: a rerun with --force may delete what is in it
+        raise errors.CheckpointError(f"{out_dir}: inside a runs tree ({runs[0]}), where a rerun with --force may "
+                                     "delete it; export to a folder outside it")
+    if not out_dir.exists():
+        return
+    if source == target or target in source.parents:
+        raise errors.CheckpointError(f"{out_dir}: is or holds the checkpoint being exported; choose another output folder")
+    if out_dir.is_dir() and not any(out_dir.iterdir()):  # an empty folder holds nothing to lose: used as a new one
+        return
+    if not force:
+        raise errors.CheckpointError(f"{out_dir}: already exists; choose another folder, or pass --force to replace "
+                                     "an earlier export")
+    if not (out_dir / hf_qwen3.EXPORT_MARKER).is_file():
+        raise errors.CheckpointError(f"{out_dir}: not a folder the kit exported (no {hf_qwen3.EXPORT_MARKER}); --force only "
+                                     "replaces earlier exports, so choose a new or empty folder")

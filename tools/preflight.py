@@ -1,0 +1,98 @@
+"""Before a launch: what it trains and what that costs (--dry-run: nothing made or read but the data's
+measured lengths), and its rehearsal on this CPU (`repro.py rehearse`: no GPU needed). A command's runs come
+in groups, each (label, workspace, plan.PlannedRun list): the suite's own runs, a regime point's or a
+search rung's, a variant's in its own folder; plan.py prices them.
+
+    python repro.py all --scale full --dry-run --gpu h100     # the whole paper: runs, tokens, FLOPs, GPU hours
+    python repro.py rehearse table1 --scale full --gpus 8     # one step at full size, the driver at reduced size
+"""
+from __future__ import annotations
+
+import tempfile
+import warnings
+from pathlib import Path
+
+from experiments import beyond, ideas, presets, regime, suite, tables
+from tools import plan, rehearse
+
+
+def print_dry_run(scale: str, groups, seeds: list[int], gpu: str, gpus: int | None, nodes: int, note: str = ""):
+    """The plan of a command's runs; one workspace in full (plan.print_plan), several as a row each; then
+    the estimate for this machine's CPU."""
+    gpus = gpus or (8 if scale == "full" else 1)
+    if len(groups) == 1:
+        _, ws, runs = groups[0]
+        totals = plan.print_plan(ws, runs, seeds, gpu, gpus, suite.console, nodes)
+        flops = totals["lockstep"]["flops"] + totals["diagnostics_flops"]
+    else:
+        flops = plan.print_groups(groups, seeds, gpu, gpus, nodes, suite.console, note)
+    ws = groups[0][1]
+    estimate = plan.cpu_estimate(flops, ws.preset.run["precision"], ws.results.parent / "bench.json")
+    suite.console.print(f"this machine: {estimate}" + (" (CUDA needed to run it)" if ws.preset.needs_cuda else ""))
+
+
+def planned(ws: suite.Workspace, runs, seed: int) -> tuple[str, suite.Workspace, list]:
+    """One group: the runs (suite.RunName) in a workspace, and those whose phases they share."""
+    return ", ".join(run.name for run in runs), ws, plan.planned_runs(ws, runs, seed)
+
+
+def regime_groups(ws: suite.Workspace, grid: dict, seed: int) -> list:
+    """Each point's four runs (an upper bound: regime.run_map trains a point's pre-norm runs once where they
+    are the preset's)."""
+    return [(point.name, *planned(regime.point_workspace(ws, point), tables.MAIN_RUNS, seed)[1:])
+            for point in regime.grid_points(grid)]
+
+
+def search_groups(ws: suite.Workspace, ladder: str, overrides, seed: int) -> list:
+    """Every rung's run (the search stops at the first that meets its criterion, so at most this), each in
+    the workspace regime.rung_workspace makes, made here for a dry run: no folder."""
+    rungs, scale = presets.LADDERS[ladder], ws.preset.name
+    spaces = [suite.workspace(scale, ws.runs.parent, ws.results.parent, True,
+                              regime.rung_settings(scale, rungs, i) + overrides) for i in range(len(rungs))]
+    return [(rung.name, *planned(rws, [regime.SEARCH_RUN], seed)[1:]) for rung, rws in zip(rungs, spaces)]
+
+
+def beyond_groups(name: str, ws: suite.Workspace, seed: int) -> list:
+    """The runs an experiment of beyond.py or ideas.py trains: its suite runs, then each variant's one
+    run in its own folder (a freeze variant starts from the suite's grow phase 0)."""
+    if name == "placements":
+        return [planned(ws, beyond.placement_runs(), seed)]
+    if name == "scratch":
+        return [planned(beyond.scratch_workspace(ws), tables.MAIN_RUNS, seed)]
+    if name == "ideas":  # idea 4's search on its own seed, then every option's runs and their baselines
+        search = planned(ws, ideas.search_runs(ws.preset.run["blocks"]), ideas.SEARCH_SEED)
+        contrasts = ideas.fixed_contrasts()
+        variants = list({v.label: v for c in contrasts for v in (c.variant, c.baseline)}.values())
+        return [search] + variant_groups(ws, variants, seed)
+    variants = beyond.interventions(ws.preset.run["blocks"]) if name == "intervention" else beyond.planted_variants()
+    return variant_groups(ws, variants, seed)
+
+
+def variant_groups(ws: suite.Workspace, variants, seed: int) -> list:
+    """beyond.Variant runs as groups: the suite's own, then each variant's in its folder."""
+    groups = [planned(ws, beyond.suite_runs(variants), seed)]
+    for v in variants:
+        if v.folder:
+            vws = beyond.variant_workspace(ws, v, seed)
+            shared = 1 if v.run.protocol == "freeze" else 0
+            groups.append((v.label, vws, [plan.PlannedRun(v.run.name, suite.run_config(vws, v.run, seed), shared)]))
+    return groups
+
+
+def rehearse_launch(ws: suite.Workspace, launch: rehearse.Launch, runs, mode: str, replicate_teacher: bool,
+                    label: str) -> Path:
+    """The rehearsal of a launch of `runs`: one step at full size with fake tensors (mode fake), the launch's
+    driver at reduced size on every rank (mode real), or both; each printed, all written to
+    results/rehearse-<scale>-<label>.json (its path)."""
+    out = {}
+    if mode in ("both", "fake"):
+        with warnings.catch_warnings():  # the memory tracker's module hooks, on a student whose inputs need no gradient
+            warnings.filterwarnings("ignore", "Full backward hook is firing", UserWarning)
+            out["apart"] = rehearse.rehearse(ws, launch, replicate_teacher=replicate_teacher)
+            out["lockstep"] = rehearse.rehearse_segments(ws, launch, runs, replicate_teacher=replicate_teacher)
+        suite.console.print("\n".join(rehearse.segments_markdown(out["apart"], out["lockstep"])), markup=False)
+    if mode in ("both", "real"):
+        with tempfile.TemporaryDirectory() as tmp:
+            out["real"] = rehearse.rehearse_real(ws.preset, launch, runs, Path(tmp))
+        suite.console.print("\n".join(rehearse.real_markdown(out["real"])), markup=False)
+    return rehearse.write(out, ws.results.parent, ws.preset.name, launch, label, replicate_teacher)
