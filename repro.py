@@ -8,16 +8,12 @@ Growing" at the scale you choose, with the paper's numbers printed beside the ki
     torchrun --nproc_per_node=8 repro.py table1 --scale full                 # one 8-GPU node
     torchrun --nnodes=2 --nproc_per_node=8 --rdzv-backend=c10d --rdzv-endpoint=$HEAD:29500 \\
         repro.py all --scale full                                            # several nodes
-    python repro.py regime --scale toy                      # where the post-norm advantage appears
     python repro.py train --scale toy --norm post --protocol grow            # one run
-    python repro.py eval runs/toy/s42/post-grow/phase-2 --scale toy --json
     python repro.py export runs/toy/s42/pre-grow/phase-2 out/pre-grow-hf
-    python repro.py data --scale toy
-    python repro.py bench
+    python repro.py results --scale toy                     # docs/results/toy.md from references/toy.json
 
-Everything a scale makes lives in runs/<scale>/ (data, the kit's own teacher, s<seed>/<run>/) and
-results/<scale>/ (<experiment>.md, .json and figures). Finished runs are reused, interrupted ones
-resumed; runs whose first phases are identical share them.
+A scale's data, teacher and runs (s<seed>/<run>/) live in runs/<scale>/, its reports in results/<scale>/.
+Finished runs are reused, interrupted ones resumed; runs whose first phases are identical share them.
 """
 from __future__ import annotations
 
@@ -171,9 +167,8 @@ def experiment_options(command):
 
 def seeded_workspace(scale, seeds, default_seeds, runs_dir, results_dir, dry_run, overrides, compile_flag, device,
                      tracker, lockstep, no_wait) -> tuple[suite.Workspace, list[int]]:
-    """The workspace of a command that runs an experiment over seeds, its --set parsed once, with
-    --lockstep/--no-lockstep resolved (unless given, lockstep where a seed's resident runs fit the GPU:
-    plan.lockstep_default; always on a CPU); and its seeds (chosen_seeds; default None: the preset's)."""
+    """The workspace of an experiment over seeds, its --set parsed once, --lockstep resolved (unless given:
+    where a seed's resident runs fit the GPU, plan.lockstep_default) and its seeds (chosen_seeds)."""
     overrides = presets.parse_overrides(presets.PRESETS[scale], overrides)
     ws = suite.workspace(scale, runs_dir, results_dir, dry_run, overrides, compile_flag, device, tracker, wait=not no_wait)
     if lockstep is None:
@@ -549,6 +544,14 @@ def compare_with_reference(target, scale):
     if outside:
         raise OneLineError(f"{len(outside)} of {len(rows)} numbers of {target} are outside the shipped seeds' band "
                            f"(first: {outside[0]['name']} = {outside[0]['value']:.4f})")
+
+
+@cli.command("results")
+@scale_option
+def results_pages(scale):
+    """docs/results/<scale>.md and the README's headline, rendered from references/<scale>.json."""
+    from experiments import pages
+    suite.console.print(f"wrote {pages.main(scale)} and the README's headline")
 
 
 @cli.command()
