@@ -217,7 +217,7 @@ def experiment_section(name: str, reference: dict, full: bool) -> list[str]:
     lines = [f"## {name}", "", f"{exp.about}.", ""]
     if not numbers:
         return lines + ["A figure of one seed: the reference holds no per-seed numbers for it.", ""]
-    runs = {run: reference["final_ce"][run] for run in exp.runs if run in reference["final_ce"]}
+    runs = {run.name: reference["final_ce"][run.name] for run in exp.runs if run.name in reference["final_ce"]}
     st = {key: stats(values) for key, values in numbers.items()}
     rows = [r for r in exp.rows if r.key in st]
     lines += [diverged_line(runs, seeds, "runs this table reads"), ""]
