@@ -50,8 +50,8 @@ AVX2 := ATEN_CPU_CAPABILITY=avx2 MKL_ENABLE_INSTRUCTIONS=AVX2 ONEDNN_MAX_CPU_ISA
 test-avx2: install-dev
 	cache=$$(mktemp -d) && $(AVX2) XDG_CACHE_HOME=$$cache $(BIN)/python -m pytest -q -m "not faults" \
 		tests/test_model.py tests/test_kd.py tests/test_placements.py tests/test_lockstep.py \
-		"tests/test_grow.py::test_fsdp2_two_ranks_match_one_process_and_resume" \
-		"tests/test_grow.py::test_sigkill_mid_phase_and_at_transition_resumes_bit_identical" \
+		"tests/test_fsdp2.py::test_fsdp2_two_ranks_match_one_process_and_resume" \
+		"tests/test_resume.py::test_sigkill_mid_phase_and_at_transition_resumes_bit_identical" \
 		"tests/test_grow.py::test_accumulation_equals_whole_batch" \
 		"tests/test_beyond.py::test_new_options_under_fsdp2_two_ranks_match_one_process"; \
 		status=$$?; rm -rf $$cache; exit $$status

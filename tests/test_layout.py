@@ -101,3 +101,26 @@ def test_no_module_re_exports_names_it_imports():
     for folder in FOLDERS:
         init = ROOT / folder / "__init__.py"
         assert not init.exists() or init.read_text() == "", init
+
+
+def too_long(name: str, text: str) -> list[str]:
+    """The file if it is over MAX_FILE_LINES lines, and each function in it (methods and nested ones too)
+    over MAX_FUNCTION_LINES, counted from its def to its last line."""
+    found = [f"{name}: {len(text.splitlines())} lines"] if len(text.splitlines()) > MAX_FILE_LINES else []
+    for node in ast.walk(ast.parse(text)):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            if (length := node.end_lineno - node.lineno + 1) > MAX_FUNCTION_LINES:
+                found.append(f"{name}:{node.lineno} {node.name}: {length} lines")
+    return found
+
+
+def test_no_file_or_function_is_too_long_to_read_in_one_sitting():
+    """Issue 31: every module of the kit and every file of tests/ (its helpers too) is at most 600 lines,
+    every function in them at most 60."""
+    body = "".join(f"        x{i} = {i}\n" for i in range(MAX_FUNCTION_LINES))  # a def line and 60 more: 61 lines
+    planted = "class A:\n    def method(self):\n" + body + "\n" * (MAX_FILE_LINES - MAX_FUNCTION_LINES - 1)
+    assert too_long("planted.py", planted) == ["planted.py: 601 lines", "planted.py:2 method: 61 lines"]
+    assert too_long("planted.py", planted.replace("        x0 = 0\n", "", 1)) == []
+    files = [*MODULES.values(), *sorted((ROOT / "tests").glob("*.py"))]
+    assert ROOT / "tests" / "test_layout.py" in files and ROOT / "grow.py" in files
+    assert [line for path in files for line in too_long(str(path.relative_to(ROOT)), path.read_text())] == []

@@ -1,0 +1,255 @@
+"""Reports and references: statistics over seeds (t intervals, readings, Holm), the comparison with the
+paper, the tables' and the regime map's numbers, references collected, shipped and compared."""
+import json
+import math
+import statistics
+from pathlib import Path
+
+import pytest
+
+from experiments import report, suite, tables
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_numbers_that_are_not_applicable_or_never_reached_on_some_seed():
+    """A recovery that never came (inf) or never applied (NaN) on one seed: no spread, every seed shown."""
+    s = report.across_seeds([11.0, math.inf, 5.0])
+    assert s["mean"] == math.inf and s["ci95"] is None
+    assert report.kit_cell(s, 0) == "inf (per seed: 11, inf, 5)"
+    assert report.kit_cell(report.across_seeds([math.nan, 3.0]), 0) == "n/a (per seed: n/a, 3)"
+
+
+def test_comparison_with_the_paper_by_scale():
+    stats = lambda mean, lo, hi: {"mean": mean, "std": 0.1, "ci95": [lo, hi], "n": 3}
+    delta = report.Row("delta grow", "delta_grow", -0.0328, sign=True)
+    assert report.comparison(delta, stats(-0.05, -0.08, -0.02), full=True) == "-0.0172"
+    assert report.comparison(delta, stats(-0.05, -0.08, -0.02), full=False) == "same sign, interval excludes 0"
+    assert report.comparison(delta, stats(0.01, -0.02, 0.04), full=False) == "OPPOSITE sign, interval includes 0"
+    tokens = report.Row("tokens", "t", 3.11e9, report.TOKENS, compare=False)
+    assert report.comparison(tokens, stats(1e6, 1e6, 1e6), full=True) == ""  # other units: no difference
+    level = report.Row("pre-norm, grow", "pre_grow", 2.7658)
+    assert report.comparison(level, stats(3.2, 3.1, 3.3), full=False) == ""  # an absolute value below full
+
+
+def test_t_quantile_is_exact_for_any_number_of_seeds():
+    # Published two-sided 95% critical values of Student's t.
+    known = {1: 12.7062, 2: 4.3027, 3: 3.1824, 4: 2.7764, 9: 2.2622, 31: 2.0395, 45: 2.0141, 120: 1.9799}
+    for df, value in known.items():
+        assert report.t975(df) == pytest.approx(value, abs=1e-4), df
+    s = report.across_seeds([1.0, 2.0, 4.0])
+    half = 4.30265 * statistics.stdev([1.0, 2.0, 4.0]) / math.sqrt(3)
+    assert s["ci95"] == pytest.approx([7 / 3 - half, 7 / 3 + half], abs=1e-4)
+    # One-sided 95% critical values (a 90% two-sided interval, for TOST), and the CDF back.
+    for df, value in {1: 6.3138, 2: 2.9200, 4: 2.1318, 10: 1.8125}.items():
+        t = report.t_quantile(df, 0.95)
+        assert t == pytest.approx(value, abs=1e-4), df
+        assert report.t_cdf(df, t) == pytest.approx(0.95, abs=1e-6) and report.t_cdf(df, -t) == pytest.approx(0.05, abs=1e-6)
+
+
+def test_readings_by_the_pre_declared_rule_and_holms_correction():
+    """Below 0 by a 95% interval; a tie when the 90% interval lies inside +-0.01 (TOST); else inconclusive;
+    a diverged seed or a single seed is no reading. Holm's adjustment by hand."""
+    read = lambda values: report.reading(report.across_seeds(values), 0.01)
+    assert read([-0.030, -0.031, -0.029]) == "below 0"
+    assert read([0.030, 0.031, 0.029]) == "above 0"
+    # mean 0, sd 0.005, n 3: 95% half-width 0.0124 (includes 0), 90% half-width 2.92 x 0.005 / sqrt(3) = 0.0084
+    assert read([-0.005, 0.0, 0.005]) == "a tie within ±0.01"
+    assert read([-0.02, 0.0, 0.02]) == "inconclusive"  # 90% half-width 0.034
+    assert read([-0.02, report.DIVERGED, 0.01]).startswith("no reading: 1 of 3 diverged")
+    assert read([0.001]) == "no reading: one seed"
+    assert report.holm([0.01, 0.04, 0.03]) == pytest.approx([0.03, 0.06, 0.06])
+    assert report.holm([0.5, 0.001]) == pytest.approx([0.5, 0.002])
+    # The one-sample t-test: mean 1, sd 1, n 4 -> t = 2, df 3 -> two-sided p = 0.1393
+    assert report.p_two_sided(report.across_seeds([0.0, 1.0, 1.0, 2.0]) | {"std": 1.0}) == pytest.approx(0.1393, abs=1e-4)
+    # In a family the sign needs the adjusted p: an interval that excludes 0 alone is not enough
+    clear = report.across_seeds([-0.030, -0.031, -0.029])
+    assert report.adjusted_reading(clear, 0.049, 0.01) == "below 0"
+    assert report.adjusted_reading(clear, 0.06, 0.01) == "inconclusive"  # 90% interval [-0.032, -0.028]: no tie
+    small = report.across_seeds([-0.004, -0.005, -0.006])  # excludes 0 by its interval, and inside +-0.01
+    assert report.reading(small, 0.01) == "below 0" and report.adjusted_reading(small, 0.2, 0.01) == "a tie within ±0.01"
+    assert report.adjusted_reading(report.across_seeds([-0.02, report.DIVERGED, 0.01]), 0.01, 0.01).startswith("no reading")
+
+
+def test_the_regime_maps_reversal_needs_no_diverged_run():
+    """A point whose post-joint diverged on one seed (its delta joint a large penalty on the others) is no
+    reversal; the same numbers with no diverged run are."""
+    from experiments import regime
+    def row(joint):
+        s = lambda values: report.across_seeds(values)
+        boundary = {f"{p}_grow_{k}": s([math.nan, math.nan]) for p in ("pre", "post") for k in regime.BOUNDARY_NUMBERS}
+        return {"point": "p", "phase_steps": 250, "lr": 3e-3, "lr_x_steps": 0.75, "gain": "ones",
+                "delta_joint": s(joint), "delta_grow": s([-0.03, -0.02]), "interaction": s([-2.0, -0.05]), **boundary}
+    cited = {"delta_joint": 0.0004, "delta_grow": -0.0328, "interaction": -0.0332}
+    failed = regime.markdown([row([2.2, report.DIVERGED])], cited, "toy", [42, 43], "Diverged: 1 of 8 runs")
+    clean = regime.markdown([row([2.2, 0.01])], cited, "toy", [42, 43], "Diverged: none of 8 runs.")
+    first_row = lambda lines: next(line for line in lines if line.startswith("| p | 250 |"))
+    assert first_row(failed).endswith("| no: runs diverged |") and first_row(clean).endswith("| yes |")
+    assert "Diverged: 1 of 8 runs" in failed and "| p | n/a | n/a | n/a | n/a | n/a | n/a |" in clean
+
+
+def test_the_regime_maps_boundary_is_the_last_monitor_row_after_block_0(tmp_path):
+    """end_boundary reads block 0's output (boundary 1) in the last monitor row; a run without the
+    monitor gives n/a (NaN) and a diverged one DIVERGED, never its numbers."""
+    import types
+
+    from experiments import regime
+    def plant(name, done, rows):
+        run = tmp_path / name
+        run.mkdir()
+        (run / "done.json").write_text(json.dumps(done))
+        (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    after = lambda k: {"mean": 1.0, "kurtosis": k, "boundary_over_others": k / 10, "massive_ratio": k * 2}
+    rows = [{"step": 25, "monitor": True, "boundaries": [after(0.0)]},
+            {"step": 275, "monitor": True, "boundaries": [after(0.0), after(7.0)]},
+            {"step": 300, "eval": True, "ce": 3.0},
+            {"step": 500, "monitor": True, "boundaries": [after(0.0), after(9.0), after(1.0)]}]
+    done = {"ce": 3.2, "ppl": 24.5, "kd": 3.3, "step": 750}
+    rows.append({**done, "eval": True})  # done.json repeats the run's last evaluation (rundir.final_eval checks)
+    watched, unwatched, failed = (suite.RunName(norm, "grow") for norm in ("watched", "unwatched", "failed"))
+    plant(watched.name, done, rows)
+    plant(unwatched.name, done, [{"step": 300, "eval": True, "ce": 3.0}, {**done, "eval": True}])
+    plant(failed.name, {**{k: None for k in done}, "step": 500, "diverged": {"step": 500, "why": "non-finite"}}, rows)
+    ws = types.SimpleNamespace(run_dir=lambda run, seed: tmp_path / run.name)
+    assert regime.end_boundary(ws, watched, 42) == {"kurtosis": 9.0, "boundary_over_others": 0.9, "massive_ratio": 18.0}
+    assert all(math.isnan(v) for v in regime.end_boundary(ws, unwatched, 42).values())
+    assert all(isinstance(v, report.Diverged) for v in regime.end_boundary(ws, failed, 42).values())
+
+
+def test_references_hold_the_numbers_of_every_experiment_beyond_the_paper_too():
+    """A placements-, intervention- or regime-shaped report gives every quantity over seeds a name, so
+    `reference` ships it and `compare` checks it, as it does a paper table's rows."""
+    from experiments import reference
+    stats = lambda *v: report.across_seeds(list(v))
+    content = {"rows": [{"placement": "peri", "joint": stats(3.39, 3.38), "delta_grow": stats(0.007, 0.006),
+                         "settings": {"boundary": "none"}},
+                        {"variant": "pre-grow + boundary-norm", "ce": stats(3.25, 3.26)},
+                        {"label": "pre-norm, joint", "key": "pre_joint", "values": [3.46, 3.47]}],
+               "points": [{"point": "budget=2", "interaction": stats(-0.1, -0.2), "lr": 3e-3}]}
+    assert reference.report_numbers(content) == {
+        "peri: joint": [3.39, 3.38], "peri: delta_grow": [0.007, 0.006], "pre-grow + boundary-norm: ce": [3.25, 3.26],
+        "pre_joint": [3.46, 3.47], "budget=2: interaction": [-0.1, -0.2]}
+
+
+def test_boundary_numbers_read_block0_at_the_first_and_last_snapshot(monkeypatch):
+    """The figures' mechanism over seeds: block 0's boundary (index 1; index 0 is the embedding) at the
+    first and the last grow snapshot, planted values that differ everywhere else."""
+    def snapshot(std, kurtosis, ratio):
+        stats = lambda v: {"std": v, "kurtosis": v + 100, "kurtosis_distinct": v + 200}
+        return {"boundary_stats": [stats(-1.0), {"std": std, "kurtosis": kurtosis, "kurtosis_distinct": kurtosis / 2},
+                                   stats(-2.0)],
+                "token_type_rms": [{"boundary_over_regular": -3.0}, {"boundary_over_regular": ratio}]}
+    planted = {"pre": [snapshot(2.0, 9.0, 1.5), snapshot(3.0, 7.0, 1.2), snapshot(5.0, 60.0, 37.0)],
+               "post": [snapshot(0.1, 3.0, 1.0), snapshot(0.2, 1.8, 0.98)]}
+    monkeypatch.setattr(tables, "boundary_series", lambda ws, seed: planted)
+    assert tables.boundary_numbers(None, 42) == {
+        "pre_std_first": 2.0, "pre_std_end": 5.0, "pre_boundary_over_regular": 37.0, "pre_kurtosis": 60.0,
+        "pre_kurtosis_distinct": 30.0, "post_std_first": 0.1, "post_std_end": 0.2, "post_boundary_over_regular": 0.98,
+        "post_kurtosis": 1.8, "post_kurtosis_distinct": 0.9}
+    keys = {row.key for kind in ("std", "ratio", "kurtosis") for row in tables.boundary_rows(kind)}
+    assert keys == set(tables.boundary_numbers(None, 42))
+
+
+def test_table3_numbers_put_both_placements_controls_into_the_interaction(monkeypatch):
+    """grow − joint-longer per placement, and the interaction against each control, written out from the
+    ten runs' CEs (arbitrary, distinct values; a diverged one stays diverged through the arithmetic)."""
+    ce = {run.name: 3.0 + 0.01 * i * i for i, run in enumerate(tables.TABLE3_RUNS)}
+    monkeypatch.setattr(report, "final_ce", lambda ws, run, seed: ce[run.name])
+    out = tables.table3_numbers(None, 42)
+    assert out["pre_grow_minus_longer"] == ce["pre-grow"] - ce["pre-joint-longer"]
+    assert out["interaction"] == pytest.approx((ce["post-grow"] - ce["pre-grow"]) - (ce["post-joint"] - ce["pre-joint"]))
+    for control in ("longer", "replay"):
+        want = (ce["post-grow"] - ce["pre-grow"]) - (ce[f"post-joint-{control}"] - ce[f"pre-joint-{control}"])
+        assert out[f"interaction_{control}"] == pytest.approx(want, abs=1e-12)
+    ce["pre-joint-replay"] = report.DIVERGED
+    out = tables.table3_numbers(None, 42)
+    assert isinstance(out["interaction_replay"], report.Diverged) and not isinstance(out["interaction_longer"],
+                                                                                     report.Diverged)
+
+
+def test_a_reference_leaves_out_a_run_not_yet_finished_for_every_seed(tmp_path):
+    """An experiment still training has finished some seeds' runs: the reference keeps only runs done
+    for every seed, so no band is made from fewer seeds than it names."""
+    from experiments import reference
+    for seed, names in ((42, ("pre-grow", "peri-joint")), (43, ("pre-grow",))):
+        for name in names:
+            run = tmp_path / "runs" / f"s{seed}" / name
+            run.mkdir(parents=True)
+            done = {"ce": 3.0 + seed / 100, "ppl": math.exp(3.0 + seed / 100), "kd": 0.0, "step": 9}
+            (run / "metrics.jsonl").write_text(json.dumps({**done, "eval": True}) + "\n")
+            (run / "done.json").write_text(json.dumps(done))
+    (tmp_path / "results").mkdir()
+    # reports over the reference's seeds, or two or more of them, ship, each with its seeds; one over a
+    # single seed of several (no spread for a band) or over another seed does not
+    for name, seeds in (("table1", [42, 43, 44]), ("regime", [42, 43]), ("scratch", [42]), ("placements", [42, 45])):
+        rows = [{"placement": "peri", "delta_grow": report.across_seeds([0.01 * s for s in seeds])}]
+        (tmp_path / "results" / f"{name}.json").write_text(json.dumps({"seeds": seeds, "rows": rows}))
+    (tmp_path / "runs" / "s44").mkdir()
+    ref = reference.collect(tmp_path / "runs", tmp_path / "results", [42, 43, 44])
+    assert ref["final_ce"] == {} and ref["curves"] == {}  # seed 44 has no runs: nothing finished for every seed
+    assert ref["table_seeds"] == {"regime": [42, 43], "table1": [42, 43, 44]}
+    assert ref["tables"]["regime"] == {"peri: delta_grow": [0.42, 0.43]}
+    ref = reference.collect(tmp_path / "runs", tmp_path / "results", [42, 43])
+    assert ref["final_ce"] == {"pre-grow": [3.42, 3.43]} and set(ref["curves"]) == {"pre-grow"}
+    assert ref["table_seeds"] == {"regime": [42, 43]}  # table1's seed 44 is not among these
+
+
+def test_references_ship_and_compare_the_per_seed_values_of_every_report_shape(tmp_path):
+    """scratch's named `numbers`, planted's interactions and Δgrow, and a table's rows all ship as
+    per-seed values, and `compare` checks a results folder's per-seed values against them: the shipped
+    seeds' own values lie in their bands, a perturbed one does not."""
+    from experiments import reference
+    stats = lambda *v: report.across_seeds(list(v))
+    scratch = {"seeds": [42, 43, 44], "numbers": {"pre_joint": stats(4.60, 4.61, 4.62),
+                                                  "interaction": stats(0.281, 0.283, 0.285)}}
+    planted = {"seeds": [42, 43, 44], "rows": [{"variant": "pre-grow (suite)", "ce": stats(3.50, 3.51, 3.52)}],
+               "interactions": [{"dose": "the boundary token at 37x", "interaction": stats(0.01, 0.02, 0.03)}],
+               "delta_grow": {"none": stats(-0.02, -0.03, -0.04)}}
+    assert reference.report_numbers(scratch) == {"pre_joint": [4.60, 4.61, 4.62], "interaction": [0.281, 0.283, 0.285]}
+    assert reference.report_numbers(planted) == {"pre-grow (suite): ce": [3.50, 3.51, 3.52],
+                                                 "the boundary token at 37x: interaction": [0.01, 0.02, 0.03],
+                                                 "delta_grow: none": [-0.02, -0.03, -0.04]}
+    results = tmp_path / "results"
+    results.mkdir()
+    for name, content in (("scratch", scratch), ("planted", planted)):
+        (results / f"{name}.json").write_text(json.dumps(content))
+    for seed in (42, 43, 44):
+        (tmp_path / "runs" / f"s{seed}").mkdir(parents=True)
+    ref = reference.collect(tmp_path / "runs", results, [42, 43, 44])
+    assert ref["tables"]["scratch"]["interaction"] == [0.281, 0.283, 0.285]
+    rows = {r["name"]: r for r in reference.compare(results, ref)}
+    assert rows["scratch/interaction/2"]["value"] == 0.285 and all(r["within"] for r in rows.values())
+    assert len(rows) == 2 * 3 + 3 * 3  # every per-seed value of both reports was checked
+    scratch["numbers"]["interaction"] = stats(0.281, 0.283, 0.385)  # seed 44's interaction off by 0.1
+    (results / "scratch.json").write_text(json.dumps(scratch))
+    rows = {r["name"]: r for r in reference.compare(results, ref)}
+    assert not rows["scratch/interaction/2"]["within"] and rows["scratch/interaction/1"]["within"]
+
+
+def test_a_reference_records_the_commit_that_trained_each_run(tmp_path):
+    """Correction 12: each run's provenance commit (the suite's, beyond/'s and the teacher's) ships in the
+    reference, so when a run ran relative to the rule that governs it can be checked."""
+    from experiments import reference
+    runs = tmp_path / "runs"
+    for folder, commit in (("s42/pre-grow", "a" * 40), ("beyond/scratch/s42/pre-joint", "b" * 40),
+                           ("teacher", "c" * 40), ("s45/pre-grow", "d" * 40)):
+        (runs / folder).mkdir(parents=True)
+        (runs / folder / "provenance.json").write_text(json.dumps({"git_commit": commit}))
+    (tmp_path / "results").mkdir()
+    ref = reference.collect(runs, tmp_path / "results", [42])
+    assert ref["run_commits"] == {"s42/pre-grow": "a" * 40, "beyond/scratch/s42/pre-joint": "b" * 40,
+                                  "teacher": "c" * 40}
+
+
+# A report that shows numbers over seeds must ship them per seed in references/toy.json. fig3 and figA2 are
+# figures of one seed (their numbers are seed 42's plots), so they have no per-seed table.
+SHIPPED_TOY = json.loads((ROOT / "references" / "toy.json").read_text())
+ONE_SEED_FIGURES = {"fig3", "figA2"}
+
+
+@pytest.mark.parametrize("table", sorted(set(SHIPPED_TOY["table_seeds"]) - ONE_SEED_FIGURES))
+def test_the_shipped_toy_reference_holds_per_seed_values_for_every_table(table):
+    seeds = SHIPPED_TOY["table_seeds"][table]
+    numbers = SHIPPED_TOY["tables"][table]
+    assert numbers, f"{table}: no per-seed values shipped"
+    assert all(isinstance(v, list) and len(v) == len(seeds) for v in numbers.values())
