@@ -166,7 +166,8 @@ def test_every_json_of_a_smoke_tree_is_strict_diverged_runs_included(tree, tmp_p
 
 LIMITED = ("import resource, signal, sys; from pathlib import Path; signal.signal(signal.SIGXFSZ, signal.SIG_IGN); "
            "resource.setrlimit(resource.RLIMIT_FSIZE, (int(sys.argv[1]), resource.RLIM_INFINITY)); "
-           "import reference, repro; reference.REFERENCES = Path(sys.argv[2]); repro.cli(sys.argv[3:])")
+           "from experiments import reference; import repro; "
+           "reference.REFERENCES = Path(sys.argv[2]); repro.cli(sys.argv[3:])")
 
 
 @pytest.mark.slow
