@@ -816,7 +816,8 @@ def prepare(scale, overrides, force, runs_dir):
               help="Nodes; above 1, HSDP: shard within a node, replicate across nodes.")
 @click.option("--mode", type=click.Choice(["both", "fake", "real"]), default="both", show_default=True,
               help="fake: one step at full size with fake tensors (memory, collectives, operators); real: the "
-                   "launch's own driver at reduced size with real tensors on every rank (crashes, dtypes, resume).")
+                   "launch's own driver at reduced size with real tensors on its mesh, two ranks a dimension (crashes, "
+                   "dtypes, resume).")
 @click.option("--replicate-teacher", is_flag=True, help="Rehearse the teacher whole on every GPU instead of sharded.")
 @set_option
 @runs_option
@@ -825,11 +826,12 @@ def rehearse(wanted, scale, gpus, nodes, mode, replicate_teacher, overrides, run
     """Rehearse a launch of EXPERIMENTS (default table1; all) on this CPU, no GPU needed: one step at full
     size on a fake process group with fake tensors (per-rank memory by category, collectives and their
     bytes, operators, against the plan), and the launch's own driver at reduced size with real tensors in
-    the preset's precision on every rank of the launch's mesh, every phase of every run, with
+    the preset's precision on the launch's mesh at two ranks a dimension, every phase of every run, with
     evaluations, checkpoints and a resume on another world size (results/rehearse-<scale>-*.json)."""
     import tempfile
 
     from tools import rehearse as rehearsal
+    from tools import rehearse_real
     names = experiment_names(wanted or ("table1",))
     runs = experiment_runs(names)
     ws = suite.workspace(scale, runs_dir, results_dir, dry_run=True, overrides=overrides, device="cpu")
@@ -843,8 +845,8 @@ def rehearse(wanted, scale, gpus, nodes, mode, replicate_teacher, overrides, run
         suite.console.print("\n".join(rehearsal.segments_markdown(out["apart"], out["lockstep"])), markup=False)
     if mode in ("both", "real"):
         with tempfile.TemporaryDirectory() as tmp:
-            out["real"] = rehearsal.rehearse_real(ws.preset, launch, runs, Path(tmp))
-        suite.console.print("\n".join(rehearsal.real_markdown(out["real"])), markup=False)
+            out["real"] = rehearse_real.rehearse(ws.preset, launch, runs, Path(tmp))
+        suite.console.print("\n".join(rehearse_real.markdown(out["real"])), markup=False)
     label = "all" if "all" in wanted else "-".join(names)
     path = rehearsal.write(out, ws.results.parent, scale, launch, label, replicate_teacher)
     suite.console.print(f"wrote {path}")
