@@ -38,29 +38,38 @@ TENSOR_METHODS = str(Path(torch.__file__).parent / "_tensor.py")  # e.g. __forma
 
 class HostSyncs:
     """Counts the host's waits for a device value on the thread that enters it (rank 0): each call of
-    READS and each index by a boolean mask. It wraps those methods of torch.Tensor while it is active, and
-    nothing else: a dispatch mode would take every operator through Python, on every rank's thread, and
-    double the rehearsal's time. Reads that torch's own Python code makes are put apart ("torch, on host
-    tensors"), not counted: each seen here is of a tensor a launch keeps on the host too (DTensor's mesh
-    coordinates, AdamW's step counters under foreach=False, a checkpoint's rows read from disk). Each
-    other is put where the kit's innermost caller says: an evaluation, a checkpoint, the boundary
-    monitor (every monitor_interval steps; every step at reduced size), a training step
-    (grow.lockstep_step, those aside), or elsewhere (opening and resuming runs)."""
+    READS and each index by a boolean mask; and the run-steps grow.lockstep_step takes there (a run that
+    adopts another's phase has that phase's steps in its log, but never took them). It wraps those
+    methods of torch.Tensor and that function while it is active, and nothing else: a dispatch mode
+    would take every operator through Python, on every rank's thread, and double the rehearsal's time.
+    Reads that torch's own Python code makes are put apart ("torch, on host tensors"), not counted: each
+    seen here is of a tensor a launch keeps on the host too (DTensor's mesh coordinates, AdamW's step
+    counters under foreach=False, a checkpoint's rows read from disk). Each other is put where the kit's
+    innermost caller says: an evaluation, a checkpoint, the boundary monitor (every monitor_interval
+    steps; every step at reduced size), a training step (grow.lockstep_step, those aside), or elsewhere
+    (opening and resuming runs, weights read from disk among them: on the host in a launch too)."""
     WHERE = {"evaluate": "evaluations", "save_kept_checkpoint": "checkpoints", "save_latest_checkpoint": "checkpoints",
              "monitor_row": "boundary monitor", "lockstep_step": "training steps"}
 
     def __init__(self):
-        self.count, self.by_place, self.thread, self.saved = 0, {}, threading.get_ident(), {}
+        self.count, self.by_place, self.run_steps = 0, {}, 0
+        self.thread, self.saved = threading.get_ident(), {}
 
     def __enter__(self):
         for name in (*READS, "__getitem__"):
             self.saved[name] = getattr(torch.Tensor, name)
             setattr(torch.Tensor, name, self.counted(name, self.saved[name]))
+        self.lockstep_step, grow.lockstep_step = grow.lockstep_step, self.stepped
         return self
 
     def __exit__(self, *exc):
         for name, method in self.saved.items():
             setattr(torch.Tensor, name, method)
+        grow.lockstep_step = self.lockstep_step
+
+    def stepped(self, runs: list, teacher):
+        self.run_steps += len(runs) if threading.get_ident() == self.thread else 0
+        return self.lockstep_step(runs, teacher)
 
     def counted(self, name: str, method):
         def read(tensor, *args, **kwargs):
@@ -188,15 +197,12 @@ def rehearse(preset, launch: Launch, names, root: Path, seed: int | None = None)
 
     def launched(ctx):
         ws = suite.Workspace(small, root / "runs", root / "results", ctx, wait=False)
-        steps = lambda: sum("loss" in row for name in suite.with_prefixes(names)
-                            for row in rundir.read_metrics(ws.run_dir(name, seed)))
-        before = steps()
-        # rank 0's host syncs (the methods it wraps are every thread's: entered once)
+        # rank 0's host syncs (what it wraps is every thread's: entered once)
         with HostSyncs() if ctx.is_main else contextlib.nullcontext() as syncs:
             suite.ensure_runs(ws, names, [seed], teacher=teacher)
         return syncs and {"runs": {name: rundir.final_eval(ws.run_dir(name, seed))
                                    for name in suite.with_prefixes(names)},
-                          "host_syncs": syncs.count, "host_syncs_by_place": syncs.by_place, "steps": steps() - before}
+                          "host_syncs": syncs.count, "host_syncs_by_place": syncs.by_place, "steps": syncs.run_steps}
 
     with contextlib.redirect_stdout(io.StringIO()) as said:  # the runs' own lines; the result says it all
         on_threads(first, interrupted)
