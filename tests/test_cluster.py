@@ -236,7 +236,7 @@ def test_the_real_rehearsal_runs_every_driver_function_a_launch_runs(tmp_path, m
         out = rehearse_real.rehearse(presets.PRESETS["full"], rehearse.Launch(8, 4), ["pre-joint", "post-joint",
                                                                                      "pre-grow", "post-grow"],
                                      tmp_path / "rehearsal")
-    assert out["precision"] == "bf16" and out["first_world"] == 1 and out["world"] == 32
+    assert out["precision"] == "bf16" and out["first_world"] == 2 and out["world"] == 32
     assert out["ranks_run"] == {"gpus": 2, "nodes": 2, "world": 4} and out["micro_batches_per_step"] == 2
     assert {name: r["step"] for name, r in out["runs"].items()} == \
         {"pre-joint": rehearse_real.REDUCED_STEPS, "post-joint": rehearse_real.REDUCED_STEPS,
@@ -249,17 +249,22 @@ def test_the_real_rehearsal_runs_every_driver_function_a_launch_runs(tmp_path, m
 def test_the_real_rehearsal_keeps_what_a_rank_of_the_launch_runs():
     """One node's 8 GPUs run as 1 x 2 ranks, four nodes' as 2 x 2, one GPU as itself; each rank of them
     with the micro-batches a step of a rank of the launch (64 documents a step: 8 a rank on 8 GPUs, 2 on
-    32), one document each, in bf16 with activation checkpointing."""
+    32), one document each, in bf16 with activation checkpointing. The interrupted first launch writes
+    latest/ from several ranks, another number than the launch reads it on (4 then 2 shards; 2 then 2
+    x 2 ranks; 2 then 1), and from one where the step's documents do not split over them."""
     from experiments import presets
     from tools import rehearse, rehearse_real
     full = presets.PRESETS["full"]
-    for launch, ranks, micro in [((8, 1), (2, 1), 8), ((8, 4), (2, 2), 2), ((1, 1), (1, 1), 64)]:
+    for launch, ranks, micro, first in [((8, 1), (2, 1), 8, 4), ((8, 4), (2, 2), 2, 2), ((1, 1), (1, 1), 64, 2)]:
         run = rehearse_real.reduced_ranks(rehearse.Launch(*launch))
         assert (run.gpus, run.nodes) == ranks
         small = rehearse_real.reduced(full, rehearse.Launch(*launch), run)
-        assert small.run["global_batch"] // run.world // small.run["micro_batch"] == micro
+        micro_batches = small.run["global_batch"] // small.run["micro_batch"]
+        assert micro_batches // run.world == micro
         assert (small.run["micro_batch"], small.run["precision"], small.run["activation_checkpointing"]) == \
             (1, "bf16", True)
+        assert rehearse_real.first_ranks(run, micro_batches) == rehearse.Launch(first)
+    assert rehearse_real.first_ranks(rehearse.Launch(1), 3) == rehearse.Launch(1)
 
 
 def test_the_plans_hours_are_its_lines_and_the_balance_follows_the_lengths(monkeypatch):

@@ -132,6 +132,14 @@ def reduced(preset, launch: Launch, ranks: Launch):
                         "snapshot_interval": 1, "monitor_interval": 1, "loss_chunk": 64})
 
 
+def first_ranks(ranks: Launch, micro_batches: int) -> Launch:
+    """The interrupted first launch's ranks: one node of twice `ranks`' (`ranks` one node), or of one
+    node's (HSDP over several), so that latest/ is written by two ranks or more and read by another
+    number; one rank where the step's `micro_batches` do not split over them."""
+    first = Launch(2 * ranks.gpus if ranks.nodes == 1 else ranks.gpus)
+    return first if micro_batches % first.world == 0 else Launch(1)
+
+
 def on_threads(ranks: Launch, work) -> list:
     """work(ctx) on every rank of `ranks`, each a thread of this process in torch's threaded process
     group (real collectives between the threads, the launch's mesh: HSDP over several nodes); each
@@ -172,9 +180,10 @@ def on_threads(ranks: Launch, work) -> list:
 
 def rehearse(preset, launch: Launch, names, root: Path, seed: int | None = None) -> dict:
     """The launch itself at reduced dimensions on reduced_ranks(launch) (reduced()): suite.ensure_runs,
-    the code `repro.py EXPERIMENTS` runs, on every rank with real tensors, after a first launch on half
-    the ranks of one node that stops after each lockstep run's first step (so every run resumes from a
-    latest/ written by another world size). Returns what it ran and how long it took."""
+    the code `repro.py EXPERIMENTS` runs, on every rank with real tensors, after a first launch on one
+    node of another size (first_ranks) that stops after each lockstep run's first step, so every run
+    resumes from a latest/ that several FSDP2 ranks wrote, on another world size. Returns what it ran
+    and how long it took."""
     from experiments import suite
     ranks = reduced_ranks(launch)
     small = reduced(preset, launch, ranks)
@@ -183,7 +192,7 @@ def rehearse(preset, launch: Launch, names, root: Path, seed: int | None = None)
     net = model.Qwen3(presets.teacher_shape(small))
     net.init_weights(seed)
     model.save_qwen3(net, teacher)
-    first = Launch(max(1, ranks.gpus // 2))
+    first = first_ranks(ranks, small.run["global_batch"] // small.run["micro_batch"])
     started = time.time()
 
     def interrupted(ctx):
