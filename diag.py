@@ -407,10 +407,8 @@ def transition_response(rows: list[dict], transition_step: int, phase_steps: int
     mean absolute deviation can, and so can a signed mean with the immediate jump. Both AUCs and both
     jumps are reported; neither pair is claimed to be the paper's.
 
-    Returns {"transition_step", "baseline", "jump", "immediate_jump", "peak_step", "auc_1k", "auc_5k",
-    "abs_auc_1k", "abs_auc_5k", "rose", "recovery_steps", "searched_steps", "baseline_window",
-    "smooth", "short_window", "long_window"}; loss values in the log's units (nats), steps counted from
-    the transition.
+    Returns the keys above (abs_auc_1k, abs_auc_5k), "transition_step", "searched_steps" and the four windows
+    by their argument names; loss values in the log's units (nats), steps counted from the transition.
     """
     T = transition_step
     baseline_window = baseline_window or min(paper_scaled(1000, phase_steps), T)

@@ -231,7 +231,10 @@ def _real_tokens(h_S, W_S, h_T, W_T, targets, mask):
     each hidden/head pair one matmul dtype (the casts sit outside the chunk loop, so autograd carries
     the student's gradients back to the dtypes it came in)."""
     # mask None: every target is real (plan.py's rehearsal, whose fake tensors have no data to select by).
-    real = slice(None) if mask is None else mask.reshape(-1)
+    # Else the real targets' positions, found once: on a GPU finding them waits for the device (how many
+    # there are sizes everything after), and a boolean mask used three times would wait three times. An
+    # index by them is what indexing by the mask does inside (the same gather, the same backward).
+    real = slice(None) if mask is None else mask.reshape(-1).nonzero().squeeze(1)
     h_S, W_S = _same_dtype(h_S.reshape(-1, h_S.shape[-1])[real], W_S)           # (N, H), (V, H)
     if h_T is not None:
         h_T, W_T = _same_dtype(h_T.reshape(-1, h_T.shape[-1])[real].detach(), W_T.detach())  # (N, H_T)

@@ -562,8 +562,8 @@ def results_pages(scale):
 @click.option("--nodes", type=click.IntRange(1, 1024), default=1, show_default=True,
               help="Nodes; above 1, HSDP: shard within a node, replicate across nodes.")
 @click.option("--mode", type=click.Choice(["both", "fake", "real"]), default="both", show_default=True,
-              help="fake: one step at full size with fake tensors (memory, collectives, operators); real: the "
-                   "launch's own driver at reduced size with real tensors on every rank (crashes, dtypes, resume).")
+              help="fake: one step at full size with fake tensors (memory, collectives, operators); real: the launch's "
+                   "driver at reduced size, real tensors, its mesh at two ranks a dimension (crashes, dtypes, resume).")
 @click.option("--replicate-teacher", is_flag=True, help="Rehearse the teacher whole on every GPU instead of sharded.")
 @set_option
 @runs_option
@@ -572,7 +572,7 @@ def rehearse(wanted, scale, gpus, nodes, mode, replicate_teacher, overrides, run
     """Rehearse a launch of EXPERIMENTS (default table1; all) on this CPU, no GPU needed: one step at full
     size on a fake process group with fake tensors (per-rank memory by category, collectives and their
     bytes, operators, against the plan), and the launch's own driver at reduced size with real tensors in
-    the preset's precision on every rank of the launch's mesh, every phase of every run, with
+    the preset's precision on the launch's mesh at two ranks a dimension, every phase of every run, with
     evaluations, checkpoints and a resume on another world size (results/rehearse-<scale>-*.json)."""
     from tools import rehearse as rehearsal
     names, runs = chosen_experiments(wanted or ("table1",))

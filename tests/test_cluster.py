@@ -219,30 +219,52 @@ LAUNCH_ONLY = {"devices.setup_distributed", "devices.teardown", "devices.choose_
 
 def test_the_real_rehearsal_runs_every_driver_function_a_launch_runs(tmp_path, monkeypatch):
     """A smoke launch of table1 (repro.py, in this process) against the rehearsal's real-tensor mode of
-    table1 at full scale's settings on 2 x 2 ranks (HSDP) in the full preset's precision: every
-    function of grow, devices, rundir and checkpoint that the launch calls, the rehearsal calls (but the
-    few above, each with its reason). A driver path the rehearsal skipped would fail here."""
-    from dataclasses import replace
-
+    table1 as `repro.py rehearse --scale full --gpus 8 --nodes 4 --mode real` runs it: on 2 x 2 ranks
+    (HSDP's 2-D mesh), in the full preset's precision, each rank with the 2 micro-batches a step of a
+    rank of 4 x 8 (accumulation with sync off, then on): every function of grow, devices, rundir and
+    checkpoint that the launch calls, the rehearsal calls (but the few above, each with its reason). A
+    driver path the rehearsal skipped would fail here. A training step waits for the device once a
+    micro-batch (kd._real_tokens finds the real targets) and once to read the step's losses and norm."""
     import repro
     from experiments import presets
-    from tools import rehearse
+    from tools import rehearse, rehearse_real
     monkeypatch.chdir(tmp_path)
     with CalledFunctions() as launch:
         repro.cli(["table1", "--scale", "smoke", "--runs-dir", str(tmp_path / "runs"), "--results-dir",
                    str(tmp_path / "results")], standalone_mode=False)
-    full = presets.PRESETS["full"]
-    # 8 documents a step: 2 micro-batches a rank on 4 ranks (accumulation with sync off, then on), in seconds
-    small_batch = replace(full, run={**full.run, "global_batch": 8})
     with CalledFunctions() as rehearsal:
-        out = rehearse.rehearse_real(small_batch, rehearse.Launch(2, 2), ["pre-joint", "post-joint", "pre-grow",
-                                                                          "post-grow"], tmp_path / "rehearsal")
-    assert out["precision"] == "bf16" and out["first_world"] == 1
+        out = rehearse_real.rehearse(presets.PRESETS["full"], rehearse.Launch(8, 4), ["pre-joint", "post-joint",
+                                                                                     "pre-grow", "post-grow"],
+                                     tmp_path / "rehearsal")
+    assert out["precision"] == "bf16" and out["first_world"] == 2 and out["world"] == 32
+    assert out["ranks_run"] == {"gpus": 2, "nodes": 2, "world": 4} and out["micro_batches_per_step"] == 2
     assert {name: r["step"] for name, r in out["runs"].items()} == \
-        {"pre-joint": rehearse.REDUCED_STEPS, "post-joint": rehearse.REDUCED_STEPS,
-         "pre-grow": 3 * rehearse.REDUCED_STEPS, "post-grow": 3 * rehearse.REDUCED_STEPS}
+        {"pre-joint": rehearse_real.REDUCED_STEPS, "post-joint": rehearse_real.REDUCED_STEPS,
+         "pre-grow": 3 * rehearse_real.REDUCED_STEPS, "post-grow": 3 * rehearse_real.REDUCED_STEPS}
+    assert out["host_syncs_per_training_step"] == out["micro_batches_per_step"] + 1
     missed = launch.names - rehearsal.names - LAUNCH_ONLY
     assert not missed, f"called by a launch, never by the rehearsal: {sorted(missed)}"
+
+
+def test_the_real_rehearsal_keeps_what_a_rank_of_the_launch_runs():
+    """One node's 8 GPUs run as 1 x 2 ranks, four nodes' as 2 x 2, one GPU as itself; each rank of them
+    with the micro-batches a step of a rank of the launch (64 documents a step: 8 a rank on 8 GPUs, 2 on
+    32), one document each, in bf16 with activation checkpointing. The interrupted first launch writes
+    latest/ from several ranks, another number than the launch reads it on (4 then 2 shards; 2 then 2
+    x 2 ranks; 2 then 1), and from one where the step's documents do not split over them."""
+    from experiments import presets
+    from tools import rehearse, rehearse_real
+    full = presets.PRESETS["full"]
+    for launch, ranks, micro, first in [((8, 1), (2, 1), 8, 4), ((8, 4), (2, 2), 2, 2), ((1, 1), (1, 1), 64, 2)]:
+        run = rehearse_real.reduced_ranks(rehearse.Launch(*launch))
+        assert (run.gpus, run.nodes) == ranks
+        small = rehearse_real.reduced(full, rehearse.Launch(*launch), run)
+        micro_batches = small.run["global_batch"] // small.run["micro_batch"]
+        assert micro_batches // run.world == micro
+        assert (small.run["micro_batch"], small.run["precision"], small.run["activation_checkpointing"]) == \
+            (1, "bf16", True)
+        assert rehearse_real.first_ranks(run, micro_batches) == rehearse.Launch(first)
+    assert rehearse_real.first_ranks(rehearse.Launch(1), 3) == rehearse.Launch(1)
 
 
 def test_the_plans_hours_are_its_lines_and_the_balance_follows_the_lengths(monkeypatch):

@@ -13,7 +13,7 @@ import warnings
 from pathlib import Path
 
 from experiments import beyond, ideas, presets, regime, suite, tables
-from tools import plan, rehearse
+from tools import plan, rehearse, rehearse_real
 
 
 def print_dry_run(scale: str, groups, seeds: list[int], gpu: str, gpus: int | None, nodes: int, note: str = ""):
@@ -82,7 +82,7 @@ def variant_groups(ws: suite.Workspace, variants, seed: int) -> list:
 def rehearse_launch(ws: suite.Workspace, launch: rehearse.Launch, runs, mode: str, replicate_teacher: bool,
                     label: str) -> Path:
     """The rehearsal of a launch of `runs`: one step at full size with fake tensors (mode fake), the launch's
-    driver at reduced size on every rank (mode real), or both; each printed, all written to
+    driver at reduced size on the launch's mesh at two ranks a dimension (mode real), or both; each printed, all written to
     results/rehearse-<scale>-<label>.json (its path)."""
     out = {}
     if mode in ("both", "fake"):
@@ -93,6 +93,6 @@ def rehearse_launch(ws: suite.Workspace, launch: rehearse.Launch, runs, mode: st
         suite.console.print("\n".join(rehearse.segments_markdown(out["apart"], out["lockstep"])), markup=False)
     if mode in ("both", "real"):
         with tempfile.TemporaryDirectory() as tmp:
-            out["real"] = rehearse.rehearse_real(ws.preset, launch, runs, Path(tmp))
-        suite.console.print("\n".join(rehearse.real_markdown(out["real"])), markup=False)
+            out["real"] = rehearse_real.rehearse(ws.preset, launch, runs, Path(tmp))
+        suite.console.print("\n".join(rehearse_real.markdown(out["real"])), markup=False)
     return rehearse.write(out, ws.results.parent, ws.preset.name, launch, label, replicate_teacher)

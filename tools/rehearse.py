@@ -1,4 +1,4 @@
-"""The rehearsal: a launch of the suite, on a CPU, with no GPU, two ways.
+"""The rehearsal: a launch of the suite, on a CPU, with no GPU, two ways (this file: the first).
 
     python repro.py rehearse table1 --scale full --gpus 8             # one 8-GPU node
     python repro.py rehearse all --scale full --gpus 8 --nodes 4      # HSDP: shard within a node, replicate across
@@ -17,11 +17,7 @@ with its bytes, the operators a step dispatches, and communication time at the s
 against compute at the stated MFU and against the host's floor (operators times this host's dispatch
 time for one, measured: a lower bound).
 
-Real tensors at reduced size (rehearse_real): suite.ensure_runs, what `repro.py EXPERIMENTS` runs, on
-every rank of the launch, each a thread of torch's threaded process group (real collectives, the
-launch's mesh), in the preset's precision, every phase of every run with evaluations, checkpoints and a
-resume from a latest/ written by another world size. What a launch would hit (a crash, a dtype, a
-collective on the 2-D mesh), it hits first.
+Real tensors at reduced size: rehearse_real.py, the launch's own driver on every rank of its mesh.
 
 What it cannot see: the CUDA context and NCCL's buffers (~1-3 GiB a GPU), the allocator's fragmentation,
 kernels a GPU picks that a CPU does not (SDPA's flash path is the CPU's too; a GPU's fused kernels can
@@ -30,9 +26,7 @@ save less), and overlap: communication time is bytes over bandwidth, not a trace
 from __future__ import annotations
 
 import contextlib
-import io
 import math
-import sys
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -47,10 +41,8 @@ import grow
 import kd
 import model
 import nets
-import rundir
 from experiments import presets
 from plumbing import checkpoint, devices
-from plumbing.hf_qwen3 import save_qwen3
 from tools import memory, plan
 
 GiB = 2**30
@@ -68,31 +60,6 @@ class Launch:
 
 # ----------------------------------------------------------------------------------------------
 # Counting collectives: the c10d ops FSDP2 issues, their bytes (this rank's buffers) and group sizes
-
-class HostSyncs(torch.utils._python_dispatch.TorchDispatchMode):
-    """Counts the host's waits for a device value: each Python number read from a tensor by `float()` or
-    `.item()` (aten._local_scalar_dense) is a device sync on a GPU. A `.tolist()` is one too, but on a
-    CPU tensor it dispatches nothing, so the kit's (devices.Dist.sum: once a step) are not counted. Each
-    is put where the kit's innermost caller says: an evaluation, a checkpoint, the boundary monitor (every
-    monitor_interval steps; every step at reduced size), a training step (grow.lockstep_step, those
-    aside), or elsewhere (opening and resuming runs)."""
-    WHERE = {"evaluate": "evaluations", "save_kept_checkpoint": "checkpoints", "save_latest_checkpoint": "checkpoints",
-             "monitor_row": "boundary monitor", "lockstep_step": "training steps"}
-
-    def __init__(self):
-        super().__init__()
-        self.count = 0
-        self.by_place: dict[str, int] = {}
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        if func is torch.ops.aten._local_scalar_dense.default:
-            self.count += 1
-            frame, place = sys._getframe(), "elsewhere"
-            while frame is not None and (place := self.WHERE.get(frame.f_code.co_name, "elsewhere")) == "elsewhere":
-                frame = frame.f_back
-            self.by_place[place] = self.by_place.get(place, 0) + 1
-        return func(*args, **(kwargs or {}))
-
 
 class CollectiveBytes(torch.utils._python_dispatch.TorchDispatchMode):
     """Every all-gather, reduce-scatter and all-reduce dispatched, with the bytes of this rank's buffer
@@ -246,69 +213,90 @@ class CudaPeak:
 
 def rehearse_segments(ws, launch: Launch, names, replicate_teacher: bool = False, device: str = "cpu") -> list[dict]:
     """rehearse() of every lockstep segment of the runs `names` (plan.lockstep_segments): {"steps", "runs",
-    "rehearsal", "plan_gib"} each, the plan's per-GPU memory beside the rehearsal's."""
+    "rehearsal", "plan_gib"} each, the plan's per-GPU memory beside the rehearsal's. With fake tensors a
+    step is measured once for the segments that step the same phase (blocks run and trained, the head)
+    and keep the teacher's states alike: the step's tensors are the same, only the residents beside it
+    differ, and those are built and counted for each segment."""
     runs = plan.planned_runs(ws, names, ws.preset.run["seed"])
     teacher = presets.teacher_shape(ws.preset)
+    measured = {} if device == "cpu" else None  # on a GPU the allocator's peak holds the residents too
     out = []
     for start, stop, live in plan.lockstep_segments(runs):
         phases = [ph for _, ph in live]
         out.append({"steps": [start, stop], "runs": [f"{name} phase {ph.index}" for name, ph in live],
-                    "rehearsal": rehearse(ws, launch, phases, replicate_teacher, device),
+                    "rehearsal": rehearse(ws, launch, phases, replicate_teacher, device, measured),
                     "plan_gib": memory.step_peak(ws.preset, teacher, launch.gpus, launch.nodes, phases,
                                                  replicate_teacher)["total"] / GiB})
     return out
 
 
 def rehearse(ws, launch: Launch, residents: list | None = None, replicate_teacher: bool = False,
-             device: str = "cpu") -> dict:
+             device: str = "cpu", measured: dict | None = None) -> dict:
     """One lockstep step of `ws`'s scale on `launch`'s GPUs, as rank 0 runs it: with fake tensors on this
     CPU, or (device "cuda", make gpu-check) with real ones on one GPU, the other ranks still a fake group.
     residents: the phases (config.Phase) of the students held at once, the costliest stepping (default:
-    one run in grow's last phase, a run apart); replicate_teacher: the teacher whole on every GPU."""
+    one run in grow's last phase, a run apart); replicate_teacher: the teacher whole on every GPU;
+    measured: the steps measured so far, by what a step's tensors depend on (rehearse_segments)."""
     from torch._subclasses.fake_tensor import FakeTensorMode
-    started = time.time()
-    host_s_per_op = host_seconds_per_op()  # before any fake mode: real tensors
+    started, host_s_per_op = time.time(), host_seconds_per_op()  # before any fake mode: real tensors
     preset, on_gpu = ws.preset, device == "cuda"
-    ctx = rank0(launch, device)
-    dtype = devices.DTYPES.get(preset.run["precision"], torch.bfloat16)  # a GPU's precision (auto: bf16)
-    residents = memory.costliest_first(residents or [memory.last_phase(preset)])
-    resident, phase = len(residents), residents[0]
     settings = config.RunConfig(**{**preset.run, "name": "rehearsal", "protocol": "grow", "norm": "post",
                                    "train_data": "", "val_data": "", "replay_docs": 1})
-    data.check_split(preset.run["global_batch"], launch.world, preset.run["micro_batch"])
-    micro_per_step = preset.run["global_batch"] // launch.world // preset.run["micro_batch"]
-    batches = worst_batches(preset, micro_per_step, device)
-    fake = contextlib.nullcontext() if on_gpu else FakeTensorMode(allow_non_fake_inputs=True)
-    with (contextlib.nullcontext() if on_gpu else as_on_a_gpu()), fake:
-        teacher, students, optimizers = resident_models(preset, ctx, dtype, settings, residents, replicate_teacher,
+    data.check_split(settings.global_batch, launch.world, settings.micro_batch)
+    micro_per_step = settings.global_batch // launch.world // settings.micro_batch
+    dtype = devices.DTYPES.get(settings.precision, torch.bfloat16)  # a GPU's precision (auto: bf16)
+    residents = memory.costliest_first(residents or [memory.last_phase(preset)])
+    phase, keep_teacher_states = residents[0], len(residents) > 1
+    key = (phase.active_blocks, phase.trainable_blocks, phase.trains_head, keep_teacher_states)
+    reused = measured is not None and key in measured
+    ctx = rank0(launch, device)
+    batches = worst_batches(settings.micro_batch, preset.data["max_len"], micro_per_step, device)
+    with (contextlib.nullcontext() if on_gpu else as_on_a_gpu()), \
+            (contextlib.nullcontext() if on_gpu else FakeTensorMode(allow_non_fake_inputs=True)):
+        teacher, students, optimizers = resident_models(preset, settings, ctx, dtype, residents, replicate_teacher,
                                                         device)
-        tracker = memory_tracker(students, optimizers, ctx, on_gpu)
-        with tracker:
-            step = lockstep_run_step(settings, phase, teacher, students[0], optimizers[0], batches, ctx, dtype,
-                                     tracker, keep_teacher_states=resident > 1, micro_per_step=micro_per_step)
-        peak = {getattr(k, "value", k): v / GiB
-                for k, v in next(iter(tracker.get_tracker_snapshot("peak").values())).items() if v}
+        step, peak = measured[key] if reused else measure_step(
+            settings, phase, teacher, students, optimizers, batches, ctx, dtype, on_gpu, keep_teacher_states)
+    if measured is not None:
+        measured[key] = step, peak
     if dist.is_initialized():
         dist.destroy_process_group()
     out = {"scale": preset.name, "gpus": launch.gpus, "nodes": launch.nodes, "world": launch.world,
            "precision": str(dtype).removeprefix("torch."), "micro_batches_per_step": micro_per_step,
-           "micro_batch_lengths": [b.input_ids.shape[1] for b in batches], "resident_students": resident,
+           "micro_batch_lengths": [b.input_ids.shape[1] for b in batches], "resident_students": len(residents),
            "stepping_phase": {"active_blocks": phase.active_blocks, "trained_blocks": list(phase.trainable_blocks)},
-           "teacher_replicated": replicate_teacher,
-           "activation_checkpointing": preset.run.get("activation_checkpointing", False),
+           "teacher_replicated": replicate_teacher, "activation_checkpointing": settings.activation_checkpointing,
            "student_parameters": sum(p.numel() for p in students[0].parameters()),
            "student_trainable_parameters": sum(p.numel() for p in grow.trainable_parameters(students[0], phase)),
            "teacher_parameters": sum(p.numel() for p in teacher.net.parameters()),
-           "left_gathered": step["left_gathered"]}
-    out.update(step_costs(preset, launch, step, resident, host_s_per_op))
+           "left_gathered": step["left_gathered"], "step_measured_for_an_earlier_segment": reused,
+           **step_costs(settings, preset, launch, step, len(residents), host_s_per_op),
+           "peak_gib": peak_gib(peak, teacher, students, optimizers, on_gpu)}
+    return {**out, "wall_s": time.time() - started}
+
+
+def measure_step(settings, phase, teacher, students, optimizers, batches, ctx, dtype, on_gpu: bool,
+                 keep_teacher_states: bool) -> tuple[dict, dict]:
+    """lockstep_run_step of the stepping student (the first) under the memory tracker: (the step's counts,
+    its peak memory by category in GiB)."""
+    micro_per_step = settings.global_batch // ctx.world // settings.micro_batch
+    tracker = memory_tracker(students, optimizers, ctx, on_gpu)
+    with tracker:
+        step = lockstep_run_step(settings, phase, teacher, students[0], optimizers[0], batches, ctx, dtype,
+                                 tracker, keep_teacher_states, micro_per_step)
+    snapshot = next(iter(tracker.get_tracker_snapshot("peak").values()))
+    return step, {getattr(k, "value", k): v / GiB for k, v in snapshot.items() if v}
+
+
+def peak_gib(peak: dict, teacher, students, optimizers, on_gpu: bool) -> dict:
+    """The step's peak by category, the teacher's weights among it, and the other resident students'
+    weights and AdamW moments, which the tracker does not see (built before it, untouched in the step);
+    on a GPU the allocator's peak already holds them."""
     others = {"other students' weights": sum(local_bytes(s.parameters()) for s in students[1:]) / GiB,
               "other students' AdamW moments": sum(local_bytes(v for st in o.state.values() for v in st.values())
                                                    for o in optimizers[1:]) / GiB}
-    # on a GPU the allocator's peak already holds what was resident before the step
-    out["peak_gib"] = {**peak, "of which teacher weights": local_bytes(teacher.net.parameters()) / GiB, **others,
-                       "per-rank peak": peak.get("Total", 0.0) + (0.0 if on_gpu else sum(others.values()))}
-    out["wall_s"] = time.time() - started
-    return out
+    return {**peak, "of which teacher weights": local_bytes(teacher.net.parameters()) / GiB, **others,
+            "per-rank peak": peak.get("Total", 0.0) + (0.0 if on_gpu else sum(others.values()))}
 
 
 def rank0(launch: Launch, device: str) -> devices.Dist:
@@ -321,20 +309,21 @@ def rank0(launch: Launch, device: str) -> devices.Dist:
                         devices.mesh_for(device, launch.world, launch.gpus))
 
 
-def worst_batches(preset, micro_per_step: int, device: str) -> list[data.Batch]:
-    """The worst step a rank can be given: documents of the full length in every micro-batch. Two are run
-    (the first holds the loss with no gradients yet, the last on top of the accumulated ones; the
-    collectives and operators of those between equal the first's); no padding, one document a row."""
+def worst_batches(documents: int, tokens: int, micro_per_step: int, device: str) -> list[data.Batch]:
+    """The worst step a rank can be given: `documents` a micro-batch, each of the full length (`tokens`).
+    Two are run (the first holds the loss with no gradients yet, the last on top of the accumulated ones;
+    the collectives and operators of those between equal the first's); no padding, one document a row."""
     from torch._subclasses.fake_tensor import unset_fake_temporarily
-    rows, n = preset.run["micro_batch"], preset.data["max_len"]
     with unset_fake_temporarily():
-        return [data.Batch(input_ids=torch.zeros(rows, n, dtype=torch.long, device=device),
-                           targets=torch.zeros(rows, n, dtype=torch.long, device=device), mask=None,
-                           lengths=torch.full((rows,), n), doc_ids=list(range(rows)), n_targets=n * rows)
+        return [data.Batch(input_ids=torch.zeros(documents, tokens, dtype=torch.long, device=device),
+                           targets=torch.zeros(documents, tokens, dtype=torch.long, device=device),
+                           mask=None,  # every target real: kd's chunked loss selects nothing
+                           lengths=torch.full((documents,), tokens), doc_ids=list(range(documents)),
+                           n_targets=documents * tokens)
                 for _ in range(min(2, micro_per_step))]
 
 
-def resident_models(preset, ctx, dtype, settings, residents: list, replicate_teacher: bool, device: str):
+def resident_models(preset, settings, ctx, dtype, residents: list, replicate_teacher: bool, device: str):
     """(teacher, students, optimizers) as a launch builds them (model.py, devices.shard_fn, grow's
     trainable parameters and optimizer), a student in each phase of `residents`: its AdamW moments as
     after its phase's first step."""
@@ -347,9 +336,9 @@ def resident_models(preset, ctx, dtype, settings, residents: list, replicate_tea
     teacher = nets.Teacher(net.eval().requires_grad_(False))
     students, optimizers = [], []
     for phase in residents:
-        student = model.Student.from_teacher(net, preset.run["blocks"], preset.run["layers_per_block"], "post",
-                                             preset.run["seed"], shard_fn=devices.shard_fn(ctx, dtype))
-        student.checkpoint_layers = bool(preset.run.get("activation_checkpointing"))
+        student = model.Student.from_teacher(net, settings.blocks, settings.layers_per_block, "post", settings.seed,
+                                             shard_fn=devices.shard_fn(ctx, dtype))
+        student.checkpoint_layers = settings.activation_checkpointing
         devices.settle_fsdp_dtypes(student)  # as nets.build_model does
         optimizer = grow.build_optimizer(settings, grow.trainable_parameters(student, phase))
         for group in optimizer.param_groups:
@@ -439,11 +428,11 @@ def lockstep_run_step(settings, phase, teacher, student, optimizer, batches, ctx
             "student_ops": student_ops, "optimizer_ops": optimizer_ops, "left_gathered": left}
 
 
-def step_costs(preset, launch: Launch, step: dict, resident: int, host_s_per_op: float) -> dict:
+def step_costs(settings, preset, launch: Launch, step: dict, resident: int, host_s_per_op: float) -> dict:
     """A whole step from the micro-batches run: the first one's collectives and operators for each of the
     step's first n - 1, the last one's (with the reduce-scatters), then the optimizer's; communication
     at the stated bandwidths against compute at the stated MFU and against the host's floor."""
-    micro_per_step = preset.run["global_batch"] // launch.world // preset.run["micro_batch"]
+    micro_per_step = settings.global_batch // launch.world // settings.micro_batch
     calls = step["calls"]
     step_calls = calls[0] * (micro_per_step - 1) + calls[-2] + calls[-1]
     per_step = lambda counts: counts[0] * (micro_per_step - 1) + counts[-1]
@@ -451,7 +440,7 @@ def step_costs(preset, launch: Launch, step: dict, resident: int, host_s_per_op:
            "a student's forward, backward and AdamW step": per_step(step["student_ops"]) + step["optimizer_ops"]}
     ops["a step of every resident student, one teacher forward"] = \
         ops["teacher forward"] + resident * ops["a student's forward, backward and AdamW step"]
-    tokens = preset.run["global_batch"] * min(preset.doc_tokens, preset.data["max_len"])
+    tokens = settings.global_batch * min(preset.doc_tokens, preset.data["max_len"])
     compute_s = plan.step_flops(preset, presets.teacher_shape(preset), tokens) / launch.world \
         / (plan.GPU_BF16_PEAK["h100"] * plan.ASSUMED_MFU)
     comm_s = plan.comm_seconds(step_calls, launch.nodes)
@@ -467,7 +456,7 @@ def step_costs(preset, launch: Launch, step: dict, resident: int, host_s_per_op:
 
 def write(out: dict, results: Path, scale: str, launch: Launch, experiments_name: str, replicated: bool) -> Path:
     """results/rehearse-<scale>[-<nodes>x<gpus>]-<experiments>.json: {"apart", "lockstep": rehearse(..),
-    "real": rehearse_real(..)}, those run."""
+    "real": rehearse_real.rehearse(..)}, those run."""
     nodes = "" if launch.nodes == 1 else f"-{launch.nodes}x{launch.gpus}"
     path = results / f"rehearse-{scale}{nodes}-{experiments_name}{'-replicated-teacher' if replicated else ''}.json"
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -502,125 +491,3 @@ def markdown(out: dict) -> list[str]:
     lines += ["", f"host floor: {out['host_floor_s_per_step'] * 1e3:.1f} ms a step ({out['host_s_per_op'] * 1e6:.2f} µs "
               "to dispatch one operator on this host; a GPU's launch adds to it)"]
     return lines
-
-
-# ----------------------------------------------------------------------------------------------
-# Real tensors at reduced dimensions: the launch's own driver on every rank, each rank a thread
-
-# A teacher of the kit's own at a few hundred kB: every FSDP2 unit, the precision policy, accumulation,
-# activation checkpointing and the chunked loss run as at full size, in seconds.
-REDUCED_TEACHER = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-                       num_key_value_heads=2, head_dim=16, tie_word_embeddings=False)
-REDUCED_STEPS = 2  # steps a phase: step 1 writes latest/ and a step-1/ snapshot, step 2 ends the phase
-
-
-def reduced(preset):
-    """`preset` at reduced dimensions, everything else of a launch kept: its precision (bf16 parameters,
-    fp32 reduction), micro-batch, global batch (so the accumulation a rank runs), activation
-    checkpointing, protocols and phases; every phase two steps with an evaluation, a kept checkpoint
-    and latest/ in each, the monitor on every step; the toy corpus at 64 tokens a document."""
-    from dataclasses import replace
-    return replace(preset, teacher="", teacher_model=REDUCED_TEACHER, shipped_teacher="",
-                   data={"source": "toy", "vocab_size": 512, "max_len": 64, "val_docs": 64},
-                   run={**preset.run, "phase_steps": REDUCED_STEPS, "eval_interval": REDUCED_STEPS,
-                        "checkpoint_interval": 1, "snapshot_interval": 1, "monitor_interval": 1, "loss_chunk": 64})
-
-
-def on_threads(launch: Launch, work) -> list:
-    """work(ctx) on every rank of `launch`, each a thread of this process in torch's threaded process
-    group (real collectives between the threads, the launch's mesh: HSDP over several nodes); each
-    rank's result. A rank that raises stops them all, and its exception is raised here."""
-    import threading
-
-    import torch.testing._internal.distributed.multi_threaded_pg as threaded
-    world, store, results, failed = launch.world, dist.HashStore(), [None] * launch.world, []
-
-    def rank(r: int):
-        try:
-            dist.init_process_group("threaded", rank=r, world_size=world, store=store)
-            ctx = devices.Dist(r, world, torch.device("cpu"), launch.gpus, devices.mesh_for("cpu", world, launch.gpus))
-            results[r] = work(ctx)
-        except BaseException as e:  # noqa: BLE001 - re-raised below, after every rank has stopped
-            failed.append((r, e))
-            threaded.ProcessLocalGroup.exception_handle(e)
-        finally:
-            dist.destroy_process_group()
-
-    torch._C._distributed_c10d._set_thread_isolation_mode(True)
-    threaded._install_threaded_pg()
-    threads_before = torch.get_num_threads()
-    torch.set_num_threads(1)  # many ranks on a few cores: one intra-op thread each
-    try:
-        threads = [threading.Thread(target=rank, args=(r,)) for r in range(world)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-    finally:
-        threaded.ProcessLocalGroup.reset()
-        threaded._uninstall_threaded_pg()
-        torch._C._distributed_c10d._set_thread_isolation_mode(False)
-        torch.set_num_threads(threads_before)
-    if failed:
-        raise min(failed, key=lambda f: f[0])[1]
-    return results
-
-
-def rehearse_real(preset, launch: Launch, names, root: Path, seed: int | None = None) -> dict:
-    """The launch itself at reduced dimensions (reduced()): suite.ensure_runs, the code `repro.py
-    EXPERIMENTS` runs, on every rank of `launch` with real tensors, after a first launch on half the
-    ranks of one node that stops after each lockstep run's first step (so every run resumes from a
-    latest/ written by another world size). Returns what it ran and how long it took."""
-    import grow
-    import model
-    from experiments import suite
-    small = reduced(preset)
-    seed = preset.run["seed"] if seed is None else seed
-    teacher = root / "teacher"
-    net = model.Qwen3(presets.teacher_shape(small))
-    net.init_weights(seed)
-    save_qwen3(net, teacher)
-    first = Launch(max(1, launch.gpus // 2))
-    started = time.time()
-
-    def interrupted(ctx):
-        ws = suite.Workspace(small, root / "runs", root / "results", ctx, wait=False)
-        suite.prepare_data(ws)
-        jobs = [(suite.run_config(ws, name, seed, teacher=teacher), ws.run_dir(name, seed))
-                for name in suite.with_prefixes(names)]
-        # the lockstep runs that start from scratch (one that adopts another's phase waits for it to end)
-        grow.train_together([j for j in jobs if j[0].data_mode == "replay" and not j[0].start_from], ctx=ctx,
-                            stop_after_step=1, wait=False)
-
-    def launched(ctx):
-        ws = suite.Workspace(small, root / "runs", root / "results", ctx, wait=False)
-        steps = lambda: sum("loss" in row for name in suite.with_prefixes(names)
-                            for row in rundir.read_metrics(ws.run_dir(name, seed)))
-        before = steps()
-        with HostSyncs() as syncs:
-            suite.ensure_runs(ws, names, [seed], teacher=teacher)
-        return {"runs": {run.name: rundir.final_eval(ws.run_dir(run, seed)) for run in suite.with_prefixes(names)},
-                "host_syncs": syncs.count, "host_syncs_by_place": syncs.by_place, "steps": steps() - before}
-
-    with contextlib.redirect_stdout(io.StringIO()) as said:  # the runs' own lines; the result says it all
-        on_threads(first, interrupted)
-        resumed = time.time()
-        rank_0 = on_threads(launch, launched)[0]
-    return {"world": launch.world, "gpus": launch.gpus, "nodes": launch.nodes, "first_world": first.world,
-            "precision": small.run["precision"], "runs": rank_0["runs"],
-            "host_syncs_rank0": rank_0["host_syncs"], "run_steps": rank_0["steps"],
-            "host_syncs_per_run_step": rank_0["host_syncs"] / max(rank_0["steps"], 1),
-            "host_syncs_by_place": rank_0["host_syncs_by_place"],
-            "host_syncs_per_training_step": rank_0["host_syncs_by_place"].get("training steps", 0)
-            / max(rank_0["steps"], 1),
-            "log_lines": len(said.getvalue().splitlines()),
-            "wall_s": {"interrupted launch": resumed - started, "resumed launch": time.time() - resumed}}
-
-
-def real_markdown(out: dict) -> list[str]:
-    runs = ", ".join(f"{name} step {r.get('step')}" for name, r in out["runs"].items())
-    return [f"The launch's driver on {out['nodes']} x {out['gpus']} ranks at reduced size ({out['precision']}), "
-            f"resumed from a launch on {out['first_world']}: {runs}; host syncs on rank 0: "
-            f"{out['host_syncs_per_training_step']:.1f} a run's training step, {out['host_syncs_rank0']} in all over "
-            f"{out['run_steps']} run-steps ({out['host_syncs_by_place']}); "
-            + ", ".join(f"{k} {v:.0f} s" for k, v in out["wall_s"].items())]
