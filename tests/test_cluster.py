@@ -226,15 +226,14 @@ def test_the_real_rehearsal_runs_every_driver_function_a_launch_runs(tmp_path, m
     driver path the rehearsal skipped would fail here. A training step waits for the device once a
     micro-batch (kd._real_tokens finds the real targets) and once to read the step's losses and norm."""
     import repro
-    from experiments import presets
+    from experiments import presets, tables
     from tools import rehearse, rehearse_real
     monkeypatch.chdir(tmp_path)
     with CalledFunctions() as launch:
         repro.cli(["table1", "--scale", "smoke", "--runs-dir", str(tmp_path / "runs"), "--results-dir",
                    str(tmp_path / "results")], standalone_mode=False)
     with CalledFunctions() as rehearsal:
-        out = rehearse_real.rehearse(presets.PRESETS["full"], rehearse.Launch(8, 4), ["pre-joint", "post-joint",
-                                                                                     "pre-grow", "post-grow"],
+        out = rehearse_real.rehearse(presets.PRESETS["full"], rehearse.Launch(8, 4), tables.MAIN_RUNS,
                                      tmp_path / "rehearsal")
     assert out["precision"] == "bf16" and out["first_world"] == 2 and out["world"] == 32
     assert out["ranks_run"] == {"gpus": 2, "nodes": 2, "world": 4} and out["micro_batches_per_step"] == 2

@@ -356,7 +356,7 @@ def test_ideas_experiment_at_smoke_reads_what_its_runs_wrote(ideas_smoke):
         if row["idea"] == 4:
             continue
         ce = [json.loads(((runs / "beyond" / folders[k].folder) if folders[k].folder else runs).joinpath(
-            "s42", folders[k].run, "done.json").read_text())["ce"] for k in (row["variant"], row["baseline"])]
+            "s42", folders[k].run.name, "done.json").read_text())["ce"] for k in (row["variant"], row["baseline"])]
         assert row["delta"]["mean"] == pytest.approx(ce[0] - ce[1], abs=1e-12)
         assert row["reading"] in ("no reading: one seed", "secondary: interval only")
     text = {r["variant"]: r["transitions"] for r in out["rows"]}

@@ -157,8 +157,8 @@ def test_multi_seed_table1_has_intervals(smoke):
     report = json.loads((results / "table1.json").read_text())
     runs = results.parent.parent / "runs" / "smoke"
     import hashlib
-    expected = hashlib.sha256(b"".join((runs / f"s{seed}" / name / "config.json").read_bytes()
-                                       for seed in (42, 43) for name in tables.MAIN_RUNS)).hexdigest()
+    expected = hashlib.sha256(b"".join((runs / f"s{seed}" / run.name / "config.json").read_bytes()
+                                       for seed in (42, 43) for run in tables.MAIN_RUNS)).hexdigest()
     assert report["runs_config_sha256"] == expected and len(report["git_commit"].split("+")[0]) == 40
 
 
@@ -285,8 +285,8 @@ def test_regime_map_reports_the_runs_own_results(smoke):
         folder = runs / "s42" if name == "budget1-lr1-gain-ones" else runs / "regime" / name / "s42"
         # The gain option touches only the post-norm runs: the pre-norm ones are the preset's own.
         pre_folder = folder if "budget0.5" in name else runs / "s42"
-        ce = {run: json.loads(((pre_folder if run.startswith("pre") else folder) / run / "done.json").read_text())["ce"]
-              for run in tables.MAIN_RUNS}
+        ce = {run.name: json.loads(((pre_folder if run.norm == "pre" else folder) / run.name / "done.json")
+                                   .read_text())["ce"] for run in tables.MAIN_RUNS}
         assert point["delta_joint"]["values"] == [ce["post-joint"] - ce["pre-joint"]]
         assert point["delta_grow"]["values"] == [ce["post-grow"] - ce["pre-grow"]]
         assert point["interaction"]["mean"] == pytest.approx(
