@@ -85,7 +85,8 @@ def workspace(scale: str, runs_dir: Path, results_dir: Path | None = None, dry_r
     """A scale's folders, with `overrides` (presets.Override, parsed from --set) applied. With overrides
     of the students' settings (run, diag) only, the students live in
     runs/<scale>/set/<overrides>/ beside the scale's data and teacher; overrides of the data or the
-    teacher make a whole workspace of their own, runs/<scale>+<overrides>/. Results go to
+    teacher make a workspace of their own, runs/<scale>+<those overrides>/, whose students of other
+    settings live in its set/<those settings>/. Results go to
     results/<scale>+<overrides>/. Everything is checked before a folder is made: the overrides, CUDA,
     then that the folders are writable (not for a dry run; no results folder where none is given)."""
     preset, changes = apply_overrides(PRESETS[scale], overrides, compile_flag)
@@ -115,9 +116,23 @@ def workspace(scale: str, runs_dir: Path, results_dir: Path | None = None, dry_r
     shard_docs = Workspace(PRESETS[scale], runs_dir, results_dir, ctx).train_docs  # None: the whole corpus
     needed = preset.run["phase_steps"] * preset.run["global_batch"] * max(preset.long_phases)
     own_inputs = bool(set(changes) - {"run", "diag"}) or (shard_docs is not None and needed > shard_docs)
-    return Workspace(preset, runs_dir / (f"{scale}+{name}" if own_inputs else scale), results_dir / f"{scale}+{name}",
-                     ctx, student_runs="" if own_inputs else f"set/{name}", tracker=tracker, lockstep=lockstep,
-                     inputs=None if own_inputs else PRESETS[scale], wait=wait)
+    if not own_inputs:
+        return Workspace(preset, runs_dir / scale, results_dir / f"{scale}+{name}", ctx, student_runs=f"set/{name}",
+                         tracker=tracker, lockstep=lockstep, inputs=PRESETS[scale], wait=wait)
+    # Own data and teacher, named by what makes them: the data, teacher_run and teacher_model changes (the
+    # teacher's run is the scale's under teacher_run's, never run's: teacher_settings), and the students' batch
+    # and steps where they size a cut shard (train_docs). The students' other settings live in set/<those>/
+    # beside them, so students that differ only there share one teacher (the second search's rungs a and c).
+    sizes_shard = shard_docs is not None
+    made_by = lambda o: o.section not in ("run", "diag") or (sizes_shard and o.section == "run"
+                                                             and o.key in ("phase_steps", "global_batch"))
+    inputs, input_changes = apply_overrides(PRESETS[scale], [o for o in overrides if made_by(o)])
+    student_changes = {section: {k: v for k, v in keys.items() if k not in input_changes.get(section, {})}
+                       for section, keys in changes.items() if section in ("run", "diag")}
+    student_changes = {section: keys for section, keys in student_changes.items() if keys}
+    return Workspace(preset, runs_dir / f"{scale}+{override_name(input_changes)}", results_dir / f"{scale}+{name}",
+                     ctx, student_runs=f"set/{override_name(student_changes)}" if student_changes else "",
+                     tracker=tracker, lockstep=lockstep, inputs=inputs if student_changes else None, wait=wait)
 
 
 def corpus_options(preset: Preset) -> dict:

@@ -450,6 +450,28 @@ def test_the_second_ladder_builds_each_rung_on_the_declared_one_and_every_overri
     assert regime.rung_chain(presets.LADDERS["toy"], 3) == [0, 1, 2, 3]  # the first search's ladder stays cumulative
 
 
+def test_rungs_that_differ_only_in_student_settings_share_one_data_and_teacher(tmp_path):
+    """Rung c (long documents and 3 layers a block) reuses rung a's teacher, as pre-registered: the data and
+    teacher folder is named by the data and teacher changes alone (the teacher never reads run.*), and each
+    rung's students sit in their own set/<run and diag changes>/ beside it; rung b stays beside rung 0's."""
+    from experiments import presets, regime, suite
+    ladder = presets.LADDERS["second"]
+    ws = suite.workspace("toy", tmp_path / "runs", tmp_path / "results", dry_run=True)
+    a, b, c, d = (regime.rung_workspace(ws, ladder, i) for i in (1, 2, 3, 4))
+    assert a.teacher_dir == c.teacher_dir and a.data_dir == c.data_dir != ws.data_dir
+    assert a.run_dir(regime.SEARCH_RUN, 42) != c.run_dir(regime.SEARCH_RUN, 42)
+    assert not any(item.startswith("run.") for item in a.runs.name.split("+", 1)[1].split(","))
+    assert "data.document_chars=3600" in a.runs.name
+    assert "run.layers_per_block=3" in c.students_dir.name and "run.layers_per_block" not in a.students_dir.name
+    assert d.teacher_dir != c.teacher_dir  # weight decay retrains the teacher (teacher_run.weight_decay)
+    assert b.teacher_dir == ws.teacher_dir and b.students_dir.parent.name == "set"
+    assert c.inputs is not None and c.inputs.data == c.preset.data and c.inputs.run == presets.PRESETS["toy"].run
+    assert a.results != c.results  # each rung's own results folder
+    only_data = suite.workspace("toy", tmp_path / "runs", tmp_path / "results", dry_run=True,
+                                overrides=presets.parse_overrides(presets.PRESETS["toy"], ["data.val_docs=20"]))
+    assert only_data.students_dir == only_data.runs == a.runs.parent / "toy+data.val_docs=20" and only_data.inputs is None
+
+
 def test_the_teacher_criterion_looks_from_layer_2_on():
     """A massive activation and a sink layer both at layers >= 2 meet it; the same at layer 1 does not."""
     from experiments import regime
