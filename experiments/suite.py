@@ -119,17 +119,14 @@ def workspace(scale: str, runs_dir: Path, results_dir: Path | None = None, dry_r
     if not own_inputs:
         return Workspace(preset, runs_dir / scale, results_dir / f"{scale}+{name}", ctx, student_runs=f"set/{name}",
                          tracker=tracker, lockstep=lockstep, inputs=PRESETS[scale], wait=wait)
-    # Own data and teacher, named by what makes them: the data, teacher_run and teacher_model changes (the
-    # teacher's run is the scale's under teacher_run's, never run's: teacher_settings), and the students' batch
-    # and steps where they size a cut shard (train_docs). The students' other settings live in set/<those>/
-    # beside them, so students that differ only there share one teacher (the second search's rungs a and c).
-    sizes_shard = shard_docs is not None
-    made_by = lambda o: o.section not in ("run", "diag") or (sizes_shard and o.section == "run"
+    # Own data and teacher, named by what makes them: the data and teacher changes (the teacher never reads run.*:
+    # teacher_settings), and the students' batch and steps where they size a cut shard (train_docs); students of
+    # other settings live in set/<those>/ beside them and share that teacher (the second search's rungs a and c).
+    made_by = lambda o: o.section not in ("run", "diag") or (shard_docs is not None and o.section == "run"
                                                              and o.key in ("phase_steps", "global_batch"))
     inputs, input_changes = apply_overrides(PRESETS[scale], [o for o in overrides if made_by(o)])
-    student_changes = {section: {k: v for k, v in keys.items() if k not in input_changes.get(section, {})}
-                       for section, keys in changes.items() if section in ("run", "diag")}
-    student_changes = {section: keys for section, keys in student_changes.items() if keys}
+    student_changes = {section: keep for section, keys in changes.items() if section in ("run", "diag")
+                       and (keep := {k: v for k, v in keys.items() if k not in input_changes.get(section, {})})}
     return Workspace(preset, runs_dir / f"{scale}+{override_name(input_changes)}", results_dir / f"{scale}+{name}",
                      ctx, student_runs=f"set/{override_name(student_changes)}" if student_changes else "",
                      tracker=tracker, lockstep=lockstep, inputs=inputs if student_changes else None, wait=wait)
