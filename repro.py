@@ -305,17 +305,18 @@ def regime(scale, seeds, grid_text, dry_run, gpu, gpus, nodes, overrides, compil
 @click.option("--seed", type=click.IntRange(0, 2**63 - 1), default=None, help="The pilot seed (default: the preset's, 42).")
 @click.option("--ladder", type=click.Choice(list(presets.LADDERS)), default=None,
               help="The ladder to climb (default: the scale's own; `second`: the second search at toy scale).")
+@click.option("--rung", "rungs", multiple=True, help="Rung 0, then this rung (repeatable), past the stopping rule.")
 @dry_run_options
 @overrides_option
 @force_option
 @runs_option
 @results_option
-def search(scale, seed, ladder, dry_run, gpu, gpus, nodes, overrides, compile_flag, device, tracker, no_wait, force,
-           runs_dir, results_dir):
-    """The miniature search: a ladder of presets (presets.LADDERS), pre-norm grow only, until the mechanism's
-    criterion holds or a rung would cost more than the ladder's budget (results/<scale>/search[-<ladder>].md/.json)."""
+def search(scale, seed, ladder, rungs, dry_run, gpu, gpus, nodes, overrides, compile_flag, device, tracker, no_wait,
+           force, runs_dir, results_dir):
+    """The miniature search: a ladder of presets (presets.LADDERS), pre-norm grow only, until the mechanism's criterion
+    holds or a rung would cost more than its budget (results/<scale>/search[-<ladder>][-chosen].md/.json)."""
     from experiments import regime as regime_map
-    ladder = presets.ladder_for(scale, ladder)
+    ladder = presets.ladder_for(scale, ladder, rungs)
     ws = suite.workspace(scale, runs_dir, results_dir, dry_run, compile_flag=compile_flag, device=device,
                          tracker=tracker, wait=not no_wait)
     overrides = presets.parse_overrides(presets.PRESETS[scale], overrides)  # the user's: each rung applies them last
@@ -324,7 +325,7 @@ def search(scale, seed, ladder, dry_run, gpu, gpus, nodes, overrides, compile_fl
         preflight.print_dry_run(scale, preflight.search_groups(ws, ladder, overrides, seed), [seed], gpu, gpus, nodes,
                                 "; every rung, although the search stops at the first that meets its criterion")
         return
-    regime_map.run_search(ws, seed, force, overrides, ladder)
+    regime_map.run_search(ws, seed, force, overrides, ladder, rungs)
     ws.ctx.barrier()
 
 
@@ -414,11 +415,10 @@ def train(scale, norm, protocol, seed, dry_run, gpu, gpus, nodes, overrides, com
 @force_option
 @runs_option
 def teacher(scale, rebuild, overrides, compile_flag, device, tracker, no_wait, force, runs_dir):
-    """Pretrain the kit's own teacher for a scale (smoke, toy) and print its validation CE (toy: the
-    shipped one is installed; --rebuild trains it again)."""
+    """Pretrain the kit's own teacher for a scale and print its validation CE (a shipped one is installed)."""
     ws = suite.workspace(scale, runs_dir, overrides=presets.parse_overrides(presets.PRESETS[scale], overrides),
                          compile_flag=compile_flag, device=device, tracker=tracker, wait=not no_wait)
-    suite.console.print(suite.pretrain_teacher(ws, rebuild, force))
+    suite.console.print(preflight.pretrain_teacher(ws, rebuild, force))
 
 
 @cli.command("prepare")

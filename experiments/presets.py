@@ -36,10 +36,10 @@ class Preset:
     diag: dict = field(default_factory=dict)           # the fixed diagnostic batch: docs, max_inputs, seed
     needs_cuda: bool = False
     doc_tokens: float = 0.0  # expected non-padding tokens per document (dry runs before data exists)
-    # The kit's own teacher as trained once by `repro.py teacher`, shipped in this repository (a folder
-    # relative to it): installed as runs/<scale>/teacher/ where its settings are the scale's, so a first
-    # run does not spend its minutes pretraining; `repro.py teacher --rebuild` trains it again beside it.
-    shipped_teacher: str = ""
+    # The kit's own teachers as trained once, shipped in this repository (folders relative to it): the one
+    # whose settings (and data, where it records them) are the workspace's is installed as its teacher/, so a
+    # first run does not spend hours pretraining; `repro.py teacher --rebuild` trains it again beside it.
+    shipped_teachers: tuple[str, ...] = ()
 
 
 PRESETS = {
@@ -74,7 +74,8 @@ PRESETS = {
                            initializer_range=0.02 * (4096 / 128) ** 0.5),
         teacher_run=dict(phase_steps=1500, lr=3e-3, min_lr=1e-4, warmup_frac=0.1, eval_interval=250,
                          global_batch=32, micro_batch=32),
-        diag=dict(docs=8, max_inputs=128, seed=42), doc_tokens=95.0, shipped_teacher="teachers/toy"),
+        diag=dict(docs=8, max_inputs=128, seed=42), doc_tokens=95.0,
+        shipped_teachers=("teachers/toy",)),
     "small": Preset(
         "small", "one GPU: Qwen3-0.6B-Base teacher (tied embeddings) and FineWeb-Edu",
         data=dict(source="fineweb-edu", vocab_size=None, max_len=2048, val_docs=1000),
@@ -456,13 +457,19 @@ LADDERS["smoke-second"] = (
 LADDER_SCALES = {"second": "toy", "smoke-second": "smoke"}  # a ladder named otherwise runs at its name's scale
 
 
-def ladder_for(scale: str, ladder: str | None) -> str:
-    """The ladder `repro.py search` climbs at a scale: the one named, if it runs there, else the scale's own."""
+def ladder_for(scale: str, ladder: str | None, rungs=()) -> str:
+    """The ladder `repro.py search` climbs at a scale: the one named, if it runs there, else the scale's own;
+    every rung name given (--rung) is one of its rungs after the first."""
     ladder = ladder or scale
     if ladder not in LADDERS:
         raise errors.UsageError(f"--scale {scale} has no ladder; the search runs at {', '.join(LADDERS)}")
     if LADDER_SCALES.get(ladder, ladder) != scale:
         raise errors.UsageError(f"--ladder {ladder} runs at --scale {LADDER_SCALES.get(ladder, ladder)}, not {scale}")
+    names = [r.name for r in LADDERS[ladder][1:]]
+    for rung in rungs:
+        if rung not in names:
+            raise errors.OptionError("--rung", f"{rung!r} is not a rung of the {ladder} ladder after its first; "
+                                     f"choose from {', '.join(names)}")
     return ladder
 
 

@@ -260,9 +260,12 @@ def teacher_mechanism(taught: dict) -> dict:
 
 
 def shipped_teacher(rws: suite.Workspace) -> bool:
-    """Whether the rung's teacher is the scale's shipped one, installed (not trained) by the search."""
-    folder, shipped = rws.teacher_dir, rws.preset.shipped_teacher
-    return bool(shipped) and (folder / checkpoint.CHECKSUMS).is_file() and \
+    """Whether the rung's teacher is a shipped one (suite.shipped_teacher_for), installed or to be installed by
+    ensure_inputs, not trained: its folder absent, or holding the shipped one's checksums. Needs the data."""
+    folder, shipped = rws.teacher_dir, suite.shipped_teacher_for(rws)
+    if not shipped or (folder / "config.json").exists() and not (folder / checkpoint.CHECKSUMS).is_file():
+        return False
+    return not folder.exists() or \
         (folder / checkpoint.CHECKSUMS).read_bytes() == (suite.SHIPPED_ROOT / shipped / checkpoint.CHECKSUMS).read_bytes()
 
 
@@ -352,18 +355,25 @@ def diagnose_rung(rws: suite.Workspace, seed: int, teacher: Path) -> dict:
                         "criterion": teacher_mechanism(taught)}}
 
 
-def run_search(ws: suite.Workspace, seed: int, force: bool = False, user_overrides=(), ladder_name: str = "") -> dict:
+def run_search(ws: suite.Workspace, seed: int, force: bool = False, user_overrides=(), ladder_name: str = "",
+               chosen: tuple[str, ...] = ()) -> dict:
     """Climb a ladder of the scale (presets.LADDERS[ladder_name], default the scale's own) rung by rung
     (finished rungs are reused, an interrupted one resumes), writing results/<scale>/search[-<ladder>].md
     and .json after each; stop at the first rung that meets the criterion, or before a rung whose
-    estimated cost passes the ladder's budget (presets.LADDER_BUDGETS; else RUNG_HOURS on 2 cores)."""
+    estimated cost passes the ladder's budget (presets.LADDER_BUDGETS; else RUNG_HOURS on 2 cores).
+    With `chosen` rung names (--rung): rung 0, to calibrate, then those, whatever they cost or find: an
+    exploration outside the stopping rule, written apart (search-<ladder>-chosen) and said so."""
     ladder_name = ladder_name or ws.preset.name
     ladder = presets.LADDERS[ladder_name]
     hours, budget_threads = presets.LADDER_BUDGETS.get(ladder_name, (presets.RUNG_HOURS, 2))
     where = f"{budget_threads} thread{'s' * (budget_threads > 1)}"
     rows, decision = [], "the ladder ran out without meeting the criterion"
+    if chosen:
+        decision = f"rungs chosen by --rung ({', '.join(chosen)}), outside the ladder's stopping rule"
     seconds_per_flop = None  # on the budget's threads, from the first rung's measured time
     for index, rung in enumerate(ladder):
+        if chosen and index and rung.name not in chosen:
+            continue
         rws = rung_workspace(ws, ladder, index, user_overrides)
         suite.prepare_data(rws, force)
         teacher_dir = rws.teacher_dir
@@ -371,13 +381,11 @@ def run_search(ws: suite.Workspace, seed: int, force: bool = False, user_overrid
             and not shipped_teacher(rws)
         flops = rung_flops(rws, new_teacher)
         estimate = flops * seconds_per_flop / 3600 if seconds_per_flop else None
-        if estimate is not None and estimate > hours:
+        if estimate is not None and estimate > hours and not chosen:
             decision = (f"stopped before rung {index} ({rung.name}): its estimated cost, {estimate:.1f} h on {where}, "
                         f"is above {hours:g} h")
             break
         teacher = suite.ensure_inputs(rws, force)
-        if new_teacher and shipped_teacher(rws):  # installed by ensure_inputs, not trained: no cost
-            new_teacher, flops = False, rung_flops(rws, False)
         suite.ensure_runs(rws, [SEARCH_RUN], [seed], force, teacher=teacher)
         seconds = run_seconds(rws.run_dir(SEARCH_RUN, seed)) + (run_seconds(teacher_dir) if new_teacher else 0.0)
         threads = rundir.read_json(rws.run_dir(SEARCH_RUN, seed) / "provenance.json").get("threads")
@@ -395,15 +403,15 @@ def run_search(ws: suite.Workspace, seed: int, force: bool = False, user_overrid
                   "paragraphs_per_document": rws.preset.data.get("paragraphs_per_document", 1)},
                **diagnose_rung(rws, seed, teacher)}
         rows.append(row)
-        write_search(ws, rows, seed, "(searching)", ladder_name, (hours, budget_threads))
-        if row["criterion"]["present"]:
+        write_search(ws, rows, seed, "(searching)", ladder_name, (hours, budget_threads), bool(chosen))
+        if row["criterion"]["present"] and not chosen:
             decision = f"the criterion holds at rung {index} ({rung.name})"
             break
-    return write_search(ws, rows, seed, decision, ladder_name, (hours, budget_threads))
+    return write_search(ws, rows, seed, decision, ladder_name, (hours, budget_threads), bool(chosen))
 
 
 def write_search(ws: suite.Workspace, rows: list[dict], seed: int, decision: str, ladder_name: str = "",
-                 budget: tuple = (presets.RUNG_HOURS, 2)) -> dict:
+                 budget: tuple = (presets.RUNG_HOURS, 2), chosen: bool = False) -> dict:
     ladder_name = ladder_name or ws.preset.name
     out = {"experiment": "search", "scale": ws.preset.name, "ladder": ladder_name, "seed": seed,
            "criterion": presets.MECHANISM, "teacher_criterion": presets.TEACHER_MECHANISM, "sink": presets.SINK,
@@ -411,7 +419,7 @@ def write_search(ws: suite.Workspace, rows: list[dict], seed: int, decision: str
            "git_commit": rundir.git_commit()}
     lines = search_markdown(out)
     suite.console.print("\n".join(lines), markup=False)
-    name = "search" if ladder_name == ws.preset.name else f"search-{ladder_name}"
+    name = ("search" if ladder_name == ws.preset.name else f"search-{ladder_name}") + "-chosen" * chosen
     return report.write(ws.results, name, out, lines)
 
 

@@ -11,7 +11,6 @@ every seed, in lockstep where they share batches). The CLI (repro.py) and the ex
 from __future__ import annotations
 
 import errno
-import math
 import os
 import shlex
 import shutil
@@ -364,67 +363,48 @@ def ensure_teacher(ws: Workspace, force: bool = False) -> Path:
 SHIPPED_ROOT = Path(__file__).resolve().parents[1]
 
 
+def shipped_teacher_for(ws: Workspace) -> str:
+    """The shipped teacher (Preset.shipped_teachers) trained as this workspace's would be: its config.json the
+    one teacher_config gives (settings, shard paths and size), and where teachers/shards.json records its
+    data, the same shards token for token; "" if none is (the kit trains its own). Needs the data prepared."""
+    record = SHIPPED_ROOT / "teachers" / "shards.json"
+    wanted, recorded = teacher_config(ws), rundir.read_json(record) if record.is_file() else {}
+    shards = {split: rundir.read_json(ws.data_dir / split / "manifest.json").get("sha256") for split in ("train", "val")}
+    for name in ws.preset.shipped_teachers:
+        try:
+            rundir.check_config(wanted, SHIPPED_ROOT / name)
+        except errors.TrainingError:
+            continue
+        if recorded.get(name, shards) == shards:
+            return name
+    return ""
+
+
 def install_shipped_teacher(ws: Workspace) -> bool:
-    """The preset's shipped teacher, copied to runs/<scale>/teacher/ if none is there and its config is the
-    one this workspace would train (else the kit trains its own): checksums verified, a temporary sibling
-    renamed into place. True if installed."""
+    """The shipped teacher trained as this one would be (shipped_teacher_for), copied to the workspace's
+    teacher/ if none is there: checksums verified, a temporary sibling renamed into place. True if installed."""
     folder = ws.teacher_dir
-    if not ws.preset.shipped_teacher or (folder / "config.json").exists():
+    if (folder / "config.json").exists():
         return False
-    shipped = SHIPPED_ROOT / ws.preset.shipped_teacher
-    for part in (shipped, shipped / "phase-0"):
+    for name, part in ((n, SHIPPED_ROOT / n / sub) for n in ws.preset.shipped_teachers for sub in ("", "phase-0")):
         why = checkpoint.damage(part) if (part / checkpoint.CHECKSUMS).is_file() else f"{checkpoint.CHECKSUMS} is missing"
-        if why:
+        if why:  # before any is read: one damaged is refused whichever this workspace would take
             raise errors.CheckpointError(f"{part}: the shipped teacher is damaged ({why}); restore it (git checkout "
-                                         f"{ws.preset.shipped_teacher}) or rebuild it: repro.py teacher --rebuild")
+                                         f"{name}) or rebuild it: repro.py teacher --rebuild")
+    name = shipped_teacher_for(ws)
+    if not name:
+        return False
+    shipped = SHIPPED_ROOT / name
     tmp = folder.with_name(f".{folder.name}.shipped.{os.getpid()}")
     folder.parent.mkdir(parents=True, exist_ok=True)
     shutil.copytree(shipped, tmp)
-    try:
-        rundir.check_config(teacher_config(ws), tmp)
-    except errors.TrainingError:  # other teacher settings than shipped: the kit trains this one itself
-        shutil.rmtree(tmp)
-        return False
     try:
         tmp.rename(folder)
     except OSError:  # another process installed it first
         shutil.rmtree(tmp)
         return False
-    console.print(f"teacher: installed the shipped one ({ws.preset.shipped_teacher}, checksums verified) in {folder}")
+    console.print(f"teacher: installed the shipped one ({name}, checksums verified) in {folder}")
     return True
-
-
-def pretrain_teacher(ws: Workspace, rebuild: bool = False, force: bool = False) -> str:
-    """`repro.py teacher`: the scale's data, then its own teacher (installed if shipped, else trained), or
-    with `rebuild` the shipped one trained again beside it; the line that says what came out."""
-    if ws.preset.teacher:
-        raise errors.UsageError(f"--scale {ws.preset.name} distils from {ws.preset.teacher}; there is no teacher to "
-                                "pretrain")
-    if rebuild and not ws.preset.shipped_teacher:
-        raise errors.OptionError("--rebuild", f"--scale {ws.preset.name} ships no teacher; `repro.py teacher` trains "
-                                 "its own")
-    prepare_data(ws, force)
-    if rebuild:
-        return rebuild_teacher(ws, force)
-    path = ensure_teacher(ws, force)
-    result = rundir.read_json(ws.teacher_dir / "done.json", "ce", "ppl")
-    return f"teacher: validation CE {result['ce']:.4f} (PPL {result['ppl']:.1f}); HF checkpoint in {path}"
-
-
-def rebuild_teacher(ws: Workspace, force: bool = False) -> str:
-    """The shipped teacher trained again from its settings, into runs/<scale>/teacher-rebuilt/; a line
-    saying whether its weights equal the shipped ones bit for bit."""
-    from safetensors.torch import load_file
-    folder = ws.runs / "teacher-rebuilt"
-    settings = teacher_config(ws, folder)
-    grow.train(settings, folder, force=force, ctx=ws.ctx, tracker=ws.tracker, wait=ws.wait)
-    shipped = load_file(SHIPPED_ROOT / ws.preset.shipped_teacher / "phase-0" / "model.safetensors")
-    rebuilt = load_file(folder / "phase-0" / "model.safetensors")
-    if shipped.keys() == rebuilt.keys() and all(shipped[k].equal(rebuilt[k]) for k in shipped):
-        return f"teacher: rebuilt in {folder}, bit-identical to the shipped {ws.preset.shipped_teacher}"
-    worst = max(((shipped[k] - rebuilt[k]).abs().max().item() for k in shipped.keys() & rebuilt.keys()), default=math.inf)
-    return (f"teacher: rebuilt in {folder}; it differs from the shipped {ws.preset.shipped_teacher} (largest |difference| "
-            f"{worst:.3g}): another kind of CPU, thread count or precision rounds differently")
 
 
 def refuse_diverged_teacher(folder: Path):

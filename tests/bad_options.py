@@ -173,6 +173,8 @@ ISSUE34 = [
          ("--seeds", "run.seed=2")),
     case("search --seed 1 --set run.seed=2", ["search", *RUN, "--seed", "1", "--set", "run.seed=2"],
          ("--seed", "run.seed=2")),
+    case("search --rung unknown", ["search", *RUN, "--rung", "tokens-x9"], ("--rung", "tokens-x9", "tokens-x2")),
+    case("search --rung the first rung", ["search", *RUN, "--rung", "smoke"], ("--rung", "smoke")),
     case("sample --max-new-tokens past the context", SAMPLE(PRE, "--max-new-tokens", "100000000"),
          ("--max-new-tokens", "max_position_embeddings")),
     case("sample --top-k above the vocabulary", SAMPLE(PRE, "--temperature", "1", "--top-k", "1000000000000"),

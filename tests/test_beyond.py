@@ -504,3 +504,11 @@ def test_the_second_ladder_climbs_rungs_built_on_rung_0_at_smoke_scale(tmp_path)
     assert all(set(r["teacher"]["criterion"]) == {"massive_ratio_from_layer", "sink_heads_from_layer", "present"}
                for r in rungs)
     assert rungs[1]["estimated_hours"] is not None and rungs[0]["estimated_hours"] is None
+    # --rung: rung 0 and the chosen one only, their finished runs reused, written apart and said to be outside the rule
+    done = subprocess.run([sys.executable, str(ROOT / "repro.py"), "search", "--scale", "smoke", "--ladder", "smoke-second",
+                           "--rung", "layers-2", "--runs-dir", str(tmp_path / "runs"), "--results-dir",
+                           str(tmp_path / "results")], cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    chosen = json.loads((tmp_path / "results" / "smoke" / "search-smoke-second-chosen.json").read_text())
+    assert [r["name"] for r in chosen["rungs"]] == ["smoke", "layers-2"] and "outside" in chosen["decision"]
+    assert [r["criterion"] for r in chosen["rungs"]] == [rungs[0]["criterion"], rungs[2]["criterion"]]

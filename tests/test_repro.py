@@ -20,7 +20,7 @@ import model
 import repro
 import rundir
 from experiments import presets, suite, tables
-from plumbing import devices, errors
+from plumbing import checkpoint, devices, errors
 from tools import checkpoints, plan
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -161,7 +161,7 @@ def test_mini_is_the_last_rung_the_search_ran_and_shares_the_toys_teacher():
     assert presets.PRESETS["mini"].run == mini.run and presets.PRESETS["mini"].data == mini.data
     toy_teacher = {**presets.PRESETS["toy"].run, **presets.PRESETS["toy"].teacher_run}
     mini_teacher = {**presets.PRESETS["mini"].run, **presets.PRESETS["mini"].teacher_run}
-    assert toy_teacher == mini_teacher and presets.PRESETS["mini"].shipped_teacher == "teachers/toy"
+    assert toy_teacher == mini_teacher and presets.PRESETS["mini"].shipped_teachers[0] == "teachers/toy"
 
 
 def test_the_shipped_teacher_is_installed_checked_and_a_damaged_one_refused(tmp_path, monkeypatch):
@@ -187,6 +187,29 @@ def test_the_shipped_teacher_is_installed_checked_and_a_damaged_one_refused(tmp_
     with pytest.raises(errors.CheckpointError, match="shipped teacher is damaged .*model.safetensors does not match"):
         suite.install_shipped_teacher(ws)
     assert not installed.exists()
+
+
+def test_the_shipped_teacher_installed_is_the_one_trained_as_this_workspace_would_train(tmp_path, monkeypatch):
+    """Of several shipped teachers, the one whose config is the workspace's teacher config, and whose shards
+    (where teachers/shards.json records them) are the workspace's token for token; none: the kit trains."""
+    root = tmp_path / "kit"
+    shutil.copytree(ROOT / "teachers" / "toy", root / "teachers" / "toy")
+    other = Path(shutil.copytree(ROOT / "teachers" / "toy", root / "teachers" / "other"))
+    settings = json.loads((other / "config.json").read_text())
+    (other / "config.json").write_text(json.dumps({**settings, "lr": settings["lr"] / 2}))
+    checkpoint.write_checksums(other)  # as shipped: whole, for a teacher trained at another LR
+    monkeypatch.setattr(suite, "SHIPPED_ROOT", root)
+    preset = replace(presets.PRESETS["toy"], shipped_teachers=("teachers/other", "teachers/toy"))
+    ws = suite.Workspace(preset, tmp_path / "runs" / "toy", tmp_path / "results", devices.Dist())
+    suite.prepare_data(ws)
+    assert suite.shipped_teacher_for(ws) == "teachers/toy"
+    shards = {s: json.loads((ws.data_dir / s / "manifest.json").read_text())["sha256"] for s in ("train", "val")}
+    (root / "teachers" / "shards.json").write_text(json.dumps({"teachers/toy": shards}))
+    assert suite.shipped_teacher_for(ws) == "teachers/toy"
+    shards["train"]["tokens.u32"] = "0" * 64  # trained on other tokens than these: not this workspace's teacher
+    (root / "teachers" / "shards.json").write_text(json.dumps({"teachers/toy": shards}))
+    assert suite.shipped_teacher_for(ws) == "" and not suite.install_shipped_teacher(ws)
+    assert not ws.teacher_dir.exists()
 
 
 @pytest.mark.parametrize("grid, message", [("depth=1,2", "AXIS one of budget, lr, gain"),

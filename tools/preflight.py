@@ -1,18 +1,23 @@
 """Before a launch: what it trains and what that costs (--dry-run: nothing made or read but the data's
 measured lengths), and its rehearsal on this CPU (`repro.py rehearse`: no GPU needed). A command's runs come
 in groups, each (label, workspace, plan.PlannedRun list): the suite's own runs, a regime point's or a
-search rung's, a variant's in its own folder; plan.py prices them.
+search rung's, a variant's in its own folder; plan.py prices them. And the kit's own teacher, pretrained
+or installed before any student (`repro.py teacher`), or a shipped one trained again to compare.
 
     python repro.py all --scale full --dry-run --gpu h100     # the whole paper: runs, tokens, FLOPs, GPU hours
     python repro.py rehearse table1 --scale full --gpus 8     # one step at full size, the driver at reduced size
 """
 from __future__ import annotations
 
+import math
 import tempfile
 import warnings
 from pathlib import Path
 
+import grow
+import rundir
 from experiments import beyond, ideas, presets, regime, suite, tables
+from plumbing import errors
 from tools import plan, rehearse, rehearse_real
 
 
@@ -96,3 +101,37 @@ def rehearse_launch(ws: suite.Workspace, launch: rehearse.Launch, runs, mode: st
             out["real"] = rehearse_real.rehearse(ws.preset, launch, runs, Path(tmp))
         suite.console.print("\n".join(rehearse_real.markdown(out["real"])), markup=False)
     return rehearse.write(out, ws.results.parent, ws.preset.name, launch, label, replicate_teacher)
+
+
+def pretrain_teacher(ws: suite.Workspace, rebuild: bool = False, force: bool = False) -> str:
+    """`repro.py teacher`: the scale's data, then its own teacher (installed if shipped, else trained), or
+    with `rebuild` the shipped one trained again beside it; the line that says what came out."""
+    if ws.preset.teacher:
+        raise errors.UsageError(f"--scale {ws.preset.name} distils from {ws.preset.teacher}; there is no teacher to "
+                                "pretrain")
+    suite.prepare_data(ws, force)
+    if rebuild and not suite.shipped_teacher_for(ws):
+        raise errors.OptionError("--rebuild", f"--scale {ws.preset.name} ships no teacher with these settings; "
+                                 "`repro.py teacher` trains its own")
+    if rebuild:
+        return rebuild_teacher(ws, force)
+    path = suite.ensure_teacher(ws, force)
+    result = rundir.read_json(ws.teacher_dir / "done.json", "ce", "ppl")
+    return f"teacher: validation CE {result['ce']:.4f} (PPL {result['ppl']:.1f}); HF checkpoint in {path}"
+
+
+def rebuild_teacher(ws: suite.Workspace, force: bool = False) -> str:
+    """The shipped teacher trained again from its settings, into runs/<scale>/teacher-rebuilt/; a line
+    saying whether its weights equal the shipped ones bit for bit."""
+    from safetensors.torch import load_file
+    folder = ws.runs / "teacher-rebuilt"
+    settings = suite.teacher_config(ws, folder)
+    grow.train(settings, folder, force=force, ctx=ws.ctx, tracker=ws.tracker, wait=ws.wait)
+    name = suite.shipped_teacher_for(ws)
+    shipped = load_file(suite.SHIPPED_ROOT / name / "phase-0" / "model.safetensors")
+    rebuilt = load_file(folder / "phase-0" / "model.safetensors")
+    if shipped.keys() == rebuilt.keys() and all(shipped[k].equal(rebuilt[k]) for k in shipped):
+        return f"teacher: rebuilt in {folder}, bit-identical to the shipped {name}"
+    worst = max(((shipped[k] - rebuilt[k]).abs().max().item() for k in shipped.keys() & rebuilt.keys()), default=math.inf)
+    return (f"teacher: rebuilt in {folder}; it differs from the shipped {name} (largest |difference| "
+            f"{worst:.3g}): another kind of CPU, thread count or precision rounds differently")

@@ -126,7 +126,7 @@ def reduced(preset, launch: Launch, ranks: Launch):
     from dataclasses import replace
     micro_batch = preset.run["micro_batch"]
     micro_per_step = preset.run["global_batch"] // launch.world // micro_batch
-    return replace(preset, teacher="", teacher_model=REDUCED_TEACHER, shipped_teacher="",
+    return replace(preset, teacher="", teacher_model=REDUCED_TEACHER, shipped_teachers=(),
                    data={"source": "toy", "vocab_size": 512, "max_len": 64, "val_docs": VALIDATION_DOCUMENTS * ranks.world},
                    run={**preset.run, "global_batch": micro_per_step * ranks.world * micro_batch,
                         "phase_steps": REDUCED_STEPS, "eval_interval": REDUCED_STEPS, "checkpoint_interval": 1,
