@@ -8,15 +8,13 @@ Runs are normally started by repro.py, which fills a RunConfig from a preset:
     torchrun --nnodes=4 --nproc_per_node=8 --rdzv-backend=c10d --rdzv-endpoint=$HEAD:29500 \\
         repro.py train --scale full --norm post --protocol grow             # several nodes
 
-Protocols (paper Sec. 4 and Appendix B): `joint` (all K blocks, one phase), `grow` (phase p runs
-blocks 0..p, all of them trained), `freeze` (grow, but phase p>0 trains only block p), `joint-long`
-(all blocks, several phases with LR restarts, fresh data) and `teacher` (plain CE pretraining of a
-Qwen3 model, the toy preset's own teacher).
+Protocols (paper Sec. 4 and Appendix B): `joint` (all K blocks, one phase), `grow` (phase p runs blocks 0..p,
+all of them trained), `freeze` (grow, but phase p>0 trains only block p), `joint-long` (all blocks, several
+phases with LR restarts, fresh data) and `teacher` (plain CE pretraining of a Qwen3 model, the kit's teacher).
 
-`train` runs one run; `train_together` several, each exactly as if alone (bit-identical in one
-process): the suite's runs of one seed read the same batch at the same step, so the frozen teacher
-runs once per batch for all of them. What a run directory holds is rundir.py's. A run killed at
-any moment resumes from its newest checkpoint to the same result.
+`train` runs one run; `train_together` several, each exactly as if alone (bit-identical in one process): the
+suite's runs of one seed read the same batch at the same step, so the frozen teacher runs once per batch for all
+of them. A run directory is rundir.py's. A run killed at any moment resumes from its newest checkpoint, the same.
 """
 from __future__ import annotations
 
@@ -33,6 +31,7 @@ import torch.distributed as dist
 import data
 import model
 import nets
+import plumbing.devices
 import rundir
 import transitions
 from config import Phase, RunConfig, learning_rate, plan_phases
@@ -70,10 +69,11 @@ def build_optimizer(config: RunConfig, params: list) -> torch.optim.AdamW:
 # for each of its steps, begin_step, accumulate (once per micro-batch) and end_step.
 
 def provenance(ctx: Dist, dtype: torch.dtype, why: str) -> dict:
-    """What provenance.json records: the kit's commit, torch, the device, the ranks, threads and precision."""
-    commit = rundir.git_commit()
+    """What provenance.json records: the kit's commit, torch, the device, the CPU and the instructions torch uses
+    there (AVX2 and AVX-512 round differently), the ranks, threads and precision."""
     device = torch.cuda.get_device_name(ctx.device) if ctx.device.type == "cuda" else ctx.device.type
-    return {"git_commit": commit, "torch": torch.__version__, "device": device, "world_size": ctx.world,
+    return {"git_commit": rundir.git_commit(), "torch": torch.__version__, "device": device, "world_size": ctx.world,
+            "cpu": plumbing.devices.cpu_model(), "cpu_capability": torch.backends.cpu.get_cpu_capability(),
             "threads": torch.get_num_threads(), "precision": str(dtype).removeprefix("torch."), "precision_reason": why}
 
 

@@ -355,6 +355,12 @@ def diagnose_rung(rws: suite.Workspace, seed: int, teacher: Path) -> dict:
                         "criterion": teacher_mechanism(taught)}}
 
 
+def machine(made: dict) -> str:
+    """A run's machine in words, from its provenance.json (the CPU and torch's instructions where recorded)."""
+    where = made.get("cpu", made.get("device", "?")) + (f" ({made['cpu_capability']})" if "cpu_capability" in made else "")
+    return f"{where if made.get('device') == 'cpu' else made.get('device', '?')}, {made.get('precision', '?')}"
+
+
 def run_search(ws: suite.Workspace, seed: int, force: bool = False, user_overrides=(), ladder_name: str = "",
                chosen: tuple[str, ...] = ()) -> dict:
     """Climb a ladder of the scale (presets.LADDERS[ladder_name], default the scale's own) rung by rung
@@ -388,7 +394,8 @@ def run_search(ws: suite.Workspace, seed: int, force: bool = False, user_overrid
         teacher = suite.ensure_inputs(rws, force)
         suite.ensure_runs(rws, [SEARCH_RUN], [seed], force, teacher=teacher)
         seconds = run_seconds(rws.run_dir(SEARCH_RUN, seed)) + (run_seconds(teacher_dir) if new_teacher else 0.0)
-        threads = rundir.read_json(rws.run_dir(SEARCH_RUN, seed) / "provenance.json").get("threads")
+        made = rundir.read_json(rws.run_dir(SEARCH_RUN, seed) / "provenance.json")
+        threads = made.get("threads")
         if seconds_per_flop is None:  # calibrated on the first rung: this machine's rate on the kit's own step
             speedup = presets.TWO_CORE_SPEEDUP ** ((budget_threads == 2) - (threads == 2))  # to the budget's threads
             seconds_per_flop = seconds / flops / speedup
@@ -396,7 +403,7 @@ def run_search(ws: suite.Workspace, seed: int, force: bool = False, user_overrid
                "builds_on": rung_chain(ladder, index)[:-1],
                "overrides": list(rung_overrides(ladder, index)), "folder": str(rws.run_dir(SEARCH_RUN, seed)),
                "teacher_dir": str(teacher_dir), "new_teacher": new_teacher, "flops": flops, "seconds": seconds,
-               "threads": threads, "estimated_hours": estimate, "estimate_threads": budget_threads,
+               "threads": threads, "machine": machine(made), "estimated_hours": estimate, "estimate_threads": budget_threads,
                "preset": {k: rws.preset.run[k] for k in ("phase_steps", "layers_per_block", "global_batch", "lr")}
                | {"teacher_layers": rws.preset.teacher_model.get("num_hidden_layers"),
                   "width": rws.preset.teacher_model.get("hidden_size"), "max_len": rws.preset.data["max_len"],
@@ -438,6 +445,8 @@ def search_markdown(out: dict) -> list[str]:
              f"index {tc['from_layer']} on. A rung estimated above {out['rung_hours']:g} h on {threads} thread"
              f"{'s' * (threads > 1)} is not run.", "",
              f"Decision: {out['decision']}.", "",
+             "Machines (each rung's student): " + "; ".join(sorted({r.get("machine", "not recorded") for r in out["rungs"]}))
+             + ".", "",
              "| rung | change | cost (h, threads; estimate) | val CE (teacher) | boundary/regular | kurtosis distinct | "
              "max/median | sink heads (max head) | teacher: max/median, sink heads; from layer 2: max/median, sink "
              "heads, criterion | criterion |",

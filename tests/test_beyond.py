@@ -472,6 +472,19 @@ def test_rungs_that_differ_only_in_student_settings_share_one_data_and_teacher(t
     assert only_data.students_dir == only_data.runs == a.runs.parent / "toy+data.val_docs=20" and only_data.inputs is None
 
 
+def test_a_rung_names_its_machine_from_the_provenance_its_run_wrote():
+    """provenance.json records the CPU and the instructions torch runs on it; the search's rows say so, and
+    an older provenance without them says only what it has."""
+    import grow
+    from experiments import regime
+    from plumbing import devices
+    made = grow.provenance(devices.Dist(), torch.float32, "auto")
+    assert made["cpu"] == devices.cpu_model() and made["cpu_capability"] == torch.backends.cpu.get_cpu_capability()
+    assert regime.machine(made) == f"{devices.cpu_model()} ({made['cpu_capability']}), float32"
+    assert regime.machine({"device": "cpu", "precision": "float32"}) == "cpu, float32"
+    assert regime.machine({"device": "NVIDIA H200", "cpu": "x", "precision": "bfloat16"}) == "NVIDIA H200, bfloat16"
+
+
 def test_the_teacher_criterion_looks_from_layer_2_on():
     """A massive activation and a sink layer both at layers >= 2 meet it; the same at layer 1 does not."""
     from experiments import regime
