@@ -108,10 +108,9 @@ set_option = click.option("--set", "overrides", multiple=True, metavar="SECTION.
                           help="Change one preset field for this command, e.g. --set run.lr=3e-4 --set "
                                "data.max_len=256 (sections: run, teacher_run, teacher_model, data, diag). Runs "
                                "with overrides get their own folders.")
-lockstep_option = click.option(
-    "--lockstep/--no-lockstep", default=None,
-    help="Train the runs of a seed that read the same batches together, on one teacher pass per batch "
-         "(same results as apart). Default: on, except on a GPU where they would not fit (see --dry-run).")
+lockstep_option = click.option("--lockstep/--no-lockstep", default=None, help="Train the runs of a seed that read "
+                               "the same batches together, on one teacher pass per batch (same results as apart). "
+                               "Default: on, except on a GPU where they would not fit (see --dry-run).")
 force_option = click.option("--force", is_flag=True, help="Discard data, a teacher or runs made with other settings "
                             "(an edited preset) and redo them; what matches is reused.")
 
@@ -409,16 +408,18 @@ def train(scale, norm, protocol, seed, dry_run, gpu, gpus, nodes, overrides, com
 
 @cli.command()
 @scale_option
-@click.option("--rebuild", is_flag=True, help="Train the shipped teacher again from its seed, into "
-              "runs/<scale>/teacher-rebuilt/ (the installed one untouched), and say whether it equals it bit for bit.")
+@click.option("--rebuild", is_flag=True, help="Train the shipped teacher again, beside it, and say if it is bit-identical.")
+@click.option("--ship", metavar="NAME", help="Then copy it into this repository: teachers/NAME, its shards recorded.")
 @overrides_option
 @force_option
 @runs_option
-def teacher(scale, rebuild, overrides, compile_flag, device, tracker, no_wait, force, runs_dir):
+def teacher(scale, rebuild, ship, overrides, compile_flag, device, tracker, no_wait, force, runs_dir):
     """Pretrain the kit's own teacher for a scale and print its validation CE (a shipped one is installed)."""
     ws = suite.workspace(scale, runs_dir, overrides=presets.parse_overrides(presets.PRESETS[scale], overrides),
                          compile_flag=compile_flag, device=device, tracker=tracker, wait=not no_wait)
     suite.console.print(preflight.pretrain_teacher(ws, rebuild, force))
+    if ship:
+        suite.console.print(preflight.ship_teacher(ws, ship))
 
 
 @cli.command("prepare")
@@ -446,8 +447,7 @@ def prepare_inputs(scale, overrides, compile_flag, device, tracker, no_wait, for
 def prepare(scale, overrides, force, runs_dir):
     """Tokenize a scale's corpus into shards (reused when unchanged) and summarise them; with --set
     data.*, the shards those settings make, where the runs with them would read them."""
-    ws = suite.workspace(scale, runs_dir, overrides=presets.parse_overrides(presets.PRESETS[scale], overrides),
-                         device="cpu")
+    ws = suite.workspace(scale, runs_dir, overrides=presets.parse_overrides(presets.PRESETS[scale], overrides), device="cpu")
     suite.console.print(suite.data_summary(ws, force))
 
 

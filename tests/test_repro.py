@@ -212,6 +212,35 @@ def test_the_shipped_teacher_installed_is_the_one_trained_as_this_workspace_woul
     assert not ws.teacher_dir.exists()
 
 
+def test_a_teacher_shipped_by_the_kit_is_installed_for_its_own_data_only(tmp_path, monkeypatch):
+    """`teacher --ship`: the finished teacher's files as trained (no snapshots), checksummed, its shards
+    recorded; a workspace of the same settings and data installs it, one whose data differ trains its own;
+    a name taken, or not a plain folder name, is refused."""
+    from tools import preflight
+    monkeypatch.setattr(suite, "SHIPPED_ROOT", tmp_path / "kit")
+    ws = suite.workspace("smoke", tmp_path / "runs", tmp_path / "results")
+    preflight.pretrain_teacher(ws)
+    assert "teachers/smoke-x" in preflight.ship_teacher(ws, "smoke-x")
+    shipped = tmp_path / "kit" / "teachers" / "smoke-x"
+    assert sorted(p.name for p in shipped.iterdir()) == sorted([*preflight.SHIPPED_FILES, checkpoint.CHECKSUMS])
+    assert checkpoint.damage(shipped) == "" and checkpoint.damage(shipped / "phase-0") == ""
+    shards = json.loads((tmp_path / "kit" / "teachers" / "shards.json").read_text())["teachers/smoke-x"]
+    assert shards["train"] == json.loads((ws.data_dir / "train" / "manifest.json").read_text())["sha256"]
+    preset = replace(presets.PRESETS["smoke"], shipped_teachers=("teachers/smoke-x",))
+    fresh = suite.Workspace(preset, tmp_path / "again" / "smoke", tmp_path / "results", devices.Dist())
+    suite.prepare_data(fresh)
+    assert suite.install_shipped_teacher(fresh)
+    weights = "phase-0/model.safetensors"
+    assert (fresh.teacher_dir / weights).read_bytes() == (ws.teacher_dir / weights).read_bytes()
+    other = suite.Workspace(replace(preset, data={**preset.data, "max_len": preset.data["max_len"] // 2}),
+                            tmp_path / "other" / "smoke", tmp_path / "results", devices.Dist())
+    suite.prepare_data(other)  # as many documents, cut shorter: the same config, other tokens
+    assert suite.teacher_config(other) == suite.teacher_config(fresh) and not suite.install_shipped_teacher(other)
+    for name, message in (("smoke-x", "exists"), ("../up", "folder name")):
+        with pytest.raises(errors.OptionError, match=message):
+            preflight.ship_teacher(ws, name)
+
+
 @pytest.mark.parametrize("grid, message", [("depth=1,2", "AXIS one of budget, lr, gain"),
                                            ("budget=x", "must be numbers"), ("gain=twos", "gain 'twos' is unknown"),
                                            ("lr=0", "in (0, 100]")])

@@ -10,6 +10,9 @@ or installed before any student (`repro.py teacher`), or a shipped one trained a
 from __future__ import annotations
 
 import math
+import os
+import re
+import shutil
 import tempfile
 import warnings
 from pathlib import Path
@@ -17,7 +20,7 @@ from pathlib import Path
 import grow
 import rundir
 from experiments import beyond, ideas, presets, regime, suite, tables
-from plumbing import errors
+from plumbing import checkpoint, errors
 from tools import plan, rehearse, rehearse_real
 
 
@@ -135,3 +138,31 @@ def rebuild_teacher(ws: suite.Workspace, force: bool = False) -> str:
     worst = max(((shipped[k] - rebuilt[k]).abs().max().item() for k in shipped.keys() & rebuilt.keys()), default=math.inf)
     return (f"teacher: rebuilt in {folder}; it differs from the shipped {name} (largest |difference| "
             f"{worst:.3g}): another kind of CPU, thread count or precision rounds differently")
+
+
+def ship_teacher(ws: suite.Workspace, name: str) -> str:
+    """`repro.py teacher --ship NAME`: the workspace's finished teacher copied into this repository as
+    teachers/NAME (its files as trained: no snapshots, no latest/), its checksums written, and its shards'
+    sha256s recorded in teachers/shards.json, so that a preset listing it (Preset.shipped_teachers) installs it
+    only for the very data it learned from. Nothing there is replaced."""
+    if not re.fullmatch(r"[a-z0-9][a-z0-9-]{0,63}", name):
+        raise errors.OptionError("--ship", f"{name!r}: a folder name of lowercase letters, digits and '-'")
+    source, target = ws.teacher_dir, suite.SHIPPED_ROOT / "teachers" / name
+    if target.exists():
+        raise errors.OptionError("--ship", f"{target} exists; choose another name (nothing shipped is replaced)")
+    rundir.read_json(source / "done.json", "ce")  # finished
+    suite.refuse_diverged_teacher(source)
+    checkpoint.check_checksums(source / "phase-0")
+    tmp = target.with_name(f".{name}.{os.getpid()}.tmp")
+    shutil.copytree(source, tmp, ignore=lambda folder, files: [f for f in files if Path(folder) == source and
+                                                               f not in SHIPPED_FILES])
+    checkpoint.write_checksums(tmp)
+    record = suite.SHIPPED_ROOT / "teachers" / "shards.json"
+    recorded = rundir.read_json(record) if record.is_file() else {}
+    shards = {split: rundir.read_json(ws.data_dir / split / "manifest.json")["sha256"] for split in ("train", "val")}
+    checkpoint.write_json(record, {**recorded, f"teachers/{name}": shards}, indent=1)
+    tmp.rename(target)
+    return f"teacher: shipped as {target} (add \"teachers/{name}\" to the preset's shipped_teachers to install it)"
+
+
+SHIPPED_FILES = ("config.json", "provenance.json", "metrics.jsonl", "done.json", "phase-0")  # what teachers/toy holds
