@@ -331,14 +331,14 @@ def search(scale, seed, ladder, rungs, dry_run, gpu, gpus, nodes, overrides, com
 @cli.command()
 @scale_option
 @click.argument("checkpoints", nargs=-1, type=click.Path(path_type=Path))
+@set_option
 @runs_option
 @results_option
-def scan(scale, checkpoints, runs_dir, results_dir):
-    """The layer-by-layer scan: massive activations (max |activation| / median, with channel and token) and sink
-    heads at every layer's output of the scale's teacher and of each student CHECKPOINT given (a run's
-    phase-<p>/ or step-<n>/ folder), on the fixed diagnostic batch (results/<scale>/scan.md, .json, .png)."""
+def scan(scale, checkpoints, overrides, runs_dir, results_dir):
+    """The layer-by-layer scan: massive activations (max/median |activation|) and sink heads at every layer of the scale's
+    teacher (--set: that workspace's) and each student CHECKPOINT given, on the diagnostic batch (results/<scale>/scan.*)."""
     from experiments import scan as layer_scan
-    ws = suite.workspace(scale, runs_dir, results_dir)
+    ws = suite.workspace(scale, runs_dir, results_dir, overrides=presets.parse_overrides(presets.PRESETS[scale], overrides))
     for path in checkpoints:
         layer_scan.checkpoint_blocks(path)  # a wrong path is one line before data or teacher is made
     layer_scan.run_scan(ws, suite.ensure_inputs(ws), list(checkpoints))

@@ -241,6 +241,16 @@ def test_a_teacher_shipped_by_the_kit_is_installed_for_its_own_data_only(tmp_pat
             preflight.ship_teacher(ws, name)
 
 
+def test_the_scan_with_set_reads_that_workspaces_teacher(tmp_path):
+    """`scan --set teacher_model.num_hidden_layers=3`: the teacher trained (or installed) for those settings is
+    the one scanned, a row per layer, in that workspace's results; the scale's own teacher is never made."""
+    repro_cli("scan", "--scale", "smoke", "--set", "teacher_model.num_hidden_layers=3", "--runs-dir", tmp_path / "runs",
+              "--results-dir", tmp_path / "results")
+    out = json.loads((tmp_path / "results" / "smoke+teacher_model.num_hidden_layers=3" / "scan.json").read_text())
+    assert out["teacher"] == str(tmp_path / "runs" / "smoke+teacher_model.num_hidden_layers=3" / "teacher" / "phase-0")
+    assert [r["layer"] for r in out["scans"]["teacher"]] == [0, 1, 2] and not (tmp_path / "runs" / "smoke").exists()
+
+
 @pytest.mark.parametrize("grid, message", [("depth=1,2", "AXIS one of budget, lr, gain"),
                                            ("budget=x", "must be numbers"), ("gain=twos", "gain 'twos' is unknown"),
                                            ("lr=0", "in (0, 100]")])
