@@ -262,11 +262,12 @@ def teacher_mechanism(taught: dict) -> dict:
 def shipped_teacher(rws: suite.Workspace) -> bool:
     """Whether the rung's teacher is a shipped one (suite.shipped_teacher_for), installed or to be installed by
     ensure_inputs, not trained: its folder absent, or holding the shipped one's checksums. Needs the data."""
-    folder, shipped = rws.teacher_dir, suite.shipped_teacher_for(rws)
-    if not shipped or (folder / "config.json").exists() and not (folder / checkpoint.CHECKSUMS).is_file():
+    installed, shipped = rws.teacher_dir / checkpoint.CHECKSUMS, suite.shipped_teacher_for(rws)
+    if not shipped:
         return False
-    return not folder.exists() or \
-        (folder / checkpoint.CHECKSUMS).read_bytes() == (suite.SHIPPED_ROOT / shipped / checkpoint.CHECKSUMS).read_bytes()
+    if installed.is_file():
+        return installed.read_bytes() == (suite.SHIPPED_ROOT / shipped / checkpoint.CHECKSUMS).read_bytes()
+    return not (rws.teacher_dir / "config.json").exists()  # install_shipped_teacher's own test
 
 
 def rung_workspace(ws: suite.Workspace, ladder, index: int, user_overrides=()) -> suite.Workspace:
@@ -357,8 +358,10 @@ def diagnose_rung(rws: suite.Workspace, seed: int, teacher: Path) -> dict:
 
 def machine(made: dict) -> str:
     """A run's machine in words, from its provenance.json (the CPU and torch's instructions where recorded)."""
-    where = made.get("cpu", made.get("device", "?")) + (f" ({made['cpu_capability']})" if "cpu_capability" in made else "")
-    return f"{where if made.get('device') == 'cpu' else made.get('device', '?')}, {made.get('precision', '?')}"
+    where = made.get("device", "?")
+    if where == "cpu":
+        where = made.get("cpu", "cpu") + (f" ({made['cpu_capability']})" if "cpu_capability" in made else "")
+    return f"{where}, {made.get('precision', '?')}"
 
 
 def run_search(ws: suite.Workspace, seed: int, force: bool = False, user_overrides=(), ladder_name: str = "",

@@ -363,13 +363,23 @@ def ensure_teacher(ws: Workspace, force: bool = False) -> Path:
 SHIPPED_ROOT = Path(__file__).resolve().parents[1]
 
 
+def shipped_shards() -> tuple[Path, dict]:
+    """teachers/shards.json, where `repro.py teacher --ship` records the shards each shipped teacher learned
+    from ({"teachers/<name>": shard_sha256s}), and what it holds ({} before any is recorded)."""
+    record = SHIPPED_ROOT / "teachers" / "shards.json"
+    return record, rundir.read_json(record) if record.is_file() else {}
+
+
+def shard_sha256s(ws: Workspace) -> dict:
+    """The workspace's train and validation shards by their manifests' sha256s: the same data, token for token."""
+    return {split: rundir.read_json(ws.data_dir / split / "manifest.json").get("sha256") for split in ("train", "val")}
+
+
 def shipped_teacher_for(ws: Workspace) -> str:
     """The shipped teacher (Preset.shipped_teachers) trained as this workspace's would be: its config.json the
     one teacher_config gives (settings, shard paths and size), and where teachers/shards.json records its
     data, the same shards token for token; "" if none is (the kit trains its own). Needs the data prepared."""
-    record = SHIPPED_ROOT / "teachers" / "shards.json"
-    wanted, recorded = teacher_config(ws), rundir.read_json(record) if record.is_file() else {}
-    shards = {split: rundir.read_json(ws.data_dir / split / "manifest.json").get("sha256") for split in ("train", "val")}
+    wanted, recorded, shards = teacher_config(ws), shipped_shards()[1], shard_sha256s(ws)
     for name in ws.preset.shipped_teachers:
         try:
             rundir.check_config(wanted, SHIPPED_ROOT / name)

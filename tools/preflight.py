@@ -157,10 +157,8 @@ def ship_teacher(ws: suite.Workspace, name: str) -> str:
     shutil.copytree(source, tmp, ignore=lambda folder, files: [f for f in files if Path(folder) == source and
                                                                f not in SHIPPED_FILES])
     checkpoint.write_checksums(tmp)
-    record = suite.SHIPPED_ROOT / "teachers" / "shards.json"
-    recorded = rundir.read_json(record) if record.is_file() else {}
-    shards = {split: rundir.read_json(ws.data_dir / split / "manifest.json")["sha256"] for split in ("train", "val")}
-    checkpoint.write_json(record, {**recorded, f"teachers/{name}": shards}, indent=1)
+    record, recorded = suite.shipped_shards()
+    checkpoint.write_json(record, {**recorded, f"teachers/{name}": suite.shard_sha256s(ws)}, indent=1)
     tmp.rename(target)
     return f"teacher: shipped as {target} (add \"teachers/{name}\" to the preset's shipped_teachers to install it)"
 
