@@ -350,6 +350,25 @@ def block_removal(student, batch) -> list[dict]:
     return results
 
 
+DIAGNOSTICS = "diagnostics.json"  # what a study recorded of a run (experiments/studies.py), read before any weights
+
+
+def recorded_block_removal(path: Path) -> list[dict]:
+    """block_removal's rows as a study's record keeps them: a row per block, finite numbers, or one line."""
+    try:
+        rows = checkpoint.loads(Path(path).read_text()).get("block_removal")
+    except (OSError, ValueError, AttributeError):
+        rows = None
+    keys = ("block", "ce_full", "ce_skip", "delta_ce", "angular_distance")
+    if not isinstance(rows, list) or not rows or any(
+            not isinstance(r, dict) or not all(isinstance(r.get(k), (int, float)) and not isinstance(r.get(k), bool)
+                                               and math.isfinite(r[k]) for k in keys) for r in rows) \
+            or [r["block"] for r in rows] != list(range(len(rows))):
+        raise errors.TrainingError(f"{path}: block_removal is not a row of finite numbers per block; the file was "
+                                   "edited or damaged: move the run folder away and rerun")
+    return rows
+
+
 # ----------------------------------------------------------------------------------------------
 # Transition-aligned training-loss response (Table A4)
 

@@ -30,10 +30,9 @@ import click
 import torch.distributed as dist
 
 import data
-import grow
 import model
 import rundir
-from experiments import beyond, ideas, presets, suite, tables
+from experiments import beyond, ideas, presets, studies, suite, tables
 from plumbing import devices, errors
 from tools import checkpoints, plan, preflight
 
@@ -88,7 +87,7 @@ BARE_USAGE = """Usage: repro.py [EXPERIMENT ...] --scale SCALE [OPTIONS]   or   
 
 `python repro.py --help` lists the commands; `python repro.py COMMAND --help` a command's options."""
 # The commands whose work an interrupted run resumes (the others write nothing a rerun needs).
-TRAINS = ("run", "train", "regime", "search", "intervention", "planted", "placements", "scratch", "teacher",
+TRAINS = ("run", "train", "regime", "search", "intervention", "planted", "placements", "scratch", "ideas", "teacher",
           "prepare", "data")
 
 
@@ -352,13 +351,17 @@ def beyond_command(name: str, module):
     @cli.command(name, help=experiment.__doc__)
     @scale_option
     @seeds_option("Comma-separated seeds. Default: 42,43,44 at toy scale, 42 elsewhere.")
+    @click.option("--records-dir", type=click.Path(path_type=Path), default=None, help="Each finished run's record, "
+                  "read back before training (default: the kit's references/records/; at smoke scale none).")
     @experiment_options
-    def command(scale, seeds, dry_run, gpu, gpus, nodes, overrides, compile_flag, device, tracker, no_wait, lockstep,
-                force, runs_dir, results_dir):
+    def command(scale, seeds, records_dir, dry_run, gpu, gpus, nodes, overrides, compile_flag, device, tracker, no_wait,
+                lockstep, force, runs_dir, results_dir):
         ws, seeds = seeded_workspace(scale, seeds, presets.DEFAULT_SEEDS["beyond"][scale], runs_dir, results_dir,
                                      dry_run, overrides, compile_flag, device, tracker, lockstep, no_wait)
+        ws = studies.attach(ws, records_dir or (None if scale == "smoke" else studies.RECORDS_DIR))
         if dry_run:
             preflight.print_dry_run(scale, preflight.beyond_groups(name, ws, seeds[0]), seeds, gpu, gpus, nodes)
+            preflight.print_study(name, ws, seeds)
             return
         experiment(ws, seeds, force)
         ws.ctx.barrier()
@@ -397,13 +400,7 @@ def train(scale, norm, protocol, seed, dry_run, gpu, gpus, nodes, overrides, com
     if dry_run:
         preflight.print_dry_run(scale, [preflight.planned(ws, [run], seed)], [seed], gpu, gpus, nodes)
         return
-    suite.check_before_work(ws, [(job, seed) for job in suite.with_prefixes([run])], force)
-    path = suite.ensure_inputs(ws, force)
-    for job in suite.with_prefixes([run]):
-        result = grow.train(suite.run_config(ws, job, seed, teacher=path), ws.run_dir(job, seed), force=force, ctx=ws.ctx,
-                            tracker=ws.tracker, wait=ws.wait)
-    suite.console.print(f"{run.name}: validation CE {result['ce']:.4f}, KD {result['kd']:.4f}, PPL {result['ppl']:.2f}; "
-                        f"run folder {ws.run_dir(run, seed)}")
+    suite.console.print(preflight.train_one(ws, run, seed, force))
 
 
 @cli.command()

@@ -289,7 +289,7 @@ def check_config(config, run_dir: Path):
 
 
 # What a run folder holds that the kit wrote: its files, checkpoints (with a kill's .tmp/.old), trackers.
-KIT_WRITES = re.compile(r"config\.json|provenance\.json|metrics\.jsonl|done\.json|(?:phase-\d+|step-\d+|latest)"
+KIT_WRITES = re.compile(r"(?:config|provenance|done|diagnostics|record)\.json|metrics\.jsonl|(?:phase-\d+|step-\d+|latest)"
                         r"(?:\.tmp|\.old)?|tensorboard|wandb|\..+\.tmp")
 
 

@@ -27,6 +27,7 @@ import os
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
+import config
 import grow
 import paper
 import rundir
@@ -100,18 +101,27 @@ def train_variants(ws: suite.Workspace, variants, seeds: list[int], force: bool 
     teacher = suite.ensure_inputs(ws, force)
     suite.ensure_runs(ws, suite_runs(variants), seeds, force, teacher=teacher)
     for seed in seeds:
-        jobs = []
-        for v in variants:
-            if v.folder:
-                vws = variant_workspace(ws, v, seed)
-                settings = suite.run_config(vws, v.run, seed, teacher=teacher)
-                if settings.start_from and v.run.protocol == "freeze":
-                    # grow's phase 0 is the suite's (of block 0's placement): no intervention acts while
-                    # one block is active, and a transplant's prefix is that block
-                    shared = ws.run_dir(RunName(block0_placement(v.run), "grow"), seed) / "phase-0"
-                    settings = replace(settings, start_from=os.path.relpath(shared, vws.run_dir(v.run, seed)))
-                jobs.append((settings, vws.run_dir(v.run, seed)))
-        grow.train_together(jobs, force=force, ctx=ws.ctx, tracker=ws.tracker, wait=ws.wait)
+        named = [(variant_workspace(ws, v, seed), v.run) for v in variants if v.folder]
+        jobs = [(job_config(vws, run, seed, teacher), vws.run_dir(run, seed)) for vws, run in named]
+        # in lockstep a seed's variants train together; apart, each alone, so a study records each as it finishes
+        for group in [list(range(len(jobs)))] if ws.lockstep else [[i] for i in range(len(jobs))]:
+            grow.train_together([jobs[i] for i in group], force=force, ctx=ws.ctx, tracker=ws.tracker, wait=ws.wait)
+            for i in group:
+                if ws.on_finished is not None and ws.ctx.is_main:
+                    ws.on_finished(*named[i], seed)
+
+
+def job_config(vws: suite.Workspace, run: RunName, seed: int, teacher: Path) -> config.RunConfig:
+    """A run's settings in its workspace; a variant's freeze run (in beyond/<folder>/) starts from the suite's
+    grow phase 0 (of block 0's placement): no intervention acts while one block is active, and a transplant's
+    prefix is that block."""
+    settings = suite.run_config(vws, run, seed, teacher=teacher)
+    variant = Path(vws.student_runs).parent.name == "beyond"
+    if settings.start_from and run.protocol == "freeze" and variant:
+        suite_ws = replace(vws, student_runs=str(Path(vws.student_runs).parent.parent))
+        shared = suite_ws.run_dir(RunName(block0_placement(run), "grow"), seed) / "phase-0"
+        settings = replace(settings, start_from=os.path.relpath(shared, vws.run_dir(run, seed)))
+    return settings
 
 
 def variant_outcomes(ws: suite.Workspace, variants, seeds: list[int]) -> tuple[dict, list[str]]:

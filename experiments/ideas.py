@@ -18,7 +18,7 @@ import math
 from dataclasses import dataclass
 
 import rundir
-from experiments import beyond, presets, report, suite, tables
+from experiments import beyond, presets, report, studies, suite, tables
 from experiments.beyond import Variant
 from experiments.suite import RunName
 
@@ -106,10 +106,15 @@ def search(ws: suite.Workspace, force: bool = False) -> tuple[RunName | None, di
     runs = search_runs(ws.preset.run["blocks"])
     suite.ensure_runs(ws, runs, [SEARCH_SEED], force)
     ce = {run: report.final_ce(ws, run, SEARCH_SEED) for run in runs}
-    finite = {run: value for run, value in ce.items() if math.isfinite(value)}
-    chosen = min(finite, key=finite.get) if finite else None
+    chosen = choose(ce)
     return chosen, {"seed": SEARCH_SEED, "ce": {run.name: value for run, value in ce.items()},
                     "chosen": chosen.name if chosen else None, "diverged": report.diverged_runs(ws, runs, [SEARCH_SEED])}
+
+
+def choose(ce: dict[RunName, float]) -> RunName | None:
+    """The search's rule: the lowest final validation CE; a diverged run (not finite) is never chosen."""
+    finite = {run: value for run, value in ce.items() if math.isfinite(value)}
+    return min(finite, key=finite.get) if finite else None
 
 
 def search_contrasts(chosen: RunName) -> list[Contrast]:
@@ -176,15 +181,37 @@ def read_family(rows: list[dict], chosen: RunName | None = None):
             row["reading"] = "secondary: interval only"
 
 
+def study_variants(chosen: RunName | None) -> tuple[list[Contrast], list[Variant]]:
+    """The contrasts (idea 4's once the search has chosen) in idea order, and every run they read, once."""
+    contrasts = sorted(fixed_contrasts() + (search_contrasts(chosen) if chosen else []), key=lambda c: c.idea)
+    return contrasts, list({(v.folder, v.run, v.label): v for c in contrasts for v in (c.variant, c.baseline)}.values())
+
+
+def manifest(ws: suite.Workspace, seeds: list[int], chosen: RunName | None = None) -> list[studies.Job]:
+    """Every run the study needs: the search's on its seed, then each seed's variants and baselines (and the
+    chosen schedule's, once known)."""
+    jobs = [studies.Job(ws, run, SEARCH_SEED) for run in search_runs(ws.preset.run["blocks"])]
+    jobs += [studies.Job(beyond.variant_workspace(ws, v, s), v.run, s) for s in seeds for v in study_variants(chosen)[1]]
+    return studies.unique(jobs)
+
+
+def restore_records(ws: suite.Workspace, seeds: list[int], chosen: RunName | None, force: bool):
+    """The study's recorded runs restored into their folders before anything trains (studies.restore)."""
+    if ws.records is not None:
+        teacher = suite.ensure_inputs(ws, force)
+        ws.ctx.on_main(lambda: studies.restore(manifest(ws, seeds, chosen), teacher, force), "restoring records")
+
+
 def run_ideas(ws: suite.Workspace, seeds: list[int], force: bool = False) -> dict:
     """The paper's seven proposed improvements, each an option (transition_schedule, append_init,
     importance_remedy, the placement search, boundary_correction, structural_norm, --norm auto), against the
     run it changes; one primary contrast each, Holm over the seven, as pre-registered in
-    docs/preregistrations.md (results/<scale>/ideas.md/.json)."""
+    docs/preregistrations.md (results/<scale>/ideas.md/.json). A study: recorded runs are not trained again."""
+    restore_records(ws, seeds, None, force)
     chosen, found = search(ws, force)
-    contrasts = fixed_contrasts() + (search_contrasts(chosen) if chosen else [])
-    contrasts.sort(key=lambda c: c.idea)
-    variants = list({(v.folder, v.run, v.label): v for c in contrasts for v in (c.variant, c.baseline)}.values())
+    if chosen not in (None, PRE, POST):
+        restore_records(ws, seeds, chosen, force)
+    contrasts, variants = study_variants(chosen)
     beyond.train_variants(ws, variants, seeds, force)
     if not ws.ctx.is_main:
         return {}

@@ -17,6 +17,7 @@ import shutil
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 from rich.console import Console
 from rich.table import Table
@@ -46,6 +47,8 @@ class Workspace:
     lockstep: bool = True   # train a seed's runs together (repro.py: off on a GPU where plan.fits says no)
     inputs: Preset | None = None  # the preset whose data and teacher these runs share (None: `preset`)
     wait: bool = True          # for another process holding a folder this command needs (False: stop, one line)
+    records: Path | None = None  # a study's records (experiments/studies.py), written as each run finishes
+    on_finished: Callable[[Workspace, RunName, int], None] | None = None  # studies.record_finished, where recorded
 
     @property
     def data_dir(self) -> Path:
@@ -522,10 +525,12 @@ def ensure_runs(ws: Workspace, runs, seeds: list[int], force: bool = False, teac
         seed_jobs = [(run_config(ws, run, seed, teacher=teacher), ws.run_dir(run, seed)) for run in with_prefixes(runs)]
         together = [job for job in seed_jobs if ws.lockstep and job[0].data_mode == "replay"]
         alone = [job for job in seed_jobs if job not in together]
-        if together:
-            grow.train_together(together, force=force, ctx=ws.ctx, tracker=ws.tracker, wait=ws.wait)
-        for settings, run_dir in alone:
-            grow.train(settings, run_dir, force=force, ctx=ws.ctx, tracker=ws.tracker, wait=ws.wait)
+        named = {run_dir: run for run, (_, run_dir) in zip(with_prefixes(runs), seed_jobs)}
+        for group in ([together] if together else []) + [[job] for job in alone]:
+            grow.train_together(group, force=force, ctx=ws.ctx, tracker=ws.tracker, wait=ws.wait)
+            for _, run_dir in group:
+                if ws.on_finished is not None and ws.ctx.is_main:  # a study records each run as it finishes
+                    ws.on_finished(ws, named[run_dir], seed)
 
 
 def teacher_summary(ws: Workspace, runs, seeds: list[int]) -> str:

@@ -102,8 +102,11 @@ def load_student(ws: Workspace, path) -> model.Student:
 
 @cache
 def block_removal(ws: Workspace, run: RunName, seed: int) -> list[dict]:
-    """Whole-block removal at the run's scheduled endpoint (its last kept checkpoint)."""
-    final = diag.checkpoint_series(ws.run_dir(run, seed))[-1]["path"]
+    """Whole-block removal at the run's scheduled endpoint (its last kept checkpoint), or as a study recorded it."""
+    run_dir = ws.run_dir(run, seed)
+    if (run_dir / diag.DIAGNOSTICS).is_file():
+        return diag.recorded_block_removal(run_dir / diag.DIAGNOSTICS)
+    final = diag.checkpoint_series(run_dir)[-1]["path"]
     return diag.block_removal(load_student(ws, final), diagnostic_batch(ws))
 
 

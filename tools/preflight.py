@@ -9,6 +9,7 @@ or installed before any student (`repro.py teacher`), or a shipped one trained a
 """
 from __future__ import annotations
 
+import io
 import math
 import os
 import re
@@ -17,9 +18,11 @@ import tempfile
 import warnings
 from pathlib import Path
 
+from rich.console import Console
+
 import grow
 import rundir
-from experiments import beyond, ideas, presets, regime, suite, tables
+from experiments import beyond, ideas, presets, regime, studies, suite, tables
 from plumbing import checkpoint, errors
 from tools import plan, rehearse, rehearse_real
 
@@ -37,6 +40,50 @@ def print_dry_run(scale: str, groups, seeds: list[int], gpu: str, gpus: int | No
     ws = groups[0][1]
     estimate = plan.cpu_estimate(flops, ws.preset.run["precision"], ws.results.parent / "bench.json")
     suite.console.print(f"this machine: {estimate}" + (" (CUDA needed to run it)" if ws.preset.needs_cuda else ""))
+
+
+def print_study(name: str, ws: suite.Workspace, seeds: list[int]):
+    """A study's dry run (ideas, where ws.records is set): its runs recorded (and on which machines), stale
+    (and why) or remaining, and what the remaining ones cost on this CPU."""
+    if name != "ideas" or ws.records is None:
+        return
+    teacher = suite.expected_teacher(ws)
+    status = studies.survey(ideas.manifest(ws, seeds), teacher, check_data=False)
+    search = {job.run: studies.recorded_ce(record) for job, record in status.recorded if job.seed == ideas.SEARCH_SEED}
+    chosen = ideas.choose(search) if len(search) == len(ideas.search_runs(ws.preset.run["blocks"])) else None
+    if chosen is not None:
+        status = studies.survey(ideas.manifest(ws, seeds, chosen), teacher, check_data=False)
+    machines: dict[str, int] = {}
+    for _, record in status.recorded:
+        machines[studies.machine(record)] = machines.get(studies.machine(record), 0) + 1
+    flops = sum(job_flops(job, teacher) for job in status.remaining + [job for job, _ in status.stale])
+    total = len(status.recorded) + len(status.stale) + len(status.remaining)
+    lines = [f"records in {ws.records / ws.runs.name}: {len(status.recorded)} of {total} runs recorded"
+             + "".join(f"; {n} on {m}" for m, n in machines.items()),
+             *(f"stale: {studies.record_path(job)} ({why})" for job, why in status.stale),
+             f"remaining: {len(status.remaining) + len(status.stale)} runs, {plan.flops_text(flops)}"
+             + ("" if chosen else "; and the search's chosen schedule on each seed unless it is pre-grow or post-grow")
+             + (f": {plan.cpu_estimate(flops, ws.preset.run['precision'], ws.results.parent / 'bench.json')}"
+                if flops else ""),
+             "(the data and teacher checksums are compared when it runs)"]
+    suite.console.print("\n".join(lines), markup=False)
+
+
+def job_flops(job: studies.Job, teacher) -> float:
+    """A run's FLOPs alone (a freeze run's phase 0 is its grow run's)."""
+    run = plan.PlannedRun(job.run.name, studies.job_config(job, teacher), 1 if job.run.protocol == "freeze" else 0)
+    return plan.print_plan(job.ws, [run], [job.seed], "h100", 1, Console(file=io.StringIO()))["separate"]["flops"]
+
+
+def train_one(ws: suite.Workspace, run: suite.RunName, seed: int, force: bool) -> str:
+    """`repro.py train`: one named run and any whose phases it shares; its result in a line."""
+    suite.check_before_work(ws, [(job, seed) for job in suite.with_prefixes([run])], force)
+    path = suite.ensure_inputs(ws, force)
+    for job in suite.with_prefixes([run]):
+        result = grow.train(suite.run_config(ws, job, seed, teacher=path), ws.run_dir(job, seed), force=force,
+                            ctx=ws.ctx, tracker=ws.tracker, wait=ws.wait)
+    return (f"{run.name}: validation CE {result['ce']:.4f}, KD {result['kd']:.4f}, PPL {result['ppl']:.2f}; "
+            f"run folder {ws.run_dir(run, seed)}")
 
 
 def planned(ws: suite.Workspace, runs, seed: int) -> tuple[str, suite.Workspace, list]:

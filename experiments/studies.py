@@ -1,0 +1,296 @@
+"""Studies that outlive the machine they ran on. A study (the seven ideas, a table over seeds) is a manifest
+of runs (Job: a workspace, a run, a seed). Each finished run leaves a small JSON record meant for git,
+references/records/<workspace>/<run folder>.json: what the run was (its config's hash, the data's and the
+teacher's checksums), what it gave (done.json, its evaluation and transition rows, the diagnostics the
+tables read), where (commit, CPU, instructions, precision, threads) and how long. Rerun on a fresh clone,
+a study restores its recorded runs into their folders (no weights) and trains only the others:
+
+    python repro.py ideas --scale toy --seeds 42,43,44 --dry-run   # which runs are recorded, which remain
+    python repro.py ideas --scale toy --seeds 42,43,44             # trains what remains, records each run
+
+A record is used only where it matches what the command would train now; a stale one is named with the
+reason and nothing trains until it is moved away (or --force retrains it and replaces its record). A record
+whose own checksum fails was edited by hand: refused. Records of other CPUs combine (fp32 differs between
+instruction sets only in rounding; docs/preregistrations.md, 2026-12-03); of another precision, never.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+from dataclasses import MISSING, asdict, dataclass, fields, replace
+from pathlib import Path
+
+import config
+import diag
+import rundir
+from experiments import beyond, suite, tables
+from experiments.suite import RunName, Workspace
+from plumbing import checkpoint, devices, errors
+
+FORMAT = 1
+RECORD = "record.json"  # in a run folder restored from its record: which record (no weights are there)
+RECORDS_DIR = suite.SHIPPED_ROOT / "references" / "records"
+# What a record keeps of metrics.jsonl: every row but the training steps', and each phase's last step (its
+# token counts and clock: Table A2 reads them).
+KEPT_ROW_KEYS = ("eval", "event", "monitor")
+
+
+@dataclass(frozen=True)
+class Job:
+    ws: Workspace
+    run: RunName
+    seed: int
+
+    @property
+    def folder(self) -> Path:
+        return self.ws.run_dir(self.run, self.seed)
+
+    @property
+    def label(self) -> str:
+        return str(self.folder.relative_to(self.ws.runs))
+
+
+def unique(jobs) -> list[Job]:
+    """Each run folder once, in the order given."""
+    seen, out = set(), []
+    for job in jobs:
+        if job.folder not in seen:
+            seen.add(job.folder)
+            out.append(job)
+    return out
+
+
+def record_path(job: Job) -> Path:
+    return job.ws.records / job.ws.runs.name / f"{job.label}.json"
+
+
+# ----------------------------------------------------------------------------------------------
+# What a run is: its settings as they train (paths relative to its folder, so the same on every clone),
+# the data token for token, the teacher byte for byte
+
+def training_settings(stored: dict) -> dict:
+    """A config as its folder stores it (config.json: paths relative to the run), without the settings that
+    only observe and without fields at their default (a field added to RunConfig later, at its default,
+    leaves every record valid)."""
+    defaults = json.loads(json.dumps({f.name: f.default for f in fields(config.RunConfig) if f.default is not MISSING}))
+    return {k: v for k, v in stored.items()
+            if k not in rundir.OBSERVING | {"relative_to_run"} and not (k in defaults and v == defaults[k])}
+
+
+def stored_form(settings: config.RunConfig) -> dict:
+    """What config.json holds for these settings."""
+    return json.loads(json.dumps(asdict(settings)))
+
+
+def digest(value) -> str:
+    return hashlib.sha256(json.dumps(value, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+
+
+def teacher_checksum(stored: dict, folder: Path) -> str:
+    """The teacher's checksums file's sha256 (each of its files' sha256s), "" for a run without one."""
+    if not stored.get("teacher"):
+        return ""
+    teacher = folder / stored["teacher"] if stored.get("relative_to_run") else Path(stored["teacher"])
+    return checkpoint.sha256(teacher / checkpoint.CHECKSUMS) if (teacher / checkpoint.CHECKSUMS).is_file() else ""
+
+
+def identity(job: Job, stored: dict) -> dict:
+    return {"config_sha256": digest(training_settings(stored)), "data": suite.shard_sha256s(job.ws),
+            "teacher": teacher_checksum(stored, job.folder)}
+
+
+def job_config(job: Job, teacher: Path) -> config.RunConfig:
+    """The settings the study trains the job with (a variant's freeze run starts from the suite's grow)."""
+    return beyond.job_config(job.ws, job.run, job.seed, teacher)
+
+
+# ----------------------------------------------------------------------------------------------
+# Reading and checking records
+
+def read_record(path: Path) -> dict:
+    """A record as written, its own checksum verified: an edited or damaged one is one line."""
+    fix = "restore it (git checkout) or move it away to train that run again"
+    try:
+        record = checkpoint.loads(path.read_text())
+    except (OSError, ValueError) as e:
+        raise errors.TrainingError(f"{path}: not a record the kit wrote ({e}); {fix}") from None
+    if not isinstance(record, dict) or record.get("format") != FORMAT:
+        raise errors.TrainingError(f"{path}: not a record of format {FORMAT}; {fix}")
+    if record.get("sha256") != digest({k: v for k, v in record.items() if k != "sha256"}):
+        raise errors.TrainingError(f"{path}: its content does not match its sha256 (edited by hand or damaged); {fix}")
+    return record
+
+
+def stale_reason(record: dict, wanted: dict) -> str:
+    """Why a record is not of the run the command would train now ("" if it is)."""
+    have = record["identity"]
+    reasons = {"config_sha256": "the run's settings changed", "data": "the data's shards changed",
+               "teacher": "the teacher changed"}
+    return "; ".join(why for key, why in reasons.items() if have.get(key) != wanted[key])
+
+
+def recorded_ce(record: dict) -> float:
+    """The record's final validation CE, NaN for a run that diverged (report.final_ce's convention)."""
+    return float("nan") if record["done"].get("diverged") else record["done"]["ce"]
+
+
+def machine(record: dict) -> str:
+    p = record.get("provenance", {})
+    return f"{p.get('cpu', '?')} ({p.get('cpu_capability', '?')}, {p.get('precision', '?')})"
+
+
+@dataclass
+class Status:
+    recorded: list[tuple[Job, dict]]   # valid records
+    stale: list[tuple[Job, str]]       # (job, why)
+    remaining: list[Job]               # no record
+
+
+def survey(jobs: list[Job], teacher: Path, check_data: bool = True) -> Status:
+    """Each job's record: valid, stale (and why) or missing. Without the data prepared (a dry run) only the
+    settings are compared."""
+    status = Status([], [], [])
+    for job in unique(jobs):
+        path = record_path(job)
+        if not path.is_file():
+            status.remaining.append(job)
+            continue
+        record = read_record(path)
+        stored = stored_form(job_config(job, teacher))
+        wanted = identity(job, stored) if check_data else {**record["identity"],
+                                                           "config_sha256": digest(training_settings(stored))}
+        why = stale_reason(record, wanted)
+        (status.stale.append((job, why)) if why else status.recorded.append((job, record)))
+    return status
+
+
+def check_precision(status: Status, ws: Workspace, teacher: Path):
+    """A study combines records of one precision only: refuse to train where this machine would pick another."""
+    recorded = {r["provenance"].get("precision") for _, r in status.recorded}
+    if not status.remaining or not recorded:
+        return
+    if len(recorded) > 1:
+        raise errors.TrainingError(f"the study's records mix precisions ({', '.join(sorted(recorded))}); a study "
+                                   "combines one precision only: move the records of one away")
+    settings = job_config(status.remaining[0], teacher)
+    here = str(devices.precision_choice(settings.precision, ws.ctx.device)[0]).removeprefix("torch.")
+    if here not in recorded:
+        raise errors.TrainingError(f"the study's records are {recorded.pop()} and this machine would train {here}: "
+                                   "continue it on a machine whose precision is the records', or start it afresh in "
+                                   f"{here} with other --runs-dir and --records-dir")
+
+
+# ----------------------------------------------------------------------------------------------
+# Restoring recorded runs before a study trains; recording each run as it finishes
+
+def restore(jobs: list[Job], teacher: Path, force: bool = False) -> Status:
+    """Before a study trains: every record checked; stale ones stop it (one line naming them and why) unless
+    --force (they are retrained and their records replaced); valid ones are written into run folders that
+    hold no finished run, without weights. A missing run whose prefix is a restored run's checkpoint has that
+    run trained again (its record kept)."""
+    status = survey(jobs, teacher)
+    if status.stale and not force:
+        job, why = status.stale[0]
+        more = f" (and {len(status.stale) - 1} more)" if len(status.stale) > 1 else ""
+        raise errors.TrainingError(f"{record_path(job)}: stale, {why}{more}; nothing was trained: move the stale "
+                                   "records away (git rm) or pass --force to retrain those runs and replace them")
+    for job, _ in status.stale:  # --force: retrained, and recorded again
+        record_path(job).unlink()
+    check_precision(status, jobs[0].ws, teacher)
+    for job, record in status.recorded:
+        if not (job.folder / "done.json").is_file():
+            write_folder(job.folder, record)
+    for job in status.remaining + [job for job, _ in status.stale]:
+        retrain_prefix(job, teacher)
+    return status
+
+
+def write_folder(folder: Path, record: dict):
+    """A recorded run's folder as the reports read it: config, provenance, done.json, its kept log rows, the
+    recorded diagnostics, and the record itself (no checkpoint: what needs weights trains it again)."""
+    if folder.exists():  # a partial run of the same settings, or a restored one: the record replaces it
+        rundir.check_discardable(folder)
+        shutil.rmtree(folder)
+    folder.mkdir(parents=True)
+    checkpoint.write_json(folder / "config.json", record["config"])
+    checkpoint.write_json(folder / "provenance.json", record["provenance"])
+    checkpoint.write_atomic(folder / "metrics.jsonl", "".join(checkpoint.json_text(r, None) for r in record["metrics"]))
+    checkpoint.write_json(folder / diag.DIAGNOSTICS, record["diagnostics"])
+    checkpoint.write_json(folder / RECORD, {"restored_from": record["sha256"]})
+    checkpoint.write_json(folder / "done.json", record["done"])  # last: a folder without it is unfinished
+
+
+def retrain_prefix(job: Job, teacher: Path):
+    """The job starts from another run's phase checkpoint; if that run was restored from its record (no
+    weights), its folder is cleared so that it trains again first."""
+    settings = job_config(job, teacher)
+    if not settings.start_from:
+        return
+    start = (job.folder / settings.start_from).resolve() if settings.relative_to_run else Path(settings.start_from)
+    source = start.parent
+    if not start.is_dir() and (source / RECORD).is_file():
+        suite.console.print(f"{source}: restored from its record without weights; trained again as the prefix of "
+                            f"{job.folder} (its record is kept)")
+        rundir.check_discardable(source)
+        shutil.rmtree(source)
+
+
+def record_finished(ws: Workspace, run: RunName, seed: int):
+    """After a run finishes (or is reused): its record, written once (atomically). A run trained again as a
+    prefix keeps its record; its folder's readable files are set back to the record's, so the reports read one
+    value per run, and the difference is said. A stale record is never overwritten here (restore's --force)."""
+    job = Job(ws, run, seed)
+    if ws.records is None or not (job.folder / "done.json").is_file() or (job.folder / RECORD).is_file():
+        return
+    path, stored = record_path(job), rundir.read_json(job.folder / "config.json")
+    if path.is_file():
+        old = read_record(path)
+        why = stale_reason(old, identity(job, stored))
+        done = rundir.read_json(job.folder / "done.json")
+        if why:
+            suite.console.print(f"{path}: stale ({why}); kept: move it away to record this run")
+        elif old["done"] != done:
+            suite.console.print(f"{job.label}: trained again on this machine (CE {done.get('ce')}); its record's "
+                                f"(CE {old['done'].get('ce')}, {machine(old)}) is kept")
+            keep_weights_restore(job.folder, old)
+        return
+    record = make_record(job, stored)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    checkpoint.write_json(path, record)
+    checkpoint.write_json(job.folder / diag.DIAGNOSTICS, record["diagnostics"])
+
+
+def keep_weights_restore(folder: Path, record: dict):
+    checkpoint.write_atomic(folder / "metrics.jsonl", "".join(checkpoint.json_text(r, None) for r in record["metrics"]))
+    checkpoint.write_json(folder / diag.DIAGNOSTICS, record["diagnostics"])
+    checkpoint.write_json(folder / "done.json", record["done"])
+
+
+def kept_rows(rows: list[dict]) -> list[dict]:
+    last_of_phase = {}
+    for i, row in enumerate(rows):
+        if not any(row.get(k) for k in KEPT_ROW_KEYS):
+            last_of_phase[row.get("phase")] = i
+    keep = set(last_of_phase.values())
+    return [row for i, row in enumerate(rows) if i in keep or any(row.get(k) for k in KEPT_ROW_KEYS)]
+
+
+def make_record(job: Job, stored: dict) -> dict:
+    rows = rundir.read_metrics(job.folder)
+    done = rundir.read_json(job.folder / "done.json")
+    diverged = bool(done.get("diverged"))
+    record = {"format": FORMAT, "run": job.label, "workspace": job.ws.runs.name, "seed": job.seed,
+              "identity": identity(job, stored), "config": stored,
+              "provenance": rundir.read_json(job.folder / "provenance.json"),
+              "wall_seconds": max((r.get("time", 0.0) for r in rows if not r.get("eval")), default=0.0),
+              "done": done, "metrics": kept_rows(rows),
+              "diagnostics": {} if diverged else {"block_removal": tables.block_removal(job.ws, job.run, job.seed)}}
+    record["sha256"] = digest(record)
+    return record
+
+
+def attach(ws: Workspace, records: Path | None) -> Workspace:
+    """The workspace, recording each finished run under `records` (None: no records)."""
+    return replace(ws, records=records, on_finished=record_finished if records is not None else None)
+
