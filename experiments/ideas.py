@@ -237,9 +237,10 @@ def run_ideas(ws: suite.Workspace, seeds: list[int], force: bool = False) -> dic
     read_family(rows, chosen)
     out = {"experiment": "ideas", "scale": ws.preset.name, "seeds": seeds, "search": found, "rows": rows,
            "diverged_runs": diverged, "tie_margin": presets.TIE_MARGIN, "precision": ws.preset.run.get("precision", ""),
-           "about": __doc__.split("\n\n")[1]}
-    report.write(ws.results, "ideas", out, markdown(out, len(variants)))
-    suite.console.print("\n".join(markdown(out, len(variants))), markup=False)
+           "about": __doc__.split("\n\n")[1], "machines": studies.run_machines(manifest(ws, seeds, chosen))}
+    lines = markdown(out, len(variants)) + [""] + studies.machines_markdown(out["machines"])
+    report.write(ws.results, "ideas", out, lines)
+    suite.console.print("\n".join(lines), markup=False)
     return out
 
 
@@ -286,6 +287,6 @@ def markdown(out: dict, n_variants: int) -> list[str]:
               + report.diverged_line(found["diverged"], len(found["ce"])), "",
               "| schedule | validation CE |", "| --- | --- |"]
     lines += [f"| {name} | {report.fmt(value, 4)} |" for name, value in found["ce"].items()]
-    lines += ["", "Cost: what each option adds to a run, counted from its design. Training time is not given per "
-                  "option: runs of a seed train in lockstep, so their wall clocks are shared."]
+    lines += ["", "Cost: what each option adds to a run, counted from its design. Each run's wall time is listed below "
+                  "with its machine (runs in lockstep share one clock; machines differ in speed)."]
     return lines

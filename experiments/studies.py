@@ -88,11 +88,16 @@ def digest(value) -> str:
 
 
 def teacher_checksum(stored: dict, folder: Path) -> str:
-    """The teacher's checksums file's sha256 (each of its files' sha256s), "" for a run without one."""
+    """The teacher as it computes: the sha256s of its config and weights (its checksums file's entries but the
+    trainer state, which holds the clock), "" for a run without one."""
     if not stored.get("teacher"):
         return ""
     teacher = folder / stored["teacher"] if stored.get("relative_to_run") else Path(stored["teacher"])
-    return checkpoint.sha256(teacher / checkpoint.CHECKSUMS) if (teacher / checkpoint.CHECKSUMS).is_file() else ""
+    try:
+        files = checkpoint.loads((teacher / checkpoint.CHECKSUMS).read_text())
+    except (OSError, ValueError):
+        return ""
+    return digest({name: sha for name, sha in files.items() if name == "config.json" or name.endswith(".safetensors")})
 
 
 def identity(job: Job, stored: dict) -> dict:
@@ -254,6 +259,8 @@ def record_finished(ws: Workspace, run: RunName, seed: int):
             suite.console.print(f"{job.label}: trained again on this machine (CE {done.get('ce')}); its record's "
                                 f"(CE {old['done'].get('ce')}, {machine(old)}) is kept")
             keep_weights_restore(job.folder, old)
+        else:
+            checkpoint.write_json(job.folder / diag.DIAGNOSTICS, old["diagnostics"])
         return
     record = make_record(job, stored)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -288,6 +295,28 @@ def make_record(job: Job, stored: dict) -> dict:
               "diagnostics": {} if diverged else {"block_removal": tables.block_removal(job.ws, job.run, job.seed)}}
     record["sha256"] = digest(record)
     return record
+
+
+def run_machines(jobs: list[Job]) -> list[dict]:
+    """Each run's machine (CPU, instructions, precision) and wall time, from its folder (a restored one holds
+    its record's provenance and its phases' last step rows)."""
+    rows = []
+    for job in unique(jobs):
+        provenance = rundir.read_json(job.folder / "provenance.json")
+        wall = max((r.get("time", 0.0) for r in rundir.read_metrics(job.folder) if not r.get("eval")), default=0.0)
+        rows.append({"run": job.label, "machine": machine({"provenance": provenance}), "wall_seconds": wall,
+                     "commit": provenance.get("git_commit", "")[:12]})
+    return rows
+
+
+def machines_markdown(rows: list[dict]) -> list[str]:
+    by_machine: dict[str, list[float]] = {}
+    for row in rows:
+        by_machine.setdefault(row["machine"], []).append(row["wall_seconds"])
+    lines = ["## Runs and their machines", "", "| machine | runs | wall time, summed |", "| --- | --- | --- |"]
+    lines += [f"| {m} | {len(w)} | {sum(w) / 3600:.2f} h |" for m, w in by_machine.items()]
+    lines += ["", "| run | machine | wall time | commit |", "| --- | --- | --- | --- |"]
+    return lines + [f"| {r['run']} | {r['machine']} | {r['wall_seconds'] / 60:.1f} min | {r['commit']} |" for r in rows]
 
 
 def attach(ws: Workspace, records: Path | None) -> Workspace:

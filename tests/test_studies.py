@@ -1,0 +1,110 @@
+"""Studies that outlive their machine (issue 38; experiments/studies.py): the ideas study at smoke scale run
+in one go, and split over two fresh runs folders (as two fresh clones on two machines are: only the committed
+records pass between them), give identical tables; a record edited by hand, or stale, stops the study in one
+line before anything trains; a fresh folder with every record rebuilds the tables without training."""
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from experiments import studies
+
+ROOT = Path(__file__).resolve().parents[1]
+pytestmark = pytest.mark.slow
+
+
+def ideas(runs: Path, records: Path, results: Path, *extra: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    """`repro.py ideas` at smoke scale, seed 42, one thread, each run apart (so each is recorded as it finishes)."""
+    return subprocess.run([sys.executable, str(ROOT / "repro.py"), "ideas", "--scale", "smoke", "--no-lockstep",
+                           "--runs-dir", str(runs), "--records-dir", str(records), "--results-dir", str(results),
+                           *extra], cwd=ROOT, capture_output=True, text=True, timeout=3600,
+                          env={**os.environ, "OMP_NUM_THREADS": "1", **(env or {})})
+
+
+def tables(results: Path) -> dict:
+    """The ideas report's numbers: everything but where and how long each run took."""
+    out = json.loads((results / "smoke" / "ideas.json").read_text())
+    return {k: v for k, v in out.items() if k != "machines"}
+
+
+def student_folders(runs: Path) -> list[Path]:
+    return sorted(p for p in (runs / "smoke").rglob("done.json") if p.parent.name != "teacher")
+
+
+@pytest.fixture(scope="module")
+def study(tmp_path_factory):
+    """(one go, split) folders: the study in one go; then split: the first part killed as the suite's
+    pre-freeze opens (the search and the suite's grow runs recorded, pre-freeze's grow prefix among them),
+    the second part in a fresh runs folder with only the first part's records."""
+    base = tmp_path_factory.mktemp("studies")
+    whole = ideas(base / "whole-runs", base / "whole-records", base / "whole-results")
+    assert whole.returncode == 0, whole.stdout[-3000:] + whole.stderr[-3000:]
+    first = ideas(base / "first-runs", base / "records", base / "first-results",
+                  env={"NORMGROW_KILL_AT": "opened:pre-freeze:8"})
+    assert first.returncode == -9, first.stdout[-3000:] + first.stderr[-3000:]  # SIGKILLed where asked
+    second = ideas(base / "second-runs", base / "records", base / "second-results")
+    assert second.returncode == 0, second.stdout[-3000:] + second.stderr[-3000:]
+    return base, first, second
+
+
+def test_a_study_split_over_two_fresh_folders_gives_the_tables_of_one_go(study):
+    base, first, second = study
+    recorded_first = [p for p in (base / "records").rglob("*.json")]
+    assert tables(base / "second-results") == tables(base / "whole-results")
+    # the first part recorded the search's 8 runs and some of the suite's before it was killed; the second
+    # trained the rest and pre-grow again (pre-freeze's prefix: a record keeps no weights), keeping its record
+    said = " ".join(second.stdout.split())
+    for grow_run in ("pre-grow", "post-grow"):  # the prefixes of the suite's and the variants' freeze runs
+        assert f"s42/{grow_run}: restored from its record without weights; trained again as the prefix" in said
+    assert len(recorded_first) == len(list((base / "whole-records").rglob("*.json")))
+    for path in (base / "whole-records").rglob("*.json"):
+        split = json.loads((base / "records" / path.relative_to(base / "whole-records")).read_text())
+        one = json.loads(path.read_text())
+        assert one["done"] == split["done"] and one["diagnostics"] == split["diagnostics"], path
+        assert one["identity"] == split["identity"]
+
+
+def test_a_fresh_folder_with_every_record_trains_nothing(study, tmp_path):
+    base, _, _ = study
+    dry = ideas(tmp_path / "runs", base / "records", tmp_path / "results", "--dry-run")
+    assert dry.returncode == 0 and "remaining: 0 runs" in dry.stdout, dry.stdout[-2000:]
+    done = ideas(tmp_path / "runs", base / "records", tmp_path / "results")
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert tables(tmp_path / "results") == tables(base / "whole-results")
+    # every student folder was restored from its record: none holds a checkpoint
+    assert all(not any(f.name.startswith(("phase-", "latest")) for f in p.parent.iterdir())
+               for p in student_folders(tmp_path / "runs"))
+
+
+def edited(records: Path, tmp: Path, change, reseal: bool) -> Path:
+    """A copy of the records with one changed by `change`; resealed (its sha256 recomputed: a record of other
+    settings) or not (an edit by hand)."""
+    copy = tmp / "records"
+    shutil.copytree(records, copy)
+    path = copy / "smoke" / "s42" / "post-grow.json"
+    record = json.loads(path.read_text())
+    change(record)
+    if reseal:
+        record["sha256"] = studies.digest({k: v for k, v in record.items() if k != "sha256"})
+    path.write_text(json.dumps(record))
+    return path
+
+
+@pytest.mark.parametrize("change, reseal, says", [
+    (lambda r: r["done"].update(ce=r["done"]["ce"] - 0.1), False, "does not match its sha256 (edited by hand"),
+    (lambda r: r["identity"].update(config_sha256="0" * 64), True, "stale, the run's settings changed"),
+    (lambda r: r["identity"]["data"].update(train="0" * 64), True, "stale, the data's shards changed"),
+], ids=["edited", "stale-config", "stale-data"])
+def test_an_edited_or_stale_record_stops_the_study_in_one_line(study, tmp_path, change, reseal, says):
+    base, _, _ = study
+    path = edited(base / "records", tmp_path, change, reseal)
+    before = path.read_bytes()
+    out = ideas(tmp_path / "runs", tmp_path / "records", tmp_path / "results")
+    assert out.returncode == 1 and "Traceback" not in out.stderr
+    line = out.stderr.strip().splitlines()[-1]
+    assert str(path) in line and says in line
+    assert student_folders(tmp_path / "runs") == [] and path.read_bytes() == before  # nothing trained or rewritten
