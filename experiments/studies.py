@@ -92,7 +92,7 @@ def teacher_checksum(stored: dict, folder: Path) -> str:
     trainer state, which holds the clock), "" for a run without one."""
     if not stored.get("teacher"):
         return ""
-    teacher = folder / stored["teacher"] if stored.get("relative_to_run") else Path(stored["teacher"])
+    teacher = Path(config.absolute_paths(stored, folder)["teacher"])  # the run folder need not exist yet
     try:
         files = checkpoint.loads((teacher / checkpoint.CHECKSUMS).read_text())
     except (OSError, ValueError):
@@ -232,7 +232,7 @@ def retrain_prefix(job: Job, teacher: Path):
     settings = job_config(job, teacher)
     if not settings.start_from:
         return
-    start = (job.folder / settings.start_from).resolve() if settings.relative_to_run else Path(settings.start_from)
+    start = Path(config.absolute_paths(stored_form(settings), job.folder)["start_from"])
     source = start.parent
     if not start.is_dir() and (source / RECORD).is_file():
         suite.console.print(f"{source}: restored from its record without weights; trained again as the prefix of "
