@@ -184,3 +184,10 @@ ISSUE34 = [
     case("rehearse --compile", ["rehearse", "--scale", "smoke", "--compile"], "--compile"),
     case("rehearse --no-wait", ["rehearse", "--scale", "smoke", "--no-wait"], "--no-wait"),
 ]
+
+
+# Issue 40: what the environment of a launch can hold.
+LAUNCH_ENVIRONMENT = [
+    case("NORMGROW_LOCK_WAIT not a number", TRAIN_RUN, ("NORMGROW_LOCK_WAIT", "soon", "forever"),
+         setup=lambda case, monkeypatch: monkeypatch.setenv("NORMGROW_LOCK_WAIT", "soon")),
+]
