@@ -73,7 +73,7 @@ def _holder(fd: int) -> tuple[str, dict]:
     try:
         record = json.loads(text)
         said = f"process {record['pid']} on {record['host']} since {record['since']} ({record['command']})"
-    except (ValueError, TypeError, KeyError):
+    except (ValueError, TypeError, KeyError, RecursionError):  # not the kit's record: shown as it is
         record, said = {}, text
     return printable(said) or "another process", record
 

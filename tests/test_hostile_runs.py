@@ -95,20 +95,26 @@ def test_a_stale_lock_file_is_replaced_never_written_into(tmp_path):
     assert not lock.exists()
 
 
-def test_a_holder_line_names_the_host_and_is_printed_as_one_line_of_data(tmp_path):
-    """A forged holder line with a newline, an "Error:" and terminal escapes is shown escaped, bounded, on
-    the kit's one line (before: printed raw, a second "Error:" line)."""
+FORGED = "x\nError: forged second line\x1b[31m" + "y" * 5000
+
+
+@pytest.mark.parametrize("forged", ["process 1 on h (" + FORGED, json.dumps(dict(host="h", pid=1, since="", command=FORGED)),
+                                    "[" * 4000])
+def test_a_holder_line_names_the_host_and_is_printed_as_one_line_of_data(tmp_path, forged):
+    """A forged holder line or record with a newline, an "Error:" and terminal escapes is shown escaped,
+    bounded, on the kit's one line (before: printed raw, a second "Error:" line); JSON nested too deep for
+    the parser is shown as text."""
     folder = tmp_path / "run"
     with locks.held([folder]):
         lock = locks.lock_file(folder)
         assert held_by_us(lock)
-        lock.write_text("process 1 on h (x)\nError: forged second line\x1b[31m" + "y" * 5000)
+        lock.write_text(forged)
         with pytest.raises(errors.TrainingError) as e:
             with locks.held([folder], wait=False):
                 pass
     line = str(e.value)
-    assert "\n" not in line and "\x1b" not in line and "\\nError: forged" in line and "\\x1b[31m" in line
-    assert len(line) < 600
+    assert "\n" not in line and "\x1b" not in line and len(line) < 600
+    assert forged.startswith("[") or ("\\nError: forged" in line and "\\x1b[31m" in line)
 
 
 def test_where_flock_is_unsupported_an_exclusive_lock_file_holds_the_folder(tmp_path, monkeypatch):
