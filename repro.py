@@ -20,7 +20,6 @@ from __future__ import annotations
 import functools
 import json
 import math
-import os
 import signal
 import time
 from dataclasses import replace
@@ -56,7 +55,7 @@ class Repro(click.Group):
         except click.UsageError as e:  # one line, not click's usage block (nor its multi-line lists of choices)
             raise OneLineError(" ".join(e.format_message().split()), exit_code=2) from None
         except errors.KitError as e:  # anything else is a bug in the kit: a traceback
-            if int(os.environ.get("RANK", 0)):  # under torchrun every rank stops; rank 0 says why
+            if not devices.prints_errors():  # under torchrun every rank stops; rank 0 says why
                 raise SystemExit(e.exit_code) from None
             raise OneLineError(str(e), e.exit_code) from None
         except OSError as e:  # a path the user gave or made that is not what it must be: a folder where a file goes

@@ -15,6 +15,7 @@ import os
 import shlex
 import shutil
 import sys
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -551,9 +552,9 @@ def teacher_summary(ws: Workspace, runs, seeds: list[int]) -> str:
 def writable_dir(path: Path, option: str) -> Path:
     try:
         path.mkdir(parents=True, exist_ok=True)
-        probe = path / ".write-test"
-        probe.write_text("")
-        probe.unlink()
+        # A name of this process's own: the ranks of a launch probe one shared folder at once.
+        with tempfile.NamedTemporaryFile(dir=path, prefix=".write-test-"):
+            pass
     except OSError as e:
         raise errors.OptionError(option, f"{path} is not a writable folder ({path_reason(e)}); choose another") from None
     return path

@@ -27,7 +27,7 @@ import torch.nn.functional as F
 from torch.distributed.tensor import DTensor
 
 from plumbing.checkpoint import loads, write_json
-from plumbing.errors import TrainingError
+from plumbing.errors import TrainingError, UsageError
 from plumbing.hf_qwen3 import ModelConfig
 
 # ----------------------------------------------------------------------------------------------
@@ -149,13 +149,49 @@ def choose_device(name: str = "auto") -> torch.device:
     return torch.device(name)
 
 
+# Any of the first: a rank of a launch, which needs every one of the second (init_process_group's env://
+# and the local rank's GPU); torchrun sets them all.
+RANK_VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE")
+TORCHRUN_VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
+
+
+def torchrun_rank() -> int | None:
+    """This process's rank under torchrun; None for one process. Some of torchrun's variables without the
+    rest (a RANK left in a shell, another launcher's) or ranks that are not integers: one line, not
+    torch's error from inside init_process_group (or, for a stray WORLD_SIZE, one process that ignores it)."""
+    present = [name for name in RANK_VARIABLES if name in os.environ]
+    if not present:
+        return None
+    fix = (f"launch with torchrun (torchrun --nproc_per_node=N repro.py ...), or unset {' '.join(present)} to "
+           "run as one process")
+    missing = [name for name in TORCHRUN_VARIABLES if name not in os.environ]
+    if missing:
+        raise UsageError(f"{', '.join(present)} set in the environment without {', '.join(missing)}, which "
+                         f"torchrun sets with it: {fix}")
+    rank, world, local = (os.environ[name] for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK"))
+    if not (rank.isdecimal() and world.isdecimal() and local.isdecimal() and int(rank) < int(world)):
+        raise UsageError(f"RANK={rank[:20]!r}, WORLD_SIZE={world[:20]!r}, LOCAL_RANK={local[:20]!r} are not a "
+                         f"rank of a launch (integers, 0 <= RANK < WORLD_SIZE): {fix}")
+    return int(rank)
+
+
+def prints_errors() -> bool:
+    """Whether this process says why the command stopped: one process or rank 0 (under torchrun every rank
+    stops), or one whose torchrun variables make no launch (it is the only one that can say so)."""
+    try:
+        return not torchrun_rank()
+    except UsageError:
+        return True
+
+
 def setup_distributed(device: str = "auto") -> Dist:
     """torchrun sets RANK/WORLD_SIZE/LOCAL_RANK/LOCAL_WORLD_SIZE; without them this is one process on
     `device`. Under torchrun: the local rank's GPU (modulo the GPUs this process can see, so one GPU per
     task under SLURM works), set before the process group, which is bound to it (device_id) with an
     explicit timeout; a gloo group for long waits on rank 0; and the FSDP2 mesh (mesh_for)."""
+    launched = torchrun_rank() is not None
     chosen = choose_device(device)
-    if "RANK" not in os.environ:
+    if not launched:
         return Dist(device=chosen)
     if chosen.type == "mps":
         raise TrainingError("--device mps: runs under torchrun need CUDA GPUs or CPU ranks; use --device cpu")

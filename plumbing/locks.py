@@ -10,23 +10,31 @@ Anyone who can write to the runs folder can put something at a lock's path: the 
 lock file it created itself (O_EXCL), never follows a symbolic link there, and refuses anything but a
 plain file; what a holder wrote is read back as data (one line, control characters escaped).
 Where the filesystem has no flock (Lustre, or NFS without it) the lock file's existence is the lock.
+The lock file says who holds the folder (JSON: host, pid, since, command). A holder on this host that is
+alive is waited for as long as it runs; one this host cannot see (another node's, whose job may have died
+and left its lock on the shared filesystem) for $NORMGROW_LOCK_WAIT seconds (default 600; "forever": no
+end), then the command stops in one line naming the holder and the file to remove.
 """
 
 import errno
 import fcntl
+import json
+import math
 import os
-import re
 import socket
 import stat
 import sys
 import time
 from contextlib import ExitStack, contextmanager
+from datetime import datetime
 from pathlib import Path
 
-from plumbing.errors import TrainingError
+from plumbing.errors import OptionError, TrainingError
 
 FLOCK_UNSUPPORTED = {errno.ENOSYS, errno.EOPNOTSUPP, errno.ENOLCK}
 LOCK_FLAGS = os.O_RDWR | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC  # O_NONBLOCK: a FIFO there never blocks
+WAIT_VARIABLE, DEFAULT_WAIT_SECONDS = "NORMGROW_LOCK_WAIT", 600.0
+POLL_SECONDS = 1.0
 
 
 def lock_file(folder: Path) -> Path:
@@ -40,12 +48,51 @@ def printable(text: str, limit: int = 300) -> str:
     return text if len(text) <= limit else text[:limit] + "..."
 
 
-def holder_line() -> str:
-    return printable(f"process {os.getpid()} on {socket.gethostname()} ({' '.join(sys.argv)})")
+def wait_seconds() -> float:
+    """How long a holder this host cannot see alive is waited for: $NORMGROW_LOCK_WAIT seconds."""
+    text = os.environ.get(WAIT_VARIABLE, "").strip()
+    if not text:
+        return DEFAULT_WAIT_SECONDS
+    try:
+        seconds = math.inf if text == "forever" else float(text)
+    except ValueError:
+        seconds = math.nan
+    if not seconds >= 0:
+        raise OptionError(WAIT_VARIABLE, f"{printable(text, 40)}: expected seconds (>= 0) or 'forever'")
+    return seconds
 
 
-def _holder(fd: int) -> str:
-    return printable(os.pread(fd, 4096, 0).decode(errors="replace").strip()) or "another process"
+def holder_record() -> bytes:
+    return json.dumps({"host": socket.gethostname(), "pid": os.getpid(), "command": " ".join(sys.argv),
+                       "since": datetime.now().astimezone().isoformat(timespec="seconds")}).encode()
+
+
+def _holder(fd: int) -> tuple[str, dict]:
+    """(who holds it, in words; the record read back, {} if it is not the kit's)."""
+    text = os.pread(fd, 4096, 0).decode(errors="replace").strip()
+    try:
+        record = json.loads(text)
+        said = f"process {record['pid']} on {record['host']} since {record['since']} ({record['command']})"
+    except (ValueError, TypeError, KeyError, RecursionError):  # not the kit's record: shown as it is
+        record, said = {}, text
+    return printable(said) or "another process", record
+
+
+def _on_this_host(record: dict) -> bool:
+    return record.get("host") == socket.gethostname() and type(record.get("pid")) is int
+
+
+def _overdue(folder: Path, lock: Path, holder: str, record: dict, started: float, limit: float) -> TrainingError | None:
+    """The error that ends a wait past `limit` for a holder this host does not see alive."""
+    if time.monotonic() - started < limit or (_on_this_host(record) and _alive(record["pid"])):
+        return None
+    return TrainingError(f"{folder}: held by {holder}; gave up after {limit:g} s ({WAIT_VARIABLE}). If that job is "
+                         f"gone (one killed on another node leaves its lock on a shared filesystem), remove {lock} "
+                         f"and rerun; if it still runs, wait for it with {WAIT_VARIABLE}=forever")
+
+
+def _taken_over(folder: Path, holder: str) -> str:
+    return f"{folder}: its lock was left by {holder}, which is gone; taking it over"
 
 
 def _not_a_lock(lock: Path, folder: Path) -> TrainingError:
@@ -88,8 +135,10 @@ def _names(lock: Path, fd: int) -> bool:
     return (a.st_dev, a.st_ino) == (b.st_dev, b.st_ino)
 
 
-def _lock(lock: Path, folder: Path, wait: bool, say) -> int:
-    """An fd holding the flock of `lock`, a file we created, with our holder line in it."""
+def _lock(lock: Path, folder: Path, limit: float | None, say) -> int:
+    """An fd holding the flock of `lock`, a file we created, with our record in it. limit: how long to wait
+    for a holder this host does not see alive (None: not at all)."""
+    started = time.monotonic()
     while True:
         try:
             fd, made = _open_lock(lock, folder)
@@ -99,35 +148,51 @@ def _lock(lock: Path, folder: Path, wait: bool, say) -> int:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            holder = _holder(fd)
-            if not wait:
-                os.close(fd)
-                raise TrainingError(f"{folder}: in use by {holder}; wait until it finishes (or stop it), or "
-                                    "rerun without --no-wait to wait for it") from None
-            say(f"{folder}: in use by {holder}; waiting for it to finish")
-            fcntl.flock(fd, fcntl.LOCK_EX)
+            _wait_for_flock(fd, lock, folder, started, limit, say)
         except OSError as e:
             if e.errno not in FLOCK_UNSUPPORTED:
                 raise
             if made:
                 lock.unlink(missing_ok=True)
             os.close(fd)
-            return _exclusive_lock(lock, folder, wait, say)
+            return _exclusive_lock(lock, folder, started, limit, say)
         if _names(lock, fd):
             if made:
                 try:  # who holds it, for a waiter's message; a full disk leaves it empty, and the lock holds
-                    os.pwrite(fd, holder_line().encode(), 0)
+                    os.pwrite(fd, holder_record(), 0)
                 except OSError:
                     pass
                 return fd
+            holder, record = _holder(fd)
+            if record:
+                say(_taken_over(folder, holder))
             lock.unlink()  # a stale file, its holder killed: ours is made anew, so we write only into our own
         os.close(fd)
+
+
+def _wait_for_flock(fd: int, lock: Path, folder: Path, started: float, limit: float | None, say):
+    """Until fd's flock is ours; closes fd and raises if it is not to be waited for (longer)."""
+    holder, record = _holder(fd)
+    if limit is None:
+        os.close(fd)
+        raise TrainingError(f"{folder}: in use by {holder}; wait until it finishes (or stop it), or "
+                            "rerun without --no-wait to wait for it")
+    say(f"{folder}: in use by {holder}; waiting for it to finish")
+    while True:
+        try:
+            return fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:  # read again: a holder that had only just made the file writes its record next
+            error = _overdue(folder, lock, *_holder(fd), started, limit)
+            if error:
+                os.close(fd)
+                raise error from None
+            time.sleep(POLL_SECONDS)
 
 
 _FLOCKLESS: set[str] = set()  # mounts found without flock, in this process
 
 
-def _exclusive_lock(lock: Path, folder: Path, wait: bool, say) -> int:
+def _exclusive_lock(lock: Path, folder: Path, started: float, limit: float | None, say) -> int:
     """The lock where the filesystem has no flock: the lock file made with O_EXCL (atomic on NFS and
     Lustre) holds it until its holder removes it. A holder on this host that is gone left it stale; one on
     another host cannot be checked from here."""
@@ -147,7 +212,7 @@ def _exclusive_lock(lock: Path, folder: Path, wait: bool, say) -> int:
             fd = None
         if fd is not None:
             try:
-                os.pwrite(fd, holder_line().encode(), 0)
+                os.pwrite(fd, holder_record(), 0)
             except OSError:
                 pass
             return fd
@@ -155,19 +220,22 @@ def _exclusive_lock(lock: Path, folder: Path, wait: bool, say) -> int:
             fd, _ = _open_lock(lock, folder)
         except FileNotFoundError:  # removed by its holder meanwhile
             continue
-        holder = _holder(fd)
+        holder, record = _holder(fd)
         os.close(fd)
-        found = re.match(r"process (\d+) on (\S+) ", holder)
-        if found and found[2] == socket.gethostname() and not _alive(int(found[1])):
-            lock.unlink(missing_ok=True)  # its holder was killed on this host
+        if _on_this_host(record) and not _alive(record["pid"]):
+            say(_taken_over(folder, holder))
+            lock.unlink(missing_ok=True)
             continue
-        if not wait:
+        if limit is None:
             raise TrainingError(f"{folder}: in use by {holder}; wait until it finishes (or stop it; if it is gone, "
                                 f"remove {lock}), or rerun without --no-wait to wait for it")
         if not waiting:
             say(f"{folder}: in use by {holder}; waiting for it to finish (if it is gone, remove {lock})")
             waiting = True
-        time.sleep(1.0)
+        error = _overdue(folder, lock, holder, record, started, limit)
+        if error:
+            raise error
+        time.sleep(POLL_SECONDS)
 
 
 def _alive(pid: int) -> bool:
@@ -201,14 +269,15 @@ def _release(lock: Path, fd: int):
 @contextmanager
 def held(folders, wait: bool = True, say=print):
     """Hold every folder of `folders` (in path order, so two processes never wait on each other). One held
-    by another process: wait for it, saying which process holds it (its pid, host and command), or with
-    wait=False stop in one line."""
+    by another process: wait for it, saying which process holds it (its pid, host, start and command), as
+    long as it runs on this host and at most wait_seconds() otherwise; or with wait=False stop in one line."""
+    limit = wait_seconds() if wait else None
     with ExitStack() as stack:
         for folder in sorted({Path(f).resolve() for f in folders}):
             lock = lock_file(folder)
             made = [p for p in (lock.parent, *lock.parent.parents) if not p.exists()]
             lock.parent.mkdir(parents=True, exist_ok=True)
-            fd = _lock(lock, folder, wait, say)
+            fd = _lock(lock, folder, limit, say)
             stack.callback(_remove_empty, made)
             stack.callback(_release, lock, fd)
         yield

@@ -184,3 +184,37 @@ ISSUE34 = [
     case("rehearse --compile", ["rehearse", "--scale", "smoke", "--compile"], "--compile"),
     case("rehearse --no-wait", ["rehearse", "--scale", "smoke", "--no-wait"], "--no-wait"),
 ]
+
+
+def environment(**values):
+    """The case's process environment: torchrun's variables as given, the others unset."""
+    def setup(case, monkeypatch):
+        for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
+            monkeypatch.delenv(name, raising=False)
+        for name, value in values.items():
+            if value is not None:
+                monkeypatch.setenv(name, value)
+    return setup
+
+
+TORCHRUN = dict(RANK="0", WORLD_SIZE="2", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT="29500")
+
+
+# Issue 40: what the environment of a launch can hold.
+LAUNCH_ENVIRONMENT = [
+    case("a stray RANK", TRAIN_RUN, ("RANK", "MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "torchrun", "unset RANK"),
+         setup=environment(RANK="0")),
+    case("a stray RANK of another rank than 0", TRAIN_RUN, ("RANK", "MASTER_ADDR", "torchrun", "unset RANK"),
+         setup=environment(RANK="3")),
+    case("a stray WORLD_SIZE", TRAIN_RUN, ("WORLD_SIZE", "RANK", "torchrun", "unset WORLD_SIZE"),
+         setup=environment(WORLD_SIZE="4")),
+    case("a stray LOCAL_RANK", TRAIN_RUN, ("LOCAL_RANK", "RANK", "torchrun", "unset LOCAL_RANK"),
+         setup=environment(LOCAL_RANK="0")),
+    case("torchrun's variables without MASTER_PORT", TRAIN_RUN, ("MASTER_PORT", "torchrun"),
+         setup=environment(**{**TORCHRUN, "MASTER_PORT": None})),
+    case("RANK not a number", TRAIN_RUN, ("RANK", "x", "torchrun"), setup=environment(**{**TORCHRUN, "RANK": "x"})),
+    case("RANK past WORLD_SIZE", TRAIN_RUN, ("RANK", "WORLD_SIZE", "torchrun"),
+         setup=environment(**{**TORCHRUN, "RANK": "2"})),
+    case("NORMGROW_LOCK_WAIT not a number", TRAIN_RUN, ("NORMGROW_LOCK_WAIT", "soon", "forever"),
+         setup=lambda case, monkeypatch: monkeypatch.setenv("NORMGROW_LOCK_WAIT", "soon")),
+]

@@ -10,6 +10,8 @@ import math
 import os
 import shutil
 import socket
+import subprocess
+import sys
 import threading
 from pathlib import Path
 
@@ -31,6 +33,11 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 # ---- cause 1: a lock file is the kit's own plain file, and what it holds is data ----------------------------
+
+def held_by_us(lock: Path) -> bool:
+    record = json.loads(lock.read_text())
+    return (record["host"], record["pid"]) == (socket.gethostname(), os.getpid())
+
 
 def refused_lock(folder: Path, what: str):
     with pytest.raises(errors.TrainingError) as e:
@@ -82,26 +89,32 @@ def test_a_stale_lock_file_is_replaced_never_written_into(tmp_path):
     lock.write_text("someone else's text")
     with open(lock) as old:  # the stale file's own inode, as its maker sees it
         with locks.held([folder]):
-            assert lock.read_text().startswith(f"process {os.getpid()} on {socket.gethostname()} (")
+            assert held_by_us(lock)
             assert os.fstat(old.fileno()).st_ino != os.stat(lock).st_ino
         assert Path(f"/proc/self/fd/{old.fileno()}").read_text() == "someone else's text"
     assert not lock.exists()
 
 
-def test_a_holder_line_names_the_host_and_is_printed_as_one_line_of_data(tmp_path):
-    """A forged holder line with a newline, an "Error:" and terminal escapes is shown escaped, bounded, on
-    the kit's one line (before: printed raw, a second "Error:" line)."""
+FORGED = "x\nError: forged second line\x1b[31m" + "y" * 1000  # past the 300 characters shown, within the 4 KiB read
+
+
+@pytest.mark.parametrize("forged", ["process 1 on h (" + FORGED, json.dumps(dict(host="h", pid=1, since="", command=FORGED)),
+                                    "[" * 4000])
+def test_a_holder_line_names_the_host_and_is_printed_as_one_line_of_data(tmp_path, forged):
+    """A forged holder line or record with a newline, an "Error:" and terminal escapes is shown escaped,
+    bounded, on the kit's one line (before: printed raw, a second "Error:" line); JSON nested too deep for
+    the parser is shown as text."""
     folder = tmp_path / "run"
     with locks.held([folder]):
         lock = locks.lock_file(folder)
-        assert f" on {socket.gethostname()} (" in lock.read_text()
-        lock.write_text("process 1 on h (x)\nError: forged second line\x1b[31m" + "y" * 5000)
+        assert held_by_us(lock)
+        lock.write_text(forged)
         with pytest.raises(errors.TrainingError) as e:
             with locks.held([folder], wait=False):
                 pass
     line = str(e.value)
-    assert "\n" not in line and "\x1b" not in line and "\\nError: forged" in line and "\\x1b[31m" in line
-    assert len(line) < 600
+    assert "\n" not in line and "\x1b" not in line and len(line) < 600
+    assert forged.startswith("[") or ("\\nError: forged" in line and "\\x1b[31m" in line)
 
 
 def test_where_flock_is_unsupported_an_exclusive_lock_file_holds_the_folder(tmp_path, monkeypatch):
@@ -116,7 +129,7 @@ def test_where_flock_is_unsupported_an_exclusive_lock_file_holds_the_folder(tmp_
     lock = locks.lock_file(folder)
     with locks.held([folder, tmp_path / "data"], say=said.append):  # one line for the mount, not per folder
         assert len(said) == 1 and "does not support flock" in said[0] and locks.mount_of(tmp_path) in said[0]
-        assert lock.read_text().startswith(f"process {os.getpid()} on {socket.gethostname()} (")
+        assert held_by_us(lock)
         with pytest.raises(errors.TrainingError, match=f"in use by process {os.getpid()} on {socket.gethostname()}"):
             with locks.held([folder], wait=False, say=said.append):
                 pass
@@ -125,9 +138,9 @@ def test_where_flock_is_unsupported_an_exclusive_lock_file_holds_the_folder(tmp_
     if dead == 0:
         os._exit(0)
     os.waitpid(dead, 0)
-    lock.write_text(f"process {dead} on {socket.gethostname()} (repro.py train)")
+    lock.write_text(lock_record(socket.gethostname(), dead))
     with locks.held([folder], wait=False, say=said.append):  # its holder is gone: stale, taken over
-        assert lock.read_text().startswith(f"process {os.getpid()} ")
+        assert held_by_us(lock)
     lock.write_text("process 7 on another-node-17 (repro.py train)")
     with pytest.raises(errors.TrainingError, match=f"another-node-17.*remove {lock}"):
         with locks.held([folder], wait=False, say=said.append):
@@ -145,9 +158,104 @@ def test_where_flock_is_unsupported_an_exclusive_lock_file_holds_the_folder(tmp_
         waiter.join(timeout=1.5)
         assert waiter.is_alive() and len(got) == 1 and "waiting for it" in got[0] and str(lock) in got[0]
     waiter.join(timeout=5)
-    assert not waiter.is_alive() and lock.read_text().startswith(f"process {os.getpid()} ")  # the waiter holds it
+    assert not waiter.is_alive() and held_by_us(lock)  # the waiter holds it
     holding[0].__exit__(None, None, None)
     assert not lock.exists()
+
+
+# ---- a requeue on another node: the lock a job left on the shared filesystem ------------------------------
+
+def lock_record(host: str, pid: int) -> str:
+    """A lock file as the kit writes it (JSON: who holds the folder and since when), written by hand."""
+    return json.dumps({"host": host, "pid": pid, "since": "2026-01-02T03:04:05+00:00", "command": "repro.py all"})
+
+
+FLOCK_AS = ("import fcntl, os, sys, time\nfd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT)\n"
+            "fcntl.flock(fd, fcntl.LOCK_EX)\nos.write(fd, sys.argv[2].encode())\nprint('held', flush=True)\n"
+            "time.sleep(600)\n")
+
+
+def no_flock(fd, operation):
+    raise OSError(errno.ENOSYS, "Function not implemented")
+
+
+def hold_in_thread(folder: Path, said: list) -> tuple[threading.Thread, list]:
+    outcome = []
+
+    def hold():
+        try:
+            with locks.held([folder], say=said.append):
+                outcome.append("held")
+        except errors.TrainingError as e:
+            outcome.append(str(e))
+    waiter = threading.Thread(target=hold, daemon=True)
+    waiter.start()
+    return waiter, outcome
+
+
+@pytest.mark.parametrize("flock", [True, False])
+def test_a_lock_of_a_job_on_another_host_is_given_up_after_the_stated_wait(tmp_path, monkeypatch, flock):
+    """A requeued job finds the lock its predecessor, killed on another node, left on the shared filesystem:
+    the file with its flock still held (an NFS server keeps a crashed client's lock) or, without flock, the
+    file itself. After NORMGROW_LOCK_WAIT seconds (2 here) it stops in one line naming the holder's host,
+    pid and start and the fix, and leaves the file. Before: it waited forever (this test's thread hung)."""
+    folder, said = tmp_path / "run", []
+    lock, record = locks.lock_file(folder), lock_record("node-b", 4242)
+    monkeypatch.setenv("NORMGROW_LOCK_WAIT", "2")
+    holder = None
+    if flock:  # a process of this host holds the flock, its record naming another host, as NFS's server would
+        holder = subprocess.Popen([sys.executable, "-c", FLOCK_AS, str(lock), record], stdout=subprocess.PIPE, text=True)
+        assert holder.stdout.readline().strip() == "held"
+    else:
+        monkeypatch.setattr(fcntl, "flock", no_flock)
+        lock.write_text(record)
+    try:
+        waiter, outcome = hold_in_thread(folder, said)
+        waiter.join(timeout=60)
+        assert not waiter.is_alive(), f"still waiting 60 s past NORMGROW_LOCK_WAIT=2: {said}"
+    finally:
+        if holder:
+            holder.kill()
+    line = outcome[0]
+    assert "\n" not in line and "held by process 4242 on node-b since 2026-01-02T03:04:05+00:00 (repro.py all)" in line
+    assert "2 s" in line and f"remove {lock}" in line and "NORMGROW_LOCK_WAIT=forever" in line
+    assert lock.read_text() == record  # the other job's file is left as it was
+
+
+@pytest.mark.parametrize("flock", [True, False])
+def test_a_lock_of_a_process_gone_from_this_host_is_taken_over_saying_so(tmp_path, monkeypatch, flock):
+    folder, said = tmp_path / "run", []
+    lock = locks.lock_file(folder)
+    if not flock:
+        monkeypatch.setattr(fcntl, "flock", no_flock)
+        monkeypatch.setattr(locks, "_FLOCKLESS", {locks.mount_of(tmp_path)})
+    dead = os.fork()
+    if dead == 0:
+        os._exit(0)
+    os.waitpid(dead, 0)
+    lock.write_text(lock_record(socket.gethostname(), dead))
+    with locks.held([folder], wait=False, say=said.append):
+        assert json.loads(lock.read_text())["pid"] == os.getpid()
+    assert len(said) == 1 and f"process {dead} on {socket.gethostname()} since 2026-01-02T03:04:05" in said[0]
+    assert "is gone" in said[0] and "taking it over" in said[0]
+
+
+def test_a_live_holder_on_this_host_is_waited_for_past_the_stated_wait(tmp_path, monkeypatch):
+    """A holder this host sees alive is a job at work (two experiments sharing a teacher): waited for."""
+    folder, said = tmp_path / "run", []
+    monkeypatch.setenv("NORMGROW_LOCK_WAIT", "0.5")
+    holder = subprocess.Popen([sys.executable, "-c", "import sys, time\nfrom plumbing import locks\n"
+                               "with locks.held([sys.argv[1]]):\n    print('held', flush=True)\n    time.sleep(600)\n",
+                               str(folder)], cwd=ROOT, stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        waiter, outcome = hold_in_thread(folder, said)
+        waiter.join(timeout=3)
+        assert waiter.is_alive() and outcome == [] and f"process {holder.pid} on {socket.gethostname()}" in said[0]
+    finally:
+        holder.kill()
+    waiter.join(timeout=30)
+    assert outcome == ["held"]
 
 
 # ---- cause 2: every JSON number is finite; done.json agrees with its run and with what a CE can be ---------

@@ -113,6 +113,32 @@ def test_bad_cli_values_give_one_line(args, message):
     assert len(lines) == 1 and message in lines[0] and "Traceback" not in out.stderr, out.stderr
 
 
+def probe_runs_folder(folder: Path, calls: int, start) -> list[str]:
+    start.wait()
+    failures = []
+    for _ in range(calls):
+        try:
+            suite.writable_dir(folder, "--runs-dir")
+        except errors.OptionError as e:
+            failures.append(str(e))
+    return failures
+
+
+def test_ranks_that_probe_the_runs_folder_at_once_all_find_it_writable(tmp_path):
+    """Every rank of a launch probes the runs folder as it starts (suite.workspace). 8 processes x 400
+    probes of one folder, released together: none fails, and no probe is left behind. Before the fix each
+    wrote and deleted the same `.write-test` and one rank deleted another's: "runs is not a writable
+    folder (No such file or directory)"."""
+    import multiprocessing
+    context = multiprocessing.get_context("fork")
+    start = context.Manager().Barrier(8)
+    with context.Pool(8) as pool:
+        results = pool.starmap(probe_runs_folder, [(tmp_path, 400, start)] * 8)
+    failures = [f for r in results for f in r]
+    assert failures == [], f"{len(failures)} of 3200 probes failed: {failures[0]}"
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_edited_preset_is_refused_then_forced_without_redoing_what_matches(tmp_path):
     preset = presets.PRESETS["smoke"]
     original = suite.Workspace(preset, tmp_path / "smoke", tmp_path / "results", devices.Dist())

@@ -77,7 +77,7 @@ HOLD = ("import sys, time\nfrom plumbing import locks\nwith locks.held([sys.argv
 
 def test_a_held_folder_is_waited_for_or_refused_and_a_killed_holder_releases_it(tmp_path):
     """Another process holds a run folder: --no-wait stops in one line naming its pid; a waiter says who
-    it waits for and takes the folder once the holder is SIGKILLed; nothing is left beside the folder."""
+    it waits for and takes the folder once the holder is SIGKILLed, saying so; nothing is left beside the folder."""
     import threading
     folder = tmp_path / "runs" / "smoke" / "s42" / "pre-grow"
     holder = subprocess.Popen([sys.executable, "-c", HOLD, str(folder)], cwd=ROOT, stdout=subprocess.PIPE, text=True)
@@ -90,8 +90,9 @@ def test_a_held_folder_is_waited_for_or_refused_and_a_killed_holder_releases_it(
         threading.Timer(1.0, holder.send_signal, (signal.SIGKILL,)).start()
         with locks.held([folder], say=said.append):
             assert holder.wait(timeout=5) == -signal.SIGKILL  # we got the folder only after the kill
-            assert locks.lock_file(folder).read_text().startswith(f"process {os.getpid()} ")
-        assert len(said) == 1 and f"in use by process {holder.pid}" in said[0] and "waiting" in said[0]
+            assert json.loads(locks.lock_file(folder).read_text())["pid"] == os.getpid()
+        assert len(said) == 2 and f"in use by process {holder.pid}" in said[0] and "waiting" in said[0]
+        assert f"left by process {holder.pid}" in said[1] and "gone; taking it over" in said[1]  # killed: its file stays
     finally:
         holder.kill()
     assert not list((tmp_path / "runs").rglob("*.lock"))  # the lock file went with its last holder
