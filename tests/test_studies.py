@@ -12,9 +12,42 @@ from pathlib import Path
 import pytest
 
 from experiments import studies
+from plumbing import errors
 
 ROOT = Path(__file__).resolve().parents[1]
-pytestmark = pytest.mark.slow
+
+
+def sealed(record: dict) -> dict:
+    return {**record, "sha256": studies.digest({k: v for k, v in record.items() if k != "sha256"})}
+
+
+def test_a_record_reads_back_only_as_written(tmp_path):
+    """read_record: the record's own sha256 over its canonical JSON; one changed number is refused."""
+    record = sealed({"format": studies.FORMAT, "done": {"ce": 3.25, "step": 750}, "identity": {}})
+    path = tmp_path / "r.json"
+    path.write_text(json.dumps(record, indent=2))
+    assert studies.read_record(path) == record
+    path.write_text(json.dumps({**record, "done": {"ce": 3.24, "step": 750}}))
+    with pytest.raises(errors.TrainingError, match="does not match its sha256"):
+        studies.read_record(path)
+
+
+def test_the_config_hash_ignores_fields_at_their_default_and_observers_only():
+    """A field added to RunConfig later, at its default, leaves every record valid; a setting that trains
+    differently does not; the monitor's thresholds only observe."""
+    base = {"name": "pre-grow", "lr": 6e-3, "seed": 42, "relative_to_run": True}
+    digest = studies.digest(studies.training_settings(base))
+    assert studies.digest(studies.training_settings({**base, "append_init": "default", "monitor_interval": 25})) == digest
+    assert studies.digest(studies.training_settings({**base, "append_init": "matched"})) != digest
+    assert studies.digest(studies.training_settings({**base, "lr": 6.1e-3})) != digest
+
+
+def test_a_record_keeps_evaluations_events_and_each_phases_last_step():
+    rows = [{"step": 0, "phase": 0, "eval": True, "ce": 9.0}, {"step": 1, "phase": 0, "loss": 5.0},
+            {"step": 2, "phase": 0, "loss": 4.0, "time": 2.0}, {"step": 2, "phase": 0, "eval": True, "ce": 4.5},
+            {"step": 2, "event": "transition", "block": 1}, {"step": 3, "phase": 1, "loss": 3.0, "time": 3.0},
+            {"step": 3, "monitor": True, "boundaries": []}]
+    assert studies.kept_rows(rows) == [rows[0], rows[2], rows[3], rows[4], rows[5], rows[6]]
 
 
 def ideas(runs: Path, records: Path, results: Path, *extra: str, env: dict | None = None) -> subprocess.CompletedProcess:
@@ -51,6 +84,7 @@ def study(tmp_path_factory):
     return base, first, second
 
 
+@pytest.mark.slow
 def test_a_study_split_over_two_fresh_folders_gives_the_tables_of_one_go(study):
     base, first, second = study
     recorded_first = [p for p in (base / "records").rglob("*.json")]
@@ -68,6 +102,7 @@ def test_a_study_split_over_two_fresh_folders_gives_the_tables_of_one_go(study):
         assert one["identity"] == split["identity"]
 
 
+@pytest.mark.slow
 def test_a_fresh_folder_with_every_record_trains_nothing(study, tmp_path):
     base, _, _ = study
     dry = ideas(tmp_path / "runs", base / "records", tmp_path / "results", "--dry-run")
@@ -94,6 +129,7 @@ def edited(records: Path, tmp: Path, change, reseal: bool) -> Path:
     return path
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("change, reseal, says", [
     (lambda r: r["done"].update(ce=r["done"]["ce"] - 0.1), False, "does not match its sha256 (edited by hand"),
     (lambda r: r["identity"].update(config_sha256="0" * 64), True, "stale, the run's settings changed"),

@@ -61,6 +61,7 @@ def print_study(name: str, ws: suite.Workspace, seeds: list[int]):
     lines = [f"records in {ws.records / ws.runs.name}: {len(status.recorded)} of {total} runs recorded"
              + "".join(f"; {n} on {m}" for m, n in machines.items()),
              *(f"stale: {studies.record_path(job)} ({why})" for job, why in status.stale),
+             *([f"to train: {', '.join(f'{job.label}' for job in status.remaining)}"] if status.remaining else []),
              f"remaining: {len(status.remaining) + len(status.stale)} runs, {plan.flops_text(flops)}"
              + ("" if chosen else "; and the search's chosen schedule on each seed unless it is pre-grow or post-grow")
              + (f": {plan.cpu_estimate(flops, ws.preset.run['precision'], ws.results.parent / 'bench.json')}"
