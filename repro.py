@@ -109,6 +109,9 @@ set_option = click.option("--set", "overrides", multiple=True, metavar="SECTION.
 lockstep_option = click.option("--lockstep/--no-lockstep", default=None, help="Train the runs of a seed that read "
                                "the same batches together, on one teacher pass per batch (same results as apart). "
                                "Default: on, except on a GPU where they would not fit (see --dry-run).")
+records_option = click.option("--records-dir", type=click.Path(path_type=Path), default=None, help="Each finished "
+                              "run's record, read back before training (default: the kit's references/records/; at "
+                              "smoke scale none; experiments/studies.py).")
 force_option = click.option("--force", is_flag=True, help="Discard data, a teacher or runs made with other settings "
                             "(an edited preset) and redo them; what matches is reused.")
 
@@ -248,28 +251,24 @@ cli = Repro("cli", context_settings={"help_option_names": ["-h", "--help"]},
 @scale_option
 @seeds_option("Comma-separated seeds, e.g. 42,43,44: every needed run per seed, mean ± std and a 95% "
               "interval per number. Default: the paper's seed (42).")
+@records_option
 @experiment_options
-def run_experiments(wanted, scale, seeds, dry_run, gpu, gpus, nodes, overrides, compile_flag, device, tracker, no_wait,
-                    lockstep, force, runs_dir, results_dir):
+def run_experiments(wanted, scale, seeds, records_dir, dry_run, gpu, gpus, nodes, overrides, compile_flag, device, tracker,
+                    no_wait, lockstep, force, runs_dir, results_dir):
     """Run EXPERIMENTS (default: all) at a scale and write results/<scale>/<experiment>.md/.json/.png."""
     names, runs = chosen_experiments(wanted)
     ws, seeds = seeded_workspace(scale, seeds, None, runs_dir, results_dir, dry_run, overrides, compile_flag, device,
                                  tracker, lockstep, no_wait)
+    ws = studies.attach(ws, records_dir or (None if scale == "smoke" else studies.RECORDS_DIR))
     if dry_run:
         preflight.print_dry_run(scale, [("", ws, plan.planned_runs(ws, runs, seeds[0]))], seeds, gpu, gpus, nodes)
+        preflight.print_records(ws, studies.suite_jobs(ws, runs, seeds))
         return
     ws.results.mkdir(parents=True, exist_ok=True)
     started = time.time()
+    studies.restore_suite(ws, names, runs, seeds, force)
     suite.ensure_runs(ws, runs, seeds, force)
-
-    def write_reports():  # rank 0's alone; the other ranks wait for it, then all leave together
-        for name in names:
-            tables.report_experiment(ws, name, seeds)
-            rundir.kill_point("reported", name)
-        if not ws.preset.teacher:
-            suite.console.print(suite.teacher_summary(ws, runs, seeds))
-        suite.console.print(f"done in {time.time() - started:,.0f} s; results in {ws.results}")
-    ws.ctx.on_main(write_reports, "the reports and their diagnostics")
+    ws.ctx.on_main(lambda: preflight.write_reports(ws, names, runs, seeds, started), "the reports and their diagnostics")
 
 
 @cli.command()
@@ -350,8 +349,7 @@ def beyond_command(name: str, module):
     @cli.command(name, help=experiment.__doc__)
     @scale_option
     @seeds_option("Comma-separated seeds. Default: 42,43,44 at toy scale, 42 elsewhere.")
-    @click.option("--records-dir", type=click.Path(path_type=Path), default=None, help="Each finished run's record, "
-                  "read back before training (default: the kit's references/records/; at smoke scale none).")
+    @records_option
     @experiment_options
     def command(scale, seeds, records_dir, dry_run, gpu, gpus, nodes, overrides, compile_flag, device, tracker, no_wait,
                 lockstep, force, runs_dir, results_dir):

@@ -319,6 +319,23 @@ def machines_markdown(rows: list[dict]) -> list[str]:
     return lines + [f"| {r['run']} | {r['machine']} | {r['wall_seconds'] / 60:.1f} min | {r['commit']} |" for r in rows]
 
 
+# The tables that read only what a record keeps (final and per-phase evaluations, the last block's removal, each
+# phase's last step): a study of them restores its recorded runs; others (diagnostics over checkpoints,
+# curves) read weights or every step, so their runs are recorded but trained where they have no folder.
+RECORD_COMPLETE = ("table1", "table2", "table3", "tableA2", "tableA3")
+
+
+def suite_jobs(ws: Workspace, runs, seeds: list[int]) -> list[Job]:
+    return [Job(ws, run, seed) for seed in seeds for run in suite.with_prefixes(runs)]
+
+
+def restore_suite(ws: Workspace, names: list[str], runs, seeds: list[int], force: bool):
+    """`repro.py run`'s study: its recorded runs restored where every experiment asked is RECORD_COMPLETE."""
+    if ws.records is not None and set(names) <= set(RECORD_COMPLETE):
+        teacher = suite.ensure_inputs(ws, force)
+        ws.ctx.on_main(lambda: restore(suite_jobs(ws, runs, seeds), teacher, force), "restoring records")
+
+
 def attach(ws: Workspace, records: Path | None) -> Workspace:
     """The workspace, recording each finished run under `records` (None: no records)."""
     return replace(ws, records=records, on_finished=record_finished if records is not None else None)

@@ -144,3 +144,21 @@ def test_an_edited_or_stale_record_stops_the_study_in_one_line(study, tmp_path, 
     line = out.stderr.strip().splitlines()[-1]
     assert str(path) in line and says in line
     assert student_folders(tmp_path / "runs") == [] and path.read_bytes() == before  # nothing trained or rewritten
+
+
+@pytest.mark.slow
+def test_a_table_over_seeds_is_a_study_too(tmp_path):
+    """`repro.py table1 --seeds 42,43` records its runs; in a fresh runs folder the same command restores them
+    (no student trains: no checkpoint anywhere) and writes the same table."""
+    def table1(runs: Path, results: Path):
+        done = subprocess.run([sys.executable, str(ROOT / "repro.py"), "table1", "--scale", "smoke", "--seeds", "42,43",
+                               "--runs-dir", str(runs), "--records-dir", str(tmp_path / "records"), "--results-dir",
+                               str(results)], cwd=ROOT, capture_output=True, text=True, timeout=1800,
+                              env={**os.environ, "OMP_NUM_THREADS": "1"})
+        assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+        return json.loads((results / "smoke" / "table1.json").read_text())
+    first = table1(tmp_path / "a", tmp_path / "a-results")
+    assert len(list((tmp_path / "records" / "smoke").rglob("*.json"))) == 8  # 4 runs x 2 seeds
+    assert table1(tmp_path / "b", tmp_path / "b-results") == first
+    assert all(not any(f.name.startswith(("phase-", "latest")) for f in p.parent.iterdir())
+               for p in student_folders(tmp_path / "b"))

@@ -15,6 +15,7 @@ import os
 import re
 import shutil
 import tempfile
+import time
 import warnings
 from pathlib import Path
 
@@ -43,16 +44,24 @@ def print_dry_run(scale: str, groups, seeds: list[int], gpu: str, gpus: int | No
 
 
 def print_study(name: str, ws: suite.Workspace, seeds: list[int]):
-    """A study's dry run (ideas, where ws.records is set): its runs recorded (and on which machines), stale
-    (and why) or remaining, and what the remaining ones cost on this CPU."""
+    """The ideas study's records (where ws.records is set): with the search recorded, its choice's runs too."""
     if name != "ideas" or ws.records is None:
         return
     teacher = suite.expected_teacher(ws)
     status = studies.survey(ideas.manifest(ws, seeds), teacher, check_data=False)
     search = {job.run: studies.recorded_ce(record) for job, record in status.recorded if job.seed == ideas.SEARCH_SEED}
     chosen = ideas.choose(search) if len(search) == len(ideas.search_runs(ws.preset.run["blocks"])) else None
-    if chosen is not None:
-        status = studies.survey(ideas.manifest(ws, seeds, chosen), teacher, check_data=False)
+    print_records(ws, ideas.manifest(ws, seeds, chosen), "" if chosen else
+                  "; and the search's chosen schedule on each seed unless it is pre-grow or post-grow")
+
+
+def print_records(ws: suite.Workspace, jobs: list[studies.Job], more: str = ""):
+    """A study's dry run: its runs recorded (and on which machines), stale (and why) or remaining, and what the
+    remaining ones cost on this CPU."""
+    if ws.records is None:
+        return
+    teacher = suite.expected_teacher(ws)
+    status = studies.survey(jobs, teacher, check_data=False)
     machines: dict[str, int] = {}
     for _, record in status.recorded:
         machines[studies.machine(record)] = machines.get(studies.machine(record), 0) + 1
@@ -62,12 +71,21 @@ def print_study(name: str, ws: suite.Workspace, seeds: list[int]):
              + "".join(f"; {n} on {m}" for m, n in machines.items()),
              *(f"stale: {studies.record_path(job)} ({why})" for job, why in status.stale),
              *([f"to train: {', '.join(f'{job.label}' for job in status.remaining)}"] if status.remaining else []),
-             f"remaining: {len(status.remaining) + len(status.stale)} runs, {plan.flops_text(flops)}"
-             + ("" if chosen else "; and the search's chosen schedule on each seed unless it is pre-grow or post-grow")
+             f"remaining: {len(status.remaining) + len(status.stale)} runs, {plan.flops_text(flops)}" + more
              + (f": {plan.cpu_estimate(flops, ws.preset.run['precision'], ws.results.parent / 'bench.json')}"
                 if flops else ""),
              "(the data and teacher checksums are compared when it runs)"]
     suite.console.print("\n".join(lines), markup=False)
+
+
+def write_reports(ws: suite.Workspace, names: list[str], runs, seeds: list[int], started: float):
+    """`repro.py run`'s reports, on rank 0 (the other ranks wait for it, then all leave together)."""
+    for name in names:
+        tables.report_experiment(ws, name, seeds)
+        rundir.kill_point("reported", name)
+    if not ws.preset.teacher:
+        suite.console.print(suite.teacher_summary(ws, runs, seeds))
+    suite.console.print(f"done in {time.time() - started:,.0f} s; results in {ws.results}")
 
 
 def job_flops(job: studies.Job, teacher) -> float:
