@@ -122,8 +122,8 @@ def qwen3_tokenizer(vocab_size: int | None = None) -> Tokenizer:
 class IdVocabulary:
     """A synthetic corpus's own vocabulary: no text, the ids are the tokens. Ids 0..size-1 are the corpus's
     symbols and id `size` its fixed first token, which plays <|endoftext|>'s part for the kit (the shard's
-    `eot`, the padding id, the document boundary the diagnostics measure at position 0). A document is its
-    ids written in decimal and separated by spaces, so `encode` and `decode` invert each other."""
+    `eot`, the padding id, the document boundary the diagnostics measure at position 0). A corpus's document
+    is its ids in decimal separated by spaces; `decode` writes s<id> and <bos>, which `encode` also reads."""
 
     def __init__(self, size: int):
         if not (isinstance(size, int) and size >= 2):
@@ -136,10 +136,13 @@ class IdVocabulary:
         return f"IdVocabulary(n_vocab={self.n_vocab}, boundary={self.eot})"
 
     def encode(self, text: str, allowed_special=()) -> list[int]:
-        ids = [int(word) for word in text.split()]
+        try:
+            ids = [self.eot if word == "<bos>" else int(word.removeprefix("s")) for word in text.split()]
+        except ValueError:
+            ids = [-1]
         if any(not 0 <= i < self.n_vocab for i in ids):
-            raise DataError(f"{self.name}: an id outside 0..{self.n_vocab - 1} in {text[:40]!r}; write ids of this "
-                            "vocabulary")
+            raise DataError(f"{self.name}: {text[:40]!r} is not ids 0..{self.n_vocab - 1} (e.g. '3 17' or 's3 s17', "
+                            "<bos> for the first token); write ids of this vocabulary")
         return ids
 
     def decode(self, ids) -> str:
