@@ -21,7 +21,7 @@ import os
 import re
 import stat
 from dataclasses import dataclass
-from itertools import islice
+from itertools import count, islice
 from pathlib import Path
 from typing import Callable, Iterator
 
@@ -195,7 +195,7 @@ def _backcopy_corpus(n_val: int, seed: int, symbols: int = 64, triggers: int = 3
     chain, trigger_ids = backcopy_chain(symbols, triggers, seed)
 
     def endless():
-        for block in iter(int, 1):  # one block after another, each from its own generator
+        for block in count():  # one block after another, each from its own generator
             rng = np.random.default_rng([seed, 1, block])
             for row in backcopy_sequences(chain, trigger_ids, BACKCOPY_BLOCK, document_tokens, rng):
                 yield " ".join(map(str, row.tolist()))

@@ -33,6 +33,9 @@ def test_the_backcopy_corpus_is_its_seed_and_copies_after_every_trigger():
     first, again, other = backcopy_ids(42), backcopy_ids(42), backcopy_ids(43)
     assert first.shape == (3, 256) and np.array_equal(first, again)
     assert (first != other).mean() > 0.9  # 64 symbols: two independent streams agree ~1/64 of the time
+    # every document its own, across the generator's blocks of 256 too (a repeated block would be memorised)
+    many = backcopy_ids(42, 3 * corpora.BACKCOPY_BLOCK, document_tokens=8)
+    assert len({tuple(row) for row in many}) == len(many)
     chain, triggers = corpora.backcopy_chain(64, 3, 42)
     assert np.allclose(chain.sum(1), 1.0) and len(triggers) == 3
     stationary = np.linalg.matrix_power(chain, 4096)[0]
