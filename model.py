@@ -40,7 +40,7 @@ from interventions.boundary import (
     read_checkpoint_entries,
     structural_norm,
 )
-from interventions.monitor import attention_to_first, captured, record_attention
+from interventions.monitor import attention_to_first, captured, record_attention, visible_keys
 from plumbing.checkpoint import load_tensors, read_config, write_checkpoint
 from plumbing.devices import built_on_meta, fill_parameter, full_tensor, on_meta_device
 from plumbing.errors import CheckpointError
@@ -95,6 +95,7 @@ class Attention(nn.Module):
         # The boundary monitor and the diagnostics: when set, each forward also records how much every
         # query attends to position 0 (the document-boundary token), (B, n_heads, T), in first_attention.
         self.record_first_attention, self.first_attention = False, None
+        self.window = config.attention_window  # 0: every earlier key (Qwen3's); w: the w most recent only
 
     def project(self, x):
         """q and k (normalised per head) and v, each (B, heads, T, hd), before RoPE."""
@@ -110,9 +111,11 @@ class Attention(nn.Module):
         q, k, v = self.project(x)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         if self.record_first_attention:
-            self.first_attention = attention_to_first(q, k)
+            self.first_attention = attention_to_first(q, k, window=self.window)
         # NOTE: is_causal keeps SDPA on its fused path; right padding needs no mask (padding comes last).
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=self.n_kv != self.n_heads)
+        band = visible_keys(torch.arange(T, device=x.device), T, self.window) if self.window else None
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=band, is_causal=band is None,
+                                           enable_gqa=self.n_kv != self.n_heads)
         return self.o_proj(y.transpose(1, 2).reshape(B, T, self.n_heads * self.head_dim))
 
 

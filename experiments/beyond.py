@@ -34,7 +34,7 @@ import rundir
 from experiments import figures, presets, report, suite, tables
 from experiments.suite import RunName
 from experiments.tables import POST_GROW, PRE_GROW
-from plumbing import tokenizer
+from plumbing import corpora
 
 PLACEMENT_RUNS = ("pre", "post", "sandwich", "peri", "hybrid", "deepnorm", "pre,post,post")
 
@@ -424,7 +424,7 @@ def run_placements(ws: suite.Workspace, seeds: list[int], force: bool = False, p
 
 def scratch_shape(ws: suite.Workspace) -> dict:
     """The student's ModelConfig fields without a teacher: the teacher's shape, the data's vocabulary."""
-    vocab = tokenizer.qwen3_tokenizer(ws.preset.data["vocab_size"]).n_vocab
+    vocab = corpora.vocabulary(ws.preset.data).n_vocab
     return {**asdict(presets.teacher_shape(ws.preset)), "vocab_size": vocab}
 
 

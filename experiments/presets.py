@@ -108,6 +108,32 @@ PRESETS = {"smoke": PRESETS["smoke"], "toy": _toy,
                            run={**_toy.run, "phase_steps": 1000, "eval_interval": 500, "snapshot_interval": 500},
                            teacher_run={**_toy.teacher_run, "snapshot_interval": _toy.run["snapshot_interval"]}),
            "small": PRESETS["small"], "full": PRESETS["full"]}
+# mechanism: a miniature whose data are built so that the mechanism the paper's account rests on appears
+# (docs/preregistrations.md, 2026-12-03, fixed before any of its runs; issue 39). Bigram-Backcopy sequences
+# (Guo et al. 2024: sinks, drained values and residual peaks on the fixed first token in 1-3 layer models)
+# of 256 ids after a fixed first token (<bos>, the kit's document boundary), 64 symbols, 3 triggers. The
+# toy's ratios otherwise: S/T = 3/12, its width, init and LR transfer, warmup >= 20 steps, the paper's
+# alpha, gamma, tau and clip; the teacher 4x the documents of the longest-trained student (1,500 x 8, each
+# document once, against 3 x 250 x 4) and AdamW weight decay 0.1 for the teacher only (Gu et al. 2024: weight decay
+# encourages sinks; the students keep the paper's 0). mechanism-control: the same corpus and settings, every
+# attention layer (teacher and students) seeing only its 16 most recent keys (Gu et al. 2024: small windows
+# prevent the sink; the task needs 2), so the fixed first token is out of reach of all but the first 15 queries.
+_mechanism = Preset(
+    "mechanism", "a CPU miniature with the paper's mechanism by construction: Bigram-Backcopy ids after a fixed <bos>",
+    data=dict(source="backcopy", vocab_size=None, symbols=64, triggers=3, document_tokens=256, documents=12_064,
+              max_len=256, val_docs=64, all_documents=True),
+    run={**PAPER_RUN, "layers_per_block": 1, "phase_steps": 250, "global_batch": 4, "micro_batch": 4,
+         "lr": 3e-3, "min_lr": 3e-5, "warmup_frac": 0.1, "eval_interval": 125, "monitor_interval": 25, "eval_batch": 16,
+         "loss_chunk": 2048, "checkpoint_interval": 50, "snapshot_interval": 125, "precision": "auto"},
+    teacher_model=dict(_toy.teacher_model),
+    teacher_run=dict(phase_steps=1500, lr=3e-3, min_lr=1e-4, warmup_frac=0.1, eval_interval=250, global_batch=8,
+                     micro_batch=8, weight_decay=0.1),
+    diag=dict(docs=4, max_inputs=256, seed=42), doc_tokens=256.0)
+PRESETS["mechanism"] = _mechanism
+PRESETS["mechanism-control"] = replace(
+    _mechanism, name="mechanism-control", about="the mechanism scale with every attention layer windowed to its 16 "
+    "most recent keys: the same data, the first token out of reach (the causal test's control)",
+    teacher_model={**_mechanism.teacher_model, "attention_window": 16})
 # The interaction (Table 1's delta grow - delta joint) is the primary endpoint at toy and mini scale, read
 # before any mini run (README, "The mini scale"): post-norm wins under growth, as in the paper, if its 95%
 # interval lies below 0; a tie if its 90% interval lies inside +-TIE_MARGIN (two one-sided tests at 5%);
@@ -118,8 +144,10 @@ TIE_MARGIN = 0.01
 
 # The seeds of the commands that run several by default (`--seeds` overrides): the regime map's grid is
 # large, so two; the experiments beyond the paper three.
-DEFAULT_SEEDS = {"regime": {"smoke": [42], "toy": [42, 43], "mini": [42], "small": [42], "full": [42]},
-                 "beyond": {"smoke": [42], "toy": [42, 43, 44], "mini": [42], "small": [42], "full": [42]}}
+DEFAULT_SEEDS = {"regime": {"smoke": [42], "toy": [42, 43], "mini": [42], "small": [42], "full": [42],
+                            "mechanism": [42], "mechanism-control": [42]},
+                 "beyond": {"smoke": [42], "toy": [42, 43, 44], "mini": [42], "small": [42], "full": [42],
+                            "mechanism": [42, 43, 44], "mechanism-control": [42, 43, 44]}}
 
 
 # ----------------------------------------------------------------------------------------------
@@ -138,7 +166,7 @@ def teacher_shape(preset: Preset) -> ModelConfig:
     """The scale's teacher: a hub model's known shape, or the kit's own over the scale's vocabulary."""
     if preset.teacher:
         return ModelConfig(**HUB_TEACHERS[preset.teacher])
-    vocab = tokenizer.qwen3_tokenizer(preset.data["vocab_size"]).n_vocab
+    vocab = corpora.vocabulary(preset.data).n_vocab
     return ModelConfig(**{**preset.teacher_model, "vocab_size": vocab})
 
 
@@ -208,10 +236,11 @@ RANGES = {  # name: (lowest, highest); a tuple's values (phase_lrs, phase_warmup
     "hidden_size": (1, 65536), "intermediate_size": (1, 2**20), "num_hidden_layers": (1, 1024),
     "num_attention_heads": (1, 1024), "num_key_value_heads": (1, 1024), "head_dim": (1, 1024),
     "rope_theta": (1, 1e12), "rms_norm_eps": (1e-12, 1), "max_position_embeddings": (1, 2**24),
-    "initializer_range": (0, 10),
+    "initializer_range": (0, 10), "attention_window": (0, 2**24),
     # data, diag
     "vocab_size": (256, tokenizer.QWEN3_N_RANKS), "max_len": (1, 2**20), "val_docs": (1, 10**8),
-    "paragraphs_per_document": (1, 10**4), "document_chars": (0, 10**8), "docs": (1, 10**5), "max_inputs": (1, 2**20)}
+    "paragraphs_per_document": (1, 10**4), "document_chars": (0, 10**8), "docs": (1, 10**5), "max_inputs": (1, 2**20),
+    "symbols": (2, 2**20), "triggers": (0, 2**20), "document_tokens": (2, 2**20), "documents": (0, 10**9)}
 # Keys the kit sets itself for every run (from its data, teacher, protocol and shared prefix), or that
 # hold a structure with no command-line form: a --set of one would be replaced without a word.
 SET_BY_KIT = {"run": {"teacher", "train_data", "val_data", "replay_docs", "start_from", "joint_phases",

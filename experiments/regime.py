@@ -32,7 +32,7 @@ import model
 import paper
 import rundir
 from experiments import figures, presets, report, suite, tables
-from plumbing import checkpoint, errors, tokenizer
+from plumbing import checkpoint, corpora, errors
 
 GRIDS = {  # each axis's values; the preset's own value (1 or "ones") is the point they share
     "smoke": {"budget": (0.5, 1.0), "lr": (1.0, 2.0), "gain": ("ones", "teacher")},
@@ -329,7 +329,7 @@ def sink_summary(first_attention: list, layers) -> dict:
 
 def diagnose_rung(rws: suite.Workspace, seed: int, teacher: Path) -> dict:
     """The criterion at the end of pre-norm grow, the last monitor row, and the teacher measured alike."""
-    decode = tokenizer.qwen3_tokenizer(rws.preset.data["vocab_size"]).decode
+    decode = corpora.vocabulary(rws.preset.data).decode
     run_dir = rws.run_dir(SEARCH_RUN, seed)
     final = diag.checkpoint_series(run_dir)[-1]
     batch = tables.diagnostic_batch(rws)

@@ -13,7 +13,7 @@ import model
 import rundir
 from experiments import figures, report, suite, tables
 from experiments.presets import SINK
-from plumbing import errors, tokenizer
+from plumbing import corpora, errors
 
 SCAN_MASSIVE = 100.0  # max |activation| / median counted massive: Sun et al. 2024's ~10^3-10^4 at its low end
 
@@ -33,7 +33,7 @@ def run_scan(ws: suite.Workspace, teacher: Path, checkpoints: list[Path]) -> dic
     """diag.layer_scan of the scale's teacher and each student checkpoint on the fixed diagnostic batch:
     results/<scale>/scan.md, .json and scan.png."""
     blocks = {Path(c): checkpoint_blocks(c) for c in checkpoints}  # every path checked before any work
-    decode = tokenizer.qwen3_tokenizer(ws.preset.data["vocab_size"]).decode
+    decode = corpora.vocabulary(ws.preset.data).decode
     batch = tables.diagnostic_batch(ws)
     scans = {"teacher": diag.layer_scan(model.load_qwen3(teacher), batch, decode, SINK["attention"])}
     for path, active in blocks.items():

@@ -145,7 +145,7 @@ def check_corpus(preset: Preset):
     """--set data.*: the tokenizer and corpus as set exist (building them reads no document), before any folder."""
     d = preset.data
     try:
-        tokenizer.qwen3_tokenizer(d["vocab_size"])
+        corpora.vocabulary(d)
         corpus = corpora.corpus(d["source"], d["val_docs"], preset.run["seed"], **corpus_options(preset))
         if d["source"] == "local":  # its files read once now: a bad byte, line or count is one line before any folder
             corpus.validation_documents()
@@ -156,7 +156,7 @@ def check_corpus(preset: Preset):
 def data_summary(ws: Workspace, force: bool = False) -> Table:
     """`repro.py data`: the scale's shards, prepared (prepare_data), summarised side by side (data.summarize)."""
     train_shard, val_shard = prepare_data(ws, force)
-    enc = tokenizer.qwen3_tokenizer(ws.preset.data["vocab_size"])
+    enc = corpora.vocabulary(ws.preset.data)
     table = Table(title=f"data at scale {ws.preset.name} ({enc.name}); boundary tokens = leading <|endoftext|> per "
                         "document")
     summaries = {"train": data.summarize(train_shard, enc), "validation": data.summarize(val_shard, enc)}
@@ -172,7 +172,7 @@ def prepare_data(ws: Workspace, force: bool = False) -> tuple[data.Shard, data.S
     """Tokenize once, on rank 0; every rank then memory-maps the shards. Shards made from other
     inputs (an edited preset) are an error unless `force` rebuilds them."""
     d = ws.preset.data
-    enc = tokenizer.qwen3_tokenizer(d["vocab_size"])
+    enc = corpora.vocabulary(d)
     options = corpus_options(ws.preset)
     def prepare():  # by one process at a time (locks.held): another one preparing them is waited for
         with locks.held([ws.data_dir], ws.wait):
@@ -310,7 +310,7 @@ def run_settings(ws: Workspace, run: RunName, seed: int, teacher: Path | None = 
 def teacher_settings(ws: Workspace) -> dict:
     """The kit's own teacher: the scale's own run settings under teacher_run's (--set run.* changes the
     students only), plain CE pretraining of teacher_model over the scale's vocabulary."""
-    vocab = tokenizer.qwen3_tokenizer(ws.preset.data["vocab_size"]).n_vocab
+    vocab = corpora.vocabulary(ws.preset.data).n_vocab
     return {**PRESETS[ws.preset.name].run, **ws.preset.teacher_run, **shard_paths(ws), "name": "teacher",
             "protocol": "teacher", "norm": "pre", "replay_docs": len(data.Shard(ws.data_dir / "train", verify=False)),
             "teacher_config": {**ws.preset.teacher_model, "vocab_size": vocab}}
@@ -440,7 +440,7 @@ def ensure_inputs(ws: Workspace, force: bool = False) -> Path:
     else:
         prepare_data(ws, force)
         teacher = ensure_teacher(ws, force)
-    tokenizer.check_teacher_tokenizer(teacher, tokenizer.qwen3_tokenizer(ws.preset.data["vocab_size"]))
+    tokenizer.check_teacher_tokenizer(teacher, corpora.vocabulary(ws.preset.data))
     return teacher
 
 

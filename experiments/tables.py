@@ -31,7 +31,7 @@ from experiments import figures, report
 from experiments.presets import TIE_MARGIN
 from experiments.suite import RunName
 from paper import DELTAS, PAPER
-from plumbing import devices, errors, tokenizer
+from plumbing import corpora, devices, errors
 
 if TYPE_CHECKING:
     from experiments.suite import Workspace
@@ -86,7 +86,7 @@ def diagnostic_batch(ws: Workspace) -> data.Batch:
 @cache
 def series(ws: Workspace, run: RunName, seed: int) -> list[dict]:
     """diag.diagnose_checkpoint at every kept checkpoint of a run, in step order."""
-    decode = tokenizer.qwen3_tokenizer(ws.preset.data["vocab_size"]).decode
+    decode = corpora.vocabulary(ws.preset.data).decode
     return [{"step": c["step"], **diag.diagnose_checkpoint(load_student(ws, c["path"]), diagnostic_batch(ws),
                                                            decode, c["active_blocks"])}
             for c in diag.checkpoint_series(ws.run_dir(run, seed))]

@@ -15,8 +15,15 @@ import torch
 import torch.nn as nn
 
 
+def visible_keys(queries: torch.Tensor, T: int, window: int = 0) -> torch.Tensor:
+    """(len(queries), T) bool: key j is visible from query t when j <= t and, with a window w > 0, t - j < w
+    (the query and the w - 1 keys before it: Gu et al. 2024's shifted window; HF's sliding window)."""
+    keys = torch.arange(T, device=queries.device)[None, :]
+    return (keys <= queries[:, None]) & ((queries[:, None] - keys < window) if window else True)
+
+
 @torch.no_grad()
-def attention_to_first(q: torch.Tensor, k: torch.Tensor, max_elements: int = 2**26) -> torch.Tensor:
+def attention_to_first(q: torch.Tensor, k: torch.Tensor, max_elements: int = 2**26, window: int = 0) -> torch.Tensor:
     """(B, n_heads, T) float32: the causal softmax attention weight each query puts on key 0, from q
     (B, n_heads, T, hd) and k (B, n_kv, T, hd) after RoPE, as SDPA weighs them. exp(s_0 - logsumexp_j<=t
     s_j), computed over blocks of query rows so that a long sequence never holds all its scores."""
@@ -29,7 +36,7 @@ def attention_to_first(q: torch.Tensor, k: torch.Tensor, max_elements: int = 2**
     for start in range(0, T, rows):
         scores = torch.einsum("bkgtd,bksd->bkgts", q[:, :, :, start:start + rows], k) / math.sqrt(hd)
         t = torch.arange(start, min(start + rows, T), device=q.device)
-        scores = scores.masked_fill(torch.arange(T, device=q.device)[None, :] > t[:, None], float("-inf"))
+        scores = scores.masked_fill(~visible_keys(t, T, window), float("-inf"))
         out.append((scores[..., 0] - scores.logsumexp(-1)).exp())             # (B, nkv, g, rows)
     return torch.cat(out, dim=-1).reshape(B, n_heads, T)
 

@@ -35,6 +35,9 @@ class ModelConfig:
     tie_word_embeddings: bool = False
     max_position_embeddings: int = 40960
     initializer_range: float = 0.02
+    # The kit's own: each query attends to itself and the attention_window - 1 keys before it (0: every key
+    # before it, Qwen3's own). HF's sliding window of the same width (to_hf) on every layer.
+    attention_window: int = 0
 
     @classmethod
     def from_hf(cls, hf: dict, source: str = "config.json") -> "ModelConfig":
@@ -57,7 +60,9 @@ class ModelConfig:
         hf = asdict(self)
         hf.update(model_type="qwen3", architectures=["Qwen3ForCausalLM"], hidden_act="silu",
                   attention_bias=False, attention_dropout=0.0, torch_dtype="float32",
-                  rope_parameters={"rope_type": "default", "rope_theta": self.rope_theta})
+                  rope_parameters={"rope_type": "default", "rope_theta": self.rope_theta},
+                  use_sliding_window=self.attention_window > 0, sliding_window=self.attention_window or None,
+                  max_window_layers=0)
         return hf
 
 
@@ -79,7 +84,8 @@ def config_problem(values: dict) -> str:
         kind = type(defaults[name])
         if kind is bool and not isinstance(value, bool):
             return f"{name} is {value!r}, not true or false"
-        if kind is int and not (isinstance(value, int) and not isinstance(value, bool) and value >= 1):
+        if kind is int and not (isinstance(value, int) and not isinstance(value, bool)
+                                and (value >= 1 or name == "attention_window" and value == 0)):
             return f"{name} is {value!r}, not a positive integer"
         if kind is float and not (isinstance(value, (int, float)) and not isinstance(value, bool)
                                   and math.isfinite(value) and (value > 0 or name == "initializer_range" and value == 0)):

@@ -73,7 +73,7 @@ def matmul_peak(dtype: torch.dtype, n: int = 2048, repeats: int = 10) -> float:
 def toy_shapes() -> tuple[ModelConfig, int, int, int]:
     """(teacher config, student blocks, layers per block, batch tokens) of the toy preset."""
     preset = presets.PRESETS["toy"]
-    vocab = tokenizer.qwen3_tokenizer(preset.data["vocab_size"]).n_vocab
+    vocab = corpora.vocabulary(preset.data).n_vocab
     config = ModelConfig(**{**preset.teacher_model, "vocab_size": vocab})
     return config, preset.run["blocks"], preset.run["layers_per_block"], preset.run["global_batch"]
 
@@ -409,7 +409,7 @@ def bench_loader_data(data_dir: Path) -> data.Shard:
     if (data_dir / "train" / data.MANIFEST_FILE).is_file():
         return data.Shard(data_dir / "train")
     preset = presets.PRESETS["toy"]
-    enc = tokenizer.qwen3_tokenizer(preset.data["vocab_size"])
+    enc = corpora.vocabulary(preset.data)
     train, _ = data.prepare("toy", data_dir, enc, max_len=preset.data["max_len"], n_train_docs=None,
                             n_val_docs=preset.data["val_docs"], seed=preset.run["seed"], progress=False)
     return train

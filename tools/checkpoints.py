@@ -14,7 +14,7 @@ import data
 import model
 import nets
 from experiments import presets, suite
-from plumbing import devices, errors, hf_qwen3, tokenizer
+from plumbing import corpora, devices, errors, hf_qwen3, tokenizer
 from plumbing.checkpoint import read_config
 
 QWEN3_EOT = 151643  # <|endoftext|> in Qwen3's full vocabulary
@@ -37,7 +37,7 @@ def scales_for(vocab: int) -> list[str]:
     """The scales whose tokenizer a checkpoint's vocabulary fits (smoke and toy truncate Qwen3's; small
     and full share it, padded as Qwen3's checkpoints pad it)."""
     return [s for s, p in presets.PRESETS.items()
-            if vocabulary_fits(vocab, tokenizer.qwen3_tokenizer(p.data["vocab_size"]).eot)]
+            if vocabulary_fits(vocab, corpora.vocabulary(p.data).eot)]
 
 
 def scale_of(config: dict, runs_dir: Path, checkpoint: Path) -> str:
@@ -83,7 +83,7 @@ def export(student_dir: Path, out_dir: Path, force: bool, runs_dir: Path) -> mod
     check_export_target(student_dir, out_dir, force, runs_dir)
     student = model.Student.load(student_dir)
     scale = scale_of(checkpoint_config(student_dir), runs_dir, student_dir)
-    enc = tokenizer.qwen3_tokenizer(presets.PRESETS[scale].data["vocab_size"])
+    enc = corpora.vocabulary(presets.PRESETS[scale].data)
     generation = {"bos_token_id": enc.eot, "eos_token_id": enc.eot, "pad_token_id": enc.eot, "do_sample": False}
     try:
         hf_qwen3.export_hf(student, out_dir, source=str(student_dir),

@@ -17,7 +17,7 @@ import torch.nn.functional as F
 import model
 from experiments import presets
 from model import apply_rope, rope_cos_sin
-from plumbing import errors, tokenizer
+from plumbing import corpora, errors
 from plumbing.checkpoint import read_config
 from plumbing.hf_qwen3 import ModelConfig
 from tools import checkpoints
@@ -120,7 +120,7 @@ def continue_prompt(checkpoint: Path, prompt: str, max_new_tokens: int, temperat
     """`repro.py sample`: the prompt, then its continuation token by token through echo(text, nl=...) (a
     character split across tokens waits for the rest), in the tokenizer of the checkpoint's scale."""
     config = checkpoints.checkpoint_config(checkpoint)
-    enc = tokenizer.qwen3_tokenizer(presets.PRESETS[checkpoints.scale_of(config, runs_dir, checkpoint)].data["vocab_size"])
+    enc = corpora.vocabulary(presets.PRESETS[checkpoints.scale_of(config, runs_dir, checkpoint)].data)
     prompt_ids = [enc.eot] + enc.encode(prompt)
     context = ModelConfig.from_hf(config).max_position_embeddings
     if len(prompt_ids) + max_new_tokens > context:  # past the positions the model was made for

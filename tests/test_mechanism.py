@@ -1,0 +1,136 @@
+"""The mechanism scale (issue 39): the Bigram-Backcopy corpus is its seed, its shards start every document
+with the fixed first token, the control differs from it only in the attention window, the window is causal
+attention cut to a band, and the scan reads a planted sink and massive activation on its ids as computed by
+hand."""
+import math
+from dataclasses import fields
+from itertools import islice
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+
+import data
+import diag
+import model
+from experiments import presets
+from interventions.monitor import attention_to_first
+from plumbing import corpora
+from plumbing.hf_qwen3 import ModelConfig
+
+MECHANISM, CONTROL = presets.PRESETS["mechanism"], presets.PRESETS["mechanism-control"]
+
+
+def backcopy_ids(seed: int, n: int = 3, **options) -> np.ndarray:
+    documents = corpora.corpus("backcopy", 0, seed, **options).ordered_documents()
+    return np.array([[int(word) for word in text.split()] for text in islice(documents, n)])
+
+
+def test_the_backcopy_corpus_is_its_seed_and_copies_after_every_trigger():
+    """The same seed gives the same ids, another seed others; after a trigger comes the symbol before it,
+    and the triggers are the chain's 3 most probable symbols in the long run."""
+    first, again, other = backcopy_ids(42), backcopy_ids(42), backcopy_ids(43)
+    assert first.shape == (3, 256) and np.array_equal(first, again)
+    assert (first != other).mean() > 0.9  # 64 symbols: two independent streams agree ~1/64 of the time
+    # every document its own, across the generator's blocks of 256 too (a repeated block would be memorised)
+    many = backcopy_ids(42, 3 * corpora.BACKCOPY_BLOCK, document_tokens=8)
+    assert len({tuple(row) for row in many}) == len(many)
+    chain, triggers = corpora.backcopy_chain(64, 3, 42)
+    assert np.allclose(chain.sum(1), 1.0) and len(triggers) == 3
+    stationary = np.linalg.matrix_power(chain, 4096)[0]
+    assert set(triggers) == set(np.argsort(-stationary)[:3])
+    after_trigger = np.isin(first[:, 1:-1], triggers)
+    assert after_trigger.any() and not np.isin(first[:, 0], triggers).any()
+    assert np.array_equal(first[:, 2:][after_trigger], first[:, :-2][after_trigger])
+
+
+def test_a_backcopy_shard_starts_every_document_with_the_fixed_first_token(tmp_path):
+    """data.prepare writes <bos> (id = the number of symbols) and then the generator's ids, cut at max_len."""
+    enc = corpora.vocabulary({"source": "backcopy", "symbols": 8})
+    options = dict(symbols=8, triggers=2, document_tokens=16)
+    train, val = data.prepare("backcopy", tmp_path, enc, max_len=16, n_train_docs=4, n_val_docs=2, seed=7,
+                              progress=False, workers=1, **options)
+    expected = backcopy_ids(7, 6, **options)
+    shard_documents = [val.document(i) for i in range(2)] + [train.document(i) for i in range(4)]
+    assert enc.eot == 8 and enc.n_vocab == 9 and train.eot == 8
+    assert all(list(d) == [8, *expected[i]] for i, d in enumerate(shard_documents))
+    assert enc.encode(enc.decode([3, 8])) == [3, 8] and enc.decode([8, 3]) == "<bos> s3"
+
+
+def test_the_control_differs_from_the_mechanism_scale_only_in_the_attention_window():
+    """Field by field, by value: the same data (so the same shards), students, teacher run and diagnostics;
+    the teacher model (whose config every student's layers take) differs in attention_window alone."""
+    differing = {f.name for f in fields(presets.Preset) if getattr(MECHANISM, f.name) != getattr(CONTROL, f.name)}
+    assert differing == {"name", "about", "teacher_model"}
+    changed = {k for k in {**MECHANISM.teacher_model, **CONTROL.teacher_model}
+               if MECHANISM.teacher_model.get(k) != CONTROL.teacher_model.get(k)}
+    assert changed == {"attention_window"} and CONTROL.teacher_model["attention_window"] == 16
+    assert presets.teacher_shape(MECHANISM).attention_window == 0  # Qwen3's own causal attention
+    options = {k: v for k, v in MECHANISM.data.items() if k in corpora.CORPUS_OPTIONS["backcopy"]}
+    assert np.array_equal(backcopy_ids(42, 2, **options), backcopy_ids(42, 2, **options))
+
+
+WINDOWED = ModelConfig(vocab_size=65, hidden_size=32, intermediate_size=64, num_hidden_layers=3, num_attention_heads=4,
+                       num_key_value_heads=2, head_dim=8, rope_theta=10_000.0, tie_word_embeddings=False)
+
+
+def test_windowed_attention_is_causal_attention_cut_to_its_band():
+    """With window 4, query t attends to keys t-3..t: its output is a softmax over those by hand; the first 4
+    queries agree with full causal attention (same weights), the later ones do not."""
+    torch.manual_seed(0)
+    full, windowed = model.Attention(WINDOWED), model.Attention(ModelConfig(**{**WINDOWED.__dict__, "attention_window": 4}))
+    windowed.load_state_dict(full.state_dict())
+    x = torch.randn(2, 10, 32)
+    cos, sin = model.rope_cos_sin(WINDOWED, 10, x.device)
+    q, k, v = windowed.project(x)
+    q, k = model.apply_rope(q, cos, sin), model.apply_rope(k, cos, sin)
+    k, v = k.repeat_interleave(2, dim=1), v.repeat_interleave(2, dim=1)
+    scores = q @ k.transpose(-1, -2) / math.sqrt(8)
+    t, j = torch.arange(10)[:, None], torch.arange(10)[None, :]
+    by_hand = scores.masked_fill((j > t) | (t - j >= 4), float("-inf")).softmax(-1) @ v
+    by_hand = windowed.o_proj(by_hand.transpose(1, 2).reshape(2, 10, 32))
+    out, causal = windowed(x, cos, sin), full(x, cos, sin)
+    assert torch.allclose(out, by_hand, atol=1e-6)  # fp32 sums of 4-10 terms in another order: ~1e-7
+    assert torch.allclose(out[:, :4], causal[:, :4], atol=1e-6) and (out[:, 4:] - causal[:, 4:]).abs().amax(-1).min() > 1e-4
+
+
+def planted_batch():
+    """Two rows of the mechanism corpus's ids after <bos> (64), the second 9 positions shorter."""
+    ids = torch.from_numpy(backcopy_ids(42, 2)[:, :31])
+    input_ids = torch.cat([torch.full((2, 1), 64), ids], 1)
+    mask = torch.arange(32)[None, :] < torch.tensor([32, 23])[:, None]
+    return SimpleNamespace(input_ids=input_ids, mask=mask)
+
+
+@pytest.mark.parametrize("window", [0, 4])
+def test_the_scan_reads_a_planted_sink_and_massive_activation_on_mechanism_ids(window):
+    """Layer 1's output is planted: every real state all ones, <bos>'s channel 3 at 500. So its max/median is
+    500, boundary/regular RMS sqrt((500^2 + 31) / 32), per hand. Layer 2's queries are zeroed, so every head
+    spreads query t evenly over the keys it sees: 1/(t+1) on <bos> (none past the window), averaged over the
+    real queries after position 0."""
+    net = model.Qwen3(ModelConfig(**{**WINDOWED.__dict__, "attention_window": window}))
+    net.init_weights(0)
+    batch = planted_batch()
+
+    def plant(module, args, output):
+        output = torch.ones_like(output)
+        output[:, 0, 3] = 500.0
+        return output
+    handle = net.layers[1].register_forward_hook(plant)
+    project = net.layers[2].self_attn.project
+    net.layers[2].self_attn.project = lambda x: (torch.zeros_like(project(x)[0]), *project(x)[1:])
+    try:
+        rows = diag.layer_scan(net, batch, corpora.vocabulary(MECHANISM.data).decode, sink_attention=0.3)
+    finally:
+        handle.remove()
+    assert rows[1]["massive_ratio"] == pytest.approx(500.0, rel=1e-12)
+    assert (rows[1]["top"][0]["channel"], rows[1]["top"][0]["position"], rows[1]["top"][0]["token"]) == (3, 0, "<bos>")
+    assert rows[1]["boundary_over_regular"] == pytest.approx(math.sqrt((500**2 + 31) / 32), rel=1e-6)  # fp32 states
+    seen = [1 / (t + 1) if not window or t < window else 0.0 for t in range(1, 32)]
+    expected = (sum(seen) + sum(seen[:22])) / (31 + 22)   # row 0: queries 1..31; row 1: queries 1..22
+    assert rows[2]["first_token_attention"] == pytest.approx([expected] * 4, rel=1e-5)  # fp32 softmax
+    assert rows[2]["sink_heads"] == 0.0 and rows[2]["max_head"] == pytest.approx(expected, rel=1e-5)
+    q = torch.zeros(1, 1, 6, 8)
+    assert attention_to_first(q, torch.randn(1, 1, 6, 8), window=window)[0, 0, 5].item() == \
+        pytest.approx(0.0 if window else 1 / 6, abs=1e-7)
