@@ -23,6 +23,7 @@ from rich.table import Table
 
 import rundir
 from experiments import report, suite
+from experiments.presets import PRESETS
 from plumbing import checkpoint
 from plumbing.errors import OptionError, UsageError
 
@@ -351,11 +352,35 @@ def check_reports(folder: Path):
         rundir.read_json(file)
 
 
+def check_scale(target: Path, scale: str, path: Path):
+    """Runs or reports of another scale would put every number outside the band: said in one line instead,
+    where they say their scale (a report's "scale"; a run whose settings are one scale's run section)."""
+    for file, theirs in made_at(target):
+        if theirs != scale:
+            raise UsageError(f"{file}: of scale {theirs}, and {path} holds scale {scale}'s numbers (every number "
+                             f"would fall outside their band); compare with --scale {theirs}")
+
+
+def made_at(target: Path) -> list[tuple[Path, str]]:
+    """(file, scale) for each report or run under `target` that says which scale made it; a run of overridden
+    settings (--set) matches no scale's and says nothing."""
+    runs = [target] if (target / "metrics.jsonl").is_file() else sorted(target.glob("s*/*"))
+    said = [(file, rundir.read_json(file).get("scale")) for file in sorted(target.glob("*.json"))]
+    for run in runs:
+        if (run / "config.json").is_file():
+            settings = rundir.read_json(run / "config.json")
+            said += [(run / "config.json", name) for name, preset in PRESETS.items()  # the seed is the run's own
+                     if all(settings.get(k, v) == v for k, v in checkpoint.loads(checkpoint.json_text(preset.run)).items()
+                            if k != "seed")]
+    return [(file, scale) for file, scale in said if isinstance(scale, str)]
+
+
 def print_comparison(target: Path, scale: str) -> list[dict]:
     """compare() of `target` against the shipped reference of `scale`, printed as a table (the numbers
     outside the band, else the first 20); its rows."""
     path, shipped = REFERENCES / f"{scale}.json", load(scale)
     check_reports(target)
+    check_scale(target, scale, path)
     rows = compare(target, shipped)
     if not rows:
         raise UsageError(f"{target}: holds no run or table that {path} has numbers for")

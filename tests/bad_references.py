@@ -98,3 +98,12 @@ REFERENCES = [
     bad("compare runs: seeds a string", "smoke", put("seeds", value="42,43"), ("seeds",), COMPARE(RUNS)),
     bad("compare runs: curves emptied", "smoke", put("curves", value={}), ("curves",), COMPARE(RUNS)),
 ]
+
+OTHER_SCALE = [
+    case("compare smoke's results against toy's", COMPARE("{S}/smoke", "toy"),
+         ("table1.json", "scale smoke", "--scale smoke"), shipped),
+    case("compare smoke's runs against toy's", COMPARE(RUNS, "toy"), ("config.json", "scale smoke", "--scale smoke"),
+         shipped),
+    case("compare a smoke run against mini's", COMPARE(f"{RUNS}/s42/pre-grow", "mini"), ("pre-grow", "scale smoke"),
+         shipped),
+]

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from experiments import report, suite, tables
+from plumbing import errors
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -255,3 +256,18 @@ def test_the_shipped_toy_reference_holds_per_seed_values_for_every_table(table):
     numbers = SHIPPED_TOY["tables"][table]
     assert numbers, f"{table}: no per-seed values shipped"
     assert all(isinstance(v, list) and len(v) == len(seeds) for v in numbers.values())
+
+
+def test_compare_tells_runs_of_another_scale_from_runs_of_other_settings(tmp_path):
+    """A run whose settings are one scale's run section was made at that scale (compare refuses it against
+    another's reference); one trained with --set run.lr matches no scale's and is compared as before."""
+    from experiments import presets, reference
+    for name, lr in (("toy-run", presets.PRESETS["toy"].run["lr"]), ("toy-lr", 0.5)):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "metrics.jsonl").write_text("")
+        (tmp_path / name / "config.json").write_text(json.dumps({**presets.PRESETS["toy"].run, "lr": lr, "seed": 7}))
+    assert reference.made_at(tmp_path / "toy-run") == [(tmp_path / "toy-run" / "config.json", "toy")]
+    assert reference.made_at(tmp_path / "toy-lr") == []
+    with pytest.raises(errors.UsageError, match="toy-run/config.json: of scale toy, and .*mini.json holds scale mini's"):
+        reference.check_scale(tmp_path / "toy-run", "mini", tmp_path / "mini.json")
+    reference.check_scale(tmp_path / "toy-run", "toy", tmp_path / "toy.json")
