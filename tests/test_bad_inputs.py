@@ -21,7 +21,7 @@ import pytest
 from bad_checkpoints import CHECKPOINTS
 from bad_options import CLI_OPTIONS, FOLDERS, ISSUE34, OVERRIDES
 from bad_references import OTHER_SCALE, REFERENCES
-from bad_run_folders import RELIABILITY, REPORTS, RERUNS
+from bad_run_folders import RELIABILITY, REPORTS, RERUNS, SHIPPING
 from click.testing import CliRunner
 from conftest import EVAL, EXPORT, GOOD_REFERENCE, POST, PRE, RUN, RUNS, SAMPLE, TABLE1, TEACHER, Case, at, case
 
@@ -80,7 +80,7 @@ DAMAGED_LOGS = [
 
 
 CASES = CLI_OPTIONS + OVERRIDES + FOLDERS + CHECKPOINTS + RERUNS + REPORTS + RELIABILITY + ISSUE34 + REFERENCES + \
-    OTHER_SCALE
+    OTHER_SCALE + SHIPPING
 
 
 def test_the_table_has_at_least_100_distinct_cases():
