@@ -224,3 +224,24 @@ CHECKPOINTS = [
     case("export a flipped byte (checksummed)", EXPORT(PRE, "{C}/out"), ("model.safetensors", "checksum"),
          flip_byte(f"{PRE}/model.safetensors")),
 ]
+
+
+def exported(template: str):
+    """An export the kit made, at `template`."""
+    from tools import checkpoints
+    return lambda case: checkpoints.export(at(case, PRE), at(case, template), False, case / "R")
+
+
+# Issue 40: --force replaces only what the kit wrote; an export never removes a folder of the user's beside it.
+EXPORTS = [
+    case("export --force onto an earlier export holding a user's file", EXPORT(PRE, "{C}/out", "--force"),
+         ("out/notes.txt", "not written by the kit"), exported("{C}/out"), write("{C}/out/notes.txt", "mine")),
+    case("export --force onto an earlier export holding a user's folder", EXPORT(PRE, "{C}/out", "--force"),
+         ("out/mine", "not written by the kit"), exported("{C}/out"), write("{C}/out/mine/notes.txt", "mine")),
+    case("export beside a user's folder named <out>.old", EXPORT(PRE, "{C}/out"), ("out.old", "not written by the kit"),
+         write("{C}/out.old/notes.txt", "mine")),
+    case("export beside a user's folder named <out>.tmp", EXPORT(PRE, "{C}/out"), ("out.tmp", "not written by the kit"),
+         write("{C}/out.tmp/notes.txt", "mine")),
+    case("export --force beside a user's file named <out>.old", EXPORT(PRE, "{C}/out", "--force"), "out.old",
+         exported("{C}/out"), write("{C}/out.old", "mine")),
+]

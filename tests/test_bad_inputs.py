@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Callable
 
 import pytest
-from bad_checkpoints import CHECKPOINTS
+from bad_checkpoints import CHECKPOINTS, EXPORTS
 from bad_options import CLI_OPTIONS, FOLDERS, ISSUE34, OVERRIDES
 from bad_references import OTHER_SCALE, REFERENCES
 from bad_run_folders import RELIABILITY, REPORTS, RERUNS, SHIPPING
@@ -80,7 +80,7 @@ DAMAGED_LOGS = [
 
 
 CASES = CLI_OPTIONS + OVERRIDES + FOLDERS + CHECKPOINTS + RERUNS + REPORTS + RELIABILITY + ISSUE34 + REFERENCES + \
-    OTHER_SCALE + SHIPPING
+    OTHER_SCALE + SHIPPING + EXPORTS
 
 
 def test_the_table_has_at_least_100_distinct_cases():
@@ -384,8 +384,8 @@ def test_the_precision_cache_is_read_as_strictly_as_it_is_written(tmp_path, monk
 
 
 def test_export_to_an_empty_folder_and_a_reference_over_a_shipped_one(tree, tmp_path, monkeypatch):
-    """An empty folder holds nothing to lose: export uses it, with --force too. `reference` over a
-    shipped file says --force is missing, not that an absent --force is invalid."""
+    """An empty folder holds nothing to lose: export uses it, with --force too, and --force replaces the kit's
+    own export. `reference` over a shipped file says --force is missing, not that an absent --force is invalid."""
     shutil.copytree(tree, tmp_path / "t")
     monkeypatch.chdir(tmp_path / "t")
     pre = PRE.format(R=tmp_path / "t" / "R")
@@ -395,6 +395,12 @@ def test_export_to_an_empty_folder_and_a_reference_over_a_shipped_one(tree, tmp_
         result = CliRunner().invoke(repro.cli, ["export", pre, str(tmp_path / "empty"), "--runs-dir",
                                                 str(tmp_path / "t" / "R"), *more])
         assert result.exit_code == 0 and (tmp_path / "empty" / "model.safetensors").is_file(), result.output
+    # --force over the kit's own export, beside what a killed export leaves (<out>.tmp, of its files only)
+    shutil.copytree(tmp_path / "empty", tmp_path / "empty.tmp")
+    (tmp_path / "empty.tmp" / "model.safetensors").unlink()
+    result = CliRunner().invoke(repro.cli, ["export", pre, str(tmp_path / "empty"), "--runs-dir", str(tmp_path / "t" / "R"),
+                                            "--force"])
+    assert result.exit_code == 0 and not (tmp_path / "empty.tmp").exists(), result.output
     monkeypatch.setattr(reference, "REFERENCES", tmp_path / "refs")
     (tmp_path / "refs").mkdir()
     (tmp_path / "refs" / "smoke.json").write_text(GOOD_REFERENCE)
