@@ -446,3 +446,22 @@ def test_force_after_an_edited_corpus_never_reuses_what_the_old_one_trained(tmp_
     with pytest.raises(errors.DataError, match=r"data: rebuilt from the corpus .* move teacher out of"):
         suite.prepare_data(suite.workspace("smoke", tmp_path / "runs", overrides=local, device="cpu"), force=True)
     assert suite.shard_corpus(ws)["sha256"] != first
+
+
+def test_two_data_paths_differing_only_by_slash_and_underscore_keep_two_workspaces(tmp_path):
+    """Issue 40: data.path=<d>/x/c.jsonl and <d>/x_c.jsonl were one workspace (/ shown as _), and the --force its
+    error suggested rebuilt the other corpus's shards under its finished runs. Now each has its own folder, and
+    `data --force` on one leaves the other byte for byte (and data.path spelled without / keeps its old name)."""
+    (tmp_path / "x").mkdir()
+    docs = lambda word: "".join(json.dumps({"text": f"document {i} about the {word} fox"}) + "\n" for i in range(200))
+    (tmp_path / "x" / "c.jsonl").write_text(docs("lazy"))
+    (tmp_path / "x_c.jsonl").write_text(docs("quick"))
+    runs = tmp_path / "runs"
+    local = lambda path, *more: CliRunner().invoke(repro.cli, ["data", "--scale", "smoke", "--runs-dir", str(runs), "--set",
+                                                               "data.source=local", "--set", f"data.path={path}", *more])
+    assert local(tmp_path / "x" / "c.jsonl").exit_code == 0
+    [first] = runs.iterdir()
+    before = tree_hash(first)
+    result = local(tmp_path / "x_c.jsonl", "--force")
+    assert result.exit_code == 0, result.output
+    assert tree_hash(first) == before and len(list(runs.iterdir())) == 2
