@@ -10,6 +10,8 @@ experiment every number over seeds (a table's rows, a report's named numbers), e
 shipped seeds, and the commit that trained each run (`run_commits`, from its provenance.json). A number is within the band
 when it lies within mean ± max(a 95% prediction interval for one more seed, a tolerance): seeds set
 the band's width where there are several, the tolerance (1% of the value + 0.001) where they agree.
+A shipped reference is read by `load`, which checks it whole against the shape `collect` writes before
+any page is rendered or number compared; `compare` refuses runs or reports of another scale.
 """
 from __future__ import annotations
 
@@ -207,6 +209,8 @@ def restore(path: Path) -> str:
 
 
 class BadReference(UsageError):
+    """A reference's first value that is not where, or of the type, `collect` writes it: named by its JSON path."""
+
     def __init__(self, path: Path, where: str, problem: str):
         super().__init__(f"{path}: {where or 'the file'} {problem}; {restore(path)}")
 
