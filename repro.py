@@ -403,7 +403,8 @@ def train(scale, norm, protocol, seed, dry_run, gpu, gpus, nodes, overrides, com
 @cli.command()
 @scale_option
 @click.option("--rebuild", is_flag=True, help="Train the shipped teacher again, beside it, and say if it is bit-identical.")
-@click.option("--ship", metavar="NAME", help="Then copy it into this repository: teachers/NAME, its shards recorded.")
+@click.option("--ship", metavar="NAME", callback=preflight.check_ship_name,
+              help="Then copy it into this repository: teachers/NAME, its shards recorded.")
 @overrides_option
 @force_option
 @runs_option
@@ -411,9 +412,7 @@ def teacher(scale, rebuild, ship, overrides, compile_flag, device, tracker, no_w
     """Pretrain the kit's own teacher for a scale and print its validation CE (a shipped one is installed)."""
     ws = suite.workspace(scale, runs_dir, overrides=presets.parse_overrides(presets.PRESETS[scale], overrides),
                          compile_flag=compile_flag, device=device, tracker=tracker, wait=not no_wait)
-    suite.console.print(preflight.pretrain_teacher(ws, rebuild, force))
-    if ship:
-        suite.console.print(preflight.ship_teacher(ws, ship))
+    suite.console.print(preflight.pretrain_teacher(ws, rebuild, force, ship))
 
 
 @cli.command("prepare")

@@ -16,11 +16,11 @@ from __future__ import annotations
 
 import math
 import re
+from functools import partial
 from pathlib import Path
 
-from experiments import beyond, report, tables
+from experiments import beyond, reference, report, tables
 from experiments.presets import TIE_MARGIN
-from experiments.reference import REFERENCES
 from paper import DELTAS, PAPER
 from plumbing import checkpoint
 from plumbing.errors import UsageError
@@ -40,13 +40,6 @@ BEYOND = ("placements", "intervention", "planted", "scratch")
 POST_HOC = {"table2": ("delta_ce_phase_0", "delta_ce_phase_1", "delta_ce_phase_2", "delta_ce_last_minus_phase_0"),
             "table3": ("interaction_longer", "interaction_replay"),
             "intervention": ("transplant interaction: prefix × appended placement",)}
-
-
-def load(scale: str) -> dict:
-    path = REFERENCES / f"{scale}.json"
-    if not path.is_file():
-        raise UsageError(f"{path}: no shipped reference for --scale {scale}; make one with `repro.py reference`")
-    return checkpoint.loads(path.read_text())
 
 
 # ----------------------------------------------------------------------------------------------
@@ -375,9 +368,9 @@ SECTIONS = {"placements": placements_section, "intervention": intervention_secti
 # ----------------------------------------------------------------------------------------------
 # The page, the headline and the files
 
-def render_reference(scale: str, reference: dict) -> str:
+def render_reference(scale: str, content: dict) -> str:
     """The results page of a scale from its reference (a dict shaped as references/<scale>.json)."""
-    shipped = reference["tables"]
+    shipped = content["tables"]
     paper_tables = [name for name in tables.EXPERIMENTS if name in shipped]
     others = [name for name in shipped if name not in tables.EXPERIMENTS]
     absent = [name for name in [*tables.EXPERIMENTS, *BEYOND] if name not in shipped]
@@ -386,18 +379,30 @@ def render_reference(scale: str, reference: dict) -> str:
              "do not edit (tests/test_pages.py checks that this page equals its render). Each number is the mean over "
              "seeds [its 95% t-interval] (the paper's tables add the sample std: mean ± std [interval]) of the per-seed "
              "values the reference ships (`python repro.py compare` checks a rerun against them).", "",
-             *provenance_lines(reference), "", RULE, ""]
+             *provenance_lines(content), "", RULE, ""]
     if absent:
         lines += [f"Not in this reference: {', '.join(absent)}.", ""]
+    where = lambda name: f"the {name} section (from {reference.json_path('tables', name)} and the curves)"
     for name in paper_tables:
-        lines += experiment_section(name, reference, full=scale == "full")
+        lines += read_from(scale, where(name), experiment_section, name, content, scale == "full")
     for name in sorted(others, key=lambda n: (n not in BEYOND, BEYOND.index(n) if n in BEYOND else 0, n)):
-        lines += SECTIONS.get(name, lambda r, n=name: other_section(n, r))(reference)
+        lines += read_from(scale, where(name), SECTIONS.get(name, partial(other_section, name)), content)
     return "\n".join(lines).rstrip("\n") + "\n"
 
 
+def read_from(scale: str, what: str, render, *args):
+    """render(*args), which reads a scale's reference: one of the right shape (reference.check_reference) may
+    still lack a number that a section reads (a row of a table's layout, a curve's point); one line naming it."""
+    try:
+        return render(*args)
+    except KeyError as e:
+        key = ": ".join(e.args[0]) if isinstance(e.args[0], tuple) else e.args[0]
+        path = reference.REFERENCES / f"{scale}.json"
+        raise UsageError(f"{path}: {what} reads {key!r}, which the reference lacks; {reference.restore(path)}") from None
+
+
 def render(scale: str) -> str:
-    return render_reference(scale, load(scale))
+    return render_reference(scale, reference.load(scale))
 
 
 def headline_numbers(reference: dict) -> dict[str, tuple[dict, float | None]]:
@@ -428,8 +433,9 @@ def headline_rows() -> list[tuple[str, str, float | None, bool]]:
 def headline(references: dict[str, dict] | None = None) -> list[str]:
     """Table 1 at each of HEADLINE_SCALES beside the paper's, with intervals and the declared readings, and
     the rows that say how far Δgrow's reading goes (its path through the phases, its reading in a family)."""
-    references = references or {scale: load(scale) for scale in HEADLINE_SCALES}
-    numbers = {scale: headline_numbers(ref) for scale, ref in references.items()}
+    references = references or {scale: reference.load(scale) for scale in HEADLINE_SCALES}
+    numbers = {scale: read_from(scale, "the README's headline (from tables.table1, table2 and placements)",
+                                headline_numbers, ref) for scale, ref in references.items()}
     head = ["Table 1, validation CE", "paper"]
     for scale, ref in references.items():
         head += [f"`{scale}`, {len(seeds_of(ref, 'table1'))} seeds: mean [95% CI]", "reading"]
@@ -455,12 +461,15 @@ def with_headline(text: str, lines: list[str] | None = None) -> str:
     return before + HEADLINE_START + "\n" + "\n".join(lines or headline()) + "\n" + HEADLINE_END + after
 
 
-def main(scale: str, out_dir: Path = PAGES, readme: Path = README) -> Path:
-    """Write <out_dir>/<scale>.md from references/<scale>.json and refresh the README's headline table;
-    returns the page's path."""
+def main(scale: str, out_dir: Path | None = None, readme: Path | None = None) -> Path:
+    """Write <out_dir>/<scale>.md (docs/results/) from references/<scale>.json and refresh the README's
+    headline table; returns the page's path. Both are rendered, every reference they read checked, before
+    either is written, and each is written whole (checkpoint.write_atomic): an error leaves both as they were."""
+    out_dir, readme = out_dir or PAGES, readme or README
+    page, text = render(scale), readme.read_text()
+    refreshed = with_headline(text)
     out_dir.mkdir(parents=True, exist_ok=True)
-    page = checkpoint.write_atomic(out_dir / f"{scale}.md", render(scale))
-    text = readme.read_text()
-    if with_headline(text) != text:
-        checkpoint.write_atomic(readme, with_headline(text))
-    return page
+    path = checkpoint.write_atomic(out_dir / f"{scale}.md", page)
+    if refreshed != text:
+        checkpoint.write_atomic(readme, refreshed)
+    return path

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import math
+import re
 from dataclasses import MISSING, dataclass, field, fields, replace
 
 import config
@@ -367,14 +368,24 @@ OVERRIDE_NAME_BYTES = 120  # a folder name's limit is 255 bytes; results/<scale>
 
 
 def override_name(changes: dict) -> str:
-    """A folder name for a set of overrides, e.g. run.lr=0.0003,run.phase_steps=100; a long one is cut
-    and ends in a hash of the whole (config.json records every value)."""
-    name = ",".join(f"{s}.{k}={v}".replace("/", "_").replace(" ", "") for s in sorted(changes)
-                    for k, v in sorted(changes[s].items()))
+    """A folder name for a set of overrides, e.g. run.lr=0.0003,run.phase_steps=100: one set, one name (two
+    sets never share a workspace, whose --force would then discard the other's data). A long name is cut and
+    ends in a hash of the whole (config.json records every value)."""
+    name = ",".join(f"{s}.{k}={named(v)}" for s in sorted(changes) for k, v in sorted(changes[s].items()))
     if len(name.encode()) <= OVERRIDE_NAME_BYTES:
         return name
     digest = hashlib.sha256(name.encode()).hexdigest()[:16]
     return name.encode()[:OVERRIDE_NAME_BYTES - 17].decode(errors="ignore") + "~" + digest
+
+
+def named(value) -> str:
+    """A value as a folder name shows it, as it always has where that loses nothing (numbers, a tuple without
+    its spaces, true/false, a plain word); a string with a character the name would lose or misread (/ shown
+    as _, spaces dropped, or a , = ~ that would read as another item) also ends in a hash of its exact value."""
+    if not isinstance(value, str):
+        return str(value).replace(" ", "")  # (0.9, 0.99) -> (0.9,0.99): a tuple's spaces are always ", "
+    readable = re.sub(r"\s", "", value.replace("/", "_"))
+    return readable if not re.search(r"[/\s,=~]", value) else f"{readable}~{hashlib.sha256(value.encode()).hexdigest()[:12]}"
 
 
 # ----------------------------------------------------------------------------------------------

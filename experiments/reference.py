@@ -10,10 +10,14 @@ experiment every number over seeds (a table's rows, a report's named numbers), e
 shipped seeds, and the commit that trained each run (`run_commits`, from its provenance.json). A number is within the band
 when it lies within mean ± max(a 95% prediction interval for one more seed, a tolerance): seeds set
 the band's width where there are several, the tolerance (1% of the value + 0.001) where they agree.
+A shipped reference is read by `load`, which checks it whole against the shape `collect` writes before
+any page is rendered or number compared; `compare` refuses runs or reports of another scale.
 """
 from __future__ import annotations
 
+import json
 import math
+import re
 import statistics
 from pathlib import Path
 
@@ -21,6 +25,7 @@ from rich.table import Table
 
 import rundir
 from experiments import report, suite
+from experiments.presets import PRESETS
 from plumbing import checkpoint
 from plumbing.errors import OptionError, UsageError
 
@@ -47,6 +52,8 @@ def collect(runs: Path, results: Path, seeds: list[int]) -> dict:
     for name in partial:
         del finals[name]
         curves.pop(name, None)
+    # Likewise an evaluation point that some seed's run lacks: every value a reference ships is one per seed.
+    curves = {name: {point: v for point, v in points.items() if len(v) == len(seeds)} for name, points in curves.items()}
     # A report over some of the seeds (the regime map runs two by default) ships with its own seeds named,
     # if it has a spread to make bands from: one seed of several would give a band of the tolerance alone.
     table_seeds = {}
@@ -65,7 +72,7 @@ def with_tables(shipped: dict, runs: Path, results: Path, names: list[str]) -> d
     of the runs under `runs` added: for an experiment rerun apart from the rest of its scale (its own runs
     folder), whose other tables and curves stay as shipped. A report must cover several of the shipped
     seeds (one seed's band would be the tolerance alone)."""
-    content = {**shipped, "tables": dict(shipped["tables"]), "table_seeds": dict(shipped["table_seeds"]),
+    content = {**shipped, "tables": dict(shipped["tables"]), "table_seeds": dict(shipped.get("table_seeds", {})),
                "run_commits": dict(shipped.get("run_commits", {}))}
     for name in names:
         file = results / f"{name}.json"
@@ -178,6 +185,133 @@ def compare(target: Path, reference: dict) -> list[dict]:
 
 
 # ----------------------------------------------------------------------------------------------
+# A shipped reference is checked whole against the shape `collect` writes before a page is rendered
+# or a number compared: a hand edit (a string, `true` read as 1, a seed list that is not one, a row
+# longer than its seeds) would otherwise be a traceback or, worse, a page that is silently wrong.
+
+def load(scale: str) -> dict:
+    """references/<scale>.json, read strictly and checked whole (check_reference); one line if it is not
+    the kit's."""
+    path = REFERENCES / f"{scale}.json"
+    if not path.is_file():
+        raise UsageError(f"{path}: no shipped reference for --scale {scale}; make one with `repro.py reference`")
+    try:
+        content = checkpoint.loads(path.read_text())
+    except (OSError, ValueError) as e:
+        raise UsageError(f"{path}: not valid JSON ({e}); {restore(path)}") from None
+    check_reference(content, path)
+    return content
+
+
+def restore(path: Path) -> str:
+    return (f"restore it (git checkout {path.parent.name}/{path.name}) or write it again from its runs (repro.py "
+            f"reference --scale {path.stem} --seeds ... --force)")
+
+
+class BadReference(UsageError):
+    """A reference's first value that is not where, or of the type, `collect` writes it: named by its JSON path."""
+
+    def __init__(self, path: Path, where: str, problem: str):
+        super().__init__(f"{path}: {where or 'the file'} {problem}; {restore(path)}")
+
+
+REFERENCE_KEYS = {"seeds", "git_commit", "curves", "final_ce", "tables", "table_seeds", "run_commits", "machine"}
+POINT = re.compile(r"\d+( start)?")  # an evaluation point: "<step>", or "<step> start" at a phase start
+
+
+def check_reference(content, path: Path):
+    """Every value of a reference where `collect` puts it and of the type it writes, each list of per-seed
+    values as long as its seeds; the first that is not is a BadReference naming its JSON path."""
+    bad = lambda where, problem: BadReference(path, where, problem)
+    expect(content, dict, "", bad)
+    for key in ("seeds", "git_commit", "curves", "final_ce", "tables"):
+        if key not in content:
+            raise bad(key, "is missing")
+    unknown = sorted(set(content) - REFERENCE_KEYS)
+    if unknown:
+        raise bad(unknown[0], f"is not a key the kit writes ({', '.join(sorted(REFERENCE_KEYS))})")
+    seeds = check_seeds(content["seeds"], "seeds", bad)
+    expect(content["git_commit"], str, "git_commit", bad)
+    expect(content.get("machine", ""), str, "machine", bad)
+    curves, finals = expect(content["curves"], dict, "curves", bad), expect(content["final_ce"], dict, "final_ce", bad)
+    if not curves:
+        raise bad("curves", "is empty, where the kit writes every shipped run's curve")
+    for run in sorted(curves.keys() ^ finals.keys()):
+        where = "curves" if run in finals else "final_ce"
+        raise bad(json_path(where, run), f"is missing, where {'final_ce' if where == 'curves' else 'curves'} has it")
+    for run, points in curves.items():
+        if not expect(points, dict, json_path("curves", run), bad):
+            raise bad(json_path("curves", run), "is empty, where the kit writes the run's evaluations")
+        for point, values in points.items():
+            if not POINT.fullmatch(point):
+                raise bad(json_path("curves", run, point), "is not an evaluation point (\"<step>\" or \"<step> start\")")
+            per_seed(values, len(seeds), json_path("curves", run, point), bad, ce=True)
+        per_seed(finals[run], len(seeds), json_path("final_ce", run), bad, ce=True)
+    check_tables(content, seeds, bad)
+    for folder, commit in expect(content.get("run_commits", {}), dict, "run_commits", bad).items():
+        if commit is not None and not isinstance(commit, str):
+            raise bad(json_path("run_commits", folder), f"is {describe(commit)}, not a commit (a string, or null)")
+
+
+def check_tables(content: dict, seeds: list[int], bad):
+    """Each table's numbers per seed, as many as its own seeds (table_seeds, a subset of the seeds) or the seeds."""
+    tables = expect(content["tables"], dict, "tables", bad)
+    own = expect(content.get("table_seeds", {}), dict, "table_seeds", bad)
+    for name, table_seeds in own.items():
+        if name not in tables:
+            raise bad(json_path("table_seeds", name), "names a table that tables lacks")
+        foreign = sorted(set(check_seeds(table_seeds, json_path("table_seeds", name), bad)) - set(seeds))
+        if foreign:
+            raise bad(json_path("table_seeds", name), f"holds seed {foreign[0]}, which the reference's seeds {seeds} lack")
+    for name, numbers in tables.items():
+        for key, values in expect(numbers, dict, json_path("tables", name), bad).items():
+            per_seed(values, len(own.get(name) or seeds), json_path("tables", name, key), bad)
+
+
+def check_seeds(seeds, where: str, bad) -> list[int]:
+    if not expect(seeds, list, where, bad):
+        raise bad(where, "is empty, where the kit writes the seeds it shipped")
+    for i, seed in enumerate(seeds):
+        if not isinstance(seed, int) or isinstance(seed, bool) or not 0 <= seed < 2**63:
+            raise bad(f"{where}[{i}]", f"is {describe(seed)}, not a seed (a whole number >= 0)")
+    if len(set(seeds)) < len(seeds):
+        raise bad(where, f"repeats a seed ({seeds})")
+    return seeds
+
+
+def per_seed(values, n: int, where: str, bad, ce: bool = False):
+    """A list of one value per seed: a finite number (a CE is >= 0), or null (a diverged run, n/a)."""
+    if len(expect(values, list, where, bad)) != n:
+        raise bad(where, f"holds {len(values)} value{'s' * (len(values) != 1)} for {n} seeds")
+    for i, value in enumerate(values):
+        if value is None:
+            continue
+        if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value):
+            raise bad(f"{where}[{i}]", f"is {describe(value)}, not a number (or null, for a run without one)")
+        if ce and value < 0:
+            raise bad(f"{where}[{i}]", f"is {value}, and a CE is never below 0")
+
+
+def expect(value, kind: type, where: str, bad):
+    if not isinstance(value, kind):
+        raise bad(where, f"is {describe(value)}, not {({dict: 'an object', list: 'a list', str: 'a string'})[kind]}")
+    return value
+
+
+def describe(value) -> str:
+    """What a JSON value is, as its reader sees it: `true` is not a number here, though Python adds it as 1."""
+    kind = {bool: "a boolean", str: "a string", int: "the number", float: "the number"}.get(type(value))
+    return f"{kind} {json.dumps(value)[:40]}" if kind else {list: "a list", dict: "an object"}.get(type(value), "null")
+
+
+def json_path(*keys: str) -> str:
+    """A value's place in the file: dotted where a key is a plain name, tables["placements"]["post: delta_grow"]
+    where it is not."""
+    return "".join((f".{k}" if i else k) if re.fullmatch(r"[A-Za-z0-9_-]+", k) else f"[{json.dumps(k)}]"
+                   for i, k in enumerate(keys))
+
+
+# ----------------------------------------------------------------------------------------------
 # The commands: `reference` writes the shipped file, `compare` checks against it
 
 def write(scale: str, seeds: list[int], force: bool, runs: Path, results: Path) -> str:
@@ -204,7 +338,7 @@ def write_tables(scale: str, seeds: list[int], force: bool, names: list[str], ru
     path = REFERENCES / f"{scale}.json"
     if not path.is_file():
         raise UsageError(f"{path}: no shipped reference to update; write it whole (without --tables)")
-    shipped = rundir.read_json(path)
+    shipped = load(scale)
     if sorted(seeds) != sorted(shipped["seeds"]):
         raise OptionError("--seeds", f"{path} ships seeds {shipped['seeds']}; its tables take the same seeds")
     if not names or not force:
@@ -222,14 +356,35 @@ def check_reports(folder: Path):
         rundir.read_json(file)
 
 
+def check_scale(target: Path, scale: str, path: Path):
+    """Runs or reports of another scale would put every number outside the band: said in one line instead,
+    where they say their scale (a report's "scale"; a run whose settings are one scale's run section)."""
+    for file, theirs in made_at(target):
+        if theirs != scale:
+            raise UsageError(f"{file}: of scale {theirs}, and {path} holds scale {scale}'s numbers (every number "
+                             f"would fall outside their band); compare with --scale {theirs}")
+
+
+def made_at(target: Path) -> list[tuple[Path, str]]:
+    """(file, scale) for each report or run under `target` that says which scale made it; a run of overridden
+    settings (--set) matches no scale's and says nothing."""
+    runs = [target] if (target / "metrics.jsonl").is_file() else sorted(target.glob("s*/*"))
+    said = [(file, rundir.read_json(file).get("scale")) for file in sorted(target.glob("*.json"))]
+    for run in runs:
+        if (run / "config.json").is_file():
+            settings = rundir.read_json(run / "config.json")
+            said += [(run / "config.json", name) for name, preset in PRESETS.items()  # the seed is the run's own
+                     if all(settings.get(k, v) == v for k, v in checkpoint.loads(checkpoint.json_text(preset.run)).items()
+                            if k != "seed")]
+    return [(file, scale) for file, scale in said if isinstance(scale, str)]
+
+
 def print_comparison(target: Path, scale: str) -> list[dict]:
     """compare() of `target` against the shipped reference of `scale`, printed as a table (the numbers
     outside the band, else the first 20); its rows."""
-    path = REFERENCES / f"{scale}.json"
-    if not path.is_file():
-        raise UsageError(f"no shipped reference for --scale {scale} ({path}); make one with `repro.py reference`")
-    shipped = rundir.read_json(path, "curves", "final_ce", "tables", "seeds")
+    path, shipped = REFERENCES / f"{scale}.json", load(scale)
     check_reports(target)
+    check_scale(target, scale, path)
     rows = compare(target, shipped)
     if not rows:
         raise UsageError(f"{target}: holds no run or table that {path} has numbers for")

@@ -369,9 +369,16 @@ SHIPPED_ROOT = Path(__file__).resolve().parents[1]
 
 def shipped_shards() -> tuple[Path, dict]:
     """teachers/shards.json, where `repro.py teacher --ship` records the shards each shipped teacher learned
-    from ({"teachers/<name>": shard_sha256s}), and what it holds ({} before any is recorded)."""
+    from ({"teachers/<name>": shard_sha256s}), and what it holds ({} before any is recorded). Read before any
+    work (ensure_inputs): an entry of another shape would silently keep its teacher from being installed."""
     record = SHIPPED_ROOT / "teachers" / "shards.json"
-    return record, rundir.read_json(record) if record.is_file() else {}
+    recorded = rundir.read_json(record) if record.is_file() else {}
+    sums = lambda split: split is None or (isinstance(split, dict) and all(isinstance(v, str) for v in split.values()))
+    for name, shards in recorded.items():  # as shard_sha256s gives them: {train, val: {file: sha256}}
+        if not (isinstance(shards, dict) and sorted(shards) == ["train", "val"] and all(map(sums, shards.values()))):
+            raise errors.CheckpointError(f"{record}: {name!r} holds {str(shards)[:60]}, not the sha256s of a teacher's "
+                                         "train and val shards; restore the file (git checkout teachers/shards.json)")
+    return record, recorded
 
 
 def shard_sha256s(ws: Workspace) -> dict:
@@ -433,6 +440,7 @@ def ensure_inputs(ws: Workspace, force: bool = False) -> Path:
     """Data and teacher of a scale; returns the teacher's checkpoint folder. A hub (or local) teacher is
     fetched and its config checked first, so that one that cannot be had fails before any data is made."""
     force = force and ws.inputs is None  # students with overrides never rebuild the data and teacher they share
+    shipped_shards()
     if ws.preset.teacher:
         teacher = hub_teacher(ws)
         ModelConfig.from_hf(checkpoint.read_config(teacher), str(teacher / "config.json"))

@@ -4,6 +4,7 @@ local corpora that cannot be read."""
 import json
 import shutil
 from dataclasses import replace
+from pathlib import Path
 
 from conftest import (
     EVAL,
@@ -31,7 +32,9 @@ from conftest import (
     write,
 )
 
-from experiments import presets
+from experiments import presets, suite
+from plumbing import checkpoint
+from tools.preflight import SHIPPED_FILES
 
 
 def reference_file(content: str):
@@ -198,4 +201,40 @@ RELIABILITY = [
          OTHER_CONFIG, symlinked(f"{RUNS}/s42/post-grow")),
     case("train --force with a user's file in the run folder", [*TRAIN_RUN, "--force"], ("notes.txt", "not written by"),
          OTHER_CONFIG, write(f"{RUNS}/s42/post-grow/notes.txt", "my notes")),
+]
+
+
+def shipped_teacher(shards: str):
+    """The smoke preset shipping the tree's own teacher as teachers/smoke (in a kit folder of the case,
+    checksummed as `teacher --ship` writes it), with teachers/shards.json holding `shards`."""
+    def setup(case, monkeypatch):
+        source, kit = at(case, f"{RUNS}/teacher"), case / "kit" / "teachers"
+        shutil.copytree(source, kit / "smoke", ignore=lambda folder, files: [] if Path(folder) != source else
+                        [f for f in files if f not in SHIPPED_FILES])
+        checkpoint.write_checksums(kit / "smoke")
+        (kit / "shards.json").write_text(shards)
+        monkeypatch.setattr(suite, "SHIPPED_ROOT", case / "kit")
+        smoke = replace(presets.PRESETS["smoke"], shipped_teachers=("teachers/smoke",))
+        monkeypatch.setitem(presets.PRESETS, "smoke", smoke)
+    return setup
+
+
+TEACHER_CMD = ["teacher", "--scale", "smoke", "--runs-dir"]
+# Issue 40: shipping a teacher, and installing one, read their inputs before any work.
+SHIPPING = [
+    case("teacher --ship ''", [*TEACHER_CMD, "{R}", "--ship", ""], "--ship"),
+    case("teacher --ship a bad name, into an empty runs folder", [*TEACHER_CMD, "{C}/fresh", "--ship", "Bad_Name"],
+         ("--ship", "Bad_Name"), make_dir("{C}/fresh")),
+    case("teacher --ship a name taken, into an empty runs folder", [*TEACHER_CMD, "{C}/fresh", "--ship", "toy"],
+         ("--ship", "teachers/toy", "exists"), make_dir("{C}/fresh")),
+    case("shards.json: an entry a string", FRESH, ("shards.json", "teachers/smoke", "git checkout"), make_dir("{C}/fresh"),
+         setup=shipped_teacher('{"teachers/smoke": "abc"}')),
+    case("shards.json: an entry without val", FRESH, ("shards.json", "teachers/smoke"), make_dir("{C}/fresh"),
+         setup=shipped_teacher('{"teachers/smoke": {"train": {"tokens.u32": "ab"}}}')),
+    case("shards.json: a sha256 a number", FRESH, ("shards.json", "teachers/smoke"), make_dir("{C}/fresh"),
+         setup=shipped_teacher('{"teachers/smoke": {"train": {"tokens.u32": 5}, "val": {}}}')),
+    case("shards.json: a list", FRESH, "shards.json", make_dir("{C}/fresh"), setup=shipped_teacher("[]")),
+    case("shards.json: not JSON", FRESH, "shards.json", make_dir("{C}/fresh"), setup=shipped_teacher("{")),
+    case("teacher, shards.json an entry a string", [*TEACHER_CMD, "{C}/fresh"], ("shards.json", "teachers/smoke"),
+         make_dir("{C}/fresh"), setup=shipped_teacher('{"teachers/smoke": "abc"}')),
 ]

@@ -18,9 +18,10 @@ from pathlib import Path
 from typing import Callable
 
 import pytest
-from bad_checkpoints import CHECKPOINTS
+from bad_checkpoints import CHECKPOINTS, EXPORTS
 from bad_options import CLI_OPTIONS, FOLDERS, ISSUE34, LAUNCH_ENVIRONMENT, OVERRIDES
-from bad_run_folders import RELIABILITY, REPORTS, RERUNS
+from bad_references import OTHER_SCALE, REFERENCES
+from bad_run_folders import RELIABILITY, REPORTS, RERUNS, SHIPPING
 from click.testing import CliRunner
 from conftest import EVAL, EXPORT, GOOD_REFERENCE, POST, PRE, RUN, RUNS, SAMPLE, TABLE1, TEACHER, Case, at, case
 
@@ -78,8 +79,8 @@ DAMAGED_LOGS = [
 ]
 
 
-CASES = (CLI_OPTIONS + OVERRIDES + FOLDERS + CHECKPOINTS + RERUNS + REPORTS + RELIABILITY + ISSUE34
-         + LAUNCH_ENVIRONMENT)
+CASES = CLI_OPTIONS + OVERRIDES + FOLDERS + CHECKPOINTS + RERUNS + REPORTS + RELIABILITY + ISSUE34 + REFERENCES + \
+    OTHER_SCALE + SHIPPING + EXPORTS + LAUNCH_ENVIRONMENT
 
 
 def test_the_table_has_at_least_100_distinct_cases():
@@ -121,10 +122,12 @@ def test_bad_input_is_one_line_and_changes_nothing(bad: Case, tree, tmp_path, mo
 
 
 def test_the_undamaged_tree_passes_every_command_the_table_breaks(tree, tmp_path, monkeypatch):
-    """The cases fail because of their damage: the same commands succeed on the tree as it was built."""
+    """The cases fail because of their damage: the same commands succeed on the tree as it was built (the
+    post-norm checkpoint without its checksums.json too: its label is its run's)."""
     case_dir = tmp_path / "case"
     shutil.copytree(tree, case_dir)
     monkeypatch.chdir(case_dir)
+    (Path(POST.format(R=case_dir / "R")) / "checksums.json").unlink()
     fill = lambda args: [a.format(R=case_dir / "R", S=case_dir / "S", C=case_dir) for a in args]
     for args in (EVAL(PRE), EVAL(POST), EVAL(TEACHER), SAMPLE(PRE), SAMPLE(POST), EXPORT(PRE, "{C}/out"),
                  ["data", "--scale", "smoke", "--runs-dir", "{R}"], TABLE1):
@@ -383,8 +386,8 @@ def test_the_precision_cache_is_read_as_strictly_as_it_is_written(tmp_path, monk
 
 
 def test_export_to_an_empty_folder_and_a_reference_over_a_shipped_one(tree, tmp_path, monkeypatch):
-    """An empty folder holds nothing to lose: export uses it, with --force too. `reference` over a
-    shipped file says --force is missing, not that an absent --force is invalid."""
+    """An empty folder holds nothing to lose: export uses it, with --force too, and --force replaces the kit's
+    own export. `reference` over a shipped file says --force is missing, not that an absent --force is invalid."""
     shutil.copytree(tree, tmp_path / "t")
     monkeypatch.chdir(tmp_path / "t")
     pre = PRE.format(R=tmp_path / "t" / "R")
@@ -394,6 +397,12 @@ def test_export_to_an_empty_folder_and_a_reference_over_a_shipped_one(tree, tmp_
         result = CliRunner().invoke(repro.cli, ["export", pre, str(tmp_path / "empty"), "--runs-dir",
                                                 str(tmp_path / "t" / "R"), *more])
         assert result.exit_code == 0 and (tmp_path / "empty" / "model.safetensors").is_file(), result.output
+    # --force over the kit's own export, beside what a killed export leaves (<out>.tmp, of its files only)
+    shutil.copytree(tmp_path / "empty", tmp_path / "empty.tmp")
+    (tmp_path / "empty.tmp" / "model.safetensors").unlink()
+    result = CliRunner().invoke(repro.cli, ["export", pre, str(tmp_path / "empty"), "--runs-dir", str(tmp_path / "t" / "R"),
+                                            "--force"])
+    assert result.exit_code == 0 and not (tmp_path / "empty.tmp").exists(), result.output
     monkeypatch.setattr(reference, "REFERENCES", tmp_path / "refs")
     (tmp_path / "refs").mkdir()
     (tmp_path / "refs" / "smoke.json").write_text(GOOD_REFERENCE)
@@ -439,3 +448,22 @@ def test_force_after_an_edited_corpus_never_reuses_what_the_old_one_trained(tmp_
     with pytest.raises(errors.DataError, match=r"data: rebuilt from the corpus .* move teacher out of"):
         suite.prepare_data(suite.workspace("smoke", tmp_path / "runs", overrides=local, device="cpu"), force=True)
     assert suite.shard_corpus(ws)["sha256"] != first
+
+
+def test_two_data_paths_differing_only_by_slash_and_underscore_keep_two_workspaces(tmp_path):
+    """Issue 40: data.path=<d>/x/c.jsonl and <d>/x_c.jsonl were one workspace (/ shown as _), and the --force its
+    error suggested rebuilt the other corpus's shards under its finished runs. Now each has its own folder, and
+    `data --force` on one leaves the other byte for byte (and data.path spelled without / keeps its old name)."""
+    (tmp_path / "x").mkdir()
+    docs = lambda word: "".join(json.dumps({"text": f"document {i} about the {word} fox"}) + "\n" for i in range(200))
+    (tmp_path / "x" / "c.jsonl").write_text(docs("lazy"))
+    (tmp_path / "x_c.jsonl").write_text(docs("quick"))
+    runs = tmp_path / "runs"
+    local = lambda path, *more: CliRunner().invoke(repro.cli, ["data", "--scale", "smoke", "--runs-dir", str(runs), "--set",
+                                                               "data.source=local", "--set", f"data.path={path}", *more])
+    assert local(tmp_path / "x" / "c.jsonl").exit_code == 0
+    [first] = runs.iterdir()
+    before = tree_hash(first)
+    result = local(tmp_path / "x_c.jsonl", "--force")
+    assert result.exit_code == 0, result.output
+    assert tree_hash(first) == before and len(list(runs.iterdir())) == 2

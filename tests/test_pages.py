@@ -6,7 +6,8 @@ import math
 
 import pytest
 
-from experiments import pages, report
+from experiments import pages, reference, report
+from plumbing import checkpoint
 from plumbing.errors import UsageError
 
 REGENERATE = "regenerate it: python repro.py results --scale {scale} (pages.main)"
@@ -23,6 +24,20 @@ def test_the_readmes_headline_is_table_1_at_toy_and_mini_as_rendered():
     assert pages.with_headline(readme) == readme, REGENERATE.format(scale="toy")
     block = readme.split(pages.HEADLINE_START)[1].split(pages.HEADLINE_END)[0]
     assert "`toy`, 3 seeds" in block and "`mini`, 3 seeds" in block and "-0.0332" in block  # the paper's interaction
+
+
+@pytest.mark.parametrize("path", sorted((pages.ROOT / "references").glob("*.json")), ids=lambda path: path.name)
+def test_every_shipped_reference_has_the_shape_results_and_compare_read(path):
+    reference.check_reference(checkpoint.loads(path.read_text()), path)
+
+
+def test_a_bad_reference_value_is_named_by_its_json_path(tmp_path):
+    """The first bad value's place in the file, dotted where keys are plain names; `true` is not a number."""
+    shipped = reference.load("toy")
+    shipped["tables"]["placements"]["post: delta_grow"][1] = True
+    with pytest.raises(UsageError, match=r'toy.json: tables.placements\["post: delta_grow"\]\[1\] is a boolean true, '
+                                         "not a number"):
+        reference.check_reference(shipped, tmp_path / "toy.json")
 
 
 def stats(values):
@@ -95,8 +110,8 @@ def test_the_page_and_the_headline_change_when_the_numbers_do():
 def test_a_declared_family_reads_the_shipped_planted_numbers_and_follows_a_change():
     """The planted 2x2 as shipped reads inconclusive for both doses; raising the dosed pre-norm runs by 0.1 nats
     on every seed makes that dose's interaction read above 0 under Holm, and the page says so."""
-    reference = pages.load("toy")
-    shipped = {**reference, "tables": {"planted": reference["tables"]["planted"]}}
+    toy = reference.load("toy")
+    shipped = {**toy, "tables": {"planted": toy["tables"]["planted"]}}
     lines = [line for line in pages.render_reference("toy", shipped).splitlines() if line.startswith("- I, ")]
     assert len(lines) == 2 and all("**inconclusive**" in line for line in lines)
     moved = copy.deepcopy(shipped)
@@ -121,7 +136,7 @@ def test_main_writes_the_page_and_refreshes_only_the_headline(tmp_path):
 
 def test_every_number_of_a_table_is_the_reference_over_seeds():
     """Table 1's interaction cell at toy is report.across_seeds of the shipped per-seed values, nothing else."""
-    values = pages.load("toy")["tables"]["table1"]["interaction"]
+    values = reference.load("toy")["tables"]["table1"]["interaction"]
     s = report.across_seeds(values)
     assert math.isclose(s["mean"], sum(values) / 3)
     assert report.kit_cell(s, 4) in pages.render("toy")

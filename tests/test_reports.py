@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from experiments import report, suite, tables
+from plumbing import errors
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -176,7 +177,8 @@ def test_a_reference_leaves_out_a_run_not_yet_finished_for_every_seed(tmp_path):
             run = tmp_path / "runs" / f"s{seed}" / name
             run.mkdir(parents=True)
             done = {"ce": 3.0 + seed / 100, "ppl": math.exp(3.0 + seed / 100), "kd": 0.0, "step": 9}
-            (run / "metrics.jsonl").write_text(json.dumps({**done, "eval": True}) + "\n")
+            extra = json.dumps({**done, "step": 5, "eval": True}) + "\n" if seed == 42 else ""  # a point seed 43 lacks
+            (run / "metrics.jsonl").write_text(extra + json.dumps({**done, "eval": True}) + "\n")
             (run / "done.json").write_text(json.dumps(done))
     (tmp_path / "results").mkdir()
     # reports over the reference's seeds, or two or more of them, ship, each with its seeds; one over a
@@ -190,8 +192,9 @@ def test_a_reference_leaves_out_a_run_not_yet_finished_for_every_seed(tmp_path):
     assert ref["table_seeds"] == {"regime": [42, 43], "table1": [42, 43, 44]}
     assert ref["tables"]["regime"] == {"peri: delta_grow": [0.42, 0.43]}
     ref = reference.collect(tmp_path / "runs", tmp_path / "results", [42, 43])
-    assert ref["final_ce"] == {"pre-grow": [3.42, 3.43]} and set(ref["curves"]) == {"pre-grow"}
+    assert ref["final_ce"] == {"pre-grow": [3.42, 3.43]} and ref["curves"] == {"pre-grow": {"9": [3.42, 3.43]}}
     assert ref["table_seeds"] == {"regime": [42, 43]}  # table1's seed 44 is not among these
+    reference.check_reference(ref, tmp_path / "toy.json")  # what `reference` writes, `results` and `compare` read
 
 
 def test_references_ship_and_compare_the_per_seed_values_of_every_report_shape(tmp_path):
@@ -253,3 +256,18 @@ def test_the_shipped_toy_reference_holds_per_seed_values_for_every_table(table):
     numbers = SHIPPED_TOY["tables"][table]
     assert numbers, f"{table}: no per-seed values shipped"
     assert all(isinstance(v, list) and len(v) == len(seeds) for v in numbers.values())
+
+
+def test_compare_tells_runs_of_another_scale_from_runs_of_other_settings(tmp_path):
+    """A run whose settings are one scale's run section was made at that scale (compare refuses it against
+    another's reference); one trained with --set run.lr matches no scale's and is compared as before."""
+    from experiments import presets, reference
+    for name, lr in (("toy-run", presets.PRESETS["toy"].run["lr"]), ("toy-lr", 0.5)):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "metrics.jsonl").write_text("")
+        (tmp_path / name / "config.json").write_text(json.dumps({**presets.PRESETS["toy"].run, "lr": lr, "seed": 7}))
+    assert reference.made_at(tmp_path / "toy-run") == [(tmp_path / "toy-run" / "config.json", "toy")]
+    assert reference.made_at(tmp_path / "toy-lr") == []
+    with pytest.raises(errors.UsageError, match="toy-run/config.json: of scale toy, and .*mini.json holds scale mini's"):
+        reference.check_scale(tmp_path / "toy-run", "mini", tmp_path / "mini.json")
+    reference.check_scale(tmp_path / "toy-run", "toy", tmp_path / "toy.json")

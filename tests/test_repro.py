@@ -344,6 +344,18 @@ def test_long_override_names_are_cut_and_end_in_a_hash_of_the_whole():
     assert presets.override_name({"run": {"lr": 0.0003}}) == "run.lr=0.0003"  # short ones unchanged
 
 
+def test_override_names_are_one_per_set_of_values():
+    """/ was shown as _ and spaces dropped, so /a/b, /a_b and _a_b (and a b, ab) named one workspace; a value
+    holding ',' or '=' could read as two items. Each now names its own; a value that loses nothing keeps the
+    name it always had (existing workspaces and run folders keep theirs)."""
+    sets = [{"data": {"path": v}} for v in ("/a/b", "/a_b", "_a_b", "a b", "ab", "a,data.source=local", "a~1")] + \
+        [{"data": {"path": "a", "source": "local"}}]
+    names = [presets.override_name(changes) for changes in sets]
+    assert len(set(names)) == len(names), names
+    assert names[2] == "data.path=_a_b" and names[4] == "data.path=ab" and names[7] == "data.path=a,data.source=local"
+    assert names[0].startswith("data.path=_a_b~") and names[3].startswith("data.path=ab~")
+
+
 def test_a_run_is_named_by_its_fields_and_its_folder_is_the_name_the_kit_always_gave_it():
     """A placement may hold a '-' (hybrid-star) or be a schedule (post,pre,pre): the run keeps its fields,
     and its folder (and report key) is <norm>-<protocol>; the runs whose phases it shares come first; the

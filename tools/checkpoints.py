@@ -8,24 +8,43 @@ validation shard, and a pre-norm student exported as a standard HF Qwen3 folder.
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import data
 import model
 import nets
+import rundir
 from experiments import presets, suite
 from plumbing import corpora, devices, errors, hf_qwen3, tokenizer
-from plumbing.checkpoint import read_config
+from plumbing.checkpoint import CHECKSUMS, read_config
 
 QWEN3_EOT = 151643  # <|endoftext|> in Qwen3's full vocabulary
 
 
 def checkpoint_config(checkpoint: Path) -> dict:
-    """A checkpoint's config.json with its model fields checked (hf_qwen3.config_problem), before its
-    vocabulary is used to pick a scale."""
+    """A checkpoint's config.json with its model fields checked (hf_qwen3.config_problem), and a student's
+    placement against its run's (check_placement), before its vocabulary is used to pick a scale."""
     config = read_config(checkpoint)
     hf_qwen3.ModelConfig.from_hf(config, str(checkpoint / "config.json"))
+    check_placement(checkpoint, config)
     return config
+
+
+def check_placement(checkpoint: Path, config: dict):
+    """A student checkpoint without checksums.json (an older kit's, or put together by hand) in its run's folder:
+    its placement is the run's. Pre- and post-norm students have tensors of the same names and shapes, so a
+    relabelled one would load as the other placement; a kit's checkpoint has checksums, and --norm auto's
+    schedule is chosen as the run trains, so those are left to their checksums."""
+    shape, run = config.get("normgrow_student"), checkpoint.parent
+    if (checkpoint / CHECKSUMS).exists() or not isinstance(shape, dict) or not (run / "metrics.jsonl").is_file() \
+            or not (run / "config.json").is_file():
+        return
+    norm = rundir.read_json(run / "config.json").get("norm")
+    if isinstance(norm, str) and norm != "auto" and shape.get("norm") != norm:
+        raise errors.CheckpointError(f"{checkpoint / 'config.json'}: norm {shape.get('norm')!r}, where its run trained "
+                                     f"{norm!r} ({run / 'config.json'}), and without {CHECKSUMS} nothing tells which is "
+                                     "right; restore the checkpoint's config.json (or its checksums.json)")
 
 
 def vocabulary_fits(vocab: int, eot: int) -> bool:
@@ -80,28 +99,36 @@ def evaluate(checkpoint: Path, scale: str | None, data_dir: Path | None, runs_di
 def export(student_dir: Path, out_dir: Path, force: bool, runs_dir: Path) -> model.Student:
     """A pre-norm student checkpoint as a standard HF Qwen3 folder that transformers loads, with the kit's
     tokenizer (exact ids) and <|endoftext|> as bos, eos and pad; the exported student."""
-    check_export_target(student_dir, out_dir, force, runs_dir)
-    student = model.Student.load(student_dir)
     scale = scale_of(checkpoint_config(student_dir), runs_dir, student_dir)
     enc = corpora.vocabulary(presets.PRESETS[scale].data)
     generation = {"bos_token_id": enc.eot, "eos_token_id": enc.eot, "pad_token_id": enc.eot, "do_sample": False}
+    extra_files = {**tokenizer.hf_tokenizer_files(enc), "generation_config.json": json.dumps(generation)}
+    # What export_hf writes: an HF checkpoint (config.json, model.safetensors), these files and the kit's marker.
+    written = {"config.json", "model.safetensors", hf_qwen3.EXPORT_MARKER, *extra_files}
+    check_export_target(student_dir, out_dir, force, runs_dir, written)
+    student = model.Student.load(student_dir)
     try:
-        hf_qwen3.export_hf(student, out_dir, source=str(student_dir),
-                        extra_files={**tokenizer.hf_tokenizer_files(enc), "generation_config.json": json.dumps(generation)})
+        hf_qwen3.export_hf(student, out_dir, source=str(student_dir), extra_files=extra_files)
     except OSError as e:  # a read-only place, a path through a file: its first mkdir fails
         raise errors.CheckpointError(f"{out_dir}: cannot write the export there ({e.strerror or e}); choose a folder "
                                      "you can write to") from None
     return student
 
 
-def check_export_target(student_dir: Path, out_dir: Path, force: bool, runs_dir: Path = Path("runs")):
-    """Never inside a runs tree (a run's --force may delete its folder), and --force replaces only a folder
-    the kit exported before, never the checkpoint itself or a folder that holds it."""
+def check_export_target(student_dir: Path, out_dir: Path, force: bool, runs_dir: Path, written: set[str]):
+    """Never inside a runs tree (a run's --force may delete its folder); --force replaces only a folder the
+    kit exported before, never the checkpoint itself or a folder that holds it, and only if everything in it
+    is a file the kit's export writes (`written`); the folders an export writes through (<out>.tmp, <out>.old
+    beside it, which it replaces and removes) hold nothing else either."""
     source, target = student_dir.resolve(), out_dir.resolve()
     runs = [p for p in target.parents if p == runs_dir.resolve() or (p / "metrics.jsonl").is_file()]
     if runs:  # a run folder, or the runs folder: a rerun with --force may delete what is in it
         raise errors.CheckpointError(f"{out_dir}: inside a runs tree ({runs[0]}), where a rerun with --force may "
                                      "delete it; export to a folder outside it")
+    for sibling in (out_dir.with_name(out_dir.name + ".tmp"), out_dir.with_name(out_dir.name + ".old")):
+        if sibling.is_symlink() or sibling.is_file() or (sibling.is_dir() and not_exported(sibling, written)):
+            raise errors.CheckpointError(f"{sibling}: not written by the kit, and an export to {out_dir} writes through "
+                                         "it and then removes it; move it away or export to another folder")
     if not out_dir.exists():
         return
     if source == target or target in source.parents:
@@ -114,3 +141,14 @@ def check_export_target(student_dir: Path, out_dir: Path, force: bool, runs_dir:
     if not (out_dir / hf_qwen3.EXPORT_MARKER).is_file():
         raise errors.CheckpointError(f"{out_dir}: not a folder the kit exported (no {hf_qwen3.EXPORT_MARKER}); --force only "
                                      "replaces earlier exports, so choose a new or empty folder")
+    foreign = not_exported(out_dir, written)
+    if foreign:
+        raise errors.CheckpointError(f"{out_dir / foreign[0]}: not written by the kit, and --force would delete it with "
+                                     "the earlier export; move it out of the folder and rerun")
+
+
+def not_exported(folder: Path, written: set[str]) -> list[str]:
+    """What in a folder an export did not write: anything but its own files (and write_atomic's temporary
+    ones, left by a kill), a sub-folder or a link included."""
+    made = lambda p: p.is_file() and not p.is_symlink() and (p.name in written or re.fullmatch(r"\..+\.\d+\.tmp", p.name))
+    return sorted(p.name for p in folder.iterdir() if not made(p))

@@ -172,21 +172,25 @@ def rehearse_launch(ws: suite.Workspace, launch: rehearse.Launch, runs, mode: st
     return rehearse.write(out, ws.results.parent, ws.preset.name, launch, label, replicate_teacher)
 
 
-def pretrain_teacher(ws: suite.Workspace, rebuild: bool = False, force: bool = False) -> str:
+def pretrain_teacher(ws: suite.Workspace, rebuild: bool = False, force: bool = False, ship: str | None = None) -> str:
     """`repro.py teacher`: the scale's data, then its own teacher (installed if shipped, else trained), or
-    with `rebuild` the shipped one trained again beside it; the line that says what came out."""
+    with `rebuild` the shipped one trained again beside it, then with `ship` the teacher copied into this
+    repository (ship_teacher); the lines that say what came out."""
     if ws.preset.teacher:
         raise errors.UsageError(f"--scale {ws.preset.name} distils from {ws.preset.teacher}; there is no teacher to "
                                 "pretrain")
+    suite.shipped_shards()  # read before the data is prepared
     suite.prepare_data(ws, force)
     if rebuild and not suite.shipped_teacher_for(ws):
         raise errors.OptionError("--rebuild", f"--scale {ws.preset.name} ships no teacher with these settings; "
                                  "`repro.py teacher` trains its own")
     if rebuild:
-        return rebuild_teacher(ws, force)
-    path = suite.ensure_teacher(ws, force)
-    result = rundir.read_json(ws.teacher_dir / "done.json", "ce", "ppl")
-    return f"teacher: validation CE {result['ce']:.4f} (PPL {result['ppl']:.1f}); HF checkpoint in {path}"
+        line = rebuild_teacher(ws, force)
+    else:
+        path = suite.ensure_teacher(ws, force)
+        result = rundir.read_json(ws.teacher_dir / "done.json", "ce", "ppl")
+        line = f"teacher: validation CE {result['ce']:.4f} (PPL {result['ppl']:.1f}); HF checkpoint in {path}"
+    return line + (f"\n{ship_teacher(ws, ship)}" if ship else "")
 
 
 def rebuild_teacher(ws: suite.Workspace, force: bool = False) -> str:
@@ -211,11 +215,7 @@ def ship_teacher(ws: suite.Workspace, name: str) -> str:
     teachers/NAME (its files as trained: no snapshots, no latest/), its checksums written, and its shards'
     sha256s recorded in teachers/shards.json, so that a preset listing it (Preset.shipped_teachers) installs it
     only for the very data it learned from. Nothing there is replaced."""
-    if not re.fullmatch(r"[a-z0-9][a-z0-9-]{0,63}", name):
-        raise errors.OptionError("--ship", f"{name!r}: a folder name of lowercase letters, digits and '-'")
-    source, target = ws.teacher_dir, suite.SHIPPED_ROOT / "teachers" / name
-    if target.exists():
-        raise errors.OptionError("--ship", f"{target} exists; choose another name (nothing shipped is replaced)")
+    source, target = ws.teacher_dir, suite.SHIPPED_ROOT / "teachers" / check_ship_name(None, None, name)
     rundir.read_json(source / "done.json", "ce")  # finished
     suite.refuse_diverged_teacher(source)
     checkpoint.check_checksums(source / "phase-0")
@@ -227,6 +227,19 @@ def ship_teacher(ws: suite.Workspace, name: str) -> str:
     checkpoint.write_json(record, {**recorded, f"teachers/{name}": suite.shard_sha256s(ws)}, indent=1)
     tmp.rename(target)
     return f"teacher: shipped as {target} (add \"teachers/{name}\" to the preset's shipped_teachers to install it)"
+
+
+def check_ship_name(ctx, param, name: str | None) -> str | None:
+    """--ship NAME, checked when the command line is read (click's callback), before any work: a new folder
+    under teachers/. An empty name too is refused (it shipped nothing and exited 0)."""
+    if name is None:
+        return None
+    if not re.fullmatch(r"[a-z0-9][a-z0-9-]{0,63}", name):
+        raise errors.OptionError("--ship", f"{name!r}: a folder name of lowercase letters, digits and '-'")
+    if (suite.SHIPPED_ROOT / "teachers" / name).exists():
+        raise errors.OptionError("--ship", f"{suite.SHIPPED_ROOT / 'teachers' / name} exists; choose another name "
+                                 "(nothing shipped is replaced)")
+    return name
 
 
 SHIPPED_FILES = ("config.json", "provenance.json", "metrics.jsonl", "done.json", "phase-0")  # what teachers/toy holds

@@ -18,14 +18,13 @@ import model
 from experiments import presets
 from model import apply_rope, rope_cos_sin
 from plumbing import corpora, errors
-from plumbing.checkpoint import read_config
 from plumbing.hf_qwen3 import ModelConfig
 from tools import checkpoints
 
 
 def load_checkpoint(path, device="cpu") -> model.Qwen3 | model.Student:
     """A student (config.json with a normgrow_student entry) or a plain Qwen3, fp32, in eval mode."""
-    is_student = "normgrow_student" in read_config(Path(path))
+    is_student = "normgrow_student" in checkpoints.checkpoint_config(Path(path))
     net = model.Student.load(path, device=device) if is_student else model.load_qwen3(path, device=device)
     return net.eval()
 
