@@ -32,7 +32,7 @@ import data
 import model
 import rundir
 from experiments import beyond, ideas, presets, studies, suite, tables
-from plumbing import devices, errors
+from plumbing import devices, errors, paths
 from tools import checkpoints, plan, preflight
 
 # ----------------------------------------------------------------------------------------------
@@ -61,7 +61,7 @@ class Repro(click.Group):
         except OSError as e:  # a path the user gave or made that is not what it must be: a folder where a file goes
             if e.filename is None:  # (or a file where a folder goes), a link loop, a broken link, a name too long
                 raise
-            raise OneLineError(suite.path_problem(e)) from None
+            raise OneLineError(paths.path_problem(e)) from None
         except RuntimeError as e:  # Python 3.11's Path.resolve says ELOOP so (3.13 raises OSError)
             if not str(e).startswith("Symlink loop from "):
                 raise
@@ -425,7 +425,7 @@ def prepare_inputs(scale, overrides, compile_flag, device, tracker, no_wait, for
     teacher (or train the kit's own). Run it on a login node before torchrun, so that no rank waits."""
     ws = suite.workspace(scale, runs_dir, dry_run=True, overrides=presets.parse_overrides(presets.PRESETS[scale], overrides),
                          compile_flag=compile_flag, device="cpu", tracker=tracker, wait=not no_wait)
-    suite.writable_dir(ws.runs.parent, "--runs-dir")
+    paths.writable_dir(ws.runs.parent, "--runs-dir")
     teacher = suite.ensure_inputs(ws, force)
     shards = ", ".join(f"{split} {len(data.Shard(ws.data_dir / split, verify=False)):,} documents"
                        for split in ("train", "val"))

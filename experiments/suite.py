@@ -10,12 +10,10 @@ every seed, in lockstep where they share batches). The CLI (repro.py) and the ex
 """
 from __future__ import annotations
 
-import errno
 import os
 import shlex
 import shutil
 import sys
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -29,7 +27,7 @@ import grow
 import model
 import rundir
 from experiments.presets import PRESETS, Preset, apply_overrides, override_name
-from plumbing import checkpoint, corpora, devices, errors, locks, tokenizer
+from plumbing import checkpoint, corpora, devices, errors, locks, paths, tokenizer
 from plumbing.hf_qwen3 import ModelConfig
 
 console = Console(width=None if sys.stdout.isatty() else 140)
@@ -108,9 +106,9 @@ def workspace(scale: str, runs_dir: Path, results_dir: Path | None = None, dry_r
     rundir.check_tracker(tracker)
     ctx = devices.setup_distributed(device)
     if not dry_run:
-        writable_dir(runs_dir, "--runs-dir")
+        paths.writable_dir(runs_dir, "--runs-dir")
         if results_dir is not None:
-            writable_dir(results_dir, "--results-dir")
+            paths.writable_dir(results_dir, "--results-dir")
     results_dir = results_dir or Path("results")
     if not changes:
         return Workspace(preset, runs_dir / scale, results_dir / scale, ctx, tracker=tracker, lockstep=lockstep, wait=wait)
@@ -555,50 +553,3 @@ def teacher_summary(ws: Workspace, runs, seeds: list[int]) -> str:
     return (f"teacher: validation CE {result['ce']:.4f} after {result['step']} steps, trained in {seconds / 60:.1f} min "
             f"(cached in {teacher}); best student {best} at {best_ce:.4f}, {abs(best_ce - result['ce']):.4f} nats "
             f"{'above' if best_ce >= result['ce'] else 'below'} the teacher's")
-
-
-def writable_dir(path: Path, option: str) -> Path:
-    try:
-        path.mkdir(parents=True, exist_ok=True)
-        # A name of this process's own: the ranks of a launch probe one shared folder at once.
-        with tempfile.NamedTemporaryFile(dir=path, prefix=".write-test-"):
-            pass
-    except OSError as e:
-        raise errors.OptionError(option, f"{path} is not a writable folder ({path_reason(e)}); choose another") from None
-    return path
-
-
-# What to do about a path that is not what the kit needs, by the file system's answer.
-PATH_FIXES = {errno.EISDIR: "a folder stands where the kit writes a file: move it away and rerun",
-              errno.ENOTDIR: "a file stands where the kit needs a folder: move it away, or choose another folder",
-              errno.ELOOP: "a symbolic link that leads back to itself: remove it, or point it at a folder",
-              errno.ENAMETOOLONG: "a name longer than the file system allows (255 bytes a name): choose a shorter path",
-              errno.ENOENT: "check the path", errno.EACCES: "choose a folder you can write to",
-              errno.EROFS: "choose a folder you can write to"}
-
-
-def path_reason(e: OSError) -> str:
-    """The file system's reason, with the cause a bare "File exists" hides: mkdir of a symbolic link
-    that leads nowhere (an unmounted disk) or back to itself (a loop) says EEXIST."""
-    path = e.filename2 or e.filename
-    if e.errno == errno.EEXIST and path is not None and os.path.islink(path):
-        try:
-            os.stat(path)
-        except OSError as target:
-            if target.errno == errno.ELOOP:
-                return "a symbolic link loop"
-            return f"a symbolic link to {os.readlink(path)}, which does not exist (an unmounted disk?)"
-    if e.errno == errno.EEXIST and path is not None and os.path.isfile(path):
-        return "a file, where a folder goes"
-    return e.strerror or type(e).__name__
-
-
-def path_problem(e: OSError) -> str:
-    """One line for an OSError about a path (repro.py prints it instead of a traceback): the path the
-    kit was writing or reading, why it could not, and what to do."""
-    path = e.filename2 or e.filename  # a rename names its target second: the path the user sees
-    reason = path_reason(e)
-    code = errno.ELOOP if "loop" in reason else errno.ENOTDIR if "where a folder goes" in reason else e.errno
-    fix = ("mount it, or remove the link" if "does not exist" in reason
-           else PATH_FIXES.get(code, "check the path and the folder's permissions"))
-    return f"{path}: {reason}; {fix}"

@@ -20,7 +20,7 @@ import model
 import repro
 import rundir
 from experiments import presets, suite, tables
-from plumbing import checkpoint, devices, errors
+from plumbing import checkpoint, devices, errors, paths
 from tools import checkpoints, plan
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -118,7 +118,7 @@ def probe_runs_folder(folder: Path, calls: int, start) -> list[str]:
     failures = []
     for _ in range(calls):
         try:
-            suite.writable_dir(folder, "--runs-dir")
+            paths.writable_dir(folder, "--runs-dir")
         except errors.OptionError as e:
             failures.append(str(e))
     return failures
