@@ -111,6 +111,23 @@ def search(ws: suite.Workspace, force: bool = False) -> tuple[RunName | None, di
                     "chosen": chosen.name if chosen else None, "diverged": report.diverged_runs(ws, runs, [SEARCH_SEED])}
 
 
+def contrast_of(variant: str, baseline: str) -> Contrast:
+    """The contrast a report row names by its variant's and baseline's labels (idea 4's: the chosen schedule's)."""
+    for c in fixed_contrasts():
+        if (c.variant.label, c.baseline.label) == (variant, baseline):
+            return c
+    if variant.endswith(f" (chosen on seed {SEARCH_SEED})") and baseline in (POST_GROW.label, PRE_GROW.label):
+        return Contrast(4, Variant(variant, POST), POST_GROW if baseline == POST_GROW.label else PRE_GROW,
+                        baseline == POST_GROW.label)
+    raise KeyError(f"ideas: {variant} against {baseline}")
+
+
+def chosen_of(numbers: dict) -> RunName | None:
+    """POST where a report's numbers show the search chose post-grow itself (its idea-4 contrast is 0 by
+    construction), else None: the only choice read_family needs."""
+    return POST if any(k.startswith(f"{POST.name} (chosen on seed {SEARCH_SEED})") for k in numbers) else None
+
+
 def choose(ce: dict[RunName, float]) -> RunName | None:
     """The search's rule: the lowest final validation CE; a diverged run (not finite) is never chosen."""
     finite = {run: value for run, value in ce.items() if math.isfinite(value)}

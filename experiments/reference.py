@@ -110,6 +110,8 @@ def report_numbers(content: dict) -> dict[str, list]:
             continue
         name = row.get("variant") or row.get("placement") or row.get("point") or row.get("label") or \
             row.get("contrast") or row.get("dose")
+        if "baseline" in row:  # a contrast (the ideas'): one variant may be read against several runs
+            name = f"{name} against {row['baseline']}"
         for quantity, value in row.items():
             if isinstance(value, dict) and "values" in value:
                 numbers[f"{name}: {quantity}"] = value["values"]
