@@ -369,7 +369,7 @@ def way_totals(ws, runs, seeds, teacher, doc_tokens: float, measured, gpu: str, 
     plain = {r.name: segments(r, preset, teacher, doc_tokens, gpu, gpus, nodes, recompute=False) for r in runs}
     steps = suite_seconds(runs, costs, lockstep) * len(seeds) * world / 3600
     recompute = steps - suite_seconds(runs, plain, lockstep) * len(seeds) * world / 3600
-    extra = overhead_hours(ws, runs, teacher, doc_tokens, gpu, gpus, nodes, steps, measured)
+    extra = overhead_hours(ws, runs, teacher, gpu, gpus, nodes, steps, measured)
     lines = {"steps (each the longer of its compute and communication)": steps,
              "  of which activation-checkpointing recompute (where compute is the longer)": recompute,
              **{k: v * (len(seeds) if k.startswith(("evaluations", "checkpoint")) else 1)
@@ -445,19 +445,39 @@ def balance_factor(preset, teacher: ModelConfig, world: int, balanced: bool, see
     return useful / waited
 
 
-def evaluation_flops(run: PlannedRun, preset, teacher: ModelConfig, doc_tokens: float) -> float:
-    """FLOPs of a run's evaluations: one at each phase's start and every eval_interval steps (grow.Run),
-    each the whole validation set through the teacher (not kept under FSDP2) and the active student."""
+def validation_lengths(ws, measured=None) -> np.ndarray:
+    """The validation documents' lengths (inputs a document): the shard's own once prepared, else drawn as
+    document_lengths draws a step's (from the training shard's lengths, or lognormal)."""
+    val = ws.data_dir / "val"
+    if (val / "manifest.json").is_file():
+        return data.Shard(val, verify=False).lengths - 1
+    return document_lengths(ws.preset, ws.preset.data["val_docs"], ws.preset.run["seed"], measured).astype(np.int64)
+
+
+def evaluation_flops(run: PlannedRun, preset, teacher: ModelConfig, lengths: np.ndarray, world: int) -> float:
+    """FLOPs of a run's evaluations as the GPUs spend them, waiting included: one at each phase's start
+    and every eval_interval steps (grow.Run), each the whole validation set (`lengths`) through the
+    teacher (not kept under FSDP2) and the active student, placed on the `world` ranks as the kit places
+    it (data.eval_placement): every rank takes as long as the step's costliest batch (FSDP2's
+    all-gathers make the ranks wait), a batch as its rows times its longest document (padding)."""
     c, L = run.config, preset.run["layers_per_block"]
-    context = min(doc_tokens, preset.data["max_len"]) / 2
-    tokens = preset.data["val_docs"] * min(doc_tokens, preset.data["max_len"])
-    t_layers, head = model.forward_flops_per_token(teacher, teacher.num_hidden_layers, context)
+    steps = [[(len(docs), lengths[docs].max()) for docs in step if docs]
+             for step in data.eval_placement(lengths, c.eval_batch, world)]
     flops = 0.0
     for ph in config.plan_phases(c)[run.shared_phases:]:
-        s_layers, _ = model.forward_flops_per_token(teacher, ph.active_blocks * L, context)
+        per_document = {n: document_flops(teacher, ph.active_blocks * L, n) for n in np.unique(lengths)}
+        one_pass = sum(world * max(rows * per_document[n] for rows, n in step) for step in steps)
         evaluations = 1 + ph.steps // c.eval_interval + (ph.steps % c.eval_interval != 0)
-        flops += evaluations * tokens * (t_layers + s_layers + 2 * head)
+        flops += evaluations * one_pass
     return flops
+
+
+def document_flops(teacher: ModelConfig, student_layers: int, n: int) -> float:
+    """A forward of n tokens through the teacher and a student of `student_layers`, with both heads:
+    n times model.forward_flops_per_token at half its length."""
+    t_layers, head = model.forward_flops_per_token(teacher, teacher.num_hidden_layers, n / 2)
+    s_layers, _ = model.forward_flops_per_token(teacher, student_layers, n / 2)
+    return n * (t_layers + s_layers + 2 * head)
 
 
 def checkpoint_bytes(run: PlannedRun, preset, teacher: ModelConfig) -> float:
@@ -476,8 +496,8 @@ def checkpoint_bytes(run: PlannedRun, preset, teacher: ModelConfig) -> float:
     return written
 
 
-def overhead_hours(ws, runs: list[PlannedRun], teacher, doc_tokens: float, gpu: str, gpus: int, nodes: int,
-                   step_hours: float, measured=None) -> dict:
+def overhead_hours(ws, runs: list[PlannedRun], teacher, gpu: str, gpus: int, nodes: int, step_hours: float,
+                   measured=None) -> dict:
     """GPU-hours besides the steps, by line: rank imbalance and padding (each step stretched by 1 / balance,
     micro-batches placed as the preset says: run.balance_lengths), the evaluations (at the assumed MFU)
     and the checkpoint writes (at CHECKPOINT_WRITE_BYTES_PER_S a node, every GPU waiting)."""
@@ -486,13 +506,15 @@ def overhead_hours(ws, runs: list[PlannedRun], teacher, doc_tokens: float, gpu: 
     balance = {way: balance_factor(preset, teacher, world, way == "balanced", seed, measured)
                for way in ("balanced", "unbalanced")}
     used = "balanced" if preset.run.get("balance_lengths") else "unbalanced"
-    eval_flops = sum(evaluation_flops(r, preset, teacher, doc_tokens) for r in runs)
+    val_lengths = validation_lengths(ws, measured)
+    eval_flops = sum(evaluation_flops(r, preset, teacher, val_lengths, world) for r in runs)
     written = sum(checkpoint_bytes(r, preset, teacher) for r in runs)
     return {"balance": balance,
             "lines": {f"rank imbalance and padding (balance {balance[used]:.2f} as the preset places micro-batches; "
                       f"{balance['balanced']:.2f} balanced by length, {balance['unbalanced']:.2f} in order)":
                       step_hours * (1 / balance[used] - 1),
-                      "evaluations": eval_flops / (GPU_BF16_PEAK[gpu] * ASSUMED_MFU) / 3600,
+                      "evaluations (placed by length over the ranks, waits and padding included)":
+                      eval_flops / (GPU_BF16_PEAK[gpu] * ASSUMED_MFU) / 3600,
                       f"checkpoint writes ({written / 1e12:,.1f} TB at {CHECKPOINT_WRITE_BYTES_PER_S / 1e9:g} GB/s "
                       "a node)": written / (CHECKPOINT_WRITE_BYTES_PER_S * nodes) * world / 3600}}
 
