@@ -483,13 +483,18 @@ def rank_micro_batches(doc_ids: np.ndarray, lengths: np.ndarray, micro_batch: in
 
 
 def check_split(global_batch: int, world_size: int, micro_batch: int) -> None:
-    """A global batch splits evenly over the ranks, and a rank's share into micro-batches."""
+    """A global batch splits evenly over the ranks (each one document at least), and a rank's share into
+    micro-batches: the one check of a launch's shape, made by the launch before any work
+    (suite.check_before_work) and by every Batcher, by the dry run (plan.print_plan) and by the rehearsal,
+    so that all of them refuse the same shapes with the same line."""
+    ranks = "the ranks (torchrun's processes; --gpus x --nodes in a dry run or rehearsal)"
     if global_batch < 1 or global_batch % world_size:
         raise DataError(f"global_batch={global_batch}: must be a positive multiple of world_size={world_size}; "
-                        f"change the global batch or the number of processes")
+                        f"change the global batch (--set run.global_batch) or {ranks}")
     if micro_batch < 1 or (global_batch // world_size) % micro_batch:
         raise DataError(f"micro_batch={micro_batch}: must divide the {global_batch // world_size} documents per rank "
-                        f"(global_batch={global_batch} / world_size={world_size}); pick a divisor")
+                        f"(global_batch={global_batch} / world_size={world_size}); pick a divisor (--set "
+                        f"run.micro_batch) or change {ranks}")
 
 
 def _check_batching(mode: str, global_batch: int, replay_docs: int, n_docs: int, rank: int, world_size: int,

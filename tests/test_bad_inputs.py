@@ -19,7 +19,7 @@ from typing import Callable
 
 import pytest
 from bad_checkpoints import CHECKPOINTS
-from bad_options import CLI_OPTIONS, FOLDERS, ISSUE34, OVERRIDES
+from bad_options import CLI_OPTIONS, FOLDERS, ISSUE34, LAUNCH_SHAPES, OVERRIDES
 from bad_run_folders import RELIABILITY, REPORTS, RERUNS
 from click.testing import CliRunner
 from conftest import EVAL, EXPORT, GOOD_REFERENCE, POST, PRE, RUN, RUNS, SAMPLE, TABLE1, TEACHER, Case, at, case
@@ -78,7 +78,7 @@ DAMAGED_LOGS = [
 ]
 
 
-CASES = CLI_OPTIONS + OVERRIDES + FOLDERS + CHECKPOINTS + RERUNS + REPORTS + RELIABILITY + ISSUE34
+CASES = CLI_OPTIONS + OVERRIDES + FOLDERS + CHECKPOINTS + RERUNS + REPORTS + RELIABILITY + ISSUE34 + LAUNCH_SHAPES
 
 
 def test_the_table_has_at_least_100_distinct_cases():

@@ -126,6 +126,27 @@ def test_the_plans_evaluations_are_the_batches_the_ranks_run(world, eval_batch):
     assert plan.evaluation_flops(grow_run, full, teacher, shard.lengths - 1, world) == pytest.approx(run, rel=1e-12)
 
 
+@pytest.mark.parametrize("world", [3, 128])
+def test_the_launch_the_dry_run_and_the_rehearsal_refuse_a_shape_with_one_line(tmp_path, world):
+    """64 documents a step on 3 ranks (not a multiple) or on 128 (fewer than the ranks): the launch refuses
+    before any work (suite.check_before_work, on its ranks), and the dry run and the rehearsal refuse the
+    same shape with the same line before pricing or rehearsing anything (the dry run priced both before:
+    the second with a negative imbalance line and 'balance inf')."""
+    from tools import preflight, rehearse
+    ws = suite.Workspace(presets.PRESETS["full"], tmp_path / "full", tmp_path / "results",
+                         devices.Dist(0, world, local_world=world))
+    runs = plan.planned_runs(ws, tables.MAIN_RUNS, 42)
+    lines = set()
+    for attempt in (lambda: suite.check_before_work(ws, [(run, 42) for run in tables.MAIN_RUNS], False),
+                    lambda: plan.print_plan(ws, runs, [42], "h100", world, suite.console),
+                    lambda: preflight.rehearse_launch(ws, rehearse.Launch(world), tables.MAIN_RUNS, "both", False, "t")):
+        with pytest.raises(errors.DataError) as refused:
+            attempt()
+        lines.add(str(refused.value))
+    assert len(lines) == 1 and f"global_batch=64: must be a positive multiple of world_size={world}" in lines.pop()
+    assert not any(tmp_path.iterdir())  # nothing made
+
+
 @pytest.mark.slow
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the message is for machines without CUDA")
 def test_full_without_cuda_says_how_to_launch(tmp_path):

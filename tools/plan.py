@@ -291,6 +291,8 @@ def print_plan(ws, runs: list[PlannedRun], seeds: list[int], gpu: str, gpus: int
     per-GPU memory (lockstep: of every segment); returns {"rows", "separate", "lockstep"} (FLOPs,
     GPU-hours, their lines, memory, teacher passes) and "lockstep_default"."""
     preset = ws.preset
+    for run in runs:  # what the launch would refuse is refused here, with its line, before anything is priced
+        data.check_split(run.config.global_batch, gpus * nodes, run.config.micro_batch)
     teacher, _ = model_shapes(preset)
     doc_tokens, measured = document_tokens(ws)
     rows, separate_flops = run_table(ws, runs, seeds, teacher, doc_tokens, gpu, gpus, nodes, console)
