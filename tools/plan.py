@@ -113,10 +113,10 @@ def step_flops(preset, teacher: ModelConfig, tokens: float) -> float:
     return tokens * (t_layers + head + 3 * s_layers + recompute + 3 * head)
 
 
-def memory_bytes(preset, teacher: ModelConfig, gpus: int, nodes: int = 1, runs=1) -> float:
-    """Per-GPU peak of a lockstep step of `runs` (their phases; an int n: n runs in grow's last phase),
-    memory.step_peak."""
-    return memory.step_peak(preset, teacher, gpus, nodes, runs)["total"]
+def memory_bytes(preset, teacher: ModelConfig, gpus: int, nodes: int, runs: list[PlannedRun]) -> float:
+    """Per-GPU peak of a run apart in grow's last phase (memory.step_peak), of the costliest placement among `runs`."""
+    return max((memory.step_peak(preset, teacher, gpus, nodes, 1, norms=[r.config.norm])["total"] for r in runs),
+               default=0.0)
 
 
 def own_steps(run: PlannedRun) -> range:
@@ -144,9 +144,10 @@ def lockstep_segments(runs: list[PlannedRun]) -> list[tuple[int, int, list[tuple
 def segment_memory(preset, runs: list[PlannedRun], gpus: int, nodes: int = 1) -> list[dict]:
     """Per-GPU peak of every lockstep segment: {"steps", "runs", "bytes", "moment"}."""
     teacher, _ = model_shapes(preset)
+    norm = {run.name: run.config.norm for run in runs}
     out = []
     for a, b, live in lockstep_segments(runs):
-        peak = memory.step_peak(preset, teacher, gpus, nodes, [ph for _, ph in live])
+        peak = memory.step_peak(preset, teacher, gpus, nodes, [ph for _, ph in live], norms=[norm[n] for n, _ in live])
         out.append({"steps": (a, b), "runs": [f"{name} phase {ph.index}" for name, ph in live],
                     "bytes": peak["total"], "moment": peak["moment"]})
     return out
@@ -378,7 +379,7 @@ def way_totals(ws, runs, seeds, teacher, doc_tokens: float, measured, gpu: str, 
                 for k, v in extra["lines"].items()}}
     gpu_hours = sum(v for k, v in lines.items() if not k.startswith("  of which"))
     memory_segments = segment_memory(preset, runs, gpus, nodes) if lockstep else []
-    memory = max((s["bytes"] for s in memory_segments), default=memory_bytes(preset, teacher, gpus, nodes, 1))
+    memory = max((s["bytes"] for s in memory_segments), default=memory_bytes(preset, teacher, gpus, nodes, runs))
     return {"gpu_hours": gpu_hours, "wall_hours": gpu_hours / world, "hours_lines": lines,
             "balance": extra["balance"], "memory_gib": memory / 2**30,
             "memory_segments": [{**s, "gib": s.pop("bytes") / 2**30} for s in memory_segments],
