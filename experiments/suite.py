@@ -462,6 +462,8 @@ def check_before_work(ws: Workspace, jobs: list[tuple[RunName, int]], force: boo
         except errors.ConfigError as e:  # RunConfig's own checks: a placement schedule, per-phase LRs and warmups
             raise errors.OptionError("--set", f"run {run.name}: {e}") from None
         folder = ws.run_dir(run, seed)
+        if not (folder / "done.json").exists():  # one it will train: refused as the dry run refuses it
+            data.check_split(config.global_batch, ws.ctx.world, config.micro_batch)
         if force:  # --force discards what does not match, if the kit made all of it: nothing else to read first
             if (teacher is not None or scratch(ws)) and (folder / "config.json").exists():
                 try:

@@ -218,3 +218,20 @@ LAUNCH_ENVIRONMENT = [
     case("NORMGROW_LOCK_WAIT not a number", TRAIN_RUN, ("NORMGROW_LOCK_WAIT", "soon", "forever"),
          setup=lambda case, monkeypatch: monkeypatch.setenv("NORMGROW_LOCK_WAIT", "soon")),
 ]
+
+
+# Issue 40: the dry run priced launches the launch refuses; now one check (data.check_split) refuses them all.
+LAUNCH_SHAPES = [
+    case("dry run, more ranks than the global batch", ["table1", "--scale", "full", "--gpus", "128", *DRY],
+         ("global_batch=64", "world_size=128", "--gpus x --nodes")),
+    case("dry run, a world size that does not divide the batch", ["table1", "--scale", "full", "--gpus", "3", *DRY],
+         ("global_batch=64", "world_size=3")),
+    case("dry run, nodes x GPUs past the batch", ["all", "--scale", "full", "--gpus", "8", "--nodes", "16", *DRY],
+         ("global_batch=64", "world_size=128")),
+    case("dry run, a micro-batch that does not divide a rank's share",
+         ["table1", "--scale", "full", "--gpus", "8", "--set", "run.micro_batch=16", *DRY],
+         ("micro_batch=16", "8 documents per rank")),
+    case("rehearse --mode real, a world size that does not divide the batch",
+         ["rehearse", "table1", "--scale", "full", "--gpus", "3", "--mode", "real", "--runs-dir", "{R}",
+          "--results-dir", "{S}"], ("global_batch=64", "world_size=3")),
+]

@@ -19,7 +19,7 @@ from typing import Callable
 
 import pytest
 from bad_checkpoints import CHECKPOINTS, EXPORTS
-from bad_options import CLI_OPTIONS, FOLDERS, ISSUE34, LAUNCH_ENVIRONMENT, OVERRIDES
+from bad_options import CLI_OPTIONS, FOLDERS, ISSUE34, LAUNCH_ENVIRONMENT, LAUNCH_SHAPES, OVERRIDES
 from bad_references import OTHER_SCALE, REFERENCES
 from bad_run_folders import RELIABILITY, REPORTS, RERUNS, SHIPPING
 from click.testing import CliRunner
@@ -80,7 +80,7 @@ DAMAGED_LOGS = [
 
 
 CASES = CLI_OPTIONS + OVERRIDES + FOLDERS + CHECKPOINTS + RERUNS + REPORTS + RELIABILITY + ISSUE34 + REFERENCES + \
-    OTHER_SCALE + SHIPPING + EXPORTS + LAUNCH_ENVIRONMENT
+    OTHER_SCALE + SHIPPING + EXPORTS + LAUNCH_ENVIRONMENT + LAUNCH_SHAPES
 
 
 def test_the_table_has_at_least_100_distinct_cases():

@@ -6,6 +6,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -285,10 +286,11 @@ def test_the_plans_hours_are_its_lines_and_the_balance_follows_the_lengths(monke
     ws = suite.Workspace(full, Path("/nonexistent") / "full", Path("/nonexistent"), devices.Dist())
     runs = plan.planned_runs(ws, tables.MAIN_RUNS, 42)
     grow_run = next(r for r in runs if r.name == "post-grow")
-    s_layers = [model.forward_flops_per_token(teacher, 3 * blocks, 972.5 / 2)[0] for blocks in (1, 2, 3)]
-    t_layers, head = model.forward_flops_per_token(teacher, teacher.num_hidden_layers, 972.5 / 2)
-    tokens = full.data["val_docs"] * 972.5
-    assert plan.evaluation_flops(grow_run, full, teacher, 972.5) == \
+    s_layers = [model.forward_flops_per_token(teacher, 3 * blocks, 972 / 2)[0] for blocks in (1, 2, 3)]
+    t_layers, head = model.forward_flops_per_token(teacher, teacher.num_hidden_layers, 972 / 2)
+    tokens = -(-full.data["val_docs"] // 8) * 8 * 972  # 605 steps of 8 ranks: the last one's 7 idle ranks wait too
+    equal = np.full(full.data["val_docs"], 972)
+    assert plan.evaluation_flops(grow_run, full, teacher, equal, 8) == \
         pytest.approx(sum(26 * tokens * (t_layers + s + 2 * head) for s in s_layers))
     result = plan.print_plan(ws, runs, [42], "h100", 8, suite.console)
     for way in ("separate", "lockstep"):

@@ -463,4 +463,28 @@ def test_eval_batches_cover_every_document_once_with_equal_counts(tmp_path, worl
     assert sorted(d for batches in per_rank for b in batches for d in b.doc_ids) == list(range(23))
     empty = [b for batches in per_rank for b in batches if not b.doc_ids]
     assert all(b.input_ids.shape == (1, 1) and not b.mask.any() and b.n_targets == 0 for b in empty)
-    assert len(empty) == {1: 0, 2: 0, 4: 2}[world_size]  # step 1 holds documents 16..22: ranks 2, 3 idle
+    assert len(empty) == {1: 0, 2: 0, 4: 2}[world_size]  # 6 batches: step 1 holds two, ranks 2, 3 idle
+
+
+@pytest.mark.parametrize("batch_size", [1, 4])
+def test_eval_batches_are_the_same_batches_on_any_ranks_placed_by_length(tmp_path, batch_size):
+    """The evaluation sums over every token of every rank, so where a batch runs changes only the order
+    of its float64 additions: on 1, 2 or 4 ranks the batches are the same, one process takes them in
+    order (its numbers unchanged), and several ranks take them longest first, so each step waits for
+    less: the work of a step being its ranks' count times its costliest batch (rows x longest document),
+    less than the in-order placement's (documents 3 to 11 tokens long, 1 + i % 9 + 2)."""
+    small = write_synthetic_shard(tmp_path / "val", 23)
+    in_order = [tuple(range(s, min(s + batch_size, 23))) for s in range(0, 23, batch_size)]
+
+    def batches(world):
+        return [tuple(b.doc_ids) for r in range(world) for b in data.eval_batches(small, batch_size, r, world)
+                if b.doc_ids]
+    assert batches(1) == in_order
+    assert sorted(batches(2)) == sorted(batches(4)) == in_order
+    work = lambda steps, world: sum(world * max(len(d) * int(small.lengths[list(d)].max()) for d in step if d)
+                                    for step in steps)
+    for world in (2, 4):
+        placed = [[tuple(d) for d in step] for step in data.eval_placement(small.lengths, batch_size, world)]
+        ordered = [in_order[i:i + world] for i in range(0, len(in_order), world)]
+        assert work(placed, world) < work(ordered, world)
+        assert all(max(len(d) for d in step) for step in placed)  # no step without a document

@@ -10,12 +10,14 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from click.testing import CliRunner
 from conftest import repro_cli
 
 import config
+import data
 import model
 import repro
 import rundir
@@ -85,6 +87,64 @@ def test_dry_run_counts_teacher_passes_both_ways():
     assert saved == pytest.approx((1_000_000 - 350_000) * 64 * 972.5 * layers)
     assert result["lockstep"]["memory_gib"] > result["separate"]["memory_gib"]
     assert result["lockstep_default"] == (result["lockstep"]["memory_gib"] <= 0.9 * 80)
+
+
+class LengthsOnly:
+    """A validation shard of documents of these lengths (both <|endoftext|> included), all eot tokens."""
+    eot = 0
+
+    def __init__(self, lengths):
+        self.lengths = np.asarray(lengths)
+
+    def __len__(self):
+        return len(self.lengths)
+
+    def document(self, i):
+        return np.zeros(self.lengths[i], dtype=np.uint32)
+
+
+@pytest.mark.parametrize("world, eval_batch", [(1, 4), (8, 1), (3, 2)])
+def test_the_plans_evaluations_are_the_batches_the_ranks_run(world, eval_batch):
+    """The dry run prices each evaluation as it runs: the batches each rank's forward receives from
+    data.eval_batches, every rank of a step as long as the step's costliest batch (rows x padded width),
+    through the teacher and the phase's active student. Summed here from the batches themselves."""
+    full = presets.PRESETS["full"]
+    teacher = presets.teacher_shape(full)
+    ws = suite.Workspace(full, Path("/nonexistent/full"), Path("/nonexistent"), devices.Dist())
+    grow_run = next(r for r in plan.planned_runs(ws, tables.MAIN_RUNS, 42) if r.name == "post-grow")
+    grow_run.config = replace(grow_run.config, eval_batch=eval_batch)
+    shard = LengthsOnly(np.random.default_rng(0).lognormal(6, 1, 37).astype(int).clip(2, 8193))
+    per_rank = [list(data.eval_batches(shard, eval_batch, r, world)) for r in range(world)]
+    def cost(batch, student_layers):  # rows x padded width tokens through the teacher, the student and two heads
+        rows, width = batch.input_ids.shape
+        t_layers, head = model.forward_flops_per_token(teacher, 36, width / 2)
+        return rows * width * (t_layers + model.forward_flops_per_token(teacher, student_layers, width / 2)[0]
+                               + 2 * head) if batch.doc_ids else 0.0
+    run = sum(26 * world * max(cost(b, 3 * blocks) for b in step)  # 26 evaluations a phase, 3 phases
+              for blocks in (1, 2, 3) for step in zip(*per_rank))
+    # The same products summed in another order: float64 rounding only
+    assert plan.evaluation_flops(grow_run, full, teacher, shard.lengths - 1, world) == pytest.approx(run, rel=1e-12)
+
+
+@pytest.mark.parametrize("world", [3, 128])
+def test_the_launch_the_dry_run_and_the_rehearsal_refuse_a_shape_with_one_line(tmp_path, world):
+    """64 documents a step on 3 ranks (not a multiple) or on 128 (fewer than the ranks): the launch refuses
+    before any work (suite.check_before_work, on its ranks), and the dry run and the rehearsal refuse the
+    same shape with the same line before pricing or rehearsing anything (the dry run priced both before:
+    the second with a negative imbalance line and 'balance inf')."""
+    from tools import preflight, rehearse
+    ws = suite.Workspace(presets.PRESETS["full"], tmp_path / "full", tmp_path / "results",
+                         devices.Dist(0, world, local_world=world))
+    runs = plan.planned_runs(ws, tables.MAIN_RUNS, 42)
+    lines = set()
+    for attempt in (lambda: suite.check_before_work(ws, [(run, 42) for run in tables.MAIN_RUNS], False),
+                    lambda: plan.print_plan(ws, runs, [42], "h100", world, suite.console),
+                    lambda: preflight.rehearse_launch(ws, rehearse.Launch(world), tables.MAIN_RUNS, "both", False, "t")):
+        with pytest.raises(errors.DataError) as refused:
+            attempt()
+        lines.add(str(refused.value))
+    assert len(lines) == 1 and f"global_batch=64: must be a positive multiple of world_size={world}" in lines.pop()
+    assert not any(tmp_path.iterdir())  # nothing made
 
 
 @pytest.mark.slow

@@ -1,7 +1,8 @@
 """Per-GPU memory of one training step, counted tensor by tensor from the shapes (the dry run's estimate).
 
 It counts what one rank holds in grow's heaviest step (every block active and trained, the head and the
-boundary norm trained, the embedding frozen; post-norm) under devices.shard_fn with bf16 autocast and an
+boundary norm trained, the embedding frozen; post-norm layers, the stepping run's own entry and final
+norms under activation checkpointing) under devices.shard_fn with bf16 autocast and an
 fp32 residual stream: each student's weights and AdamW moments, the teacher in the compute dtype, the
 gradients accumulated over the step's micro-batches, one micro-batch's saved activations and the
 chunked loss's buffers at its softmax, in the worst step a rank can be given: every micro-batch holds
@@ -9,7 +10,9 @@ documents of the full length. The step's largest moment is the peak: inside the 
 micro-batch (on top of the gradients accumulated over the others), inside the loss of its first, or,
 under activation checkpointing, the first micro-batch's backward entering layer 0.
 Nothing is fitted; rehearse.py measures the same step through the kit's own code with FSDP2's memory
-tracker, and tests/test_cluster.py holds the two together. CUDA's context, NCCL's buffers and the
+tracker, and memcount.py counts every storage it holds (tests/test_cluster.py holds the three together);
+without activation checkpointing a pre-norm layer is counted as a post-norm one (an upper bound: two
+fp32 stream tensors above what it holds, measured by memcount.py). CUDA's context, NCCL's buffers and the
 allocator's fragmentation are not counted (plan.MEMORY_HEADROOM leaves room for them).
 """
 from __future__ import annotations
@@ -18,6 +21,7 @@ import math
 from dataclasses import dataclass
 
 import config
+import model
 from plumbing.hf_qwen3 import ModelConfig
 
 F32, BF16 = 4, 2
@@ -128,7 +132,17 @@ def gradients(d: Dims, ph, layers_done: int) -> dict:
     return {"accumulated gradients (fp32)": F32 * (d.trained_layers(ph) * d.P + root)}
 
 
-def in_the_loss(d: Dims, ph, after_others: bool) -> dict:
+def loss_stream(preset, norm: str, ph) -> int:
+    """fp32 (tokens x hidden) stream tensors a checkpointed student of placement `norm` (or a schedule)
+    holds at its loss besides each active layer's input: the last layer's output; an entry norm's
+    normalized x (kept for its weight's gradient; the frozen embedding's output is freed); a final norm's
+    normalized x and its output, which the forward holds while the loss runs. Post-norm 2, pre-norm 3."""
+    names = model.block_norms(norm, preset.run["blocks"])
+    entry, final = model.placement(names[0]).entry_norm, model.placement(names[ph.active_blocks - 1]).final_norm
+    return 1 + entry + 2 * final
+
+
+def in_the_loss(d: Dims, ph, after_others: bool, norm: str = "post") -> dict:
     """Inside the chunked loss of the stepping run's first micro-batch, or of its last (on top of the
     gradients accumulated over the others)."""
     run, active = d.preset.run, ph.active_blocks * d.L
@@ -145,11 +159,11 @@ def in_the_loss(d: Dims, ph, after_others: bool) -> dict:
     m["loss: student and teacher logits of a chunk"] = 2 * d.act * chunk * d.V
     m["loss: softmax temporaries of a row block (fp32)"] = F32 * d.V * softmax_rows
     m["loss: head gradient accumulator (fp32)"] = F32 * d.V * d.H
-    if d.bf16 and not d.fsdp:  # one GPU: autocast's cached bf16 copy of the head (FSDP2's gathered head is not
-        m["loss: head weight in bf16"] = BF16 * d.V * d.H  # cached: measured through the driver's code)
+    if d.bf16:  # kd._same_dtype's bf16 copy of the fp32 head (one GPU's parameter, FSDP2's root gathered in fp32),
+        m["loss: head weight in bf16"] = BF16 * d.V * d.H  # made once a loss and held through its chunks
     m["loss: hidden states and their gradient"] = (3 if d.bf16 else 2) * d.act * d.N * d.H
-    if d.checkpointing:  # each layer's input, the boundary norm's saved x * rsqrt, the last output
-        m["checkpointed stream (fp32)"] = F32 * (active + 2) * d.N * d.H
+    if d.checkpointing:  # each layer's input, and what the placement holds around them (loss_stream)
+        m["checkpointed stream (fp32)"] = F32 * (active + loss_stream(d.preset, norm, ph)) * d.N * d.H
     else:
         m["saved layer activations"] = active * d.N * saved_per_token(d.c)
         m["stream at the block boundaries (fp32)"] = F32 * (ph.active_blocks + 2) * d.N * d.H
@@ -163,7 +177,7 @@ def in_the_loss(d: Dims, ph, after_others: bool) -> dict:
     return m
 
 
-def entering_first_trained_backward(d: Dims, ph) -> dict:
+def entering_first_trained_backward(d: Dims, ph, norm: str = "post") -> dict:
     """Activation checkpointing: the first micro-batch's backward reaches the first trained layer with
     every later layer's gradient done and that layer recomputed."""
     if d.micro_per_step > 1:
@@ -172,7 +186,8 @@ def entering_first_trained_backward(d: Dims, ph) -> dict:
         m = {"gradients (fp32, sharded)": F32 * (d.trained_layers(ph) - 1) * d.P_shard
              + F32 * sum(math.prod(s) for s in d.root_trained) * ph.trains_head}
     m["recomputed layer's activations"] = d.N * saved_per_token(d.c) + (4 * d.act * d.T * d.c.head_dim if d.fsdp else 0)
-    m["boundary norm's output and x * rsqrt (fp32)"] = 2 * F32 * d.N * d.H
+    entry = model.placement(model.block_norms(norm, d.preset.run["blocks"])[0]).entry_norm
+    m["layer 0's input, and an entry norm's normalized x (fp32)"] = (1 + entry) * F32 * d.N * d.H
     m["RMSNorm backward temporaries (fp32)"] = 6 * F32 * d.N * d.H
     m["teacher hidden states"] = d.act * d.N * d.H
     m["RoPE cos and sin (fp32)"] = 2 * F32 * d.T * d.c.head_dim
@@ -187,29 +202,34 @@ def last_phase(preset) -> config.Phase:
                                                   "train_data": "", "val_data": "", "replay_docs": 1}))[-1]
 
 
-def costliest_first(residents: list) -> list:
-    """Resident runs' phases, the one whose step holds the most first: the most trained blocks, then the
-    most active, then a trained head (every other step holds less on top of what all hold)."""
-    stepping = max(range(len(residents)), key=lambda i: (len(residents[i].trainable_blocks),
-                                                           residents[i].active_blocks, residents[i].trains_head))
-    return [residents[stepping], *residents[:stepping], *residents[stepping + 1:]]
+def costliest_first(preset, residents: list, norms: list[str] | None = None) -> tuple[list, list[str]]:
+    """Resident runs' phases and placements (default post-norm), the one whose step holds the most first:
+    the most trained blocks, then the most active, then a trained head, then (checkpointed) the most stream
+    tensors at its loss (every other step holds less on top of what all hold)."""
+    norms = norms or ["post"] * len(residents)
+    stream = lambda i: loss_stream(preset, norms[i], residents[i]) if preset.run.get("activation_checkpointing") else 0
+    stepping = max(range(len(residents)), key=lambda i: (len(residents[i].trainable_blocks), residents[i].active_blocks,
+                                                         residents[i].trains_head, stream(i)))
+    order = [stepping, *(i for i in range(len(residents)) if i != stepping)]
+    return [residents[i] for i in order], [norms[i] for i in order]
 
 
 def step_peak(preset, teacher: ModelConfig, gpus: int, nodes: int = 1, residents=1,
-              replicate_teacher: bool = False) -> dict:
+              replicate_teacher: bool = False, norms: list[str] | None = None) -> dict:
     """{"total": bytes at the peak on rank 0, "moment": where, "categories": {name: bytes} there,
     "moments": {name: total}} of a lockstep step of the students `residents` (their phases, config.Phase;
-    an int n: n runs in grow's last phase, every block active and trained) held at once on `nodes` x
-    `gpus`. Each resident steps in turn (grow.lockstep_step), so the peak is what all hold plus the
-    costliest one's step: the most trained layers, then the most active."""
+    an int n: n runs in grow's last phase, every block active and trained; their placements `norms`,
+    default post-norm) held at once on `nodes` x `gpus`. Each resident steps in turn
+    (grow.lockstep_step), so the peak is what all hold plus the costliest one's step (costliest_first)."""
     d = Dims(preset, teacher, gpus, nodes)
-    residents = costliest_first(residents if not isinstance(residents, int) else [last_phase(preset)] * residents)
-    stepping = residents[0]
-    candidates = {"loss, first micro-batch": in_the_loss(d, stepping, False)}
+    residents, norms = costliest_first(preset, residents if not isinstance(residents, int)
+                                       else [last_phase(preset)] * residents, norms)
+    stepping, norm = residents[0], norms[0]
+    candidates = {"loss, first micro-batch": in_the_loss(d, stepping, False, norm)}
     if d.micro_per_step > 1:
-        candidates["loss, last micro-batch"] = in_the_loss(d, stepping, True)
+        candidates["loss, last micro-batch"] = in_the_loss(d, stepping, True, norm)
     if d.checkpointing:
-        candidates["entering the first trained layer's backward"] = entering_first_trained_backward(d, stepping)
+        candidates["entering the first trained layer's backward"] = entering_first_trained_backward(d, stepping, norm)
     base = held(d, residents, replicate_teacher)
     totals = {name: sum(base.values()) + sum(m.values()) for name, m in candidates.items()}
     peak = max(totals, key=totals.get)

@@ -113,10 +113,10 @@ def step_flops(preset, teacher: ModelConfig, tokens: float) -> float:
     return tokens * (t_layers + head + 3 * s_layers + recompute + 3 * head)
 
 
-def memory_bytes(preset, teacher: ModelConfig, gpus: int, nodes: int = 1, runs=1) -> float:
-    """Per-GPU peak of a lockstep step of `runs` (their phases; an int n: n runs in grow's last phase),
-    memory.step_peak."""
-    return memory.step_peak(preset, teacher, gpus, nodes, runs)["total"]
+def memory_bytes(preset, teacher: ModelConfig, gpus: int, nodes: int, runs: list[PlannedRun]) -> float:
+    """Per-GPU peak of a run apart in grow's last phase (memory.step_peak), of the costliest placement among `runs`."""
+    return max((memory.step_peak(preset, teacher, gpus, nodes, 1, norms=[r.config.norm])["total"] for r in runs),
+               default=0.0)
 
 
 def own_steps(run: PlannedRun) -> range:
@@ -144,9 +144,10 @@ def lockstep_segments(runs: list[PlannedRun]) -> list[tuple[int, int, list[tuple
 def segment_memory(preset, runs: list[PlannedRun], gpus: int, nodes: int = 1) -> list[dict]:
     """Per-GPU peak of every lockstep segment: {"steps", "runs", "bytes", "moment"}."""
     teacher, _ = model_shapes(preset)
+    norm = {run.name: run.config.norm for run in runs}
     out = []
     for a, b, live in lockstep_segments(runs):
-        peak = memory.step_peak(preset, teacher, gpus, nodes, [ph for _, ph in live])
+        peak = memory.step_peak(preset, teacher, gpus, nodes, [ph for _, ph in live], norms=[norm[n] for n, _ in live])
         out.append({"steps": (a, b), "runs": [f"{name} phase {ph.index}" for name, ph in live],
                     "bytes": peak["total"], "moment": peak["moment"]})
     return out
@@ -291,6 +292,8 @@ def print_plan(ws, runs: list[PlannedRun], seeds: list[int], gpu: str, gpus: int
     per-GPU memory (lockstep: of every segment); returns {"rows", "separate", "lockstep"} (FLOPs,
     GPU-hours, their lines, memory, teacher passes) and "lockstep_default"."""
     preset = ws.preset
+    for run in runs:  # what the launch would refuse is refused here, with its line, before anything is priced
+        data.check_split(run.config.global_batch, gpus * nodes, run.config.micro_batch)
     teacher, _ = model_shapes(preset)
     doc_tokens, measured = document_tokens(ws)
     rows, separate_flops = run_table(ws, runs, seeds, teacher, doc_tokens, gpu, gpus, nodes, console)
@@ -369,14 +372,14 @@ def way_totals(ws, runs, seeds, teacher, doc_tokens: float, measured, gpu: str, 
     plain = {r.name: segments(r, preset, teacher, doc_tokens, gpu, gpus, nodes, recompute=False) for r in runs}
     steps = suite_seconds(runs, costs, lockstep) * len(seeds) * world / 3600
     recompute = steps - suite_seconds(runs, plain, lockstep) * len(seeds) * world / 3600
-    extra = overhead_hours(ws, runs, teacher, doc_tokens, gpu, gpus, nodes, steps, measured)
+    extra = overhead_hours(ws, runs, teacher, gpu, gpus, nodes, steps, measured)
     lines = {"steps (each the longer of its compute and communication)": steps,
              "  of which activation-checkpointing recompute (where compute is the longer)": recompute,
              **{k: v * (len(seeds) if k.startswith(("evaluations", "checkpoint")) else 1)
                 for k, v in extra["lines"].items()}}
     gpu_hours = sum(v for k, v in lines.items() if not k.startswith("  of which"))
     memory_segments = segment_memory(preset, runs, gpus, nodes) if lockstep else []
-    memory = max((s["bytes"] for s in memory_segments), default=memory_bytes(preset, teacher, gpus, nodes, 1))
+    memory = max((s["bytes"] for s in memory_segments), default=memory_bytes(preset, teacher, gpus, nodes, runs))
     return {"gpu_hours": gpu_hours, "wall_hours": gpu_hours / world, "hours_lines": lines,
             "balance": extra["balance"], "memory_gib": memory / 2**30,
             "memory_segments": [{**s, "gib": s.pop("bytes") / 2**30} for s in memory_segments],
@@ -445,19 +448,39 @@ def balance_factor(preset, teacher: ModelConfig, world: int, balanced: bool, see
     return useful / waited
 
 
-def evaluation_flops(run: PlannedRun, preset, teacher: ModelConfig, doc_tokens: float) -> float:
-    """FLOPs of a run's evaluations: one at each phase's start and every eval_interval steps (grow.Run),
-    each the whole validation set through the teacher (not kept under FSDP2) and the active student."""
+def validation_lengths(ws, measured=None) -> np.ndarray:
+    """The validation documents' lengths (inputs a document): the shard's own once prepared, else drawn as
+    document_lengths draws a step's (from the training shard's lengths, or lognormal)."""
+    val = ws.data_dir / "val"
+    if (val / "manifest.json").is_file():
+        return data.Shard(val, verify=False).lengths - 1
+    return document_lengths(ws.preset, ws.preset.data["val_docs"], ws.preset.run["seed"], measured).astype(np.int64)
+
+
+def evaluation_flops(run: PlannedRun, preset, teacher: ModelConfig, lengths: np.ndarray, world: int) -> float:
+    """FLOPs of a run's evaluations as the GPUs spend them, waiting included: one at each phase's start
+    and every eval_interval steps (grow.Run), each the whole validation set (`lengths`) through the
+    teacher (not kept under FSDP2) and the active student, placed on the `world` ranks as the kit places
+    it (data.eval_placement): every rank takes as long as the step's costliest batch (FSDP2's
+    all-gathers make the ranks wait), a batch as its rows times its longest document (padding)."""
     c, L = run.config, preset.run["layers_per_block"]
-    context = min(doc_tokens, preset.data["max_len"]) / 2
-    tokens = preset.data["val_docs"] * min(doc_tokens, preset.data["max_len"])
-    t_layers, head = model.forward_flops_per_token(teacher, teacher.num_hidden_layers, context)
+    steps = [[(len(docs), lengths[docs].max()) for docs in step if docs]
+             for step in data.eval_placement(lengths, c.eval_batch, world)]
     flops = 0.0
     for ph in config.plan_phases(c)[run.shared_phases:]:
-        s_layers, _ = model.forward_flops_per_token(teacher, ph.active_blocks * L, context)
+        per_document = {n: document_flops(teacher, ph.active_blocks * L, n) for n in np.unique(lengths)}
+        one_pass = sum(world * max(rows * per_document[n] for rows, n in step) for step in steps)
         evaluations = 1 + ph.steps // c.eval_interval + (ph.steps % c.eval_interval != 0)
-        flops += evaluations * tokens * (t_layers + s_layers + 2 * head)
+        flops += evaluations * one_pass
     return flops
+
+
+def document_flops(teacher: ModelConfig, student_layers: int, n: int) -> float:
+    """A forward of n tokens through the teacher and a student of `student_layers`, with both heads:
+    n times model.forward_flops_per_token at half its length."""
+    t_layers, head = model.forward_flops_per_token(teacher, teacher.num_hidden_layers, n / 2)
+    s_layers, _ = model.forward_flops_per_token(teacher, student_layers, n / 2)
+    return n * (t_layers + s_layers + 2 * head)
 
 
 def checkpoint_bytes(run: PlannedRun, preset, teacher: ModelConfig) -> float:
@@ -476,8 +499,8 @@ def checkpoint_bytes(run: PlannedRun, preset, teacher: ModelConfig) -> float:
     return written
 
 
-def overhead_hours(ws, runs: list[PlannedRun], teacher, doc_tokens: float, gpu: str, gpus: int, nodes: int,
-                   step_hours: float, measured=None) -> dict:
+def overhead_hours(ws, runs: list[PlannedRun], teacher, gpu: str, gpus: int, nodes: int, step_hours: float,
+                   measured=None) -> dict:
     """GPU-hours besides the steps, by line: rank imbalance and padding (each step stretched by 1 / balance,
     micro-batches placed as the preset says: run.balance_lengths), the evaluations (at the assumed MFU)
     and the checkpoint writes (at CHECKPOINT_WRITE_BYTES_PER_S a node, every GPU waiting)."""
@@ -486,13 +509,15 @@ def overhead_hours(ws, runs: list[PlannedRun], teacher, doc_tokens: float, gpu: 
     balance = {way: balance_factor(preset, teacher, world, way == "balanced", seed, measured)
                for way in ("balanced", "unbalanced")}
     used = "balanced" if preset.run.get("balance_lengths") else "unbalanced"
-    eval_flops = sum(evaluation_flops(r, preset, teacher, doc_tokens) for r in runs)
+    val_lengths = validation_lengths(ws, measured)
+    eval_flops = sum(evaluation_flops(r, preset, teacher, val_lengths, world) for r in runs)
     written = sum(checkpoint_bytes(r, preset, teacher) for r in runs)
     return {"balance": balance,
             "lines": {f"rank imbalance and padding (balance {balance[used]:.2f} as the preset places micro-batches; "
                       f"{balance['balanced']:.2f} balanced by length, {balance['unbalanced']:.2f} in order)":
                       step_hours * (1 / balance[used] - 1),
-                      "evaluations": eval_flops / (GPU_BF16_PEAK[gpu] * ASSUMED_MFU) / 3600,
+                      "evaluations (placed by length over the ranks, waits and padding included)":
+                      eval_flops / (GPU_BF16_PEAK[gpu] * ASSUMED_MFU) / 3600,
                       f"checkpoint writes ({written / 1e12:,.1f} TB at {CHECKPOINT_WRITE_BYTES_PER_S / 1e9:g} GB/s "
                       "a node)": written / (CHECKPOINT_WRITE_BYTES_PER_S * nodes) * world / 3600}}
 

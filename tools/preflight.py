@@ -21,6 +21,7 @@ from pathlib import Path
 
 from rich.console import Console
 
+import data
 import grow
 import rundir
 from experiments import beyond, ideas, presets, regime, studies, suite, tables
@@ -158,6 +159,8 @@ def rehearse_launch(ws: suite.Workspace, launch: rehearse.Launch, runs, mode: st
     """The rehearsal of a launch of `runs`: one step at full size with fake tensors (mode fake), the launch's
     driver at reduced size on the launch's mesh at two ranks a dimension (mode real), or both; each printed, all written to
     results/rehearse-<scale>-<label>.json (its path)."""
+    for run in plan.planned_runs(ws, runs, ws.preset.run["seed"]):  # the launch's own check, before any work
+        data.check_split(run.config.global_batch, launch.world, run.config.micro_batch)
     out = {}
     if mode in ("both", "fake"):
         with warnings.catch_warnings():  # the memory tracker's module hooks, on a student whose inputs need no gradient

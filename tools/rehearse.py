@@ -218,25 +218,27 @@ def rehearse_segments(ws, launch: Launch, names, replicate_teacher: bool = False
     and keep the teacher's states alike: the step's tensors are the same, only the residents beside it
     differ, and those are built and counted for each segment."""
     runs = plan.planned_runs(ws, names, ws.preset.run["seed"])
+    norm = {run.name: run.config.norm for run in runs}
     teacher = presets.teacher_shape(ws.preset)
     measured = {} if device == "cpu" else None  # on a GPU the allocator's peak holds the residents too
     out = []
     for start, stop, live in plan.lockstep_segments(runs):
-        phases = [ph for _, ph in live]
+        phases, norms = [ph for _, ph in live], [norm[name] for name, _ in live]
         out.append({"steps": [start, stop], "runs": [f"{name} phase {ph.index}" for name, ph in live],
-                    "rehearsal": rehearse(ws, launch, phases, replicate_teacher, device, measured),
+                    "rehearsal": rehearse(ws, launch, phases, replicate_teacher, device, measured, norms),
                     "plan_gib": memory.step_peak(ws.preset, teacher, launch.gpus, launch.nodes, phases,
-                                                 replicate_teacher)["total"] / GiB})
+                                                 replicate_teacher, norms)["total"] / GiB})
     return out
 
 
 def rehearse(ws, launch: Launch, residents: list | None = None, replicate_teacher: bool = False,
-             device: str = "cpu", measured: dict | None = None) -> dict:
+             device: str = "cpu", measured: dict | None = None, norms: list[str] | None = None) -> dict:
     """One lockstep step of `ws`'s scale on `launch`'s GPUs, as rank 0 runs it: with fake tensors on this
     CPU, or (device "cuda", make gpu-check) with real ones on one GPU, the other ranks still a fake group.
-    residents: the phases (config.Phase) of the students held at once, the costliest stepping (default:
-    one run in grow's last phase, a run apart); replicate_teacher: the teacher whole on every GPU;
-    measured: the steps measured so far, by what a step's tensors depend on (rehearse_segments)."""
+    residents: the phases (config.Phase) of the students held at once, of placements `norms` (default
+    post-norm), the costliest stepping (memory.costliest_first; default: one run in grow's last phase, a
+    run apart); replicate_teacher: the teacher whole on every GPU; measured: the steps measured so far, by
+    what a step's tensors depend on (rehearse_segments)."""
     from torch._subclasses.fake_tensor import FakeTensorMode
     started, host_s_per_op = time.time(), host_seconds_per_op()  # before any fake mode: real tensors
     preset, on_gpu = ws.preset, device == "cuda"
@@ -245,16 +247,16 @@ def rehearse(ws, launch: Launch, residents: list | None = None, replicate_teache
     data.check_split(settings.global_batch, launch.world, settings.micro_batch)
     micro_per_step = settings.global_batch // launch.world // settings.micro_batch
     dtype = devices.DTYPES.get(settings.precision, torch.bfloat16)  # a GPU's precision (auto: bf16)
-    residents = memory.costliest_first(residents or [memory.last_phase(preset)])
+    residents, norms = memory.costliest_first(preset, residents or [memory.last_phase(preset)], norms)
     phase, keep_teacher_states = residents[0], len(residents) > 1
-    key = (phase.active_blocks, phase.trainable_blocks, phase.trains_head, keep_teacher_states)
+    key = (phase.active_blocks, phase.trainable_blocks, phase.trains_head, norms[0], keep_teacher_states)
     reused = measured is not None and key in measured
     ctx = rank0(launch, device)
     batches = worst_batches(settings.micro_batch, preset.data["max_len"], micro_per_step, device)
     with (contextlib.nullcontext() if on_gpu else as_on_a_gpu()), \
             (contextlib.nullcontext() if on_gpu else FakeTensorMode(allow_non_fake_inputs=True)):
         teacher, students, optimizers = resident_models(preset, settings, ctx, dtype, residents, replicate_teacher,
-                                                        device)
+                                                        device, norms)
         step, peak = measured[key] if reused else measure_step(
             settings, phase, teacher, students, optimizers, batches, ctx, dtype, on_gpu, keep_teacher_states)
     if measured is not None:
@@ -278,25 +280,40 @@ def rehearse(ws, launch: Launch, residents: list | None = None, replicate_teache
 def measure_step(settings, phase, teacher, students, optimizers, batches, ctx, dtype, on_gpu: bool,
                  keep_teacher_states: bool) -> tuple[dict, dict]:
     """lockstep_run_step of the stepping student (the first) under the memory tracker: (the step's counts,
-    its peak memory by category in GiB)."""
+    its peak memory by category in GiB, with the teacher's weights the tracker never saw: UNSEEN)."""
     micro_per_step = settings.global_batch // ctx.world // settings.micro_batch
     tracker = memory_tracker(students, optimizers, ctx, on_gpu)
     with tracker:
         step = lockstep_run_step(settings, phase, teacher, students[0], optimizers[0], batches, ctx, dtype,
                                  tracker, keep_teacher_states, micro_per_step)
     snapshot = next(iter(tracker.get_tracker_snapshot("peak").values()))
-    return step, {getattr(k, "value", k): v / GiB for k, v in snapshot.items() if v}
+    peak = {getattr(k, "value", k): v / GiB for k, v in snapshot.items() if v}
+    if not on_gpu:
+        peak[UNSEEN] = local_bytes(p for p in teacher.net.parameters() if not seen(tracker, p)) / GiB
+    return step, peak
+
+
+# Held through the whole step but never an operator's output nor an FSDP2 unit's parameter, so FSDPMemTracker
+# never counts them: the teacher's replicated embedding and final norm (nets.TEACHER_REPLICATED; their
+# forwards read them as inputs only): 1.16 GiB a rank at full scale, left out of the rehearsal before issue 40.
+UNSEEN = "teacher weights the tracker never saw (its replicated embedding and norm)"
+
+
+def seen(tracker, tensor) -> bool:
+    """Whether the tracker counted the storage of `tensor` (a DTensor's local shard) during the step."""
+    local = tensor.to_local() if hasattr(tensor, "to_local") else tensor
+    return local.untyped_storage() in tracker._WINFO
 
 
 def peak_gib(peak: dict, teacher, students, optimizers, on_gpu: bool) -> dict:
-    """The step's peak by category, the teacher's weights among it, and the other resident students'
-    weights and AdamW moments, which the tracker does not see (built before it, untouched in the step);
-    on a GPU the allocator's peak already holds them."""
+    """The step's peak by category, the teacher's weights among it, and what the tracker does not see:
+    the other resident students' weights and AdamW moments (built before it, untouched in the step) and
+    the teacher's weights no operator produced (UNSEEN); on a GPU the allocator's peak already holds them."""
     others = {"other students' weights": sum(local_bytes(s.parameters()) for s in students[1:]) / GiB,
               "other students' AdamW moments": sum(local_bytes(v for st in o.state.values() for v in st.values())
                                                    for o in optimizers[1:]) / GiB}
     return {**peak, "of which teacher weights": local_bytes(teacher.net.parameters()) / GiB, **others,
-            "per-rank peak": peak.get("Total", 0.0) + (0.0 if on_gpu else sum(others.values()))}
+            "per-rank peak": peak.get("Total", 0.0) + (0.0 if on_gpu else sum(others.values()) + peak.get(UNSEEN, 0))}
 
 
 def rank0(launch: Launch, device: str) -> devices.Dist:
@@ -323,10 +340,11 @@ def worst_batches(documents: int, tokens: int, micro_per_step: int, device: str)
                 for _ in range(min(2, micro_per_step))]
 
 
-def resident_models(preset, settings, ctx, dtype, residents: list, replicate_teacher: bool, device: str):
+def resident_models(preset, settings, ctx, dtype, residents: list, replicate_teacher: bool, device: str,
+                    norms: list[str] | None = None):
     """(teacher, students, optimizers) as a launch builds them (model.py, devices.shard_fn, grow's
-    trainable parameters and optimizer), a student in each phase of `residents`: its AdamW moments as
-    after its phase's first step."""
+    trainable parameters and optimizer), a student in each phase of `residents` (post-norm, or each of
+    `norms`): its AdamW moments as after its phase's first step."""
     from torch._subclasses.fake_tensor import unset_fake_temporarily
     sharding = None if replicate_teacher else devices.shard_fn(ctx, dtype, nets.TEACHER_REPLICATED)
     net = model.qwen3_on_meta(presets.teacher_shape(preset), sharding)
@@ -335,8 +353,8 @@ def resident_models(preset, settings, ctx, dtype, residents: list, replicate_tea
     net.to_empty(device=device)
     teacher = nets.Teacher(net.eval().requires_grad_(False))
     students, optimizers = [], []
-    for phase in residents:
-        student = model.Student.from_teacher(net, settings.blocks, settings.layers_per_block, "post", settings.seed,
+    for phase, norm in zip(residents, norms or ["post"] * len(residents)):
+        student = model.Student.from_teacher(net, settings.blocks, settings.layers_per_block, norm, settings.seed,
                                              shard_fn=devices.shard_fn(ctx, dtype))
         student.checkpoint_layers = settings.activation_checkpointing
         devices.settle_fsdp_dtypes(student)  # as nets.build_model does
