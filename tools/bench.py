@@ -3,11 +3,12 @@
     python bench.py                  # or `make bench` / `python repro.py bench`; writes results/bench.json
     python gpucheck.py               # `make gpu-check`: what a first cluster run would hit, on one GPU
 
-CPU bench, each line a ratio measured in this run:
-1. train step (teacher forward + student forward/backward + AdamW) at the toy configuration, kit vs
+CPU bench, each line a ratio measured in this run (OMP_NUM_THREADS sets the threads, as for a run):
+1. the toy and mini student and teacher steps as fractions of this CPU's fp32 and bf16 matmul peak, and
+   where the rest of their time goes (tools/utilization.py);
+2. train step (teacher forward + student forward/backward + AdamW) at the toy configuration, kit vs
    transformers' Qwen3ForCausalLM of the same dimensions doing the same work with a naive KD loss;
-   eager fp32 for both, then the kit's best CPU setting (bf16 autocast, the toy preset's);
-2. model FLOPs utilisation of that step against this machine's matmul peak, measured here;
+   eager fp32 for both, then the kit's best CPU setting (bf16 autocast where the probe picks it);
 3. the chunked KD loss against a naive full-logit one: peak memory and time (bench_loss);
 4. tokenization MB/s against HF tokenizers loading Qwen3's tokenizer.json;
 5. the data loader's batches/s against the train step's steps/s;
@@ -45,6 +46,8 @@ import nets
 from experiments import presets, suite
 from plumbing import checkpoint, corpora, devices, tokenizer
 from plumbing.hf_qwen3 import ModelConfig, save_qwen3
+from tools import utilization
+from tools.utilization import interleaved
 
 RESULTS = Path("results") / "bench.json"
 
@@ -61,14 +64,8 @@ def timed(fn, repeats: int, warmup: int = 2) -> float:
     return statistics.median(times)
 
 
-def matmul_peak(dtype: torch.dtype, n: int = 2048, repeats: int = 10) -> float:
-    """FLOP/s of a large square matmul: the practical peak the MFU is measured against."""
-    a, b = torch.randn(n, n, dtype=dtype), torch.randn(n, n, dtype=dtype)
-    return 2 * n ** 3 / timed(lambda: a @ b, repeats)
-
-
 # ----------------------------------------------------------------------------------------------
-# 1-2. The train step, kit vs transformers
+# 2. The train step, kit vs transformers
 
 def toy_shapes() -> tuple[ModelConfig, int, int, int]:
     """(teacher config, student blocks, layers per block, batch tokens) of the toy preset."""
@@ -108,30 +105,6 @@ def hf_pair(config: ModelConfig, student_layers: int):
     return teacher, student
 
 
-def train_step_flops(config: ModelConfig, student_layers: int, tokens: int, seq: int) -> float:
-    """Model FLOPs of one step: teacher forward, student forward + backward (3x), both heads."""
-    teacher_layers, head = model.forward_flops_per_token(config, config.num_hidden_layers, seq / 2)
-    student, _ = model.forward_flops_per_token(config, student_layers, seq / 2)
-    return tokens * (teacher_layers + head + 3 * (student + head))
-
-
-def interleaved(variants: dict, repeats: int) -> dict:
-    """Median seconds of each variant, timed in turns (A B C A B C ...) so that drift in a shared
-    machine's speed lands on all of them alike. A variant is (function, context manager factory)."""
-    times = {name: [] for name in variants}
-    for round_ in range(repeats + 2):
-        for name, (fn, context) in variants.items():
-            with context():
-                start = time.perf_counter()
-                fn()
-                if round_ >= 2:  # two warm-up rounds
-                    times[name].append(time.perf_counter() - start)
-    return {name: statistics.median(t) for name, t in times.items()}
-
-
-PRECISION_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
-
-
 def bench_train_step(repeats: int) -> dict:
     dtype, why = devices.precision_choice("auto", torch.device("cpu"))
     bf16_native = dtype == torch.bfloat16
@@ -155,22 +128,12 @@ def bench_train_step(repeats: int) -> dict:
         opt = torch.optim.AdamW([p for p in student.parameters() if p.requires_grad], lr=1e-4)
         kit = partial(kit_step, teacher, student, opt, ids, mask, presets.PRESETS["toy"].run["loss_chunk"])
         variants.update({f"kit_{norm}_{d}": (kit, contexts[d]) for d in dtypes})
-    # The matmul peak is timed in the same turns, so the MFU's numerator and denominator see the
-    # same machine (on a shared VM both drift by tens of percent between runs).
-    n = 2048
-    for d in dtypes:
-        a, b = (torch.randn(n, n).to(PRECISION_DTYPES[d]) for _ in range(2))
-        variants[f"matmul_{d}"] = (partial(torch.mm, a, b), nullcontext)
     seconds = interleaved(variants, repeats)
-    flops = train_step_flops(config, blocks * per_block, batch * seq, seq)
-    peaks = {d: 2 * n ** 3 / seconds.pop(f"matmul_{d}") for d in dtypes}
     results = {"config": {"hidden": config.hidden_size, "teacher_layers": config.num_hidden_layers,
                           "student_layers": blocks * per_block, "vocab": config.vocab_size, "batch": batch, "seq": seq},
-               "step_gflop": flops / 1e9, "peak_gflops": {k: v / 1e9 for k, v in peaks.items()},
                "bf16": why if bf16_native else f"skipped: {why}"}
     for name, s in seconds.items():
-        d = name.rsplit("_", 1)[1]
-        results.update({f"{name}_s": s, f"{name}_tokens_per_s": batch * seq / s, f"{name}_mfu": flops / s / peaks[d]})
+        results.update({f"{name}_s": s, f"{name}_tokens_per_s": batch * seq / s})
     for norm in ("pre", "post"):
         results[f"speedup_{norm}_fp32_vs_hf_fp32"] = seconds["hf_fp32"] / seconds[f"kit_{norm}_fp32"]
         if bf16_native:
@@ -425,19 +388,11 @@ def bench_loader(train: data.Shard, step_seconds: float, steps: int = 200) -> di
             "loader_over_train_step": step_seconds / seconds}
 
 
-def profile_step(norm: str = "post", steps: int = 5, rows: int = 20):
-    """torch.profiler's table of the kit's toy train step, heaviest operators first."""
+def profile_step(steps: int = 5, rows: int = 20):
+    """torch.profiler's table of the kit's toy student step in fp32, heaviest operators first."""
     from torch.profiler import ProfilerActivity, profile
-    config, blocks, per_block, batch = toy_shapes()
-    seq = presets.PRESETS["toy"].data["max_len"]
-    ids = torch.randint(0, config.vocab_size, (batch, seq))
-    teacher = model.Qwen3(config)
-    teacher.init_weights(0)
-    teacher.eval().requires_grad_(False)
-    student = model.Student.from_teacher(teacher, blocks, per_block, norm, seed=0)
-    opt = torch.optim.AdamW([p for p in student.parameters() if p.requires_grad], lr=1e-4)
-    step = partial(kit_step, teacher, student, opt, ids, torch.ones_like(ids, dtype=torch.bool),
-                   presets.PRESETS["toy"].run["loss_chunk"])
+    settings, shape, seq = utilization.distinct_steps(("toy",))["toy student"]
+    step = utilization.Step(settings, shape, seq, torch.float32)
     for _ in range(2):
         step()
     with profile(activities=[ProfilerActivity.CPU]) as prof:
@@ -462,24 +417,26 @@ def environment() -> dict:
 
 # The measured sizes: the KD loss at a paper-sized vocabulary (kd.bench_loss's defaults), the whole toy
 # corpus, 12 steps per phase for the six lockstep runs. tests/test_bench.py runs the same code at tiny sizes.
-SIZES = {"kd": {}, "tokenizer_documents": None, "lockstep_steps": 12, "loader_steps": 200, "cold_compile": True}
+SIZES = {"kd": {}, "tokenizer_documents": None, "lockstep_steps": 12, "loader_steps": 200, "cold_compile": True,
+         "utilization_scales": utilization.SCALES}
 
 
 def main(repeats: int = 5, data_dir: Path = Path("runs/toy/data"), sizes: dict = SIZES, out: Path = RESULTS):
     """Every benchmark, in one run; the toy shard is prepared in data_dir if it is not there."""
     train = bench_loader_data(data_dir)
     results = {"environment": environment()}
+    print(f"the steps against this CPU's matmul peak, {torch.get_num_threads()} thread(s) ...", flush=True)
+    results["utilization"] = used = utilization.measure(repeats, sizes["utilization_scales"])
+    for line in utilization.summary(used):
+        print(f"  {line}")
     print("train step: kit vs transformers Qwen3ForCausalLM ...", flush=True)
     results["train_step"] = step = bench_train_step(repeats)
     print(f"  bf16: {step['bf16']}")
     for norm in ("pre", "post"):
-        print(f"  {norm}: eager fp32 {step[f'speedup_{norm}_fp32_vs_hf_fp32']:.2f}x transformers fp32 (goal >= 1.0); "
-              f"MFU {step[f'kit_{norm}_fp32_mfu']:.0%} of the measured {step['peak_gflops']['fp32']:.0f} GFLOP/s "
-              f"(goal >= 60%)")
-        if "bf16" in step["peak_gflops"]:
+        print(f"  {norm}: eager fp32 {step[f'speedup_{norm}_fp32_vs_hf_fp32']:.2f}x transformers fp32 (goal >= 1.0)")
+        if "kit_post_bf16_s" in step:
             print(f"  {norm}: bf16 autocast {step[f'speedup_{norm}_bf16_vs_hf_fp32']:.2f}x transformers fp32 "
-                  f"(goal >= 1.3), {step[f'speedup_{norm}_bf16_vs_hf_bf16']:.2f}x transformers bf16; MFU "
-                  f"{step[f'kit_{norm}_bf16_mfu']:.0%} of the measured {step['peak_gflops']['bf16']:.0f} GFLOP/s")
+                  f"(goal >= 1.3), {step[f'speedup_{norm}_bf16_vs_hf_bf16']:.2f}x transformers bf16")
     kd_shape = {**dict(tokens=4096, vocab=151936, hidden=256), **sizes["kd"]}
     print(f"chunked KD loss vs naive ({kd_shape['tokens']} tokens x vocab {kd_shape['vocab']:,} x hidden "
           f"{kd_shape['hidden']}) ...", flush=True)
