@@ -370,11 +370,19 @@ def autocast(dtype: torch.dtype, ctx: Dist):
     return nullcontext()
 
 
+# The shapes one compiled decoder layer may be specialised to: a compiled run's batches come in a few widths
+# (data.fixed_shape) and two row counts (its micro-batch, its evaluation batch), each in training and in
+# evaluation, with and without the boundary monitor, for the teacher's placement and the student's.
+COMPILED_SHAPES = 64
+
+
 def compile_layers(net: torch.nn.Module):
-    """torch.compile each decoder layer with a symbolic batch and sequence length: one compile serves
-    every padded length of a run (the layers of a model share it)."""
+    """torch.compile each decoder layer for the fixed shapes a compiled run's batches have (data.fixed_shape):
+    code specialised to each shape, compiled once and shared by the layers of a model (a shape beyond
+    torch's default limit of 8 would run eager)."""
+    torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, COMPILED_SHAPES)
     for layer in net.layers:
-        layer.compile(dynamic=True)
+        layer.compile(dynamic=False)
 
 
 def clip_gradients(params: list[torch.nn.Parameter], max_norm: float) -> torch.Tensor:

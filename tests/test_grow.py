@@ -313,34 +313,6 @@ def test_missing_tracker_package_is_one_line(monkeypatch):
         rundir.check_tracker("tensorboard")
 
 
-@pytest.mark.slow
-def test_compiled_layers_match_eager_and_compile_once_for_every_length(tiny_shards, tiny_teacher_dir):
-    """--compile: one dynamic-shape compile of the layers serves every padded length of a run, and
-    its outputs and gradients equal eager ones within fp32 rounding."""
-    from torch._dynamo.utils import counters
-    c = distil_config(tiny_shards, tiny_teacher_dir, protocol="joint")
-    ctx = devices.Dist()
-    teacher = nets.load_teacher(c, ctx, torch.float32)
-    eager = nets.build_model(c, teacher, ctx, torch.float32)
-    compiled = nets.build_model(replace(c, compile=True), teacher, ctx, torch.float32)
-    torch._dynamo.reset()
-    counters.clear()
-    for length in (9, 17, 31):
-        ids = torch.randint(0, 500, (2, length), generator=torch.Generator().manual_seed(length))
-        outputs = []
-        for net in (eager, compiled):
-            net.zero_grad(set_to_none=True)
-            hidden = net(ids, output_fn=nets.hidden_only)
-            hidden.pow(2).mean().backward()
-            outputs.append((hidden.detach(), [p.grad for p in net.parameters() if p.requires_grad]))
-        (a, grads_a), (b, grads_b) = outputs
-        torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-6)
-        for ga, gb in zip(grads_a, grads_b):
-            torch.testing.assert_close(gb, ga, rtol=1e-4, atol=1e-6)
-    # One graph for the layers' forward (all layers share it), compiled once for all three lengths.
-    assert counters["stats"]["unique_graphs"] == 1, dict(counters["stats"])
-
-
 def test_long_controls_can_carry_adams_moments_across_lr_restarts(tiny_shards, tiny_teacher_dir, tmp_path):
     """restart_optimizer=False: the second phase continues the first one's AdamW (same first phase,
     another second one), and a run stopped right at the restart resumes to the same result."""

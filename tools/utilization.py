@@ -118,6 +118,8 @@ class Step:
         self.settings, self.shape, self.dtype, self.ctx = settings, shape, dtype, devices.Dist()
         teacher = model.Qwen3(shape)
         teacher.init_weights(0)
+        if settings.compile:  # as nets.load_teacher compiles a run's teacher
+            devices.compile_layers(teacher)
         self.teacher = None if settings.protocol == "teacher" else nets.Teacher(teacher.eval().requires_grad_(False))
         self.net = nets.build_model(settings, self.teacher, self.ctx, dtype)
         self.phase = config.plan_phases(settings)[-1]
@@ -134,17 +136,19 @@ class Step:
             return teacher_step_flops(self.shape, self.tokens, self.seq)
         return student_step_flops(self.shape, len(self.net.layers), self.tokens, self.seq)
 
-    def __call__(self):
+    def __call__(self, batch: data.Batch | None = None) -> float:
+        """The step on `batch` (default: the full-length one); its loss."""
+        batch = batch or self.batch
         with devices.autocast(self.dtype, self.ctx):
-            hidden = None if self.teacher is None else self.teacher.hidden(self.batch.input_ids)
-            loss, _, _ = nets.loss_fn(self.settings, self.batch, hidden,
-                                      None if self.teacher is None else self.teacher.head_weight, self.phase,
-                                      self.batch.n_targets, self.net)
+            hidden, head = (None, None) if self.teacher is None else \
+                (self.teacher.hidden(batch.input_ids), self.teacher.head_weight)
+            loss, _, _ = nets.loss_fn(self.settings, batch, hidden, head, self.phase, batch.n_targets, self.net)
         loss.backward()
         with record_function("optimizer"):
             devices.clip_gradients(self.params, self.settings.grad_clip)
             self.optimizer.step()
             self.optimizer.zero_grad(set_to_none=True)
+        return loss.item()
 
 
 def distinct_steps(scales=SCALES) -> dict[str, tuple[config.RunConfig, ModelConfig, int]]:
