@@ -73,7 +73,7 @@ def provenance(ctx: Dist, dtype: torch.dtype, why: str) -> dict:
     there (AVX2 and AVX-512 round differently), the ranks, threads and precision."""
     device = torch.cuda.get_device_name(ctx.device) if ctx.device.type == "cuda" else ctx.device.type
     return {"git_commit": rundir.git_commit(), "torch": torch.__version__, "device": device, "world_size": ctx.world,
-            "cpu": plumbing.devices.cpu_model(), "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+            "cpu": plumbing.devices.cpu_model(), "cpu_capability": plumbing.devices.cpu_instructions(),
             "threads": torch.get_num_threads(), "precision": str(dtype).removeprefix("torch."), "precision_reason": why}
 
 

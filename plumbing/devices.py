@@ -249,6 +249,22 @@ def cpu_model() -> str:
     return platform.processor() or "unknown cpu"
 
 
+def cpu_instructions() -> str:
+    """The instructions torch's CPU kernels use here, named as provenance.json records them: torch's own
+    capability (AVX2, AVX512; ATEN_CPU_CAPABILITY lowers it), then the bf16 matmul units an AVX-512 build
+    reaches through oneDNN where the CPU has them and ONEDNN_MAX_CPU_ISA does not forbid them: AVX512-BF16
+    (about 4x fp32's matmul rate), AMX (about 14x: the rate that makes bf16 the probe's choice)."""
+    capability = torch.backends.cpu.get_cpu_capability()
+    if not capability.startswith("AVX512"):
+        return capability
+    limit = os.environ.get("ONEDNN_MAX_CPU_ISA", "ALL").upper()  # oneDNN's ISA names: AVX512_CORE_BF16, ..._AMX
+    allowed = lambda levels: limit in ("ALL", "DEFAULT") or any(level in limit for level in levels)
+    extras = [name for name, has, levels in (("AVX512-BF16", torch.cpu._is_avx512_bf16_supported, ("BF16", "AMX", "AVX10")),
+                                             ("AMX", torch.cpu._is_amx_tile_supported, ("AMX",)))
+              if has() and allowed(levels)]
+    return " + ".join([capability, *extras])
+
+
 def precision_choice(precision: str, device: torch.device) -> tuple[torch.dtype, str]:
     """(compute dtype, why). "auto" decides by what the machine does: bf16 on a CUDA GPU that supports
     it; on a CPU (one process or FSDP2 ranks alike), bf16 autocast only where a matmul probe measures it

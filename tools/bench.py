@@ -422,7 +422,7 @@ def cpu_name() -> str:
 
 
 def environment() -> dict:
-    return {"cpu": cpu_name(), "threads": torch.get_num_threads(), "capability": torch.backends.cpu.get_cpu_capability(),
+    return {"cpu": cpu_name(), "threads": torch.get_num_threads(), "capability": devices.cpu_instructions(),
             "torch": torch.__version__, "python": platform.python_version(), "date": time.strftime("%Y-%m-%d")}
 
 
