@@ -233,7 +233,7 @@ def compiled_against_eager(repeats: int, scale: str = "toy") -> dict:
         first[way] = time.perf_counter() - start
     loss_diff = max(abs(a - b) / abs(a) for a, b in zip(losses["eager"], losses["compiled"]))
     seconds = interleaved({way: (lambda way=way: [steps[way](b) for b in batches[way]], nullcontext) for way in ways},
-                          repeats, pick=min)
+                          repeats, pick=min, clock=utilization.step_clock()[1])
     per_step = {way: s / len(lengths) for way, s in seconds.items()}
     saving = per_step["eager"] - per_step["compiled"]
     compile_s = first["compiled"] - first["eager at fixed shapes"]

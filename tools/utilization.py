@@ -13,7 +13,8 @@ same shapes share a row: mini is the toy's step, run for longer.
 Fraction of peak: a step's model FLOPs (model.forward_flops_per_token: 2 per weight and causal attention;
 a backward twice its forward) over its seconds, divided by the FLOP/s of the best square matmul of
 PEAK_SIZES at the same thread count, in fp32 and in bf16. Steps and matmuls are timed in turns
-(`interleaved`), the best of `repeats` each, so numerator and denominator see the same machine. A bf16
+(`interleaved`), the best of `repeats` each, so numerator and denominator see the same machine; on one
+thread by the thread's CPU time (step_clock), which another process on the machine does not inflate. A bf16
 step runs only where the precision probe picks bf16: where bf16 is emulated one step takes minutes and the
 kit never trains in it, so there only the bf16 matmul is timed, at sizes up to one that takes over
 MAX_MATMUL_S.
@@ -29,6 +30,7 @@ import time
 from contextlib import nullcontext
 from dataclasses import asdict
 from functools import partial
+from typing import Callable
 
 import torch
 from torch.profiler import ProfilerActivity, profile, record_function
@@ -56,19 +58,28 @@ ELEMENTWISE = "norms, elementwise and other operators"
 PYTHON = "Python outside operators"
 
 
-def interleaved(variants: dict, repeats: int, pick=statistics.median) -> dict:
-    """Seconds of each variant (the median of `repeats`, or what `pick` takes), timed in turns (A B C A B C
-    ...) so that drift in a shared machine's speed lands on all of them alike. A variant is (function,
-    context manager factory)."""
+def interleaved(variants: dict, repeats: int, pick=statistics.median, clock=time.perf_counter) -> dict:
+    """Seconds of each variant (the median of `repeats`, or what `pick` takes) by `clock`, timed in turns
+    (A B C A B C ...) so that drift in a shared machine's speed lands on all of them alike. A variant is
+    (function, context manager factory)."""
     times = {name: [] for name in variants}
     for round_ in range(repeats + 2):
         for name, (fn, context) in variants.items():
             with context():
-                start = time.perf_counter()
+                start = clock()
                 fn()
                 if round_ >= 2:  # two warm-up rounds
-                    times[name].append(time.perf_counter() - start)
+                    times[name].append(clock() - start)
     return {name: pick(t) for name, t in times.items()}
+
+
+def step_clock() -> tuple[str, Callable[[], float]]:
+    """(its name, the clock): on one thread, the thread's CPU time, which on a machine shared with other
+    processes counts what the step costs and not the time it waits for a core (every operator runs on the
+    calling thread then); on several, the wall clock."""
+    if torch.get_num_threads() == 1:
+        return "CPU time of the one thread", time.thread_time
+    return "wall clock", time.perf_counter
 
 
 # ----------------------------------------------------------------------------------------------
@@ -171,23 +182,23 @@ def distinct_steps(scales=SCALES) -> dict[str, tuple[config.RunConfig, ModelConf
 # ----------------------------------------------------------------------------------------------
 # Measured: the steps against the matmul peak, then where a step's time goes
 
-def matmul_variants(precision: str, sizes=PEAK_SIZES) -> tuple[dict, dict]:
+def matmul_variants(precision: str, sizes=PEAK_SIZES, clock=time.perf_counter) -> tuple[dict, dict]:
     """({"matmul <n> <precision>": (a @ b, nullcontext)}, {the same names: seconds of a first call}) for the
     square sizes up to the first whose matmul takes over MAX_MATMUL_S (emulated bf16 stops at the first)."""
     variants, first = {}, {}
     for n in sizes:
         a, b = (torch.randn(n, n).to(PRECISIONS[precision]) for _ in range(2))
         name = f"matmul {n} {precision}"
-        variants[name], first[name] = (partial(torch.mm, a, b), nullcontext), timed_once(partial(torch.mm, a, b))
+        variants[name], first[name] = (partial(torch.mm, a, b), nullcontext), timed_once(partial(torch.mm, a, b), clock)
         if first[name] > MAX_MATMUL_S:
             break
     return variants, first
 
 
-def timed_once(fn) -> float:
-    start = time.perf_counter()
+def timed_once(fn, clock=time.perf_counter) -> float:
+    start = clock()
     fn()
-    return time.perf_counter() - start
+    return clock() - start
 
 
 def peaks(seconds: dict) -> dict[str, dict]:
@@ -210,17 +221,18 @@ def measure(repeats: int = 5, scales=SCALES, profiled_steps: int = 3) -> dict:
     variants = {name: (step, nullcontext) for name, step in steps.items()}
     for p in step_precisions:
         variants.update(matmul_variants(p)[0])
-    seconds = interleaved(variants, repeats, pick=min)
+    clock_name, clock = step_clock()
+    seconds = interleaved(variants, repeats, pick=min, clock=clock)
     if "bf16" not in step_precisions:  # emulated: one call of its smallest matmul, apart
-        seconds.update(matmul_variants("bf16")[1])
+        seconds.update(matmul_variants("bf16", clock=clock)[1])
     peak = peaks(seconds)
     rows = {name: fraction_of_peak(step.flops(), seconds[name], peak[name.rsplit(' ', 1)[1]]["best"] * 1e9)
             for name, step in steps.items()}
     chosen = str(dtype).removeprefix("torch.").replace("float32", "fp32").replace("bfloat16", "bf16")
     profiles = {name.rsplit(" ", 1)[0]: profile_groups(step, profiled_steps) for name, step in steps.items()
                 if name.endswith(chosen)}
-    return {"threads": torch.get_num_threads(), "precision": why, "peak_gflops": peak, "steps": rows,
-            "profile": profiles}
+    return {"threads": torch.get_num_threads(), "clock": clock_name, "precision": why, "peak_gflops": peak,
+            "steps": rows, "profile": profiles}
 
 
 def profile_groups(step, steps: int = 3) -> dict[str, float]:
@@ -265,7 +277,7 @@ STUDENT_GOALS = {"fp32": 0.60, "bf16": 0.35}
 
 def summary(measured: dict) -> list[str]:
     """measure()'s results as the lines bench prints."""
-    lines = [f"precision here: {measured['precision']}"]
+    lines = [f"precision here: {measured['precision']}; {measured['threads']} thread(s), timed by {measured['clock']}"]
     for precision, sizes in measured["peak_gflops"].items():
         each = ", ".join(f"{n}: {g:,.1f}" for n, g in sizes.items() if n != "best")
         lines.append(f"{precision} matmul peak {sizes['best']:,.1f} GFLOP/s (square sizes {each})")
