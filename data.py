@@ -377,6 +377,36 @@ def make_batch(shard: Shard, doc_ids: list[int], max_inputs: int | None = None) 
                  torch.from_numpy(lengths), list(doc_ids), int(lengths.sum()))
 
 
+# Fixed shapes, for a compiled run (torch.compile specialises its code to every shape it is given): a batch is
+# as wide as the smallest of WIDTH_BUCKETS evenly spaced widths up to the shard's max_len that holds its longest
+# document, so a run's layers see a few shapes where the longest document would give each batch its own.
+WIDTH_BUCKETS = 4
+
+
+def bucket_width(longest: int, max_len: int) -> int:
+    """The width a batch whose longest row has `longest` positions is padded to: the smallest multiple of
+    ceil(max_len / WIDTH_BUCKETS) that holds it (at least one), max_len at most (toy: 32, 64, 96 or 128)."""
+    step = -(-max_len // WIDTH_BUCKETS)
+    return min(max(1, -(-longest // step)) * step, max(max_len, longest))
+
+
+def fixed_shape(batch: Batch, shard: Shard, rows: int) -> Batch:
+    """`batch` right-padded with eot to at least `rows` rows and to the bucket width of its longest row: the
+    positions and rows added are padding, masked by length as all padding is. The documents, their order
+    and their real targets are the batch's own."""
+    rows = max(rows, len(batch.lengths))
+    width = bucket_width(batch.input_ids.shape[1], shard.manifest["max_len"])
+
+    def padded(t: torch.Tensor, value) -> torch.Tensor:
+        out = torch.full((rows, width), value, dtype=t.dtype)
+        out[:t.shape[0], :t.shape[1]] = t
+        return out
+    lengths = torch.zeros(rows, dtype=batch.lengths.dtype)
+    lengths[:len(batch.lengths)] = batch.lengths
+    return Batch(padded(batch.input_ids, shard.eot), padded(batch.targets, shard.eot), padded(batch.mask, False),
+                 lengths, batch.doc_ids, batch.n_targets)
+
+
 class Batcher:
     """Global batches of `global_batch` documents per step, the same on every rank; this rank's share.
 
@@ -389,20 +419,20 @@ class Batcher:
         Running past the shard's end is a DataError.
     Ranks: a global batch is split into world_size contiguous chunks, rank r takes chunk r and splits
     it into micro-batches of micro_batch documents (default: all of them in one), each padded to its
-    own longest; with balance, by length instead (rank_micro_batches).
-    The iterator state is the global step: resume works across a change of world_size.
+    own longest (with fixed_shapes, to its bucket: fixed_shape); with balance, by length instead
+    (rank_micro_batches). The iterator state is the global step: resume works across a change of world_size.
     """
 
     def __init__(self, shard: Shard, global_batch: int, seed: int, mode: str = "replay",
                  replay_docs: int | None = None, rank: int = 0, world_size: int = 1, micro_batch: int | None = None,
-                 balance: bool = False):
+                 balance: bool = False, fixed_shapes: bool = False):
         replay_docs = len(shard) if replay_docs is None else replay_docs
         per_rank = global_batch // max(world_size, 1)
         micro_batch = per_rank if micro_batch is None else micro_batch
         _check_batching(mode, global_batch, replay_docs, len(shard), rank, world_size, micro_batch)
         self.shard, self.global_batch, self.seed, self.mode = shard, global_batch, seed, mode
         self.replay_docs, self.rank, self.world_size, self.micro_batch = replay_docs, rank, world_size, micro_batch
-        self.balance = balance
+        self.balance, self.fixed_shapes = balance, fixed_shapes
         self.step = 0
         self._permutations: dict[int, np.ndarray] = {}
 
@@ -414,6 +444,8 @@ class Batcher:
         placed = rank_micro_batches(doc_ids, self.shard.lengths[doc_ids], self.micro_batch, self.rank, self.world_size,
                                     self.balance)
         micro_batches = [make_batch(self.shard, ids) for ids in placed]
+        if self.fixed_shapes:
+            micro_batches = [fixed_shape(batch, self.shard, len(batch.lengths)) for batch in micro_batches]
         mine = [i for ids in placed for i in ids]
         global_targets = int((self.shard.lengths[doc_ids] - 1).sum())
         step, self.step = self.step, self.step + 1
@@ -519,17 +551,20 @@ def diagnostic_batch(shard: Shard, docs: int, max_inputs: int, seed: int) -> Bat
     return make_batch(shard, chosen.tolist(), max_inputs)
 
 
-def eval_batches(shard: Shard, batch_size: int, rank: int = 0, world_size: int = 1) -> Iterator[Batch]:
+def eval_batches(shard: Shard, batch_size: int, rank: int = 0, world_size: int = 1,
+                 fixed_shapes: bool = False) -> Iterator[Batch]:
     """Every document of `shard` exactly once across ranks, batch_size documents per rank, placed by
     eval_placement. Every rank yields the same number of batches: a rank past the end gets a 1x1 batch
     with an all-False mask. NOTE: under FSDP every rank must run every forward pass, so run the model on
-    these too, sum losses over the mask and all-reduce sums and counts.
+    these too, sum losses over the mask and all-reduce sums and counts. With fixed_shapes every batch has
+    batch_size rows (empty ones after the last document) and its bucket's width (fixed_shape).
     """
     if batch_size < 1 or world_size < 1 or not 0 <= rank < world_size:
         raise DataError(f"eval batch_size={batch_size}, rank={rank}, world_size={world_size}: need batch_size >= 1 "
                         f"and 0 <= rank < world_size")
     for step in eval_placement(shard.lengths, batch_size, world_size):
-        yield make_batch(shard, step[rank])
+        batch = make_batch(shard, step[rank])
+        yield fixed_shape(batch, shard, batch_size) if fixed_shapes else batch
 
 
 def eval_placement(lengths: np.ndarray, batch_size: int, world_size: int) -> list[list[list[int]]]:

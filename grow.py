@@ -73,7 +73,7 @@ def provenance(ctx: Dist, dtype: torch.dtype, why: str) -> dict:
     there (AVX2 and AVX-512 round differently), the ranks, threads and precision."""
     device = torch.cuda.get_device_name(ctx.device) if ctx.device.type == "cuda" else ctx.device.type
     return {"git_commit": rundir.git_commit(), "torch": torch.__version__, "device": device, "world_size": ctx.world,
-            "cpu": plumbing.devices.cpu_model(), "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+            "cpu": plumbing.devices.cpu_model(), "cpu_capability": plumbing.devices.cpu_instructions(),
             "threads": torch.get_num_threads(), "precision": str(dtype).removeprefix("torch."), "precision_reason": why}
 
 
@@ -136,7 +136,8 @@ class Run:
         self.val = data.Shard(config.val_data, verify=False)
         self.batcher = data.Batcher(train_shard, config.global_batch, config.seed, mode=config.data_mode,
                                     replay_docs=config.replay_docs, rank=ctx.rank, world_size=ctx.world,
-                                    micro_batch=config.micro_batch, balance=config.balance_lengths)
+                                    micro_batch=config.micro_batch, balance=config.balance_lengths,
+                                    fixed_shapes=config.compile)
 
     def find_resume_point(self) -> bool:
         """self.resume: the newest intact checkpoint, the same on every rank (None: start at step 0), after
@@ -291,9 +292,8 @@ class Run:
 
     def batch_key(self) -> tuple:
         """Runs whose keys are equal read the same micro-batches: one teacher pass serves them all."""
-        c = self.config
-        ids = self.batcher.global_doc_ids(self.batch.step)
-        return c.train_data, c.micro_batch, c.global_batch, c.balance_lengths, ids.tobytes(), self.teacher is not None
+        c, ids = self.config, self.batcher.global_doc_ids(self.batch.step)  # compile: padded to fixed shapes
+        return c.train_data, c.micro_batch, c.global_batch, c.balance_lengths, c.compile, ids.tobytes(), bool(self.teacher)
 
     def accumulate(self, micro: data.Batch, teacher_hidden: torch.Tensor | None, last: bool = True):
         """Forward and backward of one micro-batch; gradients add up until end_step. Under FSDP2 they

@@ -172,7 +172,7 @@ def evaluate(config: RunConfig, net, teacher: Teacher | None, val: data.Shard, a
     over ranks. Without a teacher, CE and PPL of `net` alone (a teacher run, or `repro.py eval`)."""
     net.eval()
     sums = [0.0, 0.0, 0.0, 0.0]  # kl, soft_ce, ce, targets
-    for i, batch in enumerate(data.eval_batches(val, config.eval_batch, ctx.rank, ctx.world)):
+    for i, batch in enumerate(data.eval_batches(val, config.eval_batch, ctx.rank, ctx.world, fixed_shapes=config.compile)):
         batch = batch.to(ctx.device)
         with autocast(dtype, ctx):
             if teacher is None:
@@ -181,7 +181,7 @@ def evaluate(config: RunConfig, net, teacher: Teacher | None, val: data.Shard, a
                     kd.kd_sums, teacher_hidden=None, teacher_head_weight=None, targets=batch.targets,
                     mask=batch.mask, chunk_size=config.loss_chunk))
             else:
-                teacher_hidden = teacher.hidden(batch.input_ids, key=(str(val.path), config.eval_batch, i))
+                teacher_hidden = teacher.hidden(batch.input_ids, key=(str(val.path), config.eval_batch, config.compile, i))
                 s = net(batch.input_ids, active_blocks=active_blocks, output_fn=partial(
                     kd.kd_sums, teacher_hidden=teacher_hidden, teacher_head_weight=teacher.head_weight,
                     targets=batch.targets, mask=batch.mask, tau=config.tau, chunk_size=config.loss_chunk))

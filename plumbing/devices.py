@@ -285,6 +285,22 @@ def cpu_model() -> str:
     return platform.processor() or "unknown cpu"
 
 
+def cpu_instructions() -> str:
+    """The instructions torch's CPU kernels use here, named as provenance.json records them: torch's own
+    capability (AVX2, AVX512; ATEN_CPU_CAPABILITY lowers it), then the bf16 matmul units an AVX-512 build
+    reaches through oneDNN where the CPU has them and ONEDNN_MAX_CPU_ISA does not forbid them: AVX512-BF16
+    (about 4x fp32's matmul rate), AMX (about 14x: the rate that makes bf16 the probe's choice)."""
+    capability = torch.backends.cpu.get_cpu_capability()
+    if not capability.startswith("AVX512"):
+        return capability
+    limit = os.environ.get("ONEDNN_MAX_CPU_ISA", "ALL").upper()  # oneDNN's ISA names: AVX512_CORE_BF16, ..._AMX
+    allowed = lambda levels: limit in ("ALL", "DEFAULT") or any(level in limit for level in levels)
+    extras = [name for name, has, levels in (("AVX512-BF16", torch.cpu._is_avx512_bf16_supported, ("BF16", "AMX", "AVX10")),
+                                             ("AMX", torch.cpu._is_amx_tile_supported, ("AMX",)))
+              if has() and allowed(levels)]
+    return " + ".join([capability, *extras])
+
+
 def precision_choice(precision: str, device: torch.device) -> tuple[torch.dtype, str]:
     """(compute dtype, why). "auto" decides by what the machine does: bf16 on a CUDA GPU that supports
     it; on a CPU (one process or FSDP2 ranks alike), bf16 autocast only where a matmul probe measures it
@@ -406,11 +422,19 @@ def autocast(dtype: torch.dtype, ctx: Dist):
     return nullcontext()
 
 
+# The shapes one compiled decoder layer may be specialised to: a compiled run's batches come in a few widths
+# (data.fixed_shape) and two row counts (its micro-batch, its evaluation batch), each in training and in
+# evaluation, with and without the boundary monitor, for the teacher's placement and the student's.
+COMPILED_SHAPES = 64
+
+
 def compile_layers(net: torch.nn.Module):
-    """torch.compile each decoder layer with a symbolic batch and sequence length: one compile serves
-    every padded length of a run (the layers of a model share it)."""
+    """torch.compile each decoder layer for the fixed shapes a compiled run's batches have (data.fixed_shape):
+    code specialised to each shape, compiled once and shared by the layers of a model (a shape beyond
+    torch's default limit of 8 would run eager)."""
+    torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, COMPILED_SHAPES)
     for layer in net.layers:
-        layer.compile(dynamic=True)
+        layer.compile(dynamic=False)
 
 
 def clip_gradients(params: list[torch.nn.Parameter], max_norm: float) -> torch.Tensor:

@@ -5,10 +5,11 @@ import math
 from dataclasses import replace
 
 import pytest
+import torch
 from conftest import TINY_MODEL
 
 from plumbing.hf_qwen3 import ModelConfig
-from tools import bench
+from tools import bench, utilization
 
 
 @pytest.mark.slow
@@ -30,8 +31,8 @@ def test_gpu_check_code_paths_on_cpu(tmp_path):
 
 def test_interleaved_timing_takes_medians():
     calls = []
-    seconds = bench.interleaved({"a": (lambda: calls.append("a"), bench.nullcontext),
-                                 "b": (lambda: calls.append("b"), bench.nullcontext)}, repeats=3)
+    seconds = utilization.interleaved({"a": (lambda: calls.append("a"), bench.nullcontext),
+                                       "b": (lambda: calls.append("b"), bench.nullcontext)}, repeats=3)
     assert calls == ["a", "b"] * 5  # two warm-up rounds, then three timed ones, in turns
     assert set(seconds) == {"a", "b"} and all(math.isfinite(s) and s >= 0 for s in seconds.values())
 
@@ -43,9 +44,9 @@ def test_train_step_bench_skips_bf16_where_it_is_emulated(monkeypatch):
     why = "auto: fp32 (a bf16 matmul ran 0.03x as fast as fp32 on this CPU, below 1.5x; bf16 is emulated or slow here)"
     monkeypatch.setattr(bench.devices, "precision_choice", lambda *a, **k: (bench.torch.float32, why))
     results = bench.bench_train_step(repeats=1)
-    assert results["bf16"] == f"skipped: {why}" and list(results["peak_gflops"]) == ["fp32"]
-    assert not [k for k in results if "bf16" in k and k != "bf16"]  # no bf16 timing, speed-up or MFU
-    assert results["kit_post_fp32_mfu"] > 0 and results["speedup_pre_fp32_vs_hf_fp32"] > 0
+    assert results["bf16"] == f"skipped: {why}"
+    assert not [k for k in results if "bf16" in k and k != "bf16"]  # no bf16 timing or speed-up
+    assert results["kit_post_fp32_s"] > 0 and results["speedup_pre_fp32_vs_hf_fp32"] > 0
 
 
 @pytest.mark.slow
@@ -69,10 +70,61 @@ def test_the_whole_bench_runs_at_tiny_sizes(tmp_path, monkeypatch):
     data.prepare("toy", tmp_path / "shard", tokenizer.qwen3_tokenizer(4096), max_len=32, n_train_docs=400,
                  n_val_docs=16, seed=42, workers=1, progress=False)
     sizes = {"kd": dict(tokens=256, vocab=4096, hidden=32, repeats=1, chunk_size=64), "tokenizer_documents": 50,
-             "lockstep_steps": 2, "loader_steps": 5, "cold_compile": False}
+             "lockstep_steps": 2, "loader_steps": 5, "cold_compile": False, "utilization_scales": ("smoke",)}
     results = bench.main(repeats=1, data_dir=tmp_path / "shard", sizes=sizes, out=tmp_path / "bench.json")
     assert json.loads((tmp_path / "bench.json").read_text()) == json.loads(json.dumps(results))
     assert results["lockstep"]["identical_results"] and results["tokenizer"]["identical"]
     assert results["lockstep"]["lockstep_teacher_forwards"] < results["lockstep"]["separate_teacher_forwards"]
     assert results["compile"]["max_relative_loss_difference"] < 1e-3  # fp32 compiled vs eager: reordered sums
     assert results["kd_loss"]["chunked"]["loss"] == pytest.approx(results["kd_loss"]["naive"]["loss"], rel=1e-4)
+
+
+# ----------------------------------------------------------------------------------------------
+# The steps against the matmul peak (tools/utilization.py): rows from FLOPs and seconds, groups that sum to 1
+
+def test_toy_and_mini_share_steps_whose_model_flops_are_counted_by_hand():
+    """A toy layer: 2 FLOPs per weight (q, k, v, o: 128 x (128 + 64 + 64 + 128) = 49,152; the MLP 3 x 128 x 384
+    = 147,456) and causal attention, 4 x 128 x 64 (QK^T and AV over the mean context, 128 / 2): 425,984 a
+    token. The head: 2 x 128 x 4,097 = 1,048,832. A student step: the teacher's 12 layers and head forward,
+    the student's 3 layers and head forward and backward; a teacher step: its own forward and backward."""
+    steps = utilization.distinct_steps(("toy", "mini"))
+    assert list(steps) == ["toy, mini student", "toy, mini teacher"]  # mini is the toy's step, run longer
+    layer, head = 425_984, 1_048_832
+    student = utilization.Step(*steps["toy, mini student"], torch.float32)
+    teacher = utilization.Step(*steps["toy, mini teacher"], torch.float32)
+    assert (student.tokens, teacher.tokens) == (16 * 128, 32 * 128)  # the presets' micro-batches, full length
+    assert student.flops() == 16 * 128 * (12 * layer + head + 3 * (3 * layer + head)) == 26_912_751_616
+    assert teacher.flops() == 32 * 128 * 3 * (12 * layer + head) == 75_701_944_320
+    row = utilization.fraction_of_peak(26_912_751_616, 0.5, 86e9)
+    assert row == pytest.approx({"gflop": 26.912751616, "seconds": 0.5, "gflops": 53.825503232,
+                                 "fraction_of_peak": 53.825503232 / 86}, rel=1e-15)
+
+
+def test_the_peak_is_the_best_square_matmul_of_each_precision():
+    seconds = {"matmul 1024 fp32": 0.025, "matmul 2048 fp32": 0.25, "matmul 1024 bf16": 4.0, "toy student fp32": 1.0}
+    peaks = utilization.peaks(seconds)
+    assert peaks["fp32"] == pytest.approx({"1024": 85.89934592, "2048": 68.719476736, "best": 85.89934592}, rel=1e-15)
+    assert peaks["bf16"] == pytest.approx({"1024": 0.536870912, "best": 0.536870912}, rel=1e-15)
+
+
+def test_profile_groups_sum_to_the_whole():
+    elementwise, python = utilization.ELEMENTWISE, utilization.PYTHON
+    operators = [(("aten::mm", "aten::matmul", "_ChunkedLoss"), 0.30),  # the head's matmul belongs to the loss
+                 (("aten::mm", "aten::matmul", "aten::linear"), 0.20),
+                 (("autograd::engine::evaluate_function: MmBackward0",), 0.05),
+                 (("aten::_scaled_dot_product_flash_attention_for_cpu", "aten::scaled_dot_product_attention"), 0.10),
+                 (("aten::add_", "Optimizer.step#AdamW.step", "optimizer"), 0.05), (("aten::mul",), 0.10)]
+    groups = utilization.grouped(operators, wall_s=1.0)
+    assert groups == pytest.approx({"vocabulary head and loss": 0.30, "optimizer": 0.05, "attention": 0.10,
+                                    "linear layers": 0.25, elementwise: 0.10, python: 0.20}, rel=1e-12)
+    assert sum(groups.values()) == pytest.approx(1.0, rel=1e-15)
+    # The profiler's own times can sum past the clock's: the whole is then their sum, and Python nothing.
+    over = utilization.grouped(operators, wall_s=0.5)
+    assert over[python] == 0 and over["linear layers"] == pytest.approx(0.25 / 0.8, rel=1e-12)
+
+
+def test_a_profiled_step_is_split_into_every_group():
+    settings, shape, seq = utilization.distinct_steps(("smoke",))["smoke student"]
+    groups = utilization.profile_groups(utilization.Step(settings, shape, seq, torch.float32), steps=1)
+    assert sum(groups.values()) == pytest.approx(1.0, rel=1e-12)
+    assert all(fraction > 0 for fraction in groups.values()), groups

@@ -479,7 +479,7 @@ def test_a_rung_names_its_machine_from_the_provenance_its_run_wrote():
     from experiments import regime
     from plumbing import devices
     made = grow.provenance(devices.Dist(), torch.float32, "auto")
-    assert made["cpu"] == devices.cpu_model() and made["cpu_capability"] == torch.backends.cpu.get_cpu_capability()
+    assert made["cpu"] == devices.cpu_model() and made["cpu_capability"] == devices.cpu_instructions()
     assert regime.machine(made) == f"{devices.cpu_model()} ({made['cpu_capability']}), float32"
     assert regime.machine({"device": "cpu", "precision": "float32"}) == "cpu, float32"
     assert regime.machine({"device": "NVIDIA H200", "cpu": "x", "precision": "bfloat16"}) == "NVIDIA H200, bfloat16"

@@ -1,0 +1,291 @@
+"""How near this CPU's matmul peak the kit's training steps run, and where the rest of their time goes.
+
+    python repro.py bench                       # its first rows; results/bench.json's "utilization"
+    OMP_NUM_THREADS=1 python repro.py bench     # on one thread (where another process holds the other cores)
+
+The steps: for each scale of SCALES, the student step as grow takes it (the teacher's forward, the student's
+forward and backward through the chunked KD loss, clipping, AdamW; post-norm, every block active and
+trained) and the teacher step (the kit's own teacher pretrained: forward and backward through the chunked
+CE loss, clipping, AdamW), each on one micro-batch of the preset's size whose documents all fill max_len
+(as the toy's batches are wide: one toy document in four reaches max_len). Scales whose steps have the
+same shapes share a row: mini is the toy's step, run for longer.
+
+Fraction of peak: a step's model FLOPs (model.forward_flops_per_token: 2 per weight and causal attention;
+a backward twice its forward) over its seconds, divided by the FLOP/s of the best square matmul of
+PEAK_SIZES at the same thread count, in fp32 and in bf16. Steps and matmuls are timed in turns
+(`interleaved`), the best of `repeats` each, so numerator and denominator see the same machine; on one
+thread by the thread's CPU time (step_clock), which another process on the machine does not inflate. A bf16
+step runs only where the precision probe picks bf16: where bf16 is emulated one step takes minutes and the
+kit never trains in it, so there only the bf16 matmul is timed, at sizes up to one that takes over
+MAX_MATMUL_S.
+
+Where the rest goes: torch.profiler over a few steps; each operator's own time goes to the first group of
+GROUPS that its name or an enclosing operator's name matches (else to ELEMENTWISE), and the profiled wall
+time outside every operator to PYTHON, so the groups sum to the whole.
+"""
+from __future__ import annotations
+
+import statistics
+import time
+from contextlib import nullcontext
+from dataclasses import asdict
+from functools import partial
+from typing import Callable
+
+import torch
+from torch.profiler import ProfilerActivity, profile, record_function
+
+import config
+import data
+import grow
+import model
+import nets
+from experiments import presets
+from plumbing import devices
+from plumbing.hf_qwen3 import ModelConfig
+
+SCALES = ("toy", "mini")
+PEAK_SIZES = (1024, 2048)
+MAX_MATMUL_S = 0.5  # a larger square matmul is timed only while the last one took less
+PRECISIONS = {"fp32": torch.float32, "bf16": torch.bfloat16}
+# (group, names that place an operator in it when they occur in its own name or an enclosing one's), in
+# the order they are tried: the loss's head matmuls belong to the loss, not to the linear layers.
+GROUPS = (("vocabulary head and loss", ("_ChunkedLoss",)),
+          ("optimizer", ("optimizer",)),
+          ("attention", ("scaled_dot_product", "ScaledDotProduct")),
+          ("linear layers", ("aten::linear", "aten::mm", "aten::addmm", "aten::matmul", "MmBackward")))
+ELEMENTWISE = "norms, elementwise and other operators"
+PYTHON = "Python outside operators"
+
+
+def interleaved(variants: dict, repeats: int, pick=statistics.median, clock=time.perf_counter) -> dict:
+    """Seconds of each variant (the median of `repeats`, or what `pick` takes) by `clock`, timed in turns
+    (A B C A B C ...) so that drift in a shared machine's speed lands on all of them alike. A variant is
+    (function, context manager factory)."""
+    times = {name: [] for name in variants}
+    for round_ in range(repeats + 2):
+        for name, (fn, context) in variants.items():
+            with context():
+                start = clock()
+                fn()
+                if round_ >= 2:  # two warm-up rounds
+                    times[name].append(clock() - start)
+    return {name: pick(t) for name, t in times.items()}
+
+
+def step_clock() -> tuple[str, Callable[[], float]]:
+    """(its name, the clock): on one thread, the thread's CPU time, which on a machine shared with other
+    processes counts what the step costs and not the time it waits for a core (every operator runs on the
+    calling thread then); on several, the wall clock."""
+    if torch.get_num_threads() == 1:
+        return "CPU time of the one thread", time.thread_time
+    return "wall clock", time.perf_counter
+
+
+# ----------------------------------------------------------------------------------------------
+# Model FLOPs and the fraction of peak
+
+def student_step_flops(shape: ModelConfig, student_layers: int, tokens: int, seq: int) -> float:
+    """Model FLOPs of a student step: the teacher's layers forward, both heads forward (the loss computes the
+    teacher's logits), the student's layers and head forward and backward (3x)."""
+    teacher_layers, head = model.forward_flops_per_token(shape, shape.num_hidden_layers, seq / 2)
+    student, _ = model.forward_flops_per_token(shape, student_layers, seq / 2)
+    return tokens * (teacher_layers + head + 3 * (student + head))
+
+
+def teacher_step_flops(shape: ModelConfig, tokens: int, seq: int) -> float:
+    """Model FLOPs of a teacher pretraining step: its layers and head forward and backward."""
+    layers, head = model.forward_flops_per_token(shape, shape.num_hidden_layers, seq / 2)
+    return tokens * 3 * (layers + head)
+
+
+def fraction_of_peak(flops: float, seconds: float, peak_flops: float) -> dict:
+    """A step's row: its model GFLOP, seconds, GFLOP/s and that as a fraction of the matmul peak."""
+    return {"gflop": flops / 1e9, "seconds": seconds, "gflops": flops / seconds / 1e9,
+            "fraction_of_peak": flops / seconds / peak_flops}
+
+
+# ----------------------------------------------------------------------------------------------
+# The steps, as grow takes them
+
+def step_settings(scale: str, kind: str) -> config.RunConfig:
+    """A scale's student (post-norm, joint: every block active and trained) or teacher settings, as the suite
+    makes them but with no data (the bench makes its own batch)."""
+    preset = presets.PRESETS[scale]
+    if kind == "teacher":
+        run = {**preset.run, **preset.teacher_run, "protocol": "teacher", "norm": "pre",
+               "teacher_config": asdict(presets.teacher_shape(preset))}
+    else:
+        run = {**preset.run, "protocol": "joint", "norm": "post"}
+    return config.RunConfig(**{**run, "name": f"{scale} {kind}", "seed": 0, "train_data": "", "val_data": "",
+                               "replay_docs": run["global_batch"]})
+
+
+class Step:
+    """One optimizer step of `settings` on one full-length micro-batch: Run.accumulate's forward and
+    backward (with the teacher's forward before it for a student), then Run.update's clipping and AdamW."""
+
+    def __init__(self, settings: config.RunConfig, shape: ModelConfig, seq: int, dtype: torch.dtype):
+        self.settings, self.shape, self.dtype, self.ctx = settings, shape, dtype, devices.Dist()
+        teacher = model.Qwen3(shape)
+        teacher.init_weights(0)
+        if settings.compile:  # as nets.load_teacher compiles a run's teacher
+            devices.compile_layers(teacher)
+        self.teacher = None if settings.protocol == "teacher" else nets.Teacher(teacher.eval().requires_grad_(False))
+        self.net = nets.build_model(settings, self.teacher, self.ctx, dtype)
+        self.phase = config.plan_phases(settings)[-1]
+        self.params = grow.trainable_parameters(self.net, self.phase)
+        self.optimizer = grow.build_optimizer(settings, self.params)
+        ids = torch.randint(0, shape.vocab_size, (settings.micro_batch, seq), generator=torch.Generator().manual_seed(0))
+        lengths = torch.full((settings.micro_batch,), seq)
+        self.batch = data.Batch(ids, ids.roll(-1, 1), torch.ones_like(ids, dtype=torch.bool), lengths,
+                                list(range(settings.micro_batch)), ids.numel())
+        self.tokens, self.seq = ids.numel(), seq
+
+    def flops(self) -> float:
+        if self.teacher is None:
+            return teacher_step_flops(self.shape, self.tokens, self.seq)
+        return student_step_flops(self.shape, len(self.net.layers), self.tokens, self.seq)
+
+    def __call__(self, batch: data.Batch | None = None) -> float:
+        """The step on `batch` (default: the full-length one); its loss."""
+        batch = batch or self.batch
+        with devices.autocast(self.dtype, self.ctx):
+            hidden, head = (None, None) if self.teacher is None else \
+                (self.teacher.hidden(batch.input_ids), self.teacher.head_weight)
+            loss, _, _ = nets.loss_fn(self.settings, batch, hidden, head, self.phase, batch.n_targets, self.net)
+        loss.backward()
+        with record_function("optimizer"):
+            devices.clip_gradients(self.params, self.settings.grad_clip)
+            self.optimizer.step()
+            self.optimizer.zero_grad(set_to_none=True)
+        return loss.item()
+
+
+def distinct_steps(scales=SCALES) -> dict[str, tuple[config.RunConfig, ModelConfig, int]]:
+    """{"toy, mini student": (settings, teacher shape, length), ...}: one entry per step shape, named by the
+    scales that share it."""
+    steps: dict[str, tuple] = {}
+    for kind in ("student", "teacher"):
+        shapes: dict[str, list] = {}
+        for scale in scales:
+            preset = presets.PRESETS[scale]
+            settings = step_settings(scale, kind)
+            key = repr((asdict(settings) | {"name": "", "phase_steps": 0, "eval_interval": 0, "snapshot_interval": 0},
+                        preset.teacher_model, preset.data["max_len"], preset.data["vocab_size"]))
+            shapes.setdefault(key, []).append((scale, settings, presets.teacher_shape(preset), preset.data["max_len"]))
+        for same in shapes.values():
+            steps[f"{', '.join(s for s, *_ in same)} {kind}"] = same[0][1:]
+    return steps
+
+
+# ----------------------------------------------------------------------------------------------
+# Measured: the steps against the matmul peak, then where a step's time goes
+
+def matmul_variants(precision: str, sizes=PEAK_SIZES, clock=time.perf_counter) -> tuple[dict, dict]:
+    """({"matmul <n> <precision>": (a @ b, nullcontext)}, {the same names: seconds of a first call}) for the
+    square sizes up to the first whose matmul takes over MAX_MATMUL_S (emulated bf16 stops at the first)."""
+    variants, first = {}, {}
+    for n in sizes:
+        a, b = (torch.randn(n, n).to(PRECISIONS[precision]) for _ in range(2))
+        name = f"matmul {n} {precision}"
+        variants[name], first[name] = (partial(torch.mm, a, b), nullcontext), timed_once(partial(torch.mm, a, b), clock)
+        if first[name] > MAX_MATMUL_S:
+            break
+    return variants, first
+
+
+def timed_once(fn, clock=time.perf_counter) -> float:
+    start = clock()
+    fn()
+    return clock() - start
+
+
+def peaks(seconds: dict) -> dict[str, dict]:
+    """{precision: {"<n>": GFLOP/s of each timed size, "best": the best}} from interleaved's seconds."""
+    out: dict[str, dict] = {}
+    for name, s in seconds.items():
+        if name.startswith("matmul "):
+            _, n, precision = name.split()
+            out.setdefault(precision, {})[n] = 2 * int(n) ** 3 / s / 1e9
+    return {p: {**sizes, "best": max(sizes.values())} for p, sizes in out.items()}
+
+
+def measure(repeats: int = 5, scales=SCALES, profiled_steps: int = 3) -> dict:
+    """Every distinct step of `scales` in fp32 (and bf16 where the probe picks it) against the matmul peak,
+    and the profile of each in the precision the kit picks here."""
+    dtype, why = devices.precision_choice("auto", torch.device("cpu"))
+    step_precisions = ["fp32"] + (["bf16"] if dtype == torch.bfloat16 else [])
+    steps = {f"{label} {p}": Step(*spec, PRECISIONS[p]) for label, spec in distinct_steps(scales).items()
+             for p in step_precisions}
+    variants = {name: (step, nullcontext) for name, step in steps.items()}
+    for p in step_precisions:
+        variants.update(matmul_variants(p)[0])
+    clock_name, clock = step_clock()
+    seconds = interleaved(variants, repeats, pick=min, clock=clock)
+    if "bf16" not in step_precisions:  # emulated: one call of its smallest matmul, apart
+        seconds.update(matmul_variants("bf16", clock=clock)[1])
+    peak = peaks(seconds)
+    rows = {name: fraction_of_peak(step.flops(), seconds[name], peak[name.rsplit(' ', 1)[1]]["best"] * 1e9)
+            for name, step in steps.items()}
+    chosen = str(dtype).removeprefix("torch.").replace("float32", "fp32").replace("bfloat16", "bf16")
+    profiles = {name.rsplit(" ", 1)[0]: profile_groups(step, profiled_steps) for name, step in steps.items()
+                if name.endswith(chosen)}
+    return {"threads": torch.get_num_threads(), "clock": clock_name, "precision": why, "peak_gflops": peak,
+            "steps": rows, "profile": profiles}
+
+
+def profile_groups(step, steps: int = 3) -> dict[str, float]:
+    """`steps` steps under torch.profiler (after two unprofiled), their time as fractions by group."""
+    step()
+    step()
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        start = time.perf_counter()
+        for _ in range(steps):
+            step()
+        wall = time.perf_counter() - start
+    return grouped([(enclosing_names(e), e.self_cpu_time_total / 1e6) for e in prof.events()], wall)
+
+
+def enclosing_names(event) -> tuple[str, ...]:
+    """An operator's name, then its enclosing operators' names, innermost first."""
+    names = []
+    while event is not None:
+        names.append(event.name)
+        event = event.cpu_parent
+    return tuple(names)
+
+
+def grouped(operators: list[tuple[tuple[str, ...], float]], wall_s: float) -> dict[str, float]:
+    """{group: fraction of the whole}: each operator's own seconds (its names innermost first, seconds) to
+    the first group of GROUPS one of its names matches, else to ELEMENTWISE; the wall time no operator
+    accounts for to PYTHON. The whole is the wall time (or the operators' sum, where the profiler counted
+    more than the clock did), so the fractions sum to 1."""
+    seconds = dict.fromkeys([*(group for group, _ in GROUPS), ELEMENTWISE], 0.0)
+    for names, own in operators:
+        group = next((g for g, keys in GROUPS if any(key in name for name in names for key in keys)), ELEMENTWISE)
+        seconds[group] += own
+    whole = max(wall_s, sum(seconds.values()))
+    seconds[PYTHON] = whole - sum(seconds.values())
+    return {group: s / whole for group, s in seconds.items()}
+
+
+# Issue 38's goals for the toy student step: of the fp32 peak where fp32 is what the CPU runs fast (AVX2), of
+# the bf16 peak where bf16 is native (AMX, AVX-512 bf16).
+STUDENT_GOALS = {"fp32": 0.60, "bf16": 0.35}
+
+
+def summary(measured: dict) -> list[str]:
+    """measure()'s results as the lines bench prints."""
+    lines = [f"precision here: {measured['precision']}; {measured['threads']} thread(s), timed by {measured['clock']}"]
+    for precision, sizes in measured["peak_gflops"].items():
+        each = ", ".join(f"{n}: {g:,.1f}" for n, g in sizes.items() if n != "best")
+        lines.append(f"{precision} matmul peak {sizes['best']:,.1f} GFLOP/s (square sizes {each})")
+    for name, row in measured["steps"].items():
+        precision = name.rsplit(" ", 1)[1]
+        goal = f" (goal >= {STUDENT_GOALS[precision]:.0%})" if "student" in name else ""
+        lines.append(f"{name}: {row['gflop']:.1f} GFLOP in {row['seconds']:.3f} s = {row['gflops']:.1f} GFLOP/s, "
+                     f"{row['fraction_of_peak']:.1%} of the {precision} peak{goal}")
+    for name, groups in measured["profile"].items():
+        lines.append(f"{name}, where the time goes: " + ", ".join(f"{g} {f:.0%}" for g, f in groups.items()))
+    return lines
