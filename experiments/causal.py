@@ -2,6 +2,7 @@
 three-way contrast C = Δgrow(mechanism) − Δgrow(control), paired by seed, and the gate that decides whether
 it is read as a causal test at all. The page's words (experiments/pages.py) come from these numbers.
 
+    python repro.py scan --scale mechanism    # also results/mechanism/criteria.json: the gate's statistics
     seeds, values = causal.paired(mechanism_reference, control_reference, "delta_grow")   # C per seed
     causal.gate_failure(causal.checks(mechanism_reference, control_reference))           # None: read C
 
@@ -9,12 +10,17 @@ The gate (the entry, as written): C is read as a causal test only if the mechani
 (presets.TEACHER_MECHANISM on `repro.py scan`'s layers), the mechanism pre-grow student met the student
 criterion (presets.MECHANISM, seed 42, after block 0 at the end of growth), and the control passed its
 manipulation check (its teacher has no layer from index 2 with max/median >= 100, and its pre-grow student
-fails the student criterion). A check with no measurement in the references is not met: it is "not yet
-measured", and nothing causal is claimed.
+fails the student criterion). Their statistics reach the references as the criteria report, which `repro.py
+scan` writes at these scales (write_criteria) and `repro.py reference` ships. A check with no measurement in
+the references is not met: it is "not yet measured", and nothing causal is claimed.
 """
 from __future__ import annotations
 
+import diag
+import rundir
+from experiments import regime, report, tables
 from experiments.presets import MECHANISM, TEACHER_MECHANISM
+from plumbing import corpora
 
 SCALES = ("mechanism", "mechanism-control")
 STUDENT_SEED = 42  # the entry measures the student criterion on pre-grow, seed 42
@@ -68,6 +74,35 @@ def checks(mechanism: dict | None, control: dict | None) -> dict[str, bool | Non
         not student_criterion(control_student)
     met = lambda found, passes: None if found is None else passes(found)
     return {GATE[0]: met(teacher, teacher_meets), GATE[1]: met(student, student_criterion), GATE[2]: manipulated}
+
+
+def criteria_numbers(teacher_layers: list[dict], students: dict[int, dict]) -> dict:
+    """The criteria report: the teacher's statistics (teacher_criterion on the scan's rows, the same at every
+    seed) and each seed's pre-grow statistics ({seed: regime.mechanism's values}), as rows of per-seed values."""
+    teacher, seeds = teacher_criterion(teacher_layers), sorted(students)
+    rows = [{"key": key, "values": [teacher[key.split(": ", 1)[1]]] * len(seeds)} for key in TEACHER_KEYS]
+    rows += [{"key": key, "values": [students[s][key.split(": ", 1)[1]] for s in seeds]} for key in STUDENT_KEYS]
+    return {"experiment": CRITERIA, "seeds": seeds, "rows": rows}
+
+
+def write_criteria(ws, teacher_layers: list[dict]) -> dict | None:
+    """results/<scale>/criteria.json and .md from the scan's teacher rows and every finished pre-grow run, each
+    measured after block 0 at the end of growth on the diagnostic batch as the searches measured it
+    (regime.mechanism on diag.diagnose_checkpoint); None, and nothing written, before any pre-grow run finished."""
+    decode, batch, students = corpora.vocabulary(ws.preset.data).decode, tables.diagnostic_batch(ws), {}
+    for run_dir in sorted(ws.students_dir.glob(f"s*/{tables.PRE_GROW.name}")):
+        if (run_dir / "done.json").is_file() and not rundir.final_eval(run_dir).get("diverged"):
+            final = diag.checkpoint_series(run_dir)[-1]
+            student = tables.load_student(ws, final["path"])
+            students[int(run_dir.parent.name[1:])] = regime.mechanism(
+                diag.diagnose_checkpoint(student, batch, decode, final["active_blocks"]))
+    if not students:
+        return None
+    out = criteria_numbers(teacher_layers, students)
+    lines = [f"# The causal test's criteria ({ws.preset.name} scale)", "", "| statistic | " +
+             " | ".join(f"s{seed}" for seed in out["seeds"]) + " |", "| --- |" + " --- |" * len(out["seeds"])]
+    lines += [f"| {row['key']} | " + " | ".join(report.fmt(v, 3) for v in row["values"]) + " |" for row in out["rows"]]
+    return report.write(ws.results, CRITERIA, out, lines)
 
 
 def gate_failure(found: dict[str, bool | None]) -> str | None:

@@ -75,3 +75,20 @@ def test_without_references_the_page_says_not_yet_run_and_shows_no_number():
     page = pages.render_mechanism(None, None)
     assert "Not yet run" in page and "C: not yet run" in page and not any(ch.isdigit() for ch in page.split("## The")[1]
                                                                          .replace("2026-12-03", ""))
+
+
+def test_the_criteria_report_reaches_the_gate_through_the_reference():
+    """What `repro.py scan` writes at these scales (criteria_numbers), as `repro.py reference` ships it
+    (reference.report_numbers), is what the gate reads: the teacher's maxima from layer 2 at every seed, and
+    seed 42's student deciding."""
+    from experiments import reference
+    layers = [{"layer": 1, "massive_ratio": 900.0, "sink_heads": 0.9},
+              {"layer": 4, "massive_ratio": 180.0, "sink_heads": 0.5}]
+    students = {43: {"boundary_over_regular": 1.0, "kurtosis_distinct": 1.0, "massive_ratio": 1.0},
+                42: {"boundary_over_regular": 10.0, "kurtosis_distinct": 50.0, "massive_ratio": 100.0}}  # at the thresholds
+    shipped = reference.report_numbers(causal.criteria_numbers(layers, students))
+    assert shipped["teacher: massive_ratio_from_layer"] == [180.0, 180.0]
+    assert shipped["pre-grow: kurtosis_distinct"] == [50.0, 1.0]
+    mechanism = planted([-0.1, -0.1], [0.0, 0.0], seeds=[42, 43], criteria=shipped)
+    control = planted([0.0, 0.0], [0.0, 0.0], seeds=[42, 43], criteria={k: v[:2] for k, v in NO_MECHANISM.items()})
+    assert causal.checks(mechanism, control) == dict.fromkeys(causal.GATE, True)
