@@ -11,7 +11,7 @@ from pathlib import Path
 import diag
 import model
 import rundir
-from experiments import figures, report, suite, tables
+from experiments import causal, figures, report, suite, tables
 from experiments.presets import SINK
 from plumbing import corpora, errors
 
@@ -69,4 +69,6 @@ def run_scan(ws: suite.Workspace, teacher: Path, checkpoints: list[Path]) -> dic
     lines.append("![scan](scan.png)")
     report.write(ws.results, "scan", out, lines)
     suite.console.print("\n".join(lines), markup=False)
+    if ws.preset.name in causal.SCALES and causal.write_criteria(ws, scans["teacher"]):
+        suite.console.print(f"wrote {ws.results / causal.CRITERIA}.json: the causal test's criteria, for repro.py reference")
     return out

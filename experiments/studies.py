@@ -336,6 +336,15 @@ def restore_suite(ws: Workspace, names: list[str], runs, seeds: list[int], force
         ws.ctx.on_main(lambda: restore(suite_jobs(ws, runs, seeds), teacher, force), "restoring records")
 
 
+def recorded_machines(scale: str, records: Path = RECORDS_DIR) -> list[str]:
+    """machines_markdown of every run of a scale a study recorded (<records>/<scale>/), for its results page."""
+    folder = records / scale
+    rows = [{"run": r["run"], "machine": machine(r), "wall_seconds": r["wall_seconds"],
+             "commit": r["provenance"].get("git_commit", "")[:12]}
+            for r in (read_record(p) for p in sorted(folder.rglob("*.json")))] if folder.is_dir() else []
+    return machines_markdown(rows) if rows else []
+
+
 def attach(ws: Workspace, records: Path | None) -> Workspace:
     """The workspace, recording each finished run under `records` (None: no records)."""
     return replace(ws, records=records, on_finished=record_finished if records is not None else None)

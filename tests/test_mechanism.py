@@ -134,3 +134,13 @@ def test_the_scan_reads_a_planted_sink_and_massive_activation_on_mechanism_ids(w
     q = torch.zeros(1, 1, 6, 8)
     assert attention_to_first(q, torch.randn(1, 1, 6, 8), window=window)[0, 0, 5].item() == \
         pytest.approx(0.0 if window else 1 / 6, abs=1e-7)
+
+
+def test_the_dry_run_prices_the_controls_window_not_full_causal_attention():
+    """The control's teacher shape (4 heads of 32, window 16) at an average causal context of 128 keys: its
+    layers' attention FLOPs are 4 * 128 * 16 a token a layer (QK^T and AV over 16 keys), the mechanism's
+    4 * 128 * 128; the weights' FLOPs are the same. Full attention for both would make the difference 0."""
+    windowed, full = presets.teacher_shape(CONTROL), presets.teacher_shape(MECHANISM)
+    (control, head), (mechanism, same_head) = (model.forward_flops_per_token(c, 12, 128.0) for c in (windowed, full))
+    assert head == same_head and mechanism - control == 12 * 4 * 128 * (128 - 16)
+    assert model.forward_flops_per_token(windowed, 12, 8.0) == model.forward_flops_per_token(full, 12, 8.0)

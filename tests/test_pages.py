@@ -13,7 +13,7 @@ from plumbing.errors import UsageError
 REGENERATE = "regenerate it: python repro.py results --scale {scale} (pages.main)"
 
 
-@pytest.mark.parametrize("scale", ["toy", "mini"])
+@pytest.mark.parametrize("scale", ["toy", "mini", "mechanism"])
 def test_the_committed_results_page_equals_its_render(scale):
     committed = (pages.PAGES / f"{scale}.md").read_text()
     assert committed == pages.render(scale), REGENERATE.format(scale=scale)
