@@ -30,7 +30,8 @@ Definitions the whole kit relies on:
   token, targets all but its first. The leading <|endoftext|> is the document-boundary token, the
   token the diagnostics call structural.
 - Batches are right-padded with eot and masked by length, never by token id: Qwen pads with
-  <|endoftext|>, which is also the boundary token, and a document's real final target is eot.
+  <|endoftext|>, which is also the boundary token, and a document's real final target is eot. A
+  compiled run's batches are padded further, to a few fixed widths (fixed_shape).
 - Bad input raises DataError, whose one-line message names the file or option, what is wrong and
   what to do.
 """
