@@ -10,9 +10,9 @@ documents of the full length. The step's largest moment is the peak: inside the 
 micro-batch (on top of the gradients accumulated over the others), inside the loss of its first, or,
 under activation checkpointing, the first micro-batch's backward entering layer 0.
 Nothing is fitted; rehearse.py measures the same step through the kit's own code with FSDP2's memory
-tracker, and memcount.py counts every storage it holds (tests/test_cluster.py holds the three together);
-without activation checkpointing a pre-norm layer is counted as a post-norm one (an upper bound: two
-fp32 stream tensors above what it holds, measured by memcount.py). CUDA's context, NCCL's buffers and the
+tracker, and memcount.py counts every storage it holds (tests/test_cluster.py and tests/test_memcount.py
+hold the three together). Without activation checkpointing a pre-norm layer is counted as a post-norm
+one (an upper bound: two fp32 stream tensors above what it holds, by memcount.py). CUDA's context, NCCL's buffers and the
 allocator's fragmentation are not counted (plan.MEMORY_HEADROOM leaves room for them).
 """
 from __future__ import annotations
