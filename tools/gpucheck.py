@@ -36,7 +36,7 @@ import model
 from experiments import presets, suite, tables
 from plumbing import checkpoint, devices
 from plumbing.hf_qwen3 import ModelConfig
-from tools import bench, memory, plan, rehearse
+from tools import bench, memory, plan, rehearse, utilization
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = Path("results") / "gpu_check.json"
@@ -98,7 +98,7 @@ def paper_layer_step(device, config: ModelConfig, batch: int, lengths: list[int]
     torch.cuda.reset_peak_memory_stats(device) if device.type == "cuda" else None
     seconds = bench.timed(step, repeats)
     tokens = batch * sum(lengths)
-    flops = sum(bench.train_step_flops(config, config.num_hidden_layers, batch * n, n) for n in lengths)
+    flops = sum(utilization.student_step_flops(config, config.num_hidden_layers, batch * n, n) for n in lengths)
     peak = matmul_peak_on(device, torch.bfloat16 if device.type == "cuda" else torch.float32)
     return {"tokens": tokens, "lengths": lengths, "step_s": seconds, "tokens_per_s": tokens / seconds,
             "mfu": flops / seconds / peak, "peak_tflops": peak / 1e12,
