@@ -220,10 +220,8 @@ def write_folder(folder: Path, record: dict):
     folder.mkdir(parents=True)
     checkpoint.write_json(folder / "config.json", record["config"])
     checkpoint.write_json(folder / "provenance.json", record["provenance"])
-    checkpoint.write_atomic(folder / "metrics.jsonl", "".join(checkpoint.json_text(r, None) for r in record["metrics"]))
-    checkpoint.write_json(folder / diag.DIAGNOSTICS, record["diagnostics"])
     checkpoint.write_json(folder / RECORD, {"restored_from": record["sha256"]})
-    checkpoint.write_json(folder / "done.json", record["done"])  # last: a folder without it is unfinished
+    write_readable(folder, record)  # done.json last: a folder without it is unfinished
 
 
 def retrain_prefix(job: Job, teacher: Path):
@@ -258,7 +256,7 @@ def record_finished(ws: Workspace, run: RunName, seed: int):
         elif old["done"] != done:
             suite.console.print(f"{job.label}: trained again on this machine (CE {done.get('ce')}); its record's "
                                 f"(CE {old['done'].get('ce')}, {machine(old)}) is kept")
-            keep_weights_restore(job.folder, old)
+            write_readable(job.folder, old)
         else:
             checkpoint.write_json(job.folder / diag.DIAGNOSTICS, old["diagnostics"])
         return
@@ -268,7 +266,8 @@ def record_finished(ws: Workspace, run: RunName, seed: int):
     checkpoint.write_json(job.folder / diag.DIAGNOSTICS, record["diagnostics"])
 
 
-def keep_weights_restore(folder: Path, record: dict):
+def write_readable(folder: Path, record: dict):
+    """What the reports read of a recorded run (its log rows, diagnostics, done.json last), weights untouched."""
     checkpoint.write_atomic(folder / "metrics.jsonl", "".join(checkpoint.json_text(r, None) for r in record["metrics"]))
     checkpoint.write_json(folder / diag.DIAGNOSTICS, record["diagnostics"])
     checkpoint.write_json(folder / "done.json", record["done"])
@@ -300,13 +299,14 @@ def make_record(job: Job, stored: dict) -> dict:
 def run_machines(jobs: list[Job]) -> list[dict]:
     """Each run's machine (CPU, instructions, precision) and wall time, from its folder (a restored one holds
     its record's provenance and its phases' last step rows)."""
-    rows = []
-    for job in unique(jobs):
-        provenance = rundir.read_json(job.folder / "provenance.json")
-        wall = max((r.get("time", 0.0) for r in rundir.read_metrics(job.folder) if not r.get("eval")), default=0.0)
-        rows.append({"run": job.label, "machine": machine({"provenance": provenance}), "wall_seconds": wall,
-                     "commit": provenance.get("git_commit", "")[:12]})
-    return rows
+    return [machine_row(job.label, rundir.read_json(job.folder / "provenance.json"),
+                        max((r.get("time", 0.0) for r in rundir.read_metrics(job.folder) if not r.get("eval")),
+                            default=0.0)) for job in unique(jobs)]
+
+
+def machine_row(run: str, provenance: dict, wall_seconds: float) -> dict:
+    return {"run": run, "machine": machine({"provenance": provenance}), "wall_seconds": wall_seconds,
+            "commit": provenance.get("git_commit", "")[:12]}
 
 
 def machines_markdown(rows: list[dict]) -> list[str]:
@@ -339,8 +339,7 @@ def restore_suite(ws: Workspace, names: list[str], runs, seeds: list[int], force
 def recorded_machines(scale: str, records: Path = RECORDS_DIR) -> list[str]:
     """machines_markdown of every run of a scale a study recorded (<records>/<scale>/), for its results page."""
     folder = records / scale
-    rows = [{"run": r["run"], "machine": machine(r), "wall_seconds": r["wall_seconds"],
-             "commit": r["provenance"].get("git_commit", "")[:12]}
+    rows = [machine_row(r["run"], r["provenance"], r["wall_seconds"])
             for r in (read_record(p) for p in sorted(folder.rglob("*.json")))] if folder.is_dir() else []
     return machines_markdown(rows) if rows else []
 
