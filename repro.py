@@ -201,6 +201,12 @@ def chosen_seeds(overrides, seeds: list[int] | None, default: list[int], option:
     return [value]
 
 
+def say(ws: suite.Workspace, line: str) -> None:
+    """A launch's result, printed once: under torchrun every rank returns the same line."""
+    if ws.ctx.is_main:
+        suite.console.print(line)
+
+
 def finite(value: float, option: str) -> float:
     """FloatRange lets nan (it compares false with every bound) and inf through."""
     if not math.isfinite(value):
@@ -397,7 +403,7 @@ def train(scale, norm, protocol, seed, dry_run, gpu, gpus, nodes, overrides, com
     if dry_run:
         preflight.print_dry_run(scale, [preflight.planned(ws, [run], seed)], [seed], gpu, gpus, nodes)
         return
-    suite.console.print(preflight.train_one(ws, run, seed, force))
+    say(ws, preflight.train_one(ws, run, seed, force))
 
 
 @cli.command()
@@ -412,7 +418,7 @@ def teacher(scale, rebuild, ship, overrides, compile_flag, device, tracker, no_w
     """Pretrain the kit's own teacher for a scale and print its validation CE (a shipped one is installed)."""
     ws = suite.workspace(scale, runs_dir, overrides=presets.parse_overrides(presets.PRESETS[scale], overrides),
                          compile_flag=compile_flag, device=device, tracker=tracker, wait=not no_wait)
-    suite.console.print(preflight.pretrain_teacher(ws, rebuild, force, ship))
+    say(ws, preflight.pretrain_teacher(ws, rebuild, force, ship))
 
 
 @cli.command("prepare")

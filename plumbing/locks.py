@@ -10,10 +10,12 @@ Anyone who can write to the runs folder can put something at a lock's path: the 
 lock file it created itself (O_EXCL), never follows a symbolic link there, and refuses anything but a
 plain file; what a holder wrote is read back as data (one line, control characters escaped).
 Where the filesystem has no flock (Lustre, or NFS without it) the lock file's existence is the lock.
-The lock file says who holds the folder (JSON: host, pid, since, command). A holder on this host that is
-alive is waited for as long as it runs; one this host cannot see (another node's, whose job may have died
-and left its lock on the shared filesystem) for $NORMGROW_LOCK_WAIT seconds (default 600; "forever": no
-end), then the command stops in one line naming the holder and the file to remove.
+The lock file says who holds the folder (JSON: host, pid, since, command), and its holder touches it every
+HEARTBEAT_SECONDS while it holds it. A holder on this host that is alive is waited for as long as it runs;
+one this host cannot see (another node's, whose job may have died and left its lock on the shared
+filesystem) as long as its heartbeat goes on (a teacher pretrained on another node for hours is waited
+for), and stopped waiting for once the file has not changed for $NORMGROW_LOCK_WAIT seconds (default 600;
+"forever": no end): the command stops in one line naming the holder and the file to remove.
 """
 
 import errno
@@ -24,6 +26,7 @@ import os
 import socket
 import stat
 import sys
+import threading
 import time
 from contextlib import ExitStack, contextmanager
 from datetime import datetime
@@ -35,6 +38,9 @@ FLOCK_UNSUPPORTED = {errno.ENOSYS, errno.EOPNOTSUPP, errno.ENOLCK}
 LOCK_FLAGS = os.O_RDWR | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC  # O_NONBLOCK: a FIFO there never blocks
 WAIT_VARIABLE, DEFAULT_WAIT_SECONDS = "NORMGROW_LOCK_WAIT", 600.0
 POLL_SECONDS = 1.0
+# A holder's sign of life: its lock file's modification time, set every this many seconds. On NFS the
+# server sets it from its own clock and clients may cache it ~60 s; 600 s of silence is neither.
+HEARTBEAT_SECONDS = 30.0
 
 
 def lock_file(folder: Path) -> Path:
@@ -49,7 +55,8 @@ def printable(text: str, limit: int = 300) -> str:
 
 
 def wait_seconds() -> float:
-    """How long a holder this host cannot see alive is waited for: $NORMGROW_LOCK_WAIT seconds."""
+    """How long a holder this host cannot see alive is waited for once its lock file stops changing:
+    $NORMGROW_LOCK_WAIT seconds."""
     text = os.environ.get(WAIT_VARIABLE, "").strip()
     if not text:
         return DEFAULT_WAIT_SECONDS
@@ -82,13 +89,32 @@ def _on_this_host(record: dict) -> bool:
     return record.get("host") == socket.gethostname() and type(record.get("pid")) is int
 
 
-def _overdue(folder: Path, lock: Path, holder: str, record: dict, started: float, limit: float) -> TrainingError | None:
-    """The error that ends a wait past `limit` for a holder this host does not see alive."""
-    if time.monotonic() - started < limit or (_on_this_host(record) and _alive(record["pid"])):
+class Silence:
+    """How long a lock file has gone without its holder's heartbeat, as this waiter saw it (its own clock:
+    the file's time comes from whichever host wrote it, so only a change of it is read)."""
+
+    def __init__(self):
+        self.seen, self.since = None, time.monotonic()
+
+    def seconds(self, lock: Path) -> float:
+        try:
+            stamp = os.lstat(lock).st_mtime_ns
+        except FileNotFoundError:
+            stamp = None
+        if stamp != self.seen:
+            self.seen, self.since = stamp, time.monotonic()
+        return time.monotonic() - self.since
+
+
+def _overdue(folder: Path, lock: Path, holder: str, record: dict, silence: Silence, limit: float) -> TrainingError | None:
+    """The error that ends a wait for a holder this host does not see alive, once its lock file has not
+    changed for `limit` seconds."""
+    if silence.seconds(lock) < limit or (_on_this_host(record) and _alive(record["pid"])):
         return None
-    return TrainingError(f"{folder}: held by {holder}; gave up after {limit:g} s ({WAIT_VARIABLE}). If that job is "
-                         f"gone (one killed on another node leaves its lock on a shared filesystem), remove {lock} "
-                         f"and rerun; if it still runs, wait for it with {WAIT_VARIABLE}=forever")
+    return TrainingError(f"{folder}: held by {holder}, whose lock file has not changed for {limit:g} s "
+                         f"({WAIT_VARIABLE}); gave up. If that job is gone (one killed on another node leaves its "
+                         f"lock on a shared filesystem), remove {lock} and rerun; if it still runs, wait for it "
+                         f"with {WAIT_VARIABLE}=forever")
 
 
 def _taken_over(folder: Path, holder: str) -> str:
@@ -138,7 +164,7 @@ def _names(lock: Path, fd: int) -> bool:
 def _lock(lock: Path, folder: Path, limit: float | None, say) -> int:
     """An fd holding the flock of `lock`, a file we created, with our record in it. limit: how long to wait
     for a holder this host does not see alive (None: not at all)."""
-    started = time.monotonic()
+    silence = Silence()
     while True:
         try:
             fd, made = _open_lock(lock, folder)
@@ -148,14 +174,14 @@ def _lock(lock: Path, folder: Path, limit: float | None, say) -> int:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            _wait_for_flock(fd, lock, folder, started, limit, say)
+            _wait_for_flock(fd, lock, folder, silence, limit, say)
         except OSError as e:
             if e.errno not in FLOCK_UNSUPPORTED:
                 raise
             if made:
                 lock.unlink(missing_ok=True)
             os.close(fd)
-            return _exclusive_lock(lock, folder, started, limit, say)
+            return _exclusive_lock(lock, folder, silence, limit, say)
         if _names(lock, fd):
             if made:
                 try:  # who holds it, for a waiter's message; a full disk leaves it empty, and the lock holds
@@ -170,7 +196,7 @@ def _lock(lock: Path, folder: Path, limit: float | None, say) -> int:
         os.close(fd)
 
 
-def _wait_for_flock(fd: int, lock: Path, folder: Path, started: float, limit: float | None, say):
+def _wait_for_flock(fd: int, lock: Path, folder: Path, silence: Silence, limit: float | None, say):
     """Until fd's flock is ours; closes fd and raises if it is not to be waited for (longer)."""
     holder, record = _holder(fd)
     if limit is None:
@@ -182,7 +208,7 @@ def _wait_for_flock(fd: int, lock: Path, folder: Path, started: float, limit: fl
         try:
             return fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:  # read again: a holder that had only just made the file writes its record next
-            error = _overdue(folder, lock, *_holder(fd), started, limit)
+            error = _overdue(folder, lock, *_holder(fd), silence, limit)
             if error:
                 os.close(fd)
                 raise error from None
@@ -192,7 +218,7 @@ def _wait_for_flock(fd: int, lock: Path, folder: Path, started: float, limit: fl
 _FLOCKLESS: set[str] = set()  # mounts found without flock, in this process
 
 
-def _exclusive_lock(lock: Path, folder: Path, started: float, limit: float | None, say) -> int:
+def _exclusive_lock(lock: Path, folder: Path, silence: Silence, limit: float | None, say) -> int:
     """The lock where the filesystem has no flock: the lock file made with O_EXCL (atomic on NFS and
     Lustre) holds it until its holder removes it. A holder on this host that is gone left it stale; one on
     another host cannot be checked from here."""
@@ -232,7 +258,7 @@ def _exclusive_lock(lock: Path, folder: Path, started: float, limit: float | Non
         if not waiting:
             say(f"{folder}: in use by {holder}; waiting for it to finish (if it is gone, remove {lock})")
             waiting = True
-        error = _overdue(folder, lock, holder, record, started, limit)
+        error = _overdue(folder, lock, holder, record, silence, limit)
         if error:
             raise error
         time.sleep(POLL_SECONDS)
@@ -270,17 +296,42 @@ def _release(lock: Path, fd: int):
 def held(folders, wait: bool = True, say=print):
     """Hold every folder of `folders` (in path order, so two processes never wait on each other). One held
     by another process: wait for it, saying which process holds it (its pid, host, start and command), as
-    long as it runs on this host and at most wait_seconds() otherwise; or with wait=False stop in one line."""
+    long as it runs on this host, and otherwise until its lock file has gone wait_seconds() without a
+    heartbeat; or with wait=False stop in one line."""
     limit = wait_seconds() if wait else None
     with ExitStack() as stack:
+        fds = []
         for folder in sorted({Path(f).resolve() for f in folders}):
             lock = lock_file(folder)
             made = [p for p in (lock.parent, *lock.parent.parents) if not p.exists()]
             lock.parent.mkdir(parents=True, exist_ok=True)
-            fd = _lock(lock, folder, limit, say)
+            fds.append(_lock(lock, folder, limit, say))
             stack.callback(_remove_empty, made)
-            stack.callback(_release, lock, fd)
+            stack.callback(_release, lock, fds[-1])
+        stack.enter_context(_heartbeat(fds))
         yield
+
+
+@contextmanager
+def _heartbeat(fds):
+    """Touches the held lock files every HEARTBEAT_SECONDS (a thread that only waits in between), so a waiter
+    on another host can tell a job at work from one that died and left its lock."""
+    stop = threading.Event()
+
+    def beat():
+        while not stop.wait(HEARTBEAT_SECONDS):
+            for fd in fds:
+                try:
+                    os.utime(fd)
+                except OSError:  # a full or read-only filesystem: the lock holds, the heartbeat is missed
+                    pass
+    thread = threading.Thread(target=beat, name="lock heartbeat", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join()
 
 
 def _remove_empty(made):

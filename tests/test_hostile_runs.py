@@ -13,6 +13,7 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 import pyarrow as pa
@@ -220,6 +221,46 @@ def test_a_lock_of_a_job_on_another_host_is_given_up_after_the_stated_wait(tmp_p
     assert "\n" not in line and "held by process 4242 on node-b since 2026-01-02T03:04:05+00:00 (repro.py all)" in line
     assert "2 s" in line and f"remove {lock}" in line and "NORMGROW_LOCK_WAIT=forever" in line
     assert lock.read_text() == record  # the other job's file is left as it was
+
+
+HEARTBEAT_AS = ("import fcntl, os, sys, time\nfd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT)\n"
+                "fcntl.flock(fd, fcntl.LOCK_EX)\nos.write(fd, sys.argv[2].encode())\nprint('held', flush=True)\n"
+                "while not os.path.exists(sys.argv[3]):\n    os.utime(fd)\n    time.sleep(0.1)\ntime.sleep(600)\n")
+
+
+def test_a_holder_on_another_host_is_waited_for_while_its_heartbeat_goes_on(tmp_path, monkeypatch):
+    """A job at work on another node (a teacher pretrained for hours) touches its lock file: waited for past
+    NORMGROW_LOCK_WAIT (1 s here) as long as it does; once it stops (its node died holding the NFS lock),
+    given up 1 s later in the same one line. Before: given up 1 s after the wait began, at work or not."""
+    folder, said, stop = tmp_path / "run", [], tmp_path / "stop"
+    lock = locks.lock_file(folder)
+    monkeypatch.setenv("NORMGROW_LOCK_WAIT", "1")
+    holder = subprocess.Popen([sys.executable, "-c", HEARTBEAT_AS, str(lock), lock_record("node-b", 4242), str(stop)],
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        waiter, outcome = hold_in_thread(folder, said)
+        waiter.join(timeout=4)
+        assert waiter.is_alive() and outcome == [], outcome  # 4 s past the start, 3 past the stated wait
+        stop.touch()
+        waiter.join(timeout=60)
+        assert not waiter.is_alive(), f"still waiting 60 s after the heartbeat stopped: {said}"
+    finally:
+        holder.kill()
+    assert "held by process 4242 on node-b" in outcome[0] and "has not changed for 1 s" in outcome[0]
+
+
+def test_a_holder_touches_its_lock_file_while_it_holds_it(tmp_path, monkeypatch):
+    monkeypatch.setattr(locks, "HEARTBEAT_SECONDS", 0.05)
+    folder = tmp_path / "run"
+    lock = locks.lock_file(folder)
+    with locks.held([folder]):
+        stamps = {lock.stat().st_mtime_ns}
+        for _ in range(40):  # 2 s at most: 40 heartbeats' time
+            time.sleep(0.05)
+            stamps.add(lock.stat().st_mtime_ns)
+        assert len(stamps) > 1 and held_by_us(lock)  # touched, its record untouched
+    assert not lock.exists()
 
 
 @pytest.mark.parametrize("flock", [True, False])

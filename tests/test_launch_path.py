@@ -318,7 +318,8 @@ def test_bf16_on_a_two_by_two_mesh_through_repro_train_resumes_bit_identical(tmp
     assert one.returncode == 0, one.stdout[-3000:] + one.stderr[-3000:]  # it trains the teacher the launches share
     run_dir = next(runs.rglob("post-grow"))
     kept = {"one": run_dir.rename(tmp_path / "one")}
-    two_agents(runs)
+    outs = two_agents(runs)
+    assert sum(out.count("post-grow: validation CE") for out in outs) == 1  # rank 0's line, not four ranks'
     kept["uninterrupted"] = run_dir.rename(tmp_path / "uninterrupted")
     two_agents(runs, kill_at="stepped:post-grow:14")
     assert not (run_dir / "done.json").exists() and (run_dir / "latest").is_dir()
