@@ -124,6 +124,15 @@ def first_token_attention(attention: list, mask: torch.Tensor) -> list:
     return out
 
 
+def even_first_token_attention(mask: torch.Tensor, window: int = 0) -> float:
+    """What first_token_attention reads for a head that spreads each query evenly over the keys it sees
+    (1/(t+1) on position 0 for query t, 0 past a window): the level at which a head does not prefer the
+    first token at all."""
+    t = mask[:, 1:].nonzero()[:, 1].double() + 1                                # the real queries' positions
+    even = torch.where((t < window) | (window == 0), 1 / (t + 1), torch.zeros_like(t))
+    return float(even.mean()) if len(t) else math.nan
+
+
 def sink_heads(per_layer: list, layers, threshold: float) -> float | None:
     """The fraction of the heads of `layers` (indices into per_layer) whose mean first-token attention
     is at least `threshold`; None if none of them ran."""

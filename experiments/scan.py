@@ -6,8 +6,13 @@ fixed diagnostic batch (results/<scale>/scan.md, .json and scan.png).
 """
 from __future__ import annotations
 
+from functools import partial
 from pathlib import Path
 
+import numpy as np
+import torch
+
+import data
 import diag
 import model
 import rundir
@@ -29,29 +34,61 @@ def checkpoint_blocks(path: Path) -> int:
                 if Path(c["path"]).resolve() == path.resolve())
 
 
+@torch.no_grad()
+def backcopy_parts(shard: data.Shard, logits_of) -> dict | None:
+    """What a model learned of each part of a Bigram-Backcopy task, on a validation shard: its CE on the
+    copies (the target after a trigger, fixed by the symbol before the trigger) and on the chain's draws,
+    beside the chain's own CE on the same draws (the least any model reaches there; a copy's is 0). None
+    for a shard of another corpus. logits_of: input ids (B, T) -> logits (B, T, V)."""
+    corpus = shard.manifest["corpus"]
+    if corpus.get("source") != "backcopy":
+        return None
+    symbols = corpus["symbols"]
+    chain, triggers = corpora.backcopy_chain(symbols, corpus["triggers"], corpus["seed"])
+    length = min(shard.lengths)                     # backcopy documents are all one length; cut to the shortest
+    ids = torch.from_numpy(np.stack([shard.document(i)[:length] for i in range(len(shard))]).astype(np.int64))
+    inputs, targets = ids[:, :-1], ids[:, 1:]
+    logits = logits_of(inputs)
+    ce = -torch.log_softmax(logits.double(), -1).gather(-1, targets[..., None]).squeeze(-1)
+    right = logits.argmax(-1) == targets
+    drawn = (inputs < symbols) & (targets < symbols)                   # not <bos>'s uniform first symbol
+    copy = drawn & torch.from_numpy(np.isin(inputs.numpy(), triggers))
+    draw = drawn & ~copy
+    chain_ce = -np.log(chain[inputs[draw].numpy(), targets[draw].numpy()])
+    return {"copies": int(copy.sum()), "copy_ce": float(ce[copy].mean()),
+            "copy_accuracy": float(right[copy].double().mean()), "draws": int(draw.sum()),
+            "draw_ce": float(ce[draw].mean()), "chain_ce": float(chain_ce.mean())}
+
+
 def run_scan(ws: suite.Workspace, teacher: Path, checkpoints: list[Path]) -> dict:
     """diag.layer_scan of the scale's teacher and each student checkpoint on the fixed diagnostic batch:
     results/<scale>/scan.md, .json and scan.png."""
     blocks = {Path(c): checkpoint_blocks(c) for c in checkpoints}  # every path checked before any work
     decode = corpora.vocabulary(ws.preset.data).decode
-    batch = tables.diagnostic_batch(ws)
-    scans = {"teacher": diag.layer_scan(model.load_qwen3(teacher), batch, decode, SINK["attention"])}
+    batch, val = tables.diagnostic_batch(ws), data.Shard(ws.data_dir / "val")
+    teacher_net = model.load_qwen3(teacher)
+    scans = {"teacher": diag.layer_scan(teacher_net, batch, decode, SINK["attention"])}
+    tasks = {"teacher": backcopy_parts(val, teacher_net)}
     for path, active in blocks.items():
-        scans[f"{path.parent.name}/{path.name}"] = diag.layer_scan(tables.load_student(ws, path), batch, decode,
-                                                                   SINK["attention"], active)
+        student = tables.load_student(ws, path)
+        name = f"{path.parent.name}/{path.name}"
+        scans[name] = diag.layer_scan(student, batch, decode, SINK["attention"], active)
+        tasks[name] = backcopy_parts(val, partial(student, active_blocks=active))
+    even = diag.even_first_token_attention(batch.mask, teacher_net.config.attention_window)
     caption = f"normgrow, {ws.preset.name} scale, scan"
     figure = figures.fig_scan(scans, ws.results / "scan.png", SCAN_MASSIVE, SINK["heads"], SINK["attention"], caption)
     rows, length = batch.mask.shape[0], batch.mask.shape[1]
     out = {"experiment": "scan", "scale": ws.preset.name, "teacher": str(teacher), "checkpoints": [str(c) for c in blocks],
            "batch": {"rows": rows, "max_inputs": length, "tokens": int(batch.mask.sum())},
-           "massive_threshold": SCAN_MASSIVE, "sink": SINK, "git_commit": rundir.git_commit(), "scans": scans,
-           "figure": str(figure)}
+           "massive_threshold": SCAN_MASSIVE, "sink": SINK, "even_first_token_attention": even,
+           "git_commit": rundir.git_commit(), "scans": scans, "tasks": tasks, "figure": str(figure)}
     lines = [f"# Layer-by-layer scan ({ws.preset.name} scale)", "",
              f"Every decoder layer's output on the fixed diagnostic batch ({rows} documents, up to {length} inputs, "
              f"{out['batch']['tokens']} real tokens). max/median: the largest |activation| over real tokens and channels "
              f"over the median |activation| (massive at >= {SCAN_MASSIVE:g}, Sun et al. 2024); top 3: |value| at "
              "channel c, row:position (token). Sink heads: the share of the layer's heads whose mean attention on "
-             f"position 0 (the document's <|endoftext|>) is >= {SINK['attention']:g} (Gu et al. 2024).", ""]
+             f"position 0 (the document's <|endoftext|>) is >= {SINK['attention']:g} (Gu et al. 2024); a head that "
+             f"spreads every query evenly over the keys it sees puts {even:.3f} there.", ""]
     for name, layers in scans.items():
         massive = [r["layer"] for r in layers if (r["massive_ratio"] or 0) >= SCAN_MASSIVE]
         sinks = [r["layer"] for r in layers if (r["sink_heads"] or 0) >= SINK["heads"]]
@@ -66,6 +103,11 @@ def run_scan(ws: suite.Workspace, teacher: Path, checkpoints: list[Path]) -> dic
                          f"{report.fmt(r['boundary_over_regular'], 2)} | {report.fmt(r['sink_heads'], 2)} | "
                          f"{report.fmt(r['max_head'], 3)} |")
         lines.append("")
+        task = tasks[name]
+        if task:
+            lines += [f"The task, on the validation shard: {task['copies']:,} copies (after a trigger) at CE "
+                      f"{task['copy_ce']:.4f}, {task['copy_accuracy']:.1%} predicted; {task['draws']:,} chain draws at "
+                      f"CE {task['draw_ce']:.4f} against the chain's own {task['chain_ce']:.4f}.", ""]
     lines.append("![scan](scan.png)")
     report.write(ws.results, "scan", out, lines)
     suite.console.print("\n".join(lines), markup=False)

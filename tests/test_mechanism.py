@@ -14,7 +14,7 @@ import torch
 import data
 import diag
 import model
-from experiments import presets
+from experiments import presets, scan
 from interventions.monitor import attention_to_first
 from plumbing import corpora
 from plumbing.hf_qwen3 import ModelConfig
@@ -144,3 +144,42 @@ def test_the_dry_run_prices_the_controls_window_not_full_causal_attention():
     (control, head), (mechanism, same_head) = (model.forward_flops_per_token(c, 12, 128.0) for c in (windowed, full))
     assert head == same_head and mechanism - control == 12 * 4 * 128 * (128 - 16)
     assert model.forward_flops_per_token(windowed, 12, 8.0) == model.forward_flops_per_token(full, 12, 8.0)
+
+
+def test_the_scan_splits_a_backcopy_task_into_its_copies_and_its_chain_draws(tmp_path):
+    """On a backcopy validation shard: an oracle (the chain's own log-probabilities for a draw, the copied
+    symbol at +60 for a copy) has the chain's CE on the draws exactly and a copy CE of log(1 + 7 e^-60);
+    a uniform model has log 9 on both. Counted by hand: a copy is a target after a trigger, a draw any other
+    symbol after a symbol (<bos>'s first symbol and the closing <bos> are neither)."""
+    enc = corpora.vocabulary({"source": "backcopy", "symbols": 8})
+    options = dict(symbols=8, triggers=2, document_tokens=16)
+    _, val = data.prepare("backcopy", tmp_path, enc, max_len=16, n_train_docs=1, n_val_docs=5, seed=7,
+                          progress=False, workers=1, **options)
+    chain, triggers = corpora.backcopy_chain(8, 2, 7)
+    docs = backcopy_ids(7, 5, **options)                       # the val shard's symbols, <bos> before them
+    copies = int(np.isin(docs[:, :-1], triggers).sum())       # targets 2..15 of each document's symbols
+    draws = docs[:, 1:].size - copies
+
+    def oracle(ids):
+        logits = torch.full((*ids.shape, 9), -math.inf, dtype=torch.float64)
+        for b, t in np.ndindex(*ids.shape):
+            s = int(ids[b, t])
+            if s < 8 and s in triggers:
+                logits[b, t, :8], logits[b, t, int(ids[b, t - 1])] = 0.0, 60.0
+            elif s < 8:
+                logits[b, t, :8] = torch.from_numpy(np.log(chain[s]))
+        return logits
+    found = scan.backcopy_parts(val, oracle)
+    expected_chain = -np.mean([np.log(chain[a, b]) for row in docs for a, b in zip(row[:-1], row[1:])
+                               if a not in triggers])
+    assert (found["copies"], found["draws"]) == (copies, draws) and copies > 0
+    assert found["chain_ce"] == pytest.approx(expected_chain, rel=1e-12) == found["draw_ce"]
+    assert found["copy_ce"] == pytest.approx(math.log1p(7 * math.exp(-60)), abs=1e-15) and found["copy_accuracy"] == 1.0
+    uniform = scan.backcopy_parts(val, lambda ids: torch.zeros(*ids.shape, 9))
+    assert uniform["copy_ce"] == pytest.approx(math.log(9), rel=1e-12) == uniform["draw_ce"]
+
+
+def test_even_attention_on_the_first_token_is_the_mean_of_one_over_the_keys_seen():
+    mask = torch.tensor([[True] * 4, [True, True, True, False]])
+    assert diag.even_first_token_attention(mask) == pytest.approx((1 / 2 + 1 / 3 + 1 / 4 + 1 / 2 + 1 / 3) / 5)
+    assert diag.even_first_token_attention(mask, window=2) == pytest.approx((1 / 2 + 1 / 2) / 5)
