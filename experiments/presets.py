@@ -115,12 +115,13 @@ PRESETS = {"smoke": PRESETS["smoke"], "toy": _toy,
 # of 256 ids after a fixed first token (<bos>, the kit's document boundary), 64 symbols, 3 triggers. The
 # toy's ratios otherwise: S/T = 3/12, its width, init and LR transfer, warmup >= 20 steps, the paper's
 # alpha, gamma, tau and clip; the teacher 8x the documents of the longest-trained student (3,000 x 8, each
-# document about twice, against 3 x 250 x 4) and AdamW weight decay 0.5 for the teacher only (Gu et al. 2024: weight decay
-# encourages sinks, 0.5 their strongest; the students keep the paper's 0). 0.1 was the first entry's, and its
-# teacher had no sink: the kill rule named 0.5 as the one change in line, and after that teacher had none
-# either, 3,000 steps (each document about twice) as the last (docs/preregistrations.md, second session). mechanism-control: the same corpus and settings, every
-# attention layer (teacher and students) seeing only its 16 most recent keys (Gu et al. 2024: small windows
-# prevent the sink; the task needs 2), so the fixed first token is out of reach of all but the first 15 queries.
+# document about twice, against 3 x 250 x 4) and AdamW weight decay 0.5 for the teacher only (Gu et al.
+# 2024: weight decay encourages sinks, 0.5 their strongest; the students keep the paper's 0). These are the
+# last of the registered chain (1,500 steps at 0.1, then at 0.5, then 3,000 steps at 0.5): no teacher met the
+# criterion, so none is shipped (docs/records/*-mechanism-teacher*.md). mechanism-control: the same corpus
+# and settings, every attention layer (teacher and students) seeing only its 16 most recent keys (Gu et al.
+# 2024: small windows prevent the sink; the task needs 2), so the first token is out of reach of all but the
+# first 15 queries.
 _mechanism = Preset(
     "mechanism", "a CPU miniature with the paper's mechanism by construction: Bigram-Backcopy ids after a fixed <bos>",
     data=dict(source="backcopy", vocab_size=None, symbols=64, triggers=3, document_tokens=256, documents=12_064,
