@@ -65,7 +65,8 @@ def run_scan(ws: suite.Workspace, teacher: Path, checkpoints: list[Path]) -> dic
     results/<scale>/scan.md, .json and scan.png."""
     blocks = {Path(c): checkpoint_blocks(c) for c in checkpoints}  # every path checked before any work
     decode = corpora.vocabulary(ws.preset.data).decode
-    batch, val = tables.diagnostic_batch(ws), data.Shard(ws.data_dir / "val")
+    batch = tables.diagnostic_batch(ws)
+    val = data.Shard(ws.data_dir / "val", verify=False)  # diagnostic_batch read it, sha256 checked, in this process
     teacher_net = model.load_qwen3(teacher)
     scans = {"teacher": diag.layer_scan(teacher_net, batch, decode, SINK["attention"])}
     tasks = {"teacher": backcopy_parts(val, teacher_net)}
