@@ -80,6 +80,9 @@ class RunConfig:
     # `joint-long`: a fresh AdamW at each LR restart (True; the paper, B.3, says only that the schedule
     # restarts) or the moments carried over (False)
     restart_optimizer: bool = True
+    # AdamW's weight decay on the 1-D parameters (RMSNorm gains, q/k-norm's among them) too (True: the kit's
+    # runs so far), or on matrices only (False), as nanoGPT and Megatron-LM train
+    decay_gains: bool = True
     # `joint-long`: "fresh" documents past the first phase (the paper's Table 3), or "replay" grow's one
     # shard in grow's order (the same-shard control: joint-replay, grow's steps on grow's data)
     long_data: str = "fresh"

@@ -8,9 +8,7 @@ Runs are normally started by repro.py, which fills a RunConfig from a preset:
     torchrun --nnodes=4 --nproc_per_node=8 --rdzv-backend=c10d --rdzv-endpoint=$HEAD:29500 \\
         repro.py train --scale full --norm post --protocol grow             # several nodes
 
-Protocols (paper Sec. 4 and Appendix B): `joint` (all K blocks, one phase), `grow` (phase p runs blocks 0..p,
-all of them trained), `freeze` (grow, but phase p>0 trains only block p), `joint-long` (all blocks, several
-phases with LR restarts, fresh data) and `teacher` (plain CE pretraining of a Qwen3 model, the kit's teacher).
+The protocols (joint, grow, freeze, joint-long, teacher) are config.py's, described there.
 
 `train` runs one run; `train_together` several, each exactly as if alone (bit-identical in one process): the
 suite's runs of one seed read the same batch at the same step, so the frozen teacher runs once per batch for all
@@ -60,7 +58,9 @@ def trainable_parameters(net: torch.nn.Module, phase: Phase, train_embedding: bo
 
 def build_optimizer(config: RunConfig, params: list) -> torch.optim.AdamW:
     # foreach=False: the single-tensor path is bit-identical across resumes and ranks' shards.
-    return torch.optim.AdamW(params, lr=config.lr, betas=config.betas, eps=config.eps,
+    groups = [{"params": [p for p in params if p.ndim > 1 or config.decay_gains]},
+              {"params": [p for p in params if p.ndim < 2 and not config.decay_gains], "weight_decay": 0.0}]
+    return torch.optim.AdamW([g for g in groups if g["params"]], lr=config.lr, betas=config.betas, eps=config.eps,
                              weight_decay=config.weight_decay, foreach=False)
 
 

@@ -61,6 +61,24 @@ def tiny_student():
     return model.Student.from_teacher(teacher, blocks=3, layers_per_block=2, norm="post", seed=1)
 
 
+
+@pytest.mark.parametrize("decay_gains", [True, False])
+def test_weight_decay_reaches_the_gains_only_when_asked(tiny_student, decay_gains):
+    """With every gradient zero, AdamW's step is its decay alone (the moments are zero, so the Adam update
+    is 0 / (0 + eps) = 0): each decayed parameter is multiplied by exactly (1 - lr * wd) in fp32 (one
+    rounding of one product, the same as the reference below), and an exempt one is left bit for bit."""
+    c = make_config(lr=0.25, weight_decay=0.5, decay_gains=decay_gains)
+    params = grow.trainable_parameters(tiny_student, config.plan_phases(c)[0])
+    before = [p.detach().clone() for p in params]
+    for p in params:
+        p.grad = torch.zeros_like(p)
+    grow.build_optimizer(c, params).step()
+    gains = [p.ndim == 1 for p in params]
+    assert sum(gains) >= 4 and not all(gains)  # q/k norms, the layers' norms and the final norm; the matrices
+    for p, old, gain in zip(params, before, gains):
+        factor = 1.0 if gain and not decay_gains else 1 - 0.25 * 0.5
+        assert torch.equal(p.detach(), old * factor)
+
 @pytest.mark.parametrize("protocol", ["grow", "freeze"])
 def test_trainable_parameters_per_phase(tiny_student, protocol):
     phases = config.plan_phases(make_config(protocol=protocol))
