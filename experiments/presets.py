@@ -114,11 +114,12 @@ PRESETS = {"smoke": PRESETS["smoke"], "toy": _toy,
 # (Guo et al. 2024: sinks, drained values and residual peaks on the fixed first token in 1-3 layer models)
 # of 256 ids after a fixed first token (<bos>, the kit's document boundary), 64 symbols, 3 triggers. The
 # toy's ratios otherwise: S/T = 3/12, its width, init and LR transfer, warmup >= 20 steps, the paper's
-# alpha, gamma, tau and clip; the teacher 8x the documents of the longest-trained student (3,000 x 8, each
-# document about twice, against 3 x 250 x 4) and AdamW weight decay 0.5 for the teacher only (Gu et al.
-# 2024: weight decay encourages sinks, 0.5 their strongest; the students keep the paper's 0). These are the
-# last of the registered chain (1,500 steps at 0.1, then at 0.5, then 3,000 steps at 0.5): no teacher met the
-# criterion, so none is shipped (docs/records/*-mechanism-teacher*.md). mechanism-control: the same corpus
+# alpha, gamma, tau and clip; the teacher 4x the documents of the longest-trained student (1,500 x 8 against
+# 3 x 250 x 4), AdamW weight decay 0.5 on its matrices (Gu et al. 2024: weight decay encourages sinks, 0.5
+# their strongest; the students keep the paper's 0) and none on its norm gains (the third session's entry:
+# the first chain's decay shrank the q/k-norm gains and flattened attention; nanoGPT and Megatron-LM do not
+# decay 1-D parameters). The first chain (1,500 steps at 0.1, then at 0.5, then 3,000 steps at 0.5, gains
+# decayed) met no criterion (docs/records/*-mechanism-teacher*.md). mechanism-control: the same corpus
 # and settings, every attention layer (teacher and students) seeing only its 16 most recent keys (Gu et al.
 # 2024: small windows prevent the sink; the task needs 2), so the first token is out of reach of all but the
 # first 15 queries.
@@ -131,8 +132,8 @@ _mechanism = Preset(
          "lr": 3e-3, "min_lr": 3e-5, "warmup_frac": 0.1, "eval_interval": 125, "monitor_interval": 25, "eval_batch": 16,
          "loss_chunk": 2048, "checkpoint_interval": 50, "snapshot_interval": 125, "precision": "auto"},
     teacher_model=dict(_toy.teacher_model),
-    teacher_run=dict(phase_steps=3000, lr=3e-3, min_lr=1e-4, warmup_frac=0.1, eval_interval=250, global_batch=8,
-                     micro_batch=8, weight_decay=0.5),
+    teacher_run=dict(phase_steps=1500, lr=3e-3, min_lr=1e-4, warmup_frac=0.1, eval_interval=250, global_batch=8,
+                     micro_batch=8, weight_decay=0.5, decay_gains=False),
     diag=dict(docs=4, max_inputs=256, seed=42), doc_tokens=256.0)
 PRESETS["mechanism"] = _mechanism
 PRESETS["mechanism-control"] = replace(
