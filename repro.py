@@ -110,8 +110,8 @@ lockstep_option = click.option("--lockstep/--no-lockstep", default=None, help="T
                                "the same batches together, on one teacher pass per batch (same results as apart). "
                                "Default: on, except on a GPU where they would not fit (see --dry-run).")
 records_option = click.option("--records-dir", type=click.Path(path_type=Path), default=None, help="Each finished "
-                              "run's record, read back before training (default: the kit's references/records/; at "
-                              "smoke scale none; experiments/studies.py).")
+                              "run's (a search's: rung's) record, read back before training (default: the kit's "
+                              "references/records/; at smoke scale none; experiments/studies.py).")
 force_option = click.option("--force", is_flag=True, help="Discard data, a teacher or runs made with other settings "
                             "(an edited preset) and redo them; what matches is reused.")
 
@@ -265,7 +265,7 @@ def run_experiments(wanted, scale, seeds, records_dir, dry_run, gpu, gpus, nodes
     names, runs = chosen_experiments(wanted)
     ws, seeds = seeded_workspace(scale, seeds, None, runs_dir, results_dir, dry_run, overrides, compile_flag, device,
                                  tracker, lockstep, no_wait)
-    ws = studies.attach(ws, records_dir or (None if scale == "smoke" else studies.RECORDS_DIR))
+    ws = studies.attach(ws, records_dir)
     if dry_run:
         preflight.print_dry_run(scale, [("", ws, plan.planned_runs(ws, runs, seeds[0]))], seeds, gpu, gpus, nodes)
         preflight.print_records(ws, studies.suite_jobs(ws, runs, seeds))
@@ -308,25 +308,24 @@ def regime(scale, seeds, grid_text, dry_run, gpu, gpus, nodes, overrides, compil
 @click.option("--ladder", type=click.Choice(list(presets.LADDERS)), default=None,
               help="The ladder to climb (default: the scale's own; `second`: the second search at toy scale).")
 @click.option("--rung", "rungs", multiple=True, help="Rung 0, then this rung (repeatable), past the stopping rule.")
+@records_option
 @dry_run_options
 @overrides_option
 @force_option
 @runs_option
 @results_option
-def search(scale, seed, ladder, rungs, dry_run, gpu, gpus, nodes, overrides, compile_flag, device, tracker, no_wait,
-           force, runs_dir, results_dir):
+def search(scale, seed, ladder, rungs, records_dir, dry_run, gpu, gpus, nodes, overrides, compile_flag, device, tracker,
+           no_wait, force, runs_dir, results_dir):
     """The miniature search: a ladder of presets (presets.LADDERS), pre-norm grow only, until the mechanism's criterion
     holds or a rung would cost more than its budget (results/<scale>/search[-<ladder>][-chosen].md/.json)."""
     from experiments import regime as regime_map
     ladder = presets.ladder_for(scale, ladder, rungs)
-    ws = suite.workspace(scale, runs_dir, results_dir, dry_run, compile_flag=compile_flag, device=device,
-                         tracker=tracker, wait=not no_wait)
+    ws = studies.attach(suite.workspace(scale, runs_dir, results_dir, dry_run, compile_flag=compile_flag, device=device,
+                                        tracker=tracker, wait=not no_wait), records_dir)
     overrides = presets.parse_overrides(presets.PRESETS[scale], overrides)  # the user's: each rung applies them last
     seed = chosen_seeds(overrides, None if seed is None else [seed], [ws.preset.run["seed"]], "--seed")[0]
     if dry_run:
-        preflight.print_dry_run(scale, preflight.search_groups(ws, ladder, overrides, seed), [seed], gpu, gpus, nodes,
-                                "; every rung, although the search stops at the first that meets its criterion")
-        return
+        return preflight.print_search(ws, ladder, overrides, seed, gpu, gpus, nodes)
     regime_map.run_search(ws, seed, force, overrides, ladder, rungs)
     ws.ctx.barrier()
 
@@ -361,7 +360,7 @@ def beyond_command(name: str, module):
                 lockstep, force, runs_dir, results_dir):
         ws, seeds = seeded_workspace(scale, seeds, presets.DEFAULT_SEEDS["beyond"][scale], runs_dir, results_dir,
                                      dry_run, overrides, compile_flag, device, tracker, lockstep, no_wait)
-        ws = studies.attach(ws, records_dir or (None if scale == "smoke" else studies.RECORDS_DIR))
+        ws = studies.attach(ws, records_dir)
         if dry_run:
             preflight.print_dry_run(scale, preflight.beyond_groups(name, ws, seeds[0]), seeds, gpu, gpus, nodes)
             preflight.print_study(name, ws, seeds)

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
+from functools import partial
 from pathlib import Path
 
 import data
@@ -31,7 +32,7 @@ import diag
 import model
 import paper
 import rundir
-from experiments import figures, presets, report, suite, tables
+from experiments import figures, presets, report, studies, suite, tables
 from plumbing import checkpoint, corpora, errors
 
 GRIDS = {  # each axis's values; the preset's own value (1 or "ones") is the point they share
@@ -367,57 +368,85 @@ def machine(made: dict) -> str:
 def run_search(ws: suite.Workspace, seed: int, force: bool = False, user_overrides=(), ladder_name: str = "",
                chosen: tuple[str, ...] = ()) -> dict:
     """Climb a ladder of the scale (presets.LADDERS[ladder_name], default the scale's own) rung by rung
-    (finished rungs are reused, an interrupted one resumes), writing results/<scale>/search[-<ladder>].md
-    and .json after each; stop at the first rung that meets the criterion, or before a rung whose
-    estimated cost passes the ladder's budget (presets.LADDER_BUDGETS; else RUNG_HOURS on 2 cores).
-    With `chosen` rung names (--rung): rung 0, to calibrate, then those, whatever they cost or find: an
-    exploration outside the stopping rule, written apart (search-<ladder>-chosen) and said so."""
+    (finished rungs are reused, an interrupted one resumes, a recorded one is read from its record where
+    ws.records is set), writing results/<scale>/search[-<ladder>].md and .json after each; stop at the first
+    rung that meets the criterion, or before a rung to train whose estimated cost passes the ladder's budget
+    (presets.LADDER_BUDGETS; else RUNG_HOURS on 2 cores). With `chosen` rung names (--rung): rung 0, to
+    calibrate, then those, whatever they cost or find: an exploration outside the stopping rule, written apart
+    (search-<ladder>-chosen) and said so."""
     ladder_name = ladder_name or ws.preset.name
     ladder = presets.LADDERS[ladder_name]
     hours, budget_threads = presets.LADDER_BUDGETS.get(ladder_name, (presets.RUNG_HOURS, 2))
-    where = f"{budget_threads} thread{'s' * (budget_threads > 1)}"
     rows, decision = [], "the ladder ran out without meeting the criterion"
     if chosen:
         decision = f"rungs chosen by --rung ({', '.join(chosen)}), outside the ladder's stopping rule"
-    seconds_per_flop = None  # on the budget's threads, from the first rung's measured time
+    seconds_per_flop = None  # on the budget's threads, from the first rung's time (its record's machine, if recorded)
     for index, rung in enumerate(ladder):
         if chosen and index and rung.name not in chosen:
             continue
         rws = rung_workspace(ws, ladder, index, user_overrides)
         suite.prepare_data(rws, force)
-        teacher_dir = rws.teacher_dir
-        new_teacher = not rws.preset.teacher and not any(r["teacher_dir"] == str(teacher_dir) for r in rows) \
-            and not shipped_teacher(rws)
-        flops = rung_flops(rws, new_teacher)
-        estimate = flops * seconds_per_flop / 3600 if seconds_per_flop else None
-        if estimate is not None and estimate > hours and not chosen:
-            decision = (f"stopped before rung {index} ({rung.name}): its estimated cost, {estimate:.1f} h on {where}, "
-                        f"is above {hours:g} h")
-            break
-        teacher = suite.ensure_inputs(rws, force)
-        suite.ensure_runs(rws, [SEARCH_RUN], [seed], force, teacher=teacher)
-        seconds = run_seconds(rws.run_dir(SEARCH_RUN, seed)) + (run_seconds(teacher_dir) if new_teacher else 0.0)
-        made = rundir.read_json(rws.run_dir(SEARCH_RUN, seed) / "provenance.json")
-        threads = made.get("threads")
-        if seconds_per_flop is None:  # calibrated on the first rung: this machine's rate on the kit's own step
-            speedup = presets.TWO_CORE_SPEEDUP ** ((budget_threads == 2) - (threads == 2))  # to the budget's threads
-            seconds_per_flop = seconds / flops / speedup
-        row = {"rung": index, "name": rung.name, "change": rung.change, "why": rung.why,
-               "builds_on": rung_chain(ladder, index)[:-1],
-               "overrides": list(rung_overrides(ladder, index)), "folder": str(rws.run_dir(SEARCH_RUN, seed)),
-               "teacher_dir": str(teacher_dir), "new_teacher": new_teacher, "flops": flops, "seconds": seconds,
-               "threads": threads, "machine": machine(made), "estimated_hours": estimate, "estimate_threads": budget_threads,
-               "preset": {k: rws.preset.run[k] for k in ("phase_steps", "layers_per_block", "global_batch", "lr")}
-               | {"teacher_layers": rws.preset.teacher_model.get("num_hidden_layers"),
-                  "width": rws.preset.teacher_model.get("hidden_size"), "max_len": rws.preset.data["max_len"],
-                  "paragraphs_per_document": rws.preset.data.get("paragraphs_per_document", 1)},
-               **diagnose_rung(rws, seed, teacher)}
+        path, identity = rung_record(ws, rws, ladder_name, seed, index)
+        record = ws.ctx.on_main(partial(studies.recorded_rung, path, identity, force), "reading the rung's record") \
+            if path else None
+        if record is not None:  # finished before, here or on another machine: its row, nothing trained
+            row = {**record["row"], "folder": str(rws.run_dir(SEARCH_RUN, seed)), "teacher_dir": str(rws.teacher_dir),
+                   "restored": True}
+        else:
+            # a teacher an earlier rung's record stands for is not here: the first rung that needs it trains it
+            new_teacher = not rws.preset.teacher and not shipped_teacher(rws) and \
+                not any(r["teacher_dir"] == str(rws.teacher_dir) and not r.get("restored") for r in rows)
+            flops = rung_flops(rws, new_teacher)
+            estimate = flops * seconds_per_flop / 3600 if seconds_per_flop else None
+            if estimate is not None and estimate > hours and not chosen:
+                where = f"{budget_threads} thread{'s' * (budget_threads > 1)}"
+                decision = (f"stopped before rung {index} ({rung.name}): its estimated cost, {estimate:.1f} h on "
+                            f"{where}, is above {hours:g} h")
+                break
+            row = train_rung(rws, ladder, index, seed, force, new_teacher, flops) | {
+                "estimated_hours": estimate, "estimate_threads": budget_threads}
+            if path:
+                made = rundir.read_json(rws.run_dir(SEARCH_RUN, seed) / "provenance.json")
+                ws.ctx.on_main(partial(studies.record_rung, path, identity, row, made), "recording the rung")
+        if seconds_per_flop is None:  # calibrated on the first rung: a machine's rate on the kit's own step
+            speedup = presets.TWO_CORE_SPEEDUP ** ((budget_threads == 2) - (row["threads"] == 2))  # to the budget's
+            seconds_per_flop = row["seconds"] / row["flops"] / speedup
         rows.append(row)
         write_search(ws, rows, seed, "(searching)", ladder_name, (hours, budget_threads), bool(chosen))
         if row["criterion"]["present"] and not chosen:
             decision = f"the criterion holds at rung {index} ({rung.name})"
             break
     return write_search(ws, rows, seed, decision, ladder_name, (hours, budget_threads), bool(chosen))
+
+
+def rung_record(ws: suite.Workspace, rws: suite.Workspace, ladder_name: str, seed: int, index: int,
+                check_data: bool = True) -> tuple[Path | None, dict]:
+    """Where the rung's record is (None: the search keeps no records) and what it must match."""
+    if ws.records is None:
+        return None, {}
+    student = suite.run_config(rws, SEARCH_RUN, seed, teacher=suite.expected_teacher(rws))
+    return (studies.rung_record_path(ws, ladder_name, seed, index, presets.LADDERS[ladder_name][index].name),
+            studies.rung_identity(rws, student, check_data))
+
+
+def train_rung(rws: suite.Workspace, ladder, index: int, seed: int, force: bool, new_teacher: bool,
+               flops: float) -> dict:
+    """One rung trained (its teacher first, where it has its own) and diagnosed: its row of the search."""
+    rung = ladder[index]
+    teacher = suite.ensure_inputs(rws, force)
+    suite.ensure_runs(rws, [SEARCH_RUN], [seed], force, teacher=teacher)
+    seconds = run_seconds(rws.run_dir(SEARCH_RUN, seed)) + (run_seconds(rws.teacher_dir) if new_teacher else 0.0)
+    made = rundir.read_json(rws.run_dir(SEARCH_RUN, seed) / "provenance.json")
+    return {"rung": index, "name": rung.name, "change": rung.change, "why": rung.why,
+            "builds_on": rung_chain(ladder, index)[:-1],
+            "overrides": list(rung_overrides(ladder, index)), "folder": str(rws.run_dir(SEARCH_RUN, seed)),
+            "teacher_dir": str(rws.teacher_dir), "new_teacher": new_teacher, "flops": flops, "seconds": seconds,
+            "threads": made.get("threads"), "machine": machine(made),
+            "preset": {k: rws.preset.run[k] for k in ("phase_steps", "layers_per_block", "global_batch", "lr")}
+            | {"teacher_layers": rws.preset.teacher_model.get("num_hidden_layers"),
+               "width": rws.preset.teacher_model.get("hidden_size"), "max_len": rws.preset.data["max_len"],
+               "paragraphs_per_document": rws.preset.data.get("paragraphs_per_document", 1)},
+            **diagnose_rung(rws, seed, teacher)}
 
 
 def write_search(ws: suite.Workspace, rows: list[dict], seed: int, decision: str, ladder_name: str = "",

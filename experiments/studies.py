@@ -345,6 +345,51 @@ def recorded_machines(scale: str, records: Path = RECORDS_DIR) -> list[str]:
 
 
 def attach(ws: Workspace, records: Path | None) -> Workspace:
-    """The workspace, recording each finished run under `records` (None: no records)."""
+    """The workspace, recording each finished run under `records` (None: the kit's RECORDS_DIR; at smoke scale,
+    the tests' and CI's, none)."""
+    records = records or (None if ws.preset.name == "smoke" else RECORDS_DIR)
     return replace(ws, records=records, on_finished=record_finished if records is not None else None)
 
+
+
+# ----------------------------------------------------------------------------------------------
+# A search's rungs (regime.run_search): a rung is read from its student's and its teacher's weights, so its
+# record keeps the rung's whole row (the criterion, both diagnoses, cost and machine), not the run's files
+
+def rung_record_path(ws: Workspace, ladder: str, seed: int, index: int, name: str) -> Path:
+    return ws.records / ws.runs.name / "search" / ladder / f"s{seed}" / f"{index}-{name}.json"
+
+
+def rung_identity(rws: Workspace, student: config.RunConfig, check_data: bool = True) -> dict:
+    """What a rung trains, known before it trains: its student's settings, the data token for token (a dry run,
+    with no data made, compares the settings only: None), and its teacher by its settings (a kit teacher trained
+    again elsewhere differs by rounding, so what made it stands for it) or the hub teacher's name."""
+    teacher = rws.preset.teacher or (digest(training_settings(stored_form(suite.teacher_config(rws))))
+                                     if check_data else None)
+    return {"config_sha256": digest(training_settings(stored_form(student))),
+            "data": suite.shard_sha256s(rws) if check_data else None, "teacher": teacher}
+
+
+def recorded_rung(path: Path, wanted: dict, force: bool = False) -> dict | None:
+    """The rung's record where it is of the rung the search would train now; None where there is none (or, with
+    --force, it was stale: removed, to train again). A stale one otherwise stops the search in one line."""
+    if not path.is_file():
+        return None
+    record = read_record(path)
+    why = stale_reason(record, {k: v if v is not None else record["identity"].get(k) for k, v in wanted.items()})
+    if not why:
+        return record
+    if not force:
+        raise errors.TrainingError(f"{path}: stale, {why}; nothing was trained: move it away (git rm) or pass --force "
+                                   "to train that rung again and replace its record")
+    path.unlink()
+    return None
+
+
+def record_rung(path: Path, identity: dict, row: dict, provenance: dict):
+    """A finished rung's record, written once, atomically: its row without this machine's folders."""
+    record = {"format": FORMAT, "kind": "rung", "identity": identity, "provenance": provenance,
+              "row": {k: v for k, v in row.items() if k not in ("folder", "teacher_dir")}}
+    record["sha256"] = digest(record)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    checkpoint.write_json(path, record)

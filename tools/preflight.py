@@ -118,13 +118,32 @@ def regime_groups(ws: suite.Workspace, grid: dict, seed: int) -> list:
             for point in regime.grid_points(grid)]
 
 
-def search_groups(ws: suite.Workspace, ladder: str, overrides, seed: int) -> list:
-    """Every rung's run (the search stops at the first that meets its criterion, so at most this), each in
-    the workspace regime.rung_workspace makes, made here for a dry run: no folder."""
+def print_search(ws: suite.Workspace, ladder: str, overrides, seed: int, gpu: str, gpus: int | None, nodes: int):
+    """A search's dry run: each rung's record (where ws.records is set), then the plan of every rung left to train
+    (the search stops at the first that meets its criterion, so at most this), each in the workspace
+    regime.rung_workspace makes, made here for a dry run: no folder."""
     rungs, scale = presets.LADDERS[ladder], ws.preset.name
-    spaces = [suite.workspace(scale, ws.runs.parent, ws.results.parent, True,
-                              regime.rung_settings(scale, rungs, i) + overrides) for i in range(len(rungs))]
-    return [(rung.name, *planned(rws, [regime.SEARCH_RUN], seed)[1:]) for rung, rws in zip(rungs, spaces)]
+    groups, said = [], []
+    for index, rung in enumerate(rungs):
+        rws = suite.workspace(scale, ws.runs.parent, ws.results.parent, True,
+                              regime.rung_settings(scale, rungs, index) + overrides)
+        path, identity = regime.rung_record(ws, rws, ladder, seed, index, check_data=False)
+        if path is not None and path.is_file():
+            record = studies.read_record(path)
+            why = studies.stale_reason(record, {**record["identity"], "config_sha256": identity["config_sha256"]})
+            said.append(f"rung {index} ({rung.name}): " + (f"stale, {why}: {path}" if why else
+                                                           f"recorded on {studies.machine(record)}"))
+            if not why:
+                continue
+        groups.append((rung.name, *planned(rws, [regime.SEARCH_RUN], seed)[1:]))
+    if said:
+        suite.console.print("\n".join([f"records in {ws.records / ws.runs.name / 'search' / ladder}:", *said,
+                                        "(the data and teacher are compared when it runs)"]), markup=False)
+    if not groups:
+        suite.console.print(f"remaining: 0 rungs of {len(rungs)}: the search reads them all from their records")
+        return
+    print_dry_run(scale, groups, [seed], gpu, gpus, nodes,
+                  "; every rung left, although the search stops at the first that meets its criterion")
 
 
 def beyond_groups(name: str, ws: suite.Workspace, seed: int) -> list:
