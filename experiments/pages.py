@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import math
 import re
+from collections import Counter
 from functools import partial
 from pathlib import Path
 
@@ -140,6 +141,10 @@ def provenance_lines(reference: dict) -> list[str]:
               f"({', '.join(sorted(folders))})." for commit, folders in sorted(groups.items())]
     lines.append(f"- {unrecorded} of the {suite_runs} suite runs (`s<seed>/<run>`) have no commit recorded in this "
                  "reference (`run_commits` came after them)." if unrecorded else "- Every suite run's commit is recorded.")
+    made_in = Counter(value or "not recorded" for value in (reference.get("run_precisions") or {}).values())
+    lines.append("- Precision of the runs (a band is the seeds' spread in it): " + ", ".join(
+        f"{p}, {n} run folder{'s' * (n > 1)}" for p, n in sorted(made_in.items())) + "." if made_in else
+        "- Precision of the runs: not recorded in this reference (`run_precisions` came after it).")
     machine = reference.get("machine")
     lines.append(f"- Machine: {machine}." if machine else
                  "- Machine: not recorded in this reference (each run's `provenance.json` records its device and "

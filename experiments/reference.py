@@ -7,7 +7,8 @@
 
 A reference holds, per run, the validation CE at every evaluation (the curve) and at the end, per
 experiment every number over seeds (a table's rows, a report's named numbers), each as the values of the
-shipped seeds, and the commit that trained each run (`run_commits`, from its provenance.json). A number is within the band
+shipped seeds, and the commit and precision that trained each run (`run_commits`, `run_precisions`, from its
+provenance.json: a band is a band of its runs' precision, and `compare` says so). A number is within the band
 when it lies within mean ± max(a 95% prediction interval for one more seed, a tolerance): seeds set
 the band's width where there are several, the tolerance (1% of the value + 0.001) where they agree.
 A shipped reference is read by `load`, which checks it whole against the shape `collect` writes before
@@ -64,7 +65,8 @@ def collect(runs: Path, results: Path, seeds: list[int]) -> dict:
             tables[file.stem], table_seeds[file.stem] = report_numbers(content), content["seeds"]
     return report.finite({"seeds": seeds, "git_commit": rundir.git_commit(), "curves": curves, "final_ce": finals,
                           "tables": tables, "table_seeds": table_seeds,
-                          "run_commits": run_commits(runs, seeds)})  # strict JSON: n/a is null
+                          "run_commits": run_field(runs, seeds, "git_commit"),
+                          "run_precisions": run_field(runs, seeds, "precision")})  # strict JSON: n/a is null
 
 
 def with_tables(shipped: dict, runs: Path, results: Path, names: list[str]) -> dict:
@@ -73,7 +75,8 @@ def with_tables(shipped: dict, runs: Path, results: Path, names: list[str]) -> d
     folder), whose other tables and curves stay as shipped. A report must cover several of the shipped
     seeds (one seed's band would be the tolerance alone)."""
     content = {**shipped, "tables": dict(shipped["tables"]), "table_seeds": dict(shipped.get("table_seeds", {})),
-               "run_commits": dict(shipped.get("run_commits", {}))}
+               "run_commits": dict(shipped.get("run_commits", {})),
+               "run_precisions": dict(shipped.get("run_precisions", {}))}
     for name in names:
         file = results / f"{name}.json"
         if not file.is_file():
@@ -83,17 +86,18 @@ def with_tables(shipped: dict, runs: Path, results: Path, names: list[str]) -> d
         if len(own) < 2 or not set(own) <= set(shipped["seeds"]):
             raise UsageError(f"{file}: its seeds {own} are not several of the shipped seeds {shipped['seeds']}")
         content["tables"][name], content["table_seeds"][name] = report_numbers(report_content), own
-        content["run_commits"].update(run_commits(runs, own))
+        content["run_commits"].update(run_field(runs, own, "git_commit"))
+        content["run_precisions"].update(run_field(runs, own, "precision"))
     return report.finite(content)
 
 
-def run_commits(runs: Path, seeds: list[int]) -> dict[str, str | None]:
-    """{run folder relative to runs/<scale>/: the kit's commit that trained it (its provenance.json)}, for
-    every run of the seeds (the suite's, beyond/'s) and the teacher, so when a run ran relative to the
-    rule that governs it can be checked against `git log`."""
+def run_field(runs: Path, seeds: list[int], key: str) -> dict[str, str | None]:
+    """{run folder relative to runs/<scale>/: its provenance.json's `key`}, for every run of the seeds (the
+    suite's, beyond/'s) and the teacher: the commit that trained it (so when a run ran relative to the rule
+    that governs it can be checked against `git log`), or the precision it computed in."""
     folders = [d for seed in seeds for d in runs.glob(f"s{seed}/*")] + \
         [d for seed in seeds for d in runs.glob(f"beyond/*/s{seed}/*")] + [runs / "teacher"]
-    return {str(d.relative_to(runs)): rundir.read_json(d / "provenance.json").get("git_commit")
+    return {str(d.relative_to(runs)): rundir.read_json(d / "provenance.json").get(key)
             for d in sorted(folders) if (d / "provenance.json").is_file()}
 
 
@@ -217,7 +221,8 @@ class BadReference(UsageError):
         super().__init__(f"{path}: {where or 'the file'} {problem}; {restore(path)}")
 
 
-REFERENCE_KEYS = {"seeds", "git_commit", "curves", "final_ce", "tables", "table_seeds", "run_commits", "machine"}
+REFERENCE_KEYS = {"seeds", "git_commit", "curves", "final_ce", "tables", "table_seeds", "run_commits", "run_precisions",
+                  "machine"}
 POINT = re.compile(r"\d+( start)?")  # an evaluation point: "<step>", or "<step> start" at a phase start
 
 
@@ -250,9 +255,10 @@ def check_reference(content, path: Path):
             per_seed(values, len(seeds), json_path("curves", run, point), bad, ce=True)
         per_seed(finals[run], len(seeds), json_path("final_ce", run), bad, ce=True)
     check_tables(content, seeds, bad)
-    for folder, commit in expect(content.get("run_commits", {}), dict, "run_commits", bad).items():
-        if commit is not None and not isinstance(commit, str):
-            raise bad(json_path("run_commits", folder), f"is {describe(commit)}, not a commit (a string, or null)")
+    for key, what in (("run_commits", "a commit"), ("run_precisions", "a precision")):
+        for folder, value in expect(content.get(key, {}), dict, key, bad).items():
+            if value is not None and not isinstance(value, str):
+                raise bad(json_path(key, folder), f"is {describe(value)}, not {what} (a string, or null)")
 
 
 def check_tables(content: dict, seeds: list[int], bad):
@@ -390,7 +396,9 @@ def print_comparison(target: Path, scale: str) -> list[dict]:
     rows = compare(target, shipped)
     if not rows:
         raise UsageError(f"{target}: holds no run or table that {path} has numbers for")
-    table = Table(title=f"{target} against {path.name} (seeds {shipped['seeds']})")
+    made_in = precisions(shipped.get("run_precisions", {}).values())
+    table = Table(title=f"{target} against {path.name} (seeds {shipped['seeds']}; its runs in "
+                        f"{made_in or 'a precision it does not record'})")
     for column in ("number", "value", "band", "within"):
         table.add_column(column)
     outside = [r for r in rows if not r["within"]]
@@ -399,4 +407,15 @@ def print_comparison(target: Path, scale: str) -> list[dict]:
                       "yes" if r["within"] else "NO")
     suite.console.print(table)
     suite.console.print(f"{len(rows) - len(outside)} of {len(rows)} numbers within the band")
+    runs = [target] if (target / "metrics.jsonl").is_file() else sorted(target.glob("s*/*"))
+    theirs = precisions(rundir.read_json(run / "provenance.json").get("precision") for run in runs
+                        if (run / "provenance.json").is_file())
+    if made_in and theirs and theirs != made_in:
+        suite.console.print(f"note: the bands come from {made_in} runs and these ran in {theirs}: a band measures the "
+                            f"seeds' spread in {made_in}, not what another precision's rounding adds", markup=False)
     return rows
+
+
+def precisions(values) -> str:
+    """The precisions a set of runs computed in, in words ("float32", "bfloat16 and float32"); "" if none is known."""
+    return " and ".join(sorted({v for v in values if v}))

@@ -237,11 +237,37 @@ def test_a_reference_records_the_commit_that_trained_each_run(tmp_path):
     for folder, commit in (("s42/pre-grow", "a" * 40), ("beyond/scratch/s42/pre-joint", "b" * 40),
                            ("teacher", "c" * 40), ("s45/pre-grow", "d" * 40)):
         (runs / folder).mkdir(parents=True)
-        (runs / folder / "provenance.json").write_text(json.dumps({"git_commit": commit}))
+        (runs / folder / "provenance.json").write_text(json.dumps({"git_commit": commit, "precision": "float32"}))
     (tmp_path / "results").mkdir()
     ref = reference.collect(runs, tmp_path / "results", [42])
     assert ref["run_commits"] == {"s42/pre-grow": "a" * 40, "beyond/scratch/s42/pre-joint": "b" * 40,
                                   "teacher": "c" * 40}
+    assert ref["run_precisions"] == dict.fromkeys(ref["run_commits"], "float32")
+
+
+def test_compare_names_the_precision_its_bands_come_from(tmp_path, monkeypatch, capsys):
+    """Issue 38: a band is the seeds' spread in the precision they ran in; compare's title says which, and a run
+    of another precision is told so (its numbers are still compared)."""
+    from experiments import reference
+    runs = tmp_path / "runs"
+    for seed, ce in ((42, 3.50), (43, 3.52)):
+        run = runs / f"s{seed}" / "pre-grow"
+        run.mkdir(parents=True)
+        evaluation = {"step": 250, "ce": ce, "kd": ce, "ppl": 2.718 ** ce}
+        (run / "metrics.jsonl").write_text(json.dumps({**evaluation, "eval": True}) + "\n")
+        (run / "done.json").write_text(json.dumps(evaluation))
+        (run / "provenance.json").write_text(json.dumps({"git_commit": "a" * 40, "precision": "float32"}))
+    (tmp_path / "results").mkdir()
+    (tmp_path / "refs").mkdir()
+    (tmp_path / "refs" / "toy.json").write_text(json.dumps(reference.collect(runs, tmp_path / "results", [42, 43])))
+    monkeypatch.setattr(reference, "REFERENCES", tmp_path / "refs")
+    reference.print_comparison(runs / "s42" / "pre-grow", "toy")
+    said = " ".join(capsys.readouterr().out.split())
+    assert "its runs in float32" in said and "note:" not in said
+    (runs / "s42" / "pre-grow" / "provenance.json").write_text(json.dumps({"precision": "bfloat16"}))
+    rows = reference.print_comparison(runs / "s42" / "pre-grow", "toy")
+    said = " ".join(capsys.readouterr().out.split())
+    assert "note: the bands come from float32 runs and these ran in bfloat16" in said and all(r["within"] for r in rows)
 
 
 # A report that shows numbers over seeds must ship them per seed in references/toy.json. fig3 and figA2 are
