@@ -89,8 +89,8 @@ class Attention(nn.Module):
         self.k_proj = nn.Linear(config.hidden_size, self.n_kv * self.head_dim, bias=False)
         self.v_proj = nn.Linear(config.hidden_size, self.n_kv * self.head_dim, bias=False)
         self.o_proj = nn.Linear(self.n_heads * self.head_dim, config.hidden_size, bias=False)
-        self.q_norm = RMSNorm(self.head_dim, config.rms_norm_eps)
-        self.k_norm = RMSNorm(self.head_dim, config.rms_norm_eps)
+        self.q_norm = RMSNorm(self.head_dim, config.rms_norm_eps) if config.qk_norm else nn.Identity()
+        self.k_norm = RMSNorm(self.head_dim, config.rms_norm_eps) if config.qk_norm else nn.Identity()
         self.v_norm = RMSNorm(self.head_dim, config.rms_norm_eps) if v_norm else None  # HybridNorm's
         # The boundary monitor and the diagnostics: when set, each forward also records how much every
         # query attends to position 0 (the document-boundary token), (B, n_heads, T), in first_attention.

@@ -38,6 +38,9 @@ class ModelConfig:
     # The kit's own: each query attends to itself and the attention_window - 1 keys before it (0: every key
     # before it, Qwen3's own). HF's sliding window of the same width (to_hf) on every layer.
     attention_window: int = 0
+    # The kit's own: Qwen3's per-head RMSNorm on q and k (True), or raw projections (False, as the small models
+    # of the attention-sink literature). transformers' Qwen3 has no such switch: such a folder is the kit's alone.
+    qk_norm: bool = True
 
     @classmethod
     def from_hf(cls, hf: dict, source: str = "config.json") -> "ModelConfig":
@@ -58,6 +61,8 @@ class ModelConfig:
 
     def to_hf(self) -> dict:
         hf = asdict(self)
+        if self.qk_norm:  # a standard Qwen3's config.json, where the kit's own switch is at Qwen3's setting
+            del hf["qk_norm"]
         hf.update(model_type="qwen3", architectures=["Qwen3ForCausalLM"], hidden_act="silu",
                   attention_bias=False, attention_dropout=0.0, torch_dtype="float32",
                   rope_parameters={"rope_type": "default", "rope_theta": self.rope_theta},

@@ -95,6 +95,26 @@ def test_windowed_attention_is_causal_attention_cut_to_its_band():
     assert torch.allclose(out[:, :4], causal[:, :4], atol=1e-6) and (out[:, 4:] - causal[:, 4:]).abs().amax(-1).min() > 1e-4
 
 
+
+def test_without_qk_norms_attention_scores_the_raw_projections():
+    """qk_norm=False: no q/k gains to learn, and the scores are the projections' own (after RoPE), by hand; the
+    same weights with Qwen3's norms give other outputs."""
+    torch.manual_seed(0)
+    plain = model.Attention(ModelConfig(**{**WINDOWED.__dict__, "qk_norm": False}))
+    normed = model.Attention(WINDOWED)
+    normed.load_state_dict(plain.state_dict(), strict=False)
+    assert not any("q_norm" in k or "k_norm" in k for k in plain.state_dict())
+    x = torch.randn(2, 10, 32)
+    cos, sin = model.rope_cos_sin(WINDOWED, 10, x.device)
+    q = model.apply_rope(plain.q_proj(x).view(2, 10, 4, 8).transpose(1, 2), cos, sin)
+    k = model.apply_rope(plain.k_proj(x).view(2, 10, 2, 8).transpose(1, 2), cos, sin).repeat_interleave(2, dim=1)
+    v = plain.v_proj(x).view(2, 10, 2, 8).transpose(1, 2).repeat_interleave(2, dim=1)
+    scores = (q @ k.transpose(-1, -2) / math.sqrt(8)).masked_fill(torch.ones(10, 10).triu(1).bool(), float("-inf"))
+    by_hand = plain.o_proj((scores.softmax(-1) @ v).transpose(1, 2).reshape(2, 10, 32))
+    out = plain(x, cos, sin)
+    assert torch.allclose(out, by_hand, atol=1e-6)  # fp32 sums of up to 10 terms in another order: ~1e-7
+    assert (out - normed(x, cos, sin)).abs().max() > 1e-3
+
 def planted_batch():
     """Two rows of the mechanism corpus's ids after <bos> (64), the second 9 positions shorter."""
     ids = torch.from_numpy(backcopy_ids(42, 2)[:, :31])
