@@ -389,6 +389,8 @@ def run_search(ws: suite.Workspace, seed: int, force: bool = False, user_overrid
         path, identity = rung_record(ws, rws, ladder_name, seed, index)
         record = ws.ctx.on_main(partial(studies.recorded_rung, path, identity, force), "reading the rung's record") \
             if path else None
+        if path and not ws.ctx.agree(record is None) and record is None:  # rank 0 found it valid: every rank reads it
+            record = studies.read_record(path)
         if record is not None:  # finished before, here or on another machine: its row, nothing trained
             row = {**record["row"], "folder": str(rws.run_dir(SEARCH_RUN, seed)), "teacher_dir": str(rws.teacher_dir),
                    "restored": True}
