@@ -118,8 +118,10 @@ PRESETS = {"smoke": PRESETS["smoke"], "toy": _toy,
 # 3 x 250 x 4), AdamW weight decay 0.5 on its matrices (Gu et al. 2024: weight decay encourages sinks, 0.5
 # their strongest; the students keep the paper's 0) and none on its norm gains (the third session's entry:
 # the first chain's decay shrank the q/k-norm gains and flattened attention; nanoGPT and Megatron-LM do not
-# decay 1-D parameters). The first chain (1,500 steps at 0.1, then at 0.5, then 3,000 steps at 0.5, gains
-# decayed) met no criterion (docs/records/*-mechanism-teacher*.md). mechanism-control: the same corpus
+# decay 1-D parameters), and no q/k norms, teacher or students (design B of that entry, after A, with them, missed:
+# the literature's small sink models have none). The first chain (1,500 steps at 0.1, then at 0.5, then 3,000
+# steps at 0.5, gains decayed) and A met no criterion (docs/records/*-mechanism-teacher*.md).
+# mechanism-control: the same corpus
 # and settings, every attention layer (teacher and students) seeing only its 16 most recent keys (Gu et al.
 # 2024: small windows prevent the sink; the task needs 2), so the first token is out of reach of all but the
 # first 15 queries.
@@ -131,7 +133,7 @@ _mechanism = Preset(
     run={**PAPER_RUN, "layers_per_block": 1, "phase_steps": 250, "global_batch": 4, "micro_batch": 4,
          "lr": 3e-3, "min_lr": 3e-5, "warmup_frac": 0.1, "eval_interval": 125, "monitor_interval": 25, "eval_batch": 16,
          "loss_chunk": 2048, "checkpoint_interval": 50, "snapshot_interval": 125, "precision": "auto"},
-    teacher_model=dict(_toy.teacher_model),
+    teacher_model={**_toy.teacher_model, "qk_norm": False},
     teacher_run=dict(phase_steps=1500, lr=3e-3, min_lr=1e-4, warmup_frac=0.1, eval_interval=250, global_batch=8,
                      micro_batch=8, weight_decay=0.5, decay_gains=False),
     diag=dict(docs=4, max_inputs=256, seed=42), doc_tokens=256.0)
