@@ -65,8 +65,7 @@ def collect(runs: Path, results: Path, seeds: list[int]) -> dict:
             tables[file.stem], table_seeds[file.stem] = report_numbers(content), content["seeds"]
     return report.finite({"seeds": seeds, "git_commit": rundir.git_commit(), "curves": curves, "final_ce": finals,
                           "tables": tables, "table_seeds": table_seeds,
-                          "run_commits": run_field(runs, seeds, "git_commit"),
-                          "run_precisions": run_field(runs, seeds, "precision")})  # strict JSON: n/a is null
+                          **run_provenance(runs, seeds)})  # strict JSON: n/a is null
 
 
 def with_tables(shipped: dict, runs: Path, results: Path, names: list[str]) -> dict:
@@ -75,8 +74,7 @@ def with_tables(shipped: dict, runs: Path, results: Path, names: list[str]) -> d
     folder), whose other tables and curves stay as shipped. A report must cover several of the shipped
     seeds (one seed's band would be the tolerance alone)."""
     content = {**shipped, "tables": dict(shipped["tables"]), "table_seeds": dict(shipped.get("table_seeds", {})),
-               "run_commits": dict(shipped.get("run_commits", {})),
-               "run_precisions": dict(shipped.get("run_precisions", {}))}
+               **{key: dict(shipped.get(key, {})) for key in PROVENANCE_FIELDS}}
     for name in names:
         file = results / f"{name}.json"
         if not file.is_file():
@@ -86,19 +84,24 @@ def with_tables(shipped: dict, runs: Path, results: Path, names: list[str]) -> d
         if len(own) < 2 or not set(own) <= set(shipped["seeds"]):
             raise UsageError(f"{file}: its seeds {own} are not several of the shipped seeds {shipped['seeds']}")
         content["tables"][name], content["table_seeds"][name] = report_numbers(report_content), own
-        content["run_commits"].update(run_field(runs, own, "git_commit"))
-        content["run_precisions"].update(run_field(runs, own, "precision"))
+        for key, values in run_provenance(runs, own).items():
+            content[key].update(values)
     return report.finite(content)
 
 
-def run_field(runs: Path, seeds: list[int], key: str) -> dict[str, str | None]:
-    """{run folder relative to runs/<scale>/: its provenance.json's `key`}, for every run of the seeds (the
-    suite's, beyond/'s) and the teacher: the commit that trained it (so when a run ran relative to the rule
-    that governs it can be checked against `git log`), or the precision it computed in."""
+# What a reference keeps of each run's provenance.json: the commit that trained it (so when a run ran relative to
+# the rule that governs it can be checked against `git log`) and the precision it computed in (a band's).
+PROVENANCE_FIELDS = {"run_commits": "git_commit", "run_precisions": "precision"}
+
+
+def run_provenance(runs: Path, seeds: list[int]) -> dict[str, dict[str, str | None]]:
+    """{reference key: {run folder relative to runs/<scale>/: its provenance.json's field}} (PROVENANCE_FIELDS),
+    for every run of the seeds (the suite's, beyond/'s) and the teacher, each file read once."""
     folders = [d for seed in seeds for d in runs.glob(f"s{seed}/*")] + \
         [d for seed in seeds for d in runs.glob(f"beyond/*/s{seed}/*")] + [runs / "teacher"]
-    return {str(d.relative_to(runs)): rundir.read_json(d / "provenance.json").get(key)
+    made = {str(d.relative_to(runs)): rundir.read_json(d / "provenance.json")
             for d in sorted(folders) if (d / "provenance.json").is_file()}
+    return {key: {folder: p.get(field) for folder, p in made.items()} for key, field in PROVENANCE_FIELDS.items()}
 
 
 def report_numbers(content: dict) -> dict[str, list]:
@@ -221,8 +224,7 @@ class BadReference(UsageError):
         super().__init__(f"{path}: {where or 'the file'} {problem}; {restore(path)}")
 
 
-REFERENCE_KEYS = {"seeds", "git_commit", "curves", "final_ce", "tables", "table_seeds", "run_commits", "run_precisions",
-                  "machine"}
+REFERENCE_KEYS = {"seeds", "git_commit", "curves", "final_ce", "tables", "table_seeds", "machine", *PROVENANCE_FIELDS}
 POINT = re.compile(r"\d+( start)?")  # an evaluation point: "<step>", or "<step> start" at a phase start
 
 

@@ -405,10 +405,9 @@ def run_search(ws: suite.Workspace, seed: int, force: bool = False, user_overrid
                 decision = (f"stopped before rung {index} ({rung.name}): its estimated cost, {estimate:.1f} h on "
                             f"{where}, is above {hours:g} h")
                 break
-            row = train_rung(rws, ladder, index, seed, force, new_teacher, flops) | {
-                "estimated_hours": estimate, "estimate_threads": budget_threads}
+            row, made = train_rung(rws, ladder, index, seed, force, new_teacher, flops)
+            row |= {"estimated_hours": estimate, "estimate_threads": budget_threads}
             if path:
-                made = rundir.read_json(rws.run_dir(SEARCH_RUN, seed) / "provenance.json")
                 ws.ctx.on_main(partial(studies.record_rung, path, identity, row, made), "recording the rung")
         if seconds_per_flop is None:  # calibrated on the first rung: a machine's rate on the kit's own step
             speedup = presets.TWO_CORE_SPEEDUP ** ((budget_threads == 2) - (row["threads"] == 2))  # to the budget's
@@ -432,8 +431,9 @@ def rung_record(ws: suite.Workspace, rws: suite.Workspace, ladder_name: str, see
 
 
 def train_rung(rws: suite.Workspace, ladder, index: int, seed: int, force: bool, new_teacher: bool,
-               flops: float) -> dict:
-    """One rung trained (its teacher first, where it has its own) and diagnosed: its row of the search."""
+               flops: float) -> tuple[dict, dict]:
+    """One rung trained (its teacher first, where it has its own) and diagnosed: its row of the search, and its
+    student's provenance.json."""
     rung = ladder[index]
     teacher = suite.ensure_inputs(rws, force)
     suite.ensure_runs(rws, [SEARCH_RUN], [seed], force, teacher=teacher)
@@ -448,7 +448,7 @@ def train_rung(rws: suite.Workspace, ladder, index: int, seed: int, force: bool,
             | {"teacher_layers": rws.preset.teacher_model.get("num_hidden_layers"),
                "width": rws.preset.teacher_model.get("hidden_size"), "max_len": rws.preset.data["max_len"],
                "paragraphs_per_document": rws.preset.data.get("paragraphs_per_document", 1)},
-            **diagnose_rung(rws, seed, teacher)}
+            **diagnose_rung(rws, seed, teacher)}, made
 
 
 def write_search(ws: suite.Workspace, rows: list[dict], seed: int, decision: str, ladder_name: str = "",
@@ -493,7 +493,7 @@ def search_markdown(out: dict) -> list[str]:
                                           f"{'present' if tcrit['present'] else 'absent'}")
         lines.append(f"| {r['rung']} {r['name']} | {r['change']} | {r['seconds'] / 3600:.2f} ({r['threads']}; "
                      f"{num(r.get('estimated_hours'), '.2f')}) | "
-                     f"{r['ce']:.4f} ({num(t['ce'], '.4f')}) | {num(m['boundary_over_regular'])} | "
+                     f"{num(r['ce'], '.4f')} ({num(t['ce'], '.4f')}) | {num(m['boundary_over_regular'])} | "
                      f"{num(m['kurtosis_distinct'])} | {num(m['massive_ratio'])} | {num(s['sink_heads'], '.2f')} "
                      f"({num(s['max_head'], '.2f')}) | {num(t['massive_ratio_max'])}, {num(t['sink_heads'], '.2f')}"
                      f"{taught} | {'present' if m['present'] else 'absent'} |")

@@ -24,7 +24,7 @@ from pathlib import Path
 import config
 import diag
 import rundir
-from experiments import beyond, suite, tables
+from experiments import beyond, report, suite, tables
 from experiments.suite import RunName, Workspace
 from plumbing import checkpoint, devices, errors
 
@@ -351,7 +351,6 @@ def attach(ws: Workspace, records: Path | None) -> Workspace:
     return replace(ws, records=records, on_finished=record_finished if records is not None else None)
 
 
-
 # ----------------------------------------------------------------------------------------------
 # A search's rungs (regime.run_search): a rung is read from its student's and its teacher's weights, so its
 # record keeps the rung's whole row (the criterion, both diagnoses, cost and machine), not the run's files
@@ -376,7 +375,7 @@ def recorded_rung(path: Path, wanted: dict, force: bool = False) -> dict | None:
     if not path.is_file():
         return None
     record = read_record(path)
-    why = stale_reason(record, {k: v if v is not None else record["identity"].get(k) for k, v in wanted.items()})
+    why = rung_stale_reason(record, wanted)
     if not why:
         return record
     if not force:
@@ -386,10 +385,16 @@ def recorded_rung(path: Path, wanted: dict, force: bool = False) -> dict | None:
     return None
 
 
+def rung_stale_reason(record: dict, wanted: dict) -> str:
+    """stale_reason, where a part of `wanted` that is None (a dry run's data and teacher) is not compared."""
+    return stale_reason(record, {k: record["identity"].get(k) if v is None else v for k, v in wanted.items()})
+
+
 def record_rung(path: Path, identity: dict, row: dict, provenance: dict):
-    """A finished rung's record, written once, atomically: its row without this machine's folders."""
+    """A finished rung's record, written once, atomically: its row without this machine's folders, a number that
+    is not one (a diverged rung's) as null, as search.json has it."""
     record = {"format": FORMAT, "kind": "rung", "identity": identity, "provenance": provenance,
-              "row": {k: v for k, v in row.items() if k not in ("folder", "teacher_dir")}}
+              "row": report.finite({k: v for k, v in row.items() if k not in ("folder", "teacher_dir")})}
     record["sha256"] = digest(record)
     path.parent.mkdir(parents=True, exist_ok=True)
     checkpoint.write_json(path, record)
