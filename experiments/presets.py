@@ -113,14 +113,13 @@ PRESETS = {"smoke": PRESETS["smoke"], "toy": _toy,
 # (docs/preregistrations.md, 2026-12-03, fixed before any of its runs; issue 39). Bigram-Backcopy sequences
 # (Guo et al. 2024: sinks, drained values and residual peaks on the fixed first token in 1-3 layer models)
 # of 256 ids after a fixed first token (<bos>, the kit's document boundary), 64 symbols, 3 triggers. The
-# toy's ratios otherwise: S/T = 3/12, its width, init and LR transfer, warmup >= 20 steps, the paper's
-# alpha, gamma, tau and clip; the teacher 4x the documents of the longest-trained student (1,500 x 8 against
-# 3 x 250 x 4), AdamW weight decay 0.5 on its matrices (Gu et al. 2024: weight decay encourages sinks, 0.5
-# their strongest; the students keep the paper's 0) and none on its norm gains (the third session's entry:
-# the first chain's decay shrank the q/k-norm gains and flattened attention; nanoGPT and Megatron-LM do not
-# decay 1-D parameters), and no q/k norms, teacher or students (design B of that entry, after A, with them, missed:
-# the literature's small sink models have none). The first chain (1,500 steps at 0.1, then at 0.5, then 3,000
-# steps at 0.5, gains decayed) and A met no criterion (docs/records/*-mechanism-teacher*.md).
+# students are the toy's (K = 3 blocks of 1 layer, its LR and init transfer, warmup >= 20 steps, the paper's
+# alpha, gamma, tau and clip). The teacher is design C of the fourth session's entry: Guo et al.'s shape and
+# recipe as far as the kit's Qwen3 allows: 3 layers of one head (head_dim = width 128, no q/k norms), a
+# SwiGLU MLP of 4x the width, AdamW at a constant lr 6e-4 (Guo's 3e-4 at width 256, width-transferred), no
+# warmup, betas (0.9, 0.99), weight decay 1e-4, 1,000 steps of 128 sequences, each sequence once (the
+# corpus 128,064 documents). The five teachers before it (12 layers of 4 heads, 3-6M tokens) met no
+# criterion (docs/records/*-mechanism-teacher*.md).
 # mechanism-control: the same corpus
 # and settings, every attention layer (teacher and students) seeing only its 16 most recent keys (Gu et al.
 # 2024: small windows prevent the sink; the task needs 2), so the first token is out of reach of all but the
@@ -128,14 +127,15 @@ PRESETS = {"smoke": PRESETS["smoke"], "toy": _toy,
 _mechanism = Preset(
     "mechanism", "a CPU miniature built for the paper's mechanism (Bigram-Backcopy ids after a fixed <bos>); its "
     "registered teachers learned the task without it (docs/records/*-mechanism-teacher*.md)",
-    data=dict(source="backcopy", vocab_size=None, symbols=64, triggers=3, document_tokens=256, documents=12_064,
+    data=dict(source="backcopy", vocab_size=None, symbols=64, triggers=3, document_tokens=256, documents=128_064,
               max_len=256, val_docs=64, all_documents=True),
     run={**PAPER_RUN, "layers_per_block": 1, "phase_steps": 250, "global_batch": 4, "micro_batch": 4,
          "lr": 3e-3, "min_lr": 3e-5, "warmup_frac": 0.1, "eval_interval": 125, "monitor_interval": 25, "eval_batch": 16,
          "loss_chunk": 2048, "checkpoint_interval": 50, "snapshot_interval": 125, "precision": "auto"},
-    teacher_model={**_toy.teacher_model, "qk_norm": False},
-    teacher_run=dict(phase_steps=1500, lr=3e-3, min_lr=1e-4, warmup_frac=0.1, eval_interval=250, global_batch=8,
-                     micro_batch=8, weight_decay=0.5, decay_gains=False),
+    teacher_model={**_toy.teacher_model, "qk_norm": False, "num_hidden_layers": 3, "num_attention_heads": 1,
+                   "num_key_value_heads": 1, "head_dim": 128, "intermediate_size": 512},
+    teacher_run=dict(phase_steps=1000, lr=6e-4, min_lr=6e-4, warmup_frac=0.0, eval_interval=250, global_batch=128,
+                     micro_batch=32, betas=(0.9, 0.99), weight_decay=1e-4, decay_gains=False),
     diag=dict(docs=4, max_inputs=256, seed=42), doc_tokens=256.0)
 PRESETS["mechanism"] = _mechanism
 PRESETS["mechanism-control"] = replace(
