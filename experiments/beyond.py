@@ -34,7 +34,7 @@ import rundir
 from experiments import figures, presets, report, suite, tables
 from experiments.suite import RunName
 from experiments.tables import POST_GROW, PRE_GROW
-from plumbing import corpora
+from plumbing import corpora, locks
 
 PLACEMENT_RUNS = ("pre", "post", "sandwich", "peri", "hybrid", "deepnorm", "pre,post,post")
 
@@ -103,8 +103,10 @@ def train_variants(ws: suite.Workspace, variants, seeds: list[int], force: bool 
     for seed in seeds:
         named = [(variant_workspace(ws, v, seed), v.run) for v in variants if v.folder]
         jobs = [(job_config(vws, run, seed, teacher), vws.run_dir(run, seed)) for vws, run in named]
-        # in lockstep a seed's variants train together; apart, each alone, so a study records each as it finishes
-        for group in [list(range(len(jobs)))] if ws.lockstep else [[i] for i in range(len(jobs))]:
+        # in lockstep a seed's variants train together; apart, each alone, so a study records each as it
+        # finishes, a run another process is training left for later (two processes share out one study)
+        apart = locks.free_first([folder for _, folder in jobs])
+        for group in [list(range(len(jobs)))] if ws.lockstep else ([i] for i in apart):
             grow.train_together([jobs[i] for i in group], force=force, ctx=ws.ctx, tracker=ws.tracker, wait=ws.wait)
             for i in group:
                 if ws.on_finished is not None and ws.ctx.is_main:

@@ -28,9 +28,11 @@ import stat
 import sys
 import threading
 import time
+from collections import deque
 from contextlib import ExitStack, contextmanager
 from datetime import datetime
 from pathlib import Path
+from typing import Iterator
 
 from plumbing.errors import OptionError, TrainingError
 
@@ -290,6 +292,39 @@ def mount_of(path: Path) -> str:
 def _release(lock: Path, fd: int):
     lock.unlink(missing_ok=True)  # while still held, so no one locks the file we remove
     os.close(fd)
+
+
+def busy(folder) -> bool:
+    """Whether some process holds `folder` now (a look, not a wait: nothing is made, taken or removed)."""
+    lock = lock_file(Path(folder).resolve())
+    try:
+        fd = os.open(lock, LOCK_FLAGS)
+    except OSError:  # no lock file (or something the kit would refuse to lock: held() says so)
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)  # shared: two lookers never see each other as holders
+        return False
+    except BlockingIOError:
+        return True
+    except OSError as e:  # no flock here: the lock file's existence is the lock
+        return e.errno in FLOCK_UNSUPPORTED
+    finally:
+        os.close(fd)  # releases the look's shared lock, if it took one
+
+
+def free_first(folders) -> Iterator[int]:
+    """The indices of `folders`, one that another process holds put after the others (and looked at again
+    when its turn comes round), so that processes working through the same list train different folders
+    instead of one waiting for the other; once only held ones are left, the first is given (and waited for)."""
+    queue, deferred = deque(range(len(folders))), 0
+    while queue:
+        i = queue.popleft()
+        if deferred < len(queue) and busy(folders[i]):
+            queue.append(i)
+            deferred += 1
+            continue
+        deferred = 0
+        yield i
 
 
 @contextmanager

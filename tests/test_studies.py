@@ -196,3 +196,23 @@ def test_a_search_climbed_again_elsewhere_reads_its_rungs_from_their_records(tmp
     line = stale.stderr.strip().splitlines()[-1]
     assert stale.returncode == 1 and str(paths[1]) in line and "stale, the run's settings changed" in line
     assert not list((tmp_path / "c").rglob("done.json"))  # rung 0 read from its record, rung 1 refused: nothing trained
+
+
+def test_two_processes_share_out_a_study_instead_of_one_waiting_for_the_other(tmp_path):
+    """locks.free_first: a run folder another process holds is put after the free ones and given last (its
+    holder then waited for); locks.busy only looks: it makes no lock file, and a folder is free again once
+    its holder lets go."""
+    from plumbing import locks
+    a, b, c = (tmp_path / name for name in "abc")
+    holder = subprocess.Popen([sys.executable, "-c", "import sys\nfrom plumbing import locks\n"
+                               "with locks.held([sys.argv[1]]):\n    print('held', flush=True)\n    sys.stdin.readline()\n",
+                               str(b)], cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        assert (locks.busy(a), locks.busy(b), locks.busy(c)) == (False, True, False)
+        assert list(locks.free_first([a, b, c])) == [0, 2, 1]
+        assert list(locks.free_first([b, a])) == [1, 0] and list(locks.free_first([b])) == [0]
+        assert not locks.lock_file(a).exists() and not locks.lock_file(c).exists()
+    finally:
+        holder.communicate("\n", timeout=30)
+    assert not locks.busy(b) and list(locks.free_first([a, b, c])) == [0, 1, 2]
