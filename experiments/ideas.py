@@ -273,10 +273,11 @@ def markdown(out: dict, n_variants: int) -> list[str]:
              "Reading: above or below 0 where p (Holm) < 0.05, a tie within "
              f"±{out['tie_margin']:g} where the 90% interval lies inside it (TOST), else inconclusive; the last "
              "column but one is the smallest margin these seeds could have called a tie.", "",
-             "| idea | option | against | Δ CE | p (Holm) | reading | smallest tie margin | cost |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+             f"| idea | option | against | Δ CE | Δ per seed ({', '.join(map(str, seeds))}) | p (Holm) | reading | "
+             "smallest tie margin | cost |", "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     lines += [f"| {r['idea']} | {r['variant']} | {r['baseline']} | {report.stats_cell(r['delta'], True)} | "
-              f"{report.fmt(r['p_holm'], 3)} | {r['reading']} | {report.fmt(r['smallest_tie_margin'], 4)} | {r['cost']} |"
+              f"{report.per_seed_text(r['delta']['values'])} | {report.fmt(r['p_holm'], 3)} | {r['reading']} | "
+              f"{report.fmt(r['smallest_tie_margin'], 4)} | {r['cost']} |"
               for r in out["rows"] if r["primary"]]
     lines += ["", "## Secondary contrasts (descriptive: intervals only)", "",
               "| idea | option | against | option CE | Δ CE |", "| --- | --- | --- | --- | --- |"]

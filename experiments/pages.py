@@ -368,9 +368,9 @@ def other_section(name: str, reference: dict) -> list[str]:
 
 
 def ideas_section(scale: str, reference: dict) -> list[str]:
-    """The seven ideas (docs/preregistrations.md, 2026-12-02 and 2026-12-03): each primary contrast's Δ over
-    seeds, the seven Holm-adjusted as ideas.read_family does (an untestable one enters as p = 1), the
-    secondaries as intervals; and each run's machine, from its committed record."""
+    """The seven ideas (docs/preregistrations.md, 2026-12-02, 2026-12-03): each primary contrast's Δ per seed and
+    over seeds, Holm-adjusted as ideas.read_family does (an untestable one enters as p = 1), the secondaries
+    as intervals; and each run's machine, from its committed record."""
     seeds, numbers = seeds_of(reference, "ideas"), reference["tables"]["ideas"]
     rows = []
     for key in numbers:
@@ -378,20 +378,20 @@ def ideas_section(scale: str, reference: dict) -> list[str]:
             variant, _, baseline = key.removesuffix(": delta").partition(" against ")
             contrast = ideas.contrast_of(variant, baseline)
             rows.append({"idea": contrast.idea, "primary": contrast.primary, "variant": variant, "baseline": baseline,
-                         "delta": stats(numbers[key])})
+                         "delta": stats(numbers[key]), "seeds": report.per_seed_text(numbers[key])})
     rows.sort(key=lambda r: (r["idea"], not r["primary"]))
     ideas.read_family(rows, ideas.chosen_of(numbers))
     lines = ["## ideas", "", f"The paper's seven proposed improvements, each against the run it changes: Δ = option − "
              f"that run, final validation CE paired by seed ({report.seeds_text(seeds)}; negative: the option helps). "
              "One primary contrast per idea; the seven are one family, Holm-adjusted.", "",
-             "| idea | option | against | Δ CE | p (Holm) | reading | smallest tie margin |",
-             "| --- | --- | --- | --- | --- | --- | --- |"]
-    lines += [f"| {r['idea']} | {r['variant']} | {r['baseline']} | {report.stats_cell(r['delta'], True)} | "
+             f"| idea | option | against | Δ CE | Δ per seed ({', '.join(map(str, seeds))}) | p (Holm) | reading | "
+             "smallest tie margin |", "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+    lines += [f"| {r['idea']} | {r['variant']} | {r['baseline']} | {report.stats_cell(r['delta'], True)} | {r['seeds']} | "
               f"{p_text(r['p_holm'])} | {r['reading']} | {report.fmt(r['smallest_tie_margin'], 4)} |"
               for r in rows if r["primary"]]
-    lines += ["", "Secondary contrasts (intervals only):", "", "| idea | option | against | Δ CE |",
-              "| --- | --- | --- | --- |"]
-    lines += [f"| {r['idea']} | {r['variant']} | {r['baseline']} | {report.stats_cell(r['delta'], True)} |"
+    lines += ["", "Secondary contrasts (intervals only):", "", "| idea | option | against | Δ CE | Δ per seed |",
+              "| --- | --- | --- | --- | --- |"]
+    lines += [f"| {r['idea']} | {r['variant']} | {r['baseline']} | {report.stats_cell(r['delta'], True)} | {r['seeds']} |"
               for r in rows if not r["primary"]]
     lines += ["", "Readings (the primary endpoints):", ""]
     lines += [f"- idea {r['idea']}: {r['reading']}" for r in rows if r["primary"]]
@@ -591,8 +591,7 @@ def main(scale: str, out_dir: Path | None = None, readme: Path | None = None) ->
     headline table; returns the page's path. Both are rendered, every reference they read checked, before
     either is written, and each is written whole (checkpoint.write_atomic): an error leaves both as they were."""
     out_dir, readme = out_dir or PAGES, readme or README
-    page, text = render(scale), readme.read_text()
-    refreshed = with_headline(text)
+    page, refreshed = render(scale), with_headline(text := readme.read_text())
     out_dir.mkdir(parents=True, exist_ok=True)
     path = checkpoint.write_atomic(out_dir / f"{scale}.md", page)
     if refreshed != text:

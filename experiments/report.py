@@ -296,6 +296,11 @@ def stats_cell(s: dict, signed: bool = False) -> str:
     return f"{mean} [{lo:+.4f}, {hi:+.4f}]" if signed else f"{mean} [{lo:.4f}, {hi:.4f}]"
 
 
+def per_seed_text(values: list) -> str:
+    """A difference's value on every seed, signed; n/a where a seed has none (a diverged run, a null)."""
+    return ", ".join("n/a" if v is None or not math.isfinite(v) else f"{v:+.4f}" for v in values)
+
+
 def seeds_text(seeds: list[int]) -> str:
     return f"mean [95% t-interval] over seeds {', '.join(map(str, seeds))}" if len(seeds) > 1 else f"seed {seeds[0]}"
 

@@ -25,7 +25,8 @@ def section(deltas: dict) -> list[str]:
 
 
 def primary_rows(lines: list[str]) -> dict[int, list[str]]:
-    start = lines.index("| idea | option | against | Δ CE | p (Holm) | reading | smallest tie margin |") + 2
+    start = lines.index("| idea | option | against | Δ CE | Δ per seed (42, 43, 44) | p (Holm) | reading | "
+                        "smallest tie margin |") + 2
     rows = {}
     for line in lines[start:]:
         if not line.startswith("|"):
@@ -45,14 +46,16 @@ def test_the_primaries_are_one_holm_family_of_seven_read_by_the_declared_rule():
     raw = [report.p_two_sided(stats[i]) for i in range(1, 8)]
     holm = report.holm(raw)
     for i in range(1, 8):
-        assert rows[i][4] == pages.p_text(holm[i - 1])
-        assert rows[i][5] == report.adjusted_reading(stats[i], holm[i - 1], 0.01)
-    assert rows[1][5] == "below 0" and rows[4][2] == "post-grow"  # idea 4's primary is against post-grow
-    assert rows[2][5] != "below 0"
+        assert rows[i][5] == pages.p_text(holm[i - 1])
+        assert rows[i][6] == report.adjusted_reading(stats[i], holm[i - 1], 0.01)
+    assert rows[1][6] == "below 0" and rows[4][2] == "post-grow"  # idea 4's primary is against post-grow
+    assert rows[2][6] != "below 0"
+    assert rows[1][4] == "-0.0500, -0.0520, -0.0490" and rows[4][4] == "-0.0200, -0.0250, -0.0220"  # every seed's Δ
 
 
 def test_a_planted_harm_reads_above_zero_and_the_secondaries_carry_no_reading():
     lines = section({"pre-grow + reinit": [0.30, 0.31, 0.305]})
-    assert primary_rows(lines)[3][5] == "above 0"
-    secondary = lines[lines.index("| idea | option | against | Δ CE |") + 2:]
-    assert any("| 4 | pre,post,post-grow (chosen on seed 41) | pre-grow |" in line for line in secondary)
+    assert primary_rows(lines)[3][6] == "above 0"
+    secondary = lines[lines.index("| idea | option | against | Δ CE | Δ per seed |") + 2:]
+    assert any("| 4 | pre,post,post-grow (chosen on seed 41) | pre-grow | " in line and "| +0.0100, +0.0200, +0.0300 |"
+               in line for line in secondary)
