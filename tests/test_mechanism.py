@@ -157,13 +157,29 @@ def test_the_scan_reads_a_planted_sink_and_massive_activation_on_mechanism_ids(w
 
 
 def test_the_dry_run_prices_the_controls_window_not_full_causal_attention():
-    """The control's teacher shape (4 heads of 32, window 16) at an average causal context of 128 keys: its
+    """The control's teacher shape (queries 128 wide, window 16) at an average causal context of 128 keys: its
     layers' attention FLOPs are 4 * 128 * 16 a token a layer (QK^T and AV over 16 keys), the mechanism's
     4 * 128 * 128; the weights' FLOPs are the same. Full attention for both would make the difference 0."""
     windowed, full = presets.teacher_shape(CONTROL), presets.teacher_shape(MECHANISM)
     (control, head), (mechanism, same_head) = (model.forward_flops_per_token(c, 12, 128.0) for c in (windowed, full))
     assert head == same_head and mechanism - control == 12 * 4 * 128 * (128 - 16)
     assert model.forward_flops_per_token(windowed, 12, 8.0) == model.forward_flops_per_token(full, 12, 8.0)
+
+
+def test_a_dry_run_prices_the_kits_own_teacher_where_it_must_be_pretrained_first(tmp_path):
+    """The mechanism scale ships no teacher: its dry run adds the pretraining, 1,000 steps of 128 documents of
+    256 tokens, 3x the forward (3 layers: 2 x 262,144 weights + 4 x 128 x 128 attention at 128 keys; the
+    head 2 x 128 x 65) a token, counted by hand; none once the runs folder has one, or where a teacher ships."""
+    from experiments import suite
+    from tools import preflight
+    ws = suite.workspace("mechanism", tmp_path, dry_run=True)
+    flops, line = preflight.teacher_pretraining(ws)
+    per_token = 3 * (2 * (128 * (2 * 128 + 2 * 128) + 3 * 128 * 512) + 4 * 128 * 128) + 2 * 128 * 65
+    assert flops == 3 * 1000 * 128 * 256 * per_token and "1,000 steps of 128 documents (32.8M tokens" in line
+    (ws.teacher_dir / "done.json").parent.mkdir(parents=True)
+    (ws.teacher_dir / "done.json").write_text("{}")
+    assert preflight.teacher_pretraining(ws) == (0.0, "")
+    assert preflight.teacher_pretraining(suite.workspace("toy", tmp_path, dry_run=True)) == (0.0, "")
 
 
 def test_the_scan_splits_a_backcopy_task_into_its_copies_and_its_chain_draws(tmp_path):

@@ -23,6 +23,7 @@ from rich.console import Console
 
 import data
 import grow
+import model
 import rundir
 from experiments import beyond, ideas, presets, regime, studies, suite, tables
 from plumbing import checkpoint, errors
@@ -40,8 +41,26 @@ def print_dry_run(scale: str, groups, seeds: list[int], gpu: str, gpus: int | No
     else:
         flops = plan.print_groups(groups, seeds, gpu, gpus, nodes, suite.console, note)
     ws = groups[0][1]
-    estimate = plan.cpu_estimate(flops, ws.preset.run["precision"], ws.results.parent / "bench.json")
-    suite.console.print(f"this machine: {estimate}" + (" (CUDA needed to run it)" if ws.preset.needs_cuda else ""))
+    pretraining, line = teacher_pretraining(ws)
+    if line:
+        suite.console.print(line)
+    estimate = plan.cpu_estimate(flops + pretraining, ws.preset.run["precision"], ws.results.parent / "bench.json")
+    suite.console.print(f"this machine: {estimate}" + (" (CUDA needed to run it)" if ws.preset.needs_cuda else "")
+                        + (", the teacher's pretraining included" if pretraining else ""))
+
+
+def teacher_pretraining(ws: suite.Workspace) -> tuple[float, str]:
+    """(FLOPs, a line) of pretraining the kit's own teacher first, where a command would: none is trained in
+    the runs folder, and the scale neither downloads one nor ships one (a shipped teacher is installed when
+    its settings are the workspace's, which the dry run cannot check before the data exists: it is assumed)."""
+    if ws.preset.teacher or ws.preset.shipped_teachers or (ws.teacher_dir / "done.json").exists():
+        return 0.0, ""
+    teacher, run = presets.teacher_shape(ws.preset), {**ws.preset.run, **ws.preset.teacher_run}
+    tokens = run["phase_steps"] * run["global_batch"] * min(ws.preset.doc_tokens, ws.preset.data["max_len"])
+    layers, head = model.forward_flops_per_token(teacher, teacher.num_hidden_layers, ws.preset.doc_tokens / 2)
+    flops = 3 * tokens * (layers + head)  # a training step: the forward, and a backward of twice its FLOPs
+    return flops, (f"the kit's own teacher is not in {ws.teacher_dir}: it is pretrained first, {run['phase_steps']:,} "
+                   f"steps of {run['global_batch']} documents ({tokens / 1e6:.1f}M tokens, {plan.flops_text(flops)})")
 
 
 def print_study(name: str, ws: suite.Workspace, seeds: list[int]):
