@@ -219,3 +219,41 @@ def test_even_attention_on_the_first_token_is_the_mean_of_one_over_the_keys_seen
     mask = torch.tensor([[True] * 4, [True, True, True, False]])
     assert diag.even_first_token_attention(mask) == pytest.approx((1 / 2 + 1 / 3 + 1 / 4 + 1 / 2 + 1 / 3) / 5)
     assert diag.even_first_token_attention(mask, window=2) == pytest.approx((1 / 2 + 1 / 2) / 5)
+
+
+def test_guo_measures_of_a_first_token_sink_equal_their_hand_computed_values():
+    """tools/first_token.py on one layer whose queries are zero (every query spreads evenly: 1/(t+1) on position
+    0), whose values and output are the identity and whose MLP is off: the attention on position 0 over the real
+    queries and over the non-trigger ones, position 0's value (its normalised embedding) and residual (the
+    embedding plus the running mean of the values) over the medians of the other real positions', by hand.
+    Row 1 has a padded last position, which no mean or median may read."""
+    from tools import first_token
+    config = ModelConfig(vocab_size=8, hidden_size=4, intermediate_size=4, num_hidden_layers=1, num_attention_heads=1,
+                         num_key_value_heads=1, head_dim=4, qk_norm=False, rope_theta=10_000.0)
+    net = model.Qwen3(config)
+    net.init_weights(0)
+    layer = net.layers[0]
+    with torch.no_grad():
+        layer.self_attn.q_proj.weight.zero_()
+        layer.self_attn.v_proj.weight.copy_(torch.eye(4))
+        layer.self_attn.o_proj.weight.copy_(torch.eye(4))
+        layer.mlp.down_proj.weight.zero_()
+        layer.attn_norm.weight.copy_(torch.tensor([1.0, 2.0, 0.5, 1.5]))
+    ids, lengths = torch.tensor([[7, 1, 2, 3, 4], [7, 5, 6, 1, 0]]), torch.tensor([5, 4])
+    dormant = ~torch.isin(ids, torch.tensor([1, 3]))  # tokens 1 and 3 are the triggers
+    (row,) = first_token.measures(net, ids, lengths, dormant)
+    # rel 1e-5: float32 rounding of softmaxes and norms over a handful of terms (~1e-7 each), nothing more
+    real = [[t for t in range(n)] for n in lengths.tolist()]
+    assert row["attention"][0] == pytest.approx(sum(1 / (t + 1) for r in real for t in r) / 9, rel=1e-5)
+    quiet = [1 / (t + 1) for b, r in enumerate(real) for t in r if ids[b, t].item() not in (1, 3)]
+    assert row["dormant_attention"][0] == pytest.approx(sum(quiet) / len(quiet), rel=1e-5)
+    emb, gain = net.embed_tokens.weight.detach(), layer.attn_norm.weight.detach()
+    lower_median = lambda xs: sorted(xs)[(len(xs) - 1) // 2]  # torch.median's, for an even count
+    values, residuals = [], []
+    for b, r in enumerate(real):
+        v = [gain * emb[ids[b, t]] / torch.sqrt(emb[ids[b, t]].pow(2).mean() + config.rms_norm_eps) for t in r]
+        h = [emb[ids[b, t]] + sum(v[: t + 1]) / (t + 1) for t in r]
+        values.append(v[0].norm().item() / lower_median([x.norm().item() for x in v[1:]]))
+        residuals.append(h[0].norm().item() / lower_median([x.norm().item() for x in h[1:]]))
+    assert row["value_ratio"][0] == pytest.approx(sum(values) / 2, rel=1e-5)
+    assert row["residual_ratio"] == pytest.approx(sum(residuals) / 2, rel=1e-5)

@@ -1,0 +1,78 @@
+"""Guo et al. 2024's measures of a first-token sink, layer by layer, for a kit teacher and its kept snapshots
+(reported beside the mechanism criterion of `repro.py scan`, never used to decide it):
+
+    python -m tools.first_token --scale mechanism --runs-dir runs                     # the teacher, phase-0/
+    python -m tools.first_token --scale mechanism --runs-dir runs runs/mechanism/teacher/step-500
+
+On the scale's diagnostic batch, per layer and head: the mean attention on position 0 over the real queries,
+and over those whose token is not one of the corpus's triggers (Guo's "dormant" queries; a synthetic corpus
+with triggers only); position 0's value state after o_proj over the median of the other positions' (Guo's
+drained value); and position 0's residual norm after the layer over the median of the others' (a residual peak).
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+import torch
+
+import model
+from experiments import suite, tables
+from interventions.monitor import attention_to_first
+from plumbing import corpora
+
+
+def measures(net: model.Qwen3, input_ids: torch.Tensor, lengths: torch.Tensor, dormant: torch.Tensor) -> list[dict]:
+    """One dict per layer: "attention" and "dormant_attention" (per head), "value_ratio" (per head, the mean over
+    rows), "residual_ratio" (the mean over rows). `dormant`: (B, T) bool, the queries Guo's measure reads."""
+    real = torch.arange(input_ids.shape[1])[None, :] < lengths[:, None]
+    rows, residuals = [], []
+
+    def attention_hook(attn, inputs, _):
+        x, cos, sin = inputs
+        q, k, v = attn.project(x)
+        first = attention_to_first(model.apply_rope(q, cos, sin), model.apply_rope(k, cos, sin), window=attn.window)
+        v = v.repeat_interleave(attn.n_heads // attn.n_kv, 1)                                  # (B, heads, T, hd)
+        out = torch.stack([v[:, h] @ attn.o_proj.weight[:, h * attn.head_dim:(h + 1) * attn.head_dim].T
+                           for h in range(attn.n_heads)], 1).norm(dim=-1)                     # (B, heads, T)
+        rows.append({"attention": [first[:, h][real].mean().item() for h in range(attn.n_heads)],
+                     "dormant_attention": [first[:, h][dormant & real].mean().item() for h in range(attn.n_heads)],
+                     "value_ratio": [ratio_to_median(out[:, h], lengths) for h in range(attn.n_heads)]})
+
+    hooks = [layer.self_attn.register_forward_hook(attention_hook) for layer in net.layers]
+    hooks += [layer.register_forward_hook(lambda m, i, out: residuals.append(out.norm(dim=-1))) for layer in net.layers]
+    try:
+        with torch.no_grad():
+            net(input_ids)
+    finally:
+        for hook in hooks:
+            hook.remove()
+    return [{**row, "residual_ratio": ratio_to_median(norms, lengths)} for row, norms in zip(rows, residuals)]
+
+
+def ratio_to_median(norms: torch.Tensor, lengths: torch.Tensor) -> float:
+    """The mean over rows of position 0's value over the median of the row's other real positions'."""
+    return sum((n[0] / n[1:length].median()).item() for n, length in zip(norms, lengths.tolist())) / len(norms)
+
+
+@click.command()
+@click.option("--scale", default="mechanism", show_default=True)
+@click.option("--runs-dir", type=click.Path(path_type=Path), default=Path("runs"), show_default=True)
+@click.argument("checkpoints", nargs=-1, type=click.Path(exists=True, file_okay=False, path_type=Path))
+def main(scale, runs_dir, checkpoints):
+    ws = suite.workspace(scale, runs_dir)
+    batch, d = tables.diagnostic_batch(ws), ws.preset.data
+    triggers = corpora.backcopy_chain(d["symbols"], d["triggers"], ws.preset.run["seed"])[1] \
+        if d["source"] == "backcopy" else []
+    dormant = ~torch.isin(batch.input_ids, torch.as_tensor(triggers, dtype=torch.long))
+    click.echo("| checkpoint | layer | attention on position 0 (per head) | the same, non-trigger queries | "
+               "value of position 0 / median (per head) | residual norm of position 0 / median |")
+    click.echo("| --- | --- | --- | --- | --- | --- |")
+    for path in checkpoints or (ws.teacher_dir / "phase-0",):
+        for i, row in enumerate(measures(model.load_qwen3(path), batch.input_ids, batch.lengths, dormant)):
+            cells = [", ".join(f"{v:.3f}" for v in row[key]) for key in ("attention", "dormant_attention", "value_ratio")]
+            click.echo(f"| {path} | {i} | {' | '.join(cells)} | {row['residual_ratio']:.2f} |")
+
+
+if __name__ == "__main__":
+    main()
