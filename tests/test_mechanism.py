@@ -14,10 +14,11 @@ import torch
 import data
 import diag
 import model
-from experiments import presets, scan
+from experiments import presets, scan, suite
 from interventions.monitor import attention_to_first
 from plumbing import corpora
 from plumbing.hf_qwen3 import ModelConfig
+from tools import first_token, preflight
 
 MECHANISM, CONTROL = presets.PRESETS["mechanism"], presets.PRESETS["mechanism-control"]
 
@@ -170,8 +171,6 @@ def test_a_dry_run_prices_the_kits_own_teacher_where_it_must_be_pretrained_first
     """The mechanism scale ships no teacher: its dry run adds the pretraining, 1,000 steps of 128 documents of
     256 tokens, 3x the forward (3 layers: 2 x 262,144 weights + 4 x 128 x 128 attention at 128 keys; the
     head 2 x 128 x 65) a token, counted by hand; none once the runs folder has one, or where a teacher ships."""
-    from experiments import suite
-    from tools import preflight
     ws = suite.workspace("mechanism", tmp_path, dry_run=True)
     flops, line = preflight.teacher_pretraining(ws)
     per_token = 3 * (2 * (128 * (2 * 128 + 2 * 128) + 3 * 128 * 512) + 4 * 128 * 128) + 2 * 128 * 65
@@ -227,7 +226,6 @@ def test_guo_measures_of_a_first_token_sink_equal_their_hand_computed_values():
     queries and over the non-trigger ones, position 0's value (its normalised embedding) and residual (the
     embedding plus the running mean of the values) over the medians of the other real positions', by hand.
     Row 1 has a padded last position, which no mean or median may read."""
-    from tools import first_token
     config = ModelConfig(vocab_size=8, hidden_size=4, intermediate_size=4, num_hidden_layers=1, num_attention_heads=1,
                          num_key_value_heads=1, head_dim=4, qk_norm=False, rope_theta=10_000.0)
     net = model.Qwen3(config)

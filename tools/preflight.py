@@ -56,8 +56,9 @@ def teacher_pretraining(ws: suite.Workspace) -> tuple[float, str]:
     if ws.preset.teacher or ws.preset.shipped_teachers or (ws.teacher_dir / "done.json").exists():
         return 0.0, ""
     teacher, run = presets.teacher_shape(ws.preset), {**ws.preset.run, **ws.preset.teacher_run}
-    tokens = run["phase_steps"] * run["global_batch"] * min(ws.preset.doc_tokens, ws.preset.data["max_len"])
-    layers, head = model.forward_flops_per_token(teacher, teacher.num_hidden_layers, ws.preset.doc_tokens / 2)
+    doc_tokens = min(ws.preset.doc_tokens, ws.preset.data["max_len"])  # as plan.step_flops counts a document
+    tokens = run["phase_steps"] * run["global_batch"] * doc_tokens
+    layers, head = model.forward_flops_per_token(teacher, teacher.num_hidden_layers, doc_tokens / 2)
     flops = 3 * tokens * (layers + head)  # a training step: the forward, and a backward of twice its FLOPs
     return flops, (f"the kit's own teacher is not in {ws.teacher_dir}: it is pretrained first, {run['phase_steps']:,} "
                    f"steps of {run['global_batch']} documents ({tokens / 1e6:.1f}M tokens, {plan.flops_text(flops)})")
