@@ -168,13 +168,13 @@ def test_the_dry_run_prices_the_controls_window_not_full_causal_attention():
 
 
 def test_a_dry_run_prices_the_kits_own_teacher_where_it_must_be_pretrained_first(tmp_path):
-    """The mechanism scale ships no teacher: its dry run adds the pretraining, 1,000 steps of 128 documents of
+    """The mechanism scale ships no teacher: its dry run adds the pretraining, 2,000 steps of 64 documents of
     256 tokens, 3x the forward (3 layers: 2 x 262,144 weights + 4 x 128 x 128 attention at 128 keys; the
     head 2 x 128 x 65) a token, counted by hand; none once the runs folder has one, or where a teacher ships."""
     ws = suite.workspace("mechanism", tmp_path, dry_run=True)
     flops, line = preflight.teacher_pretraining(ws)
     per_token = 3 * (2 * (128 * (2 * 128 + 2 * 128) + 3 * 128 * 512) + 4 * 128 * 128) + 2 * 128 * 65
-    assert flops == 3 * 1000 * 128 * 256 * per_token and "1,000 steps of 128 documents (32.8M tokens" in line
+    assert flops == 3 * 2000 * 64 * 256 * per_token and "2,000 steps of 64 documents (32.8M tokens" in line
     (ws.teacher_dir / "done.json").parent.mkdir(parents=True)
     (ws.teacher_dir / "done.json").write_text("{}")
     assert preflight.teacher_pretraining(ws) == (0.0, "")
