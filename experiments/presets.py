@@ -119,15 +119,15 @@ PRESETS = {"smoke": PRESETS["smoke"], "toy": _toy,
 # norms, a SwiGLU MLP of 4x the width, betas (0.9, 0.99), weight decay 1e-4) moved Guo's whole distance:
 # lr x steps = 6, their 10,000-step run at 3e-4 width-transferred, as a constant lr 3e-3 after a warmup of
 # AdamW's horizon (100 steps) over 2,000 steps of 64 sequences, each sequence once (the corpus's 128,000
-# training documents). Design C (lr 6e-4, 1,000 x 128) and the five before it (12 layers of 4 heads, 3-6M
-# tokens) met no criterion (docs/records/*-mechanism-teacher*.md).
+# training documents). It met no criterion (its sink rose, then collapsed), nor did design C (lr 6e-4,
+# 1,000 x 128) and the five before it (12 layers of 4 heads, 3-6M tokens; docs/records/*-mechanism-teacher*.md).
 # mechanism-control: the same corpus
 # and settings, every attention layer (teacher and students) seeing only its 16 most recent keys (Gu et al.
 # 2024: small windows prevent the sink; the task needs 2), so the first token is out of reach of all but the
 # first 15 queries.
 _mechanism = Preset(
-    "mechanism", "a CPU miniature built for the paper's mechanism (Bigram-Backcopy ids after a fixed <bos>); its six "
-    "earlier registered teachers learned the task without it (docs/records/*-mechanism-teacher*.md)",
+    "mechanism", "a CPU miniature built for the paper's mechanism (Bigram-Backcopy ids after a fixed <bos>); its seven "
+    "registered teachers learned the task without it (docs/records/*-mechanism-teacher*.md)",
     data=dict(source="backcopy", vocab_size=None, symbols=64, triggers=3, document_tokens=256, documents=128_064,
               max_len=256, val_docs=64, all_documents=True),
     run={**PAPER_RUN, "layers_per_block": 1, "phase_steps": 250, "global_batch": 4, "micro_batch": 4,
