@@ -214,6 +214,21 @@ def test_the_scan_splits_a_backcopy_task_into_its_copies_and_its_chain_draws(tmp
     assert uniform["copy_ce"] == pytest.approx(math.log(9), rel=1e-12) == uniform["draw_ce"]
 
 
+def test_attention_on_the_previous_position_and_on_itself_by_hand():
+    """One head of dimension 1, every query 1, keys 0, log 2, log 5: query 1 weighs keys 0, 1 as 1 : 2 (1/3 on
+    the previous, 2/3 on itself), query 2 weighs them 1 : 2 : 5 (2/8, 5/8); with a window of 2, query 2 sees
+    keys 1, 2 (2/7, 5/7)."""
+    q = torch.ones(1, 1, 3, 1)
+    k = torch.tensor([0.0, math.log(2), math.log(5)]).view(1, 1, 3, 1)
+    # rel 1e-6: float32 softmax over three terms
+    previous, itself = (first_token.attention_at_offset(q, k, offset) for offset in (1, 0))
+    assert previous[0, 0].tolist() == pytest.approx([0, 1 / 3, 2 / 8], rel=1e-6)
+    assert itself[0, 0].tolist() == pytest.approx([1, 2 / 3, 5 / 8], rel=1e-6)
+    windowed = first_token.attention_at_offset(q, k, 1, window=2), first_token.attention_at_offset(q, k, 0, window=2)
+    assert windowed[0][0, 0].tolist() == pytest.approx([0, 1 / 3, 2 / 7], rel=1e-6)
+    assert windowed[1][0, 0].tolist() == pytest.approx([1, 2 / 3, 5 / 7], rel=1e-6)
+
+
 def test_even_attention_on_the_first_token_is_the_mean_of_one_over_the_keys_seen():
     mask = torch.tensor([[True] * 4, [True, True, True, False]])
     assert diag.even_first_token_attention(mask) == pytest.approx((1 / 2 + 1 / 3 + 1 / 4 + 1 / 2 + 1 / 3) / 5)
@@ -222,9 +237,10 @@ def test_even_attention_on_the_first_token_is_the_mean_of_one_over_the_keys_seen
 
 def test_guo_measures_of_a_first_token_sink_equal_their_hand_computed_values():
     """tools/first_token.py on one layer whose queries are zero (every query spreads evenly: 1/(t+1) on position
-    0), whose values and output are the identity and whose MLP is off: the attention on position 0 over the real
-    queries and over the non-trigger ones, position 0's value (its normalised embedding) and residual (the
-    embedding plus the running mean of the values) over the medians of the other real positions', by hand.
+    0 and on t - 1), whose values and output are the identity and whose MLP is off: the attention on position 0
+    over the real queries and over the non-trigger ones, the non-trigger ones' on the previous position,
+    position 0's value (its normalised embedding) and residual (the embedding plus the running mean of the
+    values) over the medians of the other real positions', by hand.
     Row 1 has a padded last position, which no mean or median may read."""
     config = ModelConfig(vocab_size=8, hidden_size=4, intermediate_size=4, num_hidden_layers=1, num_attention_heads=1,
                          num_key_value_heads=1, head_dim=4, qk_norm=False, rope_theta=10_000.0)
@@ -245,6 +261,10 @@ def test_guo_measures_of_a_first_token_sink_equal_their_hand_computed_values():
     assert row["attention"][0] == pytest.approx(sum(1 / (t + 1) for r in real for t in r) / 9, rel=1e-5)
     quiet = [1 / (t + 1) for b, r in enumerate(real) for t in r if ids[b, t].item() not in (1, 3)]
     assert row["dormant_attention"][0] == pytest.approx(sum(quiet) / len(quiet), rel=1e-5)
+    # Even attention puts 1/(t + 1) on position t - 1 too; position 0 has no previous one and is not read.
+    after_first = [1 / (t + 1) for b, r in enumerate(real) for t in r if t > 0 and ids[b, t].item() not in (1, 3)]
+    assert row["dormant_previous"][0] == pytest.approx(sum(after_first) / len(after_first), rel=1e-5)
+    assert row["dormant_self"][0] == pytest.approx(sum(after_first) / len(after_first), rel=1e-5)
     emb, gain = net.embed_tokens.weight.detach(), layer.attn_norm.weight.detach()
     lower_median = lambda xs: sorted(xs)[(len(xs) - 1) // 2]  # torch.median's, for an even count
     values, residuals = [], []

@@ -7,10 +7,14 @@
 On the scale's diagnostic batch, per layer and head: the mean attention on position 0 over the real queries,
 and over those whose token is not one of the corpus's triggers (Guo's "dormant" queries; a synthetic corpus
 with triggers only); position 0's value state after o_proj over the median of the other positions' (Guo's
-drained value); and position 0's residual norm after the layer over the median of the others' (a residual peak).
+drained value); position 0's residual norm after the layer over the median of the others' (a residual peak);
+and where else the non-trigger queries look: their mean attention on the position just before them (where a
+copy head reads) and on themselves (a query that reads its own token adds what its residual already holds:
+a way to do nothing that needs no sink).
 """
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import click
@@ -18,25 +22,32 @@ import torch
 
 import model
 from experiments import suite, tables
-from interventions.monitor import attention_to_first
+from interventions.monitor import attention_to_first, visible_keys
 from plumbing import corpora
 
 
 def measures(net: model.Qwen3, input_ids: torch.Tensor, lengths: torch.Tensor, dormant: torch.Tensor) -> list[dict]:
-    """One dict per layer: "attention" and "dormant_attention" (per head), "value_ratio" (per head, the mean over
-    rows), "residual_ratio" (the mean over rows). `dormant`: (B, T) bool, the queries Guo's measure reads."""
+    """One dict per layer: "attention", "dormant_attention", "dormant_previous" and "dormant_self" (per head),
+    "value_ratio" (per head, the mean over rows), "residual_ratio" (the mean over rows). `dormant`: (B, T) bool,
+    the queries Guo's measure reads; "dormant_previous" and "dormant_self" read those of them past position 0."""
     real = torch.arange(input_ids.shape[1])[None, :] < lengths[:, None]
+    after_first = dormant & real & (torch.arange(input_ids.shape[1]) > 0)[None, :]
     rows, residuals = [], []
 
     def attention_hook(attn, inputs, _):
         x, cos, sin = inputs
         q, k, v = attn.project(x)
-        first = attention_to_first(model.apply_rope(q, cos, sin), model.apply_rope(k, cos, sin), window=attn.window)
+        q, k = model.apply_rope(q, cos, sin), model.apply_rope(k, cos, sin)
+        first = attention_to_first(q, k, window=attn.window)
+        k_heads = k.repeat_interleave(attn.n_heads // attn.n_kv, 1)
+        previous, itself = (attention_at_offset(q, k_heads, offset, attn.window) for offset in (1, 0))  # (B, heads, T)
         v = v.repeat_interleave(attn.n_heads // attn.n_kv, 1)                                  # (B, heads, T, hd)
         out = torch.stack([v[:, h] @ attn.o_proj.weight[:, h * attn.head_dim:(h + 1) * attn.head_dim].T
                            for h in range(attn.n_heads)], 1).norm(dim=-1)                     # (B, heads, T)
         rows.append({"attention": [first[:, h][real].mean().item() for h in range(attn.n_heads)],
                      "dormant_attention": [first[:, h][dormant & real].mean().item() for h in range(attn.n_heads)],
+                     "dormant_previous": [previous[:, h][after_first].mean().item() for h in range(attn.n_heads)],
+                     "dormant_self": [itself[:, h][after_first].mean().item() for h in range(attn.n_heads)],
                      "value_ratio": [ratio_to_median(out[:, h], lengths) for h in range(attn.n_heads)]})
 
     hooks = [layer.self_attn.register_forward_hook(attention_hook) for layer in net.layers]
@@ -48,6 +59,15 @@ def measures(net: model.Qwen3, input_ids: torch.Tensor, lengths: torch.Tensor, d
         for hook in hooks:
             hook.remove()
     return [{**row, "residual_ratio": ratio_to_median(norms, lengths)} for row, norms in zip(rows, residuals)]
+
+
+def attention_at_offset(q: torch.Tensor, k: torch.Tensor, offset: int, window: int = 0) -> torch.Tensor:
+    """(B, heads, T) float32: the causal softmax weight each query t puts on key t - offset (0 where t < offset),
+    from q and k (B, heads, T, hd) after RoPE; the whole score matrix at once (the diagnostic batch is small)."""
+    T = q.shape[2]
+    scores = q.float() @ k.float().transpose(-1, -2) / math.sqrt(q.shape[-1])
+    weights = scores.masked_fill(~visible_keys(torch.arange(T), T, window), float("-inf")).softmax(-1)
+    return torch.nn.functional.pad(weights.diagonal(offset=-offset, dim1=-2, dim2=-1), (offset, 0))
 
 
 def ratio_to_median(norms: torch.Tensor, lengths: torch.Tensor) -> float:
@@ -66,12 +86,14 @@ def main(scale, runs_dir, checkpoints):
         if d["source"] == "backcopy" else []
     dormant = ~torch.isin(batch.input_ids, torch.as_tensor(triggers, dtype=torch.long))
     click.echo("| checkpoint | layer | attention on position 0 (per head) | the same, non-trigger queries | "
-               "value of position 0 / median (per head) | residual norm of position 0 / median |")
-    click.echo("| --- | --- | --- | --- | --- | --- |")
+               "value of position 0 / median (per head) | residual norm of position 0 / median | "
+               "non-trigger queries' attention on the previous position (per head) | the same, on themselves |")
+    click.echo("| --- | --- | --- | --- | --- | --- | --- | --- |")
     for path in checkpoints or (ws.teacher_dir / "phase-0",):
         for i, row in enumerate(measures(model.load_qwen3(path), batch.input_ids, batch.lengths, dormant)):
             cells = [", ".join(f"{v:.3f}" for v in row[key]) for key in ("attention", "dormant_attention", "value_ratio")]
-            click.echo(f"| {path} | {i} | {' | '.join(cells)} | {row['residual_ratio']:.2f} |")
+            elsewhere = [", ".join(f"{v:.3f}" for v in row[key]) for key in ("dormant_previous", "dormant_self")]
+            click.echo(f"| {path} | {i} | {' | '.join(cells)} | {row['residual_ratio']:.2f} | {' | '.join(elsewhere)} |")
 
 
 if __name__ == "__main__":
