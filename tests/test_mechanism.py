@@ -221,12 +221,11 @@ def test_attention_on_the_previous_position_and_on_itself_by_hand():
     q = torch.ones(1, 1, 3, 1)
     k = torch.tensor([0.0, math.log(2), math.log(5)]).view(1, 1, 3, 1)
     # rel 1e-6: float32 softmax over three terms
-    previous, itself = (first_token.attention_at_offset(q, k, offset) for offset in (1, 0))
-    assert previous[0, 0].tolist() == pytest.approx([0, 1 / 3, 2 / 8], rel=1e-6)
-    assert itself[0, 0].tolist() == pytest.approx([1, 2 / 3, 5 / 8], rel=1e-6)
-    windowed = first_token.attention_at_offset(q, k, 1, window=2), first_token.attention_at_offset(q, k, 0, window=2)
-    assert windowed[0][0, 0].tolist() == pytest.approx([0, 1 / 3, 2 / 7], rel=1e-6)
-    assert windowed[1][0, 0].tolist() == pytest.approx([1, 2 / 3, 5 / 7], rel=1e-6)
+    for window, last in ((0, [1 / 8, 2 / 8, 5 / 8]), (2, [0, 2 / 7, 5 / 7])):
+        weights = first_token.attention_weights(q, k, window)
+        assert weights[0, 0, 2].tolist() == pytest.approx(last, rel=1e-6)
+        assert first_token.at_offset(weights, 1)[0, 0].tolist() == pytest.approx([0, 1 / 3, last[1]], rel=1e-6)
+        assert first_token.at_offset(weights, 0)[0, 0].tolist() == pytest.approx([1, 2 / 3, last[2]], rel=1e-6)
 
 
 def test_even_attention_on_the_first_token_is_the_mean_of_one_over_the_keys_seen():
@@ -238,8 +237,8 @@ def test_even_attention_on_the_first_token_is_the_mean_of_one_over_the_keys_seen
 def test_guo_measures_of_a_first_token_sink_equal_their_hand_computed_values():
     """tools/first_token.py on one layer whose queries are zero (every query spreads evenly: 1/(t+1) on position
     0 and on t - 1), whose values and output are the identity and whose MLP is off: the attention on position 0
-    over the real queries and over the non-trigger ones, the non-trigger ones' on the previous position,
-    position 0's value (its normalised embedding) and residual (the embedding plus the running mean of the
+    over the real queries and over the non-trigger ones, the non-trigger ones' on the previous position and
+    on themselves, position 0's value (its normalised embedding) and residual (the embedding plus the running mean of the
     values) over the medians of the other real positions', by hand.
     Row 1 has a padded last position, which no mean or median may read."""
     config = ModelConfig(vocab_size=8, hidden_size=4, intermediate_size=4, num_hidden_layers=1, num_attention_heads=1,

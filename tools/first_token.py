@@ -22,7 +22,7 @@ import torch
 
 import model
 from experiments import suite, tables
-from interventions.monitor import attention_to_first, visible_keys
+from interventions.monitor import visible_keys
 from plumbing import corpora
 
 
@@ -37,11 +37,9 @@ def measures(net: model.Qwen3, input_ids: torch.Tensor, lengths: torch.Tensor, d
     def attention_hook(attn, inputs, _):
         x, cos, sin = inputs
         q, k, v = attn.project(x)
-        q, k = model.apply_rope(q, cos, sin), model.apply_rope(k, cos, sin)
-        first = attention_to_first(q, k, window=attn.window)
-        k_heads = k.repeat_interleave(attn.n_heads // attn.n_kv, 1)
-        previous, itself = (attention_at_offset(q, k_heads, offset, attn.window) for offset in (1, 0))  # (B, heads, T)
-        v = v.repeat_interleave(attn.n_heads // attn.n_kv, 1)                                  # (B, heads, T, hd)
+        k, v = (t.repeat_interleave(attn.n_heads // attn.n_kv, 1) for t in (k, v))          # (B, heads, T, hd)
+        weights = attention_weights(model.apply_rope(q, cos, sin), model.apply_rope(k, cos, sin), attn.window)
+        first, previous, itself = weights[..., 0], at_offset(weights, 1), at_offset(weights, 0)  # (B, heads, T)
         out = torch.stack([v[:, h] @ attn.o_proj.weight[:, h * attn.head_dim:(h + 1) * attn.head_dim].T
                            for h in range(attn.n_heads)], 1).norm(dim=-1)                     # (B, heads, T)
         rows.append({"attention": [first[:, h][real].mean().item() for h in range(attn.n_heads)],
@@ -61,12 +59,16 @@ def measures(net: model.Qwen3, input_ids: torch.Tensor, lengths: torch.Tensor, d
     return [{**row, "residual_ratio": ratio_to_median(norms, lengths)} for row, norms in zip(rows, residuals)]
 
 
-def attention_at_offset(q: torch.Tensor, k: torch.Tensor, offset: int, window: int = 0) -> torch.Tensor:
-    """(B, heads, T) float32: the causal softmax weight each query t puts on key t - offset (0 where t < offset),
-    from q and k (B, heads, T, hd) after RoPE; the whole score matrix at once (the diagnostic batch is small)."""
+def attention_weights(q: torch.Tensor, k: torch.Tensor, window: int = 0) -> torch.Tensor:
+    """(B, heads, T, T) float32: the causal softmax weights of every query over its visible keys, from q and k
+    (B, heads, T, hd) after RoPE, as SDPA weighs them; the whole matrix at once (the diagnostic batch is small)."""
     T = q.shape[2]
     scores = q.float() @ k.float().transpose(-1, -2) / math.sqrt(q.shape[-1])
-    weights = scores.masked_fill(~visible_keys(torch.arange(T), T, window), float("-inf")).softmax(-1)
+    return scores.masked_fill(~visible_keys(torch.arange(T), T, window), float("-inf")).softmax(-1)
+
+
+def at_offset(weights: torch.Tensor, offset: int) -> torch.Tensor:
+    """(B, heads, T): the weight each query t puts on key t - offset (0 where t < offset)."""
     return torch.nn.functional.pad(weights.diagonal(offset=-offset, dim1=-2, dim2=-1), (offset, 0))
 
 
