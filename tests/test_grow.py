@@ -273,7 +273,7 @@ def test_auto_precision_follows_the_measured_speed(monkeypatch, tmp_path):
 def test_the_instruction_line_names_the_bf16_matmul_units(monkeypatch):
     """provenance.json's instruction line: torch's capability, then the bf16 units an AVX-512 build reaches
     through oneDNN (AMX multiplies bf16 ~14x as fast as fp32: the probe then picks bf16), unless
-    ONEDNN_MAX_CPU_ISA holds oneDNN below them (as ../shared/bin/as-avx2 does, with ATEN_CPU_CAPABILITY)."""
+    ONEDNN_MAX_CPU_ISA holds oneDNN below them (as a run restricted to AVX2 sets it, beside ATEN_CPU_CAPABILITY)."""
     monkeypatch.delenv("ONEDNN_MAX_CPU_ISA", raising=False)
     monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: True)
     monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: True)
