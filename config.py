@@ -106,6 +106,10 @@ class RunConfig:
     boundary_correction: str = "none"  # "norm": an RMSNorm at an appended block's input where the reading fires
     monitor_ratio_warn: float = 37 ** 0.5  # boundary token RMS / the others': the log-midpoint of 1 and 37
     structural_norm: bool = False  # the boundary token rescaled to its row's median RMS x a learned scale
+    # A heavy tail by construction (issue 49): the value of channel TAIL_CHANNEL in the student's copy of the
+    # document-boundary token's embedding row (frozen, so every position 0 carries it from step 0); 0: the
+    # teacher's row as it is. interventions/boundary.py, with_tail.
+    boundary_tail: float = 0.0
     # Divergence is an outcome, never a number (README, "Reliability"): a non-finite loss, gradient norm or
     # validation CE; a validation CE above log V + diverged_above_uniform (worse than predicting every
     # token uniformly, by that margin); or a run that ends more than diverged_above_best above its own
@@ -139,6 +143,11 @@ class RunConfig:
         for key in ("identity_threshold", "monitor_ratio_warn"):
             if not (isinstance(getattr(self, key), (int, float)) and getattr(self, key) > 0):
                 raise ConfigError(f"{key} {getattr(self, key)!r}: give a positive number")
+        if not (isinstance(self.boundary_tail, (int, float)) and math.isfinite(self.boundary_tail)):
+            raise ConfigError(f"boundary_tail {self.boundary_tail!r}: give a finite number (0: no tail)")
+        if self.boundary_tail and not self.distils:
+            raise ConfigError("boundary_tail: a distilled student's option (its embedding is the teacher's, frozen); "
+                              "a teacher or a student from scratch trains its embedding, which would unlearn the tail")
         if self.importance_remedy != "none" and self.protocol != "grow":
             raise ConfigError(f"importance_remedy {self.importance_remedy}: a grow option (a block re-drawn under "
                               f"{self.protocol} would never train again); use protocol grow")

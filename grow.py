@@ -86,7 +86,7 @@ class Run:
         self.stop_after_step, self.tracker = stop_after_step, tracker
         self.phases = plan_phases(config)
         # The compute precision, decided once (for "auto", by measuring the machine: plumbing/devices.py).
-        self.dtype, self.precision = precision_choice(config.precision, ctx.device)
+        self.dtype, self.precision = precision_choice(config.precision, ctx.device, ctx.auto_precision)
         self.state = "new"   # new -> training -> done | stopped
         self.result: dict = {}
 
@@ -128,11 +128,11 @@ class Run:
         """The model the run trains, and its training and validation data."""
         config, ctx = self.config, self.ctx
         self.teacher = teacher if config.distils else None
-        self.net = nets.build_model(config, self.teacher, ctx, self.dtype)
-        self.monitor_row, self.warned, self.transition_row = None, set(), None
         # Sizes are checked on open; the sha256 of the whole shard (tens of GB at full scale) is checked
         # once by data.prepare, not again by every run on every rank.
         train_shard = data.Shard(config.train_data, verify=False)
+        self.net = nets.build_model(config, self.teacher, ctx, self.dtype, boundary_token=train_shard.eot)
+        self.monitor_row, self.warned, self.transition_row = None, set(), None
         self.val = data.Shard(config.val_data, verify=False)
         self.batcher = data.Batcher(train_shard, config.global_batch, config.seed, mode=config.data_mode,
                                     replay_docs=config.replay_docs, rank=ctx.rank, world_size=ctx.world,
@@ -506,11 +506,11 @@ def train_held(jobs, force, ctx, stop_after_step, tracker, teacher) -> list[dict
     for run in runs:
         run.prepare(force)
     todo = [run for run in runs if run.state == "new"]
-    distilled = [run.config for run in todo if run.config.distils]
-    if len({(c.teacher, c.precision) for c in distilled}) > 1:
+    distilled = [run for run in todo if run.config.distils]  # each Run decided its precision when made
+    if len({(run.config.teacher, run.dtype) for run in distilled}) > 1:
         raise TrainingError("runs trained together must distil from one teacher at one precision; train them apart")
     if distilled and teacher is None:
-        teacher = nets.load_teacher(distilled[0], ctx, precision_choice(distilled[0].precision, ctx.device)[0])
+        teacher = nets.load_teacher(distilled[0].config, ctx, distilled[0].dtype)
     if todo and ctx.device.type == "cuda":
         nets.warn_math_attention(todo[0].config, ctx)
     progress = progress_bar(ctx)

@@ -4,7 +4,7 @@ for the `teacher` protocol a Qwen3 from the seed) and mirror-fwd's frozen refere
 loss, the evaluation over the whole validation set, and the boundary monitor's numbers.
 
     teacher = nets.load_teacher(config, ctx, dtype)
-    net = nets.build_model(config, teacher, ctx, dtype)
+    net = nets.build_model(config, teacher, ctx, dtype, boundary_token=train_shard.eot)
     scores = nets.evaluate(config, net, teacher, val, active_blocks, ctx, dtype)   # ce, ppl, kd, kl, val_tokens
 """
 from __future__ import annotations
@@ -21,7 +21,9 @@ import kd
 import model
 from config import Phase, RunConfig
 from plumbing.checkpoint import read_config
-from plumbing.devices import Dist, autocast, compile_layers, fused_attention_problem, print0, settle_fsdp_dtypes, shard_fn
+from interventions.boundary import with_tail
+from plumbing.devices import (Dist, autocast, compile_layers, fill_parameter, full_tensor, fused_attention_problem, print0,
+                              settle_fsdp_dtypes, shard_fn)
 from plumbing.errors import TrainingError
 from plumbing.hf_qwen3 import ModelConfig
 
@@ -75,9 +77,11 @@ def load_teacher(config: RunConfig, ctx: Dist, dtype: torch.dtype) -> Teacher:
     return Teacher(net, TEACHER_CACHE_BYTES if ctx.world == 1 else 0)
 
 
-def build_model(config: RunConfig, teacher: Teacher | None, ctx: Dist, dtype: torch.dtype) -> torch.nn.Module:
+def build_model(config: RunConfig, teacher: Teacher | None, ctx: Dist, dtype: torch.dtype,
+                boundary_token: int | None = None) -> torch.nn.Module:
     """The model a run trains, fp32 master weights computing in `dtype`: a student built from the teacher
-    (or from the seed alone, growth from scratch), or (the `teacher` protocol) a Qwen3 from the seed."""
+    (or from the seed alone, growth from scratch), or (the `teacher` protocol) a Qwen3 from the seed. A
+    student with a boundary_tail has it in its embedding's row `boundary_token` (the data's <|endoftext|>)."""
     if config.protocol == "teacher":
         with torch.device("meta"):
             net = model.Qwen3(ModelConfig(**config.teacher_config))
@@ -97,6 +101,12 @@ def build_model(config: RunConfig, teacher: Teacher | None, ctx: Dist, dtype: to
                                          config.seed, shard_fn=shard_fn(ctx, dtype),
                                          output_gain=config.post_output_gain, boundary=config.boundary,
                                          boundary_scale=config.boundary_scale, features=config.student_features)
+        if config.boundary_tail:
+            if boundary_token is None:
+                raise TrainingError("boundary_tail: the student needs the data's boundary token to carry its tail")
+            with torch.no_grad():
+                fill_parameter(net.embed_tokens.weight, with_tail(full_tensor(net.embed_tokens.weight), boundary_token,
+                                                                  config.boundary_tail))
     net.checkpoint_layers = config.activation_checkpointing
     settle_fsdp_dtypes(net)
     if config.compile:

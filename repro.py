@@ -31,7 +31,7 @@ import torch.distributed as dist
 import data
 import model
 import rundir
-from experiments import beyond, ideas, presets, studies, suite, tables
+from experiments import beyond, ideas, presets, studies, suite, tables, tail
 from plumbing import devices, errors, paths
 from tools import checkpoints, plan, preflight
 
@@ -86,8 +86,8 @@ BARE_USAGE = """Usage: repro.py [EXPERIMENT ...] --scale SCALE [OPTIONS]   or   
 
 `python repro.py --help` lists the commands; `python repro.py COMMAND --help` a command's options."""
 # The commands whose work an interrupted run resumes (the others write nothing a rerun needs).
-TRAINS = ("run", "train", "regime", "search", "intervention", "planted", "placements", "scratch", "ideas", "teacher",
-          "prepare", "data")
+TRAINS = ("run", "train", "regime", "search", "intervention", "planted", "placements", "scratch", "ideas", "tail",
+          "teacher", "prepare", "data")
 
 
 class OneLineError(click.ClickException):
@@ -358,7 +358,8 @@ def beyond_command(name: str, module):
     @experiment_options
     def command(scale, seeds, records_dir, dry_run, gpu, gpus, nodes, overrides, compile_flag, device, tracker, no_wait,
                 lockstep, force, runs_dir, results_dir):
-        ws, seeds = seeded_workspace(scale, seeds, presets.DEFAULT_SEEDS["beyond"][scale], runs_dir, results_dir,
+        ws, seeds = seeded_workspace(scale, seeds, presets.DEFAULT_SEEDS.get(name, presets.DEFAULT_SEEDS["beyond"])[scale],
+                                     runs_dir, results_dir,
                                      dry_run, overrides, compile_flag, device, tracker, lockstep, no_wait)
         ws = studies.attach(ws, records_dir)
         if dry_run:
@@ -373,6 +374,7 @@ def beyond_command(name: str, module):
 for beyond_name in ("intervention", "planted", "placements", "scratch"):
     beyond_command(beyond_name, beyond)
 beyond_command("ideas", ideas)
+beyond_command("tail", tail)
 
 
 # ----------------------------------------------------------------------------------------------

@@ -156,7 +156,10 @@ TIE_MARGIN = 0.01
 DEFAULT_SEEDS = {"regime": {"smoke": [42], "toy": [42, 43], "mini": [42], "small": [42], "full": [42],
                             "mechanism": [42], "mechanism-control": [42]},
                  "beyond": {"smoke": [42], "toy": [42, 43, 44], "mini": [42], "small": [42], "full": [42],
-                            "mechanism": [42, 43, 44], "mechanism-control": [42, 43, 44]}}
+                            "mechanism": [42, 43, 44], "mechanism-control": [42, 43, 44]},
+                 # the causal test by construction: 8 seeds by its power calculation (experiments/tail.py)
+                 "tail": {"smoke": [42], "toy": list(range(42, 50)), "mini": [42], "small": [42], "full": [42],
+                          "mechanism": [42], "mechanism-control": [42]}}
 
 
 # ----------------------------------------------------------------------------------------------

@@ -170,20 +170,64 @@ def survey(jobs: list[Job], teacher: Path, check_data: bool = True) -> Status:
     return status
 
 
-def check_precision(status: Status, ws: Workspace, teacher: Path):
-    """A study combines records of one precision only: refuse to train where this machine would pick another."""
-    recorded = {r["provenance"].get("precision") for _, r in status.recorded}
-    if not status.remaining or not recorded:
+# ----------------------------------------------------------------------------------------------
+# The precision rule (docs/method.md, "Precision"): a study's runs whose precision is "auto" (the presets' default)
+# train in the precision of its records of such runs, so that its numbers stay comparable whatever CPU continues
+# it; only a study with no such record lets the machine decide (plumbing/devices.precision_choice). Another
+# precision is another study: `--set run.precision=bf16` gives its runs other settings, folders and records.
+
+NAMES = {"float32": "fp32", "bfloat16": "bf16"}  # provenance.json's dtype names -> RunConfig.precision's
+
+
+def auto_precisions(folder: Path) -> dict[str, list[Path]]:
+    """{the precision they trained in: the records} of every run under `folder` that asked for "auto"."""
+    found: dict[str, list[Path]] = {}
+    for path in sorted(folder.rglob("*.json")) if folder.is_dir() else []:
+        if path.parent.name == "search" or "search" in path.relative_to(folder).parts:
+            continue  # a rung's record keeps a row, not a run's settings (rung_record_path)
+        record = read_record(path)
+        if record["config"].get("precision", "auto") == "auto":
+            found.setdefault(str(record["provenance"].get("precision")), []).append(path)
+    return found
+
+
+def settle_precision(ws: Workspace) -> Workspace:
+    """The workspace whose "auto" precision is its records' (ws.ctx.auto_precision), said in one line; as it was
+    where no record asked for "auto". Records of two precisions are refused, naming one of each."""
+    folder = ws.records / ws.runs.name
+    found = auto_precisions(folder)
+    if len(found) > 1:
+        named = "; ".join(f"{len(paths)} {p} (e.g. {paths[0]})" for p, paths in sorted(found.items()))
+        raise errors.TrainingError(f"{folder}: the study's records mix precisions ({named}); a study combines one "
+                                   "precision: move the records of one away (git mv), they are another study")
+    if not found or ws.preset.run.get("precision", "auto") != "auto":
+        return ws
+    (trained, paths), = found.items()
+    if trained not in NAMES:
+        raise errors.TrainingError(f"{paths[0]}: its provenance names precision {trained!r}, not one the kit trains "
+                                   f"in ({', '.join(NAMES)}); restore it (git checkout) or move it away")
+    here = str(devices.precision_choice("auto", ws.ctx.device)[0]).removeprefix("torch.")
+    why = f"the study's {len(paths)} records in {folder} are {trained}" + (
+        "" if here == trained else f"; this machine would pick {here}: --set run.precision={NAMES[here]} trains a "
+                                   "separate study")
+    if ws.ctx.is_main:
+        suite.console.print(f"precision: {trained}, {why}", markup=False, highlight=False)
+    return replace(ws, ctx=replace(ws.ctx, auto_precision=(NAMES[trained], why)))
+
+
+def check_precision(status: Status, ws: Workspace):
+    """Before anything trains: a finished run folder (not restored from a record) trained in another precision
+    than the study's would mix into its tables: refused, named."""
+    if ws.ctx.auto_precision is None:
         return
-    if len(recorded) > 1:
-        raise errors.TrainingError(f"the study's records mix precisions ({', '.join(sorted(recorded))}); a study "
-                                   "combines one precision only: move the records of one away")
-    settings = job_config(status.remaining[0], teacher)
-    here = str(devices.precision_choice(settings.precision, ws.ctx.device)[0]).removeprefix("torch.")
-    if here not in recorded:
-        raise errors.TrainingError(f"the study's records are {recorded.pop()} and this machine would train {here}: "
-                                   "continue it on a machine whose precision is the records', or start it afresh in "
-                                   f"{here} with other --runs-dir and --records-dir")
+    wanted = {v: k for k, v in NAMES.items()}[ws.ctx.auto_precision[0]]
+    for job in status.remaining:
+        done, provenance = job.folder / "done.json", job.folder / "provenance.json"
+        if done.is_file() and provenance.is_file() and not (job.folder / RECORD).is_file():
+            trained = rundir.read_json(provenance).get("precision")
+            if trained != wanted:
+                raise errors.TrainingError(f"{job.folder}: trained in {trained}, but the study trains {wanted} "
+                                           f"({ws.ctx.auto_precision[1]}); move that folder away to train it again")
 
 
 # ----------------------------------------------------------------------------------------------
@@ -202,7 +246,7 @@ def restore(jobs: list[Job], teacher: Path, force: bool = False) -> Status:
                                    "records away (git rm) or pass --force to retrain those runs and replace them")
     for job, _ in status.stale:  # --force: retrained, and recorded again
         record_path(job).unlink()
-    check_precision(status, jobs[0].ws, teacher)
+    check_precision(status, jobs[0].ws)
     for job, record in status.recorded:
         if not (job.folder / "done.json").is_file():
             write_folder(job.folder, record)
@@ -346,9 +390,11 @@ def recorded_machines(scale: str, records: Path = RECORDS_DIR) -> list[str]:
 
 def attach(ws: Workspace, records: Path | None) -> Workspace:
     """The workspace, recording each finished run under `records` (None: the kit's RECORDS_DIR; at smoke scale,
-    the tests' and CI's, none)."""
+    the tests' and CI's, none), its "auto" precision its records' (settle_precision)."""
     records = records or (None if ws.preset.name == "smoke" else RECORDS_DIR)
-    return replace(ws, records=records, on_finished=record_finished if records is not None else None)
+    if records is None:
+        return ws
+    return settle_precision(replace(ws, records=records, on_finished=record_finished))
 
 
 # ----------------------------------------------------------------------------------------------

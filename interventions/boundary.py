@@ -118,6 +118,25 @@ def dose(h: torch.Tensor, ratio: float, kind: str) -> torch.Tensor:
     return h + delta.to(h.dtype)
 
 
+# The tail by construction (issue 49; RunConfig.boundary_tail): one channel of the boundary token's frozen
+# embedding row set to a large value. Sun et al. (2024) find massive activations in a few fixed channels, on the
+# starting and delimiter tokens, nearly constant across inputs: a fixed bias. A frozen row is exactly that: every
+# position 0 (and every document-boundary token) starts from it, whatever the document. Channel 0, as the
+# planted "dose-channel"; which channel carries it is arbitrary (the stream has no privileged basis before
+# training; the teacher's own row is small in every channel).
+TAIL_CHANNEL = 0
+
+
+def with_tail(embedding: torch.Tensor, token: int, value: float) -> torch.Tensor:
+    """A copy of `embedding` (V, H) whose row `token` has `value` in channel TAIL_CHANNEL, every other entry
+    unchanged."""
+    if not 0 <= token < embedding.shape[0]:
+        raise ValueError(f"boundary token {token} is outside the embedding's {embedding.shape[0]} rows")
+    dosed = embedding.clone()
+    dosed[token, TAIL_CHANNEL] = value
+    return dosed
+
+
 def structural_norm(h: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
     """The boundary token (position 0) rescaled to `scale` x the median RMS of its row's other positions,
     every other position untouched: separate statistics for the structural token (issue 33, idea 6). The

@@ -48,6 +48,9 @@ class Dist:
     local_world: int = 1       # ranks on this node (torchrun's LOCAL_WORLD_SIZE)
     mesh: object = None        # the FSDP2 DeviceMesh: ("shard",), or ("replicate", "shard") over several nodes
     waiting_group: object = None  # a gloo group with PREPARATION_TIMEOUT, for waits on rank 0
+    # What precision "auto" means for this command where a study fixed it (experiments/studies.settle_precision:
+    # its records' precision, or --precision): (fp32 | bf16, why); None: the machine decides (precision_choice).
+    auto_precision: tuple[str, str] | None = None
 
     @property
     def is_main(self) -> bool:
@@ -301,12 +304,15 @@ def cpu_instructions() -> str:
     return " + ".join([capability, *extras])
 
 
-def precision_choice(precision: str, device: torch.device) -> tuple[torch.dtype, str]:
-    """(compute dtype, why). "auto" decides by what the machine does: bf16 on a CUDA GPU that supports
-    it; on a CPU (one process or FSDP2 ranks alike), bf16 autocast only where a matmul probe measures it
-    >= BF16_MIN_SPEEDUP x fp32."""
+def precision_choice(precision: str, device: torch.device, pinned: tuple[str, str] | None = None
+                     ) -> tuple[torch.dtype, str]:
+    """(compute dtype, why). "auto" is `pinned` where a study fixed it (Dist.auto_precision), else decided by
+    what the machine does: bf16 on a CUDA GPU that supports it; on a CPU (one process or FSDP2 ranks alike),
+    bf16 autocast only where a matmul probe measures it >= BF16_MIN_SPEEDUP x fp32."""
     if precision != "auto":
         return DTYPES[precision], f"{precision} (set by the preset)"
+    if pinned is not None:
+        return DTYPES[pinned[0]], f"auto: {pinned[0]} ({pinned[1]})"
     if device.type == "cuda":
         if torch.cuda.is_bf16_supported():
             return torch.bfloat16, "auto: bf16 (CUDA GPU with bf16)"

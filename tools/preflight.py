@@ -25,7 +25,7 @@ import data
 import grow
 import model
 import rundir
-from experiments import beyond, ideas, presets, regime, studies, suite, tables
+from experiments import beyond, ideas, presets, regime, studies, suite, tables, tail
 from plumbing import checkpoint, errors
 from tools import plan, rehearse, rehearse_real
 
@@ -66,6 +66,8 @@ def teacher_pretraining(ws: suite.Workspace) -> tuple[float, str]:
 
 def print_study(name: str, ws: suite.Workspace, seeds: list[int]):
     """The ideas study's records (where ws.records is set): with the search recorded, its choice's runs too."""
+    if name == "tail" and ws.records is not None:
+        return print_records(ws, tail.manifest(ws, seeds))
     if name != "ideas" or ws.records is None:
         return
     teacher = suite.expected_teacher(ws)
@@ -178,6 +180,8 @@ def beyond_groups(name: str, ws: suite.Workspace, seed: int) -> list:
         contrasts = ideas.fixed_contrasts()
         variants = list({v.label: v for c in contrasts for v in (c.variant, c.baseline)}.values())
         return [search] + variant_groups(ws, variants, seed)
+    if name == "tail":
+        return variant_groups(ws, tail.variants(ws), seed)
     variants = beyond.interventions(ws.preset.run["blocks"]) if name == "intervention" else beyond.planted_variants()
     return variant_groups(ws, variants, seed)
 

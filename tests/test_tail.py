@@ -1,0 +1,130 @@
+"""The causal test by construction (experiments/tail.py): the tail in the student's own embedding row, what each
+placement's blocks see of it at step 0, its contrasts and its power, by value."""
+import math
+
+import pytest
+import torch
+
+import model
+from experiments import presets, report, tail
+from interventions.boundary import TAIL_CHANNEL, with_tail
+from nets import hidden_only
+from tests.conftest import ROOT
+
+TOY_TEACHER = ROOT / "teachers" / "toy" / "phase-0"
+EOT = 4096  # the toy's <|endoftext|>: ranks 0..4095, then the boundary token (data.py)
+
+
+@pytest.fixture(scope="module")
+def toy_teacher():
+    return model.load_qwen3(TOY_TEACHER)
+
+
+def dosed_student(teacher, norm: str, value: float) -> model.Student:
+    student = model.Student.from_teacher(teacher, 3, 1, norm, seed=42)
+    with torch.no_grad():
+        student.embed_tokens.weight.copy_(with_tail(student.embed_tokens.weight, EOT, value))
+    return student
+
+
+def block0_rms(student, ids) -> torch.Tensor:
+    """Per-token RMS (B, T) of the stream after block 0 (the first block boundary)."""
+    with torch.no_grad():
+        _, bounds = student(ids, active_blocks=1, output_fn=hidden_only, return_boundaries=True)
+    return bounds[1].float().pow(2).mean(-1).sqrt()
+
+
+def ids_with_boundary(seed=0, rows=4, length=64):
+    ids = torch.randint(0, EOT, (rows, length), generator=torch.Generator().manual_seed(seed))
+    ids[:, 0] = EOT
+    return ids
+
+
+def test_the_dosed_row_is_the_declared_dose_and_the_teacher_is_untouched(toy_teacher):
+    before = {k: v.clone() for k, v in toy_teacher.state_dict().items()}
+    value = tail.tail_value("toy", tail.PAPER_RATIO, 128)
+    student = dosed_student(toy_teacher, "pre", value)
+    row, teacher_row = student.embed_tokens.weight[EOT], toy_teacher.embed_tokens.weight[EOT]
+    assert row[TAIL_CHANNEL].item() == pytest.approx(value, rel=0, abs=1e-3)  # a value of one decimal, near 3380: fp32 within 1e-4
+    others = torch.arange(128) != TAIL_CHANNEL
+    assert torch.equal(row[others], teacher_row[others])
+    assert torch.equal(student.embed_tokens.weight[:EOT], toy_teacher.embed_tokens.weight[:EOT])
+    assert all(torch.equal(v, toy_teacher.state_dict()[k]) for k, v in before.items())
+    # the value is 37 x the measured regular RMS x sqrt(H): a one-channel row's RMS is value / sqrt(H)
+    assert value / math.sqrt(128) == pytest.approx(37 * tail.REGULAR_RMS["toy"], rel=1e-4)
+
+
+def test_pre_norm_carries_the_tail_past_block_0_and_post_norm_sees_its_norm_gain(toy_teacher):
+    ids, value = ids_with_boundary(), tail.tail_value("toy", tail.PAPER_RATIO, 128)
+    pre = block0_rms(dosed_student(toy_teacher, "pre", value), ids)
+    ratio = (pre[:, 0].mean() / pre[:, 1:].mean()).item()
+    assert ratio > tail.CHECK_RATIO
+    # block 0's branches add O(10) to a stream whose position 0 is value / sqrt(H) = 298.8: it stays near that
+    assert pre[:, 0].mean().item() == pytest.approx(value / math.sqrt(128), rel=0.1)
+    # Post-norm: block 0 ends in an RMSNorm (gain g, ones at init): y = g * v / rms(v). Position 0 reads the entry
+    # norm's output, along the tail's channel, and block 0 adds to it terms the size of the regular tokens', so
+    # v is no longer one channel: its RMS after the norm is sqrt(mean(g^2 v^2) / mean(v^2)), computed here by hand.
+    student = dosed_student(toy_teacher, "post", value)
+    with torch.no_grad():
+        _, bounds = student(ids, active_blocks=1, output_fn=hidden_only, return_boundaries=True)
+    layer = student.block_layers(0)[-1]
+    gain = layer.mlp_norm.weight.float()
+    out = bounds[1].float()
+    v = out / gain                                  # the norm's input direction, up to its positive scale
+    by_hand = (gain.pow(2) * v.pow(2)).mean(-1).div(v.pow(2).mean(-1)).sqrt()
+    assert torch.allclose(out.pow(2).mean(-1).sqrt(), by_hand, rtol=1e-5)  # fp32: one rounding per op
+    assert torch.allclose(gain, torch.ones_like(gain))  # the paper's init: so every token's RMS is 1 (eps aside)
+    post = block0_rms(student, ids)
+    assert (post[:, 0].mean() / post[:, 1:].mean()).item() == pytest.approx(1.0, abs=1e-3)
+    # what its first sublayer reads at position 0: the entry norm's gain on the channel times sqrt(H), ~0 elsewhere
+    entry = student.entry_module()(student.embed_tokens(ids[:1, :1]))[0, 0]
+    g = student.entry_module().weight
+    assert entry[TAIL_CHANNEL].item() == pytest.approx(g[TAIL_CHANNEL].item() * math.sqrt(128), rel=1e-4)
+    assert entry[1:].abs().max().item() < 1e-3 * abs(entry[TAIL_CHANNEL].item())
+
+
+def test_d_on_planted_numbers_equals_a_hand_computation():
+    seeds = 3
+    ce = {"pre-grow": [3.50, 3.52, 3.49], "pre-joint": [4.00, 4.02, 3.98],
+          "pre-grow + tail 37x": [3.60, 3.61, 3.58], "pre-joint + tail 37x": [4.05, 4.04, 4.03],
+          "post-grow": [3.48, 3.50, 3.47], "post-joint": [3.79, 3.80, 3.78],
+          "post-grow + tail 37x": [3.49, 3.51, 3.47], "post-joint + tail 37x": [3.80, 3.80, 3.79],
+          "pre-grow + tail 6x": [3.51] * seeds, "pre-joint + tail 6x": [4.00] * seeds}
+    for n in ("pre", "post"):
+        for p in ("grow", "joint"):
+            ce[f"{n}-{p} + channel 1000x"] = ce[f"{n}-{p}"]
+    # seed 0: (3.60 - 3.50) - (4.05 - 4.00) = 0.05; seed 1: 0.09 - 0.02 = 0.07; seed 2: 0.09 - 0.05 = 0.04
+    assert tail.contrast(ce, "tail 37x", "pre") == pytest.approx([0.05, 0.07, 0.04])
+    rows = tail.family(ce)
+    assert rows[0]["primary"] and rows[0]["d"]["mean"] == pytest.approx(0.16 / 3)
+    half = report.t975(2) * rows[0]["d"]["std"] / math.sqrt(3)
+    assert rows[0]["d"]["ci95"] == pytest.approx([0.16 / 3 - half, 0.16 / 3 + half])
+    assert rows[0]["reading"] == "above 0"
+    # post: (0.01 - 0.01, 0.01 - 0.00, 0.00 - 0.01) = (0, 0.01, -0.01); three-way: (0.05, 0.06, 0.05)
+    assert rows[1]["d"]["values"] == pytest.approx([0.0, 0.01, -0.01], abs=1e-12)
+    assert rows[2]["d"]["values"] == pytest.approx([0.05, 0.06, 0.05])
+    assert rows[4]["d"]["values"] == pytest.approx([0.0] * 3, abs=1e-12)  # the channel dose changed nothing here
+    raw = [report.p_two_sided(r["d"]) for r in rows[1:]]
+    finite = [p for p in raw if not math.isnan(p)]
+    assert max(r["p"] for r in rows[1:] if not math.isnan(r["p"])) <= 1 and len(finite) >= 2
+
+
+def test_power_matches_the_normal_approximation_where_it_holds():
+    # with many seeds the t-test is the z-test: power = Phi(effect sqrt(n) / sd - z_0.975)
+    n, effect, sd = 40, 0.01, 0.02
+    z = effect * math.sqrt(n) / sd - report.t975(n - 1)
+    expected = 0.5 * (1 + math.erf(z / math.sqrt(2)))
+    assert tail.power(effect, sd, n, draws=400_000) == pytest.approx(expected, abs=0.01)
+    assert tail.power(0.0, sd, 8) == pytest.approx(0.025, abs=0.003)  # one tail of a 5% two-sided test
+
+
+def test_the_regular_rms_is_what_the_committed_records_measure():
+    from experiments import studies
+    measured = tail.measure_regular_rms(studies.RECORDS_DIR / "toy")
+    assert sum(measured) / len(measured) == pytest.approx(tail.REGULAR_RMS["toy"], abs=5e-5)
+    assert tail.CHECK_RATIO == presets.MECHANISM["boundary_over_regular"] == 10.0
+
+
+def test_a_scale_without_a_measured_rms_is_refused():
+    with pytest.raises(ValueError, match="measure it"):
+        tail.tail_value("mini", 37.0, 128)
