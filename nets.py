@@ -20,10 +20,19 @@ import diag
 import kd
 import model
 from config import Phase, RunConfig
-from plumbing.checkpoint import read_config
 from interventions.boundary import with_tail
-from plumbing.devices import (Dist, autocast, compile_layers, fill_parameter, full_tensor, fused_attention_problem, print0,
-                              settle_fsdp_dtypes, shard_fn)
+from plumbing.checkpoint import read_config
+from plumbing.devices import (
+    Dist,
+    autocast,
+    compile_layers,
+    fill_parameter,
+    full_tensor,
+    fused_attention_problem,
+    print0,
+    settle_fsdp_dtypes,
+    shard_fn,
+)
 from plumbing.errors import TrainingError
 from plumbing.hf_qwen3 import ModelConfig
 

@@ -21,19 +21,23 @@ import functools
 import json
 import math
 import signal
+import sys
 import time
 from dataclasses import replace
 from pathlib import Path
 
-import click
-import torch.distributed as dist
+try:  # started outside the kit's virtualenv (`python3 repro.py`): how to install, in one line, not a traceback
+    import click
+    import torch.distributed as dist
 
-import data
-import model
-import rundir
-from experiments import beyond, ideas, presets, studies, suite, tables, tail
-from plumbing import devices, errors, paths
-from tools import checkpoints, plan, preflight
+    import data
+    import model
+    import rundir
+    from experiments import beyond, ideas, presets, studies, suite, tables, tail
+    from plumbing import devices, errors, paths
+    from tools import checkpoints, plan, preflight
+except ModuleNotFoundError as e:
+    sys.exit(f"Error: {e.name.partition('.')[0]} is not installed; run `make install`, then `.venv/bin/python repro.py ...`")
 
 # ----------------------------------------------------------------------------------------------
 # The CLI
@@ -268,7 +272,7 @@ def run_experiments(wanted, scale, seeds, records_dir, dry_run, gpu, gpus, nodes
     ws = studies.attach(ws, records_dir)
     if dry_run:
         preflight.print_dry_run(scale, [("", ws, plan.planned_runs(ws, runs, seeds[0]))], seeds, gpu, gpus, nodes)
-        preflight.print_records(ws, studies.suite_jobs(ws, runs, seeds))
+        preflight.print_suite_records(ws, names, runs, seeds)
         return
     ws.results.mkdir(parents=True, exist_ok=True)
     started = time.time()
@@ -332,18 +336,17 @@ def search(scale, seed, ladder, rungs, records_dir, dry_run, gpu, gpus, nodes, o
 
 @cli.command()
 @scale_option
-@click.argument("checkpoints", nargs=-1, type=click.Path(path_type=Path))
+@click.argument("paths", metavar="CHECKPOINTS", nargs=-1, type=click.Path(path_type=Path))
 @set_option
 @runs_option
 @results_option
-def scan(scale, checkpoints, overrides, runs_dir, results_dir):
+def scan(scale, paths, overrides, runs_dir, results_dir):
     """The layer-by-layer scan: massive activations (max/median |activation|) and sink heads at every layer of the scale's
     teacher (--set: that workspace's) and each student CHECKPOINT given, on the diagnostic batch (results/<scale>/scan.*)."""
     from experiments import scan as layer_scan
     ws = suite.workspace(scale, runs_dir, results_dir, overrides=presets.parse_overrides(presets.PRESETS[scale], overrides))
-    for path in checkpoints:
-        layer_scan.checkpoint_blocks(path)  # a wrong path is one line before data or teacher is made
-    layer_scan.run_scan(ws, suite.ensure_inputs(ws), list(checkpoints))
+    students = [checkpoints.student_checkpoint(path) for path in paths]  # one line before data or teacher is made
+    layer_scan.run_scan(ws, suite.ensure_inputs(ws), students)
 
 
 def beyond_command(name: str, module):
@@ -363,8 +366,8 @@ def beyond_command(name: str, module):
                                      dry_run, overrides, compile_flag, device, tracker, lockstep, no_wait)
         ws = studies.attach(ws, records_dir)
         if dry_run:
-            preflight.print_dry_run(scale, preflight.beyond_groups(name, ws, seeds[0]), seeds, gpu, gpus, nodes)
-            preflight.print_study(name, ws, seeds)
+            flops = preflight.print_dry_run(scale, preflight.beyond_groups(name, ws, seeds[0]), seeds, gpu, gpus, nodes)
+            preflight.print_study(name, ws, seeds, flops)
             return
         experiment(ws, seeds, force)
         ws.ctx.barrier()
@@ -475,15 +478,15 @@ def evaluate(checkpoint, scale, data_dir, as_json, runs_dir):
     if as_json:
         click.echo(json.dumps(result))
     else:
-        suite.console.print(f"{checkpoint}: CE {result['ce']:.4f} nats/token, PPL {result['ppl']:.2f} over "
+        suite.console.print(f"{result['checkpoint']}: CE {result['ce']:.4f} nats/token, PPL {result['ppl']:.2f} over "
                             f"{result['tokens']:,} tokens of {result['data']}")
 
 
 @cli.command("sample")
 @click.argument("checkpoint", type=click.Path(path_type=Path))
 @click.option("--prompt", default="", help="Text to continue (encoded as a document: <|endoftext|> first).")
-@click.option("--max-new-tokens", type=click.IntRange(1), default=64, show_default=True,
-              help="At most the checkpoint's context (max_position_embeddings) less the prompt's tokens.")
+@click.option("--max-new-tokens", type=click.IntRange(1), default=None, help="At most the context the checkpoint was "
+              "trained on (data.max_len) less the prompt's tokens. Default: 64, or that if fewer.")
 @click.option("--temperature", type=click.FloatRange(0), default=0.0, show_default=True,
               help="0: greedy; any finite value above (with --top-k 1: greedy too).",
               callback=lambda c, p, v: finite(v, "--temperature"))
@@ -535,23 +538,20 @@ def make_reference(scale, seeds, force, tables, runs_dir, results_dir):
 
 @cli.command("compare")
 @click.argument("target", type=click.Path(exists=True, file_okay=False, path_type=Path))
-@scale_option
+@click.option("--scale", type=click.Choice(list(presets.PRESETS)), default=None,
+              help="Whose shipped reference (default: the scale TARGET's folder names, runs/<scale> or results/<scale>).")
 def compare_with_reference(target, scale):
-    """Is a run (or a scale's runs, or its results) within the band of the kit's shipped seeds? Exits 1 if not."""
+    """Is a run (or a scale's runs, or its results) finished and within the band of the shipped seeds? Exits 1 if not."""
     from experiments import reference
-    rows = reference.print_comparison(target, scale)
-    outside = [r for r in rows if not r["within"]]
-    if outside:
-        raise OneLineError(f"{len(outside)} of {len(rows)} numbers of {target} are outside the shipped seeds' band "
-                           f"(first: {outside[0]['name']} = {outside[0]['value']:.4f})")
+    reference.check(target, scale)
 
 
 @cli.command("results")
 @scale_option
 def results_pages(scale):
-    """docs/results/<scale>.md and the README's headline, rendered from references/<scale>.json."""
+    """docs/results/<scale>.md, its figures and the README's headline, rendered from references/<scale>.json."""
     from experiments import pages
-    suite.console.print(f"wrote {pages.main(scale)} and the README's headline")
+    suite.console.print(f"wrote {pages.main(scale)}, its figures and the README's headline")
 
 
 @cli.command()

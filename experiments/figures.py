@@ -34,22 +34,34 @@ def new_figure(ncols: int = 1, width: float = 4.5, height: float = 3.2) -> tuple
     return fig, [fig.add_subplot(1, ncols, i + 1) for i in range(ncols)]
 
 
+CAPTION_BAND = 10  # points: a 6-point caption line and its padding
+
+
 def save_png(fig: Figure, path, caption: str = "") -> Path:
     """The figure as PNG at `path` and as PDF beside it, with `caption` (e.g. "toy scale, seed 42") in its corner."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     if caption:
+        # A band of its own at the bottom, below the layout, and below the figure's legends (legend_below's,
+        # the only ones here), which sit on the figure's bottom edge unless raised past it.
+        band = CAPTION_BAND / 72 / fig.get_figheight()
+        fig.get_layout_engine().set(rect=(0, band, 1, 1 - band))
+        for legend in fig.legends:
+            legend.borderaxespad += CAPTION_BAND / legend.prop.get_size_in_points()
         fig.text(0.995, 0.005, caption, ha="right", va="bottom", fontsize=6, color="gray")
+    # No software version or date in either file: a figure committed beside a page changes only with its data.
+    metadata = {"png": {"Software": None}, "pdf": {"Creator": None, "Producer": None, "CreationDate": None}}
     for file, kind in ((path, "png"), (path.with_suffix(".pdf"), "pdf")):
         buffer = io.BytesIO()
-        fig.savefig(buffer, format=kind)
+        fig.savefig(buffer, format=kind, metadata=metadata[kind])
         checkpoint.write_atomic(file, buffer.getvalue())
     return path
 
 
-def legend_below(fig: Figure, ax, ncols: int = 2):
-    """Long legends go under the axes, where they cannot hide data."""
-    fig.legend(*ax.get_legend_handles_labels(), loc="outside lower center", ncols=ncols)
+def legend_below(fig: Figure, *axes, ncols: int = 2):
+    """Long legends go under the axes, where they cannot hide data: one for the entries of all `axes`."""
+    handles, labels = zip(*[entry for ax in axes for entry in zip(*ax.get_legend_handles_labels())])
+    fig.legend(handles, labels, loc="outside lower center", ncols=ncols)
 
 
 def paper_marker(ax, x, y, color, label=None, marker="o"):
@@ -94,10 +106,11 @@ def fig3b_per_phase(kit: dict, path, paper: dict = PAPER["per_phase_ce"], starts
     the paper's (phase 0 from Table 2, phase 2 from Table 1), each on its own axis."""
     starts = starts or {}
     shown = [v for ces in kit.values() for v in ces] + [v for s in starts.values() for v in s[1:]]
-    top = max(shown) + 0.15 * (max(shown) - min(shown) or 1.0)
+    span = max(shown) - min(shown) or 1.0
+    top = max(shown) + 0.15 * span  # where a start far above the rest is drawn
     phases = range(max(len(c) for c in kit.values()))
     with matplotlib.rc_context(STYLE):
-        fig, (ax, dax) = new_figure(ncols=2, width=4.0)
+        fig, (ax, dax) = new_figure(ncols=2, width=4.0, height=3.6)
         for norm, ces in kit.items():
             color = NORM_COLORS[norm]
             ax.plot(range(len(ces)), ces, "o-", color=color, label=f"{norm}-norm, phase end")
@@ -107,24 +120,33 @@ def fig3b_per_phase(kit: dict, path, paper: dict = PAPER["per_phase_ce"], starts
                 if start > top:
                     ax.annotate(f"start {start:.2f} ↑", (p - 0.5, top), textcoords="offset points",
                                 xytext=(12, -4 - 10 * (norm == "post")), color=color, fontsize=7)
-        ax.set_ylim(top=top)
+        ax.set_ylim(top=top + 0.08 * span)  # the marker drawn at `top` whole, not cut by the edge
         ax.set_title("kit: validation CE through grow")
-        dax.plot(phases, [kit["post"][p] - kit["pre"][p] for p in phases], "o-", color="black",
-                 label="kit, phase end")
+        deltas = [kit["post"][p] - kit["pre"][p] for p in phases]
+        dax.plot(phases, deltas, "o-", color="black", label="Δ kit, phase end")
         if starts.get("pre") and starts.get("post"):
-            dax.plot([p - 0.5 for p in phases], [starts["post"][p] - starts["pre"][p] for p in phases], "s",
-                     color="black", markerfacecolor="none", label="kit, phase start")
+            start_deltas = [starts["post"][p] - starts["pre"][p] for p in phases]
+            dax.plot([p - 0.5 for p in phases], start_deltas, "s", color="black", markerfacecolor="none",
+                     label="Δ kit, phase start")
+            deltas += start_deltas
         marked = sorted(set(paper.get("pre", {})) & set(paper.get("post", {})))
-        paper_marker(dax, marked, [paper["post"][p] - paper["pre"][p] for p in marked], "gray",
-                     "paper (phase 0: Table 2; phase 2: Table 1)")
+        paper_deltas = [paper["post"][p] - paper["pre"][p] for p in marked]
+        paper_marker(dax, marked, paper_deltas, "gray", "Δ paper (phase 0: Table 2; phase 2: Table 1)")
         dax.axhline(0, color="black", linewidth=0.5)
         dax.set_yscale("symlog", linthresh=0.05)  # a several-nat start gap and a 0.03-nat end gap, both legible
+        # Limits a factor 2 past the data (symlog's autoscale leaves the extreme markers cut by the edges).
+        low, high = min(deltas + paper_deltas + [0]), max(deltas + paper_deltas + [0])
+        low, high = -max(-2 * low, 0.1), max(2 * high, 0.1)
+        dax.set_ylim(low, high)
+        # Ticks at 0 and ±10^k from 0.1 only: symlog's own put ±0.01 inside the linear band, on top of 0's label.
+        ticks = [t for k in range(-1, 4) for t in (-(10.0 ** k), 10.0 ** k) if low <= t <= high]
+        dax.set_yticks(sorted(ticks + [0]), [f"{t:g}" for t in sorted(ticks + [0])])
         dax.set_title("Δ post − pre per phase (symlog beyond ±0.05)")
         for a, label in ((ax, "validation CE (nats/token)"), (dax, "post − pre (nats/token)")):
             a.set_xticks(list(phases))
             a.set_xlabel("grow phase (active blocks = phase + 1)")
             a.set_ylabel(label)
-            a.legend(fontsize=6)
+        legend_below(fig, ax, dax, ncols=4)
         return save_png(fig, path, caption)
 
 
@@ -146,10 +168,12 @@ PAPER_CHECKPOINTS = ("first grow\ncheckpoint", "150k\n(end of grow)")  # the pap
 
 
 def fig4_boundary_std(series: dict, path, paper: dict = PAPER["boundary_std_after_block0"],
-                      transition_steps: list[int] = (), caption: str = "") -> Path:
+                      transition_steps: list[int] = (), caption: str = "",
+                      xlabel: str = "training step of the checkpoint") -> Path:
     """Figure 4. series: {"pre": [{"step", "boundary_stats"}, ...], "post": [...]}, one entry per kept
-    grow checkpoint (diagnose_checkpoint's output plus its step). Left: the kit, one line per norm and
-    block output, block appends marked. Right: the paper's values after block 0 in their own panel
+    grow checkpoint (diagnose_checkpoint's output plus its step; a reference, which ships no steps, names
+    the checkpoint instead, drawn as a category, and says so in `xlabel`). Left: the kit, one line per
+    norm and block output, block appends marked. Right: the paper's values after block 0 in their own panel
     (pre-norm at its first grow checkpoint and at 150k; post-norm's stated range)."""
     with matplotlib.rc_context(STYLE):
         fig, (ax, pax) = new_figure(ncols=2, width=4.0, height=4.4)
@@ -161,7 +185,7 @@ def fig4_boundary_std(series: dict, path, paper: dict = PAPER["boundary_std_afte
                         linestyle=BOUNDARY_STYLES[(b - 1) % len(BOUNDARY_STYLES)], label=f"{norm}, {diag.boundary_label(b)}")
         mark_transitions(ax, transition_steps)
         ax.set_yscale("log")
-        ax.set_xlabel("training step of the checkpoint")
+        ax.set_xlabel(xlabel)
         ax.set_ylabel("std of per-token RMS over tokens\n(activation units, log scale)")
         ax.set_title("kit: boundary-scale spread across grow")
         first, last = paper["pre"]
@@ -229,7 +253,7 @@ def fig5b_validation(runs: dict, path, transition_steps: list[int], smooth: int 
         ax.set_xlabel("training step")
         ax.set_ylabel("CE (nats/token)")
         ax.set_title("validation CE through grow, transitions marked")
-        legend_below(fig, ax)
+        legend_below(fig, ax, ncols=1)  # its labels are long: two columns run past the edges
         return save_png(fig, path, caption)
 
 
@@ -363,7 +387,8 @@ def fig_monitor(series: dict, path, title: str, caption: str = "") -> Path:
 def fig_scan(scans: dict, path, massive: float, sink_heads: float, sink_attention: float, caption: str = "") -> Path:
     """The layer-by-layer scan (diag.layer_scan) of several models, {name: rows}: (a) the largest
     |activation| over the median at each layer's output, log scale, with the `massive` threshold dashed;
-    (b) the share of sink heads at each layer, with the `sink_heads` threshold dashed."""
+    (b) the share of sink heads at each layer, with the `sink_heads` threshold dashed; each panel's title
+    names its threshold and value (in a shared legend they would mix with the models' entries)."""
     with matplotlib.rc_context(STYLE):
         fig, (a, b) = new_figure(2)
         for name, rows in scans.items():
@@ -372,8 +397,9 @@ def fig_scan(scans: dict, path, massive: float, sink_heads: float, sink_attentio
             b.plot(layers, [r["sink_heads"] for r in rows], marker="o", markersize=3, label=name)
         a.axhline(massive, color="gray", linestyle="--", linewidth=0.8)
         b.axhline(sink_heads, color="gray", linestyle="--", linewidth=0.8)
-        a.set(yscale="log", xlabel="layer (its output)", ylabel="max |activation| / median", title="(a) massive activations")
+        a.set(yscale="log", xlabel="layer (its output)", ylabel="max |activation| / median",
+              title=f"(a) massive activations\n(dashed: the threshold, massive at ≥ {massive:g})")
         b.set(xlabel="layer", ylabel=f"share of heads with ≥ {sink_attention:g} on position 0", ylim=(-0.05, 1.05),
-              title="(b) sink heads")
+              title=f"(b) sink heads\n(dashed: the threshold, a sink layer at ≥ {sink_heads:g})")
         legend_below(fig, a, ncols=min(3, len(scans)))
         return save_png(fig, path, caption)

@@ -10,6 +10,7 @@ import hashlib
 import math
 import re
 from dataclasses import MISSING, dataclass, field, fields, replace
+from pathlib import Path
 
 import config
 import paper
@@ -143,6 +144,19 @@ PRESETS["mechanism-control"] = replace(
     _mechanism, name="mechanism-control", about="the mechanism scale with every attention layer windowed to its 16 "
     "most recent keys: the same data, the first token out of reach (the causal test's control)",
     teacher_model={**_mechanism.teacher_model, "attention_window": 16})
+
+
+def scale_named(path) -> str | None:
+    """The scale a folder of the kit names: runs/<scale>/... or results/<scale> (a --set workspace,
+    <scale>+<overrides>, names its base scale), nearest first, no higher than a run folder's
+    runs/<scale>/set/<overrides>/s<seed>/<run>/; None where none does (a folder of the user's)."""
+    folder = Path(path).resolve()
+    for part in [folder.name, *(p.name for p in folder.parents)][:5]:
+        if part.split("+")[0] in PRESETS:
+            return part.split("+")[0]
+    return None
+
+
 # The interaction (Table 1's delta grow - delta joint) is the primary endpoint at toy and mini scale, read
 # before any mini run (README, "The mini scale"): post-norm wins under growth, as in the paper, if its 95%
 # interval lies below 0; a tie if its 90% interval lies inside +-TIE_MARGIN (two one-sided tests at 5%);
@@ -244,6 +258,7 @@ RANGES = {  # name: (lowest, highest); a tuple's values (phase_lrs, phase_warmup
     "boundary_scale": (1e-6, 1e6), "monitor_rms_warn": (0, 1e12), "monitor_kurtosis_warn": (0, 1e12),
     "diverged_above_uniform": (0, 1e6), "diverged_above_best": (0, 1e6), "phase_lrs": (1e-12, 1e3),
     "phase_warmups": (1, 10**9), "betas": (0, 0.999999), "identity_threshold": (0, 1e6), "monitor_ratio_warn": (0, 1e12),
+    "boundary_tail": (-1e6, 1e6),
     # teacher_model (ModelConfig; config_problem checks how they fit together)
     "hidden_size": (1, 65536), "intermediate_size": (1, 2**20), "num_hidden_layers": (1, 1024),
     "num_attention_heads": (1, 1024), "num_key_value_heads": (1, 1024), "head_dim": (1, 1024),

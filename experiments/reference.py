@@ -2,6 +2,7 @@
 
     python repro.py reference --scale toy --seeds 42,43,44     # writes references/toy.json from runs/ and results/
     python repro.py compare runs/toy                           # every run of every seed, against references/toy.json
+                                                               # (the scale its folder names; --scale otherwise)
     python repro.py compare runs/toy/s42/post-grow             # one run
     python repro.py compare results/toy                        # the tables
 
@@ -12,7 +13,8 @@ provenance.json: a band is a band of its runs' precision, and `compare` says so)
 when it lies within mean ± max(a 95% prediction interval for one more seed, a tolerance): seeds set
 the band's width where there are several, the tolerance (1% of the value + 0.001) where they agree.
 A shipped reference is read by `load`, which checks it whole against the shape `collect` writes before
-any page is rendered or number compared; `compare` refuses runs or reports of another scale.
+any page is rendered or number compared; `compare` refuses runs or reports of another scale, and names each
+unfinished run that lacks numbers the reference has (exiting 1, as for a number outside its band).
 """
 from __future__ import annotations
 
@@ -26,9 +28,9 @@ from rich.table import Table
 
 import rundir
 from experiments import report, suite
-from experiments.presets import PRESETS
+from experiments.presets import PRESETS, scale_named
 from plumbing import checkpoint
-from plumbing.errors import OptionError, UsageError
+from plumbing.errors import KitError, OptionError, UsageError
 
 REFERENCES = Path(__file__).resolve().parents[1] / "references"
 
@@ -375,10 +377,16 @@ def check_scale(target: Path, scale: str, path: Path):
                              f"would fall outside their band); compare with --scale {theirs}")
 
 
+def run_folders(target: Path) -> list[Path]:
+    """`target` if it is a run (one that has logged, or only been set up), else the runs of its seeds."""
+    is_run = lambda d: (d / "metrics.jsonl").is_file() or (d / "config.json").is_file()
+    return [target] if is_run(target) else [d for d in sorted(target.glob("s*/*")) if is_run(d)]
+
+
 def made_at(target: Path) -> list[tuple[Path, str]]:
     """(file, scale) for each report or run under `target` that says which scale made it; a run of overridden
     settings (--set) matches no scale's and says nothing."""
-    runs = [target] if (target / "metrics.jsonl").is_file() else sorted(target.glob("s*/*"))
+    runs = run_folders(target)
     said = [(file, rundir.read_json(file).get("scale")) for file in sorted(target.glob("*.json"))]
     for run in runs:
         if (run / "config.json").is_file():
@@ -396,7 +404,7 @@ def print_comparison(target: Path, scale: str) -> list[dict]:
     check_reports(target)
     check_scale(target, scale, path)
     rows = compare(target, shipped)
-    if not rows:
+    if not rows and not not_yet(target, shipped):
         raise UsageError(f"{target}: holds no run or table that {path} has numbers for")
     made_in = precisions(shipped.get("run_precisions", {}).values())
     table = Table(title=f"{target} against {path.name} (seeds {shipped['seeds']}; its runs in "
@@ -409,13 +417,48 @@ def print_comparison(target: Path, scale: str) -> list[dict]:
                       "yes" if r["within"] else "NO")
     suite.console.print(table)
     suite.console.print(f"{len(rows) - len(outside)} of {len(rows)} numbers within the band")
-    runs = [target] if (target / "metrics.jsonl").is_file() else sorted(target.glob("s*/*"))
+    runs = run_folders(target)
     theirs = precisions(rundir.read_json(run / "provenance.json").get("precision") for run in runs
                         if (run / "provenance.json").is_file())
     if made_in and theirs and theirs != made_in:
         suite.console.print(f"note: the bands come from {made_in} runs and these ran in {theirs}: a band measures the "
                             f"seeds' spread in {made_in}, not what another precision's rounding adds", markup=False)
     return rows
+
+
+def not_yet(target: Path, reference: dict) -> list[tuple[str, Path, list[str]]]:
+    """(run as compare names it, its folder, the numbers the reference has for it that it lacks) of each
+    unfinished run of `target` (no done.json: its final CE, at least, is not there yet) that the reference has."""
+    have, pending = measured(target), []
+    for run in run_folders(target):
+        if (run / "done.json").is_file() or run.name not in reference["final_ce"]:
+            continue
+        label = run.name if run == target else f"{run.parent.name}/{run.name}"
+        wanted = [f"ce at {point}" for point in reference["curves"].get(run.name, {})] + ["final ce"]
+        pending.append((label, run, [n for n in wanted if f"{label}/{n}" not in have]))
+    return pending
+
+
+def check(target: Path, scale: str | None):
+    """`repro.py compare`: print_comparison against the reference of `scale` (None: the scale the target's
+    folder names), then one line, exit 1, if a number is outside its band or an unfinished run lacks numbers
+    the reference has for it."""
+    scale = scale or scale_named(target)
+    if scale is None:
+        raise OptionError("--scale", f"{target} names no scale (runs/<scale>/... or results/<scale>); pass --scale")
+    rows = print_comparison(target, scale)
+    outside = [r for r in rows if not r["within"]]
+    problems = [f"{len(outside)} of {len(rows)} numbers of {target} are outside the shipped seeds' band (first: "
+                f"{outside[0]['name']} = {outside[0]['value']:.4f})"] if outside else []
+    pending = not_yet(target, load(scale))
+    if pending:
+        runs = ", ".join(f"{label} {suite.run_status(run)}" for label, run, _ in pending)
+        label, _, lacking = pending[0]
+        problems.append(f"unfinished: {runs}; {sum(len(p[2]) for p in pending)} numbers {scale}.json has for them do "
+                        f"not exist yet (first: {label}/{lacking[0]}): finish the runs (rerun the command that trains "
+                        "them: it resumes) and compare again")
+    if problems:
+        raise KitError("; ".join(problems))
 
 
 def precisions(values) -> str:

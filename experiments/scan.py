@@ -16,7 +16,7 @@ import data
 import diag
 import model
 import rundir
-from experiments import causal, figures, report, suite, tables
+from experiments import figures, report, suite, tables
 from experiments.presets import SINK
 from plumbing import corpora, errors
 
@@ -112,6 +112,4 @@ def run_scan(ws: suite.Workspace, teacher: Path, checkpoints: list[Path]) -> dic
     lines.append("![scan](scan.png)")
     report.write(ws.results, "scan", out, lines)
     suite.console.print("\n".join(lines), markup=False)
-    if ws.preset.name in causal.SCALES and causal.write_criteria(ws, scans["teacher"]):
-        suite.console.print(f"wrote {ws.results / causal.CRITERIA}.json: the causal test's criteria, for repro.py reference")
     return out

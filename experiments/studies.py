@@ -171,10 +171,11 @@ def survey(jobs: list[Job], teacher: Path, check_data: bool = True) -> Status:
 
 
 # ----------------------------------------------------------------------------------------------
-# The precision rule (docs/method.md, "Precision"): a study's runs whose precision is "auto" (the presets' default)
-# train in the precision of its records of such runs, so that its numbers stay comparable whatever CPU continues
-# it; only a study with no such record lets the machine decide (plumbing/devices.precision_choice). Another
-# precision is another study: `--set run.precision=bf16` gives its runs other settings, folders and records.
+# The precision rule (docs/method.md, "Precision in a study"): a study's runs whose precision is "auto" (the
+# presets' default) train in the precision of its records of such runs, so that its numbers stay comparable
+# whatever CPU continues it; only a study with no such record lets the machine decide
+# (plumbing/devices.precision_choice). Another precision is another study: `--set run.precision=bf16` gives its
+# runs other settings, folders and records.
 
 NAMES = {"float32": "fp32", "bfloat16": "bf16"}  # provenance.json's dtype names -> RunConfig.precision's
 
@@ -297,10 +298,9 @@ def record_finished(ws: Workspace, run: RunName, seed: int):
         done = rundir.read_json(job.folder / "done.json")
         if why:
             suite.console.print(f"{path}: stale ({why}); kept: move it away to record this run")
-        elif old["done"] != done:
-            suite.console.print(f"{job.label}: trained again on this machine (CE {done.get('ce')}); its record's "
-                                f"(CE {old['done'].get('ce')}, {machine(old)}) is kept")
-            write_readable(job.folder, old)
+        elif old["done"] != done:  # its folder keeps what it trained: the tables read its every step and weights
+            suite.console.print(f"{job.label}: trained again on this machine (CE {done.get('ce')}), and the tables "
+                                f"read this run; its record (CE {old['done'].get('ce')}, {machine(old)}) is unchanged")
         else:
             checkpoint.write_json(job.folder / diag.DIAGNOSTICS, old["diagnostics"])
         return
@@ -373,11 +373,25 @@ def suite_jobs(ws: Workspace, runs, seeds: list[int]) -> list[Job]:
     return [Job(ws, run, seed) for seed in seeds for run in suite.with_prefixes(runs)]
 
 
+def restorable(names: list[str], runs) -> list[RunName]:
+    """The runs a record can stand in for: those that only RECORD_COMPLETE experiments among `names` read (a run
+    another experiment reads the weights or every step of trains, and its record is kept)."""
+    return [run for run in runs if all(name in RECORD_COMPLETE for name in names if run in tables.EXPERIMENTS[name].runs)]
+
+
+def restorable_jobs(ws: Workspace, names: list[str], runs, seeds: list[int]) -> list[Job]:
+    """The restorable runs' jobs, without the prefixes they start from (a prefix that is not restorable itself
+    trains, and a run that starts from it and has no record trains after it)."""
+    kept = restorable(names, runs)
+    return [job for job in suite_jobs(ws, kept, seeds) if job.run in kept]
+
+
 def restore_suite(ws: Workspace, names: list[str], runs, seeds: list[int], force: bool):
-    """`repro.py run`'s study: its recorded runs restored where every experiment asked is RECORD_COMPLETE."""
-    if ws.records is not None and set(names) <= set(RECORD_COMPLETE):
+    """`repro.py run`'s study: its restorable runs restored from their records (the others train)."""
+    jobs = restorable_jobs(ws, names, runs, seeds)
+    if ws.records is not None and jobs:
         teacher = suite.ensure_inputs(ws, force)
-        ws.ctx.on_main(lambda: restore(suite_jobs(ws, runs, seeds), teacher, force), "restoring records")
+        ws.ctx.on_main(lambda: restore(jobs, teacher, force), "restoring records")
 
 
 def recorded_machines(scale: str, records: Path = RECORDS_DIR) -> list[str]:

@@ -72,7 +72,7 @@ def measure_regular_rms(records: Path, seeds=MEASURED_SEEDS) -> list[float]:
 EFFECT = 0.0332      # the paper's interaction (Table 1): the size of penalty the account must explain
 PLANNING_SD = 0.0116  # the largest per-seed SD of the planted interactions at toy (0.0116, 0.0092; 3 seeds)
 PESSIMISTIC_SD = 0.0429  # Table 1's interaction at toy (a difference of placements, not doses: an upper bound)
-SEEDS = list(range(42, 50))  # 8: the issue's floor, past what PLANNING_SD needs (power_table)
+# The seeds: 42-49 (presets.DEFAULT_SEEDS["tail"]), the issue's floor of 8, past what PLANNING_SD needs (power_table).
 
 
 def power(effect: float, sd: float, n: int, draws: int = 200_000, seed: int = 0) -> float:
@@ -95,10 +95,9 @@ CHANNEL = {"boundary": "dose-channel", "boundary_scale": 1000.0}  # beyond.DOSES
 CELLS = [(norm, protocol) for norm in ("pre", "post") for protocol in ("joint", "grow")]
 
 
-def variants(ws: suite.Workspace) -> list[Variant]:
+def variants(scale: str, hidden: int) -> list[Variant]:
     """Every run of the design: the suite's four, the four at 37x, pre-norm's two at ~6.1x, the planted channel
     dose's four (its grow runs in the planted experiment's folder: the same runs)."""
-    scale, hidden = ws.preset.name, presets.teacher_shape(ws.preset).hidden_size
     full, small = (tail_value(scale, r, hidden) for r in (PAPER_RATIO, SMALL_RATIO))
     out = [Variant(f"{n}-{p}", RunName(n, p)) for n, p in CELLS]
     out += [Variant(f"{n}-{p} + tail 37x", RunName(n, p), "tail-37", {"boundary_tail": full}) for n, p in CELLS]
@@ -107,8 +106,17 @@ def variants(ws: suite.Workspace) -> list[Variant]:
     return out
 
 
+def ws_variants(ws: suite.Workspace) -> list[Variant]:
+    return variants(ws.preset.name, presets.teacher_shape(ws.preset).hidden_size)
+
+
+def label(v: Variant, seed: int) -> str:
+    """Its folder under the scale's runs (and its record's path under the scale's records): studies.Job.label."""
+    return f"beyond/{v.folder}/s{seed}/{v.run.name}" if v.folder else f"s{seed}/{v.run.name}"
+
+
 def manifest(ws: suite.Workspace, seeds: list[int]) -> list[studies.Job]:
-    return studies.unique(studies.Job(beyond.variant_workspace(ws, v, s), v.run, s) for s in seeds for v in variants(ws))
+    return studies.unique(studies.Job(beyond.variant_workspace(ws, v, s), v.run, s) for s in seeds for v in ws_variants(ws))
 
 
 def restore_records(ws: suite.Workspace, seeds: list[int], force: bool):
@@ -118,7 +126,8 @@ def restore_records(ws: suite.Workspace, seeds: list[int], force: bool):
 
 
 # ----------------------------------------------------------------------------------------------
-# The numbers: contrasts paired by seed, the manipulation checks from the monitor's rows
+# The numbers, from each run's done.json and kept log rows: a run folder's (live) or its record's (the page), the
+# same (a record keeps every monitor row and done.json; a folder restored from it holds them)
 
 def contrast(ce: dict, dosed: str, norm: str) -> list[float]:
     """Per seed, (norm-grow dosed - norm-grow) - (norm-joint dosed - norm-joint)."""
@@ -127,40 +136,30 @@ def contrast(ce: dict, dosed: str, norm: str) -> list[float]:
                                                          ce[joint])]
 
 
-def phase_end_ratios(run_dir: Path) -> list[dict]:
+def phase_end_ratios(rows: list[dict]) -> list[dict]:
     """The boundary/regular RMS (the monitor's boundary_over_others) at each block boundary after block 0, at the
     last monitor row of every phase: [{"phase", "boundary", "ratio"}]."""
     last: dict[int, dict] = {}
-    for row in rundir.read_metrics(run_dir):
+    for row in rows:
         if row.get("monitor"):
             last[row["phase"]] = row
     return [{"phase": p, "boundary": b["boundary"], "ratio": b["boundary_over_others"]}
             for p, row in sorted(last.items()) for b in row["boundaries"] if b["boundary"] >= 1]
 
 
-def checks(ws: suite.Workspace, seeds: list[int]) -> list[dict]:
-    """Per 37x run, the smallest phase-end ratio over its boundaries and phases (and where), for every seed;
-    pre-norm's must reach CHECK_RATIO."""
-    out = []
-    for v in variants(ws):
-        if v.folder != "tail-37":
-            continue
-        per_seed = [phase_end_ratios(beyond.variant_workspace(ws, v, s).run_dir(v.run, s)) for s in seeds]
-        lowest = [min(found, key=lambda r: r["ratio"]) if found else None for found in per_seed]
-        out.append({"run": v.label, "norm": v.run.norm, "lowest": lowest,
-                    "met": all(low is not None and low["ratio"] >= CHECK_RATIO for low in lowest)})
-    return out
+def lowest_ratio(rows: list[dict]) -> dict | None:
+    found = phase_end_ratios(rows)
+    return min(found, key=lambda r: r["ratio"]) if found else None
 
 
 def family(ce: dict) -> list[dict]:
     """The primary (alone: no adjustment) and the declared secondary family, Holm over it."""
+    three_way = lambda dosed: [a - b for a, b in zip(contrast(ce, dosed, "pre"), contrast(ce, dosed, "post"))]
     rows = [{"name": "D, pre-norm, tail 37x", "primary": True, "d": report.across_seeds(contrast(ce, "tail 37x", "pre"))}]
     secondary = [("D, post-norm, tail 37x", contrast(ce, "tail 37x", "post")),
-                 ("three-way: D pre - D post, tail 37x", [a - b for a, b in zip(contrast(ce, "tail 37x", "pre"),
-                                                                                 contrast(ce, "tail 37x", "post"))]),
+                 ("three-way: D pre - D post, tail 37x", three_way("tail 37x")),
                  ("D, pre-norm, tail 6x", contrast(ce, "tail 6x", "pre")),
-                 ("three-way: D pre - D post, channel 1000x", [a - b for a, b in zip(
-                     contrast(ce, "channel 1000x", "pre"), contrast(ce, "channel 1000x", "post"))])]
+                 ("three-way: D pre - D post, channel 1000x", three_way("channel 1000x"))]
     rows += [{"name": name, "primary": False, "d": report.across_seeds(values)} for name, values in secondary]
     rows[0]["p"] = report.p_two_sided(rows[0]["d"])
     rows[0]["reading"] = report.reading(rows[0]["d"], presets.TIE_MARGIN)
@@ -173,6 +172,55 @@ def family(ce: dict) -> list[dict]:
     return rows
 
 
+def outcome(scale: str, hidden: int, seeds: list[int], read) -> dict:
+    """The report's numbers from `read(label) -> (done, rows, machine row)` of every run, or, where a run has none
+    yet, how many have (out["recorded"] < out["runs"]: no contrast is computed before every run is in)."""
+    runs, found = variants(scale, hidden), {}
+    for v in runs:
+        for s in seeds:
+            got = read(label(v, s))
+            if got is not None:
+                found[v.label, s] = got
+    out = {"experiment": "tail", "scale": scale, "seeds": seeds, "runs": len(runs) * len(seeds), "recorded": len(found),
+           "check_ratio": CHECK_RATIO, "tie_margin": presets.TIE_MARGIN,
+           "machines": [found[v.label, s][2] for s in seeds for v in runs if (v.label, s) in found]}
+    if len(found) < out["runs"]:
+        return out
+    done = lambda v, s: found[v.label, s][0]
+    ce = {v.label: [report.DIVERGED if done(v, s).get("diverged") else done(v, s)["ce"] for s in seeds] for v in runs}
+    out["ce"] = {k: report.across_seeds(v) for k, v in ce.items()}
+    out["family"] = family(ce)
+    out["diverged_runs"] = [f"{label(v, s)} (step {done(v, s)['diverged']['step']}: {done(v, s)['diverged']['why']})"
+                            for v in runs for s in seeds if done(v, s).get("diverged")]
+    out["checks"] = [{"run": v.label, "norm": v.run.norm, "lowest": (lowest := [lowest_ratio(found[v.label, s][1])
+                                                                                for s in seeds]),
+                      "met": all(low is not None and low["ratio"] >= CHECK_RATIO for low in lowest)}
+                     for v in runs if v.folder == "tail-37"]
+    return out
+
+
+def from_folders(ws: suite.Workspace):
+    def read(name: str):
+        folder = ws.runs / name
+        if not (folder / "done.json").is_file():
+            return None
+        rows = rundir.read_metrics(folder)
+        wall = max((r.get("time", 0.0) for r in rows if not r.get("eval")), default=0.0)
+        return (rundir.read_json(folder / "done.json"), rows,
+                studies.machine_row(name, rundir.read_json(folder / "provenance.json"), wall))
+    return read
+
+
+def from_records(records: Path):
+    def read(name: str):
+        path = records / f"{name}.json"
+        if not path.is_file():
+            return None
+        record = studies.read_record(path)
+        return record["done"], record["metrics"], studies.machine_row(name, record["provenance"], record["wall_seconds"])
+    return read
+
+
 def run_tail(ws: suite.Workspace, seeds: list[int], force: bool = False) -> dict:
     """The account's causal test by construction: placement (pre, post) x protocol (joint, grow) x a tail in the
     student's own boundary token (none, 37x; pre-norm also ~6.1x), and the planted channel dose under both
@@ -180,30 +228,40 @@ def run_tail(ws: suite.Workspace, seeds: list[int], force: bool = False) -> dict
     by the rule pre-registered in docs/preregistrations.md (results/<scale>/tail.md/.json). A study: recorded runs
     are not trained again."""
     restore_records(ws, seeds, force)
-    runs = variants(ws)
-    beyond.train_variants(ws, runs, seeds, force)
+    beyond.train_variants(ws, ws_variants(ws), seeds, force)
     if not ws.ctx.is_main:
         return {}
-    ce, diverged = beyond.variant_outcomes(ws, runs, seeds)
-    found = checks(ws, seeds)
-    out = {"experiment": "tail", "scale": ws.preset.name, "seeds": seeds, "ce": {k: report.across_seeds(v)
-                                                                                 for k, v in ce.items()},
-           "family": family(ce), "checks": found, "check_ratio": CHECK_RATIO, "diverged_runs": diverged,
-           "tie_margin": presets.TIE_MARGIN, "machines": studies.run_machines(manifest(ws, seeds))}
+    out = outcome(ws.preset.name, presets.teacher_shape(ws.preset).hidden_size, seeds, from_folders(ws))
     lines = markdown(out) + [""] + studies.machines_markdown(out["machines"])
     report.write(ws.results, "tail", out, lines)
     suite.console.print("\n".join(lines), markup=False)
     return out
 
 
+def page_section(scale: str, records: Path) -> list[str]:
+    """The results page's section, from the committed records alone (nothing to train on a fresh clone)."""
+    hidden = presets.teacher_shape(presets.PRESETS[scale]).hidden_size
+    return markdown(outcome(scale, hidden, presets.DEFAULT_SEEDS["tail"][scale], from_records(records / scale)))
+
+
 def markdown(out: dict) -> list[str]:
-    """The section, from the report's numbers alone (live runs and shipped references read the same)."""
-    pre_met = all(c["met"] for c in out["checks"] if c["norm"] == "pre")
+    """The section, from outcome's numbers alone (live runs and committed records read the same)."""
     lines = [f"## The account's causal test by construction ({out['scale']} scale)", "",
-             f"Validation CE at each run's end, {report.seeds_text(out['seeds'])}; contrasts paired by seed. "
+             "A tail of the paper's size put into the students' own residual stream (the boundary token's frozen "
+             "embedding row, one channel at 37x the regular tokens' RMS after block 0; the teacher untouched), under "
+             "both protocols; pre-registered with its seeds, power calculation and manipulation check in "
+             "docs/preregistrations.md (2026-12-04).", ""]
+    if "family" not in out:
+        return lines + [f"Running: {out['recorded']} of its {out['runs']} runs recorded (seeds "
+                        f"{', '.join(map(str, out['seeds']))}); nothing is read until every pre-registered run is in."]
+    pre_met = all(c["met"] for c in out["checks"] if c["norm"] == "pre")
+    lines = [*lines[:-1],
+             "", f"Validation CE at each run's end, {report.seeds_text(out['seeds'])}; contrasts paired by seed. "
              "D = (grow with the tail − grow) − (joint with the tail − joint); the account predicts D > 0 for "
-             "pre-norm. Pre-registered (docs/preregistrations.md, 2026-12-04).", "",
-             report.diverged_line(out["diverged_runs"], len(out["ce"]) * len(out["seeds"])), "",
+             f"pre-norm. Power for the paper's size (0.033) at the planned SD {PLANNING_SD}: "
+             f"{power(EFFECT, PLANNING_SD, len(out['seeds'])):.2f}; at the pessimistic SD {PESSIMISTIC_SD}: "
+             f"{power(EFFECT, PESSIMISTIC_SD, len(out['seeds'])):.2f}.", "",
+             report.diverged_line(out["diverged_runs"], out["runs"]), "",
              f"**Manipulation check** (boundary/regular RMS ≥ {out['check_ratio']:g} at every block boundary at the "
              "end of every phase, for every pre-norm student at 37x): " + ("met" if pre_met else "**not met**: D is "
                                                                           "not read as a test of the account") + ".", "",

@@ -3,6 +3,7 @@ and export are given: missing, damaged file by file (with and without checksums.
 vocabulary or placement, and export targets that would overwrite what the user has."""
 import json
 import pickle
+import shutil
 from typing import Callable
 
 import torch
@@ -244,4 +245,38 @@ EXPORTS = [
          write("{C}/out.tmp/notes.txt", "mine")),
     case("export --force beside a user's file named <out>.old", EXPORT(PRE, "{C}/out", "--force"), "out.old",
          exported("{C}/out"), write("{C}/out.old", "mine")),
+]
+
+
+def without_checkpoints(run: str):
+    """A run folder without its phase-<p>/ and step-<n>/ checkpoints."""
+    def apply(case):
+        for folder in at(case, run).glob("*-*"):
+            if folder.is_dir() and folder.name.split("-")[0] in ("phase", "step"):
+                shutil.rmtree(folder)
+    return apply
+
+
+# Issue 47: eval, sample, export and scan take a run folder (its newest phase-<p>/); one without a checkpoint says
+# what it holds instead.
+RUN_FOLDERS = [
+    case("sample a run restored from its record, without weights", SAMPLE(f"{RUNS}/s42/pre-grow"),
+         (f"{RUNS}/s42/pre-grow", "restored from its record", "without weights", "move it away"),
+         without_checkpoints(f"{RUNS}/s42/pre-grow"), write(f"{RUNS}/s42/pre-grow/record.json", "{}")),
+    case("eval a run whose phase-0 is partly written", EVAL(f"{RUNS}/s42/post-grow"),
+         (f"{RUNS}/s42/post-grow", "no finished checkpoint yet", "phase-0 only partly written"),
+         without_checkpoints(f"{RUNS}/s42/post-grow"), delete(f"{RUNS}/s42/post-grow/done.json"),
+         make_dir(f"{RUNS}/s42/post-grow/phase-0.tmp")),
+    case("eval a finished run without its checkpoints", EVAL(f"{RUNS}/s42/post-grow"),
+         (f"{RUNS}/s42/post-grow", "a finished run without its phase checkpoints"),
+         without_checkpoints(f"{RUNS}/s42/post-grow")),
+    case("export a run whose first phase is training", EXPORT(f"{RUNS}/s42/pre-joint", "{C}/out"),
+         (f"{RUNS}/s42/pre-joint", "no finished checkpoint yet", "first phase still training"),
+         without_checkpoints(f"{RUNS}/s42/pre-joint"), delete(f"{RUNS}/s42/pre-joint/done.json")),
+    case("export a folder of runs", EXPORT(RUNS, "{C}/out"), (RUNS, "holds runs", "s42/")),
+    case("scan a folder of runs", ["scan", f"{RUNS}/s42", "--scale", "smoke", "--runs-dir", "{R}", "--results-dir", "{S}"],
+         (f"{RUNS}/s42", "holds runs")),
+    case("sample a run folder, --max-new-tokens past its trained context",
+         SAMPLE(f"{RUNS}/teacher", "--max-new-tokens", "40"),  # smoke's data.max_len 32, less "The Union"'s 7 tokens
+         ("--max-new-tokens", f"the 32 positions {TEACHER} was trained on", "data.max_len", "at most 25")),
 ]

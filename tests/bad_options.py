@@ -176,7 +176,7 @@ ISSUE34 = [
     case("search --rung unknown", ["search", *RUN, "--rung", "tokens-x9"], ("--rung", "tokens-x9", "tokens-x2")),
     case("search --rung the first rung", ["search", *RUN, "--rung", "smoke"], ("--rung", "smoke")),
     case("sample --max-new-tokens past the context", SAMPLE(PRE, "--max-new-tokens", "100000000"),
-         ("--max-new-tokens", "max_position_embeddings")),
+         ("--max-new-tokens", "trained on", "data.max_len", "ask for at most")),
     case("sample --top-k above the vocabulary", SAMPLE(PRE, "--temperature", "1", "--top-k", "1000000000000"),
          ("--top-k", "vocabulary")),
     case("rehearse --device", ["rehearse", "--scale", "smoke", "--device", "cuda"], "--device"),

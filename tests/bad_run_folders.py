@@ -134,6 +134,8 @@ REPORTS = [
     case("compare a missing folder", COMPARE("{R}/nowhere"), "nowhere", reference_file(GOOD_REFERENCE)),
     case("compare a file", COMPARE(f"{RUNS}/s42/pre-grow/done.json"), "done.json", reference_file(GOOD_REFERENCE)),
     case("compare an empty folder", COMPARE("{C}/empty"), "empty", reference_file(GOOD_REFERENCE), make_dir("{C}/empty")),
+    case("compare, without --scale, a folder that names no scale", ["compare", "{C}/empty"], ("--scale", "names no scale"),
+         make_dir("{C}/empty")),
     case("compare with a reference not JSON", COMPARE(RUNS), "smoke.json", reference_file("{")),
     case("compare with a reference {}", COMPARE(RUNS), "smoke.json", reference_file("{}")),
     case("compare results with a report not JSON", COMPARE("{S}/smoke"), "table1.json", reference_file(GOOD_REFERENCE),

@@ -10,6 +10,7 @@ damage they share are in conftest.py."""
 import hashlib
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -18,7 +19,7 @@ from pathlib import Path
 from typing import Callable
 
 import pytest
-from bad_checkpoints import CHECKPOINTS, EXPORTS
+from bad_checkpoints import CHECKPOINTS, EXPORTS, RUN_FOLDERS
 from bad_options import CLI_OPTIONS, FOLDERS, ISSUE34, LAUNCH_ENVIRONMENT, LAUNCH_SHAPES, OVERRIDES
 from bad_references import OTHER_SCALE, REFERENCES
 from bad_run_folders import RELIABILITY, REPORTS, RERUNS, SHIPPING
@@ -80,7 +81,7 @@ DAMAGED_LOGS = [
 
 
 CASES = CLI_OPTIONS + OVERRIDES + FOLDERS + CHECKPOINTS + RERUNS + REPORTS + RELIABILITY + ISSUE34 + REFERENCES + \
-    OTHER_SCALE + SHIPPING + EXPORTS + LAUNCH_ENVIRONMENT + LAUNCH_SHAPES
+    OTHER_SCALE + SHIPPING + EXPORTS + LAUNCH_ENVIRONMENT + LAUNCH_SHAPES + RUN_FOLDERS
 
 
 def test_the_table_has_at_least_100_distinct_cases():
@@ -123,7 +124,8 @@ def test_bad_input_is_one_line_and_changes_nothing(bad: Case, tree, tmp_path, mo
 
 def test_the_undamaged_tree_passes_every_command_the_table_breaks(tree, tmp_path, monkeypatch):
     """The cases fail because of their damage: the same commands succeed on the tree as it was built (the
-    post-norm checkpoint without its checksums.json too: its label is its run's)."""
+    post-norm checkpoint without its checksums.json too: its label is its run's; a run folder, its newest
+    phase checkpoint, named in one line)."""
     case_dir = tmp_path / "case"
     shutil.copytree(tree, case_dir)
     monkeypatch.chdir(case_dir)
@@ -133,6 +135,12 @@ def test_the_undamaged_tree_passes_every_command_the_table_breaks(tree, tmp_path
                  ["data", "--scale", "smoke", "--runs-dir", "{R}"], TABLE1):
         result = CliRunner().invoke(repro.cli, fill(args))
         assert result.exit_code == 0, (args, result.output, result.exception)
+    for run, args in ((POST, EVAL(f"{RUNS}/s42/post-grow")), (TEACHER, SAMPLE(f"{RUNS}/teacher")),
+                      (PRE, EXPORT(f"{RUNS}/s42/pre-grow", "{C}/out-of-run"))):
+        result = CliRunner().invoke(repro.cli, fill(args))
+        folder, used = fill([args[1], run])
+        assert result.exit_code == 0 and result.stderr == f"{folder}: a run folder; using its newest phase checkpoint, " \
+            f"{used} (the run finished)\n", (args, result.output)
 
 
 def strict_json_files(root: Path) -> int:
@@ -335,7 +343,8 @@ def test_the_toy_dry_run_says_no_zero_durations_or_sizes(tmp_path):
     assert result.exit_code == 0, result.output
     text = " ".join(result.output.split())
     assert "about 0 s" not in text and "(0 GB" not in text and "about 0 min" not in text and "~0 of" not in text
-    assert "this machine: about " in text
+    # one estimate, of what remains to train, in the precision it trains in (the toy's records: float32)
+    assert text.count(" on this CPU") == 1 and re.search(r"remaining: \d+ runs in float32, [\d.,]+ TFLOPs: about ", text)
 
 
 def test_sample_top_k_1_is_greedy_at_any_temperature(tree, monkeypatch):

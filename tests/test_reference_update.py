@@ -1,9 +1,11 @@
 """`repro.py reference --tables`: an experiment rerun in a runs folder of its own joins the shipped reference."""
 import json
+import shutil
 
 import pytest
+from conftest import repro_cli
 
-from experiments import reference
+from experiments import presets, reference
 from plumbing import errors
 
 
@@ -47,3 +49,59 @@ def test_a_report_of_one_seed_or_of_other_seeds_is_refused(tmp_path, seeds):
 def test_a_missing_report_names_the_command_that_makes_it(tmp_path):
     with pytest.raises(errors.UsageError, match="repro.py planted"):
         reference.with_tables(shipped(), tmp_path, tmp_path, ["planted"])
+
+
+# ---- issue 47: compare on unfinished runs, and the scale its folder names -----------------------
+
+def logged_run(run, evaluations, done: bool):
+    """A run folder that logged these (step, ce) evaluations, with done.json if it finished."""
+    run.mkdir(parents=True)
+    rows = [{"step": step, "ce": ce, "kd": ce, "ppl": 2.718 ** ce, "eval": True} for step, ce in evaluations]
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    if done:
+        (run / "done.json").write_text(json.dumps({k: rows[-1][k] for k in ("step", "ce", "kd", "ppl")}))
+
+
+@pytest.fixture
+def smoke_reference(tmp_path, monkeypatch):
+    """references/smoke.json (only smoke's) from two finished seeds of pre-grow, evaluated at steps 4 and 8."""
+    shipped_runs = tmp_path / "shipped"
+    for seed, ce in ((42, 5.50), (43, 5.52)):
+        logged_run(shipped_runs / f"s{seed}" / "pre-grow", [(4, ce + 0.5), (8, ce)], done=True)
+    (tmp_path / "refs").mkdir()
+    content = reference.collect(shipped_runs, tmp_path / "refs", [42, 43])
+    (tmp_path / "refs" / "smoke.json").write_text(json.dumps(content))
+    monkeypatch.setattr(reference, "REFERENCES", tmp_path / "refs")
+    return tmp_path
+
+
+def test_compare_names_unfinished_runs_and_fails_on_the_numbers_they_lack(smoke_reference):
+    """Before: "1 of 1 numbers within the band", exit 0, for a run that had evaluated once. Now the unfinished
+    runs by name and how far they are, the numbers of the reference they lack, exit 1; the scale is the one
+    its folder names (runs/smoke: no --scale, which defaulted to toy)."""
+    runs = smoke_reference / "runs" / "smoke"
+    logged_run(runs / "s42" / "pre-grow", [(4, 6.0)], done=False)
+    (runs / "s42" / "pre-joint").mkdir(parents=True)  # set up, not started: no number, nothing in the reference
+    (runs / "s42" / "pre-joint" / "config.json").write_text(json.dumps({**presets.PRESETS["smoke"].run, "seed": 42}))
+    out = repro_cli("compare", runs, check=False)
+    assert out.returncode == 1 and "1 of 1 numbers within the band" in out.stdout
+    assert out.stderr.strip().splitlines() == [
+        "Error: unfinished: s42/pre-grow partial (step 4); 2 numbers smoke.json has for them do not exist yet (first: "
+        "s42/pre-grow/ce at 8): finish the runs (rerun the command that trains them: it resumes) and compare again"]
+    one = repro_cli("compare", runs / "s42" / "pre-grow", check=False)
+    assert one.returncode == 1 and "unfinished: pre-grow partial (step 4)" in one.stderr
+    logged_run(runs / "s43" / "pre-grow", [(4, 6.02), (8, 5.51)], done=True)
+    shutil.rmtree(runs / "s42")
+    done = repro_cli("compare", runs)
+    assert "3 of 3 numbers within the band" in done.stdout and done.stderr == ""
+
+
+def test_compare_without_scale_needs_a_folder_that_names_one(smoke_reference):
+    logged_run(smoke_reference / "mine" / "s42" / "pre-grow", [(4, 6.0), (8, 5.5)], done=True)
+    out = repro_cli("compare", smoke_reference / "mine", check=False)
+    assert out.returncode == 2 and out.stderr.strip() == (
+        f"Error: Invalid value for --scale: {smoke_reference / 'mine'} names no scale (runs/<scale>/... or "
+        "results/<scale>); pass --scale")
+    assert "3 of 3 numbers within the band" in repro_cli("compare", smoke_reference / "mine", "--scale", "smoke").stdout
+    assert [presets.scale_named(p) for p in ("runs/toy", "results/mini+run.lr=0.1", "runs/smoke/set/x/s42/pre-grow",
+                                             "a/smoke/b/c/d/e/f", "mine")] == ["toy", "mini", "smoke", None, None]

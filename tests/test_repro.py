@@ -173,6 +173,16 @@ def test_bad_cli_values_give_one_line(args, message):
     assert len(lines) == 1 and message in lines[0] and "Traceback" not in out.stderr, out.stderr
 
 
+def test_repro_py_without_its_dependencies_says_how_to_install_them():
+    """`python3 repro.py` outside the virtualenv (no torch there): one line naming the package and the fix, not a
+    ModuleNotFoundError traceback."""
+    blocked = "import runpy, sys; sys.modules['torch'] = None; sys.argv[0] = 'repro.py'; runpy.run_path('repro.py', " \
+              "run_name='__main__')"
+    out = subprocess.run([sys.executable, "-c", blocked, "--help"], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 1 and out.stdout == "" and out.stderr.splitlines() == [
+        "Error: torch is not installed; run `make install`, then `.venv/bin/python repro.py ...`"]
+
+
 def probe_runs_folder(folder: Path, calls: int, start) -> list[str]:
     start.wait()
     failures = []

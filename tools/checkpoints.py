@@ -1,25 +1,122 @@
 """What the kit does with any checkpoint it reads, a teacher (HF Qwen3 folder), a student of any placement
-(phase-<p>/, step-<n>/) or an export: the scale it belongs to (from its vocabulary), its CE on a scale's
-validation shard, and a pre-norm student exported as a standard HF Qwen3 folder.
+(phase-<p>/, step-<n>/) or an export: the checkpoint a run folder names (its newest phase-<p>/), the scale
+it belongs to (from its vocabulary), the context it was trained on, its CE on a scale's validation shard,
+and a pre-norm student exported as a standard HF Qwen3 folder.
 
     python repro.py eval runs/toy/s42/post-grow/phase-2 --scale toy --json
+    python repro.py eval runs/toy/s42/post-grow              # the run's last phase checkpoint, named in one line
     python repro.py export runs/toy/s42/pre-grow/phase-2 out/pre-grow-hf
 """
 from __future__ import annotations
 
 import json
 import re
+import sys
 from pathlib import Path
 
+import config as run_config
 import data
 import model
 import nets
 import rundir
-from experiments import presets, suite
+from experiments import presets, scan, suite
+from experiments.studies import RECORD
 from plumbing import corpora, devices, errors, hf_qwen3, tokenizer
 from plumbing.checkpoint import CHECKSUMS, read_config
 
 QWEN3_EOT = 151643  # <|endoftext|> in Qwen3's full vocabulary
+# A run folder (a student's runs/<scale>/s<seed>/<run>/, a teacher's runs/<scale>/teacher/ or teachers/<name>/)
+# holds one of these beside its checkpoints; a checkpoint folder never does.
+RUN_FILES = ("metrics.jsonl", "done.json", "provenance.json", RECORD)
+PHASE = re.compile(r"phase-(\d+)")
+
+
+def is_run_folder(folder: Path) -> bool:
+    return any((folder / name).is_file() for name in RUN_FILES)
+
+
+def say(lines):
+    """Lines about what a command took, on stderr (stdout is its output: text, JSON). The commands say them
+    once the checkpoint has passed their checks, so that a bad input stays one error line."""
+    for line in lines:
+        print(line, file=sys.stderr)
+
+
+def checkpoint_in(path: Path, said: list[str]) -> Path:
+    """The checkpoint a user's path names: a checkpoint folder (or anything else: read_config says what it
+    is) as given; a run folder as its newest phase-<p>/ (a finished run's last), named in a line appended
+    to `said` (for say); a folder of runs, or a run folder without a phase checkpoint, is one line saying
+    what it holds instead."""
+    path = Path(path)
+    if not path.is_dir() or ((path / "config.json").is_file() and not is_run_folder(path)):
+        return path
+    if not is_run_folder(path):
+        runs = sorted(p for p in [*path.glob("*"), *path.glob("*/*")] if p.is_dir() and is_run_folder(p))
+        if runs:
+            raise errors.CheckpointError(f"{path}: holds runs, not a checkpoint; pass one run folder or checkpoint, "
+                                         f"e.g. {', '.join(map(str, runs[:2]))}")
+        return path
+    phases = sorted((int(m[1]), p) for p in path.iterdir() if (m := PHASE.fullmatch(p.name)) and p.is_dir())
+    if not phases:
+        raise errors.CheckpointError(f"{path}: {no_checkpoint(path)}")
+    newest = phases[-1][1]
+    why = "the run finished" if (path / "done.json").is_file() else "the run is unfinished: a later phase may follow"
+    said.append(f"{path}: a run folder; using its newest phase checkpoint, {newest} ({why})")
+    return newest
+
+
+def student_checkpoint(path: Path) -> Path:
+    """The student checkpoint a path names for `scan` (a run folder: its newest phase-<p>/, said in one line),
+    checked."""
+    path = checkpoint_in(path, said := [])
+    scan.checkpoint_blocks(path)
+    say(said)
+    return path
+
+
+def no_checkpoint(run: Path) -> str:
+    """What a run folder without a phase checkpoint holds instead, and what to do."""
+    if (run / RECORD).is_file():
+        return (f"a run folder restored from its record ({RECORD}: its numbers, without weights); move it away and "
+                "rerun the command that made it (repro.py train --norm ... --protocol ..., or its experiment) to "
+                "train it with weights")
+    again = f"rerun the command that trains it (it resumes), then pass {run} again"
+    partial = sorted(p.name for p in run.glob("phase-*.tmp") if p.is_dir())
+    if partial:
+        return (f"holds no finished checkpoint yet ({partial[-1].removesuffix('.tmp')} only partly written: "
+                f"{partial[-1]}/, left by a run stopped while saving it); {again}")
+    if (run / "done.json").is_file():
+        return ("a finished run without its phase checkpoints (moved or deleted); put them back, or move the run "
+                "away and train it again")
+    steps = [row["step"] for row in rundir.read_metrics(run)]
+    training = f"its first phase still training, {f'at step {max(steps)}' if steps else 'no step logged'}"
+    snapshots = [p for step, p in rundir.checkpoints(run) if step is not None and p.name.startswith("step-")]
+    if snapshots:
+        return f"holds no finished checkpoint yet ({training}); pass its mid-phase snapshot {snapshots[0]}, or {again}"
+    return f"holds no finished checkpoint yet ({training}); {again}"
+
+
+def trained_context(checkpoint: Path, config: dict) -> tuple[int, str]:
+    """The most positions a checkpoint was trained on, and where that is said. RoPE positions past the longest
+    training document were never trained, whatever max_position_embeddings allows (Qwen3's 40,960): for a
+    checkpoint of a run folder, the data.max_len of its run's training shard; for the kit's own checkpoints
+    elsewhere (a shipped teacher, an export), the largest data.max_len of the scales of its vocabulary; any
+    other Qwen3 (a hub teacher), its max_position_embeddings."""
+    run = checkpoint.parent
+    if is_run_folder(run) and (run / "config.json").is_file():
+        try:
+            shard = Path(run_config.absolute_paths(rundir.read_json(run / "config.json"), run)["train_data"])
+            max_len = rundir.read_json(shard / data.MANIFEST_FILE)["max_len"]
+            if isinstance(max_len, int) and max_len > 0:
+                return max_len, f"data.max_len of its training shard {shard}"
+        except (errors.KitError, KeyError, TypeError):  # moved or gone (a shipped teacher's): the scale's
+            pass
+    kits = is_run_folder(run) or "normgrow_student" in config or (checkpoint / hf_qwen3.EXPORT_MARKER).is_file()
+    fitting = scales_for(config["vocab_size"]) if kits else []
+    if fitting:
+        scale = max(fitting, key=lambda s: presets.PRESETS[s].data["max_len"])
+        return presets.PRESETS[scale].data["max_len"], f"data.max_len of the {scale} preset"
+    return hf_qwen3.ModelConfig.from_hf(config).max_position_embeddings, "max_position_embeddings"
 
 
 def checkpoint_config(checkpoint: Path) -> dict:
@@ -79,6 +176,7 @@ def check_vocabulary(val: data.Shard, vocab: int, checkpoint: Path):
 def evaluate(checkpoint: Path, scale: str | None, data_dir: Path | None, runs_dir: Path) -> dict:
     """CE and PPL of a checkpoint on a validation shard (the scale's unless data_dir is given), with the
     scale's evaluation settings (batch, chunk, precision) as its runs use them; no teacher: CE only."""
+    checkpoint = checkpoint_in(checkpoint, said := [])
     config = checkpoint_config(checkpoint)
     fitting = scales_for(config["vocab_size"])
     if scale and not data_dir and scale not in fitting:  # said before its shard is looked for (it may not exist)
@@ -89,6 +187,7 @@ def evaluate(checkpoint: Path, scale: str | None, data_dir: Path | None, runs_di
     val = data.Shard(data_dir or ws.data_dir / "val")
     check_vocabulary(val, config.get("vocab_size", 0), checkpoint)
     net = model.Student.load(checkpoint) if "normgrow_student" in config else model.load_qwen3(checkpoint)
+    say(said)
     settings = suite.run_config(ws, suite.RunName("post", "joint"), ws.preset.run["seed"])
     dtype, _ = devices.precision_choice(settings.precision, ws.ctx.device)
     scores = nets.evaluate(settings, net, None, val, active_blocks=None, ctx=ws.ctx, dtype=dtype)
@@ -99,6 +198,7 @@ def evaluate(checkpoint: Path, scale: str | None, data_dir: Path | None, runs_di
 def export(student_dir: Path, out_dir: Path, force: bool, runs_dir: Path) -> model.Student:
     """A pre-norm student checkpoint as a standard HF Qwen3 folder that transformers loads, with the kit's
     tokenizer (exact ids) and <|endoftext|> as bos, eos and pad; the exported student."""
+    student_dir = checkpoint_in(student_dir, said := [])
     scale = scale_of(checkpoint_config(student_dir), runs_dir, student_dir)
     enc = corpora.vocabulary(presets.PRESETS[scale].data)
     generation = {"bos_token_id": enc.eot, "eos_token_id": enc.eot, "pad_token_id": enc.eot, "do_sample": False}
@@ -107,6 +207,7 @@ def export(student_dir: Path, out_dir: Path, force: bool, runs_dir: Path) -> mod
     written = {"config.json", "model.safetensors", hf_qwen3.EXPORT_MARKER, *extra_files}
     check_export_target(student_dir, out_dir, force, runs_dir, written)
     student = model.Student.load(student_dir)
+    say(said)
     try:
         hf_qwen3.export_hf(student, out_dir, source=str(student_dir), extra_files=extra_files)
     except OSError as e:  # a read-only place, a path through a file: its first mkdir fails

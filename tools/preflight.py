@@ -19,6 +19,7 @@ import time
 import warnings
 from pathlib import Path
 
+import torch
 from rich.console import Console
 
 import data
@@ -26,7 +27,7 @@ import grow
 import model
 import rundir
 from experiments import beyond, ideas, presets, regime, studies, suite, tables, tail
-from plumbing import checkpoint, errors
+from plumbing import checkpoint, devices, errors
 from tools import plan, rehearse, rehearse_real
 
 
@@ -44,7 +45,13 @@ def print_dry_run(scale: str, groups, seeds: list[int], gpu: str, gpus: int | No
     pretraining, line = teacher_pretraining(ws)
     if line:
         suite.console.print(line)
-    estimate = plan.cpu_estimate(flops + pretraining, ws.preset.run["precision"], ws.results.parent / "bench.json")
+    if ws.records is None:  # else the study's records decide what trains: print_study gives the one estimate
+        print_estimate(ws, flops + pretraining, bool(pretraining))
+    return flops + pretraining
+
+
+def print_estimate(ws: suite.Workspace, flops: float, pretraining: bool = False):
+    estimate = plan.cpu_estimate(flops, run_precision(ws), ws.results.parent / "bench.json")
     suite.console.print(f"this machine: {estimate}" + (" (CUDA needed to run it)" if ws.preset.needs_cuda else "")
                         + (", the teacher's pretraining included" if pretraining else ""))
 
@@ -64,12 +71,15 @@ def teacher_pretraining(ws: suite.Workspace) -> tuple[float, str]:
                    f"steps of {run['global_batch']} documents ({tokens / 1e6:.1f}M tokens, {plan.flops_text(flops)})")
 
 
-def print_study(name: str, ws: suite.Workspace, seeds: list[int]):
-    """The ideas study's records (where ws.records is set): with the search recorded, its choice's runs too."""
-    if name == "tail" and ws.records is not None:
-        return print_records(ws, tail.manifest(ws, seeds))
-    if name != "ideas" or ws.records is None:
+def print_study(name: str, ws: suite.Workspace, seeds: list[int], flops: float):
+    """A study's records and the one estimate of what remains (where ws.records is set): the ideas study's with
+    its search's choice once recorded; an experiment that records its runs but trains them all, its `flops`."""
+    if ws.records is None:
         return
+    if name == "tail":
+        return print_records(ws, tail.manifest(ws, seeds))
+    if name != "ideas":
+        return print_estimate(ws, flops)
     teacher = suite.expected_teacher(ws)
     status = studies.survey(ideas.manifest(ws, seeds), teacher, check_data=False)
     search = {job.run: studies.recorded_ce(record) for job, record in status.recorded if job.seed == ideas.SEARCH_SEED}
@@ -78,9 +88,24 @@ def print_study(name: str, ws: suite.Workspace, seeds: list[int]):
                   "; and the search's chosen schedule on each seed unless it is pre-grow or post-grow")
 
 
-def print_records(ws: suite.Workspace, jobs: list[studies.Job], more: str = ""):
-    """A study's dry run: its runs recorded (and on which machines), stale (and why) or remaining, and what the
-    remaining ones cost on this CPU."""
+def print_suite_records(ws: suite.Workspace, names: list[str], runs, seeds: list[int]):
+    """`repro.py run`'s study: the runs restored from records (studies.restorable) and those that train anyway."""
+    jobs = studies.restorable_jobs(ws, names, runs, seeds)
+    others = [job for job in studies.suite_jobs(ws, runs, seeds) if job not in jobs]
+    print_records(ws, jobs, unrestored=others, why="an experiment asked reads their weights or every step")
+
+
+def run_precision(ws: suite.Workspace) -> str:
+    """The precision the command's runs train in (fp32 or bf16 on this CPU): the preset's; its "auto" the study's
+    where one fixed it, else this machine's choice."""
+    dtype, _ = devices.precision_choice(ws.preset.run["precision"], torch.device("cpu"), ws.ctx.auto_precision)
+    return {v: k for k, v in devices.DTYPES.items()}[dtype]
+
+
+def print_records(ws: suite.Workspace, jobs: list[studies.Job], more: str = "", unrestored: list[studies.Job] = (),
+                  why: str = ""):
+    """A study's dry run: its runs recorded (and on which machines), stale (and why) or remaining, the runs that
+    train whatever their records (`unrestored`, and `why`), and the one estimate of what trains, in its precision."""
     if ws.records is None:
         return
     teacher = suite.expected_teacher(ws)
@@ -88,15 +113,18 @@ def print_records(ws: suite.Workspace, jobs: list[studies.Job], more: str = ""):
     machines: dict[str, int] = {}
     for _, record in status.recorded:
         machines[studies.machine(record)] = machines.get(studies.machine(record), 0) + 1
-    flops = sum(job_flops(job, teacher) for job in status.remaining + [job for job, _ in status.stale])
+    trains = studies.unique(status.remaining + [job for job, _ in status.stale] + list(unrestored))
+    flops = sum(job_flops(job, teacher) for job in trains)
     total = len(status.recorded) + len(status.stale) + len(status.remaining)
+    dtype = str(devices.DTYPES[run_precision(ws)]).removeprefix("torch.")
     lines = [f"records in {ws.records / ws.runs.name}: {len(status.recorded)} of {total} runs recorded"
              + "".join(f"; {n} on {m}" for m, n in machines.items()),
              *(f"stale: {studies.record_path(job)} ({why})" for job, why in status.stale),
-             *([f"to train: {', '.join(f'{job.label}' for job in status.remaining)}"] if status.remaining else []),
-             f"remaining: {len(status.remaining) + len(status.stale)} runs, {plan.flops_text(flops)}" + more
-             + (f": {plan.cpu_estimate(flops, ws.preset.run['precision'], ws.results.parent / 'bench.json')}"
-                if flops else ""),
+             *([f"trained whatever their records ({why}): {', '.join(job.label for job in unrestored)}"]
+               if unrestored else []),
+             *([f"to train: {', '.join(job.label for job in trains)}"] if trains else ["to train: nothing"]),
+             f"remaining: {len(trains)} runs in {dtype}, {plan.flops_text(flops)}" + more
+             + (f": {plan.cpu_estimate(flops, run_precision(ws), ws.results.parent / 'bench.json')}" if flops else ""),
              "(the data and teacher checksums are compared when it runs)"]
     suite.console.print("\n".join(lines), markup=False)
 
@@ -181,7 +209,7 @@ def beyond_groups(name: str, ws: suite.Workspace, seed: int) -> list:
         variants = list({v.label: v for c in contrasts for v in (c.variant, c.baseline)}.values())
         return [search] + variant_groups(ws, variants, seed)
     if name == "tail":
-        return variant_groups(ws, tail.variants(ws), seed)
+        return variant_groups(ws, tail.ws_variants(ws), seed)
     variants = beyond.interventions(ws.preset.run["blocks"]) if name == "intervention" else beyond.planted_variants()
     return variant_groups(ws, variants, seed)
 

@@ -18,8 +18,9 @@ import model
 from experiments import presets
 from model import apply_rope, rope_cos_sin
 from plumbing import corpora, errors
-from plumbing.hf_qwen3 import ModelConfig
 from tools import checkpoints
+
+DEFAULT_NEW_TOKENS = 64  # without --max-new-tokens (fewer where the trained context ends first: smoke's is 32)
 
 
 def load_checkpoint(path, device="cpu") -> model.Qwen3 | model.Student:
@@ -114,22 +115,31 @@ def generate(net, prompt_ids: list[int], max_new_tokens: int, eos_id: int, tempe
     return out
 
 
-def continue_prompt(checkpoint: Path, prompt: str, max_new_tokens: int, temperature: float, top_k: int, seed: int,
-                    runs_dir: Path, echo):
+def continue_prompt(checkpoint: Path, prompt: str, max_new_tokens: int | None, temperature: float, top_k: int,
+                    seed: int, runs_dir: Path, echo):
     """`repro.py sample`: the prompt, then its continuation token by token through echo(text, nl=...) (a
-    character split across tokens waits for the rest), in the tokenizer of the checkpoint's scale."""
+    character split across tokens waits for the rest), in the tokenizer of the checkpoint's scale, at most
+    max_new_tokens (None: DEFAULT_NEW_TOKENS, or what the trained context leaves) within the trained context."""
+    checkpoint = checkpoints.checkpoint_in(checkpoint, said := [])
     config = checkpoints.checkpoint_config(checkpoint)
     enc = corpora.vocabulary(presets.PRESETS[checkpoints.scale_of(config, runs_dir, checkpoint)].data)
     prompt_ids = [enc.eot] + enc.encode(prompt)
-    context = ModelConfig.from_hf(config).max_position_embeddings
-    if len(prompt_ids) + max_new_tokens > context:  # past the positions the model was made for
-        raise errors.OptionError("--max-new-tokens", f"{max_new_tokens:,}: with the prompt's {len(prompt_ids):,} tokens "
-                                 f"that passes {checkpoint}'s context of {context:,} positions (max_position_embeddings); "
-                                 f"ask for at most {max(context - len(prompt_ids), 0):,}")
+    context, where = checkpoints.trained_context(checkpoint, config)
+    room = context - len(prompt_ids)  # past the positions the model was trained on its text is noise
+    trained = f"the {context:,} positions {checkpoint} was trained on ({where})"
+    if room < 1:
+        raise errors.OptionError("--prompt", f"{len(prompt_ids):,} tokens (<|endoftext|> first) fill {trained}; "
+                                 "shorten it")
+    if max_new_tokens is None:
+        max_new_tokens = min(DEFAULT_NEW_TOKENS, room)
+    if max_new_tokens > room:
+        raise errors.OptionError("--max-new-tokens", f"{max_new_tokens:,}: with the prompt's {len(prompt_ids):,} token(s) "
+                                 f"that passes {trained}; ask for at most {room:,}")
     if top_k > config["vocab_size"]:
         raise errors.OptionError("--top-k", f"{top_k:,}: above {checkpoint}'s vocabulary of {config['vocab_size']:,} "
                                  "tokens; 0 means every token")
     net = load_checkpoint(checkpoint)
+    checkpoints.say(said)
     shown = [""]
 
     def stream(tokens, last=False):

@@ -1,0 +1,173 @@
+"""The paper's figures on a results page, drawn from a shipped reference alone: docs/results/<scale>/<figure>.png,
+embedded in docs/results/<scale>.md. experiments/figures.py draws them, the same functions that draw a live
+run's; here each figure's arguments are built from references/<scale>.json, each kit value the mean over
+seeds of the per-seed values the reference ships (their intervals are in the page's tables), and the
+paper's values are the ones figures.py draws from paper.py.
+
+    page_figures.section("toy", reference.load("toy"))   # the page's lines: a link per figure, or why none
+    page_figures.draw("toy", reference.load("toy"))      # {"fig3a.png": PNG bytes, ...}: pages.main writes them
+"""
+from __future__ import annotations
+
+import statistics
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+from experiments import figures, tables
+from plumbing import checkpoint
+
+NORMS, PROTOCOLS = tables.NORMS, ("joint", "grow")
+TABLE4_RUNS = [run.name for run in tables.TABLE4_TITLES]  # in the order a live run's Figure A2 has them
+
+
+def mean(values: list) -> float | None:
+    """The mean over seeds, or None where a seed has no value (a diverged run): no figure from part of them."""
+    return None if any(v is None for v in values) else statistics.fmean(values)
+
+
+def phase_points(curve: dict) -> tuple[list[str], list[str]]:
+    """(starts, ends) of a grow run's curve ({"<step>" or "<step> start": CE per seed}, reference.curve): the
+    points that start each phase, and those that end it (each later phase's start step, and the last)."""
+    steps = sorted({int(point.split()[0]) for point in curve})
+    starts = sorted((point for point in curve if point.endswith(" start")), key=lambda point: int(point.split()[0]))
+    return starts, [point.split()[0] for point in starts[1:]] + [str(steps[-1])]
+
+
+def complete(args: dict) -> dict | None:
+    """A figure's arguments, or None where a mean in them is None (figures.py draws no gap)."""
+    def has_none(x):
+        return x is None or (isinstance(x, dict) and any(map(has_none, x.values()))) or \
+            (isinstance(x, list) and any(map(has_none, x)))
+    return None if has_none(args) else args
+
+
+# ----------------------------------------------------------------------------------------------
+# Each figure's arguments from a reference; a KeyError (a table or curve it lacks) means not drawn
+
+def fig3a(ref: dict) -> dict:
+    table1 = ref["tables"]["table1"]
+    return {"kit": {n: {p: mean(table1[f"{n}_{p}"]) for p in PROTOCOLS} for n in NORMS}}
+
+
+def fig3b(ref: dict) -> dict:
+    curves = {n: ref["curves"][f"{n}-grow"] for n in NORMS}
+    points = {n: phase_points(curve) for n, curve in curves.items()}
+    return {"kit": {n: [mean(curves[n][p]) for p in points[n][1]] for n in NORMS},
+            "starts": {n: [mean(curves[n][p]) for p in points[n][0]] for n in NORMS}}
+
+
+def fig4(ref: dict) -> dict:
+    """After block 0 (boundary 1) only, at the first and last kept grow checkpoint: the steps are not shipped."""
+    numbers = ref["tables"]["fig4"]
+    return {"series": {n: [{"step": f"{when} grow\ncheckpoint", "boundary_stats": [{}, {"std": mean(numbers[key])}]}
+                           for when, key in (("first", f"{n}_std_first"), ("last", f"{n}_std_end"))] for n in NORMS},
+            "xlabel": "kept grow checkpoint (the reference ships no steps)"}
+
+
+def fig5b(ref: dict) -> dict:
+    curves = {n: ref["curves"][f"{n}-grow"] for n in NORMS}
+    rows = {n: [{"step": int(point.split()[0]), "eval": True, "ce": mean(ces)} for point, ces in curve.items()]
+            for n, curve in curves.items()}
+    starts = phase_points(curves["pre"])[0]
+    return {"runs": rows, "transition_steps": [int(point.split()[0]) for point in starts[1:]]}
+
+
+def figA2(ref: dict) -> dict:
+    table4 = ref["tables"]["table4"]
+    blocks = lambda run: range(sum(key.startswith(f"{run}_dce_") for key in table4))
+    return {"results": {run: [{"block": b, "delta_ce": mean(table4[f"{run}_dce_{b}"]),
+                               "angular_distance": mean(table4[f"{run}_angular_{b}"])} for b in blocks(run)]
+                        for run in TABLE4_RUNS}}
+
+
+@dataclass(frozen=True)
+class PageFigure:
+    name: str                                  # the PNG's stem, e.g. fig3a
+    title: str
+    source: str                                # where in the reference its kit values are
+    args: Callable[[dict], dict] | None        # the plotter's arguments from a reference; None: never from one
+    plot: Callable | None = None               # the figures.py function
+    table: str | None = None                   # the experiment whose seeds it averages (None: the reference's)
+
+
+FIGURES = [
+    PageFigure("fig3a", "Figure 3a: post − pre per protocol, and the interaction", "`tables.table1`", fig3a,
+               figures.fig3a_interaction, "table1"),
+    PageFigure("fig3b", "Figure 3b: validation CE at each phase's start and end under grow",
+               "`curves.pre-grow` and `curves.post-grow`", fig3b, figures.fig3b_per_phase),
+    PageFigure("fig4", "Figure 4: std of per-token RMS after block 0, first and last kept grow checkpoint",
+               "`tables.fig4`", fig4, figures.fig4_boundary_std, "fig4"),
+    PageFigure("fig5a", "Figure 5a: per-token RMS by token type across checkpoints", "`tables.fig5`", None),
+    PageFigure("fig5b", "Figure 5b: validation CE through grow, transitions marked",
+               "`curves.pre-grow` and `curves.post-grow`", fig5b, figures.fig5b_validation),
+    PageFigure("figA1", "Figure A1: per-token RMS histograms at the final checkpoint", "`tables.figA1`", None),
+    PageFigure("figA2", "Figure A2: whole-block removal", "`tables.table4`", figA2, figures.figA2_block_removal,
+               "table4"),
+]
+# Why the figures with args None cannot be drawn from any reference: it ships summaries, not what they plot.
+NEVER = {"fig5a": "the reference holds the boundary / regular RMS ratio at the last checkpoint (`tables.fig5`), not "
+                  "each token type's RMS across checkpoints",
+         "figA1": "the reference holds the kurtosis (`tables.figA1`), not the per-token RMS values a histogram draws"}
+
+
+def arguments(figure: PageFigure, ref: dict) -> dict | None:
+    """The plotter's arguments from `ref`, or None where it lacks their numbers (or a seed's is null)."""
+    if figure.args is None:
+        return None
+    try:
+        return complete(figure.args(ref))
+    except KeyError:
+        return None
+
+
+def seeds(figure: PageFigure, ref: dict) -> list[int]:
+    return (ref.get("table_seeds") or {}).get(figure.table) or ref["seeds"]
+
+
+def caption(scale: str, figure: PageFigure, ref: dict) -> str:
+    return f"normgrow, {scale} scale, mean over seeds {', '.join(map(str, seeds(figure, ref)))}, references/{scale}.json"
+
+
+def section(scale: str, ref: dict) -> list[str]:
+    """The page's figures section: each figure linked (docs/results/<scale>/<name>.png), or why it is not drawn."""
+    lines = ["## Figures", "", f"Drawn by `experiments/figures.py` from `references/{scale}.json` alone (`python repro.py "
+             f"results --scale {scale}` writes them to `docs/results/{scale}/`): each kit value is the mean over the "
+             "seeds of the per-seed values the reference ships (their spread is in the tables below); the paper's "
+             "values are drawn hollow, dashed or hatched, as each legend says.", ""]
+    for figure in FIGURES:
+        if arguments(figure, ref) is not None:
+            lines += [f"**{figure.title}** (kit: {figure.source}, seeds {', '.join(map(str, seeds(figure, ref)))}):",
+                      "", f"![{figure.title}]({scale}/{figure.name}.png)", ""]
+        else:
+            why = NEVER.get(figure.name) or f"this reference holds no numbers for it ({figure.source} is missing, " \
+                                           "empty or has a null)"
+            lines += [f"**{figure.title}**: not drawn: {why}.", ""]
+    return lines
+
+
+def draw(scale: str, ref: dict) -> dict[str, bytes]:
+    """{"<name>.png": its bytes} of every figure `ref` holds the numbers of. figures.py writes a PDF beside each
+    PNG; a page shows the PNG only, so they are drawn in a scratch folder and only the PNGs are kept."""
+    out = {}
+    with tempfile.TemporaryDirectory() as scratch:
+        for figure in FIGURES:
+            args = arguments(figure, ref)
+            if args is not None:
+                path = figure.plot(path=Path(scratch) / f"{figure.name}.png", caption=caption(scale, figure, ref), **args)
+                out[path.name] = path.read_bytes()
+    return out
+
+
+def write(folder: Path, drawn: dict[str, bytes]) -> None:
+    """The drawn figures into `folder` (docs/results/<scale>/), each whole; a figure's PNG that the reference
+    no longer holds the numbers of is removed, so the folder holds what the page links and nothing else."""
+    if drawn:
+        folder.mkdir(parents=True, exist_ok=True)
+    for figure in FIGURES:
+        name = f"{figure.name}.png"
+        if name in drawn:
+            checkpoint.write_atomic(folder / name, drawn[name])
+        else:
+            (folder / name).unlink(missing_ok=True)
