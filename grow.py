@@ -37,6 +37,7 @@ from plumbing.checkpoint import loads, write_json
 from plumbing.devices import Dist, autocast, clip_gradients, precision_choice, print0, set_gradient_sync, setup_distributed
 from plumbing.errors import TrainingError
 from plumbing.locks import held
+from progress import Bars, Runs
 
 # ----------------------------------------------------------------------------------------------
 # Phases: what trains, with which optimizer
@@ -110,9 +111,10 @@ class Run:
         """Build the model and data, then continue from the newest checkpoint (or the shared prefix)."""
         config, ctx = self.config, self.ctx
         torch.manual_seed(config.seed)
-        print0(ctx, f"{config.name}: {config.protocol}, {config.norm}-norm, seed {config.seed}, {len(self.phases)} "
-                    f"phase(s) x {config.phase_steps} steps, {ctx.world} rank(s) on {ctx.device.type}, precision "
-                    f"{self.precision}; resolved config in {self.run_dir / 'config.json'}")
+        print0(ctx, (f"{progress.runs.label(self.run_dir)}: " if progress else "") +  # logs say it too
+               f"{config.name}: {config.protocol}, {config.norm}-norm, seed {config.seed}, {len(self.phases)} "
+               f"phase(s) x {config.phase_steps} steps, {ctx.world} rank(s) on {ctx.device.type}, precision "
+               f"{self.precision}; resolved config in {self.run_dir / 'config.json'}")
         self.build(teacher)
         adopting = self.find_resume_point()
         elapsed = self.restore(adopting)
@@ -186,10 +188,9 @@ class Run:
         self.log = rundir.MetricsLog(self.run_dir, self.config, self.ctx, self.tracker)
         self.started = time.time() - elapsed
         self.phase, self.final = None, None
-        self.progress, self.task = progress, None
+        self.progress = progress  # Bars, or None (a test driving the run itself)
         if progress:
-            self.task = progress.add_task(self.config.name, total=self.last_step, completed=self.step,
-                                          loss=float("nan"), tok_s=0.0)
+            progress.add(self.run_dir, self.config.name, self.step, self.last_step)
 
     @contextmanager
     def own_rng(self):
@@ -252,7 +253,7 @@ class Run:
                     f"documents/step in {config.global_batch // ctx.world // config.micro_batch} micro-batches x "
                     f"{ctx.world} ranks")
         if self.progress:
-            self.progress.update(self.task, description=f"{config.name} phase {phase.index}")
+            self.progress.describe(self.run_dir, f"{config.name} phase {phase.index}")
         if self.step == phase.first_step:  # before the phase's first update: the starting weights' scores
             start = nets.evaluate(config, self.net, self.teacher, self.val, phase.active_blocks, ctx, self.dtype)
             self.log.write({"step": self.step, "phase": phase.index, "eval": True, "phase_start": True, **start})
@@ -350,7 +351,7 @@ class Run:
         rundir.kill_point("stepped", self.config.name, step)
         tok_s = totals["total_tokens"] / max(elapsed, 1e-9)
         if self.progress:
-            self.progress.update(self.task, advance=1, loss=loss, tok_s=tok_s)
+            self.progress.step(self.run_dir, loss, tok_s)
         phase_end = step == self.phase.first_step + self.phase.steps
         if phase_end or step % self.config.eval_interval == 0:
             if not self.evaluate_step(loss, tok_s):
@@ -464,7 +465,7 @@ class Run:
         """Stop here (done, or as if killed: the resume tests); its memory is freed for the others."""
         self.log.close()
         if self.progress:
-            self.progress.update(self.task, visible=False)
+            self.progress.end(self.run_dir)
         self.state, self.net, self.optimizer, self.params = state, None, None, None
 
 
@@ -482,7 +483,7 @@ def train(config: RunConfig, run_dir, force: bool = False, ctx: Dist | None = No
 
 def train_together(jobs: list[tuple[RunConfig, Path]], force: bool = False, ctx: Dist | None = None,
                    stop_after_step: int | None = None, tracker: str = "", teacher: nets.Teacher | None = None,
-                   wait: bool = True) -> list[dict]:
+                   wait: bool = True, counted: Runs | None = None) -> list[dict]:
     """Train several runs in lockstep, each exactly as it would train alone. At each global step the
     teacher runs once per micro-batch for every run that reads that batch (runs of one seed read the
     same batch at the same step), then each of those runs does its own forward and backward. A run
@@ -491,20 +492,22 @@ def train_together(jobs: list[tuple[RunConfig, Path]], force: bool = False, ctx:
     optimizer states of all runs are resident together; activations and, under FSDP2, unsharded
     gradients are one run's at a time (lockstep_step). Each run
     folder is held by this process alone while it trains (locks.held: another process on one of them
-    is waited for, or with wait=False an error); a finished run is only read, and not held. Returns
-    each run's final evaluation ({} for one stopped early)."""
+    is waited for, or with wait=False an error); a finished run is only read, and not held. `counted`: the
+    command's runs, for its progress (progress.Runs; default: these). Returns each run's final evaluation ({}
+    for one stopped early)."""
     ctx = ctx or setup_distributed()
     with ExitStack() as stack:
         ctx.on_main(lambda: stack.enter_context(held([d for c, d in jobs if not rundir.finished(c, d)], wait,
                                                      say=lambda line: print0(ctx, line))),
                     "another process's use of the run folders")
-        return train_held(jobs, force, ctx, stop_after_step, tracker, teacher)
+        return train_held(jobs, force, ctx, stop_after_step, tracker, teacher, Bars(ctx, counted or Runs(), jobs))
 
 
-def train_held(jobs, force, ctx, stop_after_step, tracker, teacher) -> list[dict]:
+def train_held(jobs, force, ctx, stop_after_step, tracker, teacher, bars: Bars) -> list[dict]:
     runs = [Run(config, run_dir, ctx, stop_after_step, tracker) for config, run_dir in jobs]
     for run in runs:
         run.prepare(force)
+        bars.runs.prepared(run.run_dir, run.state == "done")
     todo = [run for run in runs if run.state == "new"]
     distilled = [run for run in todo if run.config.distils]  # each Run decided its precision when made
     if len({(run.config.teacher, run.dtype) for run in distilled}) > 1:
@@ -513,17 +516,11 @@ def train_held(jobs, force, ctx, stop_after_step, tracker, teacher) -> list[dict
         teacher = nets.load_teacher(distilled[0].config, ctx, distilled[0].dtype)
     if todo and ctx.device.type == "cuda":
         nets.warn_math_attention(todo[0].config, ctx)
-    progress = progress_bar(ctx)
-    if progress:
-        progress.start()
-    try:
-        while open_runs(todo, teacher, progress):
+    with bars:
+        while open_runs(todo, teacher, bars):
             training = [run for run in todo if run.state == "training"]
             step = min(run.step for run in training)
             lockstep_step([run for run in training if run.step == step], teacher)
-    finally:
-        if progress:
-            progress.stop()
     return [run.result for run in runs]
 
 
@@ -567,16 +564,6 @@ def lockstep_step(runs: list[Run], teacher: nets.Teacher | None):
                         kept[i] = hidden
                 run.accumulate(micro, hidden, last=i == len(micro_batches) - 1)
             run.end_step()
-
-
-def progress_bar(ctx: Dist):
-    """A rich progress bar on an interactive rank-0 terminal; logs and other ranks get printed lines."""
-    from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
-    if not (ctx.is_main and Console().is_terminal):
-        return None
-    return Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                    TextColumn("loss {task.fields[loss]:.4f}  {task.fields[tok_s]:,.0f} tok/s"), TimeRemainingColumn())
 
 
 def main(argv=None):

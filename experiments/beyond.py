@@ -99,18 +99,22 @@ def variant_workspace(ws: suite.Workspace, variant: Variant, seed: int) -> suite
 def train_variants(ws: suite.Workspace, variants, seeds: list[int], force: bool = False):
     """The suite's runs first (the mirror reads pre-grow), then each seed's variant runs in lockstep."""
     teacher = suite.ensure_inputs(ws, force)
+    named = {seed: [(variant_workspace(ws, v, seed), v.run) for v in variants if v.folder] for seed in seeds}
+    planned = {seed: [(job_config(vws, run, seed, teacher), vws.run_dir(run, seed)) for vws, run in named[seed]]
+               for seed in seeds}
+    ws.progress.plan([job for seed in seeds for job in planned[seed]])  # counted from the suite's first run on
     suite.ensure_runs(ws, suite_runs(variants), seeds, force, teacher=teacher)
     for seed in seeds:
-        named = [(variant_workspace(ws, v, seed), v.run) for v in variants if v.folder]
-        jobs = [(job_config(vws, run, seed, teacher), vws.run_dir(run, seed)) for vws, run in named]
+        jobs = planned[seed]
         # in lockstep a seed's variants train together; apart, each alone, so a study records each as it
         # finishes, a run another process is training left for later (two processes share out one study)
         apart = locks.free_first([folder for _, folder in jobs])
         for group in [list(range(len(jobs)))] if ws.lockstep else ([i] for i in apart):
-            grow.train_together([jobs[i] for i in group], force=force, ctx=ws.ctx, tracker=ws.tracker, wait=ws.wait)
+            grow.train_together([jobs[i] for i in group], force=force, ctx=ws.ctx, tracker=ws.tracker, wait=ws.wait,
+                                counted=ws.progress)
             for i in group:
                 if ws.on_finished is not None and ws.ctx.is_main:
-                    ws.on_finished(*named[i], seed)
+                    ws.on_finished(*named[seed][i], seed)
 
 
 def job_config(vws: suite.Workspace, run: RunName, seed: int, teacher: Path) -> config.RunConfig:

@@ -14,7 +14,7 @@ import os
 import shlex
 import shutil
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
@@ -29,6 +29,7 @@ import rundir
 from experiments.presets import PRESETS, Preset, apply_overrides, override_name
 from plumbing import checkpoint, corpora, devices, errors, locks, paths, tokenizer
 from plumbing.hf_qwen3 import ModelConfig
+from progress import Runs
 
 console = Console(width=None if sys.stdout.isatty() else 140)
 
@@ -48,6 +49,8 @@ class Workspace:
     wait: bool = True          # for another process holding a folder this command needs (False: stop, one line)
     records: Path | None = None  # a study's records (experiments/studies.py), written as each run finishes
     on_finished: Callable[[Workspace, RunName, int], None] | None = None  # studies.record_finished, where recorded
+    # the command's runs, counted for its progress ("run 3 of 12"); shared by the workspaces replace() makes of it
+    progress: Runs = field(default_factory=Runs, repr=False)
 
     @property
     def data_dir(self) -> Path:
@@ -529,14 +532,17 @@ def ensure_runs(ws: Workspace, runs, seeds: list[int], force: bool = False, teac
         teacher = teacher or ensure_inputs(ws, force)
     if any(run_status(ws.run_dir(*job)) != "done" for job in jobs):
         show_overview(ws, jobs)  # once, before the work; each run then announces itself
+    # Done runs too: training reuses one whose config matches and refuses a stale one.
+    planned = {seed: [(run_config(ws, run, seed, teacher=teacher), ws.run_dir(run, seed)) for run in with_prefixes(runs)]
+               for seed in seeds}
+    ws.progress.plan([job for seed in seeds for job in planned[seed]])  # every seed's, before the first trains
     for seed in seeds:
-        # Done runs too: training reuses one whose config matches and refuses a stale one.
-        seed_jobs = [(run_config(ws, run, seed, teacher=teacher), ws.run_dir(run, seed)) for run in with_prefixes(runs)]
+        seed_jobs = planned[seed]
         together = [job for job in seed_jobs if ws.lockstep and job[0].data_mode == "replay"]
         alone = [job for job in seed_jobs if job not in together]
         named = {run_dir: run for run, (_, run_dir) in zip(with_prefixes(runs), seed_jobs)}
         for group in ([together] if together else []) + [[job] for job in alone]:
-            grow.train_together(group, force=force, ctx=ws.ctx, tracker=ws.tracker, wait=ws.wait)
+            grow.train_together(group, force=force, ctx=ws.ctx, tracker=ws.tracker, wait=ws.wait, counted=ws.progress)
             for _, run_dir in group:
                 if ws.on_finished is not None and ws.ctx.is_main:  # a study records each run as it finishes
                     ws.on_finished(ws, named[run_dir], seed)

@@ -128,3 +128,65 @@ def test_a_profiled_step_is_split_into_every_group():
     groups = utilization.profile_groups(utilization.Step(settings, shape, seq, torch.float32), steps=1)
     assert sum(groups.values()) == pytest.approx(1.0, rel=1e-12)
     assert all(fraction > 0 for fraction in groups.values()), groups
+
+
+# ----------------------------------------------------------------------------------------------
+# The dry run's one estimate for this CPU (tools/plan.cpu_estimate): the bench's step, else a short one timed now
+
+@pytest.fixture
+def quiet(monkeypatch):
+    """A machine whose 1-minute load is 0: no busy warning, whatever else runs where the tests do."""
+    monkeypatch.setattr(utilization.os, "getloadavg", lambda: (0.0, 0.0, 0.0))
+
+
+def test_the_estimate_reads_the_benchs_step_and_times_nothing(tmp_path, monkeypatch, quiet):
+    """The bench's toy step: 2 GFLOP in 0.5 s is 4 GFLOP/s, so 360 GFLOP take 90 s; nothing is timed."""
+    from tools import plan
+    monkeypatch.setattr(utilization, "step_rate", lambda *a, **k: pytest.fail("timed a step beside bench.json"))
+    bench_file = tmp_path / "bench.json"
+    bench_file.write_text(json.dumps({"environment": {"date": "2026-12-02"}, "train_step": {
+        "step_gflop": 2.0, "kit_post_fp32_s": 0.5}}))
+    assert plan.cpu_estimate(360e9, "fp32", bench_file) == (
+        f"about 1.5 min on this CPU (4.0 GFLOP/s: the kit's fp32 toy step as {bench_file} measured it on "
+        "2026-12-02), on a quiet machine")
+
+
+def test_without_the_bench_the_estimate_times_a_few_real_toy_steps(tmp_path, monkeypatch, quiet):
+    """No bench.json: the toy student step (utilization.Step) on 4 documents in the runs' precision, one untimed
+    call, then the best of two: 3 GFLOP in 0.4 s then 0.25 s is 12 GFLOP/s, so 720 GFLOP take 60 s."""
+    from tools import plan
+    made, calls, ticks = [], [], iter([10.0, 10.4, 20.0, 20.25])
+
+    class Step:  # the real step's interface; its FLOPs and the clock are given
+        def __init__(self, settings, shape, seq, dtype):
+            made.append((settings.micro_batch, settings.global_batch, shape.num_hidden_layers, seq, dtype))
+
+        def flops(self):
+            return 3e9
+
+        def __call__(self):
+            calls.append(1)
+    monkeypatch.setattr(utilization, "Step", Step)
+    monkeypatch.setattr(utilization, "step_clock", lambda: ("fake", lambda: next(ticks)))
+    text = plan.cpu_estimate(720e9, "fp32", tmp_path / "bench.json")
+    assert text == "about 1.0 min on this CPU (12.0 GFLOP/s: the kit's fp32 toy step timed now), on a quiet machine"
+    assert made == [(4, 4, 12, 128, torch.float32)] and len(calls) == 3  # the toy teacher's 12 layers, 128 positions
+    stale = tmp_path / "old-bench.json"  # written before bench recorded the step's FLOPs: timed now as well
+    stale.write_text(json.dumps({"environment": {}, "train_step": {"kit_post_fp32_s": 0.5}}))
+    ticks = iter([0.0, 0.5, 1.0, 1.5])
+    assert plan.cpu_estimate(720e9, "fp32", stale).startswith("about 2.0 min on this CPU (6.0 GFLOP/s")
+
+
+def test_the_estimate_warns_when_other_processes_hold_the_cores(tmp_path, monkeypatch):
+    """8 cores, torch on 4 threads: the 4 others (and half a core of slack) may be busy, not more."""
+    from tools import plan
+    bench_file = tmp_path / "bench.json"
+    bench_file.write_text(json.dumps({"environment": {}, "train_step": {"step_gflop": 2.0, "kit_post_fp32_s": 0.5}}))
+    monkeypatch.setattr(utilization.os, "cpu_count", lambda: 8)
+    monkeypatch.setattr(utilization.torch, "get_num_threads", lambda: 4)
+    for load, busy in ((0.0, False), (4.4, False), (4.6, True), (30.0, True)):
+        monkeypatch.setattr(utilization.os, "getloadavg", lambda load=load: (load, 1.0, 1.0))
+        text = plan.cpu_estimate(360e9, "fp32", bench_file)
+        assert text.startswith("about 1.5 min on this CPU (4.0 GFLOP/s") and text.count("about") == 1
+        assert text.endswith(f"on a quiet machine; busy now (load {load:.1f} on 8 cores), so longer" if busy
+                             else "on a quiet machine"), (load, text)

@@ -408,3 +408,77 @@ def test_a_transplant_adopts_the_other_placements_prefix_and_keeps_it_frozen(tin
     net = model.Student.load(tmp_path / "transplant" / "phase-2")
     assert net.names_in("post,pre,pre")("norm.weight") == "norm.weight"
     assert net.names_in("post")("norm.weight") is None and net.names_in("post")("entry_norm.weight") == "norm.weight"
+
+
+# ---- progress: "run i of n", the time left, nothing shown before it is measured ------------------------------
+
+def test_runs_are_numbered_across_a_lockstep_group_and_across_seeds(tiny_shards, tiny_teacher_dir, tmp_path, capsys):
+    """Seed 1's grow, freeze (from grow's phase 0) and joint in one lockstep group, then seed 2's each alone: six
+    runs of one command, numbered in the order they start (freeze once grow's phase 0 is written); a done run
+    found again keeps its number. Steps
+    planned: grow 3 phases x 2, freeze the 2 x 2 after the phase it shares, joint 2."""
+    import re
+
+    import progress
+    counted = progress.Runs()
+
+    def jobs(seed):
+        folder = tmp_path / f"s{seed}"
+        return [(distil_config(tiny_shards, tiny_teacher_dir, name=f"{protocol}-s{seed}", protocol=protocol, seed=seed,
+                               phase_steps=2, start_from=str(folder / "grow" / "phase-0") if protocol == "freeze" else ""),
+                 folder / protocol) for protocol in ("grow", "freeze", "joint")]
+    counted.plan(jobs(1) + jobs(2))
+    assert sorted(counted.left.values()) == [2, 2, 4, 4, 6, 6] and counted.seconds_left() is None
+    grow.train_together(jobs(1), counted=counted)
+    for job in jobs(2):
+        grow.train_together([job], counted=counted)
+    grow.train_together(jobs(1), counted=counted)  # found done: nothing trains, nothing is counted again
+    labels = re.findall(r"^run (\d) of (\d): (\S+): ", capsys.readouterr().out, re.MULTILINE)
+    assert labels == [("1", "6", "grow-s1"), ("2", "6", "joint-s1"), ("3", "6", "freeze-s1"),
+                      ("4", "6", "grow-s2"), ("5", "6", "freeze-s2"), ("6", "6", "joint-s2")]
+    assert counted.finished() == 6 and counted.seconds_left() == 0.0
+
+
+def test_the_time_left_is_the_steps_left_at_the_rate_measured_after_the_first_step():
+    """Two runs in lockstep, a grow of 12 steps and a freeze of 8 of its own, a step of each every 3 s (the
+    first pays the warm-up and is not measured): after 3 steps each, a has 9 left (27 s), b 5 (15 s); all of
+    the command's 14 steps left at 7 s over 5 run-steps, 19.6 s."""
+    import progress
+    ticks = iter([100.0, 101.0, 103.0, 104.0, 106.0, 107.0])
+    counted = progress.Runs(clock=lambda: next(ticks))
+    counted.plan([(make_config(phase_steps=4), "a"), (make_config(phase_steps=4, protocol="freeze",
+                                                                  start_from="a/phase-0"), "b")])
+    counted.opened("a", 0, 12), counted.opened("b", 4, 12)
+    counted.stepped("a")
+    assert counted.seconds_left("a") is None and counted.seconds_left() is None  # one step: no rate yet
+    for run in "bababb"[:5]:
+        counted.stepped(run)
+    assert counted.left == {Path("a").absolute(): 9, Path("b").absolute(): 5}
+    assert counted.seconds_left("a") == pytest.approx(27.0) and counted.seconds_left("b") == pytest.approx(15.0)
+    assert counted.seconds_left() == pytest.approx(14 * 7 / 5) and counted.label("b") == "run 2 of 2"
+    assert progress.clock_text(6465.0) == "1:47:45" and progress.clock_text(None) == "--"
+
+
+def test_a_bar_shows_dashes_not_nan_before_its_first_step():
+    """Before: "loss --  -- tok/s  -- left" (it said "loss nan  0 tok/s"); after one step the loss and rate, the
+    time left only after a second."""
+    import io
+
+    from rich.console import Console
+
+    import progress
+    ticks = iter([0.0, 2.0])
+    bars = progress.Bars(devices.Dist(), progress.Runs(clock=lambda: next(ticks)),
+                         [(make_config(phase_steps=4), "a"), (make_config(phase_steps=4), "b")])
+    bars.rich = progress.rich_progress()  # as on a terminal
+
+    def shown():
+        out = io.StringIO()
+        Console(file=out, width=200).print(bars.rich.get_renderable())
+        return out.getvalue()
+    bars.add("a", "pre-grow", 0, 12)
+    assert "run 1 of 2: pre-grow" in shown() and "loss --  -- tok/s  -- left" in shown() and "nan" not in shown()
+    bars.step("a", 5.25, 1234.4)
+    assert "loss 5.2500  1,234 tok/s  -- left" in shown()
+    bars.step("a", 5.0, 1300.0)
+    assert "loss 5.0000  1,300 tok/s  0:00:20 left" in shown()  # 10 steps left at 2 s

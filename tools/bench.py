@@ -132,6 +132,8 @@ def bench_train_step(repeats: int) -> dict:
     seconds = interleaved(variants, repeats)
     results = {"config": {"hidden": config.hidden_size, "teacher_layers": config.num_hidden_layers,
                           "student_layers": blocks * per_block, "vocab": config.vocab_size, "batch": batch, "seq": seq},
+               # the kit's step in model FLOPs: the dry run's estimate for this CPU divides by its seconds
+               "step_gflop": utilization.student_step_flops(config, blocks * per_block, batch * seq, seq) / 1e9,
                "bf16": why if bf16_native else f"skipped: {why}"}
     for name, s in seconds.items():
         results.update({f"{name}_s": s, f"{name}_tokens_per_s": batch * seq / s})

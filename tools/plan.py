@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import io
 import math
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -26,7 +25,7 @@ import rundir
 from experiments import presets, report, suite
 from plumbing import devices
 from plumbing.hf_qwen3 import ModelConfig
-from tools import memory
+from tools import memory, utilization
 
 GPU_BF16_PEAK = {"a100": 312e12, "h100": 989e12, "h200": 989e12, "b200": 2250e12}  # dense bf16 FLOP/s
 GPU_MEMORY_GIB = {"a100": 80, "h100": 80, "h200": 141, "b200": 180}
@@ -536,26 +535,25 @@ def hours_text(hours: float) -> str:
 # This machine: the dry run's estimate for the CPU it runs on
 
 def cpu_estimate(flops: float, precision: str, bench_file: Path) -> str:
-    """How long `flops` of the kit's training take on this CPU: at the speed `repro.py bench` measured
-    for the kit's own toy train step (bench_file), else at a matmul's speed timed now in the precision
-    the runs would use (optimistic: the kit's step runs below a matmul's peak)."""
-    if bench_file.is_file():
-        step = rundir.read_json(bench_file, "train_step")["train_step"]
+    """How long `flops` of the kit's training take on this CPU, one estimate: at the speed `repro.py bench`
+    measured for the kit's toy train step (bench_file), else at a few toy student steps timed now
+    (utilization.step_rate), in the precision the runs would use; for a quiet machine, which it says, and where
+    other processes hold the cores now (utilization.busy_load), that too."""
+    step = rundir.read_json(bench_file, "train_step")["train_step"] if bench_file.is_file() else {}
+    if "step_gflop" in step:  # a bench.json from before bench wrote it has none: timed now instead
         dtype = "bf16" if precision != "fp32" and "kit_post_bf16_s" in step else "fp32"
         rate = step["step_gflop"] * 1e9 / step[f"kit_post_{dtype}_s"]
-        return (f"about {duration_text(flops / rate)} on this CPU ({rate / 1e9:,.1f} GFLOP/s: the kit's {dtype} toy "
-                f"step as {bench_file} measured it on {rundir.read_json(bench_file)['environment'].get('date')})")
-    dtype, _ = devices.precision_choice(precision, torch.device("cpu"))
-    n, times = 1024, []
-    a, b = torch.randn(n, n).to(dtype), torch.randn(n, n).to(dtype)
-    for _ in range(5):
-        start = time.perf_counter()
-        a @ b
-        times.append(time.perf_counter() - start)
-    rate = 2 * n ** 3 / min(times[1:])
-    return (f"about {duration_text(flops / rate)} on this CPU, optimistic (at a {str(dtype)[6:]} matmul's "
-            f"{rate / 1e9:,.0f} GFLOP/s, timed now on {torch.get_num_threads()} thread(s) with whatever else runs here; "
-            f"the kit's step runs below it: `python repro.py bench` measures that, and later dry runs use it)")
+        source = f"as {bench_file} measured it on {rundir.read_json(bench_file)['environment'].get('date')}"
+    else:
+        torch_dtype, _ = devices.precision_choice(precision, torch.device("cpu"))
+        if torch_dtype == torch.bfloat16 and devices.cpu_bf16_speedup() < devices.BF16_MIN_SPEEDUP:
+            torch_dtype = torch.float32  # emulated, a bf16 step takes minutes: fp32's rate (bf16 runs are slower still)
+        dtype = {torch.float32: "fp32", torch.bfloat16: "bf16"}[torch_dtype]
+        rate, source = utilization.step_rate(torch_dtype), "timed now"
+    busy = utilization.busy_load()
+    return (f"about {duration_text(flops / rate)} on this CPU ({rate / 1e9:,.1f} GFLOP/s: the kit's {dtype} toy step "
+            f"{source}), on a quiet machine" + (f"; busy now (load {busy[0]:.1f} on {busy[1]} cores), so longer"
+                                                if busy else ""))
 
 
 def duration_text(seconds: float) -> str:

@@ -22,13 +22,17 @@ MAX_MATMUL_S.
 Where the rest goes: torch.profiler over a few steps; each operator's own time goes to the first group of
 GROUPS that its name or an enclosing operator's name matches (else to ELEMENTWISE), and the profiled wall
 time outside every operator to PYTHON, so the groups sum to the whole.
+
+For the dry run (tools/plan.cpu_estimate) where the bench has not run: a few toy student steps timed now
+(step_rate), and whether other processes hold the cores (busy_load).
 """
 from __future__ import annotations
 
+import os
 import statistics
 import time
 from contextlib import nullcontext
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from functools import partial
 from typing import Callable
 
@@ -177,6 +181,30 @@ def distinct_steps(scales=SCALES) -> dict[str, tuple[config.RunConfig, ModelConf
         for same in shapes.values():
             steps[f"{', '.join(s for s, *_ in same)} {kind}"] = same[0][1:]
     return steps
+
+
+def step_rate(dtype: torch.dtype, scale: str = "toy", rows: int = 4, repeats: int = 2) -> float:
+    """FLOP/s of a scale's student step (Step) on `rows` documents, timed now (a second or two in all, the
+    build and an untimed first step included): the dry run's estimate where `repro.py bench` has not run. A
+    few rows run at the whole micro-batch's rate (toy, one thread: 56 GFLOP/s on 4 rows, 49 on its 16) in a
+    quarter of its time."""
+    settings, shape, seq = distinct_steps((scale,))[f"{scale} student"]
+    step = Step(replace(settings, micro_batch=rows, global_batch=rows), shape, seq, dtype)
+    _, clock = step_clock()
+    step()  # the first step allocates what the others reuse
+    return step.flops() / min(timed_once(step, clock) for _ in range(repeats))
+
+
+def busy_load() -> tuple[float, int] | None:
+    """(the 1-minute load average, this machine's cores) where other processes hold cores that this process's
+    torch threads would use: the load is above the cores left over for them (half a core's slack, for this
+    process's own recent work); None on a quiet machine, or where the OS gives no load average."""
+    try:
+        load = os.getloadavg()[0]
+    except (AttributeError, OSError):
+        return None
+    cores = os.cpu_count() or 1
+    return (load, cores) if load > cores - torch.get_num_threads() + 0.5 else None
 
 
 # ----------------------------------------------------------------------------------------------
