@@ -491,8 +491,8 @@ def headline(references: dict[str, dict] | None = None) -> list[str]:
         lines.append("| " + " | ".join(cells) + " |")
     lines.append("| " + " | ".join(tail_row(references)) + " |")
     commits = ", ".join(f"`{scale}` at `{ref['git_commit'][:7]}`" for scale, ref in references.items() if ref)
-    return lines + ["", f"From `references/*.json` ({commits}), the causal test's committed records "
-                        "(`references/records/`) and `paper.py`. " + RULE]
+    return lines + ["", *claims(references), "", f"From `references/*.json` ({commits}), the causal test's committed "
+                        "records (`references/records/`) and `paper.py`. " + RULE]
 
 
 def tail_row(references: dict[str, dict]) -> list[str]:
@@ -512,6 +512,32 @@ def tail_row(references: dict[str, dict]) -> list[str]:
         d, met = out["family"][0]["d"], all(c["met"] for c in out["checks"] if c["norm"] == "pre")
         cells += [report.stats_cell(d, signed=True), read(d) if met else "not read: its manipulation check failed"]
     return cells
+
+
+# The paper's three claims on Table 1, and the words each reading gives them (the paper's sign: below 0, a tie, below 0)
+CLAIMS = (("delta_grow", "post-norm's lead under growth (Δgrow < 0)", "below 0"),
+          ("delta_joint", "the tie under joint training (Δjoint within ±0.01)", "a tie"),
+          ("interaction", "the primary endpoint, a larger lead under growth (interaction < 0)", "below 0"))
+
+
+def claim_words(claim: str, paper_reading: str, verdict: str) -> str:
+    if verdict.startswith("no reading") or verdict == "inconclusive":
+        return f"is inconclusive on {claim}"
+    if verdict.startswith(paper_reading):
+        return f"reproduces {claim}"
+    opposite = verdict in ("above 0", "below 0") and paper_reading in ("above 0", "below 0")
+    return f"{'finds the opposite of' if opposite else 'does not reproduce'} {claim} (it reads {verdict})"
+
+
+def claims(references: dict[str, dict]) -> list[str]:
+    """In plain words, per scale: which of the paper's Table 1 claims its seeds reproduce, by the declared rule."""
+    lines = []
+    for scale, ref in references.items():
+        table1 = ref["tables"]["table1"]
+        said = [f"{claim_words(claim, paper, read(stats(table1[key])))}: {report.stats_cell(stats(table1[key]), True)} "
+                f"against the paper's {DELTAS[key]:+.4f}" for key, claim, paper in CLAIMS]
+        lines.append(f"- **`{scale}`** ({len(seeds_of(ref, 'table1'))} seeds): " + "; ".join(said) + ".")
+    return lines
 
 
 def with_headline(text: str, lines: list[str] | None = None) -> str:

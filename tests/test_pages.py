@@ -267,3 +267,15 @@ def test_figure_3b_draws_every_marker_whole_and_its_caption_clear_of_the_axes_an
     (caption,) = fig.texts
     box = caption.get_window_extent(renderer)
     assert not any(box.overlaps(artist.get_tightbbox(renderer)) for artist in [*fig.axes, *fig.legends])
+
+
+def test_the_plain_words_follow_each_claims_reading():
+    """The headline's words on the paper's Table 1 claims are chosen by the declared reading, never stronger."""
+    assert pages.claim_words("X", "below 0", "below 0") == "reproduces X"
+    assert pages.claim_words("X", "below 0", "above 0") == "finds the opposite of X (it reads above 0)"
+    assert pages.claim_words("X", "a tie", "below 0") == "does not reproduce X (it reads below 0)"
+    assert pages.claim_words("X", "below 0", "a tie within ±0.01") == "does not reproduce X (it reads a tie within ±0.01)"
+    assert pages.claim_words("X", "a tie", "a tie within ±0.01") == "reproduces X"
+    assert pages.claim_words("X", "below 0", "inconclusive") == "is inconclusive on X"
+    toy = pages.claims({"toy": pages.shipped("toy")})[0]
+    assert "finds the opposite of the primary endpoint" in toy and "+0.1871 [+0.0805, +0.2937]" in toy
