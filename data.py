@@ -1,29 +1,16 @@
-"""Data for normgrow: a corpus (plumbing/corpora.py) tokenized into on-disk shards, and the batches a run
-reads from them (the tokenizer is plumbing/tokenizer.py's).
+"""Data for normgrow: the on-disk token shards (prepared from a corpus by prepare_shards.py), memory-mapped,
+and the deterministic, rank-aware, resumable batches a run reads from them.
 
-Prepare once on one process (`python repro.py data --scale toy` does this), then every rank
-memory-maps the shards:
+Every rank memory-maps the shards prepare_shards.prepare wrote (`python repro.py data --scale toy`):
 
     import data
-    from plumbing import tokenizer
-    enc = tokenizer.qwen3_tokenizer(vocab_size=8192)   # ranks 0..8191 + <|endoftext|> = 8192; enc.n_vocab == 8193
-    train, val = data.prepare("toy", "data_cache/toy", enc, max_len=256,
-                              n_train_docs=None, n_val_docs=500, seed=0)   # None: every training document
-    print(data.summarize(train, enc))
-
+    train, val = data.Shard("data_cache/toy/train"), data.Shard("data_cache/toy/val")
     batches = data.Batcher(train, global_batch=16, seed=0, mode="replay", replay_docs=8000,
                            rank=rank, world_size=world_size, micro_batch=4)
     step = next(batches)                 # this rank's micro-batches + the global target count
     for mb in step.micro_batches:        # mb.input_ids, mb.targets, mb.mask: (b, T)
         loss = (token_loss(mb) * mb.mask).sum() / step.global_targets    # a global mean, no all-reduce
     for vb in data.eval_batches(val, batch_size=8, rank=rank, world_size=world_size): ...
-
-Paper scale, FineWeb-Edu sample-10BT from the hub (HF_TOKEN from the environment if needed;
-HF_HUB_OFFLINE=1 uses the local hub cache only):
-
-    enc = tokenizer.qwen3_tokenizer()
-    train, val = data.prepare("fineweb-edu", "data_cache/full", enc, max_len=8192,
-                              n_train_docs=9_600_000, n_val_docs=4833, seed=0, cache_dir=None)
 
 Definitions the whole kit relies on:
 - A document is `[eot] + tokens(text) + [eot]`, cut to max_len + 1 tokens; inputs are all but its last
@@ -36,36 +23,23 @@ Definitions the whole kit relies on:
   what to do.
 """
 
-import hashlib
-import json
-import os
-import shutil
-import time
-from collections import deque
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from itertools import chain, islice
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Iterator
 
 import numpy as np
 import torch
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from plumbing import checkpoint, corpora
-from plumbing.errors import DataError, DiskFull, disk_full_reason
-from plumbing.tokenizer import Tokenizer
+from plumbing import checkpoint
+from plumbing.errors import DataError
 
 # ----------------------------------------------------------------------------------------------------
 # Shards: a directory with tokens.u32 (every document's tokens, flat), offsets.i64 (n_docs + 1 starts)
-# and manifest.json. The manifest is written last, inside a hidden temporary sibling directory that is
-# renamed into place, so a directory at a shard's path with a manifest is always complete.
+# and manifest.json. prepare_shards.py writes the manifest last, inside a hidden temporary sibling directory
+# that is renamed into place, so a directory at a shard's path with a manifest is always complete.
 
 SHARD_FORMAT = 1
 TOKENS_FILE, OFFSETS_FILE, MANIFEST_FILE = "tokens.u32", "offsets.i64", "manifest.json"
-# Manifest keys that say what a shard was built from; two shards with equal values are the same shard.
-INPUT_KEYS = ("format", "split", "corpus", "tokenizer", "max_len", "n_docs_requested")
-CHUNK_DOCS = 256  # documents per tokenization task
 
 
 class Shard:
@@ -73,7 +47,7 @@ class Shard:
 
     def __init__(self, path: str | Path, verify: bool = True):
         self.path = Path(path)
-        self.manifest = _read_manifest(self.path)
+        self.manifest = read_manifest(self.path)
         n_docs, n_tokens = self.manifest["n_docs"], self.manifest["n_tokens"]
         self.offsets = _open_array(self.path / OFFSETS_FILE, np.int64, n_docs + 1)
         self.tokens = _open_array(self.path / TOKENS_FILE, np.uint32, n_tokens)
@@ -99,7 +73,8 @@ class Shard:
         return f"Shard({self.path}, documents={len(self)}, tokens={self.n_tokens})"
 
 
-def _read_manifest(path: Path) -> dict:
+def read_manifest(path: Path) -> dict:
+    """The manifest of the shard at `path`, checked for the fields the shard is opened with."""
     file = path / MANIFEST_FILE
     try:
         manifest = checkpoint.loads(file.read_text())
@@ -135,199 +110,6 @@ def _open_array(file: Path, dtype, count: int) -> np.ndarray:
     if count == 0:
         return np.zeros(0, dtype)  # np.memmap cannot map an empty file
     return np.memmap(file, dtype=dtype, mode="r", shape=(count,))
-
-
-def prepare(source: str, out_dir: str | Path, enc: Tokenizer, *, max_len: int, n_train_docs: int | None,
-            n_val_docs: int, seed: int = 0, workers: int | None = None, force: bool = False,
-            verify: bool = True, progress: bool = True, **source_options) -> tuple[Shard, Shard]:
-    """Tokenize `source` into out_dir/val (its first n_val_docs documents) and out_dir/train (the
-    following n_train_docs; None = all of them), or reuse shards built from the same inputs.
-
-    n_train_docs must cover every run that reads the shard: the replay shard plus what the fresh-data
-    controls continue onto. A shard built from other inputs (source, tokenizer, max_len, counts), or a
-    broken one, is an error; force=True rebuilds those and reuses intact matching ones. verify:
-    sha256-check reused shards.
-    workers: tokenizing threads (default min(cpus, 8)). Run it on one process only.
-    """
-    if max_len < 1:
-        raise DataError(f"max_len={max_len}: a document needs at least one target; use max_len >= 1")
-    if n_train_docs is not None and n_train_docs < 1:
-        raise DataError(f"n_train_docs={n_train_docs}: need at least one training document (None = all)")
-    documents = corpora.corpus(source, n_val_docs, seed, **source_options)
-    workers = workers or min(os.cpu_count() or 1, 8)
-    shards = {}
-    for split, read, n_docs in (("val", documents.validation_documents, n_val_docs),
-                                ("train", documents.training_documents, n_train_docs)):
-        inputs = {"format": SHARD_FORMAT, "split": split, "corpus": documents.identity,
-                  "tokenizer": {"name": enc.name, "fingerprint": enc.fingerprint},
-                  "max_len": max_len, "n_docs_requested": n_docs}
-        path = Path(out_dir) / split
-        if _reusable(path, inputs, force):
-            try:
-                shards[split] = Shard(path, verify=verify)
-                continue
-            except DataError:
-                if not force:
-                    raise
-        texts = _exactly(read(), n_docs, f"source {source} ({split})")
-        chunks = _tokenized_chunks(texts, enc, max_len, workers)
-        _write_shard(path, inputs, _with_progress(chunks, f"{source} {split}", n_docs, progress), enc,
-                     documents.unchanged)
-        shards[split] = Shard(path, verify=False)  # checksummed as it was written
-    return shards["train"], shards["val"]
-
-
-def _reusable(path: Path, inputs: dict, force: bool) -> bool:
-    """True if `path` is a shard built from `inputs`; False if absent, or if force and it is not
-    (rebuild it). Anything else there is a DataError: prepare replaces nothing it did not make,
-    unless forced; force never rebuilds a shard that matches (prepare also checks it is intact)."""
-    if not path.exists():
-        return False
-    if not path.is_dir():
-        raise DataError(f"{path}: exists and is not a shard directory; move it away or choose another output dir")
-    if not (path / MANIFEST_FILE).exists():
-        if force:
-            return False
-        raise DataError(f"{path}: exists but is not a finished shard (no {MANIFEST_FILE}); move it away "
-                        f"or pass force=True (--force) to replace it")
-    try:
-        manifest = _read_manifest(path)
-    except DataError:
-        if force:
-            return False
-        raise
-    differing = [k for k in INPUT_KEYS if manifest.get(k) != json.loads(json.dumps(inputs[k]))]
-    if not differing:
-        return True
-    if force:
-        return False
-    first = differing[0]
-    raise DataError(f"{path}: existing shard was built with another {', '.join(differing)} "
-                    f"({first}: {json.dumps(manifest.get(first))} != {json.dumps(inputs[first])}); "
-                    f"pass force=True (--force) to rebuild it or choose another output directory")
-
-
-def _exactly(documents: Iterator[str], n: int | None, what: str) -> Iterator[str]:
-    """The first n documents (all if None); a DataError at the end if the source had fewer."""
-    count = 0
-    for document in islice(documents, n):
-        count += 1
-        yield document
-    if n is not None and count < n:
-        raise DataError(f"{what}: the source ran out after {count} documents, {n} requested; "
-                        f"request fewer documents or use a larger source")
-
-
-def _tokenize_chunk(enc: Tokenizer, max_len: int, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
-    """Flat tokens and per-document lengths of `[eot] + text + [eot]`, each cut to max_len + 1."""
-    documents = [[enc.eot, *enc.encode(text), enc.eot][:max_len + 1] for text in texts]
-    tokens = np.array(list(chain.from_iterable(documents)), dtype=np.uint32)
-    return tokens, np.array([len(d) for d in documents], dtype=np.int64)
-
-
-def _tokenized_chunks(texts: Iterator[str], enc: Tokenizer, max_len: int,
-                      workers: int) -> Iterator[tuple[np.ndarray, np.ndarray]]:
-    """`_tokenize_chunk` over chunks of CHUNK_DOCS texts, in order, on `workers` threads."""
-    chunks = iter(lambda: list(islice(texts, CHUNK_DOCS)), [])
-    if workers == 1:
-        for chunk in chunks:
-            yield _tokenize_chunk(enc, max_len, chunk)
-        return
-    # Threads, not processes: tiktoken's Rust encoder runs without the GIL, and nothing is forked from a
-    # process with threads (a forked worker can inherit a lock some thread held and hang) or pickled.
-    with ThreadPoolExecutor(workers) as pool:
-        pending = deque()  # a few chunks ahead only, not the whole corpus in the queue
-        for chunk in chunks:
-            pending.append(pool.submit(_tokenize_chunk, enc, max_len, chunk))
-            if len(pending) > 2 * workers:
-                yield pending.popleft().result()
-        while pending:
-            yield pending.popleft().result()
-
-
-def _with_progress(chunks: Iterator[tuple[np.ndarray, np.ndarray]], label: str, total: int | None,
-                   enabled: bool) -> Iterator[tuple[np.ndarray, np.ndarray]]:
-    """The same chunks, with a rich progress bar of documents, documents/s and tokens/s."""
-    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-               TextColumn("{task.fields[rates]}"), TimeElapsedColumn())
-    with Progress(*columns, disable=not enabled) as bar:
-        task = bar.add_task(label, total=total, rates="")
-        start, n_docs, n_tokens = time.perf_counter(), 0, 0
-        for tokens, lengths in chunks:
-            n_docs, n_tokens = n_docs + len(lengths), n_tokens + len(tokens)
-            seconds = max(time.perf_counter() - start, 1e-9)
-            bar.update(task, completed=n_docs, rates=f"{n_docs / seconds:,.0f} docs/s  {n_tokens / seconds:,.0f} tokens/s")
-            yield tokens, lengths
-
-
-def _write_shard(path: Path, inputs: dict, chunks: Iterator[tuple[np.ndarray, np.ndarray]], enc: Tokenizer,
-                 unchanged: Callable[[], None] = lambda: None) -> None:
-    """Write chunks as a shard at `path`, atomically: all in a temporary sibling, then one rename (once
-    `unchanged` says the source is still what the manifest names)."""
-    partial = path.with_name(f".{path.name}.partial")
-    if partial.exists():
-        shutil.rmtree(partial)  # left by a killed prepare; it has no manifest and never was a shard
-    partial.mkdir(parents=True)
-    try:
-        tokens_sha, lengths = _write_tokens(partial / TOKENS_FILE, chunks)
-        offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
-        checkpoint.write_atomic(partial / OFFSETS_FILE, offsets.tobytes())
-        manifest = {**inputs, "n_docs": len(lengths), "n_tokens": int(offsets[-1]), "eot": enc.eot,
-                    "n_vocab": enc.n_vocab,
-                    "sha256": {TOKENS_FILE: tokens_sha, OFFSETS_FILE: hashlib.sha256(offsets.tobytes()).hexdigest()}}
-        checkpoint.write_json(partial / MANIFEST_FILE, manifest, indent=1)
-        checkpoint.fsync_folder(partial)
-        unchanged()
-        _move_into_place(partial, path)
-    except BaseException as e:
-        shutil.rmtree(partial, ignore_errors=True)
-        why = disk_full_reason(e)
-        if why and not isinstance(e, DiskFull):
-            raise DiskFull(f"{path}: {why} while writing the shard; nothing was kept: free some space (or raise the "
-                           "limit) and rerun", getattr(e, "errno", None)) from None
-        raise
-
-
-def _write_tokens(file: Path, chunks: Iterator[tuple[np.ndarray, np.ndarray]]) -> tuple[str, np.ndarray]:
-    """Stream the chunks' tokens into `file`; return its sha256 and every document's length."""
-    digest, lengths = hashlib.sha256(), [np.zeros(0, np.int64)]
-    with open(file, "wb") as f:
-        for tokens, chunk_lengths in chunks:
-            block = tokens.astype(np.uint32).tobytes()
-            f.write(block)
-            digest.update(block)
-            lengths.append(chunk_lengths)
-        f.flush()
-        os.fsync(f.fileno())
-    return digest.hexdigest(), np.concatenate(lengths)
-
-
-def _move_into_place(partial: Path, path: Path) -> None:
-    if path.exists():  # force: the old shard goes only once the new one is complete
-        retired = path.with_name(f".{path.name}.old")
-        shutil.rmtree(retired, ignore_errors=True)
-        path.rename(retired)
-        partial.rename(path)
-        shutil.rmtree(retired)
-    else:
-        partial.rename(path)
-    checkpoint.fsync_folder(path.parent)
-
-
-def summarize(shard: Shard, enc: Tokenizer) -> dict:
-    """Counts for the `python repro.py data` table. tokens counts both <|endoftext|> of each document,
-    targets the non-padding targets (tokens - documents), boundary_tokens the leading <|endoftext|>s,
-    truncated the documents cut at max_len (their final eot target is gone); length_* are percentiles
-    of tokens per document."""
-    if shard.manifest["tokenizer"]["fingerprint"] != enc.fingerprint:
-        raise DataError(f"{shard.path}: built with tokenizer {shard.manifest['tokenizer']['name']}, not {enc.name}; "
-                        f"summarize it with that tokenizer or rebuild the shard")
-    starts, ends = shard.offsets[:-1], shard.offsets[1:]
-    percentiles = np.percentile(shard.lengths, [10, 50, 90, 99, 100]) if len(shard) else np.zeros(5)
-    return {"documents": len(shard), "tokens": shard.n_tokens, "targets": shard.n_tokens - len(shard),
-            "boundary_tokens": int(np.count_nonzero(shard.tokens[starts] == enc.eot)),
-            "truncated": int(np.count_nonzero(shard.tokens[ends - 1] != enc.eot)),
-            **{f"length_{name}": int(round(v)) for name, v in zip(("p10", "p50", "p90", "p99", "max"), percentiles)}}
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -518,7 +300,7 @@ def rank_micro_batches(doc_ids: np.ndarray, lengths: np.ndarray, micro_batch: in
 def check_split(global_batch: int, world_size: int, micro_batch: int) -> None:
     """A global batch splits evenly over the ranks (each one document at least), and a rank's share into
     micro-batches: the one check of a launch's shape, made by the launch before any work
-    (suite.check_before_work) and by every Batcher, by the dry run (plan.print_plan) and by the rehearsal,
+    (training.check_before_work) and by every Batcher, by the dry run (plan.print_plan) and by the rehearsal,
     so that all of them refuse the same shapes with the same line."""
     ranks = "the ranks (torchrun's processes; --gpus x --nodes in a dry run or rehearsal)"
     if global_batch < 1 or global_batch % world_size:

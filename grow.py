@@ -12,7 +12,8 @@ The protocols (joint, grow, freeze, joint-long, teacher) are config.py's, descri
 
 `train` runs one run; `train_together` several, each exactly as if alone (bit-identical in one process): the
 suite's runs of one seed read the same batch at the same step, so the frozen teacher runs once per batch for all
-of them. A run directory is rundir.py's. A run killed at any moment resumes from its newest checkpoint, the same.
+of them. A run directory is rundir.py's, its checkpoints checkpointing.py's. A run killed at any moment resumes
+from its newest checkpoint, the same.
 """
 from __future__ import annotations
 
@@ -26,6 +27,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+import checkpointing
 import data
 import model
 import nets
@@ -33,9 +35,10 @@ import plumbing.devices
 import rundir
 import transitions
 from config import Phase, RunConfig, learning_rate, plan_phases
-from plumbing.checkpoint import loads, write_json
+from plumbing.checkpoint import write_json
 from plumbing.devices import Dist, autocast, clip_gradients, precision_choice, print0, set_gradient_sync, setup_distributed
 from plumbing.errors import TrainingError
+from plumbing.faults import kill_point
 from plumbing.locks import held
 from progress import Bars, Runs
 
@@ -104,7 +107,7 @@ class Run:
 
     def can_open(self) -> bool:
         """False while the shared prefix it starts from is not written yet (grow's phase 0 for freeze)."""
-        return (not self.config.start_from or rundir.newest_checkpoint(self.run_dir) is not None
+        return (not self.config.start_from or checkpointing.newest_checkpoint(self.run_dir) is not None
                 or (Path(self.config.start_from) / "trainer_state.json").is_file())
 
     def open(self, teacher: nets.Teacher | None, progress):
@@ -120,7 +123,7 @@ class Run:
         elapsed = self.restore(adopting)
         self.start_log(elapsed, progress)
         self.state = "training"
-        rundir.kill_point("opened", config.name, self.step)
+        kill_point("opened", config.name, self.step)
         if self.step >= self.last_step:  # killed after its last checkpoint, before done.json
             if config.boundary == "mirror-fwd":
                 self.attach_profile(self.phases[-1])  # its evaluation runs the mirrored forward
@@ -145,11 +148,11 @@ class Run:
         """self.resume: the newest intact checkpoint, the same on every rank (None: start at step 0), after
         adopting the shared prefix the run starts from if it has no checkpoint of its own (then True)."""
         config, ctx, run_dir = self.config, self.ctx, self.run_dir
-        adopting = bool(config.start_from) and rundir.newest_checkpoint(run_dir) is None
+        adopting = bool(config.start_from) and checkpointing.newest_checkpoint(run_dir) is None
         if ctx.is_main and adopting:
             rundir.adopt_shared_prefix(config, run_dir)
         ctx.barrier()
-        self.resume = rundir.newest_checkpoint(run_dir, verify=True, warn=lambda line: print0(ctx, line), ctx=ctx)
+        self.resume = checkpointing.newest_checkpoint(run_dir, verify=True, warn=lambda line: print0(ctx, line), ctx=ctx)
         step = self.resume[1]["step"] if self.resume else 0
         if not ctx.agree_on(step):  # every rank must resume from the same step, or the run would fork
             raise TrainingError(f"{run_dir}: the ranks found different resume points (rank {ctx.rank}: step {step}); "
@@ -172,7 +175,7 @@ class Run:
             transitions.apply_kept(self.net, int(p), keep)
         torch.set_rng_state(torch.frombuffer(bytearray(base64.b64decode(state["torch_rng"])), dtype=torch.uint8))
         if ckpt.name != "latest":
-            rundir.load_weights(self.net, ckpt)
+            checkpointing.load_weights(self.net, ckpt)
         if ckpt.name.startswith("step-"):
             print0(ctx, f"{config.name}: warning: {ckpt} holds weights but no AdamW state; its moments restart at "
                         f"step {self.step}, so this run will not be bit-identical to an uninterrupted one")
@@ -237,7 +240,7 @@ class Run:
             self.optimizer = build_optimizer(config, self.params)
         at_start = self.step == phase.first_step and not self.keeps_optimizer()
         if self.resume and self.resume[0].name == "latest" and not at_start:
-            rundir.load_latest_checkpoint(self.resume[0], self.net, self.optimizer, ctx)
+            checkpointing.load_latest_checkpoint(self.resume[0], self.net, self.optimizer, ctx)
         self.resume = None
         if self.step == phase.first_step and config.reset_data_each_phase:
             self.batcher.reset()
@@ -333,7 +336,7 @@ class Run:
         """The optimizer step and its log rows, then an evaluation and the checkpoints when due. A
         non-finite loss or gradient norm (the step is not taken) or validation number stops the run there,
         as does a validation CE above the ceiling unless the run continues past it (diverge). The kill
-        points stepped, evaluated and saved follow each part (rundir.kill_point)."""
+        points stepped, evaluated and saved follow each part (plumbing/faults.py's kill_point)."""
         loss, kd_sum, ce_sum, grad_norm = self.clipped_losses()
         if not (math.isfinite(loss) and math.isfinite(grad_norm)):
             self.diverge(self.step + 1, "a non-finite loss or gradient norm", {"loss": loss, "grad_norm": grad_norm},
@@ -348,7 +351,7 @@ class Run:
         elapsed = time.time() - self.started
         self.log_step({"loss": loss, "kd": kd_sum, "ce": ce_sum, "lr": self.lr, "grad_norm": grad_norm,
                        "tokens": tokens, **totals, "time": elapsed})
-        rundir.kill_point("stepped", self.config.name, step)
+        kill_point("stepped", self.config.name, step)
         tok_s = totals["total_tokens"] / max(elapsed, 1e-9)
         if self.progress:
             self.progress.step(self.run_dir, loss, tok_s)
@@ -357,7 +360,7 @@ class Run:
             if not self.evaluate_step(loss, tok_s):
                 return
         self.save_checkpoints(phase_end, elapsed)
-        rundir.kill_point("saved", self.config.name, step)
+        kill_point("saved", self.config.name, step)
 
     def clipped_losses(self) -> list[float]:
         """Clip the gradients; the step's loss, KD and CE (summed over ranks) and gradient norm before
@@ -384,7 +387,7 @@ class Run:
         config, step = self.config, self.step
         self.final = nets.evaluate(config, self.net, self.teacher, self.val, self.phase.active_blocks, self.ctx,
                                    self.dtype)
-        rundir.kill_point("evaluated", config.name, step)
+        kill_point("evaluated", config.name, step)
         if not all(math.isfinite(v) for v in self.final.values()):  # a CE past ~709 makes PPL infinite
             self.diverge(step, "a non-finite validation CE or PPL", self.final, always_stop=True)
             return False
@@ -402,17 +405,17 @@ class Run:
         """Those due at this step: phase-<p>/ at a phase's end, step-<n>/ every snapshot_interval, latest/
         every checkpoint_interval (and before phase-<p>/ where the next phase keeps AdamW's moments)."""
         config, step, ctx = self.config, self.step, self.ctx
-        state = rundir.trainer_state(step, self.phase.index, self.batcher, self.totals, elapsed, self.outcome)
+        state = checkpointing.trainer_state(step, self.phase.index, self.batcher, self.totals, elapsed, self.outcome)
         if phase_end and self.keeps_optimizer() and step < self.last_step:
             # The next phase needs these moments: saved before phase-<p>/, so a kill between the two
             # resumes from them (on a tie newest_checkpoint prefers latest/).
-            rundir.save_latest_checkpoint(self.run_dir, self.net, self.optimizer, state, ctx)
+            checkpointing.save_latest_checkpoint(self.run_dir, self.net, self.optimizer, state, ctx)
         if phase_end:
-            rundir.save_kept_checkpoint(self.run_dir, f"phase-{self.phase.index}", self.net, state, ctx)
+            checkpointing.save_kept_checkpoint(self.run_dir, f"phase-{self.phase.index}", self.net, state, ctx)
         elif config.snapshot_interval and step % config.snapshot_interval == 0:
-            rundir.save_kept_checkpoint(self.run_dir, f"step-{step}", self.net, state, ctx)
+            checkpointing.save_kept_checkpoint(self.run_dir, f"step-{step}", self.net, state, ctx)
         if not phase_end and step % config.checkpoint_interval == 0:
-            rundir.save_latest_checkpoint(self.run_dir, self.net, self.optimizer, state, ctx)
+            checkpointing.save_latest_checkpoint(self.run_dir, self.net, self.optimizer, state, ctx)
 
     def ceiling(self) -> float:
         """The validation CE above which a run has diverged: a uniform prediction's log V, plus the margin."""
@@ -430,7 +433,7 @@ class Run:
         checkpoint, which it did not reach."""
         if self.outcome["diverged"] is not None:
             return
-        good = rundir.newest_checkpoint(self.run_dir)
+        good = checkpointing.newest_checkpoint(self.run_dir)
         self.outcome["diverged"] = {
             "step": step, "why": why, "last_good_checkpoint": good[0].name if good else None,
             "values": {k: v if isinstance(v, (int, float)) and math.isfinite(v) else str(v) for k, v in values.items()}}
@@ -457,7 +460,7 @@ class Run:
             if diverged is None:  # a diverged run keeps its resume point beside the last good checkpoint
                 shutil.rmtree(self.run_dir / "latest", ignore_errors=True)
         self.ctx.barrier()
-        rundir.kill_point("done", self.config.name, self.step)
+        kill_point("done", self.config.name, self.step)
         self.result = rundir.final_eval(self.run_dir)
         self.stop("done")
 
@@ -564,24 +567,3 @@ def lockstep_step(runs: list[Run], teacher: nets.Teacher | None):
                         kept[i] = hidden
                 run.accumulate(micro, hidden, last=i == len(micro_batches) - 1)
             run.end_step()
-
-
-def main(argv=None):
-    """`python grow.py RUN_DIR/config.json [...]` (re)starts or resumes the runs stored in those
-    folders, several of them in lockstep."""
-    import argparse
-    parser = argparse.ArgumentParser(description=main.__doc__)
-    parser.add_argument("configs", type=Path, nargs="+", help="runs' config.json files")
-    parser.add_argument("--run-dir", type=Path, help="one run only; default: the folder holding its config")
-    parser.add_argument("--stop-after-step", type=int, help="stop there, as if killed (resume tests)")
-    args = parser.parse_args(argv)
-    if args.run_dir and len(args.configs) > 1:
-        parser.error("--run-dir is for one run; each of several runs lives in its config's folder")
-    jobs = [(RunConfig(**loads(path.read_text())), args.run_dir or path.parent) for path in args.configs]
-    train_together(jobs, stop_after_step=args.stop_after_step)
-    if dist.is_initialized():
-        dist.destroy_process_group()
-
-
-if __name__ == "__main__":
-    main()

@@ -31,18 +31,24 @@ import torch.nn.functional as F
 import torch.utils.checkpoint
 
 from interventions.boundary import (
-    Scale,
+    BoundaryInputs,
     checked_features,
     checkpoint_entries,
     checkpoint_entries_problem,
-    intervene,
     mirror_profile,
     read_checkpoint_entries,
-    structural_norm,
 )
 from interventions.monitor import attention_to_first, captured, record_attention, visible_keys
+from interventions.placements import (
+    deepnorm_layer,
+    hybrid_layer,
+    residual_scale,
+    sandwich_layer,
+    scale_deepnet_init,
+    start_outputs_at_teacher_gain,
+)
 from plumbing.checkpoint import load_tensors, read_config, write_checkpoint
-from plumbing.devices import built_on_meta, fill_parameter, full_tensor, on_meta_device
+from plumbing.devices import built_on_meta, fill_parameter, full_tensor
 from plumbing.errors import CheckpointError
 from plumbing.hf_qwen3 import ModelConfig, hf_name
 
@@ -133,7 +139,8 @@ class MLP(nn.Module):
 # ----------------------------------------------------------------------------------------------
 # Norm placements. A placement is a layer forward, the RMSNorms a layer owns, and whether the student
 # normalises the embeddings before block 0 (entry) and the stream before the LM head (final). Add a
-# placement by adding an entry to PLACEMENTS; the README writes each one's equations out.
+# placement by adding an entry to PLACEMENTS; docs/method.md writes each one's equations out. The paper's
+# two are here; the others' forwards (Sandwich-LN, HybridNorm, DeepNorm) are interventions/placements.py's.
 
 def pre_norm_layer(layer, h, cos, sin):
     h = layer.self_attn(layer.attn_norm(h), cos, sin) + h
@@ -143,47 +150,6 @@ def pre_norm_layer(layer, h, cos, sin):
 def post_norm_layer(layer, h, cos, sin):
     h = layer.attn_norm(layer.self_attn(h, cos, sin) + h)
     return layer.mlp_norm(layer.mlp(h) + h)
-
-
-def sandwich_layer(layer, h, cos, sin):
-    """Sandwich-LN (Ding et al. 2021) and Peri-LN (Kim et al. 2025): each sub-layer's input and output
-    normalised, the residual stream itself never."""
-    h = layer.attn_out_norm(layer.self_attn(layer.attn_norm(h), cos, sin)) + h
-    return layer.mlp_out_norm(layer.mlp(layer.mlp_norm(h))) + h
-
-
-def hybrid_layer(layer, h, cos, sin):
-    """HybridNorm (Zhuo et al. 2025; the official code's dense config: attn_norm false, ffn_norm true,
-    ffn_residual_after_norm true, q/k/v norms on): attention on the raw stream with q, k and v each
-    normalised per head (inside self_attn), y = h + Attn(h); then z = N(y) and z + FFN(z), so the FFN's
-    residual carries the normalised stream. The model has a final norm and none on the embeddings."""
-    h = layer.self_attn(h, cos, sin) + h
-    z = layer.mlp_norm(h)
-    return layer.mlp(z) + z
-
-
-def deepnorm_layer(layer, h, cos, sin):
-    """DeepNorm (Wang et al. 2022, torchscale's decoder): post-norm with the residual up-weighted by alpha,
-    x <- N(alpha x + f(x))."""
-    h = layer.attn_norm(layer.residual_scale * h + layer.self_attn(h, cos, sin))
-    return layer.mlp_norm(layer.residual_scale * h + layer.mlp(h))
-
-
-def deepnet_alpha(layers: int) -> float:
-    """DeepNet's decoder-only residual scale for N layers: (2N)^(1/4)."""
-    return (2 * layers) ** 0.25
-
-
-def deepnet_beta(layers: int) -> float:
-    """DeepNet's decoder-only init gain for N layers: (8N)^(-1/4). torchscale divides, after the base
-    init, every weight whose name holds fc1, fc2, out_proj or v_proj by (8N)^(1/4); in its gated FFN
-    (component/gate_linear_unit.py, with deepnorm in architecture/retnet.py) fc1 is the activated input
-    projection (our gate_proj), fc2 the output (down_proj), and the linear multiplier `gate` (our
-    up_proj) is not scaled; nor are q and k."""
-    return (8 * layers) ** -0.25
-
-
-DEEPNET_SCALED = ("self_attn.v_proj", "self_attn.o_proj", "mlp.gate_proj", "mlp.down_proj")
 
 
 @dataclass(frozen=True)
@@ -324,12 +290,13 @@ def qwen3_on_meta(config: ModelConfig, shard_fn: Callable | None = None) -> Qwen
 
 
 # ----------------------------------------------------------------------------------------------
-# Student: K blocks of L layers, frozen embedding, trainable head, interventions at block inputs
+# Student: K blocks of L layers, frozen embedding, trainable head, interventions at block inputs (what a
+# block after the first reads, enter_block, and the modules there are interventions/boundary.py's)
 
 OUTPUT_GAINS = ("ones", "teacher")  # Student.from_teacher's output_gain
 
 
-class Student(nn.Module):
+class Student(BoundaryInputs, nn.Module):
     def __init__(self, config: ModelConfig, blocks: int, layers_per_block: int, norm: str, boundary: str = "none",
                  boundary_scale: float = 1.0, features: tuple = ()):
         super().__init__()
@@ -351,18 +318,13 @@ class Student(nn.Module):
         layer_names[0] = placement(layer_names[0]).first_layer or layer_names[0]
         self.layers = nn.ModuleList(DecoderLayer(config, name) for name in layer_names)
         for layer in self.layers:
-            layer.residual_scale = deepnet_alpha(len(self.layers)) if layer.placement.deepnet else 1.0
+            layer.residual_scale = residual_scale(layer, len(self.layers))
         # `norm` is the final norm where any block needs one, else the entry norm (the paper's two
         # placements have exactly one); `entry_norm` exists only where both are needed.
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         both = self.placements[0].entry_norm and any(p.final_norm for p in self.placements)
         self.entry_norm = RMSNorm(config.hidden_size, config.rms_norm_eps) if both else None
-        self.boundary_norms = nn.ModuleList(RMSNorm(config.hidden_size, config.rms_norm_eps)
-                                            for _ in range(blocks - 1)) if boundary == "norm" else None
-        self.correction_norms = nn.ModuleList(RMSNorm(config.hidden_size, config.rms_norm_eps)
-                                              for _ in range(blocks - 1)) if "correction" in features else None
-        self.corrected: set[int] = set()  # the blocks whose correction norm is on (transitions.py)
-        self.structural_scales = nn.ModuleList(Scale() for _ in range(blocks - 1)) if "structural" in features else None
+        self.add_input_modules(blocks, boundary, features, lambda: RMSNorm(config.hidden_size, config.rms_norm_eps))
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         self.checkpoint_layers = False
 
@@ -374,11 +336,8 @@ class Student(nn.Module):
         return self.layers[b * self.layers_per_block:(b + 1) * self.layers_per_block]
 
     def block_modules(self, b: int) -> list[nn.Module]:
-        """What belongs to block b and trains with it: its layers and the intervention modules at its input
-        (its boundary norm, structural scale, and correction norm once switched on)."""
-        extra = [self.structural_scales[b - 1]] if self.structural_scales is not None and b else []
-        extra += [self.correction_norms[b - 1]] if b in self.corrected else []
-        return [self.block_layers(b)] + ([self.boundary_norms[b - 1]] if self.boundary_norms and b else []) + extra
+        """What belongs to block b and trains with it: its layers and the intervention modules at its input."""
+        return [self.block_layers(b)] + self.input_modules(b)
 
     def boundary_modules(self) -> list[nn.Module]:
         """The entry and final norms (they train with the head)."""
@@ -400,9 +359,7 @@ class Student(nn.Module):
         generator = torch.Generator().manual_seed(seed)
         for b in range(self.blocks):
             self.reinit_block(b, generator)
-        with torch.no_grad():
-            for norm in [*(self.boundary_norms or []), *(self.correction_norms or []), *(self.structural_scales or [])]:
-                norm.weight.fill_(1.0)
+        self.reset_input_modules()
 
     def reinit_block(self, b: int, generator: torch.Generator):
         """Block b's layers drawn from `generator`: every Linear ~ N(0, initializer_range), every RMSNorm = 1,
@@ -410,43 +367,15 @@ class Student(nn.Module):
         at the final depth N = K x L, as alpha is. init_weights draws each block so; the block-importance
         remedy (transitions.py) draws one again."""
         init_qwen3_weights(self.block_layers(b), self.config.initializer_range, generator)
-        beta = deepnet_beta(len(self.layers))
-        with torch.no_grad():
-            for layer in self.block_layers(b):
-                if layer.placement.deepnet:
-                    for name in DEEPNET_SCALED:
-                        layer.get_submodule(name).weight.mul_(beta)
-
-    def set_block_placement(self, b: int, norm: str):
-        """Block b >= 1 (not yet trained) takes placement `norm` (--norm auto, transitions.py), where that
-        leaves the student's parameters as they are: e.g. pre <-> post after a pre-norm block 0 (the final
-        norm serves whichever last block needs it). Its checkpoints then store the new schedule."""
-        names = list(block_norms(self.norm_placement, self.blocks))
-        names[b] = norm
-        with on_meta_device():
-            other = Student(self.config, self.blocks, self.layers_per_block, ",".join(names), self.boundary,
-                            self.boundary_scale, self.features)
-        if b == 0 or other.state_dict().keys() != self.state_dict().keys():
-            raise ValueError(f"block {b} cannot become {norm}-norm in the schedule {self.norm_placement}: the "
-                             "student's parameters would change")
-        self.placements[b] = placement(norm)
-        for layer in self.block_layers(b):
-            layer.placement = self.placements[b]
-            layer.residual_scale = deepnet_alpha(len(self.layers)) if layer.placement.deepnet else 1.0
-        self.norm_placement = ",".join(names) if len(set(names)) > 1 else names[0]
+        scale_deepnet_init(self.block_layers(b), len(self.layers))
 
     @classmethod
     def from_teacher(cls, teacher: Qwen3, blocks: int, layers_per_block: int, norm: str, seed: int,
                      dtype=torch.float32, shard_fn: Callable | None = None, output_gain: str = "ones",
                      boundary: str = "none", boundary_scale: float = 1.0, features: tuple = ()) -> "Student":
         """Built on the meta device; `shard_fn` (e.g. FSDP2's fully_shard per layer) runs before any
-        memory is allocated, so each rank only ever holds its own slice.
-
-        output_gain (post-norm only): "ones" is the paper's init. "teacher" starts the last RMSNorm of
-        every block from the teacher's final-norm gain g_T: whichever block is the last active one, the
-        head then reads g_T-scaled states, as a pre-norm student's head does from step 0. In a grow run
-        each appended block brings its own g_T-initialised last norm, so the gain is re-applied at every
-        phase; blocks that were trained before keep their trained gains."""
+        memory is allocated, so each rank only ever holds its own slice. output_gain (post-norm only):
+        "ones" is the paper's init, "teacher" interventions/placements.py's start_outputs_at_teacher_gain."""
         if output_gain not in OUTPUT_GAINS:
             raise ValueError(f"output_gain {output_gain!r} is unknown; choose one of {', '.join(OUTPUT_GAINS)}")
         student = cls.on_meta(teacher.config, blocks, layers_per_block, norm, dtype, shard_fn, boundary, boundary_scale,
@@ -459,10 +388,7 @@ class Student(nn.Module):
                 fill_parameter(boundary_norm.weight, full_tensor(teacher.norm.weight))
             fill_parameter(student.lm_head.weight, full_tensor(teacher.head_weight))  # own copy, even if tied
             if output_gain == "teacher":
-                for b in range(blocks):
-                    last = student.block_layers(b)[-1]
-                    if not student.placements[b].final_norm and hasattr(last, "mlp_norm"):
-                        fill_parameter(last.mlp_norm.weight, full_tensor(teacher.norm.weight))
+                start_outputs_at_teacher_gain(student, teacher.norm.weight)
         return student
 
     @classmethod
@@ -486,18 +412,6 @@ class Student(nn.Module):
                 features=()) -> "Student":
         build = lambda: cls(config, blocks, layers_per_block, norm, boundary, boundary_scale, features).to(dtype)
         return built_on_meta(build, shard_fn)
-
-    def enter_block(self, b: int, h: torch.Tensor, profile: dict | None) -> torch.Tensor:
-        """What block b reads: block 0 the embeddings; a later block the boundary intervention at its input
-        (`profile`: mirror-fwd's targets), then the structural-token norm and the correction norm where
-        the student has them."""
-        if b == 0:
-            return h
-        norm = self.boundary_norms[b - 1] if self.boundary_norms is not None else None
-        h = intervene(h, self.boundary, self.boundary_scale, norm, None if profile is None else profile[b])
-        if self.structural_scales is not None:
-            h = structural_norm(h, self.structural_scales[b - 1].weight)
-        return self.correction_norms[b - 1](h) if b in self.corrected else h
 
     def forward(self, input_ids, active_blocks: int | None = None, skip_block: int | None = None,
                 output_fn: Callable = logits_output, return_boundaries: bool = False):
@@ -540,16 +454,6 @@ class Student(nn.Module):
         """config.json and model.safetensors; `state` replaces state_dict() (e.g. gathered shards)."""
         write_checkpoint(path, self.checkpoint_config(), self.state_dict() if state is None else state)
 
-    def names_in(self, stored_norm: str) -> Callable[[str], str | None]:
-        """Where each parameter lies in a checkpoint of the schedule `stored_norm` whose block 0 is ours
-        (a transplant adopts another schedule's phase 0): under its own name, except that a schedule
-        whose only norm is its entry norm stores it as `norm` (see __init__), and our final norm, which
-        that schedule lacks, is absent (None: it keeps its initial value)."""
-        stored = [placement(n) for n in block_norms(stored_norm, self.blocks)]
-        if self.entry_norm is None or not stored[0].entry_norm or any(p.final_norm for p in stored):
-            return lambda name: name
-        return lambda name: {"entry_norm.weight": "norm.weight", "norm.weight": None}.get(name, name)
-
     @classmethod
     def load(cls, path, dtype=torch.float32, device="cpu") -> "Student":
         path = Path(path)
@@ -589,12 +493,3 @@ def shape_problem(shape) -> str:
     except ValueError as e:
         return f"normgrow_student.norm: {e}"
     return checkpoint_entries_problem(shape)
-
-
-def forward_flops_per_token(c: ModelConfig, layers: int, context: float) -> tuple[float, float]:
-    """(decoder layers, LM head) forward FLOPs per token: 2 per weight, plus causal attention (windowed: w keys)."""
-    q, kv = c.num_attention_heads * c.head_dim, c.num_key_value_heads * c.head_dim
-    weights = c.hidden_size * (2 * q + 2 * kv) + 3 * c.hidden_size * c.intermediate_size
-    context = min(context, c.attention_window or context)  # over by w(w-1)/2n keys: 0.47 of w=16 at n=256
-    attention = 4 * q * context  # QK^T and AV (2 FLOPs per multiply-add each) over an average causal context
-    return layers * (2 * weights + attention), 2 * c.hidden_size * c.vocab_size

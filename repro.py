@@ -33,7 +33,7 @@ try:  # started outside the kit's virtualenv (`python3 repro.py`): how to instal
     import data
     import model
     import rundir
-    from experiments import beyond, ideas, presets, studies, suite, tables, tail
+    from experiments import presets, registry, studies, suite, tables, training
     from plumbing import devices, errors, paths
     from tools import checkpoints, plan, preflight
 except ModuleNotFoundError as e:
@@ -90,8 +90,7 @@ BARE_USAGE = """Usage: repro.py [EXPERIMENT ...] --scale SCALE [OPTIONS]   or   
 
 `python repro.py --help` lists the commands; `python repro.py COMMAND --help` a command's options."""
 # The commands whose work an interrupted run resumes (the others write nothing a rerun needs).
-TRAINS = ("run", "train", "regime", "search", "intervention", "planted", "placements", "scratch", "ideas", "tail",
-          "teacher", "prepare", "data")
+TRAINS = ("run", "train", "regime", "search", *registry.STUDIES, "teacher", "prepare", "data")
 
 
 class OneLineError(click.ClickException):
@@ -277,7 +276,7 @@ def run_experiments(wanted, scale, seeds, records_dir, dry_run, gpu, gpus, nodes
     ws.results.mkdir(parents=True, exist_ok=True)
     started = time.time()
     studies.restore_suite(ws, names, runs, seeds, force)
-    suite.ensure_runs(ws, runs, seeds, force)
+    training.ensure_runs(ws, runs, seeds, force)
     ws.ctx.on_main(lambda: preflight.write_reports(ws, names, runs, seeds, started), "the reports and their diagnostics")
 
 
@@ -349,14 +348,12 @@ def scan(scale, paths, overrides, runs_dir, results_dir):
     layer_scan.run_scan(ws, suite.ensure_inputs(ws), students)
 
 
-def beyond_command(name: str, module):
-    """A `repro.py <name>` command for an experiment of beyond.py or ideas.py (not part of `all`); the
-    help is its run_<name>'s docstring."""
-    experiment = getattr(module, f"run_{name}")
-
-    @cli.command(name, help=experiment.__doc__)
+def study_command(name: str, study: registry.Study):
+    """`repro.py <name>` for an experiment of experiments/registry.py (not part of `all`); its help is its run's
+    docstring."""
+    @cli.command(name, help=study.run.__doc__)
     @scale_option
-    @seeds_option("Comma-separated seeds. Default: 42,43,44 at toy scale, 42 elsewhere.")
+    @seeds_option("Comma-separated seeds. Default: 42,43,44 at toy scale (the causal test's: 42-49), 42 elsewhere.")
     @records_option
     @experiment_options
     def command(scale, seeds, records_dir, dry_run, gpu, gpus, nodes, overrides, compile_flag, device, tracker, no_wait,
@@ -366,18 +363,16 @@ def beyond_command(name: str, module):
                                      dry_run, overrides, compile_flag, device, tracker, lockstep, no_wait)
         ws = studies.attach(ws, records_dir)
         if dry_run:
-            flops = preflight.print_dry_run(scale, preflight.beyond_groups(name, ws, seeds[0]), seeds, gpu, gpus, nodes)
-            preflight.print_study(name, ws, seeds, flops)
+            flops = preflight.print_dry_run(scale, preflight.study_groups(study, ws, seeds[0]), seeds, gpu, gpus, nodes)
+            preflight.print_study(study, ws, seeds, flops)
             return
-        experiment(ws, seeds, force)
+        study.run(ws, seeds, force)
         ws.ctx.barrier()
     return command
 
 
-for beyond_name in ("intervention", "planted", "placements", "scratch"):
-    beyond_command(beyond_name, beyond)
-beyond_command("ideas", ideas)
-beyond_command("tail", tail)
+for study_name, declared in registry.STUDIES.items():
+    study_command(study_name, declared)
 
 
 # ----------------------------------------------------------------------------------------------

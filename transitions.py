@@ -26,6 +26,8 @@ import torch
 import kd
 import model
 from config import Phase, RunConfig
+from interventions.placements import residual_scale
+from plumbing.devices import on_meta_device
 
 GROWING = ("grow", "freeze")
 
@@ -153,6 +155,25 @@ def preserves_output(placement: model.Placement) -> bool:
 def apply_kept(net: model.Student, p: int, keep: dict):
     """The decisions at block p's transition that live outside the weights (resume re-applies them)."""
     if keep.get("placement"):
-        net.set_block_placement(p, keep["placement"])
+        set_block_placement(net, p, keep["placement"])
     if keep.get("corrected"):
         net.corrected.add(p)
+
+
+def set_block_placement(net: model.Student, b: int, norm: str):
+    """Block b >= 1 (not yet trained) takes placement `norm` (--norm auto), where that leaves the student's
+    parameters as they are: e.g. pre <-> post after a pre-norm block 0 (the final norm serves whichever last
+    block needs it). Its checkpoints then store the new schedule."""
+    names = list(model.block_norms(net.norm_placement, net.blocks))
+    names[b] = norm
+    with on_meta_device():
+        other = model.Student(net.config, net.blocks, net.layers_per_block, ",".join(names), net.boundary,
+                              net.boundary_scale, net.features)
+    if b == 0 or other.state_dict().keys() != net.state_dict().keys():
+        raise ValueError(f"block {b} cannot become {norm}-norm in the schedule {net.norm_placement}: the "
+                         "student's parameters would change")
+    net.placements[b] = model.placement(norm)
+    for layer in net.block_layers(b):
+        layer.placement = net.placements[b]
+        layer.residual_scale = residual_scale(layer, len(net.layers))
+    net.norm_placement = ",".join(names) if len(set(names)) > 1 else names[0]

@@ -31,7 +31,7 @@ import config
 import grow
 import paper
 import rundir
-from experiments import figures, presets, report, suite, tables
+from experiments import figures, presets, report, suite, tables, training
 from experiments.suite import RunName
 from experiments.tables import POST_GROW, PRE_GROW
 from plumbing import corpora, locks
@@ -103,7 +103,7 @@ def train_variants(ws: suite.Workspace, variants, seeds: list[int], force: bool 
     planned = {seed: [(job_config(vws, run, seed, teacher), vws.run_dir(run, seed)) for vws, run in named[seed]]
                for seed in seeds}
     ws.progress.plan([job for seed in seeds for job in planned[seed]])  # counted from the suite's first run on
-    suite.ensure_runs(ws, suite_runs(variants), seeds, force, teacher=teacher)
+    training.ensure_runs(ws, suite_runs(variants), seeds, force, teacher=teacher)
     for seed in seeds:
         jobs = planned[seed]
         # in lockstep a seed's variants train together; apart, each alone, so a study records each as it
@@ -373,7 +373,7 @@ def run_placements(ws: suite.Workspace, seeds: list[int], force: bool = False, p
     """Joint and grow for every placement (pre, post, sandwich, peri, hybrid, deepnorm) and the schedule
     pre,post,post, with Δ against pre-norm (results/<scale>/placements.md/.json/.png)."""
     runs = placement_runs(placements)
-    suite.ensure_runs(ws, runs, seeds, force)
+    training.ensure_runs(ws, runs, seeds, force)
     if not ws.ctx.is_main:
         return {}
     diverged = report.diverged_runs(ws, runs, seeds)
@@ -443,7 +443,7 @@ def run_scratch(ws: suite.Workspace, seeds: list[int], force: bool = False) -> d
     """Table 1's 2 x 2 without a teacher: plain CE, embedding and head trained from the seed
     (results/<scale>/scratch.md/.json)."""
     sws = scratch_workspace(ws)
-    suite.ensure_runs(sws, tables.MAIN_RUNS, seeds, force)
+    training.ensure_runs(sws, tables.MAIN_RUNS, seeds, force)
     if not ws.ctx.is_main:
         return {}
     per_seed = [tables.with_deltas({f"{r.norm}_{r.protocol}": report.final_ce(sws, r, s) for r in tables.MAIN_RUNS})

@@ -18,7 +18,7 @@ import math
 from dataclasses import dataclass
 
 import rundir
-from experiments import beyond, presets, report, studies, suite, tables
+from experiments import beyond, presets, report, studies, suite, tables, training
 from experiments.beyond import Variant
 from experiments.suite import RunName
 
@@ -104,7 +104,7 @@ def search(ws: suite.Workspace, force: bool = False) -> tuple[RunName | None, di
     """Grow with every schedule on SEARCH_SEED; the lowest final validation CE is chosen (a diverged run
     never is): (the chosen run, the search's report)."""
     runs = search_runs(ws.preset.run["blocks"])
-    suite.ensure_runs(ws, runs, [SEARCH_SEED], force)
+    training.ensure_runs(ws, runs, [SEARCH_SEED], force)
     ce = {run: report.final_ce(ws, run, SEARCH_SEED) for run in runs}
     chosen = choose(ce)
     return chosen, {"seed": SEARCH_SEED, "ce": {run.name: value for run, value in ce.items()},
@@ -210,6 +210,16 @@ def manifest(ws: suite.Workspace, seeds: list[int], chosen: RunName | None = Non
     jobs = [studies.Job(ws, run, SEARCH_SEED) for run in search_runs(ws.preset.run["blocks"])]
     jobs += [studies.Job(beyond.variant_workspace(ws, v, s), v.run, s) for s in seeds for v in study_variants(chosen)[1]]
     return studies.unique(jobs)
+
+
+def recorded_manifest(ws: suite.Workspace, seeds: list[int]) -> tuple[list[studies.Job], str]:
+    """The study's runs as its records stand now (the dry run's): with the search recorded, its choice's runs too;
+    else a note that they are still to come."""
+    status = studies.survey(manifest(ws, seeds), training.expected_teacher(ws), check_data=False)
+    search = {job.run: studies.recorded_ce(record) for job, record in status.recorded if job.seed == SEARCH_SEED}
+    chosen = choose(search) if len(search) == len(search_runs(ws.preset.run["blocks"])) else None
+    return manifest(ws, seeds, chosen), "" if chosen else \
+        "; and the search's chosen schedule on each seed unless it is pre-grow or post-grow"
 
 
 def restore_records(ws: suite.Workspace, seeds: list[int], chosen: RunName | None, force: bool):

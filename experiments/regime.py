@@ -32,7 +32,8 @@ import diag
 import model
 import paper
 import rundir
-from experiments import figures, presets, report, studies, suite, tables
+from experiments import figures, presets, report, studies, suite, tables, training
+from flops import forward_flops_per_token
 from plumbing import checkpoint, corpora, errors
 
 GRIDS = {  # each axis's values; the preset's own value (1 or "ones") is the point they share
@@ -125,8 +126,8 @@ def run_map(ws: suite.Workspace, grid: dict, seeds: list[int], force: bool = Fal
                                    f"documents and {ws.data_dir / 'train'} holds {available:,}; use a smaller budget")
         shared = [r for r in tables.MAIN_RUNS if point.pre_runs_are_the_presets and r.norm == "pre"]
         if shared and not point.is_preset:
-            suite.ensure_runs(ws, shared, seeds, force, teacher=teacher)
-        suite.ensure_runs(pws, [r for r in tables.MAIN_RUNS if r not in shared or point.is_preset], seeds, force,
+            training.ensure_runs(ws, shared, seeds, force, teacher=teacher)
+        training.ensure_runs(pws, [r for r in tables.MAIN_RUNS if r not in shared or point.is_preset], seeds, force,
                           teacher=teacher)
     return write_map(ws, points, seeds) if ws.ctx.is_main else {}
 
@@ -284,7 +285,7 @@ def rung_settings(scale: str, ladder, index: int) -> tuple[presets.Override, ...
 
 
 def rung_flops(rws: suite.Workspace, new_teacher: bool) -> float:
-    """Training FLOPs of a rung (model.forward_flops_per_token, as the dry run counts them): its teacher
+    """Training FLOPs of a rung (flops.forward_flops_per_token, as the dry run counts them): its teacher
     if it trains one (forward and backward, 3x a forward), then pre-norm grow (the teacher's forward
     every step; the student's forward, and backward from its first trainable block; both heads)."""
     preset = rws.preset
@@ -292,13 +293,13 @@ def rung_flops(rws: suite.Workspace, new_teacher: bool) -> float:
     shard = data.Shard(rws.data_dir / "train", verify=False)
     doc_tokens = float((shard.lengths - 1).mean())
     context = doc_tokens / 2
-    t_layers, head = model.forward_flops_per_token(config, config.num_hidden_layers, context)
+    t_layers, head = forward_flops_per_token(config, config.num_hidden_layers, context)
     teacher_run = {**preset.run, **preset.teacher_run}
     flops = 3 * (t_layers + head) * teacher_run["phase_steps"] * teacher_run["global_batch"] * doc_tokens \
         if new_teacher else 0.0
     run, L = preset.run, preset.run["layers_per_block"]
     for phase in range(run["blocks"]):
-        s_layers, _ = model.forward_flops_per_token(config, (phase + 1) * L, context)
+        s_layers, _ = forward_flops_per_token(config, (phase + 1) * L, context)
         flops += (3 * s_layers + 3 * head + t_layers + head) * run["phase_steps"] * run["global_batch"] * doc_tokens
     return flops
 
@@ -425,7 +426,7 @@ def rung_record(ws: suite.Workspace, rws: suite.Workspace, ladder_name: str, see
     """Where the rung's record is (None: the search keeps no records) and what it must match."""
     if ws.records is None:
         return None, {}
-    student = suite.run_config(rws, SEARCH_RUN, seed, teacher=suite.expected_teacher(rws))
+    student = suite.run_config(rws, SEARCH_RUN, seed, teacher=training.expected_teacher(rws))
     return (studies.rung_record_path(ws, ladder_name, seed, index, presets.LADDERS[ladder_name][index].name),
             studies.rung_identity(rws, student, check_data))
 
@@ -436,7 +437,7 @@ def train_rung(rws: suite.Workspace, ladder, index: int, seed: int, force: bool,
     student's provenance.json."""
     rung = ladder[index]
     teacher = suite.ensure_inputs(rws, force)
-    suite.ensure_runs(rws, [SEARCH_RUN], [seed], force, teacher=teacher)
+    training.ensure_runs(rws, [SEARCH_RUN], [seed], force, teacher=teacher)
     seconds = run_seconds(rws.run_dir(SEARCH_RUN, seed)) + (run_seconds(rws.teacher_dir) if new_teacher else 0.0)
     made = rundir.read_json(rws.run_dir(SEARCH_RUN, seed) / "provenance.json")
     return {"rung": index, "name": rung.name, "change": rung.change, "why": rung.why,

@@ -1,8 +1,8 @@
 """The model-side interventions at the block boundaries, the inputs of every block after the first (where
 a grow run appends): what each of BOUNDARIES does to the residual stream there, the synthetic doses, the
 structural-token norm, and how a student's checkpoint stores which of them it has. Functions over tensors
-and plain values: model.Student owns the modules they use (a boundary's RMSNorm, the structural Scale)
-and calls in here at the input of each block.
+and plain values, and BoundaryInputs, the part of model.Student that holds the modules they use (a boundary's
+RMSNorm, the correction norm, the structural Scale) and applies them at the input of each block.
 
     h = intervene(h, "rescale-fwd", scale=1.0)                  # each token at RMS 1; backward the identity
     h = intervene(h, "dose-boundary", scale=37.0)               # the boundary token at 37x the others' RMS
@@ -158,6 +158,45 @@ class Scale(nn.Module):
     def __init__(self):
         super().__init__()
         self.weight = nn.Parameter(torch.ones(1))
+
+
+class BoundaryInputs:
+    """The student's side of the block boundaries, mixed into model.Student (an nn.Module with boundary,
+    boundary_scale and corrected): one module per boundary of each kind it has (else None), and what a
+    block after the first reads."""
+
+    def add_input_modules(self, blocks: int, boundary: str, features, rms_norm: Callable[[], nn.Module]):
+        """boundary_norms ("norm"), correction_norms and structural_scales (those features), one per block after
+        the first, registered in this order; none of the correction norms switched on yet."""
+        self.boundary_norms = nn.ModuleList(rms_norm() for _ in range(blocks - 1)) if boundary == "norm" else None
+        self.correction_norms = nn.ModuleList(rms_norm() for _ in range(blocks - 1)) if "correction" in features else None
+        self.corrected: set[int] = set()  # the blocks whose correction norm is on (transitions.py)
+        self.structural_scales = nn.ModuleList(Scale() for _ in range(blocks - 1)) if "structural" in features else None
+
+    def input_modules(self, b: int) -> list[nn.Module]:
+        """The modules at block b's input, which train with it: its boundary norm, structural scale, and
+        correction norm once switched on."""
+        extra = [self.structural_scales[b - 1]] if self.structural_scales is not None and b else []
+        extra += [self.correction_norms[b - 1]] if b in self.corrected else []
+        return ([self.boundary_norms[b - 1]] if self.boundary_norms and b else []) + extra
+
+    @torch.no_grad()
+    def reset_input_modules(self):
+        """Every module at a block input at 1: a fresh student's."""
+        for norm in [*(self.boundary_norms or []), *(self.correction_norms or []), *(self.structural_scales or [])]:
+            norm.weight.fill_(1.0)
+
+    def enter_block(self, b: int, h: torch.Tensor, profile: dict | None) -> torch.Tensor:
+        """What block b reads: block 0 the embeddings; a later block the boundary intervention at its input
+        (`profile`: mirror-fwd's targets), then the structural-token norm and the correction norm where
+        the student has them."""
+        if b == 0:
+            return h
+        norm = self.boundary_norms[b - 1] if self.boundary_norms is not None else None
+        h = intervene(h, self.boundary, self.boundary_scale, norm, None if profile is None else profile[b])
+        if self.structural_scales is not None:
+            h = structural_norm(h, self.structural_scales[b - 1].weight)
+        return self.correction_norms[b - 1](h) if b in self.corrected else h
 
 
 # ----------------------------------------------------------------------------------------------

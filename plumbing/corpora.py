@@ -1,6 +1,6 @@
 """The corpora a shard is made of: every corpus is one fixed, seeded order of documents whose first n_val
 are the validation set and the rest the training stream, so the training shard and the fresh-data
-continuation past it are one sequence (data.prepare tokenizes them into shards).
+continuation past it are one sequence (prepare_shards.prepare tokenizes them into shards).
 
     documents = corpora.corpus("toy", n_val=500, seed=0)      # or "fineweb-edu" (revision, cache_dir), "local" (path)
     documents.identity                                          # what a shard's manifest records

@@ -221,12 +221,6 @@ def mesh_for(device_type: str, world: int, local_world: int):
     return init_device_mesh(device_type, (world,), mesh_dim_names=("shard",))
 
 
-def teardown(ctx: Dist):
-    """Leave the process group (torchrun's ranks exit together, NCCL frees its communicators)."""
-    if ctx.world > 1 and dist.is_initialized():
-        dist.destroy_process_group()
-
-
 def print0(ctx: Dist, *args):
     if ctx.is_main:
         print(*args, flush=True)

@@ -1,5 +1,5 @@
 """Shared fixtures and helpers: tiny token shards from the embedded corpus, a tiny random Qwen3 teacher,
-tiny run settings, the CLI run in this process, a two-rank torchrun of grow.py, a checkpoint's weights,
+tiny run settings, the CLI run in this process, a two-rank torchrun of tests/run_grow.py, a checkpoint's weights,
 and the bad-input table's paths, commands and damage (test_bad_inputs.py and its bad_*.py cases)."""
 import json
 import os
@@ -22,8 +22,8 @@ sys.path.insert(0, str(ROOT))
 torch.set_num_threads(1)
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
-import data  # noqa: E402
 import model  # noqa: E402
+import prepare_shards  # noqa: E402
 from config import RunConfig  # noqa: E402
 from plumbing.hf_qwen3 import ModelConfig, save_qwen3  # noqa: E402
 
@@ -76,9 +76,9 @@ def repro_cli(*args, check: bool = True) -> CliResult:
 
 
 def torchrun(config_file, run_dir, *extra):
-    """grow.py on two gloo ranks (the OS picks the port), one thread each; fails the test on an error."""
+    """tests/run_grow.py on two gloo ranks (the OS picks the port), one thread each; fails the test on an error."""
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-           str(ROOT / "grow.py"), str(config_file), "--run-dir", str(run_dir), *extra]
+           str(ROOT / "tests" / "run_grow.py"), str(config_file), "--run-dir", str(run_dir), *extra]
     out = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600,
                          env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-5000:]
@@ -111,8 +111,8 @@ def kept_weights(folder: Path) -> dict:
 def tiny_shards(tmp_path_factory):
     """(train, val) shards: 400 training paragraphs of the toy corpus, 16 validation ones."""
     enc = tokenizer.qwen3_tokenizer(vocab_size=TINY_VOCAB)
-    return data.prepare("toy", tmp_path_factory.mktemp("data"), enc, max_len=32, n_train_docs=400,
-                        n_val_docs=16, seed=0, workers=1, progress=False)
+    return prepare_shards.prepare("toy", tmp_path_factory.mktemp("data"), enc, max_len=32, n_train_docs=400,
+                                  n_val_docs=16, seed=0, workers=1, progress=False)
 
 
 @pytest.fixture(scope="session")

@@ -21,7 +21,8 @@ from typing import Callable
 import pytest
 from bad_checkpoints import CHECKPOINTS, EXPORTS, RUN_FOLDERS
 from bad_options import CLI_OPTIONS, FOLDERS, ISSUE34, LAUNCH_ENVIRONMENT, LAUNCH_SHAPES, OVERRIDES
-from bad_references import OTHER_SCALE, REFERENCES
+from bad_records import RECORDS
+from bad_references import OTHER_SCALE, REFERENCES, WRITING
 from bad_run_folders import RELIABILITY, REPORTS, RERUNS, SHIPPING
 from click.testing import CliRunner
 from conftest import EVAL, EXPORT, GOOD_REFERENCE, POST, PRE, RUN, RUNS, SAMPLE, TABLE1, TEACHER, Case, at, case
@@ -81,7 +82,7 @@ DAMAGED_LOGS = [
 
 
 CASES = CLI_OPTIONS + OVERRIDES + FOLDERS + CHECKPOINTS + RERUNS + REPORTS + RELIABILITY + ISSUE34 + REFERENCES + \
-    OTHER_SCALE + SHIPPING + EXPORTS + LAUNCH_ENVIRONMENT + LAUNCH_SHAPES + RUN_FOLDERS
+    OTHER_SCALE + SHIPPING + EXPORTS + LAUNCH_ENVIRONMENT + LAUNCH_SHAPES + RUN_FOLDERS + RECORDS + WRITING
 
 
 def test_the_table_has_at_least_100_distinct_cases():
@@ -254,6 +255,15 @@ def test_a_log_damaged_where_only_a_report_reads_it_ends_in_one_line(bad: Case, 
     assert tree_hash(tmp_path / "case") == before
 
 
+def test_a_set_value_with_a_control_character_never_reaches_a_folder_name_or_the_terminal():
+    """Issue 50 §7: an ESC sequence in a --set text is refused, shown escaped (bad_options.py's cases: one line);
+    a name made of such a value anyway (presets.named) drops the characters and ends in the value's hash."""
+    result = CliRunner().invoke(repro.cli, ["train", "--scale", "smoke", "--norm", "post", "--protocol", "grow", "--set",
+                                            "data.path=corpus\x1b[2J.jsonl", "--dry-run"])
+    assert result.exit_code == 2 and "\x1b" not in result.output and "corpus\\x1b[2J.jsonl" in result.output
+    assert presets.named("a\x1b[31mb").isprintable() and presets.named("a\u202eb") != presets.named("ab") == "ab"
+
+
 # ---- issue 34: values by value -------------------------------------------------------------------
 
 def test_bare_repro_py_prints_usage_and_starts_nothing(tmp_path, monkeypatch):
@@ -284,8 +294,8 @@ def test_the_dry_run_is_closed_form_at_the_largest_accepted_values(tmp_path):
     """The teacher passes of a lockstep seed are a union of step spans, merged without a set of steps: at
     a billion steps a phase and 128 blocks the numbers are the formula's. The paper's 3 blocks of S steps:
     grow covers steps 0..3S, joint 0..S inside it, freeze shares grow's phase 0 and adds 1..3S."""
-    from tools import plan
-    assert plan.union_length([range(0, 10), range(5, 20), range(30, 31), range(0, 0), range(19, 25)]) == 26
+    from tools import lockstep_plan, plan
+    assert lockstep_plan.union_length([range(0, 10), range(5, 20), range(30, 31), range(0, 0), range(19, 25)]) == 26
     S, K = 10**9, 128
     ws = suite.workspace("smoke", tmp_path / "runs", overrides=smoke_set(f"run.phase_steps={S}", f"run.blocks={K}"),
                          dry_run=True)
@@ -293,8 +303,8 @@ def test_the_dry_run_is_closed_form_at_the_largest_accepted_values(tmp_path):
                                                                   ("post", "joint-long"))], 42)
     assert [r.name for r in runs] == ["pre-joint", "pre-grow", "pre-freeze", "post-joint", "post-joint-long"]
     joint_long = 2 * S - S  # its own phase after post-joint's (with_prefixes adds post-joint, which it shares)
-    assert plan.teacher_passes(runs, lockstep=True) == K * S + joint_long   # grow's span holds every replay run's
-    assert plan.teacher_passes(runs, lockstep=False) == S + K * S + (K - 1) * S + S + joint_long
+    assert lockstep_plan.teacher_passes(runs, lockstep=True) == K * S + joint_long   # grow's span holds every replay run's
+    assert lockstep_plan.teacher_passes(runs, lockstep=False) == S + K * S + (K - 1) * S + S + joint_long
     result = CliRunner().invoke(repro.cli, ["all", "--scale", "smoke", "--set", f"run.phase_steps={S}", "--set",
                                             f"run.blocks={K}", "--set", "run.layers_per_block=128", "--dry-run",
                                             "--runs-dir", str(tmp_path / "runs")])
@@ -329,12 +339,12 @@ def test_every_number_a_set_can_change_has_a_range():
 def test_the_dry_runs_estimate_for_this_cpu_uses_the_benchs_measured_speed(tmp_path):
     """From results/bench.json: the kit's toy step of 2 GFLOP in 0.5 s is 4 GFLOP/s, so 360 GFLOP take
     90 s = 1.5 min; bf16 where the preset would use it and the bench measured it."""
-    from tools import plan
+    from tools import cpu_estimate, plan
     bench = tmp_path / "bench.json"
     bench.write_text(json.dumps({"environment": {"date": "2026-12-02"}, "train_step": {
         "step_gflop": 2.0, "kit_post_fp32_s": 0.5, "kit_post_bf16_s": 0.25}}))
-    assert plan.cpu_estimate(360e9, "fp32", bench).startswith("about 1.5 min on this CPU (4.0 GFLOP/s")
-    assert plan.cpu_estimate(360e9, "auto", bench).startswith("about 45 s on this CPU (8.0 GFLOP/s")
+    assert cpu_estimate.cpu_estimate(360e9, "fp32", bench).startswith("about 1.5 min on this CPU (4.0 GFLOP/s")
+    assert cpu_estimate.cpu_estimate(360e9, "auto", bench).startswith("about 45 s on this CPU (8.0 GFLOP/s")
     assert plan.duration_text(0.2) == "under a second" and plan.duration_text(7200) == "2.0 h"
 
 

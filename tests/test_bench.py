@@ -62,13 +62,13 @@ def test_kd_loss_bench_smoke():
 def test_the_whole_bench_runs_at_tiny_sizes(tmp_path, monkeypatch):
     """`make bench`'s code path end to end (every row: train step, KD loss, tokenizer, loader, lockstep,
     compile) on a tiny model and a small toy shard, from a folder that is not the repository's."""
-    import data
+    import prepare_shards
     from plumbing import tokenizer
     tiny = replace(TINY_MODEL, vocab_size=4097)  # the toy tokenizer's vocabulary
     monkeypatch.setattr(bench, "toy_shapes", lambda: (tiny, 3, 1, 4))
     monkeypatch.chdir(tmp_path)
-    data.prepare("toy", tmp_path / "shard", tokenizer.qwen3_tokenizer(4096), max_len=32, n_train_docs=400,
-                 n_val_docs=16, seed=42, workers=1, progress=False)
+    prepare_shards.prepare("toy", tmp_path / "shard", tokenizer.qwen3_tokenizer(4096), max_len=32, n_train_docs=400,
+                           n_val_docs=16, seed=42, workers=1, progress=False)
     sizes = {"kd": dict(tokens=256, vocab=4096, hidden=32, repeats=1, chunk_size=64), "tokenizer_documents": 50,
              "lockstep_steps": 2, "loader_steps": 5, "cold_compile": False, "utilization_scales": ("smoke",)}
     results = bench.main(repeats=1, data_dir=tmp_path / "shard", sizes=sizes, out=tmp_path / "bench.json")
@@ -131,7 +131,7 @@ def test_a_profiled_step_is_split_into_every_group():
 
 
 # ----------------------------------------------------------------------------------------------
-# The dry run's one estimate for this CPU (tools/plan.cpu_estimate): the bench's step, else a short one timed now
+# The dry run's one estimate for this CPU (tools/cpu_estimate.py): the bench's step, else a short one timed now
 
 @pytest.fixture
 def quiet(monkeypatch):
@@ -141,12 +141,12 @@ def quiet(monkeypatch):
 
 def test_the_estimate_reads_the_benchs_step_and_times_nothing(tmp_path, monkeypatch, quiet):
     """The bench's toy step: 2 GFLOP in 0.5 s is 4 GFLOP/s, so 360 GFLOP take 90 s; nothing is timed."""
-    from tools import plan
+    from tools import cpu_estimate
     monkeypatch.setattr(utilization, "step_rate", lambda *a, **k: pytest.fail("timed a step beside bench.json"))
     bench_file = tmp_path / "bench.json"
     bench_file.write_text(json.dumps({"environment": {"date": "2026-12-02"}, "train_step": {
         "step_gflop": 2.0, "kit_post_fp32_s": 0.5}}))
-    assert plan.cpu_estimate(360e9, "fp32", bench_file) == (
+    assert cpu_estimate.cpu_estimate(360e9, "fp32", bench_file) == (
         f"about 1.5 min on this CPU (4.0 GFLOP/s: the kit's fp32 toy step as {bench_file} measured it on "
         "2026-12-02), on a quiet machine")
 
@@ -154,7 +154,7 @@ def test_the_estimate_reads_the_benchs_step_and_times_nothing(tmp_path, monkeypa
 def test_without_the_bench_the_estimate_times_a_few_real_toy_steps(tmp_path, monkeypatch, quiet):
     """No bench.json: the toy student step (utilization.Step) on 4 documents in the runs' precision, one untimed
     call, then the best of two: 3 GFLOP in 0.4 s then 0.25 s is 12 GFLOP/s, so 720 GFLOP take 60 s."""
-    from tools import plan
+    from tools import cpu_estimate
     made, calls, ticks = [], [], iter([10.0, 10.4, 20.0, 20.25])
 
     class Step:  # the real step's interface; its FLOPs and the clock are given
@@ -168,25 +168,25 @@ def test_without_the_bench_the_estimate_times_a_few_real_toy_steps(tmp_path, mon
             calls.append(1)
     monkeypatch.setattr(utilization, "Step", Step)
     monkeypatch.setattr(utilization, "step_clock", lambda: ("fake", lambda: next(ticks)))
-    text = plan.cpu_estimate(720e9, "fp32", tmp_path / "bench.json")
+    text = cpu_estimate.cpu_estimate(720e9, "fp32", tmp_path / "bench.json")
     assert text == "about 1.0 min on this CPU (12.0 GFLOP/s: the kit's fp32 toy step timed now), on a quiet machine"
     assert made == [(4, 4, 12, 128, torch.float32)] and len(calls) == 3  # the toy teacher's 12 layers, 128 positions
     stale = tmp_path / "old-bench.json"  # written before bench recorded the step's FLOPs: timed now as well
     stale.write_text(json.dumps({"environment": {}, "train_step": {"kit_post_fp32_s": 0.5}}))
     ticks = iter([0.0, 0.5, 1.0, 1.5])
-    assert plan.cpu_estimate(720e9, "fp32", stale).startswith("about 2.0 min on this CPU (6.0 GFLOP/s")
+    assert cpu_estimate.cpu_estimate(720e9, "fp32", stale).startswith("about 2.0 min on this CPU (6.0 GFLOP/s")
 
 
 def test_the_estimate_warns_when_other_processes_hold_the_cores(tmp_path, monkeypatch):
     """8 cores, torch on 4 threads: the 4 others (and half a core of slack) may be busy, not more."""
-    from tools import plan
+    from tools import cpu_estimate
     bench_file = tmp_path / "bench.json"
     bench_file.write_text(json.dumps({"environment": {}, "train_step": {"step_gflop": 2.0, "kit_post_fp32_s": 0.5}}))
     monkeypatch.setattr(utilization.os, "cpu_count", lambda: 8)
     monkeypatch.setattr(utilization.torch, "get_num_threads", lambda: 4)
     for load, busy in ((0.0, False), (4.4, False), (4.6, True), (30.0, True)):
         monkeypatch.setattr(utilization.os, "getloadavg", lambda load=load: (load, 1.0, 1.0))
-        text = plan.cpu_estimate(360e9, "fp32", bench_file)
+        text = cpu_estimate.cpu_estimate(360e9, "fp32", bench_file)
         assert text.startswith("about 1.5 min on this CPU (4.0 GFLOP/s") and text.count("about") == 1
         assert text.endswith(f"on a quiet machine; busy now (load {load:.1f} on 8 cores), so longer" if busy
                              else "on a quiet machine"), (load, text)

@@ -24,16 +24,17 @@ SLOW_PREPARATION = """
 import sys, time
 from datetime import timedelta
 from pathlib import Path
-import data
+import torch.distributed
+import prepare_shards
 from plumbing import devices
 from experiments import presets, suite
 devices.COLLECTIVE_TIMEOUT = timedelta(seconds=3)   # what NCCL's 10 minutes are to a real preparation
 devices.WAIT_REPORT_SECONDS = 2
-prepare = data.prepare
+prepare = prepare_shards.prepare
 def slow(*args, **kwargs):
     time.sleep(10)
     return prepare(*args, **kwargs)
-data.prepare = slow
+prepare_shards.prepare = slow
 ctx = devices.setup_distributed("cpu")
 if sys.argv[1] == "kit":
     ws = suite.Workspace(presets.PRESETS["smoke"], Path(sys.argv[2]) / "smoke", Path(sys.argv[2]) / "results", ctx)
@@ -44,7 +45,7 @@ else:  # what the kit did before: rank 0 prepares while the others sit in a coll
     ctx.barrier()
 ctx.barrier()
 print(f"rank {ctx.rank}: done", flush=True)
-devices.teardown(ctx)
+torch.distributed.destroy_process_group()  # leave the group: torchrun's ranks exit together
 """
 
 
@@ -107,7 +108,7 @@ def reduced(preset_name: str, **run):
 def test_the_rehearsal_measures_what_the_memory_and_collective_counts_say(scale, gpus, nodes, resident):
     from experiments import presets, suite
     from plumbing import devices
-    from tools import memory, plan, rehearse
+    from tools import dispatch_counts, memory, plan, rehearse
     preset = reduced(scale)
     ws = suite.Workspace(preset, Path("/nonexistent") / scale, Path("/nonexistent"), devices.Dist())
     out = rehearse.rehearse(ws, rehearse.Launch(gpus, nodes), [memory.last_phase(preset)] * resident)
@@ -135,7 +136,7 @@ def test_the_rehearsal_measures_what_the_memory_and_collective_counts_say(scale,
         import nets
         net = model.Qwen3(presets.teacher_shape(preset)).to(torch.bfloat16).eval().requires_grad_(False)
         ids, real = torch.zeros(preset.run["micro_batch"], preset.data["max_len"], dtype=torch.long), \
-            rehearse.DispatchedOps()
+            dispatch_counts.DispatchedOps()
         with real, torch.no_grad(), devices.autocast(torch.bfloat16, devices.Dist()):
             net(ids, output_fn=nets.hidden_only)
         assert ops["teacher forward"] == real.count * out["micro_batches_per_step"]
@@ -147,10 +148,10 @@ def test_the_rehearsal_measures_what_the_memory_and_collective_counts_say(scale,
 def test_every_lockstep_segment_measures_what_the_plan_counts():
     """Table 1's lockstep at full scale's settings (reduced dimensions) on 8 GPUs: each segment (four runs
     in phase 0, joint's nine layers stepping beside grow's one block; then grow's two in phases 1 and
-    2) measured through the kit's own code equals memory.py's count for it, which plan.fits reads."""
+    2) measured through the kit's own code equals memory.py's count for it, which lockstep_plan.fits reads."""
     from experiments import suite, tables
     from plumbing import devices
-    from tools import plan, rehearse
+    from tools import lockstep_plan, plan, rehearse
     preset = reduced("full")
     ws = suite.Workspace(preset, Path("/nonexistent") / "full", Path("/nonexistent"), devices.Dist())
     segments = rehearse.rehearse_segments(ws, rehearse.Launch(8), tables.MAIN_RUNS)
@@ -161,18 +162,18 @@ def test_every_lockstep_segment_measures_what_the_plan_counts():
                                                                                     abs=0.1 * 2**20), s["steps"]
     worst = max(s["plan_gib"] for s in segments) * 2**30
     runs = plan.planned_runs(ws, tables.MAIN_RUNS, 42)
-    assert plan.fits(preset, 8, worst / plan.MEMORY_HEADROOM, runs)
-    assert not plan.fits(preset, 8, worst / plan.MEMORY_HEADROOM - 1, runs)
+    assert lockstep_plan.fits(preset, 8, worst / lockstep_plan.MEMORY_HEADROOM, runs)
+    assert not lockstep_plan.fits(preset, 8, worst / lockstep_plan.MEMORY_HEADROOM - 1, runs)
 
 
 def test_dispatched_operators_leave_out_views_and_metadata():
     import torch
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    from tools import rehearse
+    from tools import dispatch_counts
     x = torch.ones(4, 3)
     for mode in (None, FakeTensorMode(allow_non_fake_inputs=True)):
-        ops = rehearse.DispatchedOps()
+        ops = dispatch_counts.DispatchedOps()
         with (mode or torch.no_grad()), ops:
             y = (x + 1).view(2, 6).t().detach()  # one kernel: add; the view, the transpose and detach alias
             assert ops.count == 1 and y.device.type == "cpu"
@@ -183,7 +184,8 @@ def test_dispatched_operators_leave_out_views_and_metadata():
 # ----------------------------------------------------------------------------------------------
 # The rehearsal's real-tensor mode is the launch: the driver's functions it calls, against a launch's
 
-DRIVER_MODULES = (ROOT / "grow.py", ROOT / "rundir.py", *(ROOT / "plumbing" / f for f in ("devices.py", "checkpoint.py")))
+DRIVER_MODULES = (ROOT / "grow.py", ROOT / "rundir.py", ROOT / "checkpointing.py",
+                  *(ROOT / "plumbing" / f for f in ("devices.py", "checkpoint.py", "faults.py")))
 
 
 class CalledFunctions:
@@ -215,7 +217,7 @@ class CalledFunctions:
 # teacher (grow.train of the teacher run), where the full scale's is the hub's and the rehearsal's a
 # small random one; and the command line checks its --tracker option.
 LAUNCH_ONLY = {"devices.setup_distributed", "devices.torchrun_rank", "devices.torchrun_rank.<locals>.<listcomp>",
-               "devices.teardown", "devices.choose_device", "grow.train", "rundir.check_tracker"}
+               "devices.choose_device", "grow.train", "rundir.check_tracker"}
 
 
 def test_the_real_rehearsal_runs_every_driver_function_a_launch_runs(tmp_path, monkeypatch):
@@ -271,8 +273,8 @@ def test_the_plans_hours_are_its_lines_and_the_balance_follows_the_lengths(monke
     """Equal documents waste nothing, so the balance is 1 whatever the placement; lognormal ones waste
     less placed by length than in order. A grow run evaluates at each phase's start and every 2,000
     steps (3 x 26 times at full). The total is the sum of its lines."""
-    import model
     from experiments import presets, suite, tables
+    from flops import forward_flops_per_token
     from plumbing import devices
     from tools import plan
     full = presets.PRESETS["full"]
@@ -286,8 +288,8 @@ def test_the_plans_hours_are_its_lines_and_the_balance_follows_the_lengths(monke
     ws = suite.Workspace(full, Path("/nonexistent") / "full", Path("/nonexistent"), devices.Dist())
     runs = plan.planned_runs(ws, tables.MAIN_RUNS, 42)
     grow_run = next(r for r in runs if r.name == "post-grow")
-    s_layers = [model.forward_flops_per_token(teacher, 3 * blocks, 972 / 2)[0] for blocks in (1, 2, 3)]
-    t_layers, head = model.forward_flops_per_token(teacher, teacher.num_hidden_layers, 972 / 2)
+    s_layers = [forward_flops_per_token(teacher, 3 * blocks, 972 / 2)[0] for blocks in (1, 2, 3)]
+    t_layers, head = forward_flops_per_token(teacher, teacher.num_hidden_layers, 972 / 2)
     tokens = -(-full.data["val_docs"] // 8) * 8 * 972  # 605 steps of 8 ranks: the last one's 7 idle ranks wait too
     equal = np.full(full.data["val_docs"], 972)
     assert plan.evaluation_flops(grow_run, full, teacher, equal, 8) == \

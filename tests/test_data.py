@@ -1,5 +1,5 @@
-"""Acceptance tests of data.py and plumbing/corpora.py (issue 3): corpora, shards, batches (the tokenizer's
-are in test_tokenizer.py).
+"""Acceptance tests of data.py, prepare_shards.py and plumbing/corpora.py (issue 3): corpora, shards, batches
+(the tokenizer's are in test_tokenizer.py).
 
     .venv/bin/python -m pytest -q tests/test_data.py
 """
@@ -18,6 +18,7 @@ import pytest
 import torch
 
 import data
+import prepare_shards
 from plumbing import corpora, errors, tokenizer
 
 # ---------------------------------------------------------------------------------------------------
@@ -199,8 +200,8 @@ def test_fineweb_missing_from_cache_offline_is_a_clear_error(offline_hub):
 def test_fineweb_prepare_end_to_end(offline_hub, tmp_path):
     cache, _ = offline_hub
     enc = tokenizer.qwen3_tokenizer(512)
-    train, val = data.prepare("fineweb-edu", tmp_path / "shards", enc, max_len=64, n_train_docs=20, n_val_docs=4,
-                              seed=0, workers=1, progress=False, cache_dir=cache)
+    train, val = prepare_shards.prepare("fineweb-edu", tmp_path / "shards", enc, max_len=64, n_train_docs=20, n_val_docs=4,
+                                        seed=0, workers=1, progress=False, cache_dir=cache)
     fineweb = corpora.corpus("fineweb-edu", n_val=4, seed=0, cache_dir=cache)
     assert [enc.decode(val.document(i)[1:-1]) for i in range(4)] == fineweb.validation_documents()
     assert enc.decode(train.document(19)[1:-1]) == list(fineweb.training_documents())[19]
@@ -219,7 +220,7 @@ def toy_shards(tmp_path_factory):
     """Built once, with two worker processes and the progress bar on."""
     enc = tokenizer.qwen3_tokenizer(2048)
     out = tmp_path_factory.mktemp("toy")
-    train, val = data.prepare("toy", out, enc, workers=2, **{**TOY, "progress": True})
+    train, val = prepare_shards.prepare("toy", out, enc, workers=2, **{**TOY, "progress": True})
     return enc, out, train, val
 
 
@@ -253,15 +254,15 @@ def test_truncated_token_file_and_wrong_checksum_are_detected(toy_shards, tmp_pa
     with pytest.raises(errors.DataError, match=r"tokens\.u32: checksum differs"):
         data.Shard(shard)
     with pytest.raises(errors.DataError, match=r"tokens\.u32: checksum differs"):  # prepare does not reuse it
-        data.prepare("toy", tmp_path, enc, workers=1, **TOY)
-    rebuilt, _ = data.prepare("toy", tmp_path, enc, workers=1, force=True, **TOY)
+        prepare_shards.prepare("toy", tmp_path, enc, workers=1, **TOY)
+    rebuilt, _ = prepare_shards.prepare("toy", tmp_path, enc, workers=1, force=True, **TOY)
     assert rebuilt.tokens.tobytes() == tokens
 
 
 def test_interrupted_prepare_leaves_no_shard_and_a_rerun_completes(toy_shards, tmp_path, monkeypatch):
     enc, reference, _, _ = toy_shards
     calls = []
-    tokenize = data._tokenize_chunk
+    tokenize = prepare_shards._tokenize_chunk
 
     def dies_midway(*args):
         calls.append(1)
@@ -269,10 +270,10 @@ def test_interrupted_prepare_leaves_no_shard_and_a_rerun_completes(toy_shards, t
             raise KeyboardInterrupt  # what Ctrl-C raises in the middle of the tokenization
         return tokenize(*args)
 
-    monkeypatch.setattr(data, "CHUNK_DOCS", 50)
-    monkeypatch.setattr(data, "_tokenize_chunk", dies_midway)
+    monkeypatch.setattr(prepare_shards, "CHUNK_DOCS", 50)
+    monkeypatch.setattr(prepare_shards, "_tokenize_chunk", dies_midway)
     with pytest.raises(KeyboardInterrupt):
-        data.prepare("toy", tmp_path, enc, workers=1, **TOY)
+        prepare_shards.prepare("toy", tmp_path, enc, workers=1, **TOY)
     assert (tmp_path / "val" / "manifest.json").exists()  # val finished before train started
     assert sorted(p.name for p in tmp_path.iterdir()) == ["val"]
     with pytest.raises(errors.DataError, match="not a finished shard"):
@@ -280,8 +281,8 @@ def test_interrupted_prepare_leaves_no_shard_and_a_rerun_completes(toy_shards, t
 
     (tmp_path / ".train.partial").mkdir()  # what a SIGKILL leaves behind
     (tmp_path / ".train.partial" / "tokens.u32").write_bytes(b"\0" * 64)
-    monkeypatch.setattr(data, "_tokenize_chunk", tokenize)
-    train, _ = data.prepare("toy", tmp_path, enc, workers=1, **TOY)
+    monkeypatch.setattr(prepare_shards, "_tokenize_chunk", tokenize)
+    train, _ = prepare_shards.prepare("toy", tmp_path, enc, workers=1, **TOY)
     assert np.array_equal(train.tokens, data.Shard(reference / "train").tokens)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["train", "val"]
 
@@ -289,21 +290,22 @@ def test_interrupted_prepare_leaves_no_shard_and_a_rerun_completes(toy_shards, t
 def test_same_inputs_reuse_the_shard_without_tokenizing(toy_shards, monkeypatch):
     enc, out, train, _ = toy_shards
     mtime = os.stat(out / "train" / "tokens.u32").st_mtime_ns
-    monkeypatch.setattr(data, "_tokenize_chunk", lambda *a: pytest.fail("re-tokenized a reusable shard"))
-    again, _ = data.prepare("toy", out, enc, workers=2, **TOY)
+    monkeypatch.setattr(prepare_shards, "_tokenize_chunk", lambda *a: pytest.fail("re-tokenized a reusable shard"))
+    again, _ = prepare_shards.prepare("toy", out, enc, workers=2, **TOY)
     assert np.array_equal(again.tokens, train.tokens)
     assert os.stat(out / "train" / "tokens.u32").st_mtime_ns == mtime
 
 
 def test_changed_inputs_are_detected_and_force_rebuilds(toy_shards, tmp_path):
     enc, _, _, _ = toy_shards
-    data.prepare("toy", tmp_path, enc, workers=1, **{**TOY, "n_train_docs": 30, "n_val_docs": 5})
+    prepare_shards.prepare("toy", tmp_path, enc, workers=1, **{**TOY, "n_train_docs": 30, "n_val_docs": 5})
     other = tokenizer.qwen3_tokenizer(1024)
     with pytest.raises(errors.DataError, match=r"val: existing shard was built with another tokenizer .*force=True"):
-        data.prepare("toy", tmp_path, other, workers=1, **{**TOY, "n_train_docs": 30, "n_val_docs": 5})
+        prepare_shards.prepare("toy", tmp_path, other, workers=1, **{**TOY, "n_train_docs": 30, "n_val_docs": 5})
     with pytest.raises(errors.DataError, match=r"another corpus, n_docs_requested"):
-        data.prepare("toy", tmp_path, enc, workers=1, **{**TOY, "n_train_docs": 30, "n_val_docs": 6})
-    train, val = data.prepare("toy", tmp_path, other, workers=1, force=True, **{**TOY, "n_train_docs": 30, "n_val_docs": 5})
+        prepare_shards.prepare("toy", tmp_path, enc, workers=1, **{**TOY, "n_train_docs": 30, "n_val_docs": 6})
+    train, val = prepare_shards.prepare("toy", tmp_path, other, workers=1, force=True,
+                                        **{**TOY, "n_train_docs": 30, "n_val_docs": 5})
     assert train.manifest["tokenizer"]["name"] == "qwen3-v1024" and val.eot == 1024
     assert sorted(p.name for p in tmp_path.iterdir()) == ["train", "val"]
 
@@ -313,7 +315,7 @@ def test_prepare_never_replaces_what_it_did_not_make(toy_shards, tmp_path):
     (tmp_path / "val").mkdir()
     (tmp_path / "val" / "notes.txt").write_text("mine")
     with pytest.raises(errors.DataError, match=r"val: exists but is not a finished shard .*force=True"):
-        data.prepare("toy", tmp_path, enc, workers=1, **TOY)
+        prepare_shards.prepare("toy", tmp_path, enc, workers=1, **TOY)
     assert (tmp_path / "val" / "notes.txt").read_text() == "mine"
 
 
@@ -323,21 +325,21 @@ def test_too_few_source_documents_is_a_data_error(tmp_path):
         (tmp_path / "docs" / f"{i}.txt").write_text(f"text {i}")
     with pytest.raises(errors.DataError,
                        match=r"source local \(train\): the source ran out after 3 documents, 10 requested"):
-        data.prepare("local", tmp_path / "out", tokenizer.qwen3_tokenizer(512), max_len=8, n_train_docs=10, n_val_docs=2,
-                     workers=1, progress=False, path=tmp_path / "docs")
+        prepare_shards.prepare("local", tmp_path / "out", tokenizer.qwen3_tokenizer(512), max_len=8, n_train_docs=10,
+                               n_val_docs=2, workers=1, progress=False, path=tmp_path / "docs")
     assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["val"]
 
 
 def test_summarize(toy_shards):
     enc, _, train, _ = toy_shards
-    summary = data.summarize(train, enc)
+    summary = prepare_shards.summarize(train, enc)
     lengths = np.diff(train.offsets)
     assert summary["documents"] == 300 and summary["tokens"] == lengths.sum()
     assert summary["targets"] == lengths.sum() - 300 and summary["boundary_tokens"] == 300
     assert summary["truncated"] == sum(train.document(i)[-1] != enc.eot for i in range(300)) > 0
     assert summary["length_max"] == 65 and summary["length_p50"] == int(round(np.median(lengths)))
     with pytest.raises(errors.DataError, match="built with tokenizer qwen3-v2048, not qwen3"):
-        data.summarize(train, tokenizer.qwen3_tokenizer())
+        prepare_shards.summarize(train, tokenizer.qwen3_tokenizer())
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -352,7 +354,7 @@ def write_synthetic_shard(path, n_docs):
     tokens = np.array([t for d in documents for t in d], dtype=np.uint32)
     inputs = {"format": data.SHARD_FORMAT, "split": "train", "corpus": {"source": "synthetic"},
               "tokenizer": {"name": enc.name, "fingerprint": enc.fingerprint}, "max_len": 16, "n_docs_requested": n_docs}
-    data._write_shard(path, inputs, iter([(tokens, np.array([len(d) for d in documents]))]), enc)
+    prepare_shards._write_shard(path, inputs, iter([(tokens, np.array([len(d) for d in documents]))]), enc)
     return data.Shard(path)
 
 

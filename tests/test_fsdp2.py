@@ -65,7 +65,7 @@ RESHARD = """
 import json, sys
 from pathlib import Path
 import torch
-import config, grow, nets, rundir
+import checkpointing, config, grow, nets
 from plumbing import devices
 source, target = Path(sys.argv[1]), Path(sys.argv[2])
 ctx = devices.setup_distributed("cpu")
@@ -81,9 +81,9 @@ teacher = nets.load_teacher(c, ctx, torch.float32)
 net = nets.build_model(c, teacher, ctx, torch.float32)
 params = grow.trainable_parameters(net, config.plan_phases(c)[state["phase"]])
 optimizer = grow.build_optimizer(c, params)
-rundir.load_latest_checkpoint(source / "latest", net, optimizer, ctx)
+checkpointing.load_latest_checkpoint(source / "latest", net, optimizer, ctx)
 target.mkdir(exist_ok=True)
-rundir.write_latest_checkpoint(target, net, optimizer, state, ctx)
+checkpointing.write_latest_checkpoint(target, net, optimizer, state, ctx)
 """
 
 

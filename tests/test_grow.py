@@ -11,6 +11,7 @@ import pytest
 import torch
 from conftest import distil_config, make_config, phase_weights
 
+import checkpointing
 import config
 import grow
 import kd
@@ -406,8 +407,9 @@ def test_a_transplant_adopts_the_other_placements_prefix_and_keeps_it_frozen(tin
         assert all(torch.equal(got[k], v) for k, v in block_tensors(source, 0).items()), p
     # the same schedule's own names are read as they are (no transplant: nothing renamed or skipped)
     net = model.Student.load(tmp_path / "transplant" / "phase-2")
-    assert net.names_in("post,pre,pre")("norm.weight") == "norm.weight"
-    assert net.names_in("post")("norm.weight") is None and net.names_in("post")("entry_norm.weight") == "norm.weight"
+    assert checkpointing.names_in(net, "post,pre,pre")("norm.weight") == "norm.weight"
+    stored_post = checkpointing.names_in(net, "post")
+    assert stored_post("norm.weight") is None and stored_post("entry_norm.weight") == "norm.weight"
 
 
 # ---- progress: "run i of n", the time left, nothing shown before it is measured ------------------------------

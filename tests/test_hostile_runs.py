@@ -23,9 +23,10 @@ import torch
 from conftest import TINY_VOCAB, distil_config
 from safetensors.torch import load_file, save_file
 
-import data
+import checkpointing
 import grow
 import model
+import prepare_shards
 import rundir
 from experiments import reference
 from plumbing import checkpoint, corpora, errors, locks, tokenizer
@@ -460,7 +461,7 @@ def test_an_index_added_to_a_student_checkpoint_is_refused_by_eval_and_resume(ru
     with pytest.raises(errors.CheckpointError, match="model.safetensors.index.json is not one of its files"):
         model.Student.load(ckpt)
     warned = []
-    found = rundir.newest_checkpoint(run, verify=True, warn=warned.append)
+    found = checkpointing.newest_checkpoint(run, verify=True, warn=warned.append)
     assert found[0].name == "phase-0" and len(warned) == 1 and "phase-1: damaged (model.safetensors.index" in warned[0]
 
 
@@ -494,8 +495,8 @@ def test_a_corpus_edited_while_prepare_runs_gives_shards_of_the_text_it_hashed(t
         corpus.write_text(jsonl(t.replace("original", "EDITED") for t in original))
         return built
     monkeypatch.setattr(corpora, "corpus", edited_after_hashing)
-    train, val = data.prepare("local", tmp_path / "shards", enc, max_len=64, n_train_docs=None, n_val_docs=2,
-                              workers=1, progress=False, path=str(corpus))
+    train, val = prepare_shards.prepare("local", tmp_path / "shards", enc, max_len=64, n_train_docs=None, n_val_docs=2,
+                                        workers=1, progress=False, path=str(corpus))
     texts = [enc.decode(s.document(i)[1:-1].tolist()) for s in (val, train) for i in range(len(s))]
     assert sorted(texts) == sorted(original)  # the text the manifest's sha256 names
     hashed = hashlib.sha256(b"corpus.jsonl\0" + jsonl(original).encode()).hexdigest()
@@ -513,8 +514,8 @@ def test_a_parquet_corpus_changed_while_it_was_read_leaves_no_shard(tmp_path, en
         return built
     monkeypatch.setattr(corpora, "corpus", edited_after_hashing)
     with pytest.raises(errors.DataError, match="changed while they were read"):
-        data.prepare("local", tmp_path / "shards", enc, max_len=64, n_train_docs=None, n_val_docs=2, workers=1,
-                     progress=False, path=str(corpus))
+        prepare_shards.prepare("local", tmp_path / "shards", enc, max_len=64, n_train_docs=None, n_val_docs=2, workers=1,
+                               progress=False, path=str(corpus))
     assert not (tmp_path / "shards" / "val").exists()
 
 

@@ -1,7 +1,7 @@
 """The ideas section of a results page (experiments/pages.py), generated from a reference's per-seed values:
 the primary contrasts Holm-adjusted as the pre-registration says, read by the declared rule, checked against
 numbers planted by hand."""
-from experiments import ideas, pages, reference, report
+from experiments import ideas, pages, readings, reference, report
 
 SEEDS = [42, 43, 44]
 
@@ -46,7 +46,7 @@ def test_the_primaries_are_one_holm_family_of_seven_read_by_the_declared_rule():
     raw = [report.p_two_sided(stats[i]) for i in range(1, 8)]
     holm = report.holm(raw)
     for i in range(1, 8):
-        assert rows[i][5] == pages.p_text(holm[i - 1])
+        assert rows[i][5] == readings.p_text(holm[i - 1])
         assert rows[i][6] == report.adjusted_reading(stats[i], holm[i - 1], 0.01)
     assert rows[1][6] == "below 0" and rows[4][2] == "post-grow"  # idea 4's primary is against post-grow
     assert rows[2][6] != "below 0"

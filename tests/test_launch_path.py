@@ -141,12 +141,12 @@ def free_port() -> int:
 
 
 def launch(config_file, run_dir, nodes: int, per_node: int):
-    """grow.py on nodes x per_node gloo ranks in this machine, with the environment torchrun gives each
+    """tests/run_grow.py on nodes x per_node gloo ranks in this machine, with the environment torchrun gives each
     rank of a several-node launch (LOCAL_WORLD_SIZE below WORLD_SIZE: devices.mesh_for builds the HSDP
     mesh); fails the test on an error."""
     world, port = nodes * per_node, free_port()
-    procs = [subprocess.Popen([sys.executable, str(ROOT / "grow.py"), str(config_file), "--run-dir", str(run_dir)],
-                              cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    run_grow = [sys.executable, str(ROOT / "tests" / "run_grow.py"), str(config_file), "--run-dir", str(run_dir)]
+    procs = [subprocess.Popen(run_grow, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                               env={**os.environ, "OMP_NUM_THREADS": "1", "RANK": str(r), "WORLD_SIZE": str(world),
                                    "LOCAL_RANK": str(r % per_node), "LOCAL_WORLD_SIZE": str(per_node),
                                    "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)})
@@ -262,7 +262,7 @@ def test_a_batcher_with_balance_serves_its_ranks_placement(tiny_shards):
 
 @pytest.mark.slow
 def test_bf16_fsdp2_on_two_gloo_ranks_trains_every_grow_phase(tiny_shards, tiny_teacher_dir, tmp_path):
-    """`torchrun --nproc_per_node=2 grow.py` in the full preset's precision (bf16 parameters, fp32
+    """`torchrun --nproc_per_node=2 tests/run_grow.py` in the full preset's precision (bf16 parameters, fp32
     reduction) with 2 micro-batches a rank, through grow's three phases. Before the fixes it died in
     phase 0 (AttributeError '_unsharded_param') or, with 1 micro-batch a rank, at phase 1's first
     reduce-scatter ("attempting to assign a gradient with dtype 'c10::BFloat16' to a tensor with

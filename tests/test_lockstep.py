@@ -120,7 +120,7 @@ def test_separate_runs_pay_for_every_teacher_pass(tiny_shards, tiny_teacher_dir,
 
 def start(configs, kill_at: str = ""):
     env = {**os.environ, "NORMGROW_KILL_AT": kill_at}
-    return subprocess.run([sys.executable, str(ROOT / "grow.py"), *map(str, configs)], cwd=ROOT, env=env,
+    return subprocess.run([sys.executable, str(ROOT / "tests" / "run_grow.py"), *map(str, configs)], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=300)
 
 
@@ -158,8 +158,8 @@ def test_two_ranks_in_lockstep_match_one_process(tiny_shards, tiny_teacher_dir, 
         run_dir.mkdir(parents=True)
         (run_dir / "config.json").write_text(json.dumps(asdict(c)))
         configs.append(run_dir / "config.json")
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(ROOT / "grow.py"),
-           *map(str, configs)]
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+           str(ROOT / "tests" / "run_grow.py"), *map(str, configs)]
     out = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600,
                          env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-5000:]

@@ -11,10 +11,11 @@ import numpy as np
 import pytest
 import torch
 
-import data
 import diag
 import model
+import prepare_shards
 from experiments import presets, scan, suite
+from flops import forward_flops_per_token
 from interventions.monitor import attention_to_first
 from plumbing import corpora
 from plumbing.hf_qwen3 import ModelConfig
@@ -47,11 +48,11 @@ def test_the_backcopy_corpus_is_its_seed_and_copies_after_every_trigger():
 
 
 def test_a_backcopy_shard_starts_every_document_with_the_fixed_first_token(tmp_path):
-    """data.prepare writes <bos> (id = the number of symbols) and then the generator's ids, cut at max_len."""
+    """prepare_shards.prepare writes <bos> (id = the number of symbols) and then the generator's ids, cut at max_len."""
     enc = corpora.vocabulary({"source": "backcopy", "symbols": 8})
     options = dict(symbols=8, triggers=2, document_tokens=16)
-    train, val = data.prepare("backcopy", tmp_path, enc, max_len=16, n_train_docs=4, n_val_docs=2, seed=7,
-                              progress=False, workers=1, **options)
+    train, val = prepare_shards.prepare("backcopy", tmp_path, enc, max_len=16, n_train_docs=4, n_val_docs=2, seed=7,
+                                        progress=False, workers=1, **options)
     expected = backcopy_ids(7, 6, **options)
     shard_documents = [val.document(i) for i in range(2)] + [train.document(i) for i in range(4)]
     assert enc.eot == 8 and enc.n_vocab == 9 and train.eot == 8
@@ -162,9 +163,9 @@ def test_the_dry_run_prices_the_controls_window_not_full_causal_attention():
     layers' attention FLOPs are 4 * 128 * 16 a token a layer (QK^T and AV over 16 keys), the mechanism's
     4 * 128 * 128; the weights' FLOPs are the same. Full attention for both would make the difference 0."""
     windowed, full = presets.teacher_shape(CONTROL), presets.teacher_shape(MECHANISM)
-    (control, head), (mechanism, same_head) = (model.forward_flops_per_token(c, 12, 128.0) for c in (windowed, full))
+    (control, head), (mechanism, same_head) = (forward_flops_per_token(c, 12, 128.0) for c in (windowed, full))
     assert head == same_head and mechanism - control == 12 * 4 * 128 * (128 - 16)
-    assert model.forward_flops_per_token(windowed, 12, 8.0) == model.forward_flops_per_token(full, 12, 8.0)
+    assert forward_flops_per_token(windowed, 12, 8.0) == forward_flops_per_token(full, 12, 8.0)
 
 
 def test_a_dry_run_prices_the_kits_own_teacher_where_it_must_be_pretrained_first(tmp_path):
@@ -188,8 +189,8 @@ def test_the_scan_splits_a_backcopy_task_into_its_copies_and_its_chain_draws(tmp
     symbol after a symbol (<bos>'s first symbol and the closing <bos> are neither)."""
     enc = corpora.vocabulary({"source": "backcopy", "symbols": 8})
     options = dict(symbols=8, triggers=2, document_tokens=16)
-    _, val = data.prepare("backcopy", tmp_path, enc, max_len=16, n_train_docs=1, n_val_docs=5, seed=7,
-                          progress=False, workers=1, **options)
+    _, val = prepare_shards.prepare("backcopy", tmp_path, enc, max_len=16, n_train_docs=1, n_val_docs=5, seed=7,
+                                    progress=False, workers=1, **options)
     chain, triggers = corpora.backcopy_chain(8, 2, 7)
     docs = backcopy_ids(7, 5, **options)                       # the val shard's symbols, <bos> before them
     copies = int(np.isin(docs[:, :-1], triggers).sum())       # targets 2..15 of each document's symbols

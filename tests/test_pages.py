@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 
-from experiments import figures, page_figures, pages, presets, reference, report
+from experiments import figures, page_figures, pages, presets, readings, reference, report
 from plumbing import checkpoint
 from plumbing.errors import UsageError
 
@@ -46,7 +46,7 @@ def test_a_bad_reference_value_is_named_by_its_json_path(tmp_path):
 
 
 def stats(values):
-    return pages.stats(values)
+    return readings.stats(values)
 
 
 @pytest.mark.parametrize("values, verdict, why", [
@@ -58,8 +58,8 @@ def stats(values):
 ])
 def test_a_reading_sentence_follows_the_declared_rule_on_planted_numbers(values, verdict, why):
     s = stats(values)
-    text = pages.sentence("Δ", s)
-    assert pages.read(s) == verdict and f"**{verdict}**: {why}" in text
+    text = readings.sentence("Δ", s)
+    assert readings.read(s) == verdict and f"**{verdict}**: {why}" in text
     # The interval in the sentence is the one the verdict rests on, and its margin is the smallest the seeds allow.
     lo, hi = s["ci95"]
     assert f"[{lo:+.4f}, {hi:+.4f}]" in text
@@ -68,8 +68,8 @@ def test_a_reading_sentence_follows_the_declared_rule_on_planted_numbers(values,
 
 def test_a_null_seed_gives_no_reading_and_a_diverged_run_is_counted():
     s = stats([-0.3, None, -0.31])
-    assert pages.read(s).startswith("no reading: 1 of 3 seeds") and "**" not in pages.sentence("Δ", s)
-    assert "diverged: 1 of the 6 runs (b s43)" in pages.diverged_line({"a": [1.0, 2.0, 3.0], "b": [1.0, None, 3.0]},
+    assert readings.read(s).startswith("no reading: 1 of 3 seeds") and "**" not in readings.sentence("Δ", s)
+    assert "diverged: 1 of the 6 runs (b s43)" in readings.diverged_line({"a": [1.0, 2.0, 3.0], "b": [1.0, None, 3.0]},
                                                                       [42, 43, 44], "runs")
 
 
@@ -77,10 +77,10 @@ def test_in_a_family_holm_decides_the_sign_not_the_members_own_interval():
     """Two members each with p ~0.03 (their 95% intervals exclude 0): Holm doubles the smaller p past 0.05, so
     both read inconclusive in the family, and the sentence says why."""
     members = [stats([-0.10, -0.05, -0.08]), stats([-0.10, -0.05, -0.08])]
-    p_holm = pages.holm_family(members)
+    p_holm = readings.holm_family(members)
     assert all(0.05 < p < 0.1 for p in p_holm)
-    assert pages.read(members[0]) == "below 0"  # alone, by its interval
-    text = pages.sentence("Δ", members[0], p_holm[0], 2)
+    assert readings.read(members[0]) == "below 0"  # alone, by its interval
+    text = readings.sentence("Δ", members[0], p_holm[0], 2)
     assert "**inconclusive**" in text and f"Holm-adjusted p, {p_holm[0]:.3g}, is not below 0.05 over the family's 2" in text
 
 

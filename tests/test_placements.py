@@ -1,6 +1,6 @@
-"""Every norm placement against its equations written out by hand, sharing no code with model.py:
-each placement's layer, the student's entry and final norms (single placements and per-block
-schedules), DeepNet's constants and init, and the straight-through boundary rescale.
+"""Every norm placement against its equations written out by hand, sharing no code with model.py or
+interventions/placements.py: each placement's layer, the student's entry and final norms (single placements
+and per-block schedules), DeepNet's constants and init, and the straight-through boundary rescale.
 
 The hand equations run in float64, but model.py's RMSNorm takes its statistics in fp32 (as transformers
 does) and rope_cos_sin is fp32, so even a float64 model agrees with them only to fp32 rounding: the
@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import model
-from interventions import boundary
+from interventions import boundary, placements
 from plumbing.hf_qwen3 import ModelConfig
 
 CONFIG = ModelConfig(vocab_size=50, hidden_size=16, intermediate_size=24, num_hidden_layers=2,
@@ -246,14 +246,14 @@ def test_schedule_post_pre_pre_by_hand(teacher):
 @pytest.mark.parametrize("n", [3, 9, 18])
 def test_deepnet_constants_are_the_decoder_only_formulas(n):
     """DeepNet (Wang et al. 2022; torchscale decoder.py), decoder-only: alpha = (2N)^(1/4), beta = (8N)^(-1/4)."""
-    assert model.deepnet_alpha(n) == pytest.approx((2 * n) ** (1 / 4), rel=1e-12)
-    assert model.deepnet_beta(n) == pytest.approx((8 * n) ** (-1 / 4), rel=1e-12)
+    assert placements.deepnet_alpha(n) == pytest.approx((2 * n) ** (1 / 4), rel=1e-12)
+    assert placements.deepnet_beta(n) == pytest.approx((8 * n) ** (-1 / 4), rel=1e-12)
 
 
 def test_deepnet_constants_for_18_layers_in_closed_form():
     """N = 18: alpha = 36^(1/4) = sqrt(6), beta = 144^(-1/4) = 1/sqrt(12), independent of any power."""
-    assert model.deepnet_alpha(18) == pytest.approx(math.sqrt(6), rel=1e-12)
-    assert model.deepnet_beta(18) == pytest.approx(1 / math.sqrt(12), rel=1e-12)
+    assert placements.deepnet_alpha(18) == pytest.approx(math.sqrt(6), rel=1e-12)
+    assert placements.deepnet_beta(18) == pytest.approx(1 / math.sqrt(12), rel=1e-12)
 
 
 def test_deepnorm_student_alpha_and_beta_init(teacher):
@@ -354,14 +354,15 @@ def test_norm_boundary_student_normalises_each_block_input_by_hand(teacher):
 
 # ---- 5. the tests above catch a wrong placement ---------------------------------------------------
 
-MUTATIONS = {  # a deliberately broken model.py: each must fail the equations above
-    "HybridNorm as the kit once had it: y = N(h + FFN(h))": ("    z = layer.mlp_norm(h)\n    return layer.mlp(z) + z",
-                                                            "    return layer.mlp_norm(layer.mlp(h) + h)"),
-    "HybridNorm with an entry norm": ('"hybrid": Placement(hybrid_layer, entry_norm=False',
+MUTATIONS = {  # a deliberately broken model.py or interventions/placements.py: each must fail the equations above
+    "HybridNorm as the kit once had it: y = N(h + FFN(h))": (
+        "interventions/placements.py", "    z = layer.mlp_norm(h)\n    return layer.mlp(z) + z",
+        "    return layer.mlp_norm(layer.mlp(h) + h)"),
+    "HybridNorm with an entry norm": ("model.py", '"hybrid": Placement(hybrid_layer, entry_norm=False',
                                       '"hybrid": Placement(hybrid_layer, entry_norm=True'),
     "HybridNorm* without its pre-norm first layer": (
-        "layer_names[0] = placement(layer_names[0]).first_layer or layer_names[0]", "pass"),
-    "DeepNorm's beta on up_proj too": ('"mlp.gate_proj", "mlp.down_proj")',
+        "model.py", "layer_names[0] = placement(layer_names[0]).first_layer or layer_names[0]", "pass"),
+    "DeepNorm's beta on up_proj too": ("interventions/placements.py", '"mlp.gate_proj", "mlp.down_proj")',
                                        '"mlp.gate_proj", "mlp.up_proj", "mlp.down_proj")'),
 }
 
@@ -380,10 +381,10 @@ def test_a_deliberately_broken_model_fails_these_tests(broken, tmp_path):
         shutil.copytree(init.parent, tmp_path / init.parent.name, ignore=shutil.ignore_patterns("__pycache__"))
     shutil.copytree(root / "tests", tmp_path / "tests", ignore=shutil.ignore_patterns("__pycache__"))
     shutil.copy(root / "pytest.ini", tmp_path)
-    old, new = MUTATIONS[broken]
-    source = (tmp_path / "model.py").read_text()
+    file, old, new = MUTATIONS[broken]
+    source = (tmp_path / file).read_text()
     assert source.count(old) == 1, broken
-    (tmp_path / "model.py").write_text(source.replace(old, new))
+    (tmp_path / file).write_text(source.replace(old, new))
     out = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", "-m", "not slow",
                           "tests/test_placements.py"], cwd=tmp_path, capture_output=True, text=True, timeout=300)
     assert out.returncode == 1 and " failed" in out.stdout, out.stdout[-2000:]

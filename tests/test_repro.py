@@ -18,12 +18,12 @@ from conftest import repro_cli
 
 import config
 import data
-import model
 import repro
 import rundir
-from experiments import presets, suite, tables
+from experiments import presets, registry, suite, tables, training
+from flops import forward_flops_per_token
 from plumbing import checkpoint, devices, errors, paths
-from tools import checkpoints, plan
+from tools import checkpoints, lockstep_plan, plan
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -77,13 +77,13 @@ def test_dry_run_counts_teacher_passes_both_ways():
     teacher steps, and the four fresh-data long controls still pay 200k: 350k."""
     ws = suite.Workspace(presets.PRESETS["full"], Path("/nonexistent/full"), Path("/nonexistent"), devices.Dist())
     runs = plan.planned_runs(ws, list(tables.RUNS), 42)
-    assert plan.teacher_passes(runs, lockstep=False) == 2 * (50_000 + 150_000 + 100_000 + 50_000 + 50_000 + 100_000)
-    assert plan.teacher_passes(runs, lockstep=True) == 150_000 + 4 * 50_000
-    assert plan.most_resident(runs) == 6  # joint ends where freeze joins; the same-shard controls run throughout
+    assert lockstep_plan.teacher_passes(runs, lockstep=False) == 2 * (50_000 + 150_000 + 100_000 + 50_000 + 50_000 + 100_000)
+    assert lockstep_plan.teacher_passes(runs, lockstep=True) == 150_000 + 4 * 50_000
+    assert lockstep_plan.most_resident(runs) == 6  # joint ends where freeze joins; the same-shard controls run throughout
     result = plan.print_plan(ws, runs, [42], "h100", 8, suite.console)
     saved = result["separate"]["flops"] - result["lockstep"]["flops"]
     teacher = plan.model_shapes(ws.preset)[0]
-    layers, _ = model.forward_flops_per_token(teacher, 36, 972.5 / 2)
+    layers, _ = forward_flops_per_token(teacher, 36, 972.5 / 2)
     assert saved == pytest.approx((1_000_000 - 350_000) * 64 * 972.5 * layers)
     assert result["lockstep"]["memory_gib"] > result["separate"]["memory_gib"]
     assert result["lockstep_default"] == (result["lockstep"]["memory_gib"] <= 0.9 * 80)
@@ -117,8 +117,8 @@ def test_the_plans_evaluations_are_the_batches_the_ranks_run(world, eval_batch):
     per_rank = [list(data.eval_batches(shard, eval_batch, r, world)) for r in range(world)]
     def cost(batch, student_layers):  # rows x padded width tokens through the teacher, the student and two heads
         rows, width = batch.input_ids.shape
-        t_layers, head = model.forward_flops_per_token(teacher, 36, width / 2)
-        return rows * width * (t_layers + model.forward_flops_per_token(teacher, student_layers, width / 2)[0]
+        t_layers, head = forward_flops_per_token(teacher, 36, width / 2)
+        return rows * width * (t_layers + forward_flops_per_token(teacher, student_layers, width / 2)[0]
                                + 2 * head) if batch.doc_ids else 0.0
     run = sum(26 * world * max(cost(b, 3 * blocks) for b in step)  # 26 evaluations a phase, 3 phases
               for blocks in (1, 2, 3) for step in zip(*per_rank))
@@ -129,7 +129,7 @@ def test_the_plans_evaluations_are_the_batches_the_ranks_run(world, eval_batch):
 @pytest.mark.parametrize("world", [3, 128])
 def test_the_launch_the_dry_run_and_the_rehearsal_refuse_a_shape_with_one_line(tmp_path, world):
     """64 documents a step on 3 ranks (not a multiple) or on 128 (fewer than the ranks): the launch refuses
-    before any work (suite.check_before_work, on its ranks), and the dry run and the rehearsal refuse the
+    before any work (training.check_before_work, on its ranks), and the dry run and the rehearsal refuse the
     same shape with the same line before pricing or rehearsing anything (the dry run priced both before:
     the second with a negative imbalance line and 'balance inf')."""
     from tools import preflight, rehearse
@@ -137,7 +137,7 @@ def test_the_launch_the_dry_run_and_the_rehearsal_refuse_a_shape_with_one_line(t
                          devices.Dist(0, world, local_world=world))
     runs = plan.planned_runs(ws, tables.MAIN_RUNS, 42)
     lines = set()
-    for attempt in (lambda: suite.check_before_work(ws, [(run, 42) for run in tables.MAIN_RUNS], False),
+    for attempt in (lambda: training.check_before_work(ws, [(run, 42) for run in tables.MAIN_RUNS], False),
                     lambda: plan.print_plan(ws, runs, [42], "h100", world, suite.console),
                     lambda: preflight.rehearse_launch(ws, rehearse.Launch(world), tables.MAIN_RUNS, "both", False, "t")):
         with pytest.raises(errors.DataError) as refused:
@@ -213,15 +213,15 @@ def test_edited_preset_is_refused_then_forced_without_redoing_what_matches(tmp_p
     preset = presets.PRESETS["smoke"]
     original = suite.Workspace(preset, tmp_path / "smoke", tmp_path / "results", devices.Dist())
     post_joint = suite.RunName("post", "joint")
-    suite.ensure_runs(original, [post_joint], [42])
+    training.ensure_runs(original, [post_joint], [42])
     edited = replace(preset, run={**preset.run, "lr": preset.run["lr"] / 2})
     ws = suite.Workspace(edited, tmp_path / "smoke", tmp_path / "results", devices.Dist())
     tokens = ws.data_dir / "train" / "tokens.u32"
     teacher_done = ws.teacher_dir / "done.json"
     stamps = (tokens.stat().st_mtime_ns, teacher_done.stat().st_mtime_ns)
     with pytest.raises(errors.TrainingError, match="another config .*differs in lr.*--force"):
-        suite.ensure_runs(ws, [post_joint], [42])
-    suite.ensure_runs(ws, [post_joint], [42], force=True)
+        training.ensure_runs(ws, [post_joint], [42])
+    training.ensure_runs(ws, [post_joint], [42], force=True)
     config = json.loads((ws.run_dir(post_joint, 42) / "config.json").read_text())
     assert config["lr"] == preset.run["lr"] / 2 and (ws.run_dir(post_joint, 42) / "done.json").is_file()
     # The shards and the teacher matched the edited preset: reused, not redone.
@@ -449,7 +449,7 @@ def test_a_run_is_named_by_its_fields_and_its_folder_is_the_name_the_kit_always_
 
 # ---- the README's command table runs as written ----------------------------------------------------
 
-TRAINS = ("run", "train", "regime", "search", "intervention", "planted", "placements", "scratch", "ideas")
+TRAINS = ("run", "train", "regime", "search", *registry.STUDIES)
 # Rows whose options ask for what a machine may lack (Apple silicon, an optional package): their option
 # names are checked (--help), not the run; each needs-line says why.
 NEEDS = {"--device mps": "an Apple GPU", "--log tensorboard": "the tensorboard package"}

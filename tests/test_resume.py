@@ -15,6 +15,7 @@ import pytest
 import torch
 from conftest import distil_config, phase_weights
 
+import checkpointing
 import grow
 import model
 import nets
@@ -24,12 +25,18 @@ from plumbing import checkpoint, errors, locks
 ROOT = Path(__file__).resolve().parents[1]
 
 
+def latest_files(writers: int) -> tuple[str, ...]:
+    """The files of latest/ written by `writers` ranks (besides checksums.json): checkpointing.write_latest_checkpoint's."""
+    shards = [checkpoint.shard_file(kind, w, writers) for kind in ("model", "optimizer") for w in range(writers)]
+    return (*shards, checkpoint.SHARDED_INDEX, "trainer_state.json")
+
+
 # ---- killed and resumed; run folders held by another process -------------------------------------
 
 
 def start_run(config_file, run_dir):
-    return subprocess.Popen([sys.executable, str(ROOT / "grow.py"), str(config_file), "--run-dir", str(run_dir)],
-                            cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    run_grow = [sys.executable, str(ROOT / "tests" / "run_grow.py"), str(config_file), "--run-dir", str(run_dir)]
+    return subprocess.Popen(run_grow, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
 
 
 def kill_when(proc, condition, timeout=120):
@@ -55,7 +62,7 @@ def test_sigkill_mid_phase_and_at_transition_resumes_bit_identical(tiny_shards, 
 
     run_dir = tmp_path / "killed"
     grow.train(c, run_dir, stop_after_step=1)  # stopped before its first checkpoint: a rerun starts at step 0
-    assert rundir.newest_checkpoint(run_dir) is None and logged_steps(run_dir) == 1
+    assert checkpointing.newest_checkpoint(run_dir) is None and logged_steps(run_dir) == 1
     kill_when(start_run(config_file, run_dir), lambda: logged_steps(run_dir) >= 3)  # mid-phase 0
     assert not (run_dir / "done.json").exists()
     kill_when(start_run(config_file, run_dir), lambda: (run_dir / "phase-1").is_dir())  # right at a transition
@@ -204,7 +211,7 @@ def test_resume_reads_no_pickle(tiny_shards, tiny_teacher_dir, tmp_path, monkeyp
     reference = grow.train(c, tmp_path / "reference")
     grow.train(c, tmp_path / "r", stop_after_step=7)  # a rolling checkpoint at step 6, mid phase 1
     latest = sorted(p.name for p in (tmp_path / "r" / "latest").iterdir())
-    assert latest == sorted((*rundir.latest_files(1), checkpoint.CHECKSUMS))
+    assert latest == sorted((*latest_files(1), checkpoint.CHECKSUMS))
 
     def refuse(*args, **kwargs):
         raise AssertionError("something was unpickled")
@@ -272,7 +279,7 @@ def stopped_run(tiny_shards, tiny_teacher_dir, tmp_path_factory):
 
 
 @pytest.mark.parametrize("damage", DAMAGES)
-@pytest.mark.parametrize("name", [*rundir.latest_files(1), checkpoint.CHECKSUMS])
+@pytest.mark.parametrize("name", [*latest_files(1), checkpoint.CHECKSUMS])
 def test_each_damaged_file_of_the_rolling_checkpoint_falls_back_to_the_same_result(stopped_run, tmp_path, capsys,
                                                                                   name, damage):
     """Any file of latest/ flipped, truncated or deleted: the run names latest/ in a one-line warning,

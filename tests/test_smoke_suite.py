@@ -322,7 +322,7 @@ def test_overrides_are_recorded_and_never_reuse_a_run_with_other_settings(smoke)
 def test_a_moved_runs_tree_is_reused_not_retrained(smoke, tmp_path, monkeypatch):
     """Configs store paths relative to their run folder: a finished tree copied elsewhere and used from
     another working directory reuses every run (nothing retrained, every done.json untouched) and its
-    tables come out the same; `python grow.py RUN/config.json` resumes a partial run in place."""
+    tables come out the same; `python tests/run_grow.py RUN/config.json` resumes a partial run in place."""
     runs, results, _, _ = smoke
     config = json.loads((runs / "s42" / "post-grow" / "config.json").read_text())
     assert config["relative_to_run"] and config["train_data"] == "../../data/train"
@@ -338,7 +338,7 @@ def test_a_moved_runs_tree_is_reused_not_retrained(smoke, tmp_path, monkeypatch)
     assert [r["values"][0] for r in rows[0]] == [r["values"][0] for r in rows[1]]  # seed 42 of the two
     run = moved / "runs" / "smoke" / "s42" / "pre-grow"
     (run / "done.json").unlink()
-    resumed = subprocess.run([sys.executable, str(ROOT / "grow.py"), str(run / "config.json")], cwd=tmp_path,
+    resumed = subprocess.run([sys.executable, str(ROOT / "tests" / "run_grow.py"), str(run / "config.json")], cwd=tmp_path,
                              capture_output=True, text=True, timeout=600)
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     assert json.loads((run / "done.json").read_text())["ce"] == rows[0][1]["values"][0]  # pre_grow, seed 42

@@ -44,6 +44,7 @@ import grow
 import kd
 import model
 import nets
+import prepare_shards
 from experiments import presets, suite
 from plumbing import checkpoint, corpora, devices, tokenizer
 from plumbing.hf_qwen3 import ModelConfig, save_qwen3
@@ -386,8 +387,8 @@ def bench_loader_data(data_dir: Path) -> data.Shard:
         return data.Shard(data_dir / "train")
     preset = presets.PRESETS["toy"]
     enc = corpora.vocabulary(preset.data)
-    train, _ = data.prepare("toy", data_dir, enc, max_len=preset.data["max_len"], n_train_docs=None,
-                            n_val_docs=preset.data["val_docs"], seed=preset.run["seed"], progress=False)
+    train, _ = prepare_shards.prepare("toy", data_dir, enc, max_len=preset.data["max_len"], n_train_docs=None,
+                                      n_val_docs=preset.data["val_docs"], seed=preset.run["seed"], progress=False)
     return train
 
 

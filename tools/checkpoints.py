@@ -14,6 +14,7 @@ import re
 import sys
 from pathlib import Path
 
+import checkpointing
 import config as run_config
 import data
 import model
@@ -90,7 +91,7 @@ def no_checkpoint(run: Path) -> str:
                 "away and train it again")
     steps = [row["step"] for row in rundir.read_metrics(run)]
     training = f"its first phase still training, {f'at step {max(steps)}' if steps else 'no step logged'}"
-    snapshots = [p for step, p in rundir.checkpoints(run) if step is not None and p.name.startswith("step-")]
+    snapshots = [p for step, p in checkpointing.checkpoints(run) if step is not None and p.name.startswith("step-")]
     if snapshots:
         return f"holds no finished checkpoint yet ({training}); pass its mid-phase snapshot {snapshots[0]}, or {again}"
     return f"holds no finished checkpoint yet ({training}); {again}"

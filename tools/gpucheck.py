@@ -36,7 +36,7 @@ import model
 from experiments import presets, suite, tables
 from plumbing import checkpoint, devices
 from plumbing.hf_qwen3 import ModelConfig
-from tools import bench, memory, plan, rehearse, utilization
+from tools import bench, lockstep_plan, memory, plan, rehearse, utilization
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = Path("results") / "gpu_check.json"
@@ -140,7 +140,7 @@ def memory_rehearsal(scale: str, gpus: int, device: str) -> dict:
             "left_gathered": r["rehearsal"]["left_gathered"]} for r in rows]
     worst = max(r["allocated_gib"] for r in out)
     return {"scale": scale, "gpus": gpus, "segments": out, "worst_gib": worst,
-            "ok": worst <= plan.MEMORY_HEADROOM * plan.GPU_MEMORY_GIB["h100"]
+            "ok": worst <= lockstep_plan.MEMORY_HEADROOM * plan.GPU_MEMORY_GIB["h100"]
             and not any(v for r in out for v in r["left_gathered"].values())}
 
 

@@ -36,7 +36,7 @@ import data
 import grow
 from experiments import presets, suite, tables
 from plumbing import devices
-from tools import memory, plan, rehearse
+from tools import lockstep_plan, memory, plan, rehearse
 
 GiB = 2**30
 
@@ -180,14 +180,14 @@ def step_peak(ws, launch: rehearse.Launch, residents: list[config.Phase], norms:
 
 
 def segments(ws, launch: rehearse.Launch, names) -> list[dict]:
-    """A run apart (grow's last phase), then every lockstep segment of the runs `names` (plan.lockstep_segments):
+    """A run apart (grow's last phase), then every lockstep segment of the runs `names` (lockstep_plan.lockstep_segments):
     {"steps", "runs", "count_gib", "plan_gib", "operator"} each, memory.py's count beside this one."""
     teacher = presets.teacher_shape(ws.preset)
     last = memory.last_phase(ws.preset)
     runs = plan.planned_runs(ws, names, ws.preset.run["seed"])
     norm = {"a run apart": "post", **{run.name: run.config.norm for run in runs}}
     out = []
-    for steps, live in [(None, [("a run apart", last)]), *((s[:2], s[2]) for s in plan.lockstep_segments(runs))]:
+    for steps, live in [(None, [("a run apart", last)]), *((s[:2], s[2]) for s in lockstep_plan.lockstep_segments(runs))]:
         phases, norms = [ph for _, ph in live], [norm[name] for name, _ in live]
         counted = step_peak(ws, launch, phases, norms)
         out.append({"steps": steps, "runs": [f"{name} phase {ph.index}" for name, ph in live],

@@ -13,7 +13,7 @@ Nothing is fitted; rehearse.py measures the same step through the kit's own code
 tracker, and memcount.py counts every storage it holds (tests/test_cluster.py and tests/test_memcount.py
 hold the three together). Without activation checkpointing a pre-norm layer is counted as a post-norm
 one (an upper bound: two fp32 stream tensors above what it holds, by memcount.py). CUDA's context, NCCL's buffers and the
-allocator's fragmentation are not counted (plan.MEMORY_HEADROOM leaves room for them).
+allocator's fragmentation are not counted (lockstep_plan.MEMORY_HEADROOM leaves room for them).
 """
 from __future__ import annotations
 

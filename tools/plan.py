@@ -4,34 +4,31 @@ Per run: phases, steps, tokens, FLOPs and GPU-hours; for the suite: the totals w
 for its own teacher passes (separate) and with the runs of a seed that read the same batches sharing
 one teacher pass per batch (lockstep, grow.train_together), and the per-GPU memory of each. Lockstep
 keeps the weights and optimizer states of every run it trains at once resident, so it is chosen only
-where that fits the GPU.
+where that fits the GPU (tools/lockstep_plan.py counts which runs train together and what each stretch of
+steps holds on a GPU; tools/cpu_estimate.py estimates the time on this machine's CPU).
 """
 from __future__ import annotations
 
 import io
 import math
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
-import torch
 from rich.console import Console
 from rich.table import Table
 
 import config
 import data
-import model
-import rundir
 from experiments import presets, report, suite
-from plumbing import devices
+from flops import forward_flops_per_token
 from plumbing.hf_qwen3 import ModelConfig
-from tools import memory, utilization
+from tools import lockstep_plan, memory
+from tools.lockstep_plan import PlannedRun
 
 GPU_BF16_PEAK = {"a100": 312e12, "h100": 989e12, "h200": 989e12, "b200": 2250e12}  # dense bf16 FLOP/s
 GPU_MEMORY_GIB = {"a100": 80, "h100": 80, "h200": 141, "b200": 180}
 ASSUMED_MFU = 0.40  # torchtitan reports roughly 40-50% on dense 8B models
 DISK_BYTES_PER_S = 1e9  # an assumed sequential read speed for the dry run's diagnostics estimate
-MEMORY_HEADROOM = 0.9  # of the GPU's memory: allocator fragmentation and NCCL buffers take the rest
 # Stated, not measured: NCCL's bus bandwidth per GPU for all-gather and reduce-scatter within an 8 x H100
 # NVLink node, and for all-reduce across nodes over one 400 Gb/s InfiniBand NIC per GPU.
 NVLINK_BYTES_PER_S = 360e9
@@ -51,11 +48,6 @@ def model_shapes(preset) -> tuple[ModelConfig, int]:
     return presets.teacher_shape(preset), preset.run["blocks"] * preset.run["layers_per_block"]
 
 
-@dataclass
-class PlannedRun:
-    name: str
-    config: config.RunConfig
-    shared_phases: int  # leading phases computed by another run (a shared prefix): not paid again
 
 
 # ----------------------------------------------------------------------------------------------
@@ -106,76 +98,14 @@ def step_flops(preset, teacher: ModelConfig, tokens: float) -> float:
     a joint run): the teacher's forward and head, the student's forward, its backward (2x), the
     recomputed forward under activation checkpointing, and the student's head forward and backward."""
     context = min(preset.doc_tokens, preset.data["max_len"]) / 2
-    t_layers, head = model.forward_flops_per_token(teacher, teacher.num_hidden_layers, context)
-    s_layers, _ = model.forward_flops_per_token(teacher, preset.run["blocks"] * preset.run["layers_per_block"], context)
+    t_layers, head = forward_flops_per_token(teacher, teacher.num_hidden_layers, context)
+    s_layers, _ = forward_flops_per_token(teacher, preset.run["blocks"] * preset.run["layers_per_block"], context)
     recompute = s_layers if preset.run.get("activation_checkpointing") else 0.0
     return tokens * (t_layers + head + 3 * s_layers + recompute + 3 * head)
 
 
-def memory_bytes(preset, teacher: ModelConfig, gpus: int, nodes: int, runs: list[PlannedRun]) -> float:
-    """Per-GPU peak of a run apart in grow's last phase (memory.step_peak), of the costliest placement among `runs`."""
-    return max((memory.step_peak(preset, teacher, gpus, nodes, 1, norms=[r.config.norm])["total"] for r in runs),
-               default=0.0)
 
 
-def own_steps(run: PlannedRun) -> range:
-    """The global steps this run computes itself (after its shared prefix)."""
-    phases = config.plan_phases(run.config)
-    return range(phases[run.shared_phases].first_step if run.shared_phases < len(phases) else 0,
-                 phases[-1].first_step + phases[-1].steps)
-
-
-def lockstep_runs(runs: list[PlannedRun]) -> list[PlannedRun]:
-    """The runs of a seed that read the same batches at the same steps: every replay run (the long
-    joint controls continue onto fresh data and train alone)."""
-    return [r for r in runs if r.config.data_mode == "replay"]
-
-
-def lockstep_segments(runs: list[PlannedRun]) -> list[tuple[int, int, list[tuple[str, config.Phase]]]]:
-    """(start, stop, [(run, its phase)]) of each stretch of global steps over which the same lockstep runs
-    train in the same phases: what is resident on a GPU changes only at these edges."""
-    live = [(r.name, ph) for r in lockstep_runs(runs) for ph in config.plan_phases(r.config)[r.shared_phases:]]
-    edges = sorted({e for _, ph in live for e in (ph.first_step, ph.first_step + ph.steps)})
-    return [(a, b, [(name, ph) for name, ph in live if ph.first_step <= a < ph.first_step + ph.steps])
-            for a, b in zip(edges, edges[1:]) if any(ph.first_step <= a < ph.first_step + ph.steps for _, ph in live)]
-
-
-def segment_memory(preset, runs: list[PlannedRun], gpus: int, nodes: int = 1) -> list[dict]:
-    """Per-GPU peak of every lockstep segment: {"steps", "runs", "bytes", "moment"}."""
-    teacher, _ = model_shapes(preset)
-    norm = {run.name: run.config.norm for run in runs}
-    out = []
-    for a, b, live in lockstep_segments(runs):
-        peak = memory.step_peak(preset, teacher, gpus, nodes, [ph for _, ph in live], norms=[norm[n] for n, _ in live])
-        out.append({"steps": (a, b), "runs": [f"{name} phase {ph.index}" for name, ph in live],
-                    "bytes": peak["total"], "moment": peak["moment"]})
-    return out
-
-
-def most_resident(runs: list[PlannedRun]) -> int:
-    """The most lockstep runs training at once (a finished run frees its memory, a sharing one joins late)."""
-    spans = [own_steps(r) for r in lockstep_runs(runs)]
-    return max((sum(s.start <= step < s.stop for s in spans) for step in {s.start for s in spans}), default=1)
-
-
-def teacher_passes(runs: list[PlannedRun], lockstep: bool) -> int:
-    """Teacher forward passes (optimizer steps' worth) for one seed."""
-    if not lockstep:
-        return sum(len(own_steps(r)) for r in runs)
-    together = lockstep_runs(runs)
-    return union_length([own_steps(r) for r in together]) + sum(len(own_steps(r)) for r in runs if r not in together)
-
-
-def union_length(spans: list[range]) -> int:
-    """How many steps lie in at least one span: merged interval by interval, never a set of every step
-    (a dry run of any accepted step count answers at once)."""
-    total, reach = 0, None
-    for span in sorted((s for s in spans if len(s)), key=lambda s: s.start):
-        if reach is None or span.start > reach:
-            total, reach = total + len(span), span.stop
-        elif span.stop > reach:
-            total, reach = total + span.stop - reach, span.stop
-    return total
 
 
 def diagnostics_cost(preset, runs: list[PlannedRun], teacher: ModelConfig, context: float) -> tuple[float, int]:
@@ -184,17 +114,17 @@ def diagnostics_cost(preset, runs: list[PlannedRun], teacher: ModelConfig, conte
     pass and one per skipped block) at the end of every main run, all on the fixed diagnostic batch."""
     tokens = preset.diag["docs"] * preset.diag["max_inputs"]
     L, K = preset.run["layers_per_block"], preset.run["blocks"]
-    _, head = model.forward_flops_per_token(teacher, 0, context)
+    _, head = forward_flops_per_token(teacher, 0, context)
     flops, loads = 0.0, 0
     for run in runs:
         if run.config.protocol == "grow":
             snapshot = run.config.snapshot_interval or run.config.phase_steps
             for ph in config.plan_phases(run.config):
-                layers, _ = model.forward_flops_per_token(teacher, ph.active_blocks * L, context)
+                layers, _ = forward_flops_per_token(teacher, ph.active_blocks * L, context)
                 flops += tokens * layers * -(-ph.steps // snapshot)
                 loads += -(-ph.steps // snapshot)
         if run.config.protocol in ("grow", "joint"):
-            layers, _ = model.forward_flops_per_token(teacher, K * L, context)
+            layers, _ = forward_flops_per_token(teacher, K * L, context)
             flops += tokens * (layers + head) * (K + 1)
             loads += 1
     return flops, loads
@@ -207,10 +137,6 @@ def student_bytes(preset, teacher: ModelConfig) -> float:
                 + 2 * c.vocab_size * c.hidden_size + 2 * c.hidden_size)
 
 
-def fits(preset, gpus: int, gpu_bytes: float, runs: list[PlannedRun], nodes: int = 1) -> bool:
-    """Whether lockstep's worst segment fits in a GPU of `gpu_bytes` (used for the default choice)."""
-    worst = max((s["bytes"] for s in segment_memory(preset, runs, gpus, nodes)), default=0.0)
-    return worst <= MEMORY_HEADROOM * gpu_bytes
 
 
 def planned_runs(ws: suite.Workspace, runs, seed: int) -> list[PlannedRun]:
@@ -228,7 +154,8 @@ def lockstep_default(ws: suite.Workspace, names) -> bool:
         return True
     import torch
     memory = torch.cuda.get_device_properties(ws.ctx.device).total_memory
-    return fits(ws.preset, ws.ctx.local_world, memory, planned_runs(ws, names, ws.preset.run["seed"]), ws.ctx.nodes)
+    return lockstep_plan.fits(ws.preset, ws.ctx.local_world, memory, planned_runs(ws, names, ws.preset.run["seed"]),
+                              ws.ctx.nodes)
 
 
 @dataclass
@@ -250,10 +177,10 @@ def segments(run: PlannedRun, preset, teacher: ModelConfig, doc_tokens: float, g
     context = min(doc_tokens, preset.data["max_len"]) / 2
     tokens = run.config.global_batch * doc_tokens / (gpus * nodes)  # per GPU
     rate = GPU_BF16_PEAK[gpu] * ASSUMED_MFU
-    t_layers, head = model.forward_flops_per_token(teacher, teacher.num_hidden_layers, context)
+    t_layers, head = forward_flops_per_token(teacher, teacher.num_hidden_layers, context)
     L, out = preset.run["layers_per_block"], []
     for ph in config.plan_phases(run.config)[run.shared_phases:]:
-        s_layers, _ = model.forward_flops_per_token(teacher, ph.active_blocks * L, context)
+        s_layers, _ = forward_flops_per_token(teacher, ph.active_blocks * L, context)
         trained = len(ph.trainable_blocks) / ph.active_blocks
         # forward everywhere; backward (2x) of the trained blocks, recomputed once more under activation
         # checkpointing; the student's head forward and backward; the teacher's head forward inside this
@@ -272,7 +199,7 @@ def suite_seconds(runs: list[PlannedRun], costs: dict[str, list[Segment]], locks
     (FSDP2 prefetches the next unit's all-gather during the current one's compute). Apart, every step
     pays its own teacher; in lockstep, the runs at one global step share one teacher pass (plan of
     grow.train_together), the long joint controls still train alone."""
-    alone = [r for r in runs if not lockstep or r not in lockstep_runs(runs)]
+    alone = [r for r in runs if not lockstep or r not in lockstep_plan.lockstep_runs(runs)]
     seconds = sum((s.stop - s.start) * max(s.compute + s.teacher_compute, s.comm + s.teacher_comm)
                   for r in alone for s in costs[r.name])
     together = [s for r in runs if r not in alone for s in costs[r.name]]
@@ -297,19 +224,19 @@ def print_plan(ws, runs: list[PlannedRun], seeds: list[int], gpu: str, gpus: int
     doc_tokens, measured = document_tokens(ws)
     rows, separate_flops = run_table(ws, runs, seeds, teacher, doc_tokens, gpu, gpus, nodes, console)
     context = min(doc_tokens, preset.data["max_len"]) / 2
-    t_layers, _ = model.forward_flops_per_token(teacher, teacher.num_hidden_layers, context)
-    saved = (teacher_passes(runs, False) - teacher_passes(runs, True)) * preset.run["global_batch"] * doc_tokens \
-        * t_layers * len(seeds)
+    t_layers, _ = forward_flops_per_token(teacher, teacher.num_hidden_layers, context)
+    saved = (lockstep_plan.teacher_passes(runs, False) - lockstep_plan.teacher_passes(runs, True)) \
+        * preset.run["global_batch"] * doc_tokens * t_layers * len(seeds)
     totals = {}
     for way, flops in (("separate", separate_flops), ("lockstep", separate_flops - saved)):
         totals[way] = way_totals(ws, runs, seeds, teacher, doc_tokens, measured, gpu, gpus, nodes, way == "lockstep")
         totals[way]["flops"] = flops
         print_way(console, way, totals[way], gpu, gpus, nodes)
     print_diagnostics(console, preset, runs, seeds, teacher, context, gpu, totals)
-    default = fits(preset, gpus, GPU_MEMORY_GIB[gpu] * 2**30, runs, nodes)
+    default = lockstep_plan.fits(preset, gpus, GPU_MEMORY_GIB[gpu] * 2**30, runs, nodes)
     console.print(f"default on {gpus} {gpu}: {'lockstep' if default else 'separate'} (lockstep's worst segment needs "
                   f"~{totals['lockstep']['memory_gib']:.2g} of {GPU_MEMORY_GIB[gpu]} GiB, "
-                  f"{MEMORY_HEADROOM:.0%} usable; --lockstep/--no-lockstep overrides)")
+                  f"{lockstep_plan.MEMORY_HEADROOM:.0%} usable; --lockstep/--no-lockstep overrides)")
     return {"rows": rows, **totals, "lockstep_default": default}
 
 
@@ -330,7 +257,7 @@ def run_table(ws, runs, seeds, teacher, doc_tokens: float, gpu: str, gpus: int, 
     GPU-hours of its steps; (rows, FLOPs of every run apart over the seeds)."""
     preset, L = ws.preset, ws.preset.run["layers_per_block"]
     context = min(doc_tokens, preset.data["max_len"]) / 2
-    t_layers, t_head = model.forward_flops_per_token(teacher, teacher.num_hidden_layers, context)
+    t_layers, t_head = forward_flops_per_token(teacher, teacher.num_hidden_layers, context)
     table = Table(title=f"plan at scale {preset.name}: {len(seeds)} seed(s), {doc_tokens:.1f} tokens/document"
                         f"{' (assumed)' if doc_tokens == preset.doc_tokens else ' (measured)'}; each run alone")
     for column in ("run", "phases", "steps", "active layers", "tokens", "unique", "layer-tokens", "FLOPs",
@@ -342,7 +269,7 @@ def run_table(ws, runs, seeds, teacher, doc_tokens: float, gpu: str, gpus: int, 
         tokens_per_phase = c.phase_steps * c.global_batch * doc_tokens
         flops = 0.0
         for ph in phases[run.shared_phases:]:  # a shared prefix is not recomputed
-            s_layers, s_head = model.forward_flops_per_token(teacher, ph.active_blocks * L, context)
+            s_layers, s_head = forward_flops_per_token(teacher, ph.active_blocks * L, context)
             trained = len(ph.trainable_blocks) / ph.active_blocks
             again = trained if c.activation_checkpointing else 0.0
             # forward everywhere; backward (2x forward) of the trained blocks and the head, their forward
@@ -377,13 +304,14 @@ def way_totals(ws, runs, seeds, teacher, doc_tokens: float, measured, gpu: str, 
              **{k: v * (len(seeds) if k.startswith(("evaluations", "checkpoint")) else 1)
                 for k, v in extra["lines"].items()}}
     gpu_hours = sum(v for k, v in lines.items() if not k.startswith("  of which"))
-    memory_segments = segment_memory(preset, runs, gpus, nodes) if lockstep else []
-    memory = max((s["bytes"] for s in memory_segments), default=memory_bytes(preset, teacher, gpus, nodes, runs))
+    memory_segments = lockstep_plan.segment_memory(preset, runs, gpus, nodes) if lockstep else []
+    memory = max((s["bytes"] for s in memory_segments),
+                 default=lockstep_plan.memory_bytes(preset, teacher, gpus, nodes, runs))
     return {"gpu_hours": gpu_hours, "wall_hours": gpu_hours / world, "hours_lines": lines,
             "balance": extra["balance"], "memory_gib": memory / 2**30,
             "memory_segments": [{**s, "gib": s.pop("bytes") / 2**30} for s in memory_segments],
-            "resident_runs": most_resident(runs) if lockstep else 1,
-            "teacher_passes": teacher_passes(runs, lockstep) * len(seeds)}
+            "resident_runs": lockstep_plan.most_resident(runs) if lockstep else 1,
+            "teacher_passes": lockstep_plan.teacher_passes(runs, lockstep) * len(seeds)}
 
 
 def print_way(console, way: str, totals: dict, gpu: str, gpus: int, nodes: int):
@@ -430,13 +358,13 @@ def balance_factor(preset, teacher: ModelConfig, world: int, balanced: bool, see
     """Useful over total work of the ranks over BALANCE_STEPS simulated steps. Every FSDP2 unit's
     all-gather makes the ranks wait for each other, so the ranks' j-th micro-batches take as long as the
     costliest of them, and a micro-batch costs its longest document's cost for each row (padding); a
-    document's cost is its tokens times model.forward_flops_per_token at half its length. The placement
+    document's cost is its tokens times flops.forward_flops_per_token at half its length. The placement
     is the kit's own (data.rank_micro_batches): each rank's documents in the order drawn, or (balanced)
     by length across ranks."""
     per_step, micro = preset.run["global_batch"], preset.run["micro_batch"]
     lengths = document_lengths(preset, BALANCE_STEPS * per_step, seed, measured).astype(np.int64)
     layers = preset.run["blocks"] * preset.run["layers_per_block"]
-    cost = {n: n * sum(model.forward_flops_per_token(teacher, layers, n / 2)) for n in np.unique(lengths)}
+    cost = {n: n * sum(forward_flops_per_token(teacher, layers, n / 2)) for n in np.unique(lengths)}
     useful = waited = 0.0
     for step in range(BALANCE_STEPS):
         ids = np.arange(step * per_step, (step + 1) * per_step)
@@ -476,9 +404,9 @@ def evaluation_flops(run: PlannedRun, preset, teacher: ModelConfig, lengths: np.
 
 def document_flops(teacher: ModelConfig, student_layers: int, n: int) -> float:
     """A forward of n tokens through the teacher and a student of `student_layers`, with both heads:
-    n times model.forward_flops_per_token at half its length."""
-    t_layers, head = model.forward_flops_per_token(teacher, teacher.num_hidden_layers, n / 2)
-    s_layers, _ = model.forward_flops_per_token(teacher, student_layers, n / 2)
+    n times flops.forward_flops_per_token at half its length."""
+    t_layers, head = forward_flops_per_token(teacher, teacher.num_hidden_layers, n / 2)
+    s_layers, _ = forward_flops_per_token(teacher, student_layers, n / 2)
     return n * (t_layers + s_layers + 2 * head)
 
 
@@ -531,31 +459,6 @@ def hours_text(hours: float) -> str:
     return f"{hours:,.1f}" if hours >= 0.1 else f"{hours:.2g}"
 
 
-# ----------------------------------------------------------------------------------------------
-# This machine: the dry run's estimate for the CPU it runs on
-
-def cpu_estimate(flops: float, precision: str, bench_file: Path) -> str:
-    """How long `flops` of the kit's training take on this CPU, one estimate: at the speed `repro.py bench`
-    measured for the kit's toy train step (bench_file), else at a few toy student steps timed now
-    (utilization.step_rate), in the precision the runs would use; for a quiet machine, which it says, and where
-    other processes hold the cores now (utilization.busy_load), that too."""
-    step = rundir.read_json(bench_file, "train_step")["train_step"] if bench_file.is_file() else {}
-    if "step_gflop" in step:  # a bench.json from before bench wrote it has none: timed now instead
-        dtype = "bf16" if precision != "fp32" and "kit_post_bf16_s" in step else "fp32"
-        rate = step["step_gflop"] * 1e9 / step[f"kit_post_{dtype}_s"]
-        source = f"as {bench_file} measured it on {rundir.read_json(bench_file)['environment'].get('date')}"
-    else:
-        torch_dtype, _ = devices.precision_choice(precision, torch.device("cpu"))
-        if torch_dtype == torch.bfloat16 and devices.cpu_bf16_speedup() < devices.BF16_MIN_SPEEDUP:
-            torch_dtype = torch.float32  # emulated, a bf16 step takes minutes: fp32's rate (bf16 runs are slower still)
-        dtype = {torch.float32: "fp32", torch.bfloat16: "bf16"}[torch_dtype]
-        rate, source = utilization.step_rate(torch_dtype), "timed now"
-    busy = utilization.busy_load()
-    return (f"about {duration_text(flops / rate)} on this CPU ({rate / 1e9:,.1f} GFLOP/s: the kit's {dtype} toy step "
-            f"{source}), on a quiet machine" + (f"; busy now (load {busy[0]:.1f} on {busy[1]} cores), so longer"
-                                                if busy else ""))
-
-
 def duration_text(seconds: float) -> str:
     if seconds < 1:
         return "under a second"
@@ -581,7 +484,7 @@ def print_groups(groups: list[tuple[str, suite.Workspace, list[PlannedRun]]], se
         group_flops = totals["lockstep"]["flops"] + totals["diagnostics_flops"]
         flops += group_flops
         gpu_hours += totals["lockstep"]["gpu_hours"]
-        steps = sum(len(own_steps(r)) for r in runs) * len(seeds)
+        steps = sum(len(lockstep_plan.own_steps(r)) for r in runs) * len(seeds)
         table.add_row(label, ", ".join(r.name for r in runs), f"{steps:,}", flops_text(group_flops),
                       hours_text(totals["lockstep"]["gpu_hours"]))
     console.print(table)

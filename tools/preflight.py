@@ -1,6 +1,6 @@
 """Before a launch: what it trains and what that costs (--dry-run: nothing made or read but the data's
 measured lengths), and its rehearsal on this CPU (`repro.py rehearse`: no GPU needed). A command's runs come
-in groups, each (label, workspace, plan.PlannedRun list): the suite's own runs, a regime point's or a
+in groups, each (label, workspace, lockstep_plan.PlannedRun list): the suite's own runs, a regime point's or a
 search rung's, a variant's in its own folder; plan.py prices them. And the kit's own teacher, pretrained
 or installed before any student (`repro.py teacher`), or a shipped one trained again to compare.
 
@@ -24,11 +24,11 @@ from rich.console import Console
 
 import data
 import grow
-import model
 import rundir
-from experiments import beyond, ideas, presets, regime, studies, suite, tables, tail
-from plumbing import checkpoint, devices, errors
-from tools import plan, rehearse, rehearse_real
+from experiments import presets, regime, registry, studies, suite, tables, training
+from flops import forward_flops_per_token
+from plumbing import checkpoint, devices, errors, faults
+from tools import cpu_estimate, lockstep_plan, plan, rehearse, rehearse_real
 
 
 def print_dry_run(scale: str, groups, seeds: list[int], gpu: str, gpus: int | None, nodes: int, note: str = ""):
@@ -51,7 +51,7 @@ def print_dry_run(scale: str, groups, seeds: list[int], gpu: str, gpus: int | No
 
 
 def print_estimate(ws: suite.Workspace, flops: float, pretraining: bool = False):
-    estimate = plan.cpu_estimate(flops, run_precision(ws), ws.results.parent / "bench.json")
+    estimate = cpu_estimate.cpu_estimate(flops, run_precision(ws), ws.results.parent / "bench.json")
     suite.console.print(f"this machine: {estimate}" + (" (CUDA needed to run it)" if ws.preset.needs_cuda else "")
                         + (", the teacher's pretraining included" if pretraining else ""))
 
@@ -65,27 +65,21 @@ def teacher_pretraining(ws: suite.Workspace) -> tuple[float, str]:
     teacher, run = presets.teacher_shape(ws.preset), {**ws.preset.run, **ws.preset.teacher_run}
     doc_tokens = min(ws.preset.doc_tokens, ws.preset.data["max_len"])  # as plan.step_flops counts a document
     tokens = run["phase_steps"] * run["global_batch"] * doc_tokens
-    layers, head = model.forward_flops_per_token(teacher, teacher.num_hidden_layers, doc_tokens / 2)
+    layers, head = forward_flops_per_token(teacher, teacher.num_hidden_layers, doc_tokens / 2)
     flops = 3 * tokens * (layers + head)  # a training step: the forward, and a backward of twice its FLOPs
     return flops, (f"the kit's own teacher is not in {ws.teacher_dir}: it is pretrained first, {run['phase_steps']:,} "
                    f"steps of {run['global_batch']} documents ({tokens / 1e6:.1f}M tokens, {plan.flops_text(flops)})")
 
 
-def print_study(name: str, ws: suite.Workspace, seeds: list[int], flops: float):
-    """A study's records and the one estimate of what remains (where ws.records is set): the ideas study's with
-    its search's choice once recorded; an experiment that records its runs but trains them all, its `flops`."""
+def print_study(study: registry.Study, ws: suite.Workspace, seeds: list[int], flops: float):
+    """A study's records and the one estimate of what remains (where ws.records is set); an experiment that
+    records its runs but trains them all, the estimate of its `flops`."""
     if ws.records is None:
         return
-    if name == "tail":
-        return print_records(ws, tail.manifest(ws, seeds))
-    if name != "ideas":
+    if study.manifest is None:
         return print_estimate(ws, flops)
-    teacher = suite.expected_teacher(ws)
-    status = studies.survey(ideas.manifest(ws, seeds), teacher, check_data=False)
-    search = {job.run: studies.recorded_ce(record) for job, record in status.recorded if job.seed == ideas.SEARCH_SEED}
-    chosen = ideas.choose(search) if len(search) == len(ideas.search_runs(ws.preset.run["blocks"])) else None
-    print_records(ws, ideas.manifest(ws, seeds, chosen), "" if chosen else
-                  "; and the search's chosen schedule on each seed unless it is pre-grow or post-grow")
+    jobs, more = study.manifest(ws, seeds)
+    print_records(ws, jobs, more)
 
 
 def print_suite_records(ws: suite.Workspace, names: list[str], runs, seeds: list[int]):
@@ -108,7 +102,7 @@ def print_records(ws: suite.Workspace, jobs: list[studies.Job], more: str = "", 
     train whatever their records (`unrestored`, and `why`), and the one estimate of what trains, in its precision."""
     if ws.records is None:
         return
-    teacher = suite.expected_teacher(ws)
+    teacher = training.expected_teacher(ws)
     status = studies.survey(jobs, teacher, check_data=False)
     machines: dict[str, int] = {}
     for _, record in status.recorded:
@@ -124,7 +118,8 @@ def print_records(ws: suite.Workspace, jobs: list[studies.Job], more: str = "", 
                if unrestored else []),
              *([f"to train: {', '.join(job.label for job in trains)}"] if trains else ["to train: nothing"]),
              f"remaining: {len(trains)} runs in {dtype}, {plan.flops_text(flops)}" + more
-             + (f": {plan.cpu_estimate(flops, run_precision(ws), ws.results.parent / 'bench.json')}" if flops else ""),
+             + (f": {cpu_estimate.cpu_estimate(flops, run_precision(ws), ws.results.parent / 'bench.json')}"
+                if flops else ""),
              "(the data and teacher checksums are compared when it runs)"]
     suite.console.print("\n".join(lines), markup=False)
 
@@ -133,7 +128,7 @@ def write_reports(ws: suite.Workspace, names: list[str], runs, seeds: list[int],
     """`repro.py run`'s reports, on rank 0 (the other ranks wait for it, then all leave together)."""
     for name in names:
         tables.report_experiment(ws, name, seeds)
-        rundir.kill_point("reported", name)
+        faults.kill_point("reported", name)
     if not ws.preset.teacher:
         suite.console.print(suite.teacher_summary(ws, runs, seeds))
     suite.console.print(f"done in {time.time() - started:,.0f} s; results in {ws.results}")
@@ -141,13 +136,13 @@ def write_reports(ws: suite.Workspace, names: list[str], runs, seeds: list[int],
 
 def job_flops(job: studies.Job, teacher) -> float:
     """A run's FLOPs alone (a freeze run's phase 0 is its grow run's)."""
-    run = plan.PlannedRun(job.run.name, studies.job_config(job, teacher), 1 if job.run.protocol == "freeze" else 0)
+    run = lockstep_plan.PlannedRun(job.run.name, studies.job_config(job, teacher), 1 if job.run.protocol == "freeze" else 0)
     return plan.print_plan(job.ws, [run], [job.seed], "h100", 1, Console(file=io.StringIO()))["separate"]["flops"]
 
 
 def train_one(ws: suite.Workspace, run: suite.RunName, seed: int, force: bool) -> str:
     """`repro.py train`: one named run and any whose phases it shares; its result in a line."""
-    suite.check_before_work(ws, [(job, seed) for job in suite.with_prefixes([run])], force)
+    training.check_before_work(ws, [(job, seed) for job in suite.with_prefixes([run])], force)
     path = suite.ensure_inputs(ws, force)
     for job in suite.with_prefixes([run]):
         result = grow.train(suite.run_config(ws, job, seed, teacher=path), ws.run_dir(job, seed), force=force,
@@ -196,33 +191,17 @@ def print_search(ws: suite.Workspace, ladder: str, overrides, seed: int, gpu: st
                   "; every rung left, although the search stops at the first that meets its criterion")
 
 
-def beyond_groups(name: str, ws: suite.Workspace, seed: int) -> list:
-    """The runs an experiment of beyond.py or ideas.py trains: its suite runs, then each variant's one
-    run in its own folder (a freeze variant starts from the suite's grow phase 0)."""
-    if name == "placements":
-        return [planned(ws, beyond.placement_runs(), seed)]
-    if name == "scratch":
-        return [planned(beyond.scratch_workspace(ws), tables.MAIN_RUNS, seed)]
-    if name == "ideas":  # idea 4's search on its own seed, then every option's runs and their baselines
-        search = planned(ws, ideas.search_runs(ws.preset.run["blocks"]), ideas.SEARCH_SEED)
-        contrasts = ideas.fixed_contrasts()
-        variants = list({v.label: v for c in contrasts for v in (c.variant, c.baseline)}.values())
-        return [search] + variant_groups(ws, variants, seed)
-    if name == "tail":
-        return variant_groups(ws, tail.ws_variants(ws), seed)
-    variants = beyond.interventions(ws.preset.run["blocks"]) if name == "intervention" else beyond.planted_variants()
-    return variant_groups(ws, variants, seed)
-
-
-def variant_groups(ws: suite.Workspace, variants, seed: int) -> list:
-    """beyond.Variant runs as groups: the suite's own, then each variant's in its folder."""
-    groups = [planned(ws, beyond.suite_runs(variants), seed)]
-    for v in variants:
-        if v.folder:
-            vws = beyond.variant_workspace(ws, v, seed)
-            shared = 1 if v.run.protocol == "freeze" else 0
-            groups.append((v.label, vws, [plan.PlannedRun(v.run.name, suite.run_config(vws, v.run, seed), shared)]))
-    return groups
+def study_groups(study: registry.Study, ws: suite.Workspace, seed: int) -> list:
+    """A study's groups as the plan prices them: a group in the workspace itself with the runs whose phases they
+    share; a variant's run in its folder alone (a freeze variant starts from the suite's grow phase 0)."""
+    planned_groups = []
+    for label, gws, runs, s in study.groups(ws, seed):
+        if gws is ws or gws.student_runs == ws.student_runs:
+            planned_groups.append((label, gws, plan.planned_runs(gws, runs, s)))
+        else:
+            planned_groups.append((label, gws, [lockstep_plan.PlannedRun(run.name, suite.run_config(gws, run, s),
+                                                                1 if run.protocol == "freeze" else 0) for run in runs]))
+    return planned_groups
 
 
 def rehearse_launch(ws: suite.Workspace, launch: rehearse.Launch, runs, mode: str, replicate_teacher: bool,

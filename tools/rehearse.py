@@ -4,7 +4,7 @@
     python repro.py rehearse all --scale full --gpus 8 --nodes 4      # HSDP: shard within a node, replicate across
     python repro.py rehearse --scale small --gpus 1 --mode fake
 
-Fake tensors at full size (rehearse_segments, rehearse): for every lockstep segment (plan.lockstep_segments)
+Fake tensors at full size (rehearse_segments, rehearse): for every lockstep segment (lockstep_plan.lockstep_segments)
 one step as grow.lockstep_step takes it, what rank 0 of the launch runs on a fake process group of its
 world size and mesh, through the kit's own construction and sharding (model.py, devices.shard_fn,
 grow's teacher, student, loss, gradient sync, clipping and optimizer, not a copy): the teacher's
@@ -26,7 +26,6 @@ save less), and overlap: communication time is bytes over bandwidth, not a trace
 from __future__ import annotations
 
 import contextlib
-import math
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -43,7 +42,8 @@ import model
 import nets
 from experiments import presets
 from plumbing import checkpoint, devices
-from tools import memory, plan
+from tools import lockstep_plan, memory, plan
+from tools.dispatch_counts import CollectiveBytes, DispatchedOps, host_seconds_per_op
 
 GiB = 2**30
 
@@ -59,66 +59,7 @@ class Launch:
 
 
 # ----------------------------------------------------------------------------------------------
-# Counting collectives: the c10d ops FSDP2 issues, their bytes (this rank's buffers) and group sizes
-
-class CollectiveBytes(torch.utils._python_dispatch.TorchDispatchMode):
-    """Every all-gather, reduce-scatter and all-reduce dispatched, with the bytes of this rank's buffer
-    (an all-gather's output, a reduce-scatter's input, an all-reduce's tensors) and its group's size."""
-
-    def __init__(self):
-        super().__init__()
-        self.calls: list[tuple[str, int, int]] = []  # (kind, group size, bytes)
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        from torch.distributed.tensor import DTensor
-        if any(t is DTensor for t in types):  # DTensor's own dispatch comes first
-            return NotImplemented
-        out = func(*args, **(kwargs or {}))
-        c10d, name = torch.ops.c10d, func._overloadpacket
-        size = lambda ts: sum(t.numel() * t.element_size() for t in (ts if isinstance(ts, (list, tuple)) else [ts]))
-        group = lambda g: dist.ProcessGroup.unbox(g).size()
-        if name in (c10d._allgather_base_, c10d.allgather_into_tensor_coalesced_):
-            self.calls.append(("all-gather", group(args[2]), size(args[0])))
-        elif name in (c10d._reduce_scatter_base_, c10d.reduce_scatter_tensor_coalesced_):
-            self.calls.append(("reduce-scatter", group(args[2]), size(args[1])))
-        elif name is c10d.allreduce_:
-            self.calls.append(("all-reduce", group(args[1]), size(args[0])))
-        return out
-
-
-# Aliasing ops that are not marked as views (`func.is_view`): they launch no kernel either
-ALIASING = {torch.ops.aten.detach, torch.ops.aten.alias, torch.ops.aten.lift_fresh, torch.ops.aten._unsafe_view}
-
-
-class DispatchedOps(torch.utils._python_dispatch.TorchDispatchMode):
-    """Counts the operators dispatched that compute something (views, other aliasing ops and metadata
-    queries excluded: they launch no kernel, and fake tensors answer `prim.device` queries a real run
-    never dispatches); `count` runs on across the mode's uses, so a caller reads differences."""
-
-    def __init__(self):
-        super().__init__()
-        self.count = 0
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        from torch.distributed.tensor import DTensor
-        if any(t is DTensor for t in types):  # DTensor runs its local ops, which come back here
-            return NotImplemented
-        self.count += func.namespace != "prim" and not func.is_view and func._overloadpacket not in ALIASING
-        return func(*args, **(kwargs or {}))
-
-
-def host_seconds_per_op(repeats: int = 20_000) -> float:
-    """This host's time to dispatch one operator on a one-element tensor: what each kernel of a step costs
-    the CPU that drives a GPU before the launch itself (the best of five rounds)."""
-    x = torch.zeros(1)
-    best = math.inf
-    for _ in range(5):
-        start = time.perf_counter()
-        for _ in range(repeats):
-            x.add_(1.0)
-        best = min(best, (time.perf_counter() - start) / repeats)
-    return best
-
+# What a step dispatches, summarized (tools/dispatch_counts.py counts it)
 
 def summarize_calls(calls: list[tuple[str, int, int]]) -> dict:
     """{"<kind> over <n> ranks": {"count", "gib"}}."""
@@ -212,7 +153,7 @@ class CudaPeak:
 
 
 def rehearse_segments(ws, launch: Launch, names, replicate_teacher: bool = False, device: str = "cpu") -> list[dict]:
-    """rehearse() of every lockstep segment of the runs `names` (plan.lockstep_segments): {"steps", "runs",
+    """rehearse() of every lockstep segment of the runs `names` (lockstep_plan.lockstep_segments): {"steps", "runs",
     "rehearsal", "plan_gib"} each, the plan's per-GPU memory beside the rehearsal's. With fake tensors a
     step is measured once for the segments that step the same phase (blocks run and trained, the head)
     and keep the teacher's states alike: the step's tensors are the same, only the residents beside it
@@ -222,7 +163,7 @@ def rehearse_segments(ws, launch: Launch, names, replicate_teacher: bool = False
     teacher = presets.teacher_shape(ws.preset)
     measured = {} if device == "cpu" else None  # on a GPU the allocator's peak holds the residents too
     out = []
-    for start, stop, live in plan.lockstep_segments(runs):
+    for start, stop, live in lockstep_plan.lockstep_segments(runs):
         phases, norms = [ph for _, ph in live], [norm[name] for name, _ in live]
         out.append({"steps": [start, stop], "runs": [f"{name} phase {ph.index}" for name, ph in live],
                     "rehearsal": rehearse(ws, launch, phases, replicate_teacher, device, measured, norms),

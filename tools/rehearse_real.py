@@ -2,7 +2,7 @@
 
     python repro.py rehearse table1 --scale full --gpus 8 --nodes 4 --mode real
 
-suite.ensure_runs, what `repro.py EXPERIMENTS` runs, on every rank of the launch's mesh, each rank a
+training.ensure_runs, what `repro.py EXPERIMENTS` runs, on every rank of the launch's mesh, each rank a
 thread of torch's threaded process group (real collectives), in the preset's precision: every phase of
 every run with evaluations, kept checkpoints, latest/ and a resume from a latest/ written by another
 world size. What a launch would hit (a crash, a dtype, a collective on the 2-D mesh), it hits first.
@@ -180,12 +180,12 @@ def on_threads(ranks: Launch, work) -> list:
 
 
 def rehearse(preset, launch: Launch, names, root: Path, seed: int | None = None) -> dict:
-    """The launch itself at reduced dimensions on reduced_ranks(launch) (reduced()): suite.ensure_runs,
+    """The launch itself at reduced dimensions on reduced_ranks(launch) (reduced()): training.ensure_runs,
     the code `repro.py EXPERIMENTS` runs, on every rank with real tensors, after a first launch on one
     node of another size (first_ranks) that stops after each lockstep run's first step, so every run
     resumes from a latest/ that several FSDP2 ranks wrote, on another world size. Returns what it ran
     and how long it took."""
-    from experiments import suite
+    from experiments import suite, training
     ranks = reduced_ranks(launch)
     small = reduced(preset, launch, ranks)
     seed = preset.run["seed"] if seed is None else seed
@@ -209,7 +209,7 @@ def rehearse(preset, launch: Launch, names, root: Path, seed: int | None = None)
         ws = suite.Workspace(small, root / "runs", root / "results", ctx, wait=False)
         # rank 0's host syncs (what it wraps is every thread's: entered once)
         with HostSyncs() if ctx.is_main else contextlib.nullcontext() as syncs:
-            suite.ensure_runs(ws, names, [seed], teacher=teacher)
+            training.ensure_runs(ws, names, [seed], teacher=teacher)
         return syncs and {"runs": {run.name: rundir.final_eval(ws.run_dir(run, seed))
                                    for run in suite.with_prefixes(names)},
                           "host_syncs": syncs.count, "host_syncs_by_place": syncs.by_place, "steps": syncs.run_steps}

@@ -10,7 +10,7 @@ CE loss, clipping, AdamW), each on one micro-batch of the preset's size whose do
 (as the toy's batches are wide: one toy document in four reaches max_len). Scales whose steps have the
 same shapes share a row: mini is the toy's step, run for longer.
 
-Fraction of peak: a step's model FLOPs (model.forward_flops_per_token: 2 per weight and causal attention;
+Fraction of peak: a step's model FLOPs (flops.forward_flops_per_token: 2 per weight and causal attention;
 a backward twice its forward) over its seconds, divided by the FLOP/s of the best square matmul of
 PEAK_SIZES at the same thread count, in fp32 and in bf16. Steps and matmuls are timed in turns
 (`interleaved`), the best of `repeats` each, so numerator and denominator see the same machine; on one
@@ -23,7 +23,7 @@ Where the rest goes: torch.profiler over a few steps; each operator's own time g
 GROUPS that its name or an enclosing operator's name matches (else to ELEMENTWISE), and the profiled wall
 time outside every operator to PYTHON, so the groups sum to the whole.
 
-For the dry run (tools/plan.cpu_estimate) where the bench has not run: a few toy student steps timed now
+For the dry run (tools/cpu_estimate.py) where the bench has not run: a few toy student steps timed now
 (step_rate), and whether other processes hold the cores (busy_load).
 """
 from __future__ import annotations
@@ -45,6 +45,7 @@ import grow
 import model
 import nets
 from experiments import presets
+from flops import forward_flops_per_token
 from plumbing import devices
 from plumbing.hf_qwen3 import ModelConfig
 
@@ -92,14 +93,14 @@ def step_clock() -> tuple[str, Callable[[], float]]:
 def student_step_flops(shape: ModelConfig, student_layers: int, tokens: int, seq: int) -> float:
     """Model FLOPs of a student step: the teacher's layers forward, both heads forward (the loss computes the
     teacher's logits), the student's layers and head forward and backward (3x)."""
-    teacher_layers, head = model.forward_flops_per_token(shape, shape.num_hidden_layers, seq / 2)
-    student, _ = model.forward_flops_per_token(shape, student_layers, seq / 2)
+    teacher_layers, head = forward_flops_per_token(shape, shape.num_hidden_layers, seq / 2)
+    student, _ = forward_flops_per_token(shape, student_layers, seq / 2)
     return tokens * (teacher_layers + head + 3 * (student + head))
 
 
 def teacher_step_flops(shape: ModelConfig, tokens: int, seq: int) -> float:
     """Model FLOPs of a teacher pretraining step: its layers and head forward and backward."""
-    layers, head = model.forward_flops_per_token(shape, shape.num_hidden_layers, seq / 2)
+    layers, head = forward_flops_per_token(shape, shape.num_hidden_layers, seq / 2)
     return tokens * 3 * (layers + head)
 
 

@@ -1,0 +1,244 @@
+"""A run's checkpoints: written, found and read back. phase-<p>/ and step-<n>/ are kept checkpoints
+(safetensors weights any tool can load, plus the trainer state); latest/ is the rolling resume checkpoint
+(weights, optimizer and trainer state). Under FSDP2 every rank that holds distinct shards writes its part;
+nothing is gathered whole on one rank. Every checkpoint is written to a temporary folder and renamed into
+place, so a kill never leaves half of one; a resume takes the newest whose files match their checksums.
+
+    checkpointing.save_kept_checkpoint(run_dir, "phase-0", net, state, ctx)
+    ckpt, state = checkpointing.newest_checkpoint(run_dir, verify=True, ctx=ctx)
+    checkpointing.load_latest_checkpoint(ckpt, net, optimizer, ctx)
+"""
+from __future__ import annotations
+
+import base64
+import re
+import shutil
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+import model
+from plumbing import checkpoint, hf_qwen3
+from plumbing.errors import TrainingError, disk_full_reason
+from plumbing.faults import kill_point
+from rundir import read_json
+
+# ----------------------------------------------------------------------------------------------
+# Checkpoints. phase-<p>/: kept, safetensors weights + trainer state. latest/: rolling, safetensors
+# weights and optimizer state + JSON. All written to a temporary folder and renamed into place.
+
+def trainer_state(step, phase, batcher, totals, elapsed, outcome: dict) -> dict:
+    """What a resume needs besides the weights; `outcome`: the best validation CE so far and a divergence
+    recorded by a run that continues past it."""
+    rng = base64.b64encode(torch.get_rng_state().numpy().tobytes()).decode()
+    return {"step": step, "phase": phase, "data": batcher.state_dict(), "totals": totals,
+            "elapsed": elapsed, "torch_rng": rng, "outcome": outcome}
+
+
+@contextmanager
+def disk_full_is_one_line(folder: Path, run_dir: Path):
+    """A write that runs out of disk (or past a file-size limit) says so, names the folder, and says
+    what is still intact."""
+    try:
+        yield
+    except Exception as e:  # OSError, or safetensors' own error wrapping one
+        why = disk_full_reason(e)
+        if not why:
+            raise
+        intact = newest_checkpoint(run_dir)
+        raise TrainingError(f"{why} while writing {folder}; "
+                            + (f"the previous checkpoint {intact[0]} is intact" if intact else "no checkpoint was lost")
+                            + ": free some space (or raise the limit) and rerun to resume") from None
+
+
+def save_kept_checkpoint(run_dir: Path, name: str, net, state: dict, ctx):
+    """A kept checkpoint (phase-<p>/ or step-<n>/): safetensors weights any tool can load, plus the
+    trainer state. It holds no optimizer state: phases restart theirs, so a phase end needs none."""
+    with disk_full_is_one_line(run_dir / name, run_dir):
+        write_kept_checkpoint(run_dir, name, net, state, ctx)
+
+
+def write_kept_checkpoint(run_dir: Path, name: str, net, state: dict, ctx):
+    """In one process, model.safetensors. Under FSDP2 nothing is gathered whole on one rank: each rank
+    that holds distinct shards (ctx.shard_group) writes whole the tensors assigned to it
+    (checkpoint.tensor_writers: about 1/n of the model each), gathering them one at a time (every rank
+    takes part in each tensor's all-gather), as one file of a standard HF sharded checkpoint
+    (model-0000w-of-0000n.safetensors and model.safetensors.index.json), which the kit's loaders,
+    `repro.py export` (one HF folder) and transformers read as they read one file. Each writer hashes
+    its own file; rank 0 writes the index, config.json, the trainer state and the checksums, then
+    renames the folder into place."""
+    tmp = run_dir / f"{name}.tmp"
+    if ctx.is_main:
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir()
+    ctx.barrier()
+    qwen3 = isinstance(net, model.Qwen3)  # the teacher run's checkpoints are plain HF Qwen3 folders
+    weights = {hf_qwen3.hf_name(k) if qwen3 else k: v for k, v in net.state_dict().items()}
+    writers = ctx.shard_writers
+    owner = checkpoint.tensor_writers({k: v.numel() * v.element_size() for k, v in weights.items()}, writers)
+    group, mine = ctx.shard_group, {}
+    for key, value in weights.items():  # in the same order on every rank: the all-gathers pair up
+        whole = value.full_tensor() if hasattr(value, "full_tensor") else value
+        if group is not None and owner[key] == group[0]:
+            mine[key] = whole.detach().cpu()
+        del whole
+    if mine:
+        file = "model.safetensors" if writers == 1 else checkpoint.hf_shard_file(group[0], writers)
+        part = checkpoint.write_weights(tmp, file, mine)
+        checkpoint.write_json(tmp / f"part.rank{group[0]}.json", part, indent=None)
+    del mine
+    ctx.barrier()
+    if ctx.is_main:
+        parts = []
+        for w in range(writers):
+            part_file = tmp / f"part.rank{w}.json"
+            if part_file.is_file():
+                parts.append(checkpoint.loads(part_file.read_text()))
+                part_file.unlink()
+        if writers > 1:
+            checkpoint.write_json(tmp / checkpoint.HF_INDEX, checkpoint.hf_index(parts))
+        checkpoint.write_json(tmp / "config.json", net.config.to_hf() if qwen3 else net.checkpoint_config())
+        kill_point("writing-kept", run_dir.name, state["step"])
+        checkpoint.write_json(tmp / "trainer_state.json", state, indent=None)
+        checkpoint.write_checksums(tmp, known={p["file"]: p["sha256"] for p in parts})
+        checkpoint.replace_folder(tmp, run_dir / name,
+                                  midway=lambda: kill_point("swapping-kept", run_dir.name, state["step"]))
+    ctx.barrier()
+
+
+def save_latest_checkpoint(run_dir: Path, net, optimizer, state: dict, ctx):
+    with disk_full_is_one_line(run_dir / "latest", run_dir):
+        write_latest_checkpoint(run_dir, net, optimizer, state, ctx)
+
+
+def write_latest_checkpoint(run_dir: Path, net, optimizer, state: dict, ctx):
+    """latest/: each rank's own shards of the weights and of AdamW's state (safetensors), an index of
+    which rows each file holds and the trainer state (JSON), written by every rank that holds distinct
+    shards, each hashing its own files. Nothing is gathered or cloned whole, nothing is pickled, and it
+    resumes on any number of ranks (load_latest_checkpoint reads only the rows a rank needs)."""
+    tmp = run_dir / "latest.tmp"
+    if ctx.is_main:
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir()
+    ctx.barrier()
+    group = ctx.shard_group
+    if group is not None:
+        params = dict(net.named_parameters())
+        parts = [checkpoint.write_shard(tmp, "model", params, *group)]
+        kill_point("writing-latest", run_dir.name, state["step"])
+        moments = {f"{fqn}/{key}": value for fqn, p in params.items() for key, value in optimizer.state.get(p, {}).items()}
+        parts.append(checkpoint.write_shard(tmp, "optimizer", moments, *group))
+        checkpoint.write_json(tmp / f"part.rank{group[0]}.json", parts, indent=None)
+    ctx.barrier()
+    if ctx.is_main:
+        parts = [p for w in range(group[1]) for p in checkpoint.loads((tmp / f"part.rank{w}.json").read_text())]
+        for w in range(group[1]):
+            (tmp / f"part.rank{w}.json").unlink()
+        index = checkpoint.merge_index(parts)
+        checkpoint.write_json(tmp / checkpoint.SHARDED_INDEX, index, indent=None)
+        checkpoint.write_json(tmp / "trainer_state.json", state, indent=None)
+        sums = {**index["files"], **{name: checkpoint.sha256(tmp / name)
+                                     for name in (checkpoint.SHARDED_INDEX, "trainer_state.json")}}
+        checkpoint.write_json(tmp / checkpoint.CHECKSUMS, sums, indent=1)
+        checkpoint.replace_folder(tmp, run_dir / "latest",
+                                  midway=lambda: kill_point("swapping-latest", run_dir.name, state["step"]))
+    ctx.barrier()
+
+
+# Resume points, best first on a tie: latest/ (weights and AdamW state), phase-<p>/ (weights; a phase
+# starts a fresh AdamW, so nothing is lost), step-<n>/ (weights only, mid-phase: AdamW's moments
+# restart, so only after damage).
+RESUME_POINT = re.compile(r"latest|(?:phase|step)-\d+")  # latest/, phase-<p>/, step-<n>/ (not .tmp/.old)
+RESUME_RANK = {"latest": 2, "phase": 1, "step": 0}
+TRAINER_STATE_KEYS = ("step", "phase", "data", "totals", "elapsed", "torch_rng")
+
+
+def checkpoints(run_dir: Path) -> list[tuple[int | None, Path]]:
+    """(step, folder) of every resume point: those with an unreadable trainer state (step None) first,
+    so that each is named before a good one is taken, then newest first."""
+    found = []
+    for ckpt in run_dir.iterdir() if run_dir.is_dir() else []:
+        if not RESUME_POINT.fullmatch(ckpt.name) or not ckpt.is_dir():
+            continue
+        try:
+            step = checkpoint.loads((ckpt / "trainer_state.json").read_text())["step"]
+            step = step if isinstance(step, int) else None
+        except (OSError, ValueError, KeyError, TypeError):
+            step = None
+        found.append((step, RESUME_RANK[ckpt.name.split("-")[0]], ckpt))
+    found.sort(key=lambda f: (f[0] is None, f[0] or 0, f[1]), reverse=True)
+    return [(step, ckpt) for step, _, ckpt in found]
+
+
+def newest_checkpoint(run_dir: Path, verify: bool = False, warn=lambda line: None,
+                      ctx=None) -> tuple[Path, dict] | None:
+    """The checkpoint to resume from: the newest whose trainer state reads and, with `verify`, whose
+    files match their checksums (with `ctx`, the ranks share the hashing and agree on the verdict);
+    each one passed over is named in a one-line warning. A snapshot step-<n>/ is taken only once a
+    damaged checkpoint was passed over: an interrupted run resumes exactly from latest/ or phase-<p>/
+    (or step 0), a damaged one salvages what it can."""
+    salvaging = False
+    for step, ckpt in checkpoints(run_dir):
+        if ckpt.name.startswith("step-") and not salvaging:
+            continue
+        why = "trainer_state.json is unreadable" if step is None else \
+            checkpoint.damage(ckpt, (ctx.rank, ctx.world) if ctx else (0, 1)) if verify else ""
+        if ctx is not None and verify and not ctx.agree(not why):
+            why = why or "a file another rank checked does not match its checksum"
+        if why:
+            warn(f"{ckpt}: damaged ({why}); resuming from an older checkpoint")
+            salvaging = True
+            continue
+        try:
+            return ckpt, read_json(ckpt / "trainer_state.json", *TRAINER_STATE_KEYS)
+        except TrainingError as e:
+            warn(f"{e}; resuming from an older checkpoint")
+    return None
+
+
+def load_weights(net, ckpt: Path):
+    """A resume point's weights; newest_checkpoint(verify=True) has just checked its checksums."""
+    if isinstance(net, model.Qwen3):
+        name_in_file = hf_qwen3.hf_name
+    else:  # a prefix adopted from another placement schedule (a transplant) may name a norm otherwise
+        name_in_file = names_in(net, read_json(ckpt / "config.json", "normgrow_student")["normgrow_student"]["norm"])
+    dtype = next(net.parameters()).dtype
+    checkpoint.load_tensors(net, ckpt, dtype, next(net.parameters()).device, name_in_file, checksums_checked=True)
+
+
+def names_in(net: model.Student, stored_norm: str) -> Callable[[str], str | None]:
+    """Where each of the student's parameters lies in a checkpoint of the schedule `stored_norm` whose block 0 is
+    its own (a transplant adopts another schedule's phase 0): under its own name, except that a schedule whose
+    only norm is its entry norm stores it as `norm` (see model.Student.__init__), and the student's final norm,
+    which that schedule lacks, is absent (None: it keeps its initial value)."""
+    stored = [model.placement(n) for n in model.block_norms(stored_norm, net.blocks)]
+    if net.entry_norm is None or not stored[0].entry_norm or any(p.final_norm for p in stored):
+        return lambda name: name
+    return lambda name: {"entry_norm.weight": "norm.weight", "norm.weight": None}.get(name, name)
+
+
+def load_latest_checkpoint(ckpt: Path, net, optimizer, ctx):
+    """Weights and AdamW state from latest/ (write_latest_checkpoint) on any number of ranks: each rank
+    reads only the rows of each tensor that it holds."""
+    if not (ckpt / checkpoint.SHARDED_INDEX).is_file():
+        raise TrainingError(f"{ckpt}: lacks {checkpoint.SHARDED_INDEX} (written by an older version of the kit, or "
+                            "damaged); move the folder away and rerun to resume from the last phase checkpoint")
+    from torch.distributed.tensor import DTensor
+    index = read_json(ckpt / checkpoint.SHARDED_INDEX, "tensors")
+    with torch.no_grad():
+        for fqn, p in net.named_parameters():
+            local = p.to_local() if isinstance(p, DTensor) else p
+            local.copy_(checkpoint.read_rows(ckpt, index, fqn, p))
+            moments = {}
+            for key in [k for k in index["tensors"] if k.startswith(f"{fqn}/")]:
+                name = key.rsplit("/", 1)[1]
+                if name == "step":  # a plain scalar, the same on every rank
+                    moments[name] = checkpoint.read_rows(ckpt, index, key, torch.zeros(()))
+                    continue
+                rows = checkpoint.read_rows(ckpt, index, key, p).to(local.device)
+                moments[name] = DTensor.from_local(rows, p.device_mesh, p.placements, shape=p.shape,
+                                                   stride=p.stride()) if isinstance(p, DTensor) else rows
+            if moments:
+                optimizer.state[p] = moments

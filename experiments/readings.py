@@ -1,0 +1,91 @@
+"""Readings of the results pages: the rule declared before the runs (report.reading, or report.adjusted_reading by a
+Holm-adjusted p in a declared family), and the sentence it chooses, whose words cannot say more than its interval.
+
+    readings.sentence("delta grow", readings.stats(values))   # "delta grow: -0.0273 [...] reads **below 0**: ..."
+"""
+from __future__ import annotations
+
+import math
+
+from experiments import report
+from experiments.presets import TIE_MARGIN
+
+
+def stats(values: list) -> dict:
+    """report.across_seeds of a reference's per-seed values; a null (a diverged run, n/a or never: the
+    reference does not say which) is NaN, so the cell shows it per seed and no interval is made."""
+    return report.across_seeds([math.nan if v is None else v for v in values])
+
+
+def read(s: dict, p_holm: float | None = None) -> str:
+    """The declared rule's reading of a difference over seeds: report.reading by its own intervals, or in
+    a family report.adjusted_reading by its Holm-adjusted p. A seed without a value gives no reading."""
+    missing = sum(not math.isfinite(v) for v in s["values"])
+    if missing:
+        return f"no reading: {missing} of {len(s['values'])} seeds have no value (null in the reference)"
+    if p_holm is None:
+        return report.reading(s, TIE_MARGIN)
+    return report.adjusted_reading(s, p_holm, TIE_MARGIN)
+
+
+def holm_family(members: list[dict]) -> list[float]:
+    """Each member's one-sample t-test p, adjusted by Holm over the family (NaN where there is no test)."""
+    raw = [report.p_two_sided(s) for s in members]
+    return [math.nan if math.isnan(p) else adjusted for p, adjusted in zip(raw, report.holm(raw))]
+
+
+def p_text(p: float) -> str:
+    return "n/a (no test)" if math.isnan(p) else f"{p:.3g}"
+
+
+def sentence(label: str, s: dict, p_holm: float | None = None, family: int = 0) -> str:
+    """One reading as a sentence: the difference, the rule's verdict, why the rule gave it, and the
+    smallest tie margin the seeds allowed. `p_holm` and `family` (its size) where a family is declared."""
+    verdict = read(s, p_holm)
+    if verdict.startswith("no reading"):
+        return f"{label}: {verdict}."
+    if p_holm is None:
+        test = "its 95% t-interval " + ("excludes 0" if verdict in ("below 0", "above 0") else "includes 0")
+    else:
+        below = "below" if p_holm < 0.05 else "not below"
+        test = f"its Holm-adjusted p, {p_text(p_holm)}, is {below} 0.05 over the family's {family} comparisons"
+    if verdict == "inconclusive":
+        why = f"{test}, and its 90% interval is not inside ±{TIE_MARGIN:g}"
+    elif verdict.startswith("a tie"):
+        why = f"its 90% t-interval lies inside ±{TIE_MARGIN:g} (two one-sided tests at 5%)"
+    else:
+        why = test
+    margin = report.smallest_tie_margin(s)
+    return (f"{label}: {report.stats_cell(s, signed=True)} over {s['n']} seeds reads **{verdict}**: {why}; "
+            f"the smallest tie margin these seeds allow is ±{margin:.4f}.")
+
+
+def reading_cell(s: dict, p_holm: float | None = None) -> str:
+    """A reading in a table's cell, with the smallest tie margin the seeds allowed."""
+    verdict, margin = read(s, p_holm), report.smallest_tie_margin(s)
+    return verdict + (f" (tie margin ±{margin:.3f})" if math.isfinite(margin) and "no reading" not in verdict else "")
+
+
+RULE = (f"Readings follow the rule declared before the runs (docs/preregistrations.md): **below 0** or **above 0** "
+        f"where the 95% t-interval excludes 0 (in a declared family: where the Holm-adjusted p is below 0.05); **a "
+        f"tie within ±{TIE_MARGIN:g}** nats where the 90% t-interval lies inside ±{TIE_MARGIN:g} (two one-sided "
+        "tests at 5%, TOST); else **inconclusive**. A seed without a value (a diverged run) gives no reading. "
+        "Each reading states the smallest tie margin its seeds allowed (|mean| + the 90% half-width): a tie "
+        "within a smaller margin was out of reach whatever the mean.")
+
+
+# ----------------------------------------------------------------------------------------------
+# What a reference records beside its numbers: seeds, diverged runs, commits
+
+def seeds_of(reference: dict, name: str) -> list[int]:
+    return (reference.get("table_seeds") or {}).get(name) or reference["seeds"]
+
+
+def diverged_line(values: dict[str, list], seeds: list[int], what: str) -> str:
+    """How many of a table's runs diverged: a diverged run's CE is null in the reference."""
+    total = sum(len(v) for v in values.values())
+    bad = [f"{name} s{seed}" for name, v in values.items() for seed, x in zip(seeds, v) if x is None]
+    if not bad:
+        return f"Seeds {', '.join(map(str, seeds))}; diverged: none of the {total} {what}."
+    return (f"Seeds {', '.join(map(str, seeds))}; diverged: {len(bad)} of the {total} {what} ({', '.join(bad)}): "
+            "a number it enters shows its seeds' values, with no mean, interval or reading.")

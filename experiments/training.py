@@ -1,0 +1,137 @@
+"""A command's runs trained: what every run will read back checked before any work (check_before_work),
+then the data, the teacher and every run each seed needs (ensure_runs), done runs reused, partial ones
+resumed, in lockstep where they read the same batches. The CLI (repro.py) and the experiment modules
+(regime.py, beyond.py, ideas.py) call it; experiments/suite.py names the runs and places them.
+
+    ws = suite.workspace("toy", Path("runs"), Path("results"))
+    training.ensure_runs(ws, [RunName("pre", "grow"), RunName("post", "grow")], seeds=[42, 43])
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+from rich.table import Table
+
+import data
+import grow
+import model
+import rundir
+from experiments.suite import (
+    RunName,
+    Workspace,
+    console,
+    ensure_inputs,
+    prepare_data,
+    refuse_diverged_teacher,
+    run_config,
+    run_status,
+    scratch,
+    with_prefixes,
+)
+from plumbing import errors
+
+
+def check_before_work(ws: Workspace, jobs: list[tuple[RunName, int]], force: bool, teacher: Path | None = None):
+    """What a command will read back, read before any data, teacher or run folder is made and before
+    anything is printed, so that a bad setting or a damaged file is one line that changes nothing:
+    every run's settings, then (unless --force, which discards what does not match) the config.json
+    and done.json of every run it would reuse or resume, and the kit's own teacher once trained."""
+    teacher = teacher or expected_teacher(ws)
+    for run, seed in jobs:
+        try:
+            config = run_config(ws, run, seed, teacher=teacher)
+        except errors.ConfigError as e:  # RunConfig's own checks: a placement schedule, per-phase LRs and warmups
+            raise errors.OptionError("--set", f"run {run.name}: {e}") from None
+        folder = ws.run_dir(run, seed)
+        if not (folder / "done.json").exists():  # one it will train: refused as the dry run refuses it
+            data.check_split(config.global_batch, ws.ctx.world, config.micro_batch)
+        if force:  # --force discards what does not match, if the kit made all of it: nothing else to read first
+            if (teacher is not None or scratch(ws)) and (folder / "config.json").exists():
+                try:
+                    rundir.check_config(config, folder)
+                except errors.TrainingError:
+                    rundir.check_discardable(folder)
+            continue
+        if (folder / "config.json").exists():
+            if teacher is not None or scratch(ws):
+                rundir.check_config(config, folder)
+            else:
+                rundir.read_json(folder / "config.json")  # a hub teacher's cache path is known only once fetched
+        if (folder / "done.json").exists():
+            check_result(folder / "done.json")
+    if not force and not ws.preset.teacher and not scratch(ws):
+        check_trained_teacher(ws)
+
+
+def expected_teacher(ws: Workspace) -> Path | None:
+    """The teacher path the runs' configs record, where it is known before the teacher is trained or fetched."""
+    if not ws.preset.teacher:
+        return ws.teacher_dir / "phase-0"
+    return Path(ws.preset.teacher) if Path(ws.preset.teacher).is_dir() else None
+
+
+def check_result(path: Path):
+    """A done.json whose numbers the reports can print (rundir.final_eval: numbers a CE can be, as the run's
+    own log has them), or a divergence they show as one (else one line now, not a traceback mid-report)."""
+    result = rundir.final_eval(path.parent)
+    if result.get("diverged") is not None:
+        record = result["diverged"]
+        if not (isinstance(record, dict) and isinstance(record.get("step"), int) and isinstance(record.get("why"), str)):
+            raise errors.TrainingError(f"{path}: diverged is {record!r}, not the kit's record (step, why); the file is "
+                                       "damaged: move it away and rerun")
+
+
+def check_trained_teacher(ws: Workspace):
+    """The kit's own teacher, if trained: its run files, and its checkpoint loaded whole (checksums,
+    config, every tensor; a few MB at the scales that train one)."""
+    folder = ws.teacher_dir
+    if (folder / "config.json").exists():
+        rundir.read_json(folder / "config.json")
+    if not (folder / "done.json").exists():
+        return
+    check_result(folder / "done.json")
+    refuse_diverged_teacher(folder)
+    if not (folder / "phase-0").is_dir():
+        raise errors.TrainingError(f"{folder / 'phase-0'}: missing, although {folder / 'done.json'} says the teacher "
+                                   f"is trained; move {folder} away and rerun to train it again")
+    model.load_qwen3(folder / "phase-0")
+
+
+def show_overview(ws: Workspace, jobs: list[tuple[RunName, int]]):
+    if not ws.ctx.is_main:
+        return
+    table = Table(title=f"runs at scale {ws.preset.name}")
+    for column in ("run", "seed", "status", "folder"):
+        table.add_column(column)
+    for run, seed in jobs:
+        table.add_row(run.name, str(seed), run_status(ws.run_dir(run, seed)), str(ws.run_dir(run, seed)))
+    console.print(table)
+
+
+def ensure_runs(ws: Workspace, runs, seeds: list[int], force: bool = False, teacher: Path | None = None):
+    """Data, teacher (unless given), then every run each seed needs; done runs are reused, partial
+    ones resumed, and with `force` a run folder holding another config (an edited preset) is discarded.
+    In lockstep (ws.lockstep) the runs of a seed that read the same
+    batches train together on one teacher pass per batch; the long joint controls train alone after."""
+    jobs = [(run, seed) for seed in seeds for run in with_prefixes(runs)]
+    check_before_work(ws, jobs, force, teacher)
+    if scratch(ws):
+        prepare_data(ws, force)  # growth from scratch: no teacher at all
+    else:
+        teacher = teacher or ensure_inputs(ws, force)
+    if any(run_status(ws.run_dir(*job)) != "done" for job in jobs):
+        show_overview(ws, jobs)  # once, before the work; each run then announces itself
+    # Done runs too: training reuses one whose config matches and refuses a stale one.
+    planned = {seed: [(run_config(ws, run, seed, teacher=teacher), ws.run_dir(run, seed)) for run in with_prefixes(runs)]
+               for seed in seeds}
+    ws.progress.plan([job for seed in seeds for job in planned[seed]])  # every seed's, before the first trains
+    for seed in seeds:
+        seed_jobs = planned[seed]
+        together = [job for job in seed_jobs if ws.lockstep and job[0].data_mode == "replay"]
+        alone = [job for job in seed_jobs if job not in together]
+        named = {run_dir: run for run, (_, run_dir) in zip(with_prefixes(runs), seed_jobs)}
+        for group in ([together] if together else []) + [[job] for job in alone]:
+            grow.train_together(group, force=force, ctx=ws.ctx, tracker=ws.tracker, wait=ws.wait, counted=ws.progress)
+            for _, run_dir in group:
+                if ws.on_finished is not None and ws.ctx.is_main:  # a study records each run as it finishes
+                    ws.on_finished(ws, named[run_dir], seed)

@@ -1,0 +1,83 @@
+"""The norm placements beyond the paper's pre- and post-norm (model.py's): Sandwich-LN and Peri-LN, HybridNorm
+and HybridNorm*, DeepNorm with DeepNet's residual scale and init; and a post-norm student's block outputs
+started at the teacher's final-norm gain (output_gain "teacher"). Each is a layer forward that a
+model.PLACEMENTS entry names, over a model.DecoderLayer of that placement (its self_attn, mlp and the RMSNorms
+the entry gives it); model.py owns the layers and the table, docs/method.md writes each one's equations out.
+
+    h = hybrid_layer(layer, h, cos, sin)                 # one layer's forward
+    layer.residual_scale = residual_scale(layer, depth)  # DeepNorm's alpha, 1 for every other placement
+"""
+from __future__ import annotations
+
+import torch
+
+from plumbing.devices import fill_parameter, full_tensor
+
+
+def sandwich_layer(layer, h, cos, sin):
+    """Sandwich-LN (Ding et al. 2021) and Peri-LN (Kim et al. 2025): each sub-layer's input and output
+    normalised, the residual stream itself never."""
+    h = layer.attn_out_norm(layer.self_attn(layer.attn_norm(h), cos, sin)) + h
+    return layer.mlp_out_norm(layer.mlp(layer.mlp_norm(h))) + h
+
+
+def hybrid_layer(layer, h, cos, sin):
+    """HybridNorm (Zhuo et al. 2025; the official code's dense config: attn_norm false, ffn_norm true,
+    ffn_residual_after_norm true, q/k/v norms on): attention on the raw stream with q, k and v each
+    normalised per head (inside self_attn), y = h + Attn(h); then z = N(y) and z + FFN(z), so the FFN's
+    residual carries the normalised stream. The model has a final norm and none on the embeddings."""
+    h = layer.self_attn(h, cos, sin) + h
+    z = layer.mlp_norm(h)
+    return layer.mlp(z) + z
+
+
+def deepnorm_layer(layer, h, cos, sin):
+    """DeepNorm (Wang et al. 2022, torchscale's decoder): post-norm with the residual up-weighted by alpha,
+    x <- N(alpha x + f(x))."""
+    h = layer.attn_norm(layer.residual_scale * h + layer.self_attn(h, cos, sin))
+    return layer.mlp_norm(layer.residual_scale * h + layer.mlp(h))
+
+
+def deepnet_alpha(layers: int) -> float:
+    """DeepNet's decoder-only residual scale for N layers: (2N)^(1/4)."""
+    return (2 * layers) ** 0.25
+
+
+def deepnet_beta(layers: int) -> float:
+    """DeepNet's decoder-only init gain for N layers: (8N)^(-1/4). torchscale divides, after the base
+    init, every weight whose name holds fc1, fc2, out_proj or v_proj by (8N)^(1/4); in its gated FFN
+    (component/gate_linear_unit.py, with deepnorm in architecture/retnet.py) fc1 is the activated input
+    projection (our gate_proj), fc2 the output (down_proj), and the linear multiplier `gate` (our
+    up_proj) is not scaled; nor are q and k."""
+    return (8 * layers) ** -0.25
+
+
+DEEPNET_SCALED = ("self_attn.v_proj", "self_attn.o_proj", "mlp.gate_proj", "mlp.down_proj")
+
+
+def residual_scale(layer, depth: int) -> float:
+    """The weight of a layer's residual in a model of `depth` layers: DeepNet's alpha for a DeepNorm layer, else 1."""
+    return deepnet_alpha(depth) if layer.placement.deepnet else 1.0
+
+
+@torch.no_grad()
+def scale_deepnet_init(layers, depth: int):
+    """DeepNet's init, after the base one: each DeepNorm layer's DEEPNET_SCALED weights times beta at the
+    model's depth N (as alpha, the final depth)."""
+    beta = deepnet_beta(depth)
+    for layer in layers:
+        if layer.placement.deepnet:
+            for name in DEEPNET_SCALED:
+                layer.get_submodule(name).weight.mul_(beta)
+
+
+def start_outputs_at_teacher_gain(student, teacher_gain: torch.Tensor):
+    """output_gain "teacher" (post-norm only; the paper's init is "ones"): the last RMSNorm of every block of
+    a model.Student starts from the teacher's final-norm gain g_T: whichever block is the last active one, the
+    head then reads g_T-scaled states, as a pre-norm student's head does from step 0. In a grow run each
+    appended block brings its own g_T-initialised last norm, so the gain is re-applied at every phase; blocks
+    that were trained before keep their trained gains."""
+    for b in range(student.blocks):
+        last = student.block_layers(b)[-1]
+        if not student.placements[b].final_norm and hasattr(last, "mlp_norm"):
+            fill_parameter(last.mlp_norm.weight, full_tensor(teacher_gain))

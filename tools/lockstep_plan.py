@@ -1,0 +1,94 @@
+"""The dry run's lockstep accounting (tools/plan.py prices what it counts): which of a seed's planned runs read
+the same batches and train together (grow.train_together), the stretches of global steps over which the same
+ones are resident (lockstep segments), the teacher passes that saves, and each segment's per-GPU memory, with
+whether the worst fits a GPU (lockstep's default).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import config
+from experiments import presets
+from plumbing.hf_qwen3 import ModelConfig
+from tools import memory
+
+MEMORY_HEADROOM = 0.9  # of the GPU's memory: allocator fragmentation and NCCL buffers take the rest
+
+
+@dataclass
+class PlannedRun:
+    name: str
+    config: config.RunConfig
+    shared_phases: int  # leading phases computed by another run (a shared prefix): not paid again
+
+
+def memory_bytes(preset, teacher: ModelConfig, gpus: int, nodes: int, runs: list[PlannedRun]) -> float:
+    """Per-GPU peak of a run apart in grow's last phase (memory.step_peak), of the costliest placement among `runs`."""
+    return max((memory.step_peak(preset, teacher, gpus, nodes, 1, norms=[r.config.norm])["total"] for r in runs),
+               default=0.0)
+
+
+def own_steps(run: PlannedRun) -> range:
+    """The global steps this run computes itself (after its shared prefix)."""
+    phases = config.plan_phases(run.config)
+    return range(phases[run.shared_phases].first_step if run.shared_phases < len(phases) else 0,
+                 phases[-1].first_step + phases[-1].steps)
+
+
+def lockstep_runs(runs: list[PlannedRun]) -> list[PlannedRun]:
+    """The runs of a seed that read the same batches at the same steps: every replay run (the long
+    joint controls continue onto fresh data and train alone)."""
+    return [r for r in runs if r.config.data_mode == "replay"]
+
+
+def lockstep_segments(runs: list[PlannedRun]) -> list[tuple[int, int, list[tuple[str, config.Phase]]]]:
+    """(start, stop, [(run, its phase)]) of each stretch of global steps over which the same lockstep runs
+    train in the same phases: what is resident on a GPU changes only at these edges."""
+    live = [(r.name, ph) for r in lockstep_runs(runs) for ph in config.plan_phases(r.config)[r.shared_phases:]]
+    edges = sorted({e for _, ph in live for e in (ph.first_step, ph.first_step + ph.steps)})
+    return [(a, b, [(name, ph) for name, ph in live if ph.first_step <= a < ph.first_step + ph.steps])
+            for a, b in zip(edges, edges[1:]) if any(ph.first_step <= a < ph.first_step + ph.steps for _, ph in live)]
+
+
+def segment_memory(preset, runs: list[PlannedRun], gpus: int, nodes: int = 1) -> list[dict]:
+    """Per-GPU peak of every lockstep segment: {"steps", "runs", "bytes", "moment"}."""
+    teacher = presets.teacher_shape(preset)
+    norm = {run.name: run.config.norm for run in runs}
+    out = []
+    for a, b, live in lockstep_segments(runs):
+        peak = memory.step_peak(preset, teacher, gpus, nodes, [ph for _, ph in live], norms=[norm[n] for n, _ in live])
+        out.append({"steps": (a, b), "runs": [f"{name} phase {ph.index}" for name, ph in live],
+                    "bytes": peak["total"], "moment": peak["moment"]})
+    return out
+
+
+def most_resident(runs: list[PlannedRun]) -> int:
+    """The most lockstep runs training at once (a finished run frees its memory, a sharing one joins late)."""
+    spans = [own_steps(r) for r in lockstep_runs(runs)]
+    return max((sum(s.start <= step < s.stop for s in spans) for step in {s.start for s in spans}), default=1)
+
+
+def teacher_passes(runs: list[PlannedRun], lockstep: bool) -> int:
+    """Teacher forward passes (optimizer steps' worth) for one seed."""
+    if not lockstep:
+        return sum(len(own_steps(r)) for r in runs)
+    together = lockstep_runs(runs)
+    return union_length([own_steps(r) for r in together]) + sum(len(own_steps(r)) for r in runs if r not in together)
+
+
+def union_length(spans: list[range]) -> int:
+    """How many steps lie in at least one span: merged interval by interval, never a set of every step
+    (a dry run of any accepted step count answers at once)."""
+    total, reach = 0, None
+    for span in sorted((s for s in spans if len(s)), key=lambda s: s.start):
+        if reach is None or span.start > reach:
+            total, reach = total + len(span), span.stop
+        elif span.stop > reach:
+            total, reach = total + span.stop - reach, span.stop
+    return total
+
+
+def fits(preset, gpus: int, gpu_bytes: float, runs: list[PlannedRun], nodes: int = 1) -> bool:
+    """Whether lockstep's worst segment fits in a GPU of `gpu_bytes` (used for the default choice)."""
+    worst = max((s["bytes"] for s in segment_memory(preset, runs, gpus, nodes)), default=0.0)
+    return worst <= MEMORY_HEADROOM * gpu_bytes
