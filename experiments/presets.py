@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import math
 import re
+import unicodedata
 from dataclasses import MISSING, dataclass, field, fields, replace
 from pathlib import Path
 
@@ -16,6 +17,7 @@ import config
 import paper
 from plumbing import corpora, errors, tokenizer
 from plumbing.hf_qwen3 import ModelConfig, config_problem
+from plumbing.locks import printable
 
 # ----------------------------------------------------------------------------------------------
 # Presets: every number of a scale lives here, and nowhere else.
@@ -305,9 +307,10 @@ def sections_problem(base: Preset, preset: Preset, changes: dict) -> str:
 
 
 def parse_value(key: str, raw: str, current):
-    """`raw` as the type of the preset's current value; a bad value is a one-line error naming the key."""
+    """`raw` as the type of the preset's current value; a bad value is a one-line error naming the key (the value
+    shown escaped: it is the user's text, and may hold a terminal's escape sequence)."""
     def bad(why):
-        return errors.OptionError("--set", f"{key}={raw}: {why}")
+        return errors.OptionError("--set", f"{key}={printable(raw, 80)}: {why}")
     if isinstance(current, bool):
         if raw.lower() not in ("true", "false", "1", "0"):
             raise bad("expected true or false")
@@ -331,6 +334,8 @@ def parse_value(key: str, raw: str, current):
             raise bad(f"expected {len(current)} numbers")
         return value
     if isinstance(current, str):
+        if any(unicodedata.category(c)[0] == "C" for c in raw):  # it would name folders, and reach the terminal
+            raise bad("holds a control character (an escape sequence, a line break); write the value without it")
         return raw
     raise bad("this key cannot be set from the command line")
 
@@ -359,7 +364,8 @@ def parse_overrides(preset: Preset, items) -> tuple[Override, ...]:
         known.update({**(DATA_OPTIONS if section == "data" else {}), **(preset.run if section == "teacher_run" else {}),
                       **getattr(preset, section)})
         if name not in known:
-            raise errors.OptionError("--set", f"{key.strip()}: unknown key; {section} has {', '.join(sorted(known))}")
+            raise errors.OptionError("--set", f"{printable(key.strip(), 80)}: unknown key; {section} has "
+                                     f"{', '.join(sorted(known))}")
         if name in SET_BY_KIT.get(section, ()):
             raise errors.OptionError("--set", f"{key.strip()}: set by the kit for each run (from its data, teacher and "
                                      "protocol), not from the command line")
@@ -407,11 +413,13 @@ def override_name(changes: dict) -> str:
 def named(value) -> str:
     """A value as a folder name shows it, as it always has where that loses nothing (numbers, a tuple without
     its spaces, true/false, a plain word); a string with a character the name would lose or misread (/ shown
-    as _, spaces dropped, or a , = ~ that would read as another item) also ends in a hash of its exact value."""
+    as _, spaces and control characters dropped, or a , = ~ that would read as another item) also ends in a hash
+    of its exact value."""
     if not isinstance(value, str):
         return str(value).replace(" ", "")  # (0.9, 0.99) -> (0.9,0.99): a tuple's spaces are always ", "
-    readable = re.sub(r"\s", "", value.replace("/", "_"))
-    return readable if not re.search(r"[/\s,=~]", value) else f"{readable}~{hashlib.sha256(value.encode()).hexdigest()[:12]}"
+    readable = "".join(c for c in re.sub(r"\s", "", value.replace("/", "_")) if unicodedata.category(c)[0] != "C")
+    same = readable == value and not re.search(r"[,=~]", value)
+    return readable if same else f"{readable}~{hashlib.sha256(value.encode()).hexdigest()[:12]}"
 
 
 # ----------------------------------------------------------------------------------------------

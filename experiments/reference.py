@@ -22,6 +22,7 @@ import json
 import math
 import re
 import statistics
+import sys
 from pathlib import Path
 
 from rich.table import Table
@@ -61,10 +62,9 @@ def collect(runs: Path, results: Path, seeds: list[int]) -> dict:
     # if it has a spread to make bands from: one seed of several would give a band of the tolerance alone.
     table_seeds = {}
     for file in sorted(results.glob("*.json")):
-        content = checkpoint.loads(file.read_text())
-        own = content.get("seeds") or []
+        own, numbers = read_report(file)
         if own and set(own) <= set(seeds) and (len(own) > 1 or len(seeds) == 1):
-            tables[file.stem], table_seeds[file.stem] = report_numbers(content), content["seeds"]
+            tables[file.stem], table_seeds[file.stem] = numbers, own
     return report.finite({"seeds": seeds, "git_commit": rundir.git_commit(), "curves": curves, "final_ce": finals,
                           "tables": tables, "table_seeds": table_seeds,
                           **run_provenance(runs, seeds)})  # strict JSON: n/a is null
@@ -81,11 +81,10 @@ def with_tables(shipped: dict, runs: Path, results: Path, names: list[str]) -> d
         file = results / f"{name}.json"
         if not file.is_file():
             raise UsageError(f"{file}: no such report; run `repro.py {name}` first")
-        report_content = checkpoint.loads(file.read_text())
-        own = report_content.get("seeds") or []
+        own, numbers = read_report(file)
         if len(own) < 2 or not set(own) <= set(shipped["seeds"]):
             raise UsageError(f"{file}: its seeds {own} are not several of the shipped seeds {shipped['seeds']}")
-        content["tables"][name], content["table_seeds"][name] = report_numbers(report_content), own
+        content["tables"][name], content["table_seeds"][name] = numbers, own
         for key, values in run_provenance(runs, own).items():
             content[key].update(values)
     return report.finite(content)
@@ -104,6 +103,24 @@ def run_provenance(runs: Path, seeds: list[int]) -> dict[str, dict[str, str | No
     made = {str(d.relative_to(runs)): rundir.read_json(d / "provenance.json")
             for d in sorted(folders) if (d / "provenance.json").is_file()}
     return {key: {folder: p.get(field) for folder, p in made.items()} for key, field in PROVENANCE_FIELDS.items()}
+
+
+def read_report(file: Path) -> tuple[list[int], dict[str, list]]:
+    """(its seeds, report_numbers) of a report over seeds, checked as `compare` reads what `reference` writes from
+    it; a file that is not a report the kit wrote (notes, nested lists) is one line naming it."""
+    bad = lambda where, problem: UsageError(f"{file}: {where or 'the file'} {problem}; not a report the kit wrote: move "
+                                            f"it out of {file.parent} (`reference` reads every *.json there)")
+    content = rundir.read_json(file)
+    if not content.get("seeds"):
+        return [], {}  # not a report over seeds: never shipped
+    own = check_seeds(content["seeds"], "seeds", bad)
+    try:
+        numbers = report_numbers(content)
+    except (AttributeError, TypeError, KeyError):  # a row that is not an object, a number that is not a {values}
+        raise bad("", "does not hold a report's rows") from None
+    for key, values in numbers.items():
+        per_seed(values, len(own), json_path(key), bad)
+    return own, numbers
 
 
 def report_numbers(content: dict) -> dict[str, list]:
@@ -207,10 +224,22 @@ def load(scale: str) -> dict:
     if not path.is_file():
         raise UsageError(f"{path}: no shipped reference for --scale {scale}; make one with `repro.py reference`")
     try:
-        content = checkpoint.loads(path.read_text())
+        content = checkpoint.loads(text := path.read_text())
     except (OSError, ValueError) as e:
         raise UsageError(f"{path}: not valid JSON ({e}); {restore(path)}") from None
+    json.loads(text, object_pairs_hook=lambda pairs: refuse_repeated_keys(pairs, path))
     check_reference(content, path)
+    return content
+
+
+def refuse_repeated_keys(pairs: list[tuple], path: Path) -> dict:
+    """An object of the file read with each key once: a key given twice (table1.pre_grow edited in a second
+    place) would otherwise be read as its last value, silently."""
+    content = dict(pairs)
+    if len(content) < len(pairs):
+        key = next(k for i, (k, _) in enumerate(pairs) if k in dict(pairs[:i]))
+        raise UsageError(f"{path}: the key {json.dumps(key)[:80]} is given twice in one object (JSON reads only the "
+                         f"last); {restore(path)}")
     return content
 
 
@@ -222,18 +251,20 @@ def restore(path: Path) -> str:
 class BadReference(UsageError):
     """A reference's first value that is not where, or of the type, `collect` writes it: named by its JSON path."""
 
-    def __init__(self, path: Path, where: str, problem: str):
-        super().__init__(f"{path}: {where or 'the file'} {problem}; {restore(path)}")
+    def __init__(self, path: Path, where: str, problem: str, fix: str = ""):
+        super().__init__(f"{path}: {where or 'the file'} {problem}; {fix or restore(path)}")
 
 
 REFERENCE_KEYS = {"seeds", "git_commit", "curves", "final_ce", "tables", "table_seeds", "machine", *PROVENANCE_FIELDS}
 POINT = re.compile(r"\d+( start)?")  # an evaluation point: "<step>", or "<step> start" at a phase start
+FLOAT_MAX = sys.float_info.max
 
 
-def check_reference(content, path: Path):
+def check_reference(content, path: Path, fix: str = ""):
     """Every value of a reference where `collect` puts it and of the type it writes, each list of per-seed
-    values as long as its seeds; the first that is not is a BadReference naming its JSON path."""
-    bad = lambda where, problem: BadReference(path, where, problem)
+    values as long as its seeds; the first that is not is a BadReference naming its JSON path (and `fix`: what
+    to do, where it is not the shipped file that is at fault)."""
+    bad = lambda where, problem: BadReference(path, where, problem, fix)
     expect(content, dict, "", bad)
     for key in ("seeds", "git_commit", "curves", "final_ce", "tables"):
         if key not in content:
@@ -292,13 +323,14 @@ def check_seeds(seeds, where: str, bad) -> list[int]:
 
 
 def per_seed(values, n: int, where: str, bad, ce: bool = False):
-    """A list of one value per seed: a finite number (a CE is >= 0), or null (a diverged run, n/a)."""
+    """A list of one value per seed: a finite number (a CE is >= 0), or null (a diverged run, n/a). Compared, not
+    math.isfinite'd: a 401-digit integer has no float (an OverflowError), and NaN fails any comparison."""
     if len(expect(values, list, where, bad)) != n:
         raise bad(where, f"holds {len(values)} value{'s' * (len(values) != 1)} for {n} seeds")
     for i, value in enumerate(values):
         if value is None:
             continue
-        if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value):
+        if not isinstance(value, (int, float)) or isinstance(value, bool) or not -FLOAT_MAX <= value <= FLOAT_MAX:
             raise bad(f"{where}[{i}]", f"is {describe(value)}, not a number (or null, for a run without one)")
         if ce and value < 0:
             raise bad(f"{where}[{i}]", f"is {value}, and a CE is never below 0")
@@ -332,12 +364,12 @@ def write(scale: str, seeds: list[int], force: bool, runs: Path, results: Path) 
     missing = [seed for seed in seeds if not (runs / f"s{seed}").is_dir()]
     if missing:
         raise UsageError(f"{runs / f's{missing[0]}'}: no runs of seed {missing[0]}; run them first")
-    check_reports(results)
-    content = collect(runs, results, seeds)
+    content = collect(runs, results, seeds)  # every report read whole (read_report)
     if not content["curves"]:
         raise UsageError(f"no finished runs of seeds {seeds} under {runs}; run them first")
-    REFERENCES.mkdir(exist_ok=True)
     path = REFERENCES / f"{scale}.json"
+    check_reference(content, path, f"nothing was written: a run under {runs} or a report in {results} gave it")
+    REFERENCES.mkdir(exist_ok=True)
     if path.exists() and not force:  # shipped with the kit: what every user's `compare` checks against
         raise UsageError(f"{path} exists (seeds {rundir.read_json(path).get('seeds')}): the kit ships it and "
                          "`compare` checks against it; add --force to replace it (git checkout restores it)")
@@ -357,7 +389,9 @@ def write_tables(scale: str, seeds: list[int], force: bool, names: list[str], ru
         raise UsageError(f"{path}: the kit ships it and `compare` checks against it; name the tables and add "
                          "--force to replace them (git checkout restores it)")
     check_reports(results)
-    checkpoint.write_json(path, with_tables(shipped, runs, results, names), indent=1)
+    content = with_tables(shipped, runs, results, names)
+    check_reference(content, path, f"nothing was written: a run under {runs} or a report in {results} gave it")
+    checkpoint.write_json(path, content, indent=1)
     return f"wrote {path}: tables {', '.join(names)} from {results}, seeds {seeds}"
 
 

@@ -10,25 +10,35 @@ a study restores its recorded runs into their folders (no weights) and trains on
 
 A record is used only where it matches what the command would train now; a stale one is named with the
 reason and nothing trains until it is moved away (or --force retrains it and replaces its record). A record
-whose own checksum fails was edited by hand: refused. Records of other CPUs combine (fp32 differs between
-instruction sets only in rounding; docs/preregistrations.md, 2026-12-03); of another precision, never.
+is data: read whole before anything is written from it (experiments/record_files.py: its checksum, every key
+the kit reads, its place, its config's hash), and restored under its run folder's lock, as training takes it.
+Records of other CPUs combine (fp32 differs between instruction sets only in rounding;
+docs/preregistrations.md, 2026-12-03); of another precision, never.
 """
 from __future__ import annotations
 
-import hashlib
 import json
 import shutil
-from dataclasses import MISSING, asdict, dataclass, fields, replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import config
 import diag
 import rundir
 from experiments import beyond, report, suite, tables
+from experiments.record_files import (
+    FORMAT,
+    BadRecord,
+    cell,
+    check_record,
+    check_writable,
+    digest,
+    training_settings,
+    write_record,
+)
 from experiments.suite import RunName, Workspace
-from plumbing import checkpoint, devices, errors
+from plumbing import checkpoint, devices, errors, locks
 
-FORMAT = 1
 RECORD = "record.json"  # in a run folder restored from its record: which record (no weights are there)
 RECORDS_DIR = suite.SHIPPED_ROOT / "references" / "records"
 # What a record keeps of metrics.jsonl: every row but the training steps', and each phase's last step (its
@@ -69,22 +79,9 @@ def record_path(job: Job) -> Path:
 # What a run is: its settings as they train (paths relative to its folder, so the same on every clone),
 # the data token for token, the teacher byte for byte
 
-def training_settings(stored: dict) -> dict:
-    """A config as its folder stores it (config.json: paths relative to the run), without the settings that
-    only observe and without fields at their default (a field added to RunConfig later, at its default,
-    leaves every record valid)."""
-    defaults = json.loads(json.dumps({f.name: f.default for f in fields(config.RunConfig) if f.default is not MISSING}))
-    return {k: v for k, v in stored.items()
-            if k not in rundir.OBSERVING | {"relative_to_run"} and not (k in defaults and v == defaults[k])}
-
-
 def stored_form(settings: config.RunConfig) -> dict:
     """What config.json holds for these settings."""
     return json.loads(json.dumps(asdict(settings)))
-
-
-def digest(value) -> str:
-    return hashlib.sha256(json.dumps(value, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
 
 
 def teacher_checksum(stored: dict, folder: Path) -> str:
@@ -114,17 +111,26 @@ def job_config(job: Job, teacher: Path) -> config.RunConfig:
 # Reading and checking records
 
 def read_record(path: Path) -> dict:
-    """A record as written, its own checksum verified: an edited or damaged one is one line."""
-    fix = "restore it (git checkout) or move it away to train that run again"
+    """A record as written: its own checksum verified, then checked whole (record_files.check_record: every key the
+    kit reads, of its type; its place its run's; done.json its log's) and its config hashing to its identity, so
+    that nothing is written from a record edited and sealed again; an edited or damaged one is one line."""
+    if not path.is_file():  # a FIFO or a folder at a record's name is never opened
+        raise BadRecord(path, "the file", "is not a plain file")
     try:
         record = checkpoint.loads(path.read_text())
     except (OSError, ValueError) as e:
-        raise errors.TrainingError(f"{path}: not a record the kit wrote ({e}); {fix}") from None
-    if not isinstance(record, dict) or record.get("format") != FORMAT:
-        raise errors.TrainingError(f"{path}: not a record of format {FORMAT}; {fix}")
-    if record.get("sha256") != digest({k: v for k, v in record.items() if k != "sha256"}):
-        raise errors.TrainingError(f"{path}: its content does not match its sha256 (edited by hand or damaged); {fix}")
+        raise BadRecord(path, "the file", f"is not a record the kit wrote ({cell(e, 120)})") from None
+    if not isinstance(record, dict) or record.get("sha256") != digest({k: v for k, v in record.items() if k != "sha256"}):
+        raise BadRecord(path, "its content", "does not match its sha256 (edited by hand or damaged)")
+    check_record(record, path)
     return record
+
+
+def study_records(folder: Path) -> list[tuple[Path, dict]]:
+    """Every run's record of a workspace (<records>/<workspace>/, a search's rungs aside), each read whole: a
+    record that is not in the place of the run it records (a copy, another study's) is one line, never counted."""
+    paths = sorted(folder.rglob("*.json")) if folder.is_dir() else []
+    return [(path, read_record(path)) for path in paths if path.relative_to(folder).parts[0] != "search"]
 
 
 def stale_reason(record: dict, wanted: dict) -> str:
@@ -141,8 +147,9 @@ def recorded_ce(record: dict) -> float:
 
 
 def machine(record: dict) -> str:
+    """Where a run ran, in words, as one line of text (record_files.cell: what a file says is data)."""
     p = record.get("provenance", {})
-    return f"{p.get('cpu', '?')} ({p.get('cpu_capability', '?')}, {p.get('precision', '?')})"
+    return f"{cell(p.get('cpu', '?'), 100)} ({cell(p.get('cpu_capability', '?'), 40)}, {cell(p.get('precision', '?'), 20)})"
 
 
 @dataclass
@@ -183,12 +190,9 @@ NAMES = {"float32": "fp32", "bfloat16": "bf16"}  # provenance.json's dtype names
 def auto_precisions(folder: Path) -> dict[str, list[Path]]:
     """{the precision they trained in: the records} of every run under `folder` that asked for "auto"."""
     found: dict[str, list[Path]] = {}
-    for path in sorted(folder.rglob("*.json")) if folder.is_dir() else []:
-        if path.parent.name == "search" or "search" in path.relative_to(folder).parts:
-            continue  # a rung's record keeps a row, not a run's settings (rung_record_path)
-        record = read_record(path)
+    for path, record in study_records(folder):
         if record["config"].get("precision", "auto") == "auto":
-            found.setdefault(str(record["provenance"].get("precision")), []).append(path)
+            found.setdefault(record["provenance"]["precision"], []).append(path)
     return found
 
 
@@ -198,15 +202,15 @@ def settle_precision(ws: Workspace) -> Workspace:
     folder = ws.records / ws.runs.name
     found = auto_precisions(folder)
     if len(found) > 1:
-        named = "; ".join(f"{len(paths)} {p} (e.g. {paths[0]})" for p, paths in sorted(found.items()))
+        named = "; ".join(f"{len(paths)} {cell(p, 40)} (e.g. {paths[0]})" for p, paths in sorted(found.items()))
         raise errors.TrainingError(f"{folder}: the study's records mix precisions ({named}); a study combines one "
                                    "precision: move the records of one away (git mv), they are another study")
     if not found or ws.preset.run.get("precision", "auto") != "auto":
         return ws
     (trained, paths), = found.items()
     if trained not in NAMES:
-        raise errors.TrainingError(f"{paths[0]}: its provenance names precision {trained!r}, not one the kit trains "
-                                   f"in ({', '.join(NAMES)}); restore it (git checkout) or move it away")
+        raise errors.TrainingError(f"{paths[0]}: its provenance names precision {cell(trained, 40)!r}, not one the kit "
+                                   f"trains in ({', '.join(NAMES)}); restore it (git checkout) or move it away")
     here = str(devices.precision_choice("auto", ws.ctx.device)[0]).removeprefix("torch.")
     why = f"the study's {len(paths)} records in {folder} are {trained}" + (
         "" if here == trained else f"; this machine would pick {here}: --set run.precision={NAMES[here]} trains a "
@@ -237,8 +241,8 @@ def check_precision(status: Status, ws: Workspace):
 def restore(jobs: list[Job], teacher: Path, force: bool = False) -> Status:
     """Before a study trains: every record checked; stale ones stop it (one line naming them and why) unless
     --force (they are retrained and their records replaced); valid ones are written into run folders that
-    hold no finished run, without weights. A missing run whose prefix is a restored run's checkpoint has that
-    run trained again (its record kept)."""
+    hold no finished run, without weights, each under its folder's lock (restore_folder). A recorded run whose
+    checkpoint a missing run starts from is not restored: it trains again first (its record kept)."""
     status = survey(jobs, teacher)
     if status.stale and not force:
         job, why = status.stale[0]
@@ -248,17 +252,38 @@ def restore(jobs: list[Job], teacher: Path, force: bool = False) -> Status:
     for job, _ in status.stale:  # --force: retrained, and recorded again
         record_path(job).unlink()
     check_precision(status, jobs[0].ws)
+    untrained = status.remaining + [job for job, _ in status.stale]
+    prefixes = {prefix_folder(job, teacher) for job in untrained} - {None}
     for job, record in status.recorded:
-        if not (job.folder / "done.json").is_file():
-            write_folder(job.folder, record)
-    for job in status.remaining + [job for job, _ in status.stale]:
+        if job.folder in prefixes and not (job.folder / "done.json").is_file():
+            suite.console.print(f"{job.folder}: recorded without weights; trained again as the prefix of the runs that "
+                                "start from it (its record is kept)", markup=False, highlight=False)
+        else:
+            restore_folder(job, record)
+    for job in untrained:
         retrain_prefix(job, teacher)
     return status
 
 
+def held(folder: Path, ws: Workspace):
+    """A run folder's lock, the one training takes (plumbing/locks.py): one process writes a folder at a time."""
+    return locks.held([folder], ws.wait, say=lambda line: suite.console.print(line, markup=False, highlight=False))
+
+
+def restore_folder(job: Job, record: dict):
+    """The recorded run written into its folder unless the folder holds a finished run, decided under its lock:
+    a folder another process restored or trained meanwhile is left as it is."""
+    if (job.folder / "done.json").is_file():
+        return
+    with held(job.folder, job.ws):
+        if not (job.folder / "done.json").is_file():
+            write_folder(job.folder, record)
+
+
 def write_folder(folder: Path, record: dict):
     """A recorded run's folder as the reports read it: config, provenance, done.json, its kept log rows, the
-    recorded diagnostics, and the record itself (no checkpoint: what needs weights trains it again)."""
+    recorded diagnostics, and the record itself (no checkpoint: what needs weights trains it again). The
+    caller holds the folder (restore_folder)."""
     if folder.exists():  # a partial run of the same settings, or a restored one: the record replaces it
         rundir.check_discardable(folder)
         shutil.rmtree(folder)
@@ -269,19 +294,26 @@ def write_folder(folder: Path, record: dict):
     write_readable(folder, record)  # done.json last: a folder without it is unfinished
 
 
-def retrain_prefix(job: Job, teacher: Path):
-    """The job starts from another run's phase checkpoint; if that run was restored from its record (no
-    weights), its folder is cleared so that it trains again first."""
+def prefix_folder(job: Job, teacher: Path) -> Path | None:
+    """The folder of the run whose phase checkpoint the job starts from (None: it starts from the teacher)."""
     settings = job_config(job, teacher)
     if not settings.start_from:
+        return None
+    return Path(config.absolute_paths(stored_form(settings), job.folder)["start_from"]).parent
+
+
+def retrain_prefix(job: Job, teacher: Path):
+    """The job starts from another run's phase checkpoint; if that run was restored from its record (no
+    weights) by an earlier command, its folder is cleared, under its lock, so that it trains again first."""
+    source = prefix_folder(job, teacher)
+    if source is None or not (source / RECORD).is_file():
         return
-    start = Path(config.absolute_paths(stored_form(settings), job.folder)["start_from"])
-    source = start.parent
-    if not start.is_dir() and (source / RECORD).is_file():
-        suite.console.print(f"{source}: restored from its record without weights; trained again as the prefix of "
-                            f"{job.folder} (its record is kept)")
-        rundir.check_discardable(source)
-        shutil.rmtree(source)
+    with held(source, job.ws):
+        if (source / RECORD).is_file():  # not trained meanwhile by another process
+            suite.console.print(f"{source}: restored from its record without weights; trained again as the prefix "
+                                f"of {job.folder} (its record is kept)", markup=False, highlight=False)
+            rundir.check_discardable(source)
+            shutil.rmtree(source)
 
 
 def record_finished(ws: Workspace, run: RunName, seed: int):
@@ -305,8 +337,7 @@ def record_finished(ws: Workspace, run: RunName, seed: int):
             checkpoint.write_json(job.folder / diag.DIAGNOSTICS, old["diagnostics"])
         return
     record = make_record(job, stored)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    checkpoint.write_json(path, record)
+    write_record(path, record)
     checkpoint.write_json(job.folder / diag.DIAGNOSTICS, record["diagnostics"])
 
 
@@ -349,8 +380,9 @@ def run_machines(jobs: list[Job]) -> list[dict]:
 
 
 def machine_row(run: str, provenance: dict, wall_seconds: float) -> dict:
-    return {"run": run, "machine": machine({"provenance": provenance}), "wall_seconds": wall_seconds,
-            "commit": provenance.get("git_commit", "")[:12]}
+    """A row of machines_markdown: what a record or a run folder says, each text escaped and bounded (cell)."""
+    return {"run": cell(run), "machine": machine({"provenance": provenance}), "wall_seconds": wall_seconds,
+            "commit": cell(str(provenance.get("git_commit", ""))[:12])}
 
 
 def machines_markdown(rows: list[dict]) -> list[str]:
@@ -395,10 +427,9 @@ def restore_suite(ws: Workspace, names: list[str], runs, seeds: list[int], force
 
 
 def recorded_machines(scale: str, records: Path = RECORDS_DIR) -> list[str]:
-    """machines_markdown of every run of a scale a study recorded (<records>/<scale>/), for its results page."""
-    folder = records / scale
-    rows = [machine_row(r["run"], r["provenance"], r["wall_seconds"])
-            for r in (read_record(p) for p in sorted(folder.rglob("*.json")))] if folder.is_dir() else []
+    """machines_markdown of every run of a scale a study recorded (<records>/<scale>/), for its results page: each
+    record counted once, in its own place (study_records)."""
+    rows = [machine_row(r["run"], r["provenance"], r["wall_seconds"]) for _, r in study_records(records / scale)]
     return machines_markdown(rows) if rows else []
 
 
@@ -408,6 +439,7 @@ def attach(ws: Workspace, records: Path | None) -> Workspace:
     records = records or (None if ws.preset.name == "smoke" else RECORDS_DIR)
     if records is None:
         return ws
+    check_writable(records / ws.runs.name)
     return settle_precision(replace(ws, records=records, on_finished=record_finished))
 
 
@@ -456,5 +488,4 @@ def record_rung(path: Path, identity: dict, row: dict, provenance: dict):
     record = {"format": FORMAT, "kind": "rung", "identity": identity, "provenance": provenance,
               "row": report.finite({k: v for k, v in row.items() if k not in ("folder", "teacher_dir")})}
     record["sha256"] = digest(record)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    checkpoint.write_json(path, record)
+    write_record(path, record)

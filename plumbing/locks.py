@@ -111,7 +111,7 @@ class Silence:
 def _overdue(folder: Path, lock: Path, holder: str, record: dict, silence: Silence, limit: float) -> TrainingError | None:
     """The error that ends a wait for a holder this host does not see alive, once its lock file has not
     changed for `limit` seconds."""
-    if silence.seconds(lock) < limit or (_on_this_host(record) and _alive(record["pid"])):
+    if silence.seconds(lock) < limit or (_on_this_host(record) and alive(record["pid"])):
         return None
     return TrainingError(f"{folder}: held by {holder}, whose lock file has not changed for {limit:g} s "
                          f"({WAIT_VARIABLE}); gave up. If that job is gone (one killed on another node leaves its "
@@ -250,7 +250,7 @@ def _exclusive_lock(lock: Path, folder: Path, silence: Silence, limit: float | N
             continue
         holder, record = _holder(fd)
         os.close(fd)
-        if _on_this_host(record) and not _alive(record["pid"]):
+        if _on_this_host(record) and not alive(record["pid"]):
             say(_taken_over(folder, holder))
             lock.unlink(missing_ok=True)
             continue
@@ -266,7 +266,15 @@ def _exclusive_lock(lock: Path, folder: Path, silence: Silence, limit: float | N
         time.sleep(POLL_SECONDS)
 
 
-def _alive(pid: int) -> bool:
+# The largest pid a process can have (Linux's PID_MAX_LIMIT is 2**22; pid_t is 32 bits everywhere).
+PID_MAX = 2**31 - 1
+
+
+def alive(pid: int) -> bool:
+    """Whether a process of this pid runs on this host. A pid no process can have (0 and below would signal a
+    process group, 10**30 overflows kill()) is no process's: read from a file, it is data, not a pid."""
+    if not 0 < pid <= PID_MAX:
+        return False
     try:
         os.kill(pid, 0)
     except ProcessLookupError:

@@ -87,6 +87,12 @@ OVERRIDES = [SET(item) for item in (
     "data.source=local", "data.val_docs=1.5", "data.bogus=1", "diag.docs=0", "diag.max_inputs=0",
     "diag.seed=-1",
 )]
+# Text that would name folders and reach the terminal (issue 50 §7): a control character is refused, shown escaped.
+OVERRIDES += [case(f"set {key} with {what}", [*TRAIN_RUN, "--set", f"{key}={value}"], ("--set", key, "control character"))
+              for key, value, what in (("data.path", "corpus\x1b[2J.jsonl", "an ESC sequence"),
+                                       ("run.transition_schedule", "\x1b]0;owned\x07", "a terminal title sequence"),
+                                       ("data.path", "a\nError: forged.jsonl", "a line break inside"),
+                                       ("data.path", "\u202egnp.jsonl", "a right-to-left override"))]
 
 
 FOLDERS = [

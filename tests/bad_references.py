@@ -89,6 +89,17 @@ REFERENCES = [
     bad("results: a curve point Table 2 reads missing", "smoke", pop("curves", "post-grow", "8"), ("table2", "'8'")),
     case("results: a NaN", RESULTS, ("smoke.json", "NaN"), shipped, write("{C}/references/smoke.json",
          (ROOT / "references" / "smoke.json").read_text().replace("5.3068895359270964", "NaN", 1)), setup=pages_here),
+    # issue 50 §3: a key given twice (the second would win silently), an integer no float holds
+    case("results: a key given twice", RESULTS, ("smoke.json", "git_commit", "given twice"), shipped,
+         write("{C}/references/smoke.json", (ROOT / "references" / "smoke.json").read_text().replace(
+             "{", '{"git_commit": "mine", ', 1)), setup=pages_here),
+    case("results: a key given twice in a table", RESULTS, ("smoke.json", "pre_grow", "given twice"), shipped,
+         write("{C}/references/smoke.json", (ROOT / "references" / "smoke.json").read_text().replace(
+             '"pre_grow": [', '"pre_grow": [5.0, 5.0], "pre_grow": [', 1)), setup=pages_here),
+    bad("results: a 401-digit final CE", "smoke", put("final_ce", "post-grow", 0, value=10**400),
+        ("final_ce.post-grow[0]", "not a number")),
+    bad("results: a 401-digit table value", "smoke", put("tables", "table1", "pre_grow", 0, value=-10**400),
+        ("tables.table1.pre_grow[0]",)),
     bad("compare runs: a final CE a string", "smoke", put("final_ce", "post-grow", 0, value="5.3"),
         ("final_ce.post-grow[0]",), COMPARE(RUNS)),
     bad("compare results: a row longer than its seeds", "smoke", lambda c: c["tables"]["table1"]["pre_grow"].append(5.0),
@@ -98,6 +109,19 @@ REFERENCES = [
     bad("compare runs: seeds a string", "smoke", put("seeds", value="42,43"), ("seeds",), COMPARE(RUNS)),
     bad("compare runs: curves emptied", "smoke", put("curves", value={}), ("curves",), COMPARE(RUNS)),
 ]
+
+# `reference` reads every *.json of the results folder: one that is not the kit's report is named, and no
+# reference that `compare` would refuse is written (issue 50 §3)
+REFERENCE = ["reference", "--scale", "smoke", "--seeds", "42", "--runs-dir", "{R}", "--results-dir", "{S}", "--force"]
+WRITING = [case(f"reference: {what} in the results folder", REFERENCE, ("notes.json", *names),
+                write("{S}/smoke/notes.json", content))
+           for what, content, names in (
+               ("a notes.json of nested lists", '{"seeds": [42], "rows": [{"key": "x", "values": [[1.0]]}]}',
+                ("x[0]", "a list", "move it out")),
+               ("a notes.json of a 401-digit number", '{"seeds": [42], "numbers": {"x": {"values": [1%s]}}}' % ("0" * 400),
+                ("not a number",)),
+               ("a notes.json whose rows are text", '{"seeds": [42], "rows": "mine"}', ("report's rows",)),
+               ("a notes.json whose seeds are text", '{"seeds": "42", "rows": []}', ("seeds",)))]
 
 OTHER_SCALE = [
     case("compare smoke's results against toy's", COMPARE("{S}/smoke", "toy"),

@@ -7,8 +7,9 @@ import shutil
 
 import pytest
 import torch
+from bad_records import placed
 
-from experiments import studies
+from experiments import record_files, studies
 from plumbing import devices, errors
 from tests.conftest import repro_cli
 
@@ -41,20 +42,24 @@ def to_train(stdout: str) -> list[str]:
           "s42/pre-joint-replay", "s42/post-joint-replay", "s42/pre-joint", "s42/post-joint", "s42/pre-grow",
           "s42/post-grow"])])
 def test_the_toy_dry_run_names_the_runs_and_the_records_precision_on_either_probe(probe, args, expected, tmp_path):
-    out = repro_cli(*args, "--scale", "toy", "--dry-run", "--runs-dir", tmp_path / "runs")
-    assert "precision: float32, the study's" in out.stdout
-    assert ("this machine would pick bfloat16" in out.stdout) == (probe == "bf16")
+    """The kit's float32 records of seed 42's grow and freeze runs (a fixed subset: the kit's own folder gains
+    records as studies land) stand in for a study; the dry run names what trains and in which precision."""
+    records = tmp_path / "records" / "toy" / "s42"
+    records.mkdir(parents=True)
+    for run in ("pre-grow", "post-grow", "pre-freeze", "post-freeze"):
+        shutil.copy(studies.RECORDS_DIR / "toy" / "s42" / f"{run}.json", records / f"{run}.json")
+    out = repro_cli(*args, "--scale", "toy", "--dry-run", "--runs-dir", tmp_path / "runs", "--records-dir",
+                    tmp_path / "records")
+    text = " ".join(out.stdout.split())  # the console wraps long lines
+    assert "precision: float32, the study's 4 records" in text
+    assert ("this machine would pick bfloat16" in text) == (probe == "bf16")
     names, precision = to_train(out.stdout)
     assert names == expected and precision == "float32"
 
 
 def record(folder, name: str, precision: str, asked: str = "auto"):
-    body = {"format": studies.FORMAT, "run": name, "config": {"precision": asked}, "provenance": {"precision": precision},
-            "identity": {}, "done": {"ce": 3.0}}
-    path = folder / f"{name}.json"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps({**body, "sha256": studies.digest(body)}))
-    return path
+    """A kit's record placed as `name`'s, of that precision (read whole since issue 50: a stub is refused)."""
+    return placed(folder, name, lambda r: (r["config"].update(precision=asked), r["provenance"].update(precision=precision)))
 
 
 def test_records_of_two_precisions_are_refused_naming_each(tmp_path):
@@ -75,7 +80,7 @@ def test_a_mixed_study_is_refused_even_with_nothing_left_to_train(tmp_path, monk
     body = json.loads(path.read_text())
     body["provenance"]["precision"] = "bfloat16"
     body = {k: v for k, v in body.items() if k != "sha256"}
-    path.write_text(json.dumps({**body, "sha256": studies.digest(body)}))
+    path.write_text(json.dumps({**body, "sha256": record_files.digest(body)}))
     out = repro_cli("table1", "--scale", "toy", "--dry-run", "--runs-dir", tmp_path / "runs", "--records-dir", records,
                     check=False)
     assert out.returncode != 0 and "mix precisions (1 bfloat16" in out.stderr and "Traceback" not in out.stderr

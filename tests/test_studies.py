@@ -11,23 +11,24 @@ from pathlib import Path
 
 import pytest
 
-from experiments import studies
+from experiments import record_files, studies
 from plumbing import errors
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def sealed(record: dict) -> dict:
-    return {**record, "sha256": studies.digest({k: v for k, v in record.items() if k != "sha256"})}
+    return {**record, "sha256": record_files.digest({k: v for k, v in record.items() if k != "sha256"})}
 
 
 def test_a_record_reads_back_only_as_written(tmp_path):
     """read_record: the record's own sha256 over its canonical JSON; one changed number is refused."""
-    record = sealed({"format": studies.FORMAT, "done": {"ce": 3.25, "step": 750}, "identity": {}})
-    path = tmp_path / "r.json"
-    path.write_text(json.dumps(record, indent=2))
+    path = tmp_path / "toy" / "s42" / "pre-grow.json"
+    path.parent.mkdir(parents=True)
+    shutil.copy(studies.RECORDS_DIR / "toy" / "s42" / "pre-grow.json", path)
+    record = json.loads(path.read_text())
     assert studies.read_record(path) == record
-    path.write_text(json.dumps({**record, "done": {"ce": 3.24, "step": 750}}))
+    path.write_text(json.dumps({**record, "done": {**record["done"], "ce": 3.24}}))
     with pytest.raises(errors.TrainingError, match="does not match its sha256"):
         studies.read_record(path)
 
@@ -36,10 +37,11 @@ def test_the_config_hash_ignores_fields_at_their_default_and_observers_only():
     """A field added to RunConfig later, at its default, leaves every record valid; a setting that trains
     differently does not; the monitor's thresholds only observe."""
     base = {"name": "pre-grow", "lr": 6e-3, "seed": 42, "relative_to_run": True}
-    digest = studies.digest(studies.training_settings(base))
-    assert studies.digest(studies.training_settings({**base, "append_init": "default", "monitor_interval": 25})) == digest
-    assert studies.digest(studies.training_settings({**base, "append_init": "matched"})) != digest
-    assert studies.digest(studies.training_settings({**base, "lr": 6.1e-3})) != digest
+    hashed = lambda settings: record_files.digest(record_files.training_settings(settings))
+    digest = hashed(base)
+    assert hashed({**base, "append_init": "default", "monitor_interval": 25}) == digest
+    assert hashed({**base, "append_init": "matched"}) != digest
+    assert hashed({**base, "lr": 6.1e-3}) != digest
 
 
 def test_a_record_keeps_evaluations_events_and_each_phases_last_step():
@@ -93,7 +95,7 @@ def test_a_study_split_over_two_fresh_folders_gives_the_tables_of_one_go(study):
     # trained the rest and pre-grow again (pre-freeze's prefix: a record keeps no weights), keeping its record
     said = " ".join(second.stdout.split())
     for grow_run in ("pre-grow", "post-grow"):  # the prefixes of the suite's and the variants' freeze runs
-        assert f"s42/{grow_run}: restored from its record without weights; trained again as the prefix" in said
+        assert f"s42/{grow_run}: recorded without weights; trained again as the prefix" in said
     assert len(recorded_first) == len(list((base / "whole-records").rglob("*.json")))
     for path in (base / "whole-records").rglob("*.json"):
         split = json.loads((base / "records" / path.relative_to(base / "whole-records")).read_text())
@@ -124,7 +126,7 @@ def edited(records: Path, tmp: Path, change, reseal: bool) -> Path:
     record = json.loads(path.read_text())
     change(record)
     if reseal:
-        record["sha256"] = studies.digest({k: v for k, v in record.items() if k != "sha256"})
+        record["sha256"] = record_files.digest({k: v for k, v in record.items() if k != "sha256"})
     path.write_text(json.dumps(record))
     return path
 
@@ -132,7 +134,8 @@ def edited(records: Path, tmp: Path, change, reseal: bool) -> Path:
 @pytest.mark.slow
 @pytest.mark.parametrize("change, reseal, says", [
     (lambda r: r["done"].update(ce=r["done"]["ce"] - 0.1), False, "does not match its sha256 (edited by hand"),
-    (lambda r: r["identity"].update(config_sha256="0" * 64), True, "stale, the run's settings changed"),
+    (lambda r: r["identity"].update(config_sha256=record_files.digest(record_files.training_settings(
+        r["config"].update(lr=2 * r["config"]["lr"]) or r["config"]))), True, "stale, the run's settings changed"),
     (lambda r: r["identity"]["data"].update(train="0" * 64), True, "stale, the data's shards changed"),
 ], ids=["edited", "stale-config", "stale-data"])
 def test_an_edited_or_stale_record_stops_the_study_in_one_line(study, tmp_path, change, reseal, says):

@@ -22,8 +22,9 @@ import torch
 
 import model
 from experiments import suite, tables
+from experiments.presets import PRESETS
 from interventions.monitor import visible_keys
-from plumbing import corpora
+from plumbing import checkpoint, corpora, errors
 
 
 def measures(net: model.Qwen3, input_ids: torch.Tensor, lengths: torch.Tensor, dormant: torch.Tensor) -> list[dict]:
@@ -77,12 +78,52 @@ def ratio_to_median(norms: torch.Tensor, lengths: torch.Tensor) -> float:
     return sum((n[0] / n[1:length].median()).item() for n, length in zip(norms, lengths.tolist())) / len(norms)
 
 
-@click.command()
-@click.option("--scale", default="mechanism", show_default=True)
+class OneLine(click.Command):
+    """A mistake is one line, as repro.py prints it: click's usage block folded into one, a kit error's own line."""
+
+    def make_context(self, *args, **kwargs):
+        try:
+            return super().make_context(*args, **kwargs)
+        except click.UsageError as e:
+            error = click.ClickException(" ".join(e.format_message().split()))
+            error.exit_code = 2
+            raise error from None
+
+    def invoke(self, ctx):
+        try:
+            return super().invoke(ctx)
+        except errors.KitError as e:
+            error = click.ClickException(str(e))
+            error.exit_code = e.exit_code
+            raise error from None
+
+
+@click.command(cls=OneLine)
+@click.option("--scale", type=click.Choice(list(PRESETS)), default="mechanism", show_default=True)
 @click.option("--runs-dir", type=click.Path(path_type=Path), default=Path("runs"), show_default=True)
 @click.argument("checkpoints", nargs=-1, type=click.Path(exists=True, file_okay=False, path_type=Path))
 def main(scale, runs_dir, checkpoints):
-    ws = suite.workspace(scale, runs_dir)
+    table(scale, runs_dir, checkpoints)
+
+
+def teachers(ws: suite.Workspace, checkpoints: tuple[Path, ...]) -> list[Path]:
+    """The checkpoints to measure (default: the scale's teacher, phase-0/), each a teacher's, checked before any
+    work: a student checkpoint is a block stack this measure does not read, and a teacher not trained yet is
+    said as such (nothing is made: the runs folder is only read)."""
+    paths = list(checkpoints) or [ws.teacher_dir / "phase-0"]
+    for path in paths:
+        if not path.is_dir():
+            raise errors.UsageError(f"{path}: no teacher of scale {ws.preset.name} there yet; train it first: python "
+                                    f"repro.py teacher --scale {ws.preset.name} --runs-dir {ws.runs.parent}")
+        if "normgrow_student" in checkpoint.read_config(path):
+            raise errors.UsageError(f"{path}: a student checkpoint; first_token measures a teacher (a plain Qwen3): "
+                                    "pass the teacher's phase-0/ or its step-<n>/ snapshots")
+    return paths
+
+
+def table(scale: str, runs_dir: Path, checkpoints: tuple[Path, ...]):
+    ws = suite.workspace(scale, runs_dir, dry_run=True)  # reads the runs folder, makes nothing in it
+    paths = teachers(ws, checkpoints)
     batch, d = tables.diagnostic_batch(ws), ws.preset.data
     triggers = corpora.backcopy_chain(d["symbols"], d["triggers"], ws.preset.run["seed"])[1] \
         if d["source"] == "backcopy" else []
@@ -91,7 +132,7 @@ def main(scale, runs_dir, checkpoints):
                "value of position 0 / median (per head) | residual norm of position 0 / median | "
                "non-trigger queries' attention on the previous position (per head) | the same, on themselves |")
     click.echo("| --- | --- | --- | --- | --- | --- | --- | --- |")
-    for path in checkpoints or (ws.teacher_dir / "phase-0",):
+    for path in paths:
         for i, row in enumerate(measures(model.load_qwen3(path), batch.input_ids, batch.lengths, dormant)):
             cells = [", ".join(f"{v:.3f}" for v in row[key]) for key in ("attention", "dormant_attention", "value_ratio")]
             elsewhere = [", ".join(f"{v:.3f}" for v in row[key]) for key in ("dormant_previous", "dormant_self")]

@@ -1,0 +1,243 @@
+"""A study's record (experiments/studies.py) as a file: what it must hold before anything is read or written
+from it, checked whole when it is read (studies.read_record: every key the kit reads, of the type the kit writes
+it in, its place its run's, its config the one its identity hashes); the text it gives a page or the terminal,
+escaped and bounded (`cell`); and its folder, meant for git: checked writable before a study trains, written
+atomically without leaving a killed write's temporary file behind. A record is a file people commit, copy and
+edit: one edited and sealed again (its sha256 recomputed) is one line naming it and the key, never a run folder
+that fails later, half restored, or a traceback.
+
+    check_record(record, path)           # a BadRecord naming the record, the key and the fix
+    cell(record["provenance"]["cpu"])    # one table cell: no line break, no |, at most 200 characters
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import re
+from dataclasses import MISSING, fields
+from pathlib import Path
+
+import config
+import rundir
+from plumbing import checkpoint, errors, locks
+
+FORMAT = 1
+FIX = "restore it (git checkout) or move it away (its run then trains again)"
+RUN_KEYS = {"format", "run", "workspace", "seed", "identity", "config", "provenance", "wall_seconds", "done", "metrics",
+            "diagnostics", "sha256"}
+RUNG_KEYS = {"format", "kind", "identity", "provenance", "row", "sha256"}  # a search's rung (studies.record_rung)
+IDENTITY_KEYS = {"config_sha256", "data", "teacher"}
+PROVENANCE_TEXT = ("git_commit", "torch", "device", "cpu", "cpu_capability", "precision", "precision_reason")
+BLOCK_REMOVAL_KEYS = ("block", "ce_full", "ce_skip", "delta_ce", "angular_distance")  # diag.recorded_block_removal's
+CELL_CHARACTERS = 200
+
+
+# ----------------------------------------------------------------------------------------------
+# What a run is, as a record names it: its settings as they train, hashed
+
+def training_settings(stored: dict) -> dict:
+    """A config as its folder stores it (config.json: paths relative to the run), without the settings that
+    only observe and without fields at their default (a field added to RunConfig later, at its default,
+    leaves every record valid)."""
+    defaults = json.loads(json.dumps({f.name: f.default for f in fields(config.RunConfig) if f.default is not MISSING}))
+    return {k: v for k, v in stored.items()
+            if k not in rundir.OBSERVING | {"relative_to_run"} and not (k in defaults and v == defaults[k])}
+
+
+def digest(value) -> str:
+    return hashlib.sha256(json.dumps(value, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+
+
+# ----------------------------------------------------------------------------------------------
+# What a record must hold
+
+class BadRecord(errors.TrainingError):
+    def __init__(self, path: Path, where: str, problem: str):
+        super().__init__(f"{locks.printable(str(path), 1000)}: {where} {problem}; {FIX}")
+
+
+def describe(value) -> str:
+    """What a JSON value is (never the value itself: it may be 200 MB, or hold a line break)."""
+    return {bool: "a boolean", str: "a string", int: "a number", float: "a number", list: "a list",
+            dict: "an object"}.get(type(value), "null")
+
+
+def number(value) -> bool:
+    """A finite JSON number, not a boolean; a 401-digit integer is none (it has no float)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return False
+    try:
+        return math.isfinite(value)
+    except OverflowError:
+        return False
+
+
+def whole(value) -> bool:
+    return type(value) is int and 0 <= value < 2**63
+
+
+def cell(value, limit: int = CELL_CHARACTERS) -> str:
+    """Text from a file as one markdown table cell or one line of output: control characters (a line break
+    among them) escaped, | escaped, at most `limit` characters (a 200 MB string costs a slice, not a page)."""
+    text = value if isinstance(value, str) else str(value)
+    return locks.printable(text[:limit + 1], limit).replace("|", "\\|")
+
+
+def check_record(record, path: Path):
+    """The record whole: its format, and for a run's record every key of RUN_KEYS of its type, its run label
+    and workspace its place (<records>/<workspace>/<run>.json, the label's s<seed> its seed), done.json's numbers
+    its last evaluation's; a rung's record, its identity, provenance and row objects."""
+    bad = lambda where, problem: BadRecord(path, where, problem)
+    if not isinstance(record, dict):
+        raise bad("the file", f"is {describe(record)}, not an object")
+    if type(record.get("format")) is not int or record["format"] != FORMAT:
+        raise bad("format", f"is not {FORMAT}, the format the kit writes")
+    keys = RUNG_KEYS if record.get("kind") == "rung" else RUN_KEYS
+    expect_keys(record, keys, "", bad)
+    for key in ("identity", "provenance", "row" if keys is RUNG_KEYS else "config"):
+        expect(record[key], dict, key, bad)
+    if keys is RUNG_KEYS:
+        return
+    check_place(record, path, bad)
+    check_identity(record["identity"], bad)
+    check_settings(record["config"], bad)
+    if record["identity"]["config_sha256"] != digest(training_settings(record["config"])):
+        raise bad("config", "is not the settings identity.config_sha256 names (edited by hand)")
+    check_provenance(record["provenance"], bad)
+    if not number(record["wall_seconds"]) or record["wall_seconds"] < 0:
+        raise bad("wall_seconds", f"is {describe(record['wall_seconds'])}, not a finite number of seconds >= 0")
+    rows = expect(record["metrics"], list, "metrics", bad)
+    for i, row in enumerate(rows):
+        if not isinstance(row, dict) or not whole(row.get("step")):
+            raise bad(f"metrics[{i}]", "is not a row the kit logs (an object with its step)")
+    diverged = check_done(expect(record["done"], dict, "done", bad), rows, bad)
+    diagnostics = expect(record["diagnostics"], dict, "diagnostics", bad)
+    if not diverged:
+        check_block_removal(diagnostics.get("block_removal"), bad)
+
+
+def expect(value, kind: type, where: str, bad):
+    if not isinstance(value, kind):
+        raise bad(where, f"is {describe(value)}, not {describe(kind())}")
+    return value
+
+
+def expect_keys(value: dict, keys: set, where: str, bad):
+    missing, unknown = sorted(keys - set(value)), sorted(set(value) - keys)
+    if missing:
+        raise bad(f"{where}{missing[0]}", "is missing")
+    if unknown:
+        raise bad("the file", f"holds {cell(where + unknown[0], 60)!r}, not a key the kit writes there")
+
+
+def check_place(record: dict, path: Path, bad):
+    """A record belongs to the run of its place alone: a copy (`pre-grow copy.json`), another study's record
+    dropped in, a record of another seed are none of this study's."""
+    run, workspace, seed = record["run"], record["workspace"], record["seed"]
+    if not isinstance(run, str) or not isinstance(workspace, str) or not whole(seed):
+        raise bad("run, workspace or seed", "is not of the kit's type (a text, a text, a whole number)")
+    parts = [workspace, *run.split("/")]
+    if any(part in ("", ".", "..") for part in parts) or len(parts) < 3 or parts[-2] != f"s{seed}":
+        raise bad("run", f"{cell(run, 80)!r} is not a run's label (<folder>/s<seed>/<run>, of the record's seed {seed})")
+    if list(Path(path).parts[-len(parts):]) != [*parts[:-1], f"{parts[-1]}.json"]:
+        raise bad("its place", f"is not that of the run it records ({cell('/'.join(parts), 120)}.json): a record "
+                               "belongs to the run its path names (a copy, or another study's record, is none)")
+
+
+def check_identity(identity: dict, bad):
+    expect_keys(identity, IDENTITY_KEYS, "identity.", bad)
+    expect(identity["config_sha256"], str, "identity.config_sha256", bad)
+    expect(identity["data"], dict, "identity.data", bad)
+    expect(identity["teacher"], str, "identity.teacher", bad)
+
+
+# A RunConfig field's annotation -> the JSON types config.json holds it as.
+SETTING_TYPES = {"str": (str,), "int": (int,), "float": (int, float), "bool": (bool,), "tuple": (list,),
+                 "dict": (dict, type(None))}
+
+
+def check_settings(settings: dict, bad):
+    """config.json as the kit writes it: RunConfig's fields only, each of its type, paths relative to the run."""
+    kinds = {f.name: SETTING_TYPES.get(str(f.type).split("[")[0].split(" ")[0]) for f in fields(config.RunConfig)}
+    for key, value in settings.items():
+        if key not in kinds:
+            raise bad("config", f"holds {cell(key, 60)!r}, not a run setting")
+        kind = kinds[key]
+        if kind and (not isinstance(value, kind) or isinstance(value, bool) != (bool in kind)
+                     or (isinstance(value, (int, float)) and not isinstance(value, bool) and not number(value))):
+            raise bad(f"config.{key}", f"is {describe(value)}, not the setting's type")
+    if settings.get("relative_to_run") is not True:
+        raise bad("config.relative_to_run", "is not true (a record's paths are its run folder's)")
+
+
+def check_provenance(provenance: dict, bad):
+    if "precision" not in provenance:
+        raise bad("provenance.precision", "is missing")
+    for key in PROVENANCE_TEXT:
+        if key in provenance and not isinstance(provenance[key], str):
+            raise bad(f"provenance.{key}", f"is {describe(provenance[key])}, not a text")
+
+
+def check_done(done: dict, rows: list[dict], bad) -> bool:
+    """done.json as suite.check_result and rundir.final_eval read it in the restored folder: a diverged entry
+    (step, why), or finite numbers that its last evaluation in metrics logged. Whether the run diverged."""
+    if done.get("diverged") is not None:
+        entry = done["diverged"]
+        if not (isinstance(entry, dict) and whole(entry.get("step")) and isinstance(entry.get("why"), str)):
+            raise bad("done.diverged", "is not the kit's entry (an object of step and why)")
+        return True
+    for key in rundir.RESULT_KEYS:
+        if not number(done.get(key)):
+            raise bad(f"done.{key}", f"is {describe(done.get(key))}, not a finite number")
+    if done["ce"] < 0:
+        raise bad("done.ce", "is below 0, and a cross-entropy never is")
+    last = next((r for r in reversed(rows) if r.get("eval") and not r.get("phase_start")), None)
+    if last is None:
+        raise bad("metrics", "holds no evaluation for done's numbers to agree with")
+    for key in rundir.RESULT_KEYS:
+        if not (number(last.get(key)) and math.isclose(last[key], done[key], rel_tol=rundir.AGREE, abs_tol=rundir.AGREE)):
+            raise bad(f"done.{key}", f"is not what metrics' last evaluation (step {last['step']}) logged")
+    if done.get("step", last["step"]) != last["step"]:
+        raise bad("done.step", f"is not the step of metrics' last evaluation ({last['step']})")
+    return False
+
+
+def check_block_removal(rows, bad):
+    """diagnostics.block_removal as diag.recorded_block_removal reads it: a row of finite numbers per block."""
+    if not isinstance(rows, list) or not rows or any(
+            not isinstance(r, dict) or not all(number(r.get(k)) for k in BLOCK_REMOVAL_KEYS) for r in rows) \
+            or [r["block"] for r in rows] != list(range(len(rows))):
+        raise bad("diagnostics.block_removal", "is not a row of finite numbers per block, as the kit records it")
+
+
+# ----------------------------------------------------------------------------------------------
+# The records folder, meant for git
+
+def check_writable(folder: Path):
+    """A study's records folder, checked before anything trains (each record is written after its run, maybe
+    hours in): the folder, or the nearest one above it that exists, and every folder in it writable. Nothing is
+    made here (a dry run attaches too)."""
+    above = next(p for p in (folder, *folder.parents) if p.exists() or p.is_symlink())
+    for path in [above, *(p for p in sorted(folder.rglob("*")) if p.is_dir())] if folder.is_dir() else [above]:
+        why = ("not a folder" if not path.is_dir() else
+               "" if os.access(path, os.W_OK | os.X_OK) else "not writable by this user, or on a read-only disk")
+        if why:
+            raise errors.OptionError("--records-dir", f"{path} is {why}, and a study writes its records in "
+                                     f"{folder}: choose another folder")
+
+
+# What checkpoint.write_atomic leaves beside a file when it is killed between its temporary file and the rename.
+TEMPORARY = re.compile(r"\.(.+\.json)\.(\d{1,10})\.tmp")
+
+
+def write_record(path: Path, record: dict):
+    """A record written atomically, in a folder meant for git: first the temporary files a killed write left
+    there (their process gone) are removed, so none is committed (none is ever read: records are *.json)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    for left in path.parent.iterdir():
+        match = TEMPORARY.fullmatch(left.name)
+        if match and left.is_file() and not left.is_symlink() and not locks.alive(int(match[2])):
+            left.unlink(missing_ok=True)
+    checkpoint.write_json(path, record)
