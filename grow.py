@@ -134,7 +134,7 @@ class Run:
         config, ctx = self.config, self.ctx
         self.teacher = teacher if config.distils else None
         # Sizes are checked on open; the sha256 of the whole shard (tens of GB at full scale) is checked
-        # once by data.prepare, not again by every run on every rank.
+        # once by prepare_shards.prepare, not again by every run on every rank.
         train_shard = data.Shard(config.train_data, verify=False)
         self.net = nets.build_model(config, self.teacher, ctx, self.dtype, boundary_token=train_shard.eot)
         self.monitor_row, self.warned, self.transition_row = None, set(), None

@@ -159,7 +159,7 @@ def final_eval(run_dir: Path) -> dict:
     own metrics.jsonl logged for that evaluation; anything else is one line naming the file."""
     path = Path(run_dir) / "done.json"
     result = read_json(path, *RESULT_KEYS)
-    if result.get("diverged") is not None:  # an outcome with null numbers (suite.check_result checks the record)
+    if result.get("diverged") is not None:  # an outcome with null numbers (training.check_result checks the record)
         return result
     fix = "the file was edited or damaged: move the run away and rerun it"
     for key in RESULT_KEYS:

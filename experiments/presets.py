@@ -31,7 +31,7 @@ PAPER_RUN = {**paper.RUN, "monitor_interval": 400, "monitor_rms_warn": paper.MON
 class Preset:
     name: str
     about: str
-    data: dict            # data.prepare: source, vocab_size (None: Qwen3's own), max_len, val_docs, options
+    data: dict            # prepare_shards.prepare: source, vocab_size (None: Qwen3's own), max_len, val_docs, options
     run: dict             # config.RunConfig fields shared by every student run
     teacher: str = ""     # HF checkpoint folder or hub id; "" means the kit pretrains its own:
     teacher_model: dict = field(default_factory=dict)  # its ModelConfig fields

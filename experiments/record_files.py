@@ -181,7 +181,7 @@ def check_provenance(provenance: dict, bad):
 
 
 def check_done(done: dict, rows: list[dict], bad) -> bool:
-    """done.json as suite.check_result and rundir.final_eval read it in the restored folder: a diverged entry
+    """done.json as training.check_result and rundir.final_eval read it in the restored folder: a diverged entry
     (step, why), or finite numbers that its last evaluation in metrics logged. Whether the run diverged."""
     if done.get("diverged") is not None:
         entry = done["diverged"]
