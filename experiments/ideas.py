@@ -18,7 +18,7 @@ import math
 from dataclasses import dataclass
 
 import rundir
-from experiments import beyond, presets, report, studies, suite, tables, training
+from experiments import beyond, presets, readouts, report, studies, suite, tables, training
 from experiments.beyond import Variant
 from experiments.suite import RunName
 
@@ -153,7 +153,7 @@ def transition_jump(ws: suite.Workspace, run: RunName, seed: int) -> float:
     """The mean over transitions of the CE at a phase's start (after the transition's changes, before its
     first update) minus the CE at the previous phase's end; NaN for a run without them (diverged)."""
     try:
-        start, end = tables.phase_start_eval, tables.phase_end_eval
+        start, end = readouts.phase_start_eval, readouts.phase_end_eval
         jumps = [start(ws, run, seed, p)["ce"] - end(ws, run, seed, p - 1)["ce"] for p in range(1, ws.preset.run["blocks"])]
         return sum(jumps) / len(jumps)
     except StopIteration:
@@ -164,7 +164,7 @@ def last_block_removal(ws: suite.Workspace, run: RunName, seed: int) -> float:
     """ΔCE of bypassing the last block at the run's endpoint, on the diagnostic batch (Table 4's)."""
     if not math.isfinite(report.final_ce(ws, run, seed)):
         return report.DIVERGED
-    return tables.block_removal(ws, run, seed)[-1]["delta_ce"]
+    return readouts.block_removal(ws, run, seed)[-1]["delta_ce"]
 
 
 def events_text(per_seed: list[list[dict]]) -> str:

@@ -100,7 +100,7 @@ class Looked(dict):
 
 
 def claim_lines(exp: tables.Experiment, st: dict) -> list[str]:
-    """The paper's claims checked on the kit's means, as tables.report_experiment prints them; a claim
+    """The paper's claims checked on the kit's means, as paper_reports.report_experiment prints them; a claim
     that reads a null mean (a diverged run, n/a) or a number this reference lacks gets no verdict."""
     if not exp.claims:
         return []

@@ -32,7 +32,7 @@ import diag
 import model
 import paper
 import rundir
-from experiments import figures, presets, report, studies, suite, tables, training
+from experiments import figures, presets, readouts, report, studies, suite, tables, training
 from flops import forward_flops_per_token
 from plumbing import checkpoint, corpora, errors
 
@@ -334,8 +334,8 @@ def diagnose_rung(rws: suite.Workspace, seed: int, teacher: Path) -> dict:
     decode = corpora.vocabulary(rws.preset.data).decode
     run_dir = rws.run_dir(SEARCH_RUN, seed)
     final = diag.checkpoint_series(run_dir)[-1]
-    batch = tables.diagnostic_batch(rws)
-    student = tables.load_student(rws, final["path"])
+    batch = readouts.diagnostic_batch(rws)
+    student = readouts.load_student(rws, final["path"])
     found = diag.diagnose_checkpoint(student, batch, decode, final["active_blocks"])
     L = rws.preset.run["layers_per_block"]
     monitor = [r for r in rundir.read_metrics(run_dir) if r.get("monitor")]

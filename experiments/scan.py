@@ -16,7 +16,7 @@ import data
 import diag
 import model
 import rundir
-from experiments import figures, report, suite, tables
+from experiments import figures, readouts, report, suite
 from experiments.presets import SINK
 from plumbing import corpora, errors
 
@@ -65,13 +65,13 @@ def run_scan(ws: suite.Workspace, teacher: Path, checkpoints: list[Path]) -> dic
     results/<scale>/scan.md, .json and scan.png."""
     blocks = {Path(c): checkpoint_blocks(c) for c in checkpoints}  # every path checked before any work
     decode = corpora.vocabulary(ws.preset.data).decode
-    batch = tables.diagnostic_batch(ws)
+    batch = readouts.diagnostic_batch(ws)
     val = data.Shard(ws.data_dir / "val", verify=False)  # diagnostic_batch read it, sha256 checked, in this process
     teacher_net = model.load_qwen3(teacher)
     scans = {"teacher": diag.layer_scan(teacher_net, batch, decode, SINK["attention"])}
     tasks = {"teacher": backcopy_parts(val, teacher_net)}
     for path, active in blocks.items():
-        student = tables.load_student(ws, path)
+        student = readouts.load_student(ws, path)
         name = f"{path.parent.name}/{path.name}"
         scans[name] = diag.layer_scan(student, batch, decode, SINK["attention"], active)
         tasks[name] = backcopy_parts(val, partial(student, active_blocks=active))

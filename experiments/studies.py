@@ -25,7 +25,7 @@ from pathlib import Path
 import config
 import diag
 import rundir
-from experiments import beyond, report, suite, tables
+from experiments import beyond, readouts, report, suite, tables
 from experiments.record_files import (
     FORMAT,
     BadRecord,
@@ -366,7 +366,7 @@ def make_record(job: Job, stored: dict) -> dict:
               "provenance": rundir.read_json(job.folder / "provenance.json"),
               "wall_seconds": max((r.get("time", 0.0) for r in rows if not r.get("eval")), default=0.0),
               "done": done, "metrics": kept_rows(rows),
-              "diagnostics": {} if diverged else {"block_removal": tables.block_removal(job.ws, job.run, job.seed)}}
+              "diagnostics": {} if diverged else {"block_removal": readouts.block_removal(job.ws, job.run, job.seed)}}
     record["sha256"] = digest(record)
     return record
 

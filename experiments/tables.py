@@ -11,32 +11,27 @@ checkpoints) through diag.py.
 from __future__ import annotations
 
 import math
-import sys
 from dataclasses import dataclass, field
-from functools import cache
-from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
-import numpy as np
-import torch
-from rich.console import Console
-
-import config
-import data
 import diag
-import model
 import nets
-import rundir
 from experiments import figures, report
-from experiments.presets import TIE_MARGIN
+from experiments.readouts import (
+    block_removal,
+    diagnostic_batch,
+    metrics,
+    phase_end_eval,
+    phase_start_eval,
+    series,
+    unique_and_total_tokens,
+)
 from experiments.suite import RunName
 from paper import DELTAS, PAPER
-from plumbing import corpora, devices, errors
+from plumbing import errors
 
 if TYPE_CHECKING:
-    from experiments.suite import Workspace
-
-console = Console(width=None if sys.stdout.isatty() else 140)
+    pass
 
 NORMS = ("pre", "post")  # the paper's two placements
 MAIN_RUNS = tuple(RunName(norm, protocol) for protocol in ("joint", "grow") for norm in NORMS)
@@ -44,84 +39,6 @@ PRE_GROW, POST_GROW = RunName("pre", "grow"), RunName("post", "grow")
 RUNS = (*MAIN_RUNS, *(RunName(norm, "freeze") for norm in NORMS),
         *(RunName(norm, protocol) for norm in NORMS for protocol in ("joint-long", "joint-longer")),
         *(RunName(norm, "joint-replay") for norm in NORMS))
-
-# ----------------------------------------------------------------------------------------------
-# Reading finished runs
-
-@cache
-def metrics(run_dir: Path) -> list[dict]:
-    return rundir.read_metrics(run_dir)
-
-
-def phase_end_eval(ws: Workspace, run: RunName, seed: int, phase: int) -> dict:
-    step = (phase + 1) * ws.preset.run["phase_steps"]
-    return logged_row(ws.run_dir(run, seed), f"the evaluation at the end of phase {phase} (step {step})",
-                      lambda r: r.get("eval") and r.get("step") == step and not r.get("phase_start"))
-
-
-def phase_start_eval(ws: Workspace, run: RunName, seed: int, phase: int) -> dict:
-    """The evaluation of a phase's starting weights, before its first update."""
-    return logged_row(ws.run_dir(run, seed), f"the evaluation at the start of phase {phase}",
-                      lambda r: r.get("phase_start") and r.get("phase") == phase)
-
-
-def logged_row(run_dir: Path, what: str, wanted: Callable[[dict], bool]) -> dict:
-    """The first row of a finished run's metrics.jsonl that `wanted` picks, with a finite CE (the figures
-    plot it), or one line naming the file: a log edited or cut short by hand."""
-    row = next((r for r in metrics(run_dir) if wanted(r)), None)
-    if row is None or isinstance(row.get("ce"), bool) or not isinstance(row.get("ce"), (int, float)) \
-            or not math.isfinite(row["ce"]):
-        why = "missing" if row is None else "not a finite CE"
-        raise errors.TrainingError(f"{run_dir / 'metrics.jsonl'}: {what} is {why}, although the run is finished; the "
-                                   "log is damaged: move the run away and rerun it")
-    return row
-
-
-@cache
-def diagnostic_batch(ws: Workspace) -> data.Batch:
-    d = ws.preset.diag
-    return data.diagnostic_batch(data.Shard(ws.data_dir / "val"), d["docs"], d["max_inputs"], d["seed"])
-
-
-@cache
-def series(ws: Workspace, run: RunName, seed: int) -> list[dict]:
-    """diag.diagnose_checkpoint at every kept checkpoint of a run, in step order."""
-    decode = corpora.vocabulary(ws.preset.data).decode
-    return [{"step": c["step"], **diag.diagnose_checkpoint(load_student(ws, c["path"]), diagnostic_batch(ws),
-                                                           decode, c["active_blocks"])}
-            for c in diag.checkpoint_series(ws.run_dir(run, seed))]
-
-
-def load_student(ws: Workspace, path) -> model.Student:
-    """One checkpoint at a time on the run's device: in the preset's compute precision on a GPU (bf16 at
-    the paper's scale: a 3B-parameter student), fp32 on a CPU (as its runs hold their weights)."""
-    device = ws.ctx.device
-    dtype = devices.precision_choice(ws.preset.run["precision"], device)[0] if device.type == "cuda" else torch.float32
-    return model.Student.load(path, dtype, device)
-
-
-@cache
-def block_removal(ws: Workspace, run: RunName, seed: int) -> list[dict]:
-    """Whole-block removal at the run's scheduled endpoint (its last kept checkpoint), or as a study recorded it."""
-    run_dir = ws.run_dir(run, seed)
-    if (run_dir / diag.DIAGNOSTICS).is_file():
-        return diag.recorded_block_removal(run_dir / diag.DIAGNOSTICS)
-    final = diag.checkpoint_series(run_dir)[-1]["path"]
-    return diag.block_removal(load_student(ws, final), diagnostic_batch(ws))
-
-
-def unique_and_total_tokens(ws: Workspace, run: RunName, seed: int) -> tuple[int, int]:
-    """Exactly, from the batcher: every document the run saw, counted once and with repeats."""
-    run_dir = ws.run_dir(run, seed)
-    settings = config.read(run_dir)
-    shard = data.Shard(settings.train_data, verify=False)
-    batcher = data.Batcher(shard, settings.global_batch, settings.seed, settings.data_mode, settings.replay_docs)
-    steps = len(config.plan_phases(settings)) * settings.phase_steps
-    seen = [batcher.global_doc_ids(s) for s in range(steps)]
-    targets = shard.lengths.astype(np.int64) - 1
-    everything = np.concatenate(seen)
-    return int(targets[np.unique(everything)].sum()), int(targets[everything].sum())
-
 
 # ----------------------------------------------------------------------------------------------
 # Experiments. Each declares the runs it needs and turns them into numbers per seed (with the
@@ -543,58 +460,3 @@ EXPERIMENTS = {
                         (PRE_GROW, POST_GROW), boundary_rows("kurtosis"), boundary_numbers, fig_a1_figures),
     "figA2": Experiment("Figure A2: block removal per block", MAIN_RUNS, figures=fig_a2_figures),
 }
-
-
-# ----------------------------------------------------------------------------------------------
-# Reports: results/<scale>/<experiment>.md and .json, and the same table on the terminal
-
-def report_experiment(ws: Workspace, name: str, seeds: list[int]) -> dict:
-    exp = EXPERIMENTS[name]
-    out = {"experiment": name, "about": exp.about, "scale": ws.preset.name, "seeds": seeds, "note": exp.note,
-           "git_commit": rundir.git_commit(),
-           "runs_config_sha256": report.configs_hash([ws.run_dir(r, s) for s in seeds for r in exp.runs])}
-    md = [f"# {name} ({ws.preset.name} scale)", "", exp.about, ""]
-    diverged = report.diverged_runs(ws, exp.runs, seeds)
-    out["diverged_runs"] = diverged
-    if diverged:
-        md += [report.diverged_line(diverged, len(exp.runs) * len(seeds)), ""]
-    if exp.numbers:
-        per_seed = [exp.numbers(ws, s) for s in seeds]
-        keys = dict.fromkeys([*per_seed[0], *(row.key for row in exp.rows)])  # a deeper student has more than the rows
-        stats = {key: report.across_seeds([p[key] for p in per_seed]) for key in keys}
-        out["rows"] = [{"label": r.label, "key": r.key, "paper": r.paper, **stats[r.key]} for r in exp.rows]
-        full = ws.preset.name == "full"
-        md += (exp.layout(stats, len(seeds)) if exp.layout else []) + \
-            report.table_markdown(exp.rows, stats, len(seeds), full)
-        means = {k: s["mean"] for k, s in stats.items()}
-        out["claims"] = [{"claim": claim, "agrees": None if diverged else bool(agrees(means))}
-                         for claim, agrees in exp.claims]
-        verdict = lambda c: "no verdict (runs diverged)" if c["agrees"] is None else \
-            "agrees" if c["agrees"] else "DISAGREES"
-        md += ["", "The paper's claims, on the kit's means:", ""] * bool(exp.claims) + \
-            [f"- {verdict(c)}: {c['claim']}" for c in out["claims"]]
-        labels = {r.key: r.label for r in exp.rows}
-        out["readings"] = {key: report.reading(stats[key], TIE_MARGIN) for key in exp.readings}
-        out["smallest_tie_margins"] = {key: report.smallest_tie_margin(stats[key]) for key in exp.readings}
-        md += ["", f"Read by the rule fixed before the results (95% interval; a tie if the 90% interval lies within "
-                   f"±{TIE_MARGIN:g} nats, TOST), {report.seeds_text(seeds)}; in parentheses the smallest margin "
-                   "these seeds could have called a tie within (|mean| + the 90% half-width):", ""] * bool(exp.readings) + \
-            [f"- {labels[k]}{' (the primary endpoint)' * (name == 'table1' and i == 0)}: {r}"
-             + (f" (±{out['smallest_tie_margins'][k]:.4f})" if math.isfinite(out["smallest_tie_margins"][k]) else "")
-             for i, (k, r) in enumerate(out["readings"].items())]
-        console.print(report.terminal_table(f"{name}: {exp.about}", exp.rows, stats, len(seeds), full))
-    if exp.figures and any(line.startswith(f"{run.name} s{seeds[0]} ") for line in diverged for run in exp.runs):
-        md += [f"No figures: a run they draw diverged on seed {seeds[0]}."]
-    elif exp.figures:
-        figs = exp.figures(ws, seeds[0], caption=f"normgrow, {ws.preset.name} scale, seed {seeds[0]} ({name})")
-        out["figures"] = {k: str(v) for k, v in figs.items() if isinstance(v, Path)}
-        out["data"] = {k: v for k, v in figs.items() if not isinstance(v, Path)}
-        md += [""] + [f"![{k}]({Path(v).name})" for k, v in out["figures"].items()]
-        md += ["", "The numbers plotted, beside the paper's:", ""] + report.figure_table(figs.get("table", []))
-        if len(seeds) > 1:
-            md += ["", f"Figures show seed {seeds[0]}."]
-        if ws.ctx.is_main:
-            console.print(f"[bold]{name}[/]: " + ", ".join(out["figures"].values()))
-    if exp.note:
-        md += ["", exp.note]
-    return report.write(ws.results, name, out, md)

@@ -21,7 +21,7 @@ import click
 import torch
 
 import model
-from experiments import suite, tables
+from experiments import readouts, suite
 from experiments.presets import PRESETS
 from interventions.monitor import visible_keys
 from plumbing import checkpoint, corpora, errors
@@ -124,7 +124,7 @@ def teachers(ws: suite.Workspace, checkpoints: tuple[Path, ...]) -> list[Path]:
 def table(scale: str, runs_dir: Path, checkpoints: tuple[Path, ...]):
     ws = suite.workspace(scale, runs_dir, dry_run=True)  # reads the runs folder, makes nothing in it
     paths = teachers(ws, checkpoints)
-    batch, d = tables.diagnostic_batch(ws), ws.preset.data
+    batch, d = readouts.diagnostic_batch(ws), ws.preset.data
     triggers = corpora.backcopy_chain(d["symbols"], d["triggers"], ws.preset.run["seed"])[1] \
         if d["source"] == "backcopy" else []
     dormant = ~torch.isin(batch.input_ids, torch.as_tensor(triggers, dtype=torch.long))

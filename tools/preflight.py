@@ -25,7 +25,7 @@ from rich.console import Console
 import data
 import grow
 import rundir
-from experiments import presets, regime, registry, studies, suite, tables, training
+from experiments import paper_reports, presets, regime, registry, studies, suite, tables, training
 from flops import forward_flops_per_token
 from plumbing import checkpoint, devices, errors, faults
 from tools import cpu_estimate, lockstep_plan, plan, rehearse, rehearse_real
@@ -127,7 +127,7 @@ def print_records(ws: suite.Workspace, jobs: list[studies.Job], more: str = "", 
 def write_reports(ws: suite.Workspace, names: list[str], runs, seeds: list[int], started: float):
     """`repro.py run`'s reports, on rank 0 (the other ranks wait for it, then all leave together)."""
     for name in names:
-        tables.report_experiment(ws, name, seeds)
+        paper_reports.report_experiment(ws, name, seeds)
         faults.kill_point("reported", name)
     if not ws.preset.teacher:
         suite.console.print(suite.teacher_summary(ws, runs, seeds))
