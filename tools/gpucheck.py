@@ -26,6 +26,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import traceback
 from pathlib import Path
 
 import torch
@@ -40,9 +41,6 @@ from tools import bench, lockstep_plan, memory, plan, rehearse, utilization
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = Path("results") / "gpu_check.json"
-PAPER_LAYER = ModelConfig(num_hidden_layers=3)  # hidden 4096, 32/8 heads, intermediate 12288, vocab 151,936
-
-
 PAPER_LAYER = ModelConfig(num_hidden_layers=3)  # hidden 4096, 32/8 heads, intermediate 12288, vocab 151,936
 
 
@@ -174,29 +172,39 @@ def write_throughput(folder: Path, gib: float, device) -> dict:
     return {"gib": gib, "seconds": seconds, "gb_per_s": gib * 2**30 / 1e9 / seconds}
 
 
-def gpu_check(device: str = "cuda", out: Path = RESULTS) -> dict:
-    """Every check, on one CUDA GPU at the paper's sizes (or, device "cpu", at tiny ones); results/gpu_check.json."""
+CHECKS = ("parity_bf16", "attention", "memory_rehearsal", "driver", "throughput", "checkpoint_write")
+
+
+def gpu_check(device: str = "cuda", out: Path = RESULTS, names: tuple[str, ...] = CHECKS) -> dict:
+    """The named checks in that order, on one CUDA GPU at the paper's sizes (or, device "cpu", at tiny ones).
+    A check that raises is a failed check with its error, and the others still run: a GPU lease is too
+    dear to learn one failure per launch. results/gpu_check.json is rewritten after each check, so a
+    session stopped by its time limit keeps what finished."""
     on_gpu = device == "cuda"
     dev = torch.device(device)
     tiny = ModelConfig(vocab_size=300, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                        num_attention_heads=4, num_key_value_heads=2, head_dim=16)
     full = presets.PRESETS["full"]
     results = {"environment": {**bench.environment(), "device": torch.cuda.get_device_name(dev) if on_gpu else "cpu"}}
-    checks = [("parity_bf16", lambda: check_parity_bf16(dev)),
-              ("attention", lambda: attention_kernel(PAPER_LAYER if on_gpu else tiny,
-                                                     full.data["max_len"] if on_gpu else 256, dev)),
-              ("memory_rehearsal", lambda: memory_rehearsal("full" if on_gpu else "smoke", 8 if on_gpu else 2, device)),
-              ("driver", lambda: driver(device, Path(tempfile.mkdtemp(dir="runs" if Path("runs").is_dir() else None)))),
-              ("throughput", lambda: paper_layer_step(dev, PAPER_LAYER if on_gpu else tiny, 1,
-                                                      [full.data["max_len"], round(full.doc_tokens)] if on_gpu else [32, 20],
-                                                      3 if on_gpu else 1)),
-              ("checkpoint_write", lambda: write_throughput(Path(tempfile.mkdtemp()), 1.0 if on_gpu else 0.01, dev))]
-    for name, check in checks:
-        started = time.perf_counter()
-        results[name] = {**check(), "check_s": time.perf_counter() - started}
-        print(f"{name}: {results[name]}", flush=True)
+    checks = {"parity_bf16": lambda: check_parity_bf16(dev),
+              "attention": lambda: attention_kernel(PAPER_LAYER if on_gpu else tiny,
+                                                    full.data["max_len"] if on_gpu else 256, dev),
+              "memory_rehearsal": lambda: memory_rehearsal("full" if on_gpu else "smoke", 8 if on_gpu else 2, device),
+              "driver": lambda: driver(device, Path(tempfile.mkdtemp(dir="runs" if Path("runs").is_dir() else None))),
+              "throughput": lambda: paper_layer_step(dev, PAPER_LAYER if on_gpu else tiny, 1,
+                                                     [full.data["max_len"], round(full.doc_tokens)] if on_gpu else [32, 20],
+                                                     3 if on_gpu else 1),
+              "checkpoint_write": lambda: write_throughput(Path(tempfile.mkdtemp()), 1.0 if on_gpu else 0.01, dev)}
     out.parent.mkdir(parents=True, exist_ok=True)
-    checkpoint.write_json(out, results, default=str)
+    for name in names:
+        started = time.perf_counter()
+        try:
+            results[name] = {**checks[name](), "check_s": time.perf_counter() - started}
+        except Exception as error:  # noqa: BLE001 -- a check's failure is its result; the next check still runs
+            results[name] = {"ok": False, "error": f"{type(error).__name__}: {error}"[:2000],
+                             "traceback": traceback.format_exc()[-4000:], "check_s": time.perf_counter() - started}
+        print(f"{name}: {results[name]}", flush=True)
+        checkpoint.write_json(out, results, default=str)
     failed = [name for name in results if isinstance(results[name], dict) and results[name].get("ok") is False]
     print(f"wrote {out}; " + (f"FAILED: {', '.join(failed)}" if failed else "every check passed"))
     return results
@@ -205,6 +213,11 @@ def gpu_check(device: str = "cuda", out: Path = RESULTS) -> dict:
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
+    parser.add_argument("--checks", type=lambda text: tuple(text.split(",")), default=CHECKS,
+                        help=f"a comma-separated subset, run in that order (default: {','.join(CHECKS)})")
     args = parser.parse_args()
-    result = gpu_check(args.device)
+    unknown = [name for name in args.checks if name not in CHECKS]
+    if unknown:
+        parser.error(f"--checks: no check named {', '.join(unknown)}; the checks are {', '.join(CHECKS)}")
+    result = gpu_check(args.device, names=args.checks)
     sys.exit(1 if any(isinstance(v, dict) and v.get("ok") is False for v in result.values()) else 0)
