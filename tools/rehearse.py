@@ -26,6 +26,7 @@ save less), and overlap: communication time is bytes over bandwidth, not a trace
 from __future__ import annotations
 
 import contextlib
+import gc
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -137,6 +138,10 @@ class CudaPeak:
         self.device = device
 
     def __enter__(self):
+        # An earlier segment's students, optimizers and FSDP2 modules hold reference cycles: until collected
+        # their tensors stay allocated and count in this segment's peak (measured on an H200: grow's phase 2
+        # read 51.1 GiB after the other segments, 34.9 alone or after a collection, against the plan's 34.8).
+        gc.collect()
         torch.cuda.empty_cache()  # what an earlier rehearsal left cached is not this one's
         torch.cuda.reset_peak_memory_stats(self.device)
         return self
