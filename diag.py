@@ -370,8 +370,7 @@ def recorded_block_removal(path: Path) -> list[dict]:
         rows = None
     keys = ("block", "ce_full", "ce_skip", "delta_ce", "angular_distance")
     if not isinstance(rows, list) or not rows or any(
-            not isinstance(r, dict) or not all(isinstance(r.get(k), (int, float)) and not isinstance(r.get(k), bool)
-                                               and math.isfinite(r[k]) for k in keys) for r in rows) \
+            not isinstance(r, dict) or not all(checkpoint.finite_number(r.get(k)) for k in keys) for r in rows) \
             or [r["block"] for r in rows] != list(range(len(rows))):
         raise errors.TrainingError(f"{path}: block_removal is not a row of finite numbers per block; the file was "
                                    "edited or damaged: move the run folder away and rerun")

@@ -168,7 +168,7 @@ def measured(target: Path) -> dict[str, float]:
                 for k, v in run_numbers(d).items()}
     values = {}
     for file in sorted(target.glob("*.json")):
-        for key, seeds in report_numbers(checkpoint.loads(file.read_text())).items():
+        for key, seeds in read_report(file)[1].items():  # checked as `reference` reads it: one reader for both
             for i, value in enumerate(seeds):
                 values[f"{file.stem}/{key}/{i}"] = value
     return values
@@ -202,7 +202,7 @@ def compare(target: Path, reference: dict) -> list[dict]:
         if not values:
             continue
         lo, hi = band(values)
-        if value is None or not math.isfinite(value):  # n/a, never or diverged (null in JSON): fine if a seed had it too
+        if not checkpoint.finite_number(value):  # n/a, never or diverged (null in JSON): fine if a seed had it too
             within = any(v is None or not math.isfinite(v) for v in values)
         elif math.isnan(lo):
             continue  # the reference has no finite value to compare a finite one with

@@ -15,6 +15,7 @@ import json
 import math
 import os
 import shutil
+import sys
 from pathlib import Path
 from typing import Callable
 
@@ -82,6 +83,13 @@ def loads(text: str | bytes):
         return json.loads(text, parse_constant=_not_json, parse_float=_finite)
     except RecursionError:
         raise ValueError("nested too deeply to be a file the kit wrote") from None
+
+
+def finite_number(value) -> bool:
+    """A number read from a file that the kit can compute with: an int or float, not a bool, within a float's
+    range (compared, not math.isfinite'd: a 401-digit integer has no float, an OverflowError) and not NaN."""
+    bounded = isinstance(value, (int, float)) and not isinstance(value, bool)
+    return bounded and -sys.float_info.max <= value <= sys.float_info.max
 
 
 def fsync_file(path: Path):

@@ -103,6 +103,8 @@ RECORDS = [
     bad("record: wall_seconds a string", put("wall_seconds", value="fast"), ("wall_seconds", "a string")),
     bad("record: a 401-digit done.ce", put("done", "ce", value=10**400), ("done.ce", "not a finite number")),
     bad("record: a 401-digit wall_seconds", put("wall_seconds", value=10**400), ("wall_seconds",)),
+    bad("record: a 401-digit block-removal delta", put("diagnostics", "block_removal", 0, "delta_ce", value=10**400),
+        ("diagnostics.block_removal",)),
     bad("record: provenance.precision a number", put("provenance", "precision", value=32), ("provenance.precision",)),
     bad("record: no provenance.precision", pop("provenance", "precision"), ("provenance.precision", "missing")),
     bad("record: a metrics row without its step", lambda r: r["metrics"][0].pop("step"), ("metrics[0]",)),

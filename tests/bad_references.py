@@ -122,6 +122,10 @@ WRITING = [case(f"reference: {what} in the results folder", REFERENCE, ("notes.j
                 ("not a number",)),
                ("a notes.json whose rows are text", '{"seeds": [42], "rows": "mine"}', ("report's rows",)),
                ("a notes.json whose seeds are text", '{"seeds": "42", "rows": []}', ("seeds",)))]
+# `compare` reads the same files: a number no float holds is named, never math.isfinite'd (an OverflowError)
+WRITING += [case("compare results: a notes.json of a 401-digit number in the results folder", COMPARE("{S}/smoke"),
+                    ("notes.json", "not a number"), shipped,
+                    write("{S}/smoke/notes.json", '{"seeds": [42], "numbers": {"x": {"values": [1%s]}}}' % ("0" * 400)))]
 
 OTHER_SCALE = [
     case("compare smoke's results against toy's", COMPARE("{S}/smoke", "toy"),

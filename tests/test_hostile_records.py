@@ -169,6 +169,19 @@ def test_an_unwritable_records_dir_is_one_line_before_anything_trains(tmp_path):
     assert not (tmp_path / "runs" / "smoke").exists()  # no data, no teacher, no run
 
 
+def test_a_dry_run_reads_records_it_could_not_write(tmp_path, monkeypatch):
+    """A read-only clone may plan: a dry run only reads the records, so a records folder this user cannot write (as
+    os.access says here: root writes anywhere, so the check is made to say so) stops the run, not its dry run."""
+    read_only = lambda folder: (_ for _ in ()).throw(errors.OptionError("--records-dir", f"{folder} is read-only here"))
+    monkeypatch.setattr(studies, "check_writable", read_only)
+    args = ["table1", "--scale", "toy", "--runs-dir", tmp_path / "runs", "--records-dir", tmp_path / "records"]
+    planned = repro_cli(*args, "--dry-run")
+    assert "to train" in planned.stdout or "remaining" in planned.stdout
+    refused = repro_cli(*args, check=False)
+    assert refused.returncode == 2 and "--records-dir" in refused.stderr and "read-only here" in refused.stderr
+    assert not (tmp_path / "runs" / "toy").exists()
+
+
 # ---- §6: a line where a traceback was due (a lock's holder, tools.first_token) -----------------------------------
 
 def test_a_lock_holders_pid_no_process_can_have_is_no_process(tmp_path, monkeypatch):
