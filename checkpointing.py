@@ -1,12 +1,14 @@
-"""A run's checkpoints: written, found and read back. phase-<p>/ and step-<n>/ are kept checkpoints
-(safetensors weights any tool can load, plus the trainer state); latest/ is the rolling resume checkpoint
-(weights, optimizer and trainer state). Under FSDP2 every rank that holds distinct shards writes its part;
-nothing is gathered whole on one rank. Every checkpoint is written to a temporary folder and renamed into
-place, so a kill never leaves half of one; a resume takes the newest whose files match their checksums.
+"""A run's checkpoints: which are due when, written, found and read back, and a run's resume point. phase-<p>/ and
+step-<n>/ are kept checkpoints (safetensors weights any tool can load, plus the trainer state); latest/ is the
+rolling resume checkpoint (weights, optimizer and trainer state). Under FSDP2 every rank that holds distinct shards
+writes its part; nothing is gathered whole on one rank. Every checkpoint is written to a temporary folder and
+renamed into place, so a kill never leaves half of one; a resume takes the newest whose files match their
+checksums, the same on every rank, and restores the run's step, data position, RNG state and weights.
 
     checkpointing.save_kept_checkpoint(run_dir, "phase-0", net, state, ctx)
-    ckpt, state = checkpointing.newest_checkpoint(run_dir, verify=True, ctx=ctx)
-    checkpointing.load_latest_checkpoint(ckpt, net, optimizer, ctx)
+    resume, adopting = checkpointing.resume_point(config, run_dir, ctx)
+    step, totals, elapsed, outcome = checkpointing.restore_resume_point(resume, adopting, config, net, batcher, ctx)
+    checkpointing.load_latest_checkpoint(resume[0], net, optimizer, ctx)  # latest/: once the optimizer exists
 """
 from __future__ import annotations
 
@@ -20,10 +22,12 @@ from typing import Callable
 import torch
 
 import model
+import transitions
 from plumbing import checkpoint, hf_qwen3
+from plumbing.devices import print0
 from plumbing.errors import TrainingError, disk_full_reason
 from plumbing.faults import kill_point
-from rundir import read_json
+from rundir import adopt_shared_prefix, read_json
 
 # ----------------------------------------------------------------------------------------------
 # Checkpoints. phase-<p>/: kept, safetensors weights + trainer state. latest/: rolling, safetensors
@@ -35,6 +39,23 @@ def trainer_state(step, phase, batcher, totals, elapsed, outcome: dict) -> dict:
     rng = base64.b64encode(torch.get_rng_state().numpy().tobytes()).decode()
     return {"step": step, "phase": phase, "data": batcher.state_dict(), "totals": totals,
             "elapsed": elapsed, "torch_rng": rng, "outcome": outcome}
+
+
+def save_due_checkpoints(run_dir: Path, config, net, optimizer, state: dict, ctx, phase_end: bool, moments_go_on: bool):
+    """Those due at the trainer state's step: phase-<p>/ at a phase's end, step-<n>/ every snapshot_interval,
+    latest/ every checkpoint_interval (and before phase-<p>/ where the next phase keeps AdamW's moments:
+    `moments_go_on`)."""
+    step = state["step"]
+    if phase_end and moments_go_on:
+        # The next phase needs these moments: saved before phase-<p>/, so a kill between the two
+        # resumes from them (on a tie newest_checkpoint prefers latest/).
+        save_latest_checkpoint(run_dir, net, optimizer, state, ctx)
+    if phase_end:
+        save_kept_checkpoint(run_dir, f"phase-{state['phase']}", net, state, ctx)
+    elif config.snapshot_interval and step % config.snapshot_interval == 0:
+        save_kept_checkpoint(run_dir, f"step-{step}", net, state, ctx)
+    if not phase_end and step % config.checkpoint_interval == 0:
+        save_latest_checkpoint(run_dir, net, optimizer, state, ctx)
 
 
 @contextmanager
@@ -196,6 +217,47 @@ def newest_checkpoint(run_dir: Path, verify: bool = False, warn=lambda line: Non
         except TrainingError as e:
             warn(f"{e}; resuming from an older checkpoint")
     return None
+
+
+def resume_point(config, run_dir: Path, ctx) -> tuple[tuple[Path, dict] | None, bool]:
+    """The newest intact checkpoint, the same on every rank (None: start at step 0), after adopting the shared
+    prefix the run starts from if it has no checkpoint of its own; and whether it adopted it."""
+    adopting = bool(config.start_from) and newest_checkpoint(run_dir) is None
+    if ctx.is_main and adopting:
+        adopt_shared_prefix(config, run_dir)
+    ctx.barrier()
+    resume = newest_checkpoint(run_dir, verify=True, warn=lambda line: print0(ctx, line), ctx=ctx)
+    step = resume[1]["step"] if resume else 0
+    if not ctx.agree_on(step):  # every rank must resume from the same step, or the run would fork
+        raise TrainingError(f"{run_dir}: the ranks found different resume points (rank {ctx.rank}: step {step}); "
+                            "the runs folder must be one filesystem that every node shares (or copy it to each)")
+    return resume, adopting
+
+
+def restore_resume_point(resume: tuple[Path, dict] | None, adopting: bool, config, net, batcher,
+                         ctx) -> tuple[int, dict, float, dict]:
+    """The step, totals, seconds trained so far and outcome of the resume point (step 0 without one), its data
+    position, RNG state and weights restored (latest/'s weights come with its AdamW state: load_latest_checkpoint,
+    once the optimizer exists)."""
+    step, totals, elapsed = 0, {"total_tokens": 0, "active_layer_tokens": 0}, 0.0
+    outcome = {"best_ce": None, "diverged": None}
+    if not resume:
+        return step, totals, elapsed, outcome
+    ckpt, state = resume
+    step, totals, elapsed = state["step"], state["totals"], state["elapsed"]
+    outcome = {**outcome, **state.get("outcome", {})}
+    batcher.load_state_dict(state["data"])
+    for p, keep in outcome.get("transitions", {}).items():  # decisions the weights do not hold
+        transitions.apply_kept(net, int(p), keep)
+    torch.set_rng_state(torch.frombuffer(bytearray(base64.b64decode(state["torch_rng"])), dtype=torch.uint8))
+    if ckpt.name != "latest":
+        load_weights(net, ckpt)
+    if ckpt.name.startswith("step-"):
+        print0(ctx, f"{config.name}: warning: {ckpt} holds weights but no AdamW state; its moments restart at "
+                    f"step {step}, so this run will not be bit-identical to an uninterrupted one")
+    print0(ctx, f"{config.name}: adopting {config.start_from} (its first phases are this run's), continuing at "
+                f"step {step}" if adopting else f"{config.name}: resuming at step {step} from {ckpt}")
+    return step, totals, elapsed, outcome
 
 
 def load_weights(net, ckpt: Path):

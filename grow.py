@@ -12,14 +12,13 @@ The protocols (joint, grow, freeze, joint-long, teacher) are config.py's, descri
 
 `train` runs one run; `train_together` several, each exactly as if alone (bit-identical in one process): the
 suite's runs of one seed read the same batch at the same step, so the frozen teacher runs once per batch for all
-of them. A run directory is rundir.py's, its checkpoints checkpointing.py's. A run killed at any moment resumes
-from its newest checkpoint, the same.
+of them. A run directory (its provenance.json and done.json too) is rundir.py's, its checkpoints, which are due
+when, and its resume point checkpointing.py's. A run killed at any moment resumes from its newest checkpoint, the
+same.
 """
 from __future__ import annotations
 
-import base64
 import math
-import shutil
 import time
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
@@ -31,11 +30,9 @@ import checkpointing
 import data
 import model
 import nets
-import plumbing.devices
 import rundir
 import transitions
 from config import Phase, RunConfig, learning_rate, plan_phases
-from plumbing.checkpoint import write_json
 from plumbing.devices import Dist, autocast, clip_gradients, precision_choice, print0, set_gradient_sync, setup_distributed
 from plumbing.errors import TrainingError
 from plumbing.faults import kill_point
@@ -61,7 +58,8 @@ def trainable_parameters(net: torch.nn.Module, phase: Phase, train_embedding: bo
 
 
 def build_optimizer(config: RunConfig, params: list) -> torch.optim.AdamW:
-    # foreach=False: the single-tensor path is bit-identical across resumes and ranks' shards.
+    # foreach=False: the single-tensor path is bit-identical across resumes and ranks' shards. The lr given here is
+    # the schedule's peak; Run.begin_step sets every group's lr from config.learning_rate before each step.
     groups = [{"params": [p for p in params if p.ndim > 1 or config.decay_gains]},
               {"params": [p for p in params if p.ndim < 2 and not config.decay_gains], "weight_decay": 0.0}]
     return torch.optim.AdamW([g for g in groups if g["params"]], lr=config.lr, betas=config.betas, eps=config.eps,
@@ -71,15 +69,6 @@ def build_optimizer(config: RunConfig, params: list) -> torch.optim.AdamW:
 # ----------------------------------------------------------------------------------------------
 # A run while it trains: its model, data, optimizer, log and checkpoints. The driver below calls,
 # for each of its steps, begin_step, accumulate (once per micro-batch) and end_step.
-
-def provenance(ctx: Dist, dtype: torch.dtype, why: str) -> dict:
-    """What provenance.json records: the kit's commit, torch, the device, the CPU and the instructions torch uses
-    there (AVX2 and AVX-512 round differently), the ranks, threads and precision."""
-    device = torch.cuda.get_device_name(ctx.device) if ctx.device.type == "cuda" else ctx.device.type
-    return {"git_commit": rundir.git_commit(), "torch": torch.__version__, "device": device, "world_size": ctx.world,
-            "cpu": plumbing.devices.cpu_model(), "cpu_capability": plumbing.devices.cpu_instructions(),
-            "threads": torch.get_num_threads(), "precision": str(dtype).removeprefix("torch."), "precision_reason": why}
-
 
 class Run:
     def __init__(self, config: RunConfig, run_dir, ctx: Dist, stop_after_step: int | None = None,
@@ -101,7 +90,7 @@ class Run:
     def prepare(self, force: bool):
         """Create or check the folder; a run already done is not trained again."""
         if rundir.prepare_run_dir(self.written, self.run_dir, force, self.ctx,
-                                  provenance(self.ctx, self.dtype, self.precision)):
+                                  rundir.provenance(self.ctx, self.dtype, self.precision)):
             print0(self.ctx, f"{self.config.name}: done, reusing {self.run_dir}")
             self.state, self.result = "done", rundir.final_eval(self.run_dir)
 
@@ -111,7 +100,8 @@ class Run:
                 or (Path(self.config.start_from) / "trainer_state.json").is_file())
 
     def open(self, teacher: nets.Teacher | None, progress):
-        """Build the model and data, then continue from the newest checkpoint (or the shared prefix)."""
+        """Build the model and data, then continue from the newest checkpoint (or the shared prefix); latest/'s
+        AdamW state is loaded by begin_phase, once the optimizer exists."""
         config, ctx = self.config, self.ctx
         torch.manual_seed(config.seed)
         print0(ctx, (f"{progress.runs.label(self.run_dir)}: " if progress else "") +  # logs say it too
@@ -119,8 +109,9 @@ class Run:
                f"phase(s) x {config.phase_steps} steps, {ctx.world} rank(s) on {ctx.device.type}, precision "
                f"{self.precision}; resolved config in {self.run_dir / 'config.json'}")
         self.build(teacher)
-        adopting = self.find_resume_point()
-        elapsed = self.restore(adopting)
+        self.resume, adopting = checkpointing.resume_point(config, self.run_dir, ctx)
+        self.step, self.totals, elapsed, self.outcome = checkpointing.restore_resume_point(
+            self.resume, adopting, config, self.net, self.batcher, ctx)
         self.start_log(elapsed, progress)
         self.state = "training"
         kill_point("opened", config.name, self.step)
@@ -143,45 +134,6 @@ class Run:
                                     replay_docs=config.replay_docs, rank=ctx.rank, world_size=ctx.world,
                                     micro_batch=config.micro_batch, balance=config.balance_lengths,
                                     fixed_shapes=config.compile)
-
-    def find_resume_point(self) -> bool:
-        """self.resume: the newest intact checkpoint, the same on every rank (None: start at step 0), after
-        adopting the shared prefix the run starts from if it has no checkpoint of its own (then True)."""
-        config, ctx, run_dir = self.config, self.ctx, self.run_dir
-        adopting = bool(config.start_from) and checkpointing.newest_checkpoint(run_dir) is None
-        if ctx.is_main and adopting:
-            rundir.adopt_shared_prefix(config, run_dir)
-        ctx.barrier()
-        self.resume = checkpointing.newest_checkpoint(run_dir, verify=True, warn=lambda line: print0(ctx, line), ctx=ctx)
-        step = self.resume[1]["step"] if self.resume else 0
-        if not ctx.agree_on(step):  # every rank must resume from the same step, or the run would fork
-            raise TrainingError(f"{run_dir}: the ranks found different resume points (rank {ctx.rank}: step {step}); "
-                                "the runs folder must be one filesystem that every node shares (or copy it to each)")
-        return adopting
-
-    def restore(self, adopting: bool) -> float:
-        """The step, totals, outcome, data position, RNG state and weights of the resume point (latest/'s
-        AdamW state is loaded by begin_phase, once the optimizer exists); the seconds trained so far."""
-        config, ctx = self.config, self.ctx
-        self.step, self.totals, elapsed = 0, {"total_tokens": 0, "active_layer_tokens": 0}, 0.0
-        self.outcome = {"best_ce": None, "diverged": None}
-        if not self.resume:
-            return elapsed
-        ckpt, state = self.resume
-        self.step, self.totals, elapsed = state["step"], state["totals"], state["elapsed"]
-        self.outcome = {**self.outcome, **state.get("outcome", {})}
-        self.batcher.load_state_dict(state["data"])
-        for p, keep in self.outcome.get("transitions", {}).items():  # decisions the weights do not hold
-            transitions.apply_kept(self.net, int(p), keep)
-        torch.set_rng_state(torch.frombuffer(bytearray(base64.b64decode(state["torch_rng"])), dtype=torch.uint8))
-        if ckpt.name != "latest":
-            checkpointing.load_weights(self.net, ckpt)
-        if ckpt.name.startswith("step-"):
-            print0(ctx, f"{config.name}: warning: {ckpt} holds weights but no AdamW state; its moments restart at "
-                        f"step {self.step}, so this run will not be bit-identical to an uninterrupted one")
-        print0(ctx, f"{config.name}: adopting {config.start_from} (its first phases are this run's), continuing at "
-                    f"step {self.step}" if adopting else f"{config.name}: resuming at step {self.step} from {ckpt}")
-        return elapsed
 
     def start_log(self, elapsed: float, progress):
         """The log cut back to the resume point and opened for appending; the clock and progress bar."""
@@ -284,9 +236,9 @@ class Run:
             phase = next(p for p in self.phases if self.step < p.first_step + p.steps)
             if phase is not self.phase:
                 self.begin_phase(phase)
-            self.lr = learning_rate(self.config, self.step - phase.first_step, phase.index)
+            lr = learning_rate(self.config, self.step - phase.first_step, phase.index)  # the one place it is set
             for group in self.optimizer.param_groups:
-                group["lr"] = self.lr
+                group["lr"] = lr
             self.batch = next(self.batcher)
             # loss, KD and CE summed over the step's micro-batches in float64 on the device (float64: the
             # sums one process and FSDP2 ranks log are the same; on the device: no host sync until update)
@@ -348,8 +300,8 @@ class Run:
         step, totals, tokens = self.step, self.totals, self.batch.global_tokens
         totals["total_tokens"] += tokens
         totals["active_layer_tokens"] += tokens * self.active_layers
-        elapsed = time.time() - self.started
-        self.log_step({"loss": loss, "kd": kd_sum, "ce": ce_sum, "lr": self.lr, "grad_norm": grad_norm,
+        lr, elapsed = self.optimizer.param_groups[0]["lr"], time.time() - self.started
+        self.log_step({"loss": loss, "kd": kd_sum, "ce": ce_sum, "lr": lr, "grad_norm": grad_norm,
                        "tokens": tokens, **totals, "time": elapsed})
         kill_point("stepped", self.config.name, step)
         tok_s = totals["total_tokens"] / max(elapsed, 1e-9)
@@ -359,7 +311,9 @@ class Run:
         if phase_end or step % self.config.eval_interval == 0:
             if not self.evaluate_step(loss, tok_s):
                 return
-        self.save_checkpoints(phase_end, elapsed)
+        state = checkpointing.trainer_state(step, self.phase.index, self.batcher, totals, elapsed, self.outcome)
+        checkpointing.save_due_checkpoints(self.run_dir, self.config, self.net, self.optimizer, state, self.ctx, phase_end,
+                                           moments_go_on=self.keeps_optimizer() and step < self.last_step)
         kill_point("saved", self.config.name, step)
 
     def clipped_losses(self) -> list[float]:
@@ -401,22 +355,6 @@ class Run:
                                f"{self.ceiling():.4f} (worse than a uniform prediction)", self.final)
         return self.state == "training"
 
-    def save_checkpoints(self, phase_end: bool, elapsed: float):
-        """Those due at this step: phase-<p>/ at a phase's end, step-<n>/ every snapshot_interval, latest/
-        every checkpoint_interval (and before phase-<p>/ where the next phase keeps AdamW's moments)."""
-        config, step, ctx = self.config, self.step, self.ctx
-        state = checkpointing.trainer_state(step, self.phase.index, self.batcher, self.totals, elapsed, self.outcome)
-        if phase_end and self.keeps_optimizer() and step < self.last_step:
-            # The next phase needs these moments: saved before phase-<p>/, so a kill between the two
-            # resumes from them (on a tie newest_checkpoint prefers latest/).
-            checkpointing.save_latest_checkpoint(self.run_dir, self.net, self.optimizer, state, ctx)
-        if phase_end:
-            checkpointing.save_kept_checkpoint(self.run_dir, f"phase-{self.phase.index}", self.net, state, ctx)
-        elif config.snapshot_interval and step % config.snapshot_interval == 0:
-            checkpointing.save_kept_checkpoint(self.run_dir, f"step-{step}", self.net, state, ctx)
-        if not phase_end and step % config.checkpoint_interval == 0:
-            checkpointing.save_latest_checkpoint(self.run_dir, self.net, self.optimizer, state, ctx)
-
     def ceiling(self) -> float:
         """The validation CE above which a run has diverged: a uniform prediction's log V, plus the margin."""
         return math.log(self.net.embed_tokens.num_embeddings) + self.config.diverged_above_uniform
@@ -452,14 +390,7 @@ class Run:
         elif self.final is not None and best is not None and self.final["ce"] > best + margin:
             self.record_divergence(self.step, f"ended {self.final['ce'] - best:.4f} above its best validation CE "
                                               f"{best:.4f} (margin {margin:g})", self.final)
-        diverged = self.outcome["diverged"]
-        done = {**self.final, "step": self.step} if diverged is None else \
-            {**{k: None for k in rundir.RESULT_KEYS}, "step": self.step, "diverged": diverged}
-        if self.ctx.is_main:
-            write_json(self.run_dir / "done.json", done)
-            if diverged is None:  # a diverged run keeps its resume point beside the last good checkpoint
-                shutil.rmtree(self.run_dir / "latest", ignore_errors=True)
-        self.ctx.barrier()
+        rundir.write_done(self.run_dir, self.final, self.step, self.outcome["diverged"], self.ctx)
         kill_point("done", self.config.name, self.step)
         self.result = rundir.final_eval(self.run_dir)
         self.stop("done")

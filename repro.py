@@ -17,13 +17,10 @@ Finished runs are reused, interrupted ones resumed; runs whose first phases are 
 """
 from __future__ import annotations
 
-import functools
 import json
-import math
 import signal
 import sys
 import time
-from dataclasses import replace
 from pathlib import Path
 
 try:  # started outside the kit's virtualenv (`python3 repro.py`): how to install, in one line, not a traceback
@@ -32,10 +29,27 @@ try:  # started outside the kit's virtualenv (`python3 repro.py`): how to instal
 
     import data
     import model
-    import rundir
     from experiments import presets, registry, studies, suite, tables, training
     from plumbing import devices, errors, paths
     from tools import checkpoints, plan, preflight
+    from tools.cli_options import (
+        check_norm,
+        chosen_experiments,
+        chosen_seeds,
+        dry_run_options,
+        experiment_options,
+        finite,
+        force_option,
+        overrides_option,
+        parse_seeds,
+        records_option,
+        results_option,
+        runs_option,
+        scale_option,
+        seeded_workspace,
+        seeds_option,
+        set_option,
+    )
 except ModuleNotFoundError as e:
     sys.exit(f"Error: {e.name.partition('.')[0]} is not installed; run `make install`, then `.venv/bin/python repro.py ...`")
 
@@ -99,151 +113,10 @@ class OneLineError(click.ClickException):
         self.exit_code = exit_code
 
 
-scale_option = click.option("--scale", type=click.Choice(list(presets.PRESETS)), default="toy", show_default=True,
-                            help="smoke: CI minutes; toy: laptop CPU, offline; small: one GPU; full: the paper.")
-runs_option = click.option("--runs-dir", type=click.Path(path_type=Path), default=Path("runs"), show_default=True,
-                           help="Where data, teachers and runs are stored (runs/<scale>/...).")
-results_option = click.option("--results-dir", type=click.Path(path_type=Path), default=Path("results"),
-                              show_default=True, help="Where tables and figures go (results/<scale>/...).")
-set_option = click.option("--set", "overrides", multiple=True, metavar="SECTION.KEY=VALUE",
-                          help="Change one preset field for this command, e.g. --set run.lr=3e-4 --set "
-                               "data.max_len=256 (sections: run, teacher_run, teacher_model, data, diag). Runs "
-                               "with overrides get their own folders.")
-lockstep_option = click.option("--lockstep/--no-lockstep", default=None, help="Train the runs of a seed that read "
-                               "the same batches together, on one teacher pass per batch (same results as apart). "
-                               "Default: on, except on a GPU where they would not fit (see --dry-run).")
-records_option = click.option("--records-dir", type=click.Path(path_type=Path), default=None, help="Each finished "
-                              "run's (a search's: rung's) record, read back before training (default: the kit's "
-                              "references/records/; at smoke scale none; experiments/studies.py).")
-force_option = click.option("--force", is_flag=True, help="Discard data, a teacher or runs made with other settings "
-                            "(an edited preset) and redo them; what matches is reused.")
-
-
-def seeds_option(help: str):
-    return click.option("--seeds", default=None, callback=lambda c, p, v: None if v is None else parse_seeds(c, p, v),
-                        help=help)
-
-
-def overrides_option(f):
-    """--set (repeatable), --compile/--no-compile, --device, --log and --no-wait, for every command that trains."""
-    f = click.option("--no-wait", "no_wait", is_flag=True,
-                     help="Stop (one line) instead of waiting when another process holds a run folder, the data or "
-                          "the teacher this command needs.")(f)
-    f = click.option("--log", "tracker", type=click.Choice(rundir.TRACKERS[1:]), default=None,
-                     callback=lambda ctx, param, value: value or "",
-                     help="Also log every step and evaluation to TensorBoard (runs/.../tensorboard/) or W&B.")(f)
-    f = click.option("--device", type=click.Choice(devices.DEVICES), default="auto", show_default=True,
-                     help="auto: a CUDA GPU, else Apple silicon (MPS, untested here), else the CPU.")(f)
-    f = click.option("--compile/--no-compile", "compile_flag", default=None,
-                     help="Compile each decoder layer with torch.compile (default: the preset's setting).")(f)
-    return set_option(f)
-
-
-def dry_run_options(command):
-    """--dry-run and the GPUs its estimate is for: every command that trains has them. --gpu, --gpus and
-    --nodes without --dry-run are refused: a run uses the GPUs torchrun gives it, and they would do nothing."""
-    @functools.wraps(command)
-    def f(*args, **kwargs):
-        ctx = click.get_current_context()
-        given = [name for name in ("gpu", "gpus", "nodes")
-                 if ctx.get_parameter_source(name) == click.core.ParameterSource.COMMANDLINE]
-        if given and not kwargs["dry_run"]:
-            raise click.UsageError(f"--{given[0]} sets what --dry-run's estimate is for and does nothing else; add "
-                                   "--dry-run (a run uses the GPUs torchrun launches it on)")
-        return command(*args, **kwargs)
-    f = click.option("--nodes", type=click.IntRange(1, 1024), default=1, show_default=True,
-                     help="Nodes for --dry-run's estimate.")(f)
-    f = click.option("--gpus", type=click.IntRange(1, 1024), default=None,
-                     help="GPUs per node for --dry-run's estimate (default: 8 at full scale, 1 at the others).")(f)
-    f = click.option("--gpu", type=click.Choice(list(plan.GPU_BF16_PEAK)), default="h100", show_default=True,
-                     help="GPU type for --dry-run's hour estimate.")(f)
-    return click.option("--dry-run", is_flag=True, help="Print what would be trained and its cost (this CPU, "
-                        "and GPU hours), and stop: nothing is made or read but the data's measured lengths.")(f)
-
-
-def experiment_options(command):
-    """The options of every command that runs an experiment over seeds (run, regime, beyond.py's, ideas)."""
-    for option in (results_option, runs_option, force_option, lockstep_option, overrides_option, dry_run_options):
-        command = option(command)
-    return command
-
-
-def seeded_workspace(scale, seeds, default_seeds, runs_dir, results_dir, dry_run, overrides, compile_flag, device,
-                     tracker, lockstep, no_wait) -> tuple[suite.Workspace, list[int]]:
-    """The workspace of an experiment over seeds, its --set parsed once, --lockstep resolved (unless given:
-    where a seed's resident runs fit the GPU, plan.lockstep_default) and its seeds (chosen_seeds)."""
-    overrides = presets.parse_overrides(presets.PRESETS[scale], overrides)
-    ws = suite.workspace(scale, runs_dir, results_dir, dry_run, overrides, compile_flag, device, tracker, wait=not no_wait)
-    if lockstep is None:
-        lockstep = dry_run or plan.lockstep_default(ws, tables.RUNS)
-    seeds = chosen_seeds(overrides, seeds, default_seeds or [ws.preset.run["seed"]], "--seeds")
-    return replace(ws, lockstep=lockstep), seeds
-
-
-def parse_seeds(ctx, param, value: str) -> list[int]:
-    try:
-        seeds = [int(s) for s in value.split(",") if s.strip()]
-    except ValueError:
-        raise click.BadParameter(f"{value!r} is not a comma-separated list of integers, e.g. 42,43,44") from None
-    if not seeds or len(set(seeds)) != len(seeds):
-        raise click.BadParameter(f"{value!r}: give one or more distinct seeds, e.g. 42,43,44")
-    if any(not 0 <= s < 2**63 for s in seeds):
-        raise click.BadParameter(f"{value!r}: seeds must be in 0 .. 2^63 - 1 (torch's generator range)")
-    return seeds
-
-
-def chosen_seeds(overrides, seeds: list[int] | None, default: list[int], option: str) -> list[int]:
-    """--seed(s), else --set run.seed (in the parsed overrides), else the command's default; --seed(s)
-    and --set run.seed that disagree are refused (which one should train?)."""
-    value = presets.set_value(overrides, "run", "seed")
-    if value is None:
-        return seeds or default
-    if seeds and seeds != [value]:
-        raise errors.OptionError(option, f"{','.join(map(str, seeds))} conflicts with --set run.seed={value}; give "
-                                 "the seed once")
-    return [value]
-
-
 def say(ws: suite.Workspace, line: str) -> None:
     """A launch's result, printed once: under torchrun every rank returns the same line."""
     if ws.ctx.is_main:
         suite.console.print(line)
-
-
-def finite(value: float, option: str) -> float:
-    """FloatRange lets nan (it compares false with every bound) and inf through."""
-    if not math.isfinite(value):
-        raise click.BadParameter(f"{value} is not a finite number", param_hint=option)
-    return value
-
-
-def check_norm(norm: str, blocks: int | None = None) -> str:
-    """--norm: a placement, one per block separated by commas (as many as the preset's `blocks`, once
-    --set, which may change them, is applied), or auto."""
-    if norm.strip() == "auto":
-        return "auto"
-    names = [n.strip() for n in norm.split(",")]
-    unknown = [n for n in names if n not in model.PLACEMENTS]
-    if unknown:
-        raise click.BadParameter(f"{unknown[0]!r} is not a placement; choose from {', '.join(model.PLACEMENTS)}, or "
-                                 "one per block separated by commas (pre,post,post), or auto", param_hint="--norm")
-    try:
-        model.block_norms(norm, blocks or len(names))
-    except ValueError as e:
-        raise click.BadParameter(str(e), param_hint="--norm") from None
-    return ",".join(names)
-
-
-def chosen_experiments(wanted) -> tuple[list[str], list[suite.RunName]]:
-    """The experiments named (none or `all`: every one; an unknown name is one line), and the runs they
-    read, in the kit's order."""
-    known = tables.EXPERIMENTS
-    unknown = [e for e in wanted if e != "all" and e not in known]
-    if unknown:
-        raise click.BadParameter(f"unknown experiment {unknown[0]!r}; choose from {', '.join(known)} or all",
-                                 param_hint="EXPERIMENT")
-    names = list(known) if not wanted or "all" in wanted else list(dict.fromkeys(wanted))
-    return names, [r for r in tables.RUNS if any(r in known[e].runs for e in names)]
 
 
 cli = Repro("cli", context_settings={"help_option_names": ["-h", "--help"]},
@@ -268,7 +141,7 @@ def run_experiments(wanted, scale, seeds, records_dir, dry_run, gpu, gpus, nodes
     names, runs = chosen_experiments(wanted)
     ws, seeds = seeded_workspace(scale, seeds, None, runs_dir, results_dir, dry_run, overrides, compile_flag, device,
                                  tracker, lockstep, no_wait)
-    ws = studies.attach(ws, records_dir)
+    ws = studies.attach(ws, records_dir, dry_run)
     if dry_run:
         preflight.print_dry_run(scale, [("", ws, plan.planned_runs(ws, runs, seeds[0]))], seeds, gpu, gpus, nodes)
         preflight.print_suite_records(ws, names, runs, seeds)
@@ -321,15 +194,15 @@ def search(scale, seed, ladder, rungs, records_dir, dry_run, gpu, gpus, nodes, o
            no_wait, force, runs_dir, results_dir):
     """The miniature search: a ladder of presets (presets.LADDERS), pre-norm grow only, until the mechanism's criterion
     holds or a rung would cost more than its budget (results/<scale>/search[-<ladder>][-chosen].md/.json)."""
-    from experiments import regime as regime_map
+    from experiments.search import run_search
     ladder = presets.ladder_for(scale, ladder, rungs)
     ws = studies.attach(suite.workspace(scale, runs_dir, results_dir, dry_run, compile_flag=compile_flag, device=device,
-                                        tracker=tracker, wait=not no_wait), records_dir)
+                                        tracker=tracker, wait=not no_wait), records_dir, dry_run)
     overrides = presets.parse_overrides(presets.PRESETS[scale], overrides)  # the user's: each rung applies them last
     seed = chosen_seeds(overrides, None if seed is None else [seed], [ws.preset.run["seed"]], "--seed")[0]
     if dry_run:
         return preflight.print_search(ws, ladder, overrides, seed, gpu, gpus, nodes)
-    regime_map.run_search(ws, seed, force, overrides, ladder, rungs)
+    run_search(ws, seed, force, overrides, ladder, rungs)
     ws.ctx.barrier()
 
 
@@ -361,7 +234,7 @@ def study_command(name: str, study: registry.Study):
         ws, seeds = seeded_workspace(scale, seeds, presets.DEFAULT_SEEDS.get(name, presets.DEFAULT_SEEDS["beyond"])[scale],
                                      runs_dir, results_dir,
                                      dry_run, overrides, compile_flag, device, tracker, lockstep, no_wait)
-        ws = studies.attach(ws, records_dir)
+        ws = studies.attach(ws, records_dir, dry_run)
         if dry_run:
             flops = preflight.print_dry_run(scale, preflight.study_groups(study, ws, seeds[0]), seeds, gpu, gpus, nodes)
             preflight.print_study(study, ws, seeds, flops)

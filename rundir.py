@@ -1,6 +1,7 @@
-"""A run's folder: config.json (the run it holds, checked before it is resumed or discarded), provenance.json,
-metrics.jsonl (and a tracker), done.json and its final evaluation, a shared prefix adopted. Its checkpoints
-(phase-<p>/, step-<n>/, latest/) are written, found and read back by checkpointing.py.
+"""A run's folder: config.json (the run it holds, checked before it is resumed or discarded), provenance.json (the
+commit, torch, machine and precision that trained it), metrics.jsonl (and a tracker), done.json and its final
+evaluation, a shared prefix adopted. Its checkpoints (phase-<p>/, step-<n>/, latest/) are written, found and read
+back by checkpointing.py.
 """
 from __future__ import annotations
 
@@ -14,8 +15,11 @@ from dataclasses import MISSING, asdict, fields
 from functools import partial
 from pathlib import Path
 
+import torch
+
 import config
 from plumbing import checkpoint
+from plumbing.devices import cpu_instructions, cpu_model
 from plumbing.errors import TrainingError
 from plumbing.locks import printable
 
@@ -112,6 +116,15 @@ def prepare_run_dir(config, run_dir: Path, force: bool, ctx, provenance: dict) -
     return False
 
 
+def provenance(ctx, dtype: torch.dtype, why: str) -> dict:
+    """What provenance.json records: the kit's commit, torch, the device, the CPU and the instructions torch uses
+    there (AVX2 and AVX-512 round differently), the ranks, threads and precision."""
+    device = torch.cuda.get_device_name(ctx.device) if ctx.device.type == "cuda" else ctx.device.type
+    return {"git_commit": git_commit(), "torch": torch.__version__, "device": device, "world_size": ctx.world,
+            "cpu": cpu_model(), "cpu_capability": cpu_instructions(),
+            "threads": torch.get_num_threads(), "precision": str(dtype).removeprefix("torch."), "precision_reason": why}
+
+
 def git_commit() -> str:
     """The kit's commit, with "+changes" when the working tree differs from it ("" outside git)."""
     def git(*args):
@@ -149,6 +162,18 @@ RESULT_KEYS = ("ce", "ppl", "kd")  # in every done.json; the reports read them
 # another world size only the order of adding per-batch float64 sums differs, ~1e-15 relative, and a GPU's
 # reductions ~1e-7): 1e-6 relative holds all of those and no edit of a printed (4-decimal) number.
 AGREE = 1e-6
+
+
+def write_done(run_dir: Path, final: dict | None, step: int, diverged: dict | None, ctx):
+    """done.json: the scheduled endpoint's evaluation at `step`, or, for a run that diverged, null numbers and the
+    divergence (an outcome, never a number). A finished run is not resumed: its latest/ goes."""
+    done = {**final, "step": step} if diverged is None else \
+        {**{k: None for k in RESULT_KEYS}, "step": step, "diverged": diverged}
+    if ctx.is_main:
+        checkpoint.write_json(run_dir / "done.json", done)
+        if diverged is None:  # a diverged run keeps its resume point beside the last good checkpoint
+            shutil.rmtree(run_dir / "latest", ignore_errors=True)
+    ctx.barrier()
 
 
 def final_eval(run_dir: Path) -> dict:

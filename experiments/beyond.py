@@ -92,8 +92,8 @@ def variant_workspace(ws: suite.Workspace, variant: Variant, seed: int) -> suite
     settings = dict(variant.settings)
     if settings.get("boundary") == "mirror-fwd":  # the matching pre-norm run of the same seed
         settings["boundary_source"] = str(ws.run_dir(replace(variant.run, norm="pre"), seed))
-    return replace(ws, preset=replace(ws.preset, run={**ws.preset.run, **settings}),
-                   student_runs=str(Path(ws.student_runs) / "beyond" / variant.folder))
+    return replace(ws, preset=presets.with_settings(ws.preset, {"run": settings}, f"the variant {variant.label!r}"),
+                   student_runs=str(Path(ws.student_runs) / "beyond" / variant.folder), suite_runs=ws.student_runs)
 
 
 def train_variants(ws: suite.Workspace, variants, seeds: list[int], force: bool = False):
@@ -122,9 +122,8 @@ def job_config(vws: suite.Workspace, run: RunName, seed: int, teacher: Path) -> 
     grow phase 0 (of block 0's placement): no intervention acts while one block is active, and a transplant's
     prefix is that block."""
     settings = suite.run_config(vws, run, seed, teacher=teacher)
-    variant = Path(vws.student_runs).parent.name == "beyond"
-    if settings.start_from and run.protocol == "freeze" and variant:
-        suite_ws = replace(vws, student_runs=str(Path(vws.student_runs).parent.parent))
+    if settings.start_from and run.protocol == "freeze" and vws.suite_runs is not None:
+        suite_ws = replace(vws, student_runs=vws.suite_runs, suite_runs=None)
         shared = suite_ws.run_dir(RunName(block0_placement(run), "grow"), seed) / "phase-0"
         settings = replace(settings, start_from=os.path.relpath(shared, vws.run_dir(run, seed)))
     return settings

@@ -102,11 +102,6 @@ def identity(job: Job, stored: dict) -> dict:
             "teacher": teacher_checksum(stored, job.folder)}
 
 
-def job_config(job: Job, teacher: Path) -> config.RunConfig:
-    """The settings the study trains the job with (a variant's freeze run starts from the suite's grow)."""
-    return beyond.job_config(job.ws, job.run, job.seed, teacher)
-
-
 # ----------------------------------------------------------------------------------------------
 # Reading and checking records
 
@@ -169,7 +164,7 @@ def survey(jobs: list[Job], teacher: Path, check_data: bool = True) -> Status:
             status.remaining.append(job)
             continue
         record = read_record(path)
-        stored = stored_form(job_config(job, teacher))
+        stored = stored_form(beyond.job_config(job.ws, job.run, job.seed, teacher))
         wanted = identity(job, stored) if check_data else {**record["identity"],
                                                            "config_sha256": digest(training_settings(stored))}
         why = stale_reason(record, wanted)
@@ -296,7 +291,7 @@ def write_folder(folder: Path, record: dict):
 
 def prefix_folder(job: Job, teacher: Path) -> Path | None:
     """The folder of the run whose phase checkpoint the job starts from (None: it starts from the teacher)."""
-    settings = job_config(job, teacher)
+    settings = beyond.job_config(job.ws, job.run, job.seed, teacher)
     if not settings.start_from:
         return None
     return Path(config.absolute_paths(stored_form(settings), job.folder)["start_from"]).parent
@@ -433,18 +428,20 @@ def recorded_machines(scale: str, records: Path = RECORDS_DIR) -> list[str]:
     return machines_markdown(rows) if rows else []
 
 
-def attach(ws: Workspace, records: Path | None) -> Workspace:
+def attach(ws: Workspace, records: Path | None, dry_run: bool = False) -> Workspace:
     """The workspace, recording each finished run under `records` (None: the kit's RECORDS_DIR; at smoke scale,
-    the tests' and CI's, none), its "auto" precision its records' (settle_precision)."""
+    the tests' and CI's, none), its "auto" precision its records' (settle_precision). The records' folder is
+    checked writable before any work, except for a dry run, which only reads them (a read-only clone may plan)."""
     records = records or (None if ws.preset.name == "smoke" else RECORDS_DIR)
     if records is None:
         return ws
-    check_writable(records / ws.runs.name)
+    if not dry_run:
+        check_writable(records / ws.runs.name)
     return settle_precision(replace(ws, records=records, on_finished=record_finished))
 
 
 # ----------------------------------------------------------------------------------------------
-# A search's rungs (regime.run_search): a rung is read from its student's and its teacher's weights, so its
+# A search's rungs (search.run_search): a rung is read from its student's and its teacher's weights, so its
 # record keeps the rung's whole row (the criterion, both diagnoses, cost and machine), not the run's files
 
 def rung_record_path(ws: Workspace, ladder: str, seed: int, index: int, name: str) -> Path:

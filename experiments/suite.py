@@ -26,7 +26,8 @@ import data
 import grow
 import prepare_shards
 import rundir
-from experiments.presets import PRESETS, Preset, apply_overrides, override_name
+from experiments.presets import PRESETS, Preset, apply_overrides
+from experiments.set_values import override_name
 from plumbing import checkpoint, corpora, devices, errors, faults, locks, paths, tokenizer
 from plumbing.hf_qwen3 import ModelConfig
 from progress import Runs
@@ -43,6 +44,8 @@ class Workspace:
     results: Path
     ctx: devices.Dist
     student_runs: str = ""  # a subfolder of runs/<scale>/ for students of a variant preset (regime.py)
+    # a variant's workspace (beyond.variant_workspace): the suite's student_runs its freeze runs start from
+    suite_runs: str | None = None
     tracker: str = ""       # rundir.TRACKERS: also log to TensorBoard or W&B
     lockstep: bool = True   # train a seed's runs together (repro.py: off on a GPU where lockstep_plan.fits says no)
     inputs: Preset | None = None  # the preset whose data and teacher these runs share (None: `preset`)

@@ -28,7 +28,7 @@ from click.testing import CliRunner
 from conftest import EVAL, EXPORT, GOOD_REFERENCE, POST, PRE, RUN, RUNS, SAMPLE, TABLE1, TEACHER, Case, at, case
 
 import repro
-from experiments import presets, reference, suite
+from experiments import presets, reference, set_values, suite
 from plumbing import errors
 
 smoke_set = lambda *items: presets.parse_overrides(presets.PRESETS["smoke"], items)  # --set items, as the CLI parses them
@@ -257,11 +257,11 @@ def test_a_log_damaged_where_only_a_report_reads_it_ends_in_one_line(bad: Case, 
 
 def test_a_set_value_with_a_control_character_never_reaches_a_folder_name_or_the_terminal():
     """Issue 50 §7: an ESC sequence in a --set text is refused, shown escaped (bad_options.py's cases: one line);
-    a name made of such a value anyway (presets.named) drops the characters and ends in the value's hash."""
+    a name made of such a value anyway (set_values.named) drops the characters and ends in the value's hash."""
     result = CliRunner().invoke(repro.cli, ["train", "--scale", "smoke", "--norm", "post", "--protocol", "grow", "--set",
                                             "data.path=corpus\x1b[2J.jsonl", "--dry-run"])
     assert result.exit_code == 2 and "\x1b" not in result.output and "corpus\\x1b[2J.jsonl" in result.output
-    assert presets.named("a\x1b[31mb").isprintable() and presets.named("a\u202eb") != presets.named("ab") == "ab"
+    assert set_values.named("a\x1b[31mb").isprintable() and set_values.named("a\u202eb") != set_values.named("ab") == "ab"
 
 
 # ---- issue 34: values by value -------------------------------------------------------------------
@@ -316,19 +316,19 @@ def test_every_number_a_set_can_change_has_a_range():
     one-line error naming the key, its ends are accepted."""
     preset = presets.PRESETS["smoke"]
     numbers = {}
-    for section, cls in presets.OVERRIDABLE.items():
+    for section, cls in set_values.OVERRIDABLE.items():
         known = {f.name: f.default for f in __import__("dataclasses").fields(cls)} if cls else {}
-        known.update({**(presets.DATA_OPTIONS if section == "data" else {}), **getattr(preset, section)})
+        known.update({**(set_values.DATA_OPTIONS if section == "data" else {}), **getattr(preset, section)})
         for name, value in known.items():
-            if name in presets.SET_BY_KIT.get(section, ()) or isinstance(value, (bool, str, dict)):
+            if name in set_values.SET_BY_KIT.get(section, ()) or isinstance(value, (bool, str, dict)):
                 continue
             if isinstance(value, (int, float, tuple)) or value is None:
                 numbers[f"{section}.{name}"] = name
     assert len(numbers) >= 40
-    missing = sorted(key for key, name in numbers.items() if name not in presets.RANGES)
+    missing = sorted(key for key, name in numbers.items() if name not in set_values.RANGES)
     assert not missing, f"no range for {missing}"
     for key, name in numbers.items():
-        low, high = presets.RANGES[name]
+        low, high = set_values.RANGES[name]
         too_big = high * 10 + 1 if isinstance(high, int) else high * 10
         value = ",".join([str(too_big)] * 2 if name == "betas" else [str(too_big)])
         with pytest.raises(errors.OptionError, match=f"{key.split('.')[1]}=.*expected"):

@@ -433,33 +433,33 @@ def test_long_documents_are_a_speechs_whole_paragraphs_up_to_a_length():
 def test_the_second_ladder_builds_each_rung_on_the_declared_one_and_every_override_applies():
     """a and b on rung 0, c on a with b's change, then each on the one before; every rung's --set items
     are accepted by the toy preset (known keys, valid values)."""
-    from experiments import presets, regime
+    from experiments import presets, search
     ladder = presets.LADDERS["second"]
     assert [r.name for r in ladder] == ["toy", "long-documents", "layers-3", "long-layers-3", "weight-decay",
                                         "teacher-x2", "width-256"]
-    assert [regime.rung_chain(ladder, i) for i in range(4)] == [[0], [0, 1], [0, 2], [0, 1, 3]]
-    assert regime.rung_chain(ladder, 6) == [0, 1, 3, 4, 5, 6]
-    b = dict(item.split("=") for item in regime.rung_overrides(ladder, 2))
+    assert [search.rung_chain(ladder, i) for i in range(4)] == [[0], [0, 1], [0, 2], [0, 1, 3]]
+    assert search.rung_chain(ladder, 6) == [0, 1, 3, 4, 5, 6]
+    b = dict(item.split("=") for item in search.rung_overrides(ladder, 2))
     assert b == {"run.layers_per_block": "3", "run.phase_steps": "1000", "run.eval_interval": "500",
                  "run.snapshot_interval": "500"}
-    c = dict(item.split("=") for item in regime.rung_overrides(ladder, 3))
+    c = dict(item.split("=") for item in search.rung_overrides(ladder, 3))
     assert c["data.document_chars"] == "3600" and c["run.layers_per_block"] == "3" and c["run.phase_steps"] == "1000"
     for index in range(len(ladder)):
-        preset, _ = presets.apply_overrides(presets.PRESETS["toy"], regime.rung_settings("toy", ladder, index))
+        preset, _ = presets.apply_overrides(presets.PRESETS["toy"], search.rung_settings("toy", ladder, index))
         assert preset.run["global_batch"] % preset.run["micro_batch"] == 0
-    assert regime.rung_chain(presets.LADDERS["toy"], 3) == [0, 1, 2, 3]  # the first search's ladder stays cumulative
+    assert search.rung_chain(presets.LADDERS["toy"], 3) == [0, 1, 2, 3]  # the first search's ladder stays cumulative
 
 
 def test_rungs_that_differ_only_in_student_settings_share_one_data_and_teacher(tmp_path):
     """Rung c (long documents and 3 layers a block) reuses rung a's teacher, as pre-registered: the data and
     teacher folder is named by the data and teacher changes alone (the teacher never reads run.*), and each
     rung's students sit in their own set/<run and diag changes>/ beside it; rung b stays beside rung 0's."""
-    from experiments import presets, regime, suite
+    from experiments import presets, search, suite
     ladder = presets.LADDERS["second"]
     ws = suite.workspace("toy", tmp_path / "runs", tmp_path / "results", dry_run=True)
-    a, b, c, d = (regime.rung_workspace(ws, ladder, i) for i in (1, 2, 3, 4))
+    a, b, c, d = (search.rung_workspace(ws, ladder, i) for i in (1, 2, 3, 4))
     assert a.teacher_dir == c.teacher_dir and a.data_dir == c.data_dir != ws.data_dir
-    assert a.run_dir(regime.SEARCH_RUN, 42) != c.run_dir(regime.SEARCH_RUN, 42)
+    assert a.run_dir(search.SEARCH_RUN, 42) != c.run_dir(search.SEARCH_RUN, 42)
     assert not any(item.startswith("run.") for item in a.runs.name.split("+", 1)[1].split(","))
     assert "data.document_chars=3600" in a.runs.name
     assert "run.layers_per_block=3" in c.students_dir.name and "run.layers_per_block" not in a.students_dir.name
@@ -475,27 +475,27 @@ def test_rungs_that_differ_only_in_student_settings_share_one_data_and_teacher(t
 def test_a_rung_names_its_machine_from_the_provenance_its_run_wrote():
     """provenance.json records the CPU and the instructions torch runs on it; the search's rows say so, and
     an older provenance without them says only what it has."""
-    import grow
-    from experiments import regime
+    import rundir
+    from experiments import search
     from plumbing import devices
-    made = grow.provenance(devices.Dist(), torch.float32, "auto")
+    made = rundir.provenance(devices.Dist(), torch.float32, "auto")
     assert made["cpu"] == devices.cpu_model() and made["cpu_capability"] == devices.cpu_instructions()
-    assert regime.machine(made) == f"{devices.cpu_model()} ({made['cpu_capability']}), float32"
-    assert regime.machine({"device": "cpu", "precision": "float32"}) == "cpu, float32"
-    assert regime.machine({"device": "NVIDIA H200", "cpu": "x", "precision": "bfloat16"}) == "NVIDIA H200, bfloat16"
+    assert search.machine(made) == f"{devices.cpu_model()} ({made['cpu_capability']}), float32"
+    assert search.machine({"device": "cpu", "precision": "float32"}) == "cpu, float32"
+    assert search.machine({"device": "NVIDIA H200", "cpu": "x", "precision": "bfloat16"}) == "NVIDIA H200, bfloat16"
 
 
 def test_the_teacher_criterion_looks_from_layer_2_on():
     """A massive activation and a sink layer both at layers >= 2 meet it; the same at layer 1 does not."""
-    from experiments import regime
+    from experiments import search
     def taught(massive_layer, sink_layer, layers=6):
         stats = [{"massive_ratio": 150.0 if b == massive_layer + 1 else 10.0} for b in range(layers + 1)]
         attention = [[0.5, 0.1, 0.1, 0.1] if layer == sink_layer else [0.1] * 4 for layer in range(layers)]
         return {"boundary_stats": stats, "first_token_attention": attention}
-    found = regime.teacher_mechanism(taught(3, 4))
+    found = search.teacher_mechanism(taught(3, 4))
     assert found == {"massive_ratio_from_layer": 150.0, "sink_heads_from_layer": 0.25, "present": True}
-    assert not regime.teacher_mechanism(taught(1, 4))["present"]
-    assert not regime.teacher_mechanism(taught(3, 1))["present"]
+    assert not search.teacher_mechanism(taught(1, 4))["present"]
+    assert not search.teacher_mechanism(taught(3, 1))["present"]
 
 
 @pytest.mark.slow

@@ -20,7 +20,7 @@ import config
 import data
 import repro
 import rundir
-from experiments import presets, registry, suite, tables, training
+from experiments import presets, registry, set_values, suite, tables, training
 from flops import forward_flops_per_token
 from plumbing import checkpoint, devices, errors, paths
 from tools import checkpoints, lockstep_plan, plan
@@ -369,7 +369,7 @@ def test_override_values_are_typed():
     assert new.run["lr"] == 3e-4 and new.data["max_len"] == 16 and new.run["betas"] == (0.9, 0.99)
     assert new.teacher_model["tie_word_embeddings"] is False and new.run["compile"] is True
     assert preset.run["lr"] == 3e-3  # the preset itself is unchanged
-    assert presets.override_name(changes) == ("data.max_len=16,run.betas=(0.9,0.99),run.compile=True,run.lr=0.0003,"
+    assert set_values.override_name(changes) == ("data.max_len=16,run.betas=(0.9,0.99),run.compile=True,run.lr=0.0003,"
                                             "teacher_model.tie_word_embeddings=False")
 
 
@@ -408,10 +408,10 @@ def test_checkpoint_and_shard_vocabularies_must_match():
 
 def test_long_override_names_are_cut_and_end_in_a_hash_of_the_whole():
     changes = {"run": {"phase_lrs": tuple([3e-3] * 40)}, "data": {"path": "/a" * 200}}
-    name = presets.override_name(changes)
-    other = presets.override_name({**changes, "data": {"path": "/b" * 200}})
-    assert len(name.encode()) == presets.OVERRIDE_NAME_BYTES and name != other and "~" in name
-    assert presets.override_name({"run": {"lr": 0.0003}}) == "run.lr=0.0003"  # short ones unchanged
+    name = set_values.override_name(changes)
+    other = set_values.override_name({**changes, "data": {"path": "/b" * 200}})
+    assert len(name.encode()) == set_values.OVERRIDE_NAME_BYTES and name != other and "~" in name
+    assert set_values.override_name({"run": {"lr": 0.0003}}) == "run.lr=0.0003"  # short ones unchanged
 
 
 def test_override_names_are_one_per_set_of_values():
@@ -420,7 +420,7 @@ def test_override_names_are_one_per_set_of_values():
     name it always had (existing workspaces and run folders keep theirs)."""
     sets = [{"data": {"path": v}} for v in ("/a/b", "/a_b", "_a_b", "a b", "ab", "a,data.source=local", "a~1")] + \
         [{"data": {"path": "a", "source": "local"}}]
-    names = [presets.override_name(changes) for changes in sets]
+    names = [set_values.override_name(changes) for changes in sets]
     assert len(set(names)) == len(names), names
     assert names[2] == "data.path=_a_b" and names[4] == "data.path=ab" and names[7] == "data.path=a,data.source=local"
     assert names[0].startswith("data.path=_a_b~") and names[3].startswith("data.path=ab~")

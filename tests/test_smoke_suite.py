@@ -247,7 +247,7 @@ def test_search_climbs_the_ladder_on_pre_norm_grow_and_reports_the_criterion(smo
     """The smoke ladder: rung 0 reuses the suite's pre-grow, rung 1 (more steps than the scale's shard
     holds) gets its own data and teacher; every rung's numbers are diag's on its last checkpoint, and
     no post-norm run is made."""
-    from experiments import regime
+    from experiments import search
     runs, _, _, _ = smoke
     results = runs.parent.parent / "search-results"
     repro_cli("search", "--scale", "smoke", "--runs-dir", runs.parent, "--results-dir", results)
@@ -262,7 +262,7 @@ def test_search_climbs_the_ladder_on_pre_norm_grow_and_reports_the_criterion(smo
     batch = data.diagnostic_batch(data.Shard(rung1 / "data" / "val"), 4, 16, 42)
     found = diag.diagnose_checkpoint(model.Student.load(rung1 / "s42" / "pre-grow" / "phase-2"), batch,
                                      tokenizer.qwen3_tokenizer(512).decode)
-    criterion = regime.mechanism(found)
+    criterion = search.mechanism(found)
     got = report["rungs"][1]["criterion"]
     assert got["passes"] == criterion["passes"] and not got["present"] and not criterion["present"]
     for key in presets.MECHANISM:  # the same batch and weights in another process

@@ -25,7 +25,7 @@ from rich.console import Console
 import data
 import grow
 import rundir
-from experiments import paper_reports, presets, regime, registry, studies, suite, tables, training
+from experiments import beyond, paper_reports, presets, regime, registry, search, studies, suite, tables, training
 from flops import forward_flops_per_token
 from plumbing import checkpoint, devices, errors, faults
 from tools import cpu_estimate, lockstep_plan, plan, rehearse, rehearse_real
@@ -136,7 +136,8 @@ def write_reports(ws: suite.Workspace, names: list[str], runs, seeds: list[int],
 
 def job_flops(job: studies.Job, teacher) -> float:
     """A run's FLOPs alone (a freeze run's phase 0 is its grow run's)."""
-    run = lockstep_plan.PlannedRun(job.run.name, studies.job_config(job, teacher), 1 if job.run.protocol == "freeze" else 0)
+    settings = beyond.job_config(job.ws, job.run, job.seed, teacher)
+    run = lockstep_plan.PlannedRun(job.run.name, settings, 1 if job.run.protocol == "freeze" else 0)
     return plan.print_plan(job.ws, [run], [job.seed], "h100", 1, Console(file=io.StringIO()))["separate"]["flops"]
 
 
@@ -166,13 +167,13 @@ def regime_groups(ws: suite.Workspace, grid: dict, seed: int) -> list:
 def print_search(ws: suite.Workspace, ladder: str, overrides, seed: int, gpu: str, gpus: int | None, nodes: int):
     """A search's dry run: each rung's record (where ws.records is set), then the plan of every rung left to train
     (the search stops at the first that meets its criterion, so at most this), each in the workspace
-    regime.rung_workspace makes, made here for a dry run: no folder."""
+    search.rung_workspace makes, made here for a dry run: no folder."""
     rungs, scale = presets.LADDERS[ladder], ws.preset.name
     groups, said = [], []
     for index, rung in enumerate(rungs):
         rws = suite.workspace(scale, ws.runs.parent, ws.results.parent, True,
-                              regime.rung_settings(scale, rungs, index) + overrides)
-        path, identity = regime.rung_record(ws, rws, ladder, seed, index, check_data=False)
+                              search.rung_settings(scale, rungs, index) + overrides)
+        path, identity = search.rung_record(ws, rws, ladder, seed, index, check_data=False)
         if path is not None and path.is_file():
             record = studies.read_record(path)
             why = studies.rung_stale_reason(record, identity)
@@ -180,7 +181,7 @@ def print_search(ws: suite.Workspace, ladder: str, overrides, seed: int, gpu: st
                                                            f"recorded on {studies.machine(record)}"))
             if not why:
                 continue
-        groups.append((rung.name, *planned(rws, [regime.SEARCH_RUN], seed)[1:]))
+        groups.append((rung.name, *planned(rws, [search.SEARCH_RUN], seed)[1:]))
     if said:
         suite.console.print("\n".join([f"records in {ws.records / ws.runs.name / 'search' / ladder}:", *said,
                                         "(the data and teacher are compared when it runs)"]), markup=False)
