@@ -29,7 +29,7 @@ from pathlib import Path
 import numpy as np
 
 import rundir
-from experiments import beyond, presets, report, studies, suite
+from experiments import beyond, presets, readings, report, studies, suite
 from experiments.beyond import Variant
 from experiments.suite import RunName
 
@@ -287,3 +287,43 @@ if __name__ == "__main__":  # the entry's numbers, from the committed records an
     print(json.dumps({"regular_rms_per_seed": measured, "regular_rms": statistics.fmean(measured),
                       "tail_37x": tail_value("toy", PAPER_RATIO, 128), "tail_6x": tail_value("toy", SMALL_RATIO, 128),
                       "power": power_table()}, indent=1))
+
+
+# ----------------------------------------------------------------------------------------------
+# The README's headline: the test's row and its sentence, from the committed records
+
+def recorded_outcome(scale: str) -> dict:
+    """outcome() of the study at `scale` as its committed records hold it."""
+    hidden, seeds = presets.teacher_shape(presets.PRESETS[scale]).hidden_size, presets.DEFAULT_SEEDS["tail"][scale]
+    return outcome(scale, hidden, seeds, from_records(studies.RECORDS_DIR / scale))
+
+
+def check_met(out: dict) -> bool:
+    """The manipulation check, read before the primary: every dosed pre-norm student's ratio at or above CHECK_RATIO."""
+    return all(check["met"] for check in out["checks"] if check["norm"] == "pre")
+
+
+def headline_cells(out: dict) -> list[str]:
+    """D and its reading once every pre-registered run is recorded (gated by the manipulation check), else how many are."""
+    if "family" not in out:
+        return [f"running: {out['recorded']} of {out['runs']} runs recorded", ""]
+    d = out["family"][0]["d"]
+    return [report.stats_cell(d, signed=True), readings.read(d) if check_met(out) else
+            "not read: its manipulation check failed"]
+
+
+def headline_claim(out: dict) -> list[str]:
+    """In plain words, once every run is in: whether the account's prediction held, D's interval, the power, the check."""
+    if "family" not in out:
+        return []
+    d, n = out["family"][0]["d"], len(out["seeds"])
+    verdict = readings.read(d)
+    held = ("is not read: its manipulation check failed" if not check_met(out) else "holds" if verdict == "above 0" else
+            "is neither confirmed nor refuted (inconclusive)" if verdict == "inconclusive" else
+            f"does not hold (D reads {verdict})")
+    return [f"- **the account's causal test** (`{out['scale']}`, {n} seeds; its manipulation check, boundary/regular RMS "
+            f">= {CHECK_RATIO:g} at every boundary of every pre-norm student with the 37x tail, "
+            f"{'met' if check_met(out) else 'failed'}): the account's prediction, D > 0, {held}: "
+            f"{report.stats_cell(d, signed=True)}; its power for the paper's size ({EFFECT:.3f}) was "
+            f"{power(EFFECT, PLANNING_SD, n):.2f} at the planned SD ({PLANNING_SD}), "
+            f"{power(EFFECT, PESSIMISTIC_SD, n):.2f} at the pessimistic one ({PESSIMISTIC_SD})."]
