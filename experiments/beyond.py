@@ -31,7 +31,8 @@ import config
 import grow
 import paper
 import rundir
-from experiments import figures, presets, report, suite, tables, training
+from experiments import figures, presets, reference, report, suite, tables, training
+from experiments.readings import by_row, ce_values, diverged_line, p_text, reading_cell, sentence, stats
 from experiments.suite import RunName
 from experiments.tables import POST_GROW, PRE_GROW
 from plumbing import corpora, locks
@@ -341,21 +342,10 @@ def run_planted(ws: suite.Workspace, seeds: list[int], force: bool = False) -> d
              f"Validation CE at the end of each grow run, {report.seeds_text(seeds)}; differences paired by seed. "
              "The outlier is added at the input of every appended block (phases 1-2) as a constant, so the "
              "backward form is unchanged (docs/preregistrations.md, 2026-12-02).", "",
-             report.diverged_line(diverged, len(variants) * len(seeds)), "",
-             "| run | validation CE | − the same run undosed | after block 0: mean RMS, kurtosis (monitor) |",
-             "| --- | --- | --- | --- |"]
-    lines += [f"| {r['variant']} | {report.stats_cell(r['ce'])} | {report.stats_cell(r['minus_undosed'], True)} | "
-              f"{range_cell(r['after_block_0'])} |" for r in rows]
-    lines += ["", "| outlier | Δgrow = post − pre |", "| --- | --- |"]
-    lines += [f"| {k} | {report.stats_cell(s, True)} |" for k, s in delta_grow.items()]
-    lines += ["", "## Primary endpoint: the dose × placement interaction", "",
-              "I = (pre dosed − pre) − (post dosed − post); the paper's account predicts I > 0. p (Holm): a "
-              "one-sample t-test that I is 0, adjusted over the two doses. Reading: above or below 0 where p (Holm) "
-              f"< 0.05, a tie within ±{presets.TIE_MARGIN:g} where the 90% interval lies inside it (TOST), else "
-              "inconclusive; the last column is the smallest margin these seeds could have called a tie.", "",
-              "| outlier | I | p (Holm) | reading | smallest tie margin |", "| --- | --- | --- | --- | --- |"]
-    lines += [f"| {r['dose']} | {report.stats_cell(r['interaction'], True)} | {report.fmt(r['p_holm'], 3)} | "
-              f"{r['reading']} | {report.fmt(r['smallest_tie_margin'], 4)} |" for r in interactions]
+             *planted_lines(reference.report_numbers(report.finite(out)), seeds),
+             "After block 0, as the monitor read the boundary once block 1 reads it (mean RMS, kurtosis; live runs only):",
+             "", "| run | after block 0 |", "| --- | --- |"]
+    lines += [f"| {r['variant']} | {range_cell(r['after_block_0'])} |" for r in rows]
     report.write(ws.results, "planted", out, lines)
     suite.console.print("\n".join(lines), markup=False)
     return out
@@ -363,6 +353,29 @@ def run_planted(ws: suite.Workspace, seeds: list[int], force: bool = False) -> d
 
 # ----------------------------------------------------------------------------------------------
 # placements
+
+def planted_lines(numbers: dict, seeds: list[int]) -> list[str]:
+    """The planted report's one renderer, for its live numbers (run_planted, through reference.report_numbers) and its
+    shipped ones (the results page) alike: {"<row>: <quantity>": per-seed values} over `seeds`."""
+    rows, ce = by_row(numbers), ce_values(numbers)
+    interactions = planted_interactions(ce)
+    lines = ["## planted", "", "Placement (pre, post) × a planted boundary outlier under growth; the primary "
+             "endpoint is each dose's interaction I = (pre dosed − pre) − (post dosed − post), which the paper's "
+             "account predicts above 0; one family over the doses, Holm-adjusted. The paper ran none of these.", "",
+             diverged_line({row: q["ce"] for row, q in rows.items() if "ce" in q}, seeds, "runs"), "",
+             "| run | validation CE | − the same run undosed |", "| --- | --- | --- |"]
+    lines += [f"| {row} | {report.stats_cell(stats(q['ce']))} | {report.stats_cell(stats(q['minus_undosed']), True)} |"
+              for row, q in rows.items() if "ce" in q and "minus_undosed" in q]
+    lines += ["", "| outlier | Δgrow = post − pre |", "| --- | --- |"]
+    lines += [f"| {dose} | {report.stats_cell(stats(v), True)} |" for dose, v in rows.get("delta_grow", {}).items()]
+    lines += ["", f"The paper's Δgrow: {paper.DELTAS['delta_grow']:+.4f}.", "", "| outlier | I | p (Holm) | reading |",
+              "| --- | --- | --- | --- |"]
+    lines += [f"| {r['dose']} | {report.stats_cell(r['interaction'], True)} | {p_text(r['p_holm'])} | "
+              f"{reading_cell(r['interaction'], r['p_holm'])} |" for r in interactions]
+    lines += ["", "Readings (the primary endpoint):", ""]
+    lines += [f"- {sentence('I, ' + r['dose'], r['interaction'], r['p_holm'], len(interactions))}" for r in interactions]
+    return lines + [""]
+
 
 def placement_runs(placements=PLACEMENT_RUNS) -> list[RunName]:
     return [RunName(p, protocol) for p in placements for protocol in ("joint", "grow")]

@@ -22,7 +22,19 @@ from functools import partial
 from pathlib import Path
 
 from experiments import beyond, ideas, page_figures, reference, report, studies, tables, tail
-from experiments.readings import RULE, diverged_line, holm_family, p_text, read, reading_cell, seeds_of, sentence, stats
+from experiments.readings import (
+    RULE,
+    by_row,
+    ce_values,
+    diverged_line,
+    holm_family,
+    p_text,
+    read,
+    reading_cell,
+    seeds_of,
+    sentence,
+    stats,
+)
 from paper import DELTAS, PAPER
 from plumbing import checkpoint
 from plumbing.errors import UsageError
@@ -150,20 +162,6 @@ def experiment_section(name: str, reference: dict, full: bool) -> list[str]:
 # ----------------------------------------------------------------------------------------------
 # Beyond the paper: the families read with Holm, and scratch
 
-def by_row(numbers: dict) -> dict[str, dict[str, list]]:
-    """{row: {quantity: per-seed values}} of a report whose keys are "<row>: <quantity>"."""
-    rows: dict[str, dict[str, list]] = {}
-    for key, values in numbers.items():
-        row, _, quantity = key.rpartition(": ")
-        rows.setdefault(row, {})[quantity] = values
-    return rows
-
-
-def ce_values(numbers: dict) -> dict[str, list]:
-    """{variant: its final CE per seed} of a variant report (intervention, planted); null as NaN."""
-    return {row: [math.nan if v is None else v for v in q["ce"]] for row, q in by_row(numbers).items() if "ce" in q}
-
-
 def placement_family(numbers: dict) -> tuple[dict, dict]:
     """({(placement, quantity): stats}, {(placement, Δ): Holm-adjusted p}) of the placements report: the
     declared family is every placement's Δjoint and Δgrow against pre-norm."""
@@ -235,25 +233,7 @@ def intervention_section(reference: dict) -> list[str]:
 
 
 def planted_section(reference: dict) -> list[str]:
-    seeds, numbers = seeds_of(reference, "planted"), reference["tables"]["planted"]
-    rows, ce = by_row(numbers), ce_values(numbers)
-    interactions = beyond.planted_interactions(ce)
-    lines = ["## planted", "", "Placement (pre, post) × a planted boundary outlier under growth; the primary "
-             "endpoint is each dose's interaction I = (pre dosed − pre) − (post dosed − post), which the paper's "
-             "account predicts above 0; one family over the doses, Holm-adjusted. The paper ran none of these.", "",
-             diverged_line({row: q["ce"] for row, q in rows.items() if "ce" in q}, seeds, "runs"), "",
-             "| run | validation CE | − the same run undosed |", "| --- | --- | --- |"]
-    lines += [f"| {row} | {report.stats_cell(stats(q['ce']))} | {report.stats_cell(stats(q['minus_undosed']), True)} |"
-              for row, q in rows.items() if "ce" in q and "minus_undosed" in q]
-    lines += ["", "| outlier | Δgrow = post − pre |", "| --- | --- |"]
-    lines += [f"| {dose} | {report.stats_cell(stats(v), True)} |" for dose, v in rows.get("delta_grow", {}).items()]
-    lines += ["", f"The paper's Δgrow: {DELTAS['delta_grow']:+.4f}.", "", "| outlier | I | p (Holm) | reading |",
-              "| --- | --- | --- | --- |"]
-    lines += [f"| {r['dose']} | {report.stats_cell(r['interaction'], True)} | {p_text(r['p_holm'])} | "
-              f"{reading_cell(r['interaction'], r['p_holm'])} |" for r in interactions]
-    lines += ["", "Readings (the primary endpoint):", ""]
-    lines += [f"- {sentence('I, ' + r['dose'], r['interaction'], r['p_holm'], len(interactions))}" for r in interactions]
-    return lines + [""]
+    return beyond.planted_lines(reference["tables"]["planted"], seeds_of(reference, "planted"))
 
 
 def scratch_section(reference: dict) -> list[str]:

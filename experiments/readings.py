@@ -89,3 +89,17 @@ def diverged_line(values: dict[str, list], seeds: list[int], what: str) -> str:
         return f"Seeds {', '.join(map(str, seeds))}; diverged: none of the {total} {what}."
     return (f"Seeds {', '.join(map(str, seeds))}; diverged: {len(bad)} of the {total} {what} ({', '.join(bad)}): "
             "a number it enters shows its seeds' values, with no mean, interval or reading.")
+
+
+def by_row(numbers: dict) -> dict[str, dict[str, list]]:
+    """{row: {quantity: per-seed values}} of a report whose keys are "<row>: <quantity>"."""
+    rows: dict[str, dict[str, list]] = {}
+    for key, values in numbers.items():
+        row, _, quantity = key.rpartition(": ")
+        rows.setdefault(row, {})[quantity] = values
+    return rows
+
+
+def ce_values(numbers: dict) -> dict[str, list]:
+    """{variant: its final CE per seed} of a variant report (intervention, planted); null as NaN."""
+    return {row: [math.nan if v is None else v for v in q["ce"]] for row, q in by_row(numbers).items() if "ce" in q}

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from experiments import beyond, report
+from experiments import beyond, reference, report
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -64,6 +64,9 @@ def test_planted_at_smoke_trains_each_cell_with_its_dose(tmp_path):
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     out = json.loads((tmp_path / "results" / "smoke" / "planted.json").read_text())
     assert out["diverged_runs"] == [] and len(out["rows"]) == 6
+    # one renderer: the live report shows what the results page renders from the same numbers, shipped
+    live = (tmp_path / "results" / "smoke" / "planted.md").read_text()
+    assert "\n".join(beyond.planted_lines(reference.report_numbers(out), out["seeds"])) in live
     ce = {}
     for row in out["rows"]:
         folder = tmp_path / "runs" / "smoke" / "s42" / row["run"]
