@@ -32,7 +32,7 @@ import grow
 import paper
 import rundir
 from experiments import figures, presets, reference, report, suite, tables, training
-from experiments.readings import by_row, ce_values, diverged_line, p_text, reading_cell, sentence, stats
+from experiments.readings import POST_HOC, by_row, ce_values, diverged_line, p_text, reading_cell, sentence, stats
 from experiments.suite import RunName
 from experiments.tables import POST_GROW, PRE_GROW
 from plumbing import corpora, locks
@@ -256,32 +256,19 @@ def run_intervention(ws: suite.Workspace, seeds: list[int], force: bool = False)
            "diverged_runs": diverged, "separations": separations, "tie_margin": presets.TIE_MARGIN, "figure": str(figure),
            "about": __doc__.split("\n\n")[1]}
     lines = [f"# Boundary interventions ({ws.preset.name} scale)", "",
-             f"Validation CE at the end of each run, {report.seeds_text(seeds)}; differences paired by seed. A "
-             "transplant is read against the suite's freeze run of its prefix's placement.", "",
+             f"Validation CE at the end of each run, {report.seeds_text(seeds)}; differences paired by seed.", "",
              report.diverged_line(diverged, len(variants) * len(seeds)), "",
-             "| variant | validation CE | − the suite's same run | − pre-grow | − post-grow | after block 0: mean RMS, "
-             "kurtosis (monitor) |", "| --- | --- | --- | --- | --- | --- |"]
-    lines += [f"| {r['variant']} | {report.stats_cell(r['ce'])} | {report.stats_cell(r['minus_suite_run'], True)} | "
-              f"{report.stats_cell(r['minus_pre_grow'], True)} | {report.stats_cell(r['minus_post_grow'], True)} | "
-              f"{range_cell(r['after_block_0'])} |" for r in rows]
-    lines += ["", "## What separates what", "",
-              "Read as declared before these runs (README, \"Boundary interventions\"): under freeze no gradient "
-              "reaches the prefix, so the freeze and transplant contrasts are forward effects alone; rescale-fwd, "
-              "-detached and -full share one forward, so their differences are the backward channel alone; "
-              "rescale-fwd is forward-only but not boundary-only (rescaling the stream reweights block 0's output "
-              "against the embedding for every later block). A transplant also switches the head's interface "
-              "(final norm or none), so its contrasts carry that change too. "
-              f"p (Holm): a one-sample t-test that the paired Δ is 0, adjusted by Holm's method over the "
-              f"{len(separations)} contrasts below. Reading: below or above 0 where p (Holm) < 0.05, a tie within "
-              f"±{presets.TIE_MARGIN:g} nats where the 90% interval lies inside it (TOST), else inconclusive; the last "
-              "column is the smallest margin these seeds could have called a tie within.", "",
-              "| contrast | runs | Δ CE | p (Holm) | reading | smallest tie margin |",
-              "| --- | --- | --- | --- | --- | --- |"]
-    lines += [f"| {r['contrast']} | {contrast_runs(r)} | {report.stats_cell(r['delta'], True)} | "
-              f"{'n/a' if math.isnan(r['p_holm']) else format(r['p_holm'], '.3g')} | {r['reading']} | "
-              f"{report.fmt(r['smallest_tie_margin'], 4)} |" for r in separations]
-    lines += ["", "The monitor column: the smallest and largest value over the boundary monitor's rows once block 1 "
-                  "exists (phases 1 and 2), all seeds; \"n/a\" for runs trained without the monitor."]
+             *intervention_lines(reference.report_numbers(report.finite(out)), seeds),
+             "How the contrasts read, as declared before these runs (README, \"Boundary interventions\"): under freeze "
+             "no gradient reaches the prefix, so the freeze and transplant contrasts are forward effects alone; "
+             "rescale-fwd, -detached and -full share one forward, so their differences are the backward channel alone; "
+             "rescale-fwd is forward-only but not boundary-only (rescaling the stream reweights block 0's output "
+             "against the embedding for every later block). A transplant also switches the head's interface (final "
+             "norm or none), so its contrasts carry that change too.", "",
+             "After block 0, the smallest and largest value over the boundary monitor's rows once block 1 exists "
+             "(phases 1 and 2), all seeds; \"n/a\" for runs trained without the monitor (live runs only):", "",
+             "| variant | after block 0: mean RMS, kurtosis |", "| --- | --- |"]
+    lines += [f"| {r['variant']} | {range_cell(r['after_block_0'])} |" for r in rows]
     lines += ["", "![boundary monitor](intervention.png)"]
     report.write(ws.results, "intervention", out, lines)
     suite.console.print("\n".join(lines), markup=False)
@@ -293,6 +280,33 @@ def run_intervention(ws: suite.Workspace, seeds: list[int], force: bool = False)
 
 DOSES = (("dose-boundary", 37.0, "dose-boundary-37", "the boundary token at 37x"),
          ("dose-channel", 1000.0, "dose-channel-1000", "one channel at 1000x"))
+
+
+def intervention_lines(numbers: dict, seeds: list[int]) -> list[str]:
+    """The intervention report's one renderer, for its live numbers (run_intervention, through
+    reference.report_numbers) and its shipped ones (the results page): {"<row>: <quantity>": per-seed values}."""
+    rows, ce = by_row(numbers), ce_values(numbers)
+    contrasts = intervention_contrasts(ce)
+    lines = ["## intervention", "", "Boundary interventions: validation CE per variant and differences paired by "
+             "seed (a transplant against the suite's freeze run of its prefix's placement). The paper ran none of "
+             "these; Appendix B.1 asks for them.", "",
+             diverged_line({row: q["ce"] for row, q in rows.items() if "ce" in q}, seeds, "runs"), "",
+             "| variant | validation CE | − the suite's same run | − pre-grow | − post-grow |",
+             "| --- | --- | --- | --- | --- |"]
+    for row, q in rows.items():
+        if "ce" in q:
+            cells = [report.stats_cell(stats(q["ce"]))] + [report.stats_cell(stats(q[k]), True) for k in
+                                                            ("minus_suite_run", "minus_pre_grow", "minus_post_grow")]
+            lines.append(f"| {row} | " + " | ".join(cells) + " |")
+    lines += ["", f"What separates what: one family of {len(contrasts)} contrasts, Holm-adjusted "
+              "(beyond.intervention_contrasts).", "", "| contrast | runs | Δ CE | p (Holm) | reading |",
+              "| --- | --- | --- | --- | --- |"]
+    lines += [f"| {c['contrast']} | {contrast_runs(c)} | {report.stats_cell(c['delta'], True)} | "
+              f"{p_text(c['p_holm'])} | {reading_cell(c['delta'], c['p_holm'])} |" for c in contrasts]
+    lines += ["", "Readings:", ""]
+    post_hoc = lambda c: " (post hoc)" if c["contrast"] in POST_HOC["intervention"] else ""
+    lines += [f"- {sentence(c['contrast'] + post_hoc(c), c['delta'], c['p_holm'], len(contrasts))}" for c in contrasts]
+    return lines + [""]
 
 
 def planted_variants() -> tuple[Variant, ...]:
@@ -342,6 +356,7 @@ def run_planted(ws: suite.Workspace, seeds: list[int], force: bool = False) -> d
              f"Validation CE at the end of each grow run, {report.seeds_text(seeds)}; differences paired by seed. "
              "The outlier is added at the input of every appended block (phases 1-2) as a constant, so the "
              "backward form is unchanged (docs/preregistrations.md, 2026-12-02).", "",
+             report.diverged_line(diverged, len(variants) * len(seeds)), "",
              *planted_lines(reference.report_numbers(report.finite(out)), seeds),
              "After block 0, as the monitor read the boundary once block 1 reads it (mean RMS, kurtosis; live runs only):",
              "", "| run | after block 0 |", "| --- | --- |"]
