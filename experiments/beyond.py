@@ -23,29 +23,27 @@ from runs/<scale>/s<seed>/; the interventions and scratch runs live in runs/<sca
 from __future__ import annotations
 
 import math
-import os
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, replace
 from pathlib import Path
 
-import config
-import grow
 import paper
 import rundir
 from experiments import figures, presets, reference, report, suite, tables, training
 from experiments.readings import POST_HOC, by_row, ce_values, diverged_line, p_text, reading_cell, sentence, stats
 from experiments.suite import RunName
 from experiments.tables import POST_GROW, PRE_GROW
-from plumbing import corpora, locks
+from experiments.variants import (
+    Variant,
+    block0_placement,
+    internal_boundary_range,
+    range_cell,
+    train_variants,
+    variant_outcomes,
+    variant_workspace,
+)
+from plumbing import corpora
 
 PLACEMENT_RUNS = ("pre", "post", "sandwich", "peri", "hybrid", "deepnorm", "pre,post,post")
-
-
-@dataclass(frozen=True)
-class Variant:
-    label: str                 # how the report names it
-    run: RunName               # the run it changes (pre-grow, ...)
-    folder: str = ""           # runs/<scale>/beyond/<folder>/; "" for the suite's own run
-    settings: dict = field(default_factory=dict)  # RunConfig fields it changes
 
 
 PRE_FREEZE, POST_FREEZE = RunName("pre", "freeze"), RunName("post", "freeze")
@@ -86,83 +84,8 @@ def interventions(blocks: int) -> tuple[Variant, ...]:
         Variant("transplant: post-norm prefix, pre-norm appended", transplant("post", "pre"), "transplant-post-pre"))
 
 
-def variant_workspace(ws: suite.Workspace, variant: Variant, seed: int) -> suite.Workspace:
-    """The workspace a variant's run lives in (the suite's own for a run without changes)."""
-    if not variant.folder:
-        return ws
-    settings = dict(variant.settings)
-    if settings.get("boundary") == "mirror-fwd":  # the matching pre-norm run of the same seed
-        settings["boundary_source"] = str(ws.run_dir(replace(variant.run, norm="pre"), seed))
-    return replace(ws, preset=presets.with_settings(ws.preset, {"run": settings}, f"the variant {variant.label!r}"),
-                   student_runs=str(Path(ws.student_runs) / "beyond" / variant.folder), suite_runs=ws.student_runs)
-
-
-def train_variants(ws: suite.Workspace, variants, seeds: list[int], force: bool = False):
-    """The suite's runs first (the mirror reads pre-grow), then each seed's variant runs in lockstep."""
-    teacher = suite.ensure_inputs(ws, force)
-    named = {seed: [(variant_workspace(ws, v, seed), v.run) for v in variants if v.folder] for seed in seeds}
-    planned = {seed: [(job_config(vws, run, seed, teacher), vws.run_dir(run, seed)) for vws, run in named[seed]]
-               for seed in seeds}
-    ws.progress.plan([job for seed in seeds for job in planned[seed]])  # counted from the suite's first run on
-    training.ensure_runs(ws, suite_runs(variants), seeds, force, teacher=teacher)
-    for seed in seeds:
-        jobs = planned[seed]
-        # in lockstep a seed's variants train together; apart, each alone, so a study records each as it
-        # finishes, a run another process is training left for later (two processes share out one study)
-        apart = locks.free_first([folder for _, folder in jobs])
-        for group in [list(range(len(jobs)))] if ws.lockstep else ([i] for i in apart):
-            grow.train_together([jobs[i] for i in group], force=force, ctx=ws.ctx, tracker=ws.tracker, wait=ws.wait,
-                                counted=ws.progress)
-            for i in group:
-                if ws.on_finished is not None and ws.ctx.is_main:
-                    ws.on_finished(*named[seed][i], seed)
-
-
-def job_config(vws: suite.Workspace, run: RunName, seed: int, teacher: Path) -> config.RunConfig:
-    """A run's settings in its workspace; a variant's freeze run (in beyond/<folder>/) starts from the suite's
-    grow phase 0 (of block 0's placement): no intervention acts while one block is active, and a transplant's
-    prefix is that block."""
-    settings = suite.run_config(vws, run, seed, teacher=teacher)
-    if settings.start_from and run.protocol == "freeze" and vws.suite_runs is not None:
-        suite_ws = replace(vws, student_runs=vws.suite_runs, suite_runs=None)
-        shared = suite_ws.run_dir(RunName(block0_placement(run), "grow"), seed) / "phase-0"
-        settings = replace(settings, start_from=os.path.relpath(shared, vws.run_dir(run, seed)))
-    return settings
-
-
-def variant_outcomes(ws: suite.Workspace, variants, seeds: list[int]) -> tuple[dict, list[str]]:
-    """({variant label: its final CE per seed}, the variants' diverged runs)."""
-    ce = {v.label: [report.final_ce(variant_workspace(ws, v, s), v.run, s) for s in seeds] for v in variants}
-    diverged = [d for v in variants for s in seeds
-                for d in report.diverged_runs(variant_workspace(ws, v, s), [v.run], [s])]
-    return ce, diverged
-
-
-def suite_runs(variants) -> list[RunName]:
-    """The suite's own runs among the variants (those without a folder of their own), each once, by name."""
-    return sorted({v.run for v in variants if not v.folder}, key=lambda run: run.name)
-
-
-def internal_boundary_range(run_dirs: list[Path], phase_steps: int) -> dict:
-    """{"mean": [lo, hi], "kurtosis": [lo, hi]} of the boundary after block 0 over the runs' monitor
-    rows once block 1 reads it (after the first phase); {} where the runs have no such rows."""
-    rows = [r["boundaries"][1] for d in run_dirs for r in rundir.monitor_series(d) if r["step"] > phase_steps]
-    return {key: [min(r[key] for r in rows), max(r[key] for r in rows)] for key in ("mean", "kurtosis")} if rows else {}
-
-
-def range_cell(ranges: dict) -> str:
-    if not ranges:
-        return "n/a"
-    return f"{ranges['mean'][0]:.2f}–{ranges['mean'][1]:.2f}, {ranges['kurtosis'][0]:.1f}–{ranges['kurtosis'][1]:.1f}"
-
-
 # ----------------------------------------------------------------------------------------------
 # intervention
-
-def block0_placement(run: RunName) -> str:
-    """The placement of a run's block 0 (a transplant's prefix)."""
-    return run.norm.split(",")[0].strip()
-
 
 def suite_run(v: Variant) -> RunName:
     """The suite's run a variant is read against: its own run, or for a transplant the freeze run of
@@ -275,13 +198,6 @@ def run_intervention(ws: suite.Workspace, seeds: list[int], force: bool = False)
     return out
 
 
-# ----------------------------------------------------------------------------------------------
-# planted: the mechanism put in by hand, in both placements (docs/preregistrations.md, 2026-12-02)
-
-DOSES = (("dose-boundary", 37.0, "dose-boundary-37", "the boundary token at 37x"),
-         ("dose-channel", 1000.0, "dose-channel-1000", "one channel at 1000x"))
-
-
 def intervention_lines(numbers: dict, seeds: list[int]) -> list[str]:
     """The intervention report's one renderer, for its live numbers (run_intervention, through
     reference.report_numbers) and its shipped ones (the results page): {"<row>: <quantity>": per-seed values}."""
@@ -307,6 +223,13 @@ def intervention_lines(numbers: dict, seeds: list[int]) -> list[str]:
     post_hoc = lambda c: " (post hoc)" if c["contrast"] in POST_HOC["intervention"] else ""
     lines += [f"- {sentence(c['contrast'] + post_hoc(c), c['delta'], c['p_holm'], len(contrasts))}" for c in contrasts]
     return lines + [""]
+
+
+# ----------------------------------------------------------------------------------------------
+# planted: the mechanism put in by hand, in both placements (docs/preregistrations.md, 2026-12-02)
+
+DOSES = (("dose-boundary", 37.0, "dose-boundary-37", "the boundary token at 37x"),
+         ("dose-channel", 1000.0, "dose-channel-1000", "one channel at 1000x"))
 
 
 def planted_variants() -> tuple[Variant, ...]:
@@ -366,9 +289,6 @@ def run_planted(ws: suite.Workspace, seeds: list[int], force: bool = False) -> d
     return out
 
 
-# ----------------------------------------------------------------------------------------------
-# placements
-
 def planted_lines(numbers: dict, seeds: list[int]) -> list[str]:
     """The planted report's one renderer, for its live numbers (run_planted, through reference.report_numbers) and its
     shipped ones (the results page) alike: {"<row>: <quantity>": per-seed values} over `seeds`."""
@@ -391,6 +311,9 @@ def planted_lines(numbers: dict, seeds: list[int]) -> list[str]:
     lines += [f"- {sentence('I, ' + r['dose'], r['interaction'], r['p_holm'], len(interactions))}" for r in interactions]
     return lines + [""]
 
+
+# ----------------------------------------------------------------------------------------------
+# placements
 
 def placement_runs(placements=PLACEMENT_RUNS) -> list[RunName]:
     return [RunName(p, protocol) for p in placements for protocol in ("joint", "grow")]

@@ -18,9 +18,9 @@ import math
 from dataclasses import dataclass
 
 import rundir
-from experiments import beyond, presets, readouts, report, studies, suite, tables, training
-from experiments.beyond import Variant
+from experiments import presets, readouts, report, studies, suite, tables, training
 from experiments.suite import RunName
+from experiments.variants import Variant, train_variants, variant_outcomes, variant_workspace
 
 SEARCH_SEED = 41  # idea 4's search seed, outside the evaluation seeds (42, 43, 44)
 DOSE = {"boundary": "dose-boundary", "boundary_scale": 37.0}
@@ -208,7 +208,7 @@ def manifest(ws: suite.Workspace, seeds: list[int], chosen: RunName | None = Non
     """Every run the study needs: the search's on its seed, then each seed's variants and baselines (and the
     chosen schedule's, once known)."""
     jobs = [studies.Job(ws, run, SEARCH_SEED) for run in search_runs(ws.preset.run["blocks"])]
-    jobs += [studies.Job(beyond.variant_workspace(ws, v, s), v.run, s) for s in seeds for v in study_variants(chosen)[1]]
+    jobs += [studies.Job(variant_workspace(ws, v, s), v.run, s) for s in seeds for v in study_variants(chosen)[1]]
     return studies.unique(jobs)
 
 
@@ -239,15 +239,15 @@ def run_ideas(ws: suite.Workspace, seeds: list[int], force: bool = False) -> dic
     if chosen not in (None, PRE, POST):
         restore_records(ws, seeds, chosen, force)
     contrasts, variants = study_variants(chosen)
-    beyond.train_variants(ws, variants, seeds, force)
+    train_variants(ws, variants, seeds, force)
     if not ws.ctx.is_main:
         return {}
-    ce, diverged = beyond.variant_outcomes(ws, variants, seeds)
+    ce, diverged = variant_outcomes(ws, variants, seeds)
     rows = []
     for c in contrasts:
         delta = report.paired(ce[c.variant.label], ce[c.baseline.label])
-        events = [transition_events(beyond.variant_workspace(ws, c.variant, s).run_dir(c.variant.run, s)) for s in seeds]
-        jumps = [[transition_jump(beyond.variant_workspace(ws, v, s), v.run, s) for s in seeds]
+        events = [transition_events(variant_workspace(ws, c.variant, s).run_dir(c.variant.run, s)) for s in seeds]
+        jumps = [[transition_jump(variant_workspace(ws, v, s), v.run, s) for s in seeds]
                  for v in (c.variant, c.baseline)]
         rows.append({"idea": c.idea, "primary": c.primary, "variant": c.variant.label, "baseline": c.baseline.label,
                      "settings": c.variant.settings, "variant_ce": report.across_seeds(ce[c.variant.label]),
@@ -256,7 +256,7 @@ def run_ideas(ws: suite.Workspace, seeds: list[int], force: bool = False) -> dic
                      "baseline_jump": report.across_seeds(jumps[1]),
                      "jump_delta": report.paired(*jumps)})
         if c.idea == 3:  # the remedy's target: a near-identity last block
-            removal = [[last_block_removal(beyond.variant_workspace(ws, v, s), v.run, s) for s in seeds]
+            removal = [[last_block_removal(variant_workspace(ws, v, s), v.run, s) for s in seeds]
                        for v in (c.variant, c.baseline)]
             rows[-1]["last_block_removal"] = {"option": report.across_seeds(removal[0]),
                                               "baseline": report.across_seeds(removal[1]),

@@ -6,7 +6,7 @@ plans and prices every entry the same way. Adding one is one file (its runs and 
     python repro.py planted --scale toy            # STUDIES["planted"].run(ws, seeds, force)
 
 An entry's `groups(ws, seed)` lists (label, workspace, runs, seed) for the dry run: the suite's runs in the
-workspace itself, each variant's in its own folder (beyond.variant_workspace). Its `manifest(ws, seeds)` is
+workspace itself, each variant's in its own folder (variants.variant_workspace). Its `manifest(ws, seeds)` is
 the study's runs, restored from their records before anything trains, and a note for the dry run (None: it
 records its runs but trains them all, whatever their records say).
 """
@@ -16,8 +16,8 @@ from dataclasses import dataclass
 from typing import Callable
 
 from experiments import beyond, ideas, studies, tables, tail
-from experiments.beyond import Variant
 from experiments.suite import RunName, Workspace
+from experiments.variants import Variant, suite_runs, variant_workspace
 
 Group = tuple[str, Workspace, list[RunName], int]
 
@@ -31,10 +31,10 @@ class Study:
 
 
 def variant_groups(variants: list[Variant]) -> Callable[[Workspace, int], list[Group]]:
-    """beyond.Variant runs as groups: the suite's own, then each variant's one run in its folder."""
+    """Variant runs as groups: the suite's own, then each variant's one run in its folder."""
     def groups(ws: Workspace, seed: int) -> list[Group]:
-        own = [(", ".join(r.name for r in beyond.suite_runs(variants)), ws, beyond.suite_runs(variants), seed)]
-        return own + [(v.label, beyond.variant_workspace(ws, v, seed), [v.run], seed) for v in variants if v.folder]
+        own = [(", ".join(r.name for r in suite_runs(variants)), ws, suite_runs(variants), seed)]
+        return own + [(v.label, variant_workspace(ws, v, seed), [v.run], seed) for v in variants if v.folder]
     return groups
 
 

@@ -25,7 +25,7 @@ from pathlib import Path
 import config
 import diag
 import rundir
-from experiments import beyond, readouts, report, suite, tables
+from experiments import readouts, report, suite, tables, variants
 from experiments.record_files import (
     FORMAT,
     BadRecord,
@@ -164,7 +164,7 @@ def survey(jobs: list[Job], teacher: Path, check_data: bool = True) -> Status:
             status.remaining.append(job)
             continue
         record = read_record(path)
-        stored = stored_form(beyond.job_config(job.ws, job.run, job.seed, teacher))
+        stored = stored_form(variants.job_config(job.ws, job.run, job.seed, teacher))
         wanted = identity(job, stored) if check_data else {**record["identity"],
                                                            "config_sha256": digest(training_settings(stored))}
         why = stale_reason(record, wanted)
@@ -291,7 +291,7 @@ def write_folder(folder: Path, record: dict):
 
 def prefix_folder(job: Job, teacher: Path) -> Path | None:
     """The folder of the run whose phase checkpoint the job starts from (None: it starts from the teacher)."""
-    settings = beyond.job_config(job.ws, job.run, job.seed, teacher)
+    settings = variants.job_config(job.ws, job.run, job.seed, teacher)
     if not settings.start_from:
         return None
     return Path(config.absolute_paths(stored_form(settings), job.folder)["start_from"]).parent

@@ -44,7 +44,7 @@ class Workspace:
     results: Path
     ctx: devices.Dist
     student_runs: str = ""  # a subfolder of runs/<scale>/ for students of a variant preset (regime.py)
-    # a variant's workspace (beyond.variant_workspace): the suite's student_runs its freeze runs start from
+    # a variant's workspace (variants.variant_workspace): the suite's student_runs its freeze runs start from
     suite_runs: str | None = None
     tracker: str = ""       # rundir.TRACKERS: also log to TensorBoard or W&B
     lockstep: bool = True   # train a seed's runs together (repro.py: off on a GPU where lockstep_plan.fits says no)

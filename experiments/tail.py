@@ -29,9 +29,9 @@ from pathlib import Path
 import numpy as np
 
 import rundir
-from experiments import beyond, presets, readings, report, studies, suite
-from experiments.beyond import Variant
+from experiments import presets, readings, report, studies, suite
 from experiments.suite import RunName
+from experiments.variants import Variant, train_variants, variant_workspace
 
 # ----------------------------------------------------------------------------------------------
 # The dose, sized from what the kit measured (fixed in the entry before any of its runs)
@@ -116,7 +116,7 @@ def label(v: Variant, seed: int) -> str:
 
 
 def manifest(ws: suite.Workspace, seeds: list[int]) -> list[studies.Job]:
-    return studies.unique(studies.Job(beyond.variant_workspace(ws, v, s), v.run, s) for s in seeds for v in ws_variants(ws))
+    return studies.unique(studies.Job(variant_workspace(ws, v, s), v.run, s) for s in seeds for v in ws_variants(ws))
 
 
 def restore_records(ws: suite.Workspace, seeds: list[int], force: bool):
@@ -228,7 +228,7 @@ def run_tail(ws: suite.Workspace, seeds: list[int], force: bool = False) -> dict
     by the rule pre-registered in docs/preregistrations.md (results/<scale>/tail.md/.json). A study: recorded runs
     are not trained again."""
     restore_records(ws, seeds, force)
-    beyond.train_variants(ws, ws_variants(ws), seeds, force)
+    train_variants(ws, ws_variants(ws), seeds, force)
     if not ws.ctx.is_main:
         return {}
     out = outcome(ws.preset.name, presets.teacher_shape(ws.preset).hidden_size, seeds, from_folders(ws))

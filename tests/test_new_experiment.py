@@ -13,8 +13,8 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 
 MINE = '''"""A planted experiment: pre-norm grow with one channel of the boundary token at 10x, against the suite's."""
-from experiments import beyond, report
-from experiments.beyond import Variant
+from experiments import report, variants
+from experiments.variants import Variant
 from experiments.suite import RunName, Workspace
 
 PRE_GROW = RunName("pre", "grow")
@@ -25,8 +25,8 @@ VARIANTS = [Variant("pre-grow (suite)", PRE_GROW),
 
 def run_mine(ws: Workspace, seeds: list[int], force: bool = False) -> dict:
     """Pre-norm grow with a planted channel at 10x against the suite's pre-norm grow (results/<scale>/mine.md/.json)."""
-    beyond.train_variants(ws, VARIANTS, seeds, force)
-    ce, diverged = beyond.variant_outcomes(ws, VARIANTS, seeds)
+    variants.train_variants(ws, VARIANTS, seeds, force)
+    ce, diverged = variants.variant_outcomes(ws, VARIANTS, seeds)
     rows = [{"variant": v.label, "ce": report.across_seeds(ce[v.label])} for v in VARIANTS]
     out = {"experiment": "mine", "scale": ws.preset.name, "seeds": seeds, "rows": rows, "diverged_runs": diverged}
     return report.write(ws.results, "mine", out, [f"| {r['variant']} | {report.stats_cell(r['ce'])} |" for r in rows])

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import config
-from experiments import beyond, presets, suite
+from experiments import presets, suite, variants
 from experiments.suite import RunName
 from plumbing import devices, errors
 from tests.conftest import repro_cli
@@ -49,10 +49,10 @@ def test_a_variant_or_grid_point_passes_the_checks_a_set_value_passes():
     with pytest.raises(errors.OptionError, match=r"--grid: run\.lr=1000000000\.0: expected from 0 to 1,000"):
         presets.with_settings(preset, {"run": {"lr": 1e9}}, "--grid")
     ws = suite.Workspace(preset, Path("runs") / "smoke", Path("results") / "smoke", devices.Dist())
-    dose = beyond.Variant("pre-grow + dose-channel 1e9x", RunName("pre", "grow"), "dose-channel-1e9",
+    dose = variants.Variant("pre-grow + dose-channel 1e9x", RunName("pre", "grow"), "dose-channel-1e9",
                           {"boundary": "dose-channel", "boundary_scale": 1e9})
     with pytest.raises(errors.OptionError, match="dose-channel 1e9x.*boundary_scale"):
-        beyond.variant_workspace(ws, dose, 42)
-    vws = beyond.variant_workspace(ws, replace(dose, settings={**dose.settings, "boundary_scale": 1000.0}), 42)
+        variants.variant_workspace(ws, dose, 42)
+    vws = variants.variant_workspace(ws, replace(dose, settings={**dose.settings, "boundary_scale": 1000.0}), 42)
     assert vws.preset.run == {**preset.run, "boundary": "dose-channel", "boundary_scale": 1000.0}
     assert vws.suite_runs == ws.student_runs  # a variant's freeze run finds the suite's grow here, no folder parsed

@@ -25,7 +25,7 @@ from rich.console import Console
 import data
 import grow
 import rundir
-from experiments import beyond, paper_reports, presets, regime, registry, search, studies, suite, tables, training
+from experiments import paper_reports, presets, regime, registry, search, studies, suite, tables, training, variants
 from flops import forward_flops_per_token
 from plumbing import checkpoint, devices, errors, faults
 from tools import cpu_estimate, lockstep_plan, plan, rehearse, rehearse_real
@@ -136,7 +136,7 @@ def write_reports(ws: suite.Workspace, names: list[str], runs, seeds: list[int],
 
 def job_flops(job: studies.Job, teacher) -> float:
     """A run's FLOPs alone (a freeze run's phase 0 is its grow run's)."""
-    settings = beyond.job_config(job.ws, job.run, job.seed, teacher)
+    settings = variants.job_config(job.ws, job.run, job.seed, teacher)
     run = lockstep_plan.PlannedRun(job.run.name, settings, 1 if job.run.protocol == "freeze" else 0)
     return plan.print_plan(job.ws, [run], [job.seed], "h100", 1, Console(file=io.StringIO()))["separate"]["flops"]
 
