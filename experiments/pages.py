@@ -206,16 +206,7 @@ def planted_section(reference: dict) -> list[str]:
 
 
 def scratch_section(reference: dict) -> list[str]:
-    seeds, numbers = seeds_of(reference, "scratch"), reference["tables"]["scratch"]
-    rows = tables.EXPERIMENTS["table1"].rows
-    st = {key: stats(values) for key, values in numbers.items()}
-    runs = {key: numbers[key] for key in ("pre_joint", "post_joint", "pre_grow", "post_grow") if key in numbers}
-    return ["## scratch", "", "Table 1's 2 × 2 without a teacher (plain CE, every weight drawn from the seed). The "
-            "paper's numbers beside it are with its teacher. No reading rule was declared for this experiment: its "
-            "numbers are intervals only.", "", diverged_line(runs, seeds, "runs"), "",
-            "| quantity | kit, from scratch | paper (with its teacher) |", "| --- | --- | --- |"] + \
-        [f"| {r.label} | {report.stats_cell(st[r.key], r.key.startswith(('delta', 'interaction')))} | "
-         f"{report.fmt(r.paper, r.digits)} |" for r in rows if r.key in st] + [""]
+    return beyond.scratch_lines(reference["tables"]["scratch"], seeds_of(reference, "scratch"))
 
 
 def other_section(name: str, reference: dict) -> list[str]:

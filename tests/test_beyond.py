@@ -18,6 +18,7 @@ import diag
 import grow
 import model
 import nets
+from experiments import beyond, reference
 from interventions.monitor import attention_to_first
 from plumbing import corpora, errors, tokenizer
 from plumbing.hf_qwen3 import ModelConfig
@@ -248,6 +249,11 @@ def test_experiment_writes_markdown_and_json_with_finite_numbers(beyond_smoke, e
     # every report says how many of its runs diverged, none here: one seed's 14 variants, 14 placement runs, 4 scratch
     total = {"intervention": 14, "placements": 14, "scratch": 4}[experiment]
     assert out["diverged_runs"] == [] and f"Diverged: none of {total} runs." in (results / f"{experiment}.md").read_text()
+    # one renderer: the live report holds the section the results page renders from the same numbers, shipped
+    renderer = {"intervention": beyond.intervention_lines, "scratch": beyond.scratch_lines}.get(experiment)
+    if renderer:
+        section = "\n".join(renderer(reference.report_numbers(out), out["seeds"]))
+        assert section in (results / f"{experiment}.md").read_text()
 
 
 @pytest.mark.slow
