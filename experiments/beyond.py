@@ -29,7 +29,17 @@ from pathlib import Path
 import paper
 import rundir
 from experiments import figures, presets, reference, report, suite, tables, training
-from experiments.readings import POST_HOC, by_row, ce_values, diverged_line, p_text, reading_cell, sentence, stats
+from experiments.readings import (
+    POST_HOC,
+    by_row,
+    ce_values,
+    diverged_line,
+    holm_family,
+    p_text,
+    reading_cell,
+    sentence,
+    stats,
+)
 from experiments.suite import RunName
 from experiments.tables import POST_GROW, PRE_GROW
 from experiments.variants import (
@@ -352,27 +362,48 @@ def run_placements(ws: suite.Workspace, seeds: list[int], force: bool = False, p
            "diverged_runs": diverged, "figure": str(figure),
            "about": __doc__.split("\n\n")[1]}
     lines = [f"# Norm placements under joint training and growth ({ws.preset.name} scale)", "",
-             f"Validation CE, {report.seeds_text(seeds)}. Δ is the placement's CE minus pre-norm's under the same "
-             "protocol, paired by seed (negative: better than pre-norm).", "",
-             report.diverged_line(diverged, len(runs) * len(seeds)), "",
-             f"p (Holm): a one-sample t-test that the paired Δ is 0, adjusted by Holm's method over the table's "
-             f"{len(family)} comparisons with pre-norm. Reading: below or above 0 where p (Holm) < 0.05, a tie "
-             f"within ±{presets.TIE_MARGIN:g} nats where the 90% interval lies inside it (TOST), else inconclusive; "
-             "in parentheses after a reading, the smallest margin these seeds could have called a tie within.", "",
-             "| placement | joint | grow | Δ joint vs pre | p (Holm) | reading | Δ grow vs pre | p (Holm) | reading | "
-             "grow − joint |", "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
-    p_cell = lambda s: "" if "p_holm" not in s or math.isnan(s["p_holm"]) else f"{s['p_holm']:.3g}"
-    reading_cell = lambda s: s.get("reading", "") + (f" (±{s['smallest_tie_margin']:.4f})"
-                                                     if math.isfinite(s.get("smallest_tie_margin", math.nan)) else "")
-    lines += [f"| {r['placement']} | {report.stats_cell(r['joint'])} | {report.stats_cell(r['grow'])} | "
-              f"{report.stats_cell(r['delta_joint'], True)} | {p_cell(r['delta_joint'])} | "
-              f"{reading_cell(r['delta_joint'])} | {report.stats_cell(r['delta_grow'], True)} | "
-              f"{p_cell(r['delta_grow'])} | {reading_cell(r['delta_grow'])} | "
-              f"{report.stats_cell(r['grow_minus_joint'], True)} |" for r in rows]
+             f"Validation CE, {report.seeds_text(seeds)}.", "", report.diverged_line(diverged, len(runs) * len(seeds)), "",
+             *placements_lines(reference.report_numbers(report.finite(out)), seeds)]
     lines += ["", "![boundary monitor](placements.png)"]
     report.write(ws.results, "placements", out, lines)
     suite.console.print("\n".join(lines), markup=False)
     return out
+
+
+def placement_family(numbers: dict) -> tuple[dict, dict]:
+    """({(placement, quantity): stats}, {(placement, Δ): Holm-adjusted p}) of the placements report: the
+    declared family is every placement's Δjoint and Δgrow against pre-norm."""
+    st = {(p, q): stats(v) for p, quantities in by_row(numbers).items() for q, v in quantities.items()}
+    family = [(p, q) for p, q in st if p != "pre" and q in ("delta_joint", "delta_grow")]
+    return st, dict(zip(family, holm_family([st[m] for m in family])))
+
+
+def placements_lines(numbers: dict, seeds: list[int], caveat: str = "") -> list[str]:
+    """The placements report's one renderer, for run_placements' live numbers (through reference.report_numbers) and
+    the results page's shipped ones; `caveat`: what the page adds about the steps its curves end at."""
+    rows = by_row(numbers)
+    st, p_holm = placement_family(numbers)
+    family = list(p_holm)
+    lines = ["## placements", "", "Joint and grow for every placement, Δ = the placement's CE − pre-norm's under "
+             "the same protocol, paired by seed (negative: better than pre-norm). The paper ran pre and post only: "
+             f"joint {paper.PAPER['table1']['pre']['joint']:.4f} / {paper.PAPER['table1']['post']['joint']:.4f}, grow "
+             f"{paper.PAPER['table1']['pre']['grow']:.4f} / {paper.PAPER['table1']['post']['grow']:.4f} (Table 1).", "",
+             diverged_line({f"{p}-{q}": v for p, quantities in rows.items() for q, v in quantities.items()
+                            if q in ("joint", "grow")}, seeds, "runs"), "",
+             "| placement | joint | grow | Δ joint vs pre | p (Holm) | reading | Δ grow vs pre | p (Holm) | reading "
+             "| grow − joint |", "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for p in rows:
+        cells = [report.stats_cell(st[p, "joint"]), report.stats_cell(st[p, "grow"])]
+        for q in ("delta_joint", "delta_grow"):
+            cells += [report.stats_cell(st[p, q], True)] + ([p_text(p_holm[p, q]), reading_cell(st[p, q], p_holm[p, q])]
+                                                           if (p, q) in p_holm else ["", ""])
+        lines.append(f"| {p} | " + " | ".join(cells + [report.stats_cell(st[p, "grow_minus_joint"], True)]) + " |")
+    lines += ["", f"The family: the {len(family)} comparisons with pre-norm, Holm-adjusted. grow − joint is read by its "
+              f"own 95% interval, as declared.{caveat}", "", "Readings:", ""]
+    names = {"delta_joint": "Δjoint vs pre", "delta_grow": "Δgrow vs pre"}
+    lines += [f"- {sentence(p + ': ' + names[q], st[p, q], p_holm[p, q], len(family))}" for p, q in family]
+    lines += [f"- {sentence(p + ': grow − joint', st[p, 'grow_minus_joint'])}" for p in rows]
+    return lines + [""]
 
 
 # ----------------------------------------------------------------------------------------------

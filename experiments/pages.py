@@ -25,9 +25,7 @@ from experiments import beyond, ideas, page_figures, reference, report, studies,
 from experiments.readings import (
     POST_HOC,
     RULE,
-    by_row,
     diverged_line,
-    holm_family,
     p_text,
     read,
     reading_cell,
@@ -35,7 +33,7 @@ from experiments.readings import (
     sentence,
     stats,
 )
-from paper import DELTAS, PAPER
+from paper import DELTAS
 from plumbing import checkpoint
 from plumbing.errors import UsageError
 
@@ -153,38 +151,9 @@ def experiment_section(name: str, reference: dict, full: bool) -> list[str]:
 # ----------------------------------------------------------------------------------------------
 # Beyond the paper: the families read with Holm, and scratch
 
-def placement_family(numbers: dict) -> tuple[dict, dict]:
-    """({(placement, quantity): stats}, {(placement, Δ): Holm-adjusted p}) of the placements report: the
-    declared family is every placement's Δjoint and Δgrow against pre-norm."""
-    st = {(p, q): stats(v) for p, quantities in by_row(numbers).items() for q, v in quantities.items()}
-    family = [(p, q) for p, q in st if p != "pre" and q in ("delta_joint", "delta_grow")]
-    return st, dict(zip(family, holm_family([st[m] for m in family])))
-
-
 def placements_section(reference: dict) -> list[str]:
-    seeds, rows = seeds_of(reference, "placements"), by_row(reference["tables"]["placements"])
-    st, p_holm = placement_family(reference["tables"]["placements"])
-    family = list(p_holm)
-    lines = ["## placements", "", "Joint and grow for every placement, Δ = the placement's CE − pre-norm's under "
-             "the same protocol, paired by seed (negative: better than pre-norm). The paper ran pre and post only: "
-             f"joint {PAPER['table1']['pre']['joint']:.4f} / {PAPER['table1']['post']['joint']:.4f}, grow "
-             f"{PAPER['table1']['pre']['grow']:.4f} / {PAPER['table1']['post']['grow']:.4f} (Table 1).", "",
-             diverged_line({f"{p}-{q}": v for p, quantities in rows.items() for q, v in quantities.items()
-                            if q in ("joint", "grow")}, seeds, "runs"), "",
-             "| placement | joint | grow | Δ joint vs pre | p (Holm) | reading | Δ grow vs pre | p (Holm) | reading "
-             "| grow − joint |", "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
-    for p in rows:
-        cells = [report.stats_cell(st[p, "joint"]), report.stats_cell(st[p, "grow"])]
-        for q in ("delta_joint", "delta_grow"):
-            cells += [report.stats_cell(st[p, q], True)] + ([p_text(p_holm[p, q]), reading_cell(st[p, q], p_holm[p, q])]
-                                                           if (p, q) in p_holm else ["", ""])
-        lines.append(f"| {p} | " + " | ".join(cells + [report.stats_cell(st[p, "grow_minus_joint"], True)]) + " |")
-    lines += ["", f"The family: the {len(family)} comparisons with pre-norm, Holm-adjusted. grow − joint is read by its "
-              f"own 95% interval, as declared.{steps_caveat(reference['curves'])}", "", "Readings:", ""]
-    names = {"delta_joint": "Δjoint vs pre", "delta_grow": "Δgrow vs pre"}
-    lines += [f"- {sentence(p + ': ' + names[q], st[p, q], p_holm[p, q], len(family))}" for p, q in family]
-    lines += [f"- {sentence(p + ': grow − joint', st[p, 'grow_minus_joint'])}" for p in rows]
-    return lines + [""]
+    return beyond.placements_lines(reference["tables"]["placements"], seeds_of(reference, "placements"),
+                                   steps_caveat(reference["curves"]))
 
 
 def steps_caveat(curves: dict) -> str:
@@ -308,7 +277,7 @@ def headline_numbers(reference: dict) -> dict[str, tuple[dict, float | None]]:
     table2 = with_phase_deltas(reference["tables"].get("table2", {}), reference["curves"])
     numbers |= {key: (stats(table2[key]), None) for key in HEADLINE_TABLE2 if key in table2}
     if "placements" in reference["tables"]:
-        st, p_holm = placement_family(reference["tables"]["placements"])
+        st, p_holm = beyond.placement_family(reference["tables"]["placements"])
         numbers["placements: post delta_grow"] = (st["post", "delta_grow"], p_holm["post", "delta_grow"])
     return numbers
 

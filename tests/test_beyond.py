@@ -250,10 +250,10 @@ def test_experiment_writes_markdown_and_json_with_finite_numbers(beyond_smoke, e
     total = {"intervention": 14, "placements": 14, "scratch": 4}[experiment]
     assert out["diverged_runs"] == [] and f"Diverged: none of {total} runs." in (results / f"{experiment}.md").read_text()
     # one renderer: the live report holds the section the results page renders from the same numbers, shipped
-    renderer = {"intervention": beyond.intervention_lines, "scratch": beyond.scratch_lines}.get(experiment)
-    if renderer:
-        section = "\n".join(renderer(reference.report_numbers(out), out["seeds"]))
-        assert section in (results / f"{experiment}.md").read_text()
+    renderer = {"intervention": beyond.intervention_lines, "scratch": beyond.scratch_lines,
+                "placements": beyond.placements_lines}[experiment]
+    section = "\n".join(renderer(reference.report_numbers(out), out["seeds"]))
+    assert section in (results / f"{experiment}.md").read_text()
 
 
 @pytest.mark.slow
