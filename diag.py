@@ -362,16 +362,24 @@ def block_removal(student, batch) -> list[dict]:
 DIAGNOSTICS = "diagnostics.json"  # what a study recorded of a run (experiments/studies.py), read before any weights
 
 
+BLOCK_REMOVAL_KEYS = ("block", "ce_full", "ce_skip", "delta_ce", "angular_distance")
+
+
+def block_removal_rows(rows) -> bool:
+    """Whether `rows` are block_removal's as the kit records them: a row of finite numbers per block, in block order
+    (the one check for a run's diagnostics.json and a study's record alike)."""
+    return isinstance(rows, list) and bool(rows) and all(
+        isinstance(r, dict) and all(checkpoint.finite_number(r.get(k)) for k in BLOCK_REMOVAL_KEYS) for r in rows) \
+        and [r["block"] for r in rows] == list(range(len(rows)))
+
+
 def recorded_block_removal(path: Path) -> list[dict]:
     """block_removal's rows as a study's record keeps them: a row per block, finite numbers, or one line."""
     try:
         rows = checkpoint.loads(Path(path).read_text()).get("block_removal")
     except (OSError, ValueError, AttributeError):
         rows = None
-    keys = ("block", "ce_full", "ce_skip", "delta_ce", "angular_distance")
-    if not isinstance(rows, list) or not rows or any(
-            not isinstance(r, dict) or not all(checkpoint.finite_number(r.get(k)) for k in keys) for r in rows) \
-            or [r["block"] for r in rows] != list(range(len(rows))):
+    if not block_removal_rows(rows):
         raise errors.TrainingError(f"{path}: block_removal is not a row of finite numbers per block; the file was "
                                    "edited or damaged: move the run folder away and rerun")
     return rows

@@ -20,8 +20,10 @@ from dataclasses import MISSING, fields
 from pathlib import Path
 
 import config
+import diag
 import rundir
 from plumbing import checkpoint, errors, locks
+from plumbing.checkpoint import finite_number
 
 FORMAT = 1
 FIX = "restore it (git checkout) or move it away (its run then trains again)"
@@ -30,7 +32,6 @@ RUN_KEYS = {"format", "run", "workspace", "seed", "identity", "config", "provena
 RUNG_KEYS = {"format", "kind", "identity", "provenance", "row", "sha256"}  # a search's rung (studies.record_rung)
 IDENTITY_KEYS = {"config_sha256", "data", "teacher"}
 PROVENANCE_TEXT = ("git_commit", "torch", "device", "cpu", "cpu_capability", "precision", "precision_reason")
-BLOCK_REMOVAL_KEYS = ("block", "ce_full", "ce_skip", "delta_ce", "angular_distance")  # diag.recorded_block_removal's
 CELL_CHARACTERS = 200
 
 
@@ -62,16 +63,6 @@ def describe(value) -> str:
     """What a JSON value is (never the value itself: it may be 200 MB, or hold a line break)."""
     return {bool: "a boolean", str: "a string", int: "a number", float: "a number", list: "a list",
             dict: "an object"}.get(type(value), "null")
-
-
-def number(value) -> bool:
-    """A finite JSON number, not a boolean; a 401-digit integer is none (it has no float)."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return False
-    try:
-        return math.isfinite(value)
-    except OverflowError:
-        return False
 
 
 def whole(value) -> bool:
@@ -106,7 +97,7 @@ def check_record(record, path: Path):
     if record["identity"]["config_sha256"] != digest(training_settings(record["config"])):
         raise bad("config", "is not the settings identity.config_sha256 names (edited by hand)")
     check_provenance(record["provenance"], bad)
-    if not number(record["wall_seconds"]) or record["wall_seconds"] < 0:
+    if not finite_number(record["wall_seconds"]) or record["wall_seconds"] < 0:
         raise bad("wall_seconds", f"is {describe(record['wall_seconds'])}, not a finite number of seconds >= 0")
     rows = expect(record["metrics"], list, "metrics", bad)
     for i, row in enumerate(rows):
@@ -166,7 +157,7 @@ def check_settings(settings: dict, bad):
             raise bad("config", f"holds {cell(key, 60)!r}, not a run setting")
         kind = kinds[key]
         if kind and (not isinstance(value, kind) or isinstance(value, bool) != (bool in kind)
-                     or (isinstance(value, (int, float)) and not isinstance(value, bool) and not number(value))):
+                     or (isinstance(value, (int, float)) and not isinstance(value, bool) and not finite_number(value))):
             raise bad(f"config.{key}", f"is {describe(value)}, not the setting's type")
     if settings.get("relative_to_run") is not True:
         raise bad("config.relative_to_run", "is not true (a record's paths are its run folder's)")
@@ -189,7 +180,7 @@ def check_done(done: dict, rows: list[dict], bad) -> bool:
             raise bad("done.diverged", "is not the kit's entry (an object of step and why)")
         return True
     for key in rundir.RESULT_KEYS:
-        if not number(done.get(key)):
+        if not finite_number(done.get(key)):
             raise bad(f"done.{key}", f"is {describe(done.get(key))}, not a finite number")
     if done["ce"] < 0:
         raise bad("done.ce", "is below 0, and a cross-entropy never is")
@@ -197,7 +188,9 @@ def check_done(done: dict, rows: list[dict], bad) -> bool:
     if last is None:
         raise bad("metrics", "holds no evaluation for done's numbers to agree with")
     for key in rundir.RESULT_KEYS:
-        if not (number(last.get(key)) and math.isclose(last[key], done[key], rel_tol=rundir.AGREE, abs_tol=rundir.AGREE)):
+        agree = finite_number(last.get(key)) and math.isclose(last[key], done[key], rel_tol=rundir.AGREE,
+                                                              abs_tol=rundir.AGREE)
+        if not agree:
             raise bad(f"done.{key}", f"is not what metrics' last evaluation (step {last['step']}) logged")
     if done.get("step", last["step"]) != last["step"]:
         raise bad("done.step", f"is not the step of metrics' last evaluation ({last['step']})")
@@ -206,9 +199,7 @@ def check_done(done: dict, rows: list[dict], bad) -> bool:
 
 def check_block_removal(rows, bad):
     """diagnostics.block_removal as diag.recorded_block_removal reads it: a row of finite numbers per block."""
-    if not isinstance(rows, list) or not rows or any(
-            not isinstance(r, dict) or not all(number(r.get(k)) for k in BLOCK_REMOVAL_KEYS) for r in rows) \
-            or [r["block"] for r in rows] != list(range(len(rows))):
+    if not diag.block_removal_rows(rows):
         raise bad("diagnostics.block_removal", "is not a row of finite numbers per block, as the kit records it")
 
 

@@ -22,7 +22,6 @@ import json
 import math
 import re
 import statistics
-import sys
 from pathlib import Path
 
 from rich.table import Table
@@ -257,7 +256,6 @@ class BadReference(UsageError):
 
 REFERENCE_KEYS = {"seeds", "git_commit", "curves", "final_ce", "tables", "table_seeds", "machine", *PROVENANCE_FIELDS}
 POINT = re.compile(r"\d+( start)?")  # an evaluation point: "<step>", or "<step> start" at a phase start
-FLOAT_MAX = sys.float_info.max
 
 
 def check_reference(content, path: Path, fix: str = ""):
@@ -323,14 +321,14 @@ def check_seeds(seeds, where: str, bad) -> list[int]:
 
 
 def per_seed(values, n: int, where: str, bad, ce: bool = False):
-    """A list of one value per seed: a finite number (a CE is >= 0), or null (a diverged run, n/a). Compared, not
-    math.isfinite'd: a 401-digit integer has no float (an OverflowError), and NaN fails any comparison."""
+    """A list of one value per seed: a finite number (checkpoint.finite_number: a 401-digit integer is none; a CE is
+    >= 0), or null (a diverged run, n/a)."""
     if len(expect(values, list, where, bad)) != n:
         raise bad(where, f"holds {len(values)} value{'s' * (len(values) != 1)} for {n} seeds")
     for i, value in enumerate(values):
         if value is None:
             continue
-        if not isinstance(value, (int, float)) or isinstance(value, bool) or not -FLOAT_MAX <= value <= FLOAT_MAX:
+        if not checkpoint.finite_number(value):
             raise bad(f"{where}[{i}]", f"is {describe(value)}, not a number (or null, for a run without one)")
         if ce and value < 0:
             raise bad(f"{where}[{i}]", f"is {value}, and a CE is never below 0")
