@@ -252,18 +252,17 @@ def sections_problem(base: Preset, preset: Preset, changes: dict) -> str:
     return ""
 
 
-@dataclass(frozen=True)
-class Override:
-    """One --set SECTION.KEY=VALUE, parsed once (parse_overrides): its value typed as the preset's field,
-    and in its range."""
-    section: str
-    key: str
-    value: object
+# Settings: how a run differs from its preset, {section: {key: value}}, each value typed as the preset's field and
+# in its range: what `--set` parses to, and what a variant, a regime grid point and a search rung give; the one shape
+# a setting has after its text is read, merged into the preset by apply_overrides and named by
+# set_values.override_name.
+Settings = dict[str, dict]
 
 
-def parse_overrides(preset: Preset, items) -> tuple[Override, ...]:
-    """--set items as Overrides of `preset`'s fields; a bad item is one line naming it and the fix."""
-    overrides = []
+def parse_overrides(preset: Preset, items) -> Settings:
+    """--set items as Settings of `preset`'s fields (a later item of the same key wins); a bad item is one line
+    naming it and the fix."""
+    settings: Settings = {}
     for item in items:
         key, sep, raw = item.partition("=")
         section, _, name = key.strip().partition(".")
@@ -285,36 +284,35 @@ def parse_overrides(preset: Preset, items) -> tuple[Override, ...]:
         problem = value_problem(section, name, value)
         if problem:
             raise errors.OptionError("--set", f"{key.strip()}={raw.strip()}: {problem}")
-        overrides.append(Override(section, name, value))
-    return tuple(overrides)
+        settings.setdefault(section, {})[name] = value
+    return settings
 
 
-def set_value(overrides, section: str, key: str):
-    """The value the overrides give one field (the last, where several do), or None."""
-    return next((o.value for o in reversed(overrides) if (o.section, o.key) == (section, key)), None)
+def merged(*settings: Settings) -> Settings:
+    """Settings applied one after another (a search rung's, then the user's `--set`): a later value of a key wins."""
+    out: Settings = {}
+    for each in settings:
+        for section, values in each.items():
+            if values:  # a section left empty (by a filter) changes nothing
+                out.setdefault(section, {}).update(values)
+    return out
 
 
-def with_settings(preset: Preset, changes: dict[str, dict], option: str) -> Preset:
-    """The preset with typed `changes` ({section: {key: value}}) that an experiment's variant or an option's grid
-    point makes, each value checked as a `--set` value is (its range or choices) and merged as apply_overrides
-    merges `--set`: every way a run differs from its preset passes the same checks. A bad value names `option`."""
-    overrides = []
+def with_settings(preset: Preset, changes: Settings, option: str) -> Preset:
+    """The preset with the typed `changes` that an experiment's variant or an option's grid point makes, each value
+    checked as a `--set` value is (its range or choices) and merged as `--set` is: every way a run differs from its
+    preset passes the same checks. A bad value names `option`."""
     for section, values in changes.items():
         for key, value in values.items():
             problem = value_problem(section, key, value)
             if problem:
                 raise errors.OptionError(option, f"{section}.{key}={value}: {problem}")
-            overrides.append(Override(section, key, value))
-    return apply_overrides(preset, overrides)[0]
+    return apply_overrides(preset, changes)[0]
 
 
-def apply_overrides(preset: Preset, overrides, compile_flag: bool | None = None) -> tuple[Preset, dict]:
-    """(the preset with parsed `--set` overrides and `--compile/--no-compile` applied, {section: {key: value}})."""
-    changes: dict[str, dict] = {}
-    for override in overrides:
-        changes.setdefault(override.section, {})[override.key] = override.value
-    if compile_flag is not None:
-        changes.setdefault("run", {})["compile"] = compile_flag
+def apply_overrides(preset: Preset, settings: Settings, compile_flag: bool | None = None) -> tuple[Preset, Settings]:
+    """(the preset with `settings` and `--compile/--no-compile` applied, the settings that changed it)."""
+    changes = merged(settings, {"run": {"compile": compile_flag}} if compile_flag is not None else {})
     new = replace(preset, **{s: {**getattr(preset, s), **c} for s, c in changes.items()})
     problem = sections_problem(preset, new, changes)
     if problem:

@@ -67,14 +67,14 @@ def shipped_teacher(rws: suite.Workspace) -> bool:
     return not (rws.teacher_dir / "config.json").exists()  # install_shipped_teacher's own test
 
 
-def rung_workspace(ws: suite.Workspace, ladder, index: int, user_overrides=()) -> suite.Workspace:
+def rung_workspace(ws: suite.Workspace, ladder, index: int, user_overrides: presets.Settings | None = None):
     """The workspace of one rung: the scale with the rung's overrides (and the user's, parsed, last)."""
     return suite.workspace(ws.preset.name, ws.runs.parent, ws.results.parent,
-                           overrides=rung_settings(ws.preset.name, ladder, index) + tuple(user_overrides),
+                           overrides=presets.merged(rung_settings(ws.preset.name, ladder, index), user_overrides or {}),
                            device=ws.ctx.device.type, tracker=ws.tracker, lockstep=ws.lockstep, wait=ws.wait)
 
 
-def rung_settings(scale: str, ladder, index: int) -> tuple[presets.Override, ...]:
+def rung_settings(scale: str, ladder, index: int) -> presets.Settings:
     """rung_overrides parsed as the scale's fields (as `--set` parses them)."""
     return presets.parse_overrides(presets.PRESETS[scale], rung_overrides(ladder, index))
 
@@ -163,8 +163,8 @@ def machine(made: dict) -> str:
     return f"{where}, {made.get('precision', '?')}"
 
 
-def run_search(ws: suite.Workspace, seed: int, force: bool = False, user_overrides=(), ladder_name: str = "",
-               chosen: tuple[str, ...] = ()) -> dict:
+def run_search(ws: suite.Workspace, seed: int, force: bool = False, user_overrides: presets.Settings | None = None,
+               ladder_name: str = "", chosen: tuple[str, ...] = ()) -> dict:
     """Climb a ladder of the scale (presets.LADDERS[ladder_name], default the scale's own) rung by rung
     (finished rungs are reused, an interrupted one resumes, a recorded one is read from its record where
     ws.records is set), writing results/<scale>/search[-<ladder>].md and .json after each; stop at the first

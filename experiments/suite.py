@@ -26,7 +26,7 @@ import data
 import grow
 import prepare_shards
 import rundir
-from experiments.presets import PRESETS, Preset, apply_overrides
+from experiments.presets import PRESETS, Preset, Settings, apply_overrides
 from experiments.set_values import override_name
 from plumbing import checkpoint, corpora, devices, errors, faults, locks, paths, tokenizer
 from plumbing.hf_qwen3 import ModelConfig
@@ -86,16 +86,17 @@ class Workspace:
         return inputs.run["phase_steps"] * inputs.run["global_batch"] * max(inputs.long_phases)
 
 
-def workspace(scale: str, runs_dir: Path, results_dir: Path | None = None, dry_run: bool = False, overrides=(),
-              compile_flag: bool | None = None, device: str = "auto", tracker: str = "",
+def workspace(scale: str, runs_dir: Path, results_dir: Path | None = None, dry_run: bool = False,
+              overrides: Settings | None = None, compile_flag: bool | None = None, device: str = "auto", tracker: str = "",
               lockstep: bool = True, wait: bool = True) -> Workspace:
-    """A scale's folders, with `overrides` (presets.Override, parsed from --set) applied. With overrides
+    """A scale's folders, with `overrides` (presets.Settings, parsed from --set) applied. With overrides
     of the students' settings (run, diag) only, the students live in
     runs/<scale>/set/<overrides>/ beside the scale's data and teacher; overrides of the data or the
     teacher make a workspace of their own, runs/<scale>+<those overrides>/, whose students of other
     settings live in its set/<those settings>/. Results go to
     results/<scale>+<overrides>/. Everything is checked before a folder is made: the overrides, CUDA,
     then that the folders are writable (not for a dry run; no results folder where none is given)."""
+    overrides = overrides or {}
     preset, changes = apply_overrides(PRESETS[scale], overrides, compile_flag)
     if "seed" in changes.get("run", {}):  # --set run.seed=N is --seeds N: that seed's folder, the scale's inputs
         del changes["run"]["seed"]
@@ -129,9 +130,10 @@ def workspace(scale: str, runs_dir: Path, results_dir: Path | None = None, dry_r
     # Own data and teacher, named by what makes them: the data and teacher changes (the teacher never reads run.*:
     # teacher_settings), and the students' batch and steps where they size a cut shard (train_docs); students of
     # other settings live in set/<those>/ beside them and share that teacher (the second search's rungs a and c).
-    made_by = lambda o: o.section not in ("run", "diag") or (shard_docs is not None and o.section == "run"
-                                                             and o.key in ("phase_steps", "global_batch"))
-    inputs, input_changes = apply_overrides(PRESETS[scale], [o for o in overrides if made_by(o)])
+    made_by = lambda section, key: section not in ("run", "diag") or (shard_docs is not None and section == "run"
+                                                                     and key in ("phase_steps", "global_batch"))
+    made = {section: {k: v for k, v in values.items() if made_by(section, k)} for section, values in overrides.items()}
+    inputs, input_changes = apply_overrides(PRESETS[scale], made)
     student_changes = {section: keep for section, keys in changes.items() if section in ("run", "diag")
                        and (keep := {k: v for k, v in keys.items() if k not in input_changes.get(section, {})})}
     return Workspace(preset, runs_dir / f"{scale}+{override_name(input_changes)}", results_dir / f"{scale}+{name}",

@@ -364,8 +364,11 @@ def test_override_values_are_typed():
     preset = presets.PRESETS["smoke"]
     overrides = presets.parse_overrides(preset, ["run.lr=3e-4", "data.max_len=16", "run.betas=0.9,0.99",
                                                  "teacher_model.tie_word_embeddings=false", "run.seed=7", "run.seed=8"])
-    assert overrides[0] == presets.Override("run", "lr", 3e-4) and presets.set_value(overrides, "run", "seed") == 8
-    new, changes = presets.apply_overrides(preset, overrides[:4], compile_flag=True)
+    # one shape after parsing, {section: {key: typed value}}; a later value of a key wins
+    assert overrides == {"run": {"lr": 3e-4, "betas": (0.9, 0.99), "seed": 8}, "data": {"max_len": 16},
+                         "teacher_model": {"tie_word_embeddings": False}}
+    del overrides["run"]["seed"]
+    new, changes = presets.apply_overrides(preset, overrides, compile_flag=True)
     assert new.run["lr"] == 3e-4 and new.data["max_len"] == 16 and new.run["betas"] == (0.9, 0.99)
     assert new.teacher_model["tie_word_embeddings"] is False and new.run["compile"] is True
     assert preset.run["lr"] == 3e-3  # the preset itself is unchanged

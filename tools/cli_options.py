@@ -118,7 +118,7 @@ def parse_seeds(ctx, param, value: str) -> list[int]:
 def chosen_seeds(overrides, seeds: list[int] | None, default: list[int], option: str) -> list[int]:
     """--seed(s), else --set run.seed (in the parsed overrides), else the command's default; --seed(s)
     and --set run.seed that disagree are refused (which one should train?)."""
-    value = presets.set_value(overrides, "run", "seed")
+    value = overrides.get("run", {}).get("seed")
     if value is None:
         return seeds or default
     if seeds and seeds != [value]:

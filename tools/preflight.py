@@ -172,7 +172,7 @@ def print_search(ws: suite.Workspace, ladder: str, overrides, seed: int, gpu: st
     groups, said = [], []
     for index, rung in enumerate(rungs):
         rws = suite.workspace(scale, ws.runs.parent, ws.results.parent, True,
-                              search.rung_settings(scale, rungs, index) + overrides)
+                              presets.merged(search.rung_settings(scale, rungs, index), overrides))
         path, identity = search.rung_record(ws, rws, ladder, seed, index, check_data=False)
         if path is not None and path.is_file():
             record = studies.read_record(path)
