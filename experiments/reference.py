@@ -8,9 +8,10 @@
 
 A reference holds, per run, the validation CE at every evaluation (the curve) and at the end, per
 experiment every number over seeds (a table's rows, a report's named numbers), each as the values of the
-shipped seeds, and the commit and precision that trained each run (`run_commits`, `run_precisions`, from its
-provenance.json: a band is a band of its runs' precision, and `compare` says so). A number is within the band
-when it lies within mean ± max(a 95% prediction interval for one more seed, a tolerance): seeds set
+shipped seeds, and the commit, precision and machine that trained each run (`run_commits`, `run_precisions`,
+`run_machines`, from its provenance.json: a band is a band of its runs' precision, and `compare` says so); a
+table rerun in a runs folder of its own keeps its runs' under `table_provenance`, apart from the scale's. A
+number is within the band when it lies within mean ± max(a 95% prediction interval for one more seed, a tolerance): seeds set
 the band's width where there are several, the tolerance (1% of the value + 0.001) where they agree.
 A shipped reference is read by `load`, which checks it whole against the shape `collect` writes before
 any page is rendered or number compared; `compare` refuses runs or reports of another scale, and names each
@@ -75,7 +76,7 @@ def with_tables(shipped: dict, runs: Path, results: Path, names: list[str]) -> d
     folder), whose other tables and curves stay as shipped. A report must cover several of the shipped
     seeds (one seed's band would be the tolerance alone)."""
     content = {**shipped, "tables": dict(shipped["tables"]), "table_seeds": dict(shipped.get("table_seeds", {})),
-               **{key: dict(shipped.get(key, {})) for key in PROVENANCE_FIELDS}}
+               "table_provenance": dict(shipped.get("table_provenance", {}))}
     for name in names:
         file = results / f"{name}.json"
         if not file.is_file():
@@ -84,14 +85,24 @@ def with_tables(shipped: dict, runs: Path, results: Path, names: list[str]) -> d
         if len(own) < 2 or not set(own) <= set(shipped["seeds"]):
             raise UsageError(f"{file}: its seeds {own} are not several of the shipped seeds {shipped['seeds']}")
         content["tables"][name], content["table_seeds"][name] = numbers, own
-        for key, values in run_provenance(runs, own).items():
-            content[key].update(values)
+        # its runs folder is its own: folder names there say nothing of the scale's folders of the same name
+        content["table_provenance"][name] = run_provenance(runs, own)
     return report.finite(content)
 
 
 # What a reference keeps of each run's provenance.json: the commit that trained it (so when a run ran relative to
-# the rule that governs it can be checked against `git log`) and the precision it computed in (a band's).
-PROVENANCE_FIELDS = {"run_commits": "git_commit", "run_precisions": "precision"}
+# the rule that governs it can be checked against `git log`), the precision it computed in (a band's) and the
+# machine (AVX2 and AVX-512 round differently; a GPU by its name).
+PROVENANCE_FIELDS = {"run_commits": lambda p: p.get("git_commit"), "run_precisions": lambda p: p.get("precision"),
+                     "run_machines": lambda p: machine_of(p)}
+
+
+def machine_of(provenance: dict) -> str | None:
+    """A run's machine as its provenance.json says it: the GPU's name, or the CPU and the instructions torch used."""
+    device, cpu = provenance.get("device"), provenance.get("cpu")
+    if device and device != "cpu":
+        return device
+    return f"{cpu} ({provenance['cpu_capability']})" if cpu and provenance.get("cpu_capability") else cpu
 
 
 def run_provenance(runs: Path, seeds: list[int]) -> dict[str, dict[str, str | None]]:
@@ -101,7 +112,7 @@ def run_provenance(runs: Path, seeds: list[int]) -> dict[str, dict[str, str | No
         [d for seed in seeds for d in runs.glob(f"beyond/*/s{seed}/*")] + [runs / "teacher"]
     made = {str(d.relative_to(runs)): rundir.read_json(d / "provenance.json")
             for d in sorted(folders) if (d / "provenance.json").is_file()}
-    return {key: {folder: p.get(field) for folder, p in made.items()} for key, field in PROVENANCE_FIELDS.items()}
+    return {key: {folder: field(p) for folder, p in made.items()} for key, field in PROVENANCE_FIELDS.items()}
 
 
 def read_report(file: Path) -> tuple[list[int], dict[str, list]]:
@@ -254,7 +265,8 @@ class BadReference(UsageError):
         super().__init__(f"{path}: {where or 'the file'} {problem}; {fix or restore(path)}")
 
 
-REFERENCE_KEYS = {"seeds", "git_commit", "curves", "final_ce", "tables", "table_seeds", "machine", *PROVENANCE_FIELDS}
+REFERENCE_KEYS = {"seeds", "git_commit", "curves", "final_ce", "tables", "table_seeds", "machine", "table_provenance",
+                  *PROVENANCE_FIELDS}
 POINT = re.compile(r"\d+( start)?")  # an evaluation point: "<step>", or "<step> start" at a phase start
 
 
@@ -288,10 +300,23 @@ def check_reference(content, path: Path, fix: str = ""):
             per_seed(values, len(seeds), json_path("curves", run, point), bad, ce=True)
         per_seed(finals[run], len(seeds), json_path("final_ce", run), bad, ce=True)
     check_tables(content, seeds, bad)
-    for key, what in (("run_commits", "a commit"), ("run_precisions", "a precision")):
-        for folder, value in expect(content.get(key, {}), dict, key, bad).items():
+    check_provenance(content, (), bad)
+    for name, made in expect(content.get("table_provenance", {}), dict, "table_provenance", bad).items():
+        if name not in content["tables"]:
+            raise bad(json_path("table_provenance", name), "names a table that tables lacks")
+        unknown = sorted(set(expect(made, dict, json_path("table_provenance", name), bad)) - {*PROVENANCE_FIELDS, "said"})
+        if unknown:
+            raise bad(json_path("table_provenance", name, unknown[0]), "is not a key the kit writes there")
+        check_provenance(made, ("table_provenance", name), bad)
+        expect(made.get("said", ""), str, json_path("table_provenance", name, "said"), bad)
+
+
+def check_provenance(content: dict, where: tuple[str, ...], bad):
+    """Each run folder's commit, precision and machine: a string, or null where its provenance.json lacked it."""
+    for key in PROVENANCE_FIELDS:
+        for folder, value in expect(content.get(key, {}), dict, json_path(*where, key), bad).items():
             if value is not None and not isinstance(value, str):
-                raise bad(json_path(key, folder), f"is {describe(value)}, not {what} (a string, or null)")
+                raise bad(json_path(*where, key, folder), f"is {describe(value)}, not a string (or null)")
 
 
 def check_tables(content: dict, seeds: list[int], bad):

@@ -32,7 +32,12 @@ def test_named_tables_are_replaced_and_the_rest_stays_as_shipped(tmp_path):
     after = reference.with_tables(before, runs, results, ["scratch"])
     assert after["tables"]["scratch"] == {"interaction": [0.28, 0.29, 0.27]}
     assert after["tables"]["table1"] == before["tables"]["table1"] and after["curves"] == before["curves"]
-    assert after["run_commits"] == {"s42/pre-grow": "a" * 40, "beyond/scratch/s43/pre-joint": "b" * 40}
+    # the table's runs are its own runs folder's, kept apart: a folder of the same name in the scale's runs is another run
+    assert after["run_commits"] == {"s42/pre-grow": "a" * 40}
+    assert after["table_provenance"]["scratch"] == {"run_commits": {"beyond/scratch/s43/pre-joint": "b" * 40},
+                                                    "run_precisions": {"beyond/scratch/s43/pre-joint": None},
+                                                    "run_machines": {"beyond/scratch/s43/pre-joint": None}}
+    reference.check_reference(after, tmp_path / "toy.json")
     assert before["tables"]["scratch"] == {}  # the shipped content is not changed in place
     # compare then checks the new table's per-seed values against their band
     rows = {r["name"]: r for r in reference.compare(results, after)}

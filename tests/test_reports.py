@@ -237,12 +237,18 @@ def test_a_reference_records_the_commit_that_trained_each_run(tmp_path):
     for folder, commit in (("s42/pre-grow", "a" * 40), ("beyond/scratch/s42/pre-joint", "b" * 40),
                            ("teacher", "c" * 40), ("s45/pre-grow", "d" * 40)):
         (runs / folder).mkdir(parents=True)
-        (runs / folder / "provenance.json").write_text(json.dumps({"git_commit": commit, "precision": "float32"}))
+        (runs / folder / "provenance.json").write_text(json.dumps({"git_commit": commit, "precision": "float32",
+                                                                   "device": "cpu", "cpu": "AMD EPYC",
+                                                                   "cpu_capability": "AVX2"}))
+    (runs / "teacher" / "provenance.json").write_text(json.dumps({"git_commit": "c" * 40, "device": "NVIDIA H200"}))
     (tmp_path / "results").mkdir()
     ref = reference.collect(runs, tmp_path / "results", [42])
     assert ref["run_commits"] == {"s42/pre-grow": "a" * 40, "beyond/scratch/s42/pre-joint": "b" * 40,
                                   "teacher": "c" * 40}
-    assert ref["run_precisions"] == dict.fromkeys(ref["run_commits"], "float32")
+    assert ref["run_precisions"] == {"s42/pre-grow": "float32", "beyond/scratch/s42/pre-joint": "float32", "teacher": None}
+    # the machine as provenance.json says it: the CPU with the instructions torch used, or the GPU's name
+    assert ref["run_machines"] == {"s42/pre-grow": "AMD EPYC (AVX2)", "beyond/scratch/s42/pre-joint": "AMD EPYC (AVX2)",
+                                   "teacher": "NVIDIA H200"}
 
 
 def test_compare_names_the_precision_its_bands_come_from(tmp_path, monkeypatch, capsys):
