@@ -199,7 +199,7 @@ def search(scale, seed, ladder, rungs, records_dir, dry_run, gpu, gpus, nodes, o
     ws = studies.attach(suite.workspace(scale, runs_dir, results_dir, dry_run, compile_flag=compile_flag, device=device,
                                         tracker=tracker, wait=not no_wait), records_dir, dry_run)
     overrides = presets.parse_overrides(presets.PRESETS[scale], overrides)  # the user's: each rung applies them last
-    seed = chosen_seeds(overrides, None if seed is None else [seed], [ws.preset.run["seed"]], "--seed")[0]
+    seed = chosen_seeds(overrides, None if seed is None else [seed], [presets.PRESETS[scale].run["seed"]], "--seed")[0]
     if dry_run:
         return preflight.print_search(ws, ladder, overrides, seed, gpu, gpus, nodes)
     run_search(ws, seed, force, overrides, ladder, rungs)
@@ -267,9 +267,9 @@ def train(scale, norm, protocol, seed, dry_run, gpu, gpus, nodes, overrides, com
           force, runs_dir):
     """Train one named run (and any run whose phases it shares), e.g. --norm post --protocol grow."""
     overrides = presets.parse_overrides(presets.PRESETS[scale], overrides)
+    seed = chosen_seeds(overrides, None if seed is None else [seed], [presets.PRESETS[scale].run["seed"]], "--seed")[0]
     ws = suite.workspace(scale, runs_dir, dry_run=dry_run, overrides=overrides, compile_flag=compile_flag,
                          device=device, tracker=tracker, wait=not no_wait)
-    seed = chosen_seeds(overrides, None if seed is None else [seed], [ws.preset.run["seed"]], "--seed")[0]
     check_norm(norm, ws.preset.run["blocks"])
     run = suite.RunName(norm, protocol)
     if dry_run:

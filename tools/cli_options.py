@@ -96,10 +96,10 @@ def seeded_workspace(scale, seeds, default_seeds, runs_dir, results_dir, dry_run
     """The workspace of an experiment over seeds, its --set parsed once, --lockstep resolved (unless given:
     where a seed's resident runs fit the GPU, plan.lockstep_default) and its seeds (chosen_seeds)."""
     overrides = presets.parse_overrides(presets.PRESETS[scale], overrides)
+    seeds = chosen_seeds(overrides, seeds, default_seeds or [presets.PRESETS[scale].run["seed"]], "--seeds")
     ws = suite.workspace(scale, runs_dir, results_dir, dry_run, overrides, compile_flag, device, tracker, wait=not no_wait)
     if lockstep is None:
         lockstep = dry_run or plan.lockstep_default(ws, tables.RUNS)
-    seeds = chosen_seeds(overrides, seeds, default_seeds or [ws.preset.run["seed"]], "--seeds")
     return replace(ws, lockstep=lockstep), seeds
 
 
