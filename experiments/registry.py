@@ -41,7 +41,7 @@ def variant_groups(variants: list[Variant]) -> Callable[[Workspace, int], list[G
 def ideas_groups(ws: Workspace, seed: int) -> list[Group]:
     """Idea 4's search on its own seed, then every option's runs and their baselines."""
     search = ideas.search_runs(ws.preset.run["blocks"])
-    variants = list({v.label: v for c in ideas.fixed_contrasts() for v in (c.variant, c.baseline)}.values())
+    _, variants = ideas.study_variants(None)  # before the search has chosen: the fixed contrasts' runs
     return [(", ".join(r.name for r in search), ws, search, ideas.SEARCH_SEED)] + variant_groups(variants)(ws, seed)
 
 
