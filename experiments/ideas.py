@@ -18,7 +18,8 @@ import math
 from dataclasses import dataclass
 
 import rundir
-from experiments import presets, readouts, report, studies, suite, tables, training
+from experiments import presets, readouts, reference, report, studies, suite, tables, training
+from experiments.readings import RULE, p_text
 from experiments.suite import RunName
 from experiments.variants import Variant, train_variants, variant_outcomes, variant_workspace
 
@@ -198,6 +199,36 @@ def read_family(rows: list[dict], chosen: RunName | None = None):
             row["reading"] = "secondary: interval only"
 
 
+def section_lines(numbers: dict[str, list], seeds: list[int]) -> list[str]:
+    """The study's contrasts from their per-seed values as a reference ships them (reference.report_numbers of
+    the report): each primary's Δ per seed and over seeds, Holm-adjusted by read_family (an untestable one enters
+    as p = 1), the secondaries as intervals. The one rendering of them: the live report's and the results page's."""
+    rows = []
+    for key in numbers:
+        if key.endswith(": delta"):
+            variant, _, baseline = key.removesuffix(": delta").partition(" against ")
+            contrast = contrast_of(variant, baseline)
+            rows.append({"idea": contrast.idea, "primary": contrast.primary, "variant": variant, "baseline": baseline,
+                         "delta": report.across_seeds([report.DIVERGED if v is None else v for v in numbers[key]]),
+                         "seeds": report.per_seed_text(numbers[key])})  # a null Δ: a run diverged (a CE is never n/a)
+    rows.sort(key=lambda r: (r["idea"], not r["primary"]))
+    read_family(rows, chosen_of(numbers))
+    lines = [f"The paper's seven proposed improvements, each against the run it changes: Δ = option − that run, final "
+             f"validation CE paired by seed ({report.seeds_text(seeds)}; negative: the option helps). One primary "
+             "contrast per idea; the seven are one family, Holm-adjusted.", "",
+             f"| idea | option | against | Δ CE | Δ per seed ({', '.join(map(str, seeds))}) | p (Holm) | reading | "
+             "smallest tie margin |", "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+    lines += [f"| {r['idea']} | {r['variant']} | {r['baseline']} | {report.stats_cell(r['delta'], True)} | {r['seeds']} | "
+              f"{p_text(r['p_holm'])} | {r['reading']} | {report.fmt(r['smallest_tie_margin'], 4)} |"
+              for r in rows if r["primary"]]
+    lines += ["", "Secondary contrasts (intervals only):", "", "| idea | option | against | Δ CE | Δ per seed |",
+              "| --- | --- | --- | --- | --- |"]
+    lines += [f"| {r['idea']} | {r['variant']} | {r['baseline']} | {report.stats_cell(r['delta'], True)} | {r['seeds']} |"
+              for r in rows if not r["primary"]]
+    return lines + ["", "Readings (the primary endpoints):", ""] + \
+        [f"- idea {r['idea']}: {r['reading']}" for r in rows if r["primary"]]
+
+
 def study_variants(chosen: RunName | None) -> tuple[list[Contrast], list[Variant]]:
     """The contrasts (idea 4's once the search has chosen) in idea order, and every run they read, once."""
     contrasts = sorted(fixed_contrasts() + (search_contrasts(chosen) if chosen else []), key=lambda c: c.idea)
@@ -272,49 +303,35 @@ def run_ideas(ws: suite.Workspace, seeds: list[int], force: bool = False) -> dic
 
 
 def markdown(out: dict, n_variants: int) -> list[str]:
-    seeds, found = out["seeds"], out["search"]
+    """The live report: its numbers as the results page renders the shipped ones (section_lines of what the
+    reference takes from this report), and what only the runs say: which diverged, the transitions' jumps and
+    events, idea 3's last block, the search, each option's cost."""
+    seeds, found, rows = out["seeds"], out["search"], out["rows"]
     lines = [f"# The paper's seven proposed improvements ({out['scale']} scale)", "",
-             f"Final validation CE, {report.seeds_text(seeds)}; Δ = option − the run it changes, paired by seed "
-             "(negative: the option helps). Settings, endpoints and the reading rule: docs/preregistrations.md, "
-             "2026-12-02. Ideas 5-7 act on the planted outlier (the boundary token at 37× at every appended "
-             "block's input).", "",
-             report.diverged_line(out["diverged_runs"], n_variants * len(seeds)), "",
-             "## Primary contrasts (one family, Holm)", "",
-             "Reading: above or below 0 where p (Holm) < 0.05, a tie within "
-             f"±{out['tie_margin']:g} where the 90% interval lies inside it (TOST), else inconclusive; the last "
-             "column but one is the smallest margin these seeds could have called a tie.", "",
-             f"| idea | option | against | Δ CE | Δ per seed ({', '.join(map(str, seeds))}) | p (Holm) | reading | "
-             "smallest tie margin | cost |", "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
-    lines += [f"| {r['idea']} | {r['variant']} | {r['baseline']} | {report.stats_cell(r['delta'], True)} | "
-              f"{report.per_seed_text(r['delta']['values'])} | {report.fmt(r['p_holm'], 3)} | {r['reading']} | "
-              f"{report.fmt(r['smallest_tie_margin'], 4)} | {r['cost']} |"
-              for r in out["rows"] if r["primary"]]
-    lines += ["", "## Secondary contrasts (descriptive: intervals only)", "",
-              "| idea | option | against | option CE | Δ CE |", "| --- | --- | --- | --- | --- |"]
-    lines += [f"| {r['idea']} | {r['variant']} | {r['baseline']} | {report.stats_cell(r['variant_ce'])} | "
-              f"{report.stats_cell(r['delta'], True)} |" for r in out["rows"] if not r["primary"]]
-    lines += ["", "## Transition jumps (descriptive)", "",
-              "The CE at a phase's start (after the transition's changes, before its first update) minus the CE at "
-              "the previous phase's end, averaged over the transitions.", "",
-              "| idea | option | option's jump | against | its jump | Δ |", "| --- | --- | --- | --- | --- | --- |"]
+             report.diverged_line(out["diverged_runs"], n_variants * len(seeds)), "", RULE, "",
+             *section_lines(reference.report_numbers(out), seeds), "",
+             "## Transition jumps (descriptive)", "",
+             "The CE at a phase's start (after the transition's changes, before its first update) minus the CE at "
+             "the previous phase's end, averaged over the transitions.", "",
+             "| idea | option | option's jump | against | its jump | Δ |", "| --- | --- | --- | --- | --- | --- |"]
     lines += [f"| {r['idea']} | {r['variant']} | {report.stats_cell(r['jump'], True)} | {r['baseline']} | "
-              f"{report.stats_cell(r['baseline_jump'], True)} | {report.stats_cell(r['jump_delta'], True)} |"
-              for r in out["rows"]]
+              f"{report.stats_cell(r['baseline_jump'], True)} | {report.stats_cell(r['jump_delta'], True)} |" for r in rows]
     lines += ["", "## Idea 3: the last block's removal ΔCE at the end (descriptive)", "",
               "CE with the last block bypassed minus the CE of the whole student, at the run's endpoint, on the "
               "diagnostic batch (Table 4's).", "", "| option | its last block | against | its last block | Δ |",
               "| --- | --- | --- | --- | --- |"]
     lines += [f"| {r['variant']} | {report.stats_cell(r['last_block_removal']['option'])} | {r['baseline']} | "
               f"{report.stats_cell(r['last_block_removal']['baseline'])} | "
-              f"{report.stats_cell(r['last_block_removal']['delta'], True)} |"
-              for r in out["rows"] if "last_block_removal" in r]
+              f"{report.stats_cell(r['last_block_removal']['delta'], True)} |" for r in rows if "last_block_removal" in r]
     lines += ["", "## What the transitions did", "", "| option | transitions over the seeds |", "| --- | --- |"]
-    lines += [f"| {r['variant']} | {r['transitions']} |" for r in out["rows"] if r["transitions"] != "no transition rows"]
+    lines += [f"| {r['variant']} | {r['transitions']} |" for r in rows if r["transitions"] != "no transition rows"]
     lines += ["", f"## Idea 4: the search on seed {found['seed']}", "",
               f"Chosen: {found['chosen'] or 'none (every search run diverged)'}. "
               + report.diverged_line(found["diverged"], len(found["ce"])), "",
               "| schedule | validation CE |", "| --- | --- |"]
     lines += [f"| {name} | {report.fmt(value, 4)} |" for name, value in found["ce"].items()]
-    lines += ["", "Cost: what each option adds to a run, counted from its design. Each run's wall time is listed below "
-                  "with its machine (runs in lockstep share one clock; machines differ in speed)."]
-    return lines
+    lines += ["", "## Cost: what each option adds to a run, counted from its design", "",
+              "| idea | option | against | cost |", "| --- | --- | --- | --- |"]
+    lines += [f"| {r['idea']} | {r['variant']} | {r['baseline']} | {r['cost']} |" for r in rows]
+    return lines + ["", "Each run's wall time is listed below with its machine (runs in lockstep share one clock; "
+                        "machines differ in speed)."]

@@ -15,22 +15,17 @@ seeds allowed (report.smallest_tie_margin).
 """
 from __future__ import annotations
 
-import math
 import re
 from collections import Counter
 from functools import partial
 from pathlib import Path
 
-from experiments import beyond, ideas, page_figures, reference, report, studies, tables, tail
+from experiments import beyond, ideas, page_figures, paper_reports, reference, report, studies, tables, tail
 from experiments.readings import (
-    POST_HOC,
     RULE,
-    diverged_line,
-    p_text,
     read,
     reading_cell,
     seeds_of,
-    sentence,
     stats,
 )
 from paper import DELTAS
@@ -88,64 +83,17 @@ def with_phase_deltas(numbers: dict, curves: dict) -> dict:
     return out
 
 
-class Looked(dict):
-    """A dict that remembers which keys were read: which means a claim of the paper looked at."""
-
-    def __init__(self, *args):
-        super().__init__(*args)
-        self.seen = set()
-
-    def __getitem__(self, key):
-        self.seen.add(key)
-        return super().__getitem__(key)
-
-
-def claim_lines(exp: tables.Experiment, st: dict) -> list[str]:
-    """The paper's claims checked on the kit's means, as paper_reports.report_experiment prints them; a claim
-    that reads a null mean (a diverged run, n/a) or a number this reference lacks gets no verdict."""
-    if not exp.claims:
-        return []
-    lines = ["", "The paper's claims, checked on the kit's means (a check of direction with no interval; the "
-                 "readings are the tests):", ""]
-    for claim, agrees in exp.claims:
-        means = Looked({k: s["mean"] for k, s in st.items()})
-        try:
-            holds = agrees(means)
-        except KeyError:
-            lines.append(f"- not checkable (this reference lacks its numbers): {claim}")
-            continue
-        null = any(math.isnan(means.get(key)) for key in means.seen)
-        lines.append(f"- {'no verdict (a mean it reads is null)' if null else 'agrees' if holds else 'DISAGREES'}: {claim}")
-    return lines
-
-
 def experiment_section(name: str, reference: dict, full: bool) -> list[str]:
-    exp, seeds = tables.EXPERIMENTS[name], seeds_of(reference, name)
+    """A paper experiment's section from the reference's per-seed numbers, by the renderer the live report uses."""
     numbers = reference["tables"][name]
+    if not numbers:
+        return [f"## {name}", "", f"{tables.EXPERIMENTS[name].about}.", "",
+                "A figure of one seed: the reference holds no per-seed numbers for it.", ""]
     if name == "table2":
         numbers = with_phase_deltas(numbers, reference["curves"])
-    lines = [f"## {name}", "", f"{exp.about}.", ""]
-    if not numbers:
-        return lines + ["A figure of one seed: the reference holds no per-seed numbers for it.", ""]
-    runs = {run.name: reference["final_ce"][run.name] for run in exp.runs if run.name in reference["final_ce"]}
-    st = {key: stats(values) for key, values in numbers.items()}
-    rows = [r for r in exp.rows if r.key in st]
-    lines += [diverged_line(runs, seeds, "runs this table reads"), ""]
-    if exp.layout and len(rows) == len(exp.rows):
-        lines += exp.layout(st, len(seeds))
-    lines += report.table_markdown(rows, st, len(seeds), full)
-    absent = [r.label for r in exp.rows if r.key not in st]
-    if absent:
-        lines += ["", f"Not in this reference (shipped before the report had them): {'; '.join(absent)}."]
-    lines += claim_lines(exp, st)
-    labels = {r.key: r.label for r in exp.rows}
-    declared = [key for key in exp.readings if key in st]
-    if declared:
-        lines += ["", "Readings:", ""]
-        notes = {declared[0]: " (the primary endpoint)"} if name == "table1" else {}
-        notes |= {key: " (post hoc)" for key in POST_HOC.get(name, ())}
-        lines += [f"- {sentence(labels[key] + notes.get(key, ''), st[key])}" for key in declared]
-    return lines + ([""] + [exp.note] if exp.note else []) + [""]
+    final_ce = {run.name: reference["final_ce"][run.name] for run in tables.EXPERIMENTS[name].runs
+                if run.name in reference["final_ce"]}
+    return [f"## {name}", ""] + paper_reports.section(name, numbers, seeds_of(reference, name), final_ce, full)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -187,34 +135,10 @@ def other_section(name: str, reference: dict) -> list[str]:
 
 
 def ideas_section(scale: str, reference: dict) -> list[str]:
-    """The seven ideas (docs/preregistrations.md, 2026-12-02, 2026-12-03): each primary contrast's Δ per seed and
-    over seeds, Holm-adjusted as ideas.read_family does (an untestable one enters as p = 1), the secondaries
-    as intervals; and each run's machine, from its committed record."""
-    seeds, numbers = seeds_of(reference, "ideas"), reference["tables"]["ideas"]
-    rows = []
-    for key in numbers:
-        if key.endswith(": delta"):
-            variant, _, baseline = key.removesuffix(": delta").partition(" against ")
-            contrast = ideas.contrast_of(variant, baseline)
-            rows.append({"idea": contrast.idea, "primary": contrast.primary, "variant": variant, "baseline": baseline,
-                         "delta": stats(numbers[key]), "seeds": report.per_seed_text(numbers[key])})
-    rows.sort(key=lambda r: (r["idea"], not r["primary"]))
-    ideas.read_family(rows, ideas.chosen_of(numbers))
-    lines = ["## ideas", "", f"The paper's seven proposed improvements, each against the run it changes: Δ = option − "
-             f"that run, final validation CE paired by seed ({report.seeds_text(seeds)}; negative: the option helps). "
-             "One primary contrast per idea; the seven are one family, Holm-adjusted.", "",
-             f"| idea | option | against | Δ CE | Δ per seed ({', '.join(map(str, seeds))}) | p (Holm) | reading | "
-             "smallest tie margin |", "| --- | --- | --- | --- | --- | --- | --- | --- |"]
-    lines += [f"| {r['idea']} | {r['variant']} | {r['baseline']} | {report.stats_cell(r['delta'], True)} | {r['seeds']} | "
-              f"{p_text(r['p_holm'])} | {r['reading']} | {report.fmt(r['smallest_tie_margin'], 4)} |"
-              for r in rows if r["primary"]]
-    lines += ["", "Secondary contrasts (intervals only):", "", "| idea | option | against | Δ CE | Δ per seed |",
-              "| --- | --- | --- | --- | --- |"]
-    lines += [f"| {r['idea']} | {r['variant']} | {r['baseline']} | {report.stats_cell(r['delta'], True)} | {r['seeds']} |"
-              for r in rows if not r["primary"]]
-    lines += ["", "Readings (the primary endpoints):", ""]
-    lines += [f"- idea {r['idea']}: {r['reading']}" for r in rows if r["primary"]]
-    return lines + [""] + studies.recorded_machines(scale) + [""]
+    """The seven ideas as their live report renders them (ideas.section_lines), and each run's machine, from its
+    committed record."""
+    numbers, seeds = reference["tables"]["ideas"], seeds_of(reference, "ideas")
+    return ["## ideas", "", *ideas.section_lines(numbers, seeds), "", *studies.recorded_machines(scale), ""]
 
 
 SECTIONS = {"placements": placements_section, "intervention": intervention_section, "planted": planted_section,

@@ -1,8 +1,11 @@
-"""The paper's experiments reported: results/<scale>/<experiment>.md and .json from their finished runs (each
-number's mean and 95% t-interval over seeds beside the paper's, the paper's claims on the kit's means, the declared
-readings, the figures), and the same table on the terminal.
+"""The paper's experiments reported, by one renderer for live and shipped numbers alike: `section` prints an
+experiment's section from its per-seed numbers (each number's mean and 95% t-interval over seeds beside the paper's,
+the paper's claims on the kit's means, the declared readings). The results pages print it from references/<scale>.json
+(pages.experiment_section); report_experiment prints it from finished runs into results/<scale>/<experiment>.md and
+.json, adding what only live runs have (the figures and the numbers they plot) and the same table on the terminal.
 
     paper_reports.report_experiment(ws, "table1", [42, 43, 44])
+    paper_reports.section("table1", {"pre_joint": [4.01, 3.99, None], ...}, [42, 43, 44], final_ce, full=False)
 """
 from __future__ import annotations
 
@@ -12,61 +15,86 @@ from typing import TYPE_CHECKING
 
 import rundir
 from experiments import report
-from experiments.presets import TIE_MARGIN
+from experiments.readings import POST_HOC, diverged_line, read, sentence, stats
 from experiments.suite import console
-from experiments.tables import EXPERIMENTS
+from experiments.tables import EXPERIMENTS, Experiment
 
 if TYPE_CHECKING:
     from experiments.suite import Workspace
 
 
+def section(name: str, numbers: dict[str, list], seeds: list[int], final_ce: dict[str, list], full: bool) -> list[str]:
+    """An experiment's section, below its heading, from {key: [value per seed]} and {run: [final CE per seed]} as a
+    reference ships them (null: a diverged run, n/a or never): what it is, which runs diverged, its table (in the
+    paper's layout too where it has one), the rows the numbers lack, the paper's claims and the declared readings."""
+    exp, st = EXPERIMENTS[name], {key: stats(values) for key, values in numbers.items()}
+    rows = [r for r in exp.rows if r.key in st]
+    lines = [f"{exp.about}.", "", diverged_line(final_ce, seeds, "runs this table reads"), ""]
+    if exp.layout and len(rows) == len(exp.rows):
+        lines += exp.layout(st, len(seeds))
+    lines += report.table_markdown(rows, st, len(seeds), full)
+    absent = [r.label for r in exp.rows if r.key not in st]
+    if absent:
+        lines += ["", f"Not in this reference (shipped before the report had them): {'; '.join(absent)}."]
+    if exp.claims:
+        lines += ["", "The paper's claims, checked on the kit's means (a check of direction with no interval; the "
+                      "readings are the tests):", ""]
+        lines += [f"- {verdict}: {claim}" for claim, verdict in claim_verdicts(exp, st)]
+    labels = {r.key: r.label for r in exp.rows}
+    declared = [key for key in exp.readings if key in st]
+    if declared:
+        notes = {declared[0]: " (the primary endpoint)"} if name == "table1" else {}
+        notes |= {key: " (post hoc)" for key in POST_HOC.get(name, ())}
+        lines += ["", "Readings:", ""] + [f"- {sentence(labels[key] + notes.get(key, ''), st[key])}" for key in declared]
+    return lines + ([""] + [exp.note] if exp.note else []) + [""]
+
+
+def claim_verdicts(exp: Experiment, st: dict) -> list[tuple[str, str]]:
+    """(the paper's claim, its verdict on the kit's means): "agrees" or "DISAGREES"; none where it reads a number
+    with no mean: a null one (a diverged run, n/a) or one the reference lacks (shipped before the report had it)."""
+    verdicts = []
+    for claim, agrees in exp.claims:
+        try:  # a null mean is left out, so a claim that reads it stops there, as at a number the reference lacks
+            verdict = "agrees" if agrees({k: s["mean"] for k, s in st.items() if not math.isnan(s["mean"])}) else "DISAGREES"
+        except KeyError as e:
+            verdict = "no verdict (a mean it reads is null)" if e.args[0] in st else \
+                "not checkable (this reference lacks its numbers)"
+        verdicts.append((claim, verdict))
+    return verdicts
+
+
 def report_experiment(ws: Workspace, name: str, seeds: list[int]) -> dict:
-    exp = EXPERIMENTS[name]
+    exp, full = EXPERIMENTS[name], ws.preset.name == "full"
     out = {"experiment": name, "about": exp.about, "scale": ws.preset.name, "seeds": seeds, "note": exp.note,
            "git_commit": rundir.git_commit(),
-           "runs_config_sha256": report.configs_hash([ws.run_dir(r, s) for s in seeds for r in exp.runs])}
-    md = [f"# {name} ({ws.preset.name} scale)", "", exp.about, ""]
-    diverged = report.diverged_runs(ws, exp.runs, seeds)
-    out["diverged_runs"] = diverged
-    if diverged:
-        md += [report.diverged_line(diverged, len(exp.runs) * len(seeds)), ""]
+           "runs_config_sha256": report.configs_hash([ws.run_dir(r, s) for s in seeds for r in exp.runs]),
+           "diverged_runs": report.diverged_runs(ws, exp.runs, seeds)}
+    # The numbers as the reference will ship them (null: diverged, n/a, never), so the section reads as on the page.
+    final_ce = {run.name: report.finite([report.final_ce(ws, run, s) for s in seeds]) for run in exp.runs}
+    md = [f"# {name} ({ws.preset.name} scale)", ""]
     if exp.numbers:
         per_seed = [exp.numbers(ws, s) for s in seeds]
-        keys = dict.fromkeys([*per_seed[0], *(row.key for row in exp.rows)])  # a deeper student has more than the rows
-        stats = {key: report.across_seeds([p[key] for p in per_seed]) for key in keys}
-        out["rows"] = [{"label": r.label, "key": r.key, "paper": r.paper, **stats[r.key]} for r in exp.rows]
-        full = ws.preset.name == "full"
-        md += (exp.layout(stats, len(seeds)) if exp.layout else []) + \
-            report.table_markdown(exp.rows, stats, len(seeds), full)
-        means = {k: s["mean"] for k, s in stats.items()}
-        out["claims"] = [{"claim": claim, "agrees": None if diverged else bool(agrees(means))}
-                         for claim, agrees in exp.claims]
-        verdict = lambda c: "no verdict (runs diverged)" if c["agrees"] is None else \
-            "agrees" if c["agrees"] else "DISAGREES"
-        md += ["", "The paper's claims, on the kit's means:", ""] * bool(exp.claims) + \
-            [f"- {verdict(c)}: {c['claim']}" for c in out["claims"]]
-        labels = {r.key: r.label for r in exp.rows}
-        out["readings"] = {key: report.reading(stats[key], TIE_MARGIN) for key in exp.readings}
-        out["smallest_tie_margins"] = {key: report.smallest_tie_margin(stats[key]) for key in exp.readings}
-        md += ["", f"Read by the rule fixed before the results (95% interval; a tie if the 90% interval lies within "
-                   f"±{TIE_MARGIN:g} nats, TOST), {report.seeds_text(seeds)}; in parentheses the smallest margin "
-                   "these seeds could have called a tie within (|mean| + the 90% half-width):", ""] * bool(exp.readings) + \
-            [f"- {labels[k]}{' (the primary endpoint)' * (name == 'table1' and i == 0)}: {r}"
-             + (f" (±{out['smallest_tie_margins'][k]:.4f})" if math.isfinite(out["smallest_tie_margins"][k]) else "")
-             for i, (k, r) in enumerate(out["readings"].items())]
-        console.print(report.terminal_table(f"{name}: {exp.about}", exp.rows, stats, len(seeds), full))
-    if exp.figures and any(line.startswith(f"{run.name} s{seeds[0]} ") for line in diverged for run in exp.runs):
+        numbers = {key: report.finite([p[key] for p in per_seed]) for key in per_seed[0]}  # a deeper student has more
+        st = {key: stats(values) for key, values in numbers.items()}
+        rows, declared = [r for r in exp.rows if r.key in st], [key for key in exp.readings if key in st]
+        out["rows"] = [{"label": r.label, "key": r.key, "paper": r.paper, **st[r.key]} for r in rows]
+        out["claims"] = [{"claim": claim, "agrees": {"agrees": True, "DISAGREES": False}.get(verdict)}
+                         for claim, verdict in claim_verdicts(exp, st)]
+        out["readings"] = {key: read(st[key]) for key in declared}
+        out["smallest_tie_margins"] = {key: report.smallest_tie_margin(st[key]) for key in declared}
+        md += section(name, numbers, seeds, final_ce, full)
+        console.print(report.terminal_table(f"{name}: {exp.about}", rows, st, len(seeds), full))
+    else:
+        md += [f"{exp.about}.", "", diverged_line(final_ce, seeds, "runs this figure draws"), ""]
+    if exp.figures and any(ce[0] is None for ce in final_ce.values()):
         md += [f"No figures: a run they draw diverged on seed {seeds[0]}."]
     elif exp.figures:
         figs = exp.figures(ws, seeds[0], caption=f"normgrow, {ws.preset.name} scale, seed {seeds[0]} ({name})")
         out["figures"] = {k: str(v) for k, v in figs.items() if isinstance(v, Path)}
         out["data"] = {k: v for k, v in figs.items() if not isinstance(v, Path)}
-        md += [""] + [f"![{k}]({Path(v).name})" for k, v in out["figures"].items()]
+        md += [f"![{k}]({Path(v).name})" for k, v in out["figures"].items()]
         md += ["", "The numbers plotted, beside the paper's:", ""] + report.figure_table(figs.get("table", []))
-        if len(seeds) > 1:
-            md += ["", f"Figures show seed {seeds[0]}."]
+        md += ["", f"Figures show seed {seeds[0]}."] * (len(seeds) > 1)
         if ws.ctx.is_main:
             console.print(f"[bold]{name}[/]: " + ", ".join(out["figures"].values()))
-    if exp.note:
-        md += ["", exp.note]
-    return report.write(ws.results, name, out, md)
+    return report.write(ws.results, name, out, md[:-1] if md[-1] == "" else md)

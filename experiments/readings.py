@@ -30,7 +30,7 @@ def read(s: dict, p_holm: float | None = None) -> str:
     a family report.adjusted_reading by its Holm-adjusted p. A seed without a value gives no reading."""
     missing = sum(not math.isfinite(v) for v in s["values"])
     if missing:
-        return f"no reading: {missing} of {len(s['values'])} seeds have no value (null in the reference)"
+        return f"no reading: {missing} of {len(s['values'])} seeds have no value (null: a diverged run, n/a or never)"
     if p_holm is None:
         return report.reading(s, TIE_MARGIN)
     return report.adjusted_reading(s, p_holm, TIE_MARGIN)

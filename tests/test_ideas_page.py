@@ -1,6 +1,8 @@
-"""The ideas section of a results page (experiments/pages.py), generated from a reference's per-seed values:
-the primary contrasts Holm-adjusted as the pre-registration says, read by the declared rule, checked against
-numbers planted by hand."""
+"""The ideas study's one rendering (ideas.section_lines), of the results page and of the live report alike, from a
+reference's per-seed values: the primary contrasts Holm-adjusted as the pre-registration says, read by the
+declared rule, checked against numbers planted by hand."""
+import json
+
 from experiments import ideas, pages, readings, reference, report
 
 SEEDS = [42, 43, 44]
@@ -20,8 +22,7 @@ def ideas_report(deltas: dict[str, list[float]]) -> dict:
 
 
 def section(deltas: dict) -> list[str]:
-    numbers = reference.report_numbers(ideas_report(deltas))
-    return pages.ideas_section("nowhere", {"seeds": SEEDS, "tables": {"ideas": numbers}, "table_seeds": {"ideas": SEEDS}})
+    return ideas.section_lines(reference.report_numbers(ideas_report(deltas)), SEEDS)
 
 
 def primary_rows(lines: list[str]) -> dict[int, list[str]]:
@@ -59,3 +60,23 @@ def test_a_planted_harm_reads_above_zero_and_the_secondaries_carry_no_reading():
     secondary = lines[lines.index("| idea | option | against | Δ CE | Δ per seed |") + 2:]
     assert any("| 4 | pre,post,post-grow (chosen on seed 41) | pre-grow | " in line and "| +0.0100, +0.0200, +0.0300 |"
                in line for line in secondary)
+
+
+def test_the_live_report_renders_its_contrasts_as_the_page_renders_the_shipped_ones():
+    """ideas.markdown of a live report holds, line for line, the page's section of the numbers the reference takes
+    from that report's JSON, a diverged seed (null there) included; what only the runs say comes after."""
+    out = ideas_report({"pre-grow + reinit": [0.30, report.DIVERGED, 0.305]})
+    jump = report.across_seeds([0.01, 0.02, 0.03])
+    for row in out["rows"]:
+        row |= {"jump": jump, "baseline_jump": jump, "jump_delta": jump, "transitions": "no transition rows", "cost": ""}
+    ce = {name: 3.0 + i / 10 for i, name in enumerate(ideas.schedules(3))}
+    out |= {"scale": "toy", "diverged_runs": ["s43/pre-grow + reinit"],
+            "search": {"seed": ideas.SEARCH_SEED, "ce": ce, "chosen": "pre,post,post", "diverged": []}}
+    shipped = {"seeds": SEEDS, "tables": {"ideas": reference.report_numbers(json.loads(json.dumps(report.finite(out))))}}
+    page = pages.ideas_section("nowhere", shipped)
+    live = ideas.markdown(out, 17)
+    start = live.index(page[2])
+    assert live[start:start + len(page) - 4] == page[2:-2] and page[-2:] == ["", ""]
+    idea3 = primary_rows(page)[3]
+    assert idea3[3:7] == ["+0.3025 [+0.2707, +0.3343] (1 of 3 diverged)", "+0.3000, n/a, +0.3050", "n/a (no test)",
+                          "no reading: 1 of 3 diverged"]

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 
-from experiments import figures, page_figures, pages, presets, readings, reference, report
+from experiments import figures, page_figures, pages, paper_reports, presets, readings, reference, report
 from plumbing import checkpoint
 from plumbing.errors import UsageError
 
@@ -71,6 +71,19 @@ def test_a_null_seed_gives_no_reading_and_a_diverged_run_is_counted():
     assert readings.read(s).startswith("no reading: 1 of 3 seeds") and "**" not in readings.sentence("Δ", s)
     assert "diverged: 1 of the 6 runs (b s43)" in readings.diverged_line({"a": [1.0, 2.0, 3.0], "b": [1.0, None, 3.0]},
                                                                       [42, 43, 44], "runs")
+
+
+def test_one_renderer_gives_a_null_number_no_mean_no_verdict_and_no_reading():
+    """paper_reports.section, which the page and the live report both print: a diverged run (null) is named, a
+    number it enters shows its seeds' values, and a claim or a reading that reads it gives none."""
+    final = {"pre-joint": [4.0, 4.1], "post-joint": [3.8, None], "pre-grow": [3.5, 3.6], "post-grow": [3.4, 3.5]}
+    numbers = {key.replace("-", "_"): ce for key, ce in final.items()} | \
+        {"delta_joint": [-0.2, None], "delta_grow": [-0.1, -0.1], "interaction": [0.1, None]}
+    text = "\n".join(paper_reports.section("table1", numbers, [42, 43], final, full=False))
+    assert "diverged: 1 of the 8 runs this table reads (post-joint s43)" in text
+    assert "| delta joint | n/a (per seed: -0.2000, n/a) |" in text
+    assert "- no verdict (a mean it reads is null): post-norm and pre-norm nearly tie" in text
+    assert "- delta joint: no reading: 1 of 2 seeds have no value" in text and "- delta grow: -0.1000" in text
 
 
 def test_in_a_family_holm_decides_the_sign_not_the_members_own_interval():

@@ -24,7 +24,7 @@ import diag
 import grow
 import model
 import rundir
-from experiments import presets, suite, tables
+from experiments import pages, presets, reference, suite, tables
 from plumbing import devices, tokenizer
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -121,6 +121,17 @@ def test_below_full_scale_tables_compare_directions_not_values(smoke):
     report = json.loads((results / "table1.json").read_text())
     assert report["claims"] and all(isinstance(c["agrees"], bool) for c in report["claims"])
     assert ("- agrees: " in md) or ("- DISAGREES: " in md)
+
+
+def test_a_live_report_holds_the_section_its_shipped_numbers_render(smoke):
+    """One renderer (paper_reports.section): below its heading, each paper table's live report is the results page's
+    section rendered from the reference these runs and reports make, then only what live runs add (figures)."""
+    runs, results, _, _ = smoke
+    shipped = reference.collect(runs, results, [42, 43])
+    for name, exp in tables.EXPERIMENTS.items():
+        if exp.numbers:
+            section = "\n".join(pages.experiment_section(name, shipped, full=False)[2:]).strip()
+            assert (results / f"{name}.md").read_text().startswith(f"# {name} (smoke scale)\n\n{section}"), name
 
 
 def test_compare_passes_an_honest_rerun_and_flags_a_perturbed_one(smoke, tmp_path):
