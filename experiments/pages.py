@@ -59,11 +59,43 @@ def provenance_lines(reference: dict) -> list[str]:
         f"{p}, {n} run folder{'s' * (n > 1)}" for p, n in sorted(made_in.items())) + "." if made_in else
         "- Precision of the runs: not recorded in this reference (`run_precisions` came after it).")
     machine = reference.get("machine")
-    lines.append(f"- Machine: {machine}." if machine else
-                 "- Machine: not recorded in this reference (each run's `provenance.json` records its device and "
-                 "precision; `repro.py reference` does not copy them). Where the README recorded them: "
-                 "[method.md](../method.md#where-the-shipped-numbers-were-trained).")
+    if reference.get("run_machines"):
+        lines.append("- Machine of the runs (from each run's `provenance.json`): " + made_on(reference, commits) + ".")
+    if reference.get("table_provenance"):
+        lines.append(f"- Rerun in runs folders of their own, apart from the runs above: "
+                     f"{', '.join(sorted(reference['table_provenance']))}; each section says what trained its runs.")
+    else:
+        lines.append(f"- Machine: {machine}." if machine else
+                     "- Machine: not recorded in this reference (each run's `provenance.json` records its device and "
+                     "precision; `repro.py reference` does not copy them). Where the README recorded them: "
+                     "[method.md](../method.md#where-the-shipped-numbers-were-trained).")
     return lines
+
+
+def made_on(made: dict, folders) -> str:
+    """The machines of run folders as a reference keeps them (`run_machines`), each with how many folders; the
+    folders of an unrecorded one named."""
+    machines = made.get("run_machines") or {}
+    counts = Counter(machines.get(folder) for folder in folders)
+    unknown = sorted(folder for folder in folders if machines.get(folder) is None)
+    return "; ".join(f"{m}, {n} run folder{'s' * (n > 1)}" for m, n in sorted(counts.items(), key=lambda i: str(i[0]))
+                     if m is not None) + (f"; not recorded, {len(unknown)} ({', '.join(unknown)})" if unknown else "")
+
+
+def own_runs_line(name: str, reference: dict) -> list[str]:
+    """A table rerun in a runs folder of its own (`table_provenance`): what trained its runs, which are not the
+    runs the rest of the page reads, even where their names are the same (its undosed suite runs)."""
+    made = (reference.get("table_provenance") or {}).get(name)
+    if not made:
+        return []
+    folders = list(made.get("run_commits") or made.get("run_precisions") or {})
+    kinds = Counter((made.get("run_precisions", {}).get(f) or "precision not recorded",
+                     made.get("run_machines", {}).get(f) or "machine not recorded") for f in folders)
+    commits = Counter((made.get("run_commits", {}).get(f) or "")[:7] for f in folders)
+    return ["Its runs are its own runs folder's, not those the rest of this page reads (even where a name is the same): "
+            + "; ".join(f"{n} run folders in {p} on {m}" for (p, m), n in sorted(kinds.items())) + "; trained at "
+            + ", ".join(f"`{c}` ({n})" if c else f"a commit not recorded ({n})" for c, n in sorted(commits.items()))
+            + (f". {made['said'][0].upper()}{made['said'][1:]}" if made.get("said") else "") + ".", ""]
 
 
 # ----------------------------------------------------------------------------------------------
@@ -168,7 +200,8 @@ def render_reference(scale: str, content: dict) -> str:
         lines += read_from(scale, where(name), experiment_section, name, content, scale == "full")
     for name in sorted(others, key=lambda n: (n not in BEYOND, BEYOND.index(n) if n in BEYOND else 0, n)):
         sections = {**SECTIONS, "ideas": partial(ideas_section, scale)}
-        lines += read_from(scale, where(name), sections.get(name, partial(other_section, name)), content)
+        section = read_from(scale, where(name), sections.get(name, partial(other_section, name)), content)
+        lines += section[:2] + own_runs_line(name, content) + section[2:]  # below its heading
     if scale in tail.REGULAR_RMS and scale != "smoke":  # its study's runs are read from their committed records
         lines += ["", *tail.page_section(scale, studies.RECORDS_DIR)]
     return "\n".join(lines).rstrip("\n") + "\n"

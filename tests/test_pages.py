@@ -292,3 +292,20 @@ def test_the_plain_words_follow_each_claims_reading():
     assert pages.claim_words("X", "below 0", "inconclusive") == "is inconclusive on X"
     toy = pages.claims({"toy": pages.shipped("toy")})[0]
     assert "finds the opposite of the primary endpoint" in toy and "+0.1871 [+0.0805, +0.2937]" in toy
+
+
+def test_each_section_names_what_trained_its_runs_from_their_provenance():
+    """Issue 48: a table rerun in a runs folder of its own (the planted 2 x 2, in bf16) says so in its section, from
+    the reference's table_provenance, and the page's header gives the machines of the scale's own runs, from
+    run_machines; a precision or machine changed in the reference changes what the page says."""
+    ref = copy.deepcopy(reference.load("toy"))
+    page = pages.render_reference("toy", ref)
+    planted = page.split("## planted", 1)[1].split("\n## ", 1)[0]
+    assert "18 run folders in bfloat16 on AMD EPYC (AVX512 + AVX512-BF16)" in planted and "`b77bac2` (3)" in planted
+    assert "- Machine of the runs (from each run's `provenance.json`): AMD EPYC (AVX2), 69 run folders" in page
+    assert "beyond/dose-channel-1000/s*/post-grow" not in page.split("## ", 1)[0]  # planted's, not the scale's
+    made = ref["table_provenance"]["planted"]
+    made["run_precisions"] = dict.fromkeys(made["run_precisions"], "float32")
+    ref["run_machines"]["s42/pre-grow"] = "Intel Xeon (AMX)"
+    changed = pages.render_reference("toy", ref)
+    assert "18 run folders in float32 on AMD EPYC" in changed and "Intel Xeon (AMX), 1 run folder" in changed
