@@ -410,8 +410,8 @@ def make_reference(scale, seeds, force, tables, runs_dir, results_dir):
               help="Whose shipped reference (default: the scale TARGET's folder names, runs/<scale> or results/<scale>).")
 def compare_with_reference(target, scale):
     """Is a run (or a scale's runs, or its results) finished and within the band of the shipped seeds? Exits 1 if not."""
-    from experiments import reference
-    reference.check(target, scale)
+    from experiments import comparison
+    comparison.check(target, scale)
 
 
 @cli.command("results")

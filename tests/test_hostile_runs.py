@@ -28,7 +28,7 @@ import grow
 import model
 import prepare_shards
 import rundir
-from experiments import reference
+from experiments import comparison
 from plumbing import checkpoint, corpora, errors, locks, tokenizer
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -348,7 +348,7 @@ def test_a_done_json_edited_by_hand_is_refused_in_one_line(run, ce, why):
         rundir.final_eval(run)
     assert str(run / "done.json") in str(e.value) and why in str(e.value) and "\n" not in str(e.value)
     with pytest.raises(errors.TrainingError):
-        reference.run_numbers(run)  # compare's numbers: never a band check of an edited number
+        comparison.run_numbers(run)  # compare's numbers: never a band check of an edited number
 
 
 @pytest.mark.parametrize("key, change", [("ppl", lambda v: v * 0.9), ("kd", lambda v: v + 0.01), ("step", lambda v: v - 1)])
@@ -397,7 +397,7 @@ def test_a_torn_line_in_a_finished_run_s_log_is_reported_with_its_line_number(ru
     lines = len(text.splitlines())
     (run / "metrics.jsonl").write_text(text[:-20])
     with pytest.raises(errors.TrainingError, match=f"metrics.jsonl:{lines}: cut short"):
-        reference.measured(run)
+        comparison.measured(run)
     (run / "metrics.jsonl").write_text(text.replace("\n", "\n{\"step\": 3, \"lo\n", 1))  # not the last line
     with pytest.raises(errors.TrainingError, match="metrics.jsonl:2: cut short"):
         rundir.read_metrics(run)

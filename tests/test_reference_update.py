@@ -5,7 +5,7 @@ import shutil
 import pytest
 from conftest import repro_cli
 
-from experiments import presets, reference
+from experiments import comparison, presets, reference
 from plumbing import errors
 
 
@@ -40,7 +40,7 @@ def test_named_tables_are_replaced_and_the_rest_stays_as_shipped(tmp_path):
     reference.check_reference(after, tmp_path / "toy.json")
     assert before["tables"]["scratch"] == {}  # the shipped content is not changed in place
     # compare then checks the new table's per-seed values against their band
-    rows = {r["name"]: r for r in reference.compare(results, after)}
+    rows = {r["name"]: r for r in comparison.compare(results, after)}
     assert rows["scratch/interaction/1"]["value"] == 0.29 and all(r["within"] for r in rows.values())
 
 

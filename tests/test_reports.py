@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from experiments import report, suite, tables
+from experiments import comparison, report, suite, tables
 from plumbing import errors
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -220,12 +220,12 @@ def test_references_ship_and_compare_the_per_seed_values_of_every_report_shape(t
         (tmp_path / "runs" / f"s{seed}").mkdir(parents=True)
     ref = reference.collect(tmp_path / "runs", results, [42, 43, 44])
     assert ref["tables"]["scratch"]["interaction"] == [0.281, 0.283, 0.285]
-    rows = {r["name"]: r for r in reference.compare(results, ref)}
+    rows = {r["name"]: r for r in comparison.compare(results, ref)}
     assert rows["scratch/interaction/2"]["value"] == 0.285 and all(r["within"] for r in rows.values())
     assert len(rows) == 2 * 3 + 3 * 3  # every per-seed value of both reports was checked
     scratch["numbers"]["interaction"] = stats(0.281, 0.283, 0.385)  # seed 44's interaction off by 0.1
     (results / "scratch.json").write_text(json.dumps(scratch))
-    rows = {r["name"]: r for r in reference.compare(results, ref)}
+    rows = {r["name"]: r for r in comparison.compare(results, ref)}
     assert not rows["scratch/interaction/2"]["within"] and rows["scratch/interaction/1"]["within"]
 
 
@@ -267,11 +267,11 @@ def test_compare_names_the_precision_its_bands_come_from(tmp_path, monkeypatch, 
     (tmp_path / "refs").mkdir()
     (tmp_path / "refs" / "toy.json").write_text(json.dumps(reference.collect(runs, tmp_path / "results", [42, 43])))
     monkeypatch.setattr(reference, "REFERENCES", tmp_path / "refs")
-    reference.print_comparison(runs / "s42" / "pre-grow", "toy")
+    comparison.print_comparison(runs / "s42" / "pre-grow", "toy")
     said = " ".join(capsys.readouterr().out.split())
     assert "its runs in float32" in said and "note:" not in said
     (runs / "s42" / "pre-grow" / "provenance.json").write_text(json.dumps({"precision": "bfloat16"}))
-    rows = reference.print_comparison(runs / "s42" / "pre-grow", "toy")
+    rows = comparison.print_comparison(runs / "s42" / "pre-grow", "toy")
     said = " ".join(capsys.readouterr().out.split())
     assert "note: the bands come from float32 runs and these ran in bfloat16" in said and all(r["within"] for r in rows)
 
@@ -293,13 +293,13 @@ def test_the_shipped_toy_reference_holds_per_seed_values_for_every_table(table):
 def test_compare_tells_runs_of_another_scale_from_runs_of_other_settings(tmp_path):
     """A run whose settings are one scale's run section was made at that scale (compare refuses it against
     another's reference); one trained with --set run.lr matches no scale's and is compared as before."""
-    from experiments import presets, reference
+    from experiments import presets
     for name, lr in (("toy-run", presets.PRESETS["toy"].run["lr"]), ("toy-lr", 0.5)):
         (tmp_path / name).mkdir()
         (tmp_path / name / "metrics.jsonl").write_text("")
         (tmp_path / name / "config.json").write_text(json.dumps({**presets.PRESETS["toy"].run, "lr": lr, "seed": 7}))
-    assert reference.made_at(tmp_path / "toy-run") == [(tmp_path / "toy-run" / "config.json", "toy")]
-    assert reference.made_at(tmp_path / "toy-lr") == []
+    assert comparison.made_at(tmp_path / "toy-run") == [(tmp_path / "toy-run" / "config.json", "toy")]
+    assert comparison.made_at(tmp_path / "toy-lr") == []
     with pytest.raises(errors.UsageError, match="toy-run/config.json: of scale toy, and .*mini.json holds scale mini's"):
-        reference.check_scale(tmp_path / "toy-run", "mini", tmp_path / "mini.json")
-    reference.check_scale(tmp_path / "toy-run", "toy", tmp_path / "toy.json")
+        comparison.check_scale(tmp_path / "toy-run", "mini", tmp_path / "mini.json")
+    comparison.check_scale(tmp_path / "toy-run", "toy", tmp_path / "toy.json")

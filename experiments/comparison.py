@@ -1,0 +1,186 @@
+"""A run, a scale's runs or a results folder checked against the shipped reference (`repro.py compare`): a number is
+within its band when it lies within mean ± max(a 95% prediction interval for one more seed, a tolerance): seeds set
+the band's width where there are several, the tolerance (1% of the value + 0.001) where they agree. Runs or reports
+of another scale are refused, and each unfinished run that lacks numbers the reference has is named (exiting 1, as
+for a number outside its band).
+
+    python repro.py compare runs/toy                           # every run of every seed, against references/toy.json
+    python repro.py compare runs/toy/s42/post-grow             # one run
+    python repro.py compare results/toy                        # the tables
+"""
+from __future__ import annotations
+
+import math
+import statistics
+from pathlib import Path
+
+from rich.table import Table
+
+import rundir
+from experiments import report, suite
+from experiments.presets import PRESETS, scale_named
+from experiments.reference import REFERENCES, check_reports, curve, load, read_report
+from plumbing import checkpoint
+from plumbing.errors import KitError, OptionError, UsageError
+
+
+def band(values: list[float]) -> tuple[float, float]:
+    finite = [v for v in values if v is not None and math.isfinite(v)]
+    if not finite:
+        return math.nan, math.nan
+    mean, n = statistics.fmean(finite), len(finite)
+    spread = report.t975(n - 1) * statistics.stdev(finite) * math.sqrt(1 + 1 / n) if n > 1 else 0.0
+    half = max(spread, 0.01 * abs(mean) + 0.001)
+    return mean - half, mean + half
+
+
+def measured(target: Path) -> dict[str, float]:
+    """{name: value} of what `target` holds: one run, a scale's runs folder, or a results folder."""
+    target = Path(target)
+    if (target / "metrics.jsonl").is_file():
+        return run_numbers(target)
+    if any(target.glob("s*/*/metrics.jsonl")):
+        return {f"{d.parent.name}/{k}": v for d in sorted(target.glob("s*/*")) if (d / "metrics.jsonl").is_file()
+                for k, v in run_numbers(d).items()}
+    values = {}
+    for file in sorted(target.glob("*.json")):
+        for key, seeds in read_report(file)[1].items():  # checked as `reference` reads it: one reader for both
+            for i, value in enumerate(seeds):
+                values[f"{file.stem}/{key}/{i}"] = value
+    return values
+
+
+def run_numbers(run_dir: Path) -> dict[str, float]:
+    numbers = {f"{run_dir.name}/ce at {point}": ce for point, ce in curve(run_dir).items()}
+    if (run_dir / "done.json").is_file():
+        numbers[f"{run_dir.name}/final ce"] = rundir.final_eval(run_dir)["ce"]  # checked against its own log
+    return numbers
+
+
+def reference_values(reference: dict, name: str) -> list[float] | None:
+    """The shipped seeds' values for a measured number's name (the seed folder and table seed dropped)."""
+    parts = name.split("/")
+    if len(parts) == 3 and parts[0].startswith("s") and parts[0][1:].isdigit():
+        parts = parts[1:]  # s<seed>/<run>/<number>: any seed's run compares with the run's band
+    if len(parts) == 3:  # <experiment>/<row key>/<seed index>
+        return reference["tables"].get(parts[0], {}).get(parts[1])
+    run, number = parts
+    if number == "final ce":
+        return reference["final_ce"].get(run)
+    return reference["curves"].get(run, {}).get(number.removeprefix("ce at "))
+
+
+def compare(target: Path, reference: dict) -> list[dict]:
+    """Per number of `target` that the reference has: {"name", "value", "band", "within"}."""
+    rows = []
+    for name, value in measured(target).items():
+        values = reference_values(reference, name)
+        if not values:
+            continue
+        lo, hi = band(values)
+        if not checkpoint.finite_number(value):  # n/a, never or diverged (null in JSON): fine if a seed had it too
+            within = any(v is None or not math.isfinite(v) for v in values)
+        elif math.isnan(lo):
+            continue  # the reference has no finite value to compare a finite one with
+        else:
+            within = lo <= value <= hi
+        rows.append({"name": name, "value": value, "band": [lo, hi], "within": within})
+    return rows
+
+
+def check_scale(target: Path, scale: str, path: Path):
+    """Runs or reports of another scale would put every number outside the band: said in one line instead,
+    where they say their scale (a report's "scale"; a run whose settings are one scale's run section)."""
+    for file, theirs in made_at(target):
+        if theirs != scale:
+            raise UsageError(f"{file}: of scale {theirs}, and {path} holds scale {scale}'s numbers (every number "
+                             f"would fall outside their band); compare with --scale {theirs}")
+
+
+def run_folders(target: Path) -> list[Path]:
+    """`target` if it is a run (one that has logged, or only been set up), else the runs of its seeds."""
+    is_run = lambda d: (d / "metrics.jsonl").is_file() or (d / "config.json").is_file()
+    return [target] if is_run(target) else [d for d in sorted(target.glob("s*/*")) if is_run(d)]
+
+
+def made_at(target: Path) -> list[tuple[Path, str]]:
+    """(file, scale) for each report or run under `target` that says which scale made it; a run of overridden
+    settings (--set) matches no scale's and says nothing."""
+    runs = run_folders(target)
+    said = [(file, rundir.read_json(file).get("scale")) for file in sorted(target.glob("*.json"))]
+    for run in runs:
+        if (run / "config.json").is_file():
+            settings = rundir.read_json(run / "config.json")
+            said += [(run / "config.json", name) for name, preset in PRESETS.items()  # the seed is the run's own
+                     if all(settings.get(k, v) == v for k, v in checkpoint.loads(checkpoint.json_text(preset.run)).items()
+                            if k != "seed")]
+    return [(file, scale) for file, scale in said if isinstance(scale, str)]
+
+
+def print_comparison(target: Path, scale: str) -> list[dict]:
+    """compare() of `target` against the shipped reference of `scale`, printed as a table (the numbers
+    outside the band, else the first 20); its rows."""
+    path, shipped = REFERENCES / f"{scale}.json", load(scale)
+    check_reports(target)
+    check_scale(target, scale, path)
+    rows = compare(target, shipped)
+    if not rows and not not_yet(target, shipped):
+        raise UsageError(f"{target}: holds no run or table that {path} has numbers for")
+    made_in = precisions(shipped.get("run_precisions", {}).values())
+    table = Table(title=f"{target} against {path.name} (seeds {shipped['seeds']}; its runs in "
+                        f"{made_in or 'a precision it does not record'})")
+    for column in ("number", "value", "band", "within"):
+        table.add_column(column)
+    outside = [r for r in rows if not r["within"]]
+    for r in outside or rows[:20]:
+        table.add_row(r["name"], f"{r['value']:.4f}", f"[{r['band'][0]:.4f}, {r['band'][1]:.4f}]",
+                      "yes" if r["within"] else "NO")
+    suite.console.print(table)
+    suite.console.print(f"{len(rows) - len(outside)} of {len(rows)} numbers within the band")
+    runs = run_folders(target)
+    theirs = precisions(rundir.read_json(run / "provenance.json").get("precision") for run in runs
+                        if (run / "provenance.json").is_file())
+    if made_in and theirs and theirs != made_in:
+        suite.console.print(f"note: the bands come from {made_in} runs and these ran in {theirs}: a band measures the "
+                            f"seeds' spread in {made_in}, not what another precision's rounding adds", markup=False)
+    return rows
+
+
+def not_yet(target: Path, reference: dict) -> list[tuple[str, Path, list[str]]]:
+    """(run as compare names it, its folder, the numbers the reference has for it that it lacks) of each
+    unfinished run of `target` (no done.json: its final CE, at least, is not there yet) that the reference has."""
+    have, pending = measured(target), []
+    for run in run_folders(target):
+        if (run / "done.json").is_file() or run.name not in reference["final_ce"]:
+            continue
+        label = run.name if run == target else f"{run.parent.name}/{run.name}"
+        wanted = [f"ce at {point}" for point in reference["curves"].get(run.name, {})] + ["final ce"]
+        pending.append((label, run, [n for n in wanted if f"{label}/{n}" not in have]))
+    return pending
+
+
+def check(target: Path, scale: str | None):
+    """`repro.py compare`: print_comparison against the reference of `scale` (None: the scale the target's
+    folder names), then one line, exit 1, if a number is outside its band or an unfinished run lacks numbers
+    the reference has for it."""
+    scale = scale or scale_named(target)
+    if scale is None:
+        raise OptionError("--scale", f"{target} names no scale (runs/<scale>/... or results/<scale>); pass --scale")
+    rows = print_comparison(target, scale)
+    outside = [r for r in rows if not r["within"]]
+    problems = [f"{len(outside)} of {len(rows)} numbers of {target} are outside the shipped seeds' band (first: "
+                f"{outside[0]['name']} = {outside[0]['value']:.4f})"] if outside else []
+    pending = not_yet(target, load(scale))
+    if pending:
+        runs = ", ".join(f"{label} {suite.run_status(run)}" for label, run, _ in pending)
+        label, _, lacking = pending[0]
+        problems.append(f"unfinished: {runs}; {sum(len(p[2]) for p in pending)} numbers {scale}.json has for them do "
+                        f"not exist yet (first: {label}/{lacking[0]}): finish the runs (rerun the command that trains "
+                        "them: it resumes) and compare again")
+    if problems:
+        raise KitError("; ".join(problems))
+
+
+def precisions(values) -> str:
+    """The precisions a set of runs computed in, in words ("float32", "bfloat16 and float32"); "" if none is known."""
+    return " and ".join(sorted({v for v in values if v}))
