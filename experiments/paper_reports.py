@@ -1,7 +1,7 @@
 """The paper's experiments reported, by one renderer for live and shipped numbers alike: `section` prints an
 experiment's section from its per-seed numbers (each number's mean and 95% t-interval over seeds beside the paper's,
 the paper's claims on the kit's means, the declared readings). The results pages print it from references/<scale>.json
-(pages.experiment_section); report_experiment prints it from finished runs into results/<scale>/<experiment>.md and
+(page_section); report_experiment prints it from finished runs into results/<scale>/<experiment>.md and
 .json, adding what only live runs have (the figures and the numbers they plot) and the same table on the terminal.
 
     paper_reports.report_experiment(ws, "table1", [42, 43, 44])
@@ -14,8 +14,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import rundir
-from experiments import report
-from experiments.readings import POST_HOC, diverged_line, read, sentence, stats
+from experiments import page_figures, report
+from experiments.readings import POST_HOC, diverged_line, read, seeds_of, sentence, stats
 from experiments.suite import console
 from experiments.tables import EXPERIMENTS, Experiment
 
@@ -98,3 +98,30 @@ def report_experiment(ws: Workspace, name: str, seeds: list[int]) -> dict:
         if ws.ctx.is_main:
             console.print(f"[bold]{name}[/]: " + ", ".join(out["figures"].values()))
     return report.write(ws.results, name, out, md[:-1] if md[-1] == "" else md)
+
+
+def with_phase_deltas(numbers: dict, curves: dict) -> dict:
+    """Table 2 with Δ CE (post-grow − pre-grow) at every phase end, taken from the grow runs' curves where
+    the reference predates those rows: tables.table2_numbers reads the same evaluations (the last of each
+    phase, not the next phase's start), so the values are the ones a rerun of the report would ship."""
+    if "delta_ce_phase_0" in numbers or not {"pre-grow", "post-grow"} <= set(curves):
+        return numbers
+    pre, post = curves["pre-grow"], curves["post-grow"]
+    minus = lambda a, b: [None if x is None or y is None else x - y for x, y in zip(a, b)]
+    ends = page_figures.phase_points(pre)[1]
+    out = dict(numbers) | {f"delta_ce_phase_{p}": minus(post[e], pre[e]) for p, e in enumerate(ends)}
+    out["delta_ce_last_minus_phase_0"] = minus(out[f"delta_ce_phase_{len(ends) - 1}"], out["delta_ce_phase_0"])
+    return out
+
+
+def page_section(name: str, reference: dict, scale: str) -> list[str]:
+    """A paper experiment's section from the reference's per-seed numbers, by the renderer the live report uses."""
+    numbers = reference["tables"][name]
+    if not numbers:
+        return [f"## {name}", "", f"{EXPERIMENTS[name].about}.", "",
+                "A figure of one seed: the reference holds no per-seed numbers for it.", ""]
+    if name == "table2":
+        numbers = with_phase_deltas(numbers, reference["curves"])
+    final_ce = {run.name: reference["final_ce"][run.name] for run in EXPERIMENTS[name].runs
+                if run.name in reference["final_ce"]}
+    return [f"## {name}", ""] + section(name, numbers, seeds_of(reference, name), final_ce, scale == "full")

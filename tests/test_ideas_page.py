@@ -3,7 +3,7 @@ reference's per-seed values: the primary contrasts Holm-adjusted as the pre-regi
 declared rule, checked against numbers planted by hand."""
 import json
 
-from experiments import ideas, pages, readings, reference, report
+from experiments import ideas, readings, reference, registry, report
 
 SEEDS = [42, 43, 44]
 
@@ -73,7 +73,7 @@ def test_the_live_report_renders_its_contrasts_as_the_page_renders_the_shipped_o
     out |= {"scale": "toy", "diverged_runs": ["s43/pre-grow + reinit"],
             "search": {"seed": ideas.SEARCH_SEED, "ce": ce, "chosen": "pre,post,post", "diverged": []}}
     shipped = {"seeds": SEEDS, "tables": {"ideas": reference.report_numbers(json.loads(json.dumps(report.finite(out))))}}
-    page = pages.ideas_section("nowhere", shipped)
+    page = registry.STUDIES["ideas"].page(shipped, "nowhere")
     live = ideas.markdown(out, 17)
     start = live.index(page[2])
     assert live[start:start + len(page) - 4] == page[2:-2] and page[-2:] == ["", ""]

@@ -24,7 +24,7 @@ import diag
 import grow
 import model
 import rundir
-from experiments import pages, presets, reference, suite, tables
+from experiments import paper_reports, presets, reference, suite, tables
 from plumbing import devices, tokenizer
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -130,7 +130,7 @@ def test_a_live_report_holds_the_section_its_shipped_numbers_render(smoke):
     shipped = reference.collect(runs, results, [42, 43])
     for name, exp in tables.EXPERIMENTS.items():
         if exp.numbers:
-            section = "\n".join(pages.experiment_section(name, shipped, full=False)[2:]).strip()
+            section = "\n".join(paper_reports.page_section(name, shipped, "smoke")[2:]).strip()
             assert (results / f"{name}.md").read_text().startswith(f"# {name} (smoke scale)\n\n{section}"), name
 
 
