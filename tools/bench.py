@@ -26,14 +26,15 @@ import json
 import os
 import platform
 import resource
-import statistics
 import subprocess
 import sys
+import tempfile
 import time
-from contextlib import nullcontext
+from contextlib import nullcontext, suppress
 from dataclasses import replace
 from functools import partial
 from pathlib import Path
+from unittest import mock
 
 import torch
 import torch.nn.functional as F
@@ -49,21 +50,9 @@ from experiments import presets, suite
 from plumbing import checkpoint, corpora, devices, tokenizer
 from plumbing.hf_qwen3 import ModelConfig, save_qwen3
 from tools import utilization
-from tools.utilization import interleaved
+from tools.utilization import interleaved, length_batch
 
 RESULTS = Path("results") / "bench.json"
-
-
-def timed(fn, repeats: int, warmup: int = 2) -> float:
-    """Median seconds of fn() over `repeats` runs after `warmup`."""
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -72,9 +61,7 @@ def timed(fn, repeats: int, warmup: int = 2) -> float:
 def toy_shapes() -> tuple[ModelConfig, int, int, int]:
     """(teacher config, student blocks, layers per block, batch tokens) of the toy preset."""
     preset = presets.PRESETS["toy"]
-    vocab = corpora.vocabulary(preset.data).n_vocab
-    config = ModelConfig(**{**preset.teacher_model, "vocab_size": vocab})
-    return config, preset.run["blocks"], preset.run["layers_per_block"], preset.run["global_batch"]
+    return presets.teacher_shape(preset), preset.run["blocks"], preset.run["layers_per_block"], preset.run["global_batch"]
 
 
 def kit_step(teacher, student, optimizer, ids, mask, chunk):
@@ -115,9 +102,7 @@ def bench_train_step(repeats: int) -> dict:
     torch.manual_seed(0)
     ids = torch.randint(0, config.vocab_size, (batch, seq))
     mask = torch.ones_like(ids, dtype=torch.bool)
-    teacher = model.Qwen3(config)
-    teacher.init_weights(0)
-    teacher.eval().requires_grad_(False)
+    teacher = toy_teacher().eval().requires_grad_(False)
     hf_teacher, hf_student = hf_pair(config, blocks * per_block)
     hf_opt = torch.optim.AdamW([p for p in hf_student.parameters() if p.requires_grad], lr=1e-4)
     # bf16 variants only where bf16 is native: emulated, one bf16 step takes minutes (devices.precision_choice).
@@ -152,13 +137,12 @@ def bench_train_step(repeats: int) -> dict:
 LOCKSTEP_RUNS = tuple(suite.RunName(norm, protocol) for protocol in ("joint", "grow", "freeze") for norm in ("pre", "post"))
 
 
-def toy_teacher(folder: Path) -> Path:
+def toy_teacher() -> model.Qwen3:
     """A toy-shaped Qwen3 with random weights: speed does not depend on what the teacher knows."""
     config, _, _, _ = toy_shapes()
     teacher = model.Qwen3(config)
     teacher.init_weights(0)
-    save_qwen3(teacher, folder)
-    return folder
+    return teacher
 
 
 def lockstep_jobs(root: Path, teacher: Path, steps: int, data_dir: Path) -> list[tuple[config.RunConfig, Path]]:
@@ -175,10 +159,10 @@ def lockstep_jobs(root: Path, teacher: Path, steps: int, data_dir: Path) -> list
 def bench_lockstep(data_dir: Path, steps: int = 12) -> dict:
     """The six replay runs of one seed (toy shapes and data, `steps` per phase) trained one after the
     other and in lockstep: wall time, teacher forward passes (counted) and whether results are equal."""
-    import tempfile
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
-        teacher_dir = toy_teacher(tmp / "teacher")
+        teacher_dir = tmp / "teacher"
+        save_qwen3(toy_teacher(), teacher_dir)
         ctx = devices.Dist()
         jobs = {way: lockstep_jobs(tmp / way, teacher_dir, steps, data_dir) for way in ("separate", "lockstep")}
         net = nets.load_teacher(jobs["separate"][0][0], ctx, torch.float32).net
@@ -204,18 +188,9 @@ def bench_compile(repeats: int, cold: bool = True, scale: str = "toy") -> dict:
     the tests reuse the usual cache instead, since they time nothing."""
     if not cold:
         return compiled_against_eager(repeats, scale)
-    import tempfile
-    previous = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
-    with tempfile.TemporaryDirectory() as cold:
-        os.environ["TORCHINDUCTOR_CACHE_DIR"] = cold
+    with tempfile.TemporaryDirectory() as cache, mock.patch.dict(os.environ, {"TORCHINDUCTOR_CACHE_DIR": cache}):
         torch._dynamo.reset()
-        try:
-            return compiled_against_eager(repeats, scale)
-        finally:
-            if previous is None:
-                os.environ.pop("TORCHINDUCTOR_CACHE_DIR")
-            else:
-                os.environ["TORCHINDUCTOR_CACHE_DIR"] = previous
+        return compiled_against_eager(repeats, scale)
 
 
 def compiled_against_eager(repeats: int, scale: str = "toy") -> dict:
@@ -255,17 +230,6 @@ def compiled_against_eager(repeats: int, scale: str = "toy") -> dict:
 LENGTH_FRACTIONS = (1.0, 0.91, 0.75, 1.0, 0.79, 0.69)
 
 
-def length_batch(rows: int, length: int, max_len: int, vocab: int, fixed: bool) -> data.Batch:
-    """`rows` documents of `length` positions each (random tokens, seeded by the length), as wide as they are
-    or, `fixed`, padded to their bucket's width (data.bucket_width) and masked by length."""
-    ids = torch.randint(0, vocab, (rows, length + 1), generator=torch.Generator().manual_seed(length))
-    width = data.bucket_width(length, max_len) if fixed else length
-    inputs, targets = (F.pad(t, (0, width - length)) for t in (ids[:, :-1], ids[:, 1:]))
-    lengths = torch.full((rows,), length)
-    return data.Batch(inputs, targets, torch.arange(width)[None, :] < lengths[:, None], lengths, list(range(rows)),
-                      rows * length)
-
-
 # ----------------------------------------------------------------------------------------------
 # 3. The chunked KD loss against a naive full-logit one, loss + backward, each in a fresh process
 
@@ -295,15 +259,10 @@ def _reset_peak_rss():
     growth above the live footprint. Linux/glibc: free heap pages go back to the OS (else the loss could
     reuse them unseen) and the mark is lowered to the current RSS (clear_refs 5). Elsewhere the mark so
     far is the baseline, which can hide part of a small peak."""
-    try:
+    with suppress(OSError, AttributeError):
         ctypes.CDLL("libc.so.6").malloc_trim(0)
-    except (OSError, AttributeError):
-        pass
-    try:
-        with open("/proc/self/clear_refs", "w") as f:
-            f.write("5")
-    except OSError:
-        pass
+    with suppress(OSError), open("/proc/self/clear_refs", "w") as f:
+        f.write("5")
     return _peak_rss_bytes()
 
 
@@ -367,14 +326,12 @@ def bench_tokenizer(repeats: int = 3, documents: int | None = None) -> dict:
     hf = HFTokenizer.from_file(str(tokenizer.qwen3_tokenizer_json()))
     documents = corpora.toy_paragraphs()[:documents]
     megabytes = sum(len(d.encode("utf-8")) for d in documents) / 1e6
-    ids = {}
-    seconds = interleaved({
-        "tiktoken": (lambda: ids.__setitem__("ours", enc.encode_batch(documents)), nullcontext),
-        "hf_tokenizers": (lambda: ids.__setitem__("theirs", [e.ids for e in hf.encode_batch(
-            documents, add_special_tokens=False)]), nullcontext)}, repeats)
+    ours = lambda: enc.encode_batch(documents)
+    theirs = lambda: [e.ids for e in hf.encode_batch(documents, add_special_tokens=False)]
+    seconds = interleaved({"tiktoken": (ours, nullcontext), "hf_tokenizers": (theirs, nullcontext)}, repeats)
     return {"documents": len(documents), "megabytes": round(megabytes, 2),
             "tiktoken_mb_s": megabytes / seconds["tiktoken"], "hf_tokenizers_mb_s": megabytes / seconds["hf_tokenizers"],
-            "ratio": seconds["hf_tokenizers"] / seconds["tiktoken"], "identical": ids["ours"] == ids["theirs"]}
+            "ratio": seconds["hf_tokenizers"] / seconds["tiktoken"], "identical": ours() == theirs()}
 
 
 # ----------------------------------------------------------------------------------------------
@@ -397,21 +354,15 @@ def bench_loader(train: data.Shard, step_seconds: float, steps: int = 200) -> di
     preset = presets.PRESETS["toy"]
     batcher = data.Batcher(train, preset.run["global_batch"], 0, replay_docs=len(train),
                            micro_batch=preset.run["micro_batch"])
-    seconds = timed(lambda: [next(batcher) for _ in range(steps)], repeats=3, warmup=1) / steps
+    seconds = utilization.timed(lambda: [next(batcher) for _ in range(steps)], repeats=3, warmup=1) / steps
     return {"loader_batches_per_s": 1 / seconds, "train_steps_per_s": 1 / step_seconds,
             "loader_over_train_step": step_seconds / seconds}
 
 
 def profile_step(steps: int = 5, rows: int = 20):
     """torch.profiler's table of the kit's toy student step in fp32, heaviest operators first."""
-    from torch.profiler import ProfilerActivity, profile
     settings, shape, seq = utilization.distinct_steps(("toy",))["toy student"]
-    step = utilization.Step(settings, shape, seq, torch.float32)
-    for _ in range(2):
-        step()
-    with profile(activities=[ProfilerActivity.CPU]) as prof:
-        for _ in range(steps):
-            step()
+    prof, _ = utilization.profiled(utilization.Step(settings, shape, seq, torch.float32), steps)
     print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=rows))
 
 

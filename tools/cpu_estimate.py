@@ -3,8 +3,6 @@
 """
 from pathlib import Path
 
-import torch
-
 import rundir
 from plumbing import devices
 from tools import utilization
@@ -21,12 +19,9 @@ def cpu_estimate(flops: float, precision: str, bench_file: Path) -> str:
         dtype = "bf16" if precision != "fp32" and "kit_post_bf16_s" in step else "fp32"
         rate = step["step_gflop"] * 1e9 / step[f"kit_post_{dtype}_s"]
         source = f"as {bench_file} measured it on {rundir.read_json(bench_file)['environment'].get('date')}"
-    else:
-        torch_dtype, _ = devices.precision_choice(precision, torch.device("cpu"))
-        if torch_dtype == torch.bfloat16 and devices.cpu_bf16_speedup() < devices.BF16_MIN_SPEEDUP:
-            torch_dtype = torch.float32  # emulated, a bf16 step takes minutes: fp32's rate (bf16 runs are slower still)
-        dtype = {torch.float32: "fp32", torch.bfloat16: "bf16"}[torch_dtype]
-        rate, source = utilization.step_rate(torch_dtype), "timed now"
+    else:  # where bf16 is emulated a bf16 step takes minutes: fp32's rate (bf16 runs are slower still)
+        dtype = "bf16" if precision != "fp32" and devices.cpu_bf16_speedup() >= devices.BF16_MIN_SPEEDUP else "fp32"
+        rate, source = utilization.step_rate(devices.DTYPES[dtype]), "timed now"
     busy = utilization.busy_load()
     return (f"about {duration_text(flops / rate)} on this CPU ({rate / 1e9:,.1f} GFLOP/s: the kit's {dtype} toy step "
             f"{source}), on a quiet machine" + (f"; busy now (load {busy[0]:.1f} on {busy[1]} cores), so longer"

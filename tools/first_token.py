@@ -43,10 +43,9 @@ def measures(net: model.Qwen3, input_ids: torch.Tensor, lengths: torch.Tensor, d
         first, previous, itself = weights[..., 0], at_offset(weights, 1), at_offset(weights, 0)  # (B, heads, T)
         out = torch.stack([v[:, h] @ attn.o_proj.weight[:, h * attn.head_dim:(h + 1) * attn.head_dim].T
                            for h in range(attn.n_heads)], 1).norm(dim=-1)                     # (B, heads, T)
-        rows.append({"attention": [first[:, h][real].mean().item() for h in range(attn.n_heads)],
-                     "dormant_attention": [first[:, h][dormant & real].mean().item() for h in range(attn.n_heads)],
-                     "dormant_previous": [previous[:, h][after_first].mean().item() for h in range(attn.n_heads)],
-                     "dormant_self": [itself[:, h][after_first].mean().item() for h in range(attn.n_heads)],
+        per_head = lambda weight, queries: [weight[:, h][queries].mean().item() for h in range(attn.n_heads)]
+        rows.append({"attention": per_head(first, real), "dormant_attention": per_head(first, dormant & real),
+                     "dormant_previous": per_head(previous, after_first), "dormant_self": per_head(itself, after_first),
                      "value_ratio": [ratio_to_median(out[:, h], lengths) for h in range(attn.n_heads)]})
 
     hooks = [layer.self_attn.register_forward_hook(attention_hook) for layer in net.layers]
@@ -98,14 +97,6 @@ class OneLine(click.Command):
             raise error from None
 
 
-@click.command(cls=OneLine)
-@click.option("--scale", type=click.Choice(list(PRESETS)), default="mechanism", show_default=True)
-@click.option("--runs-dir", type=click.Path(path_type=Path), default=Path("runs"), show_default=True)
-@click.argument("checkpoints", nargs=-1, type=click.Path(exists=True, file_okay=False, path_type=Path))
-def main(scale, runs_dir, checkpoints):
-    table(scale, runs_dir, checkpoints)
-
-
 def teachers(ws: suite.Workspace, checkpoints: tuple[Path, ...]) -> list[Path]:
     """The checkpoints to measure (default: the scale's teacher, phase-0/), each a teacher's, checked before any
     work: a student checkpoint is a block stack this measure does not read, and a teacher not trained yet is
@@ -121,7 +112,11 @@ def teachers(ws: suite.Workspace, checkpoints: tuple[Path, ...]) -> list[Path]:
     return paths
 
 
-def table(scale: str, runs_dir: Path, checkpoints: tuple[Path, ...]):
+@click.command(cls=OneLine)
+@click.option("--scale", type=click.Choice(list(PRESETS)), default="mechanism", show_default=True)
+@click.option("--runs-dir", type=click.Path(path_type=Path), default=Path("runs"), show_default=True)
+@click.argument("checkpoints", nargs=-1, type=click.Path(exists=True, file_okay=False, path_type=Path))
+def main(scale: str, runs_dir: Path, checkpoints: tuple[Path, ...]):
     ws = suite.workspace(scale, runs_dir, dry_run=True)  # reads the runs folder, makes nothing in it
     paths = teachers(ws, checkpoints)
     batch, d = readouts.diagnostic_batch(ws), ws.preset.data

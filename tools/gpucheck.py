@@ -51,7 +51,6 @@ def check_parity_bf16(device) -> dict:
     hf_config = transformers.Qwen3Config(vocab_size=1000, hidden_size=256, intermediate_size=512, num_hidden_layers=2,
                                          num_attention_heads=8, num_key_value_heads=2, head_dim=64)
     hf = transformers.Qwen3ForCausalLM(hf_config).to(device, torch.bfloat16).eval()
-    import tempfile
     with tempfile.TemporaryDirectory() as tmp:
         hf.save_pretrained(tmp)
         ours = model.load_qwen3(tmp, dtype=torch.bfloat16, device=device)
@@ -59,10 +58,9 @@ def check_parity_bf16(device) -> dict:
     with torch.no_grad():
         a, b = ours(ids).float(), hf(ids).logits.float()
     logits_rel = ((a - b).abs().max() / b.abs().max()).item()
-    h_s = torch.randn(512, 256, device=device, dtype=torch.bfloat16, requires_grad=True)
-    w_s = torch.randn(1000, 256, device=device, dtype=torch.bfloat16, requires_grad=True)
-    h_t, w_t = torch.randn(512, 256, device=device, dtype=torch.bfloat16), torch.randn(1000, 256, device=device,
-                                                                                       dtype=torch.bfloat16)
+    bf16 = {"device": device, "dtype": torch.bfloat16}
+    h_s, w_s = torch.randn(512, 256, **bf16, requires_grad=True), torch.randn(1000, 256, **bf16, requires_grad=True)
+    h_t, w_t = torch.randn(512, 256, **bf16), torch.randn(1000, 256, **bf16)
     y = torch.randint(0, 1000, (512,), device=device)
     mask = torch.ones(512, dtype=torch.bool, device=device)
     loss, _, _ = kd.kd_loss(h_s, w_s, h_t, w_t, y, mask, chunk_size=100)
@@ -94,7 +92,7 @@ def paper_layer_step(device, config: ModelConfig, batch: int, lengths: list[int]
         torch.cuda.synchronize(device) if device.type == "cuda" else None
 
     torch.cuda.reset_peak_memory_stats(device) if device.type == "cuda" else None
-    seconds = bench.timed(step, repeats)
+    seconds = utilization.timed(step, repeats)
     tokens = batch * sum(lengths)
     flops = sum(utilization.student_step_flops(config, config.num_hidden_layers, batch * n, n) for n in lengths)
     peak = matmul_peak_on(device, torch.bfloat16 if device.type == "cuda" else torch.float32)
@@ -109,7 +107,7 @@ def matmul_peak_on(device, dtype, n: int = 8192) -> float:
     n = 1024 if device.type == "cpu" else n
     a, b = torch.randn(n, n, device=device, dtype=dtype), torch.randn(n, n, device=device, dtype=dtype)
     wait = torch.cuda.synchronize if device.type == "cuda" else (lambda _: None)
-    return 2 * n ** 3 / bench.timed(lambda: (a @ b, wait(device)), 20)
+    return 2 * n ** 3 / utilization.timed(lambda: (a @ b, wait(device)), 20)
 
 
 def attention_kernel(config: ModelConfig, length: int, device) -> dict:
@@ -148,13 +146,12 @@ def driver(device: str, runs: Path) -> dict:
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=1",
                str(ROOT / "repro.py"), "train", "--scale", "smoke", "--norm", "post", "--protocol", "grow",
                "--device", device]
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    killed = subprocess.run([*command, "--runs-dir", str(runs / "stopped")], capture_output=True, text=True,
-                            timeout=900, env={**env, "NORMGROW_KILL_AT": "saved:post-grow:12"}, cwd=ROOT)
-    resumed = subprocess.run([*command, "--runs-dir", str(runs / "stopped")], capture_output=True, text=True,
-                             timeout=900, env=env, cwd=ROOT)
-    whole = subprocess.run([*command, "--runs-dir", str(runs / "whole")], capture_output=True, text=True,
-                           timeout=900, env=env, cwd=ROOT)
+    def run(folder: str, **env) -> subprocess.CompletedProcess:
+        return subprocess.run([*command, "--runs-dir", str(runs / folder)], capture_output=True, text=True,
+                              timeout=900, env={**os.environ, "OMP_NUM_THREADS": "1", **env}, cwd=ROOT)
+    killed = run("stopped", NORMGROW_KILL_AT="saved:post-grow:12")
+    resumed = run("stopped")
+    whole = run("whole")
     done = lambda folder: json.loads((folder / "smoke" / "s42" / "post-grow" / "done.json").read_text())["ce"]
     ok = killed.returncode != 0 and resumed.returncode == 0 and whole.returncode == 0 and \
         "resuming at step 12" in resumed.stdout
@@ -166,9 +163,7 @@ def driver(device: str, runs: Path) -> dict:
 def write_throughput(folder: Path, gib: float, device) -> dict:
     """GB/s of checkpoint.write_shard (safetensors, fsynced) for a tensor of `gib` GiB held on `device`."""
     tensor = torch.zeros(int(gib * 2**30 / 4), dtype=torch.float32, device=device)
-    start = time.perf_counter()
-    checkpoint.write_shard(folder, "probe", {"weights": tensor}, 0, 1)
-    seconds = time.perf_counter() - start
+    seconds = utilization.timed_once(lambda: checkpoint.write_shard(folder, "probe", {"weights": tensor}, 0, 1))
     return {"gib": gib, "seconds": seconds, "gb_per_s": gib * 2**30 / 1e9 / seconds}
 
 

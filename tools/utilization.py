@@ -37,6 +37,7 @@ from functools import partial
 from typing import Callable
 
 import torch
+import torch.nn.functional as F
 from torch.profiler import ProfilerActivity, profile, record_function
 
 import config
@@ -52,7 +53,6 @@ from plumbing.hf_qwen3 import ModelConfig
 SCALES = ("toy", "mini")
 PEAK_SIZES = (1024, 2048)
 MAX_MATMUL_S = 0.5  # a larger square matmul is timed only while the last one took less
-PRECISIONS = {"fp32": torch.float32, "bf16": torch.bfloat16}
 # (group, names that place an operator in it when they occur in its own name or an enclosing one's), in
 # the order they are tried: the loss's head matmuls belong to the loss, not to the linear layers.
 GROUPS = (("vocabulary head and loss", ("_ChunkedLoss",)),
@@ -78,6 +78,19 @@ def interleaved(variants: dict, repeats: int, pick=statistics.median, clock=time
     return {name: pick(t) for name, t in times.items()}
 
 
+def timed_once(fn, clock=time.perf_counter) -> float:
+    start = clock()
+    fn()
+    return clock() - start
+
+
+def timed(fn, repeats: int, warmup: int = 2) -> float:
+    """Median seconds of fn() over `repeats` runs after `warmup`."""
+    for _ in range(warmup):
+        fn()
+    return statistics.median(timed_once(fn) for _ in range(repeats))
+
+
 def step_clock() -> tuple[str, Callable[[], float]]:
     """(its name, the clock): on one thread, the thread's CPU time, which on a machine shared with other
     processes counts what the step costs and not the time it waits for a core (every operator runs on the
@@ -96,12 +109,6 @@ def student_step_flops(shape: ModelConfig, student_layers: int, tokens: int, seq
     teacher_layers, head = forward_flops_per_token(shape, shape.num_hidden_layers, seq / 2)
     student, _ = forward_flops_per_token(shape, student_layers, seq / 2)
     return tokens * (teacher_layers + head + 3 * (student + head))
-
-
-def teacher_step_flops(shape: ModelConfig, tokens: int, seq: int) -> float:
-    """Model FLOPs of a teacher pretraining step: its layers and head forward and backward."""
-    layers, head = forward_flops_per_token(shape, shape.num_hidden_layers, seq / 2)
-    return tokens * 3 * (layers + head)
 
 
 def fraction_of_peak(flops: float, seconds: float, peak_flops: float) -> dict:
@@ -141,15 +148,13 @@ class Step:
         self.phase = config.plan_phases(settings)[-1]
         self.params = grow.trainable_parameters(self.net, self.phase)
         self.optimizer = grow.build_optimizer(settings, self.params)
-        ids = torch.randint(0, shape.vocab_size, (settings.micro_batch, seq), generator=torch.Generator().manual_seed(0))
-        lengths = torch.full((settings.micro_batch,), seq)
-        self.batch = data.Batch(ids, ids.roll(-1, 1), torch.ones_like(ids, dtype=torch.bool), lengths,
-                                list(range(settings.micro_batch)), ids.numel())
-        self.tokens, self.seq = ids.numel(), seq
+        self.batch = length_batch(settings.micro_batch, seq, seq, shape.vocab_size, fixed=False)
+        self.tokens, self.seq = self.batch.n_targets, seq
 
     def flops(self) -> float:
-        if self.teacher is None:
-            return teacher_step_flops(self.shape, self.tokens, self.seq)
+        if self.teacher is None:  # a teacher pretraining step: its layers and head forward and backward
+            layers, head = forward_flops_per_token(self.shape, self.shape.num_hidden_layers, self.seq / 2)
+            return self.tokens * 3 * (layers + head)
         return student_step_flops(self.shape, len(self.net.layers), self.tokens, self.seq)
 
     def __call__(self, batch: data.Batch | None = None) -> float:
@@ -165,6 +170,17 @@ class Step:
             self.optimizer.step()
             self.optimizer.zero_grad(set_to_none=True)
         return loss.item()
+
+
+def length_batch(rows: int, length: int, max_len: int, vocab: int, fixed: bool) -> data.Batch:
+    """`rows` documents of `length` positions each (random tokens, seeded by the length), as wide as they are
+    or, `fixed`, padded to their bucket's width (data.bucket_width) and masked by length."""
+    ids = torch.randint(0, vocab, (rows, length + 1), generator=torch.Generator().manual_seed(length))
+    width = data.bucket_width(length, max_len) if fixed else length
+    inputs, targets = (F.pad(t, (0, width - length)) for t in (ids[:, :-1], ids[:, 1:]))
+    lengths = torch.full((rows,), length)
+    return data.Batch(inputs, targets, torch.arange(width)[None, :] < lengths[:, None], lengths, list(range(rows)),
+                      rows * length)
 
 
 def distinct_steps(scales=SCALES) -> dict[str, tuple[config.RunConfig, ModelConfig, int]]:
@@ -216,18 +232,12 @@ def matmul_variants(precision: str, sizes=PEAK_SIZES, clock=time.perf_counter) -
     square sizes up to the first whose matmul takes over MAX_MATMUL_S (emulated bf16 stops at the first)."""
     variants, first = {}, {}
     for n in sizes:
-        a, b = (torch.randn(n, n).to(PRECISIONS[precision]) for _ in range(2))
+        a, b = (torch.randn(n, n).to(devices.DTYPES[precision]) for _ in range(2))
         name = f"matmul {n} {precision}"
         variants[name], first[name] = (partial(torch.mm, a, b), nullcontext), timed_once(partial(torch.mm, a, b), clock)
         if first[name] > MAX_MATMUL_S:
             break
     return variants, first
-
-
-def timed_once(fn, clock=time.perf_counter) -> float:
-    start = clock()
-    fn()
-    return clock() - start
 
 
 def peaks(seconds: dict) -> dict[str, dict]:
@@ -245,7 +255,7 @@ def measure(repeats: int = 5, scales=SCALES, profiled_steps: int = 3) -> dict:
     and the profile of each in the precision the kit picks here."""
     dtype, why = devices.precision_choice("auto", torch.device("cpu"))
     step_precisions = ["fp32"] + (["bf16"] if dtype == torch.bfloat16 else [])
-    steps = {f"{label} {p}": Step(*spec, PRECISIONS[p]) for label, spec in distinct_steps(scales).items()
+    steps = {f"{label} {p}": Step(*spec, devices.DTYPES[p]) for label, spec in distinct_steps(scales).items()
              for p in step_precisions}
     variants = {name: (step, nullcontext) for name, step in steps.items()}
     for p in step_precisions:
@@ -257,15 +267,14 @@ def measure(repeats: int = 5, scales=SCALES, profiled_steps: int = 3) -> dict:
     peak = peaks(seconds)
     rows = {name: fraction_of_peak(step.flops(), seconds[name], peak[name.rsplit(' ', 1)[1]]["best"] * 1e9)
             for name, step in steps.items()}
-    chosen = str(dtype).removeprefix("torch.").replace("float32", "fp32").replace("bfloat16", "bf16")
     profiles = {name.rsplit(" ", 1)[0]: profile_groups(step, profiled_steps) for name, step in steps.items()
-                if name.endswith(chosen)}
+                if name.endswith(step_precisions[-1])}  # in the precision the kit picks here
     return {"threads": torch.get_num_threads(), "clock": clock_name, "precision": why, "peak_gflops": peak,
             "steps": rows, "profile": profiles}
 
 
-def profile_groups(step, steps: int = 3) -> dict[str, float]:
-    """`steps` steps under torch.profiler (after two unprofiled), their time as fractions by group."""
+def profiled(step, steps: int) -> tuple[profile, float]:
+    """`steps` steps under torch.profiler, after two unprofiled: (the profile, their wall seconds)."""
     step()
     step()
     with profile(activities=[ProfilerActivity.CPU]) as prof:
@@ -273,6 +282,12 @@ def profile_groups(step, steps: int = 3) -> dict[str, float]:
         for _ in range(steps):
             step()
         wall = time.perf_counter() - start
+    return prof, wall
+
+
+def profile_groups(step, steps: int = 3) -> dict[str, float]:
+    """`steps` steps under torch.profiler (after two unprofiled), their time as fractions by group."""
+    prof, wall = profiled(step, steps)
     return grouped([(enclosing_names(e), e.self_cpu_time_total / 1e6) for e in prof.events()], wall)
 
 
