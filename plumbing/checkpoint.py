@@ -92,9 +92,10 @@ def finite_number(value) -> bool:
     return bounded and -sys.float_info.max <= value <= sys.float_info.max
 
 
-def fsync_file(path: Path):
-    """Make a file another writer (safetensors) wrote durable before its folder is renamed into place."""
-    with open(path, "rb") as f:
+def save_durably(file: Path, tensors: dict[str, torch.Tensor], metadata: dict[str, str] | None = None):
+    """safetensors' save_file, then the file fsynced: durable before its folder is renamed into place."""
+    save_file(tensors, file, metadata=metadata)
+    with open(file, "rb") as f:
         os.fsync(f.fileno())
 
 
@@ -126,8 +127,7 @@ def write_checksums(folder: Path, known: dict[str, str] | None = None):
     sha256) were hashed by the ranks that wrote them, as they wrote them, and are not read again."""
     files = sorted(p for p in folder.iterdir() if p.is_file() and p.name != CHECKSUMS
                    and not p.name.endswith(".tmp"))  # write_atomic's, left by a kill
-    known = known or {}
-    write_json(folder / CHECKSUMS, {p.name: known.get(p.name) or sha256(p) for p in files}, indent=1)
+    write_json(folder / CHECKSUMS, {p.name: (known or {}).get(p.name) or sha256(p) for p in files}, indent=1)
 
 
 def unlisted(ckpt: Path, sums: dict) -> list[str]:
@@ -274,9 +274,8 @@ def read_local_rows(stored, param):
     """The rows of a stored tensor that this rank holds (all rows unless param is a Shard(0) DTensor)."""
     if not hasattr(param, "device_mesh"):
         return stored[:]
-    from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
-    shape, offset = compute_local_shape_and_global_offset(param.shape, param.device_mesh, param.placements)
-    return stored[offset[0]:offset[0] + shape[0]] if shape[0] else torch.empty(shape)
+    _, offset, local = local_rows(param)
+    return stored[offset:offset + local.shape[0]] if local.shape[0] else torch.empty(local.shape)
 
 
 def write_checkpoint(path, config: dict, state: dict, extra_files: dict[str, str] | None = None):
@@ -285,9 +284,7 @@ def write_checkpoint(path, config: dict, state: dict, extra_files: dict[str, str
     path = Path(path)
     tmp = path.with_name(path.name + ".tmp")
     tmp.mkdir(parents=True, exist_ok=True)
-    save_file({k: v.detach().contiguous().cpu() for k, v in state.items()}, tmp / "model.safetensors",
-              metadata={"format": "pt"})
-    fsync_file(tmp / "model.safetensors")
+    save_durably(tmp / "model.safetensors", {k: v.detach().contiguous().cpu() for k, v in state.items()}, {"format": "pt"})
     write_json(tmp / "config.json", config)
     for name, text in (extra_files or {}).items():
         write_atomic(tmp / name, text)
@@ -340,8 +337,7 @@ def write_shard(folder: Path, kind: str, tensors: dict[str, torch.Tensor], write
         # clone: tied weights (a tied teacher's head) share storage, which safetensors refuses
         rows[key] = local.cpu().clone().contiguous()
         entries[key] = {"shape": shape, "offset": offset, "rows": local.shape[0] if local.dim() else None}
-    save_file(rows, folder / name)
-    fsync_file(folder / name)
+    save_durably(folder / name, rows)
     return {"file": name, "sha256": sha256(folder / name), "tensors": entries}
 
 
@@ -368,8 +364,7 @@ def tensor_writers(sizes: dict[str, int], writers: int) -> dict[str, int]:
 def write_weights(folder: Path, file: str, tensors: dict[str, torch.Tensor]) -> dict:
     """folder/file: whole `tensors` in safetensors, made durable; returns {"file", "sha256", "bytes",
     "tensors": [names]}, this file's entry in the index and in the checksums."""
-    save_file({k: v.detach().contiguous().cpu() for k, v in tensors.items()}, folder / file, metadata={"format": "pt"})
-    fsync_file(folder / file)
+    save_durably(folder / file, {k: v.detach().contiguous().cpu() for k, v in tensors.items()}, {"format": "pt"})
     return {"file": file, "sha256": sha256(folder / file), "bytes": sum(v.nbytes for v in tensors.values()),
             "tensors": list(tensors)}
 

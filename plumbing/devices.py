@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 import platform
 import time
+import timeit
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -26,7 +27,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch.distributed.tensor import DTensor
 
-from plumbing.checkpoint import loads, write_json
+from plumbing.checkpoint import finite_number, loads, write_json
 from plumbing.errors import TrainingError, UsageError
 from plumbing.hf_qwen3 import ModelConfig
 
@@ -92,11 +93,7 @@ class Dist:
 
     def agree(self, flag: bool) -> bool:
         """True on every rank only if `flag` is true on every rank (one all-reduce)."""
-        if self.world == 1:
-            return flag
-        t = torch.tensor([0.0 if flag else 1.0], device=self.device)
-        dist.all_reduce(t)
-        return float(t) == 0.0
+        return flag if self.world == 1 else self.sum([0.0 if flag else 1.0]) == [0.0]
 
     def on_main(self, work: Callable, what: str):
         """work() on rank 0 while the other ranks wait for it (wait_for_main); rank 0's result, on rank 0.
@@ -230,22 +227,13 @@ DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}  # config.PRECISIONS
 BF16_MIN_SPEEDUP = 1.5  # bf16 autocast only where its matmuls are clearly faster than fp32's
 
 
-def precision_cache() -> Path:
-    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "normgrow" / "cpu-precision.json"
-
-
 def matmul_speedup_bf16(n: int = 512, repeats: int = 5) -> float:
     """fp32 time / bf16 time of an n x n matmul on this CPU, best of `repeats` each (a fraction of a
     second). Below 1 where bf16 is emulated (no AVX-512-BF16/AMX): there it runs tens of times slower."""
     def best(dtype):
         a, b = torch.randn(n, n).to(dtype), torch.randn(n, n).to(dtype)
-        a @ b
-        times = []
-        for _ in range(repeats):
-            start = time.perf_counter()
-            a @ b
-            times.append(time.perf_counter() - start)
-        return min(times)
+        a @ b  # warm-up, not timed
+        return min(timeit.repeat(lambda: a @ b, number=1, repeat=repeats))  # timeit's clock: time.perf_counter
     return best(torch.float32) / best(torch.bfloat16)
 
 
@@ -255,14 +243,13 @@ def cpu_bf16_speedup() -> float:
     run and every resume on one machine makes the same choice."""
     key = f"{platform.machine()} {cpu_model()} torch {torch.__version__} {torch.backends.cpu.get_cpu_capability()} " \
           f"threads {torch.get_num_threads()}"
-    path = precision_cache()
+    path = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "normgrow" / "cpu-precision.json"
     try:  # read as strictly as it is written: a cache with NaN (or any damage) is probed again and rewritten
         cached = loads(path.read_text())
     except (OSError, ValueError):
         cached = {}
-    if not isinstance(cached, dict) or isinstance(cached.get(key), bool) or not isinstance(cached.get(key), (int, float)) \
-            or not cached[key] > 0:
-        cached = cached if isinstance(cached, dict) else {}
+    cached = cached if isinstance(cached, dict) else {}
+    if not (finite_number(cached.get(key)) and cached[key] > 0):
         cached[key] = matmul_speedup_bf16()
         try:
             path.parent.mkdir(parents=True, exist_ok=True)

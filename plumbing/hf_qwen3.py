@@ -95,9 +95,9 @@ def config_problem(values: dict) -> str:
         if kind is float and not (isinstance(value, (int, float)) and not isinstance(value, bool)
                                   and math.isfinite(value) and (value > 0 or name == "initializer_range" and value == 0)):
             return f"{name} is {value!r}, not a positive finite number"
-    if values["num_attention_heads"] % values.get("num_key_value_heads", ModelConfig.num_key_value_heads):
-        return (f"num_attention_heads ({values['num_attention_heads']}) is not a multiple of num_key_value_heads "
-                f"({values.get('num_key_value_heads', ModelConfig.num_key_value_heads)})")
+    heads, kv_heads = values["num_attention_heads"], values.get("num_key_value_heads", ModelConfig.num_key_value_heads)
+    if heads % kv_heads:
+        return f"num_attention_heads ({heads}) is not a multiple of num_key_value_heads ({kv_heads})"
     return ""
 
 
@@ -115,10 +115,10 @@ def hf_name(name: str) -> str:
     return "model." + name
 
 
-def save_qwen3(teacher: nn.Module, path, state: dict | None = None):
-    """Write a teacher (a model.Qwen3) as a standard HF Qwen3 checkpoint directory (tied head not duplicated)."""
-    state = teacher.state_dict() if state is None else state
-    write_checkpoint(path, teacher.config.to_hf(), {hf_name(k): v for k, v in state.items()})
+def save_qwen3(net: nn.Module, path, extra_files: dict[str, str] | None = None):
+    """Write a teacher (a model.Qwen3), or a student that is one (export_hf), as a standard HF Qwen3 checkpoint
+    directory (tied head not duplicated), with `extra_files` (name -> text) beside it."""
+    write_checkpoint(path, net.config.to_hf(), {hf_name(k): v for k, v in net.state_dict().items()}, extra_files)
 
 
 EXPORT_MARKER = "normgrow-export.json"  # in every folder export_hf writes: only such folders are replaced
@@ -132,6 +132,4 @@ def export_hf(student: nn.Module, path, source: str = "", extra_files: dict[str,
         raise CheckpointError(f"{source or 'this student'}: only pre-norm students without boundary interventions are "
                               f"Qwen3 models; this one is {student.norm_placement!r}-norm{extra}: export a pre-norm run's "
                               "checkpoint (a post-norm student is read by the kit itself: eval, sample)")
-    state = {hf_name(k): v for k, v in student.state_dict().items()}
-    write_checkpoint(path, student.config.to_hf(), state,
-                     extra_files={**(extra_files or {}), EXPORT_MARKER: json.dumps({"exported_from": source}) + "\n"})
+    save_qwen3(student, path, {**(extra_files or {}), EXPORT_MARKER: json.dumps({"exported_from": source}) + "\n"})

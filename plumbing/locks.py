@@ -71,9 +71,14 @@ def wait_seconds() -> float:
     return seconds
 
 
-def holder_record() -> bytes:
-    return json.dumps({"host": socket.gethostname(), "pid": os.getpid(), "command": " ".join(sys.argv),
-                       "since": datetime.now().astimezone().isoformat(timespec="seconds")}).encode()
+def _write_record(fd: int):
+    """Who holds the lock, for a waiter's message; a full disk leaves the file empty, and the lock holds."""
+    record = {"host": socket.gethostname(), "pid": os.getpid(), "command": " ".join(sys.argv),
+              "since": datetime.now().astimezone().isoformat(timespec="seconds")}
+    try:
+        os.pwrite(fd, json.dumps(record).encode(), 0)
+    except OSError:
+        pass
 
 
 def _holder(fd: int) -> tuple[str, dict]:
@@ -136,17 +141,22 @@ def _not_a_lock(lock: Path, folder: Path) -> TrainingError:
 
 
 def _open_lock(lock: Path, folder: Path) -> tuple[int, bool]:
-    """(fd, made by us) of the lock file; FileNotFoundError if it vanished (or its folder is missing)."""
-    try:
-        return os.open(lock, LOCK_FLAGS | os.O_CREAT | os.O_EXCL, 0o644), True
-    except FileExistsError:
-        pass
-    try:
-        fd = os.open(lock, LOCK_FLAGS)
-    except FileNotFoundError:
-        raise
-    except OSError:  # ELOOP: a symbolic link; EISDIR: a folder; ENXIO: a socket
-        raise _not_a_lock(lock, folder) from None
+    """(fd, made by us) of the lock file, made anew (with its folder) where it vanishes meanwhile."""
+    while True:
+        try:
+            return os.open(lock, LOCK_FLAGS | os.O_CREAT | os.O_EXCL, 0o644), True
+        except FileNotFoundError:  # another process removed the empty parent it had made
+            lock.parent.mkdir(parents=True, exist_ok=True)
+            continue
+        except FileExistsError:
+            pass
+        try:
+            fd = os.open(lock, LOCK_FLAGS)
+            break
+        except FileNotFoundError:  # removed by its holder meanwhile
+            continue
+        except OSError:  # ELOOP: a symbolic link; EISDIR: a folder; ENXIO: a socket
+            raise _not_a_lock(lock, folder) from None
     info = os.fstat(fd)
     if not stat.S_ISREG(info.st_mode) or info.st_nlink != 1:
         os.close(fd)
@@ -168,11 +178,7 @@ def _lock(lock: Path, folder: Path, limit: float | None, say) -> int:
     for a holder this host does not see alive (None: not at all)."""
     silence = Silence()
     while True:
-        try:
-            fd, made = _open_lock(lock, folder)
-        except FileNotFoundError:  # another process removed the empty parent it had made, or the file
-            lock.parent.mkdir(parents=True, exist_ok=True)
-            continue
+        fd, made = _open_lock(lock, folder)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -186,10 +192,7 @@ def _lock(lock: Path, folder: Path, limit: float | None, say) -> int:
             return _exclusive_lock(lock, folder, silence, limit, say)
         if _names(lock, fd):
             if made:
-                try:  # who holds it, for a waiter's message; a full disk leaves it empty, and the lock holds
-                    os.pwrite(fd, holder_record(), 0)
-                except OSError:
-                    pass
+                _write_record(fd)
                 return fd
             holder, record = _holder(fd)
             if record:
@@ -231,23 +234,10 @@ def _exclusive_lock(lock: Path, folder: Path, silence: Silence, limit: float | N
             f"{lock.name}) instead; one left by a process killed on another host must be removed by hand")
     waiting = False
     while True:
-        try:
-            fd = os.open(lock, LOCK_FLAGS | os.O_CREAT | os.O_EXCL, 0o644)
-        except FileNotFoundError:
-            lock.parent.mkdir(parents=True, exist_ok=True)
-            continue
-        except FileExistsError:
-            fd = None
-        if fd is not None:
-            try:
-                os.pwrite(fd, holder_record(), 0)
-            except OSError:
-                pass
+        fd, made = _open_lock(lock, folder)
+        if made:
+            _write_record(fd)
             return fd
-        try:
-            fd, _ = _open_lock(lock, folder)
-        except FileNotFoundError:  # removed by its holder meanwhile
-            continue
         holder, record = _holder(fd)
         os.close(fd)
         if _on_this_host(record) and not alive(record["pid"]):
@@ -295,11 +285,6 @@ def mount_of(path: Path) -> str:
     except OSError:
         kinds = {}
     return f"{point}, {kinds[str(point)]}" if str(point) in kinds else str(point)
-
-
-def _release(lock: Path, fd: int):
-    lock.unlink(missing_ok=True)  # while still held, so no one locks the file we remove
-    os.close(fd)
 
 
 def busy(folder) -> bool:
@@ -350,7 +335,8 @@ def held(folders, wait: bool = True, say=print):
             lock.parent.mkdir(parents=True, exist_ok=True)
             fds.append(_lock(lock, folder, limit, say))
             stack.callback(_remove_empty, made)
-            stack.callback(_release, lock, fds[-1])
+            stack.callback(os.close, fds[-1])
+            stack.callback(lock.unlink, missing_ok=True)  # first, while still held: no one locks the file we remove
         stack.enter_context(_heartbeat(fds))
         yield
 

@@ -87,8 +87,7 @@ class Tokenizer:
     def encode_batch(self, texts: Iterable[str]) -> list[list[int]]:
         """`encode` of many texts (specials as ordinary text). One thread: tiktoken's thread pool was
         slower than a plain loop here (2 cores); prepare() parallelises over processes instead."""
-        encode = self._encoding.encode_ordinary
-        return [encode(_nfc(t)) for t in texts]
+        return [self.encode(t) for t in texts]
 
     def decode(self, ids) -> str:
         """Text of a list, numpy array or tensor of ids."""
@@ -188,7 +187,7 @@ def check_teacher_tokenizer(teacher_dir: str | Path, enc: Tokenizer) -> None:
     if teacher_eot != enc.eot:
         raise DataError(f"{path}: {EOT} has id {teacher_eot} in the teacher but {enc.eot} in {enc.name}; "
                         f"the teacher is not a Qwen3 model, use a Qwen3 teacher")
-    byte_of_char = _byte_level_decoder()
+    byte_of_char = {c: b for b, c in _char_of_byte().items()}
     for token, token_id in vocab.items():
         try:
             same = bytes(byte_of_char[c] for c in token) == enc.token_bytes(token_id)
@@ -199,13 +198,14 @@ def check_teacher_tokenizer(teacher_dir: str | Path, enc: Tokenizer) -> None:
                             f"{enc.name}; use a Qwen3 teacher")
 
 
-def _byte_level_decoder() -> dict[str, int]:
-    """GPT-2's byte-level alphabet, inverted: tokenizer.json spells each byte as one printable char."""
+@functools.cache
+def _char_of_byte() -> dict[int, str]:
+    """GPT-2's byte-level alphabet: tokenizer.json spells each byte as one printable char."""
     printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
     char_of_byte = {b: chr(b) for b in printable}
     for n, b in enumerate(b for b in range(256) if b not in char_of_byte):
         char_of_byte[b] = chr(256 + n)
-    return {c: b for b, c in char_of_byte.items()}
+    return char_of_byte
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -236,11 +236,6 @@ def bpe_merges(enc: Tokenizer) -> list[list[str]]:
 def _spell(token: bytes) -> str:
     """A token's bytes in HF's byte-level spelling (one printable character per byte)."""
     return "".join(_char_of_byte()[b] for b in token)
-
-
-@functools.cache
-def _char_of_byte() -> dict[int, str]:
-    return {b: c for c, b in _byte_level_decoder().items()}
 
 
 def hf_tokenizer_files(enc: Tokenizer) -> dict[str, str]:

@@ -132,7 +132,7 @@ def test_tokenizer_pickles_as_a_recipe(enc):
 
 def _write_fake_tokenizer_json(folder, enc, eot_id=None, swap=None):
     """A byte-level tokenizer.json for qwen3_tokenizer(256): the 256 bytes in rank order, then <|endoftext|>."""
-    char_of_byte = {b: c for c, b in tokenizer._byte_level_decoder().items()}
+    char_of_byte = tokenizer._char_of_byte()
     vocab = {char_of_byte[enc.token_bytes(i)[0]]: i for i in range(256)}
     if swap:
         (a, ia), (b, ib) = [(k, v) for k, v in vocab.items() if v in swap]
