@@ -113,10 +113,9 @@ class Dist:
         """Every rank sees `path` (rank 0 made it), or every rank stops with one line saying so."""
         seen = Path(path).exists()
         if not self.agree(seen):
-            raise TrainingError(f"{path}: {what} is not there on rank {self.rank}" if not seen else
-                                f"{path}: {what} is not there on every rank" +
-                                "; the runs folder (and the teacher's cache) must be on a filesystem every node "
-                                "shares, or be copied to each node before the launch")
+            where = f"rank {self.rank}" if not seen else "every rank"  # the advice, on the ranks that lack it too
+            raise TrainingError(f"{path}: {what} is not there on {where}; the runs folder (and the teacher's cache) "
+                                "must be on a filesystem every node shares, or be copied to each node before the launch")
 
     def wait_for_main(self, what: str):
         """Every rank meets rank 0 after it has done `what` (prepared the data, fetched the teacher), on the
