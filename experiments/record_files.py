@@ -30,7 +30,7 @@ FIX = "restore it (git checkout) or move it away (its run then trains again)"
 RUN_KEYS = {"format", "run", "workspace", "seed", "identity", "config", "provenance", "wall_seconds", "done", "metrics",
             "diagnostics", "sha256"}
 RUNG_KEYS = {"format", "kind", "identity", "provenance", "row", "sha256"}  # a search's rung (studies.record_rung)
-IDENTITY_KEYS = {"config_sha256", "data", "teacher"}
+IDENTITY_TYPES = {"config_sha256": str, "data": dict, "teacher": str}
 PROVENANCE_TEXT = ("git_commit", "torch", "device", "cpu", "cpu_capability", "precision", "precision_reason")
 CELL_CHARACTERS = 200
 
@@ -92,7 +92,9 @@ def check_record(record, path: Path):
     if keys is RUNG_KEYS:
         return
     check_place(record, path, bad)
-    check_identity(record["identity"], bad)
+    expect_keys(record["identity"], set(IDENTITY_TYPES), "identity.", bad)
+    for key, kind in IDENTITY_TYPES.items():
+        expect(record["identity"][key], kind, f"identity.{key}", bad)
     check_settings(record["config"], bad)
     if record["identity"]["config_sha256"] != digest(training_settings(record["config"])):
         raise bad("config", "is not the settings identity.config_sha256 names (edited by hand)")
@@ -105,8 +107,9 @@ def check_record(record, path: Path):
             raise bad(f"metrics[{i}]", "is not a row the kit logs (an object with its step)")
     diverged = check_done(expect(record["done"], dict, "done", bad), rows, bad)
     diagnostics = expect(record["diagnostics"], dict, "diagnostics", bad)
-    if not diverged:
-        check_block_removal(diagnostics.get("block_removal"), bad)
+    # diagnostics.block_removal as diag.recorded_block_removal reads it
+    if not diverged and not diag.block_removal_rows(diagnostics.get("block_removal")):
+        raise bad("diagnostics.block_removal", "is not a row of finite numbers per block, as the kit records it")
 
 
 def expect(value, kind: type, where: str, bad):
@@ -135,13 +138,6 @@ def check_place(record: dict, path: Path, bad):
     if list(Path(path).parts[-len(parts):]) != [*parts[:-1], f"{parts[-1]}.json"]:
         raise bad("its place", f"is not that of the run it records ({cell('/'.join(parts), 120)}.json): a record "
                                "belongs to the run its path names (a copy, or another study's record, is none)")
-
-
-def check_identity(identity: dict, bad):
-    expect_keys(identity, IDENTITY_KEYS, "identity.", bad)
-    expect(identity["config_sha256"], str, "identity.config_sha256", bad)
-    expect(identity["data"], dict, "identity.data", bad)
-    expect(identity["teacher"], str, "identity.teacher", bad)
 
 
 # A RunConfig field's annotation -> the JSON types config.json holds it as.
@@ -195,12 +191,6 @@ def check_done(done: dict, rows: list[dict], bad) -> bool:
     if done.get("step", last["step"]) != last["step"]:
         raise bad("done.step", f"is not the step of metrics' last evaluation ({last['step']})")
     return False
-
-
-def check_block_removal(rows, bad):
-    """diagnostics.block_removal as diag.recorded_block_removal reads it: a row of finite numbers per block."""
-    if not diag.block_removal_rows(rows):
-        raise bad("diagnostics.block_removal", "is not a row of finite numbers per block, as the kit records it")
 
 
 # ----------------------------------------------------------------------------------------------

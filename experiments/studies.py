@@ -266,27 +266,26 @@ def held(folder: Path, ws: Workspace):
 
 
 def restore_folder(job: Job, record: dict):
-    """The recorded run written into its folder unless the folder holds a finished run, decided under its lock:
-    a folder another process restored or trained meanwhile is left as it is."""
-    if (job.folder / "done.json").is_file():
+    """The recorded run written into its folder as the reports read it (config, provenance, the record itself,
+    its kept log rows, the recorded diagnostics, done.json; no checkpoint: what needs weights trains it again),
+    unless the folder holds a finished run, decided under its lock: a folder another process restored or
+    trained meanwhile is left as it is."""
+    folder = job.folder
+    if (folder / "done.json").is_file():
         return
-    with held(job.folder, job.ws):
-        if not (job.folder / "done.json").is_file():
-            write_folder(job.folder, record)
-
-
-def write_folder(folder: Path, record: dict):
-    """A recorded run's folder as the reports read it: config, provenance, done.json, its kept log rows, the
-    recorded diagnostics, and the record itself (no checkpoint: what needs weights trains it again). The
-    caller holds the folder (restore_folder)."""
-    if folder.exists():  # a partial run of the same settings, or a restored one: the record replaces it
-        rundir.check_discardable(folder)
-        shutil.rmtree(folder)
-    folder.mkdir(parents=True)
-    checkpoint.write_json(folder / "config.json", record["config"])
-    checkpoint.write_json(folder / "provenance.json", record["provenance"])
-    checkpoint.write_json(folder / RECORD, {"restored_from": record["sha256"]})
-    write_readable(folder, record)  # done.json last: a folder without it is unfinished
+    with held(folder, job.ws):
+        if (folder / "done.json").is_file():
+            return
+        if folder.exists():  # a partial run of the same settings, or a restored one: the record replaces it
+            rundir.check_discardable(folder)
+            shutil.rmtree(folder)
+        folder.mkdir(parents=True)
+        checkpoint.write_json(folder / "config.json", record["config"])
+        checkpoint.write_json(folder / "provenance.json", record["provenance"])
+        checkpoint.write_json(folder / RECORD, {"restored_from": record["sha256"]})
+        checkpoint.write_atomic(folder / "metrics.jsonl", "".join(checkpoint.json_text(r, None) for r in record["metrics"]))
+        checkpoint.write_json(folder / diag.DIAGNOSTICS, record["diagnostics"])
+        checkpoint.write_json(folder / "done.json", record["done"])  # last: a folder without it is unfinished
 
 
 def prefix_folder(job: Job, teacher: Path) -> Path | None:
@@ -336,42 +335,38 @@ def record_finished(ws: Workspace, run: RunName, seed: int):
     checkpoint.write_json(job.folder / diag.DIAGNOSTICS, record["diagnostics"])
 
 
-def write_readable(folder: Path, record: dict):
-    """What the reports read of a recorded run (its log rows, diagnostics, done.json last), weights untouched."""
-    checkpoint.write_atomic(folder / "metrics.jsonl", "".join(checkpoint.json_text(r, None) for r in record["metrics"]))
-    checkpoint.write_json(folder / diag.DIAGNOSTICS, record["diagnostics"])
-    checkpoint.write_json(folder / "done.json", record["done"])
-
-
 def kept_rows(rows: list[dict]) -> list[dict]:
-    last_of_phase = {}
-    for i, row in enumerate(rows):
-        if not any(row.get(k) for k in KEPT_ROW_KEYS):
-            last_of_phase[row.get("phase")] = i
-    keep = set(last_of_phase.values())
-    return [row for i, row in enumerate(rows) if i in keep or any(row.get(k) for k in KEPT_ROW_KEYS)]
+    kept = lambda row: any(row.get(k) for k in KEPT_ROW_KEYS)
+    last_of_phase = {row.get("phase"): i for i, row in enumerate(rows) if not kept(row)}
+    return [row for i, row in enumerate(rows) if kept(row) or i in last_of_phase.values()]
+
+
+def wall_seconds(rows: list[dict]) -> float:
+    """A run's wall time: the latest clock its log rows hold, evaluations aside (0 for a run that logged none)."""
+    return max((r.get("time", 0.0) for r in rows if not r.get("eval")), default=0.0)
 
 
 def make_record(job: Job, stored: dict) -> dict:
     rows = rundir.read_metrics(job.folder)
     done = rundir.read_json(job.folder / "done.json")
-    diverged = bool(done.get("diverged"))
     record = {"format": FORMAT, "run": job.label, "workspace": job.ws.runs.name, "seed": job.seed,
               "identity": identity(job, stored), "config": stored,
               "provenance": rundir.read_json(job.folder / "provenance.json"),
-              "wall_seconds": max((r.get("time", 0.0) for r in rows if not r.get("eval")), default=0.0),
-              "done": done, "metrics": kept_rows(rows),
-              "diagnostics": {} if diverged else {"block_removal": readouts.block_removal(job.ws, job.run, job.seed)}}
+              "wall_seconds": wall_seconds(rows), "done": done, "metrics": kept_rows(rows),
+              "diagnostics": {} if done.get("diverged") else
+              {"block_removal": readouts.block_removal(job.ws, job.run, job.seed)}}
     record["sha256"] = digest(record)
     return record
 
 
+def folder_machine_row(run: str, folder: Path) -> dict:
+    """machine_row of a run folder (a restored one holds its record's provenance and its phases' last step rows)."""
+    return machine_row(run, rundir.read_json(folder / "provenance.json"), wall_seconds(rundir.read_metrics(folder)))
+
+
 def run_machines(jobs: list[Job]) -> list[dict]:
-    """Each run's machine (CPU, instructions, precision) and wall time, from its folder (a restored one holds
-    its record's provenance and its phases' last step rows)."""
-    return [machine_row(job.label, rundir.read_json(job.folder / "provenance.json"),
-                        max((r.get("time", 0.0) for r in rundir.read_metrics(job.folder) if not r.get("eval")),
-                            default=0.0)) for job in unique(jobs)]
+    """Each run's machine (CPU, instructions, precision) and wall time, from its folder."""
+    return [folder_machine_row(job.label, job.folder) for job in unique(jobs)]
 
 
 def machine_row(run: str, provenance: dict, wall_seconds: float) -> dict:
@@ -413,12 +408,16 @@ def restorable_jobs(ws: Workspace, names: list[str], runs, seeds: list[int]) -> 
     return [job for job in suite_jobs(ws, kept, seeds) if job.run in kept]
 
 
-def restore_suite(ws: Workspace, names: list[str], runs, seeds: list[int], force: bool):
-    """`repro.py run`'s study: its restorable runs restored from their records (the others train)."""
-    jobs = restorable_jobs(ws, names, runs, seeds)
+def restore_study(ws: Workspace, jobs: list[Job], force: bool):
+    """A recording study's runs restored from their records before anything trains (restore), on the main process."""
     if ws.records is not None and jobs:
         teacher = suite.ensure_inputs(ws, force)
         ws.ctx.on_main(lambda: restore(jobs, teacher, force), "restoring records")
+
+
+def restore_suite(ws: Workspace, names: list[str], runs, seeds: list[int], force: bool):
+    """`repro.py run`'s study: its restorable runs restored from their records (the others train)."""
+    restore_study(ws, restorable_jobs(ws, names, runs, seeds), force)
 
 
 def recorded_machines(scale: str, records: Path = RECORDS_DIR) -> list[str]:

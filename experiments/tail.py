@@ -119,12 +119,6 @@ def manifest(ws: suite.Workspace, seeds: list[int]) -> list[studies.Job]:
     return studies.unique(studies.Job(variant_workspace(ws, v, s), v.run, s) for s in seeds for v in ws_variants(ws))
 
 
-def restore_records(ws: suite.Workspace, seeds: list[int], force: bool):
-    if ws.records is not None:
-        teacher = suite.ensure_inputs(ws, force)
-        ws.ctx.on_main(lambda: studies.restore(manifest(ws, seeds), teacher, force), "restoring records")
-
-
 # ----------------------------------------------------------------------------------------------
 # The numbers, from each run's done.json and kept log rows: a run folder's (live) or its record's (the page), the
 # same (a record keeps every monitor row and done.json; a folder restored from it holds them)
@@ -136,20 +130,13 @@ def contrast(ce: dict, dosed: str, norm: str) -> list[float]:
                                                          ce[joint])]
 
 
-def phase_end_ratios(rows: list[dict]) -> list[dict]:
-    """The boundary/regular RMS (the monitor's boundary_over_others) at each block boundary after block 0, at the
-    last monitor row of every phase: [{"phase", "boundary", "ratio"}]."""
-    last: dict[int, dict] = {}
-    for row in rows:
-        if row.get("monitor"):
-            last[row["phase"]] = row
-    return [{"phase": p, "boundary": b["boundary"], "ratio": b["boundary_over_others"]}
-            for p, row in sorted(last.items()) for b in row["boundaries"] if b["boundary"] >= 1]
-
-
 def lowest_ratio(rows: list[dict]) -> dict | None:
-    found = phase_end_ratios(rows)
-    return min(found, key=lambda r: r["ratio"]) if found else None
+    """The lowest boundary/regular RMS (the monitor's boundary_over_others) at a block boundary after block 0, at
+    the last monitor row of a phase: {"phase", "boundary", "ratio"} (None: no monitor row)."""
+    last = {row["phase"]: row for row in rows if row.get("monitor")}
+    found = [{"phase": p, "boundary": b["boundary"], "ratio": b["boundary_over_others"]}
+             for p, row in sorted(last.items()) for b in row["boundaries"] if b["boundary"] >= 1]
+    return min(found, key=lambda r: r["ratio"], default=None)
 
 
 def family(ce: dict) -> list[dict]:
@@ -175,12 +162,8 @@ def family(ce: dict) -> list[dict]:
 def outcome(scale: str, hidden: int, seeds: list[int], read) -> dict:
     """The report's numbers from `read(label) -> (done, rows, machine row)` of every run, or, where a run has none
     yet, how many have (out["recorded"] < out["runs"]: no contrast is computed before every run is in)."""
-    runs, found = variants(scale, hidden), {}
-    for v in runs:
-        for s in seeds:
-            got = read(label(v, s))
-            if got is not None:
-                found[v.label, s] = got
+    runs = variants(scale, hidden)
+    found = {(v.label, s): got for v in runs for s in seeds if (got := read(label(v, s))) is not None}
     out = {"experiment": "tail", "scale": scale, "seeds": seeds, "runs": len(runs) * len(seeds), "recorded": len(found),
            "check_ratio": CHECK_RATIO, "tie_margin": presets.TIE_MARGIN,
            "machines": [found[v.label, s][2] for s in seeds for v in runs if (v.label, s) in found]}
@@ -199,15 +182,17 @@ def outcome(scale: str, hidden: int, seeds: list[int], read) -> dict:
     return out
 
 
+def check_met(out: dict) -> bool:
+    """The manipulation check, read before the primary: every dosed pre-norm student's ratio at or above CHECK_RATIO."""
+    return all(check["met"] for check in out["checks"] if check["norm"] == "pre")
+
+
 def from_folders(ws: suite.Workspace):
     def read(name: str):
         folder = ws.runs / name
         if not (folder / "done.json").is_file():
             return None
-        rows = rundir.read_metrics(folder)
-        wall = max((r.get("time", 0.0) for r in rows if not r.get("eval")), default=0.0)
-        return (rundir.read_json(folder / "done.json"), rows,
-                studies.machine_row(name, rundir.read_json(folder / "provenance.json"), wall))
+        return rundir.read_json(folder / "done.json"), rundir.read_metrics(folder), studies.folder_machine_row(name, folder)
     return read
 
 
@@ -227,7 +212,7 @@ def run_tail(ws: suite.Workspace, seeds: list[int], force: bool = False) -> dict
     protocols; D = (pre-grow tail - pre-grow) - (pre-joint tail - pre-joint), read after its manipulation check
     by the rule pre-registered in docs/preregistrations.md (results/<scale>/tail.md/.json). A study: recorded runs
     are not trained again."""
-    restore_records(ws, seeds, force)
+    studies.restore_study(ws, manifest(ws, seeds), force)
     train_variants(ws, ws_variants(ws), seeds, force)
     if not ws.ctx.is_main:
         return {}
@@ -238,10 +223,15 @@ def run_tail(ws: suite.Workspace, seeds: list[int], force: bool = False) -> dict
     return out
 
 
+def recorded_outcome(scale: str, records: Path = studies.RECORDS_DIR) -> dict:
+    """outcome() of the study at `scale` as its records (the committed ones unless given) hold it."""
+    hidden, seeds = presets.teacher_shape(presets.PRESETS[scale]).hidden_size, presets.DEFAULT_SEEDS["tail"][scale]
+    return outcome(scale, hidden, seeds, from_records(records / scale))
+
+
 def page_section(scale: str, records: Path) -> list[str]:
     """The results page's section, from the committed records alone (nothing to train on a fresh clone)."""
-    hidden = presets.teacher_shape(presets.PRESETS[scale]).hidden_size
-    return markdown(outcome(scale, hidden, presets.DEFAULT_SEEDS["tail"][scale], from_records(records / scale)))
+    return markdown(recorded_outcome(scale, records))
 
 
 def markdown(out: dict) -> list[str]:
@@ -254,18 +244,16 @@ def markdown(out: dict) -> list[str]:
     if "family" not in out:
         return lines + [f"Running: {out['recorded']} of its {out['runs']} runs recorded (seeds "
                         f"{', '.join(map(str, out['seeds']))}); nothing is read until every pre-registered run is in."]
-    pre_met = all(c["met"] for c in out["checks"] if c["norm"] == "pre")
-    lines = [*lines[:-1],
-             "", f"Validation CE at each run's end, {report.seeds_text(out['seeds'])}; contrasts paired by seed. "
-             "D = (grow with the tail − grow) − (joint with the tail − joint); the account predicts D > 0 for "
-             f"pre-norm. Power for the paper's size (0.033) at the planned SD {PLANNING_SD}: "
-             f"{power(EFFECT, PLANNING_SD, len(out['seeds'])):.2f}; at the pessimistic SD {PESSIMISTIC_SD}: "
-             f"{power(EFFECT, PESSIMISTIC_SD, len(out['seeds'])):.2f}.", "",
-             report.diverged_line(out["diverged_runs"], out["runs"]), "",
-             f"**Manipulation check** (boundary/regular RMS ≥ {out['check_ratio']:g} at every block boundary at the "
-             "end of every phase, for every pre-norm student at 37x): " + ("met" if pre_met else "**not met**: D is "
-                                                                          "not read as a test of the account") + ".", "",
-             "| run at 37x | lowest ratio per seed (phase, boundary) | check |", "| --- | --- | --- |"]
+    lines += [f"Validation CE at each run's end, {report.seeds_text(out['seeds'])}; contrasts paired by seed. "
+              "D = (grow with the tail − grow) − (joint with the tail − joint); the account predicts D > 0 for "
+              f"pre-norm. Power for the paper's size (0.033) at the planned SD {PLANNING_SD}: "
+              f"{power(EFFECT, PLANNING_SD, len(out['seeds'])):.2f}; at the pessimistic SD {PESSIMISTIC_SD}: "
+              f"{power(EFFECT, PESSIMISTIC_SD, len(out['seeds'])):.2f}.", "",
+              report.diverged_line(out["diverged_runs"], out["runs"]), "",
+              f"**Manipulation check** (boundary/regular RMS ≥ {out['check_ratio']:g} at every block boundary at the "
+              "end of every phase, for every pre-norm student at 37x): "
+              + ("met" if check_met(out) else "**not met**: D is not read as a test of the account") + ".", "",
+              "| run at 37x | lowest ratio per seed (phase, boundary) | check |", "| --- | --- | --- |"]
     for c in out["checks"]:
         cells = ", ".join("n/a" if low is None else f"{low['ratio']:.1f} (p{low['phase']}, b{low['boundary']})"
                           for low in c["lowest"])
@@ -282,26 +270,8 @@ def markdown(out: dict) -> list[str]:
     return lines
 
 
-if __name__ == "__main__":  # the entry's numbers, from the committed records and the kit's references
-    measured = measure_regular_rms(studies.RECORDS_DIR / "toy")
-    print(json.dumps({"regular_rms_per_seed": measured, "regular_rms": statistics.fmean(measured),
-                      "tail_37x": tail_value("toy", PAPER_RATIO, 128), "tail_6x": tail_value("toy", SMALL_RATIO, 128),
-                      "power": power_table()}, indent=1))
-
-
 # ----------------------------------------------------------------------------------------------
-# The README's headline: the test's row and its sentence, from the committed records
-
-def recorded_outcome(scale: str) -> dict:
-    """outcome() of the study at `scale` as its committed records hold it."""
-    hidden, seeds = presets.teacher_shape(presets.PRESETS[scale]).hidden_size, presets.DEFAULT_SEEDS["tail"][scale]
-    return outcome(scale, hidden, seeds, from_records(studies.RECORDS_DIR / scale))
-
-
-def check_met(out: dict) -> bool:
-    """The manipulation check, read before the primary: every dosed pre-norm student's ratio at or above CHECK_RATIO."""
-    return all(check["met"] for check in out["checks"] if check["norm"] == "pre")
-
+# The README's headline: the test's row and its sentence, from the committed records (recorded_outcome)
 
 def headline_cells(out: dict) -> list[str]:
     """D and its reading once every pre-registered run is recorded (gated by the manipulation check), else how many are."""
@@ -327,3 +297,10 @@ def headline_claim(out: dict) -> list[str]:
             f"{report.stats_cell(d, signed=True)}; its power for the paper's size ({EFFECT:.3f}) was "
             f"{power(EFFECT, PLANNING_SD, n):.2f} at the planned SD ({PLANNING_SD}), "
             f"{power(EFFECT, PESSIMISTIC_SD, n):.2f} at the pessimistic one ({PESSIMISTIC_SD})."]
+
+
+if __name__ == "__main__":  # the entry's numbers, from the committed records and the kit's references
+    measured = measure_regular_rms(studies.RECORDS_DIR / "toy")
+    print(json.dumps({"regular_rms_per_seed": measured, "regular_rms": statistics.fmean(measured),
+                      "tail_37x": tail_value("toy", PAPER_RATIO, 128), "tail_6x": tail_value("toy", SMALL_RATIO, 128),
+                      "power": power_table()}, indent=1))

@@ -45,19 +45,16 @@ def check_before_work(ws: Workspace, jobs: list[tuple[RunName, int]], force: boo
         folder = ws.run_dir(run, seed)
         if not (folder / "done.json").exists():  # one it will train: refused as the dry run refuses it
             data.check_split(config.global_batch, ws.ctx.world, config.micro_batch)
-        if force:  # --force discards what does not match, if the kit made all of it: nothing else to read first
-            if (teacher is not None or scratch(ws)) and (folder / "config.json").exists():
-                try:
-                    rundir.check_config(config, folder)
-                except errors.TrainingError:
-                    rundir.check_discardable(folder)
-            continue
-        if (folder / "config.json").exists():
-            if teacher is not None or scratch(ws):
+        if (folder / "config.json").exists() and (teacher is not None or scratch(ws)):
+            try:
                 rundir.check_config(config, folder)
-            else:
-                rundir.read_json(folder / "config.json")  # a hub teacher's cache path is known only once fetched
-        if (folder / "done.json").exists():
+            except errors.TrainingError:
+                if not force:
+                    raise
+                rundir.check_discardable(folder)  # --force discards what does not match, if the kit made all of it
+        elif (folder / "config.json").exists() and not force:
+            rundir.read_json(folder / "config.json")  # a hub teacher's cache path is known only once fetched
+        if (folder / "done.json").exists() and not force:  # --force: nothing else to read first
             check_result(folder / "done.json")
     if not force and not ws.preset.teacher and not scratch(ws):
         check_trained_teacher(ws)
@@ -111,8 +108,8 @@ def show_overview(ws: Workspace, jobs: list[tuple[RunName, int]]):
 def ensure_runs(ws: Workspace, runs, seeds: list[int], force: bool = False, teacher: Path | None = None):
     """Data, teacher (unless given), then every run each seed needs; done runs are reused, partial
     ones resumed, and with `force` a run folder holding another config (an edited preset) is discarded.
-    In lockstep (ws.lockstep) the runs of a seed that read the same
-    batches train together on one teacher pass per batch; the long joint controls train alone after."""
+    In lockstep (ws.lockstep) the runs of a seed that read the same batches train together on one teacher
+    pass per batch; the long joint controls train alone after."""
     jobs = [(run, seed) for seed in seeds for run in with_prefixes(runs)]
     check_before_work(ws, jobs, force, teacher)
     if scratch(ws):
