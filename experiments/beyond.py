@@ -22,7 +22,6 @@ from runs/<scale>/s<seed>/; the interventions and scratch runs live in runs/<sca
 """
 from __future__ import annotations
 
-import math
 from dataclasses import asdict, replace
 from pathlib import Path
 
@@ -45,11 +44,10 @@ from experiments.tables import POST_GROW, PRE_GROW
 from experiments.variants import (
     Variant,
     block0_placement,
-    internal_boundary_range,
-    range_cell,
+    holm_readings,
     train_variants,
+    variant_dir,
     variant_outcomes,
-    variant_workspace,
 )
 from plumbing import corpora
 
@@ -94,14 +92,24 @@ def interventions(blocks: int) -> tuple[Variant, ...]:
         Variant("transplant: post-norm prefix, pre-norm appended", transplant("post", "pre"), "transplant-post-pre"))
 
 
+# The boundary after block 0 as the monitor read it, in the intervention and planted reports
+
+def internal_boundary_range(ws: suite.Workspace, variant: Variant, seeds: list[int]) -> dict:
+    """{"mean": [lo, hi], "kurtosis": [lo, hi]} of the boundary after block 0 over a variant's monitor rows
+    once block 1 reads it (after the first phase), all seeds; {} where its runs have no such rows."""
+    rows = [r["boundaries"][1] for s in seeds for r in rundir.monitor_series(variant_dir(ws, variant, s))
+            if r["step"] > ws.preset.run["phase_steps"]]
+    return {key: [min(r[key] for r in rows), max(r[key] for r in rows)] for key in ("mean", "kurtosis")} if rows else {}
+
+
+def range_cell(ranges: dict) -> str:
+    if not ranges:
+        return "n/a"
+    return f"{ranges['mean'][0]:.2f}–{ranges['mean'][1]:.2f}, {ranges['kurtosis'][0]:.1f}–{ranges['kurtosis'][1]:.1f}"
+
+
 # ----------------------------------------------------------------------------------------------
 # intervention
-
-def suite_run(v: Variant) -> RunName:
-    """The suite's run a variant is read against: its own run, or for a transplant the freeze run of
-    its prefix's placement."""
-    return RunName(block0_placement(v.run), v.run.protocol)
-
 
 # (label, minuend, subtrahend) over INTERVENTIONS' and the transplants' labels: what each contrast isolates.
 SEPARATIONS = (
@@ -135,8 +143,7 @@ TRANSPLANT_INTERACTION = (
 
 def intervention_contrasts(ce: dict) -> list[dict]:
     """SEPARATIONS and the transplant interaction over per-seed CEs ({variant label: [CE per seed]}),
-    paired by seed, as one family: p-values by a one-sample t-test adjusted by Holm over all of them,
-    each read by report.adjusted_reading, with the smallest tie margin its seeds could have shown."""
+    paired by seed, as one family (variants.holm_readings)."""
     family = [(label, ((1, minuend), (-1, subtrahend))) for label, minuend, subtrahend in SEPARATIONS]
     family.append(TRANSPLANT_INTERACTION)
     rows = []
@@ -145,12 +152,8 @@ def intervention_contrasts(ce: dict) -> list[dict]:
         row = {"contrast": label, "terms": [list(t) for t in terms], "delta": report.across_seeds(per_seed)}
         if len(terms) == 2:
             row |= {"minuend": terms[0][1], "subtrahend": terms[1][1]}
-        rows.append(row)
-    raw = [report.p_two_sided(r["delta"]) for r in rows]
-    for row, p, p_holm in zip(rows, raw, report.holm(raw)):
-        row["p"], row["p_holm"] = p, (math.nan if math.isnan(p) else p_holm)
-        row["reading"] = report.adjusted_reading(row["delta"], p_holm, presets.TIE_MARGIN)
-        row["smallest_tie_margin"] = report.smallest_tie_margin(row["delta"])
+        rows.append(row | {"p": report.p_two_sided(row["delta"])})
+    holm_readings(rows, "delta")
     return rows
 
 
@@ -172,17 +175,17 @@ def run_intervention(ws: suite.Workspace, seeds: list[int], force: bool = False)
     ce, diverged = variant_outcomes(ws, variants, seeds)
     suite_ce = {v.run: ce[v.label] for v in variants if not v.folder}
     rows = [{"variant": v.label, "run": v.run.name,
-             "folder": str(variant_workspace(ws, v, seeds[0]).run_dir(v.run, seeds[0])),
+             "folder": str(variant_dir(ws, v, seeds[0])),
              "settings": v.settings, "ce": report.across_seeds(ce[v.label]),
              "minus_pre_grow": report.paired(ce[v.label], suite_ce[PRE_GROW]),
              "minus_post_grow": report.paired(ce[v.label], suite_ce[POST_GROW]),
-             "minus_suite_run": report.paired(ce[v.label], suite_ce[suite_run(v)]),
-             "after_block_0": internal_boundary_range([variant_workspace(ws, v, s).run_dir(v.run, s) for s in seeds],
-                                                      ws.preset.run["phase_steps"])}
+             # the suite's same run; for a transplant, the freeze run of its prefix's placement
+             "minus_suite_run": report.paired(ce[v.label], suite_ce[RunName(block0_placement(v.run), v.run.protocol)]),
+             "after_block_0": internal_boundary_range(ws, v, seeds)}
             for v in variants]
     separations = intervention_contrasts(ce)
-    figure = figures.fig_monitor({v.label: rundir.monitor_series(variant_workspace(ws, v, seeds[0]).run_dir(v.run, seeds[0]))
-                                  for v in variants}, ws.results / "intervention.png",
+    figure = figures.fig_monitor({v.label: rundir.monitor_series(variant_dir(ws, v, seeds[0])) for v in variants},
+                                 ws.results / "intervention.png",
                                  f"boundary monitor, grow runs, {ws.preset.name} scale, seed {seeds[0]}",
                                  caption=f"{ws.preset.name} scale, seed {seeds[0]}, intervention")
     out = {"experiment": "intervention", "scale": ws.preset.name, "seeds": seeds, "rows": rows,
@@ -257,11 +260,7 @@ def planted_interactions(ce: dict) -> list[dict]:
         per_seed = [(pd - pn) - (qd - qn) for pd, pn, qd, qn in zip(
             ce[f"pre-grow + {label}"], ce["pre-grow (suite)"], ce[f"post-grow + {label}"], ce["post-grow (suite)"])]
         rows.append({"dose": label, "interaction": report.across_seeds(per_seed)})
-    raw = [report.p_two_sided(r["interaction"]) for r in rows]
-    for row, p, p_holm in zip(rows, raw, report.holm(raw)):
-        row["p_holm"] = math.nan if math.isnan(p) else p_holm  # no test (one seed, diverged): no adjusted p
-        row["reading"] = report.adjusted_reading(row["interaction"], p_holm, presets.TIE_MARGIN)
-        row["smallest_tie_margin"] = report.smallest_tie_margin(row["interaction"])
+    holm_readings(rows, "interaction")
     return rows
 
 
@@ -276,8 +275,7 @@ def run_planted(ws: suite.Workspace, seeds: list[int], force: bool = False) -> d
     ce, diverged = variant_outcomes(ws, variants, seeds)
     rows = [{"variant": v.label, "run": v.run.name, "settings": v.settings, "ce": report.across_seeds(ce[v.label]),
              "minus_undosed": report.paired(ce[v.label], ce[f"{v.run.name} (suite)"]),
-             "after_block_0": internal_boundary_range([variant_workspace(ws, v, s).run_dir(v.run, s) for s in seeds],
-                                                      ws.preset.run["phase_steps"])}
+             "after_block_0": internal_boundary_range(ws, v, seeds)}
             for v in variants]
     delta_grow = {"none": report.paired(ce["post-grow (suite)"], ce["pre-grow (suite)"])}
     delta_grow.update({label: report.paired(ce[f"post-grow + {label}"], ce[f"pre-grow + {label}"]) for *_, label in DOSES})
@@ -325,21 +323,21 @@ def planted_lines(numbers: dict, seeds: list[int]) -> list[str]:
 # ----------------------------------------------------------------------------------------------
 # placements
 
-def placement_runs(placements=PLACEMENT_RUNS) -> list[RunName]:
-    return [RunName(p, protocol) for p in placements for protocol in ("joint", "grow")]
+def placement_runs() -> list[RunName]:
+    return [RunName(p, protocol) for p in PLACEMENT_RUNS for protocol in ("joint", "grow")]
 
 
-def run_placements(ws: suite.Workspace, seeds: list[int], force: bool = False, placements=PLACEMENT_RUNS) -> dict:
+def run_placements(ws: suite.Workspace, seeds: list[int], force: bool = False) -> dict:
     """Joint and grow for every placement (pre, post, sandwich, peri, hybrid, deepnorm) and the schedule
     pre,post,post, with Δ against pre-norm (results/<scale>/placements.md/.json/.png)."""
-    runs = placement_runs(placements)
+    runs = placement_runs()
     training.ensure_runs(ws, runs, seeds, force)
     if not ws.ctx.is_main:
         return {}
     diverged = report.diverged_runs(ws, runs, seeds)
     ce = {run: [report.final_ce(ws, run, s) for s in seeds] for run in runs}
     rows = []
-    for p in placements:
+    for p in PLACEMENT_RUNS:
         joint, grown = ce[RunName(p, "joint")], ce[RunName(p, "grow")]
         rows.append({"placement": p, "joint": report.across_seeds(joint), "grow": report.across_seeds(grown),
                      "delta_joint": report.paired(joint, ce[RunName("pre", "joint")]),
@@ -347,13 +345,11 @@ def run_placements(ws: suite.Workspace, seeds: list[int], force: bool = False, p
                      "grow_minus_joint": report.across_seeds([g - j for g, j in zip(grown, joint)])})
     # Holm's correction over every placement-vs-pre comparison of the table (both protocols): the p-value
     # of a one-sample t-test on the paired differences, adjusted for the family.
-    family = [(r["placement"], key) for r in rows if r["placement"] != "pre" for key in ("delta_joint", "delta_grow")]
-    by_row = {r["placement"]: r for r in rows}
-    for (name, key), p_holm in zip(family, report.holm([report.p_two_sided(by_row[n][k]) for n, k in family])):
-        by_row[name][key]["p_holm"] = p_holm
-        by_row[name][key]["reading"] = report.adjusted_reading(by_row[name][key], p_holm, presets.TIE_MARGIN)
-        by_row[name][key]["smallest_tie_margin"] = report.smallest_tie_margin(by_row[name][key])
-    grown = [RunName(p, "grow") for p in placements]
+    family = [r[key] for r in rows if r["placement"] != "pre" for key in ("delta_joint", "delta_grow")]
+    for delta, p_holm in zip(family, report.holm([report.p_two_sided(d) for d in family])):
+        delta |= {"p_holm": p_holm, "reading": report.adjusted_reading(delta, p_holm, presets.TIE_MARGIN),
+                  "smallest_tie_margin": report.smallest_tie_margin(delta)}
+    grown = [RunName(p, "grow") for p in PLACEMENT_RUNS]
     figure = figures.fig_monitor({run.name: rundir.monitor_series(ws.run_dir(run, seeds[0])) for run in grown},
                                  ws.results / "placements.png",
                                  f"boundary monitor, grow runs, {ws.preset.name} scale, seed {seeds[0]}",
@@ -409,14 +405,10 @@ def placements_lines(numbers: dict, seeds: list[int], caveat: str = "") -> list[
 # ----------------------------------------------------------------------------------------------
 # scratch
 
-def scratch_shape(ws: suite.Workspace) -> dict:
-    """The student's ModelConfig fields without a teacher: the teacher's shape, the data's vocabulary."""
-    vocab = corpora.vocabulary(ws.preset.data).n_vocab
-    return {**asdict(presets.teacher_shape(ws.preset)), "vocab_size": vocab}
-
-
 def scratch_workspace(ws: suite.Workspace) -> suite.Workspace:
-    run = {**ws.preset.run, "alpha": 0.0, "gamma": 1.0, "scratch_model": scratch_shape(ws)}
+    """The scale with no teacher: plain CE, the student shaped as the teacher would be, with the data's vocabulary."""
+    shape = {**asdict(presets.teacher_shape(ws.preset)), "vocab_size": corpora.vocabulary(ws.preset.data).n_vocab}
+    run = {**ws.preset.run, "alpha": 0.0, "gamma": 1.0, "scratch_model": shape}
     return replace(ws, preset=replace(ws.preset, run=run), student_runs=str(Path(ws.student_runs) / "beyond" / "scratch"))
 
 
@@ -427,8 +419,7 @@ def run_scratch(ws: suite.Workspace, seeds: list[int], force: bool = False) -> d
     training.ensure_runs(sws, tables.MAIN_RUNS, seeds, force)
     if not ws.ctx.is_main:
         return {}
-    per_seed = [tables.with_deltas({f"{r.norm}_{r.protocol}": report.final_ce(sws, r, s) for r in tables.MAIN_RUNS})
-                for s in seeds]
+    per_seed = [tables.table1_numbers(sws, s) for s in seeds]
     numbers = {k: report.across_seeds([p[k] for p in per_seed]) for k in per_seed[0]}
     diverged = report.diverged_runs(sws, tables.MAIN_RUNS, seeds)
     cited = {k: paper.DELTAS[k] for k in ("delta_joint", "delta_grow", "interaction")}

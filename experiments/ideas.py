@@ -21,7 +21,7 @@ import rundir
 from experiments import presets, readouts, reference, report, studies, suite, tables, training
 from experiments.readings import RULE, p_text
 from experiments.suite import RunName
-from experiments.variants import Variant, train_variants, variant_outcomes, variant_workspace
+from experiments.variants import Variant, holm_readings, train_variants, variant_dir, variant_outcomes, variant_workspace
 
 SEARCH_SEED = 41  # idea 4's search seed, outside the evaluation seeds (42, 43, 44)
 DOSE = {"boundary": "dose-boundary", "boundary_scale": 37.0}
@@ -47,10 +47,6 @@ class Contrast:
     cost: str = ""  # what the option adds to a run, counted from its design
 
 
-def option(run: RunName, folder: str, label: str, settings: dict) -> Variant:
-    return Variant(label, run, folder, settings)
-
-
 def fixed_contrasts() -> list[Contrast]:
     """Every contrast but idea 4's (whose variant is the search's choice), in the pre-registered order."""
     asym = {"transition_schedule": "asymmetric"}
@@ -58,30 +54,30 @@ def fixed_contrasts() -> list[Contrast]:
     reinit, correct, structural = {"importance_remedy": "reinit"}, {"boundary_correction": "norm"}, {"structural_norm": True}
     forward = "one prefix forward over the step's batch at each transition"
     return [
-        Contrast(1, option(POST, "idea1-asymmetric", "post-grow + asymmetric LR", asym), POST_GROW, True, "none"),
-        Contrast(1, option(PRE, "idea1-asymmetric", "pre-grow + asymmetric LR", asym), PRE_GROW, False, "none"),
-        Contrast(2, option(POST_F, "idea2-matched", "post-freeze + matched init", matched), POST_FREEZE, True,
+        Contrast(1, Variant("post-grow + asymmetric LR", POST, "idea1-asymmetric", asym), POST_GROW, True, "none"),
+        Contrast(1, Variant("pre-grow + asymmetric LR", PRE, "idea1-asymmetric", asym), PRE_GROW, False, "none"),
+        Contrast(2, Variant("post-freeze + matched init", POST_F, "idea2-matched", matched), POST_FREEZE, True,
                  forward),
-        Contrast(2, option(PRE_F, "idea2-matched", "pre-freeze + matched init", matched), PRE_FREEZE, False, forward),
-        Contrast(2, option(POST, "idea2-preserve-output", "post-grow + preserve-output", preserve), POST_GROW, False,
+        Contrast(2, Variant("pre-freeze + matched init", PRE_F, "idea2-matched", matched), PRE_FREEZE, False, forward),
+        Contrast(2, Variant("post-grow + preserve-output", POST, "idea2-preserve-output", preserve), POST_GROW, False,
                  forward),
-        Contrast(3, option(PRE, "idea3-reinit", "pre-grow + reinit", reinit), PRE_GROW, True,
+        Contrast(3, Variant("pre-grow + reinit", PRE, "idea3-reinit", reinit), PRE_GROW, True,
                  "p + 2 forwards over the step's batch at transition p (the prefix, and each block bypassed)"),
-        Contrast(3, option(POST, "idea3-reinit", "post-grow + reinit", reinit), POST_GROW, False,
+        Contrast(3, Variant("post-grow + reinit", POST, "idea3-reinit", reinit), POST_GROW, False,
                  "p + 2 forwards over the step's batch at transition p"),
-        Contrast(5, option(PRE, "idea5-correction-dose-boundary-37", "pre-grow + boundary 37x + correction",
-                           {**DOSE, **correct}), PRE_DOSE, True, forward + "; one RMSNorm per boundary that fires"),
-        Contrast(5, option(POST, "idea5-correction-dose-boundary-37", "post-grow + boundary 37x + correction",
-                           {**DOSE, **correct}), POST_DOSE, False, forward),
-        Contrast(5, option(PRE, "idea5-correction-dose-channel-1000", "pre-grow + channel 1000x + correction",
-                           {**CHANNEL, **correct}), PRE_CHANNEL, False, forward),
-        Contrast(6, option(PRE, "idea6-structural-dose-boundary-37", "pre-grow + boundary 37x + structural",
-                           {**DOSE, **structural}), PRE_DOSE, True,
+        Contrast(5, Variant("pre-grow + boundary 37x + correction", PRE, "idea5-correction-dose-boundary-37",
+                            {**DOSE, **correct}), PRE_DOSE, True, forward + "; one RMSNorm per boundary that fires"),
+        Contrast(5, Variant("post-grow + boundary 37x + correction", POST, "idea5-correction-dose-boundary-37",
+                            {**DOSE, **correct}), POST_DOSE, False, forward),
+        Contrast(5, Variant("pre-grow + channel 1000x + correction", PRE, "idea5-correction-dose-channel-1000",
+                            {**CHANNEL, **correct}), PRE_CHANNEL, False, forward),
+        Contrast(6, Variant("pre-grow + boundary 37x + structural", PRE, "idea6-structural-dose-boundary-37",
+                            {**DOSE, **structural}), PRE_DOSE, True,
                  "one token's rescale at each appended block's input per forward; one scalar per appended block"),
-        Contrast(6, option(PRE, "idea6-structural", "pre-grow + structural", structural), PRE_GROW, False,
+        Contrast(6, Variant("pre-grow + structural", PRE, "idea6-structural", structural), PRE_GROW, False,
                  "as above"),
-        Contrast(6, option(PRE, "idea6-structural-dose-channel-1000", "pre-grow + channel 1000x + structural",
-                           {**CHANNEL, **structural}), PRE_CHANNEL, False, "as above"),
+        Contrast(6, Variant("pre-grow + channel 1000x + structural", PRE, "idea6-structural-dose-channel-1000",
+                            {**CHANNEL, **structural}), PRE_CHANNEL, False, "as above"),
         Contrast(7, Variant("auto-grow + boundary 37x", AUTO, "dose-boundary-37", DOSE), PRE_DOSE, True, forward),
         Contrast(7, Variant("auto-grow", AUTO), PRE_GROW, False, forward),
     ]
@@ -171,8 +167,7 @@ def last_block_removal(ws: suite.Workspace, run: RunName, seed: int) -> float:
 def events_text(per_seed: list[list[dict]]) -> str:
     """What the transitions did over the seeds, e.g. "block 1: fired 3/3, {'corrected': True} 3/3"."""
     parts = []
-    blocks = sorted({e["block"] for events in per_seed for e in events})
-    for b in blocks:
+    for b in sorted({e["block"] for events in per_seed for e in events}):
         rows = [e for events in per_seed for e in events if e["block"] == b]
         fired = sum(bool(e["fired"]) for e in rows)
         kept = sorted({str(e["keep"]) for e in rows if e["keep"]})
@@ -187,16 +182,14 @@ def read_family(rows: list[dict], chosen: RunName | None = None):
     enters as p = 1, so the family keeps its size; each primary gets p, p (Holm) and its reading (idea 4's
     none where the search chose post-grow, its baseline, itself)."""
     primaries = [r for r in rows if r["primary"]]
-    raw = [report.p_two_sided(r["delta"]) for r in primaries]
-    for row, p, p_holm in zip(primaries, raw, report.holm([1.0 if math.isnan(p) else p for p in raw])):
-        row["p"], row["p_holm"] = p, (math.nan if math.isnan(p) else p_holm)
-        row["reading"] = report.adjusted_reading(row["delta"], p_holm, presets.TIE_MARGIN)
-        if row["idea"] == 4 and chosen == POST:
-            row["reading"] = "0 by construction: the search chose post-grow itself"
-        row["smallest_tie_margin"] = report.smallest_tie_margin(row["delta"])
+    for row in primaries:
+        row["p"] = report.p_two_sided(row["delta"])
+    holm_readings(primaries, "delta", untested=1.0)
     for row in rows:
         if not row["primary"]:
             row["reading"] = "secondary: interval only"
+        elif row["idea"] == 4 and chosen == POST:
+            row["reading"] = "0 by construction: the search chose post-grow itself"
 
 
 def section_lines(numbers: dict[str, list], seeds: list[int]) -> list[str]:
@@ -277,7 +270,7 @@ def run_ideas(ws: suite.Workspace, seeds: list[int], force: bool = False) -> dic
     rows = []
     for c in contrasts:
         delta = report.paired(ce[c.variant.label], ce[c.baseline.label])
-        events = [transition_events(variant_workspace(ws, c.variant, s).run_dir(c.variant.run, s)) for s in seeds]
+        events = [transition_events(variant_dir(ws, c.variant, s)) for s in seeds]
         jumps = [[transition_jump(variant_workspace(ws, v, s), v.run, s) for s in seeds]
                  for v in (c.variant, c.baseline)]
         rows.append({"idea": c.idea, "primary": c.primary, "variant": c.variant.label, "baseline": c.baseline.label,

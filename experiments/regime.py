@@ -78,15 +78,14 @@ def parse_grid(text: str) -> dict:
             if bad:
                 raise errors.OptionError("--grid", f"gain {bad[0]!r} is unknown; choose from "
                                          f"{', '.join(model.OUTPUT_GAINS)}")
-            grid[axis] = tuple(dict.fromkeys(items))
-            continue
-        try:
-            numbers = [float(v) for v in items]
-        except ValueError:
-            raise errors.OptionError("--grid", f"{part!r}: {axis} values must be numbers, e.g. {axis}=0.5,1,2") from None
-        if any(not 0 < n <= 100 for n in numbers):
-            raise errors.OptionError("--grid", f"{part!r}: {axis} multipliers must be in (0, 100]")
-        grid[axis] = tuple(dict.fromkeys(numbers))
+        else:
+            try:
+                items = [float(v) for v in items]
+            except ValueError:
+                raise errors.OptionError("--grid", f"{part!r}: {axis} values must be numbers, e.g. {axis}=0.5,1,2") from None
+            if any(not 0 < n <= 100 for n in items):
+                raise errors.OptionError("--grid", f"{part!r}: {axis} multipliers must be in (0, 100]")
+        grid[axis] = tuple(dict.fromkeys(items))
     return grid
 
 
@@ -135,12 +134,6 @@ def run_workspace(ws: suite.Workspace, point: Point, run: suite.RunName) -> suit
     return ws if run.norm == "pre" and point.pre_runs_are_the_presets else point_workspace(ws, point)
 
 
-def point_numbers(ws: suite.Workspace, point: Point, seed: int) -> dict:
-    """Table 1's numbers of one point and seed, from the runs' done.json."""
-    ce = {f"{r.norm}_{r.protocol}": report.final_ce(run_workspace(ws, point, r), r, seed) for r in tables.MAIN_RUNS}
-    return tables.with_deltas(ce)
-
-
 # The boundary after block 0 at the end of grow, per point: the dose the paper's account says sets
 # Δgrow (a heavier-tailed pre-norm boundary, a larger post-norm advantage), read from the monitor.
 BOUNDARY_NUMBERS = ("kurtosis", "boundary_over_others", "massive_ratio")
@@ -166,13 +159,14 @@ def write_map(ws: suite.Workspace, points: list[Point], seeds: list[int]) -> dic
             fresh = [s for s in seeds if owner.run_dir(run, s) not in run_dirs]
             run_dirs.update(owner.run_dir(run, s) for s in fresh)
             diverged += [f"{point.name}: {d}" for d in report.diverged_runs(owner, [run], fresh)]
-        per_seed = [point_numbers(ws, point, s) for s in seeds]
+        # Table 1's numbers of the point, per seed, from the runs' done.json
+        per_seed = [tables.with_deltas({f"{r.norm}_{r.protocol}": report.final_ce(run_workspace(ws, point, r), r, s)
+                                        for r in tables.MAIN_RUNS}) for s in seeds]
         run = pws.preset.run
         row = {"point": point.name, "budget": point.budget, "lr_multiplier": point.lr, "gain": point.gain,
                "phase_steps": run["phase_steps"], "lr": run["lr"], "lr_x_steps": run["lr"] * run["phase_steps"],
                "folder": str(pws.students_dir)}
-        for key in ("pre_joint", "post_joint", "pre_grow", "post_grow", "delta_joint", "delta_grow", "interaction"):
-            row[key] = report.across_seeds([p[key] for p in per_seed])
+        row |= {key: report.across_seeds([p[key] for p in per_seed]) for key in per_seed[0]}
         for placement in ("pre", "post"):
             grown = suite.RunName(placement, "grow")
             ends = [end_boundary(run_workspace(ws, point, grown), grown, s) for s in seeds]

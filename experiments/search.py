@@ -18,7 +18,7 @@ import data
 import diag
 import model
 import rundir
-from experiments import presets, readouts, report, studies, suite, tables, training
+from experiments import presets, readouts, reference, report, studies, suite, tables, training
 from flops import forward_flops_per_token
 from plumbing import checkpoint, corpora
 
@@ -85,8 +85,7 @@ def rung_flops(rws: suite.Workspace, new_teacher: bool) -> float:
     every step; the student's forward, and backward from its first trainable block; both heads)."""
     preset = rws.preset
     config = presets.teacher_shape(preset)
-    shard = data.Shard(rws.data_dir / "train", verify=False)
-    doc_tokens = float((shard.lengths - 1).mean())
+    doc_tokens = float((data.Shard(rws.data_dir / "train", verify=False).lengths - 1).mean())
     context = doc_tokens / 2
     t_layers, head = forward_flops_per_token(config, config.num_hidden_layers, context)
     teacher_run = {**preset.run, **preset.teacher_run}
@@ -97,11 +96,6 @@ def rung_flops(rws: suite.Workspace, new_teacher: bool) -> float:
         s_layers, _ = forward_flops_per_token(config, (phase + 1) * L, context)
         flops += (3 * s_layers + 3 * head + t_layers + head) * run["phase_steps"] * run["global_batch"] * doc_tokens
     return flops
-
-
-def run_seconds(run_dir: Path) -> float:
-    """A finished run's training wall time (its last step row's `time`)."""
-    return max((r.get("time", 0.0) for r in rundir.read_metrics(run_dir) if not r.get("eval")), default=0.0)
 
 
 def mechanism(diagnosis: dict) -> dict:
@@ -133,11 +127,9 @@ def diagnose_rung(rws: suite.Workspace, seed: int, teacher: Path) -> dict:
     student = readouts.load_student(rws, final["path"])
     found = diag.diagnose_checkpoint(student, batch, decode, final["active_blocks"])
     L = rws.preset.run["layers_per_block"]
-    monitor = [r for r in rundir.read_metrics(run_dir) if r.get("monitor")]
+    monitor = rundir.monitor_series(run_dir)
     last = monitor[-1]["boundaries"][1] if monitor and len(monitor[-1]["boundaries"]) > 1 else {}
     taught = diag.diagnose_teacher(model.load_qwen3(teacher), batch, decode)
-    layers = len(taught["first_token_attention"])
-    teacher_stats = taught["boundary_stats"][1:]
     return {"criterion": mechanism(found), "sink": sink_summary(found["first_token_attention"],
                                                                 range(L, len(found["first_token_attention"]))),
             "boundary_after_block_0": {k: found["boundary_stats"][1][k] for k in ("mean", "std", "kurtosis",
@@ -146,10 +138,10 @@ def diagnose_rung(rws: suite.Workspace, seed: int, teacher: Path) -> dict:
             "ce": rundir.final_eval(run_dir)["ce"],
             "teacher": {"ce": rundir.final_eval(teacher.parent)["ce"]
                         if (teacher.parent / "done.json").is_file() else None,
-                        "massive_ratio_max": max((s["massive_ratio"] or 0.0) for s in teacher_stats),
+                        "massive_ratio_max": max((s["massive_ratio"] or 0.0) for s in taught["boundary_stats"][1:]),
                         "boundary_over_regular_max": max((t["boundary_over_regular"] or 0.0)
                                                          for t in taught["token_type_rms"][1:]),
-                        **sink_summary(taught["first_token_attention"], range(1, layers)),
+                        **sink_summary(taught["first_token_attention"], range(1, len(taught["first_token_attention"]))),
                         "criterion": teacher_mechanism(taught)}}
 
 
@@ -157,10 +149,7 @@ def diagnose_rung(rws: suite.Workspace, seed: int, teacher: Path) -> dict:
 # the device it trained on (a GPU by its name), in the words its recorded rows (studies.record_rung) already hold.
 def machine(made: dict) -> str:
     """A run's machine in words, from its provenance.json (the CPU and torch's instructions where recorded)."""
-    where = made.get("device", "?")
-    if where == "cpu":
-        where = made.get("cpu", "cpu") + (f" ({made['cpu_capability']})" if "cpu_capability" in made else "")
-    return f"{where}, {made.get('precision', '?')}"
+    return f"{reference.machine_of(made) or made.get('device', '?')}, {made.get('precision', '?')}"
 
 
 def run_search(ws: suite.Workspace, seed: int, force: bool = False, user_overrides: presets.Settings | None = None,
@@ -235,7 +224,9 @@ def train_rung(rws: suite.Workspace, ladder, index: int, seed: int, force: bool,
     rung = ladder[index]
     teacher = suite.ensure_inputs(rws, force)
     training.ensure_runs(rws, [SEARCH_RUN], [seed], force, teacher=teacher)
-    seconds = run_seconds(rws.run_dir(SEARCH_RUN, seed)) + (run_seconds(rws.teacher_dir) if new_teacher else 0.0)
+    seconds = studies.wall_seconds(rundir.read_metrics(rws.run_dir(SEARCH_RUN, seed)))
+    if new_teacher:
+        seconds += studies.wall_seconds(rundir.read_metrics(rws.teacher_dir))
     made = rundir.read_json(rws.run_dir(SEARCH_RUN, seed) / "provenance.json")
     return {"rung": index, "name": rung.name, "change": rung.change, "why": rung.why,
             "builds_on": rung_chain(ladder, index)[:-1],
@@ -249,9 +240,8 @@ def train_rung(rws: suite.Workspace, ladder, index: int, seed: int, force: bool,
             **diagnose_rung(rws, seed, teacher)}, made
 
 
-def write_search(ws: suite.Workspace, rows: list[dict], seed: int, decision: str, ladder_name: str = "",
-                 budget: tuple = (presets.RUNG_HOURS, 2), chosen: bool = False) -> dict:
-    ladder_name = ladder_name or ws.preset.name
+def write_search(ws: suite.Workspace, rows: list[dict], seed: int, decision: str, ladder_name: str, budget: tuple,
+                 chosen: bool) -> dict:
     out = {"experiment": "search", "scale": ws.preset.name, "ladder": ladder_name, "seed": seed,
            "criterion": presets.MECHANISM, "teacher_criterion": presets.TEACHER_MECHANISM, "sink": presets.SINK,
            "rung_hours": budget[0], "budget_threads": budget[1], "decision": decision, "rungs": rows,
@@ -263,11 +253,10 @@ def write_search(ws: suite.Workspace, rows: list[dict], seed: int, decision: str
 
 
 def search_markdown(out: dict) -> list[str]:
-    c, tc = out["criterion"], out.get("teacher_criterion", presets.TEACHER_MECHANISM)
+    c, tc = out["criterion"], out["teacher_criterion"]
     num = lambda v, f=".3g": "n/a" if v is None else format(v, f)
-    ladder = out.get("ladder", out["scale"])
-    title = "The miniature search" if ladder == out["scale"] else f"The search, ladder {ladder}"
-    threads = out.get("budget_threads", 2)
+    title = "The miniature search" if out["ladder"] == out["scale"] else f"The search, ladder {out['ladder']}"
+    threads = out["budget_threads"]
     lines = [f"# {title} ({out['scale']} scale, pre-norm grow, seed {out['seed']})", "",
              f"Criterion after block 0 at the end of grow (all three): boundary/regular RMS >= "
              f"{c['boundary_over_regular']:g}, kurtosis over distinct states >= {c['kurtosis_distinct']:g}, max/median "

@@ -2,20 +2,21 @@
 the planted doses, the ideas, the causal test, a newcomer's own): its label, the suite's run it changes, its
 folder under runs/<scale>/beyond/ and its settings, checked as `--set` values are (presets.with_settings). Here
 too what every such experiment does with its variants: their workspaces, training them after the suite's own
-runs (a seed's variants in lockstep), their settings as a study records them, and their outcomes.
+runs (a seed's variants in lockstep), their settings as a study records them, their outcomes, and how a declared
+family of contrasts between them reads (Holm).
 
     variants.train_variants(ws, [Variant("pre-grow + dose-channel 10x", PRE_GROW, "dose-channel-10",
                                          {"boundary": "dose-channel", "boundary_scale": 10.0})], seeds)
 """
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import config
 import grow
-import rundir
 from experiments import presets, report, suite, training
 from experiments.suite import RunName
 from plumbing import locks
@@ -38,6 +39,10 @@ def variant_workspace(ws: suite.Workspace, variant: Variant, seed: int) -> suite
         settings["boundary_source"] = str(ws.run_dir(replace(variant.run, norm="pre"), seed))
     return replace(ws, preset=presets.with_settings(ws.preset, {"run": settings}, f"the variant {variant.label!r}"),
                    student_runs=str(Path(ws.student_runs) / "beyond" / variant.folder), suite_runs=ws.student_runs)
+
+
+def variant_dir(ws: suite.Workspace, variant: Variant, seed: int) -> Path:
+    return variant_workspace(ws, variant, seed).run_dir(variant.run, seed)
 
 
 def train_variants(ws: suite.Workspace, variants, seeds: list[int], force: bool = False):
@@ -81,22 +86,20 @@ def variant_outcomes(ws: suite.Workspace, variants, seeds: list[int]) -> tuple[d
     return ce, diverged
 
 
+def holm_readings(rows: list[dict], key: str, untested: float = math.nan):
+    """A declared family, read into each of its rows: row[key]'s one-sample t-test p adjusted by Holm over the rows
+    (p_holm; NaN where it has no test: one seed, no spread, a diverged run, and such a row enters the adjustment as
+    `untested`), its reading by report.adjusted_reading and the smallest tie margin its seeds allowed."""
+    raw = [report.p_two_sided(row[key]) for row in rows]
+    for row, p, p_holm in zip(rows, raw, report.holm([untested if math.isnan(p) else p for p in raw])):
+        row["p_holm"] = math.nan if math.isnan(p) else p_holm
+        row["reading"] = report.adjusted_reading(row[key], p_holm, presets.TIE_MARGIN)
+        row["smallest_tie_margin"] = report.smallest_tie_margin(row[key])
+
+
 def suite_runs(variants) -> list[RunName]:
     """The suite's own runs among the variants (those without a folder of their own), each once, by name."""
     return sorted({v.run for v in variants if not v.folder}, key=lambda run: run.name)
-
-
-def internal_boundary_range(run_dirs: list[Path], phase_steps: int) -> dict:
-    """{"mean": [lo, hi], "kurtosis": [lo, hi]} of the boundary after block 0 over the runs' monitor
-    rows once block 1 reads it (after the first phase); {} where the runs have no such rows."""
-    rows = [r["boundaries"][1] for d in run_dirs for r in rundir.monitor_series(d) if r["step"] > phase_steps]
-    return {key: [min(r[key] for r in rows), max(r[key] for r in rows)] for key in ("mean", "kurtosis")} if rows else {}
-
-
-def range_cell(ranges: dict) -> str:
-    if not ranges:
-        return "n/a"
-    return f"{ranges['mean'][0]:.2f}–{ranges['mean'][1]:.2f}, {ranges['kurtosis'][0]:.1f}–{ranges['kurtosis'][1]:.1f}"
 
 
 def block0_placement(run: RunName) -> str:
