@@ -9,6 +9,8 @@ Agg and hold no global state; a caption (scale, seed, experiment) is an argument
 from __future__ import annotations
 
 import io
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import matplotlib
@@ -29,9 +31,12 @@ TYPE_STYLES = {"boundary": "-", "delimiter": "-.", "regular": "--"}
 BOUNDARY_STYLES = ["-", "--", ":", "-."]
 
 
-def new_figure(ncols: int = 1, width: float = 4.5, height: float = 3.2) -> tuple[Figure, list]:
-    fig = Figure(figsize=(width * ncols, height), layout="constrained")
-    return fig, [fig.add_subplot(1, ncols, i + 1) for i in range(ncols)]
+@contextmanager
+def new_figure(ncols: int = 1, width: float = 4.5, height: float = 3.2, nrows: int = 1) -> Iterator[tuple[Figure, list]]:
+    """A figure of nrows x ncols axes, each width x height, in STYLE while it is drawn and saved."""
+    with matplotlib.rc_context(STYLE):
+        fig = Figure(figsize=(width * ncols, height * nrows), layout="constrained")
+        yield fig, [fig.add_subplot(nrows, ncols, i + 1) for i in range(nrows * ncols)]
 
 
 CAPTION_BAND = 10  # points: a 6-point caption line and its padding
@@ -69,8 +74,9 @@ def paper_marker(ax, x, y, color, label=None, marker="o"):
             markeredgecolor=color, markeredgewidth=1.3, label=label)
 
 
-def delta(ces: dict, protocol: str) -> float:
-    return ces["post"][protocol] - ces["pre"][protocol]
+def delta(ces: dict, at) -> float:
+    """post − pre at `at`: a protocol (Figure 3a) or a phase (3b)."""
+    return ces["post"][at] - ces["pre"][at]
 
 
 def fig3a_interaction(kit: dict, path, paper: dict = PAPER["table1"], caption: str = "") -> Path:
@@ -78,8 +84,7 @@ def fig3a_interaction(kit: dict, path, paper: dict = PAPER["table1"], caption: s
     validation CE in nats/token. Plotted: Δ = post − pre per protocol, kit solid, paper dashed and
     hollow; the slope between them is the interaction. Absolute CEs are in the report's table."""
     protocols = ["joint", "grow"]
-    with matplotlib.rc_context(STYLE):
-        fig, (ax,) = new_figure()
+    with new_figure() as (fig, (ax,)):
         ax.plot(range(2), [delta(kit, p) for p in protocols], "o-", color="black", label="Δ post − pre (kit)")
         ax.plot(range(2), [delta(paper, p) for p in protocols], "--", color="gray", marker="o",
                 markerfacecolor="none", label="Δ post − pre (paper)")
@@ -109,8 +114,7 @@ def fig3b_per_phase(kit: dict, path, paper: dict = PAPER["per_phase_ce"], starts
     span = max(shown) - min(shown) or 1.0
     top = max(shown) + 0.15 * span  # where a start far above the rest is drawn
     phases = range(max(len(c) for c in kit.values()))
-    with matplotlib.rc_context(STYLE):
-        fig, (ax, dax) = new_figure(ncols=2, width=4.0, height=3.6)
+    with new_figure(ncols=2, width=4.0, height=3.6) as (fig, (ax, dax)):
         for norm, ces in kit.items():
             color = NORM_COLORS[norm]
             ax.plot(range(len(ces)), ces, "o-", color=color, label=f"{norm}-norm, phase end")
@@ -122,15 +126,15 @@ def fig3b_per_phase(kit: dict, path, paper: dict = PAPER["per_phase_ce"], starts
                                 xytext=(12, -4 - 10 * (norm == "post")), color=color, fontsize=7)
         ax.set_ylim(top=top + 0.08 * span)  # the marker drawn at `top` whole, not cut by the edge
         ax.set_title("kit: validation CE through grow")
-        deltas = [kit["post"][p] - kit["pre"][p] for p in phases]
+        deltas = [delta(kit, p) for p in phases]
         dax.plot(phases, deltas, "o-", color="black", label="Δ kit, phase end")
         if starts.get("pre") and starts.get("post"):
-            start_deltas = [starts["post"][p] - starts["pre"][p] for p in phases]
+            start_deltas = [delta(starts, p) for p in phases]
             dax.plot([p - 0.5 for p in phases], start_deltas, "s", color="black", markerfacecolor="none",
                      label="Δ kit, phase start")
             deltas += start_deltas
         marked = sorted(set(paper.get("pre", {})) & set(paper.get("post", {})))
-        paper_deltas = [paper["post"][p] - paper["pre"][p] for p in marked]
+        paper_deltas = [delta(paper, p) for p in marked]
         paper_marker(dax, marked, paper_deltas, "gray", "Δ paper (phase 0: Table 2; phase 2: Table 1)")
         dax.axhline(0, color="black", linewidth=0.5)
         dax.set_yscale("symlog", linthresh=0.05)  # a several-nat start gap and a 0.03-nat end gap, both legible
@@ -155,13 +159,19 @@ def mark_transitions(ax, transition_steps: list[int]):
         ax.axvline(step, color="gray", linestyle=":", linewidth=0.8, label="block appended" if i == 0 else None)
 
 
-def paper_panel(ax, title: str, ylabel: str):
-    """The paper's own panel: its values at its stated checkpoints, on a log axis like the kit's."""
-    ax.set_yscale("log")
-    ax.set_xticks([0, 1], PAPER_CHECKPOINTS)
-    ax.set_xlim(-0.5, 1.5)
-    ax.set_title(title)
-    ax.set_ylabel(ylabel)
+def save_beside_paper(fig, ax, pax, transition_steps, title: str, ylabel: str, path, caption: str) -> Path:
+    """Figures 4 and 5a, saved: the kit's panel `ax` (block appends marked, a log axis, its legend below it)
+    beside the paper's own `pax` (titled `title`): its values at its stated checkpoints, on a log axis like the kit's."""
+    mark_transitions(ax, transition_steps)
+    for a in (ax, pax):
+        a.set_yscale("log")
+    pax.set_xticks([0, 1], PAPER_CHECKPOINTS)
+    pax.set_xlim(-0.5, 1.5)
+    pax.set_title(title)
+    pax.set_ylabel(ylabel)
+    legend_below(fig, ax)
+    pax.legend(fontsize=6)
+    return save_png(fig, path, caption)
 
 
 PAPER_CHECKPOINTS = ("first grow\ncheckpoint", "150k\n(end of grow)")  # the paper gives no first step
@@ -175,16 +185,13 @@ def fig4_boundary_std(series: dict, path, paper: dict = PAPER["boundary_std_afte
     the checkpoint instead, drawn as a category, and says so in `xlabel`). Left: the kit, one line per
     norm and block output, block appends marked. Right: the paper's values after block 0 in their own panel
     (pre-norm at its first grow checkpoint and at 150k; post-norm's stated range)."""
-    with matplotlib.rc_context(STYLE):
-        fig, (ax, pax) = new_figure(ncols=2, width=4.0, height=4.4)
+    with new_figure(ncols=2, width=4.0, height=4.4) as (fig, (ax, pax)):
         for norm, checkpoints in series.items():
             for b in range(1, max(len(c["boundary_stats"]) for c in checkpoints)):
                 points = [(c["step"], c["boundary_stats"][b]["std"]) for c in checkpoints
                           if b < len(c["boundary_stats"])]
                 ax.plot(*zip(*points), marker="o", markersize=3, color=NORM_COLORS[norm],
                         linestyle=BOUNDARY_STYLES[(b - 1) % len(BOUNDARY_STYLES)], label=f"{norm}, {diag.boundary_label(b)}")
-        mark_transitions(ax, transition_steps)
-        ax.set_yscale("log")
         ax.set_xlabel(xlabel)
         ax.set_ylabel("std of per-token RMS over tokens\n(activation units, log scale)")
         ax.set_title("kit: boundary-scale spread across grow")
@@ -193,10 +200,8 @@ def fig4_boundary_std(series: dict, path, paper: dict = PAPER["boundary_std_afte
         pax.plot([0, 1], [first, last], "--", color=NORM_COLORS["pre"], linewidth=0.8)
         low, high = paper["post_range"]
         pax.axhspan(low, high, color=NORM_COLORS["post"], alpha=0.2, label=f"post, after block 0 ({low:g}–{high:g})")
-        paper_panel(pax, "paper (Figure 4)", "std of per-token RMS (log scale)")
-        legend_below(fig, ax)
-        pax.legend(fontsize=6)
-        return save_png(fig, path, caption)
+        return save_beside_paper(fig, ax, pax, transition_steps, "paper (Figure 4)", "std of per-token RMS (log scale)",
+                                 path, caption)
 
 
 def fig5a_token_types(series: dict, path, boundary: int = 1, paper: dict = PAPER["token_type_rms"],
@@ -204,8 +209,7 @@ def fig5a_token_types(series: dict, path, boundary: int = 1, paper: dict = PAPER
     """Figure 5a. series as for fig4 (entries need "step" and "token_type_rms"); mean per-token RMS by
     token type at one boundary (default 1: after block 0; the paper does not say which). Left: the
     kit; right: the paper's values in their own panel (first grow checkpoint and 150k)."""
-    with matplotlib.rc_context(STYLE):
-        fig, (ax, pax) = new_figure(ncols=2, width=4.0, height=4.4)
+    with new_figure(ncols=2, width=4.0, height=4.4) as (fig, (ax, pax)):
         for norm, checkpoints in series.items():
             color = NORM_COLORS[norm]
             for name, style in TYPE_STYLES.items():
@@ -218,15 +222,11 @@ def fig5a_token_types(series: dict, path, boundary: int = 1, paper: dict = PAPER
                 xs, ys = zip(*[(x, y) for x, y in ((0, first), (1, last)) if y is not None])
                 paper_marker(pax, xs, ys, color, f"{norm}, {name} ({' → '.join(f'{y:g}' for y in ys)})",
                              marker="s" if name == "boundary" else "o")
-        mark_transitions(ax, transition_steps)
-        ax.set_yscale("log")
         ax.set_xlabel("training step of the checkpoint")
         ax.set_ylabel(f"mean per-token RMS, {diag.boundary_label(boundary)}\n(activation units, log scale)")
         ax.set_title("kit: token-type attribution of boundary scale")
-        paper_panel(pax, "paper (Figure 5a)", "mean per-token RMS (log scale)")
-        legend_below(fig, ax)
-        pax.legend(fontsize=6)
-        return save_png(fig, path, caption)
+        return save_beside_paper(fig, ax, pax, transition_steps, "paper (Figure 5a)", "mean per-token RMS (log scale)",
+                                 path, caption)
 
 
 def fig5b_validation(runs: dict, path, transition_steps: list[int], smooth: int | None = None,
@@ -234,15 +234,13 @@ def fig5b_validation(runs: dict, path, transition_steps: list[int], smooth: int 
     """Figure 5b. runs: {"pre": metrics rows, "post": metrics rows} of the grow runs (rundir.read_metrics).
     Validation CE at every evaluation; with `smooth`, also the training CE term as a trailing
     `smooth`-step mean (thin). Vertical lines at the block-append steps; the paper's final CE hollow."""
-    with matplotlib.rc_context(STYLE):
-        fig, (ax,) = new_figure(width=5.5, height=4.4)
+    with new_figure(width=5.5, height=4.4) as (fig, (ax,)):
         for norm, rows in runs.items():
             color = NORM_COLORS[norm]
             evals = [(r["step"], r["ce"]) for r in rows if r.get("eval")]
             ax.plot(*zip(*evals), "o-", markersize=3, color=color, label=f"{norm}-norm, validation CE")
             if smooth:
-                train = sorted(diag.training_losses(rows, "ce").items())
-                steps, ces = zip(*train)
+                steps, ces = zip(*sorted(diag.training_losses(rows, "ce").items()))
                 mean = np.convolve(ces, np.ones(smooth) / smooth, mode="valid")
                 ax.plot(steps[smooth - 1:], mean, color=color, alpha=0.4, linewidth=0.8,
                         label=f"{norm}-norm, training CE ({smooth}-step mean)")
@@ -268,8 +266,7 @@ def figA1_rms_histograms(token_rms_by_norm: dict, path, label: str = "after bloc
     pooled = np.concatenate(list(values.values()))
     positive = pooled[pooled > 0]
     bins = np.geomspace(positive.min(), positive.max() * 1.001, 60) if positive.max() > positive.min() else 10
-    with matplotlib.rc_context(STYLE):
-        fig, (ax,) = new_figure(width=5.5)
+    with new_figure(width=5.5) as (fig, (ax,)):
         for norm, v in values.items():
             stats = diag.summarize(torch.from_numpy(v))
             kurtosis = "undefined" if stats["kurtosis"] is None else f"{stats['kurtosis']:.1f}"
@@ -296,12 +293,10 @@ def figA2_block_removal(results: dict, path, paper: dict = PAPER["table4"], capt
                ("angular_distance", "angular distance in → out (fraction of π)")]
     width = 0.8 / len(results)
     n_blocks = max(len(b) for b in results.values())
-    with matplotlib.rc_context(STYLE):
-        fig = Figure(figsize=(8.4, 6.4), layout="constrained")
-        axes = [[fig.add_subplot(2, 2, 2 * row + col + 1) for col in range(2)] for row in range(2)]
+    with new_figure(ncols=2, width=4.2, height=3.2, nrows=2) as (fig, axes):
         for col, (metric, ylabel) in enumerate(metrics):
             for row, source in enumerate(("kit", "paper (Table 4)")):
-                ax = axes[row][col]
+                ax = axes[2 * row + col]
                 for i, (run, blocks) in enumerate(results.items()):
                     values = [r[metric] for r in blocks] if row == 0 else list(paper.get(run, {}).get(metric, ()))
                     xs = [b - 0.4 + width * (i + 0.5) for b in range(len(values))]
@@ -312,7 +307,7 @@ def figA2_block_removal(results: dict, path, paper: dict = PAPER["table4"], capt
                 ax.set_xlabel("skipped block")
                 ax.set_ylabel(ylabel)
         fig.suptitle("whole-block removal")
-        legend_below(fig, axes[0][1], ncols=5)
+        legend_below(fig, axes[1], ncols=5)
         return save_png(fig, path, caption)
 
 
@@ -329,8 +324,7 @@ def fig_regime(points: list[dict], paper: dict, path, scale: str, seeds: list[in
     panels = [("steps per phase (log scale)", "phase_steps", lambda p: p["lr_multiplier"] == 1 and p["gain"] == "ones"),
               ("peak LR (log scale)", "lr", lambda p: p["budget"] == 1 and p["gain"] == "ones"),
               ("post-norm output-gain init", "gain", lambda p: p["budget"] == 1 and p["lr_multiplier"] == 1)]
-    with matplotlib.rc_context(STYLE):
-        fig, axes = new_figure(ncols=3, width=3.6, height=3.4)
+    with new_figure(ncols=3, width=3.6, height=3.4) as (fig, axes):
         for ax, (xlabel, xkey, selected) in zip(axes, panels):
             chosen = sorted((p for p in points if selected(p)), key=lambda p: (p[xkey] != "ones", p[xkey]))
             xs = [p[xkey] for p in chosen]
@@ -363,8 +357,7 @@ def fig_monitor(series: dict, path, title: str, caption: str = "") -> Path:
     """The boundary monitor against steps. series: {run label: [monitor rows of metrics.jsonl]}; two
     panels, the mean and the kurtosis of per-token RMS at each internal block boundary (one colour per
     run, one line style per boundary); runs logged without the monitor are left out."""
-    with matplotlib.rc_context(STYLE):
-        fig, (rms_ax, kurt_ax) = new_figure(ncols=2, width=4.2, height=3.4)
+    with new_figure(ncols=2, width=4.2, height=3.4) as (fig, (rms_ax, kurt_ax)):
         for i, (label, rows) in enumerate((k, v) for k, v in series.items() if v):
             color = f"C{i}"
             for b in range(1, max(len(r["boundaries"]) for r in rows)):
@@ -389,8 +382,7 @@ def fig_scan(scans: dict, path, massive: float, sink_heads: float, sink_attentio
     |activation| over the median at each layer's output, log scale, with the `massive` threshold dashed;
     (b) the share of sink heads at each layer, with the `sink_heads` threshold dashed; each panel's title
     names its threshold and value (in a shared legend they would mix with the models' entries)."""
-    with matplotlib.rc_context(STYLE):
-        fig, (a, b) = new_figure(2)
+    with new_figure(2) as (fig, (a, b)):
         for name, rows in scans.items():
             layers = [r["layer"] for r in rows]
             a.plot(layers, [r["massive_ratio"] for r in rows], marker="o", markersize=3, label=name)

@@ -15,16 +15,21 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from experiments import figures, tables
+from experiments import figures, readings, tables
 from plumbing import checkpoint
 
 NORMS, PROTOCOLS = tables.NORMS, ("joint", "grow")
 TABLE4_RUNS = [run.name for run in tables.TABLE4_TITLES]  # in the order a live run's Figure A2 has them
 
 
-def mean(values: list) -> float | None:
-    """The mean over seeds, or None where a seed has no value (a diverged run): no figure from part of them."""
-    return None if any(v is None for v in values) else statistics.fmean(values)
+class NullSeed(Exception):
+    """A seed without a value (a diverged run) among those a figure would average: no figure from part of them."""
+
+
+def mean(values: list) -> float:
+    if any(v is None for v in values):
+        raise NullSeed
+    return statistics.fmean(values)
 
 
 def phase_points(curve: dict) -> tuple[list[str], list[str]]:
@@ -35,16 +40,8 @@ def phase_points(curve: dict) -> tuple[list[str], list[str]]:
     return starts, [point.split()[0] for point in starts[1:]] + [str(steps[-1])]
 
 
-def complete(args: dict) -> dict | None:
-    """A figure's arguments, or None where a mean in them is None (figures.py draws no gap)."""
-    def has_none(x):
-        return x is None or (isinstance(x, dict) and any(map(has_none, x.values()))) or \
-            (isinstance(x, list) and any(map(has_none, x)))
-    return None if has_none(args) else args
-
-
 # ----------------------------------------------------------------------------------------------
-# Each figure's arguments from a reference; a KeyError (a table or curve it lacks) means not drawn
+# Each figure's arguments from a reference; a KeyError (a table or curve it lacks) or a NullSeed means not drawn
 
 def fig3a(ref: dict) -> dict:
     table1 = ref["tables"]["table1"]
@@ -117,17 +114,17 @@ def arguments(figure: PageFigure, ref: dict) -> dict | None:
     if figure.args is None:
         return None
     try:
-        return complete(figure.args(ref))
-    except KeyError:
+        return figure.args(ref)
+    except (KeyError, NullSeed):  # figures.py draws no gap
         return None
 
 
-def seeds(figure: PageFigure, ref: dict) -> list[int]:
-    return (ref.get("table_seeds") or {}).get(figure.table) or ref["seeds"]
+def seeds(figure: PageFigure, ref: dict) -> str:
+    return ", ".join(map(str, readings.seeds_of(ref, figure.table)))
 
 
 def caption(scale: str, figure: PageFigure, ref: dict) -> str:
-    return f"normgrow, {scale} scale, mean over seeds {', '.join(map(str, seeds(figure, ref)))}, references/{scale}.json"
+    return f"normgrow, {scale} scale, mean over seeds {seeds(figure, ref)}, references/{scale}.json"
 
 
 def section(scale: str, ref: dict) -> list[str]:
@@ -138,7 +135,7 @@ def section(scale: str, ref: dict) -> list[str]:
              "values are drawn hollow, dashed or hatched, as each legend says.", ""]
     for figure in FIGURES:
         if arguments(figure, ref) is not None:
-            lines += [f"**{figure.title}** (kit: {figure.source}, seeds {', '.join(map(str, seeds(figure, ref)))}):",
+            lines += [f"**{figure.title}** (kit: {figure.source}, seeds {seeds(figure, ref)}):",
                       "", f"![{figure.title}]({scale}/{figure.name}.png)", ""]
         else:
             why = NEVER.get(figure.name) or f"this reference holds no numbers for it ({figure.source} is missing, " \

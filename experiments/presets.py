@@ -130,9 +130,7 @@ _mechanism = Preset(
     "registered teachers learned the task without it (docs/records/*-mechanism-teacher*.md)",
     data=dict(source="backcopy", vocab_size=None, symbols=64, triggers=3, document_tokens=256, documents=128_064,
               max_len=256, val_docs=64, all_documents=True),
-    run={**PAPER_RUN, "layers_per_block": 1, "phase_steps": 250, "global_batch": 4, "micro_batch": 4,
-         "lr": 3e-3, "min_lr": 3e-5, "warmup_frac": 0.1, "eval_interval": 125, "monitor_interval": 25, "eval_batch": 16,
-         "loss_chunk": 2048, "checkpoint_interval": 50, "snapshot_interval": 125, "precision": "auto"},
+    run={**_toy.run, "global_batch": 4, "micro_batch": 4, "eval_batch": 16},
     teacher_model={**_toy.teacher_model, "qk_norm": False, "num_hidden_layers": 3, "num_attention_heads": 1,
                    "num_key_value_heads": 1, "head_dim": 128, "intermediate_size": 512},
     teacher_run=dict(phase_steps=2000, lr=3e-3, min_lr=3e-3, warmup_frac=0.05, eval_interval=250, global_batch=64,
@@ -191,8 +189,7 @@ def teacher_shape(preset: Preset) -> ModelConfig:
     """The scale's teacher: a hub model's known shape, or the kit's own over the scale's vocabulary."""
     if preset.teacher:
         return ModelConfig(**HUB_TEACHERS[preset.teacher])
-    vocab = corpora.vocabulary(preset.data).n_vocab
-    return ModelConfig(**{**preset.teacher_model, "vocab_size": vocab})
+    return ModelConfig(**{**preset.teacher_model, "vocab_size": corpora.vocabulary(preset.data).n_vocab})
 
 
 def regime_ratios(preset: Preset) -> list[tuple[str, float, float]]:
@@ -281,7 +278,7 @@ def parse_overrides(preset: Preset, items) -> Settings:
             raise errors.OptionError("--set", f"{key.strip()}: set by the kit for each run (from its data, teacher and "
                                      "protocol), not from the command line")
         value = parse_value(key.strip(), raw.strip(), known[name])
-        problem = value_problem(section, name, value)
+        problem = value_problem(name, value)
         if problem:
             raise errors.OptionError("--set", f"{key.strip()}={raw.strip()}: {problem}")
         settings.setdefault(section, {})[name] = value
@@ -304,7 +301,7 @@ def with_settings(preset: Preset, changes: Settings, option: str) -> Preset:
     preset passes the same checks. A bad value names `option`."""
     for section, values in changes.items():
         for key, value in values.items():
-            problem = value_problem(section, key, value)
+            problem = value_problem(key, value)
             if problem:
                 raise errors.OptionError(option, f"{section}.{key}={value}: {problem}")
     return apply_overrides(preset, changes)[0]
@@ -346,6 +343,12 @@ class Rung:
     base: int = -1              # the rung it builds on (an index in its ladder); -1: the one before it
 
 
+# Changes both ladders make: 1,000 steps per phase; width 256, its init std and LR transferred by width.
+STEPS_1000 = ("run.phase_steps=1000", "run.eval_interval=500", "run.snapshot_interval=500")
+WIDTH_256 = ("teacher_model.hidden_size=256", "teacher_model.intermediate_size=768", "teacher_model.num_attention_heads=8",
+             "teacher_model.num_key_value_heads=4", "teacher_model.initializer_range=0.08", "run.lr=0.0016",
+             "run.min_lr=1.6e-05", "teacher_run.lr=0.0015", "teacher_run.min_lr=5e-05")
+
 # Each rung changes one thing, in this order, cheapest first along the axes the literature names (Sun et
 # al. 2024: massive activations switch on after 2-4 layers; Gu et al. 2024: sinks grow with optimisation
 # and data, and with context), toward the paper's ratios. Calibrated on pre-norm grow alone, seed 42.
@@ -357,8 +360,7 @@ LADDERS = {
              "sinks and massive activations emerge with optimisation; LR x steps 0.75 -> 1.5 toward the paper's 5",
              ("run.phase_steps=500", "run.eval_interval=250", "run.snapshot_interval=250")),
         Rung("tokens-x4", "steps per phase 500 -> 1,000",
-             "the same axis once more (LR x steps 3); the replay shard then holds 16,000 of 25,271 documents",
-             ("run.phase_steps=1000", "run.eval_interval=500", "run.snapshot_interval=500")),
+             "the same axis once more (LR x steps 3); the replay shard then holds 16,000 of 25,271 documents", STEPS_1000),
         Rung("layers-3", "3 layers per block (the paper's L) and a 36-layer teacher, keeping S/T = 1/4",
              "massive activations appear after 2-4 layers: a 1-layer block 0 may be too shallow to make one",
              ("run.layers_per_block=3", "teacher_model.num_hidden_layers=36")),
@@ -368,11 +370,7 @@ LADDERS = {
              ("data.paragraphs_per_document=7", "data.max_len=2048", "data.val_docs=20", "run.global_batch=2",
               "run.micro_batch=2", "teacher_run.global_batch=3", "teacher_run.micro_batch=3")),
         Rung("width-256", "width 128 -> 256 (8 heads of 32, intermediate 768), init std and LR transferred by width",
-             "toward the paper's width; massive activations live in a few channels of many",
-             ("teacher_model.hidden_size=256", "teacher_model.intermediate_size=768",
-              "teacher_model.num_attention_heads=8", "teacher_model.num_key_value_heads=4",
-              "teacher_model.initializer_range=0.08", "run.lr=0.0016", "run.min_lr=1.6e-05",
-              "teacher_run.lr=0.0015", "teacher_run.min_lr=5e-05")),
+             "toward the paper's width; massive activations live in a few channels of many", WIDTH_256),
         Rung("teacher-x2", "the teacher's steps 1,500 -> 3,000",
              "a teacher with a sink of its own may pass it on through the distillation targets",
              ("teacher_run.phase_steps=3000",)),
@@ -391,7 +389,6 @@ LADDERS = {
 LONG_DOCUMENTS = ("data.document_chars=3600", "data.max_len=1024", "data.val_docs=20", "run.global_batch=2",
                   "run.micro_batch=2", "teacher_run.global_batch=3", "teacher_run.micro_batch=3", "diag.docs=2",
                   "diag.max_inputs=1024")
-STEPS_1000 = ("run.phase_steps=1000", "run.eval_interval=500", "run.snapshot_interval=500")
 LAYERS_3 = ("run.layers_per_block=3",)
 LADDERS["second"] = (
     Rung("toy", "the toy itself (250 steps per phase, the shipped teacher)",
@@ -412,10 +409,7 @@ LADDERS["second"] = (
          ("teacher_run.phase_steps=3000",)),
     Rung("width-256", "width 256 (8 heads of 32, intermediate 768), init std and LR transferred by width, the "
          "teacher retrained", "toward the paper's width; massive activations live in a few channels of many",
-         ("teacher_model.hidden_size=256", "teacher_model.intermediate_size=768",
-          "teacher_model.num_attention_heads=8", "teacher_model.num_key_value_heads=4",
-          "teacher_model.initializer_range=0.08", "run.lr=0.0016", "run.min_lr=1.6e-05",
-          "teacher_run.lr=0.0015", "teacher_run.min_lr=5e-05")),
+         WIDTH_256),
 )
 # The tests' second ladder: the same shape at smoke scale (long documents, then depth on rung 0).
 LADDERS["smoke-second"] = (

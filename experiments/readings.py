@@ -85,7 +85,8 @@ RULE = (f"Readings follow the rule declared before the runs (docs/preregistratio
 # ----------------------------------------------------------------------------------------------
 # What a reference records beside its numbers: seeds, diverged runs, commits
 
-def seeds_of(reference: dict, name: str) -> list[int]:
+def seeds_of(reference: dict, name: str | None) -> list[int]:
+    """The seeds of a reference's table `name` (None, or one it records none for: the reference's)."""
     return (reference.get("table_seeds") or {}).get(name) or reference["seeds"]
 
 

@@ -34,29 +34,26 @@ def t975(df: int) -> float:
 
 def t_quantile(df: int, p: float) -> float:
     """The p quantile (p in [0.5, 1)) of Student's t with `df` degrees of freedom, exactly (to ~1e-9):
-    bisection on the CDF, integrated by Simpson's rule from the density (no table, no scipy)."""
-    log_norm = math.lgamma((df + 1) / 2) - math.lgamma(df / 2) - 0.5 * math.log(df * math.pi)
-
-    def cdf_above_half(t: float) -> float:  # P(0 < T < t)
-        x = np.linspace(0.0, t, 4001)
-        density = np.exp(log_norm - (df + 1) / 2 * np.log1p(x * x / df))
-        return float((density[0] + density[-1] + 4 * density[1:-1:2].sum() + 2 * density[2:-1:2].sum())
-                     * (t / 4000) / 3)
-
+    bisection on the CDF (no table, no scipy)."""
     low, high = 0.0, 64.0  # t975(1) = 12.71 is the largest asked for
     for _ in range(60):
         mid = (low + high) / 2
-        low, high = (mid, high) if cdf_above_half(mid) < p - 0.5 else (low, mid)
+        low, high = (mid, high) if central_mass(df, mid) < p - 0.5 else (low, mid)
     return (low + high) / 2
 
 
 def t_cdf(df: int, t: float) -> float:
-    """P(T <= t) for Student's t with `df` degrees of freedom (Simpson's rule on the density)."""
-    log_norm = math.lgamma((df + 1) / 2) - math.lgamma(df / 2) - 0.5 * math.log(df * math.pi)
-    x = np.linspace(0.0, abs(t), 4001)
-    density = np.exp(log_norm - (df + 1) / 2 * np.log1p(x * x / df))
-    half = float((density[0] + density[-1] + 4 * density[1:-1:2].sum() + 2 * density[2:-1:2].sum()) * (abs(t) / 4000) / 3)
+    """P(T <= t) for Student's t with `df` degrees of freedom."""
+    half = central_mass(df, abs(t))
     return 0.5 + half if t >= 0 else 0.5 - half
+
+
+def central_mass(df: int, t: float) -> float:
+    """P(0 < T < t) for t >= 0: Simpson's rule on Student's t density."""
+    log_norm = math.lgamma((df + 1) / 2) - math.lgamma(df / 2) - 0.5 * math.log(df * math.pi)
+    x = np.linspace(0.0, t, 4001)
+    density = np.exp(log_norm - (df + 1) / 2 * np.log1p(x * x / df))
+    return float((density[0] + density[-1] + 4 * density[1:-1:2].sum() + 2 * density[2:-1:2].sum()) * (t / 4000) / 3)
 
 
 def reading(s: dict, margin: float) -> str:
@@ -86,10 +83,7 @@ def adjusted_reading(s: dict, p_adjusted: float, margin: float) -> str:
 
 def tie_or_inconclusive(s: dict, margin: float) -> str:
     """"a tie within ±margin" if the 90% t-interval lies inside ±margin (two one-sided tests at 5%)."""
-    half90 = t_quantile(s["n"] - 1, 0.95) * s["std"] / math.sqrt(s["n"])
-    if -margin < s["mean"] - half90 and s["mean"] + half90 < margin:
-        return f"a tie within ±{margin:g}"
-    return "inconclusive"
+    return f"a tie within ±{margin:g}" if smallest_tie_margin(s) < margin else "inconclusive"
 
 
 def smallest_tie_margin(s: dict) -> float:
@@ -254,7 +248,7 @@ def comparison(r: Row, s: dict, full: bool) -> str:
         return f"none: {diverged_text(s)}"
     if full:
         return fmt(s["mean"] - r.paper, r.digits) if r.compare else ""
-    if not r.sign or s["mean"] is None or math.isnan(s["mean"]):
+    if not r.sign or math.isnan(s["mean"]):
         return ""
     same = "same sign" if (s["mean"] > 0) == (r.paper > 0) else "OPPOSITE sign"
     lo, hi = s["ci95"] or (s["mean"], s["mean"])
@@ -265,23 +259,25 @@ def comparison_column(full: bool) -> str:
     return "kit − paper" if full else "direction vs the paper"
 
 
+def table_cells(rows: list[Row], stats: dict, full: bool) -> list[tuple[str, str, str, str]]:
+    """Each row's cells: quantity, the kit's cell, the paper's, the comparison."""
+    return [(r.label, kit_cell(stats[r.key], r.digits), fmt(r.paper, r.digits), comparison(r, stats[r.key], full))
+            for r in rows]
+
+
 def table_markdown(rows: list[Row], stats: dict, n_seeds: int, full: bool = False) -> list[str]:
     kit = "kit" if n_seeds == 1 else f"kit (mean ± std [95% CI], {n_seeds} seeds)"
-    lines = [f"| quantity | {kit} | paper | {comparison_column(full)} |", "| --- | --- | --- | --- |"]
-    for r in rows:
-        s = stats[r.key]
-        lines.append(f"| {r.label} | {kit_cell(s, r.digits)} | {fmt(r.paper, r.digits)} | {comparison(r, s, full)} |")
-    return lines
+    return [f"| quantity | {kit} | paper | {comparison_column(full)} |", "| --- | --- | --- | --- |"] + \
+        [f"| {' | '.join(cells)} |" for cells in table_cells(rows, stats, full)]
 
 
 def terminal_table(title: str, rows: list[Row], stats: dict, n_seeds: int, full: bool = False) -> Table:
-    """table_markdown's rows for the terminal: quantity, the kit's cell, the paper's, the comparison."""
+    """table_markdown's rows for the terminal."""
     table = Table(title=title, title_justify="left")
     for column in ("quantity", "kit" if n_seeds == 1 else f"kit ({n_seeds} seeds)", "paper", comparison_column(full)):
         table.add_column(column, justify="left" if column == "quantity" else "right")
-    for r in rows:
-        s = stats[r.key]
-        table.add_row(r.label, kit_cell(s, r.digits), fmt(r.paper, r.digits), comparison(r, s, full))
+    for cells in table_cells(rows, stats, full):
+        table.add_row(*cells)
     return table
 
 

@@ -60,7 +60,7 @@ SET_BY_KIT = {"run": {"teacher", "train_data", "val_data", "replay_docs", "start
 SET_BY_KIT["teacher_run"] = SET_BY_KIT["run"]
 
 
-def value_problem(section: str, name: str, value) -> str:
+def value_problem(name: str, value) -> str:
     """Why one parsed --set value cannot be used ("" if it can)."""
     if name in RANGES and not isinstance(value, (bool, str)):
         low, high = RANGES[name]

@@ -122,7 +122,7 @@ def workspace(scale: str, runs_dir: Path, results_dir: Path | None = None, dry_r
     name = override_name(changes)
     # Student settings share the scale's data and teacher, unless they need more documents than its shard holds.
     shard_docs = Workspace(PRESETS[scale], runs_dir, results_dir, ctx).train_docs  # None: the whole corpus
-    needed = preset.run["phase_steps"] * preset.run["global_batch"] * max(preset.long_phases)
+    needed = Workspace(preset, runs_dir, results_dir, ctx).train_docs  # the shard these students would need
     own_inputs = bool(set(changes) - {"run", "diag"}) or (shard_docs is not None and needed > shard_docs)
     if not own_inputs:
         return Workspace(preset, runs_dir / scale, results_dir / f"{scale}+{name}", ctx, student_runs=f"set/{name}",
@@ -180,14 +180,13 @@ def prepare_data(ws: Workspace, force: bool = False) -> tuple[data.Shard, data.S
     inputs (an edited preset) are an error unless `force` rebuilds them."""
     d = ws.preset.data
     enc = corpora.vocabulary(d)
-    options = corpus_options(ws.preset)
     def prepare():  # by one process at a time (locks.held): another one preparing them is waited for
         with locks.held([ws.data_dir], ws.wait):
             corpus = shard_corpus(ws)
             shards = prepare_shards.prepare(d["source"], ws.data_dir, enc, max_len=d["max_len"],
                                             n_train_docs=ws.train_docs, n_val_docs=d["val_docs"],
                                             seed=PRESETS[ws.preset.name].run["seed"], progress=console.is_terminal,
-                                            force=force, **options)
+                                            force=force, **corpus_options(ws.preset))
         trained = sorted(p for p in ws.runs.iterdir() if p.name != "data" and not p.name.startswith("."))
         if corpus is not None and shard_corpus(ws) != corpus and trained:
             # --force rebuilt the shards from an edited corpus (its sha256 changed, its settings did not): what
@@ -411,10 +410,9 @@ def install_shipped_teacher(ws: Workspace) -> bool:
     name = shipped_teacher_for(ws)
     if not name:
         return False
-    shipped = SHIPPED_ROOT / name
     tmp = folder.with_name(f".{folder.name}.shipped.{os.getpid()}")
     folder.parent.mkdir(parents=True, exist_ok=True)
-    shutil.copytree(shipped, tmp)
+    shutil.copytree(SHIPPED_ROOT / name, tmp)
     try:
         tmp.rename(folder)
     except OSError:  # another process installed it first
