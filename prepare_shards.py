@@ -110,6 +110,13 @@ def _reusable(path: Path, inputs: dict, force: bool) -> bool:
     if force:
         return False
     first = differing[0]
+    was, now = manifest.get("corpus"), json.loads(json.dumps(inputs["corpus"]))
+    if differing == ["corpus"] and isinstance(was, dict) and {**was, "sha256": None} == {**now, "sha256": None}:
+        # the same file (or folder) with other content: the user edited their corpus
+        raise DataError(f"{path}: built from another corpus: {now.get('path')} was edited since (sha256 "
+                        f"{str(was.get('sha256'))[:12]}..., now {str(now.get('sha256'))[:12]}...); restore it, or rerun "
+                        "with --force to rebuild the shards from it as it is now (a teacher and runs trained on the old "
+                        "text are not retrained: --force names them, to be moved away)")
     raise DataError(f"{path}: existing shard was built with another {', '.join(differing)} "
                     f"({first}: {json.dumps(manifest.get(first))} != {json.dumps(inputs[first])}); "
                     f"pass force=True (--force) to rebuild it or choose another output directory")

@@ -18,9 +18,11 @@ import config
 import data
 import diag
 import model
+import nets
 import rundir
 from experiments.suite import RunName
 from plumbing import corpora, devices, errors
+from plumbing.locks import printable
 
 if TYPE_CHECKING:
     from experiments.suite import Workspace
@@ -44,15 +46,28 @@ def phase_start_eval(ws: Workspace, run: RunName, seed: int, phase: int) -> dict
 
 
 def logged_row(run_dir: Path, what: str, wanted: Callable[[dict], bool]) -> dict:
-    """The first row of a finished run's metrics.jsonl that `wanted` picks, with a finite CE (the figures
-    plot it), or one line naming the file: a log edited or cut short by hand."""
+    """The first row of a finished run's metrics.jsonl that `wanted` picks, an evaluation as the kit logs it
+    (the figures plot its CE), or one line naming the file: a log edited or cut short by hand."""
     row = next((r for r in metrics(run_dir) if wanted(r)), None)
-    if row is None or isinstance(row.get("ce"), bool) or not isinstance(row.get("ce"), (int, float)) \
-            or not math.isfinite(row["ce"]):
-        why = "missing" if row is None else "not a finite CE"
+    why = "missing" if row is None else logged_ce_problem(row)
+    if why:
         raise errors.TrainingError(f"{run_dir / 'metrics.jsonl'}: {what} is {why}, although the run is finished; the "
                                    "log is damaged: move the run away and rerun it")
     return row
+
+
+def logged_ce_problem(row: dict) -> str:
+    """What makes an evaluation row's CE one the kit cannot have logged ('' for none): a CE is a finite number
+    of at least 0 and is logged beside its PPL, exp(CE). No upper bound: a phase's starting weights (phase 0's
+    random ones too) may score worse than a uniform prediction without a divergence."""
+    ce, ppl = row.get("ce"), row.get("ppl")
+    number = lambda value: isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    if not number(ce):
+        return "not a finite CE"
+    if ce < 0 or not number(ppl) or not math.isclose(ppl, nets.perplexity(ce), rel_tol=1e-9):
+        return f"a CE of {ce!r} with a PPL of {printable(repr(ppl), 40)}, not what an evaluation logs (a CE of at " \
+               "least 0, its PPL exp(CE))"
+    return ""
 
 
 @cache

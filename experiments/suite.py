@@ -181,21 +181,14 @@ def prepare_data(ws: Workspace, force: bool = False) -> tuple[data.Shard, data.S
     d = ws.preset.data
     enc = corpora.vocabulary(d)
     def prepare():  # by one process at a time (locks.held): another one preparing them is waited for
+        seed = PRESETS[ws.preset.name].run["seed"]
         with locks.held([ws.data_dir], ws.wait):
-            corpus = shard_corpus(ws)
-            shards = prepare_shards.prepare(d["source"], ws.data_dir, enc, max_len=d["max_len"],
-                                            n_train_docs=ws.train_docs, n_val_docs=d["val_docs"],
-                                            seed=PRESETS[ws.preset.name].run["seed"], progress=console.is_terminal,
-                                            force=force, **corpus_options(ws.preset))
-        trained = sorted(p for p in ws.runs.iterdir() if p.name != "data" and not p.name.startswith("."))
-        if corpus is not None and shard_corpus(ws) != corpus and trained:
-            # --force rebuilt the shards from an edited corpus (its sha256 changed, its settings did not): what
-            # was trained on the old content names the shards' folder, not their content, and would be reused
-            raise errors.DataError(f"{ws.data_dir}: rebuilt from the corpus as it is now, which changed since "
-                                   f"{trained[0]} was trained on it; --force does not retrain that: move "
-                                   f"{', '.join(p.name for p in trained)} out of {ws.runs} (or choose another "
-                                   "--runs-dir) and rerun")
-        return shards
+            if force and (corpus := shard_corpus(ws)) is not None:
+                refuse_rebuild_under_runs(ws, corpus, corpora.corpus(d["source"], d["val_docs"], seed,
+                                                                     **corpus_options(ws.preset)).identity)
+            return prepare_shards.prepare(d["source"], ws.data_dir, enc, max_len=d["max_len"],
+                                          n_train_docs=ws.train_docs, n_val_docs=d["val_docs"], seed=seed,
+                                          progress=console.is_terminal, force=force, **corpus_options(ws.preset))
     # Rank 0 prepares (and checksums what it reuses), the others wait for it without a collective's timeout.
     shards = ws.ctx.on_main(prepare, "preparing the data")
     for split in ("train", "val"):
@@ -204,6 +197,17 @@ def prepare_data(ws: Workspace, force: bool = False) -> tuple[data.Shard, data.S
         shards = data.Shard(ws.data_dir / "train", verify=False), data.Shard(ws.data_dir / "val", verify=False)
     faults.kill_point("prepared", "data")
     return shards
+
+
+def refuse_rebuild_under_runs(ws: Workspace, shards_corpus: dict, corpus_now: dict):
+    """--force would rebuild the shards from an edited corpus (its content changed, its settings did not) under a
+    teacher and runs trained on the old content, which name the shards' folder, not their content: a later run
+    would reuse them on the new shards. Refused before anything is rebuilt, naming what to move away."""
+    trained = sorted(p.name for p in ws.runs.iterdir() if p.name != "data" and not p.name.startswith("."))
+    if trained and shards_corpus != checkpoint.loads(checkpoint.json_text(corpus_now)):  # as a manifest reads back
+        raise errors.DataError(f"{ws.data_dir}: the corpus changed since {trained[0]} was trained on these shards; "
+                               f"--force would rebuild them under it: move {', '.join(trained)} out of {ws.runs} (or "
+                               "choose another --runs-dir) and rerun")
 
 
 def shard_corpus(ws: Workspace) -> dict | None:

@@ -167,6 +167,25 @@ def symlinked(template: str):
     return apply
 
 
+LOCAL_DATA = ["data", "--scale", "smoke", "--runs-dir", "{C}/fresh", "--set", "data.source=local", "--set",
+              "data.path={C}/c.jsonl"]
+
+
+def edited_corpus(*trained: str):
+    """{C}/c.jsonl tokenized into {C}/fresh's workspace for it (where LOCAL_DATA prepares it), the folders `trained`
+    made beside the shards (stand-ins for a teacher and runs trained on them), then the file edited."""
+    def apply(case):
+        docs = lambda word: "".join(json.dumps({"text": f"document {i} about the {word} fox"}) + "\n" for i in range(200))
+        (case / "c.jsonl").write_text(docs("lazy"))
+        local = presets.parse_overrides(presets.PRESETS["smoke"], ["data.source=local", f"data.path={case / 'c.jsonl'}"])
+        ws = suite.workspace("smoke", case / "fresh", overrides=local, device="cpu")
+        suite.prepare_data(ws)
+        for name in trained:
+            (ws.runs / name).mkdir()
+        (case / "c.jsonl").write_text(docs("quick"))
+    return apply
+
+
 OTHER_CONFIG = edit_json(f"{RUNS}/s42/post-grow/config.json", lambda c: c.update(lr=1.0))  # --force discards it
 RELIABILITY = [
     case("local corpus with invalid UTF-8", LOCAL("{C}/bad.jsonl"), ("bad.jsonl:2", "UTF-8", "column 11"),
@@ -203,6 +222,13 @@ RELIABILITY = [
          OTHER_CONFIG, symlinked(f"{RUNS}/s42/post-grow")),
     case("train --force with a user's file in the run folder", [*TRAIN_RUN, "--force"], ("notes.txt", "not written by"),
          OTHER_CONFIG, write(f"{RUNS}/s42/post-grow/notes.txt", "my notes")),
+    # Issue 34 §8, an edited corpus (before: "pass force=True (--force) ... or choose another output directory").
+    case("local corpus edited since its shards were built", LOCAL_DATA,
+         ("c.jsonl was edited since", "restore it", "rerun with --force"), edited_corpus()),
+    # --force over it with a teacher and runs trained on the old text: prepare_data rebuilt the shards, then named
+    # what to move, and a plain rerun reused them with the new shards. Refused before anything is rebuilt.
+    case("data --force over an edited corpus, a teacher trained on the old text", [*LOCAL_DATA, "--force"],
+         ("teacher", "s42", "--force"), edited_corpus("teacher", "s42")),
 ]
 
 

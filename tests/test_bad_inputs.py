@@ -70,6 +70,15 @@ def edit_metrics(template: str, keep: Callable[[dict], bool]):
     return apply
 
 
+def edited_row(picked: Callable[[dict], bool], **values):
+    """pre-grow's metrics.jsonl with `values` written into the rows `picked` accepts (a number edited by hand)."""
+    def apply(case):
+        path = at(case, f"{RUNS}/s42/pre-grow/metrics.jsonl")
+        rows = [json.loads(line) for line in path.read_text().splitlines()]
+        path.write_text("".join(json.dumps({**r, **values} if picked(r) else r) + "\n" for r in rows))
+    return apply
+
+
 # Logs damaged where only a report reads them: the finished runs are reused (a line each), then one error line.
 DAMAGED_LOGS = [
     case("fig3, a log missing a phase-end evaluation", ["fig3", *RUN], ("metrics.jsonl", "end of phase 1", "missing"),
@@ -78,6 +87,14 @@ DAMAGED_LOGS = [
          DAMAGED_LOG(lambda r: not (r.get("phase_start") and r.get("phase") == 2))),
     case("fig3, a log with no phase-start evaluations", ["fig3", *RUN], ("metrics.jsonl", "start of phase 0"),
          DAMAGED_LOG(lambda r: not r.get("phase_start"))),
+    # Issue 34 §7's last: a number edited, no row cut (before: "ValueError: Axis limits cannot be NaN or Inf" for
+    # 1e308; -1.0 and 5.0 were plotted, exit 0). A logged CE is at least 0 and its PPL is exp(CE).
+    case("fig3, a phase-start CE edited to 1e308", ["fig3", *RUN], ("metrics.jsonl", "start of phase 1", "1e+308"),
+         edited_row(lambda r: r.get("phase_start") and r.get("phase") == 1, ce=1e308)),
+    case("fig3, a phase-end CE edited below 0", ["fig3", *RUN], ("metrics.jsonl", "end of phase 0", "-1.0"),
+         edited_row(lambda r: r.get("eval") and r["step"] == 8 and not r.get("phase_start"), ce=-1.0)),
+    case("fig3, a phase-start CE edited without its PPL", ["fig3", *RUN], ("start of phase 2", "5.0", "exp(CE)"),
+         edited_row(lambda r: r.get("phase_start") and r.get("phase") == 2, ce=5.0)),
 ]
 
 
@@ -453,8 +470,9 @@ def test_data_takes_set_and_prepares_where_those_runs_read(tmp_path):
 
 
 def test_force_after_an_edited_corpus_never_reuses_what_the_old_one_trained(tmp_path):
-    """--force rebuilds the shards of an edited local corpus; a teacher and runs trained on the old content
-    (a stand-in folder here) are then named in one line, never silently reused with the new shards."""
+    """--force over the shards of an edited local corpus with a teacher and runs trained on the old content (a
+    stand-in folder here) is refused in one line naming them, before anything is rebuilt (rebuilt first, a plain
+    rerun reused them with the new shards); once they are moved away, --force rebuilds."""
     corpus = tmp_path / "c.jsonl"
     corpus.write_text("".join(json.dumps({"text": f"document {i} about the lazy fox"}) + "\n" for i in range(200)))
     local = smoke_set("data.source=local", f"data.path={corpus}")
@@ -465,8 +483,11 @@ def test_force_after_an_edited_corpus_never_reuses_what_the_old_one_trained(tmp_
     corpus.write_text(corpus.read_text().replace("lazy", "quick"))
     with pytest.raises(errors.DataError, match="another corpus"):  # unforced: the shards are refused
         suite.prepare_data(suite.workspace("smoke", tmp_path / "runs", overrides=local, device="cpu"))
-    with pytest.raises(errors.DataError, match=r"data: rebuilt from the corpus .* move teacher out of"):
+    with pytest.raises(errors.DataError, match=r"data: the corpus changed since teacher .* move teacher out of"):
         suite.prepare_data(suite.workspace("smoke", tmp_path / "runs", overrides=local, device="cpu"), force=True)
+    assert suite.shard_corpus(ws)["sha256"] == first  # refused before anything was rebuilt under the teacher
+    shutil.rmtree(ws.runs / "teacher")  # moved away: --force now rebuilds from the corpus as it is
+    suite.prepare_data(suite.workspace("smoke", tmp_path / "runs", overrides=local, device="cpu"), force=True)
     assert suite.shard_corpus(ws)["sha256"] != first
 
 
