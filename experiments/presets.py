@@ -309,6 +309,10 @@ def with_settings(preset: Preset, changes: Settings, option: str) -> Preset:
 
 def apply_overrides(preset: Preset, settings: Settings, compile_flag: bool | None = None) -> tuple[Preset, Settings]:
     """(the preset with `settings` and `--compile/--no-compile` applied, the settings that changed it)."""
+    given = settings.get("run", {}).get("compile")
+    if compile_flag is not None and given is not None and given != compile_flag:  # which one should hold?
+        raise errors.OptionError("--set", f"run.compile={given} conflicts with --{'' if compile_flag else 'no-'}compile; "
+                                 "give it once")
     changes = merged(settings, {"run": {"compile": compile_flag}} if compile_flag is not None else {})
     new = replace(preset, **{s: {**getattr(preset, s), **c} for s, c in changes.items()})
     problem = sections_problem(preset, new, changes)

@@ -179,6 +179,9 @@ ISSUE34 = [
          ("--seeds", "run.seed=2")),
     case("search --seed 1 --set run.seed=2", ["search", *RUN, "--seed", "1", "--set", "run.seed=2"],
          ("--seed", "run.seed=2")),
+    # Issue 50's recheck: --compile and --set run.compile=false that disagree (--compile won, silently)
+    case("train --compile --set run.compile=false", [*TRAIN_RUN, "--compile", "--set", "run.compile=false"],
+         ("run.compile=False", "--compile")),
     case("search --rung unknown", ["search", *RUN, "--rung", "tokens-x9"], ("--rung", "tokens-x9", "tokens-x2")),
     case("search --rung the first rung", ["search", *RUN, "--rung", "smoke"], ("--rung", "smoke")),
     case("sample --max-new-tokens past the context", SAMPLE(PRE, "--max-new-tokens", "100000000"),
