@@ -25,6 +25,7 @@ from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 
 from plumbing.errors import CheckpointError, DiskFull, disk_full_reason
+from plumbing.locks import printable
 
 # ----------------------------------------------------------------------------------------------
 # Writing a file: whole or not at all, even through a kill, a full disk or another process writing it
@@ -195,15 +196,21 @@ def read_config(path: Path) -> dict:
 
 def tensor_files(path: Path) -> dict[str, Path]:
     """Map tensor name -> safetensors file, from model.safetensors.index.json or a single file."""
-    index = path / "model.safetensors.index.json"
+    index, single = path / "model.safetensors.index.json", path / "model.safetensors"
     if index.is_file():
         try:
-            weight_map = loads(index.read_text())["weight_map"]
-            return {str(name): path / str(file) for name, file in weight_map.items()}
+            files = {str(name): str(file) for name, file in loads(index.read_text())["weight_map"].items()}
         except (ValueError, KeyError, TypeError, AttributeError):
             raise CheckpointError(f"{index}: not a safetensors index (no weight_map of tensor -> file); "
                                   "re-download or re-export the checkpoint") from None
-    single = path / "model.safetensors"
+        if single.is_file():  # which one holds the weights? (an index added beside a kit checkpoint)
+            raise CheckpointError(f"{path}: holds both model.safetensors and model.safetensors.index.json; a "
+                                  "checkpoint is one or the other: move the one you did not put there away")
+        outside = next((f for f in files.values() if Path(f).name != f or f.startswith(".")), None)
+        if outside is not None:  # a file of the folder is data, never a path to follow elsewhere
+            raise CheckpointError(f"{index}: names {printable(outside, 80)!r}, not a file of {path}; re-download or "
+                                  "re-export the checkpoint")
+        return {name: path / file for name, file in files.items()}
     if not single.is_file():
         raise CheckpointError(f"{path}: no model.safetensors or model.safetensors.index.json; "
                               "the kit reads safetensors checkpoints only (no pickle)")

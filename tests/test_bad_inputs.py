@@ -508,3 +508,26 @@ def test_two_data_paths_differing_only_by_slash_and_underscore_keep_two_workspac
     result = local(tmp_path / "x_c.jsonl", "--force")
     assert result.exit_code == 0, result.output
     assert tree_hash(first) == before and len(list(runs.iterdir())) == 2
+
+
+def test_a_checkpoint_index_beside_weights_or_pointing_elsewhere_is_refused(tmp_path):
+    """Issue 50's recheck: with checksums.json gone, an index added beside a kit checkpoint's model.safetensors (or
+    naming a file outside the folder: another run's weights) was read instead of the folder's own weights."""
+    import torch
+    from safetensors.torch import save_file
+
+    from plumbing import checkpoint
+    folder, other = tmp_path / "phase-2", tmp_path / "other"
+    for f in (folder, other):
+        f.mkdir()
+        save_file({"w": torch.zeros(2)}, str(f / "model.safetensors"))
+    index = folder / "model.safetensors.index.json"
+    index.write_text(json.dumps({"weight_map": {"w": "model.safetensors"}}))
+    with pytest.raises(errors.CheckpointError, match="holds both model.safetensors and model.safetensors.index.json"):
+        checkpoint.tensor_files(folder)
+    (folder / "model.safetensors").unlink()
+    index.write_text(json.dumps({"weight_map": {"w": "../other/model.safetensors"}}))
+    with pytest.raises(errors.CheckpointError, match=r"names '../other/model.safetensors', not a file of"):
+        checkpoint.tensor_files(folder)
+    index.write_text(json.dumps({"weight_map": {"w": "model-00001.safetensors"}}))  # a hub checkpoint's shape
+    assert checkpoint.tensor_files(folder) == {"w": folder / "model-00001.safetensors"}
