@@ -82,7 +82,7 @@ def test_dry_run_counts_teacher_passes_both_ways():
     assert lockstep_plan.most_resident(runs) == 6  # joint ends where freeze joins; the same-shard controls run throughout
     result = plan.print_plan(ws, runs, [42], "h100", 8, suite.console)
     saved = result["separate"]["flops"] - result["lockstep"]["flops"]
-    teacher = plan.model_shapes(ws.preset)[0]
+    teacher = presets.teacher_shape(ws.preset)
     layers, _ = forward_flops_per_token(teacher, 36, 972.5 / 2)
     assert saved == pytest.approx((1_000_000 - 350_000) * 64 * 972.5 * layers)
     assert result["lockstep"]["memory_gib"] > result["separate"]["memory_gib"]

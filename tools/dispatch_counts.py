@@ -7,6 +7,7 @@ import time
 
 import torch
 import torch.distributed as dist
+from torch.distributed.tensor import DTensor
 
 
 class CollectiveBytes(torch.utils._python_dispatch.TorchDispatchMode):
@@ -18,7 +19,6 @@ class CollectiveBytes(torch.utils._python_dispatch.TorchDispatchMode):
         self.calls: list[tuple[str, int, int]] = []  # (kind, group size, bytes)
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        from torch.distributed.tensor import DTensor
         if any(t is DTensor for t in types):  # DTensor's own dispatch comes first
             return NotImplemented
         out = func(*args, **(kwargs or {}))
@@ -48,7 +48,6 @@ class DispatchedOps(torch.utils._python_dispatch.TorchDispatchMode):
         self.count = 0
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        from torch.distributed.tensor import DTensor
         if any(t is DTensor for t in types):  # DTensor runs its local ops, which come back here
             return NotImplemented
         self.count += func.namespace != "prim" and not func.is_view and func._overloadpacket not in ALIASING

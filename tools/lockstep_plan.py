@@ -46,19 +46,23 @@ def lockstep_segments(runs: list[PlannedRun]) -> list[tuple[int, int, list[tuple
     train in the same phases: what is resident on a GPU changes only at these edges."""
     live = [(r.name, ph) for r in lockstep_runs(runs) for ph in config.plan_phases(r.config)[r.shared_phases:]]
     edges = sorted({e for _, ph in live for e in (ph.first_step, ph.first_step + ph.steps)})
-    return [(a, b, [(name, ph) for name, ph in live if ph.first_step <= a < ph.first_step + ph.steps])
-            for a, b in zip(edges, edges[1:]) if any(ph.first_step <= a < ph.first_step + ph.steps for _, ph in live)]
+    spans = [(a, b, [(name, ph) for name, ph in live if ph.first_step <= a < ph.first_step + ph.steps])
+             for a, b in zip(edges, edges[1:])]
+    return [span for span in spans if span[2]]
 
 
-def segment_memory(preset, runs: list[PlannedRun], gpus: int, nodes: int = 1) -> list[dict]:
-    """Per-GPU peak of every lockstep segment: {"steps", "runs", "bytes", "moment"}."""
+def segment_memory(preset, runs: list[PlannedRun], gpus: int, nodes: int = 1,
+                   replicate_teacher: bool = False) -> list[dict]:
+    """Per-GPU peak of every lockstep segment: {"steps", "runs", "bytes", "moment", "phases", "norms"} (the
+    resident runs' phases and placements, which the rehearsal and the count step)."""
     teacher = presets.teacher_shape(preset)
     norm = {run.name: run.config.norm for run in runs}
     out = []
     for a, b, live in lockstep_segments(runs):
-        peak = memory.step_peak(preset, teacher, gpus, nodes, [ph for _, ph in live], norms=[norm[n] for n, _ in live])
+        phases, norms = [ph for _, ph in live], [norm[name] for name, _ in live]
+        peak = memory.step_peak(preset, teacher, gpus, nodes, phases, replicate_teacher, norms)
         out.append({"steps": (a, b), "runs": [f"{name} phase {ph.index}" for name, ph in live],
-                    "bytes": peak["total"], "moment": peak["moment"]})
+                    "bytes": peak["total"], "moment": peak["moment"], "phases": phases, "norms": norms})
     return out
 
 

@@ -28,6 +28,7 @@ from pathlib import Path
 
 import torch
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
+from torch.distributed.tensor import DTensor
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_map_only
 
@@ -61,11 +62,7 @@ class LiveStorages(TorchDispatchMode):
         self.peak_op = ""
         self.foreign = {id(s): weakref.ref(s) for s in fake_storages()}
 
-    def add(self, t: torch.Tensor):
-        if isinstance(t, FakeTensor):
-            self.add_storage(t.untyped_storage())
-
-    def add_storage(self, storage):
+    def add(self, storage):
         key = id(storage)
         for ref in (self.live.get(key, [None])[0], self.foreign.get(key)):
             if ref is not None and ref() is storage:
@@ -86,7 +83,7 @@ class LiveStorages(TorchDispatchMode):
 
     def __enter__(self):
         for storage in fake_storages():
-            self.add_storage(storage)
+            self.add(storage)
         self.peak = self.now
         # A storage's resize_ is not an operator (no dispatch mode sees it): FSDP2 frees and refills its
         # unsharded parameters that way, so the count follows it here.
@@ -103,11 +100,10 @@ class LiveStorages(TorchDispatchMode):
         return super().__exit__(*exc)
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        from torch.distributed.tensor import DTensor
         if any(t is DTensor for t in types):  # DTensor runs its local operators, which come back here
             return NotImplemented
         out = func(*args, **(kwargs or {}))
-        tree_map_only(torch.Tensor, self.add, out)
+        tree_map_only(FakeTensor, lambda t: self.add(t.untyped_storage()), out)
         if self.now > self.peak:
             self.peak, self.peak_op = self.now, str(func)
         return out
@@ -146,12 +142,12 @@ class FixedBatchRun(grow.Run):
         self.optimizer.zero_grad(set_to_none=True)
 
 
-def worst_step(settings, max_len: int, micro_per_step: int, world: int) -> data.StepBatch:
-    """Every micro-batch of a rank's step of documents of the full length, no padding (mask None: every
-    target real), made under the fake mode so that they are counted as a GPU holds them."""
+def worst_step(settings, max_len: int, world: int) -> data.StepBatch:
+    """Every micro-batch of a rank's step on `world` ranks, of documents of the full length, no padding (mask
+    None: every target real), made under the fake mode so that they are counted as a GPU holds them."""
     ids = lambda: torch.zeros(settings.micro_batch, max_len, dtype=torch.long)
     micro = [OnDevice(ids(), ids(), None, torch.full((settings.micro_batch,), max_len), [], settings.micro_batch * max_len)
-             for _ in range(micro_per_step)]
+             for _ in range(settings.global_batch // world // settings.micro_batch)]
     return data.StepBatch(micro, settings.global_batch * max_len, [], 0)
 
 
@@ -162,14 +158,13 @@ def step_peak(ws, launch: rehearse.Launch, residents: list[config.Phase], norms:
     preset = ws.preset
     settings = config.RunConfig(**{**preset.run, "name": "count", "protocol": "grow", "norm": "post",
                                    "train_data": "", "val_data": "", "replay_docs": 1})
-    micro_per_step = settings.global_batch // launch.world // settings.micro_batch
     dtype = devices.DTYPES.get(settings.precision, torch.bfloat16)
     ctx = rehearse.rank0(launch, "cpu")
     counter = LiveStorages()
     with rehearse.as_on_a_gpu(), FakeTensorMode(allow_non_fake_inputs=True):
         teacher, students, optimizers = rehearse.resident_models(preset, settings, ctx, dtype, residents, False, "cpu",
                                                                  norms)
-        batch = worst_step(settings, preset.data["max_len"], micro_per_step, launch.world)
+        batch = worst_step(settings, preset.data["max_len"], launch.world)
         runs = [FixedBatchRun(settings, ctx, s, teacher, o, ph, batch, dtype)
                 for s, o, ph in zip(students, optimizers, residents)]
         with counter:
@@ -180,20 +175,17 @@ def step_peak(ws, launch: rehearse.Launch, residents: list[config.Phase], norms:
 
 
 def segments(ws, launch: rehearse.Launch, names) -> list[dict]:
-    """A run apart (grow's last phase), then every lockstep segment of the runs `names` (lockstep_plan.lockstep_segments):
+    """A run apart (grow's last phase), then every lockstep segment of the runs `names` (lockstep_plan.segment_memory):
     {"steps", "runs", "count_gib", "plan_gib", "operator"} each, memory.py's count beside this one."""
-    teacher = presets.teacher_shape(ws.preset)
     last = memory.last_phase(ws.preset)
+    apart = memory.step_peak(ws.preset, presets.teacher_shape(ws.preset), launch.gpus, launch.nodes, [last])
     runs = plan.planned_runs(ws, names, ws.preset.run["seed"])
-    norm = {"a run apart": "post", **{run.name: run.config.norm for run in runs}}
     out = []
-    for steps, live in [(None, [("a run apart", last)]), *((s[:2], s[2]) for s in lockstep_plan.lockstep_segments(runs))]:
-        phases, norms = [ph for _, ph in live], [norm[name] for name, _ in live]
-        counted = step_peak(ws, launch, phases, norms)
-        out.append({"steps": steps, "runs": [f"{name} phase {ph.index}" for name, ph in live],
-                    "count_gib": counted["bytes"] / GiB, "operator": counted["operator"],
-                    "plan_gib": memory.step_peak(ws.preset, teacher, launch.gpus, launch.nodes, phases,
-                                                 norms=norms)["total"] / GiB})
+    for s in [{"steps": None, "runs": [f"a run apart phase {last.index}"], "phases": [last], "norms": ["post"],
+               "bytes": apart["total"]}, *lockstep_plan.segment_memory(ws.preset, runs, launch.gpus, launch.nodes)]:
+        counted = step_peak(ws, launch, s["phases"], s["norms"])
+        out.append({"steps": s["steps"], "runs": s["runs"], "count_gib": counted["bytes"] / GiB,
+                    "operator": counted["operator"], "plan_gib": s["bytes"] / GiB})
     return out
 
 

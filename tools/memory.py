@@ -21,11 +21,11 @@ import math
 from dataclasses import dataclass
 
 import config
+import kd
 import model
 from plumbing.hf_qwen3 import ModelConfig
 
 F32, BF16 = 4, 2
-LOSS_ROW_BLOCK_ELEMENTS = 2**26  # kd.ROW_BLOCK_ELEMENTS["cuda"]: rows of the softmax computed at once
 
 
 def layer_shapes(c: ModelConfig) -> list[tuple[int, ...]]:
@@ -36,6 +36,10 @@ def layer_shapes(c: ModelConfig) -> list[tuple[int, ...]]:
             (c.head_dim,), (c.head_dim,),      # q_norm, k_norm
             (F, H), (F, H), (H, F),            # gate, up, down
             (H,), (H,)]                        # the layer's two norms
+
+
+def layer_parameters(c: ModelConfig) -> int:
+    return sum(math.prod(shape) for shape in layer_shapes(c))
 
 
 def shard_numel(shape, shard: int) -> int:
@@ -81,7 +85,7 @@ class Dims:
         self.layers = run["blocks"] * self.L
         layer = layer_shapes(c)
         self.tensors_per_layer = len(layer)
-        self.P = sum(math.prod(s) for s in layer)
+        self.P = layer_parameters(c)
         self.P_shard = sum(shard_numel(s, self.shard) for s in layer)
         self.matrices = sum(math.prod(s) for s in layer if len(s) == 2)
         self.root = [(self.V, self.H), (self.H,), (self.V, self.H)]  # embedding (frozen), boundary norm, head
@@ -147,7 +151,7 @@ def in_the_loss(d: Dims, ph, after_others: bool, norm: str = "post") -> dict:
     gradients accumulated over the others)."""
     run, active = d.preset.run, ph.active_blocks * d.L
     chunk = min(run["loss_chunk"], d.N)
-    rows = max(1, LOSS_ROW_BLOCK_ELEMENTS // d.V)
+    rows = max(1, kd.ROW_BLOCK_ELEMENTS["cuda"] // d.V)  # rows of the softmax computed at once on a GPU
     blocks = [min(rows, min(start + chunk, d.N) - start - b) for start in range(0, d.N, chunk)
               for b in range(0, min(chunk, d.N - start), rows)]
     # fp32 (rows x V) temporaries of kd's softmax in a row block: the upcast logits of both (bf16 only),

@@ -43,19 +43,8 @@ DOC_LENGTH_SIGMA = 1.0
 BALANCE_STEPS = 500  # steps simulated for the rank-imbalance factor
 
 
-def model_shapes(preset) -> tuple[ModelConfig, int]:
-    """(teacher config, student layers)."""
-    return presets.teacher_shape(preset), preset.run["blocks"] * preset.run["layers_per_block"]
-
-
-
-
 # ----------------------------------------------------------------------------------------------
 # Communication: FSDP2's collectives of one step, counted from the sharding (rehearse.py measures them)
-
-def layer_parameters(c: ModelConfig) -> int:
-    return sum(math.prod(shape) for shape in memory.layer_shapes(c))
-
 
 def collectives(preset, teacher: ModelConfig, phase: config.Phase, gpus: int, nodes: int = 1,
                 with_teacher: bool = True) -> list[tuple[str, int, float]]:
@@ -70,7 +59,7 @@ def collectives(preset, teacher: ModelConfig, phase: config.Phase, gpus: int, no
     if world == 1:
         return []
     micro = preset.run["global_batch"] // world // preset.run["micro_batch"]
-    L, layer = preset.run["layers_per_block"], layer_parameters(teacher)
+    L, layer = preset.run["layers_per_block"], memory.layer_parameters(teacher)
     active, trained = phase.active_blocks * L, len(phase.trainable_blocks) * L
     head = teacher.vocab_size * teacher.hidden_size
     root = 2 * head + 2 * teacher.hidden_size
@@ -104,8 +93,12 @@ def step_flops(preset, teacher: ModelConfig, tokens: float) -> float:
     return tokens * (t_layers + head + 3 * s_layers + recompute + 3 * head)
 
 
-
-
+def student_flops(preset, teacher: ModelConfig, ph: config.Phase, context: float, checkpointing: bool) -> float:
+    """A token's FLOPs in a student's step of phase `ph`: its forward everywhere, the backward (2x) of its
+    trained blocks, their forward again under activation checkpointing, and its head's forward and backward."""
+    layers, head = forward_flops_per_token(teacher, ph.active_blocks * preset.run["layers_per_block"], context)
+    trained = len(ph.trainable_blocks) / ph.active_blocks
+    return layers * (1 + 2 * trained + (trained if checkpointing else 0.0)) + 3 * head
 
 
 def diagnostics_cost(preset, runs: list[PlannedRun], teacher: ModelConfig, context: float) -> tuple[float, int]:
@@ -132,11 +125,8 @@ def diagnostics_cost(preset, runs: list[PlannedRun], teacher: ModelConfig, conte
 
 def student_bytes(preset, teacher: ModelConfig) -> float:
     """A kept student checkpoint on disk: fp32 decoder layers, embedding, norms and head."""
-    c = teacher
-    return 4 * (preset.run["blocks"] * preset.run["layers_per_block"] * layer_parameters(c)
-                + 2 * c.vocab_size * c.hidden_size + 2 * c.hidden_size)
-
-
+    return 4 * (preset.run["blocks"] * preset.run["layers_per_block"] * memory.layer_parameters(teacher)
+                + 2 * teacher.vocab_size * teacher.hidden_size + 2 * teacher.hidden_size)
 
 
 def planned_runs(ws: suite.Workspace, runs, seed: int) -> list[PlannedRun]:
@@ -153,8 +143,8 @@ def lockstep_default(ws: suite.Workspace, names) -> bool:
     if ws.ctx.device.type != "cuda":
         return True
     import torch
-    memory = torch.cuda.get_device_properties(ws.ctx.device).total_memory
-    return lockstep_plan.fits(ws.preset, ws.ctx.local_world, memory, planned_runs(ws, names, ws.preset.run["seed"]),
+    gpu_bytes = torch.cuda.get_device_properties(ws.ctx.device).total_memory
+    return lockstep_plan.fits(ws.preset, ws.ctx.local_world, gpu_bytes, planned_runs(ws, names, ws.preset.run["seed"]),
                               ws.ctx.nodes)
 
 
@@ -178,15 +168,12 @@ def segments(run: PlannedRun, preset, teacher: ModelConfig, doc_tokens: float, g
     tokens = run.config.global_batch * doc_tokens / (gpus * nodes)  # per GPU
     rate = GPU_BF16_PEAK[gpu] * ASSUMED_MFU
     t_layers, head = forward_flops_per_token(teacher, teacher.num_hidden_layers, context)
-    L, out = preset.run["layers_per_block"], []
+    out = []
     for ph in config.plan_phases(run.config)[run.shared_phases:]:
-        s_layers, _ = forward_flops_per_token(teacher, ph.active_blocks * L, context)
-        trained = len(ph.trainable_blocks) / ph.active_blocks
-        # forward everywhere; backward (2x) of the trained blocks, recomputed once more under activation
-        # checkpointing; the student's head forward and backward; the teacher's head forward inside this
-        # run's loss (lockstep shares only the teacher's layers); the teacher's layers forward
-        again = trained if recompute and run.config.activation_checkpointing else 0.0
-        flops = tokens * (s_layers * (1 + 2 * trained + again) + 3 * head + head)
+        # the student's step and the teacher's head forward inside this run's loss; the teacher's layers
+        # forward apart (lockstep shares only those)
+        checkpointing = recompute and run.config.activation_checkpointing
+        flops = tokens * (student_flops(preset, teacher, ph, context, checkpointing) + head)
         student = comm_seconds(collectives(preset, teacher, ph, gpus, nodes, with_teacher=False), nodes)
         both = comm_seconds(collectives(preset, teacher, ph, gpus, nodes), nodes)
         out.append(Segment(ph.first_step, ph.first_step + ph.steps, flops / rate, student,
@@ -220,16 +207,18 @@ def print_plan(ws, runs: list[PlannedRun], seeds: list[int], gpu: str, gpus: int
     preset = ws.preset
     for run in runs:  # what the launch would refuse is refused here, with its line, before anything is priced
         data.check_split(run.config.global_batch, gpus * nodes, run.config.micro_batch)
-    teacher, _ = model_shapes(preset)
+    teacher = presets.teacher_shape(preset)
     doc_tokens, measured = document_tokens(ws)
-    rows, separate_flops = run_table(ws, runs, seeds, teacher, doc_tokens, gpu, gpus, nodes, console)
+    costs = {r.name: segments(r, preset, teacher, doc_tokens, gpu, gpus, nodes) for r in runs}
+    plain = {r.name: segments(r, preset, teacher, doc_tokens, gpu, gpus, nodes, recompute=False) for r in runs}
+    rows, separate_flops = run_table(ws, runs, seeds, teacher, doc_tokens, costs, gpu, gpus, nodes, console)
     context = min(doc_tokens, preset.data["max_len"]) / 2
     t_layers, _ = forward_flops_per_token(teacher, teacher.num_hidden_layers, context)
     saved = (lockstep_plan.teacher_passes(runs, False) - lockstep_plan.teacher_passes(runs, True)) \
         * preset.run["global_batch"] * doc_tokens * t_layers * len(seeds)
     totals = {}
     for way, flops in (("separate", separate_flops), ("lockstep", separate_flops - saved)):
-        totals[way] = way_totals(ws, runs, seeds, teacher, doc_tokens, measured, gpu, gpus, nodes, way == "lockstep")
+        totals[way] = way_totals(ws, runs, seeds, teacher, costs, plain, measured, gpu, gpus, nodes, way == "lockstep")
         totals[way]["flops"] = flops
         print_way(console, way, totals[way], gpu, gpus, nodes)
     print_diagnostics(console, preset, runs, seeds, teacher, context, gpu, totals)
@@ -245,14 +234,13 @@ def document_tokens(ws) -> tuple[float, object]:
     preset's assumed mean."""
     shard_dir = ws.data_dir / "train"
     if (shard_dir / "manifest.json").is_file():
-        shard = data.Shard(shard_dir, verify=False)
-        lengths = shard.lengths[:ws.replay_docs] - 1
+        lengths = data.Shard(shard_dir, verify=False).lengths[:ws.replay_docs] - 1
         return float(lengths.mean()), lengths
     return ws.preset.doc_tokens, None
 
 
-def run_table(ws, runs, seeds, teacher, doc_tokens: float, gpu: str, gpus: int, nodes: int,
-              console) -> tuple[list, float]:
+def run_table(ws, runs, seeds, teacher, doc_tokens: float, costs: dict[str, list[Segment]], gpu: str, gpus: int,
+              nodes: int, console) -> tuple[list, float]:
     """Each run alone: phases, steps, tokens, FLOPs (activation-checkpointing recompute included) and
     GPU-hours of its steps; (rows, FLOPs of every run apart over the seeds)."""
     preset, L = ws.preset, ws.preset.run["layers_per_block"]
@@ -269,14 +257,10 @@ def run_table(ws, runs, seeds, teacher, doc_tokens: float, gpu: str, gpus: int, 
         tokens_per_phase = c.phase_steps * c.global_batch * doc_tokens
         flops = 0.0
         for ph in phases[run.shared_phases:]:  # a shared prefix is not recomputed
-            s_layers, s_head = forward_flops_per_token(teacher, ph.active_blocks * L, context)
-            trained = len(ph.trainable_blocks) / ph.active_blocks
-            again = trained if c.activation_checkpointing else 0.0
-            # forward everywhere; backward (2x forward) of the trained blocks and the head, their forward
-            # again under activation checkpointing; the teacher's layers once, its head in each run's loss
-            flops += (s_layers * (1 + 2 * trained + again) + s_head * 3 + t_layers + t_head) * tokens_per_phase
+            # the student's step; the teacher's layers once, its head in each run's loss
+            student = student_flops(preset, teacher, ph, context, c.activation_checkpointing)
+            flops += (student + t_layers + t_head) * tokens_per_phase
         total += flops * len(seeds)
-        costs = {run.name: segments(run, preset, teacher, doc_tokens, gpu, gpus, nodes)}
         unique = tokens_per_phase * (len(phases) if c.data_mode == "fresh" else 1)
         row = [run.name, str(len(phases)), f"{len(phases) * c.phase_steps:,}",
                " / ".join(str(p.active_blocks * L) for p in phases),
@@ -289,13 +273,11 @@ def run_table(ws, runs, seeds, teacher, doc_tokens: float, gpu: str, gpus: int, 
     return rows, total
 
 
-def way_totals(ws, runs, seeds, teacher, doc_tokens: float, measured, gpu: str, gpus: int, nodes: int,
-               lockstep: bool) -> dict:
+def way_totals(ws, runs, seeds, teacher, costs: dict[str, list[Segment]], plain: dict[str, list[Segment]], measured,
+               gpu: str, gpus: int, nodes: int, lockstep: bool) -> dict:
     """One way's GPU-hours by line (the steps, of which recompute; rank imbalance; evaluations; checkpoint
     writes), its wall hours on the launch, its per-GPU memory (lockstep: every segment's) and teacher passes."""
     preset, world = ws.preset, gpus * nodes
-    costs = {r.name: segments(r, preset, teacher, doc_tokens, gpu, gpus, nodes) for r in runs}
-    plain = {r.name: segments(r, preset, teacher, doc_tokens, gpu, gpus, nodes, recompute=False) for r in runs}
     steps = suite_seconds(runs, costs, lockstep) * len(seeds) * world / 3600
     recompute = steps - suite_seconds(runs, plain, lockstep) * len(seeds) * world / 3600
     extra = overhead_hours(ws, runs, teacher, gpu, gpus, nodes, steps, measured)
@@ -418,7 +400,7 @@ def checkpoint_bytes(run: PlannedRun, preset, teacher: ModelConfig) -> float:
     weights = student_bytes(preset, teacher)
     written = 0.0
     for ph in config.plan_phases(c)[run.shared_phases:]:
-        trained = len(ph.trainable_blocks) * preset.run["layers_per_block"] * layer_parameters(teacher) \
+        trained = len(ph.trainable_blocks) * preset.run["layers_per_block"] * memory.layer_parameters(teacher) \
             + (teacher.vocab_size * teacher.hidden_size + teacher.hidden_size) * ph.trains_head
         latest = ph.steps // c.checkpoint_interval
         kept = 1 + (ph.steps - 1) // c.snapshot_interval if c.snapshot_interval else 1
@@ -432,8 +414,7 @@ def overhead_hours(ws, runs: list[PlannedRun], teacher, gpu: str, gpus: int, nod
     micro-batches placed as the preset says: run.balance_lengths), the evaluations (at the assumed MFU)
     and the checkpoint writes (at CHECKPOINT_WRITE_BYTES_PER_S a node, every GPU waiting)."""
     preset, world = ws.preset, gpus * nodes
-    seed = preset.run["seed"]
-    balance = {way: balance_factor(preset, teacher, world, way == "balanced", seed, measured)
+    balance = {way: balance_factor(preset, teacher, world, way == "balanced", preset.run["seed"], measured)
                for way in ("balanced", "unbalanced")}
     used = "balanced" if preset.run.get("balance_lengths") else "unbalanced"
     val_lengths = validation_lengths(ws, measured)

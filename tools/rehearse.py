@@ -31,9 +31,11 @@ import time
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from types import SimpleNamespace
 
 import torch
 import torch.distributed as dist
+from torch._subclasses.fake_tensor import FakeTensorMode, unset_fake_temporarily
 
 import config
 import data
@@ -104,9 +106,9 @@ def as_on_a_gpu():
     hooks = {name: getattr(torch.Tensor, name) for name in ("register_hook", "register_post_accumulate_grad_hook")}
     sharding_prop.detect_fake_mode = lambda *args, **kwargs: None
     kd.ROW_BLOCK_ELEMENTS["cpu"] = kd.ROW_BLOCK_ELEMENTS["cuda"]
-    for name, register in hooks.items():
+    for name, register in hooks.items():  # a frozen weight's handle has nothing to remove
         setattr(torch.Tensor, name, lambda t, hook, register=register: register(t, hook) if t.requires_grad
-                else _NoHandle())
+                else SimpleNamespace(remove=lambda: None))
     try:
         yield
     finally:
@@ -115,23 +117,10 @@ def as_on_a_gpu():
             setattr(torch.Tensor, name, register)
 
 
-class _NoHandle:
-    def remove(self):
-        pass
-
-
-def fake_process_group(world: int):
-    """A process group of `world` ranks in this one process (torch's fake backend: collectives return at once)."""
-    from torch.testing._internal.distributed.fake_pg import FakeStore
-    if dist.is_initialized():
-        dist.destroy_process_group()
-    dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=world)
-
-
 # ----------------------------------------------------------------------------------------------
 # The rehearsal
 
-class CudaPeak:
+class CudaPeak(contextlib.AbstractContextManager):
     """The GPU's own allocator statistics, where the rehearsal runs on a real GPU (make gpu-check)."""
 
     def __init__(self, device):
@@ -146,9 +135,6 @@ class CudaPeak:
         torch.cuda.reset_peak_memory_stats(self.device)
         return self
 
-    def __exit__(self, *exc):
-        return False
-
     def reset_mod_stats(self):
         pass
 
@@ -158,23 +144,17 @@ class CudaPeak:
 
 
 def rehearse_segments(ws, launch: Launch, names, replicate_teacher: bool = False, device: str = "cpu") -> list[dict]:
-    """rehearse() of every lockstep segment of the runs `names` (lockstep_plan.lockstep_segments): {"steps", "runs",
+    """rehearse() of every lockstep segment of the runs `names` (lockstep_plan.segment_memory): {"steps", "runs",
     "rehearsal", "plan_gib"} each, the plan's per-GPU memory beside the rehearsal's. With fake tensors a
     step is measured once for the segments that step the same phase (blocks run and trained, the head)
     and keep the teacher's states alike: the step's tensors are the same, only the residents beside it
     differ, and those are built and counted for each segment."""
     runs = plan.planned_runs(ws, names, ws.preset.run["seed"])
-    norm = {run.name: run.config.norm for run in runs}
-    teacher = presets.teacher_shape(ws.preset)
     measured = {} if device == "cpu" else None  # on a GPU the allocator's peak holds the residents too
-    out = []
-    for start, stop, live in lockstep_plan.lockstep_segments(runs):
-        phases, norms = [ph for _, ph in live], [norm[name] for name, _ in live]
-        out.append({"steps": [start, stop], "runs": [f"{name} phase {ph.index}" for name, ph in live],
-                    "rehearsal": rehearse(ws, launch, phases, replicate_teacher, device, measured, norms),
-                    "plan_gib": memory.step_peak(ws.preset, teacher, launch.gpus, launch.nodes, phases,
-                                                 replicate_teacher, norms)["total"] / GiB})
-    return out
+    return [{"steps": list(s["steps"]), "runs": s["runs"],
+             "rehearsal": rehearse(ws, launch, s["phases"], replicate_teacher, device, measured, s["norms"]),
+             "plan_gib": s["bytes"] / GiB}
+            for s in lockstep_plan.segment_memory(ws.preset, runs, launch.gpus, launch.nodes, replicate_teacher)]
 
 
 def rehearse(ws, launch: Launch, residents: list | None = None, replicate_teacher: bool = False,
@@ -185,7 +165,6 @@ def rehearse(ws, launch: Launch, residents: list | None = None, replicate_teache
     post-norm), the costliest stepping (memory.costliest_first; default: one run in grow's last phase, a
     run apart); replicate_teacher: the teacher whole on every GPU; measured: the steps measured so far, by
     what a step's tensors depend on (rehearse_segments)."""
-    from torch._subclasses.fake_tensor import FakeTensorMode
     started, host_s_per_op = time.time(), host_seconds_per_op()  # before any fake mode: real tensors
     preset, on_gpu = ws.preset, device == "cuda"
     settings = config.RunConfig(**{**preset.run, "name": "rehearsal", "protocol": "grow", "norm": "post",
@@ -194,8 +173,9 @@ def rehearse(ws, launch: Launch, residents: list | None = None, replicate_teache
     micro_per_step = settings.global_batch // launch.world // settings.micro_batch
     dtype = devices.DTYPES.get(settings.precision, torch.bfloat16)  # a GPU's precision (auto: bf16)
     residents, norms = memory.costliest_first(preset, residents or [memory.last_phase(preset)], norms)
-    phase, keep_teacher_states = residents[0], len(residents) > 1
-    key = (phase.active_blocks, phase.trainable_blocks, phase.trains_head, norms[0], keep_teacher_states)
+    # the teacher's hidden states of the step's other micro-batches, kept for the other resident runs
+    phase, kept_states = residents[0], (micro_per_step - 1) * (len(residents) > 1)
+    key = (phase.active_blocks, phase.trainable_blocks, phase.trains_head, norms[0], kept_states)
     reused = measured is not None and key in measured
     ctx = rank0(launch, device)
     batches = worst_batches(settings.micro_batch, preset.data["max_len"], micro_per_step, device)
@@ -204,7 +184,7 @@ def rehearse(ws, launch: Launch, residents: list | None = None, replicate_teache
         teacher, students, optimizers = resident_models(preset, settings, ctx, dtype, residents, replicate_teacher,
                                                         device, norms)
         step, peak = measured[key] if reused else measure_step(
-            settings, phase, teacher, students, optimizers, batches, ctx, dtype, on_gpu, keep_teacher_states)
+            settings, phase, teacher, students, optimizers, batches, ctx, dtype, on_gpu, kept_states)
     if measured is not None:
         measured[key] = step, peak
     if dist.is_initialized():
@@ -218,20 +198,19 @@ def rehearse(ws, launch: Launch, residents: list | None = None, replicate_teache
            "student_trainable_parameters": sum(p.numel() for p in grow.trainable_parameters(students[0], phase)),
            "teacher_parameters": sum(p.numel() for p in teacher.net.parameters()),
            "left_gathered": step["left_gathered"], "step_measured_for_an_earlier_segment": reused,
-           **step_costs(settings, preset, launch, step, len(residents), host_s_per_op),
+           **step_costs(settings, preset, launch, micro_per_step, step, len(residents), host_s_per_op),
            "peak_gib": peak_gib(peak, teacher, students, optimizers, on_gpu)}
     return {**out, "wall_s": time.time() - started}
 
 
 def measure_step(settings, phase, teacher, students, optimizers, batches, ctx, dtype, on_gpu: bool,
-                 keep_teacher_states: bool) -> tuple[dict, dict]:
+                 kept_states: int) -> tuple[dict, dict]:
     """lockstep_run_step of the stepping student (the first) under the memory tracker: (the step's counts,
     its peak memory by category in GiB, with the teacher's weights the tracker never saw: UNSEEN)."""
-    micro_per_step = settings.global_batch // ctx.world // settings.micro_batch
     tracker = memory_tracker(students, optimizers, ctx, on_gpu)
     with tracker:
         step = lockstep_run_step(settings, phase, teacher, students[0], optimizers[0], batches, ctx, dtype,
-                                 tracker, keep_teacher_states, micro_per_step)
+                                 tracker, kept_states)
     snapshot = next(iter(tracker.get_tracker_snapshot("peak").values()))
     peak = {getattr(k, "value", k): v / GiB for k, v in snapshot.items() if v}
     if not on_gpu:
@@ -263,11 +242,15 @@ def peak_gib(peak: dict, teacher, students, optimizers, on_gpu: bool) -> dict:
 
 
 def rank0(launch: Launch, device: str) -> devices.Dist:
-    """Rank 0 of the launch: a fake process group of its world size and the launch's mesh (1-D over one
-    node; HSDP's 2-D replicate x shard over several)."""
+    """Rank 0 of the launch: a process group of its world size in this one process (torch's fake backend:
+    collectives return at once) and the launch's mesh (1-D over one node; HSDP's 2-D replicate x shard over
+    several)."""
     if launch.world == 1:
         return devices.Dist(device=torch.device(device))
-    fake_process_group(launch.world)
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+    if dist.is_initialized():
+        dist.destroy_process_group()
+    dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=launch.world)
     return devices.Dist(0, launch.world, torch.device(device), launch.gpus,
                         devices.mesh_for(device, launch.world, launch.gpus))
 
@@ -276,7 +259,6 @@ def worst_batches(documents: int, tokens: int, micro_per_step: int, device: str)
     """The worst step a rank can be given: `documents` a micro-batch, each of the full length (`tokens`).
     Two are run (the first holds the loss with no gradients yet, the last on top of the accumulated ones;
     the collectives and operators of those between equal the first's); no padding, one document a row."""
-    from torch._subclasses.fake_tensor import unset_fake_temporarily
     with unset_fake_temporarily():
         return [data.Batch(input_ids=torch.zeros(documents, tokens, dtype=torch.long, device=device),
                            targets=torch.zeros(documents, tokens, dtype=torch.long, device=device),
@@ -291,7 +273,6 @@ def resident_models(preset, settings, ctx, dtype, residents: list, replicate_tea
     """(teacher, students, optimizers) as a launch builds them (model.py, devices.shard_fn, grow's
     trainable parameters and optimizer), a student in each phase of `residents` (post-norm, or each of
     `norms`): its AdamW moments as after its phase's first step."""
-    from torch._subclasses.fake_tensor import unset_fake_temporarily
     sharding = None if replicate_teacher else devices.shard_fn(ctx, dtype, nets.TEACHER_REPLICATED)
     net = model.qwen3_on_meta(presets.teacher_shape(preset), sharding)
     with unset_fake_temporarily():
@@ -347,11 +328,11 @@ def grown_fsdp_tracker(FSDPMemTracker):
 
 
 def lockstep_run_step(settings, phase, teacher, student, optimizer, batches, ctx, dtype, tracker,
-                      keep_teacher_states: bool, micro_per_step: int) -> dict:
+                      kept_states: int) -> dict:
     """One run's step as grow.lockstep_step takes it: its micro-batches in turn (gradient sync set by
     devices.set_gradient_sync, on for the last), the teacher's hidden states kept for the step where other
-    runs read them (those of the micro-batches not run allocated at their size), devices.clip_gradients,
-    the AdamW step, then an evaluation forward. Collectives and operators counted on the way."""
+    runs read them (kept_states, those of the micro-batches not run, allocated at their size),
+    devices.clip_gradients, the AdamW step, then an evaluation forward; collectives and operators counted."""
     ops, calls, teacher_ops, student_ops, kept = DispatchedOps(), [], [], [], []
     active = phase.active_blocks * settings.layers_per_block
     left = {}
@@ -364,8 +345,8 @@ def lockstep_run_step(settings, phase, teacher, student, optimizer, batches, ctx
                 hidden = teacher.hidden(batch.input_ids)
                 teacher_ops.append(ops.count - start)
                 left["teacher"] = gathered(teacher.net)
-                if keep_teacher_states and i == 0:  # a run after the group's first: every state already kept
-                    kept = [torch.empty_like(hidden) for _ in range(micro_per_step - 1)]
+                if i == 0:  # a run after the group's first: every state already kept
+                    kept = [torch.empty_like(hidden) for _ in range(kept_states)]
                 if hasattr(student, "set_requires_gradient_sync"):  # as grow.Run.accumulate
                     devices.set_gradient_sync(student, i == len(batches) - 1, active)
                 loss, _, _ = nets.loss_fn(settings, batch, hidden, teacher.head_weight, phase,
@@ -392,11 +373,11 @@ def lockstep_run_step(settings, phase, teacher, student, optimizer, batches, ctx
             "student_ops": student_ops, "optimizer_ops": optimizer_ops, "left_gathered": left}
 
 
-def step_costs(settings, preset, launch: Launch, step: dict, resident: int, host_s_per_op: float) -> dict:
+def step_costs(settings, preset, launch: Launch, micro_per_step: int, step: dict, resident: int,
+               host_s_per_op: float) -> dict:
     """A whole step from the micro-batches run: the first one's collectives and operators for each of the
     step's first n - 1, the last one's (with the reduce-scatters), then the optimizer's; communication
     at the stated bandwidths against compute at the stated MFU and against the host's floor."""
-    micro_per_step = settings.global_batch // launch.world // settings.micro_batch
     calls = step["calls"]
     step_calls = calls[0] * (micro_per_step - 1) + calls[-2] + calls[-1]
     per_step = lambda counts: counts[0] * (micro_per_step - 1) + counts[-1]
