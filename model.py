@@ -21,7 +21,7 @@ paper (the interventions) and what a forward records there (the monitor) live in
 """
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable
 
@@ -30,14 +30,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 import torch.utils.checkpoint
 
-from interventions.boundary import (
-    BoundaryInputs,
-    checked_features,
-    checkpoint_entries,
-    checkpoint_entries_problem,
-    mirror_profile,
-    read_checkpoint_entries,
-)
+from interventions.boundary import BoundaryInputs, checked_features, checkpoint_entries_problem, read_checkpoint_entries
 from interventions.monitor import attention_to_first, captured, record_attention, visible_keys
 from interventions.placements import (
     deepnorm_layer,
@@ -175,8 +168,7 @@ PLACEMENTS = {
     "hybrid-star": Placement(hybrid_layer, entry_norm=False, final_norm=True, layer_norms=("mlp_norm",), v_norm=True,
                              first_layer="hybrid-first"),
     "hybrid-first": Placement(pre_norm_layer, entry_norm=False, final_norm=True, v_norm=True),
-    "deepnorm": Placement(deepnorm_layer, entry_norm=True, final_norm=False,
-                          deepnet=True),
+    "deepnorm": Placement(deepnorm_layer, entry_norm=True, final_norm=False, deepnet=True),
 }
 
 
@@ -303,8 +295,7 @@ class Student(BoundaryInputs, nn.Module):
         if blocks < 1 or layers_per_block < 1:
             raise ValueError(f"blocks ({blocks}) and layers_per_block ({layers_per_block}) must be at least 1")
         self.features = checked_features(boundary, features)  # the interventions a student may have
-        self.config = ModelConfig(**{**asdict(config), "num_hidden_layers": blocks * layers_per_block,
-                                     "tie_word_embeddings": False})
+        self.config = replace(config, num_hidden_layers=blocks * layers_per_block, tie_word_embeddings=False)
         self.blocks, self.layers_per_block, self.norm_placement = blocks, layers_per_block, norm
         names = block_norms(norm, blocks)
         self.placements = [placement(n) for n in names]
@@ -324,7 +315,7 @@ class Student(BoundaryInputs, nn.Module):
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         both = self.placements[0].entry_norm and any(p.final_norm for p in self.placements)
         self.entry_norm = RMSNorm(config.hidden_size, config.rms_norm_eps) if both else None
-        self.add_input_modules(blocks, boundary, features, lambda: RMSNorm(config.hidden_size, config.rms_norm_eps))
+        self.add_input_modules(lambda: RMSNorm(config.hidden_size, config.rms_norm_eps))
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         self.checkpoint_layers = False
 
@@ -344,9 +335,7 @@ class Student(BoundaryInputs, nn.Module):
         return [self.norm] + ([self.entry_norm] if self.entry_norm is not None else [])
 
     def entry_module(self) -> nn.Module | None:
-        if not self.placements[0].entry_norm:
-            return None
-        return self.entry_norm if self.entry_norm is not None else self.norm
+        return (self.entry_norm or self.norm) if self.placements[0].entry_norm else None
 
     def final_module(self, active_blocks: int) -> nn.Module | None:
         return self.norm if self.placements[active_blocks - 1].final_norm else None
@@ -378,8 +367,8 @@ class Student(BoundaryInputs, nn.Module):
         "ones" is the paper's init, "teacher" interventions/placements.py's start_outputs_at_teacher_gain."""
         if output_gain not in OUTPUT_GAINS:
             raise ValueError(f"output_gain {output_gain!r} is unknown; choose one of {', '.join(OUTPUT_GAINS)}")
-        student = cls.on_meta(teacher.config, blocks, layers_per_block, norm, dtype, shard_fn, boundary, boundary_scale,
-                              features)
+        build = lambda: cls(teacher.config, blocks, layers_per_block, norm, boundary, boundary_scale, features).to(dtype)
+        student = built_on_meta(build, shard_fn)
         student.to_empty(device=teacher.embed_tokens.weight.device)
         student.init_weights(seed)
         with torch.no_grad():
@@ -397,7 +386,8 @@ class Student(BoundaryInputs, nn.Module):
                      boundary: str = "none", boundary_scale: float = 1.0, features: tuple = ()) -> "Student":
         """No teacher: every weight from `seed` (Qwen3's init: Linear and embedding ~ N(0, std), norms 1),
         the decoder layers exactly as from_teacher draws them; the embedding trains."""
-        student = cls.on_meta(config, blocks, layers_per_block, norm, dtype, shard_fn, boundary, boundary_scale, features)
+        build = lambda: cls(config, blocks, layers_per_block, norm, boundary, boundary_scale, features).to(dtype)
+        student = built_on_meta(build, shard_fn)
         student.to_empty(device=device)
         student.init_weights(seed)
         generator = torch.Generator().manual_seed(seed + 1)  # the layers' own draws stay from_teacher's
@@ -406,12 +396,6 @@ class Student(BoundaryInputs, nn.Module):
                 init_qwen3_weights(module, config.initializer_range, generator)
         student.embed_tokens.weight.requires_grad_(True)
         return student
-
-    @classmethod
-    def on_meta(cls, config, blocks, layers_per_block, norm, dtype, shard_fn, boundary, boundary_scale,
-                features=()) -> "Student":
-        build = lambda: cls(config, blocks, layers_per_block, norm, boundary, boundary_scale, features).to(dtype)
-        return built_on_meta(build, shard_fn)
 
     def forward(self, input_ids, active_blocks: int | None = None, skip_block: int | None = None,
                 output_fn: Callable = logits_output, return_boundaries: bool = False):
@@ -422,7 +406,7 @@ class Student(BoundaryInputs, nn.Module):
         active_blocks = self.blocks if active_blocks is None else active_blocks
         if not 1 <= active_blocks <= self.blocks:
             raise ValueError(f"active_blocks={active_blocks} must be in 1..{self.blocks}")
-        profile = mirror_profile(self.boundary, self.profile_source, input_ids, active_blocks)
+        profile = self.mirror_profile(input_ids, active_blocks)
         h = self.embed_tokens(input_ids)                                         # (B, T, H)
         cos, sin = rope_cos_sin(self.config, input_ids.shape[1], input_ids.device)
         record_attention(self, self.capture_boundaries)
@@ -447,7 +431,7 @@ class Student(BoundaryInputs, nn.Module):
     def checkpoint_config(self) -> dict:
         """config.json of a student checkpoint: the HF fields plus the student's shape."""
         shape = {"blocks": self.blocks, "layers_per_block": self.layers_per_block, "norm": self.norm_placement,
-                 **checkpoint_entries(self.boundary, self.boundary_scale, self.features, self.corrected)}
+                 **self.checkpoint_entries()}
         return {**self.config.to_hf(), "architectures": ["NormgrowStudent"], "normgrow_student": shape}
 
     def save(self, path, state: dict | None = None):

@@ -4,8 +4,9 @@ structural-token norm, and how a student's checkpoint stores which of them it ha
 and plain values, and BoundaryInputs, the part of model.Student that holds the modules they use (a boundary's
 RMSNorm, the correction norm, the structural Scale) and applies them at the input of each block.
 
-    h = intervene(h, "rescale-fwd", scale=1.0)                  # each token at RMS 1; backward the identity
-    h = intervene(h, "dose-boundary", scale=37.0)               # the boundary token at 37x the others' RMS
+    h = student.enter_block(b, h, profile)                      # what block b reads, interventions applied
+    h = rescale(h, 1.0, "identity")                             # each token at RMS 1; backward the identity
+    h = dose(h, 37.0, "dose-boundary")                          # the boundary token at 37x the others' RMS
     h = structural_norm(h, student.structural_scales[b - 1].weight)
 """
 from __future__ import annotations
@@ -48,56 +49,25 @@ def checked_features(boundary: str, features) -> tuple[str, ...]:
     return tuple(f for f in FEATURES if f in features)
 
 
-def intervene(h: torch.Tensor, boundary: str, scale: float, norm: Callable | None = None, target=None) -> torch.Tensor:
-    """The boundary intervention `boundary` on h (B, T, H), the input of a block after the first ("none":
-    h itself). `norm` is that boundary's RMSNorm ("norm"); `target` the reference run's (B, T, 1) RMS
-    there ("mirror-fwd"); `scale` the RMS (the rescales) or the ratio (the doses) of every other one."""
-    if boundary == "none":
-        return h
-    if boundary == "norm":
-        return norm(h)
-    if boundary.startswith("dose-"):
-        return dose(h, scale, boundary)
-    backward = {"rescale-detached": "detached", "rescale-full": "full"}.get(boundary, "identity")
-    return rescale(h, target if boundary == "mirror-fwd" else scale, backward)
-
-
-def mirror_profile(boundary: str, profile_source: Callable | None, input_ids, active_blocks: int) -> dict | None:
-    """mirror-fwd's targets for a forward over `active_blocks` blocks: {block: (B, T, 1) RMS} at each
-    boundary in the reference run, from `profile_source(input_ids, active_blocks)`; None for any other
-    intervention, or with one block (no boundary)."""
-    if boundary != "mirror-fwd" or active_blocks < 2:
-        return None
-    if profile_source is None:
-        raise CheckpointError("a mirror-fwd student needs its reference run's boundary profile "
-                              "(profile_source) to run more than one block")
-    return profile_source(input_ids, active_blocks)
-
-
 class StraightThroughRescale(torch.autograd.Function):
-    """Forward: h scaled per token to RMS `target` (a number, or (B, T, 1)). Backward: the identity,
-    so gradients reach h as if nothing were there (their values still differ from an untouched run's,
-    because everything downstream saw the rescaled stream)."""
+    """Forward: rescale's, h scaled per token to RMS `target` (a number, or (B, T, 1)). Backward: the
+    identity, so gradients reach h as if nothing were there (their values still differ from an untouched
+    run's, because everything downstream saw the rescaled stream)."""
 
     @staticmethod
     def forward(ctx, h, target):
-        rms = h.float().pow(2).mean(-1, keepdim=True).sqrt().clamp_min(1e-12)
-        return (h.float() * (target / rms)).to(h.dtype)
+        return rescale(h, target, "full")  # autograd is off in here: the backward below is the only one
 
     @staticmethod
     def backward(ctx, grad):
         return grad, None
 
 
-def rescale_forward_only(h: torch.Tensor, target) -> torch.Tensor:
-    return StraightThroughRescale.apply(h, target)
-
-
 def rescale(h: torch.Tensor, target, backward: str) -> torch.Tensor:
     """Each token scaled to RMS `target`: backward "identity" (straight-through), "detached" (t / r a
     constant) or "full" (autograd through r as well)."""
     if backward == "identity":
-        return rescale_forward_only(h, target)
+        return StraightThroughRescale.apply(h, target)
     rms = h.float().pow(2).mean(-1, keepdim=True).sqrt().clamp_min(1e-12)
     return (h.float() * (target / (rms.detach() if backward == "detached" else rms))).to(h.dtype)
 
@@ -161,17 +131,18 @@ class Scale(nn.Module):
 
 
 class BoundaryInputs:
-    """The student's side of the block boundaries, mixed into model.Student (an nn.Module with boundary,
-    boundary_scale and corrected): one module per boundary of each kind it has (else None), and what a
-    block after the first reads."""
+    """The student's side of the block boundaries, mixed into model.Student (an nn.Module with blocks, boundary,
+    boundary_scale, features and profile_source): one module per boundary of each kind it has (else None), what
+    a block after the first reads, and the entries of its checkpoint that say which it has."""
 
-    def add_input_modules(self, blocks: int, boundary: str, features, rms_norm: Callable[[], nn.Module]):
+    def add_input_modules(self, rms_norm: Callable[[], nn.Module]):
         """boundary_norms ("norm"), correction_norms and structural_scales (those features), one per block after
         the first, registered in this order; none of the correction norms switched on yet."""
-        self.boundary_norms = nn.ModuleList(rms_norm() for _ in range(blocks - 1)) if boundary == "norm" else None
-        self.correction_norms = nn.ModuleList(rms_norm() for _ in range(blocks - 1)) if "correction" in features else None
+        boundaries = range(self.blocks - 1)
+        self.boundary_norms = nn.ModuleList(rms_norm() for _ in boundaries) if self.boundary == "norm" else None
+        self.correction_norms = nn.ModuleList(rms_norm() for _ in boundaries) if "correction" in self.features else None
         self.corrected: set[int] = set()  # the blocks whose correction norm is on (transitions.py)
-        self.structural_scales = nn.ModuleList(Scale() for _ in range(blocks - 1)) if "structural" in features else None
+        self.structural_scales = nn.ModuleList(Scale() for _ in boundaries) if "structural" in self.features else None
 
     def input_modules(self, b: int) -> list[nn.Module]:
         """The modules at block b's input, which train with it: its boundary norm, structural scale, and
@@ -186,31 +157,47 @@ class BoundaryInputs:
         for norm in [*(self.boundary_norms or []), *(self.correction_norms or []), *(self.structural_scales or [])]:
             norm.weight.fill_(1.0)
 
+    def mirror_profile(self, input_ids, active_blocks: int) -> dict | None:
+        """mirror-fwd's targets for a forward over `active_blocks` blocks: {block: (B, T, 1) RMS} at each
+        boundary in the reference run, from `profile_source(input_ids, active_blocks)`; None for any other
+        intervention, or with one block (no boundary)."""
+        if self.boundary != "mirror-fwd" or active_blocks < 2:
+            return None
+        if self.profile_source is None:
+            raise CheckpointError("a mirror-fwd student needs its reference run's boundary profile "
+                                  "(profile_source) to run more than one block")
+        return self.profile_source(input_ids, active_blocks)
+
     def enter_block(self, b: int, h: torch.Tensor, profile: dict | None) -> torch.Tensor:
         """What block b reads: block 0 the embeddings; a later block the boundary intervention at its input
-        (`profile`: mirror-fwd's targets), then the structural-token norm and the correction norm where
-        the student has them."""
+        (BOUNDARIES' comment; `profile`: mirror-fwd's targets), then the structural-token norm and the
+        correction norm where the student has them."""
         if b == 0:
             return h
-        norm = self.boundary_norms[b - 1] if self.boundary_norms is not None else None
-        h = intervene(h, self.boundary, self.boundary_scale, norm, None if profile is None else profile[b])
+        if self.boundary == "norm":
+            h = self.boundary_norms[b - 1](h)
+        elif self.boundary.startswith("dose-"):
+            h = dose(h, self.boundary_scale, self.boundary)
+        elif self.boundary != "none":
+            backward = {"rescale-detached": "detached", "rescale-full": "full"}.get(self.boundary, "identity")
+            h = rescale(h, profile[b] if self.boundary == "mirror-fwd" else self.boundary_scale, backward)
         if self.structural_scales is not None:
             h = structural_norm(h, self.structural_scales[b - 1].weight)
         return self.correction_norms[b - 1](h) if b in self.corrected else h
 
+    def checkpoint_entries(self) -> dict:
+        """In a student checkpoint's config.json: the normgrow_student entry's boundary, boundary_scale, features
+        and corrected (the blocks whose correction norm is on), each written only where it is not the default."""
+        entries = {}
+        if self.boundary != "none":
+            entries.update(boundary=self.boundary, boundary_scale=self.boundary_scale)
+        if self.features:
+            entries.update(features=list(self.features), corrected=sorted(self.corrected))
+        return entries
+
 
 # ----------------------------------------------------------------------------------------------
-# In a student checkpoint's config.json: the normgrow_student entry's boundary, boundary_scale, features
-# and corrected (the blocks whose correction norm is on), each written only where it is not the default.
-
-def checkpoint_entries(boundary: str, scale: float, features: tuple, corrected: set[int]) -> dict:
-    entries = {}
-    if boundary != "none":
-        entries.update(boundary=boundary, boundary_scale=scale)
-    if features:
-        entries.update(features=list(features), corrected=sorted(corrected))
-    return entries
-
+# A student checkpoint's entries read back (BoundaryInputs.checkpoint_entries writes them).
 
 def read_checkpoint_entries(shape: dict) -> tuple[str, float, tuple, set[int]]:
     """(boundary, boundary_scale, features, corrected) as checkpoint_entries wrote them, defaults where absent."""

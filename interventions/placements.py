@@ -78,6 +78,5 @@ def start_outputs_at_teacher_gain(student, teacher_gain: torch.Tensor):
     appended block brings its own g_T-initialised last norm, so the gain is re-applied at every phase; blocks
     that were trained before keep their trained gains."""
     for b in range(student.blocks):
-        last = student.block_layers(b)[-1]
-        if not student.placements[b].final_norm and hasattr(last, "mlp_norm"):
-            fill_parameter(last.mlp_norm.weight, full_tensor(teacher_gain))
+        if not student.placements[b].final_norm:  # post-norm-like: every such placement ends in mlp_norm
+            fill_parameter(student.block_layers(b)[-1].mlp_norm.weight, full_tensor(teacher_gain))
