@@ -96,15 +96,13 @@ def massive_activation(hidden: torch.Tensor, mask: torch.Tensor) -> dict:
     there are no real tokens or the median is 0."""
     mask = mask.to(hidden.device)
     real = hidden[mask].double().abs()                                           # (N, H)
-    if real.numel() == 0 or real.median().item() == 0:
-        return {"massive_ratio": None, "massive_channel": None, "massive_position": None, "max_abs": None,
-                "median_abs": None}
-    flat = int(real.argmax())
-    token, channel = divmod(flat, real.shape[1])
-    position = int(mask.nonzero()[token, 1])
-    median = real.median().item()
-    return {"massive_ratio": real.max().item() / median, "massive_channel": channel, "massive_position": position,
-            "max_abs": real.max().item(), "median_abs": median}
+    median = real.median().item() if real.numel() else 0.0
+    if median == 0:
+        return dict.fromkeys(("massive_ratio", "massive_channel", "massive_position", "max_abs", "median_abs"))
+    token, channel = divmod(int(real.argmax()), real.shape[1])
+    largest = real.max().item()
+    return {"massive_ratio": largest / median, "massive_channel": channel,
+            "massive_position": int(mask.nonzero()[token, 1]), "max_abs": largest, "median_abs": median}
 
 
 def first_token_attention(attention: list, mask: torch.Tensor) -> list:
@@ -209,43 +207,39 @@ def token_type_rms(boundaries: list[torch.Tensor], mask: torch.Tensor, types: to
 # ----------------------------------------------------------------------------------------------
 # One checkpoint, and the kept checkpoints of a run
 
+def captured_forward(net, input_ids: torch.Tensor, active_blocks: int | None = None) -> dict:
+    """net.captured of one forward of net (a student running blocks 0..active_blocks-1, or a Qwen3, which
+    runs every layer): the stream at each boundary and each layer's first-token attention."""
+    device = next(net.parameters()).device
+    blocks = {} if active_blocks is None else {"active_blocks": active_blocks}
+    net.capture_boundaries = True
+    try:
+        net(input_ids.to(device), output_fn=lambda hidden, head_weight: None, **blocks)
+    finally:
+        net.capture_boundaries = False
+    captured, net.captured = net.captured, None
+    return captured
+
+
 @torch.no_grad()
 def diagnose_checkpoint(student, batch, decode: Callable, active_blocks: int | None = None) -> dict:
     """Boundary statistics, token-type RMS and the raw per-token RMS (for histograms) of one student
     on a fixed batch, running blocks 0..active_blocks-1 (default all; a grow checkpoint of phase p
     has p+1). Returns {"boundary_stats", "token_type_rms", "token_rms": [per boundary, list of floats]}."""
-    device = next(student.parameters()).device
-    student.capture_boundaries = True
-    try:
-        student(batch.input_ids.to(device), active_blocks=active_blocks, output_fn=lambda hidden, head_weight: None)
-    finally:
-        student.capture_boundaries = False
-    boundaries, attention = student.captured["boundaries"], student.captured["first_attention"]
-    student.captured = None
+    captured = captured_forward(student, batch.input_ids, active_blocks)
+    boundaries = captured["boundaries"]
     types = token_types(batch.input_ids, batch.mask, decode)
     return {"boundary_stats": boundary_stats(boundaries, batch.mask),
             "token_type_rms": token_type_rms(boundaries, batch.mask, types),
             "token_rms": [token_rms(h, batch.mask).tolist() for h in boundaries],
-            "first_token_attention": first_token_attention(attention, batch.mask)}
+            "first_token_attention": first_token_attention(captured["first_attention"], batch.mask)}
 
 
-@torch.no_grad()
 def diagnose_teacher(teacher, batch, decode: Callable) -> dict:
     """The same statistics for a plain Qwen3 (a teacher), at every layer's output ("after block b" is
     after layer b here): boundary statistics with the massive activation, token-type RMS and each
     layer's first-token attention per head."""
-    device = next(teacher.parameters()).device
-    teacher.capture_boundaries = True
-    try:
-        teacher(batch.input_ids.to(device), output_fn=lambda hidden, head_weight: None)
-    finally:
-        teacher.capture_boundaries = False
-    boundaries, attention = teacher.captured["boundaries"], teacher.captured["first_attention"]
-    teacher.captured = None
-    types = token_types(batch.input_ids, batch.mask, decode)
-    return {"boundary_stats": boundary_stats(boundaries, batch.mask),
-            "token_type_rms": token_type_rms(boundaries, batch.mask, types),
-            "first_token_attention": first_token_attention(attention, batch.mask)}
+    return {key: value for key, value in diagnose_checkpoint(teacher, batch, decode).items() if key != "token_rms"}
 
 
 # ----------------------------------------------------------------------------------------------
@@ -263,20 +257,15 @@ def layer_scan(net, batch, decode: Callable, sink_attention: float, active_block
     (token_type_rms), and the first-token attention of each head: the share of heads putting a mean of
     at least `sink_attention` on position 0 (an attention sink, Gu et al. 2024) and the largest head's.
     Read with forward hooks on net.layers, so a block of several layers shows each layer's output."""
-    device = next(net.parameters()).device
     outputs = {}
     keep = lambda index, module, args, output: outputs.__setitem__(index, output.detach())
     hooks = [layer.register_forward_hook(partial(keep, i)) for i, layer in enumerate(net.layers)]
-    extra = {} if active_blocks is None else {"active_blocks": active_blocks}
-    net.capture_boundaries = True
     try:
-        net(batch.input_ids.to(device), output_fn=lambda hidden, head_weight: None, **extra)
+        captured = captured_forward(net, batch.input_ids, active_blocks)
     finally:
-        net.capture_boundaries = False
         for hook in hooks:
             hook.remove()
-    attention = first_token_attention(net.captured["first_attention"], batch.mask)
-    net.captured = None
+    attention = first_token_attention(captured["first_attention"], batch.mask)
     types = token_types(batch.input_ids, batch.mask, decode)
     rows = []
     for i in sorted(outputs):

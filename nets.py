@@ -191,27 +191,31 @@ def evaluate(config: RunConfig, net, teacher: Teacher | None, val: data.Shard, a
     over ranks. Without a teacher, CE and PPL of `net` alone (a teacher run, or `repro.py eval`)."""
     net.eval()
     sums = [0.0, 0.0, 0.0, 0.0]  # kl, soft_ce, ce, targets
+    blocks = {"active_blocks": active_blocks} if isinstance(net, model.Student) else {}
     for i, batch in enumerate(data.eval_batches(val, config.eval_batch, ctx.rank, ctx.world, fixed_shapes=config.compile)):
         batch = batch.to(ctx.device)
         with autocast(dtype, ctx):
-            if teacher is None:
-                blocks = {"active_blocks": active_blocks} if isinstance(net, model.Student) else {}
-                s = net(batch.input_ids, **blocks, output_fn=partial(
-                    kd.kd_sums, teacher_hidden=None, teacher_head_weight=None, targets=batch.targets,
-                    mask=batch.mask, chunk_size=config.loss_chunk))
-            else:
-                teacher_hidden = teacher.hidden(batch.input_ids, key=(str(val.path), config.eval_batch, config.compile, i))
-                s = net(batch.input_ids, active_blocks=active_blocks, output_fn=partial(
-                    kd.kd_sums, teacher_hidden=teacher_hidden, teacher_head_weight=teacher.head_weight,
-                    targets=batch.targets, mask=batch.mask, tau=config.tau, chunk_size=config.loss_chunk))
+            # Without a teacher kd_sums gives CE alone (tau is not read then).
+            cache_key = (str(val.path), config.eval_batch, config.compile, i)
+            teacher_hidden, teacher_head_weight = (None, None) if teacher is None else (
+                teacher.hidden(batch.input_ids, key=cache_key), teacher.head_weight)
+            s = net(batch.input_ids, **blocks, output_fn=partial(
+                kd.kd_sums, teacher_hidden=teacher_hidden, teacher_head_weight=teacher_head_weight,
+                targets=batch.targets, mask=batch.mask, tau=config.tau, chunk_size=config.loss_chunk))
         for k, key in enumerate(("kl", "soft_ce", "ce", "n")):
             sums[k] += float(s.get(key, 0.0))
     kl, soft_ce, ce, n = ctx.sum(sums)
-    if hasattr(net, "reshard"):  # FSDP2 keeps a root gathered after its forward: free it until the next step
-        net.reshard()
+    release(net)  # free the gathered root until the next step
     net.train()
     n = max(n, 1.0)
     return {"ce": ce / n, "ppl": perplexity(ce / n), "kd": soft_ce / n, "kl": kl / n, "val_tokens": int(n)}
+
+
+def release(net: torch.nn.Module):
+    """FSDP2 keeps a root gathered after its forward, its unsharded copies standing in for its parameters:
+    reshard before a weight is written, or the write lands in a copy that is then freed."""
+    if hasattr(net, "reshard"):
+        net.reshard()
 
 
 def perplexity(ce: float) -> float:

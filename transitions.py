@@ -27,6 +27,7 @@ import kd
 import model
 from config import Phase, RunConfig
 from interventions.placements import residual_scale
+from nets import release
 from plumbing.devices import on_meta_device
 
 GROWING = ("grow", "freeze")
@@ -62,12 +63,6 @@ def fired(stats: dict, config: RunConfig) -> list[str]:
     limits = {"mean": config.monitor_rms_warn, "kurtosis": config.monitor_kurtosis_warn,
               "boundary_over_others": config.monitor_ratio_warn}
     return [key for key, limit in limits.items() if stats[key] > limit]
-
-
-def auto_placement(config: RunConfig, fires: bool) -> str:
-    """--norm auto's rule for an appended block: post-norm where its reading fires, else pre-norm (block 0
-    and every joint-like run are pre-norm: config.student_norm)."""
-    return "post" if fires else "pre"
 
 
 @torch.no_grad()
@@ -108,7 +103,9 @@ def at_transition(net: model.Student, config: RunConfig, phase: Phase, batches: 
     event.update(reading={k: v if math.isfinite(v) else None for k, v in stats.items()}, fired=fires)  # strict JSON
     keep = {}
     if config.norm == "auto" and config.protocol in GROWING:
-        keep["placement"] = auto_placement(config, bool(fires))
+        # --norm auto's rule for an appended block: post-norm where its reading fires, else pre-norm (block 0
+        # and every joint-like run are pre-norm: config.student_norm)
+        keep["placement"] = "post" if fires else "pre"
     if config.boundary_correction == "norm" and fires:
         keep["corrected"] = True
         # regular tokens keep their scale; the outlier is brought to it
@@ -133,13 +130,6 @@ def at_transition(net: model.Student, config: RunConfig, phase: Phase, batches: 
             net.reinit_block(q, torch.Generator().manual_seed(remedy_seed(config.seed, p, q)))
         event.update(removal_costs={str(q): c for q, c in costs.items()}, reinitialized=weak)
     return {**event, "keep": keep}
-
-
-def release(net: model.Student):
-    """FSDP2 keeps a root gathered after its forward, its unsharded copies standing in for its parameters:
-    reshard before a weight is written, or the write lands in a copy that is then freed."""
-    if hasattr(net, "reshard"):
-        net.reshard()
 
 
 def remedy_seed(seed: int, phase: int, block: int) -> int:
