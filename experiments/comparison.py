@@ -36,18 +36,14 @@ def band(values: list[float]) -> tuple[float, float]:
 
 def measured(target: Path) -> dict[str, float]:
     """{name: value} of what `target` holds: one run, a scale's runs folder, or a results folder."""
-    target = Path(target)
     if (target / "metrics.jsonl").is_file():
         return run_numbers(target)
     if any(target.glob("s*/*/metrics.jsonl")):
         return {f"{d.parent.name}/{k}": v for d in sorted(target.glob("s*/*")) if (d / "metrics.jsonl").is_file()
                 for k, v in run_numbers(d).items()}
-    values = {}
-    for file in sorted(target.glob("*.json")):
-        for key, seeds in read_report(file)[1].items():  # checked as `reference` reads it: one reader for both
-            for i, value in enumerate(seeds):
-                values[f"{file.stem}/{key}/{i}"] = value
-    return values
+    # each report checked as `reference` reads it: one reader for both
+    return {f"{file.stem}/{key}/{i}": value for file in sorted(target.glob("*.json"))
+            for key, seeds in read_report(file)[1].items() for i, value in enumerate(seeds)}
 
 
 def run_numbers(run_dir: Path) -> dict[str, float]:
@@ -106,9 +102,8 @@ def run_folders(target: Path) -> list[Path]:
 def made_at(target: Path) -> list[tuple[Path, str]]:
     """(file, scale) for each report or run under `target` that says which scale made it; a run of overridden
     settings (--set) matches no scale's and says nothing."""
-    runs = run_folders(target)
     said = [(file, rundir.read_json(file).get("scale")) for file in sorted(target.glob("*.json"))]
-    for run in runs:
+    for run in run_folders(target):
         if (run / "config.json").is_file():
             settings = rundir.read_json(run / "config.json")
             said += [(run / "config.json", name) for name, preset in PRESETS.items()  # the seed is the run's own
@@ -137,8 +132,7 @@ def print_comparison(target: Path, scale: str) -> list[dict]:
                       "yes" if r["within"] else "NO")
     suite.console.print(table)
     suite.console.print(f"{len(rows) - len(outside)} of {len(rows)} numbers within the band")
-    runs = run_folders(target)
-    theirs = precisions(rundir.read_json(run / "provenance.json").get("precision") for run in runs
+    theirs = precisions(rundir.read_json(run / "provenance.json").get("precision") for run in run_folders(target)
                         if (run / "provenance.json").is_file())
     if made_in and theirs and theirs != made_in:
         suite.console.print(f"note: the bands come from {made_in} runs and these ran in {theirs}: a band measures the "

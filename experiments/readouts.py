@@ -21,7 +21,7 @@ import model
 import nets
 import rundir
 from experiments.suite import RunName
-from plumbing import corpora, devices, errors
+from plumbing import checkpoint, corpora, devices, errors
 from plumbing.locks import printable
 
 if TYPE_CHECKING:
@@ -61,10 +61,9 @@ def logged_ce_problem(row: dict) -> str:
     of at least 0 and is logged beside its PPL, exp(CE). No upper bound: a phase's starting weights (phase 0's
     random ones too) may score worse than a uniform prediction without a divergence."""
     ce, ppl = row.get("ce"), row.get("ppl")
-    number = lambda value: isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-    if not number(ce):
+    if not checkpoint.finite_number(ce):
         return "not a finite CE"
-    if ce < 0 or not number(ppl) or not math.isclose(ppl, nets.perplexity(ce), rel_tol=1e-9):
+    if ce < 0 or not checkpoint.finite_number(ppl) or not math.isclose(ppl, nets.perplexity(ce), rel_tol=1e-9):
         return f"a CE of {ce!r} with a PPL of {printable(repr(ppl), 40)}, not what an evaluation logs (a CE of at " \
                "least 0, its PPL exp(CE))"
     return ""

@@ -42,12 +42,10 @@ def collect(runs: Path, results: Path, seeds: list[int]) -> dict:
                     curves.setdefault(run_dir.name, {}).setdefault(point, []).append(ce)
                 finals.setdefault(run_dir.name, []).append(rundir.final_eval(run_dir)["ce"])
     # A run finished for only some seeds (an experiment still training) has no band for the others yet.
-    partial = [name for name, values in finals.items() if len(values) < len(seeds)]
-    for name in partial:
-        del finals[name]
-        curves.pop(name, None)
+    finals = {name: values for name, values in finals.items() if len(values) == len(seeds)}
     # Likewise an evaluation point that some seed's run lacks: every value a reference ships is one per seed.
-    curves = {name: {point: v for point, v in points.items() if len(v) == len(seeds)} for name, points in curves.items()}
+    curves = {name: {point: v for point, v in points.items() if len(v) == len(seeds)} for name, points in curves.items()
+              if name in finals}
     # A report over some of the seeds (the regime map runs two by default) ships with its own seeds named,
     # if it has a spread to make bands from: one seed of several would give a band of the tolerance alone.
     table_seeds = {}
@@ -80,19 +78,19 @@ def with_tables(shipped: dict, runs: Path, results: Path, names: list[str]) -> d
     return report.finite(content)
 
 
-# What a reference keeps of each run's provenance.json: the commit that trained it (so when a run ran relative to
-# the rule that governs it can be checked against `git log`), the precision it computed in (a band's) and the
-# machine (AVX2 and AVX-512 round differently; a GPU by its name).
-PROVENANCE_FIELDS = {"run_commits": lambda p: p.get("git_commit"), "run_precisions": lambda p: p.get("precision"),
-                     "run_machines": lambda p: machine_of(p)}
-
-
 def machine_of(provenance: dict) -> str | None:
     """A run's machine as its provenance.json says it: the GPU's name, or the CPU and the instructions torch used."""
     device, cpu = provenance.get("device"), provenance.get("cpu")
     if device and device != "cpu":
         return device
     return f"{cpu} ({provenance['cpu_capability']})" if cpu and provenance.get("cpu_capability") else cpu
+
+
+# What a reference keeps of each run's provenance.json: the commit that trained it (so when a run ran relative to
+# the rule that governs it can be checked against `git log`), the precision it computed in (a band's) and the
+# machine (AVX2 and AVX-512 round differently; a GPU by its name).
+PROVENANCE_FIELDS = {"run_commits": lambda p: p.get("git_commit"), "run_precisions": lambda p: p.get("precision"),
+                     "run_machines": machine_of}
 
 
 def run_provenance(runs: Path, seeds: list[int]) -> dict[str, dict[str, str | None]]:
@@ -108,8 +106,8 @@ def run_provenance(runs: Path, seeds: list[int]) -> dict[str, dict[str, str | No
 def read_report(file: Path) -> tuple[list[int], dict[str, list]]:
     """(its seeds, report_numbers) of a report over seeds, checked as `compare` reads what `reference` writes from
     it; a file that is not a report the kit wrote (notes, nested lists) is one line naming it."""
-    bad = lambda where, problem: UsageError(f"{file}: {where or 'the file'} {problem}; not a report the kit wrote: move "
-                                            f"it out of {file.parent} (`reference` reads every *.json there)")
+    bad = complaint(file, f"not a report the kit wrote: move it out of {file.parent} (`reference` reads every *.json "
+                          "there)")
     content = rundir.read_json(file)
     if not content.get("seeds"):
         return [], {}  # not a report over seeds: never shipped
@@ -141,10 +139,9 @@ def report_numbers(content: dict) -> dict[str, list]:
         for quantity, value in row.items():
             if isinstance(value, dict) and "values" in value:
                 numbers[f"{name}: {quantity}"] = value["values"]
-    for key, value in content.get("numbers", {}).items():
-        numbers[key] = value["values"]
-    for key, value in content.get("delta_grow", {}).items():
-        numbers[f"delta_grow: {key}"] = value["values"]
+    for group, prefix in (("numbers", ""), ("delta_grow", "delta_grow: ")):
+        for key, value in content.get(group, {}).items():
+            numbers[prefix + key] = value["values"]
     return numbers
 
 
@@ -184,11 +181,10 @@ def restore(path: Path) -> str:
             f"reference --scale {path.stem} --seeds ... --force)")
 
 
-class BadReference(UsageError):
-    """A reference's first value that is not where, or of the type, `collect` writes it: named by its JSON path."""
-
-    def __init__(self, path: Path, where: str, problem: str, fix: str = ""):
-        super().__init__(f"{path}: {where or 'the file'} {problem}; {fix or restore(path)}")
+def complaint(path: Path, fix: str):
+    """bad(where, problem): the error for a file's first value that is not where, or of the type, the kit writes
+    it, named by its JSON path (`where`; "" for the whole file), with what to do about it."""
+    return lambda where, problem: UsageError(f"{path}: {where or 'the file'} {problem}; {fix}")
 
 
 REFERENCE_KEYS = {"seeds", "git_commit", "curves", "final_ce", "tables", "table_seeds", "machine", "table_provenance",
@@ -200,7 +196,7 @@ def check_reference(content, path: Path, fix: str = ""):
     """Every value of a reference where `collect` puts it and of the type it writes, each list of per-seed
     values as long as its seeds; the first that is not is a BadReference naming its JSON path (and `fix`: what
     to do, where it is not the shipped file that is at fault)."""
-    bad = lambda where, problem: BadReference(path, where, problem, fix)
+    bad = complaint(path, fix or restore(path))
     expect(content, dict, "", bad)
     for key in ("seeds", "git_commit", "curves", "final_ce", "tables"):
         if key not in content:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Callable
+from typing import Callable
 
 import diag
 import nets
@@ -29,9 +29,6 @@ from experiments.readouts import (
 from experiments.suite import RunName
 from paper import DELTAS, PAPER
 from plumbing import errors
-
-if TYPE_CHECKING:
-    pass
 
 NORMS = ("pre", "post")  # the paper's two placements
 MAIN_RUNS = tuple(RunName(norm, protocol) for protocol in ("joint", "grow") for norm in NORMS)
@@ -137,6 +134,8 @@ def table_a3_numbers(ws, seed):
 
 TABLE4_TITLES = {PRE_GROW: "Pre-Grow", POST_GROW: "Post-Grow", RunName("pre", "joint"): "Pre-Joint",
                  RunName("post", "joint"): "Post-Joint"}
+# Per removed block: (diag.block_removal's key and the paper's, the kit's key, the label)
+TABLE4_METRICS = (("delta_ce", "dce", "ΔCE when removed"), ("angular_distance", "angular", "angular distance / π"))
 
 
 def table4_grid(stats: dict, n_seeds: int) -> list[str]:
@@ -151,19 +150,15 @@ def table4_grid(stats: dict, n_seeds: int) -> list[str]:
     lines = [f"| run | {head} |", "|" + " --- |" * (1 + 2 * blocks)]
     for run, title in TABLE4_TITLES.items():
         cells = [f"{stats[f'{run.name}_{short}_{b}']['mean']:.3f}{paper(run.name, metric, b)}"
-                 for metric, short in (("delta_ce", "dce"), ("angular_distance", "angular")) for b in range(blocks)]
+                 for metric, short, _ in TABLE4_METRICS for b in range(blocks)]
         lines.append(f"| {title} | " + " | ".join(cells) + " |")
     return lines + ["", f"Each cell: kit{' (mean over ' + str(n_seeds) + ' seeds)' if n_seeds > 1 else ''} "
                         "(paper). Every number with its spread:", ""]
 
 
 def table4_numbers(ws, seed):
-    out = {}
-    for run in MAIN_RUNS:
-        for r in block_removal(ws, run, seed):
-            out[f"{run.name}_dce_{r['block']}"] = r["delta_ce"]
-            out[f"{run.name}_angular_{r['block']}"] = r["angular_distance"]
-    return out
+    return {f"{run.name}_{short}_{r['block']}": r[metric] for run in MAIN_RUNS for r in block_removal(ws, run, seed)
+            for metric, short, _ in TABLE4_METRICS}
 
 
 def table_a4_numbers(ws, seed):
@@ -312,9 +307,7 @@ def fig_a1_figures(ws, seed, caption=""):
 def fig_a2_figures(ws, seed, caption=""):
     results = {run.name: block_removal(ws, run, seed) for run in TABLE4_TITLES}
     table = [(f"{title}, block {r['block']}: {label}", r[metric], P["table4"][run.name][metric][r["block"]])
-             for run, title in TABLE4_TITLES.items() for metric, label in (("delta_ce", "ΔCE when removed"),
-                                                                          ("angular_distance", "angular distance / π"))
-             for r in results[run.name]]
+             for run, title in TABLE4_TITLES.items() for metric, _, label in TABLE4_METRICS for r in results[run.name]]
     return {"figA2": figures.figA2_block_removal(results, ws.results / "figA2.png", caption=caption),
             "block_removal": results, "table": table}
 
@@ -323,13 +316,10 @@ P = PAPER
 EXPERIMENTS = {
     "table1": Experiment(
         "Table 1: validation CE under unique-token-matched budgets; delta = post - pre", MAIN_RUNS,
-        [report.Row("pre-norm, joint", "pre_joint", P["table1"]["pre"]["joint"]),
-         report.Row("pre-norm, grow", "pre_grow", P["table1"]["pre"]["grow"]),
-         report.Row("post-norm, joint", "post_joint", P["table1"]["post"]["joint"]),
-         report.Row("post-norm, grow", "post_grow", P["table1"]["post"]["grow"]),
-         report.Row("delta joint", "delta_joint", DELTAS["delta_joint"]),
-         report.Row("delta grow", "delta_grow", DELTAS["delta_grow"], sign=True),
-         report.Row("interaction = delta grow - delta joint", "interaction", DELTAS["interaction"], sign=True)],
+        [report.Row(f"{n}-norm, {p}", f"{n}_{p}", P["table1"][n][p]) for n in NORMS for p in ("joint", "grow")]
+        + [report.Row("delta joint", "delta_joint", DELTAS["delta_joint"]),
+           report.Row("delta grow", "delta_grow", DELTAS["delta_grow"], sign=True),
+           report.Row("interaction = delta grow - delta joint", "interaction", DELTAS["interaction"], sign=True)],
         numbers=table1_numbers, readings=("interaction", "delta_joint", "delta_grow"),
         claims=[("post-norm and pre-norm nearly tie under joint training (|delta joint| < |delta grow|)",
                  lambda m: abs(m["delta_joint"]) < abs(m["delta_grow"]))]),
@@ -357,9 +347,7 @@ EXPERIMENTS = {
          report.Row("Post-Joint-longer (total tokens)", "post-joint-longer", P["table3"]["post-joint-longer"]),
          report.Row("Post-Joint-replay (grow's steps on grow's shard)", "post-joint-replay", None),
          report.Row("Post-Grow (comparison)", "post-grow", P["table3"]["post-grow"]),
-         report.Row("Pre-Joint", "pre-joint", None), report.Row("Pre-Joint-long", "pre-joint-long", None),
-         report.Row("Pre-Joint-longer", "pre-joint-longer", None),
-         report.Row("Pre-Joint-replay", "pre-joint-replay", None), report.Row("Pre-Grow", "pre-grow", None),
+         *(report.Row(f"Pre-{run.protocol.capitalize()}", run.name, None) for run in TABLE3_RUNS if run.norm == "pre"),
          report.Row("post: grow - joint-longer (does growth beat more steps?)", "post_grow_minus_longer",
                     P["table3"]["post-grow"] - P["table3"]["post-joint-longer"], sign=True),
          report.Row("pre: grow - joint-longer", "pre_grow_minus_longer", None),
@@ -388,15 +376,12 @@ EXPERIMENTS = {
     "tableA3": Experiment(
         "Table A3: freeze ablation (validation CE at the end of the last phase)",
         (PRE_GROW, POST_GROW, RunName("pre", "freeze"), RunName("post", "freeze")),
-        [report.Row("pre-norm grow", "pre_grow", P["table_a3"]["pre"]["grow"]),
-         report.Row("pre-norm freeze", "pre_freeze", P["table_a3"]["pre"]["freeze"]),
-         report.Row("post-norm grow", "post_grow", P["table_a3"]["post"]["grow"]),
-         report.Row("post-norm freeze", "post_freeze", P["table_a3"]["post"]["freeze"]),
-         report.Row("delta grow (post - pre)", "delta_grow", DELTAS["delta_grow"], sign=True),
-         report.Row("delta freeze", "delta_freeze", DELTAS["delta_freeze"], sign=True),
-         report.Row("delta freeze - delta grow", "delta_freeze_minus_grow", DELTAS["delta_freeze_minus_grow"]),
-         report.Row("PPL gap grow", "ppl_gap_grow", P["table_a3"]["ppl_gap"]["grow"], 2, sign=True),
-         report.Row("PPL gap freeze", "ppl_gap_freeze", P["table_a3"]["ppl_gap"]["freeze"], 2, sign=True)],
+        [report.Row(f"{n}-norm {p}", f"{n}_{p}", P["table_a3"][n][p]) for n in NORMS for p in ("grow", "freeze")]
+        + [report.Row("delta grow (post - pre)", "delta_grow", DELTAS["delta_grow"], sign=True),
+           report.Row("delta freeze", "delta_freeze", DELTAS["delta_freeze"], sign=True),
+           report.Row("delta freeze - delta grow", "delta_freeze_minus_grow", DELTAS["delta_freeze_minus_grow"]),
+           report.Row("PPL gap grow", "ppl_gap_grow", P["table_a3"]["ppl_gap"]["grow"], 2, sign=True),
+           report.Row("PPL gap freeze", "ppl_gap_freeze", P["table_a3"]["ppl_gap"]["freeze"], 2, sign=True)],
         numbers=table_a3_numbers, readings=("delta_freeze_minus_grow", "delta_freeze"),
         claims=[("freezing earlier blocks leaves the post - pre difference nearly unchanged "
                  "(|delta freeze - delta grow| < |delta grow| / 2)",
@@ -405,9 +390,8 @@ EXPERIMENTS = {
         "Table 4: whole-block removal on the fixed diagnostic batch: dCE = CE(skip) - CE(full); "
         "angular distance = arccos(cos(h_in, h_out)) / pi", MAIN_RUNS,
         [report.Row(f"{title}, block {b}: {label}", f"{run.name}_{short}_{b}", P["table4"][run.name][metric][b], 3)
-         for run, title in TABLE4_TITLES.items() for metric, short, label in (("delta_ce", "dce", "ΔCE when removed"),
-                                                                ("angular_distance", "angular", "angular distance / π"))
-         for b in range(3)], numbers=table4_numbers, layout=lambda stats, n: table4_grid(stats, n),
+         for run, title in TABLE4_TITLES.items() for metric, short, label in TABLE4_METRICS for b in range(3)],
+        numbers=table4_numbers, layout=table4_grid,
         # The paper's Section 5 claims as it states them, its own numbers as the thresholds: removing any
         # post-grow block raises CE by at least 2.38 with angular distances above 0.34; only pre-grow's final
         # block is near an identity; post-joint's block 0 has low removal sensitivity (0.55, against 8.05 to
