@@ -29,6 +29,7 @@ from typing import Iterator
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 
 from plumbing import checkpoint
 from plumbing.errors import DataError
@@ -48,9 +49,8 @@ class Shard:
     def __init__(self, path: str | Path, verify: bool = True):
         self.path = Path(path)
         self.manifest = read_manifest(self.path)
-        n_docs, n_tokens = self.manifest["n_docs"], self.manifest["n_tokens"]
-        self.offsets = _open_array(self.path / OFFSETS_FILE, np.int64, n_docs + 1)
-        self.tokens = _open_array(self.path / TOKENS_FILE, np.uint32, n_tokens)
+        self.offsets = _open_array(self.path / OFFSETS_FILE, np.int64, self.manifest["n_docs"] + 1)
+        self.tokens = _open_array(self.path / TOKENS_FILE, np.uint32, self.manifest["n_tokens"])
         if verify:
             for name in (OFFSETS_FILE, TOKENS_FILE):
                 if checkpoint.sha256(self.path / name) != self.manifest["sha256"][name]:
@@ -90,8 +90,8 @@ def read_manifest(path: Path) -> dict:
         raise DataError(f"{file}: shard format {manifest.get('format')}, this kit reads {SHARD_FORMAT}; "
                         f"rebuild the shard with force=True (--force)")
     # The fields the shard is opened with: counts that size its arrays, the <|endoftext|> id, checksums.
-    counts = [k for k in ("n_docs", "n_tokens", "eot") if not (isinstance(manifest.get(k), int)
-                                                            and not isinstance(manifest.get(k), bool) and manifest[k] >= 0)]
+    # (type() is int: a JSON true is no count)
+    counts = [k for k in ("n_docs", "n_tokens", "eot") if not (type(manifest.get(k)) is int and manifest[k] >= 0)]
     sums = manifest.get("sha256")
     if counts or not (isinstance(sums, dict) and all(isinstance(sums.get(f), str) for f in (TOKENS_FILE, OFFSETS_FILE))):
         field = counts[0] if counts else "sha256"
@@ -181,13 +181,9 @@ def fixed_shape(batch: Batch, shard: Shard, rows: int) -> Batch:
     width = bucket_width(batch.input_ids.shape[1], shard.manifest["max_len"])
 
     def padded(t: torch.Tensor, value) -> torch.Tensor:
-        out = torch.full((rows, width), value, dtype=t.dtype)
-        out[:t.shape[0], :t.shape[1]] = t
-        return out
-    lengths = torch.zeros(rows, dtype=batch.lengths.dtype)
-    lengths[:len(batch.lengths)] = batch.lengths
+        return F.pad(t, (0, width - t.shape[1], 0, rows - t.shape[0]), value=value)
     return Batch(padded(batch.input_ids, shard.eot), padded(batch.targets, shard.eot), padded(batch.mask, False),
-                 lengths, batch.doc_ids, batch.n_targets)
+                 F.pad(batch.lengths, (0, rows - len(batch.lengths))), batch.doc_ids, batch.n_targets)
 
 
 class Batcher:
@@ -210,9 +206,15 @@ class Batcher:
                  replay_docs: int | None = None, rank: int = 0, world_size: int = 1, micro_batch: int | None = None,
                  balance: bool = False, fixed_shapes: bool = False):
         replay_docs = len(shard) if replay_docs is None else replay_docs
-        per_rank = global_batch // max(world_size, 1)
-        micro_batch = per_rank if micro_batch is None else micro_batch
-        _check_batching(mode, global_batch, replay_docs, len(shard), rank, world_size, micro_batch)
+        if mode not in ("replay", "fresh"):
+            raise DataError(f"mode={mode!r}: unknown data mode; use 'replay' or 'fresh'")
+        if world_size < 1 or not 0 <= rank < world_size:
+            raise DataError(f"rank={rank}, world_size={world_size}: need 0 <= rank < world_size")
+        micro_batch = global_batch // world_size if micro_batch is None else micro_batch
+        check_split(global_batch, world_size, micro_batch)
+        if not global_batch <= replay_docs <= len(shard):
+            raise DataError(f"replay_docs={replay_docs}: must be between global_batch={global_batch} and the shard's "
+                            f"{len(shard)} documents; prepare more training documents or lower the batch")
         self.shard, self.global_batch, self.seed, self.mode = shard, global_batch, seed, mode
         self.replay_docs, self.rank, self.world_size, self.micro_batch = replay_docs, rank, world_size, micro_batch
         self.balance, self.fixed_shapes = balance, fixed_shapes
@@ -266,11 +268,10 @@ class Batcher:
         # that stopped within it (the long joint controls start from the joint run's first phase).
         in_shared_epoch = state.get("step", 0) * self.global_batch <= self.replay_docs
         keys = ("seed", "global_batch", "replay_docs") + (() if in_shared_epoch else ("mode",))
-        differing = [k for k in keys if state.get(k) != getattr(self, k)]
-        if differing:
-            k = differing[0]
-            raise DataError(f"batcher state: saved with {k}={state.get(k)!r} but this run has {getattr(self, k)!r}; "
-                            f"resume with the saved data settings")
+        for k in keys:
+            if state.get(k) != getattr(self, k):
+                raise DataError(f"batcher state: saved with {k}={state.get(k)!r} but this run has {getattr(self, k)!r}; "
+                                f"resume with the saved data settings")
         self.step = int(state["step"])
 
 
@@ -310,18 +311,6 @@ def check_split(global_batch: int, world_size: int, micro_batch: int) -> None:
         raise DataError(f"micro_batch={micro_batch}: must divide the {global_batch // world_size} documents per rank "
                         f"(global_batch={global_batch} / world_size={world_size}); pick a divisor (--set "
                         f"run.micro_batch) or change {ranks}")
-
-
-def _check_batching(mode: str, global_batch: int, replay_docs: int, n_docs: int, rank: int, world_size: int,
-                    micro_batch: int) -> None:
-    if mode not in ("replay", "fresh"):
-        raise DataError(f"mode={mode!r}: unknown data mode; use 'replay' or 'fresh'")
-    if world_size < 1 or not 0 <= rank < world_size:
-        raise DataError(f"rank={rank}, world_size={world_size}: need 0 <= rank < world_size")
-    check_split(global_batch, world_size, micro_batch)
-    if not global_batch <= replay_docs <= n_docs:
-        raise DataError(f"replay_docs={replay_docs}: must be between global_batch={global_batch} and the shard's "
-                        f"{n_docs} documents; prepare more training documents or lower the batch")
 
 
 def diagnostic_batch(shard: Shard, docs: int, max_inputs: int, seed: int) -> Batch:

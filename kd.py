@@ -99,12 +99,10 @@ def _chunk_loop(h_S, W_S, h_T, W_T, y, *, alpha, gamma, tau, chunk_size, grad_h=
     # Accumulate dW in fp32 (or fp64) across chunks even for a bf16 head, and cast once at the end.
     math_dtype = torch.promote_types(W_S.dtype, torch.float32)
     dW = torch.zeros(W_S.shape, dtype=math_dtype, device=W_S.device) if grad_W else None
-    if n == 0:
-        return sums, dh, _cast(dW, W_S.dtype)
 
     # Logit buffers allocated once and reused: fresh [chunk x V] allocations per chunk would cost
     # page faults (CPU) or allocator churn, and two at a time are all the memory this loss needs.
-    chunk_size = min(chunk_size, n)
+    chunk_size = max(1, min(chunk_size, n))  # no tokens: one unused row, and the loop below never runs
     z_S_buf = _logit_buffer(chunk_size, vocab, h_S)
     z_T_buf = None if h_T is None else _logit_buffer(chunk_size, vocab, h_T)
     rows_per_block = max(1, ROW_BLOCK_ELEMENTS.get(h_S.device.type, 2**28) // vocab)
@@ -119,11 +117,9 @@ def _chunk_loop(h_S, W_S, h_T, W_T, y, *, alpha, gamma, tau, chunk_size, grad_h=
             ce, kl, soft_ce, grad = _token_terms(
                 _upcast(z_S[block]), None if z_T is None else _upcast(z_T[block]), y[chunk][block],
                 alpha=alpha, gamma=gamma, tau=tau, want_grad=grad_h or grad_W, want_soft_ce=want_soft_ce)
-            sums[2] += ce.sum(dtype=torch.float64)
-            if kl is not None:
-                sums[0] += kl.sum(dtype=torch.float64)
-            if soft_ce is not None:
-                sums[1] += soft_ce.sum(dtype=torch.float64)
+            for i, term in enumerate((kl, soft_ce, ce)):
+                if term is not None:
+                    sums[i] += term.sum(dtype=torch.float64)
             if grad is not None:
                 z_S[block] = grad                    # the buffer now holds dL/dz_S (cast to its dtype)
         if grad_h:
@@ -133,7 +129,7 @@ def _chunk_loop(h_S, W_S, h_T, W_T, y, *, alpha, gamma, tau, chunk_size, grad_h=
                 dW.addmm_(z_S.T, h_S[chunk])         # in place: no (V, H) temporary
             else:
                 dW += z_S.T @ h_S[chunk]             # bf16 product, fp32 accumulation
-    return sums, dh, _cast(dW, W_S.dtype)
+    return sums, dh, None if dW is None else dW.to(W_S.dtype)
 
 
 def _logit_buffer(rows, vocab, like):
@@ -145,10 +141,6 @@ def _logit_buffer(rows, vocab, like):
 def _upcast(z):
     """Softmax math in fp32 at least, whatever the matmul dtype (fp64 stays fp64)."""
     return z.to(torch.promote_types(z.dtype, torch.float32))
-
-
-def _cast(t, dtype):
-    return None if t is None else t.to(dtype)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -172,12 +164,7 @@ class _ChunkedLoss(torch.autograd.Function):
     @staticmethod
     @once_differentiable  # the stored gradients are constants: a second derivative would be silently wrong
     def backward(ctx, grad_loss, _grad_kd_term, _grad_ce_term):
-        dh, dW = ctx.saved_tensors
-        return (_scaled(dh, grad_loss), _scaled(dW, grad_loss)) + (None,) * 8
-
-
-def _scaled(t, factor):
-    return None if t is None else t * factor
+        return tuple(None if grad is None else grad * grad_loss for grad in ctx.saved_tensors) + (None,) * 8
 
 
 def _terms(sums, alpha, gamma, scale, dtype):
@@ -199,15 +186,22 @@ def kd_loss(student_hidden, student_head_weight, teacher_hidden, teacher_head_we
     real target. denominator: how many real targets the mean is over (default mask.sum(); pass the
     global batch's count under accumulation or data parallelism). Returns (loss, kd_term, ce_term):
     kd_term is the mean of tau^2 * KL (without alpha), ce_term the mean hard CE, both detached."""
-    return _loss(student_hidden, student_head_weight, teacher_hidden, teacher_head_weight, targets, mask,
-                 alpha=alpha, gamma=gamma, tau=tau, chunk_size=chunk_size, denominator=denominator)
+    h_S, W_S, h_T, W_T, y = _real_tokens(student_hidden, student_head_weight, teacher_hidden, teacher_head_weight,
+                                         targets, mask)
+    denominator = len(y) if denominator is None else float(denominator)
+    scale = 1.0 / denominator if denominator > 0 else 0.0
+    if torch.is_grad_enabled() and (h_S.requires_grad or W_S.requires_grad):
+        return _ChunkedLoss.apply(h_S, W_S, h_T, W_T, y, alpha, gamma, tau, chunk_size, scale)
+    sums, _, _ = _chunk_loop(h_S, W_S, h_T, W_T, y, alpha=alpha, gamma=gamma, tau=tau,
+                             chunk_size=chunk_size)
+    return _terms(sums, alpha, gamma, scale, _upcast(h_S).dtype)
 
 
 def ce_loss(hidden, head_weight, targets, mask, chunk_size=DEFAULT_CHUNK_SIZE, denominator=None):
     """Plain next-token CE, averaged over real targets, chunked the same way (no teacher logits).
     Returns (loss, ce_term); ce_term is the detached value of loss."""
-    loss, _, ce_term = _loss(hidden, head_weight, None, None, targets, mask, alpha=0.0, gamma=1.0,
-                             tau=1.0, chunk_size=chunk_size, denominator=denominator)
+    loss, _, ce_term = kd_loss(hidden, head_weight, None, None, targets, mask, alpha=0.0, gamma=1.0,
+                               tau=1.0, chunk_size=chunk_size, denominator=denominator)
     return loss, ce_term
 
 
@@ -224,17 +218,6 @@ def kd_sums(student_hidden, student_head_weight, teacher_hidden, teacher_head_we
     out = {"kl": sums[0], "soft_ce": sums[1], "ce": sums[2]} if h_T is not None else {"ce": sums[2]}
     out["n"] = torch.tensor(float(len(y)), dtype=torch.float64, device=sums.device)
     return out
-
-
-def _loss(h_S, W_S, h_T, W_T, targets, mask, *, alpha, gamma, tau, chunk_size, denominator):
-    h_S, W_S, h_T, W_T, y = _real_tokens(h_S, W_S, h_T, W_T, targets, mask)
-    denominator = len(y) if denominator is None else float(denominator)
-    scale = 1.0 / denominator if denominator > 0 else 0.0
-    if torch.is_grad_enabled() and (h_S.requires_grad or W_S.requires_grad):
-        return _ChunkedLoss.apply(h_S, W_S, h_T, W_T, y, alpha, gamma, tau, chunk_size, scale)
-    sums, _, _ = _chunk_loop(h_S, W_S, h_T, W_T, y, alpha=alpha, gamma=gamma, tau=tau,
-                             chunk_size=chunk_size)
-    return _terms(sums, alpha, gamma, scale, _upcast(h_S).dtype)
 
 
 def _real_tokens(h_S, W_S, h_T, W_T, targets, mask):

@@ -16,7 +16,7 @@ RUN = dict(  # Table A1 and the setup (Sections 3-4, Appendix C), as RunConfig f
 MONITOR_WARN = {"rms": 20.0, "kurtosis": 1000.0}
 
 
-PHASE_STEPS = 50_000  # the paper's steps per phase; windows stated in paper steps scale from it
+PHASE_STEPS = RUN["phase_steps"]  # the paper's steps per phase; windows stated in paper steps scale from it
 
 PAPER = {
     "table1": {"pre": {"joint": 2.7603, "grow": 2.7658}, "post": {"joint": 2.7607, "grow": 2.7330}},

@@ -15,10 +15,8 @@ HF_HUB_OFFLINE=1 uses the local hub cache only):
     train, val = prepare_shards.prepare("fineweb-edu", "data_cache/full", enc, max_len=8192,
                                         n_train_docs=9_600_000, n_val_docs=4833, seed=0, cache_dir=None)
 
-A document is `[eot] + tokens(text) + [eot]`, cut to max_len + 1 tokens (data.py's docstring says what the
-kit relies on). A shard is written in a hidden temporary sibling directory, its manifest last, then renamed
-into place, so a directory at a shard's path with a manifest is always complete. Bad input raises DataError,
-whose one-line message names the file or option, what is wrong and what to do.
+A document is `[eot] + tokens(text) + [eot]`, cut to max_len + 1 tokens. data.py says what the kit relies on
+(bad input: a one-line DataError) and how a shard is laid out and written (always complete once it has a manifest).
 """
 
 import hashlib
@@ -93,33 +91,30 @@ def _reusable(path: Path, inputs: dict, force: bool) -> bool:
         return False
     if not path.is_dir():
         raise DataError(f"{path}: exists and is not a shard directory; move it away or choose another output dir")
-    if not (path / MANIFEST_FILE).exists():
-        if force:
-            return False
-        raise DataError(f"{path}: exists but is not a finished shard (no {MANIFEST_FILE}); move it away "
-                        f"or pass force=True (--force) to replace it")
     try:
+        if not (path / MANIFEST_FILE).exists():
+            raise DataError(f"{path}: exists but is not a finished shard (no {MANIFEST_FILE}); move it away "
+                            f"or pass force=True (--force) to replace it")
         manifest = read_manifest(path)
+        expected = json.loads(json.dumps(inputs))  # as a manifest holds them (tuples as lists)
+        differing = [k for k in INPUT_KEYS if manifest.get(k) != expected[k]]
+        was, now = manifest.get("corpus"), expected["corpus"]
+        if differing == ["corpus"] and isinstance(was, dict) and {**was, "sha256": None} == {**now, "sha256": None}:
+            # the same file (or folder) with other content: the user edited their corpus
+            raise DataError(f"{path}: built from another corpus: {now.get('path')} was edited since (sha256 "
+                            f"{str(was.get('sha256'))[:12]}..., now {str(now.get('sha256'))[:12]}...); restore it, or "
+                            "rerun with --force to rebuild the shards from it as it is now (a teacher and runs trained "
+                            "on the old text are not retrained: --force names them, to be moved away)")
+        if differing:
+            first = differing[0]
+            raise DataError(f"{path}: existing shard was built with another {', '.join(differing)} "
+                            f"({first}: {json.dumps(manifest.get(first))} != {json.dumps(inputs[first])}); "
+                            f"pass force=True (--force) to rebuild it or choose another output directory")
     except DataError:
         if force:
             return False
         raise
-    differing = [k for k in INPUT_KEYS if manifest.get(k) != json.loads(json.dumps(inputs[k]))]
-    if not differing:
-        return True
-    if force:
-        return False
-    first = differing[0]
-    was, now = manifest.get("corpus"), json.loads(json.dumps(inputs["corpus"]))
-    if differing == ["corpus"] and isinstance(was, dict) and {**was, "sha256": None} == {**now, "sha256": None}:
-        # the same file (or folder) with other content: the user edited their corpus
-        raise DataError(f"{path}: built from another corpus: {now.get('path')} was edited since (sha256 "
-                        f"{str(was.get('sha256'))[:12]}..., now {str(now.get('sha256'))[:12]}...); restore it, or rerun "
-                        "with --force to rebuild the shards from it as it is now (a teacher and runs trained on the old "
-                        "text are not retrained: --force names them, to be moved away)")
-    raise DataError(f"{path}: existing shard was built with another {', '.join(differing)} "
-                    f"({first}: {json.dumps(manifest.get(first))} != {json.dumps(inputs[first])}); "
-                    f"pass force=True (--force) to rebuild it or choose another output directory")
+    return True
 
 
 def _exactly(documents: Iterator[str], n: int | None, what: str) -> Iterator[str]:
