@@ -31,25 +31,7 @@ try:  # started outside the kit's virtualenv (`python3 repro.py`): how to instal
     import model
     from experiments import presets, registry, studies, suite, tables, training
     from plumbing import devices, errors, paths
-    from tools import checkpoints, plan, preflight
-    from tools.cli_options import (
-        check_norm,
-        chosen_experiments,
-        chosen_seeds,
-        dry_run_options,
-        experiment_options,
-        finite,
-        force_option,
-        overrides_option,
-        parse_seeds,
-        records_option,
-        results_option,
-        runs_option,
-        scale_option,
-        seeded_workspace,
-        seeds_option,
-        set_option,
-    )
+    from tools import checkpoints, cli_options, preflight
 except ModuleNotFoundError as e:
     sys.exit(f"Error: {e.name.partition('.')[0]} is not installed; run `make install`, then `.venv/bin/python repro.py ...`")
 
@@ -130,20 +112,18 @@ cli = Repro("cli", context_settings={"help_option_names": ["-h", "--help"]},
 
 @cli.command("run")
 @click.argument("wanted", metavar="EXPERIMENTS", nargs=-1)
-@scale_option
-@seeds_option("Comma-separated seeds, e.g. 42,43,44: every needed run per seed, mean ± std and a 95% "
-              "interval per number. Default: the paper's seed (42).")
-@records_option
-@experiment_options
-def run_experiments(wanted, scale, seeds, records_dir, dry_run, gpu, gpus, nodes, overrides, compile_flag, device, tracker,
-                    no_wait, lockstep, force, runs_dir, results_dir):
+@cli_options.scale_option
+@cli_options.seeds_option("Comma-separated seeds, e.g. 42,43,44: every needed run per seed, mean ± std and a 95% "
+                          "interval per number. Default: the paper's seed (42).")
+@cli_options.records_option
+@cli_options.experiment_options
+def run_experiments(wanted, scale, seeds, records_dir, dry_run, gpu, gpus, nodes, force, **options):
     """Run EXPERIMENTS (default: all) at a scale and write results/<scale>/<experiment>.md/.json/.png."""
-    names, runs = chosen_experiments(wanted)
-    ws, seeds = seeded_workspace(scale, seeds, None, runs_dir, results_dir, dry_run, overrides, compile_flag, device,
-                                 tracker, lockstep, no_wait)
+    names, runs = cli_options.chosen_experiments(wanted)
+    ws, seeds = cli_options.seeded_workspace(scale, seeds, None, dry_run, **options)
     ws = studies.attach(ws, records_dir, dry_run)
     if dry_run:
-        preflight.print_dry_run(scale, [("", ws, plan.planned_runs(ws, runs, seeds[0]))], seeds, gpu, gpus, nodes)
+        preflight.print_dry_run(scale, [preflight.planned(ws, runs, seeds[0])], seeds, gpu, gpus, nodes)
         preflight.print_suite_records(ws, names, runs, seeds)
         return
     ws.results.mkdir(parents=True, exist_ok=True)
@@ -154,20 +134,18 @@ def run_experiments(wanted, scale, seeds, records_dir, dry_run, gpu, gpus, nodes
 
 
 @cli.command()
-@scale_option
-@seeds_option("Comma-separated seeds. Default: 42,43 at toy scale, 42 elsewhere.")
+@cli_options.scale_option
+@cli_options.seeds_option("Comma-separated seeds. Default: 42,43 at toy scale, 42 elsewhere.")
 @click.option("--grid", "grid_text", default=None, metavar="SPEC",
               help='Points to run, e.g. "budget=0.25,0.5,1,2;lr=0.5,1,2;gain=ones,teacher" (multipliers of the '
                    "preset's steps per phase and LR; post-norm output-gain init). Default: the scale's grid.")
-@experiment_options
-def regime(scale, seeds, grid_text, dry_run, gpu, gpus, nodes, overrides, compile_flag, device, tracker, no_wait,
-           lockstep, force, runs_dir, results_dir):
+@cli_options.experiment_options
+def regime(scale, seeds, grid_text, dry_run, gpu, gpus, nodes, force, **options):
     """The regime map: delta joint, delta grow and the interaction over a grid of step budgets, peak
     LRs and post-norm output-gain inits (results/<scale>/regime.md/.json/.png). Not part of `all`."""
     from experiments import regime as regime_map
     grid = regime_map.parse_grid(grid_text) if grid_text else regime_map.GRIDS[scale]
-    ws, seeds = seeded_workspace(scale, seeds, presets.DEFAULT_SEEDS["regime"][scale], runs_dir, results_dir, dry_run,
-                                 overrides, compile_flag, device, tracker, lockstep, no_wait)
+    ws, seeds = cli_options.seeded_workspace(scale, seeds, presets.DEFAULT_SEEDS["regime"][scale], dry_run, **options)
     if dry_run:
         preflight.print_dry_run(scale, preflight.regime_groups(ws, grid, seeds[0]), seeds, gpu, gpus, nodes,
                                 "; every point's four runs, an upper bound: a point whose pre-norm runs are the "
@@ -179,27 +157,26 @@ def regime(scale, seeds, grid_text, dry_run, gpu, gpus, nodes, overrides, compil
 
 
 @cli.command()
-@scale_option
+@cli_options.scale_option
 @click.option("--seed", type=click.IntRange(0, 2**63 - 1), default=None, help="The pilot seed (default: the preset's, 42).")
 @click.option("--ladder", type=click.Choice(list(presets.LADDERS)), default=None,
               help="The ladder to climb (default: the scale's own; `second`: the second search at toy scale).")
 @click.option("--rung", "rungs", multiple=True, help="Rung 0, then this rung (repeatable), past the stopping rule.")
-@records_option
-@dry_run_options
-@overrides_option
-@force_option
-@runs_option
-@results_option
-def search(scale, seed, ladder, rungs, records_dir, dry_run, gpu, gpus, nodes, overrides, compile_flag, device, tracker,
-           no_wait, force, runs_dir, results_dir):
+@cli_options.records_option
+@cli_options.dry_run_options
+@cli_options.overrides_option
+@cli_options.force_option
+@cli_options.runs_option
+@cli_options.results_option
+def search(scale, seed, ladder, rungs, records_dir, dry_run, gpu, gpus, nodes, overrides, no_wait, force, **settings):
     """The miniature search: a ladder of presets (presets.LADDERS), pre-norm grow only, until the mechanism's criterion
     holds or a rung would cost more than its budget (results/<scale>/search[-<ladder>][-chosen].md/.json)."""
     from experiments.search import run_search
     ladder = presets.ladder_for(scale, ladder, rungs)
-    ws = studies.attach(suite.workspace(scale, runs_dir, results_dir, dry_run, compile_flag=compile_flag, device=device,
-                                        tracker=tracker, wait=not no_wait), records_dir, dry_run)
+    ws = studies.attach(suite.workspace(scale, dry_run=dry_run, wait=not no_wait, **settings), records_dir, dry_run)
     overrides = presets.parse_overrides(presets.PRESETS[scale], overrides)  # the user's: each rung applies them last
-    seed = chosen_seeds(overrides, None if seed is None else [seed], [presets.PRESETS[scale].run["seed"]], "--seed")[0]
+    seed = cli_options.chosen_seeds(overrides, None if seed is None else [seed], [presets.PRESETS[scale].run["seed"]],
+                                    "--seed")[0]
     if dry_run:
         return preflight.print_search(ws, ladder, overrides, seed, gpu, gpus, nodes)
     run_search(ws, seed, force, overrides, ladder, rungs)
@@ -207,11 +184,11 @@ def search(scale, seed, ladder, rungs, records_dir, dry_run, gpu, gpus, nodes, o
 
 
 @cli.command()
-@scale_option
+@cli_options.scale_option
 @click.argument("paths", metavar="CHECKPOINTS", nargs=-1, type=click.Path(path_type=Path))
-@set_option
-@runs_option
-@results_option
+@cli_options.set_option
+@cli_options.runs_option
+@cli_options.results_option
 def scan(scale, paths, overrides, runs_dir, results_dir):
     """The layer-by-layer scan: massive activations (max/median |activation|) and sink heads at every layer of the scale's
     teacher (--set: that workspace's) and each student CHECKPOINT given, on the diagnostic batch (results/<scale>/scan.*)."""
@@ -225,15 +202,14 @@ def study_command(name: str, study: registry.Study):
     """`repro.py <name>` for an experiment of experiments/registry.py (not part of `all`); its help is its run's
     docstring."""
     @cli.command(name, help=study.run.__doc__)
-    @scale_option
-    @seeds_option("Comma-separated seeds. Default: 42,43,44 at toy scale (the causal test's: 42-49), 42 elsewhere.")
-    @records_option
-    @experiment_options
-    def command(scale, seeds, records_dir, dry_run, gpu, gpus, nodes, overrides, compile_flag, device, tracker, no_wait,
-                lockstep, force, runs_dir, results_dir):
-        ws, seeds = seeded_workspace(scale, seeds, presets.DEFAULT_SEEDS.get(name, presets.DEFAULT_SEEDS["beyond"])[scale],
-                                     runs_dir, results_dir,
-                                     dry_run, overrides, compile_flag, device, tracker, lockstep, no_wait)
+    @cli_options.scale_option
+    @cli_options.seeds_option("Comma-separated seeds. Default: 42,43,44 at toy scale (the causal test's: 42-49), 42 "
+                              "elsewhere.")
+    @cli_options.records_option
+    @cli_options.experiment_options
+    def command(scale, seeds, records_dir, dry_run, gpu, gpus, nodes, force, **options):
+        default_seeds = presets.DEFAULT_SEEDS.get(name, presets.DEFAULT_SEEDS["beyond"])[scale]
+        ws, seeds = cli_options.seeded_workspace(scale, seeds, default_seeds, dry_run, **options)
         ws = studies.attach(ws, records_dir, dry_run)
         if dry_run:
             flops = preflight.print_dry_run(scale, preflight.study_groups(study, ws, seeds[0]), seeds, gpu, gpus, nodes)
@@ -252,25 +228,24 @@ for study_name, declared in registry.STUDIES.items():
 # One run, the teacher, the data
 
 @cli.command()
-@scale_option
-@click.option("--norm", required=True, callback=lambda c, p, v: check_norm(v),
+@cli_options.scale_option
+@click.option("--norm", required=True, callback=lambda c, p, v: cli_options.check_norm(v),
               help=f"Norm placement ({', '.join(model.PLACEMENTS)}), or one per block: pre,post,post; or auto (pre-norm, "
                    "each appended block post-norm where the boundary it reads drifts: transitions.py).")
 @click.option("--protocol", type=click.Choice(suite.RUN_PROTOCOLS), required=True,
               help="joint, grow, freeze, or the joint controls (Table 3; joint-replay: grow's steps on grow's shard).")
 @click.option("--seed", type=click.IntRange(0, 2**63 - 1), default=None, help="Default: the preset's (42).")
-@dry_run_options
-@overrides_option
-@force_option
-@runs_option
-def train(scale, norm, protocol, seed, dry_run, gpu, gpus, nodes, overrides, compile_flag, device, tracker, no_wait,
-          force, runs_dir):
+@cli_options.dry_run_options
+@cli_options.overrides_option
+@cli_options.force_option
+@cli_options.runs_option
+def train(scale, norm, protocol, seed, dry_run, gpu, gpus, nodes, overrides, no_wait, force, **settings):
     """Train one named run (and any run whose phases it shares), e.g. --norm post --protocol grow."""
     overrides = presets.parse_overrides(presets.PRESETS[scale], overrides)
-    seed = chosen_seeds(overrides, None if seed is None else [seed], [presets.PRESETS[scale].run["seed"]], "--seed")[0]
-    ws = suite.workspace(scale, runs_dir, dry_run=dry_run, overrides=overrides, compile_flag=compile_flag,
-                         device=device, tracker=tracker, wait=not no_wait)
-    check_norm(norm, ws.preset.run["blocks"])
+    seed = cli_options.chosen_seeds(overrides, None if seed is None else [seed], [presets.PRESETS[scale].run["seed"]],
+                                    "--seed")[0]
+    ws = suite.workspace(scale, dry_run=dry_run, overrides=overrides, wait=not no_wait, **settings)
+    cli_options.check_norm(norm, ws.preset.run["blocks"])
     run = suite.RunName(norm, protocol)
     if dry_run:
         preflight.print_dry_run(scale, [preflight.planned(ws, [run], seed)], [seed], gpu, gpus, nodes)
@@ -279,25 +254,25 @@ def train(scale, norm, protocol, seed, dry_run, gpu, gpus, nodes, overrides, com
 
 
 @cli.command()
-@scale_option
+@cli_options.scale_option
 @click.option("--rebuild", is_flag=True, help="Train the shipped teacher again, beside it, and say if it is bit-identical.")
 @click.option("--ship", metavar="NAME", callback=preflight.check_ship_name,
               help="Then copy it into this repository: teachers/NAME, its shards recorded.")
-@overrides_option
-@force_option
-@runs_option
-def teacher(scale, rebuild, ship, overrides, compile_flag, device, tracker, no_wait, force, runs_dir):
+@cli_options.overrides_option
+@cli_options.force_option
+@cli_options.runs_option
+def teacher(scale, rebuild, ship, overrides, no_wait, force, **settings):
     """Pretrain the kit's own teacher for a scale and print its validation CE (a shipped one is installed)."""
-    ws = suite.workspace(scale, runs_dir, overrides=presets.parse_overrides(presets.PRESETS[scale], overrides),
-                         compile_flag=compile_flag, device=device, tracker=tracker, wait=not no_wait)
+    overrides = presets.parse_overrides(presets.PRESETS[scale], overrides)
+    ws = suite.workspace(scale, overrides=overrides, wait=not no_wait, **settings)
     say(ws, preflight.pretrain_teacher(ws, rebuild, force, ship))
 
 
 @cli.command("prepare")
-@scale_option
-@overrides_option
-@force_option
-@runs_option
+@cli_options.scale_option
+@cli_options.overrides_option
+@cli_options.force_option
+@cli_options.runs_option
 def prepare_inputs(scale, overrides, compile_flag, device, tracker, no_wait, force, runs_dir):
     """A scale's data and teacher, before any GPU: tokenize the corpus into shards and download the hub
     teacher (or train the kit's own). Run it on a login node before torchrun, so that no rank waits."""
@@ -311,10 +286,10 @@ def prepare_inputs(scale, overrides, compile_flag, device, tracker, no_wait, for
 
 
 @cli.command("data")
-@scale_option
-@set_option
-@force_option
-@runs_option
+@cli_options.scale_option
+@cli_options.set_option
+@cli_options.force_option
+@cli_options.runs_option
 def prepare(scale, overrides, force, runs_dir):
     """Tokenize a scale's corpus into shards (reused when unchanged) and summarise them; with --set
     data.*, the shards those settings make, where the runs with them would read them."""
@@ -323,7 +298,7 @@ def prepare(scale, overrides, force, runs_dir):
 
 
 @cli.command()
-@scale_option
+@cli_options.scale_option
 def ratios(scale):
     """The scale's dimensionless ratios beside the paper's, as a Markdown table (README, "The toy preset")."""
     click.echo("\n".join(presets.ratios_markdown(presets.PRESETS[scale])))
@@ -339,7 +314,7 @@ def ratios(scale):
 @click.option("--data", "data_dir", type=click.Path(path_type=Path), default=None,
               help="A validation shard folder (default: the scale's, runs/<scale>/data/val).")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
-@runs_option
+@cli_options.runs_option
 def evaluate(checkpoint, scale, data_dir, as_json, runs_dir):
     """CE and PPL of any teacher (HF Qwen3) or student checkpoint on a validation shard."""
     result = checkpoints.evaluate(checkpoint, scale, data_dir, runs_dir)
@@ -357,11 +332,11 @@ def evaluate(checkpoint, scale, data_dir, as_json, runs_dir):
               "trained on (data.max_len) less the prompt's tokens. Default: 64, or that if fewer.")
 @click.option("--temperature", type=click.FloatRange(0), default=0.0, show_default=True,
               help="0: greedy; any finite value above (with --top-k 1: greedy too).",
-              callback=lambda c, p, v: finite(v, "--temperature"))
+              callback=lambda c, p, v: cli_options.finite(v, "--temperature"))
 @click.option("--top-k", type=click.IntRange(0), default=0, show_default=True,
               help="0: every token; at most the checkpoint's vocabulary.")
 @click.option("--seed", type=click.IntRange(0, 2**63 - 1), default=0, show_default=True)
-@runs_option
+@cli_options.runs_option
 def sample_text(checkpoint, prompt, max_new_tokens, temperature, top_k, seed, runs_dir):
     """Continue a prompt with any teacher, student (pre or post) or exported checkpoint, with a KV cache."""
     from tools import sample
@@ -372,7 +347,7 @@ def sample_text(checkpoint, prompt, max_new_tokens, temperature, top_k, seed, ru
 @click.argument("student_dir", type=click.Path(path_type=Path))
 @click.argument("out_dir", type=click.Path(path_type=Path))
 @click.option("--force", is_flag=True, help="Replace OUT_DIR if it holds an earlier export (never anything else).")
-@runs_option
+@cli_options.runs_option
 def export(student_dir: Path, out_dir: Path, force: bool, runs_dir: Path):
     """Write a pre-norm student checkpoint as a standard HF Qwen3 directory that transformers loads
     (AutoModelForCausalLM, AutoTokenizer with the kit's exact ids, generate with <|endoftext|> as eos)."""
@@ -385,14 +360,14 @@ def export(student_dir: Path, out_dir: Path, force: bool, runs_dir: Path):
 # The shipped references, the rehearsal of a launch, the benchmarks
 
 @cli.command("reference")
-@scale_option
-@click.option("--seeds", required=True, callback=parse_seeds, help="The seeds whose runs and tables to ship.")
+@cli_options.scale_option
+@click.option("--seeds", required=True, callback=cli_options.parse_seeds, help="The seeds whose runs and tables to ship.")
 @click.option("--force", is_flag=True, help="Replace the shipped references/<scale>.json.")
 @click.option("--tables", default=None, metavar="NAMES",
               help="Replace only these tables (comma-separated report names, e.g. planted,scratch) of the shipped "
                    "reference, from an experiment rerun in a runs folder of its own; the rest stays as shipped.")
-@runs_option
-@results_option
+@cli_options.runs_option
+@cli_options.results_option
 def make_reference(scale, seeds, force, tables, runs_dir, results_dir):
     """Write references/<scale>.json from finished runs and reports (what `compare` checks against)."""
     from experiments import reference
@@ -415,7 +390,7 @@ def compare_with_reference(target, scale):
 
 
 @cli.command("results")
-@scale_option
+@cli_options.scale_option
 def results_pages(scale):
     """docs/results/<scale>.md, its figures and the README's headline, rendered from references/<scale>.json."""
     from experiments import pages
@@ -424,7 +399,7 @@ def results_pages(scale):
 
 @cli.command()
 @click.argument("wanted", metavar="EXPERIMENTS", nargs=-1)
-@scale_option
+@cli_options.scale_option
 @click.option("--gpus", type=click.IntRange(1, 1024), default=None,
               help="GPUs per node (default: 8 at full scale, 1 at the others).")
 @click.option("--nodes", type=click.IntRange(1, 1024), default=1, show_default=True,
@@ -433,9 +408,9 @@ def results_pages(scale):
               help="fake: one step at full size with fake tensors (memory, collectives, operators); real: the launch's "
                    "driver at reduced size, real tensors, its mesh at two ranks a dimension (crashes, dtypes, resume).")
 @click.option("--replicate-teacher", is_flag=True, help="Rehearse the teacher whole on every GPU instead of sharded.")
-@set_option
-@runs_option
-@results_option
+@cli_options.set_option
+@cli_options.runs_option
+@cli_options.results_option
 def rehearse(wanted, scale, gpus, nodes, mode, replicate_teacher, overrides, runs_dir, results_dir):
     """Rehearse a launch of EXPERIMENTS (default table1; all) on this CPU, no GPU needed: one step at full
     size on a fake process group with fake tensors (per-rank memory by category, collectives and their
@@ -443,7 +418,7 @@ def rehearse(wanted, scale, gpus, nodes, mode, replicate_teacher, overrides, run
     the preset's precision on the launch's mesh at two ranks a dimension, every phase of every run, with
     evaluations, checkpoints and a resume on another world size (results/rehearse-<scale>-*.json)."""
     from tools import rehearse as rehearsal
-    names, runs = chosen_experiments(wanted or ("table1",))
+    names, runs = cli_options.chosen_experiments(wanted or ("table1",))
     ws = suite.workspace(scale, runs_dir, results_dir, dry_run=True,
                          overrides=presets.parse_overrides(presets.PRESETS[scale], overrides), device="cpu")
     launch = rehearsal.Launch(gpus or (8 if scale == "full" else 1), nodes)
@@ -459,10 +434,6 @@ def bench():
     bench_module.main()
 
 
-def terminated(signum, frame):
-    raise KeyboardInterrupt
-
-
 if __name__ == "__main__":
-    signal.signal(signal.SIGTERM, terminated)  # SIGTERM ends as Ctrl-C does
+    signal.signal(signal.SIGTERM, signal.default_int_handler)  # SIGTERM ends as Ctrl-C does
     cli()

@@ -96,7 +96,7 @@ def test_transformers_generate_on_an_export_equals_repro_sample(exported):
     ids = [enc.eot] + enc.encode(prompt)
     with torch.no_grad():
         theirs = hf.generate(torch.tensor([ids]), max_new_tokens=20, do_sample=False)[0, len(ids):].tolist()
-    ours = sample.generate(sample.load_checkpoint(folder), ids, 20, enc.eot)
+    ours = sample.generate(checkpoints.load_checkpoint(folder, checkpoints.checkpoint_config(folder)), ids, 20, enc.eot)
     assert ours == theirs and len(ours) > 1
     out = subprocess.run([sys.executable, str(ROOT / "repro.py"), "sample", str(folder), "--prompt", prompt,
                           "--max-new-tokens", "20"], cwd=ROOT, capture_output=True, text=True)

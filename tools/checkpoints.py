@@ -48,7 +48,6 @@ def checkpoint_in(path: Path, said: list[str]) -> Path:
     is) as given; a run folder as its newest phase-<p>/ (a finished run's last), named in a line appended
     to `said` (for say); a folder of runs, or a run folder without a phase checkpoint, is one line saying
     what it holds instead."""
-    path = Path(path)
     if not path.is_dir() or ((path / "config.json").is_file() and not is_run_folder(path)):
         return path
     if not is_run_folder(path):
@@ -120,6 +119,12 @@ def trained_context(checkpoint: Path, config: dict) -> tuple[int, str]:
     return hf_qwen3.ModelConfig.from_hf(config).max_position_embeddings, "max_position_embeddings"
 
 
+def load_checkpoint(checkpoint: Path, config: dict) -> model.Qwen3 | model.Student:
+    """A student (its config.json, `config`, with a normgrow_student entry) or a plain Qwen3, fp32, in eval mode."""
+    net = model.Student.load(checkpoint) if "normgrow_student" in config else model.load_qwen3(checkpoint)
+    return net.eval()
+
+
 def checkpoint_config(checkpoint: Path) -> dict:
     """A checkpoint's config.json with its model fields checked (hf_qwen3.config_problem), and a student's
     placement against its run's (check_placement), before its vocabulary is used to pick a scale."""
@@ -186,8 +191,8 @@ def evaluate(checkpoint: Path, scale: str | None, data_dir: Path | None, runs_di
     scale = scale or scale_of(config, runs_dir, checkpoint)
     ws = suite.Workspace(presets.PRESETS[scale], runs_dir / scale, Path("results"), devices.Dist())
     val = data.Shard(data_dir or ws.data_dir / "val")
-    check_vocabulary(val, config.get("vocab_size", 0), checkpoint)
-    net = model.Student.load(checkpoint) if "normgrow_student" in config else model.load_qwen3(checkpoint)
+    check_vocabulary(val, config["vocab_size"], checkpoint)
+    net = load_checkpoint(checkpoint, config)
     say(said)
     settings = suite.run_config(ws, suite.RunName("post", "joint"), ws.preset.run["seed"])
     dtype, _ = devices.precision_choice(settings.precision, ws.ctx.device)

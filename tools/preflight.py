@@ -17,6 +17,7 @@ import shutil
 import tempfile
 import time
 import warnings
+from collections import Counter
 from pathlib import Path
 
 import torch
@@ -78,8 +79,7 @@ def print_study(study: registry.Study, ws: suite.Workspace, seeds: list[int], fl
         return
     if study.manifest is None:
         return print_estimate(ws, flops)
-    jobs, more = study.manifest(ws, seeds)
-    print_records(ws, jobs, more)
+    print_records(ws, *study.manifest(ws, seeds))
 
 
 def print_suite_records(ws: suite.Workspace, names: list[str], runs, seeds: list[int]):
@@ -105,9 +105,7 @@ def print_records(ws: suite.Workspace, jobs: list[studies.Job], more: str = "", 
         return
     teacher = training.expected_teacher(ws)
     status = studies.survey(jobs, teacher, check_data=False)
-    machines: dict[str, int] = {}
-    for _, record in status.recorded:
-        machines[studies.machine(record)] = machines.get(studies.machine(record), 0) + 1
+    machines = Counter(studies.machine(record) for _, record in status.recorded)
     trains = studies.unique(status.remaining + [job for job, _ in status.stale] + list(unrestored))
     flops = sum(job_flops(job, teacher) for job in trains)
     total = len(status.recorded) + len(status.stale) + len(status.remaining)
@@ -253,8 +251,7 @@ def rebuild_teacher(ws: suite.Workspace, force: bool = False) -> str:
     saying whether its weights equal the shipped ones bit for bit."""
     from safetensors.torch import load_file
     folder = ws.runs / "teacher-rebuilt"
-    settings = suite.teacher_config(ws, folder)
-    grow.train(settings, folder, force=force, ctx=ws.ctx, tracker=ws.tracker, wait=ws.wait)
+    grow.train(suite.teacher_config(ws, folder), folder, force=force, ctx=ws.ctx, tracker=ws.tracker, wait=ws.wait)
     name = suite.shipped_teacher_for(ws)
     shipped = load_file(suite.SHIPPED_ROOT / name / "phase-0" / "model.safetensors")
     rebuilt = load_file(folder / "phase-0" / "model.safetensors")

@@ -23,13 +23,6 @@ from tools import checkpoints
 DEFAULT_NEW_TOKENS = 64  # without --max-new-tokens (fewer where the trained context ends first: smoke's is 32)
 
 
-def load_checkpoint(path, device="cpu") -> model.Qwen3 | model.Student:
-    """A student (config.json with a normgrow_student entry) or a plain Qwen3, fp32, in eval mode."""
-    is_student = "normgrow_student" in checkpoints.checkpoint_config(Path(path))
-    net = model.Student.load(path, device=device) if is_student else model.load_qwen3(path, device=device)
-    return net.eval()
-
-
 class CachedLayer:
     """A DecoderLayer seen through its placement's layer forward, with attention that appends this
     step's keys and values to the layer's cache and attends over all of them."""
@@ -138,7 +131,7 @@ def continue_prompt(checkpoint: Path, prompt: str, max_new_tokens: int | None, t
     if top_k > config["vocab_size"]:
         raise errors.OptionError("--top-k", f"{top_k:,}: above {checkpoint}'s vocabulary of {config['vocab_size']:,} "
                                  "tokens; 0 means every token")
-    net = load_checkpoint(checkpoint)
+    net = checkpoints.load_checkpoint(checkpoint, config)
     checkpoints.say(said)
     shown = [""]
 
