@@ -29,9 +29,6 @@ from plumbing.errors import TrainingError, disk_full_reason
 from plumbing.faults import kill_point
 from rundir import adopt_shared_prefix, read_json
 
-# ----------------------------------------------------------------------------------------------
-# Checkpoints. phase-<p>/: kept, safetensors weights + trainer state. latest/: rolling, safetensors
-# weights and optimizer state + JSON. All written to a temporary folder and renamed into place.
 
 def trainer_state(step, phase, batcher, totals, elapsed, outcome: dict) -> dict:
     """What a resume needs besides the weights; `outcome`: the best validation CE so far and a divergence
@@ -59,30 +56,30 @@ def save_due_checkpoints(run_dir: Path, config, net, optimizer, state: dict, ctx
 
 
 @contextmanager
-def disk_full_is_one_line(folder: Path, run_dir: Path):
-    """A write that runs out of disk (or past a file-size limit) says so, names the folder, and says
-    what is still intact."""
+def temporary_folder(run_dir: Path, name: str, ctx):
+    """run_dir/<name>.tmp, emptied (a kill may leave one) before any rank writes checkpoint <name> in it. A write
+    that runs out of disk (or past a file-size limit) says so, names the folder, and says what is still intact."""
     try:
-        yield
+        tmp = run_dir / f"{name}.tmp"
+        if ctx.is_main:
+            shutil.rmtree(tmp, ignore_errors=True)
+            tmp.mkdir()
+        ctx.barrier()
+        yield tmp
     except Exception as e:  # OSError, or safetensors' own error wrapping one
         why = disk_full_reason(e)
         if not why:
             raise
         intact = newest_checkpoint(run_dir)
-        raise TrainingError(f"{why} while writing {folder}; "
+        raise TrainingError(f"{why} while writing {run_dir / name}; "
                             + (f"the previous checkpoint {intact[0]} is intact" if intact else "no checkpoint was lost")
                             + ": free some space (or raise the limit) and rerun to resume") from None
 
 
 def save_kept_checkpoint(run_dir: Path, name: str, net, state: dict, ctx):
-    """A kept checkpoint (phase-<p>/ or step-<n>/): safetensors weights any tool can load, plus the
-    trainer state. It holds no optimizer state: phases restart theirs, so a phase end needs none."""
-    with disk_full_is_one_line(run_dir / name, run_dir):
-        write_kept_checkpoint(run_dir, name, net, state, ctx)
-
-
-def write_kept_checkpoint(run_dir: Path, name: str, net, state: dict, ctx):
-    """In one process, model.safetensors. Under FSDP2 nothing is gathered whole on one rank: each rank
+    """A kept checkpoint (phase-<p>/ or step-<n>/): safetensors weights any tool can load, plus the trainer state.
+    It holds no optimizer state: phases restart theirs, so a phase end needs none. In one process,
+    model.safetensors. Under FSDP2 nothing is gathered whole on one rank: each rank
     that holds distinct shards (ctx.shard_group) writes whole the tensors assigned to it
     (checkpoint.tensor_writers: about 1/n of the model each), gathering them one at a time (every rank
     takes part in each tensor's all-gather), as one file of a standard HF sharded checkpoint
@@ -90,82 +87,70 @@ def write_kept_checkpoint(run_dir: Path, name: str, net, state: dict, ctx):
     `repro.py export` (one HF folder) and transformers read as they read one file. Each writer hashes
     its own file; rank 0 writes the index, config.json, the trainer state and the checksums, then
     renames the folder into place."""
-    tmp = run_dir / f"{name}.tmp"
-    if ctx.is_main:
-        shutil.rmtree(tmp, ignore_errors=True)
-        tmp.mkdir()
-    ctx.barrier()
-    qwen3 = isinstance(net, model.Qwen3)  # the teacher run's checkpoints are plain HF Qwen3 folders
-    weights = {hf_qwen3.hf_name(k) if qwen3 else k: v for k, v in net.state_dict().items()}
-    writers = ctx.shard_writers
-    owner = checkpoint.tensor_writers({k: v.numel() * v.element_size() for k, v in weights.items()}, writers)
-    group, mine = ctx.shard_group, {}
-    for key, value in weights.items():  # in the same order on every rank: the all-gathers pair up
-        whole = value.full_tensor() if hasattr(value, "full_tensor") else value
-        if group is not None and owner[key] == group[0]:
-            mine[key] = whole.detach().cpu()
-        del whole
-    if mine:
-        file = "model.safetensors" if writers == 1 else checkpoint.hf_shard_file(group[0], writers)
-        part = checkpoint.write_weights(tmp, file, mine)
-        checkpoint.write_json(tmp / f"part.rank{group[0]}.json", part, indent=None)
-    del mine
-    ctx.barrier()
-    if ctx.is_main:
-        parts = []
-        for w in range(writers):
-            part_file = tmp / f"part.rank{w}.json"
-            if part_file.is_file():
-                parts.append(checkpoint.loads(part_file.read_text()))
-                part_file.unlink()
-        if writers > 1:
-            checkpoint.write_json(tmp / checkpoint.HF_INDEX, checkpoint.hf_index(parts))
-        checkpoint.write_json(tmp / "config.json", net.config.to_hf() if qwen3 else net.checkpoint_config())
-        kill_point("writing-kept", run_dir.name, state["step"])
-        checkpoint.write_json(tmp / "trainer_state.json", state, indent=None)
-        checkpoint.write_checksums(tmp, known={p["file"]: p["sha256"] for p in parts})
-        checkpoint.replace_folder(tmp, run_dir / name,
-                                  midway=lambda: kill_point("swapping-kept", run_dir.name, state["step"]))
-    ctx.barrier()
+    with temporary_folder(run_dir, name, ctx) as tmp:
+        qwen3 = isinstance(net, model.Qwen3)  # the teacher run's checkpoints are plain HF Qwen3 folders
+        weights = {hf_qwen3.hf_name(k) if qwen3 else k: v for k, v in net.state_dict().items()}
+        writers = ctx.shard_writers
+        owner = checkpoint.tensor_writers({k: v.numel() * v.element_size() for k, v in weights.items()}, writers)
+        group, mine = ctx.shard_group, {}
+        for key, value in weights.items():  # in the same order on every rank: the all-gathers pair up
+            whole = value.full_tensor() if hasattr(value, "full_tensor") else value
+            if group is not None and owner[key] == group[0]:
+                mine[key] = whole.detach().cpu()
+            del whole
+        if mine:
+            file = "model.safetensors" if writers == 1 else checkpoint.hf_shard_file(group[0], writers)
+            part = checkpoint.write_weights(tmp, file, mine)
+            checkpoint.write_json(tmp / f"part.rank{group[0]}.json", part, indent=None)
+        del mine
+        ctx.barrier()
+        if ctx.is_main:
+            parts = []
+            for w in range(writers):
+                part_file = tmp / f"part.rank{w}.json"
+                if part_file.is_file():
+                    parts.append(checkpoint.loads(part_file.read_text()))
+                    part_file.unlink()
+            if writers > 1:
+                checkpoint.write_json(tmp / checkpoint.HF_INDEX, checkpoint.hf_index(parts))
+            checkpoint.write_json(tmp / "config.json", net.config.to_hf() if qwen3 else net.checkpoint_config())
+            kill_point("writing-kept", run_dir.name, state["step"])
+            checkpoint.write_json(tmp / "trainer_state.json", state, indent=None)
+            checkpoint.write_checksums(tmp, known={p["file"]: p["sha256"] for p in parts})
+            checkpoint.replace_folder(tmp, run_dir / name,
+                                      midway=lambda: kill_point("swapping-kept", run_dir.name, state["step"]))
+        ctx.barrier()
 
 
 def save_latest_checkpoint(run_dir: Path, net, optimizer, state: dict, ctx):
-    with disk_full_is_one_line(run_dir / "latest", run_dir):
-        write_latest_checkpoint(run_dir, net, optimizer, state, ctx)
-
-
-def write_latest_checkpoint(run_dir: Path, net, optimizer, state: dict, ctx):
     """latest/: each rank's own shards of the weights and of AdamW's state (safetensors), an index of
     which rows each file holds and the trainer state (JSON), written by every rank that holds distinct
     shards, each hashing its own files. Nothing is gathered or cloned whole, nothing is pickled, and it
     resumes on any number of ranks (load_latest_checkpoint reads only the rows a rank needs)."""
-    tmp = run_dir / "latest.tmp"
-    if ctx.is_main:
-        shutil.rmtree(tmp, ignore_errors=True)
-        tmp.mkdir()
-    ctx.barrier()
-    group = ctx.shard_group
-    if group is not None:
-        params = dict(net.named_parameters())
-        parts = [checkpoint.write_shard(tmp, "model", params, *group)]
-        kill_point("writing-latest", run_dir.name, state["step"])
-        moments = {f"{fqn}/{key}": value for fqn, p in params.items() for key, value in optimizer.state.get(p, {}).items()}
-        parts.append(checkpoint.write_shard(tmp, "optimizer", moments, *group))
-        checkpoint.write_json(tmp / f"part.rank{group[0]}.json", parts, indent=None)
-    ctx.barrier()
-    if ctx.is_main:
-        parts = [p for w in range(group[1]) for p in checkpoint.loads((tmp / f"part.rank{w}.json").read_text())]
-        for w in range(group[1]):
-            (tmp / f"part.rank{w}.json").unlink()
-        index = checkpoint.merge_index(parts)
-        checkpoint.write_json(tmp / checkpoint.SHARDED_INDEX, index, indent=None)
-        checkpoint.write_json(tmp / "trainer_state.json", state, indent=None)
-        sums = {**index["files"], **{name: checkpoint.sha256(tmp / name)
-                                     for name in (checkpoint.SHARDED_INDEX, "trainer_state.json")}}
-        checkpoint.write_json(tmp / checkpoint.CHECKSUMS, sums, indent=1)
-        checkpoint.replace_folder(tmp, run_dir / "latest",
-                                  midway=lambda: kill_point("swapping-latest", run_dir.name, state["step"]))
-    ctx.barrier()
+    with temporary_folder(run_dir, "latest", ctx) as tmp:
+        group = ctx.shard_group
+        if group is not None:
+            params = dict(net.named_parameters())
+            parts = [checkpoint.write_shard(tmp, "model", params, *group)]
+            kill_point("writing-latest", run_dir.name, state["step"])
+            moments = {f"{fqn}/{key}": value for fqn, p in params.items()
+                       for key, value in optimizer.state.get(p, {}).items()}
+            parts.append(checkpoint.write_shard(tmp, "optimizer", moments, *group))
+            checkpoint.write_json(tmp / f"part.rank{group[0]}.json", parts, indent=None)
+        ctx.barrier()
+        if ctx.is_main:
+            parts = [p for w in range(group[1]) for p in checkpoint.loads((tmp / f"part.rank{w}.json").read_text())]
+            for w in range(group[1]):
+                (tmp / f"part.rank{w}.json").unlink()
+            index = checkpoint.merge_index(parts)
+            checkpoint.write_json(tmp / checkpoint.SHARDED_INDEX, index, indent=None)
+            checkpoint.write_json(tmp / "trainer_state.json", state, indent=None)
+            sums = {**index["files"], **{name: checkpoint.sha256(tmp / name)
+                                         for name in (checkpoint.SHARDED_INDEX, "trainer_state.json")}}
+            checkpoint.write_json(tmp / checkpoint.CHECKSUMS, sums, indent=1)
+            checkpoint.replace_folder(tmp, run_dir / "latest",
+                                      midway=lambda: kill_point("swapping-latest", run_dir.name, state["step"]))
+        ctx.barrier()
 
 
 # Resume points, best first on a tie: latest/ (weights and AdamW state), phase-<p>/ (weights; a phase
@@ -239,13 +224,11 @@ def restore_resume_point(resume: tuple[Path, dict] | None, adopting: bool, confi
     """The step, totals, seconds trained so far and outcome of the resume point (step 0 without one), its data
     position, RNG state and weights restored (latest/'s weights come with its AdamW state: load_latest_checkpoint,
     once the optimizer exists)."""
-    step, totals, elapsed = 0, {"total_tokens": 0, "active_layer_tokens": 0}, 0.0
     outcome = {"best_ce": None, "diverged": None}
     if not resume:
-        return step, totals, elapsed, outcome
+        return 0, {"total_tokens": 0, "active_layer_tokens": 0}, 0.0, outcome
     ckpt, state = resume
-    step, totals, elapsed = state["step"], state["totals"], state["elapsed"]
-    outcome = {**outcome, **state.get("outcome", {})}
+    step, outcome = state["step"], {**outcome, **state.get("outcome", {})}
     batcher.load_state_dict(state["data"])
     for p, keep in outcome.get("transitions", {}).items():  # decisions the weights do not hold
         transitions.apply_kept(net, int(p), keep)
@@ -257,7 +240,7 @@ def restore_resume_point(resume: tuple[Path, dict] | None, adopting: bool, confi
                     f"step {step}, so this run will not be bit-identical to an uninterrupted one")
     print0(ctx, f"{config.name}: adopting {config.start_from} (its first phases are this run's), continuing at "
                 f"step {step}" if adopting else f"{config.name}: resuming at step {step} from {ckpt}")
-    return step, totals, elapsed, outcome
+    return step, state["totals"], state["elapsed"], outcome
 
 
 def load_weights(net, ckpt: Path):
@@ -266,8 +249,8 @@ def load_weights(net, ckpt: Path):
         name_in_file = hf_qwen3.hf_name
     else:  # a prefix adopted from another placement schedule (a transplant) may name a norm otherwise
         name_in_file = names_in(net, read_json(ckpt / "config.json", "normgrow_student")["normgrow_student"]["norm"])
-    dtype = next(net.parameters()).dtype
-    checkpoint.load_tensors(net, ckpt, dtype, next(net.parameters()).device, name_in_file, checksums_checked=True)
+    first = next(net.parameters())
+    checkpoint.load_tensors(net, ckpt, first.dtype, first.device, name_in_file, checksums_checked=True)
 
 
 def names_in(net: model.Student, stored_norm: str) -> Callable[[str], str | None]:
@@ -282,7 +265,7 @@ def names_in(net: model.Student, stored_norm: str) -> Callable[[str], str | None
 
 
 def load_latest_checkpoint(ckpt: Path, net, optimizer, ctx):
-    """Weights and AdamW state from latest/ (write_latest_checkpoint) on any number of ranks: each rank
+    """Weights and AdamW state from latest/ (save_latest_checkpoint) on any number of ranks: each rank
     reads only the rows of each tensor that it holds."""
     if not (ckpt / checkpoint.SHARDED_INDEX).is_file():
         raise TrainingError(f"{ckpt}: lacks {checkpoint.SHARDED_INDEX} (written by an older version of the kit, or "

@@ -78,14 +78,13 @@ class Run:
         self.run_dir, self.ctx = Path(run_dir), ctx
         self.stop_after_step, self.tracker = stop_after_step, tracker
         self.phases = plan_phases(config)
+        self.last_step = self.phases[-1].first_step + self.phases[-1].steps
+        # A joint-long run with restart_optimizer off carries AdamW's moments across LR restarts.
+        self.keeps_optimizer = config.protocol == "joint-long" and not config.restart_optimizer
         # The compute precision, decided once (for "auto", by measuring the machine: plumbing/devices.py).
         self.dtype, self.precision = precision_choice(config.precision, ctx.device, ctx.auto_precision)
         self.state = "new"   # new -> training -> done | stopped
         self.result: dict = {}
-
-    @property
-    def last_step(self) -> int:
-        return self.phases[-1].first_step + self.phases[-1].steps
 
     def prepare(self, force: bool):
         """Create or check the folder; a run already done is not trained again."""
@@ -116,8 +115,7 @@ class Run:
         self.state = "training"
         kill_point("opened", config.name, self.step)
         if self.step >= self.last_step:  # killed after its last checkpoint, before done.json
-            if config.boundary == "mirror-fwd":
-                self.attach_profile(self.phases[-1])  # its evaluation runs the mirrored forward
+            self.attach_profile(self.phases[-1])  # its evaluation runs the mirrored forward
             self.finish()
 
     def build(self, teacher: nets.Teacher | None):
@@ -159,13 +157,8 @@ class Run:
     def attach_profile(self, phase: Phase):
         """mirror-fwd: the reference run's boundary profile for this phase (nets.boundary_profile), where
         the phase appends a block."""
-        if phase.active_blocks >= 2:
+        if self.config.boundary == "mirror-fwd" and phase.active_blocks >= 2:
             self.net.profile_source = nets.boundary_profile(self.config, phase, self.ctx, self.dtype)
-
-    def monitor_due(self) -> bool:
-        """The step about to be taken writes a boundary-monitor row."""
-        interval = self.config.monitor_interval
-        return bool(interval) and (self.step + 1) % interval == 0 and isinstance(self.net, model.Student)
 
     def warn_boundaries(self, step: int, rows: list[dict]):
         """One line the first time a boundary passes a threshold (per boundary and statistic)."""
@@ -177,27 +170,22 @@ class Run:
                     print0(self.ctx, f"{self.config.name}: warning: step {step}: {row['label']}: {name} {row[key]:.4g} "
                                      f"passed the monitor's threshold {limit:g}")
 
-    def keeps_optimizer(self) -> bool:
-        """A joint-long run with restart_optimizer off carries AdamW's moments across LR restarts."""
-        return self.config.protocol == "joint-long" and not self.config.restart_optimizer
-
     def begin_phase(self, phase: Phase):
         """A new optimizer over exactly the trainable parameters (unless the run keeps its own across
         phases), and the phase's start evaluation."""
         config, ctx = self.config, self.ctx
-        continuing = self.phase is not None and self.keeps_optimizer()
+        continuing = self.phase is not None and self.keeps_optimizer
         self.phase = phase
         self.params = trainable_parameters(self.net, phase, train_embedding=config.scratch_model is not None)
         if not continuing:
             self.optimizer = build_optimizer(config, self.params)
-        at_start = self.step == phase.first_step and not self.keeps_optimizer()
+        at_start = self.step == phase.first_step and not self.keeps_optimizer
         if self.resume and self.resume[0].name == "latest" and not at_start:
             checkpointing.load_latest_checkpoint(self.resume[0], self.net, self.optimizer, ctx)
         self.resume = None
         if self.step == phase.first_step and config.reset_data_each_phase:
             self.batcher.reset()
-        if config.boundary == "mirror-fwd":
-            self.attach_profile(phase)
+        self.attach_profile(phase)
         student = isinstance(self.net, model.Student)
         if student and phase.index and self.step == phase.first_step and transitions.acts(config):
             self.transition(phase)
@@ -243,7 +231,8 @@ class Run:
             # loss, KD and CE summed over the step's micro-batches in float64 on the device (float64: the
             # sums one process and FSDP2 ranks log are the same; on the device: no host sync until update)
             self.sums = torch.zeros(3, dtype=torch.float64, device=self.ctx.device)
-            self.monitor_pending = self.monitor_due()
+            interval = self.config.monitor_interval  # whether the step about to be taken writes a boundary-monitor row
+            self.monitor_pending = bool(interval) and (self.step + 1) % interval == 0 and isinstance(self.net, model.Student)
         return self.batch
 
     def batch_key(self) -> tuple:
@@ -289,7 +278,12 @@ class Run:
         non-finite loss or gradient norm (the step is not taken) or validation number stops the run there,
         as does a validation CE above the ceiling unless the run continues past it (diverge). The kill
         points stepped, evaluated and saved follow each part (plumbing/faults.py's kill_point)."""
-        loss, kd_sum, ce_sum, grad_norm = self.clipped_losses()
+        # Clip; the step's loss, KD and CE (summed over ranks) and gradient norm before clipping, read
+        # together: the step's one host sync.
+        grad_norm = clip_gradients(self.params, self.config.grad_clip)
+        if self.ctx.world > 1:
+            dist.all_reduce(self.sums)  # logged losses are global
+        loss, kd_sum, ce_sum, grad_norm = torch.cat((self.sums, grad_norm.to(self.sums).reshape(1))).tolist()
         if not (math.isfinite(loss) and math.isfinite(grad_norm)):
             self.diverge(self.step + 1, "a non-finite loss or gradient norm", {"loss": loss, "grad_norm": grad_norm},
                          always_stop=True)
@@ -313,16 +307,8 @@ class Run:
                 return
         state = checkpointing.trainer_state(step, self.phase.index, self.batcher, totals, elapsed, self.outcome)
         checkpointing.save_due_checkpoints(self.run_dir, self.config, self.net, self.optimizer, state, self.ctx, phase_end,
-                                           moments_go_on=self.keeps_optimizer() and step < self.last_step)
+                                           moments_go_on=self.keeps_optimizer and step < self.last_step)
         kill_point("saved", self.config.name, step)
-
-    def clipped_losses(self) -> list[float]:
-        """Clip the gradients; the step's loss, KD and CE (summed over ranks) and gradient norm before
-        clipping, read together: the step's one host sync."""
-        grad_norm = clip_gradients(self.params, self.config.grad_clip)
-        if self.ctx.world > 1:
-            dist.all_reduce(self.sums)  # logged losses are global
-        return torch.cat((self.sums, grad_norm.to(self.sums).reshape(1))).tolist()
 
     def log_step(self, numbers: dict):
         """The step's row, then the boundary monitor's and a transition's rows if the step took them."""
@@ -350,14 +336,12 @@ class Run:
                          f"val KD {self.final['kd']:.4f}, {tok_s:,.0f} tok/s")
         best = self.outcome["best_ce"]
         self.outcome["best_ce"] = self.final["ce"] if best is None else min(best, self.final["ce"])
-        if self.final["ce"] > self.ceiling():
+        # the validation CE above which a run has diverged: a uniform prediction's log V, plus the margin
+        ceiling = math.log(self.net.embed_tokens.num_embeddings) + config.diverged_above_uniform
+        if self.final["ce"] > ceiling:
             self.diverge(step, f"validation CE above log V + {config.diverged_above_uniform:g} = "
-                               f"{self.ceiling():.4f} (worse than a uniform prediction)", self.final)
+                               f"{ceiling:.4f} (worse than a uniform prediction)", self.final)
         return self.state == "training"
-
-    def ceiling(self) -> float:
-        """The validation CE above which a run has diverged: a uniform prediction's log V, plus the margin."""
-        return math.log(self.net.embed_tokens.num_embeddings) + self.config.diverged_above_uniform
 
     def diverge(self, step: int, why: str, values: dict, always_stop: bool = False):
         """Record a divergence; stop the run there unless it continues past one (on_divergence "continue",
@@ -434,28 +418,26 @@ def train_together(jobs: list[tuple[RunConfig, Path]], force: bool = False, ctx:
         ctx.on_main(lambda: stack.enter_context(held([d for c, d in jobs if not rundir.finished(c, d)], wait,
                                                      say=lambda line: print0(ctx, line))),
                     "another process's use of the run folders")
-        return train_held(jobs, force, ctx, stop_after_step, tracker, teacher, Bars(ctx, counted or Runs(), jobs))
-
-
-def train_held(jobs, force, ctx, stop_after_step, tracker, teacher, bars: Bars) -> list[dict]:
-    runs = [Run(config, run_dir, ctx, stop_after_step, tracker) for config, run_dir in jobs]
-    for run in runs:
-        run.prepare(force)
-        bars.runs.prepared(run.run_dir, run.state == "done")
-    todo = [run for run in runs if run.state == "new"]
-    distilled = [run for run in todo if run.config.distils]  # each Run decided its precision when made
-    if len({(run.config.teacher, run.dtype) for run in distilled}) > 1:
-        raise TrainingError("runs trained together must distil from one teacher at one precision; train them apart")
-    if distilled and teacher is None:
-        teacher = nets.load_teacher(distilled[0].config, ctx, distilled[0].dtype)
-    if todo and ctx.device.type == "cuda":
-        nets.warn_math_attention(todo[0].config, ctx)
-    with bars:
-        while open_runs(todo, teacher, bars):
-            training = [run for run in todo if run.state == "training"]
-            step = min(run.step for run in training)
-            lockstep_step([run for run in training if run.step == step], teacher)
-    return [run.result for run in runs]
+        bars = Bars(ctx, counted or Runs(), jobs)
+        runs = [Run(config, run_dir, ctx, stop_after_step, tracker) for config, run_dir in jobs]
+        for run in runs:
+            run.prepare(force)
+            if run.state == "done":  # numbered now (a run about to train is numbered when it opens)
+                bars.runs.opened(run.run_dir, 0, 0)
+        todo = [run for run in runs if run.state == "new"]
+        distilled = [run for run in todo if run.config.distils]  # each Run decided its precision when made
+        if len({(run.config.teacher, run.dtype) for run in distilled}) > 1:
+            raise TrainingError("runs trained together must distil from one teacher at one precision; train them apart")
+        if distilled and teacher is None:
+            teacher = nets.load_teacher(distilled[0].config, ctx, distilled[0].dtype)
+        if todo and ctx.device.type == "cuda":
+            nets.warn_math_attention(todo[0].config, ctx)
+        with bars:
+            while open_runs(todo, teacher, bars):
+                training = [run for run in todo if run.state == "training"]
+                step = min(run.step for run in training)
+                lockstep_step([run for run in training if run.step == step], teacher)
+        return [run.result for run in runs]
 
 
 def open_runs(todo: list[Run], teacher: nets.Teacher | None, progress) -> bool:

@@ -37,11 +37,6 @@ class Runs:
         for config, run_dir in jobs:
             self.left.setdefault(Path(run_dir).absolute(), own_steps(config))
 
-    def prepared(self, run_dir, done: bool):
-        """A run found done (nothing left; numbered now) or about to train (numbered when it opens)."""
-        if done:
-            self.opened(run_dir, 0, 0)
-
     def opened(self, run_dir, step: int, last_step: int):
         """A run resumed at `step` (0: from the start, or where its shared prefix ends) of `last_step`, numbered
         if it is not yet (runs are numbered in the order they start)."""
@@ -61,19 +56,15 @@ class Runs:
             self.first.setdefault(key, (now, count))
             self.last[key] = (now, count)
 
-    def seconds_per_step(self, key) -> float | None:
-        """Measured from the first step (which pays the warm-up) to the latest: None until a second step."""
+    def seconds_left(self, run_dir=ALL) -> float | None:
+        """A run's steps left at its measured rate; or (ALL) every planned run's steps left at the command's. The
+        rate is measured from the first step (which pays the warm-up) to the latest: None until a second step."""
+        key = run_dir if run_dir is self.ALL else Path(run_dir).absolute()
         if key not in self.first or self.last[key][1] == self.first[key][1]:
             return None
         (start, a), (end, b) = self.first[key], self.last[key]
-        return (end - start) / (b - a)
-
-    def seconds_left(self, run_dir=ALL) -> float | None:
-        """A run's steps left at its measured rate; or (ALL) every planned run's steps left at the command's."""
-        key = run_dir if run_dir is self.ALL else Path(run_dir).absolute()
-        rate = self.seconds_per_step(key)
         steps = sum(self.left.values()) if key is self.ALL else self.left.get(key, 0)
-        return None if rate is None else steps * rate
+        return steps * ((end - start) / (b - a))
 
     def label(self, run_dir) -> str:
         """"run i of n": its number is the next one the first time it is asked for."""

@@ -39,10 +39,6 @@ def comparable(settings: dict, run_dir: Path) -> dict:
             if k not in OBSERVING | {"relative_to_run"}}
 
 
-def same_training(stored: dict, wanted: dict, run_dir: Path) -> bool:
-    return comparable(stored, run_dir) == comparable(wanted, run_dir)
-
-
 def check_config(config, run_dir: Path):
     """A TrainingError unless run_dir's config.json reads and trains the same run as `config` (repro.py
     also calls this before any work, so that a stale run is one line before anything is printed)."""
@@ -50,8 +46,8 @@ def check_config(config, run_dir: Path):
     # A field added to RunConfig after the run was made reads as its default: the same run.
     defaults = json.loads(json.dumps({f.name: f.default for f in fields(config) if f.default is not MISSING}))
     stored = {**{k: v for k, v in defaults.items() if k in wanted}, **read_json(run_dir / "config.json")}
-    if not same_training(stored, wanted, run_dir):
-        a, b = comparable(stored, run_dir), comparable(wanted, run_dir)
+    a, b = comparable(stored, run_dir), comparable(wanted, run_dir)
+    if a != b:
         changed = sorted(k for k in set(a) | set(b) if a.get(k) != b.get(k))
         raise TrainingError(f"{run_dir}: holds a run with another config (differs in {', '.join(changed)}); "
                             "pass --force to discard it and start over, or choose another output folder")
@@ -91,26 +87,22 @@ def prepare_run_dir(config, run_dir: Path, force: bool, ctx, provenance: dict) -
     """Create or check the run directory. Returns True if the run is already done. A folder holding
     a run of another config is an error, or with `force` discarded; one of the same config is
     resumed (or reused when done), with or without force."""
-    config_file = run_dir / "config.json"
-    wanted = json.loads(json.dumps(asdict(config)))
-    if config_file.is_file():
+    if (run_dir / "config.json").is_file():
         try:
             check_config(config, run_dir)
-            same = True
         except TrainingError:  # another config, or a damaged one the kit wrote: --force redoes the run
             if not force:
                 raise
-            same = False
-        if same:
+            if ctx.is_main:
+                check_discardable(run_dir)
+                shutil.rmtree(run_dir)
+        else:
             if (run_dir / "done.json").is_file():
                 return True
-        elif ctx.is_main:
-            check_discardable(run_dir)
-            shutil.rmtree(run_dir)
     ctx.barrier()
     if ctx.is_main:
         run_dir.mkdir(parents=True, exist_ok=True)
-        checkpoint.write_json(config_file, wanted)
+        checkpoint.write_json(run_dir / "config.json", json.loads(json.dumps(asdict(config))))
         checkpoint.write_json(run_dir / "provenance.json", provenance)
     ctx.barrier()
     return False
