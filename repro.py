@@ -168,12 +168,12 @@ def regime(scale, seeds, grid_text, dry_run, gpu, gpus, nodes, force, **options)
 @cli_options.force_option
 @cli_options.runs_option
 @cli_options.results_option
-def search(scale, seed, ladder, rungs, records_dir, dry_run, gpu, gpus, nodes, overrides, no_wait, force, **settings):
+def search(scale, seed, ladder, rungs, records_dir, dry_run, gpu, gpus, nodes, overrides, no_wait, force, **options):
     """The miniature search: a ladder of presets (presets.LADDERS), pre-norm grow only, until the mechanism's criterion
     holds or a rung would cost more than its budget (results/<scale>/search[-<ladder>][-chosen].md/.json)."""
     from experiments.search import run_search
     ladder = presets.ladder_for(scale, ladder, rungs)
-    ws = studies.attach(suite.workspace(scale, dry_run=dry_run, wait=not no_wait, **settings), records_dir, dry_run)
+    ws = studies.attach(suite.workspace(scale, dry_run=dry_run, wait=not no_wait, **options), records_dir, dry_run)
     overrides = presets.parse_overrides(presets.PRESETS[scale], overrides)  # the user's: each rung applies them last
     seed = cli_options.chosen_seeds(overrides, None if seed is None else [seed], [presets.PRESETS[scale].run["seed"]],
                                     "--seed")[0]
@@ -239,12 +239,12 @@ for study_name, declared in registry.STUDIES.items():
 @cli_options.overrides_option
 @cli_options.force_option
 @cli_options.runs_option
-def train(scale, norm, protocol, seed, dry_run, gpu, gpus, nodes, overrides, no_wait, force, **settings):
+def train(scale, norm, protocol, seed, dry_run, gpu, gpus, nodes, overrides, no_wait, force, **options):
     """Train one named run (and any run whose phases it shares), e.g. --norm post --protocol grow."""
     overrides = presets.parse_overrides(presets.PRESETS[scale], overrides)
     seed = cli_options.chosen_seeds(overrides, None if seed is None else [seed], [presets.PRESETS[scale].run["seed"]],
                                     "--seed")[0]
-    ws = suite.workspace(scale, dry_run=dry_run, overrides=overrides, wait=not no_wait, **settings)
+    ws = suite.workspace(scale, dry_run=dry_run, overrides=overrides, wait=not no_wait, **options)
     cli_options.check_norm(norm, ws.preset.run["blocks"])
     run = suite.RunName(norm, protocol)
     if dry_run:
@@ -261,10 +261,10 @@ def train(scale, norm, protocol, seed, dry_run, gpu, gpus, nodes, overrides, no_
 @cli_options.overrides_option
 @cli_options.force_option
 @cli_options.runs_option
-def teacher(scale, rebuild, ship, overrides, no_wait, force, **settings):
+def teacher(scale, rebuild, ship, overrides, no_wait, force, **options):
     """Pretrain the kit's own teacher for a scale and print its validation CE (a shipped one is installed)."""
     overrides = presets.parse_overrides(presets.PRESETS[scale], overrides)
-    ws = suite.workspace(scale, overrides=overrides, wait=not no_wait, **settings)
+    ws = suite.workspace(scale, overrides=overrides, wait=not no_wait, **options)
     say(ws, preflight.pretrain_teacher(ws, rebuild, force, ship))
 
 

@@ -91,14 +91,14 @@ def experiment_options(command):
 # ----------------------------------------------------------------------------------------------
 # What their values become
 
-def seeded_workspace(scale, seeds, default_seeds, dry_run, overrides, lockstep, no_wait, **settings
+def seeded_workspace(scale, seeds, default_seeds, dry_run, overrides, lockstep, no_wait, **workspace_options
                      ) -> tuple[suite.Workspace, list[int]]:
-    """The workspace of an experiment over seeds (`settings`: experiment_options' folders, --compile, --device
+    """The workspace of an experiment over seeds (`workspace_options`: experiment_options' folders, --compile, --device
     and --log), its --set parsed once, --lockstep resolved (unless given: where a seed's resident runs fit the
     GPU, plan.lockstep_default) and its seeds (chosen_seeds)."""
     overrides = presets.parse_overrides(presets.PRESETS[scale], overrides)
     seeds = chosen_seeds(overrides, seeds, default_seeds or [presets.PRESETS[scale].run["seed"]], "--seeds")
-    ws = suite.workspace(scale, dry_run=dry_run, overrides=overrides, wait=not no_wait, **settings)
+    ws = suite.workspace(scale, dry_run=dry_run, overrides=overrides, wait=not no_wait, **workspace_options)
     if lockstep is None:
         lockstep = dry_run or plan.lockstep_default(ws, tables.RUNS)
     return replace(ws, lockstep=lockstep), seeds
