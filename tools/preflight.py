@@ -199,7 +199,7 @@ def study_groups(study: registry.Study, ws: suite.Workspace, seed: int) -> list:
         if gws is ws or gws.student_runs == ws.student_runs:
             planned_groups.append((label, gws, plan.planned_runs(gws, runs, s)))
         else:
-            planned_groups.append((label, gws, [lockstep_plan.PlannedRun(run.name, suite.run_config(gws, run, s),
+            planned_groups.append((label, gws, [lockstep_plan.PlannedRun(run.name, variants.job_config(gws, run, s, None),
                                                                 1 if run.protocol == "freeze" else 0) for run in runs]))
     return planned_groups
 
