@@ -128,8 +128,8 @@ def render_reference(scale: str, content: dict) -> str:
         section = read_from(scale, where(name), render, content, scale)
         lines += section[:2] + own_runs_line(name, content) + section[2:]  # below its heading
     for study in registry.STUDIES.values():  # a study whose numbers are its committed records, not the reference
-        if not study.shipped and study.page(content, scale):
-            lines += ["", *study.page(content, scale)]
+        section = [] if study.shipped else study.page(content, scale)  # reads every record: once
+        lines += ["", *section] if section else []
     return "\n".join(lines).rstrip("\n") + "\n"
 
 
