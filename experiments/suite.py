@@ -184,8 +184,8 @@ def prepare_data(ws: Workspace, force: bool = False) -> tuple[data.Shard, data.S
         seed = PRESETS[ws.preset.name].run["seed"]
         with locks.held([ws.data_dir], ws.wait):
             if force and (corpus := shard_corpus(ws)) is not None:
-                refuse_rebuild_under_runs(ws, corpus, corpora.corpus(d["source"], d["val_docs"], seed,
-                                                                     **corpus_options(ws.preset)).identity)
+                refuse_rebuild_under_runs(ws, corpus, lambda: corpora.corpus(d["source"], d["val_docs"], seed,
+                                                                             **corpus_options(ws.preset)).identity)
             return prepare_shards.prepare(d["source"], ws.data_dir, enc, max_len=d["max_len"],
                                           n_train_docs=ws.train_docs, n_val_docs=d["val_docs"], seed=seed,
                                           progress=console.is_terminal, force=force, **corpus_options(ws.preset))
@@ -199,12 +199,13 @@ def prepare_data(ws: Workspace, force: bool = False) -> tuple[data.Shard, data.S
     return shards
 
 
-def refuse_rebuild_under_runs(ws: Workspace, shards_corpus: dict, corpus_now: dict):
+def refuse_rebuild_under_runs(ws: Workspace, shards_corpus: dict, corpus_now: Callable[[], dict]):
     """--force would rebuild the shards from an edited corpus (its content changed, its settings did not) under a
     teacher and runs trained on the old content, which name the shards' folder, not their content: a later run
-    would reuse them on the new shards. Refused before anything is rebuilt, naming what to move away."""
+    would reuse them on the new shards. Refused before anything is rebuilt, naming what to move away. The corpus is
+    identified (a local one read whole) only where something was trained: prepare_shards reads it again."""
     trained = sorted(p.name for p in ws.runs.iterdir() if p.name != "data" and not p.name.startswith("."))
-    if trained and shards_corpus != checkpoint.loads(checkpoint.json_text(corpus_now)):  # as a manifest reads back
+    if trained and shards_corpus != checkpoint.loads(checkpoint.json_text(corpus_now())):  # as a manifest reads back
         raise errors.DataError(f"{ws.data_dir}: the corpus changed since {trained[0]} was trained on these shards; "
                                f"--force would rebuild them under it: move {', '.join(trained)} out of {ws.runs} (or "
                                "choose another --runs-dir) and rerun")
