@@ -59,14 +59,14 @@ def provenance_lines(reference: dict) -> list[str]:
     machine = reference.get("machine")
     if reference.get("run_machines"):
         lines.append("- Machine of the runs (from each run's `provenance.json`): " + made_on(reference, commits) + ".")
-    if reference.get("table_provenance"):
-        lines.append(f"- Rerun in runs folders of their own, apart from the runs above: "
-                     f"{', '.join(sorted(reference['table_provenance']))}; each section says what trained its runs.")
     else:
         lines.append(f"- Machine: {machine}." if machine else
                      "- Machine: not recorded in this reference (each run's `provenance.json` records its device and "
                      "precision; `repro.py reference` does not copy them). Where the README recorded them: "
                      "[method.md](../method.md#where-the-shipped-numbers-were-trained).")
+    if reference.get("table_provenance"):
+        lines.append(f"- Rerun in runs folders of their own, apart from the runs above: "
+                     f"{', '.join(sorted(reference['table_provenance']))}; each section says what trained its runs.")
     return lines
 
 

@@ -309,3 +309,9 @@ def test_each_section_names_what_trained_its_runs_from_their_provenance():
     ref["run_machines"]["s42/pre-grow"] = "Intel Xeon (AMX)"
     changed = pages.render_reference("toy", ref)
     assert "18 run folders in float32 on AMD EPYC" in changed and "Intel Xeon (AMX), 1 run folder" in changed
+    # the machine line follows run_machines alone, whether or not a table was rerun apart
+    del ref["table_provenance"]
+    header = pages.render_reference("toy", ref).split("## ", 1)[0]
+    assert "- Machine of the runs" in header and "- Machine: not recorded" not in header and "Rerun in" not in header
+    del ref["run_machines"]
+    assert "- Machine: not recorded" in pages.render_reference("toy", ref).split("## ", 1)[0]
