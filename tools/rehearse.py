@@ -135,6 +135,9 @@ class CudaPeak(contextlib.AbstractContextManager):
         torch.cuda.reset_peak_memory_stats(self.device)
         return self
 
+    def __exit__(self, *exc):
+        return None  # AbstractContextManager leaves __exit__ abstract: without it the class cannot be made
+
     def reset_mod_stats(self):
         pass
 
