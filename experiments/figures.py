@@ -165,16 +165,13 @@ def save_beside_paper(fig, ax, pax, transition_steps, title: str, ylabel: str, p
     mark_transitions(ax, transition_steps)
     for a in (ax, pax):
         a.set_yscale("log")
-    pax.set_xticks([0, 1], PAPER_CHECKPOINTS)
+    pax.set_xticks([0, 1], ("first grow\ncheckpoint", "150k\n(end of grow)"))  # the paper gives no first step
     pax.set_xlim(-0.5, 1.5)
     pax.set_title(title)
     pax.set_ylabel(ylabel)
     legend_below(fig, ax)
     pax.legend(fontsize=6)
     return save_png(fig, path, caption)
-
-
-PAPER_CHECKPOINTS = ("first grow\ncheckpoint", "150k\n(end of grow)")  # the paper gives no first step
 
 
 def fig4_boundary_std(series: dict, path, paper: dict = PAPER["boundary_std_after_block0"],

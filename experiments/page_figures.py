@@ -19,7 +19,6 @@ from experiments import figures, readings, tables
 from plumbing import checkpoint
 
 NORMS, PROTOCOLS = tables.NORMS, ("joint", "grow")
-TABLE4_RUNS = [run.name for run in tables.TABLE4_TITLES]  # in the order a live run's Figure A2 has them
 
 
 class NullSeed(Exception):
@@ -76,7 +75,7 @@ def figA2(ref: dict) -> dict:
     blocks = lambda run: range(sum(key.startswith(f"{run}_dce_") for key in table4))
     return {"results": {run: [{"block": b, "delta_ce": mean(table4[f"{run}_dce_{b}"]),
                                "angular_distance": mean(table4[f"{run}_angular_{b}"])} for b in blocks(run)]
-                        for run in TABLE4_RUNS}}
+                        for run in (run_name.name for run_name in tables.TABLE4_TITLES)}}  # a live run's Figure A2's order
 
 
 @dataclass(frozen=True)
@@ -123,10 +122,6 @@ def seeds(figure: PageFigure, ref: dict) -> str:
     return ", ".join(map(str, readings.seeds_of(ref, figure.table)))
 
 
-def caption(scale: str, figure: PageFigure, ref: dict) -> str:
-    return f"normgrow, {scale} scale, mean over seeds {seeds(figure, ref)}, references/{scale}.json"
-
-
 def section(scale: str, ref: dict) -> list[str]:
     """The page's figures section: each figure linked (docs/results/<scale>/<name>.png), or why it is not drawn."""
     lines = ["## Figures", "", f"Drawn by `experiments/figures.py` from `references/{scale}.json` alone (`python repro.py "
@@ -152,7 +147,8 @@ def draw(scale: str, ref: dict) -> dict[str, bytes]:
         for figure in FIGURES:
             args = arguments(figure, ref)
             if args is not None:
-                path = figure.plot(path=Path(scratch) / f"{figure.name}.png", caption=caption(scale, figure, ref), **args)
+                caption = f"normgrow, {scale} scale, mean over seeds {seeds(figure, ref)}, references/{scale}.json"
+                path = figure.plot(path=Path(scratch) / f"{figure.name}.png", caption=caption, **args)
                 out[path.name] = path.read_bytes()
     return out
 

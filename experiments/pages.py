@@ -6,12 +6,9 @@ account's causal test by construction, from its committed records) between its m
     pages.render("toy")                     # the page as text; tests/test_pages.py checks the committed one
 
 Every number comes from references/<scale>.json (each table's per-seed values, as `repro.py reference`
-shipped them) or from paper.py. Every reading applies the rule declared before the runs: report.reading
-(below or above 0 where the 95% t-interval excludes 0, a tie where the 90% interval lies inside
-±presets.TIE_MARGIN, else inconclusive), or report.adjusted_reading by a Holm-adjusted p where the
-experiment declares a family (placements, intervention, planted). The words of each sentence are chosen
-by its reading, so a sentence cannot say more than its interval; each states the smallest tie margin its
-seeds allowed (report.smallest_tie_margin).
+shipped them) or from paper.py. Every reading applies the rule declared before the runs (readings.RULE; by
+a Holm-adjusted p where the experiment declares a family: placements, intervention, planted), in the words its
+reading chooses (experiments/readings.py), so a sentence cannot say more than its interval.
 """
 from __future__ import annotations
 
@@ -21,13 +18,7 @@ from functools import partial
 from pathlib import Path
 
 from experiments import beyond, page_figures, paper_reports, reference, registry, report, tables, tail
-from experiments.readings import (
-    RULE,
-    read,
-    reading_cell,
-    seeds_of,
-    stats,
-)
+from experiments.readings import RULE, read, reading_cell, seeds_of, stats
 from paper import DELTAS
 from plumbing import checkpoint
 from plumbing.errors import UsageError
@@ -57,8 +48,13 @@ def provenance_lines(reference: dict) -> list[str]:
         f"{p}, {n} run folder{'s' * (n > 1)}" for p, n in sorted(made_in.items())) + "." if made_in else
         "- Precision of the runs: not recorded in this reference (`run_precisions` came after it).")
     machine = reference.get("machine")
-    if reference.get("run_machines"):
-        lines.append("- Machine of the runs (from each run's `provenance.json`): " + made_on(reference, commits) + ".")
+    if reference.get("run_machines"):  # each machine with how many run folders; the folders of an unrecorded one named
+        machines = reference["run_machines"]
+        known = Counter(machines[folder] for folder in commits if machines.get(folder) is not None)
+        unknown = sorted(folder for folder in commits if machines.get(folder) is None)
+        lines.append("- Machine of the runs (from each run's `provenance.json`): " + "; ".join(
+            f"{m}, {n} run folder{'s' * (n > 1)}" for m, n in sorted(known.items(), key=lambda i: str(i[0])))
+            + (f"; not recorded, {len(unknown)} ({', '.join(unknown)})" if unknown else "") + ".")
     else:
         lines.append(f"- Machine: {machine}." if machine else
                      "- Machine: not recorded in this reference (each run's `provenance.json` records its device and "
@@ -68,16 +64,6 @@ def provenance_lines(reference: dict) -> list[str]:
         lines.append(f"- Rerun in runs folders of their own, apart from the runs above: "
                      f"{', '.join(sorted(reference['table_provenance']))}; each section says what trained its runs.")
     return lines
-
-
-def made_on(made: dict, folders) -> str:
-    """The machines of run folders as a reference keeps them (`run_machines`), each with how many folders; the
-    folders of an unrecorded one named."""
-    machines = made.get("run_machines") or {}
-    counts = Counter(machines.get(folder) for folder in folders)
-    unknown = sorted(folder for folder in folders if machines.get(folder) is None)
-    return "; ".join(f"{m}, {n} run folder{'s' * (n > 1)}" for m, n in sorted(counts.items(), key=lambda i: str(i[0]))
-                     if m is not None) + (f"; not recorded, {len(unknown)} ({', '.join(unknown)})" if unknown else "")
 
 
 def own_runs_line(name: str, reference: dict) -> list[str]:
@@ -168,16 +154,6 @@ def headline_numbers(reference: dict) -> dict[str, tuple[dict, float | None]]:
 HEADLINE_TABLE2 = ("delta_ce_phase_0", "delta_ce_last_minus_phase_0")
 
 
-def headline_rows() -> list[tuple[str, str, float | None, bool]]:
-    """(label, key, the paper's value, read?) of each headline row."""
-    exp, table2 = tables.EXPERIMENTS["table1"], {r.key: r for r in tables.EXPERIMENTS["table2"].rows}
-    rows = [(r.label + " (primary)" * (r.key == exp.readings[0]), r.key, r.paper, r.key in exp.readings)
-            for r in exp.rows]
-    rows += [(f"Table 2: {table2[key].label} (post hoc)", key, table2[key].paper, True) for key in HEADLINE_TABLE2]
-    return rows + [("delta grow in the placements family, Holm over its comparisons", "placements: post delta_grow",
-                    DELTAS["delta_grow"], True)]
-
-
 def headline(references: dict[str, dict] | None = None) -> list[str]:
     """Table 1 at each of HEADLINE_SCALES beside the paper's, with intervals and the declared readings, and
     the rows that say how far Δgrow's reading goes (its path through the phases, its reading in a family)."""
@@ -191,28 +167,31 @@ def headline(references: dict[str, dict] | None = None) -> list[str]:
         head += [f"`{scale}`: not yet run" if ref is None else
                  f"`{scale}`, {len(seeds_of(ref, 'table1'))} seeds: mean [95% CI]", "reading"]
     lines = ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
-    for label, key, paper, read_it in headline_rows():
+    # (label, key, the paper's value, read?) of each row
+    exp, table2 = tables.EXPERIMENTS["table1"], {r.key: r for r in tables.EXPERIMENTS["table2"].rows}
+    rows = [(r.label + " (primary)" * (r.key == exp.readings[0]), r.key, r.paper, r.key in exp.readings)
+            for r in exp.rows]
+    rows += [(f"Table 2: {table2[key].label} (post hoc)", key, table2[key].paper, True) for key in HEADLINE_TABLE2]
+    rows.append(("delta grow in the placements family, Holm over its comparisons", "placements: post delta_grow",
+                 DELTAS["delta_grow"], True))
+    for label, key, paper, read_it in rows:
         cells = [label, report.fmt(paper, 4)]
         for scale in references:
             s, p_holm = numbers[scale].get(key, (None, None))
             cells += ["not run", ""] if s is None else \
                 [report.stats_cell(s, signed=read_it), reading_cell(s, p_holm) if read_it else ""]
         lines.append("| " + " | ".join(cells) + " |")
+    # the causal test by construction (experiments/tail.py), at the scales it ran at
     outcomes = {scale: tail.recorded_outcome(scale) for scale in references if scale in tail.REGULAR_RMS}
-    lines.append("| " + " | ".join(tail_row(references, outcomes)) + " |")
-    commits = ", ".join(f"`{scale}` at `{ref['git_commit'][:7]}`" for scale, ref in references.items() if ref)
-    tested = [line for out in outcomes.values() for line in tail.headline_claim(out)]
-    return lines + ["", *claims(references), *tested, "", f"From `references/*.json` ({commits}), the causal test's "
-                        "committed records (`references/records/`) and `paper.py`. " + RULE]
-
-
-def tail_row(references: dict[str, dict], outcomes: dict[str, dict]) -> list[str]:
-    """The headline's row for the causal test by construction (experiments/tail.py), at the scales it ran at."""
     cells = ["the account's causal test by construction: D = (pre-grow tail − pre-grow) − (pre-joint tail − "
              "pre-joint) (its own primary; [toy page](docs/results/toy.md))", "> 0 (the account)"]
     for scale in references:
         cells += tail.headline_cells(outcomes[scale]) if scale in outcomes else ["not run", ""]
-    return cells
+    lines.append("| " + " | ".join(cells) + " |")
+    commits = ", ".join(f"`{scale}` at `{ref['git_commit'][:7]}`" for scale, ref in references.items() if ref)
+    tested = [line for out in outcomes.values() for line in tail.headline_claim(out)]
+    return lines + ["", *claims(references), *tested, "", f"From `references/*.json` ({commits}), the causal test's "
+                        "committed records (`references/records/`) and `paper.py`. " + RULE]
 
 
 # The paper's three claims on Table 1, and the words each reading gives them (the paper's sign: below 0, a tie, below 0)

@@ -31,9 +31,7 @@ def read(s: dict, p_holm: float | None = None) -> str:
     missing = sum(not math.isfinite(v) for v in s["values"])
     if missing:
         return f"no reading: {missing} of {len(s['values'])} seeds have no value (null: a diverged run, n/a or never)"
-    if p_holm is None:
-        return report.reading(s, TIE_MARGIN)
-    return report.adjusted_reading(s, p_holm, TIE_MARGIN)
+    return report.reading(s, TIE_MARGIN) if p_holm is None else report.adjusted_reading(s, p_holm, TIE_MARGIN)
 
 
 def holm_family(members: list[dict]) -> list[float]:

@@ -47,26 +47,22 @@ def phase_start_eval(ws: Workspace, run: RunName, seed: int, phase: int) -> dict
 
 def logged_row(run_dir: Path, what: str, wanted: Callable[[dict], bool]) -> dict:
     """The first row of a finished run's metrics.jsonl that `wanted` picks, an evaluation as the kit logs it
-    (the figures plot its CE), or one line naming the file: a log edited or cut short by hand."""
-    row = next((r for r in metrics(run_dir) if wanted(r)), None)
-    why = "missing" if row is None else logged_ce_problem(row)
-    if why:
-        raise errors.TrainingError(f"{run_dir / 'metrics.jsonl'}: {what} is {why}, although the run is finished; the "
-                                   "log is damaged: move the run away and rerun it")
-    return row
-
-
-def logged_ce_problem(row: dict) -> str:
-    """What makes an evaluation row's CE one the kit cannot have logged ('' for none): a CE is a finite number
-    of at least 0 and is logged beside its PPL, exp(CE). No upper bound: a phase's starting weights (phase 0's
-    random ones too) may score worse than a uniform prediction without a divergence."""
+    (the figures plot its CE), or one line naming the file: a log edited or cut short by hand. A CE the kit can
+    have logged is a finite number of at least 0, beside its PPL, exp(CE). No upper bound: a phase's starting
+    weights (phase 0's random ones too) may score worse than a uniform prediction without a divergence."""
+    row = next((r for r in metrics(run_dir) if wanted(r)), {})  # a row `wanted` picks is never empty
     ce, ppl = row.get("ce"), row.get("ppl")
-    if not checkpoint.finite_number(ce):
-        return "not a finite CE"
-    if ce < 0 or not checkpoint.finite_number(ppl) or not math.isclose(ppl, nets.perplexity(ce), rel_tol=1e-9):
-        return f"a CE of {ce!r} with a PPL of {printable(repr(ppl), 40)}, not what an evaluation logs (a CE of at " \
-               "least 0, its PPL exp(CE))"
-    return ""
+    if not row:
+        why = "missing"
+    elif not checkpoint.finite_number(ce):
+        why = "not a finite CE"
+    elif ce < 0 or not checkpoint.finite_number(ppl) or not math.isclose(ppl, nets.perplexity(ce), rel_tol=1e-9):
+        why = f"a CE of {ce!r} with a PPL of {printable(repr(ppl), 40)}, not what an evaluation logs (a CE of at " \
+              "least 0, its PPL exp(CE))"
+    else:
+        return row
+    raise errors.TrainingError(f"{run_dir / 'metrics.jsonl'}: {what} is {why}, although the run is finished; the "
+                               "log is damaged: move the run away and rerun it")
 
 
 @cache

@@ -1,10 +1,9 @@
 """A study's record (experiments/studies.py) as a file: what it must hold before anything is read or written
-from it, checked whole when it is read (studies.read_record: every key the kit reads, of the type the kit writes
-it in, its place its run's, its config the one its identity hashes); the text it gives a page or the terminal,
-escaped and bounded (`cell`); and its folder, meant for git: checked writable before a study trains, written
-atomically without leaving a killed write's temporary file behind. A record is a file people commit, copy and
-edit: one edited and sealed again (its sha256 recomputed) is one line naming it and the key, never a run folder
-that fails later, half restored, or a traceback.
+from it, checked whole when it is read (check_record); the text it gives a page or the terminal, escaped and
+bounded (`cell`); and its folder, meant for git: checked writable before a study trains, written atomically
+without leaving a killed write's temporary file behind. A record is a file people commit, copy and edit: one
+edited and sealed again (its sha256 recomputed) is one line naming it and the key, never a run folder that
+fails later, half restored, or a traceback.
 
     check_record(record, path)           # a BadRecord naming the record, the key and the fix
     cell(record["provenance"]["cpu"])    # one table cell: no line break, no |, at most 200 characters
@@ -32,7 +31,6 @@ RUN_KEYS = {"format", "run", "workspace", "seed", "identity", "config", "provena
 RUNG_KEYS = {"format", "kind", "identity", "provenance", "row", "sha256"}  # a search's rung (studies.record_rung)
 IDENTITY_TYPES = {"config_sha256": str, "data": dict, "teacher": str}
 PROVENANCE_TEXT = ("git_commit", "torch", "device", "cpu", "cpu_capability", "precision", "precision_reason")
-CELL_CHARACTERS = 200
 
 
 # ----------------------------------------------------------------------------------------------
@@ -69,7 +67,7 @@ def whole(value) -> bool:
     return type(value) is int and 0 <= value < 2**63
 
 
-def cell(value, limit: int = CELL_CHARACTERS) -> str:
+def cell(value, limit: int = 200) -> str:
     """Text from a file as one markdown table cell or one line of output: control characters (a line break
     among them) escaped, | escaped, at most `limit` characters (a 200 MB string costs a slice, not a page)."""
     text = value if isinstance(value, str) else str(value)
@@ -78,8 +76,9 @@ def cell(value, limit: int = CELL_CHARACTERS) -> str:
 
 def check_record(record, path: Path):
     """The record whole: its format, and for a run's record every key of RUN_KEYS of its type, its run label
-    and workspace its place (<records>/<workspace>/<run>.json, the label's s<seed> its seed), done.json's numbers
-    its last evaluation's; a rung's record, its identity, provenance and row objects."""
+    and workspace its place (<records>/<workspace>/<run>.json, the label's s<seed> its seed), its config the one
+    its identity hashes, done.json's numbers its last evaluation's; a rung's record, its identity, provenance and
+    row objects."""
     bad = lambda where, problem: BadRecord(path, where, problem)
     if not isinstance(record, dict):
         raise bad("the file", f"is {describe(record)}, not an object")
@@ -98,7 +97,11 @@ def check_record(record, path: Path):
     check_settings(record["config"], bad)
     if record["identity"]["config_sha256"] != digest(training_settings(record["config"])):
         raise bad("config", "is not the settings identity.config_sha256 names (edited by hand)")
-    check_provenance(record["provenance"], bad)
+    if "precision" not in record["provenance"]:
+        raise bad("provenance.precision", "is missing")
+    for key in PROVENANCE_TEXT:
+        if key in record["provenance"] and not isinstance(record["provenance"][key], str):
+            raise bad(f"provenance.{key}", f"is {describe(record['provenance'][key])}, not a text")
     if not finite_number(record["wall_seconds"]) or record["wall_seconds"] < 0:
         raise bad("wall_seconds", f"is {describe(record['wall_seconds'])}, not a finite number of seconds >= 0")
     rows = expect(record["metrics"], list, "metrics", bad)
@@ -157,14 +160,6 @@ def check_settings(settings: dict, bad):
             raise bad(f"config.{key}", f"is {describe(value)}, not the setting's type")
     if settings.get("relative_to_run") is not True:
         raise bad("config.relative_to_run", "is not true (a record's paths are its run folder's)")
-
-
-def check_provenance(provenance: dict, bad):
-    if "precision" not in provenance:
-        raise bad("provenance.precision", "is missing")
-    for key in PROVENANCE_TEXT:
-        if key in provenance and not isinstance(provenance[key], str):
-            raise bad(f"provenance.{key}", f"is {describe(provenance[key])}, not a text")
 
 
 def check_done(done: dict, rows: list[dict], bad) -> bool:

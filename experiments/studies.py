@@ -10,9 +10,8 @@ a study restores its recorded runs into their folders (no weights) and trains on
 
 A record is used only where it matches what the command would train now; a stale one is named with the
 reason and nothing trains until it is moved away (or --force retrains it and replaces its record). A record
-is data: read whole before anything is written from it (experiments/record_files.py: its checksum, every key
-the kit reads, its place, its config's hash), and restored under its run folder's lock, as training takes it.
-Records of other CPUs combine (fp32 differs between instruction sets only in rounding;
+is data: read whole before anything is written from it (read_record), and restored under its run folder's lock,
+as training takes it. Records of other CPUs combine (fp32 differs between instruction sets only in rounding;
 docs/preregistrations.md, 2026-12-03); of another precision, never.
 """
 from __future__ import annotations
@@ -25,17 +24,8 @@ from pathlib import Path
 import config
 import diag
 import rundir
-from experiments import readouts, report, suite, tables, variants
-from experiments.record_files import (
-    FORMAT,
-    BadRecord,
-    cell,
-    check_record,
-    check_writable,
-    digest,
-    training_settings,
-    write_record,
-)
+from experiments import readouts, record_files, report, suite, tables, variants
+from experiments.record_files import FORMAT, BadRecord, cell, digest, training_settings
 from experiments.suite import RunName, Workspace
 from plumbing import checkpoint, devices, errors, locks
 
@@ -97,18 +87,18 @@ def teacher_checksum(stored: dict, folder: Path) -> str:
     return digest({name: sha for name, sha in files.items() if name == "config.json" or name.endswith(".safetensors")})
 
 
-def identity(job: Job, stored: dict) -> dict:
-    return {"config_sha256": digest(training_settings(stored)), "data": suite.shard_sha256s(job.ws),
-            "teacher": teacher_checksum(stored, job.folder)}
+def identity(job: Job, stored: dict, check_data: bool = True) -> dict:
+    """What the run is; a dry run (no data prepared) knows its settings only: data and teacher None (not compared)."""
+    return {"config_sha256": digest(training_settings(stored)), "data": suite.shard_sha256s(job.ws) if check_data else None,
+            "teacher": teacher_checksum(stored, job.folder) if check_data else None}
 
 
 # ----------------------------------------------------------------------------------------------
 # Reading and checking records
 
 def read_record(path: Path) -> dict:
-    """A record as written: its own checksum verified, then checked whole (record_files.check_record: every key the
-    kit reads, of its type; its place its run's; done.json its log's) and its config hashing to its identity, so
-    that nothing is written from a record edited and sealed again; an edited or damaged one is one line."""
+    """A record as written: its own checksum verified, then checked whole (record_files.check_record), so that
+    nothing is written from a record edited and sealed again; an edited or damaged one is one line."""
     if not path.is_file():  # a FIFO or a folder at a record's name is never opened
         raise BadRecord(path, "the file", "is not a plain file")
     try:
@@ -117,7 +107,7 @@ def read_record(path: Path) -> dict:
         raise BadRecord(path, "the file", f"is not a record the kit wrote ({cell(e, 120)})") from None
     if not isinstance(record, dict) or record.get("sha256") != digest({k: v for k, v in record.items() if k != "sha256"}):
         raise BadRecord(path, "its content", "does not match its sha256 (edited by hand or damaged)")
-    check_record(record, path)
+    record_files.check_record(record, path)
     return record
 
 
@@ -129,11 +119,15 @@ def study_records(folder: Path) -> list[tuple[Path, dict]]:
 
 
 def stale_reason(record: dict, wanted: dict) -> str:
-    """Why a record is not of the run the command would train now ("" if it is)."""
+    """Why a record is not of the run (or rung) the command would train now ("" if it is); a part of `wanted` that
+    is None (a dry run's data and teacher) is not compared."""
     have = record["identity"]
     reasons = {"config_sha256": "the run's settings changed", "data": "the data's shards changed",
                "teacher": "the teacher changed"}
-    return "; ".join(why for key, why in reasons.items() if have.get(key) != wanted[key])
+    return "; ".join(why for key, why in reasons.items() if wanted[key] is not None and have.get(key) != wanted[key])
+
+
+rung_stale_reason = stale_reason  # tools/preflight.py's name for it, where it reads a rung's record
 
 
 def recorded_ce(record: dict) -> float:
@@ -155,8 +149,7 @@ class Status:
 
 
 def survey(jobs: list[Job], teacher: Path, check_data: bool = True) -> Status:
-    """Each job's record: valid, stale (and why) or missing. Without the data prepared (a dry run) only the
-    settings are compared."""
+    """Each job's record: valid, stale (and why) or missing (identity: a dry run compares the settings only)."""
     status = Status([], [], [])
     for job in unique(jobs):
         path = record_path(job)
@@ -165,9 +158,7 @@ def survey(jobs: list[Job], teacher: Path, check_data: bool = True) -> Status:
             continue
         record = read_record(path)
         stored = stored_form(variants.job_config(job.ws, job.run, job.seed, teacher))
-        wanted = identity(job, stored) if check_data else {**record["identity"],
-                                                           "config_sha256": digest(training_settings(stored))}
-        why = stale_reason(record, wanted)
+        why = stale_reason(record, identity(job, stored, check_data))
         (status.stale.append((job, why)) if why else status.recorded.append((job, record)))
     return status
 
@@ -237,7 +228,8 @@ def restore(jobs: list[Job], teacher: Path, force: bool = False) -> Status:
     """Before a study trains: every record checked; stale ones stop it (one line naming them and why) unless
     --force (they are retrained and their records replaced); valid ones are written into run folders that
     hold no finished run, without weights, each under its folder's lock (restore_folder). A recorded run whose
-    checkpoint a missing run starts from is not restored: it trains again first (its record kept)."""
+    checkpoint a missing run starts from is not restored, or if an earlier command restored it (no weights), its
+    folder is cleared under its lock: it trains again first (its record kept)."""
     status = survey(jobs, teacher)
     if status.stale and not force:
         job, why = status.stale[0]
@@ -247,16 +239,21 @@ def restore(jobs: list[Job], teacher: Path, force: bool = False) -> Status:
     for job, _ in status.stale:  # --force: retrained, and recorded again
         record_path(job).unlink()
     check_precision(status, jobs[0].ws)
-    untrained = status.remaining + [job for job, _ in status.stale]
-    prefixes = {prefix_folder(job, teacher) for job in untrained} - {None}
+    sources = {job: prefix_folder(job, teacher) for job in status.remaining + [job for job, _ in status.stale]}
     for job, record in status.recorded:
-        if job.folder in prefixes and not (job.folder / "done.json").is_file():
+        if job.folder in sources.values() and not (job.folder / "done.json").is_file():
             suite.console.print(f"{job.folder}: recorded without weights; trained again as the prefix of the runs that "
                                 "start from it (its record is kept)", markup=False, highlight=False)
         else:
             restore_folder(job, record)
-    for job in untrained:
-        retrain_prefix(job, teacher)
+    for job, source in sources.items():
+        if source is not None and (source / RECORD).is_file():
+            with held(source, job.ws):
+                if (source / RECORD).is_file():  # not trained meanwhile by another process
+                    suite.console.print(f"{source}: restored from its record without weights; trained again as the "
+                                        f"prefix of {job.folder} (its record is kept)", markup=False, highlight=False)
+                    rundir.check_discardable(source)
+                    shutil.rmtree(source)
     return status
 
 
@@ -296,20 +293,6 @@ def prefix_folder(job: Job, teacher: Path) -> Path | None:
     return Path(config.absolute_paths(stored_form(settings), job.folder)["start_from"]).parent
 
 
-def retrain_prefix(job: Job, teacher: Path):
-    """The job starts from another run's phase checkpoint; if that run was restored from its record (no
-    weights) by an earlier command, its folder is cleared, under its lock, so that it trains again first."""
-    source = prefix_folder(job, teacher)
-    if source is None or not (source / RECORD).is_file():
-        return
-    with held(source, job.ws):
-        if (source / RECORD).is_file():  # not trained meanwhile by another process
-            suite.console.print(f"{source}: restored from its record without weights; trained again as the prefix "
-                                f"of {job.folder} (its record is kept)", markup=False, highlight=False)
-            rundir.check_discardable(source)
-            shutil.rmtree(source)
-
-
 def record_finished(ws: Workspace, run: RunName, seed: int):
     """After a run finishes (or is reused): its record, written once (atomically). A run trained again as a
     prefix keeps its record; its folder's readable files are set back to the record's, so the reports read one
@@ -331,7 +314,7 @@ def record_finished(ws: Workspace, run: RunName, seed: int):
             checkpoint.write_json(job.folder / diag.DIAGNOSTICS, old["diagnostics"])
         return
     record = make_record(job, stored)
-    write_record(path, record)
+    record_files.write_record(path, record)
     checkpoint.write_json(job.folder / diag.DIAGNOSTICS, record["diagnostics"])
 
 
@@ -435,7 +418,7 @@ def attach(ws: Workspace, records: Path | None, dry_run: bool = False) -> Worksp
     if records is None:
         return ws
     if not dry_run:
-        check_writable(records / ws.runs.name)
+        record_files.check_writable(records / ws.runs.name)
     return settle_precision(replace(ws, records=records, on_finished=record_finished))
 
 
@@ -463,7 +446,7 @@ def recorded_rung(path: Path, wanted: dict, force: bool = False) -> dict | None:
     if not path.is_file():
         return None
     record = read_record(path)
-    why = rung_stale_reason(record, wanted)
+    why = stale_reason(record, wanted)
     if not why:
         return record
     if not force:
@@ -473,15 +456,10 @@ def recorded_rung(path: Path, wanted: dict, force: bool = False) -> dict | None:
     return None
 
 
-def rung_stale_reason(record: dict, wanted: dict) -> str:
-    """stale_reason, where a part of `wanted` that is None (a dry run's data and teacher) is not compared."""
-    return stale_reason(record, {k: record["identity"].get(k) if v is None else v for k, v in wanted.items()})
-
-
 def record_rung(path: Path, identity: dict, row: dict, provenance: dict):
     """A finished rung's record, written once, atomically: its row without this machine's folders, a number that
     is not one (a diverged rung's) as null, as search.json has it."""
     record = {"format": FORMAT, "kind": "rung", "identity": identity, "provenance": provenance,
               "row": report.finite({k: v for k, v in row.items() if k not in ("folder", "teacher_dir")})}
     record["sha256"] = digest(record)
-    write_record(path, record)
+    record_files.write_record(path, record)

@@ -173,7 +173,7 @@ def test_a_dry_run_reads_records_it_could_not_write(tmp_path, monkeypatch):
     """A read-only clone may plan: a dry run only reads the records, so a records folder this user cannot write (as
     os.access says here: root writes anywhere, so the check is made to say so) stops the run, not its dry run."""
     read_only = lambda folder: (_ for _ in ()).throw(errors.OptionError("--records-dir", f"{folder} is read-only here"))
-    monkeypatch.setattr(studies, "check_writable", read_only)
+    monkeypatch.setattr(record_files, "check_writable", read_only)
     args = ["table1", "--scale", "toy", "--runs-dir", tmp_path / "runs", "--records-dir", tmp_path / "records"]
     planned = repro_cli(*args, "--dry-run")
     assert "to train" in planned.stdout or "remaining" in planned.stdout
