@@ -79,8 +79,7 @@ def read_manifest(path: Path) -> dict:
     try:
         manifest = checkpoint.loads(file.read_text())
     except FileNotFoundError:
-        raise DataError(f"{file}: missing, so {path} is not a finished shard; run prepare (python repro.py data)"
-                        ) from None
+        raise DataError(f"{file}: missing, so {path} is not a finished shard; run prepare (python repro.py data)") from None
     except ValueError as error:
         raise DataError(f"{file}: not valid JSON ({error}); rebuild the shard with force=True (--force)") from None
     if not isinstance(manifest, dict):
@@ -179,9 +178,7 @@ def fixed_shape(batch: Batch, shard: Shard, rows: int) -> Batch:
     and their real targets are the batch's own."""
     rows = max(rows, len(batch.lengths))
     width = bucket_width(batch.input_ids.shape[1], shard.manifest["max_len"])
-
-    def padded(t: torch.Tensor, value) -> torch.Tensor:
-        return F.pad(t, (0, width - t.shape[1], 0, rows - t.shape[0]), value=value)
+    padded = lambda t, value: F.pad(t, (0, width - t.shape[1], 0, rows - t.shape[0]), value=value)
     return Batch(padded(batch.input_ids, shard.eot), padded(batch.targets, shard.eot), padded(batch.mask, False),
                  F.pad(batch.lengths, (0, rows - len(batch.lengths))), batch.doc_ids, batch.n_targets)
 

@@ -23,7 +23,6 @@ Definitions (each function's docstring has the details):
 - token types: TOKEN_TYPE_DEFINITION below.
 - block removal: dCE_l = CE(skip block l) - CE(full), angular distance arccos(cos(h_in, h_out)) / pi.
 - transition response: transition_response's docstring, with how it maps to the paper's Table A4.
-
 """
 from __future__ import annotations
 
@@ -248,14 +247,13 @@ def diagnose_teacher(teacher, batch, decode: Callable) -> dict:
 @torch.no_grad()
 def layer_scan(net, batch, decode: Callable, sink_attention: float, active_blocks: int | None = None,
                top: int = 3) -> list[dict]:
-    """Per decoder layer that ran (a Qwen3 teacher's every layer; a student's layers of its active
-    blocks, `active_blocks` as in diagnose_checkpoint), of its output on `batch`: the `top` largest
-    |activations| over real tokens and channels (one per channel and position), each with its channel,
-    row, position and token text
-    (Sun et al. 2024's massive activations sit in a few fixed channels of a few tokens), their ratio to
-    the median |activation| (massive_activation's), the boundary token's RMS over the regular tokens'
-    (token_type_rms), and the first-token attention of each head: the share of heads putting a mean of
-    at least `sink_attention` on position 0 (an attention sink, Gu et al. 2024) and the largest head's.
+    """Per decoder layer that ran (a Qwen3 teacher's every layer; a student's layers of its active blocks,
+    `active_blocks` as in diagnose_checkpoint), of its output on `batch`: the `top` largest |activations|
+    over real tokens and channels (one per channel and position), each with its channel, row, position and
+    token text (Sun et al. 2024's massive activations sit in a few fixed channels of a few tokens), their
+    ratio to the median |activation| (massive_activation's), the boundary token's RMS over the regular
+    tokens' (token_type_rms), and the first-token attention of each head: the share of heads putting a mean
+    of at least `sink_attention` on position 0 (an attention sink, Gu et al. 2024) and the largest head's.
     Read with forward hooks on net.layers, so a block of several layers shows each layer's output."""
     outputs = {}
     keep = lambda index, module, args, output: outputs.__setitem__(index, output.detach())
@@ -322,10 +320,6 @@ def angular_distance(h_in: torch.Tensor, h_out: torch.Tensor) -> torch.Tensor:
     return 2 * torch.atan2((u - v).norm(dim=-1), (u + v).norm(dim=-1)) / math.pi
 
 
-def mean_ce(sums: dict) -> float:
-    return (sums["ce"] / sums["n"]).item()
-
-
 @torch.no_grad()
 def block_removal(student, batch) -> list[dict]:
     """Per block l of the whole student: {"block", "ce_full", "ce_skip", "delta_ce", "angular_distance"},
@@ -334,14 +328,15 @@ def block_removal(student, batch) -> list[dict]:
     model's forward. Skipping follows model.Student: a post-norm block goes with its norms, the entry
     norm stays. CE comes from kd.kd_sums (float64 sums, in token chunks: no full logits)."""
     device = next(student.parameters()).device
-    input_ids, mask = batch.input_ids.to(device), batch.mask.to(device)
-    ce_sums = partial(kd.kd_sums, teacher_hidden=None, teacher_head_weight=None,
-                      targets=batch.targets.to(device), mask=mask)
-    full_sums, boundaries = student(input_ids, output_fn=ce_sums, return_boundaries=True)
-    ce_full = mean_ce(full_sums)
+    input_ids, targets, mask = batch.input_ids.to(device), batch.targets.to(device), batch.mask.to(device)
+
+    def mean_ce(hidden, head_weight) -> float:
+        sums = kd.kd_sums(hidden, head_weight, None, None, targets, mask)
+        return (sums["ce"] / sums["n"]).item()
+    ce_full, boundaries = student(input_ids, output_fn=mean_ce, return_boundaries=True)
     results = []
     for block in range(student.blocks):
-        ce_skip = mean_ce(student(input_ids, skip_block=block, output_fn=ce_sums))
+        ce_skip = student(input_ids, skip_block=block, output_fn=mean_ce)
         angular = angular_distance(boundaries[block], boundaries[block + 1])[mask].mean().item()
         results.append({"block": block, "ce_full": ce_full, "ce_skip": ce_skip,
                         "delta_ce": ce_skip - ce_full, "angular_distance": angular})
@@ -349,8 +344,6 @@ def block_removal(student, batch) -> list[dict]:
 
 
 DIAGNOSTICS = "diagnostics.json"  # what a study recorded of a run (experiments/studies.py), read before any weights
-
-
 BLOCK_REMOVAL_KEYS = ("block", "ce_full", "ce_skip", "delta_ce", "angular_distance")
 
 

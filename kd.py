@@ -51,7 +51,6 @@ DEFAULT_CHUNK_SIZE = 1024
 # ----------------------------------------------------------------------------------------------
 # Per-token terms of a block of rows
 
-
 def _token_terms(z_S, z_T, y, *, alpha, gamma, tau, want_grad, want_soft_ce):
     """Loss terms of a few tokens from their fp32 (or fp64) logits z_S, z_T of shape (rows, V).
 
@@ -60,32 +59,29 @@ def _token_terms(z_S, z_T, y, *, alpha, gamma, tau, want_grad, want_soft_ce):
     (z_T None), soft_ce and grad are None unless asked for."""
     log_p_S = torch.log_softmax(z_S, dim=-1)
     ce = -log_p_S.gather(1, y[:, None]).squeeze(1)
-    rows = torch.arange(len(y), device=y.device)
+    kl = soft_ce = None
+    if z_T is not None:
+        log_q_S = log_p_S if tau == 1 else torch.log_softmax(z_S / tau, dim=-1)
+        log_q_T = torch.log_softmax(z_T if tau == 1 else z_T / tau, dim=-1)
+        q_T = log_q_T.exp()
+        # KL summed directly rather than as soft_ce - entropy: the difference of two large numbers loses
+        # the digits of a small KL in fp32.
+        kl = tau**2 * (q_T * (log_q_T - log_q_S)).sum(-1)
+        soft_ce = -tau**2 * (q_T * log_q_S).sum(-1) if want_soft_ce else None
+    if not want_grad:
+        return ce, kl, soft_ce, None
     if z_T is None:
-        grad = log_p_S.exp_().mul_(gamma) if want_grad else None          # gamma * (p_S - onehot(y))
-        if grad is not None:
-            grad[rows, y] -= gamma
-        return ce, None, None, grad
-    log_q_S = log_p_S if tau == 1 else torch.log_softmax(z_S / tau, dim=-1)
-    log_q_T = torch.log_softmax(z_T if tau == 1 else z_T / tau, dim=-1)
-    q_T = log_q_T.exp()
-    # KL summed directly rather than as soft_ce - entropy: the difference of two large numbers loses
-    # the digits of a small KL in fp32.
-    kl = tau**2 * (q_T * (log_q_T - log_q_S)).sum(-1)
-    soft_ce = -tau**2 * (q_T * log_q_S).sum(-1) if want_soft_ce else None
-    grad = None
-    if want_grad:
-        if tau == 1:  # q_S = p_S: grad = (alpha + gamma) p_S - alpha q_T - gamma onehot(y), one exp fewer
-            grad = log_p_S.exp().mul_(alpha + gamma).sub_(q_T, alpha=alpha)
-        else:
-            grad = log_p_S.exp().mul_(gamma).add_(log_q_S.exp().sub_(q_T), alpha=alpha * tau)
-        grad[rows, y] -= gamma
+        grad = log_p_S.exp_().mul_(gamma)                                   # gamma * (p_S - onehot(y))
+    elif tau == 1:  # q_S = p_S: grad = (alpha + gamma) p_S - alpha q_T - gamma onehot(y), one exp fewer
+        grad = log_p_S.exp().mul_(alpha + gamma).sub_(q_T, alpha=alpha)
+    else:
+        grad = log_p_S.exp().mul_(gamma).add_(log_q_S.exp().sub_(q_T), alpha=alpha * tau)
+    grad[torch.arange(len(y), device=y.device), y] -= gamma
     return ce, kl, soft_ce, grad
 
 
 # ----------------------------------------------------------------------------------------------
 # The one chunk loop: sums over tokens, and (optionally) the gradients of the summed loss
-
 
 @torch.no_grad()  # gradients here are computed by hand, never traced
 def _chunk_loop(h_S, W_S, h_T, W_T, y, *, alpha, gamma, tau, chunk_size, grad_h=False, grad_W=False,
@@ -146,7 +142,6 @@ def _upcast(z):
 # ----------------------------------------------------------------------------------------------
 # Autograd: the gradients were finished in forward; backward scales them by grad_output
 
-
 class _ChunkedLoss(torch.autograd.Function):
     @staticmethod
     def forward(ctx, h_S, W_S, h_T, W_T, y, alpha, gamma, tau, chunk_size, scale):
@@ -175,7 +170,6 @@ def _terms(sums, alpha, gamma, scale, dtype):
 
 # ----------------------------------------------------------------------------------------------
 # Public API
-
 
 def kd_loss(student_hidden, student_head_weight, teacher_hidden, teacher_head_weight, targets, mask,
             alpha=0.7, gamma=0.3, tau=1.0, chunk_size=DEFAULT_CHUNK_SIZE, denominator=None):

@@ -179,16 +179,25 @@ def _write_shard(path: Path, inputs: dict, chunks: Iterator[tuple[np.ndarray, np
         shutil.rmtree(partial)  # left by a killed prepare; it has no manifest and never was a shard
     partial.mkdir(parents=True)
     try:
-        tokens_sha, lengths = _write_tokens(partial / TOKENS_FILE, chunks)
+        digest, lengths = hashlib.sha256(), [np.zeros(0, np.int64)]  # the tokens' sha256, each chunk's lengths
+        with open(partial / TOKENS_FILE, "wb") as f:  # streamed: the corpus's tokens are never all in memory
+            for tokens, chunk_lengths in chunks:
+                block = tokens.astype(np.uint32).tobytes()
+                f.write(block)
+                digest.update(block)
+                lengths.append(chunk_lengths)
+            f.flush()
+            os.fsync(f.fileno())
+        lengths = np.concatenate(lengths)
         offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
         checkpoint.write_atomic(partial / OFFSETS_FILE, offsets.tobytes())
         manifest = {**inputs, "n_docs": len(lengths), "n_tokens": int(offsets[-1]), "eot": enc.eot,
                     "n_vocab": enc.n_vocab,
-                    "sha256": {TOKENS_FILE: tokens_sha, OFFSETS_FILE: hashlib.sha256(offsets.tobytes()).hexdigest()}}
+                    "sha256": {TOKENS_FILE: digest.hexdigest(), OFFSETS_FILE: hashlib.sha256(offsets.tobytes()).hexdigest()}}
         checkpoint.write_json(partial / MANIFEST_FILE, manifest, indent=1)
         checkpoint.fsync_folder(partial)
         unchanged()
-        _move_into_place(partial, path)
+        checkpoint.replace_folder(partial, path)  # force: the old shard goes only once the new one is complete
     except BaseException as e:
         shutil.rmtree(partial, ignore_errors=True)
         why = disk_full_reason(e)
@@ -196,32 +205,6 @@ def _write_shard(path: Path, inputs: dict, chunks: Iterator[tuple[np.ndarray, np
             raise DiskFull(f"{path}: {why} while writing the shard; nothing was kept: free some space (or raise the "
                            "limit) and rerun", getattr(e, "errno", None)) from None
         raise
-
-
-def _write_tokens(file: Path, chunks: Iterator[tuple[np.ndarray, np.ndarray]]) -> tuple[str, np.ndarray]:
-    """Stream the chunks' tokens into `file`; return its sha256 and every document's length."""
-    digest, lengths = hashlib.sha256(), [np.zeros(0, np.int64)]
-    with open(file, "wb") as f:
-        for tokens, chunk_lengths in chunks:
-            block = tokens.astype(np.uint32).tobytes()
-            f.write(block)
-            digest.update(block)
-            lengths.append(chunk_lengths)
-        f.flush()
-        os.fsync(f.fileno())
-    return digest.hexdigest(), np.concatenate(lengths)
-
-
-def _move_into_place(partial: Path, path: Path) -> None:
-    if path.exists():  # force: the old shard goes only once the new one is complete
-        retired = path.with_name(f".{path.name}.old")
-        shutil.rmtree(retired, ignore_errors=True)
-        path.rename(retired)
-        partial.rename(path)
-        shutil.rmtree(retired)
-    else:
-        partial.rename(path)
-    checkpoint.fsync_folder(path.parent)
 
 
 def summarize(shard: Shard, enc: Tokenizer) -> dict:

@@ -131,15 +131,6 @@ def write_checksums(folder: Path, known: dict[str, str] | None = None):
     write_json(folder / CHECKSUMS, {p.name: (known or {}).get(p.name) or sha256(p) for p in files}, indent=1)
 
 
-def unlisted(ckpt: Path, sums: dict) -> list[str]:
-    """Files in a checkpoint folder that its checksums do not list (an index or weights file put there
-    later, which a loader would otherwise prefer): a checkpoint is what its checksums list, nothing else.
-    Sub-folders (a teacher run's phase-0/) are checkpoints of their own; write_atomic's temporary files
-    left by a kill (.<name>.<pid>.tmp) are never read."""
-    return sorted(p.name for p in ckpt.iterdir() if p.name not in sums and p.name != CHECKSUMS
-                  and not p.is_dir() and not (p.name.startswith(".") and p.name.endswith(".tmp")))
-
-
 def damage(ckpt: Path, part: tuple[int, int] = (0, 1)) -> str:
     """Why a checkpoint cannot be trusted ("" if it can): a file that is missing or differs from the
     checksum written with it, or one its checksums do not list. A checkpoint from before checksums were
@@ -153,7 +144,11 @@ def damage(ckpt: Path, part: tuple[int, int] = (0, 1)) -> str:
         return f"{CHECKSUMS} is unreadable"
     if not isinstance(sums, dict) or not all(isinstance(v, str) for v in sums.values()):
         return f"{CHECKSUMS} is not a map of file -> sha256"
-    extra = unlisted(ckpt, sums)
+    # A file its checksums do not list (an index or weights file put there later, which a loader would otherwise
+    # prefer): a checkpoint is what its checksums list, nothing else. Sub-folders (a teacher run's phase-0/) are
+    # checkpoints of their own; write_atomic's temporary files left by a kill (.<name>.<pid>.tmp) are never read.
+    extra = sorted(p.name for p in ckpt.iterdir() if p.name not in sums and p.name != CHECKSUMS
+                   and not p.is_dir() and not (p.name.startswith(".") and p.name.endswith(".tmp")))
     if extra:
         return f"{extra[0]} is not one of its files (not in {CHECKSUMS}): move it out of the folder"
     for i, (name, digest) in enumerate(sorted(sums.items())):
@@ -269,20 +264,16 @@ def load_tensors(module: nn.Module, path: Path, dtype, device, name_in_file: Cal
             if stored.get_dtype() not in FLOAT_DTYPES:
                 raise CheckpointError(f"{file}: tensor {key!r} is {stored.get_dtype()}, not a floating-point type; "
                                       "the checkpoint is not a model's weights")
-            local = read_local_rows(stored, param)
+            if hasattr(param, "device_mesh"):  # a Shard(0) DTensor: only the rows this rank holds are read
+                _, offset, mine = local_rows(param)
+                local = stored[offset:offset + mine.shape[0]] if mine.shape[0] else torch.empty(mine.shape)
+            else:
+                local = stored[:]
         if not torch.isfinite(local).all():
             raise CheckpointError(f"{file}: tensor {key!r} holds NaN or infinite values; the checkpoint is damaged "
                                   "(a diverged run or a corrupt file)")
         target = param.to_local() if hasattr(param, "to_local") else param
         target.copy_(local.to(dtype))
-
-
-def read_local_rows(stored, param):
-    """The rows of a stored tensor that this rank holds (all rows unless param is a Shard(0) DTensor)."""
-    if not hasattr(param, "device_mesh"):
-        return stored[:]
-    _, offset, local = local_rows(param)
-    return stored[offset:offset + local.shape[0]] if local.shape[0] else torch.empty(local.shape)
 
 
 def write_checkpoint(path, config: dict, state: dict, extra_files: dict[str, str] | None = None):

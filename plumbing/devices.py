@@ -96,15 +96,28 @@ class Dist:
         return flag if self.world == 1 else self.sum([0.0 if flag else 1.0]) == [0.0]
 
     def on_main(self, work: Callable, what: str):
-        """work() on rank 0 while the other ranks wait for it (wait_for_main); rank 0's result, on rank 0.
-        If it fails, every rank fails: rank 0 with its error, the others with a line pointing at it."""
+        """work() on rank 0 while the other ranks wait for it; rank 0's result, on rank 0. If it fails, every
+        rank fails: rank 0 with its error, the others with a line pointing at it. The others wait for rank 0 to
+        do `what` (prepare the data, fetch the teacher) on the gloo group whose timeout is hours, not a
+        collective's minutes; one waiting rank a node says once a minute that it is still waiting, so a long
+        preparation is visible and never killed by a watchdog."""
         result, error = None, None
         if self.is_main:
             try:
                 result = work()
             except Exception as e:  # re-raised below, once the other ranks know to stop too
                 error = e
-        self.wait_for_main(what)
+        if self.world > 1:
+            met = dist.barrier(group=self.waiting_group, async_op=True)
+            started, said = time.time(), time.time()
+            speaks = self.rank % self.local_world == (1 if self.rank < self.local_world else 0)  # one rank a node
+            while not met.is_completed():
+                time.sleep(0.5)
+                if speaks and time.time() - said >= WAIT_REPORT_SECONDS:
+                    print(f"rank {self.rank}: waiting for rank 0 to finish {what} ({(time.time() - started) / 60:.0f} min; "
+                          "`repro.py prepare` before torchrun does it ahead)", flush=True)
+                    said = time.time()
+            met.wait()
         if not self.agree(error is None):
             raise error or TrainingError(f"rank 0 failed while {what}; its message is in its output")
         return result
@@ -116,23 +129,6 @@ class Dist:
             where = f"rank {self.rank}" if not seen else "every rank"  # the advice, on the ranks that lack it too
             raise TrainingError(f"{path}: {what} is not there on {where}; the runs folder (and the teacher's cache) "
                                 "must be on a filesystem every node shares, or be copied to each node before the launch")
-
-    def wait_for_main(self, what: str):
-        """Every rank meets rank 0 after it has done `what` (prepared the data, fetched the teacher), on the
-        gloo group whose timeout is hours, not a collective's minutes; one waiting rank a node says once a
-        minute that it is still waiting, so a long preparation is visible and never killed by a watchdog."""
-        if self.world == 1:
-            return
-        work = dist.barrier(group=self.waiting_group, async_op=True)
-        started, said = time.time(), time.time()
-        speaks = self.rank % self.local_world == (1 if self.rank < self.local_world else 0)  # one rank a node
-        while not work.is_completed():
-            time.sleep(0.5)
-            if speaks and time.time() - said >= WAIT_REPORT_SECONDS:
-                print(f"rank {self.rank}: waiting for rank 0 to finish {what} ({(time.time() - started) / 60:.0f} min; "
-                      "`repro.py prepare` before torchrun does it ahead)", flush=True)
-                said = time.time()
-        work.wait()
 
 
 DEVICES = ("auto", "cpu", "cuda", "mps")

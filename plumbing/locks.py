@@ -113,15 +113,14 @@ class Silence:
         return time.monotonic() - self.since
 
 
-def _overdue(folder: Path, lock: Path, holder: str, record: dict, silence: Silence, limit: float) -> TrainingError | None:
-    """The error that ends a wait for a holder this host does not see alive, once its lock file has not
+def _check_overdue(folder: Path, lock: Path, holder: str, record: dict, silence: Silence, limit: float):
+    """Ends a wait for a holder this host does not see alive with a TrainingError, once its lock file has not
     changed for `limit` seconds."""
-    if silence.seconds(lock) < limit or (_on_this_host(record) and alive(record["pid"])):
-        return None
-    return TrainingError(f"{folder}: held by {holder}, whose lock file has not changed for {limit:g} s "
-                         f"({WAIT_VARIABLE}); gave up. If that job is gone (one killed on another node leaves its "
-                         f"lock on a shared filesystem), remove {lock} and rerun; if it still runs, wait for it "
-                         f"with {WAIT_VARIABLE}=forever")
+    if silence.seconds(lock) >= limit and not (_on_this_host(record) and alive(record["pid"])):
+        raise TrainingError(f"{folder}: held by {holder}, whose lock file has not changed for {limit:g} s "
+                            f"({WAIT_VARIABLE}); gave up. If that job is gone (one killed on another node leaves its "
+                            f"lock on a shared filesystem), remove {lock} and rerun; if it still runs, wait for it "
+                            f"with {WAIT_VARIABLE}=forever") from None
 
 
 def _taken_over(folder: Path, holder: str) -> str:
@@ -182,7 +181,11 @@ def _lock(lock: Path, folder: Path, limit: float | None, say) -> int:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            _wait_for_flock(fd, lock, folder, silence, limit, say)
+            try:
+                _wait_for_flock(fd, lock, folder, silence, limit, say)
+            except BaseException:  # not to be waited for (longer), or interrupted
+                os.close(fd)
+                raise
         except OSError as e:
             if e.errno not in FLOCK_UNSUPPORTED:
                 raise
@@ -202,10 +205,9 @@ def _lock(lock: Path, folder: Path, limit: float | None, say) -> int:
 
 
 def _wait_for_flock(fd: int, lock: Path, folder: Path, silence: Silence, limit: float | None, say):
-    """Until fd's flock is ours; closes fd and raises if it is not to be waited for (longer)."""
+    """Until fd's flock is ours; raises if it is not to be waited for (longer)."""
     holder, record = _holder(fd)
     if limit is None:
-        os.close(fd)
         raise TrainingError(f"{folder}: in use by {holder}; wait until it finishes (or stop it), or "
                             "rerun without --no-wait to wait for it")
     say(f"{folder}: in use by {holder}; waiting for it to finish")
@@ -213,10 +215,7 @@ def _wait_for_flock(fd: int, lock: Path, folder: Path, silence: Silence, limit: 
         try:
             return fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:  # read again: a holder that had only just made the file writes its record next
-            error = _overdue(folder, lock, *_holder(fd), silence, limit)
-            if error:
-                os.close(fd)
-                raise error from None
+            _check_overdue(folder, lock, *_holder(fd), silence, limit)
             time.sleep(POLL_SECONDS)
 
 
@@ -250,9 +249,7 @@ def _exclusive_lock(lock: Path, folder: Path, silence: Silence, limit: float | N
         if not waiting:
             say(f"{folder}: in use by {holder}; waiting for it to finish (if it is gone, remove {lock})")
             waiting = True
-        error = _overdue(folder, lock, holder, record, silence, limit)
-        if error:
-            raise error
+        _check_overdue(folder, lock, holder, record, silence, limit)
         time.sleep(POLL_SECONDS)
 
 

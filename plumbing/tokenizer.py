@@ -39,11 +39,6 @@ QWEN3_SPECIAL_TOKENS = (
 )
 
 
-def _nfc(text: str) -> str:
-    # Qwen3's tokenizer.json normalises to NFC before splitting; tiktoken does not.
-    return unicodedata.normalize("NFC", text)
-
-
 class Tokenizer:
     """Qwen3's byte-level BPE through tiktoken, with Qwen3's NFC normalisation in front.
 
@@ -79,14 +74,15 @@ class Tokenizer:
     def encode(self, text: str, allowed_special: Collection[str] | Literal["all"] = ()) -> list[int]:
         """Ids of `text`. Special-token text (e.g. a literal "<|endoftext|>") is encoded as ordinary
         text unless named in allowed_special ("all" for every one), then it becomes its single id."""
+        text = unicodedata.normalize("NFC", text)  # as Qwen3's tokenizer.json before splitting; tiktoken does not
         if not allowed_special:
-            return self._encoding.encode_ordinary(_nfc(text))
+            return self._encoding.encode_ordinary(text)
         allowed = allowed_special if allowed_special == "all" else set(allowed_special)
-        return self._encoding.encode(_nfc(text), allowed_special=allowed, disallowed_special=())
+        return self._encoding.encode(text, allowed_special=allowed, disallowed_special=())
 
     def encode_batch(self, texts: Iterable[str]) -> list[list[int]]:
         """`encode` of many texts (specials as ordinary text). One thread: tiktoken's thread pool was
-        slower than a plain loop here (2 cores); prepare() parallelises over processes instead."""
+        slower than a plain loop here (2 cores); prepare_shards parallelises over threads instead."""
         return [self.encode(t) for t in texts]
 
     def decode(self, ids) -> str:
@@ -107,11 +103,9 @@ def _qwen3_ranks() -> tuple[bytes, dict[bytes, int]]:
 
 @functools.lru_cache(maxsize=None)
 def qwen3_tokenizer(vocab_size: int | None = None) -> Tokenizer:
-    """Qwen3's tokenizer; with vocab_size=N only ranks 0..N-1 and <|endoftext|> = N (n_vocab = N + 1).
-
-    A byte-level BPE cut to its first N ranks is still a complete BPE: every byte is one of ranks
-    0..255, so any text encodes, just into more tokens.
-    """
+    """Qwen3's tokenizer; with vocab_size=N only ranks 0..N-1 and <|endoftext|> = N (n_vocab = N + 1). A
+    byte-level BPE cut to its first N ranks is still a complete BPE: every byte is one of ranks 0..255, so
+    any text encodes, just into more tokens."""
     if vocab_size is not None and not 256 <= vocab_size <= QWEN3_N_RANKS:
         raise DataError(f"vocab_size={vocab_size}: must be between 256 (all single bytes) and "
                         f"{QWEN3_N_RANKS} (all Qwen3 ranks); pick a value in that range or None")
@@ -165,11 +159,9 @@ def package_file(package: str, *parts: str) -> Path:
 
 
 def check_teacher_tokenizer(teacher_dir: str | Path, enc: Tokenizer) -> None:
-    """Stop with a DataError if the teacher's tokenizer.json disagrees with `enc`; no file, no check.
-
-    Checks the vocabulary size (BPE vocab + added tokens) against enc.n_vocab, the id of
-    <|endoftext|>, and that every BPE id spells the same bytes. Reads the file with json only.
-    """
+    """Stop with a DataError if the teacher's tokenizer.json disagrees with `enc` (no file, no check): its
+    vocabulary size (BPE vocab + added tokens) against enc.n_vocab, the id of <|endoftext|>, and that every
+    BPE id spells the same bytes. Reads the file with json only."""
     path = Path(teacher_dir) / "tokenizer.json"
     if not path.is_file():
         return
