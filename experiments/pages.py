@@ -66,20 +66,36 @@ def provenance_lines(reference: dict) -> list[str]:
     return lines
 
 
-def own_runs_line(name: str, reference: dict) -> list[str]:
-    """A table rerun in a runs folder of its own (`table_provenance`): what trained its runs, which are not the
-    runs the rest of the page reads, even where their names are the same (its undosed suite runs)."""
-    made = (reference.get("table_provenance") or {}).get(name)
-    if not made:
+def runs_line(name: str, reference: dict, scale: str) -> list[str]:
+    """What trained the runs a section reads, from their provenance as the reference keeps it: a table rerun in a runs
+    folder of its own (`table_provenance`), whose runs are not those the rest of the page reads even where their names
+    are the same (its undosed suite runs); else the scale's run folders the section reads (registry.section_folders)."""
+    own = (reference.get("table_provenance") or {}).get(name)
+    if own:
+        folders = list(own.get("run_commits") or own.get("run_precisions") or {})
+        said = f". {own['said'][0].upper()}{own['said'][1:]}" if own.get("said") else ""
+        return ["Its runs are its own runs folder's, not those the rest of this page reads (even where a name is the "
+                f"same): {made_of(own, folders)}{said}.", ""]
+    if not reference.get("run_commits"):  # a reference that kept no run's provenance: its header says so
         return []
-    folders = list(made.get("run_commits") or made.get("run_precisions") or {})
-    kinds = Counter((made.get("run_precisions", {}).get(f) or "precision not recorded",
-                     made.get("run_machines", {}).get(f) or "machine not recorded") for f in folders)
-    commits = Counter((made.get("run_commits", {}).get(f) or "")[:7] for f in folders)
-    return ["Its runs are its own runs folder's, not those the rest of this page reads (even where a name is the same): "
-            + "; ".join(f"{n} run folders in {p} on {m}" for (p, m), n in sorted(kinds.items())) + "; trained at "
-            + ", ".join(f"`{c}` ({n})" if c else f"a commit not recorded ({n})" for c, n in sorted(commits.items()))
-            + (f". {made['said'][0].upper()}{made['said'][1:]}" if made.get("said") else "") + ".", ""]
+    folders = registry.section_folders(name, scale, seeds_of(reference, name))
+    kept = [f for f in folders if f in reference["run_commits"]]
+    if not kept:
+        return []
+    absent = sorted({re.sub(r"(^|/)s\d+/", r"\1s*/", f) for f in folders if f not in kept})
+    return [f"Its runs: {made_of(reference, kept)}" + (f"; {len(folders) - len(kept)} more ({', '.join(absent)}) had no "
+            "provenance.json when the reference was collected" if absent else "") + ".", ""]
+
+
+def made_of(made: dict, folders: list[str]) -> str:
+    """How many of the run folders were trained in which precision, on which machine, at which commit (`made`: a
+    reference's run_precisions, run_machines and run_commits, or a table's own)."""
+    kinds = Counter(((made.get("run_precisions") or {}).get(f) or "precision not recorded",
+                     (made.get("run_machines") or {}).get(f) or "machine not recorded") for f in folders)
+    commits = Counter(((made.get("run_commits") or {}).get(f) or "")[:7] for f in folders)
+    return ("; ".join(f"{n} run folder{'s' * (n > 1)} in {p} on {m}" for (p, m), n in sorted(kinds.items()))
+            + "; trained at "
+            + ", ".join(f"`{c}` ({n})" if c else f"a commit not recorded ({n})" for c, n in sorted(commits.items())))
 
 
 # ----------------------------------------------------------------------------------------------
@@ -112,7 +128,7 @@ def render_reference(scale: str, content: dict) -> str:
     for name in [n for n in registry.SECTIONS if n in shipped] + sorted(n for n in shipped if n not in registry.SECTIONS):
         render = registry.SECTIONS.get(name, partial(other_section, name))
         section = read_from(scale, where(name), render, content, scale)
-        lines += section[:2] + own_runs_line(name, content) + section[2:]  # below its heading
+        lines += section[:2] + runs_line(name, content, scale) + section[2:]  # below its heading
     for study in registry.STUDIES.values():  # a study whose numbers are its committed records, not the reference
         section = [] if study.shipped else study.page(content, scale)  # reads every record: once
         lines += ["", *section] if section else []

@@ -18,12 +18,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import partial
+from pathlib import Path
 from typing import Callable
 
-from experiments import beyond, ideas, paper_reports, studies, tables, tail
+from experiments import beyond, ideas, paper_reports, presets, studies, tables, tail
 from experiments.readings import seeds_of
 from experiments.suite import RunName, Workspace
 from experiments.variants import Variant, suite_runs, variant_workspace
+from plumbing import devices
 
 Group = tuple[str, Workspace, list[RunName], int]
 
@@ -37,6 +39,8 @@ class Study:
     # (the runs its records stand in for, a note for the dry run); None: it records its runs but trains them all
     manifest: Callable[[Workspace, list[int]], tuple[list[studies.Job], str]] | None = None
     shipped: bool = True                                           # its numbers ship in references/<scale>.json
+    # its page section names what trained its runs itself (the ideas' table of recorded machines)
+    names_its_machines: bool = False
 
 
 def variant_groups(variants: list[Variant]) -> Callable[[Workspace, int], list[Group]]:
@@ -106,7 +110,7 @@ STUDIES = {
     "planted": Study(beyond.run_planted, variant_groups(list(beyond.planted_variants())),
                      shipped_lines("planted", beyond.planted_lines)),
     "scratch": Study(beyond.run_scratch, scratch_groups, shipped_lines("scratch", beyond.scratch_lines)),
-    "ideas": Study(ideas.run_ideas, ideas_groups, ideas_page, ideas.recorded_manifest),
+    "ideas": Study(ideas.run_ideas, ideas_groups, ideas_page, ideas.recorded_manifest, names_its_machines=True),
     "tail": Study(tail.run_tail, lambda ws, seed: variant_groups(tail.ws_variants(ws))(ws, seed), tail_page,
                   lambda ws, seeds: (tail.manifest(ws, seeds), ""), shipped=False),
 }
@@ -114,3 +118,17 @@ STUDIES = {
 # Each experiment's section of the results page, from a reference: the paper's, then those beyond it.
 SECTIONS = {**{name: partial(paper_reports.page_section, name) for name in tables.EXPERIMENTS},
             **{name: study.page for name, study in STUDIES.items() if study.shipped and study.page}}
+
+
+def section_folders(name: str, scale: str, seeds: list[int]) -> list[str]:
+    """The run folders under runs/<scale>/ whose numbers an experiment's page section reads, so that the section can
+    name what trained them from the reference's provenance: a paper table's runs, a study's planned groups (what its
+    dry run plans)."""
+    ws = Workspace(presets.PRESETS[scale], Path("runs") / scale, Path("results") / scale, devices.Dist())
+    if name in tables.EXPERIMENTS:
+        groups = [(name, ws, list(tables.EXPERIMENTS[name].runs), seed) for seed in seeds]
+    elif name in STUDIES and not STUDIES[name].names_its_machines:
+        groups = [group for seed in seeds for group in STUDIES[name].groups(ws, seed)]
+    else:  # a table the kit has no entry for (pages.other_section), or one naming its machines itself
+        groups = []
+    return [str(gws.run_dir(run, seed).relative_to(ws.runs)) for _, gws, runs, seed in groups for run in runs]

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 
-from experiments import figures, page_figures, pages, paper_reports, presets, readings, reference, report
+from experiments import figures, page_figures, pages, paper_reports, presets, readings, reference, registry, report
 from plumbing import checkpoint
 from plumbing.errors import UsageError
 
@@ -315,3 +315,27 @@ def test_each_section_names_what_trained_its_runs_from_their_provenance():
     assert "- Machine of the runs" in header and "- Machine: not recorded" not in header and "Rerun in" not in header
     del ref["run_machines"]
     assert "- Machine: not recorded" in pages.render_reference("toy", ref).split("## ", 1)[0]
+
+
+def test_a_paper_tables_section_names_what_trained_the_runs_it_reads():
+    """Issue 48: every section whose runs are the scale's names their precision, machine and commits from the
+    reference's provenance of exactly the folders it reads (registry.section_folders: Table 2 reads the two grow
+    runs of each seed, not the joint runs the header also counts), and the folders that had no provenance.json."""
+    ref = copy.deepcopy(reference.load("toy"))
+    section = lambda page, name: page.split(f"## {name}\n", 1)[1].split("\n## ", 1)[0]
+    assert registry.section_folders("table2", "toy", [42, 43]) == ["s42/pre-grow", "s42/post-grow", "s43/pre-grow",
+                                                                  "s43/post-grow"]
+    ref["run_machines"]["s43/post-grow"] = "NVIDIA H200"
+    ref["run_precisions"]["s43/post-grow"] = "bfloat16"
+    page = pages.render_reference("toy", ref)
+    table2 = section(page, "table2")
+    assert "Its runs: 1 run folder in bfloat16 on NVIDIA H200; 5 run folders in float32 on AMD EPYC (AVX2)" in table2
+    assert "had no provenance.json" not in table2  # its six grow runs all have one
+    table1 = section(page, "table1")  # its joint runs were trained before runs wrote provenance.json
+    assert "6 more (s*/post-joint, s*/pre-joint) had no provenance.json when the reference was collected" in table1
+    assert "NVIDIA H200" in section(page, "intervention")  # a study's section reads the suite's post-grow too
+    assert "NVIDIA H200" not in section(page, "ideas")  # which names its machines from its records itself
+    # a reference that kept no run's provenance (mini's): no line in the sections; its header says where to look
+    for key in ("run_commits", "run_precisions", "run_machines", "table_provenance"):
+        del ref[key]
+    assert "Its runs" not in pages.render_reference("toy", ref)
