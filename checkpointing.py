@@ -6,8 +6,7 @@ renamed into place, so a kill never leaves half of one; a resume takes the newes
 checksums, the same on every rank, and restores the run's step, data position, RNG state and weights.
 
     checkpointing.save_kept_checkpoint(run_dir, "phase-0", net, state, ctx)
-    resume, adopting = checkpointing.resume_point(config, run_dir, ctx)
-    step, totals, elapsed, outcome = checkpointing.restore_resume_point(resume, adopting, config, net, batcher, ctx)
+    resume, step, totals, elapsed, outcome = checkpointing.resume_point(config, run_dir, net, batcher, ctx)
     checkpointing.load_latest_checkpoint(resume[0], net, optimizer, ctx)  # latest/: once the optimizer exists
 """
 from __future__ import annotations
@@ -105,12 +104,10 @@ def save_kept_checkpoint(run_dir: Path, name: str, net, state: dict, ctx):
         del mine
         ctx.barrier()
         if ctx.is_main:
-            parts = []
-            for w in range(writers):
-                part_file = tmp / f"part.rank{w}.json"
-                if part_file.is_file():
-                    parts.append(checkpoint.loads(part_file.read_text()))
-                    part_file.unlink()
+            part_files = [tmp / f"part.rank{w}.json" for w in range(writers)]  # none from a writer given no tensor
+            parts = [checkpoint.loads(part.read_text()) for part in part_files if part.is_file()]
+            for part in part_files:
+                part.unlink(missing_ok=True)
             if writers > 1:
                 checkpoint.write_json(tmp / checkpoint.HF_INDEX, checkpoint.hf_index(parts))
             checkpoint.write_json(tmp / "config.json", net.config.to_hf() if qwen3 else net.checkpoint_config())
@@ -204,9 +201,11 @@ def newest_checkpoint(run_dir: Path, verify: bool = False, warn=lambda line: Non
     return None
 
 
-def resume_point(config, run_dir: Path, ctx) -> tuple[tuple[Path, dict] | None, bool]:
+def resume_point(config, run_dir: Path, net, batcher, ctx) -> tuple[tuple[Path, dict] | None, int, dict, float, dict]:
     """The newest intact checkpoint, the same on every rank (None: start at step 0), after adopting the shared
-    prefix the run starts from if it has no checkpoint of its own; and whether it adopted it."""
+    prefix the run starts from if it has no checkpoint of its own; and its step, totals, seconds trained so far
+    and outcome, its data position, RNG state and weights restored (latest/'s weights come with its AdamW state:
+    load_latest_checkpoint, once the optimizer exists)."""
     adopting = bool(config.start_from) and newest_checkpoint(run_dir) is None
     if ctx.is_main and adopting:
         adopt_shared_prefix(config, run_dir)
@@ -216,41 +215,28 @@ def resume_point(config, run_dir: Path, ctx) -> tuple[tuple[Path, dict] | None, 
     if not ctx.agree_on(step):  # every rank must resume from the same step, or the run would fork
         raise TrainingError(f"{run_dir}: the ranks found different resume points (rank {ctx.rank}: step {step}); "
                             "the runs folder must be one filesystem that every node shares (or copy it to each)")
-    return resume, adopting
-
-
-def restore_resume_point(resume: tuple[Path, dict] | None, adopting: bool, config, net, batcher,
-                         ctx) -> tuple[int, dict, float, dict]:
-    """The step, totals, seconds trained so far and outcome of the resume point (step 0 without one), its data
-    position, RNG state and weights restored (latest/'s weights come with its AdamW state: load_latest_checkpoint,
-    once the optimizer exists)."""
     outcome = {"best_ce": None, "diverged": None}
     if not resume:
-        return 0, {"total_tokens": 0, "active_layer_tokens": 0}, 0.0, outcome
+        return None, 0, {"total_tokens": 0, "active_layer_tokens": 0}, 0.0, outcome
     ckpt, state = resume
-    step, outcome = state["step"], {**outcome, **state.get("outcome", {})}
+    outcome = {**outcome, **state.get("outcome", {})}
     batcher.load_state_dict(state["data"])
     for p, keep in outcome.get("transitions", {}).items():  # decisions the weights do not hold
         transitions.apply_kept(net, int(p), keep)
     torch.set_rng_state(torch.frombuffer(bytearray(base64.b64decode(state["torch_rng"])), dtype=torch.uint8))
-    if ckpt.name != "latest":
-        load_weights(net, ckpt)
+    if ckpt.name != "latest":  # newest_checkpoint(verify=True) has just checked its checksums
+        if isinstance(net, model.Qwen3):
+            name_in_file = hf_qwen3.hf_name
+        else:  # a prefix adopted from another placement schedule (a transplant) may name a norm otherwise
+            name_in_file = names_in(net, read_json(ckpt / "config.json", "normgrow_student")["normgrow_student"]["norm"])
+        first = next(net.parameters())
+        checkpoint.load_tensors(net, ckpt, first.dtype, first.device, name_in_file, checksums_checked=True)
     if ckpt.name.startswith("step-"):
         print0(ctx, f"{config.name}: warning: {ckpt} holds weights but no AdamW state; its moments restart at "
                     f"step {step}, so this run will not be bit-identical to an uninterrupted one")
     print0(ctx, f"{config.name}: adopting {config.start_from} (its first phases are this run's), continuing at "
                 f"step {step}" if adopting else f"{config.name}: resuming at step {step} from {ckpt}")
-    return step, state["totals"], state["elapsed"], outcome
-
-
-def load_weights(net, ckpt: Path):
-    """A resume point's weights; newest_checkpoint(verify=True) has just checked its checksums."""
-    if isinstance(net, model.Qwen3):
-        name_in_file = hf_qwen3.hf_name
-    else:  # a prefix adopted from another placement schedule (a transplant) may name a norm otherwise
-        name_in_file = names_in(net, read_json(ckpt / "config.json", "normgrow_student")["normgrow_student"]["norm"])
-    first = next(net.parameters())
-    checkpoint.load_tensors(net, ckpt, first.dtype, first.device, name_in_file, checksums_checked=True)
+    return resume, step, state["totals"], state["elapsed"], outcome
 
 
 def names_in(net: model.Student, stored_norm: str) -> Callable[[str], str | None]:

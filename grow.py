@@ -99,28 +99,15 @@ class Run:
                 or (Path(self.config.start_from) / "trainer_state.json").is_file())
 
     def open(self, teacher: nets.Teacher | None, progress):
-        """Build the model and data, then continue from the newest checkpoint (or the shared prefix); latest/'s
-        AdamW state is loaded by begin_phase, once the optimizer exists."""
+        """Build the model and data, then continue from the newest checkpoint (or the shared prefix), the log cut
+        back to it and opened for appending; latest/'s AdamW state is loaded by begin_phase, once the optimizer
+        exists."""
         config, ctx = self.config, self.ctx
         torch.manual_seed(config.seed)
         print0(ctx, (f"{progress.runs.label(self.run_dir)}: " if progress else "") +  # logs say it too
                f"{config.name}: {config.protocol}, {config.norm}-norm, seed {config.seed}, {len(self.phases)} "
                f"phase(s) x {config.phase_steps} steps, {ctx.world} rank(s) on {ctx.device.type}, precision "
                f"{self.precision}; resolved config in {self.run_dir / 'config.json'}")
-        self.build(teacher)
-        self.resume, adopting = checkpointing.resume_point(config, self.run_dir, ctx)
-        self.step, self.totals, elapsed, self.outcome = checkpointing.restore_resume_point(
-            self.resume, adopting, config, self.net, self.batcher, ctx)
-        self.start_log(elapsed, progress)
-        self.state = "training"
-        kill_point("opened", config.name, self.step)
-        if self.step >= self.last_step:  # killed after its last checkpoint, before done.json
-            self.attach_profile(self.phases[-1])  # its evaluation runs the mirrored forward
-            self.finish()
-
-    def build(self, teacher: nets.Teacher | None):
-        """The model the run trains, and its training and validation data."""
-        config, ctx = self.config, self.ctx
         self.teacher = teacher if config.distils else None
         # Sizes are checked on open; the sha256 of the whole shard (tens of GB at full scale) is checked
         # once by prepare_shards.prepare, not again by every run on every rank.
@@ -132,18 +119,22 @@ class Run:
                                     replay_docs=config.replay_docs, rank=ctx.rank, world_size=ctx.world,
                                     micro_batch=config.micro_batch, balance=config.balance_lengths,
                                     fixed_shapes=config.compile)
-
-    def start_log(self, elapsed: float, progress):
-        """The log cut back to the resume point and opened for appending; the clock and progress bar."""
-        if self.ctx.is_main:  # from step 0 too: a run killed before its first checkpoint left lines behind
+        self.resume, self.step, self.totals, elapsed, self.outcome = checkpointing.resume_point(
+            config, self.run_dir, self.net, self.batcher, ctx)
+        if ctx.is_main:  # from step 0 too: a run killed before its first checkpoint left lines behind
             rundir.truncate_metrics(self.run_dir, self.step)
         self.rng = torch.get_rng_state()
-        self.log = rundir.MetricsLog(self.run_dir, self.config, self.ctx, self.tracker)
+        self.log = rundir.MetricsLog(self.run_dir, config, ctx, self.tracker)
         self.started = time.time() - elapsed
         self.phase, self.final = None, None
         self.progress = progress  # Bars, or None (a test driving the run itself)
         if progress:
-            progress.add(self.run_dir, self.config.name, self.step, self.last_step)
+            progress.add(self.run_dir, config.name, self.step, self.last_step)
+        self.state = "training"
+        kill_point("opened", config.name, self.step)
+        if self.step >= self.last_step:  # killed after its last checkpoint, before done.json
+            self.attach_profile(self.phases[-1])  # its evaluation runs the mirrored forward
+            self.finish()
 
     @contextmanager
     def own_rng(self):
@@ -159,16 +150,6 @@ class Run:
         the phase appends a block."""
         if self.config.boundary == "mirror-fwd" and phase.active_blocks >= 2:
             self.net.profile_source = nets.boundary_profile(self.config, phase, self.ctx, self.dtype)
-
-    def warn_boundaries(self, step: int, rows: list[dict]):
-        """One line the first time a boundary passes a threshold (per boundary and statistic)."""
-        for row in rows[1:]:
-            for key, limit in (("mean", self.config.monitor_rms_warn), ("kurtosis", self.config.monitor_kurtosis_warn)):
-                if row[key] is not None and row[key] > limit and (row["boundary"], key) not in self.warned:
-                    self.warned.add((row["boundary"], key))
-                    name = "mean per-token RMS" if key == "mean" else "kurtosis of per-token RMS"
-                    print0(self.ctx, f"{self.config.name}: warning: step {step}: {row['label']}: {name} {row[key]:.4g} "
-                                     f"passed the monitor's threshold {limit:g}")
 
     def begin_phase(self, phase: Phase):
         """A new optimizer over exactly the trainable parameters (unless the run keeps its own across
@@ -286,7 +267,7 @@ class Run:
         loss, kd_sum, ce_sum, grad_norm = torch.cat((self.sums, grad_norm.to(self.sums).reshape(1))).tolist()
         if not (math.isfinite(loss) and math.isfinite(grad_norm)):
             self.diverge(self.step + 1, "a non-finite loss or gradient norm", {"loss": loss, "grad_norm": grad_norm},
-                         always_stop=True)
+                         stop=True)
             return
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
@@ -311,12 +292,19 @@ class Run:
         kill_point("saved", self.config.name, step)
 
     def log_step(self, numbers: dict):
-        """The step's row, then the boundary monitor's and a transition's rows if the step took them."""
-        step, phase = self.step, self.phase.index
+        """The step's row, then the boundary monitor's and a transition's rows if the step took them; one line the
+        first time a boundary passes a monitor threshold (per boundary and statistic)."""
+        step, phase, config = self.step, self.phase.index, self.config
         self.log.write({"step": step, "phase": phase, **numbers})
         if self.monitor_row is not None:
             self.log.write({"step": step, "phase": phase, "monitor": True, **self.monitor_row})
-            self.warn_boundaries(step, self.monitor_row["boundaries"])
+            for row in self.monitor_row["boundaries"][1:]:
+                for key, limit in (("mean", config.monitor_rms_warn), ("kurtosis", config.monitor_kurtosis_warn)):
+                    if row[key] is not None and row[key] > limit and (row["boundary"], key) not in self.warned:
+                        self.warned.add((row["boundary"], key))
+                        name = "mean per-token RMS" if key == "mean" else "kurtosis of per-token RMS"
+                        print0(self.ctx, f"{config.name}: warning: step {step}: {row['label']}: {name} {row[key]:.4g} "
+                                         f"passed the monitor's threshold {limit:g}")
             self.monitor_row = None
         if self.transition_row is not None:
             self.log.write({"step": step, **self.transition_row})
@@ -329,7 +317,7 @@ class Run:
                                    self.dtype)
         kill_point("evaluated", config.name, step)
         if not all(math.isfinite(v) for v in self.final.values()):  # a CE past ~709 makes PPL infinite
-            self.diverge(step, "a non-finite validation CE or PPL", self.final, always_stop=True)
+            self.diverge(step, "a non-finite validation CE or PPL", self.final, stop=True)
             return False
         self.log.write({"step": step, "phase": self.phase.index, "eval": True, **self.final})
         print0(self.ctx, f"{config.name}: step {step}: loss {loss:.4f}, val CE {self.final['ce']:.4f}, "
@@ -340,27 +328,23 @@ class Run:
         ceiling = math.log(self.net.embed_tokens.num_embeddings) + config.diverged_above_uniform
         if self.final["ce"] > ceiling:
             self.diverge(step, f"validation CE above log V + {config.diverged_above_uniform:g} = "
-                               f"{ceiling:.4f} (worse than a uniform prediction)", self.final)
+                               f"{ceiling:.4f} (worse than a uniform prediction)", self.final,
+                         stop=config.on_divergence == "stop")
         return self.state == "training"
 
-    def diverge(self, step: int, why: str, values: dict, always_stop: bool = False):
-        """Record a divergence; stop the run there unless it continues past one (on_divergence "continue",
-        for a finite but too-high CE)."""
-        self.record_divergence(step, why, values)
-        if always_stop or self.config.on_divergence == "stop":
+    def diverge(self, step: int, why: str, values: dict, stop: bool):
+        """Record the first divergence, with its values (a non-finite one as text: strict JSON) and the newest
+        checkpoint, which it did not reach; with `stop`, the run stops there (a finite but too-high CE stops
+        it unless it continues past one: on_divergence "continue")."""
+        if self.outcome["diverged"] is None:
+            good = checkpointing.newest_checkpoint(self.run_dir)
+            self.outcome["diverged"] = {
+                "step": step, "why": why, "last_good_checkpoint": good[0].name if good else None,
+                "values": {k: v if isinstance(v, (int, float)) and math.isfinite(v) else str(v) for k, v in values.items()}}
+            print0(self.ctx, f"{self.config.name}: diverged at step {step}: {why}" +
+                   (f"; the last good checkpoint is {good[0]}" if good else ""))
+        if stop:
             self.finish()
-
-    def record_divergence(self, step: int, why: str, values: dict):
-        """The first divergence, with its values (a non-finite one as text: strict JSON) and the newest
-        checkpoint, which it did not reach."""
-        if self.outcome["diverged"] is not None:
-            return
-        good = checkpointing.newest_checkpoint(self.run_dir)
-        self.outcome["diverged"] = {
-            "step": step, "why": why, "last_good_checkpoint": good[0].name if good else None,
-            "values": {k: v if isinstance(v, (int, float)) and math.isfinite(v) else str(v) for k, v in values.items()}}
-        print0(self.ctx, f"{self.config.name}: diverged at step {step}: {why}" +
-               (f"; the last good checkpoint is {good[0]}" if good else ""))
 
     def finish(self):
         """done.json holds the scheduled endpoint's evaluation (killed after the last save: evaluate it), or,
@@ -370,10 +354,10 @@ class Run:
                                        self.ctx, self.dtype)
         best, margin = self.outcome["best_ce"], self.config.diverged_above_best
         if self.final is not None and not all(math.isfinite(v) for v in self.final.values()):
-            self.record_divergence(self.step, "a non-finite validation CE or PPL", self.final)
+            self.diverge(self.step, "a non-finite validation CE or PPL", self.final, stop=False)
         elif self.final is not None and best is not None and self.final["ce"] > best + margin:
-            self.record_divergence(self.step, f"ended {self.final['ce'] - best:.4f} above its best validation CE "
-                                              f"{best:.4f} (margin {margin:g})", self.final)
+            self.diverge(self.step, f"ended {self.final['ce'] - best:.4f} above its best validation CE "
+                                    f"{best:.4f} (margin {margin:g})", self.final, stop=False)
         rundir.write_done(self.run_dir, self.final, self.step, self.outcome["diverged"], self.ctx)
         kill_point("done", self.config.name, self.step)
         self.result = rundir.final_eval(self.run_dir)
@@ -402,17 +386,15 @@ def train(config: RunConfig, run_dir, force: bool = False, ctx: Dist | None = No
 def train_together(jobs: list[tuple[RunConfig, Path]], force: bool = False, ctx: Dist | None = None,
                    stop_after_step: int | None = None, tracker: str = "", teacher: nets.Teacher | None = None,
                    wait: bool = True, counted: Runs | None = None) -> list[dict]:
-    """Train several runs in lockstep, each exactly as it would train alone. At each global step the
-    teacher runs once per micro-batch for every run that reads that batch (runs of one seed read the
-    same batch at the same step), then each of those runs does its own forward and backward. A run
-    that starts from another's phase (freeze from grow's phase 0) joins when that phase is written; a
-    finished run drops out; runs resumed at different steps train alone until they meet. Weights and
-    optimizer states of all runs are resident together; activations and, under FSDP2, unsharded
-    gradients are one run's at a time (lockstep_step). Each run
-    folder is held by this process alone while it trains (locks.held: another process on one of them
-    is waited for, or with wait=False an error); a finished run is only read, and not held. `counted`: the
-    command's runs, for its progress (progress.Runs; default: these). Returns each run's final evaluation ({}
-    for one stopped early)."""
+    """Train several runs in lockstep, each exactly as it would train alone: at each global step the teacher runs
+    once per micro-batch for every run that reads that batch (runs of one seed read the same batch at the same
+    step), then each of those runs does its own forward and backward. A run that starts from another's phase
+    (freeze from grow's phase 0) joins when that phase is written; a finished run drops out; runs resumed at
+    different steps train alone until they meet. Weights and optimizer states of all runs are resident together;
+    activations and, under FSDP2, unsharded gradients are one run's at a time (lockstep_step). Each run folder is
+    held by this process alone while it trains (locks.held: another process on one of them is waited for, or with
+    wait=False an error); a finished run is only read, and not held. `counted`: the command's runs, for its
+    progress (progress.Runs; default: these). Returns each run's final evaluation ({} for one stopped early)."""
     ctx = ctx or setup_distributed()
     with ExitStack() as stack:
         ctx.on_main(lambda: stack.enter_context(held([d for c, d in jobs if not rundir.finished(c, d)], wait,

@@ -249,7 +249,6 @@ class Qwen3(nn.Module):
         return self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
 
     def init_weights(self, seed: int):
-        """Embedding, every Linear and the LM head ~ N(0, initializer_range); every RMSNorm weight = 1."""
         init_qwen3_weights(self, self.config.initializer_range, torch.Generator().manual_seed(seed))
 
     def forward(self, input_ids, output_fn: Callable = logits_output):
@@ -276,8 +275,8 @@ def load_qwen3(path, dtype=torch.float32, device="cpu", shard_fn: Callable | Non
 
 
 def qwen3_on_meta(config: ModelConfig, shard_fn: Callable | None = None) -> Qwen3:
-    """A Qwen3 on the meta device (no memory), sharded by `shard_fn` (FSDP2) if given: what load_qwen3
-    fills from a checkpoint, and what plan.py's full-size rehearsal fills with fake tensors."""
+    """A Qwen3 on the meta device (no memory), sharded by `shard_fn` (FSDP2) if given: what load_qwen3 fills
+    from a checkpoint, the `teacher` protocol from its seed, and plan.py's full-size rehearsal with fake tensors."""
     return built_on_meta(lambda: Qwen3(config), shard_fn)
 
 
@@ -446,8 +445,7 @@ class Student(BoundaryInputs, nn.Module):
         if not shape:
             raise CheckpointError(f"{path / 'config.json'}: not a normgrow student (no 'normgrow_student' entry); "
                                   "use model.load_qwen3 for a plain Qwen3 checkpoint")
-        problem = shape_problem(shape)
-        if problem:
+        if problem := shape_problem(shape):
             raise CheckpointError(f"{path / 'config.json'}: {problem}; the config is damaged: restore the checkpoint "
                                   "from a copy")
         boundary, boundary_scale, features, corrected = read_checkpoint_entries(shape)

@@ -92,11 +92,7 @@ def build_model(config: RunConfig, teacher: Teacher | None, ctx: Dist, dtype: to
     (or from the seed alone, growth from scratch), or (the `teacher` protocol) a Qwen3 from the seed. A
     student with a boundary_tail has it in its embedding's row `boundary_token` (the data's <|endoftext|>)."""
     if config.protocol == "teacher":
-        with torch.device("meta"):
-            net = model.Qwen3(ModelConfig(**config.teacher_config))
-        shard = shard_fn(ctx, dtype)
-        if shard:
-            shard(net)
+        net = model.qwen3_on_meta(ModelConfig(**config.teacher_config), shard_fn(ctx, dtype))
         net.to_empty(device=ctx.device)
         net.init_weights(config.seed)
     elif config.scratch_model is not None:
@@ -157,8 +153,7 @@ def warn_math_attention(config: RunConfig, ctx: Dist):
     shape = ModelConfig(**config.teacher_config) if config.teacher_config else \
         ModelConfig.from_hf(read_config(Path(config.teacher))) if config.teacher else \
         ModelConfig(**config.scratch_model)
-    problem = fused_attention_problem(shape, length, ctx.device)
-    if problem:
+    if problem := fused_attention_problem(shape, length, ctx.device):
         scores = shape.num_attention_heads * length**2 * 4 / 2**30
         print0(ctx, f"warning: no fused attention kernel on {torch.cuda.get_device_name(ctx.device)} for {length} tokens "
                     f"({problem}); SDPA's math kernel will hold ~{scores:.1f} GiB of scores a layer and run several "

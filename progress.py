@@ -10,13 +10,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from config import RunConfig, plan_phases
-
-
-def own_steps(config: RunConfig) -> int:
-    """The steps a run computes itself: its phases after the shared prefix it adopts (start_from, a phase-<p>)."""
-    shared = int(Path(config.start_from).name.removeprefix("phase-")) + 1 if config.start_from else 0
-    return sum(phase.steps for phase in plan_phases(config)[shared:])
+from config import plan_phases
 
 
 class Runs:
@@ -33,9 +27,11 @@ class Runs:
         self.last: dict[Path | None, tuple[float, int]] = {}   # ... and of the latest
 
     def plan(self, jobs):
-        """[(config, run folder)] this command trains: each folder counted once however often it is planned."""
+        """[(config, run folder)] this command trains: each folder counted once however often it is planned, with
+        the steps the run computes itself: its phases after the shared prefix it adopts (start_from, a phase-<p>)."""
         for config, run_dir in jobs:
-            self.left.setdefault(Path(run_dir).absolute(), own_steps(config))
+            shared = int(Path(config.start_from).name.removeprefix("phase-")) + 1 if config.start_from else 0
+            self.left.setdefault(Path(run_dir).absolute(), sum(phase.steps for phase in plan_phases(config)[shared:]))
 
     def opened(self, run_dir, step: int, last_step: int):
         """A run resumed at `step` (0: from the start, or where its shared prefix ends) of `last_step`, numbered

@@ -141,8 +141,7 @@ def read_json(path: Path, *keys: str) -> dict:
     if not isinstance(value, dict):  # every file the kit writes as JSON holds an object
         raise TrainingError(f"{path}: a JSON {type(value).__name__}, not the object the kit writes; the file is "
                             "damaged or not the kit's: move it away and rerun")
-    missing = [k for k in keys if k not in value]
-    if missing:
+    if missing := [k for k in keys if k not in value]:
         raise TrainingError(f"{path}: lacks {', '.join(missing)}; the file is damaged or not the kit's: move it "
                             "away and rerun")
     return value

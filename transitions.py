@@ -58,13 +58,6 @@ def reading(streams: list[tuple[torch.Tensor, torch.Tensor]], total: Callable[[l
             "others_mean": others_mean}
 
 
-def fired(stats: dict, config: RunConfig) -> list[str]:
-    """The statistics past their thresholds (strictly; a NaN never fires)."""
-    limits = {"mean": config.monitor_rms_warn, "kurtosis": config.monitor_kurtosis_warn,
-              "boundary_over_others": config.monitor_ratio_warn}
-    return [key for key, limit in limits.items() if stats[key] > limit]
-
-
 @torch.no_grad()
 def removal_costs(net: model.Student, batches: list, active: int, chunk: int, total) -> dict[int, float]:
     """CE with each of blocks 0..active-1 bypassed minus the CE of all of them (diag's block removal), over
@@ -83,23 +76,22 @@ def removal_costs(net: model.Student, batches: list, active: int, chunk: int, to
 
 
 @torch.no_grad()
-def block_input(net: model.Student, micro, p: int) -> torch.Tensor:
-    """The stream block p reads on one micro-batch: the prefix's output after the boundary intervention."""
-    profile = net.profile_source(micro.input_ids, p + 1) if net.boundary == "mirror-fwd" else None
-    _, bounds = net(micro.input_ids, active_blocks=p, output_fn=lambda h, w: None, return_boundaries=True)
-    return net.enter_block(p, bounds[p], profile)
-
-
-@torch.no_grad()
 def at_transition(net: model.Student, config: RunConfig, phase: Phase, batches: list,
                   total: Callable[[list], list]) -> dict:
     """Read the stream block p = phase.index reads on the step's micro-batches and act as the run's
     options say; returns the event (what was read and done) and, under "keep", what a resume re-applies."""
     p = phase.index
     event: dict = {"event": "transition", "block": p}
-    stats = reading([(block_input(net, micro, p), micro.mask) for micro in batches], total)
+    streams = []
+    for micro in batches:  # the stream block p reads: the prefix's output after the boundary intervention
+        profile = net.profile_source(micro.input_ids, p + 1) if net.boundary == "mirror-fwd" else None
+        _, bounds = net(micro.input_ids, active_blocks=p, output_fn=lambda h, w: None, return_boundaries=True)
+        streams.append((net.enter_block(p, bounds[p], profile), micro.mask))
+    stats = reading(streams, total)
     release(net)
-    fires = fired(stats, config)
+    limits = {"mean": config.monitor_rms_warn, "kurtosis": config.monitor_kurtosis_warn,
+              "boundary_over_others": config.monitor_ratio_warn}
+    fires = [key for key, limit in limits.items() if stats[key] > limit]  # strictly; a NaN never fires
     event.update(reading={k: v if math.isfinite(v) else None for k, v in stats.items()}, fired=fires)  # strict JSON
     keep = {}
     if config.norm == "auto" and config.protocol in GROWING:
@@ -118,7 +110,7 @@ def at_transition(net: model.Student, config: RunConfig, phase: Phase, batches: 
         event["matched_gain"] = stats["mean"]
     elif config.append_init == "preserve-output":
         new, previous = net.block_layers(p)[-1], net.block_layers(p - 1)[-1]
-        if not (preserves_output(net.placements[p]) and preserves_output(net.placements[p - 1])):
+        if any(pl.final_norm or "mlp_norm" not in pl.layer_norms for pl in net.placements[p - 1:p + 1]):
             raise ValueError(f"append_init preserve-output: blocks {p - 1} and {p} must both end in an output norm "
                              f"(post-norm-like), not {net.norm_placement}")
         new.mlp_norm.weight.copy_(previous.mlp_norm.weight)
@@ -137,33 +129,24 @@ def remedy_seed(seed: int, phase: int, block: int) -> int:
     return (seed * 1_000_003 + phase * 1_009 + block) % 2**63
 
 
-def preserves_output(placement: model.Placement) -> bool:
-    """A block whose last operation is its output RMSNorm (post-norm-like: no final norm after it)."""
-    return not placement.final_norm and "mlp_norm" in placement.layer_norms
-
-
 def apply_kept(net: model.Student, p: int, keep: dict):
-    """The decisions at block p's transition that live outside the weights (resume re-applies them)."""
-    if keep.get("placement"):
-        set_block_placement(net, p, keep["placement"])
+    """The decisions at block p's transition that live outside the weights (resume re-applies them): a correction
+    switched on, and a placement (--norm auto), which block p >= 1 (not yet trained) takes where that leaves the
+    student's parameters as they are: e.g. pre <-> post after a pre-norm block 0 (the final norm serves whichever
+    last block needs it). Its checkpoints then store the new schedule."""
+    if norm := keep.get("placement"):
+        names = list(model.block_norms(net.norm_placement, net.blocks))
+        names[p] = norm
+        with on_meta_device():
+            other = model.Student(net.config, net.blocks, net.layers_per_block, ",".join(names), net.boundary,
+                                  net.boundary_scale, net.features)
+        if p == 0 or other.state_dict().keys() != net.state_dict().keys():
+            raise ValueError(f"block {p} cannot become {norm}-norm in the schedule {net.norm_placement}: the "
+                             "student's parameters would change")
+        net.placements[p] = model.placement(norm)
+        for layer in net.block_layers(p):
+            layer.placement = net.placements[p]
+            layer.residual_scale = residual_scale(layer, len(net.layers))
+        net.norm_placement = ",".join(names) if len(set(names)) > 1 else names[0]
     if keep.get("corrected"):
         net.corrected.add(p)
-
-
-def set_block_placement(net: model.Student, b: int, norm: str):
-    """Block b >= 1 (not yet trained) takes placement `norm` (--norm auto), where that leaves the student's
-    parameters as they are: e.g. pre <-> post after a pre-norm block 0 (the final norm serves whichever last
-    block needs it). Its checkpoints then store the new schedule."""
-    names = list(model.block_norms(net.norm_placement, net.blocks))
-    names[b] = norm
-    with on_meta_device():
-        other = model.Student(net.config, net.blocks, net.layers_per_block, ",".join(names), net.boundary,
-                              net.boundary_scale, net.features)
-    if b == 0 or other.state_dict().keys() != net.state_dict().keys():
-        raise ValueError(f"block {b} cannot become {norm}-norm in the schedule {net.norm_placement}: the "
-                         "student's parameters would change")
-    net.placements[b] = model.placement(norm)
-    for layer in net.block_layers(b):
-        layer.placement = net.placements[b]
-        layer.residual_scale = residual_scale(layer, len(net.layers))
-    net.norm_placement = ",".join(names) if len(set(names)) > 1 else names[0]
