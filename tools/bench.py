@@ -84,16 +84,6 @@ def hf_step(teacher, student, optimizer, ids):
     optimizer.zero_grad(set_to_none=True)
 
 
-def hf_pair(config: ModelConfig, student_layers: int):
-    import transformers
-    hf = {k: v for k, v in config.to_hf().items() if k not in ("architectures", "model_type")}
-    teacher = transformers.Qwen3ForCausalLM(transformers.Qwen3Config(**hf)).eval().requires_grad_(False)
-    student = transformers.Qwen3ForCausalLM(transformers.Qwen3Config(**{**hf, "num_hidden_layers": student_layers,
-                                                                        "tie_word_embeddings": False}))
-    student.model.embed_tokens.requires_grad_(False)
-    return teacher, student
-
-
 def bench_train_step(repeats: int) -> dict:
     dtype, why = devices.precision_choice("auto", torch.device("cpu"))
     bf16_native = dtype == torch.bfloat16
@@ -103,7 +93,12 @@ def bench_train_step(repeats: int) -> dict:
     ids = torch.randint(0, config.vocab_size, (batch, seq))
     mask = torch.ones_like(ids, dtype=torch.bool)
     teacher = toy_teacher().eval().requires_grad_(False)
-    hf_teacher, hf_student = hf_pair(config, blocks * per_block)
+    import transformers
+    hf_config = {k: v for k, v in config.to_hf().items() if k not in ("architectures", "model_type")}
+    hf_teacher = transformers.Qwen3ForCausalLM(transformers.Qwen3Config(**hf_config)).eval().requires_grad_(False)
+    hf_student = transformers.Qwen3ForCausalLM(transformers.Qwen3Config(**{**hf_config, "tie_word_embeddings": False,
+                                                                           "num_hidden_layers": blocks * per_block}))
+    hf_student.model.embed_tokens.requires_grad_(False)
     hf_opt = torch.optim.AdamW([p for p in hf_student.parameters() if p.requires_grad], lr=1e-4)
     # bf16 variants only where bf16 is native: emulated, one bf16 step takes minutes (devices.precision_choice).
     dtypes = ["fp32"] + (["bf16"] if bf16_native else [])
@@ -182,21 +177,15 @@ def bench_lockstep(data_dir: Path, steps: int = 12) -> dict:
 
 
 def bench_compile(repeats: int, cold: bool = True, scale: str = "toy") -> dict:
-    """The toy train step (bf16 where native) with the layers compiled for fixed shapes against eager, over
-    micro-batches of varying length: compile time, step time, and the loss difference.
-    Inductor compiles into an empty cache folder (`cold`), so the compile time is what a first run pays;
-    the tests reuse the usual cache instead, since they time nothing."""
-    if not cold:
-        return compiled_against_eager(repeats, scale)
-    with tempfile.TemporaryDirectory() as cache, mock.patch.dict(os.environ, {"TORCHINDUCTOR_CACHE_DIR": cache}):
-        torch._dynamo.reset()
-        return compiled_against_eager(repeats, scale)
-
-
-def compiled_against_eager(repeats: int, scale: str = "toy") -> dict:
-    """A scale's student step over micro-batches of the lengths LENGTH_FRACTIONS, three ways: eager on batches as
-    wide as their documents (an eager run), eager and compiled on batches padded to their buckets (a compiled
-    run: data.fixed_shape)."""
+    """A scale's student step (bf16 where native) over micro-batches of the lengths LENGTH_FRACTIONS, three ways:
+    eager on batches as wide as their documents (an eager run), eager and compiled (the layers, for fixed shapes)
+    on batches padded to their buckets (a compiled run: data.fixed_shape): compile time, step time, and the loss
+    difference. Inductor compiles into an empty cache folder (`cold`), so the compile time is what a first run
+    pays; the tests reuse the usual cache instead, since they time nothing."""
+    if cold:
+        with tempfile.TemporaryDirectory() as cache, mock.patch.dict(os.environ, {"TORCHINDUCTOR_CACHE_DIR": cache}):
+            torch._dynamo.reset()
+            return bench_compile(repeats, False, scale)
     dtype, _ = devices.precision_choice("auto", torch.device("cpu"))
     settings, shape, seq = utilization.distinct_steps((scale,))[f"{scale} student"]
     lengths = [max(1, round(f * seq)) for f in LENGTH_FRACTIONS]
@@ -368,16 +357,13 @@ def profile_step(steps: int = 5, rows: int = 20):
 
 # ----------------------------------------------------------------------------------------------
 
-def cpu_name() -> str:
+def environment() -> dict:
     cpuinfo = Path("/proc/cpuinfo")
     lines = cpuinfo.read_text().splitlines() if cpuinfo.is_file() else []
     names = [line.split(":", 1)[1].strip() for line in lines if line.startswith("model name")]
-    return names[0] if names else platform.processor() or platform.machine()
-
-
-def environment() -> dict:
-    return {"cpu": cpu_name(), "threads": torch.get_num_threads(), "capability": devices.cpu_instructions(),
-            "torch": torch.__version__, "python": platform.python_version(), "date": time.strftime("%Y-%m-%d")}
+    return {"cpu": names[0] if names else platform.processor() or platform.machine(), "threads": torch.get_num_threads(),
+            "capability": devices.cpu_instructions(), "torch": torch.__version__, "python": platform.python_version(),
+            "date": time.strftime("%Y-%m-%d")}
 
 
 # The measured sizes: the KD loss at a paper-sized vocabulary (kd.bench_loss's defaults), the whole toy

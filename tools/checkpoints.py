@@ -126,28 +126,22 @@ def load_checkpoint(checkpoint: Path, config: dict) -> model.Qwen3 | model.Stude
 
 
 def checkpoint_config(checkpoint: Path) -> dict:
-    """A checkpoint's config.json with its model fields checked (hf_qwen3.config_problem), and a student's
-    placement against its run's (check_placement), before its vocabulary is used to pick a scale."""
+    """A checkpoint's config.json with its model fields checked (hf_qwen3.config_problem) before its vocabulary is
+    used to pick a scale; and a student checkpoint without checksums.json (an older kit's, or put together by hand)
+    in its run's folder: its placement is the run's. Pre- and post-norm students have tensors of the same names and
+    shapes, so a relabelled one would load as the other placement; a kit's checkpoint has checksums, and --norm
+    auto's schedule is chosen as the run trains, so those are left to their checksums."""
     config = read_config(checkpoint)
     hf_qwen3.ModelConfig.from_hf(config, str(checkpoint / "config.json"))
-    check_placement(checkpoint, config)
-    return config
-
-
-def check_placement(checkpoint: Path, config: dict):
-    """A student checkpoint without checksums.json (an older kit's, or put together by hand) in its run's folder:
-    its placement is the run's. Pre- and post-norm students have tensors of the same names and shapes, so a
-    relabelled one would load as the other placement; a kit's checkpoint has checksums, and --norm auto's
-    schedule is chosen as the run trains, so those are left to their checksums."""
     shape, run = config.get("normgrow_student"), checkpoint.parent
-    if (checkpoint / CHECKSUMS).exists() or not isinstance(shape, dict) or not (run / "metrics.jsonl").is_file() \
-            or not (run / "config.json").is_file():
-        return
-    norm = rundir.read_json(run / "config.json").get("norm")
-    if isinstance(norm, str) and norm != "auto" and shape.get("norm") != norm:
-        raise errors.CheckpointError(f"{checkpoint / 'config.json'}: norm {shape.get('norm')!r}, where its run trained "
-                                     f"{norm!r} ({run / 'config.json'}), and without {CHECKSUMS} nothing tells which is "
-                                     "right; restore the checkpoint's config.json (or its checksums.json)")
+    if not (checkpoint / CHECKSUMS).exists() and isinstance(shape, dict) and (run / "metrics.jsonl").is_file() \
+            and (run / "config.json").is_file():
+        norm = rundir.read_json(run / "config.json").get("norm")
+        if isinstance(norm, str) and norm != "auto" and shape.get("norm") != norm:
+            raise errors.CheckpointError(f"{checkpoint / 'config.json'}: norm {shape.get('norm')!r}, where its run "
+                                         f"trained {norm!r} ({run / 'config.json'}), and without {CHECKSUMS} nothing tells "
+                                         "which is right; restore the checkpoint's config.json (or its checksums.json)")
+    return config
 
 
 def vocabulary_fits(vocab: int, eot: int) -> bool:

@@ -97,10 +97,14 @@ class OneLine(click.Command):
             raise error from None
 
 
-def teachers(ws: suite.Workspace, checkpoints: tuple[Path, ...]) -> list[Path]:
-    """The checkpoints to measure (default: the scale's teacher, phase-0/), each a teacher's, checked before any
-    work: a student checkpoint is a block stack this measure does not read, and a teacher not trained yet is
-    said as such (nothing is made: the runs folder is only read)."""
+@click.command(cls=OneLine)
+@click.option("--scale", type=click.Choice(list(PRESETS)), default="mechanism", show_default=True)
+@click.option("--runs-dir", type=click.Path(path_type=Path), default=Path("runs"), show_default=True)
+@click.argument("checkpoints", nargs=-1, type=click.Path(exists=True, file_okay=False, path_type=Path))
+def main(scale: str, runs_dir: Path, checkpoints: tuple[Path, ...]):
+    ws = suite.workspace(scale, runs_dir, dry_run=True)  # reads the runs folder, makes nothing in it
+    # The checkpoints to measure, each a teacher's, checked before any work: a student checkpoint is a block stack
+    # this measure does not read, and a teacher not trained yet is said as such.
     paths = list(checkpoints) or [ws.teacher_dir / "phase-0"]
     for path in paths:
         if not path.is_dir():
@@ -109,16 +113,6 @@ def teachers(ws: suite.Workspace, checkpoints: tuple[Path, ...]) -> list[Path]:
         if "normgrow_student" in checkpoint.read_config(path):
             raise errors.UsageError(f"{path}: a student checkpoint; first_token measures a teacher (a plain Qwen3): "
                                     "pass the teacher's phase-0/ or its step-<n>/ snapshots")
-    return paths
-
-
-@click.command(cls=OneLine)
-@click.option("--scale", type=click.Choice(list(PRESETS)), default="mechanism", show_default=True)
-@click.option("--runs-dir", type=click.Path(path_type=Path), default=Path("runs"), show_default=True)
-@click.argument("checkpoints", nargs=-1, type=click.Path(exists=True, file_okay=False, path_type=Path))
-def main(scale: str, runs_dir: Path, checkpoints: tuple[Path, ...]):
-    ws = suite.workspace(scale, runs_dir, dry_run=True)  # reads the runs folder, makes nothing in it
-    paths = teachers(ws, checkpoints)
     batch, d = readouts.diagnostic_batch(ws), ws.preset.data
     triggers = corpora.backcopy_chain(d["symbols"], d["triggers"], ws.preset.run["seed"])[1] \
         if d["source"] == "backcopy" else []

@@ -75,12 +75,6 @@ class LiveStorages(TorchDispatchMode):
         if entry is not None:
             self.now -= entry[1]
 
-    def resized(self, storage):
-        entry = self.live.get(id(storage))
-        if entry is not None and entry[0]() is storage:
-            self.now += storage.nbytes() - entry[1]
-            entry[1] = storage.nbytes()
-
     def __enter__(self):
         for storage in fake_storages():
             self.add(storage)
@@ -91,7 +85,10 @@ class LiveStorages(TorchDispatchMode):
 
         def counted_resize(storage, size):
             resize(storage, size)
-            self.resized(storage)
+            entry = self.live.get(id(storage))
+            if entry is not None and entry[0]() is storage:
+                self.now += storage.nbytes() - entry[1]
+                entry[1] = storage.nbytes()
         torch.UntypedStorage.resize_ = counted_resize
         return super().__enter__()
 

@@ -101,28 +101,6 @@ def student_flops(preset, teacher: ModelConfig, ph: config.Phase, context: float
     return layers * (1 + 2 * trained + (trained if checkpointing else 0.0)) + 3 * head
 
 
-def diagnostics_cost(preset, runs: list[PlannedRun], teacher: ModelConfig, context: float) -> tuple[float, int]:
-    """(forward FLOPs, checkpoints loaded) of the diagnostics for one seed: the boundary statistics at
-    every kept checkpoint of the grow runs (phase ends and snapshots) and whole-block removal (a full
-    pass and one per skipped block) at the end of every main run, all on the fixed diagnostic batch."""
-    tokens = preset.diag["docs"] * preset.diag["max_inputs"]
-    L, K = preset.run["layers_per_block"], preset.run["blocks"]
-    _, head = forward_flops_per_token(teacher, 0, context)
-    flops, loads = 0.0, 0
-    for run in runs:
-        if run.config.protocol == "grow":
-            snapshot = run.config.snapshot_interval or run.config.phase_steps
-            for ph in config.plan_phases(run.config):
-                layers, _ = forward_flops_per_token(teacher, ph.active_blocks * L, context)
-                flops += tokens * layers * -(-ph.steps // snapshot)
-                loads += -(-ph.steps // snapshot)
-        if run.config.protocol in ("grow", "joint"):
-            layers, _ = forward_flops_per_token(teacher, K * L, context)
-            flops += tokens * (layers + head) * (K + 1)
-            loads += 1
-    return flops, loads
-
-
 def student_bytes(preset, teacher: ModelConfig) -> float:
     """A kept student checkpoint on disk: fp32 decoder layers, embedding, norms and head."""
     return 4 * (preset.run["blocks"] * preset.run["layers_per_block"] * memory.layer_parameters(teacher)
@@ -208,7 +186,10 @@ def print_plan(ws, runs: list[PlannedRun], seeds: list[int], gpu: str, gpus: int
     for run in runs:  # what the launch would refuse is refused here, with its line, before anything is priced
         data.check_split(run.config.global_batch, gpus * nodes, run.config.micro_batch)
     teacher = presets.teacher_shape(preset)
-    doc_tokens, measured = document_tokens(ws)
+    # the documents' mean length: the training shard's (its lengths `measured`) once the data exists, else assumed
+    train = ws.data_dir / "train"
+    measured = data.Shard(train, verify=False).lengths[:ws.replay_docs] - 1 if (train / "manifest.json").is_file() else None
+    doc_tokens = preset.doc_tokens if measured is None else float(measured.mean())
     costs = {r.name: segments(r, preset, teacher, doc_tokens, gpu, gpus, nodes) for r in runs}
     plain = {r.name: segments(r, preset, teacher, doc_tokens, gpu, gpus, nodes, recompute=False) for r in runs}
     rows, separate_flops = run_table(ws, runs, seeds, teacher, doc_tokens, costs, gpu, gpus, nodes, console)
@@ -218,25 +199,27 @@ def print_plan(ws, runs: list[PlannedRun], seeds: list[int], gpu: str, gpus: int
         * preset.run["global_batch"] * doc_tokens * t_layers * len(seeds)
     totals = {}
     for way, flops in (("separate", separate_flops), ("lockstep", separate_flops - saved)):
-        totals[way] = way_totals(ws, runs, seeds, teacher, costs, plain, measured, gpu, gpus, nodes, way == "lockstep")
-        totals[way]["flops"] = flops
-        print_way(console, way, totals[way], gpu, gpus, nodes)
+        totals[way] = way_total = way_totals(ws, runs, seeds, teacher, costs, plain, measured, gpu, gpus, nodes,
+                                             way == "lockstep")
+        way_total["flops"] = flops
+        console.print(f"{way}: {flops_text(flops)} (recompute included); {hours_text(way_total['gpu_hours'])} {gpu} "
+                      f"GPU-hours = {hours_text(way_total['wall_hours'])} hours on {nodes} x {gpus} GPU(s); "
+                      f"{way_total['teacher_passes']:,} teacher steps. Where the hours go (compute at an assumed "
+                      f"{ASSUMED_MFU:.0%} MFU, communication at {NVLINK_BYTES_PER_S / 1e9:.0f} GB/s within a node"
+                      + (f" and {INFINIBAND_BYTES_PER_S / 1e9:.0f} GB/s across" if nodes > 1 else "") + "):")
+        for line, hours in way_total["hours_lines"].items():
+            console.print(f"  {line}: {hours_text(hours)} GPU-h")
+        if not way_total["memory_segments"]:
+            console.print(f"  per-GPU memory at most {way_total['memory_gib']:.1f} GiB (one run at a time)")
+        for s in way_total["memory_segments"]:
+            console.print(f"  steps {s['steps'][0]:,}-{s['steps'][1]:,}: per-GPU memory {s['gib']:.1f} GiB "
+                          f"({', '.join(s['runs'])} resident)")
     print_diagnostics(console, preset, runs, seeds, teacher, context, gpu, totals)
     default = lockstep_plan.fits(preset, gpus, GPU_MEMORY_GIB[gpu] * 2**30, runs, nodes)
     console.print(f"default on {gpus} {gpu}: {'lockstep' if default else 'separate'} (lockstep's worst segment needs "
                   f"~{totals['lockstep']['memory_gib']:.2g} of {GPU_MEMORY_GIB[gpu]} GiB, "
                   f"{lockstep_plan.MEMORY_HEADROOM:.0%} usable; --lockstep/--no-lockstep overrides)")
     return {"rows": rows, **totals, "lockstep_default": default}
-
-
-def document_tokens(ws) -> tuple[float, object]:
-    """(mean tokens a document, the shard's lengths or None): measured once the data exists, else the
-    preset's assumed mean."""
-    shard_dir = ws.data_dir / "train"
-    if (shard_dir / "manifest.json").is_file():
-        lengths = data.Shard(shard_dir, verify=False).lengths[:ws.replay_docs] - 1
-        return float(lengths.mean()), lengths
-    return ws.preset.doc_tokens, None
 
 
 def run_table(ws, runs, seeds, teacher, doc_tokens: float, costs: dict[str, list[Segment]], gpu: str, gpus: int,
@@ -275,48 +258,67 @@ def run_table(ws, runs, seeds, teacher, doc_tokens: float, costs: dict[str, list
 
 def way_totals(ws, runs, seeds, teacher, costs: dict[str, list[Segment]], plain: dict[str, list[Segment]], measured,
                gpu: str, gpus: int, nodes: int, lockstep: bool) -> dict:
-    """One way's GPU-hours by line (the steps, of which recompute; rank imbalance; evaluations; checkpoint
-    writes), its wall hours on the launch, its per-GPU memory (lockstep: every segment's) and teacher passes."""
+    """One way's GPU-hours by line: the steps, of which recompute; rank imbalance and padding (each step
+    stretched by 1 / balance, micro-batches placed as the preset says: run.balance_lengths); the evaluations
+    (at the assumed MFU); the checkpoint writes (at CHECKPOINT_WRITE_BYTES_PER_S a node, every GPU waiting).
+    Then its wall hours on the launch, its per-GPU memory (lockstep: every segment's) and teacher passes."""
     preset, world = ws.preset, gpus * nodes
     steps = suite_seconds(runs, costs, lockstep) * len(seeds) * world / 3600
-    recompute = steps - suite_seconds(runs, plain, lockstep) * len(seeds) * world / 3600
-    extra = overhead_hours(ws, runs, teacher, gpu, gpus, nodes, steps, measured)
+    balance = {way: balance_factor(preset, teacher, world, way == "balanced", preset.run["seed"], measured)
+               for way in ("balanced", "unbalanced")}
+    used = "balanced" if preset.run.get("balance_lengths") else "unbalanced"
+    # the validation documents' lengths (inputs a document): the shard's own once prepared, else drawn as
+    # document_lengths draws a step's (from the training shard's lengths, or lognormal)
+    val = ws.data_dir / "val"
+    val_lengths = data.Shard(val, verify=False).lengths - 1 if (val / "manifest.json").is_file() else \
+        document_lengths(preset, preset.data["val_docs"], preset.run["seed"], measured).astype(np.int64)
+    eval_flops = sum(evaluation_flops(r, preset, teacher, val_lengths, world) for r in runs)
+    written = sum(checkpoint_bytes(r, preset, teacher) for r in runs)
     lines = {"steps (each the longer of its compute and communication)": steps,
-             "  of which activation-checkpointing recompute (where compute is the longer)": recompute,
-             **{k: v * (len(seeds) if k.startswith(("evaluations", "checkpoint")) else 1)
-                for k, v in extra["lines"].items()}}
+             "  of which activation-checkpointing recompute (where compute is the longer)":
+             steps - suite_seconds(runs, plain, lockstep) * len(seeds) * world / 3600,
+             f"rank imbalance and padding (balance {balance[used]:.2f} as the preset places micro-batches; "
+             f"{balance['balanced']:.2f} balanced by length, {balance['unbalanced']:.2f} in order)":
+             steps * (1 / balance[used] - 1),
+             "evaluations (placed by length over the ranks, waits and padding included)":
+             eval_flops / (GPU_BF16_PEAK[gpu] * ASSUMED_MFU) / 3600 * len(seeds),
+             f"checkpoint writes ({written / 1e12:,.1f} TB at {CHECKPOINT_WRITE_BYTES_PER_S / 1e9:g} GB/s a node)":
+             written / (CHECKPOINT_WRITE_BYTES_PER_S * nodes) * world / 3600 * len(seeds)}
     gpu_hours = sum(v for k, v in lines.items() if not k.startswith("  of which"))
     memory_segments = lockstep_plan.segment_memory(preset, runs, gpus, nodes) if lockstep else []
     memory = max((s["bytes"] for s in memory_segments),
                  default=lockstep_plan.memory_bytes(preset, teacher, gpus, nodes, runs))
     return {"gpu_hours": gpu_hours, "wall_hours": gpu_hours / world, "hours_lines": lines,
-            "balance": extra["balance"], "memory_gib": memory / 2**30,
+            "balance": balance, "memory_gib": memory / 2**30,
             "memory_segments": [{**s, "gib": s.pop("bytes") / 2**30} for s in memory_segments],
             "resident_runs": lockstep_plan.most_resident(runs) if lockstep else 1,
             "teacher_passes": lockstep_plan.teacher_passes(runs, lockstep) * len(seeds)}
 
 
-def print_way(console, way: str, totals: dict, gpu: str, gpus: int, nodes: int):
-    console.print(f"{way}: {flops_text(totals['flops'])} (recompute included); {hours_text(totals['gpu_hours'])} {gpu} "
-                  f"GPU-hours = {hours_text(totals['wall_hours'])} hours on {nodes} x {gpus} GPU(s); "
-                  f"{totals['teacher_passes']:,} teacher steps. Where the hours go (compute at an assumed "
-                  f"{ASSUMED_MFU:.0%} MFU, communication at {NVLINK_BYTES_PER_S / 1e9:.0f} GB/s within a node"
-                  + (f" and {INFINIBAND_BYTES_PER_S / 1e9:.0f} GB/s across" if nodes > 1 else "") + "):")
-    for line, hours in totals["hours_lines"].items():
-        console.print(f"  {line}: {hours_text(hours)} GPU-h")
-    if not totals["memory_segments"]:
-        console.print(f"  per-GPU memory at most {totals['memory_gib']:.1f} GiB (one run at a time)")
-    for s in totals["memory_segments"]:
-        console.print(f"  steps {s['steps'][0]:,}-{s['steps'][1]:,}: per-GPU memory {s['gib']:.1f} GiB "
-                      f"({', '.join(s['runs'])} resident)")
-
-
 def print_diagnostics(console, preset, runs, seeds, teacher, context: float, gpu: str, totals: dict):
-    gpu_hours = lambda f: f / (GPU_BF16_PEAK[gpu] * ASSUMED_MFU) / 3600  # the diagnostics: rank 0, no collectives
-    diag_flops, loads = (x * len(seeds) for x in diagnostics_cost(preset, runs, teacher, context))
+    """The diagnostics' forward FLOPs and checkpoints loaded over the seeds (into `totals`): the boundary
+    statistics at every kept checkpoint of the grow runs (phase ends and snapshots) and whole-block removal
+    (a full pass and one per skipped block) at the end of every main run, all on the fixed diagnostic batch."""
+    tokens = preset.diag["docs"] * preset.diag["max_inputs"]
+    L, K = preset.run["layers_per_block"], preset.run["blocks"]
+    _, head = forward_flops_per_token(teacher, 0, context)
+    flops, loads = 0.0, 0
+    for run in runs:
+        if run.config.protocol == "grow":
+            snapshot = run.config.snapshot_interval or run.config.phase_steps
+            for ph in config.plan_phases(run.config):
+                layers, _ = forward_flops_per_token(teacher, ph.active_blocks * L, context)
+                flops += tokens * layers * -(-ph.steps // snapshot)
+                loads += -(-ph.steps // snapshot)
+        if run.config.protocol in ("grow", "joint"):
+            layers, _ = forward_flops_per_token(teacher, K * L, context)
+            flops += tokens * (layers + head) * (K + 1)
+            loads += 1
+    diag_flops, loads = flops * len(seeds), loads * len(seeds)
     read = loads * student_bytes(preset, teacher)
+    seconds = diag_flops / (GPU_BF16_PEAK[gpu] * ASSUMED_MFU)  # the diagnostics: rank 0, no collectives
     console.print(f"diagnostics (rank 0 alone, after training, one checkpoint at a time in bf16): "
-                  f"{flops_text(diag_flops)} ({duration_text(gpu_hours(diag_flops) * 3600)} on one {gpu}), plus "
+                  f"{flops_text(diag_flops)} ({duration_text(seconds)} on one {gpu}), plus "
                   f"reading {loads} checkpoints ({read / 1e9:,.3g} GB: {duration_text(read / DISK_BYTES_PER_S)} at "
                   f"{DISK_BYTES_PER_S / 1e9:g} GB/s)")
     totals.update(diagnostics_flops=diag_flops, diagnostics_checkpoints=loads)
@@ -355,15 +357,6 @@ def balance_factor(preset, teacher: ModelConfig, world: int, balanced: bool, see
         useful += sum(cost[n] for n in lengths[ids])
         waited += world * sum(max(column) for column in zip(*slots))
     return useful / waited
-
-
-def validation_lengths(ws, measured=None) -> np.ndarray:
-    """The validation documents' lengths (inputs a document): the shard's own once prepared, else drawn as
-    document_lengths draws a step's (from the training shard's lengths, or lognormal)."""
-    val = ws.data_dir / "val"
-    if (val / "manifest.json").is_file():
-        return data.Shard(val, verify=False).lengths - 1
-    return document_lengths(ws.preset, ws.preset.data["val_docs"], ws.preset.run["seed"], measured).astype(np.int64)
 
 
 def evaluation_flops(run: PlannedRun, preset, teacher: ModelConfig, lengths: np.ndarray, world: int) -> float:
@@ -406,28 +399,6 @@ def checkpoint_bytes(run: PlannedRun, preset, teacher: ModelConfig) -> float:
         kept = 1 + (ph.steps - 1) // c.snapshot_interval if c.snapshot_interval else 1
         written += latest * (weights + 2 * 4 * trained) + kept * weights
     return written
-
-
-def overhead_hours(ws, runs: list[PlannedRun], teacher, gpu: str, gpus: int, nodes: int, step_hours: float,
-                   measured=None) -> dict:
-    """GPU-hours besides the steps, by line: rank imbalance and padding (each step stretched by 1 / balance,
-    micro-batches placed as the preset says: run.balance_lengths), the evaluations (at the assumed MFU)
-    and the checkpoint writes (at CHECKPOINT_WRITE_BYTES_PER_S a node, every GPU waiting)."""
-    preset, world = ws.preset, gpus * nodes
-    balance = {way: balance_factor(preset, teacher, world, way == "balanced", preset.run["seed"], measured)
-               for way in ("balanced", "unbalanced")}
-    used = "balanced" if preset.run.get("balance_lengths") else "unbalanced"
-    val_lengths = validation_lengths(ws, measured)
-    eval_flops = sum(evaluation_flops(r, preset, teacher, val_lengths, world) for r in runs)
-    written = sum(checkpoint_bytes(r, preset, teacher) for r in runs)
-    return {"balance": balance,
-            "lines": {f"rank imbalance and padding (balance {balance[used]:.2f} as the preset places micro-batches; "
-                      f"{balance['balanced']:.2f} balanced by length, {balance['unbalanced']:.2f} in order)":
-                      step_hours * (1 / balance[used] - 1),
-                      "evaluations (placed by length over the ranks, waits and padding included)":
-                      eval_flops / (GPU_BF16_PEAK[gpu] * ASSUMED_MFU) / 3600,
-                      f"checkpoint writes ({written / 1e12:,.1f} TB at {CHECKPOINT_WRITE_BYTES_PER_S / 1e9:g} GB/s "
-                      "a node)": written / (CHECKPOINT_WRITE_BYTES_PER_S * nodes) * world / 3600}}
 
 
 def flops_text(flops: float) -> str:

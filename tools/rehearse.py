@@ -216,8 +216,9 @@ def measure_step(settings, phase, teacher, students, optimizers, batches, ctx, d
                                  tracker, kept_states)
     snapshot = next(iter(tracker.get_tracker_snapshot("peak").values()))
     peak = {getattr(k, "value", k): v / GiB for k, v in snapshot.items() if v}
-    if not on_gpu:
-        peak[UNSEEN] = local_bytes(p for p in teacher.net.parameters() if not seen(tracker, p)) / GiB
+    if not on_gpu:  # the teacher's weights whose storage (a DTensor's: its local shard's) the tracker never counted
+        shards = [p.to_local() if hasattr(p, "to_local") else p for p in teacher.net.parameters()]
+        peak[UNSEEN] = local_bytes(t for t in shards if t.untyped_storage() not in tracker._WINFO) / GiB
     return step, peak
 
 
@@ -225,12 +226,6 @@ def measure_step(settings, phase, teacher, students, optimizers, batches, ctx, d
 # never counts them: the teacher's replicated embedding and final norm (nets.TEACHER_REPLICATED; their
 # forwards read them as inputs only): 1.16 GiB a rank at full scale, left out of the rehearsal before issue 40.
 UNSEEN = "teacher weights the tracker never saw (its replicated embedding and norm)"
-
-
-def seen(tracker, tensor) -> bool:
-    """Whether the tracker counted the storage of `tensor` (a DTensor's local shard) during the step."""
-    local = tensor.to_local() if hasattr(tensor, "to_local") else tensor
-    return local.untyped_storage() in tracker._WINFO
 
 
 def peak_gib(peak: dict, teacher, students, optimizers, on_gpu: bool) -> dict:
@@ -307,27 +302,23 @@ def memory_tracker(students, optimizers, ctx, on_gpu: bool):
     if on_gpu:
         return CudaPeak(ctx.device)
     if ctx.world > 1:
-        return grown_fsdp_tracker(FSDPMemTracker)(students[0], optimizers[0])
+        class GrownFSDPTracker(FSDPMemTracker):
+            """FSDPMemTracker, able to follow a student whose later blocks have not grown in yet: its
+            post-backward hook reads every parameter's unsharded gradient, and a unit that never ran forward
+            (FSDP2's final callback still calls its post-backward) has no unsharded parameter, so the tracker
+            raised AttributeError where the training code does not. Such a unit holds nothing to attribute."""
+            def _fsdp_param_group_post_backward(self, fsdp_mod, orig_post_backward):
+                tracked = super()._fsdp_param_group_post_backward(fsdp_mod, orig_post_backward)
+
+                def post_backward(*args, **kwargs):
+                    group = fsdp_mod._get_fsdp_state()._fsdp_param_group
+                    ran = group is None or all(hasattr(p, "_unsharded_param") for p in group.fsdp_params)
+                    return (tracked if ran else orig_post_backward)(*args, **kwargs)
+                return post_backward
+        return GrownFSDPTracker(students[0], optimizers[0])
     tracker = MemTracker()
     tracker.track_external(students[0], optimizers[0])
     return tracker
-
-
-def grown_fsdp_tracker(FSDPMemTracker):
-    """torch's FSDPMemTracker, able to follow a student whose later blocks have not grown in yet: its
-    post-backward hook reads every parameter's unsharded gradient, and a unit that never ran forward
-    (FSDP2's final callback still calls its post-backward) has no unsharded parameter, so the tracker
-    raised AttributeError where the training code does not. Such a unit holds nothing to attribute."""
-    class Tracker(FSDPMemTracker):
-        def _fsdp_param_group_post_backward(self, fsdp_mod, orig_post_backward):
-            tracked = super()._fsdp_param_group_post_backward(fsdp_mod, orig_post_backward)
-
-            def post_backward(*args, **kwargs):
-                group = fsdp_mod._get_fsdp_state()._fsdp_param_group
-                ran = group is None or all(hasattr(p, "_unsharded_param") for p in group.fsdp_params)
-                return (tracked if ran else orig_post_backward)(*args, **kwargs)
-            return post_backward
-    return Tracker
 
 
 def lockstep_run_step(settings, phase, teacher, student, optimizer, batches, ctx, dtype, tracker,

@@ -120,19 +120,6 @@ def fraction_of_peak(flops: float, seconds: float, peak_flops: float) -> dict:
 # ----------------------------------------------------------------------------------------------
 # The steps, as grow takes them
 
-def step_settings(scale: str, kind: str) -> config.RunConfig:
-    """A scale's student (post-norm, joint: every block active and trained) or teacher settings, as the suite
-    makes them but with no data (the bench makes its own batch)."""
-    preset = presets.PRESETS[scale]
-    if kind == "teacher":
-        run = {**preset.run, **preset.teacher_run, "protocol": "teacher", "norm": "pre",
-               "teacher_config": asdict(presets.teacher_shape(preset))}
-    else:
-        run = {**preset.run, "protocol": "joint", "norm": "post"}
-    return config.RunConfig(**{**run, "name": f"{scale} {kind}", "seed": 0, "train_data": "", "val_data": "",
-                               "replay_docs": run["global_batch"]})
-
-
 class Step:
     """One optimizer step of `settings` on one full-length micro-batch: Run.accumulate's forward and
     backward (with the teacher's forward before it for a student), then Run.update's clipping and AdamW."""
@@ -185,13 +172,18 @@ def length_batch(rows: int, length: int, max_len: int, vocab: int, fixed: bool) 
 
 def distinct_steps(scales=SCALES) -> dict[str, tuple[config.RunConfig, ModelConfig, int]]:
     """{"toy, mini student": (settings, teacher shape, length), ...}: one entry per step shape, named by the
-    scales that share it."""
+    scales that share it. The settings are a scale's student (post-norm, joint: every block active and
+    trained) or teacher, as the suite makes them but with no data (the bench makes its own batch)."""
     steps: dict[str, tuple] = {}
     for kind in ("student", "teacher"):
         shapes: dict[str, list] = {}
         for scale in scales:
             preset = presets.PRESETS[scale]
-            settings = step_settings(scale, kind)
+            run = {**preset.run, "protocol": "joint", "norm": "post"} if kind == "student" else \
+                {**preset.run, **preset.teacher_run, "protocol": "teacher", "norm": "pre",
+                 "teacher_config": asdict(presets.teacher_shape(preset))}
+            settings = config.RunConfig(**{**run, "name": f"{scale} {kind}", "seed": 0, "train_data": "", "val_data": "",
+                                           "replay_docs": run["global_batch"]})
             key = repr((asdict(settings) | {"name": "", "phase_steps": 0, "eval_interval": 0, "snapshot_interval": 0},
                         preset.teacher_model, preset.data["max_len"], preset.data["vocab_size"]))
             shapes.setdefault(key, []).append((scale, settings, presets.teacher_shape(preset), preset.data["max_len"]))
