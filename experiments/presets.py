@@ -54,12 +54,11 @@ PRESETS = {
                            num_key_value_heads=2, head_dim=8, tie_word_embeddings=True, rope_theta=10_000.0),
         teacher_run=dict(phase_steps=20, lr=3e-3, min_lr=3e-4, eval_interval=10),
         diag=dict(docs=4, max_inputs=16, seed=42), doc_tokens=30.0),
-    # The toy is a miniature of the paper chosen from its dimensionless ratios (README, "The toy preset"),
-    # fixed before its results were seen: student/teacher depth 3/12 = the paper's 9/36; the same
-    # alpha, gamma, tau, clip, betas and min_lr/lr; lr = the paper's 1e-4 x 4096/128 (width transfer);
-    # warmup 25 steps, past AdamW's 1/(1 - beta2) = 20; as many steps per phase as 30 minutes on 2 CPU
-    # cores allow for the students; a teacher that sees 4x the documents of the longest-trained
-    # student (1500 x 32 against 3 x 250 x 16), cached after the first run. A first teacher of 600
+    # The toy is a miniature of the paper chosen from its dimensionless ratios (README, "The toy preset"), fixed before
+    # its results were seen: student/teacher depth 3/12 = the paper's 9/36; the same alpha, gamma, tau, clip, betas and
+    # min_lr/lr; lr = the paper's 1e-4 x 4096/128 (width transfer); warmup 25 steps, past AdamW's 1/(1 - beta2) = 20; as
+    # many steps per phase as 30 minutes on 2 CPU cores allow for the students; a teacher that sees 4x the documents of
+    # the longest-trained student (1500 x 32 against 3 x 250 x 16), cached after the first run. A first teacher of 600
     # steps (1.6x) ended level with the best student, failing the "teacher clearly better" principle.
     "toy": Preset(
         "toy", "offline on a laptop CPU: the kit pretrains a 12-layer teacher on State of the Union paragraphs",
@@ -92,8 +91,7 @@ PRESETS = {
              "snapshot_interval": 10_000, "precision": "bf16", "activation_checkpointing": True,
              "balance_lengths": True},
         teacher="Qwen/Qwen3-8B-Base", diag=dict(docs=2, max_inputs=2048, seed=42), needs_cuda=True,
-        # 3.112B non-padding tokens per 50k x 64-document phase: Table A2's 3.11B, 6.22B and 9.34B
-        # all round from it.
+        # 3.112B non-padding tokens per 50k x 64-document phase: Table A2's 3.11B, 6.22B and 9.34B all round from it.
         doc_tokens=972.5),
 }
 
@@ -110,21 +108,19 @@ PRESETS = {"smoke": PRESETS["smoke"], "toy": _toy,
                            teacher_run={**_toy.teacher_run, "snapshot_interval": _toy.run["snapshot_interval"]}),
            "small": PRESETS["small"], "full": PRESETS["full"]}
 # mechanism: a miniature whose data are built so that the mechanism the paper's account rests on appears
-# (docs/preregistrations.md, 2026-12-03, fixed before any of its runs; issue 39). Bigram-Backcopy sequences
-# (Guo et al. 2024: sinks, drained values and residual peaks on the fixed first token in 1-3 layer models)
-# of 256 ids after a fixed first token (<bos>, the kit's document boundary), 64 symbols, 3 triggers. The
-# students are the toy's (K = 3 blocks of 1 layer, its LR and init transfer, warmup >= 20 steps, the paper's
-# alpha, gamma, tau and clip). The teacher is design D of the fifth session's entry: design C (Guo et al.'s
-# shape and recipe as far as the kit's Qwen3 allows: 3 layers of one head, head_dim = width 128, no q/k
-# norms, a SwiGLU MLP of 4x the width, betas (0.9, 0.99), weight decay 1e-4) moved Guo's whole distance:
-# lr x steps = 6, their 10,000-step run at 3e-4 width-transferred, as a constant lr 3e-3 after a warmup of
-# AdamW's horizon (100 steps) over 2,000 steps of 64 sequences, each sequence once (the corpus's 128,000
-# training documents). It met no criterion (its sink rose, then collapsed), nor did design C (lr 6e-4,
+# (docs/preregistrations.md, 2026-12-03, fixed before any of its runs; issue 39). Bigram-Backcopy sequences (Guo et al.
+# 2024: sinks, drained values and residual peaks on the fixed first token in 1-3 layer models) of 256 ids after a fixed
+# first token (<bos>, the kit's document boundary), 64 symbols, 3 triggers. The students are the toy's (K = 3 blocks of
+# 1 layer, its LR and init transfer, warmup >= 20 steps, the paper's alpha, gamma, tau and clip). The teacher is design
+# D of the fifth session's entry: design C (Guo et al.'s shape and recipe as far as the kit's Qwen3 allows: 3 layers of
+# one head, head_dim = width 128, no q/k norms, a SwiGLU MLP of 4x the width, betas (0.9, 0.99), weight decay 1e-4)
+# moved Guo's whole distance: lr x steps = 6, their 10,000-step run at 3e-4 width-transferred, as a constant lr 3e-3
+# after a warmup of AdamW's horizon (100 steps) over 2,000 steps of 64 sequences, each sequence once (the corpus's
+# 128,000 training documents). It met no criterion (its sink rose, then collapsed), nor did design C (lr 6e-4,
 # 1,000 x 128) and the five before it (12 layers of 4 heads, 3-6M tokens; docs/records/*-mechanism-teacher*.md).
-# mechanism-control: the same corpus
-# and settings, every attention layer (teacher and students) seeing only its 16 most recent keys (Gu et al.
-# 2024: small windows prevent the sink; the task needs 2), so the first token is out of reach of all but the
-# first 15 queries.
+# mechanism-control: the same corpus and settings, every attention layer (teacher and students) seeing only its 16 most
+# recent keys (Gu et al. 2024: small windows prevent the sink; the task needs 2), so the first token is out of reach of
+# all but the first 15 queries.
 _mechanism = Preset(
     "mechanism", "a CPU miniature built for the paper's mechanism (Bigram-Backcopy ids after a fixed <bos>); its seven "
     "registered teachers learned the task without it (docs/records/*-mechanism-teacher*.md)",
@@ -161,16 +157,13 @@ def scale_named(path) -> str | None:
 TIE_MARGIN = 0.01
 
 
-
-# The seeds of the commands that run several by default (`--seeds` overrides): the regime map's grid is
-# large, so two; the experiments beyond the paper three.
-DEFAULT_SEEDS = {"regime": {"smoke": [42], "toy": [42, 43], "mini": [42], "small": [42], "full": [42],
-                            "mechanism": [42], "mechanism-control": [42]},
-                 "beyond": {"smoke": [42], "toy": [42, 43, 44], "mini": [42], "small": [42], "full": [42],
-                            "mechanism": [42, 43, 44], "mechanism-control": [42, 43, 44]},
-                 # the causal test by construction: 8 seeds by its power calculation (experiments/tail.py)
-                 "tail": {"smoke": [42], "toy": list(range(42, 50)), "mini": [42], "small": [42], "full": [42],
-                          "mechanism": [42], "mechanism-control": [42]}}
+# The seeds of the commands that run several by default (`--seeds` overrides), at every scale not named here 42:
+# the regime map's grid is large, so two; the experiments beyond the paper three; the causal test by construction
+# 8, by its power calculation (experiments/tail.py).
+DEFAULT_SEEDS = {command: {scale: seeds.get(scale, [42]) for scale in PRESETS} for command, seeds in (
+    ("regime", {"toy": [42, 43]}),
+    ("beyond", {"toy": [42, 43, 44], "mechanism": [42, 43, 44], "mechanism-control": [42, 43, 44]}),
+    ("tail", {"toy": list(range(42, 50))}))}
 
 
 # ----------------------------------------------------------------------------------------------
@@ -233,26 +226,9 @@ def ratios_markdown(preset: Preset) -> list[str]:
 # overrides live in their own folders, so a finished run with other settings is never reused. Which keys
 # one may set, how a value is read and checked, and the folder name a set of values gives: set_values.py.
 
-
-def sections_problem(base: Preset, preset: Preset, changes: dict) -> str:
-    """Why the overridden sections do not fit together ("" if they do): a micro-batch that does not
-    divide the batch, a teacher model whose sizes or heads do not make a Qwen3 (config_problem)."""
-    runs = {"run": preset.run, "teacher_run": {**base.run, **preset.teacher_run}}  # the teacher's, as run_config builds it
-    for section, run in runs.items():
-        if section in changes and run["global_batch"] % run["micro_batch"]:
-            return (f"{section}.micro_batch={run['micro_batch']} does not divide {section}.global_batch="
-                    f"{run['global_batch']}")
-    if "teacher_model" in changes:
-        problem = config_problem({**preset.teacher_model, "vocab_size": 1})  # the kit sets the vocabulary
-        if problem:
-            return f"teacher_model: {problem}"
-    return ""
-
-
-# Settings: how a run differs from its preset, {section: {key: value}}, each value typed as the preset's field and
-# in its range: what `--set` parses to, and what a variant, a regime grid point and a search rung give; the one shape
-# a setting has after its text is read, merged into the preset by apply_overrides and named by
-# set_values.override_name.
+# Settings: how a run differs from its preset, {section: {key: value}}, each value typed as the preset's field and in its
+# range: what `--set` parses to, and what a variant, a regime grid point and a search rung give; the one shape a setting has
+# after its text is read, merged into the preset by apply_overrides and named by set_values.override_name.
 Settings = dict[str, dict]
 
 
@@ -268,7 +244,7 @@ def parse_overrides(preset: Preset, items) -> Settings:
                                               f"{', '.join(OVERRIDABLE)}, e.g. run.lr=3e-4")
         known = {f.name: f.default for f in fields(OVERRIDABLE[section]) if f.default is not MISSING} \
             if OVERRIDABLE[section] else {}
-        # the teacher's run is the scale's run under teacher_run's (suite.run_config): any run key can be set there
+        # the teacher's run is the scale's run under teacher_run's (suite.teacher_config): any run key can be set there
         known.update({**(DATA_OPTIONS if section == "data" else {}), **(preset.run if section == "teacher_run" else {}),
                       **getattr(preset, section)})
         if name not in known:
@@ -278,8 +254,7 @@ def parse_overrides(preset: Preset, items) -> Settings:
             raise errors.OptionError("--set", f"{key.strip()}: set by the kit for each run (from its data, teacher and "
                                      "protocol), not from the command line")
         value = parse_value(key.strip(), raw.strip(), known[name])
-        problem = value_problem(name, value)
-        if problem:
+        if problem := value_problem(name, value):
             raise errors.OptionError("--set", f"{key.strip()}={raw.strip()}: {problem}")
         settings.setdefault(section, {})[name] = value
     return settings
@@ -301,35 +276,40 @@ def with_settings(preset: Preset, changes: Settings, option: str) -> Preset:
     preset passes the same checks. A bad value names `option`."""
     for section, values in changes.items():
         for key, value in values.items():
-            problem = value_problem(key, value)
-            if problem:
+            if problem := value_problem(key, value):
                 raise errors.OptionError(option, f"{section}.{key}={value}: {problem}")
     return apply_overrides(preset, changes)[0]
 
 
 def apply_overrides(preset: Preset, settings: Settings, compile_flag: bool | None = None) -> tuple[Preset, Settings]:
-    """(the preset with `settings` and `--compile/--no-compile` applied, the settings that changed it)."""
+    """(the preset with `settings` and `--compile/--no-compile` applied, the settings that changed it), refused where
+    the overridden sections do not fit together: a micro-batch that does not divide the batch, a teacher model whose
+    sizes or heads do not make a Qwen3 (config_problem)."""
     given = settings.get("run", {}).get("compile")
     if compile_flag is not None and given is not None and given != compile_flag:  # which one should hold?
         raise errors.OptionError("--set", f"run.compile={given} conflicts with --{'' if compile_flag else 'no-'}compile; "
                                  "give it once")
     changes = merged(settings, {"run": {"compile": compile_flag}} if compile_flag is not None else {})
     new = replace(preset, **{s: {**getattr(preset, s), **c} for s, c in changes.items()})
-    problem = sections_problem(preset, new, changes)
-    if problem:
-        raise errors.OptionError("--set", problem)
+    runs = {"run": new.run, "teacher_run": {**preset.run, **new.teacher_run}}  # the teacher's, as teacher_config builds it
+    for section, run in runs.items():
+        if section in changes and run["global_batch"] % run["micro_batch"]:
+            raise errors.OptionError("--set", f"{section}.micro_batch={run['micro_batch']} does not divide "
+                                     f"{section}.global_batch={run['global_batch']}")
+    # (a vocabulary of 1: the kit sets it)
+    if "teacher_model" in changes and (problem := config_problem({**new.teacher_model, "vocab_size": 1})):
+        raise errors.OptionError("--set", f"teacher_model: {problem}")
     return new, changes
 
 
 # ----------------------------------------------------------------------------------------------
-# The miniature search (README, "The miniature search"): fixed before any of its runs. The mechanism
-# the paper's account rests on, a heavy-tailed pre-norm boundary, is present when all three of its
-# boundary statistics pass their thresholds, measured on pre-norm grow after block 0 at the end of
-# growth (the fixed diagnostic batch, diag.diagnose_checkpoint). The paper reports 37 (boundary over
-# regular RMS) and a kurtosis above 2,400; the thresholds ask for a quarter and a fiftieth of those, an
-# order of magnitude past the toy's 1.27 and 3.7, and for Sun et al. (2024)'s "massive" at its low end.
-# An attention sink (Gu et al. 2024) is measured and reported beside them, not required: the paper's
-# account is about the boundary an appended block reads, which it never connects to a sink.
+# The miniature search (README, "The miniature search"): fixed before any of its runs. The mechanism the paper's account
+# rests on, a heavy-tailed pre-norm boundary, is present when all three of its boundary statistics pass their
+# thresholds, measured on pre-norm grow after block 0 at the end of growth (the fixed diagnostic batch,
+# diag.diagnose_checkpoint). The paper reports 37 (boundary over regular RMS) and a kurtosis above 2,400; the thresholds
+# ask for a quarter and a fiftieth of those, an order of magnitude past the toy's 1.27 and 3.7, and for Sun et al.
+# (2024)'s "massive" at its low end. An attention sink (Gu et al. 2024) is measured and reported beside them, not
+# required: the paper's account is about the boundary an appended block reads, which it never connects to a sink.
 MECHANISM = {"boundary_over_regular": 10.0,   # boundary token's mean RMS / regular tokens' (diag.token_type_rms)
              "kurtosis_distinct": 50.0,       # Pearson kurtosis of per-token RMS over distinct states
              "massive_ratio": 100.0}          # max |activation| / median |activation| (diag.massive_activation)
@@ -386,10 +366,9 @@ LADDERS = {
     ),
 }
 
-# The second search (docs/preregistrations.md, 2026-12-02, fixed before any of its runs): along context
-# and depth first, each rung pre-norm grow at seed 42 measured after block 0 by MECHANISM, the teacher by
-# TEACHER_MECHANISM. Rungs a and b both build on rung 0; c is a and b together; then weight decay,
-# teacher budget and width, each on the one before.
+# The second search (docs/preregistrations.md, 2026-12-02, fixed before any of its runs): along context and depth first,
+# each rung pre-norm grow at seed 42 measured after block 0 by MECHANISM, the teacher by TEACHER_MECHANISM. Rungs a and
+# b both build on rung 0; c is a and b together; then weight decay, teacher budget and width, each on the one before.
 LONG_DOCUMENTS = ("data.document_chars=3600", "data.max_len=1024", "data.val_docs=20", "run.global_batch=2",
                   "run.micro_batch=2", "teacher_run.global_batch=3", "teacher_run.micro_batch=3", "diag.docs=2",
                   "diag.max_inputs=1024")
@@ -436,10 +415,9 @@ def ladder_for(scale: str, ladder: str | None, rungs=()) -> str:
     if LADDER_SCALES.get(ladder, ladder) != scale:
         raise errors.UsageError(f"--ladder {ladder} runs at --scale {LADDER_SCALES.get(ladder, ladder)}, not {scale}")
     names = [r.name for r in LADDERS[ladder][1:]]
-    for rung in rungs:
-        if rung not in names:
-            raise errors.OptionError("--rung", f"{rung!r} is not a rung of the {ladder} ladder after its first; "
-                                     f"choose from {', '.join(names)}")
+    if unknown := [rung for rung in rungs if rung not in names]:
+        raise errors.OptionError("--rung", f"{unknown[0]!r} is not a rung of the {ladder} ladder after its first; "
+                                 f"choose from {', '.join(names)}")
     return ladder
 
 

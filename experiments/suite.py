@@ -14,7 +14,7 @@ import os
 import shlex
 import shutil
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable
 
@@ -89,20 +89,26 @@ class Workspace:
 def workspace(scale: str, runs_dir: Path, results_dir: Path | None = None, dry_run: bool = False,
               overrides: Settings | None = None, compile_flag: bool | None = None, device: str = "auto", tracker: str = "",
               lockstep: bool = True, wait: bool = True) -> Workspace:
-    """A scale's folders, with `overrides` (presets.Settings, parsed from --set) applied. With overrides
-    of the students' settings (run, diag) only, the students live in
-    runs/<scale>/set/<overrides>/ beside the scale's data and teacher; overrides of the data or the
-    teacher make a workspace of their own, runs/<scale>+<those overrides>/, whose students of other
-    settings live in its set/<those settings>/. Results go to
-    results/<scale>+<overrides>/. Everything is checked before a folder is made: the overrides, CUDA,
-    then that the folders are writable (not for a dry run; no results folder where none is given)."""
+    """A scale's folders, with `overrides` (presets.Settings, parsed from --set) applied. With overrides of the
+    students' settings (run, diag) only, the students live in runs/<scale>/set/<overrides>/ beside the scale's data
+    and teacher; overrides of the data or the teacher make a workspace of their own, runs/<scale>+<those overrides>/,
+    whose students of other settings live in its set/<those settings>/. Results go to results/<scale>+<overrides>/.
+    Everything is checked before a folder is made: the overrides, CUDA, then that the folders are writable (not for
+    a dry run; no results folder where none is given)."""
     overrides = overrides or {}
     preset, changes = apply_overrides(PRESETS[scale], overrides, compile_flag)
     if "seed" in changes.get("run", {}):  # --set run.seed=N is --seeds N: that seed's folder, the scale's inputs
         del changes["run"]["seed"]
         changes = {section: keys for section, keys in changes.items() if keys}
-    if "data" in changes:
-        check_corpus(preset)
+    if "data" in changes:  # the tokenizer and corpus as set exist (building them reads no document), before any folder
+        d = preset.data
+        try:
+            corpora.vocabulary(d)
+            corpus = corpora.corpus(d["source"], d["val_docs"], preset.run["seed"], **corpus_options(preset))
+            if d["source"] == "local":  # its files read once now: a bad byte, line or count is one line before any folder
+                corpus.validation_documents()
+        except errors.DataError as e:
+            raise errors.OptionError("--set", str(e)) from None
     if preset.needs_cuda and not dry_run:
         import torch
         if not torch.cuda.is_available() or device not in ("auto", "cuda"):
@@ -117,18 +123,16 @@ def workspace(scale: str, runs_dir: Path, results_dir: Path | None = None, dry_r
         if results_dir is not None:
             paths.writable_dir(results_dir, "--results-dir")
     results_dir = results_dir or Path("results")
+    ws = Workspace(preset, runs_dir / scale, results_dir / scale, ctx, tracker=tracker, lockstep=lockstep, wait=wait)
     if not changes:
-        return Workspace(preset, runs_dir / scale, results_dir / scale, ctx, tracker=tracker, lockstep=lockstep, wait=wait)
+        return ws
     name = override_name(changes)
     # Student settings share the scale's data and teacher, unless they need more documents than its shard holds.
-    shard_docs = Workspace(PRESETS[scale], runs_dir, results_dir, ctx).train_docs  # None: the whole corpus
-    needed = Workspace(preset, runs_dir, results_dir, ctx).train_docs  # the shard these students would need
-    own_inputs = bool(set(changes) - {"run", "diag"}) or (shard_docs is not None and needed > shard_docs)
-    if not own_inputs:
-        return Workspace(preset, runs_dir / scale, results_dir / f"{scale}+{name}", ctx, student_runs=f"set/{name}",
-                         tracker=tracker, lockstep=lockstep, inputs=PRESETS[scale], wait=wait)
+    shard_docs = replace(ws, preset=PRESETS[scale]).train_docs  # None: the whole corpus
+    if not set(changes) - {"run", "diag"} and (shard_docs is None or ws.train_docs <= shard_docs):
+        return replace(ws, results=results_dir / f"{scale}+{name}", student_runs=f"set/{name}", inputs=PRESETS[scale])
     # Own data and teacher, named by what makes them: the data and teacher changes (the teacher never reads run.*:
-    # teacher_settings), and the students' batch and steps where they size a cut shard (train_docs); students of
+    # teacher_config), and the students' batch and steps where they size a cut shard (train_docs); students of
     # other settings live in set/<those>/ beside them and share that teacher (the second search's rungs a and c).
     made_by = lambda section, key: section not in ("run", "diag") or (shard_docs is not None and section == "run"
                                                                      and key in ("phase_steps", "global_batch"))
@@ -136,27 +140,15 @@ def workspace(scale: str, runs_dir: Path, results_dir: Path | None = None, dry_r
     inputs, input_changes = apply_overrides(PRESETS[scale], made)
     student_changes = {section: keep for section, keys in changes.items() if section in ("run", "diag")
                        and (keep := {k: v for k, v in keys.items() if k not in input_changes.get(section, {})})}
-    return Workspace(preset, runs_dir / f"{scale}+{override_name(input_changes)}", results_dir / f"{scale}+{name}",
-                     ctx, student_runs=f"set/{override_name(student_changes)}" if student_changes else "",
-                     tracker=tracker, lockstep=lockstep, inputs=inputs if student_changes else None, wait=wait)
+    return replace(ws, runs=runs_dir / f"{scale}+{override_name(input_changes)}", results=results_dir / f"{scale}+{name}",
+                   student_runs=f"set/{override_name(student_changes)}" if student_changes else "",
+                   inputs=inputs if student_changes else None)
 
 
 def corpus_options(preset: Preset) -> dict:
     """corpora.corpus's options (path, revision, cache_dir) among a preset's data settings."""
     settings = ("source", "vocab_size", "max_len", "val_docs", "all_documents")
     return {k: v for k, v in preset.data.items() if k not in settings}
-
-
-def check_corpus(preset: Preset):
-    """--set data.*: the tokenizer and corpus as set exist (building them reads no document), before any folder."""
-    d = preset.data
-    try:
-        corpora.vocabulary(d)
-        corpus = corpora.corpus(d["source"], d["val_docs"], preset.run["seed"], **corpus_options(preset))
-        if d["source"] == "local":  # its files read once now: a bad byte, line or count is one line before any folder
-            corpus.validation_documents()
-    except errors.DataError as e:
-        raise errors.OptionError("--set", str(e)) from None
 
 
 def data_summary(ws: Workspace, force: bool = False) -> Table:
@@ -184,8 +176,16 @@ def prepare_data(ws: Workspace, force: bool = False) -> tuple[data.Shard, data.S
         seed = PRESETS[ws.preset.name].run["seed"]
         with locks.held([ws.data_dir], ws.wait):
             if force and (corpus := shard_corpus(ws)) is not None:
-                refuse_rebuild_under_runs(ws, corpus, lambda: corpora.corpus(d["source"], d["val_docs"], seed,
-                                                                             **corpus_options(ws.preset)).identity)
+                # --force would rebuild the shards from an edited corpus (its content changed, its settings did not) under a
+                # teacher and runs trained on the old content, which name the shards' folder, not their content: a later run
+                # would reuse them on the new shards. Refused before any rebuild, naming what to move away; the corpus is
+                # identified (a local one read whole) only where something was trained: prepare_shards reads it again.
+                trained = sorted(p.name for p in ws.runs.iterdir() if p.name != "data" and not p.name.startswith("."))
+                identity = lambda: corpora.corpus(d["source"], d["val_docs"], seed, **corpus_options(ws.preset)).identity
+                if trained and corpus != checkpoint.loads(checkpoint.json_text(identity())):  # as a manifest reads back
+                    raise errors.DataError(f"{ws.data_dir}: the corpus changed since {trained[0]} was trained on these "
+                                           f"shards; --force would rebuild them under it: move {', '.join(trained)} out "
+                                           f"of {ws.runs} (or choose another --runs-dir) and rerun")
             return prepare_shards.prepare(d["source"], ws.data_dir, enc, max_len=d["max_len"],
                                           n_train_docs=ws.train_docs, n_val_docs=d["val_docs"], seed=seed,
                                           progress=console.is_terminal, force=force, **corpus_options(ws.preset))
@@ -197,18 +197,6 @@ def prepare_data(ws: Workspace, force: bool = False) -> tuple[data.Shard, data.S
         shards = data.Shard(ws.data_dir / "train", verify=False), data.Shard(ws.data_dir / "val", verify=False)
     faults.kill_point("prepared", "data")
     return shards
-
-
-def refuse_rebuild_under_runs(ws: Workspace, shards_corpus: dict, corpus_now: Callable[[], dict]):
-    """--force would rebuild the shards from an edited corpus (its content changed, its settings did not) under a
-    teacher and runs trained on the old content, which name the shards' folder, not their content: a later run
-    would reuse them on the new shards. Refused before anything is rebuilt, naming what to move away. The corpus is
-    identified (a local one read whole) only where something was trained: prepare_shards reads it again."""
-    trained = sorted(p.name for p in ws.runs.iterdir() if p.name != "data" and not p.name.startswith("."))
-    if trained and shards_corpus != checkpoint.loads(checkpoint.json_text(corpus_now())):  # as a manifest reads back
-        raise errors.DataError(f"{ws.data_dir}: the corpus changed since {trained[0]} was trained on these shards; "
-                               f"--force would rebuild them under it: move {', '.join(trained)} out of {ws.runs} (or "
-                               "choose another --runs-dir) and rerun")
 
 
 def shard_corpus(ws: Workspace) -> dict | None:
@@ -282,25 +270,20 @@ class RunName:
 
 def prefix_run(run: RunName, ws: Workspace) -> tuple[RunName, int] | None:
     """(run, phase) whose phases 0..phase are identical to this run's first ones."""
-    if run.protocol in ("joint-long", "joint-longer", "joint-replay") and not ws.preset.run.get("restart_optimizer", True):
-        return None  # it carries AdamW's moments across restarts, and kept checkpoints hold none
-    if run.parent is None:
+    # a long joint control without restart_optimizer carries AdamW's moments across restarts, and kept checkpoints hold none
+    if run.parent is None or (run.protocol != "freeze" and not ws.preset.run.get("restart_optimizer", True)):
         return None
     # freeze's phase 0 is grow's phase 0 (Table 2 reads it); the long controls' first phase is joint itself
     return run.parent, (ws.preset.long_phases[0] - 1 if run.protocol == "joint-longer" else 0)
-
-
-def run_config(ws: Workspace, run: RunName, seed: int, teacher: Path | None = None) -> config.RunConfig:
-    """A named run's settings, its paths relative to its own folder where they lie in the runs tree (so
-    the tree can be moved or copied; a hub teacher's cache path stays absolute)."""
-    return config.RunConfig(**run_settings(ws, run, seed, teacher)).relative_to(ws.run_dir(run, seed), ws.runs)
 
 
 def shard_paths(ws: Workspace) -> dict:
     return dict(train_data=str(ws.data_dir / "train"), val_data=str(ws.data_dir / "val"))
 
 
-def run_settings(ws: Workspace, run: RunName, seed: int, teacher: Path | None = None) -> dict:
+def run_config(ws: Workspace, run: RunName, seed: int, teacher: Path | None = None) -> config.RunConfig:
+    """A named run's settings, its paths relative to its own folder where they lie in the runs tree (so
+    the tree can be moved or copied; a hub teacher's cache path stays absolute)."""
     # joint-replay: grow's steps (one phase per block, an LR restart at each, as grow's) on grow's shard
     protocol = run.protocol
     phases = {"joint-long": ws.preset.long_phases[0], "joint-longer": ws.preset.long_phases[1],
@@ -315,21 +298,17 @@ def run_settings(ws: Workspace, run: RunName, seed: int, teacher: Path | None = 
         settings.pop("post_output_gain", None)
     if settings["protocol"] != "joint-long":  # likewise an option of the long joint controls only
         settings.pop("restart_optimizer", None)
-    return settings
-
-
-def teacher_settings(ws: Workspace) -> dict:
-    """The kit's own teacher: the scale's own run settings under teacher_run's (--set run.* changes the
-    students only), plain CE pretraining of teacher_model over the scale's vocabulary."""
-    vocab = corpora.vocabulary(ws.preset.data).n_vocab
-    return {**PRESETS[ws.preset.name].run, **ws.preset.teacher_run, **shard_paths(ws), "name": "teacher",
-            "protocol": "teacher", "norm": "pre", "replay_docs": len(data.Shard(ws.data_dir / "train", verify=False)),
-            "teacher_config": {**ws.preset.teacher_model, "vocab_size": vocab}}
+    return config.RunConfig(**settings).relative_to(ws.run_dir(run, seed), ws.runs)
 
 
 def teacher_config(ws: Workspace, folder: Path | None = None) -> config.RunConfig:
-    """The teacher's settings as its folder (ws.teacher_dir unless given) stores them."""
-    return config.RunConfig(**teacher_settings(ws)).relative_to(folder or ws.teacher_dir, ws.runs)
+    """The kit's own teacher's settings as its folder (ws.teacher_dir unless given) stores them: the scale's own
+    run settings under teacher_run's (--set run.* changes the students only), plain CE pretraining of
+    teacher_model over the scale's vocabulary."""
+    settings = {**PRESETS[ws.preset.name].run, **ws.preset.teacher_run, **shard_paths(ws), "name": "teacher",
+                "protocol": "teacher", "norm": "pre", "replay_docs": len(data.Shard(ws.data_dir / "train", verify=False)),
+                "teacher_config": {**ws.preset.teacher_model, "vocab_size": corpora.vocabulary(ws.preset.data).n_vocab}}
+    return config.RunConfig(**settings).relative_to(folder or ws.teacher_dir, ws.runs)
 
 
 def scratch(ws: Workspace) -> bool:
@@ -356,8 +335,7 @@ def run_status(run_dir: Path) -> str:
 
 
 def ensure_teacher(ws: Workspace, force: bool = False) -> Path:
-    if ws.preset.teacher:
-        return hub_teacher(ws)
+    """The kit's own teacher (a hub one is hub_teacher's): the shipped one installed where it fits, else trained."""
     ws.ctx.on_main(lambda: install_shipped_teacher(ws), "installing the shipped teacher")
     grow.train(teacher_config(ws), ws.teacher_dir, force=force, ctx=ws.ctx, tracker=ws.tracker, wait=ws.wait)
     refuse_diverged_teacher(ws.teacher_dir)
@@ -412,8 +390,7 @@ def install_shipped_teacher(ws: Workspace) -> bool:
         if why:  # before any is read: one damaged is refused whichever this workspace would take
             raise errors.CheckpointError(f"{part}: the shipped teacher is damaged ({why}); restore it (git checkout "
                                          f"{name}) or rebuild it: repro.py teacher --rebuild")
-    name = shipped_teacher_for(ws)
-    if not name:
+    if not (name := shipped_teacher_for(ws)):
         return False
     tmp = folder.with_name(f".{folder.name}.shipped.{os.getpid()}")
     folder.parent.mkdir(parents=True, exist_ok=True)
@@ -429,8 +406,7 @@ def install_shipped_teacher(ws: Workspace) -> bool:
 
 def refuse_diverged_teacher(folder: Path):
     """Students never distil from a teacher that diverged."""
-    record = rundir.final_eval(folder).get("diverged") if (folder / "done.json").is_file() else None
-    if record:
+    if (folder / "done.json").is_file() and (record := rundir.final_eval(folder).get("diverged")):
         raise errors.TrainingError(f"{folder}: the teacher diverged at step {record['step']} ({record['why']}); no "
                                    "student distils from it: lower teacher_run.lr (--set) and rerun")
 
@@ -443,9 +419,8 @@ def ensure_inputs(ws: Workspace, force: bool = False) -> Path:
     if ws.preset.teacher:
         teacher = hub_teacher(ws)
         ModelConfig.from_hf(checkpoint.read_config(teacher), str(teacher / "config.json"))
-        prepare_data(ws, force)
-    else:
-        prepare_data(ws, force)
+    prepare_data(ws, force)
+    if not ws.preset.teacher:
         teacher = ensure_teacher(ws, force)
     tokenizer.check_teacher_tokenizer(teacher, corpora.vocabulary(ws.preset.data))
     return teacher

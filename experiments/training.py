@@ -32,10 +32,11 @@ from plumbing import errors
 
 
 def check_before_work(ws: Workspace, jobs: list[tuple[RunName, int]], force: bool, teacher: Path | None = None):
-    """What a command will read back, read before any data, teacher or run folder is made and before
-    anything is printed, so that a bad setting or a damaged file is one line that changes nothing:
-    every run's settings, then (unless --force, which discards what does not match) the config.json
-    and done.json of every run it would reuse or resume, and the kit's own teacher once trained."""
+    """What a command will read back, read before any data, teacher or run folder is made and before anything is
+    printed, so that a bad setting or a damaged file is one line that changes nothing: every run's settings, then
+    (unless --force, which discards what does not match) the config.json and done.json of every run it would reuse or
+    resume, and the kit's own teacher once trained: its run files, and its checkpoint loaded whole (checksums, config,
+    every tensor; a few MB at the scales that train one)."""
     teacher = teacher or expected_teacher(ws)
     for run, seed in jobs:
         try:
@@ -56,8 +57,18 @@ def check_before_work(ws: Workspace, jobs: list[tuple[RunName, int]], force: boo
             rundir.read_json(folder / "config.json")  # a hub teacher's cache path is known only once fetched
         if (folder / "done.json").exists() and not force:  # --force: nothing else to read first
             check_result(folder / "done.json")
-    if not force and not ws.preset.teacher and not scratch(ws):
-        check_trained_teacher(ws)
+    if force or ws.preset.teacher or scratch(ws):
+        return
+    own_teacher = ws.teacher_dir
+    if (own_teacher / "config.json").exists():
+        rundir.read_json(own_teacher / "config.json")
+    if (own_teacher / "done.json").exists():
+        check_result(own_teacher / "done.json")
+        refuse_diverged_teacher(own_teacher)
+        if not (own_teacher / "phase-0").is_dir():
+            raise errors.TrainingError(f"{own_teacher / 'phase-0'}: missing, although {own_teacher / 'done.json'} says "
+                                       f"the teacher is trained; move {own_teacher} away and rerun to train it again")
+        model.load_qwen3(own_teacher / "phase-0")
 
 
 def expected_teacher(ws: Workspace) -> Path | None:
@@ -70,39 +81,11 @@ def expected_teacher(ws: Workspace) -> Path | None:
 def check_result(path: Path):
     """A done.json whose numbers the reports can print (rundir.final_eval: numbers a CE can be, as the run's
     own log has them), or a divergence they show as one (else one line now, not a traceback mid-report)."""
-    result = rundir.final_eval(path.parent)
-    if result.get("diverged") is not None:
-        record = result["diverged"]
-        if not (isinstance(record, dict) and isinstance(record.get("step"), int) and isinstance(record.get("why"), str)):
-            raise errors.TrainingError(f"{path}: diverged is {record!r}, not the kit's record (step, why); the file is "
-                                       "damaged: move it away and rerun")
-
-
-def check_trained_teacher(ws: Workspace):
-    """The kit's own teacher, if trained: its run files, and its checkpoint loaded whole (checksums,
-    config, every tensor; a few MB at the scales that train one)."""
-    folder = ws.teacher_dir
-    if (folder / "config.json").exists():
-        rundir.read_json(folder / "config.json")
-    if not (folder / "done.json").exists():
-        return
-    check_result(folder / "done.json")
-    refuse_diverged_teacher(folder)
-    if not (folder / "phase-0").is_dir():
-        raise errors.TrainingError(f"{folder / 'phase-0'}: missing, although {folder / 'done.json'} says the teacher "
-                                   f"is trained; move {folder} away and rerun to train it again")
-    model.load_qwen3(folder / "phase-0")
-
-
-def show_overview(ws: Workspace, jobs: list[tuple[RunName, int]]):
-    if not ws.ctx.is_main:
-        return
-    table = Table(title=f"runs at scale {ws.preset.name}")
-    for column in ("run", "seed", "status", "folder"):
-        table.add_column(column)
-    for run, seed in jobs:
-        table.add_row(run.name, str(seed), run_status(ws.run_dir(run, seed)), str(ws.run_dir(run, seed)))
-    console.print(table)
+    record = rundir.final_eval(path.parent).get("diverged")
+    if record is not None and not (isinstance(record, dict) and isinstance(record.get("step"), int)
+                                   and isinstance(record.get("why"), str)):
+        raise errors.TrainingError(f"{path}: diverged is {record!r}, not the kit's record (step, why); the file is "
+                                   "damaged: move it away and rerun")
 
 
 def ensure_runs(ws: Workspace, runs, seeds: list[int], force: bool = False, teacher: Path | None = None):
@@ -116,17 +99,21 @@ def ensure_runs(ws: Workspace, runs, seeds: list[int], force: bool = False, teac
         prepare_data(ws, force)  # growth from scratch: no teacher at all
     else:
         teacher = teacher or ensure_inputs(ws, force)
-    if any(run_status(ws.run_dir(*job)) != "done" for job in jobs):
-        show_overview(ws, jobs)  # once, before the work; each run then announces itself
+    if ws.ctx.is_main and any(run_status(ws.run_dir(*job)) != "done" for job in jobs):
+        overview = Table(title=f"runs at scale {ws.preset.name}")  # once, before the work; each run then announces itself
+        for column in ("run", "seed", "status", "folder"):
+            overview.add_column(column)
+        for run, seed in jobs:
+            overview.add_row(run.name, str(seed), run_status(ws.run_dir(run, seed)), str(ws.run_dir(run, seed)))
+        console.print(overview)
     # Done runs too: training reuses one whose config matches and refuses a stale one.
     planned = {seed: [(run_config(ws, run, seed, teacher=teacher), ws.run_dir(run, seed)) for run in with_prefixes(runs)]
                for seed in seeds}
     ws.progress.plan([job for seed in seeds for job in planned[seed]])  # every seed's, before the first trains
     for seed in seeds:
-        seed_jobs = planned[seed]
-        together = [job for job in seed_jobs if ws.lockstep and job[0].data_mode == "replay"]
-        alone = [job for job in seed_jobs if job not in together]
-        named = {run_dir: run for run, (_, run_dir) in zip(with_prefixes(runs), seed_jobs)}
+        together = [job for job in planned[seed] if ws.lockstep and job[0].data_mode == "replay"]
+        alone = [job for job in planned[seed] if job not in together]
+        named = {run_dir: run for run, (_, run_dir) in zip(with_prefixes(runs), planned[seed])}
         for group in ([together] if together else []) + [[job] for job in alone]:
             grow.train_together(group, force=force, ctx=ws.ctx, tracker=ws.tracker, wait=ws.wait, counted=ws.progress)
             for _, run_dir in group:

@@ -2,8 +2,7 @@
 the planted doses, the ideas, the causal test, a newcomer's own): its label, the suite's run it changes, its
 folder under runs/<scale>/beyond/ and its settings, checked as `--set` values are (presets.with_settings). Here
 too what every such experiment does with its variants: their workspaces, training them after the suite's own
-runs (a seed's variants in lockstep), their settings as a study records them, their outcomes, and how a declared
-family of contrasts between them reads (Holm).
+runs (a seed's variants in lockstep), their outcomes, and how a declared family of contrasts between them reads (Holm).
 
     variants.train_variants(ws, [Variant("pre-grow + dose-channel 10x", PRE_GROW, "dose-channel-10",
                                          {"boundary": "dose-channel", "boundary_scale": 10.0})], seeds)
@@ -57,8 +56,7 @@ def train_variants(ws: suite.Workspace, variants, seeds: list[int], force: bool 
         jobs = planned[seed]
         # in lockstep a seed's variants train together; apart, each alone, so a study records each as it
         # finishes, a run another process is training left for later (two processes share out one study)
-        apart = locks.free_first([folder for _, folder in jobs])
-        for group in [list(range(len(jobs)))] if ws.lockstep else ([i] for i in apart):
+        for group in [list(range(len(jobs)))] if ws.lockstep else ([i] for i in locks.free_first([f for _, f in jobs])):
             grow.train_together([jobs[i] for i in group], force=force, ctx=ws.ctx, tracker=ws.tracker, wait=ws.wait,
                                 counted=ws.progress)
             for i in group:

@@ -35,14 +35,12 @@ from tools import cpu_estimate, lockstep_plan, plan, rehearse, rehearse_real
 def print_dry_run(scale: str, groups, seeds: list[int], gpu: str, gpus: int | None, nodes: int, note: str = ""):
     """The plan of a command's runs; one workspace in full (plan.print_plan), several as a row each; then
     the estimate for this machine's CPU."""
-    gpus = gpus or (8 if scale == "full" else 1)
+    gpus, ws = gpus or (8 if scale == "full" else 1), groups[0][1]
     if len(groups) == 1:
-        _, ws, runs = groups[0]
-        totals = plan.print_plan(ws, runs, seeds, gpu, gpus, suite.console, nodes)
+        totals = plan.print_plan(ws, groups[0][2], seeds, gpu, gpus, suite.console, nodes)
         flops = totals["lockstep"]["flops"] + totals["diagnostics_flops"]
     else:
         flops = plan.print_groups(groups, seeds, gpu, gpus, nodes, suite.console, note)
-    ws = groups[0][1]
     pretraining, line = teacher_pretraining(ws)
     if line:
         suite.console.print(line)
@@ -227,39 +225,35 @@ def rehearse_launch(ws: suite.Workspace, launch: rehearse.Launch, runs, mode: st
 
 def pretrain_teacher(ws: suite.Workspace, rebuild: bool = False, force: bool = False, ship: str | None = None) -> str:
     """`repro.py teacher`: the scale's data, then its own teacher (installed if shipped, else trained), or
-    with `rebuild` the shipped one trained again beside it, then with `ship` the teacher copied into this
+    with `rebuild` the shipped one trained again from its settings beside it, in runs/<scale>/teacher-rebuilt/,
+    and whether its weights equal the shipped ones bit for bit; then with `ship` the teacher copied into this
     repository (ship_teacher); the lines that say what came out."""
     if ws.preset.teacher:
         raise errors.UsageError(f"--scale {ws.preset.name} distils from {ws.preset.teacher}; there is no teacher to "
                                 "pretrain")
     suite.shipped_shards()  # read before the data is prepared
     suite.prepare_data(ws, force)
-    if rebuild and not suite.shipped_teacher_for(ws):
-        raise errors.OptionError("--rebuild", f"--scale {ws.preset.name} ships no teacher with these settings; "
-                                 "`repro.py teacher` trains its own")
-    if rebuild:
-        line = rebuild_teacher(ws, force)
-    else:
+    if not rebuild:
         path = suite.ensure_teacher(ws, force)
         result = rundir.read_json(ws.teacher_dir / "done.json", "ce", "ppl")
         line = f"teacher: validation CE {result['ce']:.4f} (PPL {result['ppl']:.1f}); HF checkpoint in {path}"
+    elif not (name := suite.shipped_teacher_for(ws)):
+        raise errors.OptionError("--rebuild", f"--scale {ws.preset.name} ships no teacher with these settings; "
+                                 "`repro.py teacher` trains its own")
+    else:
+        from safetensors.torch import load_file
+        folder = ws.runs / "teacher-rebuilt"
+        grow.train(suite.teacher_config(ws, folder), folder, force=force, ctx=ws.ctx, tracker=ws.tracker, wait=ws.wait)
+        shipped = load_file(suite.SHIPPED_ROOT / name / "phase-0" / "model.safetensors")
+        rebuilt = load_file(folder / "phase-0" / "model.safetensors")
+        if shipped.keys() == rebuilt.keys() and all(shipped[k].equal(rebuilt[k]) for k in shipped):
+            line = f"teacher: rebuilt in {folder}, bit-identical to the shipped {name}"
+        else:
+            worst = max(((shipped[k] - rebuilt[k]).abs().max().item() for k in shipped.keys() & rebuilt.keys()),
+                        default=math.inf)
+            line = (f"teacher: rebuilt in {folder}; it differs from the shipped {name} (largest |difference| "
+                    f"{worst:.3g}): another kind of CPU, thread count or precision rounds differently")
     return line + (f"\n{ship_teacher(ws, ship)}" if ship else "")
-
-
-def rebuild_teacher(ws: suite.Workspace, force: bool = False) -> str:
-    """The shipped teacher trained again from its settings, into runs/<scale>/teacher-rebuilt/; a line
-    saying whether its weights equal the shipped ones bit for bit."""
-    from safetensors.torch import load_file
-    folder = ws.runs / "teacher-rebuilt"
-    grow.train(suite.teacher_config(ws, folder), folder, force=force, ctx=ws.ctx, tracker=ws.tracker, wait=ws.wait)
-    name = suite.shipped_teacher_for(ws)
-    shipped = load_file(suite.SHIPPED_ROOT / name / "phase-0" / "model.safetensors")
-    rebuilt = load_file(folder / "phase-0" / "model.safetensors")
-    if shipped.keys() == rebuilt.keys() and all(shipped[k].equal(rebuilt[k]) for k in shipped):
-        return f"teacher: rebuilt in {folder}, bit-identical to the shipped {name}"
-    worst = max(((shipped[k] - rebuilt[k]).abs().max().item() for k in shipped.keys() & rebuilt.keys()), default=math.inf)
-    return (f"teacher: rebuilt in {folder}; it differs from the shipped {name} (largest |difference| "
-            f"{worst:.3g}): another kind of CPU, thread count or precision rounds differently")
 
 
 def ship_teacher(ws: suite.Workspace, name: str) -> str:
