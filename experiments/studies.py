@@ -127,9 +127,6 @@ def stale_reason(record: dict, wanted: dict) -> str:
     return "; ".join(why for key, why in reasons.items() if wanted[key] is not None and have.get(key) != wanted[key])
 
 
-rung_stale_reason = stale_reason  # tools/preflight.py's name for it, where it reads a rung's record
-
-
 def recorded_ce(record: dict) -> float:
     """The record's final validation CE, NaN for a run that diverged (report.final_ce's convention)."""
     return float("nan") if record["done"].get("diverged") else record["done"]["ce"]

@@ -173,7 +173,7 @@ def print_search(ws: suite.Workspace, ladder: str, overrides, seed: int, gpu: st
         path, identity = search.rung_record(ws, rws, ladder, seed, index, check_data=False)
         if path is not None and path.is_file():
             record = studies.read_record(path)
-            why = studies.rung_stale_reason(record, identity)
+            why = studies.stale_reason(record, identity)
             said.append(f"rung {index} ({rung.name}): " + (f"stale, {why}: {path}" if why else
                                                            f"recorded on {studies.machine(record)}"))
             if not why:
