@@ -193,7 +193,7 @@ def scan(scale, paths, overrides, runs_dir, results_dir):
     """The layer-by-layer scan: massive activations (max/median |activation|) and sink heads at every layer of the scale's
     teacher (--set: that workspace's) and each student CHECKPOINT given, on the diagnostic batch (results/<scale>/scan.*)."""
     from experiments import scan as layer_scan
-    ws = suite.workspace(scale, runs_dir, results_dir, overrides=presets.parse_overrides(presets.PRESETS[scale], overrides))
+    ws, _ = cli_options.preset_workspace(scale, overrides, runs_dir=runs_dir, results_dir=results_dir)
     students = [checkpoints.student_checkpoint(path) for path in paths]  # one line before data or teacher is made
     layer_scan.run_scan(ws, suite.ensure_inputs(ws), students)
 
@@ -239,12 +239,9 @@ for study_name, declared in registry.STUDIES.items():
 @cli_options.overrides_option
 @cli_options.force_option
 @cli_options.runs_option
-def train(scale, norm, protocol, seed, dry_run, gpu, gpus, nodes, overrides, no_wait, force, **options):
+def train(scale, norm, protocol, seed, dry_run, gpu, gpus, nodes, force, **options):
     """Train one named run (and any run whose phases it shares), e.g. --norm post --protocol grow."""
-    overrides = presets.parse_overrides(presets.PRESETS[scale], overrides)
-    seed = cli_options.chosen_seeds(overrides, None if seed is None else [seed], [presets.PRESETS[scale].run["seed"]],
-                                    "--seed")[0]
-    ws = suite.workspace(scale, dry_run=dry_run, overrides=overrides, wait=not no_wait, **options)
+    ws, seed = cli_options.preset_workspace(scale, seed=seed, dry_run=dry_run, **options)
     cli_options.check_norm(norm, ws.preset.run["blocks"])
     run = suite.RunName(norm, protocol)
     if dry_run:
@@ -261,10 +258,9 @@ def train(scale, norm, protocol, seed, dry_run, gpu, gpus, nodes, overrides, no_
 @cli_options.overrides_option
 @cli_options.force_option
 @cli_options.runs_option
-def teacher(scale, rebuild, ship, overrides, no_wait, force, **options):
+def teacher(scale, rebuild, ship, force, **options):
     """Pretrain the kit's own teacher for a scale and print its validation CE (a shipped one is installed)."""
-    overrides = presets.parse_overrides(presets.PRESETS[scale], overrides)
-    ws = suite.workspace(scale, overrides=overrides, wait=not no_wait, **options)
+    ws, _ = cli_options.preset_workspace(scale, **options)
     say(ws, preflight.pretrain_teacher(ws, rebuild, force, ship))
 
 
@@ -273,11 +269,10 @@ def teacher(scale, rebuild, ship, overrides, no_wait, force, **options):
 @cli_options.overrides_option
 @cli_options.force_option
 @cli_options.runs_option
-def prepare_inputs(scale, overrides, compile_flag, device, tracker, no_wait, force, runs_dir):
+def prepare_inputs(scale, device, force, **options):
     """A scale's data and teacher, before any GPU: tokenize the corpus into shards and download the hub
     teacher (or train the kit's own). Run it on a login node before torchrun, so that no rank waits."""
-    ws = suite.workspace(scale, runs_dir, dry_run=True, overrides=presets.parse_overrides(presets.PRESETS[scale], overrides),
-                         compile_flag=compile_flag, device="cpu", tracker=tracker, wait=not no_wait)
+    ws, _ = cli_options.preset_workspace(scale, dry_run=True, device="cpu", **options)
     paths.writable_dir(ws.runs.parent, "--runs-dir")
     teacher = suite.ensure_inputs(ws, force)
     shards = ", ".join(f"{split} {len(data.Shard(ws.data_dir / split, verify=False)):,} documents"
@@ -293,7 +288,7 @@ def prepare_inputs(scale, overrides, compile_flag, device, tracker, no_wait, for
 def prepare(scale, overrides, force, runs_dir):
     """Tokenize a scale's corpus into shards (reused when unchanged) and summarise them; with --set
     data.*, the shards those settings make, where the runs with them would read them."""
-    ws = suite.workspace(scale, runs_dir, overrides=presets.parse_overrides(presets.PRESETS[scale], overrides), device="cpu")
+    ws, _ = cli_options.preset_workspace(scale, overrides, runs_dir=runs_dir, device="cpu")
     suite.console.print(suite.data_summary(ws, force))
 
 
@@ -411,7 +406,7 @@ def results_pages(scale):
 @cli_options.set_option
 @cli_options.runs_option
 @cli_options.results_option
-def rehearse(wanted, scale, gpus, nodes, mode, replicate_teacher, overrides, runs_dir, results_dir):
+def rehearse(wanted, scale, gpus, nodes, mode, replicate_teacher, **options):
     """Rehearse a launch of EXPERIMENTS (default table1; all) on this CPU, no GPU needed: one step at full
     size on a fake process group with fake tensors (per-rank memory by category, collectives and their
     bytes, operators, against the plan), and the launch's own driver at reduced size with real tensors in
@@ -419,8 +414,7 @@ def rehearse(wanted, scale, gpus, nodes, mode, replicate_teacher, overrides, run
     evaluations, checkpoints and a resume on another world size (results/rehearse-<scale>-*.json)."""
     from tools import rehearse as rehearsal
     names, runs = cli_options.chosen_experiments(wanted or ("table1",))
-    ws = suite.workspace(scale, runs_dir, results_dir, dry_run=True,
-                         overrides=presets.parse_overrides(presets.PRESETS[scale], overrides), device="cpu")
+    ws, _ = cli_options.preset_workspace(scale, dry_run=True, device="cpu", **options)
     launch = rehearsal.Launch(gpus or (8 if scale == "full" else 1), nodes)
     label = "all" if "all" in wanted else "-".join(names)
     path = preflight.rehearse_launch(ws, launch, runs, mode, replicate_teacher, label)

@@ -16,16 +16,7 @@ from typing import Callable
 
 import diag
 import nets
-from experiments import figures, report
-from experiments.readouts import (
-    block_removal,
-    diagnostic_batch,
-    metrics,
-    phase_end_eval,
-    phase_start_eval,
-    series,
-    unique_and_total_tokens,
-)
+from experiments import figures, readouts, report
 from experiments.suite import RunName
 from paper import DELTAS, PAPER
 from plumbing import errors
@@ -60,25 +51,26 @@ def table1_numbers(ws, seed):
     return with_deltas({f"{run.norm}_{run.protocol}": report.final_ce(ws, run, seed) for run in MAIN_RUNS})
 
 
-def with_deltas(ce: dict) -> dict:
-    """The four main runs' CEs ({pre,post}_{joint,grow}) with Table 1's differences and interaction."""
-    delta_joint, delta_grow = ce["post_joint"] - ce["pre_joint"], ce["post_grow"] - ce["pre_grow"]
-    return {**ce, "delta_joint": delta_joint, "delta_grow": delta_grow, "interaction": delta_grow - delta_joint}
+def with_deltas(ce: dict, protocols=("joint", "grow"), interaction="interaction") -> dict:
+    """CEs ({pre,post}_<protocol>) with each protocol's difference, post - pre, and the second's minus the first's:
+    Table 1's delta joint, delta grow and interaction from the four main runs; Table A3's delta freeze - delta grow."""
+    first, second = (ce[f"post_{p}"] - ce[f"pre_{p}"] for p in protocols)
+    return {**ce, f"delta_{protocols[0]}": first, f"delta_{protocols[1]}": second, interaction: second - first}
 
 
 def table2_numbers(ws, seed):
     out = {}
-    for norm in ("pre", "post"):
-        e = phase_end_eval(ws, RunName(norm, "grow"), seed, 0)
-        out.update({f"{norm}_ce": e["ce"], f"{norm}_kd": e["kd"], f"{norm}_kl": e["kl"], f"{norm}_ppl": e["ppl"]})
-        start = phase_start_eval(ws, RunName(norm, "grow"), seed, 0)
-        out.update({f"{norm}_ce_step0": start["ce"], f"{norm}_kd_step0": start["kd"]})
+    for norm in NORMS:
+        end = readouts.phase_end_eval(ws, RunName(norm, "grow"), seed, 0)
+        start = readouts.phase_start_eval(ws, RunName(norm, "grow"), seed, 0)
+        out |= {f"{norm}_{m}": end[m] for m in ("ce", "kd", "kl", "ppl")}
+        out |= {f"{norm}_{m}_step0": start[m] for m in ("ce", "kd")}
     out["delta_ce_step0"] = out["post_ce_step0"] - out["pre_ce_step0"]
     out["delta_ce"] = out["post_ce"] - out["pre_ce"]
     # Beyond phase 0: Δ at every phase end, so the table says how post-norm's lead after one block moves as
     # blocks are appended (the paper's crossover is pre-norm ahead at phase 0, post-norm after it).
     for phase in range(ws.preset.run["blocks"]):
-        ends = {norm: phase_end_eval(ws, RunName(norm, "grow"), seed, phase)["ce"] for norm in NORMS}
+        ends = {norm: readouts.phase_end_eval(ws, RunName(norm, "grow"), seed, phase)["ce"] for norm in NORMS}
         out[f"delta_ce_phase_{phase}"] = ends["post"] - ends["pre"]
     out["delta_ce_last_minus_phase_0"] = out[f"delta_ce_phase_{ws.preset.run['blocks'] - 1}"] - out["delta_ce_phase_0"]
     return out
@@ -93,15 +85,12 @@ def table3_numbers(ws, seed):
     shard), and whether growth beats more steps: grow - joint-longer per placement, beside Table 1's
     interaction."""
     ce = {run.name: report.final_ce(ws, run, seed) for run in TABLE3_RUNS}
-    out = dict(ce)
-    for norm in ("pre", "post"):
-        out[f"{norm}_grow_minus_longer"] = ce[f"{norm}-grow"] - ce[f"{norm}-joint-longer"]
-        out[f"{norm}_grow_minus_replay"] = ce[f"{norm}-grow"] - ce[f"{norm}-joint-replay"]
-    out["interaction"] = with_deltas({f"{n}_{p}": ce[f"{n}-{p}"] for n in ("pre", "post")
-                                      for p in ("joint", "grow")})["interaction"]
-    # The same interaction against joint controls of grow's own steps: Δgrow − Δjoint-longer (-replay)
+    out = ce | {"interaction": (ce["post-grow"] - ce["pre-grow"]) - (ce["post-joint"] - ce["pre-joint"])}  # Table 1's
     for control in ("longer", "replay"):
-        out[f"interaction_{control}"] = out[f"post_grow_minus_{control}"] - out[f"pre_grow_minus_{control}"]
+        grow_minus = {norm: ce[f"{norm}-grow"] - ce[f"{norm}-joint-{control}"] for norm in NORMS}
+        out |= {f"{norm}_grow_minus_{control}": grow_minus[norm] for norm in NORMS}
+        # the same interaction against a joint control of grow's own steps: Δgrow − Δjoint-longer (-replay)
+        out[f"interaction_{control}"] = grow_minus["post"] - grow_minus["pre"]
     return out
 
 
@@ -111,8 +100,8 @@ TABLE_A2_RUNS = tuple(RunName("post", p) for p in ("joint", "grow", "joint-long"
 def table_a2_numbers(ws, seed):
     out = {}
     for run in TABLE_A2_RUNS:
-        unique, total = unique_and_total_tokens(ws, run, seed)
-        last = [r for r in metrics(ws.run_dir(run, seed)) if not r.get("eval") and not r.get("monitor")][-1]
+        unique, total = readouts.unique_and_total_tokens(ws, run, seed)
+        last = [r for r in readouts.metrics(ws.run_dir(run, seed)) if not r.get("eval") and not r.get("monitor")][-1]
         if last["total_tokens"] != total:
             raise errors.TrainingError(f"{ws.run_dir(run, seed)}: its log counts {last['total_tokens']} tokens but its "
                                      f"batches hold {total}; rerun it with --force")
@@ -126,10 +115,8 @@ def table_a2_numbers(ws, seed):
 
 def table_a3_numbers(ws, seed):
     ce = {f"{n}_{p}": report.final_ce(ws, RunName(n, p), seed) for n in NORMS for p in ("grow", "freeze")}
-    ppl = {k: nets.perplexity(v) for k, v in ce.items()}
-    return {**ce, "delta_grow": ce["post_grow"] - ce["pre_grow"], "delta_freeze": ce["post_freeze"] - ce["pre_freeze"],
-            "delta_freeze_minus_grow": (ce["post_freeze"] - ce["pre_freeze"]) - (ce["post_grow"] - ce["pre_grow"]),
-            "ppl_gap_grow": ppl["post_grow"] - ppl["pre_grow"], "ppl_gap_freeze": ppl["post_freeze"] - ppl["pre_freeze"]}
+    gaps = {f"ppl_gap_{p}": nets.perplexity(ce[f"post_{p}"]) - nets.perplexity(ce[f"pre_{p}"]) for p in ("grow", "freeze")}
+    return with_deltas(ce, ("grow", "freeze"), "delta_freeze_minus_grow") | gaps
 
 
 TABLE4_TITLES = {PRE_GROW: "Pre-Grow", POST_GROW: "Post-Grow", RunName("pre", "joint"): "Pre-Joint",
@@ -157,7 +144,7 @@ def table4_grid(stats: dict, n_seeds: int) -> list[str]:
 
 
 def table4_numbers(ws, seed):
-    return {f"{run.name}_{short}_{r['block']}": r[metric] for run in MAIN_RUNS for r in block_removal(ws, run, seed)
+    return {f"{run.name}_{short}_{r['block']}": r[metric] for run in MAIN_RUNS for r in readouts.block_removal(ws, run, seed)
             for metric, short, _ in TABLE4_METRICS}
 
 
@@ -165,7 +152,8 @@ def table_a4_numbers(ws, seed):
     out = {}
     S, K = ws.preset.run["phase_steps"], ws.preset.run["blocks"]
     for norm in NORMS:
-        for t, r in enumerate(diag.transition_responses(metrics(ws.run_dir(RunName(norm, "grow"), seed)), S, K), start=1):
+        logged = readouts.metrics(ws.run_dir(RunName(norm, "grow"), seed))
+        for t, r in enumerate(diag.transition_responses(logged, S, K), start=1):
             # recovery: NaN (n/a) where the loss never rose, inf where it never came back within the phase
             recovery = r["recovery_steps"] if r["recovery_steps"] is not None else math.inf if r["rose"] else math.nan
             out.update({f"{norm}_{t}_jump": r["jump"], f"{norm}_{t}_immediate_jump": r["immediate_jump"],
@@ -178,10 +166,10 @@ def table_a4_numbers(ws, seed):
 def fig3_figures(ws, seed, caption=""):
     kit = {n: {p: report.final_ce(ws, RunName(n, p), seed) for p in ("joint", "grow")} for n in NORMS}
     K = ws.preset.run["blocks"]
-    per_phase = {n: [phase_end_eval(ws, RunName(n, "grow"), seed, p)["ce"] for p in range(K)] for n in NORMS}
-    starts = {n: [phase_start_eval(ws, RunName(n, "grow"), seed, p)["ce"] for p in range(K)] for n in NORMS}
+    per_phase = {n: [readouts.phase_end_eval(ws, RunName(n, "grow"), seed, p)["ce"] for p in range(K)] for n in NORMS}
+    starts = {n: [readouts.phase_start_eval(ws, RunName(n, "grow"), seed, p)["ce"] for p in range(K)] for n in NORMS}
     paper, per_phase_paper = P["table1"], P["per_phase_ce"]
-    table = [(f"{n}-norm, {p}", kit[n][p], paper[n][p]) for n in ("pre", "post") for p in ("joint", "grow")]
+    table = [(f"{n}-norm, {p}", kit[n][p], paper[n][p]) for n in NORMS for p in ("joint", "grow")]
     table += [(f"Δ{p} (post − pre)", figures.delta(kit, p), figures.delta(paper, p)) for p in ("joint", "grow")]
     table += [("interaction Δgrow − Δjoint", figures.interaction(kit), figures.interaction(paper))]
     for p in range(K):
@@ -195,7 +183,7 @@ def fig3_figures(ws, seed, caption=""):
 
 
 def boundary_series(ws, seed):
-    return {n: series(ws, RunName(n, "grow"), seed) for n in NORMS}
+    return {n: readouts.series(ws, RunName(n, "grow"), seed) for n in NORMS}
 
 
 def boundary_numbers(ws, seed):
@@ -210,8 +198,9 @@ def boundary_numbers(ws, seed):
     return out
 
 
-def boundary_rows(kind: str) -> list[report.Row]:
-    """The rows of boundary_numbers a figure's report gives over seeds, with the paper's values."""
+def boundary_figure(about: str, kind: str, draw: Callable) -> Experiment:
+    """Figures 4, 5 and A1: grow's diagnostic series drawn for one seed (`draw`), and over seeds the rows of
+    boundary_numbers that the figure's report gives (`kind`), with the paper's values."""
     paper, types = P["boundary_std_after_block0"], P["token_type_rms"]
     post_range = "–".join(f"{v:g}" for v in paper["post_range"])
     rows = {"std": [report.Row("pre-grow, std of per-token RMS after block 0, first snapshot", "pre_std_first",
@@ -228,7 +217,7 @@ def boundary_rows(kind: str) -> list[report.Row]:
                          report.Row("post-grow, the same (paper: far lighter)", "post_kurtosis", None, 2),
                          report.Row("pre-grow, the same over distinct states", "pre_kurtosis_distinct", None, 2),
                          report.Row("post-grow, the same over distinct states", "post_kurtosis_distinct", None, 2)]}
-    return rows[kind]
+    return Experiment(about, (PRE_GROW, POST_GROW), rows[kind], boundary_numbers, draw)
 
 
 def transition_steps(ws) -> list[int]:
@@ -241,6 +230,7 @@ def fig4_figures(ws, seed, caption=""):
     std = {n: [{"step": c["step"], "std": [b["std"] for b in c["boundary_stats"]],
                 "kurtosis": [b["kurtosis"] for b in c["boundary_stats"]]} for c in s[n]] for n in s}
     paper = P["boundary_std_after_block0"]
+    cited = {"pre": " → ".join(f"{v:g}" for v in paper["pre"]), "post": "–".join(f"{v:g}" for v in paper["post_range"])}
     table = []
     for n in s:
         last = s[n][-1]
@@ -248,10 +238,8 @@ def fig4_figures(ws, seed, caption=""):
             # a block appended later has no value at the first snapshot: its first is a later one
             since = next(c for c in s[n] if b < len(c["boundary_stats"]))
             kit = f"{since['boundary_stats'][b]['std']:.4g} → {last['boundary_stats'][b]['std']:.4g}"
-            cited = {"pre": f"{paper['pre'][0]:g} → {paper['pre'][1]:g}",
-                     "post": f"{paper['post_range'][0]:g}–{paper['post_range'][1]:g}"}[n] if b == 1 else None
             table.append((f"{n}-grow, std of per-token RMS {diag.boundary_label(b)}, steps {since['step']} → "
-                          f"{last['step']}", kit, cited))
+                          f"{last['step']}", kit, cited[n] if b == 1 else None))
     return {"fig4": figures.fig4_boundary_std(s, ws.results / "fig4.png", transition_steps=transition_steps(ws),
                                               caption=caption),
             "boundary_std": std, "table": table}
@@ -260,7 +248,7 @@ def fig4_figures(ws, seed, caption=""):
 def fig5_figures(ws, seed, caption=""):
     s = boundary_series(ws, seed)
     S = ws.preset.run["phase_steps"]
-    rows = {n: metrics(ws.run_dir(RunName(n, "grow"), seed)) for n in NORMS}
+    rows = {n: readouts.metrics(ws.run_dir(RunName(n, "grow"), seed)) for n in NORMS}
     types = {n: [{"step": c["step"], **c["token_type_rms"][1]} for c in s[n]] for n in s}
     paper = P["token_type_rms"]
     table = []
@@ -289,7 +277,7 @@ def fig_a1_figures(ws, seed, caption=""):
     s = boundary_series(ws, seed)
     final = {n: s[n][-1]["token_rms"][1] for n in s}
     stats = {n: s[n][-1]["boundary_stats"][1] for n in s}
-    batch = diagnostic_batch(ws)
+    batch = readouts.diagnostic_batch(ws)
     rows, tokens = batch.mask.shape[0], int(batch.mask.sum())
     cap = diag.kurtosis_cap(rows, tokens)
     table = [(f"{n}-grow, Pearson kurtosis of per-token RMS after block 0 ({stats[n]['tokens']} tokens)",
@@ -305,7 +293,7 @@ def fig_a1_figures(ws, seed, caption=""):
 
 
 def fig_a2_figures(ws, seed, caption=""):
-    results = {run.name: block_removal(ws, run, seed) for run in TABLE4_TITLES}
+    results = {run.name: readouts.block_removal(ws, run, seed) for run in TABLE4_TITLES}
     table = [(f"{title}, block {r['block']}: {label}", r[metric], P["table4"][run.name][metric][r["block"]])
              for run, title in TABLE4_TITLES.items() for metric, _, label in TABLE4_METRICS for r in results[run.name]]
     return {"figA2": figures.figA2_block_removal(results, ws.results / "figA2.png", caption=caption),
@@ -356,9 +344,8 @@ EXPERIMENTS = {
          report.Row("Table 1's interaction, beside them", "interaction", DELTAS["interaction"], sign=True),
          report.Row("the interaction at grow's steps: Δgrow − Δjoint-longer", "interaction_longer", None, sign=True),
          report.Row("the interaction on grow's shard: Δgrow − Δjoint-replay", "interaction_replay", None, sign=True)],
-        numbers=table3_numbers, readings=("post_grow_minus_longer", "pre_grow_minus_longer", "post_grow_minus_replay",
-                                          "pre_grow_minus_replay", "interaction", "interaction_longer",
-                                          "interaction_replay"),
+        numbers=table3_numbers, readings=(*(f"{n}_grow_minus_{c}" for c in ("longer", "replay") for n in ("post", "pre")),
+                                          "interaction", "interaction_longer", "interaction_replay"),
         claims=[("Post-Grow is below every post-norm joint control, the longest included",
                  lambda m: m["post-grow"] < min(m["post-joint"], m["post-joint-long"], m["post-joint-longer"]))]),
     "tableA2": Experiment(
@@ -435,12 +422,11 @@ EXPERIMENTS = {
              "never rose above the baseline; inf = it had not come back by the end of the phase."),
     "fig3": Experiment("Figure 3: (a) interaction, (b) per-phase validation CE of grow", MAIN_RUNS,
                        figures=fig3_figures),
-    "fig4": Experiment("Figure 4: std of per-token RMS at each block boundary across grow checkpoints",
-                       (PRE_GROW, POST_GROW), boundary_rows("std"), boundary_numbers, fig4_figures),
-    "fig5": Experiment("Figure 5: (a) token-type RMS after block 0 across checkpoints, (b) validation CE "
-                       "through grow", (PRE_GROW, POST_GROW), boundary_rows("ratio"), boundary_numbers,
-                       fig5_figures),
-    "figA1": Experiment("Figure A1: per-token RMS after block 0 at the final checkpoint",
-                        (PRE_GROW, POST_GROW), boundary_rows("kurtosis"), boundary_numbers, fig_a1_figures),
+    "fig4": boundary_figure("Figure 4: std of per-token RMS at each block boundary across grow checkpoints", "std",
+                            fig4_figures),
+    "fig5": boundary_figure("Figure 5: (a) token-type RMS after block 0 across checkpoints, (b) validation CE "
+                            "through grow", "ratio", fig5_figures),
+    "figA1": boundary_figure("Figure A1: per-token RMS after block 0 at the final checkpoint", "kurtosis",
+                             fig_a1_figures),
     "figA2": Experiment("Figure A2: block removal per block", MAIN_RUNS, figures=fig_a2_figures),
 }

@@ -141,8 +141,7 @@ def check_norm(norm: str, blocks: int | None = None) -> str:
     if norm.strip() == "auto":
         return "auto"
     names = [n.strip() for n in norm.split(",")]
-    unknown = [n for n in names if n not in model.PLACEMENTS]
-    if unknown:
+    if unknown := [n for n in names if n not in model.PLACEMENTS]:
         raise click.BadParameter(f"{unknown[0]!r} is not a placement; choose from {', '.join(model.PLACEMENTS)}, or "
                                  "one per block separated by commas (pre,post,post), or auto", param_hint="--norm")
     try:
@@ -156,9 +155,16 @@ def chosen_experiments(wanted) -> tuple[list[str], list[suite.RunName]]:
     """The experiments named (none or `all`: every one; an unknown name is one line), and the runs they
     read, in the kit's order."""
     known = tables.EXPERIMENTS
-    unknown = [e for e in wanted if e != "all" and e not in known]
-    if unknown:
+    if unknown := [e for e in wanted if e != "all" and e not in known]:
         raise click.BadParameter(f"unknown experiment {unknown[0]!r}; choose from {', '.join(known)} or all",
                                  param_hint="EXPERIMENT")
     names = list(known) if not wanted or "all" in wanted else list(dict.fromkeys(wanted))
     return names, [r for r in tables.RUNS if any(r in known[e].runs for e in names)]
+
+
+def preset_workspace(scale: str, overrides, seed=None, no_wait=False, **workspace_options) -> tuple[suite.Workspace, int]:
+    """A command's workspace with its --set parsed once, and its one seed: --seed, else --set run.seed, else the
+    preset's (chosen_seeds: the two that disagree are refused). `workspace_options`: suite.workspace's."""
+    overrides = presets.parse_overrides(presets.PRESETS[scale], overrides)
+    seed = chosen_seeds(overrides, None if seed is None else [seed], [presets.PRESETS[scale].run["seed"]], "--seed")[0]
+    return suite.workspace(scale, overrides=overrides, wait=not no_wait, **workspace_options), seed
