@@ -27,7 +27,7 @@ from pathlib import Path
 
 import paper
 import rundir
-from experiments import figures, presets, reference, report, suite, tables, training
+from experiments import figures, presets, report, suite, tables, training
 from experiments.readings import (
     POST_HOC,
     by_row,
@@ -190,11 +190,12 @@ def run_intervention(ws: suite.Workspace, seeds: list[int], force: bool = False)
                                  caption=f"{ws.preset.name} scale, seed {seeds[0]}, intervention")
     out = {"experiment": "intervention", "scale": ws.preset.name, "seeds": seeds, "rows": rows,
            "diverged_runs": diverged, "separations": separations, "tie_margin": presets.TIE_MARGIN, "figure": str(figure),
-           "about": __doc__.split("\n\n")[1]}
+           "about": __doc__.split("\n\n")[1],
+           "numbers": report.row_numbers({r["variant"]: r for r in rows} | {c["contrast"]: c for c in separations})}
     lines = [f"# Boundary interventions ({ws.preset.name} scale)", "",
              f"Validation CE at the end of each run, {report.seeds_text(seeds)}; differences paired by seed.", "",
              report.diverged_line(diverged, len(variants) * len(seeds)), "",
-             *intervention_lines(reference.report_numbers(report.finite(out)), seeds),
+             *intervention_lines(out["numbers"], seeds),
              "How the contrasts read, as declared before these runs (README, \"Boundary interventions\"): under freeze "
              "no gradient reaches the prefix, so the freeze and transplant contrasts are forward effects alone; "
              "rescale-fwd, -detached and -full share one forward, so their differences are the backward channel alone; "
@@ -212,8 +213,8 @@ def run_intervention(ws: suite.Workspace, seeds: list[int], force: bool = False)
 
 
 def intervention_lines(numbers: dict, seeds: list[int]) -> list[str]:
-    """The intervention report's one renderer, for its live numbers (run_intervention, through
-    reference.report_numbers) and its shipped ones (the results page): {"<row>: <quantity>": per-seed values}."""
+    """The intervention report's one renderer, for its live numbers (run_intervention's `numbers`) and its shipped
+    ones (the results page): {"<row>: <quantity>": per-seed values}."""
     rows, ce = by_row(numbers), ce_values(numbers)
     contrasts = intervention_contrasts(ce)
     lines = ["## intervention", "", "Boundary interventions: validation CE per variant and differences paired by "
@@ -282,13 +283,16 @@ def run_planted(ws: suite.Workspace, seeds: list[int], force: bool = False) -> d
     interactions = planted_interactions(ce)
     out = {"experiment": "planted", "scale": ws.preset.name, "seeds": seeds, "rows": rows, "delta_grow": delta_grow,
            "interactions": interactions, "diverged_runs": diverged, "tie_margin": presets.TIE_MARGIN,
-           "precision": ws.preset.run.get("precision", "")}
+           "precision": ws.preset.run.get("precision", ""),
+           # Δgrow is one row of the doses: "delta_grow: <dose>"
+           "numbers": report.row_numbers({r["variant"]: r for r in rows} | {r["dose"]: r for r in interactions}
+                                         | {"delta_grow": delta_grow})}
     lines = [f"# The planted mechanism: placement x boundary outlier under growth ({ws.preset.name} scale)", "",
              f"Validation CE at the end of each grow run, {report.seeds_text(seeds)}; differences paired by seed. "
              "The outlier is added at the input of every appended block (phases 1-2) as a constant, so the "
              "backward form is unchanged (docs/preregistrations.md, 2026-12-02).", "",
              report.diverged_line(diverged, len(variants) * len(seeds)), "",
-             *planted_lines(reference.report_numbers(report.finite(out)), seeds),
+             *planted_lines(out["numbers"], seeds),
              "After block 0, as the monitor read the boundary once block 1 reads it (mean RMS, kurtosis; live runs only):",
              "", "| run | after block 0 |", "| --- | --- |"]
     lines += [f"| {r['variant']} | {range_cell(r['after_block_0'])} |" for r in rows]
@@ -298,8 +302,8 @@ def run_planted(ws: suite.Workspace, seeds: list[int], force: bool = False) -> d
 
 
 def planted_lines(numbers: dict, seeds: list[int]) -> list[str]:
-    """The planted report's one renderer, for its live numbers (run_planted, through reference.report_numbers) and its
-    shipped ones (the results page) alike: {"<row>: <quantity>": per-seed values} over `seeds`."""
+    """The planted report's one renderer, for its live numbers (run_planted's `numbers`) and its shipped ones (the
+    results page) alike: {"<row>: <quantity>": per-seed values} over `seeds`."""
     rows, ce = by_row(numbers), ce_values(numbers)
     interactions = planted_interactions(ce)
     lines = ["## planted", "", "Placement (pre, post) × a planted boundary outlier under growth; the primary "
@@ -356,10 +360,10 @@ def run_placements(ws: suite.Workspace, seeds: list[int], force: bool = False) -
                                  caption=f"{ws.preset.name} scale, seed {seeds[0]}, placements")
     out = {"experiment": "placements", "scale": ws.preset.name, "seeds": seeds, "rows": rows,
            "diverged_runs": diverged, "figure": str(figure),
-           "about": __doc__.split("\n\n")[1]}
+           "about": __doc__.split("\n\n")[1], "numbers": report.row_numbers({r["placement"]: r for r in rows})}
     lines = [f"# Norm placements under joint training and growth ({ws.preset.name} scale)", "",
              f"Validation CE, {report.seeds_text(seeds)}.", "", report.diverged_line(diverged, len(runs) * len(seeds)), "",
-             *placements_lines(reference.report_numbers(report.finite(out)), seeds)]
+             *placements_lines(out["numbers"], seeds)]
     lines += ["", "![boundary monitor](placements.png)"]
     report.write(ws.results, "placements", out, lines)
     suite.console.print("\n".join(lines), markup=False)
@@ -375,8 +379,8 @@ def placement_family(numbers: dict) -> tuple[dict, dict]:
 
 
 def placements_lines(numbers: dict, seeds: list[int], caveat: str = "") -> list[str]:
-    """The placements report's one renderer, for run_placements' live numbers (through reference.report_numbers) and
-    the results page's shipped ones; `caveat`: what the page adds about the steps its curves end at."""
+    """The placements report's one renderer, for run_placements' live numbers (its `numbers`) and the results page's
+    shipped ones; `caveat`: what the page adds about the steps its curves end at."""
     rows = by_row(numbers)
     st, p_holm = placement_family(numbers)
     family = list(p_holm)
@@ -420,25 +424,26 @@ def run_scratch(ws: suite.Workspace, seeds: list[int], force: bool = False) -> d
     if not ws.ctx.is_main:
         return {}
     per_seed = [tables.table1_numbers(sws, s) for s in seeds]
-    numbers = {k: report.across_seeds([p[k] for p in per_seed]) for k in per_seed[0]}
+    numbers = {k: [p[k] for p in per_seed] for k in per_seed[0]}
     diverged = report.diverged_runs(sws, tables.MAIN_RUNS, seeds)
     cited = {k: paper.DELTAS[k] for k in ("delta_joint", "delta_grow", "interaction")}
-    out = {"experiment": "scratch", "scale": ws.preset.name, "seeds": seeds, "numbers": numbers,
+    out = {"experiment": "scratch", "scale": ws.preset.name, "seeds": seeds, "numbers": report.finite(numbers),
+           "stats": {k: report.across_seeds(values) for k, values in numbers.items()},
            "folder": str(sws.students_dir), "paper_with_teacher": cited,
            "diverged_runs": diverged,
            "about": __doc__.split("\n\n")[1]}
     lines = [f"# Growth from scratch ({ws.preset.name} scale): no teacher, plain CE", "",
              f"Validation CE, {report.seeds_text(seeds)}.", "",
              report.diverged_line(diverged, len(tables.MAIN_RUNS) * len(seeds)), "",
-             *scratch_lines(reference.report_numbers(report.finite(out)), seeds)]
+             *scratch_lines(out["numbers"], seeds)]
     report.write(ws.results, "scratch", out, lines)
     suite.console.print("\n".join(lines), markup=False)
     return out
 
 
 def scratch_lines(numbers: dict, seeds: list[int]) -> list[str]:
-    """The scratch report's one renderer, for run_scratch's live numbers (through reference.report_numbers) and the
-    results page's shipped ones: {quantity: per-seed values}, beside the paper's numbers with its teacher."""
+    """The scratch report's one renderer, for run_scratch's live numbers (its `numbers`) and the results page's
+    shipped ones: {quantity: per-seed values}, beside the paper's numbers with its teacher."""
     rows = tables.EXPERIMENTS["table1"].rows
     st = {key: stats(values) for key, values in numbers.items()}
     runs = {key: numbers[key] for key in ("pre_joint", "post_joint", "pre_grow", "post_grow") if key in numbers}

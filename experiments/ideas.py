@@ -18,7 +18,7 @@ import math
 from dataclasses import dataclass
 
 import rundir
-from experiments import presets, readouts, reference, report, studies, suite, tables, training
+from experiments import presets, readouts, report, studies, suite, tables, training
 from experiments.readings import RULE, p_text
 from experiments.suite import RunName
 from experiments.variants import Variant, holm_readings, train_variants, variant_dir, variant_outcomes, variant_workspace
@@ -192,10 +192,15 @@ def read_family(rows: list[dict], chosen: RunName | None = None):
             row["reading"] = "0 by construction: the search chose post-grow itself"
 
 
+def contrast_numbers(rows: list[dict]) -> dict[str, list]:
+    """The report's `numbers`, each contrast's under "<variant> against <baseline>" (as section_lines reads them)."""
+    return report.row_numbers({f"{r['variant']} against {r['baseline']}": r for r in rows})
+
+
 def section_lines(numbers: dict[str, list], seeds: list[int]) -> list[str]:
-    """The study's contrasts from their per-seed values as a reference ships them (reference.report_numbers of
-    the report): each primary's Δ per seed and over seeds, Holm-adjusted by read_family (an untestable one enters
-    as p = 1), the secondaries as intervals. The one rendering of them: the live report's and the results page's."""
+    """The study's contrasts from their per-seed values, the report's `numbers` (contrast_numbers) as a reference
+    ships them: each primary's Δ per seed and over seeds, Holm-adjusted by read_family (an untestable one enters as
+    p = 1), the secondaries as intervals. The one rendering of them: the live report's and the results page's."""
     rows = []
     for key in numbers:
         if key.endswith(": delta"):
@@ -288,7 +293,8 @@ def run_ideas(ws: suite.Workspace, seeds: list[int], force: bool = False) -> dic
     read_family(rows, chosen)
     out = {"experiment": "ideas", "scale": ws.preset.name, "seeds": seeds, "search": found, "rows": rows,
            "diverged_runs": diverged, "tie_margin": presets.TIE_MARGIN, "precision": ws.preset.run.get("precision", ""),
-           "about": __doc__.split("\n\n")[1], "machines": studies.run_machines(manifest(ws, seeds, chosen))}
+           "about": __doc__.split("\n\n")[1], "machines": studies.run_machines(manifest(ws, seeds, chosen)),
+           "numbers": contrast_numbers(rows)}
     lines = markdown(out, len(variants)) + [""] + studies.machines_markdown(out["machines"])
     report.write(ws.results, "ideas", out, lines)
     suite.console.print("\n".join(lines), markup=False)
@@ -302,7 +308,7 @@ def markdown(out: dict, n_variants: int) -> list[str]:
     seeds, found, rows = out["seeds"], out["search"], out["rows"]
     lines = [f"# The paper's seven proposed improvements ({out['scale']} scale)", "",
              report.diverged_line(out["diverged_runs"], n_variants * len(seeds)), "", RULE, "",
-             *section_lines(reference.report_numbers(out), seeds), "",
+             *section_lines(out["numbers"], seeds), "",
              "## Transition jumps (descriptive)", "",
              "The CE at a phase's start (after the transition's changes, before its first update) minus the CE at "
              "the previous phase's end, averaged over the transitions.", "",

@@ -68,7 +68,7 @@ def report_experiment(ws: Workspace, name: str, seeds: list[int]) -> dict:
     out = {"experiment": name, "about": exp.about, "scale": ws.preset.name, "seeds": seeds, "note": exp.note,
            "git_commit": rundir.git_commit(),
            "runs_config_sha256": report.configs_hash([ws.run_dir(r, s) for s in seeds for r in exp.runs]),
-           "diverged_runs": report.diverged_runs(ws, exp.runs, seeds)}
+           "diverged_runs": report.diverged_runs(ws, exp.runs, seeds), "numbers": {}}  # none for a figure of one seed
     # The numbers as the reference will ship them (null: diverged, n/a, never), so the section reads as on the page.
     final_ce = {run.name: report.finite([report.final_ce(ws, run, s) for s in seeds]) for run in exp.runs}
     md = [f"# {name} ({ws.preset.name} scale)", ""]
@@ -78,6 +78,7 @@ def report_experiment(ws: Workspace, name: str, seeds: list[int]) -> dict:
         st = {key: stats(values) for key, values in numbers.items()}
         rows, declared = [r for r in exp.rows if r.key in st], [key for key in exp.readings if key in st]
         out["rows"] = [{"label": r.label, "key": r.key, "paper": r.paper, **st[r.key]} for r in rows]
+        out["numbers"] = {r.key: numbers[r.key] for r in rows}  # what `reference` ships, by the rows' keys
         out["claims"] = [{"claim": claim, "agrees": {"agrees": True, "DISAGREES": False}.get(verdict)}
                          for claim, verdict in claim_verdicts(exp, st)]
         out["readings"] = {key: read(st[key]) for key in declared}

@@ -5,8 +5,8 @@ read only after a check of its whole shape (experiments/comparison.py checks run
     python repro.py reference --scale toy --seeds 42,43,44 --tables planted --force   # one table, rerun apart
 
 A reference holds, per run, the validation CE at every evaluation (the curve) and at the end, per
-experiment every number over seeds (a table's rows, a report's named numbers), each as the values of the
-shipped seeds, and the commit, precision and machine that trained each run (`run_commits`, `run_precisions`,
+experiment every number over seeds (its report's `numbers`, named by the report), each as the values of
+the shipped seeds, and the commit, precision and machine that trained each run (`run_commits`, `run_precisions`,
 `run_machines`, from its provenance.json: a band is a band of its runs' precision, and `compare` says so); a
 table rerun in a runs folder of its own keeps its runs' under `table_provenance`, apart from the scale's.
 A shipped reference is read by `load`, which checks it whole against the shape `collect` writes before
@@ -104,45 +104,21 @@ def run_provenance(runs: Path, seeds: list[int]) -> dict[str, dict[str, str | No
 
 
 def read_report(file: Path) -> tuple[list[int], dict[str, list]]:
-    """(its seeds, report_numbers) of a report over seeds, checked as `compare` reads what `reference` writes from
-    it; a file that is not a report the kit wrote (notes, nested lists) is one line naming it."""
+    """(its seeds, its `numbers`: {name: per-seed values}, as its writer named them) of a report over seeds, checked
+    as `compare` reads what `reference` writes from it; a file that is not a report the kit wrote (notes, nested
+    lists) is one line naming it, as is a report over seeds that names no numbers (an older kit's)."""
     bad = complaint(file, f"not a report the kit wrote: move it out of {file.parent} (`reference` reads every *.json "
                           "there)")
     content = rundir.read_json(file)
     if not content.get("seeds"):
         return [], {}  # not a report over seeds: never shipped
     own = check_seeds(content["seeds"], "seeds", bad)
-    try:
-        numbers = report_numbers(content)
-    except (AttributeError, TypeError, KeyError):  # a row that is not an object, a number that is not a {values}
-        raise bad("", "does not hold a report's rows") from None
-    for key, values in numbers.items():
-        per_seed(values, len(own), json_path(key), bad)
-    return own, numbers
-
-
-def report_numbers(content: dict) -> dict[str, list]:
-    """Every number over seeds in a report, by name, as its per-seed values: a table's rows by key; the
-    experiments beyond the paper (regime points, placements, interventions and their contrasts, the planted
-    interactions) by row name and quantity; a report of named numbers (scratch's `numbers`, planted's
-    `delta_grow`) by name."""
-    numbers = {}
-    for row in content.get("rows", []) + content.get("points", []) + content.get("separations", []) + \
-            content.get("interactions", []):
-        if "key" in row:
-            numbers[row["key"]] = row["values"]
-            continue
-        name = row.get("variant") or row.get("placement") or row.get("point") or row.get("label") or \
-            row.get("contrast") or row.get("dose")
-        if "baseline" in row:  # a contrast (the ideas'): one variant may be read against several runs
-            name = f"{name} against {row['baseline']}"
-        for quantity, value in row.items():
-            if isinstance(value, dict) and "values" in value:
-                numbers[f"{name}: {quantity}"] = value["values"]
-    for group, prefix in (("numbers", ""), ("delta_grow", "delta_grow: ")):
-        for key, value in content.get(group, {}).items():
-            numbers[prefix + key] = value["values"]
-    return numbers
+    if "numbers" not in content:
+        raise UsageError(f"{file}: a report over seeds without \"numbers\" (an older kit's); rerun its command (e.g. "
+                         f"`repro.py {file.stem} --scale {file.parent.name}`), or move it out if the kit did not write it")
+    for key, values in expect(content["numbers"], dict, "numbers", bad).items():
+        per_seed(values, len(own), json_path("numbers", key), bad)
+    return own, content["numbers"]
 
 
 # ----------------------------------------------------------------------------------------------

@@ -176,7 +176,7 @@ def write_map(ws: suite.Workspace, points: list[Point], seeds: list[int]) -> dic
     cited = {k: paper.DELTAS[k] for k in ("delta_joint", "delta_grow", "interaction")}
     out = {"experiment": "regime", "scale": ws.preset.name, "seeds": seeds, "paper": cited, "points": rows,
            "diverged_runs": diverged,
-           "about": __doc__.split("\n\n")[1]}
+           "about": __doc__.split("\n\n")[1], "numbers": report.row_numbers({r["point"]: r for r in rows})}
     out["figure"] = str(figures.fig_regime(rows, cited, ws.results / "regime.png", ws.preset.name, seeds))
     lines = markdown(rows, cited, ws.preset.name, seeds, report.diverged_line(diverged, len(run_dirs)))
     suite.console.print("\n".join(lines), markup=False)

@@ -312,6 +312,13 @@ def finite(value):
     return value
 
 
+def row_numbers(rows: dict[str, dict]) -> dict[str, list]:
+    """A report's `numbers`, each row's under the name its writer gives it ({name: row}): every number over seeds
+    (an across_seeds dict) of a row as "<name>: <quantity>": its per-seed values as the JSON holds them (null: n/a)."""
+    return {f"{name}: {quantity}": finite(value["values"]) for name, row in rows.items()
+            for quantity, value in row.items() if isinstance(value, dict) and "values" in value}
+
+
 def write(folder: Path, name: str, out: dict, lines: list[str]) -> dict:
     """A report as folder/<name>.json (the numbers) and folder/<name>.md (the table); returns `out`."""
     folder.mkdir(parents=True, exist_ok=True)

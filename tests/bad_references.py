@@ -116,16 +116,18 @@ REFERENCE = ["reference", "--scale", "smoke", "--seeds", "42", "--runs-dir", "{R
 WRITING = [case(f"reference: {what} in the results folder", REFERENCE, ("notes.json", *names),
                 write("{S}/smoke/notes.json", content))
            for what, content, names in (
-               ("a notes.json of nested lists", '{"seeds": [42], "rows": [{"key": "x", "values": [[1.0]]}]}',
-                ("x[0]", "a list", "move it out")),
-               ("a notes.json of a 401-digit number", '{"seeds": [42], "numbers": {"x": {"values": [1%s]}}}' % ("0" * 400),
+               ("a notes.json of nested lists", '{"seeds": [42], "numbers": {"x": [[1.0]]}}',
+                ("numbers.x[0]", "a list", "move it out")),
+               ("a notes.json of a 401-digit number", '{"seeds": [42], "numbers": {"x": [1%s]}}' % ("0" * 400),
                 ("not a number",)),
-               ("a notes.json whose rows are text", '{"seeds": [42], "rows": "mine"}', ("report's rows",)),
+               ("a notes.json whose numbers are text", '{"seeds": [42], "numbers": "mine"}', ("numbers", "not an object")),
+               ("an older kit's report (its rows, no numbers)", '{"seeds": [42], "rows": []}',
+                ("older kit", "repro.py notes --scale smoke", "move it out")),
                ("a notes.json whose seeds are text", '{"seeds": "42", "rows": []}', ("seeds",)))]
 # `compare` reads the same files: a number no float holds is named, never math.isfinite'd (an OverflowError)
 WRITING += [case("compare results: a notes.json of a 401-digit number in the results folder", COMPARE("{S}/smoke"),
                     ("notes.json", "not a number"), shipped,
-                    write("{S}/smoke/notes.json", '{"seeds": [42], "numbers": {"x": {"values": [1%s]}}}' % ("0" * 400)))]
+                    write("{S}/smoke/notes.json", '{"seeds": [42], "numbers": {"x": [1%s]}}' % ("0" * 400)))]
 
 OTHER_SCALE = [
     case("compare smoke's results against toy's", COMPARE("{S}/smoke", "toy"),

@@ -18,7 +18,7 @@ import diag
 import grow
 import model
 import nets
-from experiments import beyond, reference
+from experiments import beyond
 from interventions.monitor import attention_to_first
 from plumbing import corpora, errors, tokenizer
 from plumbing.hf_qwen3 import ModelConfig
@@ -252,7 +252,7 @@ def test_experiment_writes_markdown_and_json_with_finite_numbers(beyond_smoke, e
     # one renderer: the live report holds the section the results page renders from the same numbers, shipped
     renderer = {"intervention": beyond.intervention_lines, "scratch": beyond.scratch_lines,
                 "placements": beyond.placements_lines}[experiment]
-    section = "\n".join(renderer(reference.report_numbers(out), out["seeds"]))
+    section = "\n".join(renderer(out["numbers"], out["seeds"]))
     assert section in (results / f"{experiment}.md").read_text()
 
 
@@ -384,12 +384,12 @@ def test_table4_claims_are_the_papers_as_stated():
 def test_table2_gives_the_delta_at_every_phase_end(monkeypatch):
     """Δ = post − pre at each phase end of grow, and how the lead moves (last − phase 0), from planted
     evaluations that differ at every phase."""
-    from experiments import tables
+    from experiments import readouts, tables
     ends = {"pre": [4.0, 3.7, 3.5], "post": [3.8, 3.65, 3.48]}
     row = lambda ce: {"ce": ce, "kd": ce + 0.1, "kl": 0.5, "ppl": math.exp(ce)}
-    monkeypatch.setattr(tables, "phase_end_eval",
+    monkeypatch.setattr(readouts, "phase_end_eval",
                         lambda ws, run, seed, phase: row(ends[run.norm][phase]))
-    monkeypatch.setattr(tables, "phase_start_eval", lambda ws, run, seed, phase: row(10.0))
+    monkeypatch.setattr(readouts, "phase_start_eval", lambda ws, run, seed, phase: row(10.0))
     ws = type("WS", (), {"preset": type("P", (), {"run": {"blocks": 3}})()})()
     out = tables.table2_numbers(ws, 42)
     assert [out[f"delta_ce_phase_{p}"] for p in range(3)] == pytest.approx([-0.2, -0.05, -0.02], abs=1e-12)

@@ -3,13 +3,13 @@ reference's per-seed values: the primary contrasts Holm-adjusted as the pre-regi
 declared rule, checked against numbers planted by hand."""
 import json
 
-from experiments import ideas, readings, reference, registry, report
+from experiments import ideas, readings, registry, report
 
 SEEDS = [42, 43, 44]
 
 
 def ideas_report(deltas: dict[str, list[float]]) -> dict:
-    """An ideas.json as run_ideas writes its rows (only what report_numbers reads), idea 4 choosing pre,post,post."""
+    """An ideas.json as run_ideas writes its rows (only their Δ) and `numbers`, idea 4 choosing pre,post,post."""
     rows = [{"idea": c.idea, "primary": c.primary, "variant": c.variant.label, "baseline": c.baseline.label,
              "delta": report.across_seeds(deltas.get(c.variant.label, [0.001, -0.002, 0.0015]))}
             for c in ideas.fixed_contrasts()]
@@ -18,11 +18,11 @@ def ideas_report(deltas: dict[str, list[float]]) -> dict:
               "delta": report.across_seeds([-0.02, -0.025, -0.022])},
              {"idea": 4, "primary": False, "variant": chosen, "baseline": "pre-grow",
               "delta": report.across_seeds([0.01, 0.02, 0.03])}]
-    return {"seeds": SEEDS, "rows": rows}
+    return {"seeds": SEEDS, "rows": rows, "numbers": ideas.contrast_numbers(rows)}
 
 
 def section(deltas: dict) -> list[str]:
-    return ideas.section_lines(reference.report_numbers(ideas_report(deltas)), SEEDS)
+    return ideas.section_lines(ideas_report(deltas)["numbers"], SEEDS)
 
 
 def primary_rows(lines: list[str]) -> dict[int, list[str]]:
@@ -69,10 +69,11 @@ def test_the_live_report_renders_its_contrasts_as_the_page_renders_the_shipped_o
     jump = report.across_seeds([0.01, 0.02, 0.03])
     for row in out["rows"]:
         row |= {"jump": jump, "baseline_jump": jump, "jump_delta": jump, "transitions": "no transition rows", "cost": ""}
+    out["numbers"] = ideas.contrast_numbers(out["rows"])
     ce = {name: 3.0 + i / 10 for i, name in enumerate(ideas.schedules(3))}
     out |= {"scale": "toy", "diverged_runs": ["s43/pre-grow + reinit"],
             "search": {"seed": ideas.SEARCH_SEED, "ce": ce, "chosen": "pre,post,post", "diverged": []}}
-    shipped = {"seeds": SEEDS, "tables": {"ideas": reference.report_numbers(json.loads(json.dumps(report.finite(out))))}}
+    shipped = {"seeds": SEEDS, "tables": {"ideas": json.loads(json.dumps(report.finite(out)))["numbers"]}}
     page = registry.STUDIES["ideas"].page(shipped, "nowhere")
     live = ideas.markdown(out, 17)
     start = live.index(page[2])

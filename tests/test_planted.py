@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from experiments import beyond, reference, report
+from experiments import beyond, report
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -66,7 +66,9 @@ def test_planted_at_smoke_trains_each_cell_with_its_dose(tmp_path):
     assert out["diverged_runs"] == [] and len(out["rows"]) == 6
     # one renderer: the live report shows what the results page renders from the same numbers, shipped
     live = (tmp_path / "results" / "smoke" / "planted.md").read_text()
-    assert "\n".join(beyond.planted_lines(reference.report_numbers(out), out["seeds"])) in live
+    assert "\n".join(beyond.planted_lines(out["numbers"], out["seeds"])) in live
+    assert out["numbers"]["delta_grow: none"] == out["delta_grow"]["none"]["values"]  # Δgrow named as a row of doses
+    assert out["numbers"][f"{beyond.DOSES[0][3]}: interaction"] == out["interactions"][0]["interaction"]["values"]
     ce = {}
     for row in out["rows"]:
         folder = tmp_path / "runs" / "smoke" / "s42" / row["run"]

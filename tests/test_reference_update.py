@@ -9,10 +9,6 @@ from experiments import comparison, presets, reference
 from plumbing import errors
 
 
-def stats(*values):
-    return {"mean": sum(values) / len(values), "values": list(values)}
-
-
 def shipped() -> dict:
     return {"seeds": [42, 43, 44], "git_commit": "c" * 40, "curves": {"pre-grow": {"250": [4.0, 4.1, 4.2]}},
             "final_ce": {"pre-grow": [3.5, 3.51, 3.52]}, "tables": {"table1": {"pre_grow": [3.5, 3.51, 3.52]},
@@ -23,7 +19,7 @@ def shipped() -> dict:
 def test_named_tables_are_replaced_and_the_rest_stays_as_shipped(tmp_path):
     results, runs = tmp_path / "results", tmp_path / "runs"
     results.mkdir()
-    scratch = {"seeds": [42, 43, 44], "numbers": {"interaction": stats(0.28, 0.29, 0.27)}}
+    scratch = {"seeds": [42, 43, 44], "numbers": {"interaction": [0.28, 0.29, 0.27]}}
     (results / "scratch.json").write_text(json.dumps(scratch))
     run = runs / "beyond" / "scratch" / "s43" / "pre-joint"
     run.mkdir(parents=True)
@@ -46,7 +42,7 @@ def test_named_tables_are_replaced_and_the_rest_stays_as_shipped(tmp_path):
 
 @pytest.mark.parametrize("seeds", [[42], [42, 45]])
 def test_a_report_of_one_seed_or_of_other_seeds_is_refused(tmp_path, seeds):
-    (tmp_path / "planted.json").write_text(json.dumps({"seeds": seeds, "interactions": []}))
+    (tmp_path / "planted.json").write_text(json.dumps({"seeds": seeds, "numbers": {}}))
     with pytest.raises(errors.UsageError, match="planted.json: its seeds"):
         reference.with_tables(shipped(), tmp_path, tmp_path, ["planted"])
 

@@ -118,18 +118,17 @@ def test_the_regime_maps_boundary_is_the_last_monitor_row_after_block_0(tmp_path
 
 
 def test_references_hold_the_numbers_of_every_experiment_beyond_the_paper_too():
-    """A placements-, intervention- or regime-shaped report gives every quantity over seeds a name, so
-    `reference` ships it and `compare` checks it, as it does a paper table's rows."""
-    from experiments import reference
+    """A placements-, intervention- or regime-shaped report names every quantity over seeds of a row by the name its
+    writer gives the row (report.row_numbers), so `reference` ships it and `compare` checks it, as it does a paper
+    table's rows; a number that is not one on a seed (n/a, diverged) is null, as in the JSON."""
     stats = lambda *v: report.across_seeds(list(v))
-    content = {"rows": [{"placement": "peri", "joint": stats(3.39, 3.38), "delta_grow": stats(0.007, 0.006),
-                         "settings": {"boundary": "none"}},
-                        {"variant": "pre-grow + boundary-norm", "ce": stats(3.25, 3.26)},
-                        {"label": "pre-norm, joint", "key": "pre_joint", "values": [3.46, 3.47]}],
-               "points": [{"point": "budget=2", "interaction": stats(-0.1, -0.2), "lr": 3e-3}]}
-    assert reference.report_numbers(content) == {
-        "peri: joint": [3.39, 3.38], "peri: delta_grow": [0.007, 0.006], "pre-grow + boundary-norm: ce": [3.25, 3.26],
-        "pre_joint": [3.46, 3.47], "budget=2: interaction": [-0.1, -0.2]}
+    rows = {"peri": {"placement": "peri", "joint": stats(3.39, 3.38), "delta_grow": stats(0.007, math.nan),
+                     "settings": {"boundary": "none"}, "after_block_0": {"mean": [1.0, 2.0]}},
+            "pre-grow + boundary-norm": {"variant": "pre-grow + boundary-norm", "ce": stats(3.25, report.DIVERGED)},
+            "budget=2": {"point": "budget=2", "interaction": stats(-0.1, -0.2), "lr": 3e-3}}
+    assert report.row_numbers(rows) == {
+        "peri: joint": [3.39, 3.38], "peri: delta_grow": [0.007, None], "pre-grow + boundary-norm: ce": [3.25, None],
+        "budget=2: interaction": [-0.1, -0.2]}
 
 
 def test_boundary_numbers_read_block0_at_the_first_and_last_snapshot(monkeypatch):
@@ -147,7 +146,7 @@ def test_boundary_numbers_read_block0_at_the_first_and_last_snapshot(monkeypatch
         "pre_std_first": 2.0, "pre_std_end": 5.0, "pre_boundary_over_regular": 37.0, "pre_kurtosis": 60.0,
         "pre_kurtosis_distinct": 30.0, "post_std_first": 0.1, "post_std_end": 0.2, "post_boundary_over_regular": 0.98,
         "post_kurtosis": 1.8, "post_kurtosis_distinct": 0.9}
-    keys = {row.key for kind in ("std", "ratio", "kurtosis") for row in tables.boundary_rows(kind)}
+    keys = {row.key for name in ("fig4", "fig5", "figA1") for row in tables.EXPERIMENTS[name].rows}
     assert keys == set(tables.boundary_numbers(None, 42))
 
 
@@ -184,8 +183,8 @@ def test_a_reference_leaves_out_a_run_not_yet_finished_for_every_seed(tmp_path):
     # reports over the reference's seeds, or two or more of them, ship, each with its seeds; one over a
     # single seed of several (no spread for a band) or over another seed does not
     for name, seeds in (("table1", [42, 43, 44]), ("regime", [42, 43]), ("scratch", [42]), ("placements", [42, 45])):
-        rows = [{"placement": "peri", "delta_grow": report.across_seeds([0.01 * s for s in seeds])}]
-        (tmp_path / "results" / f"{name}.json").write_text(json.dumps({"seeds": seeds, "rows": rows}))
+        numbers = {"peri: delta_grow": [0.01 * s for s in seeds]}
+        (tmp_path / "results" / f"{name}.json").write_text(json.dumps({"seeds": seeds, "numbers": numbers}))
     (tmp_path / "runs" / "s44").mkdir()
     ref = reference.collect(tmp_path / "runs", tmp_path / "results", [42, 43, 44])
     assert ref["final_ce"] == {} and ref["curves"] == {}  # seed 44 has no runs: nothing finished for every seed
@@ -198,20 +197,14 @@ def test_a_reference_leaves_out_a_run_not_yet_finished_for_every_seed(tmp_path):
 
 
 def test_references_ship_and_compare_the_per_seed_values_of_every_report_shape(tmp_path):
-    """scratch's named `numbers`, planted's interactions and Δgrow, and a table's rows all ship as
-    per-seed values, and `compare` checks a results folder's per-seed values against them: the shipped
-    seeds' own values lie in their bands, a perturbed one does not."""
+    """Each report's `numbers` (scratch's quantities, planted's rows, interactions and Δgrow) ship as per-seed
+    values, and `compare` checks a results folder's per-seed values against them: the shipped seeds' own values
+    lie in their bands, a perturbed one does not."""
     from experiments import reference
-    stats = lambda *v: report.across_seeds(list(v))
-    scratch = {"seeds": [42, 43, 44], "numbers": {"pre_joint": stats(4.60, 4.61, 4.62),
-                                                  "interaction": stats(0.281, 0.283, 0.285)}}
-    planted = {"seeds": [42, 43, 44], "rows": [{"variant": "pre-grow (suite)", "ce": stats(3.50, 3.51, 3.52)}],
-               "interactions": [{"dose": "the boundary token at 37x", "interaction": stats(0.01, 0.02, 0.03)}],
-               "delta_grow": {"none": stats(-0.02, -0.03, -0.04)}}
-    assert reference.report_numbers(scratch) == {"pre_joint": [4.60, 4.61, 4.62], "interaction": [0.281, 0.283, 0.285]}
-    assert reference.report_numbers(planted) == {"pre-grow (suite): ce": [3.50, 3.51, 3.52],
-                                                 "the boundary token at 37x: interaction": [0.01, 0.02, 0.03],
-                                                 "delta_grow: none": [-0.02, -0.03, -0.04]}
+    scratch = {"seeds": [42, 43, 44], "numbers": {"pre_joint": [4.60, 4.61, 4.62], "interaction": [0.281, 0.283, 0.285]}}
+    planted = {"seeds": [42, 43, 44], "numbers": {"pre-grow (suite): ce": [3.50, 3.51, 3.52],
+                                                  "the boundary token at 37x: interaction": [0.01, 0.02, 0.03],
+                                                  "delta_grow: none": [-0.02, -0.03, -0.04]}}
     results = tmp_path / "results"
     results.mkdir()
     for name, content in (("scratch", scratch), ("planted", planted)):
@@ -223,10 +216,27 @@ def test_references_ship_and_compare_the_per_seed_values_of_every_report_shape(t
     rows = {r["name"]: r for r in comparison.compare(results, ref)}
     assert rows["scratch/interaction/2"]["value"] == 0.285 and all(r["within"] for r in rows.values())
     assert len(rows) == 2 * 3 + 3 * 3  # every per-seed value of both reports was checked
-    scratch["numbers"]["interaction"] = stats(0.281, 0.283, 0.385)  # seed 44's interaction off by 0.1
+    scratch["numbers"]["interaction"] = [0.281, 0.283, 0.385]  # seed 44's interaction off by 0.1
     (results / "scratch.json").write_text(json.dumps(scratch))
     rows = {r["name"]: r for r in comparison.compare(results, ref)}
     assert not rows["scratch/interaction/2"]["within"] and rows["scratch/interaction/1"]["within"]
+
+
+def test_a_report_over_seeds_that_names_no_numbers_is_refused_with_its_command(tmp_path):
+    """An older kit's report (its rows, no `numbers`) is one line naming the file and the command that writes it
+    anew, for `reference` and `compare` alike: no name of its numbers is guessed from its rows."""
+    from experiments import reference
+    results = tmp_path / "results" / "toy"
+    results.mkdir(parents=True)
+    rows = [{"variant": "pre-grow (suite)", "ce": report.across_seeds([3.50, 3.51, 3.52])}]
+    (results / "planted.json").write_text(json.dumps({"seeds": [42, 43, 44], "rows": rows}))
+    for seed in (42, 43, 44):
+        (tmp_path / "runs" / f"s{seed}").mkdir(parents=True)
+    for read in (lambda: reference.collect(tmp_path / "runs", results, [42, 43, 44]),
+                 lambda: comparison.measured(results)):
+        with pytest.raises(errors.UsageError, match=r"planted.json: .*older kit's\); rerun its command \(e.g. `repro.py "
+                                                    r"planted --scale toy`\)"):
+            read()
 
 
 def test_a_reference_records_the_commit_that_trained_each_run(tmp_path):
