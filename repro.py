@@ -198,7 +198,7 @@ def scan(scale, paths, overrides, runs_dir, results_dir):
     layer_scan.run_scan(ws, suite.ensure_inputs(ws), students)
 
 
-def study_command(name: str, study: registry.Study):
+def study_command(name: str, study: registry.Experiment):
     """`repro.py <name>` for an experiment of experiments/registry.py (not part of `all`); its help is its run's
     docstring."""
     @cli.command(name, help=study.run.__doc__)

@@ -1,18 +1,19 @@
-"""Every experiment declared once: the paper's tables and figures (tables.EXPERIMENTS, run together by `repro.py run`
-over their shared runs) and the experiments beyond them, each a command of its own. For every one, the section of the
-results page its shipped numbers make (SECTIONS, in the page's order, by the renderer its live report uses); for each
-one beyond the paper, what `repro.py <name>` trains and reports, what its dry run plans, and which runs its study
-records. repro.py makes a command of every study; tools/preflight.py plans and prices each the same way; pages.py
-renders each section. Adding one is one file (its runs and its report) and one line here.
+"""Every experiment declared once, in one dict (EXPERIMENTS, in the results page's order): the paper's tables and
+figures (tables.EXPERIMENTS declares their rows; `repro.py run` trains them together over their shared runs) and the
+experiments beyond them, each a command of its own (STUDIES). For every one: the runs it reads (`groups`: what its dry
+run plans, whose provenance its page section names), its section of the results page (`page`, by the renderer its live
+report uses); for each one beyond the paper, what `repro.py <name>` trains and reports (`run`) and which runs its study
+records (`manifest`). repro.py makes a command of every study; tools/preflight.py plans and prices each the same way;
+pages.py renders each section. Adding one is one file (its runs and its report) and one line here.
 
-    python repro.py tail --scale toy --dry-run     # STUDIES["tail"]: its groups planned, its records surveyed
-    python repro.py planted --scale toy            # STUDIES["planted"].run(ws, seeds, force)
+    python repro.py tail --scale toy --dry-run     # EXPERIMENTS["tail"]: its groups planned, its records surveyed
+    python repro.py planted --scale toy            # EXPERIMENTS["planted"].run(ws, seeds, force)
 
-A study's `groups(ws, seed)` lists (label, workspace, runs, seed) for the dry run: the suite's runs in the
-workspace itself, each variant's in its own folder (variants.variant_workspace). Its `manifest(ws, seeds)` is
-the study's runs, restored from their records before anything trains, and a note for the dry run (None: it
-records its runs but trains them all, whatever their records say). Its `page(reference, scale)` is its section of
-the results page; `shipped=False`: its numbers are its committed records, not the reference's (the causal test).
+An experiment's `groups(ws, seed)` lists (label, workspace, runs, seed): the suite's runs in the workspace itself,
+each variant's in its own folder (variants.variant_workspace). A study's `manifest(ws, seeds)` is its runs, restored
+from their records before anything trains, and a note for the dry run (None: it records its runs but trains them
+all, whatever their records say). `page(reference, scale)` is its section of the results page; `shipped=False`: its
+numbers are its committed records, not the reference's (the causal test).
 """
 from __future__ import annotations
 
@@ -31,16 +32,23 @@ Group = tuple[str, Workspace, list[RunName], int]
 
 
 @dataclass(frozen=True)
-class Study:
-    run: Callable[[Workspace, list[int], bool], dict]            # trains what remains, writes its report
-    groups: Callable[[Workspace, int], list[Group]]                # what the dry run plans for one seed
+class Experiment:
+    groups: Callable[[Workspace, int], list[Group]]                # the runs it reads for one seed
     # its section of the results page; None: its shipped numbers as intervals (pages.other_section)
     page: Callable[[dict, str], list[str]] | None = None
+    # `repro.py <name>`: trains what remains, writes its report; None: a table of the paper's (`repro.py run`)
+    run: Callable[[Workspace, list[int], bool], dict] | None = None
     # (the runs its records stand in for, a note for the dry run); None: it records its runs but trains them all
     manifest: Callable[[Workspace, list[int]], tuple[list[studies.Job], str]] | None = None
     shipped: bool = True                                           # its numbers ship in references/<scale>.json
     # its page section names what trained its runs itself (the ideas' table of recorded machines)
     names_its_machines: bool = False
+
+
+def paper_table(name: str) -> Experiment:
+    """One of the paper's tables and figures: the runs tables.EXPERIMENTS declares, its section by paper_reports."""
+    return Experiment(lambda ws, seed: [(name, ws, list(tables.EXPERIMENTS[name].runs), seed)],
+                      partial(paper_reports.page_section, name))
 
 
 def variant_groups(variants: list[Variant]) -> Callable[[Workspace, int], list[Group]]:
@@ -102,33 +110,30 @@ def tail_page(reference: dict, scale: str) -> list[str]:
     return tail.page_section(scale, studies.RECORDS_DIR) if scale in tail.REGULAR_RMS and scale != "smoke" else []
 
 
-# In the results page's order, after the paper's own.
-STUDIES = {
-    "placements": Study(beyond.run_placements, placements_groups, placements_page),
-    "intervention": Study(beyond.run_intervention, interventions_groups,
-                          shipped_lines("intervention", beyond.intervention_lines)),
-    "planted": Study(beyond.run_planted, variant_groups(list(beyond.planted_variants())),
-                     shipped_lines("planted", beyond.planted_lines)),
-    "scratch": Study(beyond.run_scratch, scratch_groups, shipped_lines("scratch", beyond.scratch_lines)),
-    "ideas": Study(ideas.run_ideas, ideas_groups, ideas_page, ideas.recorded_manifest, names_its_machines=True),
-    "tail": Study(tail.run_tail, lambda ws, seed: variant_groups(tail.ws_variants(ws))(ws, seed), tail_page,
-                  lambda ws, seeds: (tail.manifest(ws, seeds), ""), shipped=False),
+# Every experiment, in the results page's order: the paper's own, then those beyond it.
+EXPERIMENTS = {
+    **{name: paper_table(name) for name in tables.EXPERIMENTS},
+    "placements": Experiment(placements_groups, placements_page, run=beyond.run_placements),
+    "intervention": Experiment(interventions_groups, shipped_lines("intervention", beyond.intervention_lines),
+                               run=beyond.run_intervention),
+    "planted": Experiment(variant_groups(list(beyond.planted_variants())), shipped_lines("planted", beyond.planted_lines),
+                          run=beyond.run_planted),
+    "scratch": Experiment(scratch_groups, shipped_lines("scratch", beyond.scratch_lines), run=beyond.run_scratch),
+    "ideas": Experiment(ideas_groups, ideas_page, run=ideas.run_ideas, manifest=ideas.recorded_manifest,
+                        names_its_machines=True),
+    "tail": Experiment(lambda ws, seed: variant_groups(tail.ws_variants(ws))(ws, seed), tail_page, run=tail.run_tail,
+                       manifest=lambda ws, seeds: (tail.manifest(ws, seeds), ""), shipped=False),
 }
-
-# Each experiment's section of the results page, from a reference: the paper's, then those beyond it.
-SECTIONS = {**{name: partial(paper_reports.page_section, name) for name in tables.EXPERIMENTS},
-            **{name: study.page for name, study in STUDIES.items() if study.shipped and study.page}}
+STUDIES = {name: experiment for name, experiment in EXPERIMENTS.items() if experiment.run}  # each `repro.py <name>`
+SECTIONS = {name: experiment.page for name, experiment in EXPERIMENTS.items() if experiment.shipped and experiment.page}
 
 
 def section_folders(name: str, scale: str, seeds: list[int]) -> list[str]:
-    """The run folders under runs/<scale>/ whose numbers an experiment's page section reads, so that the section can
-    name what trained them from the reference's provenance: a paper table's runs, a study's planned groups (what its
-    dry run plans)."""
+    """The run folders under runs/<scale>/ whose numbers an experiment's page section reads (its groups, as its dry
+    run plans them), so that the section can name what trained them from the reference's provenance."""
+    experiment = EXPERIMENTS.get(name)
+    if experiment is None or experiment.names_its_machines:  # a table the kit has no entry for (pages.other_section)
+        return []
     ws = Workspace(presets.PRESETS[scale], Path("runs") / scale, Path("results") / scale, devices.Dist())
-    if name in tables.EXPERIMENTS:
-        groups = [(name, ws, list(tables.EXPERIMENTS[name].runs), seed) for seed in seeds]
-    elif name in STUDIES and not STUDIES[name].names_its_machines:
-        groups = [group for seed in seeds for group in STUDIES[name].groups(ws, seed)]
-    else:  # a table the kit has no entry for (pages.other_section), or one naming its machines itself
-        groups = []
-    return [str(gws.run_dir(run, seed).relative_to(ws.runs)) for _, gws, runs, seed in groups for run in runs]
+    return [str(gws.run_dir(run, s).relative_to(ws.runs)) for seed in seeds
+            for _, gws, runs, s in experiment.groups(ws, seed) for run in runs]

@@ -28,7 +28,8 @@ def run_mine(ws: Workspace, seeds: list[int], force: bool = False) -> dict:
     variants.train_variants(ws, VARIANTS, seeds, force)
     ce, diverged = variants.variant_outcomes(ws, VARIANTS, seeds)
     rows = [{"variant": v.label, "ce": report.across_seeds(ce[v.label])} for v in VARIANTS]
-    out = {"experiment": "mine", "scale": ws.preset.name, "seeds": seeds, "rows": rows, "diverged_runs": diverged}
+    out = {"experiment": "mine", "scale": ws.preset.name, "seeds": seeds, "rows": rows, "diverged_runs": diverged,
+           "numbers": report.row_numbers({r["variant"]: r for r in rows})}
     return report.write(ws.results, "mine", out, [f"| {r['variant']} | {report.stats_cell(r['ce'])} |" for r in rows])
 '''
 
@@ -50,9 +51,10 @@ def test_a_planted_experiment_in_one_file_and_one_registry_line(tmp_path):
     (repo / "experiments" / "mine.py").write_text(MINE)
     registry = repo / "experiments" / "registry.py"
     text = registry.read_text()
-    entry = '    "mine": Study(mine.run_mine, variant_groups(mine.VARIANTS)),\n'
+    entry = '    "mine": Experiment(variant_groups(mine.VARIANTS), run=mine.run_mine),\n'
     text = text.replace("from experiments import beyond,", "from experiments import mine\nfrom experiments import beyond,")
-    registry.write_text(text.replace("STUDIES = {\n", "STUDIES = {\n" + entry))
+    registry.write_text(text.replace("\n}\nSTUDIES = ", "\n" + entry + "}\nSTUDIES = "))  # the dict's last entry
+    assert entry in registry.read_text()  # the one line, placed
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     kit = lambda *args: subprocess.run([sys.executable, "repro.py", *args], cwd=repo, capture_output=True, text=True,
                                        env=env, timeout=1200)

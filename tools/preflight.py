@@ -70,7 +70,7 @@ def teacher_pretraining(ws: suite.Workspace) -> tuple[float, str]:
                    f"steps of {run['global_batch']} documents ({tokens / 1e6:.1f}M tokens, {plan.flops_text(flops)})")
 
 
-def print_study(study: registry.Study, ws: suite.Workspace, seeds: list[int], flops: float):
+def print_study(study: registry.Experiment, ws: suite.Workspace, seeds: list[int], flops: float):
     """A study's records and the one estimate of what remains (where ws.records is set); an experiment that
     records its runs but trains them all, the estimate of its `flops`."""
     if ws.records is None:
@@ -189,7 +189,7 @@ def print_search(ws: suite.Workspace, ladder: str, overrides, seed: int, gpu: st
                   "; every rung left, although the search stops at the first that meets its criterion")
 
 
-def study_groups(study: registry.Study, ws: suite.Workspace, seed: int) -> list:
+def study_groups(study: registry.Experiment, ws: suite.Workspace, seed: int) -> list:
     """A study's groups as the plan prices them: a group in the workspace itself with the runs whose phases they
     share; a variant's run in its folder alone (a freeze variant starts from the suite's grow phase 0)."""
     planned_groups = []
