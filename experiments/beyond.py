@@ -58,25 +58,25 @@ PRE_FREEZE, POST_FREEZE = RunName("pre", "freeze"), RunName("post", "freeze")
 INTERVENTIONS = (
     Variant("pre-grow (suite)", PRE_GROW),
     Variant("post-grow (suite)", POST_GROW),
-    Variant("pre-grow + boundary-norm", PRE_GROW, "boundary-norm", {"boundary": "norm"}),
+    Variant("pre-grow + boundary-norm", PRE_GROW, "boundary-norm", {"run": {"boundary": "norm"}}),
     # Unit RMS: what a post-norm boundary norm emits at its initial gain of 1.
     Variant("pre-grow + boundary-rescale-fwd", PRE_GROW, "boundary-rescale-fwd",
-            {"boundary": "rescale-fwd", "boundary_scale": 1.0}),
-    Variant("post-grow + boundary-mirror-fwd", POST_GROW, "boundary-mirror-fwd", {"boundary": "mirror-fwd"}),
+            {"run": {"boundary": "rescale-fwd", "boundary_scale": 1.0}}),
+    Variant("post-grow + boundary-mirror-fwd", POST_GROW, "boundary-mirror-fwd", {"run": {"boundary": "mirror-fwd"}}),
     # The same forward as rescale-fwd, other backwards: only the backward channel to the prefix varies.
     Variant("pre-grow + boundary-rescale-detached", PRE_GROW, "boundary-rescale-detached",
-            {"boundary": "rescale-detached", "boundary_scale": 1.0}),
+            {"run": {"boundary": "rescale-detached", "boundary_scale": 1.0}}),
     Variant("pre-grow + boundary-rescale-full", PRE_GROW, "boundary-rescale-full",
-            {"boundary": "rescale-full", "boundary_scale": 1.0}),
+            {"run": {"boundary": "rescale-full", "boundary_scale": 1.0}}),
     # A synthetic dose at the input of appended post-norm blocks: do heavy tails alone cost what pre-norm does?
     Variant("post-grow + dose-boundary 37x", POST_GROW, "dose-boundary-37",
-            {"boundary": "dose-boundary", "boundary_scale": 37.0}),
+            {"run": {"boundary": "dose-boundary", "boundary_scale": 37.0}}),
     Variant("post-grow + dose-channel 1000x", POST_GROW, "dose-channel-1000",
-            {"boundary": "dose-channel", "boundary_scale": 1000.0}),
+            {"run": {"boundary": "dose-channel", "boundary_scale": 1000.0}}),
     # Under freeze no gradient reaches the prefix: only the forward boundary the appended block reads differs.
     Variant("pre-freeze (suite)", PRE_FREEZE),
     Variant("pre-freeze + boundary-rescale-fwd", PRE_FREEZE, "freeze-boundary-rescale-fwd",
-            {"boundary": "rescale-fwd", "boundary_scale": 1.0}),
+            {"run": {"boundary": "rescale-fwd", "boundary_scale": 1.0}}),
 )
 
 
@@ -249,7 +249,8 @@ DOSES = (("dose-boundary", 37.0, "dose-boundary-37", "the boundary token at 37x"
 def planted_variants() -> tuple[Variant, ...]:
     """Placement (pre, post) x planted outlier (none, each of DOSES), grow; the dosed post-grow runs
     share their folders with the intervention's (the same run)."""
-    dosed = tuple(Variant(f"{p}-grow + {label}", RunName(p, "grow"), folder, {"boundary": kind, "boundary_scale": ratio})
+    dosed = tuple(Variant(f"{p}-grow + {label}", RunName(p, "grow"), folder,
+                          {"run": {"boundary": kind, "boundary_scale": ratio}})
                   for kind, ratio, folder, label in DOSES for p in tables.NORMS)
     return (Variant("pre-grow (suite)", PRE_GROW), Variant("post-grow (suite)", POST_GROW)) + dosed
 

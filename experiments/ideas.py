@@ -24,8 +24,8 @@ from experiments.suite import RunName
 from experiments.variants import Variant, holm_readings, train_variants, variant_dir, variant_outcomes, variant_workspace
 
 SEARCH_SEED = 41  # idea 4's search seed, outside the evaluation seeds (42, 43, 44)
-DOSE = {"boundary": "dose-boundary", "boundary_scale": 37.0}
-CHANNEL = {"boundary": "dose-channel", "boundary_scale": 1000.0}
+DOSE = {"run": {"boundary": "dose-boundary", "boundary_scale": 37.0}}
+CHANNEL = {"run": {"boundary": "dose-channel", "boundary_scale": 1000.0}}
 
 PRE, POST = tables.PRE_GROW, tables.POST_GROW                              # the runs the options change
 PRE_F, POST_F = RunName("pre", "freeze"), RunName("post", "freeze")
@@ -49,9 +49,10 @@ class Contrast:
 
 def fixed_contrasts() -> list[Contrast]:
     """Every contrast but idea 4's (whose variant is the search's choice), in the pre-registered order."""
-    asym = {"transition_schedule": "asymmetric"}
-    matched, preserve = {"append_init": "matched"}, {"append_init": "preserve-output"}
-    reinit, correct, structural = {"importance_remedy": "reinit"}, {"boundary_correction": "norm"}, {"structural_norm": True}
+    asym = {"run": {"transition_schedule": "asymmetric"}}
+    matched, preserve = {"run": {"append_init": "matched"}}, {"run": {"append_init": "preserve-output"}}
+    reinit, correct = {"run": {"importance_remedy": "reinit"}}, {"run": {"boundary_correction": "norm"}}
+    structural = {"run": {"structural_norm": True}}
     forward = "one prefix forward over the step's batch at each transition"
     return [
         Contrast(1, Variant("post-grow + asymmetric LR", POST, "idea1-asymmetric", asym), POST_GROW, True, "none"),
@@ -66,18 +67,19 @@ def fixed_contrasts() -> list[Contrast]:
         Contrast(3, Variant("post-grow + reinit", POST, "idea3-reinit", reinit), POST_GROW, False,
                  "p + 2 forwards over the step's batch at transition p"),
         Contrast(5, Variant("pre-grow + boundary 37x + correction", PRE, "idea5-correction-dose-boundary-37",
-                            {**DOSE, **correct}), PRE_DOSE, True, forward + "; one RMSNorm per boundary that fires"),
+                            presets.merged(DOSE, correct)), PRE_DOSE, True,
+                 forward + "; one RMSNorm per boundary that fires"),
         Contrast(5, Variant("post-grow + boundary 37x + correction", POST, "idea5-correction-dose-boundary-37",
-                            {**DOSE, **correct}), POST_DOSE, False, forward),
+                            presets.merged(DOSE, correct)), POST_DOSE, False, forward),
         Contrast(5, Variant("pre-grow + channel 1000x + correction", PRE, "idea5-correction-dose-channel-1000",
-                            {**CHANNEL, **correct}), PRE_CHANNEL, False, forward),
+                            presets.merged(CHANNEL, correct)), PRE_CHANNEL, False, forward),
         Contrast(6, Variant("pre-grow + boundary 37x + structural", PRE, "idea6-structural-dose-boundary-37",
-                            {**DOSE, **structural}), PRE_DOSE, True,
+                            presets.merged(DOSE, structural)), PRE_DOSE, True,
                  "one token's rescale at each appended block's input per forward; one scalar per appended block"),
         Contrast(6, Variant("pre-grow + structural", PRE, "idea6-structural", structural), PRE_GROW, False,
                  "as above"),
         Contrast(6, Variant("pre-grow + channel 1000x + structural", PRE, "idea6-structural-dose-channel-1000",
-                            {**CHANNEL, **structural}), PRE_CHANNEL, False, "as above"),
+                            presets.merged(CHANNEL, structural)), PRE_CHANNEL, False, "as above"),
         Contrast(7, Variant("auto-grow + boundary 37x", AUTO, "dose-boundary-37", DOSE), PRE_DOSE, True, forward),
         Contrast(7, Variant("auto-grow", AUTO), PRE_GROW, False, forward),
     ]

@@ -23,14 +23,14 @@ finished runs are reused and interrupted ones resumed, so the map can be stopped
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
-from pathlib import Path
+from dataclasses import dataclass
 
 import data
 import model
 import paper
 import rundir
-from experiments import figures, presets, report, suite, tables, training
+from experiments import figures, report, suite, tables, training
+from experiments.variants import Variant, variant_workspace
 from plumbing import errors
 
 GRIDS = {  # each axis's values; the preset's own value (1 or "ones") is the point they share
@@ -96,10 +96,10 @@ def grid_points(grid: dict) -> list[Point]:
     return sorted(dict.fromkeys(points), key=lambda p: (p.gain, p.lr, p.budget))
 
 
-def point_workspace(ws: suite.Workspace, point: Point) -> suite.Workspace:
-    """The preset with one point's settings, its students in their own folder."""
+def point_variant(ws: suite.Workspace, point: Point) -> Variant:
+    """One point's settings as a variant of the preset's four main runs, in regime/<point>/ (the preset's own: none)."""
     if point.is_preset:
-        return ws
+        return Variant(f"--grid {point.name}")
     run = ws.preset.run
     steps = max(1, round(run["phase_steps"] * point.budget))
     warmup = max(1, round(run["warmup_frac"] * run["phase_steps"]))
@@ -107,8 +107,12 @@ def point_workspace(ws: suite.Workspace, point: Point) -> suite.Workspace:
                  for k in ("eval_interval", "checkpoint_interval")}
     changes = dict(phase_steps=steps, warmup_frac=min(1.0, warmup / steps), **per_phase, snapshot_interval=0,
                    lr=run["lr"] * point.lr, min_lr=run["min_lr"] * point.lr, post_output_gain=point.gain)
-    return replace(ws, preset=presets.with_settings(ws.preset, {"run": changes}, "--grid"),
-                   student_runs=str(Path(ws.student_runs) / "regime" / point.name))
+    return Variant(f"--grid {point.name}", folder=point.name, settings={"run": changes}, root="regime")
+
+
+def point_workspace(ws: suite.Workspace, point: Point) -> suite.Workspace:
+    """The preset with one point's settings, its students in their own folder."""
+    return variant_workspace(ws, point_variant(ws, point), seed=0)  # a grid point reads no other run
 
 
 def run_map(ws: suite.Workspace, grid: dict, seeds: list[int], force: bool = False) -> dict:

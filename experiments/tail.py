@@ -91,7 +91,7 @@ def power_table(ns=range(3, 17)) -> list[dict]:
 # ----------------------------------------------------------------------------------------------
 # The runs
 
-CHANNEL = {"boundary": "dose-channel", "boundary_scale": 1000.0}  # beyond.DOSES's planted channel dose
+CHANNEL = {"run": {"boundary": "dose-channel", "boundary_scale": 1000.0}}  # beyond.DOSES's planted channel dose
 CELLS = [(norm, protocol) for norm in ("pre", "post") for protocol in ("joint", "grow")]
 
 
@@ -100,8 +100,9 @@ def variants(scale: str, hidden: int) -> list[Variant]:
     dose's four (its grow runs in the planted experiment's folder: the same runs)."""
     full, small = (tail_value(scale, r, hidden) for r in (PAPER_RATIO, SMALL_RATIO))
     out = [Variant(f"{n}-{p}", RunName(n, p)) for n, p in CELLS]
-    out += [Variant(f"{n}-{p} + tail 37x", RunName(n, p), "tail-37", {"boundary_tail": full}) for n, p in CELLS]
-    out += [Variant(f"pre-{p} + tail 6x", RunName("pre", p), "tail-6", {"boundary_tail": small}) for p in ("joint", "grow")]
+    out += [Variant(f"{n}-{p} + tail 37x", RunName(n, p), "tail-37", {"run": {"boundary_tail": full}}) for n, p in CELLS]
+    out += [Variant(f"pre-{p} + tail 6x", RunName("pre", p), "tail-6", {"run": {"boundary_tail": small}})
+            for p in ("joint", "grow")]
     out += [Variant(f"{n}-{p} + channel 1000x", RunName(n, p), "dose-channel-1000", CHANNEL) for n, p in CELLS]
     return out
 

@@ -20,7 +20,7 @@ from experiments.suite import RunName, Workspace
 PRE_GROW = RunName("pre", "grow")
 VARIANTS = [Variant("pre-grow (suite)", PRE_GROW),
             Variant("pre-grow + channel 10x", PRE_GROW, "mine-channel-10",
-                    {"boundary": "dose-channel", "boundary_scale": 10.0})]
+                    {"run": {"boundary": "dose-channel", "boundary_scale": 10.0}})]
 
 
 def run_mine(ws: Workspace, seeds: list[int], force: bool = False) -> dict:

@@ -73,7 +73,7 @@ def test_planted_at_smoke_trains_each_cell_with_its_dose(tmp_path):
     for row in out["rows"]:
         folder = tmp_path / "runs" / "smoke" / "s42" / row["run"]
         if row["settings"]:
-            kind, ratio = row["settings"]["boundary"], row["settings"]["boundary_scale"]
+            kind, ratio = row["settings"]["run"]["boundary"], row["settings"]["run"]["boundary_scale"]
             folder = tmp_path / "runs" / "smoke" / "beyond" / f"{kind}-{ratio:g}" / "s42" / row["run"]
             config = json.loads((folder / "config.json").read_text())
             assert (config["boundary"], config["boundary_scale"]) == (kind, ratio)
