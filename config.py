@@ -205,14 +205,12 @@ def plan_phases(config: RunConfig) -> list[Phase]:
     K, S = config.blocks, config.phase_steps
     if config.protocol == "teacher":
         return [Phase(0, 0, (), True, 0, S)]
-    if config.protocol == "joint":
-        return [Phase(0, K, tuple(range(K)), True, 0, S)]
-    if config.protocol == "joint-long":
-        return [Phase(p, K, tuple(range(K)), True, p * S, S) for p in range(config.joint_phases)]
-    if config.protocol == "grow":
-        return [Phase(p, p + 1, tuple(range(p + 1)), True, p * S, S) for p in range(K)]
-    # freeze: phase 0 is grow's phase 0; afterwards only the newly appended block learns.
-    return [Phase(p, p + 1, (p,) if p else (0,), p == 0 or config.freeze_trains_head, p * S, S) for p in range(K)]
+    if config.protocol in ("joint", "joint-long"):  # joint: joint-long's first phase alone
+        phases = config.joint_phases if config.protocol == "joint-long" else 1
+        return [Phase(p, K, tuple(range(K)), True, p * S, S) for p in range(phases)]
+    grow = config.protocol == "grow"  # else freeze: grow's phase 0, then only the newly appended block learns
+    return [Phase(p, p + 1, tuple(range(p + 1)) if grow else (p,), grow or p == 0 or config.freeze_trains_head,
+                  p * S, S) for p in range(K)]
 
 
 # Named transition schedules: (warmup factor, peak factor) at the first append, then at every later one.
@@ -266,6 +264,5 @@ def absolute_paths(settings: dict, run_dir: Path) -> dict:
 
 def read(run_dir) -> RunConfig:
     """A run folder's config.json as a RunConfig with its paths absolute: the one way back from disk."""
-    run_dir = Path(run_dir)
-    settings = checkpoint.loads((run_dir / "config.json").read_text())
+    settings = checkpoint.loads((Path(run_dir) / "config.json").read_text())
     return RunConfig(**settings).resolved(run_dir)

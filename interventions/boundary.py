@@ -43,8 +43,7 @@ def checked_features(boundary: str, features) -> tuple[str, ...]:
     (else a ValueError naming the unknown one)."""
     if boundary not in BOUNDARIES:
         raise ValueError(f"boundary intervention {boundary!r} is unknown; choose one of {', '.join(BOUNDARIES)}")
-    unknown = set(features) - set(FEATURES)
-    if unknown:
+    if unknown := set(features) - set(FEATURES):
         raise ValueError(f"student feature {sorted(unknown)[0]!r} is unknown; choose from {', '.join(FEATURES)}")
     return tuple(f for f in FEATURES if f in features)
 
@@ -147,9 +146,8 @@ class BoundaryInputs:
     def input_modules(self, b: int) -> list[nn.Module]:
         """The modules at block b's input, which train with it: its boundary norm, structural scale, and
         correction norm once switched on."""
-        extra = [self.structural_scales[b - 1]] if self.structural_scales is not None and b else []
-        extra += [self.correction_norms[b - 1]] if b in self.corrected else []
-        return ([self.boundary_norms[b - 1]] if self.boundary_norms and b else []) + extra
+        kinds = [self.boundary_norms, self.structural_scales, self.correction_norms if b in self.corrected else None]
+        return [modules[b - 1] for modules in kinds if modules is not None and b]
 
     @torch.no_grad()
     def reset_input_modules(self):
@@ -169,9 +167,8 @@ class BoundaryInputs:
         return self.profile_source(input_ids, active_blocks)
 
     def enter_block(self, b: int, h: torch.Tensor, profile: dict | None) -> torch.Tensor:
-        """What block b reads: block 0 the embeddings; a later block the boundary intervention at its input
-        (BOUNDARIES' comment; `profile`: mirror-fwd's targets), then the structural-token norm and the
-        correction norm where the student has them."""
+        """What block b reads: block 0 the embeddings; a later block the boundary intervention (BOUNDARIES'
+        comment; `profile`: mirror-fwd's targets), then the structural and correction norms where it has them."""
         if b == 0:
             return h
         if self.boundary == "norm":

@@ -28,8 +28,7 @@ def attention_to_first(q: torch.Tensor, k: torch.Tensor, max_elements: int = 2**
     (B, n_heads, T, hd) and k (B, n_kv, T, hd) after RoPE, as SDPA weighs them. exp(s_0 - logsumexp_j<=t
     s_j), computed over blocks of query rows so that a long sequence never holds all its scores."""
     B, n_heads, T, hd = q.shape
-    groups = n_heads // k.shape[1]
-    q = q.float().view(B, k.shape[1], groups, T, hd)                          # (B, nkv, g, T, hd)
+    q = q.float().view(B, k.shape[1], n_heads // k.shape[1], T, hd)           # (B, nkv, g, T, hd)
     k = k.float()
     rows = max(1, max_elements // max(1, B * n_heads * T))
     out = []

@@ -64,11 +64,10 @@ def residual_scale(layer, depth: int) -> float:
 def scale_deepnet_init(layers, depth: int):
     """DeepNet's init, after the base one: each DeepNorm layer's DEEPNET_SCALED weights times beta at the
     model's depth N (as alpha, the final depth)."""
-    beta = deepnet_beta(depth)
     for layer in layers:
         if layer.placement.deepnet:
             for name in DEEPNET_SCALED:
-                layer.get_submodule(name).weight.mul_(beta)
+                layer.get_submodule(name).weight.mul_(deepnet_beta(depth))
 
 
 def start_outputs_at_teacher_gain(student, teacher_gain: torch.Tensor):

@@ -44,19 +44,16 @@ class ModelConfig:
 
     @classmethod
     def from_hf(cls, hf: dict, source: str = "config.json") -> "ModelConfig":
-        arch = hf.get("model_type")
-        if arch != "qwen3":
+        if (arch := hf.get("model_type")) != "qwen3":
             raise CheckpointError(f"{source}: model_type is {arch!r}, not 'qwen3'; point at a Qwen3 checkpoint")
         values = {f.name: hf[f.name] for f in fields(cls) if f.name in hf}
         if "rope_theta" not in values:  # transformers 5 nests it
             rope = hf.get("rope_parameters")
             values["rope_theta"] = (rope if isinstance(rope, dict) else {}).get("rope_theta", cls.rope_theta)
-        problem = config_problem(values)
-        if problem:
+        if problem := config_problem(values):
             raise CheckpointError(f"{source}: {problem}; the config is damaged or not a Qwen3 model's: restore the "
                                   "checkpoint from a copy, or re-download or re-export it")
-        if "head_dim" not in values:
-            values["head_dim"] = values["hidden_size"] // values["num_attention_heads"]
+        values.setdefault("head_dim", values["hidden_size"] // values["num_attention_heads"])
         return cls(**values)
 
     def to_hf(self) -> dict:
@@ -78,11 +75,9 @@ REQUIRED_FIELDS = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden
 
 def config_problem(values: dict) -> str:
     """Why ModelConfig fields (from a config.json, or --set teacher_model) cannot describe a model ("" if
-    they can): a required one missing, a size that is not a positive integer, a float that is not a
-    positive finite number, a flag that is not true or false, heads that do not divide. Checked before
-    any module is built, so a bad value is one line, not an error deep inside torch (or a NaN result)."""
-    missing = [name for name in REQUIRED_FIELDS if name not in values]
-    if missing:
+    they can), checked before any module is built: a bad value is one line, not an error deep inside
+    torch (or a NaN result)."""
+    if missing := [name for name in REQUIRED_FIELDS if name not in values]:
         return f"lacks {', '.join(missing)}"
     defaults = {f.name: f.default for f in fields(ModelConfig)}
     for name, value in values.items():

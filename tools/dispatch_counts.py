@@ -42,10 +42,7 @@ class DispatchedOps(torch.utils._python_dispatch.TorchDispatchMode):
     """Counts the operators dispatched that compute something (views, other aliasing ops and metadata
     queries excluded: they launch no kernel, and fake tensors answer `prim.device` queries a real run
     never dispatches); `count` runs on across the mode's uses, so a caller reads differences."""
-
-    def __init__(self):
-        super().__init__()
-        self.count = 0
+    count = 0  # the class's until this mode's first count: each mode counts its own
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         if any(t is DTensor for t in types):  # DTensor runs its local ops, which come back here

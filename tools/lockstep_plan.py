@@ -73,22 +73,18 @@ def most_resident(runs: list[PlannedRun]) -> int:
 
 
 def teacher_passes(runs: list[PlannedRun], lockstep: bool) -> int:
-    """Teacher forward passes (optimizer steps' worth) for one seed."""
-    if not lockstep:
-        return sum(len(own_steps(r)) for r in runs)
-    together = lockstep_runs(runs)
+    """Teacher forward passes (optimizer steps' worth) for one seed: one a step for the lockstep runs together."""
+    together = lockstep_runs(runs) if lockstep else []
     return union_length([own_steps(r) for r in together]) + sum(len(own_steps(r)) for r in runs if r not in together)
 
 
 def union_length(spans: list[range]) -> int:
     """How many steps lie in at least one span: merged interval by interval, never a set of every step
     (a dry run of any accepted step count answers at once)."""
-    total, reach = 0, None
+    total, reach = 0, min((s.start for s in spans), default=0)  # reach: the end of the steps counted so far
     for span in sorted((s for s in spans if len(s)), key=lambda s: s.start):
-        if reach is None or span.start > reach:
-            total, reach = total + len(span), span.stop
-        elif span.stop > reach:
-            total, reach = total + span.stop - reach, span.stop
+        total += max(0, span.stop - max(span.start, reach))
+        reach = max(reach, span.stop)
     return total
 
 

@@ -18,7 +18,6 @@ allocator's fragmentation are not counted (lockstep_plan.MEMORY_HEADROOM leaves 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 
 import config
 import kd
@@ -50,9 +49,8 @@ def shard_numel(shape, shard: int) -> int:
 def saved_per_token(c: ModelConfig) -> int:
     """Bytes per token that autograd saves for one post-norm layer under bf16 autocast with an fp32
     residual stream (model.post_norm_layer, Attention, MLP, RMSNorm)."""
-    H, q, kv, F = c.hidden_size, c.num_attention_heads * c.head_dim, c.num_key_value_heads * c.head_dim, \
-        c.intermediate_size
-    nh, nkv = c.num_attention_heads, c.num_key_value_heads
+    H, F, nh, nkv = c.hidden_size, c.intermediate_size, c.num_attention_heads, c.num_key_value_heads
+    q, kv = nh * c.head_dim, nkv * c.head_dim
     return (3 * BF16 * H                 # the fp32 stream cast to bf16 for q_proj, k_proj and v_proj
             + (F32 + BF16) * (q + kv)    # q_norm, k_norm: their fp32 input and bf16 output
             + F32 * (nh + nkv)           # their rsqrt, per head
@@ -65,22 +63,17 @@ def saved_per_token(c: ModelConfig) -> int:
             + 4 * BF16 * F)              # gate, up, silu(gate), silu(gate) * up
 
 
-@dataclass
 class Dims:
     """What a step's tensors are made of, on rank 0 of `gpus` x `nodes` (several: HSDP, sharded within a node)."""
-    preset: object
-    c: ModelConfig
-    gpus: int
-    nodes: int
 
-    def __post_init__(self):
-        run, c = self.preset.run, self.c
-        self.fsdp = self.gpus * self.nodes > 1
-        self.shard = self.gpus if self.fsdp else 1
+    def __init__(self, preset, c: ModelConfig, gpus: int, nodes: int):
+        self.preset, self.c, run = preset, c, preset.run
+        self.fsdp = gpus * nodes > 1
+        self.shard = gpus if self.fsdp else 1
         self.bf16 = run["precision"] in ("bf16", "auto")
         self.act = BF16 if self.bf16 else F32
         self.checkpointing = bool(run.get("activation_checkpointing"))
-        self.V, self.H, self.T = c.vocab_size, c.hidden_size, self.preset.data["max_len"]
+        self.V, self.H, self.T = c.vocab_size, c.hidden_size, preset.data["max_len"]
         self.L = run["layers_per_block"]
         self.layers = run["blocks"] * self.L
         layer = layer_shapes(c)
@@ -90,7 +83,7 @@ class Dims:
         self.matrices = sum(math.prod(s) for s in layer if len(s) == 2)
         self.root = [(self.V, self.H), (self.H,), (self.V, self.H)]  # embedding (frozen), boundary norm, head
         self.root_trained = [(self.H,), (self.V, self.H)]
-        self.micro_per_step = run["global_batch"] // (self.gpus * self.nodes) // run["micro_batch"]
+        self.micro_per_step = run["global_batch"] // (gpus * nodes) // run["micro_batch"]
         self.N = run["micro_batch"] * self.T  # tokens of a micro-batch of full-length documents
 
     def trained_layers(self, ph) -> int:
@@ -103,7 +96,6 @@ def held(d: Dims, residents: list, replicate_teacher: bool) -> dict:
     the stepping student's root gathered (FSDP2), and, with other runs resident, the teacher's hidden
     states of the step's other micro-batches (grow.lockstep_step keeps them for the group's other runs;
     the current one is the loss's)."""
-    c = d.c
     weights = F32 * (d.layers * d.P_shard + sum(shard_numel(s, d.shard) for s in d.root))
 
     def moments(ph) -> int:
@@ -111,9 +103,9 @@ def held(d: Dims, residents: list, replicate_teacher: bool) -> dict:
             * ph.trains_head
         return 2 * F32 * trained + F32 * (d.trained_layers(ph) * d.tensors_per_layer
                                           + len(d.root_trained) * ph.trains_head)
-    teacher_layers = c.num_hidden_layers * sum(math.prod(s) if replicate_teacher else shard_numel(s, d.shard)
-                                               for s in layer_shapes(c))
-    teacher_root = d.V * d.H + d.H + (0 if c.tie_word_embeddings else d.V * d.H)  # whole on every rank
+    teacher_layers = d.c.num_hidden_layers * sum(math.prod(s) if replicate_teacher else shard_numel(s, d.shard)
+                                                 for s in layer_shapes(d.c))
+    teacher_root = d.V * d.H + d.H + (0 if d.c.tie_word_embeddings else d.V * d.H)  # whole on every rank
     out = {"student weights (fp32)": weights, "AdamW moments (fp32)": moments(residents[0]),
            "teacher weights": d.act * (teacher_layers + teacher_root),
            "other students' weights and moments": sum(weights + moments(ph) for ph in residents[1:])}

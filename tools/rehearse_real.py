@@ -120,9 +120,7 @@ def reduced_ranks(launch: Launch) -> Launch:
 def reduced(preset, launch: Launch, ranks: Launch):
     """`preset` at reduced dimensions on `ranks` (reduced_ranks(launch)), what a rank of `launch` runs
     kept: its precision (bf16 parameters, fp32 reduction), micro-batch and micro-batches a step (the
-    global batch scaled to the ranks run), activation checkpointing, protocols and phases; every phase
-    two steps with an evaluation, a kept checkpoint and latest/ in each, the monitor on every step; the
-    toy corpus at 64 tokens a document, VALIDATION_DOCUMENTS a rank."""
+    global batch scaled to the ranks run), activation checkpointing, protocols and phases."""
     from dataclasses import replace
     micro_batch = preset.run["micro_batch"]
     micro_per_step = preset.run["global_batch"] // launch.world // micro_batch
@@ -180,11 +178,9 @@ def on_threads(ranks: Launch, work) -> list:
 
 
 def rehearse(preset, launch: Launch, names, root: Path, seed: int | None = None) -> dict:
-    """The launch itself at reduced dimensions on reduced_ranks(launch) (reduced()): training.ensure_runs,
-    the code `repro.py EXPERIMENTS` runs, on every rank with real tensors, after a first launch on one
-    node of another size (first_ranks) that stops after each lockstep run's first step, so every run
-    resumes from a latest/ that several FSDP2 ranks wrote, on another world size. Returns what it ran
-    and how long it took."""
+    """The launch itself at reduced dimensions (reduced()) on reduced_ranks(launch), after a first launch on
+    one node of another size (first_ranks) that stops after each lockstep run's first step, so every run
+    resumes from a latest/ that several FSDP2 ranks wrote on another world size: what it ran, and how long."""
     from experiments import suite, training
     ranks = reduced_ranks(launch)
     small = reduced(preset, launch, ranks)
@@ -210,23 +206,21 @@ def rehearse(preset, launch: Launch, names, root: Path, seed: int | None = None)
         # rank 0's host syncs (what it wraps is every thread's: entered once)
         with HostSyncs() if ctx.is_main else contextlib.nullcontext() as syncs:
             training.ensure_runs(ws, names, [seed], teacher=teacher)
-        return syncs and {"runs": {run.name: rundir.final_eval(ws.run_dir(run, seed))
-                                   for run in suite.with_prefixes(names)},
-                          "host_syncs": syncs.count, "host_syncs_by_place": syncs.by_place, "steps": syncs.run_steps}
+        return syncs and (syncs, {run.name: rundir.final_eval(ws.run_dir(run, seed))
+                                  for run in suite.with_prefixes(names)})
 
     with contextlib.redirect_stdout(io.StringIO()) as said:  # the runs' own lines; the result says it all
         on_threads(first, interrupted)
         resumed = time.time()
-        rank_0 = on_threads(ranks, launched)[0]
-    run_steps = max(rank_0["steps"], 1)
+        syncs, runs = on_threads(ranks, launched)[0]
+    run_steps = max(syncs.run_steps, 1)
     return {"world": launch.world, "gpus": launch.gpus, "nodes": launch.nodes,
             "ranks_run": {"gpus": ranks.gpus, "nodes": ranks.nodes, "world": ranks.world},
             "micro_batches_per_step": small.run["global_batch"] // ranks.world // small.run["micro_batch"],
-            "first_world": first.world, "precision": small.run["precision"], "runs": rank_0["runs"],
-            "host_syncs_rank0": rank_0["host_syncs"], "run_steps": rank_0["steps"],
-            "host_syncs_per_run_step": rank_0["host_syncs"] / run_steps,
-            "host_syncs_by_place": rank_0["host_syncs_by_place"],
-            "host_syncs_per_training_step": rank_0["host_syncs_by_place"].get("training steps", 0) / run_steps,
+            "first_world": first.world, "precision": small.run["precision"], "runs": runs,
+            "host_syncs_rank0": syncs.count, "run_steps": syncs.run_steps,
+            "host_syncs_per_run_step": syncs.count / run_steps, "host_syncs_by_place": syncs.by_place,
+            "host_syncs_per_training_step": syncs.by_place.get("training steps", 0) / run_steps,
             "log_lines": len(said.getvalue().splitlines()),
             "wall_s": {"interrupted launch": resumed - started, "resumed launch": time.time() - resumed}}
 

@@ -47,27 +47,19 @@ class CachedLayer:
         return attn.o_proj(y.transpose(1, 2).reshape(B, T, attn.n_heads * attn.head_dim))
 
 
-def stack(net) -> tuple[torch.nn.Module | None, list, torch.nn.Module | None]:
-    """(norm after the embedding or None, the decoder layers in order, norm before the head or None)."""
-    if isinstance(net, model.Student):
-        if net.boundary == "mirror-fwd":
-            raise errors.CheckpointError("a mirror-fwd student's forward needs its reference run's boundary profile; "
-                             "it cannot be sampled on its own")
-        return net.entry_module(), list(net.layers), net.final_module(net.blocks)
-    return None, list(net.layers), net.norm
-
-
 @torch.no_grad()
 def next_logits(net, input_ids: torch.Tensor, caches: list[dict], position: int) -> torch.Tensor:
-    """Logits of the last position after feeding input_ids (B, T) at positions position..position+T-1."""
-    entry, layers, final = stack(net)
+    """Logits of the last position after feeding input_ids (B, T) at positions position..position+T-1,
+    through the norms after the embedding and before the head where the model has them."""
+    student = isinstance(net, model.Student)
+    entry, final = (net.entry_module(), net.final_module(net.blocks)) if student else (None, net.norm)
     h = net.embed_tokens(input_ids)
     cos, sin = rope_cos_sin(net.config, position + input_ids.shape[1], input_ids.device)
     cos, sin = cos[position:], sin[position:]
     if entry is not None:
         h = entry(h)
-    for i, (layer, cache) in enumerate(zip(layers, caches)):
-        if isinstance(net, model.Student) and i % net.layers_per_block == 0:
+    for i, (layer, cache) in enumerate(zip(net.layers, caches)):
+        if student and i % net.layers_per_block == 0:
             h = net.enter_block(i // net.layers_per_block, h, None)
         h = layer.placement.layer_forward(CachedLayer(layer, cache), h, cos, sin)
     if final is not None:
@@ -81,9 +73,12 @@ def generate(net, prompt_ids: list[int], max_new_tokens: int, eos_id: int, tempe
     """New token ids after prompt_ids (eos included if reached). temperature 0: greedy (argmax, lowest id
     on a tie, as torch.argmax); otherwise softmax(logits / temperature) over the top_k most likely
     tokens (0: all), drawn from a generator seeded with `seed`. on_token(ids so far) after each one."""
+    if isinstance(net, model.Student) and net.boundary == "mirror-fwd":
+        raise errors.CheckpointError("a mirror-fwd student's forward needs its reference run's boundary profile; "
+                                     "it cannot be sampled on its own")
     device = net.embed_tokens.weight.device
     generator = torch.Generator(device=device).manual_seed(seed)
-    caches = [{} for _ in stack(net)[1]]
+    caches = [{} for _ in net.layers]
     ids, out, position = torch.tensor([prompt_ids], device=device), [], 0
     for _ in range(max_new_tokens):
         logits = next_logits(net, ids, caches, position).float()[0]
@@ -121,10 +116,8 @@ def continue_prompt(checkpoint: Path, prompt: str, max_new_tokens: int | None, t
     room = context - len(prompt_ids)  # past the positions the model was trained on its text is noise
     trained = f"the {context:,} positions {checkpoint} was trained on ({where})"
     if room < 1:
-        raise errors.OptionError("--prompt", f"{len(prompt_ids):,} tokens (<|endoftext|> first) fill {trained}; "
-                                 "shorten it")
-    if max_new_tokens is None:
-        max_new_tokens = min(DEFAULT_NEW_TOKENS, room)
+        raise errors.OptionError("--prompt", f"{len(prompt_ids):,} tokens (<|endoftext|> first) fill {trained}; shorten it")
+    max_new_tokens = min(DEFAULT_NEW_TOKENS, room) if max_new_tokens is None else max_new_tokens
     if max_new_tokens > room:
         raise errors.OptionError("--max-new-tokens", f"{max_new_tokens:,}: with the prompt's {len(prompt_ids):,} token(s) "
                                  f"that passes {trained}; ask for at most {room:,}")
