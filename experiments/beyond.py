@@ -174,8 +174,7 @@ def run_intervention(ws: suite.Workspace, seeds: list[int], force: bool = False)
         return {}
     ce, diverged = variant_outcomes(ws, variants, seeds)
     suite_ce = {v.run: ce[v.label] for v in variants if not v.folder}
-    rows = [{"variant": v.label, "run": v.run.name,
-             "folder": str(variant_dir(ws, v, seeds[0])),
+    rows = [{"variant": v.label, "run": v.run.name, "folder": str(variant_dir(ws, v, seeds[0])),
              "settings": v.settings, "ce": report.across_seeds(ce[v.label]),
              "minus_pre_grow": report.paired(ce[v.label], suite_ce[PRE_GROW]),
              "minus_post_grow": report.paired(ce[v.label], suite_ce[POST_GROW]),
@@ -207,9 +206,7 @@ def run_intervention(ws: suite.Workspace, seeds: list[int], force: bool = False)
              "| variant | after block 0: mean RMS, kurtosis |", "| --- | --- |"]
     lines += [f"| {r['variant']} | {range_cell(r['after_block_0'])} |" for r in rows]
     lines += ["", "![boundary monitor](intervention.png)"]
-    report.write(ws.results, "intervention", out, lines)
-    suite.console.print("\n".join(lines), markup=False)
-    return out
+    return report.write(ws.results, "intervention", out, lines, echo=True)
 
 
 def intervention_lines(numbers: dict, seeds: list[int]) -> list[str]:
@@ -297,9 +294,7 @@ def run_planted(ws: suite.Workspace, seeds: list[int], force: bool = False) -> d
              "After block 0, as the monitor read the boundary once block 1 reads it (mean RMS, kurtosis; live runs only):",
              "", "| run | after block 0 |", "| --- | --- |"]
     lines += [f"| {r['variant']} | {range_cell(r['after_block_0'])} |" for r in rows]
-    report.write(ws.results, "planted", out, lines)
-    suite.console.print("\n".join(lines), markup=False)
-    return out
+    return report.write(ws.results, "planted", out, lines, echo=True)
 
 
 def planted_lines(numbers: dict, seeds: list[int]) -> list[str]:
@@ -366,9 +361,7 @@ def run_placements(ws: suite.Workspace, seeds: list[int], force: bool = False) -
              f"Validation CE, {report.seeds_text(seeds)}.", "", report.diverged_line(diverged, len(runs) * len(seeds)), "",
              *placements_lines(out["numbers"], seeds)]
     lines += ["", "![boundary monitor](placements.png)"]
-    report.write(ws.results, "placements", out, lines)
-    suite.console.print("\n".join(lines), markup=False)
-    return out
+    return report.write(ws.results, "placements", out, lines, echo=True)
 
 
 def placement_family(numbers: dict) -> tuple[dict, dict]:
@@ -430,16 +423,13 @@ def run_scratch(ws: suite.Workspace, seeds: list[int], force: bool = False) -> d
     cited = {k: paper.DELTAS[k] for k in ("delta_joint", "delta_grow", "interaction")}
     out = {"experiment": "scratch", "scale": ws.preset.name, "seeds": seeds, "numbers": report.finite(numbers),
            "stats": {k: report.across_seeds(values) for k, values in numbers.items()},
-           "folder": str(sws.students_dir), "paper_with_teacher": cited,
-           "diverged_runs": diverged,
+           "folder": str(sws.students_dir), "paper_with_teacher": cited, "diverged_runs": diverged,
            "about": __doc__.split("\n\n")[1]}
     lines = [f"# Growth from scratch ({ws.preset.name} scale): no teacher, plain CE", "",
              f"Validation CE, {report.seeds_text(seeds)}.", "",
              report.diverged_line(diverged, len(tables.MAIN_RUNS) * len(seeds)), "",
              *scratch_lines(out["numbers"], seeds)]
-    report.write(ws.results, "scratch", out, lines)
-    suite.console.print("\n".join(lines), markup=False)
-    return out
+    return report.write(ws.results, "scratch", out, lines, echo=True)
 
 
 def scratch_lines(numbers: dict, seeds: list[int]) -> list[str]:

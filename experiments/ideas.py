@@ -121,12 +121,6 @@ def contrast_of(variant: str, baseline: str) -> Contrast:
     raise KeyError(f"ideas: {variant} against {baseline}")
 
 
-def chosen_of(numbers: dict) -> RunName | None:
-    """POST where a report's numbers show the search chose post-grow itself (its idea-4 contrast is 0 by
-    construction), else None: the only choice read_family needs."""
-    return POST if any(k.startswith(f"{POST.name} (chosen on seed {SEARCH_SEED})") for k in numbers) else None
-
-
 def choose(ce: dict[RunName, float]) -> RunName | None:
     """The search's rule: the lowest final validation CE; a diverged run (not finite) is never chosen."""
     finite = {run: value for run, value in ce.items() if math.isfinite(value)}
@@ -179,10 +173,10 @@ def events_text(per_seed: list[list[dict]]) -> str:
     return "; ".join(parts) or "no transition rows"
 
 
-def read_family(rows: list[dict], chosen: RunName | None = None):
+def read_family(rows: list[dict]):
     """Holm over the primary contrasts (one per idea): an untestable one (one seed, no spread, diverged)
     enters as p = 1, so the family keeps its size; each primary gets p, p (Holm) and its reading (idea 4's
-    none where the search chose post-grow, its baseline, itself)."""
+    none where the search chose post-grow, its baseline, itself: its contrast is 0 by construction)."""
     primaries = [r for r in rows if r["primary"]]
     for row in primaries:
         row["p"] = report.p_two_sided(row["delta"])
@@ -190,7 +184,7 @@ def read_family(rows: list[dict], chosen: RunName | None = None):
     for row in rows:
         if not row["primary"]:
             row["reading"] = "secondary: interval only"
-        elif row["idea"] == 4 and chosen == POST:
+        elif row["idea"] == 4 and row["variant"] == f"{POST.name} (chosen on seed {SEARCH_SEED})":
             row["reading"] = "0 by construction: the search chose post-grow itself"
 
 
@@ -212,7 +206,7 @@ def section_lines(numbers: dict[str, list], seeds: list[int]) -> list[str]:
                          "delta": report.across_seeds([report.DIVERGED if v is None else v for v in numbers[key]]),
                          "seeds": report.per_seed_text(numbers[key])})  # a null Δ: a run diverged (a CE is never n/a)
     rows.sort(key=lambda r: (r["idea"], not r["primary"]))
-    read_family(rows, chosen_of(numbers))
+    read_family(rows)
     lines = [f"The paper's seven proposed improvements, each against the run it changes: Δ = option − that run, final "
              f"validation CE paired by seed ({report.seeds_text(seeds)}; negative: the option helps). One primary "
              "contrast per idea; the seven are one family, Holm-adjusted.", "",
@@ -247,17 +241,11 @@ def recorded_manifest(ws: suite.Workspace, seeds: list[int]) -> tuple[list[studi
     """The study's runs as its records stand now (the dry run's): with the search recorded, its choice's runs too;
     else a note that they are still to come."""
     status = studies.survey(manifest(ws, seeds), training.expected_teacher(ws), check_data=False)
-    search = {job.run: studies.recorded_ce(record) for job, record in status.recorded if job.seed == SEARCH_SEED}
+    search = {job.run: math.nan if record["done"].get("diverged") else record["done"]["ce"]  # NaN: never chosen
+              for job, record in status.recorded if job.seed == SEARCH_SEED}
     chosen = choose(search) if len(search) == len(search_runs(ws.preset.run["blocks"])) else None
     return manifest(ws, seeds, chosen), "" if chosen else \
         "; and the search's chosen schedule on each seed unless it is pre-grow or post-grow"
-
-
-def restore_records(ws: suite.Workspace, seeds: list[int], chosen: RunName | None, force: bool):
-    """The study's recorded runs restored into their folders before anything trains (studies.restore)."""
-    if ws.records is not None:
-        teacher = suite.ensure_inputs(ws, force)
-        ws.ctx.on_main(lambda: studies.restore(manifest(ws, seeds, chosen), teacher, force), "restoring records")
 
 
 def run_ideas(ws: suite.Workspace, seeds: list[int], force: bool = False) -> dict:
@@ -265,10 +253,10 @@ def run_ideas(ws: suite.Workspace, seeds: list[int], force: bool = False) -> dic
     importance_remedy, the placement search, boundary_correction, structural_norm, --norm auto), against the
     run it changes; one primary contrast each, Holm over the seven, as pre-registered in
     docs/preregistrations.md (results/<scale>/ideas.md/.json). A study: recorded runs are not trained again."""
-    restore_records(ws, seeds, None, force)
+    studies.restore_study(ws, manifest(ws, seeds), force)
     chosen, found = search(ws, force)
     if chosen not in (None, PRE, POST):
-        restore_records(ws, seeds, chosen, force)
+        studies.restore_study(ws, manifest(ws, seeds, chosen), force)
     contrasts, variants = study_variants(chosen)
     train_variants(ws, variants, seeds, force)
     if not ws.ctx.is_main:
@@ -292,15 +280,13 @@ def run_ideas(ws: suite.Workspace, seeds: list[int], force: bool = False) -> dic
             rows[-1]["last_block_removal"] = {"option": report.across_seeds(removal[0]),
                                               "baseline": report.across_seeds(removal[1]),
                                               "delta": report.paired(*removal)}
-    read_family(rows, chosen)
+    read_family(rows)
     out = {"experiment": "ideas", "scale": ws.preset.name, "seeds": seeds, "search": found, "rows": rows,
            "diverged_runs": diverged, "tie_margin": presets.TIE_MARGIN, "precision": ws.preset.run.get("precision", ""),
            "about": __doc__.split("\n\n")[1], "machines": studies.run_machines(manifest(ws, seeds, chosen)),
            "numbers": contrast_numbers(rows)}
     lines = markdown(out, len(variants)) + [""] + studies.machines_markdown(out["machines"])
-    report.write(ws.results, "ideas", out, lines)
-    suite.console.print("\n".join(lines), markup=False)
-    return out
+    return report.write(ws.results, "ideas", out, lines, echo=True)
 
 
 def markdown(out: dict, n_variants: int) -> list[str]:

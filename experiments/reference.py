@@ -309,15 +309,9 @@ def write_tables(scale: str, seeds: list[int], force: bool, names: list[str], ru
     if not names or not force:
         raise UsageError(f"{path}: the kit ships it and `compare` checks against it; name the tables and add "
                          "--force to replace them (git checkout restores it)")
-    check_reports(results)
+    for file in sorted(results.glob("*.json")):  # every report reads as an object, one that does not named in one line
+        rundir.read_json(file)
     content = with_tables(shipped, runs, results, names)
     check_reference(content, path, f"nothing was written: a run under {runs} or a report in {results} gave it")
     checkpoint.write_json(path, content, indent=1)
     return f"wrote {path}: tables {', '.join(names)} from {results}, seeds {seeds}"
-
-
-def check_reports(folder: Path):
-    """Every JSON file in a folder (reports, or a run's own files) reads as an object, each one that
-    does not named in one line: this module reads them with json alone."""
-    for file in sorted(folder.glob("*.json")):
-        rundir.read_json(file)

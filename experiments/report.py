@@ -13,16 +13,13 @@ import math
 import statistics
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import numpy as np
 from rich.table import Table
 
 import rundir
+from experiments.suite import RunName, Workspace, console
 from plumbing import checkpoint
-
-if TYPE_CHECKING:
-    from experiments.suite import RunName, Workspace
 
 # ----------------------------------------------------------------------------------------------
 # Statistics over seeds
@@ -56,29 +53,25 @@ def central_mass(df: int, t: float) -> float:
     return float((density[0] + density[-1] + 4 * density[1:-1:2].sum() + 2 * density[2:-1:2].sum()) * (t / 4000) / 3)
 
 
-def reading(s: dict, margin: float) -> str:
+def reading(s: dict, margin: float, p_adjusted: float | None = None) -> str:
     """How a difference over seeds reads, by the rule fixed before the results (presets.TIE_MARGIN):
-    "below 0" / "above 0" if its 95% t-interval excludes 0; "a tie within ±margin" if its 90% interval
-    lies inside ±margin (two one-sided t-tests at 5%, TOST); else "inconclusive". A diverged seed or a
-    single seed gives no reading."""
+    "below 0" / "above 0" if its 95% t-interval excludes 0 (for one comparison of a family, if `p_adjusted`, its
+    p-value adjusted over the family by holm, is below 0.05); "a tie within ±margin" if its 90% interval lies
+    inside ±margin (two one-sided t-tests at 5%, TOST); else "inconclusive". A diverged seed or a single seed
+    gives no reading."""
     if s.get("diverged"):
         return f"no reading: {diverged_text(s)}"
     if s["n"] < 2 or not math.isfinite(s["std"]):
         return "no reading: one seed"
     lo, hi = s["ci95"]
-    if hi < 0 or lo > 0:
-        return "below 0" if hi < 0 else "above 0"
+    if (hi < 0 or lo > 0) if p_adjusted is None else p_adjusted < 0.05:
+        return "below 0" if s["mean"] < 0 else "above 0"
     return tie_or_inconclusive(s, margin)
 
 
 def adjusted_reading(s: dict, p_adjusted: float, margin: float) -> str:
-    """reading() for one comparison of a family: its sign decided by a p-value adjusted over the family
-    (holm) below 0.05 instead of by its own 95% interval; the tie by TOST as in reading()."""
-    if s.get("diverged") or s["n"] < 2 or not math.isfinite(s["std"]):
-        return reading(s, margin)
-    if p_adjusted < 0.05:
-        return "below 0" if s["mean"] < 0 else "above 0"
-    return tie_or_inconclusive(s, margin)
+    """reading() of one comparison of a family, by its p-value adjusted over the family."""
+    return reading(s, margin, p_adjusted)
 
 
 def tie_or_inconclusive(s: dict, margin: float) -> str:
@@ -319,10 +312,12 @@ def row_numbers(rows: dict[str, dict]) -> dict[str, list]:
             for quantity, value in row.items() if isinstance(value, dict) and "values" in value}
 
 
-def write(folder: Path, name: str, out: dict, lines: list[str]) -> dict:
-    """A report as folder/<name>.json (the numbers) and folder/<name>.md (the table); returns `out`."""
+def write(folder: Path, name: str, out: dict, lines: list[str], echo: bool = False) -> dict:
+    """A report as folder/<name>.json (the numbers) and folder/<name>.md (the table, printed if `echo`); returns `out`."""
     folder.mkdir(parents=True, exist_ok=True)
     checkpoint.write_json(folder / f"{name}.json", finite(out), default=str)
     checkpoint.write_atomic(folder / f"{name}.md", "\n".join(lines) + "\n")
+    if echo:
+        console.print("\n".join(lines), markup=False)
     return out
 

@@ -246,10 +246,8 @@ def write_search(ws: suite.Workspace, rows: list[dict], seed: int, decision: str
            "criterion": presets.MECHANISM, "teacher_criterion": presets.TEACHER_MECHANISM, "sink": presets.SINK,
            "rung_hours": budget[0], "budget_threads": budget[1], "decision": decision, "rungs": rows,
            "git_commit": rundir.git_commit()}
-    lines = search_markdown(out)
-    suite.console.print("\n".join(lines), markup=False)
     name = ("search" if ladder_name == ws.preset.name else f"search-{ladder_name}") + "-chosen" * chosen
-    return report.write(ws.results, name, out, lines)
+    return report.write(ws.results, name, out, search_markdown(out), echo=True)
 
 
 def search_markdown(out: dict) -> list[str]:

@@ -127,11 +127,6 @@ def stale_reason(record: dict, wanted: dict) -> str:
     return "; ".join(why for key, why in reasons.items() if wanted[key] is not None and have.get(key) != wanted[key])
 
 
-def recorded_ce(record: dict) -> float:
-    """The record's final validation CE, NaN for a run that diverged (report.final_ce's convention)."""
-    return float("nan") if record["done"].get("diverged") else record["done"]["ce"]
-
-
 def machine(record: dict) -> str:
     """Where a run ran, in words, as one line of text (record_files.cell: what a file says is data)."""
     p = record.get("provenance", {})

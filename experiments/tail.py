@@ -220,9 +220,7 @@ def run_tail(ws: suite.Workspace, seeds: list[int], force: bool = False) -> dict
         return {}
     out = outcome(ws.preset.name, presets.teacher_shape(ws.preset).hidden_size, seeds, from_folders(ws))
     lines = markdown(out) + [""] + studies.machines_markdown(out["machines"])
-    report.write(ws.results, "tail", out, lines)
-    suite.console.print("\n".join(lines), markup=False)
-    return out
+    return report.write(ws.results, "tail", out, lines, echo=True)
 
 
 def recorded_outcome(scale: str, records: Path = studies.RECORDS_DIR) -> dict:
