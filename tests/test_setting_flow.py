@@ -53,7 +53,8 @@ def test_a_variant_or_grid_point_passes_the_checks_a_set_value_passes():
                           {"run": {"boundary": "dose-channel", "boundary_scale": 1e9}})
     with pytest.raises(errors.OptionError, match="dose-channel 1e9x.*boundary_scale"):
         variants.variant_workspace(ws, dose, 42)
-    vws = variants.variant_workspace(ws, replace(dose, settings={"run": {**dose.settings["run"], "boundary_scale": 1000.0}}), 42)
+    allowed = replace(dose, settings={"run": {**dose.settings["run"], "boundary_scale": 1000.0}})
+    vws = variants.variant_workspace(ws, allowed, 42)
     assert vws.preset.run == {**preset.run, "boundary": "dose-channel", "boundary_scale": 1000.0}
     assert vws.suite_runs == ws.student_runs  # a variant's freeze run finds the suite's grow here, no folder parsed
 
