@@ -364,6 +364,7 @@ def test_the_dry_runs_estimate_for_this_cpu_uses_the_benchs_measured_speed(tmp_p
     assert cpu_estimate.cpu_estimate(360e9, "fp32", bench).startswith("about 1.5 min on this CPU (4.0 GFLOP/s")
     assert cpu_estimate.cpu_estimate(360e9, "auto", bench).startswith("about 45 s on this CPU (8.0 GFLOP/s")
     assert plan.duration_text(0.2) == "under a second" and plan.duration_text(7200) == "2.0 h"
+    assert cpu_estimate.cpu_estimate(1e9, "fp32", bench).startswith("under a second on this CPU")  # not "about under"
 
 
 def test_the_toy_dry_run_says_no_zero_durations_or_sizes(tmp_path):

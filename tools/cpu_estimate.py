@@ -23,6 +23,8 @@ def cpu_estimate(flops: float, precision: str, bench_file: Path) -> str:
         dtype = "bf16" if precision != "fp32" and devices.cpu_bf16_speedup() >= devices.BF16_MIN_SPEEDUP else "fp32"
         rate, source = utilization.step_rate(devices.DTYPES[dtype]), "timed now"
     busy = utilization.busy_load()
-    return (f"about {duration_text(flops / rate)} on this CPU ({rate / 1e9:,.1f} GFLOP/s: the kit's {dtype} toy step "
+    seconds = flops / rate  # "about" a measured time, never "about under a second"
+    time_taken = f"about {duration_text(seconds)}" if seconds >= 1 else duration_text(seconds)
+    return (f"{time_taken} on this CPU ({rate / 1e9:,.1f} GFLOP/s: the kit's {dtype} toy step "
             f"{source}), on a quiet machine" + (f"; busy now (load {busy[0]:.1f} on {busy[1]} cores), so longer"
                                                 if busy else ""))
