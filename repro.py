@@ -241,7 +241,7 @@ for study_name, declared in registry.STUDIES.items():
 @cli_options.runs_option
 def train(scale, norm, protocol, seed, dry_run, gpu, gpus, nodes, force, **options):
     """Train one named run (and any run whose phases it shares), e.g. --norm post --protocol grow."""
-    ws, seed = cli_options.preset_workspace(scale, seed=seed, dry_run=dry_run, **options)
+    ws, [seed] = cli_options.preset_workspace(scale, seeds=None if seed is None else [seed], dry_run=dry_run, **options)
     cli_options.check_norm(norm, ws.preset.run["blocks"])
     run = suite.RunName(norm, protocol)
     if dry_run:

@@ -91,14 +91,12 @@ def experiment_options(command):
 # ----------------------------------------------------------------------------------------------
 # What their values become
 
-def seeded_workspace(scale, seeds, default_seeds, dry_run, overrides, lockstep, no_wait, **workspace_options
-                     ) -> tuple[suite.Workspace, list[int]]:
-    """The workspace of an experiment over seeds (`workspace_options`: experiment_options' folders, --compile, --device
-    and --log), its --set parsed once, --lockstep resolved (unless given: where a seed's resident runs fit the
-    GPU, plan.lockstep_default) and its seeds (chosen_seeds)."""
-    overrides = presets.parse_overrides(presets.PRESETS[scale], overrides)
-    seeds = chosen_seeds(overrides, seeds, default_seeds or [presets.PRESETS[scale].run["seed"]], "--seeds")
-    ws = suite.workspace(scale, dry_run=dry_run, overrides=overrides, wait=not no_wait, **workspace_options)
+def seeded_workspace(scale, seeds, default_seeds, dry_run, lockstep, **options) -> tuple[suite.Workspace, list[int]]:
+    """The workspace of an experiment over seeds (`options`: experiment_options' folders, --set, --compile, --device
+    and --log), as preset_workspace makes it, with --lockstep resolved (unless given: where a seed's resident runs fit
+    the GPU, plan.lockstep_default)."""
+    ws, seeds = preset_workspace(scale, seeds=seeds, default_seeds=default_seeds, option="--seeds", dry_run=dry_run,
+                                 **options)
     if lockstep is None:
         lockstep = dry_run or plan.lockstep_default(ws, tables.RUNS)
     return replace(ws, lockstep=lockstep), seeds
@@ -162,9 +160,12 @@ def chosen_experiments(wanted) -> tuple[list[str], list[suite.RunName]]:
     return names, [r for r in tables.RUNS if any(r in known[e].runs for e in names)]
 
 
-def preset_workspace(scale: str, overrides, seed=None, no_wait=False, **workspace_options) -> tuple[suite.Workspace, int]:
-    """A command's workspace with its --set parsed once, and its one seed: --seed, else --set run.seed, else the
-    preset's (chosen_seeds: the two that disagree are refused). `workspace_options`: suite.workspace's."""
+def preset_workspace(scale: str, overrides, seeds: list[int] | None = None, default_seeds: list[int] | None = None,
+                     option: str = "--seed", no_wait: bool = False,
+                     **workspace_options) -> tuple[suite.Workspace, list[int]]:
+    """A command's workspace with its --set parsed once, and its seeds: --seed(s) (`option`), else --set run.seed,
+    else `default_seeds` or the preset's (chosen_seeds: the two that disagree are refused). `workspace_options`:
+    suite.workspace's."""
     overrides = presets.parse_overrides(presets.PRESETS[scale], overrides)
-    seed = chosen_seeds(overrides, None if seed is None else [seed], [presets.PRESETS[scale].run["seed"]], "--seed")[0]
-    return suite.workspace(scale, overrides=overrides, wait=not no_wait, **workspace_options), seed
+    seeds = chosen_seeds(overrides, seeds, default_seeds or [presets.PRESETS[scale].run["seed"]], option)
+    return suite.workspace(scale, overrides=overrides, wait=not no_wait, **workspace_options), seeds
