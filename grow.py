@@ -292,23 +292,26 @@ class Run:
         kill_point("saved", self.config.name, step)
 
     def log_step(self, numbers: dict):
-        """The step's row, then the boundary monitor's and a transition's rows if the step took them; one line the
-        first time a boundary passes a monitor threshold (per boundary and statistic)."""
-        step, phase, config = self.step, self.phase.index, self.config
+        """The step's row, then the boundary monitor's and a transition's rows if the step took them."""
+        step, phase = self.step, self.phase.index
         self.log.write({"step": step, "phase": phase, **numbers})
         if self.monitor_row is not None:
             self.log.write({"step": step, "phase": phase, "monitor": True, **self.monitor_row})
-            for row in self.monitor_row["boundaries"][1:]:
-                for key, limit in (("mean", config.monitor_rms_warn), ("kurtosis", config.monitor_kurtosis_warn)):
-                    if row[key] is not None and row[key] > limit and (row["boundary"], key) not in self.warned:
-                        self.warned.add((row["boundary"], key))
-                        name = "mean per-token RMS" if key == "mean" else "kurtosis of per-token RMS"
-                        print0(self.ctx, f"{config.name}: warning: step {step}: {row['label']}: {name} {row[key]:.4g} "
-                                         f"passed the monitor's threshold {limit:g}")
+            self.warn_boundaries(step, self.monitor_row["boundaries"])
             self.monitor_row = None
         if self.transition_row is not None:
             self.log.write({"step": step, **self.transition_row})
             self.transition_row = None
+
+    def warn_boundaries(self, step: int, rows: list[dict]):
+        """One line the first time a boundary passes a monitor threshold (per boundary and statistic)."""
+        for row in rows[1:]:
+            for key, limit in (("mean", self.config.monitor_rms_warn), ("kurtosis", self.config.monitor_kurtosis_warn)):
+                if row[key] is not None and row[key] > limit and (row["boundary"], key) not in self.warned:
+                    self.warned.add((row["boundary"], key))
+                    name = "mean per-token RMS" if key == "mean" else "kurtosis of per-token RMS"
+                    print0(self.ctx, f"{self.config.name}: warning: step {step}: {row['label']}: {name} {row[key]:.4g} "
+                                     f"passed the monitor's threshold {limit:g}")
 
     def evaluate_step(self, loss: float, tok_s: float) -> bool:
         """Evaluate, log and print; record the best CE and a divergence. False if the run stopped there."""
