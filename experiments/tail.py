@@ -26,10 +26,9 @@ import math
 import statistics
 from pathlib import Path
 
-import numpy as np
-
 import rundir
 from experiments import presets, readings, report, studies, suite
+from experiments.power import power
 from experiments.suite import RunName
 from experiments.variants import Variant, train_variants, variant_workspace
 
@@ -73,14 +72,6 @@ EFFECT = 0.0332      # the paper's interaction (Table 1): the size of penalty th
 PLANNING_SD = 0.0116  # the largest per-seed SD of the planted interactions at toy (0.0116, 0.0092; 3 seeds)
 PESSIMISTIC_SD = 0.0429  # Table 1's interaction at toy (a difference of placements, not doses: an upper bound)
 # The seeds: 42-49 (presets.DEFAULT_SEEDS["tail"]), the issue's floor of 8, past what PLANNING_SD needs (power_table).
-
-
-def power(effect: float, sd: float, n: int, draws: int = 200_000, seed: int = 0) -> float:
-    """P(the 95% t-interval of n seeds lies above 0) when each seed's D ~ N(effect, sd^2): the reading rule's
-    chance to call D above 0 (Monte Carlo, seeded: the same number every time)."""
-    x = np.random.default_rng(seed).normal(effect, sd, size=(draws, n))
-    low = x.mean(1) - report.t975(n - 1) * x.std(1, ddof=1) / math.sqrt(n)
-    return float((low > 0).mean())
 
 
 def power_table(ns=range(3, 17)) -> list[dict]:

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import model
-from experiments import presets, report, tail
+from experiments import power, presets, report, tail
 from interventions.boundary import TAIL_CHANNEL, with_tail
 from nets import hidden_only
 from tests.conftest import ROOT
@@ -114,8 +114,8 @@ def test_power_matches_the_normal_approximation_where_it_holds():
     n, effect, sd = 40, 0.01, 0.02
     z = effect * math.sqrt(n) / sd - report.t975(n - 1)
     expected = 0.5 * (1 + math.erf(z / math.sqrt(2)))
-    assert tail.power(effect, sd, n, draws=400_000) == pytest.approx(expected, abs=0.01)
-    assert tail.power(0.0, sd, 8) == pytest.approx(0.025, abs=0.003)  # one tail of a 5% two-sided test
+    assert power.power(effect, sd, n, draws=400_000) == pytest.approx(expected, abs=0.01)
+    assert power.power(0.0, sd, 8) == pytest.approx(0.025, abs=0.003)  # one tail of a 5% two-sided test
 
 
 def test_the_regular_rms_is_what_the_committed_records_measure():
@@ -128,3 +128,13 @@ def test_the_regular_rms_is_what_the_committed_records_measure():
 def test_a_scale_without_a_measured_rms_is_refused():
     with pytest.raises(ValueError, match="measure it"):
         tail.tail_value("mini", 37.0, 128)
+
+
+def test_tie_power_matches_the_normal_approximation_where_it_holds():
+    # with many seeds the 90% t-interval is the z-interval: P(|mean| + z_0.95 se < m) for mean ~ N(0, se^2)
+    n, sd, margin = 60, 0.02, 0.01
+    se = sd / math.sqrt(n)
+    room = (margin - report.t_quantile(n - 1, 0.95) * se) / se
+    expected = math.erf(room / math.sqrt(2))  # P(|Z| < room)
+    assert power.tie_power(0.0, sd, n, margin, draws=400_000) == pytest.approx(expected, abs=0.01)
+    assert power.tie_power(0.05, sd, 8, margin) == 0.0  # an effect five margins away is never a tie
