@@ -214,5 +214,9 @@ if __name__ == "__main__":
     unknown = [name for name in args.checks if name not in CHECKS]
     if unknown:
         parser.error(f"--checks: no check named {', '.join(unknown)}; the checks are {', '.join(CHECKS)}")
+    if args.device == "cuda" and not torch.cuda.is_available():  # before any check: one line, not an AssertionError
+        sys.exit("Error: no CUDA device here (torch.cuda.is_available() is False); the check needs one CUDA GPU and a "
+                 "CUDA build of torch: run it on the GPU node, or `python -m tools.gpucheck --device cpu` for its "
+                 "plumbing at tiny sizes")
     result = gpu_check(args.device, names=args.checks)
     sys.exit(1 if any(isinstance(v, dict) and v.get("ok") is False for v in result.values()) else 0)
