@@ -31,9 +31,13 @@ try:  # started outside the kit's virtualenv (`python3 repro.py`): how to instal
     import model
     from experiments import presets, registry, studies, suite, tables, training
     from plumbing import devices, errors, paths
+    from plumbing.locks import printable
     from tools import checkpoints, cli_options, preflight
 except ModuleNotFoundError as e:
     sys.exit(f"Error: {e.name.partition('.')[0]} is not installed; run `make install`, then `.venv/bin/python repro.py ...`")
+except KeyboardInterrupt:  # Ctrl-C (or SIGTERM's default) while torch and the kit import: nothing was started yet
+    print("Error: interrupted: repro.py stopped while it loaded, before it started anything", file=sys.stderr)
+    sys.exit(130)
 
 # ----------------------------------------------------------------------------------------------
 # The CLI
@@ -91,7 +95,7 @@ TRAINS = ("run", "train", "regime", "search", *registry.STUDIES, "teacher", "pre
 
 class OneLineError(click.ClickException):
     def __init__(self, message: str, exit_code: int = 1):
-        super().__init__(message)
+        super().__init__(printable(message, sys.maxsize))  # a path's newline or ESC shown escaped: one line, as text
         self.exit_code = exit_code
 
 
