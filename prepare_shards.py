@@ -158,7 +158,7 @@ def _tokenized_chunks(texts: Iterator[str], enc: Tokenizer, max_len: int,
 def _with_progress(chunks: Iterator[tuple[np.ndarray, np.ndarray]], label: str, total: int | None,
                    enabled: bool) -> Iterator[tuple[np.ndarray, np.ndarray]]:
     """The same chunks, with a rich progress bar of documents, documents/s and tokens/s."""
-    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+    columns = (TextColumn("{task.description}", markup=False), BarColumn(), MofNCompleteColumn(),
                TextColumn("{task.fields[rates]}"), TimeElapsedColumn())
     with Progress(*columns, disable=not enabled) as bar:
         task = bar.add_task(label, total=total, rates="")

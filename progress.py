@@ -140,4 +140,5 @@ class Bars:
 def rich_progress():
     """Bars without rich's own time remaining (from the last 30 s of one bar): the time left is Runs'."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
-    return Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[stats]}"))
+    return Progress(TextColumn("{task.description}", markup=False), BarColumn(), MofNCompleteColumn(),  # labels: text
+                    TextColumn("{task.fields[stats]}", markup=False))

@@ -13,6 +13,8 @@ import math
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from rich.text import Text
+
 import rundir
 from experiments import page_figures, report
 from experiments.readings import POST_HOC, diverged_line, read, seeds_of, sentence, stats
@@ -97,7 +99,7 @@ def report_experiment(ws: Workspace, name: str, seeds: list[int]) -> dict:
         md += ["", "The numbers plotted, beside the paper's:", ""] + report.figure_table(figs.get("table", []))
         md += ["", f"Figures show seed {seeds[0]}."] * (len(seeds) > 1)
         if ws.ctx.is_main:
-            console.print(f"[bold]{name}[/]: " + ", ".join(out["figures"].values()))
+            console.print(Text.assemble((name, "bold"), ": " + ", ".join(out["figures"].values())))
     return report.write(ws.results, name, out, md[:-1] if md[-1] == "" else md)
 
 

@@ -32,7 +32,18 @@ from plumbing import checkpoint, corpora, devices, errors, faults, locks, paths,
 from plumbing.hf_qwen3 import ModelConfig
 from progress import Runs
 
-console = Console(width=None if sys.stdout.isatty() else 140)
+
+class TextConsole(Console):
+    """The kit's one console. What it prints holds paths, run names and values the user gave (a folder "copy [v2]",
+    an export to "exp [/v2]", ":bug:", an ESC sequence): text, never rich markup or emoji codes, and a string's
+    control characters escaped but its line breaks; styles are rich objects (Text, Table)."""
+
+    def print(self, *objects, **kwargs):
+        text = lambda s: "\n".join(locks.printable(line, sys.maxsize) for line in s.split("\n"))
+        super().print(*(text(o) if isinstance(o, str) else o for o in objects), **kwargs)
+
+
+console = TextConsole(width=None if sys.stdout.isatty() else 140, markup=False, emoji=False)
 
 # ----------------------------------------------------------------------------------------------
 # Workspace: where a scale's data, runs and results live
