@@ -23,6 +23,7 @@ import diag
 import rundir
 from plumbing import checkpoint, errors, locks
 from plumbing.checkpoint import finite_number
+from plumbing.hf_qwen3 import ModelConfig
 
 FORMAT = 1
 FIX = "restore it (git checkout) or move it away (its run then trains again)"
@@ -31,6 +32,34 @@ RUN_KEYS = {"format", "run", "workspace", "seed", "identity", "config", "provena
 RUNG_KEYS = {"format", "kind", "identity", "provenance", "row", "sha256"}  # a search's rung (studies.record_rung)
 IDENTITY_TYPES = {"config_sha256": str, "data": dict, "teacher": str}
 PROVENANCE_TEXT = ("git_commit", "torch", "device", "cpu", "cpu_capability", "precision", "precision_reason")
+
+# What a number or a text in a file the kit reads back (a record, a reference) can be. A CE is at most about log V
+# (V: Qwen3's vocabulary, the largest any preset has, log V = 11.9) where a run ends, a little above it at an early
+# evaluation; four times that bounds every CE and every difference of CEs. Other numbers (token counts, PPLs,
+# kurtosis, seconds) stay far below 1e15; a text is a commit, a machine, a path, a run's name.
+CE_LIMIT = 4 * math.log(ModelConfig().vocab_size)
+NUMBER_LIMIT = 1e15
+TEXT_LIMIT, KEY_LIMIT = 4096, 200
+
+
+def too_long(value, where: str = "") -> tuple[str, str] | None:
+    """(the JSON path, what is wrong) of the first key or text in `value` longer than the kit ever writes (a 200 MB
+    string would be copied into a page), None if there is none."""
+    if isinstance(value, str) and len(value) > TEXT_LIMIT:
+        return where or "the file", f"is a text of {len(value):,} characters (the kit writes at most {TEXT_LIMIT:,})"
+    if isinstance(value, list):
+        return next(filter(None, (too_long(item, f"{where}[{i}]") for i, item in enumerate(value))), None)
+    for key, item in value.items() if isinstance(value, dict) else ():
+        if len(key) > KEY_LIMIT:
+            return where or "the file", f"holds a key of {len(key):,} characters (the kit writes at most {KEY_LIMIT})"
+        if found := too_long(item, f"{where}.{key}" if where else key):
+            return found
+    return None
+
+
+def bounded(value, low: float, high: float) -> bool:
+    """A finite number (finite_number: a 401-digit integer is none) within [low, high]."""
+    return finite_number(value) and low <= value <= high
 
 
 # ----------------------------------------------------------------------------------------------
@@ -84,6 +113,8 @@ def check_record(record, path: Path):
         raise bad("the file", f"is {describe(record)}, not an object")
     if type(record.get("format")) is not int or record["format"] != FORMAT:
         raise bad("format", f"is not {FORMAT}, the format the kit writes")
+    if found := too_long(record):
+        raise bad(*found)
     keys = RUNG_KEYS if record.get("kind") == "rung" else RUN_KEYS
     expect_keys(record, keys, "", bad)
     for key in ("identity", "provenance", "row" if keys is RUNG_KEYS else "config"):
@@ -102,17 +133,25 @@ def check_record(record, path: Path):
     for key in PROVENANCE_TEXT:
         if key in record["provenance"] and not isinstance(record["provenance"][key], str):
             raise bad(f"provenance.{key}", f"is {describe(record['provenance'][key])}, not a text")
-    if not finite_number(record["wall_seconds"]) or record["wall_seconds"] < 0:
-        raise bad("wall_seconds", f"is {describe(record['wall_seconds'])}, not a finite number of seconds >= 0")
+    if not bounded(record["wall_seconds"], 0, NUMBER_LIMIT):
+        raise bad("wall_seconds", f"is {describe(record['wall_seconds'])}, not a number of seconds from 0 to "
+                                  f"{NUMBER_LIMIT:g}")
     rows = expect(record["metrics"], list, "metrics", bad)
     for i, row in enumerate(rows):
         if not isinstance(row, dict) or not whole(row.get("step")):
             raise bad(f"metrics[{i}]", "is not a row the kit logs (an object with its step)")
+        if row.get("eval") and row.get("ce") is not None and not bounded(row["ce"], 0, CE_LIMIT):
+            raise bad(f"metrics[{i}].ce", f"is {describe(row['ce'])} outside 0 to {CE_LIMIT:.1f}, what a CE can be")
     diverged = check_done(expect(record["done"], dict, "done", bad), rows, bad)
     diagnostics = expect(record["diagnostics"], dict, "diagnostics", bad)
     # diagnostics.block_removal as diag.recorded_block_removal reads it
     if not diverged and not diag.block_removal_rows(diagnostics.get("block_removal")):
         raise bad("diagnostics.block_removal", "is not a row of finite numbers per block, as the kit records it")
+    for i, row in enumerate([] if diverged else diagnostics["block_removal"]):  # CEs and their difference
+        if not all(bounded(row[key], -CE_LIMIT if key == "delta_ce" else 0, CE_LIMIT)
+                   for key in ("ce_full", "ce_skip", "delta_ce")):
+            raise bad(f"diagnostics.block_removal[{i}]", f"holds a CE outside 0 to {CE_LIMIT:.1f} (or a difference of "
+                                                         "CEs outside ± that), what none can be")
 
 
 def expect(value, kind: type, where: str, bad):
@@ -173,8 +212,8 @@ def check_done(done: dict, rows: list[dict], bad) -> bool:
     for key in rundir.RESULT_KEYS:
         if not finite_number(done.get(key)):
             raise bad(f"done.{key}", f"is {describe(done.get(key))}, not a finite number")
-    if done["ce"] < 0:
-        raise bad("done.ce", "is below 0, and a cross-entropy never is")
+    if not bounded(done["ce"], 0, CE_LIMIT):
+        raise bad("done.ce", f"is {done['ce']:.4g}, outside 0 to {CE_LIMIT:.1f}, what a cross-entropy can be")
     last = next((r for r in reversed(rows) if r.get("eval") and not r.get("phase_start")), None)
     if last is None:
         raise bad("metrics", "holds no evaluation for done's numbers to agree with")

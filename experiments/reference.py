@@ -20,6 +20,7 @@ from pathlib import Path
 
 import rundir
 from experiments import report
+from experiments.record_files import CE_LIMIT, NUMBER_LIMIT, too_long
 from plumbing import checkpoint
 from plumbing.errors import OptionError, UsageError
 
@@ -174,6 +175,8 @@ def check_reference(content, path: Path, fix: str = ""):
     to do, where it is not the shipped file that is at fault)."""
     bad = complaint(path, fix or restore(path))
     expect(content, dict, "", bad)
+    if found := too_long(content):  # before a page copies a 200 MB string
+        raise bad(*found)
     for key in ("seeds", "git_commit", "curves", "final_ce", "tables"):
         if key not in content:
             raise bad(key, "is missing")
@@ -228,8 +231,9 @@ def check_tables(content: dict, seeds: list[int], bad):
         if foreign:
             raise bad(json_path("table_seeds", name), f"holds seed {foreign[0]}, which the reference's seeds {seeds} lack")
     for name, numbers in tables.items():
+        limit = CE_LIMIT if name in CE_TABLES else NUMBER_LIMIT
         for key, values in expect(numbers, dict, json_path("tables", name), bad).items():
-            per_seed(values, len(own.get(name) or seeds), json_path("tables", name, key), bad)
+            per_seed(values, len(own.get(name) or seeds), json_path("tables", name, key), bad, limit=limit)
 
 
 def check_seeds(seeds, where: str, bad) -> list[int]:
@@ -243,9 +247,14 @@ def check_seeds(seeds, where: str, bad) -> list[int]:
     return seeds
 
 
-def per_seed(values, n: int, where: str, bad, ce: bool = False):
-    """A list of one value per seed: a finite number (checkpoint.finite_number: a 401-digit integer is none; a CE is
-    >= 0), or null (a diverged run, n/a)."""
+# The tables every number of which is a CE or a difference of CEs: within ± CE_LIMIT (the others' numbers within
+# ± NUMBER_LIMIT): a value of 1e200 would be a page's 827-character cell, 1e308 an overflow in its mean.
+CE_TABLES = ("table1", "table3", "scratch", "placements", "intervention")
+
+
+def per_seed(values, n: int, where: str, bad, ce: bool = False, limit: float = NUMBER_LIMIT):
+    """A list of one value per seed: a finite number (checkpoint.finite_number: a 401-digit integer is none) within
+    ± limit (a CE, `ce`: 0 to CE_LIMIT), or null (a diverged run, n/a)."""
     if len(expect(values, list, where, bad)) != n:
         raise bad(where, f"holds {len(values)} value{'s' * (len(values) != 1)} for {n} seeds")
     for i, value in enumerate(values):
@@ -255,6 +264,10 @@ def per_seed(values, n: int, where: str, bad, ce: bool = False):
             raise bad(f"{where}[{i}]", f"is {describe(value)}, not a number (or null, for a run without one)")
         if ce and value < 0:
             raise bad(f"{where}[{i}]", f"is {value}, and a CE is never below 0")
+        if not -limit <= value <= (CE_LIMIT if ce else limit):
+            what = "a CE" if ce else "a CE or a difference of CEs" if limit == CE_LIMIT else "a number the kit writes"
+            raise bad(f"{where}[{i}]", f"is {value:.4g}, beyond what {what} can be (at most "
+                                       f"{CE_LIMIT if ce else limit:.4g} in size)")
 
 
 def expect(value, kind: type, where: str, bad):
