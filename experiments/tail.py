@@ -24,13 +24,20 @@ from __future__ import annotations
 import json
 import math
 import statistics
+from functools import lru_cache
 from pathlib import Path
 
+import torch
+
+import model
+import paper
 import rundir
 from experiments import presets, readings, report, studies, suite
 from experiments.power import power
 from experiments.suite import RunName
 from experiments.variants import Variant, train_variants, variant_workspace
+from interventions.boundary import with_tail
+from nets import hidden_only
 
 # ----------------------------------------------------------------------------------------------
 # The dose, sized from what the kit measured (fixed in the entry before any of its runs)
@@ -172,7 +179,200 @@ def outcome(scale: str, hidden: int, seeds: list[int], read) -> dict:
                                                                                 for s in seeds]),
                       "met": all(low is not None and low["ratio"] >= CHECK_RATIO for low in lowest)}
                      for v in runs if v.folder == "tail-37"]
+    out["doses"], out["channel_parts"] = dose_agreement(ce), channel_parts(ce)
+    out["attention"] = {name: attention_summary({r: [last_attention(found[r, s][1]) for s in seeds] for r in names})
+                        for name, names in ATTENTION_RUNS}
+    out["position_state"] = position_state(scale) if presets.PRESETS[scale].shipped_teachers else None
     return out
+
+
+# ----------------------------------------------------------------------------------------------
+# What the tie tests (issue 57): where the dose sits, whether its size matters, whether position 0 draws attention
+
+DOCUMENTS = 8     # the documents position_state compares, each opened by the boundary token
+SHAPE_SEED = 42   # the built students' seed: position 0's state is the same across documents whatever the weights
+ATTENTION_RUNS = (("undosed", ("pre-joint", "pre-grow")), ("37x", ("pre-joint + tail 37x", "pre-grow + tail 37x")))
+
+
+@torch.no_grad()
+def position_spread(student: model.Student, input_ids: torch.Tensor, position: int) -> list[float]:
+    """Per block boundary (the input of block 0, then each block's output: return_boundaries), the largest
+    difference of the hidden state at `position` between any two documents of the batch (its rows), over channels."""
+    _, boundaries = student(input_ids, output_fn=hidden_only, return_boundaries=True)
+    return [(h[:, position].amax(0) - h[:, position].amin(0)).max().item() for h in boundaries]
+
+
+def documents(eot: int, rows: int, length: int, seed: int = 0) -> torch.Tensor:
+    """`rows` documents of random regular ids, each opened by the boundary token `eot`, as data.py opens one."""
+    ids = torch.randint(0, eot, (rows, length), generator=torch.Generator().manual_seed(seed))
+    ids[:, 0] = eot
+    return ids
+
+
+@lru_cache(maxsize=None)
+def position_state(scale: str) -> dict:
+    """position_spread at positions 0 and 1 of a pre- and a post-norm student built from the scale's shipped teacher
+    with the 37x tail in its boundary row, as its runs start: no student checkpoint is committed (the records keep
+    numbers, not weights). Under causal attention position 0 attends to itself alone (a softmax over one key is 1),
+    RoPE at position 0 is the identity and every other operation acts per row, so its state is a function of the
+    boundary token alone, trained or not: 0 bit for bit on the CPUs the kit ran on (a kernel that blocked the batch's
+    rows differently could leave float rounding, ~1e-7 of the state)."""
+    preset = presets.PRESETS[scale]
+    teacher = model.load_qwen3(suite.SHIPPED_ROOT / preset.shipped_teachers[0] / "phase-0")
+    eot = teacher.config.vocab_size - 1  # the kit's toy vocabulary: its ids, then <|endoftext|> (data.py)
+    ids = documents(eot, DOCUMENTS, preset.data["max_len"])
+    value = tail_value(scale, PAPER_RATIO, teacher.config.hidden_size)
+    out = {"documents": DOCUMENTS, "length": preset.data["max_len"], "teacher": preset.shipped_teachers[0]}
+    for norm in ("pre", "post"):
+        student = model.Student.from_teacher(teacher, preset.run["blocks"], preset.run["layers_per_block"], norm,
+                                             SHAPE_SEED)
+        with torch.no_grad():
+            student.embed_tokens.weight.copy_(with_tail(student.embed_tokens.weight, eot, value))
+        out[norm] = {position: position_spread(student, ids, position) for position in (0, 1)}
+    return out
+
+
+def last_attention(rows: list[dict]) -> list[list[float]]:
+    """Each layer's per-head attention on position 0 (diag.first_token_attention: the mean over real queries after
+    position 0) at a run's last monitor row, its end; a layer that did not run is left out."""
+    last = [row for row in rows if row.get("monitor")][-1]
+    return [heads for heads in last["first_attention"] if heads is not None]
+
+
+def attention_summary(per_run: dict[str, list[list[list[float]]]]) -> dict:
+    """{"layers": each layer's mean over heads, seeds and the given runs, "highest": the largest head's mean on
+    any layer, seed and run} from {run: per seed, last_attention}."""
+    per_layer = [h for per_seed in per_run.values() for layers in per_seed for h in enumerate(layers)]
+    depth = 1 + max(layer for layer, _ in per_layer)
+    return {"layers": [statistics.fmean(h for layer, heads in per_layer if layer == i for h in heads)
+                       for i in range(depth)],
+            "highest": max(h for _, heads in per_layer for h in heads)}
+
+
+def dose_agreement(ce: dict) -> dict:
+    """The 37x and ~6.1x tails on pre-norm, seed by seed: each protocol's CE difference (37x − 6x) over seeds with
+    its reading, and the Pearson correlation over seeds of D at 37x and at 6x."""
+    diff = {p: report.paired(ce[f"pre-{p} + tail 37x"], ce[f"pre-{p} + tail 6x"]) for p in ("joint", "grow")}
+    for s in diff.values():
+        s["reading"] = readings.read(s)
+    d37, d6 = contrast(ce, "tail 37x", "pre"), contrast(ce, "tail 6x", "pre")
+    finite = all(isinstance(v, float) and math.isfinite(v) for v in d37 + d6)
+    return {"ce_difference": diff, "d_correlation": statistics.correlation(d37, d6) if finite else math.nan}
+
+
+def channel_parts(ce: dict) -> list[dict]:
+    """The three-way channel contrast's parts, D pre and D post with the channel dose, each read alone by the rule
+    (post hoc, issue 57: outside the pre-registered family, so no Holm adjustment)."""
+    rows = [{"name": f"D, {norm}-norm, channel 1000x", "d": report.across_seeds(contrast(ce, "channel 1000x", norm))}
+            for norm in ("pre", "post")]
+    for row in rows:
+        row["reading"], row["smallest_tie_margin"] = readings.read(row["d"]), report.smallest_tie_margin(row["d"])
+    return rows
+
+
+def channel_words(out: dict) -> str:
+    """Whose D the three-way channel contrast's reading comes from, chosen by the parts' readings."""
+    three = next(row for row in out["family"] if row["name"].endswith("channel 1000x"))
+    pre, post = out["channel_parts"]
+    said = (f"The three-way channel contrast reads {three['reading']} (Holm); its parts, each read alone: pre-norm's "
+            f"D {report.stats_cell(pre['d'], True)} reads {pre['reading']}, post-norm's "
+            f"{report.stats_cell(post['d'], True)} reads {post['reading']}.")
+    if three["reading"] == "above 0" and post["reading"] == "below 0" and pre["reading"] != "above 0":
+        against = ", the opposite sign to the account's (D > 0)" if pre["reading"] == "below 0" else ""
+        return (f"{said} Its \"above 0\" is post-norm's: the channel costs post-norm more under joint training than "
+                f"under growth, while pre-norm's D reads {pre['reading']}{against}; it is no support for the "
+                "account's prediction for pre-norm.")
+    if pre["reading"] == "above 0":
+        return f"{said} Pre-norm's D reads above 0, as the account predicts."
+    return said
+
+
+def scope_facts(out: dict) -> dict:
+    """What the words of scope_lines rest on: position 0's state the same across documents (0 up to float rounding),
+    the two doses a tie on both protocols, no sink at the runs' end dosed or not, and D's reading."""
+    state, doses, attention = out["position_state"], out["doses"]["ce_difference"], out["attention"]
+    largest = max(abs(v) for norm in ("pre", "post") for v in state[norm][0])
+    return {"same_state": largest <= 1e-6 * max(abs(v) for norm in ("pre", "post") for v in state[norm][1]),
+            "sizes_tie": all(s["reading"].startswith("a tie") for s in doses.values()),
+            "no_sink": all(a["highest"] < presets.SINK["attention"] for a in attention.values()),
+            "d": readings.read(out["family"][0]["d"]), "largest": largest}
+
+
+def verdict_words(d: str) -> str:
+    """What D's reading says of the literal reading of the account: a massive boundary token costs the appended
+    pre-norm block."""
+    claim = "the literal reading \"a massive boundary token costs the appended pre-norm block\""
+    if d.startswith("a tie"):
+        return f"D's tie within ±{presets.TIE_MARGIN:g} refutes, at this scale, {claim} (a cost past that margin)"
+    if d in ("above 0", "below 0"):
+        return f"D reads {d}: it {'supports' if d == 'above 0' else 'contradicts'} {claim}"
+    return f"D reads {d}: it neither refutes nor supports {claim}"
+
+
+def scope_conclusion(facts: dict) -> str:
+    """The sentence that says what D tests, chosen by scope_facts."""
+    pre = paper.PAPER["token_type_rms"]["pre"]
+    drift = (f"the drift of the prefix's scale that the paper measures (its Figure 5a, pre-norm: the boundary "
+             f"token's RMS {pre['boundary'][0]:g} → {pre['boundary'][1]:g}, the regular tokens' {pre['regular'][0]:g} → "
+             f"{pre['regular'][1]:g} through growth)")
+    if facts["same_state"] and facts["sizes_tie"] and facts["no_sink"]:
+        return (f"So the dose is one constant vector at a position every document shares, which pre-norm's sublayers "
+                f"read by its direction and no head attends to: {verdict_words(facts['d'])}; it does not test {drift}, "
+                "which a constant dose does not reproduce.")
+    failed = [what for key, what in (("same_state", "position 0's state differs across documents"),
+                                     ("sizes_tie", "the two doses' CE is not a tie"),
+                                     ("no_sink", "a head attends to position 0 as a sink")) if not facts[key]]
+    return (f"So the dose is more than a constant vector read by its direction ({'; '.join(failed)}): "
+            f"{verdict_words(facts['d'])}.")
+
+
+def fine_cell(s: dict) -> str:
+    """A difference near 0 with a fifth decimal on its mean, which stats_cell's four would show as ±0.0000."""
+    return f"{s['mean']:+.5f} [{s['ci95'][0]:+.4f}, {s['ci95'][1]:+.4f}]" if s.get("ci95") else report.stats_cell(s, True)
+
+
+def scope_lines(out: dict) -> list[str]:
+    """The section's account of what the tie tests (issue 57), every number from outcome's."""
+    state, doses, n = out["position_state"], out["doses"], len(out["seeds"])
+    if state is None:
+        return ["### What the tie tests", "", "Not computed: position 0's state needs a student built from a teacher "
+                "the kit ships at this scale, and none is shipped."]
+    facts, grow, joint = scope_facts(out), doses["ce_difference"]["grow"], doses["ce_difference"]["joint"]
+    second = [v for norm in ("pre", "post") for v in state[norm][1]]
+    zero = "0 at every block boundary, bit for bit" if facts["largest"] == 0 else \
+        f"at most {facts['largest']:.2g} at a block boundary (float rounding)"
+    layers = lambda a: ", ".join(f"{v:.3f}" for v in a["layers"])
+    undosed, dosed = out["attention"]["undosed"], out["attention"]["37x"]
+    return ["### What the tie tests", "",
+            "**Where the dose sits.** The tail is in the frozen embedding row of the boundary token, which opens every "
+            "document: position 0. Under causal attention position 0 attends to itself alone, so its state is the "
+            f"same for every document: in a pre- and a post-norm student built from the shipped teacher "
+            f"(`{state['teacher']}`) with the 37x tail, as its runs start (no student checkpoint is committed: the "
+            f"records keep numbers, not weights), the largest difference of position 0's state across "
+            f"{state['documents']} random documents of {state['length']} tokens is {zero}; at position 1 it is "
+            f"{min(second):.3g} to {max(second):.3g}.", "",
+            "**Whether its size matters.** The 37x and the ~6.1x tail, seed by seed (37x − 6x): pre-grow "
+            f"{fine_cell(grow)} ({grow['reading']}), pre-joint {fine_cell(joint)} ({joint['reading']}); D at 37x and at 6x "
+            f"correlate over the {n} seeds at r = {doses['d_correlation']:.3f}. Each pre-norm sublayer, the appended "
+            "block's included, reads the stream through an RMSNorm, which keeps the dose's direction and drops its size"
+            + (": the two sizes give the same CE." if facts["sizes_tie"] else "; the two sizes' CE is not read as a tie."),
+            "", "**Whether position 0 draws attention.** Each layer's attention on position 0 at the pre-norm runs' end "
+            "(their last monitor row; mean over heads, seeds and both protocols), layer by layer: undosed "
+            f"{layers(undosed)}; with the 37x tail {layers(dosed)}. The largest head's mean on any layer, seed and run "
+            f"is {max(undosed['highest'], dosed['highest']):.3f} (a sink head's is ≥ {presets.SINK['attention']:g}, "
+            "presets.SINK): " + ("no sink forms, dosed or not." if facts["no_sink"] else "a sink forms."), "",
+            scope_conclusion(facts)]
+
+
+def scope_claim(out: dict) -> str:
+    """scope_lines in one sentence, for the README's headline."""
+    facts, grow = scope_facts(out), out["doses"]["ce_difference"]["grow"]
+    attention = [v for a in out["attention"].values() for v in a["layers"]]
+    return (f"What it tests: its dose sits at position 0, whose state differs across documents by "
+            f"{facts['largest']:.2g} at every block boundary (a student built from the shipped teacher); its two sizes "
+            f"agree seed by seed (37x − 6x on pre-grow {fine_cell(grow)}, {grow['reading']}; per-seed D "
+            f"at the two correlate at r = {out['doses']['d_correlation']:.3f}); attention on position 0 is "
+            f"{min(attention):.3f}-{max(attention):.3f} per layer, dosed or not. {scope_conclusion(facts)}")
 
 
 def check_met(out: dict) -> bool:
@@ -256,7 +456,12 @@ def markdown(out: dict) -> list[str]:
         name = f"**{row['name']} (primary)**" if row["primary"] else f"{row['name']} (Holm over the secondaries)"
         lines.append(f"| {name} | {report.stats_cell(row['d'], True)} | {report.per_seed_text(row['d']['values'])} | "
                      f"{report.fmt(row['p'], 3)} | {row['reading']} | {report.fmt(row['smallest_tie_margin'], 4)} |")
-    lines += ["", "| run | validation CE |", "| --- | --- |"]
+    lines += ["", "Post hoc (issue 57; outside the pre-registered family, each read alone): the three-way channel "
+              "contrast's parts.", "", "| contrast | mean [95% CI] | per seed | reading | smallest tie margin |",
+              "| --- | --- | --- | --- | --- |"]
+    lines += [f"| {row['name']} | {report.stats_cell(row['d'], True)} | {report.per_seed_text(row['d']['values'])} | "
+              f"{row['reading']} | {report.fmt(row['smallest_tie_margin'], 4)} |" for row in out["channel_parts"]]
+    lines += ["", channel_words(out), "", *scope_lines(out), "", "| run | validation CE |", "| --- | --- |"]
     lines += [f"| {name} | {report.stats_cell(s)} |" for name, s in out["ce"].items()]
     return lines
 
@@ -287,7 +492,8 @@ def headline_claim(out: dict) -> list[str]:
             f"{'met' if check_met(out) else 'failed'}): the account's prediction, D > 0, {held}: "
             f"{report.stats_cell(d, signed=True)}; its power for the paper's size ({EFFECT:.3f}) was "
             f"{power(EFFECT, PLANNING_SD, n):.2f} at the planned SD ({PLANNING_SD}), "
-            f"{power(EFFECT, PESSIMISTIC_SD, n):.2f} at the pessimistic one ({PESSIMISTIC_SD})."]
+            f"{power(EFFECT, PESSIMISTIC_SD, n):.2f} at the pessimistic one ({PESSIMISTIC_SD})."
+            + (f" {scope_claim(out)}" if out["position_state"] is not None else "")]
 
 
 if __name__ == "__main__":  # the entry's numbers, from the committed records and the kit's references

@@ -2,11 +2,12 @@
 placement's blocks see of it at step 0, its contrasts and its power, by value."""
 import math
 
+import numpy as np
 import pytest
 import torch
 
 import model
-from experiments import power, presets, report, tail
+from experiments import power, presets, report, studies, tail
 from interventions.boundary import TAIL_CHANNEL, with_tail
 from nets import hidden_only
 from tests.conftest import ROOT
@@ -138,3 +139,105 @@ def test_tie_power_matches_the_normal_approximation_where_it_holds():
     expected = math.erf(room / math.sqrt(2))  # P(|Z| < room)
     assert power.tie_power(0.0, sd, n, margin, draws=400_000) == pytest.approx(expected, abs=0.01)
     assert power.tie_power(0.05, sd, 8, margin) == 0.0  # an effect five margins away is never a tie
+
+
+# ----------------------------------------------------------------------------------------------
+# What the tie tests (issue 57): position 0's state, the two doses, the attention on position 0, by value
+
+def test_position_0s_state_is_the_same_for_every_document_and_position_1s_is_not(toy_teacher):
+    """Causal attention: position 0 attends to itself alone (a softmax over one key is exactly 1), RoPE at position 0
+    is the identity and every other operation is per row, so the same token gives the same bits in every row of the
+    batch, at every block boundary and in either placement; position 1 holds each document's own token."""
+    ids = tail.documents(EOT, 6, 64, seed=3)
+    assert len(set(ids[:, 1].tolist())) > 1 and (ids[:, 0] == EOT).all()
+    for norm in ("pre", "post"):
+        student = dosed_student(toy_teacher, norm, tail.tail_value("toy", tail.PAPER_RATIO, 128))
+        assert tail.position_spread(student, ids, 0) == [0.0] * 4  # input of block 0, then each of its 3 blocks' outputs
+        assert min(tail.position_spread(student, ids, 1)) > 0.1
+    # by hand at the last boundary: max over channels of (max - min over documents)
+    with torch.no_grad():
+        _, bounds = student(ids, output_fn=hidden_only, return_boundaries=True)
+    h = bounds[-1][:, 1]
+    assert tail.position_spread(student, ids, 1)[-1] == (h.max(0).values - h.min(0).values).max().item()
+
+
+def test_the_pages_position_state_is_built_from_the_shipped_teacher_with_the_37x_dose():
+    state = tail.position_state("toy")
+    assert state["teacher"] == "teachers/toy" and state["documents"] == tail.DOCUMENTS and state["length"] == 128
+    assert presets.PRESETS["toy"].data["vocab_size"] == EOT  # the boundary token the built student doses
+    for norm in ("pre", "post"):
+        assert state[norm][0] == [0.0] * 4 and min(state[norm][1]) > 0.1
+
+
+def monitor(step, attention):
+    return {"step": step, "phase": 0, "monitor": True, "boundaries": [], "first_attention": attention}
+
+
+def test_the_attention_on_position_0_is_the_last_monitor_rows_mean_over_heads_seeds_and_runs():
+    rows_a = [monitor(1, [[0.9, 0.9], [0.9, 0.9]]), {"step": 2, "eval": True}, monitor(3, [[0.1, 0.3], [0.2, 0.2]])]
+    rows_b = [monitor(3, [[0.5, 0.1], [0.0, 0.4]])]
+    rows_c = [monitor(3, [[0.2, 0.2], None])]                # a layer that did not run is left out
+    assert tail.last_attention(rows_a) == [[0.1, 0.3], [0.2, 0.2]] and tail.last_attention(rows_c) == [[0.2, 0.2]]
+    got = tail.attention_summary({"x": [tail.last_attention(rows_a), tail.last_attention(rows_b)],
+                                  "y": [tail.last_attention(rows_c)]})
+    # layer 0: (0.1 + 0.3 + 0.5 + 0.1 + 0.2 + 0.2) / 6; layer 1: (0.2 + 0.2 + 0.0 + 0.4) / 4
+    assert got["layers"] == pytest.approx([1.4 / 6, 0.2]) and got["highest"] == 0.5
+
+
+def test_the_committed_records_attention_is_their_last_monitor_rows():
+    out = tail.recorded_outcome("toy")
+    record = studies.read_record(studies.RECORDS_DIR / "toy" / "beyond" / "tail-37" / "s42" / "pre-grow.json")
+    last = [r for r in record["metrics"] if r.get("monitor")][-1]["first_attention"]
+    assert tail.last_attention(record["metrics"]) == last and len(last) == 3
+    assert max(h for layer in last for h in layer) <= out["attention"]["37x"]["highest"] < presets.SINK["attention"]
+
+
+def planted_ce(grow_37x_minus_6x: float) -> dict:
+    ce = {"pre-grow": [3.50, 3.52, 3.49], "pre-joint": [4.00, 4.02, 3.98], "post-grow": [3.48, 3.50, 3.47],
+          "post-joint": [3.79, 3.80, 3.78], "pre-grow + tail 37x": [3.60, 3.61, 3.58],
+          "pre-joint + tail 37x": [4.05, 4.04, 4.03], "pre-joint + tail 6x": [4.05, 4.04, 4.03]}
+    ce["pre-grow + tail 6x"] = [v - grow_37x_minus_6x + d for v, d in zip(ce["pre-grow + tail 37x"], (0, 1e-3, -1e-3))]
+    for n in ("pre", "post"):
+        for p in ("grow", "joint"):
+            ce[f"{n}-{p} + tail 37x"] = ce.get(f"{n}-{p} + tail 37x", ce[f"{n}-{p}"])
+    ce |= {"pre-grow + channel 1000x": [3.50, 3.52, 3.49], "pre-joint + channel 1000x": [4.01, 4.03, 3.99],
+           "post-grow + channel 1000x": [3.48, 3.50, 3.47], "post-joint + channel 1000x": [3.89, 3.92, 3.86]}
+    return ce
+
+
+def test_the_two_doses_agreement_and_the_channels_parts_by_value():
+    ce = planted_ce(0.0)
+    doses = tail.dose_agreement(ce)
+    assert doses["ce_difference"]["grow"]["values"] == pytest.approx([0.0, -1e-3, 1e-3])
+    assert doses["ce_difference"]["joint"]["values"] == [0.0] * 3
+    assert doses["ce_difference"]["grow"]["reading"] == "a tie within ±0.01"
+    d37, d6 = tail.contrast(ce, "tail 37x", "pre"), tail.contrast(ce, "tail 6x", "pre")
+    assert doses["d_correlation"] == pytest.approx(np.corrcoef(d37, d6)[0, 1])
+    assert tail.dose_agreement(planted_ce(0.05))["ce_difference"]["grow"]["reading"] == "above 0"
+    # channel: D pre = (0 - 0.01) per seed = -0.01; D post = 0 - (0.10, 0.12, 0.08)
+    pre, post = tail.channel_parts(ce)
+    assert pre["d"]["values"] == pytest.approx([-0.01] * 3) and post["d"]["values"] == pytest.approx([-0.10, -0.12, -0.08])
+    assert post["reading"] == "below 0"
+    assert tail.family(ce)[4]["name"] == "three-way: D pre - D post, channel 1000x"
+    three_way = {"name": "three-way: D pre - D post, channel 1000x", "reading": "above 0"}  # Holm's, as the records
+    words = tail.channel_words({"family": [three_way], "channel_parts": [pre, post]})
+    assert "Its \"above 0\" is post-norm's" in words and "the opposite sign to the account's" in words
+    pre_above = {**pre, "reading": "above 0"}
+    words = tail.channel_words({"family": [three_way], "channel_parts": [pre_above, post]})
+    assert "post-norm's:" not in words and "as the account predicts" in words
+
+
+@pytest.mark.parametrize("facts, words", [
+    ({"same_state": True, "sizes_tie": True, "no_sink": True, "d": "a tie within ±0.01"},
+     ["one constant vector", "D's tie within ±0.01 refutes, at this scale,", "it does not test the drift",
+      "119 → 425", "7.1 → 11.5"]),
+    ({"same_state": True, "sizes_tie": True, "no_sink": True, "d": "inconclusive"}, ["neither refutes nor supports"]),
+    ({"same_state": True, "sizes_tie": True, "no_sink": True, "d": "above 0"}, ["it supports the literal reading"]),
+    ({"same_state": False, "sizes_tie": False, "no_sink": True, "d": "a tie within ±0.01"},
+     ["more than a constant vector", "position 0's state differs across documents; the two doses' CE is not a tie"]),
+])
+def test_what_the_tie_tests_is_worded_by_rule(facts, words):
+    text = tail.scope_conclusion(facts)
+    assert all(w in text for w in words), text
+    if not (facts["same_state"] and facts["sizes_tie"]):
+        assert "does not test the drift" not in text
