@@ -16,9 +16,12 @@ Definitions the whole kit relies on:
 - A document is `[eot] + tokens(text) + [eot]`, cut to max_len + 1 tokens; inputs are all but its last
   token, targets all but its first. The leading <|endoftext|> is the document-boundary token, the
   token the diagnostics call structural.
-- Batches are right-padded with eot and masked by length, never by token id: Qwen pads with
-  <|endoftext|>, which is also the boundary token, and a document's real final target is eot. A
-  compiled run's batches are padded further, to a few fixed widths (fixed_shape).
+- A batch is packed: its documents laid end to end in one row (1, N) with their lengths, so that no
+  position is padding (the model restarts RoPE positions and attention at each document: model.py). A
+  compiled run's batches, and the diagnostics' (whose documents fill their rows), are right-padded rows
+  instead, masked by length, never by token id: Qwen pads with <|endoftext|>, which is also the boundary
+  token, and a document's real final target is eot. A compiled run's are padded further, to a few fixed
+  widths (fixed_shape), so that its compiled layers see a few shapes.
 - Bad input raises DataError, whose one-line message names the file or option, what is wrong and
   what to do.
 """
@@ -116,17 +119,29 @@ def _open_array(file: Path, dtype, count: int) -> np.ndarray:
 
 @dataclass
 class Batch:
-    """Documents right-padded with eot to the longest among them; everything else follows `lengths`."""
-    input_ids: torch.Tensor  # (b, T) long
-    targets: torch.Tensor  # (b, T) long: input_ids shifted by one within each document
-    mask: torch.Tensor  # (b, T) bool: t < lengths[row], the real targets (a final eot target included)
-    lengths: torch.Tensor  # (b,) long: real positions per row = document tokens - 1
+    """Documents right-padded with eot to the longest among them, one a row (b, T); or packed, laid end to end
+    in one row (1, N), their lengths in `doc_lengths`. Everything else follows `lengths`."""
+    input_ids: torch.Tensor  # (b, T) long, or (1, N) packed
+    targets: torch.Tensor  # like input_ids: each document's inputs shifted by one within it
+    mask: torch.Tensor  # like input_ids, bool: the real targets (a final eot target included); packed: all True
+    lengths: torch.Tensor  # (documents,) long: real positions per document = document tokens - 1
     doc_ids: list[int]
     n_targets: int  # mask.sum()
+    doc_lengths: tuple[int, ...] | None = None  # packed: the model's layout (host ints: no device sync); else None
 
     def to(self, device) -> "Batch":
         return Batch(self.input_ids.to(device), self.targets.to(device), self.mask.to(device),
-                     self.lengths.to(device), self.doc_ids, self.n_targets)
+                     self.lengths.to(device), self.doc_ids, self.n_targets, self.doc_lengths)
+
+    def first_positions(self) -> torch.Tensor:
+        """Like mask: True at each document's first position (its document-boundary token)."""
+        first = torch.zeros_like(self.mask)
+        if self.doc_lengths is None:
+            first[:, 0] = self.mask[:, 0]
+        else:
+            starts = torch.tensor((0, *self.doc_lengths[:-1]), device=self.mask.device).cumsum(0)
+            first[0, starts] = True
+        return first
 
 
 @dataclass
@@ -143,10 +158,12 @@ class StepBatch:
         return self.global_targets
 
 
-def make_batch(shard: Shard, doc_ids: list[int], max_inputs: int | None = None) -> Batch:
-    """A Batch of the shard's documents (each cut to max_inputs inputs if given); with no documents a
-    1x1 batch whose mask is all False."""
+def make_batch(shard: Shard, doc_ids: list[int], max_inputs: int | None = None, packed: bool = False) -> Batch:
+    """A Batch of the shard's documents (each cut to max_inputs inputs if given), right-padded rows or
+    `packed`; with no documents a 1x1 padded batch whose mask is all False."""
     documents = [shard.document(i)[:None if max_inputs is None else max_inputs + 1] for i in doc_ids]
+    if packed and documents:
+        return packed_batch(documents, list(doc_ids))
     lengths = np.array([len(d) - 1 for d in documents] or [0], dtype=np.int64)
     width = max(int(lengths.max()), 1)
     input_ids = np.full((len(lengths), width), shard.eot, dtype=np.int64)
@@ -157,6 +174,15 @@ def make_batch(shard: Shard, doc_ids: list[int], max_inputs: int | None = None) 
     mask = np.arange(width)[None, :] < lengths[:, None]
     return Batch(torch.from_numpy(input_ids), torch.from_numpy(targets), torch.from_numpy(mask),
                  torch.from_numpy(lengths), list(doc_ids), int(lengths.sum()))
+
+
+def packed_batch(documents: list[np.ndarray], doc_ids: list[int]) -> Batch:
+    """The documents' inputs and targets laid end to end in one row (1, N): no padding."""
+    lengths = [len(d) - 1 for d in documents]
+    row = lambda parts: torch.from_numpy(np.concatenate(parts).astype(np.int64))[None]
+    input_ids, targets = row([d[:-1] for d in documents]), row([d[1:] for d in documents])
+    return Batch(input_ids, targets, torch.ones_like(input_ids, dtype=torch.bool), torch.tensor(lengths), doc_ids,
+                 sum(lengths), tuple(lengths))
 
 
 # Fixed shapes, for a compiled run (torch.compile specialises its code to every shape it is given): a batch is
@@ -194,8 +220,8 @@ class Batcher:
         batches, then shard documents replay_docs, replay_docs + 1, ... in order: no document twice.
         Running past the shard's end is a DataError.
     Ranks: a global batch is split into world_size contiguous chunks, rank r takes chunk r and splits
-    it into micro-batches of micro_batch documents (default: all of them in one), each padded to its
-    own longest (with fixed_shapes, to its bucket: fixed_shape); with balance, by length instead
+    it into micro-batches of micro_batch documents (default: all of them in one), each packed (with
+    fixed_shapes, padded rows at its bucket's width: fixed_shape); with balance, by length instead
     (rank_micro_batches). The iterator state is the global step: resume works across a change of world_size.
     """
 
@@ -225,7 +251,7 @@ class Batcher:
         doc_ids = self.global_doc_ids(self.step)
         placed = rank_micro_batches(doc_ids, self.shard.lengths[doc_ids], self.micro_batch, self.rank, self.world_size,
                                     self.balance)
-        micro_batches = [make_batch(self.shard, ids) for ids in placed]
+        micro_batches = [make_batch(self.shard, ids, packed=not self.fixed_shapes) for ids in placed]
         if self.fixed_shapes:
             micro_batches = [fixed_shape(batch, self.shard, len(batch.lengths)) for batch in micro_batches]
         mine = [i for ids in placed for i in ids]
@@ -325,14 +351,15 @@ def eval_batches(shard: Shard, batch_size: int, rank: int = 0, world_size: int =
     """Every document of `shard` exactly once across ranks, batch_size documents per rank, placed by
     eval_placement. Every rank yields the same number of batches: a rank past the end gets a 1x1 batch
     with an all-False mask. NOTE: under FSDP every rank must run every forward pass, so run the model on
-    these too, sum losses over the mask and all-reduce sums and counts. With fixed_shapes every batch has
-    batch_size rows (empty ones after the last document) and its bucket's width (fixed_shape).
+    these too, sum losses over the mask and all-reduce sums and counts. Each batch is packed, or with
+    fixed_shapes, batch_size padded rows (empty ones after the last document) at its bucket's width
+    (fixed_shape).
     """
     if batch_size < 1 or world_size < 1 or not 0 <= rank < world_size:
         raise DataError(f"eval batch_size={batch_size}, rank={rank}, world_size={world_size}: need batch_size >= 1 "
                         f"and 0 <= rank < world_size")
     for step in eval_placement(shard.lengths, batch_size, world_size):
-        batch = make_batch(shard, step[rank])
+        batch = make_batch(shard, step[rank], packed=not fixed_shapes)
         yield fixed_shape(batch, shard, batch_size) if fixed_shapes else batch
 
 

@@ -104,19 +104,28 @@ def massive_activation(hidden: torch.Tensor, mask: torch.Tensor) -> dict:
             "massive_position": int(mask.nonzero()[token, 1]), "max_abs": largest, "median_abs": median}
 
 
-def first_token_attention(attention: list, mask: torch.Tensor) -> list:
-    """Per layer, the mean over real queries after position 0 of each head's attention weight on
-    position 0 (the document-boundary token): a list of per-head floats, None for a layer that did not
-    run. attention: a model's captured["first_attention"] (interventions/monitor.py), each (B, n_heads, T).
-    A head whose mean is near 1 is an attention sink (Gu et al. 2024): it attends to the first token
-    whatever the query."""
+def row_starts(mask: torch.Tensor) -> torch.Tensor:
+    """Like mask: True at each padded row's first position, its document's boundary token (a packed batch's
+    are data.Batch.first_positions)."""
+    first = torch.zeros_like(mask)
+    first[:, 0] = mask[:, 0]
+    return first
+
+
+def first_token_attention(attention: list, mask: torch.Tensor, first: torch.Tensor | None = None) -> list:
+    """Per layer, the mean over real queries after their document's position 0 of each head's attention
+    weight on it (the document-boundary token): a list of per-head floats, None for a layer that did not
+    run. attention: a model's captured["first_attention"] (interventions/monitor.py), each (B, n_heads, T);
+    `first` marks each document's position 0 (default: each row's first column). A head whose mean is near 1
+    is an attention sink (Gu et al. 2024): it attends to the first token whatever the query."""
+    first = row_starts(mask) if first is None else first
     out = []
     for weights in attention:
         if weights is None:
             out.append(None)
             continue
-        real = mask[:, 1:].to(weights.device)                                    # (B, T-1)
-        per_head = (weights[:, :, 1:].double() * real[:, None]).sum((0, 2)) / real.sum().clamp_min(1)
+        real = (mask & ~first).to(weights.device)                                # (B, T)
+        per_head = (weights.double() * real[:, None]).sum((0, 2)) / real.sum().clamp_min(1)
         out.append(per_head.tolist())
     return out
 

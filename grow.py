@@ -236,7 +236,7 @@ class Run:
                                                       self.teacher.head_weight if self.teacher else None, self.phase,
                                                       self.batch.global_targets, self.net)
             if monitoring:
-                self.monitor_row = nets.monitor_row(self.net.captured, micro.mask)
+                self.monitor_row = nets.monitor_row(self.net.captured, micro.mask, micro.first_positions())
                 self.net.capture_boundaries, self.net.captured = False, None
             # Each rank's loss is already divided by the global target count; FSDP2 averages gradients
             # over ranks, so scale by the world size to get the gradient of the global mean.
@@ -460,7 +460,7 @@ def lockstep_step(runs: list[Run], teacher: nets.Teacher | None):
                 hidden = kept[i]
                 if run is first and first.teacher is not None:
                     with autocast(first.dtype, first.ctx):
-                        hidden = teacher.hidden(micro.input_ids)
+                        hidden = teacher.hidden(micro.input_ids, doc_lengths=micro.doc_lengths)
                     if len(group) > 1:
                         kept[i] = hidden
                 run.accumulate(micro, hidden, last=i == len(micro_batches) - 1)

@@ -10,8 +10,11 @@ block-stack student, each of whose blocks takes a placement from PLACEMENTS.
 
 Both models take `output_fn(hidden, head_weight)` in forward, so the training loss can apply the LM
 head in chunks (kd.py) without the full logits ever existing; FSDP2's hooks still gather the head
-weight because it is used inside forward. Batches are right-padded, so causal attention alone keeps
-real tokens from seeing padding; no attention mask is ever built.
+weight because it is used inside forward. A batch comes in one of two layouts: right-padded rows (B, T),
+where causal attention alone keeps real tokens from seeing padding, or packed, its documents laid end to end
+in one row (1, N) with their lengths (`doc_lengths`): every per-token operation then runs on real tokens only,
+RoPE positions restart at each document and attention stays within it (`document_attention`). The math is the
+padded layout's, up to the order of floating-point sums; no attention mask is ever built.
 
 Parameter names follow transformers' Qwen3 except the two per-layer norms, which are named for the
 sub-layer they belong to (`attn_norm`, `mlp_norm`) because their position depends on the placement;
@@ -29,6 +32,11 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 import torch.utils.checkpoint
+
+try:  # torch's variable-length flash attention (CUDA only); absent from some builds
+    from torch.nn.attention.varlen import varlen_attn
+except ImportError:
+    varlen_attn = None
 
 from interventions.boundary import BoundaryInputs, checked_features, checkpoint_entries_problem, read_checkpoint_entries
 from interventions.monitor import attention_to_first, captured, record_attention, visible_keys
@@ -61,14 +69,24 @@ class RMSNorm(nn.Module):
         return self.weight * normed.to(x.dtype)
 
 
-def rope_cos_sin(config: ModelConfig, seq_len: int, device) -> tuple[torch.Tensor, torch.Tensor]:
-    """(T, head_dim) cos and signed sin in fp32 for rotate-half RoPE. The sin's first half is negated
-    so that apply_rope needs one roll instead of a negation and a concatenation. Recomputed per
-    forward: it is tiny, and a buffer would need re-initialising after meta-device construction."""
+def rope_cos_sin(config: ModelConfig, seq_len: int, device, doc_lengths: tuple[int, ...] | None = None
+                 ) -> tuple[torch.Tensor, torch.Tensor]:
+    """(T, head_dim) cos and signed sin in fp32 for rotate-half RoPE, at positions 0..T-1, or for a packed row
+    (doc_lengths) at each token's position within its document. The sin's first half is negated so that
+    apply_rope needs one roll instead of a negation and a concatenation. Recomputed per forward: it is tiny,
+    and a buffer would need re-initialising after meta-device construction."""
     hd = config.head_dim
     inv_freq = 1.0 / (config.rope_theta ** (torch.arange(0, hd, 2, device=device, dtype=torch.float32) / hd))
-    freqs = torch.outer(torch.arange(seq_len, device=device, dtype=torch.float32), inv_freq)
+    positions = torch.arange(seq_len, device=device) if doc_lengths is None else document_positions(doc_lengths, device)
+    freqs = torch.outer(positions.float(), inv_freq)
     return torch.cat((freqs, freqs), dim=-1).cos(), torch.cat((-freqs.sin(), freqs.sin()), dim=-1)
+
+
+def document_positions(doc_lengths: tuple[int, ...], device) -> torch.Tensor:
+    """(N,) long: each token's position within its document, for documents of `doc_lengths` laid end to end."""
+    lengths = torch.tensor(doc_lengths, device=device)
+    starts = torch.cumsum(lengths, 0) - lengths
+    return torch.arange(int(lengths.sum()), device=device) - torch.repeat_interleave(starts, lengths)
 
 
 def apply_rope(x, cos, signed_sin):
@@ -95,6 +113,8 @@ class Attention(nn.Module):
         # query attends to position 0 (the document-boundary token), (B, n_heads, T), in first_attention.
         self.record_first_attention, self.first_attention = False, None
         self.window = config.attention_window  # 0: every earlier key (Qwen3's); w: the w most recent only
+        # A packed row's document lengths, set by the model for each forward (set_documents); None: padded rows.
+        self.doc_lengths: tuple[int, ...] | None = None
 
     def project(self, x):
         """q and k (normalised per head) and v, each (B, heads, T, hd), before RoPE."""
@@ -109,13 +129,37 @@ class Attention(nn.Module):
         B, T, _ = x.shape
         q, k, v = self.project(x)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-        if self.record_first_attention:
-            self.first_attention = attention_to_first(q, k, window=self.window)
-        # NOTE: is_causal keeps SDPA on its fused path; right padding needs no mask (padding comes last).
-        band = visible_keys(torch.arange(T, device=x.device), T, self.window) if self.window else None
-        y = F.scaled_dot_product_attention(q, k, v, attn_mask=band, is_causal=band is None,
-                                           enable_gqa=self.n_kv != self.n_heads)
+        if self.doc_lengths is None:
+            if self.record_first_attention:
+                self.first_attention = attention_to_first(q, k, window=self.window)
+            y = self.causal(q, k, v)
+        else:
+            y = self.document_attention(q, k, v)
         return self.o_proj(y.transpose(1, 2).reshape(B, T, self.n_heads * self.head_dim))
+
+    def causal(self, q, k, v):
+        """Causal SDPA over rows (B, heads, T, hd). NOTE: is_causal keeps SDPA on its fused path; right
+        padding needs no mask (padding comes last)."""
+        T = q.shape[2]
+        band = visible_keys(torch.arange(T, device=q.device), T, self.window) if self.window else None
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=band, is_causal=band is None,
+                                              enable_gqa=self.n_kv != self.n_heads)
+
+    def document_attention(self, q, k, v):
+        """Causal attention within each document of a packed row (1, heads, N, hd). On CUDA, torch's
+        variable-length flash attention over the documents' cumulative lengths (one kernel for the row); elsewhere
+        causal SDPA on each document's slice, the kernel measured fastest on CPUs at the toy's lengths (its
+        fused causal path; a block-diagonal mask over rows of packed documents was slower: docs/method.md)."""
+        lengths = list(self.doc_lengths)
+        if q.is_cuda and self.window == 0 and varlen_attn is not None:
+            cu = torch.tensor([0, *lengths], device=q.device, dtype=torch.int32).cumsum(0, dtype=torch.int32)
+            y = varlen_attn(q[0].transpose(0, 1), k[0].transpose(0, 1), v[0].transpose(0, 1), cu, cu, max(lengths),
+                            max(lengths), window_size=(-1, 0), enable_gqa=self.n_kv != self.n_heads)
+            return y.transpose(0, 1)[None]                                              # (1, heads, N, hd)
+        parts = [t.split(lengths, dim=2) for t in (q, k, v)]
+        if self.record_first_attention:  # to each document's own first token
+            self.first_attention = torch.cat([attention_to_first(a, b, window=self.window) for a, b in zip(*parts[:2])], -1)
+        return torch.cat([self.causal(a, b, c) for a, b, c in zip(*parts)], dim=2)
 
 
 class MLP(nn.Module):
@@ -206,6 +250,12 @@ class DecoderLayer(nn.Module):
         return self.placement.layer_forward(self, h, cos, sin)
 
 
+def set_documents(net: nn.Module, doc_lengths: tuple[int, ...] | None):
+    """The layout of the next forward for every attention of `net`: a packed row's document lengths, or None."""
+    for layer in net.layers:
+        layer.self_attn.doc_lengths = doc_lengths
+
+
 def logits_output(hidden, head_weight):
     return hidden @ head_weight.T
 
@@ -251,9 +301,11 @@ class Qwen3(nn.Module):
     def init_weights(self, seed: int):
         init_qwen3_weights(self, self.config.initializer_range, torch.Generator().manual_seed(seed))
 
-    def forward(self, input_ids, output_fn: Callable = logits_output):
+    def forward(self, input_ids, output_fn: Callable = logits_output, doc_lengths: tuple[int, ...] | None = None):
+        """input_ids (B, T) padded rows, or (1, N) documents of `doc_lengths` packed end to end."""
         h = self.embed_tokens(input_ids)                                         # (B, T, H)
-        cos, sin = rope_cos_sin(self.config, input_ids.shape[1], input_ids.device)
+        cos, sin = rope_cos_sin(self.config, input_ids.shape[1], input_ids.device, doc_lengths)
+        set_documents(self, doc_lengths)
         record_attention(self, self.capture_boundaries)
         boundaries = [h]
         for layer in self.layers:
@@ -397,17 +449,19 @@ class Student(BoundaryInputs, nn.Module):
         return student
 
     def forward(self, input_ids, active_blocks: int | None = None, skip_block: int | None = None,
-                output_fn: Callable = logits_output, return_boundaries: bool = False):
+                output_fn: Callable = logits_output, return_boundaries: bool = False,
+                doc_lengths: tuple[int, ...] | None = None):
         """Run blocks 0..active_blocks-1 (default: all), bypassing `skip_block` entirely (its norms
-        too). With return_boundaries, also returns the residual stream at every block boundary:
-        [input of block 0, output of block 0, ..., output of the last active block]; a skipped
-        block's output equals its input."""
+        too), on padded rows (B, T) or documents of `doc_lengths` packed in one row (1, N). With
+        return_boundaries, also returns the residual stream at every block boundary: [input of block 0,
+        output of block 0, ..., output of the last active block]; a skipped block's output equals its input."""
         active_blocks = self.blocks if active_blocks is None else active_blocks
         if not 1 <= active_blocks <= self.blocks:
             raise ValueError(f"active_blocks={active_blocks} must be in 1..{self.blocks}")
-        profile = self.mirror_profile(input_ids, active_blocks)
+        profile = self.mirror_profile(input_ids, active_blocks, doc_lengths)
         h = self.embed_tokens(input_ids)                                         # (B, T, H)
-        cos, sin = rope_cos_sin(self.config, input_ids.shape[1], input_ids.device)
+        cos, sin = rope_cos_sin(self.config, input_ids.shape[1], input_ids.device, doc_lengths)
+        set_documents(self, doc_lengths)
         record_attention(self, self.capture_boundaries)
         entry = self.entry_module()
         if entry is not None:

@@ -65,11 +65,11 @@ class Teacher:
         return self.net.head_weight
 
     @torch.no_grad()
-    def hidden(self, input_ids: torch.Tensor, key=None) -> torch.Tensor:
+    def hidden(self, input_ids: torch.Tensor, key=None, doc_lengths: tuple[int, ...] | None = None) -> torch.Tensor:
         if key is not None and key in self.kept:
             return self.kept[key]
         self.forwards += 1
-        hidden = self.net(input_ids, output_fn=hidden_only)
+        hidden = self.net(input_ids, output_fn=hidden_only, doc_lengths=doc_lengths)
         if key is not None and sum(h.nbytes for h in self.kept.values()) + hidden.nbytes <= self.cache_bytes:
             self.kept[key] = hidden
         return hidden
@@ -127,9 +127,9 @@ class BoundaryProfile:
         self.reference = reference
 
     @torch.no_grad()
-    def __call__(self, input_ids: torch.Tensor, active_blocks: int) -> dict:
+    def __call__(self, input_ids: torch.Tensor, active_blocks: int, doc_lengths: tuple[int, ...] | None = None) -> dict:
         _, bounds = self.reference(input_ids, active_blocks=active_blocks - 1, output_fn=hidden_only,
-                                   return_boundaries=True)
+                                   return_boundaries=True, doc_lengths=doc_lengths)
         return {b: bounds[b].float().pow(2).mean(-1, keepdim=True).sqrt() for b in range(1, active_blocks)}
 
 
@@ -169,11 +169,11 @@ def loss_fn(config, batch, teacher_hidden, teacher_head_weight, phase, denominat
     teacher's hidden states, or plain CE where there are none (teacher pretraining, growth from scratch)."""
     if teacher_hidden is None:
         blocks = {"active_blocks": phase.active_blocks} if isinstance(net, model.Student) else {}
-        loss, ce_term = net(batch.input_ids, **blocks, output_fn=partial(
+        loss, ce_term = net(batch.input_ids, **blocks, doc_lengths=batch.doc_lengths, output_fn=partial(
             kd.ce_loss, targets=batch.targets, mask=batch.mask, chunk_size=config.loss_chunk,
             denominator=denominator))
         return loss, loss.new_zeros(()), ce_term
-    return net(batch.input_ids, active_blocks=phase.active_blocks, output_fn=partial(
+    return net(batch.input_ids, active_blocks=phase.active_blocks, doc_lengths=batch.doc_lengths, output_fn=partial(
         kd.kd_loss, teacher_hidden=teacher_hidden, teacher_head_weight=teacher_head_weight, targets=batch.targets,
         mask=batch.mask, alpha=config.alpha, gamma=config.gamma, tau=config.tau,
         chunk_size=config.loss_chunk, denominator=denominator))
@@ -193,8 +193,8 @@ def evaluate(config: RunConfig, net, teacher: Teacher | None, val: data.Shard, a
             # Without a teacher kd_sums gives CE alone (tau is not read then).
             cache_key = (str(val.path), config.eval_batch, config.compile, i)
             teacher_hidden, teacher_head_weight = (None, None) if teacher is None else (
-                teacher.hidden(batch.input_ids, key=cache_key), teacher.head_weight)
-            s = net(batch.input_ids, **blocks, output_fn=partial(
+                teacher.hidden(batch.input_ids, key=cache_key, doc_lengths=batch.doc_lengths), teacher.head_weight)
+            s = net(batch.input_ids, **blocks, doc_lengths=batch.doc_lengths, output_fn=partial(
                 kd.kd_sums, teacher_hidden=teacher_hidden, teacher_head_weight=teacher_head_weight,
                 targets=batch.targets, mask=batch.mask, tau=config.tau, chunk_size=config.loss_chunk))
         for k, key in enumerate(("kl", "soft_ce", "ce", "n")):
@@ -218,20 +218,22 @@ def perplexity(ce: float) -> float:
     return math.exp(ce) if ce < 700 else math.inf
 
 
-def monitor_row(captured: dict, mask: torch.Tensor) -> dict:
+def monitor_row(captured: dict, mask: torch.Tensor, first: torch.Tensor | None = None) -> dict:
     """The boundary monitor's numbers from one training forward: per boundary, the mean, std and Pearson
-    kurtosis of per-token RMS over real tokens, the document-boundary token's (position 0) mean RMS
-    over that of all other real tokens (delimiters included: the monitor decodes nothing) and the
-    largest activation over the median magnitude (diag.massive_activation); per layer, each head's
-    mean attention on position 0 (diag.first_token_attention). diag.boundary_stats's conventions."""
+    kurtosis of per-token RMS over real tokens, the document-boundary token's (each document's position 0:
+    `first`, like mask; default: each row's first column) mean RMS over that of all other real tokens
+    (delimiters included: the monitor decodes nothing) and the largest activation over the median magnitude
+    (diag.massive_activation); per layer, each head's mean attention on position 0
+    (diag.first_token_attention). diag.boundary_stats's conventions."""
+    first = diag.row_starts(mask) if first is None else first
     rows = []
     for b, h in enumerate(captured["boundaries"]):
         rms = diag.token_rms(h, mask)
-        first = diag.token_rms(h[:, :1], mask[:, :1])
-        others = diag.token_rms(h[:, 1:], mask[:, 1:])
-        ratio = first.mean().item() / others.mean().item() if first.numel() and others.numel() else None
+        first_rms = diag.token_rms(h, mask & first)
+        others = diag.token_rms(h, mask & ~first)
+        ratio = first_rms.mean().item() / others.mean().item() if first_rms.numel() and others.numel() else None
         stats = diag.summarize(rms)
         rows.append({"boundary": b, "label": diag.boundary_label(b), "mean": stats["mean"], "std": stats["std"],
                      "kurtosis": stats["kurtosis"], "boundary_over_others": ratio,
                      "massive_ratio": diag.massive_activation(h, mask)["massive_ratio"]})
-    return {"boundaries": rows, "first_attention": diag.first_token_attention(captured["first_attention"], mask)}
+    return {"boundaries": rows, "first_attention": diag.first_token_attention(captured["first_attention"], mask, first)}

@@ -155,7 +155,7 @@ class BoundaryInputs:
         for norm in [*(self.boundary_norms or []), *(self.correction_norms or []), *(self.structural_scales or [])]:
             norm.weight.fill_(1.0)
 
-    def mirror_profile(self, input_ids, active_blocks: int) -> dict | None:
+    def mirror_profile(self, input_ids, active_blocks: int, doc_lengths: tuple[int, ...] | None = None) -> dict | None:
         """mirror-fwd's targets for a forward over `active_blocks` blocks: {block: (B, T, 1) RMS} at each
         boundary in the reference run, from `profile_source(input_ids, active_blocks)`; None for any other
         intervention, or with one block (no boundary)."""
@@ -164,7 +164,7 @@ class BoundaryInputs:
         if self.profile_source is None:
             raise CheckpointError("a mirror-fwd student needs its reference run's boundary profile "
                                   "(profile_source) to run more than one block")
-        return self.profile_source(input_ids, active_blocks)
+        return self.profile_source(input_ids, active_blocks, doc_lengths)
 
     def enter_block(self, b: int, h: torch.Tensor, profile: dict | None) -> torch.Tensor:
         """What block b reads: block 0 the embeddings; a later block the boundary intervention (BOUNDARIES'

@@ -64,8 +64,8 @@ def test_scratch_loss_is_cross_entropy_of_the_active_blocks(tiny_shards):
     phase = config.plan_phases(c)[1]  # two active blocks
     with torch.no_grad():
         loss, kd_term, _ = nets.loss_fn(c, batch, None, None, phase, int(batch.mask.sum()), net)
-        logits = net(batch.input_ids, active_blocks=2)
-        all_blocks = net(batch.input_ids)
+        logits = net(batch.input_ids, active_blocks=2, doc_lengths=batch.doc_lengths)
+        all_blocks = net(batch.input_ids, doc_lengths=batch.doc_lengths)
     expected = F.cross_entropy(logits[batch.mask], batch.targets[batch.mask])
     assert float(kd_term) == 0.0
     assert float(loss) == pytest.approx(float(expected), rel=1e-5)
@@ -129,13 +129,15 @@ def test_monitor_numbers_equal_a_recomputation(tiny_shards, tmp_path):
     batcher = data.Batcher(tiny_shards[0], c.global_batch, c.seed, mode="replay", replay_docs=c.replay_docs,
                            micro_batch=c.micro_batch)
     batcher.load_state_dict(json.loads((tmp_path / "run" / "step-3" / "trainer_state.json").read_text())["data"])
-    micro = next(batcher).micro_batches[0]
+    # The run's forward was packed; recomputed here on the same documents in padded rows, the reference layout:
+    # the same math, float32 sums in another order (relative differences ~1e-7 per token, 1e-6 after moments).
+    micro = data.make_batch(tiny_shards[0], next(batcher).micro_batches[0].doc_ids)
     _, bounds = student(micro.input_ids, return_boundaries=True, output_fn=nets.hidden_only)
     expected = diag.boundary_stats(bounds, micro.mask)
     for got, want in zip(row["boundaries"], expected):
-        assert got["mean"] == pytest.approx(want["mean"], rel=1e-9)
-        assert got["kurtosis"] == pytest.approx(want["kurtosis"], rel=1e-9)
-        assert got["massive_ratio"] == pytest.approx(want["massive_ratio"], rel=1e-9)
+        assert got["mean"] == pytest.approx(want["mean"], rel=1e-5)
+        assert got["kurtosis"] == pytest.approx(want["kurtosis"], rel=1e-5)
+        assert got["massive_ratio"] == pytest.approx(want["massive_ratio"], rel=1e-5)
     # Each layer's first-token attention, against softmax(q k^T / sqrt(d)) written out for this batch.
     student.capture_boundaries = True
     student(micro.input_ids, output_fn=nets.hidden_only)

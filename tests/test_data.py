@@ -364,18 +364,37 @@ def shard(tmp_path_factory):
 
 
 def rows(step):
-    """{doc id: (inputs, targets)} of a StepBatch's rows, padding cut off by length."""
+    """{doc id: (inputs, targets)} of a StepBatch's documents: padded rows cut by length, a packed row split."""
     out = {}
     for batch in step.micro_batches:
-        for row, doc in enumerate(batch.doc_ids):
-            n = int(batch.lengths[row])
-            out[doc] = (batch.input_ids[row, :n].tolist(), batch.targets[row, :n].tolist())
+        if batch.doc_lengths is None:
+            for row, doc in enumerate(batch.doc_ids):
+                n = int(batch.lengths[row])
+                out[doc] = (batch.input_ids[row, :n].tolist(), batch.targets[row, :n].tolist())
+        else:
+            parts = zip(batch.input_ids[0].split(batch.doc_lengths), batch.targets[0].split(batch.doc_lengths))
+            out.update({doc: (i.tolist(), t.tolist()) for doc, (i, t) in zip(batch.doc_ids, parts)})
     return out
+
+
+def test_a_packed_batch_lays_its_documents_end_to_end_with_no_padding(shard):
+    step = next(data.Batcher(shard, global_batch=8, seed=0))
+    batch = step.micro_batches[0]
+    lengths = [1 + (1 + doc % 9) for doc in batch.doc_ids]
+    assert batch.doc_lengths == tuple(lengths) and batch.lengths.tolist() == lengths
+    assert batch.input_ids.shape == batch.targets.shape == batch.mask.shape == (1, sum(lengths)) and batch.mask.all()
+    assert batch.n_targets == sum(lengths) == step.global_targets
+    expected = [([EOT_ID] + [doc] * (n - 1), [doc] * (n - 1) + [EOT_ID]) for doc, n in zip(batch.doc_ids, lengths)]
+    assert list(rows(step).values()) == expected  # each document's inputs and targets, in order
+    starts = np.cumsum([0] + lengths[:-1])
+    assert batch.first_positions()[0].nonzero().flatten().tolist() == starts.tolist()
+    assert batch.input_ids[0, starts].eq(EOT_ID).all()  # every document opens with its boundary token
 
 
 def test_batch_rows_are_shifted_documents_masked_by_length(shard):
     step = next(data.Batcher(shard, global_batch=8, seed=0))
-    batch = step.micro_batches[0]
+    batch = data.make_batch(shard, step.doc_ids)  # right-padded rows: a compiled run's and the diagnostics'
+    assert batch.doc_lengths is None and batch.first_positions()[:, 0].all() and batch.first_positions().sum() == 8
     assert batch.input_ids.dtype == batch.targets.dtype == torch.long and batch.mask.dtype == torch.bool
     assert batch.doc_ids == step.doc_ids and len(batch.doc_ids) == 8
     for row, doc in enumerate(batch.doc_ids):

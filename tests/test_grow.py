@@ -115,7 +115,7 @@ def test_accumulation_equals_whole_batch(tiny_shards, tiny_teacher_dir):
         assert len(step.micro_batches) == 8 // micro
         total = 0.0
         for mb in step.micro_batches:
-            hidden = teacher(mb.input_ids, output_fn=nets.hidden_only)
+            hidden = teacher(mb.input_ids, output_fn=nets.hidden_only, doc_lengths=mb.doc_lengths)
             loss, _, _ = nets.loss_fn(c, mb, hidden, teacher.head_weight, phase, step.global_targets, student)
             loss.backward()
             total += loss.item()
