@@ -35,6 +35,7 @@ from experiments.readings import (
     diverged_line,
     holm_family,
     p_text,
+    read,
     reading_cell,
     sentence,
     stats,
@@ -306,8 +307,10 @@ def planted_lines(numbers: dict, seeds: list[int]) -> list[str]:
              "endpoint is each dose's interaction I = (pre dosed − pre) − (post dosed − post), which the paper's "
              "account predicts above 0; one family over the doses, Holm-adjusted. The paper ran none of these.", "",
              diverged_line({row: q["ce"] for row, q in rows.items() if "ce" in q}, seeds, "runs"), "",
-             "| run | validation CE | − the same run undosed |", "| --- | --- | --- |"]
-    lines += [f"| {row} | {report.stats_cell(stats(q['ce']))} | {report.stats_cell(stats(q['minus_undosed']), True)} |"
+             "| run | validation CE | − the same run undosed | its reading (post hoc, alone) |",
+             "| --- | --- | --- | --- |"]
+    lines += [f"| {row} | {report.stats_cell(stats(q['ce']))} | {report.stats_cell(stats(q['minus_undosed']), True)} | "
+              f"{'' if row.endswith('(suite)') else reading_cell(stats(q['minus_undosed']))} |"
               for row, q in rows.items() if "ce" in q and "minus_undosed" in q]
     lines += ["", "| outlier | Δgrow = post − pre |", "| --- | --- |"]
     lines += [f"| {dose} | {report.stats_cell(stats(v), True)} |" for dose, v in rows.get("delta_grow", {}).items()]
@@ -317,7 +320,15 @@ def planted_lines(numbers: dict, seeds: list[int]) -> list[str]:
               f"{reading_cell(r['interaction'], r['p_holm'])} |" for r in interactions]
     lines += ["", "Readings (the primary endpoint):", ""]
     lines += [f"- {sentence('I, ' + r['dose'], r['interaction'], r['p_holm'], len(interactions))}" for r in interactions]
-    return lines + [""]
+    return lines + ["", "Each I is pre-norm's dose effect minus post-norm's; each effect read alone by the rule (post hoc, "
+                        "no family):", ""] + [f"- {dose_parts(rows, r)}" for r in interactions] + [""]
+
+
+def dose_parts(rows: dict, interaction: dict) -> str:
+    """One dose's I beside its two parts, each placement's dosed − undosed read alone (planted_lines' rows)."""
+    effect = {norm: stats(rows[f"{norm}-grow + {interaction['dose']}"]["minus_undosed"]) for norm in tables.NORMS}
+    parts = "; ".join(f"{norm}-norm's {report.stats_cell(s, True)} reads {read(s)}" for norm, s in effect.items())
+    return f"{interaction['dose']}: I reads {interaction['reading']}; {parts}"
 
 
 # ----------------------------------------------------------------------------------------------

@@ -86,3 +86,25 @@ def test_planted_at_smoke_trains_each_cell_with_its_dose(tmp_path):
         expected = ((ce[f"pre-grow + {label}"] - ce["pre-grow (suite)"])
                     - (ce[f"post-grow + {label}"] - ce["post-grow (suite)"]))
         assert r["interaction"]["mean"] == pytest.approx(expected, abs=1e-12)
+
+
+def test_each_doses_parts_are_read_alone_beside_its_interaction():
+    """Issue 57: I is pre-norm's dose effect minus post-norm's; the section reads each part by the rule (post hoc)
+    beside I, so an I driven by one placement says which."""
+    pre, post = [3.50, 3.52, 3.49], [3.47, 3.48, 3.46]
+    pre_d = [[3.70, 3.73, 3.68], [3.501, 3.519, 3.49]]   # dose 1 costs pre-norm ~0.2; dose 2 nothing
+    post_d = [[3.47, 3.481, 3.459], [3.57, 3.58, 3.56]]  # dose 1 nothing; dose 2 costs post-norm 0.1
+    ce = ce_table(pre, post, pre_d, post_d)
+    undosed = lambda run: ce["pre-grow (suite)" if run.startswith("pre") else "post-grow (suite)"]
+    numbers = {f"{run}: {q}": values if q == "ce" else [a - b for a, b in zip(values, undosed(run))]
+               for run, values in ce.items() for q in ("ce", "minus_undosed")}
+    text = "\n".join(beyond.planted_lines(numbers, [42, 43, 44]))
+    effect = report.across_seeds([a - b for a, b in zip(pre_d[0], pre)])
+    assert f"| pre-grow + the boundary token at 37x | {report.stats_cell(report.across_seeds(pre_d[0]))} | " \
+           f"{report.stats_cell(effect, True)} | above 0" in text
+    assert "| pre-grow (suite) |" in text and text.split("| pre-grow (suite) |")[1].split("\n")[0].endswith("|  |")
+    assert (f"- the boundary token at 37x: I reads above 0; pre-norm's {report.stats_cell(effect, True)} reads above 0; "
+            "post-norm's") in text
+    dose_2 = next(line for line in text.splitlines() if line.startswith("- one channel at 1000x: I reads"))
+    assert "I reads below 0; pre-norm's" in dose_2 and dose_2.endswith("post-norm's +0.1000 [+0.1000, +0.1000] reads "
+                                                                       "above 0")
