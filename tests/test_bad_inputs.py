@@ -358,8 +358,9 @@ def test_the_dry_runs_estimate_for_this_cpu_uses_the_benchs_measured_speed(tmp_p
     """From results/bench.json: the kit's toy step of 2 GFLOP in 0.5 s is 4 GFLOP/s, so 360 GFLOP take
     90 s = 1.5 min; bf16 where the preset would use it and the bench measured it."""
     from tools import cpu_estimate, plan
+    from tools.bench import environment  # this CPU's: a bench.json from another is not used (tests/bad_bench_files.py)
     bench = tmp_path / "bench.json"
-    bench.write_text(json.dumps({"environment": {"date": "2026-12-02"}, "train_step": {
+    bench.write_text(json.dumps({"environment": {**environment(), "date": "2026-12-02"}, "train_step": {
         "step_gflop": 2.0, "kit_post_fp32_s": 0.5, "kit_post_bf16_s": 0.25}}))
     assert cpu_estimate.cpu_estimate(360e9, "fp32", bench).startswith("about 1.5 min on this CPU (4.0 GFLOP/s")
     assert cpu_estimate.cpu_estimate(360e9, "auto", bench).startswith("about 45 s on this CPU (8.0 GFLOP/s")

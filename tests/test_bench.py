@@ -6,6 +6,7 @@ from dataclasses import replace
 
 import pytest
 import torch
+from bad_bench_files import BENCH_FILES, here
 from conftest import TINY_MODEL
 
 from plumbing.hf_qwen3 import ModelConfig
@@ -29,33 +30,82 @@ def test_gpu_check_code_paths_on_cpu(tmp_path):
     assert (tmp_path / "gpu_check.json").is_file()
 
 
-def test_interleaved_timing_takes_medians():
+def test_interleaved_timing_takes_medians_or_keeps_every_round():
     calls = []
     seconds = utilization.interleaved({"a": (lambda: calls.append("a"), bench.nullcontext),
                                        "b": (lambda: calls.append("b"), bench.nullcontext)}, repeats=3)
     assert calls == ["a", "b"] * 5  # two warm-up rounds, then three timed ones, in turns
     assert set(seconds) == {"a", "b"} and all(math.isfinite(s) and s >= 0 for s in seconds.values())
+    ticks = iter(range(100))  # each call of the clock one second later: every timed call takes 1 s
+    rounds = utilization.interleaved({"a": (lambda: None, bench.nullcontext), "b": (lambda: None, bench.nullcontext)},
+                                     repeats=3, pick=list, clock=lambda: next(ticks))
+    assert rounds == {"a": [1, 1, 1], "b": [1, 1, 1]}
 
 
-def test_train_step_bench_skips_bf16_where_it_is_emulated(monkeypatch):
+def test_a_ratio_is_the_median_of_paired_rounds_with_its_spread_and_verdict():
+    """Two processes of three rounds: transformers' seconds over the kit's, round by round."""
+    hf = ([0.30, 0.33, 0.36], [0.32, 0.30, 0.31])
+    kit = ([0.20, 0.22, 0.24], [0.20, 0.20, 0.20])
+    ratio = utilization.ratio_spread(list(zip(hf, kit)))  # rounds: 1.5, 1.5, 1.5; 1.6, 1.5, 1.55
+    assert ratio.pop("per_process") == pytest.approx([1.5, 1.55], rel=1e-12)
+    assert ratio == pytest.approx({"median": 1.5, "min": 1.5, "max": 1.6, "rounds": 6, "processes": 2, "stable": True},
+                                  rel=1e-12)
+    assert utilization.spread_text({**ratio, "per_process": []}) == "1.50x (1.50x-1.60x over 6 rounds in 2 processes)"
+    # At the bound (UNSTABLE_SPREAD, 10% of the median either way) still a number; past it, unstable.
+    assert utilization.UNSTABLE_SPREAD == 0.10
+    at_bound = utilization.spread([[0.9, 1.0, 1.1]])
+    assert at_bound["stable"] and utilization.spread_text(at_bound) == "1.00x (0.90x-1.10x over 3 rounds in 1 process)"
+    for values in ([[0.89, 1.0, 1.1]], [[0.9, 1.0, 1.11]]):
+        assert not utilization.spread(values)["stable"]
+    wide = utilization.ratio_spread([([0.9, 1.5, 1.2], [1.0, 1.0, 1.0]), ([1.2], [1.0])])
+    assert utilization.spread_text(wide) == "unstable (0.90x-1.50x over 4 rounds in 2 processes)"
+    assert utilization.spread_text(utilization.spread([[0.41, 0.40]]), "{:.1%}".format) == \
+        "40.5% (40.0%-41.0% over 2 rounds in 1 process)"
+    with pytest.raises(ValueError):  # rounds that do not pair are a mistake, not a shorter ratio
+        utilization.ratio_spread([([1.0, 2.0], [1.0])])
+
+
+def test_a_fraction_of_peak_pairs_each_round_with_its_own_best_matmul():
+    """A 2 GFLOP step in 0.1 s (20 GFLOP/s) and 0.2 s (10 GFLOP/s); the best matmul 40 GFLOP/s in both rounds,
+    the 1024 one in the first and the 2048 one in the second: 50% and 25%."""
+    mm1024, mm2048 = 2 * 1024**3, 2 * 2048**3
+    fractions = utilization.round_fractions(2e9, [0.1, 0.2], {"matmul 1024 fp32": [mm1024 / 40e9, mm1024 / 20e9],
+                                                              "matmul 2048 fp32": [mm2048 / 20e9, mm2048 / 40e9]})
+    assert fractions == pytest.approx([0.5, 0.25], rel=1e-12)
+
+
+def test_the_train_step_runs_in_fresh_processes_under_each_allocator_policy(monkeypatch):
+    """At tiny shapes, one process a policy: each worker ran with exactly its policy's malloc settings (none of
+    this process's own, which a user's fresh process would not have), the bf16 variants are skipped where the
+    parent's probe finds bf16 emulated, and the speed-ups and seconds carry their spreads."""
     tiny = ModelConfig(vocab_size=300, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                        num_attention_heads=4, num_key_value_heads=2, head_dim=8, tie_word_embeddings=True)
-    monkeypatch.setattr(bench, "toy_shapes", lambda: (tiny, 2, 1, 2))
     why = "auto: fp32 (a bf16 matmul ran 0.03x as fast as fp32 on this CPU, below 1.5x; bf16 is emulated or slow here)"
     monkeypatch.setattr(bench.devices, "precision_choice", lambda *a, **k: (bench.torch.float32, why))
-    results = bench.bench_train_step(repeats=1)
-    assert results["bf16"] == f"skipped: {why}"
-    assert not [k for k in results if "bf16" in k and k != "bf16"]  # no bf16 timing or speed-up
-    assert results["kit_post_fp32_s"] > 0 and results["speedup_pre_fp32_vs_hf_fp32"] > 0
+    monkeypatch.setenv("MALLOC_ARENA_MAX", "2")  # the parent's own: reaches neither policy's worker
+    results = bench.bench_train_step(repeats=1, processes=1, shapes=(tiny, 2, 1, 2))
+    assert results["bf16"] == f"skipped: {why}" and "kit_post_bf16_s" not in results
+    policies = results["policies"]
+    assert policies["glibc default"]["allocator"] == [{}]
+    assert policies["heap reused"]["allocator"] == [bench.ALLOCATOR_POLICIES["heap reused"]]
+    for measured in policies.values():
+        assert set(measured["seconds"]) == {"hf_fp32", "kit_pre_fp32", "kit_post_fp32"}
+        assert set(measured["speedups"]) == {"pre_fp32_vs_hf_fp32", "post_fp32_vs_hf_fp32"}
+        assert all(r["rounds"] == 1 and r["processes"] == 1 and r["median"] > 0 for r in measured["speedups"].values())
+        assert all(n >= 0 for n in measured["minor_faults_per_step"].values())
+    assert results["kit_post_fp32_s"] == policies["glibc default"]["seconds"]["kit_post_fp32"]["median"] > 0
+    lines = bench.train_step_lines(results)
+    assert lines[1].startswith("under glibc default (no malloc settings), 1 fresh processes; minor page faults")
+    assert any(line.startswith("  pre: eager fp32 ") and "over 1 round in 1 process" in line for line in lines)
 
 
 @pytest.mark.slow
 def test_kd_loss_bench_smoke():
-    r = bench.bench_loss(tokens=512, vocab=32768, hidden=32, repeats=1, chunk_size=64)
-    assert all(math.isfinite(r[k]) and r[k] > 0 for k in ("memory_ratio", "time_ratio")), str(r)
-    assert math.isclose(r["chunked"]["loss"], r["naive"]["loss"], rel_tol=1e-4)
+    r = bench.bench_loss(tokens=512, vocab=32768, hidden=32, repeats=1, chunk_size=64, processes=1)
+    assert math.isfinite(r["memory_ratio"]) and r["memory_ratio"] > 0 and r["time_ratio"]["median"] > 0, str(r)
+    assert math.isclose(r["chunked"][0]["loss"], r["naive"][0]["loss"], rel_tol=1e-4)
     # naive holds several 64 MiB [512 x 32768] fp32 tensors; chunked two 8 MiB buffers and small blocks
-    assert r["chunked"]["peak_bytes"] < 0.5 * r["naive"]["peak_bytes"]
+    assert r["chunked"][0]["peak_bytes"] < 0.5 * r["naive"][0]["peak_bytes"]
 
 
 @pytest.mark.slow
@@ -69,14 +119,19 @@ def test_the_whole_bench_runs_at_tiny_sizes(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     prepare_shards.prepare("toy", tmp_path / "shard", tokenizer.qwen3_tokenizer(4096), max_len=32, n_train_docs=400,
                            n_val_docs=16, seed=42, workers=1, progress=False)
-    sizes = {"kd": dict(tokens=256, vocab=4096, hidden=32, repeats=1, chunk_size=64), "tokenizer_documents": 50,
-             "lockstep_steps": 2, "loader_steps": 5, "cold_compile": False, "utilization_scales": ("smoke",)}
+    sizes = {"kd": dict(tokens=256, vocab=4096, hidden=32, repeats=1, chunk_size=64, processes=1),
+             "tokenizer_documents": 50, "lockstep_steps": 2, "loader_steps": 5, "cold_compile": False,
+             "utilization_scales": ("smoke",), "train_step_processes": 1, "lockstep_processes": 1}
     results = bench.main(repeats=1, data_dir=tmp_path / "shard", sizes=sizes, out=tmp_path / "bench.json")
     assert json.loads((tmp_path / "bench.json").read_text()) == json.loads(json.dumps(results))
     assert results["lockstep"]["identical_results"] and results["tokenizer"]["identical"]
     assert results["lockstep"]["lockstep_teacher_forwards"] < results["lockstep"]["separate_teacher_forwards"]
+    assert results["lockstep"]["speedup"]["rounds"] == 1 and results["lockstep"]["separate_process_s"]["median"] > 0
     assert results["compile"]["max_relative_loss_difference"] < 1e-3  # fp32 compiled vs eager: reordered sums
-    assert results["kd_loss"]["chunked"]["loss"] == pytest.approx(results["kd_loss"]["naive"]["loss"], rel=1e-4)
+    assert results["kd_loss"]["chunked"][0]["loss"] == pytest.approx(results["kd_loss"]["naive"][0]["loss"], rel=1e-4)
+    for ratio in (results["tokenizer"]["ratio"], results["loader"]["loader_over_train_step"],
+                  results["compile"]["speedup"], results["kd_loss"]["time_ratio"]):
+        assert set(ratio) == {"median", "min", "max", "per_process", "rounds", "processes", "stable"}
 
 
 # ----------------------------------------------------------------------------------------------
@@ -140,15 +195,54 @@ def quiet(monkeypatch):
 
 
 def test_the_estimate_reads_the_benchs_step_and_times_nothing(tmp_path, monkeypatch, quiet):
-    """The bench's toy step: 2 GFLOP in 0.5 s is 4 GFLOP/s, so 360 GFLOP take 90 s; nothing is timed."""
+    """The bench's toy step on this CPU: 2 GFLOP in 0.5 s is 4 GFLOP/s, so 360 GFLOP take 90 s; nothing is timed."""
     from tools import cpu_estimate
     monkeypatch.setattr(utilization, "step_rate", lambda *a, **k: pytest.fail("timed a step beside bench.json"))
     bench_file = tmp_path / "bench.json"
-    bench_file.write_text(json.dumps({"environment": {"date": "2026-12-02"}, "train_step": {
+    bench_file.write_text(json.dumps({"environment": {**here(), "date": "2026-12-02"}, "train_step": {
         "step_gflop": 2.0, "kit_post_fp32_s": 0.5}}))
     assert cpu_estimate.cpu_estimate(360e9, "fp32", bench_file) == (
         f"about 1.5 min on this CPU (4.0 GFLOP/s: the kit's fp32 toy step as {bench_file} measured it on "
         "2026-12-02), on a quiet machine")
+
+
+@pytest.mark.parametrize(("content", "why"), BENCH_FILES)
+def test_a_bench_json_that_cannot_be_used_is_named_and_a_step_timed_now(content, why, tmp_path, monkeypatch, quiet):
+    """Issue 59, class 2: a hostile bench.json (tests/bad_bench_files.py) is never a traceback or a silly number:
+    the step is timed now (12 GFLOP/s here, so 360 GFLOP take 30 s) and the line says why the file was not used."""
+    from tools import cpu_estimate
+    monkeypatch.setattr(utilization, "step_rate", lambda dtype: 12e9 if dtype == torch.float32 else pytest.fail())
+    bench_file = tmp_path / "bench.json"
+    bench_file.write_text(content if isinstance(content, str) else json.dumps(content(here())))
+    assert cpu_estimate.bench_rate(bench_file, "fp32")[0] is None
+    text = cpu_estimate.cpu_estimate(360e9, "fp32", bench_file)
+    assert text.startswith(f"about 30 s on this CPU (12.0 GFLOP/s: the kit's fp32 toy step timed now; {bench_file} "
+                           f"not used: {why}") and text.endswith("), on a quiet machine"), text
+
+
+def test_bfloat16_runs_are_priced_at_bfloat16s_rate(tmp_path, monkeypatch, quiet):
+    """Issue 59, class 2: where the probe measured bf16 at 0.019x fp32, 4 bf16 runs were priced at the fp32 step's
+    39.7 GFLOP/s. Now: emulated, the fp32 step's rate times 0.019 (timed now, or from an fp32-only bench.json);
+    native, the bench's bf16 step itself."""
+    from tools import cpu_estimate
+    monkeypatch.setattr(bench.devices, "cpu_bf16_speedup", lambda: 0.019)
+    monkeypatch.setattr(utilization, "step_rate", lambda dtype: 39.7e9 if dtype == torch.float32 else pytest.fail())
+    text = cpu_estimate.cpu_estimate(36e12, "bf16", tmp_path / "none.json")  # 36 TFLOP at 0.7543 GFLOP/s: 13.3 h
+    assert text == ("about 13.3 h on this CPU (0.8 GFLOP/s: the kit's fp32 toy step timed now, times bf16's 0.019x "
+                    "of fp32 in this CPU's matmul probe), on a quiet machine")
+    auto = cpu_estimate.cpu_estimate(36e12, "auto", tmp_path / "none.json")  # "auto" here trains in fp32
+    assert auto.startswith("about 15.1 min on this CPU (39.7 GFLOP/s")
+    fp32_only = tmp_path / "bench.json"
+    fp32_only.write_text(json.dumps({"environment": {**here(), "date": "2026-12-02"},
+                                     "train_step": {"step_gflop": 2.0, "kit_post_fp32_s": 0.5}}))
+    assert cpu_estimate.bench_rate(fp32_only, "bf16") == pytest.approx((4e9 * 0.019, (
+        f"the kit's fp32 toy step as {fp32_only} measured it on 2026-12-02, times bf16's 0.019x of fp32 in this "
+        "CPU's matmul probe")))
+    monkeypatch.setattr(bench.devices, "cpu_bf16_speedup", lambda: 3.5)
+    both = tmp_path / "bench-bf16.json"
+    both.write_text(json.dumps({"environment": here(), "train_step": {"step_gflop": 2.0, "kit_post_fp32_s": 0.5,
+                                                                      "kit_post_bf16_s": 0.25}}))
+    assert cpu_estimate.bench_rate(both, "bf16")[0] == 8e9 and cpu_estimate.bench_rate(both, "fp32")[0] == 4e9
 
 
 def test_without_the_bench_the_estimate_times_a_few_real_toy_steps(tmp_path, monkeypatch, quiet):
@@ -172,7 +266,7 @@ def test_without_the_bench_the_estimate_times_a_few_real_toy_steps(tmp_path, mon
     assert text == "about 1.0 min on this CPU (12.0 GFLOP/s: the kit's fp32 toy step timed now), on a quiet machine"
     assert made == [(4, 4, 12, 128, torch.float32)] and len(calls) == 3  # the toy teacher's 12 layers, 128 positions
     stale = tmp_path / "old-bench.json"  # written before bench recorded the step's FLOPs: timed now as well
-    stale.write_text(json.dumps({"environment": {}, "train_step": {"kit_post_fp32_s": 0.5}}))
+    stale.write_text(json.dumps({"environment": here(), "train_step": {"kit_post_fp32_s": 0.5}}))
     ticks = iter([0.0, 0.5, 1.0, 1.5])
     assert cpu_estimate.cpu_estimate(720e9, "fp32", stale).startswith("about 2.0 min on this CPU (6.0 GFLOP/s")
 
@@ -181,9 +275,9 @@ def test_the_estimate_warns_when_other_processes_hold_the_cores(tmp_path, monkey
     """8 cores, torch on 4 threads: the 4 others (and half a core of slack) may be busy, not more."""
     from tools import cpu_estimate
     bench_file = tmp_path / "bench.json"
-    bench_file.write_text(json.dumps({"environment": {}, "train_step": {"step_gflop": 2.0, "kit_post_fp32_s": 0.5}}))
     monkeypatch.setattr(utilization.os, "cpu_count", lambda: 8)
     monkeypatch.setattr(utilization.torch, "get_num_threads", lambda: 4)
+    bench_file.write_text(json.dumps({"environment": here(), "train_step": {"step_gflop": 2.0, "kit_post_fp32_s": 0.5}}))
     for load, busy in ((0.0, False), (4.4, False), (4.6, True), (30.0, True)):
         monkeypatch.setattr(utilization.os, "getloadavg", lambda load=load: (load, 1.0, 1.0))
         text = cpu_estimate.cpu_estimate(360e9, "fp32", bench_file)

@@ -26,12 +26,13 @@ import json
 import os
 import platform
 import resource
+import statistics
 import subprocess
 import sys
 import tempfile
 import time
-from contextlib import nullcontext, suppress
-from dataclasses import replace
+from contextlib import contextmanager, nullcontext, suppress
+from dataclasses import asdict, replace
 from functools import partial
 from pathlib import Path
 from unittest import mock
@@ -84,15 +85,63 @@ def hf_step(teacher, student, optimizer, ids):
     optimizer.zero_grad(set_to_none=True)
 
 
-def bench_train_step(repeats: int) -> dict:
-    dtype, why = devices.precision_choice("auto", torch.device("cpu"))
-    bf16_native = dtype == torch.bfloat16
-    config, blocks, per_block, batch = toy_shapes()
-    seq = presets.PRESETS["toy"].data["max_len"]
+# The allocator policies the train step is timed under, each set through the environment of fresh worker
+# processes (issue 60). transformers' step allocates the full [batch x seq x vocab] fp32 logits of teacher and
+# student, their log-softmaxes and gradients (33.6 MB each at the toy's shapes); glibc's default serves
+# allocations that large by a fresh mmap and frees them by munmap, so every step page-faults them afresh
+# (2.4M minor faults in a fresh process's five steps), while a process whose earlier work left a heap they
+# fit in reuses it: the same step ran 0.31 s inside a long `repro.py bench` and 0.33-0.38 s in a fresh
+# process. "heap reused" pins both thresholds above any buffer of the step. Measured on glibc 2.36 (20
+# rounds of two 33.6 MB tensors and their sum): default 492k faults, MALLOC_MMAP_THRESHOLD_ alone 82k (the
+# heap's freed top is still trimmed back to the OS and faulted in again), MALLOC_TRIM_THRESHOLD_ alone 492k
+# (pinning either threshold stops glibc's dynamic one, leaving mmap's at 128 KiB), both 0. The value: above
+# the largest buffer (32 MiB would not do: 33.6 MB > 32 MiB) and within mallopt's int. glibc's manual gives
+# 32 MiB (DEFAULT_MMAP_THRESHOLD_MAX, 64-bit) as M_MMAP_THRESHOLD's upper limit, which older glibc enforced
+# by ignoring a larger value; 2.36 takes 1e9 (mallopt returns 1, the faults stop). Where a glibc ignores it,
+# the workers' minor faults per step (in bench.json) show the two policies alike.
+ALLOCATOR_POLICIES = {"glibc default": {},
+                      "heap reused": {"MALLOC_MMAP_THRESHOLD_": "1000000000", "MALLOC_TRIM_THRESHOLD_": "1000000000"}}
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def allocator_settings(environ=os.environ) -> dict:
+    """The glibc malloc settings an environment holds (MALLOC_*_ and GLIBC_TUNABLES)."""
+    return {k: v for k, v in environ.items() if k.startswith("MALLOC_") or k == "GLIBC_TUNABLES"}
+
+
+def in_fresh_process(worker: str, *args, env_settings: dict | None = None) -> dict:
+    """bench.<worker>(*args, out=a file) run in a fresh interpreter (args as Python literals); the JSON it
+    writes to that file (stdout is the training's own). `env_settings`, where given, replace this environment's
+    malloc settings. Nothing of this process's history (its heap, threads, caches) reaches the measurement."""
+    env = None if env_settings is None else \
+        {**{k: v for k, v in os.environ.items() if k not in allocator_settings()}, **env_settings}
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "out.json"
+        code = f"import sys; sys.path.insert(0, {str(ROOT)!r}); from tools import bench; " \
+               f"bench.{worker}(*{args!r}, out={str(out)!r})"
+        done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
+        if done.returncode != 0:
+            raise RuntimeError(f"bench.{worker} failed in its own process:\n{done.stderr[-3000:]}")
+        return json.loads(out.read_text())
+
+
+@contextmanager
+def faults_counted(context, counts: list):
+    """context(), with the process's minor page faults while inside it appended to `counts`."""
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    with context():
+        yield
+    counts.append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
+
+
+def train_step_variants(shapes: dict) -> dict:
+    """{"hf_fp32": (step, context), "kit_pre_fp32": ..., ...}: transformers' step and the kit's pre- and
+    post-norm steps on the same batch, in each of shapes["precisions"]."""
+    config, blocks, per_block = ModelConfig(**shapes["config"]), shapes["blocks"], shapes["per_block"]
     torch.manual_seed(0)
-    ids = torch.randint(0, config.vocab_size, (batch, seq))
+    ids = torch.randint(0, config.vocab_size, (shapes["batch"], shapes["seq"]))
     mask = torch.ones_like(ids, dtype=torch.bool)
-    teacher = toy_teacher().eval().requires_grad_(False)
+    teacher = toy_teacher(config).eval().requires_grad_(False)
     import transformers
     hf_config = {k: v for k, v in config.to_hf().items() if k not in ("architectures", "model_type")}
     hf_teacher = transformers.Qwen3ForCausalLM(transformers.Qwen3Config(**hf_config)).eval().requires_grad_(False)
@@ -100,30 +149,70 @@ def bench_train_step(repeats: int) -> dict:
                                                                            "num_hidden_layers": blocks * per_block}))
     hf_student.model.embed_tokens.requires_grad_(False)
     hf_opt = torch.optim.AdamW([p for p in hf_student.parameters() if p.requires_grad], lr=1e-4)
-    # bf16 variants only where bf16 is native: emulated, one bf16 step takes minutes (devices.precision_choice).
-    dtypes = ["fp32"] + (["bf16"] if bf16_native else [])
     contexts = {"fp32": nullcontext, "bf16": partial(torch.autocast, "cpu", dtype=torch.bfloat16)}
     hf = partial(hf_step, hf_teacher, hf_student, hf_opt, ids)
-    variants = {f"hf_{d}": (hf, contexts[d]) for d in dtypes}
+    variants = {f"hf_{d}": (hf, contexts[d]) for d in shapes["precisions"]}
     for norm in ("pre", "post"):
         student = model.Student.from_teacher(teacher, blocks, per_block, norm, seed=0)
         opt = torch.optim.AdamW([p for p in student.parameters() if p.requires_grad], lr=1e-4)
         kit = partial(kit_step, teacher, student, opt, ids, mask, presets.PRESETS["toy"].run["loss_chunk"])
-        variants.update({f"kit_{norm}_{d}": (kit, contexts[d]) for d in dtypes})
-    seconds = interleaved(variants, repeats)
+        variants.update({f"kit_{norm}_{d}": (kit, contexts[d]) for d in shapes["precisions"]})
+    return variants
+
+
+def _train_step_worker(shapes: dict, repeats: int, threads: int, out: str):
+    """Runs in its own process: every variant timed in turns, each round's seconds, its minor page faults
+    per step (the median of the timed rounds), and the malloc settings this process ran with."""
+    torch.set_num_threads(threads)
+    variants = train_step_variants(shapes)
+    faults = {name: [] for name in variants}
+    counted = {name: (fn, partial(faults_counted, context, faults[name])) for name, (fn, context) in variants.items()}
+    seconds = interleaved(counted, repeats, pick=list)
+    checkpoint.write_json(Path(out), {"seconds": seconds, "allocator": allocator_settings(),
+                                      "minor_faults_per_step": {n: statistics.median(f[2:]) for n, f in faults.items()}})
+
+
+def bench_train_step(repeats: int, processes: int = 2, policies: dict = ALLOCATOR_POLICIES,
+                     shapes: tuple | None = None) -> dict:
+    """The kit's step against transformers' (toy_shapes(), or `shapes`), in `processes` fresh processes per
+    allocator policy, the policies in turns: per policy each variant's seconds and minor faults per step, and
+    each speed-up as a ratio with its spread (utilization.ratio_spread) over every round of every process."""
+    dtype, why = devices.precision_choice("auto", torch.device("cpu"))
+    bf16_native = dtype == torch.bfloat16
+    config, blocks, per_block, batch = shapes or toy_shapes()
+    seq = presets.PRESETS["toy"].data["max_len"]
+    # bf16 variants only where bf16 is native: emulated, one bf16 step takes minutes (devices.precision_choice).
+    precisions = ["fp32"] + (["bf16"] if bf16_native else [])
+    spec = {"config": asdict(config), "blocks": blocks, "per_block": per_block, "batch": batch, "seq": seq,
+            "precisions": precisions}
+    runs = {policy: [] for policy in policies}
+    for _ in range(processes):
+        for policy, settings in policies.items():  # in turns, so drift in the machine lands on both
+            runs[policy].append(in_fresh_process("_train_step_worker", spec, repeats, torch.get_num_threads(),
+                                                 env_settings=settings))
     results = {"config": {"hidden": config.hidden_size, "teacher_layers": config.num_hidden_layers,
                           "student_layers": blocks * per_block, "vocab": config.vocab_size, "batch": batch, "seq": seq},
                # the kit's step in model FLOPs: the dry run's estimate for this CPU divides by its seconds
                "step_gflop": utilization.student_step_flops(config, blocks * per_block, batch * seq, seq) / 1e9,
-               "bf16": why if bf16_native else f"skipped: {why}"}
-    for name, s in seconds.items():
-        results.update({f"{name}_s": s, f"{name}_tokens_per_s": batch * seq / s})
-    for norm in ("pre", "post"):
-        results[f"speedup_{norm}_fp32_vs_hf_fp32"] = seconds["hf_fp32"] / seconds[f"kit_{norm}_fp32"]
-        if bf16_native:
-            results[f"speedup_{norm}_bf16_vs_hf_fp32"] = seconds["hf_fp32"] / seconds[f"kit_{norm}_bf16"]
-            results[f"speedup_{norm}_bf16_vs_hf_bf16"] = seconds["hf_bf16"] / seconds[f"kit_{norm}_bf16"]
+               "bf16": why if bf16_native else f"skipped: {why}", "threads": torch.get_num_threads(),
+               "policies": {policy: policy_results(each, precisions) for policy, each in runs.items()}}
+    first = results["policies"][next(iter(policies))]  # glibc's default: what a user's fresh process gets
+    results.update({f"kit_post_{d}_s": first["seconds"][f"kit_post_{d}"]["median"] for d in precisions})
     return results
+
+
+def policy_results(runs: list[dict], precisions: list[str]) -> dict:
+    """One policy's processes: the settings they ran with, each variant's seconds and minor faults per step
+    over every round, and the speed-ups kit vs transformers, "<norm>_<kit precision>_vs_hf_<precision>"."""
+    names = list(runs[0]["seconds"])
+    pairs = [("fp32", "fp32")] + ([("bf16", "fp32"), ("bf16", "bf16")] if "bf16" in precisions else [])
+    return {"allocator": [run["allocator"] for run in runs], "processes": len(runs),
+            "seconds": {name: utilization.spread([run["seconds"][name] for run in runs]) for name in names},
+            "minor_faults_per_step": {name: statistics.median(run["minor_faults_per_step"][name] for run in runs)
+                                      for name in names},
+            "speedups": {f"{norm}_{kit}_vs_hf_{hf}": utilization.ratio_spread(
+                [(run["seconds"][f"hf_{hf}"], run["seconds"][f"kit_{norm}_{kit}"]) for run in runs])
+                for norm in ("pre", "post") for kit, hf in pairs}}
 
 
 # ----------------------------------------------------------------------------------------------
@@ -132,10 +221,10 @@ def bench_train_step(repeats: int) -> dict:
 LOCKSTEP_RUNS = tuple(suite.RunName(norm, protocol) for protocol in ("joint", "grow", "freeze") for norm in ("pre", "post"))
 
 
-def toy_teacher() -> model.Qwen3:
-    """A toy-shaped Qwen3 with random weights: speed does not depend on what the teacher knows."""
-    config, _, _, _ = toy_shapes()
-    teacher = model.Qwen3(config)
+def toy_teacher(config: ModelConfig | None = None) -> model.Qwen3:
+    """A toy-shaped Qwen3 (or one of `config`) with random weights: speed does not depend on what the teacher
+    knows."""
+    teacher = model.Qwen3(config or toy_shapes()[0])
     teacher.init_weights(0)
     return teacher
 
@@ -151,29 +240,51 @@ def lockstep_jobs(root: Path, teacher: Path, steps: int, data_dir: Path) -> list
     return [(suite.run_config(ws, run, 42, teacher=teacher), ws.run_dir(run, 42)) for run in LOCKSTEP_RUNS]
 
 
-def bench_lockstep(data_dir: Path, steps: int = 12) -> dict:
-    """The six replay runs of one seed (toy shapes and data, `steps` per phase) trained one after the
-    other and in lockstep: wall time, teacher forward passes (counted) and whether results are equal."""
+def _lockstep_worker(way: str, teacher_dir: str, data_dir: str, steps: int, threads: int, out: str):
+    """Runs in its own process: the six replay runs trained `way` ("separate": one after the other, each with
+    its own teacher cache; "lockstep": together, one teacher): their seconds, the teacher's forward passes
+    (counted) and the runs' final evaluations."""
+    torch.set_num_threads(threads)
     with tempfile.TemporaryDirectory() as tmp:
-        tmp = Path(tmp)
-        teacher_dir = tmp / "teacher"
-        save_qwen3(toy_teacher(), teacher_dir)
-        ctx = devices.Dist()
-        jobs = {way: lockstep_jobs(tmp / way, teacher_dir, steps, data_dir) for way in ("separate", "lockstep")}
-        net = nets.load_teacher(jobs["separate"][0][0], ctx, torch.float32).net
+        jobs, ctx = lockstep_jobs(Path(tmp), Path(teacher_dir), steps, Path(data_dir)), devices.Dist()
+        net = nets.load_teacher(jobs[0][0], ctx, torch.float32).net
+        teachers = [nets.Teacher(net, nets.TEACHER_CACHE_BYTES) for _ in (jobs if way == "separate" else [0])]
         start = time.perf_counter()
-        alone = [nets.Teacher(net, nets.TEACHER_CACHE_BYTES) for _ in jobs["separate"]]
-        separate = [grow.train(config, run_dir, ctx=ctx, teacher=teacher)
-                    for (config, run_dir), teacher in zip(jobs["separate"], alone)]
-        separate_s = time.perf_counter() - start
-        shared = nets.Teacher(net, nets.TEACHER_CACHE_BYTES)
-        start = time.perf_counter()
-        together = grow.train_together(jobs["lockstep"], ctx=ctx, teacher=shared)
-        lockstep_s = time.perf_counter() - start
-    return {"runs": [run.name for run in LOCKSTEP_RUNS], "steps_per_phase": steps, "separate_s": separate_s,
-            "lockstep_s": lockstep_s, "speedup": separate_s / lockstep_s,
-            "separate_teacher_forwards": sum(t.forwards for t in alone), "lockstep_teacher_forwards": shared.forwards,
-            "identical_results": separate == together}
+        if way == "separate":
+            results = [grow.train(config, run_dir, ctx=ctx, teacher=t) for (config, run_dir), t in zip(jobs, teachers)]
+        else:
+            results = grow.train_together(jobs, ctx=ctx, teacher=teachers[0])
+        seconds = time.perf_counter() - start
+    checkpoint.write_json(Path(out), {"seconds": seconds, "teacher_forwards": sum(t.forwards for t in teachers),
+                                      "results": results})
+
+
+def bench_lockstep(data_dir: Path, steps: int = 12, runs: int = 3) -> dict:
+    """The six replay runs of one seed (toy shapes and data, `steps` per phase) trained one after the other and
+    in lockstep, each way `runs` times as a whole process in turns (what a user waits for: start, imports and
+    teacher load included): min, median and max of each, the speed-up's spread over the pairs, the same for the
+    training alone (in_process), teacher forward passes (counted) and whether every run's results are equal."""
+    ways = {"separate": [], "lockstep": []}
+    with tempfile.TemporaryDirectory() as tmp:
+        save_qwen3(toy_teacher(), Path(tmp) / "teacher")
+        for _ in range(runs):
+            for way, done in ways.items():
+                start = time.perf_counter()
+                done.append(in_fresh_process("_lockstep_worker", way, str(Path(tmp) / "teacher"),
+                                             str(data_dir.resolve()), steps, torch.get_num_threads()))
+                done[-1]["process_s"] = time.perf_counter() - start
+    whole = {way: [run["process_s"] for run in done] for way, done in ways.items()}
+    trained = {way: [run["seconds"] for run in done] for way, done in ways.items()}
+    pairs = lambda seconds: [([s], [t]) for s, t in zip(seconds["separate"], seconds["lockstep"])]  # a pair a round
+    return {"runs": [run.name for run in LOCKSTEP_RUNS], "steps_per_phase": steps, "processes_each": runs,
+            "separate_process_s": utilization.spread([whole["separate"]]),
+            "lockstep_process_s": utilization.spread([whole["lockstep"]]),
+            "speedup": utilization.ratio_spread(pairs(whole)),
+            "in_process_speedup": utilization.ratio_spread(pairs(trained)),
+            "separate_teacher_forwards": ways["separate"][0]["teacher_forwards"],
+            "lockstep_teacher_forwards": ways["lockstep"][0]["teacher_forwards"],
+            "identical_results": all(run["results"] == ways["separate"][0]["results"]
+                                     for done in ways.values() for run in done)}
 
 
 def bench_compile(repeats: int, cold: bool = True, scale: str = "toy") -> dict:
@@ -199,16 +310,16 @@ def bench_compile(repeats: int, cold: bool = True, scale: str = "toy") -> dict:
         losses[way] = [step(batch) for batch in batches[way]]
         first[way] = time.perf_counter() - start
     loss_diff = max(abs(a - b) / abs(a) for a, b in zip(losses["eager"], losses["compiled"]))
-    seconds = interleaved({way: (lambda way=way: [steps[way](b) for b in batches[way]], nullcontext) for way in ways},
-                          repeats, pick=min, clock=utilization.step_clock()[1])
-    per_step = {way: s / len(lengths) for way, s in seconds.items()}
+    rounds = interleaved({way: (lambda way=way: [steps[way](b) for b in batches[way]], nullcontext) for way in ways},
+                         repeats, pick=list, clock=utilization.step_clock()[1])
+    per_step = {way: statistics.median(each) / len(lengths) for way, each in rounds.items()}
     saving = per_step["eager"] - per_step["compiled"]
     compile_s = first["compiled"] - first["eager at fixed shapes"]
     return {"precision": str(dtype).removeprefix("torch."), "lengths": lengths,
             "widths": [b.input_ids.shape[1] for b in batches["compiled"]], "eager_step_s": per_step["eager"],
             "eager_fixed_step_s": per_step["eager at fixed shapes"], "compiled_step_s": per_step["compiled"],
-            "speedup": per_step["eager"] / per_step["compiled"],
-            "speedup_at_fixed_shapes": per_step["eager at fixed shapes"] / per_step["compiled"],
+            "speedup": utilization.ratio_spread([(rounds["eager"], rounds["compiled"])]),
+            "speedup_at_fixed_shapes": utilization.ratio_spread([(rounds["eager at fixed shapes"], rounds["compiled"])]),
             "compile_s": compile_s, "break_even_steps": compile_s / saving if saving > 0 else None,
             "max_relative_loss_difference": loss_diff}
 
@@ -255,7 +366,7 @@ def _reset_peak_rss():
     return _peak_rss_bytes()
 
 
-def _bench_worker(variant, tokens, vocab, hidden, repeats, chunk_size, threads, dtype):
+def _bench_worker(variant, tokens, vocab, hidden, repeats, chunk_size, threads, dtype, out):
     """Runs in its own process: times `repeats` loss + backward passes of one variant and reports the
     growth of the RSS high-water mark above the inputs' footprint. torch's CPU allocations go straight to
     malloc (invisible to tracemalloc) and every buffer here is written, so resident memory is what the
@@ -280,26 +391,30 @@ def _bench_worker(variant, tokens, vocab, hidden, repeats, chunk_size, threads, 
             loss = kd.kd_loss(h_S, W_S, h_T, W_T, y, mask, chunk_size=chunk_size)[0]
         loss.backward()
         seconds.append(time.perf_counter() - t0)
-    print(json.dumps({"peak_bytes": _peak_rss_bytes() - before, "seconds": sorted(seconds)[len(seconds) // 2],
-                      "loss": loss.item()}))
+    checkpoint.write_json(Path(out), {"peak_bytes": _peak_rss_bytes() - before, "seconds": seconds,
+                                      "loss": loss.item()})
 
 
 def bench_loss(tokens=4096, vocab=151936, hidden=256, repeats=3, chunk_size=kd.DEFAULT_CHUNK_SIZE, threads=None,
-               dtype="float32"):
-    """Peak memory and median wall time of loss + backward, chunked (kd_loss) vs naive full logits,
-    same inputs, dtype and threads, each variant in a fresh process so neither sees the other's peak.
-    Returns both measurements and the ratios chunked / naive (goal: memory <= 0.2, time <= 1.15)."""
+               dtype="float32", processes=2):
+    """Peak memory and wall time of loss + backward, chunked (kd_loss) vs naive full logits, same inputs,
+    dtype and threads, each variant in fresh processes (naive, chunked, naive, ...: `processes` of each) so
+    neither sees the other's peak or heap. Returns each process's measurement, the memory ratio chunked /
+    naive (goal <= 0.2) and the time ratio's spread over the rounds, the i-th of a chunked process paired with
+    the i-th of the naive one before it (goal <= 1.15)."""
     threads = threads or torch.get_num_threads()
-    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the repository root
     result = {"tokens": tokens, "vocab": vocab, "hidden": hidden, "chunk_size": chunk_size,
-              "threads": threads, "dtype": dtype, "repeats": repeats}
-    for variant in ("naive", "chunked"):
-        code = (f"import sys; sys.path.insert(0, {here!r}); from tools import bench; bench._bench_worker({variant!r}, "
-                f"{tokens}, {vocab}, {hidden}, {repeats}, {chunk_size}, {threads}, {dtype!r})")
-        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-        result[variant] = json.loads(out.stdout.strip().splitlines()[-1])
-    result["memory_ratio"] = result["chunked"]["peak_bytes"] / result["naive"]["peak_bytes"]
-    result["time_ratio"] = result["chunked"]["seconds"] / result["naive"]["seconds"]
+              "threads": threads, "dtype": dtype, "repeats": repeats, "naive": [], "chunked": []}
+    for _ in range(processes):
+        for variant in ("naive", "chunked"):
+            result[variant].append(in_fresh_process("_bench_worker", variant, tokens, vocab, hidden, repeats,
+                                                    chunk_size, threads, dtype))
+    # Resident memory is what the loss allocates and writes, the same in every process (unlike its time): the
+    # medians' ratio, with no spread to report.
+    peak = {v: statistics.median(run["peak_bytes"] for run in result[v]) for v in ("naive", "chunked")}
+    result["memory_ratio"] = peak["chunked"] / peak["naive"]
+    result["time_ratio"] = utilization.ratio_spread([(chunked["seconds"], naive["seconds"])
+                                                     for chunked, naive in zip(result["chunked"], result["naive"])])
     return result
 
 
@@ -317,10 +432,12 @@ def bench_tokenizer(repeats: int = 3, documents: int | None = None) -> dict:
     megabytes = sum(len(d.encode("utf-8")) for d in documents) / 1e6
     ours = lambda: enc.encode_batch(documents)
     theirs = lambda: [e.ids for e in hf.encode_batch(documents, add_special_tokens=False)]
-    seconds = interleaved({"tiktoken": (ours, nullcontext), "hf_tokenizers": (theirs, nullcontext)}, repeats)
+    rounds = interleaved({"tiktoken": (ours, nullcontext), "hf_tokenizers": (theirs, nullcontext)}, repeats, pick=list)
+    seconds = {name: statistics.median(each) for name, each in rounds.items()}
     return {"documents": len(documents), "megabytes": round(megabytes, 2),
             "tiktoken_mb_s": megabytes / seconds["tiktoken"], "hf_tokenizers_mb_s": megabytes / seconds["hf_tokenizers"],
-            "ratio": seconds["hf_tokenizers"] / seconds["tiktoken"], "identical": ours() == theirs()}
+            "ratio": utilization.ratio_spread([(rounds["hf_tokenizers"], rounds["tiktoken"])]),
+            "identical": ours() == theirs()}
 
 
 # ----------------------------------------------------------------------------------------------
@@ -338,14 +455,16 @@ def bench_loader_data(data_dir: Path) -> data.Shard:
     return train
 
 
-def bench_loader(train: data.Shard, step_seconds: float, steps: int = 200) -> dict:
-    """Batches/s of the toy preset's batcher over the prepared toy shard."""
+def bench_loader(train: data.Shard, step_seconds: float, steps: int = 200, repeats: int = 3) -> dict:
+    """Batches/s of the toy preset's batcher over the prepared toy shard (the median of `repeats`), and its
+    rate over the train step's (the step's median seconds, `step_seconds`) with its spread over the repeats."""
     preset = presets.PRESETS["toy"]
     batcher = data.Batcher(train, preset.run["global_batch"], 0, replay_docs=len(train),
                            micro_batch=preset.run["micro_batch"])
-    seconds = utilization.timed(lambda: [next(batcher) for _ in range(steps)], repeats=3, warmup=1) / steps
-    return {"loader_batches_per_s": 1 / seconds, "train_steps_per_s": 1 / step_seconds,
-            "loader_over_train_step": step_seconds / seconds}
+    rounds = interleaved({"loader": (lambda: [next(batcher) for _ in range(steps)], nullcontext)}, repeats,
+                         pick=list)["loader"]
+    return {"loader_batches_per_s": steps / statistics.median(rounds), "train_steps_per_s": 1 / step_seconds,
+            "loader_over_train_step": utilization.ratio_spread([([step_seconds] * repeats, [s / steps for s in rounds])])}
 
 
 def profile_step(steps: int = 5, rows: int = 20):
@@ -358,60 +477,74 @@ def profile_step(steps: int = 5, rows: int = 20):
 # ----------------------------------------------------------------------------------------------
 
 def environment() -> dict:
-    cpuinfo = Path("/proc/cpuinfo")
-    lines = cpuinfo.read_text().splitlines() if cpuinfo.is_file() else []
-    names = [line.split(":", 1)[1].strip() for line in lines if line.startswith("model name")]
-    return {"cpu": names[0] if names else platform.processor() or platform.machine(), "threads": torch.get_num_threads(),
-            "capability": devices.cpu_instructions(), "torch": torch.__version__, "python": platform.python_version(),
-            "date": time.strftime("%Y-%m-%d")}
+    return {"cpu": devices.cpu_model(), "threads": torch.get_num_threads(), "capability": devices.cpu_instructions(),
+            "torch": torch.__version__, "python": platform.python_version(), "date": time.strftime("%Y-%m-%d")}
+
+
+def train_step_lines(step: dict) -> list[str]:
+    """bench_train_step's results as the lines bench prints: per allocator policy, its settings, the minor page
+    faults a step (the mechanism, issue 60) and each speed-up with its spread and per-process medians."""
+    lines = [f"bf16: {step['bf16']}"]
+    goals = {"fp32_vs_hf_fp32": "eager fp32 {} transformers fp32 (goal >= 1.0)",
+             "bf16_vs_hf_fp32": "bf16 autocast {} transformers fp32 (goal >= 1.3)",
+             "bf16_vs_hf_bf16": "bf16 autocast {} transformers bf16"}
+    for policy, measured in step["policies"].items():
+        settings = " ".join(f"{k}={v}" for k, v in measured["allocator"][0].items()) or "no malloc settings"
+        faults = ", ".join(f"{name} {n:,.0f}" for name, n in measured["minor_faults_per_step"].items())
+        lines.append(f"under {policy} ({settings}), {measured['processes']} fresh processes; minor page faults a "
+                     f"step: {faults}")
+        for name, ratio in measured["speedups"].items():
+            norm, pair = name.split("_", 1)
+            each = ", ".join(f"{r:.2f}x" for r in ratio["per_process"])
+            lines.append(f"  {norm}: {goals[pair].format(utilization.spread_text(ratio))}; per process {each}")
+    return lines
 
 
 # The measured sizes: the KD loss at a paper-sized vocabulary (kd.bench_loss's defaults), the whole toy
-# corpus, 12 steps per phase for the six lockstep runs. tests/test_bench.py runs the same code at tiny sizes.
+# corpus, 12 steps per phase for the six lockstep runs, each timed as 3 whole processes; the train step in 2
+# fresh processes per allocator policy. tests/test_bench.py runs the same code at tiny sizes.
 SIZES = {"kd": {}, "tokenizer_documents": None, "lockstep_steps": 12, "loader_steps": 200, "cold_compile": True,
-         "utilization_scales": utilization.SCALES}
+         "utilization_scales": utilization.SCALES, "train_step_processes": 2, "lockstep_processes": 3}
 
 
 def main(repeats: int = 5, data_dir: Path = Path("runs/toy/data"), sizes: dict = SIZES, out: Path = RESULTS):
-    """Every benchmark, in one run; the toy shard is prepared in data_dir if it is not there."""
+    """Every benchmark, in one run; the toy shard is prepared in data_dir if it is not there. Every ratio is
+    printed with its spread (utilization.spread_text), and bench.json keeps them."""
     train = bench_loader_data(data_dir)
-    results = {"environment": environment()}
+    results, ratio = {"environment": environment()}, utilization.spread_text
     print(f"the steps against this CPU's matmul peak, {torch.get_num_threads()} thread(s) ...", flush=True)
     results["utilization"] = used = utilization.measure(repeats, sizes["utilization_scales"])
-    for line in utilization.summary(used):
-        print(f"  {line}")
-    print("train step: kit vs transformers Qwen3ForCausalLM ...", flush=True)
-    results["train_step"] = step = bench_train_step(repeats)
-    print(f"  bf16: {step['bf16']}")
-    for norm in ("pre", "post"):
-        print(f"  {norm}: eager fp32 {step[f'speedup_{norm}_fp32_vs_hf_fp32']:.2f}x transformers fp32 (goal >= 1.0)")
-        if "kit_post_bf16_s" in step:
-            print(f"  {norm}: bf16 autocast {step[f'speedup_{norm}_bf16_vs_hf_fp32']:.2f}x transformers fp32 "
-                  f"(goal >= 1.3), {step[f'speedup_{norm}_bf16_vs_hf_bf16']:.2f}x transformers bf16")
+    print("\n".join(f"  {line}" for line in utilization.summary(used)))
+    print("train step: kit vs transformers Qwen3ForCausalLM, in fresh processes ...", flush=True)
+    results["train_step"] = step = bench_train_step(repeats, sizes["train_step_processes"])
+    print("\n".join(f"  {line}" for line in train_step_lines(step)))
     kd_shape = {**dict(tokens=4096, vocab=151936, hidden=256), **sizes["kd"]}
     print(f"chunked KD loss vs naive ({kd_shape['tokens']} tokens x vocab {kd_shape['vocab']:,} x hidden "
           f"{kd_shape['hidden']}) ...", flush=True)
     results["kd_loss"] = loss = bench_loss(**sizes["kd"])
-    print(f"  peak memory {loss['memory_ratio']:.1%} of naive (goal <= 20%), time {loss['time_ratio']:.2f}x (goal <= 1.15x)")
+    print(f"  peak memory {loss['memory_ratio']:.1%} of naive (goal <= 20%; resident memory, the same in every "
+          f"process), time {ratio(loss['time_ratio'])} (goal <= 1.15x)")
     print("tokenizer vs HF tokenizers on the toy corpus ...", flush=True)
     results["tokenizer"] = tok = bench_tokenizer(documents=sizes["tokenizer_documents"])
-    print(f"  {tok['tiktoken_mb_s']:.1f} MB/s vs {tok['hf_tokenizers_mb_s']:.1f} MB/s: {tok['ratio']:.2f}x, "
+    print(f"  {tok['tiktoken_mb_s']:.1f} MB/s vs {tok['hf_tokenizers_mb_s']:.1f} MB/s: {ratio(tok['ratio'])}, "
           f"identical ids: {tok['identical']}")
     results["loader"] = loader = bench_loader(train, step.get("kit_post_bf16_s", step["kit_post_fp32_s"]),
                                               sizes["loader_steps"])
     print(f"  data loader: {loader['loader_batches_per_s']:,.0f} batches/s, "
-          f"{loader['loader_over_train_step']:,.0f}x the train step's rate")
-    print("the six replay runs of a seed, one after the other and in lockstep ...", flush=True)
-    results["lockstep"] = lock = bench_lockstep(data_dir, sizes["lockstep_steps"])
-    print(f"  lockstep {lock['speedup']:.2f}x as fast ({lock['separate_s']:.0f} s -> {lock['lockstep_s']:.0f} s); "
-          f"teacher forwards {lock['separate_teacher_forwards']} -> {lock['lockstep_teacher_forwards']}; "
-          f"identical results: {lock['identical_results']}")
+          f"{ratio(loader['loader_over_train_step'], '{:,.0f}x'.format)} the train step's rate")
+    print("the six replay runs of a seed, one after the other and in lockstep, as whole processes ...", flush=True)
+    results["lockstep"] = lock = bench_lockstep(data_dir, sizes["lockstep_steps"], sizes["lockstep_processes"])
+    whole = lambda way: "{min:.0f}/{median:.0f}/{max:.0f} s".format(**lock[f"{way}_process_s"])
+    print(f"  lockstep {ratio(lock['speedup'])} as fast, whole processes (min/median/max: {whole('separate')} -> "
+          f"{whole('lockstep')}); training alone {ratio(lock['in_process_speedup'])}; teacher forwards "
+          f"{lock['separate_teacher_forwards']} -> {lock['lockstep_teacher_forwards']}; identical results: "
+          f"{lock['identical_results']}")
     print("compiled toy step (fixed shapes) vs eager ...", flush=True)
     results["compile"] = comp = bench_compile(repeats, sizes["cold_compile"], sizes["utilization_scales"][0])
     even = f"{comp['break_even_steps']:,.0f} steps" if comp["break_even_steps"] else "never (not faster here)"
-    print(f"  compiled {comp['speedup_at_fixed_shapes']:.2f}x eager at the same fixed shapes (goal >= 1.3x), "
-          f"{comp['speedup']:.2f}x eager on batches as wide as their documents; compile {comp['compile_s']:.0f} s, "
-          f"pays back after {even}; loss within {comp['max_relative_loss_difference']:.1e} (relative)")
+    print(f"  compiled {ratio(comp['speedup_at_fixed_shapes'])} eager at the same fixed shapes (goal >= 1.3x), "
+          f"{ratio(comp['speedup'])} eager on batches as wide as their documents; compile {comp['compile_s']:.0f} "
+          f"s, pays back after {even}; loss within {comp['max_relative_loss_difference']:.1e} (relative)")
     out.parent.mkdir(parents=True, exist_ok=True)
     checkpoint.write_json(out, results)
     print(f"wrote {out}")

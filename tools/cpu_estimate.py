@@ -1,30 +1,101 @@
 """This machine: the dry run's estimate of how long a command's training takes on the CPU it runs on
-(tools/preflight.py prints it beside the plan).
+(tools/preflight.py prints it beside the plan), in the precision the runs train in.
+
+Its speed, the kit's toy train step: as `repro.py bench` measured it (results/bench.json, read by `bench_rate`
+only, which checks every number it uses and that this CPU, at this thread count, measured it), else a few toy
+steps timed now (utilization.step_rate). A bench.json it cannot use is never an error: the estimate times a
+step now and says in one clause why the file was not used. bf16 runs are priced at bf16's rate: the bench's
+(or a timed) bf16 step where bf16 is native, else the fp32 step's rate times bf16's speed relative to fp32 in
+this CPU's matmul probe (devices.cpu_bf16_speedup; where bf16 is emulated a bf16 step takes minutes to time).
 """
 from pathlib import Path
 
-import rundir
-from plumbing import devices
+import torch
+
+from plumbing import checkpoint, devices
 from tools import utilization
 from tools.plan import duration_text
 
+# What a bench.json's numbers may be. The bench times the toy step (27 GFLOP; its tests a tiny one, a few
+# MFLOP) in well under a minute; a step outside these, or a rate above a petaFLOP/s (more than an H200's dense
+# bf16 peak) or below a megaFLOP/s, is an edited or damaged file, not a measurement.
+STEP_GFLOP_RANGE = (1e-6, 1e6)
+STEP_SECONDS_RANGE = (1e-6, 1e5)
+RATE_RANGE = (1e6, 1e15)  # FLOP/s
+
+
+def bench_rate(bench_file: Path, dtype: str) -> tuple[float | None, str]:
+    """(FLOP/s of the kit's toy step in `dtype`, "the kit's ... step as <file> measured it on <date>") from a
+    bench.json this CPU measured, or (None, why it was not used; "" where there is no file)."""
+    if not bench_file.is_file():
+        return None, ""
+    try:
+        content = checkpoint.loads(bench_file.read_bytes())
+    except (OSError, ValueError, UnicodeDecodeError):
+        return None, "not readable JSON"
+    environment, step = (content.get(key) if isinstance(content, dict) else None for key in ("environment", "train_step"))
+    if not isinstance(environment, dict) or not isinstance(step, dict):
+        return None, "no environment or train_step"
+    here = (devices.cpu_model(), torch.get_num_threads())
+    if (environment.get("cpu"), environment.get("threads")) != here:
+        return None, (f"measured on another CPU or thread count ({str(environment.get('cpu'))[:60]}, "
+                      f"{str(environment.get('threads'))[:10]} thread(s))")
+    measured = dtype if f"kit_post_{dtype}_s" in step else "fp32"
+    problem = number_problem(step, "step_gflop", STEP_GFLOP_RANGE) or \
+        number_problem(step, f"kit_post_{measured}_s", STEP_SECONDS_RANGE)
+    if problem:
+        return None, problem
+    rate = step["step_gflop"] * 1e9 / step[f"kit_post_{measured}_s"] * precision_factor(dtype, measured)
+    if not RATE_RANGE[0] <= rate <= RATE_RANGE[1]:
+        return None, f"its step runs at {rate / 1e9:.3g} GFLOP/s"
+    when = environment.get("date") if isinstance(environment.get("date"), str) else "an unknown date"
+    return rate, f"the kit's {measured} toy step as {bench_file} measured it on {when[:20]}{factor_text(dtype, measured)}"
+
+
+def number_problem(values: dict, key: str, bounds: tuple[float, float]) -> str:
+    """"" where values[key] is a number within bounds, else what is wrong with it."""
+    if key not in values:
+        return f"no {key}"
+    value = values[key]
+    if not checkpoint.finite_number(value):
+        return f"{key} is {str(value)[:20]!r}, not a number"
+    return "" if bounds[0] <= value <= bounds[1] else f"{key} {value:.3g} is outside {bounds[0]:g}-{bounds[1]:g}"
+
+
+def precision_factor(dtype: str, measured: str) -> float:
+    """How much faster a `dtype` step runs than the `measured` one: bf16's matmul speed-up on this CPU where
+    bf16 runs are priced from an fp32 step, else 1."""
+    return devices.cpu_bf16_speedup() if (dtype, measured) == ("bf16", "fp32") else 1.0
+
+
+def factor_text(dtype: str, measured: str) -> str:
+    return f", times bf16's {devices.cpu_bf16_speedup():.3g}x of fp32 in this CPU's matmul probe" \
+        if (dtype, measured) == ("bf16", "fp32") else ""
+
+
+def timed_rate(dtype: str) -> tuple[float, str]:
+    """(FLOP/s, its source) of a few toy steps timed now: in bf16 where bf16 is native, else in fp32 (priced at
+    bf16's probed speed for bf16 runs)."""
+    native = dtype == "bf16" and devices.cpu_bf16_speedup() >= devices.BF16_MIN_SPEEDUP
+    measured = dtype if dtype == "fp32" or native else "fp32"
+    rate = utilization.step_rate(devices.DTYPES[measured]) * precision_factor(dtype, measured)
+    return rate, f"the kit's {measured} toy step timed now{factor_text(dtype, measured)}"
+
 
 def cpu_estimate(flops: float, precision: str, bench_file: Path) -> str:
-    """How long `flops` of the kit's training take on this CPU, one estimate: at the speed `repro.py bench`
-    measured for the kit's toy train step (bench_file), else at a few toy student steps timed now
-    (utilization.step_rate), in the precision the runs would use; for a quiet machine, which it says, and where
-    other processes hold the cores now (utilization.busy_load), that too."""
-    step = rundir.read_json(bench_file, "train_step")["train_step"] if bench_file.is_file() else {}
-    if "step_gflop" in step:  # a bench.json from before bench wrote it has none: timed now instead
-        dtype = "bf16" if precision != "fp32" and "kit_post_bf16_s" in step else "fp32"
-        rate = step["step_gflop"] * 1e9 / step[f"kit_post_{dtype}_s"]
-        source = f"as {bench_file} measured it on {rundir.read_json(bench_file)['environment'].get('date')}"
-    else:  # where bf16 is emulated a bf16 step takes minutes: fp32's rate (bf16 runs are slower still)
-        dtype = "bf16" if precision != "fp32" and devices.cpu_bf16_speedup() >= devices.BF16_MIN_SPEEDUP else "fp32"
-        rate, source = utilization.step_rate(devices.DTYPES[dtype]), "timed now"
+    """How long `flops` of the kit's training take on this CPU, in the precision the runs train in
+    (`precision`; "auto": this machine's choice), one estimate: at the speed bench_file records (bench_rate),
+    else timed now; for a quiet machine, which it says, and where other processes hold the cores now
+    (utilization.busy_load), that too."""
+    chosen, _ = devices.precision_choice(precision, torch.device("cpu"))
+    dtype = {v: k for k, v in devices.DTYPES.items()}[chosen]
+    rate, source = bench_rate(bench_file, dtype)
+    if rate is None:
+        unused = f"; {bench_file} not used: {source}" if source else ""
+        rate, source = timed_rate(dtype)
+        source += unused
     busy = utilization.busy_load()
     seconds = flops / rate  # "about" a measured time, never "about under a second"
     time_taken = f"about {duration_text(seconds)}" if seconds >= 1 else duration_text(seconds)
-    return (f"{time_taken} on this CPU ({rate / 1e9:,.1f} GFLOP/s: the kit's {dtype} toy step "
-            f"{source}), on a quiet machine" + (f"; busy now (load {busy[0]:.1f} on {busy[1]} cores), so longer"
-                                                if busy else ""))
+    return (f"{time_taken} on this CPU ({rate / 1e9:,.1f} GFLOP/s: {source}), on a quiet machine"
+            + (f"; busy now (load {busy[0]:.1f} on {busy[1]} cores), so longer" if busy else ""))
