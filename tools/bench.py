@@ -1,19 +1,27 @@
-"""Benchmarks: the kit against references, measured in one run on one machine, reported as ratios.
+"""Benchmarks: the kit against references, measured on one machine, reported as ratios with their spreads.
 
     python bench.py                  # or `make bench` / `python repro.py bench`; writes results/bench.json
     python gpucheck.py               # `make gpu-check`: what a first cluster run would hit, on one GPU
 
-CPU bench, each line a ratio measured in this run (OMP_NUM_THREADS sets the threads, as for a run):
+CPU bench, each line a ratio measured in this run (OMP_NUM_THREADS sets the threads, as for a run). Every
+ratio is the median of its per-round ratios (variants timed in turns, round i of one paired with round i of
+the other) with their min and max over every round of every process (utilization.ratio_spread); one whose
+rounds range wider than utilization.UNSTABLE_SPREAD is printed as unstable, not as a number. bench.json keeps
+every spread.
 1. the toy and mini student and teacher steps as fractions of this CPU's fp32 and bf16 matmul peak, and
    where the rest of their time goes (tools/utilization.py);
 2. train step (teacher forward + student forward/backward + AdamW) at the toy configuration, kit vs
    transformers' Qwen3ForCausalLM of the same dimensions doing the same work with a naive KD loss;
-   eager fp32 for both, then the kit's best CPU setting (bf16 autocast where the probe picks it);
-3. the chunked KD loss against a naive full-logit one: peak memory and time (bench_loss);
+   eager fp32 for both, then the kit's best CPU setting (bf16 autocast where the probe picks it). Timed in
+   fresh worker processes, 2 per allocator policy (ALLOCATOR_POLICIES: glibc's default, and the heap reused),
+   so that nothing this process did before (its heap above all, issue 60) reaches the measurement; each
+   worker reports its malloc settings and the minor page faults a step of each variant;
+3. the chunked KD loss against a naive full-logit one: peak memory and time, in fresh processes (bench_loss);
 4. tokenization MB/s against HF tokenizers loading Qwen3's tokenizer.json;
 5. the data loader's batches/s against the train step's steps/s;
-6. the six replay runs of a seed trained one after the other against in lockstep (grow.train_together):
-   wall time, teacher forward passes counted, results compared;
+6. the six replay runs of a seed trained one after the other against in lockstep (grow.train_together),
+   each way as 3 whole processes in turns (what a user waits for): wall time (min, median, max), teacher
+   forward passes counted, results compared;
 7. the toy step with its layers compiled for the fixed shapes of its padded batches against eager (on the
    same padded batches, and on batches as wide as their documents): compile time, step time, how many steps
    pay the compile back.
@@ -291,8 +299,9 @@ def bench_compile(repeats: int, cold: bool = True, scale: str = "toy") -> dict:
     """A scale's student step (bf16 where native) over micro-batches of the lengths LENGTH_FRACTIONS, three ways:
     eager on batches as wide as their documents (an eager run), eager and compiled (the layers, for fixed shapes)
     on batches padded to their buckets (a compiled run: data.fixed_shape): compile time, step time, and the loss
-    difference. Inductor compiles into an empty cache folder (`cold`), so the compile time is what a first run
-    pays; the tests reuse the usual cache instead, since they time nothing."""
+    difference; step times are the median of `repeats` rounds, the speed-ups spreads over them. Inductor compiles
+    into an empty cache folder (`cold`), so the compile time is what a first run pays; the tests reuse the usual
+    cache instead, since they time nothing."""
     if cold:
         with tempfile.TemporaryDirectory() as cache, mock.patch.dict(os.environ, {"TORCHINDUCTOR_CACHE_DIR": cache}):
             torch._dynamo.reset()

@@ -13,8 +13,15 @@ same shapes share a row: mini is the toy's step, run for longer.
 Fraction of peak: a step's model FLOPs (flops.forward_flops_per_token: 2 per weight and causal attention;
 a backward twice its forward) over its seconds, divided by the FLOP/s of the best square matmul of
 PEAK_SIZES at the same thread count, in fp32 and in bf16. Steps and matmuls are timed in turns
-(`interleaved`), the best of `repeats` each, so numerator and denominator see the same machine; on one
-thread by the thread's CPU time (step_clock), which another process on the machine does not inflate. A bf16
+(`interleaved`), `repeats` rounds each, so numerator and denominator see the same machine; on one thread by
+the thread's CPU time (step_clock), which another process on the machine does not inflate. The peak is each
+size's best round; a step's fraction is taken round by round against that round's best matmul, and reported
+as the median with its spread over the rounds (`spread`).
+
+Ratios with their spread, for every ratio the bench prints: `ratio_spread` turns paired times (round i of
+one variant over round i of another, over one or several processes) into the median of the per-round ratios,
+their min and max, the per-process medians, and a verdict: rounds further than UNSTABLE_SPREAD from the
+median either way make the ratio unstable, printed as its range and not as a number (`spread_text`). A bf16
 step runs only where the precision probe picks bf16: where bf16 is emulated one step takes minutes and the
 kit never trains in it, so there only the bf16 matmul is timed, at sizes up to one that takes over
 MAX_MATMUL_S.
