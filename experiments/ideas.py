@@ -173,6 +173,52 @@ def events_text(per_seed: list[list[dict]]) -> str:
     return "; ".join(parts) or "no transition rows"
 
 
+def remedy_firings(runs: list[tuple[list[dict], float]]) -> dict:
+    """Where the block-importance remedy (idea 3) could have acted, from each run's (logged rows, identity_threshold):
+    its transition rows that measured prefix blocks' removal costs, those at which a cost fell below the threshold
+    (the remedy re-draws that block: transitions.py), those that logged a re-drawn block, and the lowest cost."""
+    rows = [(row, threshold) for metrics, threshold in runs for row in metrics
+            if row.get("event") == "transition" and row.get("removal_costs")]
+    lowest = [min(row["removal_costs"].values()) for row, _ in rows]
+    return {"transitions": len(rows), "fired": sum(cost < t for cost, (_, t) in zip(lowest, rows)),
+            "logged": sum(bool(row.get("reinitialized")) for row, _ in rows), "lowest": min(lowest, default=math.nan),
+            "thresholds": sorted({t for _, t in rows})}
+
+
+def remedy_variants() -> list[Variant]:
+    return [c.variant for c in fixed_contrasts() if c.variant.settings.get("run", {}).get("importance_remedy", "none")
+            != "none"]
+
+
+def recorded_firings(scale: str, seeds: list[int], records=studies.RECORDS_DIR) -> dict[str, dict]:
+    """remedy_firings of each remedy variant over `seeds`, from its committed records (the results page's)."""
+    paths = lambda v: [records / scale / "beyond" / v.folder / f"s{s}" / f"{v.run.name}.json" for s in seeds]
+    return {v.label: remedy_firings([(r["metrics"], r["config"]["identity_threshold"])
+                                     for r in map(studies.read_record, paths(v))])
+            for v in remedy_variants() if all(path.is_file() for path in paths(v))}
+
+
+def live_firings(ws: suite.Workspace, seeds: list[int]) -> dict[str, dict]:
+    """remedy_firings of each remedy variant over `seeds`, from its run folders (the live report's)."""
+    folders = lambda v: [variant_dir(ws, v, s) for s in seeds]
+    return {v.label: remedy_firings([(rundir.read_metrics(f), rundir.read_json(f / "config.json")["identity_threshold"])
+                                     for f in folders(v)]) for v in remedy_variants()}
+
+
+def firing_text(firings: dict, deltas: list) -> str:
+    """What a row's remedy did, from remedy_firings: never fired (then its runs are its baseline's: said where every
+    seed's Δ is exactly 0), or at how many of its transitions it fired."""
+    n, k = firings["transitions"], firings["fired"]
+    if not n:
+        return "no transition measured removal costs"
+    threshold = " / ".join(f"{t:g}" for t in firings["thresholds"])
+    if k:
+        return f"the remedy fired at {k} of its {n} transitions (a removal ΔCE below {threshold})"
+    same = "; its CE equals its baseline's on every seed" if deltas and all(d == 0 for d in deltas) else ""
+    return (f"a no-op: the remedy never fired, at 0 of its {n} transitions (lowest removal ΔCE {firings['lowest']:.3f}, "
+            f"its threshold {threshold}){same}")
+
+
 def read_family(rows: list[dict]):
     """Holm over the primary contrasts (one per idea): an untestable one (one seed, no spread, diverged)
     enters as p = 1, so the family keeps its size; each primary gets p, p (Holm) and its reading (idea 4's
@@ -193,10 +239,11 @@ def contrast_numbers(rows: list[dict]) -> dict[str, list]:
     return report.row_numbers({f"{r['variant']} against {r['baseline']}": r for r in rows})
 
 
-def section_lines(numbers: dict[str, list], seeds: list[int]) -> list[str]:
+def section_lines(numbers: dict[str, list], seeds: list[int], firings: dict[str, dict] | None = None) -> list[str]:
     """The study's contrasts from their per-seed values, the report's `numbers` (contrast_numbers) as a reference
     ships them: each primary's Δ per seed and over seeds, Holm-adjusted by read_family (an untestable one enters as
-    p = 1), the secondaries as intervals. The one rendering of them: the live report's and the results page's."""
+    p = 1), the secondaries as intervals; a remedy's row says whether it ever fired (`firings`: remedy_firings by
+    variant). The one rendering of them: the live report's and the results page's."""
     rows = []
     for key in numbers:
         if key.endswith(": delta"):
@@ -207,6 +254,10 @@ def section_lines(numbers: dict[str, list], seeds: list[int]) -> list[str]:
                          "seeds": report.per_seed_text(numbers[key])})  # a null Δ: a run diverged (a CE is never n/a)
     rows.sort(key=lambda r: (r["idea"], not r["primary"]))
     read_family(rows)
+    did = {r["variant"]: firing_text(firings[r["variant"]], r["delta"]["values"]) for r in rows
+           if r["variant"] in (firings or {})}
+    for row in rows:
+        row["reading"] += f"; {did[row['variant']]}" if row["primary"] and row["variant"] in did else ""
     lines = [f"The paper's seven proposed improvements, each against the run it changes: Δ = option − that run, final "
              f"validation CE paired by seed ({report.seeds_text(seeds)}; negative: the option helps). One primary "
              "contrast per idea; the seven are one family, Holm-adjusted.", "",
@@ -219,6 +270,8 @@ def section_lines(numbers: dict[str, list], seeds: list[int]) -> list[str]:
               "| --- | --- | --- | --- | --- |"]
     lines += [f"| {r['idea']} | {r['variant']} | {r['baseline']} | {report.stats_cell(r['delta'], True)} | {r['seeds']} |"
               for r in rows if not r["primary"]]
+    lines += ["", "What each remedy did at its transitions (the runs' logged removal ΔCE against their threshold):", ""]\
+        + [f"- {variant}: {text}" for variant, text in did.items()] if did else []
     return lines + ["", "Readings (the primary endpoints):", ""] + \
         [f"- idea {r['idea']}: {r['reading']}" for r in rows if r["primary"]]
 
@@ -284,7 +337,7 @@ def run_ideas(ws: suite.Workspace, seeds: list[int], force: bool = False) -> dic
     out = {"experiment": "ideas", "scale": ws.preset.name, "seeds": seeds, "search": found, "rows": rows,
            "diverged_runs": diverged, "tie_margin": presets.TIE_MARGIN, "precision": ws.preset.run.get("precision", ""),
            "about": __doc__.split("\n\n")[1], "machines": studies.run_machines(manifest(ws, seeds, chosen)),
-           "numbers": contrast_numbers(rows)}
+           "numbers": contrast_numbers(rows), "firings": live_firings(ws, seeds)}
     lines = markdown(out, len(variants)) + [""] + studies.machines_markdown(out["machines"])
     return report.write(ws.results, "ideas", out, lines, echo=True)
 
@@ -296,7 +349,7 @@ def markdown(out: dict, n_variants: int) -> list[str]:
     seeds, found, rows = out["seeds"], out["search"], out["rows"]
     lines = [f"# The paper's seven proposed improvements ({out['scale']} scale)", "",
              report.diverged_line(out["diverged_runs"], n_variants * len(seeds)), "", RULE, "",
-             *section_lines(out["numbers"], seeds), "",
+             *section_lines(out["numbers"], seeds, out.get("firings")), "",
              "## Transition jumps (descriptive)", "",
              "The CE at a phase's start (after the transition's changes, before its first update) minus the CE at "
              "the previous phase's end, averaged over the transitions.", "",

@@ -101,7 +101,8 @@ def steps_caveat(curves: dict) -> str:
 
 def ideas_page(reference: dict, scale: str) -> list[str]:
     """The seven ideas as their live report renders them, and each run's machine, from its committed record."""
-    lines = ideas.section_lines(reference["tables"]["ideas"], seeds_of(reference, "ideas"))
+    seeds = seeds_of(reference, "ideas")
+    lines = ideas.section_lines(reference["tables"]["ideas"], seeds, ideas.recorded_firings(scale, seeds))
     return ["## ideas", "", *lines, "", *studies.recorded_machines(scale), ""]
 
 

@@ -81,3 +81,64 @@ def test_the_live_report_renders_its_contrasts_as_the_page_renders_the_shipped_o
     idea3 = primary_rows(page)[3]
     assert idea3[3:7] == ["+0.3025 [+0.2707, +0.3343] (1 of 3 diverged)", "+0.3000, n/a, +0.3050", "n/a (no test)",
                           "no reading: 1 of 3 diverged"]
+
+
+def transition(step, costs, redrawn=()):
+    return {"step": step, "event": "transition", "block": len(costs), "removal_costs": costs,
+            "reinitialized": list(redrawn)}
+
+
+def test_the_remedys_firings_are_its_transitions_removal_costs_against_its_threshold():
+    """Issue 57: idea 3 re-draws a prefix block whose removal ΔCE is below identity_threshold; a transition fires
+    when its lowest cost is below it (a run's own threshold), and the row says how often that happened."""
+    run_a = [{"step": 1, "loss": 3.0}, transition(251, {"0": 5.6}), transition(501, {"0": 5.1, "1": 0.09}, ["1"])]
+    run_b = [transition(251, {"0": 6.0}), transition(501, {"0": 5.0, "1": 0.12})]
+    got = ideas.remedy_firings([(run_a, 0.105), (run_b, 0.105)])
+    assert got == {"transitions": 4, "fired": 1, "logged": 1, "lowest": 0.09, "thresholds": [0.105]}
+    assert ideas.remedy_firings([(run_b, 0.2)])["fired"] == 1  # the run's own threshold decides
+    assert ideas.firing_text(got, [0.01, 0.0, 0.0]) == "the remedy fired at 1 of its 4 transitions (a removal ΔCE " \
+                                                       "below 0.105)"
+    never = ideas.remedy_firings([(run_b, 0.105)])
+    assert ideas.firing_text(never, [0.0, 0.0]).startswith("a no-op: the remedy never fired, at 0 of its 2 transitions "
+                                                           "(lowest removal ΔCE 0.120, its threshold 0.105); its CE "
+                                                           "equals its baseline's on every seed")
+    assert "equals" not in ideas.firing_text(never, [0.0, 1e-9])
+
+
+def test_idea_3s_never_fired_count_on_the_page_is_its_records_removal_costs_against_their_threshold():
+    from experiments import studies
+    firings = ideas.recorded_firings("toy", SEEDS)
+    assert sorted(firings) == ["post-grow + reinit", "pre-grow + reinit"]
+    for variant in ideas.remedy_variants():
+        records = [studies.read_record(studies.RECORDS_DIR / "toy" / "beyond" / variant.folder / f"s{s}" /
+                                       f"{variant.run.name}.json") for s in SEEDS]
+        rows = [(row, r["config"]["identity_threshold"]) for r in records for row in r["metrics"]
+                if row.get("event") == "transition"]
+        by_hand = sum(any(cost < threshold for cost in row["removal_costs"].values()) for row, threshold in rows)
+        got = firings[variant.label]
+        assert got["transitions"] == len(rows) == 6 and got["fired"] == by_hand == 0 and got["logged"] == 0
+        assert got["lowest"] == min(c for row, _ in rows for c in row["removal_costs"].values()) > 0.105
+    from experiments import reference
+    page = "\n".join(registry.ideas_page(reference.load("toy"), "toy"))
+    row = next(line for line in page.splitlines() if line.startswith("| 3 | pre-grow + reinit |"))
+    assert "a no-op: the remedy never fired, at 0 of its 6 transitions (lowest removal ΔCE 0.217, its threshold " \
+           "0.105); its CE equals its baseline's on every seed" in row
+
+
+def test_the_live_report_counts_firings_from_its_run_folders_as_the_page_does_from_records(tmp_path):
+    """live_firings reads each remedy run's metrics.jsonl and its config.json's identity_threshold."""
+    from pathlib import Path
+
+    from experiments import presets, suite
+    from experiments.variants import variant_dir
+    from plumbing import devices
+    ws = suite.Workspace(presets.PRESETS["smoke"], tmp_path / "smoke", tmp_path / "results", devices.Dist())
+    for variant in ideas.remedy_variants():
+        for seed, cost in zip(SEEDS, (0.3, 0.05, 0.2)):
+            folder = Path(variant_dir(ws, variant, seed))
+            folder.mkdir(parents=True)
+            (folder / "config.json").write_text(json.dumps({"identity_threshold": 0.105}))
+            (folder / "metrics.jsonl").write_text(json.dumps(transition(501, {"0": 5.0, "1": cost})) + "\n")
+    got = ideas.live_firings(ws, SEEDS)
+    assert {k: (v["transitions"], v["fired"], v["lowest"]) for k, v in got.items()} == \
+        {"pre-grow + reinit": (3, 1, 0.05), "post-grow + reinit": (3, 1, 0.05)}
