@@ -99,6 +99,7 @@ def prepare_run_dir(config, run_dir: Path, force: bool, ctx, provenance: dict) -
         else:
             if (run_dir / "done.json").is_file():
                 return True
+            check_resumed_precision(run_dir, provenance["precision"], provenance["precision_reason"])
     ctx.barrier()
     if ctx.is_main:
         run_dir.mkdir(parents=True, exist_ok=True)
@@ -106,6 +107,31 @@ def prepare_run_dir(config, run_dir: Path, force: bool, ctx, provenance: dict) -
         checkpoint.write_json(run_dir / "provenance.json", provenance)
     ctx.barrier()
     return False
+
+
+CHECKPOINT_FOLDER = re.compile(r"phase-\d+|step-\d+|latest")  # checkpointing.py's kept and rolling checkpoints
+
+
+def started_precision(run_dir: Path) -> str | None:
+    """The precision a run folder's run computed in, as its provenance.json says, where the folder holds what a
+    command would keep of it (done.json, or a checkpoint to resume from); None where it holds neither (a run then
+    trains from step 0, in its command's precision). A value that is not a text is shown as one, to be refused."""
+    run_dir = Path(run_dir)
+    if not (run_dir / "provenance.json").is_file() or not ((run_dir / "done.json").is_file() or any(
+            CHECKPOINT_FOLDER.fullmatch(p.name) and p.is_dir() for p in run_dir.iterdir())):
+        return None
+    precision = read_json(run_dir / "provenance.json").get("precision")
+    return precision if isinstance(precision, str) else printable(repr(precision), 40)
+
+
+def check_resumed_precision(run_dir: Path, precision: str, why: str):
+    """A run resumes in the precision it started in, or is refused: never switched, its provenance never rewritten
+    (experiments/training.run_precision asks before any work, prepare_run_dir again as it resumes)."""
+    kept = None if (Path(run_dir) / "done.json").is_file() else started_precision(run_dir)
+    if kept is not None and kept != precision:
+        raise TrainingError(f"{run_dir}: started in {kept} (its provenance.json), and this command would continue it "
+                            f"in {precision} ({why}); a run keeps the precision it started in: continue it where {kept} "
+                            "is chosen, or move the folder away to train it again")
 
 
 def provenance(ctx, dtype: torch.dtype, why: str) -> dict:

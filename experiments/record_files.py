@@ -133,6 +133,7 @@ def check_record(record, path: Path):
     for key in PROVENANCE_TEXT:
         if key in record["provenance"] and not isinstance(record["provenance"][key], str):
             raise bad(f"provenance.{key}", f"is {describe(record['provenance'][key])}, not a text")
+    check_precision(record["provenance"]["precision"], record["config"].get("precision", "auto"), bad)
     if not bounded(record["wall_seconds"], 0, NUMBER_LIMIT):
         raise bad("wall_seconds", f"is {describe(record['wall_seconds'])}, not a number of seconds from 0 to "
                                   f"{NUMBER_LIMIT:g}")
@@ -152,6 +153,20 @@ def check_record(record, path: Path):
                    for key in ("ce_full", "ce_skip", "delta_ce")):
             raise bad(f"diagnostics.block_removal[{i}]", f"holds a CE outside 0 to {CE_LIMIT:.1f} (or a difference of "
                                                          "CEs outside ± that), what none can be")
+
+
+TRAINED_IN = {"fp32": "float32", "bf16": "bfloat16"}  # config.precision -> provenance's
+
+
+def check_precision(trained: str, asked, bad):
+    """What trained the run, as its provenance says: a precision the kit trains in, and the one its config asks for
+    unless that is "auto" (a run of fp32 never computes in bfloat16)."""
+    if trained not in ("float32", "bfloat16"):
+        raise bad("provenance.precision", f"is {cell(trained, 40)!r}, not a precision the kit trains in (float32, "
+                                          "bfloat16)")
+    if asked != "auto" and TRAINED_IN.get(asked) != trained:
+        raise bad("provenance.precision", f"is {trained}, but its config asks for {cell(asked, 20)!r}, which never "
+                                          f"trains in {trained}")
 
 
 def expect(value, kind: type, where: str, bad):

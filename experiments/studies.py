@@ -24,7 +24,7 @@ from pathlib import Path
 import config
 import diag
 import rundir
-from experiments import readouts, record_files, report, suite, tables, variants
+from experiments import readouts, record_files, report, suite, tables, training, variants
 from experiments.record_files import FORMAT, BadRecord, cell, digest, training_settings
 from experiments.suite import RunName, Workspace
 from plumbing import checkpoint, devices, errors, locks
@@ -198,19 +198,20 @@ def settle_precision(ws: Workspace) -> Workspace:
     return replace(ws, ctx=replace(ws.ctx, auto_precision=(NAMES[trained], why)))
 
 
-def check_precision(status: Status, ws: Workspace):
-    """Before anything trains: a finished run folder (not restored from a record) trained in another precision
-    than the study's would mix into its tables: refused, named."""
-    if ws.ctx.auto_precision is None:
-        return
-    wanted = {v: k for k, v in NAMES.items()}[ws.ctx.auto_precision[0]]
-    for job in status.remaining:
-        done, provenance = job.folder / "done.json", job.folder / "provenance.json"
-        if done.is_file() and provenance.is_file() and not (job.folder / RECORD).is_file():
-            trained = rundir.read_json(provenance).get("precision")
-            if trained != wanted:
-                raise errors.TrainingError(f"{job.folder}: trained in {trained}, but the study trains {wanted} "
-                                           f"({ws.ctx.auto_precision[1]}); move that folder away to train it again")
+def check_precision(status: Status, teacher: Path):
+    """Before anything is restored or trained, the one precision rule (training.check_one_precision) over a study's
+    runs: a recorded run by its record's provenance, or where its folder holds a finished run not restored from it
+    (which the tables read), by that folder's; the others by what their folders hold or what this command trains
+    them in. A finished folder of another precision beside the records, or a record of one, is refused, named."""
+    runs, recorded = [], dict(status.recorded)
+    for job in [job for job, _ in status.recorded] + status.remaining + [job for job, _ in status.stale]:
+        if job in recorded and not ((job.folder / "done.json").is_file() and not (job.folder / RECORD).is_file()):
+            runs.append(training.RunPrecision(str(record_path(job)), recorded[job]["provenance"]["precision"],
+                                              "recorded in", f"move {record_path(job)} away (git mv)"))
+        else:
+            settings = variants.job_config(job.ws, job.run, job.seed, teacher)
+            runs.append(training.run_precision(job.ws, settings, job.folder))
+    training.check_one_precision(runs)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -228,9 +229,9 @@ def restore(jobs: list[Job], teacher: Path, force: bool = False) -> Status:
         more = f" (and {len(status.stale) - 1} more)" if len(status.stale) > 1 else ""
         raise errors.TrainingError(f"{record_path(job)}: stale, {why}{more}; nothing was trained: move the stale "
                                    "records away (git rm) or pass --force to retrain those runs and replace them")
+    check_precision(status, teacher)  # before a record is removed or a folder written
     for job, _ in status.stale:  # --force: retrained, and recorded again
         record_path(job).unlink()
-    check_precision(status, jobs[0].ws)
     sources = {job: prefix_folder(job, teacher) for job in status.remaining + [job for job, _ in status.stale]}
     for job, record in status.recorded:
         if job.folder in sources.values() and not (job.folder / "done.json").is_file():
@@ -384,8 +385,11 @@ def restorable_jobs(ws: Workspace, names: list[str], runs, seeds: list[int]) -> 
 
 
 def restore_study(ws: Workspace, jobs: list[Job], force: bool):
-    """A recording study's runs restored from their records before anything trains (restore), on the main process."""
+    """A recording study's runs restored from their records before anything trains (restore), on the main process;
+    first, before any data or teacher is made, the study's one precision (check_precision)."""
     if ws.records is not None and jobs:
+        expected = training.expected_teacher(ws)  # the settings alone, before the data or the teacher is made
+        ws.ctx.on_main(lambda: check_precision(survey(jobs, expected, check_data=False), expected), "the precision rule")
         teacher = suite.ensure_inputs(ws, force)
         ws.ctx.on_main(lambda: restore(jobs, teacher, force), "restoring records")
 

@@ -8,7 +8,9 @@ resumed, in lockstep where they read the same batches. The CLI (repro.py) and th
 """
 from __future__ import annotations
 
+from collections import Counter
 from pathlib import Path
+from typing import NamedTuple
 
 from rich.table import Table
 
@@ -28,7 +30,8 @@ from experiments.suite import (
     scratch,
     with_prefixes,
 )
-from plumbing import errors
+from plumbing import devices, errors
+from plumbing.locks import printable
 
 
 def check_before_work(ws: Workspace, jobs: list[tuple[RunName, int]], force: bool, teacher: Path | None = None):
@@ -37,13 +40,13 @@ def check_before_work(ws: Workspace, jobs: list[tuple[RunName, int]], force: boo
     (unless --force, which discards what does not match) the config.json and done.json of every run it would reuse or
     resume, and the kit's own teacher once trained: its run files, and its checkpoint loaded whole (checksums, config,
     every tensor; a few MB at the scales that train one)."""
-    teacher = teacher or expected_teacher(ws)
+    teacher, precisions = teacher or expected_teacher(ws), []
     for run, seed in jobs:
         try:
             config = run_config(ws, run, seed, teacher=teacher)
         except errors.ConfigError as e:  # RunConfig's own checks: a placement schedule, per-phase LRs and warmups
             raise errors.OptionError("--set", f"run {run.name}: {e}") from None
-        folder = ws.run_dir(run, seed)
+        folder, discarded = ws.run_dir(run, seed), False
         if not (folder / "done.json").exists():  # one it will train: refused as the dry run refuses it
             data.check_split(config.global_batch, ws.ctx.world, config.micro_batch)
         if (folder / "config.json").exists() and (teacher is not None or scratch(ws)):
@@ -53,10 +56,13 @@ def check_before_work(ws: Workspace, jobs: list[tuple[RunName, int]], force: boo
                 if not force:
                     raise
                 rundir.check_discardable(folder)  # --force discards what does not match, if the kit made all of it
+                discarded = True
         elif (folder / "config.json").exists() and not force:
             rundir.read_json(folder / "config.json")  # a hub teacher's cache path is known only once fetched
         if (folder / "done.json").exists() and not force:  # --force: nothing else to read first
             check_result(folder / "done.json")
+        precisions.append(run_precision(ws, config, folder, discarded))
+    check_one_precision(precisions)
     if force or ws.preset.teacher or scratch(ws):
         return
     own_teacher = ws.teacher_dir
@@ -69,6 +75,56 @@ def check_before_work(ws: Workspace, jobs: list[tuple[RunName, int]], force: boo
             raise errors.TrainingError(f"{own_teacher / 'phase-0'}: missing, although {own_teacher / 'done.json'} says "
                                        f"the teacher is trained; move {own_teacher} away and rerun to train it again")
         model.load_qwen3(own_teacher / "phase-0")
+
+
+# ----------------------------------------------------------------------------------------------
+# The precision rule (docs/method.md, "Precision in a study"): the runs a command combines computed, or will
+# compute, in one precision, each known from what trained it (a folder's provenance.json, a record's provenance),
+# whatever its config asks for; a run keeps the precision it started in (rundir.prepare_run_dir refuses to switch).
+# Every path takes this one check: the dry run and a study's restore (studies.check_precision), and before any
+# work, every command that trains or reads runs for its tables (check_before_work). "auto" is the study's records'
+# precision where it has some (studies.settle_precision), so that a study continued elsewhere stays one.
+
+PRECISIONS = tuple(str(dtype).removeprefix("torch.") for dtype in devices.DTYPES.values())  # float32, bfloat16
+
+
+class RunPrecision(NamedTuple):
+    where: str       # the run folder or record that says it
+    precision: str   # as provenance.json names it
+    how: str         # "trained in", "started in", "recorded in", "trains in"
+    fix: str         # what moves it out of the command
+
+
+def run_precision(ws: Workspace, settings, folder: Path, discarded: bool = False) -> RunPrecision:
+    """A run's precision: its provenance.json's where its folder holds a run the command keeps (finished, or a
+    checkpoint it resumes from), else the one this command trains it in (its config's, "auto" the study's)."""
+    dtype, why = devices.precision_choice(settings.precision, ws.ctx.device, ws.ctx.auto_precision)
+    trains = str(dtype).removeprefix("torch.")
+    kept = None if discarded else rundir.started_precision(folder)
+    if kept is None:
+        return RunPrecision(str(folder), trains, "trains in", "")
+    if kept in PRECISIONS:  # a resumed run keeps its precision (a damaged name is refused below, named as such)
+        rundir.check_resumed_precision(folder, trains, why)
+    how = "trained in" if (folder / "done.json").is_file() else "started in"
+    return RunPrecision(str(folder), kept, how, f"move {folder} away (its run then trains again)")
+
+
+def check_one_precision(runs: list[RunPrecision]):
+    """The runs of a command in one precision, or one line naming a run of the odd one out and one of the
+    command's (the precision it trains in, or where it trains nothing, most of its runs')."""
+    for run in runs:
+        if run.precision not in PRECISIONS:
+            raise errors.TrainingError(f"{run.where}: {run.how} {printable(run.precision, 40)!r}, not a precision the "
+                                       f"kit trains in ({', '.join(PRECISIONS)}); {run.fix or 'restore it'}")
+    kinds = Counter(run.precision for run in runs)
+    if len(kinds) < 2:
+        return
+    trains = [run.precision for run in runs if run.how == "trains in"]
+    main = trains[0] if trains else kinds.most_common(1)[0][0]
+    odd, like = (next(run for run in runs if (run.precision == main) == same) for same in (False, True))
+    raise errors.TrainingError(f"{odd.where}: {odd.how} {odd.precision}, but {like.where} {like.how} {main} "
+                               f"({kinds[main]} of the {len(runs)} runs the command combines); a table combines one "
+                               f"precision: {odd.fix}, or run it as a study of its own (--set run.precision=...)")
 
 
 def expected_teacher(ws: Workspace) -> Path | None:

@@ -127,14 +127,26 @@ def test_records_of_the_other_precision_train_what_the_dry_run_said_in_their_pre
 
 
 def test_a_finished_folder_of_another_precision_is_named_before_it_mixes_in(tmp_path):
+    """Issue 59 §1b: a finished bfloat16 folder beside a study pinned to float32 is named, whether it has a record or
+    not (the tables would read the folder), and so is a record of another precision than the runs trained now."""
     from dataclasses import replace
 
     from experiments import suite
     ws = suite.workspace("smoke", tmp_path / "runs", tmp_path / "results")
-    ws = replace(ws, ctx=replace(ws.ctx, auto_precision=("fp32", "the study's 4 records are float32")))
-    job = studies.Job(ws, suite.RunName("pre", "grow"), 42)
+    pinned = ("fp32", "the study's 4 records are float32")
+    ws = replace(ws, records=tmp_path / "rec", ctx=replace(ws.ctx, auto_precision=pinned))
+    job, other = (studies.Job(ws, suite.RunName(norm, "grow"), 42) for norm in ("pre", "post"))
     job.folder.mkdir(parents=True)
     (job.folder / "done.json").write_text("{}")
     (job.folder / "provenance.json").write_text(json.dumps({"precision": "bfloat16"}))
-    with pytest.raises(errors.TrainingError, match="trained in bfloat16, but the study trains float32"):
-        studies.check_precision(studies.Status([], [], [job]), ws)
+    teacher = ws.teacher_dir / "phase-0"
+    for status in (studies.Status([], [], [job, other]), studies.Status([(job, {})], [], [other])):
+        with pytest.raises(errors.TrainingError, match=f"{job.folder}: trained in bfloat16, but {other.folder} trains "
+                                                       "in float32"):
+            studies.check_precision(status, teacher)
+    (job.folder / "provenance.json").write_text(json.dumps({"precision": "float32"}))
+    studies.check_precision(studies.Status([], [], [job, other]), teacher)
+    recorded = {"provenance": {"precision": "bfloat16"}}
+    fresh = studies.Job(ws, suite.RunName("pre", "joint"), 42)  # trains now, in the study's float32
+    with pytest.raises(errors.TrainingError, match="post-grow.json: recorded in bfloat16, but .* trained in float32"):
+        studies.check_precision(studies.Status([(other, recorded)], [], [job, fresh]), teacher)

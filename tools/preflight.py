@@ -103,6 +103,7 @@ def print_records(ws: suite.Workspace, jobs: list[studies.Job], more: str = "", 
         return
     teacher = training.expected_teacher(ws)
     status = studies.survey(jobs, teacher, check_data=False)
+    studies.check_precision(status, teacher)  # the study's one precision, as restoring it checks it
     machines = Counter(studies.machine(record) for _, record in status.recorded)
     trains = studies.unique(status.remaining + [job for job, _ in status.stale] + list(unrestored))
     flops = sum(job_flops(job, teacher) for job in trains)
