@@ -246,6 +246,10 @@ EXPORTS = [
          write("{C}/out.tmp/notes.txt", "mine")),
     case("export --force beside a user's file named <out>.old", EXPORT(PRE, "{C}/out", "--force"), "out.old",
          exported("{C}/out"), write("{C}/out.old", "mine")),
+    # issue 59 §3: a name that is rich markup is text in the line (before: MarkupError once the export was written)
+    case("export --force onto a user's folder named like markup", EXPORT(PRE, "{C}/exp [/v2]", "--force"),
+         ("exp [/v2]/notes.txt", "not written by the kit"), exported("{C}/exp [/v2]"),
+         write("{C}/exp [/v2]/notes.txt", "mine")),
 ]
 
 

@@ -59,6 +59,16 @@ def recorded(change, reseal: bool = True, config_hash: bool = True):
     return apply
 
 
+def bf16_folder_beside_its_record(case_dir: Path):
+    """Issue 59 §1b: s42/post-grow recorded as the kit records it, and its finished folder (which the tables would
+    read, not the record) trained in bfloat16 beside the study's float32."""
+    record, path = smoke_record(case_dir)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(record))
+    provenance = case_dir / "R" / "smoke" / "s42" / "post-grow" / "provenance.json"
+    provenance.write_text(json.dumps({**json.loads(provenance.read_text()), "precision": "bfloat16"}))
+
+
 def put(*keys, value):
     def change(record):
         target = record
@@ -116,6 +126,18 @@ RECORDS = [
         ("config.relative_to_run",)),
     bad("record: config.blocks a string", put("config", "blocks", value="3"), ("config.blocks",)),
     bad("record: config with a setting the kit lacks", put("config", "speed", value=2), ("config", "speed")),
+    # issue 59 §1a, §4: a run of fp32 recorded as bfloat16; numbers and texts no run gives
+    bad("record: bfloat16 under an fp32 config, sealed again", put("provenance", "precision", value="bfloat16"),
+        ("provenance.precision", "'fp32'")),
+    bad("record: precision float16, sealed again", put("provenance", "precision", value="float16"),
+        ("provenance.precision", "float16")),
+    bad("record: done.ce 1e200 (its log too), sealed again",
+        lambda r: [row.update(ce=1e200) for row in [r["done"], *r["metrics"]] if "ce" in row], ("ce", "a CE")),
+    bad("record: a block's delta_ce 1e200", put("diagnostics", "block_removal", 0, "delta_ce", value=1e200),
+        ("diagnostics.block_removal[0]",)),
+    bad("record: a 5,000-character cpu", put("provenance", "cpu", value="x" * 5000), ("provenance.cpu", "5,000")),
+    case("record: a finished bfloat16 folder beside the float32 records", TABLE1_RECORDED,
+         ("s42/post-grow: trained in bfloat16", "float32"), bf16_folder_beside_its_record),
     case("record: edited by hand, not sealed again", TABLE1_RECORDED, ("post-grow.json", "does not match its sha256"),
          recorded(put("done", "ce", value=1.0), reseal=False)),
     case("record: a copy beside it", TABLE1_RECORDED, ("post-grow copy.json", "its place"), recorded(lambda r: None),

@@ -126,6 +126,17 @@ RERUNS = [
          setup=local_teacher("teacher-dir")),
     case("runs made with another teacher", TABLE1, ("pre-joint", "teacher"), make_dir("{C}/teacher-dir"),
          setup=local_teacher("teacher-dir")),
+    # issue 59 §1c: a run killed while it trained in bfloat16 is never continued in float32 (its provenance rewritten)
+    case("rerun: a run started in bfloat16, resumed by a float32 command", TABLE1,
+         ("s42/post-grow: started in bfloat16", "float32"), delete(f"{RUNS}/s42/post-grow/done.json"),
+         edit_json(f"{RUNS}/s42/post-grow/provenance.json", lambda p: p.update(precision="bfloat16"))),
+    case("train: a run started in bfloat16, resumed in float32", TRAIN_RUN, ("s42/post-grow: started in bfloat16",),
+         delete(f"{RUNS}/s42/post-grow/done.json"),
+         edit_json(f"{RUNS}/s42/post-grow/provenance.json", lambda p: p.update(precision="bfloat16"))),
+    case("rerun: a finished run whose provenance names precision float16", TABLE1, ("post-grow", "'float16'"),
+         edit_json(f"{RUNS}/s42/post-grow/provenance.json", lambda p: p.update(precision="float16"))),
+    case("rerun: a finished bfloat16 run beside float32 ones", TABLE1, ("s42/post-grow: trained in bfloat16", "float32"),
+         edit_json(f"{RUNS}/s42/post-grow/provenance.json", lambda p: p.update(precision="bfloat16"))),
 ]
 
 

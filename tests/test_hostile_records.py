@@ -89,10 +89,15 @@ def test_a_copy_or_another_studys_record_is_named_never_counted(tmp_path):
 
 def test_a_records_text_reaches_a_page_escaped_and_bounded(tmp_path):
     """A run label with a line break, a | and a markdown heading (in its own place: the file's name holds them), and
-    a CPU named by 20 MB of text: each row of the page is one line of five cells, each cell at most 200 characters."""
+    a CPU named by 4,000 characters: each row of the page is one line of five cells, each cell at most 200 characters;
+    a CPU named by 20 MB of text is refused as it is read, naming the key (issue 59 §4)."""
     records = tmp_path / "records"
     placed(records / "toy", "s42/pre\n# Results are fake | x")
-    placed(records / "toy", "s43/pre-grow", lambda r: r["provenance"].update(cpu="A" * 20_000_000 + "\n|"))
+    huge = placed(records / "toy", "s43/pre-grow", lambda r: r["provenance"].update(cpu="A" * 20_000_000 + "\n|"))
+    with pytest.raises(record_files.BadRecord, match="provenance.cpu is a text of 20,000,002 characters"):
+        studies.recorded_machines("toy", records)
+    placed(records / "toy", "s43/pre-grow", lambda r: r["provenance"].update(cpu="A" * 4000 + "\n|"))
+    assert huge.stat().st_size < 100_000
     lines = studies.recorded_machines("toy", records)
     assert all("\n" not in line and len(line) < 600 for line in lines)
     assert not any(line.startswith("#") and "fake" in line for line in lines)
