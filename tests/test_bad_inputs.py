@@ -161,6 +161,19 @@ def test_the_undamaged_tree_passes_every_command_the_table_breaks(tree, tmp_path
             f"{used} (the run finished)\n", (args, result.output)
 
 
+def test_a_run_folder_and_an_export_named_like_markup_print_as_named(tree, tmp_path, monkeypatch):
+    """Issue 59 §3: a copied run folder "copy [v2]" was printed as "copy /pre-grow/phase-2" (rich read [v2] as a
+    style), an export to "exp [/v2]" raised MarkupError after writing its files; both now print their names."""
+    monkeypatch.chdir(tmp_path)
+    shutil.copytree(tree / "R" / "smoke" / "s42" / "pre-grow", tmp_path / "copy [v2]" / "pre-grow")
+    checkpoint, out = tmp_path / "copy [v2]" / "pre-grow" / "phase-2", tmp_path / "exp [/v2]"
+    result = CliRunner().invoke(repro.cli, ["eval", str(checkpoint), "--runs-dir", str(tree / "R")])
+    assert result.exit_code == 0 and result.output.startswith(f"{checkpoint}: CE "), result.output
+    result = CliRunner().invoke(repro.cli, ["export", str(checkpoint), str(out), "--runs-dir", str(tree / "R")])
+    assert result.exit_code == 0 and f"tokenizer to {out}" in " ".join(result.output.split()), result.output
+    assert (out / "model.safetensors").is_file()
+
+
 def strict_json_files(root: Path) -> int:
     """Parse every .json and .jsonl file under root as strict JSON (NaN, Infinity refused); their count."""
     def refuse(constant):
