@@ -97,6 +97,34 @@ def fig3a_interaction(kit: dict, path, paper: dict = PAPER["table1"], caption: s
         return save_png(fig, path, caption)
 
 
+TREND = (("delta_joint", "Δjoint = post − pre, joint"), ("delta_grow", "Δgrow = post − pre, grow"),
+         ("interaction", "interaction = Δgrow − Δjoint"))
+
+
+def fig_scale_trend(kit: dict, paper: dict, path, tie_margin: float, caption: str = "") -> Path:
+    """Table 1's three differences at each scale beside the paper's, one panel each, scales left to right in the
+    order given. kit: {scale: {key: report.across_seeds stats}} for each key of TREND; paper: {key: value}, one run
+    (no interval), drawn hollow at the right. The grey band is the declared rule's tie margin."""
+    with new_figure(ncols=len(TREND), width=2.4, height=2.8) as (fig, axes):
+        for ax, (key, title) in zip(axes, TREND):
+            ax.axhspan(-tie_margin, tie_margin, color="gray", alpha=0.2, linewidth=0, label=f"a tie: ±{tie_margin:g}")
+            ax.axhline(0, color="black", linewidth=0.5)
+            for x, numbers in enumerate(kit.values()):
+                s = numbers[key]
+                lo, hi = s["ci95"] or (s["mean"], s["mean"])
+                ax.errorbar([x], [s["mean"]], yerr=[[s["mean"] - lo], [hi - s["mean"]]], fmt="o", color="black",
+                            capsize=3, label="kit: mean, 95% t-interval over seeds")
+            paper_marker(ax, len(kit), paper[key], "black", label="paper: one run, no interval")
+            ax.set_xticks(range(len(kit) + 1), [f"{scale}\n{numbers[key]['n']} seeds" for scale, numbers in kit.items()]
+                          + ["paper"])
+            ax.set_xlim(-0.5, len(kit) + 0.5)
+            ax.set_title(title)
+        axes[0].set_ylabel("validation CE difference (nats/token)")
+        entries = dict(zip(*axes[0].get_legend_handles_labels()[::-1]))  # {label: handle}, each once
+        fig.legend(list(entries.values()), list(entries), loc="outside lower center", ncols=3)
+        return save_png(fig, path, caption)
+
+
 def interaction(ces: dict) -> float:
     """(post - pre) under grow minus (post - pre) under joint (Table 1)."""
     return delta(ces, "grow") - delta(ces, "joint")

@@ -15,7 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from experiments import figures, readings, tables
+import paper
+from experiments import figures, presets, readings, tables
 from plumbing import checkpoint
 
 NORMS, PROTOCOLS = tables.NORMS, ("joint", "grow")
@@ -137,6 +138,50 @@ def section(scale: str, ref: dict) -> list[str]:
                                            "empty or has a null)"
             lines += [f"**{figure.title}**: not drawn: {why}.", ""]
     return lines
+
+
+# ----------------------------------------------------------------------------------------------
+# The scale trend: Table 1's differences at every scale with a shipped reference, beside the paper's (one figure,
+# docs/results/scale-trend.png, on every results page and the README)
+
+TREND_FILE = "scale-trend.png"
+
+
+def trend_args(references: dict[str, dict | None]) -> dict | None:
+    """The trend's arguments: each shipped scale's Table 1 differences over its seeds (report.across_seeds), in the
+    order given, and the paper's; None where no reference holds them all (or a seed's is null)."""
+    kit = {}
+    for scale, ref in references.items():
+        try:
+            values = {key: ref["tables"]["table1"][key] for key, _ in figures.TREND} if ref else None
+        except KeyError:
+            values = None
+        if values and not any(v is None for vs in values.values() for v in vs):
+            kit[scale] = {key: readings.stats(vs) for key, vs in values.items()}
+    return {"kit": kit, "paper": {key: paper.DELTAS[key] for key, _ in figures.TREND},
+            "tie_margin": presets.TIE_MARGIN} if kit else None
+
+
+def trend_lines(references: dict[str, dict | None], link: str) -> list[str]:
+    """The trend figure linked at `link` (relative to the page), with what it draws, or why it is not drawn."""
+    args = trend_args(references)
+    title = "**Scale trend: Table 1's Δjoint, Δgrow and interaction at each scale beside the paper's**"
+    if args is None:
+        return [f"{title}: not drawn: no shipped reference holds Table 1's differences on every seed.", ""]
+    seeds = lambda scale: ", ".join(map(str, readings.seeds_of(references[scale], "table1")))
+    sources = "; ".join(f"`references/{scale}.json`, seeds {seeds(scale)}" for scale in args["kit"])
+    return [f"{title} (kit: `tables.table1` of {sources}; each kit point the mean with its 95% t-interval over seeds, "
+            "the paper's one run without one, the grey band the tie margin):", "", f"![Scale trend]({link})", ""]
+
+
+def draw_trend(references: dict[str, dict | None]) -> bytes | None:
+    """The trend's PNG bytes (None: not drawn), drawn as draw() draws the others."""
+    args = trend_args(references)
+    if args is None:
+        return None
+    with tempfile.TemporaryDirectory() as scratch:
+        caption = f"normgrow, {', '.join(args['kit'])} and the paper, references/*.json and paper.py"
+        return figures.fig_scale_trend(path=Path(scratch) / TREND_FILE, caption=caption, **args).read_bytes()
 
 
 def draw(scale: str, ref: dict) -> dict[str, bytes]:

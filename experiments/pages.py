@@ -123,7 +123,7 @@ def render_reference(scale: str, content: dict) -> str:
              *provenance_lines(content), "", RULE, ""]
     if absent:
         lines += [f"Not in this reference: {', '.join(absent)}.", ""]
-    lines += page_figures.section(scale, content)
+    lines += page_figures.section(scale, content) + page_figures.trend_lines(trend_references(), page_figures.TREND_FILE)
     where = lambda name: f"the {name} section (from {reference.json_path('tables', name)} and the curves)"
     for name in [n for n in registry.SECTIONS if n in shipped] + sorted(n for n in shipped if n not in registry.SECTIONS):
         render = registry.SECTIONS.get(name, partial(other_section, name))
@@ -144,6 +144,11 @@ def read_from(scale: str, what: str, render, *args):
         key = ": ".join(e.args[0]) if isinstance(e.args[0], tuple) else e.args[0]
         path = reference.REFERENCES / f"{scale}.json"
         raise UsageError(f"{path}: {what} reads {key!r}, which the reference lacks; {reference.restore(path)}") from None
+
+
+def trend_references() -> dict[str, dict | None]:
+    """The scales whose Table 1 the scale trend draws: the headline's, each with its reference or None."""
+    return {scale: shipped(scale) for scale in HEADLINE_SCALES}
 
 
 def render(scale: str) -> str:
@@ -206,8 +211,9 @@ def headline(references: dict[str, dict] | None = None) -> list[str]:
     lines.append("| " + " | ".join(cells) + " |")
     commits = ", ".join(f"`{scale}` at `{ref['git_commit'][:7]}`" for scale, ref in references.items() if ref)
     tested = [line for out in outcomes.values() for line in tail.headline_claim(out)]
-    return lines + ["", *claims(references), *tested, "", f"From `references/*.json` ({commits}), the causal test's "
-                        "committed records (`references/records/`) and `paper.py`. " + RULE]
+    trend = page_figures.trend_lines(references, f"{PAGES.relative_to(ROOT)}/{page_figures.TREND_FILE}")
+    return lines + ["", *claims(references), *tested, "", *trend, f"From `references/*.json` ({commits}), the causal "
+                        "test's committed records (`references/records/`) and `paper.py`. " + RULE]
 
 
 # The paper's three claims on Table 1, and the words each reading gives them (the paper's sign: below 0, a tie, below 0)
@@ -253,9 +259,12 @@ def main(scale: str, out_dir: Path | None = None, readme: Path | None = None) ->
     out_dir, readme = out_dir or PAGES, readme or README
     page, refreshed = render(scale), with_headline(text := readme.read_text())
     drawn = page_figures.draw(scale, ref) if (ref := shipped(scale)) else {}
+    trend = page_figures.draw_trend(trend_references())
     out_dir.mkdir(parents=True, exist_ok=True)
     path = checkpoint.write_atomic(out_dir / f"{scale}.md", page)
     page_figures.write(out_dir / scale, drawn)
+    if trend is not None:
+        checkpoint.write_atomic(out_dir / page_figures.TREND_FILE, trend)
     if refreshed != text:
         checkpoint.write_atomic(readme, refreshed)
     return path

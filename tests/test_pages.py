@@ -196,6 +196,7 @@ def test_the_committed_page_links_each_committed_figure_and_says_why_the_others_
     scale, _, saved = shipped_figures
     page = (pages.PAGES / f"{scale}.md").read_text()
     links = re.findall(r"!\[[^]]*\]\(([^)]+\.png)\)", page)
+    assert links.pop() == page_figures.TREND_FILE  # the scale trend, last of the figures: drawn from every scale
     assert links == [f"{scale}/{name}.png" for name in ("fig3a", "fig3b", "fig4", "fig5b", "figA2")]
     assert sorted(p.name for p in (pages.PAGES / scale).iterdir()) == sorted(Path(link).name for link in links)
     assert "**Figure 5a: per-token RMS by token type across checkpoints**: not drawn" in page
@@ -339,3 +340,50 @@ def test_a_paper_tables_section_names_what_trained_the_runs_it_reads():
     for key in ("run_commits", "run_precisions", "run_machines", "table_provenance"):
         del ref[key]
     assert "Its runs" not in pages.render_reference("toy", ref)
+
+
+def drawn_trend(references: dict):
+    saved, original = {}, figures.save_png
+
+    def capture(fig, path, caption=""):
+        saved["trend"] = fig
+        return original(fig, path, caption)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(figures, "save_png", capture)
+        png = page_figures.draw_trend(references)
+    return saved.get("trend"), png
+
+
+def test_the_scale_trend_draws_each_scales_table_1_differences_with_their_intervals_beside_the_papers():
+    """Issue 57: one figure, on the README and on every results page, generated from the references and paper.py:
+    Δjoint, Δgrow and the interaction at toy and mini (mean and 95% t-interval over seeds) and the paper's."""
+    references = pages.trend_references()
+    fig, png = drawn_trend(references)
+    committed = (pages.PAGES / page_figures.TREND_FILE).read_bytes()
+    width, height = struct.unpack(">II", committed[16:24])
+    assert (width, height) == tuple(round(x * 150) for x in fig.get_size_inches()) == struct.unpack(">II", png[16:24])
+    assert b"Software" not in committed
+    scales = [scale for scale, ref in references.items() if ref is not None]
+    assert scales == ["toy", "mini"]
+    for ax, (key, _) in zip(fig.axes, figures.TREND):
+        kit = [reference.load(scale)["tables"]["table1"][key] for scale in scales]
+        means = [float(line.get_ydata()[0]) for line in ax.get_lines() if line.get_marker() == "o"
+                 and line.get_label() != "paper: one run, no interval"]
+        assert means == pytest.approx([mean(v) for v in kit])
+        bars = [seg for c in ax.collections if hasattr(c, "get_segments") for seg in c.get_segments()]
+        intervals = [float(y) for seg in bars for y in (seg[0][1], seg[1][1])]  # each errorbar's segment, low to high
+        assert intervals == pytest.approx([y for v in kit for y in report.across_seeds(v)["ci95"]])
+        assert ys(ax, "paper: one run, no interval") == [pages.DELTAS[key]]
+        assert [t.get_text() for t in ax.get_xticklabels()] == ["toy\n3 seeds", "mini\n3 seeds", "paper"]
+    readme = pages.README.read_text().split(pages.HEADLINE_START)[1]
+    for page, link in ((readme, f"docs/results/{page_figures.TREND_FILE}"),
+                       *(((pages.PAGES / f"{scale}.md").read_text(), page_figures.TREND_FILE) for scale in scales)):
+        assert f"![Scale trend]({link})" in page and "`references/toy.json`, seeds 42, 43, 44; `references/mini.json`" in page
+
+
+def test_the_scale_trend_leaves_out_a_scale_whose_table_1_has_a_null_and_says_when_none_is_left():
+    toy = copy.deepcopy(reference.load("toy"))
+    toy["tables"]["table1"]["interaction"][1] = None
+    assert list(page_figures.trend_args({"toy": toy, "mini": reference.load("mini")})["kit"]) == ["mini"]
+    assert page_figures.trend_args({"toy": toy, "small": None}) is None and drawn_trend({"toy": toy}) == (None, None)
+    assert "not drawn: no shipped reference holds" in page_figures.trend_lines({"toy": toy}, "x.png")[0]
