@@ -9,6 +9,7 @@ import pytest
 import torch
 from bad_records import placed
 
+import rundir
 from experiments import record_files, studies
 from plumbing import devices, errors
 from tests.conftest import repro_cli
@@ -150,3 +151,24 @@ def test_a_finished_folder_of_another_precision_is_named_before_it_mixes_in(tmp_
     fresh = studies.Job(ws, suite.RunName("pre", "joint"), 42)  # trains now, in the study's float32
     with pytest.raises(errors.TrainingError, match="post-grow.json: recorded in bfloat16, but .* trained in float32"):
         studies.check_precision(studies.Status([(other, recorded)], [], [job, fresh]), teacher)
+
+
+def test_a_resumed_run_keeps_its_precision_and_its_provenance(tmp_path):
+    """Issue 59 §1c: a run killed at its step-12 checkpoint while it trained in bfloat16, resumed where float32 is
+    chosen: refused in one line where it would resume (rundir.prepare_run_dir), its provenance.json unchanged; in
+    bfloat16 it resumes; finished, or without a checkpoint (it starts over), it is never asked."""
+    from experiments import suite
+    from plumbing import devices
+    ws = suite.workspace("smoke", tmp_path / "runs", tmp_path / "results", dry_run=True)
+    settings, folder = suite.run_config(ws, suite.RunName("post", "grow"), 42), tmp_path / "post-grow"
+    ctx = devices.Dist()
+    made = lambda precision: rundir.provenance(ctx, devices.DTYPES[precision], f"{precision} (a test)")
+    assert rundir.prepare_run_dir(settings, folder, False, ctx, made("bf16")) is False
+    before = (folder / "provenance.json").read_bytes()
+    assert rundir.prepare_run_dir(settings, folder, False, ctx, made("fp32")) is False  # no checkpoint yet: anew
+    (folder / "provenance.json").write_bytes(before)
+    (folder / "step-12").mkdir()
+    with pytest.raises(errors.TrainingError, match="started in bfloat16 .* continue it in float32 .* a run keeps"):
+        rundir.prepare_run_dir(settings, folder, False, ctx, made("fp32"))
+    assert (folder / "provenance.json").read_bytes() == before
+    assert rundir.prepare_run_dir(settings, folder, False, ctx, made("bf16")) is False
