@@ -235,14 +235,16 @@ def position_state(scale: str) -> dict:
 def last_attention(rows: list[dict]) -> list[list[float]]:
     """Each layer's per-head attention on position 0 (diag.first_token_attention: the mean over real queries after
     position 0) at a run's last monitor row, its end; a layer that did not run is left out."""
-    last = [row for row in rows if row.get("monitor")][-1]
-    return [heads for heads in last["first_attention"] if heads is not None]
+    last = [row for row in rows if row.get("monitor")][-1:]  # none: a run that logged no monitor row
+    return [heads for row in last for heads in row["first_attention"] if heads is not None]
 
 
 def attention_summary(per_run: dict[str, list[list[list[float]]]]) -> dict:
     """{"layers": each layer's mean over heads, seeds and the given runs, "highest": the largest head's mean on
     any layer, seed and run} from {run: per seed, last_attention}."""
     per_layer = [h for per_seed in per_run.values() for layers in per_seed for h in enumerate(layers)]
+    if not per_layer:
+        return {"layers": [], "highest": math.nan}
     depth = 1 + max(layer for layer, _ in per_layer)
     return {"layers": [statistics.fmean(h for layer, heads in per_layer if layer == i for h in heads)
                        for i in range(depth)],

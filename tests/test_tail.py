@@ -241,3 +241,9 @@ def test_what_the_tie_tests_is_worded_by_rule(facts, words):
     assert all(w in text for w in words), text
     if not (facts["same_state"] and facts["sizes_tie"]):
         assert "does not test the drift" not in text
+
+
+def test_a_run_without_monitor_rows_gives_no_attention_and_no_sink_claim():
+    assert tail.last_attention([{"step": 1, "loss": 3.0}]) == []
+    got = tail.attention_summary({"x": [[], []]})
+    assert got["layers"] == [] and math.isnan(got["highest"]) and not got["highest"] < presets.SINK["attention"]
