@@ -129,9 +129,13 @@ def _chunk_loop(h_S, W_S, h_T, W_T, y, *, alpha, gamma, tau, chunk_size, grad_h=
 
 
 def _logit_buffer(rows, vocab, like):
-    """A (rows, vocab) buffer whose rows start LOGIT_ROW_ALIGN elements apart (a view of a wider one)."""
+    """A (rows, vocab) buffer whose rows start LOGIT_ROW_ALIGN elements apart (a view of a wider one). Its
+    unused tail columns are zeros, never left as they were: oneDNN's AMX kernel for a bf16 matmul reads an
+    operand's row up to its stride, not its width, where the width is not a multiple of 32 (torch 2.13, a CPU
+    with AMX, 50 rows of the toy's V=513: a NaN left there by an earlier tensor made every gradient NaN, while
+    zeros times the kernel's zero padding add nothing). Filling them costs one pass over the buffer a call."""
     stride = -(-vocab // LOGIT_ROW_ALIGN) * LOGIT_ROW_ALIGN
-    return torch.empty(rows, stride, dtype=like.dtype, device=like.device)[:, :vocab]
+    return torch.zeros(rows, stride, dtype=like.dtype, device=like.device)[:, :vocab]
 
 
 def _upcast(z):

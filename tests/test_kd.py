@@ -161,3 +161,28 @@ def test_without_grad_same_values_and_teacher_gets_no_gradient():
         torch.testing.assert_close(a.detach(), b, rtol=1e-14, atol=0)
     with_grad[0].backward()
     assert h_T.grad is None and h_S.grad is not None
+
+
+def test_the_logit_buffers_unused_columns_are_zeros_whatever_memory_they_reuse(monkeypatch):
+    """On a CPU with AMX, oneDNN's bf16 matmul reads an operand's row up to its stride: a NaN left in the
+    buffer's unused tail columns by an earlier tensor made every gradient NaN (tests/test_launch_path's bf16
+    runs diverged at step 1). The buffer is made from memory full of NaN here, as reused memory can be: its tail
+    must be zeros, and a bf16 loss over 50 tokens at V = 513 (the shapes that failed) must give finite
+    gradients close to float32's."""
+    real_zeros, real_empty = torch.zeros, torch.empty
+    monkeypatch.setattr(torch, "empty", lambda *a, **k: real_empty(*a, **k).fill_(float("nan")))
+    monkeypatch.setattr(torch, "zeros", lambda *a, **k: real_empty(*a, **k).fill_(float("nan")).zero_())
+    buffer = kd._logit_buffer(50, 513, torch.empty(1, dtype=torch.bfloat16))
+    assert buffer.stride(0) > 513 and torch.equal(buffer.as_strided((50, buffer.stride(0)), buffer.stride())[:, 513:],
+                                                  real_zeros(50, buffer.stride(0) - 513, dtype=torch.bfloat16))
+    g = torch.Generator().manual_seed(0)
+    h_S = torch.randn(50, 32, generator=g).bfloat16().requires_grad_()
+    W_S = (torch.randn(513, 32, generator=g) * 8 / 32**0.5).bfloat16().requires_grad_()
+    h_T, W_T = torch.randn(50, 32, generator=g), torch.randn(513, 32, generator=g) * 8 / 32**0.5
+    y, mask = torch.randint(0, 513, (50,), generator=g), torch.ones(50, dtype=torch.bool)
+    loss, _, _ = kd.kd_loss(h_S, W_S, h_T, W_T, y, mask, chunk_size=50)
+    g_h, g_W = grads(loss, h_S, W_S)
+    ref = [t.detach().float().requires_grad_(t.requires_grad) for t in (h_S, W_S)]
+    ref_loss, _, _ = kd.kd_loss(*ref, h_T, W_T, y, mask, chunk_size=50)
+    for got, want in zip((g_h, g_W), grads(ref_loss, *ref)):
+        assert torch.isfinite(got).all() and (got.float() - want).norm() / want.norm() < 2e-2  # bf16's 3 digits
