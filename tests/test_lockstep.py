@@ -14,6 +14,7 @@ from conftest import make_config
 from safetensors.torch import load_file
 
 import config
+import data
 import grow
 import nets
 import rundir
@@ -106,7 +107,11 @@ def test_lockstep_is_bit_identical_to_separate_runs_on_one_teacher_pass_per_micr
     micro_batches = 8 // 4
     val_batches = 16 // 8
     assert len(calls) == 3 * STEPS * micro_batches + val_batches
-    assert sum(shape[0] for shape in calls) == 3 * STEPS * 8 + 16
+    # Each call one packed row (1, N): the tokens it read are the steps' documents' and the validation set's.
+    train, val = tiny_shards
+    batcher = data.Batcher(train, 8, seed=42, replay_docs=jobs[0][0].replay_docs, micro_batch=4)
+    tokens = sum(next(batcher).global_targets for _ in range(3 * STEPS)) + int((val.lengths - 1).sum())
+    assert all(shape[0] == 1 for shape in calls) and sum(shape[1] for shape in calls) == tokens
 
 
 def test_separate_runs_pay_for_every_teacher_pass(tiny_shards, tiny_teacher_dir, tmp_path, monkeypatch):
