@@ -28,7 +28,7 @@ Definitions the whole kit relies on:
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
+from typing import Callable, Iterator
 
 import numpy as np
 import torch
@@ -221,13 +221,14 @@ class Batcher:
         Running past the shard's end is a DataError.
     Ranks: a global batch is split into world_size contiguous chunks, rank r takes chunk r and splits
     it into micro-batches of micro_batch documents (default: all of them in one), each packed (with
-    fixed_shapes, padded rows at its bucket's width: fixed_shape); with balance, by length instead
-    (rank_micro_batches). The iterator state is the global step: resume works across a change of world_size.
+    fixed_shapes, padded rows at its bucket's width: fixed_shape); with balance, packed micro-batches are
+    made by tokens and dealt to the ranks by tokens (token_micro_batches; padded ones by length,
+    rank_micro_batches). The iterator state is the global step: resume works across a change of world_size.
     """
 
     def __init__(self, shard: Shard, global_batch: int, seed: int, mode: str = "replay",
                  replay_docs: int | None = None, rank: int = 0, world_size: int = 1, micro_batch: int | None = None,
-                 balance: bool = False, fixed_shapes: bool = False):
+                 balance: bool = False, fixed_shapes: bool = False, doc_cost: Callable[[int], float] | None = None):
         replay_docs = len(shard) if replay_docs is None else replay_docs
         if mode not in ("replay", "fresh"):
             raise DataError(f"mode={mode!r}: unknown data mode; use 'replay' or 'fresh'")
@@ -240,7 +241,7 @@ class Batcher:
                             f"{len(shard)} documents; prepare more training documents or lower the batch")
         self.shard, self.global_batch, self.seed, self.mode = shard, global_batch, seed, mode
         self.replay_docs, self.rank, self.world_size, self.micro_batch = replay_docs, rank, world_size, micro_batch
-        self.balance, self.fixed_shapes = balance, fixed_shapes
+        self.balance, self.fixed_shapes, self.doc_cost = balance, fixed_shapes, doc_cost
         self.step = 0
         self._permutations: dict[int, np.ndarray] = {}
 
@@ -249,8 +250,12 @@ class Batcher:
 
     def __next__(self) -> StepBatch:
         doc_ids = self.global_doc_ids(self.step)
-        placed = rank_micro_batches(doc_ids, self.shard.lengths[doc_ids], self.micro_batch, self.rank, self.world_size,
-                                    self.balance)
+        lengths = self.shard.lengths[doc_ids] - 1  # inputs a document
+        if self.balance and not self.fixed_shapes:
+            placed = token_micro_batches(doc_ids, lengths, self.micro_batch * self.shard.manifest["max_len"],
+                                         self.rank, self.world_size, self.doc_cost)
+        else:
+            placed = rank_micro_batches(doc_ids, lengths, self.micro_batch, self.rank, self.world_size, self.balance)
         micro_batches = [make_batch(self.shard, ids, packed=not self.fixed_shapes) for ids in placed]
         if self.fixed_shapes:
             micro_batches = [fixed_shape(batch, self.shard, len(batch.lengths)) for batch in micro_batches]
@@ -319,6 +324,38 @@ def rank_micro_batches(doc_ids: np.ndarray, lengths: np.ndarray, micro_batch: in
     by_length = doc_ids[np.argsort(-np.asarray(lengths), kind="stable")].tolist()
     groups = [by_length[i:i + micro_batch] for i in range(0, len(by_length), micro_batch)]
     return groups[rank::world_size]
+
+
+def token_micro_batches(doc_ids: np.ndarray, lengths: np.ndarray, budget: int, rank: int, world_size: int,
+                        cost: Callable[[int], float] | None = None) -> list[list[int]]:
+    """Rank `rank`'s packed micro-batches (document ids) of one step's global batch, placed by tokens, the same
+    computation on every rank. A packed micro-batch costs the sum of its documents' costs, not its rows times
+    the longest, so what wastes time is a rank waiting for another: the ranks' j-th micro-batches run together
+    (every FSDP2 all-gather). A document's cost is `cost(its tokens)` (flops.document_cost: attention makes it
+    more than linear; default: its tokens). The step gets the fewest micro-batches of at most `budget` input
+    tokens (the memory a micro-batch of micro_batch documents at max_len was sized for) that is a multiple of
+    world_size, so every rank has as many; its documents, costliest first (ties in the seeded order), each go to
+    the micro-batch of least cost that has room (a document is never cut: it would lose its attention to its own
+    start), world_size more micro-batches opened where none has; the micro-batches, costliest first, are dealt
+    to the ranks in turn (rank r's j-th is the (j * world_size + r)-th), so each slot's ranks carry about equal
+    cost.
+    An empty one is an empty forward (every rank must join every all-gather). The micro-batches depend on
+    world_size only through their count: one process and any number of ranks sum the same documents."""
+    lengths = [int(n) for n in lengths]
+    weight = [float(cost(n)) if cost else float(n) for n in lengths]
+    bins: list[list[int]] = [[] for _ in range(world_size * max(1, -(-sum(lengths) // (world_size * budget))))]
+    tokens, spent = [0] * len(bins), [0.0] * len(bins)
+    for i in np.argsort(-np.asarray(weight), kind="stable"):
+        open_ = [b for b in range(len(bins)) if tokens[b] + lengths[i] <= budget]
+        if not open_:
+            bins += [[] for _ in range(world_size)]
+            tokens, spent = tokens + [0] * world_size, spent + [0.0] * world_size
+            open_ = list(range(len(bins) - world_size, len(bins)))
+        fit = min(open_, key=lambda b: spent[b])
+        bins[fit].append(int(doc_ids[i]))
+        tokens[fit], spent[fit] = tokens[fit] + lengths[i], spent[fit] + weight[i]
+    order = sorted(range(len(bins)), key=lambda b: -spent[b])
+    return [bins[b] for b in order][rank::world_size]
 
 
 def check_split(global_batch: int, world_size: int, micro_batch: int) -> None:

@@ -21,6 +21,7 @@ from __future__ import annotations
 import math
 import time
 from contextlib import ExitStack, contextmanager
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -28,6 +29,7 @@ import torch.distributed as dist
 
 import checkpointing
 import data
+import flops
 import model
 import nets
 import rundir
@@ -118,7 +120,8 @@ class Run:
         self.batcher = data.Batcher(train_shard, config.global_batch, config.seed, mode=config.data_mode,
                                     replay_docs=config.replay_docs, rank=ctx.rank, world_size=ctx.world,
                                     micro_batch=config.micro_batch, balance=config.balance_lengths,
-                                    fixed_shapes=config.compile)
+                                    fixed_shapes=config.compile,  # placed by cost, as the dry run prices it
+                                    doc_cost=partial(flops.document_cost, self.net.config, len(self.net.layers)))
         self.resume, self.step, self.totals, elapsed, self.outcome = checkpointing.resume_point(
             config, self.run_dir, self.net, self.batcher, ctx)
         if ctx.is_main:  # from step 0 too: a run killed before its first checkpoint left lines behind

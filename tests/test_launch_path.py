@@ -241,23 +241,58 @@ def test_length_balanced_micro_batches_place_every_document_once_and_cost_least(
 
 
 def test_a_batcher_with_balance_serves_its_ranks_placement(tiny_shards):
-    """data.Batcher(balance=True): rank r's micro-batches are rank_micro_batches' for r, and a resumed
-    batcher serves the same step."""
+    """data.Batcher(balance=True): rank r's packed micro-batches are token_micro_batches' for r (budget
+    micro_batch x max_len tokens), and a resumed batcher serves the same step. A compiled run's (fixed shapes,
+    padded rows) are rank_micro_batches' by length, as before."""
     shard = tiny_shards[0]
+    budget = 2 * shard.manifest["max_len"]
     batchers = [data.Batcher(shard, 8, seed=5, replay_docs=60, rank=r, world_size=2, micro_batch=2, balance=True)
                 for r in range(2)]
     for step in range(3):
         ids = batchers[0].global_doc_ids(step)
         for r, batcher in enumerate(batchers):
             got = next(batcher)
-            want = data.rank_micro_batches(ids, shard.lengths[ids], 2, r, 2, balance=True)
+            want = data.token_micro_batches(ids, shard.lengths[ids] - 1, budget, r, 2)
             assert got.doc_ids == [i for mb in want for i in mb]
-            assert [mb.input_ids.shape[1] for mb in got.micro_batches] == [
-                max(shard.lengths[i] for i in mb) - 1 for mb in want]
+            assert [mb.doc_lengths for mb in got.micro_batches if mb.doc_ids] == [
+                tuple(int(shard.lengths[i]) - 1 for i in mb) for mb in want if mb]
     resumed = data.Batcher(shard, 8, seed=5, replay_docs=60, rank=1, world_size=2, micro_batch=2, balance=True)
     batchers[1].step = 2
     resumed.load_state_dict(batchers[1].state_dict())
     assert next(resumed).doc_ids == next(batchers[1]).doc_ids
+    padded = data.Batcher(shard, 8, seed=5, replay_docs=60, rank=1, world_size=2, micro_batch=2, balance=True,
+                          fixed_shapes=True)
+    ids = padded.global_doc_ids(0)
+    assert next(padded).doc_ids == [i for mb in data.rank_micro_batches(ids, shard.lengths[ids], 2, 1, 2, True)
+                                    for i in mb]
+
+
+@pytest.mark.parametrize("world", [1, 2, 4, 8])
+def test_token_placement_places_every_document_once_within_the_budget_and_balances_the_ranks(world):
+    """Steps of 64 documents of lognormal lengths capped at 8,192 (the full preset's shape): every document
+    exactly once, whole, in a micro-batch of at most the budget's tokens; every rank as many micro-batches (an
+    empty one where it has none); and the ranks' slots closer in cost than documents taken in order, where a
+    packed micro-batch costs the sum of its documents' costs (flops.document_cost)."""
+    from experiments import presets
+    from flops import document_cost
+    full = presets.PRESETS["full"]
+    teacher, budget = presets.teacher_shape(full), 8192
+    cost = lambda n: document_cost(teacher, 9, n)
+    rng = np.random.default_rng(0)
+    lengths = np.minimum(rng.lognormal(6.4, 1.0, 5000).astype(np.int64) + 1, 8192)
+    waste = {"tokens": 0.0, "order": 0.0}
+    for _ in range(20):
+        ids = rng.permutation(len(lengths))[:64]
+        placed = [data.token_micro_batches(ids, lengths[ids], budget, r, world, cost) for r in range(world)]
+        assert sorted(i for p in placed for mb in p for i in mb) == sorted(ids.tolist())
+        assert len({len(p) for p in placed}) == 1
+        assert all(sum(lengths[i] for i in mb) <= budget for p in placed for mb in p)
+        in_order = [data.rank_micro_batches(ids, lengths[ids], 64 // world, r, world) for r in range(world)]
+        for way, ranks in (("tokens", placed), ("order", in_order)):
+            slots = [[sum(cost(lengths[i]) for i in mb) for mb in p] for p in ranks]
+            waste[way] += sum(world * max(c) - sum(c) for c in zip(*slots))
+    assert waste["tokens"] < waste["order"] or world == 1
+
 
 
 @pytest.mark.slow

@@ -106,8 +106,8 @@ class LengthsOnly:
 @pytest.mark.parametrize("world, eval_batch", [(1, 4), (8, 1), (3, 2)])
 def test_the_plans_evaluations_are_the_batches_the_ranks_run(world, eval_batch):
     """The dry run prices each evaluation as it runs: the batches each rank's forward receives from
-    data.eval_batches, every rank of a step as long as the step's costliest batch (rows x padded width),
-    through the teacher and the phase's active student. Summed here from the batches themselves."""
+    data.eval_batches, every rank of a step as long as the step's costliest batch (a packed batch: the sum of
+    its documents), through the teacher and the phase's active student. Summed here from the batches themselves."""
     full = presets.PRESETS["full"]
     teacher = presets.teacher_shape(full)
     ws = suite.Workspace(full, Path("/nonexistent/full"), Path("/nonexistent"), devices.Dist())
@@ -115,11 +115,11 @@ def test_the_plans_evaluations_are_the_batches_the_ranks_run(world, eval_batch):
     grow_run.config = replace(grow_run.config, eval_batch=eval_batch)
     shard = LengthsOnly(np.random.default_rng(0).lognormal(6, 1, 37).astype(int).clip(2, 8193))
     per_rank = [list(data.eval_batches(shard, eval_batch, r, world)) for r in range(world)]
-    def cost(batch, student_layers):  # rows x padded width tokens through the teacher, the student and two heads
-        rows, width = batch.input_ids.shape
-        t_layers, head = forward_flops_per_token(teacher, 36, width / 2)
-        return rows * width * (t_layers + forward_flops_per_token(teacher, student_layers, width / 2)[0]
-                               + 2 * head) if batch.doc_ids else 0.0
+    def cost(batch, student_layers):  # each document's tokens through the teacher, the student and two heads
+        def document(n):
+            t_layers, head = forward_flops_per_token(teacher, 36, n / 2)
+            return n * (t_layers + forward_flops_per_token(teacher, student_layers, n / 2)[0] + 2 * head)
+        return sum(document(n) for n in batch.doc_lengths) if batch.doc_ids else 0.0
     run = sum(26 * world * max(cost(b, 3 * blocks) for b in step)  # 26 evaluations a phase, 3 phases
               for blocks in (1, 2, 3) for step in zip(*per_rank))
     # The same products summed in another order: float64 rounding only

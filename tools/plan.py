@@ -12,6 +12,7 @@ from __future__ import annotations
 import io
 import math
 from dataclasses import dataclass
+from functools import partial
 
 import numpy as np
 from rich.console import Console
@@ -20,7 +21,7 @@ from rich.table import Table
 import config
 import data
 from experiments import presets, report, suite
-from flops import forward_flops_per_token
+from flops import document_cost, forward_flops_per_token
 from plumbing.hf_qwen3 import ModelConfig
 from tools import lockstep_plan, memory
 from tools.lockstep_plan import PlannedRun
@@ -277,10 +278,10 @@ def way_totals(ws, runs, seeds, teacher, costs: dict[str, list[Segment]], plain:
     lines = {"steps (each the longer of its compute and communication)": steps,
              "  of which activation-checkpointing recompute (where compute is the longer)":
              steps - suite_seconds(runs, plain, lockstep) * len(seeds) * world / 3600,
-             f"rank imbalance and padding (balance {balance[used]:.2f} as the preset places micro-batches; "
-             f"{balance['balanced']:.2f} balanced by length, {balance['unbalanced']:.2f} in order)":
+             f"rank imbalance (packed micro-batches, balance {balance[used]:.2f} as the preset places them; "
+             f"{balance['balanced']:.2f} by tokens, {balance['unbalanced']:.2f} in order)":
              steps * (1 / balance[used] - 1),
-             "evaluations (placed by length over the ranks, waits and padding included)":
+             "evaluations (packed, placed by length over the ranks, waits included)":
              eval_flops / (GPU_BF16_PEAK[gpu] * ASSUMED_MFU) / 3600 * len(seeds),
              f"checkpoint writes ({written / 1e12:,.1f} TB at {CHECKPOINT_WRITE_BYTES_PER_S / 1e9:g} GB/s a node)":
              written / (CHECKPOINT_WRITE_BYTES_PER_S * nodes) * world / 3600 * len(seeds)}
@@ -341,19 +342,22 @@ def balance_factor(preset, teacher: ModelConfig, world: int, balanced: bool, see
                    measured=None) -> float:
     """Useful over total work of the ranks over BALANCE_STEPS simulated steps. Every FSDP2 unit's
     all-gather makes the ranks wait for each other, so the ranks' j-th micro-batches take as long as the
-    costliest of them, and a micro-batch costs its longest document's cost for each row (padding); a
-    document's cost is its tokens times flops.forward_flops_per_token at half its length. The placement
-    is the kit's own (data.rank_micro_batches): each rank's documents in the order drawn, or (balanced)
-    by length across ranks."""
+    costliest of them; a packed micro-batch costs the sum of its documents' costs (no padding), a document's
+    its tokens times flops.forward_flops_per_token at half its length. The placement is the kit's own: each
+    rank's documents in the order drawn (data.rank_micro_batches), or (balanced) micro-batches made and dealt
+    to the ranks by tokens (data.token_micro_batches, micro_batch x max_len tokens each)."""
     per_step, micro = preset.run["global_batch"], preset.run["micro_batch"]
     lengths = document_lengths(preset, BALANCE_STEPS * per_step, seed, measured).astype(np.int64)
     layers = preset.run["blocks"] * preset.run["layers_per_block"]
     cost = {n: n * sum(forward_flops_per_token(teacher, layers, n / 2)) for n in np.unique(lengths)}
+    place = partial(data.token_micro_batches, budget=micro * preset.data["max_len"],
+                    cost=partial(document_cost, teacher, layers)) if balanced else \
+        partial(data.rank_micro_batches, micro_batch=micro)
     useful = waited = 0.0
     for step in range(BALANCE_STEPS):
         ids = np.arange(step * per_step, (step + 1) * per_step)
-        slots = [[len(docs) * max(cost[lengths[i]] for i in docs) for docs in
-                  data.rank_micro_batches(ids, lengths[ids], micro, rank, world, balanced)] for rank in range(world)]
+        slots = [[sum(cost[lengths[i]] for i in docs) for docs in
+                  place(ids, lengths[ids], rank=rank, world_size=world)] for rank in range(world)]
         useful += sum(cost[n] for n in lengths[ids])
         waited += world * sum(max(column) for column in zip(*slots))
     return useful / waited
@@ -364,14 +368,13 @@ def evaluation_flops(run: PlannedRun, preset, teacher: ModelConfig, lengths: np.
     and every eval_interval steps (grow.Run), each the whole validation set (`lengths`) through the
     teacher (not kept under FSDP2) and the active student, placed on the `world` ranks as the kit places
     it (data.eval_placement): every rank takes as long as the step's costliest batch (FSDP2's
-    all-gathers make the ranks wait), a batch as its rows times its longest document (padding)."""
+    all-gathers make the ranks wait), a packed batch as the sum of its documents."""
     c, L = run.config, preset.run["layers_per_block"]
-    steps = [[(len(docs), lengths[docs].max()) for docs in step if docs]
-             for step in data.eval_placement(lengths, c.eval_batch, world)]
+    steps = [[lengths[docs] for docs in step if docs] for step in data.eval_placement(lengths, c.eval_batch, world)]
     flops = 0.0
     for ph in config.plan_phases(c)[run.shared_phases:]:
         per_document = {n: document_flops(teacher, ph.active_blocks * L, n) for n in np.unique(lengths)}
-        one_pass = sum(world * max(rows * per_document[n] for rows, n in step) for step in steps)
+        one_pass = sum(world * max(sum(per_document[n] for n in batch) for batch in step) for step in steps)
         evaluations = 1 + ph.steps // c.eval_interval + (ph.steps % c.eval_interval != 0)
         flops += evaluations * one_pass
     return flops
