@@ -35,8 +35,12 @@ DISK_BYTES_PER_S = 1e9  # an assumed sequential read speed for the dry run's dia
 NVLINK_BYTES_PER_S = 360e9
 INFINIBAND_BYTES_PER_S = 45e9
 # Stated, not measured: what the runs folder takes from one node's ranks writing their checkpoint shards
-# at once (a cluster filesystem's per-client write speed is of this order); every GPU waits for the write.
+# at once (a cluster filesystem's per-client write speed is of this order). The write runs on a writer thread
+# while training goes on (checkpointing.save_checkpoint); GPUs wait for it only where the writes outlast the steps.
 CHECKPOINT_WRITE_BYTES_PER_S = 2e9
+# Stated, not measured: a GPU's copy of its share of a checkpoint into pageable host memory over PCIe Gen5 x16
+# (pinned memory reaches several times this): the part of a checkpoint every GPU waits for.
+HOST_COPY_BYTES_PER_S = 10e9
 # Assumed until the data exists (then the shard's own lengths are used): document lengths lognormal with
 # this spread around the preset's mean (FineWeb-Edu's median is about 0.6 of its mean: exp(-sigma^2/2)),
 # cut at data.max_len.
@@ -261,7 +265,8 @@ def way_totals(ws, runs, seeds, teacher, costs: dict[str, list[Segment]], plain:
                gpu: str, gpus: int, nodes: int, lockstep: bool) -> dict:
     """One way's GPU-hours by line: the steps, of which recompute; rank imbalance and padding (each step
     stretched by 1 / balance, micro-batches placed as the preset says: run.balance_lengths); the evaluations
-    (at the assumed MFU); the checkpoint writes (at CHECKPOINT_WRITE_BYTES_PER_S a node, every GPU waiting).
+    (at the assumed MFU); what checkpoints block: each GPU's copy of its share to host memory (HOST_COPY_BYTES_PER_S),
+    and the writes (CHECKPOINT_WRITE_BYTES_PER_S a node, in the background) only where they outlast the steps.
     Then its wall hours on the launch, its per-GPU memory (lockstep: every segment's) and teacher passes."""
     preset, world = ws.preset, gpus * nodes
     steps = suite_seconds(runs, costs, lockstep) * len(seeds) * world / 3600
@@ -283,8 +288,9 @@ def way_totals(ws, runs, seeds, teacher, costs: dict[str, list[Segment]], plain:
              steps * (1 / balance[used] - 1),
              "evaluations (packed, placed by length over the ranks, waits included)":
              eval_flops / (GPU_BF16_PEAK[gpu] * ASSUMED_MFU) / 3600 * len(seeds),
-             f"checkpoint writes ({written / 1e12:,.1f} TB at {CHECKPOINT_WRITE_BYTES_PER_S / 1e9:g} GB/s a node)":
-             written / (CHECKPOINT_WRITE_BYTES_PER_S * nodes) * world / 3600 * len(seeds)}
+             f"checkpoint writes ({written / 1e12:,.1f} TB; blocking: the copy to host memory at "
+             f"{HOST_COPY_BYTES_PER_S / 1e9:g} GB/s a GPU, and the writes at {CHECKPOINT_WRITE_BYTES_PER_S / 1e9:g} "
+             "GB/s a node where they outlast the steps)": checkpoint_blocking(written, steps, len(seeds), gpus, nodes)}
     gpu_hours = sum(v for k, v in lines.items() if not k.startswith("  of which"))
     memory_segments = lockstep_plan.segment_memory(preset, runs, gpus, nodes) if lockstep else []
     memory = max((s["bytes"] for s in memory_segments),
@@ -402,6 +408,17 @@ def checkpoint_bytes(run: PlannedRun, preset, teacher: ModelConfig) -> float:
         kept = 1 + (ph.steps - 1) // c.snapshot_interval if c.snapshot_interval else 1
         written += latest * (weights + 2 * 4 * trained) + kept * weights
     return written
+
+
+def checkpoint_blocking(written: float, step_gpu_hours: float, seeds: int, gpus: int, nodes: int) -> float:
+    """GPU-hours the checkpoints stop training: every GPU waits while each of one node's ranks (those that hold
+    distinct shards) copies its 1/gpus of each checkpoint to host memory; the files are then written on a writer
+    thread while the steps go on, so only write time beyond the steps' wall time blocks (in total: each write is
+    assumed to end before the next save, which waits for it)."""
+    world = gpus * nodes
+    copy_hours = written / gpus / HOST_COPY_BYTES_PER_S / 3600 * seeds
+    write_hours = written / (CHECKPOINT_WRITE_BYTES_PER_S * nodes) / 3600 * seeds
+    return (copy_hours + max(0.0, write_hours - step_gpu_hours / world)) * world
 
 
 def flops_text(flops: float) -> str:
