@@ -8,6 +8,10 @@ checksums, the same on every rank, and restores the run's step, data position, R
     checkpointing.save_kept_checkpoint(run_dir, "phase-0", net, state, ctx)
     resume, step, totals, elapsed, outcome = checkpointing.resume_point(config, run_dir, net, batcher, ctx)
     checkpointing.load_latest_checkpoint(resume[0], net, optimizer, ctx)  # latest/: once the optimizer exists
+
+Training waits only while a checkpoint's tensors are copied to host memory; its files are written, hashed and
+renamed into place on a writer thread while the next steps run (plumbing/checkpoint.py's BackgroundWrites), and
+anything that reads, replaces or lets go of a run's checkpoints first waits for those writes (wait_for_writes).
 """
 from __future__ import annotations
 
@@ -15,6 +19,7 @@ import base64
 import re
 import shutil
 from contextlib import contextmanager
+from functools import partial
 from pathlib import Path
 from typing import Callable
 
@@ -29,6 +34,11 @@ from plumbing.faults import kill_point
 from rundir import adopt_shared_prefix, read_json
 
 
+def wait_for_writes(run_dir: Path):
+    """The run's checkpoints written in the background are in place (or the error one of them met is raised)."""
+    checkpoint.wait_for_writes(run_dir)
+
+
 def trainer_state(step, phase, batcher, totals, elapsed, outcome: dict) -> dict:
     """What a resume needs besides the weights; `outcome`: the best validation CE so far and a divergence
     recorded by a run that continues past it."""
@@ -40,30 +50,61 @@ def trainer_state(step, phase, batcher, totals, elapsed, outcome: dict) -> dict:
 def save_due_checkpoints(run_dir: Path, config, net, optimizer, state: dict, ctx, phase_end: bool, moments_go_on: bool):
     """Those due at the trainer state's step: phase-<p>/ at a phase's end, step-<n>/ every snapshot_interval,
     latest/ every checkpoint_interval (and before phase-<p>/ where the next phase keeps AdamW's moments:
-    `moments_go_on`)."""
+    `moments_go_on`). Each is copied to host memory here and written in the background while training goes on;
+    the run's last step waits for them (its done.json comes next)."""
     step = state["step"]
+    save = partial(save_checkpoint, run_dir, net, state, ctx, background=True)
     if phase_end and moments_go_on:
         # The next phase needs these moments: saved before phase-<p>/, so a kill between the two
         # resumes from them (on a tie newest_checkpoint prefers latest/).
-        save_latest_checkpoint(run_dir, net, optimizer, state, ctx)
+        save("latest", optimizer)
     if phase_end:
-        save_kept_checkpoint(run_dir, f"phase-{state['phase']}", net, state, ctx)
+        save(f"phase-{state['phase']}")
     elif config.snapshot_interval and step % config.snapshot_interval == 0:
-        save_kept_checkpoint(run_dir, f"step-{step}", net, state, ctx)
+        save(f"step-{step}")
     if not phase_end and step % config.checkpoint_interval == 0:
-        save_latest_checkpoint(run_dir, net, optimizer, state, ctx)
+        save("latest", optimizer)
+
+
+def save_kept_checkpoint(run_dir: Path, name: str, net, state: dict, ctx):
+    """A kept checkpoint (phase-<p>/ or step-<n>/), written before this returns: see stage_kept."""
+    save_checkpoint(run_dir, net, state, ctx, name)
+
+
+def save_latest_checkpoint(run_dir: Path, net, optimizer, state: dict, ctx):
+    """latest/, written before this returns: see stage_latest."""
+    save_checkpoint(run_dir, net, state, ctx, "latest", optimizer)
+
+
+def save_checkpoint(run_dir: Path, net, state: dict, ctx, name: str, optimizer=None, background: bool = False):
+    """Checkpoint <name> (latest/ with the optimizer's state, else a kept one): the run's earlier writes finished
+    (their error raised) first, its tensors copied to host memory now (under FSDP2 with the ranks' collectives, on
+    this thread), its files written, hashed and renamed into place on the writer thread (`background`, where this
+    process has one: checkpoint.writes_in_background) or here. Only the copy blocks training: the plan prices it."""
+    checkpoint.wait_for_writes(run_dir)
+    background = background and checkpoint.writes_in_background(ctx.world)
+    ranks = checkpoint.WriterRanks(ctx.rank, ctx.world, checkpoint.writer_group() if background and ctx.world > 1
+                                   else None)
+    if name == "latest":
+        write = stage_latest(run_dir, net, optimizer, state, ctx.shard_group, ranks)
+    else:
+        write = stage_kept(run_dir, name, net, state, ctx.shard_writers, ctx.shard_group, ranks)
+    if background:
+        checkpoint.WRITES.submit(run_dir, write)
+    else:
+        write()
 
 
 @contextmanager
-def temporary_folder(run_dir: Path, name: str, ctx):
+def temporary_folder(run_dir: Path, name: str, ranks):
     """run_dir/<name>.tmp, emptied (a kill may leave one) before any rank writes checkpoint <name> in it. A write
     that runs out of disk (or past a file-size limit) says so, names the folder, and says what is still intact."""
     try:
         tmp = run_dir / f"{name}.tmp"
-        if ctx.is_main:
+        if ranks.is_main:
             shutil.rmtree(tmp, ignore_errors=True)
             tmp.mkdir()
-        ctx.barrier()
+        ranks.barrier()
         yield tmp
     except Exception as e:  # OSError, or safetensors' own error wrapping one
         why = disk_full_reason(e)
@@ -75,79 +116,95 @@ def temporary_folder(run_dir: Path, name: str, ctx):
                             + ": free some space (or raise the limit) and rerun to resume") from None
 
 
-def save_kept_checkpoint(run_dir: Path, name: str, net, state: dict, ctx):
+def stage_kept(run_dir: Path, name: str, net, state: dict, writers: int, group, ranks) -> Callable[[], None]:
     """A kept checkpoint (phase-<p>/ or step-<n>/): safetensors weights any tool can load, plus the trainer state.
     It holds no optimizer state: phases restart theirs, so a phase end needs none. In one process,
     model.safetensors. Under FSDP2 nothing is gathered whole on one rank: each rank
-    that holds distinct shards (ctx.shard_group) writes whole the tensors assigned to it
+    that holds distinct shards (`group`, ctx.shard_group) copies whole the tensors assigned to it
     (checkpoint.tensor_writers: about 1/n of the model each), gathering them one at a time (every rank
-    takes part in each tensor's all-gather), as one file of a standard HF sharded checkpoint
+    takes part in each tensor's all-gather), for one file of a standard HF sharded checkpoint
     (model-0000w-of-0000n.safetensors and model.safetensors.index.json), which the kit's loaders,
-    `repro.py export` (one HF folder) and transformers read as they read one file. Each writer hashes
-    its own file; rank 0 writes the index, config.json, the trainer state and the checksums, then
+    `repro.py export` (one HF folder) and transformers read as they read one file. Returns the write: each writer
+    hashes its own file; rank 0 writes the index, config.json, the trainer state and the checksums, then
     renames the folder into place."""
-    with temporary_folder(run_dir, name, ctx) as tmp:
-        qwen3 = isinstance(net, model.Qwen3)  # the teacher run's checkpoints are plain HF Qwen3 folders
-        weights = {hf_qwen3.hf_name(k) if qwen3 else k: v for k, v in net.state_dict().items()}
-        writers = ctx.shard_writers
-        owner = checkpoint.tensor_writers({k: v.numel() * v.element_size() for k, v in weights.items()}, writers)
-        group, mine = ctx.shard_group, {}
-        for key, value in weights.items():  # in the same order on every rank: the all-gathers pair up
-            whole = value.full_tensor() if hasattr(value, "full_tensor") else value
-            if group is not None and owner[key] == group[0]:
-                mine[key] = whole.detach().cpu()
-            del whole
-        if mine:
-            file = "model.safetensors" if writers == 1 else checkpoint.hf_shard_file(group[0], writers)
-            part = checkpoint.write_weights(tmp, file, mine)
-            checkpoint.write_json(tmp / f"part.rank{group[0]}.json", part, indent=None)
-        del mine
-        ctx.barrier()
-        if ctx.is_main:
-            part_files = [tmp / f"part.rank{w}.json" for w in range(writers)]  # none from a writer given no tensor
-            parts = [checkpoint.loads(part.read_text()) for part in part_files if part.is_file()]
-            for part in part_files:
-                part.unlink(missing_ok=True)
-            if writers > 1:
-                checkpoint.write_json(tmp / checkpoint.HF_INDEX, checkpoint.hf_index(parts))
-            checkpoint.write_json(tmp / "config.json", net.config.to_hf() if qwen3 else net.checkpoint_config())
-            kill_point("writing-kept", run_dir.name, state["step"])
-            checkpoint.write_json(tmp / "trainer_state.json", state, indent=None)
-            checkpoint.write_checksums(tmp, known={p["file"]: p["sha256"] for p in parts})
-            checkpoint.replace_folder(tmp, run_dir / name,
-                                      midway=lambda: kill_point("swapping-kept", run_dir.name, state["step"]))
-        ctx.barrier()
+    qwen3 = isinstance(net, model.Qwen3)  # the teacher run's checkpoints are plain HF Qwen3 folders
+    weights = {hf_qwen3.hf_name(k) if qwen3 else k: v for k, v in net.state_dict().items()}
+    owner = checkpoint.tensor_writers({k: v.numel() * v.element_size() for k, v in weights.items()}, writers)
+    mine = {}
+    for key, value in weights.items():  # in the same order on every rank: the all-gathers pair up
+        whole = value.full_tensor() if hasattr(value, "full_tensor") else value
+        if group is not None and owner[key] == group[0]:
+            mine[key] = whole.detach().to("cpu", copy=True)  # a copy: training goes on changing the original
+        del whole
+    # as text now: the trainer state's totals and the model's config change as training goes on
+    config_text = checkpoint.json_text(net.config.to_hf() if qwen3 else net.checkpoint_config())
+    state_text, step = checkpoint.json_text(state, indent=None), state["step"]
+
+    def write():
+        with temporary_folder(run_dir, name, ranks) as tmp:
+            if mine:
+                file = "model.safetensors" if writers == 1 else checkpoint.hf_shard_file(group[0], writers)
+                part = checkpoint.write_weights(tmp, file, mine)
+                checkpoint.write_json(tmp / f"part.rank{group[0]}.json", part, indent=None)
+            mine.clear()
+            ranks.barrier()
+            if ranks.is_main:
+                part_files = [tmp / f"part.rank{w}.json" for w in range(writers)]  # none from a writer given no tensor
+                parts = [checkpoint.loads(part.read_text()) for part in part_files if part.is_file()]
+                for part in part_files:
+                    part.unlink(missing_ok=True)
+                if writers > 1:
+                    checkpoint.write_json(tmp / checkpoint.HF_INDEX, checkpoint.hf_index(parts))
+                checkpoint.write_atomic(tmp / "config.json", config_text)
+                kill_point("writing-kept", run_dir.name, step)
+                checkpoint.write_atomic(tmp / "trainer_state.json", state_text)
+                checkpoint.write_checksums(tmp, known={p["file"]: p["sha256"] for p in parts})
+                checkpoint.replace_folder(tmp, run_dir / name, midway=lambda: kill_point("swapping-kept", run_dir.name,
+                                                                                         step))
+            ranks.barrier()
+    return write
 
 
-def save_latest_checkpoint(run_dir: Path, net, optimizer, state: dict, ctx):
+def stage_latest(run_dir: Path, net, optimizer, state: dict, group, ranks) -> Callable[[], None]:
     """latest/: each rank's own shards of the weights and of AdamW's state (safetensors), an index of
     which rows each file holds and the trainer state (JSON), written by every rank that holds distinct
-    shards, each hashing its own files. Nothing is gathered or cloned whole, nothing is pickled, and it
-    resumes on any number of ranks (load_latest_checkpoint reads only the rows a rank needs)."""
-    with temporary_folder(run_dir, "latest", ctx) as tmp:
-        group = ctx.shard_group
-        if group is not None:
-            params = dict(net.named_parameters())
-            parts = [checkpoint.write_shard(tmp, "model", params, *group)]
-            kill_point("writing-latest", run_dir.name, state["step"])
-            moments = {f"{fqn}/{key}": value for fqn, p in params.items()
-                       for key, value in optimizer.state.get(p, {}).items()}
-            parts.append(checkpoint.write_shard(tmp, "optimizer", moments, *group))
-            checkpoint.write_json(tmp / f"part.rank{group[0]}.json", parts, indent=None)
-        ctx.barrier()
-        if ctx.is_main:
-            parts = [p for w in range(group[1]) for p in checkpoint.loads((tmp / f"part.rank{w}.json").read_text())]
-            for w in range(group[1]):
-                (tmp / f"part.rank{w}.json").unlink()
-            index = checkpoint.merge_index(parts)
-            checkpoint.write_json(tmp / checkpoint.SHARDED_INDEX, index, indent=None)
-            checkpoint.write_json(tmp / "trainer_state.json", state, indent=None)
-            sums = {**index["files"], **{name: checkpoint.sha256(tmp / name)
-                                         for name in (checkpoint.SHARDED_INDEX, "trainer_state.json")}}
-            checkpoint.write_json(tmp / checkpoint.CHECKSUMS, sums, indent=1)
-            checkpoint.replace_folder(tmp, run_dir / "latest",
-                                      midway=lambda: kill_point("swapping-latest", run_dir.name, state["step"]))
-        ctx.barrier()
+    shards (`group`), each hashing its own files. Nothing is gathered whole, nothing is pickled, and it
+    resumes on any number of ranks (load_latest_checkpoint reads only the rows a rank needs). Each rank's rows are
+    copied to host memory now; returns the write."""
+    if group is not None:
+        params = dict(net.named_parameters())
+        moments = {f"{fqn}/{key}": value for fqn, p in params.items()
+                   for key, value in optimizer.state.get(p, {}).items()}
+        staged = {"model": checkpoint.stage_rows(params), "optimizer": checkpoint.stage_rows(moments)}
+    state_text, step = checkpoint.json_text(state, indent=None), state["step"]
+
+    def write():
+        with temporary_folder(run_dir, "latest", ranks) as tmp:
+            if group is not None:
+                parts = [checkpoint.write_rows(tmp, "model", staged.pop("model"), *group)]
+                kill_point("writing-latest", run_dir.name, step)
+                parts.append(checkpoint.write_rows(tmp, "optimizer", staged.pop("optimizer"), *group))
+                checkpoint.write_json(tmp / f"part.rank{group[0]}.json", parts, indent=None)
+            ranks.barrier()
+            if ranks.is_main:
+                finish_latest(run_dir, tmp, group[1], state_text, step)
+            ranks.barrier()
+    return write
+
+
+def finish_latest(run_dir: Path, tmp: Path, writers: int, state_text: str, step: int):
+    """Rank 0's end of a latest/ write: the writers' parts merged into the index, the trainer state, the
+    checksums, the folder renamed into place."""
+    parts = [p for w in range(writers) for p in checkpoint.loads((tmp / f"part.rank{w}.json").read_text())]
+    for w in range(writers):
+        (tmp / f"part.rank{w}.json").unlink()
+    index = checkpoint.merge_index(parts)
+    checkpoint.write_json(tmp / checkpoint.SHARDED_INDEX, index, indent=None)
+    checkpoint.write_atomic(tmp / "trainer_state.json", state_text)
+    sums = {**index["files"], **{name: checkpoint.sha256(tmp / name)
+                                 for name in (checkpoint.SHARDED_INDEX, "trainer_state.json")}}
+    checkpoint.write_json(tmp / checkpoint.CHECKSUMS, sums, indent=1)
+    checkpoint.replace_folder(tmp, run_dir / "latest", midway=lambda: kill_point("swapping-latest", run_dir.name, step))
 
 
 # Resume points, best first on a tie: latest/ (weights and AdamW state), phase-<p>/ (weights; a phase
@@ -160,7 +217,9 @@ TRAINER_STATE_KEYS = ("step", "phase", "data", "totals", "elapsed", "torch_rng")
 
 def checkpoints(run_dir: Path) -> list[tuple[int | None, Path]]:
     """(step, folder) of every resume point: those with an unreadable trainer state (step None) first,
-    so that each is named before a good one is taken, then newest first."""
+    so that each is named before a good one is taken, then newest first. The run's checkpoint writes finish first
+    (a write in flight is a checkpoint about to exist; its error is raised here)."""
+    checkpoint.wait_for_writes(run_dir)
     found = []
     for ckpt in run_dir.iterdir() if run_dir.is_dir() else []:
         if not RESUME_POINT.fullmatch(ckpt.name) or not ckpt.is_dir():

@@ -7,6 +7,8 @@ Nothing here unpickles anything.
     config = checkpoint.read_config(path)              # config.json, one line naming it if damaged
     checkpoint.load_tensors(module, path, dtype, device, name_in_file)
     checkpoint.write_checkpoint(path, config, state)   # temporary folder, then renamed into place
+    checkpoint.WRITES.submit(run_dir, write)           # a checkpoint's files written while training goes on
+    checkpoint.wait_for_writes(run_dir)                # ...finished (or their error raised) before it is read
 """
 from __future__ import annotations
 
@@ -16,10 +18,13 @@ import math
 import os
 import shutil
 import sys
+import threading
+from collections import Counter, deque
 from pathlib import Path
 from typing import Callable
 
 import torch
+import torch.distributed as dist
 import torch.nn as nn
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
@@ -328,13 +333,24 @@ def shard_file(kind: str, writer: int, writers: int) -> str:
 def write_shard(folder: Path, kind: str, tensors: dict[str, torch.Tensor], writer: int, writers: int) -> dict:
     """folder/<kind>.rank<w>-of-<n>.safetensors with this writer's rows of each tensor, made durable;
     returns its entry in the index: {"file", "sha256", "tensors": {name: {"shape", "offset", "rows"}}}."""
-    name = shard_file(kind, writer, writers)
+    return write_rows(folder, kind, stage_rows(tensors), writer, writers)
+
+
+def stage_rows(tensors: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], dict[str, dict]]:
+    """This rank's rows of each tensor copied to host memory (a copy, even of a CPU tensor: training goes on
+    updating the original while a background write reads the copy), and their entries in the index."""
     rows, entries = {}, {}
     for key, t in tensors.items():
         shape, offset, local = local_rows(t.detach())
-        # clone: tied weights (a tied teacher's head) share storage, which safetensors refuses
-        rows[key] = local.cpu().clone().contiguous()
+        # a copy of its own: tied weights (a tied teacher's head) share storage, which safetensors refuses
+        rows[key] = local.to("cpu", copy=True).contiguous()
         entries[key] = {"shape": shape, "offset": offset, "rows": local.shape[0] if local.dim() else None}
+    return rows, entries
+
+
+def write_rows(folder: Path, kind: str, staged: tuple[dict, dict], writer: int, writers: int) -> dict:
+    """write_shard's file from rows stage_rows copied: safe on the writer thread, which touches no live tensor."""
+    name, (rows, entries) = shard_file(kind, writer, writers), staged
     save_durably(folder / name, rows)
     return {"file": name, "sha256": sha256(folder / name), "tensors": entries}
 
@@ -408,3 +424,108 @@ def read_rows(folder: Path, index: dict, key: str, target: torch.Tensor) -> torc
         raise CheckpointError(f"{folder / SHARDED_INDEX}: tensor {key!r} lacks rows {want.start}..{want.stop - 1}; "
                               "the checkpoint is damaged: move it away and rerun")
     return torch.cat(pieces) if pieces else torch.empty(local.shape, dtype=local.dtype)
+
+
+# ----------------------------------------------------------------------------------------------
+# Writes in the background: a checkpoint's tensors are copied to host memory while training waits (the only part
+# that blocks it); its files are then written, hashed and renamed into place on one writer thread while training
+# goes on. torch.distributed.checkpoint's async_save does the same split, but its Hugging Face storage writes no
+# checksums, renames nothing into place and pickles any non-tensor value into its .safetensors files
+# (docs/benchmarks/2026-12-04-epyc-2core-checkpoint-writes.md): the kit keeps its own files, written here.
+
+class BackgroundWrites:
+    """One writer thread, its jobs in the order submitted, each job tagged with its folder (a run's): waiting on a
+    folder waits for its jobs and raises the first error one of them met, once. A folder's job after one that failed
+    is dropped (its error is raised first; the rerun writes it again). The thread ends when idle and is not a daemon:
+    a process that exits with writes pending finishes them first (each is renamed into place whole, or not at all)."""
+
+    def __init__(self):
+        self.changed = threading.Condition()
+        self.jobs: deque = deque()
+        self.pending: Counter = Counter()
+        self.errors: dict[str, BaseException] = {}
+        self.thread: threading.Thread | None = None
+
+    def submit(self, folder, work: Callable[[], None]):
+        key = str(Path(folder).absolute())
+        with self.changed:
+            self.jobs.append((key, work))
+            self.pending[key] += 1
+            if self.thread is None:
+                self.thread = threading.Thread(target=self.run, name="checkpoint-writer")
+                self.thread.start()
+
+    def run(self):
+        while True:
+            with self.changed:
+                if not self.jobs:
+                    self.thread = None
+                    return
+                key, work = self.jobs.popleft()
+                failed = key in self.errors
+            try:
+                if not failed:
+                    work()
+            except BaseException as e:  # noqa: BLE001 - raised on the training thread, by wait()
+                with self.changed:
+                    self.errors.setdefault(key, e)
+            with self.changed:
+                self.pending[key] -= 1
+                self.changed.notify_all()
+
+    def wait(self, folder):
+        """Until `folder`'s writes have finished; then the first error one met. On the writer thread itself (a job
+        that looks for the newest intact checkpoint to name in its error), at once: it waits on nothing."""
+        if threading.current_thread() is self.thread:
+            return
+        key = str(Path(folder).absolute())
+        with self.changed:
+            self.changed.wait_for(lambda: not self.pending[key])
+            error = self.errors.pop(key, None)
+        if error is not None:
+            raise error
+
+
+WRITES = BackgroundWrites()
+
+
+def wait_for_writes(folder):
+    """A run's checkpoint writes finished (their error raised here) before anything reads, replaces or removes its
+    checkpoints, or the run's folder is let go."""
+    WRITES.wait(folder)
+
+
+class WriterRanks:
+    """The ranks as a checkpoint's writer sees them: which is rank 0, and a barrier. The writer thread's barriers use
+    a gloo group of their own (writer_group): the training thread's collectives on the default group go on at the same
+    time, and two threads' collectives on one group could pair up wrongly. group None: the default group."""
+
+    def __init__(self, rank: int, world: int, group=None):
+        self.rank, self.world, self.group = rank, world, group
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    def barrier(self):
+        if self.world > 1:
+            dist.barrier(group=self.group)
+
+
+_WRITER_GROUP: list = [None, None]  # [the default group it was made beside, the writer's gloo group]
+
+
+def writer_group():
+    """The writer thread's gloo group, made once per default group, on the training thread (every rank makes it at
+    the same call: the first checkpoint)."""
+    world_group = dist.group.WORLD
+    if _WRITER_GROUP[0] is not world_group:
+        _WRITER_GROUP[:] = [world_group, dist.new_group(backend="gloo")]
+    return _WRITER_GROUP[1]
+
+
+def writes_in_background(world: int) -> bool:
+    """Whether this process can write checkpoints on the writer thread: one process, or ranks of real processes.
+    Ranks that are threads of one process (tools/rehearse_real.py's threaded group) share one writer thread, which
+    cannot stand for each of them: they write inline, as each rank's own thread."""
+    return world == 1 or dist.get_backend() != "threaded"

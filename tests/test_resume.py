@@ -203,6 +203,46 @@ def test_a_file_size_limit_while_checkpointing_says_so_and_resumes(tiny_shards, 
     assert grow.train(c, tmp_path / "r") == reference
 
 
+# A run whose writer, midway through latest/ at step 6 (its weights written, its AdamW state not yet), waits for
+# training to take step 7 and then SIGKILLs the process: a synchronous save could never see step 7 (it would time out).
+KILLED_MID_WRITE = """
+import json, os, signal, sys, threading
+import checkpointing, config, grow
+stepped = threading.Event()
+def training_point(event, name, step=0):
+    if event == "stepped" and step == 7:
+        stepped.set()
+def writer_point(event, name, step=0):
+    if event == "writing-latest" and step == 6:
+        assert threading.current_thread() is not threading.main_thread(), "latest/ was written on the training thread"
+        assert stepped.wait(120), "no training step ran while latest/ was being written"
+        print("step 7 ran while latest/ at step 6 was being written", flush=True)
+        os.kill(os.getpid(), signal.SIGKILL)
+grow.kill_point, checkpointing.kill_point = training_point, writer_point
+grow.train(config.RunConfig(**json.loads(sys.argv[1])), sys.argv[2])
+"""
+
+
+def test_a_step_runs_while_a_checkpoint_is_written_and_a_kill_then_leaves_the_previous_one(tiny_shards,
+                                                                                           tiny_teacher_dir, tmp_path):
+    """Checkpoints are written in the background: training takes step 7 while latest/ of step 6 is still being
+    written, and a SIGKILL then leaves latest/ of step 3 in place, whole and matching its checksums; the rerun
+    resumes and ends as an uninterrupted run."""
+    c = distil_config(tiny_shards, tiny_teacher_dir, protocol="grow", phase_steps=4, checkpoint_interval=3)
+    reference = grow.train(c, tmp_path / "reference")
+    run_dir = tmp_path / "r"
+    killed = subprocess.run([sys.executable, "-c", KILLED_MID_WRITE, json.dumps(asdict(c)), str(run_dir)], cwd=ROOT,
+                            capture_output=True, text=True, timeout=300)
+    assert killed.returncode == -signal.SIGKILL, killed.stderr[-3000:]
+    assert "step 7 ran while latest/ at step 6 was being written" in killed.stdout
+    assert logged_steps(run_dir) == 7 and (run_dir / "latest.tmp").is_dir()  # the write it cut short
+    assert json.loads((run_dir / "latest" / "trainer_state.json").read_text())["step"] == 3
+    assert checkpoint.damage(run_dir / "latest") == "" and (run_dir / "latest" / checkpoint.CHECKSUMS).is_file()
+    assert grow.train(c, run_dir) == reference
+    strip = lambda rows: [{k: v for k, v in r.items() if k != "time"} for r in rows]
+    assert strip(rundir.read_metrics(run_dir)) == strip(rundir.read_metrics(tmp_path / "reference"))
+
+
 def test_resume_reads_no_pickle(tiny_shards, tiny_teacher_dir, tmp_path, monkeypatch):
     """latest/ is safetensors and JSON: a resume with every unpickling entry point disabled reaches the
     same result as an uninterrupted run."""
