@@ -370,7 +370,9 @@ class Run:
         self.stop("done")
 
     def stop(self, state: str = "stopped"):
-        """Stop here (done, or as if killed: the resume tests); its memory is freed for the others."""
+        """Stop here (done, or as if killed: the resume tests); its memory is freed for the others, its checkpoint
+        writes finished before its folder is let go."""
+        checkpointing.wait_for_writes(self.run_dir)
         self.log.close()
         if self.progress:
             self.progress.end(self.run_dir)
