@@ -1,5 +1,5 @@
 """FLOPs per token of a Qwen3-shaped model's forward pass, counted from its config: what the dry run
-(tools/plan.py), the preflight, the utilization rows and the regime searches charge for a step.
+(tools/plan.py), the preflight, and the utilization rows charge for a step.
 
     layers, head = flops.forward_flops_per_token(config, layers=36, context=486.0)
     cost = flops.document_cost(config, layers=9, tokens=972)   # what placing a document by its cost weighs

@@ -90,7 +90,7 @@ BARE_USAGE = """Usage: repro.py [EXPERIMENT ...] --scale SCALE [OPTIONS]   or   
 
 `python repro.py --help` lists the commands; `python repro.py COMMAND --help` a command's options."""
 # The commands whose work an interrupted run resumes (the others write nothing a rerun needs).
-TRAINS = ("run", "train", "regime", "search", *registry.STUDIES, "teacher", "prepare", "data")
+TRAINS = ("run", "train", *registry.STUDIES, "teacher", "prepare", "data")
 
 
 class OneLineError(click.ClickException):
@@ -135,56 +135,6 @@ def run_experiments(wanted, scale, seeds, records_dir, dry_run, gpu, gpus, nodes
     studies.restore_suite(ws, names, runs, seeds, force)
     training.ensure_runs(ws, runs, seeds, force)
     ws.ctx.on_main(lambda: preflight.write_reports(ws, names, runs, seeds, started), "the reports and their diagnostics")
-
-
-@cli.command()
-@cli_options.scale_option
-@cli_options.seeds_option("Comma-separated seeds. Default: 42,43 at toy scale, 42 elsewhere.")
-@click.option("--grid", "grid_text", default=None, metavar="SPEC",
-              help='Points to run, e.g. "budget=0.25,0.5,1,2;lr=0.5,1,2;gain=ones,teacher" (multipliers of the '
-                   "preset's steps per phase and LR; post-norm output-gain init). Default: the scale's grid.")
-@cli_options.experiment_options
-def regime(scale, seeds, grid_text, dry_run, gpu, gpus, nodes, force, **options):
-    """The regime map: delta joint, delta grow and the interaction over a grid of step budgets, peak
-    LRs and post-norm output-gain inits (results/<scale>/regime.md/.json/.png). Not part of `all`."""
-    from experiments import regime as regime_map
-    grid = regime_map.parse_grid(grid_text) if grid_text else regime_map.GRIDS[scale]
-    ws, seeds = cli_options.seeded_workspace(scale, seeds, presets.DEFAULT_SEEDS["regime"][scale], dry_run, **options)
-    if dry_run:
-        preflight.print_dry_run(scale, preflight.regime_groups(ws, grid, seeds[0]), seeds, gpu, gpus, nodes,
-                                "; every point's four runs, an upper bound: a point whose pre-norm runs are the "
-                                "preset's trains them once")
-        return
-    ws.results.mkdir(parents=True, exist_ok=True)
-    regime_map.run_map(ws, grid, seeds, force)
-    ws.ctx.barrier()
-
-
-@cli.command()
-@cli_options.scale_option
-@click.option("--seed", type=click.IntRange(0, 2**63 - 1), default=None, help="The pilot seed (default: the preset's, 42).")
-@click.option("--ladder", type=click.Choice(list(presets.LADDERS)), default=None,
-              help="The ladder to climb (default: the scale's own; `second`: the second search at toy scale).")
-@click.option("--rung", "rungs", multiple=True, help="Rung 0, then this rung (repeatable), past the stopping rule.")
-@cli_options.records_option
-@cli_options.dry_run_options
-@cli_options.overrides_option
-@cli_options.force_option
-@cli_options.runs_option
-@cli_options.results_option
-def search(scale, seed, ladder, rungs, records_dir, dry_run, gpu, gpus, nodes, overrides, no_wait, force, **options):
-    """The miniature search: a ladder of presets (presets.LADDERS), pre-norm grow only, until the mechanism's criterion
-    holds or a rung would cost more than its budget (results/<scale>/search[-<ladder>][-chosen].md/.json)."""
-    from experiments.search import run_search
-    ladder = presets.ladder_for(scale, ladder, rungs)
-    ws = studies.attach(suite.workspace(scale, dry_run=dry_run, wait=not no_wait, **options), records_dir, dry_run)
-    overrides = presets.parse_overrides(presets.PRESETS[scale], overrides)  # the user's: each rung applies them last
-    seed = cli_options.chosen_seeds(overrides, None if seed is None else [seed], [presets.PRESETS[scale].run["seed"]],
-                                    "--seed")[0]
-    if dry_run:
-        return preflight.print_search(ws, ladder, overrides, seed, gpu, gpus, nodes)
-    run_search(ws, seed, force, overrides, ladder, rungs)
-    ws.ctx.barrier()
 
 
 @cli.command()

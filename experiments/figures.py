@@ -336,48 +336,6 @@ def figA2_block_removal(results: dict, path, paper: dict = PAPER["table4"], capt
         return save_png(fig, path, caption)
 
 
-DELTA_STYLES = {"delta_joint": ("Δjoint (post − pre)", "tab:green", "o"),
-                "delta_grow": ("Δgrow (post − pre)", "tab:red", "s"),
-                "interaction": ("interaction Δgrow − Δjoint", "tab:purple", "^")}
-
-
-def fig_regime(points: list[dict], paper: dict, path, scale: str, seeds: list[int], caption: str = "") -> Path:
-    """The regime map (regime.py). points: rows with budget, phase_steps, lr_multiplier, lr, gain and,
-    per key of DELTA_STYLES, {"mean", "ci95"} over seeds. Three panels, one per grid axis, each with
-    the other two axes at the preset's value; error bars are 95% t-intervals over seeds; the paper's
-    values are dashed reference lines. The y axis is linear within ±0.05 nats, logarithmic beyond."""
-    panels = [("steps per phase (log scale)", "phase_steps", lambda p: p["lr_multiplier"] == 1 and p["gain"] == "ones"),
-              ("peak LR (log scale)", "lr", lambda p: p["budget"] == 1 and p["gain"] == "ones"),
-              ("post-norm output-gain init", "gain", lambda p: p["budget"] == 1 and p["lr_multiplier"] == 1)]
-    with new_figure(ncols=3, width=3.6, height=3.4) as (fig, axes):
-        for ax, (xlabel, xkey, selected) in zip(axes, panels):
-            chosen = sorted((p for p in points if selected(p)), key=lambda p: (p[xkey] != "ones", p[xkey]))
-            xs = [p[xkey] for p in chosen]
-            for key, (label, color, marker) in DELTA_STYLES.items():
-                means = [p[key]["mean"] for p in chosen]
-                errors = [[m - (p[key]["ci95"] or [m, m])[0] for m, p in zip(means, chosen)],
-                          [(p[key]["ci95"] or [m, m])[1] - m for m, p in zip(means, chosen)]]
-                ax.errorbar(range(len(xs)) if xkey == "gain" else xs, means, yerr=errors, color=color,
-                            marker=marker, markersize=4, capsize=3, label=f"{label}, kit")
-                ax.axhline(paper[key], color=color, linestyle="--", linewidth=0.9, label=f"{label}, paper")
-            if xkey == "gain":
-                ax.set_xticks(range(len(xs)), xs)
-                ax.set_xlim(-0.5, len(xs) - 0.5)
-            elif len(xs) > 1:
-                ax.set_xscale("log", base=2)
-                ax.set_xticks(xs, [f"{x:g}" for x in xs])
-            ax.axhline(0, color="black", linewidth=0.5)
-            # Symmetric log above 0.05 nats: a post-joint run that fails (+2 nats) and a 0.03-nat
-            # interaction are both readable on one axis.
-            ax.set_yscale("symlog", linthresh=0.05)
-            ax.set_xlabel(xlabel)
-            ax.set_ylabel("validation CE difference (nats/token, symlog)")
-        seed_text = f"seeds {', '.join(map(str, seeds))}" if len(seeds) > 1 else f"seed {seeds[0]}"
-        fig.suptitle(f"regime map, {scale} scale, {seed_text}: post − pre by protocol")
-        legend_below(fig, axes[0], ncols=3)
-        return save_png(fig, path, caption)
-
-
 def fig_monitor(series: dict, path, title: str, caption: str = "") -> Path:
     """The boundary monitor against steps. series: {run label: [monitor rows of metrics.jsonl]}; two
     panels, the mean and the kurtosis of per-token RMS at each internal block boundary (one colour per

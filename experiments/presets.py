@@ -95,7 +95,7 @@ PRESETS = {
         doc_tokens=972.5),
 }
 
-# mini: what the miniature search found (README, "The miniature search"). No rung met the mechanism's
+# mini: what the miniature search found (docs/records/2026-12-01-miniature-search.md). No rung met the mechanism's
 # criterion before the next rung's estimated cost passed the 2-hour limit, so, as pre-registered, mini
 # is the last rung run: the toy with 1,000 steps per phase (rung 2, tokens-x4; LR x steps 3, the
 # replay shard 16,000 of 25,271 documents). The teacher is the toy's, unchanged (its snapshots kept at
@@ -158,10 +158,9 @@ TIE_MARGIN = 0.01
 
 
 # The seeds of the commands that run several by default (`--seeds` overrides), at every scale not named here 42:
-# the regime map's grid is large, so two; the experiments beyond the paper three; the causal test by construction
-# 8, by its power calculation (experiments/tail.py).
+# the experiments beyond the paper three; the causal test by construction 8, by its power calculation
+# (experiments/tail.py).
 DEFAULT_SEEDS = {command: {scale: seeds.get(scale, [42]) for scale in PRESETS} for command, seeds in (
-    ("regime", {"toy": [42, 43]}),
     ("beyond", {"toy": [42, 43, 44], "mechanism": [42, 43, 44], "mechanism-control": [42, 43, 44]}),
     ("tail", {"toy": list(range(42, 50))}))}
 
@@ -227,7 +226,7 @@ def ratios_markdown(preset: Preset) -> list[str]:
 # one may set, how a value is read and checked, and the folder name a set of values gives: set_values.py.
 
 # Settings: how a run differs from its preset, {section: {key: value}}, each value typed as the preset's field and in its
-# range: what `--set` parses to, and what a variant, a regime grid point and a search rung give; the one shape a setting has
+# range: what `--set` parses to, and what a variant gives; the one shape a setting has
 # after its text is read, merged into the preset by apply_overrides and named by set_values.override_name.
 Settings = dict[str, dict]
 
@@ -261,7 +260,7 @@ def parse_overrides(preset: Preset, items) -> Settings:
 
 
 def merged(*settings: Settings) -> Settings:
-    """Settings applied one after another (a search rung's, then the user's `--set`): a later value of a key wins."""
+    """Settings applied one after another (a variant's, then the user's `--set`): a later value of a key wins."""
     out: Settings = {}
     for each in settings:
         for section, values in each.items():
@@ -303,8 +302,9 @@ def apply_overrides(preset: Preset, settings: Settings, compile_flag: bool | Non
 
 
 # ----------------------------------------------------------------------------------------------
-# The miniature search (README, "The miniature search"): fixed before any of its runs. The mechanism the paper's account
-# rests on, a heavy-tailed pre-norm boundary, is present when all three of its boundary statistics pass their
+# The mechanism's criterion, fixed before the miniature search (a closed study: docs/records/2026-12-01-miniature-search.md)
+# and kept for the causal test's manipulation check (experiments/tail.py). The mechanism the paper's account rests on, a
+# heavy-tailed pre-norm boundary, is present when all three of its boundary statistics pass their
 # thresholds, measured on pre-norm grow after block 0 at the end of growth (the fixed diagnostic batch,
 # diag.diagnose_checkpoint). The paper reports 37 (boundary over regular RMS) and a kurtosis above 2,400; the thresholds
 # ask for a quarter and a fiftieth of those, an order of magnitude past the toy's 1.27 and 3.7, and for Sun et al.
@@ -314,116 +314,3 @@ MECHANISM = {"boundary_over_regular": 10.0,   # boundary token's mean RMS / regu
              "kurtosis_distinct": 50.0,       # Pearson kurtosis of per-token RMS over distinct states
              "massive_ratio": 100.0}          # max |activation| / median |activation| (diag.massive_activation)
 SINK = {"attention": 0.3, "heads": 0.2}       # a head with mean attention >= 0.3 on position 0; >= 20% of heads
-RUNG_HOURS = 2.0           # a rung whose estimated cost on 2 cores is above this is not run: the ladder stops
-TWO_CORE_SPEEDUP = 1.8     # 2 threads against 1 on this kit's step (measured: toy teacher 3,658 vs 2,033 tok/s)
-
-
-@dataclass(frozen=True)
-class Rung:
-    name: str
-    change: str                 # what this rung changes against the one it builds on
-    why: str
-    overrides: tuple[str, ...]  # --set items added to those of the rung it builds on
-    base: int = -1              # the rung it builds on (an index in its ladder); -1: the one before it
-
-
-# Changes both ladders make: 1,000 steps per phase; width 256, its init std and LR transferred by width.
-STEPS_1000 = ("run.phase_steps=1000", "run.eval_interval=500", "run.snapshot_interval=500")
-WIDTH_256 = ("teacher_model.hidden_size=256", "teacher_model.intermediate_size=768", "teacher_model.num_attention_heads=8",
-             "teacher_model.num_key_value_heads=4", "teacher_model.initializer_range=0.08", "run.lr=0.0016",
-             "run.min_lr=1.6e-05", "teacher_run.lr=0.0015", "teacher_run.min_lr=5e-05")
-
-# Each rung changes one thing, in this order, cheapest first along the axes the literature names (Sun et
-# al. 2024: massive activations switch on after 2-4 layers; Gu et al. 2024: sinks grow with optimisation
-# and data, and with context), toward the paper's ratios. Calibrated on pre-norm grow alone, seed 42.
-LADDERS = {
-    "toy": (
-        Rung("toy", "the toy preset itself: an untied teacher and the init's scale transferred by width",
-             "the starting point; the issue's 'untied teacher' rung is part of the toy's setup", ()),
-        Rung("tokens-x2", "steps per phase 250 -> 500 (tokens per phase doubled)",
-             "sinks and massive activations emerge with optimisation; LR x steps 0.75 -> 1.5 toward the paper's 5",
-             ("run.phase_steps=500", "run.eval_interval=250", "run.snapshot_interval=250")),
-        Rung("tokens-x4", "steps per phase 500 -> 1,000",
-             "the same axis once more (LR x steps 3); the replay shard then holds 16,000 of 25,271 documents", STEPS_1000),
-        Rung("layers-3", "3 layers per block (the paper's L) and a 36-layer teacher, keeping S/T = 1/4",
-             "massive activations appear after 2-4 layers: a 1-layer block 0 may be too shallow to make one",
-             ("run.layers_per_block=3", "teacher_model.num_hidden_layers=36")),
-        Rung("documents-950", "documents of 7 consecutive paragraphs (~950 tokens, the paper's mean 972), "
-             "tokens per step held (2 documents for the students, 3 for the teacher)",
-             "a sink is worth more with more positions to attend to; the paper's documents are ~10x the toy's",
-             ("data.paragraphs_per_document=7", "data.max_len=2048", "data.val_docs=20", "run.global_batch=2",
-              "run.micro_batch=2", "teacher_run.global_batch=3", "teacher_run.micro_batch=3")),
-        Rung("width-256", "width 128 -> 256 (8 heads of 32, intermediate 768), init std and LR transferred by width",
-             "toward the paper's width; massive activations live in a few channels of many", WIDTH_256),
-        Rung("teacher-x2", "the teacher's steps 1,500 -> 3,000",
-             "a teacher with a sink of its own may pass it on through the distillation targets",
-             ("teacher_run.phase_steps=3000",)),
-    ),
-    # The tests' ladder: two rungs at smoke scale, the second a student-only change.
-    "smoke": (
-        Rung("smoke", "the smoke preset itself", "the tests' starting point", ()),
-        Rung("tokens-x2", "steps per phase 8 -> 16", "a student-only change", ("run.phase_steps=16",)),
-    ),
-}
-
-# The second search (docs/preregistrations.md, 2026-12-02, fixed before any of its runs): along context and depth first,
-# each rung pre-norm grow at seed 42 measured after block 0 by MECHANISM, the teacher by TEACHER_MECHANISM. Rungs a and
-# b both build on rung 0; c is a and b together; then weight decay, teacher budget and width, each on the one before.
-LONG_DOCUMENTS = ("data.document_chars=3600", "data.max_len=1024", "data.val_docs=20", "run.global_batch=2",
-                  "run.micro_batch=2", "teacher_run.global_batch=3", "teacher_run.micro_batch=3", "diag.docs=2",
-                  "diag.max_inputs=1024")
-LAYERS_3 = ("run.layers_per_block=3",)
-LADDERS["second"] = (
-    Rung("toy", "the toy itself (250 steps per phase, the shipped teacher)",
-         "this machine's rate on the kit's step, from which every later rung's cost is estimated", ()),
-    Rung("long-documents", "long documents: a speech's whole paragraphs up to 3,600 characters (median ~970 "
-         "tokens, max_len 1,024), the teacher retrained on them (1,500 steps of 3), students 2 a step; 1,000 "
-         "steps per phase", "sinks need context (Gu et al. 2024); the teacher's own emergence probe",
-         LONG_DOCUMENTS + STEPS_1000, base=0),
-    Rung("layers-3", "3 layers per block (the boundary is the third layer's output), the shipped 12-layer "
-         "teacher, 1,000 steps per phase", "massive activations and BOS sinks appear after the first layers "
-         "(Sun et al. 2024; no BOS-attractor head in layers 0-1)", LAYERS_3 + STEPS_1000, base=0),
-    Rung("long-layers-3", "rungs a and b together (rung a's teacher)", "context and depth together", LAYERS_3,
-         base=1),
-    Rung("weight-decay", "AdamW weight decay 0.1 for the teacher (retrained) and the students",
-         "Gu et al. 2024: weight decay encourages sinks (their 0.1)",
-         ("run.weight_decay=0.1", "teacher_run.weight_decay=0.1")),
-    Rung("teacher-x2", "the teacher's steps 1,500 -> 3,000", "a teacher with a sink of its own may pass it on",
-         ("teacher_run.phase_steps=3000",)),
-    Rung("width-256", "width 256 (8 heads of 32, intermediate 768), init std and LR transferred by width, the "
-         "teacher retrained", "toward the paper's width; massive activations live in a few channels of many",
-         WIDTH_256),
-)
-# The tests' second ladder: the same shape at smoke scale (long documents, then depth on rung 0).
-LADDERS["smoke-second"] = (
-    Rung("smoke", "the smoke preset itself", "the tests' starting point", ()),
-    Rung("long-documents", "documents of whole paragraphs up to 300 characters, the teacher retrained",
-         "a data and teacher change", ("data.document_chars=300", "data.max_len=96", "run.global_batch=2",
-                                       "run.micro_batch=2", "teacher_run.global_batch=2", "teacher_run.micro_batch=2",
-                                       "diag.docs=2", "diag.max_inputs=96"), base=0),
-    Rung("layers-2", "2 layers per block", "a student-only change on rung 0", ("run.layers_per_block=2",), base=0),
-)
-LADDER_SCALES = {"second": "toy", "smoke-second": "smoke"}  # a ladder named otherwise runs at its name's scale
-
-
-def ladder_for(scale: str, ladder: str | None, rungs=()) -> str:
-    """The ladder `repro.py search` climbs at a scale: the one named, if it runs there, else the scale's own;
-    every rung name given (--rung) is one of its rungs after the first."""
-    ladder = ladder or scale
-    if ladder not in LADDERS:
-        raise errors.UsageError(f"--scale {scale} has no ladder; the search runs at {', '.join(LADDERS)}")
-    if LADDER_SCALES.get(ladder, ladder) != scale:
-        raise errors.UsageError(f"--ladder {ladder} runs at --scale {LADDER_SCALES.get(ladder, ladder)}, not {scale}")
-    names = [r.name for r in LADDERS[ladder][1:]]
-    if unknown := [rung for rung in rungs if rung not in names]:
-        raise errors.OptionError("--rung", f"{unknown[0]!r} is not a rung of the {ladder} ladder after its first; "
-                                 f"choose from {', '.join(names)}")
-    return ladder
-
-
-# (hours, threads): a rung whose estimated cost passes `hours` on `threads` threads is not run, the ladder stops.
-LADDER_BUDGETS = {"second": (3.0, 1), "smoke-second": (3.0, 1)}
-# The teacher's criterion (the second search's): a massive activation (max |activation| / median >= 100) at
-# some layer's output and >= 20% sink heads at some layer, both among the layers from index 2 on (no
-# BOS-attractor head sits in layers 0-1; massive activations appear after the first layers).
-TEACHER_MECHANISM = {"from_layer": 2, "massive_ratio": 100.0, "sink_heads": 0.2}

@@ -29,7 +29,6 @@ FORMAT = 1
 FIX = "restore it (git checkout) or move it away (its run then trains again)"
 RUN_KEYS = {"format", "run", "workspace", "seed", "identity", "config", "provenance", "wall_seconds", "done", "metrics",
             "diagnostics", "sha256"}
-RUNG_KEYS = {"format", "kind", "identity", "provenance", "row", "sha256"}  # a search's rung (studies.record_rung)
 IDENTITY_TYPES = {"config_sha256": str, "data": dict, "teacher": str}
 PROVENANCE_TEXT = ("git_commit", "torch", "device", "cpu", "cpu_capability", "precision", "precision_reason")
 
@@ -106,8 +105,7 @@ def cell(value, limit: int = 200) -> str:
 def check_record(record, path: Path):
     """The record whole: its format, and for a run's record every key of RUN_KEYS of its type, its run label
     and workspace its place (<records>/<workspace>/<run>.json, the label's s<seed> its seed), its config the one
-    its identity hashes, done.json's numbers its last evaluation's; a rung's record, its identity, provenance and
-    row objects."""
+    its identity hashes, done.json's numbers its last evaluation's."""
     bad = lambda where, problem: BadRecord(path, where, problem)
     if not isinstance(record, dict):
         raise bad("the file", f"is {describe(record)}, not an object")
@@ -115,12 +113,9 @@ def check_record(record, path: Path):
         raise bad("format", f"is not {FORMAT}, the format the kit writes")
     if found := too_long(record):
         raise bad(*found)
-    keys = RUNG_KEYS if record.get("kind") == "rung" else RUN_KEYS
-    expect_keys(record, keys, "", bad)
-    for key in ("identity", "provenance", "row" if keys is RUNG_KEYS else "config"):
+    expect_keys(record, RUN_KEYS, "", bad)
+    for key in ("identity", "provenance", "config"):
         expect(record[key], dict, key, bad)
-    if keys is RUNG_KEYS:
-        return
     check_place(record, path, bad)
     expect_keys(record["identity"], set(IDENTITY_TYPES), "identity.", bad)
     for key, kind in IDENTITY_TYPES.items():

@@ -47,7 +47,7 @@ def collect(runs: Path, results: Path, seeds: list[int]) -> dict:
     # Likewise an evaluation point that some seed's run lacks: every value a reference ships is one per seed.
     curves = {name: {point: v for point, v in points.items() if len(v) == len(seeds)} for name, points in curves.items()
               if name in finals}
-    # A report over some of the seeds (the regime map runs two by default) ships with its own seeds named,
+    # A report over some of the seeds ships with its own seeds named,
     # if it has a spread to make bands from: one seed of several would give a band of the tolerance alone.
     table_seeds = {}
     for file in sorted(results.glob("*.json")):

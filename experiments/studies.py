@@ -24,7 +24,7 @@ from pathlib import Path
 import config
 import diag
 import rundir
-from experiments import readouts, record_files, report, suite, tables, training, variants
+from experiments import readouts, record_files, suite, tables, training, variants
 from experiments.record_files import FORMAT, BadRecord, cell, digest, training_settings
 from experiments.suite import RunName, Workspace
 from plumbing import checkpoint, devices, errors, locks
@@ -112,14 +112,14 @@ def read_record(path: Path) -> dict:
 
 
 def study_records(folder: Path) -> list[tuple[Path, dict]]:
-    """Every run's record of a workspace (<records>/<workspace>/, a search's rungs aside), each read whole: a
+    """Every run's record of a workspace (<records>/<workspace>/), each read whole: a
     record that is not in the place of the run it records (a copy, another study's) is one line, never counted."""
     paths = sorted(folder.rglob("*.json")) if folder.is_dir() else []
-    return [(path, read_record(path)) for path in paths if path.relative_to(folder).parts[0] != "search"]
+    return [(path, read_record(path)) for path in paths]
 
 
 def stale_reason(record: dict, wanted: dict) -> str:
-    """Why a record is not of the run (or rung) the command would train now ("" if it is); a part of `wanted` that
+    """Why a record is not of the run the command would train now ("" if it is); a part of `wanted` that
     is None (a dry run's data and teacher) is not compared."""
     have = record["identity"]
     reasons = {"config_sha256": "the run's settings changed", "data": "the data's shards changed",
@@ -416,46 +416,3 @@ def attach(ws: Workspace, records: Path | None, dry_run: bool = False) -> Worksp
     if not dry_run:
         record_files.check_writable(records / ws.runs.name)
     return settle_precision(replace(ws, records=records, on_finished=record_finished))
-
-
-# ----------------------------------------------------------------------------------------------
-# A search's rungs (search.run_search): a rung is read from its student's and its teacher's weights, so its
-# record keeps the rung's whole row (the criterion, both diagnoses, cost and machine), not the run's files
-
-def rung_record_path(ws: Workspace, ladder: str, seed: int, index: int, name: str) -> Path:
-    return ws.records / ws.runs.name / "search" / ladder / f"s{seed}" / f"{index}-{name}.json"
-
-
-def rung_identity(rws: Workspace, student: config.RunConfig, check_data: bool = True) -> dict:
-    """What a rung trains, known before it trains: its student's settings, the data token for token (a dry run,
-    with no data made, compares the settings only: None), and its teacher by its settings (a kit teacher trained
-    again elsewhere differs by rounding, so what made it stands for it) or the hub teacher's name."""
-    teacher = rws.preset.teacher or (digest(training_settings(stored_form(suite.teacher_config(rws))))
-                                     if check_data else None)
-    return {"config_sha256": digest(training_settings(stored_form(student))),
-            "data": suite.shard_sha256s(rws) if check_data else None, "teacher": teacher}
-
-
-def recorded_rung(path: Path, wanted: dict, force: bool = False) -> dict | None:
-    """The rung's record where it is of the rung the search would train now; None where there is none (or, with
-    --force, it was stale: removed, to train again). A stale one otherwise stops the search in one line."""
-    if not path.is_file():
-        return None
-    record = read_record(path)
-    why = stale_reason(record, wanted)
-    if not why:
-        return record
-    if not force:
-        raise errors.TrainingError(f"{path}: stale, {why}; nothing was trained: move it away (git rm) or pass --force "
-                                   "to train that rung again and replace its record")
-    path.unlink()
-    return None
-
-
-def record_rung(path: Path, identity: dict, row: dict, provenance: dict):
-    """A finished rung's record, written once, atomically: its row without this machine's folders, a number that
-    is not one (a diverged rung's) as null, as search.json has it."""
-    record = {"format": FORMAT, "kind": "rung", "identity": identity, "provenance": provenance,
-              "row": report.finite({k: v for k, v in row.items() if k not in ("folder", "teacher_dir")})}
-    record["sha256"] = digest(record)
-    record_files.write_record(path, record)

@@ -1,7 +1,7 @@
 """A scale's workspace and the runs it needs: where data, teacher, runs and results live, each named
 run's settings, and the inputs every run reads: the data, and the teacher (the hub's, the shipped one
 that fits the workspace, or the kit's own, trained). The CLI (repro.py) and the experiment modules
-(tables.py, regime.py, beyond.py, ideas.py) build on it; experiments/training.py trains the runs.
+(tables.py, beyond.py, ideas.py) build on it; experiments/training.py trains the runs.
 
     ws = suite.workspace("toy", Path("runs"), Path("results"))
     pre_grow, post_grow = RunName("pre", "grow"), RunName("post", "grow")
@@ -54,7 +54,7 @@ class Workspace:
     runs: Path
     results: Path
     ctx: devices.Dist
-    student_runs: str = ""  # a subfolder of runs/<scale>/ for students of a variant preset (regime.py)
+    student_runs: str = ""  # a subfolder of runs/<scale>/ for students of other settings (set/<...>, beyond/<...>)
     # a variant's workspace (variants.variant_workspace): the suite's student_runs its freeze runs start from
     suite_runs: str | None = None
     tracker: str = ""       # rundir.TRACKERS: also log to TensorBoard or W&B

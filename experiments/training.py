@@ -1,7 +1,7 @@
 """A command's runs trained: what every run will read back checked before any work (check_before_work),
 then the data, the teacher and every run each seed needs (ensure_runs), done runs reused, partial ones
 resumed, in lockstep where they read the same batches. The CLI (repro.py) and the experiment modules
-(regime.py, beyond.py, ideas.py) call it; experiments/suite.py names the runs and places them.
+(beyond.py, ideas.py) call it; experiments/suite.py names the runs and places them.
 
     ws = suite.workspace("toy", Path("runs"), Path("results"))
     training.ensure_runs(ws, [RunName("pre", "grow"), RunName("post", "grow")], seeds=[42, 43])

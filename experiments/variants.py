@@ -1,10 +1,9 @@
 """A Variant: the one way a run differs from its preset, for every experiment that trains one (the interventions,
-the planted doses, the ideas, the causal test, the regime map's grid points, a newcomer's own): its label, the suite's
-run it changes (or every run, for a grid point), its folder (runs/<scale>/beyond/<folder>/, regime/<point>/ for a grid
-point: the only place its folder's name comes from) and its settings, presets.Settings as `--set` parses them and
-checked as `--set` values are (presets.with_settings). Here too what every such experiment does with its variants:
-their workspaces, training them after the suite's own runs (a seed's variants in lockstep), their outcomes, and how a
-declared family of contrasts between them reads (Holm).
+the planted doses, the ideas, the causal test, a newcomer's own): its label, the suite's run it changes, its folder
+(runs/<scale>/beyond/<folder>/: the only place its folder's name comes from) and its settings, presets.Settings as
+`--set` parses them and checked as `--set` values are (presets.with_settings). Here too what every such experiment
+does with its variants: their workspaces, training them after the suite's own runs (a seed's variants in lockstep),
+their outcomes, and how a declared family of contrasts between them reads (Holm).
 
     variants.train_variants(ws, [Variant("pre-grow + dose-channel 10x", PRE_GROW, "dose-channel-10",
                                          {"run": {"boundary": "dose-channel", "boundary_scale": 10.0}})], seeds)
@@ -26,10 +25,9 @@ from plumbing import locks
 @dataclass(frozen=True)
 class Variant:
     label: str                     # how the report names it
-    run: RunName | None = None     # the run it changes (pre-grow, ...); None: every run in its folder (a grid point)
-    folder: str = ""               # runs/<scale>/<root>/<folder>/; "" for the suite's own run
+    run: RunName | None = None     # the run it changes (pre-grow, ...)
+    folder: str = ""               # runs/<scale>/beyond/<folder>/; "" for the suite's own run
     settings: presets.Settings = field(default_factory=dict)  # as --set parses them: {"run": {"boundary": ...}}
-    root: str = "beyond"           # a study's variants; the regime map's grid points live in regime/
 
 
 def variant_workspace(ws: suite.Workspace, variant: Variant, seed: int) -> suite.Workspace:
@@ -40,7 +38,7 @@ def variant_workspace(ws: suite.Workspace, variant: Variant, seed: int) -> suite
     if settings.get("run", {}).get("boundary") == "mirror-fwd":  # the matching pre-norm run of the same seed
         settings["run"]["boundary_source"] = str(ws.run_dir(replace(variant.run, norm="pre"), seed))
     return replace(ws, preset=presets.with_settings(ws.preset, settings, f"the variant {variant.label!r}"),
-                   student_runs=str(Path(ws.student_runs) / variant.root / variant.folder), suite_runs=ws.student_runs)
+                   student_runs=str(Path(ws.student_runs) / "beyond" / variant.folder), suite_runs=ws.student_runs)
 
 
 def variant_dir(ws: suite.Workspace, variant: Variant, seed: int) -> Path:

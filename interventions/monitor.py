@@ -2,7 +2,7 @@
 (boundary.py) act on. With `capture_boundaries` set on a model.Qwen3 or model.Student, its next forward
 keeps the residual stream at every boundary and, from every layer's attention, how much each query
 attends to the document's boundary token (position 0). Read by a run's monitor rows (grow.py), the
-diagnostics (diag.py) and the regime readings (experiments/regime.py).
+diagnostics (diag.py) and the causal test (experiments/tail.py).
 
     net.capture_boundaries = True; net(input_ids)
     net.captured["boundaries"], net.captured["first_attention"]   # [(B, T, H)], [(B, n_heads, T) or None]

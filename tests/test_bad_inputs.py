@@ -305,8 +305,8 @@ def test_bare_repro_py_prints_usage_and_starts_nothing(tmp_path, monkeypatch):
     assert list(tmp_path.iterdir()) == []  # no runs/, no results/
 
 
-DRY_RUNS = {"run": ["table1"], "train": ["train", "--norm", "post", "--protocol", "grow"], "regime": ["regime"],
-            "search": ["search"], "placements": ["placements"], "intervention": ["intervention"],
+DRY_RUNS = {"run": ["table1"], "train": ["train", "--norm", "post", "--protocol", "grow"],
+            "placements": ["placements"], "intervention": ["intervention"],
             "scratch": ["scratch"], "planted": ["planted"]}
 
 

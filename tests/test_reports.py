@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from experiments import comparison, report, suite, tables
+from experiments import comparison, report, tables
 from plumbing import errors
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -70,51 +70,6 @@ def test_readings_by_the_pre_declared_rule_and_holms_correction():
     small = report.across_seeds([-0.004, -0.005, -0.006])  # excludes 0 by its interval, and inside +-0.01
     assert report.reading(small, 0.01) == "below 0" and report.adjusted_reading(small, 0.2, 0.01) == "a tie within ±0.01"
     assert report.adjusted_reading(report.across_seeds([-0.02, report.DIVERGED, 0.01]), 0.01, 0.01).startswith("no reading")
-
-
-def test_the_regime_maps_reversal_needs_no_diverged_run():
-    """A point whose post-joint diverged on one seed (its delta joint a large penalty on the others) is no
-    reversal; the same numbers with no diverged run are."""
-    from experiments import regime
-    def row(joint):
-        s = lambda values: report.across_seeds(values)
-        boundary = {f"{p}_grow_{k}": s([math.nan, math.nan]) for p in ("pre", "post") for k in regime.BOUNDARY_NUMBERS}
-        return {"point": "p", "phase_steps": 250, "lr": 3e-3, "lr_x_steps": 0.75, "gain": "ones",
-                "delta_joint": s(joint), "delta_grow": s([-0.03, -0.02]), "interaction": s([-2.0, -0.05]), **boundary}
-    cited = {"delta_joint": 0.0004, "delta_grow": -0.0328, "interaction": -0.0332}
-    failed = regime.markdown([row([2.2, report.DIVERGED])], cited, "toy", [42, 43], "Diverged: 1 of 8 runs")
-    clean = regime.markdown([row([2.2, 0.01])], cited, "toy", [42, 43], "Diverged: none of 8 runs.")
-    first_row = lambda lines: next(line for line in lines if line.startswith("| p | 250 |"))
-    assert first_row(failed).endswith("| no: runs diverged |") and first_row(clean).endswith("| yes |")
-    assert "Diverged: 1 of 8 runs" in failed and "| p | n/a | n/a | n/a | n/a | n/a | n/a |" in clean
-
-
-def test_the_regime_maps_boundary_is_the_last_monitor_row_after_block_0(tmp_path):
-    """end_boundary reads block 0's output (boundary 1) in the last monitor row; a run without the
-    monitor gives n/a (NaN) and a diverged one DIVERGED, never its numbers."""
-    import types
-
-    from experiments import regime
-    def plant(name, done, rows):
-        run = tmp_path / name
-        run.mkdir()
-        (run / "done.json").write_text(json.dumps(done))
-        (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    after = lambda k: {"mean": 1.0, "kurtosis": k, "boundary_over_others": k / 10, "massive_ratio": k * 2}
-    rows = [{"step": 25, "monitor": True, "boundaries": [after(0.0)]},
-            {"step": 275, "monitor": True, "boundaries": [after(0.0), after(7.0)]},
-            {"step": 300, "eval": True, "ce": 3.0},
-            {"step": 500, "monitor": True, "boundaries": [after(0.0), after(9.0), after(1.0)]}]
-    done = {"ce": 3.2, "ppl": 24.5, "kd": 3.3, "step": 750}
-    rows.append({**done, "eval": True})  # done.json repeats the run's last evaluation (rundir.final_eval checks)
-    watched, unwatched, failed = (suite.RunName(norm, "grow") for norm in ("watched", "unwatched", "failed"))
-    plant(watched.name, done, rows)
-    plant(unwatched.name, done, [{"step": 300, "eval": True, "ce": 3.0}, {**done, "eval": True}])
-    plant(failed.name, {**{k: None for k in done}, "step": 500, "diverged": {"step": 500, "why": "non-finite"}}, rows)
-    ws = types.SimpleNamespace(run_dir=lambda run, seed: tmp_path / run.name)
-    assert regime.end_boundary(ws, watched, 42) == {"kurtosis": 9.0, "boundary_over_others": 0.9, "massive_ratio": 18.0}
-    assert all(math.isnan(v) for v in regime.end_boundary(ws, unwatched, 42).values())
-    assert all(isinstance(v, report.Diverged) for v in regime.end_boundary(ws, failed, 42).values())
 
 
 def test_references_hold_the_numbers_of_every_experiment_beyond_the_paper_too():

@@ -59,18 +59,3 @@ def test_a_variant_or_grid_point_passes_the_checks_a_set_value_passes():
     assert vws.suite_runs == ws.student_runs  # a variant's freeze run finds the suite's grow here, no folder parsed
 
 
-def test_a_grid_point_is_a_variant_whose_folder_comes_from_it():
-    """The regime map's grid point is a Variant of every main run (run None) in regime/<point>/, its settings the
-    Settings --set would give, passing the same checks: the folder's name is the point's, from the Variant alone."""
-    from experiments import regime
-    ws = suite.Workspace(presets.PRESETS["smoke"], Path("runs") / "smoke", Path("results") / "smoke", devices.Dist())
-    point = regime.Point(lr=2.0)
-    variant = regime.point_variant(ws, point)
-    assert variant.run is None and variant.root == "regime" and variant.folder == point.name
-    assert variant.settings["run"]["lr"] == 2 * ws.preset.run["lr"]
-    pws = regime.point_workspace(ws, point)
-    assert pws.run_dir(RunName("post", "grow"), 42) == Path("runs/smoke/regime") / point.name / "s42" / "post-grow"
-    assert pws.preset == presets.with_settings(ws.preset, variant.settings, "--grid")
-    assert regime.point_workspace(ws, regime.Point()) is ws  # the preset's own point: the suite's runs
-    with pytest.raises(errors.OptionError, match=r"the variant '--grid budget1-lr1e\+06-gain-ones': run\.lr="):
-        regime.point_workspace(ws, regime.Point(lr=1e6))  # a multiplier past what --set allows is refused the same way

@@ -20,12 +20,10 @@ from safetensors.torch import load_file
 
 import config
 import data
-import diag
 import grow
-import model
 import rundir
 from experiments import paper_reports, presets, reference, suite, tables
-from plumbing import devices, tokenizer
+from plumbing import devices
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -252,66 +250,6 @@ def test_step0_evaluations_equal_an_independent_evaluation(smoke):
         assert starts[p]["ce"] != pytest.approx(starts[p - 1]["ce"])
     table2 = {r["key"]: r for r in json.loads((smoke[1] / "table2.json").read_text())["rows"]}
     assert table2["post_ce_step0"]["values"][0] == starts[0]["ce"]
-
-
-def test_search_climbs_the_ladder_on_pre_norm_grow_and_reports_the_criterion(smoke):
-    """The smoke ladder: rung 0 reuses the suite's pre-grow, rung 1 (more steps than the scale's shard
-    holds) gets its own data and teacher; every rung's numbers are diag's on its last checkpoint, and
-    no post-norm run is made."""
-    from experiments import search
-    runs, _, _, _ = smoke
-    results = runs.parent.parent / "search-results"
-    repro_cli("search", "--scale", "smoke", "--runs-dir", runs.parent, "--results-dir", results)
-    report = json.loads((results / "smoke" / "search.json").read_text())
-    assert [r["name"] for r in report["rungs"]] == ["smoke", "tokens-x2"]
-    assert report["rungs"][1]["overrides"] == ["run.phase_steps=16"] and report["rungs"][1]["new_teacher"]
-    assert report["decision"] == "the ladder ran out without meeting the criterion"
-    rung1 = runs.parent / "smoke+run.phase_steps=16"
-    assert report["rungs"][0]["folder"] == str(runs / "s42" / "pre-grow")
-    assert report["rungs"][1]["folder"] == str(rung1 / "s42" / "pre-grow") and (rung1 / "teacher" / "done.json").is_file()
-    assert not [p for p in rung1.glob("s42/*") if p.name != "pre-grow"]
-    batch = data.diagnostic_batch(data.Shard(rung1 / "data" / "val"), 4, 16, 42)
-    found = diag.diagnose_checkpoint(model.Student.load(rung1 / "s42" / "pre-grow" / "phase-2"), batch,
-                                     tokenizer.qwen3_tokenizer(512).decode)
-    criterion = search.mechanism(found)
-    got = report["rungs"][1]["criterion"]
-    assert got["passes"] == criterion["passes"] and not got["present"] and not criterion["present"]
-    for key in presets.MECHANISM:  # the same batch and weights in another process
-        assert got[key] == pytest.approx(criterion[key], rel=1e-9)
-    assert criterion["massive_ratio"] == found["boundary_stats"][1]["massive_ratio"] > 1
-    assert "| 1 tokens-x2 |" in (results / "smoke" / "search.md").read_text()
-
-
-def test_regime_map_reports_the_runs_own_results(smoke):
-    runs, _, _, _ = smoke
-    results = runs.parent.parent / "regime-results"
-    repro_cli("regime", "--scale", "smoke", "--seeds", "42", "--grid", "budget=0.5,1;gain=ones,teacher",
-        "--runs-dir", runs.parent, "--results-dir", results)
-    report = json.loads((results / "smoke" / "regime.json").read_text())
-    points = {p["point"]: p for p in report["points"]}
-    assert set(points) == {"budget0.5-lr1-gain-ones", "budget1-lr1-gain-ones", "budget1-lr1-gain-teacher"}
-    assert (results / "smoke" / "regime.png").is_file() and "| budget0.5-lr1-gain-ones | 4 |" in \
-        (results / "smoke" / "regime.md").read_text()
-    for name, point in points.items():
-        folder = runs / "s42" if name == "budget1-lr1-gain-ones" else runs / "regime" / name / "s42"
-        # The gain option touches only the post-norm runs: the pre-norm ones are the preset's own.
-        pre_folder = folder if "budget0.5" in name else runs / "s42"
-        ce = {run.name: json.loads(((pre_folder if run.norm == "pre" else folder) / run.name / "done.json")
-                                   .read_text())["ce"] for run in tables.MAIN_RUNS}
-        assert point["delta_joint"]["values"] == [ce["post-joint"] - ce["pre-joint"]]
-        assert point["delta_grow"]["values"] == [ce["post-grow"] - ce["pre-grow"]]
-        assert point["interaction"]["mean"] == pytest.approx(
-            (ce["post-grow"] - ce["pre-grow"]) - (ce["post-joint"] - ce["pre-joint"]))
-        config = json.loads((folder / "post-grow" / "config.json").read_text())
-        assert config["phase_steps"] == (4 if "budget0.5" in name else 8)
-        assert config["post_output_gain"] == ("teacher" if "teacher" in name else "ones")
-        # the boundary after block 0 at the end of each grow run: its last monitor row, read back here
-        for run, run_folder in (("pre-grow", pre_folder), ("post-grow", folder)):
-            last = [r for r in rundir.read_metrics(run_folder / run) if r.get("monitor")][-1]["boundaries"][1]
-            assert point[f"{run.replace('-', '_')}_kurtosis"]["values"] == [last["kurtosis"]]
-    assert not (runs / "regime" / "budget1-lr1-gain-teacher" / "s42" / "pre-grow").exists()
-    # ten distinct runs: the preset's four, budget 0.5's four, the teacher-gain point's two post-norm ones
-    assert report["diverged_runs"] == [] and "Diverged: none of 10 runs." in (results / "smoke" / "regime.md").read_text()
 
 
 def test_overrides_are_recorded_and_never_reuse_a_run_with_other_settings(smoke):

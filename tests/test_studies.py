@@ -167,40 +167,6 @@ def test_a_table_over_seeds_is_a_study_too(tmp_path):
                for p in student_folders(tmp_path / "b"))
 
 
-def search(runs: Path, records: Path, results: Path, *extra: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, str(ROOT / "repro.py"), "search", "--scale", "smoke", "--runs-dir", str(runs),
-                           "--records-dir", str(records), "--results-dir", str(results), *extra], cwd=ROOT,
-                          capture_output=True, text=True, timeout=1800, env={**os.environ, "OMP_NUM_THREADS": "1"})
-
-
-@pytest.mark.slow
-def test_a_search_climbed_again_elsewhere_reads_its_rungs_from_their_records(tmp_path):
-    """Each finished rung leaves a record (its row: criterion, both diagnoses, cost, machine); a fresh runs folder
-    with those records trains nothing (no teacher, no student) and reports the same rungs and decision; a rung
-    record of other settings stops the search in one line, before anything trains."""
-    records = tmp_path / "records"
-    first = search(tmp_path / "a", records, tmp_path / "a-results")
-    assert first.returncode == 0, first.stdout[-2000:] + first.stderr[-2000:]
-    paths = sorted((records / "smoke" / "search" / "smoke" / "s42").glob("*.json"))
-    assert [p.name for p in paths] == ["0-smoke.json", "1-tokens-x2.json"]
-    dry = search(tmp_path / "b", records, tmp_path / "b-results", "--dry-run")
-    assert "remaining: 0 rungs of 2" in dry.stdout and dry.stdout.count("recorded on ") == 2, dry.stdout[-2000:]
-    second = search(tmp_path / "b", records, tmp_path / "b-results")
-    assert second.returncode == 0, second.stdout[-2000:] + second.stderr[-2000:]
-    assert not list((tmp_path / "b").rglob("done.json"))  # neither the teachers nor the rungs' students trained
-    one, other = (json.loads((tmp_path / f"{x}-results" / "smoke" / "search.json").read_text()) for x in "ab")
-    mine = lambda row: {k: v for k, v in row.items() if k not in ("folder", "teacher_dir", "restored")}
-    assert [mine(r) for r in other["rungs"]] == [mine(r) for r in one["rungs"]] and other["decision"] == one["decision"]
-    assert all(r["restored"] for r in other["rungs"]) and not any(r.get("restored") for r in one["rungs"])
-    record = json.loads(paths[1].read_text())
-    record["identity"]["config_sha256"] = "0" * 64
-    paths[1].write_text(json.dumps(sealed(record)))
-    stale = search(tmp_path / "c", records, tmp_path / "c-results")
-    line = stale.stderr.strip().splitlines()[-1]
-    assert stale.returncode == 1 and str(paths[1]) in line and "stale, the run's settings changed" in line
-    assert not list((tmp_path / "c").rglob("done.json"))  # rung 0 read from its record, rung 1 refused: nothing trained
-
-
 def test_two_processes_share_out_a_study_instead_of_one_waiting_for_the_other(tmp_path):
     """locks.free_first: a run folder another process holds is put after the free ones and given last (its
     holder then waited for); locks.busy only looks: it makes no lock file, and a folder is free again once

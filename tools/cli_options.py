@@ -33,7 +33,7 @@ lockstep_option = click.option("--lockstep/--no-lockstep", default=None, help="T
                                "the same batches together, on one teacher pass per batch (same results as apart). "
                                "Default: on, except on a GPU where they would not fit (see --dry-run).")
 records_option = click.option("--records-dir", type=click.Path(path_type=Path), default=None, help="Each finished "
-                              "run's (a search's: rung's) record, read back before training (default: the kit's "
+                              "run's record, read back before training (default: the kit's "
                               "references/records/; at smoke scale none; experiments/studies.py).")
 force_option = click.option("--force", is_flag=True, help="Discard data, a teacher or runs made with other settings "
                             "(an edited preset) and redo them; what matches is reused.")
@@ -82,7 +82,7 @@ def dry_run_options(command):
 
 
 def experiment_options(command):
-    """The options of every command that runs an experiment over seeds (run, regime, beyond.py's, ideas)."""
+    """The options of every command that runs an experiment over seeds (run, beyond.py's, ideas)."""
     for option in (results_option, runs_option, force_option, lockstep_option, overrides_option, dry_run_options):
         command = option(command)
     return command

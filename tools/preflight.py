@@ -1,8 +1,8 @@
 """Before a launch: what it trains and what that costs (--dry-run: nothing made or read but the data's
 measured lengths), and its rehearsal on this CPU (`repro.py rehearse`: no GPU needed). A command's runs come
-in groups, each (label, workspace, lockstep_plan.PlannedRun list): the suite's own runs, a regime point's or a
-search rung's, a variant's in its own folder; plan.py prices them. And the kit's own teacher, pretrained
-or installed before any student (`repro.py teacher`), or a shipped one trained again to compare.
+in groups, each (label, workspace, lockstep_plan.PlannedRun list): the suite's own runs, a variant's in its
+own folder; plan.py prices them. And the kit's own teacher, pretrained or installed before any student
+(`repro.py teacher`), or a shipped one trained again to compare.
 
     python repro.py all --scale full --dry-run --gpu h100     # the whole paper: runs, tokens, FLOPs, GPU hours
     python repro.py rehearse table1 --scale full --gpus 8     # one step at full size, the driver at reduced size
@@ -26,7 +26,7 @@ from rich.console import Console
 import data
 import grow
 import rundir
-from experiments import paper_reports, presets, regime, registry, search, studies, suite, tables, training, variants
+from experiments import paper_reports, presets, registry, studies, suite, training, variants
 from flops import forward_flops_per_token
 from plumbing import checkpoint, devices, errors, faults
 from tools import cpu_estimate, lockstep_plan, plan, rehearse, rehearse_real
@@ -153,41 +153,6 @@ def train_one(ws: suite.Workspace, run: suite.RunName, seed: int, force: bool) -
 def planned(ws: suite.Workspace, runs, seed: int) -> tuple[str, suite.Workspace, list]:
     """One group: the runs (suite.RunName) in a workspace, and those whose phases they share."""
     return ", ".join(run.name for run in runs), ws, plan.planned_runs(ws, runs, seed)
-
-
-def regime_groups(ws: suite.Workspace, grid: dict, seed: int) -> list:
-    """Each point's four runs (an upper bound: regime.run_map trains a point's pre-norm runs once where they
-    are the preset's)."""
-    return [(point.name, *planned(regime.point_workspace(ws, point), tables.MAIN_RUNS, seed)[1:])
-            for point in regime.grid_points(grid)]
-
-
-def print_search(ws: suite.Workspace, ladder: str, overrides, seed: int, gpu: str, gpus: int | None, nodes: int):
-    """A search's dry run: each rung's record (where ws.records is set), then the plan of every rung left to train
-    (the search stops at the first that meets its criterion, so at most this), each in the workspace
-    search.rung_workspace makes, made here for a dry run: no folder."""
-    rungs, scale = presets.LADDERS[ladder], ws.preset.name
-    groups, said = [], []
-    for index, rung in enumerate(rungs):
-        rws = suite.workspace(scale, ws.runs.parent, ws.results.parent, True,
-                              presets.merged(search.rung_settings(scale, rungs, index), overrides))
-        path, identity = search.rung_record(ws, rws, ladder, seed, index, check_data=False)
-        if path is not None and path.is_file():
-            record = studies.read_record(path)
-            why = studies.stale_reason(record, identity)
-            said.append(f"rung {index} ({rung.name}): " + (f"stale, {why}: {path}" if why else
-                                                           f"recorded on {studies.machine(record)}"))
-            if not why:
-                continue
-        groups.append((rung.name, *planned(rws, [search.SEARCH_RUN], seed)[1:]))
-    if said:
-        suite.console.print("\n".join([f"records in {ws.records / ws.runs.name / 'search' / ladder}:", *said,
-                                        "(the data and teacher are compared when it runs)"]), markup=False)
-    if not groups:
-        suite.console.print(f"remaining: 0 rungs of {len(rungs)}: the search reads them all from their records")
-        return
-    print_dry_run(scale, groups, [seed], gpu, gpus, nodes,
-                  "; every rung left, although the search stops at the first that meets its criterion")
 
 
 def study_groups(study: registry.Experiment, ws: suite.Workspace, seed: int) -> list:
