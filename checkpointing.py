@@ -53,27 +53,27 @@ def save_due_checkpoints(run_dir: Path, config, net, optimizer, state: dict, ctx
     `moments_go_on`). Each is copied to host memory here and written in the background while training goes on;
     the run's last step waits for them (its done.json comes next)."""
     step = state["step"]
-    save = partial(save_checkpoint, run_dir, net, state, ctx, background=True)
+    kept, latest = partial(save_kept_checkpoint, run_dir), partial(save_latest_checkpoint, run_dir, net, optimizer)
     if phase_end and moments_go_on:
         # The next phase needs these moments: saved before phase-<p>/, so a kill between the two
         # resumes from them (on a tie newest_checkpoint prefers latest/).
-        save("latest", optimizer)
+        latest(state, ctx, background=True)
     if phase_end:
-        save(f"phase-{state['phase']}")
+        kept(f"phase-{state['phase']}", net, state, ctx, background=True)
     elif config.snapshot_interval and step % config.snapshot_interval == 0:
-        save(f"step-{step}")
+        kept(f"step-{step}", net, state, ctx, background=True)
     if not phase_end and step % config.checkpoint_interval == 0:
-        save("latest", optimizer)
+        latest(state, ctx, background=True)
 
 
-def save_kept_checkpoint(run_dir: Path, name: str, net, state: dict, ctx):
-    """A kept checkpoint (phase-<p>/ or step-<n>/), written before this returns: see stage_kept."""
-    save_checkpoint(run_dir, net, state, ctx, name)
+def save_kept_checkpoint(run_dir: Path, name: str, net, state: dict, ctx, background: bool = False):
+    """A kept checkpoint (phase-<p>/ or step-<n>/), written before this returns unless `background`: see stage_kept."""
+    save_checkpoint(run_dir, net, state, ctx, name, background=background)
 
 
-def save_latest_checkpoint(run_dir: Path, net, optimizer, state: dict, ctx):
-    """latest/, written before this returns: see stage_latest."""
-    save_checkpoint(run_dir, net, state, ctx, "latest", optimizer)
+def save_latest_checkpoint(run_dir: Path, net, optimizer, state: dict, ctx, background: bool = False):
+    """latest/, written before this returns unless `background`: see stage_latest."""
+    save_checkpoint(run_dir, net, state, ctx, "latest", optimizer, background)
 
 
 def save_checkpoint(run_dir: Path, net, state: dict, ctx, name: str, optimizer=None, background: bool = False):
