@@ -14,8 +14,8 @@ import statistics
 from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
 from rich.table import Table
+from scipy.stats import t as student_t
 
 import rundir
 from experiments.suite import RunName, Workspace, console
@@ -30,27 +30,8 @@ def t975(df: int) -> float:
 
 
 def t_quantile(df: int, p: float) -> float:
-    """The p quantile (p in [0.5, 1)) of Student's t with `df` degrees of freedom, exactly (to ~1e-9):
-    bisection on the CDF (no table, no scipy)."""
-    low, high = 0.0, 64.0  # t975(1) = 12.71 is the largest asked for
-    for _ in range(60):
-        mid = (low + high) / 2
-        low, high = (mid, high) if central_mass(df, mid) < p - 0.5 else (low, mid)
-    return (low + high) / 2
-
-
-def t_cdf(df: int, t: float) -> float:
-    """P(T <= t) for Student's t with `df` degrees of freedom."""
-    half = central_mass(df, abs(t))
-    return 0.5 + half if t >= 0 else 0.5 - half
-
-
-def central_mass(df: int, t: float) -> float:
-    """P(0 < T < t) for t >= 0: Simpson's rule on Student's t density."""
-    log_norm = math.lgamma((df + 1) / 2) - math.lgamma(df / 2) - 0.5 * math.log(df * math.pi)
-    x = np.linspace(0.0, t, 4001)
-    density = np.exp(log_norm - (df + 1) / 2 * np.log1p(x * x / df))
-    return float((density[0] + density[-1] + 4 * density[1:-1:2].sum() + 2 * density[2:-1:2].sum()) * (t / 4000) / 3)
+    """The p quantile of Student's t with `df` degrees of freedom (scipy's)."""
+    return float(student_t.ppf(p, df))
 
 
 def reading(s: dict, margin: float, p_adjusted: float | None = None) -> str:
@@ -102,7 +83,7 @@ def p_two_sided(s: dict) -> float:
     """The one-sample t-test's two-sided p-value that the mean over seeds is 0 (nan: no spread)."""
     if s.get("diverged") or s["n"] < 2 or not s["std"]:
         return math.nan
-    return 2 * (1 - t_cdf(s["n"] - 1, abs(s["mean"]) / (s["std"] / math.sqrt(s["n"]))))
+    return float(2 * student_t.sf(abs(s["mean"]) / (s["std"] / math.sqrt(s["n"])), s["n"] - 1))
 
 
 class Diverged(float):
