@@ -121,13 +121,16 @@ def test_the_whole_bench_runs_at_tiny_sizes(tmp_path, monkeypatch):
                            n_val_docs=16, seed=42, workers=1, progress=False)
     sizes = {"kd": dict(tokens=256, vocab=4096, hidden=32, repeats=1, chunk_size=64, processes=1),
              "tokenizer_documents": 50, "lockstep_steps": 2, "loader_steps": 5, "cold_compile": False,
-             "utilization_scales": ("smoke",), "train_step_processes": 1, "lockstep_processes": 1}
+             "utilization_scales": ("smoke",), "train_step_processes": 1, "lockstep_processes": 1, "layout_steps": 1}
     results = bench.main(repeats=1, data_dir=tmp_path / "shard", sizes=sizes, out=tmp_path / "bench.json")
     assert json.loads((tmp_path / "bench.json").read_text()) == json.loads(json.dumps(results))
     assert results["lockstep"]["identical_results"] and results["tokenizer"]["identical"]
     assert results["lockstep"]["lockstep_teacher_forwards"] < results["lockstep"]["separate_teacher_forwards"]
     assert results["lockstep"]["speedup"]["rounds"] == 1 and results["lockstep"]["separate_process_s"]["median"] > 0
     assert results["compile"]["max_relative_loss_difference"] < 1e-3  # fp32 compiled vs eager: reordered sums
+    layout = results["layout"]
+    assert layout["documents"] == 16 and layout["real_tokens"] < layout["padded_positions"]
+    assert all(layout[kind][way]["seconds"] > 0 for kind in ("student", "teacher") for way in ("padded", "packed"))
     assert results["kd_loss"]["chunked"][0]["loss"] == pytest.approx(results["kd_loss"]["naive"][0]["loss"], rel=1e-4)
     for ratio in (results["tokenizer"]["ratio"], results["loader"]["loader_over_train_step"],
                   results["compile"]["speedup"], results["kd_loss"]["time_ratio"]):
@@ -300,3 +303,26 @@ def test_the_gpu_rehearsals_allocator_reading_can_be_made_and_entered(monkeypatc
     with rehearse.memory_tracker([], [], SimpleNamespace(device="cuda:0"), on_gpu=True) as tracker:
         assert calls == ["empty_cache", ("reset", "cuda:0")]  # a segment's peak starts from nothing cached
     assert tracker.get_tracker_snapshot("peak") == {"cuda:0": {"Total": 5 * 2**30, "Reserved": 7 * 2**30}}
+
+
+def test_the_layout_benchs_useful_flops_count_real_tokens_only():
+    """A packed toy micro-batch's useful FLOPs are each document's tokens through the model at its own half
+    length (no padding), for the student's step (the teacher's layers and both heads forward, the student's
+    layers and head forward and backward) and the teacher's (its layers and head, forward and backward); the
+    padded layout's positions are the rows times the longest document."""
+    from experiments import presets
+    from flops import forward_flops_per_token
+    from tools import layout_bench
+    shape = presets.teacher_shape(presets.PRESETS["toy"])
+    lengths = [3, 128, 40]
+
+    class Fake:  # what useful_flops reads of a step
+        net = type("Net", (), {"layers": [None] * 3})()
+    Fake.shape = shape
+    def per_token(layers, n):
+        return forward_flops_per_token(shape, layers, n / 2)
+    student = sum(n * (per_token(12, n)[0] + per_token(12, n)[1] + 3 * (per_token(3, n)[0] + per_token(3, n)[1]))
+                  for n in lengths)
+    teacher = sum(3 * n * (per_token(12, n)[0] + per_token(12, n)[1]) for n in lengths)
+    assert layout_bench.useful_flops("student", Fake, lengths) == pytest.approx(student, rel=1e-12)
+    assert layout_bench.useful_flops("teacher", Fake, lengths) == pytest.approx(teacher, rel=1e-12)

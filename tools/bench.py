@@ -9,7 +9,9 @@ the other) with their min and max over every round of every process (utilization
 rounds range wider than utilization.UNSTABLE_SPREAD is printed as unstable, not as a number. bench.json keeps
 every spread.
 1. the toy and mini student and teacher steps as fractions of this CPU's fp32 and bf16 matmul peak, and
-   where the rest of their time goes (tools/utilization.py);
+   where the rest of their time goes (tools/utilization.py); then the toy's steps on its own documents,
+   padded rows against the padding-free layout, as real tokens a second and useful FLOPs over the peak
+   (tools/layout_bench.py);
 2. train step (teacher forward + student forward/backward + AdamW) at the toy configuration, kit vs
    transformers' Qwen3ForCausalLM of the same dimensions doing the same work with a naive KD loss;
    eager fp32 for both, then the kit's best CPU setting (bf16 autocast where the probe picks it). Timed in
@@ -58,7 +60,7 @@ import prepare_shards
 from experiments import presets, suite
 from plumbing import checkpoint, corpora, devices, tokenizer
 from plumbing.hf_qwen3 import ModelConfig, save_qwen3
-from tools import utilization
+from tools import layout_bench, utilization
 from tools.utilization import interleaved, length_batch
 
 RESULTS = Path("results") / "bench.json"
@@ -513,7 +515,8 @@ def train_step_lines(step: dict) -> list[str]:
 # corpus, 12 steps per phase for the six lockstep runs, each timed as 3 whole processes; the train step in 2
 # fresh processes per allocator policy. tests/test_bench.py runs the same code at tiny sizes.
 SIZES = {"kd": {}, "tokenizer_documents": None, "lockstep_steps": 12, "loader_steps": 200, "cold_compile": True,
-         "utilization_scales": utilization.SCALES, "train_step_processes": 2, "lockstep_processes": 3}
+         "utilization_scales": utilization.SCALES, "train_step_processes": 2, "lockstep_processes": 3,
+         "layout_steps": 4}
 
 
 def main(repeats: int = 5, data_dir: Path = Path("runs/toy/data"), sizes: dict = SIZES, out: Path = RESULTS):
@@ -524,6 +527,10 @@ def main(repeats: int = 5, data_dir: Path = Path("runs/toy/data"), sizes: dict =
     print(f"the steps against this CPU's matmul peak, {torch.get_num_threads()} thread(s) ...", flush=True)
     results["utilization"] = used = utilization.measure(repeats, sizes["utilization_scales"])
     print("\n".join(f"  {line}" for line in utilization.summary(used)))
+    print("the padding-free layout against padded rows, on the toy's own documents ...", flush=True)
+    results["layout"] = layout = layout_bench.bench_layout(train, repeats, sizes["layout_steps"], precision="fp32",
+                                                           peak_gflops=used["peak_gflops"]["fp32"]["best"])
+    print("\n".join(f"  {line}" for line in layout_bench.summary(layout)))
     print("train step: kit vs transformers Qwen3ForCausalLM, in fresh processes ...", flush=True)
     results["train_step"] = step = bench_train_step(repeats, sizes["train_step_processes"])
     print("\n".join(f"  {line}" for line in train_step_lines(step)))

@@ -192,7 +192,7 @@ class Step:
         batch = batch or self.batch
         with devices.autocast(self.dtype, self.ctx):
             hidden, head = (None, None) if self.teacher is None else \
-                (self.teacher.hidden(batch.input_ids), self.teacher.head_weight)
+                (self.teacher.hidden(batch.input_ids, doc_lengths=batch.doc_lengths), self.teacher.head_weight)
             loss, _, _ = nets.loss_fn(self.settings, batch, hidden, head, self.phase, batch.n_targets, self.net)
         loss.backward()
         with record_function("optimizer"):
