@@ -7,6 +7,10 @@ for a number outside its band).
     python repro.py compare runs/toy                           # every run of every seed, against references/toy.json
     python repro.py compare runs/toy/s42/post-grow             # one run
     python repro.py compare results/toy                        # the tables
+
+A variant's runs (runs/<scale>/beyond/<folder>/) are not the suite's runs of the same name: the reference holds bands
+for the suite's runs only (a variant's numbers ship in its study's report), so they are refused in one line rather than
+compared against the plain run's band.
 """
 from __future__ import annotations
 
@@ -84,6 +88,15 @@ def compare(target: Path, reference: dict) -> list[dict]:
     return rows
 
 
+def variant_of(target: Path) -> str | None:
+    """`beyond/<folder>` where `target` is a variant's runs folder, one of its seeds' or one of its runs; else None."""
+    parts = target.resolve().parts
+    for i in range(max(1, len(parts) - 4), len(parts) - 1):
+        if parts[i] == "beyond" and parts[i - 1].split("+")[0] in PRESETS:
+            return f"beyond/{parts[i + 1]}"
+    return None
+
+
 def check_scale(target: Path, scale: str, path: Path):
     """Runs or reports of another scale would put every number outside the band: said in one line instead,
     where they say their scale (a report's "scale"; a run whose settings are one scale's run section)."""
@@ -116,6 +129,10 @@ def print_comparison(target: Path, scale: str) -> list[dict]:
     """compare() of `target` against the shipped reference of `scale`, printed as a table (the numbers
     outside the band, else the first 20); its rows."""
     path, shipped = REFERENCES / f"{scale}.json", load(scale)
+    if variant := variant_of(target):  # its runs share the suite's run names, not their bands
+        raise UsageError(f"{target}: runs of the variant {variant}, and {path} has bands for the suite's own runs "
+                         f"only (runs/{scale}/s<seed>/<run>), none for this variant; its numbers are its study's report: "
+                         f"compare results/{scale}")
     check_scale(target, scale, path)  # reads every *.json first: one that is not a JSON object is named in one line
     rows = compare(target, shipped)
     if not rows and not not_yet(target, shipped):

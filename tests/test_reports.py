@@ -269,3 +269,29 @@ def test_compare_tells_runs_of_another_scale_from_runs_of_other_settings(tmp_pat
     with pytest.raises(errors.UsageError, match="toy-run/config.json: of scale toy, and .*mini.json holds scale mini's"):
         comparison.check_scale(tmp_path / "toy-run", "mini", tmp_path / "mini.json")
     comparison.check_scale(tmp_path / "toy-run", "toy", tmp_path / "toy.json")
+
+
+def test_a_variants_runs_are_not_compared_against_the_plain_runs_band(tmp_path):
+    """`compare runs/smoke/beyond/warmup-0.5`: the variant's post-grow shares the suite's run name, not its band (the
+    reference has bands for the suite's own runs only), so compare says so in one line instead of comparing; the
+    suite's own post-grow beside it is still compared."""
+    from conftest import repro_cli
+    shipped = json.loads((ROOT / "references" / "smoke.json").read_text())
+    point, values = next(iter(shipped["curves"]["post-grow"].items()))
+    for folder in (tmp_path / "runs" / "smoke" / "beyond" / "warmup-0.5" / "s42", tmp_path / "runs" / "smoke" / "s42"):
+        run = folder / "post-grow"
+        run.mkdir(parents=True)
+        step, start = point.split()[0], point.endswith("start")
+        row = {"step": int(step), "ce": values[0] + 5.0, "eval": True, **({"phase_start": True} if start else {})}
+        (run / "metrics.jsonl").write_text(json.dumps(row) + "\n")
+    variant = tmp_path / "runs" / "smoke" / "beyond" / "warmup-0.5"
+    for target in (variant, variant / "s42", variant / "s42" / "post-grow"):
+        assert comparison.variant_of(target) == "beyond/warmup-0.5"
+        out = repro_cli("compare", target, check=False)
+        lines = out.stderr.strip().splitlines()
+        assert out.returncode != 0 and len(lines) == 1 and "the variant beyond/warmup-0.5" in lines[0], out.stderr
+        assert "none for this variant" in lines[0] and "NO" not in out.stdout  # nothing compared against a band
+    own = tmp_path / "runs" / "smoke" / "s42" / "post-grow"
+    assert comparison.variant_of(own) is None
+    rows = comparison.compare(own, shipped)
+    assert [r["name"] for r in rows] == [f"post-grow/ce at {point}"] and not rows[0]["within"]
