@@ -56,7 +56,9 @@ def test_the_plan_counts_every_storage_a_pre_norm_step_holds():
     """One pre-norm run on 8 GPUs, one micro-batch: its final norm holds one more fp32 stream tensor at the
     loss than post-norm (the plan counted post-norm's before, 0.25 MiB under), and the loss casts the fp32
     head to bf16 once (2 MiB, left out under FSDP2 before)."""
-    out = counted(reduced("full", global_batch=8), 8, 1, 1, ["pre"], with_rehearsal=False)
+    from experiments import presets
+    one_micro_batch_a_rank = 8 * presets.PRESETS["full"].run["micro_batch"]
+    out = counted(reduced("full", global_batch=one_micro_batch_a_rank), 8, 1, 1, ["pre"], with_rehearsal=False)
     assert 0 <= out["count"] - out["plan"] <= TOLERANCE, out
 
 
