@@ -29,7 +29,7 @@ try:  # started outside the kit's virtualenv (`python3 repro.py`): how to instal
 
     import data
     import model
-    from experiments import presets, registry, studies, suite, tables, training
+    from experiments import presets, registry, studies, suite, training
     from plumbing import devices, errors, paths
     from plumbing.locks import printable
     from tools import checkpoints, cli_options, preflight
@@ -107,8 +107,8 @@ def say(ws: suite.Workspace, line: str) -> None:
 
 cli = Repro("cli", context_settings={"help_option_names": ["-h", "--help"]},
             help="Reproduce the paper's tables and figures: `repro.py [EXPERIMENT ...] --scale SCALE`.\n\n\b\n"
-                 f"Experiments: {' '.join(tables.EXPERIMENTS)}, or all\n(the default). See `repro.py run --help` for "
-                 "the options.")
+                 f"Experiments: {' '.join(registry.PAPER_TABLES)}, or all\n(the default); beyond the paper, each "
+                 f"also a command: {' '.join(registry.STUDIES)}.\nSee `repro.py run --help` for the options.")
 
 
 # ----------------------------------------------------------------------------------------------
@@ -122,8 +122,19 @@ cli = Repro("cli", context_settings={"help_option_names": ["-h", "--help"]},
 @cli_options.records_option
 @cli_options.experiment_options
 def run_experiments(wanted, scale, seeds, records_dir, dry_run, gpu, gpus, nodes, force, **options):
-    """Run EXPERIMENTS (default: all) at a scale and write results/<scale>/<experiment>.md/.json/.png."""
+    """Run EXPERIMENTS (default: all, the paper's tables and figures; a study beyond the paper by its name, as
+    `repro.py <study>` runs it) at a scale and write results/<scale>/<experiment>.md/.json/.png."""
     names, runs = cli_options.chosen_experiments(wanted)
+    tables_named = [name for name in names if registry.EXPERIMENTS[name].table]
+    if tables_named:
+        run_tables(tables_named, runs, scale, seeds, records_dir, dry_run, gpu, gpus, nodes, force, **options)
+    for name in names:
+        if name not in tables_named:
+            run_study(name, scale, seeds, records_dir, dry_run, gpu, gpus, nodes, force, **options)
+
+
+def run_tables(names, runs, scale, seeds, records_dir, dry_run, gpu, gpus, nodes, force, **options):
+    """The paper's tables and figures named, trained together over their shared runs, then each one's report."""
     ws, seeds = cli_options.seeded_workspace(scale, seeds, None, dry_run, **options)
     ws = studies.attach(ws, records_dir, dry_run)
     if dry_run:
@@ -135,6 +146,22 @@ def run_experiments(wanted, scale, seeds, records_dir, dry_run, gpu, gpus, nodes
     studies.restore_suite(ws, names, runs, seeds, force)
     training.ensure_runs(ws, runs, seeds, force)
     ws.ctx.on_main(lambda: preflight.write_reports(ws, names, runs, seeds, started), "the reports and their diagnostics")
+
+
+def run_study(name, scale, seeds, records_dir, dry_run, gpu, gpus, nodes, force, **options):
+    """One study beyond the paper (registry.STUDIES): its dry run, or what remains of it trained and its report."""
+    study = registry.STUDIES[name]
+    if study.check is not None:  # what the scale cannot give, said before any folder is made
+        study.check(scale)
+    default_seeds = presets.DEFAULT_SEEDS.get(name, presets.DEFAULT_SEEDS["beyond"])[scale]
+    ws, seeds = cli_options.seeded_workspace(scale, seeds, default_seeds, dry_run, **options)
+    ws = studies.attach(ws, records_dir, dry_run)
+    if dry_run:
+        flops = preflight.print_dry_run(scale, preflight.study_groups(study, ws, seeds[0]), seeds, gpu, gpus, nodes)
+        preflight.print_study(study, ws, seeds, flops)
+        return
+    study.run(ws, seeds, force)
+    ws.ctx.barrier()
 
 
 @cli.command()
@@ -153,8 +180,8 @@ def scan(scale, paths, overrides, runs_dir, results_dir):
 
 
 def study_command(name: str, study: registry.Experiment):
-    """`repro.py <name>` for an experiment of experiments/registry.py (not part of `all`); its help is its run's
-    docstring."""
+    """`repro.py <name>` for an experiment of experiments/registry.py (not part of `all`): `repro.py run <name>`; its
+    help is its run's docstring."""
     @cli.command(name, help=study.run.__doc__)
     @cli_options.scale_option
     @cli_options.seeds_option("Comma-separated seeds. Default: 42,43,44 at toy scale (the causal test's: 42-49), 42 "
@@ -162,15 +189,7 @@ def study_command(name: str, study: registry.Experiment):
     @cli_options.records_option
     @cli_options.experiment_options
     def command(scale, seeds, records_dir, dry_run, gpu, gpus, nodes, force, **options):
-        default_seeds = presets.DEFAULT_SEEDS.get(name, presets.DEFAULT_SEEDS["beyond"])[scale]
-        ws, seeds = cli_options.seeded_workspace(scale, seeds, default_seeds, dry_run, **options)
-        ws = studies.attach(ws, records_dir, dry_run)
-        if dry_run:
-            flops = preflight.print_dry_run(scale, preflight.study_groups(study, ws, seeds[0]), seeds, gpu, gpus, nodes)
-            preflight.print_study(study, ws, seeds, flops)
-            return
-        study.run(ws, seeds, force)
-        ws.ctx.barrier()
+        run_study(name, scale, seeds, records_dir, dry_run, gpu, gpus, nodes, force, **options)
     return command
 
 
@@ -368,6 +387,9 @@ def rehearse(wanted, scale, gpus, nodes, mode, replicate_teacher, **options):
     evaluations, checkpoints and a resume on another world size (results/rehearse-<scale>-*.json)."""
     from tools import rehearse as rehearsal
     names, runs = cli_options.chosen_experiments(wanted or ("table1",))
+    if beyond := [name for name in names if not registry.EXPERIMENTS[name].table]:
+        raise click.BadParameter(f"{beyond[0]!r} is a study beyond the paper; rehearse takes the paper's tables "
+                                 f"({', '.join(registry.PAPER_TABLES)}) or all", param_hint="EXPERIMENTS")
     ws, _ = cli_options.preset_workspace(scale, dry_run=True, device="cpu", **options)
     launch = rehearsal.Launch(gpus or (8 if scale == "full" else 1), nodes)
     label = "all" if "all" in wanted else "-".join(names)

@@ -446,7 +446,7 @@ def run_scratch(ws: suite.Workspace, seeds: list[int], force: bool = False) -> d
 def scratch_lines(numbers: dict, seeds: list[int]) -> list[str]:
     """The scratch report's one renderer, for run_scratch's live numbers (its `numbers`) and the results page's
     shipped ones: {quantity: per-seed values}, beside the paper's numbers with its teacher."""
-    rows = tables.EXPERIMENTS["table1"].rows
+    rows = tables.TABLES["table1"].rows
     st = {key: stats(values) for key, values in numbers.items()}
     runs = {key: numbers[key] for key in ("pre_joint", "post_joint", "pre_grow", "post_grow") if key in numbers}
     return ["## scratch", "", "Table 1's 2 × 2 without a teacher (plain CE, every weight drawn from the seed). The "

@@ -189,7 +189,7 @@ def headline(references: dict[str, dict] | None = None) -> list[str]:
                  f"`{scale}`, {len(seeds_of(ref, 'table1'))} seeds: mean [95% CI]", "reading"]
     lines = ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
     # (label, key, the paper's value, read?) of each row
-    exp, table2 = tables.EXPERIMENTS["table1"], {r.key: r for r in tables.EXPERIMENTS["table2"].rows}
+    exp, table2 = tables.TABLES["table1"], {r.key: r for r in tables.TABLES["table2"].rows}
     rows = [(r.label + " (primary)" * (r.key == exp.readings[0]), r.key, r.paper, r.key in exp.readings)
             for r in exp.rows]
     rows += [(f"Table 2: {table2[key].label} (post hoc)", key, table2[key].paper, True) for key in HEADLINE_TABLE2]

@@ -19,7 +19,7 @@ import rundir
 from experiments import page_figures, report
 from experiments.readings import POST_HOC, diverged_line, read, seeds_of, sentence, stats
 from experiments.suite import console
-from experiments.tables import EXPERIMENTS, Experiment
+from experiments.tables import TABLES, PaperTable
 
 if TYPE_CHECKING:
     from experiments.suite import Workspace
@@ -29,7 +29,7 @@ def section(name: str, numbers: dict[str, list], seeds: list[int], final_ce: dic
     """An experiment's section, below its heading, from {key: [value per seed]} and {run: [final CE per seed]} as a
     reference ships them (null: a diverged run, n/a or never): what it is, which runs diverged, its table (in the
     paper's layout too where it has one), the rows the numbers lack, the paper's claims and the declared readings."""
-    exp, st = EXPERIMENTS[name], {key: stats(values) for key, values in numbers.items()}
+    exp, st = TABLES[name], {key: stats(values) for key, values in numbers.items()}
     rows = [r for r in exp.rows if r.key in st]
     lines = [f"{exp.about}.", "", diverged_line(final_ce, seeds, "runs this table reads"), ""]
     if exp.layout and len(rows) == len(exp.rows):
@@ -51,7 +51,7 @@ def section(name: str, numbers: dict[str, list], seeds: list[int], final_ce: dic
     return lines + ([""] + [exp.note] if exp.note else []) + [""]
 
 
-def claim_verdicts(exp: Experiment, st: dict) -> list[tuple[str, str]]:
+def claim_verdicts(exp: PaperTable, st: dict) -> list[tuple[str, str]]:
     """(the paper's claim, its verdict on the kit's means): "agrees" or "DISAGREES"; none where it reads a number
     with no mean: a null one (a diverged run, n/a) or one the reference lacks (shipped before the report had it)."""
     verdicts = []
@@ -66,7 +66,7 @@ def claim_verdicts(exp: Experiment, st: dict) -> list[tuple[str, str]]:
 
 
 def report_experiment(ws: Workspace, name: str, seeds: list[int]) -> dict:
-    exp, full = EXPERIMENTS[name], ws.preset.name == "full"
+    exp, full = TABLES[name], ws.preset.name == "full"
     out = {"experiment": name, "about": exp.about, "scale": ws.preset.name, "seeds": seeds, "note": exp.note,
            "git_commit": rundir.git_commit(),
            "runs_config_sha256": report.configs_hash([ws.run_dir(r, s) for s in seeds for r in exp.runs]),
@@ -121,10 +121,10 @@ def page_section(name: str, reference: dict, scale: str) -> list[str]:
     """A paper experiment's section from the reference's per-seed numbers, by the renderer the live report uses."""
     numbers = reference["tables"][name]
     if not numbers:
-        return [f"## {name}", "", f"{EXPERIMENTS[name].about}.", "",
+        return [f"## {name}", "", f"{TABLES[name].about}.", "",
                 "A figure of one seed: the reference holds no per-seed numbers for it.", ""]
     if name == "table2":
         numbers = with_phase_deltas(numbers, reference["curves"])
-    final_ce = {run.name: reference["final_ce"][run.name] for run in EXPERIMENTS[name].runs
+    final_ce = {run.name: reference["final_ce"][run.name] for run in TABLES[name].runs
                 if run.name in reference["final_ce"]}
     return [f"## {name}", ""] + section(name, numbers, seeds_of(reference, name), final_ce, scale == "full")

@@ -1,13 +1,15 @@
-"""Every experiment declared once, in one dict (EXPERIMENTS, in the results page's order): the paper's tables and
-figures (tables.EXPERIMENTS declares their rows; `repro.py run` trains them together over their shared runs) and the
-experiments beyond them, each a command of its own (STUDIES). For every one: the runs it reads (`groups`: what its dry
-run plans, whose provenance its page section names), its section of the results page (`page`, by the renderer its live
-report uses); for each one beyond the paper, what `repro.py <name>` trains and reports (`run`) and which runs its study
-records (`manifest`). repro.py makes a command of every study; tools/preflight.py plans and prices each the same way;
-pages.py renders each section. Adding one is one file (its runs and its report) and one line here.
+"""Every experiment declared once, in one dict of one type (EXPERIMENTS, each an Experiment, in the results page's
+order): the paper's tables and figures (`table`: tables.TABLES's declaration of its rows; `repro.py run` trains them
+together over their shared runs, `all` is every one of them) and the experiments beyond them (STUDIES), each a command
+of its own and a name `repro.py run` accepts. For every one: the runs it reads (`groups`: what its dry run plans, whose
+provenance its page section names), its section of the results page (`page`, by the renderer its live report uses);
+for each one beyond the paper, what it trains and reports (`run`) and which runs its study records (`manifest`).
+repro.py, tools/cli_options.py (the names `run` accepts), tools/preflight.py and pages.py all iterate this dict.
+Adding one is one file (its runs and its report) and one line here (docs/design.md, "Adding an experiment").
 
-    python repro.py tail --scale toy --dry-run     # EXPERIMENTS["tail"]: its groups planned, its records surveyed
-    python repro.py planted --scale toy            # EXPERIMENTS["planted"].run(ws, seeds, force)
+    python repro.py tail --scale toy --dry-run       # EXPERIMENTS["tail"]: its groups planned, its records surveyed
+    python repro.py run tail --scale toy --dry-run   # the same
+    python repro.py planted --scale toy              # EXPERIMENTS["planted"].run(ws, seeds, force)
 
 An experiment's `groups(ws, seed)` lists (label, workspace, runs, seed): the suite's runs in the workspace itself,
 each variant's in its own folder (variants.variant_workspace). A study's `manifest(ws, seeds)` is its runs, restored
@@ -25,6 +27,7 @@ from typing import Callable
 from experiments import beyond, ideas, paper_reports, presets, studies, tables, tail
 from experiments.readings import seeds_of
 from experiments.suite import RunName, Workspace
+from experiments.tables import PaperTable
 from experiments.variants import Variant, suite_runs, variant_workspace
 from plumbing import devices
 
@@ -43,12 +46,15 @@ class Experiment:
     shipped: bool = True                                           # its numbers ship in references/<scale>.json
     # its page section names what trained its runs itself (the ideas' table of recorded machines)
     names_its_machines: bool = False
+    table: PaperTable | None = None                                # a table of the paper's: its runs, rows and numbers
+    # what it cannot give at a scale, check(scale): one line naming --scale, before any folder is made (repro.py)
+    check: Callable[[str], None] | None = None
 
 
 def paper_table(name: str) -> Experiment:
-    """One of the paper's tables and figures: the runs tables.EXPERIMENTS declares, its section by paper_reports."""
-    return Experiment(lambda ws, seed: [(name, ws, list(tables.EXPERIMENTS[name].runs), seed)],
-                      partial(paper_reports.page_section, name))
+    """One of the paper's tables and figures: the runs tables.TABLES declares, its section by paper_reports."""
+    return Experiment(lambda ws, seed: [(name, ws, list(tables.TABLES[name].runs), seed)],
+                      partial(paper_reports.page_section, name), table=tables.TABLES[name])
 
 
 def variant_groups(variants: list[Variant]) -> Callable[[Workspace, int], list[Group]]:
@@ -113,7 +119,7 @@ def tail_page(reference: dict, scale: str) -> list[str]:
 
 # Every experiment, in the results page's order: the paper's own, then those beyond it.
 EXPERIMENTS = {
-    **{name: paper_table(name) for name in tables.EXPERIMENTS},
+    **{name: paper_table(name) for name in tables.TABLES},
     "placements": Experiment(placements_groups, placements_page, run=beyond.run_placements),
     "intervention": Experiment(interventions_groups, shipped_lines("intervention", beyond.intervention_lines),
                                run=beyond.run_intervention),
@@ -123,9 +129,10 @@ EXPERIMENTS = {
     "ideas": Experiment(ideas_groups, ideas_page, run=ideas.run_ideas, manifest=ideas.recorded_manifest,
                         names_its_machines=True),
     "tail": Experiment(lambda ws, seed: variant_groups(tail.ws_variants(ws))(ws, seed), tail_page, run=tail.run_tail,
-                       manifest=lambda ws, seeds: (tail.manifest(ws, seeds), ""), shipped=False),
+                       manifest=lambda ws, seeds: (tail.manifest(ws, seeds), ""), shipped=False, check=tail.check_scale),
 }
 STUDIES = {name: experiment for name, experiment in EXPERIMENTS.items() if experiment.run}  # each `repro.py <name>`
+PAPER_TABLES = [name for name, experiment in EXPERIMENTS.items() if experiment.table]  # `repro.py run all`
 SECTIONS = {name: experiment.page for name, experiment in EXPERIMENTS.items() if experiment.shipped and experiment.page}
 
 

@@ -374,7 +374,7 @@ def suite_jobs(ws: Workspace, runs, seeds: list[int]) -> list[Job]:
 def restorable(names: list[str], runs) -> list[RunName]:
     """The runs a record can stand in for: those that only RECORD_COMPLETE experiments among `names` read (a run
     another experiment reads the weights or every step of trains, and its record is kept)."""
-    return [run for run in runs if all(name in RECORD_COMPLETE for name in names if run in tables.EXPERIMENTS[name].runs)]
+    return [run for run in runs if all(name in RECORD_COMPLETE for name in names if run in tables.TABLES[name].runs)]
 
 
 def restorable_jobs(ws: Workspace, names: list[str], runs, seeds: list[int]) -> list[Job]:

@@ -29,11 +29,11 @@ RUNS = (*MAIN_RUNS, *(RunName(norm, "freeze") for norm in NORMS),
         *(RunName(norm, "joint-replay") for norm in NORMS))
 
 # ----------------------------------------------------------------------------------------------
-# Experiments. Each declares the runs it needs and turns them into numbers per seed (with the
-# paper's value beside each) and/or figures.
+# The paper's tables and figures. Each declares the runs it needs and turns them into numbers per seed (with the
+# paper's value beside each) and/or figures; experiments/registry.py makes each one experiment (Experiment.table).
 
 @dataclass
-class Experiment:
+class PaperTable:
     about: str
     runs: tuple[RunName, ...]
     rows: list[report.Row] = field(default_factory=list)
@@ -198,7 +198,7 @@ def boundary_numbers(ws, seed):
     return out
 
 
-def boundary_figure(about: str, kind: str, draw: Callable) -> Experiment:
+def boundary_figure(about: str, kind: str, draw: Callable) -> PaperTable:
     """Figures 4, 5 and A1: grow's diagnostic series drawn for one seed (`draw`), and over seeds the rows of
     boundary_numbers that the figure's report gives (`kind`), with the paper's values."""
     paper, types = P["boundary_std_after_block0"], P["token_type_rms"]
@@ -217,7 +217,7 @@ def boundary_figure(about: str, kind: str, draw: Callable) -> Experiment:
                          report.Row("post-grow, the same (paper: far lighter)", "post_kurtosis", None, 2),
                          report.Row("pre-grow, the same over distinct states", "pre_kurtosis_distinct", None, 2),
                          report.Row("post-grow, the same over distinct states", "post_kurtosis_distinct", None, 2)]}
-    return Experiment(about, (PRE_GROW, POST_GROW), rows[kind], boundary_numbers, draw)
+    return PaperTable(about, (PRE_GROW, POST_GROW), rows[kind], boundary_numbers, draw)
 
 
 def transition_steps(ws) -> list[int]:
@@ -301,8 +301,8 @@ def fig_a2_figures(ws, seed, caption=""):
 
 
 P = PAPER
-EXPERIMENTS = {
-    "table1": Experiment(
+TABLES = {
+    "table1": PaperTable(
         "Table 1: validation CE under unique-token-matched budgets; delta = post - pre", MAIN_RUNS,
         [report.Row(f"{n}-norm, {p}", f"{n}_{p}", P["table1"][n][p]) for n in NORMS for p in ("joint", "grow")]
         + [report.Row("delta joint", "delta_joint", DELTAS["delta_joint"]),
@@ -311,7 +311,7 @@ EXPERIMENTS = {
         numbers=table1_numbers, readings=("interaction", "delta_joint", "delta_grow"),
         claims=[("post-norm and pre-norm nearly tie under joint training (|delta joint| < |delta grow|)",
                  lambda m: abs(m["delta_joint"]) < abs(m["delta_grow"]))]),
-    "table2": Experiment(
+    "table2": PaperTable(
         "Table 2: single block (phase 0 of grow). KD = soft-target cross-entropy H(q_T, q_S) = KL + H(q_T), "
         "the scale of the paper's KD column; KL shown too", (PRE_GROW, POST_GROW),
         [report.Row(f"{n}-norm {m}", f"{n}_{m}", P["table2"][n].get(m), 2 if m == "ppl" else 4)
@@ -326,7 +326,7 @@ EXPERIMENTS = {
         + [report.Row("delta CE, last phase end - phase 0 end (how post-norm's lead moves as blocks are appended)",
                       "delta_ce_last_minus_phase_0", None)],
         numbers=table2_numbers, readings=tuple(f"delta_ce_phase_{p}" for p in range(3)) + ("delta_ce_last_minus_phase_0",)),
-    "table3": Experiment(
+    "table3": PaperTable(
         "Table 3: joint budget controls for both placements (validation CE); beyond the paper, the pre-norm "
         "controls and a joint control that replays grow's shard for grow's steps (joint-replay)",
         TABLE3_RUNS,
@@ -348,7 +348,7 @@ EXPERIMENTS = {
                                           "interaction", "interaction_longer", "interaction_replay"),
         claims=[("Post-Grow is below every post-norm joint control, the longest included",
                  lambda m: m["post-grow"] < min(m["post-joint"], m["post-joint-long"], m["post-joint-longer"]))]),
-    "tableA2": Experiment(
+    "tableA2": PaperTable(
         "Table A2: training budgets in non-padding tokens, counted from the runs' batches; active-layer tokens "
         "= tokens x active decoder layers", TABLE_A2_RUNS,
         [report.Row(f"{name} {kind.replace('_', '-')} tokens", f"{name}_{kind}",
@@ -360,7 +360,7 @@ EXPERIMENTS = {
            report.Row("joint-longer / grow, total tokens", "longer_over_grow_total", 1.0, 3)],
         numbers=table_a2_numbers,
         note="The paper's token counts are at full scale; at smaller scales compare the ratios."),
-    "tableA3": Experiment(
+    "tableA3": PaperTable(
         "Table A3: freeze ablation (validation CE at the end of the last phase)",
         (PRE_GROW, POST_GROW, RunName("pre", "freeze"), RunName("post", "freeze")),
         [report.Row(f"{n}-norm {p}", f"{n}_{p}", P["table_a3"][n][p]) for n in NORMS for p in ("grow", "freeze")]
@@ -373,7 +373,7 @@ EXPERIMENTS = {
         claims=[("freezing earlier blocks leaves the post - pre difference nearly unchanged "
                  "(|delta freeze - delta grow| < |delta grow| / 2)",
                  lambda m: abs(m["delta_freeze_minus_grow"]) < abs(m["delta_grow"]) / 2)]),
-    "table4": Experiment(
+    "table4": PaperTable(
         "Table 4: whole-block removal on the fixed diagnostic batch: dCE = CE(skip) - CE(full); "
         "angular distance = arccos(cos(h_in, h_out)) / pi", MAIN_RUNS,
         [report.Row(f"{title}, block {b}: {label}", f"{run.name}_{short}_{b}", P["table4"][run.name][metric][b], 3)
@@ -400,7 +400,7 @@ EXPERIMENTS = {
                 ("block 0 carries the most in pre-grow, post-grow and pre-joint",
                  lambda m: all(m[f"{r}_dce_0"] > max(m[f"{r}_dce_1"], m[f"{r}_dce_2"])
                                for r in ("pre-grow", "post-grow", "pre-joint")))]),
-    "tableA4": Experiment(
+    "tableA4": PaperTable(
         "Table A4: transition-aligned training-loss response (windows scaled to the phase length, at least "
         f"{diag.MIN_WINDOW} steps). Jump: the smoothed peak minus the baseline; immediate: the highest raw "
         "loss in the smoothing window after the transition. AUC: mean (loss - baseline), signed and absolute. "
@@ -420,7 +420,7 @@ EXPERIMENTS = {
                  lambda m, t=t: m[f"post_{t}_jump"] > m[f"pre_{t}_jump"]) for t in (1, 2)],
         note="Recovery steps are in this scale's steps (the paper's in 50k-step phases): n/a = the smoothed loss "
              "never rose above the baseline; inf = it had not come back by the end of the phase."),
-    "fig3": Experiment("Figure 3: (a) interaction, (b) per-phase validation CE of grow", MAIN_RUNS,
+    "fig3": PaperTable("Figure 3: (a) interaction, (b) per-phase validation CE of grow", MAIN_RUNS,
                        figures=fig3_figures),
     "fig4": boundary_figure("Figure 4: std of per-token RMS at each block boundary across grow checkpoints", "std",
                             fig4_figures),
@@ -428,5 +428,5 @@ EXPERIMENTS = {
                             "through grow", "ratio", fig5_figures),
     "figA1": boundary_figure("Figure A1: per-token RMS after block 0 at the final checkpoint", "kurtosis",
                              fig_a1_figures),
-    "figA2": Experiment("Figure A2: block removal per block", MAIN_RUNS, figures=fig_a2_figures),
+    "figA2": PaperTable("Figure A2: block removal per block", MAIN_RUNS, figures=fig_a2_figures),
 }

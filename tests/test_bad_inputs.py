@@ -28,7 +28,7 @@ from click.testing import CliRunner
 from conftest import EVAL, EXPORT, GOOD_REFERENCE, POST, PRE, RUN, RUNS, SAMPLE, TABLE1, TEACHER, Case, at, case
 
 import repro
-from experiments import presets, reference, set_values, suite
+from experiments import presets, reference, registry, set_values, suite
 from plumbing import errors
 
 smoke_set = lambda *items: presets.parse_overrides(presets.PRESETS["smoke"], items)  # --set items, as the CLI parses them
@@ -318,6 +318,20 @@ def test_every_experiment_command_has_a_dry_run_that_makes_nothing(command, tmp_
                                             str(tmp_path / "runs")])
     assert result.exit_code == 0, result.output
     assert re.search(r"this machine: (about \S+ \S+|under a second) on this CPU", result.output) and "GPU-h" in result.output
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("study", list(registry.STUDIES))
+def test_run_takes_every_study_by_name_as_its_own_command_does(study, tmp_path, monkeypatch):
+    """`repro.py run <study> --dry-run` is `repro.py <study> --dry-run`: one Experiment type in one dict
+    (registry.EXPERIMENTS), every one of its names a name `run` accepts; the same plan, nothing made."""
+    monkeypatch.chdir(tmp_path)
+    common = ["--scale", "smoke", "--dry-run", "--runs-dir", str(tmp_path / "runs")]
+    by_run, by_command = (CliRunner().invoke(repro.cli, [*head, study, *common]) for head in (["run"], []))
+    assert by_run.exit_code == 0 and "unknown experiment" not in by_run.output, by_run.output
+    assert re.search(r"this machine: (about \S+ \S+|under a second) on this CPU", by_run.output) and "GPU-h" in by_run.output
+    plan = lambda output: output.split("this machine:")[0]  # the estimate's load and timing vary between the two calls
+    assert plan(by_run.output) == plan(by_command.output)
     assert list(tmp_path.iterdir()) == []
 
 

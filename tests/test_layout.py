@@ -84,7 +84,7 @@ def test_the_checks_find_a_planted_cycle_and_a_planted_upward_import():
 
 def test_the_parse_sees_every_folder_and_the_real_imports():
     assert {name.partition(".")[0] for name in MODULES if "." in name} == {f for f in FOLDERS if (ROOT / f).is_dir()}
-    assert GRAPH["repro"] >= {"experiments.suite", "experiments.tables", "tools.preflight"}
+    assert GRAPH["repro"] >= {"experiments.suite", "experiments.registry", "tools.preflight"}
     assert "plumbing.devices" in GRAPH["grow"] and "experiments.presets" in GRAPH["tools.plan"]
 
 

@@ -102,7 +102,7 @@ def test_boundary_numbers_read_block0_at_the_first_and_last_snapshot(monkeypatch
         "pre_std_first": 2.0, "pre_std_end": 5.0, "pre_boundary_over_regular": 37.0, "pre_kurtosis": 60.0,
         "pre_kurtosis_distinct": 30.0, "post_std_first": 0.1, "post_std_end": 0.2, "post_boundary_over_regular": 0.98,
         "post_kurtosis": 1.8, "post_kurtosis_distinct": 0.9}
-    keys = {row.key for name in ("fig4", "fig5", "figA1") for row in tables.EXPERIMENTS[name].rows}
+    keys = {row.key for name in ("fig4", "fig5", "figA1") for row in tables.TABLES[name].rows}
     assert keys == set(tables.boundary_numbers(None, 42))
 
 

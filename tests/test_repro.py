@@ -438,7 +438,8 @@ def test_a_run_is_named_by_its_fields_and_its_folder_is_the_name_the_kit_always_
         suite.RunName("pre", "scratch")
     protocols = next(p for p in repro.cli.commands["train"].params if p.name == "protocol").type.choices
     assert tuple(protocols) == suite.RUN_PROTOCOLS
-    assert f"Experiments: {' '.join(tables.EXPERIMENTS)}, or all" in repro_cli("--help").stdout
+    said = " ".join(repro_cli("--help").stdout.split())
+    assert f"Experiments: {' '.join(tables.TABLES)}, or all" in said and " ".join(registry.STUDIES) in said
 
 
 # ---- the README's command table runs as written ----------------------------------------------------

@@ -69,7 +69,7 @@ def finite(value):
 
 def test_every_experiment_writes_finite_numbers_and_figures(smoke):
     _, results, _, _ = smoke
-    for name, exp in tables.EXPERIMENTS.items():
+    for name, exp in tables.TABLES.items():
         report = json.loads((results / f"{name}.json").read_text())
         md = (results / f"{name}.md").read_text()
         assert report["seeds"] == [42, 43] and name in md
@@ -126,7 +126,7 @@ def test_a_live_report_holds_the_section_its_shipped_numbers_render(smoke):
     section rendered from the reference these runs and reports make, then only what live runs add (figures)."""
     runs, results, _, _ = smoke
     shipped = reference.collect(runs, results, [42, 43])
-    for name, exp in tables.EXPERIMENTS.items():
+    for name, exp in tables.TABLES.items():
         if exp.numbers:
             section = "\n".join(paper_reports.page_section(name, shipped, "smoke")[2:]).strip()
             assert (results / f"{name}.md").read_text().startswith(f"# {name} (smoke scale)\n\n{section}"), name

@@ -12,7 +12,7 @@ import click
 
 import model
 import rundir
-from experiments import presets, suite, tables
+from experiments import presets, registry, suite, tables
 from plumbing import devices, errors
 from tools import plan
 
@@ -150,14 +150,17 @@ def check_norm(norm: str, blocks: int | None = None) -> str:
 
 
 def chosen_experiments(wanted) -> tuple[list[str], list[suite.RunName]]:
-    """The experiments named (none or `all`: every one; an unknown name is one line), and the runs they
-    read, in the kit's order."""
-    known = tables.EXPERIMENTS
+    """The experiments named, any of registry.EXPERIMENTS (none or `all`: every table of the paper's, and the studies
+    named beside it; an unknown name is one line), and the runs the paper's tables among them read, in the kit's
+    order (a study plans and trains its own)."""
+    known = registry.EXPERIMENTS
     if unknown := [e for e in wanted if e != "all" and e not in known]:
         raise click.BadParameter(f"unknown experiment {unknown[0]!r}; choose from {', '.join(known)} or all",
                                  param_hint="EXPERIMENT")
-    names = list(known) if not wanted or "all" in wanted else list(dict.fromkeys(wanted))
-    return names, [r for r in tables.RUNS if any(r in known[e].runs for e in names)]
+    named = list(dict.fromkeys(e for e in wanted if e != "all"))
+    names = registry.PAPER_TABLES + [e for e in named if e not in registry.PAPER_TABLES] \
+        if not wanted or "all" in wanted else named
+    return names, [r for r in tables.RUNS if any(r in known[e].table.runs for e in names if known[e].table)]
 
 
 def preset_workspace(scale: str, overrides, seeds: list[int] | None = None, default_seeds: list[int] | None = None,

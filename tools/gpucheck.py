@@ -129,7 +129,7 @@ def memory_rehearsal(scale: str, gpus: int, device: str) -> dict:
     step1 = rehearse.rehearse(ws, launch, [phase0], device=device)
     rows = [{"steps": "grow phase 0 alone", "runs": ["post-grow phase 0"], "rehearsal": step1,
              "plan_gib": memory.step_peak(preset, shape, gpus, 1, [phase0])["total"] / 2**30}]
-    rows += rehearse.rehearse_segments(ws, launch, tables.EXPERIMENTS["table1"].runs, device=device)
+    rows += rehearse.rehearse_segments(ws, launch, tables.TABLES["table1"].runs, device=device)
     out = [{"steps": r["steps"], "runs": r["runs"], "plan_gib": r["plan_gib"],
             "allocated_gib": r["rehearsal"]["peak_gib"]["per-rank peak"],
             "reserved_gib": r["rehearsal"]["peak_gib"].get("Reserved"),

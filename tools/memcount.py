@@ -193,9 +193,9 @@ if __name__ == "__main__":
     parser.add_argument("--gpus", type=int, default=8)
     parser.add_argument("--nodes", type=int, default=1)
     args = parser.parse_args()
-    wanted = list(tables.EXPERIMENTS) if args.experiment == "all" else [args.experiment]
+    wanted = list(tables.TABLES) if args.experiment == "all" else [args.experiment]
     ws = suite.workspace(args.scale, Path("runs"), dry_run=True, device="cpu")
-    run_names = [r for r in tables.RUNS if any(r in tables.EXPERIMENTS[e].runs for e in wanted)]
+    run_names = [r for r in tables.RUNS if any(r in tables.TABLES[e].runs for e in wanted)]
     for row in segments(ws, rehearse.Launch(args.gpus, args.nodes), run_names):
         steps = "a run apart" if row["steps"] is None else f"steps {row['steps'][0]:,}-{row['steps'][1]:,}"
         print(f"{steps} ({', '.join(row['runs'])}): {row['count_gib']:.2f} GiB counted from the storages "
