@@ -24,7 +24,7 @@ from pathlib import Path
 import config
 import diag
 import rundir
-from experiments import readouts, record_files, suite, tables, training, variants
+from experiments import presets, readouts, record_files, suite, tables, training, variants
 from experiments.record_files import FORMAT, BadRecord, cell, digest, training_settings
 from experiments.suite import RunName, Workspace
 from plumbing import checkpoint, devices, errors, locks
@@ -118,13 +118,27 @@ def study_records(folder: Path) -> list[tuple[Path, dict]]:
     return [(path, read_record(path)) for path in paths]
 
 
-def stale_reason(record: dict, wanted: dict) -> str:
+def stale_reason(record: dict, wanted: dict, stored: dict | None = None) -> str:
     """Why a record is not of the run the command would train now ("" if it is); a part of `wanted` that
-    is None (a dry run's data and teacher) is not compared."""
+    is None (a dry run's data and teacher) is not compared. With `stored` (the settings the command trains at the
+    record's place), which setting differs, so that the line says what to look at."""
     have = record["identity"]
-    reasons = {"config_sha256": "the run's settings changed", "data": "the data's shards changed",
-               "teacher": "the teacher changed"}
+    reasons = {"config_sha256": "the run's settings changed" + (changed_setting(record["config"], stored) if stored else ""),
+               "data": "the data's shards changed", "teacher": "the teacher changed"}
     return "; ".join(why for key, why in reasons.items() if wanted[key] is not None and have.get(key) != wanted[key])
+
+
+def changed_setting(recorded: dict, stored: dict) -> str:
+    """" (<key> <value> in the record, <value> in the run trained there)" of the first setting that differs as the
+    hash compares them (training_settings); the record's value is data, so bounded (cell)."""
+    have, want = training_settings(recorded), training_settings(stored)
+    keys = sorted(key for key in have.keys() | want.keys() if have.get(key) != want.get(key))
+    if not keys:
+        return ""
+    show = lambda settings, key: cell(json.dumps(settings[key]), 60) if key in settings else "at its default"
+    more = f"; and {len(keys) - 1} more" if len(keys) > 1 else ""
+    return (f" ({cell(keys[0], 60)} {show(recorded, keys[0])} in the record, {show(stored, keys[0])} in the run "
+            f"trained there{more})")
 
 
 def machine(record: dict) -> str:
@@ -140,6 +154,13 @@ class Status:
     remaining: list[Job]               # no record
 
 
+def stale_error(status: Status, fix: str) -> errors.TrainingError:
+    """The first stale record of a survey, why, how many more, and `fix`: one line."""
+    job, why = status.stale[0]
+    more = f" (and {len(status.stale) - 1} more)" if len(status.stale) > 1 else ""
+    return errors.TrainingError(f"{record_path(job)}: stale, {why}{more}; {fix}")
+
+
 def survey(jobs: list[Job], teacher: Path, check_data: bool = True) -> Status:
     """Each job's record: valid, stale (and why) or missing (identity: a dry run compares the settings only)."""
     status = Status([], [], [])
@@ -150,9 +171,31 @@ def survey(jobs: list[Job], teacher: Path, check_data: bool = True) -> Status:
             continue
         record = read_record(path)
         stored = stored_form(variants.job_config(job.ws, job.run, job.seed, teacher))
-        why = stale_reason(record, identity(job, stored, check_data))
+        why = stale_reason(record, identity(job, stored, check_data), stored)
         (status.stale.append((job, why)) if why else status.recorded.append((job, record)))
     return status
+
+
+# ----------------------------------------------------------------------------------------------
+# What a results page reads of a study's records: by the check its dry run and its restore make
+
+def page_workspace(scale: str, records: Path) -> Workspace:
+    """A scale's workspace as its study's dry run places it, its records under `records`: a record's settings are
+    relative to its run folder (config.json's), so where runs/ would lie changes nothing."""
+    return Workspace(presets.PRESETS[scale], Path("runs") / scale, Path("results") / scale, devices.Dist(),
+                     records=records)
+
+
+def page_records(jobs: list[Job]) -> dict[str, dict]:
+    """{run label: record} of the jobs recorded (a run with none is left out), each by survey, the one check a
+    study's dry run and its restore make (the settings; the data and the teacher, which a page never builds,
+    aside): a record that is not the run the study trains at its place (a dose, a seed or a name edited and its
+    identity recomputed) is one line naming it and the fix, never a number on a page."""
+    status = survey(jobs, training.expected_teacher(jobs[0].ws) if jobs else None, check_data=False)
+    if status.stale:
+        raise stale_error(status, "a page reads only the runs its study trains: restore it (git checkout), or move it "
+                                  "away (git rm) and rerun the study, whose dry run says what then trains")
+    return {job.label: record for job, record in status.recorded}
 
 
 # ----------------------------------------------------------------------------------------------
@@ -225,10 +268,8 @@ def restore(jobs: list[Job], teacher: Path, force: bool = False) -> Status:
     folder is cleared under its lock: it trains again first (its record kept)."""
     status = survey(jobs, teacher)
     if status.stale and not force:
-        job, why = status.stale[0]
-        more = f" (and {len(status.stale) - 1} more)" if len(status.stale) > 1 else ""
-        raise errors.TrainingError(f"{record_path(job)}: stale, {why}{more}; nothing was trained: move the stale "
-                                   "records away (git rm) or pass --force to retrain those runs and replace them")
+        raise stale_error(status, "nothing was trained: move the stale records away (git rm) or pass --force to "
+                                  "retrain those runs and replace them")
     check_precision(status, teacher)  # before a record is removed or a folder written
     for job, _ in status.stale:  # --force: retrained, and recorded again
         record_path(job).unlink()
@@ -296,7 +337,7 @@ def record_finished(ws: Workspace, run: RunName, seed: int):
     path, stored = record_path(job), rundir.read_json(job.folder / "config.json")
     if path.is_file():
         old = read_record(path)
-        why = stale_reason(old, identity(job, stored))
+        why = stale_reason(old, identity(job, stored), stored)
         done = rundir.read_json(job.folder / "done.json")
         if why:
             suite.console.print(f"{path}: stale ({why}); kept: move it away to record this run")

@@ -38,6 +38,7 @@ from experiments.suite import RunName
 from experiments.variants import Variant, train_variants, variant_workspace
 from interventions.boundary import with_tail
 from nets import hidden_only
+from plumbing import errors
 
 # ----------------------------------------------------------------------------------------------
 # The dose, sized from what the kit measured (fixed in the entry before any of its runs)
@@ -52,12 +53,20 @@ CHECK_RATIO = presets.MECHANISM["boundary_over_regular"]  # the manipulation che
 MEASURED_SEEDS = (42, 43, 44)
 
 
+def check_scale(scale: str):
+    """The test at a scale sizes its dose from the regular RMS measured there: a scale without one is one line
+    naming --scale and the scales it has, before a run is planned or trained (repro.py asks before any folder)."""
+    if scale not in REGULAR_RMS:
+        raise errors.OptionError("--scale", f"{scale}: the causal test sizes its tail from the regular tokens' RMS "
+                                 f"measured at a scale, and none is measured at {scale}; choose "
+                                 f"{' or '.join(REGULAR_RMS)}, or measure it (measure_regular_rms, over {scale}'s "
+                                 "recorded pre-grow runs) and add it to experiments/tail.py's REGULAR_RMS")
+
+
 def tail_value(scale: str, ratio: float, hidden: int) -> float:
     """The channel's value that puts the boundary token's RMS at `ratio` x the regular tokens' after block 0:
     one channel of value v has RMS v / sqrt(H), the rest of the row (~0.13) is negligible beside it."""
-    if scale not in REGULAR_RMS:
-        raise ValueError(f"the tail is sized from the regular RMS measured at a scale; none is at {scale!r} (measured: "
-                         f"{', '.join(REGULAR_RMS)}): measure it (measure_regular_rms) and add it to REGULAR_RMS")
+    check_scale(scale)
     return round(ratio * REGULAR_RMS[scale] * math.sqrt(hidden), 1)
 
 
@@ -79,6 +88,15 @@ EFFECT = 0.0332      # the paper's interaction (Table 1): the size of penalty th
 PLANNING_SD = 0.0116  # the largest per-seed SD of the planted interactions at toy (0.0116, 0.0092; 3 seeds)
 PESSIMISTIC_SD = 0.0429  # Table 1's interaction at toy (a difference of placements, not doses: an upper bound)
 # The seeds: 42-49 (presets.DEFAULT_SEEDS["tail"]), the issue's floor of 8, past what PLANNING_SD needs (power_table).
+
+
+NO_POWER = "none: no reading: one seed (D's interval, and so its power, needs two seeds or more)"
+
+
+def powers(n: int) -> tuple[float, float] | None:
+    """The primary's power for the paper's size over n seeds at the planned and the pessimistic SD; None for one
+    seed, whose D has no interval (report.reading: "no reading: one seed")."""
+    return (power(EFFECT, PLANNING_SD, n), power(EFFECT, PESSIMISTIC_SD, n)) if n >= 2 else None
 
 
 def power_table(ns=range(3, 17)) -> list[dict]:
@@ -258,8 +276,13 @@ def dose_agreement(ce: dict) -> dict:
     for s in diff.values():
         s["reading"] = readings.read(s)
     d37, d6 = contrast(ce, "tail 37x", "pre"), contrast(ce, "tail 6x", "pre")
-    finite = all(isinstance(v, float) and math.isfinite(v) for v in d37 + d6)
-    return {"ce_difference": diff, "d_correlation": statistics.correlation(d37, d6) if finite else math.nan}
+    return {"ce_difference": diff, "d_correlation": correlation(d37, d6)}
+
+
+def correlation(x: list[float], y: list[float]) -> float:
+    """Pearson's r over seeds; NaN where there is none: a diverged run's value, under two seeds, a constant side."""
+    finite = all(isinstance(v, float) and math.isfinite(v) for v in x + y)
+    return statistics.correlation(x, y) if finite and len(set(x)) > 1 and len(set(y)) > 1 else math.nan
 
 
 def channel_parts(ce: dict) -> list[dict]:
@@ -391,12 +414,11 @@ def from_folders(ws: suite.Workspace):
     return read
 
 
-def from_records(records: Path):
+def from_records(found: dict[str, dict]):
+    """outcome's reader over records already checked (studies.page_records)."""
     def read(name: str):
-        path = records / f"{name}.json"
-        if not path.is_file():
+        if (record := found.get(name)) is None:
             return None
-        record = studies.read_record(path)
         return record["done"], record["metrics"], studies.machine_row(name, record["provenance"], record["wall_seconds"])
     return read
 
@@ -407,6 +429,13 @@ def run_tail(ws: suite.Workspace, seeds: list[int], force: bool = False) -> dict
     protocols; D = (pre-grow tail - pre-grow) - (pre-joint tail - pre-joint), read after its manipulation check
     by the rule pre-registered in docs/preregistrations.md (results/<scale>/tail.md/.json). A study: recorded runs
     are not trained again."""
+    # One seed trains (smoke's default seed: the path end to end) and its report says "no reading: one seed", as
+    # every report of the kit does (report.reading), rather than being refused: each run is recorded apart, so the
+    # seed trained now joins later seeds' records in the pre-registered study. It is said before anything trains.
+    if len(seeds) < 2 and ws.ctx.is_main:
+        suite.console.print(f"tail: one seed ({seeds[0]}): its runs train and are recorded, and its report reads "
+                            "nothing (no reading: one seed; D's interval needs two seeds or more)", markup=False,
+                            highlight=False)
     studies.restore_study(ws, manifest(ws, seeds), force)
     train_variants(ws, ws_variants(ws), seeds, force)
     if not ws.ctx.is_main:
@@ -416,10 +445,14 @@ def run_tail(ws: suite.Workspace, seeds: list[int], force: bool = False) -> dict
     return report.write(ws.results, "tail", out, lines, echo=True)
 
 
-def recorded_outcome(scale: str, records: Path = studies.RECORDS_DIR) -> dict:
-    """outcome() of the study at `scale` as its records (the committed ones unless given) hold it."""
-    hidden, seeds = presets.teacher_shape(presets.PRESETS[scale]).hidden_size, presets.DEFAULT_SEEDS["tail"][scale]
-    return outcome(scale, hidden, seeds, from_records(records / scale))
+def recorded_outcome(scale: str, records: Path | None = None) -> dict:
+    """outcome() of the study at `scale` as its records (the committed ones unless given) hold it, each record
+    checked as the study's dry run and its restore check it (studies.page_records): the page reads no record of a
+    run the study would not train at its place."""
+    ws = studies.page_workspace(scale, records or studies.RECORDS_DIR)
+    seeds = presets.DEFAULT_SEEDS["tail"][scale]
+    found = studies.page_records(manifest(ws, seeds))
+    return outcome(scale, presets.teacher_shape(ws.preset).hidden_size, seeds, from_records(found))
 
 
 def page_section(scale: str, records: Path) -> list[str]:
@@ -439,9 +472,9 @@ def markdown(out: dict) -> list[str]:
                         f"{', '.join(map(str, out['seeds']))}); nothing is read until every pre-registered run is in."]
     lines += [f"Validation CE at each run's end, {report.seeds_text(out['seeds'])}; contrasts paired by seed. "
               "D = (grow with the tail − grow) − (joint with the tail − joint); the account predicts D > 0 for "
-              f"pre-norm. Power for the paper's size (0.033) at the planned SD {PLANNING_SD}: "
-              f"{power(EFFECT, PLANNING_SD, len(out['seeds'])):.2f}; at the pessimistic SD {PESSIMISTIC_SD}: "
-              f"{power(EFFECT, PESSIMISTIC_SD, len(out['seeds'])):.2f}.", "",
+              "pre-norm. Power for the paper's size (0.033)" + (f": {NO_POWER}." if (both := powers(len(out["seeds"])))
+                                                                 is None else f" at the planned SD {PLANNING_SD}: "
+              f"{both[0]:.2f}; at the pessimistic SD {PESSIMISTIC_SD}: {both[1]:.2f}."), "",
               report.diverged_line(out["diverged_runs"], out["runs"]), "",
               f"**Manipulation check** (boundary/regular RMS ≥ {out['check_ratio']:g} at every block boundary at the "
               "end of every phase, for every pre-norm student at 37x): "
@@ -493,8 +526,8 @@ def headline_claim(out: dict) -> list[str]:
             f">= {CHECK_RATIO:g} at every boundary of every pre-norm student with the 37x tail, "
             f"{'met' if check_met(out) else 'failed'}): the account's prediction, D > 0, {held}: "
             f"{report.stats_cell(d, signed=True)}; its power for the paper's size ({EFFECT:.3f}) was "
-            f"{power(EFFECT, PLANNING_SD, n):.2f} at the planned SD ({PLANNING_SD}), "
-            f"{power(EFFECT, PESSIMISTIC_SD, n):.2f} at the pessimistic one ({PESSIMISTIC_SD})."
+            + (NO_POWER if (both := powers(n)) is None else f"{both[0]:.2f} at the planned SD ({PLANNING_SD}), "
+               f"{both[1]:.2f} at the pessimistic one ({PESSIMISTIC_SD})") + "."
             + (f" {scope_claim(out)}" if out["position_state"] is not None else "")]
 
 

@@ -3,13 +3,18 @@ edited and sealed again (its sha256 recomputed, so only a check of its content c
 another study's record dropped into its folder, and a --records-dir that cannot be written. Each case records
 the finished smoke tree's s42/post-grow in {C}/rec and moves its run folder away, so that `table1 --records-dir`
 would restore it from the record: the record is refused in one line naming it and the key, before anything is
-written from it (the folder stays away, nothing else changes). Also the helpers that make such records."""
+written from it (the folder stays away, nothing else changes). Also the helpers that make such records.
+Issue 59 §5 and §6 (PAGE_RECORDS, SCALES): a committed record whose settings are not the run its study trains at
+its place (a dose, a seed, a remedy's threshold edited and sealed again) is refused by `results` as the study's dry
+run and restore refuse it, naming the record and the setting; the causal test at a scale it cannot size its dose at
+is one line naming --scale, before any folder is made."""
 import json
 import os
 import shutil
 from dataclasses import replace
 from pathlib import Path
 
+from bad_references import pages_here, shipped
 from conftest import RUN, case
 
 from experiments import record_files, studies, suite
@@ -153,3 +158,58 @@ RECORDS = [
     case("--records-dir: inside a file", ["table1", *RUN, "--records-dir", "{C}/notes.txt/rec"],
          ("--records-dir", "notes.txt", "not a folder"), lambda case_dir: (case_dir / "notes.txt").write_text("mine")),
 ]
+
+
+# ---- issue 59 §5: a page reads a study's records by the check its dry run and its restore make ----------------
+
+TOY_RESULTS = ["results", "--scale", "toy"]
+TOY_RECORDS = "{C}/references/records/toy"
+
+
+def records_here(case_dir: Path, monkeypatch):
+    """The page and the README written in the case folder, the study's committed records read from its copy there."""
+    pages_here(case_dir, monkeypatch)
+    monkeypatch.setattr(studies, "RECORDS_DIR", case_dir / "references" / "records")
+
+
+def shipped_record(run: str, change):
+    """The case's copy of the kit's toy record of `run` changed by change(record) and sealed again (its identity's
+    config hash too): only a comparison with what the study trains at its place can tell."""
+    def apply(case_dir: Path):
+        path = case_dir / "references" / "records" / "toy" / f"{run}.json"
+        record = json.loads(path.read_text())
+        change(record)
+        path.write_text(json.dumps(sealed(record)))
+    return apply
+
+
+def page_bad(id, run, change, names):
+    return case(id, TOY_RESULTS, (f"{TOY_RECORDS}/{run}.json", "stale", *names), shipped, shipped_record(run, change),
+                setup=records_here)
+
+
+PAGE_RECORDS = [
+    # before: read as the 37x dose and the seed-42 run, exit 0, the pages unchanged; `tail --dry-run` called them stale
+    page_bad("results: a 37x record of boundary_tail 0.0, sealed again", "beyond/tail-37/s42/pre-grow",
+             put("config", "boundary_tail", value=0.0), ("boundary_tail 0.0 in the record",)),
+    page_bad("results: a record in s42/ whose config says seed 43, sealed again", "s42/pre-grow",
+             put("config", "seed", value=43), ("seed 43 in the record, 42 in the run trained there",)),
+    page_bad("results: a record of another run name, sealed again", "beyond/tail-6/s43/pre-joint",
+             put("config", "name", value="pre-grow"), ('name "pre-grow" in the record',)),
+    # the same class on the ideas' section: idea 3's firings are counted from its remedy runs' records
+    page_bad("results: an idea-3 record of another identity_threshold, sealed again", "beyond/idea3-reinit/s42/pre-grow",
+             put("config", "identity_threshold", value=0.5), ("identity_threshold 0.5 in the record",)),
+]
+
+
+# ---- issue 59 §6: the causal test at a scale it cannot size its dose at, before any folder ----------------------
+
+TAIL_AT = lambda scale, *more: ["tail", "--scale", scale, "--runs-dir", "{C}/new-runs", "--results-dir", "{C}/new-results",
+                                *more]
+SCALES = [
+    case("tail: --scale mini (no regular RMS measured there)", TAIL_AT("mini"), ("--scale", "mini", "toy or smoke")),
+    case("tail: --scale mini, its dry run", TAIL_AT("mini", "--dry-run"), ("--scale", "mini", "REGULAR_RMS")),
+    case("tail: --scale mechanism", TAIL_AT("mechanism"), ("--scale", "mechanism", "toy or smoke")),
+]
+
+RECORDS += [*PAGE_RECORDS, *SCALES]  # test_bad_inputs.py runs RECORDS

@@ -1,6 +1,8 @@
 """The causal test by construction (experiments/tail.py): the tail in the student's own embedding row, what each
 placement's blocks see of it at step 0, its contrasts and its power, by value."""
+import json
 import math
+import shutil
 
 import numpy as np
 import pytest
@@ -10,6 +12,7 @@ import model
 from experiments import power, presets, report, studies, tail
 from interventions.boundary import TAIL_CHANNEL, with_tail
 from nets import hidden_only
+from plumbing import errors
 from tests.conftest import ROOT
 
 TOY_TEACHER = ROOT / "teachers" / "toy" / "phase-0"
@@ -127,8 +130,55 @@ def test_the_regular_rms_is_what_the_committed_records_measure():
 
 
 def test_a_scale_without_a_measured_rms_is_refused():
-    with pytest.raises(ValueError, match="measure it"):
+    with pytest.raises(errors.OptionError, match="--scale: mini: .* choose toy or smoke, or measure it"):
         tail.tail_value("mini", 37.0, 128)
+    assert tail.check_scale("toy") is None and tail.check_scale("smoke") is None
+
+
+def one_seed_reader(label: str):
+    """A finished run of every label on seed 42, its CE set by its label: done.json, a monitor row, a machine."""
+    ce = 3.0 + sum(map(ord, label)) % 97 / 1000
+    rows = [{"step": 8, "phase": 0, "monitor": True, "boundaries": [{"boundary": 1, "boundary_over_others": 12.0}],
+             "first_attention": [[0.1, 0.2]]}]
+    return {"ce": ce}, rows, studies.machine_row(label, {"cpu": "x", "precision": "float32"}, 1.0)
+
+
+def test_one_seed_writes_a_report_that_reads_nothing():
+    """Issue 59 §6: smoke's default single seed trained and recorded every run, then the report died in the power
+    calculation (math domain error) and the correlation of D over seeds; now its report says "no reading: one seed"
+    (a seed recorded now joins later seeds' records), and the power line says there is none."""
+    out = tail.outcome("smoke", 32, [42], one_seed_reader)
+    assert out["recorded"] == out["runs"] == 14 and math.isnan(out["doses"]["d_correlation"])
+    assert out["family"][0]["reading"] == "no reading: one seed" and out["position_state"] is None
+    text = "\n".join(tail.markdown(out))
+    assert "Power for the paper's size (0.033): none: no reading: one seed" in text
+    assert "| **D, pre-norm, tail 37x (primary)** |" in text and "no reading: one seed |" in text
+    assert "none: no reading: one seed" in tail.headline_claim(out)[0]
+    assert tail.correlation([0.1, 0.1], [0.2, 0.3]) != tail.correlation([0.1, 0.1], [0.2, 0.3])  # constant: NaN
+    assert tail.correlation([0.1, 0.2], [0.2, 0.4]) == pytest.approx(1.0)
+
+
+def test_the_dry_run_and_the_page_refuse_the_same_record_in_the_same_words(tmp_path):
+    """Issue 59 §5: a 37x record edited to boundary_tail 0.0 with its identity and sha256 recomputed was read by the
+    page as the 37x dose while `tail --dry-run` called it stale. Both now ask studies.survey, the one check: the dry
+    run lists it stale, the page refuses it in one line, each naming the setting; the study's restore, the same."""
+    from click.testing import CliRunner
+
+    import repro
+    from bad_records import sealed
+    shutil.copytree(studies.RECORDS_DIR / "toy", tmp_path / "records" / "toy")
+    path = tmp_path / "records" / "toy" / "beyond" / "tail-37" / "s42" / "pre-grow.json"
+    record = json.loads(path.read_text())
+    record["config"]["boundary_tail"] = 0.0
+    path.write_text(json.dumps(sealed(record)))
+    why = "the run's settings changed (boundary_tail 0.0 in the record, 3380.5 in the run trained there)"
+    with pytest.raises(errors.TrainingError) as refused:
+        tail.recorded_outcome("toy", tmp_path / "records")
+    assert str(refused.value).startswith(f"{path}: stale, {why}; a page reads only the runs its study trains")
+    result = CliRunner().invoke(repro.cli, ["tail", "--scale", "toy", "--dry-run", "--runs-dir", str(tmp_path / "runs"),
+                                            "--records-dir", str(tmp_path / "records")])
+    assert result.exit_code == 0 and f"stale: {path} ({why})" in " ".join(result.output.split()), result.output
+    assert not (tmp_path / "runs").exists()
 
 
 def test_tie_power_matches_the_normal_approximation_where_it_holds():
