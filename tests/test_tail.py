@@ -162,10 +162,10 @@ def test_the_dry_run_and_the_page_refuse_the_same_record_in_the_same_words(tmp_p
     """Issue 59 §5: a 37x record edited to boundary_tail 0.0 with its identity and sha256 recomputed was read by the
     page as the 37x dose while `tail --dry-run` called it stale. Both now ask studies.survey, the one check: the dry
     run lists it stale, the page refuses it in one line, each naming the setting; the study's restore, the same."""
+    from bad_records import sealed
     from click.testing import CliRunner
 
     import repro
-    from bad_records import sealed
     shutil.copytree(studies.RECORDS_DIR / "toy", tmp_path / "records" / "toy")
     path = tmp_path / "records" / "toy" / "beyond" / "tail-37" / "s42" / "pre-grow.json"
     record = json.loads(path.read_text())
