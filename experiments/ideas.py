@@ -190,12 +190,18 @@ def remedy_variants() -> list[Variant]:
             != "none"]
 
 
-def recorded_firings(scale: str, seeds: list[int], records=studies.RECORDS_DIR) -> dict[str, dict]:
-    """remedy_firings of each remedy variant over `seeds`, from its committed records (the results page's)."""
-    paths = lambda v: [records / scale / "beyond" / v.folder / f"s{s}" / f"{v.run.name}.json" for s in seeds]
-    return {v.label: remedy_firings([(r["metrics"], r["config"]["identity_threshold"])
-                                     for r in map(studies.read_record, paths(v))])
-            for v in remedy_variants() if all(path.is_file() for path in paths(v))}
+def recorded_firings(scale: str, seeds: list[int], records=None) -> dict[str, dict]:
+    """remedy_firings of each remedy variant over `seeds`, from its committed records (the results page's), each
+    checked as the study's dry run checks it (studies.page_records: a record of another run is one line)."""
+    records = records or studies.RECORDS_DIR
+    if not (records / scale).is_dir():  # nothing recorded at this scale
+        return {}
+    ws = studies.page_workspace(scale, records)
+    jobs = {v.label: [studies.Job(variant_workspace(ws, v, s), v.run, s) for s in seeds] for v in remedy_variants()}
+    found = studies.page_records([job for runs in jobs.values() for job in runs])
+    logged = lambda job: (found[job.label]["metrics"], found[job.label]["config"]["identity_threshold"])
+    return {label: remedy_firings([logged(job) for job in runs])
+            for label, runs in jobs.items() if all(job.label in found for job in runs)}
 
 
 def live_firings(ws: suite.Workspace, seeds: list[int]) -> dict[str, dict]:
