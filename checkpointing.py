@@ -79,18 +79,20 @@ def save_latest_checkpoint(run_dir: Path, net, optimizer, state: dict, ctx, back
 def save_checkpoint(run_dir: Path, net, state: dict, ctx, name: str, optimizer=None, background: bool = False):
     """Checkpoint <name> (latest/ with the optimizer's state, else a kept one): the run's earlier writes finished
     (their error raised) first, its tensors copied to host memory now (under FSDP2 with the ranks' collectives, on
-    this thread), its files written, hashed and renamed into place on the writer thread (`background`, where this
-    process has one: checkpoint.writes_in_background) or here. Only the copy blocks training: the plan prices it."""
+    this thread), its files written, hashed and renamed into place on the writer thread (`background`; a rank that is
+    a thread of the rehearsal's threaded group writes on its own thread: checkpoint.writes) or here. Only the copy
+    blocks training: the plan prices it."""
     checkpoint.wait_for_writes(run_dir)
-    background = background and checkpoint.writes_in_background(ctx.world)
-    ranks = checkpoint.WriterRanks(ctx.rank, ctx.world, checkpoint.writer_group() if background and ctx.world > 1
-                                   else None)
+    writes = checkpoint.writes()
+    # the writer thread's barriers go on a group of their own; a job run inline (writes.inline) uses the default one
+    own_group = background and not writes.inline and ctx.world > 1
+    ranks = checkpoint.WriterRanks(ctx.rank, ctx.world, checkpoint.writer_group() if own_group else None)
     if name == "latest":
         write = stage_latest(run_dir, net, optimizer, state, ctx.shard_group, ranks)
     else:
         write = stage_kept(run_dir, name, net, state, ctx.shard_writers, ctx.shard_group, ranks)
     if background:
-        checkpoint.WRITES.submit(run_dir, write)
+        writes.submit(run_dir, write)
     else:
         write()
 

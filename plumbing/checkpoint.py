@@ -7,7 +7,7 @@ Nothing here unpickles anything.
     config = checkpoint.read_config(path)              # config.json, one line naming it if damaged
     checkpoint.load_tensors(module, path, dtype, device, name_in_file)
     checkpoint.write_checkpoint(path, config, state)   # temporary folder, then renamed into place
-    checkpoint.WRITES.submit(run_dir, write)           # a checkpoint's files written while training goes on
+    checkpoint.writes().submit(run_dir, write)         # a checkpoint's files written while training goes on
     checkpoint.wait_for_writes(run_dir)                # ...finished (or their error raised) before it is read
 """
 from __future__ import annotations
@@ -437,9 +437,11 @@ class BackgroundWrites:
     """One writer thread, its jobs in the order submitted, each job tagged with its folder (a run's): waiting on a
     folder waits for its jobs and raises the first error one of them met, once. A folder's job after one that failed
     is dropped (its error is raised first; the rerun writes it again). The thread ends when idle and is not a daemon:
-    a process that exits with writes pending finishes them first (each is renamed into place whole, or not at all)."""
+    a process that exits with writes pending finishes them first (each is renamed into place whole, or not at all).
+    `inline`: each job runs at once on the thread that submits it, its error raised there (writes())."""
 
-    def __init__(self):
+    def __init__(self, inline: bool = False):
+        self.inline = inline
         self.changed = threading.Condition()
         self.jobs: deque = deque()
         self.pending: Counter = Counter()
@@ -451,9 +453,12 @@ class BackgroundWrites:
         with self.changed:
             self.jobs.append((key, work))
             self.pending[key] += 1
-            if self.thread is None:
+            if self.thread is None and not self.inline:
                 self.thread = threading.Thread(target=self.run, name="checkpoint-writer")
                 self.thread.start()
+        if self.inline:
+            self.run()
+            self.wait(folder)
 
     def run(self):
         while True:
@@ -476,7 +481,7 @@ class BackgroundWrites:
     def wait(self, folder):
         """Until `folder`'s writes have finished; then the first error one met. On the writer thread itself (a job
         that looks for the newest intact checkpoint to name in its error), at once: it waits on nothing."""
-        if threading.current_thread() is self.thread:
+        if self.thread is not None and threading.current_thread() is self.thread:
             return
         key = str(Path(folder).absolute())
         with self.changed:
@@ -487,12 +492,24 @@ class BackgroundWrites:
 
 
 WRITES = BackgroundWrites()
+_RANK_WRITES = threading.local()
+
+
+def writes() -> BackgroundWrites:
+    """This process's writer. A rank that is a thread of torch's threaded process group (tools/rehearse_real.py's
+    ranks) has one of its own that runs each job at once on the rank's thread: one writer thread for all of them
+    could not stand for each rank at its barriers."""
+    if not (dist.is_available() and dist.is_initialized() and dist.get_backend() == "threaded"):
+        return WRITES
+    if not hasattr(_RANK_WRITES, "writes"):
+        _RANK_WRITES.writes = BackgroundWrites(inline=True)
+    return _RANK_WRITES.writes
 
 
 def wait_for_writes(folder):
     """A run's checkpoint writes finished (their error raised here) before anything reads, replaces or removes its
     checkpoints, or the run's folder is let go."""
-    WRITES.wait(folder)
+    writes().wait(folder)
 
 
 class WriterRanks:
@@ -522,10 +539,3 @@ def writer_group():
     if _WRITER_GROUP[0] is not world_group:
         _WRITER_GROUP[:] = [world_group, dist.new_group(backend="gloo")]
     return _WRITER_GROUP[1]
-
-
-def writes_in_background(world: int) -> bool:
-    """Whether this process can write checkpoints on the writer thread: one process, or ranks of real processes.
-    Ranks that are threads of one process (tools/rehearse_real.py's threaded group) share one writer thread, which
-    cannot stand for each of them: they write inline, as each rank's own thread."""
-    return world == 1 or dist.get_backend() != "threaded"
