@@ -498,8 +498,9 @@ _RANK_WRITES = threading.local()
 def writes() -> BackgroundWrites:
     """This process's writer. A rank that is a thread of torch's threaded process group (tools/rehearse_real.py's
     ranks) has one of its own that runs each job at once on the rank's thread: one writer thread for all of them
-    could not stand for each rank at its barriers."""
-    if not (dist.is_available() and dist.is_initialized() and dist.get_backend() == "threaded"):
+    could not stand for each rank at its barriers. So has a process on the fake group (the tests' and the
+    rehearsal's stand-in for other ranks), which has no real ranks to make the writer's gloo group with."""
+    if not (dist.is_available() and dist.is_initialized() and dist.get_backend() in ("threaded", "fake")):
         return WRITES
     if not hasattr(_RANK_WRITES, "writes"):
         _RANK_WRITES.writes = BackgroundWrites(inline=True)
