@@ -449,7 +449,7 @@ class BackgroundWrites:
         self.thread: threading.Thread | None = None
 
     def submit(self, folder, work: Callable[[], None]):
-        key = str(Path(folder).absolute())
+        key = str(Path(folder).resolve())
         with self.changed:
             self.jobs.append((key, work))
             self.pending[key] += 1
@@ -483,7 +483,7 @@ class BackgroundWrites:
         that looks for the newest intact checkpoint to name in its error), at once: it waits on nothing."""
         if self.thread is not None and threading.current_thread() is self.thread:
             return
-        key = str(Path(folder).absolute())
+        key = str(Path(folder).resolve())
         with self.changed:
             self.changed.wait_for(lambda: not self.pending[key])
             error = self.errors.pop(key, None)
