@@ -96,7 +96,10 @@ class Run:
             self.state, self.result = "done", rundir.final_eval(self.run_dir)
 
     def can_open(self) -> bool:
-        """False while the shared prefix it starts from is not written yet (grow's phase 0 for freeze)."""
+        """False while the shared prefix it starts from is not written yet (grow's phase 0 for freeze; a write of it in
+        flight is waited for, so when a run joins does not depend on the writer thread's timing)."""
+        if self.config.start_from:
+            checkpointing.wait_for_writes(Path(self.config.start_from).parent)
         return (not self.config.start_from or checkpointing.newest_checkpoint(self.run_dir) is not None
                 or (Path(self.config.start_from) / "trainer_state.json").is_file())
 
