@@ -180,6 +180,14 @@ class RunConfig:
             (("structural",) if self.structural_norm else ())
 
     @property
+    def packs(self) -> bool:
+        """Whether its batches are packed (documents end to end, data.py): where the math is the padded layout's.
+        A compiled run pads to a few fixed shapes; the planted doses and the structural norm take a statistic
+        over a padded row's positions, padding included (interventions/boundary.py), which packing would change:
+        they keep padded rows, so their runs and records are the ones they were."""
+        return not self.compile and not self.boundary.startswith("dose-") and not self.structural_norm
+
+    @property
     def distils(self) -> bool:
         """A student that learns from a teacher (not the teacher itself, not growth from scratch)."""
         return self.protocol != "teacher" and self.scratch_model is None

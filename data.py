@@ -220,15 +220,16 @@ class Batcher:
         batches, then shard documents replay_docs, replay_docs + 1, ... in order: no document twice.
         Running past the shard's end is a DataError.
     Ranks: a global batch is split into world_size contiguous chunks, rank r takes chunk r and splits
-    it into micro-batches of micro_batch documents (default: all of them in one), each packed (with
-    fixed_shapes, padded rows at its bucket's width: fixed_shape); with balance, packed micro-batches are
+    it into micro-batches of micro_batch documents (default: all of them in one), each packed (not packed:
+    right-padded rows; with fixed_shapes, at its bucket's width: fixed_shape); with balance, packed ones are
     made by tokens and dealt to the ranks by tokens (token_micro_batches; padded ones by length,
     rank_micro_batches). The iterator state is the global step: resume works across a change of world_size.
     """
 
     def __init__(self, shard: Shard, global_batch: int, seed: int, mode: str = "replay",
                  replay_docs: int | None = None, rank: int = 0, world_size: int = 1, micro_batch: int | None = None,
-                 balance: bool = False, fixed_shapes: bool = False, doc_cost: Callable[[int], float] | None = None):
+                 balance: bool = False, fixed_shapes: bool = False, doc_cost: Callable[[int], float] | None = None,
+                 packed: bool = True):
         replay_docs = len(shard) if replay_docs is None else replay_docs
         if mode not in ("replay", "fresh"):
             raise DataError(f"mode={mode!r}: unknown data mode; use 'replay' or 'fresh'")
@@ -242,6 +243,7 @@ class Batcher:
         self.shard, self.global_batch, self.seed, self.mode = shard, global_batch, seed, mode
         self.replay_docs, self.rank, self.world_size, self.micro_batch = replay_docs, rank, world_size, micro_batch
         self.balance, self.fixed_shapes, self.doc_cost = balance, fixed_shapes, doc_cost
+        self.packed = packed and not fixed_shapes
         self.step = 0
         self._permutations: dict[int, np.ndarray] = {}
 
@@ -251,12 +253,12 @@ class Batcher:
     def __next__(self) -> StepBatch:
         doc_ids = self.global_doc_ids(self.step)
         lengths = self.shard.lengths[doc_ids] - 1  # inputs a document
-        if self.balance and not self.fixed_shapes:
+        if self.balance and self.packed:
             placed = token_micro_batches(doc_ids, lengths, self.micro_batch * self.shard.manifest["max_len"],
                                          self.rank, self.world_size, self.doc_cost)
         else:
             placed = rank_micro_batches(doc_ids, lengths, self.micro_batch, self.rank, self.world_size, self.balance)
-        micro_batches = [make_batch(self.shard, ids, packed=not self.fixed_shapes) for ids in placed]
+        micro_batches = [make_batch(self.shard, ids, packed=self.packed) for ids in placed]
         if self.fixed_shapes:
             micro_batches = [fixed_shape(batch, self.shard, len(batch.lengths)) for batch in micro_batches]
         mine = [i for ids in placed for i in ids]
@@ -384,19 +386,19 @@ def diagnostic_batch(shard: Shard, docs: int, max_inputs: int, seed: int) -> Bat
 
 
 def eval_batches(shard: Shard, batch_size: int, rank: int = 0, world_size: int = 1,
-                 fixed_shapes: bool = False) -> Iterator[Batch]:
+                 fixed_shapes: bool = False, packed: bool = True) -> Iterator[Batch]:
     """Every document of `shard` exactly once across ranks, batch_size documents per rank, placed by
     eval_placement. Every rank yields the same number of batches: a rank past the end gets a 1x1 batch
     with an all-False mask. NOTE: under FSDP every rank must run every forward pass, so run the model on
-    these too, sum losses over the mask and all-reduce sums and counts. Each batch is packed, or with
-    fixed_shapes, batch_size padded rows (empty ones after the last document) at its bucket's width
-    (fixed_shape).
+    these too, sum losses over the mask and all-reduce sums and counts. Each batch is packed, or (not
+    packed) right-padded rows, or with fixed_shapes, batch_size padded rows (empty ones after the last
+    document) at its bucket's width (fixed_shape).
     """
     if batch_size < 1 or world_size < 1 or not 0 <= rank < world_size:
         raise DataError(f"eval batch_size={batch_size}, rank={rank}, world_size={world_size}: need batch_size >= 1 "
                         f"and 0 <= rank < world_size")
     for step in eval_placement(shard.lengths, batch_size, world_size):
-        batch = make_batch(shard, step[rank], packed=not fixed_shapes)
+        batch = make_batch(shard, step[rank], packed=packed and not fixed_shapes)
         yield fixed_shape(batch, shard, batch_size) if fixed_shapes else batch
 
 

@@ -123,7 +123,8 @@ class Run:
         self.batcher = data.Batcher(train_shard, config.global_batch, config.seed, mode=config.data_mode,
                                     replay_docs=config.replay_docs, rank=ctx.rank, world_size=ctx.world,
                                     micro_batch=config.micro_batch, balance=config.balance_lengths,
-                                    fixed_shapes=config.compile,  # placed by cost, as the dry run prices it
+                                    fixed_shapes=config.compile, packed=config.packs,
+                                    # a balanced run's micro-batches placed by cost, as the dry run prices them
                                     doc_cost=partial(flops.document_cost, self.net.config, len(self.net.layers)))
         self.resume, self.step, self.totals, elapsed, self.outcome = checkpointing.resume_point(
             config, self.run_dir, self.net, self.batcher, ctx)
@@ -224,8 +225,9 @@ class Run:
 
     def batch_key(self) -> tuple:
         """Runs whose keys are equal read the same micro-batches: one teacher pass serves them all."""
-        c, ids = self.config, self.batcher.global_doc_ids(self.batch.step)  # compile: padded to fixed shapes
-        return c.train_data, c.micro_batch, c.global_batch, c.balance_lengths, c.compile, ids.tobytes(), bool(self.teacher)
+        c, ids = self.config, self.batcher.global_doc_ids(self.batch.step)  # the layout too: packed or padded rows
+        return (c.train_data, c.micro_batch, c.global_batch, c.balance_lengths, c.compile, c.packs, ids.tobytes(),
+                bool(self.teacher))
 
     def accumulate(self, micro: data.Batch, teacher_hidden: torch.Tensor | None, last: bool = True):
         """Forward and backward of one micro-batch; gradients add up until end_step. Under FSDP2 they

@@ -83,10 +83,11 @@ def rope_cos_sin(config: ModelConfig, seq_len: int, device, doc_lengths: tuple[i
 
 
 def document_positions(doc_lengths: tuple[int, ...], device) -> torch.Tensor:
-    """(N,) long: each token's position within its document, for documents of `doc_lengths` laid end to end."""
-    lengths = torch.tensor(doc_lengths, device=device)
+    """(N,) long: each token's position within its document, for documents of `doc_lengths` laid end to end.
+    Sizes from the host's ints: no device-to-host sync (repeat_interleave is told its output's size)."""
+    lengths, total = torch.tensor(doc_lengths, device=device), sum(doc_lengths)
     starts = torch.cumsum(lengths, 0) - lengths
-    return torch.arange(int(lengths.sum()), device=device) - torch.repeat_interleave(starts, lengths)
+    return torch.arange(total, device=device) - torch.repeat_interleave(starts, lengths, output_size=total)
 
 
 def apply_rope(x, cos, signed_sin):

@@ -187,11 +187,13 @@ def evaluate(config: RunConfig, net, teacher: Teacher | None, val: data.Shard, a
     net.eval()
     sums = [0.0, 0.0, 0.0, 0.0]  # kl, soft_ce, ce, targets
     blocks = {"active_blocks": active_blocks} if isinstance(net, model.Student) else {}
-    for i, batch in enumerate(data.eval_batches(val, config.eval_batch, ctx.rank, ctx.world, fixed_shapes=config.compile)):
+    batches = data.eval_batches(val, config.eval_batch, ctx.rank, ctx.world, fixed_shapes=config.compile,
+                                packed=config.packs)
+    for i, batch in enumerate(batches):
         batch = batch.to(ctx.device)
         with autocast(dtype, ctx):
             # Without a teacher kd_sums gives CE alone (tau is not read then).
-            cache_key = (str(val.path), config.eval_batch, config.compile, i)
+            cache_key = (str(val.path), config.eval_batch, config.compile, config.packs, i)
             teacher_hidden, teacher_head_weight = (None, None) if teacher is None else (
                 teacher.hidden(batch.input_ids, key=cache_key, doc_lengths=batch.doc_lengths), teacher.head_weight)
             s = net(batch.input_ids, **blocks, doc_lengths=batch.doc_lengths, output_fn=partial(

@@ -39,14 +39,14 @@ def acts(config: RunConfig) -> bool:
             or config.importance_remedy != "none" or config.boundary_correction != "none")
 
 
-def reading(streams: list[tuple[torch.Tensor, torch.Tensor]], total: Callable[[list], list]) -> dict:
-    """The monitor's statistics of per-token RMS over the real tokens of (stream, mask) pairs, summed
-    over ranks by `total` (two passes: the kurtosis from centred moments, which a nearly constant RMS
-    would lose to cancellation)."""
+def reading(streams: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]], total: Callable[[list], list]) -> dict:
+    """The monitor's statistics of per-token RMS over the real tokens of (stream, mask, first) triples (first: each
+    document's position 0, its boundary token, data.Batch.first_positions), summed over ranks by `total` (two
+    passes: the kurtosis from centred moments, which a nearly constant RMS would lose to cancellation)."""
     parts = []
-    for h, mask in streams:
+    for h, mask, first in streams:
         rms, mask = h.float().pow(2).mean(-1).sqrt().double(), mask.bool()
-        parts.append((rms[mask], rms[:, :1][mask[:, :1]], rms[:, 1:][mask[:, 1:]]))
+        parts.append((rms[mask], rms[mask & first], rms[mask & ~first]))
     r, first, others = (torch.cat(column) for column in zip(*parts))
     n, s, n_first, s_first, n_others, s_others = total(
         [r.numel(), r.sum().item(), first.numel(), first.sum().item(), others.numel(), others.sum().item()])
@@ -65,7 +65,7 @@ def removal_costs(net: model.Student, batches: list, active: int, chunk: int, to
     def ce(skip):
         sums = [0.0, 0.0]
         for micro in batches:
-            s = net(micro.input_ids, active_blocks=active, skip_block=skip, output_fn=partial(
+            s = net(micro.input_ids, active_blocks=active, skip_block=skip, doc_lengths=micro.doc_lengths, output_fn=partial(
                 kd.kd_sums, teacher_hidden=None, teacher_head_weight=None, targets=micro.targets, mask=micro.mask,
                 chunk_size=chunk))
             sums = [sums[0] + float(s["ce"]), sums[1] + float(s["n"])]
@@ -84,9 +84,11 @@ def at_transition(net: model.Student, config: RunConfig, phase: Phase, batches: 
     event: dict = {"event": "transition", "block": p}
     streams = []
     for micro in batches:  # the stream block p reads: the prefix's output after the boundary intervention
-        profile = net.profile_source(micro.input_ids, p + 1) if net.boundary == "mirror-fwd" else None
-        _, bounds = net(micro.input_ids, active_blocks=p, output_fn=lambda h, w: None, return_boundaries=True)
-        streams.append((net.enter_block(p, bounds[p], profile), micro.mask))
+        layout = micro.doc_lengths  # a packed micro-batch's documents; None for padded rows
+        profile = net.profile_source(micro.input_ids, p + 1, layout) if net.boundary == "mirror-fwd" else None
+        _, bounds = net(micro.input_ids, active_blocks=p, output_fn=lambda h, w: None, return_boundaries=True,
+                        doc_lengths=layout)
+        streams.append((net.enter_block(p, bounds[p], profile), micro.mask, micro.first_positions().to(micro.mask.device)))
     stats = reading(streams, total)
     release(net)
     limits = {"mean": config.monitor_rms_warn, "kurtosis": config.monitor_kurtosis_warn,

@@ -134,7 +134,7 @@ def transition_setup(tiny_shards, tiny_teacher_dir, norm, **overrides):
     teacher = model.load_qwen3(tiny_teacher_dir)
     net = model.Student.from_teacher(teacher, c.blocks, c.layers_per_block, c.student_norm, c.seed,
                                      boundary=c.boundary, boundary_scale=c.boundary_scale, features=c.student_features)
-    return net, c, config.plan_phases(c)[1], next(data.eval_batches(tiny_shards[1], 8))
+    return net, c, config.plan_phases(c)[1], next(data.eval_batches(tiny_shards[1], 8, packed=c.packs))
 
 
 def mean_token_rms(h, mask):
@@ -150,10 +150,10 @@ def test_matched_init_starts_the_appended_block_at_the_prefix_boundary_scale(tin
     net, c, phase, micro = transition_setup(tiny_shards, tiny_teacher_dir, "pre,post,post", protocol="freeze",
                                             append_init="matched")
     with torch.no_grad():
-        _, before = net(micro.input_ids, active_blocks=2, return_boundaries=True)
+        _, before = net(micro.input_ids, active_blocks=2, return_boundaries=True, doc_lengths=micro.doc_lengths)
     event = transitions.at_transition(net, c, phase, [micro], lambda v: v)
     with torch.no_grad():
-        _, bounds = net(micro.input_ids, active_blocks=2, return_boundaries=True)
+        _, bounds = net(micro.input_ids, active_blocks=2, return_boundaries=True, doc_lengths=micro.doc_lengths)
     r = mean_token_rms(bounds[1], micro.mask)
     # the reading sums in float64, this mean in float32: ~1e-7 apart over a few hundred tokens
     assert event["matched_gain"] == pytest.approx(r, rel=1e-6) and abs(r - 1) > 0.1
@@ -197,8 +197,9 @@ def test_correction_fires_above_its_threshold_and_not_at_it(tiny_shards, tiny_te
     block 1's input with its gain at the other tokens' mean RMS, so block 1 now reads a normalized stream."""
     net, c, phase, micro = transition_setup(tiny_shards, tiny_teacher_dir, "pre", boundary_correction="norm", **DOSE)
     with torch.no_grad():
-        _, bounds = net(micro.input_ids, active_blocks=1, return_boundaries=True)
-        stats = transitions.reading([(net.enter_block(1, bounds[1], None), micro.mask)], lambda v: v)
+        _, bounds = net(micro.input_ids, active_blocks=1, return_boundaries=True, doc_lengths=micro.doc_lengths)
+        stats = transitions.reading([(net.enter_block(1, bounds[1], None), micro.mask, micro.first_positions())],
+                                    lambda v: v)
     ratio = stats["boundary_over_others"]
     assert ratio > 20 and stats["mean"] < c.monitor_rms_warn and stats["kurtosis"] < c.monitor_kurtosis_warn
     at = transitions.at_transition(net, replace(c, monitor_ratio_warn=ratio), phase, [micro], lambda v: v)
@@ -261,7 +262,8 @@ def test_structural_student_applies_it_at_appended_blocks_only_and_round_trips(t
     net.save(tmp_path / "s")
     loaded = model.Student.load(tmp_path / "s")
     with torch.no_grad():
-        assert torch.equal(loaded(micro.input_ids), net(micro.input_ids))
+        layout = {"doc_lengths": micro.doc_lengths}
+        assert torch.equal(loaded(micro.input_ids, **layout), net(micro.input_ids, **layout))
 
 
 # ---- 3. block-importance remedy ------------------------------------------------------------------------
