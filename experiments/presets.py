@@ -87,11 +87,7 @@ PRESETS = {
     "full": Preset(
         "full", "the paper exactly: Qwen3-8B-Base teacher, FineWeb-Edu sample-10BT, 3 x 50k steps",
         data=dict(source="fineweb-edu", vocab_size=None, max_len=8192, val_docs=4833),
-        # micro_batch 2: packed micro-batches of up to 2 x 8,192 tokens (data.token_micro_batches' budget), so a
-        # rank takes its ~7,800-token share of a step in one micro-batch whatever its longest document, and the
-        # ranks balance to 0.97 (the 0.968 no whole-document placement exceeds at one micro-batch a rank), where
-        # 8,192 tokens gave 0.88; the memory it costs is counted (tools/memory.py: +1.7 GiB per GPU, 41.5 of 80).
-        run={**PAPER_RUN, "micro_batch": 2, "eval_batch": 1, "loss_chunk": 4096, "checkpoint_interval": 500,
+        run={**PAPER_RUN, "micro_batch": 1, "eval_batch": 1, "loss_chunk": 4096, "checkpoint_interval": 500,
              "snapshot_interval": 10_000, "precision": "bf16", "activation_checkpointing": True,
              "balance_lengths": True},
         teacher="Qwen/Qwen3-8B-Base", diag=dict(docs=2, max_inputs=2048, seed=42), needs_cuda=True,
