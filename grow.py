@@ -37,7 +37,7 @@ import transitions
 from config import Phase, RunConfig, learning_rate, plan_phases
 from plumbing.devices import Dist, autocast, clip_gradients, precision_choice, print0, set_gradient_sync, setup_distributed
 from plumbing.errors import TrainingError
-from plumbing.faults import kill_point
+from plumbing.faults import armed, kill_point
 from plumbing.locks import held
 from progress import Bars, Runs
 
@@ -297,6 +297,8 @@ class Run:
         state = checkpointing.trainer_state(step, self.phase.index, self.batcher, totals, elapsed, self.outcome)
         checkpointing.save_due_checkpoints(self.run_dir, self.config, self.net, self.optimizer, state, self.ctx, phase_end,
                                            moments_go_on=self.keeps_optimizer and step < self.last_step)
+        if armed("saved", self.config.name, step):  # "saved" is after the step's checkpoints are on disk: the
+            checkpointing.wait_for_writes(self.run_dir)  # background writes finish first (gpucheck's driver kills here)
         kill_point("saved", self.config.name, step)
 
     def log_step(self, numbers: dict):
