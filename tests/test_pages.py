@@ -378,7 +378,8 @@ def test_the_scale_trend_draws_each_scales_table_1_differences_with_their_interv
     readme = pages.README.read_text().split(pages.HEADLINE_START)[1]
     for page, link in ((readme, f"docs/results/{page_figures.TREND_FILE}"),
                        *(((pages.PAGES / f"{scale}.md").read_text(), page_figures.TREND_FILE) for scale in scales)):
-        assert f"![Scale trend]({link})" in page and "`references/toy.json`, seeds 42, 43, 44; `references/mini.json`" in page
+        sources = "`references/toy.json`, seeds 42, 43, 44; `references/mini.json`"
+        assert f"![Scale trend]({link})" in page and sources in page
 
 
 def test_the_scale_trend_leaves_out_a_scale_whose_table_1_has_a_null_and_says_when_none_is_left():
