@@ -1,29 +1,30 @@
-"""A run, a scale's runs or a results folder checked against the shipped reference (`repro.py compare`): a number is
+"""A run, a scale's runs or a results folder checked against the shipped seeds (`repro.py compare`): a number is
 within its band when it lies within mean ± max(a 95% prediction interval for one more seed, a tolerance): seeds set
-the band's width where there are several, the tolerance (1% of the value + 0.001) where they agree. Runs or reports
-of another scale are refused, and each unfinished run that lacks numbers the reference has is named (exiting 1, as
-for a number outside its band).
+the band's width where there are several, the tolerance (1% of the value + 0.001) where they agree.
 
     python repro.py compare runs/toy                           # every run of every seed, against references/toy.json
     python repro.py compare runs/toy/s42/post-grow             # one run
+    python repro.py compare runs/toy/beyond/tail-37            # a variant's runs, against its study's records
     python repro.py compare results/toy                        # the tables
 
-A variant's runs (runs/<scale>/beyond/<folder>/) are not the suite's runs of the same name: the reference holds bands
-for the suite's runs only (a variant's numbers ship in its study's report), so they are refused in one line rather than
-compared against the plain run's band.
+A variant's run (runs/<scale>/beyond/<folder>/) shares the suite's run name, never its band: its band is its study's
+records (references/records/<scale>/) of the same settings but the seed, found by what the run is, not by a folder.
 """
 from __future__ import annotations
 
 import math
+import re
 import statistics
 from pathlib import Path
 
 from rich.table import Table
 
 import rundir
-from experiments import report, suite
+from experiments import report, studies, suite
 from experiments.presets import PRESETS, scale_named
-from experiments.reference import REFERENCES, curve, load, read_report
+from experiments.record_files import digest, training_settings
+from experiments.reference import REFERENCES, curve, load, points, read_report
+from experiments.studies import RECORDS_DIR
 from plumbing import checkpoint
 from plumbing.errors import KitError, OptionError, UsageError
 
@@ -57,24 +58,13 @@ def run_numbers(run_dir: Path) -> dict[str, float]:
     return numbers
 
 
-def reference_values(reference: dict, name: str) -> list[float] | None:
-    """The shipped seeds' values for a measured number's name (the seed folder and table seed dropped)."""
-    parts = name.split("/")
-    if len(parts) == 3 and parts[0].startswith("s") and parts[0][1:].isdigit():
-        parts = parts[1:]  # s<seed>/<run>/<number>: any seed's run compares with the run's band
-    if len(parts) == 3:  # <experiment>/<row key>/<seed index>
-        return reference["tables"].get(parts[0], {}).get(parts[1])
-    run, number = parts
-    if number == "final ce":
-        return reference["final_ce"].get(run)
-    return reference["curves"].get(run, {}).get(number.removeprefix("ce at "))
-
-
-def compare(target: Path, reference: dict) -> list[dict]:
-    """Per number of `target` that the reference has: {"name", "value", "band", "within"}."""
-    rows = []
+def compare(target: Path, reference: dict, records: Path | None = None) -> list[dict]:
+    """Per number of `target` that has a band: {"name", "value", "band", "within"}; a variant's band from the
+    records of `records` (its scale's: <records>/<scale>/; None: none)."""
+    rows, bands = [], run_bands(target, reference, records)
     for name, value in measured(target).items():
-        values = reference_values(reference, name)
+        run, _, number = name.rpartition("/")
+        values = bands[run].get(number) if run in bands else table_values(reference, name)
         if not values:
             continue
         lo, hi = band(values)
@@ -86,6 +76,53 @@ def compare(target: Path, reference: dict) -> list[dict]:
             within = lo <= value <= hi
         rows.append({"name": name, "value": value, "band": [lo, hi], "within": within})
     return rows
+
+
+def table_values(reference: dict, name: str) -> list[float] | None:
+    """The shipped seeds' values of a report's number, <experiment>/<row key>/<seed index>."""
+    experiment, key, _ = name.rsplit("/", 2)
+    return reference["tables"].get(experiment, {}).get(key)
+
+
+def run_bands(target: Path, reference: dict, records: Path | None) -> dict[str, dict[str, list]]:
+    """{run as `measured` names it: {number: the seeds' values}}: a suite run's from the reference by its run's name,
+    a variant's from the records of its settings but the seed (variant_band)."""
+    runs, recorded = run_folders(target), {}
+    if records and any(map(variant_of, runs)):
+        for _, record in studies.study_records(records):  # each checked whole
+            recorded.setdefault(unseeded(record["config"]), []).append(record)
+    return {label(run, target): variant_band(run, recorded, records) if variant_of(run) else {
+            **{f"ce at {point}": values for point, values in reference["curves"].get(run.name, {}).items()},
+            **({"final ce": reference["final_ce"][run.name]} if run.name in reference["final_ce"] else {})}
+            for run in runs}
+
+
+def variant_band(run: Path, recorded: dict[str, list[dict]], records: Path | None) -> dict[str, list]:
+    """A variant's run's band: its records, found by what the run is (unseeded), never by its folder's name; one
+    line naming the fix where fewer than two seeds are recorded."""
+    stored = rundir.read_json(run / "config.json") if (run / "config.json").is_file() else None
+    same = recorded.get(unseeded(stored), []) if stored else []
+    if len(same) < 2:
+        raise UsageError(f"{run}: a run of the variant {variant_of(run)}, and {records} holds {len(same)} "
+                         f"record{'s' * (len(same) != 1)} of its settings (a band needs two seeds or more): record it "
+                         "over seeds with the study that trains it (`repro.py <study> --seeds 42,43,44` records each "
+                         "run it finishes there), then compare again")
+    curves = [points(r["metrics"]) for r in same]
+    return {**{f"ce at {point}": [c[point] for c in curves] for point in curves[0] if all(point in c for c in curves)},
+            "final ce": [r["done"].get("ce") for r in same]}
+
+
+def unseeded(stored: dict) -> str:
+    """What a run is but for its seed: its settings as a record hashes them, the seed and the seed's folder in a
+    path (a freeze run's start_from, ../s42/pre-grow/phase-0) taken out, so every seed of a variant gives one."""
+    seed = re.compile(rf"(?<![^/])s{stored.get('seed')}(?![^/])")
+    return digest({key: seed.sub("s*", value) if isinstance(value, str) else value
+                   for key, value in training_settings(stored).items() if key != "seed"})
+
+
+def label(run: Path, target: Path) -> str:
+    """A run as compare names it: by its folder's name, or <seed folder>/<run> in a runs folder."""
+    return run.name if run == target else f"{run.parent.name}/{run.name}"
 
 
 def variant_of(target: Path) -> str | None:
@@ -125,21 +162,18 @@ def made_at(target: Path) -> list[tuple[Path, str]]:
     return [(file, scale) for file, scale in said if isinstance(scale, str)]
 
 
-def print_comparison(target: Path, scale: str) -> list[dict]:
+def print_comparison(target: Path, scale: str, records: Path = RECORDS_DIR) -> list[dict]:
     """compare() of `target` against the shipped reference of `scale`, printed as a table (the numbers
     outside the band, else the first 20); its rows."""
     path, shipped = REFERENCES / f"{scale}.json", load(scale)
-    if variant := variant_of(target):  # its runs share the suite's run names, not their bands
-        raise UsageError(f"{target}: runs of the variant {variant}, and {path} has bands for the suite's own runs "
-                         f"only (runs/{scale}/s<seed>/<run>), none for this variant; its numbers are its study's report: "
-                         f"compare results/{scale}")
     check_scale(target, scale, path)  # reads every *.json first: one that is not a JSON object is named in one line
-    rows = compare(target, shipped)
-    if not rows and not not_yet(target, shipped):
+    rows = compare(target, shipped, records / scale)
+    if not rows and not not_yet(target, shipped, records / scale):
         raise UsageError(f"{target}: holds no run or table that {path} has numbers for")
-    made_in = precisions(shipped.get("run_precisions", {}).values())
-    table = Table(title=f"{target} against {path.name} (seeds {shipped['seeds']}; its runs in "
-                        f"{made_in or 'a precision it does not record'})")
+    made_in = "" if variant_of(target) else precisions(shipped.get("run_precisions", {}).values())
+    table = Table(title=f"{target} against the variant's records in {records / scale}" if variant_of(target) else
+                  f"{target} against {path.name} (seeds {shipped['seeds']}; its runs in "
+                  f"{made_in or 'a precision it does not record'})")
     for column in ("number", "value", "band", "within"):
         table.add_column(column)
     outside = [r for r in rows if not r["within"]]
@@ -156,36 +190,31 @@ def print_comparison(target: Path, scale: str) -> list[dict]:
     return rows
 
 
-def not_yet(target: Path, reference: dict) -> list[tuple[str, Path, list[str]]]:
-    """(run as compare names it, its folder, the numbers the reference has for it that it lacks) of each
-    unfinished run of `target` (no done.json: its final CE, at least, is not there yet) that the reference has."""
-    have, pending = measured(target), []
-    for run in run_folders(target):
-        if (run / "done.json").is_file() or run.name not in reference["final_ce"]:
-            continue
-        label = run.name if run == target else f"{run.parent.name}/{run.name}"
-        wanted = [f"ce at {point}" for point in reference["curves"].get(run.name, {})] + ["final ce"]
-        pending.append((label, run, [n for n in wanted if f"{label}/{n}" not in have]))
-    return pending
+def not_yet(target: Path, reference: dict, records: Path | None = None) -> list[tuple[str, Path, list[str]]]:
+    """(run as compare names it, its folder, the numbers its band has that it lacks) of each unfinished run of
+    `target` (no done.json: its final CE, at least, is not there yet) that has a band."""
+    have, bands = measured(target), run_bands(target, reference, records)
+    return [(label(run, target), run, [n for n in bands[label(run, target)] if f"{label(run, target)}/{n}" not in have])
+            for run in run_folders(target) if bands[label(run, target)] and not (run / "done.json").is_file()]
 
 
-def check(target: Path, scale: str | None):
+def check(target: Path, scale: str | None, records: Path = RECORDS_DIR):
     """`repro.py compare`: print_comparison against the reference of `scale` (None: the scale the target's
     folder names), then one line, exit 1, if a number is outside its band or an unfinished run lacks numbers
     the reference has for it."""
     scale = scale or scale_named(target)
     if scale is None:
         raise OptionError("--scale", f"{target} names no scale (runs/<scale>/... or results/<scale>); pass --scale")
-    rows = print_comparison(target, scale)
+    rows = print_comparison(target, scale, records)
     outside = [r for r in rows if not r["within"]]
     problems = [f"{len(outside)} of {len(rows)} numbers of {target} are outside the shipped seeds' band (first: "
                 f"{outside[0]['name']} = {outside[0]['value']:.4f})"] if outside else []
-    pending = not_yet(target, load(scale))
+    pending = not_yet(target, load(scale), records / scale)
     if pending:
-        runs = ", ".join(f"{label} {suite.run_status(run)}" for label, run, _ in pending)
-        label, _, lacking = pending[0]
+        runs = ", ".join(f"{name} {suite.run_status(run)}" for name, run, _ in pending)
+        name, _, lacking = pending[0]
         problems.append(f"unfinished: {runs}; {sum(len(p[2]) for p in pending)} numbers {scale}.json has for them do "
-                        f"not exist yet (first: {label}/{lacking[0]}): finish the runs (rerun the command that trains "
+                        f"not exist yet (first: {name}/{lacking[0]}): finish the runs (rerun the command that trains "
                         "them: it resumes) and compare again")
     if problems:
         raise KitError("; ".join(problems))

@@ -28,9 +28,12 @@ REFERENCES = Path(__file__).resolve().parents[1] / "references"
 
 
 def curve(run_dir: Path) -> dict[str, float]:
-    """{evaluation point: validation CE} of a run: "<step>" after it, "<step> start" at a phase start."""
-    return {f"{r['step']}{' start' if r.get('phase_start') else ''}": r["ce"]
-            for r in rundir.read_metrics(run_dir) if r.get("eval")}
+    return points(rundir.read_metrics(run_dir))
+
+
+def points(rows: list[dict]) -> dict[str, float]:
+    """{evaluation point: validation CE} of a run's log rows: "<step>" after it, "<step> start" at a phase start."""
+    return {f"{r['step']}{' start' if r.get('phase_start') else ''}": r["ce"] for r in rows if r.get("eval")}
 
 
 def collect(runs: Path, results: Path, seeds: list[int]) -> dict:

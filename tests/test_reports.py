@@ -271,27 +271,47 @@ def test_compare_tells_runs_of_another_scale_from_runs_of_other_settings(tmp_pat
     comparison.check_scale(tmp_path / "toy-run", "toy", tmp_path / "toy.json")
 
 
-def test_a_variants_runs_are_not_compared_against_the_plain_runs_band(tmp_path):
-    """`compare runs/smoke/beyond/warmup-0.5`: the variant's post-grow shares the suite's run name, not its band (the
-    reference has bands for the suite's own runs only), so compare says so in one line instead of comparing; the
-    suite's own post-grow beside it is still compared."""
+def restored(record: Path, runs: Path) -> Path:
+    """A recorded run written at its record's place under `runs` as compare reads it: its settings, evaluations, end."""
+    content = json.loads(record.read_text())
+    run = runs / content["run"]
+    run.mkdir(parents=True)
+    (run / "config.json").write_text(json.dumps(content["config"]))
+    (run / "metrics.jsonl").write_text("".join(json.dumps(row) + "\n" for row in content["metrics"]))
+    (run / "done.json").write_text(json.dumps(content["done"]))
+    return run
+
+
+def test_a_variants_runs_are_compared_against_the_variants_own_band(tmp_path):
+    """`compare runs/toy/beyond/idea2-matched`: the variant's pre-freeze shares the suite's run name, never its band
+    (the plain pre-freeze's, which its CE lies outside). Its band is its records over seeds, found by its settings but
+    the seed (its start_from names its own seed's s42/pre-grow), not by a folder's name: the same run in a folder of
+    another name is compared alike; one of other settings has no band, said in one line naming the fix."""
     from conftest import repro_cli
-    shipped = json.loads((ROOT / "references" / "smoke.json").read_text())
-    point, values = next(iter(shipped["curves"]["post-grow"].items()))
-    for folder in (tmp_path / "runs" / "smoke" / "beyond" / "warmup-0.5" / "s42", tmp_path / "runs" / "smoke" / "s42"):
-        run = folder / "post-grow"
-        run.mkdir(parents=True)
-        step, start = point.split()[0], point.endswith("start")
-        row = {"step": int(step), "ce": values[0] + 5.0, "eval": True, **({"phase_start": True} if start else {})}
-        (run / "metrics.jsonl").write_text(json.dumps(row) + "\n")
-    variant = tmp_path / "runs" / "smoke" / "beyond" / "warmup-0.5"
-    for target in (variant, variant / "s42", variant / "s42" / "post-grow"):
-        assert comparison.variant_of(target) == "beyond/warmup-0.5"
-        out = repro_cli("compare", target, check=False)
-        lines = out.stderr.strip().splitlines()
-        assert out.returncode != 0 and len(lines) == 1 and "the variant beyond/warmup-0.5" in lines[0], out.stderr
-        assert "none for this variant" in lines[0] and "NO" not in out.stdout  # nothing compared against a band
-    own = tmp_path / "runs" / "smoke" / "s42" / "post-grow"
-    assert comparison.variant_of(own) is None
-    rows = comparison.compare(own, shipped)
-    assert [r["name"] for r in rows] == [f"post-grow/ce at {point}"] and not rows[0]["within"]
+    records = ROOT / "references" / "records" / "toy"
+    run = restored(records / "beyond" / "idea2-matched" / "s42" / "pre-freeze.json", tmp_path / "runs" / "toy")
+    shipped = json.loads((ROOT / "references" / "toy.json").read_text())
+    final = json.loads((run / "done.json").read_text())["ce"]
+    plain = comparison.band(shipped["final_ce"]["pre-freeze"])
+    assert not plain[0] <= final <= plain[1]  # so matched to the plain run's band, it would read NO
+    own = [json.loads((records / "beyond" / "idea2-matched" / f"s{s}" / "pre-freeze.json").read_text())["done"]["ce"]
+           for s in (42, 43, 44)]
+    renamed = tmp_path / "runs" / "toy" / "beyond" / "renamed" / "s42"
+    renamed.parent.mkdir()
+    run.parent.rename(renamed)
+    for target in (renamed.parent, renamed / "pre-freeze"):
+        rows = {r["name"].rsplit("/", 1)[1]: r for r in comparison.compare(target, shipped, records)}
+        assert rows["final ce"]["band"] == list(comparison.band(own)) and all(r["within"] for r in rows.values())
+        out = repro_cli("compare", target)
+        assert f"{len(rows)} of {len(rows)} numbers within the band" in out.stdout and "NO" not in out.stdout
+    config = json.loads((renamed / "pre-freeze" / "config.json").read_text())
+    (renamed / "pre-freeze" / "config.json").write_text(json.dumps({**config, "lr": config["lr"] / 2}))
+    out = repro_cli("compare", renamed.parent, check=False)
+    lines = out.stderr.strip().splitlines()
+    assert out.returncode != 0 and len(lines) == 1 and "the variant beyond/renamed" in lines[0], out.stderr
+    assert "holds 0 records of its settings" in lines[0] and "`repro.py <study> --seeds" in lines[0]
+    suite_run = tmp_path / "runs" / "toy" / "s42" / "pre-freeze"  # the suite's own run: the reference's band
+    restored(records / "s42" / "pre-freeze.json", tmp_path / "runs" / "toy")
+    rows = comparison.compare(suite_run, shipped, records)
+    assert comparison.variant_of(suite_run) is None and all(r["within"] for r in rows)
+    assert rows[-1]["band"] == list(comparison.band(shipped["final_ce"]["pre-freeze"]))
