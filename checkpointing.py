@@ -1,17 +1,11 @@
-"""A run's checkpoints: which are due when, written, found and read back, and a run's resume point. phase-<p>/ and
-step-<n>/ are kept checkpoints (safetensors weights any tool can load, plus the trainer state); latest/ is the
-rolling resume checkpoint (weights, optimizer and trainer state). Under FSDP2 every rank that holds distinct shards
-writes its part; nothing is gathered whole on one rank. Every checkpoint is written to a temporary folder and
-renamed into place, so a kill never leaves half of one; a resume takes the newest whose files match their
-checksums, the same on every rank, and restores the run's step, data position, RNG state and weights.
+"""A run's checkpoints: which are due when, written, found and read back, and a run's resume point (what each
+folder holds and how it is written: docs/design.md's row for this file). Training waits only while a checkpoint's
+tensors are copied to host memory; its files are written on plumbing/writer.py's thread, and whatever reads,
+replaces or lets go of a run's checkpoints first waits for those writes (writer.wait_for_writes).
 
     checkpointing.save_kept_checkpoint(run_dir, "phase-0", net, state, ctx)
     resume, step, totals, elapsed, outcome = checkpointing.resume_point(config, run_dir, net, batcher, ctx)
     checkpointing.load_latest_checkpoint(resume[0], net, optimizer, ctx)  # latest/: once the optimizer exists
-
-Training waits only while a checkpoint's tensors are copied to host memory; its files are written, hashed and
-renamed into place on a writer thread while the next steps run (plumbing/checkpoint.py's BackgroundWrites), and
-anything that reads, replaces or lets go of a run's checkpoints first waits for those writes (wait_for_writes).
 """
 from __future__ import annotations
 
@@ -27,16 +21,11 @@ import torch
 
 import model
 import transitions
-from plumbing import checkpoint, hf_qwen3
+from plumbing import checkpoint, hf_qwen3, writer
 from plumbing.devices import print0
 from plumbing.errors import TrainingError, disk_full_reason
 from plumbing.faults import kill_point
 from rundir import adopt_shared_prefix, read_json
-
-
-def wait_for_writes(run_dir: Path):
-    """The run's checkpoints written in the background are in place (or the error one of them met is raised)."""
-    checkpoint.wait_for_writes(run_dir)
 
 
 def trainer_state(step, phase, batcher, totals, elapsed, outcome: dict) -> dict:
@@ -80,13 +69,13 @@ def save_checkpoint(run_dir: Path, net, state: dict, ctx, name: str, optimizer=N
     """Checkpoint <name> (latest/ with the optimizer's state, else a kept one): the run's earlier writes finished
     (their error raised) first, its tensors copied to host memory now (under FSDP2 with the ranks' collectives, on
     this thread), its files written, hashed and renamed into place on the writer thread (`background`; a rank that is
-    a thread of the rehearsal's threaded group writes on its own thread: checkpoint.writes) or here. Only the copy
+    a thread of the rehearsal's threaded group writes on its own thread: writer.writes) or here. Only the copy
     blocks training: the plan prices it."""
-    checkpoint.wait_for_writes(run_dir)
-    writes = checkpoint.writes()
+    writer.wait_for_writes(run_dir)
+    writes = writer.writes()
     # the writer thread's barriers go on a group of their own; a job run inline (writes.inline) uses the default one
     own_group = background and not writes.inline and ctx.world > 1
-    ranks = checkpoint.WriterRanks(ctx.rank, ctx.world, checkpoint.writer_group() if own_group else None)
+    ranks = writer.WriterRanks(ctx.rank, ctx.world, writer.writer_group() if own_group else None)
     if name == "latest":
         write = stage_latest(run_dir, net, optimizer, state, ctx.shard_group, ranks)
     else:
@@ -221,7 +210,7 @@ def checkpoints(run_dir: Path) -> list[tuple[int | None, Path]]:
     """(step, folder) of every resume point: those with an unreadable trainer state (step None) first,
     so that each is named before a good one is taken, then newest first. The run's checkpoint writes finish first
     (a write in flight is a checkpoint about to exist; its error is raised here)."""
-    checkpoint.wait_for_writes(run_dir)
+    writer.wait_for_writes(run_dir)
     found = []
     for ckpt in run_dir.iterdir() if run_dir.is_dir() else []:
         if not RESUME_POINT.fullmatch(ckpt.name) or not ckpt.is_dir():

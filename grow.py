@@ -8,13 +8,9 @@ Runs are normally started by repro.py, which fills a RunConfig from a preset:
     torchrun --nnodes=4 --nproc_per_node=8 --rdzv-backend=c10d --rdzv-endpoint=$HEAD:29500 \\
         repro.py train --scale full --norm post --protocol grow             # several nodes
 
-The protocols (joint, grow, freeze, joint-long, teacher) are config.py's, described there.
-
-`train` runs one run; `train_together` several, each exactly as if alone (bit-identical in one process): the
-suite's runs of one seed read the same batch at the same step, so the frozen teacher runs once per batch for all
-of them. A run directory (its provenance.json and done.json too) is rundir.py's, its checkpoints, which are due
-when, and its resume point checkpointing.py's. A run killed at any moment resumes from its newest checkpoint, the
-same.
+`train` runs one run; `train_together` several, each exactly as if alone (bit-identical in one process), the frozen
+teacher running once per batch for the runs that read it. The protocols are config.py's; a run folder is
+rundir.py's, its checkpoints and resume point checkpointing.py's.
 """
 from __future__ import annotations
 
@@ -39,14 +35,15 @@ from plumbing.devices import Dist, autocast, clip_gradients, precision_choice, p
 from plumbing.errors import TrainingError
 from plumbing.faults import armed, kill_point
 from plumbing.locks import held
+from plumbing.writer import wait_for_writes
 from progress import Bars, Runs
 
 # ----------------------------------------------------------------------------------------------
 # Phases: what trains, with which optimizer
 
 def trainable_parameters(net: torch.nn.Module, phase: Phase, train_embedding: bool = False) -> list[torch.nn.Parameter]:
-    """Set requires_grad for the phase and return exactly the parameters the optimizer gets. The
-    embedding is frozen (the paper), except in growth from scratch, where it learns with the head."""
+    """Set requires_grad for the phase and return exactly the parameters the optimizer gets. The embedding is
+    frozen (the paper), except in growth from scratch, where it learns with the head."""
     if isinstance(net, model.Qwen3):  # teacher pretraining: everything learns
         return list(net.requires_grad_(True).parameters())
     net.requires_grad_(False)
@@ -96,17 +93,16 @@ class Run:
             self.state, self.result = "done", rundir.final_eval(self.run_dir)
 
     def can_open(self) -> bool:
-        """False while the shared prefix it starts from is not written yet (grow's phase 0 for freeze; a write of it in
-        flight is waited for, so when a run joins does not depend on the writer thread's timing)."""
+        """False while the shared prefix it starts from is not written yet (a write of it in flight is waited for,
+        so when a run joins does not depend on the writer thread's timing)."""
         if self.config.start_from:
-            checkpointing.wait_for_writes(Path(self.config.start_from).parent)
+            wait_for_writes(Path(self.config.start_from).parent)
         return (not self.config.start_from or checkpointing.newest_checkpoint(self.run_dir) is not None
                 or (Path(self.config.start_from) / "trainer_state.json").is_file())
 
     def open(self, teacher: nets.Teacher | None, progress):
         """Build the model and data, then continue from the newest checkpoint (or the shared prefix), the log cut
-        back to it and opened for appending; latest/'s AdamW state is loaded by begin_phase, once the optimizer
-        exists."""
+        back to it; latest/'s AdamW state is loaded by begin_phase, once the optimizer exists."""
         config, ctx = self.config, self.ctx
         torch.manual_seed(config.seed)
         print0(ctx, (f"{progress.runs.label(self.run_dir)}: " if progress else "") +  # logs say it too
@@ -153,14 +149,13 @@ class Run:
             self.rng = torch.get_rng_state()
 
     def attach_profile(self, phase: Phase):
-        """mirror-fwd: the reference run's boundary profile for this phase (nets.boundary_profile), where
-        the phase appends a block."""
+        """mirror-fwd: the reference run's boundary profile for this phase, where the phase appends a block."""
         if self.config.boundary == "mirror-fwd" and phase.active_blocks >= 2:
             self.net.profile_source = nets.boundary_profile(self.config, phase, self.ctx, self.dtype)
 
     def begin_phase(self, phase: Phase):
-        """A new optimizer over exactly the trainable parameters (unless the run keeps its own across
-        phases), and the phase's start evaluation."""
+        """A new optimizer over the trainable parameters (unless the run keeps its own), the phase's start
+        evaluation."""
         config, ctx = self.config, self.ctx
         continuing = self.phase is not None and self.keeps_optimizer
         self.phase = phase
@@ -191,8 +186,8 @@ class Run:
             print0(ctx, f"{config.name}: phase {phase.index} starts at val CE {start['ce']:.4f}, val KD {start['kd']:.4f}")
 
     def transition(self, phase: Phase):
-        """transitions.at_transition on this step's batch (read ahead, the batcher put back), logged; then
-        the optimizer is built again over what now trains (nothing has stepped yet)."""
+        """transitions.at_transition on this step's batch (read ahead, the batcher put back); then the optimizer
+        is built again over what now trains (nothing has stepped yet)."""
         state = self.batcher.state_dict()
         batches = [micro.to(self.ctx.device) for micro in next(self.batcher).micro_batches]
         self.batcher.load_state_dict(state)
@@ -230,9 +225,8 @@ class Run:
                 bool(self.teacher))
 
     def accumulate(self, micro: data.Batch, teacher_hidden: torch.Tensor | None, last: bool = True):
-        """Forward and backward of one micro-batch; gradients add up until end_step. Under FSDP2 they
-        add up unsharded on each rank and are reduce-scattered once, after the step's last micro-batch
-        (set_gradient_sync). Nothing here waits for the device."""
+        """Forward and backward of one micro-batch; gradients add up (under FSDP2 unsharded, reduce-scattered after
+        the step's last micro-batch: set_gradient_sync). Nothing here waits for the device."""
         config, ctx = self.config, self.ctx
         if hasattr(self.net, "set_requires_gradient_sync"):
             set_gradient_sync(self.net, last, self.active_layers)
@@ -263,12 +257,10 @@ class Run:
             self.stop()
 
     def update(self):
-        """The optimizer step and its log rows, then an evaluation and the checkpoints when due. A
-        non-finite loss or gradient norm (the step is not taken) or validation number stops the run there,
-        as does a validation CE above the ceiling unless the run continues past it (diverge). The kill
-        points stepped, evaluated and saved follow each part (plumbing/faults.py's kill_point)."""
-        # Clip; the step's loss, KD and CE (summed over ranks) and gradient norm before clipping, read
-        # together: the step's one host sync.
+        """The optimizer step and its log rows, then an evaluation and the checkpoints when due; a divergence stops
+        the run there (diverge). The kill points stepped, evaluated and saved follow each part."""
+        # The step's loss, KD and CE (summed over ranks) and gradient norm before clipping, read together: the
+        # step's one host sync.
         grad_norm = clip_gradients(self.params, self.config.grad_clip)
         if self.ctx.world > 1:
             dist.all_reduce(self.sums)  # logged losses are global
@@ -298,7 +290,7 @@ class Run:
         checkpointing.save_due_checkpoints(self.run_dir, self.config, self.net, self.optimizer, state, self.ctx, phase_end,
                                            moments_go_on=self.keeps_optimizer and step < self.last_step)
         if armed("saved", self.config.name, step):  # "saved" is after the step's checkpoints are on disk: the
-            checkpointing.wait_for_writes(self.run_dir)  # background writes finish first (gpucheck's driver kills here)
+            wait_for_writes(self.run_dir)  # background writes finish first (gpucheck's driver kills here)
         kill_point("saved", self.config.name, step)
 
     def log_step(self, numbers: dict):
@@ -347,8 +339,7 @@ class Run:
 
     def diverge(self, step: int, why: str, values: dict, stop: bool):
         """Record the first divergence, with its values (a non-finite one as text: strict JSON) and the newest
-        checkpoint, which it did not reach; with `stop`, the run stops there (a finite but too-high CE stops
-        it unless it continues past one: on_divergence "continue")."""
+        checkpoint, which it did not reach; with `stop`, the run stops there."""
         if self.outcome["diverged"] is None:
             good = checkpointing.newest_checkpoint(self.run_dir)
             self.outcome["diverged"] = {
@@ -379,7 +370,7 @@ class Run:
     def stop(self, state: str = "stopped"):
         """Stop here (done, or as if killed: the resume tests); its memory is freed for the others, its checkpoint
         writes finished before its folder is let go."""
-        checkpointing.wait_for_writes(self.run_dir)
+        wait_for_writes(self.run_dir)
         self.log.close()
         if self.progress:
             self.progress.end(self.run_dir)
@@ -392,24 +383,19 @@ class Run:
 def train(config: RunConfig, run_dir, force: bool = False, ctx: Dist | None = None,
           stop_after_step: int | None = None, tracker: str = "", teacher: nets.Teacher | None = None,
           wait: bool = True) -> dict:
-    """Run (or resume, or skip if done) one run; returns the final evaluation. `stop_after_step`
-    ends early as if killed there (tests of resume); `tracker` also feeds TensorBoard or W&B;
-    `teacher`, a loaded one (default: config.teacher is loaded)."""
+    """Run (or resume, or skip if done) one run; its final evaluation. `stop_after_step` ends early as if killed
+    there (the resume tests); `teacher`, a loaded one (default: config.teacher's)."""
     return train_together([(config, run_dir)], force, ctx, stop_after_step, tracker, teacher, wait)[0]
 
 
 def train_together(jobs: list[tuple[RunConfig, Path]], force: bool = False, ctx: Dist | None = None,
                    stop_after_step: int | None = None, tracker: str = "", teacher: nets.Teacher | None = None,
                    wait: bool = True, counted: Runs | None = None) -> list[dict]:
-    """Train several runs in lockstep, each exactly as it would train alone: at each global step the teacher runs
-    once per micro-batch for every run that reads that batch (runs of one seed read the same batch at the same
-    step), then each of those runs does its own forward and backward. A run that starts from another's phase
-    (freeze from grow's phase 0) joins when that phase is written; a finished run drops out; runs resumed at
-    different steps train alone until they meet. Weights and optimizer states of all runs are resident together;
-    activations and, under FSDP2, unsharded gradients are one run's at a time (lockstep_step). Each run folder is
-    held by this process alone while it trains (locks.held: another process on one of them is waited for, or with
-    wait=False an error); a finished run is only read, and not held. `counted`: the command's runs, for its
-    progress (progress.Runs; default: these). Returns each run's final evaluation ({} for one stopped early)."""
+    """Train several runs in lockstep, each exactly as it would train alone (lockstep_step). A run that starts from
+    another's phase (freeze from grow's phase 0) joins when that phase is written; a finished run drops out; runs
+    resumed at different steps train alone until they meet. Each unfinished run folder is held by this process
+    while it trains (locks.held: another holder is waited for, or with wait=False an error). `counted`: the
+    command's runs, for its progress (default: these). Returns each run's final evaluation ({} if stopped early)."""
     ctx = ctx or setup_distributed()
     with ExitStack() as stack:
         ctx.on_main(lambda: stack.enter_context(held([d for c, d in jobs if not rundir.finished(c, d)], wait,
@@ -451,14 +437,12 @@ def open_runs(todo: list[Run], teacher: nets.Teacher | None, progress) -> bool:
 
 
 def lockstep_step(runs: list[Run], teacher: nets.Teacher | None):
-    """One optimizer step of every run in `runs` (all at the same step), one run after another: each
-    run's micro-batches in turn, then its update. Under FSDP2 a run's gradients add up unsharded (fp32,
-    the size of its trained layers) until its last micro-batch reduce-scatters them, so this order holds
-    one run's unsharded gradients at a time beside the others' shards; taking micro-batch i of every
-    run before micro-batch i + 1 would hold every run's at once. The teacher runs once per micro-batch
-    for each group of runs that reads the same batch; its hidden states are kept for the step (one
-    micro-batch's each) where the group has more than one run. Each run computes exactly what it
-    computes alone: the order between runs changes no run's numbers (each keeps its own RNG state)."""
+    """One optimizer step of every run in `runs` (all at the same step), one run after another: each run's
+    micro-batches, then its update. Under FSDP2 a run's gradients add up unsharded until its last micro-batch
+    reduce-scatters them, so this order holds one run's unsharded gradients at a time (micro-batch i of every run
+    before i + 1 would hold every run's at once). The teacher runs once per micro-batch for each group of runs that
+    reads the same batch, its hidden states kept for the step where the group has more than one run. The order
+    between runs changes no run's numbers (each keeps its own RNG state)."""
     groups: dict[tuple, list[Run]] = {}
     for run in runs:
         run.begin_step()

@@ -22,6 +22,7 @@ from plumbing import checkpoint
 from plumbing.devices import cpu_instructions, cpu_model
 from plumbing.errors import TrainingError
 from plumbing.locks import printable
+from plumbing.writer import wait_for_writes
 
 # ----------------------------------------------------------------------------------------------
 # Run directory: config, metrics log, provenance
@@ -185,7 +186,7 @@ def write_done(run_dir: Path, final: dict | None, step: int, diverged: dict | No
     """done.json: the scheduled endpoint's evaluation at `step`, or, for a run that diverged, null numbers and the
     divergence (an outcome, never a number). A finished run is not resumed: its latest/ goes. Its checkpoints
     written in the background are in place first: done.json says the run needs nothing more."""
-    checkpoint.wait_for_writes(run_dir)
+    wait_for_writes(run_dir)
     done = {**final, "step": step} if diverged is None else \
         {**{k: None for k in RESULT_KEYS}, "step": step, "diverged": diverged}
     if ctx.is_main:

@@ -7,8 +7,6 @@ Nothing here unpickles anything.
     config = checkpoint.read_config(path)              # config.json, one line naming it if damaged
     checkpoint.load_tensors(module, path, dtype, device, name_in_file)
     checkpoint.write_checkpoint(path, config, state)   # temporary folder, then renamed into place
-    checkpoint.writes().submit(run_dir, write)         # a checkpoint's files written while training goes on
-    checkpoint.wait_for_writes(run_dir)                # ...finished (or their error raised) before it is read
 """
 from __future__ import annotations
 
@@ -18,13 +16,10 @@ import math
 import os
 import shutil
 import sys
-import threading
-from collections import Counter, deque
 from pathlib import Path
 from typing import Callable
 
 import torch
-import torch.distributed as dist
 import torch.nn as nn
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
@@ -425,118 +420,3 @@ def read_rows(folder: Path, index: dict, key: str, target: torch.Tensor) -> torc
                               "the checkpoint is damaged: move it away and rerun")
     return torch.cat(pieces) if pieces else torch.empty(local.shape, dtype=local.dtype)
 
-
-# ----------------------------------------------------------------------------------------------
-# Writes in the background: a checkpoint's tensors are copied to host memory while training waits (the only part
-# that blocks it); its files are then written, hashed and renamed into place on one writer thread while training
-# goes on. torch.distributed.checkpoint's async_save does the same split, but its Hugging Face storage writes no
-# checksums, renames nothing into place and pickles any non-tensor value into its .safetensors files
-# (docs/benchmarks/2026-12-04-epyc-2core-checkpoint-writes.md): the kit keeps its own files, written here.
-
-class BackgroundWrites:
-    """One writer thread, its jobs in the order submitted, each job tagged with its folder (a run's): waiting on a
-    folder waits for its jobs and raises the first error one of them met, once. A folder's job after one that failed
-    is dropped (its error is raised first; the rerun writes it again). The thread ends when idle and is not a daemon:
-    a process that exits with writes pending finishes them first (each is renamed into place whole, or not at all).
-    `inline`: each job runs at once on the thread that submits it, its error raised there (writes())."""
-
-    def __init__(self, inline: bool = False):
-        self.inline = inline
-        self.changed = threading.Condition()
-        self.jobs: deque = deque()
-        self.pending: Counter = Counter()
-        self.errors: dict[str, BaseException] = {}
-        self.thread: threading.Thread | None = None
-
-    def submit(self, folder, work: Callable[[], None]):
-        key = str(Path(folder).resolve())
-        with self.changed:
-            self.jobs.append((key, work))
-            self.pending[key] += 1
-            if self.thread is None and not self.inline:
-                self.thread = threading.Thread(target=self.run, name="checkpoint-writer")
-                self.thread.start()
-        if self.inline:
-            self.run()
-            self.wait(folder)
-
-    def run(self):
-        while True:
-            with self.changed:
-                if not self.jobs:
-                    self.thread = None
-                    return
-                key, work = self.jobs.popleft()
-                failed = key in self.errors
-            try:
-                if not failed:
-                    work()
-            except BaseException as e:  # noqa: BLE001 - raised on the training thread, by wait()
-                with self.changed:
-                    self.errors.setdefault(key, e)
-            with self.changed:
-                self.pending[key] -= 1
-                self.changed.notify_all()
-
-    def wait(self, folder):
-        """Until `folder`'s writes have finished; then the first error one met. On the writer thread itself (a job
-        that looks for the newest intact checkpoint to name in its error), at once: it waits on nothing."""
-        if self.thread is not None and threading.current_thread() is self.thread:
-            return
-        key = str(Path(folder).resolve())
-        with self.changed:
-            self.changed.wait_for(lambda: not self.pending[key])
-            error = self.errors.pop(key, None)
-        if error is not None:
-            raise error
-
-
-WRITES = BackgroundWrites()
-_RANK_WRITES = threading.local()
-
-
-def writes() -> BackgroundWrites:
-    """This process's writer. A rank that is a thread of torch's threaded process group (tools/rehearse_real.py's
-    ranks) has one of its own that runs each job at once on the rank's thread: one writer thread for all of them
-    could not stand for each rank at its barriers. So has a process on the fake group (the tests' and the
-    rehearsal's stand-in for other ranks), which has no real ranks to make the writer's gloo group with."""
-    if not (dist.is_available() and dist.is_initialized() and dist.get_backend() in ("threaded", "fake")):
-        return WRITES
-    if not hasattr(_RANK_WRITES, "writes"):
-        _RANK_WRITES.writes = BackgroundWrites(inline=True)
-    return _RANK_WRITES.writes
-
-
-def wait_for_writes(folder):
-    """A run's checkpoint writes finished (their error raised here) before anything reads, replaces or removes its
-    checkpoints, or the run's folder is let go."""
-    writes().wait(folder)
-
-
-class WriterRanks:
-    """The ranks as a checkpoint's writer sees them: which is rank 0, and a barrier. The writer thread's barriers use
-    a gloo group of their own (writer_group): the training thread's collectives on the default group go on at the same
-    time, and two threads' collectives on one group could pair up wrongly. group None: the default group."""
-
-    def __init__(self, rank: int, world: int, group=None):
-        self.rank, self.world, self.group = rank, world, group
-
-    @property
-    def is_main(self) -> bool:
-        return self.rank == 0
-
-    def barrier(self):
-        if self.world > 1:
-            dist.barrier(group=self.group)
-
-
-_WRITER_GROUP: list = [None, None]  # [the default group it was made beside, the writer's gloo group]
-
-
-def writer_group():
-    """The writer thread's gloo group, made once per default group, on the training thread (every rank makes it at
-    the same call: the first checkpoint)."""
-    world_group = dist.group.WORLD
-    if _WRITER_GROUP[0] is not world_group:
-        _WRITER_GROUP[:] = [world_group, dist.new_group(backend="gloo")]
-    return _WRITER_GROUP[1]

@@ -1,36 +1,20 @@
 """Benchmarks: the kit against references, measured on one machine, reported as ratios with their spreads.
 
-    python bench.py                  # or `make bench` / `python repro.py bench`; writes results/bench.json
-    python gpucheck.py               # `make gpu-check`: what a first cluster run would hit, on one GPU
+    python repro.py bench            # or `make bench`; writes results/bench.json
 
-CPU bench, each line a ratio measured in this run (OMP_NUM_THREADS sets the threads, as for a run). Every
-ratio is the median of its per-round ratios (variants timed in turns, round i of one paired with round i of
-the other) with their min and max over every round of every process (utilization.ratio_spread); one whose
-rounds range wider than utilization.UNSTABLE_SPREAD is printed as unstable, not as a number. bench.json keeps
-every spread.
-1. the toy and mini student and teacher steps as fractions of this CPU's fp32 and bf16 matmul peak, and
-   where the rest of their time goes (tools/utilization.py); then the toy's steps on its own documents,
-   padded rows against the padding-free layout, as real tokens a second and useful FLOPs over the peak
-   (tools/layout_bench.py);
-2. train step (teacher forward + student forward/backward + AdamW) at the toy configuration, kit vs
-   transformers' Qwen3ForCausalLM of the same dimensions doing the same work with a naive KD loss;
-   eager fp32 for both, then the kit's best CPU setting (bf16 autocast where the probe picks it). Timed in
-   fresh worker processes, 2 per allocator policy (ALLOCATOR_POLICIES: glibc's default, and the heap reused),
-   so that nothing this process did before (its heap above all, issue 60) reaches the measurement; each
-   worker reports its malloc settings and the minor page faults a step of each variant;
-3. the chunked KD loss against a naive full-logit one: peak memory and time, in fresh processes (bench_loss);
-4. tokenization MB/s against HF tokenizers loading Qwen3's tokenizer.json;
-5. the data loader's batches/s against the train step's steps/s;
-6. the six replay runs of a seed trained one after the other against in lockstep (grow.train_together),
-   each way as 3 whole processes in turns (what a user waits for): wall time (min, median, max), teacher
-   forward passes counted, results compared;
-7. the toy step with its layers compiled for the fixed shapes of its padded batches against eager (on the
-   same padded batches, and on batches as wide as their documents): compile time, step time, how many steps
-   pay the compile back.
+Each ratio is measured in this run (OMP_NUM_THREADS sets the threads, as for a run): the median of its per-round
+ratios (variants timed in turns, round i of one paired with round i of the other) with their min and max over
+every round of every process (utilization.ratio_spread); one whose rounds range wider than
+utilization.UNSTABLE_SPREAD is printed as unstable, not as a number. bench.json keeps every spread. The rows, in
+main's order: the steps against this CPU's matmul peak (tools/utilization.py) and the padding-free layout against
+padded rows (tools/layout_bench.py); the kit's train step against transformers' Qwen3ForCausalLM doing the same
+work, in fresh processes per allocator policy (bench_train_step); the chunked KD loss against a naive full-logit
+one (bench_loss); tokenization against HF tokenizers (bench_tokenizer); the data loader against the train step
+(bench_loader); the six replay runs of a seed one after the other against in lockstep (bench_lockstep); the
+compiled toy step against eager (tools/compile_bench.py).
 """
 from __future__ import annotations
 
-import argparse
 import ctypes
 import json
 import os
@@ -45,7 +29,6 @@ from contextlib import contextmanager, nullcontext, suppress
 from dataclasses import asdict, replace
 from functools import partial
 from pathlib import Path
-from unittest import mock
 
 import torch
 import torch.nn.functional as F
@@ -60,14 +43,14 @@ import prepare_shards
 from experiments import presets, suite
 from plumbing import checkpoint, corpora, devices, tokenizer
 from plumbing.hf_qwen3 import ModelConfig, save_qwen3
-from tools import layout_bench, utilization
-from tools.utilization import interleaved, length_batch
+from tools import compile_bench, layout_bench, utilization
+from tools.utilization import interleaved
 
 RESULTS = Path("results") / "bench.json"
 
 
 # ----------------------------------------------------------------------------------------------
-# 2. The train step, kit vs transformers
+# The train step, kit vs transformers
 
 def toy_shapes() -> tuple[ModelConfig, int, int, int]:
     """(teacher config, student blocks, layers per block, batch tokens) of the toy preset."""
@@ -226,7 +209,7 @@ def policy_results(runs: list[dict], precisions: list[str]) -> dict:
 
 
 # ----------------------------------------------------------------------------------------------
-# 6-7. Lockstep against separate runs; the compiled toy step against eager
+# Lockstep against separate runs
 
 LOCKSTEP_RUNS = tuple(suite.RunName(norm, protocol) for protocol in ("joint", "grow", "freeze") for norm in ("pre", "post"))
 
@@ -296,53 +279,8 @@ def bench_lockstep(data_dir: Path, steps: int = 12, runs: int = 3) -> dict:
             "identical_results": all(run["results"] == ways["separate"][0]["results"]
                                      for done in ways.values() for run in done)}
 
-
-def bench_compile(repeats: int, cold: bool = True, scale: str = "toy") -> dict:
-    """A scale's student step (bf16 where native) over micro-batches of the lengths LENGTH_FRACTIONS, three ways:
-    eager on batches as wide as their documents (an eager run), eager and compiled (the layers, for fixed shapes)
-    on batches padded to their buckets (a compiled run: data.fixed_shape): compile time, step time, and the loss
-    difference; step times are the median of `repeats` rounds, the speed-ups spreads over them. Inductor compiles
-    into an empty cache folder (`cold`), so the compile time is what a first run pays; the tests reuse the usual
-    cache instead, since they time nothing."""
-    if cold:
-        with tempfile.TemporaryDirectory() as cache, mock.patch.dict(os.environ, {"TORCHINDUCTOR_CACHE_DIR": cache}):
-            torch._dynamo.reset()
-            return bench_compile(repeats, False, scale)
-    dtype, _ = devices.precision_choice("auto", torch.device("cpu"))
-    settings, shape, seq = utilization.distinct_steps((scale,))[f"{scale} student"]
-    lengths = [max(1, round(f * seq)) for f in LENGTH_FRACTIONS]
-    ways = {"eager": False, "eager at fixed shapes": False, "compiled": True}
-    steps = {way: utilization.Step(replace(settings, compile=compiled), shape, seq, dtype) for way, compiled in ways.items()}
-    batches = {way: [length_batch(settings.micro_batch, n, seq, shape.vocab_size, fixed=way != "eager") for n in lengths]
-               for way in ways}
-    losses, first = {way: [] for way in ways}, {}
-    for way, step in steps.items():  # the first pass over every length: the compile, for the compiled one
-        start = time.perf_counter()
-        losses[way] = [step(batch) for batch in batches[way]]
-        first[way] = time.perf_counter() - start
-    loss_diff = max(abs(a - b) / abs(a) for a, b in zip(losses["eager"], losses["compiled"]))
-    rounds = interleaved({way: (lambda way=way: [steps[way](b) for b in batches[way]], nullcontext) for way in ways},
-                         repeats, pick=list, clock=utilization.step_clock()[1])
-    per_step = {way: statistics.median(each) / len(lengths) for way, each in rounds.items()}
-    saving = per_step["eager"] - per_step["compiled"]
-    compile_s = first["compiled"] - first["eager at fixed shapes"]
-    return {"precision": str(dtype).removeprefix("torch."), "lengths": lengths,
-            "widths": [b.input_ids.shape[1] for b in batches["compiled"]], "eager_step_s": per_step["eager"],
-            "eager_fixed_step_s": per_step["eager at fixed shapes"], "compiled_step_s": per_step["compiled"],
-            "speedup": utilization.ratio_spread([(rounds["eager"], rounds["compiled"])]),
-            "speedup_at_fixed_shapes": utilization.ratio_spread([(rounds["eager at fixed shapes"], rounds["compiled"])]),
-            "compile_s": compile_s, "break_even_steps": compile_s / saving if saving > 0 else None,
-            "max_relative_loss_difference": loss_diff}
-
-
-# Documents' lengths in the compiled step's micro-batches, as fractions of max_len (toy: 128, 116, 96, 128, 101,
-# 88): varied, as micro-batches of fewer or shorter documents than the toy's are (the toy's own are all 128
-# wide: one document in four fills max_len).
-LENGTH_FRACTIONS = (1.0, 0.91, 0.75, 1.0, 0.79, 0.69)
-
-
 # ----------------------------------------------------------------------------------------------
-# 3. The chunked KD loss against a naive full-logit one, loss + backward, each in a fresh process
+# The chunked KD loss against a naive full-logit one, loss + backward, each in a fresh process
 
 
 def naive_loss(student_logits, teacher_logits, targets, alpha=0.7, gamma=0.3, tau=1.0):
@@ -430,7 +368,7 @@ def bench_loss(tokens=4096, vocab=151936, hidden=256, repeats=3, chunk_size=kd.D
 
 
 # ----------------------------------------------------------------------------------------------
-# 4. The tokenizer
+# The tokenizer
 
 def bench_tokenizer(repeats: int = 3, documents: int | None = None) -> dict:
     """MB/s of the kit's tokenizer (tiktoken, NFC included) and of HF tokenizers loading Qwen3's real
@@ -452,7 +390,7 @@ def bench_tokenizer(repeats: int = 3, documents: int | None = None) -> dict:
 
 
 # ----------------------------------------------------------------------------------------------
-# 5. The data loader
+# The data loader
 
 def bench_loader_data(data_dir: Path) -> data.Shard:
     """The training shard in data_dir (runs/toy/data by default), prepared there with the toy preset's
@@ -476,13 +414,6 @@ def bench_loader(train: data.Shard, step_seconds: float, steps: int = 200, repea
                          pick=list)["loader"]
     return {"loader_batches_per_s": steps / statistics.median(rounds), "train_steps_per_s": 1 / step_seconds,
             "loader_over_train_step": utilization.ratio_spread([([step_seconds] * repeats, [s / steps for s in rounds])])}
-
-
-def profile_step(steps: int = 5, rows: int = 20):
-    """torch.profiler's table of the kit's toy student step in fp32, heaviest operators first."""
-    settings, shape, seq = utilization.distinct_steps(("toy",))["toy student"]
-    prof, _ = utilization.profiled(utilization.Step(settings, shape, seq, torch.float32), steps)
-    print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=rows))
 
 
 # ----------------------------------------------------------------------------------------------
@@ -556,7 +487,7 @@ def main(repeats: int = 5, data_dir: Path = Path("runs/toy/data"), sizes: dict =
           f"{lock['separate_teacher_forwards']} -> {lock['lockstep_teacher_forwards']}; identical results: "
           f"{lock['identical_results']}")
     print("compiled toy step (fixed shapes) vs eager ...", flush=True)
-    results["compile"] = comp = bench_compile(repeats, sizes["cold_compile"], sizes["utilization_scales"][0])
+    results["compile"] = comp = compile_bench.bench_compile(repeats, sizes["cold_compile"], sizes["utilization_scales"][0])
     even = f"{comp['break_even_steps']:,.0f} steps" if comp["break_even_steps"] else "never (not faster here)"
     print(f"  compiled {ratio(comp['speedup_at_fixed_shapes'])} eager at the same fixed shapes (goal >= 1.3x), "
           f"{ratio(comp['speedup'])} eager on batches as wide as their documents; compile {comp['compile_s']:.0f} "
@@ -566,13 +497,3 @@ def main(repeats: int = 5, data_dir: Path = Path("runs/toy/data"), sizes: dict =
     print(f"wrote {out}")
     return results
 
-
-if __name__ == "__main__":
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--profile", action="store_true", help="print torch.profiler's table of the train step")
-    parser.add_argument("--repeats", type=int, default=5)
-    args = parser.parse_args()
-    if args.profile:
-        profile_step()
-    else:
-        main(args.repeats)

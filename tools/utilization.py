@@ -3,32 +3,15 @@
     python repro.py bench                       # its first rows; results/bench.json's "utilization"
     OMP_NUM_THREADS=1 python repro.py bench     # on one thread (where another process holds the other cores)
 
-The steps: for each scale of SCALES, the student step as grow takes it (the teacher's forward, the student's
-forward and backward through the chunked KD loss, clipping, AdamW; post-norm, every block active and
-trained) and the teacher step (the kit's own teacher pretrained: forward and backward through the chunked
-CE loss, clipping, AdamW), each on one micro-batch of the preset's size whose documents all fill max_len
-(as the toy's batches are wide: one toy document in four reaches max_len). Scales whose steps have the
-same shapes share a row: mini is the toy's step, run for longer.
-
-Fraction of peak: a step's model FLOPs (flops.forward_flops_per_token: 2 per weight and causal attention;
-a backward twice its forward) over its seconds, divided by the FLOP/s of the best square matmul of
-PEAK_SIZES at the same thread count, in fp32 and in bf16. Steps and matmuls are timed in turns
-(`interleaved`), `repeats` rounds each, so numerator and denominator see the same machine; on one thread by
-the thread's CPU time (step_clock), which another process on the machine does not inflate. The peak is each
-size's best round; a step's fraction is taken round by round against that round's best matmul, and reported
-as the median with its spread over the rounds (`spread`).
-
-Ratios with their spread, for every ratio the bench prints: `ratio_spread` turns paired times (round i of
-one variant over round i of another, over one or several processes) into the median of the per-round ratios,
-their min and max, the per-process medians, and a verdict: rounds further than UNSTABLE_SPREAD from the
-median either way make the ratio unstable, printed as its range and not as a number (`spread_text`). A bf16
-step runs only where the precision probe picks bf16: where bf16 is emulated one step takes minutes and the
-kit never trains in it, so there only the bf16 matmul is timed, at sizes up to one that takes over
-MAX_MATMUL_S.
-
-Where the rest goes: torch.profiler over a few steps; each operator's own time goes to the first group of
-GROUPS that its name or an enclosing operator's name matches (else to ELEMENTWISE), and the profiled wall
-time outside every operator to PYTHON, so the groups sum to the whole.
+The steps (distinct_steps, Step): for each scale of SCALES, the student step as grow takes it and the teacher
+step, each on one micro-batch of the preset's size whose documents all fill max_len (as the toy's batches are
+wide: one toy document in four reaches max_len); scales whose steps have the same shapes share a row. A step's
+fraction of peak is its model FLOPs (flops.forward_flops_per_token; a backward twice its forward) over its
+seconds, against the best square matmul of PEAK_SIZES at the same thread count, in fp32 and in bf16, the two
+timed in turns (`interleaved`) so that both see the same machine; on one thread by the thread's CPU time
+(step_clock). A bf16 step runs only where the precision probe picks bf16 (emulated, one step takes minutes).
+Where the rest goes: torch.profiler's operators by GROUPS (grouped). Every ratio the bench prints comes with its
+spread over paired rounds and processes (ratio_spread, spread_text).
 
 For the dry run (tools/cpu_estimate.py) where the bench has not run: a few toy student steps timed now
 (step_rate), and whether other processes hold the cores (busy_load).
@@ -322,8 +305,8 @@ def measure(repeats: int = 5, scales=SCALES, profiled_steps: int = 3) -> dict:
             "steps": rows, "profile": profiles}
 
 
-def profiled(step, steps: int) -> tuple[profile, float]:
-    """`steps` steps under torch.profiler, after two unprofiled: (the profile, their wall seconds)."""
+def profile_groups(step, steps: int = 3) -> dict[str, float]:
+    """`steps` steps under torch.profiler (after two unprofiled), their time as fractions by group."""
     step()
     step()
     with profile(activities=[ProfilerActivity.CPU]) as prof:
@@ -331,12 +314,6 @@ def profiled(step, steps: int) -> tuple[profile, float]:
         for _ in range(steps):
             step()
         wall = time.perf_counter() - start
-    return prof, wall
-
-
-def profile_groups(step, steps: int = 3) -> dict[str, float]:
-    """`steps` steps under torch.profiler (after two unprofiled), their time as fractions by group."""
-    prof, wall = profiled(step, steps)
     return grouped([(enclosing_names(e), e.self_cpu_time_total / 1e6) for e in prof.events()], wall)
 
 
