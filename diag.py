@@ -1,28 +1,12 @@
-"""Diagnostics of trained runs (paper RQ3): boundary scale, massive activations and first-token
-attention, token types, block removal, transition response (the figures are figures.py's). Nothing
-here trains; everything is computed from checkpoints, a fixed diagnostic batch and the metrics log,
-and every result is a plain JSON-able dict or list.
+"""Diagnostics of trained runs (paper RQ3), computed from checkpoints, a fixed diagnostic batch and the metrics
+log, never by training; every result is a plain JSON-able dict or list (the figures are figures.py's). The
+definitions, and how each maps to the paper's: docs/method.md.
 
-Normally driven by repro.py; by hand:
-
-    import diag, grow, model
-    batch = ...                                   # a data.Batch: input_ids, targets, mask (B, T)
-    series = []
-    for ckpt in diag.checkpoint_series("runs/toy/pre-grow"):          # phase-end checkpoints, in step order
-        student = model.Student.load(ckpt["path"])
-        series.append({"step": ckpt["step"], **diag.diagnose_checkpoint(
-            student, batch, tokenizer.decode, active_blocks=ckpt["active_blocks"])})
-    removal = diag.block_removal(model.Student.load("runs/toy/pre-grow/phase-2"), batch)   # Table 4
-    rows = rundir.read_metrics("runs/toy/pre-grow")
-    responses = diag.transition_responses(rows, phase_steps=S, blocks=3)                  # Table A4
-    figures.fig4_boundary_std({"pre": series, "post": post_series}, "results/toy/fig4.png")
-
-Definitions (each function's docstring has the details):
-- per-token RMS: sqrt(mean over the hidden dimension of h^2), float64, real (unpadded) tokens only;
-  its std is the population std and its kurtosis is Pearson's (fourth standardised moment, normal = 3).
-- token types: TOKEN_TYPE_DEFINITION below.
-- block removal: dCE_l = CE(skip block l) - CE(full), angular distance arccos(cos(h_in, h_out)) / pi.
-- transition response: transition_response's docstring, with how it maps to the paper's Table A4.
+    for ckpt in diag.checkpoint_series("runs/toy/s42/pre-grow"):              # kept checkpoints, in step order
+        stats = diag.diagnose_checkpoint(model.Student.load(ckpt["path"]), batch, tokenizer.decode,
+                                         active_blocks=ckpt["active_blocks"])
+    removal = diag.block_removal(model.Student.load("runs/toy/s42/pre-grow/phase-2"), batch)      # Table 4
+    responses = diag.transition_responses(rundir.read_metrics(run_dir), phase_steps=S, blocks=3)  # Table A4
 """
 from __future__ import annotations
 
@@ -69,14 +53,9 @@ def boundary_label(b: int) -> str:
 
 
 def boundary_stats(boundaries: list[torch.Tensor], mask: torch.Tensor) -> list[dict]:
-    """Per boundary b (0 = the input of block 0, "entry"; b >= 1 = the output of block b-1):
-    {"boundary": b, "label", "tokens", "mean", "std", "max", "kurtosis", "distinct_tokens",
-    "kurtosis_distinct"} of the per-token RMS over real tokens (padding excluded by `mask`). std is the
-    population std; kurtosis is Pearson's (normal = 3). kurtosis_distinct counts each distinct hidden
-    state once: every row starts with the same <|endoftext|>, whose state (causal attention) is the
-    same in every row, so the plain kurtosis weighs that one outlier by the number of rows and is
-    capped near the row length (kurtosis_cap); over distinct states, one row and many copies of it
-    give the same value."""
+    """Per boundary b (0: block 0's input, "entry"; b >= 1: block b-1's output): `summarize` of the per-token RMS
+    over real tokens, massive_activation, and kurtosis_distinct, over distinct hidden states: every row's first
+    state is the same <|endoftext|>'s, which caps the plain kurtosis near the row length (kurtosis_cap)."""
     out = []
     for b, h in enumerate(boundaries):
         distinct = torch.unique(h[mask.to(h.device)].double(), dim=0)
@@ -231,9 +210,8 @@ def captured_forward(net, input_ids: torch.Tensor, active_blocks: int | None = N
 
 @torch.no_grad()
 def diagnose_checkpoint(student, batch, decode: Callable, active_blocks: int | None = None) -> dict:
-    """Boundary statistics, token-type RMS and the raw per-token RMS (for histograms) of one student
-    on a fixed batch, running blocks 0..active_blocks-1 (default all; a grow checkpoint of phase p
-    has p+1). Returns {"boundary_stats", "token_type_rms", "token_rms": [per boundary, list of floats]}."""
+    """Boundary statistics, token-type RMS, the raw per-token RMS (for histograms) and first-token attention of one
+    student (or a Qwen3) on a fixed batch, running blocks 0..active_blocks-1 (default all)."""
     captured = captured_forward(student, batch.input_ids, active_blocks)
     boundaries = captured["boundaries"]
     types = token_types(batch.input_ids, batch.mask, decode)
@@ -241,13 +219,6 @@ def diagnose_checkpoint(student, batch, decode: Callable, active_blocks: int | N
             "token_type_rms": token_type_rms(boundaries, batch.mask, types),
             "token_rms": [token_rms(h, batch.mask).tolist() for h in boundaries],
             "first_token_attention": first_token_attention(captured["first_attention"], batch.mask)}
-
-
-def diagnose_teacher(teacher, batch, decode: Callable) -> dict:
-    """The same statistics for a plain Qwen3 (a teacher), at every layer's output ("after block b" is
-    after layer b here): boundary statistics with the massive activation, token-type RMS and each
-    layer's first-token attention per head."""
-    return {key: value for key, value in diagnose_checkpoint(teacher, batch, decode).items() if key != "token_rms"}
 
 
 # ----------------------------------------------------------------------------------------------
@@ -331,11 +302,9 @@ def angular_distance(h_in: torch.Tensor, h_out: torch.Tensor) -> torch.Tensor:
 
 @torch.no_grad()
 def block_removal(student, batch) -> list[dict]:
-    """Per block l of the whole student: {"block", "ce_full", "ce_skip", "delta_ce", "angular_distance"},
-    delta_ce = CE(skip block l) - CE(full), CEs averaged over real targets, and angular_distance
-    averaged over real tokens between the residual stream entering and leaving block l in the FULL
-    model's forward. Skipping follows model.Student: a post-norm block goes with its norms, the entry
-    norm stays. CE comes from kd.kd_sums (float64 sums, in token chunks: no full logits)."""
+    """Per block l: delta_ce = CE(skip block l) - CE(full) over real targets, and the angular distance between the
+    stream entering and leaving block l in the full model's forward, over real tokens. Skipping follows
+    model.Student: a post-norm block goes with its norms, the entry norm stays."""
     device = next(student.parameters()).device
     input_ids, targets, mask = batch.input_ids.to(device), batch.targets.to(device), batch.mask.to(device)
 
@@ -405,37 +374,13 @@ def loss_window(losses: dict[int, float], first: int, last: int) -> np.ndarray:
 def transition_response(rows: list[dict], transition_step: int, phase_steps: int, *, key: str = "loss",
                         baseline_window: int | None = None, smooth: int | None = None,
                         short_window: int | None = None, long_window: int | None = None) -> dict:
-    """The training-loss response to appending a block after step `transition_step` (T). Steps are the
-    metrics log's 1-based step numbers; step T+k is the k-th step with the new block. Windows default
-    to the paper's scaled to this run's phase length (paper_scaled, at least MIN_WINDOW steps):
-    baseline 1000, smooth 200, short 1000, long 5000 paper steps. `key` is the metrics column: "loss",
-    the objective the run optimises (the paper's training loss), or "ce" for its CE term.
-
-    - baseline: mean raw loss over steps T-baseline_window+1 .. T.
-    - smoothed loss at step s: mean raw loss over steps s-smooth+1 .. s, a trailing average over the
-      whole log, so for the first `smooth` steps it still reaches back before the transition (a short
-      spike is diluted by up to a factor `smooth`, as any 200-step smoothed curve is).
-    - jump: max of the smoothed loss over k = 1..short_window, minus the baseline; peak_step is the
-      first k where that maximum is reached.
-    - immediate_jump: max of the raw loss over k = 1..smooth, minus the baseline: a spike at its
-      height, undiluted (and noisier: one step's loss).
-    - auc_1k, auc_5k: MEAN of (raw loss - baseline) over k = 1..short_window and 1..long_window (nats;
-      the sum in nat-steps is the mean times the window). abs_auc_*: the mean of |raw loss - baseline|.
-    - rose: whether the smoothed loss rose above the baseline at all (jump > 0).
-    - recovery_steps: the first k >= peak_step at which the smoothed loss is <= the baseline, searched
-      up to k = phase_steps (the new block's phase) or the end of the log; None if it never returns
-      ("not recovered") or never rose ("not applicable": then there is nothing to recover from).
-
-    Which reading fits which column of the paper's Table A4 (its text does not define them): a sum
-    cannot fit post-norm at 50k, whose AUC_5k (0.1464) is below its AUC_1k (0.1820) although its
-    smoothed loss stays above baseline for 19,914 steps; a mean can. With a smoothed jump, a signed mean
-    cannot fit pre-norm (AUC_1k 0.0694 above a jump of 0.0226 forces some window above the jump); a
-    mean absolute deviation can, and so can a signed mean with the immediate jump. Both AUCs and both
-    jumps are reported; neither pair is claimed to be the paper's.
-
-    Returns the keys above (abs_auc_1k, abs_auc_5k), "transition_step", "searched_steps" and the four windows
-    by their argument names; loss values in the log's units (nats), steps counted from the transition.
-    """
+    """The training-loss response to appending a block after step `transition_step` (T; step T+k is the k-th with
+    the new block), as docs/method.md defines it for Table A4 (baseline, smoothed and immediate jump, signed and
+    absolute AUC, recovery) and says which reading fits which of the paper's columns. Windows default to the
+    paper's (baseline 1000, smooth 200, short 1000, long 5000 steps) scaled by paper_scaled. `key`: the metrics
+    column, "loss" (the paper's training loss) or "ce". The smoothed loss is a trailing mean over the whole log, so
+    for the first `smooth` steps it reaches back before T. recovery_steps is searched up to the new block's phase
+    end or the log's, None where the loss never returned or never rose; losses in nats, steps from T."""
     T = transition_step
     baseline_window = baseline_window or min(paper_scaled(1000, phase_steps), T)
     smooth = smooth or paper_scaled(200, phase_steps)
