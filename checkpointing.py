@@ -29,8 +29,7 @@ from rundir import adopt_shared_prefix, read_json
 
 
 def trainer_state(step, phase, batcher, totals, elapsed, outcome: dict) -> dict:
-    """What a resume needs besides the weights; `outcome`: the best validation CE so far and a divergence
-    recorded by a run that continues past it."""
+    """What a resume needs besides the weights; `outcome`: the best validation CE so far and any divergence."""
     rng = base64.b64encode(torch.get_rng_state().numpy().tobytes()).decode()
     return {"step": step, "phase": phase, "data": batcher.state_dict(), "totals": totals,
             "elapsed": elapsed, "torch_rng": rng, "outcome": outcome}
@@ -38,9 +37,7 @@ def trainer_state(step, phase, batcher, totals, elapsed, outcome: dict) -> dict:
 
 def save_due_checkpoints(run_dir: Path, config, net, optimizer, state: dict, ctx, phase_end: bool, moments_go_on: bool):
     """Those due at the trainer state's step: phase-<p>/ at a phase's end, step-<n>/ every snapshot_interval,
-    latest/ every checkpoint_interval (and before phase-<p>/ where the next phase keeps AdamW's moments:
-    `moments_go_on`). Each is copied to host memory here and written in the background while training goes on;
-    the run's last step waits for them (its done.json comes next)."""
+    latest/ every checkpoint_interval (and before phase-<p>/ where the next phase keeps AdamW's moments)."""
     step = state["step"]
     kept, latest = partial(save_kept_checkpoint, run_dir), partial(save_latest_checkpoint, run_dir, net, optimizer)
     if phase_end and moments_go_on:
@@ -67,10 +64,8 @@ def save_latest_checkpoint(run_dir: Path, net, optimizer, state: dict, ctx, back
 
 def save_checkpoint(run_dir: Path, net, state: dict, ctx, name: str, optimizer=None, background: bool = False):
     """Checkpoint <name> (latest/ with the optimizer's state, else a kept one): the run's earlier writes finished
-    (their error raised) first, its tensors copied to host memory now (under FSDP2 with the ranks' collectives, on
-    this thread), its files written, hashed and renamed into place on the writer thread (`background`; a rank that is
-    a thread of the rehearsal's threaded group writes on its own thread: writer.writes) or here. Only the copy
-    blocks training: the plan prices it."""
+    first, its tensors copied to host memory now (under FSDP2 with the ranks' collectives), its files written on
+    the writer thread (`background`) or here. Only the copy blocks training: the plan prices it."""
     writer.wait_for_writes(run_dir)
     writes = writer.writes()
     # the writer thread's barriers go on a group of their own; a job run inline (writes.inline) uses the default one
@@ -88,8 +83,8 @@ def save_checkpoint(run_dir: Path, net, state: dict, ctx, name: str, optimizer=N
 
 @contextmanager
 def temporary_folder(run_dir: Path, name: str, ranks):
-    """run_dir/<name>.tmp, emptied (a kill may leave one) before any rank writes checkpoint <name> in it. A write
-    that runs out of disk (or past a file-size limit) says so, names the folder, and says what is still intact."""
+    """run_dir/<name>.tmp, emptied (a kill may leave one) before any rank writes checkpoint <name> in it; a full
+    disk is one line naming the folder and what is still intact."""
     try:
         tmp = run_dir / f"{name}.tmp"
         if ranks.is_main:
@@ -108,16 +103,12 @@ def temporary_folder(run_dir: Path, name: str, ranks):
 
 
 def stage_kept(run_dir: Path, name: str, net, state: dict, writers: int, group, ranks) -> Callable[[], None]:
-    """A kept checkpoint (phase-<p>/ or step-<n>/): safetensors weights any tool can load, plus the trainer state.
-    It holds no optimizer state: phases restart theirs, so a phase end needs none. In one process,
-    model.safetensors. Under FSDP2 nothing is gathered whole on one rank: each rank
-    that holds distinct shards (`group`, ctx.shard_group) copies whole the tensors assigned to it
-    (checkpoint.tensor_writers: about 1/n of the model each), gathering them one at a time (every rank
-    takes part in each tensor's all-gather), for one file of a standard HF sharded checkpoint
-    (model-0000w-of-0000n.safetensors and model.safetensors.index.json), which the kit's loaders,
-    `repro.py export` (one HF folder) and transformers read as they read one file. Returns the write: each writer
-    hashes its own file; rank 0 writes the index, config.json, the trainer state and the checksums, then
-    renames the folder into place."""
+    """A kept checkpoint (phase-<p>/ or step-<n>/): safetensors weights any tool can load, plus the trainer state,
+    and no optimizer state (phases restart theirs). Under FSDP2 nothing is gathered whole on one rank: each rank
+    that holds distinct shards (`group`) copies the whole tensors assigned to it (checkpoint.tensor_writers),
+    gathered one at a time, for one file of a standard HF sharded checkpoint, which the kit's loaders and
+    transformers read as one file. Returns the write: each writer hashes its own file; rank 0 writes the index,
+    config.json, the trainer state and the checksums, then renames the folder into place."""
     qwen3 = isinstance(net, model.Qwen3)  # the teacher run's checkpoints are plain HF Qwen3 folders
     weights = {hf_qwen3.hf_name(k) if qwen3 else k: v for k, v in net.state_dict().items()}
     owner = checkpoint.tensor_writers({k: v.numel() * v.element_size() for k, v in weights.items()}, writers)
@@ -157,11 +148,9 @@ def stage_kept(run_dir: Path, name: str, net, state: dict, writers: int, group, 
 
 
 def stage_latest(run_dir: Path, net, optimizer, state: dict, group, ranks) -> Callable[[], None]:
-    """latest/: each rank's own shards of the weights and of AdamW's state (safetensors), an index of
-    which rows each file holds and the trainer state (JSON), written by every rank that holds distinct
-    shards (`group`), each hashing its own files. Nothing is gathered whole, nothing is pickled, and it
-    resumes on any number of ranks (load_latest_checkpoint reads only the rows a rank needs). Each rank's rows are
-    copied to host memory now; returns the write."""
+    """latest/: each rank's own shards of the weights and of AdamW's state, an index of which rows each file holds
+    and the trainer state, written by every rank that holds distinct shards (`group`). Nothing is gathered whole,
+    and it resumes on any number of ranks. Each rank's rows are copied to host memory now; returns the write."""
     if group is not None:
         params = dict(net.named_parameters())
         moments = {f"{fqn}/{key}": value for fqn, p in params.items()
@@ -184,8 +173,7 @@ def stage_latest(run_dir: Path, net, optimizer, state: dict, group, ranks) -> Ca
 
 
 def finish_latest(run_dir: Path, tmp: Path, writers: int, state_text: str, step: int):
-    """Rank 0's end of a latest/ write: the writers' parts merged into the index, the trainer state, the
-    checksums, the folder renamed into place."""
+    """Rank 0's end of a latest/ write: the index, the trainer state, the checksums, the folder renamed."""
     parts = [p for w in range(writers) for p in checkpoint.loads((tmp / f"part.rank{w}.json").read_text())]
     for w in range(writers):
         (tmp / f"part.rank{w}.json").unlink()
@@ -198,18 +186,16 @@ def finish_latest(run_dir: Path, tmp: Path, writers: int, state_text: str, step:
     checkpoint.replace_folder(tmp, run_dir / "latest", midway=lambda: kill_point("swapping-latest", run_dir.name, step))
 
 
-# Resume points, best first on a tie: latest/ (weights and AdamW state), phase-<p>/ (weights; a phase
-# starts a fresh AdamW, so nothing is lost), step-<n>/ (weights only, mid-phase: AdamW's moments
-# restart, so only after damage).
+# Resume points, best first on a tie: latest/ (weights and AdamW state), phase-<p>/ (a phase starts a fresh
+# AdamW), step-<n>/ (mid-phase, AdamW's moments lost: only after damage).
 RESUME_POINT = re.compile(r"latest|(?:phase|step)-\d+")  # latest/, phase-<p>/, step-<n>/ (not .tmp/.old)
 RESUME_RANK = {"latest": 2, "phase": 1, "step": 0}
 TRAINER_STATE_KEYS = ("step", "phase", "data", "totals", "elapsed", "torch_rng")
 
 
 def checkpoints(run_dir: Path) -> list[tuple[int | None, Path]]:
-    """(step, folder) of every resume point: those with an unreadable trainer state (step None) first,
-    so that each is named before a good one is taken, then newest first. The run's checkpoint writes finish first
-    (a write in flight is a checkpoint about to exist; its error is raised here)."""
+    """(step, folder) of every resume point: those with an unreadable trainer state (step None) first, so that
+    each is named before a good one is taken, then newest first, once the run's writes in flight are done."""
     writer.wait_for_writes(run_dir)
     found = []
     for ckpt in run_dir.iterdir() if run_dir.is_dir() else []:
@@ -227,11 +213,9 @@ def checkpoints(run_dir: Path) -> list[tuple[int | None, Path]]:
 
 def newest_checkpoint(run_dir: Path, verify: bool = False, warn=lambda line: None,
                       ctx=None) -> tuple[Path, dict] | None:
-    """The checkpoint to resume from: the newest whose trainer state reads and, with `verify`, whose
-    files match their checksums (with `ctx`, the ranks share the hashing and agree on the verdict);
-    each one passed over is named in a one-line warning. A snapshot step-<n>/ is taken only once a
-    damaged checkpoint was passed over: an interrupted run resumes exactly from latest/ or phase-<p>/
-    (or step 0), a damaged one salvages what it can."""
+    """The checkpoint to resume from: the newest whose trainer state reads and, with `verify`, whose files match
+    their checksums (with `ctx`, the ranks share the hashing and agree); each one passed over is named in a
+    warning. A snapshot step-<n>/ is taken only once a damaged checkpoint was passed over."""
     salvaging = False
     for step, ckpt in checkpoints(run_dir):
         if ckpt.name.startswith("step-") and not salvaging:
@@ -252,10 +236,9 @@ def newest_checkpoint(run_dir: Path, verify: bool = False, warn=lambda line: Non
 
 
 def resume_point(config, run_dir: Path, net, batcher, ctx) -> tuple[tuple[Path, dict] | None, int, dict, float, dict]:
-    """The newest intact checkpoint, the same on every rank (None: start at step 0), after adopting the shared
-    prefix the run starts from if it has no checkpoint of its own; and its step, totals, seconds trained so far
-    and outcome, its data position, RNG state and weights restored (latest/'s weights come with its AdamW state:
-    load_latest_checkpoint, once the optimizer exists)."""
+    """The newest intact checkpoint, the same on every rank (None: step 0), after adopting the shared prefix if
+    the run has none of its own; with its step, totals, seconds trained and outcome, its data position, RNG state
+    and weights restored (latest/'s weights come with its AdamW state: load_latest_checkpoint)."""
     adopting = bool(config.start_from) and newest_checkpoint(run_dir) is None
     if ctx.is_main and adopting:
         adopt_shared_prefix(config, run_dir)
@@ -291,9 +274,8 @@ def resume_point(config, run_dir: Path, net, batcher, ctx) -> tuple[tuple[Path, 
 
 def names_in(net: model.Student, stored_norm: str) -> Callable[[str], str | None]:
     """Where each of the student's parameters lies in a checkpoint of the schedule `stored_norm` whose block 0 is
-    its own (a transplant adopts another schedule's phase 0): under its own name, except that a schedule whose
-    only norm is its entry norm stores it as `norm` (see model.Student.__init__), and the student's final norm,
-    which that schedule lacks, is absent (None: it keeps its initial value)."""
+    its own (a transplant): under its own name, except that a schedule whose only norm is its entry norm stores
+    it as `norm` (model.Student.__init__), and the final norm it lacks is absent (None: kept as initialised)."""
     stored = [model.placement(n) for n in model.block_norms(stored_norm, net.blocks)]
     if net.entry_norm is None or not stored[0].entry_norm or any(p.final_norm for p in stored):
         return lambda name: name
@@ -301,8 +283,7 @@ def names_in(net: model.Student, stored_norm: str) -> Callable[[str], str | None
 
 
 def load_latest_checkpoint(ckpt: Path, net, optimizer, ctx):
-    """Weights and AdamW state from latest/ (save_latest_checkpoint) on any number of ranks: each rank
-    reads only the rows of each tensor that it holds."""
+    """Weights and AdamW state from latest/ on any number of ranks, each reading only the rows it holds."""
     if not (ckpt / checkpoint.SHARDED_INDEX).is_file():
         raise TrainingError(f"{ckpt}: lacks {checkpoint.SHARDED_INDEX} (written by an older version of the kit, or "
                             "damaged); move the folder away and rerun to resume from the last phase checkpoint")

@@ -52,11 +52,8 @@ DEFAULT_CHUNK_SIZE = 1024
 # Per-token terms of a block of rows
 
 def _token_terms(z_S, z_T, y, *, alpha, gamma, tau, want_grad, want_soft_ce):
-    """Loss terms of a few tokens from their fp32 (or fp64) logits z_S, z_T of shape (rows, V).
-
-    Returns per-token tensors (rows,): ce, kl (tau^2 * KL), soft_ce (tau^2 * H(q_T, q_S)) and
-    grad = d(alpha * kl + gamma * ce)/dz_S of shape (rows, V); kl/soft_ce are None without a teacher
-    (z_T None), soft_ce and grad are None unless asked for."""
+    """Per-token ce, kl (tau^2 * KL), soft_ce (tau^2 * H(q_T, q_S)) and grad = d(alpha * kl + gamma * ce)/dz_S
+    (rows, V) from fp32 (or fp64) logits z_S, z_T (rows, V); None for what has no teacher or was not asked for."""
     log_p_S = torch.log_softmax(z_S, dim=-1)
     ce = -log_p_S.gather(1, y[:, None]).squeeze(1)
     kl = soft_ce = None
@@ -86,9 +83,8 @@ def _token_terms(z_S, z_T, y, *, alpha, gamma, tau, want_grad, want_soft_ce):
 @torch.no_grad()  # gradients here are computed by hand, never traced
 def _chunk_loop(h_S, W_S, h_T, W_T, y, *, alpha, gamma, tau, chunk_size, grad_h=False, grad_W=False,
                 want_soft_ce=False):
-    """Walks the tokens (N, H) in chunks. Returns (sums, dh, dW): float64 sums over tokens of
-    kl, soft_ce and ce (a (3,) tensor; 0 where not computed), and the gradients of
-    alpha * sum(kl) + gamma * sum(ce) with respect to h_S and W_S (None unless asked for)."""
+    """Walks the tokens (N, H) in chunks: (float64 sums of kl, soft_ce and ce, and the gradients of
+    alpha * sum(kl) + gamma * sum(ce) with respect to h_S and W_S, None unless asked for)."""
     n, vocab = len(y), W_S.shape[0]
     sums = torch.zeros(3, dtype=torch.float64, device=h_S.device)
     dh = torch.empty_like(h_S) if grad_h else None
@@ -177,13 +173,9 @@ def _terms(sums, alpha, gamma, scale, dtype):
 
 def kd_loss(student_hidden, student_head_weight, teacher_hidden, teacher_head_weight, targets, mask,
             alpha=0.7, gamma=0.3, tau=1.0, chunk_size=DEFAULT_CHUNK_SIZE, denominator=None):
-    """alpha * tau^2 * KL(q_T || q_S) + gamma * CE(y, z_S), averaged over real targets.
-
-    student_hidden (..., H), student_head_weight (V, H): receive gradients. teacher_hidden (..., H_T) and
-    teacher_head_weight (V, H_T): never receive gradients. targets (...) long, mask (...) bool: True for a
-    real target. denominator: how many real targets the mean is over (default mask.sum(); pass the
-    global batch's count under accumulation or data parallelism). Returns (loss, kd_term, ce_term):
-    kd_term is the mean of tau^2 * KL (without alpha), ce_term the mean hard CE, both detached."""
+    """alpha * tau^2 * KL(q_T || q_S) + gamma * CE(y, z_S), averaged over `denominator` real targets (default
+    mask.sum()); shapes in the module's docstring. Returns (loss, kd_term, ce_term): kd_term the mean of
+    tau^2 * KL (without alpha), ce_term the mean hard CE, both detached."""
     h_S, W_S, h_T, W_T, y = _real_tokens(student_hidden, student_head_weight, teacher_hidden, teacher_head_weight,
                                          targets, mask)
     denominator = len(y) if denominator is None else float(denominator)
@@ -196,8 +188,7 @@ def kd_loss(student_hidden, student_head_weight, teacher_hidden, teacher_head_we
 
 
 def ce_loss(hidden, head_weight, targets, mask, chunk_size=DEFAULT_CHUNK_SIZE, denominator=None):
-    """Plain next-token CE, averaged over real targets, chunked the same way (no teacher logits).
-    Returns (loss, ce_term); ce_term is the detached value of loss."""
+    """Plain next-token CE, chunked the same way: (loss, its detached value)."""
     loss, _, ce_term = kd_loss(hidden, head_weight, None, None, targets, mask, alpha=0.0, gamma=1.0,
                                tau=1.0, chunk_size=chunk_size, denominator=denominator)
     return loss, ce_term
@@ -206,9 +197,8 @@ def ce_loss(hidden, head_weight, targets, mask, chunk_size=DEFAULT_CHUNK_SIZE, d
 @torch.no_grad()
 def kd_sums(student_hidden, student_head_weight, teacher_hidden, teacher_head_weight, targets, mask,
             tau=1.0, chunk_size=DEFAULT_CHUNK_SIZE):
-    """Sums over real targets, for token-weighted evaluation: a dict of float64 0-dim tensors
-    kl (tau^2 * KL), soft_ce (tau^2 * H(q_T, q_S) = kl + tau^2 * H(q_T)), ce (hard CE) and n (count).
-    Sum them across batches and ranks, then divide by n. With teacher_hidden None, only ce and n."""
+    """Float64 sums over real targets, for token-weighted evaluation: kl (tau^2 * KL), soft_ce
+    (tau^2 * H(q_T, q_S)), ce and the count n; without a teacher, only ce and n."""
     h_S, W_S, h_T, W_T, y = _real_tokens(student_hidden, student_head_weight, teacher_hidden,
                                          teacher_head_weight, targets, mask)
     sums, _, _ = _chunk_loop(h_S, W_S, h_T, W_T, y, alpha=0.0, gamma=0.0, tau=tau, chunk_size=chunk_size,
@@ -219,9 +209,8 @@ def kd_sums(student_hidden, student_head_weight, teacher_hidden, teacher_head_we
 
 
 def _real_tokens(h_S, W_S, h_T, W_T, targets, mask):
-    """Flattens leading dims and keeps only real targets, so padding costs nothing downstream; gives
-    each hidden/head pair one matmul dtype (the casts sit outside the chunk loop, so autograd carries
-    the student's gradients back to the dtypes it came in)."""
+    """Flattens leading dims and keeps only real targets; gives each hidden/head pair one matmul dtype (cast
+    outside the chunk loop, so autograd carries the student's gradients back to the dtypes it came in)."""
     # mask None: every target is real (plan.py's rehearsal, whose fake tensors have no data to select by).
     # Else the real targets' positions, found once: on a GPU finding them waits for the device (how many
     # there are sizes everything after), and a boolean mask used three times would wait three times. An

@@ -1,7 +1,6 @@
-"""The networks a run computes with, and what they compute. The frozen teacher (one, shared by every run
-that distils from it), the model a run trains (a student built from the teacher, or from the seed alone;
-for the `teacher` protocol a Qwen3 from the seed) and mirror-fwd's frozen reference; a micro-batch's
-loss, the evaluation over the whole validation set, and the boundary monitor's numbers.
+"""The networks a run computes with (the frozen teacher, shared by every run that distils from it; the model a
+run trains; mirror-fwd's frozen reference) and what they compute: a micro-batch's loss, the evaluation over the
+whole validation set, and the boundary monitor's numbers.
 
     teacher = nets.load_teacher(config, ctx, dtype)
     net = nets.build_model(config, teacher, ctx, dtype, boundary_token=train_shard.eot)
@@ -51,10 +50,9 @@ def hidden_only(hidden, head_weight):
 
 
 class Teacher:
-    """The frozen teacher's final hidden states (the chunked loss applies its head). `forwards` counts
-    the passes it actually ran. Validation batches are kept after their first pass, up to
-    `cache_bytes`: every evaluation of every run reads the same ones. Under FSDP2 nothing is kept, so
-    every rank runs the same sequence of sharded forwards."""
+    """The frozen teacher's final hidden states (the chunked loss applies its head); `forwards` counts its passes.
+    Validation batches are kept after their first pass, up to `cache_bytes` (every evaluation of every run reads
+    the same ones); under FSDP2 none, so every rank runs the same sequence of sharded forwards."""
 
     def __init__(self, net: model.Qwen3, cache_bytes: int = 0):
         self.net, self.cache_bytes, self.forwards = net, cache_bytes, 0
@@ -76,9 +74,8 @@ class Teacher:
 
 
 def load_teacher(config: RunConfig, ctx: Dist, dtype: torch.dtype) -> Teacher:
-    """The teacher checkpoint, its layers sharded under FSDP2 (embedding, final norm and head
-    replicated, so its head weight can be handed to the chunked loss); held in the compute `dtype` on a
-    GPU, fp32 on a CPU."""
+    """The teacher checkpoint, its layers sharded under FSDP2 (TEACHER_REPLICATED whole); in the compute `dtype`
+    on a GPU, fp32 on a CPU."""
     net = model.load_qwen3(config.teacher, dtype=dtype if ctx.device.type == "cuda" else torch.float32,
                            device=ctx.device, shard_fn=shard_fn(ctx, dtype, replicated=TEACHER_REPLICATED))
     if config.compile:
@@ -88,9 +85,9 @@ def load_teacher(config: RunConfig, ctx: Dist, dtype: torch.dtype) -> Teacher:
 
 def build_model(config: RunConfig, teacher: Teacher | None, ctx: Dist, dtype: torch.dtype,
                 boundary_token: int | None = None) -> torch.nn.Module:
-    """The model a run trains, fp32 master weights computing in `dtype`: a student built from the teacher
-    (or from the seed alone, growth from scratch), or (the `teacher` protocol) a Qwen3 from the seed. A
-    student with a boundary_tail has it in its embedding's row `boundary_token` (the data's <|endoftext|>)."""
+    """The model a run trains, fp32 master weights computing in `dtype`: a student built from the teacher (or the
+    seed alone), or for the `teacher` protocol a Qwen3 from the seed. A boundary_tail goes in the embedding's row
+    `boundary_token` (the data's <|endoftext|>)."""
     if config.protocol == "teacher":
         net = model.qwen3_on_meta(ModelConfig(**config.teacher_config), shard_fn(ctx, dtype))
         net.to_empty(device=ctx.device)
@@ -120,8 +117,8 @@ def build_model(config: RunConfig, teacher: Teacher | None, ctx: Dist, dtype: to
 
 
 class BoundaryProfile:
-    """mirror-fwd's target: a frozen reference student's per-token RMS at each block boundary, on the
-    batch being run (a plain object, so the reference is never part of the trained model)."""
+    """mirror-fwd's target: a frozen reference student's per-token RMS at each block boundary, on the batch being
+    run (a plain object: the reference is never part of the trained model)."""
 
     def __init__(self, reference: model.Student):
         self.reference = reference
@@ -134,8 +131,7 @@ class BoundaryProfile:
 
 
 def boundary_profile(config: RunConfig, phase: Phase, ctx: Dist, dtype: torch.dtype) -> BoundaryProfile:
-    """mirror-fwd: the reference pre-norm run's phase-<p>/ (the same phase) gives, per batch, each
-    token's RMS at the boundaries this phase's appended blocks read."""
+    """mirror-fwd: the reference pre-norm run's phase-<p>/ of the same phase."""
     path = Path(config.boundary_source) / f"phase-{phase.index}"
     if not (path / "trainer_state.json").is_file():
         raise TrainingError(f"{path}: missing; a mirror-fwd run copies the boundary profile of "
@@ -165,8 +161,8 @@ def warn_math_attention(config: RunConfig, ctx: Dist):
 # on every rank), the boundary monitor's numbers
 
 def loss_fn(config, batch, teacher_hidden, teacher_head_weight, phase, denominator, net):
-    """One micro-batch through the model with the chunked loss as its output function: KD against the
-    teacher's hidden states, or plain CE where there are none (teacher pretraining, growth from scratch)."""
+    """One micro-batch through the model with the chunked loss as its output function: KD against the teacher's
+    hidden states, or plain CE without them."""
     if teacher_hidden is None:
         blocks = {"active_blocks": phase.active_blocks} if isinstance(net, model.Student) else {}
         loss, ce_term = net(batch.input_ids, **blocks, doc_lengths=batch.doc_lengths, output_fn=partial(
@@ -182,8 +178,8 @@ def loss_fn(config, batch, teacher_hidden, teacher_head_weight, phase, denominat
 @torch.no_grad()
 def evaluate(config: RunConfig, net, teacher: Teacher | None, val: data.Shard, active_blocks: int | None,
              ctx: Dist, dtype: torch.dtype) -> dict:
-    """CE, PPL, KD (soft-target CE) and KL over every validation document, token-weighted and summed
-    over ranks. Without a teacher, CE and PPL of `net` alone (a teacher run, or `repro.py eval`)."""
+    """CE, PPL, KD (soft-target CE) and KL over every validation document, token-weighted and summed over ranks;
+    without a teacher, CE and PPL alone."""
     net.eval()
     sums = [0.0, 0.0, 0.0, 0.0]  # kl, soft_ce, ce, targets
     blocks = {"active_blocks": active_blocks} if isinstance(net, model.Student) else {}
@@ -221,12 +217,10 @@ def perplexity(ce: float) -> float:
 
 
 def monitor_row(captured: dict, mask: torch.Tensor, first: torch.Tensor | None = None) -> dict:
-    """The boundary monitor's numbers from one training forward: per boundary, the mean, std and Pearson
-    kurtosis of per-token RMS over real tokens, the document-boundary token's (each document's position 0:
-    `first`, like mask; default: each row's first column) mean RMS over that of all other real tokens
-    (delimiters included: the monitor decodes nothing) and the largest activation over the median magnitude
-    (diag.massive_activation); per layer, each head's mean attention on position 0
-    (diag.first_token_attention). diag.boundary_stats's conventions."""
+    """The boundary monitor's numbers from one training forward, diag.boundary_stats's conventions: per boundary,
+    the mean, std and kurtosis of per-token RMS, the document-boundary token's (each document's position 0:
+    `first`; default each row's first column) mean RMS over all other real tokens' (the monitor decodes nothing)
+    and the massive ratio; per layer, each head's mean attention on position 0."""
     first = diag.row_starts(mask) if first is None else first
     rows = []
     for b, h in enumerate(captured["boundaries"]):

@@ -1,22 +1,11 @@
 """Shards prepared: a corpus (plumbing/corpora.py) tokenized, once and on one process, into the on-disk shards
-data.Shard memory-maps (the tokenizer is plumbing/tokenizer.py's), and their counts for `repro.py data`.
+data.Shard memory-maps, and their counts for `repro.py data`. A document is `[eot] + tokens(text) + [eot]`, cut to
+max_len + 1 tokens; a shard is always complete once it has a manifest (its layout: data.py).
 
-    import prepare_shards
-    from plumbing import tokenizer
     enc = tokenizer.qwen3_tokenizer(vocab_size=8192)   # ranks 0..8191 + <|endoftext|> = 8192; enc.n_vocab == 8193
     train, val = prepare_shards.prepare("toy", "data_cache/toy", enc, max_len=256,
                                         n_train_docs=None, n_val_docs=500, seed=0)   # None: every training document
     print(prepare_shards.summarize(train, enc))
-
-Paper scale, FineWeb-Edu sample-10BT from the hub (HF_TOKEN from the environment if needed;
-HF_HUB_OFFLINE=1 uses the local hub cache only):
-
-    enc = tokenizer.qwen3_tokenizer()
-    train, val = prepare_shards.prepare("fineweb-edu", "data_cache/full", enc, max_len=8192,
-                                        n_train_docs=9_600_000, n_val_docs=4833, seed=0, cache_dir=None)
-
-A document is `[eot] + tokens(text) + [eot]`, cut to max_len + 1 tokens. data.py says what the kit relies on
-(bad input: a one-line DataError) and how a shard is laid out and written (always complete once it has a manifest).
 """
 
 import hashlib
@@ -46,15 +35,9 @@ CHUNK_DOCS = 256  # documents per tokenization task
 def prepare(source: str, out_dir: str | Path, enc: Tokenizer, *, max_len: int, n_train_docs: int | None,
             n_val_docs: int, seed: int = 0, workers: int | None = None, force: bool = False,
             verify: bool = True, progress: bool = True, **source_options) -> tuple[Shard, Shard]:
-    """Tokenize `source` into out_dir/val (its first n_val_docs documents) and out_dir/train (the
-    following n_train_docs; None = all of them), or reuse shards built from the same inputs.
-
-    n_train_docs must cover every run that reads the shard: the replay shard plus what the fresh-data
-    controls continue onto. A shard built from other inputs (source, tokenizer, max_len, counts), or a
-    broken one, is an error; force=True rebuilds those and reuses intact matching ones. verify:
-    sha256-check reused shards.
-    workers: tokenizing threads (default min(cpus, 8)). Run it on one process only.
-    """
+    """Tokenize `source` into out_dir/val (its first n_val_docs documents) and out_dir/train (the following
+    n_train_docs, None: all), or reuse shards built from the same inputs (sha256-checked with `verify`). A shard
+    built from other inputs, or a broken one, is an error; force=True rebuilds those. On one process only."""
     if max_len < 1:
         raise DataError(f"max_len={max_len}: a document needs at least one target; use max_len >= 1")
     if n_train_docs is not None and n_train_docs < 1:
@@ -84,9 +67,8 @@ def prepare(source: str, out_dir: str | Path, enc: Tokenizer, *, max_len: int, n
 
 
 def _reusable(path: Path, inputs: dict, force: bool) -> bool:
-    """True if `path` is a shard built from `inputs`; False if absent, or if force and it is not
-    (rebuild it). Anything else there is a DataError: prepare replaces nothing it did not make,
-    unless forced; force never rebuilds a shard that matches (prepare also checks it is intact)."""
+    """True if `path` is a shard built from `inputs`; False if absent, or if force and it is not (rebuild it).
+    Anything else there is a DataError: prepare replaces nothing it did not make, unless forced."""
     if not path.exists():
         return False
     if not path.is_dir():
@@ -208,10 +190,8 @@ def _write_shard(path: Path, inputs: dict, chunks: Iterator[tuple[np.ndarray, np
 
 
 def summarize(shard: Shard, enc: Tokenizer) -> dict:
-    """Counts for the `python repro.py data` table. tokens counts both <|endoftext|> of each document,
-    targets the non-padding targets (tokens - documents), boundary_tokens the leading <|endoftext|>s,
-    truncated the documents cut at max_len (their final eot target is gone); length_* are percentiles
-    of tokens per document."""
+    """Counts for the `repro.py data` table: tokens (both <|endoftext|>s of each document included), targets,
+    boundary tokens, the documents cut at max_len, and percentiles of tokens per document."""
     if shard.manifest["tokenizer"]["fingerprint"] != enc.fingerprint:
         raise DataError(f"{shard.path}: built with tokenizer {shard.manifest['tokenizer']['name']}, not {enc.name}; "
                         f"summarize it with that tokenizer or rebuild the shard")

@@ -24,18 +24,14 @@ from plumbing.errors import TrainingError
 from plumbing.locks import printable
 from plumbing.writer import wait_for_writes
 
-# ----------------------------------------------------------------------------------------------
-# Run directory: config, metrics log, provenance
-
 # Settings that only observe training (the boundary monitor reads the training forward's activations,
 # draws nothing and changes nothing): runs that differ only in these are the same run.
 OBSERVING = {"monitor_interval", "monitor_rms_warn", "monitor_kurtosis_warn"}
 
 
 def comparable(settings: dict, run_dir: Path) -> dict:
-    """A stored or wanted config as it trains: paths absolute (so a moved runs tree, or a config written
-    before paths were stored relative to the run folder, is the same run), settings that only observe
-    left out."""
+    """A stored or wanted config as it trains: paths absolute (a moved runs tree is the same run), settings that
+    only observe left out."""
     return {k: v for k, v in {**settings, **config.absolute_paths(settings, run_dir)}.items()
             if k not in OBSERVING | {"relative_to_run"}}
 
@@ -72,8 +68,7 @@ def check_discardable(run_dir: Path):
 
 
 def finished(config, run_dir: Path) -> bool:
-    """Done under this very config: prepare_run_dir reuses it as it is and nothing writes to it, so it
-    need not be held (experiments that reuse the suite's runs can train their own at once)."""
+    """Done under this very config: reused as it is and never written, so it need not be held."""
     run_dir = Path(run_dir)
     if not (run_dir / "done.json").is_file():
         return False
@@ -85,9 +80,8 @@ def finished(config, run_dir: Path) -> bool:
 
 
 def prepare_run_dir(config, run_dir: Path, force: bool, ctx, provenance: dict) -> bool:
-    """Create or check the run directory. Returns True if the run is already done. A folder holding
-    a run of another config is an error, or with `force` discarded; one of the same config is
-    resumed (or reused when done), with or without force."""
+    """Create or check the run directory; True if the run is already done. A folder holding a run of another
+    config is an error, or with `force` discarded; one of the same config is resumed (or reused when done)."""
     if (run_dir / "config.json").is_file():
         try:
             check_config(config, run_dir)
@@ -114,9 +108,8 @@ CHECKPOINT_FOLDER = re.compile(r"phase-\d+|step-\d+|latest")  # checkpointing.py
 
 
 def started_precision(run_dir: Path) -> str | None:
-    """The precision a run folder's run computed in, as its provenance.json says, where the folder holds what a
-    command would keep of it (done.json, or a checkpoint to resume from); None where it holds neither (a run then
-    trains from step 0, in its command's precision). A value that is not a text is shown as one, to be refused."""
+    """The precision a run folder's run computed in (its provenance.json), where the folder holds done.json or a
+    checkpoint to resume from; None where it holds neither (the run starts afresh, in its command's precision)."""
     run_dir = Path(run_dir)
     if not (run_dir / "provenance.json").is_file() or not ((run_dir / "done.json").is_file() or any(
             CHECKPOINT_FOLDER.fullmatch(p.name) and p.is_dir() for p in run_dir.iterdir())):
@@ -126,8 +119,8 @@ def started_precision(run_dir: Path) -> str | None:
 
 
 def check_resumed_precision(run_dir: Path, precision: str, why: str):
-    """A run resumes in the precision it started in, or is refused: never switched, its provenance never rewritten
-    (experiments/training.run_precision asks before any work, prepare_run_dir again as it resumes)."""
+    """A run resumes in the precision it started in, or is refused: never switched, its provenance never
+    rewritten."""
     kept = None if (Path(run_dir) / "done.json").is_file() else started_precision(run_dir)
     if kept is not None and kept != precision:
         raise TrainingError(f"{run_dir}: started in {kept} (its provenance.json), and this command would continue it "
@@ -136,8 +129,8 @@ def check_resumed_precision(run_dir: Path, precision: str, why: str):
 
 
 def provenance(ctx, dtype: torch.dtype, why: str) -> dict:
-    """What provenance.json records: the kit's commit, torch, the device, the CPU and the instructions torch uses
-    there (AVX2 and AVX-512 round differently), the ranks, threads and precision."""
+    """What provenance.json records: the kit's commit, torch, the device, the CPU and its instructions (AVX2 and
+    AVX-512 round differently), the ranks, threads and precision."""
     device = torch.cuda.get_device_name(ctx.device) if ctx.device.type == "cuda" else ctx.device.type
     return {"git_commit": git_commit(), "torch": torch.__version__, "device": device, "world_size": ctx.world,
             "cpu": cpu_model(), "cpu_capability": cpu_instructions(),
@@ -156,8 +149,7 @@ def git_commit() -> str:
 
 
 def read_json(path: Path, *keys: str) -> dict:
-    """A JSON object the kit wrote (config, trainer state, done.json), with `keys` present; anything
-    else is one line naming the file."""
+    """A JSON object the kit wrote, with `keys` present; anything else is one line naming the file."""
     try:
         value = checkpoint.loads(Path(path).read_text())
     except OSError as e:
@@ -183,9 +175,8 @@ AGREE = 1e-6
 
 
 def write_done(run_dir: Path, final: dict | None, step: int, diverged: dict | None, ctx):
-    """done.json: the scheduled endpoint's evaluation at `step`, or, for a run that diverged, null numbers and the
-    divergence (an outcome, never a number). A finished run is not resumed: its latest/ goes. Its checkpoints
-    written in the background are in place first: done.json says the run needs nothing more."""
+    """done.json: the scheduled endpoint's evaluation at `step`, or for a diverged run null numbers and the
+    divergence. A finished run is not resumed: its latest/ goes, once its background writes are in place."""
     wait_for_writes(run_dir)
     done = {**final, "step": step} if diverged is None else \
         {**{k: None for k in RESULT_KEYS}, "step": step, "diverged": diverged}
@@ -197,11 +188,9 @@ def write_done(run_dir: Path, final: dict | None, step: int, diverged: dict | No
 
 
 def final_eval(run_dir: Path) -> dict:
-    """A finished run's done.json: the scheduled endpoint's evaluation (never a best checkpoint). Like any
-    file in a run folder it is data, not a fact: its numbers must be what a cross-entropy can be (0 to
-    log V + 1, V the vocabulary, or the run's own diverged_above_uniform margin for the 1: past that the run
-    would have been recorded as diverged, with null numbers) and what the run's
-    own metrics.jsonl logged for that evaluation; anything else is one line naming the file."""
+    """A finished run's done.json, the scheduled endpoint's evaluation. It is data, not a fact: its numbers must be
+    what a cross-entropy can be (0 to log V + the run's diverged_above_uniform: past that the run would have been
+    recorded as diverged) and what its metrics.jsonl logged; anything else is one line naming the file."""
     path = Path(run_dir) / "done.json"
     result = read_json(path, *RESULT_KEYS)
     if result.get("diverged") is not None:  # an outcome with null numbers (training.check_result checks the record)
@@ -246,10 +235,9 @@ def run_vocabulary(run_dir: Path) -> int | None:
 
 
 def read_metrics(run_dir: Path) -> list[dict]:
-    """Parsed metrics.jsonl, each row an object with its step. A last line cut short by a kill is dropped
-    while the run is unfinished (its resume rewrites the log from a checkpoint); in a finished run's log
-    (done.json is written after every line), and on any other line, one the kit cannot have written (cut
-    short, NaN, Infinity, nesting too deep) is one line naming the file and line."""
+    """Parsed metrics.jsonl, each row an object with its step. A last line cut short by a kill is dropped while
+    the run is unfinished (its resume rewrites the log); any other line the kit cannot have written is one line
+    naming the file and line."""
     path = Path(run_dir) / "metrics.jsonl"
     lines = path.read_text(errors="replace").splitlines() if path.is_file() else []
     torn_ok = not (Path(run_dir) / "done.json").is_file()
@@ -276,9 +264,8 @@ def last_evaluation(run_dir: Path) -> dict | None:
 
 
 def _lines_last_first(f, block: int = 1 << 16):
-    """(line, its number) of a file opened in binary, the last line first, as Path.read_text().splitlines()
-    would give them, reading the file a growing block from its end at a time; the number is a function,
-    which reads the file up to that line when asked."""
+    """(line, a function giving its number) of a file opened in binary, the last line first, read a growing block
+    from its end at a time."""
     size, given = f.seek(0, os.SEEK_END), 0  # given: lines yielded so far, from the end
     while True:
         start = max(size - block, 0)
@@ -325,16 +312,15 @@ def monitor_series(run_dir: Path) -> list[dict]:
 
 
 def truncate_metrics(run_dir: Path, upto_step: int, source: Path | None = None):
-    """Keep the log up to a checkpoint's step (from `source`, a shared-prefix run, if given). The next
-    phase's start evaluation at that step is dropped too: the resumed run logs it again."""
+    """Keep the log up to a checkpoint's step (from `source`, a shared-prefix run, if given), without the next
+    phase's start evaluation there: the resumed run logs it again."""
     rows = [r for r in read_metrics(source or run_dir)
             if r["step"] < upto_step or (r["step"] == upto_step and not r.get("phase_start"))]
     checkpoint.write_atomic(run_dir / "metrics.jsonl", "".join(checkpoint.json_text(r, None) for r in rows))
 
 
 def adopt_shared_prefix(config, run_dir: Path):
-    """Start from another run's phase-end checkpoint whose phases equal our first ones: copy it
-    and the log lines up to it, so this run's folder is complete on its own."""
+    """Copy another run's phase-end checkpoint whose phases equal our first ones, and its log up to it."""
     src = Path(config.start_from)
     state_file = src / "trainer_state.json"
     if not state_file.is_file():
@@ -350,8 +336,7 @@ TRACKERS = ("", "tensorboard", "wandb")
 
 
 class MetricsLog:
-    """Appends rows (already reduced over ranks) to metrics.jsonl on rank 0 and feeds the same rows to a
-    tracker: train/<key> per step, eval/<key> per evaluation, phase_start/<key> for a phase's start."""
+    """Rows (already reduced over ranks) appended to metrics.jsonl on rank 0, and fed to a tracker."""
 
     def __init__(self, run_dir: Path, config, ctx, tracker: str = ""):
         if tracker not in TRACKERS:
@@ -384,16 +369,14 @@ class MetricsLog:
 def check_tracker(kind: str):
     """Fail before any work if the tracker's package is missing (one line with the install command)."""
     if kind:
-        package = "tensorboard" if kind == "tensorboard" else "wandb"
         try:
-            __import__(package)
+            __import__(kind)  # the package of each of TRACKERS is named as it is
         except ImportError:
-            raise TrainingError(f"--log {kind}: the {package} package is not installed; pip install {package}") from None
+            raise TrainingError(f"--log {kind}: the {kind} package is not installed; pip install {kind}") from None
 
 
 def open_tracker(kind: str, run_dir: Path, config):
-    """(send(values, step), finish()) for TensorBoard (run_dir/tensorboard/) or W&B (project normgrow,
-    the run's name and config)."""
+    """(send(values, step), finish()) for TensorBoard (run_dir/tensorboard/) or W&B (project normgrow)."""
     check_tracker(kind)
     if kind == "tensorboard":
         from torch.utils.tensorboard import SummaryWriter

@@ -7,13 +7,10 @@ are pre-registered in docs/preregistrations.md, 2026-12-02). Each is a RunConfig
     boundary_correction norm     an RMSNorm at the new block's input where the reading fires (idea 5)
     norm auto                    each appended block post-norm where the reading fires, else pre (idea 7)
 
-The reading: at the first step of phase p >= 1, before any update, on that step's whole batch (every
-micro-batch of every rank: the same tokens on any number of ranks), the stream block p reads (the
-prefix's output after any boundary intervention): per real token its RMS; the mean, the Pearson
-kurtosis, and the boundary token's (position 0) mean RMS over the other tokens'.
-It fires where any passes its threshold (monitor_rms_warn, monitor_kurtosis_warn, monitor_ratio_warn).
-Every transition is logged as an "event" row of metrics.jsonl; the decisions the weights do not hold
-(a placement, a correction switched on) are kept in the trainer state, so a resumed run re-applies them.
+The reading (at_transition), at the first step of phase p >= 1 before any update, on that step's whole batch
+(the same tokens on any number of ranks), fires where a statistic of the stream block p reads passes its
+monitor threshold. Every transition is logged as an "event" row of metrics.jsonl; the decisions the weights do
+not hold are kept in the trainer state, so a resumed run re-applies them (apply_kept).
 """
 from __future__ import annotations
 

@@ -1,13 +1,10 @@
-"""The model-side interventions at the block boundaries, the inputs of every block after the first (where
-a grow run appends): what each of BOUNDARIES does to the residual stream there, the synthetic doses, the
-structural-token norm, and how a student's checkpoint stores which of them it has. Functions over tensors
-and plain values, and BoundaryInputs, the part of model.Student that holds the modules they use (a boundary's
-RMSNorm, the correction norm, the structural Scale) and applies them at the input of each block.
+"""The model-side interventions at the block boundaries, the inputs of every block after the first (where a grow
+run appends): BOUNDARIES, the synthetic doses, the structural-token norm, and BoundaryInputs, the part of
+model.Student that holds their modules, applies them and records them in its checkpoint.
 
     h = student.enter_block(b, h, profile)                      # what block b reads, interventions applied
     h = rescale(h, 1.0, "identity")                             # each token at RMS 1; backward the identity
     h = dose(h, 37.0, "dose-boundary")                          # the boundary token at 37x the others' RMS
-    h = structural_norm(h, student.structural_scales[b - 1].weight)
 """
 from __future__ import annotations
 

@@ -31,9 +31,8 @@ from plumbing.locks import printable
 # Writing a file: whole or not at all, even through a kill, a full disk or another process writing it
 
 def write_atomic(path, content: str | bytes) -> Path:
-    """Write `content` to `path` so that no reader ever sees part of it: into a temporary sibling (named
-    for this process, so two writers never share one), fsynced, renamed over `path`, the folder fsynced.
-    If anything fails (a full disk), the previous file is left as it was and the temporary one removed."""
+    """Write `content` to `path` so that no reader ever sees part of it: into a temporary sibling of this
+    process's, fsynced, renamed over `path`. If anything fails (a full disk), the previous file is left as it was."""
     path = Path(path)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     if tmp.is_symlink() or tmp.is_file():  # a stale one, or one planted in the folder: never written through
@@ -78,8 +77,7 @@ def _finite(number: str) -> float:
 
 
 def loads(text: str | bytes):
-    """Strict JSON back, the kit's one JSON reader: NaN, Infinity, a number too large for a float (1e999)
-    and nesting too deep to read are a ValueError like any damage."""
+    """Strict JSON back, the kit's one JSON reader: NaN, Infinity, 1e999 and nesting too deep are a ValueError."""
     try:
         return json.loads(text, parse_constant=_not_json, parse_float=_finite)
     except RecursionError:
@@ -88,7 +86,7 @@ def loads(text: str | bytes):
 
 def finite_number(value) -> bool:
     """A number read from a file that the kit can compute with: an int or float, not a bool, within a float's
-    range (compared, not math.isfinite'd: a 401-digit integer has no float, an OverflowError) and not NaN."""
+    range and not NaN (compared, not math.isfinite'd: a 401-digit integer has no float)."""
     bounded = isinstance(value, (int, float)) and not isinstance(value, bool)
     return bounded and -sys.float_info.max <= value <= sys.float_info.max
 
@@ -124,18 +122,17 @@ def sha256(file: Path) -> str:
 
 
 def write_checksums(folder: Path, known: dict[str, str] | None = None):
-    """folder/checksums.json: the sha256 of each file in `folder`, by name; those in `known` (name ->
-    sha256) were hashed by the ranks that wrote them, as they wrote them, and are not read again."""
+    """folder/checksums.json: the sha256 of each file in `folder`; those in `known` (name -> sha256) were hashed
+    by the ranks that wrote them and are not read again."""
     files = sorted(p for p in folder.iterdir() if p.is_file() and p.name != CHECKSUMS
                    and not p.name.endswith(".tmp"))  # write_atomic's, left by a kill
     write_json(folder / CHECKSUMS, {p.name: (known or {}).get(p.name) or sha256(p) for p in files}, indent=1)
 
 
 def damage(ckpt: Path, part: tuple[int, int] = (0, 1)) -> str:
-    """Why a checkpoint cannot be trusted ("" if it can): a file that is missing or differs from the
-    checksum written with it, or one its checksums do not list. A checkpoint from before checksums were
-    written is taken as it is. part = (i, n): hash only every n-th file from the i-th (ranks share the
-    reading of a large one)."""
+    """Why a checkpoint cannot be trusted ("" if it can): a file missing, differing from its checksum, or not
+    listed (a checkpoint from before checksums is taken as it is). part = (i, n): hash only every n-th file from
+    the i-th (ranks share the reading of a large one)."""
     try:
         sums = loads((ckpt / CHECKSUMS).read_text())
     except FileNotFoundError:
@@ -144,9 +141,8 @@ def damage(ckpt: Path, part: tuple[int, int] = (0, 1)) -> str:
         return f"{CHECKSUMS} is unreadable"
     if not isinstance(sums, dict) or not all(isinstance(v, str) for v in sums.values()):
         return f"{CHECKSUMS} is not a map of file -> sha256"
-    # A file its checksums do not list (an index or weights file put there later, which a loader would otherwise
-    # prefer): a checkpoint is what its checksums list, nothing else. Sub-folders (a teacher run's phase-0/) are
-    # checkpoints of their own; write_atomic's temporary files left by a kill (.<name>.<pid>.tmp) are never read.
+    # A checkpoint is what its checksums list: a file added later (an index a loader would prefer) is refused.
+    # Sub-folders are checkpoints of their own; write_atomic's temporary files left by a kill are never read.
     extra = sorted(p.name for p in ckpt.iterdir() if p.name not in sums and p.name != CHECKSUMS
                    and not p.is_dir() and not (p.name.startswith(".") and p.name.endswith(".tmp")))
     if extra:
@@ -228,9 +224,8 @@ def open_safetensors(file: Path):
 @torch.no_grad()
 def load_tensors(module: nn.Module, path: Path, dtype, device, name_in_file: Callable[[str], str | None],
                  checksums_checked: bool = False):
-    """Fill a meta-device (or FSDP2-sharded) module from safetensors, one tensor at a time, so a
-    large model is never held twice; a sharded parameter reads only its own rows from disk. The
-    folder's checksums are checked first unless the caller just did (a resume's newest_checkpoint)."""
+    """Fill a meta-device (or FSDP2-sharded) module from safetensors, one tensor at a time, a sharded parameter
+    reading only its own rows; the checksums are checked first unless the caller just did."""
     if not checksums_checked:
         check_checksums(path)
     files = tensor_files(path)
@@ -277,8 +272,7 @@ def load_tensors(module: nn.Module, path: Path, dtype, device, name_in_file: Cal
 
 
 def write_checkpoint(path, config: dict, state: dict, extra_files: dict[str, str] | None = None):
-    """Atomic: write into a temporary sibling folder (with any `extra_files`: name -> text), then move
-    it into place."""
+    """Atomic: a temporary sibling folder (with `extra_files`: name -> text), then moved into place."""
     path = Path(path)
     tmp = path.with_name(path.name + ".tmp")
     tmp.mkdir(parents=True, exist_ok=True)
@@ -290,9 +284,8 @@ def write_checkpoint(path, config: dict, state: dict, extra_files: dict[str, str
 
 
 def replace_folder(new: Path, path: Path, midway: Callable[[], None] = lambda: None):
-    """Move a finished folder to `path`; an existing one there is removed only after the move. A `.old`
-    left by a swap that was killed is superseded by `new` and removed first (os.replace cannot move a
-    folder onto a non-empty one). `midway` runs between the two moves (the kill tests)."""
+    """Move a finished folder to `path`; an existing one there is removed only after the move (a `.old` left by
+    a killed swap goes first). `midway` runs between the two moves (the kill tests)."""
     old = path.with_name(path.name + ".old")
     shutil.rmtree(old, ignore_errors=True)
     if path.exists():
@@ -304,16 +297,15 @@ def replace_folder(new: Path, path: Path, midway: Callable[[], None] = lambda: N
 
 
 # ----------------------------------------------------------------------------------------------
-# Sharded state: each writer (a rank) saves its own rows of every tensor; any number of readers later
-# read the rows they need. The index (JSON) lists each tensor's global shape and which rows each
-# writer's file holds, with the files' checksums, so nothing is gathered on one rank and nothing pickled.
+# Sharded state: each writer (a rank) saves its own rows of every tensor; any number of readers later read the
+# rows they need, from an index (JSON) of each tensor's shape and which rows each writer's file holds.
 
 SHARDED_INDEX = "index.json"
 
 
 def local_rows(t: torch.Tensor) -> tuple[list[int], int, torch.Tensor]:
-    """(global shape, first global row, this rank's rows) of a tensor: a DTensor sharded on dim 0
-    (FSDP2's placement) holds a slice; a plain tensor holds everything (rows from 0)."""
+    """(global shape, first global row, this rank's rows) of a tensor: a DTensor sharded on dim 0 holds a
+    slice; a plain tensor everything."""
     if not hasattr(t, "device_mesh"):
         return list(t.shape), 0, t
     from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
@@ -326,14 +318,13 @@ def shard_file(kind: str, writer: int, writers: int) -> str:
 
 
 def write_shard(folder: Path, kind: str, tensors: dict[str, torch.Tensor], writer: int, writers: int) -> dict:
-    """folder/<kind>.rank<w>-of-<n>.safetensors with this writer's rows of each tensor, made durable;
-    returns its entry in the index: {"file", "sha256", "tensors": {name: {"shape", "offset", "rows"}}}."""
+    """folder/<kind>.rank<w>-of-<n>.safetensors with this writer's rows of each tensor; its entry in the index."""
     return write_rows(folder, kind, stage_rows(tensors), writer, writers)
 
 
 def stage_rows(tensors: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], dict[str, dict]]:
-    """This rank's rows of each tensor copied to host memory (a copy, even of a CPU tensor: training goes on
-    updating the original while a background write reads the copy), and their entries in the index."""
+    """This rank's rows of each tensor copied to host memory (even a CPU tensor's: training goes on updating the
+    original while a background write reads the copy), and their entries in the index."""
     rows, entries = {}, {}
     for key, t in tensors.items():
         shape, offset, local = local_rows(t.detach())
@@ -360,9 +351,8 @@ def hf_shard_file(writer: int, writers: int) -> str:
 
 
 def tensor_writers(sizes: dict[str, int], writers: int) -> dict[str, int]:
-    """Which writer writes each whole tensor (name -> bytes): largest first, each to the writer with the
-    fewest bytes so far (the lowest on a tie), so every writer holds about 1/writers of the model. A
-    function of the names and sizes alone: every rank computes the same."""
+    """Which writer writes each whole tensor (name -> bytes): largest first, each to the writer with the fewest
+    bytes so far (the lowest on a tie); every rank computes the same."""
     load, owner = [0] * writers, {}
     for name in sorted(sizes, key=lambda n: (-sizes[n], n)):
         w = load.index(min(load))
@@ -371,8 +361,7 @@ def tensor_writers(sizes: dict[str, int], writers: int) -> dict[str, int]:
 
 
 def write_weights(folder: Path, file: str, tensors: dict[str, torch.Tensor]) -> dict:
-    """folder/file: whole `tensors` in safetensors, made durable; returns {"file", "sha256", "bytes",
-    "tensors": [names]}, this file's entry in the index and in the checksums."""
+    """folder/file: whole `tensors`, made durable; its entry in the index and in the checksums."""
     save_durably(folder / file, {k: v.detach().contiguous().cpu() for k, v in tensors.items()}, {"format": "pt"})
     return {"file": file, "sha256": sha256(folder / file), "bytes": sum(v.nbytes for v in tensors.values()),
             "tensors": list(tensors)}
@@ -395,8 +384,8 @@ def merge_index(parts: list[dict]) -> dict:
 
 
 def read_rows(folder: Path, index: dict, key: str, target: torch.Tensor) -> torch.Tensor:
-    """The rows of tensor `key` that `target` (a parameter or state this rank holds; a DTensor's own
-    slice, or everything) covers, read from whichever writers' files hold them."""
+    """The rows of tensor `key` that `target` (a DTensor's own slice, or everything) covers, from whichever
+    writers' files hold them."""
     entry = index["tensors"].get(key)
     if entry is None:
         raise CheckpointError(f"{folder / SHARDED_INDEX}: has no tensor {key!r}; the checkpoint was written for "

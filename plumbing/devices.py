@@ -1,8 +1,4 @@
-"""Where a run executes: one process or torchrun ranks (FSDP2), the device, and the compute precision,
-chosen by measuring what the machine does; whether its attention runs fused; building modules on the meta
-device and filling sharded (DTensor) parameters, so that no rank ever holds a whole model; and what a
-training step does differently there (autocast, compiled layers, gradients clipped and synchronized
-across FSDP2's shards).
+"""Where a run executes and what a training step does there (docs/design.md's row for plumbing/devices.py).
 
     ctx = devices.setup_distributed("auto")        # rank, world size and device (torchrun sets RANK etc.)
     dtype, why = devices.precision_choice("auto", ctx.device)
@@ -96,11 +92,9 @@ class Dist:
         return flag if self.world == 1 else self.sum([0.0 if flag else 1.0]) == [0.0]
 
     def on_main(self, work: Callable, what: str):
-        """work() on rank 0 while the other ranks wait for it; rank 0's result, on rank 0. If it fails, every
-        rank fails: rank 0 with its error, the others with a line pointing at it. The others wait for rank 0 to
-        do `what` (prepare the data, fetch the teacher) on the gloo group whose timeout is hours, not a
-        collective's minutes; one waiting rank a node says once a minute that it is still waiting, so a long
-        preparation is visible and never killed by a watchdog."""
+        """work() on rank 0 while the others wait (on the gloo group whose timeout is hours, one rank a node saying
+        once a minute that it still waits for `what`); rank 0's result. If it fails, every rank fails: rank 0 with
+        its error, the others with a line pointing at it."""
         result, error = None, None
         if self.is_main:
             try:
@@ -151,9 +145,8 @@ TORCHRUN_VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER
 
 
 def torchrun_rank() -> int | None:
-    """This process's rank under torchrun; None for one process. Some of torchrun's variables without the
-    rest (a RANK left in a shell, another launcher's) or ranks that are not integers: one line, not
-    torch's error from inside init_process_group (or, for a stray WORLD_SIZE, one process that ignores it)."""
+    """This process's rank under torchrun; None for one process. Some of torchrun's variables without the rest,
+    or ranks that are not integers: one line, not torch's error from inside init_process_group."""
     present = [name for name in RANK_VARIABLES if name in os.environ]
     if not present:
         return None
@@ -180,10 +173,8 @@ def prints_errors() -> bool:
 
 
 def setup_distributed(device: str = "auto") -> Dist:
-    """torchrun sets RANK/WORLD_SIZE/LOCAL_RANK/LOCAL_WORLD_SIZE; without them this is one process on
-    `device`. Under torchrun: the local rank's GPU (modulo the GPUs this process can see, so one GPU per
-    task under SLURM works), set before the process group, which is bound to it (device_id) with an
-    explicit timeout; a gloo group for long waits on rank 0; and the FSDP2 mesh (mesh_for)."""
+    """One process on `device`, or under torchrun the local rank's GPU (modulo the GPUs this process sees: one GPU
+    per task under SLURM works) bound to the process group, a gloo group for long waits and the FSDP2 mesh."""
     launched = torchrun_rank() is not None
     chosen = choose_device(device)
     if not launched:
@@ -223,8 +214,8 @@ BF16_MIN_SPEEDUP = 1.5  # bf16 autocast only where its matmuls are clearly faste
 
 
 def matmul_speedup_bf16(n: int = 512, repeats: int = 5) -> float:
-    """fp32 time / bf16 time of an n x n matmul on this CPU, best of `repeats` each (a fraction of a
-    second). Below 1 where bf16 is emulated (no AVX-512-BF16/AMX): there it runs tens of times slower."""
+    """fp32 time / bf16 time of an n x n matmul on this CPU, best of `repeats` each; below 1 where bf16 is
+    emulated (no AVX-512-BF16/AMX)."""
     def best(dtype):
         a, b = torch.randn(n, n).to(dtype), torch.randn(n, n).to(dtype)
         a @ b  # warm-up, not timed
@@ -234,8 +225,8 @@ def matmul_speedup_bf16(n: int = 512, repeats: int = 5) -> float:
 
 @cache
 def cpu_bf16_speedup() -> float:
-    """The probe's answer, cached per machine (CPU model, torch build and thread count) so that every
-    run and every resume on one machine makes the same choice."""
+    """The probe's answer, cached per CPU model, torch build and thread count: every run and resume on one
+    machine makes the same choice."""
     key = f"{platform.machine()} {cpu_model()} torch {torch.__version__} {torch.backends.cpu.get_cpu_capability()} " \
           f"threads {torch.get_num_threads()}"
     path = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "normgrow" / "cpu-precision.json"
@@ -265,10 +256,9 @@ def cpu_model() -> str:
 
 
 def cpu_instructions() -> str:
-    """The instructions torch's CPU kernels use here, named as provenance.json records them: torch's own
-    capability (AVX2, AVX512; ATEN_CPU_CAPABILITY lowers it), then the bf16 matmul units an AVX-512 build
-    reaches through oneDNN where the CPU has them and ONEDNN_MAX_CPU_ISA does not forbid them: AVX512-BF16
-    (about 4x fp32's matmul rate), AMX (about 14x: the rate that makes bf16 the probe's choice)."""
+    """The instructions torch's CPU kernels use here: torch's capability (AVX2, AVX512), then the bf16 matmul
+    units oneDNN reaches where the CPU has them and ONEDNN_MAX_CPU_ISA allows: AVX512-BF16 (about 4x fp32's
+    matmul rate), AMX (about 14x: the rate that makes bf16 the probe's choice)."""
     capability = torch.backends.cpu.get_cpu_capability()
     if not capability.startswith("AVX512"):
         return capability
@@ -282,9 +272,8 @@ def cpu_instructions() -> str:
 
 def precision_choice(precision: str, device: torch.device, pinned: tuple[str, str] | None = None
                      ) -> tuple[torch.dtype, str]:
-    """(compute dtype, why). "auto" is `pinned` where a study fixed it (Dist.auto_precision), else decided by
-    what the machine does: bf16 on a CUDA GPU that supports it; on a CPU (one process or FSDP2 ranks alike),
-    bf16 autocast only where a matmul probe measures it >= BF16_MIN_SPEEDUP x fp32."""
+    """(compute dtype, why). "auto" is `pinned` where a study fixed it, else bf16 on a CUDA GPU that supports it,
+    and on a CPU only where a matmul probe measures bf16 >= BF16_MIN_SPEEDUP x fp32."""
     if precision != "auto":
         return DTYPES[precision], f"{precision} (set by the preset)"
     if pinned is not None:
@@ -303,9 +292,8 @@ def precision_choice(precision: str, device: torch.device, pinned: tuple[str, st
 
 
 def fused_attention_problem(config: ModelConfig, length: int, device) -> str:
-    """"" if causal grouped-query attention over `length` tokens runs forward and backward on a fused SDPA
-    kernel (flash, memory-efficient or cuDNN) on `device`; else why not. The math kernel that SDPA falls
-    back to without a word holds every head's T x T scores: at 8,192 tokens 8 GiB a layer for 32 heads."""
+    """"" if causal grouped-query attention over `length` tokens runs forward and backward on a fused SDPA kernel
+    on `device`, else why not (SDPA's silent fallback holds every head's T x T scores: 8 GiB a layer at 8,192)."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
     dtype = torch.bfloat16 if torch.device(device).type == "cuda" else torch.float32
     shape = lambda heads: (1, heads, length, config.head_dim)
@@ -322,12 +310,9 @@ def fused_attention_problem(config: ModelConfig, length: int, device) -> str:
 
 
 def shard_fn(ctx: Dist, compute_dtype: torch.dtype, replicated: tuple[str, ...] = ()):
-    """FSDP2 (torchtitan's recipe): one unit per decoder layer, then the root, so every layer is resharded
-    after its forward; None in one process. The layers' weights are gathered in the compute dtype; the
-    root's (embedding, norms, head) stay fp32 and the residual stream with them, as under one GPU's
-    autocast (autocast runs under FSDP2 too). The root's submodules named in `replicated` (the
-    teacher's embedding, final norm and head, which the chunked loss reads outside its forward) are
-    left out of FSDP: whole on every rank."""
+    """FSDP2 (torchtitan's recipe): one unit per decoder layer, then the root; None in one process. The layers'
+    weights are gathered in the compute dtype, the root's (and the residual stream) stay fp32, as under one GPU's
+    autocast. The root's submodules named in `replicated` stay whole on every rank."""
     if ctx.world == 1:
         return None
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
@@ -344,15 +329,11 @@ def shard_fn(ctx: Dist, compute_dtype: torch.dtype, replicated: tuple[str, ...] 
 
 
 def settle_fsdp_dtypes(net: torch.nn.Module):
-    """Fix FSDP2's gradient dtypes now, while every layer of `net` requires grad (no-op without FSDP2).
-    FSDP2 decides each unit's reduce dtype and the dtype its reduced gradients are cast back to at its
-    lazy init (normally the first forward), from the parameters that require grad at that moment
-    (torch/distributed/fsdp/_fully_shard/_fsdp_param_group.py:273-294, _init_mp_dtypes). A unit frozen
-    then (grow's blocks not yet appended, frozen before the phase's first evaluation) gets neither: when
-    it trains later its bf16 gradients are reduced in bf16 and assigned to its fp32 parameters, which
-    torch refuses ("attempting to assign a gradient with dtype 'c10::BFloat16' to a tensor with
-    grad_dtype 'Float'", _fsdp_collectives.py:754). The same on NCCL and gloo: nothing there depends on
-    the backend. fp32 runs never noticed: there the reduce dtype is the parameters' own."""
+    """Fix FSDP2's gradient dtypes now, while every layer of `net` requires grad (no-op without FSDP2). FSDP2
+    decides each unit's reduce dtype at its lazy init from the parameters that require grad then
+    (_fsdp_param_group.py:273-294, _init_mp_dtypes): a unit frozen then (grow's blocks not yet appended) would
+    later reduce its bf16 gradients in bf16 and assign them to its fp32 parameters, which torch refuses
+    (_fsdp_collectives.py:754). fp32 runs never noticed: there the reduce dtype is the parameters' own."""
     if hasattr(net, "_get_fsdp_state"):
         net._get_fsdp_state()._lazy_init()
 
@@ -362,16 +343,15 @@ def settle_fsdp_dtypes(net: torch.nn.Module):
 
 @contextmanager
 def on_meta_device():
-    """Build on the meta device, a real one even inside a FakeTensorMode (plan.py's full-size rehearsal):
-    to_empty then swaps in fake tensors, which it cannot do for parameters that are fake themselves."""
+    """Build on the meta device, a real one even inside a FakeTensorMode (the full-size rehearsal), where to_empty
+    then swaps in fake tensors."""
     from torch._subclasses.fake_tensor import unset_fake_temporarily
     with unset_fake_temporarily(), torch.device("meta"):
         yield
 
 
 def built_on_meta(build: Callable[[], torch.nn.Module], shard_fn: Callable | None = None) -> torch.nn.Module:
-    """`build()` on the meta device, then sharded by `shard_fn` (FSDP2's fully_shard per layer) if given,
-    all before any memory is allocated, so that each rank only ever holds its own slice."""
+    """`build()` on the meta device, then sharded by `shard_fn` if given, before any memory is allocated."""
     with on_meta_device():
         module = build()
         if shard_fn is not None:
@@ -397,8 +377,7 @@ def full_tensor(t: torch.Tensor) -> torch.Tensor:
 # A training step on these devices: the compute precision, compiled layers, and FSDP2's gradients
 
 def autocast(dtype: torch.dtype, ctx: Dist):
-    """bf16 autocast, in one process and under FSDP2 alike: the residual stream stays fp32 in both (under
-    FSDP2 the layers' weights are gathered in bf16 and the root's stay fp32: shard_fn)."""
+    """bf16 autocast, in one process and under FSDP2 alike: the residual stream stays fp32 in both."""
     if dtype == torch.bfloat16:
         return torch.autocast(ctx.device.type, dtype=torch.bfloat16)
     return nullcontext()
@@ -411,27 +390,19 @@ COMPILED_SHAPES = 64
 
 
 def compile_layers(net: torch.nn.Module):
-    """torch.compile each decoder layer for the fixed shapes a compiled run's batches have (data.fixed_shape):
-    code specialised to each shape, compiled once and shared by the layers of a model (a shape beyond
-    torch's default limit of 8 would run eager)."""
+    """torch.compile each decoder layer for the fixed shapes a compiled run's batches have (data.fixed_shape),
+    compiled once per shape and shared by the layers (past torch's default limit of 8 a shape would run eager)."""
     torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, COMPILED_SHAPES)
     for layer in net.layers:
         layer.compile(dynamic=False)
 
 
 def clip_gradients(params: list[torch.nn.Parameter], max_norm: float) -> torch.Tensor:
-    """Scale the gradients to a global L2 norm of at most `max_norm` (torch's clip_grad_norm_ rule,
-    coefficient max_norm / (norm + 1e-6)); returns the norm before clipping, a float64 tensor on the
-    gradients' device: nothing here waits for the device (the caller reads the norm with the step's
-    other numbers, one host sync a step).
-
-    The norm is summed in float64 from each rank's own shard, so one process and FSDP2 ranks, whose
-    sums run in different orders, get norms that differ by float64 rounding only, and the float32
-    coefficient they multiply by is the same (unless the two norms straddle a float32 rounding
-    boundary: about one step in 10^8). A float32 norm would differ by float32 rounding, and AdamW
-    turns that into weight differences far above it, where it divides by sqrt(v) ~ eps. Under FSDP2
-    the squares are summed over the mesh dimensions the gradients are sharded on: all ranks at 1 x G;
-    under HSDP the "shard" dimension only (the replicas hold equal shards after the all-reduce)."""
+    """Scale the gradients to a global L2 norm of at most `max_norm` (clip_grad_norm_'s rule); the norm before
+    clipping, a float64 tensor the caller reads with the step's other numbers (one host sync a step). The norm
+    is summed in float64 from each rank's own shard (under HSDP over the "shard" dimension only), so one process
+    and FSDP2 ranks get norms that differ by float64 rounding only and the same float32 coefficient (a float32
+    norm's rounding AdamW would turn into weight differences far above it, where it divides by sqrt(v) ~ eps)."""
     grads = [p.grad for p in params if p.grad is not None]
     if not grads:
         return torch.zeros((), dtype=torch.float64)
@@ -444,9 +415,8 @@ def clip_gradients(params: list[torch.nn.Parameter], max_norm: float) -> torch.T
             if placement.is_shard():
                 dist.all_reduce(squares, group=grads[0].device_mesh.get_group(dim))
     norm = squares.sqrt()  # (torch's CPU float64 sqrt can differ from math.sqrt in the last bit: the logged norm)
-    # The coefficient rounded to float32 (an exact float32 value: the same product on every rank), and
-    # at most 1: a product with 1.0 is exact, so gradients within the norm keep their values.
-    # (A tensor divided by a tensor: Python's number / tensor multiplies by a reciprocal, two roundings.)
+    # The coefficient rounded to float32 (the same product on every rank) and at most 1 (a product with 1.0 is
+    # exact); a tensor divided by a tensor: Python's number / tensor multiplies by a reciprocal, two roundings.
     coefficient = (torch.full_like(norm, max_norm) / (norm + 1e-6)).float().clamp(max=1.0)
     with torch.no_grad():
         torch._foreach_mul_(local, coefficient)
@@ -454,13 +424,9 @@ def clip_gradients(params: list[torch.nn.Parameter], max_norm: float) -> torch.T
 
 
 def set_gradient_sync(net: torch.nn.Module, sync: bool, active_layers: int):
-    """FSDP2: whether this backward reduce-scatters the gradients (the step's last micro-batch) or adds
-    them up unsharded, set on the units that run forward only: the root and the first `active_layers`
-    layers. With sync off FSDP2's post-backward converts every unit's gradient to the reduce dtype, and
-    a unit that never ran (grow's blocks not yet appended) was never gathered: under bf16 parameters
-    with fp32 reduction it raises AttributeError: 'FSDPParam' object has no attribute '_unsharded_param'
-    (torch/distributed/fsdp/_fully_shard/_fsdp_param.py:807, to_accumulated_grad_if_needed; in fp32
-    there is no conversion, so it returns first). With sync left on, FSDP2 passes over a unit that was
-    never gathered (_fsdp_param_group.py:619)."""
+    """FSDP2: whether this backward reduce-scatters the gradients (the step's last micro-batch) or adds them up
+    unsharded, set on the units that run forward only: the root and the first `active_layers` layers. With sync
+    off, a unit that never ran (grow's blocks not yet appended) would raise AttributeError '_unsharded_param'
+    under bf16 (_fsdp_param.py:807); with sync left on, FSDP2 passes over it (_fsdp_param_group.py:619)."""
     for unit in (net, *net.layers[:active_layers]):
         unit.set_requires_gradient_sync(sync, recurse=False)

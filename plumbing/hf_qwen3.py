@@ -1,11 +1,8 @@
-"""A Qwen3 as transformers' files hold it: the config.json fields the math depends on (ModelConfig),
-checked before any module is built; the names transformers gives its tensors; and writing such a folder,
-from a teacher or from a pre-norm student (which is exactly a Qwen3). Reading one builds a model:
-model.load_qwen3.
+"""A Qwen3 as transformers' files hold it: the config.json fields the math depends on (ModelConfig), checked
+before any module is built; transformers' tensor names; and writing such a folder, from a teacher or a pre-norm
+student (exactly a Qwen3). Reading one builds a model: model.load_qwen3.
 
     config = ModelConfig.from_hf(checkpoint.read_config(path), str(path / "config.json"))
-    problem = config_problem({"hidden_size": 64, ...})    # "" if the fields describe a model
-    hf_name("layers.0.attn_norm.weight")                  # "model.layers.0.input_layernorm.weight"
     save_qwen3(teacher, "teacher/"); export_hf(pre_norm_student, "out/")   # load in transformers unchanged
 """
 from __future__ import annotations

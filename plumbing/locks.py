@@ -1,21 +1,14 @@
 """One writer per folder: a run folder, or a scale's shared data or teacher, is held by one process at a
-time through an flock on a lock file beside it (never inside: --force may delete the folder).
+time through an flock on a lock file beside it (never inside: --force may delete the folder). Who is waited for,
+for how long, and what is said: docs/reliability.md, "Two processes, one folder".
 
     with locks.held([run_dir, data_dir], wait=True):   # in path order; another holder is waited for
         ...
 
-The holder removes the lock file before releasing it, so nothing is left beside the folder; the operating
-system releases the lock of a holder that is killed, and its stale file is locked, removed and made anew.
-Anyone who can write to the runs folder can put something at a lock's path: the kit writes only into a
-lock file it created itself (O_EXCL), never follows a symbolic link there, and refuses anything but a
-plain file; what a holder wrote is read back as data (one line, control characters escaped).
-Where the filesystem has no flock (Lustre, or NFS without it) the lock file's existence is the lock.
-The lock file says who holds the folder (JSON: host, pid, since, command), and its holder touches it every
-HEARTBEAT_SECONDS while it holds it. A holder on this host that is alive is waited for as long as it runs;
-one this host cannot see (another node's, whose job may have died and left its lock on the shared
-filesystem) as long as its heartbeat goes on (a teacher pretrained on another node for hours is waited
-for), and stopped waiting for once the file has not changed for $NORMGROW_LOCK_WAIT seconds (default 600;
-"forever": no end): the command stops in one line naming the holder and the file to remove.
+Anyone who can write to the runs folder can put something at a lock's path: the kit writes only into a lock
+file it created itself (O_EXCL), never follows a symbolic link there, and refuses anything but a plain file;
+what a holder wrote is read back as data (one line, control characters escaped). Where the filesystem has no
+flock (Lustre, or NFS without it) the lock file's existence is the lock.
 """
 
 import errno

@@ -1,12 +1,7 @@
 """This machine: the dry run's estimate of how long a command's training takes on the CPU it runs on
-(tools/preflight.py prints it beside the plan), in the precision the runs train in.
-
-Its speed, the kit's toy train step: as `repro.py bench` measured it (results/bench.json, read by `bench_rate`
-only, which checks every number it uses and that this CPU, at this thread count, measured it), else a few toy
-steps timed now (utilization.step_rate). A bench.json it cannot use is never an error: the estimate times a
-step now and says in one clause why the file was not used. bf16 runs are priced at bf16's rate: the bench's
-(or a timed) bf16 step where bf16 is native, else the fp32 step's rate times bf16's speed relative to fp32 in
-this CPU's matmul probe (devices.cpu_bf16_speedup; where bf16 is emulated a bf16 step takes minutes to time).
+(tools/preflight.py prints it beside the plan), in the precision the runs train in, at the speed of the kit's
+toy train step: as `repro.py bench` measured it (bench_rate), else a few steps timed now (timed_rate). A
+bench.json it cannot use is never an error: the estimate says in one clause why the file was not used.
 """
 from pathlib import Path
 
