@@ -16,9 +16,7 @@
 - scratch: Table 1's 2 x 2 in plain pretraining: alpha = 0, gamma = 1, every weight (embedding and head
   too) drawn from the seed, no teacher loaded.
 
-Each writes results/<scale>/<experiment>.md and .json (validation CE per run, mean and 95% t-interval
-over seeds, differences paired by seed). The suite's own runs (pre-grow, post-grow, ...) are reused
-from runs/<scale>/s<seed>/; the interventions and scratch runs live in runs/<scale>/beyond/<variant>/.
+Each writes results/<scale>/<experiment>.md and .json; the suite's own runs are reused from runs/<scale>/s<seed>/.
 """
 from __future__ import annotations
 
@@ -27,34 +25,14 @@ from pathlib import Path
 
 import paper
 import rundir
-from experiments import figures, presets, report, suite, tables, training
-from experiments.readings import (
-    POST_HOC,
-    by_row,
-    ce_values,
-    diverged_line,
-    holm_family,
-    p_text,
-    read,
-    reading_cell,
-    sentence,
-    stats,
-)
+from experiments import figures, presets, readings, report, suite, tables, training, variants
+from experiments.readings import by_row, ce_values, diverged_line, holm_family, p_text, read, reading_cell, sentence, stats
 from experiments.suite import RunName
 from experiments.tables import POST_GROW, PRE_GROW
-from experiments.variants import (
-    Variant,
-    block0_placement,
-    holm_readings,
-    train_variants,
-    variant_dir,
-    variant_outcomes,
-)
+from experiments.variants import Variant
 from plumbing import corpora
 
 PLACEMENT_RUNS = ("pre", "post", "sandwich", "peri", "hybrid", "deepnorm", "pre,post,post")
-
-
 PRE_FREEZE, POST_FREEZE = RunName("pre", "freeze"), RunName("post", "freeze")
 INTERVENTIONS = (
     Variant("pre-grow (suite)", PRE_GROW),
@@ -82,9 +60,8 @@ INTERVENTIONS = (
 
 
 def interventions(blocks: int) -> tuple[Variant, ...]:
-    """INTERVENTIONS and the transplant factorial under freeze: grow's frozen phase-0 block of one
-    placement under appended blocks of the other (the diagonal is the suite's pre-freeze and
-    post-freeze), trained the same; its run names the placement of each of the student's blocks."""
+    """INTERVENTIONS and the transplant factorial under freeze: grow's frozen phase-0 block of one placement under
+    appended blocks of the other (the diagonal is the suite's pre-freeze and post-freeze)."""
     def transplant(prefix: str, appended: str) -> RunName:
         return RunName(",".join([prefix] + [appended] * (blocks - 1)), "freeze")
     return INTERVENTIONS + (
@@ -96,9 +73,8 @@ def interventions(blocks: int) -> tuple[Variant, ...]:
 # The boundary after block 0 as the monitor read it, in the intervention and planted reports
 
 def internal_boundary_range(ws: suite.Workspace, variant: Variant, seeds: list[int]) -> dict:
-    """{"mean": [lo, hi], "kurtosis": [lo, hi]} of the boundary after block 0 over a variant's monitor rows
-    once block 1 reads it (after the first phase), all seeds; {} where its runs have no such rows."""
-    rows = [r["boundaries"][1] for s in seeds for r in rundir.monitor_series(variant_dir(ws, variant, s))
+    """{"mean": [lo, hi], "kurtosis": [lo, hi]} of the boundary after block 0 once block 1 reads it, all seeds."""
+    rows = [r["boundaries"][1] for s in seeds for r in rundir.monitor_series(variants.variant_dir(ws, variant, s))
             if r["step"] > ws.preset.run["phase_steps"]]
     return {key: [min(r[key] for r in rows), max(r[key] for r in rows)] for key in ("mean", "kurtosis")} if rows else {}
 
@@ -130,12 +106,9 @@ SEPARATIONS = (
     ("dose: the boundary token at 37x on post-grow", "post-grow + dose-boundary 37x", "post-grow (suite)"),
     ("dose: one channel at 1000x on post-grow", "post-grow + dose-channel 1000x", "post-grow (suite)"),
 )
-# The contrast the boundary account's prediction about the transplants is about: does post-norm's gain over
-# pre-norm in the appended blocks depend on the prefix's placement? (post − pre appended on a pre-norm
-# prefix) − (the same on a post-norm prefix); the account predicts < 0 (the heavy-tailed pre-norm prefix
-# gains more from post-norm appended blocks), given a heavy-tailed pre-norm prefix. Every transplant cell
-# also switches the head's interface (a pre-norm last block has the final norm before the head, a
-# post-norm one normalizes its own output), so the appended-placement effect includes that change.
+# Does post-norm's gain over pre-norm in the appended blocks depend on the prefix's placement? (post − pre appended
+# on a pre-norm prefix) − (the same on a post-norm prefix); the account predicts < 0. Every transplant cell also
+# switches the head's interface (final norm or none), so the appended-placement effect includes that change.
 TRANSPLANT_INTERACTION = (
     "transplant interaction: prefix × appended placement",
     ((1, "transplant: pre-norm prefix, post-norm appended"), (-1, "pre-freeze (suite)"),
@@ -143,8 +116,7 @@ TRANSPLANT_INTERACTION = (
 
 
 def intervention_contrasts(ce: dict) -> list[dict]:
-    """SEPARATIONS and the transplant interaction over per-seed CEs ({variant label: [CE per seed]}),
-    paired by seed, as one family (variants.holm_readings)."""
+    """SEPARATIONS and the transplant interaction over {variant label: [CE per seed]}, as one Holm family."""
     family = [(label, ((1, minuend), (-1, subtrahend))) for label, minuend, subtrahend in SEPARATIONS]
     family.append(TRANSPLANT_INTERACTION)
     rows = []
@@ -154,7 +126,7 @@ def intervention_contrasts(ce: dict) -> list[dict]:
         if len(terms) == 2:
             row |= {"minuend": terms[0][1], "subtrahend": terms[1][1]}
         rows.append(row | {"p": report.p_two_sided(row["delta"])})
-    holm_readings(rows, "delta")
+    variants.holm_readings(rows, "delta")
     return rows
 
 
@@ -165,26 +137,24 @@ def contrast_runs(row: dict) -> str:
 
 
 def run_intervention(ws: suite.Workspace, seeds: list[int], force: bool = False) -> dict:
-    """Boundary interventions on grow runs (the paper's Appendix B.1 asks for one that changes the forward
-    alone): a boundary norm, rescales with one forward and different backwards, the mirror, the rescale under
-    freeze, the transplant factorial and a synthetic dose, each trained; validation CE against pre-grow and
-    post-grow (results/<scale>/intervention.md/.json/.png)."""
-    variants = interventions(ws.preset.run["blocks"])
-    train_variants(ws, variants, seeds, force)
+    """The interventions trained; validation CE against pre-grow and post-grow (results/<scale>/intervention.*)."""
+    design = interventions(ws.preset.run["blocks"])
+    variants.train_variants(ws, design, seeds, force)
     if not ws.ctx.is_main:
         return {}
-    ce, diverged = variant_outcomes(ws, variants, seeds)
-    suite_ce = {v.run: ce[v.label] for v in variants if not v.folder}
-    rows = [{"variant": v.label, "run": v.run.name, "folder": str(variant_dir(ws, v, seeds[0])),
+    ce, diverged = variants.variant_outcomes(ws, design, seeds)
+    suite_ce = {v.run: ce[v.label] for v in design if not v.folder}
+    rows = [{"variant": v.label, "run": v.run.name, "folder": str(variants.variant_dir(ws, v, seeds[0])),
              "settings": v.settings, "ce": report.across_seeds(ce[v.label]),
              "minus_pre_grow": report.paired(ce[v.label], suite_ce[PRE_GROW]),
              "minus_post_grow": report.paired(ce[v.label], suite_ce[POST_GROW]),
              # the suite's same run; for a transplant, the freeze run of its prefix's placement
-             "minus_suite_run": report.paired(ce[v.label], suite_ce[RunName(block0_placement(v.run), v.run.protocol)]),
+             "minus_suite_run": report.paired(ce[v.label],
+                                              suite_ce[RunName(variants.block0_placement(v.run), v.run.protocol)]),
              "after_block_0": internal_boundary_range(ws, v, seeds)}
-            for v in variants]
+            for v in design]
     separations = intervention_contrasts(ce)
-    figure = figures.fig_monitor({v.label: rundir.monitor_series(variant_dir(ws, v, seeds[0])) for v in variants},
+    figure = figures.fig_monitor({v.label: rundir.monitor_series(variants.variant_dir(ws, v, seeds[0])) for v in design},
                                  ws.results / "intervention.png",
                                  f"boundary monitor, grow runs, {ws.preset.name} scale, seed {seeds[0]}",
                                  caption=f"{ws.preset.name} scale, seed {seeds[0]}, intervention")
@@ -194,7 +164,7 @@ def run_intervention(ws: suite.Workspace, seeds: list[int], force: bool = False)
            "numbers": report.row_numbers({r["variant"]: r for r in rows} | {c["contrast"]: c for c in separations})}
     lines = [f"# Boundary interventions ({ws.preset.name} scale)", "",
              f"Validation CE at the end of each run, {report.seeds_text(seeds)}; differences paired by seed.", "",
-             report.diverged_line(diverged, len(variants) * len(seeds)), "",
+             report.diverged_line(diverged, len(design) * len(seeds)), "",
              *intervention_lines(out["numbers"], seeds),
              "How the contrasts read, as declared before these runs (README, \"Boundary interventions\"): under freeze "
              "no gradient reaches the prefix, so the freeze and transplant contrasts are forward effects alone; "
@@ -211,8 +181,7 @@ def run_intervention(ws: suite.Workspace, seeds: list[int], force: bool = False)
 
 
 def intervention_lines(numbers: dict, seeds: list[int]) -> list[str]:
-    """The intervention report's one renderer, for its live numbers (run_intervention's `numbers`) and its shipped
-    ones (the results page): {"<row>: <quantity>": per-seed values}."""
+    """The intervention report's one renderer, for its live and its shipped numbers ({"<row>: <quantity>": values})."""
     rows, ce = by_row(numbers), ce_values(numbers)
     contrasts = intervention_contrasts(ce)
     lines = ["## intervention", "", "Boundary interventions: validation CE per variant and differences paired by "
@@ -232,7 +201,7 @@ def intervention_lines(numbers: dict, seeds: list[int]) -> list[str]:
     lines += [f"| {c['contrast']} | {contrast_runs(c)} | {report.stats_cell(c['delta'], True)} | "
               f"{p_text(c['p_holm'])} | {reading_cell(c['delta'], c['p_holm'])} |" for c in contrasts]
     lines += ["", "Readings:", ""]
-    post_hoc = lambda c: " (post hoc)" if c["contrast"] in POST_HOC["intervention"] else ""
+    post_hoc = lambda c: " (post hoc)" if c["contrast"] in readings.POST_HOC["intervention"] else ""
     lines += [f"- {sentence(c['contrast'] + post_hoc(c), c['delta'], c['p_holm'], len(contrasts))}" for c in contrasts]
     return lines + [""]
 
@@ -245,8 +214,8 @@ DOSES = (("dose-boundary", 37.0, "dose-boundary-37", "the boundary token at 37x"
 
 
 def planted_variants() -> tuple[Variant, ...]:
-    """Placement (pre, post) x planted outlier (none, each of DOSES), grow; the dosed post-grow runs
-    share their folders with the intervention's (the same run)."""
+    """Placement (pre, post) x planted outlier (none, each of DOSES), grow; the dosed post-grow runs are the
+    intervention's."""
     dosed = tuple(Variant(f"{p}-grow + {label}", RunName(p, "grow"), folder,
                           {"run": {"boundary": kind, "boundary_scale": ratio}})
                   for kind, ratio, folder, label in DOSES for p in tables.NORMS)
@@ -260,23 +229,21 @@ def planted_interactions(ce: dict) -> list[dict]:
         per_seed = [(pd - pn) - (qd - qn) for pd, pn, qd, qn in zip(
             ce[f"pre-grow + {label}"], ce["pre-grow (suite)"], ce[f"post-grow + {label}"], ce["post-grow (suite)"])]
         rows.append({"dose": label, "interaction": report.across_seeds(per_seed)})
-    holm_readings(rows, "interaction")
+    variants.holm_readings(rows, "interaction")
     return rows
 
 
 def run_planted(ws: suite.Workspace, seeds: list[int], force: bool = False) -> dict:
-    """Placement (pre, post) x a planted boundary outlier (none, the boundary token at 37x, one channel at
-    1000x) under growth; the dose x placement interaction, read by the rule pre-registered in
-    docs/preregistrations.md (results/<scale>/planted.md/.json)."""
-    variants = planted_variants()
-    train_variants(ws, variants, seeds, force)
+    """The planted 2 x 3 trained; the dose x placement interaction by its pre-registered rule (results/<scale>/planted.*)."""
+    design = planted_variants()
+    variants.train_variants(ws, design, seeds, force)
     if not ws.ctx.is_main:
         return {}
-    ce, diverged = variant_outcomes(ws, variants, seeds)
+    ce, diverged = variants.variant_outcomes(ws, design, seeds)
     rows = [{"variant": v.label, "run": v.run.name, "settings": v.settings, "ce": report.across_seeds(ce[v.label]),
              "minus_undosed": report.paired(ce[v.label], ce[f"{v.run.name} (suite)"]),
              "after_block_0": internal_boundary_range(ws, v, seeds)}
-            for v in variants]
+            for v in design]
     delta_grow = {"none": report.paired(ce["post-grow (suite)"], ce["pre-grow (suite)"])}
     delta_grow.update({label: report.paired(ce[f"post-grow + {label}"], ce[f"pre-grow + {label}"]) for *_, label in DOSES})
     interactions = planted_interactions(ce)
@@ -290,7 +257,7 @@ def run_planted(ws: suite.Workspace, seeds: list[int], force: bool = False) -> d
              f"Validation CE at the end of each grow run, {report.seeds_text(seeds)}; differences paired by seed. "
              "The outlier is added at the input of every appended block (phases 1-2) as a constant, so the "
              "backward form is unchanged (docs/preregistrations.md, 2026-12-02).", "",
-             report.diverged_line(diverged, len(variants) * len(seeds)), "",
+             report.diverged_line(diverged, len(design) * len(seeds)), "",
              *planted_lines(out["numbers"], seeds),
              "After block 0, as the monitor read the boundary once block 1 reads it (mean RMS, kurtosis; live runs only):",
              "", "| run | after block 0 |", "| --- | --- |"]
@@ -299,8 +266,7 @@ def run_planted(ws: suite.Workspace, seeds: list[int], force: bool = False) -> d
 
 
 def planted_lines(numbers: dict, seeds: list[int]) -> list[str]:
-    """The planted report's one renderer, for its live numbers (run_planted's `numbers`) and its shipped ones (the
-    results page) alike: {"<row>: <quantity>": per-seed values} over `seeds`."""
+    """The planted report's one renderer, for its live and its shipped numbers ({"<row>: <quantity>": values})."""
     rows, ce = by_row(numbers), ce_values(numbers)
     interactions = planted_interactions(ce)
     lines = ["## planted", "", "Placement (pre, post) × a planted boundary outlier under growth; the primary "
@@ -339,8 +305,7 @@ def placement_runs() -> list[RunName]:
 
 
 def run_placements(ws: suite.Workspace, seeds: list[int], force: bool = False) -> dict:
-    """Joint and grow for every placement (pre, post, sandwich, peri, hybrid, deepnorm) and the schedule
-    pre,post,post, with Δ against pre-norm (results/<scale>/placements.md/.json/.png)."""
+    """Joint and grow for every placement, with Δ against pre-norm (results/<scale>/placements.md/.json/.png)."""
     runs = placement_runs()
     training.ensure_runs(ws, runs, seeds, force)
     if not ws.ctx.is_main:
@@ -376,16 +341,14 @@ def run_placements(ws: suite.Workspace, seeds: list[int], force: bool = False) -
 
 
 def placement_family(numbers: dict) -> tuple[dict, dict]:
-    """({(placement, quantity): stats}, {(placement, Δ): Holm-adjusted p}) of the placements report: the
-    declared family is every placement's Δjoint and Δgrow against pre-norm."""
+    """({(placement, quantity): stats}, {(placement, Δ): Holm-adjusted p}): the family is every Δ against pre-norm."""
     st = {(p, q): stats(v) for p, quantities in by_row(numbers).items() for q, v in quantities.items()}
     family = [(p, q) for p, q in st if p != "pre" and q in ("delta_joint", "delta_grow")]
     return st, dict(zip(family, holm_family([st[m] for m in family])))
 
 
 def placements_lines(numbers: dict, seeds: list[int], caveat: str = "") -> list[str]:
-    """The placements report's one renderer, for run_placements' live numbers (its `numbers`) and the results page's
-    shipped ones; `caveat`: what the page adds about the steps its curves end at."""
+    """The placements report's one renderer, for its live and its shipped numbers; `caveat`: the page's on steps."""
     rows = by_row(numbers)
     st, p_holm = placement_family(numbers)
     family = list(p_holm)
@@ -422,8 +385,7 @@ def scratch_workspace(ws: suite.Workspace) -> suite.Workspace:
 
 
 def run_scratch(ws: suite.Workspace, seeds: list[int], force: bool = False) -> dict:
-    """Table 1's 2 x 2 without a teacher: plain CE, embedding and head trained from the seed
-    (results/<scale>/scratch.md/.json)."""
+    """Table 1's 2 x 2 without a teacher: plain CE, every weight from the seed (results/<scale>/scratch.md/.json)."""
     sws = scratch_workspace(ws)
     training.ensure_runs(sws, tables.MAIN_RUNS, seeds, force)
     if not ws.ctx.is_main:
@@ -444,8 +406,7 @@ def run_scratch(ws: suite.Workspace, seeds: list[int], force: bool = False) -> d
 
 
 def scratch_lines(numbers: dict, seeds: list[int]) -> list[str]:
-    """The scratch report's one renderer, for run_scratch's live numbers (its `numbers`) and the results page's
-    shipped ones: {quantity: per-seed values}, beside the paper's numbers with its teacher."""
+    """The scratch report's one renderer, for its live and its shipped numbers, beside the paper's with its teacher."""
     rows = tables.TABLES["table1"].rows
     st = {key: stats(values) for key, values in numbers.items()}
     runs = {key: numbers[key] for key in ("pre_joint", "post_joint", "pre_grow", "post_grow") if key in numbers}

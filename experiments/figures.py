@@ -1,7 +1,6 @@
-"""The figures: each takes plain dicts and lists (diag.py's results, or a report's numbers) and a path,
-writes a PNG and a PDF beside it, and returns the PNG's path. Kit values: solid lines, filled markers.
-Paper values: hollow markers or dashed lines labelled "paper". No pyplot: Figure objects render through
-Agg and hold no global state; a caption (scale, seed, experiment) is an argument, never module state.
+"""The figures: each takes plain dicts and lists (diag.py's results, or a report's numbers) and a path, writes a PNG
+and a PDF beside it, and returns the PNG's path. Kit values solid; the paper's hollow or dashed, labelled "paper".
+No pyplot: Figure objects render through Agg and hold no global state.
 
     figures.fig3a_interaction({"pre": {"joint": 3.46, "grow": 3.26}, "post": {...}}, "results/toy/fig3a.png",
                               caption="toy scale, seed 42")
@@ -80,9 +79,8 @@ def delta(ces: dict, at) -> float:
 
 
 def fig3a_interaction(kit: dict, path, paper: dict = PAPER["table1"], caption: str = "") -> Path:
-    """Figure 3a as the effect itself. kit: {"pre": {"joint": ce, "grow": ce}, "post": {...}},
-    validation CE in nats/token. Plotted: Δ = post − pre per protocol, kit solid, paper dashed and
-    hollow; the slope between them is the interaction. Absolute CEs are in the report's table."""
+    """Figure 3a as the effect itself: Δ = post − pre per protocol; the slope between them is the interaction.
+    kit: {"pre": {"joint": ce, "grow": ce}, "post": {...}}."""
     protocols = ["joint", "grow"]
     with new_figure() as (fig, (ax,)):
         ax.plot(range(2), [delta(kit, p) for p in protocols], "o-", color="black", label="Δ post − pre (kit)")
@@ -102,9 +100,8 @@ TREND = (("delta_joint", "Δjoint = post − pre, joint"), ("delta_grow", "Δgro
 
 
 def fig_scale_trend(kit: dict, paper: dict, path, tie_margin: float, caption: str = "") -> Path:
-    """Table 1's three differences at each scale beside the paper's, one panel each, scales left to right in the
-    order given. kit: {scale: {key: report.across_seeds stats}} for each key of TREND; paper: {key: value}, one run
-    (no interval), drawn hollow at the right. The grey band is the declared rule's tie margin."""
+    """Table 1's three differences at each scale beside the paper's, one panel each. kit: {scale: {key:
+    report.across_seeds stats}}; paper: {key: value}, drawn hollow at the right; grey: the tie margin."""
     with new_figure(ncols=len(TREND), width=2.4, height=2.8) as (fig, axes):
         for ax, (key, title) in zip(axes, TREND):
             ax.axhspan(-tie_margin, tie_margin, color="gray", alpha=0.2, linewidth=0, label=f"a tie: ±{tie_margin:g}")
@@ -132,11 +129,9 @@ def interaction(ces: dict) -> float:
 
 def fig3b_per_phase(kit: dict, path, paper: dict = PAPER["per_phase_ce"], starts: dict | None = None,
                     caption: str = "") -> Path:
-    """Figure 3b. kit: {"pre": [CE at the end of phase 0, 1, ...], "post": [...]} of the grow runs;
-    starts: the same at each phase's start (before its first update). Left: the kit's CE per phase,
-    starts as hollow squares at phase - 0.5 (a start far above the rest sits at the top edge, its
-    value written beside it). Right: Δ = post − pre per phase, kit (ends solid, starts hollow) against
-    the paper's (phase 0 from Table 2, phase 2 from Table 1), each on its own axis."""
+    """Figure 3b. kit: {"pre": [CE at the end of phase 0, 1, ...], "post": [...]}; starts: the same at each phase's
+    start, hollow at phase - 0.5 (one far above the rest at the top edge, its value beside it). Right: Δ = post −
+    pre per phase against the paper's (phase 0 from Table 2, phase 2 from Table 1)."""
     starts = starts or {}
     shown = [v for ces in kit.values() for v in ces] + [v for s in starts.values() for v in s[1:]]
     span = max(shown) - min(shown) or 1.0
@@ -188,8 +183,7 @@ def mark_transitions(ax, transition_steps: list[int]):
 
 
 def save_beside_paper(fig, ax, pax, transition_steps, title: str, ylabel: str, path, caption: str) -> Path:
-    """Figures 4 and 5a, saved: the kit's panel `ax` (block appends marked, a log axis, its legend below it)
-    beside the paper's own `pax` (titled `title`): its values at its stated checkpoints, on a log axis like the kit's."""
+    """Figures 4 and 5a, saved: the kit's panel `ax` beside the paper's own `pax`, both on a log axis."""
     mark_transitions(ax, transition_steps)
     for a in (ax, pax):
         a.set_yscale("log")
@@ -205,11 +199,9 @@ def save_beside_paper(fig, ax, pax, transition_steps, title: str, ylabel: str, p
 def fig4_boundary_std(series: dict, path, paper: dict = PAPER["boundary_std_after_block0"],
                       transition_steps: list[int] = (), caption: str = "",
                       xlabel: str = "training step of the checkpoint") -> Path:
-    """Figure 4. series: {"pre": [{"step", "boundary_stats"}, ...], "post": [...]}, one entry per kept
-    grow checkpoint (diagnose_checkpoint's output plus its step; a reference, which ships no steps, names
-    the checkpoint instead, drawn as a category, and says so in `xlabel`). Left: the kit, one line per
-    norm and block output, block appends marked. Right: the paper's values after block 0 in their own panel
-    (pre-norm at its first grow checkpoint and at 150k; post-norm's stated range)."""
+    """Figure 4. series: {"pre": [{"step", "boundary_stats"}, ...], "post": [...]}, one entry per kept grow
+    checkpoint (a reference names the checkpoint instead of its step, and says so in `xlabel`). Right: the paper's
+    values after block 0 (pre-norm at its first grow checkpoint and at 150k; post-norm's stated range)."""
     with new_figure(ncols=2, width=4.0, height=4.4) as (fig, (ax, pax)):
         for norm, checkpoints in series.items():
             for b in range(1, max(len(c["boundary_stats"]) for c in checkpoints)):
@@ -231,9 +223,8 @@ def fig4_boundary_std(series: dict, path, paper: dict = PAPER["boundary_std_afte
 
 def fig5a_token_types(series: dict, path, boundary: int = 1, paper: dict = PAPER["token_type_rms"],
                       transition_steps: list[int] = (), caption: str = "") -> Path:
-    """Figure 5a. series as for fig4 (entries need "step" and "token_type_rms"); mean per-token RMS by
-    token type at one boundary (default 1: after block 0; the paper does not say which). Left: the
-    kit; right: the paper's values in their own panel (first grow checkpoint and 150k)."""
+    """Figure 5a. series as for fig4, with "token_type_rms": mean per-token RMS by token type at one boundary
+    (default: after block 0; the paper does not say which), beside the paper's values."""
     with new_figure(ncols=2, width=4.0, height=4.4) as (fig, (ax, pax)):
         for norm, checkpoints in series.items():
             color = NORM_COLORS[norm]
@@ -256,9 +247,8 @@ def fig5a_token_types(series: dict, path, boundary: int = 1, paper: dict = PAPER
 
 def fig5b_validation(runs: dict, path, transition_steps: list[int], smooth: int | None = None,
                      paper: dict = PAPER["table1"], caption: str = "") -> Path:
-    """Figure 5b. runs: {"pre": metrics rows, "post": metrics rows} of the grow runs (rundir.read_metrics).
-    Validation CE at every evaluation; with `smooth`, also the training CE term as a trailing
-    `smooth`-step mean (thin). Vertical lines at the block-append steps; the paper's final CE hollow."""
+    """Figure 5b. runs: {"pre": metrics rows, "post": ...}: validation CE at every evaluation; with `smooth`, the
+    training CE term as a trailing `smooth`-step mean; the paper's final CE hollow."""
     with new_figure(width=5.5, height=4.4) as (fig, (ax,)):
         for norm, rows in runs.items():
             color = NORM_COLORS[norm]
@@ -283,10 +273,8 @@ def fig5b_validation(runs: dict, path, transition_steps: list[int], smooth: int 
 def figA1_rms_histograms(token_rms_by_norm: dict, path, label: str = "after block 0",
                          paper_kurtosis: float = PAPER["final_kurtosis_pre_above"], cap: float | None = None,
                          caption: str = "") -> Path:
-    """Figure A1. token_rms_by_norm: {"pre": [per-token RMS], "post": [...]} at the final checkpoint
-    (diagnose_checkpoint's "token_rms" at one boundary, named by `label`). Log-spaced bins, log counts;
-    the legend gives each distribution's Pearson kurtosis (normal = 3) and, with `cap`, the largest
-    kurtosis this batch's shape allows (kurtosis_cap)."""
+    """Figure A1. token_rms_by_norm: {"pre": [per-token RMS], "post": [...]} at the final checkpoint, log bins and
+    counts; the legend gives each one's Pearson kurtosis and, with `cap`, the largest the batch's shape allows."""
     values = {norm: np.asarray(v, dtype=np.float64) for norm, v in token_rms_by_norm.items()}
     pooled = np.concatenate(list(values.values()))
     positive = pooled[pooled > 0]
@@ -310,10 +298,8 @@ def figA1_rms_histograms(token_rms_by_norm: dict, path, label: str = "after bloc
 
 
 def figA2_block_removal(results: dict, path, paper: dict = PAPER["table4"], caption: str = "") -> Path:
-    """Figure A2. results: {"pre-grow": block_removal(...), "post-grow": ..., "pre-joint": ...,
-    "post-joint": ...} (any subset). Top row: the kit's bars per block and run; bottom row: Table 4's
-    values as bars of the same layout on their own axes (the paper's ~8-nat block 0 would flatten
-    the kit's smaller bars on a shared axis)."""
+    """Figure A2. results: {run: block_removal(...)}. Top row: the kit's bars; bottom row: Table 4's, on their own
+    axes (the paper's ~8-nat block 0 would flatten the kit's smaller bars on a shared axis)."""
     metrics = [("delta_ce", "ΔCE when the block is skipped (nats/token)"),
                ("angular_distance", "angular distance in → out (fraction of π)")]
     width = 0.8 / len(results)
@@ -337,9 +323,8 @@ def figA2_block_removal(results: dict, path, paper: dict = PAPER["table4"], capt
 
 
 def fig_monitor(series: dict, path, title: str, caption: str = "") -> Path:
-    """The boundary monitor against steps. series: {run label: [monitor rows of metrics.jsonl]}; two
-    panels, the mean and the kurtosis of per-token RMS at each internal block boundary (one colour per
-    run, one line style per boundary); runs logged without the monitor are left out."""
+    """The boundary monitor against steps, {run label: [monitor rows]}: the mean and the kurtosis of per-token RMS
+    at each internal block boundary (a colour per run, a line style per boundary)."""
     with new_figure(ncols=2, width=4.2, height=3.4) as (fig, (rms_ax, kurt_ax)):
         for i, (label, rows) in enumerate((k, v) for k, v in series.items() if v):
             color = f"C{i}"
@@ -361,10 +346,8 @@ def fig_monitor(series: dict, path, title: str, caption: str = "") -> Path:
 
 
 def fig_scan(scans: dict, path, massive: float, sink_heads: float, sink_attention: float, caption: str = "") -> Path:
-    """The layer-by-layer scan (diag.layer_scan) of several models, {name: rows}: (a) the largest
-    |activation| over the median at each layer's output, log scale, with the `massive` threshold dashed;
-    (b) the share of sink heads at each layer, with the `sink_heads` threshold dashed; each panel's title
-    names its threshold and value (in a shared legend they would mix with the models' entries)."""
+    """The layer-by-layer scan (diag.layer_scan) of several models, {name: rows}: (a) max |activation| / median per
+    layer, (b) the share of sink heads per layer, each threshold dashed and named in its panel's title."""
     with new_figure(2) as (fig, (a, b)):
         for name, rows in scans.items():
             layers = [r["layer"] for r in rows]

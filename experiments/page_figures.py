@@ -1,8 +1,5 @@
-"""The paper's figures on a results page, drawn from a shipped reference alone: docs/results/<scale>/<figure>.png,
-embedded in docs/results/<scale>.md. experiments/figures.py draws them, the same functions that draw a live
-run's; here each figure's arguments are built from references/<scale>.json, each kit value the mean over
-seeds of the per-seed values the reference ships (their intervals are in the page's tables), and the
-paper's values are the ones figures.py draws from paper.py.
+"""The paper's figures on a results page, drawn from a shipped reference alone by experiments/figures.py (the
+functions that draw a live run's): docs/results/<scale>/<figure>.png, each kit value the mean over seeds.
 
     page_figures.section("toy", reference.load("toy"))   # the page's lines: a link per figure, or why none
     page_figures.draw("toy", reference.load("toy"))      # {"fig3a.png": PNG bytes, ...}: pages.main writes them
@@ -33,8 +30,7 @@ def mean(values: list) -> float:
 
 
 def phase_points(curve: dict) -> tuple[list[str], list[str]]:
-    """(starts, ends) of a grow run's curve ({"<step>" or "<step> start": CE per seed}, reference.curve): the
-    points that start each phase, and those that end it (each later phase's start step, and the last)."""
+    """(starts, ends) of a grow run's curve (reference.curve): the points that start and end each phase."""
     steps = sorted({int(point.split()[0]) for point in curve})
     starts = sorted((point for point in curve if point.endswith(" start")), key=lambda point: int(point.split()[0]))
     return starts, [point.split()[0] for point in starts[1:]] + [str(steps[-1])]
@@ -87,6 +83,7 @@ class PageFigure:
     args: Callable[[dict], dict] | None        # the plotter's arguments from a reference; None: never from one
     plot: Callable | None = None               # the figures.py function
     table: str | None = None                   # the experiment whose seeds it averages (None: the reference's)
+    never: str = ""                            # why a figure with args None is drawn from no reference
 
 
 FIGURES = [
@@ -96,17 +93,16 @@ FIGURES = [
                "`curves.pre-grow` and `curves.post-grow`", fig3b, figures.fig3b_per_phase),
     PageFigure("fig4", "Figure 4: std of per-token RMS after block 0, first and last kept grow checkpoint",
                "`tables.fig4`", fig4, figures.fig4_boundary_std, "fig4"),
-    PageFigure("fig5a", "Figure 5a: per-token RMS by token type across checkpoints", "`tables.fig5`", None),
+    PageFigure("fig5a", "Figure 5a: per-token RMS by token type across checkpoints", "`tables.fig5`", None,
+               never="the reference holds the boundary / regular RMS ratio at the last checkpoint (`tables.fig5`), "
+                     "not each token type's RMS across checkpoints"),
     PageFigure("fig5b", "Figure 5b: validation CE through grow, transitions marked",
                "`curves.pre-grow` and `curves.post-grow`", fig5b, figures.fig5b_validation),
-    PageFigure("figA1", "Figure A1: per-token RMS histograms at the final checkpoint", "`tables.figA1`", None),
+    PageFigure("figA1", "Figure A1: per-token RMS histograms at the final checkpoint", "`tables.figA1`", None,
+               never="the reference holds the kurtosis (`tables.figA1`), not the per-token RMS values a histogram draws"),
     PageFigure("figA2", "Figure A2: whole-block removal", "`tables.table4`", figA2, figures.figA2_block_removal,
                "table4"),
 ]
-# Why the figures with args None cannot be drawn from any reference: it ships summaries, not what they plot.
-NEVER = {"fig5a": "the reference holds the boundary / regular RMS ratio at the last checkpoint (`tables.fig5`), not "
-                  "each token type's RMS across checkpoints",
-         "figA1": "the reference holds the kurtosis (`tables.figA1`), not the per-token RMS values a histogram draws"}
 
 
 def arguments(figure: PageFigure, ref: dict) -> dict | None:
@@ -134,8 +130,7 @@ def section(scale: str, ref: dict) -> list[str]:
             lines += [f"**{figure.title}** (kit: {figure.source}, seeds {seeds(figure, ref)}):",
                       "", f"![{figure.title}]({scale}/{figure.name}.png)", ""]
         else:
-            why = NEVER.get(figure.name) or f"this reference holds no numbers for it ({figure.source} is missing, " \
-                                           "empty or has a null)"
+            why = figure.never or f"this reference holds no numbers for it ({figure.source} is missing, empty or has a null)"
             lines += [f"**{figure.title}**: not drawn: {why}.", ""]
     return lines
 
@@ -148,8 +143,8 @@ TREND_FILE = "scale-trend.png"
 
 
 def trend_args(references: dict[str, dict | None]) -> dict | None:
-    """The trend's arguments: each shipped scale's Table 1 differences over its seeds (report.across_seeds), in the
-    order given, and the paper's; None where no reference holds them all (or a seed's is null)."""
+    """The trend's arguments: each shipped scale's Table 1 differences over its seeds, and the paper's; None where
+    no reference holds them all (or a seed's is null)."""
     kit = {}
     for scale, ref in references.items():
         try:
@@ -185,8 +180,7 @@ def draw_trend(references: dict[str, dict | None]) -> bytes | None:
 
 
 def draw(scale: str, ref: dict) -> dict[str, bytes]:
-    """{"<name>.png": its bytes} of every figure `ref` holds the numbers of. figures.py writes a PDF beside each
-    PNG; a page shows the PNG only, so they are drawn in a scratch folder and only the PNGs are kept."""
+    """{"<name>.png": its bytes} of every figure `ref` holds the numbers of (drawn in a scratch folder: not the PDFs)."""
     out = {}
     with tempfile.TemporaryDirectory() as scratch:
         for figure in FIGURES:
@@ -199,8 +193,7 @@ def draw(scale: str, ref: dict) -> dict[str, bytes]:
 
 
 def write(folder: Path, drawn: dict[str, bytes]) -> None:
-    """The drawn figures into `folder` (docs/results/<scale>/), each whole; a figure's PNG that the reference
-    no longer holds the numbers of is removed, so the folder holds what the page links and nothing else."""
+    """The drawn figures into `folder` (docs/results/<scale>/), each whole; a figure no longer drawn is removed."""
     if drawn:
         folder.mkdir(parents=True, exist_ok=True)
     for figure in FIGURES:

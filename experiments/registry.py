@@ -114,7 +114,7 @@ def ideas_page(reference: dict, scale: str) -> list[str]:
 
 def tail_page(reference: dict, scale: str) -> list[str]:
     """The causal test's section from its committed records, at the scales it has them for."""
-    return tail.page_section(scale, studies.RECORDS_DIR) if scale in tail.REGULAR_RMS and scale != "smoke" else []
+    return tail.markdown(tail.recorded_outcome(scale)) if scale in tail.REGULAR_RMS and scale != "smoke" else []
 
 
 # Every experiment, in the results page's order: the paper's own, then those beyond it.

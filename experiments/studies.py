@@ -1,18 +1,15 @@
-"""Studies that outlive the machine they ran on. A study (the seven ideas, a table over seeds) is a manifest
-of runs (Job: a workspace, a run, a seed). Each finished run leaves a small JSON record meant for git,
-references/records/<workspace>/<run folder>.json: what the run was (its config's hash, the data's and the
-teacher's checksums), what it gave (done.json, its evaluation and transition rows, the diagnostics the
-tables read), where (commit, CPU, instructions, precision, threads) and how long. Rerun on a fresh clone,
-a study restores its recorded runs into their folders (no weights) and trains only the others:
+"""Studies that outlive the machine they ran on. A study is a manifest of runs (Job: a workspace, a run, a seed);
+each finished run leaves a small JSON record meant for git, references/records/<workspace>/<run folder>.json: what
+the run was (its config's hash, the data's and the teacher's checksums), what it gave (done.json, its kept log rows,
+the diagnostics the tables read), where and how long. On a fresh clone a study restores its recorded runs into
+their folders (no weights) and trains only the others:
 
     python repro.py ideas --scale toy --seeds 42,43,44 --dry-run   # which runs are recorded, which remain
     python repro.py ideas --scale toy --seeds 42,43,44             # trains what remains, records each run
 
-A record is used only where it matches what the command would train now; a stale one is named with the
-reason and nothing trains until it is moved away (or --force retrains it and replaces its record). A record
-is data: read whole before anything is written from it (read_record), and restored under its run folder's lock,
-as training takes it. Records of other CPUs combine (fp32 differs between instruction sets only in rounding;
-docs/preregistrations.md, 2026-12-03); of another precision, never.
+A record is used only where it matches what the command would train now; a stale one stops it, named with the
+reason (--force retrains it). Records of other CPUs combine (fp32 differs between instruction sets only in
+rounding; docs/preregistrations.md, 2026-12-03); of another precision, never.
 """
 from __future__ import annotations
 
@@ -75,8 +72,7 @@ def stored_form(settings: config.RunConfig) -> dict:
 
 
 def teacher_checksum(stored: dict, folder: Path) -> str:
-    """The teacher as it computes: the sha256s of its config and weights (its checksums file's entries but the
-    trainer state, which holds the clock), "" for a run without one."""
+    """The teacher as it computes: the sha256s of its config and weights (not the trainer state's clock), or ""."""
     if not stored.get("teacher"):
         return ""
     teacher = Path(config.absolute_paths(stored, folder)["teacher"])  # the run folder need not exist yet
@@ -97,8 +93,7 @@ def identity(job: Job, stored: dict, check_data: bool = True) -> dict:
 # Reading and checking records
 
 def read_record(path: Path) -> dict:
-    """A record as written: its own checksum verified, then checked whole (record_files.check_record), so that
-    nothing is written from a record edited and sealed again; an edited or damaged one is one line."""
+    """A record, its own checksum verified, then checked whole (record_files.check_record); else one line."""
     if not path.is_file():  # a FIFO or a folder at a record's name is never opened
         raise BadRecord(path, "the file", "is not a plain file")
     try:
@@ -112,16 +107,14 @@ def read_record(path: Path) -> dict:
 
 
 def study_records(folder: Path) -> list[tuple[Path, dict]]:
-    """Every run's record of a workspace (<records>/<workspace>/), each read whole: a
-    record that is not in the place of the run it records (a copy, another study's) is one line, never counted."""
+    """Every run's record of a workspace (<records>/<workspace>/), each read whole (read_record)."""
     paths = sorted(folder.rglob("*.json")) if folder.is_dir() else []
     return [(path, read_record(path)) for path in paths]
 
 
 def stale_reason(record: dict, wanted: dict, stored: dict | None = None) -> str:
-    """Why a record is not of the run the command would train now ("" if it is); a part of `wanted` that
-    is None (a dry run's data and teacher) is not compared. With `stored` (the settings the command trains at the
-    record's place), which setting differs, so that the line says what to look at."""
+    """Why a record is not of the run the command would train now ("" if it is); a part of `wanted` that is None
+    (a dry run's data and teacher) is not compared; with `stored`, which setting differs."""
     have = record["identity"]
     reasons = {"config_sha256": "the run's settings changed" + (changed_setting(record["config"], stored) if stored else ""),
                "data": "the data's shards changed", "teacher": "the teacher changed"}
@@ -129,8 +122,7 @@ def stale_reason(record: dict, wanted: dict, stored: dict | None = None) -> str:
 
 
 def changed_setting(recorded: dict, stored: dict) -> str:
-    """" (<key> <value> in the record, <value> in the run trained there)" of the first setting that differs as the
-    hash compares them (training_settings); the record's value is data, so bounded (cell)."""
+    """" (<key> <value> in the record, <value> in the run trained there)" of the first setting that differs."""
     have, want = training_settings(recorded), training_settings(stored)
     keys = sorted(key for key in have.keys() | want.keys() if have.get(key) != want.get(key))
     if not keys:
@@ -142,7 +134,7 @@ def changed_setting(recorded: dict, stored: dict) -> str:
 
 
 def machine(record: dict) -> str:
-    """Where a run ran, in words, as one line of text (record_files.cell: what a file says is data)."""
+    """Where a run ran, in words, as one line of text."""
     p = record.get("provenance", {})
     return f"{cell(p.get('cpu', '?'), 100)} ({cell(p.get('cpu_capability', '?'), 40)}, {cell(p.get('precision', '?'), 20)})"
 
@@ -180,17 +172,14 @@ def survey(jobs: list[Job], teacher: Path, check_data: bool = True) -> Status:
 # What a results page reads of a study's records: by the check its dry run and its restore make
 
 def page_workspace(scale: str, records: Path) -> Workspace:
-    """A scale's workspace as its study's dry run places it, its records under `records`: a record's settings are
-    relative to its run folder (config.json's), so where runs/ would lie changes nothing."""
+    """A scale's workspace as its study's dry run places it (a record's paths are relative to its run folder)."""
     return Workspace(presets.PRESETS[scale], Path("runs") / scale, Path("results") / scale, devices.Dist(),
                      records=records)
 
 
 def page_records(jobs: list[Job]) -> dict[str, dict]:
-    """{run label: record} of the jobs recorded (a run with none is left out), each by survey, the one check a
-    study's dry run and its restore make (the settings; the data and the teacher, which a page never builds,
-    aside): a record that is not the run the study trains at its place (a dose, a seed or a name edited and its
-    identity recomputed) is one line naming it and the fix, never a number on a page."""
+    """{run label: record} of the jobs recorded, each checked by survey as a study's dry run checks it (the data
+    and the teacher aside): a stale one is one line naming it and the fix, never a number on a page."""
     status = survey(jobs, training.expected_teacher(jobs[0].ws) if jobs else None, check_data=False)
     if status.stale:
         raise stale_error(status, "a page reads only the runs its study trains: restore it (git checkout), or move it "
@@ -199,11 +188,9 @@ def page_records(jobs: list[Job]) -> dict[str, dict]:
 
 
 # ----------------------------------------------------------------------------------------------
-# The precision rule (docs/method.md, "Precision in a study"): a study's runs whose precision is "auto" (the
-# presets' default) train in the precision of its records of such runs, so that its numbers stay comparable
-# whatever CPU continues it; only a study with no such record lets the machine decide
-# (plumbing/devices.precision_choice). Another precision is another study: `--set run.precision=bf16` gives its
-# runs other settings, folders and records.
+# The precision rule (docs/method.md, "Precision in a study"): a study's "auto" runs train in the precision of its
+# records of such runs, so that its numbers stay comparable whatever CPU continues it; only a study with none lets
+# the machine decide. `--set run.precision=bf16` is another study.
 
 NAMES = {"float32": "fp32", "bfloat16": "bf16"}  # provenance.json's dtype names -> RunConfig.precision's
 
@@ -218,8 +205,8 @@ def auto_precisions(folder: Path) -> dict[str, list[Path]]:
 
 
 def settle_precision(ws: Workspace) -> Workspace:
-    """The workspace whose "auto" precision is its records' (ws.ctx.auto_precision), said in one line; as it was
-    where no record asked for "auto". Records of two precisions are refused, naming one of each."""
+    """The workspace whose "auto" precision is its records' (ws.ctx.auto_precision), said in one line; records of
+    two precisions are refused."""
     folder = ws.records / ws.runs.name
     found = auto_precisions(folder)
     if len(found) > 1:
@@ -243,9 +230,8 @@ def settle_precision(ws: Workspace) -> Workspace:
 
 def check_precision(status: Status, teacher: Path):
     """Before anything is restored or trained, the one precision rule (training.check_one_precision) over a study's
-    runs: a recorded run by its record's provenance, or where its folder holds a finished run not restored from it
-    (which the tables read), by that folder's; the others by what their folders hold or what this command trains
-    them in. A finished folder of another precision beside the records, or a record of one, is refused, named."""
+    runs: a recorded run by its record (unless its folder holds a finished run of its own), the others by their
+    folders or what this command trains them in."""
     runs, recorded = [], dict(status.recorded)
     for job in [job for job, _ in status.recorded] + status.remaining + [job for job, _ in status.stale]:
         if job in recorded and not ((job.folder / "done.json").is_file() and not (job.folder / RECORD).is_file()):
@@ -261,11 +247,9 @@ def check_precision(status: Status, teacher: Path):
 # Restoring recorded runs before a study trains; recording each run as it finishes
 
 def restore(jobs: list[Job], teacher: Path, force: bool = False) -> Status:
-    """Before a study trains: every record checked; stale ones stop it (one line naming them and why) unless
-    --force (they are retrained and their records replaced); valid ones are written into run folders that
-    hold no finished run, without weights, each under its folder's lock (restore_folder). A recorded run whose
-    checkpoint a missing run starts from is not restored, or if an earlier command restored it (no weights), its
-    folder is cleared under its lock: it trains again first (its record kept)."""
+    """Before a study trains: every record checked; stale ones stop it unless --force (retrained, their records
+    replaced); valid ones restored (restore_folder). A recorded run whose checkpoint a missing run starts from is
+    not restored, or if an earlier command restored it (no weights), cleared: it trains again first (its record kept)."""
     status = survey(jobs, teacher)
     if status.stale and not force:
         raise stale_error(status, "nothing was trained: move the stale records away (git rm) or pass --force to "
@@ -292,15 +276,13 @@ def restore(jobs: list[Job], teacher: Path, force: bool = False) -> Status:
 
 
 def held(folder: Path, ws: Workspace):
-    """A run folder's lock, the one training takes (plumbing/locks.py): one process writes a folder at a time."""
+    """A run folder's lock, the one training takes: one process writes a folder at a time."""
     return locks.held([folder], ws.wait, say=lambda line: suite.console.print(line, markup=False, highlight=False))
 
 
 def restore_folder(job: Job, record: dict):
-    """The recorded run written into its folder as the reports read it (config, provenance, the record itself,
-    its kept log rows, the recorded diagnostics, done.json; no checkpoint: what needs weights trains it again),
-    unless the folder holds a finished run, decided under its lock: a folder another process restored or
-    trained meanwhile is left as it is."""
+    """The recorded run written into its folder as the reports read it (no checkpoint: what needs weights trains
+    it again), unless the folder holds a finished run, decided under its lock."""
     folder = job.folder
     if (folder / "done.json").is_file():
         return
@@ -328,9 +310,8 @@ def prefix_folder(job: Job, teacher: Path) -> Path | None:
 
 
 def record_finished(ws: Workspace, run: RunName, seed: int):
-    """After a run finishes (or is reused): its record, written once (atomically). A run trained again as a
-    prefix keeps its record; its folder's readable files are set back to the record's, so the reports read one
-    value per run, and the difference is said. A stale record is never overwritten here (restore's --force)."""
+    """After a run finishes (or is reused): its record, written once (atomically). A run trained again as a prefix
+    keeps its record, and a stale record is never overwritten here (restore's --force)."""
     job = Job(ws, run, seed)
     if ws.records is None or not (job.folder / "done.json").is_file() or (job.folder / RECORD).is_file():
         return
@@ -387,7 +368,7 @@ def run_machines(jobs: list[Job]) -> list[dict]:
 
 
 def machine_row(run: str, provenance: dict, wall_seconds: float) -> dict:
-    """A row of machines_markdown: what a record or a run folder says, each text escaped and bounded (cell)."""
+    """A row of machines_markdown: what a record or a run folder says, each text bounded (cell)."""
     return {"run": cell(run), "machine": machine({"provenance": provenance}), "wall_seconds": wall_seconds,
             "commit": cell(str(provenance.get("git_commit", ""))[:12])}
 
@@ -413,21 +394,18 @@ def suite_jobs(ws: Workspace, runs, seeds: list[int]) -> list[Job]:
 
 
 def restorable(names: list[str], runs) -> list[RunName]:
-    """The runs a record can stand in for: those that only RECORD_COMPLETE experiments among `names` read (a run
-    another experiment reads the weights or every step of trains, and its record is kept)."""
+    """The runs a record can stand in for: those only RECORD_COMPLETE experiments among `names` read."""
     return [run for run in runs if all(name in RECORD_COMPLETE for name in names if run in tables.TABLES[name].runs)]
 
 
 def restorable_jobs(ws: Workspace, names: list[str], runs, seeds: list[int]) -> list[Job]:
-    """The restorable runs' jobs, without the prefixes they start from (a prefix that is not restorable itself
-    trains, and a run that starts from it and has no record trains after it)."""
+    """The restorable runs' jobs, without the prefixes they start from (a prefix not restorable itself trains)."""
     kept = restorable(names, runs)
     return [job for job in suite_jobs(ws, kept, seeds) if job.run in kept]
 
 
 def restore_study(ws: Workspace, jobs: list[Job], force: bool):
-    """A recording study's runs restored from their records before anything trains (restore), on the main process;
-    first, before any data or teacher is made, the study's one precision (check_precision)."""
+    """A recording study's runs restored (restore) on the main process, after its one precision is checked."""
     if ws.records is not None and jobs:
         expected = training.expected_teacher(ws)  # the settings alone, before the data or the teacher is made
         ws.ctx.on_main(lambda: check_precision(survey(jobs, expected, check_data=False), expected), "the precision rule")
@@ -441,16 +419,14 @@ def restore_suite(ws: Workspace, names: list[str], runs, seeds: list[int], force
 
 
 def recorded_machines(scale: str, records: Path = RECORDS_DIR) -> list[str]:
-    """machines_markdown of every run of a scale a study recorded (<records>/<scale>/), for its results page: each
-    record counted once, in its own place (study_records)."""
+    """machines_markdown of every run of a scale a study recorded (<records>/<scale>/), for its results page."""
     rows = [machine_row(r["run"], r["provenance"], r["wall_seconds"]) for _, r in study_records(records / scale)]
     return machines_markdown(rows) if rows else []
 
 
 def attach(ws: Workspace, records: Path | None, dry_run: bool = False) -> Workspace:
-    """The workspace, recording each finished run under `records` (None: the kit's RECORDS_DIR; at smoke scale,
-    the tests' and CI's, none), its "auto" precision its records' (settle_precision). The records' folder is
-    checked writable before any work, except for a dry run, which only reads them (a read-only clone may plan)."""
+    """The workspace, recording each finished run under `records` (None: the kit's RECORDS_DIR; at smoke scale
+    none), its "auto" precision its records'. A dry run only reads them: a read-only clone may plan."""
     records = records or (None if ws.preset.name == "smoke" else RECORDS_DIR)
     if records is None:
         return ws

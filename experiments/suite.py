@@ -1,7 +1,6 @@
-"""A scale's workspace and the runs it needs: where data, teacher, runs and results live, each named
-run's settings, and the inputs every run reads: the data, and the teacher (the hub's, the shipped one
-that fits the workspace, or the kit's own, trained). The CLI (repro.py) and the experiment modules
-(tables.py, beyond.py, ideas.py) build on it; experiments/training.py trains the runs.
+"""A scale's workspace and the runs it needs: where data, teacher, runs and results live, each named run's
+settings, and the inputs every run reads: the data, and the teacher (the hub's, the shipped one that fits the
+workspace, or the kit's own, trained); experiments/training.py trains the runs.
 
     ws = suite.workspace("toy", Path("runs"), Path("results"))
     pre_grow, post_grow = RunName("pre", "grow"), RunName("post", "grow")
@@ -34,9 +33,8 @@ from progress import Runs
 
 
 class TextConsole(Console):
-    """The kit's one console. What it prints holds paths, run names and values the user gave (a folder "copy [v2]",
-    an export to "exp [/v2]", ":bug:", an ESC sequence): text, never rich markup or emoji codes, and a string's
-    control characters escaped but its line breaks; styles are rich objects (Text, Table)."""
+    """The kit's one console: what it prints holds paths and values the user gave ("copy [v2]", ":bug:", an ESC),
+    so a string is text, never rich markup or emoji codes, its control characters but line breaks escaped."""
 
     def print(self, *objects, **kwargs):
         text = lambda s: "\n".join(locks.printable(line, sys.maxsize) for line in s.split("\n"))
@@ -100,12 +98,8 @@ class Workspace:
 def workspace(scale: str, runs_dir: Path, results_dir: Path | None = None, dry_run: bool = False,
               overrides: Settings | None = None, compile_flag: bool | None = None, device: str = "auto", tracker: str = "",
               lockstep: bool = True, wait: bool = True) -> Workspace:
-    """A scale's folders, with `overrides` (presets.Settings, parsed from --set) applied. With overrides of the
-    students' settings (run, diag) only, the students live in runs/<scale>/set/<overrides>/ beside the scale's data
-    and teacher; overrides of the data or the teacher make a workspace of their own, runs/<scale>+<those overrides>/,
-    whose students of other settings live in its set/<those settings>/. Results go to results/<scale>+<overrides>/.
-    Everything is checked before a folder is made: the overrides, CUDA, then that the folders are writable (not for
-    a dry run; no results folder where none is given)."""
+    """A scale's folders, with `overrides` (presets.Settings, parsed from --set) applied, placed as docs/design.md
+    ("A workspace") says; everything is checked before a folder is made (the folders' writability not for a dry run)."""
     overrides = overrides or {}
     preset, changes = apply_overrides(PRESETS[scale], overrides, compile_flag)
     if "seed" in changes.get("run", {}):  # --set run.seed=N is --seeds N: that seed's folder, the scale's inputs
@@ -142,9 +136,8 @@ def workspace(scale: str, runs_dir: Path, results_dir: Path | None = None, dry_r
     shard_docs = replace(ws, preset=PRESETS[scale]).train_docs  # None: the whole corpus
     if not set(changes) - {"run", "diag"} and (shard_docs is None or ws.train_docs <= shard_docs):
         return replace(ws, results=results_dir / f"{scale}+{name}", student_runs=f"set/{name}", inputs=PRESETS[scale])
-    # Own data and teacher, named by what makes them: the data and teacher changes (the teacher never reads run.*:
-    # teacher_config), and the students' batch and steps where they size a cut shard (train_docs); students of
-    # other settings live in set/<those>/ beside them and share that teacher (the second search's rungs a and c).
+    # Own data and teacher, named by what makes them: the data and teacher changes, and the students' batch and
+    # steps where they size a cut shard (train_docs); students of other settings live in set/<those>/ beside them.
     made_by = lambda section, key: section not in ("run", "diag") or (shard_docs is not None and section == "run"
                                                                      and key in ("phase_steps", "global_batch"))
     made = {section: {k: v for k, v in values.items() if made_by(section, k)} for section, values in overrides.items()}
@@ -163,7 +156,7 @@ def corpus_options(preset: Preset) -> dict:
 
 
 def data_summary(ws: Workspace, force: bool = False) -> Table:
-    """`repro.py data`: the scale's shards, prepared (prepare_data), summarised side by side (prepare_shards.summarize)."""
+    """`repro.py data`: the scale's shards, prepared, summarised side by side."""
     train_shard, val_shard = prepare_data(ws, force)
     enc = corpora.vocabulary(ws.preset.data)
     table = Table(title=f"data at scale {ws.preset.name} ({enc.name}); boundary tokens = leading <|endoftext|> per "
@@ -179,18 +172,16 @@ def data_summary(ws: Workspace, force: bool = False) -> Table:
 
 
 def prepare_data(ws: Workspace, force: bool = False) -> tuple[data.Shard, data.Shard]:
-    """Tokenize once, on rank 0; every rank then memory-maps the shards. Shards made from other
-    inputs (an edited preset) are an error unless `force` rebuilds them."""
+    """Tokenize once, on rank 0; every rank then memory-maps the shards. Shards of other inputs are an error
+    unless `force` rebuilds them."""
     d = ws.preset.data
     enc = corpora.vocabulary(d)
     def prepare():  # by one process at a time (locks.held): another one preparing them is waited for
         seed = PRESETS[ws.preset.name].run["seed"]
         with locks.held([ws.data_dir], ws.wait):
             if force and (corpus := shard_corpus(ws)) is not None:
-                # --force would rebuild the shards from an edited corpus (its content changed, its settings did not) under a
-                # teacher and runs trained on the old content, which name the shards' folder, not their content: a later run
-                # would reuse them on the new shards. Refused before any rebuild, naming what to move away; the corpus is
-                # identified (a local one read whole) only where something was trained: prepare_shards reads it again.
+                # --force would rebuild the shards from an edited corpus under a teacher and runs trained on the old
+                # content, which a later run would reuse: refused, naming what to move away.
                 trained = sorted(p.name for p in ws.runs.iterdir() if p.name != "data" and not p.name.startswith("."))
                 identity = lambda: corpora.corpus(d["source"], d["val_docs"], seed, **corpus_options(ws.preset)).identity
                 if trained and corpus != checkpoint.loads(checkpoint.json_text(identity())):  # as a manifest reads back
@@ -258,9 +249,8 @@ PARENT_PROTOCOLS = {"freeze": "grow", "joint-long": "joint", "joint-replay": "jo
 
 @dataclass(frozen=True)
 class RunName:
-    """A student run of the suite, named by its fields: `norm` is a placement (model.PLACEMENTS), one per
-    block ("pre,post,post") or "auto"; `protocol` one of RUN_PROTOCOLS. Its folder, and its key in every
-    report, is `name` (hybrid-star-grow); nothing reads a run's fields back from a name."""
+    """A student run of the suite: `norm` a placement (model.PLACEMENTS), one per block ("pre,post,post") or "auto";
+    `protocol` one of RUN_PROTOCOLS. Its folder and key is `name`; nothing reads its fields back from a name."""
     norm: str
     protocol: str
 
@@ -293,8 +283,7 @@ def shard_paths(ws: Workspace) -> dict:
 
 
 def run_config(ws: Workspace, run: RunName, seed: int, teacher: Path | None = None) -> config.RunConfig:
-    """A named run's settings, its paths relative to its own folder where they lie in the runs tree (so
-    the tree can be moved or copied; a hub teacher's cache path stays absolute)."""
+    """A named run's settings, its paths relative to its own folder (so the runs tree can be moved)."""
     # joint-replay: grow's steps (one phase per block, an LR restart at each, as grow's) on grow's shard
     protocol = run.protocol
     phases = {"joint-long": ws.preset.long_phases[0], "joint-longer": ws.preset.long_phases[1],
@@ -313,9 +302,8 @@ def run_config(ws: Workspace, run: RunName, seed: int, teacher: Path | None = No
 
 
 def teacher_config(ws: Workspace, folder: Path | None = None) -> config.RunConfig:
-    """The kit's own teacher's settings as its folder (ws.teacher_dir unless given) stores them: the scale's own
-    run settings under teacher_run's (--set run.* changes the students only), plain CE pretraining of
-    teacher_model over the scale's vocabulary."""
+    """The kit's own teacher's settings as its folder stores them: the scale's own run settings under teacher_run's
+    (--set run.* changes the students only), plain CE pretraining of teacher_model over the scale's vocabulary."""
     settings = {**PRESETS[ws.preset.name].run, **ws.preset.teacher_run, **shard_paths(ws), "name": "teacher",
                 "protocol": "teacher", "norm": "pre", "replay_docs": len(data.Shard(ws.data_dir / "train", verify=False)),
                 "teacher_config": {**ws.preset.teacher_model, "vocab_size": corpora.vocabulary(ws.preset.data).n_vocab}}
@@ -357,9 +345,8 @@ SHIPPED_ROOT = Path(__file__).resolve().parents[1]
 
 
 def shipped_shards() -> tuple[Path, dict]:
-    """teachers/shards.json, where `repro.py teacher --ship` records the shards each shipped teacher learned
-    from ({"teachers/<name>": shard_sha256s}), and what it holds ({} before any is recorded). Read before any
-    work (ensure_inputs): an entry of another shape would silently keep its teacher from being installed."""
+    """teachers/shards.json, where `repro.py teacher --ship` records the shards each shipped teacher learned from,
+    and what it holds, checked before any work (an entry of another shape would silently keep its teacher out)."""
     record = SHIPPED_ROOT / "teachers" / "shards.json"
     recorded = rundir.read_json(record) if record.is_file() else {}
     sums = lambda split: split is None or (isinstance(split, dict) and all(isinstance(v, str) for v in split.values()))
@@ -376,9 +363,8 @@ def shard_sha256s(ws: Workspace) -> dict:
 
 
 def shipped_teacher_for(ws: Workspace) -> str:
-    """The shipped teacher (Preset.shipped_teachers) trained as this workspace's would be: its config.json the
-    one teacher_config gives (settings, shard paths and size), and where teachers/shards.json records its
-    data, the same shards token for token; "" if none is (the kit trains its own). Needs the data prepared."""
+    """The shipped teacher trained as this workspace's would be (its config.json teacher_config's, and where
+    teachers/shards.json records its data, the same shards); "" if none is. Needs the data prepared."""
     wanted, recorded, shards = teacher_config(ws), shipped_shards()[1], shard_sha256s(ws)
     for name in ws.preset.shipped_teachers:
         try:
@@ -423,8 +409,7 @@ def refuse_diverged_teacher(folder: Path):
 
 
 def ensure_inputs(ws: Workspace, force: bool = False) -> Path:
-    """Data and teacher of a scale; returns the teacher's checkpoint folder. A hub (or local) teacher is
-    fetched and its config checked first, so that one that cannot be had fails before any data is made."""
+    """Data and teacher of a scale; the teacher's checkpoint folder. A hub teacher is fetched and checked first."""
     force = force and ws.inputs is None  # students with overrides never rebuild the data and teacher they share
     shipped_shards()
     if ws.preset.teacher:

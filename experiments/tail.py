@@ -4,20 +4,13 @@ a heavy tail in the student's own residual stream, under both protocols.
     python repro.py tail --scale toy --seeds 42,43,44,45,46,47,48,49   # results/<scale>/tail.md and .json
     python -m experiments.tail                                         # the sizing and the power calculation
 
-The paper explains post-norm's lead under growth by the boundary a pre-norm prefix hands each appended block:
-structural tokens whose RMS drifts to ~37x the regular tokens'. At CPU budgets no student grows that tail
-(toy: 1.2x), so here it is built in: the student's frozen copy of the document-boundary token's embedding row
-gets one massive channel (RunConfig.boundary_tail; interventions/boundary.py, with_tail), the teacher untouched.
-Every position 0 then starts from it. Pre-norm's residual stream carries it through every block (each sublayer
-reads it through an RMSNorm, and what a sublayer adds is small beside it); post-norm's entry RMSNorm takes its
-scale away before block 0, so post-norm's first sublayer reads, at position 0, a vector along the tail's channel
-at the norm's gain there times sqrt(H) (and ~0 elsewhere): the tail's direction without its size.
-
-The design: placement (pre, post) x protocol (joint, grow) x tail (none, 37x), seeds 42-49; the smaller dose
-(sqrt(37) ~ 6.1x) on pre-norm for the response's shape; and the planted channel dose (beyond.py's, forward only
-at every block boundary) under joint as well as grow. Primary: D = (pre-grow tail - pre-grow) - (pre-joint tail -
-pre-joint), predicted > 0. Read only after the manipulation check: every 37x pre-norm student's boundary/regular
-RMS >= presets.MECHANISM's 10 at every block boundary at the end of every phase (the monitor's rows).
+At CPU budgets no student grows the paper's ~37x boundary tail (toy: 1.2x), so it is built in: one massive channel
+in the student's frozen copy of the boundary token's embedding row (RunConfig.boundary_tail), the teacher untouched.
+Pre-norm's stream carries it through every block; post-norm's entry RMSNorm keeps its direction, not its size.
+The design: placement x protocol x tail (none, 37x), seeds 42-49; ~6.1x on pre-norm for the response's shape; the
+planted channel dose under both protocols. Primary: D = (pre-grow tail - pre-grow) - (pre-joint tail - pre-joint),
+predicted > 0, read only after the manipulation check (every 37x pre-norm student's boundary/regular RMS >=
+presets.MECHANISM's 10 at every block boundary at the end of every phase).
 """
 from __future__ import annotations
 
@@ -50,12 +43,10 @@ SMALL_RATIO = 37.0 ** 0.5    # the log-midpoint of 1 and 37: the response's shap
 # 7.804, 8.415, 8.008. At smoke the path only (numbers meaningless): the stream's RMS there is not measured.
 REGULAR_RMS = {"toy": 8.0755, "smoke": 1.0}
 CHECK_RATIO = presets.MECHANISM["boundary_over_regular"]  # the manipulation check's threshold (fixed before it)
-MEASURED_SEEDS = (42, 43, 44)
 
 
 def check_scale(scale: str):
-    """The test at a scale sizes its dose from the regular RMS measured there: a scale without one is one line
-    naming --scale and the scales it has, before a run is planned or trained (repro.py asks before any folder)."""
+    """The dose is sized from the regular RMS measured at a scale: one without it is one line naming --scale."""
     if scale not in REGULAR_RMS:
         raise errors.OptionError("--scale", f"{scale}: the causal test sizes its tail from the regular tokens' RMS "
                                  f"measured at a scale, and none is measured at {scale}; choose "
@@ -70,9 +61,8 @@ def tail_value(scale: str, ratio: float, hidden: int) -> float:
     return round(ratio * REGULAR_RMS[scale] * math.sqrt(hidden), 1)
 
 
-def measure_regular_rms(records: Path, seeds=MEASURED_SEEDS) -> list[float]:
-    """Per seed, the monitor's mean per-token RMS after block 0 at the last monitor row of phase 0 of the recorded
-    pre-grow run (records/<workspace>/s<seed>/pre-grow.json)."""
+def measure_regular_rms(records: Path, seeds=(42, 43, 44)) -> list[float]:
+    """Per seed, the monitor's mean RMS after block 0 at phase 0's last monitor row of the recorded pre-grow run."""
     out = []
     for seed in seeds:
         rows = studies.read_record(records / f"s{seed}" / "pre-grow.json")["metrics"]
@@ -88,14 +78,11 @@ EFFECT = 0.0332      # the paper's interaction (Table 1): the size of penalty th
 PLANNING_SD = 0.0116  # the largest per-seed SD of the planted interactions at toy (0.0116, 0.0092; 3 seeds)
 PESSIMISTIC_SD = 0.0429  # Table 1's interaction at toy (a difference of placements, not doses: an upper bound)
 # The seeds: 42-49 (presets.DEFAULT_SEEDS["tail"]), the issue's floor of 8, past what PLANNING_SD needs (power_table).
-
-
 NO_POWER = "none: no reading: one seed (D's interval, and so its power, needs two seeds or more)"
 
 
 def powers(n: int) -> tuple[float, float] | None:
-    """The primary's power for the paper's size over n seeds at the planned and the pessimistic SD; None for one
-    seed, whose D has no interval (report.reading: "no reading: one seed")."""
+    """The primary's power for the paper's size over n seeds at the planned and the pessimistic SD; None for one."""
     return (power(EFFECT, PLANNING_SD, n), power(EFFECT, PESSIMISTIC_SD, n)) if n >= 2 else None
 
 
@@ -112,8 +99,7 @@ CELLS = [(norm, protocol) for norm in ("pre", "post") for protocol in ("joint", 
 
 
 def variants(scale: str, hidden: int) -> list[Variant]:
-    """Every run of the design: the suite's four, the four at 37x, pre-norm's two at ~6.1x, the planted channel
-    dose's four (its grow runs in the planted experiment's folder: the same runs)."""
+    """Every run of the design: the suite's four, the four at 37x, pre-norm's two at ~6.1x, the channel dose's four."""
     full, small = (tail_value(scale, r, hidden) for r in (PAPER_RATIO, SMALL_RATIO))
     out = [Variant(f"{n}-{p}", RunName(n, p)) for n, p in CELLS]
     out += [Variant(f"{n}-{p} + tail 37x", RunName(n, p), "tail-37", {"run": {"boundary_tail": full}}) for n, p in CELLS]
@@ -128,7 +114,7 @@ def ws_variants(ws: suite.Workspace) -> list[Variant]:
 
 
 def label(v: Variant, seed: int) -> str:
-    """Its folder under the scale's runs (and its record's path under the scale's records): studies.Job.label."""
+    """Its folder under the scale's runs and its record's under the scale's records (studies.Job.label)."""
     return f"beyond/{v.folder}/s{seed}/{v.run.name}" if v.folder else f"s{seed}/{v.run.name}"
 
 
@@ -137,8 +123,7 @@ def manifest(ws: suite.Workspace, seeds: list[int]) -> list[studies.Job]:
 
 
 # ----------------------------------------------------------------------------------------------
-# The numbers, from each run's done.json and kept log rows: a run folder's (live) or its record's (the page), the
-# same (a record keeps every monitor row and done.json; a folder restored from it holds them)
+# The numbers, from each run's done.json and kept log rows: a run folder's (live) or its record's (the page)
 
 def contrast(ce: dict, dosed: str, norm: str) -> list[float]:
     """Per seed, (norm-grow dosed - norm-grow) - (norm-joint dosed - norm-joint)."""
@@ -148,8 +133,7 @@ def contrast(ce: dict, dosed: str, norm: str) -> list[float]:
 
 
 def lowest_ratio(rows: list[dict]) -> dict | None:
-    """The lowest boundary/regular RMS (the monitor's boundary_over_others) at a block boundary after block 0, at
-    the last monitor row of a phase: {"phase", "boundary", "ratio"} (None: no monitor row)."""
+    """The lowest boundary/regular RMS after block 0 at a phase's last monitor row: {"phase", "boundary", "ratio"}."""
     last = {row["phase"]: row for row in rows if row.get("monitor")}
     found = [{"phase": p, "boundary": b["boundary"], "ratio": b["boundary_over_others"]}
              for p, row in sorted(last.items()) for b in row["boundaries"] if b["boundary"] >= 1]
@@ -177,11 +161,11 @@ def family(ce: dict) -> list[dict]:
 
 
 def outcome(scale: str, hidden: int, seeds: list[int], read) -> dict:
-    """The report's numbers from `read(label) -> (done, rows, machine row)` of every run, or, where a run has none
-    yet, how many have (out["recorded"] < out["runs"]: no contrast is computed before every run is in)."""
+    """The report's numbers from `read(label) -> (done, rows, machine row)` of every run, or, before every run is in,
+    how many are."""
     runs = variants(scale, hidden)
     found = {(v.label, s): got for v in runs for s in seeds if (got := read(label(v, s))) is not None}
-    # No numbers to ship: its page reads the committed records (page_section), never a reference.
+    # No numbers to ship: its page reads the committed records (recorded_outcome), never a reference.
     out = {"experiment": "tail", "scale": scale, "seeds": seeds, "numbers": {}, "runs": len(runs) * len(seeds),
            "recorded": len(found), "check_ratio": CHECK_RATIO, "tie_margin": presets.TIE_MARGIN,
            "machines": [found[v.label, s][2] for s in seeds for v in runs if (v.label, s) in found]}
@@ -230,11 +214,8 @@ def documents(eot: int, rows: int, length: int, seed: int = 0) -> torch.Tensor:
 @lru_cache(maxsize=None)
 def position_state(scale: str) -> dict:
     """position_spread at positions 0 and 1 of a pre- and a post-norm student built from the scale's shipped teacher
-    with the 37x tail in its boundary row, as its runs start: no student checkpoint is committed (the records keep
-    numbers, not weights). Under causal attention position 0 attends to itself alone (a softmax over one key is 1),
-    RoPE at position 0 is the identity and every other operation acts per row, so its state is a function of the
-    boundary token alone, trained or not: 0 bit for bit on the CPUs the kit ran on (a kernel that blocked the batch's
-    rows differently could leave float rounding, ~1e-7 of the state)."""
+    with the 37x tail, as its runs start (the records keep no weights). Position 0 attends to itself alone, RoPE there
+    is the identity and all else acts per row, so its state is the boundary token's alone: 0 up to float rounding."""
     preset = presets.PRESETS[scale]
     teacher = model.load_qwen3(suite.SHIPPED_ROOT / preset.shipped_teachers[0] / "phase-0")
     eot = teacher.config.vocab_size - 1  # the kit's toy vocabulary: its ids, then <|endoftext|> (data.py)
@@ -251,15 +232,13 @@ def position_state(scale: str) -> dict:
 
 
 def last_attention(rows: list[dict]) -> list[list[float]]:
-    """Each layer's per-head attention on position 0 (diag.first_token_attention: the mean over real queries after
-    position 0) at a run's last monitor row, its end; a layer that did not run is left out."""
+    """Each layer's per-head attention on position 0 (diag.first_token_attention) at a run's last monitor row."""
     last = [row for row in rows if row.get("monitor")][-1:]  # none: a run that logged no monitor row
     return [heads for row in last for heads in row["first_attention"] if heads is not None]
 
 
 def attention_summary(per_run: dict[str, list[list[list[float]]]]) -> dict:
-    """{"layers": each layer's mean over heads, seeds and the given runs, "highest": the largest head's mean on
-    any layer, seed and run} from {run: per seed, last_attention}."""
+    """{"layers": each layer's mean over heads, seeds and runs, "highest": the largest head's} of last_attention's."""
     per_layer = [h for per_seed in per_run.values() for layers in per_seed for h in enumerate(layers)]
     if not per_layer:
         return {"layers": [], "highest": math.nan}
@@ -270,8 +249,7 @@ def attention_summary(per_run: dict[str, list[list[list[float]]]]) -> dict:
 
 
 def dose_agreement(ce: dict) -> dict:
-    """The 37x and ~6.1x tails on pre-norm, seed by seed: each protocol's CE difference (37x − 6x) over seeds with
-    its reading, and the Pearson correlation over seeds of D at 37x and at 6x."""
+    """The 37x and ~6.1x tails on pre-norm: each protocol's CE difference (37x − 6x) read, and D's correlation."""
     diff = {p: report.paired(ce[f"pre-{p} + tail 37x"], ce[f"pre-{p} + tail 6x"]) for p in ("joint", "grow")}
     for s in diff.values():
         s["reading"] = readings.read(s)
@@ -286,8 +264,7 @@ def correlation(x: list[float], y: list[float]) -> float:
 
 
 def channel_parts(ce: dict) -> list[dict]:
-    """The three-way channel contrast's parts, D pre and D post with the channel dose, each read alone by the rule
-    (post hoc, issue 57: outside the pre-registered family, so no Holm adjustment)."""
+    """The three-way channel contrast's parts, D pre and D post, each read alone (post hoc: no Holm adjustment)."""
     rows = [{"name": f"D, {norm}-norm, channel 1000x", "d": report.across_seeds(contrast(ce, "channel 1000x", norm))}
             for norm in ("pre", "post")]
     for row in rows:
@@ -313,8 +290,7 @@ def channel_words(out: dict) -> str:
 
 
 def scope_facts(out: dict) -> dict:
-    """What the words of scope_lines rest on: position 0's state the same across documents (0 up to float rounding),
-    the two doses a tie on both protocols, no sink at the runs' end dosed or not, and D's reading."""
+    """What scope_lines' words rest on: position 0's state, the two doses' tie, no sink, and D's reading."""
     state, doses, attention = out["position_state"], out["doses"]["ce_difference"], out["attention"]
     largest = max(abs(v) for norm in ("pre", "post") for v in state[norm][0])
     return {"same_state": largest <= 1e-6 * max(abs(v) for norm in ("pre", "post") for v in state[norm][1]),
@@ -324,8 +300,7 @@ def scope_facts(out: dict) -> dict:
 
 
 def verdict_words(d: str) -> str:
-    """What D's reading says of the literal reading of the account: a massive boundary token costs the appended
-    pre-norm block."""
+    """What D's reading says of the account's literal reading."""
     claim = "the literal reading \"a massive boundary token costs the appended pre-norm block\""
     if d.startswith("a tie"):
         return f"D's tie within ±{presets.TIE_MARGIN:g} refutes, at this scale, {claim} (a cost past that margin)"
@@ -415,7 +390,6 @@ def from_folders(ws: suite.Workspace):
 
 
 def from_records(found: dict[str, dict]):
-    """outcome's reader over records already checked (studies.page_records)."""
     def read(name: str):
         if (record := found.get(name)) is None:
             return None
@@ -424,14 +398,9 @@ def from_records(found: dict[str, dict]):
 
 
 def run_tail(ws: suite.Workspace, seeds: list[int], force: bool = False) -> dict:
-    """The account's causal test by construction: placement (pre, post) x protocol (joint, grow) x a tail in the
-    student's own boundary token (none, 37x; pre-norm also ~6.1x), and the planted channel dose under both
-    protocols; D = (pre-grow tail - pre-grow) - (pre-joint tail - pre-joint), read after its manipulation check
-    by the rule pre-registered in docs/preregistrations.md (results/<scale>/tail.md/.json). A study: recorded runs
-    are not trained again."""
-    # One seed trains (smoke's default seed: the path end to end) and its report says "no reading: one seed", as
-    # every report of the kit does (report.reading), rather than being refused: each run is recorded apart, so the
-    # seed trained now joins later seeds' records in the pre-registered study. It is said before anything trains.
+    """The causal test's runs trained (those recorded restored) and its report (results/<scale>/tail.md/.json)."""
+    # One seed trains and reads nothing rather than being refused: each run is recorded apart, so it joins later
+    # seeds' records in the pre-registered study.
     if len(seeds) < 2 and ws.ctx.is_main:
         suite.console.print(f"tail: one seed ({seeds[0]}): its runs train and are recorded, and its report reads "
                             "nothing (no reading: one seed; D's interval needs two seeds or more)", markup=False,
@@ -446,18 +415,12 @@ def run_tail(ws: suite.Workspace, seeds: list[int], force: bool = False) -> dict
 
 
 def recorded_outcome(scale: str, records: Path | None = None) -> dict:
-    """outcome() of the study at `scale` as its records (the committed ones unless given) hold it, each record
-    checked as the study's dry run and its restore check it (studies.page_records): the page reads no record of a
-    run the study would not train at its place."""
+    """outcome() of the study at `scale` from its records (the committed ones unless given), each checked as its
+    dry run checks it (studies.page_records)."""
     ws = studies.page_workspace(scale, records or studies.RECORDS_DIR)
     seeds = presets.DEFAULT_SEEDS["tail"][scale]
     found = studies.page_records(manifest(ws, seeds))
     return outcome(scale, presets.teacher_shape(ws.preset).hidden_size, seeds, from_records(found))
-
-
-def page_section(scale: str, records: Path) -> list[str]:
-    """The results page's section, from the committed records alone (nothing to train on a fresh clone)."""
-    return markdown(recorded_outcome(scale, records))
 
 
 def markdown(out: dict) -> list[str]:
@@ -505,7 +468,7 @@ def markdown(out: dict) -> list[str]:
 # The README's headline: the test's row and its sentence, from the committed records (recorded_outcome)
 
 def headline_cells(out: dict) -> list[str]:
-    """D and its reading once every pre-registered run is recorded (gated by the manipulation check), else how many are."""
+    """D and its reading (gated by the manipulation check) once every run is recorded, else how many are."""
     if "family" not in out:
         return [f"running: {out['recorded']} of {out['runs']} runs recorded", ""]
     d = out["family"][0]["d"]
@@ -514,7 +477,7 @@ def headline_cells(out: dict) -> list[str]:
 
 
 def headline_claim(out: dict) -> list[str]:
-    """In plain words, once every run is in: whether the account's prediction held, D's interval, the power, the check."""
+    """In plain words, once every run is in: whether the prediction held, D's interval, the power, the check."""
     if "family" not in out:
         return []
     d, n = out["family"][0]["d"], len(out["seeds"])

@@ -1,7 +1,6 @@
-"""A command's runs trained: what every run will read back checked before any work (check_before_work),
-then the data, the teacher and every run each seed needs (ensure_runs), done runs reused, partial ones
-resumed, in lockstep where they read the same batches. The CLI (repro.py) and the experiment modules
-(beyond.py, ideas.py) call it; experiments/suite.py names the runs and places them.
+"""A command's runs trained: what every run will read back checked before any work (check_before_work), then the
+data, the teacher and every run each seed needs (ensure_runs), done runs reused, partial ones resumed, in lockstep
+where they read the same batches; experiments/suite.py names the runs and places them.
 
     ws = suite.workspace("toy", Path("runs"), Path("results"))
     training.ensure_runs(ws, [RunName("pre", "grow"), RunName("post", "grow")], seeds=[42, 43])
@@ -18,28 +17,16 @@ import data
 import grow
 import model
 import rundir
-from experiments.suite import (
-    RunName,
-    Workspace,
-    console,
-    ensure_inputs,
-    prepare_data,
-    refuse_diverged_teacher,
-    run_config,
-    run_status,
-    scratch,
-    with_prefixes,
-)
+from experiments import suite
+from experiments.suite import RunName, Workspace, run_config, run_status, scratch, with_prefixes
 from plumbing import devices, errors
 from plumbing.locks import printable
 
 
 def check_before_work(ws: Workspace, jobs: list[tuple[RunName, int]], force: bool, teacher: Path | None = None):
-    """What a command will read back, read before any data, teacher or run folder is made and before anything is
-    printed, so that a bad setting or a damaged file is one line that changes nothing: every run's settings, then
-    (unless --force, which discards what does not match) the config.json and done.json of every run it would reuse or
-    resume, and the kit's own teacher once trained: its run files, and its checkpoint loaded whole (checksums, config,
-    every tensor; a few MB at the scales that train one)."""
+    """What a command will read back, read before anything is made or printed, so that a bad setting or a damaged
+    file is one line that changes nothing: every run's settings, then (unless --force) the config.json and done.json
+    of every run it would reuse or resume, and the kit's own teacher once trained, its checkpoint loaded whole."""
     teacher, precisions = teacher or expected_teacher(ws), []
     for run, seed in jobs:
         try:
@@ -70,7 +57,7 @@ def check_before_work(ws: Workspace, jobs: list[tuple[RunName, int]], force: boo
         rundir.read_json(own_teacher / "config.json")
     if (own_teacher / "done.json").exists():
         check_result(own_teacher / "done.json")
-        refuse_diverged_teacher(own_teacher)
+        suite.refuse_diverged_teacher(own_teacher)
         if not (own_teacher / "phase-0").is_dir():
             raise errors.TrainingError(f"{own_teacher / 'phase-0'}: missing, although {own_teacher / 'done.json'} says "
                                        f"the teacher is trained; move {own_teacher} away and rerun to train it again")
@@ -79,11 +66,8 @@ def check_before_work(ws: Workspace, jobs: list[tuple[RunName, int]], force: boo
 
 # ----------------------------------------------------------------------------------------------
 # The precision rule (docs/method.md, "Precision in a study"): the runs a command combines computed, or will
-# compute, in one precision, each known from what trained it (a folder's provenance.json, a record's provenance),
-# whatever its config asks for; a run keeps the precision it started in (rundir.prepare_run_dir refuses to switch).
-# Every path takes this one check: the dry run and a study's restore (studies.check_precision), and before any
-# work, every command that trains or reads runs for its tables (check_before_work). "auto" is the study's records'
-# precision where it has some (studies.settle_precision), so that a study continued elsewhere stays one.
+# compute, in one precision, each known from what trained it, whatever its config asks for. Every path takes this
+# one check: the dry run, a study's restore (studies.check_precision) and check_before_work.
 
 PRECISIONS = tuple(str(dtype).removeprefix("torch.") for dtype in devices.DTYPES.values())  # float32, bfloat16
 
@@ -110,8 +94,7 @@ def run_precision(ws: Workspace, settings, folder: Path, discarded: bool = False
 
 
 def check_one_precision(runs: list[RunPrecision]):
-    """The runs of a command in one precision, or one line naming a run of the odd one out and one of the
-    command's (the precision it trains in, or where it trains nothing, most of its runs')."""
+    """The runs of a command in one precision, or one line naming a run of the odd one out and one of the rest."""
     for run in runs:
         if run.precision not in PRECISIONS:
             raise errors.TrainingError(f"{run.where}: {run.how} {printable(run.precision, 40)!r}, not a precision the "
@@ -135,8 +118,7 @@ def expected_teacher(ws: Workspace) -> Path | None:
 
 
 def check_result(path: Path):
-    """A done.json whose numbers the reports can print (rundir.final_eval: numbers a CE can be, as the run's
-    own log has them), or a divergence they show as one (else one line now, not a traceback mid-report)."""
+    """A done.json whose numbers the reports can print (rundir.final_eval), or a divergence they show as one."""
     record = rundir.final_eval(path.parent).get("diverged")
     if record is not None and not (isinstance(record, dict) and isinstance(record.get("step"), int)
                                    and isinstance(record.get("why"), str)):
@@ -145,23 +127,22 @@ def check_result(path: Path):
 
 
 def ensure_runs(ws: Workspace, runs, seeds: list[int], force: bool = False, teacher: Path | None = None):
-    """Data, teacher (unless given), then every run each seed needs; done runs are reused, partial
-    ones resumed, and with `force` a run folder holding another config (an edited preset) is discarded.
-    In lockstep (ws.lockstep) the runs of a seed that read the same batches train together on one teacher
-    pass per batch; the long joint controls train alone after."""
+    """Data, teacher (unless given), then every run each seed needs (--force: a folder of another config is
+    discarded). In lockstep the runs of a seed that read the same batches train together on one teacher pass per
+    batch; the long joint controls train alone after."""
     jobs = [(run, seed) for seed in seeds for run in with_prefixes(runs)]
     check_before_work(ws, jobs, force, teacher)
     if scratch(ws):
-        prepare_data(ws, force)  # growth from scratch: no teacher at all
+        suite.prepare_data(ws, force)  # growth from scratch: no teacher at all
     else:
-        teacher = teacher or ensure_inputs(ws, force)
+        teacher = teacher or suite.ensure_inputs(ws, force)
     if ws.ctx.is_main and any(run_status(ws.run_dir(*job)) != "done" for job in jobs):
         overview = Table(title=f"runs at scale {ws.preset.name}")  # once, before the work; each run then announces itself
         for column in ("run", "seed", "status", "folder"):
             overview.add_column(column)
         for run, seed in jobs:
             overview.add_row(run.name, str(seed), run_status(ws.run_dir(run, seed)), str(ws.run_dir(run, seed)))
-        console.print(overview)
+        suite.console.print(overview)
     # Done runs too: training reuses one whose config matches and refuses a stale one.
     planned = {seed: [(run_config(ws, run, seed, teacher=teacher), ws.run_dir(run, seed)) for run in with_prefixes(runs)]
                for seed in seeds}
