@@ -1,15 +1,13 @@
-"""The settings of one run, checked once: RunConfig, its phases (each a fresh AdamW and a restarted
-warmup + cosine) and its learning-rate schedule. presets.py fills one from a scale; a run folder stores
-it as config.json, and read() gives it back with its paths resolved.
+"""The settings of one run, checked once: RunConfig, its phases (each a fresh AdamW and a restarted warmup + cosine)
+and its learning-rate schedule. presets.py fills one from a scale; a run folder stores it as config.json.
 
     config = config.read(run_dir)                    # runs/toy/s42/post-grow/config.json, paths absolute
     for phase in config.plan_phases(c): ...          # active and trainable blocks, first step, steps
     lr = config.learning_rate(c, step_in_phase, phase.index)
 
-Protocols (paper Sec. 4 and Appendix B): `joint` (all K blocks, one phase), `grow` (phase p runs
-blocks 0..p, all of them trained), `freeze` (grow, but phase p>0 trains only block p), `joint-long`
-(all blocks, several phases with LR restarts, fresh data) and `teacher` (plain CE pretraining of a
-Qwen3 model, the toy preset's own teacher).
+Protocols (paper Sec. 4 and Appendix B): `joint` (all K blocks, one phase), `grow` (phase p runs and trains blocks
+0..p), `freeze` (grow, but phase p>0 trains only block p), `joint-long` (all blocks, several phases with LR
+restarts) and `teacher` (plain CE pretraining of the kit's own Qwen3 teacher).
 """
 from __future__ import annotations
 
@@ -106,20 +104,16 @@ class RunConfig:
     boundary_correction: str = "none"  # "norm": an RMSNorm at an appended block's input where the reading fires
     monitor_ratio_warn: float = 37 ** 0.5  # boundary token RMS / the others': the log-midpoint of 1 and 37
     structural_norm: bool = False  # the boundary token rescaled to its row's median RMS x a learned scale
-    # A heavy tail by construction (issue 49): the value of channel TAIL_CHANNEL in the student's copy of the
-    # document-boundary token's embedding row (frozen, so every position 0 carries it from step 0); 0: the
-    # teacher's row as it is. interventions/boundary.py, with_tail.
+    # A heavy tail by construction (issue 49; interventions/boundary.py, with_tail): channel TAIL_CHANNEL of the
+    # student's frozen copy of the boundary token's embedding row; 0: the teacher's row as it is.
     boundary_tail: float = 0.0
-    # Divergence is an outcome, never a number (README, "Reliability"): a non-finite loss, gradient norm or
-    # validation CE; a validation CE above log V + diverged_above_uniform (worse than predicting every
-    # token uniformly, by that margin); or a run that ends more than diverged_above_best above its own
-    # best evaluation. It is recorded in done.json; "stop" ends the run there, "continue" trains on and
-    # records it (a non-finite loss always stops: the weights are gone).
+    # Divergence is an outcome, never a number (docs/reliability.md): a non-finite number, a validation CE above
+    # log V + diverged_above_uniform, or an end more than diverged_above_best above the run's best; "continue"
+    # trains on past a too-high CE (a non-finite loss always stops: the weights are gone).
     diverged_above_uniform: float = 1.0
     diverged_above_best: float = 1.0
     on_divergence: str = "stop"
-    # True: the PATH_FIELDS are relative to the run's own folder (repro.py writes them so, and a runs
-    # tree can be moved or copied); False: as given (absolute, or relative to the working directory).
+    # True: the PATH_FIELDS are relative to the run's own folder (a runs tree can be moved); False: as given.
     relative_to_run: bool = False
 
     def __post_init__(self):
@@ -157,8 +151,8 @@ class RunConfig:
         return replace(self, **absolute_paths(vars(self), run_dir), relative_to_run=False)
 
     def relative_to(self, run_dir: Path, root: Path) -> "RunConfig":
-        """This config as a run folder stores it: the paths that lie under `root` (the runs tree) relative
-        to run_dir, so the tree can be moved or copied; others (a hub teacher's cache) stay absolute."""
+        """This config as a run folder stores it: the paths under `root` (the runs tree) relative to run_dir, others
+        (a hub teacher's cache) absolute."""
         run_dir, root = Path(run_dir).resolve(), Path(root).resolve()
         paths = {}
         for key in PATH_FIELDS:
@@ -169,8 +163,7 @@ class RunConfig:
 
     @property
     def student_norm(self) -> str:
-        """The placement schedule the student is built with: --norm auto starts all pre-norm, and its
-        transitions choose each appended block's (transitions.py)."""
+        """The placement schedule the student is built with: --norm auto starts all pre-norm (transitions.py)."""
         return "pre" if self.norm == "auto" else self.norm
 
     @property
@@ -181,10 +174,9 @@ class RunConfig:
 
     @property
     def packs(self) -> bool:
-        """Whether its batches are packed (documents end to end, data.py): where the math is the padded layout's.
-        A compiled run pads to a few fixed shapes; the planted doses and the structural norm take a statistic
-        over a padded row's positions, padding included (interventions/boundary.py), which packing would change:
-        they keep padded rows, so their runs and records are the ones they were."""
+        """Whether its batches are packed (data.py). A compiled run pads to a few fixed shapes; the planted doses and
+        the structural norm take a statistic over a padded row's positions, padding included, which packing would
+        change: they keep padded rows, so their runs and records are the ones they were."""
         return not self.compile and not self.boundary.startswith("dose-") and not self.structural_norm
 
     @property
@@ -246,10 +238,9 @@ def transition_factors(config: RunConfig) -> list[tuple[float, float]]:
 
 
 def learning_rate(config: RunConfig, step_in_phase: int, phase: int = 0) -> float:
-    """Linear warmup over warmup_frac of the phase, then cosine from lr to min_lr at the phase end.
-    phase_lrs and phase_warmups, where given, set the peak and the warmup steps of each phase; a
-    transition_schedule then scales a later phase's warmup and peak, its warmup kept within [AdamW's
-    second-moment horizon 1/(1 - beta2), the phase] (shorter, the step size rests on too few squares)."""
+    """Linear warmup over warmup_frac of the phase (or phase_warmups), then cosine from lr (or phase_lrs) to min_lr
+    at the phase end; a transition_schedule scales a later phase's warmup and peak, its warmup kept within
+    [AdamW's second-moment horizon 1/(1 - beta2), the phase] (shorter, the step size rests on too few squares)."""
     peak = config.phase_lrs[phase] if config.phase_lrs else config.lr
     warmup = int(config.phase_warmups[phase]) if config.phase_warmups else round(config.warmup_frac * config.phase_steps)
     if config.transition_schedule and phase:
@@ -264,8 +255,8 @@ def learning_rate(config: RunConfig, step_in_phase: int, phase: int = 0) -> floa
 
 
 def absolute_paths(settings: dict, run_dir: Path) -> dict:
-    """A config's PATH_FIELDS made absolute: relative to the run folder where `relative_to_run` (what
-    the kit writes), else to the working directory (configs written before that, or by hand)."""
+    """A config's PATH_FIELDS made absolute: relative to the run folder where `relative_to_run`, else to the
+    working directory (configs written before that, or by hand)."""
     base = Path(run_dir) if settings.get("relative_to_run") else Path.cwd()
     return {k: str((base / v).resolve()) for k in PATH_FIELDS if isinstance(v := settings.get(k), str) and v}
 

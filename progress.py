@@ -1,9 +1,6 @@
 """What a command shows while it trains (grow.train_together): a bar for each run training ("run 3 of 12", its
-loss, tokens/s and time left) and, where the command trains several runs, one for all of them (their steps left
-at the rate measured so far). A number shows only once a step has measured it: "--" before.
-
-The runs of one command are counted across its lockstep groups and seeds (each a train_together call) by one
-`Runs`, which experiments/suite.py keeps on the command's Workspace.
+loss, tokens/s and time left) and, for several runs, one for all of them, counted across the command's lockstep
+groups and seeds by one `Runs` on its Workspace. A number shows only once a step has measured it: "--" before.
 """
 from __future__ import annotations
 
@@ -15,8 +12,7 @@ from config import plan_phases
 
 class Runs:
     """The runs one command trains: which is which of how many, the steps each has left, and the seconds a step
-    takes, for each run (its steps follow each other a lockstep step apart) and for all (one run's step after
-    another's). ALL is the key of the whole command's."""
+    takes, for each run and for all (the key ALL)."""
     ALL = None
 
     def __init__(self, clock=time.monotonic):
@@ -27,15 +23,14 @@ class Runs:
         self.last: dict[Path | None, tuple[float, int]] = {}   # ... and of the latest
 
     def plan(self, jobs):
-        """[(config, run folder)] this command trains: each folder counted once however often it is planned, with
-        the steps the run computes itself: its phases after the shared prefix it adopts (start_from, a phase-<p>)."""
+        """[(config, run folder)] this command trains, each counted once, with the steps it computes itself (its
+        phases after the shared prefix it adopts)."""
         for config, run_dir in jobs:
             shared = int(Path(config.start_from).name.removeprefix("phase-")) + 1 if config.start_from else 0
             self.left.setdefault(Path(run_dir).absolute(), sum(phase.steps for phase in plan_phases(config)[shared:]))
 
     def opened(self, run_dir, step: int, last_step: int):
-        """A run resumed at `step` (0: from the start, or where its shared prefix ends) of `last_step`, numbered
-        if it is not yet (runs are numbered in the order they start)."""
+        """A run resumed at `step` of `last_step`, numbered if it is not yet (in the order runs start)."""
         self.left[Path(run_dir).absolute()] = last_step - step
         self.label(run_dir)
 
@@ -53,8 +48,8 @@ class Runs:
             self.last[key] = (now, count)
 
     def seconds_left(self, run_dir=ALL) -> float | None:
-        """A run's steps left at its measured rate; or (ALL) every planned run's steps left at the command's. The
-        rate is measured from the first step (which pays the warm-up) to the latest: None until a second step."""
+        """A run's steps left at its rate, or (ALL) every run's at the command's, measured from the first step (which
+        pays the warm-up) to the latest: None until a second step."""
         key = run_dir if run_dir is self.ALL else Path(run_dir).absolute()
         if key not in self.first or self.last[key][1] == self.first[key][1]:
             return None
@@ -85,8 +80,8 @@ def clock_text(seconds: float | None) -> str:
 
 
 class Bars:
-    """The bars of one train_together call over the command's `runs`: rich's, on an interactive rank-0 terminal,
-    else none (logs and other ranks get printed lines); the counting goes on either way."""
+    """The bars of one train_together call: rich's, on an interactive rank-0 terminal, else none (logs get printed
+    lines); the counting goes on either way."""
 
     def __init__(self, ctx, runs: Runs, jobs):
         from rich.console import Console

@@ -16,28 +16,18 @@ import torch.nn as nn
 
 from plumbing.errors import CheckpointError
 
-# Interventions at the input of every block after the first (the block boundaries a grow run appends at):
-# "norm": a trainable RMSNorm on the stream (forward and backward change); "rescale-fwd": each token's
-# stream rescaled to RMS `boundary_scale` in the forward pass only, the backward pass treating it as the
-# identity; "mirror-fwd": the same, to each token's RMS in a reference run (profile_source). The same
-# forward as rescale-fwd with two other backwards, so that only the backward channel varies:
-# "rescale-detached": the per-token factor t / r a constant (the upstream gradient times it), and
-# "rescale-full": the true Jacobian (t / r)(I - h^ h^T), h^ = h / |h|, which has no radial part.
-# A synthetic dose, forward only (straight-through): "dose-boundary" scales the boundary token's state
-# (position 0) to boundary_scale x the median RMS of the row's other positions (the paper: 37);
-# "dose-channel" sets channel 0 of the boundary token to boundary_scale x the row's median |activation|
-# (a massive activation, Sun et al. 2024: ~10^3-10^4). Do heavy tails alone reproduce pre-norm's penalty?
+# Interventions at the input of every block after the first (each one's forward and backward: docs/method.md,
+# "Boundary interventions"): rescale-fwd, -detached and -full share one forward, so that only the backward
+# channel varies; the doses ask whether heavy tails alone reproduce pre-norm's penalty.
 BOUNDARIES = ("none", "norm", "rescale-fwd", "mirror-fwd", "rescale-detached", "rescale-full", "dose-boundary",
               "dose-channel")
-# Optional parts of a student (issue 33), each at the input of every block after the first: "correction",
-# an RMSNorm the boundary correction switches on where the transition reading fires (transitions.py);
-# "structural", structural_norm's learned scale.
+# Optional parts of a student (issue 33) at the input of every block after the first: "correction", an RMSNorm
+# switched on where the transition reading fires (transitions.py); "structural", structural_norm's scale.
 FEATURES = ("correction", "structural")
 
 
 def checked_features(boundary: str, features) -> tuple[str, ...]:
-    """A student's `features` in FEATURES order, once its boundary and every feature are known ones
-    (else a ValueError naming the unknown one)."""
+    """A student's `features` in FEATURES order, once its boundary and every feature are known ones."""
     if boundary not in BOUNDARIES:
         raise ValueError(f"boundary intervention {boundary!r} is unknown; choose one of {', '.join(BOUNDARIES)}")
     if unknown := set(features) - set(FEATURES):
@@ -46,9 +36,7 @@ def checked_features(boundary: str, features) -> tuple[str, ...]:
 
 
 class StraightThroughRescale(torch.autograd.Function):
-    """Forward: rescale's, h scaled per token to RMS `target` (a number, or (B, T, 1)). Backward: the
-    identity, so gradients reach h as if nothing were there (their values still differ from an untouched
-    run's, because everything downstream saw the rescaled stream)."""
+    """Forward: h scaled per token to RMS `target` (a number, or (B, T, 1)). Backward: the identity."""
 
     @staticmethod
     def forward(ctx, h, target):
@@ -69,9 +57,8 @@ def rescale(h: torch.Tensor, target, backward: str) -> torch.Tensor:
 
 
 def dose(h: torch.Tensor, ratio: float, kind: str) -> torch.Tensor:
-    """The boundary token (position 0) made heavy-tailed, forward only: its RMS at `ratio` x the median
-    RMS of the other positions ("dose-boundary"), or its channel 0 at `ratio` x the median |activation|
-    of the row ("dose-channel"). The change is added as a constant: gradients pass as the identity."""
+    """The boundary token (position 0) made heavy-tailed, forward only: its RMS at `ratio` x the median RMS of the
+    other positions ("dose-boundary"), or its channel 0 at `ratio` x the row's median |activation|."""
     x = h.detach().float()
     if kind == "dose-boundary":
         rms = x.pow(2).mean(-1, keepdim=True).sqrt().clamp_min(1e-12)                # (B, T, 1)
@@ -85,11 +72,8 @@ def dose(h: torch.Tensor, ratio: float, kind: str) -> torch.Tensor:
 
 
 # The tail by construction (issue 49; RunConfig.boundary_tail): one channel of the boundary token's frozen
-# embedding row set to a large value. Sun et al. (2024) find massive activations in a few fixed channels, on the
-# starting and delimiter tokens, nearly constant across inputs: a fixed bias. A frozen row is exactly that: every
-# position 0 (and every document-boundary token) starts from it, whatever the document. Channel 0, as the
-# planted "dose-channel"; which channel carries it is arbitrary (the stream has no privileged basis before
-# training; the teacher's own row is small in every channel).
+# embedding row set to a large value, a fixed bias, as Sun et al. (2024) find massive activations nearly constant
+# across inputs. Channel 0, as the planted "dose-channel"; which channel is arbitrary before training.
 TAIL_CHANNEL = 0
 
 
@@ -104,10 +88,9 @@ def with_tail(embedding: torch.Tensor, token: int, value: float) -> torch.Tensor
 
 
 def structural_norm(h: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
-    """The boundary token (position 0) rescaled to `scale` x the median RMS of its row's other positions,
-    every other position untouched: separate statistics for the structural token (issue 33, idea 6). The
-    median, as the dose's: the forward has no mask, and padding is a minority of a row's positions. The
-    row's statistic is detached; the token's own RMS and the scale are differentiated through."""
+    """The boundary token (position 0) rescaled to `scale` x the median RMS of its row's other positions (issue 33,
+    idea 6; the median: the forward has no mask, and padding is a minority of a row), the row's statistic
+    detached."""
     if h.shape[1] < 2:
         return h
     x = h.float()
@@ -118,8 +101,7 @@ def structural_norm(h: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
 
 
 class Scale(nn.Module):
-    """One learned scalar (structural_norm's), initialised to 1; shape (1,), as checkpoints and FSDP2's
-    row sharding hold tensors with rows."""
+    """One learned scalar (structural_norm's), initialised to 1; shape (1,): FSDP2 shards tensors by rows."""
 
     def __init__(self):
         super().__init__()
@@ -127,13 +109,12 @@ class Scale(nn.Module):
 
 
 class BoundaryInputs:
-    """The student's side of the block boundaries, mixed into model.Student (an nn.Module with blocks, boundary,
-    boundary_scale, features and profile_source): one module per boundary of each kind it has (else None), what
-    a block after the first reads, and the entries of its checkpoint that say which it has."""
+    """The student's side of the block boundaries, mixed into model.Student (which has blocks, boundary,
+    boundary_scale, features and profile_source): their modules, what a block reads, its checkpoint entries."""
 
     def add_input_modules(self, rms_norm: Callable[[], nn.Module]):
-        """boundary_norms ("norm"), correction_norms and structural_scales (those features), one per block after
-        the first, registered in this order; none of the correction norms switched on yet."""
+        """boundary_norms, correction_norms and structural_scales (None where it has none), one per block after the
+        first, registered in this order."""
         boundaries = range(self.blocks - 1)
         self.boundary_norms = nn.ModuleList(rms_norm() for _ in boundaries) if self.boundary == "norm" else None
         self.correction_norms = nn.ModuleList(rms_norm() for _ in boundaries) if "correction" in self.features else None
@@ -141,8 +122,7 @@ class BoundaryInputs:
         self.structural_scales = nn.ModuleList(Scale() for _ in boundaries) if "structural" in self.features else None
 
     def input_modules(self, b: int) -> list[nn.Module]:
-        """The modules at block b's input, which train with it: its boundary norm, structural scale, and
-        correction norm once switched on."""
+        """The modules at block b's input, which train with it (a correction norm once switched on)."""
         kinds = [self.boundary_norms, self.structural_scales, self.correction_norms if b in self.corrected else None]
         return [modules[b - 1] for modules in kinds if modules is not None and b]
 
@@ -153,9 +133,8 @@ class BoundaryInputs:
             norm.weight.fill_(1.0)
 
     def mirror_profile(self, input_ids, active_blocks: int, doc_lengths: tuple[int, ...] | None = None) -> dict | None:
-        """mirror-fwd's targets for a forward over `active_blocks` blocks: {block: (B, T, 1) RMS} at each
-        boundary in the reference run, from `profile_source(input_ids, active_blocks)`; None for any other
-        intervention, or with one block (no boundary)."""
+        """mirror-fwd's targets for a forward over `active_blocks` blocks: {block: (B, T, 1) RMS} in the reference
+        run; None for any other intervention, or with one block."""
         if self.boundary != "mirror-fwd" or active_blocks < 2:
             return None
         if self.profile_source is None:
@@ -164,8 +143,8 @@ class BoundaryInputs:
         return self.profile_source(input_ids, active_blocks, doc_lengths)
 
     def enter_block(self, b: int, h: torch.Tensor, profile: dict | None) -> torch.Tensor:
-        """What block b reads: block 0 the embeddings; a later block the boundary intervention (BOUNDARIES'
-        comment; `profile`: mirror-fwd's targets), then the structural and correction norms where it has them."""
+        """What block b reads: the boundary intervention (`profile`: mirror-fwd's targets), then the structural and
+        correction norms where it has them; block 0 the embeddings."""
         if b == 0:
             return h
         if self.boundary == "norm":
@@ -180,8 +159,7 @@ class BoundaryInputs:
         return self.correction_norms[b - 1](h) if b in self.corrected else h
 
     def checkpoint_entries(self) -> dict:
-        """In a student checkpoint's config.json: the normgrow_student entry's boundary, boundary_scale, features
-        and corrected (the blocks whose correction norm is on), each written only where it is not the default."""
+        """The normgrow_student entries that say which of these a student has, written only where not the default."""
         entries = {}
         if self.boundary != "none":
             entries.update(boundary=self.boundary, boundary_scale=self.boundary_scale)
@@ -190,9 +168,6 @@ class BoundaryInputs:
         return entries
 
 
-# ----------------------------------------------------------------------------------------------
-# A student checkpoint's entries read back (BoundaryInputs.checkpoint_entries writes them).
-
 def read_checkpoint_entries(shape: dict) -> tuple[str, float, tuple, set[int]]:
     """(boundary, boundary_scale, features, corrected) as checkpoint_entries wrote them, defaults where absent."""
     return (shape.get("boundary", "none"), shape.get("boundary_scale", 1.0), tuple(shape.get("features", ())),
@@ -200,8 +175,7 @@ def read_checkpoint_entries(shape: dict) -> tuple[str, float, tuple, set[int]]:
 
 
 def checkpoint_entries_problem(shape: dict) -> str:
-    """Why the entries cannot describe a student of shape["blocks"] blocks ("" if they can), so that a bad
-    value names its field, not a line inside the model."""
+    """Why the entries cannot describe a student of shape["blocks"] blocks ("" if they can)."""
     boundary, scale = shape.get("boundary", "none"), shape.get("boundary_scale", 1.0)
     if boundary not in BOUNDARIES:
         return f"normgrow_student.boundary is {boundary!r}, not one of {', '.join(BOUNDARIES)}"

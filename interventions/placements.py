@@ -1,8 +1,6 @@
-"""The norm placements beyond the paper's pre- and post-norm (model.py's): Sandwich-LN and Peri-LN, HybridNorm
-and HybridNorm*, DeepNorm with DeepNet's residual scale and init; and a post-norm student's block outputs
-started at the teacher's final-norm gain (output_gain "teacher"). Each is a layer forward that a
-model.PLACEMENTS entry names, over a model.DecoderLayer of that placement (its self_attn, mlp and the RMSNorms
-the entry gives it); model.py owns the layers and the table, docs/method.md writes each one's equations out.
+"""The norm placements beyond the paper's pre- and post-norm (model.py's), each a layer forward a model.PLACEMENTS
+entry names (docs/method.md writes each one's equations and source out), and a post-norm student's block outputs
+started at the teacher's final-norm gain (output_gain "teacher").
 
     h = hybrid_layer(layer, h, cos, sin)                 # one layer's forward
     layer.residual_scale = residual_scale(layer, depth)  # DeepNorm's alpha, 1 for every other placement
@@ -22,10 +20,8 @@ def sandwich_layer(layer, h, cos, sin):
 
 
 def hybrid_layer(layer, h, cos, sin):
-    """HybridNorm (Zhuo et al. 2025; the official code's dense config: attn_norm false, ffn_norm true,
-    ffn_residual_after_norm true, q/k/v norms on): attention on the raw stream with q, k and v each
-    normalised per head (inside self_attn), y = h + Attn(h); then z = N(y) and z + FFN(z), so the FFN's
-    residual carries the normalised stream. The model has a final norm and none on the embeddings."""
+    """HybridNorm (Zhuo et al. 2025, the official code's dense config): y = h + Attn(h), q, k and v each normalised
+    per head inside self_attn; then z = N(y) and z + FFN(z): the FFN's residual carries the normalised stream."""
     h = layer.self_attn(h, cos, sin) + h
     z = layer.mlp_norm(h)
     return layer.mlp(z) + z
@@ -44,11 +40,8 @@ def deepnet_alpha(layers: int) -> float:
 
 
 def deepnet_beta(layers: int) -> float:
-    """DeepNet's decoder-only init gain for N layers: (8N)^(-1/4). torchscale divides, after the base
-    init, every weight whose name holds fc1, fc2, out_proj or v_proj by (8N)^(1/4); in its gated FFN
-    (component/gate_linear_unit.py, with deepnorm in architecture/retnet.py) fc1 is the activated input
-    projection (our gate_proj), fc2 the output (down_proj), and the linear multiplier `gate` (our
-    up_proj) is not scaled; nor are q and k."""
+    """DeepNet's decoder-only init gain for N layers: (8N)^(-1/4), on DEEPNET_SCALED as torchscale's gated FFN
+    scales fc1 and fc2 (docs/method.md)."""
     return (8 * layers) ** -0.25
 
 
@@ -62,8 +55,8 @@ def residual_scale(layer, depth: int) -> float:
 
 @torch.no_grad()
 def scale_deepnet_init(layers, depth: int):
-    """DeepNet's init, after the base one: each DeepNorm layer's DEEPNET_SCALED weights times beta at the
-    model's depth N (as alpha, the final depth)."""
+    """DeepNet's init, after the base one: each DeepNorm layer's DEEPNET_SCALED weights times beta at the model's
+    final depth."""
     for layer in layers:
         if layer.placement.deepnet:
             for name in DEEPNET_SCALED:
@@ -71,11 +64,9 @@ def scale_deepnet_init(layers, depth: int):
 
 
 def start_outputs_at_teacher_gain(student, teacher_gain: torch.Tensor):
-    """output_gain "teacher" (post-norm only; the paper's init is "ones"): the last RMSNorm of every block of
-    a model.Student starts from the teacher's final-norm gain g_T: whichever block is the last active one, the
-    head then reads g_T-scaled states, as a pre-norm student's head does from step 0. In a grow run each
-    appended block brings its own g_T-initialised last norm, so the gain is re-applied at every phase; blocks
-    that were trained before keep their trained gains."""
+    """output_gain "teacher" (post-norm only; the paper's is "ones"): the last RMSNorm of every block starts from
+    the teacher's final-norm gain g_T, so whichever block is the last active one, the head reads g_T-scaled
+    states, as a pre-norm student's head does from step 0."""
     for b in range(student.blocks):
         if not student.placements[b].final_norm:  # post-norm-like: every such placement ends in mlp_norm
             fill_parameter(student.block_layers(b)[-1].mlp_norm.weight, full_tensor(teacher_gain))

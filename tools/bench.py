@@ -103,9 +103,9 @@ def allocator_settings(environ=os.environ) -> dict:
 
 
 def in_fresh_process(worker: str, *args, env_settings: dict | None = None) -> dict:
-    """bench.<worker>(*args, out=a file) run in a fresh interpreter (args as Python literals); the JSON it
-    writes to that file (stdout is the training's own). `env_settings`, where given, replace this environment's
-    malloc settings. Nothing of this process's history (its heap, threads, caches) reaches the measurement."""
+    """bench.<worker>(*args, out=a file) run in a fresh interpreter, so that nothing of this process's history (its
+    heap, threads, caches) reaches the measurement; the JSON it writes there. `env_settings`, where given, replace
+    this environment's malloc settings."""
     env = None if env_settings is None else \
         {**{k: v for k, v in os.environ.items() if k not in allocator_settings()}, **env_settings}
     with tempfile.TemporaryDirectory() as tmp:
@@ -128,8 +128,8 @@ def faults_counted(context, counts: list):
 
 
 def train_step_variants(shapes: dict) -> dict:
-    """{"hf_fp32": (step, context), "kit_pre_fp32": ..., ...}: transformers' step and the kit's pre- and
-    post-norm steps on the same batch, in each of shapes["precisions"]."""
+    """{"hf_fp32": (step, context), "kit_pre_fp32": ..., ...}: transformers' step and the kit's pre- and post-norm
+    steps on the same batch, in each precision."""
     config, blocks, per_block = ModelConfig(**shapes["config"]), shapes["blocks"], shapes["per_block"]
     torch.manual_seed(0)
     ids = torch.randint(0, config.vocab_size, (shapes["batch"], shapes["seq"]))
@@ -154,8 +154,8 @@ def train_step_variants(shapes: dict) -> dict:
 
 
 def _train_step_worker(shapes: dict, repeats: int, threads: int, out: str):
-    """Runs in its own process: every variant timed in turns, each round's seconds, its minor page faults
-    per step (the median of the timed rounds), and the malloc settings this process ran with."""
+    """In its own process: every variant timed in turns, with its minor page faults a step and the malloc settings
+    this process ran with."""
     torch.set_num_threads(threads)
     variants = train_step_variants(shapes)
     faults = {name: [] for name in variants}
@@ -168,8 +168,8 @@ def _train_step_worker(shapes: dict, repeats: int, threads: int, out: str):
 def bench_train_step(repeats: int, processes: int = 2, policies: dict = ALLOCATOR_POLICIES,
                      shapes: tuple | None = None) -> dict:
     """The kit's step against transformers' (toy_shapes(), or `shapes`), in `processes` fresh processes per
-    allocator policy, the policies in turns: per policy each variant's seconds and minor faults per step, and
-    each speed-up as a ratio with its spread (utilization.ratio_spread) over every round of every process."""
+    allocator policy, the policies in turns: each variant's seconds and minor faults a step, and each speed-up
+    with its spread over every round of every process."""
     dtype, why = devices.precision_choice("auto", torch.device("cpu"))
     bf16_native = dtype == torch.bfloat16
     config, blocks, per_block, batch = shapes or toy_shapes()
@@ -195,8 +195,8 @@ def bench_train_step(repeats: int, processes: int = 2, policies: dict = ALLOCATO
 
 
 def policy_results(runs: list[dict], precisions: list[str]) -> dict:
-    """One policy's processes: the settings they ran with, each variant's seconds and minor faults per step
-    over every round, and the speed-ups kit vs transformers, "<norm>_<kit precision>_vs_hf_<precision>"."""
+    """One policy's processes: their settings, each variant's seconds and minor faults a step, and the speed-ups
+    "<norm>_<kit precision>_vs_hf_<precision>"."""
     names = list(runs[0]["seconds"])
     pairs = [("fp32", "fp32")] + ([("bf16", "fp32"), ("bf16", "bf16")] if "bf16" in precisions else [])
     return {"allocator": [run["allocator"] for run in runs], "processes": len(runs),
@@ -215,16 +215,15 @@ LOCKSTEP_RUNS = tuple(suite.RunName(norm, protocol) for protocol in ("joint", "g
 
 
 def toy_teacher(config: ModelConfig | None = None) -> model.Qwen3:
-    """A toy-shaped Qwen3 (or one of `config`) with random weights: speed does not depend on what the teacher
-    knows."""
+    """A toy-shaped Qwen3 (or one of `config`) with random weights: speed does not depend on what it knows."""
     teacher = model.Qwen3(config or toy_shapes()[0])
     teacher.init_weights(0)
     return teacher
 
 
 def lockstep_jobs(root: Path, teacher: Path, steps: int, data_dir: Path) -> list[tuple[config.RunConfig, Path]]:
-    """The replay runs of one seed at the toy preset's settings, `steps` per phase, as the suite runs them,
-    in a workspace at `root` whose data folder is `data_dir` (linked, not copied)."""
+    """The replay runs of one seed at the toy's settings, `steps` per phase, in a workspace at `root` whose data
+    folder is a link to `data_dir`."""
     run = {**presets.PRESETS["toy"].run, "phase_steps": steps, "eval_interval": steps, "checkpoint_interval": steps,
            "snapshot_interval": 0}
     ws = suite.Workspace(replace(presets.PRESETS["toy"], run=run), root, root / "results", devices.Dist())
@@ -234,9 +233,8 @@ def lockstep_jobs(root: Path, teacher: Path, steps: int, data_dir: Path) -> list
 
 
 def _lockstep_worker(way: str, teacher_dir: str, data_dir: str, steps: int, threads: int, out: str):
-    """Runs in its own process: the six replay runs trained `way` ("separate": one after the other, each with
-    its own teacher cache; "lockstep": together, one teacher): their seconds, the teacher's forward passes
-    (counted) and the runs' final evaluations."""
+    """In its own process: the six replay runs trained `way` ("separate", each with its own teacher cache, or
+    "lockstep"): their seconds, the teacher's forward passes and the runs' final evaluations."""
     torch.set_num_threads(threads)
     with tempfile.TemporaryDirectory() as tmp:
         jobs, ctx = lockstep_jobs(Path(tmp), Path(teacher_dir), steps, Path(data_dir)), devices.Dist()
@@ -253,10 +251,9 @@ def _lockstep_worker(way: str, teacher_dir: str, data_dir: str, steps: int, thre
 
 
 def bench_lockstep(data_dir: Path, steps: int = 12, runs: int = 3) -> dict:
-    """The six replay runs of one seed (toy shapes and data, `steps` per phase) trained one after the other and
-    in lockstep, each way `runs` times as a whole process in turns (what a user waits for: start, imports and
-    teacher load included): min, median and max of each, the speed-up's spread over the pairs, the same for the
-    training alone (in_process), teacher forward passes (counted) and whether every run's results are equal."""
+    """The six replay runs of one seed (toy shapes and data, `steps` per phase) one after the other and in
+    lockstep, each way `runs` times as a whole process in turns (what a user waits for): each way's seconds, the
+    speed-up's spread, the same for the training alone, teacher forward passes and whether the results agree."""
     ways = {"separate": [], "lockstep": []}
     with tempfile.TemporaryDirectory() as tmp:
         save_qwen3(toy_teacher(), Path(tmp) / "teacher")
@@ -284,8 +281,7 @@ def bench_lockstep(data_dir: Path, steps: int = 12, runs: int = 3) -> dict:
 
 
 def naive_loss(student_logits, teacher_logits, targets, alpha=0.7, gamma=0.3, tau=1.0):
-    """The reference the benchmarks compare against: what one writes without chunking, full
-    [tokens x V] logits (any leading dims) in fp32, autograd does the rest; mean over all tokens."""
+    """The reference the benchmarks compare against: full [tokens x V] fp32 logits, autograd does the rest."""
     z_S, z_T = student_logits.flatten(0, -2).float(), teacher_logits.flatten(0, -2).float()
     log_q_S, log_q_T = F.log_softmax(z_S / tau, -1), F.log_softmax(z_T / tau, -1)
     kl = F.kl_div(log_q_S, log_q_T, log_target=True, reduction="sum") * tau**2
@@ -304,10 +300,9 @@ def _peak_rss_bytes():
 
 
 def _reset_peak_rss():
-    """Makes the RSS high-water mark the memory live now and returns it, so the peak measured next is
-    growth above the live footprint. Linux/glibc: free heap pages go back to the OS (else the loss could
-    reuse them unseen) and the mark is lowered to the current RSS (clear_refs 5). Elsewhere the mark so
-    far is the baseline, which can hide part of a small peak."""
+    """Makes the RSS high-water mark the memory live now and returns it: on Linux free heap pages go back to the
+    OS (else the loss could reuse them unseen) and the mark is lowered (clear_refs 5); elsewhere the mark so far
+    is the baseline, which can hide part of a small peak."""
     with suppress(OSError, AttributeError):
         ctypes.CDLL("libc.so.6").malloc_trim(0)
     with suppress(OSError), open("/proc/self/clear_refs", "w") as f:
@@ -316,10 +311,9 @@ def _reset_peak_rss():
 
 
 def _bench_worker(variant, tokens, vocab, hidden, repeats, chunk_size, threads, dtype, out):
-    """Runs in its own process: times `repeats` loss + backward passes of one variant and reports the
-    growth of the RSS high-water mark above the inputs' footprint. torch's CPU allocations go straight to
-    malloc (invisible to tracemalloc) and every buffer here is written, so resident memory is what the
-    loss really holds; both variants also hold the gradients of h_S and W_S they return."""
+    """In its own process: `repeats` loss + backward passes of one variant, timed, and the growth of the RSS
+    high-water mark above the inputs' (torch's CPU allocations are invisible to tracemalloc, and every buffer
+    here is written, so resident memory is what the loss holds)."""
     torch.set_num_threads(threads)
     torch.manual_seed(0)
     dtype = getattr(torch, dtype)
@@ -346,11 +340,9 @@ def _bench_worker(variant, tokens, vocab, hidden, repeats, chunk_size, threads, 
 
 def bench_loss(tokens=4096, vocab=151936, hidden=256, repeats=3, chunk_size=kd.DEFAULT_CHUNK_SIZE, threads=None,
                dtype="float32", processes=2):
-    """Peak memory and wall time of loss + backward, chunked (kd_loss) vs naive full logits, same inputs,
-    dtype and threads, each variant in fresh processes (naive, chunked, naive, ...: `processes` of each) so
-    neither sees the other's peak or heap. Returns each process's measurement, the memory ratio chunked /
-    naive (goal <= 0.2) and the time ratio's spread over the rounds, the i-th of a chunked process paired with
-    the i-th of the naive one before it (goal <= 1.15)."""
+    """Peak memory and time of loss + backward, chunked (kd_loss) vs naive full logits, each in `processes` fresh
+    processes in turns: each process's measurement, the memory ratio chunked / naive (goal <= 0.2) and the time
+    ratio's spread, a chunked process's rounds paired with the naive one's before it (goal <= 1.15)."""
     threads = threads or torch.get_num_threads()
     result = {"tokens": tokens, "vocab": vocab, "hidden": hidden, "chunk_size": chunk_size,
               "threads": threads, "dtype": dtype, "repeats": repeats, "naive": [], "chunked": []}
@@ -371,9 +363,8 @@ def bench_loss(tokens=4096, vocab=151936, hidden=256, repeats=3, chunk_size=kd.D
 # The tokenizer
 
 def bench_tokenizer(repeats: int = 3, documents: int | None = None) -> dict:
-    """MB/s of the kit's tokenizer (tiktoken, NFC included) and of HF tokenizers loading Qwen3's real
-    tokenizer.json, both batched over threads, on the toy corpus (its first `documents`; None: all of
-    it), timed in turns."""
+    """MB/s of the kit's tokenizer and of HF tokenizers loading Qwen3's tokenizer.json, on the toy corpus (its
+    first `documents`; None: all), timed in turns."""
     from tokenizers import Tokenizer as HFTokenizer  # test-only dependency
     enc = tokenizer.qwen3_tokenizer()
     hf = HFTokenizer.from_file(str(tokenizer.qwen3_tokenizer_json()))
@@ -393,8 +384,7 @@ def bench_tokenizer(repeats: int = 3, documents: int | None = None) -> dict:
 # The data loader
 
 def bench_loader_data(data_dir: Path) -> data.Shard:
-    """The training shard in data_dir (runs/toy/data by default), prepared there with the toy preset's
-    settings if there is none."""
+    """The training shard in data_dir, prepared there with the toy preset's settings if there is none."""
     if (data_dir / "train" / data.MANIFEST_FILE).is_file():
         return data.Shard(data_dir / "train")
     preset = presets.PRESETS["toy"]
@@ -405,8 +395,7 @@ def bench_loader_data(data_dir: Path) -> data.Shard:
 
 
 def bench_loader(train: data.Shard, step_seconds: float, steps: int = 200, repeats: int = 3) -> dict:
-    """Batches/s of the toy preset's batcher over the prepared toy shard (the median of `repeats`), and its
-    rate over the train step's (the step's median seconds, `step_seconds`) with its spread over the repeats."""
+    """Batches/s of the toy's batcher over the toy shard, and its rate over the train step's (`step_seconds`)."""
     preset = presets.PRESETS["toy"]
     batcher = data.Batcher(train, preset.run["global_batch"], 0, replay_docs=len(train),
                            micro_batch=preset.run["micro_batch"])
@@ -424,8 +413,7 @@ def environment() -> dict:
 
 
 def train_step_lines(step: dict) -> list[str]:
-    """bench_train_step's results as the lines bench prints: per allocator policy, its settings, the minor page
-    faults a step (the mechanism, issue 60) and each speed-up with its spread and per-process medians."""
+    """bench_train_step's results as the lines bench prints, per allocator policy."""
     lines = [f"bf16: {step['bf16']}"]
     goals = {"fp32_vs_hf_fp32": "eager fp32 {} transformers fp32 (goal >= 1.0)",
              "bf16_vs_hf_fp32": "bf16 autocast {} transformers fp32 (goal >= 1.3)",
@@ -451,8 +439,7 @@ SIZES = {"kd": {}, "tokenizer_documents": None, "lockstep_steps": 12, "loader_st
 
 
 def main(repeats: int = 5, data_dir: Path = Path("runs/toy/data"), sizes: dict = SIZES, out: Path = RESULTS):
-    """Every benchmark, in one run; the toy shard is prepared in data_dir if it is not there. Every ratio is
-    printed with its spread (utilization.spread_text), and bench.json keeps them."""
+    """Every benchmark, in one run; the toy shard is prepared in data_dir if it is not there."""
     train = bench_loader_data(data_dir)
     results, ratio = {"environment": environment()}, utilization.spread_text
     print(f"the steps against this CPU's matmul peak, {torch.get_num_threads()} thread(s) ...", flush=True)

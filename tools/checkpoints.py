@@ -1,7 +1,6 @@
-"""What the kit does with any checkpoint it reads, a teacher (HF Qwen3 folder), a student of any placement
-(phase-<p>/, step-<n>/) or an export: the checkpoint a run folder names (its newest phase-<p>/), the scale
-it belongs to (from its vocabulary), the context it was trained on, its CE on a scale's validation shard,
-and a pre-norm student exported as a standard HF Qwen3 folder.
+"""What the kit does with any checkpoint it reads (a teacher's HF Qwen3 folder, a student of any placement, an
+export): the checkpoint a run folder names, the scale it belongs to (by its vocabulary), the context it was
+trained on, its CE on a scale's validation shard, and a pre-norm student exported as a standard HF Qwen3 folder.
 
     python repro.py eval runs/toy/s42/post-grow/phase-2 --scale toy --json
     python repro.py eval runs/toy/s42/post-grow              # the run's last phase checkpoint, named in one line
@@ -37,17 +36,15 @@ def is_run_folder(folder: Path) -> bool:
 
 
 def say(lines):
-    """Lines about what a command took, on stderr (stdout is its output: text, JSON). The commands say them
-    once the checkpoint has passed their checks, so that a bad input stays one error line."""
+    """Lines about what a command took, on stderr (stdout is its output), said once the checkpoint passed its
+    checks: a bad input stays one error line."""
     for line in lines:
         print(line, file=sys.stderr)
 
 
 def checkpoint_in(path: Path, said: list[str]) -> Path:
-    """The checkpoint a user's path names: a checkpoint folder (or anything else: read_config says what it
-    is) as given; a run folder as its newest phase-<p>/ (a finished run's last), named in a line appended
-    to `said` (for say); a folder of runs, or a run folder without a phase checkpoint, is one line saying
-    what it holds instead."""
+    """The checkpoint a user's path names: a run folder's newest phase-<p>/ (said in a line appended to `said`),
+    else the path as given; a folder of runs, or a run folder without a phase checkpoint, is one line."""
     if not path.is_dir() or ((path / "config.json").is_file() and not is_run_folder(path)):
         return path
     if not is_run_folder(path):
@@ -66,8 +63,7 @@ def checkpoint_in(path: Path, said: list[str]) -> Path:
 
 
 def student_checkpoint(path: Path) -> Path:
-    """The student checkpoint a path names for `scan` (a run folder: its newest phase-<p>/, said in one line),
-    checked."""
+    """The student checkpoint a path names for `scan`, checked."""
     path = checkpoint_in(path, said := [])
     scan.checkpoint_blocks(path)
     say(said)
@@ -97,11 +93,9 @@ def no_checkpoint(run: Path) -> str:
 
 
 def trained_context(checkpoint: Path, config: dict) -> tuple[int, str]:
-    """The most positions a checkpoint was trained on, and where that is said. RoPE positions past the longest
-    training document were never trained, whatever max_position_embeddings allows (Qwen3's 40,960): for a
-    checkpoint of a run folder, the data.max_len of its run's training shard; for the kit's own checkpoints
-    elsewhere (a shipped teacher, an export), the largest data.max_len of the scales of its vocabulary; any
-    other Qwen3 (a hub teacher), its max_position_embeddings."""
+    """The most positions a checkpoint was trained on (RoPE positions past the longest training document never
+    were, whatever max_position_embeddings allows), and where that is said: its run's training shard's max_len,
+    the kit's scales' of its vocabulary for the kit's own checkpoints elsewhere, else max_position_embeddings."""
     run = checkpoint.parent
     if is_run_folder(run) and (run / "config.json").is_file():
         try:
@@ -126,11 +120,9 @@ def load_checkpoint(checkpoint: Path, config: dict) -> model.Qwen3 | model.Stude
 
 
 def checkpoint_config(checkpoint: Path) -> dict:
-    """A checkpoint's config.json with its model fields checked (hf_qwen3.config_problem) before its vocabulary is
-    used to pick a scale; and a student checkpoint without checksums.json (an older kit's, or put together by hand)
-    in its run's folder: its placement is the run's. Pre- and post-norm students have tensors of the same names and
-    shapes, so a relabelled one would load as the other placement; a kit's checkpoint has checksums, and --norm
-    auto's schedule is chosen as the run trains, so those are left to their checksums."""
+    """A checkpoint's config.json with its model fields checked before its vocabulary picks a scale; a student
+    checkpoint without checksums.json in its run's folder must have the run's placement (pre- and post-norm
+    tensors have the same names and shapes, so a relabelled one would load as the other placement)."""
     config = read_config(checkpoint)
     hf_qwen3.ModelConfig.from_hf(config, str(checkpoint / "config.json"))
     shape, run = config.get("normgrow_student"), checkpoint.parent
@@ -150,15 +142,13 @@ def vocabulary_fits(vocab: int, eot: int) -> bool:
 
 
 def scales_for(vocab: int) -> list[str]:
-    """The scales whose tokenizer a checkpoint's vocabulary fits (smoke and toy truncate Qwen3's; small
-    and full share it, padded as Qwen3's checkpoints pad it)."""
+    """The scales whose tokenizer a checkpoint's vocabulary fits."""
     return [s for s, p in presets.PRESETS.items()
             if vocabulary_fits(vocab, corpora.vocabulary(p.data).eot)]
 
 
 def scale_of(config: dict, runs_dir: Path, checkpoint: Path) -> str:
-    """The scale whose vocabulary a checkpoint has (small and full share it: then the one whose data
-    exists under runs_dir is taken)."""
+    """The scale whose vocabulary a checkpoint has (of several, the one whose data exists under runs_dir)."""
     matches = scales_for(config["vocab_size"])
     if not matches:
         raise errors.UsageError(f"{checkpoint / 'config.json'}: vocab_size {config['vocab_size']} fits no scale's "
@@ -174,8 +164,8 @@ def check_vocabulary(val: data.Shard, vocab: int, checkpoint: Path):
 
 
 def evaluate(checkpoint: Path, scale: str | None, data_dir: Path | None, runs_dir: Path) -> dict:
-    """CE and PPL of a checkpoint on a validation shard (the scale's unless data_dir is given), with the
-    scale's evaluation settings (batch, chunk, precision) as its runs use them; no teacher: CE only."""
+    """CE and PPL of a checkpoint on a validation shard (the scale's unless data_dir is given), with the scale's
+    evaluation settings."""
     checkpoint = checkpoint_in(checkpoint, said := [])
     config = checkpoint_config(checkpoint)
     fitting = scales_for(config["vocab_size"])
@@ -196,8 +186,8 @@ def evaluate(checkpoint: Path, scale: str | None, data_dir: Path | None, runs_di
 
 
 def export(student_dir: Path, out_dir: Path, force: bool, runs_dir: Path) -> model.Student:
-    """A pre-norm student checkpoint as a standard HF Qwen3 folder that transformers loads, with the kit's
-    tokenizer (exact ids) and <|endoftext|> as bos, eos and pad; the exported student."""
+    """A pre-norm student checkpoint as a standard HF Qwen3 folder with the kit's tokenizer and <|endoftext|> as
+    bos, eos and pad; the exported student."""
     student_dir = checkpoint_in(student_dir, said := [])
     scale = scale_of(checkpoint_config(student_dir), runs_dir, student_dir)
     enc = corpora.vocabulary(presets.PRESETS[scale].data)
@@ -217,10 +207,9 @@ def export(student_dir: Path, out_dir: Path, force: bool, runs_dir: Path) -> mod
 
 
 def check_export_target(student_dir: Path, out_dir: Path, force: bool, runs_dir: Path, written: set[str]):
-    """Never inside a runs tree (a run's --force may delete its folder); --force replaces only a folder the
-    kit exported before, never the checkpoint itself or a folder that holds it, and only if everything in it
-    is a file the kit's export writes (`written`); the folders an export writes through (<out>.tmp, <out>.old
-    beside it, which it replaces and removes) hold nothing else either."""
+    """Never inside a runs tree (a run's --force may delete its folder); --force replaces only an earlier export
+    holding nothing but the files an export writes (`written`), never the checkpoint or a folder that holds it;
+    <out>.tmp and <out>.old, which an export writes through, hold nothing else either."""
     source, target = student_dir.resolve(), out_dir.resolve()
     runs = [p for p in target.parents if p == runs_dir.resolve() or (p / "metrics.jsonl").is_file()]
     if runs:  # a run folder, or the runs folder: a rerun with --force may delete what is in it
@@ -249,7 +238,6 @@ def check_export_target(student_dir: Path, out_dir: Path, force: bool, runs_dir:
 
 
 def not_exported(folder: Path, written: set[str]) -> list[str]:
-    """What in a folder an export did not write: anything but its own files (and write_atomic's temporary
-    ones, left by a kill), a sub-folder or a link included."""
+    """What in a folder an export did not write (write_atomic's temporary files aside)."""
     made = lambda p: p.is_file() and not p.is_symlink() and (p.name in written or re.fullmatch(r"\..+\.\d+\.tmp", p.name))
     return sorted(p.name for p in folder.iterdir() if not made(p))

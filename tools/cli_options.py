@@ -1,6 +1,5 @@
-"""The options repro.py's commands share (--scale, --seeds, --set and the rest of a training command's,
---dry-run and the GPUs its estimate is for) and what their values become: seeds, a checked norm placement,
-the experiments named, an experiment's workspace. Nothing here runs a command; repro.py declares them."""
+"""The options repro.py's commands share and what their values become: seeds, a checked norm placement, the
+experiments named, an experiment's workspace. Nothing here runs a command; repro.py declares them."""
 from __future__ import annotations
 
 import functools
@@ -60,8 +59,7 @@ def overrides_option(f):
 
 
 def dry_run_options(command):
-    """--dry-run and the GPUs its estimate is for: every command that trains has them. --gpu, --gpus and
-    --nodes without --dry-run are refused: a run uses the GPUs torchrun gives it, and they would do nothing."""
+    """--dry-run and the GPUs its estimate is for (refused without --dry-run: a run uses torchrun's GPUs)."""
     @functools.wraps(command)
     def f(*args, **kwargs):
         ctx = click.get_current_context()
@@ -92,9 +90,8 @@ def experiment_options(command):
 # What their values become
 
 def seeded_workspace(scale, seeds, default_seeds, dry_run, lockstep, **options) -> tuple[suite.Workspace, list[int]]:
-    """The workspace of an experiment over seeds (`options`: experiment_options' folders, --set, --compile, --device
-    and --log), as preset_workspace makes it, with --lockstep resolved (unless given: where a seed's resident runs fit
-    the GPU, plan.lockstep_default)."""
+    """The workspace of an experiment over seeds, as preset_workspace makes it, with --lockstep resolved (unless
+    given: plan.lockstep_default)."""
     ws, seeds = preset_workspace(scale, seeds=seeds, default_seeds=default_seeds, option="--seeds", dry_run=dry_run,
                                  **options)
     if lockstep is None:
@@ -115,8 +112,7 @@ def parse_seeds(ctx, param, value: str) -> list[int]:
 
 
 def chosen_seeds(overrides, seeds: list[int] | None, default: list[int], option: str) -> list[int]:
-    """--seed(s), else --set run.seed (in the parsed overrides), else the command's default; --seed(s)
-    and --set run.seed that disagree are refused (which one should train?)."""
+    """--seed(s), else --set run.seed, else the command's default; the two that disagree are refused."""
     value = overrides.get("run", {}).get("seed")
     if value is None:
         return seeds or default
@@ -134,8 +130,7 @@ def finite(value: float, option: str) -> float:
 
 
 def check_norm(norm: str, blocks: int | None = None) -> str:
-    """--norm: a placement, one per block separated by commas (as many as the preset's `blocks`, once
-    --set, which may change them, is applied), or auto."""
+    """--norm: a placement, one per block separated by commas (as many as `blocks`), or auto."""
     if norm.strip() == "auto":
         return "auto"
     names = [n.strip() for n in norm.split(",")]
@@ -150,9 +145,8 @@ def check_norm(norm: str, blocks: int | None = None) -> str:
 
 
 def chosen_experiments(wanted) -> tuple[list[str], list[suite.RunName]]:
-    """The experiments named, any of registry.EXPERIMENTS (none or `all`: every table of the paper's, and the studies
-    named beside it; an unknown name is one line), and the runs the paper's tables among them read, in the kit's
-    order (a study plans and trains its own)."""
+    """The experiments named (none or `all`: every paper table, and the studies named beside it), and the runs the
+    paper's tables among them read, in the kit's order (a study plans and trains its own)."""
     known = registry.EXPERIMENTS
     if unknown := [e for e in wanted if e != "all" and e not in known]:
         raise click.BadParameter(f"unknown experiment {unknown[0]!r}; choose from {', '.join(known)} or all",
@@ -166,9 +160,8 @@ def chosen_experiments(wanted) -> tuple[list[str], list[suite.RunName]]:
 def preset_workspace(scale: str, overrides, seeds: list[int] | None = None, default_seeds: list[int] | None = None,
                      option: str = "--seed", no_wait: bool = False,
                      **workspace_options) -> tuple[suite.Workspace, list[int]]:
-    """A command's workspace with its --set parsed once, and its seeds: --seed(s) (`option`), else --set run.seed,
-    else `default_seeds` or the preset's (chosen_seeds: the two that disagree are refused). `workspace_options`:
-    suite.workspace's."""
+    """A command's workspace with its --set parsed once, and its seeds (chosen_seeds; `default_seeds` or the
+    preset's)."""
     overrides = presets.parse_overrides(presets.PRESETS[scale], overrides)
     seeds = chosen_seeds(overrides, seeds, default_seeds or [presets.PRESETS[scale].run["seed"]], option)
     return suite.workspace(scale, overrides=overrides, wait=not no_wait, **workspace_options), seeds

@@ -11,8 +11,7 @@ from torch.distributed.tensor import DTensor
 
 
 class CollectiveBytes(torch.utils._python_dispatch.TorchDispatchMode):
-    """Every all-gather, reduce-scatter and all-reduce dispatched, with the bytes of this rank's buffer
-    (an all-gather's output, a reduce-scatter's input, an all-reduce's tensors) and its group's size."""
+    """Every all-gather, reduce-scatter and all-reduce dispatched, with its group's size and this rank's bytes."""
 
     def __init__(self):
         super().__init__()
@@ -39,9 +38,8 @@ ALIASING = {torch.ops.aten.detach, torch.ops.aten.alias, torch.ops.aten.lift_fre
 
 
 class DispatchedOps(torch.utils._python_dispatch.TorchDispatchMode):
-    """Counts the operators dispatched that compute something (views, other aliasing ops and metadata
-    queries excluded: they launch no kernel, and fake tensors answer `prim.device` queries a real run
-    never dispatches); `count` runs on across the mode's uses, so a caller reads differences."""
+    """Counts the operators dispatched that launch a kernel (views, aliasing ops and `prim` queries excluded);
+    `count` runs on across the mode's uses, so a caller reads differences."""
     count = 0  # the class's until this mode's first count: each mode counts its own
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
@@ -52,8 +50,7 @@ class DispatchedOps(torch.utils._python_dispatch.TorchDispatchMode):
 
 
 def host_seconds_per_op(repeats: int = 20_000) -> float:
-    """This host's time to dispatch one operator on a one-element tensor: what each kernel of a step costs
-    the CPU that drives a GPU before the launch itself (the best of five rounds)."""
+    """This host's time to dispatch one operator on a one-element tensor (the best of five rounds)."""
     x = torch.zeros(1)
     best = math.inf
     for _ in range(5):

@@ -1,8 +1,7 @@
-"""Before a launch: what it trains and what that costs (--dry-run: nothing made or read but the data's
-measured lengths), and its rehearsal on this CPU (`repro.py rehearse`: no GPU needed). A command's runs come
-in groups, each (label, workspace, lockstep_plan.PlannedRun list): the suite's own runs, a variant's in its
-own folder; plan.py prices them. And the kit's own teacher, pretrained or installed before any student
-(`repro.py teacher`), or a shipped one trained again to compare.
+"""Before a launch: what it trains and what that costs (--dry-run: nothing made or read but the data's measured
+lengths), its rehearsal on this CPU (`repro.py rehearse`), and the kit's own teacher, pretrained or installed
+before any student (`repro.py teacher`). A command's runs come in groups, each (label, workspace,
+lockstep_plan.PlannedRun list); plan.py prices them.
 
     python repro.py all --scale full --dry-run --gpu h100     # the whole paper: runs, tokens, FLOPs, GPU hours
     python repro.py rehearse table1 --scale full --gpus 8     # one step at full size, the driver at reduced size
@@ -33,8 +32,7 @@ from tools import cpu_estimate, lockstep_plan, plan, rehearse, rehearse_real
 
 
 def print_dry_run(scale: str, groups, seeds: list[int], gpu: str, gpus: int | None, nodes: int, note: str = ""):
-    """The plan of a command's runs; one workspace in full (plan.print_plan), several as a row each; then
-    the estimate for this machine's CPU."""
+    """The plan of a command's runs (one workspace in full, several a row each), then this CPU's estimate."""
     gpus, ws = gpus or (8 if scale == "full" else 1), groups[0][1]
     if len(groups) == 1:
         totals = plan.print_plan(ws, groups[0][2], seeds, gpu, gpus, suite.console, nodes)
@@ -56,9 +54,8 @@ def print_estimate(ws: suite.Workspace, flops: float, pretraining: bool = False)
 
 
 def teacher_pretraining(ws: suite.Workspace) -> tuple[float, str]:
-    """(FLOPs, a line) of pretraining the kit's own teacher first, where a command would: none is trained in
-    the runs folder, and the scale neither downloads one nor ships one (a shipped teacher is installed when
-    its settings are the workspace's, which the dry run cannot check before the data exists: it is assumed)."""
+    """(FLOPs, a line) of pretraining the kit's own teacher first, where a command would: none is in the runs
+    folder, and the scale neither downloads nor ships one (a shipped one is assumed to fit)."""
     if ws.preset.teacher or ws.preset.shipped_teachers or (ws.teacher_dir / "done.json").exists():
         return 0.0, ""
     teacher, run = presets.teacher_shape(ws.preset), {**ws.preset.run, **ws.preset.teacher_run}
@@ -71,8 +68,8 @@ def teacher_pretraining(ws: suite.Workspace) -> tuple[float, str]:
 
 
 def print_study(study: registry.Experiment, ws: suite.Workspace, seeds: list[int], flops: float):
-    """A study's records and the one estimate of what remains (where ws.records is set); an experiment that
-    records its runs but trains them all, the estimate of its `flops`."""
+    """A study's records and the one estimate of what remains (where ws.records is set); without a manifest, the
+    estimate of its `flops`."""
     if ws.records is None:
         return
     if study.manifest is None:
@@ -89,16 +86,15 @@ def print_suite_records(ws: suite.Workspace, names: list[str], runs, seeds: list
 
 
 def run_precision(ws: suite.Workspace) -> str:
-    """The precision the command's runs train in (fp32 or bf16 on this CPU): the preset's; its "auto" the study's
-    where one fixed it, else this machine's choice."""
+    """The precision the command's runs train in on this CPU: fp32 or bf16."""
     dtype, _ = devices.precision_choice(ws.preset.run["precision"], torch.device("cpu"), ws.ctx.auto_precision)
     return {v: k for k, v in devices.DTYPES.items()}[dtype]
 
 
 def print_records(ws: suite.Workspace, jobs: list[studies.Job], more: str = "", unrestored: list[studies.Job] = (),
                   why: str = ""):
-    """A study's dry run: its runs recorded (and on which machines), stale (and why) or remaining, the runs that
-    train whatever their records (`unrestored`, and `why`), and the one estimate of what trains, in its precision."""
+    """A study's dry run: its runs recorded (and where), stale (and why) or remaining, those that train whatever
+    their records (`unrestored`), and the one estimate of what trains."""
     if ws.records is None:
         return
     teacher = training.expected_teacher(ws)
@@ -170,8 +166,7 @@ def study_groups(study: registry.Experiment, ws: suite.Workspace, seed: int) -> 
 
 def rehearse_launch(ws: suite.Workspace, launch: rehearse.Launch, runs, mode: str, replicate_teacher: bool,
                     label: str) -> Path:
-    """The rehearsal of a launch of `runs`: one step at full size with fake tensors (mode fake), the launch's
-    driver at reduced size on the launch's mesh at two ranks a dimension (mode real), or both; each printed, all written to
+    """The rehearsal of a launch of `runs` (mode fake, real or both), printed and written to
     results/rehearse-<scale>-<label>.json (its path)."""
     for run in plan.planned_runs(ws, runs, ws.preset.run["seed"]):  # the launch's own check, before any work
         data.check_split(run.config.global_batch, launch.world, run.config.micro_batch)
@@ -190,10 +185,9 @@ def rehearse_launch(ws: suite.Workspace, launch: rehearse.Launch, runs, mode: st
 
 
 def pretrain_teacher(ws: suite.Workspace, rebuild: bool = False, force: bool = False, ship: str | None = None) -> str:
-    """`repro.py teacher`: the scale's data, then its own teacher (installed if shipped, else trained), or
-    with `rebuild` the shipped one trained again from its settings beside it, in runs/<scale>/teacher-rebuilt/,
-    and whether its weights equal the shipped ones bit for bit; then with `ship` the teacher copied into this
-    repository (ship_teacher); the lines that say what came out."""
+    """`repro.py teacher`: the scale's data, then its own teacher (installed if shipped, else trained), or with
+    `rebuild` the shipped one trained again in runs/<scale>/teacher-rebuilt/ and compared bit for bit; then with
+    `ship` copied into this repository; the lines that say what came out."""
     if ws.preset.teacher:
         raise errors.UsageError(f"--scale {ws.preset.name} distils from {ws.preset.teacher}; there is no teacher to "
                                 "pretrain")
@@ -223,9 +217,8 @@ def pretrain_teacher(ws: suite.Workspace, rebuild: bool = False, force: bool = F
 
 
 def ship_teacher(ws: suite.Workspace, name: str) -> str:
-    """`repro.py teacher --ship NAME`: the workspace's finished teacher copied into this repository as
-    teachers/NAME (its files as trained: no snapshots, no latest/), its checksums written, and its shards'
-    sha256s recorded in teachers/shards.json, so that a preset listing it (Preset.shipped_teachers) installs it
+    """`repro.py teacher --ship NAME`: the finished teacher copied as teachers/NAME (SHIPPED_FILES), its checksums
+    written and its shards' sha256s recorded in teachers/shards.json, so that a preset listing it installs it
     only for the very data it learned from. Nothing there is replaced."""
     source, target = ws.teacher_dir, suite.SHIPPED_ROOT / "teachers" / check_ship_name(None, None, name)
     rundir.read_json(source / "done.json", "ce")  # finished
@@ -242,8 +235,7 @@ def ship_teacher(ws: suite.Workspace, name: str) -> str:
 
 
 def check_ship_name(ctx, param, name: str | None) -> str | None:
-    """--ship NAME, checked when the command line is read (click's callback), before any work: a new folder
-    under teachers/. An empty name too is refused (it shipped nothing and exited 0)."""
+    """--ship NAME, checked when the command line is read (click's callback): a new folder under teachers/."""
     if name is None:
         return None
     if not re.fullmatch(r"[a-z0-9][a-z0-9-]{0,63}", name):

@@ -1,11 +1,9 @@
-"""Text from any checkpoint the kit reads: a teacher (HF Qwen3 folder), a student of any placement
-(phase-<p>/, step-<n>/), or an export, greedy or with temperature and top-k, with a KV cache.
+"""Text from any checkpoint the kit reads (a teacher, a student of any placement, an export), greedy or with
+temperature and top-k, with a KV cache that reuses each layer's placement (model.PLACEMENTS), so a new placement
+samples without changes here. The prompt is encoded as a document is (<|endoftext|> first); generation stops at
+the next <|endoftext|> or after max_new_tokens.
 
     python repro.py sample runs/toy/s42/post-grow/phase-2 --prompt "The state of the Union" --max-new-tokens 40
-
-The prompt is encoded as the kit encodes a document (<|endoftext|> first), and generation stops at the
-next <|endoftext|> or after max_new_tokens. The cache reuses each layer's own norms, MLP and placement
-(model.PLACEMENTS), so a new placement samples without changes here.
 """
 from __future__ import annotations
 
@@ -24,8 +22,8 @@ DEFAULT_NEW_TOKENS = 64  # without --max-new-tokens (fewer where the trained con
 
 
 class CachedLayer:
-    """A DecoderLayer seen through its placement's layer forward, with attention that appends this
-    step's keys and values to the layer's cache and attends over all of them."""
+    """A DecoderLayer whose attention appends this step's keys and values to the layer's cache and attends over
+    all of them."""
 
     def __init__(self, layer: model.DecoderLayer, cache: dict):
         self.layer, self.cache = layer, cache
@@ -49,8 +47,7 @@ class CachedLayer:
 
 @torch.no_grad()
 def next_logits(net, input_ids: torch.Tensor, caches: list[dict], position: int) -> torch.Tensor:
-    """Logits of the last position after feeding input_ids (B, T) at positions position..position+T-1,
-    through the norms after the embedding and before the head where the model has them."""
+    """Logits of the last position after feeding input_ids (B, T) at positions position..position+T-1."""
     student = isinstance(net, model.Student)
     entry, final = (net.entry_module(), net.final_module(net.blocks)) if student else (None, net.norm)
     h = net.embed_tokens(input_ids)
@@ -70,9 +67,8 @@ def next_logits(net, input_ids: torch.Tensor, caches: list[dict], position: int)
 @torch.no_grad()
 def generate(net, prompt_ids: list[int], max_new_tokens: int, eos_id: int, temperature: float = 0.0,
              top_k: int = 0, seed: int = 0, on_token=None) -> list[int]:
-    """New token ids after prompt_ids (eos included if reached). temperature 0: greedy (argmax, lowest id
-    on a tie, as torch.argmax); otherwise softmax(logits / temperature) over the top_k most likely
-    tokens (0: all), drawn from a generator seeded with `seed`. on_token(ids so far) after each one."""
+    """New token ids after prompt_ids (eos included if reached). temperature 0: greedy (the lowest id on a tie);
+    else softmax(logits / temperature) over the top_k most likely tokens (0: all), drawn with `seed`."""
     if isinstance(net, model.Student) and net.boundary == "mirror-fwd":
         raise errors.CheckpointError("a mirror-fwd student's forward needs its reference run's boundary profile; "
                                      "it cannot be sampled on its own")
@@ -105,9 +101,8 @@ def generate(net, prompt_ids: list[int], max_new_tokens: int, eos_id: int, tempe
 
 def continue_prompt(checkpoint: Path, prompt: str, max_new_tokens: int | None, temperature: float, top_k: int,
                     seed: int, runs_dir: Path, echo):
-    """`repro.py sample`: the prompt, then its continuation token by token through echo(text, nl=...) (a
-    character split across tokens waits for the rest), in the tokenizer of the checkpoint's scale, at most
-    max_new_tokens (None: DEFAULT_NEW_TOKENS, or what the trained context leaves) within the trained context."""
+    """`repro.py sample`: the prompt, then its continuation token by token through echo(text, nl=...) (a character
+    split across tokens waits for the rest), within the checkpoint's trained context."""
     checkpoint = checkpoints.checkpoint_in(checkpoint, said := [])
     config = checkpoints.checkpoint_config(checkpoint)
     enc = corpora.vocabulary(presets.PRESETS[checkpoints.scale_of(config, runs_dir, checkpoint)].data)

@@ -54,10 +54,9 @@ PYTHON = "Python outside operators"
 
 
 def interleaved(variants: dict, repeats: int, pick=statistics.median, clock=time.perf_counter) -> dict:
-    """Seconds of each variant (the median of `repeats`, or what `pick` takes: `list` keeps every round's) by
-    `clock`, timed in turns (A B C A B C ...) so that drift in a shared machine's speed lands on all of them
-    alike, and round i of one variant pairs with round i of another (ratio_spread). A variant is (function,
-    context manager factory); the context is entered outside the clock."""
+    """Seconds of each variant (function, context factory; the context outside the clock) by `clock`, the median
+    of `repeats` (or `pick`: `list` keeps every round's), timed in turns (A B C A B C ...) so that drift in a
+    shared machine's speed lands on all alike, and round i of one pairs with round i of another."""
     times = {name: [] for name in variants}
     for round_ in range(repeats + 2):
         for name, (fn, context) in variants.items():
@@ -78,8 +77,7 @@ UNSTABLE_SPREAD = 0.10
 
 
 def spread(values_by_process: list[list[float]]) -> dict:
-    """A measured value over all rounds of all processes: {"median", "min", "max"} of every round,
-    "per_process" (each process's median), "rounds", "processes", and "stable" (UNSTABLE_SPREAD)."""
+    """A measured value over all rounds of all processes: median, min, max, each process's median, and "stable"."""
     every = [v for values in values_by_process for v in values]
     middle = statistics.median(every)
     return {"median": middle, "min": min(every), "max": max(every),
@@ -89,15 +87,13 @@ def spread(values_by_process: list[list[float]]) -> dict:
 
 
 def ratio_spread(pairs_by_process: list[tuple[list[float], list[float]]]) -> dict:
-    """numerator / denominator round by round (interleaved's times of one round pair), over all processes:
-    the per-round ratios' spread."""
+    """The spread of numerator / denominator round by round, over all processes."""
     return spread([[n / d for n, d in zip(numerators, denominators, strict=True)]
                    for numerators, denominators in pairs_by_process])
 
 
 def spread_text(measured: dict, form=lambda v: f"{v:.2f}x") -> str:
-    """"1.15x (1.12x-1.18x over 10 rounds in 2 processes)", or "unstable (0.90x-1.50x over ...)" where the
-    rounds range wider than UNSTABLE_SPREAD: then no one number stands for them."""
+    """"1.15x (1.12x-1.18x over 10 rounds in 2 processes)", or "unstable (0.90x-1.50x over ...)"."""
     where = f"{measured['rounds']} round{'s' * (measured['rounds'] != 1)} in {measured['processes']} " \
             f"process{'es' * (measured['processes'] != 1)}"
     extent = f"{form(measured['min'])}-{form(measured['max'])} over {where}"
@@ -118,9 +114,8 @@ def timed(fn, repeats: int, warmup: int = 2) -> float:
 
 
 def step_clock() -> tuple[str, Callable[[], float]]:
-    """(its name, the clock): on one thread, the thread's CPU time, which on a machine shared with other
-    processes counts what the step costs and not the time it waits for a core (every operator runs on the
-    calling thread then); on several, the wall clock."""
+    """(its name, the clock): on one thread the thread's CPU time, which counts what a step costs and not its wait
+    for a core on a shared machine; on several, the wall clock."""
     if torch.get_num_threads() == 1:
         return "CPU time of the one thread", time.thread_time
     return "wall clock", time.perf_counter
@@ -130,8 +125,8 @@ def step_clock() -> tuple[str, Callable[[], float]]:
 # Model FLOPs and the fraction of peak
 
 def student_step_flops(shape: ModelConfig, student_layers: int, tokens: int, seq: int) -> float:
-    """Model FLOPs of a student step: the teacher's layers forward, both heads forward (the loss computes the
-    teacher's logits), the student's layers and head forward and backward (3x)."""
+    """Model FLOPs of a student step: the teacher's layers and both heads forward, the student's layers and head
+    forward and backward (3x)."""
     teacher_layers, head = forward_flops_per_token(shape, shape.num_hidden_layers, seq / 2)
     student, _ = forward_flops_per_token(shape, student_layers, seq / 2)
     return tokens * (teacher_layers + head + 3 * (student + head))
@@ -147,8 +142,7 @@ def fraction_of_peak(flops: float, seconds: float, peak_flops: float) -> dict:
 # The steps, as grow takes them
 
 class Step:
-    """One optimizer step of `settings` on one full-length micro-batch: Run.accumulate's forward and
-    backward (with the teacher's forward before it for a student), then Run.update's clipping and AdamW."""
+    """One optimizer step of `settings` on one full-length micro-batch, as Run.accumulate and Run.update take it."""
 
     def __init__(self, settings: config.RunConfig, shape: ModelConfig, seq: int, dtype: torch.dtype):
         self.settings, self.shape, self.dtype, self.ctx = settings, shape, dtype, devices.Dist()
@@ -186,8 +180,8 @@ class Step:
 
 
 def length_batch(rows: int, length: int, max_len: int, vocab: int, fixed: bool) -> data.Batch:
-    """`rows` documents of `length` positions each (random tokens, seeded by the length), as wide as they are
-    or, `fixed`, padded to their bucket's width (data.bucket_width) and masked by length."""
+    """`rows` documents of `length` random tokens, as wide as they are or, `fixed`, padded to their bucket's
+    width."""
     ids = torch.randint(0, vocab, (rows, length + 1), generator=torch.Generator().manual_seed(length))
     width = data.bucket_width(length, max_len) if fixed else length
     inputs, targets = (F.pad(t, (0, width - length)) for t in (ids[:, :-1], ids[:, 1:]))
@@ -197,9 +191,8 @@ def length_batch(rows: int, length: int, max_len: int, vocab: int, fixed: bool) 
 
 
 def distinct_steps(scales=SCALES) -> dict[str, tuple[config.RunConfig, ModelConfig, int]]:
-    """{"toy, mini student": (settings, teacher shape, length), ...}: one entry per step shape, named by the
-    scales that share it. The settings are a scale's student (post-norm, joint: every block active and
-    trained) or teacher, as the suite makes them but with no data (the bench makes its own batch)."""
+    """{"toy, mini student": (settings, teacher shape, length), ...}: one entry per step shape, named by the scales
+    that share it; a scale's post-norm joint student or its teacher, with no data."""
     steps: dict[str, tuple] = {}
     for kind in ("student", "teacher"):
         shapes: dict[str, list] = {}
@@ -219,10 +212,8 @@ def distinct_steps(scales=SCALES) -> dict[str, tuple[config.RunConfig, ModelConf
 
 
 def step_rate(dtype: torch.dtype, scale: str = "toy", rows: int = 4, repeats: int = 2) -> float:
-    """FLOP/s of a scale's student step (Step) on `rows` documents, timed now (a second or two in all, the
-    build and an untimed first step included): the dry run's estimate where `repro.py bench` has not run. A
-    few rows run at the whole micro-batch's rate (toy, one thread: 56 GFLOP/s on 4 rows, 49 on its 16) in a
-    quarter of its time."""
+    """FLOP/s of a scale's student step on `rows` documents, timed now (a second or two): a few rows run at the
+    whole micro-batch's rate (toy, one thread: 56 GFLOP/s on 4 rows, 49 on its 16) in a quarter of its time."""
     settings, shape, seq = distinct_steps((scale,))[f"{scale} student"]
     step = Step(replace(settings, micro_batch=rows, global_batch=rows), shape, seq, dtype)
     _, clock = step_clock()
@@ -231,9 +222,8 @@ def step_rate(dtype: torch.dtype, scale: str = "toy", rows: int = 4, repeats: in
 
 
 def busy_load() -> tuple[float, int] | None:
-    """(the 1-minute load average, this machine's cores) where other processes hold cores that this process's
-    torch threads would use: the load is above the cores left over for them (half a core's slack, for this
-    process's own recent work); None on a quiet machine, or where the OS gives no load average."""
+    """(the 1-minute load average, the cores) where the load is above the cores this process's threads leave
+    (half a core's slack, for its own recent work); None on a quiet machine, or without a load average."""
     try:
         load = os.getloadavg()[0]
     except (AttributeError, OSError):
@@ -246,8 +236,8 @@ def busy_load() -> tuple[float, int] | None:
 # Measured: the steps against the matmul peak, then where a step's time goes
 
 def matmul_variants(precision: str, sizes=PEAK_SIZES, clock=time.perf_counter) -> tuple[dict, dict]:
-    """({"matmul <n> <precision>": (a @ b, nullcontext)}, {the same names: seconds of a first call}) for the
-    square sizes up to the first whose matmul takes over MAX_MATMUL_S (emulated bf16 stops at the first)."""
+    """({"matmul <n> <precision>": (a @ b, nullcontext)}, {the same: seconds of a first call}) for the square sizes
+    up to the first whose matmul takes over MAX_MATMUL_S."""
     variants, first = {}, {}
     for n in sizes:
         a, b = (torch.randn(n, n).to(devices.DTYPES[precision]) for _ in range(2))
@@ -269,17 +259,16 @@ def peaks(seconds: dict) -> dict[str, dict]:
 
 
 def round_fractions(flops: float, step_rounds: list[float], matmul_rounds: dict[str, list[float]]) -> list[float]:
-    """A step's fraction of peak in each round, against the best matmul of the same round (interleaved's turns
-    pair them), so the spread over rounds is the fraction's own, not the best matmul's luck."""
+    """A step's fraction of peak in each round, against the same round's best matmul: the spread over rounds is
+    the fraction's own, not the matmul's luck."""
     peak_rounds = [max(2 * int(name.split()[1]) ** 3 / s for name, s in zip(matmul_rounds, one_round))
                    for one_round in zip(*matmul_rounds.values())]
     return [flops / s / peak for s, peak in zip(step_rounds, peak_rounds, strict=True)]
 
 
 def measure(repeats: int = 5, scales=SCALES, profiled_steps: int = 3) -> dict:
-    """Every distinct step of `scales` in fp32 (and bf16 where the probe picks it) against the matmul peak,
-    and the profile of each in the precision the kit picks here. A step's row: its median seconds, and its
-    fraction of peak as a spread over the rounds."""
+    """Every distinct step of `scales` in fp32 (and bf16 where the probe picks it) against the matmul peak, and the
+    profile of each in the precision the kit picks here."""
     dtype, why = devices.precision_choice("auto", torch.device("cpu"))
     step_precisions = ["fp32"] + (["bf16"] if dtype == torch.bfloat16 else [])
     steps = {f"{label} {p}": Step(*spec, devices.DTYPES[p]) for label, spec in distinct_steps(scales).items()
@@ -327,10 +316,9 @@ def enclosing_names(event) -> tuple[str, ...]:
 
 
 def grouped(operators: list[tuple[tuple[str, ...], float]], wall_s: float) -> dict[str, float]:
-    """{group: fraction of the whole}: each operator's own seconds (its names innermost first, seconds) to
-    the first group of GROUPS one of its names matches, else to ELEMENTWISE; the wall time no operator
-    accounts for to PYTHON. The whole is the wall time (or the operators' sum, where the profiler counted
-    more than the clock did), so the fractions sum to 1."""
+    """{group: fraction of the whole}: each operator's own seconds to the first group of GROUPS one of its names
+    (innermost first) matches, else ELEMENTWISE; the wall time no operator accounts for to PYTHON. The fractions
+    sum to 1."""
     seconds = dict.fromkeys([*(group for group, _ in GROUPS), ELEMENTWISE], 0.0)
     for names, own in operators:
         group = next((g for g, keys in GROUPS if any(key in name for name in names for key in keys)), ELEMENTWISE)
