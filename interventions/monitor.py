@@ -1,8 +1,6 @@
-"""The boundary monitor: what a forward records at the block boundaries, the places the interventions
-(boundary.py) act on. With `capture_boundaries` set on a model.Qwen3 or model.Student, its next forward
-keeps the residual stream at every boundary and, from every layer's attention, how much each query
-attends to the document's boundary token (position 0). Read by a run's monitor rows (grow.py), the
-diagnostics (diag.py) and the causal test (experiments/tail.py).
+"""The boundary monitor: with `capture_boundaries` set on a model.Qwen3 or model.Student, its next forward keeps
+the residual stream at every block boundary and, from every layer's attention, how much each query attends to
+the document's boundary token (position 0); read by a run's monitor rows, the diagnostics and the causal test.
 
     net.capture_boundaries = True; net(input_ids)
     net.captured["boundaries"], net.captured["first_attention"]   # [(B, T, H)], [(B, n_heads, T) or None]
@@ -16,17 +14,15 @@ import torch.nn as nn
 
 
 def visible_keys(queries: torch.Tensor, T: int, window: int = 0) -> torch.Tensor:
-    """(len(queries), T) bool: key j is visible from query t when j <= t and, with a window w > 0, t - j < w
-    (the query and the w - 1 keys before it: Gu et al. 2024's shifted window; HF's sliding window)."""
+    """(len(queries), T) bool: key j is visible from query t when j <= t and, with a window w > 0, t - j < w."""
     keys = torch.arange(T, device=queries.device)[None, :]
     return (keys <= queries[:, None]) & ((queries[:, None] - keys < window) if window else True)
 
 
 @torch.no_grad()
 def attention_to_first(q: torch.Tensor, k: torch.Tensor, max_elements: int = 2**26, window: int = 0) -> torch.Tensor:
-    """(B, n_heads, T) float32: the causal softmax attention weight each query puts on key 0, from q
-    (B, n_heads, T, hd) and k (B, n_kv, T, hd) after RoPE, as SDPA weighs them. exp(s_0 - logsumexp_j<=t
-    s_j), computed over blocks of query rows so that a long sequence never holds all its scores."""
+    """(B, n_heads, T) float32: the causal softmax weight each query puts on key 0, from q and k after RoPE, over
+    blocks of query rows so that a long sequence never holds all its scores."""
     B, n_heads, T, hd = q.shape
     q = q.float().view(B, k.shape[1], n_heads // k.shape[1], T, hd)           # (B, nkv, g, T, hd)
     k = k.float()
@@ -47,8 +43,7 @@ def record_attention(net: nn.Module, on: bool):
 
 
 def captured(boundaries: list[torch.Tensor], net: nn.Module) -> dict:
-    """What capture_boundaries keeps of a forward: the residual stream at each boundary and each layer's
-    first-token attention (None for a layer that did not run), all detached; recording then stops."""
+    """What capture_boundaries keeps of a forward, detached; recording then stops."""
     attention = [layer.self_attn.first_attention for layer in net.layers]
     record_attention(net, False)
     return {"boundaries": [x.detach() for x in boundaries], "first_attention": attention}

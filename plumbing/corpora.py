@@ -58,17 +58,16 @@ CORPUS_OPTIONS = {"toy": {"paragraphs_per_document": 1, "document_chars": 0},
 
 
 def vocabulary(data: dict):
-    """The tokenizer of a preset's data section: a synthetic corpus's own ids (IdVocabulary over its
-    `symbols`), else Qwen3's BPE cut to data["vocab_size"] ranks (None: all of them)."""
+    """The tokenizer of a preset's data section: a synthetic corpus's own ids, else Qwen3's BPE cut to
+    data["vocab_size"] ranks (None: all)."""
     if data["source"] == "backcopy":
         return IdVocabulary(data.get("symbols", CORPUS_OPTIONS["backcopy"]["symbols"]))
     return qwen3_tokenizer(data["vocab_size"])
 
 
 def corpus(source: str, n_val: int, seed: int = 0, **options) -> Corpus:
-    """The corpus `source`, with `options` of its CORPUS_OPTIONS. Building it reads nothing of "toy" and
-    "fineweb-edu" (documents are read or downloaded when iterated); a local corpus's files are read (hashed)
-    at once, since its identity is its content."""
+    """The corpus `source`, with `options` of its CORPUS_OPTIONS; a local corpus's files are read (hashed) at once,
+    since its identity is its content, the others' documents when iterated."""
     makers = {"toy": _toy_corpus, "fineweb-edu": _fineweb_corpus, "local": _local_corpus,
               "backcopy": _backcopy_corpus}
     if source not in makers:
@@ -104,8 +103,7 @@ def _toy_corpus(n_val: int, seed: int, paragraphs_per_document: int = 1, documen
 
 
 def _speech_chunks(paragraphs: list[str], chars: int) -> list[str]:
-    """A speech cut into consecutive documents of whole paragraphs joined by a blank line, each as long as
-    it can be without passing `chars` characters (a longer paragraph is a document alone)."""
+    """A speech cut into consecutive documents of whole paragraphs, each as long as it can be within `chars`."""
     documents, current = [], []
     for paragraph in paragraphs:
         if current and len("\n\n".join(current + [paragraph])) > chars:
@@ -117,11 +115,8 @@ def _speech_chunks(paragraphs: list[str], chars: int) -> list[str]:
 
 @functools.lru_cache(maxsize=4)
 def _toy_documents(n_val: int, seed: int, paragraphs_per_document: int = 1, document_chars: int = 0) -> list[str]:
-    """Validation documents from whole held-out speeches, then the other speeches' documents shuffled.
-    A document is `paragraphs_per_document` consecutive paragraphs of one speech, joined by a blank
-    line (a speech's last document may hold fewer), or with `document_chars`, a speech's consecutive
-    whole paragraphs up to that many characters (_speech_chunks): long documents, each still starting
-    with <|endoftext|> at position 0."""
+    """Validation documents from whole held-out speeches, then the other speeches' documents shuffled; a document
+    is `paragraphs_per_document` consecutive paragraphs of one speech, or with `document_chars` _speech_chunks'."""
     k = paragraphs_per_document
     speeches = [_speech_chunks(paragraphs, document_chars) if document_chars else
                 [("\n\n").join(paragraphs[i:i + k]) for i in range(0, len(paragraphs), k)]
@@ -133,11 +128,8 @@ def _toy_documents(n_val: int, seed: int, paragraphs_per_document: int = 1, docu
 
 
 def _held_out_speeches(paragraph_counts: list[int], n_val: int) -> list[int]:
-    """The fewest speeches, evenly spread over the years, whose paragraphs reach n_val.
-
-    m speeches are those at sorted positions floor((j + 1/2) * n / m); their choice does not depend on
-    the seed, so every run of a scale validates on the same text.
-    """
+    """The fewest speeches, evenly spread over the years (sorted positions floor((j + 1/2) * n / m)), whose
+    paragraphs reach n_val; not the seed's: every run of a scale validates on the same text."""
     n = len(paragraph_counts)
     for m in range(n):  # at least one speech stays for training
         picks = [int((j + 0.5) * n / m) for j in range(m)]
@@ -190,9 +182,8 @@ def _backcopy_corpus(n_val: int, seed: int, symbols: int = 64, triggers: int = 3
 
 
 def backcopy_chain(symbols: int, triggers: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
-    """(the bigram chain's transition matrix (symbols, symbols), the trigger ids): rows Dirichlet-drawn from
-    the seed; the triggers the `triggers` most probable symbols of its stationary distribution (Guo et al.
-    take the most frequent tokens)."""
+    """(the bigram chain's transition matrix, Dirichlet rows from the seed; the trigger ids, the `triggers` most
+    probable symbols of its stationary distribution, as Guo et al. take the most frequent tokens)."""
     chain = np.random.default_rng([seed, 0]).dirichlet(np.full(symbols, ROW_CONCENTRATION), size=symbols)
     stationary = np.full(symbols, 1.0 / symbols)
     for _ in range(1000):  # power iteration; the Dirichlet rows make the chain irreducible and aperiodic
@@ -221,10 +212,8 @@ def backcopy_sequences(chain: np.ndarray, trigger_ids: np.ndarray, n: int, lengt
 
 FINEWEB_REPO = "HuggingFaceFW/fineweb-edu"
 FINEWEB_FILES = tuple(f"sample/10BT/{i:03d}_00000.parquet" for i in range(14))
-# A pinned dataset commit, so that later pushes to the hub repo cannot change the documents.
-# NOTE: not checked against the hub from here (no network); other public projects pin the same commit
-# for sample/10BT. Confirm with `huggingface_hub.HfApi().dataset_info(FINEWEB_REPO, revision=...)`, or
-# pass revision= (the preset's data options) to use another.
+# A pinned dataset commit, so that later pushes to the hub repo cannot change the documents (not checked against
+# the hub from here; other public projects pin it for sample/10BT).
 FINEWEB_REVISION = "87f09149ef4734204d70ed1d046ddc9ca3f2b8f9"
 
 
@@ -235,8 +224,7 @@ def _fineweb_corpus(n_val: int, seed: int, revision: str = FINEWEB_REVISION, cac
 
 
 def download_fineweb_file(filename: str, revision: str = FINEWEB_REVISION, cache_dir=None) -> Path:
-    """One FineWeb-Edu file, from the hub cache or downloaded into it (resumable; HF_TOKEN is read
-    by huggingface_hub itself). With HF_HUB_OFFLINE=1 only the cache is used."""
+    """One FineWeb-Edu file, from the hub cache or downloaded into it (with HF_HUB_OFFLINE=1 only the cache)."""
     # huggingface_hub reads HF_HUB_OFFLINE once, at import; a user or test may set it afterwards.
     offline = huggingface_hub.constants.HF_HUB_OFFLINE or os.environ.get("HF_HUB_OFFLINE", "").upper() in {
         "1", "ON", "YES", "TRUE"}
@@ -251,13 +239,9 @@ def download_fineweb_file(filename: str, revision: str = FINEWEB_REVISION, cache
 
 
 def _parquet_documents(open_file: Callable[[int], Path], n_files: int, seed: int) -> Iterator[str]:
-    """The `text` column of several parquet files in a seeded order that holds one row group at a time.
-
-    Files come in a permutation seeded by seed; within file f its row groups in a permutation seeded
-    by (seed, f); within row group g its rows in a permutation seeded by (seed, f, g). A file is opened
-    (downloaded) only when the stream reaches it, so a small run fetches one file, not fourteen.
-    Empty texts are skipped.
-    """
+    """The non-empty `text`s of several parquet files in a seeded order that holds one row group at a time: files
+    permuted by seed, row groups by (seed, f), rows by (seed, f, g). A file is opened (downloaded) only when the
+    stream reaches it."""
     for f in np.random.default_rng(seed).permutation(n_files).tolist():
         parquet = _open_parquet(open_file(f))
         for g in np.random.default_rng([seed, f]).permutation(parquet.num_row_groups).tolist():
@@ -287,8 +271,7 @@ def _local_corpus(n_val: int, seed: int, path) -> Corpus:
     if not (parquet_files or text_files) or not path.exists():
         raise DataError(f"path {path}: not a folder of .txt or .parquet files, a .jsonl or a .parquet file; "
                         f"point it at one of those")
-    # Identity by content: an edited corpus is another corpus, whose shards and teacher are built anew. The
-    # text is hashed from the very bytes that are tokenized (read once here), so an edit while prepare
+    # Identity by content, hashed from the very bytes that are tokenized (read once here): an edit while prepare
     # runs cannot give shards of one text under the name of another.
     identity = {"source": "local", "path": str(path), "n_val": n_val, "seed": seed}
     if parquet_files:  # read a row group at a time (it may be larger than memory): hashed again once read
@@ -309,8 +292,7 @@ def _local_corpus(n_val: int, seed: int, path) -> Corpus:
 
 
 def _read_regular(file: Path, block: int) -> Iterator[bytes]:
-    """A corpus file's bytes, `block` at a time; anything but a regular file (a FIFO would block forever, a
-    device never end) is one line."""
+    """A corpus file's bytes, `block` at a time; anything but a regular file (a FIFO would block) is one line."""
     try:
         fd = os.open(file, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
     except OSError as e:

@@ -1,9 +1,7 @@
-"""The kit's own errors: each is a problem the user can fix, with a one-line message that names the file
-or option and says what to do. repro.py (and only repro.py) prints them as one line and exits non-zero;
-any other exception is a bug in the kit and stays a traceback.
+"""The kit's own errors: each a problem the user can fix, with a one-line message that names the file or option
+and says what to do; repro.py (only) prints them as one line and exits non-zero. Any other exception is a bug.
 
     raise errors.DataError(f"{path}: not a readable parquet file; replace or remove it")
-    raise errors.OptionError("--set", "run.lr=-1: expected a finite number >= 0")
 """
 import errno
 
@@ -26,8 +24,7 @@ class TrainingError(KitError):
 
 
 class DiskFull(TrainingError):
-    """A write that ran out of disk or past a file-size limit (errno ENOSPC or EFBIG); the file it would
-    have replaced is intact."""
+    """A write that ran out of disk or past a file-size limit; the file it would have replaced is intact."""
 
     def __init__(self, message: str, errno: int):
         super().__init__(message)
@@ -35,8 +32,8 @@ class DiskFull(TrainingError):
 
 
 def disk_full_reason(error: BaseException) -> str:
-    """Why a write failed if the disk or a file-size limit stopped it ("" otherwise): the errno, or the
-    text of a library's own error that wraps one (safetensors)."""
+    """Why a write failed if the disk or a file-size limit stopped it ("" otherwise), from the errno or the text
+    of a library's error that wraps one (safetensors)."""
     code = getattr(error, "errno", None)
     if code == errno.ENOSPC or "No space left on device" in str(error):
         return "no space left on device"

@@ -1,5 +1,5 @@
-"""Fault injection: a process killed at a named point, so that the tests can check what a kill at any
-moment leaves behind and that every run resumes from it (tests/test_resume.py, test_faults.py, test_lockstep.py).
+"""Fault injection: a process killed at a named point, so that the tests can check what a kill at any moment
+leaves behind and that every run resumes from it.
 
     NORMGROW_KILL_AT=saved:post-grow:4 python repro.py train ...   # SIGKILLed after step 4's checkpoints
 """
@@ -10,13 +10,10 @@ import signal
 
 
 def kill_point(event: str, name: str, step: int = 0):
-    """Fault injection for the resume tests: NORMGROW_KILL_AT=<event>:<name>:<step> SIGKILLs this
-    process right there. Events of a run <name>: opened (model built, checkpoint or prefix loaded),
-    stepped (after the update and its log line, before evaluation and checkpoints), evaluated (after
-    an evaluation, before its log line), writing-kept / writing-latest (a checkpoint's weights written
-    to its temporary folder, the rest not yet), swapping-kept / swapping-latest (the old folder moved
-    away, the new one not yet in place), saved (after the step's checkpoints), done (after done.json).
-    Of a suite: prepared:data (shards written), reported:<experiment> (its report written)."""
+    """NORMGROW_KILL_AT=<event>:<name>:<step> SIGKILLs this process right here. Events of a run: opened, stepped
+    (before evaluation and checkpoints), evaluated (before its log line), writing-kept / writing-latest (midway
+    through a checkpoint), swapping-kept / swapping-latest (midway through the folder swap), saved, done; of a
+    suite: prepared:data, reported:<experiment>."""
     if armed(event, name, step):
         os.kill(os.getpid(), signal.SIGKILL)
 

@@ -71,9 +71,7 @@ REQUIRED_FIELDS = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden
 
 
 def config_problem(values: dict) -> str:
-    """Why ModelConfig fields (from a config.json, or --set teacher_model) cannot describe a model ("" if
-    they can), checked before any module is built: a bad value is one line, not an error deep inside
-    torch (or a NaN result)."""
+    """Why ModelConfig fields cannot describe a model ("" if they can), checked before any module is built."""
     if missing := [name for name in REQUIRED_FIELDS if name not in values]:
         return f"lacks {', '.join(missing)}"
     defaults = {f.name: f.default for f in fields(ModelConfig)}
@@ -108,8 +106,7 @@ def hf_name(name: str) -> str:
 
 
 def save_qwen3(net: nn.Module, path, extra_files: dict[str, str] | None = None):
-    """Write a teacher (a model.Qwen3), or a student that is one (export_hf), as a standard HF Qwen3 checkpoint
-    directory (tied head not duplicated), with `extra_files` (name -> text) beside it."""
+    """A teacher, or a student that is one (export_hf), as a standard HF Qwen3 folder, with `extra_files`."""
     write_checkpoint(path, net.config.to_hf(), {hf_name(k): v for k, v in net.state_dict().items()}, extra_files)
 
 
@@ -117,8 +114,7 @@ EXPORT_MARKER = "normgrow-export.json"  # in every folder export_hf writes: only
 
 
 def export_hf(student: nn.Module, path, source: str = "", extra_files: dict[str, str] | None = None):
-    """A pre-norm student (a model.Student) is exactly a Qwen3 with K*L layers: write it as one transformers
-    loads, with `extra_files` (name -> text: the tokenizer's files, generation_config.json) beside it."""
+    """A pre-norm student is exactly a Qwen3 with K*L layers: written as one transformers loads."""
     if student.norm_placement != "pre" or student.boundary != "none":
         extra = f" with {student.boundary!r} boundaries" if student.boundary != "none" else ""
         raise CheckpointError(f"{source or 'this student'}: only pre-norm students without boundary interventions are "

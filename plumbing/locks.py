@@ -43,15 +43,13 @@ def lock_file(folder: Path) -> Path:
 
 
 def printable(text: str, limit: int = 300) -> str:
-    """Text someone else wrote, shown as data: one line, control characters escaped, at most `limit`
-    characters (a forged second line never prints as a line of the kit's own)."""
+    """Text someone else wrote, shown as data: one line, control characters escaped, at most `limit` characters."""
     text = "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
     return text if len(text) <= limit else text[:limit] + "..."
 
 
 def wait_seconds() -> float:
-    """How long a holder this host cannot see alive is waited for once its lock file stops changing:
-    $NORMGROW_LOCK_WAIT seconds."""
+    """$NORMGROW_LOCK_WAIT: how long a holder this host cannot see alive is waited for once its file stops changing."""
     text = os.environ.get(WAIT_VARIABLE, "").strip()
     if not text:
         return DEFAULT_WAIT_SECONDS
@@ -90,8 +88,8 @@ def _on_this_host(record: dict) -> bool:
 
 
 class Silence:
-    """How long a lock file has gone without its holder's heartbeat, as this waiter saw it (its own clock:
-    the file's time comes from whichever host wrote it, so only a change of it is read)."""
+    """How long a lock file has gone without its holder's heartbeat, by this waiter's clock (the file's time is
+    its writer host's: only a change of it is read)."""
 
     def __init__(self):
         self.seen, self.since = None, time.monotonic()
@@ -107,8 +105,7 @@ class Silence:
 
 
 def _check_overdue(folder: Path, lock: Path, holder: str, record: dict, silence: Silence, limit: float):
-    """Ends a wait for a holder this host does not see alive with a TrainingError, once its lock file has not
-    changed for `limit` seconds."""
+    """Ends a wait for a holder this host does not see alive once its lock file has not changed for `limit` s."""
     if silence.seconds(lock) >= limit and not (_on_this_host(record) and alive(record["pid"])):
         raise TrainingError(f"{folder}: held by {holder}, whose lock file has not changed for {limit:g} s "
                             f"({WAIT_VARIABLE}); gave up. If that job is gone (one killed on another node leaves its "
@@ -166,8 +163,8 @@ def _names(lock: Path, fd: int) -> bool:
 
 
 def _lock(lock: Path, folder: Path, limit: float | None, say) -> int:
-    """An fd holding the flock of `lock`, a file we created, with our record in it. limit: how long to wait
-    for a holder this host does not see alive (None: not at all)."""
+    """An fd holding the flock of `lock`, a file we created, with our record in it; `limit`: wait_seconds, or None
+    (do not wait)."""
     silence = Silence()
     while True:
         fd, made = _open_lock(lock, folder)
@@ -216,9 +213,8 @@ _FLOCKLESS: set[str] = set()  # mounts found without flock, in this process
 
 
 def _exclusive_lock(lock: Path, folder: Path, silence: Silence, limit: float | None, say) -> int:
-    """The lock where the filesystem has no flock: the lock file made with O_EXCL (atomic on NFS and
-    Lustre) holds it until its holder removes it. A holder on this host that is gone left it stale; one on
-    another host cannot be checked from here."""
+    """The lock where the filesystem has no flock: the lock file made with O_EXCL (atomic on NFS and Lustre) until
+    its holder removes it; a holder on this host that is gone left it stale."""
     mount = mount_of(lock.parent)
     if mount not in _FLOCKLESS:  # said once per mount, not once per folder held there
         _FLOCKLESS.add(mount)
@@ -251,8 +247,8 @@ PID_MAX = 2**31 - 1
 
 
 def alive(pid: int) -> bool:
-    """Whether a process of this pid runs on this host. A pid no process can have (0 and below would signal a
-    process group, 10**30 overflows kill()) is no process's: read from a file, it is data, not a pid."""
+    """Whether a process of this pid runs on this host; a pid no process can have (0 and below would signal a
+    process group) is no process's."""
     if not 0 < pid <= PID_MAX:
         return False
     try:
@@ -296,9 +292,9 @@ def busy(folder) -> bool:
 
 
 def free_first(folders) -> Iterator[int]:
-    """The indices of `folders`, one that another process holds put after the others (and looked at again
-    when its turn comes round), so that processes working through the same list train different folders
-    instead of one waiting for the other; once only held ones are left, the first is given (and waited for)."""
+    """The indices of `folders`, one another process holds put after the others (looked at again in its turn), so
+    that processes working through the same list train different folders; once only held ones are left, the
+    first is given."""
     queue, deferred = deque(range(len(folders))), 0
     while queue:
         i = queue.popleft()
@@ -312,10 +308,8 @@ def free_first(folders) -> Iterator[int]:
 
 @contextmanager
 def held(folders, wait: bool = True, say=print):
-    """Hold every folder of `folders` (in path order, so two processes never wait on each other). One held
-    by another process: wait for it, saying which process holds it (its pid, host, start and command), as
-    long as it runs on this host, and otherwise until its lock file has gone wait_seconds() without a
-    heartbeat; or with wait=False stop in one line."""
+    """Hold every folder of `folders` (in path order, so two processes never wait on each other); one held by
+    another process is waited for (saying which), or with wait=False is one line."""
     limit = wait_seconds() if wait else None
     with ExitStack() as stack:
         fds = []
@@ -333,8 +327,8 @@ def held(folders, wait: bool = True, say=print):
 
 @contextmanager
 def _heartbeat(fds):
-    """Touches the held lock files every HEARTBEAT_SECONDS (a thread that only waits in between), so a waiter
-    on another host can tell a job at work from one that died and left its lock."""
+    """Touches the held lock files every HEARTBEAT_SECONDS, so a waiter on another host can tell a job at work
+    from one that died and left its lock."""
     stop = threading.Event()
 
     def beat():
@@ -354,8 +348,7 @@ def _heartbeat(fds):
 
 
 def _remove_empty(made):
-    """The parents held() made for a lock file, removed again if nothing was put in them (a command that
-    stopped on bad input leaves no stub folder)."""
+    """The parents held() made for a lock file, removed again if nothing was put in them."""
     for folder in made:  # innermost first
         try:
             folder.rmdir()

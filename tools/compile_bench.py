@@ -25,12 +25,9 @@ LENGTH_FRACTIONS = (1.0, 0.91, 0.75, 1.0, 0.79, 0.69)
 
 
 def bench_compile(repeats: int, cold: bool = True, scale: str = "toy") -> dict:
-    """A scale's student step (bf16 where native) over micro-batches of the lengths LENGTH_FRACTIONS, three ways:
-    eager on batches as wide as their documents (an eager run), eager and compiled (the layers, for fixed shapes)
-    on batches padded to their buckets (a compiled run: data.fixed_shape): compile time, step time, and the loss
-    difference; step times are the median of `repeats` rounds, the speed-ups spreads over them. Inductor compiles
-    into an empty cache folder (`cold`), so the compile time is what a first run pays; the tests reuse the usual
-    cache instead, since they time nothing."""
+    """A scale's student step (bf16 where native) over micro-batches of LENGTH_FRACTIONS, eager as wide as their
+    documents, eager and compiled padded to their buckets: compile time, step times and their speed-ups, the loss
+    difference. Inductor compiles into an empty cache (`cold`): what a first run pays."""
     if cold:
         with tempfile.TemporaryDirectory() as cache, mock.patch.dict(os.environ, {"TORCHINDUCTOR_CACHE_DIR": cache}):
             torch._dynamo.reset()

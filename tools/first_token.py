@@ -28,9 +28,8 @@ from plumbing import checkpoint, corpora, errors
 
 
 def measures(net: model.Qwen3, input_ids: torch.Tensor, lengths: torch.Tensor, dormant: torch.Tensor) -> list[dict]:
-    """One dict per layer: "attention", "dormant_attention", "dormant_previous" and "dormant_self" (per head),
-    "value_ratio" (per head, the mean over rows), "residual_ratio" (the mean over rows). `dormant`: (B, T) bool,
-    the queries Guo's measure reads; "dormant_previous" and "dormant_self" read those of them past position 0."""
+    """The module docstring's measures, one dict per layer (per head, but residual_ratio). `dormant`: (B, T) bool,
+    the queries Guo's measure reads."""
     real = torch.arange(input_ids.shape[1])[None, :] < lengths[:, None]
     after_first = dormant & real & (torch.arange(input_ids.shape[1]) > 0)[None, :]
     rows, residuals = [], []
@@ -61,7 +60,7 @@ def measures(net: model.Qwen3, input_ids: torch.Tensor, lengths: torch.Tensor, d
 
 def attention_weights(q: torch.Tensor, k: torch.Tensor, window: int = 0) -> torch.Tensor:
     """(B, heads, T, T) float32: the causal softmax weights of every query over its visible keys, from q and k
-    (B, heads, T, hd) after RoPE, as SDPA weighs them; the whole matrix at once (the diagnostic batch is small)."""
+    (B, heads, T, hd) after RoPE, as SDPA weighs them."""
     T = q.shape[2]
     scores = q.float() @ k.float().transpose(-1, -2) / math.sqrt(q.shape[-1])
     return scores.masked_fill(~visible_keys(torch.arange(T), T, window), float("-inf")).softmax(-1)
@@ -78,7 +77,7 @@ def ratio_to_median(norms: torch.Tensor, lengths: torch.Tensor) -> float:
 
 
 class OneLine(click.Command):
-    """A mistake is one line, as repro.py prints it: click's usage block folded into one, a kit error's own line."""
+    """A mistake is one line, as repro.py prints it."""
 
     def make_context(self, *args, **kwargs):
         try:
@@ -103,8 +102,7 @@ class OneLine(click.Command):
 @click.argument("checkpoints", nargs=-1, type=click.Path(exists=True, file_okay=False, path_type=Path))
 def main(scale: str, runs_dir: Path, checkpoints: tuple[Path, ...]):
     ws = suite.workspace(scale, runs_dir, dry_run=True)  # reads the runs folder, makes nothing in it
-    # The checkpoints to measure, each a teacher's, checked before any work: a student checkpoint is a block stack
-    # this measure does not read, and a teacher not trained yet is said as such.
+    # The checkpoints to measure, each a teacher's, checked before any work.
     paths = list(checkpoints) or [ws.teacher_dir / "phase-0"]
     for path in paths:
         if not path.is_dir():
