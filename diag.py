@@ -35,9 +35,8 @@ def token_rms(hidden: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
 
 
 def summarize(values: torch.Tensor) -> dict:
-    """{"tokens", "mean", "std", "max", "kurtosis"} of a 1-d tensor, in float64: std is the population
-    std sqrt(m2) (ddof=0), kurtosis is Pearson's m4 / m2^2 (a normal gives 3; excess kurtosis would be
-    this minus 3), m_k the k-th central moment. The kurtosis is None when the values do not vary."""
+    """{"tokens", "mean", "std", "max", "kurtosis"} of a 1-d tensor in float64: the population std, Pearson's
+    kurtosis m4 / m2^2 (normal = 3; None when the values do not vary)."""
     values = values.double()
     n = values.numel()
     if n == 0:
@@ -67,11 +66,8 @@ def boundary_stats(boundaries: list[torch.Tensor], mask: torch.Tensor) -> list[d
 
 
 def massive_activation(hidden: torch.Tensor, mask: torch.Tensor) -> dict:
-    """The largest activation of the residual stream hidden (B, T, H) over real tokens and channels,
-    against the median magnitude of all of them (Sun et al. 2024 call ~10^3-10^4 x the median
-    "massive"): {"massive_ratio": max |h| / median |h|, "massive_channel", "massive_position" (the
-    position in its row; 0 is the document-boundary token), "max_abs", "median_abs"}. None where
-    there are no real tokens or the median is 0."""
+    """The largest |activation| of hidden (B, T, H) over real tokens and channels against their median (Sun et al.
+    2024 call ~10^3-10^4 x the median "massive"), with its channel and position; None where the median is 0."""
     mask = mask.to(hidden.device)
     real = hidden[mask].double().abs()                                           # (N, H)
     median = real.median().item() if real.numel() else 0.0
@@ -84,19 +80,16 @@ def massive_activation(hidden: torch.Tensor, mask: torch.Tensor) -> dict:
 
 
 def row_starts(mask: torch.Tensor) -> torch.Tensor:
-    """Like mask: True at each padded row's first position, its document's boundary token (a packed batch's
-    are data.Batch.first_positions)."""
+    """Like mask: True at each padded row's first position, its document's boundary token."""
     first = torch.zeros_like(mask)
     first[:, 0] = mask[:, 0]
     return first
 
 
 def first_token_attention(attention: list, mask: torch.Tensor, first: torch.Tensor | None = None) -> list:
-    """Per layer, the mean over real queries after their document's position 0 of each head's attention
-    weight on it (the document-boundary token): a list of per-head floats, None for a layer that did not
-    run. attention: a model's captured["first_attention"] (interventions/monitor.py), each (B, n_heads, T);
-    `first` marks each document's position 0 (default: each row's first column). A head whose mean is near 1
-    is an attention sink (Gu et al. 2024): it attends to the first token whatever the query."""
+    """Per layer (None if it did not run), each head's mean attention weight on its document's position 0 over the
+    real queries after it, from captured["first_attention"]; `first` marks each document's position 0 (default:
+    each row's first column). A head near 1 is an attention sink (Gu et al. 2024)."""
     first = row_starts(mask) if first is None else first
     out = []
     for weights in attention:
@@ -110,26 +103,22 @@ def first_token_attention(attention: list, mask: torch.Tensor, first: torch.Tens
 
 
 def even_first_token_attention(mask: torch.Tensor, window: int = 0) -> float:
-    """What first_token_attention reads for a head that spreads each query evenly over the keys it sees
-    (1/(t+1) on position 0 for query t, 0 past a window): the level at which a head does not prefer the
-    first token at all."""
+    """What first_token_attention reads for a head that spreads each query evenly over the keys it sees: the
+    level at which a head does not prefer the first token at all."""
     t = mask[:, 1:].nonzero()[:, 1].double() + 1                                # the real queries' positions
     even = torch.where((t < window) | (window == 0), 1 / (t + 1), torch.zeros_like(t))
     return float(even.mean()) if len(t) else math.nan
 
 
 def sink_heads(per_layer: list, layers, threshold: float) -> float | None:
-    """The fraction of the heads of `layers` (indices into per_layer) whose mean first-token attention
-    is at least `threshold`; None if none of them ran."""
+    """The fraction of the heads of `layers` whose mean first-token attention is at least `threshold`."""
     heads = [h for i in layers if per_layer[i] is not None for h in per_layer[i]]
     return sum(h >= threshold for h in heads) / len(heads) if heads else None
 
 
 def kurtosis_cap(outliers: int, tokens: int) -> float:
-    """The largest Pearson kurtosis `tokens` values can have when `outliers` of them are one equal
-    outlier and the rest equal: a two-point distribution with p = outliers / tokens has kurtosis
-    (1 - 3p + 3p^2) / (p (1 - p)), about 1/p. The diagnostic batch's boundary token is such an outlier
-    in every row, so B rows of n tokens cap the kurtosis of per-token RMS near n (2046 at 2 x 2048)."""
+    """The largest Pearson kurtosis `tokens` values can have when `outliers` of them are one equal outlier and the
+    rest equal: (1 - 3p + 3p^2) / (p (1 - p)) with p = outliers / tokens (docs/method.md)."""
     p = outliers / tokens
     return (1 - 3 * p + 3 * p * p) / (p * (1 - p))
 
@@ -158,9 +147,8 @@ def is_delimiter_text(text: str) -> bool:
 
 
 def token_types(input_ids: torch.Tensor, mask: torch.Tensor, decode: Callable[[list[int]], str]) -> torch.Tensor:
-    """(B, T) long: BOUNDARY, DELIMITER, REGULAR or PADDING per input position (TOKEN_TYPE_DEFINITION).
-    `decode` turns a list of token ids into text (e.g. tokenizer.Tokenizer.decode); it is called once per
-    distinct token id."""
+    """(B, T) long: BOUNDARY, DELIMITER, REGULAR or PADDING per input position (TOKEN_TYPE_DEFINITION); `decode`
+    is called once per distinct token id."""
     input_ids, mask = input_ids.cpu(), mask.cpu()
     delimiter_ids = [i for i in input_ids[mask].unique().tolist() if is_delimiter_text(decode([i]))]
     types = torch.full(input_ids.shape, REGULAR, dtype=torch.long)
@@ -171,10 +159,8 @@ def token_types(input_ids: torch.Tensor, mask: torch.Tensor, decode: Callable[[l
 
 
 def token_type_rms(boundaries: list[torch.Tensor], mask: torch.Tensor, types: torch.Tensor) -> list[dict]:
-    """Per boundary b (numbered as in boundary_stats): mean and population std of the per-token RMS
-    of each token type, {"boundary": b, "label", "boundary_rms", "boundary_rms_std", "delimiter_rms",
-    ..., "boundary_over_regular" (ratio of the means), "boundary_tokens", ...}; a type with no tokens
-    gives None. These do not depend on the batch's shape: one row and many copies of it agree."""
+    """Per boundary b: the mean and population std of the per-token RMS of each token type (None for a type with
+    no tokens), and boundary_over_regular; one row and many copies of it agree."""
     real_types = types[mask.cpu()]                                            # (N,), same order as token_rms
     results = []
     for b, h in enumerate(boundaries):
@@ -195,8 +181,7 @@ def token_type_rms(boundaries: list[torch.Tensor], mask: torch.Tensor, types: to
 # One checkpoint, and the kept checkpoints of a run
 
 def captured_forward(net, input_ids: torch.Tensor, active_blocks: int | None = None) -> dict:
-    """net.captured of one forward of net (a student running blocks 0..active_blocks-1, or a Qwen3, which
-    runs every layer): the stream at each boundary and each layer's first-token attention."""
+    """net.captured of one forward of net (a student running blocks 0..active_blocks-1, or a Qwen3)."""
     device = next(net.parameters()).device
     blocks = {} if active_blocks is None else {"active_blocks": active_blocks}
     net.capture_boundaries = True
@@ -227,14 +212,10 @@ def diagnose_checkpoint(student, batch, decode: Callable, active_blocks: int | N
 @torch.no_grad()
 def layer_scan(net, batch, decode: Callable, sink_attention: float, active_blocks: int | None = None,
                top: int = 3) -> list[dict]:
-    """Per decoder layer that ran (a Qwen3 teacher's every layer; a student's layers of its active blocks,
-    `active_blocks` as in diagnose_checkpoint), of its output on `batch`: the `top` largest |activations|
-    over real tokens and channels (one per channel and position), each with its channel, row, position and
-    token text (Sun et al. 2024's massive activations sit in a few fixed channels of a few tokens), their
-    ratio to the median |activation| (massive_activation's), the boundary token's RMS over the regular
-    tokens' (token_type_rms), and the first-token attention of each head: the share of heads putting a mean
-    of at least `sink_attention` on position 0 (an attention sink, Gu et al. 2024) and the largest head's.
-    Read with forward hooks on net.layers, so a block of several layers shows each layer's output."""
+    """Per decoder layer that ran, of its output on `batch` (read with forward hooks): the `top` largest
+    |activations| (one per channel and position, with its place and token text) and their ratio to the median,
+    the boundary token's RMS over the regular tokens', and the first-token attention of each head, with the share
+    of heads putting at least `sink_attention` on position 0."""
     outputs = {}
     keep = lambda index, module, args, output: outputs.__setitem__(index, output.detach())
     hooks = [layer.register_forward_hook(partial(keep, i)) for i, layer in enumerate(net.layers)]
@@ -273,14 +254,12 @@ def layer_scan(net, batch, decode: Callable, sink_attention: float, active_block
 
 
 def checkpoint_series(run_dir) -> list[dict]:
-    """The kept checkpoints of a run (phase ends phase-<p>/ and snapshots step-<n>/) in step order:
-    [{"step", "phase", "active_blocks", "path"}], active_blocks from the run's own phase plan."""
+    """The kept checkpoints of a run (phase-<p>/, step-<n>/) in step order, with their active blocks."""
     run_dir = Path(run_dir)
     phases = config.plan_phases(config.read(run_dir))
     series = {}
     for ckpt in run_dir.iterdir():
         state_file = ckpt / "trainer_state.json"
-        # NOTE: <name>.tmp / .old are a checkpoint being written or replaced; they are not kept ones.
         if re.fullmatch(r"(phase|step)-\d+", ckpt.name) and state_file.is_file():
             state = checkpoint.loads(state_file.read_text())
             series[state["step"]] = {"step": state["step"], "phase": state["phase"],
@@ -292,9 +271,8 @@ def checkpoint_series(run_dir) -> list[dict]:
 # Whole-block removal (Table 4, Figure A2)
 
 def angular_distance(h_in: torch.Tensor, h_out: torch.Tensor) -> torch.Tensor:
-    """arccos(cos(h_in, h_out)) / pi per vector (last dim), in float64: 0 for equal directions, 1 for
-    opposite ones. Computed as 2 * atan2(|u - v|, |u + v|) / pi with u, v the unit vectors: the same
-    angle, but exact where arccos is ill-conditioned (cos near +-1, where a clamp would be needed)."""
+    """arccos(cos(h_in, h_out)) / pi per vector, in float64, as 2 * atan2(|u - v|, |u + v|) / pi of the unit
+    vectors: the same angle, exact where arccos is ill-conditioned (cos near +-1)."""
     u = torch.nn.functional.normalize(h_in.double(), dim=-1)
     v = torch.nn.functional.normalize(h_out.double(), dim=-1)
     return 2 * torch.atan2((u - v).norm(dim=-1), (u + v).norm(dim=-1)) / math.pi
@@ -326,8 +304,7 @@ BLOCK_REMOVAL_KEYS = ("block", "ce_full", "ce_skip", "delta_ce", "angular_distan
 
 
 def block_removal_rows(rows) -> bool:
-    """Whether `rows` are block_removal's as the kit records them: a row of finite numbers per block, in block order
-    (the one check for a run's diagnostics.json and a study's record alike)."""
+    """Whether `rows` are block_removal's as the kit records them: a row of finite numbers per block, in order."""
     return isinstance(rows, list) and bool(rows) and all(
         isinstance(r, dict) and all(checkpoint.finite_number(r.get(k)) for k in BLOCK_REMOVAL_KEYS) for r in rows) \
         and [r["block"] for r in rows] == list(range(len(rows)))
@@ -352,8 +329,7 @@ MIN_WINDOW = 5  # steps: a scaled window never shrinks below this, so short phas
 
 
 def paper_scaled(paper_steps: int, phase_steps: int) -> int:
-    """A window the paper states in steps of its 50k-step phases, scaled to this run's phase length,
-    never below MIN_WINDOW steps (nor above the phase)."""
+    """A window the paper states in its 50k-step phases, scaled to this run's phase length (MIN_WINDOW at least)."""
     return min(max(MIN_WINDOW, round(paper_steps * phase_steps / paper.PHASE_STEPS)), max(phase_steps, 1))
 
 

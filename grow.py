@@ -66,8 +66,8 @@ def build_optimizer(config: RunConfig, params: list) -> torch.optim.AdamW:
 
 
 # ----------------------------------------------------------------------------------------------
-# A run while it trains: its model, data, optimizer, log and checkpoints. The driver below calls,
-# for each of its steps, begin_step, accumulate (once per micro-batch) and end_step.
+# A run while it trains. The driver below calls, for each of its steps, begin_step, accumulate (once per
+# micro-batch) and end_step.
 
 class Run:
     def __init__(self, config: RunConfig, run_dir, ctx: Dist, stop_after_step: int | None = None,
@@ -110,8 +110,7 @@ class Run:
                f"phase(s) x {config.phase_steps} steps, {ctx.world} rank(s) on {ctx.device.type}, precision "
                f"{self.precision}; resolved config in {self.run_dir / 'config.json'}")
         self.teacher = teacher if config.distils else None
-        # Sizes are checked on open; the sha256 of the whole shard (tens of GB at full scale) is checked
-        # once by prepare_shards.prepare, not again by every run on every rank.
+        # The whole shard's sha256 (tens of GB at full scale) is checked once, by prepare_shards.prepare.
         train_shard = data.Shard(config.train_data, verify=False)
         self.net = nets.build_model(config, self.teacher, ctx, self.dtype, boundary_token=train_shard.eot)
         self.monitor_row, self.warned, self.transition_row = None, set(), None
@@ -154,8 +153,7 @@ class Run:
             self.net.profile_source = nets.boundary_profile(self.config, phase, self.ctx, self.dtype)
 
     def begin_phase(self, phase: Phase):
-        """A new optimizer over the trainable parameters (unless the run keeps its own), the phase's start
-        evaluation."""
+        """A new optimizer over the trainable parameters (unless the run keeps its own); the start evaluation."""
         config, ctx = self.config, self.ctx
         continuing = self.phase is not None and self.keeps_optimizer
         self.phase = phase
@@ -351,8 +349,8 @@ class Run:
             self.finish()
 
     def finish(self):
-        """done.json holds the scheduled endpoint's evaluation (killed after the last save: evaluate it), or,
-        for a run that diverged, null numbers and the divergence: an outcome, never a number."""
+        """done.json: the scheduled endpoint's evaluation (killed after the last save: evaluate it), or the
+        divergence."""
         if self.final is None and self.outcome["diverged"] is None:
             self.final = nets.evaluate(self.config, self.net, self.teacher, self.val, self.phases[-1].active_blocks,
                                        self.ctx, self.dtype)
@@ -368,8 +366,7 @@ class Run:
         self.stop("done")
 
     def stop(self, state: str = "stopped"):
-        """Stop here (done, or as if killed: the resume tests); its memory is freed for the others, its checkpoint
-        writes finished before its folder is let go."""
+        """Stop here (done, or as if killed: the resume tests), its memory freed, its checkpoint writes finished."""
         wait_for_writes(self.run_dir)
         self.log.close()
         if self.progress:
@@ -424,8 +421,8 @@ def train_together(jobs: list[tuple[RunConfig, Path]], force: bool = False, ctx:
 
 
 def open_runs(todo: list[Run], teacher: nets.Teacher | None, progress) -> bool:
-    """Open every run that can start; True while any is training. A run whose shared prefix never
-    appears is opened anyway once nothing else trains, to say which run to do first."""
+    """Open every run that can start; True while any is training. One whose shared prefix never appears is opened
+    once nothing else trains, to say which run to do first."""
     for run in todo:
         if run.state == "new" and run.can_open():
             run.open(teacher, progress)

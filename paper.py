@@ -1,9 +1,7 @@
-"""The paper's numbers, each typed once: its setup (Table A1), its tables (1-4, A2-A4) and the values
-its text gives for Figures 3-5 and A1. presets.py builds the `full` scale from RUN; the reports print
-the rest beside the kit's own. Differences the paper states (delta joint, delta grow, the interaction,
-the freeze ablation's) are computed from its tables, and equal the values its text prints (tested).
+"""The paper's numbers, each typed once: its setup (Table A1), its tables and the values its text gives for the
+figures; presets.py builds the `full` scale from RUN. The differences it states are computed from its tables,
+and equal the values its text prints (tested).
 
-    import paper
     paper.PAPER["table1"]["post"]["grow"]        # 2.7330
     paper.DELTAS["interaction"]                  # -0.0332
 """

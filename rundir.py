@@ -30,15 +30,13 @@ OBSERVING = {"monitor_interval", "monitor_rms_warn", "monitor_kurtosis_warn"}
 
 
 def comparable(settings: dict, run_dir: Path) -> dict:
-    """A stored or wanted config as it trains: paths absolute (a moved runs tree is the same run), settings that
-    only observe left out."""
+    """A config as it trains: paths absolute (a moved runs tree is the same run), observing settings left out."""
     return {k: v for k, v in {**settings, **config.absolute_paths(settings, run_dir)}.items()
             if k not in OBSERVING | {"relative_to_run"}}
 
 
 def check_config(config, run_dir: Path):
-    """A TrainingError unless run_dir's config.json reads and trains the same run as `config` (repro.py
-    also calls this before any work, so that a stale run is one line before anything is printed)."""
+    """A TrainingError unless run_dir's config.json reads and trains the same run as `config`."""
     wanted = json.loads(json.dumps(asdict(config)))
     # A field added to RunConfig after the run was made reads as its default: the same run.
     defaults = json.loads(json.dumps({f.name: f.default for f in fields(config) if f.default is not MISSING}))
@@ -119,8 +117,7 @@ def started_precision(run_dir: Path) -> str | None:
 
 
 def check_resumed_precision(run_dir: Path, precision: str, why: str):
-    """A run resumes in the precision it started in, or is refused: never switched, its provenance never
-    rewritten."""
+    """A run resumes in the precision it started in, or is refused: its provenance is never rewritten."""
     kept = None if (Path(run_dir) / "done.json").is_file() else started_precision(run_dir)
     if kept is not None and kept != precision:
         raise TrainingError(f"{run_dir}: started in {kept} (its provenance.json), and this command would continue it "

@@ -37,9 +37,8 @@ def acts(config: RunConfig) -> bool:
 
 
 def reading(streams: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]], total: Callable[[list], list]) -> dict:
-    """The monitor's statistics of per-token RMS over the real tokens of (stream, mask, first) triples (first: each
-    document's position 0, its boundary token, data.Batch.first_positions), summed over ranks by `total` (two
-    passes: the kurtosis from centred moments, which a nearly constant RMS would lose to cancellation)."""
+    """The monitor's statistics of per-token RMS over the real tokens of (stream, mask, first) triples, summed over
+    ranks by `total` in two passes (the kurtosis from centred moments, which a near-constant RMS would lose)."""
     parts = []
     for h, mask, first in streams:
         rms, mask = h.float().pow(2).mean(-1).sqrt().double(), mask.bool()
@@ -57,8 +56,7 @@ def reading(streams: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]], tota
 
 @torch.no_grad()
 def removal_costs(net: model.Student, batches: list, active: int, chunk: int, total) -> dict[int, float]:
-    """CE with each of blocks 0..active-1 bypassed minus the CE of all of them (diag's block removal), over
-    the micro-batches, token-weighted over ranks."""
+    """CE with each of blocks 0..active-1 bypassed minus the full CE, token-weighted over ranks."""
     def ce(skip):
         sums = [0.0, 0.0]
         for micro in batches:
@@ -75,8 +73,8 @@ def removal_costs(net: model.Student, batches: list, active: int, chunk: int, to
 @torch.no_grad()
 def at_transition(net: model.Student, config: RunConfig, phase: Phase, batches: list,
                   total: Callable[[list], list]) -> dict:
-    """Read the stream block p = phase.index reads on the step's micro-batches and act as the run's
-    options say; returns the event (what was read and done) and, under "keep", what a resume re-applies."""
+    """Read the stream block p = phase.index reads and act as the run's options say; the event (what was read and
+    done), with what a resume re-applies under "keep"."""
     p = phase.index
     event: dict = {"event": "transition", "block": p}
     streams = []
@@ -129,10 +127,8 @@ def remedy_seed(seed: int, phase: int, block: int) -> int:
 
 
 def apply_kept(net: model.Student, p: int, keep: dict):
-    """The decisions at block p's transition that live outside the weights (resume re-applies them): a correction
-    switched on, and a placement (--norm auto), which block p >= 1 (not yet trained) takes where that leaves the
-    student's parameters as they are: e.g. pre <-> post after a pre-norm block 0 (the final norm serves whichever
-    last block needs it). Its checkpoints then store the new schedule."""
+    """The decisions at block p's transition that live outside the weights: a correction switched on, and a
+    placement (--norm auto), which block p >= 1 takes where that leaves the student's parameters as they are."""
     if norm := keep.get("placement"):
         names = list(model.block_norms(net.norm_placement, net.blocks))
         names[p] = norm

@@ -122,8 +122,7 @@ def sha256(file: Path) -> str:
 
 
 def write_checksums(folder: Path, known: dict[str, str] | None = None):
-    """folder/checksums.json: the sha256 of each file in `folder`; those in `known` (name -> sha256) were hashed
-    by the ranks that wrote them and are not read again."""
+    """folder/checksums.json: the sha256 of each file in `folder` (those in `known` are not read again)."""
     files = sorted(p for p in folder.iterdir() if p.is_file() and p.name != CHECKSUMS
                    and not p.name.endswith(".tmp"))  # write_atomic's, left by a kill
     write_json(folder / CHECKSUMS, {p.name: (known or {}).get(p.name) or sha256(p) for p in files}, indent=1)
@@ -304,8 +303,7 @@ SHARDED_INDEX = "index.json"
 
 
 def local_rows(t: torch.Tensor) -> tuple[list[int], int, torch.Tensor]:
-    """(global shape, first global row, this rank's rows) of a tensor: a DTensor sharded on dim 0 holds a
-    slice; a plain tensor everything."""
+    """(global shape, first global row, this rank's rows) of a tensor (a DTensor sharded on dim 0, or plain)."""
     if not hasattr(t, "device_mesh"):
         return list(t.shape), 0, t
     from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
@@ -384,8 +382,7 @@ def merge_index(parts: list[dict]) -> dict:
 
 
 def read_rows(folder: Path, index: dict, key: str, target: torch.Tensor) -> torch.Tensor:
-    """The rows of tensor `key` that `target` (a DTensor's own slice, or everything) covers, from whichever
-    writers' files hold them."""
+    """The rows of tensor `key` that `target` covers, from whichever writers' files hold them."""
     entry = index["tensors"].get(key)
     if entry is None:
         raise CheckpointError(f"{folder / SHARDED_INDEX}: has no tensor {key!r}; the checkpoint was written for "

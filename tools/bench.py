@@ -78,20 +78,14 @@ def hf_step(teacher, student, optimizer, ids):
     optimizer.zero_grad(set_to_none=True)
 
 
-# The allocator policies the train step is timed under, each set through the environment of fresh worker
-# processes (issue 60). transformers' step allocates the full [batch x seq x vocab] fp32 logits of teacher and
-# student, their log-softmaxes and gradients (33.6 MB each at the toy's shapes); glibc's default serves
-# allocations that large by a fresh mmap and frees them by munmap, so every step page-faults them afresh
-# (2.4M minor faults in a fresh process's five steps), while a process whose earlier work left a heap they
-# fit in reuses it: the same step ran 0.31 s inside a long `repro.py bench` and 0.33-0.38 s in a fresh
-# process. "heap reused" pins both thresholds above any buffer of the step. Measured on glibc 2.36 (20
-# rounds of two 33.6 MB tensors and their sum): default 492k faults, MALLOC_MMAP_THRESHOLD_ alone 82k (the
-# heap's freed top is still trimmed back to the OS and faulted in again), MALLOC_TRIM_THRESHOLD_ alone 492k
-# (pinning either threshold stops glibc's dynamic one, leaving mmap's at 128 KiB), both 0. The value: above
-# the largest buffer (32 MiB would not do: 33.6 MB > 32 MiB) and within mallopt's int. glibc's manual gives
-# 32 MiB (DEFAULT_MMAP_THRESHOLD_MAX, 64-bit) as M_MMAP_THRESHOLD's upper limit, which older glibc enforced
-# by ignoring a larger value; 2.36 takes 1e9 (mallopt returns 1, the faults stop). Where a glibc ignores it,
-# the workers' minor faults per step (in bench.json) show the two policies alike.
+# The allocator policies the train step is timed under, each set in fresh worker processes' environment (issue
+# 60). transformers' step allocates full [batch x seq x vocab] fp32 logits, log-softmaxes and gradients (33.6 MB
+# each at the toy's shapes), which glibc's default mmaps and munmaps afresh every step (2.4M minor faults in five
+# steps of a fresh process), while a process whose earlier work left a heap they fit in reuses it. "heap reused"
+# pins both thresholds above any buffer of the step: on glibc 2.36 (20 rounds of two 33.6 MB tensors and their
+# sum) the default made 492k faults, MALLOC_MMAP_THRESHOLD_ alone 82k (the freed top is still trimmed),
+# MALLOC_TRIM_THRESHOLD_ alone 492k, both 0. 1e9: above the largest buffer and within mallopt's int (older glibc
+# ignored values above 32 MiB: the workers' minor faults in bench.json then show the two policies alike).
 ALLOCATOR_POLICIES = {"glibc default": {},
                       "heap reused": {"MALLOC_MMAP_THRESHOLD_": "1000000000", "MALLOC_TRIM_THRESHOLD_": "1000000000"}}
 ROOT = Path(__file__).resolve().parents[1]
@@ -128,8 +122,7 @@ def faults_counted(context, counts: list):
 
 
 def train_step_variants(shapes: dict) -> dict:
-    """{"hf_fp32": (step, context), "kit_pre_fp32": ..., ...}: transformers' step and the kit's pre- and post-norm
-    steps on the same batch, in each precision."""
+    """{"hf_fp32": (step, context), "kit_pre_fp32": ...}: transformers' and the kit's steps on the same batch."""
     config, blocks, per_block = ModelConfig(**shapes["config"]), shapes["blocks"], shapes["per_block"]
     torch.manual_seed(0)
     ids = torch.randint(0, config.vocab_size, (shapes["batch"], shapes["seq"]))
@@ -154,8 +147,7 @@ def train_step_variants(shapes: dict) -> dict:
 
 
 def _train_step_worker(shapes: dict, repeats: int, threads: int, out: str):
-    """In its own process: every variant timed in turns, with its minor page faults a step and the malloc settings
-    this process ran with."""
+    """In its own process: every variant timed in turns, with its minor page faults and malloc settings."""
     torch.set_num_threads(threads)
     variants = train_step_variants(shapes)
     faults = {name: [] for name in variants}
@@ -195,8 +187,7 @@ def bench_train_step(repeats: int, processes: int = 2, policies: dict = ALLOCATO
 
 
 def policy_results(runs: list[dict], precisions: list[str]) -> dict:
-    """One policy's processes: their settings, each variant's seconds and minor faults a step, and the speed-ups
-    "<norm>_<kit precision>_vs_hf_<precision>"."""
+    """One policy's processes: their settings, each variant's seconds and minor faults, and the speed-ups."""
     names = list(runs[0]["seconds"])
     pairs = [("fp32", "fp32")] + ([("bf16", "fp32"), ("bf16", "bf16")] if "bf16" in precisions else [])
     return {"allocator": [run["allocator"] for run in runs], "processes": len(runs),
@@ -222,8 +213,7 @@ def toy_teacher(config: ModelConfig | None = None) -> model.Qwen3:
 
 
 def lockstep_jobs(root: Path, teacher: Path, steps: int, data_dir: Path) -> list[tuple[config.RunConfig, Path]]:
-    """The replay runs of one seed at the toy's settings, `steps` per phase, in a workspace at `root` whose data
-    folder is a link to `data_dir`."""
+    """The replay runs of one seed at the toy's settings, `steps` per phase, reading `data_dir`."""
     run = {**presets.PRESETS["toy"].run, "phase_steps": steps, "eval_interval": steps, "checkpoint_interval": steps,
            "snapshot_interval": 0}
     ws = suite.Workspace(replace(presets.PRESETS["toy"], run=run), root, root / "results", devices.Dist())
@@ -233,8 +223,7 @@ def lockstep_jobs(root: Path, teacher: Path, steps: int, data_dir: Path) -> list
 
 
 def _lockstep_worker(way: str, teacher_dir: str, data_dir: str, steps: int, threads: int, out: str):
-    """In its own process: the six replay runs trained `way` ("separate", each with its own teacher cache, or
-    "lockstep"): their seconds, the teacher's forward passes and the runs' final evaluations."""
+    """In its own process: the six replay runs trained `way` ("separate" or "lockstep"), timed."""
     torch.set_num_threads(threads)
     with tempfile.TemporaryDirectory() as tmp:
         jobs, ctx = lockstep_jobs(Path(tmp), Path(teacher_dir), steps, Path(data_dir)), devices.Dist()
@@ -290,8 +279,7 @@ def naive_loss(student_logits, teacher_logits, targets, alpha=0.7, gamma=0.3, ta
 
 
 def _peak_rss_bytes():
-    """The resident-set high-water mark: VmHWM on Linux (ru_maxrss there also keeps the marks of exited
-    threads, which clear_refs does not lower), else ru_maxrss (bytes on macOS)."""
+    """The resident-set high-water mark: VmHWM on Linux (clear_refs does not lower ru_maxrss), else ru_maxrss."""
     try:
         with open("/proc/self/status") as f:
             return next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmHWM:"))
@@ -363,8 +351,7 @@ def bench_loss(tokens=4096, vocab=151936, hidden=256, repeats=3, chunk_size=kd.D
 # The tokenizer
 
 def bench_tokenizer(repeats: int = 3, documents: int | None = None) -> dict:
-    """MB/s of the kit's tokenizer and of HF tokenizers loading Qwen3's tokenizer.json, on the toy corpus (its
-    first `documents`; None: all), timed in turns."""
+    """MB/s of the kit's tokenizer and of HF tokenizers on the toy corpus (its first `documents`), in turns."""
     from tokenizers import Tokenizer as HFTokenizer  # test-only dependency
     enc = tokenizer.qwen3_tokenizer()
     hf = HFTokenizer.from_file(str(tokenizer.qwen3_tokenizer_json()))

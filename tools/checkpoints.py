@@ -36,8 +36,7 @@ def is_run_folder(folder: Path) -> bool:
 
 
 def say(lines):
-    """Lines about what a command took, on stderr (stdout is its output), said once the checkpoint passed its
-    checks: a bad input stays one error line."""
+    """Lines about what a command took, on stderr (stdout is its output), once the checkpoint passed its checks."""
     for line in lines:
         print(line, file=sys.stderr)
 
@@ -94,8 +93,7 @@ def no_checkpoint(run: Path) -> str:
 
 def trained_context(checkpoint: Path, config: dict) -> tuple[int, str]:
     """The most positions a checkpoint was trained on (RoPE positions past the longest training document never
-    were, whatever max_position_embeddings allows), and where that is said: its run's training shard's max_len,
-    the kit's scales' of its vocabulary for the kit's own checkpoints elsewhere, else max_position_embeddings."""
+    were, whatever max_position_embeddings allows), and where that is said."""
     run = checkpoint.parent
     if is_run_folder(run) and (run / "config.json").is_file():
         try:
@@ -164,8 +162,7 @@ def check_vocabulary(val: data.Shard, vocab: int, checkpoint: Path):
 
 
 def evaluate(checkpoint: Path, scale: str | None, data_dir: Path | None, runs_dir: Path) -> dict:
-    """CE and PPL of a checkpoint on a validation shard (the scale's unless data_dir is given), with the scale's
-    evaluation settings."""
+    """CE and PPL of a checkpoint on a validation shard (the scale's unless data_dir is given)."""
     checkpoint = checkpoint_in(checkpoint, said := [])
     config = checkpoint_config(checkpoint)
     fitting = scales_for(config["vocab_size"])
@@ -186,8 +183,7 @@ def evaluate(checkpoint: Path, scale: str | None, data_dir: Path | None, runs_di
 
 
 def export(student_dir: Path, out_dir: Path, force: bool, runs_dir: Path) -> model.Student:
-    """A pre-norm student checkpoint as a standard HF Qwen3 folder with the kit's tokenizer and <|endoftext|> as
-    bos, eos and pad; the exported student."""
+    """A pre-norm student checkpoint as a standard HF Qwen3 folder with the kit's tokenizer; the student."""
     student_dir = checkpoint_in(student_dir, said := [])
     scale = scale_of(checkpoint_config(student_dir), runs_dir, student_dir)
     enc = corpora.vocabulary(presets.PRESETS[scale].data)

@@ -90,8 +90,7 @@ def experiment_options(command):
 # What their values become
 
 def seeded_workspace(scale, seeds, default_seeds, dry_run, lockstep, **options) -> tuple[suite.Workspace, list[int]]:
-    """The workspace of an experiment over seeds, as preset_workspace makes it, with --lockstep resolved (unless
-    given: plan.lockstep_default)."""
+    """The workspace of an experiment over seeds (preset_workspace's), with --lockstep resolved."""
     ws, seeds = preset_workspace(scale, seeds=seeds, default_seeds=default_seeds, option="--seeds", dry_run=dry_run,
                                  **options)
     if lockstep is None:
@@ -160,8 +159,7 @@ def chosen_experiments(wanted) -> tuple[list[str], list[suite.RunName]]:
 def preset_workspace(scale: str, overrides, seeds: list[int] | None = None, default_seeds: list[int] | None = None,
                      option: str = "--seed", no_wait: bool = False,
                      **workspace_options) -> tuple[suite.Workspace, list[int]]:
-    """A command's workspace with its --set parsed once, and its seeds (chosen_seeds; `default_seeds` or the
-    preset's)."""
+    """A command's workspace with its --set parsed once, and its seeds (chosen_seeds)."""
     overrides = presets.parse_overrides(presets.PRESETS[scale], overrides)
     seeds = chosen_seeds(overrides, seeds, default_seeds or [presets.PRESETS[scale].run["seed"]], option)
     return suite.workspace(scale, overrides=overrides, wait=not no_wait, **workspace_options), seeds

@@ -58,8 +58,7 @@ def number_problem(values: dict, key: str, bounds: tuple[float, float]) -> str:
 
 
 def precision_factor(dtype: str, measured: str) -> float:
-    """How much faster a `dtype` step runs than the `measured` one: bf16's matmul speed-up on this CPU where
-    bf16 runs are priced from an fp32 step, else 1."""
+    """How much faster a `dtype` step runs than the `measured` one (bf16's matmul speed-up, or 1)."""
     return devices.cpu_bf16_speedup() if (dtype, measured) == ("bf16", "fp32") else 1.0
 
 
@@ -69,8 +68,7 @@ def factor_text(dtype: str, measured: str) -> str:
 
 
 def timed_rate(dtype: str) -> tuple[float, str]:
-    """(FLOP/s, its source) of a few toy steps timed now: in bf16 where bf16 is native, else in fp32 (priced at
-    bf16's probed speed for bf16 runs)."""
+    """(FLOP/s, its source) of a few toy steps timed now, in bf16 only where bf16 is native."""
     native = dtype == "bf16" and devices.cpu_bf16_speedup() >= devices.BF16_MIN_SPEEDUP
     measured = dtype if dtype == "fp32" or native else "fp32"
     rate = utilization.step_rate(devices.DTYPES[measured]) * precision_factor(dtype, measured)
@@ -78,10 +76,8 @@ def timed_rate(dtype: str) -> tuple[float, str]:
 
 
 def cpu_estimate(flops: float, precision: str, bench_file: Path) -> str:
-    """How long `flops` of the kit's training take on this CPU, in the precision the runs train in
-    (`precision`; "auto": this machine's choice), one estimate: at the speed bench_file records (bench_rate),
-    else timed now; for a quiet machine, which it says, and where other processes hold the cores now
-    (utilization.busy_load), that too."""
+    """How long `flops` of the kit's training take on this CPU in `precision`, at bench_file's speed or one timed
+    now, for a quiet machine (which it says, and that the cores are busy where they are)."""
     chosen, _ = devices.precision_choice(precision, torch.device("cpu"))
     dtype = {v: k for k, v in devices.DTYPES.items()}[chosen]
     rate, source = bench_rate(bench_file, dtype)

@@ -68,8 +68,7 @@ def teacher_pretraining(ws: suite.Workspace) -> tuple[float, str]:
 
 
 def print_study(study: registry.Experiment, ws: suite.Workspace, seeds: list[int], flops: float):
-    """A study's records and the one estimate of what remains (where ws.records is set); without a manifest, the
-    estimate of its `flops`."""
+    """A study's records and the one estimate of what remains (without a manifest, of its `flops`)."""
     if ws.records is None:
         return
     if study.manifest is None:
@@ -152,8 +151,8 @@ def planned(ws: suite.Workspace, runs, seed: int) -> tuple[str, suite.Workspace,
 
 
 def study_groups(study: registry.Experiment, ws: suite.Workspace, seed: int) -> list:
-    """A study's groups as the plan prices them: a group in the workspace itself with the runs whose phases they
-    share; a variant's run in its folder alone (a freeze variant starts from the suite's grow phase 0)."""
+    """A study's groups as the plan prices them: the workspace's own with the runs whose phases they share, a
+    variant's runs in its folder alone."""
     planned_groups = []
     for label, gws, runs, s in study.groups(ws, seed):
         if gws is ws or gws.student_runs == ws.student_runs:
@@ -166,8 +165,7 @@ def study_groups(study: registry.Experiment, ws: suite.Workspace, seed: int) -> 
 
 def rehearse_launch(ws: suite.Workspace, launch: rehearse.Launch, runs, mode: str, replicate_teacher: bool,
                     label: str) -> Path:
-    """The rehearsal of a launch of `runs` (mode fake, real or both), printed and written to
-    results/rehearse-<scale>-<label>.json (its path)."""
+    """The rehearsal of a launch of `runs` (mode fake, real or both), printed and written; the file's path."""
     for run in plan.planned_runs(ws, runs, ws.preset.run["seed"]):  # the launch's own check, before any work
         data.check_split(run.config.global_batch, launch.world, run.config.micro_batch)
     out = {}

@@ -22,8 +22,7 @@ DEFAULT_NEW_TOKENS = 64  # without --max-new-tokens (fewer where the trained con
 
 
 class CachedLayer:
-    """A DecoderLayer whose attention appends this step's keys and values to the layer's cache and attends over
-    all of them."""
+    """A DecoderLayer whose attention appends this step's keys and values to its cache and attends over all."""
 
     def __init__(self, layer: model.DecoderLayer, cache: dict):
         self.layer, self.cache = layer, cache

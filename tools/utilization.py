@@ -68,11 +68,9 @@ def interleaved(variants: dict, repeats: int, pick=statistics.median, clock=time
     return {name: pick(t) for name, t in times.items()}
 
 
-# A ratio (or fraction) whose rounds range further than this from their median either way is printed as
-# unstable, not as a number. The bench's goals sit 15-30% apart (kit vs transformers >= 1.0 and >= 1.3, the KD
-# loss's time <= 1.15x, compiled >= 1.3x), and a quiet machine's rounds of one step agree within a few percent:
-# rounds 10% from their median can no longer place a ratio on the right side of its goal, and say the
-# machine (or the allocator's history, issue 60) moved under the measurement.
+# A ratio whose rounds range further than this from their median either way is printed as unstable, not as a
+# number: the bench's goals sit 15-30% apart, and a quiet machine's rounds agree within a few percent, so rounds
+# 10% off can no longer place a ratio on the right side of its goal (the machine moved under the measurement).
 UNSTABLE_SPREAD = 0.10
 
 
@@ -125,8 +123,7 @@ def step_clock() -> tuple[str, Callable[[], float]]:
 # Model FLOPs and the fraction of peak
 
 def student_step_flops(shape: ModelConfig, student_layers: int, tokens: int, seq: int) -> float:
-    """Model FLOPs of a student step: the teacher's layers and both heads forward, the student's layers and head
-    forward and backward (3x)."""
+    """Model FLOPs of a student step: teacher and both heads forward, the student forward and backward (3x)."""
     teacher_layers, head = forward_flops_per_token(shape, shape.num_hidden_layers, seq / 2)
     student, _ = forward_flops_per_token(shape, student_layers, seq / 2)
     return tokens * (teacher_layers + head + 3 * (student + head))
@@ -180,8 +177,7 @@ class Step:
 
 
 def length_batch(rows: int, length: int, max_len: int, vocab: int, fixed: bool) -> data.Batch:
-    """`rows` documents of `length` random tokens, as wide as they are or, `fixed`, padded to their bucket's
-    width."""
+    """`rows` documents of `length` random tokens, as wide as they are or (`fixed`) padded to their bucket."""
     ids = torch.randint(0, vocab, (rows, length + 1), generator=torch.Generator().manual_seed(length))
     width = data.bucket_width(length, max_len) if fixed else length
     inputs, targets = (F.pad(t, (0, width - length)) for t in (ids[:, :-1], ids[:, 1:]))
@@ -236,8 +232,7 @@ def busy_load() -> tuple[float, int] | None:
 # Measured: the steps against the matmul peak, then where a step's time goes
 
 def matmul_variants(precision: str, sizes=PEAK_SIZES, clock=time.perf_counter) -> tuple[dict, dict]:
-    """({"matmul <n> <precision>": (a @ b, nullcontext)}, {the same: seconds of a first call}) for the square sizes
-    up to the first whose matmul takes over MAX_MATMUL_S."""
+    """(the matmul variants, seconds of a first call) for the square sizes up to one that takes MAX_MATMUL_S."""
     variants, first = {}, {}
     for n in sizes:
         a, b = (torch.randn(n, n).to(devices.DTYPES[precision]) for _ in range(2))
@@ -267,8 +262,7 @@ def round_fractions(flops: float, step_rounds: list[float], matmul_rounds: dict[
 
 
 def measure(repeats: int = 5, scales=SCALES, profiled_steps: int = 3) -> dict:
-    """Every distinct step of `scales` in fp32 (and bf16 where the probe picks it) against the matmul peak, and the
-    profile of each in the precision the kit picks here."""
+    """Every distinct step of `scales` against the matmul peak, and the profile of each in the kit's precision."""
     dtype, why = devices.precision_choice("auto", torch.device("cpu"))
     step_precisions = ["fp32"] + (["bf16"] if dtype == torch.bfloat16 else [])
     steps = {f"{label} {p}": Step(*spec, devices.DTYPES[p]) for label, spec in distinct_steps(scales).items()
