@@ -323,7 +323,7 @@ def run_placements(ws: suite.Workspace, seeds: list[int], force: bool = False) -
     # of a one-sample t-test on the paired differences, adjusted for the family.
     family = [r[key] for r in rows if r["placement"] != "pre" for key in ("delta_joint", "delta_grow")]
     for delta, p_holm in zip(family, report.holm([report.p_two_sided(d) for d in family])):
-        delta |= {"p_holm": p_holm, "reading": report.adjusted_reading(delta, p_holm, presets.TIE_MARGIN),
+        delta |= {"p_holm": p_holm, "reading": report.reading(delta, presets.TIE_MARGIN, p_holm),
                   "smallest_tie_margin": report.smallest_tie_margin(delta)}
     grown = [RunName(p, "grow") for p in PLACEMENT_RUNS]
     figure = figures.fig_monitor({run.name: rundir.monitor_series(ws.run_dir(run, seeds[0])) for run in grown},

@@ -34,7 +34,7 @@ def band(values: list[float]) -> tuple[float, float]:
     if not finite:
         return math.nan, math.nan
     mean, n = statistics.fmean(finite), len(finite)
-    spread = report.t975(n - 1) * statistics.stdev(finite) * math.sqrt(1 + 1 / n) if n > 1 else 0.0
+    spread = report.t_quantile(n - 1, 0.975) * statistics.stdev(finite) * math.sqrt(1 + 1 / n) if n > 1 else 0.0
     half = max(spread, 0.01 * abs(mean) + 0.001)
     return mean - half, mean + half
 

@@ -7,9 +7,7 @@ over seeds against the run it changes, by the rule pre-registered in docs/prereg
 remedy (importance_remedy), 4 per-phase placement search (every {pre, post} schedule on a search seed, the
 best run on the evaluation seeds), 5 boundary correction (boundary_correction), 6 structural-token norm
 (structural_norm), 7 --norm auto. Ideas 1-4 read against the suite's own runs; 5-7 against the planted
-outlier's (the boundary token at 37x at every appended block's input, beyond.py's planted experiment).
-One primary contrast per idea; the seven form one family, Holm-adjusted. Runs of the ideas live in
-runs/<scale>/beyond/idea<n>-.../, the planted ones where the planted experiment keeps them.
+outlier's. One primary contrast per idea; the seven form one family, Holm-adjusted.
 """
 from __future__ import annotations
 
@@ -85,12 +83,10 @@ def fixed_contrasts() -> list[Contrast]:
     ]
 
 
-# ----------------------------------------------------------------------------------------------
 # Idea 4: the placement search
 
 def schedules(blocks: int) -> list[str]:
-    """Every {pre, post} schedule over the blocks (8 for K = 3), a uniform one under its plain name
-    (pre,pre,pre is the suite's pre-grow)."""
+    """Every {pre, post} schedule over the blocks, a uniform one under its plain name (pre-grow's "pre")."""
     return [names[0] if len(set(names)) == 1 else ",".join(names)
             for names in itertools.product(("pre", "post"), repeat=blocks)]
 
@@ -100,8 +96,7 @@ def search_runs(blocks: int) -> list[RunName]:
 
 
 def search(ws: suite.Workspace, force: bool = False) -> tuple[RunName | None, dict]:
-    """Grow with every schedule on SEARCH_SEED; the lowest final validation CE is chosen (a diverged run
-    never is): (the chosen run, the search's report)."""
+    """Grow with every schedule on SEARCH_SEED: (the chosen run, the search's report)."""
     runs = search_runs(ws.preset.run["blocks"])
     training.ensure_runs(ws, runs, [SEARCH_SEED], force)
     ce = {run: report.final_ce(ws, run, SEARCH_SEED) for run in runs}
@@ -133,7 +128,6 @@ def search_contrasts(chosen: RunName) -> list[Contrast]:
     return [Contrast(4, found, POST_GROW, True, cost), Contrast(4, found, PRE_GROW, False, cost)]
 
 
-# ----------------------------------------------------------------------------------------------
 # The experiment
 
 def transition_events(run_dir) -> list[dict]:
@@ -143,8 +137,7 @@ def transition_events(run_dir) -> list[dict]:
 
 
 def transition_jump(ws: suite.Workspace, run: RunName, seed: int) -> float:
-    """The mean over transitions of the CE at a phase's start (after the transition's changes, before its
-    first update) minus the CE at the previous phase's end; NaN for a run without them (diverged)."""
+    """The mean over transitions of the CE at a phase's start minus the previous phase's end's; NaN if diverged."""
     try:
         start, end = readouts.phase_start_eval, readouts.phase_end_eval
         jumps = [start(ws, run, seed, p)["ce"] - end(ws, run, seed, p - 1)["ce"] for p in range(1, ws.preset.run["blocks"])]
@@ -174,9 +167,8 @@ def events_text(per_seed: list[list[dict]]) -> str:
 
 
 def remedy_firings(runs: list[tuple[list[dict], float]]) -> dict:
-    """Where the block-importance remedy (idea 3) could have acted, from each run's (logged rows, identity_threshold):
-    its transition rows that measured prefix blocks' removal costs, those at which a cost fell below the threshold
-    (the remedy re-draws that block: transitions.py), those that logged a re-drawn block, and the lowest cost."""
+    """Where idea 3's remedy could have acted, from each run's (logged rows, identity_threshold): the transitions
+    that measured removal costs, those where one fell below the threshold, those that re-drew a block, the lowest."""
     rows = [(row, threshold) for metrics, threshold in runs for row in metrics
             if row.get("event") == "transition" and row.get("removal_costs")]
     lowest = [min(row["removal_costs"].values()) for row, _ in rows]
@@ -191,8 +183,7 @@ def remedy_variants() -> list[Variant]:
 
 
 def recorded_firings(scale: str, seeds: list[int], records=None) -> dict[str, dict]:
-    """remedy_firings of each remedy variant over `seeds`, from its committed records (the results page's), each
-    checked as the study's dry run checks it (studies.page_records: a record of another run is one line)."""
+    """remedy_firings of each remedy variant over `seeds`, from its committed records (studies.page_records)."""
     records = records or studies.RECORDS_DIR
     if not (records / scale).is_dir():  # nothing recorded at this scale
         return {}
@@ -212,8 +203,7 @@ def live_firings(ws: suite.Workspace, seeds: list[int]) -> dict[str, dict]:
 
 
 def firing_text(firings: dict, deltas: list) -> str:
-    """What a row's remedy did, from remedy_firings: never fired (then its runs are its baseline's: said where every
-    seed's Δ is exactly 0), or at how many of its transitions it fired."""
+    """What a row's remedy did, from remedy_firings: never fired (its runs then its baseline's), or how often."""
     n, k = firings["transitions"], firings["fired"]
     if not n:
         return "no transition measured removal costs"
@@ -226,9 +216,8 @@ def firing_text(firings: dict, deltas: list) -> str:
 
 
 def read_family(rows: list[dict]):
-    """Holm over the primary contrasts (one per idea): an untestable one (one seed, no spread, diverged)
-    enters as p = 1, so the family keeps its size; each primary gets p, p (Holm) and its reading (idea 4's
-    none where the search chose post-grow, its baseline, itself: its contrast is 0 by construction)."""
+    """Holm over the primary contrasts (one per idea), an untestable one entering as p = 1 so that the family keeps
+    its size; idea 4's has none where the search chose post-grow, its baseline, itself."""
     primaries = [r for r in rows if r["primary"]]
     for row in primaries:
         row["p"] = report.p_two_sided(row["delta"])
@@ -246,10 +235,9 @@ def contrast_numbers(rows: list[dict]) -> dict[str, list]:
 
 
 def section_lines(numbers: dict[str, list], seeds: list[int], firings: dict[str, dict] | None = None) -> list[str]:
-    """The study's contrasts from their per-seed values, the report's `numbers` (contrast_numbers) as a reference
-    ships them: each primary's Δ per seed and over seeds, Holm-adjusted by read_family (an untestable one enters as
-    p = 1), the secondaries as intervals; a remedy's row says whether it ever fired (`firings`: remedy_firings by
-    variant). The one rendering of them: the live report's and the results page's."""
+    """The study's contrasts from the report's `numbers` as a reference ships them, the live report's and the
+    results page's one rendering: the primaries read by read_family, the secondaries as intervals, and whether
+    each remedy ever fired (`firings`: remedy_firings by variant)."""
     rows = []
     for key in numbers:
         if key.endswith(": delta"):
@@ -289,16 +277,14 @@ def study_variants(chosen: RunName | None) -> tuple[list[Contrast], list[Variant
 
 
 def manifest(ws: suite.Workspace, seeds: list[int], chosen: RunName | None = None) -> list[studies.Job]:
-    """Every run the study needs: the search's on its seed, then each seed's variants and baselines (and the
-    chosen schedule's, once known)."""
+    """Every run the study needs: the search's on its seed, then each seed's variants and baselines."""
     jobs = [studies.Job(ws, run, SEARCH_SEED) for run in search_runs(ws.preset.run["blocks"])]
     jobs += [studies.Job(variant_workspace(ws, v, s), v.run, s) for s in seeds for v in study_variants(chosen)[1]]
     return studies.unique(jobs)
 
 
 def recorded_manifest(ws: suite.Workspace, seeds: list[int]) -> tuple[list[studies.Job], str]:
-    """The study's runs as its records stand now (the dry run's): with the search recorded, its choice's runs too;
-    else a note that they are still to come."""
+    """The study's runs as its records stand now (the dry run's): with the search recorded, its choice's runs too."""
     status = studies.survey(manifest(ws, seeds), training.expected_teacher(ws), check_data=False)
     search = {job.run: math.nan if record["done"].get("diverged") else record["done"]["ce"]  # NaN: never chosen
               for job, record in status.recorded if job.seed == SEARCH_SEED}
@@ -308,10 +294,7 @@ def recorded_manifest(ws: suite.Workspace, seeds: list[int]) -> tuple[list[studi
 
 
 def run_ideas(ws: suite.Workspace, seeds: list[int], force: bool = False) -> dict:
-    """The paper's seven proposed improvements, each an option (transition_schedule, append_init,
-    importance_remedy, the placement search, boundary_correction, structural_norm, --norm auto), against the
-    run it changes; one primary contrast each, Holm over the seven, as pre-registered in
-    docs/preregistrations.md (results/<scale>/ideas.md/.json). A study: recorded runs are not trained again."""
+    """The seven ideas' runs trained (those recorded restored) and their report (results/<scale>/ideas.md/.json)."""
     studies.restore_study(ws, manifest(ws, seeds), force)
     chosen, found = search(ws, force)
     if chosen not in (None, PRE, POST):
@@ -349,9 +332,8 @@ def run_ideas(ws: suite.Workspace, seeds: list[int], force: bool = False) -> dic
 
 
 def markdown(out: dict, n_variants: int) -> list[str]:
-    """The live report: its numbers as the results page renders the shipped ones (section_lines of what the
-    reference takes from this report), and what only the runs say: which diverged, the transitions' jumps and
-    events, idea 3's last block, the search, each option's cost."""
+    """The live report: section_lines, and what only the runs say (the transitions' jumps and events, idea 3's last
+    block, the search, each option's cost)."""
     seeds, found, rows = out["seeds"], out["search"], out["rows"]
     lines = [f"# The paper's seven proposed improvements ({out['scale']} scale)", "",
              report.diverged_line(out["diverged_runs"], n_variants * len(seeds)), "", RULE, "",

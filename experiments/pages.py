@@ -1,14 +1,9 @@
-"""The results pages, generated from the shipped references and never typed: docs/results/<scale>.md,
-and the README's headline table (Table 1 at each scale with a shipped reference beside the paper's, and the
-account's causal test by construction, from its committed records) between its marker comments.
+"""The results pages, generated from the shipped references (and the causal test's committed records) and never
+typed: docs/results/<scale>.md, and the README's headline table between its marker comments. Every reading
+applies the rule declared before the runs, in the words it chooses (experiments/readings.py).
 
     python repro.py results --scale toy     # docs/results/toy.md, its figures (toy/*.png), the README's headline
     pages.render("toy")                     # the page as text; tests/test_pages.py checks the committed one
-
-Every number comes from references/<scale>.json (each table's per-seed values, as `repro.py reference`
-shipped them) or from paper.py. Every reading applies the rule declared before the runs (readings.RULE; by
-a Holm-adjusted p where the experiment declares a family: placements, intervention, planted), in the words its
-reading chooses (experiments/readings.py), so a sentence cannot say more than its interval.
 """
 from __future__ import annotations
 
@@ -67,9 +62,8 @@ def provenance_lines(reference: dict) -> list[str]:
 
 
 def runs_line(name: str, reference: dict, scale: str) -> list[str]:
-    """What trained the runs a section reads, from their provenance as the reference keeps it: a table rerun in a runs
-    folder of its own (`table_provenance`), whose runs are not those the rest of the page reads even where their names
-    are the same (its undosed suite runs); else the scale's run folders the section reads (registry.section_folders)."""
+    """What trained the runs a section reads: a table rerun in a runs folder of its own (`table_provenance`), else
+    the scale's run folders the section reads (registry.section_folders)."""
     own = (reference.get("table_provenance") or {}).get(name)
     if own:
         folders = list(own.get("run_commits") or own.get("run_precisions") or {})
@@ -88,8 +82,7 @@ def runs_line(name: str, reference: dict, scale: str) -> list[str]:
 
 
 def made_of(made: dict, folders: list[str]) -> str:
-    """How many of the run folders were trained in which precision, on which machine, at which commit (`made`: a
-    reference's run_precisions, run_machines and run_commits, or a table's own)."""
+    """How many of the run folders were trained in which precision, on which machine, at which commit."""
     kinds = Counter(((made.get("run_precisions") or {}).get(f) or "precision not recorded",
                      (made.get("run_machines") or {}).get(f) or "machine not recorded") for f in folders)
     commits = Counter(((made.get("run_commits") or {}).get(f) or "")[:7] for f in folders)
@@ -98,7 +91,6 @@ def made_of(made: dict, folders: list[str]) -> str:
             + ", ".join(f"`{c}` ({n})" if c else f"a commit not recorded ({n})" for c, n in sorted(commits.items())))
 
 
-# ----------------------------------------------------------------------------------------------
 # The page, the headline and the files
 
 def other_section(name: str, reference: dict, scale: str) -> list[str]:
@@ -110,9 +102,8 @@ def other_section(name: str, reference: dict, scale: str) -> list[str]:
 
 
 def render_reference(scale: str, content: dict) -> str:
-    """The results page of a scale from its reference (a dict shaped as references/<scale>.json): each experiment's
-    section by its registry entry's renderer (experiments/registry.py), in the registry's order, then any other table
-    the reference holds as intervals."""
+    """The results page of a scale from its reference: each experiment's section by its registry entry's renderer, in
+    the registry's order, then any other table the reference holds as intervals."""
     shipped = content["tables"]
     absent = [name for name in registry.SECTIONS if name not in shipped]
     lines = [f"# Results at `{scale}` scale", "",
@@ -136,8 +127,7 @@ def render_reference(scale: str, content: dict) -> str:
 
 
 def read_from(scale: str, what: str, render, *args):
-    """render(*args), which reads a scale's reference: one of the right shape (reference.check_reference) may
-    still lack a number that a section reads (a row of a table's layout, a curve's point); one line naming it."""
+    """render(*args), which reads a scale's reference: a number a section reads that it lacks is one line."""
     try:
         return render(*args)
     except KeyError as e:
@@ -161,8 +151,8 @@ def shipped(scale: str) -> dict | None:
 
 
 def headline_numbers(reference: dict) -> dict[str, tuple[dict, float | None]]:
-    """{key: (stats, its Holm-adjusted p or None)} of the headline: Table 1; Table 2's Δ after phase 0 and how
-    it moves by the last phase end, so Δgrow is read with its path; Δgrow in the placements family."""
+    """{key: (stats, its Holm-adjusted p or None)} of the headline: Table 1, Table 2's Δ after phase 0 and how it
+    moves by the end, and Δgrow in the placements family."""
     numbers = {key: (stats(v), None) for key, v in reference["tables"]["table1"].items()}
     table2 = paper_reports.with_phase_deltas(reference["tables"].get("table2", {}), reference["curves"])
     numbers |= {key: (stats(table2[key]), None) for key in HEADLINE_TABLE2 if key in table2}
@@ -176,8 +166,7 @@ HEADLINE_TABLE2 = ("delta_ce_phase_0", "delta_ce_last_minus_phase_0")
 
 
 def headline(references: dict[str, dict] | None = None) -> list[str]:
-    """Table 1 at each of HEADLINE_SCALES beside the paper's, with intervals and the declared readings, and
-    the rows that say how far Δgrow's reading goes (its path through the phases, its reading in a family)."""
+    """Table 1 at each of HEADLINE_SCALES beside the paper's, with the rows that say how far Δgrow's reading goes."""
     # a scale enters the headline once it has shipped a reference: a column with no number says nothing
     references = references or {scale: ref for scale in HEADLINE_SCALES if (ref := shipped(scale)) is not None}
     numbers = {scale: {} if ref is None else read_from(scale, "the README's headline (from tables.table1, table2 and "
@@ -253,9 +242,8 @@ def with_headline(text: str, lines: list[str] | None = None) -> str:
 
 
 def main(scale: str, out_dir: Path | None = None, readme: Path | None = None) -> Path:
-    """Write <out_dir>/<scale>.md (docs/results/) and its figures (<out_dir>/<scale>/*.png) from
-    references/<scale>.json and refresh the README's headline table; returns the page's path. All are rendered,
-    every reference they read checked, before any is written, and each is written whole (checkpoint.write_atomic)."""
+    """Write <out_dir>/<scale>.md and its figures and refresh the README's headline; the page's path. All are
+    rendered, every reference checked, before any is written, each whole."""
     out_dir, readme = out_dir or PAGES, readme or README
     page, refreshed = render(scale), with_headline(text := readme.read_text())
     drawn = page_figures.draw(scale, ref) if (ref := shipped(scale)) else {}

@@ -1,8 +1,6 @@
-"""The paper's experiments reported, by one renderer for live and shipped numbers alike: `section` prints an
-experiment's section from its per-seed numbers (each number's mean and 95% t-interval over seeds beside the paper's,
-the paper's claims on the kit's means, the declared readings). The results pages print it from references/<scale>.json
-(page_section); report_experiment prints it from finished runs into results/<scale>/<experiment>.md and
-.json, adding what only live runs have (the figures and the numbers they plot) and the same table on the terminal.
+"""The paper's experiments reported, by one renderer for live and shipped numbers alike: `section`, from per-seed
+numbers; the results pages print it from references/<scale>.json (page_section), report_experiment from finished
+runs into results/<scale>/<experiment>.md and .json, with what only live runs have (the figures).
 
     paper_reports.report_experiment(ws, "table1", [42, 43, 44])
     paper_reports.section("table1", {"pre_joint": [4.01, 3.99, None], ...}, [42, 43, 44], final_ce, full=False)
@@ -27,8 +25,7 @@ if TYPE_CHECKING:
 
 def section(name: str, numbers: dict[str, list], seeds: list[int], final_ce: dict[str, list], full: bool) -> list[str]:
     """An experiment's section, below its heading, from {key: [value per seed]} and {run: [final CE per seed]} as a
-    reference ships them (null: a diverged run, n/a or never): what it is, which runs diverged, its table (in the
-    paper's layout too where it has one), the rows the numbers lack, the paper's claims and the declared readings."""
+    reference ships them: its table, the rows the numbers lack, the paper's claims and the declared readings."""
     exp, st = TABLES[name], {key: stats(values) for key, values in numbers.items()}
     rows = [r for r in exp.rows if r.key in st]
     lines = [f"{exp.about}.", "", diverged_line(final_ce, seeds, "runs this table reads"), ""]
@@ -52,8 +49,8 @@ def section(name: str, numbers: dict[str, list], seeds: list[int], final_ce: dic
 
 
 def claim_verdicts(exp: PaperTable, st: dict) -> list[tuple[str, str]]:
-    """(the paper's claim, its verdict on the kit's means): "agrees" or "DISAGREES"; none where it reads a number
-    with no mean: a null one (a diverged run, n/a) or one the reference lacks (shipped before the report had it)."""
+    """(the paper's claim, its verdict on the kit's means): "agrees", "DISAGREES", or none where a mean it reads is
+    null or missing."""
     verdicts = []
     for claim, agrees in exp.claims:
         try:  # a null mean is left out, so a claim that reads it stops there, as at a number the reference lacks
@@ -104,9 +101,8 @@ def report_experiment(ws: Workspace, name: str, seeds: list[int]) -> dict:
 
 
 def with_phase_deltas(numbers: dict, curves: dict) -> dict:
-    """Table 2 with Δ CE (post-grow − pre-grow) at every phase end, taken from the grow runs' curves where
-    the reference predates those rows: tables.table2_numbers reads the same evaluations (the last of each
-    phase, not the next phase's start), so the values are the ones a rerun of the report would ship."""
+    """Table 2 with Δ CE (post-grow − pre-grow) at every phase end from the grow runs' curves, where the reference
+    predates those rows: the evaluations tables.table2_numbers reads."""
     if "delta_ce_phase_0" in numbers or not {"pre-grow", "post-grow"} <= set(curves):
         return numbers
     pre, post = curves["pre-grow"], curves["post-grow"]

@@ -1,7 +1,5 @@
-"""The power of the kit's reading rule (report.reading), by Monte Carlo: what a pre-registration plans its seeds
-with. Each seed's difference is drawn from N(effect, sd^2); the chance the rule reads n of them "below 0" (or
-"above 0": the 95% t-interval excludes 0 on the effect's side), or "a tie within ±margin" (the 90% t-interval
-inside ±margin, TOST).
+"""The power of the kit's reading rule (report.reading) by Monte Carlo, each seed's difference drawn from
+N(effect, sd^2): what a pre-registration plans its seeds with.
 
     python -m experiments.power     # mini's eight-seed plan (docs/preregistrations.md, issue 57) from its reference
 """
@@ -27,7 +25,7 @@ def draws_of(effect: float, sd: float, n: int, draws: int, seed: int) -> tuple[n
 def power(effect: float, sd: float, n: int, draws: int = 200_000, seed: int = 0) -> float:
     """P(the 95% t-interval of n seeds excludes 0 on the side of `effect`'s sign; above 0 for 0)."""
     mean, se = draws_of(effect, sd, n, draws, seed)
-    half = report.t975(n - 1) * se
+    half = report.t_quantile(n - 1, 0.975) * se
     return float((mean + half < 0).mean() if effect < 0 else (mean - half > 0).mean())
 
 

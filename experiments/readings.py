@@ -1,5 +1,5 @@
-"""Readings of the results pages: the rule declared before the runs (report.reading, or report.adjusted_reading by a
-Holm-adjusted p in a declared family), and the sentence it chooses, whose words cannot say more than its interval.
+"""Readings of the results pages: the rule declared before the runs (report.reading, by a Holm-adjusted p in a
+declared family), and the sentence it chooses, whose words cannot say more than its interval.
 
     readings.sentence("delta grow", readings.stats(values))   # "delta grow: -0.0273 [...] reads **below 0**: ..."
 """
@@ -10,28 +10,25 @@ import math
 from experiments import report
 from experiments.presets import TIE_MARGIN
 
-# Readings chosen after their numbers were first seen: the rule that reads them is the declared one, the
-# choice to read them is not, so each says "post hoc". Table 3's interactions at equal steps (aeec662), and
-# issue 32's corrections (afae114): Table 2's Δ at every phase end, the transplant interaction in the
-# intervention family (whose Holm adjustment it therefore changes).
+# Readings chosen after their numbers were first seen (the rule is the declared one, the choice to read them is
+# not), so each says "post hoc": Table 3's interactions at equal steps (aeec662), issue 32's corrections (afae114).
 POST_HOC = {"table2": ("delta_ce_phase_0", "delta_ce_phase_1", "delta_ce_phase_2", "delta_ce_last_minus_phase_0"),
             "table3": ("interaction_longer", "interaction_replay"),
             "intervention": ("transplant interaction: prefix × appended placement",)}
 
 
 def stats(values: list) -> dict:
-    """report.across_seeds of a reference's per-seed values; a null (a diverged run, n/a or never: the
-    reference does not say which) is NaN, so the cell shows it per seed and no interval is made."""
+    """report.across_seeds of a reference's per-seed values, a null as NaN (shown per seed, no interval made)."""
     return report.across_seeds([math.nan if v is None else v for v in values])
 
 
 def read(s: dict, p_holm: float | None = None) -> str:
-    """The declared rule's reading of a difference over seeds: report.reading by its own intervals, or in
-    a family report.adjusted_reading by its Holm-adjusted p. A seed without a value gives no reading."""
+    """The declared rule's reading (report.reading), in a family by its Holm-adjusted p; a seed without a value
+    gives none."""
     missing = sum(not math.isfinite(v) for v in s["values"])
     if missing:
         return f"no reading: {missing} of {len(s['values'])} seeds have no value (null: a diverged run, n/a or never)"
-    return report.reading(s, TIE_MARGIN) if p_holm is None else report.adjusted_reading(s, p_holm, TIE_MARGIN)
+    return report.reading(s, TIE_MARGIN, p_holm)
 
 
 def holm_family(members: list[dict]) -> list[float]:
@@ -45,8 +42,7 @@ def p_text(p: float) -> str:
 
 
 def sentence(label: str, s: dict, p_holm: float | None = None, family: int = 0) -> str:
-    """One reading as a sentence: the difference, the rule's verdict, why the rule gave it, and the
-    smallest tie margin the seeds allowed. `p_holm` and `family` (its size) where a family is declared."""
+    """One reading as a sentence: the difference, the verdict, why, and the smallest tie margin the seeds allowed."""
     verdict = read(s, p_holm)
     if verdict.startswith("no reading"):
         return f"{label}: {verdict}."
@@ -80,8 +76,7 @@ RULE = (f"Readings follow the rule declared before the runs (docs/preregistratio
         "within a smaller margin was out of reach whatever the mean.")
 
 
-# ----------------------------------------------------------------------------------------------
-# What a reference records beside its numbers: seeds, diverged runs, commits
+# What a reference records beside its numbers: seeds, diverged runs
 
 def seeds_of(reference: dict, name: str | None) -> list[int]:
     """The seeds of a reference's table `name` (None, or one it records none for: the reference's)."""

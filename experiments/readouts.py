@@ -1,6 +1,5 @@
-"""Reading finished runs for the paper's tables and figures: a run's logged rows and evaluations, the fixed
-diagnostic batch, diagnostics over its kept checkpoints, its students loaded one at a time, whole-block removal
-(or as its record keeps it), and the tokens its batches held. Nothing here trains.
+"""Reading finished runs for the paper's tables and figures: logged rows, the fixed diagnostic batch, diagnostics
+over kept checkpoints, whole-block removal and the tokens its batches held. Nothing here trains.
 
     readouts.phase_end_eval(ws, RunName("pre", "grow"), 42, 0)["ce"]   # validation CE at phase 0's end
 """
@@ -46,10 +45,9 @@ def phase_start_eval(ws: Workspace, run: RunName, seed: int, phase: int) -> dict
 
 
 def logged_row(run_dir: Path, what: str, wanted: Callable[[dict], bool]) -> dict:
-    """The first row of a finished run's metrics.jsonl that `wanted` picks, an evaluation as the kit logs it
-    (the figures plot its CE), or one line naming the file: a log edited or cut short by hand. A CE the kit can
-    have logged is a finite number of at least 0, beside its PPL, exp(CE). No upper bound: a phase's starting
-    weights (phase 0's random ones too) may score worse than a uniform prediction without a divergence."""
+    """The first row of a finished run's metrics.jsonl that `wanted` picks, an evaluation as the kit logs it (a
+    finite CE >= 0 beside its PPL, exp(CE): no upper bound, a phase's starting weights may score worse than
+    uniform), or one line naming the file."""
     row = next((r for r in metrics(run_dir) if wanted(r)), {})  # a row `wanted` picks is never empty
     ce, ppl = row.get("ce"), row.get("ppl")
     if not row:
@@ -81,8 +79,7 @@ def series(ws: Workspace, run: RunName, seed: int) -> list[dict]:
 
 
 def load_student(ws: Workspace, path) -> model.Student:
-    """One checkpoint at a time on the run's device: in the preset's compute precision on a GPU (bf16 at
-    the paper's scale: a 3B-parameter student), fp32 on a CPU (as its runs hold their weights)."""
+    """One checkpoint at a time on the run's device: the preset's compute precision on a GPU, fp32 on a CPU."""
     device = ws.ctx.device
     dtype = devices.precision_choice(ws.preset.run["precision"], device)[0] if device.type == "cuda" else torch.float32
     return model.Student.load(path, dtype, device)

@@ -1,9 +1,6 @@
-"""A study's record (experiments/studies.py) as a file: what it must hold before anything is read or written
-from it, checked whole when it is read (check_record); the text it gives a page or the terminal, escaped and
-bounded (`cell`); and its folder, meant for git: checked writable before a study trains, written atomically
-without leaving a killed write's temporary file behind. A record is a file people commit, copy and edit: one
-edited and sealed again (its sha256 recomputed) is one line naming it and the key, never a run folder that
-fails later, half restored, or a traceback.
+"""A study's record (experiments/studies.py) as a file: checked whole when it is read (check_record), the text
+it gives a page escaped and bounded (`cell`), its folder checked writable and written atomically. A record edited
+and sealed again is one line naming it and the key, never a run folder that fails later, or a traceback.
 
     check_record(record, path)           # a BadRecord naming the record, the key and the fix
     cell(record["provenance"]["cpu"])    # one table cell: no line break, no |, at most 200 characters
@@ -32,18 +29,15 @@ RUN_KEYS = {"format", "run", "workspace", "seed", "identity", "config", "provena
 IDENTITY_TYPES = {"config_sha256": str, "data": dict, "teacher": str}
 PROVENANCE_TEXT = ("git_commit", "torch", "device", "cpu", "cpu_capability", "precision", "precision_reason")
 
-# What a number or a text in a file the kit reads back (a record, a reference) can be. A CE is at most about log V
-# (V: Qwen3's vocabulary, the largest any preset has, log V = 11.9) where a run ends, a little above it at an early
-# evaluation; four times that bounds every CE and every difference of CEs. Other numbers (token counts, PPLs,
-# kurtosis, seconds) stay far below 1e15; a text is a commit, a machine, a path, a run's name.
+# What a number or a text in a file the kit reads back can be: a CE is at most about log V (Qwen3's vocabulary,
+# 11.9), and four times that bounds every CE and difference of CEs; other numbers stay far below 1e15.
 CE_LIMIT = 4 * math.log(ModelConfig().vocab_size)
 NUMBER_LIMIT = 1e15
 TEXT_LIMIT, KEY_LIMIT = 4096, 200
 
 
 def too_long(value, where: str = "") -> tuple[str, str] | None:
-    """(the JSON path, what is wrong) of the first key or text in `value` longer than the kit ever writes (a 200 MB
-    string would be copied into a page), None if there is none."""
+    """(the JSON path, what is wrong) of the first key or text in `value` longer than the kit ever writes, or None."""
     if isinstance(value, str) and len(value) > TEXT_LIMIT:
         return where or "the file", f"is a text of {len(value):,} characters (the kit writes at most {TEXT_LIMIT:,})"
     if isinstance(value, list):
@@ -57,17 +51,15 @@ def too_long(value, where: str = "") -> tuple[str, str] | None:
 
 
 def bounded(value, low: float, high: float) -> bool:
-    """A finite number (finite_number: a 401-digit integer is none) within [low, high]."""
+    """A finite number within [low, high]."""
     return finite_number(value) and low <= value <= high
 
 
-# ----------------------------------------------------------------------------------------------
 # What a run is, as a record names it: its settings as they train, hashed
 
 def training_settings(stored: dict) -> dict:
-    """A config as its folder stores it (config.json: paths relative to the run), without the settings that
-    only observe and without fields at their default (a field added to RunConfig later, at its default,
-    leaves every record valid)."""
+    """A config as its folder stores it, without the settings that only observe and without fields at their
+    default (a field added to RunConfig later, at its default, leaves every record valid)."""
     defaults = json.loads(json.dumps({f.name: f.default for f in fields(config.RunConfig) if f.default is not MISSING}))
     return {k: v for k, v in stored.items()
             if k not in rundir.OBSERVING | {"relative_to_run"} and not (k in defaults and v == defaults[k])}
@@ -77,7 +69,6 @@ def digest(value) -> str:
     return hashlib.sha256(json.dumps(value, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
 
 
-# ----------------------------------------------------------------------------------------------
 # What a record must hold
 
 class BadRecord(errors.TrainingError):
@@ -96,16 +87,14 @@ def whole(value) -> bool:
 
 
 def cell(value, limit: int = 200) -> str:
-    """Text from a file as one markdown table cell or one line of output: control characters (a line break
-    among them) escaped, | escaped, at most `limit` characters (a 200 MB string costs a slice, not a page)."""
+    """Text from a file as one table cell or line of output: control characters and | escaped, at most `limit` long."""
     text = value if isinstance(value, str) else str(value)
     return locks.printable(text[:limit + 1], limit).replace("|", "\\|")
 
 
 def check_record(record, path: Path):
-    """The record whole: its format, and for a run's record every key of RUN_KEYS of its type, its run label
-    and workspace its place (<records>/<workspace>/<run>.json, the label's s<seed> its seed), its config the one
-    its identity hashes, done.json's numbers its last evaluation's."""
+    """The record whole: its format, every key of RUN_KEYS of its type, its label its place, its config the one its
+    identity hashes, done.json's numbers its last evaluation's."""
     bad = lambda where, problem: BadRecord(path, where, problem)
     if not isinstance(record, dict):
         raise bad("the file", f"is {describe(record)}, not an object")
@@ -154,8 +143,7 @@ TRAINED_IN = {"fp32": "float32", "bf16": "bfloat16"}  # config.precision -> prov
 
 
 def check_precision(trained: str, asked, bad):
-    """What trained the run, as its provenance says: a precision the kit trains in, and the one its config asks for
-    unless that is "auto" (a run of fp32 never computes in bfloat16)."""
+    """The precision its provenance says: one the kit trains in, and the one its config asks for unless "auto"."""
     if trained not in ("float32", "bfloat16"):
         raise bad("provenance.precision", f"is {cell(trained, 40)!r}, not a precision the kit trains in (float32, "
                                           "bfloat16)")
@@ -179,8 +167,7 @@ def expect_keys(value: dict, keys: set, where: str, bad):
 
 
 def check_place(record: dict, path: Path, bad):
-    """A record belongs to the run of its place alone: a copy (`pre-grow copy.json`), another study's record
-    dropped in, a record of another seed are none of this study's."""
+    """A record belongs to the run of its place alone: a copy or another study's record is none of this study's."""
     run, workspace, seed = record["run"], record["workspace"], record["seed"]
     if not isinstance(run, str) or not isinstance(workspace, str) or not whole(seed):
         raise bad("run, workspace or seed", "is not of the kit's type (a text, a text, a whole number)")
@@ -212,8 +199,7 @@ def check_settings(settings: dict, bad):
 
 
 def check_done(done: dict, rows: list[dict], bad) -> bool:
-    """done.json as training.check_result and rundir.final_eval read it in the restored folder: a diverged entry
-    (step, why), or finite numbers that its last evaluation in metrics logged. Whether the run diverged."""
+    """done.json as rundir.final_eval reads it: a diverged entry, or its last evaluation's numbers. Whether it diverged."""
     if done.get("diverged") is not None:
         entry = done["diverged"]
         if not (isinstance(entry, dict) and whole(entry.get("step")) and isinstance(entry.get("why"), str)):
@@ -237,13 +223,11 @@ def check_done(done: dict, rows: list[dict], bad) -> bool:
     return False
 
 
-# ----------------------------------------------------------------------------------------------
 # The records folder, meant for git
 
 def check_writable(folder: Path):
-    """A study's records folder, checked before anything trains (each record is written after its run, maybe
-    hours in): the folder, or the nearest one above it that exists, and every folder in it writable. Nothing is
-    made here (a dry run attaches too)."""
+    """A study's records folder (or the nearest one above that exists) and every folder in it writable, checked
+    before anything trains: each record is written after its run, maybe hours in."""
     above = next(p for p in (folder, *folder.parents) if p.exists() or p.is_symlink())
     for path in [above, *(p for p in sorted(folder.rglob("*")) if p.is_dir())] if folder.is_dir() else [above]:
         why = ("not a folder" if not path.is_dir() else
@@ -258,8 +242,7 @@ TEMPORARY = re.compile(r"\.(.+\.json)\.(\d{1,10})\.tmp")
 
 
 def write_record(path: Path, record: dict):
-    """A record written atomically, in a folder meant for git: first the temporary files a killed write left
-    there (their process gone) are removed, so none is committed (none is ever read: records are *.json)."""
+    """A record written atomically, the temporary files a killed write left there removed first (none is committed)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     for left in path.parent.iterdir():
         match = TEMPORARY.fullmatch(left.name)

@@ -4,13 +4,9 @@ read only after a check of its whole shape (experiments/comparison.py checks run
     python repro.py reference --scale toy --seeds 42,43,44     # writes references/toy.json from runs/ and results/
     python repro.py reference --scale toy --seeds 42,43,44 --tables planted --force   # one table, rerun apart
 
-A reference holds, per run, the validation CE at every evaluation (the curve) and at the end, per
-experiment every number over seeds (its report's `numbers`, named by the report), each as the values of
-the shipped seeds, and the commit, precision and machine that trained each run (`run_commits`, `run_precisions`,
-`run_machines`, from its provenance.json: a band is a band of its runs' precision, and `compare` says so); a
-table rerun in a runs folder of its own keeps its runs' under `table_provenance`, apart from the scale's.
-A shipped reference is read by `load`, which checks it whole against the shape `collect` writes before
-any page is rendered or number compared.
+Per run, the validation CE at every evaluation and at the end; per experiment, every number of its report's
+`numbers`; each as the shipped seeds' values; and the commit, precision and machine that trained each run (a table
+rerun in a runs folder of its own keeps its runs' under `table_provenance`).
 """
 from __future__ import annotations
 
@@ -50,8 +46,7 @@ def collect(runs: Path, results: Path, seeds: list[int]) -> dict:
     # Likewise an evaluation point that some seed's run lacks: every value a reference ships is one per seed.
     curves = {name: {point: v for point, v in points.items() if len(v) == len(seeds)} for name, points in curves.items()
               if name in finals}
-    # A report over some of the seeds ships with its own seeds named,
-    # if it has a spread to make bands from: one seed of several would give a band of the tolerance alone.
+    # A report over some of the seeds ships with its own seeds named, if it has a spread to make bands from.
     table_seeds = {}
     for file in sorted(results.glob("*.json")):
         own, numbers = read_report(file)
@@ -63,10 +58,8 @@ def collect(runs: Path, results: Path, seeds: list[int]) -> dict:
 
 
 def with_tables(shipped: dict, runs: Path, results: Path, names: list[str]) -> dict:
-    """`shipped` with the tables `names` taken anew from their reports (results/<name>.json) and the commits
-    of the runs under `runs` added: for an experiment rerun apart from the rest of its scale (its own runs
-    folder), whose other tables and curves stay as shipped. A report must cover several of the shipped
-    seeds (one seed's band would be the tolerance alone)."""
+    """`shipped` with the tables `names` taken anew from their reports and their runs' provenance added: for an
+    experiment rerun apart from the rest of its scale, in a runs folder of its own."""
     content = {**shipped, "tables": dict(shipped["tables"]), "table_seeds": dict(shipped.get("table_seeds", {})),
                "table_provenance": dict(shipped.get("table_provenance", {}))}
     for name in names:
@@ -90,16 +83,14 @@ def machine_of(provenance: dict) -> str | None:
     return f"{cpu} ({provenance['cpu_capability']})" if cpu and provenance.get("cpu_capability") else cpu
 
 
-# What a reference keeps of each run's provenance.json: the commit that trained it (so when a run ran relative to
-# the rule that governs it can be checked against `git log`), the precision it computed in (a band's) and the
-# machine (AVX2 and AVX-512 round differently; a GPU by its name).
+# What a reference keeps of each run's provenance.json: the commit (when it ran relative to its rule), the
+# precision (a band's) and the machine (AVX2 and AVX-512 round differently).
 PROVENANCE_FIELDS = {"run_commits": lambda p: p.get("git_commit"), "run_precisions": lambda p: p.get("precision"),
                      "run_machines": machine_of}
 
 
 def run_provenance(runs: Path, seeds: list[int]) -> dict[str, dict[str, str | None]]:
-    """{reference key: {run folder relative to runs/<scale>/: its provenance.json's field}} (PROVENANCE_FIELDS),
-    for every run of the seeds (the suite's, beyond/'s) and the teacher, each file read once."""
+    """{reference key: {run folder under runs/<scale>/: its provenance.json's field}} of every run of the seeds."""
     folders = [d for seed in seeds for d in runs.glob(f"s{seed}/*")] + \
         [d for seed in seeds for d in runs.glob(f"beyond/*/s{seed}/*")] + [runs / "teacher"]
     made = {str(d.relative_to(runs)): rundir.read_json(d / "provenance.json")
@@ -108,9 +99,8 @@ def run_provenance(runs: Path, seeds: list[int]) -> dict[str, dict[str, str | No
 
 
 def read_report(file: Path) -> tuple[list[int], dict[str, list]]:
-    """(its seeds, its `numbers`: {name: per-seed values}, as its writer named them) of a report over seeds, checked
-    as `compare` reads what `reference` writes from it; a file that is not a report the kit wrote (notes, nested
-    lists) is one line naming it, as is a report over seeds that names no numbers (an older kit's)."""
+    """(its seeds, its `numbers`: {name: per-seed values}) of a report over seeds, checked; a file that is not a
+    report the kit wrote is one line naming it."""
     bad = complaint(file, f"not a report the kit wrote: move it out of {file.parent} (`reference` reads every *.json "
                           "there)")
     content = rundir.read_json(file)
@@ -125,14 +115,11 @@ def read_report(file: Path) -> tuple[list[int], dict[str, list]]:
     return own, content["numbers"]
 
 
-# ----------------------------------------------------------------------------------------------
-# A shipped reference is checked whole against the shape `collect` writes before a page is rendered
-# or a number compared: a hand edit (a string, `true` read as 1, a seed list that is not one, a row
-# longer than its seeds) would otherwise be a traceback or, worse, a page that is silently wrong.
+# A shipped reference is checked whole against the shape `collect` writes before a page is rendered or a number
+# compared: a hand edit would otherwise be a traceback or, worse, a page that is silently wrong.
 
 def load(scale: str) -> dict:
-    """references/<scale>.json, read strictly and checked whole (check_reference); one line if it is not
-    the kit's."""
+    """references/<scale>.json, read strictly and checked whole (check_reference); one line if it is not the kit's."""
     path = REFERENCES / f"{scale}.json"
     if not path.is_file():
         raise UsageError(f"{path}: no shipped reference for --scale {scale}; make one with `repro.py reference`")
@@ -146,8 +133,7 @@ def load(scale: str) -> dict:
 
 
 def refuse_repeated_keys(pairs: list[tuple], path: Path) -> dict:
-    """An object of the file read with each key once: a key given twice (table1.pre_grow edited in a second
-    place) would otherwise be read as its last value, silently."""
+    """An object of the file read with each key once: a key given twice would otherwise be read as its last value."""
     content = dict(pairs)
     if len(content) < len(pairs):
         key = next(k for i, (k, _) in enumerate(pairs) if k in dict(pairs[:i]))
@@ -162,8 +148,7 @@ def restore(path: Path) -> str:
 
 
 def complaint(path: Path, fix: str):
-    """bad(where, problem): the error for a file's first value that is not where, or of the type, the kit writes
-    it, named by its JSON path (`where`; "" for the whole file), with what to do about it."""
+    """bad(where, problem): the error for a value named by its JSON path (`where`; "" the whole file), with `fix`."""
     return lambda where, problem: UsageError(f"{path}: {where or 'the file'} {problem}; {fix}")
 
 
@@ -173,9 +158,8 @@ POINT = re.compile(r"\d+( start)?")  # an evaluation point: "<step>", or "<step>
 
 
 def check_reference(content, path: Path, fix: str = ""):
-    """Every value of a reference where `collect` puts it and of the type it writes, each list of per-seed
-    values as long as its seeds; the first that is not is a BadReference naming its JSON path (and `fix`: what
-    to do, where it is not the shipped file that is at fault)."""
+    """Every value of a reference where `collect` puts it and of the type it writes, each list of per-seed values
+    as long as its seeds; the first that is not is one line naming its JSON path (and `fix`)."""
     bad = complaint(path, fix or restore(path))
     expect(content, dict, "", bad)
     if found := too_long(content):  # before a page copies a 200 MB string
@@ -250,14 +234,13 @@ def check_seeds(seeds, where: str, bad) -> list[int]:
     return seeds
 
 
-# The tables every number of which is a CE or a difference of CEs: within ± CE_LIMIT (the others' numbers within
-# ± NUMBER_LIMIT): a value of 1e200 would be a page's 827-character cell, 1e308 an overflow in its mean.
+# The tables every number of which is a CE or a difference of CEs: within ± CE_LIMIT (1e200 would be a page's
+# 827-character cell), the others' within ± NUMBER_LIMIT.
 CE_TABLES = ("table1", "table3", "scratch", "placements", "intervention")
 
 
 def per_seed(values, n: int, where: str, bad, ce: bool = False, limit: float = NUMBER_LIMIT):
-    """A list of one value per seed: a finite number (checkpoint.finite_number: a 401-digit integer is none) within
-    ± limit (a CE, `ce`: 0 to CE_LIMIT), or null (a diverged run, n/a)."""
+    """A list of one value per seed: a finite number within ± limit (a CE, `ce`: 0 to CE_LIMIT), or null."""
     if len(expect(values, list, where, bad)) != n:
         raise bad(where, f"holds {len(values)} value{'s' * (len(values) != 1)} for {n} seeds")
     for i, value in enumerate(values):
@@ -286,18 +269,15 @@ def describe(value) -> str:
 
 
 def json_path(*keys: str) -> str:
-    """A value's place in the file: dotted where a key is a plain name, tables["placements"]["post: delta_grow"]
-    where it is not."""
+    """A value's place in the file: dotted where a key is a plain name, tables["placements"]["post: delta_grow"] else."""
     return "".join((f".{k}" if i else k) if re.fullmatch(r"[A-Za-z0-9_-]+", k) else f"[{json.dumps(k)}]"
                    for i, k in enumerate(keys))
 
 
-# ----------------------------------------------------------------------------------------------
-# The commands: `reference` writes the shipped file, `compare` checks against it
+# The command: `reference` writes the shipped file
 
 def write(scale: str, seeds: list[int], force: bool, runs: Path, results: Path) -> str:
-    """references/<scale>.json from the finished runs and reports of `seeds` (runs/<scale>, results/<scale>);
-    the line that says what it wrote."""
+    """references/<scale>.json from the finished runs and reports of `seeds`; the line that says what it wrote."""
     missing = [seed for seed in seeds if not (runs / f"s{seed}").is_dir()]
     if missing:
         raise UsageError(f"{runs / f's{missing[0]}'}: no runs of seed {missing[0]}; run them first")

@@ -1,21 +1,10 @@
-"""Every experiment declared once, in one dict of one type (EXPERIMENTS, each an Experiment, in the results page's
-order): the paper's tables and figures (`table`: tables.TABLES's declaration of its rows; `repro.py run` trains them
-together over their shared runs, `all` is every one of them) and the experiments beyond them (STUDIES), each a command
-of its own and a name `repro.py run` accepts. For every one: the runs it reads (`groups`: what its dry run plans, whose
-provenance its page section names), its section of the results page (`page`, by the renderer its live report uses);
-for each one beyond the paper, what it trains and reports (`run`) and which runs its study records (`manifest`).
-repro.py, tools/cli_options.py (the names `run` accepts), tools/preflight.py and pages.py all iterate this dict.
-Adding one is one file (its runs and its report) and one line here (docs/design.md, "Adding an experiment").
+"""Every experiment declared once, in one dict of one type (EXPERIMENTS, in the results page's order): the paper's
+tables and figures, then those beyond them (STUDIES), each a command of its own. repro.py, tools/cli_options.py,
+tools/preflight.py and pages.py iterate it; adding one is one file and one line here (docs/design.md, "Adding an
+experiment").
 
     python repro.py tail --scale toy --dry-run       # EXPERIMENTS["tail"]: its groups planned, its records surveyed
-    python repro.py run tail --scale toy --dry-run   # the same
     python repro.py planted --scale toy              # EXPERIMENTS["planted"].run(ws, seeds, force)
-
-An experiment's `groups(ws, seed)` lists (label, workspace, runs, seed): the suite's runs in the workspace itself,
-each variant's in its own folder (variants.variant_workspace). A study's `manifest(ws, seeds)` is its runs, restored
-from their records before anything trains, and a note for the dry run (None: it records its runs but trains them
-all, whatever their records say). `page(reference, scale)` is its section of the results page; `shipped=False`: its
-numbers are its committed records, not the reference's (the causal test).
 """
 from __future__ import annotations
 
@@ -137,8 +126,7 @@ SECTIONS = {name: experiment.page for name, experiment in EXPERIMENTS.items() if
 
 
 def section_folders(name: str, scale: str, seeds: list[int]) -> list[str]:
-    """The run folders under runs/<scale>/ whose numbers an experiment's page section reads (its groups, as its dry
-    run plans them), so that the section can name what trained them from the reference's provenance."""
+    """The run folders under runs/<scale>/ whose numbers an experiment's page section reads (its groups)."""
     experiment = EXPERIMENTS.get(name)
     if experiment is None or experiment.names_its_machines:  # a table the kit has no entry for (pages.other_section)
         return []

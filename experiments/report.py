@@ -1,6 +1,5 @@
-"""Reports: statistics over seeds (mean, sample std, a 95% t-interval), the cells and tables they are
-printed in, and the writing of results/<scale>/<report>.json and .md. Every experiment module formats
-its numbers here, so one number looks the same in every report.
+"""Reports: statistics over seeds (mean, sample std, a 95% t-interval), the cells and tables they are printed in,
+and the writing of results/<scale>/<report>.json and .md, so that one number looks the same in every report.
 
     stats = report.across_seeds([3.26, 3.25, 3.26])    # {"mean", "std", "ci95", "n", "values"}
     report.stats_cell(stats)                            # "3.2567 [3.2438, 3.2695]"
@@ -21,13 +20,7 @@ import rundir
 from experiments.suite import RunName, Workspace, console
 from plumbing import checkpoint
 
-# ----------------------------------------------------------------------------------------------
 # Statistics over seeds
-
-def t975(df: int) -> float:
-    """The 97.5% quantile of Student's t with `df` degrees of freedom (a 95% two-sided interval)."""
-    return t_quantile(df, 0.975)
-
 
 def t_quantile(df: int, p: float) -> float:
     """The p quantile of Student's t with `df` degrees of freedom (scipy's)."""
@@ -35,11 +28,8 @@ def t_quantile(df: int, p: float) -> float:
 
 
 def reading(s: dict, margin: float, p_adjusted: float | None = None) -> str:
-    """How a difference over seeds reads, by the rule fixed before the results (presets.TIE_MARGIN):
-    "below 0" / "above 0" if its 95% t-interval excludes 0 (for one comparison of a family, if `p_adjusted`, its
-    p-value adjusted over the family by holm, is below 0.05); "a tie within ±margin" if its 90% interval lies
-    inside ±margin (two one-sided t-tests at 5%, TOST); else "inconclusive". A diverged seed or a single seed
-    gives no reading."""
+    """How a difference over seeds reads, by the rule fixed before the results (readings.RULE); in a family, by
+    `p_adjusted`, its p adjusted over the family by holm. A diverged seed or a single seed gives no reading."""
     if s.get("diverged"):
         return f"no reading: {diverged_text(s)}"
     if s["n"] < 2 or not math.isfinite(s["std"]):
@@ -50,10 +40,6 @@ def reading(s: dict, margin: float, p_adjusted: float | None = None) -> str:
     return tie_or_inconclusive(s, margin)
 
 
-def adjusted_reading(s: dict, p_adjusted: float, margin: float) -> str:
-    """reading() of one comparison of a family, by its p-value adjusted over the family."""
-    return reading(s, margin, p_adjusted)
-
 
 def tie_or_inconclusive(s: dict, margin: float) -> str:
     """"a tie within ±margin" if the 90% t-interval lies inside ±margin (two one-sided tests at 5%)."""
@@ -61,9 +47,8 @@ def tie_or_inconclusive(s: dict, margin: float) -> str:
 
 
 def smallest_tie_margin(s: dict) -> float:
-    """The smallest margin m that tie_or_inconclusive could have called a tie within: |mean| plus the
-    90% interval's half-width (nan with under two seeds or a diverged one). With 3 seeds it is at least
-    1.69 SD, so a margin below that was out of reach by design, whatever the mean."""
+    """The smallest margin a tie could have been read within: |mean| plus the 90% interval's half-width (nan with
+    under two seeds or a diverged one)."""
     if s.get("diverged") or s["n"] < 2 or not math.isfinite(s["std"]):
         return math.nan
     return abs(s["mean"]) + t_quantile(s["n"] - 1, 0.95) * s["std"] / math.sqrt(s["n"])
@@ -87,9 +72,8 @@ def p_two_sided(s: dict) -> float:
 
 
 class Diverged(float):
-    """A diverged run's number (done.json's "diverged"): NaN that stays Diverged through a table's
-    arithmetic (a difference with a diverged run is diverged), so every report shows "diverged" and
-    counts it, never a number with a verdict."""
+    """A diverged run's number: NaN that stays Diverged through a table's arithmetic, so every report shows
+    "diverged" and counts it, never a number with a verdict."""
 
     def __new__(cls):
         return super().__new__(cls, math.nan)
@@ -108,8 +92,7 @@ DIVERGED = Diverged()
 
 
 def across_seeds(values: list[float]) -> dict:
-    """mean, sample std and a 95% t-interval of one number over seeds (std 0 and no interval for one),
-    over the seeds whose runs did not diverge; "diverged" counts the others."""
+    """mean, sample std and a 95% t-interval of one number over the seeds whose runs did not diverge."""
     diverged = sum(isinstance(v, Diverged) for v in values)
     if diverged:
         kept = [v for v in values if not isinstance(v, Diverged)]
@@ -120,17 +103,16 @@ def across_seeds(values: list[float]) -> dict:
         return {"mean": sum(values) / n, "std": math.nan, "ci95": None, "n": n, "values": values}
     mean = statistics.fmean(values)
     std = statistics.stdev(values) if n > 1 else 0.0
-    half = t975(n - 1) * std / math.sqrt(n) if n > 1 else None
+    half = t_quantile(n - 1, 0.975) * std / math.sqrt(n) if n > 1 else None
     return {"mean": mean, "std": std, "ci95": [mean - half, mean + half] if half is not None else None,
             "n": n, "values": values}
 
 
 def paired(a: list[float], b: list[float]) -> dict:
-    """across_seeds of a - b, seed by seed (a diverged run on either side makes that seed's difference diverged)."""
+    """across_seeds of a - b, seed by seed."""
     return across_seeds([x - y for x, y in zip(a, b)])
 
 
-# ----------------------------------------------------------------------------------------------
 # Finished runs as reports count them: a final CE, or a divergence said in every report
 
 def final_ce(ws: Workspace, run: RunName, seed: int) -> float:
@@ -151,14 +133,13 @@ def diverged_runs(ws: Workspace, runs, seeds) -> list[str]:
 
 
 def diverged_line(diverged: list[str], total: int) -> str:
-    """A report's count of its diverged runs (diverged_runs' entries among `total` runs), said even when none did."""
+    """A report's count of its diverged runs among `total`, said even when none did."""
     if not diverged:
         return f"Diverged: none of {total} runs."
     return (f"Diverged: {len(diverged)} of {total} runs, shown as diverged and left out of every mean and "
             f"interval: {'; '.join(diverged)}.")
 
 
-# ----------------------------------------------------------------------------------------------
 # Cells and tables
 
 TOKENS = -1  # Row.digits of a token count: printed as 3.11B, 312.40k, ...
@@ -213,8 +194,7 @@ def kit_cell(s: dict, digits: int) -> str:
 
 
 def comparison(r: Row, s: dict, full: bool) -> str:
-    """At full scale, kit - paper where both are in the same units. Below it, absolute values are not
-    the paper's, so only a direction is compared: for a difference whose sign is the paper's claim,
+    """At full scale, kit - paper; below it only a direction: for a difference whose sign is the paper's claim,
     whether the kit's sign is the same (and whether the seeds' interval excludes zero)."""
     if r.paper is None:
         return ""
@@ -287,8 +267,8 @@ def finite(value):
 
 
 def row_numbers(rows: dict[str, dict]) -> dict[str, list]:
-    """A report's `numbers`, each row's under the name its writer gives it ({name: row}): every number over seeds
-    (an across_seeds dict) of a row as "<name>: <quantity>": its per-seed values as the JSON holds them (null: n/a)."""
+    """A report's `numbers` ({name: row}): every number over seeds of a row as "<name>: <quantity>": its per-seed
+    values (null: n/a)."""
     return {f"{name}: {quantity}": finite(value["values"]) for name, row in rows.items()
             for quantity, value in row.items() if isinstance(value, dict) and "values" in value}
 

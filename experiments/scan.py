@@ -24,8 +24,7 @@ SCAN_MASSIVE = 100.0  # max |activation| / median counted massive: Sun et al. 20
 
 
 def checkpoint_blocks(path: Path) -> int:
-    """The active blocks of a student checkpoint folder (phase-<p>/ or step-<n>/ of a run), from its run's
-    phase plan; anything else is one line naming it."""
+    """The active blocks of a student checkpoint folder (a run's phase-<p>/ or step-<n>/); else one line."""
     path = Path(path)
     if not (path / "trainer_state.json").is_file() or not (path.parent / "config.json").is_file():
         raise errors.OptionError("CHECKPOINT", f"{path}: not a student checkpoint (a run's phase-<p>/ or step-<n>/ "
@@ -36,10 +35,8 @@ def checkpoint_blocks(path: Path) -> int:
 
 @torch.no_grad()
 def backcopy_parts(shard: data.Shard, logits_of) -> dict | None:
-    """What a model learned of each part of a Bigram-Backcopy task, on a validation shard: its CE on the
-    copies (the target after a trigger, fixed by the symbol before the trigger) and on the chain's draws,
-    beside the chain's own CE on the same draws (the least any model reaches there; a copy's is 0). None
-    for a shard of another corpus. logits_of: input ids (B, T) -> logits (B, T, V)."""
+    """What a model learned of a Bigram-Backcopy shard: its CE on the copies (after a trigger) and on the chain's
+    draws, beside the chain's own CE there; None for another corpus. logits_of: ids (B, T) -> logits (B, T, V)."""
     corpus = shard.manifest["corpus"]
     if corpus.get("source") != "backcopy":
         return None
@@ -61,8 +58,7 @@ def backcopy_parts(shard: data.Shard, logits_of) -> dict | None:
 
 
 def run_scan(ws: suite.Workspace, teacher: Path, checkpoints: list[Path]) -> dict:
-    """diag.layer_scan of the scale's teacher and each student checkpoint on the fixed diagnostic batch:
-    results/<scale>/scan.md, .json and scan.png."""
+    """diag.layer_scan of the scale's teacher and each student checkpoint (results/<scale>/scan.md, .json, .png)."""
     blocks = {Path(c): checkpoint_blocks(c) for c in checkpoints}  # every path checked before any work
     decode = corpora.vocabulary(ws.preset.data).decode
     batch = readouts.diagnostic_batch(ws)

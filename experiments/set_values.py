@@ -1,7 +1,5 @@
-"""What `--set SECTION.KEY=VALUE` accepts, value by value: the sections and keys one may set (and those the
-kit sets itself), a value's text read as its field's type and checked against its range or choices, and the
-folder name a set of values gives the runs made with it. presets.parse_overrides and apply_overrides apply
-them to a scale's preset.
+"""What `--set SECTION.KEY=VALUE` accepts: the keys one may set (and those the kit sets itself), a value read as
+its field's type and checked against its range or choices, and the folder name a set of values gives its runs.
 
     python repro.py table1 --scale toy --set run.lr=6e-3   # its runs in runs/toy/set/run.lr=0.006/
 """
@@ -17,7 +15,6 @@ from plumbing import corpora, errors, tokenizer
 from plumbing.hf_qwen3 import ModelConfig
 from plumbing.locks import printable
 
-# ----------------------------------------------------------------------------------------------
 # The keys: a section's dataclass fields, the corpus's options, and what each number may be.
 
 OVERRIDABLE = {"run": config.RunConfig, "teacher_run": config.RunConfig, "teacher_model": ModelConfig,
@@ -27,12 +24,9 @@ OVERRIDABLE = {"run": config.RunConfig, "teacher_run": config.RunConfig, "teache
 DATA_OPTIONS = {name: value for options in corpora.CORPUS_OPTIONS.values() for name, value in options.items()}
 
 
-# What a parsed value must also be (parse_value already refuses negative and non-finite numbers): inside
-# its range, Adam's betas below one, one of a setting's choices. Checked here so that a bad value is one
-# line before any folder is made, not an error (or a meaningless run, or a dry run that fills the memory)
-# minutes later. Every number any section holds has a range (tests/test_bad_inputs.py checks it): counts
-# of at least one, fractions, and upper ends far past any run the kit could train (the paper: K = 3,
-# 33,000 steps a phase, 256 documents a step), so that a mistyped exponent is refused, not planned.
+# What a parsed value must also be: inside its range (every number has one: tests/test_bad_inputs.py), one of a
+# setting's choices, so that a bad value is one line before any folder is made; upper ends lie far past any run the
+# kit could train, so that a mistyped exponent is refused, not planned.
 RANGES = {  # name: (lowest, highest); a tuple's values (phase_lrs, phase_warmups, betas) each
     "seed": (0, 2**63 - 1), "blocks": (1, 128), "layers_per_block": (1, 128), "phase_steps": (1, 10**9),
     "global_batch": (1, 2**20), "micro_batch": (1, 2**20), "lr": (0, 1e3), "min_lr": (0, 1e3), "warmup_frac": (0, 1),
@@ -74,8 +68,7 @@ def value_problem(name: str, value) -> str:
 
 
 def parse_value(key: str, raw: str, current):
-    """`raw` as the type of the preset's current value; a bad value is a one-line error naming the key (the value
-    shown escaped: it is the user's text, and may hold a terminal's escape sequence)."""
+    """`raw` as the type of the preset's current value; a bad value is a one-line error naming the key."""
     def bad(why):
         return errors.OptionError("--set", f"{key}={printable(raw, 80)}: {why}")
     if isinstance(current, bool):
@@ -107,16 +100,14 @@ def parse_value(key: str, raw: str, current):
     raise bad("this key cannot be set from the command line")
 
 
-# ----------------------------------------------------------------------------------------------
 # The folder a set of values names: runs made with other settings never share one.
 
 OVERRIDE_NAME_BYTES = 120  # a folder name's limit is 255 bytes; results/<scale>+<name> adds to it
 
 
 def override_name(changes: dict) -> str:
-    """A folder name for a set of overrides, e.g. run.lr=0.0003,run.phase_steps=100: one set, one name (two
-    sets never share a workspace, whose --force would then discard the other's data). A long name is cut and
-    ends in a hash of the whole (config.json records every value)."""
+    """A folder name for a set of overrides, e.g. run.lr=0.0003,run.phase_steps=100: one set, one name; a long
+    one cut, ending in a hash of the whole."""
     name = ",".join(f"{s}.{k}={named(v)}" for s in sorted(changes) for k, v in sorted(changes[s].items()))
     if len(name.encode()) <= OVERRIDE_NAME_BYTES:
         return name
@@ -125,10 +116,8 @@ def override_name(changes: dict) -> str:
 
 
 def named(value) -> str:
-    """A value as a folder name shows it, as it always has where that loses nothing (numbers, a tuple without
-    its spaces, true/false, a plain word); a string with a character the name would lose or misread (/ shown
-    as _, spaces and control characters dropped, or a , = ~ that would read as another item) also ends in a hash
-    of its exact value."""
+    """A value as a folder name shows it; a string with a character the name would lose or misread (/, spaces,
+    control characters, , = ~) also ends in a hash of its exact value."""
     if not isinstance(value, str):
         return str(value).replace(" ", "")  # (0.9, 0.99) -> (0.9,0.99): a tuple's spaces are always ", "
     readable = "".join(c for c in re.sub(r"\s", "", value.replace("/", "_")) if unicodedata.category(c)[0] != "C")

@@ -1,12 +1,8 @@
-"""The paper's experiments: which named runs each needs, how it turns them into numbers (with the
-paper's value beside each, mean and 95% t-interval over seeds) and figures, and the reports in
-results/<scale>/<experiment>.md and .json. repro.py drives them:
+"""The paper's tables and figures: which named runs each needs and how it turns them into numbers per seed (the
+paper's value beside each) and figures, read from finished runs; nothing here trains.
 
     python repro.py table1 fig3 --scale smoke
     python repro.py table1 --scale toy --seeds 42,43,44
-
-Nothing here trains: every number is read from finished runs (done.json, metrics.jsonl, kept
-checkpoints) through diag.py.
 """
 from __future__ import annotations
 
@@ -28,9 +24,7 @@ RUNS = (*MAIN_RUNS, *(RunName(norm, "freeze") for norm in NORMS),
         *(RunName(norm, protocol) for norm in NORMS for protocol in ("joint-long", "joint-longer")),
         *(RunName(norm, "joint-replay") for norm in NORMS))
 
-# ----------------------------------------------------------------------------------------------
-# The paper's tables and figures. Each declares the runs it needs and turns them into numbers per seed (with the
-# paper's value beside each) and/or figures; experiments/registry.py makes each one experiment (Experiment.table).
+# The paper's tables and figures; experiments/registry.py makes each one experiment (Experiment.table).
 
 @dataclass
 class PaperTable:
@@ -81,9 +75,7 @@ TABLE3_RUNS = tuple(RunName(norm, p) for norm in ("post", "pre")
 
 
 def table3_numbers(ws, seed):
-    """Table 3's joint controls for both placements, the same-shard control (grow's steps on grow's
-    shard), and whether growth beats more steps: grow - joint-longer per placement, beside Table 1's
-    interaction."""
+    """Table 3's joint controls for both placements, and whether growth beats more steps or the same shard."""
     ce = {run.name: report.final_ce(ws, run, seed) for run in TABLE3_RUNS}
     out = ce | {"interaction": (ce["post-grow"] - ce["pre-grow"]) - (ce["post-joint"] - ce["pre-joint"])}  # Table 1's
     for control in ("longer", "replay"):
@@ -126,8 +118,7 @@ TABLE4_METRICS = (("delta_ce", "dce", "ΔCE when removed"), ("angular_distance",
 
 
 def table4_grid(stats: dict, n_seeds: int) -> list[str]:
-    """Table 4 as the paper prints it: a row per run, ΔCE and angular distance per block; each cell
-    "kit (paper)", the kit's mean over seeds."""
+    """Table 4 as the paper prints it, each cell "kit (paper)", the kit's mean over seeds."""
     blocks = sum(1 for key in stats if key.startswith("pre-grow_dce_"))  # K (the paper's 3, or a deeper student's)
 
     def paper(name, metric, b):
@@ -187,8 +178,7 @@ def boundary_series(ws, seed):
 
 
 def boundary_numbers(ws, seed):
-    """After block 0 in grow, each seed's share of the mechanism the figures draw for one seed: the std of
-    per-token RMS at the first and last snapshot, the boundary / regular RMS and the kurtosis at the end."""
+    """After block 0 in grow, per seed, what the figures draw for one: the RMS's spread, ratio and kurtosis."""
     out = {}
     for n, snapshots in boundary_series(ws, seed).items():
         first, last = snapshots[0]["boundary_stats"][1], snapshots[-1]["boundary_stats"][1]
@@ -199,8 +189,7 @@ def boundary_numbers(ws, seed):
 
 
 def boundary_figure(about: str, kind: str, draw: Callable) -> PaperTable:
-    """Figures 4, 5 and A1: grow's diagnostic series drawn for one seed (`draw`), and over seeds the rows of
-    boundary_numbers that the figure's report gives (`kind`), with the paper's values."""
+    """Figures 4, 5 and A1: drawn for one seed (`draw`), and over seeds the rows of boundary_numbers of `kind`."""
     paper, types = P["boundary_std_after_block0"], P["token_type_rms"]
     post_range = "–".join(f"{v:g}" for v in paper["post_range"])
     rows = {"std": [report.Row("pre-grow, std of per-token RMS after block 0, first snapshot", "pre_std_first",
@@ -379,11 +368,8 @@ TABLES = {
         [report.Row(f"{title}, block {b}: {label}", f"{run.name}_{short}_{b}", P["table4"][run.name][metric][b], 3)
          for run, title in TABLE4_TITLES.items() for metric, short, label in TABLE4_METRICS for b in range(3)],
         numbers=table4_numbers, layout=table4_grid,
-        # The paper's Section 5 claims as it states them, its own numbers as the thresholds: removing any
-        # post-grow block raises CE by at least 2.38 with angular distances above 0.34; only pre-grow's final
-        # block is near an identity; post-joint's block 0 has low removal sensitivity (0.55, against 8.05 to
-        # 8.32 for the other runs' block 0) and its block 2 high (4.00). Absolute CE costs are scale-bound:
-        # below full scale a "DISAGREES" on the first two says the kit's blocks carry less, not a sign error.
+        # The paper's Section 5 claims, its own numbers as the thresholds. Absolute CE costs are scale-bound: below
+        # full scale a "DISAGREES" on the first two says the kit's blocks carry less, not a sign error.
         claims=[("removing any post-grow block raises CE by at least 2.38 (the paper's smallest post-grow ΔCE)",
                  lambda m: min(m[f"post-grow_dce_{b}"] for b in range(3)) >= min(P["table4"]["post-grow"]["delta_ce"])),
                 ("every post-grow block's angular distance is above 0.34 (the paper's smallest)",

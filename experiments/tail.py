@@ -154,17 +154,17 @@ def family(ce: dict) -> list[dict]:
     raw = [report.p_two_sided(r["d"]) for r in rows[1:]]
     for row, p, p_holm in zip(rows[1:], raw, report.holm(raw)):
         row["p"] = math.nan if math.isnan(p) else p_holm
-        row["reading"] = report.adjusted_reading(row["d"], p_holm, presets.TIE_MARGIN)
+        row["reading"] = report.reading(row["d"], presets.TIE_MARGIN, p_holm)
     for row in rows:
         row["smallest_tie_margin"] = report.smallest_tie_margin(row["d"])
     return rows
 
 
-def outcome(scale: str, hidden: int, seeds: list[int], read) -> dict:
-    """The report's numbers from `read(label) -> (done, rows, machine row)` of every run, or, before every run is in,
-    how many are."""
+def outcome(scale: str, hidden: int, seeds: list[int], read: dict[str, tuple]) -> dict:
+    """The report's numbers from `read`, {label: (done, rows, machine row)} of the runs that are in, or, before every
+    run is in, how many are."""
     runs = variants(scale, hidden)
-    found = {(v.label, s): got for v in runs for s in seeds if (got := read(label(v, s))) is not None}
+    found = {(v.label, s): read[label(v, s)] for v in runs for s in seeds if label(v, s) in read}
     # No numbers to ship: its page reads the committed records (recorded_outcome), never a reference.
     out = {"experiment": "tail", "scale": scale, "seeds": seeds, "numbers": {}, "runs": len(runs) * len(seeds),
            "recorded": len(found), "check_ratio": CHECK_RATIO, "tie_margin": presets.TIE_MARGIN,
@@ -380,23 +380,6 @@ def check_met(out: dict) -> bool:
     return all(check["met"] for check in out["checks"] if check["norm"] == "pre")
 
 
-def from_folders(ws: suite.Workspace):
-    def read(name: str):
-        folder = ws.runs / name
-        if not (folder / "done.json").is_file():
-            return None
-        return rundir.read_json(folder / "done.json"), rundir.read_metrics(folder), studies.folder_machine_row(name, folder)
-    return read
-
-
-def from_records(found: dict[str, dict]):
-    def read(name: str):
-        if (record := found.get(name)) is None:
-            return None
-        return record["done"], record["metrics"], studies.machine_row(name, record["provenance"], record["wall_seconds"])
-    return read
-
-
 def run_tail(ws: suite.Workspace, seeds: list[int], force: bool = False) -> dict:
     """The causal test's runs trained (those recorded restored) and its report (results/<scale>/tail.md/.json)."""
     # One seed trains and reads nothing rather than being refused: each run is recorded apart, so it joins later
@@ -409,7 +392,10 @@ def run_tail(ws: suite.Workspace, seeds: list[int], force: bool = False) -> dict
     train_variants(ws, ws_variants(ws), seeds, force)
     if not ws.ctx.is_main:
         return {}
-    out = outcome(ws.preset.name, presets.teacher_shape(ws.preset).hidden_size, seeds, from_folders(ws))
+    read = {job.label: (rundir.read_json(job.folder / "done.json"), rundir.read_metrics(job.folder),
+                        studies.folder_machine_row(job.label, job.folder))
+            for job in manifest(ws, seeds) if (job.folder / "done.json").is_file()}
+    out = outcome(ws.preset.name, presets.teacher_shape(ws.preset).hidden_size, seeds, read)
     lines = markdown(out) + [""] + studies.machines_markdown(out["machines"])
     return report.write(ws.results, "tail", out, lines, echo=True)
 
@@ -419,8 +405,9 @@ def recorded_outcome(scale: str, records: Path | None = None) -> dict:
     dry run checks it (studies.page_records)."""
     ws = studies.page_workspace(scale, records or studies.RECORDS_DIR)
     seeds = presets.DEFAULT_SEEDS["tail"][scale]
-    found = studies.page_records(manifest(ws, seeds))
-    return outcome(scale, presets.teacher_shape(ws.preset).hidden_size, seeds, from_records(found))
+    read = {name: (r["done"], r["metrics"], studies.machine_row(name, r["provenance"], r["wall_seconds"]))
+            for name, r in studies.page_records(manifest(ws, seeds)).items()}
+    return outcome(scale, presets.teacher_shape(ws.preset).hidden_size, seeds, read)
 
 
 def markdown(out: dict) -> list[str]:

@@ -1,9 +1,6 @@
-"""A Variant: the one way a run differs from its preset, for every experiment that trains one (the interventions,
-the planted doses, the ideas, the causal test, a newcomer's own): its label, the suite's run it changes, its folder
-(runs/<scale>/beyond/<folder>/: the only place its folder's name comes from) and its settings, presets.Settings as
-`--set` parses them and checked as `--set` values are (presets.with_settings). Here too what every such experiment
-does with its variants: their workspaces, training them after the suite's own runs (a seed's variants in lockstep),
-their outcomes, and how a declared family of contrasts between them reads (Holm).
+"""A Variant: the one way a run differs from its preset (its label, the suite's run it changes, its folder
+runs/<scale>/beyond/<folder>/, its settings as `--set` parses them), and what every experiment that trains one
+does with its variants: their workspaces, their training, their outcomes, a declared family's readings (Holm).
 
     variants.train_variants(ws, [Variant("pre-grow + dose-channel 10x", PRE_GROW, "dose-channel-10",
                                          {"run": {"boundary": "dose-channel", "boundary_scale": 10.0}})], seeds)
@@ -66,9 +63,8 @@ def train_variants(ws: suite.Workspace, variants, seeds: list[int], force: bool 
 
 
 def job_config(vws: suite.Workspace, run: RunName, seed: int, teacher: Path) -> config.RunConfig:
-    """A run's settings in its workspace; a variant's freeze run (in beyond/<folder>/) starts from the suite's
-    grow phase 0 (of block 0's placement): no intervention acts while one block is active, and a transplant's
-    prefix is that block."""
+    """A run's settings in its workspace; a variant's freeze run starts from the suite's grow phase 0 (of block 0's
+    placement): no intervention acts while one block is active."""
     settings = suite.run_config(vws, run, seed, teacher=teacher)
     if settings.start_from and run.protocol == "freeze" and vws.suite_runs is not None:
         suite_ws = replace(vws, student_runs=vws.suite_runs, suite_runs=None)
@@ -86,13 +82,12 @@ def variant_outcomes(ws: suite.Workspace, variants, seeds: list[int]) -> tuple[d
 
 
 def holm_readings(rows: list[dict], key: str, untested: float = math.nan):
-    """A declared family, read into each of its rows: row[key]'s one-sample t-test p adjusted by Holm over the rows
-    (p_holm; NaN where it has no test: one seed, no spread, a diverged run, and such a row enters the adjustment as
-    `untested`), its reading by report.adjusted_reading and the smallest tie margin its seeds allowed."""
+    """A declared family, read into each of its rows: row[key]'s p adjusted by Holm over the rows (p_holm; NaN
+    where it has no test, which enters as `untested`), its reading and the smallest tie margin its seeds allowed."""
     raw = [report.p_two_sided(row[key]) for row in rows]
     for row, p, p_holm in zip(rows, raw, report.holm([untested if math.isnan(p) else p for p in raw])):
         row["p_holm"] = math.nan if math.isnan(p) else p_holm
-        row["reading"] = report.adjusted_reading(row[key], p_holm, presets.TIE_MARGIN)
+        row["reading"] = report.reading(row[key], presets.TIE_MARGIN, p_holm)
         row["smallest_tie_margin"] = report.smallest_tie_margin(row[key])
 
 

@@ -417,7 +417,7 @@ def test_intervention_contrasts_are_one_holm_family_with_the_transplant_interact
     assert [r["p_holm"] for r in rows] == pytest.approx(report.holm(raw))
     for r in rows:
         assert r["smallest_tie_margin"] == pytest.approx(report.smallest_tie_margin(r["delta"]))
-        assert r["reading"] == report.adjusted_reading(r["delta"], r["p_holm"], 0.01)
+        assert r["reading"] == report.reading(r["delta"], 0.01, r["p_holm"])
 
 
 # ---- the second search (docs/preregistrations.md, 2026-12-02): long documents and its ladder ----------

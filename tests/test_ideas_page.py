@@ -48,7 +48,7 @@ def test_the_primaries_are_one_holm_family_of_seven_read_by_the_declared_rule():
     holm = report.holm(raw)
     for i in range(1, 8):
         assert rows[i][5] == readings.p_text(holm[i - 1])
-        assert rows[i][6] == report.adjusted_reading(stats[i], holm[i - 1], 0.01)
+        assert rows[i][6] == report.reading(stats[i], 0.01, holm[i - 1])
     assert rows[1][6] == "below 0" and rows[4][2] == "post-grow"  # idea 4's primary is against post-grow
     assert rows[2][6] != "below 0"
     assert rows[1][4] == "-0.0500, -0.0520, -0.0490" and rows[4][4] == "-0.0200, -0.0250, -0.0220"  # every seed's Δ

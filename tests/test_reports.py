@@ -37,7 +37,7 @@ def test_t_quantile_is_exact_for_any_number_of_seeds():
     # Published two-sided 95% critical values of Student's t.
     known = {1: 12.7062, 2: 4.3027, 3: 3.1824, 4: 2.7764, 9: 2.2622, 31: 2.0395, 45: 2.0141, 120: 1.9799}
     for df, value in known.items():
-        assert report.t975(df) == pytest.approx(value, abs=1e-4), df
+        assert report.t_quantile(df, 0.975) == pytest.approx(value, abs=1e-4), df
     s = report.across_seeds([1.0, 2.0, 4.0])
     half = 4.30265 * statistics.stdev([1.0, 2.0, 4.0]) / math.sqrt(3)
     assert s["ci95"] == pytest.approx([7 / 3 - half, 7 / 3 + half], abs=1e-4)
@@ -66,11 +66,11 @@ def test_readings_by_the_pre_declared_rule_and_holms_correction():
     assert report.p_two_sided(report.across_seeds([0.0, 1.0, 1.0, 2.0]) | {"std": 1.0}) == pytest.approx(0.1393, abs=1e-4)
     # In a family the sign needs the adjusted p: an interval that excludes 0 alone is not enough
     clear = report.across_seeds([-0.030, -0.031, -0.029])
-    assert report.adjusted_reading(clear, 0.049, 0.01) == "below 0"
-    assert report.adjusted_reading(clear, 0.06, 0.01) == "inconclusive"  # 90% interval [-0.032, -0.028]: no tie
+    assert report.reading(clear, 0.01, 0.049) == "below 0"
+    assert report.reading(clear, 0.01, 0.06) == "inconclusive"  # 90% interval [-0.032, -0.028]: no tie
     small = report.across_seeds([-0.004, -0.005, -0.006])  # excludes 0 by its interval, and inside +-0.01
-    assert report.reading(small, 0.01) == "below 0" and report.adjusted_reading(small, 0.2, 0.01) == "a tie within ±0.01"
-    assert report.adjusted_reading(report.across_seeds([-0.02, report.DIVERGED, 0.01]), 0.01, 0.01).startswith("no reading")
+    assert report.reading(small, 0.01) == "below 0" and report.reading(small, 0.01, 0.2) == "a tie within ±0.01"
+    assert report.reading(report.across_seeds([-0.02, report.DIVERGED, 0.01]), 0.01, 0.01).startswith("no reading")
 
 
 def test_references_hold_the_numbers_of_every_experiment_beyond_the_paper_too():

@@ -101,7 +101,7 @@ def test_d_on_planted_numbers_equals_a_hand_computation():
     assert tail.contrast(ce, "tail 37x", "pre") == pytest.approx([0.05, 0.07, 0.04])
     rows = tail.family(ce)
     assert rows[0]["primary"] and rows[0]["d"]["mean"] == pytest.approx(0.16 / 3)
-    half = report.t975(2) * rows[0]["d"]["std"] / math.sqrt(3)
+    half = report.t_quantile(2, 0.975) * rows[0]["d"]["std"] / math.sqrt(3)
     assert rows[0]["d"]["ci95"] == pytest.approx([0.16 / 3 - half, 0.16 / 3 + half])
     assert rows[0]["reading"] == "above 0"
     # post: (0.01 - 0.01, 0.01 - 0.00, 0.00 - 0.01) = (0, 0.01, -0.01); three-way: (0.05, 0.06, 0.05)
@@ -116,7 +116,7 @@ def test_d_on_planted_numbers_equals_a_hand_computation():
 def test_power_matches_the_normal_approximation_where_it_holds():
     # with many seeds the t-test is the z-test: power = Phi(effect sqrt(n) / sd - z_0.975)
     n, effect, sd = 40, 0.01, 0.02
-    z = effect * math.sqrt(n) / sd - report.t975(n - 1)
+    z = effect * math.sqrt(n) / sd - report.t_quantile(n - 1, 0.975)
     expected = 0.5 * (1 + math.erf(z / math.sqrt(2)))
     assert power.power(effect, sd, n, draws=400_000) == pytest.approx(expected, abs=0.01)
     assert power.power(0.0, sd, 8) == pytest.approx(0.025, abs=0.003)  # one tail of a 5% two-sided test
@@ -147,7 +147,8 @@ def test_one_seed_writes_a_report_that_reads_nothing():
     """Issue 59 §6: smoke's default single seed trained and recorded every run, then the report died in the power
     calculation (math domain error) and the correlation of D over seeds; now its report says "no reading: one seed"
     (a seed recorded now joins later seeds' records), and the power line says there is none."""
-    out = tail.outcome("smoke", 32, [42], one_seed_reader)
+    out = tail.outcome("smoke", 32, [42], {tail.label(v, 42): one_seed_reader(tail.label(v, 42))
+                                           for v in tail.variants("smoke", 32)})
     assert out["recorded"] == out["runs"] == 14 and math.isnan(out["doses"]["d_correlation"])
     assert out["family"][0]["reading"] == "no reading: one seed" and out["position_state"] is None
     text = "\n".join(tail.markdown(out))
