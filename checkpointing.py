@@ -83,8 +83,7 @@ def save_checkpoint(run_dir: Path, net, state: dict, ctx, name: str, optimizer=N
 
 @contextmanager
 def temporary_folder(run_dir: Path, name: str, ranks):
-    """run_dir/<name>.tmp, emptied (a kill may leave one) before any rank writes checkpoint <name> in it; a full
-    disk is one line naming the folder and what is still intact."""
+    """run_dir/<name>.tmp, emptied (a kill may leave one); a full disk is one line naming what is still intact."""
     try:
         tmp = run_dir / f"{name}.tmp"
         if ranks.is_main:
@@ -149,8 +148,7 @@ def stage_kept(run_dir: Path, name: str, net, state: dict, writers: int, group, 
 
 def stage_latest(run_dir: Path, net, optimizer, state: dict, group, ranks) -> Callable[[], None]:
     """latest/: each rank's own shards of the weights and of AdamW's state, an index of which rows each file holds
-    and the trainer state, written by every rank that holds distinct shards (`group`). Nothing is gathered whole,
-    and it resumes on any number of ranks. Each rank's rows are copied to host memory now; returns the write."""
+    and the trainer state; nothing is gathered whole, and it resumes on any number of ranks. Returns the write."""
     if group is not None:
         params = dict(net.named_parameters())
         moments = {f"{fqn}/{key}": value for fqn, p in params.items()
@@ -194,8 +192,7 @@ TRAINER_STATE_KEYS = ("step", "phase", "data", "totals", "elapsed", "torch_rng")
 
 
 def checkpoints(run_dir: Path) -> list[tuple[int | None, Path]]:
-    """(step, folder) of every resume point: those with an unreadable trainer state (step None) first, so that
-    each is named before a good one is taken, then newest first, once the run's writes in flight are done."""
+    """(step, folder) of every resume point: an unreadable trainer state's (step None) first, then newest first."""
     writer.wait_for_writes(run_dir)
     found = []
     for ckpt in run_dir.iterdir() if run_dir.is_dir() else []:

@@ -21,9 +21,6 @@ from interventions.boundary import BOUNDARIES
 from plumbing import checkpoint
 from plumbing.errors import ConfigError
 
-# ----------------------------------------------------------------------------------------------
-# The settings of one run
-
 PROTOCOLS = ("joint", "grow", "freeze", "joint-long", "teacher")
 PRECISIONS = ("fp32", "bf16")  # and "auto": bf16 where the machine runs it measurably faster (devices.py)
 # The settings that take one of a few names; checked here, and by presets.py for --set before any folder is made.
@@ -151,8 +148,7 @@ class RunConfig:
         return replace(self, **absolute_paths(vars(self), run_dir), relative_to_run=False)
 
     def relative_to(self, run_dir: Path, root: Path) -> "RunConfig":
-        """This config as a run folder stores it: the paths under `root` (the runs tree) relative to run_dir, others
-        (a hub teacher's cache) absolute."""
+        """This config as a run folder stores it: the paths under `root` relative to run_dir, others absolute."""
         run_dir, root = Path(run_dir).resolve(), Path(root).resolve()
         paths = {}
         for key in PATH_FIELDS:
@@ -255,8 +251,7 @@ def learning_rate(config: RunConfig, step_in_phase: int, phase: int = 0) -> floa
 
 
 def absolute_paths(settings: dict, run_dir: Path) -> dict:
-    """A config's PATH_FIELDS made absolute: relative to the run folder where `relative_to_run`, else to the
-    working directory (configs written before that, or by hand)."""
+    """A config's PATH_FIELDS made absolute, from the run folder where `relative_to_run`, else from the cwd."""
     base = Path(run_dir) if settings.get("relative_to_run") else Path.cwd()
     return {k: str((base / v).resolve()) for k in PATH_FIELDS if isinstance(v := settings.get(k), str) and v}
 

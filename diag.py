@@ -103,8 +103,7 @@ def first_token_attention(attention: list, mask: torch.Tensor, first: torch.Tens
 
 
 def even_first_token_attention(mask: torch.Tensor, window: int = 0) -> float:
-    """What first_token_attention reads for a head that spreads each query evenly over the keys it sees: the
-    level at which a head does not prefer the first token at all."""
+    """What first_token_attention reads for a head that spreads each query evenly over the keys it sees."""
     t = mask[:, 1:].nonzero()[:, 1].double() + 1                                # the real queries' positions
     even = torch.where((t < window) | (window == 0), 1 / (t + 1), torch.zeros_like(t))
     return float(even.mean()) if len(t) else math.nan
@@ -147,8 +146,7 @@ def is_delimiter_text(text: str) -> bool:
 
 
 def token_types(input_ids: torch.Tensor, mask: torch.Tensor, decode: Callable[[list[int]], str]) -> torch.Tensor:
-    """(B, T) long: BOUNDARY, DELIMITER, REGULAR or PADDING per input position (TOKEN_TYPE_DEFINITION); `decode`
-    is called once per distinct token id."""
+    """(B, T) long: BOUNDARY, DELIMITER, REGULAR or PADDING per input position (TOKEN_TYPE_DEFINITION)."""
     input_ids, mask = input_ids.cpu(), mask.cpu()
     delimiter_ids = [i for i in input_ids[mask].unique().tolist() if is_delimiter_text(decode([i]))]
     types = torch.full(input_ids.shape, REGULAR, dtype=torch.long)
@@ -195,8 +193,7 @@ def captured_forward(net, input_ids: torch.Tensor, active_blocks: int | None = N
 
 @torch.no_grad()
 def diagnose_checkpoint(student, batch, decode: Callable, active_blocks: int | None = None) -> dict:
-    """Boundary statistics, token-type RMS, the raw per-token RMS (for histograms) and first-token attention of one
-    student (or a Qwen3) on a fixed batch, running blocks 0..active_blocks-1 (default all)."""
+    """The boundary statistics of one student (or a Qwen3) on a fixed batch, running `active_blocks` (all)."""
     captured = captured_forward(student, batch.input_ids, active_blocks)
     boundaries = captured["boundaries"]
     types = token_types(batch.input_ids, batch.mask, decode)

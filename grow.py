@@ -336,8 +336,7 @@ class Run:
         return self.state == "training"
 
     def diverge(self, step: int, why: str, values: dict, stop: bool):
-        """Record the first divergence, with its values (a non-finite one as text: strict JSON) and the newest
-        checkpoint, which it did not reach; with `stop`, the run stops there."""
+        """Record the first divergence, with its values and the newest checkpoint; with `stop`, stop there."""
         if self.outcome["diverged"] is None:
             good = checkpointing.newest_checkpoint(self.run_dir)
             self.outcome["diverged"] = {
@@ -349,8 +348,7 @@ class Run:
             self.finish()
 
     def finish(self):
-        """done.json: the scheduled endpoint's evaluation (killed after the last save: evaluate it), or the
-        divergence."""
+        """done.json: the scheduled endpoint's evaluation (evaluated now if killed after the last save)."""
         if self.final is None and self.outcome["diverged"] is None:
             self.final = nets.evaluate(self.config, self.net, self.teacher, self.val, self.phases[-1].active_blocks,
                                        self.ctx, self.dtype)
@@ -380,8 +378,7 @@ class Run:
 def train(config: RunConfig, run_dir, force: bool = False, ctx: Dist | None = None,
           stop_after_step: int | None = None, tracker: str = "", teacher: nets.Teacher | None = None,
           wait: bool = True) -> dict:
-    """Run (or resume, or skip if done) one run; its final evaluation. `stop_after_step` ends early as if killed
-    there (the resume tests); `teacher`, a loaded one (default: config.teacher's)."""
+    """Run (or resume, or skip if done) one run; its final evaluation. `stop_after_step`: as if killed there."""
     return train_together([(config, run_dir)], force, ctx, stop_after_step, tracker, teacher, wait)[0]
 
 

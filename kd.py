@@ -6,15 +6,9 @@ Per real (non-padding) target token:
 
 with z = hidden @ head_weight.T for the student (S) and the teacher (T), averaged over real targets.
 
-    import kd
-    loss, kd_term, ce_term = kd.kd_loss(student_hidden, student.lm_head.weight,   # (B, T, H), (V, H)
-                                        teacher_hidden, teacher.lm_head.weight,   # (B, T, H_T), (V, H_T)
-                                        targets, mask,               # (B, T) long, (B, T) bool (None: all real)
-                                        alpha=0.7, gamma=0.3, tau=1.0,
+    loss, kd_term, ce_term = kd.kd_loss(h_S, W_S, h_T, W_T, targets, mask,   # (B, T, H), (V, H), ..., (B, T)
                                         denominator=real_targets_in_global_batch)
-    loss.backward()          # gradients reach student_hidden and the student head only
-
-    loss, ce_term = kd.ce_loss(hidden, lm_head.weight, targets, mask)   # plain CE (teacher pretraining)
+    loss.backward()          # gradients reach h_S and W_S only
     sums = kd.kd_sums(...)   # no grad: float64 sums of kl, soft_ce, ce and the count n, for evaluation
 
 How: the masked tokens are gathered (padding costs nothing), then processed `chunk_size` tokens at a time.
@@ -83,8 +77,7 @@ def _token_terms(z_S, z_T, y, *, alpha, gamma, tau, want_grad, want_soft_ce):
 @torch.no_grad()  # gradients here are computed by hand, never traced
 def _chunk_loop(h_S, W_S, h_T, W_T, y, *, alpha, gamma, tau, chunk_size, grad_h=False, grad_W=False,
                 want_soft_ce=False):
-    """Walks the tokens (N, H) in chunks: (float64 sums of kl, soft_ce and ce, and the gradients of
-    alpha * sum(kl) + gamma * sum(ce) with respect to h_S and W_S, None unless asked for)."""
+    """Walks the tokens (N, H) in chunks: float64 sums of kl, soft_ce and ce, and the gradients asked for."""
     n, vocab = len(y), W_S.shape[0]
     sums = torch.zeros(3, dtype=torch.float64, device=h_S.device)
     dh = torch.empty_like(h_S) if grad_h else None
@@ -173,9 +166,8 @@ def _terms(sums, alpha, gamma, scale, dtype):
 
 def kd_loss(student_hidden, student_head_weight, teacher_hidden, teacher_head_weight, targets, mask,
             alpha=0.7, gamma=0.3, tau=1.0, chunk_size=DEFAULT_CHUNK_SIZE, denominator=None):
-    """alpha * tau^2 * KL(q_T || q_S) + gamma * CE(y, z_S), averaged over `denominator` real targets (default
-    mask.sum()); shapes in the module's docstring. Returns (loss, kd_term, ce_term): kd_term the mean of
-    tau^2 * KL (without alpha), ce_term the mean hard CE, both detached."""
+    """The loss, averaged over `denominator` real targets (default mask.sum()), with its detached terms: the mean
+    of tau^2 * KL (without alpha) and the mean hard CE."""
     h_S, W_S, h_T, W_T, y = _real_tokens(student_hidden, student_head_weight, teacher_hidden, teacher_head_weight,
                                          targets, mask)
     denominator = len(y) if denominator is None else float(denominator)
@@ -197,8 +189,7 @@ def ce_loss(hidden, head_weight, targets, mask, chunk_size=DEFAULT_CHUNK_SIZE, d
 @torch.no_grad()
 def kd_sums(student_hidden, student_head_weight, teacher_hidden, teacher_head_weight, targets, mask,
             tau=1.0, chunk_size=DEFAULT_CHUNK_SIZE):
-    """Float64 sums over real targets, for token-weighted evaluation: kl (tau^2 * KL), soft_ce
-    (tau^2 * H(q_T, q_S)), ce and the count n; without a teacher, only ce and n."""
+    """Float64 sums over real targets of kl, soft_ce, ce and the count n (without a teacher, ce and n)."""
     h_S, W_S, h_T, W_T, y = _real_tokens(student_hidden, student_head_weight, teacher_hidden,
                                          teacher_head_weight, targets, mask)
     sums, _, _ = _chunk_loop(h_S, W_S, h_T, W_T, y, alpha=0.0, gamma=0.0, tau=tau, chunk_size=chunk_size,
@@ -223,8 +214,7 @@ def _real_tokens(h_S, W_S, h_T, W_T, targets, mask):
 
 
 def _same_dtype(h, W):
-    """Under autocast (bf16 hidden states, fp32 master weights) the head matmul runs in autocast's dtype,
-    as F.linear would; otherwise in the wider of the two dtypes."""
+    """The head matmul's dtype: autocast's under autocast, as F.linear's, else the wider of the two."""
     if torch.is_autocast_enabled(h.device.type):
         dtype = torch.get_autocast_dtype(h.device.type)
     else:

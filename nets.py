@@ -74,8 +74,7 @@ class Teacher:
 
 
 def load_teacher(config: RunConfig, ctx: Dist, dtype: torch.dtype) -> Teacher:
-    """The teacher checkpoint, its layers sharded under FSDP2 (TEACHER_REPLICATED whole); in the compute `dtype`
-    on a GPU, fp32 on a CPU."""
+    """The teacher checkpoint, sharded under FSDP2; in the compute `dtype` on a GPU, fp32 on a CPU."""
     net = model.load_qwen3(config.teacher, dtype=dtype if ctx.device.type == "cuda" else torch.float32,
                            device=ctx.device, shard_fn=shard_fn(ctx, dtype, replicated=TEACHER_REPLICATED))
     if config.compile:
@@ -117,8 +116,8 @@ def build_model(config: RunConfig, teacher: Teacher | None, ctx: Dist, dtype: to
 
 
 class BoundaryProfile:
-    """mirror-fwd's target: a frozen reference student's per-token RMS at each block boundary, on the batch being
-    run (a plain object: the reference is never part of the trained model)."""
+    """mirror-fwd's target: a frozen reference student's per-token RMS at each block boundary (a plain object: the
+    reference is never part of the trained model)."""
 
     def __init__(self, reference: model.Student):
         self.reference = reference
@@ -142,8 +141,7 @@ def boundary_profile(config: RunConfig, phase: Phase, ctx: Dist, dtype: torch.dt
 
 
 def warn_math_attention(config: RunConfig, ctx: Dist):
-    """One line if this GPU has no fused attention kernel for the runs' longest document (SDPA would fall
-    back to the math kernel without a word: its T x T scores per head, and several times slower)."""
+    """One line if this GPU has no fused attention kernel for the runs' longest document (SDPA's silent fallback)."""
     shard = data.Shard(config.train_data, verify=False)
     length = int(shard.lengths.max()) - 1
     shape = ModelConfig(**config.teacher_config) if config.teacher_config else \
@@ -161,8 +159,7 @@ def warn_math_attention(config: RunConfig, ctx: Dist):
 # on every rank), the boundary monitor's numbers
 
 def loss_fn(config, batch, teacher_hidden, teacher_head_weight, phase, denominator, net):
-    """One micro-batch through the model with the chunked loss as its output function: KD against the teacher's
-    hidden states, or plain CE without them."""
+    """One micro-batch through the model with the chunked loss (plain CE without teacher hidden states)."""
     if teacher_hidden is None:
         blocks = {"active_blocks": phase.active_blocks} if isinstance(net, model.Student) else {}
         loss, ce_term = net(batch.input_ids, **blocks, doc_lengths=batch.doc_lengths, output_fn=partial(
@@ -178,8 +175,7 @@ def loss_fn(config, batch, teacher_hidden, teacher_head_weight, phase, denominat
 @torch.no_grad()
 def evaluate(config: RunConfig, net, teacher: Teacher | None, val: data.Shard, active_blocks: int | None,
              ctx: Dist, dtype: torch.dtype) -> dict:
-    """CE, PPL, KD (soft-target CE) and KL over every validation document, token-weighted and summed over ranks;
-    without a teacher, CE and PPL alone."""
+    """CE, PPL, KD (soft-target CE) and KL over every validation document, token-weighted over ranks."""
     net.eval()
     sums = [0.0, 0.0, 0.0, 0.0]  # kl, soft_ce, ce, targets
     blocks = {"active_blocks": active_blocks} if isinstance(net, model.Student) else {}
@@ -217,10 +213,9 @@ def perplexity(ce: float) -> float:
 
 
 def monitor_row(captured: dict, mask: torch.Tensor, first: torch.Tensor | None = None) -> dict:
-    """The boundary monitor's numbers from one training forward, diag.boundary_stats's conventions: per boundary,
-    the mean, std and kurtosis of per-token RMS, the document-boundary token's (each document's position 0:
-    `first`; default each row's first column) mean RMS over all other real tokens' (the monitor decodes nothing)
-    and the massive ratio; per layer, each head's mean attention on position 0."""
+    """The boundary monitor's numbers from one training forward, diag.boundary_stats's conventions, with the
+    boundary token's (each document's position 0: `first`) mean RMS over all other real tokens' (the monitor
+    decodes nothing, so delimiters count as others)."""
     first = diag.row_starts(mask) if first is None else first
     rows = []
     for b, h in enumerate(captured["boundaries"]):

@@ -154,8 +154,7 @@ def _with_progress(chunks: Iterator[tuple[np.ndarray, np.ndarray]], label: str, 
 
 def _write_shard(path: Path, inputs: dict, chunks: Iterator[tuple[np.ndarray, np.ndarray]], enc: Tokenizer,
                  unchanged: Callable[[], None] = lambda: None) -> None:
-    """Write chunks as a shard at `path`, atomically: all in a temporary sibling, then one rename (once
-    `unchanged` says the source is still what the manifest names)."""
+    """Write chunks as a shard at `path`, atomically, once `unchanged` says the source is what the manifest names."""
     partial = path.with_name(f".{path.name}.partial")
     if partial.exists():
         shutil.rmtree(partial)  # left by a killed prepare; it has no manifest and never was a shard

@@ -23,8 +23,7 @@ class Runs:
         self.last: dict[Path | None, tuple[float, int]] = {}   # ... and of the latest
 
     def plan(self, jobs):
-        """[(config, run folder)] this command trains, each counted once, with the steps it computes itself (its
-        phases after the shared prefix it adopts)."""
+        """[(config, run folder)] this command trains, each counted once, with the steps it computes itself."""
         for config, run_dir in jobs:
             shared = int(Path(config.start_from).name.removeprefix("phase-")) + 1 if config.start_from else 0
             self.left.setdefault(Path(run_dir).absolute(), sum(phase.steps for phase in plan_phases(config)[shared:]))

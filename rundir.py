@@ -126,8 +126,7 @@ def check_resumed_precision(run_dir: Path, precision: str, why: str):
 
 
 def provenance(ctx, dtype: torch.dtype, why: str) -> dict:
-    """What provenance.json records: the kit's commit, torch, the device, the CPU and its instructions (AVX2 and
-    AVX-512 round differently), the ranks, threads and precision."""
+    """What provenance.json records (the CPU's instructions too: AVX2 and AVX-512 round differently)."""
     device = torch.cuda.get_device_name(ctx.device) if ctx.device.type == "cuda" else ctx.device.type
     return {"git_commit": git_commit(), "torch": torch.__version__, "device": device, "world_size": ctx.world,
             "cpu": cpu_model(), "cpu_capability": cpu_instructions(),
@@ -261,8 +260,7 @@ def last_evaluation(run_dir: Path) -> dict | None:
 
 
 def _lines_last_first(f, block: int = 1 << 16):
-    """(line, a function giving its number) of a file opened in binary, the last line first, read a growing block
-    from its end at a time."""
+    """(line, a function giving its number) of a binary file, the last line first, read from its end."""
     size, given = f.seek(0, os.SEEK_END), 0  # given: lines yielded so far, from the end
     while True:
         start = max(size - block, 0)

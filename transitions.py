@@ -73,8 +73,8 @@ def removal_costs(net: model.Student, batches: list, active: int, chunk: int, to
 @torch.no_grad()
 def at_transition(net: model.Student, config: RunConfig, phase: Phase, batches: list,
                   total: Callable[[list], list]) -> dict:
-    """Read the stream block p = phase.index reads and act as the run's options say; the event (what was read and
-    done), with what a resume re-applies under "keep"."""
+    """Read the stream block p = phase.index reads and act as the run's options say; the event, with what a resume
+    re-applies under "keep"."""
     p = phase.index
     event: dict = {"event": "transition", "block": p}
     streams = []

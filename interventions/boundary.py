@@ -78,8 +78,7 @@ TAIL_CHANNEL = 0
 
 
 def with_tail(embedding: torch.Tensor, token: int, value: float) -> torch.Tensor:
-    """A copy of `embedding` (V, H) whose row `token` has `value` in channel TAIL_CHANNEL, every other entry
-    unchanged."""
+    """A copy of `embedding` (V, H) whose row `token` has `value` in channel TAIL_CHANNEL."""
     if not 0 <= token < embedding.shape[0]:
         raise ValueError(f"boundary token {token} is outside the embedding's {embedding.shape[0]} rows")
     dosed = embedding.clone()
@@ -113,8 +112,7 @@ class BoundaryInputs:
     boundary_scale, features and profile_source): their modules, what a block reads, its checkpoint entries."""
 
     def add_input_modules(self, rms_norm: Callable[[], nn.Module]):
-        """boundary_norms, correction_norms and structural_scales (None where it has none), one per block after the
-        first, registered in this order."""
+        """boundary_norms, correction_norms and structural_scales (or None), one per later block, registered so."""
         boundaries = range(self.blocks - 1)
         self.boundary_norms = nn.ModuleList(rms_norm() for _ in boundaries) if self.boundary == "norm" else None
         self.correction_norms = nn.ModuleList(rms_norm() for _ in boundaries) if "correction" in self.features else None

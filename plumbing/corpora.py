@@ -58,8 +58,7 @@ CORPUS_OPTIONS = {"toy": {"paragraphs_per_document": 1, "document_chars": 0},
 
 
 def vocabulary(data: dict):
-    """The tokenizer of a preset's data section: a synthetic corpus's own ids, else Qwen3's BPE cut to
-    data["vocab_size"] ranks (None: all)."""
+    """The tokenizer of a preset's data section: a synthetic corpus's own ids, else Qwen3's BPE."""
     if data["source"] == "backcopy":
         return IdVocabulary(data.get("symbols", CORPUS_OPTIONS["backcopy"]["symbols"]))
     return qwen3_tokenizer(data["vocab_size"])
@@ -193,8 +192,8 @@ def backcopy_chain(symbols: int, triggers: int, seed: int) -> tuple[np.ndarray, 
 
 def backcopy_sequences(chain: np.ndarray, trigger_ids: np.ndarray, n: int, length: int,
                        rng: np.random.Generator) -> np.ndarray:
-    """(n, length) symbol ids: the first drawn uniformly from the non-triggers, then each the chain's successor
-    of the one before, except after a trigger, where it copies the symbol before the trigger."""
+    """(n, length) symbol ids: each the chain's successor of the one before, except after a trigger, where it
+    copies the symbol before the trigger; the first drawn uniformly from the non-triggers."""
     symbols = chain.shape[0]
     is_trigger = np.isin(np.arange(symbols), trigger_ids)
     cumulative = chain.cumsum(1)

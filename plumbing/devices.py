@@ -64,8 +64,8 @@ class Dist:
 
     @property
     def shard_group(self) -> tuple[int, int] | None:
-        """(this rank's place, the number of ranks) among those that hold distinct shards of a sharded
-        model: all ranks, or under HSDP the first node's (the others hold copies); None for a copy."""
+        """(this rank's place, their number) among the ranks that hold distinct shards (under HSDP the first
+        node's); None for a copy."""
         return (self.rank, self.shard_writers) if self.rank < self.shard_writers else None
 
     def sum(self, values: list[float]) -> list[float]:
@@ -164,8 +164,8 @@ def torchrun_rank() -> int | None:
 
 
 def prints_errors() -> bool:
-    """Whether this process says why the command stopped: one process or rank 0 (under torchrun every rank
-    stops), or one whose torchrun variables make no launch (it is the only one that can say so)."""
+    """Whether this process says why the command stopped: one process or rank 0, or one whose torchrun variables
+    make no launch."""
     try:
         return not torchrun_rank()
     except UsageError:
@@ -214,8 +214,7 @@ BF16_MIN_SPEEDUP = 1.5  # bf16 autocast only where its matmuls are clearly faste
 
 
 def matmul_speedup_bf16(n: int = 512, repeats: int = 5) -> float:
-    """fp32 time / bf16 time of an n x n matmul on this CPU, best of `repeats` each; below 1 where bf16 is
-    emulated (no AVX-512-BF16/AMX)."""
+    """fp32 time / bf16 time of an n x n matmul on this CPU (below 1 where bf16 is emulated)."""
     def best(dtype):
         a, b = torch.randn(n, n).to(dtype), torch.randn(n, n).to(dtype)
         a @ b  # warm-up, not timed
@@ -343,8 +342,7 @@ def settle_fsdp_dtypes(net: torch.nn.Module):
 
 @contextmanager
 def on_meta_device():
-    """Build on the meta device, a real one even inside a FakeTensorMode (the full-size rehearsal), where to_empty
-    then swaps in fake tensors."""
+    """Build on the meta device, a real one even inside a FakeTensorMode (the full-size rehearsal)."""
     from torch._subclasses.fake_tensor import unset_fake_temporarily
     with unset_fake_temporarily(), torch.device("meta"):
         yield

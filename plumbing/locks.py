@@ -163,8 +163,7 @@ def _names(lock: Path, fd: int) -> bool:
 
 
 def _lock(lock: Path, folder: Path, limit: float | None, say) -> int:
-    """An fd holding the flock of `lock`, a file we created, with our record in it; `limit`: wait_seconds, or None
-    (do not wait)."""
+    """An fd holding the flock of `lock`, a file we created, with our record in it (`limit` None: no waiting)."""
     silence = Silence()
     while True:
         fd, made = _open_lock(lock, folder)
@@ -247,8 +246,7 @@ PID_MAX = 2**31 - 1
 
 
 def alive(pid: int) -> bool:
-    """Whether a process of this pid runs on this host; a pid no process can have (0 and below would signal a
-    process group) is no process's."""
+    """Whether a process of this pid runs on this host (0 and below would signal a process group: no one's)."""
     if not 0 < pid <= PID_MAX:
         return False
     try:
@@ -327,8 +325,7 @@ def held(folders, wait: bool = True, say=print):
 
 @contextmanager
 def _heartbeat(fds):
-    """Touches the held lock files every HEARTBEAT_SECONDS, so a waiter on another host can tell a job at work
-    from one that died and left its lock."""
+    """Touches the held lock files every HEARTBEAT_SECONDS: a waiter elsewhere can tell a job at work from a dead one."""
     stop = threading.Event()
 
     def beat():

@@ -96,8 +96,7 @@ def _qwen3_ranks() -> tuple[bytes, dict[bytes, int]]:
 
 @functools.lru_cache(maxsize=None)
 def qwen3_tokenizer(vocab_size: int | None = None) -> Tokenizer:
-    """Qwen3's tokenizer; with vocab_size=N only ranks 0..N-1 and <|endoftext|> = N, still a complete BPE (every
-    byte is one of ranks 0..255)."""
+    """Qwen3's tokenizer; with vocab_size=N ranks 0..N-1 and <|endoftext|> = N (all 256 bytes: a complete BPE)."""
     if vocab_size is not None and not 256 <= vocab_size <= QWEN3_N_RANKS:
         raise DataError(f"vocab_size={vocab_size}: must be between 256 (all single bytes) and "
                         f"{QWEN3_N_RANKS} (all Qwen3 ranks); pick a value in that range or None")

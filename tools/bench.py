@@ -2,16 +2,12 @@
 
     python repro.py bench            # or `make bench`; writes results/bench.json
 
-Each ratio is measured in this run (OMP_NUM_THREADS sets the threads, as for a run): the median of its per-round
-ratios (variants timed in turns, round i of one paired with round i of the other) with their min and max over
-every round of every process (utilization.ratio_spread); one whose rounds range wider than
-utilization.UNSTABLE_SPREAD is printed as unstable, not as a number. bench.json keeps every spread. The rows, in
-main's order: the steps against this CPU's matmul peak (tools/utilization.py) and the padding-free layout against
-padded rows (tools/layout_bench.py); the kit's train step against transformers' Qwen3ForCausalLM doing the same
-work, in fresh processes per allocator policy (bench_train_step); the chunked KD loss against a naive full-logit
-one (bench_loss); tokenization against HF tokenizers (bench_tokenizer); the data loader against the train step
-(bench_loader); the six replay runs of a seed one after the other against in lockstep (bench_lockstep); the
-compiled toy step against eager (tools/compile_bench.py).
+Each ratio is measured in this run (OMP_NUM_THREADS sets the threads, as for a run), variants timed in turns,
+and printed with its spread over every round of every process (utilization.ratio_spread), or as unstable. The
+rows are main's: the steps against this CPU's matmul peak (utilization.py), the padding-free layout
+(layout_bench.py), the kit's train step against transformers' Qwen3ForCausalLM, the chunked KD loss against a
+naive one, tokenization against HF tokenizers, the data loader, lockstep against separate runs, and the compiled
+step against eager (compile_bench.py).
 """
 from __future__ import annotations
 

@@ -3,15 +3,12 @@
     python repro.py bench                       # its first rows; results/bench.json's "utilization"
     OMP_NUM_THREADS=1 python repro.py bench     # on one thread (where another process holds the other cores)
 
-The steps (distinct_steps, Step): for each scale of SCALES, the student step as grow takes it and the teacher
-step, each on one micro-batch of the preset's size whose documents all fill max_len (as the toy's batches are
-wide: one toy document in four reaches max_len); scales whose steps have the same shapes share a row. A step's
-fraction of peak is its model FLOPs (flops.forward_flops_per_token; a backward twice its forward) over its
-seconds, against the best square matmul of PEAK_SIZES at the same thread count, in fp32 and in bf16, the two
-timed in turns (`interleaved`) so that both see the same machine; on one thread by the thread's CPU time
-(step_clock). A bf16 step runs only where the precision probe picks bf16 (emulated, one step takes minutes).
-Where the rest goes: torch.profiler's operators by GROUPS (grouped). Every ratio the bench prints comes with its
-spread over paired rounds and processes (ratio_spread, spread_text).
+The steps (distinct_steps): each scale's student and teacher step on one micro-batch whose documents all fill
+max_len (as the toy's batches are wide: one toy document in four reaches max_len). A step's fraction of peak is
+its model FLOPs over its seconds against the best square matmul of PEAK_SIZES, the two timed in turns so that
+both see the same machine. A bf16 step runs only where the precision probe picks bf16 (emulated, one step takes
+minutes). Where the rest goes: torch.profiler's operators by GROUPS. Every ratio the bench prints comes with its
+spread over paired rounds and processes (ratio_spread).
 
 For the dry run (tools/cpu_estimate.py) where the bench has not run: a few toy student steps timed now
 (step_rate), and whether other processes hold the cores (busy_load).
