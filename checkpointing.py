@@ -7,7 +7,6 @@ replaces or lets go of a run's checkpoints first waits for those writes (writer.
     resume, step, totals, elapsed, outcome = checkpointing.resume_point(config, run_dir, net, batcher, ctx)
     checkpointing.load_latest_checkpoint(resume[0], net, optimizer, ctx)  # latest/: once the optimizer exists
 """
-from __future__ import annotations
 
 import base64
 import re

@@ -9,7 +9,6 @@ Protocols (paper Sec. 4 and Appendix B): `joint` (all K blocks, one phase), `gro
 0..p), `freeze` (grow, but phase p>0 trains only block p), `joint-long` (all blocks, several phases with LR
 restarts) and `teacher` (plain CE pretraining of the kit's own Qwen3 teacher).
 """
-from __future__ import annotations
 
 import math
 import os

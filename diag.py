@@ -8,7 +8,6 @@ definitions, and how each maps to the paper's: docs/method.md.
     removal = diag.block_removal(model.Student.load("runs/toy/s42/pre-grow/phase-2"), batch)      # Table 4
     responses = diag.transition_responses(rundir.read_metrics(run_dir), phase_steps=S, blocks=3)  # Table A4
 """
-from __future__ import annotations
 
 import math
 import re

@@ -12,7 +12,6 @@ Runs are normally started by repro.py, which fills a RunConfig from a preset:
 teacher running once per batch for the runs that read it. The protocols are config.py's; a run folder is
 rundir.py's, its checkpoints and resume point checkpointing.py's.
 """
-from __future__ import annotations
 
 import math
 import time

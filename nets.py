@@ -6,7 +6,6 @@ whole validation set, and the boundary monitor's numbers.
     net = nets.build_model(config, teacher, ctx, dtype, boundary_token=train_shard.eot)
     scores = nets.evaluate(config, net, teacher, val, active_blocks, ctx, dtype)   # ce, ppl, kd, kl, val_tokens
 """
-from __future__ import annotations
 
 import math
 from functools import partial
@@ -20,18 +19,8 @@ import kd
 import model
 from config import Phase, RunConfig
 from interventions.boundary import with_tail
+from plumbing import devices
 from plumbing.checkpoint import read_config
-from plumbing.devices import (
-    Dist,
-    autocast,
-    compile_layers,
-    fill_parameter,
-    full_tensor,
-    fused_attention_problem,
-    print0,
-    settle_fsdp_dtypes,
-    shard_fn,
-)
 from plumbing.errors import TrainingError
 from plumbing.hf_qwen3 import ModelConfig
 
@@ -73,45 +62,45 @@ class Teacher:
         return hidden
 
 
-def load_teacher(config: RunConfig, ctx: Dist, dtype: torch.dtype) -> Teacher:
+def load_teacher(config: RunConfig, ctx: devices.Dist, dtype: torch.dtype) -> Teacher:
     """The teacher checkpoint, sharded under FSDP2; in the compute `dtype` on a GPU, fp32 on a CPU."""
     net = model.load_qwen3(config.teacher, dtype=dtype if ctx.device.type == "cuda" else torch.float32,
-                           device=ctx.device, shard_fn=shard_fn(ctx, dtype, replicated=TEACHER_REPLICATED))
+                           device=ctx.device, shard_fn=devices.shard_fn(ctx, dtype, replicated=TEACHER_REPLICATED))
     if config.compile:
-        compile_layers(net)
+        devices.compile_layers(net)
     return Teacher(net, TEACHER_CACHE_BYTES if ctx.world == 1 else 0)
 
 
-def build_model(config: RunConfig, teacher: Teacher | None, ctx: Dist, dtype: torch.dtype,
+def build_model(config: RunConfig, teacher: Teacher | None, ctx: devices.Dist, dtype: torch.dtype,
                 boundary_token: int | None = None) -> torch.nn.Module:
     """The model a run trains, fp32 master weights computing in `dtype`: a student built from the teacher (or the
     seed alone), or for the `teacher` protocol a Qwen3 from the seed. A boundary_tail goes in the embedding's row
     `boundary_token` (the data's <|endoftext|>)."""
     if config.protocol == "teacher":
-        net = model.qwen3_on_meta(ModelConfig(**config.teacher_config), shard_fn(ctx, dtype))
+        net = model.qwen3_on_meta(ModelConfig(**config.teacher_config), devices.shard_fn(ctx, dtype))
         net.to_empty(device=ctx.device)
         net.init_weights(config.seed)
     elif config.scratch_model is not None:
         net = model.Student.from_scratch(ModelConfig(**config.scratch_model), config.blocks,
                                          config.layers_per_block, config.student_norm, config.seed,
-                                         shard_fn=shard_fn(ctx, dtype), device=ctx.device,
+                                         shard_fn=devices.shard_fn(ctx, dtype), device=ctx.device,
                                          boundary=config.boundary, boundary_scale=config.boundary_scale,
                                          features=config.student_features)
     else:
         net = model.Student.from_teacher(teacher.net, config.blocks, config.layers_per_block, config.student_norm,
-                                         config.seed, shard_fn=shard_fn(ctx, dtype),
+                                         config.seed, shard_fn=devices.shard_fn(ctx, dtype),
                                          output_gain=config.post_output_gain, boundary=config.boundary,
                                          boundary_scale=config.boundary_scale, features=config.student_features)
         if config.boundary_tail:
             if boundary_token is None:
                 raise TrainingError("boundary_tail: the student needs the data's boundary token to carry its tail")
             with torch.no_grad():
-                fill_parameter(net.embed_tokens.weight, with_tail(full_tensor(net.embed_tokens.weight), boundary_token,
-                                                                  config.boundary_tail))
+                tail = with_tail(devices.full_tensor(net.embed_tokens.weight), boundary_token, config.boundary_tail)
+                devices.fill_parameter(net.embed_tokens.weight, tail)
     net.checkpoint_layers = config.activation_checkpointing
-    settle_fsdp_dtypes(net)
+    devices.settle_fsdp_dtypes(net)
     if config.compile:
-        compile_layers(net)
+        devices.compile_layers(net)
     return net
 
 
@@ -129,7 +118,7 @@ class BoundaryProfile:
         return {b: bounds[b].float().pow(2).mean(-1, keepdim=True).sqrt() for b in range(1, active_blocks)}
 
 
-def boundary_profile(config: RunConfig, phase: Phase, ctx: Dist, dtype: torch.dtype) -> BoundaryProfile:
+def boundary_profile(config: RunConfig, phase: Phase, ctx: devices.Dist, dtype: torch.dtype) -> BoundaryProfile:
     """mirror-fwd: the reference pre-norm run's phase-<p>/ of the same phase."""
     path = Path(config.boundary_source) / f"phase-{phase.index}"
     if not (path / "trainer_state.json").is_file():
@@ -140,18 +129,19 @@ def boundary_profile(config: RunConfig, phase: Phase, ctx: Dist, dtype: torch.dt
     return BoundaryProfile(model.Student.load(path, reference_dtype, ctx.device).eval())
 
 
-def warn_math_attention(config: RunConfig, ctx: Dist):
+def warn_math_attention(config: RunConfig, ctx: devices.Dist):
     """One line if this GPU has no fused attention kernel for the runs' longest document (SDPA's silent fallback)."""
     shard = data.Shard(config.train_data, verify=False)
     length = int(shard.lengths.max()) - 1
     shape = ModelConfig(**config.teacher_config) if config.teacher_config else \
         ModelConfig.from_hf(read_config(Path(config.teacher))) if config.teacher else \
         ModelConfig(**config.scratch_model)
-    if problem := fused_attention_problem(shape, length, ctx.device):
+    if problem := devices.fused_attention_problem(shape, length, ctx.device):
         scores = shape.num_attention_heads * length**2 * 4 / 2**30
-        print0(ctx, f"warning: no fused attention kernel on {torch.cuda.get_device_name(ctx.device)} for {length} tokens "
-                    f"({problem}); SDPA's math kernel will hold ~{scores:.1f} GiB of scores a layer and run several "
-                    "times slower: use a GPU with flash attention (sm80+) or shorter documents (data.max_len)")
+        devices.print0(ctx, f"warning: no fused attention kernel on {torch.cuda.get_device_name(ctx.device)} for {length} "
+                            f"tokens ({problem}); SDPA's math kernel will hold ~{scores:.1f} GiB of scores a layer and run "
+                            "several times slower: use a GPU with flash attention (sm80+) or shorter documents "
+                            "(data.max_len)")
 
 
 # ----------------------------------------------------------------------------------------------
@@ -174,7 +164,7 @@ def loss_fn(config, batch, teacher_hidden, teacher_head_weight, phase, denominat
 
 @torch.no_grad()
 def evaluate(config: RunConfig, net, teacher: Teacher | None, val: data.Shard, active_blocks: int | None,
-             ctx: Dist, dtype: torch.dtype) -> dict:
+             ctx: devices.Dist, dtype: torch.dtype) -> dict:
     """CE, PPL, KD (soft-target CE) and KL over every validation document, token-weighted over ranks."""
     net.eval()
     sums = [0.0, 0.0, 0.0, 0.0]  # kl, soft_ce, ce, targets
@@ -183,7 +173,7 @@ def evaluate(config: RunConfig, net, teacher: Teacher | None, val: data.Shard, a
                                 packed=config.packs)
     for i, batch in enumerate(batches):
         batch = batch.to(ctx.device)
-        with autocast(dtype, ctx):
+        with devices.autocast(dtype, ctx):
             # Without a teacher kd_sums gives CE alone (tau is not read then).
             cache_key = (str(val.path), config.eval_batch, config.compile, config.packs, i)
             teacher_hidden, teacher_head_weight = (None, None) if teacher is None else (

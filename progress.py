@@ -2,7 +2,6 @@
 loss, tokens/s and time left) and, for several runs, one for all of them, counted across the command's lockstep
 groups and seeds by one `Runs` on its Workspace. A number shows only once a step has measured it: "--" before.
 """
-from __future__ import annotations
 
 import time
 from pathlib import Path

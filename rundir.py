@@ -3,7 +3,6 @@ commit, torch, machine and precision that trained it), metrics.jsonl (and a trac
 evaluation, a shared prefix adopted. Its checkpoints (phase-<p>/, step-<n>/, latest/) are written, found and read
 back by checkpointing.py.
 """
-from __future__ import annotations
 
 import json
 import math

@@ -12,7 +12,6 @@ The reading (at_transition), at the first step of phase p >= 1 before any update
 monitor threshold. Every transition is logged as an "event" row of metrics.jsonl; the decisions the weights do
 not hold are kept in the trainer state, so a resumed run re-applies them (apply_kept).
 """
-from __future__ import annotations
 
 import math
 from functools import partial

@@ -6,7 +6,6 @@ model.Student that holds their modules, applies them and records them in its che
     h = rescale(h, 1.0, "identity")                             # each token at RMS 1; backward the identity
     h = dose(h, 37.0, "dose-boundary")                          # the boundary token at 37x the others' RMS
 """
-from __future__ import annotations
 
 import math
 from typing import Callable

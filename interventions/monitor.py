@@ -5,7 +5,6 @@ the document's boundary token (position 0); read by a run's monitor rows, the di
     net.capture_boundaries = True; net(input_ids)
     net.captured["boundaries"], net.captured["first_attention"]   # [(B, T, H)], [(B, n_heads, T) or None]
 """
-from __future__ import annotations
 
 import math
 

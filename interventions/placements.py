@@ -5,7 +5,6 @@ started at the teacher's final-norm gain (output_gain "teacher").
     h = hybrid_layer(layer, h, cos, sin)                 # one layer's forward
     layer.residual_scale = residual_scale(layer, depth)  # DeepNorm's alpha, 1 for every other placement
 """
-from __future__ import annotations
 
 import torch
 

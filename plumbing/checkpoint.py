@@ -8,7 +8,6 @@ Nothing here unpickles anything.
     checkpoint.load_tensors(module, path, dtype, device, name_in_file)
     checkpoint.write_checkpoint(path, config, state)   # temporary folder, then renamed into place
 """
-from __future__ import annotations
 
 import hashlib
 import json

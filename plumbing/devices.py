@@ -5,7 +5,6 @@
     net = devices.built_on_meta(lambda: model.Qwen3(config), devices.shard_fn(ctx, dtype))
     with devices.autocast(dtype, ctx): ...
 """
-from __future__ import annotations
 
 import os
 import platform

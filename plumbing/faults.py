@@ -3,7 +3,6 @@ leaves behind and that every run resumes from it.
 
     NORMGROW_KILL_AT=saved:post-grow:4 python repro.py train ...   # SIGKILLed after step 4's checkpoints
 """
-from __future__ import annotations
 
 import os
 import signal

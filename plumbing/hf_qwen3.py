@@ -5,7 +5,6 @@ student (exactly a Qwen3). Reading one builds a model: model.load_qwen3.
     config = ModelConfig.from_hf(checkpoint.read_config(path), str(path / "config.json"))
     save_qwen3(teacher, "teacher/"); export_hf(pre_norm_student, "out/")   # load in transformers unchanged
 """
-from __future__ import annotations
 
 import json
 import math

@@ -1,7 +1,6 @@
 """What the kit says about a path the file system refused: the folder a command writes to checked once
 (writable_dir, safe when every rank of a launch probes it at once), and an OSError's path, reason and fix in
 one line (repro.py prints path_problem instead of a traceback)."""
-from __future__ import annotations
 
 import errno
 import os

@@ -7,7 +7,6 @@ no checksums, renames nothing into place and pickles any non-tensor value into i
     writer.writes().submit(run_dir, write)         # a checkpoint's files written while training goes on
     writer.wait_for_writes(run_dir)                # ...finished (or their error raised) before it is read
 """
-from __future__ import annotations
 
 import threading
 from collections import Counter, deque

@@ -9,7 +9,6 @@ rows are main's: the steps against this CPU's matmul peak (utilization.py), the 
 naive one, tokenization against HF tokenizers, the data loader, lockstep against separate runs, and the compiled
 step against eager (compile_bench.py).
 """
-from __future__ import annotations
 
 import ctypes
 import json
@@ -261,9 +260,9 @@ def bench_lockstep(data_dir: Path, steps: int = 12, runs: int = 3) -> dict:
             "identical_results": all(run["results"] == ways["separate"][0]["results"]
                                      for done in ways.values() for run in done)}
 
+
 # ----------------------------------------------------------------------------------------------
 # The chunked KD loss against a naive full-logit one, loss + backward, each in a fresh process
-
 
 def naive_loss(student_logits, teacher_logits, targets, alpha=0.7, gamma=0.3, tau=1.0):
     """The reference the benchmarks compare against: full [tokens x V] fp32 logits, autograd does the rest."""

@@ -6,7 +6,6 @@ trained on, its CE on a scale's validation shard, and a pre-norm student exporte
     python repro.py eval runs/toy/s42/post-grow              # the run's last phase checkpoint, named in one line
     python repro.py export runs/toy/s42/pre-grow/phase-2 out/pre-grow-hf
 """
-from __future__ import annotations
 
 import json
 import re

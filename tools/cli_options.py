@@ -1,6 +1,5 @@
 """The options repro.py's commands share and what their values become: seeds, a checked norm placement, the
 experiments named, an experiment's workspace. Nothing here runs a command; repro.py declares them."""
-from __future__ import annotations
 
 import functools
 import math

@@ -2,7 +2,6 @@
 against eager on the same padded batches and on batches as wide as their documents: compile time, step time, and
 how many steps pay the compile back. `repro.py bench` runs it (results/bench.json's "compile").
 """
-from __future__ import annotations
 
 import os
 import statistics

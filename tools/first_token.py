@@ -12,7 +12,6 @@ and where else the non-trigger queries look: their mean attention on the positio
 copy head reads) and on themselves (a query that reads its own token adds what its residual already holds:
 a way to do nothing that needs no sink).
 """
-from __future__ import annotations
 
 import math
 from pathlib import Path

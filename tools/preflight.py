@@ -6,7 +6,6 @@ lockstep_plan.PlannedRun list); plan.py prices them.
     python repro.py all --scale full --dry-run --gpu h100     # the whole paper: runs, tokens, FLOPs, GPU hours
     python repro.py rehearse table1 --scale full --gpus 8     # one step at full size, the driver at reduced size
 """
-from __future__ import annotations
 
 import io
 import math

@@ -5,7 +5,6 @@ the next <|endoftext|> or after max_new_tokens.
 
     python repro.py sample runs/toy/s42/post-grow/phase-2 --prompt "The state of the Union" --max-new-tokens 40
 """
-from __future__ import annotations
 
 from pathlib import Path
 

@@ -13,7 +13,6 @@ spread over paired rounds and processes (ratio_spread).
 For the dry run (tools/cpu_estimate.py) where the bench has not run: a few toy student steps timed now
 (step_rate), and whether other processes hold the cores (busy_load).
 """
-from __future__ import annotations
 
 import os
 import statistics
