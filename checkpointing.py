@@ -146,8 +146,7 @@ def stage_kept(run_dir: Path, name: str, net, state: dict, writers: int, group, 
 
 
 def stage_latest(run_dir: Path, net, optimizer, state: dict, group, ranks) -> Callable[[], None]:
-    """latest/: each rank's own shards of the weights and of AdamW's state, an index of which rows each file holds
-    and the trainer state; nothing is gathered whole, and it resumes on any number of ranks. Returns the write."""
+    """latest/: each rank's shards of the weights and AdamW's state, resumable on any number of ranks; the write."""
     if group is not None:
         params = dict(net.named_parameters())
         moments = {f"{fqn}/{key}": value for fqn, p in params.items()

@@ -71,14 +71,11 @@ class RunConfig:
     balance_lengths: bool = False  # micro-batches placed by document length across ranks (data.rank_micro_batches)
     start_from: str = ""           # a phase-<p> directory of another run whose prefix equals ours
     post_output_gain: str = "ones"  # post-norm: each block's last RMSNorm starts at "ones" (paper) or "teacher" (g_T)
-    # `joint-long`: a fresh AdamW at each LR restart (True; the paper, B.3, says only that the schedule
-    # restarts) or the moments carried over (False)
+    # `joint-long`: a fresh AdamW at each LR restart (True; the paper, B.3, does not say) or the moments carried over
     restart_optimizer: bool = True
-    # AdamW's weight decay on the 1-D parameters (RMSNorm gains, q/k-norm's among them) too (True: the kit's
-    # runs so far), or on matrices only (False), as nanoGPT and Megatron-LM train
+    # AdamW's weight decay on the 1-D parameters too (True: the kit's runs so far), or on matrices only (False)
     decay_gains: bool = True
-    # `joint-long`: "fresh" documents past the first phase (the paper's Table 3), or "replay" grow's one
-    # shard in grow's order (the same-shard control: joint-replay, grow's steps on grow's data)
+    # `joint-long`: "fresh" documents past the first phase (Table 3), or "replay" grow's shard (joint-replay)
     long_data: str = "fresh"
     # Beyond the paper (README, "Beyond the paper"):
     boundary: str = "none"         # BOUNDARIES (interventions/boundary.py): at the input of every block after the first
@@ -181,8 +178,7 @@ class RunConfig:
 
     @property
     def data_mode(self) -> str:
-        # Grow-like runs replay one fixed shard; the long joint controls continue onto fresh data, except
-        # the one that replays grow's shard (long_data "replay").
+        # Grow-like runs replay one fixed shard; the long joint controls continue onto fresh data (long_data).
         return "fresh" if self.protocol == "joint-long" and self.long_data == "fresh" else "replay"
 
 

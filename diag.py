@@ -156,8 +156,7 @@ def token_types(input_ids: torch.Tensor, mask: torch.Tensor, decode: Callable[[l
 
 
 def token_type_rms(boundaries: list[torch.Tensor], mask: torch.Tensor, types: torch.Tensor) -> list[dict]:
-    """Per boundary b: the mean and population std of the per-token RMS of each token type (None for a type with
-    no tokens), and boundary_over_regular; one row and many copies of it agree."""
+    """Per boundary: the mean and std of each token type's per-token RMS, and boundary_over_regular."""
     real_types = types[mask.cpu()]                                            # (N,), same order as token_rms
     results = []
     for b, h in enumerate(boundaries):

@@ -41,8 +41,8 @@ from progress import Bars, Runs
 # Phases: what trains, with which optimizer
 
 def trainable_parameters(net: torch.nn.Module, phase: Phase, train_embedding: bool = False) -> list[torch.nn.Parameter]:
-    """Set requires_grad for the phase and return exactly the parameters the optimizer gets. The embedding is
-    frozen (the paper), except in growth from scratch, where it learns with the head."""
+    """Set requires_grad for the phase and return the parameters the optimizer gets (the embedding frozen, the
+    paper's, except in growth from scratch)."""
     if isinstance(net, model.Qwen3):  # teacher pretraining: everything learns
         return list(net.requires_grad_(True).parameters())
     net.requires_grad_(False)
@@ -183,8 +183,7 @@ class Run:
             print0(ctx, f"{config.name}: phase {phase.index} starts at val CE {start['ce']:.4f}, val KD {start['kd']:.4f}")
 
     def transition(self, phase: Phase):
-        """transitions.at_transition on this step's batch (read ahead, the batcher put back); then the optimizer
-        is built again over what now trains (nothing has stepped yet)."""
+        """transitions.at_transition on this step's batch (read ahead); then a new optimizer over what now trains."""
         state = self.batcher.state_dict()
         batches = [micro.to(self.ctx.device) for micro in next(self.batcher).micro_batches]
         self.batcher.load_state_dict(state)
@@ -254,8 +253,7 @@ class Run:
             self.stop()
 
     def update(self):
-        """The optimizer step and its log rows, then an evaluation and the checkpoints when due; a divergence stops
-        the run there (diverge). The kill points stepped, evaluated and saved follow each part."""
+        """The optimizer step and its log rows, then an evaluation and the checkpoints when due."""
         # The step's loss, KD and CE (summed over ranks) and gradient norm before clipping, read together: the
         # step's one host sync.
         grad_norm = clip_gradients(self.params, self.config.grad_clip)

@@ -29,11 +29,9 @@ never change the result. A zero denominator (an all-padding batch) gives a loss 
 import torch
 from torch.autograd.function import once_differentiable
 
-# The softmax math runs over blocks of about this many logits rather than the whole chunk, so its
-# temporaries (~8 per block) stay small. CPU: blocks of one core's L2 (512 KiB of fp32, 32 rows at V=4,097;
-# one row at V=151,936, where 1 and 3 rows measured alike) ran the toy's loss math 1.4x as fast as 127-row
-# blocks, and 3 rows at V=151,936 ~3x as fast as 100-row ones. GPU: large blocks, since small ones only add
-# kernel launches.
+# The softmax math runs over blocks of about this many logits, so its ~8 temporaries stay small. CPU: blocks of
+# one core's L2 (512 KiB of fp32) ran the toy's loss math 1.4x as fast as 127-row blocks, and 3 rows at V=151,936
+# ~3x as fast as 100-row ones; GPU: large blocks (small ones only add kernel launches).
 ROW_BLOCK_ELEMENTS = {"cpu": 2**17, "cuda": 2**26}
 # The logit buffers' row strides are a multiple of 32 elements (128 bytes in fp32; the rest unused): MKL's
 # sgemm wrote the toy's unaligned rows (V=4,097) at 0.7x the rate of aligned ones; the values are the same.
@@ -85,8 +83,7 @@ def _chunk_loop(h_S, W_S, h_T, W_T, y, *, alpha, gamma, tau, chunk_size, grad_h=
     math_dtype = torch.promote_types(W_S.dtype, torch.float32)
     dW = torch.zeros(W_S.shape, dtype=math_dtype, device=W_S.device) if grad_W else None
 
-    # Logit buffers allocated once and reused: fresh [chunk x V] allocations per chunk would cost
-    # page faults (CPU) or allocator churn, and two at a time are all the memory this loss needs.
+    # Logit buffers allocated once and reused: fresh ones per chunk would cost page faults or allocator churn.
     chunk_size = max(1, min(chunk_size, n))  # no tokens: one unused row, and the loop below never runs
     z_S_buf = _logit_buffer(chunk_size, vocab, h_S)
     z_T_buf = None if h_T is None else _logit_buffer(chunk_size, vocab, h_T)
@@ -118,11 +115,9 @@ def _chunk_loop(h_S, W_S, h_T, W_T, y, *, alpha, gamma, tau, chunk_size, grad_h=
 
 
 def _logit_buffer(rows, vocab, like):
-    """A (rows, vocab) buffer whose rows start LOGIT_ROW_ALIGN elements apart (a view of a wider one). Its
-    unused tail columns are zeros, never left as they were: oneDNN's AMX kernel for a bf16 matmul reads an
-    operand's row up to its stride, not its width, where the width is not a multiple of 32 (torch 2.13, a CPU
-    with AMX, 50 rows of the toy's V=513: a NaN left there by an earlier tensor made every gradient NaN, while
-    zeros times the kernel's zero padding add nothing). Filling them costs one pass over the buffer a call."""
+    """A (rows, vocab) buffer whose rows start LOGIT_ROW_ALIGN elements apart, its unused tail columns zeros:
+    oneDNN's AMX kernel for a bf16 matmul reads a row up to its stride where the width is not a multiple of 32
+    (torch 2.13, the toy's V=513: a NaN left there by an earlier tensor made every gradient NaN)."""
     stride = -(-vocab // LOGIT_ROW_ALIGN) * LOGIT_ROW_ALIGN
     return torch.zeros(rows, stride, dtype=like.dtype, device=like.device)[:, :vocab]
 
@@ -202,10 +197,9 @@ def kd_sums(student_hidden, student_head_weight, teacher_hidden, teacher_head_we
 def _real_tokens(h_S, W_S, h_T, W_T, targets, mask):
     """Flattens leading dims and keeps only real targets; gives each hidden/head pair one matmul dtype (cast
     outside the chunk loop, so autograd carries the student's gradients back to the dtypes it came in)."""
-    # mask None: every target is real (plan.py's rehearsal, whose fake tensors have no data to select by).
-    # Else the real targets' positions, found once: on a GPU finding them waits for the device (how many
-    # there are sizes everything after), and a boolean mask used three times would wait three times. An
-    # index by them is what indexing by the mask does inside (the same gather, the same backward).
+    # mask None: every target is real (the rehearsal's fake tensors have no data to select by). Else the real
+    # targets' positions, found once: on a GPU that waits for the device, and a boolean mask used three times would
+    # wait three times (an index by them is what indexing by the mask does inside).
     real = slice(None) if mask is None else mask.reshape(-1).nonzero().squeeze(1)
     h_S, W_S = _same_dtype(h_S.reshape(-1, h_S.shape[-1])[real], W_S)           # (N, H), (V, H)
     if h_T is not None:

@@ -105,8 +105,7 @@ def build_model(config: RunConfig, teacher: Teacher | None, ctx: devices.Dist, d
 
 
 class BoundaryProfile:
-    """mirror-fwd's target: a frozen reference student's per-token RMS at each block boundary (a plain object: the
-    reference is never part of the trained model)."""
+    """mirror-fwd's target: a frozen reference student's per-token RMS at each block boundary."""
 
     def __init__(self, reference: model.Student):
         self.reference = reference

@@ -125,8 +125,7 @@ def _tokenized_chunks(texts: Iterator[str], enc: Tokenizer, max_len: int,
         for chunk in chunks:
             yield _tokenize_chunk(enc, max_len, chunk)
         return
-    # Threads, not processes: tiktoken's Rust encoder runs without the GIL, and nothing is forked from a
-    # process with threads (a forked worker can inherit a lock some thread held and hang) or pickled.
+    # Threads: tiktoken's encoder runs without the GIL, and a process forked from one with threads can hang.
     with ThreadPoolExecutor(workers) as pool:
         pending = deque()  # a few chunks ahead only, not the whole corpus in the queue
         for chunk in chunks:

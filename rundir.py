@@ -23,8 +23,7 @@ from plumbing.errors import TrainingError
 from plumbing.locks import printable
 from plumbing.writer import wait_for_writes
 
-# Settings that only observe training (the boundary monitor reads the training forward's activations,
-# draws nothing and changes nothing): runs that differ only in these are the same run.
+# Settings that only observe training (the boundary monitor changes nothing): runs differing only in them are one.
 OBSERVING = {"monitor_interval", "monitor_rms_warn", "monitor_kurtosis_warn"}
 
 
@@ -53,8 +52,7 @@ KIT_WRITES = re.compile(r"(?:config|provenance|done|diagnostics|record)\.json|me
 
 
 def check_discardable(run_dir: Path):
-    """--force discards a run folder only if the kit made everything in it: never through a symlink (out of
-    the runs tree), never a file a user put there (an export, notes)."""
+    """--force discards a run folder only if the kit made everything in it, and never through a symlink."""
     if run_dir.is_symlink():
         raise TrainingError(f"{run_dir}: a symbolic link; --force never deletes through one: remove the link (or "
                             "choose another runs folder) and rerun")
@@ -77,8 +75,8 @@ def finished(config, run_dir: Path) -> bool:
 
 
 def prepare_run_dir(config, run_dir: Path, force: bool, ctx, provenance: dict) -> bool:
-    """Create or check the run directory; True if the run is already done. A folder holding a run of another
-    config is an error, or with `force` discarded; one of the same config is resumed (or reused when done)."""
+    """Create or check the run directory; True if the run is already done. Another config's run is an error, or
+    with `force` discarded."""
     if (run_dir / "config.json").is_file():
         try:
             check_config(config, run_dir)
@@ -162,10 +160,9 @@ def read_json(path: Path, *keys: str) -> dict:
 
 
 RESULT_KEYS = ("ce", "ppl", "kd")  # in every done.json; the reports read them
-# done.json repeats its run's last evaluation, which metrics.jsonl logged. The two agree bit for bit, except
-# where a run killed after its last checkpoint evaluated again on resume (the same weights and batches; on
-# another world size only the order of adding per-batch float64 sums differs, ~1e-15 relative, and a GPU's
-# reductions ~1e-7): 1e-6 relative holds all of those and no edit of a printed (4-decimal) number.
+# done.json repeats its run's last logged evaluation, bit for bit but where a run killed after its last
+# checkpoint evaluated again on resume (another world size: ~1e-15 relative; a GPU's reductions ~1e-7): 1e-6
+# relative holds those and no edit of a printed (4-decimal) number.
 AGREE = 1e-6
 
 
@@ -306,8 +303,7 @@ def monitor_series(run_dir: Path) -> list[dict]:
 
 
 def truncate_metrics(run_dir: Path, upto_step: int, source: Path | None = None):
-    """Keep the log up to a checkpoint's step (from `source`, a shared-prefix run, if given), without the next
-    phase's start evaluation there: the resumed run logs it again."""
+    """Keep the log (or `source`'s) up to a checkpoint's step, but the next phase's start: the resume logs it."""
     rows = [r for r in read_metrics(source or run_dir)
             if r["step"] < upto_step or (r["step"] == upto_step and not r.get("phase_start"))]
     checkpoint.write_atomic(run_dir / "metrics.jsonl", "".join(checkpoint.json_text(r, None) for r in rows))

@@ -63,8 +63,7 @@ class Dist:
 
     @property
     def shard_group(self) -> tuple[int, int] | None:
-        """(this rank's place, their number) among the ranks that hold distinct shards (under HSDP the first
-        node's); None for a copy."""
+        """(this rank's place, their number) among the ranks holding distinct shards; None for a copy (HSDP)."""
         return (self.rank, self.shard_writers) if self.rank < self.shard_writers else None
 
     def sum(self, values: list[float]) -> list[float]:
@@ -223,8 +222,7 @@ def matmul_speedup_bf16(n: int = 512, repeats: int = 5) -> float:
 
 @cache
 def cpu_bf16_speedup() -> float:
-    """The probe's answer, cached per CPU model, torch build and thread count: every run and resume on one
-    machine makes the same choice."""
+    """The probe's answer, cached per CPU, torch build and thread count: every run on a machine chooses alike."""
     key = f"{platform.machine()} {cpu_model()} torch {torch.__version__} {torch.backends.cpu.get_cpu_capability()} " \
           f"threads {torch.get_num_threads()}"
     path = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "normgrow" / "cpu-precision.json"
@@ -387,8 +385,7 @@ COMPILED_SHAPES = 64
 
 
 def compile_layers(net: torch.nn.Module):
-    """torch.compile each decoder layer for the fixed shapes a compiled run's batches have (data.fixed_shape),
-    compiled once per shape and shared by the layers (past torch's default limit of 8 a shape would run eager)."""
+    """torch.compile each decoder layer for the fixed shapes of a compiled run's batches (data.fixed_shape)."""
     torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, COMPILED_SHAPES)
     for layer in net.layers:
         layer.compile(dynamic=False)

@@ -32,8 +32,7 @@ class DiskFull(TrainingError):
 
 
 def disk_full_reason(error: BaseException) -> str:
-    """Why a write failed if the disk or a file-size limit stopped it ("" otherwise), from the errno or the text
-    of a library's error that wraps one (safetensors)."""
+    """Why a write failed if the disk or a file-size limit stopped it ("" otherwise), by errno or message."""
     code = getattr(error, "errno", None)
     if code == errno.ENOSPC or "No space left on device" in str(error):
         return "no space left on device"

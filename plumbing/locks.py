@@ -306,8 +306,7 @@ def free_first(folders) -> Iterator[int]:
 
 @contextmanager
 def held(folders, wait: bool = True, say=print):
-    """Hold every folder of `folders` (in path order, so two processes never wait on each other); one held by
-    another process is waited for (saying which), or with wait=False is one line."""
+    """Hold every folder of `folders`, in path order (two processes never wait on each other)."""
     limit = wait_seconds() if wait else None
     with ExitStack() as stack:
         fds = []

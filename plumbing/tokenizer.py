@@ -148,8 +148,7 @@ def package_file(package: str, *parts: str) -> Path:
 
 
 def check_teacher_tokenizer(teacher_dir: str | Path, enc: Tokenizer) -> None:
-    """A DataError if the teacher's tokenizer.json (if any) disagrees with `enc`: its vocabulary size, the id of
-    <|endoftext|>, or the bytes of any BPE id."""
+    """A DataError if the teacher's tokenizer.json (if any) disagrees with `enc` in any id."""
     path = Path(teacher_dir) / "tokenizer.json"
     if not path.is_file():
         return

@@ -412,9 +412,8 @@ def train_step_lines(step: dict) -> list[str]:
     return lines
 
 
-# The measured sizes: the KD loss at a paper-sized vocabulary (kd.bench_loss's defaults), the whole toy
-# corpus, 12 steps per phase for the six lockstep runs, each timed as 3 whole processes; the train step in 2
-# fresh processes per allocator policy. tests/test_bench.py runs the same code at tiny sizes.
+# The measured sizes (tests/test_bench.py runs the same code at tiny ones): the KD loss at a paper-sized vocabulary,
+# the whole toy corpus, 12 steps a phase for the lockstep runs.
 SIZES = {"kd": {}, "tokenizer_documents": None, "lockstep_steps": 12, "loader_steps": 200, "cold_compile": True,
          "utilization_scales": utilization.SCALES, "train_step_processes": 2, "lockstep_processes": 3,
          "layout_steps": 4}

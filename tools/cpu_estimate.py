@@ -11,9 +11,8 @@ from plumbing import checkpoint, devices
 from tools import utilization
 from tools.plan import duration_text
 
-# What a bench.json's numbers may be. The bench times the toy step (27 GFLOP; its tests a tiny one, a few
-# MFLOP) in well under a minute; a step outside these, or a rate above a petaFLOP/s (more than an H200's dense
-# bf16 peak) or below a megaFLOP/s, is an edited or damaged file, not a measurement.
+# What a bench.json's numbers may be (the toy step: 27 GFLOP in well under a minute; the tests' a few MFLOP): past
+# these, or a rate above a petaFLOP/s or below a megaFLOP/s, the file was edited or damaged.
 STEP_GFLOP_RANGE = (1e-6, 1e6)
 STEP_SECONDS_RANGE = (1e-6, 1e5)
 RATE_RANGE = (1e6, 1e15)  # FLOP/s

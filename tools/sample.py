@@ -80,9 +80,8 @@ def generate(net, prompt_ids: list[int], max_new_tokens: int, eos_id: int, tempe
         if temperature <= 0:
             token = int(torch.argmax(logits))
         else:
-            # The top_k most likely tokens, lowest id first among equals (as argmax: top_k 1 is greedy at any
-            # temperature), then softmax(logits / temperature) over them in fp64: any finite temperature
-            # stays finite there (in fp32 a temperature above 3.4e38 is inf, and logits / inf is 0 or nan).
+            # The top_k most likely tokens, lowest id first among equals (top_k 1 is greedy), then the softmax in fp64,
+            # where any finite temperature stays finite (in fp32 one above 3.4e38 is inf).
             scaled = logits.double() / temperature
             if top_k:
                 kept = torch.sort(logits, descending=True, stable=True).indices[:top_k]

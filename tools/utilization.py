@@ -39,8 +39,8 @@ from plumbing.hf_qwen3 import ModelConfig
 SCALES = ("toy", "mini")
 PEAK_SIZES = (1024, 2048)
 MAX_MATMUL_S = 0.5  # a larger square matmul is timed only while the last one took less
-# (group, names that place an operator in it when they occur in its own name or an enclosing one's), in
-# the order they are tried: the loss's head matmuls belong to the loss, not to the linear layers.
+# (group, names that place an operator in it, in its own name or an enclosing one's), tried in order: the loss's
+# head matmuls belong to the loss.
 GROUPS = (("vocabulary head and loss", ("_ChunkedLoss",)),
           ("optimizer", ("optimizer",)),
           ("attention", ("scaled_dot_product", "ScaledDotProduct")),
@@ -318,8 +318,7 @@ def grouped(operators: list[tuple[tuple[str, ...], float]], wall_s: float) -> di
     return {group: s / whole for group, s in seconds.items()}
 
 
-# Issue 38's goals for the toy student step: of the fp32 peak where fp32 is what the CPU runs fast (AVX2), of
-# the bf16 peak where bf16 is native (AMX, AVX-512 bf16).
+# Issue 38's goals for the toy student step, of the peak of the precision the CPU runs fast.
 STUDENT_GOALS = {"fp32": 0.60, "bf16": 0.35}
 
 
