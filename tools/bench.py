@@ -7,7 +7,7 @@ and printed with its spread over every round of every process (utilization.ratio
 rows are main's: the steps against this CPU's matmul peak (utilization.py), the padding-free layout
 (layout_bench.py), the kit's train step against transformers' Qwen3ForCausalLM, the chunked KD loss against a
 naive one, tokenization against HF tokenizers, the data loader, lockstep against separate runs, and the compiled
-step against eager (compile_bench.py).
+step against eager (utilization.bench_compile).
 """
 
 import ctypes
@@ -38,7 +38,7 @@ import prepare_shards
 from experiments import presets, suite
 from plumbing import checkpoint, corpora, devices, tokenizer
 from plumbing.hf_qwen3 import ModelConfig, save_qwen3
-from tools import compile_bench, layout_bench, utilization
+from tools import layout_bench, utilization
 from tools.utilization import interleaved
 
 RESULTS = Path("results") / "bench.json"
@@ -455,7 +455,7 @@ def main(repeats: int = 5, data_dir: Path = Path("runs/toy/data"), sizes: dict =
           f"{lock['separate_teacher_forwards']} -> {lock['lockstep_teacher_forwards']}; identical results: "
           f"{lock['identical_results']}")
     print("compiled toy step (fixed shapes) vs eager ...", flush=True)
-    results["compile"] = comp = compile_bench.bench_compile(repeats, sizes["cold_compile"], sizes["utilization_scales"][0])
+    results["compile"] = comp = utilization.bench_compile(repeats, sizes["cold_compile"], sizes["utilization_scales"][0])
     even = f"{comp['break_even_steps']:,.0f} steps" if comp["break_even_steps"] else "never (not faster here)"
     print(f"  compiled {ratio(comp['speedup_at_fixed_shapes'])} eager at the same fixed shapes (goal >= 1.3x), "
           f"{ratio(comp['speedup'])} eager on batches as wide as their documents; compile {comp['compile_s']:.0f} "
