@@ -9,7 +9,6 @@ replaces or lets go of a run's checkpoints first waits for those writes (writer.
 """
 
 import base64
-import re
 import shutil
 from contextlib import contextmanager
 from functools import partial
@@ -24,7 +23,7 @@ from plumbing import checkpoint, hf_qwen3, writer
 from plumbing.devices import print0
 from plumbing.errors import TrainingError, disk_full_reason
 from plumbing.faults import kill_point
-from rundir import adopt_shared_prefix, read_json
+from rundir import CHECKPOINT_FOLDER, adopt_shared_prefix, read_json
 
 
 def trainer_state(step, phase, batcher, totals, elapsed, outcome: dict) -> dict:
@@ -184,7 +183,6 @@ def finish_latest(run_dir: Path, tmp: Path, writers: int, state_text: str, step:
 
 # Resume points, best first on a tie: latest/ (weights and AdamW state), phase-<p>/ (a phase starts a fresh
 # AdamW), step-<n>/ (mid-phase, AdamW's moments lost: only after damage).
-RESUME_POINT = re.compile(r"latest|(?:phase|step)-\d+")  # latest/, phase-<p>/, step-<n>/ (not .tmp/.old)
 RESUME_RANK = {"latest": 2, "phase": 1, "step": 0}
 TRAINER_STATE_KEYS = ("step", "phase", "data", "totals", "elapsed", "torch_rng")
 
@@ -194,7 +192,7 @@ def checkpoints(run_dir: Path) -> list[tuple[int | None, Path]]:
     writer.wait_for_writes(run_dir)
     found = []
     for ckpt in run_dir.iterdir() if run_dir.is_dir() else []:
-        if not RESUME_POINT.fullmatch(ckpt.name) or not ckpt.is_dir():
+        if not CHECKPOINT_FOLDER.fullmatch(ckpt.name) or not ckpt.is_dir():
             continue
         try:
             step = checkpoint.loads((ckpt / "trainer_state.json").read_text())["step"]

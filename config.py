@@ -140,7 +140,6 @@ class RunConfig:
                               f"{self.protocol} would never train again); use protocol grow")
 
     def resolved(self, run_dir) -> "RunConfig":
-        """This config with every path absolute (absolute_paths), as the run uses it."""
         return replace(self, **absolute_paths(vars(self), run_dir), relative_to_run=False)
 
     def relative_to(self, run_dir: Path, root: Path) -> "RunConfig":

@@ -161,8 +161,7 @@ def _terms(sums, alpha, gamma, scale, dtype):
 
 def kd_loss(student_hidden, student_head_weight, teacher_hidden, teacher_head_weight, targets, mask,
             alpha=0.7, gamma=0.3, tau=1.0, chunk_size=DEFAULT_CHUNK_SIZE, denominator=None):
-    """The loss, averaged over `denominator` real targets (default mask.sum()), with its detached terms: the mean
-    of tau^2 * KL (without alpha) and the mean hard CE."""
+    """(loss, mean tau^2 * KL, mean CE) over `denominator` real targets (default mask.sum()), the terms detached."""
     h_S, W_S, h_T, W_T, y = _real_tokens(student_hidden, student_head_weight, teacher_hidden, teacher_head_weight,
                                          targets, mask)
     denominator = len(y) if denominator is None else float(denominator)

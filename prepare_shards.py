@@ -188,8 +188,7 @@ def _write_shard(path: Path, inputs: dict, chunks: Iterator[tuple[np.ndarray, np
 
 
 def summarize(shard: Shard, enc: Tokenizer) -> dict:
-    """Counts for the `repro.py data` table: tokens (both <|endoftext|>s of each document included), targets,
-    boundary tokens, the documents cut at max_len, and percentiles of tokens per document."""
+    """Counts for the `repro.py data` table (tokens include both <|endoftext|>s of each document)."""
     if shard.manifest["tokenizer"]["fingerprint"] != enc.fingerprint:
         raise DataError(f"{shard.path}: built with tokenizer {shard.manifest['tokenizer']['name']}, not {enc.name}; "
                         f"summarize it with that tokenizer or rebuild the shard")

@@ -10,8 +10,7 @@ from config import plan_phases
 
 
 class Runs:
-    """The runs one command trains: which is which of how many, the steps each has left, and the seconds a step
-    takes, for each run and for all (the key ALL)."""
+    """The runs one command trains: which is which of how many, the steps each has left, and their pace (or ALL's)."""
     ALL = None
 
     def __init__(self, clock=time.monotonic):
@@ -33,11 +32,9 @@ class Runs:
         self.label(run_dir)
 
     def ended(self, run_dir):
-        """A run done, diverged or stopped: nothing left of it in this command."""
         self.left[Path(run_dir).absolute()] = 0
 
     def stepped(self, run_dir):
-        """One step of this run, taken now."""
         run_dir, now = Path(run_dir).absolute(), self.clock()
         self.left[run_dir] = max(0, self.left.get(run_dir, 1) - 1)
         for key in (run_dir, self.ALL):
@@ -78,8 +75,7 @@ def clock_text(seconds: float | None) -> str:
 
 
 class Bars:
-    """The bars of one train_together call: rich's, on an interactive rank-0 terminal, else none (logs get printed
-    lines); the counting goes on either way."""
+    """The bars of one train_together call: rich's on an interactive rank-0 terminal (else none), counted anyway."""
 
     def __init__(self, ctx, runs: Runs, jobs):
         from rich.console import Console

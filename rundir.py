@@ -99,7 +99,7 @@ def prepare_run_dir(config, run_dir: Path, force: bool, ctx, provenance: dict) -
     return False
 
 
-CHECKPOINT_FOLDER = re.compile(r"phase-\d+|step-\d+|latest")  # checkpointing.py's kept and rolling checkpoints
+CHECKPOINT_FOLDER = re.compile(r"phase-\d+|step-\d+|latest")  # checkpointing.py's kept and rolling ones (not .tmp/.old)
 
 
 def started_precision(run_dir: Path) -> str | None:

@@ -30,7 +30,6 @@ GROWING = ("grow", "freeze")
 
 
 def acts(config: RunConfig) -> bool:
-    """Whether a run does anything at its transitions."""
     return ((config.norm == "auto" and config.protocol in GROWING) or config.append_init != "default"
             or config.importance_remedy != "none" or config.boundary_correction != "none")
 
@@ -72,8 +71,7 @@ def removal_costs(net: model.Student, batches: list, active: int, chunk: int, to
 @torch.no_grad()
 def at_transition(net: model.Student, config: RunConfig, phase: Phase, batches: list,
                   total: Callable[[list], list]) -> dict:
-    """Read the stream block p = phase.index reads and act as the run's options say; the event, with what a resume
-    re-applies under "keep"."""
+    """Read the stream block p reads and act as the run's options say; the event, what a resume re-applies in "keep"."""
     p = phase.index
     event: dict = {"event": "transition", "block": p}
     streams = []

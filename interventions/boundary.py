@@ -130,8 +130,7 @@ class BoundaryInputs:
             norm.weight.fill_(1.0)
 
     def mirror_profile(self, input_ids, active_blocks: int, doc_lengths: tuple[int, ...] | None = None) -> dict | None:
-        """mirror-fwd's targets for a forward over `active_blocks` blocks: {block: (B, T, 1) RMS} in the reference
-        run; None for any other intervention, or with one block."""
+        """mirror-fwd's targets for a forward over `active_blocks` blocks: {block: (B, T, 1) RMS}, or None."""
         if self.boundary != "mirror-fwd" or active_blocks < 2:
             return None
         if self.profile_source is None:

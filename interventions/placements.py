@@ -12,8 +12,7 @@ from plumbing.devices import fill_parameter, full_tensor
 
 
 def sandwich_layer(layer, h, cos, sin):
-    """Sandwich-LN (Ding et al. 2021) and Peri-LN (Kim et al. 2025): each sub-layer's input and output
-    normalised, the residual stream itself never."""
+    """Sandwich-LN (Ding et al. 2021) and Peri-LN (Kim et al. 2025): each sub-layer's input and output normalised."""
     h = layer.attn_out_norm(layer.self_attn(layer.attn_norm(h), cos, sin)) + h
     return layer.mlp_out_norm(layer.mlp(layer.mlp_norm(h))) + h
 
@@ -27,8 +26,7 @@ def hybrid_layer(layer, h, cos, sin):
 
 
 def deepnorm_layer(layer, h, cos, sin):
-    """DeepNorm (Wang et al. 2022, torchscale's decoder): post-norm with the residual up-weighted by alpha,
-    x <- N(alpha x + f(x))."""
+    """DeepNorm (Wang et al. 2022, torchscale's decoder): x <- N(alpha x + f(x))."""
     h = layer.attn_norm(layer.residual_scale * h + layer.self_attn(h, cos, sin))
     return layer.mlp_norm(layer.residual_scale * h + layer.mlp(h))
 
@@ -54,8 +52,7 @@ def residual_scale(layer, depth: int) -> float:
 
 @torch.no_grad()
 def scale_deepnet_init(layers, depth: int):
-    """DeepNet's init, after the base one: each DeepNorm layer's DEEPNET_SCALED weights times beta at the model's
-    final depth."""
+    """DeepNet's init, after the base one: DEEPNET_SCALED weights times beta at the model's final depth."""
     for layer in layers:
         if layer.placement.deepnet:
             for name in DEEPNET_SCALED:

@@ -139,7 +139,6 @@ def vocabulary_fits(vocab: int, eot: int) -> bool:
 
 
 def scales_for(vocab: int) -> list[str]:
-    """The scales whose tokenizer a checkpoint's vocabulary fits."""
     return [s for s, p in presets.PRESETS.items()
             if vocabulary_fits(vocab, corpora.vocabulary(p.data).eot)]
 

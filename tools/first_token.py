@@ -58,8 +58,7 @@ def measures(net: model.Qwen3, input_ids: torch.Tensor, lengths: torch.Tensor, d
 
 
 def attention_weights(q: torch.Tensor, k: torch.Tensor, window: int = 0) -> torch.Tensor:
-    """(B, heads, T, T) float32: the causal softmax weights of every query over its visible keys, from q and k
-    (B, heads, T, hd) after RoPE, as SDPA weighs them."""
+    """(B, heads, T, T) float32: the causal softmax weights of every query, from q and k after RoPE, as SDPA's."""
     T = q.shape[2]
     scores = q.float() @ k.float().transpose(-1, -2) / math.sqrt(q.shape[-1])
     return scores.masked_fill(~visible_keys(torch.arange(T), T, window), float("-inf")).softmax(-1)

@@ -103,7 +103,6 @@ def timed_once(fn, clock=time.perf_counter) -> float:
 
 
 def timed(fn, repeats: int, warmup: int = 2) -> float:
-    """Median seconds of fn() over `repeats` runs after `warmup`."""
     for _ in range(warmup):
         fn()
     return statistics.median(timed_once(fn) for _ in range(repeats))
@@ -299,7 +298,6 @@ def profile_groups(step, steps: int = 3) -> dict[str, float]:
 
 
 def enclosing_names(event) -> tuple[str, ...]:
-    """An operator's name, then its enclosing operators' names, innermost first."""
     names = []
     while event is not None:
         names.append(event.name)
