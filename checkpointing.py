@@ -39,8 +39,7 @@ def save_due_checkpoints(run_dir: Path, config, net, optimizer, state: dict, ctx
     step = state["step"]
     kept, latest = partial(save_kept_checkpoint, run_dir), partial(save_latest_checkpoint, run_dir, net, optimizer)
     if phase_end and moments_go_on:
-        # The next phase needs these moments: saved before phase-<p>/, so a kill between the two
-        # resumes from them (on a tie newest_checkpoint prefers latest/).
+        # Saved before phase-<p>/: a kill between the two resumes from these moments (a tie prefers latest/).
         latest(state, ctx, background=True)
     if phase_end:
         kept(f"phase-{state['phase']}", net, state, ctx, background=True)

@@ -87,8 +87,7 @@ class RunConfig:
     monitor_kurtosis_warn: float = 1000.0  # ... or its kurtosis of per-token RMS
     phase_lrs: tuple = ()          # peak LR per phase (transition-aware schedules; empty: lr in every phase)
     phase_warmups: tuple = ()      # warmup steps per phase (empty: warmup_frac of the phase)
-    # Per-transition warmup and peak on top of those: "" (none), a preset of TRANSITION_SCHEDULES, or one
-    # "warmup_factor:peak_factor" per transition (phases 1..), e.g. "2:1,0.5:1" (transition_factors)
+    # Per-transition warmup and peak factors: "", one of TRANSITION_SCHEDULES, or e.g. "2:1,0.5:1" (transition_factors)
     transition_schedule: str = ""
     # What a grow or freeze run does when it appends a block (transitions.py; issue 33's ideas 2, 3, 5, 6):
     append_init: str = "default"   # "matched": the new block's norm gains at the RMS it reads; "preserve-output"

@@ -227,8 +227,7 @@ def layer_scan(net, batch, decode: Callable, sink_attention: float, active_block
         real = h[mask].double().abs()                                            # (N, H), row-major over (row, position)
         places = mask.nonzero()                                                  # (N, 2): row, position of each real token
         median = real.median().item()
-        # Every row's position 0 holds the same state (the same <|endoftext|>, causal attention), so the
-        # largest values come in copies: the top ones are counted once per (channel, position).
+        # Every row's position 0 holds the same state: the top values are counted once per (channel, position).
         values, flat = real.flatten().topk(min(top * (mask.shape[0] + 1), real.numel()))
         tops, seen = [], set()
         for value, index in zip(values.tolist(), flat.tolist()):

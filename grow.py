@@ -56,8 +56,7 @@ def trainable_parameters(net: torch.nn.Module, phase: Phase, train_embedding: bo
 
 
 def build_optimizer(config: RunConfig, params: list) -> torch.optim.AdamW:
-    # foreach=False: the single-tensor path is bit-identical across resumes and ranks' shards. The lr given here is
-    # the schedule's peak; Run.begin_step sets every group's lr from config.learning_rate before each step.
+    # foreach=False: bit-identical across resumes and ranks' shards. Run.begin_step sets the lr before each step.
     groups = [{"params": [p for p in params if p.ndim > 1 or config.decay_gains]},
               {"params": [p for p in params if p.ndim < 2 and not config.decay_gains], "weight_decay": 0.0}]
     return torch.optim.AdamW([g for g in groups if g["params"]], lr=config.lr, betas=config.betas, eps=config.eps,
@@ -207,8 +206,7 @@ class Run:
             for group in self.optimizer.param_groups:
                 group["lr"] = lr
             self.batch = next(self.batcher)
-            # loss, KD and CE summed over the step's micro-batches in float64 on the device (float64: the
-            # sums one process and FSDP2 ranks log are the same; on the device: no host sync until update)
+            # loss, KD and CE summed in float64 (equal on any ranks) on the device (no host sync until update)
             self.sums = torch.zeros(3, dtype=torch.float64, device=self.ctx.device)
             interval = self.config.monitor_interval  # whether the step about to be taken writes a boundary-monitor row
             self.monitor_pending = bool(interval) and (self.step + 1) % interval == 0 and isinstance(self.net, model.Student)
@@ -236,8 +234,7 @@ class Run:
             if monitoring:
                 self.monitor_row = nets.monitor_row(self.net.captured, micro.mask, micro.first_positions())
                 self.net.capture_boundaries, self.net.captured = False, None
-            # Each rank's loss is already divided by the global target count; FSDP2 averages gradients
-            # over ranks, so scale by the world size to get the gradient of the global mean.
+            # The loss is over the global target count and FSDP2 averages over ranks: scale back by the world size.
             (loss * ctx.world).backward()
         self.sums += torch.stack((loss.detach(), kd_term, ce_term)).double()
 
@@ -254,8 +251,7 @@ class Run:
 
     def update(self):
         """The optimizer step and its log rows, then an evaluation and the checkpoints when due."""
-        # The step's loss, KD and CE (summed over ranks) and gradient norm before clipping, read together: the
-        # step's one host sync.
+        # The step's loss, KD and CE (summed over ranks) and gradient norm, read together: its one host sync.
         grad_norm = clip_gradients(self.params, self.config.grad_clip)
         if self.ctx.world > 1:
             dist.all_reduce(self.sums)  # logged losses are global

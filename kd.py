@@ -53,8 +53,7 @@ def _token_terms(z_S, z_T, y, *, alpha, gamma, tau, want_grad, want_soft_ce):
         log_q_S = log_p_S if tau == 1 else torch.log_softmax(z_S / tau, dim=-1)
         log_q_T = torch.log_softmax(z_T if tau == 1 else z_T / tau, dim=-1)
         q_T = log_q_T.exp()
-        # KL summed directly rather than as soft_ce - entropy: the difference of two large numbers loses
-        # the digits of a small KL in fp32.
+        # KL summed directly, not as soft_ce - entropy, whose difference loses a small KL's digits in fp32.
         kl = tau**2 * (q_T * (log_q_T - log_q_S)).sum(-1)
         soft_ce = -tau**2 * (q_T * log_q_S).sum(-1) if want_soft_ce else None
     if not want_grad:

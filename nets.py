@@ -28,8 +28,7 @@ from plumbing.hf_qwen3 import ModelConfig
 # The networks: the frozen teacher, the model a run trains, mirror-fwd's reference
 
 TEACHER_CACHE_BYTES = 2**30  # validation hidden states kept per teacher (one process only)
-# The teacher's modules kept whole on every rank under FSDP2: the chunked loss applies its head to the
-# shared hidden states inside each student's forward, outside the teacher's.
+# The teacher's modules kept whole on every rank under FSDP2: the chunked loss applies its head outside its forward.
 TEACHER_REPLICATED = ("embed_tokens", "norm", "lm_head")
 
 

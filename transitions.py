@@ -89,8 +89,7 @@ def at_transition(net: model.Student, config: RunConfig, phase: Phase, batches: 
     event.update(reading={k: v if math.isfinite(v) else None for k, v in stats.items()}, fired=fires)  # strict JSON
     keep = {}
     if config.norm == "auto" and config.protocol in GROWING:
-        # --norm auto's rule for an appended block: post-norm where its reading fires, else pre-norm (block 0
-        # and every joint-like run are pre-norm: config.student_norm)
+        # --norm auto's rule for an appended block: post-norm where its reading fires, else pre-norm
         keep["placement"] = "post" if fires else "pre"
     if config.boundary_correction == "norm" and fires:
         keep["corrected"] = True

@@ -228,8 +228,7 @@ def load_tensors(module: nn.Module, path: Path, dtype, device, name_in_file: Cal
         check_checksums(path)
     files = tensor_files(path)
     wanted = {name_in_file(name) for name, _ in module.named_parameters()} - {None}
-    # A tied teacher's file may still carry lm_head.weight; any other tensor means config.json describes
-    # a smaller model than the file holds (e.g. fewer layers or blocks), which would load truncated.
+    # A tied teacher's file may still carry lm_head.weight; any other extra tensor would load a truncated model.
     extra = sorted(set(files) - wanted - {"lm_head.weight"})
     if extra:
         raise CheckpointError(f"{path}: holds {len(extra)} tensor(s) that its config.json does not describe "
@@ -338,8 +337,7 @@ def write_rows(folder: Path, kind: str, staged: tuple[dict, dict], writer: int, 
     return {"file": name, "sha256": sha256(folder / name), "tensors": entries}
 
 
-# A kept checkpoint written by several ranks: a standard HF sharded checkpoint (whole tensors, each in
-# one writer's file, and the index naming each tensor's file), which every loader reads as one file.
+# A kept checkpoint written by several ranks: a standard HF sharded checkpoint, which every loader reads as one.
 HF_INDEX = "model.safetensors.index.json"
 
 

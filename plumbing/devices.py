@@ -44,8 +44,7 @@ class Dist:
     local_world: int = 1       # ranks on this node (torchrun's LOCAL_WORLD_SIZE)
     mesh: object = None        # the FSDP2 DeviceMesh: ("shard",), or ("replicate", "shard") over several nodes
     waiting_group: object = None  # a gloo group with PREPARATION_TIMEOUT, for waits on rank 0
-    # What precision "auto" means for this command where a study fixed it (experiments/studies.settle_precision:
-    # its records' precision, or --precision): (fp32 | bf16, why); None: the machine decides (precision_choice).
+    # "auto" for this command where a study fixed it (studies.settle_precision): (fp32 | bf16, why); None: the machine's
     auto_precision: tuple[str, str] | None = None
 
     @property
@@ -136,8 +135,7 @@ def choose_device(name: str = "auto") -> torch.device:
     return torch.device(name)
 
 
-# Any of the first: a rank of a launch, which needs every one of the second (init_process_group's env://
-# and the local rank's GPU); torchrun sets them all.
+# Any of the first: a rank of a launch, which needs all of the second (env:// and its GPU); torchrun sets them.
 RANK_VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE")
 TORCHRUN_VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
 
@@ -378,9 +376,8 @@ def autocast(dtype: torch.dtype, ctx: Dist):
     return nullcontext()
 
 
-# The shapes one compiled decoder layer may be specialised to: a compiled run's batches come in a few widths
-# (data.fixed_shape) and two row counts (its micro-batch, its evaluation batch), each in training and in
-# evaluation, with and without the boundary monitor, for the teacher's placement and the student's.
+# The shapes one compiled decoder layer may be specialised to: a few widths (data.fixed_shape) and two row counts,
+# in training and evaluation, with and without the boundary monitor, for the teacher's placement and the student's.
 COMPILED_SHAPES = 64
 
 

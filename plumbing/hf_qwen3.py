@@ -31,11 +31,9 @@ class ModelConfig:
     tie_word_embeddings: bool = False
     max_position_embeddings: int = 40960
     initializer_range: float = 0.02
-    # The kit's own: each query attends to itself and the attention_window - 1 keys before it (0: every key
-    # before it, Qwen3's own). HF's sliding window of the same width (to_hf) on every layer.
+    # The kit's own: each query attends to itself and the attention_window - 1 keys before it (0: all, Qwen3's).
     attention_window: int = 0
-    # The kit's own: Qwen3's per-head RMSNorm on q and k (True), or raw projections (False, as the small models
-    # of the attention-sink literature). transformers' Qwen3 has no such switch: such a folder is the kit's alone.
+    # The kit's own: Qwen3's q/k RMSNorm (True) or raw projections (False, a folder transformers cannot read).
     qk_norm: bool = True
 
     @classmethod
@@ -64,8 +62,7 @@ class ModelConfig:
         return hf
 
 
-# The fields a Qwen3 config.json always has: the defaults above are Qwen3-8B's, and a checkpoint that
-# lacks one of these is not described by them.
+# The fields a Qwen3 config.json always has (the defaults above are Qwen3-8B's, no other model's).
 REQUIRED_FIELDS = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads")
 
 
@@ -90,8 +87,8 @@ def config_problem(values: dict) -> str:
     return ""
 
 
-# model.py names each layer's two norms for the sub-layer they belong to, since their position depends on
-# the placement; transformers' Qwen3ForCausalLM names them for where a pre-norm layer has them.
+# model.py names each layer's norms for their sub-layer (their position depends on the placement), transformers
+# for where a pre-norm layer has them.
 HF_NORM_NAMES = {".attn_norm.": ".input_layernorm.", ".mlp_norm.": ".post_attention_layernorm."}
 
 

@@ -333,8 +333,7 @@ def bench_loss(tokens=4096, vocab=151936, hidden=256, repeats=3, chunk_size=kd.D
         for variant in ("naive", "chunked"):
             result[variant].append(in_fresh_process("_bench_worker", variant, tokens, vocab, hidden, repeats,
                                                     chunk_size, threads, dtype))
-    # Resident memory is what the loss allocates and writes, the same in every process (unlike its time): the
-    # medians' ratio, with no spread to report.
+    # Resident memory is the same in every process (unlike time): the medians' ratio, with no spread to report.
     peak = {v: statistics.median(run["peak_bytes"] for run in result[v]) for v in ("naive", "chunked")}
     result["memory_ratio"] = peak["chunked"] / peak["naive"]
     result["time_ratio"] = utilization.ratio_spread([(chunked["seconds"], naive["seconds"])

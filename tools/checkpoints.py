@@ -24,8 +24,7 @@ from plumbing import corpora, devices, errors, hf_qwen3, tokenizer
 from plumbing.checkpoint import CHECKSUMS, read_config
 
 QWEN3_EOT = 151643  # <|endoftext|> in Qwen3's full vocabulary
-# A run folder (a student's runs/<scale>/s<seed>/<run>/, a teacher's runs/<scale>/teacher/ or teachers/<name>/)
-# holds one of these beside its checkpoints; a checkpoint folder never does.
+# A run folder (a student's or a teacher's) holds one of these beside its checkpoints; a checkpoint folder never.
 RUN_FILES = ("metrics.jsonl", "done.json", "provenance.json", RECORD)
 PHASE = re.compile(r"phase-(\d+)")
 

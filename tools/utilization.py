@@ -322,8 +322,7 @@ def grouped(operators: list[tuple[tuple[str, ...], float]], wall_s: float) -> di
 # The compiled step against eager (bench's "compile" row)
 
 # Documents' lengths in the compiled step's micro-batches, as fractions of max_len (toy: 128, 116, 96, 128, 101,
-# 88): varied, as micro-batches of fewer or shorter documents than the toy's are (the toy's own are all 128
-# wide: one document in four fills max_len).
+# 88): varied, as micro-batches of fewer or shorter documents than the toy's are.
 LENGTH_FRACTIONS = (1.0, 0.91, 0.75, 1.0, 0.79, 0.69)
 
 
