@@ -99,12 +99,10 @@ def temporary_folder(run_dir: Path, name: str, ranks):
 
 
 def stage_kept(run_dir: Path, name: str, net, state: dict, writers: int, group, ranks) -> Callable[[], None]:
-    """A kept checkpoint (phase-<p>/ or step-<n>/): safetensors weights any tool can load, plus the trainer state,
-    and no optimizer state (phases restart theirs). Under FSDP2 nothing is gathered whole on one rank: each rank
-    that holds distinct shards (`group`) copies the whole tensors assigned to it (checkpoint.tensor_writers),
-    gathered one at a time, for one file of a standard HF sharded checkpoint, which the kit's loaders and
-    transformers read as one file. Returns the write: each writer hashes its own file; rank 0 writes the index,
-    config.json, the trainer state and the checksums, then renames the folder into place."""
+    """A kept checkpoint (phase-<p>/ or step-<n>/): safetensors weights any tool can load and the trainer state, no
+    optimizer state (phases restart theirs). Under FSDP2 each rank that holds distinct shards (`group`) copies the
+    whole tensors assigned to it (checkpoint.tensor_writers), gathered one at a time, for one file of a standard HF
+    sharded checkpoint. Returns the write; rank 0 writes the index, config.json, trainer state and checksums."""
     qwen3 = isinstance(net, model.Qwen3)  # the teacher run's checkpoints are plain HF Qwen3 folders
     weights = {hf_qwen3.hf_name(k) if qwen3 else k: v for k, v in net.state_dict().items()}
     owner = checkpoint.tensor_writers({k: v.numel() * v.element_size() for k, v in weights.items()}, writers)

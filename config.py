@@ -5,9 +5,8 @@ and its learning-rate schedule. presets.py fills one from a scale; a run folder 
     for phase in config.plan_phases(c): ...          # active and trainable blocks, first step, steps
     lr = config.learning_rate(c, step_in_phase, phase.index)
 
-Protocols (paper Sec. 4 and Appendix B): `joint` (all K blocks, one phase), `grow` (phase p runs and trains blocks
-0..p), `freeze` (grow, but phase p>0 trains only block p), `joint-long` (all blocks, several phases with LR
-restarts) and `teacher` (plain CE pretraining of the kit's own Qwen3 teacher).
+Protocols (paper Sec. 4, App. B): `joint` (all K blocks, one phase), `grow` (phase p trains blocks 0..p), `freeze`
+(phase p>0 trains block p only), `joint-long` (LR restarts) and `teacher` (CE pretraining of the kit's teacher).
 """
 
 import math
@@ -171,7 +170,7 @@ class RunConfig:
 
     @property
     def distils(self) -> bool:
-        """A student that learns from a teacher (not the teacher itself, not growth from scratch)."""
+        """A student that learns from a teacher (not the teacher itself, nor growth from scratch)."""
         return self.protocol != "teacher" and self.scratch_model is None
 
     @property

@@ -2,9 +2,7 @@
 log, never by training; every result is a plain JSON-able dict or list (the figures are figures.py's). The
 definitions, and how each maps to the paper's: docs/method.md.
 
-    for ckpt in diag.checkpoint_series("runs/toy/s42/pre-grow"):              # kept checkpoints, in step order
-        stats = diag.diagnose_checkpoint(model.Student.load(ckpt["path"]), batch, tokenizer.decode,
-                                         active_blocks=ckpt["active_blocks"])
+    stats = diag.diagnose_checkpoint(model.Student.load(path), batch, tokenizer.decode, active_blocks=2)
     removal = diag.block_removal(model.Student.load("runs/toy/s42/pre-grow/phase-2"), batch)      # Table 4
     responses = diag.transition_responses(rundir.read_metrics(run_dir), phase_steps=S, blocks=3)  # Table A4
 """
@@ -208,9 +206,8 @@ def diagnose_checkpoint(student, batch, decode: Callable, active_blocks: int | N
 def layer_scan(net, batch, decode: Callable, sink_attention: float, active_blocks: int | None = None,
                top: int = 3) -> list[dict]:
     """Per decoder layer that ran, of its output on `batch` (read with forward hooks): the `top` largest
-    |activations| (one per channel and position, with its place and token text) and their ratio to the median,
-    the boundary token's RMS over the regular tokens', and the first-token attention of each head, with the share
-    of heads putting at least `sink_attention` on position 0."""
+    |activations| and their ratio to the median, the boundary token's RMS over the regular tokens', and each head's
+    first-token attention, with the share of heads putting at least `sink_attention` on position 0."""
     outputs = {}
     keep = lambda index, module, args, output: outputs.__setitem__(index, output.detach())
     hooks = [layer.register_forward_hook(partial(keep, i)) for i, layer in enumerate(net.layers)]
@@ -345,12 +342,10 @@ def transition_response(rows: list[dict], transition_step: int, phase_steps: int
                         baseline_window: int | None = None, smooth: int | None = None,
                         short_window: int | None = None, long_window: int | None = None) -> dict:
     """The training-loss response to appending a block after step `transition_step` (T; step T+k is the k-th with
-    the new block), as docs/method.md defines it for Table A4 (baseline, smoothed and immediate jump, signed and
-    absolute AUC, recovery) and says which reading fits which of the paper's columns. Windows default to the
-    paper's (baseline 1000, smooth 200, short 1000, long 5000 steps) scaled by paper_scaled. `key`: the metrics
-    column, "loss" (the paper's training loss) or "ce". The smoothed loss is a trailing mean over the whole log, so
-    for the first `smooth` steps it reaches back before T. recovery_steps is searched up to the new block's phase
-    end or the log's, None where the loss never returned or never rose; losses in nats, steps from T."""
+    the new block), as docs/method.md defines it for Table A4, with which reading fits the paper's columns. Windows
+    default to the paper's (baseline 1000, smooth 200, short 1000, long 5000 steps) scaled by paper_scaled. `key`:
+    the metrics column, "loss" or "ce". The smoothed loss is a trailing mean over the whole log (its first `smooth`
+    steps reach back before T); recovery_steps is None where the loss never returned or never rose."""
     T = transition_step
     baseline_window = baseline_window or min(paper_scaled(1000, phase_steps), T)
     smooth = smooth or paper_scaled(200, phase_steps)

@@ -9,8 +9,7 @@ Runs are normally started by repro.py, which fills a RunConfig from a preset:
         repro.py train --scale full --norm post --protocol grow             # several nodes
 
 `train` runs one run; `train_together` several, each exactly as if alone (bit-identical in one process), the frozen
-teacher running once per batch for the runs that read it. The protocols are config.py's; a run folder is
-rundir.py's, its checkpoints and resume point checkpointing.py's.
+teacher running once per batch for the runs that read it.
 """
 
 import math
@@ -378,11 +377,10 @@ def train(config: RunConfig, run_dir, force: bool = False, ctx: Dist | None = No
 def train_together(jobs: list[tuple[RunConfig, Path]], force: bool = False, ctx: Dist | None = None,
                    stop_after_step: int | None = None, tracker: str = "", teacher: nets.Teacher | None = None,
                    wait: bool = True, counted: Runs | None = None) -> list[dict]:
-    """Train several runs in lockstep, each exactly as it would train alone (lockstep_step). A run that starts from
-    another's phase (freeze from grow's phase 0) joins when that phase is written; a finished run drops out; runs
-    resumed at different steps train alone until they meet. Each unfinished run folder is held by this process
-    while it trains (locks.held: another holder is waited for, or with wait=False an error). `counted`: the
-    command's runs, for its progress (default: these). Returns each run's final evaluation ({} if stopped early)."""
+    """Train several runs in lockstep, each exactly as it would train alone. A run that starts from another's phase
+    joins when that phase is written; runs resumed at different steps train alone until they meet. Each unfinished
+    run folder is held by this process while it trains (locks.held). `counted`: the command's runs, for its
+    progress. Returns each run's final evaluation ({} if stopped early)."""
     ctx = ctx or setup_distributed()
     with ExitStack() as stack:
         ctx.on_main(lambda: stack.enter_context(held([d for c, d in jobs if not rundir.finished(c, d)], wait,
@@ -424,12 +422,10 @@ def open_runs(todo: list[Run], teacher: nets.Teacher | None, progress) -> bool:
 
 
 def lockstep_step(runs: list[Run], teacher: nets.Teacher | None):
-    """One optimizer step of every run in `runs` (all at the same step), one run after another: each run's
-    micro-batches, then its update. Under FSDP2 a run's gradients add up unsharded until its last micro-batch
-    reduce-scatters them, so this order holds one run's unsharded gradients at a time (micro-batch i of every run
-    before i + 1 would hold every run's at once). The teacher runs once per micro-batch for each group of runs that
-    reads the same batch, its hidden states kept for the step where the group has more than one run. The order
-    between runs changes no run's numbers (each keeps its own RNG state)."""
+    """One optimizer step of every run in `runs` (all at the same step), one run after another, so that under FSDP2
+    one run's unsharded gradients are held at a time (micro-batch i of every run before i + 1 would hold every
+    run's at once). The teacher runs once per micro-batch for each group of runs that reads the same batch. The
+    order between runs changes no run's numbers (each keeps its own RNG state)."""
     groups: dict[tuple, list[Run]] = {}
     for run in runs:
         run.begin_step()

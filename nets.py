@@ -1,6 +1,5 @@
-"""The networks a run computes with (the frozen teacher, shared by every run that distils from it; the model a
-run trains; mirror-fwd's frozen reference) and what they compute: a micro-batch's loss, the evaluation over the
-whole validation set, and the boundary monitor's numbers.
+"""The networks a run computes with (the frozen teacher, shared by the runs that distil from it; the model a run
+trains; mirror-fwd's reference) and what they compute: a micro-batch's loss, the evaluation, the monitor's numbers.
 
     teacher = nets.load_teacher(config, ctx, dtype)
     net = nets.build_model(config, teacher, ctx, dtype, boundary_token=train_shard.eot)

@@ -103,8 +103,8 @@ CHECKPOINT_FOLDER = re.compile(r"phase-\d+|step-\d+|latest")  # checkpointing.py
 
 
 def started_precision(run_dir: Path) -> str | None:
-    """The precision a run folder's run computed in (its provenance.json), where the folder holds done.json or a
-    checkpoint to resume from; None where it holds neither (the run starts afresh, in its command's precision)."""
+    """The precision a run folder's run computed in (its provenance.json), where it holds done.json or a checkpoint
+    to resume from; else None."""
     run_dir = Path(run_dir)
     if not (run_dir / "provenance.json").is_file() or not ((run_dir / "done.json").is_file() or any(
             CHECKPOINT_FOLDER.fullmatch(p.name) and p.is_dir() for p in run_dir.iterdir())):
@@ -238,8 +238,7 @@ def read_metrics(run_dir: Path) -> list[dict]:
 
 
 def last_evaluation(run_dir: Path) -> dict | None:
-    """A finished run's last evaluation row (not a phase start's), reading and parsing the log from its end
-    only (a paper-scale log holds 150k rows; the reports ask for each run's result more than once)."""
+    """A finished run's last evaluation row (not a phase start's), read from the log's end (150k rows at full)."""
     path = run_dir / "metrics.jsonl"
     if not path.is_file():
         return None

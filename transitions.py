@@ -7,10 +7,8 @@ are pre-registered in docs/preregistrations.md, 2026-12-02). Each is a RunConfig
     boundary_correction norm     an RMSNorm at the new block's input where the reading fires (idea 5)
     norm auto                    each appended block post-norm where the reading fires, else pre (idea 7)
 
-The reading (at_transition), at the first step of phase p >= 1 before any update, on that step's whole batch
-(the same tokens on any number of ranks), fires where a statistic of the stream block p reads passes its
-monitor threshold. Every transition is logged as an "event" row of metrics.jsonl; the decisions the weights do
-not hold are kept in the trainer state, so a resumed run re-applies them (apply_kept).
+The reading (at_transition), at phase p's first step before any update, fires where a statistic of the stream
+block p reads passes its monitor threshold; each transition is an "event" row of metrics.jsonl.
 """
 
 import math

@@ -3,7 +3,6 @@ run appends): BOUNDARIES, the synthetic doses, the structural-token norm, and Bo
 model.Student that holds their modules, applies them and records them in its checkpoint.
 
     h = student.enter_block(b, h, profile)                      # what block b reads, interventions applied
-    h = rescale(h, 1.0, "identity")                             # each token at RMS 1; backward the identity
     h = dose(h, 37.0, "dose-boundary")                          # the boundary token at 37x the others' RMS
 """
 

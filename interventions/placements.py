@@ -37,8 +37,7 @@ def deepnet_alpha(layers: int) -> float:
 
 
 def deepnet_beta(layers: int) -> float:
-    """DeepNet's decoder-only init gain for N layers: (8N)^(-1/4), on DEEPNET_SCALED as torchscale's gated FFN
-    scales fc1 and fc2 (docs/method.md)."""
+    """DeepNet's decoder-only init gain for N layers, (8N)^(-1/4), on DEEPNET_SCALED (docs/method.md)."""
     return (8 * layers) ** -0.25
 
 

@@ -4,9 +4,7 @@ checked on every load, config.json and safetensors tensors (one file or an index
 Nothing here unpickles anything.
 
     checkpoint.write_atomic(path, text)                # a temporary file, fsynced, renamed over path
-    config = checkpoint.read_config(path)              # config.json, one line naming it if damaged
     checkpoint.load_tensors(module, path, dtype, device, name_in_file)
-    checkpoint.write_checkpoint(path, config, state)   # temporary folder, then renamed into place
 """
 
 import hashlib

@@ -105,7 +105,7 @@ class Silence:
 
 
 def _check_overdue(folder: Path, lock: Path, holder: str, record: dict, silence: Silence, limit: float):
-    """Ends a wait for a holder this host does not see alive once its lock file has not changed for `limit` s."""
+    """Ends a wait for a holder not seen alive once its lock file has not changed for `limit` s."""
     if silence.seconds(lock) >= limit and not (_on_this_host(record) and alive(record["pid"])):
         raise TrainingError(f"{folder}: held by {holder}, whose lock file has not changed for {limit:g} s "
                             f"({WAIT_VARIABLE}); gave up. If that job is gone (one killed on another node leaves its "

@@ -191,8 +191,8 @@ def _char_of_byte() -> dict[int, str]:
 # The same tokenizer as HF files (tokenizer.json, tokenizer_config.json) for an exported model
 
 def bpe_merges(enc: Tokenizer) -> list[list[str]]:
-    """The merge list of enc's ranks in HF's byte-level spelling, in rank order (HF applies merges by list position,
-    tiktoken by rank): each multi-byte token the merge of the two parts BPE with the lower ranks leaves of it."""
+    """The merge list of enc's ranks in HF's byte-level spelling, in rank order (HF merges by list position): each
+    multi-byte token the merge of the two parts BPE with the lower ranks leaves of it."""
     ranks = {enc.token_bytes(i): i for i in range(enc.eot)}
     merges = []
     for token, rank in sorted(ranks.items(), key=lambda item: item[1]):

@@ -1,8 +1,6 @@
-"""Checkpoint writes in the background: a checkpoint's tensors are copied to host memory while training waits (the
-only part that blocks it); its files are then written, hashed and renamed into place on one writer thread while
-training goes on. torch.distributed.checkpoint's async_save does the same split, but its Hugging Face storage writes
-no checksums, renames nothing into place and pickles any non-tensor value into its .safetensors files
-(docs/benchmarks/2026-12-04-epyc-2core-checkpoint-writes.md): the kit keeps its own files (plumbing/checkpoint.py).
+"""Checkpoint writes in the background: a checkpoint's tensors are copied to host memory while training waits; its
+files are then written, hashed and renamed into place on one writer thread while training goes on (DCP's async_save
+writes no checksums and pickles: docs/benchmarks/2026-12-04-epyc-2core-checkpoint-writes.md).
 
     writer.writes().submit(run_dir, write)         # a checkpoint's files written while training goes on
     writer.wait_for_writes(run_dir)                # ...finished (or their error raised) before it is read
@@ -17,10 +15,9 @@ import torch.distributed as dist
 
 
 class BackgroundWrites:
-    """One writer thread, its jobs in the order submitted, each tagged with its folder: waiting on a folder waits for
-    its jobs and raises the first error one met, once (a later job of that folder is dropped: the rerun writes it).
-    The thread is not a daemon: a process that exits finishes its pending writes first. `inline`: each job runs at
-    once on the thread that submits it."""
+    """One writer thread, its jobs in order, each tagged with its folder: waiting on a folder waits for its jobs and
+    raises the first error one met (a later job of that folder is dropped: the rerun writes it). Not a daemon: a
+    process that exits finishes its writes first. `inline`: each job runs at once on the submitting thread."""
 
     def __init__(self, inline: bool = False):
         self.inline = inline

@@ -4,10 +4,8 @@
 
 Each ratio is measured in this run (OMP_NUM_THREADS sets the threads, as for a run), variants timed in turns,
 and printed with its spread over every round of every process (utilization.ratio_spread), or as unstable. The
-rows are main's: the steps against this CPU's matmul peak (utilization.py), the padding-free layout
-(layout_bench.py), the kit's train step against transformers' Qwen3ForCausalLM, the chunked KD loss against a
-naive one, tokenization against HF tokenizers, the data loader, lockstep against separate runs, and the compiled
-step against eager (utilization.bench_compile).
+rows are main's: utilization.py's and layout_bench.py's, then the kit's train step against transformers',
+the chunked KD loss, tokenization, the data loader, lockstep runs and the compiled step, each against a reference.
 """
 
 import ctypes

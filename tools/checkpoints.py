@@ -1,6 +1,5 @@
-"""What the kit does with any checkpoint it reads (a teacher's HF Qwen3 folder, a student of any placement, an
-export): the checkpoint a run folder names, the scale it belongs to (by its vocabulary), the context it was
-trained on, its CE on a scale's validation shard, and a pre-norm student exported as a standard HF Qwen3 folder.
+"""What the kit does with any checkpoint it reads (a teacher, a student of any placement, an export): the one a run
+folder names, its scale (by its vocabulary), its trained context, its CE, and a pre-norm student's HF export.
 
     python repro.py eval runs/toy/s42/post-grow/phase-2 --scale toy --json
     python repro.py eval runs/toy/s42/post-grow              # the run's last phase checkpoint, named in one line

@@ -4,13 +4,11 @@
     python -m tools.first_token --scale mechanism --runs-dir runs                     # the teacher, phase-0/
     python -m tools.first_token --scale mechanism --runs-dir runs runs/mechanism/teacher/step-500
 
-On the scale's diagnostic batch, per layer and head: the mean attention on position 0 over the real queries,
-and over those whose token is not one of the corpus's triggers (Guo's "dormant" queries; a synthetic corpus
-with triggers only); position 0's value state after o_proj over the median of the other positions' (Guo's
-drained value); position 0's residual norm after the layer over the median of the others' (a residual peak);
-and where else the non-trigger queries look: their mean attention on the position just before them (where a
-copy head reads) and on themselves (a query that reads its own token adds what its residual already holds:
-a way to do nothing that needs no sink).
+On the scale's diagnostic batch, per layer and head: the mean attention on position 0 over the real queries, and
+over those whose token is not a trigger (Guo's "dormant" queries); position 0's value state after o_proj over the
+other positions' median (Guo's drained value); its residual norm after the layer over the others' median; and the
+non-trigger queries' mean attention on the position before them (a copy head's) and on themselves (a no-op that
+needs no sink).
 """
 
 import math

@@ -1,7 +1,5 @@
-"""Before a launch: what it trains and what that costs (--dry-run: nothing made or read but the data's measured
-lengths), its rehearsal on this CPU (`repro.py rehearse`), and the kit's own teacher, pretrained or installed
-before any student (`repro.py teacher`). A command's runs come in groups, each (label, workspace,
-lockstep_plan.PlannedRun list); plan.py prices them.
+"""Before a launch: what it trains and what that costs (--dry-run; plan.py prices a command's groups of runs, each
+(label, workspace, lockstep_plan.PlannedRun list)), its rehearsal on this CPU, and the kit's own teacher.
 
     python repro.py all --scale full --dry-run --gpu h100     # the whole paper: runs, tokens, FLOPs, GPU hours
     python repro.py rehearse table1 --scale full --gpus 8     # one step at full size, the driver at reduced size

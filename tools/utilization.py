@@ -4,11 +4,9 @@
     OMP_NUM_THREADS=1 python repro.py bench     # on one thread (where another process holds the other cores)
 
 The steps (distinct_steps): each scale's student and teacher step on one micro-batch whose documents all fill
-max_len (as the toy's batches are wide: one toy document in four reaches max_len). A step's fraction of peak is
-its model FLOPs over its seconds against the best square matmul of PEAK_SIZES, the two timed in turns so that
-both see the same machine. A bf16 step runs only where the precision probe picks bf16 (emulated, one step takes
-minutes). Where the rest goes: torch.profiler's operators by GROUPS. Every ratio the bench prints comes with its
-spread over paired rounds and processes (ratio_spread).
+max_len. A step's fraction of peak is its model FLOPs over its seconds against the best square matmul of
+PEAK_SIZES, the two timed in turns; a bf16 step runs only where the precision probe picks bf16 (emulated, one
+takes minutes). Every ratio the bench prints comes with its spread over paired rounds and processes.
 
 For the dry run (tools/cpu_estimate.py) where the bench has not run: a few toy student steps timed now
 (step_rate), and whether other processes hold the cores (busy_load).
