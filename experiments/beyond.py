@@ -4,19 +4,9 @@
     python repro.py placements --scale toy     # joint and grow for more norm placements, Δ against pre-norm
     python repro.py scratch --scale toy        # pre/post x joint/grow with no teacher at all
 
-- intervention: the paper's Appendix B.1 ends by asking for "an intervention that changes the forward
-  boundary distribution without changing backward updates". Three grow runs answer it beside the
-  suite's pre-grow and post-grow: a pre-norm student with a trainable RMSNorm at every internal block
-  boundary (forward and backward change), a pre-norm student whose appended blocks see a stream
-  rescaled per token to unit RMS in the forward pass only (straight-through: the backward pass is the
-  identity), and its mirror, a post-norm student whose appended blocks see the pre-norm run's per-token
-  RMS profile (its phase-<p>/ checkpoint, on the same batch) in the forward pass only.
-- placements: joint and grow for every placement in model.PLACEMENTS and the per-block schedule
-  pre,post,post (a block's placement chosen at the phase that appends it).
-- scratch: Table 1's 2 x 2 in plain pretraining: alpha = 0, gamma = 1, every weight (embedding and head
-  too) drawn from the seed, no teacher loaded.
-
-Each writes results/<scale>/<experiment>.md and .json; the suite's own runs are reused from runs/<scale>/s<seed>/.
+The intervention answers Appendix B.1's call for "an intervention that changes the forward boundary distribution
+without changing backward updates" (docs/method.md); placements add model.PLACEMENTS and the schedule pre,post,post;
+scratch is Table 1's 2 x 2 in plain pretraining, no teacher. Each writes results/<scale>/<experiment>.md and .json.
 """
 from __future__ import annotations
 
@@ -85,7 +75,6 @@ def range_cell(ranges: dict) -> str:
     return f"{ranges['mean'][0]:.2f}–{ranges['mean'][1]:.2f}, {ranges['kurtosis'][0]:.1f}–{ranges['kurtosis'][1]:.1f}"
 
 
-# ----------------------------------------------------------------------------------------------
 # intervention
 
 # (label, minuend, subtrahend) over INTERVENTIONS' and the transplants' labels: what each contrast isolates.
@@ -206,7 +195,6 @@ def intervention_lines(numbers: dict, seeds: list[int]) -> list[str]:
     return lines + [""]
 
 
-# ----------------------------------------------------------------------------------------------
 # planted: the mechanism put in by hand, in both placements (docs/preregistrations.md, 2026-12-02)
 
 DOSES = (("dose-boundary", 37.0, "dose-boundary-37", "the boundary token at 37x"),
@@ -297,7 +285,6 @@ def dose_parts(rows: dict, interaction: dict) -> str:
     return f"{interaction['dose']}: I reads {interaction['reading']}; {parts}"
 
 
-# ----------------------------------------------------------------------------------------------
 # placements
 
 def placement_runs() -> list[RunName]:
@@ -319,8 +306,7 @@ def run_placements(ws: suite.Workspace, seeds: list[int], force: bool = False) -
                      "delta_joint": report.paired(joint, ce[RunName("pre", "joint")]),
                      "delta_grow": report.paired(grown, ce[PRE_GROW]),
                      "grow_minus_joint": report.across_seeds([g - j for g, j in zip(grown, joint)])})
-    # Holm's correction over every placement-vs-pre comparison of the table (both protocols): the p-value
-    # of a one-sample t-test on the paired differences, adjusted for the family.
+    # Holm over every placement-vs-pre comparison of the table (both protocols)
     family = [r[key] for r in rows if r["placement"] != "pre" for key in ("delta_joint", "delta_grow")]
     for delta, p_holm in zip(family, report.holm([report.p_two_sided(d) for d in family])):
         delta |= {"p_holm": p_holm, "reading": report.reading(delta, presets.TIE_MARGIN, p_holm),
@@ -374,7 +360,6 @@ def placements_lines(numbers: dict, seeds: list[int], caveat: str = "") -> list[
     return lines + [""]
 
 
-# ----------------------------------------------------------------------------------------------
 # scratch
 
 def scratch_workspace(ws: suite.Workspace) -> suite.Workspace:

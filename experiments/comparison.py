@@ -40,21 +40,19 @@ def band(values: list[float]) -> tuple[float, float]:
 
 
 def measured(target: Path) -> dict[str, float]:
-    """{name: value} of what `target` holds: one run, a scale's runs folder, or a results folder."""
-    if (target / "metrics.jsonl").is_file():
-        return run_numbers(target)
-    if any(target.glob("s*/*/metrics.jsonl")):
-        return {f"{d.parent.name}/{k}": v for d in sorted(target.glob("s*/*")) if (d / "metrics.jsonl").is_file()
-                for k, v in run_numbers(d).items()}
-    # each report checked as `reference` reads it: one reader for both
+    """{name: value} of what `target` holds: one run, a scale's runs folder, or a results folder (each report read
+    as `reference` reads it)."""
+    if runs := run_folders(target):
+        return {f"{label(run, target)}/{k}": v for run in runs if (run / "metrics.jsonl").is_file()
+                for k, v in run_numbers(run).items()}
     return {f"{file.stem}/{key}/{i}": value for file in sorted(target.glob("*.json"))
             for key, seeds in read_report(file)[1].items() for i, value in enumerate(seeds)}
 
 
 def run_numbers(run_dir: Path) -> dict[str, float]:
-    numbers = {f"{run_dir.name}/ce at {point}": ce for point, ce in curve(run_dir).items()}
+    numbers = {f"ce at {point}": ce for point, ce in curve(run_dir).items()}
     if (run_dir / "done.json").is_file():
-        numbers[f"{run_dir.name}/final ce"] = rundir.final_eval(run_dir)["ce"]  # checked against its own log
+        numbers["final ce"] = rundir.final_eval(run_dir)["ce"]  # checked against its own log
     return numbers
 
 
@@ -135,8 +133,7 @@ def variant_of(target: Path) -> str | None:
 
 
 def check_scale(target: Path, scale: str, path: Path):
-    """Runs or reports of another scale would put every number outside the band: said in one line instead,
-    where they say their scale (a report's "scale"; a run whose settings are one scale's run section)."""
+    """Runs or reports of another scale would put every number outside the band: one line instead."""
     for file, theirs in made_at(target):
         if theirs != scale:
             raise UsageError(f"{file}: of scale {theirs}, and {path} holds scale {scale}'s numbers (every number "
@@ -150,8 +147,7 @@ def run_folders(target: Path) -> list[Path]:
 
 
 def made_at(target: Path) -> list[tuple[Path, str]]:
-    """(file, scale) for each report or run under `target` that says which scale made it; a run of overridden
-    settings (--set) matches no scale's and says nothing."""
+    """(file, scale) for each report or run under `target` whose "scale" or run settings name the scale made it."""
     said = [(file, rundir.read_json(file).get("scale")) for file in sorted(target.glob("*.json"))]
     for run in run_folders(target):
         if (run / "config.json").is_file():
@@ -163,8 +159,7 @@ def made_at(target: Path) -> list[tuple[Path, str]]:
 
 
 def print_comparison(target: Path, scale: str, records: Path = RECORDS_DIR) -> list[dict]:
-    """compare() of `target` against the shipped reference of `scale`, printed as a table (the numbers
-    outside the band, else the first 20); its rows."""
+    """compare() of `target`, printed as a table (the numbers outside the band, else the first 20); its rows."""
     path, shipped = REFERENCES / f"{scale}.json", load(scale)
     check_scale(target, scale, path)  # reads every *.json first: one that is not a JSON object is named in one line
     rows = compare(target, shipped, records / scale)
@@ -191,17 +186,15 @@ def print_comparison(target: Path, scale: str, records: Path = RECORDS_DIR) -> l
 
 
 def not_yet(target: Path, reference: dict, records: Path | None = None) -> list[tuple[str, Path, list[str]]]:
-    """(run as compare names it, its folder, the numbers its band has that it lacks) of each unfinished run of
-    `target` (no done.json: its final CE, at least, is not there yet) that has a band."""
+    """(run as compare names it, its folder, the numbers its band has that it lacks) of each unfinished run."""
     have, bands = measured(target), run_bands(target, reference, records)
     return [(label(run, target), run, [n for n in bands[label(run, target)] if f"{label(run, target)}/{n}" not in have])
             for run in run_folders(target) if bands[label(run, target)] and not (run / "done.json").is_file()]
 
 
 def check(target: Path, scale: str | None, records: Path = RECORDS_DIR):
-    """`repro.py compare`: print_comparison against the reference of `scale` (None: the scale the target's
-    folder names), then one line, exit 1, if a number is outside its band or an unfinished run lacks numbers
-    the reference has for it."""
+    """`repro.py compare` (`scale` None: the one the target's folder names): print_comparison, then one line, exit 1,
+    if a number is outside its band or an unfinished run lacks numbers its band has."""
     scale = scale or scale_named(target)
     if scale is None:
         raise OptionError("--scale", f"{target} names no scale (runs/<scale>/... or results/<scale>); pass --scale")

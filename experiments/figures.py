@@ -88,9 +88,8 @@ def fig3a_interaction(kit: dict, path, paper: dict = PAPER["table1"], caption: s
                 markerfacecolor="none", label="Δ post − pre (paper)")
         ax.axhline(0, color="black", linewidth=0.5)
         ax.set_xticks(range(2), protocols)
-        ax.set_xlabel("protocol")
-        ax.set_ylabel("validation CE, post − pre (nats/token)")
-        ax.set_title(f"interaction Δgrow − Δjoint: kit {interaction(kit):+.4f}, paper {interaction(paper):+.4f}")
+        ax.set(xlabel="protocol", ylabel="validation CE, post − pre (nats/token)",
+               title=f"interaction Δgrow − Δjoint: kit {interaction(kit):+.4f}, paper {interaction(paper):+.4f}")
         ax.legend()
         return save_png(fig, path, caption)
 
@@ -114,8 +113,7 @@ def fig_scale_trend(kit: dict, paper: dict, path, tie_margin: float, caption: st
             paper_marker(ax, len(kit), paper[key], "black", label="paper: one run, no interval")
             ax.set_xticks(range(len(kit) + 1), [f"{scale}\n{numbers[key]['n']} seeds" for scale, numbers in kit.items()]
                           + ["paper"])
-            ax.set_xlim(-0.5, len(kit) + 0.5)
-            ax.set_title(title)
+            ax.set(xlim=(-0.5, len(kit) + 0.5), title=title)
         axes[0].set_ylabel("validation CE difference (nats/token)")
         entries = dict(zip(*axes[0].get_legend_handles_labels()[::-1]))  # {label: handle}, each once
         fig.legend(list(entries.values()), list(entries), loc="outside lower center", ncols=3)
@@ -170,9 +168,7 @@ def fig3b_per_phase(kit: dict, path, paper: dict = PAPER["per_phase_ce"], starts
         dax.set_yticks(sorted(ticks + [0]), [f"{t:g}" for t in sorted(ticks + [0])])
         dax.set_title("Δ post − pre per phase (symlog beyond ±0.05)")
         for a, label in ((ax, "validation CE (nats/token)"), (dax, "post − pre (nats/token)")):
-            a.set_xticks(list(phases))
-            a.set_xlabel("grow phase (active blocks = phase + 1)")
-            a.set_ylabel(label)
+            a.set(xticks=list(phases), xlabel="grow phase (active blocks = phase + 1)", ylabel=label)
         legend_below(fig, ax, dax, ncols=4)
         return save_png(fig, path, caption)
 
@@ -188,9 +184,7 @@ def save_beside_paper(fig, ax, pax, transition_steps, title: str, ylabel: str, p
     for a in (ax, pax):
         a.set_yscale("log")
     pax.set_xticks([0, 1], ("first grow\ncheckpoint", "150k\n(end of grow)"))  # the paper gives no first step
-    pax.set_xlim(-0.5, 1.5)
-    pax.set_title(title)
-    pax.set_ylabel(ylabel)
+    pax.set(xlim=(-0.5, 1.5), title=title, ylabel=ylabel)
     legend_below(fig, ax)
     pax.legend(fontsize=6)
     return save_png(fig, path, caption)
@@ -209,9 +203,8 @@ def fig4_boundary_std(series: dict, path, paper: dict = PAPER["boundary_std_afte
                           if b < len(c["boundary_stats"])]
                 ax.plot(*zip(*points), marker="o", markersize=3, color=NORM_COLORS[norm],
                         linestyle=BOUNDARY_STYLES[(b - 1) % len(BOUNDARY_STYLES)], label=f"{norm}, {diag.boundary_label(b)}")
-        ax.set_xlabel(xlabel)
-        ax.set_ylabel("std of per-token RMS over tokens\n(activation units, log scale)")
-        ax.set_title("kit: boundary-scale spread across grow")
+        ax.set(xlabel=xlabel, ylabel="std of per-token RMS over tokens\n(activation units, log scale)",
+               title="kit: boundary-scale spread across grow")
         first, last = paper["pre"]
         paper_marker(pax, [0, 1], [first, last], NORM_COLORS["pre"], f"pre, after block 0 ({first:g} → {last:g})")
         pax.plot([0, 1], [first, last], "--", color=NORM_COLORS["pre"], linewidth=0.8)
@@ -238,9 +231,8 @@ def fig5a_token_types(series: dict, path, boundary: int = 1, paper: dict = PAPER
                 xs, ys = zip(*[(x, y) for x, y in ((0, first), (1, last)) if y is not None])
                 paper_marker(pax, xs, ys, color, f"{norm}, {name} ({' → '.join(f'{y:g}' for y in ys)})",
                              marker="s" if name == "boundary" else "o")
-        ax.set_xlabel("training step of the checkpoint")
-        ax.set_ylabel(f"mean per-token RMS, {diag.boundary_label(boundary)}\n(activation units, log scale)")
-        ax.set_title("kit: token-type attribution of boundary scale")
+        ax.set(xlabel="training step of the checkpoint", title="kit: token-type attribution of boundary scale",
+               ylabel=f"mean per-token RMS, {diag.boundary_label(boundary)}\n(activation units, log scale)")
         return save_beside_paper(fig, ax, pax, transition_steps, "paper (Figure 5a)", "mean per-token RMS (log scale)",
                                  path, caption)
 
@@ -263,9 +255,7 @@ def fig5b_validation(runs: dict, path, transition_steps: list[int], smooth: int 
                 paper_marker(ax, [evals[-1][0]], [paper[norm]["grow"]], color,
                              f"paper: {norm}-grow at 150k, drawn at the kit's last step")
         mark_transitions(ax, transition_steps)
-        ax.set_xlabel("training step")
-        ax.set_ylabel("CE (nats/token)")
-        ax.set_title("validation CE through grow, transitions marked")
+        ax.set(xlabel="training step", ylabel="CE (nats/token)", title="validation CE through grow, transitions marked")
         legend_below(fig, ax, ncols=1)  # its labels are long: two columns run past the edges
         return save_png(fig, path, caption)
 
@@ -288,11 +278,8 @@ def figA1_rms_histograms(token_rms_by_norm: dict, path, label: str = "after bloc
         ax.plot([], [], " ", label=f"paper: pre-norm kurtosis > {paper_kurtosis:g}")
         if cap is not None:
             ax.plot([], [], " ", label=f"largest kurtosis this batch's shape allows: {cap:.0f}")
-        ax.set_xscale("log")
-        ax.set_yscale("log")
-        ax.set_xlabel(f"per-token RMS, {label} (activation units, log scale)")
-        ax.set_ylabel("tokens (log scale)")
-        ax.set_title("per-token RMS distribution at the final checkpoint")
+        ax.set(xscale="log", yscale="log", xlabel=f"per-token RMS, {label} (activation units, log scale)",
+               ylabel="tokens (log scale)", title="per-token RMS distribution at the final checkpoint")
         ax.legend()
         return save_png(fig, path, caption)
 
@@ -314,9 +301,7 @@ def figA2_block_removal(results: dict, path, paper: dict = PAPER["table4"], capt
                     ax.bar(xs, values, width, color=RUN_COLORS.get(run), edgecolor="black", linewidth=0.4,
                            hatch="//" if row else None, label=run)
                 ax.set_xticks(range(n_blocks), [f"block {b}" for b in range(n_blocks)])
-                ax.set_title(source)
-                ax.set_xlabel("skipped block")
-                ax.set_ylabel(ylabel)
+                ax.set(title=source, xlabel="skipped block", ylabel=ylabel)
         fig.suptitle("whole-block removal")
         legend_below(fig, axes[1], ncols=5)
         return save_png(fig, path, caption)
@@ -337,9 +322,7 @@ def fig_monitor(series: dict, path, title: str, caption: str = "") -> Path:
                         ax.plot(*zip(*xy), linestyle=style, color=color, linewidth=1,
                                 label=f"{label}, {points[0][1]['label']}")
         for ax, ylabel in ((rms_ax, "mean per-token RMS"), (kurt_ax, "kurtosis of per-token RMS")):
-            ax.set_yscale("log")
-            ax.set_xlabel("step")
-            ax.set_ylabel(ylabel)
+            ax.set(yscale="log", xlabel="step", ylabel=ylabel)
         fig.suptitle(title)
         legend_below(fig, rms_ax, ncols=3)
         return save_png(fig, path, caption)

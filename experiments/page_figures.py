@@ -36,7 +36,6 @@ def phase_points(curve: dict) -> tuple[list[str], list[str]]:
     return starts, [point.split()[0] for point in starts[1:]] + [str(steps[-1])]
 
 
-# ----------------------------------------------------------------------------------------------
 # Each figure's arguments from a reference; a KeyError (a table or curve it lacks) or a NullSeed means not drawn
 
 def fig3a(ref: dict) -> dict:
@@ -135,7 +134,6 @@ def section(scale: str, ref: dict) -> list[str]:
     return lines
 
 
-# ----------------------------------------------------------------------------------------------
 # The scale trend: Table 1's differences at every scale with a shipped reference, beside the paper's (one figure,
 # docs/results/scale-trend.png, on every results page and the README)
 

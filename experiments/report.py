@@ -123,13 +123,8 @@ def final_ce(ws: Workspace, run: RunName, seed: int) -> float:
 
 def diverged_runs(ws: Workspace, runs, seeds) -> list[str]:
     """'<run> s<seed> (step <n>: <why>)' for each run of `runs` x `seeds` that diverged."""
-    out = []
-    for seed in seeds:
-        for run in runs:
-            record = rundir.final_eval(ws.run_dir(run, seed)).get("diverged")
-            if record:
-                out.append(f"{run.name} s{seed} (step {record['step']}: {record['why']})")
-    return out
+    return [f"{run.name} s{seed} (step {record['step']}: {record['why']})" for seed in seeds for run in runs
+            if (record := rundir.final_eval(ws.run_dir(run, seed)).get("diverged"))]
 
 
 def diverged_line(diverged: list[str], total: int) -> str:

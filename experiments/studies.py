@@ -50,19 +50,16 @@ class Job:
 
 def unique(jobs) -> list[Job]:
     """Each run folder once, in the order given."""
-    seen, out = set(), []
+    first: dict[Path, Job] = {}
     for job in jobs:
-        if job.folder not in seen:
-            seen.add(job.folder)
-            out.append(job)
-    return out
+        first.setdefault(job.folder, job)
+    return list(first.values())
 
 
 def record_path(job: Job) -> Path:
     return job.ws.records / job.ws.runs.name / f"{job.label}.json"
 
 
-# ----------------------------------------------------------------------------------------------
 # What a run is: its settings as they train (paths relative to its folder, so the same on every clone),
 # the data token for token, the teacher byte for byte
 
@@ -89,7 +86,6 @@ def identity(job: Job, stored: dict, check_data: bool = True) -> dict:
             "teacher": teacher_checksum(stored, job.folder) if check_data else None}
 
 
-# ----------------------------------------------------------------------------------------------
 # Reading and checking records
 
 def read_record(path: Path) -> dict:
@@ -168,7 +164,6 @@ def survey(jobs: list[Job], teacher: Path, check_data: bool = True) -> Status:
     return status
 
 
-# ----------------------------------------------------------------------------------------------
 # What a results page reads of a study's records: by the check its dry run and its restore make
 
 def page_workspace(scale: str, records: Path) -> Workspace:
@@ -187,7 +182,6 @@ def page_records(jobs: list[Job]) -> dict[str, dict]:
     return {job.label: record for job, record in status.recorded}
 
 
-# ----------------------------------------------------------------------------------------------
 # The precision rule (docs/method.md, "Precision in a study"): a study's "auto" runs train in the precision of its
 # records of such runs, so that its numbers stay comparable whatever CPU continues it; only a study with none lets
 # the machine decide. `--set run.precision=bf16` is another study.
@@ -243,7 +237,6 @@ def check_precision(status: Status, teacher: Path):
     training.check_one_precision(runs)
 
 
-# ----------------------------------------------------------------------------------------------
 # Restoring recorded runs before a study trains; recording each run as it finishes
 
 def restore(jobs: list[Job], teacher: Path, force: bool = False) -> Status:

@@ -43,7 +43,6 @@ class TextConsole(Console):
 
 console = TextConsole(width=None if sys.stdout.isatty() else 140, markup=False, emoji=False)
 
-# ----------------------------------------------------------------------------------------------
 # Workspace: where a scale's data, runs and results live
 
 @dataclass(eq=False)  # hashed by identity: results computed from a workspace are cached per run
@@ -239,7 +238,6 @@ def hub_teacher(ws: Workspace) -> Path:
         raise errors.CheckpointError(f"teacher {name}: cannot get it from the Hugging Face hub ({why}); {fix}") from None
 
 
-# ----------------------------------------------------------------------------------------------
 # Named runs. A run is computed once and shared by every experiment that needs it.
 
 RUN_PROTOCOLS = ("joint", "grow", "freeze", "joint-long", "joint-longer", "joint-replay")

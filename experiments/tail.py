@@ -33,7 +33,6 @@ from interventions.boundary import with_tail
 from nets import hidden_only
 from plumbing import errors
 
-# ----------------------------------------------------------------------------------------------
 # The dose, sized from what the kit measured (fixed in the entry before any of its runs)
 
 PAPER_RATIO = 37.0           # the paper's boundary/regular RMS (pre-norm, after block 0 at the end of growth)
@@ -71,7 +70,6 @@ def measure_regular_rms(records: Path, seeds=(42, 43, 44)) -> list[float]:
     return out
 
 
-# ----------------------------------------------------------------------------------------------
 # The power calculation (the entry's): D's spread planned from the kit's measured differences of dose effects
 
 EFFECT = 0.0332      # the paper's interaction (Table 1): the size of penalty the account must explain
@@ -91,7 +89,6 @@ def power_table(ns=range(3, 17)) -> list[dict]:
              "half_effect": power(EFFECT / 2, PLANNING_SD, n)} for n in ns]
 
 
-# ----------------------------------------------------------------------------------------------
 # The runs
 
 CHANNEL = {"run": {"boundary": "dose-channel", "boundary_scale": 1000.0}}  # beyond.DOSES's planted channel dose
@@ -122,7 +119,6 @@ def manifest(ws: suite.Workspace, seeds: list[int]) -> list[studies.Job]:
     return studies.unique(studies.Job(variant_workspace(ws, v, s), v.run, s) for s in seeds for v in ws_variants(ws))
 
 
-# ----------------------------------------------------------------------------------------------
 # The numbers, from each run's done.json and kept log rows: a run folder's (live) or its record's (the page)
 
 def contrast(ce: dict, dosed: str, norm: str) -> list[float]:
@@ -188,7 +184,6 @@ def outcome(scale: str, hidden: int, seeds: list[int], read: dict[str, tuple]) -
     return out
 
 
-# ----------------------------------------------------------------------------------------------
 # What the tie tests (issue 57): where the dose sits, whether its size matters, whether position 0 draws attention
 
 DOCUMENTS = 8     # the documents position_state compares, each opened by the boundary token
@@ -451,7 +446,6 @@ def markdown(out: dict) -> list[str]:
     return lines
 
 
-# ----------------------------------------------------------------------------------------------
 # The README's headline: the test's row and its sentence, from the committed records (recorded_outcome)
 
 def headline_cells(out: dict) -> list[str]:

@@ -64,7 +64,6 @@ def check_before_work(ws: Workspace, jobs: list[tuple[RunName, int]], force: boo
         model.load_qwen3(own_teacher / "phase-0")
 
 
-# ----------------------------------------------------------------------------------------------
 # The precision rule (docs/method.md, "Precision in a study"): the runs a command combines computed, or will
 # compute, in one precision, each known from what trained it, whatever its config asks for. Every path takes this
 # one check: the dry run, a study's restore (studies.check_precision) and check_before_work.
