@@ -60,8 +60,7 @@ def record_path(job: Job) -> Path:
     return job.ws.records / job.ws.runs.name / f"{job.label}.json"
 
 
-# What a run is: its settings as they train (paths relative to its folder, so the same on every clone),
-# the data token for token, the teacher byte for byte
+# What a run is: its settings as they train, the data token for token, the teacher byte for byte
 
 def stored_form(settings: config.RunConfig) -> dict:
     """What config.json holds for these settings."""
@@ -199,8 +198,7 @@ def auto_precisions(folder: Path) -> dict[str, list[Path]]:
 
 
 def settle_precision(ws: Workspace) -> Workspace:
-    """The workspace whose "auto" precision is its records' (ws.ctx.auto_precision), said in one line; records of
-    two precisions are refused."""
+    """The workspace whose "auto" precision is its records' (ws.ctx.auto_precision); records of two are refused."""
     folder = ws.records / ws.runs.name
     found = auto_precisions(folder)
     if len(found) > 1:
@@ -274,8 +272,7 @@ def held(folder: Path, ws: Workspace):
 
 
 def restore_folder(job: Job, record: dict):
-    """The recorded run written into its folder as the reports read it (no checkpoint: what needs weights trains
-    it again), unless the folder holds a finished run, decided under its lock."""
+    """The recorded run written into its folder (no checkpoint), unless it holds a finished run, under its lock."""
     folder = job.folder
     if (folder / "done.json").is_file():
         return

@@ -171,8 +171,7 @@ def data_summary(ws: Workspace, force: bool = False) -> Table:
 
 
 def prepare_data(ws: Workspace, force: bool = False) -> tuple[data.Shard, data.Shard]:
-    """Tokenize once, on rank 0; every rank then memory-maps the shards. Shards of other inputs are an error
-    unless `force` rebuilds them."""
+    """Tokenize once, on rank 0; every rank then memory-maps the shards (those of other inputs: `force` rebuilds)."""
     d = ws.preset.data
     enc = corpora.vocabulary(d)
     def prepare():  # by one process at a time (locks.held): another one preparing them is waited for
@@ -375,8 +374,8 @@ def shipped_teacher_for(ws: Workspace) -> str:
 
 
 def install_shipped_teacher(ws: Workspace) -> bool:
-    """The shipped teacher trained as this one would be (shipped_teacher_for), copied to the workspace's
-    teacher/ if none is there: checksums verified, a temporary sibling renamed into place. True if installed."""
+    """The shipped teacher trained as this one would be, copied to the workspace's teacher/ if none is there,
+    checksums verified; True if installed."""
     folder = ws.teacher_dir
     if (folder / "config.json").exists():
         return False

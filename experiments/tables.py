@@ -36,8 +36,7 @@ class PaperTable:
     layout: Callable | None = None    # (stats, seeds) -> Markdown lines in the paper's layout, above the rows
     claims: list = field(default_factory=list)  # (the paper's claim, {key: mean} -> does the kit agree?)
     note: str = ""
-    # Differences read by the rule fixed before any result (report.reading, presets.TIE_MARGIN): below or
-    # above 0 by a 95% interval, a tie by TOST, or inconclusive; Table 1's first is the primary endpoint.
+    # Differences read by the rule fixed before any result (report.reading); Table 1's first is the primary endpoint.
     readings: tuple[str, ...] = ()
 
 
@@ -46,8 +45,7 @@ def table1_numbers(ws, seed):
 
 
 def with_deltas(ce: dict, protocols=("joint", "grow"), interaction="interaction") -> dict:
-    """CEs ({pre,post}_<protocol>) with each protocol's difference, post - pre, and the second's minus the first's:
-    Table 1's delta joint, delta grow and interaction from the four main runs; Table A3's delta freeze - delta grow."""
+    """CEs ({pre,post}_<protocol>) with each protocol's post - pre, and the second's minus the first's (Table 1, A3)."""
     first, second = (ce[f"post_{p}"] - ce[f"pre_{p}"] for p in protocols)
     return {**ce, f"delta_{protocols[0]}": first, f"delta_{protocols[1]}": second, interaction: second - first}
 

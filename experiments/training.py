@@ -64,9 +64,8 @@ def check_before_work(ws: Workspace, jobs: list[tuple[RunName, int]], force: boo
         model.load_qwen3(own_teacher / "phase-0")
 
 
-# The precision rule (docs/method.md, "Precision in a study"): the runs a command combines computed, or will
-# compute, in one precision, each known from what trained it, whatever its config asks for. Every path takes this
-# one check: the dry run, a study's restore (studies.check_precision) and check_before_work.
+# The precision rule (docs/method.md, "Precision in a study"): the runs a command combines are of one precision,
+# each known from what trained it; the dry run, a study's restore and check_before_work all take this one check.
 
 PRECISIONS = tuple(str(dtype).removeprefix("torch.") for dtype in devices.DTYPES.values())  # float32, bfloat16
 
