@@ -8,6 +8,7 @@ and its learning-rate schedule. presets.py fills one from a scale; a run folder 
 Protocols (paper Sec. 4, App. B): `joint` (all K blocks, one phase), `grow` (phase p trains blocks 0..p), `freeze`
 (phase p>0 trains block p only), `joint-long` (LR restarts) and `teacher` (CE pretraining of the kit's teacher).
 """
+from __future__ import annotations  # RunConfig's field types as text: experiments/record_files.check_settings reads them
 
 import math
 import os
