@@ -87,7 +87,15 @@ PRESETS = {
     "full": Preset(
         "full", "the paper exactly: Qwen3-8B-Base teacher, FineWeb-Edu sample-10BT, 3 x 50k steps",
         data=dict(source="fineweb-edu", vocab_size=None, max_len=8192, val_docs=4833),
-        run={**PAPER_RUN, "micro_batch": 1, "eval_batch": 1, "loss_chunk": 4096, "checkpoint_interval": 500,
+        # micro_batch 2: a packed micro-batch's token budget is micro_batch x max_len = 16,384 tokens (data.
+        # token_micro_batches packs whole documents into as few as a step needs and deals them to the ranks by cost),
+        # derived from memory: the fewest tokens at which a rank takes its share of a step (~7,800 tokens on 8 GPUs)
+        # in one micro-batch whatever its longest document, so the ranks balance best (0.97; 8,192 tokens: 0.88),
+        # as long as the worst step it allows (every micro-batch a full budget of full-length documents, as the
+        # rehearsal builds it) fits a GPU: 41.6 GiB a GPU by tools/memory.py, of the 72 usable of an 80 GiB H100
+        # (lockstep_plan.MEMORY_HEADROOM); 32,768 or 65,536 tokens balance no better for 3.4 or 5.8 GiB more. The
+        # paper's 64 documents a step stay; on 64 GPUs (one document a rank) set run.micro_batch=1.
+        run={**PAPER_RUN, "micro_batch": 2, "eval_batch": 1, "loss_chunk": 4096, "checkpoint_interval": 500,
              "snapshot_interval": 10_000, "precision": "bf16", "activation_checkpointing": True,
              "balance_lengths": True},
         teacher="Qwen/Qwen3-8B-Base", diag=dict(docs=2, max_inputs=2048, seed=42), needs_cuda=True,

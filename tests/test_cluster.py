@@ -103,13 +103,23 @@ def reduced(preset_name: str, **run):
                    data={**p.data, "vocab_size": 4096, "max_len": 256}, run={**p.run, "loss_chunk": 128, **run})
 
 
-# Sharded over a node, HSDP over two with two students resident, and one GPU (no FSDP collectives).
-@pytest.mark.parametrize("scale,gpus,nodes,resident", [("full", 8, 1, 1), ("full", 4, 2, 2), ("small", 1, 1, 2)])
-def test_the_rehearsal_measures_what_the_memory_and_collective_counts_say(scale, gpus, nodes, resident):
+# One GPU without FSDP holds fp32 parameters under autocast, so q and k reach a packed row's attention in fp32
+# and v in bf16 (q_norm's and k_norm's fp32 weights): varlen_attn's flash kernel refuses them on a GPU, and the
+# rehearsal refuses them as a GPU would (rehearse.as_on_a_gpu). Strict: once model.py casts them, this must pass.
+ONE_GPU_PACKED = pytest.mark.xfail(raises=RuntimeError, strict=True, reason="model.Attention.document_attention "
+                                   "gives varlen_attn fp32 q and k beside bf16 v on one GPU without FSDP")
+
+
+# Sharded over a node, HSDP over two with two students resident, and one GPU (no FSDP collectives): its rows
+# padded (a compiled run's layout), and packed.
+@pytest.mark.parametrize("scale,gpus,nodes,resident,run", [
+    ("full", 8, 1, 1, {}), ("full", 4, 2, 2, {}), ("small", 1, 1, 2, {"compile": True}),
+    pytest.param("small", 1, 1, 2, {}, marks=ONE_GPU_PACKED)])
+def test_the_rehearsal_measures_what_the_memory_and_collective_counts_say(scale, gpus, nodes, resident, run):
     from experiments import presets, suite
     from plumbing import devices
     from tools import dispatch_counts, memory, plan, rehearse
-    preset = reduced(scale)
+    preset = reduced(scale, **run)
     ws = suite.Workspace(preset, Path("/nonexistent") / scale, Path("/nonexistent"), devices.Dist())
     out = rehearse.rehearse(ws, rehearse.Launch(gpus, nodes), [memory.last_phase(preset)] * resident)
     counted = memory.step_peak(preset, presets.teacher_shape(preset), gpus, nodes, resident)
@@ -135,10 +145,10 @@ def test_the_rehearsal_measures_what_the_memory_and_collective_counts_say(scale,
         import model
         import nets
         net = model.Qwen3(presets.teacher_shape(preset)).to(torch.bfloat16).eval().requires_grad_(False)
-        ids, real = torch.zeros(preset.run["micro_batch"], preset.data["max_len"], dtype=torch.long), \
-            dispatch_counts.DispatchedOps()
+        batch = rehearse.worst_step(memory.run_settings(preset), preset.data["max_len"], 1, "cpu")[0]
+        real = dispatch_counts.DispatchedOps()
         with real, torch.no_grad(), devices.autocast(torch.bfloat16, devices.Dist()):
-            net(ids, output_fn=nets.hidden_only)
+            net(batch.input_ids, doc_lengths=batch.doc_lengths, output_fn=nets.hidden_only)
         assert ops["teacher forward"] == real.count * out["micro_batches_per_step"]
     if gpus * nodes > 1:  # gradients reduce-scattered once a step: one per trained FSDP2 unit (layers, root)
         trained_units = preset.run["blocks"] * preset.run["layers_per_block"] + 1
@@ -148,7 +158,9 @@ def test_the_rehearsal_measures_what_the_memory_and_collective_counts_say(scale,
 def test_every_lockstep_segment_measures_what_the_plan_counts():
     """Table 1's lockstep at full scale's settings (reduced dimensions) on 8 GPUs: each segment (four runs
     in phase 0, joint's nine layers stepping beside grow's one block; then grow's two in phases 1 and
-    2) measured through the kit's own code equals memory.py's count for it, which lockstep_plan.fits reads."""
+    2) measured through the kit's own code equals memory.py's count for it, which lockstep_plan.fits reads.
+    Each is measured on the worst step as the launch makes it: a rank's 8 documents of the full length in 4
+    packed micro-batches of the token budget, two documents end to end in one row."""
     from experiments import suite, tables
     from plumbing import devices
     from tools import lockstep_plan, plan, rehearse
@@ -157,6 +169,10 @@ def test_every_lockstep_segment_measures_what_the_plan_counts():
     segments = rehearse.rehearse_segments(ws, rehearse.Launch(8), tables.MAIN_RUNS)
     assert [s["steps"] for s in segments] == [[0, 50_000], [50_000, 100_000], [100_000, 150_000]]
     assert [len(s["runs"]) for s in segments] == [4, 2, 2]
+    for s in segments:
+        out = s["rehearsal"]
+        assert out["packed"] and out["micro_batches_per_step"] == 4 and out["micro_batch_tokens"] == [512, 512]
+        assert out["micro_batch_documents"] == [[256, 256], [256, 256]]
     for s in segments:  # as above: the count leaves out what is under 0.1 MiB in all
         assert s["rehearsal"]["peak_gib"]["per-rank peak"] * 2**30 == pytest.approx(s["plan_gib"] * 2**30,
                                                                                     abs=0.1 * 2**20), s["steps"]
@@ -164,6 +180,58 @@ def test_every_lockstep_segment_measures_what_the_plan_counts():
     runs = plan.planned_runs(ws, tables.MAIN_RUNS, 42)
     assert lockstep_plan.fits(preset, 8, worst / lockstep_plan.MEMORY_HEADROOM, runs)
     assert not lockstep_plan.fits(preset, 8, worst / lockstep_plan.MEMORY_HEADROOM - 1, runs)
+
+
+def test_the_rehearsals_worst_step_is_the_most_the_launchs_placement_gives_a_rank():
+    """Full scale (64 documents a step, a token budget of micro_batch x 8,192 tokens) on 8 and 32 GPUs: the
+    rehearsal's worst step (every document of the full length) gives rank 0 global_batch / world / micro_batch
+    micro-batches, each a full budget of whole documents packed in one row, every target real: what memory.py
+    counts. No step placed as data.Batcher places it (token_micro_batches by flops.document_cost) gives a rank
+    more micro-batches or a micro-batch more tokens: lognormal lengths capped at the full length, and lengths
+    chosen to pack badly (just over a half or two thirds of the budget, the full length beside single tokens)."""
+    from functools import partial
+
+    import data
+    from experiments import presets
+    from flops import document_cost
+    from tools import memory, rehearse
+    full = presets.PRESETS["full"]
+    T, m, shape = full.data["max_len"], full.run["micro_batch"], presets.teacher_shape(full)
+    cost = partial(document_cost, shape, full.run["blocks"] * full.run["layers_per_block"])
+    rng = np.random.default_rng(0)
+    steps = [np.minimum(rng.lognormal(6.4, 1.0, 64).astype(np.int64) + 1, T) for _ in range(100)]
+    steps += [np.full(64, n) for n in (T, T // 2 + 1, m * T // 3 + 1, 1)] + [np.resize([T, 1], 64), np.resize([T, T, 1], 64)]
+    for world in (8, 32):
+        d = memory.Dims(full, shape, world, 1)
+        batches = rehearse.worst_step(memory.run_settings(full), T, world, "cpu")
+        assert len(batches) == d.micro_per_step == 64 // world // m and d.N == m * T
+        for b in batches:
+            assert b.input_ids.shape == (1, d.N) and b.doc_lengths == (T,) * m and b.n_targets == d.N and b.mask.all()
+        for lengths in steps:
+            placed = data.token_micro_batches(np.arange(64), lengths, d.N, 0, world, cost)
+            assert len(placed) <= d.micro_per_step and all(lengths[mb].sum() <= d.N for mb in placed), lengths[:4]
+
+
+def test_the_gpu_checks_packed_micro_batches_are_the_full_scales():
+    """make gpu-check's packed checks (run on a GPU only; what decides their shapes, and their code on the CPU,
+    here): the attention's row is a full token budget of the longest documents, the throughput's micro-batches
+    that and a rank's share of a mean step on 8 GPUs, which token placement puts in one micro-batch; the packed
+    attention equals each document alone both ways (the CPU's path: SDPA a document)."""
+    import torch
+
+    import data
+    from experiments import presets
+    from plumbing.hf_qwen3 import ModelConfig
+    from tools import gpucheck
+    full = presets.PRESETS["full"]
+    budget, share = gpucheck.full_scale_micro_batches(full)
+    assert budget == [8192, 8192] == [full.data["max_len"]] * full.run["micro_batch"] and len(share) == 8
+    lengths = np.array(share * 8)  # a mean step of 64 documents
+    assert [len(mb) for mb in data.token_micro_batches(np.arange(64), lengths, sum(budget), 0, 8)] == [8]
+    tiny = ModelConfig(vocab_size=300, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                       num_attention_heads=4, num_key_value_heads=2, head_dim=16)
+    out = gpucheck.packed_attention(tiny, [32, 20], torch.device("cpu"))
+    assert out["ok"] and out["kernel"] == "sdpa per document" and len([k for k in out if "parameters" in k]) == 2
 
 
 def test_dispatched_operators_leave_out_views_and_metadata():
@@ -222,9 +290,10 @@ LAUNCH_ONLY = {"devices.setup_distributed", "devices.torchrun_rank", "devices.to
 
 def test_the_real_rehearsal_runs_every_driver_function_a_launch_runs(tmp_path, monkeypatch):
     """A smoke launch of table1 (repro.py, in this process) against the rehearsal's real-tensor mode of
-    table1 as `repro.py rehearse --scale full --gpus 8 --nodes 4 --mode real` runs it: on 2 x 2 ranks
+    table1 as `repro.py rehearse --scale full --gpus 4 --nodes 4 --mode real` runs it: on 2 x 2 ranks
     (HSDP's 2-D mesh), in the full preset's precision, each rank with the 2 micro-batches a step of a
-    rank of 4 x 8 (accumulation with sync off, then on): every function of grow, devices, rundir and
+    rank of 4 x 4 (its 4 documents packed two to a micro-batch of the token budget: accumulation with sync
+    off, then on; on 4 x 8 a rank's 2 documents fit one): every function of grow, devices, rundir and
     checkpoint that the launch calls, the rehearsal calls (but the few above, each with its reason). A
     driver path the rehearsal skipped would fail here. A training step waits for the device once a
     micro-batch (kd._real_tokens finds the real targets) and once to read the step's losses and norm."""
@@ -236,9 +305,9 @@ def test_the_real_rehearsal_runs_every_driver_function_a_launch_runs(tmp_path, m
         repro.cli(["table1", "--scale", "smoke", "--runs-dir", str(tmp_path / "runs"), "--results-dir",
                    str(tmp_path / "results")], standalone_mode=False)
     with CalledFunctions() as rehearsal:
-        out = rehearse_real.rehearse(presets.PRESETS["full"], rehearse.Launch(8, 4), tables.MAIN_RUNS,
+        out = rehearse_real.rehearse(presets.PRESETS["full"], rehearse.Launch(4, 4), tables.MAIN_RUNS,
                                      tmp_path / "rehearsal")
-    assert out["precision"] == "bf16" and out["first_world"] == 2 and out["world"] == 32
+    assert out["precision"] == "bf16" and out["first_world"] == 2 and out["world"] == 16
     assert out["ranks_run"] == {"gpus": 2, "nodes": 2, "world": 4} and out["micro_batches_per_step"] == 2
     assert {name: r["step"] for name, r in out["runs"].items()} == \
         {"pre-joint": rehearse_real.REDUCED_STEPS, "post-joint": rehearse_real.REDUCED_STEPS,
@@ -251,20 +320,28 @@ def test_the_real_rehearsal_runs_every_driver_function_a_launch_runs(tmp_path, m
 def test_the_real_rehearsal_keeps_what_a_rank_of_the_launch_runs():
     """One node's 8 GPUs run as 1 x 2 ranks, four nodes' as 2 x 2, one GPU as itself; each rank of them
     with the micro-batches a step of a rank of the launch (64 documents a step: 8 a rank on 8 GPUs, 2 on
-    32), one document each, in bf16 with activation checkpointing. The interrupted first launch writes
-    latest/ from several ranks, another number than the launch reads it on (4 then 2 shards; 2 then 2
-    x 2 ranks; 2 then 1), and from one where the step's documents do not split over them."""
+    32), at its token budget of two documents' tokens (two of the reduced length, so that a worst step's
+    documents are placed two to a micro-batch as at full size), in bf16 with activation checkpointing. The
+    interrupted first launch writes latest/ from several ranks, another number than the launch reads it on
+    (4 then 2 shards; 2 then 2 x 2 ranks; 2 then 1), and from one where the step's micro-batches do not
+    split over them."""
+    import data
     from experiments import presets
     from tools import rehearse, rehearse_real
     full = presets.PRESETS["full"]
-    for launch, ranks, micro, first in [((8, 1), (2, 1), 8, 4), ((8, 4), (2, 2), 2, 2), ((1, 1), (1, 1), 64, 2)]:
+    assert full.run["micro_batch"] == 2 and full.run["balance_lengths"]
+    for launch, ranks, micro, first in [((8, 1), (2, 1), 4, 4), ((8, 4), (2, 2), 1, 2), ((1, 1), (1, 1), 32, 2)]:
         run = rehearse_real.reduced_ranks(rehearse.Launch(*launch))
         assert (run.gpus, run.nodes) == ranks
         small = rehearse_real.reduced(full, rehearse.Launch(*launch), run)
         micro_batches = small.run["global_batch"] // small.run["micro_batch"]
         assert micro_batches // run.world == micro
         assert (small.run["micro_batch"], small.run["precision"], small.run["activation_checkpointing"]) == \
-            (1, "bf16", True)
+            (2, "bf16", True)
+        T = small.data["max_len"]  # a worst step's documents, placed on a reduced rank as on one of the launch
+        worst = data.token_micro_batches(np.arange(small.run["global_batch"]), np.full(small.run["global_batch"], T),
+                                         small.run["micro_batch"] * T, 0, run.world)
+        assert [len(docs) for docs in worst] == [2] * micro
         assert rehearse_real.first_ranks(run, micro_batches) == rehearse.Launch(first)
     assert rehearse_real.first_ranks(rehearse.Launch(1), 3) == rehearse.Launch(1)
 

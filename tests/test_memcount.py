@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from test_cluster import reduced
+from test_cluster import ONE_GPU_PACKED, reduced
 
 MiB = 2**20
 
@@ -45,17 +45,20 @@ def counted(preset, gpus: int, nodes: int, residents: int, norms: list[str], wit
 
 
 # What the count holds and neither the plan nor the rehearsal counts is a few KiB: the step's token ids,
-# targets and lengths, the float64 loss sums, AdamW's step counters, the gradient norm (about 20 KiB here).
+# targets, mask and lengths, the float64 loss sums, AdamW's step counters, the gradient norm (about 50 KiB here).
 # The smallest tensor either of them could leave out is larger: an fp32 stream tensor of a micro-batch is
-# 0.25 MiB at these dimensions, the bf16 head 2 MiB (the one both left out before: the plan 2.05 MiB
-# under the count, and the rehearsal, which missed the teacher's embedding, 2.05 MiB under it too).
+# 0.25 MiB a document at these dimensions, the bf16 head 2 MiB (the one both left out before: the plan 2.05 MiB
+# under the count, and the rehearsal, which missed the teacher's embedding, 2.05 MiB under it too), a packed
+# row's RoPE cos and sin, made for every token (0.125 MiB above padded rows' at two documents), the loss's copy
+# of the teacher's states at the real targets (0.25 MiB); those two were left out by both before the rehearsal
+# built packed micro-batches with their mask.
 TOLERANCE = 0.1 * MiB
 
 
 def test_the_plan_counts_every_storage_a_pre_norm_step_holds():
-    """One pre-norm run on 8 GPUs, one micro-batch: its final norm holds one more fp32 stream tensor at the
-    loss than post-norm (the plan counted post-norm's before, 0.25 MiB under), and the loss casts the fp32
-    head to bf16 once (2 MiB, left out under FSDP2 before)."""
+    """One pre-norm run on 8 GPUs, one micro-batch (two documents packed): its final norm holds one more fp32
+    stream tensor at the loss than post-norm (0.5 MiB here; the plan counted post-norm's before), and the loss
+    casts the fp32 head to bf16 once (2 MiB, left out under FSDP2 before)."""
     from experiments import presets
     one_micro_batch_a_rank = 8 * presets.PRESETS["full"].run["micro_batch"]
     out = counted(reduced("full", global_batch=one_micro_batch_a_rank), 8, 1, 1, ["pre"], with_rehearsal=False)
@@ -63,13 +66,16 @@ def test_the_plan_counts_every_storage_a_pre_norm_step_holds():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("scale, gpus, nodes, norms", [("full", 8, 1, ["post", "pre"]), ("full", 2, 2, ["post"]),
-                                                       ("small", 1, 1, ["post", "post"])])
-def test_the_plan_and_the_rehearsal_count_every_storage_a_lockstep_step_holds(scale, gpus, nodes, norms):
-    """Two micro-batches a rank (teacher states kept for the other run, gradients accumulated) on a node,
-    HSDP on a 2 x 2 mesh, and one GPU: the plan and the rehearsal each equal the count of the storages."""
+@pytest.mark.parametrize("scale, gpus, nodes, norms, run", [
+    ("full", 8, 1, ["post", "pre"], {}), ("full", 2, 2, ["post"], {}), ("small", 1, 1, ["post", "post"], {"compile": True}),
+    pytest.param("small", 1, 1, ["post", "post"], {}, marks=ONE_GPU_PACKED)])
+def test_the_plan_and_the_rehearsal_count_every_storage_a_lockstep_step_holds(scale, gpus, nodes, norms, run):
+    """Two micro-batches a rank (teacher states kept for the other run, gradients accumulated), each a full
+    token budget of documents of the full length, on a node, HSDP on a 2 x 2 mesh, and one GPU (its rows padded,
+    a compiled run's layout; packed: ONE_GPU_PACKED): the plan and the rehearsal each equal the count of the
+    storages."""
     from experiments import presets
-    preset = reduced(scale, global_batch=2 * gpus * nodes * presets.PRESETS[scale].run["micro_batch"])
+    preset = reduced(scale, global_batch=2 * gpus * nodes * presets.PRESETS[scale].run["micro_batch"], **run)
     out = counted(preset, gpus, nodes, len(norms), norms, with_rehearsal=True)
     assert 0 <= out["count"] - out["plan"] <= TOLERANCE, out
     assert 0 <= out["count"] - out["rehearsal"] <= TOLERANCE, out

@@ -7,13 +7,18 @@ cluster hours are spent:
 (a) the teacher against transformers' Qwen3, and the chunked loss against a naive one, in bf16;
 (b) attention at the full scale's longest document with its grouped-query heads, forward and backward,
     on a fused SDPA kernel (flash, memory-efficient or cuDNN): the check fails if only the math kernel
-    runs, which would hold the whole T x T attention matrix of every head;
+    runs, which would hold the whole T x T attention matrix of every head; and a packed micro-batch's
+    attention at the full scale's token budget (documents of the longest length end to end: varlen_attn)
+    against each document alone, with the layer's parameters as FSDP2 holds them (bf16) and as one GPU
+    does (fp32 under autocast);
 (c) the full-size rehearsal (rehearse.py) with real bf16 tensors on this GPU, the other 7 ranks a fake
-    group, first grow's phase 0 (what crashed at step 1), then every lockstep segment of table1: the
-    allocator's peak (max_memory_allocated) and reserved bytes against the plan's count for each;
+    group, first grow's phase 0 (what crashed at step 1), then every lockstep segment of table1, each on
+    the worst step a rank can be given (packed micro-batches of the full token budget): the allocator's
+    peak (max_memory_allocated) and reserved bytes against the plan's count for each;
 (d) the real driver under torchrun --nproc_per_node=1 (NCCL bound to the GPU, a sharded rolling
     checkpoint) stopped by a kill after a save and resumed to the end;
-(e) tokens/s and MFU of a paper-size student block over micro-batches of the full scale's lengths;
+(e) tokens/s and MFU of a paper-size student block over packed micro-batches as the full scale's ranks
+    take them: a full token budget of the longest documents, and a rank's share of a mean step;
 (f) how fast a rank writes a checkpoint shard (fsynced) where the runs folder is.
 """
 from __future__ import annotations
@@ -27,6 +32,8 @@ import sys
 import tempfile
 import time
 import traceback
+from dataclasses import replace
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -34,6 +41,7 @@ import torch
 import config
 import kd
 import model
+import nets
 from experiments import presets, suite, tables
 from plumbing import checkpoint, devices
 from plumbing.hf_qwen3 import ModelConfig
@@ -69,11 +77,11 @@ def check_parity_bf16(device) -> dict:
             "ok": logits_rel < 2e-2 and abs(loss.item() - reference.item()) < 2e-2 * abs(reference.item())}
 
 
-def paper_layer_step(device, config: ModelConfig, batch: int, lengths: list[int], repeats: int) -> dict:
-    """A distillation step of one student block of 3 layers at the paper's dimensions over micro-batches of
-    `lengths` tokens (the full scale's longest document and its mean): bf16 autocast on a GPU (fp32 on a
-    CPU, where bf16 is emulated), activation checkpointing, the chunked KD loss over the 151,936-token
-    head. Tokens/s, and MFU against this device's measured bf16 matmul peak."""
+def paper_layer_step(device, config: ModelConfig, micro_batches: list[list[int]], repeats: int) -> dict:
+    """A distillation step of one student block of 3 layers at the paper's dimensions over packed micro-batches
+    of documents of these lengths (full_scale_micro_batches: a full token budget, a rank's share of a mean step):
+    bf16 autocast on a GPU (fp32 on a CPU, where bf16 is emulated), activation checkpointing, the chunked KD loss
+    over the 151,936-token head. Tokens/s, and MFU against this device's measured bf16 matmul peak."""
     torch.manual_seed(0)
     teacher = model.Qwen3(config).to(device)
     teacher.init_weights(0)
@@ -81,25 +89,47 @@ def paper_layer_step(device, config: ModelConfig, batch: int, lengths: list[int]
     student = model.Student.from_teacher(teacher, 1, config.num_hidden_layers, "post", seed=0)
     student.checkpoint_layers = True
     optimizer = torch.optim.AdamW([p for p in student.parameters() if p.requires_grad], lr=1e-4)
-    micro = [torch.randint(0, config.vocab_size, (batch, n), device=device) for n in lengths]
+    micro = [torch.randint(0, config.vocab_size, (1, sum(lengths)), device=device) for lengths in micro_batches]
     context = torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda")
     losses = []
 
     def step():
-        for ids in micro:
+        for ids, lengths in zip(micro, micro_batches):
             with context:
-                losses.append(float(bench.kit_step(teacher, student, optimizer, ids, None, chunk=4096)))
+                losses.append(float(packed_step(teacher, student, optimizer, ids, tuple(lengths), chunk=4096)))
         torch.cuda.synchronize(device) if device.type == "cuda" else None
 
     torch.cuda.reset_peak_memory_stats(device) if device.type == "cuda" else None
     seconds = utilization.timed(step, repeats)
-    tokens = batch * sum(lengths)
-    flops = sum(utilization.student_step_flops(config, config.num_hidden_layers, batch * n, n) for n in lengths)
+    tokens = sum(map(sum, micro_batches))
+    flops = sum(utilization.student_step_flops(config, config.num_hidden_layers, n, n)
+                for lengths in micro_batches for n in lengths)
     peak = matmul_peak_on(device, torch.bfloat16 if device.type == "cuda" else torch.float32)
-    return {"tokens": tokens, "lengths": lengths, "step_s": seconds, "tokens_per_s": tokens / seconds,
+    return {"tokens": tokens, "micro_batches": micro_batches, "step_s": seconds, "tokens_per_s": tokens / seconds,
             "mfu": flops / seconds / peak, "peak_tflops": peak / 1e12,
             "max_memory_gib": torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else None,
             "finite": all(map(math.isfinite, losses))}
+
+
+def packed_step(teacher, student, optimizer, ids, doc_lengths: tuple[int, ...], chunk: int) -> torch.Tensor:
+    """bench.kit_step on a packed micro-batch: documents of `doc_lengths` end to end in `ids` (1, N)."""
+    with torch.no_grad():
+        hidden = teacher(ids, output_fn=nets.hidden_only, doc_lengths=doc_lengths)
+    loss, _, _ = student(ids, doc_lengths=doc_lengths, output_fn=partial(
+        kd.kd_loss, teacher_hidden=hidden, teacher_head_weight=teacher.head_weight, targets=ids, mask=None,
+        chunk_size=chunk))
+    loss.backward()
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    return loss.detach()
+
+
+def full_scale_micro_batches(preset) -> list[list[int]]:
+    """Documents of the micro-batches a full-scale rank on 8 GPUs takes: a full token budget of the longest
+    documents (micro_batch x max_len: the worst case), and its share of a mean step (global_batch / 8 documents
+    of the mean length) in one micro-batch, as token placement puts it (data.token_micro_batches)."""
+    longest, mean = preset.data["max_len"], round(preset.doc_tokens)
+    return [[longest] * preset.run["micro_batch"], [mean] * (preset.run["global_batch"] // 8)]
 
 
 def matmul_peak_on(device, dtype, n: int = 8192) -> float:
@@ -117,12 +147,44 @@ def attention_kernel(config: ModelConfig, length: int, device) -> dict:
             "problem": problem, "ok": not problem}
 
 
+def packed_attention(config: ModelConfig, lengths: list[int], device) -> dict:
+    """model.Attention over one packed row of documents of `lengths` (on a GPU varlen_attn's path, one kernel for
+    the row), forward and backward, against each document alone (causal SDPA over its own row): its layer's
+    parameters as FSDP2 gathers them (bf16) and as one GPU holds them (fp32, under bf16 autocast on a GPU). The
+    largest difference relative to the largest output, each way; a way the kernel refuses fails with its error."""
+    out, x = {"lengths": lengths}, torch.randn(1, sum(lengths), config.hidden_size, device=device)
+    context = lambda: torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda")
+    for way, dtype in (("bf16 parameters (FSDP2)", torch.bfloat16), ("fp32 parameters (one GPU)", torch.float32)):
+        torch.manual_seed(0)
+        attention = model.Attention(config).to(device)
+        for p in attention.parameters():  # the projections as an initialised model's, the norms ones
+            torch.nn.init.normal_(p, std=0.02) if p.dim() == 2 else torch.nn.init.ones_(p)
+        attention.to(dtype)
+        try:
+            with context():
+                attention.doc_lengths = tuple(lengths)
+                packed = attention(x.to(dtype), *model.rope_cos_sin(config, x.shape[1], device, tuple(lengths)))
+                packed.float().square().sum().backward()
+                attention.doc_lengths = None
+                alone = torch.cat([attention(part, *model.rope_cos_sin(config, part.shape[1], device))
+                                   for part in x.to(dtype).split(lengths, dim=1)], dim=1)
+            grads = all(torch.isfinite(p.grad).all() for p in attention.parameters() if p.grad is not None)
+            diff = ((packed.float() - alone.float()).abs().max() / alone.float().abs().max()).item()
+            out[way] = {"max_rel_diff": diff, "finite_gradients": bool(grads), "ok": diff < 2e-2 and bool(grads)}
+        except RuntimeError as error:
+            out[way] = {"ok": False, "error": " ".join(str(error).split())[:300]}
+    out["kernel"] = "varlen_attn" if device.type == "cuda" and model.varlen_attn is not None else "sdpa per document"
+    return {**out, "ok": all(out[way]["ok"] for way in out if isinstance(out[way], dict))}
+
+
 def memory_rehearsal(scale: str, gpus: int, device: str) -> dict:
     """rehearse.py on this device (real bf16 tensors on a GPU, the other ranks a fake group; fake tensors
     on the CPU), each step beside the plan's count (memory.py): first grow's phase 0 alone (the step-1
     scenario: blocks that never run, accumulation with gradient sync off, bf16 parameters with fp32
-    reduction), then every lockstep segment of table1. On a GPU the allocator's peak and reserved bytes."""
+    reduction), then every lockstep segment of table1. On a GPU the allocator's peak and reserved bytes. In
+    bf16, as on the GPU (the smoke's fp32 would reach varlen_attn's kernel, which refuses it, as the rehearsal does)."""
     preset = presets.PRESETS[scale]
+    preset = replace(preset, run={**preset.run, "precision": "bf16"})
     ws = suite.Workspace(preset, Path("runs") / scale, Path("results") / scale, devices.Dist())
     launch, shape = rehearse.Launch(gpus), presets.teacher_shape(preset)
     phase0 = config.plan_phases(suite.run_config(ws, suite.RunName("post", "grow"), preset.run["seed"]))[0]
@@ -167,7 +229,7 @@ def write_throughput(folder: Path, gib: float, device) -> dict:
     return {"gib": gib, "seconds": seconds, "gb_per_s": gib * 2**30 / 1e9 / seconds}
 
 
-CHECKS = ("parity_bf16", "attention", "memory_rehearsal", "driver", "throughput", "checkpoint_write")
+CHECKS = ("parity_bf16", "attention", "packed_attention", "memory_rehearsal", "driver", "throughput", "checkpoint_write")
 
 
 def gpu_check(device: str = "cuda", out: Path = RESULTS, names: tuple[str, ...] = CHECKS) -> dict:
@@ -184,10 +246,12 @@ def gpu_check(device: str = "cuda", out: Path = RESULTS, names: tuple[str, ...] 
     checks = {"parity_bf16": lambda: check_parity_bf16(dev),
               "attention": lambda: attention_kernel(PAPER_LAYER if on_gpu else tiny,
                                                     full.data["max_len"] if on_gpu else 256, dev),
+              "packed_attention": lambda: packed_attention(PAPER_LAYER if on_gpu else tiny,
+                                                           full_scale_micro_batches(full)[0] if on_gpu else [32, 20], dev),
               "memory_rehearsal": lambda: memory_rehearsal("full" if on_gpu else "smoke", 8 if on_gpu else 2, device),
               "driver": lambda: driver(device, Path(tempfile.mkdtemp(dir="runs" if Path("runs").is_dir() else None))),
-              "throughput": lambda: paper_layer_step(dev, PAPER_LAYER if on_gpu else tiny, 1,
-                                                     [full.data["max_len"], round(full.doc_tokens)] if on_gpu else [32, 20],
+              "throughput": lambda: paper_layer_step(dev, PAPER_LAYER if on_gpu else tiny,
+                                                     full_scale_micro_batches(full) if on_gpu else [[16, 16], [20]],
                                                      3 if on_gpu else 1),
               "checkpoint_write": lambda: write_throughput(Path(tempfile.mkdtemp()), 1.0 if on_gpu else 0.01, dev)}
     out.parent.mkdir(parents=True, exist_ok=True)

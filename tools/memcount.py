@@ -10,8 +10,9 @@ neither: it takes every fake tensor's storage the garbage collector holds when t
 shards, AdamW moments, the batch), then follows every operator's outputs and every storage resize (FSDP2
 frees and refills its gathered parameters by resizing them) to the step's end, and reports the most bytes
 alive at once, with the operator where that was. The models are built as a launch builds them
-(rehearse.resident_models: model.py, devices.shard_fn, each run's own placement), each micro-batch
-holds documents of the full length, and the resident runs step in the plan's order with every
+(rehearse.resident_models: model.py, devices.shard_fn, each run's own placement), the step's micro-batches
+are those the rehearsal builds (rehearse.worst_step: documents of the full length, placed and packed by
+data.py, each micro-batch a full token budget), and the resident runs step in the plan's order with every
 micro-batch of the step, so the teacher's states are kept as a launch keeps them. It runs CPU
 autocast's bf16 policy with kd's GPU row blocks (rehearse.as_on_a_gpu), as the rehearsal does; a step
 at full size takes minutes of CPU (every operator of every resident run's micro-batches, faked).
@@ -140,21 +141,19 @@ class FixedBatchRun(grow.Run):
 
 
 def worst_step(settings, max_len: int, world: int) -> data.StepBatch:
-    """Every micro-batch of a rank's step on `world` ranks, of documents of the full length, no padding (mask
-    None: every target real), made under the fake mode so that they are counted as a GPU holds them."""
-    ids = lambda: torch.zeros(settings.micro_batch, max_len, dtype=torch.long)
-    micro = [OnDevice(ids(), ids(), None, torch.full((settings.micro_batch,), max_len), [], settings.micro_batch * max_len)
-             for _ in range(settings.global_batch // world // settings.micro_batch)]
+    """Every micro-batch of rehearse.worst_step (a rank's worst step on `world` ranks, as the launch places and
+    packs it), copied under the fake mode so that they are counted as a GPU holds them."""
+    micro = [OnDevice(b.input_ids.clone(), b.targets.clone(), b.mask.clone(), b.lengths.clone(), b.doc_ids,
+                      b.n_targets, b.doc_lengths) for b in rehearse.worst_step(settings, max_len, world, "cpu")]
     return data.StepBatch(micro, settings.global_batch * max_len, [], 0)
 
 
 def step_peak(ws, launch: rehearse.Launch, residents: list[config.Phase], norms: list[str] | None = None) -> dict:
     """{"bytes", "operator"}: the most bytes alive at once on rank 0 of `launch` during one lockstep step of
-    students in `residents` (their phases, in the order they step; post-norm, or each of `norms`), every
-    micro-batch of the longest."""
+    students in `residents` (their phases, in the order they step; post-norm, or each of `norms`), on the
+    worst step (worst_step)."""
     preset = ws.preset
-    settings = config.RunConfig(**{**preset.run, "name": "count", "protocol": "grow", "norm": "post",
-                                   "train_data": "", "val_data": "", "replay_docs": 1})
+    settings = memory.run_settings(preset, "count")
     dtype = devices.DTYPES.get(settings.precision, torch.bfloat16)
     ctx = rehearse.rank0(launch, "cpu")
     counter = LiveStorages()

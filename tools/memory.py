@@ -5,10 +5,14 @@ boundary norm trained, the embedding frozen; post-norm layers, the stepping run'
 norms under activation checkpointing) under devices.shard_fn with bf16 autocast and an
 fp32 residual stream: each student's weights and AdamW moments, the teacher in the compute dtype, the
 gradients accumulated over the step's micro-batches, one micro-batch's saved activations and the
-chunked loss's buffers at its softmax, in the worst step a rank can be given: every micro-batch holds
-documents of the full length. The step's largest moment is the peak: inside the loss of its last
-micro-batch (on top of the gradients accumulated over the others), inside the loss of its first, or,
-under activation checkpointing, the first micro-batch's backward entering layer 0.
+chunked loss's buffers at its softmax, in the worst step a rank can be given: every document of the step
+of the full length, so that every micro-batch holds a full token budget (micro_batch x max_len: packed end
+to end where the runs pack, data.token_micro_batches; rows where they do not) and a rank holds the most
+micro-batches the placement ever gives it (global_batch / world / micro_batch). The loss selects the real
+targets by the batch's mask (kd._real_tokens), a copy of the teacher's states. Attention is a GPU's: its
+output saved in the layout o_proj reads (varlen_attn's for a packed row). The step's largest moment is the
+peak: inside the loss of its last micro-batch (on top of the gradients accumulated over the others), inside
+the loss of its first, or, under activation checkpointing, the first micro-batch's backward entering layer 0.
 Nothing is fitted; rehearse.py measures the same step through the kit's own code with FSDP2's memory
 tracker, and memcount.py counts every storage it holds (tests/test_cluster.py and tests/test_memcount.py
 hold the three together). Without activation checkpointing a pre-norm layer is counted as a post-norm
@@ -84,7 +88,10 @@ class Dims:
         self.root = [(self.V, self.H), (self.H,), (self.V, self.H)]  # embedding (frozen), boundary norm, head
         self.root_trained = [(self.H,), (self.V, self.H)]
         self.micro_per_step = run["global_batch"] // (gpus * nodes) // run["micro_batch"]
-        self.N = run["micro_batch"] * self.T  # tokens of a micro-batch of full-length documents
+        self.N = run["micro_batch"] * self.T  # tokens of a micro-batch: a full budget of full-length documents
+        # RoPE's cos and sin are made for every token of a packed row (positions restart at each document),
+        # for one row's width where documents are padded rows
+        self.rope = self.N if run_settings(preset).packs else self.T
 
     def trained_layers(self, ph) -> int:
         return len(ph.trainable_blocks) * self.L
@@ -158,16 +165,19 @@ def in_the_loss(d: Dims, ph, after_others: bool, norm: str = "post") -> dict:
     if d.bf16:  # kd._same_dtype's bf16 copy of the fp32 head (one GPU's parameter, FSDP2's root gathered in fp32),
         m["loss: head weight in bf16"] = BF16 * d.V * d.H  # made once a loss and held through its chunks
     m["loss: hidden states and their gradient"] = (3 if d.bf16 else 2) * d.act * d.N * d.H
+    # kd._real_tokens: the teacher's states gathered at the real targets (the student's too where no cast copies
+    # them), by their positions, with the targets there (int64)
+    m["loss: states selected at the real targets"] = (1 if d.bf16 else 2) * d.act * d.N * d.H + 2 * 8 * d.N
     if d.checkpointing:  # each layer's input, and what the placement holds around them (loss_stream)
         m["checkpointed stream (fp32)"] = F32 * (active + loss_stream(d.preset, norm, ph)) * d.N * d.H
     else:
         m["saved layer activations"] = active * d.N * saved_per_token(d.c)
         m["stream at the block boundaries (fp32)"] = F32 * (ph.active_blocks + 2) * d.N * d.H
         if d.fsdp:  # model.apply_rope's casts of cos and sin, for q and for k, held by each layer
-            m["RoPE cos and sin cast for each layer"] = active * 4 * d.act * d.T * d.c.head_dim
+            m["RoPE cos and sin cast for each layer"] = active * 4 * d.act * d.rope * d.c.head_dim
     if d.bf16 and not d.fsdp:  # one GPU: autocast caches its bf16 casts of the fp32 weights for the step
         m["autocast's bf16 copies of the layer weights"] = BF16 * active * d.matrices
-    m["RoPE cos and sin (fp32)"] = 2 * F32 * d.T * d.c.head_dim
+    m["RoPE cos and sin (fp32)"] = 2 * F32 * d.rope * d.c.head_dim
     if d.fsdp:  # the last layer's all-gather output, freed at the next gather
         m["last layer gathered (bf16)"] = d.act * d.shard * d.P_shard
     return m
@@ -181,21 +191,26 @@ def entering_first_trained_backward(d: Dims, ph, norm: str = "post") -> dict:
     else:  # one micro-batch: gradients reduce-scattered as they come
         m = {"gradients (fp32, sharded)": F32 * (d.trained_layers(ph) - 1) * d.P_shard
              + F32 * sum(math.prod(s) for s in d.root_trained) * ph.trains_head}
-    m["recomputed layer's activations"] = d.N * saved_per_token(d.c) + (4 * d.act * d.T * d.c.head_dim if d.fsdp else 0)
+    m["recomputed layer's activations"] = d.N * saved_per_token(d.c) + (4 * d.act * d.rope * d.c.head_dim if d.fsdp else 0)
     entry = model.placement(model.block_norms(norm, d.preset.run["blocks"])[0]).entry_norm
     m["layer 0's input, and an entry norm's normalized x (fp32)"] = (1 + entry) * F32 * d.N * d.H
     m["RMSNorm backward temporaries (fp32)"] = 6 * F32 * d.N * d.H
     m["teacher hidden states"] = d.act * d.N * d.H
-    m["RoPE cos and sin (fp32)"] = 2 * F32 * d.T * d.c.head_dim
+    m["RoPE cos and sin (fp32)"] = 2 * F32 * d.rope * d.c.head_dim
     if d.fsdp:
         m["layer 0 gathered (bf16)"] = d.act * d.shard * d.P_shard
     return m
 
 
+def run_settings(preset, name: str = "x") -> config.RunConfig:
+    """The preset's run as a launch's post-norm grow run takes it (what is counted, rehearsed and placed)."""
+    return config.RunConfig(**{**preset.run, "name": name, "protocol": "grow", "norm": "post", "train_data": "",
+                               "val_data": "", "replay_docs": 1})
+
+
 def last_phase(preset) -> config.Phase:
     """Grow's last phase: every block active and trained, the head too (a joint run's phase alike)."""
-    return config.plan_phases(config.RunConfig(**{**preset.run, "name": "x", "protocol": "grow", "norm": "post",
-                                                  "train_data": "", "val_data": "", "replay_docs": 1}))[-1]
+    return config.plan_phases(run_settings(preset))[-1]
 
 
 def costliest_first(preset, residents: list, norms: list[str] | None = None) -> tuple[list, list[str]]:

@@ -223,7 +223,8 @@ def print_plan(ws, runs: list[PlannedRun], seeds: list[int], gpu: str, gpus: int
     default = lockstep_plan.fits(preset, gpus, GPU_MEMORY_GIB[gpu] * 2**30, runs, nodes)
     console.print(f"default on {gpus} {gpu}: {'lockstep' if default else 'separate'} (lockstep's worst segment needs "
                   f"~{totals['lockstep']['memory_gib']:.2g} of {GPU_MEMORY_GIB[gpu]} GiB, "
-                  f"{lockstep_plan.MEMORY_HEADROOM:.0%} usable; --lockstep/--no-lockstep overrides)")
+                  f"{lockstep_plan.MEMORY_HEADROOM:.0%} usable, where every micro-batch holds its full budget of "
+                  f"{preset.run['micro_batch'] * preset.data['max_len']:,} tokens; --lockstep/--no-lockstep overrides)")
     return {"rows": rows, **totals, "lockstep_default": default}
 
 

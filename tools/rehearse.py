@@ -9,7 +9,9 @@ one step as grow.lockstep_step takes it, what rank 0 of the launch runs on a fak
 world size and mesh, through the kit's own construction and sharding (model.py, devices.shard_fn,
 grow's teacher, student, loss, gradient sync, clipping and optimizer, not a copy): the teacher's
 forward and the costliest resident student's forward and backward (activation checkpointing as the
-preset says) on two micro-batches of the longest document, gradients reduce-scattered after the last,
+preset says) on the first two micro-batches of the worst step a rank of the launch can be given (worst_step:
+every document of the full length, placed and packed by data.py as the launch's batches are, each
+micro-batch a full token budget), gradients reduce-scattered after the last,
 devices.clip_gradients, the AdamW step and an evaluation forward, with the other resident students and the
 step's kept teacher states held beside. It reports per-rank peak memory by category (torch's
 FSDPMemTracker) beside memory.py's count, whether any module stays gathered, every collective of a step
@@ -33,11 +35,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import SimpleNamespace
 
+import numpy as np
 import torch
 import torch.distributed as dist
-from torch._subclasses.fake_tensor import FakeTensorMode, unset_fake_temporarily
+from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode, unset_fake_temporarily
 
-import config
 import data
 import grow
 import kd
@@ -99,22 +101,49 @@ def as_on_a_gpu():
     """What a CPU must be told to rehearse a GPU: DTensor's sharding propagation gets a fake mode of its
     own (else FSDPMemTracker counts its global-shape temporaries as this rank's memory); the chunked
     loss works in the GPU's row blocks (kd.ROW_BLOCK_ELEMENTS), whose temporaries are what a GPU holds;
-    and MemTracker (one GPU, no FSDP) skips the gradient hooks it would put on frozen weights (the
-    teacher's, the student's embedding), which torch refuses."""
+    MemTracker (one GPU, no FSDP) skips the gradient hooks it would put on frozen weights (the
+    teacher's, the student's embedding), which torch refuses; a fake boolean vector's nonzero, whose
+    size a fake tensor cannot know, is every position: the step's one such call is kd._real_tokens' on
+    the batch's mask, all True in the worst step (every target real), so the loss selects and copies its
+    states as a launch's does; and a packed row's attention takes model.Attention.document_attention's
+    CUDA branch (varlen_attn, whose fake kernel runs here and gives a GPU's layout: the CPU's branch
+    concatenates its documents' outputs, a copy a GPU never makes), refused where a GPU's flash kernel would
+    refuse it: q, k and v not of one 16-bit dtype (what a launch would hit, the rehearsal hits first)."""
     import torch.distributed.tensor._sharding_prop as sharding_prop
     detect, blocks = sharding_prop.detect_fake_mode, kd.ROW_BLOCK_ELEMENTS["cpu"]
-    hooks = {name: getattr(torch.Tensor, name) for name in ("register_hook", "register_post_accumulate_grad_hook")}
+    kept = {name: getattr(torch.Tensor, name)
+            for name in ("register_hook", "register_post_accumulate_grad_hook", "nonzero")}
     sharding_prop.detect_fake_mode = lambda *args, **kwargs: None
     kd.ROW_BLOCK_ELEMENTS["cpu"] = kd.ROW_BLOCK_ELEMENTS["cuda"]
-    for name, register in hooks.items():  # a frozen weight's handle has nothing to remove
-        setattr(torch.Tensor, name, lambda t, hook, register=register: register(t, hook) if t.requires_grad
+    for name in ("register_hook", "register_post_accumulate_grad_hook"):  # a frozen weight's handle: nothing to remove
+        setattr(torch.Tensor, name, lambda t, hook, register=kept[name]: register(t, hook) if t.requires_grad
                 else SimpleNamespace(remove=lambda: None))
+    torch.Tensor.nonzero = lambda t, *args, **kwargs: torch.arange(t.numel(), device=t.device)[:, None] \
+        if isinstance(t, FakeTensor) and t.dtype == torch.bool and t.dim() == 1 else kept["nonzero"](t, *args, **kwargs)
+    document_attention = model.Attention.document_attention
+
+    def on_a_gpu(attention, q, k, v):
+        dtypes = {q.dtype, k.dtype, v.dtype}
+        if attention.window == 0 and model.varlen_attn is not None and (len(dtypes) > 1 or dtypes - HALF):
+            raise RuntimeError(f"on a GPU, model.Attention.document_attention gives varlen_attn q {q.dtype}, k {k.dtype}"
+                               f" and v {v.dtype}; its flash kernel takes one 16-bit dtype, so a launch in this "
+                               "precision would stop at its first packed micro-batch")
+        FakeTensor.is_cuda = property(lambda t: True)  # read only by the branch, and only while it runs
+        try:
+            return document_attention(attention, q, k, v)
+        finally:
+            del FakeTensor.is_cuda
+    model.Attention.document_attention = on_a_gpu
     try:
         yield
     finally:
         sharding_prop.detect_fake_mode, kd.ROW_BLOCK_ELEMENTS["cpu"] = detect, blocks
-        for name, register in hooks.items():
-            setattr(torch.Tensor, name, register)
+        model.Attention.document_attention = document_attention
+        for name, method in kept.items():
+            setattr(torch.Tensor, name, method)
+
+
+HALF = {torch.bfloat16, torch.float16}  # the dtypes flash attention takes
 
 
 # ----------------------------------------------------------------------------------------------
@@ -170,10 +199,10 @@ def rehearse(ws, launch: Launch, residents: list | None = None, replicate_teache
     what a step's tensors depend on (rehearse_segments)."""
     started, host_s_per_op = time.time(), host_seconds_per_op()  # before any fake mode: real tensors
     preset, on_gpu = ws.preset, device == "cuda"
-    settings = config.RunConfig(**{**preset.run, "name": "rehearsal", "protocol": "grow", "norm": "post",
-                                   "train_data": "", "val_data": "", "replay_docs": 1})
+    settings = memory.run_settings(preset, "rehearsal")
     data.check_split(settings.global_batch, launch.world, settings.micro_batch)
-    micro_per_step = settings.global_batch // launch.world // settings.micro_batch
+    step_batches = worst_step(settings, preset.data["max_len"], launch.world, device)
+    batches, micro_per_step = step_batches[:2], len(step_batches)
     dtype = devices.DTYPES.get(settings.precision, torch.bfloat16)  # a GPU's precision (auto: bf16)
     residents, norms = memory.costliest_first(preset, residents or [memory.last_phase(preset)], norms)
     # the teacher's hidden states of the step's other micro-batches, kept for the other resident runs
@@ -181,7 +210,6 @@ def rehearse(ws, launch: Launch, residents: list | None = None, replicate_teache
     key = (phase.active_blocks, phase.trainable_blocks, phase.trains_head, norms[0], kept_states)
     reused = measured is not None and key in measured
     ctx = rank0(launch, device)
-    batches = worst_batches(settings.micro_batch, preset.data["max_len"], micro_per_step, device)
     with (contextlib.nullcontext() if on_gpu else as_on_a_gpu()), \
             (contextlib.nullcontext() if on_gpu else FakeTensorMode(allow_non_fake_inputs=True)):
         teacher, students, optimizers = resident_models(preset, settings, ctx, dtype, residents, replicate_teacher,
@@ -194,7 +222,9 @@ def rehearse(ws, launch: Launch, residents: list | None = None, replicate_teache
         dist.destroy_process_group()
     out = {"scale": preset.name, "gpus": launch.gpus, "nodes": launch.nodes, "world": launch.world,
            "precision": str(dtype).removeprefix("torch."), "micro_batches_per_step": micro_per_step,
-           "micro_batch_lengths": [b.input_ids.shape[1] for b in batches], "resident_students": len(residents),
+           "micro_batch_tokens": [b.n_targets for b in batches],
+           "micro_batch_documents": [list(b.doc_lengths or b.lengths.tolist()) for b in batches],
+           "packed": settings.packs, "resident_students": len(residents),
            "stepping_phase": {"active_blocks": phase.active_blocks, "trained_blocks": list(phase.trainable_blocks)},
            "teacher_replicated": replicate_teacher, "activation_checkpointing": settings.activation_checkpointing,
            "student_parameters": sum(p.numel() for p in students[0].parameters()),
@@ -253,17 +283,30 @@ def rank0(launch: Launch, device: str) -> devices.Dist:
                         devices.mesh_for(device, launch.world, launch.gpus))
 
 
-def worst_batches(documents: int, tokens: int, micro_per_step: int, device: str) -> list[data.Batch]:
-    """The worst step a rank can be given: `documents` a micro-batch, each of the full length (`tokens`).
-    Two are run (the first holds the loss with no gradients yet, the last on top of the accumulated ones;
-    the collectives and operators of those between equal the first's); no padding, one document a row."""
+def worst_step(settings, max_len: int, world: int, device: str) -> list[data.Batch]:
+    """Rank 0's micro-batches in the worst step a rank of `world` can be given, made as the launch makes them
+    (data.Batcher): every document of the step of the full length (max_len inputs), placed by data.py
+    (token_micro_batches at the token budget micro_batch x max_len where the run balances packed micro-batches,
+    else rank_micro_batches) and laid out by it (packed_batch: documents end to end in one row with their
+    lengths; right-padded rows where the run does not pack), every target real (the mask all True). Each
+    micro-batch then holds a full budget, and a rank the most micro-batches the placement gives it
+    (global_batch / world / micro_batch: the placement opens more only when each holds micro_batch documents
+    already). How a budget splits into documents changes only tensors of a few bytes a document (its lengths
+    and offsets: the attention and RoPE work per token), so whole ones of the full length are the worst case.
+    The rehearsal runs the first two (the first holds the loss with no gradients yet, the last on top of the
+    accumulated ones; the collectives and operators of those between equal the first's)."""
+    ids, lengths = np.arange(settings.global_batch), np.full(settings.global_batch, max_len)
+    if settings.packs and settings.balance_lengths:
+        placed = data.token_micro_batches(ids, lengths, settings.micro_batch * max_len, 0, world)
+    else:
+        placed = data.rank_micro_batches(ids, lengths, settings.micro_batch, 0, world, settings.balance_lengths)
+    document = np.zeros(max_len + 1, dtype=np.int64)
     with unset_fake_temporarily():
-        return [data.Batch(input_ids=torch.zeros(documents, tokens, dtype=torch.long, device=device),
-                           targets=torch.zeros(documents, tokens, dtype=torch.long, device=device),
-                           mask=None,  # every target real: kd's chunked loss selects nothing
-                           lengths=torch.full((documents,), tokens), doc_ids=list(range(documents)),
-                           n_targets=documents * tokens)
-                for _ in range(min(2, micro_per_step))]
+        if settings.packs:
+            return [data.packed_batch([document] * len(docs), docs).to(device) for docs in placed]
+        rows = lambda n, value: torch.full((n, max_len), value, device=device)
+        return [data.Batch(rows(len(docs), 0), rows(len(docs), 0), rows(len(docs), True),
+                           torch.full((len(docs),), max_len), docs, len(docs) * max_len) for docs in placed]
 
 
 def resident_models(preset, settings, ctx, dtype, residents: list, replicate_teacher: bool, device: str,
@@ -336,7 +379,7 @@ def lockstep_run_step(settings, phase, teacher, student, optimizer, batches, ctx
         with collectives, ops:
             start = ops.count
             with devices.autocast(dtype, ctx):
-                hidden = teacher.hidden(batch.input_ids)
+                hidden = teacher.hidden(batch.input_ids, doc_lengths=batch.doc_lengths)
                 teacher_ops.append(ops.count - start)
                 left["teacher"] = gathered(teacher.net)
                 if i == 0:  # a run after the group's first: every state already kept
@@ -359,7 +402,8 @@ def lockstep_run_step(settings, phase, teacher, student, optimizer, batches, ctx
     tracker.reset_mod_stats()
     collectives = CollectiveBytes()
     with collectives, torch.no_grad(), devices.autocast(dtype, ctx):  # an evaluation forward
-        student(batches[0].input_ids, active_blocks=phase.active_blocks, output_fn=nets.hidden_only)
+        student(batches[0].input_ids, active_blocks=phase.active_blocks, doc_lengths=batches[0].doc_lengths,
+                output_fn=nets.hidden_only)
         if hasattr(student, "reshard"):
             student.reshard()
     left["student after evaluation"] = gathered(student)
@@ -414,10 +458,12 @@ def segments_markdown(apart: dict, segments: list[dict]) -> list[str]:
 
 
 def markdown(out: dict) -> list[str]:
+    documents = " and ".join(f"{tokens:,} tokens ({'packed' if out['packed'] else 'rows'}: documents of "
+                             f"{', '.join(f'{n:,}' for n in docs)})"
+                             for tokens, docs in zip(out["micro_batch_tokens"], out["micro_batch_documents"]))
     lines = [f"Rehearsal of `{out['scale']}` on {out['nodes']} x {out['gpus']} GPUs ({out['precision']}, "
-             f"{out['micro_batches_per_step']} micro-batches a rank a step, of "
-             f"{' and '.join(map(str, out['micro_batch_lengths']))} tokens run; {out['resident_students']} students "
-             "resident): per-rank peak "
+             f"{out['micro_batches_per_step']} micro-batches a rank a step, of {documents} run; "
+             f"{out['resident_students']} students resident): per-rank peak "
              f"{out['peak_gib']['per-rank peak']:.1f} GiB", "", "| memory (GiB, per rank) | |", "| --- | --- |"]
     lines += [f"| {k} | {v:.2f} |" for k, v in out["peak_gib"].items()]
     lines += ["", "| collectives per step | count | GiB |", "| --- | --- | --- |"]

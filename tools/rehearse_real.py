@@ -119,8 +119,10 @@ def reduced_ranks(launch: Launch) -> Launch:
 
 def reduced(preset, launch: Launch, ranks: Launch):
     """`preset` at reduced dimensions on `ranks` (reduced_ranks(launch)), what a rank of `launch` runs
-    kept: its precision (bf16 parameters, fp32 reduction), micro-batch and micro-batches a step (the
-    global batch scaled to the ranks run), activation checkpointing, protocols and phases."""
+    kept: its precision (bf16 parameters, fp32 reduction), micro-batch (a packed one's token budget: that many
+    documents of the reduced length, so that documents are placed and packed as at full size) and the most
+    micro-batches a step (the global batch scaled to the ranks run), activation checkpointing, protocols and
+    phases."""
     from dataclasses import replace
     micro_batch = preset.run["micro_batch"]
     micro_per_step = preset.run["global_batch"] // launch.world // micro_batch
