@@ -8,7 +8,6 @@ The intervention answers Appendix B.1's call for "an intervention that changes t
 without changing backward updates" (docs/method.md); placements add model.PLACEMENTS and the schedule pre,post,post;
 scratch is Table 1's 2 x 2 in plain pretraining, no teacher. Each writes results/<scale>/<experiment>.md and .json.
 """
-from __future__ import annotations
 
 from dataclasses import asdict, replace
 from pathlib import Path

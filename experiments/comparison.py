@@ -10,7 +10,6 @@ the band's width where there are several, the tolerance (1% of the value + 0.001
 A variant's run (runs/<scale>/beyond/<folder>/) shares the suite's run name, never its band: its band is its study's
 records (references/records/<scale>/) of the same settings but the seed, found by what the run is, not by a folder.
 """
-from __future__ import annotations
 
 import math
 import re

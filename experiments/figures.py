@@ -5,7 +5,6 @@ No pyplot: Figure objects render through Agg and hold no global state.
     figures.fig3a_interaction({"pre": {"joint": 3.46, "grow": 3.26}, "post": {...}}, "results/toy/fig3a.png",
                               caption="toy scale, seed 42")
 """
-from __future__ import annotations
 
 import io
 from collections.abc import Iterator

@@ -9,7 +9,6 @@ best run on the evaluation seeds), 5 boundary correction (boundary_correction), 
 (structural_norm), 7 --norm auto. Ideas 1-4 read against the suite's own runs; 5-7 against the planted
 outlier's. One primary contrast per idea; the seven form one family, Holm-adjusted.
 """
-from __future__ import annotations
 
 import itertools
 import math

@@ -4,7 +4,6 @@ functions that draw a live run's): docs/results/<scale>/<figure>.png, each kit v
     page_figures.section("toy", reference.load("toy"))   # the page's lines: a link per figure, or why none
     page_figures.draw("toy", reference.load("toy"))      # {"fig3a.png": PNG bytes, ...}: pages.main writes them
 """
-from __future__ import annotations
 
 import statistics
 import tempfile

@@ -5,7 +5,6 @@ applies the rule declared before the runs, in the words it chooses (experiments/
     python repro.py results --scale toy     # docs/results/toy.md, its figures (toy/*.png), the README's headline
     pages.render("toy")                     # the page as text; tests/test_pages.py checks the committed one
 """
-from __future__ import annotations
 
 import re
 from collections import Counter

@@ -3,7 +3,6 @@ N(effect, sd^2): what a pre-registration plans its seeds with.
 
     python -m experiments.power     # mini's eight-seed plan (docs/preregistrations.md, issue 57) from its reference
 """
-from __future__ import annotations
 
 import json
 import math

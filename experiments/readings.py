@@ -3,7 +3,6 @@ declared family), and the sentence it chooses, whose words cannot say more than 
 
     readings.sentence("delta grow", readings.stats(values))   # "delta grow: -0.0273 [...] reads **below 0**: ..."
 """
-from __future__ import annotations
 
 import math
 

@@ -5,7 +5,6 @@ and sealed again is one line naming it and the key, never a run folder that fail
     check_record(record, path)           # a BadRecord naming the record, the key and the fix
     cell(record["provenance"]["cpu"])    # one table cell: no line break, no |, at most 200 characters
 """
-from __future__ import annotations
 
 import hashlib
 import json

@@ -8,7 +8,6 @@ Per run, the validation CE at every evaluation and at the end; per experiment, e
 `numbers`; each as the shipped seeds' values; and the commit, precision and machine that trained each run (a table
 rerun in a runs folder of its own keeps its runs' under `table_provenance`).
 """
-from __future__ import annotations
 
 import json
 import re

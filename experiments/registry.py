@@ -6,7 +6,6 @@ experiment").
     python repro.py tail --scale toy --dry-run       # EXPERIMENTS["tail"]: its groups planned, its records surveyed
     python repro.py planted --scale toy              # EXPERIMENTS["planted"].run(ws, seeds, force)
 """
-from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import partial

@@ -5,7 +5,6 @@ and the writing of results/<scale>/<report>.json and .md, so that one number loo
     report.stats_cell(stats)                            # "3.2567 [3.2438, 3.2695]"
     report.write(Path("results/toy"), "table1", numbers, markdown_lines)
 """
-from __future__ import annotations
 
 import hashlib
 import math

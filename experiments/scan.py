@@ -4,7 +4,6 @@ fixed diagnostic batch (results/<scale>/scan.md, .json and scan.png).
 
     python repro.py scan --scale toy runs/toy/s42/pre-grow/phase-2
 """
-from __future__ import annotations
 
 from functools import partial
 from pathlib import Path

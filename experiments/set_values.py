@@ -3,7 +3,6 @@ its field's type and checked against its range or choices, and the folder name a
 
     python repro.py table1 --scale toy --set run.lr=6e-3   # its runs in runs/toy/set/run.lr=0.006/
 """
-from __future__ import annotations
 
 import hashlib
 import math

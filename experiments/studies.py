@@ -11,7 +11,6 @@ A record is used only where it matches what the command would train now; a stale
 reason (--force retrains it). Records of other CPUs combine (fp32 differs between instruction sets only in
 rounding; docs/preregistrations.md, 2026-12-03); of another precision, never.
 """
-from __future__ import annotations
 
 import json
 import shutil

@@ -4,7 +4,6 @@ paper's value beside each) and figures, read from finished runs; nothing here tr
     python repro.py table1 fig3 --scale smoke
     python repro.py table1 --scale toy --seeds 42,43,44
 """
-from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field

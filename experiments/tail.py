@@ -12,7 +12,6 @@ planted channel dose under both protocols. Primary: D = (pre-grow tail - pre-gro
 predicted > 0, read only after the manipulation check (every 37x pre-norm student's boundary/regular RMS >=
 presets.MECHANISM's 10 at every block boundary at the end of every phase).
 """
-from __future__ import annotations
 
 import json
 import math

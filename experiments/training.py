@@ -5,7 +5,6 @@ where they read the same batches; experiments/suite.py names the runs and places
     ws = suite.workspace("toy", Path("runs"), Path("results"))
     training.ensure_runs(ws, [RunName("pre", "grow"), RunName("post", "grow")], seeds=[42, 43])
 """
-from __future__ import annotations
 
 from collections import Counter
 from pathlib import Path

@@ -5,7 +5,6 @@ does with its variants: their workspaces, their training, their outcomes, a decl
     variants.train_variants(ws, [Variant("pre-grow + dose-channel 10x", PRE_GROW, "dose-channel-10",
                                          {"run": {"boundary": "dose-channel", "boundary_scale": 10.0}})], seeds)
 """
-from __future__ import annotations
 
 import math
 import os
