@@ -5,22 +5,17 @@ runs into results/<scale>/<experiment>.md and .json, with what only live runs ha
     paper_reports.report_experiment(ws, "table1", [42, 43, 44])
     paper_reports.section("table1", {"pre_joint": [4.01, 3.99, None], ...}, [42, 43, 44], final_ce, full=False)
 """
-from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from rich.text import Text
 
 import rundir
 from experiments import page_figures, report
 from experiments.readings import POST_HOC, diverged_line, read, seeds_of, sentence, stats
-from experiments.suite import console
+from experiments.suite import Workspace, console
 from experiments.tables import TABLES, PaperTable
-
-if TYPE_CHECKING:
-    from experiments.suite import Workspace
 
 
 def section(name: str, numbers: dict[str, list], seeds: list[int], final_ce: dict[str, list], full: bool) -> list[str]:

@@ -3,12 +3,11 @@ over kept checkpoints, whole-block removal and the tokens its batches held. Noth
 
     readouts.phase_end_eval(ws, RunName("pre", "grow"), 42, 0)["ce"]   # validation CE at phase 0's end
 """
-from __future__ import annotations
 
 import math
 from functools import cache
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable
+from typing import Callable
 
 import numpy as np
 import torch
@@ -19,12 +18,9 @@ import diag
 import model
 import nets
 import rundir
-from experiments.suite import RunName
+from experiments.suite import RunName, Workspace
 from plumbing import checkpoint, corpora, devices, errors
 from plumbing.locks import printable
-
-if TYPE_CHECKING:
-    from experiments.suite import Workspace
 
 
 @cache
