@@ -50,7 +50,6 @@ def too_long(value, where: str = "") -> tuple[str, str] | None:
 
 
 def bounded(value, low: float, high: float) -> bool:
-    """A finite number within [low, high]."""
     return finite_number(value) and low <= value <= high
 
 

@@ -22,7 +22,6 @@ from plumbing import checkpoint
 # Statistics over seeds
 
 def t_quantile(df: int, p: float) -> float:
-    """The p quantile of Student's t with `df` degrees of freedom (scipy's)."""
     return float(student_t.ppf(p, df))
 
 
@@ -108,7 +107,6 @@ def across_seeds(values: list[float]) -> dict:
 
 
 def paired(a: list[float], b: list[float]) -> dict:
-    """across_seeds of a - b, seed by seed."""
     return across_seeds([x - y for x, y in zip(a, b)])
 
 
@@ -220,7 +218,6 @@ def table_markdown(rows: list[Row], stats: dict, n_seeds: int, full: bool = Fals
 
 
 def terminal_table(title: str, rows: list[Row], stats: dict, n_seeds: int, full: bool = False) -> Table:
-    """table_markdown's rows for the terminal."""
     table = Table(title=title, title_justify="left")
     for column in ("quantity", "kit" if n_seeds == 1 else f"kit ({n_seeds} seeds)", "paper", comparison_column(full)):
         table.add_column(column, justify="left" if column == "quantity" else "right")

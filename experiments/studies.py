@@ -62,7 +62,6 @@ def record_path(job: Job) -> Path:
 # What a run is: its settings as they train, the data token for token, the teacher byte for byte
 
 def stored_form(settings: config.RunConfig) -> dict:
-    """What config.json holds for these settings."""
     return json.loads(json.dumps(asdict(settings)))
 
 
@@ -128,7 +127,6 @@ def changed_setting(recorded: dict, stored: dict) -> str:
 
 
 def machine(record: dict) -> str:
-    """Where a run ran, in words, as one line of text."""
     p = record.get("provenance", {})
     return f"{cell(p.get('cpu', '?'), 100)} ({cell(p.get('cpu_capability', '?'), 40)}, {cell(p.get('precision', '?'), 20)})"
 
@@ -352,7 +350,6 @@ def folder_machine_row(run: str, folder: Path) -> dict:
 
 
 def run_machines(jobs: list[Job]) -> list[dict]:
-    """Each run's machine (CPU, instructions, precision) and wall time, from its folder."""
     return [folder_machine_row(job.label, job.folder) for job in unique(jobs)]
 
 

@@ -69,7 +69,6 @@ class Workspace:
 
     @property
     def students_dir(self) -> Path:
-        """Where the students' s<seed>/<run>/ folders are."""
         return self.runs / self.student_runs
 
     def run_dir(self, run: RunName, seed: int) -> Path:

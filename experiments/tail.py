@@ -294,7 +294,6 @@ def scope_facts(out: dict) -> dict:
 
 
 def verdict_words(d: str) -> str:
-    """What D's reading says of the account's literal reading."""
     claim = "the literal reading \"a massive boundary token costs the appended pre-norm block\""
     if d.startswith("a tie"):
         return f"D's tie within ±{presets.TIE_MARGIN:g} refutes, at this scale, {claim} (a cost past that margin)"

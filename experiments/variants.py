@@ -96,5 +96,4 @@ def suite_runs(variants) -> list[RunName]:
 
 
 def block0_placement(run: RunName) -> str:
-    """The placement of a run's block 0 (a transplant's prefix)."""
     return run.norm.split(",")[0].strip()
