@@ -115,36 +115,6 @@ PRESETS = {"smoke": PRESETS["smoke"], "toy": _toy,
                            run={**_toy.run, "phase_steps": 1000, "eval_interval": 500, "snapshot_interval": 500},
                            teacher_run={**_toy.teacher_run, "snapshot_interval": _toy.run["snapshot_interval"]}),
            "small": PRESETS["small"], "full": PRESETS["full"]}
-# mechanism: a miniature whose data are built so that the mechanism the paper's account rests on appears
-# (docs/preregistrations.md, 2026-12-03, fixed before any of its runs; issue 39). Bigram-Backcopy sequences (Guo et al.
-# 2024: sinks, drained values and residual peaks on the fixed first token in 1-3 layer models) of 256 ids after a fixed
-# first token (<bos>, the kit's document boundary), 64 symbols, 3 triggers. The students are the toy's (K = 3 blocks of
-# 1 layer, its LR and init transfer, warmup >= 20 steps, the paper's alpha, gamma, tau and clip). The teacher is design
-# D of the fifth session's entry: design C (Guo et al.'s shape and recipe as far as the kit's Qwen3 allows: 3 layers of
-# one head, head_dim = width 128, no q/k norms, a SwiGLU MLP of 4x the width, betas (0.9, 0.99), weight decay 1e-4)
-# moved Guo's whole distance: lr x steps = 6, their 10,000-step run at 3e-4 width-transferred, as a constant lr 3e-3
-# after a warmup of AdamW's horizon (100 steps) over 2,000 steps of 64 sequences, each sequence once (the corpus's
-# 128,000 training documents). It met no criterion (its sink rose, then collapsed), nor did design C (lr 6e-4,
-# 1,000 x 128) and the five before it (12 layers of 4 heads, 3-6M tokens; docs/records/*-mechanism-teacher*.md).
-# mechanism-control: the same corpus and settings, every attention layer (teacher and students) seeing only its 16 most
-# recent keys (Gu et al. 2024: small windows prevent the sink; the task needs 2), so the first token is out of reach of
-# all but the first 15 queries.
-_mechanism = Preset(
-    "mechanism", "a CPU miniature built for the paper's mechanism (Bigram-Backcopy ids after a fixed <bos>); its seven "
-    "registered teachers learned the task without it (docs/records/*-mechanism-teacher*.md)",
-    data=dict(source="backcopy", vocab_size=None, symbols=64, triggers=3, document_tokens=256, documents=128_064,
-              max_len=256, val_docs=64, all_documents=True),
-    run={**_toy.run, "global_batch": 4, "micro_batch": 4, "eval_batch": 16},
-    teacher_model={**_toy.teacher_model, "qk_norm": False, "num_hidden_layers": 3, "num_attention_heads": 1,
-                   "num_key_value_heads": 1, "head_dim": 128, "intermediate_size": 512},
-    teacher_run=dict(phase_steps=2000, lr=3e-3, min_lr=3e-3, warmup_frac=0.05, eval_interval=250, global_batch=64,
-                     micro_batch=32, betas=(0.9, 0.99), weight_decay=1e-4, decay_gains=False),
-    diag=dict(docs=4, max_inputs=256, seed=42), doc_tokens=256.0)
-PRESETS["mechanism"] = _mechanism
-PRESETS["mechanism-control"] = replace(
-    _mechanism, name="mechanism-control", about="the mechanism scale with every attention layer windowed to its 16 "
-    "most recent keys: the same data, the first token out of reach (the causal test's control)",
-    teacher_model={**_mechanism.teacher_model, "attention_window": 16})
 
 
 def scale_named(path) -> str | None:
@@ -169,7 +139,7 @@ TIE_MARGIN = 0.01
 # the experiments beyond the paper three; the causal test by construction 8, by its power calculation
 # (experiments/tail.py).
 DEFAULT_SEEDS = {command: {scale: seeds.get(scale, [42]) for scale in PRESETS} for command, seeds in (
-    ("beyond", {"toy": [42, 43, 44], "mechanism": [42, 43, 44], "mechanism-control": [42, 43, 44]}),
+    ("beyond", {"toy": [42, 43, 44]}),
     ("tail", {"toy": list(range(42, 50))}))}
 
 

@@ -5,13 +5,8 @@ fixed diagnostic batch (results/<scale>/scan.md, .json and scan.png).
     python repro.py scan --scale toy runs/toy/s42/pre-grow/phase-2
 """
 
-from functools import partial
 from pathlib import Path
 
-import numpy as np
-import torch
-
-import data
 import diag
 import model
 import rundir
@@ -32,44 +27,16 @@ def checkpoint_blocks(path: Path) -> int:
                 if Path(c["path"]).resolve() == path.resolve())
 
 
-@torch.no_grad()
-def backcopy_parts(shard: data.Shard, logits_of) -> dict | None:
-    """What a model learned of a Bigram-Backcopy shard: its CE on the copies (after a trigger) and on the chain's
-    draws, beside the chain's own CE there; None for another corpus. logits_of: ids (B, T) -> logits (B, T, V)."""
-    corpus = shard.manifest["corpus"]
-    if corpus.get("source") != "backcopy":
-        return None
-    symbols = corpus["symbols"]
-    chain, triggers = corpora.backcopy_chain(symbols, corpus["triggers"], corpus["seed"])
-    length = min(shard.lengths)                     # backcopy documents are all one length; cut to the shortest
-    ids = torch.from_numpy(np.stack([shard.document(i)[:length] for i in range(len(shard))]).astype(np.int64))
-    inputs, targets = ids[:, :-1], ids[:, 1:]
-    logits = logits_of(inputs)
-    ce = -torch.log_softmax(logits.double(), -1).gather(-1, targets[..., None]).squeeze(-1)
-    right = logits.argmax(-1) == targets
-    drawn = (inputs < symbols) & (targets < symbols)                   # not <bos>'s uniform first symbol
-    copy = drawn & torch.from_numpy(np.isin(inputs.numpy(), triggers))
-    draw = drawn & ~copy
-    chain_ce = -np.log(chain[inputs[draw].numpy(), targets[draw].numpy()])
-    return {"copies": int(copy.sum()), "copy_ce": float(ce[copy].mean()),
-            "copy_accuracy": float(right[copy].double().mean()), "draws": int(draw.sum()),
-            "draw_ce": float(ce[draw].mean()), "chain_ce": float(chain_ce.mean())}
-
-
 def run_scan(ws: suite.Workspace, teacher: Path, checkpoints: list[Path]) -> dict:
     """diag.layer_scan of the scale's teacher and each student checkpoint (results/<scale>/scan.md, .json, .png)."""
     blocks = {Path(c): checkpoint_blocks(c) for c in checkpoints}  # every path checked before any work
     decode = corpora.vocabulary(ws.preset.data).decode
     batch = readouts.diagnostic_batch(ws)
-    val = data.Shard(ws.data_dir / "val", verify=False)  # diagnostic_batch read it, sha256 checked, in this process
     teacher_net = model.load_qwen3(teacher)
     scans = {"teacher": diag.layer_scan(teacher_net, batch, decode, SINK["attention"])}
-    tasks = {"teacher": backcopy_parts(val, teacher_net)}
     for path, active in blocks.items():
-        student = readouts.load_student(ws, path)
-        name = f"{path.parent.name}/{path.name}"
-        scans[name] = diag.layer_scan(student, batch, decode, SINK["attention"], active)
-        tasks[name] = backcopy_parts(val, partial(student, active_blocks=active))
+        scans[f"{path.parent.name}/{path.name}"] = diag.layer_scan(readouts.load_student(ws, path), batch, decode,
+                                                                  SINK["attention"], active)
     even = diag.even_first_token_attention(batch.mask, teacher_net.config.attention_window)
     caption = f"normgrow, {ws.preset.name} scale, scan"
     figure = figures.fig_scan(scans, ws.results / "scan.png", SCAN_MASSIVE, SINK["heads"], SINK["attention"], caption)
@@ -77,7 +44,7 @@ def run_scan(ws: suite.Workspace, teacher: Path, checkpoints: list[Path]) -> dic
     out = {"experiment": "scan", "scale": ws.preset.name, "teacher": str(teacher), "checkpoints": [str(c) for c in blocks],
            "batch": {"rows": rows, "max_inputs": length, "tokens": int(batch.mask.sum())},
            "massive_threshold": SCAN_MASSIVE, "sink": SINK, "even_first_token_attention": even,
-           "git_commit": rundir.git_commit(), "scans": scans, "tasks": tasks, "figure": str(figure)}
+           "git_commit": rundir.git_commit(), "scans": scans, "figure": str(figure)}
     lines = [f"# Layer-by-layer scan ({ws.preset.name} scale)", "",
              f"Every decoder layer's output on the fixed diagnostic batch ({rows} documents, up to {length} inputs, "
              f"{out['batch']['tokens']} real tokens). max/median: the largest |activation| over real tokens and channels "
@@ -99,11 +66,6 @@ def run_scan(ws: suite.Workspace, teacher: Path, checkpoints: list[Path]) -> dic
                          f"{report.fmt(r['boundary_over_regular'], 2)} | {report.fmt(r['sink_heads'], 2)} | "
                          f"{report.fmt(r['max_head'], 3)} |")
         lines.append("")
-        task = tasks[name]
-        if task:
-            lines += [f"The task, on the validation shard: {task['copies']:,} copies (after a trigger) at CE "
-                      f"{task['copy_ce']:.4f}, {task['copy_accuracy']:.1%} predicted; {task['draws']:,} chain draws at "
-                      f"CE {task['draw_ce']:.4f} against the chain's own {task['chain_ce']:.4f}.", ""]
     lines.append("![scan](scan.png)")
     report.write(ws.results, "scan", out, lines)
     suite.console.print("\n".join(lines), markup=False)

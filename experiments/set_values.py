@@ -43,8 +43,7 @@ RANGES = {  # name: (lowest, highest); a tuple's values (phase_lrs, phase_warmup
     "initializer_range": (0, 10), "attention_window": (0, 2**24),
     # data, diag
     "vocab_size": (256, tokenizer.QWEN3_N_RANKS), "max_len": (1, 2**20), "val_docs": (1, 10**8),
-    "paragraphs_per_document": (1, 10**4), "document_chars": (0, 10**8), "docs": (1, 10**5), "max_inputs": (1, 2**20),
-    "symbols": (2, 2**20), "triggers": (0, 2**20), "document_tokens": (2, 2**20), "documents": (0, 10**9)}
+    "paragraphs_per_document": (1, 10**4), "document_chars": (0, 10**8), "docs": (1, 10**5), "max_inputs": (1, 2**20)}
 # Keys the kit sets itself for every run (from its data, teacher, protocol and shared prefix), or that
 # hold a structure with no command-line form: a --set of one would be replaced without a word.
 SET_BY_KIT = {"run": {"teacher", "train_data", "val_data", "replay_docs", "start_from", "joint_phases",

