@@ -20,7 +20,8 @@ Parameter names follow transformers' Qwen3 except the two per-layer norms, which
 sub-layer they belong to (`attn_norm`, `mlp_norm`) because their position depends on the placement;
 plumbing/hf_qwen3.py maps them to `input_layernorm` / `post_attention_layernorm` and writes HF folders
 (a teacher; a pre-norm student, export_hf). What a student does at its block boundaries beyond the
-paper (the interventions) and what a forward records there (the monitor) live in interventions/.
+paper (the interventions) and what a forward records there (the monitor) live in interventions/; its
+checkpoint folder (save, load) in student_folder.py.
 """
 from __future__ import annotations
 
@@ -38,7 +39,7 @@ try:  # torch's variable-length flash attention (CUDA only); absent from some bu
 except ImportError:
     varlen_attn = None
 
-from interventions.boundary import BoundaryInputs, checked_features, checkpoint_entries_problem, read_checkpoint_entries
+from interventions.boundary import BoundaryInputs, checked_features
 from interventions.monitor import attention_to_first, captured, record_attention, visible_keys
 from interventions.placements import (
     deepnorm_layer,
@@ -48,10 +49,10 @@ from interventions.placements import (
     scale_deepnet_init,
     start_outputs_at_teacher_gain,
 )
-from plumbing.checkpoint import load_tensors, read_config, write_checkpoint
+from plumbing.checkpoint import load_tensors, read_config
 from plumbing.devices import built_on_meta, fill_parameter, full_tensor
-from plumbing.errors import CheckpointError
 from plumbing.hf_qwen3 import ModelConfig, hf_name
+from student_folder import StudentFolder
 
 # ----------------------------------------------------------------------------------------------
 # Layers
@@ -149,8 +150,9 @@ class Attention(nn.Module):
     def document_attention(self, q, k, v):
         """Causal attention within each document of a packed row (1, heads, N, hd). On CUDA, torch's
         variable-length flash attention over the documents' cumulative lengths (one kernel for the row); elsewhere
-        causal SDPA on each document's slice, the kernel measured fastest on CPUs at the toy's lengths (its
-        fused causal path; a block-diagonal mask over rows of packed documents was slower: docs/method.md)."""
+        causal SDPA on each document's slice. Measured on the toy's steps (docs/method.md): the documents scattered
+        into padded rows for one batched SDPA tie it at 2 threads (0-3% faster) and lose on one (2-3% slower), length
+        buckets tie or lose, a block-diagonal mask over the row is 9x slower and flex attention has no CPU backward."""
         lengths = list(self.doc_lengths)
         if q.is_cuda and self.window == 0 and varlen_attn is not None:
             cu = torch.tensor([0, *lengths], device=q.device, dtype=torch.int32).cumsum(0, dtype=torch.int32)
@@ -340,7 +342,7 @@ def qwen3_on_meta(config: ModelConfig, shard_fn: Callable | None = None) -> Qwen
 OUTPUT_GAINS = ("ones", "teacher")  # Student.from_teacher's output_gain
 
 
-class Student(BoundaryInputs, nn.Module):
+class Student(StudentFolder, BoundaryInputs, nn.Module):
     def __init__(self, config: ModelConfig, blocks: int, layers_per_block: int, norm: str, boundary: str = "none",
                  boundary_scale: float = 1.0, features: tuple = ()):
         super().__init__()
@@ -481,52 +483,3 @@ class Student(BoundaryInputs, nn.Module):
             h = final(h)
         out = output_fn(h, self.head_weight)
         return (out, boundaries) if return_boundaries else out
-
-    def checkpoint_config(self) -> dict:
-        """config.json of a student checkpoint: the HF fields plus the student's shape."""
-        shape = {"blocks": self.blocks, "layers_per_block": self.layers_per_block, "norm": self.norm_placement,
-                 **self.checkpoint_entries()}
-        return {**self.config.to_hf(), "architectures": ["NormgrowStudent"], "normgrow_student": shape}
-
-    def save(self, path, state: dict | None = None):
-        """config.json and model.safetensors; `state` replaces state_dict() (e.g. gathered shards)."""
-        write_checkpoint(path, self.checkpoint_config(), self.state_dict() if state is None else state)
-
-    @classmethod
-    def load(cls, path, dtype=torch.float32, device="cpu") -> "Student":
-        path = Path(path)
-        hf = read_config(path)
-        shape = hf.get("normgrow_student")
-        if not shape:
-            raise CheckpointError(f"{path / 'config.json'}: not a normgrow student (no 'normgrow_student' entry); "
-                                  "use model.load_qwen3 for a plain Qwen3 checkpoint")
-        if problem := shape_problem(shape):
-            raise CheckpointError(f"{path / 'config.json'}: {problem}; the config is damaged: restore the checkpoint "
-                                  "from a copy")
-        boundary, boundary_scale, features, corrected = read_checkpoint_entries(shape)
-        with torch.device("meta"):
-            student = cls(ModelConfig.from_hf(hf, str(path / "config.json")), shape["blocks"],
-                          shape["layers_per_block"], shape["norm"], boundary, boundary_scale, features)
-        student.corrected = corrected
-        load_tensors(student, path, dtype, device, name_in_file=lambda name: name)
-        student.embed_tokens.weight.requires_grad_(False)
-        return student
-
-
-def shape_problem(shape) -> str:
-    """Why a config.json's normgrow_student entry cannot describe a student ("" if it can), checked
-    before the student is built so that a bad value names the field, not a line inside the model."""
-    if not isinstance(shape, dict):
-        return f"normgrow_student is {shape!r}, not an object of blocks, layers_per_block and norm"
-    for key in ("blocks", "layers_per_block"):
-        value = shape.get(key)
-        if not (isinstance(value, int) and not isinstance(value, bool) and value >= 1):
-            return f"normgrow_student.{key} is {'missing' if key not in shape else repr(value)}, not a positive integer"
-    norm = shape.get("norm")
-    if not isinstance(norm, str):
-        return f"normgrow_student.norm is {'missing' if 'norm' not in shape else repr(norm)}, not a placement name"
-    try:
-        block_norms(norm, shape["blocks"])
-    except ValueError as e:
-        return f"normgrow_student.norm: {e}"
-    return checkpoint_entries_problem(shape)

@@ -1,10 +1,12 @@
 """The packed layout (documents end to end in one row, attention and RoPE positions restarting at each) against
 the padded one (a document a row, right-padded, masked by length), kept here as the reference: per-document
 logits, the CE and KD losses and every parameter's gradient, for the teacher and for students of every placement,
-and the boundary monitor's numbers. The math is the same; only the order of floating-point sums differs, so the
-comparisons run in float64, where that order moves a result by ~1e-15 relative (the tolerances leave 1e5 of room
-for sums over a few hundred terms, and would still catch a token attending across a document or a wrong position,
-which move results at 1e-2)."""
+and the boundary monitor's numbers, each with Qwen3's causal attention and with a sliding window shorter than
+most documents (`attention_window`, the mechanism control's attention), which cuts inside them. The math is the
+same; only the order of floating-point sums differs, so the comparisons run in float64, where that order moves a
+result by ~1e-15 relative (the tolerances leave 1e5 of room for sums over a few hundred terms, and would still
+catch a token attending across a document or a wrong position, which move results at 1e-2)."""
+from dataclasses import replace
 from functools import partial
 
 import pytest
@@ -18,6 +20,7 @@ from plumbing.hf_qwen3 import ModelConfig
 
 CONFIG = ModelConfig(vocab_size=97, hidden_size=32, intermediate_size=64, num_hidden_layers=3, num_attention_heads=4,
                      num_key_value_heads=2, head_dim=8, tie_word_embeddings=False)
+WINDOWED = replace(CONFIG, attention_window=4)
 LENGTHS = (7, 1, 12, 3, 9)  # mixed lengths, one of a single token (its only position is its boundary token)
 EOT = 96
 CLOSE = dict(rtol=1e-10, atol=1e-12)  # float64; see the module's docstring
@@ -44,9 +47,10 @@ def per_document(padded: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     return padded[mask]
 
 
-@pytest.fixture(scope="module")
-def teacher():
-    t = model.Qwen3(CONFIG)
+@pytest.fixture(scope="module", params=[CONFIG, WINDOWED], ids=["causal", "window-4"])
+def teacher(request):
+    """Every test below runs with each attention: the students take the teacher's config."""
+    t = model.Qwen3(request.param)
     t.init_weights(0)
     return t.double().eval().requires_grad_(False)
 
@@ -56,16 +60,13 @@ def test_the_teachers_logits_are_the_padded_ones(teacher):
     torch.testing.assert_close(teacher(packed, doc_lengths=LENGTHS)[0], per_document(teacher(ids), mask), **CLOSE)
 
 
-def test_a_document_attends_only_to_itself():
+def test_a_document_attends_only_to_itself(teacher):
     """Changing one document changes no other document's outputs in the packed row (and does change its own)."""
-    t = model.Qwen3(CONFIG)
-    t.init_weights(0)
-    t = t.double().eval()
     docs = documents()
     (_, _, _), (packed, _, _) = layouts(docs)
     docs[2] = documents(seed=1)[2]
     (_, _, _), (changed, _, _) = layouts(docs)
-    a, b = (t(x, doc_lengths=LENGTHS)[0].split(LENGTHS) for x in (packed, changed))
+    a, b = (teacher(x, doc_lengths=LENGTHS)[0].split(LENGTHS) for x in (packed, changed))
     for i, (x, y) in enumerate(zip(a, b)):
         (torch.testing.assert_close(x, y, rtol=0, atol=0) if i != 2 else pytest.raises(AssertionError,
                                                                                          torch.testing.assert_close, x, y))
