@@ -154,14 +154,18 @@ class Attention(nn.Module):
         into padded rows for one batched SDPA tie it at 2 threads (0-3% faster) and lose on one (2-3% slower), length
         buckets tie or lose, a block-diagonal mask over the row is 9x slower and flex attention has no CPU backward."""
         lengths = list(self.doc_lengths)
-        if q.is_cuda and self.window == 0 and varlen_attn is not None:
+        parts = [t.split(lengths, dim=2) for t in (q, k, v)]
+        if self.record_first_attention:  # to each document's own first token
+            self.first_attention = torch.cat([attention_to_first(a, b, window=self.window) for a, b in zip(*parts[:2])], -1)
+        # The flash kernel takes one 16-bit dtype: under autocast q and k leave their norms' fp32 weights in fp32
+        # beside a bf16 v (one GPU without FSDP), so all three take autocast's dtype; an fp32 run takes the slices.
+        half = torch.get_autocast_dtype(q.device.type) if torch.is_autocast_enabled(q.device.type) else q.dtype
+        if q.is_cuda and self.window == 0 and varlen_attn is not None and half in (torch.bfloat16, torch.float16):
+            q, k, v = (t.to(half) for t in (q, k, v))
             cu = torch.tensor([0, *lengths], device=q.device, dtype=torch.int32).cumsum(0, dtype=torch.int32)
             y = varlen_attn(q[0].transpose(0, 1), k[0].transpose(0, 1), v[0].transpose(0, 1), cu, cu, max(lengths),
                             max(lengths), window_size=(-1, 0), enable_gqa=self.n_kv != self.n_heads)
             return y.transpose(0, 1)[None]                                              # (1, heads, N, hd)
-        parts = [t.split(lengths, dim=2) for t in (q, k, v)]
-        if self.record_first_attention:  # to each document's own first token
-            self.first_attention = torch.cat([attention_to_first(a, b, window=self.window) for a, b in zip(*parts[:2])], -1)
         return torch.cat([self.causal(a, b, c) for a, b, c in zip(*parts)], dim=2)
 
 

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from test_cluster import ONE_GPU_PACKED, reduced
+from test_cluster import reduced
 
 MiB = 2**20
 
@@ -68,11 +68,11 @@ def test_the_plan_counts_every_storage_a_pre_norm_step_holds():
 @pytest.mark.slow
 @pytest.mark.parametrize("scale, gpus, nodes, norms, run", [
     ("full", 8, 1, ["post", "pre"], {}), ("full", 2, 2, ["post"], {}), ("small", 1, 1, ["post", "post"], {"compile": True}),
-    pytest.param("small", 1, 1, ["post", "post"], {}, marks=ONE_GPU_PACKED)])
+    ("small", 1, 1, ["post", "post"], {})])
 def test_the_plan_and_the_rehearsal_count_every_storage_a_lockstep_step_holds(scale, gpus, nodes, norms, run):
     """Two micro-batches a rank (teacher states kept for the other run, gradients accumulated), each a full
     token budget of documents of the full length, on a node, HSDP on a 2 x 2 mesh, and one GPU (its rows padded,
-    a compiled run's layout; packed: ONE_GPU_PACKED): the plan and the rehearsal each equal the count of the
+    a compiled run's layout, and packed): the plan and the rehearsal each equal the count of the
     storages."""
     from experiments import presets
     preset = reduced(scale, global_batch=2 * gpus * nodes * presets.PRESETS[scale].run["micro_batch"], **run)

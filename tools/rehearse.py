@@ -107,8 +107,8 @@ def as_on_a_gpu():
     the batch's mask, all True in the worst step (every target real), so the loss selects and copies its
     states as a launch's does; and a packed row's attention takes model.Attention.document_attention's
     CUDA branch (varlen_attn, whose fake kernel runs here and gives a GPU's layout: the CPU's branch
-    concatenates its documents' outputs, a copy a GPU never makes), refused where a GPU's flash kernel would
-    refuse it: q, k and v not of one 16-bit dtype (what a launch would hit, the rehearsal hits first)."""
+    concatenates its documents' outputs, a copy a GPU never makes), varlen_attn refused where a GPU's flash kernel
+    would refuse it: q, k and v not of one 16-bit dtype (what a launch would hit, the rehearsal hits first)."""
     import torch.distributed.tensor._sharding_prop as sharding_prop
     detect, blocks = sharding_prop.detect_fake_mode, kd.ROW_BLOCK_ELEMENTS["cpu"]
     kept = {name: getattr(torch.Tensor, name)
@@ -120,25 +120,29 @@ def as_on_a_gpu():
                 else SimpleNamespace(remove=lambda: None))
     torch.Tensor.nonzero = lambda t, *args, **kwargs: torch.arange(t.numel(), device=t.device)[:, None] \
         if isinstance(t, FakeTensor) and t.dtype == torch.bool and t.dim() == 1 else kept["nonzero"](t, *args, **kwargs)
-    document_attention = model.Attention.document_attention
+    document_attention, varlen_attn = model.Attention.document_attention, model.varlen_attn
 
-    def on_a_gpu(attention, q, k, v):
-        dtypes = {q.dtype, k.dtype, v.dtype}
-        if attention.window == 0 and model.varlen_attn is not None and (len(dtypes) > 1 or dtypes - HALF):
+    def flash_on_a_gpu(q, k, v, *args, **kwargs):
+        if len({q.dtype, k.dtype, v.dtype}) > 1 or q.dtype not in HALF:
             raise RuntimeError(f"on a GPU, model.Attention.document_attention gives varlen_attn q {q.dtype}, k {k.dtype}"
                                f" and v {v.dtype}; its flash kernel takes one 16-bit dtype, so a launch in this "
                                "precision would stop at its first packed micro-batch")
+        return varlen_attn(q, k, v, *args, **kwargs)
+
+    def on_a_gpu(attention, q, k, v):
         FakeTensor.is_cuda = property(lambda t: True)  # read only by the branch, and only while it runs
         try:
             return document_attention(attention, q, k, v)
         finally:
             del FakeTensor.is_cuda
     model.Attention.document_attention = on_a_gpu
+    if varlen_attn is not None:
+        model.varlen_attn = flash_on_a_gpu
     try:
         yield
     finally:
         sharding_prop.detect_fake_mode, kd.ROW_BLOCK_ELEMENTS["cpu"] = detect, blocks
-        model.Attention.document_attention = document_attention
+        model.Attention.document_attention, model.varlen_attn = document_attention, varlen_attn
         for name, method in kept.items():
             setattr(torch.Tensor, name, method)
 
