@@ -51,12 +51,13 @@ def toy_shapes() -> tuple[ModelConfig, int, int, int]:
     return presets.teacher_shape(preset), preset.run["blocks"], preset.run["layers_per_block"], preset.run["global_batch"]
 
 
-def kit_step(teacher, student, optimizer, ids, mask, chunk):
+def kit_step(teacher, student, optimizer, ids, mask, chunk, doc_lengths: tuple[int, ...] | None = None):
+    """The kit's distillation step; with `doc_lengths`, on a packed micro-batch: documents end to end in `ids` (1, N)."""
     with torch.no_grad():
-        teacher_hidden = teacher(ids, output_fn=nets.hidden_only)
-    loss, _, _ = student(ids, output_fn=partial(kd.kd_loss, teacher_hidden=teacher_hidden,
-                                                teacher_head_weight=teacher.head_weight, targets=ids, mask=mask,
-                                                chunk_size=chunk))
+        teacher_hidden = teacher(ids, output_fn=nets.hidden_only, doc_lengths=doc_lengths)
+    loss, _, _ = student(ids, doc_lengths=doc_lengths, output_fn=partial(
+        kd.kd_loss, teacher_hidden=teacher_hidden, teacher_head_weight=teacher.head_weight, targets=ids, mask=mask,
+        chunk_size=chunk))
     loss.backward()
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)

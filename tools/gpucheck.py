@@ -33,7 +33,6 @@ import tempfile
 import time
 import traceback
 from dataclasses import replace
-from functools import partial
 from pathlib import Path
 
 import torch
@@ -41,7 +40,6 @@ import torch
 import config
 import kd
 import model
-import nets
 from experiments import presets, suite, tables
 from plumbing import checkpoint, devices
 from plumbing.hf_qwen3 import ModelConfig
@@ -96,7 +94,7 @@ def paper_layer_step(device, config: ModelConfig, micro_batches: list[list[int]]
     def step():
         for ids, lengths in zip(micro, micro_batches):
             with context:
-                losses.append(float(packed_step(teacher, student, optimizer, ids, tuple(lengths), chunk=4096)))
+                losses.append(float(bench.kit_step(teacher, student, optimizer, ids, None, 4096, tuple(lengths))))
         torch.cuda.synchronize(device) if device.type == "cuda" else None
 
     torch.cuda.reset_peak_memory_stats(device) if device.type == "cuda" else None
@@ -109,19 +107,6 @@ def paper_layer_step(device, config: ModelConfig, micro_batches: list[list[int]]
             "mfu": flops / seconds / peak, "peak_tflops": peak / 1e12,
             "max_memory_gib": torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else None,
             "finite": all(map(math.isfinite, losses))}
-
-
-def packed_step(teacher, student, optimizer, ids, doc_lengths: tuple[int, ...], chunk: int) -> torch.Tensor:
-    """bench.kit_step on a packed micro-batch: documents of `doc_lengths` end to end in `ids` (1, N)."""
-    with torch.no_grad():
-        hidden = teacher(ids, output_fn=nets.hidden_only, doc_lengths=doc_lengths)
-    loss, _, _ = student(ids, doc_lengths=doc_lengths, output_fn=partial(
-        kd.kd_loss, teacher_hidden=hidden, teacher_head_weight=teacher.head_weight, targets=ids, mask=None,
-        chunk_size=chunk))
-    loss.backward()
-    optimizer.step()
-    optimizer.zero_grad(set_to_none=True)
-    return loss.detach()
 
 
 def full_scale_micro_batches(preset) -> list[list[int]]:
