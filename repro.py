@@ -143,7 +143,7 @@ def run_tables(names, runs, scale, seeds, records_dir, dry_run, gpu, gpus, nodes
         return
     ws.results.mkdir(parents=True, exist_ok=True)
     started = time.time()
-    studies.restore_suite(ws, names, runs, seeds, force)
+    studies.restore_study(ws, studies.restorable_jobs(ws, names, runs, seeds), force)  # the others train
     training.ensure_runs(ws, runs, seeds, force)
     ws.ctx.on_main(lambda: preflight.write_reports(ws, names, runs, seeds, started), "the reports and their diagnostics")
 

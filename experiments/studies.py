@@ -379,14 +379,10 @@ def suite_jobs(ws: Workspace, runs, seeds: list[int]) -> list[Job]:
     return [Job(ws, run, seed) for seed in seeds for run in suite.with_prefixes(runs)]
 
 
-def restorable(names: list[str], runs) -> list[RunName]:
-    """The runs a record can stand in for: those only RECORD_COMPLETE experiments among `names` read."""
-    return [run for run in runs if all(name in RECORD_COMPLETE for name in names if run in tables.TABLES[name].runs)]
-
-
 def restorable_jobs(ws: Workspace, names: list[str], runs, seeds: list[int]) -> list[Job]:
-    """The restorable runs' jobs, without the prefixes they start from (a prefix not restorable itself trains)."""
-    kept = restorable(names, runs)
+    """The jobs of the runs a record can stand in for (those only RECORD_COMPLETE experiments among `names` read),
+    without the prefixes they start from (a prefix not restorable itself trains)."""
+    kept = [run for run in runs if all(name in RECORD_COMPLETE for name in names if run in tables.TABLES[name].runs)]
     return [job for job in suite_jobs(ws, kept, seeds) if job.run in kept]
 
 
@@ -397,11 +393,6 @@ def restore_study(ws: Workspace, jobs: list[Job], force: bool):
         ws.ctx.on_main(lambda: check_precision(survey(jobs, expected, check_data=False), expected), "the precision rule")
         teacher = suite.ensure_inputs(ws, force)
         ws.ctx.on_main(lambda: restore(jobs, teacher, force), "restoring records")
-
-
-def restore_suite(ws: Workspace, names: list[str], runs, seeds: list[int], force: bool):
-    """`repro.py run`'s study: its restorable runs restored from their records (the others train)."""
-    restore_study(ws, restorable_jobs(ws, names, runs, seeds), force)
 
 
 def recorded_machines(scale: str, records: Path = RECORDS_DIR) -> list[str]:

@@ -74,7 +74,7 @@ def print_study(study: registry.Experiment, ws: suite.Workspace, seeds: list[int
 
 
 def print_suite_records(ws: suite.Workspace, names: list[str], runs, seeds: list[int]):
-    """`repro.py run`'s study: the runs restored from records (studies.restorable) and those that train anyway."""
+    """`repro.py run`'s study: the runs restored from records (studies.restorable_jobs) and those that train anyway."""
     jobs = studies.restorable_jobs(ws, names, runs, seeds)
     restored = {job.folder for job in jobs}  # a set: comparing whole jobs (their workspaces) is slow at 2,000 seeds
     others = [job for job in studies.suite_jobs(ws, runs, seeds) if job.folder not in restored]
