@@ -65,14 +65,6 @@ def placements_groups(ws: Workspace, seed: int) -> list[Group]:
     return [(", ".join(r.name for r in runs), ws, runs, seed)]
 
 
-def scratch_groups(ws: Workspace, seed: int) -> list[Group]:
-    return [("scratch", beyond.scratch_workspace(ws), list(tables.MAIN_RUNS), seed)]
-
-
-def interventions_groups(ws: Workspace, seed: int) -> list[Group]:
-    return variant_groups(list(beyond.interventions(ws.preset.run["blocks"])))(ws, seed)
-
-
 def shipped_lines(name: str, lines: Callable) -> Callable[[dict, str], list[str]]:
     """A section from the reference's per-seed numbers of `name` by its report's renderer, lines(numbers, seeds)."""
     return lambda reference, scale: lines(reference["tables"][name], seeds_of(reference, name))
@@ -109,11 +101,13 @@ def tail_page(reference: dict, scale: str) -> list[str]:
 EXPERIMENTS = {
     **{name: paper_table(name) for name in tables.TABLES},
     "placements": Experiment(placements_groups, placements_page, run=beyond.run_placements),
-    "intervention": Experiment(interventions_groups, shipped_lines("intervention", beyond.intervention_lines),
-                               run=beyond.run_intervention),
+    "intervention": Experiment(
+        lambda ws, seed: variant_groups(list(beyond.interventions(ws.preset.run["blocks"])))(ws, seed),
+        shipped_lines("intervention", beyond.intervention_lines), run=beyond.run_intervention),
     "planted": Experiment(variant_groups(list(beyond.planted_variants())), shipped_lines("planted", beyond.planted_lines),
                           run=beyond.run_planted),
-    "scratch": Experiment(scratch_groups, shipped_lines("scratch", beyond.scratch_lines), run=beyond.run_scratch),
+    "scratch": Experiment(lambda ws, seed: [("scratch", beyond.scratch_workspace(ws), list(tables.MAIN_RUNS), seed)],
+                          shipped_lines("scratch", beyond.scratch_lines), run=beyond.run_scratch),
     "ideas": Experiment(ideas_groups, ideas_page, run=ideas.run_ideas, manifest=ideas.recorded_manifest,
                         names_its_machines=True),
     "tail": Experiment(lambda ws, seed: variant_groups(tail.ws_variants(ws))(ws, seed), tail_page, run=tail.run_tail,
