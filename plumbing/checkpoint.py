@@ -311,11 +311,6 @@ def shard_file(kind: str, writer: int, writers: int) -> str:
     return f"{kind}.rank{writer}-of-{writers}.safetensors"
 
 
-def write_shard(folder: Path, kind: str, tensors: dict[str, torch.Tensor], writer: int, writers: int) -> dict:
-    """folder/<kind>.rank<w>-of-<n>.safetensors with this writer's rows of each tensor; its entry in the index."""
-    return write_rows(folder, kind, stage_rows(tensors), writer, writers)
-
-
 def stage_rows(tensors: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], dict[str, dict]]:
     """This rank's rows of each tensor copied to host memory (even a CPU tensor's: training goes on updating the
     original while a background write reads the copy), and their entries in the index."""
@@ -329,7 +324,8 @@ def stage_rows(tensors: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor
 
 
 def write_rows(folder: Path, kind: str, staged: tuple[dict, dict], writer: int, writers: int) -> dict:
-    """write_shard's file from rows stage_rows copied: safe on the writer thread, which touches no live tensor."""
+    """folder/<kind>.rank<w>-of-<n>.safetensors with this writer's rows of each tensor, as stage_rows copied them
+    (safe on the writer thread, which touches no live tensor); its entry in the index."""
     name, (rows, entries) = shard_file(kind, writer, writers), staged
     save_durably(folder / name, rows)
     return {"file": name, "sha256": sha256(folder / name), "tensors": entries}
@@ -367,7 +363,7 @@ def hf_index(parts: list[dict]) -> dict:
 
 
 def merge_index(parts: list[dict]) -> dict:
-    """The index of a sharded folder from its writers' entries (write_shard), in writer order."""
+    """The index of a sharded folder from its writers' entries (write_rows), in writer order."""
     tensors: dict = {}
     for part in parts:
         for key, entry in part["tensors"].items():
