@@ -4,8 +4,6 @@
     layers, head = flops.forward_flops_per_token(config, layers=36, context=486.0)
     cost = flops.document_cost(config, layers=9, tokens=972)   # what placing a document by its cost weighs
 """
-from __future__ import annotations
-
 from plumbing.hf_qwen3 import ModelConfig
 
 

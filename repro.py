@@ -15,8 +15,6 @@ Growing" at the scale you choose, with the paper's numbers printed beside the ki
 A scale's data, teacher and runs (s<seed>/<run>/) live in runs/<scale>/, its reports in results/<scale>/.
 Finished runs are reused, interrupted ones resumed; runs whose first phases are identical share them.
 """
-from __future__ import annotations
-
 import json
 import signal
 import sys

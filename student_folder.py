@@ -5,8 +5,6 @@ only after its shape is checked. model.Student takes these methods from `Student
     student.save("runs/x/final")                         # config.json + model.safetensors
     student = model.Student.load("runs/x/final")         # on the meta device, then filled from the file
 """
-from __future__ import annotations
-
 from pathlib import Path
 
 import torch

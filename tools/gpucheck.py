@@ -21,8 +21,6 @@ cluster hours are spent:
     take them: a full token budget of the longest documents, and a rank's share of a mean step;
 (f) how fast a rank writes a checkpoint shard (fsynced) where the runs folder is.
 """
-from __future__ import annotations
-
 import argparse
 import json
 import math

@@ -9,8 +9,6 @@ length (its average causal context), whatever the layout computes besides; over 
 against this CPU's best square matmul (utilization.peaks), they are the step's useful fraction of peak. The ratio
 packed / padded is the same tokens' rate, round by round (utilization.interleaved, ratio_spread).
 """
-from __future__ import annotations
-
 import json
 from contextlib import nullcontext
 from pathlib import Path

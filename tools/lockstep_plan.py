@@ -3,8 +3,6 @@ the same batches and train together (grow.train_together), the stretches of glob
 ones are resident (lockstep segments), the teacher passes that saves, and each segment's per-GPU memory, with
 whether the worst fits a GPU (lockstep's default).
 """
-from __future__ import annotations
-
 from dataclasses import dataclass
 
 import config

@@ -18,8 +18,6 @@ autocast's bf16 policy with kd's GPU row blocks (rehearse.as_on_a_gpu), as the r
 at full size takes minutes of CPU (every operator of every resident run's micro-batches, faked).
 tests/test_memcount.py holds the plan and the rehearsal to it.
 """
-from __future__ import annotations
-
 import argparse
 import contextlib
 import gc

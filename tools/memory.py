@@ -19,8 +19,6 @@ hold the three together). Without activation checkpointing a pre-norm layer is c
 one (an upper bound: two fp32 stream tensors above what it holds, by memcount.py). CUDA's context, NCCL's buffers and the
 allocator's fragmentation are not counted (lockstep_plan.MEMORY_HEADROOM leaves room for them).
 """
-from __future__ import annotations
-
 import math
 
 import config

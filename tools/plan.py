@@ -7,8 +7,6 @@ keeps the weights and optimizer states of every run it trains at once resident, 
 where that fits the GPU (tools/lockstep_plan.py counts which runs train together and what each stretch of
 steps holds on a GPU; tools/cpu_estimate.py estimates the time on this machine's CPU).
 """
-from __future__ import annotations
-
 import io
 import math
 from dataclasses import dataclass

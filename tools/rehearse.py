@@ -25,8 +25,6 @@ What it cannot see: the CUDA context and NCCL's buffers (~1-3 GiB a GPU), the al
 kernels a GPU picks that a CPU does not (SDPA's flash path is the CPU's too; a GPU's fused kernels can
 save less), and overlap: communication time is bytes over bandwidth, not a trace.
 """
-from __future__ import annotations
-
 import contextlib
 import gc
 import time

@@ -10,8 +10,6 @@ The mesh keeps the launch's shape at two ranks a dimension (reduced_ranks: 1 x 2
 for HSDP over several), and each rank runs the micro-batches a step that a rank of the launch runs.
 It counts rank 0's host syncs (HostSyncs). The full-size step, on fake tensors: rehearse.py.
 """
-from __future__ import annotations
-
 import contextlib
 import io
 import sys
