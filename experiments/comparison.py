@@ -7,20 +7,22 @@ the band's width where there are several, the tolerance (1% of the value + 0.001
     python repro.py compare runs/toy/beyond/tail-37            # a variant's runs, against its study's records
     python repro.py compare results/toy                        # the tables
 
-A variant's run (runs/<scale>/beyond/<folder>/) shares the suite's run name, never its band: its band is its study's
-records (references/records/<scale>/) of the same settings but the seed, found by what the run is, not by a folder.
+What a run is comes from its config.json, never its folder: a suite run's band is the reference's of its name, any other's
+(a variant's, though it shares a suite run's name, or a --set run's) its study's records of its settings but the seed.
 """
 
 import math
 import re
 import statistics
+from dataclasses import asdict
 from pathlib import Path
 
 from rich.table import Table
 
 import rundir
+from config import PATH_FIELDS
 from experiments import report, studies, suite
-from experiments.presets import PRESETS, scale_named
+from experiments.presets import PRESETS
 from experiments.record_files import digest, training_settings
 from experiments.reference import REFERENCES, curve, load, points, read_report
 from experiments.studies import RECORDS_DIR
@@ -82,28 +84,46 @@ def table_values(reference: dict, name: str) -> list[float] | None:
 
 
 def run_bands(target: Path, reference: dict, records: Path | None) -> dict[str, dict[str, list]]:
-    """{run as `measured` names it: {number: the seeds' values}}: a suite run's from the reference by its run's name,
-    a variant's from the records of its settings but the seed (variant_band)."""
-    runs, recorded = run_folders(target), {}
-    if records and any(map(variant_of, runs)):
+    """{run as `measured` names it: {number: the seeds' values}}: a suite run's from the reference by its config's
+    name, a variant's from the records of its settings but the seed (variant_band); none for a run without settings."""
+    stored, recorded = {run: settings(run) for run in run_folders(target)}, {}
+    if records and not all(suite_run(its) for its in stored.values() if its):
         for _, record in studies.study_records(records):  # each checked whole
             recorded.setdefault(unseeded(record["config"]), []).append(record)
-    return {label(run, target): variant_band(run, recorded, records) if variant_of(run) else {
-            **{f"ce at {point}": values for point, values in reference["curves"].get(run.name, {}).items()},
-            **({"final ce": reference["final_ce"][run.name]} if run.name in reference["final_ce"] else {})}
-            for run in runs}
+    return {label(run, target): {} if not its else variant_band(run, its, recorded, records) if not suite_run(its) else {
+            **{f"ce at {point}": values for point, values in reference["curves"].get(its["name"], {}).items()},
+            **({"final ce": reference["final_ce"][its["name"]]} if its["name"] in reference["final_ce"] else {})}
+            for run, its in stored.items()}
 
 
-def variant_band(run: Path, recorded: dict[str, list[dict]], records: Path | None) -> dict[str, list]:
+def settings(run: Path) -> dict | None:
+    """A run's config.json, None without one."""
+    return rundir.read_json(run / "config.json") if (run / "config.json").is_file() else None
+
+
+def suite_run(stored: dict) -> bool:
+    """Whether a run's settings are a scale's suite run's: those suite.run_config gives the run its "name" names (the
+    suite's RunName of its norm with that .name) at its seed, compared as training_settings compares them but for
+    PATH_FIELDS (relative to the run's folder, they differ by where a runs tree sits, as start_from and teacher do)."""
+    same = lambda values: {k: v for k, v in training_settings(values).items() if k not in PATH_FIELDS}
+    named = [r for r in (suite.RunName(stored.get("norm"), p) for p in suite.RUN_PROTOCOLS) if r.name == stored.get("name")]
+    suite_settings = lambda scale: checkpoint.loads(checkpoint.json_text(asdict(
+        suite.run_config(suite.workspace(scale, Path("runs"), dry_run=True), named[0], stored.get("seed")))))
+    try:
+        return bool(named) and any(same(suite_settings(scale)) == same(stored) for scale in PRESETS)
+    except KitError:  # a norm or seed no suite run has, at any scale
+        return False
+
+
+def variant_band(run: Path, stored: dict, recorded: dict[str, list[dict]], records: Path | None) -> dict[str, list]:
     """A variant's run's band: its records, found by what the run is (unseeded), never by its folder's name; one
     line naming the fix where fewer than two seeds are recorded."""
-    stored = rundir.read_json(run / "config.json") if (run / "config.json").is_file() else None
-    same = recorded.get(unseeded(stored), []) if stored else []
+    same = recorded.get(unseeded(stored), [])
     if len(same) < 2:
-        raise UsageError(f"{run}: a run of the variant {variant_of(run)}, and {records} holds {len(same)} "
-                         f"record{'s' * (len(same) != 1)} of its settings (a band needs two seeds or more): record it "
-                         "over seeds with the study that trains it (`repro.py <study> --seeds 42,43,44` records each "
-                         "run it finishes there), then compare again")
+        raise UsageError(f"{run}: a variant's run (its settings are not the suite's {stored.get('name')}), and {records} "
+                         f"holds {len(same)} record{'s' * (len(same) != 1)} of its settings (a band needs two seeds or "
+                         "more): record it over seeds with the study that trains it (`repro.py <study> --seeds 42,43,44` "
+                         "records each run it finishes there), then compare again")
     curves = [points(r["metrics"]) for r in same]
     return {**{f"ce at {point}": [c[point] for c in curves] for point in curves[0] if all(point in c for c in curves)},
             "final ce": [r["done"].get("ce") for r in same]}
@@ -120,15 +140,6 @@ def unseeded(stored: dict) -> str:
 def label(run: Path, target: Path) -> str:
     """A run as compare names it: by its folder's name, or <seed folder>/<run> in a runs folder."""
     return run.name if run == target else f"{run.parent.name}/{run.name}"
-
-
-def variant_of(target: Path) -> str | None:
-    """`beyond/<folder>` where `target` is a variant's runs folder, one of its seeds' or one of its runs; else None."""
-    parts = target.resolve().parts
-    for i in range(max(1, len(parts) - 4), len(parts) - 1):
-        if parts[i] == "beyond" and parts[i - 1].split("+")[0] in PRESETS:
-            return f"beyond/{parts[i + 1]}"
-    return None
 
 
 def check_scale(target: Path, scale: str, path: Path):
@@ -148,12 +159,10 @@ def run_folders(target: Path) -> list[Path]:
 def made_at(target: Path) -> list[tuple[Path, str]]:
     """(file, scale) for each report or run under `target` whose "scale" or run settings name the scale made it."""
     said = [(file, rundir.read_json(file).get("scale")) for file in sorted(target.glob("*.json"))]
-    for run in run_folders(target):
-        if (run / "config.json").is_file():
-            settings = rundir.read_json(run / "config.json")
-            said += [(run / "config.json", name) for name, preset in PRESETS.items()  # the seed is the run's own
-                     if all(settings.get(k, v) == v for k, v in checkpoint.loads(checkpoint.json_text(preset.run)).items()
-                            if k != "seed")]
+    said += [(run / "config.json", name) for run in run_folders(target) if (stored := settings(run)) is not None
+             for name, preset in PRESETS.items()  # the seed is the run's own
+             if all(stored.get(k, v) == v for k, v in checkpoint.loads(checkpoint.json_text(preset.run)).items()
+                    if k != "seed")]
     return [(file, scale) for file, scale in said if isinstance(scale, str)]
 
 
@@ -164,8 +173,10 @@ def print_comparison(target: Path, scale: str, records: Path = RECORDS_DIR) -> l
     rows = compare(target, shipped, records / scale)
     if not rows and not not_yet(target, shipped, records / scale):
         raise UsageError(f"{target}: holds no run or table that {path} has numbers for")
-    made_in = "" if variant_of(target) else precisions(shipped.get("run_precisions", {}).values())
-    table = Table(title=f"{target} against the variant's records in {records / scale}" if variant_of(target) else
+    stored = [its for run in run_folders(target) if (its := settings(run))]
+    variants = bool(stored) and not any(map(suite_run, stored))
+    made_in = "" if variants else precisions(shipped.get("run_precisions", {}).values())
+    table = Table(title=f"{target} against the variant's records in {records / scale}" if variants else
                   f"{target} against {path.name} (seeds {shipped['seeds']}; its runs in "
                   f"{made_in or 'a precision it does not record'})")
     for column in ("number", "value", "band", "within"):
@@ -192,11 +203,12 @@ def not_yet(target: Path, reference: dict, records: Path | None = None) -> list[
 
 
 def check(target: Path, scale: str | None, records: Path = RECORDS_DIR):
-    """`repro.py compare` (`scale` None: the one the target's folder names): print_comparison, then one line, exit 1,
-    if a number is outside its band or an unfinished run lacks numbers its band has."""
-    scale = scale or scale_named(target)
-    if scale is None:
-        raise OptionError("--scale", f"{target} names no scale (runs/<scale>/... or results/<scale>); pass --scale")
+    """`repro.py compare` (`scale` None: the one its runs' settings or its reports name, made_at): print_comparison,
+    then one line, exit 1, if a number is outside its band or an unfinished run lacks numbers its band has."""
+    named = sorted({theirs for _, theirs in made_at(target)})
+    if not (scale := scale or (named[0] if len(named) == 1 else None)):
+        raise OptionError("--scale", f"{target} names {'scales ' + ' and '.join(named) if named else 'no scale'} (by its "
+                          "runs' settings or its reports' \"scale\"); pass --scale")
     rows = print_comparison(target, scale, records)
     outside = [r for r in rows if not r["within"]]
     problems = [f"{len(outside)} of {len(rows)} numbers of {target} are outside the shipped seeds' band (first: "

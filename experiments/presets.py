@@ -8,7 +8,6 @@ and values `--set` accepts, and the folder names they give: experiments/set_valu
 from __future__ import annotations
 
 from dataclasses import MISSING, dataclass, field, fields, replace
-from pathlib import Path
 
 import paper
 from experiments.set_values import DATA_OPTIONS, OVERRIDABLE, SET_BY_KIT, parse_value, value_problem
@@ -115,17 +114,6 @@ PRESETS = {"smoke": PRESETS["smoke"], "toy": _toy,
                            run={**_toy.run, "phase_steps": 1000, "eval_interval": 500, "snapshot_interval": 500},
                            teacher_run={**_toy.teacher_run, "snapshot_interval": _toy.run["snapshot_interval"]}),
            "small": PRESETS["small"], "full": PRESETS["full"]}
-
-
-def scale_named(path) -> str | None:
-    """The scale a folder of the kit names: runs/<scale>/... or results/<scale> (a --set workspace,
-    <scale>+<overrides>, names its base scale), nearest first, no higher than a run folder's
-    runs/<scale>/set/<overrides>/s<seed>/<run>/; None where none does (a folder of the user's)."""
-    folder = Path(path).resolve()
-    for part in [folder.name, *(p.name for p in folder.parents)][:5]:
-        if part.split("+")[0] in PRESETS:
-            return part.split("+")[0]
-    return None
 
 
 # The interaction (Table 1's delta grow - delta joint) is the primary endpoint at toy and mini scale, read

@@ -59,6 +59,13 @@ class CliResult:
     stderr: str
 
 
+def suite_config(scale: str, norm: str, protocol: str, seed: int) -> str:
+    """The config.json the kit writes for the suite's run (norm, protocol) at `scale` and `seed` (paths relative)."""
+    from experiments import suite
+    ws = suite.workspace(scale, Path("runs"), dry_run=True)
+    return json.dumps(asdict(suite.run_config(ws, suite.RunName(norm, protocol), seed)))
+
+
 def repro_cli(*args, check: bool = True) -> CliResult:
     """`repro.py ARGS` in this process (click's CliRunner: no interpreter start-up), as a subprocess's
     result would read. A kit error is its one line on stderr and a non-zero code; any other exception is

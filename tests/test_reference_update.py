@@ -3,9 +3,9 @@ import json
 import shutil
 
 import pytest
-from conftest import repro_cli
+from conftest import repro_cli, suite_config
 
-from experiments import comparison, presets, reference
+from experiments import comparison, reference
 from plumbing import errors
 
 
@@ -52,11 +52,13 @@ def test_a_missing_report_names_the_command_that_makes_it(tmp_path):
         reference.with_tables(shipped(), tmp_path, tmp_path, ["planted"])
 
 
-# ---- issue 47: compare on unfinished runs, and the scale its folder names -----------------------
+# ---- issue 47: compare on unfinished runs, and the scale its runs' settings name (issue 58) -------
 
-def logged_run(run, evaluations, done: bool):
-    """A run folder that logged these (step, ce) evaluations, with done.json if it finished."""
+def logged_run(run, evaluations, done: bool, seed: int = 42):
+    """Smoke's pre-grow of `seed` as its folder holds it: its settings, these (step, ce) evaluations, done.json if it
+    finished."""
     run.mkdir(parents=True)
+    (run / "config.json").write_text(suite_config("smoke", "pre", "grow", seed))
     rows = [{"step": step, "ce": ce, "kd": ce, "ppl": 2.718 ** ce, "eval": True} for step, ce in evaluations]
     (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     if done:
@@ -68,7 +70,7 @@ def smoke_reference(tmp_path, monkeypatch):
     """references/smoke.json (only smoke's) from two finished seeds of pre-grow, evaluated at steps 4 and 8."""
     shipped_runs = tmp_path / "shipped"
     for seed, ce in ((42, 5.50), (43, 5.52)):
-        logged_run(shipped_runs / f"s{seed}" / "pre-grow", [(4, ce + 0.5), (8, ce)], done=True)
+        logged_run(shipped_runs / f"s{seed}" / "pre-grow", [(4, ce + 0.5), (8, ce)], done=True, seed=seed)
     (tmp_path / "refs").mkdir()
     content = reference.collect(shipped_runs, tmp_path / "refs", [42, 43])
     (tmp_path / "refs" / "smoke.json").write_text(json.dumps(content))
@@ -79,11 +81,11 @@ def smoke_reference(tmp_path, monkeypatch):
 def test_compare_names_unfinished_runs_and_fails_on_the_numbers_they_lack(smoke_reference):
     """Before: "1 of 1 numbers within the band", exit 0, for a run that had evaluated once. Now the unfinished
     runs by name and how far they are, the numbers of the reference they lack, exit 1; the scale is the one
-    its folder names (runs/smoke: no --scale, which defaulted to toy)."""
+    its runs' settings name (no --scale, which defaulted to toy)."""
     runs = smoke_reference / "runs" / "smoke"
     logged_run(runs / "s42" / "pre-grow", [(4, 6.0)], done=False)
     (runs / "s42" / "pre-joint").mkdir(parents=True)  # set up, not started: no number, nothing in the reference
-    (runs / "s42" / "pre-joint" / "config.json").write_text(json.dumps({**presets.PRESETS["smoke"].run, "seed": 42}))
+    (runs / "s42" / "pre-joint" / "config.json").write_text(suite_config("smoke", "pre", "joint", 42))
     out = repro_cli("compare", runs, check=False)
     assert out.returncode == 1 and "1 of 1 numbers within the band" in out.stdout
     assert out.stderr.strip().splitlines() == [
@@ -91,18 +93,19 @@ def test_compare_names_unfinished_runs_and_fails_on_the_numbers_they_lack(smoke_
         "s42/pre-grow/ce at 8): finish the runs (rerun the command that trains them: it resumes) and compare again"]
     one = repro_cli("compare", runs / "s42" / "pre-grow", check=False)
     assert one.returncode == 1 and "unfinished: pre-grow partial (step 4)" in one.stderr
-    logged_run(runs / "s43" / "pre-grow", [(4, 6.02), (8, 5.51)], done=True)
+    logged_run(runs / "s43" / "pre-grow", [(4, 6.02), (8, 5.51)], done=True, seed=43)
     shutil.rmtree(runs / "s42")
     done = repro_cli("compare", runs)
     assert "3 of 3 numbers within the band" in done.stdout and done.stderr == ""
 
 
-def test_compare_without_scale_needs_a_folder_that_names_one(smoke_reference):
+def test_compare_without_scale_takes_the_scale_its_runs_settings_name(smoke_reference):
+    """Issue 58: the scale is read from what the runs are, never from a folder's name: smoke's runs in a folder
+    named for nothing are smoke's; a folder whose runs or reports name no scale asks for --scale in one line."""
     logged_run(smoke_reference / "mine" / "s42" / "pre-grow", [(4, 6.0), (8, 5.5)], done=True)
-    out = repro_cli("compare", smoke_reference / "mine", check=False)
+    assert "3 of 3 numbers within the band" in repro_cli("compare", smoke_reference / "mine").stdout
+    (smoke_reference / "toy" / "s42").mkdir(parents=True)  # a folder named for a scale, of no run
+    out = repro_cli("compare", smoke_reference / "toy", check=False)
     assert out.returncode == 2 and out.stderr.strip() == (
-        f"Error: Invalid value for --scale: {smoke_reference / 'mine'} names no scale (runs/<scale>/... or "
-        "results/<scale>); pass --scale")
-    assert "3 of 3 numbers within the band" in repro_cli("compare", smoke_reference / "mine", "--scale", "smoke").stdout
-    assert [presets.scale_named(p) for p in ("runs/toy", "results/mini+run.lr=0.1", "runs/smoke/set/x/s42/pre-grow",
-                                             "a/smoke/b/c/d/e/f", "mine")] == ["toy", "mini", "smoke", None, None]
+        f"Error: Invalid value for --scale: {smoke_reference / 'toy'} names no scale (by its runs' settings or its "
+        "reports' \"scale\"); pass --scale")

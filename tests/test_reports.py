@@ -220,11 +220,14 @@ def test_a_reference_records_the_commit_that_trained_each_run(tmp_path):
 def test_compare_names_the_precision_its_bands_come_from(tmp_path, monkeypatch, capsys):
     """Issue 38: a band is the seeds' spread in the precision they ran in; compare's title says which, and a run
     of another precision is told so (its numbers are still compared)."""
+    from conftest import suite_config
+
     from experiments import reference
     runs = tmp_path / "runs"
     for seed, ce in ((42, 3.50), (43, 3.52)):
         run = runs / f"s{seed}" / "pre-grow"
         run.mkdir(parents=True)
+        (run / "config.json").write_text(suite_config("toy", "pre", "grow", seed))  # what the run is: toy's pre-grow
         evaluation = {"step": 250, "ce": ce, "kd": ce, "ppl": 2.718 ** ce}
         (run / "metrics.jsonl").write_text(json.dumps({**evaluation, "eval": True}) + "\n")
         (run / "done.json").write_text(json.dumps(evaluation))
@@ -306,12 +309,46 @@ def test_a_variants_runs_are_compared_against_the_variants_own_band(tmp_path):
         assert f"{len(rows)} of {len(rows)} numbers within the band" in out.stdout and "NO" not in out.stdout
     config = json.loads((renamed / "pre-freeze" / "config.json").read_text())
     (renamed / "pre-freeze" / "config.json").write_text(json.dumps({**config, "lr": config["lr"] / 2}))
-    out = repro_cli("compare", renamed.parent, check=False)
+    out = repro_cli("compare", renamed.parent, "--scale", "toy", check=False)  # its lr is no scale's: --scale says which
     lines = out.stderr.strip().splitlines()
-    assert out.returncode != 0 and len(lines) == 1 and "the variant beyond/renamed" in lines[0], out.stderr
+    assert out.returncode != 0 and len(lines) == 1 and "a variant's run (its settings are not the suite's pre-freeze)" \
+        in lines[0], out.stderr
     assert "holds 0 records of its settings" in lines[0] and "`repro.py <study> --seeds" in lines[0]
     suite_run = tmp_path / "runs" / "toy" / "s42" / "pre-freeze"  # the suite's own run: the reference's band
     restored(records / "s42" / "pre-freeze.json", tmp_path / "runs" / "toy")
     rows = comparison.compare(suite_run, shipped, records)
-    assert comparison.variant_of(suite_run) is None and all(r["within"] for r in rows)
+    assert comparison.suite_run(comparison.settings(suite_run)) and all(r["within"] for r in rows)
     assert rows[-1]["band"] == list(comparison.band(shipped["final_ce"]["pre-freeze"]))
+
+
+def test_what_a_run_is_comes_from_its_settings_never_from_its_folder(tmp_path, capsys):
+    """Issue 58: the variant's pre-freeze restored where a suite run sits (runs/toy/s42/, no beyond/ in its path)
+    still gets its own band, and the suite's pre-freeze moved into a beyond/x/ folder still gets the reference's;
+    the scale comes from their settings (no runs/<scale>/ in the path). A path setting (start_from, teacher)
+    differs by where a runs tree sits and is no difference; warmup_frac is."""
+    from conftest import repro_cli, suite_config
+    records = ROOT / "references" / "records" / "toy"
+    shipped = json.loads((ROOT / "references" / "toy.json").read_text())
+    variant = restored(records / "beyond" / "idea2-matched" / "s42" / "pre-freeze.json", tmp_path / "v")
+    moved_variant = tmp_path / "plain" / "s42" / "pre-freeze"
+    moved_variant.parent.mkdir(parents=True)
+    variant.rename(moved_variant)
+    suite = restored(records / "s42" / "pre-freeze.json", tmp_path / "s")
+    moved_suite = tmp_path / "runs" / "toy" / "beyond" / "x" / "s42" / "pre-freeze"
+    moved_suite.parent.mkdir(parents=True)
+    suite.rename(moved_suite)
+    own = [json.loads((records / "beyond" / "idea2-matched" / f"s{s}" / "pre-freeze.json").read_text())["done"]["ce"]
+           for s in (42, 43, 44)]
+    for run, final_band, title in ((moved_variant, comparison.band(own), "the variant's records"),
+                                   (moved_suite, comparison.band(shipped["final_ce"]["pre-freeze"]), "toy.json")):
+        rows = {r["name"].rsplit("/", 1)[1]: r for r in comparison.compare(run.parent.parent, shipped, records)}
+        assert rows["final ce"]["band"] == list(final_band) and all(r["within"] for r in rows.values())
+        out = repro_cli("compare", run)  # no --scale: toy, from its settings
+        assert f"{len(rows)} of {len(rows)} numbers within the band" in out.stdout and title in " ".join(out.stdout.split())
+    plain = comparison.band(shipped["final_ce"]["pre-freeze"])
+    assert not plain[0] <= own[0] <= plain[1]  # so had the path decided, the variant would have read NO
+    settings = json.loads(suite_config("toy", "pre", "freeze", 42))
+    assert comparison.suite_run({**settings, "start_from": "../../../../s42/pre-grow/phase-0", "teacher": "/t/phase-0"})
+    assert not comparison.suite_run({**settings, "warmup_frac": settings["warmup_frac"] * 2})
+    assert not comparison.suite_run({**settings, "name": "post-freeze"})
+    assert comparison.suite_run(json.loads(suite_config("mini", "post", "joint-replay", 43)))

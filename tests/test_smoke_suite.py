@@ -141,6 +141,7 @@ def test_compare_passes_an_honest_rerun_and_flags_a_perturbed_one(smoke, tmp_pat
         assert "numbers within the band" in out.stdout and "NO" not in out.stdout, out.stdout[-2000:]
     perturbed = tmp_path / "post-grow"
     perturbed.mkdir()
+    shutil.copy(runs / "s42" / "post-grow" / "config.json", perturbed)  # what the run is: smoke's post-grow
     rows = rundir.read_metrics(runs / "s42" / "post-grow")
     (perturbed / "metrics.jsonl").write_text("".join(
         json.dumps({**r, "ce": r["ce"] + 3.0} if r.get("eval") and r["step"] == 16 else r) + "\n" for r in rows))
