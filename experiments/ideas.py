@@ -181,12 +181,11 @@ def remedy_variants() -> list[Variant]:
             != "none"]
 
 
-def recorded_firings(scale: str, seeds: list[int], records=None) -> dict[str, dict]:
+def recorded_firings(scale: str, seeds: list[int]) -> dict[str, dict]:
     """remedy_firings of each remedy variant over `seeds`, from its committed records (studies.page_records)."""
-    records = records or studies.RECORDS_DIR
-    if not (records / scale).is_dir():  # nothing recorded at this scale
+    if not (studies.RECORDS_DIR / scale).is_dir():  # nothing recorded at this scale
         return {}
-    ws = studies.page_workspace(scale, records)
+    ws = studies.page_workspace(scale, studies.RECORDS_DIR)
     jobs = {v.label: [studies.Job(variant_workspace(ws, v, s), v.run, s) for s in seeds] for v in remedy_variants()}
     found = studies.page_records([job for runs in jobs.values() for job in runs])
     logged = lambda job: (found[job.label]["metrics"], found[job.label]["config"]["identity_threshold"])
@@ -324,7 +323,8 @@ def run_ideas(ws: suite.Workspace, seeds: list[int], force: bool = False) -> dic
     read_family(rows)
     out = {"experiment": "ideas", "scale": ws.preset.name, "seeds": seeds, "search": found, "rows": rows,
            "diverged_runs": diverged, "tie_margin": presets.TIE_MARGIN, "precision": ws.preset.run.get("precision", ""),
-           "about": __doc__.split("\n\n")[1], "machines": studies.run_machines(manifest(ws, seeds, chosen)),
+           "about": __doc__.split("\n\n")[1],
+           "machines": [studies.folder_machine_row(job.label, job.folder) for job in manifest(ws, seeds, chosen)],
            "numbers": contrast_numbers(rows), "firings": live_firings(ws, seeds)}
     lines = markdown(out, len(variants)) + [""] + studies.machines_markdown(out["machines"])
     return report.write(ws.results, "ideas", out, lines, echo=True)

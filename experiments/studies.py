@@ -349,10 +349,6 @@ def folder_machine_row(run: str, folder: Path) -> dict:
     return machine_row(run, rundir.read_json(folder / "provenance.json"), wall_seconds(rundir.read_metrics(folder)))
 
 
-def run_machines(jobs: list[Job]) -> list[dict]:
-    return [folder_machine_row(job.label, job.folder) for job in unique(jobs)]
-
-
 def machine_row(run: str, provenance: dict, wall_seconds: float) -> dict:
     """A row of machines_markdown: what a record or a run folder says, each text bounded (cell)."""
     return {"run": cell(run), "machine": machine({"provenance": provenance}), "wall_seconds": wall_seconds,
