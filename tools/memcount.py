@@ -34,9 +34,9 @@ from torch.utils._pytree import tree_map_only
 import config
 import data
 import grow
-from experiments import presets, suite, tables
+from experiments import presets, suite
 from plumbing import devices
-from tools import lockstep_plan, memory, plan, rehearse
+from tools import cli_options, lockstep_plan, memory, plan, rehearse
 
 GiB = 2**30
 
@@ -190,9 +190,8 @@ if __name__ == "__main__":
     parser.add_argument("--gpus", type=int, default=8)
     parser.add_argument("--nodes", type=int, default=1)
     args = parser.parse_args()
-    wanted = list(tables.TABLES) if args.experiment == "all" else [args.experiment]
     ws = suite.workspace(args.scale, Path("runs"), dry_run=True, device="cpu")
-    run_names = [r for r in tables.RUNS if any(r in tables.TABLES[e].runs for e in wanted)]
+    _, run_names = cli_options.chosen_experiments([args.experiment])  # the runs the paper's tables named read
     for row in segments(ws, rehearse.Launch(args.gpus, args.nodes), run_names):
         steps = "a run apart" if row["steps"] is None else f"steps {row['steps'][0]:,}-{row['steps'][1]:,}"
         print(f"{steps} ({', '.join(row['runs'])}): {row['count_gib']:.2f} GiB counted from the storages "
