@@ -268,15 +268,10 @@ def apply_overrides(preset: Preset, settings: Settings, compile_flag: bool | Non
 
 
 # ----------------------------------------------------------------------------------------------
-# The mechanism's criterion, fixed before the miniature search (a closed study: docs/records/2026-12-01-miniature-search.md)
-# and kept for the causal test's manipulation check (experiments/tail.py). The mechanism the paper's account rests on, a
-# heavy-tailed pre-norm boundary, is present when all three of its boundary statistics pass their
-# thresholds, measured on pre-norm grow after block 0 at the end of growth (the fixed diagnostic batch,
-# diag.diagnose_checkpoint). The paper reports 37 (boundary over regular RMS) and a kurtosis above 2,400; the thresholds
-# ask for a quarter and a fiftieth of those, an order of magnitude past the toy's 1.27 and 3.7, and for Sun et al.
-# (2024)'s "massive" at its low end. An attention sink (Gu et al. 2024) is measured and reported beside them, not
-# required: the paper's account is about the boundary an appended block reads, which it never connects to a sink.
-MECHANISM = {"boundary_over_regular": 10.0,   # boundary token's mean RMS / regular tokens' (diag.token_type_rms)
-             "kurtosis_distinct": 50.0,       # Pearson kurtosis of per-token RMS over distinct states
-             "massive_ratio": 100.0}          # max |activation| / median |activation| (diag.massive_activation)
+# The mechanism's criterion, fixed before the miniature search (a closed study: docs/records/2026-12-01-miniature-search.md,
+# which holds its kurtosis and massive-activation thresholds too), kept where live code reads it: its boundary statistic,
+# the causal test's manipulation check (experiments/tail.py). The paper reports 37; the threshold asks for a quarter of
+# that, an order of magnitude past the toy's 1.27. An attention sink (Gu et al. 2024) is measured and reported (SINK),
+# never required: the paper's account is about the boundary an appended block reads, which it never connects to a sink.
+MECHANISM = {"boundary_over_regular": 10.0}   # boundary token's mean RMS / regular tokens' (diag.token_type_rms)
 SINK = {"attention": 0.3, "heads": 0.2}       # a head with mean attention >= 0.3 on position 0; >= 20% of heads
