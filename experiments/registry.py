@@ -9,15 +9,13 @@ experiment").
 
 from dataclasses import dataclass
 from functools import partial
-from pathlib import Path
 from typing import Callable
 
-from experiments import beyond, ideas, paper_reports, presets, studies, tables, tail
+from experiments import beyond, ideas, paper_reports, studies, tables, tail
 from experiments.readings import seeds_of
 from experiments.suite import RunName, Workspace
 from experiments.tables import PaperTable
 from experiments.variants import Variant, suite_runs, variant_workspace
-from plumbing import devices
 
 Group = tuple[str, Workspace, list[RunName], int]
 
@@ -123,6 +121,6 @@ def section_folders(name: str, scale: str, seeds: list[int]) -> list[str]:
     experiment = EXPERIMENTS.get(name)
     if experiment is None or experiment.names_its_machines:  # a table the kit has no entry for (pages.other_section)
         return []
-    ws = Workspace(presets.PRESETS[scale], Path("runs") / scale, Path("results") / scale, devices.Dist())
+    ws = studies.page_workspace(scale, None)  # runs/<scale>/, as a page places a study's runs
     return [str(gws.run_dir(run, s).relative_to(ws.runs)) for seed in seeds
             for _, gws, runs, s in experiment.groups(ws, seed) for run in runs]
