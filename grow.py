@@ -217,7 +217,8 @@ class Run:
         return (c.train_data, c.micro_batch, c.global_batch, c.balance_lengths, c.compile, c.packs, ids.tobytes(),
                 bool(self.teacher))
 
-    def accumulate(self, micro: data.Batch, teacher_hidden: torch.Tensor | None, last: bool = True):
+    def accumulate(self, micro: data.Batch, teacher_hidden: torch.Tensor | None, last: bool = True,
+                   teacher_log_probs: torch.Tensor | None = None):
         """Forward and backward of one micro-batch; gradients add up (under FSDP2 unsharded, reduce-scattered after
         the step's last micro-batch: set_gradient_sync). Nothing here waits for the device."""
         config, ctx = self.config, self.ctx
@@ -229,7 +230,7 @@ class Run:
             with autocast(self.dtype, ctx):
                 loss, kd_term, ce_term = nets.loss_fn(config, micro, teacher_hidden,
                                                       self.teacher.head_weight if self.teacher else None, self.phase,
-                                                      self.batch.global_targets, self.net)
+                                                      self.batch.global_targets, self.net, teacher_log_probs)
             if monitoring:
                 self.monitor_row = nets.monitor_row(self.net.captured, micro.mask, micro.first_positions())
                 self.net.capture_boundaries, self.net.captured = False, None
@@ -433,14 +434,18 @@ def lockstep_step(runs: list[Run], teacher: nets.Teacher | None):
     for group in groups.values():
         first = group[0]
         micro_batches = [micro.to(first.ctx.device) for micro in first.batch.micro_batches]
-        kept: list[torch.Tensor | None] = [None] * len(micro_batches)
+        kept: list[tuple] = [(None, None)] * len(micro_batches)  # (hidden states, log-probabilities) of each
+        # the teacher's log-probabilities too, where every run reads them at one temperature and in one chunking
+        same_terms = len({(run.config.tau, run.config.loss_chunk) for run in group}) == 1
         for run in group:
             for i, micro in enumerate(micro_batches):
-                hidden = kept[i]
+                hidden, log_probs = kept[i]
                 if run is first and first.teacher is not None:
                     with autocast(first.dtype, first.ctx):
                         hidden = teacher.hidden(micro.input_ids, doc_lengths=micro.doc_lengths)
+                        if len(group) > 1 and same_terms:
+                            log_probs = teacher.log_probs(hidden, micro, first.config)
                     if len(group) > 1:
-                        kept[i] = hidden
-                run.accumulate(micro, hidden, last=i == len(micro_batches) - 1)
+                        kept[i] = hidden, log_probs
+                run.accumulate(micro, hidden, last=i == len(micro_batches) - 1, teacher_log_probs=log_probs)
             run.end_step()

@@ -10,6 +10,8 @@ with z = hidden @ head_weight.T for the student (S) and the teacher (T), average
                                         denominator=real_targets_in_global_batch)
     loss.backward()          # gradients reach h_S and W_S only
     sums = kd.kd_sums(...)   # no grad: float64 sums of kl, soft_ce, ce and the count n, for evaluation
+    log_q_T = kd.teacher_log_probs(h_T, W_T, targets, mask)   # several students of one batch: the teacher's
+    kd.kd_loss(h_S, W_S, None, None, targets, mask, teacher_log_probs=log_q_T)   # head and softmax once
 
 How: the masked tokens are gathered (padding costs nothing), then processed `chunk_size` tokens at a time.
 Each chunk's logits go into two [chunk x V] buffers allocated once per call; the softmax math runs over a
@@ -43,22 +45,26 @@ DEFAULT_CHUNK_SIZE = 1024
 # ----------------------------------------------------------------------------------------------
 # Per-token terms of a block of rows
 
-def _token_terms(z_S, z_T, y, *, alpha, gamma, tau, want_grad, want_soft_ce):
+def _teacher_log_probs(z_T, tau):
+    return torch.log_softmax(z_T if tau == 1 else z_T / tau, dim=-1)
+
+
+def _token_terms(z_S, log_q_T, y, *, alpha, gamma, tau, want_grad, want_soft_ce):
     """Per-token ce, kl (tau^2 * KL), soft_ce (tau^2 * H(q_T, q_S)) and grad = d(alpha * kl + gamma * ce)/dz_S
-    (rows, V) from fp32 (or fp64) logits z_S, z_T (rows, V); None for what has no teacher or was not asked for."""
+    (rows, V) from fp32 (or fp64) student logits z_S and teacher log-probabilities log_q_T (rows, V); None for
+    what has no teacher or was not asked for."""
     log_p_S = torch.log_softmax(z_S, dim=-1)
     ce = -log_p_S.gather(1, y[:, None]).squeeze(1)
     kl = soft_ce = None
-    if z_T is not None:
+    if log_q_T is not None:
         log_q_S = log_p_S if tau == 1 else torch.log_softmax(z_S / tau, dim=-1)
-        log_q_T = torch.log_softmax(z_T if tau == 1 else z_T / tau, dim=-1)
         q_T = log_q_T.exp()
         # KL summed directly, not as soft_ce - entropy, whose difference loses a small KL's digits in fp32.
         kl = tau**2 * (q_T * (log_q_T - log_q_S)).sum(-1)
         soft_ce = -tau**2 * (q_T * log_q_S).sum(-1) if want_soft_ce else None
     if not want_grad:
         return ce, kl, soft_ce, None
-    if z_T is None:
+    if log_q_T is None:
         grad = log_p_S.exp_().mul_(gamma)                                   # gamma * (p_S - onehot(y))
     elif tau == 1:  # q_S = p_S: grad = (alpha + gamma) p_S - alpha q_T - gamma onehot(y), one exp fewer
         grad = log_p_S.exp().mul_(alpha + gamma).sub_(q_T, alpha=alpha)
@@ -72,9 +78,10 @@ def _token_terms(z_S, z_T, y, *, alpha, gamma, tau, want_grad, want_soft_ce):
 # The one chunk loop: sums over tokens, and (optionally) the gradients of the summed loss
 
 @torch.no_grad()  # gradients here are computed by hand, never traced
-def _chunk_loop(h_S, W_S, h_T, W_T, y, *, alpha, gamma, tau, chunk_size, grad_h=False, grad_W=False,
+def _chunk_loop(h_S, W_S, teacher, y, *, alpha, gamma, tau, chunk_size, grad_h=False, grad_W=False,
                 want_soft_ce=False):
-    """Walks the tokens (N, H) in chunks: float64 sums of kl, soft_ce and ce, and the gradients asked for."""
+    """Walks the tokens (N, H) in chunks: float64 sums of kl, soft_ce and ce, and the gradients asked for.
+    `teacher`: None, (h_T, W_T), or the teacher's log-probabilities (N, V) that teacher_log_probs computed."""
     n, vocab = len(y), W_S.shape[0]
     sums = torch.zeros(3, dtype=torch.float64, device=h_S.device)
     dh = torch.empty_like(h_S) if grad_h else None
@@ -85,18 +92,15 @@ def _chunk_loop(h_S, W_S, h_T, W_T, y, *, alpha, gamma, tau, chunk_size, grad_h=
     # Logit buffers allocated once and reused: fresh ones per chunk would cost page faults or allocator churn.
     chunk_size = max(1, min(chunk_size, n))  # no tokens: one unused row, and the loop below never runs
     z_S_buf = _logit_buffer(chunk_size, vocab, h_S)
-    z_T_buf = None if h_T is None else _logit_buffer(chunk_size, vocab, h_T)
-    rows_per_block = max(1, ROW_BLOCK_ELEMENTS.get(h_S.device.type, 2**28) // vocab)
-
-    for start in range(0, n, chunk_size):
-        chunk = slice(start, min(start + chunk_size, n))
-        rows = chunk.stop - chunk.start
-        z_S = torch.mm(h_S[chunk], W_S.T, out=z_S_buf[:rows])                 # (rows, V), input dtype
-        z_T = None if h_T is None else torch.mm(h_T[chunk], W_T.T, out=z_T_buf[:rows])
-        for b in range(0, rows, rows_per_block):
-            block = slice(b, b + rows_per_block)
+    teacher_blocks = None if teacher is None else (
+        _teacher_blocks(*teacher, tau, chunk_size) if isinstance(teacher, tuple) else
+        (teacher[rows] for _, rows in _blocks(n, chunk_size, vocab, h_S.device)))
+    for chunk, blocks in _chunks(n, chunk_size, vocab, h_S.device):
+        z_S = torch.mm(h_S[chunk], W_S.T, out=z_S_buf[:chunk.stop - chunk.start])  # (rows, V), input dtype
+        for rows in blocks:
+            block = slice(rows.start - chunk.start, rows.stop - chunk.start)
             ce, kl, soft_ce, grad = _token_terms(
-                _upcast(z_S[block]), None if z_T is None else _upcast(z_T[block]), y[chunk][block],
+                _upcast(z_S[block]), None if teacher_blocks is None else next(teacher_blocks), y[rows],
                 alpha=alpha, gamma=gamma, tau=tau, want_grad=grad_h or grad_W, want_soft_ce=want_soft_ce)
             for i, term in enumerate((kl, soft_ce, ce)):
                 if term is not None:
@@ -113,12 +117,38 @@ def _chunk_loop(h_S, W_S, h_T, W_T, y, *, alpha, gamma, tau, chunk_size, grad_h=
     return sums, dh, None if dW is None else dW.to(W_S.dtype)
 
 
+def _chunks(n, chunk_size, vocab, device):
+    """(chunk, its blocks) of N tokens: chunks of `chunk_size` tokens (one logit buffer each), each walked in blocks
+    of rows (the softmax math's), all as slices of the N tokens."""
+    rows_per_block = max(1, ROW_BLOCK_ELEMENTS.get(device.type, 2**28) // vocab)
+    for start in range(0, n, chunk_size):
+        chunk = slice(start, min(start + chunk_size, n))
+        yield chunk, [slice(b, min(b + rows_per_block, chunk.stop)) for b in range(chunk.start, chunk.stop, rows_per_block)]
+
+
+def _blocks(n, chunk_size, vocab, device):
+    """(chunk, rows) of each block, in _chunk_loop's order."""
+    return ((chunk, rows) for chunk, blocks in _chunks(n, chunk_size, vocab, device) for rows in blocks)
+
+
+def _teacher_blocks(h_T, W_T, tau, chunk_size):
+    """The teacher's log-probabilities block by block, in _chunk_loop's order: the same chunks, matmuls and blocks
+    whether the loop asks for them or teacher_log_probs keeps them, so both give the same values bit for bit."""
+    buffer = _logit_buffer(chunk_size, W_T.shape[0], h_T)
+    for chunk, blocks in _chunks(len(h_T), chunk_size, W_T.shape[0], h_T.device):
+        z_T = torch.mm(h_T[chunk], W_T.T, out=buffer[:chunk.stop - chunk.start])
+        for rows in blocks:
+            yield _teacher_log_probs(_upcast(z_T[rows.start - chunk.start:rows.stop - chunk.start]), tau)
+
+
 def _logit_buffer(rows, vocab, like):
     """A (rows, vocab) buffer whose rows start LOGIT_ROW_ALIGN elements apart, its unused tail columns zeros:
     oneDNN's AMX kernel for a bf16 matmul reads a row up to its stride where the width is not a multiple of 32
     (torch 2.13, the toy's V=513: a NaN left there by an earlier tensor made every gradient NaN)."""
     stride = -(-vocab // LOGIT_ROW_ALIGN) * LOGIT_ROW_ALIGN
-    return torch.zeros(rows, stride, dtype=like.dtype, device=like.device)[:, :vocab]
+    buffer = torch.empty(rows, stride, dtype=like.dtype, device=like.device)
+    buffer[:, vocab:].zero_()  # only the tail: the matmuls write the rest (zeroing it all was 3% of the toy's loss)
+    return buffer[:, :vocab]
 
 
 def _upcast(z):
@@ -131,8 +161,8 @@ def _upcast(z):
 
 class _ChunkedLoss(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, h_S, W_S, h_T, W_T, y, alpha, gamma, tau, chunk_size, scale):
-        sums, dh, dW = _chunk_loop(h_S, W_S, h_T, W_T, y, alpha=alpha, gamma=gamma, tau=tau,
+    def forward(ctx, h_S, W_S, teacher, y, alpha, gamma, tau, chunk_size, scale):
+        sums, dh, dW = _chunk_loop(h_S, W_S, teacher, y, alpha=alpha, gamma=gamma, tau=tau,
                                    chunk_size=chunk_size, grad_h=ctx.needs_input_grad[0],
                                    grad_W=ctx.needs_input_grad[1])
         for grad in (dh, dW):
@@ -146,7 +176,7 @@ class _ChunkedLoss(torch.autograd.Function):
     @staticmethod
     @once_differentiable  # the stored gradients are constants: a second derivative would be silently wrong
     def backward(ctx, grad_loss, _grad_kd_term, _grad_ce_term):
-        return tuple(None if grad is None else grad * grad_loss for grad in ctx.saved_tensors) + (None,) * 8
+        return tuple(None if grad is None else grad * grad_loss for grad in ctx.saved_tensors) + (None,) * 7
 
 
 def _terms(sums, alpha, gamma, scale, dtype):
@@ -159,16 +189,18 @@ def _terms(sums, alpha, gamma, scale, dtype):
 # Public API
 
 def kd_loss(student_hidden, student_head_weight, teacher_hidden, teacher_head_weight, targets, mask,
-            alpha=0.7, gamma=0.3, tau=1.0, chunk_size=DEFAULT_CHUNK_SIZE, denominator=None):
-    """(loss, mean tau^2 * KL, mean CE) over `denominator` real targets (default mask.sum()), the terms detached."""
-    h_S, W_S, h_T, W_T, y = _real_tokens(student_hidden, student_head_weight, teacher_hidden, teacher_head_weight,
-                                         targets, mask)
+            alpha=0.7, gamma=0.3, tau=1.0, chunk_size=DEFAULT_CHUNK_SIZE, denominator=None, teacher_log_probs=None):
+    """(loss, mean tau^2 * KL, mean CE) over `denominator` real targets (default mask.sum()), the terms detached.
+    `teacher_log_probs` (teacher_log_probs' for the same mask, tau and chunk_size) stands in for the teacher's
+    hidden states and head."""
+    real = _real(mask)
+    h_S, W_S = _head_inputs(student_hidden, student_head_weight, real)
+    teacher, y = _teacher(teacher_hidden, teacher_head_weight, real, teacher_log_probs), targets.reshape(-1)[real].long()
     denominator = len(y) if denominator is None else float(denominator)
     scale = 1.0 / denominator if denominator > 0 else 0.0
     if torch.is_grad_enabled() and (h_S.requires_grad or W_S.requires_grad):
-        return _ChunkedLoss.apply(h_S, W_S, h_T, W_T, y, alpha, gamma, tau, chunk_size, scale)
-    sums, _, _ = _chunk_loop(h_S, W_S, h_T, W_T, y, alpha=alpha, gamma=gamma, tau=tau,
-                             chunk_size=chunk_size)
+        return _ChunkedLoss.apply(h_S, W_S, teacher, y, alpha, gamma, tau, chunk_size, scale)
+    sums, _, _ = _chunk_loop(h_S, W_S, teacher, y, alpha=alpha, gamma=gamma, tau=tau, chunk_size=chunk_size)
     return _terms(sums, alpha, gamma, scale, _upcast(h_S).dtype)
 
 
@@ -181,28 +213,50 @@ def ce_loss(hidden, head_weight, targets, mask, chunk_size=DEFAULT_CHUNK_SIZE, d
 
 @torch.no_grad()
 def kd_sums(student_hidden, student_head_weight, teacher_hidden, teacher_head_weight, targets, mask,
-            tau=1.0, chunk_size=DEFAULT_CHUNK_SIZE):
+            tau=1.0, chunk_size=DEFAULT_CHUNK_SIZE, teacher_log_probs=None):
     """Float64 sums over real targets of kl, soft_ce, ce and the count n (without a teacher, ce and n)."""
-    h_S, W_S, h_T, W_T, y = _real_tokens(student_hidden, student_head_weight, teacher_hidden,
-                                         teacher_head_weight, targets, mask)
-    sums, _, _ = _chunk_loop(h_S, W_S, h_T, W_T, y, alpha=0.0, gamma=0.0, tau=tau, chunk_size=chunk_size,
+    real = _real(mask)
+    h_S, W_S = _head_inputs(student_hidden, student_head_weight, real)
+    teacher, y = _teacher(teacher_hidden, teacher_head_weight, real, teacher_log_probs), targets.reshape(-1)[real].long()
+    sums, _, _ = _chunk_loop(h_S, W_S, teacher, y, alpha=0.0, gamma=0.0, tau=tau, chunk_size=chunk_size,
                              want_soft_ce=True)
-    out = {"kl": sums[0], "soft_ce": sums[1], "ce": sums[2]} if h_T is not None else {"ce": sums[2]}
+    out = {"kl": sums[0], "soft_ce": sums[1], "ce": sums[2]} if teacher is not None else {"ce": sums[2]}
     out["n"] = torch.tensor(float(len(y)), dtype=torch.float64, device=sums.device)
     return out
 
 
-def _real_tokens(h_S, W_S, h_T, W_T, targets, mask):
-    """Flattens leading dims and keeps only real targets; gives each hidden/head pair one matmul dtype (cast
-    outside the chunk loop, so autograd carries the student's gradients back to the dtypes it came in)."""
-    # mask None: every target is real (the rehearsal's fake tensors have no data to select by). Else the real
-    # targets' positions, found once: on a GPU that waits for the device, and a boolean mask used three times would
-    # wait three times (an index by them is what indexing by the mask does inside).
-    real = slice(None) if mask is None else mask.reshape(-1).nonzero().squeeze(1)
-    h_S, W_S = _same_dtype(h_S.reshape(-1, h_S.shape[-1])[real], W_S)           # (N, H), (V, H)
-    if h_T is not None:
-        h_T, W_T = _same_dtype(h_T.reshape(-1, h_T.shape[-1])[real].detach(), W_T.detach())  # (N, H_T)
-    return h_S, W_S, h_T, W_T, targets.reshape(-1)[real].long()
+@torch.no_grad()
+def teacher_log_probs(teacher_hidden, teacher_head_weight, mask, tau=1.0, chunk_size=DEFAULT_CHUNK_SIZE):
+    """log softmax(z_T / tau) at each real target, (N, V) in the softmax math's dtype: bit for bit what kd_loss and
+    kd_sums compute for the same mask, tau and chunk_size under the same autocast, so several students that read
+    one batch share the teacher's head matmul and log-softmax. N x V floats: 25 MB at the toy's 1,500 tokens."""
+    h_T, W_T = _head_inputs(teacher_hidden.detach(), teacher_head_weight.detach(), _real(mask))
+    n, vocab = len(h_T), W_T.shape[0]
+    chunk_size = max(1, min(chunk_size, n))  # as _chunk_loop clamps it
+    out = torch.empty(n, vocab, dtype=torch.promote_types(h_T.dtype, torch.float32), device=h_T.device)
+    for (_, rows), block in zip(_blocks(n, chunk_size, vocab, h_T.device), _teacher_blocks(h_T, W_T, tau, chunk_size)):
+        out[rows] = block
+    return out
+
+
+def _real(mask):
+    """The real targets' positions, found once: on a GPU that waits for the device, and a boolean mask used three
+    times would wait three times (an index by them is what indexing by the mask does inside). mask None: every
+    target is real (the rehearsal's fake tensors have no data to select by)."""
+    return slice(None) if mask is None else mask.reshape(-1).nonzero().squeeze(1)
+
+
+def _head_inputs(h, W, real):
+    """(N, H) hidden states at the real targets and the head (V, H), in one matmul dtype (cast outside the chunk
+    loop, so autograd carries the student's gradients back to the dtypes it came in)."""
+    return _same_dtype(h.reshape(-1, h.shape[-1])[real], W)
+
+
+def _teacher(h_T, W_T, real, log_probs):
+    """What _chunk_loop reads of the teacher: its precomputed log-probabilities, (h_T, W_T) detached, or None."""
+    if log_probs is not None or h_T is None:
+        return log_probs
+    return _head_inputs(h_T.detach(), W_T.detach(), real)
 
 
 def _same_dtype(h, W):

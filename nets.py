@@ -26,7 +26,11 @@ from plumbing.hf_qwen3 import ModelConfig
 # ----------------------------------------------------------------------------------------------
 # The networks: the frozen teacher, the model a run trains, mirror-fwd's reference
 
-TEACHER_CACHE_BYTES = 2**30  # validation hidden states kept per teacher (one process only)
+TEACHER_CACHE_BYTES = 2**30  # validation hidden states and log-probabilities kept per teacher (one process only)
+# A training micro-batch's teacher log-probabilities, made once for the runs in lockstep that read it, up to this
+# size (the toy's: 25 MB), on a CPU only: there the teacher's head matmul and log-softmax, repeated per student, were
+# a fifth of each student's loss; a GPU's memory plan (tools/memory.py) counts no such tensor.
+SHARED_LOG_PROBS_BYTES = 2**28
 # The teacher's modules kept whole on every rank under FSDP2: the chunked loss applies its head outside its forward.
 TEACHER_REPLICATED = ("embed_tokens", "norm", "lm_head")
 
@@ -39,7 +43,8 @@ def hidden_only(hidden, head_weight):
 class Teacher:
     """The frozen teacher's final hidden states (the chunked loss applies its head); `forwards` counts its passes.
     Validation batches are kept after their first pass, up to `cache_bytes` (every evaluation of every run reads
-    the same ones); under FSDP2 none, so every rank runs the same sequence of sharded forwards."""
+    the same ones), their log-probabilities too on a CPU; under FSDP2 none, so every rank runs the same sequence
+    of sharded forwards."""
 
     def __init__(self, net: model.Qwen3, cache_bytes: int = 0):
         self.net, self.cache_bytes, self.forwards = net, cache_bytes, 0
@@ -55,9 +60,32 @@ class Teacher:
             return self.kept[key]
         self.forwards += 1
         hidden = self.net(input_ids, output_fn=hidden_only, doc_lengths=doc_lengths)
-        if key is not None and sum(h.nbytes for h in self.kept.values()) + hidden.nbytes <= self.cache_bytes:
+        if key is not None and self.kept_bytes() + hidden.nbytes <= self.cache_bytes:
             self.kept[key] = hidden
         return hidden
+
+    @torch.no_grad()
+    def log_probs(self, hidden: torch.Tensor, batch: data.Batch, config: RunConfig, key=None) -> torch.Tensor | None:
+        """kd.teacher_log_probs of a batch for several students to share (call it under their autocast), kept under
+        `key` as hidden states are (else up to SHARED_LOG_PROBS_BYTES); None on a GPU or where they would not fit."""
+        autocast = torch.is_autocast_enabled("cpu") and torch.get_autocast_dtype("cpu")  # the head matmul's dtype
+        key = None if key is None else ("log_probs", key, config.tau, config.loss_chunk, autocast)
+        if key in self.kept:
+            return self.kept[key]
+        if hidden.device.type != "cpu" or batch.mask is None:
+            return None
+        itemsize = torch.promote_types(hidden.dtype, torch.float32).itemsize
+        nbytes = int(batch.mask.sum()) * self.head_weight.shape[0] * itemsize
+        if nbytes > (SHARED_LOG_PROBS_BYTES if key is None else self.cache_bytes - self.kept_bytes()):
+            return None
+        log_probs = kd.teacher_log_probs(hidden, self.head_weight, batch.mask, tau=config.tau,
+                                         chunk_size=config.loss_chunk)
+        if key is not None:
+            self.kept[key] = log_probs
+        return log_probs
+
+    def kept_bytes(self) -> int:
+        return sum(t.nbytes for t in self.kept.values())
 
 
 def load_teacher(config: RunConfig, ctx: devices.Dist, dtype: torch.dtype) -> Teacher:
@@ -145,8 +173,9 @@ def warn_math_attention(config: RunConfig, ctx: devices.Dist):
 # What they compute: a micro-batch's loss, the evaluation (the whole fixed validation set, token-weighted,
 # on every rank), the boundary monitor's numbers
 
-def loss_fn(config, batch, teacher_hidden, teacher_head_weight, phase, denominator, net):
-    """One micro-batch through the model with the chunked loss (plain CE without teacher hidden states)."""
+def loss_fn(config, batch, teacher_hidden, teacher_head_weight, phase, denominator, net, teacher_log_probs=None):
+    """One micro-batch through the model with the chunked loss (plain CE without teacher hidden states); the
+    teacher's log-probabilities where the runs in lockstep share them (Teacher.log_probs)."""
     if teacher_hidden is None:
         blocks = {"active_blocks": phase.active_blocks} if isinstance(net, model.Student) else {}
         loss, ce_term = net(batch.input_ids, **blocks, doc_lengths=batch.doc_lengths, output_fn=partial(
@@ -156,7 +185,7 @@ def loss_fn(config, batch, teacher_hidden, teacher_head_weight, phase, denominat
     return net(batch.input_ids, active_blocks=phase.active_blocks, doc_lengths=batch.doc_lengths, output_fn=partial(
         kd.kd_loss, teacher_hidden=teacher_hidden, teacher_head_weight=teacher_head_weight, targets=batch.targets,
         mask=batch.mask, alpha=config.alpha, gamma=config.gamma, tau=config.tau,
-        chunk_size=config.loss_chunk, denominator=denominator))
+        chunk_size=config.loss_chunk, denominator=denominator, teacher_log_probs=teacher_log_probs))
 
 
 @torch.no_grad()
@@ -173,11 +202,14 @@ def evaluate(config: RunConfig, net, teacher: Teacher | None, val: data.Shard, a
         with devices.autocast(dtype, ctx):
             # Without a teacher kd_sums gives CE alone (tau is not read then).
             cache_key = (str(val.path), config.eval_batch, config.compile, config.packs, i)
-            teacher_hidden, teacher_head_weight = (None, None) if teacher is None else (
-                teacher.hidden(batch.input_ids, key=cache_key, doc_lengths=batch.doc_lengths), teacher.head_weight)
+            terms = {"teacher_hidden": None, "teacher_head_weight": None}
+            if teacher is not None:  # every evaluation of every run reads the same batches' teacher terms
+                hidden = teacher.hidden(batch.input_ids, key=cache_key, doc_lengths=batch.doc_lengths)
+                terms = dict(teacher_hidden=hidden, teacher_head_weight=teacher.head_weight,
+                             teacher_log_probs=teacher.log_probs(hidden, batch, config, key=cache_key))
             s = net(batch.input_ids, **blocks, doc_lengths=batch.doc_lengths, output_fn=partial(
-                kd.kd_sums, teacher_hidden=teacher_hidden, teacher_head_weight=teacher_head_weight,
-                targets=batch.targets, mask=batch.mask, tau=config.tau, chunk_size=config.loss_chunk))
+                kd.kd_sums, **terms, targets=batch.targets, mask=batch.mask, tau=config.tau,
+                chunk_size=config.loss_chunk))
         for k, key in enumerate(("kl", "soft_ce", "ce", "n")):
             sums[k] += float(s.get(key, 0.0))
     kl, soft_ce, ce, n = ctx.sum(sums)

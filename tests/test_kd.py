@@ -186,3 +186,25 @@ def test_the_logit_buffers_unused_columns_are_zeros_whatever_memory_they_reuse(m
     ref_loss, _, _ = kd.kd_loss(*ref, h_T, W_T, y, mask, chunk_size=50)
     for got, want in zip((g_h, g_W), grads(ref_loss, *ref)):
         assert torch.isfinite(got).all() and (got.float() - want).norm() / want.norm() < 2e-2  # bf16's 3 digits
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("tau", [1.0, 2.0])
+def test_shared_teacher_log_probs_give_the_same_loss_gradients_and_sums_bit_for_bit(small_row_blocks, tau, dtype):
+    """Students in lockstep share one teacher_log_probs per micro-batch (and evaluations one per validation
+    batch): it must be exactly what the loss computes from the teacher's hidden states, since the same matmuls
+    and log-softmax run on the same chunks and blocks; so equality here is exact, in fp32 and under bf16 autocast."""
+    h_S, W_S, h_T, W_T, y, mask = (t.detach().float() if t.is_floating_point() else t for t in make_inputs())
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=dtype == torch.bfloat16):
+        log_q_T = kd.teacher_log_probs(h_T, W_T, mask, tau=tau, chunk_size=7)
+        assert log_q_T.shape == (int(mask.sum()), V) and log_q_T.dtype == torch.float32
+        results = []
+        for teacher in ({"teacher_hidden": h_T, "teacher_head_weight": W_T},
+                        {"teacher_hidden": None, "teacher_head_weight": None, "teacher_log_probs": log_q_T}):
+            h, w = h_S.clone().requires_grad_(), W_S.clone().requires_grad_()
+            loss, kd_term, ce_term = kd.kd_loss(h, w, targets=y, mask=mask, tau=tau, chunk_size=7, **teacher)
+            sums = kd.kd_sums(h_S, W_S, targets=y, mask=mask, tau=tau, chunk_size=7, **teacher)
+            results.append((loss.detach(), kd_term, ce_term, *grads(loss, h, w), *sums.values()))
+    for direct, shared in zip(*results):
+        assert torch.equal(direct, shared)
+    assert results[0][1] > 0 and results[0][3].abs().sum() > 0  # a KD term and gradients to compare

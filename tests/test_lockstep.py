@@ -96,10 +96,19 @@ def counting_teacher(monkeypatch) -> list:
 
 def test_lockstep_is_bit_identical_to_separate_runs_on_one_teacher_pass_per_micro_batch(
         separate, tiny_shards, tiny_teacher_dir, tmp_path, monkeypatch):
-    calls = counting_teacher(monkeypatch)
+    calls, shared = counting_teacher(monkeypatch), []
+    real_log_probs = nets.Teacher.log_probs
+    def log_probs(self, hidden, batch, config, key=None):
+        shared.append((key, real_log_probs(self, hidden, batch, config, key)))
+        return shared[-1][1]
+    monkeypatch.setattr(nets.Teacher, "log_probs", log_probs)
     jobs = suite(tiny_shards, tiny_teacher_dir, tmp_path)
     results = grow.train_together(jobs)
     assert_same_runs(separate, tmp_path)
+    # ... with the teacher's log-probabilities made once per micro-batch for the runs that share it, and kept for
+    # the validation set: bit-identical all the same
+    assert sum(key is None and lp is not None for key, lp in shared) == 3 * STEPS * 8 // 4
+    assert any(key is not None and lp is not None for key, lp in shared)
     assert results == [json.loads((separate / n / "done.json").read_text()) for n in NAMES]
     # The six runs cover global steps 0..3*STEPS-1; each step has 8 / 4 = 2 micro-batches, each read
     # once by the teacher for every run at that step. The 16 validation documents (2 batches of 8)
