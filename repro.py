@@ -37,7 +37,6 @@ except KeyboardInterrupt:  # Ctrl-C (or SIGTERM's default) while torch and the k
     print("Error: interrupted: repro.py stopped while it loaded, before it started anything", file=sys.stderr)
     sys.exit(130)
 
-# ----------------------------------------------------------------------------------------------
 # The CLI
 
 class Repro(click.Group):
@@ -109,7 +108,6 @@ cli = Repro("cli", context_settings={"help_option_names": ["-h", "--help"]},
                  f"also a command: {' '.join(registry.STUDIES)}.\nSee `repro.py run --help` for the options.")
 
 
-# ----------------------------------------------------------------------------------------------
 # The paper's experiments and the ones beyond it
 
 @cli.command("run")
@@ -133,8 +131,7 @@ def run_experiments(wanted, scale, seeds, records_dir, dry_run, gpu, gpus, nodes
 
 def run_tables(names, runs, scale, seeds, records_dir, dry_run, gpu, gpus, nodes, force, **options):
     """The paper's tables and figures named, trained together over their shared runs, then each one's report."""
-    ws, seeds = cli_options.seeded_workspace(scale, seeds, None, dry_run, **options)
-    ws = studies.attach(ws, records_dir, dry_run)
+    ws, seeds = cli_options.seeded_workspace(scale, seeds, None, records_dir, dry_run, **options)
     if dry_run:
         preflight.print_dry_run(scale, [preflight.planned(ws, runs, seeds[0])], seeds, gpu, gpus, nodes)
         preflight.print_suite_records(ws, names, runs, seeds)
@@ -152,8 +149,7 @@ def run_study(name, scale, seeds, records_dir, dry_run, gpu, gpus, nodes, force,
     if study.check is not None:  # what the scale cannot give, said before any folder is made
         study.check(scale)
     default_seeds = presets.DEFAULT_SEEDS.get(name, presets.DEFAULT_SEEDS["beyond"])[scale]
-    ws, seeds = cli_options.seeded_workspace(scale, seeds, default_seeds, dry_run, **options)
-    ws = studies.attach(ws, records_dir, dry_run)
+    ws, seeds = cli_options.seeded_workspace(scale, seeds, default_seeds, records_dir, dry_run, **options)
     if dry_run:
         flops = preflight.print_dry_run(scale, preflight.study_groups(study, ws, seeds[0]), seeds, gpu, gpus, nodes)
         preflight.print_study(study, ws, seeds, flops)
@@ -195,7 +191,6 @@ for study_name, declared in registry.STUDIES.items():
     study_command(study_name, declared)
 
 
-# ----------------------------------------------------------------------------------------------
 # One run, the teacher, the data
 
 @cli.command()
@@ -270,7 +265,6 @@ def ratios(scale):
     click.echo("\n".join(presets.ratios_markdown(presets.PRESETS[scale])))
 
 
-# ----------------------------------------------------------------------------------------------
 # Checkpoints: evaluate, sample, export
 
 @cli.command("eval")
@@ -322,7 +316,6 @@ def export(student_dir: Path, out_dir: Path, force: bool, runs_dir: Path):
                         f"{out_dir}")
 
 
-# ----------------------------------------------------------------------------------------------
 # The shipped references, the rehearsal of a launch, the benchmarks
 
 @cli.command("reference")
@@ -348,7 +341,7 @@ def make_reference(scale, seeds, force, tables, runs_dir, results_dir):
 @cli.command("compare")
 @click.argument("target", type=click.Path(exists=True, file_okay=False, path_type=Path))
 @click.option("--scale", type=click.Choice(list(presets.PRESETS)), default=None,
-              help="Whose shipped reference (default: the scale TARGET's folder names, runs/<scale> or results/<scale>).")
+              help="Whose shipped reference (default: the scale TARGET's runs' settings or its reports name).")
 def compare_with_reference(target, scale):
     """Is a run (or a scale's runs, or its results) finished and within the band of the shipped seeds? Exits 1 if not."""
     from experiments import comparison
