@@ -10,11 +10,10 @@ import click
 
 import model
 import rundir
-from experiments import presets, registry, suite, tables
+from experiments import presets, registry, studies, suite, tables
 from plumbing import devices, errors
 from tools import plan
 
-# ----------------------------------------------------------------------------------------------
 # The options
 
 scale_option = click.option("--scale", type=click.Choice(list(presets.PRESETS)), default="toy", show_default=True,
@@ -85,16 +84,16 @@ def experiment_options(command):
     return command
 
 
-# ----------------------------------------------------------------------------------------------
 # What their values become
 
-def seeded_workspace(scale, seeds, default_seeds, dry_run, lockstep, **options) -> tuple[suite.Workspace, list[int]]:
-    """The workspace of an experiment over seeds (preset_workspace's), with --lockstep resolved."""
+def seeded_workspace(scale, seeds, default_seeds, records_dir, dry_run, lockstep,
+                     **options) -> tuple[suite.Workspace, list[int]]:
+    """The workspace of an experiment over seeds (preset_workspace's), --lockstep resolved, its records attached."""
     ws, seeds = preset_workspace(scale, seeds=seeds, default_seeds=default_seeds, option="--seeds", dry_run=dry_run,
                                  **options)
     if lockstep is None:
         lockstep = dry_run or plan.lockstep_default(ws, tables.RUNS)
-    return replace(ws, lockstep=lockstep), seeds
+    return studies.attach(replace(ws, lockstep=lockstep), records_dir, dry_run), seeds
 
 
 def parse_seeds(ctx, param, value: str) -> list[int]:
