@@ -22,7 +22,6 @@ import kd
 import paper
 from plumbing import checkpoint, errors
 
-# ----------------------------------------------------------------------------------------------
 # Boundary statistics: per-token RMS of the residual stream at each block boundary
 
 def token_rms(hidden: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -119,7 +118,6 @@ def kurtosis_cap(outliers: int, tokens: int) -> float:
     return (1 - 3 * p + 3 * p * p) / (p * (1 - p))
 
 
-# ----------------------------------------------------------------------------------------------
 # Token types
 
 TOKEN_TYPE_DEFINITION = """\
@@ -171,7 +169,6 @@ def token_type_rms(boundaries: list[torch.Tensor], mask: torch.Tensor, types: to
     return results
 
 
-# ----------------------------------------------------------------------------------------------
 # One checkpoint, and the kept checkpoints of a run
 
 def captured_forward(net, input_ids: torch.Tensor, active_blocks: int | None = None) -> dict:
@@ -199,7 +196,6 @@ def diagnose_checkpoint(student, batch, decode: Callable, active_blocks: int | N
             "first_token_attention": first_token_attention(captured["first_attention"], batch.mask)}
 
 
-# ----------------------------------------------------------------------------------------------
 # The layer-by-layer scan: every decoder layer's output, not only block boundaries
 
 @torch.no_grad()
@@ -258,7 +254,6 @@ def checkpoint_series(run_dir) -> list[dict]:
     return [series[step] for step in sorted(series)]
 
 
-# ----------------------------------------------------------------------------------------------
 # Whole-block removal (Table 4, Figure A2)
 
 def angular_distance(h_in: torch.Tensor, h_out: torch.Tensor) -> torch.Tensor:
@@ -313,7 +308,6 @@ def recorded_block_removal(path: Path) -> list[dict]:
     return rows
 
 
-# ----------------------------------------------------------------------------------------------
 # Transition-aligned training-loss response (Table A4)
 
 MIN_WINDOW = 5  # steps: a scaled window never shrinks below this, so short phases do not report noise

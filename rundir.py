@@ -318,7 +318,6 @@ def adopt_shared_prefix(config, run_dir: Path):
     truncate_metrics(run_dir, read_json(state_file, "step")["step"], source=src.parent)
 
 
-# ----------------------------------------------------------------------------------------------
 # The metrics log: metrics.jsonl, and TensorBoard or W&B when asked for (imported only then)
 
 TRACKERS = ("", "tensorboard", "wandb")

@@ -15,7 +15,6 @@ from plumbing import corpora, errors
 from plumbing.hf_qwen3 import ModelConfig, config_problem
 from plumbing.locks import printable
 
-# ----------------------------------------------------------------------------------------------
 # Presets: every number of a scale lives here, and nowhere else.
 
 # The paper's settings, and the boundary monitor (not the paper's): a row every eval_interval / 5 steps,
@@ -131,7 +130,6 @@ DEFAULT_SEEDS = {command: {scale: seeds.get(scale, [42]) for scale in PRESETS} f
     ("tail", {"toy": list(range(42, 50))}))}
 
 
-# ----------------------------------------------------------------------------------------------
 # The dimensionless ratios that make a smaller scale a miniature of the paper (README, "The toy
 # preset"): `python repro.py ratios --scale toy` prints them beside the paper's.
 
@@ -186,7 +184,6 @@ def ratios_markdown(preset: Preset) -> list[str]:
         [f"| {k} | {show(a)} | {show(b)} |" for k, a, b in regime_ratios(preset)]
 
 
-# ----------------------------------------------------------------------------------------------
 # Overrides: --set SECTION.KEY=VALUE changes any preset field for one command. Runs made with
 # overrides live in their own folders, so a finished run with other settings is never reused. Which keys
 # one may set, how a value is read and checked, and the folder name a set of values gives: set_values.py.
@@ -267,7 +264,6 @@ def apply_overrides(preset: Preset, settings: Settings, compile_flag: bool | Non
     return new, changes
 
 
-# ----------------------------------------------------------------------------------------------
 # The mechanism's criterion, fixed before the miniature search (a closed study: docs/records/2026-12-01-miniature-search.md,
 # which holds its kurtosis and massive-activation thresholds too), kept where live code reads it: its boundary statistic,
 # the causal test's manipulation check (experiments/tail.py). The paper reports 37; the threshold asks for a quarter of

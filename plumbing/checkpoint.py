@@ -24,7 +24,6 @@ from safetensors.torch import save_file
 from plumbing.errors import CheckpointError, DiskFull, disk_full_reason
 from plumbing.locks import printable
 
-# ----------------------------------------------------------------------------------------------
 # Writing a file: whole or not at all, even through a kill, a full disk or another process writing it
 
 def write_atomic(path, content: str | bytes) -> Path:
@@ -104,7 +103,6 @@ def fsync_folder(folder: Path):
         os.close(fd)
 
 
-# ----------------------------------------------------------------------------------------------
 # Checksums: every checkpoint the kit writes carries the sha256 of each of its files; every load checks them
 
 CHECKSUMS = "checksums.json"  # in every checkpoint: sha256 of each of its files, written at save time
@@ -159,7 +157,6 @@ def check_checksums(path: Path):
                               "out what was added) or retrain that checkpoint")
 
 
-# ----------------------------------------------------------------------------------------------
 # Reading and writing checkpoint folders
 
 def read_config(path: Path) -> dict:
@@ -291,7 +288,6 @@ def replace_folder(new: Path, path: Path, midway: Callable[[], None] = lambda: N
     shutil.rmtree(old, ignore_errors=True)
 
 
-# ----------------------------------------------------------------------------------------------
 # Sharded state: each writer (a rank) saves its own rows of every tensor; any number of readers later read the
 # rows they need, from an index (JSON) of each tensor's shape and which rows each writer's file holds.
 

@@ -26,7 +26,6 @@ from plumbing.checkpoint import finite_number, loads, write_json
 from plumbing.errors import TrainingError, UsageError
 from plumbing.hf_qwen3 import ModelConfig
 
-# ----------------------------------------------------------------------------------------------
 # Distributed helpers. Every rank takes part in evaluation and in every logged reduction.
 
 # A training step's collectives (NCCL's default would be 10 minutes); and the long wait of ranks whose
@@ -332,7 +331,6 @@ def settle_fsdp_dtypes(net: torch.nn.Module):
         net._get_fsdp_state()._lazy_init()
 
 
-# ----------------------------------------------------------------------------------------------
 # Building and filling modules whose parameters are sharded (DTensor) or not yet allocated (meta)
 
 @contextmanager
@@ -366,7 +364,6 @@ def full_tensor(t: torch.Tensor) -> torch.Tensor:
     return t.full_tensor() if hasattr(t, "full_tensor") else t
 
 
-# ----------------------------------------------------------------------------------------------
 # A training step on these devices: the compute precision, compiled layers, and FSDP2's gradients
 
 def autocast(dtype: torch.dtype, ctx: Dist):

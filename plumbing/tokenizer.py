@@ -156,7 +156,6 @@ def _char_of_byte() -> dict[int, str]:
     return char_of_byte
 
 
-# ----------------------------------------------------------------------------------------------------
 # The same tokenizer as HF files (tokenizer.json, tokenizer_config.json) for an exported model
 
 def bpe_merges(enc: Tokenizer) -> list[list[str]]:

@@ -42,7 +42,6 @@ from tools.utilization import interleaved
 RESULTS = Path("results") / "bench.json"
 
 
-# ----------------------------------------------------------------------------------------------
 # The train step, kit vs transformers
 
 def toy_shapes() -> tuple[ModelConfig, int, int, int]:
@@ -193,7 +192,6 @@ def policy_results(runs: list[dict], precisions: list[str]) -> dict:
                 for norm in ("pre", "post") for kit, hf in pairs}}
 
 
-# ----------------------------------------------------------------------------------------------
 # Lockstep against separate runs
 
 LOCKSTEP_RUNS = tuple(suite.RunName(norm, protocol) for protocol in ("joint", "grow", "freeze") for norm in ("pre", "post"))
@@ -260,7 +258,6 @@ def bench_lockstep(data_dir: Path, steps: int = 12, runs: int = 3) -> dict:
                                      for done in ways.values() for run in done)}
 
 
-# ----------------------------------------------------------------------------------------------
 # The chunked KD loss against a naive full-logit one, loss + backward, each in a fresh process
 
 def naive_loss(student_logits, teacher_logits, targets, alpha=0.7, gamma=0.3, tau=1.0):
@@ -340,7 +337,6 @@ def bench_loss(tokens=4096, vocab=151936, hidden=256, repeats=3, chunk_size=kd.D
     return result
 
 
-# ----------------------------------------------------------------------------------------------
 # The tokenizer
 
 def bench_tokenizer(repeats: int = 3, documents: int | None = None) -> dict:
@@ -360,7 +356,6 @@ def bench_tokenizer(repeats: int = 3, documents: int | None = None) -> dict:
             "identical": ours() == theirs()}
 
 
-# ----------------------------------------------------------------------------------------------
 # The data loader
 
 def bench_loader_data(data_dir: Path) -> data.Shard:
@@ -384,8 +379,6 @@ def bench_loader(train: data.Shard, step_seconds: float, steps: int = 200, repea
     return {"loader_batches_per_s": steps / statistics.median(rounds), "train_steps_per_s": 1 / step_seconds,
             "loader_over_train_step": utilization.ratio_spread([([step_seconds] * repeats, [s / steps for s in rounds])])}
 
-
-# ----------------------------------------------------------------------------------------------
 
 def environment() -> dict:
     return {"cpu": devices.cpu_model(), "threads": torch.get_num_threads(), "capability": devices.cpu_instructions(),

@@ -46,7 +46,6 @@ DOC_LENGTH_SIGMA = 1.0
 BALANCE_STEPS = 500  # steps simulated for the rank-imbalance factor
 
 
-# ----------------------------------------------------------------------------------------------
 # Communication: FSDP2's collectives of one step, counted from the sharding (rehearse.py measures them)
 
 def collectives(preset, teacher: ModelConfig, phase: config.Phase, gpus: int, nodes: int = 1,
@@ -330,7 +329,6 @@ def print_diagnostics(console, preset, runs, seeds, teacher, context: float, gpu
     totals.update(diagnostics_flops=diag_flops, diagnostics_checkpoints=loads)
 
 
-# ----------------------------------------------------------------------------------------------
 # Where the hours go besides the steps' compute and communication
 
 def document_lengths(preset, n: int, seed: int, measured=None) -> np.ndarray:

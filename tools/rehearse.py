@@ -61,7 +61,6 @@ class Launch:
         return self.gpus * self.nodes
 
 
-# ----------------------------------------------------------------------------------------------
 # What a step dispatches, summarized (tools/dispatch_counts.py counts it)
 
 def summarize_calls(calls: list[tuple[str, int, int]]) -> dict:
@@ -74,7 +73,6 @@ def summarize_calls(calls: list[tuple[str, int, int]]) -> dict:
     return out
 
 
-# ----------------------------------------------------------------------------------------------
 # Memory
 
 def local_bytes(tensors) -> int:
@@ -148,7 +146,6 @@ def as_on_a_gpu():
 HALF = {torch.bfloat16, torch.float16}  # the dtypes flash attention takes
 
 
-# ----------------------------------------------------------------------------------------------
 # The rehearsal
 
 class CudaPeak(contextlib.AbstractContextManager):

@@ -93,7 +93,6 @@ def boolean_index(index) -> bool:
     return any(isinstance(i, torch.Tensor) and i.dtype in (torch.bool, torch.uint8) for i in parts)
 
 
-# ----------------------------------------------------------------------------------------------
 # The launch at reduced dimensions
 
 # A teacher of the kit's own at a few hundred kB: every FSDP2 unit, the precision policy, accumulation,

@@ -114,7 +114,6 @@ def step_clock() -> tuple[str, Callable[[], float]]:
     return "wall clock", time.perf_counter
 
 
-# ----------------------------------------------------------------------------------------------
 # Model FLOPs and the fraction of peak
 
 def student_step_flops(shape: ModelConfig, student_layers: int, tokens: int, seq: int) -> float:
@@ -130,7 +129,6 @@ def fraction_of_peak(flops: float, seconds: float, peak_flops: float) -> dict:
             "fraction_of_peak": flops / seconds / peak_flops}
 
 
-# ----------------------------------------------------------------------------------------------
 # The steps, as grow takes them
 
 class Step:
@@ -223,7 +221,6 @@ def busy_load() -> tuple[float, int] | None:
     return (load, cores) if load > cores - torch.get_num_threads() + 0.5 else None
 
 
-# ----------------------------------------------------------------------------------------------
 # Measured: the steps against the matmul peak, then where a step's time goes
 
 def matmul_variants(precision: str, sizes=PEAK_SIZES, clock=time.perf_counter) -> tuple[dict, dict]:
@@ -316,7 +313,6 @@ def grouped(operators: list[tuple[tuple[str, ...], float]], wall_s: float) -> di
     return {group: s / whole for group, s in seconds.items()}
 
 
-# ----------------------------------------------------------------------------------------------
 # The compiled step against eager (bench's "compile" row)
 
 # Documents' lengths in the compiled step's micro-batches, as fractions of max_len (toy: 128, 116, 96, 128, 101,
