@@ -83,13 +83,9 @@ def local_bytes(tensors) -> int:
 def gathered(net) -> list[str]:
     """The FSDP2 units of `net` whose parameters are gathered (unsharded) right now."""
     from torch.distributed.fsdp import FSDPModule
-    names = []
-    for name, module in net.named_modules():
-        if isinstance(module, FSDPModule):
-            group = module._get_fsdp_state()._fsdp_param_group
-            if group is not None and group.is_unsharded:
-                names.append(name or "root")
-    return names
+    groups = [(name, module._get_fsdp_state()._fsdp_param_group) for name, module in net.named_modules()
+              if isinstance(module, FSDPModule)]
+    return [name or "root" for name, group in groups if group is not None and group.is_unsharded]
 
 
 @contextmanager
