@@ -7,12 +7,11 @@ student (exactly a Qwen3). Reading one builds a model: model.load_qwen3.
 """
 
 import json
-import math
 from dataclasses import asdict, dataclass, fields
 
 import torch.nn as nn
 
-from plumbing.checkpoint import write_checkpoint
+from plumbing.checkpoint import finite_number, write_checkpoint
 from plumbing.errors import CheckpointError
 
 
@@ -78,8 +77,7 @@ def config_problem(values: dict) -> str:
         if kind is int and not (isinstance(value, int) and not isinstance(value, bool)
                                 and (value >= 1 or name == "attention_window" and value == 0)):
             return f"{name} is {value!r}, not a positive integer"
-        if kind is float and not (isinstance(value, (int, float)) and not isinstance(value, bool)
-                                  and math.isfinite(value) and (value > 0 or name == "initializer_range" and value == 0)):
+        if kind is float and not (finite_number(value) and (value > 0 or name == "initializer_range" and value == 0)):
             return f"{name} is {value!r}, not a positive finite number"
     heads, kv_heads = values["num_attention_heads"], values.get("num_key_value_heads", ModelConfig.num_key_value_heads)
     if heads % kv_heads:
