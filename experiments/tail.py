@@ -379,8 +379,7 @@ def run_tail(ws: suite.Workspace, seeds: list[int], force: bool = False) -> dict
     # seeds' records in the pre-registered study.
     if len(seeds) < 2 and ws.ctx.is_main:
         suite.console.print(f"tail: one seed ({seeds[0]}): its runs train and are recorded, and its report reads "
-                            "nothing (no reading: one seed; D's interval needs two seeds or more)", markup=False,
-                            highlight=False)
+                            "nothing (no reading: one seed; D's interval needs two seeds or more)", highlight=False)
     studies.restore_study(ws, manifest(ws, seeds), force)
     train_variants(ws, ws_variants(ws), seeds, force)
     if not ws.ctx.is_main:
