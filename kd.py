@@ -92,9 +92,12 @@ def _chunk_loop(h_S, W_S, teacher, y, *, alpha, gamma, tau, chunk_size, grad_h=F
     # Logit buffers allocated once and reused: fresh ones per chunk would cost page faults or allocator churn.
     chunk_size = max(1, min(chunk_size, n))  # no tokens: one unused row, and the loop below never runs
     z_S_buf = _logit_buffer(chunk_size, vocab, h_S)
-    teacher_blocks = None if teacher is None else (
-        _teacher_blocks(*teacher, tau, chunk_size) if isinstance(teacher, tuple) else
-        (teacher[rows] for _, rows in _blocks(n, chunk_size, vocab, h_S.device)))
+    if teacher is None:
+        teacher_blocks = None
+    elif isinstance(teacher, tuple):  # (h_T, W_T): the teacher's log-probabilities made here, block by block
+        teacher_blocks = (block for _, block in _teacher_blocks(*teacher, tau, chunk_size))
+    else:                             # teacher_log_probs' values, read block by block
+        teacher_blocks = (teacher[rows] for _, blocks in _chunks(n, chunk_size, vocab, h_S.device) for rows in blocks)
     for chunk, blocks in _chunks(n, chunk_size, vocab, h_S.device):
         z_S = torch.mm(h_S[chunk], W_S.T, out=z_S_buf[:chunk.stop - chunk.start])  # (rows, V), input dtype
         for rows in blocks:
@@ -126,19 +129,14 @@ def _chunks(n, chunk_size, vocab, device):
         yield chunk, [slice(b, min(b + rows_per_block, chunk.stop)) for b in range(chunk.start, chunk.stop, rows_per_block)]
 
 
-def _blocks(n, chunk_size, vocab, device):
-    """(chunk, rows) of each block, in _chunk_loop's order."""
-    return ((chunk, rows) for chunk, blocks in _chunks(n, chunk_size, vocab, device) for rows in blocks)
-
-
 def _teacher_blocks(h_T, W_T, tau, chunk_size):
-    """The teacher's log-probabilities block by block, in _chunk_loop's order: the same chunks, matmuls and blocks
-    whether the loop asks for them or teacher_log_probs keeps them, so both give the same values bit for bit."""
+    """(rows, the teacher's log-probabilities there) block by block, in _chunk_loop's order: the same chunks, matmuls
+    and blocks whether the loop asks for them or teacher_log_probs keeps them, so both give the same bits."""
     buffer = _logit_buffer(chunk_size, W_T.shape[0], h_T)
     for chunk, blocks in _chunks(len(h_T), chunk_size, W_T.shape[0], h_T.device):
         z_T = torch.mm(h_T[chunk], W_T.T, out=buffer[:chunk.stop - chunk.start])
         for rows in blocks:
-            yield _teacher_log_probs(_upcast(z_T[rows.start - chunk.start:rows.stop - chunk.start]), tau)
+            yield rows, _teacher_log_probs(_upcast(z_T[rows.start - chunk.start:rows.stop - chunk.start]), tau)
 
 
 def _logit_buffer(rows, vocab, like):
@@ -234,7 +232,7 @@ def teacher_log_probs(teacher_hidden, teacher_head_weight, mask, tau=1.0, chunk_
     n, vocab = len(h_T), W_T.shape[0]
     chunk_size = max(1, min(chunk_size, n))  # as _chunk_loop clamps it
     out = torch.empty(n, vocab, dtype=torch.promote_types(h_T.dtype, torch.float32), device=h_T.device)
-    for (_, rows), block in zip(_blocks(n, chunk_size, vocab, h_T.device), _teacher_blocks(h_T, W_T, tau, chunk_size)):
+    for rows, block in _teacher_blocks(h_T, W_T, tau, chunk_size):
         out[rows] = block
     return out
 

@@ -29,7 +29,8 @@ from plumbing.hf_qwen3 import ModelConfig
 TEACHER_CACHE_BYTES = 2**30  # validation hidden states and log-probabilities kept per teacher (one process only)
 # A training micro-batch's teacher log-probabilities, made once for the runs in lockstep that read it, up to this
 # size (the toy's: 25 MB), on a CPU only: there the teacher's head matmul and log-softmax, repeated per student, were
-# a fifth of each student's loss; a GPU's memory plan (tools/memory.py) counts no such tensor.
+# a fifth of each student's loss; a GPU's memory plan (tools/memory.py), and the rehearsal and memcount that check
+# it on a CPU, count no such tensor.
 SHARED_LOG_PROBS_BYTES = 2**28
 # The teacher's modules kept whole on every rank under FSDP2: the chunked loss applies its head outside its forward.
 TEACHER_REPLICATED = ("embed_tokens", "norm", "lm_head")
@@ -43,11 +44,11 @@ def hidden_only(hidden, head_weight):
 class Teacher:
     """The frozen teacher's final hidden states (the chunked loss applies its head); `forwards` counts its passes.
     Validation batches are kept after their first pass, up to `cache_bytes` (every evaluation of every run reads
-    the same ones), their log-probabilities too on a CPU; under FSDP2 none, so every rank runs the same sequence
-    of sharded forwards."""
+    the same ones); under FSDP2 none, so every rank runs the same sequence of sharded forwards. With
+    `log_prob_bytes` (a CPU run's), batches' log-probabilities too, up to that size a training micro-batch's."""
 
-    def __init__(self, net: model.Qwen3, cache_bytes: int = 0):
-        self.net, self.cache_bytes, self.forwards = net, cache_bytes, 0
+    def __init__(self, net: model.Qwen3, cache_bytes: int = 0, log_prob_bytes: int = 0):
+        self.net, self.cache_bytes, self.log_prob_bytes, self.forwards = net, cache_bytes, log_prob_bytes, 0
         self.kept: dict = {}
 
     @property
@@ -67,16 +68,16 @@ class Teacher:
     @torch.no_grad()
     def log_probs(self, hidden: torch.Tensor, batch: data.Batch, config: RunConfig, key=None) -> torch.Tensor | None:
         """kd.teacher_log_probs of a batch for several students to share (call it under their autocast), kept under
-        `key` as hidden states are (else up to SHARED_LOG_PROBS_BYTES); None on a GPU or where they would not fit."""
+        `key` as hidden states are (else up to `log_prob_bytes`); None where they would not fit, or without them."""
         autocast = torch.is_autocast_enabled("cpu") and torch.get_autocast_dtype("cpu")  # the head matmul's dtype
         key = None if key is None else ("log_probs", key, config.tau, config.loss_chunk, autocast)
         if key in self.kept:
             return self.kept[key]
-        if hidden.device.type != "cpu" or batch.mask is None:
+        if not self.log_prob_bytes or batch.mask is None:
             return None
         itemsize = torch.promote_types(hidden.dtype, torch.float32).itemsize
         nbytes = int(batch.mask.sum()) * self.head_weight.shape[0] * itemsize
-        if nbytes > (SHARED_LOG_PROBS_BYTES if key is None else self.cache_bytes - self.kept_bytes()):
+        if nbytes > (self.log_prob_bytes if key is None else self.cache_bytes - self.kept_bytes()):
             return None
         log_probs = kd.teacher_log_probs(hidden, self.head_weight, batch.mask, tau=config.tau,
                                          chunk_size=config.loss_chunk)
@@ -94,7 +95,8 @@ def load_teacher(config: RunConfig, ctx: devices.Dist, dtype: torch.dtype) -> Te
                            device=ctx.device, shard_fn=devices.shard_fn(ctx, dtype, replicated=TEACHER_REPLICATED))
     if config.compile:
         devices.compile_layers(net)
-    return Teacher(net, TEACHER_CACHE_BYTES if ctx.world == 1 else 0)
+    return Teacher(net, TEACHER_CACHE_BYTES if ctx.world == 1 else 0,
+                   SHARED_LOG_PROBS_BYTES if ctx.device.type == "cpu" else 0)
 
 
 def build_model(config: RunConfig, teacher: Teacher | None, ctx: devices.Dist, dtype: torch.dtype,

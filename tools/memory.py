@@ -151,10 +151,11 @@ def in_the_loss(d: Dims, ph, after_others: bool, norm: str = "post") -> dict:
     rows = max(1, kd.ROW_BLOCK_ELEMENTS["cuda"] // d.V)  # rows of the softmax computed at once on a GPU
     blocks = [min(rows, min(start + chunk, d.N) - start - b) for start in range(0, d.N, chunk)
               for b in range(0, min(chunk, d.N - start), rows)]
-    # fp32 (rows x V) temporaries of kd's softmax in a row block: the upcast logits of both (bf16 only),
-    # both log-softmaxes, q_T, and the KL's difference and product; tau != 1 divides both first. The
-    # previous block's gradient is still bound while the next one's are made.
-    per_row = (7 if d.bf16 else 5) + (3 if run.get("tau", 1.0) != 1 else 0)
+    # fp32 (rows x V) temporaries of kd's softmax in a row block: the student's upcast logits (bf16 only),
+    # both log-softmaxes, q_T, and the KL's difference and product (the teacher's upcast logits are freed once
+    # its log-softmax is made, before the student's terms); tau != 1 divides both first. The previous block's
+    # gradient is still bound while the next one's are made.
+    per_row = (6 if d.bf16 else 5) + (3 if run.get("tau", 1.0) != 1 else 0)
     softmax_rows = max(per_row * b + previous for previous, b in zip([0, *blocks], blocks))
     m = gradients(d, ph, d.trained_layers(ph) if after_others else 0)
     m["loss: student and teacher logits of a chunk"] = 2 * d.act * chunk * d.V
