@@ -28,9 +28,9 @@ from plumbing.hf_qwen3 import ModelConfig
 
 TEACHER_CACHE_BYTES = 2**30  # validation hidden states and log-probabilities kept per teacher (one process only)
 # A training micro-batch's teacher log-probabilities, made once for the runs in lockstep that read it, up to this
-# size (the toy's: 25 MB), on a CPU only: there the teacher's head matmul and log-softmax, repeated per student, were
-# a fifth of each student's loss; a GPU's memory plan (tools/memory.py), and the rehearsal and memcount that check
-# it on a CPU, count no such tensor.
+# size (the toy's: 25 MB), in one CPU process only: there the teacher's head matmul and log-softmax, repeated per
+# student, were a fifth of each student's loss; a GPU's memory plan (tools/memory.py) counts no such tensor, nor
+# do the rehearsals that check a launch on a CPU (their teacher is built as a GPU's, their ranks are threads).
 SHARED_LOG_PROBS_BYTES = 2**28
 # The teacher's modules kept whole on every rank under FSDP2: the chunked loss applies its head outside its forward.
 TEACHER_REPLICATED = ("embed_tokens", "norm", "lm_head")
@@ -96,7 +96,7 @@ def load_teacher(config: RunConfig, ctx: devices.Dist, dtype: torch.dtype) -> Te
     if config.compile:
         devices.compile_layers(net)
     return Teacher(net, TEACHER_CACHE_BYTES if ctx.world == 1 else 0,
-                   SHARED_LOG_PROBS_BYTES if ctx.device.type == "cpu" else 0)
+                   SHARED_LOG_PROBS_BYTES if ctx.device.type == "cpu" and ctx.world == 1 else 0)
 
 
 def build_model(config: RunConfig, teacher: Teacher | None, ctx: devices.Dist, dtype: torch.dtype,
