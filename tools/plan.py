@@ -84,17 +84,6 @@ def comm_seconds(calls: list[tuple[str, int, float]], nodes: int = 1) -> float:
     return seconds
 
 
-def step_flops(preset, teacher: ModelConfig, tokens: float) -> float:
-    """FLOPs of one optimizer step over `tokens` with every block active and trained (grow's last phase,
-    a joint run): the teacher's forward and head, the student's forward, its backward (2x), the
-    recomputed forward under activation checkpointing, and the student's head forward and backward."""
-    context = min(preset.doc_tokens, preset.data["max_len"]) / 2
-    t_layers, head = forward_flops_per_token(teacher, teacher.num_hidden_layers, context)
-    s_layers, _ = forward_flops_per_token(teacher, preset.run["blocks"] * preset.run["layers_per_block"], context)
-    recompute = s_layers if preset.run.get("activation_checkpointing") else 0.0
-    return tokens * (t_layers + head + 3 * s_layers + recompute + 3 * head)
-
-
 def student_flops(preset, teacher: ModelConfig, ph: config.Phase, context: float, checkpointing: bool) -> float:
     """A token's FLOPs in a student's step of phase `ph`: its forward everywhere, the backward (2x) of its
     trained blocks, their forward again under activation checkpointing, and its head's forward and backward."""

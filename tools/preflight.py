@@ -56,7 +56,7 @@ def teacher_pretraining(ws: suite.Workspace) -> tuple[float, str]:
     if ws.preset.teacher or ws.preset.shipped_teachers or (ws.teacher_dir / "done.json").exists():
         return 0.0, ""
     teacher, run = presets.teacher_shape(ws.preset), {**ws.preset.run, **ws.preset.teacher_run}
-    doc_tokens = min(ws.preset.doc_tokens, ws.preset.data["max_len"])  # as plan.step_flops counts a document
+    doc_tokens = min(ws.preset.doc_tokens, ws.preset.data["max_len"])  # as rehearse.step_costs counts a document
     tokens = run["phase_steps"] * run["global_batch"] * doc_tokens
     layers, head = forward_flops_per_token(teacher, teacher.num_hidden_layers, doc_tokens / 2)
     flops = 3 * tokens * (layers + head)  # a training step: the forward, and a backward of twice its FLOPs

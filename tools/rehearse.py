@@ -45,7 +45,7 @@ import model
 import nets
 from experiments import presets
 from plumbing import checkpoint, devices
-from tools import lockstep_plan, memory, plan
+from tools import lockstep_plan, memory, plan, utilization
 from tools.dispatch_counts import CollectiveBytes, DispatchedOps, host_seconds_per_op
 
 GiB = 2**30
@@ -418,9 +418,11 @@ def step_costs(settings, preset, launch: Launch, micro_per_step: int, step: dict
            "a student's forward, backward and AdamW step": per_step(step["student_ops"]) + step["optimizer_ops"]}
     ops["a step of every resident student, one teacher forward"] = \
         ops["teacher forward"] + resident * ops["a student's forward, backward and AdamW step"]
-    tokens = settings.global_batch * min(preset.doc_tokens, preset.data["max_len"])
-    compute_s = plan.step_flops(preset, presets.teacher_shape(preset), tokens) / launch.world \
-        / (plan.GPU_BF16_PEAK["h100"] * plan.ASSUMED_MFU)
+    doc_tokens = min(preset.doc_tokens, preset.data["max_len"])
+    tokens = settings.global_batch * doc_tokens
+    flops = utilization.student_step_flops(presets.teacher_shape(preset), settings.blocks * settings.layers_per_block,
+                                           tokens, doc_tokens, settings.activation_checkpointing)
+    compute_s = flops / launch.world / (plan.GPU_BF16_PEAK["h100"] * plan.ASSUMED_MFU)
     comm_s = plan.comm_seconds(step_calls, launch.nodes)
     return {"collectives_per_step": summarize_calls(step_calls),
             "collectives_per_evaluation_batch": summarize_calls(step["evaluation_calls"]),

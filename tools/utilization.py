@@ -116,11 +116,12 @@ def step_clock() -> tuple[str, Callable[[], float]]:
 
 # Model FLOPs and the fraction of peak
 
-def student_step_flops(shape: ModelConfig, student_layers: int, tokens: int, seq: int) -> float:
-    """Model FLOPs of a student step: teacher and both heads forward, the student forward and backward (3x)."""
+def student_step_flops(shape: ModelConfig, student_layers: int, tokens: float, seq: float, recompute: bool = False) -> float:
+    """Model FLOPs of a student step, every block trained: teacher and both heads forward, the student forward and
+    backward (3x); with `recompute`, its forward again under activation checkpointing (the rehearsal's compute)."""
     teacher_layers, head = forward_flops_per_token(shape, shape.num_hidden_layers, seq / 2)
     student, _ = forward_flops_per_token(shape, student_layers, seq / 2)
-    return tokens * (teacher_layers + head + 3 * (student + head))
+    return tokens * (teacher_layers + head + 3 * (student + head) + (student if recompute else 0.0))
 
 
 def fraction_of_peak(flops: float, seconds: float, peak_flops: float) -> dict:
