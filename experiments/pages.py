@@ -12,7 +12,7 @@ from functools import partial
 from pathlib import Path
 
 from experiments import beyond, page_figures, paper_reports, reference, registry, report, tables, tail
-from experiments.readings import RULE, read, reading_cell, seeds_of, stats
+from experiments.readings import RULE, declared_p, read, reading_cell, seeds_of, stats
 from paper import DELTAS
 from plumbing import checkpoint
 from plumbing.errors import UsageError
@@ -151,10 +151,12 @@ def shipped(scale: str) -> dict | None:
     return reference.load(scale) if (reference.REFERENCES / f"{scale}.json").is_file() else None
 
 
-def headline_numbers(reference: dict) -> dict[str, tuple[dict, float | None]]:
-    """{key: (stats, its Holm-adjusted p or None)} of the headline: Table 1, Table 2's Δ after phase 0 and how it
-    moves by the end, and Δgrow in the placements family."""
-    numbers = {key: (stats(v), None) for key, v in reference["tables"]["table1"].items()}
+def headline_numbers(reference: dict, scale: str) -> dict[str, tuple[dict, float | None]]:
+    """{key: (stats, its Holm-adjusted p or None)} of the headline: Table 1 (its declared family's by Holm), Table
+    2's Δ after phase 0 and how it moves by the end, and Δgrow in the placements family."""
+    table1 = {key: stats(v) for key, v in reference["tables"]["table1"].items()}
+    p_holm = declared_p(scale, "table1", table1)
+    numbers = {key: (s, p_holm.get(key)) for key, s in table1.items()}
     table2 = paper_reports.with_phase_deltas(reference["tables"].get("table2", {}), reference["curves"])
     numbers |= {key: (stats(table2[key]), None) for key in HEADLINE_TABLE2 if key in table2}
     if "placements" in reference["tables"]:
@@ -171,7 +173,7 @@ def headline(references: dict[str, dict] | None = None) -> list[str]:
     # a scale enters the headline once it has shipped a reference: a column with no number says nothing
     references = references or {scale: ref for scale in HEADLINE_SCALES if (ref := shipped(scale)) is not None}
     numbers = {scale: {} if ref is None else read_from(scale, "the README's headline (from tables.table1, table2 and "
-                                                              "placements)", headline_numbers, ref)
+                                                              "placements)", headline_numbers, ref, scale)
                for scale, ref in references.items()}
     head = ["Table 1, validation CE", "paper"]
     for scale, ref in references.items():
@@ -225,9 +227,11 @@ def claims(references: dict[str, dict]) -> list[str]:
     """In plain words, per scale: which of the paper's Table 1 claims its seeds reproduce, by the declared rule."""
     lines = []
     for scale, ref in references.items():
-        table1 = ref["tables"]["table1"]
-        said = [f"{claim_words(claim, paper, read(stats(table1[key])))}: {report.stats_cell(stats(table1[key]), True)} "
-                f"against the paper's {DELTAS[key]:+.4f}" for key, claim, paper in CLAIMS]
+        table1 = {key: stats(values) for key, values in ref["tables"]["table1"].items()}
+        p_holm = declared_p(scale, "table1", table1)
+        said = [f"{claim_words(claim, paper, read(table1[key], p_holm.get(key)))}: "
+                f"{report.stats_cell(table1[key], True)} against the paper's {DELTAS[key]:+.4f}"
+                for key, claim, paper in CLAIMS]
         lines.append(f"- **`{scale}`** ({len(seeds_of(ref, 'table1'))} seeds): " + "; ".join(said) + ".")
     return lines
 

@@ -3,7 +3,7 @@ numbers; the results pages print it from references/<scale>.json (page_section),
 runs into results/<scale>/<experiment>.md and .json, with what only live runs have (the figures).
 
     paper_reports.report_experiment(ws, "table1", [42, 43, 44])
-    paper_reports.section("table1", {"pre_joint": [4.01, 3.99, None], ...}, [42, 43, 44], final_ce, full=False)
+    paper_reports.section("table1", {"pre_joint": [4.01, 3.99, None], ...}, [42, 43, 44], final_ce, scale="toy")
 """
 
 import math
@@ -13,15 +13,15 @@ from rich.text import Text
 
 import rundir
 from experiments import page_figures, report
-from experiments.readings import POST_HOC, diverged_line, read, seeds_of, sentence, stats
+from experiments.readings import POST_HOC, declared_p, diverged_line, read, seeds_of, sentence, stats
 from experiments.suite import Workspace, console
 from experiments.tables import TABLES, PaperTable
 
 
-def section(name: str, numbers: dict[str, list], seeds: list[int], final_ce: dict[str, list], full: bool) -> list[str]:
+def section(name: str, numbers: dict[str, list], seeds: list[int], final_ce: dict[str, list], scale: str) -> list[str]:
     """An experiment's section, below its heading, from {key: [value per seed]} and {run: [final CE per seed]} as a
     reference ships them: its table, the rows the numbers lack, the paper's claims and the declared readings."""
-    exp, st = TABLES[name], {key: stats(values) for key, values in numbers.items()}
+    exp, st, full = TABLES[name], {key: stats(values) for key, values in numbers.items()}, scale == "full"
     rows = [r for r in exp.rows if r.key in st]
     lines = [f"{exp.about}.", "", diverged_line(final_ce, seeds, "runs this table reads"), ""]
     if exp.layout and len(rows) == len(exp.rows):
@@ -39,7 +39,9 @@ def section(name: str, numbers: dict[str, list], seeds: list[int], final_ce: dic
     if declared:
         notes = {declared[0]: " (the primary endpoint)"} if name == "table1" else {}
         notes |= {key: " (post hoc)" for key in POST_HOC.get(name, ())}
-        lines += ["", "Readings:", ""] + [f"- {sentence(labels[key] + notes.get(key, ''), st[key])}" for key in declared]
+        p_holm = declared_p(scale, name, st)
+        lines += ["", "Readings:", ""] + [
+            f"- {sentence(labels[key] + notes.get(key, ''), st[key], p_holm.get(key), len(p_holm))}" for key in declared]
     return lines + ([""] + [exp.note] if exp.note else []) + [""]
 
 
@@ -58,7 +60,7 @@ def claim_verdicts(exp: PaperTable, st: dict) -> list[tuple[str, str]]:
 
 
 def report_experiment(ws: Workspace, name: str, seeds: list[int]) -> dict:
-    exp, full = TABLES[name], ws.preset.name == "full"
+    exp, full = TABLES[name], ws.preset.name == "full"  # the terminal table's columns
     out = {"experiment": name, "about": exp.about, "scale": ws.preset.name, "seeds": seeds, "note": exp.note,
            "git_commit": rundir.git_commit(),
            "runs_config_sha256": report.configs_hash([ws.run_dir(r, s) for s in seeds for r in exp.runs]),
@@ -75,9 +77,10 @@ def report_experiment(ws: Workspace, name: str, seeds: list[int]) -> dict:
         out["numbers"] = {r.key: numbers[r.key] for r in rows}  # what `reference` ships, by the rows' keys
         out["claims"] = [{"claim": claim, "agrees": {"agrees": True, "DISAGREES": False}.get(verdict)}
                          for claim, verdict in claim_verdicts(exp, st)]
-        out["readings"] = {key: read(st[key]) for key in declared}
+        p_holm = declared_p(ws.preset.name, name, st)
+        out["readings"] = {key: read(st[key], p_holm.get(key)) for key in declared}
         out["smallest_tie_margins"] = {key: report.smallest_tie_margin(st[key]) for key in declared}
-        md += section(name, numbers, seeds, final_ce, full)
+        md += section(name, numbers, seeds, final_ce, ws.preset.name)
         console.print(report.terminal_table(f"{name}: {exp.about}", rows, st, len(seeds), full))
     else:
         md += [f"{exp.about}.", "", diverged_line(final_ce, seeds, "runs this figure draws"), ""]
@@ -118,4 +121,4 @@ def page_section(name: str, reference: dict, scale: str) -> list[str]:
         numbers = with_phase_deltas(numbers, reference["curves"])
     final_ce = {run.name: reference["final_ce"][run.name] for run in TABLES[name].runs
                 if run.name in reference["final_ce"]}
-    return [f"## {name}", ""] + section(name, numbers, seeds_of(reference, name), final_ce, scale == "full")
+    return [f"## {name}", ""] + section(name, numbers, seeds_of(reference, name), final_ce, scale)

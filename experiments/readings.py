@@ -16,6 +16,17 @@ POST_HOC = {"table2": ("delta_ce_phase_0", "delta_ce_phase_1", "delta_ce_phase_2
             "intervention": ("transplant interaction: prefix × appended placement",)}
 
 
+# Families of readings declared before their runs to be read by Holm-adjusted p, by (scale, experiment): mini's
+# Table 1 secondaries over eight seeds (docs/preregistrations.md, 2026-12-05, d4f63c5). Others read alone.
+HOLM_FAMILIES = {("mini", "table1"): ("delta_joint", "delta_grow")}
+
+
+def declared_p(scale: str, name: str, st: dict) -> dict[str, float]:
+    """{key: its Holm-adjusted p} over the family HOLM_FAMILIES declares for this scale's experiment; {} if none."""
+    keys = [key for key in HOLM_FAMILIES.get((scale, name), ()) if key in st]
+    return dict(zip(keys, holm_family([st[key] for key in keys])))
+
+
 def stats(values: list) -> dict:
     """report.across_seeds of a reference's per-seed values, a null as NaN (shown per seed, no interval made)."""
     return report.across_seeds([math.nan if v is None else v for v in values])

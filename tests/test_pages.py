@@ -9,6 +9,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import scipy.stats
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 
 from experiments import figures, page_figures, pages, paper_reports, presets, readings, reference, registry, report
@@ -79,7 +80,7 @@ def test_one_renderer_gives_a_null_number_no_mean_no_verdict_and_no_reading():
     final = {"pre-joint": [4.0, 4.1], "post-joint": [3.8, None], "pre-grow": [3.5, 3.6], "post-grow": [3.4, 3.5]}
     numbers = {key.replace("-", "_"): ce for key, ce in final.items()} | \
         {"delta_joint": [-0.2, None], "delta_grow": [-0.1, -0.1], "interaction": [0.1, None]}
-    text = "\n".join(paper_reports.section("table1", numbers, [42, 43], final, full=False))
+    text = "\n".join(paper_reports.section("table1", numbers, [42, 43], final, scale="toy"))
     assert "diverged: 1 of the 8 runs this table reads (post-joint s43)" in text
     assert "| delta joint | n/a (per seed: -0.2000, n/a) |" in text
     assert "- no verdict (a mean it reads is null): post-norm and pre-norm nearly tie" in text
@@ -95,6 +96,26 @@ def test_in_a_family_holm_decides_the_sign_not_the_members_own_interval():
     assert readings.read(members[0]) == "below 0"  # alone, by its interval
     text = readings.sentence("Δ", members[0], p_holm[0], 2)
     assert "**inconclusive**" in text and f"Holm-adjusted p, {p_holm[0]:.3g}, is not below 0.05 over the family's 2" in text
+
+
+def test_minis_table1_reads_its_secondaries_as_the_family_its_preregistration_declared():
+    """mini's eight-seed study declared Δjoint and Δgrow one Holm family of two (docs/preregistrations.md): its
+    section reads them by the Holm-adjusted p of their one-sample t-tests (scipy here), the toy's alone."""
+    final = {"pre-joint": [4.0, 4.1, 4.05], "post-joint": [3.98, 4.05, 4.04], "pre-grow": [3.5, 3.6, 3.55],
+             "post-grow": [3.45, 3.57, 3.5]}
+    deltas = {"delta_joint": [-0.02, -0.05, -0.01], "delta_grow": [-0.05, -0.03, -0.05]}
+    numbers = {key.replace("-", "_"): ce for key, ce in final.items()} | deltas | \
+        {"interaction": [g - j for g, j in zip(deltas["delta_grow"], deltas["delta_joint"])]}
+    raw = {key: scipy.stats.ttest_1samp(values, 0).pvalue for key, values in deltas.items()}
+    low, high = sorted(raw, key=raw.get)
+    want = {low: 2 * raw[low], high: max(2 * raw[low], raw[high])}  # Holm over two
+    assert readings.declared_p("mini", "table1", {k: stats(v) for k, v in numbers.items()}) == pytest.approx(want)
+    assert readings.declared_p("toy", "table1", {k: stats(v) for k, v in numbers.items()}) == {}
+    mini = "\n".join(paper_reports.section("table1", numbers, [42, 43, 44], final, scale="mini"))
+    toy = "\n".join(paper_reports.section("table1", numbers, [42, 43, 44], final, scale="toy"))
+    for key, label in (("delta_joint", "delta joint"), ("delta_grow", "delta grow")):
+        assert f"- {label}: " in mini and f"its Holm-adjusted p, {want[key]:.3g}, is" in mini
+    assert "Holm" not in toy
 
 
 def table1_reference(interaction_shift: float, diverged: bool = False) -> dict:
