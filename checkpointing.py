@@ -3,7 +3,7 @@ folder holds and how it is written: docs/design.md's row for this file). Trainin
 tensors are copied to host memory; its files are written on plumbing/writer.py's thread, and whatever reads,
 replaces or lets go of a run's checkpoints first waits for those writes (writer.wait_for_writes).
 
-    checkpointing.save_kept_checkpoint(run_dir, "phase-0", net, state, ctx)
+    checkpointing.save_checkpoint(run_dir, net, state, ctx, "phase-0")
     resume, step, totals, elapsed, outcome = checkpointing.resume_point(config, run_dir, net, batcher, ctx)
     checkpointing.load_latest_checkpoint(resume[0], net, optimizer, ctx)  # latest/: once the optimizer exists
 """
@@ -37,26 +37,16 @@ def save_due_checkpoints(run_dir: Path, config, net, optimizer, state: dict, ctx
     """Those due at the trainer state's step: phase-<p>/ at a phase's end, step-<n>/ every snapshot_interval,
     latest/ every checkpoint_interval (and before phase-<p>/ where the next phase keeps AdamW's moments)."""
     step = state["step"]
-    kept, latest = partial(save_kept_checkpoint, run_dir), partial(save_latest_checkpoint, run_dir, net, optimizer)
+    save = partial(save_checkpoint, run_dir, net, state, ctx, background=True)
     if phase_end and moments_go_on:
         # Saved before phase-<p>/: a kill between the two resumes from these moments (a tie prefers latest/).
-        latest(state, ctx, background=True)
+        save("latest", optimizer)
     if phase_end:
-        kept(f"phase-{state['phase']}", net, state, ctx, background=True)
+        save(f"phase-{state['phase']}")
     elif config.snapshot_interval and step % config.snapshot_interval == 0:
-        kept(f"step-{step}", net, state, ctx, background=True)
+        save(f"step-{step}")
     if not phase_end and step % config.checkpoint_interval == 0:
-        latest(state, ctx, background=True)
-
-
-def save_kept_checkpoint(run_dir: Path, name: str, net, state: dict, ctx, background: bool = False):
-    """A kept checkpoint (phase-<p>/ or step-<n>/), written before this returns unless `background`: see stage_kept."""
-    save_checkpoint(run_dir, net, state, ctx, name, background=background)
-
-
-def save_latest_checkpoint(run_dir: Path, net, optimizer, state: dict, ctx, background: bool = False):
-    """latest/, written before this returns unless `background`: see stage_latest."""
-    save_checkpoint(run_dir, net, state, ctx, "latest", optimizer, background)
+        save("latest", optimizer)
 
 
 def save_checkpoint(run_dir: Path, net, state: dict, ctx, name: str, optimizer=None, background: bool = False):

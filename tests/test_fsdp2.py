@@ -83,7 +83,7 @@ params = grow.trainable_parameters(net, config.plan_phases(c)[state["phase"]])
 optimizer = grow.build_optimizer(c, params)
 checkpointing.load_latest_checkpoint(source / "latest", net, optimizer, ctx)
 target.mkdir(exist_ok=True)
-checkpointing.save_latest_checkpoint(target, net, optimizer, state, ctx)
+checkpointing.save_checkpoint(target, net, state, ctx, "latest", optimizer)
 """
 
 

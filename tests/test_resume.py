@@ -26,7 +26,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def latest_files(writers: int) -> tuple[str, ...]:
-    """The files of latest/ written by `writers` ranks (besides checksums.json): checkpointing.save_latest_checkpoint's."""
+    """The files of latest/ written by `writers` ranks (besides checksums.json): checkpointing.stage_latest's."""
     shards = [checkpoint.shard_file(kind, w, writers) for kind in ("model", "optimizer") for w in range(writers)]
     return (*shards, checkpoint.SHARDED_INDEX, "trainer_state.json")
 

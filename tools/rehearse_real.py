@@ -47,8 +47,8 @@ class HostSyncs:
     innermost caller says: an evaluation, a checkpoint, the boundary monitor (every monitor_interval
     steps; every step at reduced size), a training step (grow.lockstep_step, those aside), or elsewhere
     (opening and resuming runs, weights read from disk among them: on the host in a launch too)."""
-    WHERE = {"evaluate": "evaluations", "save_kept_checkpoint": "checkpoints", "save_latest_checkpoint": "checkpoints",
-             "monitor_row": "boundary monitor", "lockstep_step": "training steps"}
+    WHERE = {"evaluate": "evaluations", "save_checkpoint": "checkpoints", "monitor_row": "boundary monitor",
+             "lockstep_step": "training steps"}
 
     def __init__(self):
         self.count, self.by_place, self.run_steps = 0, {}, 0
