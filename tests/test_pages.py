@@ -29,7 +29,12 @@ def test_the_readmes_headline_is_table_1_at_toy_and_mini_as_rendered():
     readme = pages.README.read_text()
     assert pages.with_headline(readme) == readme, REGENERATE.format(scale="toy")
     block = readme.split(pages.HEADLINE_START)[1].split(pages.HEADLINE_END)[0]
-    assert "`toy`, 3 seeds" in block and "`mini`, 3 seeds" in block and "-0.0332" in block  # the paper's interaction
+    assert "`toy`, 3 seeds" in block and "`mini`, 8 seeds" in block and "-0.0332" in block  # the paper's interaction
+    # mini's eight pre-registered seeds (references/records/mini), their primary read by the rule
+    mini = reference.load("mini")
+    assert mini["table_seeds"]["table1"] == list(range(42, 50)) and len(mini["tables"]["table1"]["interaction"]) == 8
+    primary = stats(mini["tables"]["table1"]["interaction"])
+    assert f"| {report.stats_cell(primary, True)} | {readings.reading_cell(primary)} |" in block
 
 
 @pytest.mark.parametrize("path", sorted((pages.ROOT / "references").glob("*.json")), ids=lambda path: path.name)
@@ -395,7 +400,8 @@ def test_the_scale_trend_draws_each_scales_table_1_differences_with_their_interv
         intervals = [float(y) for seg in bars for y in (seg[0][1], seg[1][1])]  # each errorbar's segment, low to high
         assert intervals == pytest.approx([y for v in kit for y in report.across_seeds(v)["ci95"]])
         assert ys(ax, "paper: one run, no interval") == [pages.DELTAS[key]]
-        assert [t.get_text() for t in ax.get_xticklabels()] == ["toy\n3 seeds", "mini\n3 seeds", "paper"]
+        assert [t.get_text() for t in ax.get_xticklabels()] == \
+            [f"{scale}\n{len(reference.load(scale)['tables']['table1'][key])} seeds" for scale in scales] + ["paper"]
     readme = pages.README.read_text().split(pages.HEADLINE_START)[1]
     for page, link in ((readme, f"docs/results/{page_figures.TREND_FILE}"),
                        *(((pages.PAGES / f"{scale}.md").read_text(), page_figures.TREND_FILE) for scale in scales)):
