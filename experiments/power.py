@@ -2,6 +2,9 @@
 N(effect, sd^2): what a pre-registration plans its seeds with.
 
     python -m experiments.power     # mini's eight-seed plan (docs/preregistrations.md, issue 57) from its reference
+
+The plan reads the per-seed SD of mini's interaction in the shipped reference: its three seeds when the study was
+planned (d4f63c5, whose preregistration quotes the numbers), its eight since, so it now gives the power as observed.
 """
 
 import json
@@ -35,11 +38,11 @@ def tie_power(effect: float, sd: float, n: int, margin: float, draws: int = 200_
 
 
 def mini_plan(reference: Path = Path("references/mini.json"), ns=(3, 4, 6, 8, 10, 12)) -> dict:
-    """The planning SD of mini's interaction (its three shipped seeds) and the rule's power at it, by seeds."""
+    """The per-seed SD of mini's interaction in `reference` and the rule's power at it, by seeds."""
     ce = {name: np.array(values) for name, values in json.loads(reference.read_text())["final_ce"].items()}
     interaction = (ce["post-grow"] - ce["pre-grow"]) - (ce["post-joint"] - ce["pre-joint"])
     sd = float(interaction.std(ddof=1))
-    return {"interaction_per_seed": interaction.tolist(), "planning_sd": sd, "margin": presets.TIE_MARGIN,
+    return {"interaction_per_seed": interaction.tolist(), "sd": sd, "margin": presets.TIE_MARGIN,
             "power": [{"n": n, "below_0_at_paper": power(PAPER_INTERACTION, sd, n),
                        "below_0_at_half_paper": power(PAPER_INTERACTION / 2, sd, n),
                        "tie_at_0": tie_power(0.0, sd, n, presets.TIE_MARGIN),
