@@ -58,19 +58,9 @@ def ideas_groups(ws: Workspace, seed: int) -> list[Group]:
     return [(", ".join(r.name for r in search), ws, search, ideas.SEARCH_SEED)] + variant_groups(variants)(ws, seed)
 
 
-def placements_groups(ws: Workspace, seed: int) -> list[Group]:
-    runs = beyond.placement_runs()
-    return [(", ".join(r.name for r in runs), ws, runs, seed)]
-
-
 def shipped_lines(name: str, lines: Callable) -> Callable[[dict, str], list[str]]:
     """A section from the reference's per-seed numbers of `name` by its report's renderer, lines(numbers, seeds)."""
     return lambda reference, scale: lines(reference["tables"][name], seeds_of(reference, name))
-
-
-def placements_page(reference: dict, scale: str) -> list[str]:
-    return beyond.placements_lines(reference["tables"]["placements"], seeds_of(reference, "placements"),
-                                   steps_caveat(reference["curves"]))
 
 
 def steps_caveat(curves: dict) -> str:
@@ -90,15 +80,13 @@ def ideas_page(reference: dict, scale: str) -> list[str]:
     return ["## ideas", "", *lines, "", *studies.recorded_machines(scale), ""]
 
 
-def tail_page(reference: dict, scale: str) -> list[str]:
-    """The causal test's section from its committed records, at the scales it has them for."""
-    return tail.markdown(tail.recorded_outcome(scale)) if scale in tail.REGULAR_RMS and scale != "smoke" else []
-
-
 # Every experiment, in the results page's order: the paper's own, then those beyond it.
 EXPERIMENTS = {
     **{name: paper_table(name) for name in tables.TABLES},
-    "placements": Experiment(placements_groups, placements_page, run=beyond.run_placements),
+    "placements": Experiment(lambda ws, seed: [("placements", ws, beyond.placement_runs(), seed)],
+                             lambda reference, scale: beyond.placements_lines(
+                                 reference["tables"]["placements"], seeds_of(reference, "placements"),
+                                 steps_caveat(reference["curves"])), run=beyond.run_placements),
     "intervention": Experiment(
         lambda ws, seed: variant_groups(list(beyond.interventions(ws.preset.run["blocks"])))(ws, seed),
         shipped_lines("intervention", beyond.intervention_lines), run=beyond.run_intervention),
@@ -108,7 +96,10 @@ EXPERIMENTS = {
                           shipped_lines("scratch", beyond.scratch_lines), run=beyond.run_scratch),
     "ideas": Experiment(ideas_groups, ideas_page, run=ideas.run_ideas, manifest=ideas.recorded_manifest,
                         names_its_machines=True),
-    "tail": Experiment(lambda ws, seed: variant_groups(tail.ws_variants(ws))(ws, seed), tail_page, run=tail.run_tail,
+    # its section from its committed records, at the scales it has them for
+    "tail": Experiment(lambda ws, seed: variant_groups(tail.ws_variants(ws))(ws, seed),
+                       lambda reference, scale: tail.markdown(tail.recorded_outcome(scale))
+                       if scale in tail.REGULAR_RMS and scale != "smoke" else [], run=tail.run_tail,
                        manifest=lambda ws, seeds: (tail.manifest(ws, seeds), ""), shipped=False, check=tail.check_scale),
 }
 STUDIES = {name: experiment for name, experiment in EXPERIMENTS.items() if experiment.run}  # each `repro.py <name>`
