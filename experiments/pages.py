@@ -236,14 +236,14 @@ def claims(references: dict[str, dict]) -> list[str]:
     return lines
 
 
-def with_headline(text: str, lines: list[str] | None = None) -> str:
+def with_headline(text: str) -> str:
     """`text` (the README) with the lines between its headline markers replaced by headline()."""
     if HEADLINE_START not in text or HEADLINE_END not in text:
         raise UsageError(f"{README}: the headline markers are missing; put {HEADLINE_START!r} and "
                          f"{HEADLINE_END!r} on lines of their own where the table goes")
     before, rest = text.split(HEADLINE_START, 1)
     after = rest.split(HEADLINE_END, 1)[1]
-    return before + HEADLINE_START + "\n" + "\n".join(lines or headline()) + "\n" + HEADLINE_END + after
+    return before + HEADLINE_START + "\n" + "\n".join(headline()) + "\n" + HEADLINE_END + after
 
 
 def main(scale: str, out_dir: Path | None = None, readme: Path | None = None) -> Path:

@@ -427,12 +427,11 @@ def duration_text(seconds: float) -> str:
 
 
 def print_groups(groups: list[tuple[str, suite.Workspace, list[PlannedRun]]], seeds: list[int], gpu: str, gpus: int,
-                 nodes: int, console: Console, note: str = "") -> float:
+                 nodes: int, console: Console) -> float:
     """A command's runs in several workspaces (a study's variants, e.g. the interventions'): a row per group
     from print_plan's totals, then the sum on this CPU and on `gpu`. Returns the FLOPs (lockstep, diagnostics
     included)."""
-    table = Table(title=f"plan: {len(seeds)} seed(s); students only (the scale's teacher and data are made once, "
-                        f"shared){note}")
+    table = Table(title=f"plan: {len(seeds)} seed(s); students only (the scale's teacher and data are made once, shared)")
     for column in ("runs of", "runs", "steps", "FLOPs", f"{gpu} GPU-h"):
         table.add_column(column, justify="right")
     flops = gpu_hours = 0.0

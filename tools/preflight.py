@@ -28,14 +28,14 @@ from plumbing import checkpoint, devices, errors, faults
 from tools import cpu_estimate, lockstep_plan, plan, rehearse, rehearse_real
 
 
-def print_dry_run(scale: str, groups, seeds: list[int], gpu: str, gpus: int | None, nodes: int, note: str = ""):
+def print_dry_run(scale: str, groups, seeds: list[int], gpu: str, gpus: int | None, nodes: int):
     """The plan of a command's runs (one workspace in full, several a row each), then this CPU's estimate."""
     gpus, ws = gpus or (8 if scale == "full" else 1), groups[0][1]
     if len(groups) == 1:
         totals = plan.print_plan(ws, groups[0][2], seeds, gpu, gpus, suite.console, nodes)
         flops = totals["lockstep"]["flops"] + totals["diagnostics_flops"]
     else:
-        flops = plan.print_groups(groups, seeds, gpu, gpus, nodes, suite.console, note)
+        flops = plan.print_groups(groups, seeds, gpu, gpus, nodes, suite.console)
     pretraining, line = teacher_pretraining(ws)
     if line:
         suite.console.print(line)
