@@ -64,8 +64,8 @@ def test_bf16_params_with_fp32_reduction_through_grow_phases(tiny_shards, tiny_t
     seen = []
     accumulate = run.accumulate
 
-    def watched(micro, hidden, last=True):
-        accumulate(micro, hidden, last)
+    def watched(micro, hidden, last=True, **teacher_terms):
+        accumulate(micro, hidden, last, **teacher_terms)
         # What each layer holds at the end of this backward: unsharded sums (sync off), or, after the
         # step's last micro-batch, its reduced shard.
         seen.append((run.step, last, [[p.unsharded_accumulated_grad is not None and p.unsharded_accumulated_grad.dtype
@@ -122,8 +122,8 @@ def test_lockstep_holds_one_runs_unsharded_gradients_at_a_time(tiny_shards, tiny
         run.open(teacher, None)
     held = []
     for run in runs:
-        def watched(micro, hidden, last=True, accumulate=run.accumulate):
-            accumulate(micro, hidden, last)
+        def watched(micro, hidden, last=True, accumulate=run.accumulate, **teacher_terms):
+            accumulate(micro, hidden, last, **teacher_terms)
             held.append([unsharded_gradient_bytes(r.net) for r in runs])
             assert sum(held[-1]) == max(held[-1]), held  # never two runs' at once
         run.accumulate = watched
