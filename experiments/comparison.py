@@ -87,10 +87,11 @@ def run_bands(target: Path, reference: dict, records: Path | None) -> dict[str, 
     """{run as `measured` names it: {number: the seeds' values}}: a suite run's from the reference by its config's
     name, a variant's from the records of its settings but the seed (variant_band); none for a run without settings."""
     stored, recorded = {run: settings(run) for run in run_folders(target)}, {}
-    if records and not all(suite_run(its) for its in stored.values() if its):
+    is_suite = {run: bool(its) and suite_run(its) for run, its in stored.items()}  # each builds every scale's config
+    if records and not all(is_suite[run] for run, its in stored.items() if its):
         for _, record in studies.study_records(records):  # each checked whole
             recorded.setdefault(unseeded(record["config"]), []).append(record)
-    return {label(run, target): {} if not its else variant_band(run, its, recorded, records) if not suite_run(its) else {
+    return {label(run, target): {} if not its else variant_band(run, its, recorded, records) if not is_suite[run] else {
             **{f"ce at {point}": values for point, values in reference["curves"].get(its["name"], {}).items()},
             **({"final ce": reference["final_ce"][its["name"]]} if its["name"] in reference["final_ce"] else {})}
             for run, its in stored.items()}
