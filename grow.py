@@ -14,6 +14,7 @@ teacher running once per batch for the runs that read it.
 
 import math
 import time
+from collections.abc import Callable
 from contextlib import ExitStack, contextmanager
 from functools import partial
 from pathlib import Path
@@ -407,6 +408,16 @@ def train_together(jobs: list[tuple[RunConfig, Path]], force: bool = False, ctx:
                 step = min(run.step for run in training)
                 lockstep_step([run for run in training if run.step == step], teacher)
         return [run.result for run in runs]
+
+
+def lockstep_groups(jobs: list, settings: Callable = lambda job: job[0]) -> list[list]:
+    """A seed's runs as they train in lockstep: a group per data stream (RunConfig.data_mode: grow's replayed shard,
+    or the long joint controls' fresh documents, which pre- and post-norm read alike), in order of first appearance
+    (a shared prefix comes before the runs that adopt it, and its group with it). `settings`: a job's RunConfig."""
+    streams: dict[str, list] = {}
+    for job in jobs:
+        streams.setdefault(settings(job).data_mode, []).append(job)
+    return list(streams.values())
 
 
 def open_runs(todo: list[Run], teacher: nets.Teacher | None, progress) -> bool:

@@ -126,7 +126,7 @@ def check_result(path: Path):
 def ensure_runs(ws: Workspace, runs, seeds: list[int], force: bool = False, teacher: Path | None = None):
     """Data, teacher (unless given), then every run each seed needs (--force: a folder of another config is
     discarded). In lockstep the runs of a seed that read the same batches train together on one teacher pass per
-    batch; the long joint controls train alone after."""
+    batch: a group for grow's replayed shard, then one for the long joint controls' fresh documents."""
     jobs = [(run, seed) for seed in seeds for run in with_prefixes(runs)]
     check_before_work(ws, jobs, force, teacher)
     if scratch(ws):
@@ -145,10 +145,8 @@ def ensure_runs(ws: Workspace, runs, seeds: list[int], force: bool = False, teac
                for seed in seeds}
     ws.progress.plan([job for seed in seeds for job in planned[seed]])  # every seed's, before the first trains
     for seed in seeds:
-        together = [job for job in planned[seed] if ws.lockstep and job[0].data_mode == "replay"]
-        alone = [job for job in planned[seed] if job not in together]
         named = {run_dir: run for run, (_, run_dir) in zip(with_prefixes(runs), planned[seed])}
-        for group in ([together] if together else []) + [[job] for job in alone]:
+        for group in grow.lockstep_groups(planned[seed]) if ws.lockstep else [[job] for job in planned[seed]]:
             grow.train_together(group, force=force, ctx=ws.ctx, tracker=ws.tracker, wait=ws.wait, counted=ws.progress)
             for _, run_dir in group:
                 if ws.on_finished is not None and ws.ctx.is_main:  # a study records each run as it finishes

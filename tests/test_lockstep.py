@@ -132,6 +132,35 @@ def test_separate_runs_pay_for_every_teacher_pass(tiny_shards, tiny_teacher_dir,
     assert len(calls) == 3 * STEPS * 2 + 2
 
 
+def test_the_long_controls_share_one_teacher_pass_on_their_fresh_documents(tiny_shards, tiny_teacher_dir, tmp_path,
+                                                                            monkeypatch):
+    """The long joint controls continue onto fresh documents, which pre- and post-norm read alike: grow.lockstep_groups
+    puts them in a group of their own after the replay runs (training and the dry run group alike), where each step's
+    micro-batches pass through the teacher once for both, and each run equals the same run trained alone."""
+    def jobs(root: Path):
+        out = []
+        for norm in ("pre", "post"):
+            joint = suite(tiny_shards, tiny_teacher_dir, root)[NAMES.index(f"{norm}-joint")]
+            long = replace(joint[0], name=f"{norm}-joint-long", protocol="joint-long", joint_phases=2,
+                           start_from=str(joint[1] / "phase-0"))
+            out += [joint, (long, root / long.name)]
+        return out
+    alone = jobs(tmp_path / "alone")
+    for c, run_dir in sorted(alone, key=lambda job: job[0].protocol):  # each joint before the controls adopt it
+        grow.train(c, run_dir)
+    calls, together = counting_teacher(monkeypatch), jobs(tmp_path / "together")
+    groups = grow.lockstep_groups(together)
+    assert [[c.name for c, _ in group] for group in groups] == [["pre-joint", "post-joint"],
+                                                                ["pre-joint-long", "post-joint-long"]]
+    for group in groups:
+        grow.train_together(group)
+    # Each group: STEPS steps of 8 / 4 = 2 micro-batches, once for both runs; the validation set's 2 batches once
+    assert len(calls) == 2 * (STEPS * 2 + 2)
+    for (_, a), (_, b) in zip(alone, together):
+        assert without_time(rundir.read_metrics(a)) == without_time(rundir.read_metrics(b)), a.name
+        assert json.loads((a / "done.json").read_text()) == json.loads((b / "done.json").read_text()), a.name
+
+
 def start(configs, kill_at: str = ""):
     env = {**os.environ, "NORMGROW_KILL_AT": kill_at}
     return subprocess.run([sys.executable, str(ROOT / "tests" / "run_grow.py"), *map(str, configs)], cwd=ROOT, env=env,

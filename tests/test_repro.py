@@ -74,17 +74,20 @@ def test_dry_run_counts_teacher_passes_both_ways():
     """Separately every run pays its own steps, per norm: joint 50k, grow 150k, freeze 100k (after the
     shared phase 0), the long controls 50k each after their prefixes, the same-shard control 100k after
     joint's phase: 1,000k. In lockstep the six replay runs and the two same-shard controls share 150k
-    teacher steps, and the four fresh-data long controls still pay 200k: 350k."""
+    teacher steps, and the four fresh-data long controls, pre- and post-norm reading the same documents, share
+    100k (joint-long's phase 1 together, then joint-longer's phase 2): 250k."""
     ws = suite.Workspace(presets.PRESETS["full"], Path("/nonexistent/full"), Path("/nonexistent"), devices.Dist())
     runs = plan.planned_runs(ws, list(tables.RUNS), 42)
     assert lockstep_plan.teacher_passes(runs, lockstep=False) == 2 * (50_000 + 150_000 + 100_000 + 50_000 + 50_000 + 100_000)
-    assert lockstep_plan.teacher_passes(runs, lockstep=True) == 150_000 + 4 * 50_000
+    assert lockstep_plan.teacher_passes(runs, lockstep=True) == 150_000 + 2 * 50_000
+    assert [[r.name for r in group] for group in lockstep_plan.lockstep_groups(runs)][1] == [
+        "pre-joint-long", "pre-joint-longer", "post-joint-long", "post-joint-longer"]
     assert lockstep_plan.most_resident(runs) == 6  # joint ends where freeze joins; the same-shard controls run throughout
     result = plan.print_plan(ws, runs, [42], "h100", 8, suite.console)
     saved = result["separate"]["flops"] - result["lockstep"]["flops"]
     teacher = presets.teacher_shape(ws.preset)
     layers, _ = forward_flops_per_token(teacher, 36, 972.5 / 2)
-    assert saved == pytest.approx((1_000_000 - 350_000) * 64 * 972.5 * layers)
+    assert saved == pytest.approx((1_000_000 - 250_000) * 64 * 972.5 * layers)
     assert result["lockstep"]["memory_gib"] > result["separate"]["memory_gib"]
     assert result["lockstep_default"] == (result["lockstep"]["memory_gib"] <= 0.9 * 80)
 

@@ -1,11 +1,12 @@
 """The dry run's lockstep accounting (tools/plan.py prices what it counts): which of a seed's planned runs read
-the same batches and train together (grow.train_together), the stretches of global steps over which the same
-ones are resident (lockstep segments), the teacher passes that saves, and each segment's per-GPU memory, with
-whether the worst fits a GPU (lockstep's default).
+the same batches and train together (grow.train_together, a group per data stream, one group after the other),
+the stretches of global steps over which the same ones are resident (lockstep segments), the teacher passes that
+saves, and each segment's per-GPU memory, with whether the worst fits a GPU (lockstep's default).
 """
 from dataclasses import dataclass
 
 import config
+import grow
 from experiments import presets
 from plumbing.hf_qwen3 import ModelConfig
 from tools import memory
@@ -33,20 +34,22 @@ def own_steps(run: PlannedRun) -> range:
                  phases[-1].first_step + phases[-1].steps)
 
 
-def lockstep_runs(runs: list[PlannedRun]) -> list[PlannedRun]:
-    """The runs of a seed that read the same batches at the same steps: every replay run (the long
-    joint controls continue onto fresh data and train alone)."""
-    return [r for r in runs if r.config.data_mode == "replay"]
+def lockstep_groups(runs: list[PlannedRun]) -> list[list[PlannedRun]]:
+    """The runs of a seed that train together, as training groups them (grow.lockstep_groups)."""
+    return grow.lockstep_groups(runs, lambda run: run.config)
 
 
 def lockstep_segments(runs: list[PlannedRun]) -> list[tuple[int, int, list[tuple[str, config.Phase]]]]:
-    """(start, stop, [(run, its phase)]) of each stretch of global steps over which the same lockstep runs
-    train in the same phases: what is resident on a GPU changes only at these edges."""
-    live = [(r.name, ph) for r in lockstep_runs(runs) for ph in config.plan_phases(r.config)[r.shared_phases:]]
-    edges = sorted({e for _, ph in live for e in (ph.first_step, ph.first_step + ph.steps)})
-    spans = [(a, b, [(name, ph) for name, ph in live if ph.first_step <= a < ph.first_step + ph.steps])
-             for a, b in zip(edges, edges[1:])]
-    return [span for span in spans if span[2]]
+    """(start, stop, [(run, its phase)]) of each stretch of global steps over which the same runs of a lockstep
+    group train in the same phases, group after group: what is resident on a GPU changes only at these edges."""
+    out = []
+    for group in lockstep_groups(runs):
+        live = [(r.name, ph) for r in group for ph in config.plan_phases(r.config)[r.shared_phases:]]
+        edges = sorted({e for _, ph in live for e in (ph.first_step, ph.first_step + ph.steps)})
+        spans = [(a, b, [(name, ph) for name, ph in live if ph.first_step <= a < ph.first_step + ph.steps])
+                 for a, b in zip(edges, edges[1:])]
+        out += [span for span in spans if span[2]]
+    return out
 
 
 def segment_memory(preset, runs: list[PlannedRun], gpus: int, nodes: int = 1,
@@ -66,14 +69,16 @@ def segment_memory(preset, runs: list[PlannedRun], gpus: int, nodes: int = 1,
 
 def most_resident(runs: list[PlannedRun]) -> int:
     """The most lockstep runs training at once (a finished run frees its memory, a sharing one joins late)."""
-    spans = [own_steps(r) for r in lockstep_runs(runs)]
-    return max((sum(s.start <= step < s.stop for s in spans) for step in {s.start for s in spans}), default=1)
+    spans = [[own_steps(r) for r in group] for group in lockstep_groups(runs)]
+    return max((sum(s.start <= step < s.stop for s in group) for group in spans for step in {s.start for s in group}),
+               default=1)
 
 
 def teacher_passes(runs: list[PlannedRun], lockstep: bool) -> int:
-    """Teacher forward passes (optimizer steps' worth) for one seed: one a step for the lockstep runs together."""
-    together = lockstep_runs(runs) if lockstep else []
-    return union_length([own_steps(r) for r in together]) + sum(len(own_steps(r)) for r in runs if r not in together)
+    """Teacher forward passes (optimizer steps' worth) for one seed: one a step for each lockstep group together."""
+    if not lockstep:
+        return sum(len(own_steps(r)) for r in runs)
+    return sum(union_length([own_steps(r) for r in group]) for group in lockstep_groups(runs))
 
 
 def union_length(spans: list[range]) -> int:

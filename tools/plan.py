@@ -153,18 +153,17 @@ def segments(run: PlannedRun, preset, teacher: ModelConfig, doc_tokens: float, g
 def suite_seconds(runs: list[PlannedRun], costs: dict[str, list[Segment]], lockstep: bool) -> float:
     """Wall seconds of one seed's runs: a step takes the longer of its compute and its communication
     (FSDP2 prefetches the next unit's all-gather during the current one's compute). Apart, every step
-    pays its own teacher; in lockstep, the runs at one global step share one teacher pass (plan of
-    grow.train_together), the long joint controls still train alone."""
-    alone = [r for r in runs if not lockstep or r not in lockstep_plan.lockstep_runs(runs)]
-    seconds = sum((s.stop - s.start) * max(s.compute + s.teacher_compute, s.comm + s.teacher_comm)
-                  for r in alone for s in costs[r.name])
-    together = [s for r in runs if r not in alone for s in costs[r.name]]
-    edges = sorted({e for s in together for e in (s.start, s.stop)})
-    for a, b in zip(edges, edges[1:]):
-        live = [s for s in together if s.start <= a < s.stop]
-        if live:
-            seconds += (b - a) * max(live[0].teacher_compute + sum(s.compute for s in live),
-                                     live[0].teacher_comm + sum(s.comm for s in live))
+    pays its own teacher; in lockstep, the runs of a group (lockstep_plan.lockstep_groups) at one global
+    step share one teacher pass (plan of grow.train_together)."""
+    seconds = 0.0
+    for group in lockstep_plan.lockstep_groups(runs) if lockstep else [[run] for run in runs]:
+        together = [s for r in group for s in costs[r.name]]
+        edges = sorted({e for s in together for e in (s.start, s.stop)})
+        for a, b in zip(edges, edges[1:]):
+            live = [s for s in together if s.start <= a < s.stop]
+            if live:
+                seconds += (b - a) * max(live[0].teacher_compute + sum(s.compute for s in live),
+                                         live[0].teacher_comm + sum(s.comm for s in live))
     return seconds
 
 
