@@ -112,7 +112,7 @@ def test_kd_loss_bench_smoke():
 def test_the_whole_bench_runs_at_tiny_sizes(tmp_path, monkeypatch):
     """`make bench`'s code path end to end (every row: train step, KD loss, tokenizer, loader, lockstep,
     compile) on a tiny model and a small toy shard, from a folder that is not the repository's."""
-    import prepare_shards
+    from experiments import prepare_shards
     from plumbing import tokenizer
     tiny = replace(TINY_MODEL, vocab_size=4097)  # the toy tokenizer's vocabulary
     monkeypatch.setattr(bench, "toy_shapes", lambda: (tiny, 3, 1, 4))

@@ -25,9 +25,8 @@ import sys, time
 from datetime import timedelta
 from pathlib import Path
 import torch.distributed
-import prepare_shards
+from experiments import prepare_shards, presets, suite
 from plumbing import devices
-from experiments import presets, suite
 devices.COLLECTIVE_TIMEOUT = timedelta(seconds=3)   # what NCCL's 10 minutes are to a real preparation
 devices.WAIT_REPORT_SECONDS = 2
 prepare = prepare_shards.prepare

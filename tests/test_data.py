@@ -18,7 +18,7 @@ import pytest
 import torch
 
 import data
-import prepare_shards
+from experiments import prepare_shards
 from plumbing import corpora, errors, tokenizer
 
 # ---------------------------------------------------------------------------------------------------
