@@ -311,7 +311,7 @@ def test_the_layout_benchs_useful_flops_count_real_tokens_only():
     layers and head forward and backward) and the teacher's (its layers and head, forward and backward); the
     padded layout's positions are the rows times the longest document."""
     from experiments import presets
-    from flops import forward_flops_per_token
+    from plumbing.flops import forward_flops_per_token
     from tools import layout_bench
     shape = presets.teacher_shape(presets.PRESETS["toy"])
     lengths = [3, 128, 40]
