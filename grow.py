@@ -33,8 +33,8 @@ from plumbing.devices import Dist, autocast, clip_gradients, precision_choice, p
 from plumbing.errors import TrainingError
 from plumbing.faults import armed, kill_point
 from plumbing.locks import held
+from plumbing.progress import Bars, Runs
 from plumbing.writer import wait_for_writes
-from progress import Bars, Runs
 
 # ----------------------------------------------------------------------------------------------
 # Phases: what trains, with which optimizer

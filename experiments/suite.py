@@ -29,7 +29,7 @@ from experiments.presets import PRESETS, Preset, Settings, apply_overrides
 from experiments.set_values import override_name
 from plumbing import checkpoint, corpora, devices, errors, faults, locks, paths, tokenizer
 from plumbing.hf_qwen3 import ModelConfig
-from progress import Runs
+from plumbing.progress import Runs
 
 
 class TextConsole(Console):
