@@ -179,6 +179,13 @@ class RunConfig:
         # Grow-like runs replay one fixed shard; the long joint controls continue onto fresh data (long_data).
         return "fresh" if self.protocol == "joint-long" and self.long_data == "fresh" else "replay"
 
+    @property
+    def own_steps(self) -> int:
+        """The steps this run computes itself: its phases after the prefix it shares (start_from's phase-<p>),
+        which the run it starts from computed."""
+        shared = int(Path(self.start_from).name.removeprefix("phase-")) + 1 if self.start_from else 0
+        return sum(phase.steps for phase in plan_phases(self)[shared:])
+
 
 @dataclass(frozen=True)
 class Phase:

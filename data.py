@@ -1,4 +1,4 @@
-"""Data for normgrow: the on-disk token shards (prepared from a corpus by prepare_shards.py), memory-mapped,
+"""Data for normgrow: the on-disk token shards (prepared from a corpus by experiments/prepare_shards.py), memory-mapped,
 and the deterministic, rank-aware, resumable batches a run reads from them.
 
 Every rank memory-maps the shards prepare_shards.prepare wrote (`python repro.py data --scale toy`):
@@ -39,7 +39,7 @@ from plumbing.errors import DataError
 
 # ----------------------------------------------------------------------------------------------------
 # Shards: a directory with tokens.u32 (every document's tokens, flat), offsets.i64 (n_docs + 1 starts)
-# and manifest.json. prepare_shards.py writes the manifest last, inside a hidden temporary sibling directory
+# and manifest.json. experiments/prepare_shards.py writes the manifest last, inside a hidden temporary sibling directory
 # that is renamed into place, so a directory at a shard's path with a manifest is always complete.
 
 SHARD_FORMAT = 1

@@ -24,18 +24,18 @@ import torch.distributed as dist
 
 import checkpointing
 import data
-import flops
 import model
 import nets
 import rundir
 import transitions
 from config import Phase, RunConfig, learning_rate, plan_phases
+from plumbing import flops
 from plumbing.devices import Dist, autocast, clip_gradients, precision_choice, print0, set_gradient_sync, setup_distributed
 from plumbing.errors import TrainingError
 from plumbing.faults import armed, kill_point
 from plumbing.locks import held
+from plumbing.progress import Bars, Runs
 from plumbing.writer import wait_for_writes
-from progress import Bars, Runs
 
 # ----------------------------------------------------------------------------------------------
 # Phases: what trains, with which optimizer

@@ -21,7 +21,7 @@ sub-layer they belong to (`attn_norm`, `mlp_norm`) because their position depend
 plumbing/hf_qwen3.py maps them to `input_layernorm` / `post_attention_layernorm` and writes HF folders
 (a teacher; a pre-norm student, export_hf). What a student does at its block boundaries beyond the
 paper (the interventions) and what a forward records there (the monitor) live in interventions/; its
-checkpoint folder (save, load) in student_folder.py.
+checkpoint folder (save, load) in interventions/student_folder.py.
 """
 from __future__ import annotations
 
@@ -49,10 +49,10 @@ from interventions.placements import (
     scale_deepnet_init,
     start_outputs_at_teacher_gain,
 )
+from interventions.student_folder import StudentFolder
 from plumbing.checkpoint import load_tensors, read_config
 from plumbing.devices import built_on_meta, fill_parameter, full_tensor
 from plumbing.hf_qwen3 import ModelConfig, hf_name
-from student_folder import StudentFolder
 
 # ----------------------------------------------------------------------------------------------
 # Layers

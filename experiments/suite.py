@@ -23,13 +23,13 @@ from rich.table import Table
 import config
 import data
 import grow
-import prepare_shards
 import rundir
+from experiments import prepare_shards
 from experiments.presets import PRESETS, Preset, Settings, apply_overrides
 from experiments.set_values import override_name
 from plumbing import checkpoint, corpora, devices, errors, faults, locks, paths, tokenizer
 from plumbing.hf_qwen3 import ModelConfig
-from progress import Runs
+from plumbing.progress import Runs
 
 
 class TextConsole(Console):

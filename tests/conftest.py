@@ -23,8 +23,8 @@ torch.set_num_threads(1)
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 import model  # noqa: E402
-import prepare_shards  # noqa: E402
 from config import RunConfig  # noqa: E402
+from experiments import prepare_shards  # noqa: E402
 from plumbing.hf_qwen3 import ModelConfig, save_qwen3  # noqa: E402
 
 TINY_VOCAB = 512

@@ -112,7 +112,7 @@ def test_kd_loss_bench_smoke():
 def test_the_whole_bench_runs_at_tiny_sizes(tmp_path, monkeypatch):
     """`make bench`'s code path end to end (every row: train step, KD loss, tokenizer, loader, lockstep,
     compile) on a tiny model and a small toy shard, from a folder that is not the repository's."""
-    import prepare_shards
+    from experiments import prepare_shards
     from plumbing import tokenizer
     tiny = replace(TINY_MODEL, vocab_size=4097)  # the toy tokenizer's vocabulary
     monkeypatch.setattr(bench, "toy_shapes", lambda: (tiny, 3, 1, 4))
@@ -311,7 +311,7 @@ def test_the_layout_benchs_useful_flops_count_real_tokens_only():
     layers and head forward and backward) and the teacher's (its layers and head, forward and backward); the
     padded layout's positions are the rows times the longest document."""
     from experiments import presets
-    from flops import forward_flops_per_token
+    from plumbing.flops import forward_flops_per_token
     from tools import layout_bench
     shape = presets.teacher_shape(presets.PRESETS["toy"])
     lengths = [3, 128, 40]

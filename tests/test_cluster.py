@@ -25,9 +25,8 @@ import sys, time
 from datetime import timedelta
 from pathlib import Path
 import torch.distributed
-import prepare_shards
+from experiments import prepare_shards, presets, suite
 from plumbing import devices
-from experiments import presets, suite
 devices.COLLECTIVE_TIMEOUT = timedelta(seconds=3)   # what NCCL's 10 minutes are to a real preparation
 devices.WAIT_REPORT_SECONDS = 2
 prepare = prepare_shards.prepare
@@ -188,7 +187,7 @@ def test_the_rehearsals_worst_step_is_the_most_the_launchs_placement_gives_a_ran
 
     import data
     from experiments import presets
-    from flops import document_cost
+    from plumbing.flops import document_cost
     from tools import memory, rehearse
     full = presets.PRESETS["full"]
     T, m, shape = full.data["max_len"], full.run["micro_batch"], presets.teacher_shape(full)
@@ -346,8 +345,8 @@ def test_the_plans_hours_are_its_lines_and_the_balance_follows_the_lengths(monke
     less placed by length than in order. A grow run evaluates at each phase's start and every 2,000
     steps (3 x 26 times at full). The total is the sum of its lines."""
     from experiments import presets, suite, tables
-    from flops import forward_flops_per_token
     from plumbing import devices
+    from plumbing.flops import forward_flops_per_token
     from tools import plan
     full = presets.PRESETS["full"]
     teacher = presets.teacher_shape(full)

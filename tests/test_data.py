@@ -1,4 +1,4 @@
-"""Acceptance tests of data.py, prepare_shards.py and plumbing/corpora.py (issue 3): corpora, shards, batches
+"""Acceptance tests of data.py, experiments/prepare_shards.py and plumbing/corpora.py (issue 3): corpora, shards, batches
 (the tokenizer's are in test_tokenizer.py).
 
     .venv/bin/python -m pytest -q tests/test_data.py
@@ -18,7 +18,7 @@ import pytest
 import torch
 
 import data
-import prepare_shards
+from experiments import prepare_shards
 from plumbing import corpora, errors, tokenizer
 
 # ---------------------------------------------------------------------------------------------------

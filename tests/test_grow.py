@@ -421,7 +421,7 @@ def test_runs_are_numbered_across_a_lockstep_group_and_across_seeds(tiny_shards,
     planned: grow 3 phases x 2, freeze the 2 x 2 after the phase it shares, joint 2."""
     import re
 
-    import progress
+    from plumbing import progress
     counted = progress.Runs()
 
     def jobs(seed):
@@ -445,7 +445,7 @@ def test_the_time_left_is_the_steps_left_at_the_rate_measured_after_the_first_st
     """Two runs in lockstep, a grow of 12 steps and a freeze of 8 of its own, a step of each every 3 s (the
     first pays the warm-up and is not measured): after 3 steps each, a has 9 left (27 s), b 5 (15 s); all of
     the command's 14 steps left at 7 s over 5 run-steps, 19.6 s."""
-    import progress
+    from plumbing import progress
     ticks = iter([100.0, 101.0, 103.0, 104.0, 106.0, 107.0])
     counted = progress.Runs(clock=lambda: next(ticks))
     counted.plan([(make_config(phase_steps=4), "a"), (make_config(phase_steps=4, protocol="freeze",
@@ -468,7 +468,7 @@ def test_a_bar_shows_dashes_not_nan_before_its_first_step():
 
     from rich.console import Console
 
-    import progress
+    from plumbing import progress
     ticks = iter([0.0, 2.0])
     bars = progress.Bars(devices.Dist(), progress.Runs(clock=lambda: next(ticks)),
                          [(make_config(phase_steps=4), "a"), (make_config(phase_steps=4), "b")])

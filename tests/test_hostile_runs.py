@@ -26,9 +26,8 @@ from safetensors.torch import load_file, save_file
 import checkpointing
 import grow
 import model
-import prepare_shards
 import rundir
-from experiments import comparison
+from experiments import comparison, prepare_shards
 from plumbing import checkpoint, corpora, errors, locks, tokenizer
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 import torch
 
-import progress
 from experiments import suite
+from plumbing import progress
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -274,7 +274,7 @@ def test_token_placement_places_every_document_once_within_the_budget_and_balanc
     empty one where it has none); and the ranks' slots closer in cost than documents taken in order, where a
     packed micro-batch costs the sum of its documents' costs (flops.document_cost)."""
     from experiments import presets
-    from flops import document_cost
+    from plumbing.flops import document_cost
     full = presets.PRESETS["full"]
     teacher, budget = presets.teacher_shape(full), 8192
     cost = lambda n: document_cost(teacher, 9, n)

@@ -12,8 +12,8 @@ import torch
 import diag
 import model
 from experiments import suite
-from flops import forward_flops_per_token
 from interventions.monitor import attention_to_first
+from plumbing.flops import forward_flops_per_token
 from plumbing.hf_qwen3 import ModelConfig
 from tools import preflight
 

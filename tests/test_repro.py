@@ -21,8 +21,8 @@ import data
 import repro
 import rundir
 from experiments import presets, registry, set_values, suite, tables, training
-from flops import forward_flops_per_token
 from plumbing import checkpoint, devices, errors, paths
+from plumbing.flops import forward_flops_per_token
 from tools import checkpoints, lockstep_plan, plan
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -32,8 +32,7 @@ import grow
 import kd
 import model
 import nets
-import prepare_shards
-from experiments import presets, suite
+from experiments import prepare_shards, presets, suite
 from plumbing import checkpoint, corpora, devices, tokenizer
 from plumbing.hf_qwen3 import ModelConfig, save_qwen3
 from tools import layout_bench, utilization

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import data
 from experiments import presets
-from flops import forward_flops_per_token
 from plumbing import devices
+from plumbing.flops import forward_flops_per_token
 from tools import utilization
 
 LAYOUTS = ("padded", "packed")

@@ -19,7 +19,7 @@ from rich.table import Table
 import config
 import data
 from experiments import presets, report, suite
-from flops import document_cost, forward_flops_per_token
+from plumbing.flops import document_cost, forward_flops_per_token
 from plumbing.hf_qwen3 import ModelConfig
 from tools import lockstep_plan, memory
 from tools.lockstep_plan import PlannedRun

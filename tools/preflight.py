@@ -23,8 +23,8 @@ import data
 import grow
 import rundir
 from experiments import paper_reports, presets, registry, studies, suite, training, variants
-from flops import forward_flops_per_token
 from plumbing import checkpoint, devices, errors, faults
+from plumbing.flops import forward_flops_per_token
 from tools import cpu_estimate, lockstep_plan, plan, rehearse, rehearse_real
 
 

@@ -32,8 +32,8 @@ import grow
 import model
 import nets
 from experiments import presets
-from flops import forward_flops_per_token
 from plumbing import devices
+from plumbing.flops import forward_flops_per_token
 from plumbing.hf_qwen3 import ModelConfig
 
 SCALES = ("toy", "mini")

@@ -1,6 +1,7 @@
 """A block-stack student's checkpoint folder: config.json (the HF fields, plus the student's shape and
 interventions under "normgrow_student") and model.safetensors, written atomically with checksums and read back
-only after its shape is checked. model.Student takes these methods from `StudentFolder`; moved from model.py.
+only after its shape is checked. model.Student takes these methods from `StudentFolder`, as it takes its boundary
+modules from boundary.BoundaryInputs, whose checkpoint entries it reads and checks; moved from model.py.
 
     student.save("runs/x/final")                         # config.json + model.safetensors
     student = model.Student.load("runs/x/final")         # on the meta device, then filled from the file

@@ -6,8 +6,6 @@ groups and seeds by one `Runs` on its Workspace. A number shows only once a step
 import time
 from pathlib import Path
 
-from config import plan_phases
-
 
 class Runs:
     """The runs one command trains: which is which of how many, the steps each has left, and their pace (or ALL's)."""
@@ -21,10 +19,10 @@ class Runs:
         self.last: dict[Path | None, tuple[float, int]] = {}   # ... and of the latest
 
     def plan(self, jobs):
-        """[(config, run folder)] this command trains, each counted once, with the steps it computes itself."""
+        """[(config, run folder)] this command trains, each counted once, with the steps it computes itself
+        (config.RunConfig.own_steps)."""
         for config, run_dir in jobs:
-            shared = int(Path(config.start_from).name.removeprefix("phase-")) + 1 if config.start_from else 0
-            self.left.setdefault(Path(run_dir).absolute(), sum(phase.steps for phase in plan_phases(config)[shared:]))
+            self.left.setdefault(Path(run_dir).absolute(), config.own_steps)
 
     def opened(self, run_dir, step: int, last_step: int):
         """A run resumed at `step` of `last_step`, numbered if it is not yet (in the order runs start)."""
