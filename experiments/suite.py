@@ -45,7 +45,7 @@ console = TextConsole(width=None if sys.stdout.isatty() else 140, markup=False, 
 
 # Workspace: where a scale's data, runs and results live
 
-def run_folder(run: str, seed: int, variant: str = "", students: str = "") -> str:
+def run_folder(run: str, seed: int | str, variant: str = "", students: str = "") -> str:
     """A run's folder under its workspace's runs/ (the key references and records name it by) from its name, seed, variant
     ("" the suite's own run) and students of other settings (set/<...>): the runs' layout's one place; "*" globs them."""
     return str(Path(students, f"beyond/{variant}" if variant else "", f"s{seed}", run))
