@@ -10,7 +10,6 @@ scratch is Table 1's 2 x 2 in plain pretraining, no teacher. Each writes results
 """
 
 from dataclasses import asdict, replace
-from pathlib import Path
 
 import paper
 import rundir
@@ -365,7 +364,7 @@ def scratch_workspace(ws: suite.Workspace) -> suite.Workspace:
     """The scale with no teacher: plain CE, the student shaped as the teacher would be, with the data's vocabulary."""
     shape = {**asdict(presets.teacher_shape(ws.preset)), "vocab_size": corpora.vocabulary(ws.preset.data).n_vocab}
     run = {**ws.preset.run, "alpha": 0.0, "gamma": 1.0, "scratch_model": shape}
-    return replace(ws, preset=replace(ws.preset, run=run), student_runs=str(Path(ws.student_runs) / "beyond" / "scratch"))
+    return replace(ws, preset=replace(ws.preset, run=run), variant="scratch")
 
 
 def run_scratch(ws: suite.Workspace, seeds: list[int], force: bool = False) -> dict:
@@ -380,8 +379,8 @@ def run_scratch(ws: suite.Workspace, seeds: list[int], force: bool = False) -> d
     cited = {k: paper.DELTAS[k] for k in ("delta_joint", "delta_grow", "interaction")}
     out = {"experiment": "scratch", "scale": ws.preset.name, "seeds": seeds, "numbers": report.finite(numbers),
            "stats": {k: report.across_seeds(values) for k, values in numbers.items()},
-           "folder": str(sws.students_dir), "paper_with_teacher": cited, "diverged_runs": diverged,
-           "about": __doc__.split("\n\n")[1]}
+           "folder": str(sws.run_dir(tables.MAIN_RUNS[0], seeds[0]).parents[1]),  # its seeds' folders: beyond/scratch/
+           "paper_with_teacher": cited, "diverged_runs": diverged, "about": __doc__.split("\n\n")[1]}
     lines = [f"# Growth from scratch ({ws.preset.name} scale): no teacher, plain CE", "",
              f"Validation CE, {report.seeds_text(seeds)}.", "",
              report.diverged_line(diverged, len(tables.MAIN_RUNS) * len(seeds)), "",

@@ -154,7 +154,7 @@ def check_scale(target: Path, scale: str, path: Path):
 def run_folders(target: Path) -> list[Path]:
     """`target` if it is a run (one that has logged, or only been set up), else the runs of its seeds."""
     is_run = lambda d: (d / "metrics.jsonl").is_file() or (d / "config.json").is_file()
-    return [target] if is_run(target) else [d for d in sorted(target.glob("s*/*")) if is_run(d)]
+    return [target] if is_run(target) else [d for d in sorted(target.glob(suite.run_folder("*", "*"))) if is_run(d)]
 
 
 def made_at(target: Path) -> list[tuple[Path, str]]:

@@ -8,11 +8,13 @@ applies the rule declared before the runs, in the words it chooses (experiments/
 
 import re
 from collections import Counter
+from fnmatch import fnmatch
 from functools import partial
 from pathlib import Path
 
 from experiments import beyond, page_figures, paper_reports, reference, registry, report, tables, tail
 from experiments.readings import RULE, declared_p, read, reading_cell, seeds_of, stats
+from experiments.suite import run_folder
 from paper import DELTAS
 from plumbing import checkpoint
 from plumbing.errors import UsageError
@@ -32,7 +34,7 @@ def provenance_lines(reference: dict) -> list[str]:
     for folder, commit in commits.items():
         groups.setdefault(commit or "none", set()).add(re.sub(r"(^|/)s\d+/", r"\1s*/", folder))
     suite_runs = len(reference["final_ce"]) * len(reference["seeds"])
-    unrecorded = suite_runs - sum(bool(re.match(r"s\d+/", f)) for f in commits)
+    unrecorded = suite_runs - sum(any(fnmatch(f, run_folder("*", s)) for s in reference["seeds"]) for f in commits)
     lines = [f"- Reference collected at commit `{reference['git_commit'][:7]}` (`git_commit`)."]
     counts = {commit: sum(1 for c in commits.values() if (c or "none") == commit) for commit in groups}
     lines += [f"- Runs trained at commit `{commit[:7]}`: {counts[commit]} run folder{'s' * (counts[commit] > 1)} "

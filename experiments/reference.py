@@ -16,6 +16,7 @@ from pathlib import Path
 import rundir
 from experiments import report
 from experiments.record_files import CE_LIMIT, NUMBER_LIMIT, too_long
+from experiments.suite import run_folder
 from plumbing import checkpoint
 from plumbing.errors import OptionError, UsageError
 
@@ -35,7 +36,7 @@ def collect(runs: Path, results: Path, seeds: list[int]) -> dict:
     """The reference of a scale from its runs (runs/<scale>/s<seed>/<run>/) and reports (results/<scale>/)."""
     curves, finals, tables = {}, {}, {}
     for seed in seeds:
-        for run_dir in sorted((runs / f"s{seed}").iterdir()):
+        for run_dir in sorted(runs.glob(run_folder("*", seed))):  # on disk: idea 4's search picks some
             if (run_dir / "done.json").is_file():
                 for point, ce in curve(run_dir).items():
                     curves.setdefault(run_dir.name, {}).setdefault(point, []).append(ce)
@@ -90,8 +91,7 @@ PROVENANCE_FIELDS = {"run_commits": lambda p: p.get("git_commit"), "run_precisio
 
 def run_provenance(runs: Path, seeds: list[int]) -> dict[str, dict[str, str | None]]:
     """{reference key: {run folder under runs/<scale>/: its provenance.json's field}} of every run of the seeds."""
-    folders = [d for seed in seeds for d in runs.glob(f"s{seed}/*")] + \
-        [d for seed in seeds for d in runs.glob(f"beyond/*/s{seed}/*")] + [runs / "teacher"]
+    folders = [d for s in seeds for v in ("", "*") for d in runs.glob(run_folder("*", s, v))] + [runs / "teacher"]
     made = {str(d.relative_to(runs)): rundir.read_json(d / "provenance.json")
             for d in sorted(folders) if (d / "provenance.json").is_file()}
     return {key: {folder: field(p) for folder, p in made.items()} for key, field in PROVENANCE_FIELDS.items()}
@@ -277,9 +277,8 @@ def json_path(*keys: str) -> str:
 
 def write(scale: str, seeds: list[int], force: bool, runs: Path, results: Path) -> str:
     """references/<scale>.json from the finished runs and reports of `seeds`; the line that says what it wrote."""
-    missing = [seed for seed in seeds if not (runs / f"s{seed}").is_dir()]
-    if missing:
-        raise UsageError(f"{runs / f's{missing[0]}'}: no runs of seed {missing[0]}; run them first")
+    if missing := [seed for seed in seeds if not (runs / run_folder("*", seed)).parent.is_dir()]:
+        raise UsageError(f"{(runs / run_folder('*', missing[0])).parent}: no runs of seed {missing[0]}; run them first")
     content = collect(runs, results, seeds)  # every report read whole (read_report)
     if not content["curves"]:
         raise UsageError(f"no finished runs of seeds {seeds} under {runs}; run them first")

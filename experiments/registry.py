@@ -113,5 +113,4 @@ def section_folders(name: str, scale: str, seeds: list[int]) -> list[str]:
     if experiment is None or experiment.names_its_machines:  # a table the kit has no entry for (pages.other_section)
         return []
     ws = studies.page_workspace(scale, None)  # runs/<scale>/, as a page places a study's runs
-    return [str(gws.run_dir(run, s).relative_to(ws.runs)) for seed in seeds
-            for _, gws, runs, s in experiment.groups(ws, seed) for run in runs]
+    return [gws.folder(run, s) for seed in seeds for _, gws, runs, s in experiment.groups(ws, seed) for run in runs]

@@ -44,7 +44,7 @@ class Job:
 
     @property
     def label(self) -> str:
-        return str(self.folder.relative_to(self.ws.runs))
+        return self.ws.folder(self.run, self.seed)
 
 
 def unique(jobs) -> list[Job]:

@@ -45,15 +45,20 @@ console = TextConsole(width=None if sys.stdout.isatty() else 140, markup=False, 
 
 # Workspace: where a scale's data, runs and results live
 
+def run_folder(run: str, seed: int | str, variant: str = "", students: str = "") -> str:
+    """A run's folder under its workspace's runs/ (the key references and records name it by) from its name, seed, variant
+    ("" the suite's own run) and students of other settings (set/<...>): the runs' layout's one place; "*" globs them."""
+    return str(Path(students, f"beyond/{variant}" if variant else "", f"s{seed}", run))
+
+
 @dataclass(eq=False)  # hashed by identity: results computed from a workspace are cached per run
 class Workspace:
     preset: Preset
     runs: Path
     results: Path
     ctx: devices.Dist
-    student_runs: str = ""  # a subfolder of runs/<scale>/ for students of other settings (set/<...>, beyond/<...>)
-    # a variant's workspace (variants.variant_workspace): the suite's student_runs its freeze runs start from
-    suite_runs: str | None = None
+    student_runs: str = ""  # a subfolder of runs/<scale>/ for students of other settings (set/<...>)
+    variant: str = ""       # a variant's folder (variants.variant_workspace): its runs beside the suite's (run_folder)
     tracker: str = ""       # rundir.TRACKERS: also log to TensorBoard or W&B
     lockstep: bool = True   # train a seed's runs together (repro.py: off on a GPU where lockstep_plan.fits says no)
     inputs: Preset | None = None  # the preset whose data and teacher these runs share (None: `preset`)
@@ -67,12 +72,11 @@ class Workspace:
     def data_dir(self) -> Path:
         return self.runs / "data"
 
-    @property
-    def students_dir(self) -> Path:
-        return self.runs / self.student_runs
+    def folder(self, run: RunName, seed: int) -> str:
+        return run_folder(run.name, seed, self.variant, self.student_runs)
 
     def run_dir(self, run: RunName, seed: int) -> Path:
-        return self.students_dir / f"s{seed}" / run.name
+        return self.runs / self.folder(run, seed)
 
     @property
     def teacher_dir(self) -> Path:

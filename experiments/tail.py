@@ -26,7 +26,7 @@ import paper
 import rundir
 from experiments import presets, readings, report, studies, suite
 from experiments.power import power
-from experiments.suite import RunName
+from experiments.suite import RunName, run_folder
 from experiments.variants import Variant, train_variants, variant_workspace
 from interventions.boundary import with_tail
 from nets import hidden_only
@@ -63,7 +63,7 @@ def measure_regular_rms(records: Path, seeds=(42, 43, 44)) -> list[float]:
     """Per seed, the monitor's mean RMS after block 0 at phase 0's last monitor row of the recorded pre-grow run."""
     out = []
     for seed in seeds:
-        rows = studies.read_record(records / f"s{seed}" / "pre-grow.json")["metrics"]
+        rows = studies.read_record(records / f"{run_folder('pre-grow', seed)}.json")["metrics"]
         last = [r for r in rows if r.get("monitor") and r.get("phase") == 0][-1]
         out.append(next(b["mean"] for b in last["boundaries"] if b["boundary"] == 1))
     return out
@@ -109,11 +109,6 @@ def ws_variants(ws: suite.Workspace) -> list[Variant]:
     return variants(ws.preset.name, presets.teacher_shape(ws.preset).hidden_size)
 
 
-def label(v: Variant, seed: int) -> str:
-    """Its folder under the scale's runs and its record's under the scale's records (studies.Job.label)."""
-    return f"beyond/{v.folder}/s{seed}/{v.run.name}" if v.folder else f"s{seed}/{v.run.name}"
-
-
 def manifest(ws: suite.Workspace, seeds: list[int]) -> list[studies.Job]:
     return studies.unique(studies.Job(variant_workspace(ws, v, s), v.run, s) for s in seeds for v in ws_variants(ws))
 
@@ -156,9 +151,9 @@ def family(ce: dict) -> list[dict]:
 
 
 def outcome(scale: str, hidden: int, seeds: list[int], read: dict[str, tuple]) -> dict:
-    """The report's numbers from `read`, {label: (done, rows, machine row)} of the runs that are in, or, before every
+    """The report's numbers from `read`, {run folder: (done, rows, machine row)} of the runs that are in, or, before every
     run is in, how many are."""
-    runs = variants(scale, hidden)
+    runs, label = variants(scale, hidden), lambda v, s: run_folder(v.run.name, s, v.folder)  # as studies.Job.label
     found = {(v.label, s): read[label(v, s)] for v in runs for s in seeds if label(v, s) in read}
     # No numbers to ship: its page reads the committed records (recorded_outcome), never a reference.
     out = {"experiment": "tail", "scale": scale, "seeds": seeds, "numbers": {}, "runs": len(runs) * len(seeds),

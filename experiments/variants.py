@@ -34,7 +34,7 @@ def variant_workspace(ws: suite.Workspace, variant: Variant, seed: int) -> suite
     if settings.get("run", {}).get("boundary") == "mirror-fwd":  # the matching pre-norm run of the same seed
         settings["run"]["boundary_source"] = str(ws.run_dir(replace(variant.run, norm="pre"), seed))
     return replace(ws, preset=presets.with_settings(ws.preset, settings, f"the variant {variant.label!r}"),
-                   student_runs=str(Path(ws.student_runs) / "beyond" / variant.folder), suite_runs=ws.student_runs)
+                   variant=variant.folder)
 
 
 def variant_dir(ws: suite.Workspace, variant: Variant, seed: int) -> Path:
@@ -65,8 +65,8 @@ def job_config(vws: suite.Workspace, run: RunName, seed: int, teacher: Path) -> 
     """A run's settings in its workspace; a variant's freeze run starts from the suite's grow phase 0 (of block 0's
     placement): no intervention acts while one block is active."""
     settings = suite.run_config(vws, run, seed, teacher=teacher)
-    if settings.start_from and run.protocol == "freeze" and vws.suite_runs is not None:
-        suite_ws = replace(vws, student_runs=vws.suite_runs, suite_runs=None)
+    if settings.start_from and run.protocol == "freeze" and vws.variant:
+        suite_ws = replace(vws, variant="")
         shared = suite_ws.run_dir(RunName(block0_placement(run), "grow"), seed) / "phase-0"
         settings = replace(settings, start_from=os.path.relpath(shared, vws.run_dir(run, seed)))
     return settings

@@ -461,13 +461,13 @@ def test_settings_that_differ_only_for_the_students_share_one_data_and_teacher(t
     assert a.run_dir(tables.PRE_GROW, 42) != c.run_dir(tables.PRE_GROW, 42)
     assert not any(item.startswith("run.") for item in a.runs.name.split("+", 1)[1].split(","))
     assert "data.document_chars=3600" in a.runs.name
-    assert "run.layers_per_block=3" in c.students_dir.name and "run.layers_per_block" not in a.students_dir.name
+    assert "run.layers_per_block=3" in c.student_runs and "run.layers_per_block" not in a.student_runs
     assert d.teacher_dir != c.teacher_dir  # weight decay retrains the teacher (teacher_run.weight_decay)
-    assert b.teacher_dir == ws.teacher_dir and b.students_dir.parent.name == "set"
+    assert b.teacher_dir == ws.teacher_dir and b.student_runs.startswith("set/")
     assert c.inputs is not None and c.inputs.data == c.preset.data and c.inputs.run == presets.PRESETS["toy"].run
     assert a.results != c.results  # each setting's own results folder
     only_data = ws_with(["data.val_docs=20"])
-    assert only_data.students_dir == only_data.runs == a.runs.parent / "toy+data.val_docs=20" and only_data.inputs is None
+    assert only_data.runs == a.runs.parent / "toy+data.val_docs=20" and not only_data.student_runs and not only_data.inputs
 
 
 def test_provenance_names_the_cpu_and_the_instructions_torch_uses():

@@ -56,6 +56,6 @@ def test_a_variant_or_grid_point_passes_the_checks_a_set_value_passes():
     allowed = replace(dose, settings={"run": {**dose.settings["run"], "boundary_scale": 1000.0}})
     vws = variants.variant_workspace(ws, allowed, 42)
     assert vws.preset.run == {**preset.run, "boundary": "dose-channel", "boundary_scale": 1000.0}
-    assert vws.suite_runs == ws.student_runs  # a variant's freeze run finds the suite's grow here, no folder parsed
+    assert (vws.variant, vws.student_runs) == (allowed.folder, ws.student_runs)  # its freeze runs find the suite's grow
 
 

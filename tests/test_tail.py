@@ -10,6 +10,7 @@ import torch
 
 import model
 from experiments import power, presets, report, studies, tail
+from experiments.suite import run_folder
 from interventions.boundary import TAIL_CHANNEL, with_tail
 from nets import hidden_only
 from plumbing import errors
@@ -147,8 +148,8 @@ def test_one_seed_writes_a_report_that_reads_nothing():
     """Issue 59 §6: smoke's default single seed trained and recorded every run, then the report died in the power
     calculation (math domain error) and the correlation of D over seeds; now its report says "no reading: one seed"
     (a seed recorded now joins later seeds' records), and the power line says there is none."""
-    out = tail.outcome("smoke", 32, [42], {tail.label(v, 42): one_seed_reader(tail.label(v, 42))
-                                           for v in tail.variants("smoke", 32)})
+    folders = [run_folder(v.run.name, 42, v.folder) for v in tail.variants("smoke", 32)]  # as studies.Job.label
+    out = tail.outcome("smoke", 32, [42], {folder: one_seed_reader(folder) for folder in folders})
     assert out["recorded"] == out["runs"] == 14 and math.isnan(out["doses"]["d_correlation"])
     assert out["family"][0]["reading"] == "no reading: one seed" and out["position_state"] is None
     text = "\n".join(tail.markdown(out))

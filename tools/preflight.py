@@ -152,7 +152,7 @@ def study_groups(study: registry.Experiment, ws: suite.Workspace, seed: int) -> 
     variant's runs in its folder alone."""
     planned_groups = []
     for label, gws, runs, s in study.groups(ws, seed):
-        if gws is ws or gws.student_runs == ws.student_runs:
+        if not gws.variant:
             planned_groups.append((label, gws, plan.planned_runs(gws, runs, s)))
         else:
             planned_groups.append((label, gws, [lockstep_plan.PlannedRun(run.name, variants.job_config(gws, run, s, None),
