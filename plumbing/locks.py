@@ -22,7 +22,7 @@ import sys
 import threading
 import time
 from collections import deque
-from contextlib import ExitStack, contextmanager
+from contextlib import ExitStack, contextmanager, suppress
 from datetime import datetime
 from pathlib import Path
 from typing import Iterator
@@ -66,10 +66,8 @@ def _write_record(fd: int):
     """Who holds the lock, for a waiter's message; a full disk leaves the file empty, and the lock holds."""
     record = {"host": socket.gethostname(), "pid": os.getpid(), "command": " ".join(sys.argv),
               "since": datetime.now().astimezone().isoformat(timespec="seconds")}
-    try:
+    with suppress(OSError):
         os.pwrite(fd, json.dumps(record).encode(), 0)
-    except OSError:
-        pass
 
 
 def _holder(fd: int) -> tuple[str, dict]:
@@ -330,10 +328,8 @@ def _heartbeat(fds):
     def beat():
         while not stop.wait(HEARTBEAT_SECONDS):
             for fd in fds:
-                try:
+                with suppress(OSError):  # a full or read-only filesystem: the lock holds, the heartbeat is missed
                     os.utime(fd)
-                except OSError:  # a full or read-only filesystem: the lock holds, the heartbeat is missed
-                    pass
     thread = threading.Thread(target=beat, name="lock heartbeat", daemon=True)
     thread.start()
     try:
