@@ -214,8 +214,7 @@ def check(target: Path, scale: str | None, records: Path = RECORDS_DIR):
     outside = [r for r in rows if not r["within"]]
     problems = [f"{len(outside)} of {len(rows)} numbers of {target} are outside the shipped seeds' band (first: "
                 f"{outside[0]['name']} = {outside[0]['value']:.4f})"] if outside else []
-    pending = not_yet(target, load(scale), records / scale)
-    if pending:
+    if pending := not_yet(target, load(scale), records / scale):
         runs = ", ".join(f"{name} {suite.run_status(run)}" for name, run, _ in pending)
         name, _, lacking = pending[0]
         problems.append(f"unfinished: {runs}; {sum(len(p[2]) for p in pending)} numbers {scale}.json has for them do "

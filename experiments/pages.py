@@ -65,8 +65,7 @@ def provenance_lines(reference: dict) -> list[str]:
 def runs_line(name: str, reference: dict, scale: str) -> list[str]:
     """What trained the runs a section reads: a table rerun in a runs folder of its own (`table_provenance`), else
     the scale's run folders the section reads (registry.section_folders)."""
-    own = (reference.get("table_provenance") or {}).get(name)
-    if own:
+    if own := (reference.get("table_provenance") or {}).get(name):
         folders = list(own.get("run_commits") or own.get("run_precisions") or {})
         said = f". {own['said'][0].upper()}{own['said'][1:]}" if own.get("said") else ""
         return ["Its runs are its own runs folder's, not those the rest of this page reads (even where a name is the "

@@ -35,8 +35,7 @@ def stats(values: list) -> dict:
 def read(s: dict, p_holm: float | None = None) -> str:
     """The declared rule's reading (report.reading), in a family by its Holm-adjusted p; a seed without a value
     gives none."""
-    missing = sum(not math.isfinite(v) for v in s["values"])
-    if missing:
+    if missing := sum(not math.isfinite(v) for v in s["values"]):
         return f"no reading: {missing} of {len(s['values'])} seeds have no value (null: a diverged run, n/a or never)"
     return report.reading(s, TIE_MARGIN, p_holm)
 

@@ -166,8 +166,7 @@ def check_reference(content, path: Path, fix: str = ""):
     for key in ("seeds", "git_commit", "curves", "final_ce", "tables"):
         if key not in content:
             raise bad(key, "is missing")
-    unknown = sorted(set(content) - REFERENCE_KEYS)
-    if unknown:
+    if unknown := sorted(set(content) - REFERENCE_KEYS):
         raise bad(unknown[0], f"is not a key the kit writes ({', '.join(sorted(REFERENCE_KEYS))})")
     seeds = check_seeds(content["seeds"], "seeds", bad)
     expect(content["git_commit"], str, "git_commit", bad)
@@ -277,8 +276,7 @@ def json_path(*keys: str) -> str:
 
 def write(scale: str, seeds: list[int], force: bool, runs: Path, results: Path) -> str:
     """references/<scale>.json from the finished runs and reports of `seeds`; the line that says what it wrote."""
-    missing = [seed for seed in seeds if not (runs / f"s{seed}").is_dir()]
-    if missing:
+    if missing := [seed for seed in seeds if not (runs / f"s{seed}").is_dir()]:
         raise UsageError(f"{runs / f's{missing[0]}'}: no runs of seed {missing[0]}; run them first")
     content = collect(runs, results, seeds)  # every report read whole (read_report)
     if not content["curves"]:

@@ -73,8 +73,7 @@ def no_checkpoint(run: Path) -> str:
                 "rerun the command that made it (repro.py train --norm ... --protocol ..., or its experiment) to "
                 "train it with weights")
     again = f"rerun the command that trains it (it resumes), then pass {run} again"
-    partial = sorted(p.name for p in run.glob("phase-*.tmp") if p.is_dir())
-    if partial:
+    if partial := sorted(p.name for p in run.glob("phase-*.tmp") if p.is_dir()):
         return (f"holds no finished checkpoint yet ({partial[-1].removesuffix('.tmp')} only partly written: "
                 f"{partial[-1]}/, left by a run stopped while saving it); {again}")
     if (run / "done.json").is_file():
@@ -223,8 +222,7 @@ def check_export_target(student_dir: Path, out_dir: Path, force: bool, runs_dir:
     if not (out_dir / hf_qwen3.EXPORT_MARKER).is_file():
         raise errors.CheckpointError(f"{out_dir}: not a folder the kit exported (no {hf_qwen3.EXPORT_MARKER}); --force only "
                                      "replaces earlier exports, so choose a new or empty folder")
-    foreign = not_exported(out_dir, written)
-    if foreign:
+    if foreign := not_exported(out_dir, written):
         raise errors.CheckpointError(f"{out_dir / foreign[0]}: not written by the kit, and --force would delete it with "
                                      "the earlier export; move it out of the folder and rerun")
 

@@ -259,8 +259,7 @@ if __name__ == "__main__":
     parser.add_argument("--checks", type=lambda text: tuple(text.split(",")), default=CHECKS,
                         help=f"a comma-separated subset, run in that order (default: {','.join(CHECKS)})")
     args = parser.parse_args()
-    unknown = [name for name in args.checks if name not in CHECKS]
-    if unknown:
+    if unknown := [name for name in args.checks if name not in CHECKS]:
         parser.error(f"--checks: no check named {', '.join(unknown)}; the checks are {', '.join(CHECKS)}")
     if args.device == "cuda" and not torch.cuda.is_available():  # before any check: one line, not an AssertionError
         sys.exit("Error: no CUDA device here (torch.cuda.is_available() is False); the check needs one CUDA GPU and a "
