@@ -24,7 +24,7 @@ from config import PATH_FIELDS
 from experiments import report, studies, suite
 from experiments.presets import PRESETS
 from experiments.record_files import digest, training_settings
-from experiments.reference import REFERENCES, curve, load, points, read_report
+from experiments.reference import REFERENCES, load, points, read_report
 from experiments.studies import RECORDS_DIR
 from plumbing import checkpoint
 from plumbing.errors import KitError, OptionError, UsageError
@@ -51,7 +51,7 @@ def measured(target: Path) -> dict[str, float]:
 
 
 def run_numbers(run_dir: Path) -> dict[str, float]:
-    numbers = {f"ce at {point}": ce for point, ce in curve(run_dir).items()}
+    numbers = {f"ce at {point}": ce for point, ce in points(rundir.read_metrics(run_dir)).items()}
     if (run_dir / "done.json").is_file():
         numbers["final ce"] = rundir.final_eval(run_dir)["ce"]  # checked against its own log
     return numbers

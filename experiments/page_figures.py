@@ -29,7 +29,7 @@ def mean(values: list) -> float:
 
 
 def phase_points(curve: dict) -> tuple[list[str], list[str]]:
-    """(starts, ends) of a grow run's curve (reference.curve): the points that start and end each phase."""
+    """(starts, ends) of a grow run's curve (reference.points): the points that start and end each phase."""
     steps = sorted({int(point.split()[0]) for point in curve})
     starts = sorted((point for point in curve if point.endswith(" start")), key=lambda point: int(point.split()[0]))
     return starts, [point.split()[0] for point in starts[1:]] + [str(steps[-1])]

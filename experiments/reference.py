@@ -22,10 +22,6 @@ from plumbing.errors import OptionError, UsageError
 REFERENCES = Path(__file__).resolve().parents[1] / "references"
 
 
-def curve(run_dir: Path) -> dict[str, float]:
-    return points(rundir.read_metrics(run_dir))
-
-
 def points(rows: list[dict]) -> dict[str, float]:
     """{evaluation point: validation CE} of a run's log rows: "<step>" after it, "<step> start" at a phase start."""
     return {f"{r['step']}{' start' if r.get('phase_start') else ''}": r["ce"] for r in rows if r.get("eval")}
@@ -37,7 +33,7 @@ def collect(runs: Path, results: Path, seeds: list[int]) -> dict:
     for seed in seeds:
         for run_dir in sorted((runs / f"s{seed}").iterdir()):
             if (run_dir / "done.json").is_file():
-                for point, ce in curve(run_dir).items():
+                for point, ce in points(rundir.read_metrics(run_dir)).items():
                     curves.setdefault(run_dir.name, {}).setdefault(point, []).append(ce)
                 finals.setdefault(run_dir.name, []).append(rundir.final_eval(run_dir)["ce"])
     # A run finished for only some seeds (an experiment still training) has no band for the others yet.

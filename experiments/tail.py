@@ -278,9 +278,7 @@ def channel_words(out: dict) -> str:
         return (f"{said} Its \"above 0\" is post-norm's: the channel costs post-norm more under joint training than "
                 f"under growth, while pre-norm's D reads {pre['reading']}{against}; it is no support for the "
                 "account's prediction for pre-norm.")
-    if pre["reading"] == "above 0":
-        return f"{said} Pre-norm's D reads above 0, as the account predicts."
-    return said
+    return f"{said} Pre-norm's D reads above 0, as the account predicts." if pre["reading"] == "above 0" else said
 
 
 def scope_facts(out: dict) -> dict:

@@ -109,8 +109,7 @@ def trained_context(checkpoint: Path, config: dict) -> tuple[int, str]:
 
 def load_checkpoint(checkpoint: Path, config: dict) -> model.Qwen3 | model.Student:
     """A student (its config.json, `config`, with a normgrow_student entry) or a plain Qwen3, fp32, in eval mode."""
-    net = model.Student.load(checkpoint) if "normgrow_student" in config else model.load_qwen3(checkpoint)
-    return net.eval()
+    return (model.Student.load(checkpoint) if "normgrow_student" in config else model.load_qwen3(checkpoint)).eval()
 
 
 def checkpoint_config(checkpoint: Path) -> dict:
@@ -136,8 +135,7 @@ def vocabulary_fits(vocab: int, eot: int) -> bool:
 
 
 def scales_for(vocab: int) -> list[str]:
-    return [s for s, p in presets.PRESETS.items()
-            if vocabulary_fits(vocab, corpora.vocabulary(p.data).eot)]
+    return [s for s, p in presets.PRESETS.items() if vocabulary_fits(vocab, corpora.vocabulary(p.data).eot)]
 
 
 def scale_of(config: dict, runs_dir: Path, checkpoint: Path) -> str:
