@@ -120,8 +120,7 @@ def intervention_contrasts(ce: dict) -> list[dict]:
 
 def contrast_runs(row: dict) -> str:
     """A contrast's runs as a signed sum: "a − b", "a − b − c + d"."""
-    text = " ".join(f"{'+' if sign > 0 else '−'} {name}" for sign, name in row["terms"])
-    return text.removeprefix("+ ")
+    return " ".join(f"{'+' if sign > 0 else '−'} {name}" for sign, name in row["terms"]).removeprefix("+ ")
 
 
 def run_intervention(ws: suite.Workspace, seeds: list[int], force: bool = False) -> dict:

@@ -31,8 +31,7 @@ from plumbing.errors import KitError, OptionError, UsageError
 
 
 def band(values: list[float]) -> tuple[float, float]:
-    finite = [v for v in values if v is not None and math.isfinite(v)]
-    if not finite:
+    if not (finite := [v for v in values if v is not None and math.isfinite(v)]):
         return math.nan, math.nan
     mean, n = statistics.fmean(finite), len(finite)
     spread = report.t_quantile(n - 1, 0.975) * statistics.stdev(finite) * math.sqrt(1 + 1 / n) if n > 1 else 0.0

@@ -73,8 +73,7 @@ def runs_line(name: str, reference: dict, scale: str) -> list[str]:
     if not reference.get("run_commits"):  # a reference that kept no run's provenance: its header says so
         return []
     folders = registry.section_folders(name, scale, seeds_of(reference, name))
-    kept = [f for f in folders if f in reference["run_commits"]]
-    if not kept:
+    if not (kept := [f for f in folders if f in reference["run_commits"]]):
         return []
     absent = sorted({re.sub(r"(^|/)s\d+/", r"\1s*/", f) for f in folders if f not in kept})
     return [f"Its runs: {made_of(reference, kept)}" + (f"; {len(folders) - len(kept)} more ({', '.join(absent)}) had no "

@@ -111,8 +111,7 @@ def with_phase_deltas(numbers: dict, curves: dict) -> dict:
 
 def page_section(name: str, reference: dict, scale: str) -> list[str]:
     """A paper experiment's section from the reference's per-seed numbers, by the renderer the live report uses."""
-    numbers = reference["tables"][name]
-    if not numbers:
+    if not (numbers := reference["tables"][name]):
         return [f"## {name}", "", f"{TABLES[name].about}.", "",
                 "A figure of one seed: the reference holds no per-seed numbers for it.", ""]
     if name == "table2":

@@ -5,8 +5,6 @@ and values `--set` accepts, and the folder names they give: experiments/set_valu
     python repro.py ratios --scale toy                     # the toy's ratios beside the paper's
     python repro.py table1 --scale toy --set run.lr=6e-3   # one field changed, its runs in their own folder
 """
-from __future__ import annotations
-
 from dataclasses import MISSING, dataclass, field, fields, replace
 
 import paper
@@ -14,8 +12,6 @@ from experiments.set_values import DATA_OPTIONS, OVERRIDABLE, SET_BY_KIT, parse_
 from plumbing import corpora, errors
 from plumbing.hf_qwen3 import ModelConfig, config_problem
 from plumbing.locks import printable
-
-# Presets: every number of a scale lives here, and nowhere else.
 
 # The paper's settings, and the boundary monitor (not the paper's): a row every eval_interval / 5 steps,
 # warnings at the thresholds the paper's follow-up ideas name.
@@ -184,13 +180,9 @@ def ratios_markdown(preset: Preset) -> list[str]:
         [f"| {k} | {show(a)} | {show(b)} |" for k, a, b in regime_ratios(preset)]
 
 
-# Overrides: --set SECTION.KEY=VALUE changes any preset field for one command. Runs made with
-# overrides live in their own folders, so a finished run with other settings is never reused. Which keys
-# one may set, how a value is read and checked, and the folder name a set of values gives: set_values.py.
-
-# Settings: how a run differs from its preset, {section: {key: value}}, each value typed as the preset's field and in its
-# range: what `--set` parses to, and what a variant gives; the one shape a setting has
-# after its text is read, merged into the preset by apply_overrides and named by set_values.override_name.
+# How a run differs from its preset, {section: {key: value}}, each value typed as the preset's field and in its range:
+# what `--set` parses to and a variant gives (docs/design.md, "How a run's settings flow"). A run made with other
+# settings lives in a folder of its own (set_values.override_name), so a finished run is never reused for them.
 Settings = dict[str, dict]
 
 

@@ -61,12 +61,9 @@ def tail_value(scale: str, ratio: float, hidden: int) -> float:
 
 def measure_regular_rms(records: Path, seeds=(42, 43, 44)) -> list[float]:
     """Per seed, the monitor's mean RMS after block 0 at phase 0's last monitor row of the recorded pre-grow run."""
-    out = []
-    for seed in seeds:
-        rows = studies.read_record(records / f"s{seed}" / "pre-grow.json")["metrics"]
-        last = [r for r in rows if r.get("monitor") and r.get("phase") == 0][-1]
-        out.append(next(b["mean"] for b in last["boundaries"] if b["boundary"] == 1))
-    return out
+    rows = {seed: studies.read_record(records / f"s{seed}" / "pre-grow.json")["metrics"] for seed in seeds}
+    last = {seed: [r for r in rows[seed] if r.get("monitor") and r.get("phase") == 0][-1] for seed in seeds}
+    return [next(b["mean"] for b in last[seed]["boundaries"] if b["boundary"] == 1) for seed in seeds]
 
 
 # The power calculation (the entry's): D's spread planned from the kit's measured differences of dose effects

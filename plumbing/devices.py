@@ -142,8 +142,7 @@ TORCHRUN_VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER
 def torchrun_rank() -> int | None:
     """This process's rank under torchrun; None for one process. Some of torchrun's variables without the rest,
     or ranks that are not integers: one line, not torch's error from inside init_process_group."""
-    present = [name for name in RANK_VARIABLES if name in os.environ]
-    if not present:
+    if not (present := [name for name in RANK_VARIABLES if name in os.environ]):
         return None
     fix = (f"launch with torchrun (torchrun --nproc_per_node=N repro.py ...), or unset {' '.join(present)} to "
            "run as one process")
@@ -384,8 +383,7 @@ def clip_gradients(params: list[torch.nn.Parameter], max_norm: float) -> torch.T
     is summed in float64 from each rank's own shard (under HSDP over the "shard" dimension only), so one process
     and FSDP2 ranks get norms that differ by float64 rounding only and the same float32 coefficient (a float32
     norm's rounding AdamW would turn into weight differences far above it, where it divides by sqrt(v) ~ eps)."""
-    grads = [p.grad for p in params if p.grad is not None]
-    if not grads:
+    if not (grads := [p.grad for p in params if p.grad is not None]):
         return torch.zeros((), dtype=torch.float64)
     local = [g.to_local() if isinstance(g, DTensor) else g for g in grads]
     squares = torch.zeros((), dtype=torch.float64, device=local[0].device)

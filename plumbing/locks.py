@@ -50,8 +50,7 @@ def printable(text: str, limit: int = 300) -> str:
 
 def wait_seconds() -> float:
     """$NORMGROW_LOCK_WAIT: how long a holder this host cannot see alive is waited for once its file stops changing."""
-    text = os.environ.get(WAIT_VARIABLE, "").strip()
-    if not text:
+    if not (text := os.environ.get(WAIT_VARIABLE, "").strip()):
         return DEFAULT_WAIT_SECONDS
     try:
         seconds = math.inf if text == "forever" else float(text)

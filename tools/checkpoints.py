@@ -140,8 +140,7 @@ def scales_for(vocab: int) -> list[str]:
 
 def scale_of(config: dict, runs_dir: Path, checkpoint: Path) -> str:
     """The scale whose vocabulary a checkpoint has (of several, the one whose data exists under runs_dir)."""
-    matches = scales_for(config["vocab_size"])
-    if not matches:
+    if not (matches := scales_for(config["vocab_size"])):
         raise errors.UsageError(f"{checkpoint / 'config.json'}: vocab_size {config['vocab_size']} fits no scale's "
                                 "tokenizer; the checkpoint is not the kit's, or its config.json was edited")
     return next((s for s in matches if (runs_dir / s / "data" / "val").is_dir()), matches[0])
