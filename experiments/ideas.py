@@ -127,8 +127,6 @@ def search_contrasts(chosen: RunName) -> list[Contrast]:
     return [Contrast(4, found, POST_GROW, True, cost), Contrast(4, found, PRE_GROW, False, cost)]
 
 
-# The experiment
-
 def transition_events(run_dir) -> list[dict]:
     """The transition rows a run logged (transitions.py): block, what fired, what was kept, re-drawn."""
     return [{k: r.get(k) for k in ("block", "fired", "keep", "reinitialized")}

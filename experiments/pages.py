@@ -43,7 +43,6 @@ def provenance_lines(reference: dict) -> list[str]:
     lines.append("- Precision of the runs (a band is the seeds' spread in it): " + ", ".join(
         f"{p}, {n} run folder{'s' * (n > 1)}" for p, n in sorted(made_in.items())) + "." if made_in else
         "- Precision of the runs: not recorded in this reference (`run_precisions` came after it).")
-    machine = reference.get("machine")
     if reference.get("run_machines"):  # each machine with how many run folders; the folders of an unrecorded one named
         machines = reference["run_machines"]
         known = Counter(machines[folder] for folder in commits if machines.get(folder) is not None)
@@ -52,7 +51,7 @@ def provenance_lines(reference: dict) -> list[str]:
             f"{m}, {n} run folder{'s' * (n > 1)}" for m, n in sorted(known.items(), key=lambda i: str(i[0])))
             + (f"; not recorded, {len(unknown)} ({', '.join(unknown)})" if unknown else "") + ".")
     else:
-        lines.append(f"- Machine: {machine}." if machine else
+        lines.append(f"- Machine: {reference['machine']}." if reference.get("machine") else
                      "- Machine: not recorded in this reference (each run's `provenance.json` records its device and "
                      "precision; `repro.py reference` does not copy them). Where the README recorded them: "
                      "[method.md](../method.md#where-the-shipped-numbers-were-trained).")

@@ -159,9 +159,8 @@ def check_reference(content, path: Path, fix: str = ""):
     expect(content, dict, "", bad)
     if found := too_long(content):  # before a page copies a 200 MB string
         raise bad(*found)
-    for key in ("seeds", "git_commit", "curves", "final_ce", "tables"):
-        if key not in content:
-            raise bad(key, "is missing")
+    if missing := [key for key in ("seeds", "git_commit", "curves", "final_ce", "tables") if key not in content]:
+        raise bad(missing[0], "is missing")
     if unknown := sorted(set(content) - REFERENCE_KEYS):
         raise bad(unknown[0], f"is not a key the kit writes ({', '.join(sorted(REFERENCE_KEYS))})")
     seeds = check_seeds(content["seeds"], "seeds", bad)

@@ -85,8 +85,6 @@ def power_table(ns=range(3, 17)) -> list[dict]:
              "half_effect": power(EFFECT / 2, PLANNING_SD, n)} for n in ns]
 
 
-# The runs
-
 CHANNEL = {"run": {"boundary": "dose-channel", "boundary_scale": 1000.0}}  # beyond.DOSES's planted channel dose
 CELLS = [(norm, protocol) for norm in ("pre", "post") for protocol in ("joint", "grow")]
 

@@ -178,9 +178,8 @@ def download_fineweb_file(filename: str, revision: str = FINEWEB_REVISION, cache
 
 
 def _parquet_documents(open_file: Callable[[int], Path], n_files: int, seed: int) -> Iterator[str]:
-    """The non-empty `text`s of several parquet files in a seeded order that holds one row group at a time: files
-    permuted by seed, row groups by (seed, f), rows by (seed, f, g). A file is opened (downloaded) only when the
-    stream reaches it."""
+    """The non-empty `text`s of several parquet files in a seeded order that holds one row group at a time: files permuted by
+    seed, row groups by (seed, f), rows by (seed, f, g). A file is opened (downloaded) only when the stream reaches it."""
     for f in np.random.default_rng(seed).permutation(n_files).tolist():
         parquet = _open_parquet(open_file(f))
         for g in np.random.default_rng([seed, f]).permutation(parquet.num_row_groups).tolist():

@@ -287,9 +287,8 @@ def busy(folder) -> bool:
 
 
 def free_first(folders) -> Iterator[int]:
-    """The indices of `folders`, one another process holds put after the others (looked at again in its turn), so
-    that processes working through the same list train different folders; once only held ones are left, the
-    first is given."""
+    """The indices of `folders`, one another process holds put after the others (looked at again in its turn), so that
+    processes working through the same list train different folders; once only held ones are left, the first is given."""
     queue, deferred = deque(range(len(folders))), 0
     while queue:
         i = queue.popleft()

@@ -96,11 +96,10 @@ class Dims:
 
 
 def held(d: Dims, residents: list, replicate_teacher: bool) -> dict:
-    """Held through the whole step: every resident student's fp32 weights and AdamW moments (its phase's
-    trained parameters: exp_avg, exp_avg_sq and a step counter each), the teacher in the compute dtype,
-    the stepping student's root gathered (FSDP2), and, with other runs resident, the teacher's hidden
-    states of the step's other micro-batches (grow.lockstep_step keeps them for the group's other runs;
-    the current one is the loss's)."""
+    """Held through the whole step: every resident student's fp32 weights and AdamW moments (its phase's trained parameters:
+    exp_avg, exp_avg_sq and a step counter each), the teacher in the compute dtype, the stepping student's root gathered
+    (FSDP2), and, with other runs resident, the teacher's hidden states of the step's other micro-batches (grow.lockstep_step
+    keeps them for the group's other runs; the current one is the loss's)."""
     weights = F32 * (d.layers * d.P_shard + sum(shard_numel(s, d.shard) for s in d.root))
 
     def moments(ph) -> int:
@@ -226,11 +225,10 @@ def costliest_first(preset, residents: list, norms: list[str] | None = None) -> 
 
 def step_peak(preset, teacher: ModelConfig, gpus: int, nodes: int = 1, residents=1,
               replicate_teacher: bool = False, norms: list[str] | None = None) -> dict:
-    """{"total": bytes at the peak on rank 0, "moment": where, "categories": {name: bytes} there,
-    "moments": {name: total}} of a lockstep step of the students `residents` (their phases, config.Phase;
-    an int n: n runs in grow's last phase, every block active and trained; their placements `norms`,
-    default post-norm) held at once on `nodes` x `gpus`. Each resident steps in turn
-    (grow.lockstep_step), so the peak is what all hold plus the costliest one's step (costliest_first)."""
+    """{"total": bytes at the peak on rank 0, "moment": where, "categories": {name: bytes} there, "moments": {name: total}}
+    of a lockstep step of the students `residents` (their phases, config.Phase; an int n: n runs in grow's last phase, every
+    block active and trained; their placements `norms`, default post-norm) held at once on `nodes` x `gpus`. Each resident
+    steps in turn (grow.lockstep_step), so the peak is what all hold plus the costliest one's step (costliest_first)."""
     d = Dims(preset, teacher, gpus, nodes)
     residents, norms = costliest_first(preset, residents if not isinstance(residents, int)
                                        else [last_phase(preset)] * residents, norms)
