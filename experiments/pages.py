@@ -239,8 +239,7 @@ def with_headline(text: str) -> str:
         raise UsageError(f"{README}: the headline markers are missing; put {HEADLINE_START!r} and "
                          f"{HEADLINE_END!r} on lines of their own where the table goes")
     before, rest = text.split(HEADLINE_START, 1)
-    after = rest.split(HEADLINE_END, 1)[1]
-    return before + HEADLINE_START + "\n" + "\n".join(headline()) + "\n" + HEADLINE_END + after
+    return before + HEADLINE_START + "\n" + "\n".join(headline()) + "\n" + HEADLINE_END + rest.split(HEADLINE_END, 1)[1]
 
 
 def main(scale: str, out_dir: Path | None = None, readme: Path | None = None) -> Path:

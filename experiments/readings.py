@@ -66,9 +66,8 @@ def sentence(label: str, s: dict, p_holm: float | None = None, family: int = 0) 
         why = f"its 90% t-interval lies inside ±{TIE_MARGIN:g} (two one-sided tests at 5%)"
     else:
         why = test
-    margin = report.smallest_tie_margin(s)
     return (f"{label}: {report.stats_cell(s, signed=True)} over {s['n']} seeds reads **{verdict}**: {why}; "
-            f"the smallest tie margin these seeds allow is ±{margin:.4f}.")
+            f"the smallest tie margin these seeds allow is ±{report.smallest_tie_margin(s):.4f}.")
 
 
 def reading_cell(s: dict, p_holm: float | None = None) -> str:

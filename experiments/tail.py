@@ -231,9 +231,8 @@ def attention_summary(per_run: dict[str, list[list[list[float]]]]) -> dict:
     per_layer = [h for per_seed in per_run.values() for layers in per_seed for h in enumerate(layers)]
     if not per_layer:
         return {"layers": [], "highest": math.nan}
-    depth = 1 + max(layer for layer, _ in per_layer)
     return {"layers": [statistics.fmean(h for layer, heads in per_layer if layer == i for h in heads)
-                       for i in range(depth)],
+                       for i in range(1 + max(layer for layer, _ in per_layer))],
             "highest": max(h for _, heads in per_layer for h in heads)}
 
 

@@ -256,8 +256,7 @@ def load_tensors(module: nn.Module, path: Path, dtype, device, name_in_file: Cal
         if not torch.isfinite(local).all():
             raise CheckpointError(f"{file}: tensor {key!r} holds NaN or infinite values; the checkpoint is damaged "
                                   "(a diverged run or a corrupt file)")
-        target = param.to_local() if hasattr(param, "to_local") else param
-        target.copy_(local.to(dtype))
+        (param.to_local() if hasattr(param, "to_local") else param).copy_(local.to(dtype))
 
 
 def write_checkpoint(path, config: dict, state: dict, extra_files: dict[str, str] | None = None):

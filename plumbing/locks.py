@@ -270,9 +270,8 @@ def mount_of(path: Path) -> str:
 
 def busy(folder) -> bool:
     """Whether some process holds `folder` now (a look, not a wait: nothing is made, taken or removed)."""
-    lock = lock_file(Path(folder).resolve())
     try:
-        fd = os.open(lock, LOCK_FLAGS)
+        fd = os.open(lock_file(Path(folder).resolve()), LOCK_FLAGS)
     except OSError:  # no lock file (or something the kit would refuse to lock: held() says so)
         return False
     try:

@@ -177,8 +177,7 @@ def evaluate(checkpoint: Path, scale: str | None, data_dir: Path | None, runs_di
 def export(student_dir: Path, out_dir: Path, force: bool, runs_dir: Path) -> model.Student:
     """A pre-norm student checkpoint as a standard HF Qwen3 folder with the kit's tokenizer; the student."""
     student_dir = checkpoint_in(student_dir, said := [])
-    scale = scale_of(checkpoint_config(student_dir), runs_dir, student_dir)
-    enc = corpora.vocabulary(presets.PRESETS[scale].data)
+    enc = corpora.vocabulary(presets.PRESETS[scale_of(checkpoint_config(student_dir), runs_dir, student_dir)].data)
     generation = {"bos_token_id": enc.eot, "eos_token_id": enc.eot, "pad_token_id": enc.eot, "do_sample": False}
     extra_files = {**tokenizer.hf_tokenizer_files(enc), "generation_config.json": json.dumps(generation)}
     # What export_hf writes: an HF checkpoint (config.json, model.safetensors), these files and the kit's marker.
