@@ -141,10 +141,8 @@ def family(ce: dict) -> list[dict]:
     rows += [{"name": name, "primary": False, "d": report.across_seeds(values)} for name, values in secondary]
     rows[0]["p"] = report.p_two_sided(rows[0]["d"])
     rows[0]["reading"] = report.reading(rows[0]["d"], presets.TIE_MARGIN)
-    raw = [report.p_two_sided(r["d"]) for r in rows[1:]]
-    for row, p, p_holm in zip(rows[1:], raw, report.holm(raw)):
-        row["p"] = math.nan if math.isnan(p) else p_holm
-        row["reading"] = report.reading(row["d"], presets.TIE_MARGIN, p_holm)
+    for row, p in zip(rows[1:], readings.holm_family([r["d"] for r in rows[1:]])):  # NaN: no test
+        row["p"], row["reading"] = p, report.reading(row["d"], presets.TIE_MARGIN, p)
     for row in rows:
         row["smallest_tie_margin"] = report.smallest_tie_margin(row["d"])
     return rows
