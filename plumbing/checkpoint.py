@@ -1,7 +1,6 @@
-"""Files and checkpoint folders on disk: the kit's one atomic write (every file it writes goes through
-write_atomic or a folder renamed into place), sha256 checksums written with every checkpoint and
-checked on every load, config.json and safetensors tensors (one file or an index with shards).
-Nothing here unpickles anything.
+"""Files and checkpoint folders on disk: the kit's one atomic write (every file it writes goes through write_atomic or a
+folder renamed into place), sha256 checksums written with every checkpoint and checked on every load, config.json and
+safetensors tensors (one file or an index with shards). Nothing here unpickles anything.
 
     checkpoint.write_atomic(path, text)                # a temporary file, fsynced, renamed over path
     checkpoint.load_tensors(module, path, dtype, device, name_in_file)

@@ -9,6 +9,7 @@ folder names, its scale (by its vocabulary), its trained context, its CE, and a 
 import json
 import re
 import sys
+from contextlib import suppress
 from pathlib import Path
 
 import checkpointing
@@ -92,13 +93,11 @@ def trained_context(checkpoint: Path, config: dict) -> tuple[int, str]:
     were, whatever max_position_embeddings allows), and where that is said."""
     run = checkpoint.parent
     if is_run_folder(run) and (run / "config.json").is_file():
-        try:
+        with suppress(errors.KitError, KeyError, TypeError):  # moved or gone (a shipped teacher's): the scale's
             shard = Path(run_config.absolute_paths(rundir.read_json(run / "config.json"), run)["train_data"])
             max_len = rundir.read_json(shard / data.MANIFEST_FILE)["max_len"]
             if isinstance(max_len, int) and max_len > 0:
                 return max_len, f"data.max_len of its training shard {shard}"
-        except (errors.KitError, KeyError, TypeError):  # moved or gone (a shipped teacher's): the scale's
-            pass
     kits = is_run_folder(run) or "normgrow_student" in config or (checkpoint / hf_qwen3.EXPORT_MARKER).is_file()
     fitting = scales_for(config["vocab_size"]) if kits else []
     if fitting:

@@ -1,23 +1,21 @@
 """Per-GPU memory of one training step, counted tensor by tensor from the shapes (the dry run's estimate).
 
-It counts what one rank holds in grow's heaviest step (every block active and trained, the head and the
-boundary norm trained, the embedding frozen; post-norm layers, the stepping run's own entry and final
-norms under activation checkpointing) under devices.shard_fn with bf16 autocast and an
-fp32 residual stream: each student's weights and AdamW moments, the teacher in the compute dtype, the
-gradients accumulated over the step's micro-batches, one micro-batch's saved activations and the
-chunked loss's buffers at its softmax, in the worst step a rank can be given: every document of the step
-of the full length, so that every micro-batch holds a full token budget (micro_batch x max_len: packed end
-to end where the runs pack, data.token_micro_batches; rows where they do not) and a rank holds the most
-micro-batches the placement ever gives it (global_batch / world / micro_batch). The loss selects the real
-targets by the batch's mask (kd._real_tokens), a copy of the teacher's states. Attention is a GPU's: its
-output saved in the layout o_proj reads (varlen_attn's for a packed row). The step's largest moment is the
-peak: inside the loss of its last micro-batch (on top of the gradients accumulated over the others), inside
-the loss of its first, or, under activation checkpointing, the first micro-batch's backward entering layer 0.
-Nothing is fitted; rehearse.py measures the same step through the kit's own code with FSDP2's memory
-tracker, and memcount.py counts every storage it holds (tests/test_cluster.py and tests/test_memcount.py
-hold the three together). Without activation checkpointing a pre-norm layer is counted as a post-norm
-one (an upper bound: two fp32 stream tensors above what it holds, by memcount.py). CUDA's context, NCCL's buffers and the
-allocator's fragmentation are not counted (lockstep_plan.MEMORY_HEADROOM leaves room for them).
+It counts what one rank holds in grow's heaviest step (every block active and trained, the head and the boundary norm
+trained, the embedding frozen; post-norm layers, the stepping run's own entry and final norms under activation
+checkpointing) under devices.shard_fn with bf16 autocast and an fp32 residual stream: each student's weights and AdamW
+moments, the teacher in the compute dtype, the gradients accumulated over the step's micro-batches, one micro-batch's
+saved activations and the chunked loss's buffers at its softmax, in the worst step a rank can be given: every document
+of the step of the full length, so that every micro-batch holds a full token budget (micro_batch x max_len: packed end
+to end where the runs pack, data.token_micro_batches; rows where they do not) and a rank holds the most micro-batches
+the placement ever gives it (global_batch / world / micro_batch). The loss selects the real targets by the batch's mask
+(kd._real_tokens), a copy of the teacher's states. Attention is a GPU's: its output saved in the layout o_proj reads
+(varlen_attn's for a packed row). The step's largest moment is the peak: inside the loss of its last micro-batch (on top
+of the gradients accumulated over the others), inside the loss of its first, or, under activation checkpointing, the
+first micro-batch's backward entering layer 0. Nothing is fitted; rehearse.py measures the same step through the kit's
+own code with FSDP2's memory tracker, and memcount.py counts every storage it holds (tests/test_cluster.py and
+tests/test_memcount.py hold the three together). Without activation checkpointing a pre-norm layer is counted as a
+post-norm one (an upper bound: two fp32 stream tensors above what it holds, by memcount.py). CUDA's context, NCCL's
+buffers and the allocator's fragmentation are not counted (lockstep_plan.MEMORY_HEADROOM leaves room for them).
 """
 import math
 
