@@ -1,7 +1,6 @@
-"""Every experiment declared once, in one dict of one type (EXPERIMENTS, in the results page's order): the paper's
-tables and figures, then those beyond them (STUDIES), each a command of its own. repro.py, tools/cli_options.py,
-tools/preflight.py and pages.py iterate it; adding one is one file and one line here (docs/design.md, "Adding an
-experiment").
+"""Every experiment declared once, in one dict of one type (EXPERIMENTS, in the results page's order): the paper's tables and
+figures, then those beyond them (STUDIES), each a command of its own. repro.py, tools/cli_options.py, tools/preflight.py and
+pages.py iterate it; adding one is one file and one line here (docs/design.md, "Adding an experiment").
 
     python repro.py tail --scale toy --dry-run       # EXPERIMENTS["tail"]: its groups planned, its records surveyed
     python repro.py planted --scale toy              # EXPERIMENTS["planted"].run(ws, seeds, force)

@@ -1,7 +1,6 @@
-"""The corpora a shard is made of (the sources: CORPUS_OPTIONS, docs/design.md): every corpus is one fixed,
-seeded order of documents whose first n_val are the validation set and the rest the training stream, so the
-training shard and the fresh-data continuation past it are one sequence. Bad input raises DataError, one line
-naming the file or option and the fix.
+"""The corpora a shard is made of (the sources: CORPUS_OPTIONS, docs/design.md): every corpus is one fixed, seeded order of
+documents whose first n_val are the validation set and the rest the training stream, so the training shard and the fresh-data
+continuation past it are one sequence. Bad input raises DataError, one line naming the file or option and the fix.
 
     documents = corpora.corpus("toy", n_val=500, seed=0)      # or "fineweb-edu" (revision, cache_dir), "local" (path)
     documents.identity                                          # what a shard's manifest records
