@@ -301,20 +301,18 @@ def run_ideas(ws: suite.Workspace, seeds: list[int], force: bool = False) -> dic
         return {}
     ce, diverged = variant_outcomes(ws, variants, seeds)
     rows = []
+    both = lambda c, read: [[read(variant_workspace(ws, v, s), v.run, s) for s in seeds] for v in (c.variant, c.baseline)]
     for c in contrasts:
         delta = report.paired(ce[c.variant.label], ce[c.baseline.label])
         events = [transition_events(variant_dir(ws, c.variant, s)) for s in seeds]
-        jumps = [[transition_jump(variant_workspace(ws, v, s), v.run, s) for s in seeds]
-                 for v in (c.variant, c.baseline)]
+        jumps = both(c, transition_jump)
         rows.append({"idea": c.idea, "primary": c.primary, "variant": c.variant.label, "baseline": c.baseline.label,
                      "settings": c.variant.settings, "variant_ce": report.across_seeds(ce[c.variant.label]),
                      "baseline_ce": report.across_seeds(ce[c.baseline.label]), "delta": delta, "cost": c.cost,
                      "transitions": events_text(events), "jump": report.across_seeds(jumps[0]),
-                     "baseline_jump": report.across_seeds(jumps[1]),
-                     "jump_delta": report.paired(*jumps)})
+                     "baseline_jump": report.across_seeds(jumps[1]), "jump_delta": report.paired(*jumps)})
         if c.idea == 3:  # the remedy's target: a near-identity last block
-            removal = [[last_block_removal(variant_workspace(ws, v, s), v.run, s) for s in seeds]
-                       for v in (c.variant, c.baseline)]
+            removal = both(c, last_block_removal)
             rows[-1]["last_block_removal"] = {"option": report.across_seeds(removal[0]),
                                               "baseline": report.across_seeds(removal[1]),
                                               "delta": report.paired(*removal)}
