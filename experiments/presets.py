@@ -124,9 +124,6 @@ DEFAULT_SEEDS = {command: {scale: seeds.get(scale, [42]) for scale in PRESETS} f
     ("tail", {"toy": list(range(42, 50))}))}
 
 
-# The dimensionless ratios that make a smaller scale a miniature of the paper (README, "The toy
-# preset"): `python repro.py ratios --scale toy` prints them beside the paper's.
-
 # The hub teachers' shapes (their config.json's ModelConfig fields; Qwen3-8B-Base is the defaults),
 # known before any download: dry runs, ratios and growth from scratch read them.
 HUB_TEACHERS = {"Qwen/Qwen3-8B-Base": {},
@@ -143,7 +140,7 @@ def teacher_shape(preset: Preset) -> ModelConfig:
 
 
 def regime_ratios(preset: Preset) -> list[tuple[str, float, float]]:
-    """(quantity, paper, preset) rows."""
+    """(quantity, paper, preset) rows: the ratios that make a scale a miniature of the paper (README, "The toy preset")."""
     def values(p: Preset) -> dict:
         r, teacher_run = p.run, {**p.run, **p.teacher_run}
         student = r["blocks"] * r["layers_per_block"]

@@ -79,8 +79,7 @@ def ideas_page(reference: dict, scale: str) -> list[str]:
     return ["## ideas", "", *lines, "", *studies.recorded_machines(scale), ""]
 
 
-# Every experiment, in the results page's order: the paper's own, then those beyond it.
-EXPERIMENTS = {
+EXPERIMENTS = {  # in the results page's order: the paper's own, then those beyond it
     **{name: paper_table(name) for name in tables.TABLES},
     "placements": Experiment(lambda ws, seed: [("placements", ws, beyond.placement_runs(), seed)],
                              lambda reference, scale: beyond.placements_lines(
