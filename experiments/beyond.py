@@ -73,8 +73,6 @@ def range_cell(ranges: dict) -> str:
     return f"{ranges['mean'][0]:.2f}–{ranges['mean'][1]:.2f}, {ranges['kurtosis'][0]:.1f}–{ranges['kurtosis'][1]:.1f}"
 
 
-# intervention
-
 # (label, minuend, subtrahend) over INTERVENTIONS' and the transplants' labels: what each contrast isolates.
 SEPARATIONS = (
     ("forward only: a unit-RMS boundary under freeze", "pre-freeze + boundary-rescale-fwd", "pre-freeze (suite)"),
@@ -119,8 +117,7 @@ def intervention_contrasts(ce: dict) -> list[dict]:
 
 def contrast_runs(row: dict) -> str:
     """A contrast's runs as a signed sum: "a − b", "a − b − c + d"."""
-    text = " ".join(f"{'+' if sign > 0 else '−'} {name}" for sign, name in row["terms"])
-    return text.removeprefix("+ ")
+    return " ".join(f"{'+' if sign > 0 else '−'} {name}" for sign, name in row["terms"]).removeprefix("+ ")
 
 
 def run_intervention(ws: suite.Workspace, seeds: list[int], force: bool = False) -> dict:
@@ -210,11 +207,9 @@ def planted_variants() -> tuple[Variant, ...]:
 
 def planted_interactions(ce: dict) -> list[dict]:
     """Per dose d, I_d = (pre_d - pre_none) - (post_d - post_none) paired by seed, Holm over the doses."""
-    rows = []
-    for _, _, _, label in DOSES:
-        per_seed = [(pd - pn) - (qd - qn) for pd, pn, qd, qn in zip(
-            ce[f"pre-grow + {label}"], ce["pre-grow (suite)"], ce[f"post-grow + {label}"], ce["post-grow (suite)"])]
-        rows.append({"dose": label, "interaction": report.across_seeds(per_seed)})
+    interaction = lambda label: report.across_seeds([(pd - pn) - (qd - qn) for pd, pn, qd, qn in zip(
+        ce[f"pre-grow + {label}"], ce["pre-grow (suite)"], ce[f"post-grow + {label}"], ce["post-grow (suite)"])])
+    rows = [{"dose": label, "interaction": interaction(label)} for *_, label in DOSES]
     variants.holm_readings(rows, "interaction")
     return rows
 
@@ -282,8 +277,6 @@ def dose_parts(rows: dict, interaction: dict) -> str:
     parts = "; ".join(f"{norm}-norm's {report.stats_cell(s, True)} reads {read(s)}" for norm, s in effect.items())
     return f"{interaction['dose']}: I reads {interaction['reading']}; {parts}"
 
-
-# placements
 
 def placement_runs() -> list[RunName]:
     return [RunName(p, protocol) for p in PLACEMENT_RUNS for protocol in ("joint", "grow")]
@@ -357,8 +350,6 @@ def placements_lines(numbers: dict, seeds: list[int], caveat: str = "") -> list[
     lines += [f"- {sentence(p + ': grow − joint', st[p, 'grow_minus_joint'])}" for p in rows]
     return lines + [""]
 
-
-# scratch
 
 def scratch_workspace(ws: suite.Workspace) -> suite.Workspace:
     """The scale with no teacher: plain CE, the student shaped as the teacher would be, with the data's vocabulary."""

@@ -24,15 +24,14 @@ from config import PATH_FIELDS
 from experiments import report, studies, suite
 from experiments.presets import PRESETS
 from experiments.record_files import digest, training_settings
-from experiments.reference import REFERENCES, curve, load, points, read_report
+from experiments.reference import REFERENCES, load, points, read_report
 from experiments.studies import RECORDS_DIR
 from plumbing import checkpoint
 from plumbing.errors import KitError, OptionError, UsageError
 
 
 def band(values: list[float]) -> tuple[float, float]:
-    finite = [v for v in values if v is not None and math.isfinite(v)]
-    if not finite:
+    if not (finite := [v for v in values if v is not None and math.isfinite(v)]):
         return math.nan, math.nan
     mean, n = statistics.fmean(finite), len(finite)
     spread = report.t_quantile(n - 1, 0.975) * statistics.stdev(finite) * math.sqrt(1 + 1 / n) if n > 1 else 0.0
@@ -51,7 +50,7 @@ def measured(target: Path) -> dict[str, float]:
 
 
 def run_numbers(run_dir: Path) -> dict[str, float]:
-    numbers = {f"ce at {point}": ce for point, ce in curve(run_dir).items()}
+    numbers = {f"ce at {point}": ce for point, ce in points(rundir.read_metrics(run_dir)).items()}
     if (run_dir / "done.json").is_file():
         numbers["final ce"] = rundir.final_eval(run_dir)["ce"]  # checked against its own log
     return numbers
@@ -214,8 +213,7 @@ def check(target: Path, scale: str | None, records: Path = RECORDS_DIR):
     outside = [r for r in rows if not r["within"]]
     problems = [f"{len(outside)} of {len(rows)} numbers of {target} are outside the shipped seeds' band (first: "
                 f"{outside[0]['name']} = {outside[0]['value']:.4f})"] if outside else []
-    pending = not_yet(target, load(scale), records / scale)
-    if pending:
+    if pending := not_yet(target, load(scale), records / scale):
         runs = ", ".join(f"{name} {suite.run_status(run)}" for name, run, _ in pending)
         name, _, lacking = pending[0]
         problems.append(f"unfinished: {runs}; {sum(len(p[2]) for p in pending)} numbers {scale}.json has for them do "

@@ -316,8 +316,7 @@ def fig_monitor(series: dict, path, title: str, caption: str = "") -> Path:
                 points = [(r["step"], r["boundaries"][b]) for r in rows if len(r["boundaries"]) > b]
                 style = BOUNDARY_STYLES[(b - 1) % len(BOUNDARY_STYLES)]
                 for ax, key in ((rms_ax, "mean"), (kurt_ax, "kurtosis")):
-                    xy = [(step, row[key]) for step, row in points if row[key] is not None]
-                    if xy:
+                    if xy := [(step, row[key]) for step, row in points if row[key] is not None]:
                         ax.plot(*zip(*xy), linestyle=style, color=color, linewidth=1,
                                 label=f"{label}, {points[0][1]['label']}")
         for ax, ylabel in ((rms_ax, "mean per-token RMS"), (kurt_ax, "kurtosis of per-token RMS")):

@@ -54,8 +54,7 @@ def fixed_contrasts() -> list[Contrast]:
     return [
         Contrast(1, Variant("post-grow + asymmetric LR", POST, "idea1-asymmetric", asym), POST_GROW, True, "none"),
         Contrast(1, Variant("pre-grow + asymmetric LR", PRE, "idea1-asymmetric", asym), PRE_GROW, False, "none"),
-        Contrast(2, Variant("post-freeze + matched init", POST_F, "idea2-matched", matched), POST_FREEZE, True,
-                 forward),
+        Contrast(2, Variant("post-freeze + matched init", POST_F, "idea2-matched", matched), POST_FREEZE, True, forward),
         Contrast(2, Variant("pre-freeze + matched init", PRE_F, "idea2-matched", matched), PRE_FREEZE, False, forward),
         Contrast(2, Variant("post-grow + preserve-output", POST, "idea2-preserve-output", preserve), POST_GROW, False,
                  forward),
@@ -73,8 +72,7 @@ def fixed_contrasts() -> list[Contrast]:
         Contrast(6, Variant("pre-grow + boundary 37x + structural", PRE, "idea6-structural-dose-boundary-37",
                             presets.merged(DOSE, structural)), PRE_DOSE, True,
                  "one token's rescale at each appended block's input per forward; one scalar per appended block"),
-        Contrast(6, Variant("pre-grow + structural", PRE, "idea6-structural", structural), PRE_GROW, False,
-                 "as above"),
+        Contrast(6, Variant("pre-grow + structural", PRE, "idea6-structural", structural), PRE_GROW, False, "as above"),
         Contrast(6, Variant("pre-grow + channel 1000x + structural", PRE, "idea6-structural-dose-channel-1000",
                             presets.merged(CHANNEL, structural)), PRE_CHANNEL, False, "as above"),
         Contrast(7, Variant("auto-grow + boundary 37x", AUTO, "dose-boundary-37", DOSE), PRE_DOSE, True, forward),
@@ -126,8 +124,6 @@ def search_contrasts(chosen: RunName) -> list[Contrast]:
     cost = "8 grow runs on the search seed"
     return [Contrast(4, found, POST_GROW, True, cost), Contrast(4, found, PRE_GROW, False, cost)]
 
-
-# The experiment
 
 def transition_events(run_dir) -> list[dict]:
     """The transition rows a run logged (transitions.py): block, what fired, what was kept, re-drawn."""
@@ -303,20 +299,18 @@ def run_ideas(ws: suite.Workspace, seeds: list[int], force: bool = False) -> dic
         return {}
     ce, diverged = variant_outcomes(ws, variants, seeds)
     rows = []
+    both = lambda c, read: [[read(variant_workspace(ws, v, s), v.run, s) for s in seeds] for v in (c.variant, c.baseline)]
     for c in contrasts:
         delta = report.paired(ce[c.variant.label], ce[c.baseline.label])
         events = [transition_events(variant_dir(ws, c.variant, s)) for s in seeds]
-        jumps = [[transition_jump(variant_workspace(ws, v, s), v.run, s) for s in seeds]
-                 for v in (c.variant, c.baseline)]
+        jumps = both(c, transition_jump)
         rows.append({"idea": c.idea, "primary": c.primary, "variant": c.variant.label, "baseline": c.baseline.label,
                      "settings": c.variant.settings, "variant_ce": report.across_seeds(ce[c.variant.label]),
                      "baseline_ce": report.across_seeds(ce[c.baseline.label]), "delta": delta, "cost": c.cost,
                      "transitions": events_text(events), "jump": report.across_seeds(jumps[0]),
-                     "baseline_jump": report.across_seeds(jumps[1]),
-                     "jump_delta": report.paired(*jumps)})
+                     "baseline_jump": report.across_seeds(jumps[1]), "jump_delta": report.paired(*jumps)})
         if c.idea == 3:  # the remedy's target: a near-identity last block
-            removal = [[last_block_removal(variant_workspace(ws, v, s), v.run, s) for s in seeds]
-                       for v in (c.variant, c.baseline)]
+            removal = both(c, last_block_removal)
             rows[-1]["last_block_removal"] = {"option": report.across_seeds(removal[0]),
                                               "baseline": report.across_seeds(removal[1]),
                                               "delta": report.paired(*removal)}

@@ -29,7 +29,7 @@ def mean(values: list) -> float:
 
 
 def phase_points(curve: dict) -> tuple[list[str], list[str]]:
-    """(starts, ends) of a grow run's curve (reference.curve): the points that start and end each phase."""
+    """(starts, ends) of a grow run's curve (reference.points): the points that start and end each phase."""
     steps = sorted({int(point.split()[0]) for point in curve})
     starts = sorted((point for point in curve if point.endswith(" start")), key=lambda point: int(point.split()[0]))
     return starts, [point.split()[0] for point in starts[1:]] + [str(steps[-1])]
@@ -38,8 +38,7 @@ def phase_points(curve: dict) -> tuple[list[str], list[str]]:
 # Each figure's arguments from a reference; a KeyError (a table or curve it lacks) or a NullSeed means not drawn
 
 def fig3a(ref: dict) -> dict:
-    table1 = ref["tables"]["table1"]
-    return {"kit": {n: {p: mean(table1[f"{n}_{p}"]) for p in PROTOCOLS} for n in NORMS}}
+    return {"kit": {n: {p: mean(ref["tables"]["table1"][f"{n}_{p}"]) for p in PROTOCOLS} for n in NORMS}}
 
 
 def fig3b(ref: dict) -> dict:
@@ -61,8 +60,7 @@ def fig5b(ref: dict) -> dict:
     curves = {n: ref["curves"][f"{n}-grow"] for n in NORMS}
     rows = {n: [{"step": int(point.split()[0]), "eval": True, "ce": mean(ces)} for point, ces in curve.items()]
             for n, curve in curves.items()}
-    starts = phase_points(curves["pre"])[0]
-    return {"runs": rows, "transition_steps": [int(point.split()[0]) for point in starts[1:]]}
+    return {"runs": rows, "transition_steps": [int(point.split()[0]) for point in phase_points(curves["pre"])[0][1:]]}
 
 
 def figA2(ref: dict) -> dict:

@@ -45,7 +45,6 @@ def provenance_lines(reference: dict) -> list[str]:
     lines.append("- Precision of the runs (a band is the seeds' spread in it): " + ", ".join(
         f"{p}, {n} run folder{'s' * (n > 1)}" for p, n in sorted(made_in.items())) + "." if made_in else
         "- Precision of the runs: not recorded in this reference (`run_precisions` came after it).")
-    machine = reference.get("machine")
     if reference.get("run_machines"):  # each machine with how many run folders; the folders of an unrecorded one named
         machines = reference["run_machines"]
         known = Counter(machines[folder] for folder in commits if machines.get(folder) is not None)
@@ -54,7 +53,7 @@ def provenance_lines(reference: dict) -> list[str]:
             f"{m}, {n} run folder{'s' * (n > 1)}" for m, n in sorted(known.items(), key=lambda i: str(i[0])))
             + (f"; not recorded, {len(unknown)} ({', '.join(unknown)})" if unknown else "") + ".")
     else:
-        lines.append(f"- Machine: {machine}." if machine else
+        lines.append(f"- Machine: {reference['machine']}." if reference.get("machine") else
                      "- Machine: not recorded in this reference (each run's `provenance.json` records its device and "
                      "precision; `repro.py reference` does not copy them). Where the README recorded them: "
                      "[method.md](../method.md#where-the-shipped-numbers-were-trained).")
@@ -67,8 +66,7 @@ def provenance_lines(reference: dict) -> list[str]:
 def runs_line(name: str, reference: dict, scale: str) -> list[str]:
     """What trained the runs a section reads: a table rerun in a runs folder of its own (`table_provenance`), else
     the scale's run folders the section reads (registry.section_folders)."""
-    own = (reference.get("table_provenance") or {}).get(name)
-    if own:
+    if own := (reference.get("table_provenance") or {}).get(name):
         folders = list(own.get("run_commits") or own.get("run_precisions") or {})
         said = f". {own['said'][0].upper()}{own['said'][1:]}" if own.get("said") else ""
         return ["Its runs are its own runs folder's, not those the rest of this page reads (even where a name is the "
@@ -76,8 +74,7 @@ def runs_line(name: str, reference: dict, scale: str) -> list[str]:
     if not reference.get("run_commits"):  # a reference that kept no run's provenance: its header says so
         return []
     folders = registry.section_folders(name, scale, seeds_of(reference, name))
-    kept = [f for f in folders if f in reference["run_commits"]]
-    if not kept:
+    if not (kept := [f for f in folders if f in reference["run_commits"]]):
         return []
     absent = sorted({re.sub(r"(^|/)s\d+/", r"\1s*/", f) for f in folders if f not in kept})
     return [f"Its runs: {made_of(reference, kept)}" + (f"; {len(folders) - len(kept)} more ({', '.join(absent)}) had no "
@@ -244,8 +241,7 @@ def with_headline(text: str) -> str:
         raise UsageError(f"{README}: the headline markers are missing; put {HEADLINE_START!r} and "
                          f"{HEADLINE_END!r} on lines of their own where the table goes")
     before, rest = text.split(HEADLINE_START, 1)
-    after = rest.split(HEADLINE_END, 1)[1]
-    return before + HEADLINE_START + "\n" + "\n".join(headline()) + "\n" + HEADLINE_END + after
+    return before + HEADLINE_START + "\n" + "\n".join(headline()) + "\n" + HEADLINE_END + rest.split(HEADLINE_END, 1)[1]
 
 
 def main(scale: str, out_dir: Path | None = None, readme: Path | None = None) -> Path:

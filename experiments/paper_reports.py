@@ -27,16 +27,14 @@ def section(name: str, numbers: dict[str, list], seeds: list[int], final_ce: dic
     if exp.layout and len(rows) == len(exp.rows):
         lines += exp.layout(st, len(seeds))
     lines += report.table_markdown(rows, st, len(seeds), full)
-    absent = [r.label for r in exp.rows if r.key not in st]
-    if absent:
+    if absent := [r.label for r in exp.rows if r.key not in st]:
         lines += ["", f"Not in this reference (shipped before the report had them): {'; '.join(absent)}."]
     if exp.claims:
         lines += ["", "The paper's claims, checked on the kit's means (a check of direction with no interval; the "
                       "readings are the tests):", ""]
         lines += [f"- {verdict}: {claim}" for claim, verdict in claim_verdicts(exp, st)]
     labels = {r.key: r.label for r in exp.rows}
-    declared = [key for key in exp.readings if key in st]
-    if declared:
+    if declared := [key for key in exp.readings if key in st]:
         notes = {declared[0]: " (the primary endpoint)"} if name == "table1" else {}
         notes |= {key: " (post hoc)" for key in POST_HOC.get(name, ())}
         p_holm = declared_p(scale, name, st)
@@ -113,8 +111,7 @@ def with_phase_deltas(numbers: dict, curves: dict) -> dict:
 
 def page_section(name: str, reference: dict, scale: str) -> list[str]:
     """A paper experiment's section from the reference's per-seed numbers, by the renderer the live report uses."""
-    numbers = reference["tables"][name]
-    if not numbers:
+    if not (numbers := reference["tables"][name]):
         return [f"## {name}", "", f"{TABLES[name].about}.", "",
                 "A figure of one seed: the reference holds no per-seed numbers for it.", ""]
     if name == "table2":

@@ -5,8 +5,6 @@ and values `--set` accepts, and the folder names they give: experiments/set_valu
     python repro.py ratios --scale toy                     # the toy's ratios beside the paper's
     python repro.py table1 --scale toy --set run.lr=6e-3   # one field changed, its runs in their own folder
 """
-from __future__ import annotations
-
 from dataclasses import MISSING, dataclass, field, fields, replace
 
 import paper
@@ -14,8 +12,6 @@ from experiments.set_values import DATA_OPTIONS, OVERRIDABLE, SET_BY_KIT, parse_
 from plumbing import corpora, errors
 from plumbing.hf_qwen3 import ModelConfig, config_problem
 from plumbing.locks import printable
-
-# Presets: every number of a scale lives here, and nowhere else.
 
 # The paper's settings, and the boundary monitor (not the paper's): a row every eval_interval / 5 steps,
 # warnings at the thresholds the paper's follow-up ideas name.
@@ -115,10 +111,8 @@ PRESETS = {"smoke": PRESETS["smoke"], "toy": _toy,
            "small": PRESETS["small"], "full": PRESETS["full"]}
 
 
-# The interaction (Table 1's delta grow - delta joint) is the primary endpoint at toy and mini scale, read
-# before any mini run (README, "The mini scale"): post-norm wins under growth, as in the paper, if its 95%
-# interval lies below 0; a tie if its 90% interval lies inside +-TIE_MARGIN (two one-sided tests at 5%);
-# otherwise inconclusive. 0.01 nats is a third of the paper's interaction (-0.0332).
+# The reading rule's tie margin (report.reading, readings.RULE), fixed before any mini run (README, "The mini scale"):
+# 0.01 nats is a third of the paper's interaction (-0.0332), the primary endpoint at toy and mini scale.
 TIE_MARGIN = 0.01
 
 
@@ -129,9 +123,6 @@ DEFAULT_SEEDS = {command: {scale: seeds.get(scale, [42]) for scale in PRESETS} f
     ("beyond", {"toy": [42, 43, 44]}),
     ("tail", {"toy": list(range(42, 50))}))}
 
-
-# The dimensionless ratios that make a smaller scale a miniature of the paper (README, "The toy
-# preset"): `python repro.py ratios --scale toy` prints them beside the paper's.
 
 # The hub teachers' shapes (their config.json's ModelConfig fields; Qwen3-8B-Base is the defaults),
 # known before any download: dry runs, ratios and growth from scratch read them.
@@ -149,7 +140,7 @@ def teacher_shape(preset: Preset) -> ModelConfig:
 
 
 def regime_ratios(preset: Preset) -> list[tuple[str, float, float]]:
-    """(quantity, paper, preset) rows."""
+    """(quantity, paper, preset) rows: the ratios that make a scale a miniature of the paper (README, "The toy preset")."""
     def values(p: Preset) -> dict:
         r, teacher_run = p.run, {**p.run, **p.teacher_run}
         student = r["blocks"] * r["layers_per_block"]
@@ -184,13 +175,9 @@ def ratios_markdown(preset: Preset) -> list[str]:
         [f"| {k} | {show(a)} | {show(b)} |" for k, a, b in regime_ratios(preset)]
 
 
-# Overrides: --set SECTION.KEY=VALUE changes any preset field for one command. Runs made with
-# overrides live in their own folders, so a finished run with other settings is never reused. Which keys
-# one may set, how a value is read and checked, and the folder name a set of values gives: set_values.py.
-
-# Settings: how a run differs from its preset, {section: {key: value}}, each value typed as the preset's field and in its
-# range: what `--set` parses to, and what a variant gives; the one shape a setting has
-# after its text is read, merged into the preset by apply_overrides and named by set_values.override_name.
+# How a run differs from its preset, {section: {key: value}}, each value typed as the preset's field and in its range:
+# what `--set` parses to and a variant gives (docs/design.md, "How a run's settings flow"). A run made with other
+# settings lives in a folder of its own (set_values.override_name), so a finished run is never reused for them.
 Settings = dict[str, dict]
 
 

@@ -35,8 +35,7 @@ def stats(values: list) -> dict:
 def read(s: dict, p_holm: float | None = None) -> str:
     """The declared rule's reading (report.reading), in a family by its Holm-adjusted p; a seed without a value
     gives none."""
-    missing = sum(not math.isfinite(v) for v in s["values"])
-    if missing:
+    if missing := sum(not math.isfinite(v) for v in s["values"]):
         return f"no reading: {missing} of {len(s['values'])} seeds have no value (null: a diverged run, n/a or never)"
     return report.reading(s, TIE_MARGIN, p_holm)
 
@@ -67,9 +66,8 @@ def sentence(label: str, s: dict, p_holm: float | None = None, family: int = 0) 
         why = f"its 90% t-interval lies inside ±{TIE_MARGIN:g} (two one-sided tests at 5%)"
     else:
         why = test
-    margin = report.smallest_tie_margin(s)
     return (f"{label}: {report.stats_cell(s, signed=True)} over {s['n']} seeds reads **{verdict}**: {why}; "
-            f"the smallest tie margin these seeds allow is ±{margin:.4f}.")
+            f"the smallest tie margin these seeds allow is ±{report.smallest_tie_margin(s):.4f}.")
 
 
 def reading_cell(s: dict, p_holm: float | None = None) -> str:

@@ -87,18 +87,15 @@ def block_removal(ws: Workspace, run: RunName, seed: int) -> list[dict]:
     run_dir = ws.run_dir(run, seed)
     if (run_dir / diag.DIAGNOSTICS).is_file():
         return diag.recorded_block_removal(run_dir / diag.DIAGNOSTICS)
-    final = diag.checkpoint_series(run_dir)[-1]["path"]
-    return diag.block_removal(load_student(ws, final), diagnostic_batch(ws))
+    return diag.block_removal(load_student(ws, diag.checkpoint_series(run_dir)[-1]["path"]), diagnostic_batch(ws))
 
 
 def unique_and_total_tokens(ws: Workspace, run: RunName, seed: int) -> tuple[int, int]:
     """Exactly, from the batcher: every document the run saw, counted once and with repeats."""
-    run_dir = ws.run_dir(run, seed)
-    settings = config.read(run_dir)
+    settings = config.read(ws.run_dir(run, seed))
     shard = data.Shard(settings.train_data, verify=False)
     batcher = data.Batcher(shard, settings.global_batch, settings.seed, settings.data_mode, settings.replay_docs)
-    steps = len(config.plan_phases(settings)) * settings.phase_steps
-    seen = [batcher.global_doc_ids(s) for s in range(steps)]
+    seen = [batcher.global_doc_ids(s) for s in range(len(config.plan_phases(settings)) * settings.phase_steps)]
     targets = shard.lengths.astype(np.int64) - 1
     everything = np.concatenate(seen)
     return int(targets[np.unique(everything)].sum()), int(targets[everything].sum())

@@ -23,10 +23,6 @@ from plumbing.errors import OptionError, UsageError
 REFERENCES = Path(__file__).resolve().parents[1] / "references"
 
 
-def curve(run_dir: Path) -> dict[str, float]:
-    return points(rundir.read_metrics(run_dir))
-
-
 def points(rows: list[dict]) -> dict[str, float]:
     """{evaluation point: validation CE} of a run's log rows: "<step>" after it, "<step> start" at a phase start."""
     return {f"{r['step']}{' start' if r.get('phase_start') else ''}": r["ce"] for r in rows if r.get("eval")}
@@ -38,7 +34,7 @@ def collect(runs: Path, results: Path, seeds: list[int]) -> dict:
     for seed in seeds:
         for run_dir in sorted(runs.glob(run_folder("*", seed))):  # on disk: idea 4's search picks some
             if (run_dir / "done.json").is_file():
-                for point, ce in curve(run_dir).items():
+                for point, ce in points(rundir.read_metrics(run_dir)).items():
                     curves.setdefault(run_dir.name, {}).setdefault(point, []).append(ce)
                 finals.setdefault(run_dir.name, []).append(rundir.final_eval(run_dir)["ce"])
     # A run finished for only some seeds (an experiment still training) has no band for the others yet.
@@ -163,11 +159,9 @@ def check_reference(content, path: Path, fix: str = ""):
     expect(content, dict, "", bad)
     if found := too_long(content):  # before a page copies a 200 MB string
         raise bad(*found)
-    for key in ("seeds", "git_commit", "curves", "final_ce", "tables"):
-        if key not in content:
-            raise bad(key, "is missing")
-    unknown = sorted(set(content) - REFERENCE_KEYS)
-    if unknown:
+    if missing := [key for key in ("seeds", "git_commit", "curves", "final_ce", "tables") if key not in content]:
+        raise bad(missing[0], "is missing")
+    if unknown := sorted(set(content) - REFERENCE_KEYS):
         raise bad(unknown[0], f"is not a key the kit writes ({', '.join(sorted(REFERENCE_KEYS))})")
     seeds = check_seeds(content["seeds"], "seeds", bad)
     expect(content["git_commit"], str, "git_commit", bad)

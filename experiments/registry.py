@@ -1,7 +1,6 @@
-"""Every experiment declared once, in one dict of one type (EXPERIMENTS, in the results page's order): the paper's
-tables and figures, then those beyond them (STUDIES), each a command of its own. repro.py, tools/cli_options.py,
-tools/preflight.py and pages.py iterate it; adding one is one file and one line here (docs/design.md, "Adding an
-experiment").
+"""Every experiment declared once, in one dict of one type (EXPERIMENTS, in the results page's order): the paper's tables and
+figures, then those beyond them (STUDIES), each a command of its own. repro.py, tools/cli_options.py, tools/preflight.py and
+pages.py iterate it; adding one is one file and one line here (docs/design.md, "Adding an experiment").
 
     python repro.py tail --scale toy --dry-run       # EXPERIMENTS["tail"]: its groups planned, its records surveyed
     python repro.py planted --scale toy              # EXPERIMENTS["planted"].run(ws, seeds, force)
@@ -80,8 +79,7 @@ def ideas_page(reference: dict, scale: str) -> list[str]:
     return ["## ideas", "", *lines, "", *studies.recorded_machines(scale), ""]
 
 
-# Every experiment, in the results page's order: the paper's own, then those beyond it.
-EXPERIMENTS = {
+EXPERIMENTS = {  # in the results page's order: the paper's own, then those beyond it
     **{name: paper_table(name) for name in tables.TABLES},
     "placements": Experiment(lambda ws, seed: [("placements", ws, beyond.placement_runs(), seed)],
                              lambda reference, scale: beyond.placements_lines(

@@ -38,7 +38,6 @@ def reading(s: dict, margin: float, p_adjusted: float | None = None) -> str:
     return tie_or_inconclusive(s, margin)
 
 
-
 def tie_or_inconclusive(s: dict, margin: float) -> str:
     """"a tie within ±margin" if the 90% t-interval lies inside ±margin (two one-sided tests at 5%)."""
     return f"a tie within ±{margin:g}" if smallest_tie_margin(s) < margin else "inconclusive"
@@ -91,8 +90,7 @@ DIVERGED = Diverged()
 
 def across_seeds(values: list[float]) -> dict:
     """mean, sample std and a 95% t-interval of one number over the seeds whose runs did not diverge."""
-    diverged = sum(isinstance(v, Diverged) for v in values)
-    if diverged:
+    if diverged := sum(isinstance(v, Diverged) for v in values):
         kept = [v for v in values if not isinstance(v, Diverged)]
         stats = across_seeds(kept) if kept else {"mean": math.nan, "std": math.nan, "ci95": None, "n": 0}
         return {**stats, "values": [None if isinstance(v, Diverged) else v for v in values], "diverged": diverged}
@@ -252,9 +250,7 @@ def finite(value):
         return None
     if isinstance(value, dict):
         return {k: finite(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [finite(v) for v in value]
-    return value
+    return [finite(v) for v in value] if isinstance(value, (list, tuple)) else value
 
 
 def row_numbers(rows: dict[str, dict]) -> dict[str, list]:

@@ -101,8 +101,7 @@ def read_record(path: Path) -> dict:
 
 def study_records(folder: Path) -> list[tuple[Path, dict]]:
     """Every run's record of a workspace (<records>/<workspace>/), each read whole (read_record)."""
-    paths = sorted(folder.rglob("*.json")) if folder.is_dir() else []
-    return [(path, read_record(path)) for path in paths]
+    return [(path, read_record(path)) for path in (sorted(folder.rglob("*.json")) if folder.is_dir() else [])]
 
 
 def stale_reason(record: dict, wanted: dict, stored: dict | None = None) -> str:

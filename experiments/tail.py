@@ -61,12 +61,9 @@ def tail_value(scale: str, ratio: float, hidden: int) -> float:
 
 def measure_regular_rms(records: Path, seeds=(42, 43, 44)) -> list[float]:
     """Per seed, the monitor's mean RMS after block 0 at phase 0's last monitor row of the recorded pre-grow run."""
-    out = []
-    for seed in seeds:
-        rows = studies.read_record(records / f"{run_folder('pre-grow', seed)}.json")["metrics"]
-        last = [r for r in rows if r.get("monitor") and r.get("phase") == 0][-1]
-        out.append(next(b["mean"] for b in last["boundaries"] if b["boundary"] == 1))
-    return out
+    rows = {seed: studies.read_record(records / f"{run_folder('pre-grow', seed)}.json")["metrics"] for seed in seeds}
+    last = {seed: [r for r in rows[seed] if r.get("monitor") and r.get("phase") == 0][-1] for seed in seeds}
+    return [next(b["mean"] for b in last[seed]["boundaries"] if b["boundary"] == 1) for seed in seeds]
 
 
 # The power calculation (the entry's): D's spread planned from the kit's measured differences of dose effects
@@ -87,8 +84,6 @@ def power_table(ns=range(3, 17)) -> list[dict]:
     return [{"n": n, "planning": power(EFFECT, PLANNING_SD, n), "pessimistic": power(EFFECT, PESSIMISTIC_SD, n),
              "half_effect": power(EFFECT / 2, PLANNING_SD, n)} for n in ns]
 
-
-# The runs
 
 CHANNEL = {"run": {"boundary": "dose-channel", "boundary_scale": 1000.0}}  # beyond.DOSES's planted channel dose
 CELLS = [(norm, protocol) for norm in ("pre", "post") for protocol in ("joint", "grow")]
@@ -141,10 +136,8 @@ def family(ce: dict) -> list[dict]:
     rows += [{"name": name, "primary": False, "d": report.across_seeds(values)} for name, values in secondary]
     rows[0]["p"] = report.p_two_sided(rows[0]["d"])
     rows[0]["reading"] = report.reading(rows[0]["d"], presets.TIE_MARGIN)
-    raw = [report.p_two_sided(r["d"]) for r in rows[1:]]
-    for row, p, p_holm in zip(rows[1:], raw, report.holm(raw)):
-        row["p"] = math.nan if math.isnan(p) else p_holm
-        row["reading"] = report.reading(row["d"], presets.TIE_MARGIN, p_holm)
+    for row, p in zip(rows[1:], readings.holm_family([r["d"] for r in rows[1:]])):  # NaN: no test
+        row["p"], row["reading"] = p, report.reading(row["d"], presets.TIE_MARGIN, p)
     for row in rows:
         row["smallest_tie_margin"] = report.smallest_tie_margin(row["d"])
     return rows
@@ -231,9 +224,8 @@ def attention_summary(per_run: dict[str, list[list[list[float]]]]) -> dict:
     per_layer = [h for per_seed in per_run.values() for layers in per_seed for h in enumerate(layers)]
     if not per_layer:
         return {"layers": [], "highest": math.nan}
-    depth = 1 + max(layer for layer, _ in per_layer)
     return {"layers": [statistics.fmean(h for layer, heads in per_layer if layer == i for h in heads)
-                       for i in range(depth)],
+                       for i in range(1 + max(layer for layer, _ in per_layer))],
             "highest": max(h for _, heads in per_layer for h in heads)}
 
 
@@ -273,9 +265,7 @@ def channel_words(out: dict) -> str:
         return (f"{said} Its \"above 0\" is post-norm's: the channel costs post-norm more under joint training than "
                 f"under growth, while pre-norm's D reads {pre['reading']}{against}; it is no support for the "
                 "account's prediction for pre-norm.")
-    if pre["reading"] == "above 0":
-        return f"{said} Pre-norm's D reads above 0, as the account predicts."
-    return said
+    return f"{said} Pre-norm's D reads above 0, as the account predicts." if pre["reading"] == "above 0" else said
 
 
 def scope_facts(out: dict) -> dict:

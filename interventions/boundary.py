@@ -85,9 +85,8 @@ def with_tail(embedding: torch.Tensor, token: int, value: float) -> torch.Tensor
 
 
 def structural_norm(h: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
-    """The boundary token (position 0) rescaled to `scale` x the median RMS of its row's other positions (issue 33,
-    idea 6; the median: the forward has no mask, and padding is a minority of a row), the row's statistic
-    detached."""
+    """The boundary token (position 0) rescaled to `scale` x the median RMS of its row's other positions (issue 33, idea
+    6; the median: the forward has no mask, and padding is a minority of a row), the row's statistic detached."""
     if h.shape[1] < 2:
         return h
     x = h.float()

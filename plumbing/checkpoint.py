@@ -1,7 +1,6 @@
-"""Files and checkpoint folders on disk: the kit's one atomic write (every file it writes goes through
-write_atomic or a folder renamed into place), sha256 checksums written with every checkpoint and
-checked on every load, config.json and safetensors tensors (one file or an index with shards).
-Nothing here unpickles anything.
+"""Files and checkpoint folders on disk: the kit's one atomic write (every file it writes goes through write_atomic or a
+folder renamed into place), sha256 checksums written with every checkpoint and checked on every load, config.json and
+safetensors tensors (one file or an index with shards). Nothing here unpickles anything.
 
     checkpoint.write_atomic(path, text)                # a temporary file, fsynced, renamed over path
     checkpoint.load_tensors(module, path, dtype, device, name_in_file)
@@ -42,8 +41,7 @@ def write_atomic(path, content: str | bytes) -> Path:
         os.replace(tmp, path)
     except BaseException as e:
         tmp.unlink(missing_ok=True)
-        why = disk_full_reason(e)
-        if why:
+        if why := disk_full_reason(e):
             kept = "the previous file is intact" if path.exists() else "nothing was written"
             raise DiskFull(f"{path}: {why} while writing it; {kept}: free some space (or raise the limit) and rerun",
                            getattr(e, "errno", None)) from None
@@ -151,8 +149,7 @@ def damage(ckpt: Path, part: tuple[int, int] = (0, 1)) -> str:
 
 def check_checksums(path: Path):
     """A checkpoint folder whose files differ from the checksums written with them is refused."""
-    why = damage(path)
-    if why:
+    if why := damage(path):
         raise CheckpointError(f"{path}: damaged ({why}); the folder is not as the kit wrote it: restore it (or move "
                               "out what was added) or retrain that checkpoint")
 
@@ -224,8 +221,7 @@ def load_tensors(module: nn.Module, path: Path, dtype, device, name_in_file: Cal
     files = tensor_files(path)
     wanted = {name_in_file(name) for name, _ in module.named_parameters()} - {None}
     # A tied teacher's file may still carry lm_head.weight; any other extra tensor would load a truncated model.
-    extra = sorted(set(files) - wanted - {"lm_head.weight"})
-    if extra:
+    if extra := sorted(set(files) - wanted - {"lm_head.weight"}):
         raise CheckpointError(f"{path}: holds {len(extra)} tensor(s) that its config.json does not describe "
                               f"(first: {extra[0]!r}); the checkpoint and its config.json disagree")
     module.to(dtype)  # on the meta device this allocates nothing
@@ -259,8 +255,7 @@ def load_tensors(module: nn.Module, path: Path, dtype, device, name_in_file: Cal
         if not torch.isfinite(local).all():
             raise CheckpointError(f"{file}: tensor {key!r} holds NaN or infinite values; the checkpoint is damaged "
                                   "(a diverged run or a corrupt file)")
-        target = param.to_local() if hasattr(param, "to_local") else param
-        target.copy_(local.to(dtype))
+        (param.to_local() if hasattr(param, "to_local") else param).copy_(local.to(dtype))
 
 
 def write_checkpoint(path, config: dict, state: dict, extra_files: dict[str, str] | None = None):

@@ -1,7 +1,6 @@
-"""The corpora a shard is made of (the sources: CORPUS_OPTIONS, docs/design.md): every corpus is one fixed,
-seeded order of documents whose first n_val are the validation set and the rest the training stream, so the
-training shard and the fresh-data continuation past it are one sequence. Bad input raises DataError, one line
-naming the file or option and the fix.
+"""The corpora a shard is made of (the sources: CORPUS_OPTIONS, docs/design.md): every corpus is one fixed, seeded order of
+documents whose first n_val are the validation set and the rest the training stream, so the training shard and the fresh-data
+continuation past it are one sequence. Bad input raises DataError, one line naming the file or option and the fix.
 
     documents = corpora.corpus("toy", n_val=500, seed=0)      # or "fineweb-edu" (revision, cache_dir), "local" (path)
     documents.identity                                          # what a shard's manifest records
@@ -178,9 +177,8 @@ def download_fineweb_file(filename: str, revision: str = FINEWEB_REVISION, cache
 
 
 def _parquet_documents(open_file: Callable[[int], Path], n_files: int, seed: int) -> Iterator[str]:
-    """The non-empty `text`s of several parquet files in a seeded order that holds one row group at a time: files
-    permuted by seed, row groups by (seed, f), rows by (seed, f, g). A file is opened (downloaded) only when the
-    stream reaches it."""
+    """The non-empty `text`s of several parquet files in a seeded order that holds one row group at a time: files permuted by
+    seed, row groups by (seed, f), rows by (seed, f, g). A file is opened (downloaded) only when the stream reaches it."""
     for f in np.random.default_rng(seed).permutation(n_files).tolist():
         parquet = _open_parquet(open_file(f))
         for g in np.random.default_rng([seed, f]).permutation(parquet.num_row_groups).tolist():

@@ -10,7 +10,7 @@ import os
 import platform
 import time
 import timeit
-from contextlib import contextmanager, nullcontext
+from contextlib import contextmanager, nullcontext, suppress
 from dataclasses import dataclass, field
 from datetime import timedelta
 from functools import cache
@@ -142,13 +142,11 @@ TORCHRUN_VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER
 def torchrun_rank() -> int | None:
     """This process's rank under torchrun; None for one process. Some of torchrun's variables without the rest,
     or ranks that are not integers: one line, not torch's error from inside init_process_group."""
-    present = [name for name in RANK_VARIABLES if name in os.environ]
-    if not present:
+    if not (present := [name for name in RANK_VARIABLES if name in os.environ]):
         return None
     fix = (f"launch with torchrun (torchrun --nproc_per_node=N repro.py ...), or unset {' '.join(present)} to "
            "run as one process")
-    missing = [name for name in TORCHRUN_VARIABLES if name not in os.environ]
-    if missing:
+    if missing := [name for name in TORCHRUN_VARIABLES if name not in os.environ]:
         raise UsageError(f"{', '.join(present)} set in the environment without {', '.join(missing)}, which "
                          f"torchrun sets with it: {fix}")
     rank, world, local = (os.environ[name] for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK"))
@@ -230,21 +228,17 @@ def cpu_bf16_speedup() -> float:
     cached = cached if isinstance(cached, dict) else {}
     if not (finite_number(cached.get(key)) and cached[key] > 0):
         cached[key] = matmul_speedup_bf16()
-        try:
+        with suppress(OSError):  # a read-only home: probe again next time
             path.parent.mkdir(parents=True, exist_ok=True)
             write_json(path, cached)
-        except OSError:
-            pass  # a read-only home: probe again next time
     return float(cached[key])
 
 
 def cpu_model() -> str:
-    try:
+    with suppress(OSError):
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             if line.startswith("model name"):
                 return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
     return platform.processor() or "unknown cpu"
 
 
@@ -368,9 +362,7 @@ def full_tensor(t: torch.Tensor) -> torch.Tensor:
 
 def autocast(dtype: torch.dtype, ctx: Dist):
     """bf16 autocast, in one process and under FSDP2 alike: the residual stream stays fp32 in both."""
-    if dtype == torch.bfloat16:
-        return torch.autocast(ctx.device.type, dtype=torch.bfloat16)
-    return nullcontext()
+    return torch.autocast(ctx.device.type, dtype=torch.bfloat16) if dtype == torch.bfloat16 else nullcontext()
 
 
 # The shapes one compiled decoder layer may be specialised to: a few widths (data.fixed_shape) and two row counts,
@@ -391,8 +383,7 @@ def clip_gradients(params: list[torch.nn.Parameter], max_norm: float) -> torch.T
     is summed in float64 from each rank's own shard (under HSDP over the "shard" dimension only), so one process
     and FSDP2 ranks get norms that differ by float64 rounding only and the same float32 coefficient (a float32
     norm's rounding AdamW would turn into weight differences far above it, where it divides by sqrt(v) ~ eps)."""
-    grads = [p.grad for p in params if p.grad is not None]
-    if not grads:
+    if not (grads := [p.grad for p in params if p.grad is not None]):
         return torch.zeros((), dtype=torch.float64)
     local = [g.to_local() if isinstance(g, DTensor) else g for g in grads]
     squares = torch.zeros((), dtype=torch.float64, device=local[0].device)

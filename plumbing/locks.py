@@ -22,7 +22,7 @@ import sys
 import threading
 import time
 from collections import deque
-from contextlib import ExitStack, contextmanager
+from contextlib import ExitStack, contextmanager, suppress
 from datetime import datetime
 from pathlib import Path
 from typing import Iterator
@@ -50,8 +50,7 @@ def printable(text: str, limit: int = 300) -> str:
 
 def wait_seconds() -> float:
     """$NORMGROW_LOCK_WAIT: how long a holder this host cannot see alive is waited for once its file stops changing."""
-    text = os.environ.get(WAIT_VARIABLE, "").strip()
-    if not text:
+    if not (text := os.environ.get(WAIT_VARIABLE, "").strip()):
         return DEFAULT_WAIT_SECONDS
     try:
         seconds = math.inf if text == "forever" else float(text)
@@ -66,10 +65,8 @@ def _write_record(fd: int):
     """Who holds the lock, for a waiter's message; a full disk leaves the file empty, and the lock holds."""
     record = {"host": socket.gethostname(), "pid": os.getpid(), "command": " ".join(sys.argv),
               "since": datetime.now().astimezone().isoformat(timespec="seconds")}
-    try:
+    with suppress(OSError):
         os.pwrite(fd, json.dumps(record).encode(), 0)
-    except OSError:
-        pass
 
 
 def _holder(fd: int) -> tuple[str, dict]:
@@ -273,9 +270,8 @@ def mount_of(path: Path) -> str:
 
 def busy(folder) -> bool:
     """Whether some process holds `folder` now (a look, not a wait: nothing is made, taken or removed)."""
-    lock = lock_file(Path(folder).resolve())
     try:
-        fd = os.open(lock, LOCK_FLAGS)
+        fd = os.open(lock_file(Path(folder).resolve()), LOCK_FLAGS)
     except OSError:  # no lock file (or something the kit would refuse to lock: held() says so)
         return False
     try:
@@ -290,9 +286,8 @@ def busy(folder) -> bool:
 
 
 def free_first(folders) -> Iterator[int]:
-    """The indices of `folders`, one another process holds put after the others (looked at again in its turn), so
-    that processes working through the same list train different folders; once only held ones are left, the
-    first is given."""
+    """The indices of `folders`, one another process holds put after the others (looked at again in its turn), so that
+    processes working through the same list train different folders; once only held ones are left, the first is given."""
     queue, deferred = deque(range(len(folders))), 0
     while queue:
         i = queue.popleft()
@@ -330,10 +325,8 @@ def _heartbeat(fds):
     def beat():
         while not stop.wait(HEARTBEAT_SECONDS):
             for fd in fds:
-                try:
+                with suppress(OSError):  # a full or read-only filesystem: the lock holds, the heartbeat is missed
                     os.utime(fd)
-                except OSError:  # a full or read-only filesystem: the lock holds, the heartbeat is missed
-                    pass
     thread = threading.Thread(target=beat, name="lock heartbeat", daemon=True)
     thread.start()
     try:

@@ -14,8 +14,7 @@ def writable_dir(path: Path, option: str) -> Path:
     try:
         path.mkdir(parents=True, exist_ok=True)
         # A name of this process's own: the ranks of a launch probe one shared folder at once.
-        with tempfile.NamedTemporaryFile(dir=path, prefix=".write-test-"):
-            pass
+        tempfile.NamedTemporaryFile(dir=path, prefix=".write-test-").close()
     except OSError as e:
         raise errors.OptionError(option, f"{path} is not a writable folder ({path_reason(e)}); choose another") from None
     return path

@@ -168,8 +168,7 @@ def bpe_merges(enc: Tokenizer) -> list[list[str]]:
             continue
         parts = [bytes([b]) for b in token]
         while len(parts) > 2:
-            pair_ranks = [(ranks.get(a + b, rank), i) for i, (a, b) in enumerate(zip(parts, parts[1:]))]
-            best, i = min(pair_ranks)
+            best, i = min((ranks.get(a + b, rank), i) for i, (a, b) in enumerate(zip(parts, parts[1:])))
             if best >= rank:
                 break
             parts[i:i + 2] = [parts[i] + parts[i + 1]]

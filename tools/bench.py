@@ -337,8 +337,6 @@ def bench_loss(tokens=4096, vocab=151936, hidden=256, repeats=3, chunk_size=kd.D
     return result
 
 
-# The tokenizer
-
 def bench_tokenizer(repeats: int = 3, documents: int | None = None) -> dict:
     """MB/s of the kit's tokenizer and of HF tokenizers on the toy corpus (its first `documents`), in turns."""
     from tokenizers import Tokenizer as HFTokenizer  # test-only dependency
@@ -355,8 +353,6 @@ def bench_tokenizer(repeats: int = 3, documents: int | None = None) -> dict:
             "ratio": utilization.ratio_spread([(rounds["hf_tokenizers"], rounds["tiktoken"])]),
             "identical": ours() == theirs()}
 
-
-# The data loader
 
 def bench_loader_data(data_dir: Path) -> data.Shard:
     """The training shard in data_dir, prepared there with the toy preset's settings if there is none."""

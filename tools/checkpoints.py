@@ -9,6 +9,7 @@ folder names, its scale (by its vocabulary), its trained context, its CE, and a 
 import json
 import re
 import sys
+from contextlib import suppress
 from pathlib import Path
 
 import checkpointing
@@ -73,8 +74,7 @@ def no_checkpoint(run: Path) -> str:
                 "rerun the command that made it (repro.py train --norm ... --protocol ..., or its experiment) to "
                 "train it with weights")
     again = f"rerun the command that trains it (it resumes), then pass {run} again"
-    partial = sorted(p.name for p in run.glob("phase-*.tmp") if p.is_dir())
-    if partial:
+    if partial := sorted(p.name for p in run.glob("phase-*.tmp") if p.is_dir()):
         return (f"holds no finished checkpoint yet ({partial[-1].removesuffix('.tmp')} only partly written: "
                 f"{partial[-1]}/, left by a run stopped while saving it); {again}")
     if (run / "done.json").is_file():
@@ -93,13 +93,11 @@ def trained_context(checkpoint: Path, config: dict) -> tuple[int, str]:
     were, whatever max_position_embeddings allows), and where that is said."""
     run = checkpoint.parent
     if is_run_folder(run) and (run / "config.json").is_file():
-        try:
+        with suppress(errors.KitError, KeyError, TypeError):  # moved or gone (a shipped teacher's): the scale's
             shard = Path(run_config.absolute_paths(rundir.read_json(run / "config.json"), run)["train_data"])
             max_len = rundir.read_json(shard / data.MANIFEST_FILE)["max_len"]
             if isinstance(max_len, int) and max_len > 0:
                 return max_len, f"data.max_len of its training shard {shard}"
-        except (errors.KitError, KeyError, TypeError):  # moved or gone (a shipped teacher's): the scale's
-            pass
     kits = is_run_folder(run) or "normgrow_student" in config or (checkpoint / hf_qwen3.EXPORT_MARKER).is_file()
     fitting = scales_for(config["vocab_size"]) if kits else []
     if fitting:
@@ -110,8 +108,7 @@ def trained_context(checkpoint: Path, config: dict) -> tuple[int, str]:
 
 def load_checkpoint(checkpoint: Path, config: dict) -> model.Qwen3 | model.Student:
     """A student (its config.json, `config`, with a normgrow_student entry) or a plain Qwen3, fp32, in eval mode."""
-    net = model.Student.load(checkpoint) if "normgrow_student" in config else model.load_qwen3(checkpoint)
-    return net.eval()
+    return (model.Student.load(checkpoint) if "normgrow_student" in config else model.load_qwen3(checkpoint)).eval()
 
 
 def checkpoint_config(checkpoint: Path) -> dict:
@@ -137,14 +134,12 @@ def vocabulary_fits(vocab: int, eot: int) -> bool:
 
 
 def scales_for(vocab: int) -> list[str]:
-    return [s for s, p in presets.PRESETS.items()
-            if vocabulary_fits(vocab, corpora.vocabulary(p.data).eot)]
+    return [s for s, p in presets.PRESETS.items() if vocabulary_fits(vocab, corpora.vocabulary(p.data).eot)]
 
 
 def scale_of(config: dict, runs_dir: Path, checkpoint: Path) -> str:
     """The scale whose vocabulary a checkpoint has (of several, the one whose data exists under runs_dir)."""
-    matches = scales_for(config["vocab_size"])
-    if not matches:
+    if not (matches := scales_for(config["vocab_size"])):
         raise errors.UsageError(f"{checkpoint / 'config.json'}: vocab_size {config['vocab_size']} fits no scale's "
                                 "tokenizer; the checkpoint is not the kit's, or its config.json was edited")
     return next((s for s in matches if (runs_dir / s / "data" / "val").is_dir()), matches[0])
@@ -181,8 +176,7 @@ def evaluate(checkpoint: Path, scale: str | None, data_dir: Path | None, runs_di
 def export(student_dir: Path, out_dir: Path, force: bool, runs_dir: Path) -> model.Student:
     """A pre-norm student checkpoint as a standard HF Qwen3 folder with the kit's tokenizer; the student."""
     student_dir = checkpoint_in(student_dir, said := [])
-    scale = scale_of(checkpoint_config(student_dir), runs_dir, student_dir)
-    enc = corpora.vocabulary(presets.PRESETS[scale].data)
+    enc = corpora.vocabulary(presets.PRESETS[scale_of(checkpoint_config(student_dir), runs_dir, student_dir)].data)
     generation = {"bos_token_id": enc.eot, "eos_token_id": enc.eot, "pad_token_id": enc.eot, "do_sample": False}
     extra_files = {**tokenizer.hf_tokenizer_files(enc), "generation_config.json": json.dumps(generation)}
     # What export_hf writes: an HF checkpoint (config.json, model.safetensors), these files and the kit's marker.
@@ -223,8 +217,7 @@ def check_export_target(student_dir: Path, out_dir: Path, force: bool, runs_dir:
     if not (out_dir / hf_qwen3.EXPORT_MARKER).is_file():
         raise errors.CheckpointError(f"{out_dir}: not a folder the kit exported (no {hf_qwen3.EXPORT_MARKER}); --force only "
                                      "replaces earlier exports, so choose a new or empty folder")
-    foreign = not_exported(out_dir, written)
-    if foreign:
+    if foreign := not_exported(out_dir, written):
         raise errors.CheckpointError(f"{out_dir / foreign[0]}: not written by the kit, and --force would delete it with "
                                      "the earlier export; move it out of the folder and rerun")
 

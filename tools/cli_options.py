@@ -14,8 +14,6 @@ from experiments import presets, registry, studies, suite, tables
 from plumbing import devices, errors
 from tools import plan
 
-# The options
-
 scale_option = click.option("--scale", type=click.Choice(list(presets.PRESETS)), default="toy", show_default=True,
                             help="smoke: CI minutes; toy: laptop CPU, offline; small: one GPU; full: the paper.")
 runs_option = click.option("--runs-dir", type=click.Path(path_type=Path), default=Path("runs"), show_default=True,
@@ -83,8 +81,6 @@ def experiment_options(command):
         command = option(command)
     return command
 
-
-# What their values become
 
 def seeded_workspace(scale, seeds, default_seeds, records_dir, dry_run, lockstep,
                      **options) -> tuple[suite.Workspace, list[int]]:

@@ -166,8 +166,7 @@ def memory_rehearsal(scale: str, gpus: int, device: str) -> dict:
     scenario: blocks that never run, accumulation with gradient sync off, bf16 parameters with fp32
     reduction), then every lockstep segment of table1. On a GPU the allocator's peak and reserved bytes. In
     bf16, as on the GPU (the smoke's fp32 would reach varlen_attn's kernel, which refuses it, as the rehearsal does)."""
-    preset = presets.PRESETS[scale]
-    preset = replace(preset, run={**preset.run, "precision": "bf16"})
+    preset = replace(presets.PRESETS[scale], run={**presets.PRESETS[scale].run, "precision": "bf16"})
     ws = suite.Workspace(preset, Path("runs") / scale, Path("results") / scale, devices.Dist())
     launch, shape = rehearse.Launch(gpus), presets.teacher_shape(preset)
     phase0 = config.plan_phases(suite.run_config(ws, suite.RunName("post", "grow"), preset.run["seed"]))[0]
@@ -259,8 +258,7 @@ if __name__ == "__main__":
     parser.add_argument("--checks", type=lambda text: tuple(text.split(",")), default=CHECKS,
                         help=f"a comma-separated subset, run in that order (default: {','.join(CHECKS)})")
     args = parser.parse_args()
-    unknown = [name for name in args.checks if name not in CHECKS]
-    if unknown:
+    if unknown := [name for name in args.checks if name not in CHECKS]:
         parser.error(f"--checks: no check named {', '.join(unknown)}; the checks are {', '.join(CHECKS)}")
     if args.device == "cuda" and not torch.cuda.is_available():  # before any check: one line, not an AssertionError
         sys.exit("Error: no CUDA device here (torch.cuda.is_available() is False); the check needs one CUDA GPU and a "

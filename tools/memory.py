@@ -1,23 +1,21 @@
 """Per-GPU memory of one training step, counted tensor by tensor from the shapes (the dry run's estimate).
 
-It counts what one rank holds in grow's heaviest step (every block active and trained, the head and the
-boundary norm trained, the embedding frozen; post-norm layers, the stepping run's own entry and final
-norms under activation checkpointing) under devices.shard_fn with bf16 autocast and an
-fp32 residual stream: each student's weights and AdamW moments, the teacher in the compute dtype, the
-gradients accumulated over the step's micro-batches, one micro-batch's saved activations and the
-chunked loss's buffers at its softmax, in the worst step a rank can be given: every document of the step
-of the full length, so that every micro-batch holds a full token budget (micro_batch x max_len: packed end
-to end where the runs pack, data.token_micro_batches; rows where they do not) and a rank holds the most
-micro-batches the placement ever gives it (global_batch / world / micro_batch). The loss selects the real
-targets by the batch's mask (kd._real_tokens), a copy of the teacher's states. Attention is a GPU's: its
-output saved in the layout o_proj reads (varlen_attn's for a packed row). The step's largest moment is the
-peak: inside the loss of its last micro-batch (on top of the gradients accumulated over the others), inside
-the loss of its first, or, under activation checkpointing, the first micro-batch's backward entering layer 0.
-Nothing is fitted; rehearse.py measures the same step through the kit's own code with FSDP2's memory
-tracker, and memcount.py counts every storage it holds (tests/test_cluster.py and tests/test_memcount.py
-hold the three together). Without activation checkpointing a pre-norm layer is counted as a post-norm
-one (an upper bound: two fp32 stream tensors above what it holds, by memcount.py). CUDA's context, NCCL's buffers and the
-allocator's fragmentation are not counted (lockstep_plan.MEMORY_HEADROOM leaves room for them).
+It counts what one rank holds in grow's heaviest step (every block active and trained, the head and the boundary norm
+trained, the embedding frozen; post-norm layers, the stepping run's own entry and final norms under activation
+checkpointing) under devices.shard_fn with bf16 autocast and an fp32 residual stream: each student's weights and AdamW
+moments, the teacher in the compute dtype, the gradients accumulated over the step's micro-batches, one micro-batch's
+saved activations and the chunked loss's buffers at its softmax, in the worst step a rank can be given: every document
+of the step of the full length, so that every micro-batch holds a full token budget (micro_batch x max_len: packed end
+to end where the runs pack, data.token_micro_batches; rows where they do not) and a rank holds the most micro-batches
+the placement ever gives it (global_batch / world / micro_batch). The loss selects the real targets by the batch's mask
+(kd._real_tokens), a copy of the teacher's states. Attention is a GPU's: its output saved in the layout o_proj reads
+(varlen_attn's for a packed row). The step's largest moment is the peak: inside the loss of its last micro-batch (on top
+of the gradients accumulated over the others), inside the loss of its first, or, under activation checkpointing, the
+first micro-batch's backward entering layer 0. Nothing is fitted; rehearse.py measures the same step through the kit's
+own code with FSDP2's memory tracker, and memcount.py counts every storage it holds (tests/test_cluster.py and
+tests/test_memcount.py hold the three together). Without activation checkpointing a pre-norm layer is counted as a
+post-norm one (an upper bound: two fp32 stream tensors above what it holds, by memcount.py). CUDA's context, NCCL's
+buffers and the allocator's fragmentation are not counted (lockstep_plan.MEMORY_HEADROOM leaves room for them).
 """
 import math
 
@@ -96,11 +94,10 @@ class Dims:
 
 
 def held(d: Dims, residents: list, replicate_teacher: bool) -> dict:
-    """Held through the whole step: every resident student's fp32 weights and AdamW moments (its phase's
-    trained parameters: exp_avg, exp_avg_sq and a step counter each), the teacher in the compute dtype,
-    the stepping student's root gathered (FSDP2), and, with other runs resident, the teacher's hidden
-    states of the step's other micro-batches (grow.lockstep_step keeps them for the group's other runs;
-    the current one is the loss's)."""
+    """Held through the whole step: every resident student's fp32 weights and AdamW moments (its phase's trained parameters:
+    exp_avg, exp_avg_sq and a step counter each), the teacher in the compute dtype, the stepping student's root gathered
+    (FSDP2), and, with other runs resident, the teacher's hidden states of the step's other micro-batches (grow.lockstep_step
+    keeps them for the group's other runs; the current one is the loss's)."""
     weights = F32 * (d.layers * d.P_shard + sum(shard_numel(s, d.shard) for s in d.root))
 
     def moments(ph) -> int:
@@ -226,11 +223,10 @@ def costliest_first(preset, residents: list, norms: list[str] | None = None) -> 
 
 def step_peak(preset, teacher: ModelConfig, gpus: int, nodes: int = 1, residents=1,
               replicate_teacher: bool = False, norms: list[str] | None = None) -> dict:
-    """{"total": bytes at the peak on rank 0, "moment": where, "categories": {name: bytes} there,
-    "moments": {name: total}} of a lockstep step of the students `residents` (their phases, config.Phase;
-    an int n: n runs in grow's last phase, every block active and trained; their placements `norms`,
-    default post-norm) held at once on `nodes` x `gpus`. Each resident steps in turn
-    (grow.lockstep_step), so the peak is what all hold plus the costliest one's step (costliest_first)."""
+    """{"total": bytes at the peak on rank 0, "moment": where, "categories": {name: bytes} there, "moments": {name: total}}
+    of a lockstep step of the students `residents` (their phases, config.Phase; an int n: n runs in grow's last phase, every
+    block active and trained; their placements `norms`, default post-norm) held at once on `nodes` x `gpus`. Each resident
+    steps in turn (grow.lockstep_step), so the peak is what all hold plus the costliest one's step (costliest_first)."""
     d = Dims(preset, teacher, gpus, nodes)
     residents, norms = costliest_first(preset, residents if not isinstance(residents, int)
                                        else [last_phase(preset)] * residents, norms)

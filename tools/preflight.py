@@ -150,14 +150,10 @@ def planned(ws: suite.Workspace, runs, seed: int) -> tuple[str, suite.Workspace,
 def study_groups(study: registry.Experiment, ws: suite.Workspace, seed: int) -> list:
     """A study's groups as the plan prices them: the workspace's own with the runs whose phases they share, a
     variant's runs in its folder alone."""
-    planned_groups = []
-    for label, gws, runs, s in study.groups(ws, seed):
-        if not gws.variant:
-            planned_groups.append((label, gws, plan.planned_runs(gws, runs, s)))
-        else:
-            planned_groups.append((label, gws, [lockstep_plan.PlannedRun(run.name, variants.job_config(gws, run, s, None),
-                                                                1 if run.protocol == "freeze" else 0) for run in runs]))
-    return planned_groups
+    alone = lambda gws, run, s: lockstep_plan.PlannedRun(run.name, variants.job_config(gws, run, s, None),
+                                                          1 if run.protocol == "freeze" else 0)
+    return [(label, gws, plan.planned_runs(gws, runs, s) if not gws.variant else [alone(gws, run, s) for run in runs])
+            for label, gws, runs, s in study.groups(ws, seed)]
 
 
 def rehearse_launch(ws: suite.Workspace, launch: rehearse.Launch, runs, mode: str, replicate_teacher: bool,

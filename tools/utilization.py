@@ -302,9 +302,8 @@ def enclosing_names(event) -> tuple[str, ...]:
 
 
 def grouped(operators: list[tuple[tuple[str, ...], float]], wall_s: float) -> dict[str, float]:
-    """{group: fraction of the whole}: each operator's own seconds to the first group of GROUPS one of its names
-    (innermost first) matches, else ELEMENTWISE; the wall time no operator accounts for to PYTHON. The fractions
-    sum to 1."""
+    """{group: fraction of the whole}: each operator's own seconds to the first group of GROUPS one of its names (innermost
+    first) matches, else ELEMENTWISE; the wall time no operator accounts for to PYTHON. The fractions sum to 1."""
     seconds = dict.fromkeys([*(group for group, _ in GROUPS), ELEMENTWISE], 0.0)
     for names, own in operators:
         group = next((g for g, keys in GROUPS if any(key in name for name in names for key in keys)), ELEMENTWISE)
