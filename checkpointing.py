@@ -148,24 +148,20 @@ def stage_latest(run_dir: Path, net, optimizer, state: dict, group, ranks) -> Ca
                 parts.append(checkpoint.write_rows(tmp, "optimizer", staged.pop("optimizer"), *group))
                 checkpoint.write_json(tmp / f"part.rank{group[0]}.json", parts, indent=None)
             ranks.barrier()
-            if ranks.is_main:
-                finish_latest(run_dir, tmp, group[1], state_text, step)
+            if ranks.is_main:  # the index, the trainer state, the checksums, the folder renamed
+                part_files = [tmp / f"part.rank{w}.json" for w in range(group[1])]
+                index = checkpoint.merge_index([p for part in part_files for p in checkpoint.loads(part.read_text())])
+                for part in part_files:
+                    part.unlink()
+                checkpoint.write_json(tmp / checkpoint.SHARDED_INDEX, index, indent=None)
+                checkpoint.write_atomic(tmp / "trainer_state.json", state_text)
+                sums = {**index["files"], **{name: checkpoint.sha256(tmp / name)
+                                             for name in (checkpoint.SHARDED_INDEX, "trainer_state.json")}}
+                checkpoint.write_json(tmp / checkpoint.CHECKSUMS, sums, indent=1)
+                checkpoint.replace_folder(tmp, run_dir / "latest",
+                                          midway=lambda: kill_point("swapping-latest", run_dir.name, step))
             ranks.barrier()
     return write
-
-
-def finish_latest(run_dir: Path, tmp: Path, writers: int, state_text: str, step: int):
-    """Rank 0's end of a latest/ write: the index, the trainer state, the checksums, the folder renamed."""
-    parts = [p for w in range(writers) for p in checkpoint.loads((tmp / f"part.rank{w}.json").read_text())]
-    for w in range(writers):
-        (tmp / f"part.rank{w}.json").unlink()
-    index = checkpoint.merge_index(parts)
-    checkpoint.write_json(tmp / checkpoint.SHARDED_INDEX, index, indent=None)
-    checkpoint.write_atomic(tmp / "trainer_state.json", state_text)
-    sums = {**index["files"], **{name: checkpoint.sha256(tmp / name)
-                                 for name in (checkpoint.SHARDED_INDEX, "trainer_state.json")}}
-    checkpoint.write_json(tmp / checkpoint.CHECKSUMS, sums, indent=1)
-    checkpoint.replace_folder(tmp, run_dir / "latest", midway=lambda: kill_point("swapping-latest", run_dir.name, step))
 
 
 # Resume points, best first on a tie: latest/ (weights and AdamW state), phase-<p>/ (a phase starts a fresh
