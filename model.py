@@ -23,7 +23,6 @@ plumbing/hf_qwen3.py maps them to `input_layernorm` / `post_attention_layernorm`
 paper (the interventions) and what a forward records there (the monitor) live in interventions/; its
 checkpoint folder (save, load) in interventions/student_folder.py.
 """
-from __future__ import annotations
 
 from dataclasses import dataclass, replace
 from pathlib import Path

@@ -104,21 +104,17 @@ def build_model(config: RunConfig, teacher: Teacher | None, ctx: devices.Dist, d
     """The model a run trains, fp32 master weights computing in `dtype`: a student built from the teacher (or the
     seed alone), or for the `teacher` protocol a Qwen3 from the seed. A boundary_tail goes in the embedding's row
     `boundary_token` (the data's <|endoftext|>)."""
+    shard, student = devices.shard_fn(ctx, dtype), (config.blocks, config.layers_per_block, config.student_norm, config.seed)
+    options = dict(shard_fn=shard, boundary=config.boundary, boundary_scale=config.boundary_scale,
+                   features=config.student_features)  # a student's, from the teacher or from scratch
     if config.protocol == "teacher":
-        net = model.qwen3_on_meta(ModelConfig(**config.teacher_config), devices.shard_fn(ctx, dtype))
+        net = model.qwen3_on_meta(ModelConfig(**config.teacher_config), shard)
         net.to_empty(device=ctx.device)
         net.init_weights(config.seed)
     elif config.scratch_model is not None:
-        net = model.Student.from_scratch(ModelConfig(**config.scratch_model), config.blocks,
-                                         config.layers_per_block, config.student_norm, config.seed,
-                                         shard_fn=devices.shard_fn(ctx, dtype), device=ctx.device,
-                                         boundary=config.boundary, boundary_scale=config.boundary_scale,
-                                         features=config.student_features)
+        net = model.Student.from_scratch(ModelConfig(**config.scratch_model), *student, device=ctx.device, **options)
     else:
-        net = model.Student.from_teacher(teacher.net, config.blocks, config.layers_per_block, config.student_norm,
-                                         config.seed, shard_fn=devices.shard_fn(ctx, dtype),
-                                         output_gain=config.post_output_gain, boundary=config.boundary,
-                                         boundary_scale=config.boundary_scale, features=config.student_features)
+        net = model.Student.from_teacher(teacher.net, *student, output_gain=config.post_output_gain, **options)
         if config.boundary_tail:
             if boundary_token is None:
                 raise TrainingError("boundary_tail: the student needs the data's boundary token to carry its tail")

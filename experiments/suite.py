@@ -159,12 +159,11 @@ def corpus_options(preset: Preset) -> dict:
 
 def data_summary(ws: Workspace, force: bool = False) -> Table:
     """`repro.py data`: the scale's shards, prepared, summarised side by side."""
-    train_shard, val_shard = prepare_data(ws, force)
     enc = corpora.vocabulary(ws.preset.data)
+    summaries = {split: prepare_shards.summarize(shard, enc)
+                 for split, shard in zip(("train", "validation"), prepare_data(ws, force))}
     table = Table(title=f"data at scale {ws.preset.name} ({enc.name}); boundary tokens = leading <|endoftext|> per "
                         "document")
-    summaries = {"train": prepare_shards.summarize(train_shard, enc),
-                 "validation": prepare_shards.summarize(val_shard, enc)}
     table.add_column("")
     for split in summaries:
         table.add_column(split, justify="right")
