@@ -4,20 +4,14 @@
     python repro.py rehearse all --scale full --gpus 8 --nodes 4      # HSDP: shard within a node, replicate across
     python repro.py rehearse --scale small --gpus 1 --mode fake
 
-Fake tensors at full size (rehearse_segments, rehearse): for every lockstep segment (lockstep_plan.lockstep_segments)
-one step as grow.lockstep_step takes it, what rank 0 of the launch runs on a fake process group of its
-world size and mesh, through the kit's own construction and sharding (model.py, devices.shard_fn,
-grow's teacher, student, loss, gradient sync, clipping and optimizer, not a copy): the teacher's
-forward and the costliest resident student's forward and backward (activation checkpointing as the
-preset says) on the first two micro-batches of the worst step a rank of the launch can be given (worst_step:
-every document of the full length, placed and packed by data.py as the launch's batches are, each
-micro-batch a full token budget), gradients reduce-scattered after the last,
-devices.clip_gradients, the AdamW step and an evaluation forward, with the other resident students and the
-step's kept teacher states held beside. It reports per-rank peak memory by category (torch's
-FSDPMemTracker) beside memory.py's count, whether any module stays gathered, every collective of a step
-with its bytes, the operators a step dispatches, and communication time at the stated bandwidths
-against compute at the stated MFU and against the host's floor (operators times this host's dispatch
-time for one, measured: a lower bound).
+Fake tensors at full size (rehearse_segments, rehearse): for every lockstep segment one step as
+grow.lockstep_step takes it (lockstep_run_step), what rank 0 of the launch runs on a fake process group of its
+world size and mesh, through the kit's own construction and sharding (model.py, devices.shard_fn, grow's teacher,
+student, loss, gradient sync, clipping and optimizer, not a copy), on the worst step a rank of the launch can be
+given (worst_step). It reports per-rank peak memory by category (torch's FSDPMemTracker) beside memory.py's count,
+whether any module stays gathered, every collective of a step with its bytes, the operators a step dispatches,
+and communication time at the stated bandwidths against compute at the stated MFU and against the host's floor
+(operators times this host's dispatch time for one, measured: a lower bound).
 
 Real tensors at reduced size: rehearse_real.py, the launch's own driver on every rank of its mesh.
 
