@@ -37,7 +37,6 @@ from plumbing.locks import held
 from plumbing.progress import Bars, Runs
 from plumbing.writer import wait_for_writes
 
-# ----------------------------------------------------------------------------------------------
 # Phases: what trains, with which optimizer
 
 def trainable_parameters(net: torch.nn.Module, phase: Phase, train_embedding: bool = False) -> list[torch.nn.Parameter]:
@@ -63,7 +62,6 @@ def build_optimizer(config: RunConfig, params: list) -> torch.optim.AdamW:
                              weight_decay=config.weight_decay, foreach=False)
 
 
-# ----------------------------------------------------------------------------------------------
 # A run while it trains. The driver below calls, for each of its steps, begin_step, accumulate (once per
 # micro-batch) and end_step.
 
@@ -366,7 +364,6 @@ class Run:
         self.state, self.net, self.optimizer, self.params = state, None, None, None
 
 
-# ----------------------------------------------------------------------------------------------
 # Training: one run, or several in lockstep
 
 def train(config: RunConfig, run_dir, force: bool = False, ctx: Dist | None = None,

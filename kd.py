@@ -42,7 +42,6 @@ LOGIT_ROW_ALIGN = 32
 DEFAULT_CHUNK_SIZE = 1024
 
 
-# ----------------------------------------------------------------------------------------------
 # Per-token terms of a block of rows
 
 def _token_terms(z_S, log_q_T, y, *, alpha, gamma, tau, want_grad, want_soft_ce):
@@ -70,7 +69,6 @@ def _token_terms(z_S, log_q_T, y, *, alpha, gamma, tau, want_grad, want_soft_ce)
     return ce, kl, soft_ce, grad
 
 
-# ----------------------------------------------------------------------------------------------
 # The one chunk loop: sums over tokens, and (optionally) the gradients of the summed loss
 
 @torch.no_grad()  # gradients here are computed by hand, never traced
@@ -151,7 +149,6 @@ def _upcast(z):
     return z.to(torch.promote_types(z.dtype, torch.float32))
 
 
-# ----------------------------------------------------------------------------------------------
 # Autograd: the gradients were finished in forward; backward scales them by grad_output
 
 class _ChunkedLoss(torch.autograd.Function):
@@ -180,7 +177,6 @@ def _terms(sums, alpha, gamma, scale, dtype):
     return alpha * kd_term + gamma * ce_term, kd_term, ce_term
 
 
-# ----------------------------------------------------------------------------------------------
 # Public API
 
 def kd_loss(student_hidden, student_head_weight, teacher_hidden, teacher_head_weight, targets, mask,

@@ -23,7 +23,6 @@ from plumbing.checkpoint import read_config
 from plumbing.errors import TrainingError
 from plumbing.hf_qwen3 import ModelConfig
 
-# ----------------------------------------------------------------------------------------------
 # The networks: the frozen teacher, the model a run trains, mirror-fwd's reference
 
 TEACHER_CACHE_BYTES = 2**30  # validation hidden states and log-probabilities kept per teacher (one process only)
@@ -167,7 +166,6 @@ def warn_math_attention(config: RunConfig, ctx: devices.Dist):
                             "(data.max_len)")
 
 
-# ----------------------------------------------------------------------------------------------
 # What they compute: a micro-batch's loss, the evaluation (the whole fixed validation set, token-weighted,
 # on every rank), the boundary monitor's numbers
 
