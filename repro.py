@@ -184,7 +184,6 @@ def study_command(name: str, study: registry.Experiment):
     @cli_options.experiment_options
     def command(scale, seeds, records_dir, dry_run, gpu, gpus, nodes, force, **options):
         run_study(name, scale, seeds, records_dir, dry_run, gpu, gpus, nodes, force, **options)
-    return command
 
 
 for study_name, declared in registry.STUDIES.items():
