@@ -234,10 +234,9 @@ def resume_point(config, run_dir: Path, net, batcher, ctx) -> tuple[tuple[Path, 
         transitions.apply_kept(net, int(p), keep)
     torch.set_rng_state(torch.frombuffer(bytearray(base64.b64decode(state["torch_rng"])), dtype=torch.uint8))
     if ckpt.name != "latest":  # newest_checkpoint(verify=True) has just checked its checksums
-        if isinstance(net, model.Qwen3):
-            name_in_file = hf_qwen3.hf_name
-        else:  # a prefix adopted from another placement schedule (a transplant) may name a norm otherwise
-            name_in_file = names_in(net, read_json(ckpt / "config.json", "normgrow_student")["normgrow_student"]["norm"])
+        # a student's prefix adopted from another placement schedule (a transplant) may name a norm otherwise
+        name_in_file = hf_qwen3.hf_name if isinstance(net, model.Qwen3) else names_in(
+            net, read_json(ckpt / "config.json", "normgrow_student")["normgrow_student"]["norm"])
         first = next(net.parameters())
         checkpoint.load_tensors(net, ckpt, first.dtype, first.device, name_in_file, checksums_checked=True)
     if ckpt.name.startswith("step-"):

@@ -234,12 +234,9 @@ def monitor_row(captured: dict, mask: torch.Tensor, first: torch.Tensor | None =
     first = diag.row_starts(mask) if first is None else first
     rows = []
     for b, h in enumerate(captured["boundaries"]):
-        rms = diag.token_rms(h, mask)
-        first_rms = diag.token_rms(h, mask & first)
-        others = diag.token_rms(h, mask & ~first)
+        stats = diag.summarize(diag.token_rms(h, mask))
+        first_rms, others = diag.token_rms(h, mask & first), diag.token_rms(h, mask & ~first)
         ratio = first_rms.mean().item() / others.mean().item() if first_rms.numel() and others.numel() else None
-        stats = diag.summarize(rms)
-        rows.append({"boundary": b, "label": diag.boundary_label(b), "mean": stats["mean"], "std": stats["std"],
-                     "kurtosis": stats["kurtosis"], "boundary_over_others": ratio,
-                     "massive_ratio": diag.massive_activation(h, mask)["massive_ratio"]})
+        rows.append({"boundary": b, "label": diag.boundary_label(b), **{k: stats[k] for k in ("mean", "std", "kurtosis")},
+                     "boundary_over_others": ratio, "massive_ratio": diag.massive_activation(h, mask)["massive_ratio"]})
     return {"boundaries": rows, "first_attention": diag.first_token_attention(captured["first_attention"], mask, first)}
