@@ -273,10 +273,12 @@ def way_totals(ws, runs, seeds, teacher, costs: dict[str, dict[int, PhaseCost]],
              "GB/s a node where they outlast the steps)": checkpoint_blocking(written, steps, len(seeds), gpus, nodes)}
     gpu_hours = sum(v for k, v in lines.items() if not k.startswith("  of which"))
     memory_segments = lockstep_plan.segment_memory(preset, runs, gpus, nodes) if lockstep else []
-    memory = max((s["bytes"] for s in memory_segments),
-                 default=lockstep_plan.memory_bytes(preset, teacher, gpus, nodes, runs))
+    # apart: a run in grow's last phase (memory.step_peak), of the costliest placement among the runs
+    apart = max((memory.step_peak(preset, teacher, gpus, nodes, 1, norms=[r.config.norm])["total"] for r in runs),
+                default=0.0)
+    peak = max((s["bytes"] for s in memory_segments), default=apart)
     return {"gpu_hours": gpu_hours, "wall_hours": gpu_hours / world, "hours_lines": lines,
-            "balance": balance, "memory_gib": memory / 2**30,
+            "balance": balance, "memory_gib": peak / 2**30,
             "memory_segments": [{**s, "gib": s.pop("bytes") / 2**30} for s in memory_segments],
             "resident_runs": lockstep_plan.most_resident(runs) if lockstep else 1,
             "teacher_passes": lockstep_plan.teacher_passes(runs, lockstep) * len(seeds)}
