@@ -64,14 +64,11 @@ def check_discardable(run_dir: Path):
 
 def finished(config, run_dir: Path) -> bool:
     """Done under this very config: reused as it is and never written, so it need not be held."""
-    run_dir = Path(run_dir)
-    if not (run_dir / "done.json").is_file():
-        return False
     try:
-        check_config(config, run_dir)
-    except TrainingError:
+        check_config(config, Path(run_dir))
+    except TrainingError:  # another config, or none
         return False
-    return True
+    return (Path(run_dir) / "done.json").is_file()
 
 
 def prepare_run_dir(config, run_dir: Path, force: bool, ctx, provenance: dict) -> bool:

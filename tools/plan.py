@@ -243,11 +243,9 @@ def run_table(ws, runs, seeds, teacher, doc_tokens: float, costs: dict[str, dict
 
 def way_totals(ws, runs, seeds, teacher, costs: dict[str, dict[int, PhaseCost]], plain: dict[str, dict[int, PhaseCost]],
                measured, gpu: str, gpus: int, nodes: int, lockstep: bool) -> dict:
-    """One way's GPU-hours by line: the steps, of which recompute; rank imbalance and padding (each step
-    stretched by 1 / balance, micro-batches placed as the preset says: run.balance_lengths); the evaluations
-    (at the assumed MFU); what checkpoints block: each GPU's copy of its share to host memory (HOST_COPY_BYTES_PER_S),
-    and the writes (CHECKPOINT_WRITE_BYTES_PER_S a node, in the background) only where they outlast the steps.
-    Then its wall hours on the launch, its per-GPU memory (lockstep: every segment's) and teacher passes."""
+    """One way's GPU-hours by line (each line's name, printed, says what it counts: rank imbalance stretches each step
+    by 1 / balance, micro-batches placed as run.balance_lengths says; evaluations at the assumed MFU), then its wall
+    hours on the launch, its per-GPU memory (lockstep: every segment's) and teacher passes."""
     preset, world = ws.preset, gpus * nodes
     steps = suite_seconds(runs, costs, lockstep) * len(seeds) * world / 3600
     balance = {way: balance_factor(preset, teacher, world, way == "balanced", preset.run["seed"], measured)

@@ -229,8 +229,7 @@ def measure_step(settings, phase, teacher, students, optimizers, batches, ctx, d
                  kept_states: int) -> tuple[dict, dict]:
     """lockstep_run_step of the stepping student (the first) under the memory tracker: (the step's counts,
     its peak memory by category in GiB, with the teacher's weights the tracker never saw: UNSEEN)."""
-    tracker = memory_tracker(students, optimizers, ctx, on_gpu)
-    with tracker:
+    with memory_tracker(students, optimizers, ctx, on_gpu) as tracker:
         step = lockstep_run_step(settings, phase, teacher, students[0], optimizers[0], batches, ctx, dtype,
                                  tracker, kept_states)
     snapshot = next(iter(tracker.get_tracker_snapshot("peak").values()))
