@@ -44,6 +44,10 @@ DEFAULT_CHUNK_SIZE = 1024
 
 # Per-token terms of a block of rows
 
+def _teacher_log_probs(z_T, tau):
+    return torch.log_softmax(z_T if tau == 1 else z_T / tau, dim=-1)
+
+
 def _token_terms(z_S, log_q_T, y, *, alpha, gamma, tau, want_grad, want_soft_ce):
     """Per-token ce, kl (tau^2 * KL), soft_ce (tau^2 * H(q_T, q_S)) and grad = d(alpha * kl + gamma * ce)/dz_S
     (rows, V) from fp32 (or fp64) student logits z_S and teacher log-probabilities log_q_T (rows, V); None for
@@ -130,8 +134,7 @@ def _teacher_blocks(h_T, W_T, tau, chunk_size):
     for chunk, blocks in _chunks(len(h_T), chunk_size, W_T.shape[0], h_T.device):
         z_T = torch.mm(h_T[chunk], W_T.T, out=buffer[:chunk.stop - chunk.start])
         for rows in blocks:
-            z = _upcast(z_T[rows.start - chunk.start:rows.stop - chunk.start])
-            yield rows, torch.log_softmax(z if tau == 1 else z / tau, dim=-1)
+            yield rows, _teacher_log_probs(_upcast(z_T[rows.start - chunk.start:rows.stop - chunk.start]), tau)
 
 
 def _logit_buffer(rows, vocab, like):
