@@ -45,6 +45,7 @@ DEFAULT_CHUNK_SIZE = 1024
 # Per-token terms of a block of rows
 
 def _teacher_log_probs(z_T, tau):
+    """A function, not inline in _teacher_blocks: the upcast block it is given is freed when it returns (memory.py)."""
     return torch.log_softmax(z_T if tau == 1 else z_T / tau, dim=-1)
 
 
