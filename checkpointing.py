@@ -58,10 +58,8 @@ def save_checkpoint(run_dir: Path, net, state: dict, ctx, name: str, optimizer=N
     # the writer thread's barriers go on a group of their own; a job run inline (writes.inline) uses the default one
     own_group = background and not writes.inline and ctx.world > 1
     ranks = writer.WriterRanks(ctx.rank, ctx.world, writer.writer_group() if own_group else None)
-    if name == "latest":
-        write = stage_latest(run_dir, net, optimizer, state, ctx.shard_group, ranks)
-    else:
-        write = stage_kept(run_dir, name, net, state, ctx.shard_writers, ctx.shard_group, ranks)
+    write = (stage_latest(run_dir, net, optimizer, state, ctx.shard_group, ranks) if name == "latest"
+             else stage_kept(run_dir, name, net, state, ctx.shard_writers, ctx.shard_group, ranks))
     if background:
         writes.submit(run_dir, write)
     else:

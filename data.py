@@ -257,10 +257,8 @@ class Batcher:
         micro_batches = [make_batch(self.shard, ids, packed=self.packed) for ids in placed]
         if self.fixed_shapes:
             micro_batches = [fixed_shape(batch, self.shard, len(batch.lengths)) for batch in micro_batches]
-        mine = [i for ids in placed for i in ids]
-        global_targets = int((self.shard.lengths[doc_ids] - 1).sum())
         step, self.step = self.step, self.step + 1
-        return StepBatch(micro_batches, global_targets, mine, step)
+        return StepBatch(micro_batches, int(lengths.sum()), doc_ids=[i for ids in placed for i in ids], step=step)
 
     def global_doc_ids(self, step: int) -> np.ndarray:
         """The documents of global step `step`, all ranks together, in rank order."""

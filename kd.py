@@ -256,8 +256,6 @@ def _teacher(h_T, W_T, real, log_probs):
 
 def _same_dtype(h, W):
     """The head matmul's dtype: autocast's under autocast, as F.linear's, else the wider of the two."""
-    if torch.is_autocast_enabled(h.device.type):
-        dtype = torch.get_autocast_dtype(h.device.type)
-    else:
-        dtype = torch.promote_types(h.dtype, W.dtype)
+    autocast = torch.is_autocast_enabled(h.device.type)
+    dtype = torch.get_autocast_dtype(h.device.type) if autocast else torch.promote_types(h.dtype, W.dtype)
     return h.to(dtype), W.to(dtype)
