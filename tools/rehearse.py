@@ -273,16 +273,14 @@ def rank0(launch: Launch, device: str) -> devices.Dist:
 
 def worst_step(settings, max_len: int, world: int, device: str) -> list[data.Batch]:
     """Rank 0's micro-batches in the worst step a rank of `world` can be given, made as the launch makes them
-    (data.Batcher): every document of the step of the full length (max_len inputs), placed by data.py
-    (token_micro_batches at the token budget micro_batch x max_len where the run balances packed micro-batches,
-    else rank_micro_batches) and laid out by it (packed_batch: documents end to end in one row with their
-    lengths; right-padded rows where the run does not pack), every target real (the mask all True). Each
-    micro-batch then holds a full budget, and a rank the most micro-batches the placement gives it
-    (global_batch / world / micro_batch: the placement opens more only when each holds micro_batch documents
-    already). How a budget splits into documents changes only tensors of a few bytes a document (its lengths
-    and offsets: the attention and RoPE work per token), so whole ones of the full length are the worst case.
-    The rehearsal runs the first two (the first holds the loss with no gradients yet, the last on top of the
-    accumulated ones; the collectives and operators of those between equal the first's)."""
+    (data.Batcher): every document of the step of the full length (max_len inputs), placed and laid out by data.py
+    as the run's settings say, every target real (the mask all True). Each micro-batch then holds a full budget, and
+    a rank the most micro-batches the placement gives it (global_batch / world / micro_batch: the placement opens
+    more only when each holds micro_batch documents already). How a budget splits into documents changes only
+    tensors of a few bytes a document (its lengths and offsets: the attention and RoPE work per token), so whole
+    ones of the full length are the worst case. The rehearsal runs the first two (the first holds the loss with no
+    gradients yet, the last on top of the accumulated ones; the collectives and operators of those between equal the
+    first's)."""
     ids, lengths = np.arange(settings.global_batch), np.full(settings.global_batch, max_len)
     if settings.packs and settings.balance_lengths:
         placed = data.token_micro_batches(ids, lengths, settings.micro_batch * max_len, 0, world)
