@@ -109,7 +109,7 @@ def as_on_a_gpu():
     document_attention, varlen_attn = model.Attention.document_attention, model.varlen_attn
 
     def flash_on_a_gpu(q, k, v, *args, **kwargs):
-        if len({q.dtype, k.dtype, v.dtype}) > 1 or q.dtype not in HALF:
+        if len({q.dtype, k.dtype, v.dtype}) > 1 or q.dtype not in (torch.bfloat16, torch.float16):
             raise RuntimeError(f"on a GPU, model.Attention.document_attention gives varlen_attn q {q.dtype}, k {k.dtype}"
                                f" and v {v.dtype}; its flash kernel takes one 16-bit dtype, so a launch in this "
                                "precision would stop at its first packed micro-batch")
@@ -131,9 +131,6 @@ def as_on_a_gpu():
         model.Attention.document_attention, model.varlen_attn = document_attention, varlen_attn
         for name, method in kept.items():
             setattr(torch.Tensor, name, method)
-
-
-HALF = {torch.bfloat16, torch.float16}  # the dtypes flash attention takes
 
 
 # The rehearsal
