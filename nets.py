@@ -153,8 +153,7 @@ def boundary_profile(config: RunConfig, phase: Phase, ctx: devices.Dist, dtype: 
 
 def warn_math_attention(config: RunConfig, ctx: devices.Dist):
     """One line if this GPU has no fused attention kernel for the runs' longest document (SDPA's silent fallback)."""
-    shard = data.Shard(config.train_data, verify=False)
-    length = int(shard.lengths.max()) - 1
+    length = int(data.Shard(config.train_data, verify=False).lengths.max()) - 1
     shape = ModelConfig(**config.teacher_config) if config.teacher_config else \
         ModelConfig.from_hf(read_config(Path(config.teacher))) if config.teacher else \
         ModelConfig(**config.scratch_model)
