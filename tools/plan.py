@@ -14,7 +14,7 @@ from functools import partial
 
 import numpy as np
 from rich.console import Console
-from rich.table import Table
+from rich.table import Column, Table
 
 import config
 import data
@@ -214,11 +214,10 @@ def run_table(ws, runs, seeds, teacher, doc_tokens: float, costs: dict[str, dict
     preset, L = ws.preset, ws.preset.run["layers_per_block"]
     context = min(doc_tokens, preset.data["max_len"]) / 2
     t_layers, t_head = forward_flops_per_token(teacher, teacher.num_hidden_layers, context)
-    table = Table(title=f"plan at scale {preset.name}: {len(seeds)} seed(s), {doc_tokens:.1f} tokens/document"
+    columns = ("run", "phases", "steps", "active layers", "tokens", "unique", "layer-tokens", "FLOPs", f"{gpu} GPU-h")
+    table = Table(*(Column(column, justify="right") for column in columns),
+                  title=f"plan at scale {preset.name}: {len(seeds)} seed(s), {doc_tokens:.1f} tokens/document"
                         f"{' (assumed)' if doc_tokens == preset.doc_tokens else ' (measured)'}; each run alone")
-    for column in ("run", "phases", "steps", "active layers", "tokens", "unique", "layer-tokens", "FLOPs",
-                   f"{gpu} GPU-h"):
-        table.add_column(column, justify="right")
     total, rows = 0.0, []
     for run in runs:
         c, phases = run.config, config.plan_phases(run.config)
@@ -424,9 +423,8 @@ def print_groups(groups: list[tuple[str, suite.Workspace, list[PlannedRun]]], se
     """A command's runs in several workspaces (a study's variants, e.g. the interventions'): a row per group
     from print_plan's totals, then the sum on this CPU and on `gpu`. Returns the FLOPs (lockstep, diagnostics
     included)."""
-    table = Table(title=f"plan: {len(seeds)} seed(s); students only (the scale's teacher and data are made once, shared)")
-    for column in ("runs of", "runs", "steps", "FLOPs", f"{gpu} GPU-h"):
-        table.add_column(column, justify="right")
+    table = Table(*(Column(column, justify="right") for column in ("runs of", "runs", "steps", "FLOPs", f"{gpu} GPU-h")),
+                  title=f"plan: {len(seeds)} seed(s); students only (the scale's teacher and data are made once, shared)")
     flops = gpu_hours = 0.0
     quiet = Console(file=io.StringIO())
     for label, ws, runs in groups:
