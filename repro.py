@@ -383,8 +383,7 @@ def rehearse(wanted, scale, gpus, nodes, mode, replicate_teacher, **options):
     ws, _ = cli_options.preset_workspace(scale, dry_run=True, device="cpu", **options)
     launch = rehearsal.Launch(gpus or (8 if scale == "full" else 1), nodes)
     label = "all" if "all" in wanted else "-".join(names)
-    path = preflight.rehearse_launch(ws, launch, runs, mode, replicate_teacher, label)
-    suite.console.print(f"wrote {path}")
+    suite.console.print(f"wrote {preflight.rehearse_launch(ws, launch, runs, mode, replicate_teacher, label)}")
 
 
 @cli.command()

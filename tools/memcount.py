@@ -147,15 +147,14 @@ def step_peak(ws, launch: rehearse.Launch, residents: list[config.Phase], norms:
     """{"bytes", "operator"}: the most bytes alive at once on rank 0 of `launch` during one lockstep step of
     students in `residents` (their phases, in the order they step; post-norm, or each of `norms`), on the
     worst step (worst_step)."""
-    preset = ws.preset
-    settings = memory.run_settings(preset, "count")
+    settings = memory.run_settings(ws.preset, "count")
     dtype = devices.DTYPES.get(settings.precision, torch.bfloat16)
     ctx = rehearse.rank0(launch, "cpu")
     counter = LiveStorages()
     with rehearse.as_on_a_gpu(), FakeTensorMode(allow_non_fake_inputs=True):
-        teacher, students, optimizers = rehearse.resident_models(preset, settings, ctx, dtype, residents, False, "cpu",
-                                                                 norms)
-        batch = worst_step(settings, preset.data["max_len"], launch.world)
+        teacher, students, optimizers = rehearse.resident_models(ws.preset, settings, ctx, dtype, residents, False,
+                                                                 "cpu", norms)
+        batch = worst_step(settings, ws.preset.data["max_len"], launch.world)
         runs = [FixedBatchRun(settings, ctx, s, teacher, o, ph, batch, dtype)
                 for s, o, ph in zip(students, optimizers, residents)]
         with counter:

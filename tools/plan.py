@@ -426,9 +426,8 @@ def print_groups(groups: list[tuple[str, suite.Workspace, list[PlannedRun]]], se
     table = Table(*(Column(column, justify="right") for column in ("runs of", "runs", "steps", "FLOPs", f"{gpu} GPU-h")),
                   title=f"plan: {len(seeds)} seed(s); students only (the scale's teacher and data are made once, shared)")
     flops = gpu_hours = 0.0
-    quiet = Console(file=io.StringIO())
     for label, ws, runs in groups:
-        totals = print_plan(ws, runs, seeds, gpu, gpus, quiet, nodes)
+        totals = print_plan(ws, runs, seeds, gpu, gpus, Console(file=io.StringIO()), nodes)  # its totals, unprinted
         group_flops = totals["lockstep"]["flops"] + totals["diagnostics_flops"]
         flops += group_flops
         gpu_hours += totals["lockstep"]["gpu_hours"]
