@@ -58,10 +58,8 @@ def save_checkpoint(run_dir: Path, net, state: dict, ctx, name: str, optimizer=N
     # the writer thread's barriers go on a group of their own; a job run inline (writes.inline) uses the default one
     own_group = background and not writes.inline and ctx.world > 1
     ranks = writer.WriterRanks(ctx.rank, ctx.world, writer.writer_group() if own_group else None)
-    if name == "latest":
-        write = stage_latest(run_dir, net, optimizer, state, ctx.shard_group, ranks)
-    else:
-        write = stage_kept(run_dir, name, net, state, ctx.shard_writers, ctx.shard_group, ranks)
+    write = (stage_latest(run_dir, net, optimizer, state, ctx.shard_group, ranks) if name == "latest"
+             else stage_kept(run_dir, name, net, state, ctx.shard_writers, ctx.shard_group, ranks))
     if background:
         writes.submit(run_dir, write)
     else:
@@ -148,24 +146,20 @@ def stage_latest(run_dir: Path, net, optimizer, state: dict, group, ranks) -> Ca
                 parts.append(checkpoint.write_rows(tmp, "optimizer", staged.pop("optimizer"), *group))
                 checkpoint.write_json(tmp / f"part.rank{group[0]}.json", parts, indent=None)
             ranks.barrier()
-            if ranks.is_main:
-                finish_latest(run_dir, tmp, group[1], state_text, step)
+            if ranks.is_main:  # the index, the trainer state, the checksums, the folder renamed
+                part_files = [tmp / f"part.rank{w}.json" for w in range(group[1])]
+                index = checkpoint.merge_index([p for part in part_files for p in checkpoint.loads(part.read_text())])
+                for part in part_files:
+                    part.unlink()
+                checkpoint.write_json(tmp / checkpoint.SHARDED_INDEX, index, indent=None)
+                checkpoint.write_atomic(tmp / "trainer_state.json", state_text)
+                sums = {**index["files"], **{name: checkpoint.sha256(tmp / name)
+                                             for name in (checkpoint.SHARDED_INDEX, "trainer_state.json")}}
+                checkpoint.write_json(tmp / checkpoint.CHECKSUMS, sums, indent=1)
+                checkpoint.replace_folder(tmp, run_dir / "latest",
+                                          midway=lambda: kill_point("swapping-latest", run_dir.name, step))
             ranks.barrier()
     return write
-
-
-def finish_latest(run_dir: Path, tmp: Path, writers: int, state_text: str, step: int):
-    """Rank 0's end of a latest/ write: the index, the trainer state, the checksums, the folder renamed."""
-    parts = [p for w in range(writers) for p in checkpoint.loads((tmp / f"part.rank{w}.json").read_text())]
-    for w in range(writers):
-        (tmp / f"part.rank{w}.json").unlink()
-    index = checkpoint.merge_index(parts)
-    checkpoint.write_json(tmp / checkpoint.SHARDED_INDEX, index, indent=None)
-    checkpoint.write_atomic(tmp / "trainer_state.json", state_text)
-    sums = {**index["files"], **{name: checkpoint.sha256(tmp / name)
-                                 for name in (checkpoint.SHARDED_INDEX, "trainer_state.json")}}
-    checkpoint.write_json(tmp / checkpoint.CHECKSUMS, sums, indent=1)
-    checkpoint.replace_folder(tmp, run_dir / "latest", midway=lambda: kill_point("swapping-latest", run_dir.name, step))
 
 
 # Resume points, best first on a tie: latest/ (weights and AdamW state), phase-<p>/ (a phase starts a fresh
@@ -238,10 +232,9 @@ def resume_point(config, run_dir: Path, net, batcher, ctx) -> tuple[tuple[Path, 
         transitions.apply_kept(net, int(p), keep)
     torch.set_rng_state(torch.frombuffer(bytearray(base64.b64decode(state["torch_rng"])), dtype=torch.uint8))
     if ckpt.name != "latest":  # newest_checkpoint(verify=True) has just checked its checksums
-        if isinstance(net, model.Qwen3):
-            name_in_file = hf_qwen3.hf_name
-        else:  # a prefix adopted from another placement schedule (a transplant) may name a norm otherwise
-            name_in_file = names_in(net, read_json(ckpt / "config.json", "normgrow_student")["normgrow_student"]["norm"])
+        # a student's prefix adopted from another placement schedule (a transplant) may name a norm otherwise
+        name_in_file = hf_qwen3.hf_name if isinstance(net, model.Qwen3) else names_in(
+            net, read_json(ckpt / "config.json", "normgrow_student")["normgrow_student"]["norm"])
         first = next(net.parameters())
         checkpoint.load_tensors(net, ckpt, first.dtype, first.device, name_in_file, checksums_checked=True)
     if ckpt.name.startswith("step-"):

@@ -258,5 +258,4 @@ def absolute_paths(settings: dict, run_dir: Path) -> dict:
 
 def read(run_dir) -> RunConfig:
     """A run folder's config.json as a RunConfig with its paths absolute: the one way back from disk."""
-    settings = checkpoint.loads((Path(run_dir) / "config.json").read_text())
-    return RunConfig(**settings).resolved(run_dir)
+    return RunConfig(**checkpoint.loads((Path(run_dir) / "config.json").read_text())).resolved(run_dir)

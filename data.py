@@ -37,7 +37,6 @@ import torch.nn.functional as F
 from plumbing import checkpoint
 from plumbing.errors import DataError
 
-# ----------------------------------------------------------------------------------------------------
 # Shards: a directory with tokens.u32 (every document's tokens, flat), offsets.i64 (n_docs + 1 starts)
 # and manifest.json. experiments/prepare_shards.py writes the manifest last, inside a hidden temporary sibling directory
 # that is renamed into place, so a directory at a shard's path with a manifest is always complete.
@@ -114,7 +113,6 @@ def _open_array(file: Path, dtype, count: int) -> np.ndarray:
     return np.memmap(file, dtype=dtype, mode="r", shape=(count,))
 
 
-# ----------------------------------------------------------------------------------------------------
 # Batches
 
 @dataclass
@@ -219,11 +217,9 @@ class Batcher:
     fresh: first the same epoch 0 as replay, so a control's first phase sees exactly the grow run's
         batches, then shard documents replay_docs, replay_docs + 1, ... in order: no document twice.
         Running past the shard's end is a DataError.
-    Ranks: a global batch is split into world_size contiguous chunks, rank r takes chunk r and splits
-    it into micro-batches of micro_batch documents (default: all of them in one), each packed (not packed:
-    right-padded rows; with fixed_shapes, at its bucket's width: fixed_shape); with balance, packed ones are
-    made by tokens and dealt to the ranks by tokens (token_micro_batches; padded ones by length,
-    rank_micro_batches). The iterator state is the global step: resume works across a change of world_size.
+    Ranks: each takes its micro-batches of the global batch (rank_micro_batches; balanced and packed:
+    token_micro_batches), each packed (or right-padded rows; with fixed_shapes, at its bucket's width:
+    fixed_shape). The iterator state is the global step: resume works across a change of world_size.
     """
 
     def __init__(self, shard: Shard, global_batch: int, seed: int, mode: str = "replay",
@@ -261,10 +257,8 @@ class Batcher:
         micro_batches = [make_batch(self.shard, ids, packed=self.packed) for ids in placed]
         if self.fixed_shapes:
             micro_batches = [fixed_shape(batch, self.shard, len(batch.lengths)) for batch in micro_batches]
-        mine = [i for ids in placed for i in ids]
-        global_targets = int((self.shard.lengths[doc_ids] - 1).sum())
         step, self.step = self.step, self.step + 1
-        return StepBatch(micro_batches, global_targets, mine, step)
+        return StepBatch(micro_batches, int(lengths.sum()), doc_ids=[i for ids in placed for i in ids], step=step)
 
     def global_doc_ids(self, step: int) -> np.ndarray:
         """The documents of global step `step`, all ranks together, in rank order."""

@@ -86,16 +86,12 @@ def first_token_attention(attention: list, mask: torch.Tensor, first: torch.Tens
     """Per layer (None if it did not run), each head's mean attention weight on its document's position 0 over the
     real queries after it, from captured["first_attention"]; `first` marks each document's position 0 (default:
     each row's first column). A head near 1 is an attention sink (Gu et al. 2024)."""
-    first = row_starts(mask) if first is None else first
-    out = []
-    for weights in attention:
-        if weights is None:
-            out.append(None)
-            continue
-        real = (mask & ~first).to(weights.device)                                # (B, T)
-        per_head = (weights.double() * real[:, None]).sum((0, 2)) / real.sum().clamp_min(1)
-        out.append(per_head.tolist())
-    return out
+    real = mask & ~(row_starts(mask) if first is None else first)                 # (B, T)
+
+    def per_head(weights):
+        queries = real.to(weights.device)
+        return ((weights.double() * queries[:, None]).sum((0, 2)) / queries.sum().clamp_min(1)).tolist()
+    return [None if weights is None else per_head(weights) for weights in attention]
 
 
 def even_first_token_attention(mask: torch.Tensor, window: int = 0) -> float:

@@ -37,7 +37,6 @@ from plumbing.locks import held
 from plumbing.progress import Bars, Runs
 from plumbing.writer import wait_for_writes
 
-# ----------------------------------------------------------------------------------------------
 # Phases: what trains, with which optimizer
 
 def trainable_parameters(net: torch.nn.Module, phase: Phase, train_embedding: bool = False) -> list[torch.nn.Parameter]:
@@ -63,7 +62,6 @@ def build_optimizer(config: RunConfig, params: list) -> torch.optim.AdamW:
                              weight_decay=config.weight_decay, foreach=False)
 
 
-# ----------------------------------------------------------------------------------------------
 # A run while it trains. The driver below calls, for each of its steps, begin_step, accumulate (once per
 # micro-batch) and end_step.
 
@@ -222,21 +220,20 @@ class Run:
                    teacher_log_probs: torch.Tensor | None = None):
         """Forward and backward of one micro-batch; gradients add up (under FSDP2 unsharded, reduce-scattered after
         the step's last micro-batch: set_gradient_sync). Nothing here waits for the device."""
-        config, ctx = self.config, self.ctx
         if hasattr(self.net, "set_requires_gradient_sync"):
             set_gradient_sync(self.net, last, self.active_layers)
         monitoring, self.monitor_pending = self.monitor_pending, False  # the step's first micro-batch
         with self.own_rng():
             self.net.capture_boundaries = monitoring
-            with autocast(self.dtype, ctx):
-                loss, kd_term, ce_term = nets.loss_fn(config, micro, teacher_hidden,
+            with autocast(self.dtype, self.ctx):
+                loss, kd_term, ce_term = nets.loss_fn(self.config, micro, teacher_hidden,
                                                       self.teacher.head_weight if self.teacher else None, self.phase,
                                                       self.batch.global_targets, self.net, teacher_log_probs)
             if monitoring:
                 self.monitor_row = nets.monitor_row(self.net.captured, micro.mask, micro.first_positions())
                 self.net.capture_boundaries, self.net.captured = False, None
             # The loss is over the global target count and FSDP2 averages over ranks: scale back by the world size.
-            (loss * ctx.world).backward()
+            (loss * self.ctx.world).backward()
         self.sums += torch.stack((loss.detach(), kd_term, ce_term)).double()
 
     def end_step(self):
@@ -366,7 +363,6 @@ class Run:
         self.state, self.net, self.optimizer, self.params = state, None, None, None
 
 
-# ----------------------------------------------------------------------------------------------
 # Training: one run, or several in lockstep
 
 def train(config: RunConfig, run_dir, force: bool = False, ctx: Dist | None = None,

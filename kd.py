@@ -42,10 +42,10 @@ LOGIT_ROW_ALIGN = 32
 DEFAULT_CHUNK_SIZE = 1024
 
 
-# ----------------------------------------------------------------------------------------------
 # Per-token terms of a block of rows
 
 def _teacher_log_probs(z_T, tau):
+    """A function, not inline in _teacher_blocks: the upcast block it is given is freed when it returns (memory.py)."""
     return torch.log_softmax(z_T if tau == 1 else z_T / tau, dim=-1)
 
 
@@ -74,7 +74,6 @@ def _token_terms(z_S, log_q_T, y, *, alpha, gamma, tau, want_grad, want_soft_ce)
     return ce, kl, soft_ce, grad
 
 
-# ----------------------------------------------------------------------------------------------
 # The one chunk loop: sums over tokens, and (optionally) the gradients of the summed loss
 
 @torch.no_grad()  # gradients here are computed by hand, never traced
@@ -154,7 +153,6 @@ def _upcast(z):
     return z.to(torch.promote_types(z.dtype, torch.float32))
 
 
-# ----------------------------------------------------------------------------------------------
 # Autograd: the gradients were finished in forward; backward scales them by grad_output
 
 class _ChunkedLoss(torch.autograd.Function):
@@ -183,7 +181,6 @@ def _terms(sums, alpha, gamma, scale, dtype):
     return alpha * kd_term + gamma * ce_term, kd_term, ce_term
 
 
-# ----------------------------------------------------------------------------------------------
 # Public API
 
 def kd_loss(student_hidden, student_head_weight, teacher_hidden, teacher_head_weight, targets, mask,
@@ -259,8 +256,6 @@ def _teacher(h_T, W_T, real, log_probs):
 
 def _same_dtype(h, W):
     """The head matmul's dtype: autocast's under autocast, as F.linear's, else the wider of the two."""
-    if torch.is_autocast_enabled(h.device.type):
-        dtype = torch.get_autocast_dtype(h.device.type)
-    else:
-        dtype = torch.promote_types(h.dtype, W.dtype)
+    autocast = torch.is_autocast_enabled(h.device.type)
+    dtype = torch.get_autocast_dtype(h.device.type) if autocast else torch.promote_types(h.dtype, W.dtype)
     return h.to(dtype), W.to(dtype)

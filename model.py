@@ -23,7 +23,6 @@ plumbing/hf_qwen3.py maps them to `input_layernorm` / `post_attention_layernorm`
 paper (the interventions) and what a forward records there (the monitor) live in interventions/; its
 checkpoint folder (save, load) in interventions/student_folder.py.
 """
-from __future__ import annotations
 
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -54,7 +53,6 @@ from plumbing.checkpoint import load_tensors, read_config
 from plumbing.devices import built_on_meta, fill_parameter, full_tensor
 from plumbing.hf_qwen3 import ModelConfig, hf_name
 
-# ----------------------------------------------------------------------------------------------
 # Layers
 
 class RMSNorm(nn.Module):
@@ -180,7 +178,6 @@ class MLP(nn.Module):
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
 
 
-# ----------------------------------------------------------------------------------------------
 # Norm placements. A placement is a layer forward, the RMSNorms a layer owns, and whether the student
 # normalises the embeddings before block 0 (entry) and the stream before the LM head (final). Add a
 # placement by adding an entry to PLACEMENTS; docs/method.md writes each one's equations out. The paper's
@@ -287,7 +284,6 @@ def init_qwen3_weights(module: nn.Module, std: float, generator: torch.Generator
             fill_parameter(sub.weight, torch.ones(sub.weight.shape))
 
 
-# ----------------------------------------------------------------------------------------------
 # Teacher: the plain Qwen3 causal LM
 
 class Qwen3(nn.Module):
@@ -339,7 +335,6 @@ def qwen3_on_meta(config: ModelConfig, shard_fn: Callable | None = None) -> Qwen
     return built_on_meta(lambda: Qwen3(config), shard_fn)
 
 
-# ----------------------------------------------------------------------------------------------
 # Student: K blocks of L layers, frozen embedding, trainable head, interventions at block inputs (what a
 # block after the first reads, enter_block, and the modules there are interventions/boundary.py's)
 

@@ -23,7 +23,6 @@ from plumbing.checkpoint import read_config
 from plumbing.errors import TrainingError
 from plumbing.hf_qwen3 import ModelConfig
 
-# ----------------------------------------------------------------------------------------------
 # The networks: the frozen teacher, the model a run trains, mirror-fwd's reference
 
 TEACHER_CACHE_BYTES = 2**30  # validation hidden states and log-probabilities kept per teacher (one process only)
@@ -104,21 +103,17 @@ def build_model(config: RunConfig, teacher: Teacher | None, ctx: devices.Dist, d
     """The model a run trains, fp32 master weights computing in `dtype`: a student built from the teacher (or the
     seed alone), or for the `teacher` protocol a Qwen3 from the seed. A boundary_tail goes in the embedding's row
     `boundary_token` (the data's <|endoftext|>)."""
+    shard, student = devices.shard_fn(ctx, dtype), (config.blocks, config.layers_per_block, config.student_norm, config.seed)
+    options = dict(shard_fn=shard, boundary=config.boundary, boundary_scale=config.boundary_scale,
+                   features=config.student_features)  # a student's, from the teacher or from scratch
     if config.protocol == "teacher":
-        net = model.qwen3_on_meta(ModelConfig(**config.teacher_config), devices.shard_fn(ctx, dtype))
+        net = model.qwen3_on_meta(ModelConfig(**config.teacher_config), shard)
         net.to_empty(device=ctx.device)
         net.init_weights(config.seed)
     elif config.scratch_model is not None:
-        net = model.Student.from_scratch(ModelConfig(**config.scratch_model), config.blocks,
-                                         config.layers_per_block, config.student_norm, config.seed,
-                                         shard_fn=devices.shard_fn(ctx, dtype), device=ctx.device,
-                                         boundary=config.boundary, boundary_scale=config.boundary_scale,
-                                         features=config.student_features)
+        net = model.Student.from_scratch(ModelConfig(**config.scratch_model), *student, device=ctx.device, **options)
     else:
-        net = model.Student.from_teacher(teacher.net, config.blocks, config.layers_per_block, config.student_norm,
-                                         config.seed, shard_fn=devices.shard_fn(ctx, dtype),
-                                         output_gain=config.post_output_gain, boundary=config.boundary,
-                                         boundary_scale=config.boundary_scale, features=config.student_features)
+        net = model.Student.from_teacher(teacher.net, *student, output_gain=config.post_output_gain, **options)
         if config.boundary_tail:
             if boundary_token is None:
                 raise TrainingError("boundary_tail: the student needs the data's boundary token to carry its tail")
@@ -158,8 +153,7 @@ def boundary_profile(config: RunConfig, phase: Phase, ctx: devices.Dist, dtype: 
 
 def warn_math_attention(config: RunConfig, ctx: devices.Dist):
     """One line if this GPU has no fused attention kernel for the runs' longest document (SDPA's silent fallback)."""
-    shard = data.Shard(config.train_data, verify=False)
-    length = int(shard.lengths.max()) - 1
+    length = int(data.Shard(config.train_data, verify=False).lengths.max()) - 1
     shape = ModelConfig(**config.teacher_config) if config.teacher_config else \
         ModelConfig.from_hf(read_config(Path(config.teacher))) if config.teacher else \
         ModelConfig(**config.scratch_model)
@@ -171,7 +165,6 @@ def warn_math_attention(config: RunConfig, ctx: devices.Dist):
                             "(data.max_len)")
 
 
-# ----------------------------------------------------------------------------------------------
 # What they compute: a micro-batch's loss, the evaluation (the whole fixed validation set, token-weighted,
 # on every rank), the boundary monitor's numbers
 
@@ -240,12 +233,9 @@ def monitor_row(captured: dict, mask: torch.Tensor, first: torch.Tensor | None =
     first = diag.row_starts(mask) if first is None else first
     rows = []
     for b, h in enumerate(captured["boundaries"]):
-        rms = diag.token_rms(h, mask)
-        first_rms = diag.token_rms(h, mask & first)
-        others = diag.token_rms(h, mask & ~first)
+        stats = diag.summarize(diag.token_rms(h, mask))
+        first_rms, others = diag.token_rms(h, mask & first), diag.token_rms(h, mask & ~first)
         ratio = first_rms.mean().item() / others.mean().item() if first_rms.numel() and others.numel() else None
-        stats = diag.summarize(rms)
-        rows.append({"boundary": b, "label": diag.boundary_label(b), "mean": stats["mean"], "std": stats["std"],
-                     "kurtosis": stats["kurtosis"], "boundary_over_others": ratio,
-                     "massive_ratio": diag.massive_activation(h, mask)["massive_ratio"]})
+        rows.append({"boundary": b, "label": diag.boundary_label(b), **{k: stats[k] for k in ("mean", "std", "kurtosis")},
+                     "boundary_over_others": ratio, "massive_ratio": diag.massive_activation(h, mask)["massive_ratio"]})
     return {"boundaries": rows, "first_attention": diag.first_token_attention(captured["first_attention"], mask, first)}

@@ -184,7 +184,6 @@ def study_command(name: str, study: registry.Experiment):
     @cli_options.experiment_options
     def command(scale, seeds, records_dir, dry_run, gpu, gpus, nodes, force, **options):
         run_study(name, scale, seeds, records_dir, dry_run, gpu, gpus, nodes, force, **options)
-    return command
 
 
 for study_name, declared in registry.STUDIES.items():
@@ -384,8 +383,7 @@ def rehearse(wanted, scale, gpus, nodes, mode, replicate_teacher, **options):
     ws, _ = cli_options.preset_workspace(scale, dry_run=True, device="cpu", **options)
     launch = rehearsal.Launch(gpus or (8 if scale == "full" else 1), nodes)
     label = "all" if "all" in wanted else "-".join(names)
-    path = preflight.rehearse_launch(ws, launch, runs, mode, replicate_teacher, label)
-    suite.console.print(f"wrote {path}")
+    suite.console.print(f"wrote {preflight.rehearse_launch(ws, launch, runs, mode, replicate_teacher, label)}")
 
 
 @cli.command()

@@ -64,14 +64,11 @@ def check_discardable(run_dir: Path):
 
 def finished(config, run_dir: Path) -> bool:
     """Done under this very config: reused as it is and never written, so it need not be held."""
-    run_dir = Path(run_dir)
-    if not (run_dir / "done.json").is_file():
-        return False
     try:
-        check_config(config, run_dir)
-    except TrainingError:
+        check_config(config, Path(run_dir))
+    except TrainingError:  # another config, or none
         return False
-    return True
+    return (Path(run_dir) / "done.json").is_file()
 
 
 def prepare_run_dir(config, run_dir: Path, force: bool, ctx, provenance: dict) -> bool:
@@ -191,7 +188,11 @@ def final_eval(run_dir: Path) -> dict:
     for key in RESULT_KEYS:
         if isinstance(result[key], bool) or not isinstance(result[key], (int, float)):
             raise TrainingError(f"{path}: {key} is {printable(repr(result[key]), 60)}, not a number; {fix}")
-    ce, vocabulary, margin = result["ce"], run_vocabulary(Path(run_dir)), uniform_margin(Path(run_dir))
+    # the vocabulary from the last phase checkpoint's config.json (None without one); the margin 1 if unreadable
+    phases = sorted((int(p.name[6:]), p) for p in Path(run_dir).glob("phase-*") if p.name[6:].isdigit())
+    vocabulary = stored_number(phases[-1][1] / "config.json", "vocab_size", None,
+                               lambda v: isinstance(v, int) and v > 1) if phases else None
+    ce, margin = result["ce"], stored_number(Path(run_dir) / "config.json", "diverged_above_uniform", 1.0, lambda v: v >= 0)
     if ce < 0 or vocabulary and ce > math.log(vocabulary) + margin:
         bounds = f"0 to log V + {margin:g} = {math.log(vocabulary) + margin:.4f}" if vocabulary else "at least 0"
         raise TrainingError(f"{path}: ce {ce!r} is not what a cross-entropy can be ({bounds}); {fix}")
@@ -207,23 +208,13 @@ def final_eval(run_dir: Path) -> dict:
     return result
 
 
-def uniform_margin(run_dir: Path) -> float:
-    """The run's diverged_above_uniform (config.json; the default 1 where it cannot be read)."""
+def stored_number(path: Path, key: str, default, valid):
+    """`key` of a JSON file the kit wrote, where it reads and is a number `valid` accepts; else `default`."""
     try:
-        margin = read_json(run_dir / "config.json").get("diverged_above_uniform", 1.0)
+        value = read_json(path).get(key, default)
     except TrainingError:
-        return 1.0
-    return float(margin) if isinstance(margin, (int, float)) and not isinstance(margin, bool) and margin >= 0 else 1.0
-
-
-def run_vocabulary(run_dir: Path) -> int | None:
-    """The vocabulary of a run's model, from its last phase checkpoint's config.json (None without one)."""
-    phases = sorted((int(p.name[6:]), p) for p in run_dir.glob("phase-*") if p.name[6:].isdigit())
-    try:
-        vocabulary = read_json(phases[-1][1] / "config.json", "vocab_size")["vocab_size"] if phases else None
-    except TrainingError:
-        return None
-    return vocabulary if isinstance(vocabulary, int) and not isinstance(vocabulary, bool) and vocabulary > 1 else None
+        return default
+    return value if isinstance(value, (int, float)) and not isinstance(value, bool) and valid(value) else default
 
 
 def read_metrics(run_dir: Path) -> list[dict]:

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Callable
 
 from rich.console import Console
-from rich.table import Table
+from rich.table import Column, Table
 
 import config
 import data
@@ -159,15 +159,11 @@ def corpus_options(preset: Preset) -> dict:
 
 def data_summary(ws: Workspace, force: bool = False) -> Table:
     """`repro.py data`: the scale's shards, prepared, summarised side by side."""
-    train_shard, val_shard = prepare_data(ws, force)
     enc = corpora.vocabulary(ws.preset.data)
-    table = Table(title=f"data at scale {ws.preset.name} ({enc.name}); boundary tokens = leading <|endoftext|> per "
-                        "document")
-    summaries = {"train": prepare_shards.summarize(train_shard, enc),
-                 "validation": prepare_shards.summarize(val_shard, enc)}
-    table.add_column("")
-    for split in summaries:
-        table.add_column(split, justify="right")
+    summaries = {split: prepare_shards.summarize(shard, enc)
+                 for split, shard in zip(("train", "validation"), prepare_data(ws, force))}
+    title = f"data at scale {ws.preset.name} ({enc.name}); boundary tokens = leading <|endoftext|> per document"
+    table = Table("", *(Column(split, justify="right") for split in summaries), title=title)
     for key in summaries["train"]:
         table.add_row(key, *[f"{s[key]:,}" for s in summaries.values()])
     return table

@@ -134,9 +134,8 @@ def ensure_runs(ws: Workspace, runs, seeds: list[int], force: bool = False, teac
     else:
         teacher = teacher or suite.ensure_inputs(ws, force)
     if ws.ctx.is_main and any(run_status(ws.run_dir(*job)) != "done" for job in jobs):
-        overview = Table(title=f"runs at scale {ws.preset.name}")  # once, before the work; each run then announces itself
-        for column in ("run", "seed", "status", "folder"):
-            overview.add_column(column)
+        # once, before the work; each run then announces itself
+        overview = Table("run", "seed", "status", "folder", title=f"runs at scale {ws.preset.name}")
         for run, seed in jobs:
             overview.add_row(run.name, str(seed), run_status(ws.run_dir(run, seed)), str(ws.run_dir(run, seed)))
         suite.console.print(overview)

@@ -8,7 +8,6 @@ from dataclasses import dataclass
 import config
 import grow
 from experiments import presets
-from plumbing.hf_qwen3 import ModelConfig
 from tools import memory
 
 MEMORY_HEADROOM = 0.9  # of the GPU's memory: allocator fragmentation and NCCL buffers take the rest
@@ -19,12 +18,6 @@ class PlannedRun:
     name: str
     config: config.RunConfig
     shared_phases: int  # leading phases computed by another run (a shared prefix): not paid again
-
-
-def memory_bytes(preset, teacher: ModelConfig, gpus: int, nodes: int, runs: list[PlannedRun]) -> float:
-    """Per-GPU peak of a run apart in grow's last phase (memory.step_peak), of the costliest placement among `runs`."""
-    return max((memory.step_peak(preset, teacher, gpus, nodes, 1, norms=[r.config.norm])["total"] for r in runs),
-               default=0.0)
 
 
 def own_steps(run: PlannedRun) -> range:

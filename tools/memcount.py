@@ -9,13 +9,10 @@ torch's FSDPMemTracker, which sees what module hooks and operator outputs show i
 neither: it takes every fake tensor's storage the garbage collector holds when the step starts (weights,
 shards, AdamW moments, the batch), then follows every operator's outputs and every storage resize (FSDP2
 frees and refills its gathered parameters by resizing them) to the step's end, and reports the most bytes
-alive at once, with the operator where that was. The models are built as a launch builds them
-(rehearse.resident_models: model.py, devices.shard_fn, each run's own placement), the step's micro-batches
-are those the rehearsal builds (rehearse.worst_step: documents of the full length, placed and packed by
-data.py, each micro-batch a full token budget), and the resident runs step in the plan's order with every
-micro-batch of the step, so the teacher's states are kept as a launch keeps them. It runs CPU
-autocast's bf16 policy with kd's GPU row blocks (rehearse.as_on_a_gpu), as the rehearsal does; a step
-at full size takes minutes of CPU (every operator of every resident run's micro-batches, faked).
+alive at once, with the operator where that was. The models, the worst step's micro-batches and what a CPU is
+told to rehearse a GPU are the rehearsal's (rehearse.resident_models, worst_step, as_on_a_gpu), and the resident
+runs step in the plan's order with every micro-batch of the step, so the teacher's states are kept as a launch
+keeps them; a step at full size takes minutes of CPU (every operator of every resident run's micro-batches, faked).
 tests/test_memcount.py holds the plan and the rehearsal to it.
 """
 import argparse
@@ -150,15 +147,14 @@ def step_peak(ws, launch: rehearse.Launch, residents: list[config.Phase], norms:
     """{"bytes", "operator"}: the most bytes alive at once on rank 0 of `launch` during one lockstep step of
     students in `residents` (their phases, in the order they step; post-norm, or each of `norms`), on the
     worst step (worst_step)."""
-    preset = ws.preset
-    settings = memory.run_settings(preset, "count")
+    settings = memory.run_settings(ws.preset, "count")
     dtype = devices.DTYPES.get(settings.precision, torch.bfloat16)
     ctx = rehearse.rank0(launch, "cpu")
     counter = LiveStorages()
     with rehearse.as_on_a_gpu(), FakeTensorMode(allow_non_fake_inputs=True):
-        teacher, students, optimizers = rehearse.resident_models(preset, settings, ctx, dtype, residents, False, "cpu",
-                                                                 norms)
-        batch = worst_step(settings, preset.data["max_len"], launch.world)
+        teacher, students, optimizers = rehearse.resident_models(ws.preset, settings, ctx, dtype, residents, False,
+                                                                 "cpu", norms)
+        batch = worst_step(settings, ws.preset.data["max_len"], launch.world)
         runs = [FixedBatchRun(settings, ctx, s, teacher, o, ph, batch, dtype)
                 for s, o, ph in zip(students, optimizers, residents)]
         with counter:

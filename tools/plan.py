@@ -14,7 +14,7 @@ from functools import partial
 
 import numpy as np
 from rich.console import Console
-from rich.table import Table
+from rich.table import Column, Table
 
 import config
 import data
@@ -118,26 +118,24 @@ def lockstep_default(ws: suite.Workspace, names) -> bool:
 
 
 @dataclass
-class Segment:
-    """Steps [start, stop) of one run's phase, with the per-step costs on each GPU (seconds): the
-    student's compute and communication, and the teacher's (which lockstep runs share)."""
-    start: int
-    stop: int
+class PhaseCost:
+    """A step's costs in one run's phase on each GPU (seconds): the student's compute and communication, and the
+    teacher's (which lockstep runs share)."""
     compute: float
     comm: float
     teacher_compute: float
     teacher_comm: float
 
 
-def segments(run: PlannedRun, preset, teacher: ModelConfig, doc_tokens: float, gpu: str, gpus: int,
-             nodes: int, recompute: bool = True) -> list[Segment]:
-    """The phases a run computes itself (after a shared prefix), each costed per step: FLOPs at the
+def phase_costs(run: PlannedRun, preset, teacher: ModelConfig, doc_tokens: float, gpu: str, gpus: int,
+                nodes: int, recompute: bool = True) -> dict[int, PhaseCost]:
+    """The phases a run computes itself (after a shared prefix), by index, each costed per step: FLOPs at the
     assumed MFU, collectives (collectives()) at the stated bandwidths."""
     context = min(doc_tokens, preset.data["max_len"]) / 2
     tokens = run.config.global_batch * doc_tokens / (gpus * nodes)  # per GPU
     rate = GPU_BF16_PEAK[gpu] * ASSUMED_MFU
     t_layers, head = forward_flops_per_token(teacher, teacher.num_hidden_layers, context)
-    out = []
+    out = {}
     for ph in config.plan_phases(run.config)[run.shared_phases:]:
         # the student's step and the teacher's head forward inside this run's loss; the teacher's layers
         # forward apart (lockstep shares only those)
@@ -145,25 +143,21 @@ def segments(run: PlannedRun, preset, teacher: ModelConfig, doc_tokens: float, g
         flops = tokens * (student_flops(preset, teacher, ph, context, checkpointing) + head)
         student = comm_seconds(collectives(preset, teacher, ph, gpus, nodes, with_teacher=False), nodes)
         both = comm_seconds(collectives(preset, teacher, ph, gpus, nodes), nodes)
-        out.append(Segment(ph.first_step, ph.first_step + ph.steps, flops / rate, student,
-                           tokens * t_layers / rate, both - student))
+        out[ph.index] = PhaseCost(flops / rate, student, tokens * t_layers / rate, both - student)
     return out
 
 
-def suite_seconds(runs: list[PlannedRun], costs: dict[str, list[Segment]], lockstep: bool) -> float:
+def suite_seconds(runs: list[PlannedRun], costs: dict[str, dict[int, PhaseCost]], lockstep: bool) -> float:
     """Wall seconds of one seed's runs: a step takes the longer of its compute and its communication
     (FSDP2 prefetches the next unit's all-gather during the current one's compute). Apart, every step
-    pays its own teacher; in lockstep, the runs of a group (lockstep_plan.lockstep_groups) at one global
+    pays its own teacher; in lockstep, the runs of a segment (lockstep_plan.lockstep_segments) at one global
     step share one teacher pass (plan of grow.train_together)."""
     seconds = 0.0
-    for group in lockstep_plan.lockstep_groups(runs) if lockstep else [[run] for run in runs]:
-        together = [s for r in group for s in costs[r.name]]
-        edges = sorted({e for s in together for e in (s.start, s.stop)})
-        for a, b in zip(edges, edges[1:]):
-            live = [s for s in together if s.start <= a < s.stop]
-            if live:
-                seconds += (b - a) * max(live[0].teacher_compute + sum(s.compute for s in live),
-                                         live[0].teacher_comm + sum(s.comm for s in live))
+    for runs_together in [runs] if lockstep else [[run] for run in runs]:
+        for a, b, live in lockstep_plan.lockstep_segments(runs_together):
+            steps = [costs[name][ph.index] for name, ph in live]
+            seconds += (b - a) * max(steps[0].teacher_compute + sum(s.compute for s in steps),
+                                     steps[0].teacher_comm + sum(s.comm for s in steps))
     return seconds
 
 
@@ -180,8 +174,8 @@ def print_plan(ws, runs: list[PlannedRun], seeds: list[int], gpu: str, gpus: int
     train = ws.data_dir / "train"
     measured = data.Shard(train, verify=False).lengths[:ws.replay_docs] - 1 if (train / "manifest.json").is_file() else None
     doc_tokens = preset.doc_tokens if measured is None else float(measured.mean())
-    costs = {r.name: segments(r, preset, teacher, doc_tokens, gpu, gpus, nodes) for r in runs}
-    plain = {r.name: segments(r, preset, teacher, doc_tokens, gpu, gpus, nodes, recompute=False) for r in runs}
+    costs = {r.name: phase_costs(r, preset, teacher, doc_tokens, gpu, gpus, nodes) for r in runs}
+    plain = {r.name: phase_costs(r, preset, teacher, doc_tokens, gpu, gpus, nodes, recompute=False) for r in runs}
     rows, separate_flops = run_table(ws, runs, seeds, teacher, doc_tokens, costs, gpu, gpus, nodes, console)
     context = min(doc_tokens, preset.data["max_len"]) / 2
     t_layers, _ = forward_flops_per_token(teacher, teacher.num_hidden_layers, context)
@@ -213,18 +207,17 @@ def print_plan(ws, runs: list[PlannedRun], seeds: list[int], gpu: str, gpus: int
     return {"rows": rows, **totals, "lockstep_default": default}
 
 
-def run_table(ws, runs, seeds, teacher, doc_tokens: float, costs: dict[str, list[Segment]], gpu: str, gpus: int,
+def run_table(ws, runs, seeds, teacher, doc_tokens: float, costs: dict[str, dict[int, PhaseCost]], gpu: str, gpus: int,
               nodes: int, console) -> tuple[list, float]:
     """Each run alone: phases, steps, tokens, FLOPs (activation-checkpointing recompute included) and
     GPU-hours of its steps; (rows, FLOPs of every run apart over the seeds)."""
     preset, L = ws.preset, ws.preset.run["layers_per_block"]
     context = min(doc_tokens, preset.data["max_len"]) / 2
     t_layers, t_head = forward_flops_per_token(teacher, teacher.num_hidden_layers, context)
-    table = Table(title=f"plan at scale {preset.name}: {len(seeds)} seed(s), {doc_tokens:.1f} tokens/document"
+    columns = ("run", "phases", "steps", "active layers", "tokens", "unique", "layer-tokens", "FLOPs", f"{gpu} GPU-h")
+    table = Table(*(Column(column, justify="right") for column in columns),
+                  title=f"plan at scale {preset.name}: {len(seeds)} seed(s), {doc_tokens:.1f} tokens/document"
                         f"{' (assumed)' if doc_tokens == preset.doc_tokens else ' (measured)'}; each run alone")
-    for column in ("run", "phases", "steps", "active layers", "tokens", "unique", "layer-tokens", "FLOPs",
-                   f"{gpu} GPU-h"):
-        table.add_column(column, justify="right")
     total, rows = 0.0, []
     for run in runs:
         c, phases = run.config, config.plan_phases(run.config)
@@ -247,13 +240,11 @@ def run_table(ws, runs, seeds, teacher, doc_tokens: float, costs: dict[str, list
     return rows, total
 
 
-def way_totals(ws, runs, seeds, teacher, costs: dict[str, list[Segment]], plain: dict[str, list[Segment]], measured,
-               gpu: str, gpus: int, nodes: int, lockstep: bool) -> dict:
-    """One way's GPU-hours by line: the steps, of which recompute; rank imbalance and padding (each step
-    stretched by 1 / balance, micro-batches placed as the preset says: run.balance_lengths); the evaluations
-    (at the assumed MFU); what checkpoints block: each GPU's copy of its share to host memory (HOST_COPY_BYTES_PER_S),
-    and the writes (CHECKPOINT_WRITE_BYTES_PER_S a node, in the background) only where they outlast the steps.
-    Then its wall hours on the launch, its per-GPU memory (lockstep: every segment's) and teacher passes."""
+def way_totals(ws, runs, seeds, teacher, costs: dict[str, dict[int, PhaseCost]], plain: dict[str, dict[int, PhaseCost]],
+               measured, gpu: str, gpus: int, nodes: int, lockstep: bool) -> dict:
+    """One way's GPU-hours by line (each line's name, printed, says what it counts: rank imbalance stretches each step
+    by 1 / balance, micro-batches placed as run.balance_lengths says; evaluations at the assumed MFU), then its wall
+    hours on the launch, its per-GPU memory (lockstep: every segment's) and teacher passes."""
     preset, world = ws.preset, gpus * nodes
     steps = suite_seconds(runs, costs, lockstep) * len(seeds) * world / 3600
     balance = {way: balance_factor(preset, teacher, world, way == "balanced", preset.run["seed"], measured)
@@ -279,10 +270,12 @@ def way_totals(ws, runs, seeds, teacher, costs: dict[str, list[Segment]], plain:
              "GB/s a node where they outlast the steps)": checkpoint_blocking(written, steps, len(seeds), gpus, nodes)}
     gpu_hours = sum(v for k, v in lines.items() if not k.startswith("  of which"))
     memory_segments = lockstep_plan.segment_memory(preset, runs, gpus, nodes) if lockstep else []
-    memory = max((s["bytes"] for s in memory_segments),
-                 default=lockstep_plan.memory_bytes(preset, teacher, gpus, nodes, runs))
+    # apart: a run in grow's last phase (memory.step_peak), of the costliest placement among the runs
+    apart = max((memory.step_peak(preset, teacher, gpus, nodes, 1, norms=[r.config.norm])["total"] for r in runs),
+                default=0.0)
+    peak = max((s["bytes"] for s in memory_segments), default=apart)
     return {"gpu_hours": gpu_hours, "wall_hours": gpu_hours / world, "hours_lines": lines,
-            "balance": balance, "memory_gib": memory / 2**30,
+            "balance": balance, "memory_gib": peak / 2**30,
             "memory_segments": [{**s, "gib": s.pop("bytes") / 2**30} for s in memory_segments],
             "resident_runs": lockstep_plan.most_resident(runs) if lockstep else 1,
             "teacher_passes": lockstep_plan.teacher_passes(runs, lockstep) * len(seeds)}
@@ -430,13 +423,11 @@ def print_groups(groups: list[tuple[str, suite.Workspace, list[PlannedRun]]], se
     """A command's runs in several workspaces (a study's variants, e.g. the interventions'): a row per group
     from print_plan's totals, then the sum on this CPU and on `gpu`. Returns the FLOPs (lockstep, diagnostics
     included)."""
-    table = Table(title=f"plan: {len(seeds)} seed(s); students only (the scale's teacher and data are made once, shared)")
-    for column in ("runs of", "runs", "steps", "FLOPs", f"{gpu} GPU-h"):
-        table.add_column(column, justify="right")
+    table = Table(*(Column(column, justify="right") for column in ("runs of", "runs", "steps", "FLOPs", f"{gpu} GPU-h")),
+                  title=f"plan: {len(seeds)} seed(s); students only (the scale's teacher and data are made once, shared)")
     flops = gpu_hours = 0.0
-    quiet = Console(file=io.StringIO())
     for label, ws, runs in groups:
-        totals = print_plan(ws, runs, seeds, gpu, gpus, quiet, nodes)
+        totals = print_plan(ws, runs, seeds, gpu, gpus, Console(file=io.StringIO()), nodes)  # its totals, unprinted
         group_flops = totals["lockstep"]["flops"] + totals["diagnostics_flops"]
         flops += group_flops
         gpu_hours += totals["lockstep"]["gpu_hours"]

@@ -4,20 +4,14 @@
     python repro.py rehearse all --scale full --gpus 8 --nodes 4      # HSDP: shard within a node, replicate across
     python repro.py rehearse --scale small --gpus 1 --mode fake
 
-Fake tensors at full size (rehearse_segments, rehearse): for every lockstep segment (lockstep_plan.lockstep_segments)
-one step as grow.lockstep_step takes it, what rank 0 of the launch runs on a fake process group of its
-world size and mesh, through the kit's own construction and sharding (model.py, devices.shard_fn,
-grow's teacher, student, loss, gradient sync, clipping and optimizer, not a copy): the teacher's
-forward and the costliest resident student's forward and backward (activation checkpointing as the
-preset says) on the first two micro-batches of the worst step a rank of the launch can be given (worst_step:
-every document of the full length, placed and packed by data.py as the launch's batches are, each
-micro-batch a full token budget), gradients reduce-scattered after the last,
-devices.clip_gradients, the AdamW step and an evaluation forward, with the other resident students and the
-step's kept teacher states held beside. It reports per-rank peak memory by category (torch's
-FSDPMemTracker) beside memory.py's count, whether any module stays gathered, every collective of a step
-with its bytes, the operators a step dispatches, and communication time at the stated bandwidths
-against compute at the stated MFU and against the host's floor (operators times this host's dispatch
-time for one, measured: a lower bound).
+Fake tensors at full size (rehearse_segments, rehearse): for every lockstep segment one step as
+grow.lockstep_step takes it (lockstep_run_step), what rank 0 of the launch runs on a fake process group of its
+world size and mesh, through the kit's own construction and sharding (model.py, devices.shard_fn, grow's teacher,
+student, loss, gradient sync, clipping and optimizer, not a copy), on the worst step a rank of the launch can be
+given (worst_step). It reports per-rank peak memory by category (torch's FSDPMemTracker) beside memory.py's count,
+whether any module stays gathered, every collective of a step with its bytes, the operators a step dispatches,
+and communication time at the stated bandwidths against compute at the stated MFU and against the host's floor
+(operators times this host's dispatch time for one, measured: a lower bound).
 
 Real tensors at reduced size: rehearse_real.py, the launch's own driver on every rank of its mesh.
 
@@ -115,7 +109,7 @@ def as_on_a_gpu():
     document_attention, varlen_attn = model.Attention.document_attention, model.varlen_attn
 
     def flash_on_a_gpu(q, k, v, *args, **kwargs):
-        if len({q.dtype, k.dtype, v.dtype}) > 1 or q.dtype not in HALF:
+        if len({q.dtype, k.dtype, v.dtype}) > 1 or q.dtype not in (torch.bfloat16, torch.float16):
             raise RuntimeError(f"on a GPU, model.Attention.document_attention gives varlen_attn q {q.dtype}, k {k.dtype}"
                                f" and v {v.dtype}; its flash kernel takes one 16-bit dtype, so a launch in this "
                                "precision would stop at its first packed micro-batch")
@@ -137,9 +131,6 @@ def as_on_a_gpu():
         model.Attention.document_attention, model.varlen_attn = document_attention, varlen_attn
         for name, method in kept.items():
             setattr(torch.Tensor, name, method)
-
-
-HALF = {torch.bfloat16, torch.float16}  # the dtypes flash attention takes
 
 
 # The rehearsal
@@ -235,8 +226,7 @@ def measure_step(settings, phase, teacher, students, optimizers, batches, ctx, d
                  kept_states: int) -> tuple[dict, dict]:
     """lockstep_run_step of the stepping student (the first) under the memory tracker: (the step's counts,
     its peak memory by category in GiB, with the teacher's weights the tracker never saw: UNSEEN)."""
-    tracker = memory_tracker(students, optimizers, ctx, on_gpu)
-    with tracker:
+    with memory_tracker(students, optimizers, ctx, on_gpu) as tracker:
         step = lockstep_run_step(settings, phase, teacher, students[0], optimizers[0], batches, ctx, dtype,
                                  tracker, kept_states)
     snapshot = next(iter(tracker.get_tracker_snapshot("peak").values()))
@@ -280,16 +270,14 @@ def rank0(launch: Launch, device: str) -> devices.Dist:
 
 def worst_step(settings, max_len: int, world: int, device: str) -> list[data.Batch]:
     """Rank 0's micro-batches in the worst step a rank of `world` can be given, made as the launch makes them
-    (data.Batcher): every document of the step of the full length (max_len inputs), placed by data.py
-    (token_micro_batches at the token budget micro_batch x max_len where the run balances packed micro-batches,
-    else rank_micro_batches) and laid out by it (packed_batch: documents end to end in one row with their
-    lengths; right-padded rows where the run does not pack), every target real (the mask all True). Each
-    micro-batch then holds a full budget, and a rank the most micro-batches the placement gives it
-    (global_batch / world / micro_batch: the placement opens more only when each holds micro_batch documents
-    already). How a budget splits into documents changes only tensors of a few bytes a document (its lengths
-    and offsets: the attention and RoPE work per token), so whole ones of the full length are the worst case.
-    The rehearsal runs the first two (the first holds the loss with no gradients yet, the last on top of the
-    accumulated ones; the collectives and operators of those between equal the first's)."""
+    (data.Batcher): every document of the step of the full length (max_len inputs), placed and laid out by data.py
+    as the run's settings say, every target real (the mask all True). Each micro-batch then holds a full budget, and
+    a rank the most micro-batches the placement gives it (global_batch / world / micro_batch: the placement opens
+    more only when each holds micro_batch documents already). How a budget splits into documents changes only
+    tensors of a few bytes a document (its lengths and offsets: the attention and RoPE work per token), so whole
+    ones of the full length are the worst case. The rehearsal runs the first two (the first holds the loss with no
+    gradients yet, the last on top of the accumulated ones; the collectives and operators of those between equal the
+    first's)."""
     ids, lengths = np.arange(settings.global_batch), np.full(settings.global_batch, max_len)
     if settings.packs and settings.balance_lengths:
         placed = data.token_micro_batches(ids, lengths, settings.micro_batch * max_len, 0, world)
