@@ -102,17 +102,25 @@ def settings(run: Path) -> dict | None:
 
 
 def suite_run(stored: dict) -> bool:
-    """Whether a run's settings are a scale's suite run's: those suite.run_config gives the run its "name" names (the
-    suite's RunName of its norm with that .name) at its seed, compared as training_settings compares them but for
-    PATH_FIELDS (relative to the run's folder, they differ by where a runs tree sits, as start_from and teacher do)."""
+    """Whether a run's settings are a suite run's at a scale they name (scales_named): those suite.run_config gives
+    the run its "name" names (the suite's RunName of its norm with that .name) at its seed, compared as
+    training_settings compares them but for PATH_FIELDS (relative to the run's folder, they differ by where a runs
+    tree sits, as start_from and teacher do)."""
     same = lambda values: {k: v for k, v in training_settings(values).items() if k not in PATH_FIELDS}
     named = [r for r in (suite.RunName(stored.get("norm"), p) for p in suite.RUN_PROTOCOLS) if r.name == stored.get("name")]
     suite_settings = lambda scale: checkpoint.loads(checkpoint.json_text(asdict(
         suite.run_config(suite.workspace(scale, Path("runs"), dry_run=True), named[0], stored.get("seed")))))
     try:
-        return bool(named) and any(same(suite_settings(scale)) == same(stored) for scale in PRESETS)
+        return bool(named) and any(same(suite_settings(scale)) == same(stored) for scale in scales_named(stored))
     except KitError:  # a norm or seed no suite run has, at any scale
         return False
+
+
+def scales_named(stored: dict) -> list[str]:
+    """The scales whose preset's run settings a run's settings hold (but the seed, its own): how compare names a run's
+    scale, a suite run's (every suite run holds its preset's) and a variant's (which sets what its study changes)."""
+    return [name for name, preset in PRESETS.items() if all(
+        stored.get(k, v) == v for k, v in checkpoint.loads(checkpoint.json_text(preset.run)).items() if k != "seed")]
 
 
 def variant_band(run: Path, stored: dict, recorded: dict[str, list[dict]], records: Path | None) -> dict[str, list]:
@@ -160,9 +168,7 @@ def made_at(target: Path) -> list[tuple[Path, str]]:
     """(file, scale) for each report or run under `target` whose "scale" or run settings name the scale made it."""
     said = [(file, rundir.read_json(file).get("scale")) for file in sorted(target.glob("*.json"))]
     said += [(run / "config.json", name) for run in run_folders(target) if (stored := settings(run)) is not None
-             for name, preset in PRESETS.items()  # the seed is the run's own
-             if all(stored.get(k, v) == v for k, v in checkpoint.loads(checkpoint.json_text(preset.run)).items()
-                    if k != "seed")]
+             for name in scales_named(stored)]
     return [(file, scale) for file, scale in said if isinstance(scale, str)]
 
 
