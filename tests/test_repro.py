@@ -92,6 +92,21 @@ def test_dry_run_counts_teacher_passes_both_ways():
     assert result["lockstep_default"] == (result["lockstep"]["memory_gib"] <= 0.9 * 80)
 
 
+def test_a_studys_remaining_flops_are_what_training_computes():
+    """The dry run's "remaining" FLOPs of a study's suite runs: the lockstep plan of those runs (prefix phases paid
+    once, a teacher pass a batch for each lockstep group), not each run alone with its prefix paid again, which
+    made the toy's estimate twice its time; a variant's run is still priced alone."""
+    from experiments import studies
+    from tools import preflight
+    ws = suite.Workspace(presets.PRESETS["toy"], Path("/nonexistent/toy"), Path("/nonexistent"), devices.Dist())
+    names = [r for r in tables.RUNS if r.protocol != "freeze"]
+    jobs = [studies.Job(ws, run, 42) for run in suite.with_prefixes(names)]
+    lockstep = plan.print_plan(ws, plan.planned_runs(ws, names, 42), [42], "h100", 1, suite.console)["lockstep"]
+    assert preflight.remaining_flops(jobs, None) == lockstep["flops"]
+    alone = sum(preflight.job_flops(job, None) for job in jobs)
+    assert alone > 1.5 * lockstep["flops"]  # the long controls' and replays' prefixes, and every teacher pass
+
+
 class LengthsOnly:
     """A validation shard of documents of these lengths (both <|endoftext|> included), all eot tokens."""
     eot = 0

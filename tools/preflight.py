@@ -98,7 +98,7 @@ def print_records(ws: suite.Workspace, jobs: list[studies.Job], more: str = "", 
     studies.check_precision(status, teacher)  # the study's one precision, as restoring it checks it
     machines = Counter(studies.machine(record) for _, record in status.recorded)
     trains = studies.unique(status.remaining + [job for job, _ in status.stale] + list(unrestored))
-    flops = sum(job_flops(job, teacher) for job in trains)
+    flops = remaining_flops(trains, teacher)
     total = len(status.recorded) + len(status.stale) + len(status.remaining)
     dtype = str(devices.DTYPES[run_precision(ws)]).removeprefix("torch.")
     lines = [f"records in {ws.records / ws.runs.name}: {len(status.recorded)} of {total} runs recorded"
@@ -122,6 +122,25 @@ def write_reports(ws: suite.Workspace, names: list[str], runs, seeds: list[int],
     if not ws.preset.teacher:
         suite.console.print(suite.teacher_summary(ws, runs, seeds))
     suite.console.print(f"done in {time.time() - started:,.0f} s; results in {ws.results}")
+
+
+def remaining_flops(trains: list[studies.Job], teacher) -> float:
+    """The FLOPs of the runs a study still trains, as training computes them: a suite workspace's runs of a seed with
+    the phases a prefix computes for them not paid again, in lockstep one teacher pass a batch for each group
+    (plan.print_plan); a variant's run alone (its settings are its variant's). Each run alone, prefixes paid again,
+    made the toy's estimate twice its time."""
+    flops, suites = 0.0, {}
+    for job in trains:
+        if job.ws.variant:
+            flops += job_flops(job, teacher)
+        else:
+            suites.setdefault((id(job.ws), job.seed), []).append(job)
+    for jobs in suites.values():
+        ws, seed, names = jobs[0].ws, jobs[0].seed, {job.run.name for job in jobs}
+        runs = [run for run in plan.planned_runs(ws, [job.run for job in jobs], seed) if run.name in names]
+        flops += plan.print_plan(ws, runs, [seed], "h100", 1, Console(file=io.StringIO()))[
+            "lockstep" if ws.lockstep else "separate"]["flops"]
+    return flops
 
 
 def job_flops(job: studies.Job, teacher) -> float:
