@@ -103,7 +103,8 @@ def test_a_studys_remaining_flops_are_what_training_computes():
     jobs = [studies.Job(ws, run, 42) for run in suite.with_prefixes(names)]
     lockstep = plan.print_plan(ws, plan.planned_runs(ws, names, 42), [42], "h100", 1, suite.console)["lockstep"]
     assert preflight.remaining_flops(jobs, None) == lockstep["flops"]
-    alone = sum(preflight.job_flops(job, None) for job in jobs)
+    alone = sum(plan.print_plan(ws, [lockstep_plan.PlannedRun(job.run.name, suite.run_config(ws, job.run, 42), 0)],
+                                [42], "h100", 1, suite.console)["separate"]["flops"] for job in jobs)
     assert alone > 1.5 * lockstep["flops"]  # the long controls' and replays' prefixes, and every teacher pass
 
 

@@ -125,29 +125,20 @@ def write_reports(ws: suite.Workspace, names: list[str], runs, seeds: list[int],
 
 
 def remaining_flops(trains: list[studies.Job], teacher) -> float:
-    """The FLOPs of the runs a study still trains, as training computes them: a suite workspace's runs of a seed with
-    the phases a prefix computes for them not paid again, in lockstep one teacher pass a batch for each group
-    (plan.print_plan); a variant's run alone (its settings are its variant's). Each run alone, prefixes paid again,
-    made the toy's estimate twice its time."""
-    flops, suites = 0.0, {}
+    """The FLOPs of the runs a study still trains, as training computes them: a seed's runs of a workspace as
+    planned_group plans them (the phases a prefix computes for them not paid again), one teacher pass a batch for
+    each lockstep group; a variant's runs each alone, as before. Each run alone, its prefix paid again, made the
+    toy's estimate twice its time."""
+    groups: dict[tuple, list[studies.Job]] = {}
     for job in trains:
-        if job.ws.variant:
-            flops += job_flops(job, teacher)
-        else:
-            suites.setdefault((id(job.ws), job.seed), []).append(job)
-    for jobs in suites.values():
+        groups.setdefault((id(job.ws), job.seed), []).append(job)
+    flops = 0.0
+    for jobs in groups.values():
         ws, seed, names = jobs[0].ws, jobs[0].seed, {job.run.name for job in jobs}
-        runs = [run for run in plan.planned_runs(ws, [job.run for job in jobs], seed) if run.name in names]
-        flops += plan.print_plan(ws, runs, [seed], "h100", 1, Console(file=io.StringIO()))[
-            "lockstep" if ws.lockstep else "separate"]["flops"]
+        runs = [run for run in planned_group(ws, [job.run for job in jobs], seed, teacher) if run.name in names]
+        way = "lockstep" if ws.lockstep and not ws.variant else "separate"
+        flops += plan.print_plan(ws, runs, [seed], "h100", 1, Console(file=io.StringIO()))[way]["flops"]
     return flops
-
-
-def job_flops(job: studies.Job, teacher) -> float:
-    """A run's FLOPs alone (a freeze run's phase 0 is its grow run's)."""
-    settings = variants.job_config(job.ws, job.run, job.seed, teacher)
-    run = lockstep_plan.PlannedRun(job.run.name, settings, 1 if job.run.protocol == "freeze" else 0)
-    return plan.print_plan(job.ws, [run], [job.seed], "h100", 1, Console(file=io.StringIO()))["separate"]["flops"]
 
 
 def train_one(ws: suite.Workspace, run: suite.RunName, seed: int, force: bool) -> str:
@@ -166,13 +157,18 @@ def planned(ws: suite.Workspace, runs, seed: int) -> tuple[str, suite.Workspace,
     return ", ".join(run.name for run in runs), ws, plan.planned_runs(ws, runs, seed)
 
 
+def planned_group(gws: suite.Workspace, runs, seed: int, teacher: Path | None = None) -> list:
+    """A group's runs as the plan prices them: a workspace's own with the runs whose phases they share; a variant's
+    in its folder alone, each with its variant's settings (a freeze run's phase 0 the suite's grow's)."""
+    if not gws.variant:
+        return plan.planned_runs(gws, runs, seed)
+    return [lockstep_plan.PlannedRun(run.name, variants.job_config(gws, run, seed, teacher),
+                                     1 if run.protocol == "freeze" else 0) for run in runs]
+
+
 def study_groups(study: registry.Experiment, ws: suite.Workspace, seed: int) -> list:
-    """A study's groups as the plan prices them: the workspace's own with the runs whose phases they share, a
-    variant's runs in its folder alone."""
-    alone = lambda gws, run, s: lockstep_plan.PlannedRun(run.name, variants.job_config(gws, run, s, None),
-                                                          1 if run.protocol == "freeze" else 0)
-    return [(label, gws, plan.planned_runs(gws, runs, s) if not gws.variant else [alone(gws, run, s) for run in runs])
-            for label, gws, runs, s in study.groups(ws, seed)]
+    """A study's groups as the plan prices them (planned_group)."""
+    return [(label, gws, planned_group(gws, runs, s)) for label, gws, runs, s in study.groups(ws, seed)]
 
 
 def rehearse_launch(ws: suite.Workspace, launch: rehearse.Launch, runs, mode: str, replicate_teacher: bool,
