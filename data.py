@@ -249,16 +249,27 @@ class Batcher:
     def __next__(self) -> StepBatch:
         doc_ids = self.global_doc_ids(self.step)
         lengths = self.shard.lengths[doc_ids] - 1  # inputs a document
-        if self.balance and self.packed:
-            placed = token_micro_batches(doc_ids, lengths, self.micro_batch * self.shard.manifest["max_len"],
-                                         self.rank, self.world_size, self.doc_cost)
-        else:
-            placed = rank_micro_batches(doc_ids, lengths, self.micro_batch, self.rank, self.world_size, self.balance)
+        placed = self.placed(doc_ids, lengths)
         micro_batches = [make_batch(self.shard, ids, packed=self.packed) for ids in placed]
         if self.fixed_shapes:
             micro_batches = [fixed_shape(batch, self.shard, len(batch.lengths)) for batch in micro_batches]
         step, self.step = self.step, self.step + 1
         return StepBatch(micro_batches, int(lengths.sum()), doc_ids=[i for ids in placed for i in ids], step=step)
+
+    def placed(self, doc_ids: np.ndarray, lengths: np.ndarray) -> list[list[int]]:
+        """This rank's micro-batches (document ids) of a step's global batch `doc_ids` of `lengths` inputs."""
+        if self.balance and self.packed:
+            return token_micro_batches(doc_ids, lengths, self.micro_batch * self.shard.manifest["max_len"],
+                                       self.rank, self.world_size, self.doc_cost)
+        return rank_micro_batches(doc_ids, lengths, self.micro_batch, self.rank, self.world_size, self.balance)
+
+    def first_epoch_micro_batches(self) -> list[tuple[int, ...]]:
+        """This rank's micro-batches (document ids) of every step that lies in the first epoch of the one-phase
+        shard, which every mode reads first (a step running into the next epoch is not among them)."""
+        first = self._permutation(0)
+        steps = [first[s:s + self.global_batch] for s in range(0, self.replay_docs - self.global_batch + 1,
+                                                                 self.global_batch)]
+        return [tuple(ids) for doc_ids in steps for ids in self.placed(doc_ids, self.shard.lengths[doc_ids] - 1)]
 
     def global_doc_ids(self, step: int) -> np.ndarray:
         """The documents of global step `step`, all ranks together, in rank order."""

@@ -449,7 +449,7 @@ def lockstep_step(runs: list[Run], teacher: nets.Teacher | None):
                 hidden, log_probs = kept[i]
                 if run is first and first.teacher is not None:
                     with autocast(first.dtype, first.ctx):
-                        hidden = teacher.hidden(micro.input_ids, doc_lengths=micro.doc_lengths)
+                        hidden = teacher.training_hidden(micro, first.batcher)
                         if len(group) > 1 and same_terms:
                             log_probs = teacher.log_probs(hidden, micro, first.config)
                     if len(group) > 1:

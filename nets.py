@@ -6,6 +6,7 @@ trains; mirror-fwd's reference) and what they compute: a micro-batch's loss, the
     scores = nets.evaluate(config, net, teacher, val, active_blocks, ctx, dtype)   # ce, ppl, kd, kl, val_tokens
 """
 
+import itertools
 import math
 from functools import partial
 from pathlib import Path
@@ -31,6 +32,11 @@ TEACHER_CACHE_BYTES = 2**30  # validation hidden states and log-probabilities ke
 # student, were a fifth of each student's loss; a GPU's memory plan (tools/memory.py) counts no such tensor, nor
 # do the rehearsals that check a launch on a CPU (their teacher is built as a GPU's, their ranks are threads).
 SHARED_LOG_PROBS_BYTES = 2**28
+# A CPU process's teacher keeps its hidden states of the one-phase shard's first epoch where they all fit in this size
+# (the toy's: 0.19 GB, mini's 0.76 GB): grow's later phases, and the joint runs that replay them, read those documents
+# again in other micro-batches, and take each document's states from the micro-batch that held it in that epoch,
+# whenever the run started or resumed. The teacher's forward was a sixth of the toy's lockstep steps.
+FIRST_EPOCH_BYTES = 2**30
 # The teacher's modules kept whole on every rank under FSDP2: the chunked loss applies its head outside its forward.
 TEACHER_REPLICATED = ("embed_tokens", "norm", "lm_head")
 
@@ -44,10 +50,12 @@ class Teacher:
     """The frozen teacher's final hidden states (the chunked loss applies its head); `forwards` counts its passes.
     Validation batches are kept after their first pass, up to `cache_bytes` (every evaluation of every run reads
     the same ones); under FSDP2 none, so every rank runs the same sequence of sharded forwards. With
-    `log_prob_bytes` (a CPU run's), batches' log-probabilities too, up to that size a training micro-batch's."""
+    `log_prob_bytes` (a CPU run's), batches' log-probabilities too, up to that size a training micro-batch's; with
+    `first_epoch_bytes`, the first epoch's hidden states (training_hidden)."""
 
-    def __init__(self, net: model.Qwen3, cache_bytes: int = 0, log_prob_bytes: int = 0):
+    def __init__(self, net: model.Qwen3, cache_bytes: int = 0, log_prob_bytes: int = 0, first_epoch_bytes: int = 0):
         self.net, self.cache_bytes, self.log_prob_bytes, self.forwards = net, cache_bytes, log_prob_bytes, 0
+        self.first_epoch_bytes, self.stream, self.holders, self.held = first_epoch_bytes, None, {}, {}
         self.kept: dict = {}
 
     @property
@@ -63,6 +71,41 @@ class Teacher:
         if key is not None and self.kept_bytes() + hidden.nbytes <= self.cache_bytes:
             self.kept[key] = hidden
         return hidden
+
+    @torch.no_grad()
+    def training_hidden(self, micro: data.Batch, batcher: data.Batcher) -> torch.Tensor:
+        """A packed training micro-batch's hidden states, each document's those of the micro-batch that held it in
+        the one-phase shard's first epoch (computed then, or now if this process has not). A document's states
+        depend on the documents beside it only through the matmuls' row blocking (equal bits on AMX, the last bit
+        on some AVX2 CPUs), so they are made the same way whatever step a run starts or resumes at. A plain forward
+        where a document lies outside that epoch or the epoch's states would not fit in first_epoch_bytes."""
+        holders = [self._holders(batcher, micro.input_ids.device.type).get(doc) for doc in micro.doc_ids]
+        if micro.doc_lengths is None or None in holders:
+            return self.hidden(micro.input_ids, doc_lengths=micro.doc_lengths)
+        for holder in {holder for holder, _, _ in holders} - self.held.keys():
+            batch = micro if holder == tuple(micro.doc_ids) else \
+                data.make_batch(batcher.shard, list(holder), packed=True).to(micro.input_ids.device)
+            self.held[holder] = self.hidden(batch.input_ids, doc_lengths=batch.doc_lengths)
+        if holders[0][0] == tuple(micro.doc_ids):  # the first epoch itself
+            return self.held[holders[0][0]]
+        return torch.cat([self.held[holder][:, start:start + n] for holder, start, n in holders], dim=1)
+
+    def _holders(self, batcher: data.Batcher, device: str) -> dict:
+        """{document: (the first epoch's micro-batch that holds it, its offset there, its length)} of the stream
+        `batcher` reads, under the autocast in effect; {} where they would not fit. A new stream drops the last's."""
+        autocast = torch.is_autocast_enabled(device) and torch.get_autocast_dtype(device)
+        stream = (str(batcher.shard.path), batcher.seed, batcher.global_batch, batcher.micro_batch,
+                  batcher.replay_docs, batcher.balance, batcher.packed, batcher.world_size, autocast)
+        if stream != self.stream:
+            self.stream, self.holders, self.held = stream, {}, {}
+            if self.first_epoch_bytes and batcher.packed and batcher.world_size == 1:
+                for holder in batcher.first_epoch_micro_batches():
+                    lengths = (batcher.shard.lengths[list(holder)] - 1).tolist()
+                    starts = itertools.accumulate(lengths, initial=0)
+                    self.holders.update({doc: (holder, start, n) for doc, start, n in zip(holder, starts, lengths)})
+                nbytes = sum(n for _, _, n in self.holders.values()) * self.net.config.hidden_size * 4
+                self.holders = self.holders if nbytes <= self.first_epoch_bytes else {}
+        return self.holders
 
     @torch.no_grad()
     def log_probs(self, hidden: torch.Tensor, batch: data.Batch, config: RunConfig, key=None) -> torch.Tensor | None:
@@ -94,8 +137,9 @@ def load_teacher(config: RunConfig, ctx: devices.Dist, dtype: torch.dtype) -> Te
                            device=ctx.device, shard_fn=devices.shard_fn(ctx, dtype, replicated=TEACHER_REPLICATED))
     if config.compile:
         devices.compile_layers(net)
-    return Teacher(net, TEACHER_CACHE_BYTES if ctx.world == 1 else 0,
-                   SHARED_LOG_PROBS_BYTES if ctx.device.type == "cpu" and ctx.world == 1 else 0)
+    one_cpu = ctx.device.type == "cpu" and ctx.world == 1
+    return Teacher(net, TEACHER_CACHE_BYTES if ctx.world == 1 else 0, SHARED_LOG_PROBS_BYTES if one_cpu else 0,
+                   FIRST_EPOCH_BYTES if one_cpu else 0)
 
 
 def build_model(config: RunConfig, teacher: Teacher | None, ctx: devices.Dist, dtype: torch.dtype,

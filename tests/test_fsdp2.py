@@ -12,16 +12,19 @@ import torch
 from conftest import distil_config, phase_weights, torchrun
 
 import grow
+import nets
 import rundir
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.mark.slow
-def test_fsdp2_two_ranks_match_one_process_and_resume(tiny_shards, tiny_teacher_dir, tmp_path):
+def test_fsdp2_two_ranks_match_one_process_and_resume(tiny_shards, tiny_teacher_dir, tmp_path, monkeypatch):
     """Two ranks, stopped and resumed, end bit-identical to one process: each rank's micro-batch is one
     of the process's two (8 documents, 4 per micro-batch), so each gradient is the same sum of the same
-    terms, and the clipping coefficient is the same float32 (devices.clip_gradients)."""
+    terms, and the clipping coefficient is the same float32 (devices.clip_gradients). The process runs the
+    teacher on each micro-batch as ranks do (nets.FIRST_EPOCH_BYTES is one CPU process's)."""
+    monkeypatch.setattr(nets, "FIRST_EPOCH_BYTES", 0)
     c = distil_config(tiny_shards, tiny_teacher_dir, protocol="grow", phase_steps=4, checkpoint_interval=3)
     single = grow.train(c, tmp_path / "single")
     # The sharded run also recomputes activations (the paper's setting): neither may change a number.

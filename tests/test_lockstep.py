@@ -18,7 +18,7 @@ import data
 import grow
 import nets
 import rundir
-from plumbing import checkpoint, errors
+from plumbing import checkpoint, devices, errors
 
 ROOT = Path(__file__).resolve().parents[1]
 NAMES = ["pre-joint", "post-joint", "pre-grow", "post-grow", "pre-freeze", "post-freeze"]
@@ -110,26 +110,56 @@ def test_lockstep_is_bit_identical_to_separate_runs_on_one_teacher_pass_per_micr
     assert sum(key is None and lp is not None for key, lp in shared) == 3 * STEPS * 8 // 4
     assert any(key is not None and lp is not None for key, lp in shared)
     assert results == [json.loads((separate / n / "done.json").read_text()) for n in NAMES]
-    # The six runs cover global steps 0..3*STEPS-1; each step has 8 / 4 = 2 micro-batches, each read
-    # once by the teacher for every run at that step. The 16 validation documents (2 batches of 8)
-    # are read once and kept for every evaluation of every run.
-    micro_batches = 8 // 4
+    # The six runs cover global steps 0..3*STEPS-1 of the replayed shard (40 documents, 5 steps an epoch); each step
+    # has 8 / 4 = 2 micro-batches, read by the teacher once for every run at that step, and in the epochs after the
+    # first not at all (each document's states are kept from its first-epoch micro-batch: nets.Teacher.
+    # training_hidden). The 16 validation documents (2 batches of 8) are read once and kept for every evaluation.
+    micro_batches, first_epoch_steps = 8 // 4, jobs[0][0].replay_docs // 8
     val_batches = 16 // 8
-    assert len(calls) == 3 * STEPS * micro_batches + val_batches
-    # Each call one packed row (1, N): the tokens it read are the steps' documents' and the validation set's.
+    assert first_epoch_steps < 3 * STEPS and len(calls) == first_epoch_steps * micro_batches + val_batches
+    # Each call one packed row (1, N): the tokens it read are the first epoch's documents' and the validation set's.
     train, val = tiny_shards
     batcher = data.Batcher(train, 8, seed=42, replay_docs=jobs[0][0].replay_docs, micro_batch=4)
-    tokens = sum(next(batcher).global_targets for _ in range(3 * STEPS)) + int((val.lengths - 1).sum())
+    tokens = sum(next(batcher).global_targets for _ in range(first_epoch_steps)) + int((val.lengths - 1).sum())
     assert all(shape[0] == 1 for shape in calls) and sum(shape[1] for shape in calls) == tokens
 
 
 def test_separate_runs_pay_for_every_teacher_pass(tiny_shards, tiny_teacher_dir, tmp_path, monkeypatch):
-    """The count the lockstep saves: alone, pre-grow reads the teacher once per micro-batch of each of
-    its steps (and the validation set once)."""
+    """The count the lockstep saves: alone, pre-grow reads the teacher once per micro-batch of the replayed shard's
+    first epoch (5 steps) and the validation set once; with no first-epoch states kept (a GPU's, or FSDP2's),
+    once per micro-batch of each of its steps."""
     calls = counting_teacher(monkeypatch)
-    c, run_dir = suite(tiny_shards, tiny_teacher_dir, tmp_path)[2]
+    (c, run_dir), = suite(tiny_shards, tiny_teacher_dir, tmp_path / "kept")[2:3]
+    grow.train(c, run_dir)
+    assert len(calls) == c.replay_docs // 8 * 2 + 2
+    monkeypatch.setattr(nets, "FIRST_EPOCH_BYTES", 0)
+    calls.clear()
+    (c, run_dir), = suite(tiny_shards, tiny_teacher_dir, tmp_path / "none")[2:3]
     grow.train(c, run_dir)
     assert len(calls) == 3 * STEPS * 2 + 2
+
+
+def test_a_documents_teacher_states_are_its_first_epoch_micro_batchs(tiny_shards, tiny_teacher_dir):
+    """training_hidden: a later epoch's micro-batch is its documents' states from the first epoch's micro-batches
+    that held them, bit for bit (so a run resumed there, its teacher cold, computes the same), and within the
+    rounding of a plain forward over the micro-batch itself: only the matmuls' row blocking differs, which moves the
+    last bits of an fp32 dot product over the tiny teacher's width (2e-6 relative bounds a few ulp per layer)."""
+    train, _ = tiny_shards
+    teacher = nets.load_teacher(make_config(teacher=str(tiny_teacher_dir)), devices.Dist(), torch.float32)
+    batcher = data.Batcher(train, 8, seed=42, replay_docs=40, micro_batch=4)
+    first = [micro for _ in range(5) for micro in next(batcher).micro_batches]
+    later = next(batcher).micro_batches[1]
+    assert [tuple(m.doc_ids) for m in first] == batcher.first_epoch_micro_batches()
+    got = teacher.training_hidden(later, batcher)
+    holders = [next(m for m in first if doc in m.doc_ids) for doc in later.doc_ids]
+    assert len({id(m) for m in holders}) > 1  # the documents come from several first-epoch micro-batches
+    for doc, row, holder in zip(later.doc_ids, got[0].split(list(later.doc_lengths)), holders):
+        start = sum(holder.doc_lengths[:holder.doc_ids.index(doc)])
+        alone = teacher.hidden(holder.input_ids, doc_lengths=holder.doc_lengths)[0, start:start + len(row)]
+        assert torch.equal(row, alone)
+    plain = teacher.hidden(later.input_ids, doc_lengths=later.doc_lengths)
+    torch.testing.assert_close(got, plain, rtol=2e-6, atol=2e-6)
+    assert teacher.training_hidden(first[3], batcher) is teacher.held[tuple(first[3].doc_ids)]  # the epoch itself
 
 
 def test_the_long_controls_share_one_teacher_pass_on_their_fresh_documents(tiny_shards, tiny_teacher_dir, tmp_path,
@@ -193,7 +223,10 @@ def test_sigkill_anywhere_in_lockstep_resumes_bit_identical(separate, tiny_shard
 
 
 @pytest.mark.slow
-def test_two_ranks_in_lockstep_match_one_process(tiny_shards, tiny_teacher_dir, tmp_path):
+def test_two_ranks_in_lockstep_match_one_process(tiny_shards, tiny_teacher_dir, tmp_path, monkeypatch):
+    # Ranks run the teacher on each micro-batch (only one CPU process keeps the first epoch's states, whose rows the
+    # matmuls block otherwise: the last bit on AVX2), so the process compared with them does too.
+    monkeypatch.setattr(nets, "FIRST_EPOCH_BYTES", 0)
     jobs = suite(tiny_shards, tiny_teacher_dir, tmp_path / "one")
     grow.train_together(jobs)
     configs = []
