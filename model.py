@@ -164,7 +164,8 @@ class Attention(nn.Module):
             y = varlen_attn(q[0].transpose(0, 1), k[0].transpose(0, 1), v[0].transpose(0, 1), cu, cu, max(lengths),
                             max(lengths), window_size=(-1, 0), enable_gqa=self.n_kv != self.n_heads)
             return y.transpose(0, 1)[None]                                              # (1, heads, N, hd)
-        return torch.cat([self.causal(a, b, c) for a, b, c in zip(*parts)], dim=2)
+        # joined along the tokens of SDPA's own (1, N, heads, hd) output: forward's transpose and reshape copy nothing
+        return torch.cat([self.causal(a, b, c).transpose(1, 2) for a, b, c in zip(*parts)], dim=1).transpose(1, 2)
 
 
 class MLP(nn.Module):

@@ -79,8 +79,9 @@ class Teacher:
         depend on the documents beside it only through the matmuls' row blocking (equal bits on AMX, the last bit
         on some AVX2 CPUs), so they are made the same way whatever step a run starts or resumes at. A plain forward
         where a document lies outside that epoch or the epoch's states would not fit in first_epoch_bytes."""
-        holders = [self._holders(batcher, micro.input_ids.device.type).get(doc) for doc in micro.doc_ids]
-        if micro.doc_lengths is None or None in holders:
+        kept = self._holders(batcher, micro.input_ids.device.type) if self.first_epoch_bytes and micro.doc_lengths else {}
+        holders = [kept.get(doc) for doc in micro.doc_ids]
+        if None in holders:
             return self.hidden(micro.input_ids, doc_lengths=micro.doc_lengths)
         for holder in {holder for holder, _, _ in holders} - self.held.keys():
             batch = micro if holder == tuple(micro.doc_ids) else \
@@ -98,7 +99,7 @@ class Teacher:
                   batcher.replay_docs, batcher.balance, batcher.packed, batcher.world_size, autocast)
         if stream != self.stream:
             self.stream, self.holders, self.held = stream, {}, {}
-            if self.first_epoch_bytes and batcher.packed and batcher.world_size == 1:
+            if batcher.packed and batcher.world_size == 1:
                 for holder in batcher.first_epoch_micro_batches():
                     lengths = (batcher.shard.lengths[list(holder)] - 1).tolist()
                     starts = itertools.accumulate(lengths, initial=0)

@@ -80,6 +80,10 @@ def test_dry_run_counts_teacher_passes_both_ways():
     runs = plan.planned_runs(ws, list(tables.RUNS), 42)
     assert lockstep_plan.teacher_passes(runs, lockstep=False) == 2 * (50_000 + 150_000 + 100_000 + 50_000 + 50_000 + 100_000)
     assert lockstep_plan.teacher_passes(runs, lockstep=True) == 150_000 + 2 * 50_000
+    # One CPU process keeping the shard's first-epoch teacher states: a replaying run pays its steps in phase 0 only
+    # (joint 50k, grow 50k, freeze and the same-shard control none); the long controls' fresh documents 50k each
+    assert lockstep_plan.teacher_passes(runs, lockstep=True, first_epoch_kept=True) == 50_000 + 2 * 50_000
+    assert lockstep_plan.teacher_passes(runs, lockstep=False, first_epoch_kept=True) == 2 * (50_000 + 50_000 + 2 * 50_000)
     assert [[r.name for r in group] for group in lockstep_plan.lockstep_groups(runs)][1] == [
         "pre-joint-long", "pre-joint-longer", "post-joint-long", "post-joint-longer"]
     assert lockstep_plan.most_resident(runs) == 6  # joint ends where freeze joins; the same-shard controls run throughout
@@ -95,14 +99,20 @@ def test_dry_run_counts_teacher_passes_both_ways():
 def test_a_studys_remaining_flops_are_what_training_computes():
     """The dry run's "remaining" FLOPs of a study's suite runs: the lockstep plan of those runs (prefix phases paid
     once, a teacher pass a batch for each lockstep group), not each run alone with its prefix paid again, which
-    made the toy's estimate twice its time; a variant's run is still priced alone."""
+    made the toy's estimate twice its time; a variant's run is still priced alone. One CPU process keeps the
+    teacher's states of the shard's first epoch (the toy's fit), so a replaying run's later phases pay no teacher."""
     from experiments import studies
     from tools import preflight
     ws = suite.Workspace(presets.PRESETS["toy"], Path("/nonexistent/toy"), Path("/nonexistent"), devices.Dist())
     names = [r for r in tables.RUNS if r.protocol != "freeze"]
     jobs = [studies.Job(ws, run, 42) for run in suite.with_prefixes(names)]
-    lockstep = plan.print_plan(ws, plan.planned_runs(ws, names, 42), [42], "h100", 1, suite.console)["lockstep"]
+    lockstep = plan.print_plan(ws, plan.planned_runs(ws, names, 42), [42], "h100", 1, suite.console,
+                               first_epoch_kept=True)["lockstep"]
     assert preflight.remaining_flops(jobs, None) == lockstep["flops"]
+    per_pass = (plan.print_plan(ws, plan.planned_runs(ws, names, 42), [42], "h100", 1, suite.console)["lockstep"]["flops"]
+                - lockstep["flops"]) / (2 * 250)  # grow's phases 1 and 2: a toy teacher's forward over 16 documents
+    layers, _ = forward_flops_per_token(presets.teacher_shape(ws.preset), 12, 95.0 / 2)
+    assert per_pass == pytest.approx(16 * 95.0 * layers)
     alone = sum(plan.print_plan(ws, [lockstep_plan.PlannedRun(job.run.name, suite.run_config(ws, job.run, 42), 0)],
                                 [42], "h100", 1, suite.console)["separate"]["flops"] for job in jobs)
     assert alone > 1.5 * lockstep["flops"]  # the long controls' and replays' prefixes, and every teacher pass

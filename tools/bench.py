@@ -219,7 +219,7 @@ def _lockstep_worker(way: str, teacher_dir: str, data_dir: str, steps: int, thre
     with tempfile.TemporaryDirectory() as tmp:
         jobs, ctx = lockstep_jobs(Path(tmp), Path(teacher_dir), steps, Path(data_dir)), devices.Dist()
         net = nets.load_teacher(jobs[0][0], ctx, torch.float32).net
-        teachers = [nets.Teacher(net, nets.TEACHER_CACHE_BYTES, nets.SHARED_LOG_PROBS_BYTES)  # a CPU run's
+        teachers = [nets.Teacher(net, nets.TEACHER_CACHE_BYTES, nets.SHARED_LOG_PROBS_BYTES, nets.FIRST_EPOCH_BYTES)
                     for _ in (jobs if way == "separate" else [0])]
         start = time.perf_counter()
         if way == "separate":

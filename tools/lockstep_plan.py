@@ -67,11 +67,18 @@ def most_resident(runs: list[PlannedRun]) -> int:
                default=1)
 
 
-def teacher_passes(runs: list[PlannedRun], lockstep: bool) -> int:
-    """Teacher forward passes (optimizer steps' worth) for one seed: one a step for each lockstep group together."""
+def teacher_passes(runs: list[PlannedRun], lockstep: bool, first_epoch_kept: bool = False) -> int:
+    """Teacher forward passes (optimizer steps' worth) for one seed: one a step for each lockstep group together.
+    `first_epoch_kept` (one CPU process: nets.Teacher.training_hidden): a replaying run's steps after the shard's
+    first epoch need none."""
+    def paid(r: PlannedRun) -> range:
+        steps = own_steps(r)
+        if not first_epoch_kept or r.config.data_mode != "replay":
+            return steps
+        return range(steps.start, max(steps.start, min(steps.stop, r.config.replay_docs // r.config.global_batch)))
     if not lockstep:
-        return sum(len(own_steps(r)) for r in runs)
-    return sum(union_length([own_steps(r) for r in group]) for group in lockstep_groups(runs))
+        return sum(len(paid(r)) for r in runs)
+    return sum(union_length([paid(r) for r in group]) for group in lockstep_groups(runs))
 
 
 def union_length(spans: list[range]) -> int:

@@ -116,6 +116,7 @@ class FixedBatchRun(grow.Run):
     def __init__(self, settings, ctx, net, teacher, optimizer, phase, batch: data.StepBatch, dtype):
         self.config, self.ctx, self.net, self.teacher, self.dtype = settings, ctx, net, teacher, dtype
         self.optimizer, self.phase, self.batch, self.monitor_pending = optimizer, phase, batch, False
+        self.batcher = None  # its teacher keeps no first epoch (a GPU's)
         self.params = grow.trainable_parameters(net, phase)
         self.active_layers = phase.active_blocks * settings.layers_per_block
 

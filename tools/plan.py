@@ -162,10 +162,11 @@ def suite_seconds(runs: list[PlannedRun], costs: dict[str, dict[int, PhaseCost]]
 
 
 def print_plan(ws, runs: list[PlannedRun], seeds: list[int], gpu: str, gpus: int, console: Console,
-               nodes: int = 1) -> dict:
+               nodes: int = 1, first_epoch_kept: bool = False) -> dict:
     """The plan table and, each way (separate, lockstep), where the GPU-hours go line by line and the
     per-GPU memory (lockstep: of every segment); returns {"rows", "separate", "lockstep"} (FLOPs,
-    GPU-hours, their lines, memory, teacher passes) and "lockstep_default"."""
+    GPU-hours, their lines, memory, teacher passes) and "lockstep_default". `first_epoch_kept`: the FLOPs
+    without the teacher passes one CPU process spares (lockstep_plan.teacher_passes)."""
     preset = ws.preset
     for run in runs:  # what the launch would refuse is refused here, with its line, before anything is priced
         data.check_split(run.config.global_batch, gpus * nodes, run.config.micro_batch)
@@ -179,10 +180,11 @@ def print_plan(ws, runs: list[PlannedRun], seeds: list[int], gpu: str, gpus: int
     rows, separate_flops = run_table(ws, runs, seeds, teacher, doc_tokens, costs, gpu, gpus, nodes, console)
     context = min(doc_tokens, preset.data["max_len"]) / 2
     t_layers, _ = forward_flops_per_token(teacher, teacher.num_hidden_layers, context)
-    saved = (lockstep_plan.teacher_passes(runs, False) - lockstep_plan.teacher_passes(runs, True)) \
-        * preset.run["global_batch"] * doc_tokens * t_layers * len(seeds)
+    saved = {way: (lockstep_plan.teacher_passes(runs, False) - lockstep_plan.teacher_passes(runs, way == "lockstep",
+                                                                                         first_epoch_kept))
+             * preset.run["global_batch"] * doc_tokens * t_layers * len(seeds) for way in ("separate", "lockstep")}
     totals = {}
-    for way, flops in (("separate", separate_flops), ("lockstep", separate_flops - saved)):
+    for way, flops in ((way, separate_flops - saved[way]) for way in ("separate", "lockstep")):
         totals[way] = way_total = way_totals(ws, runs, seeds, teacher, costs, plain, measured, gpu, gpus, nodes,
                                              way == "lockstep")
         way_total["flops"] = flops
