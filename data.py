@@ -266,9 +266,7 @@ class Batcher:
     def first_epoch_micro_batches(self) -> list[tuple[int, ...]]:
         """This rank's micro-batches (document ids) of every step that lies in the first epoch of the one-phase
         shard, which every mode reads first (a step running into the next epoch is not among them)."""
-        first = self._permutation(0)
-        steps = [first[s:s + self.global_batch] for s in range(0, self.replay_docs - self.global_batch + 1,
-                                                                 self.global_batch)]
+        steps = [self.global_doc_ids(step) for step in range(self.replay_docs // self.global_batch)]
         return [tuple(ids) for doc_ids in steps for ids in self.placed(doc_ids, self.shard.lengths[doc_ids] - 1)]
 
     def global_doc_ids(self, step: int) -> np.ndarray:

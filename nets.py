@@ -35,7 +35,7 @@ SHARED_LOG_PROBS_BYTES = 2**28
 # A CPU process's teacher keeps its hidden states of the one-phase shard's first epoch where they all fit in this size
 # (the toy's: 0.19 GB, mini's 0.76 GB): grow's later phases, and the joint runs that replay them, read those documents
 # again in other micro-batches, and take each document's states from the micro-batch that held it in that epoch,
-# whenever the run started or resumed. The teacher's forward was a sixth of the toy's lockstep steps.
+# whenever the run started or resumed; 500 of the toy's 1,250 lockstep steps then run no teacher forward.
 FIRST_EPOCH_BYTES = 2**30
 # The teacher's modules kept whole on every rank under FSDP2: the chunked loss applies its head outside its forward.
 TEACHER_REPLICATED = ("embed_tokens", "norm", "lm_head")
@@ -104,8 +104,9 @@ class Teacher:
                     lengths = (batcher.shard.lengths[list(holder)] - 1).tolist()
                     starts = itertools.accumulate(lengths, initial=0)
                     self.holders.update({doc: (holder, start, n) for doc, start, n in zip(holder, starts, lengths)})
-                nbytes = sum(n for _, _, n in self.holders.values()) * self.net.config.hidden_size * 4
-                self.holders = self.holders if nbytes <= self.first_epoch_bytes else {}
+                tokens = sum(n for _, _, n in self.holders.values())
+                self.holders = self.holders if first_epoch_bytes(tokens, self.net.config.hidden_size) <= \
+                    self.first_epoch_bytes else {}
         return self.holders
 
     @torch.no_grad()
@@ -140,7 +141,17 @@ def load_teacher(config: RunConfig, ctx: devices.Dist, dtype: torch.dtype) -> Te
         devices.compile_layers(net)
     one_cpu = ctx.device.type == "cpu" and ctx.world == 1
     return Teacher(net, TEACHER_CACHE_BYTES if ctx.world == 1 else 0, SHARED_LOG_PROBS_BYTES if one_cpu else 0,
-                   FIRST_EPOCH_BYTES if one_cpu else 0)
+                   first_epoch_budget(ctx))
+
+
+def first_epoch_budget(ctx: devices.Dist) -> int:
+    """The bytes a teacher may keep of the first epoch's states: one CPU process's (ranks and GPUs keep none)."""
+    return FIRST_EPOCH_BYTES if ctx.device.type == "cpu" and ctx.world == 1 else 0
+
+
+def first_epoch_bytes(tokens: float, hidden_size: int) -> float:
+    """The first epoch's states of `tokens` tokens, at 4 bytes a value (fp32, the most the teacher's output takes)."""
+    return tokens * hidden_size * 4
 
 
 def build_model(config: RunConfig, teacher: Teacher | None, ctx: devices.Dist, dtype: torch.dtype,

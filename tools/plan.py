@@ -180,11 +180,12 @@ def print_plan(ws, runs: list[PlannedRun], seeds: list[int], gpu: str, gpus: int
     rows, separate_flops = run_table(ws, runs, seeds, teacher, doc_tokens, costs, gpu, gpus, nodes, console)
     context = min(doc_tokens, preset.data["max_len"]) / 2
     t_layers, _ = forward_flops_per_token(teacher, teacher.num_hidden_layers, context)
-    saved = {way: (lockstep_plan.teacher_passes(runs, False) - lockstep_plan.teacher_passes(runs, way == "lockstep",
-                                                                                         first_epoch_kept))
-             * preset.run["global_batch"] * doc_tokens * t_layers * len(seeds) for way in ("separate", "lockstep")}
+    pass_flops = preset.run["global_batch"] * doc_tokens * t_layers * len(seeds)
+    priced = lockstep_plan.teacher_passes(runs, False)  # run_table's: each run its own teacher passes
     totals = {}
-    for way, flops in ((way, separate_flops - saved[way]) for way in ("separate", "lockstep")):
+    for way in ("separate", "lockstep"):
+        saved = priced - lockstep_plan.teacher_passes(runs, way == "lockstep", first_epoch_kept)
+        flops = separate_flops - saved * pass_flops
         totals[way] = way_total = way_totals(ws, runs, seeds, teacher, costs, plain, measured, gpu, gpus, nodes,
                                              way == "lockstep")
         way_total["flops"] = flops

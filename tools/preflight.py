@@ -139,8 +139,8 @@ def remaining_flops(trains: list[studies.Job], teacher) -> float:
         runs = [run for run in planned_group(ws, [job.run for job in jobs], seed, teacher) if run.name in names]
         way = "lockstep" if ws.lockstep and not ws.variant else "separate"
         # one CPU process keeps the teacher's states of the shard's first epoch where they fit (nets.Teacher)
-        first_epoch_bytes = ws.replay_docs * ws.preset.doc_tokens * presets.teacher_shape(ws.preset).hidden_size * 4
-        kept = ws.ctx.device.type == "cpu" and ws.ctx.world == 1 and first_epoch_bytes <= nets.FIRST_EPOCH_BYTES
+        kept = nets.first_epoch_bytes(ws.replay_docs * ws.preset.doc_tokens, presets.teacher_shape(ws.preset)
+                                      .hidden_size) <= nets.first_epoch_budget(ws.ctx)
         flops += plan.print_plan(ws, runs, [seed], "h100", 1, Console(file=io.StringIO()),
                                  first_epoch_kept=kept)[way]["flops"]
     return flops
