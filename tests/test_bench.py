@@ -326,3 +326,23 @@ def test_the_layout_benchs_useful_flops_count_real_tokens_only():
     teacher = sum(3 * n * (per_token(12, n)[0] + per_token(12, n)[1]) for n in lengths)
     assert layout_bench.useful_flops("student", Fake, lengths) == pytest.approx(student, rel=1e-12)
     assert layout_bench.useful_flops("teacher", Fake, lengths) == pytest.approx(teacher, rel=1e-12)
+
+
+def test_the_layout_benchs_sample_spans_the_epoch_and_its_ceiling_is_full_length_documents():
+    """The sample is every (epoch // count)-th micro-batch; the ceiling takes the epoch's documents that fill max_len
+    (max_len + 1 tokens), in the epoch's order, as many to a micro-batch as the epoch's; the real fraction is real
+    positions over rows x longest, by hand: (3 + 5) / (2 x 5) and (5 + 5) / (2 x 5)."""
+    from types import SimpleNamespace
+
+    import numpy as np
+
+    from tools import layout_bench
+    train = SimpleNamespace(lengths=np.array([4, 6, 6, 2, 6, 6, 3, 6]), manifest={"max_len": 5}, path="shard")
+    epoch = [[0, 1], [2, 3], [4, 5], [6, 7]]
+    assert layout_bench.sample(epoch, 2) == [[0, 1], [4, 5]] and layout_bench.sample(epoch, 4) == epoch
+    assert layout_bench.full_length(train, epoch, 2) == [[1, 2], [4, 5]]
+    assert layout_bench.full_length(train, epoch, 1) == [[1, 2]]
+    assert layout_bench.real_fraction([[0, 1]], train) == pytest.approx(8 / 10, rel=1e-15)
+    assert layout_bench.real_fraction([[0, 1], [4, 5]], train) == pytest.approx(18 / 20, rel=1e-15)
+    with pytest.raises(ValueError, match="fewer than 2 documents fill max_len 6"):
+        layout_bench.full_length(SimpleNamespace(**{**vars(train), "manifest": {"max_len": 6}}), epoch, 1)

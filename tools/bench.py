@@ -403,7 +403,7 @@ def train_step_lines(step: dict) -> list[str]:
 # the whole toy corpus, 12 steps a phase for the lockstep runs.
 SIZES = {"kd": {}, "tokenizer_documents": None, "lockstep_steps": 12, "loader_steps": 200, "cold_compile": True,
          "utilization_scales": utilization.SCALES, "train_step_processes": 2, "lockstep_processes": 3,
-         "layout_steps": 4}
+         "layout_steps": layout_bench.SAMPLE_MICRO_BATCHES}
 
 
 def main(repeats: int = 5, data_dir: Path = Path("runs/toy/data"), sizes: dict = SIZES, out: Path = RESULTS):
