@@ -24,6 +24,7 @@ paper (the interventions) and what a forward records there (the monitor) live in
 checkpoint folder (save, load) in interventions/student_folder.py.
 """
 
+import itertools
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable
@@ -148,13 +149,14 @@ class Attention(nn.Module):
     def document_attention(self, q, k, v):
         """Causal attention within each document of a packed row (1, heads, N, hd). On CUDA, torch's
         variable-length flash attention over the documents' cumulative lengths (one kernel for the row); elsewhere
-        causal SDPA on each document's slice. Measured on the toy's steps (docs/method.md): the documents scattered
-        into padded rows for one batched SDPA tie it at 2 threads (0-3% faster) and lose on one (2-3% slower), length
+        causal SDPA on each run of documents of one length, as one batch (data.longest_first lays them side by
+        side; bit for bit the documents' separate calls). Measured on the toy's steps (docs/method.md): the
+        documents scattered into padded rows for one batched SDPA tie it at 2 threads and lose on one, length
         buckets tie or lose, a block-diagonal mask over the row is 9x slower and flex attention has no CPU backward."""
         lengths = list(self.doc_lengths)
-        parts = [t.split(lengths, dim=2) for t in (q, k, v)]
         if self.record_first_attention:  # to each document's own first token
-            self.first_attention = torch.cat([attention_to_first(a, b, window=self.window) for a, b in zip(*parts[:2])], -1)
+            self.first_attention = torch.cat([attention_to_first(a, b, window=self.window) for a, b in
+                                              zip(q.split(lengths, dim=2), k.split(lengths, dim=2))], -1)
         # The flash kernel takes one 16-bit dtype: under autocast q and k leave their norms' fp32 weights in fp32
         # beside a bf16 v (one GPU without FSDP), so all three take autocast's dtype; an fp32 run takes the slices.
         half = torch.get_autocast_dtype(q.device.type) if torch.is_autocast_enabled(q.device.type) else q.dtype
@@ -164,8 +166,13 @@ class Attention(nn.Module):
             y = varlen_attn(q[0].transpose(0, 1), k[0].transpose(0, 1), v[0].transpose(0, 1), cu, cu, max(lengths),
                             max(lengths), window_size=(-1, 0), enable_gqa=self.n_kv != self.n_heads)
             return y.transpose(0, 1)[None]                                              # (1, heads, N, hd)
-        # joined along the tokens of SDPA's own (1, N, heads, hd) output: forward's transpose and reshape copy nothing
-        return torch.cat([self.causal(a, b, c).transpose(1, 2) for a, b, c in zip(*parts)], dim=1).transpose(1, 2)
+        runs = [(n, len(list(same))) for n, same in itertools.groupby(lengths)]     # (length, documents)
+        parts = [t.split([n * m for n, m in runs], dim=2) for t in (q, k, v)]  # one split: its backward one join
+        # a run's tokens (1, heads, m * n, hd) as m documents (m, heads, n, hd), and SDPA's (m, n, heads, hd) output
+        # as the run's tokens: views, and the outputs joined along the tokens copy-free for forward's reshape
+        ys = [self.causal(*(t.unflatten(2, (m, n)).squeeze(0).transpose(0, 1) for t in run)).transpose(1, 2)
+              .reshape(1, m * n, self.n_heads, self.head_dim) for (n, m), *run in zip(runs, *parts)]
+        return torch.cat(ys, dim=1).transpose(1, 2)
 
 
 class MLP(nn.Module):

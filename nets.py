@@ -100,8 +100,10 @@ class Teacher:
         if stream != self.stream:
             self.stream, self.holders, self.held = stream, {}, {}
             if batcher.packed and batcher.world_size == 1:
-                for holder in batcher.first_epoch_micro_batches():
-                    lengths = (batcher.shard.lengths[list(holder)] - 1).tolist()
+                for placed in batcher.first_epoch_micro_batches():
+                    lengths = (batcher.shard.lengths[list(placed)] - 1).tolist()
+                    order = data.longest_first(lengths)  # the documents as the packed row lays them
+                    holder, lengths = tuple(placed[i] for i in order), [lengths[i] for i in order]
                     starts = itertools.accumulate(lengths, initial=0)
                     self.holders.update({doc: (holder, start, n) for doc, start, n in zip(holder, starts, lengths)})
                 tokens = sum(n for _, _, n in self.holders.values())

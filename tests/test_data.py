@@ -378,9 +378,13 @@ def rows(step):
 
 
 def test_a_packed_batch_lays_its_documents_end_to_end_with_no_padding(shard):
+    """The step's documents, longest first (ties in the step's order), so that documents of one length lie side by
+    side for attention to batch them."""
     step = next(data.Batcher(shard, global_batch=8, seed=0))
     batch = step.micro_batches[0]
     lengths = [1 + (1 + doc % 9) for doc in batch.doc_ids]
+    assert sorted(batch.doc_ids) == sorted(step.doc_ids) and batch.doc_ids != step.doc_ids
+    assert batch.doc_ids == sorted(step.doc_ids, key=lambda doc: (-(1 + (1 + doc % 9)), step.doc_ids.index(doc)))
     assert batch.doc_lengths == tuple(lengths) and batch.lengths.tolist() == lengths
     assert batch.input_ids.shape == batch.targets.shape == batch.mask.shape == (1, sum(lengths)) and batch.mask.all()
     assert batch.n_targets == sum(lengths) == step.global_targets
@@ -498,8 +502,8 @@ def test_eval_batches_are_the_same_batches_on_any_ranks_placed_by_length(tmp_pat
     in_order = [tuple(range(s, min(s + batch_size, 23))) for s in range(0, 23, batch_size)]
 
     def batches(world):
-        return [tuple(b.doc_ids) for r in range(world) for b in data.eval_batches(small, batch_size, r, world)
-                if b.doc_ids]
+        return [tuple(sorted(b.doc_ids)) for r in range(world) for b in data.eval_batches(small, batch_size, r, world)
+                if b.doc_ids]  # each batch's documents (a packed row lays them longest first)
     assert batches(1) == in_order
     assert sorted(batches(2)) == sorted(batches(4)) == in_order
     work = lambda steps, world: sum(world * max(len(d) * int(small.lengths[list(d)].max()) for d in step if d)

@@ -117,3 +117,22 @@ def test_the_monitors_numbers_are_the_padded_ones(teacher):
     for a, b in zip(padded["first_attention"], packed_row["first_attention"]):
         assert b == pytest.approx(a, rel=1e-6)  # attention_to_first scores in float32 whatever the model's dtype
     assert diag.row_starts(mask).sum() == len(LENGTHS)
+
+
+@pytest.mark.parametrize("config", [CONFIG, WINDOWED], ids=["causal", "window-4"])
+def test_documents_of_one_length_attend_as_one_batch_bit_for_bit(config):
+    """A run of documents of one length (a packed row lays them side by side, longest first) attends in one batched
+    SDPA call: in fp32 its outputs and the gradients of q, k and v equal, bit for bit, each document's own call
+    (the kernel works on each (document, head) apart, so batching moves no sum)."""
+    attention = model.Attention(config)
+    lengths = (9, 9, 9, 5, 5, 2, 1)
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, heads, sum(lengths), config.head_dim, generator=g, requires_grad=True)
+               for heads in (config.num_attention_heads, config.num_key_value_heads, config.num_key_value_heads))
+    attention.doc_lengths = lengths
+    batched = attention.document_attention(q, k, v)
+    alone = torch.cat([attention.causal(a, b, c) for a, b, c in zip(*(t.split(lengths, 2) for t in (q, k, v)))], 2)
+    assert torch.equal(batched, alone)
+    weights = torch.randn(batched.shape, generator=g)
+    grads = [torch.autograd.grad((y * weights).sum(), (q, k, v)) for y in (batched, alone)]
+    assert all(torch.equal(a, b) for a, b in zip(*grads))
