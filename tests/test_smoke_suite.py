@@ -9,6 +9,7 @@ import signal
 import struct
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -23,7 +24,7 @@ import data
 import grow
 import rundir
 from experiments import paper_reports, presets, reference, suite, tables
-from plumbing import devices
+from plumbing import devices, locks
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -298,16 +299,29 @@ def test_a_moved_runs_tree_is_reused_not_retrained(smoke, tmp_path, monkeypatch)
 def test_two_different_runs_sharing_one_preparation_end_as_sequential_runs(smoke, tmp_path):
     """pre-grow and post-joint started together on an empty runs folder: one prepares the data and trains
     the teacher while the other waits for each (locks.held); both end with the results of the smoke
-    suite's (lockstep, which equals runs made one after the other), the teacher trained once."""
+    suite's (lockstep, which equals runs made one after the other), the teacher trained once. The test holds
+    the shared data folder until both wait for it, so that which of them gets there first, and whether one
+    finishes before the other starts on a loaded machine, is left to the locks, not to the scheduler."""
     def train(runs, norm, protocol):
         return subprocess.Popen([sys.executable, str(ROOT / "repro.py"), "train", "--scale", "smoke", "--norm", norm,
                                  "--protocol", protocol, "--runs-dir", str(runs)], cwd=ROOT, stdout=subprocess.PIPE,
                                 stderr=subprocess.STDOUT, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
-    jobs = (("pre", "grow"), ("post", "joint"))
-    together = [train(tmp_path / "together", norm, protocol) for norm, protocol in jobs]
-    outputs = [p.communicate()[0] for p in together]
+    jobs, waiting = (("pre", "grow"), ("post", "joint")), "waiting for it to finish"
+    with locks.held([tmp_path / "together" / "smoke" / "data"], say=lambda line: None):
+        together = [train(tmp_path / "together", norm, protocol) for norm, protocol in jobs]
+        lines = [[] for _ in together]
+        readers = [threading.Thread(target=lambda p=p, out=out: out.extend(p.stdout)) for p, out in zip(together, lines)]
+        for reader in readers:
+            reader.start()
+        deadline = time.time() + 300
+        while not all(any(waiting in line for line in out) for out in lines):
+            assert time.time() < deadline and all(p.poll() is None for p in together), lines
+            time.sleep(0.2)
+    for reader, p in zip(readers, together):
+        reader.join()
+        p.wait()
+    outputs = ["".join(out) for out in lines]
     assert [p.returncode for p in together] == [0, 0], outputs
-    assert sum("waiting for it to finish" in out for out in outputs) >= 1, outputs  # one did wait
     for name in ("teacher", "s42/pre-grow", "s42/post-joint"):
         a, b = smoke[0] / name, tmp_path / "together" / "smoke" / name
         assert json.loads((a / "done.json").read_text()) == json.loads((b / "done.json").read_text()), name
