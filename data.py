@@ -16,8 +16,8 @@ Definitions the whole kit relies on:
 - A document is `[eot] + tokens(text) + [eot]`, cut to max_len + 1 tokens; inputs are all but its last
   token, targets all but its first. The leading <|endoftext|> is the document-boundary token, the
   token the diagnostics call structural.
-- A batch is packed: its documents laid end to end in one row (1, N) with their lengths, so that no
-  position is padding (the model restarts RoPE positions and attention at each document: model.py). A
+- A batch is packed: its documents laid end to end in one row (1, N), longest first, with their lengths, so
+  that no position is padding (the model restarts RoPE positions and attention at each document: model.py). A
   compiled run's batches, and the diagnostics' (whose documents fill their rows), are right-padded rows
   instead, masked by length, never by token id: Qwen pads with <|endoftext|>, which is also the boundary
   token, and a document's real final target is eot. A compiled run's are padded further, to a few fixed

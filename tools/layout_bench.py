@@ -8,8 +8,9 @@ The sample (docs/preregistrations.md, "the layout bench's sample and its ceiling
 spaced steps of the toy run's first epoch, so that their share of real positions is the run's (a micro-batch's
 varies with an SD of about 8 points; 16 hold the mean within 2). The ceiling: the padded step on micro-batches
 of documents that fill max_len, whose rows hold no padding, so no layout does less work a token there; their
-real tokens a second over padded's on the sample is the most an exact layout could gain here (a little low:
-a full-length document's attention costs more a token than a shorter one's).
+real tokens a second over padded's on the sample is the most an exact layout could gain here, up to two small
+biases of opposite sign: a full-length document's attention costs more a token than a shorter one's (it reads
+low), and its micro-batches hold more tokens, over which the once-a-step optimizer is spread (it reads high).
 
 Useful FLOPs count real tokens only: each document's tokens through flops.forward_flops_per_token at half its
 length (its average causal context), whatever the layout computes besides; over the seconds a step takes, and
