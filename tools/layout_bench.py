@@ -21,6 +21,8 @@ import json
 from contextlib import nullcontext
 from pathlib import Path
 
+import numpy as np
+
 import data
 from experiments import presets
 from plumbing import devices
@@ -84,7 +86,10 @@ def bench_layout(train: data.Shard, repeats: int = 5, steps: int = SAMPLE_MICRO_
     lengths = {name: [n for b in bs for n in b.lengths.tolist()] for name, bs in batches.items()}
     out = {"precision": precision, "peak_gflops": peak_gflops, "micro_batches": steps, "documents": len(lengths["padded"]),
            "real_tokens": sum(lengths["padded"]), "padded_positions": sum(b.input_ids.numel() for b in batches["padded"]),
-           "epoch_real_fraction": real_fraction(epoch, train), "full_length_tokens": sum(lengths[CEILING])}
+           "epoch_real_fraction": real_fraction(epoch, train), "full_length_tokens": sum(lengths[CEILING]),
+           # what the sample's size and the ceiling rest on (docs/preregistrations.md)
+           "micro_batch_real_fraction_sd": float(np.std([real_fraction([ids], train) for ids in epoch])),
+           "full_length_share": float(np.mean(train.lengths == train.manifest["max_len"] + 1))}
     for kind in ("student", "teacher"):
         settings, shape, seq = utilization.distinct_steps(("toy",))[f"toy {kind}"]
         step = utilization.Step(settings, shape, seq, dtype)
@@ -111,8 +116,9 @@ def summary(measured: dict) -> list[str]:
     lines = [f"{measured['micro_batches']} toy micro-batches over the first epoch, {measured['documents']} documents: "
              f"{measured['real_tokens']:,} real tokens, {measured['padded_positions']:,} positions padded "
              f"({measured['real_tokens'] / measured['padded_positions']:.1%} real; the epoch's "
-             f"{measured['epoch_real_fraction']:.1%}), {measured['precision']}; the ceiling: "
-             f"{measured['full_length_tokens']:,} tokens of full-length documents, padded rows with no padding"]
+             f"{measured['epoch_real_fraction']:.1%}, SD {measured['micro_batch_real_fraction_sd']:.1%} a micro-batch), "
+             f"{measured['precision']}; the ceiling: {measured['full_length_tokens']:,} tokens of full-length documents "
+             f"({measured['full_length_share']:.1%} of the shard's), padded rows with no padding"]
     for kind in ("student", "teacher"):
         row = measured[kind]
         each = "; ".join(f"{name} {row[name]['real_tokens_per_s']:,.0f} real tokens/s, useful "
