@@ -52,7 +52,7 @@ def test_fixed_shapes_train_the_same_documents_in_the_same_order(tiny_shards):
             assert torch.equal(y.mask, torch.arange(y.input_ids.shape[1])[None, :] < y.lengths[:, None])  # by length
             widths.add(y.input_ids.shape[1])
     assert widths <= {8, 16, 24, 32} and len(widths) > 1
-    # Evaluation: every document once, in order; every batch of batch_size rows (16 documents in batches of 5).
+    # Evaluation: every document once, each batch the same documents; every batch of batch_size rows (16 in 5s).
     plain, fixed = list(data.eval_batches(val, 5)), list(data.eval_batches(val, 5, fixed_shapes=True))
     assert [documents(x) for x in plain] == [documents(y) for y in fixed]  # a packed row lays them longest first
     assert [y.input_ids.shape[0] for y in fixed] == [5, 5, 5, 5] and [len(x.doc_ids) for x in plain] == [5, 5, 5, 1]
